@@ -1,0 +1,44 @@
+"""kiln: an imperative, PyTorch-style deep-learning library with a tracing JIT.
+
+>>> import kiln
+>>> x = kiln.tensor([1.0, 2.0, 3.0], requires_grad=True)
+>>> (x * x).sum().backward()
+>>> x.grad
+tensor([2., 4., 6.])
+"""
+
+import logging as _logging
+
+from . import autograd, cuda
+from .frontend.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from .frontend.ops import *  # noqa: F403
+from .frontend.tensor import Size, Tensor
+from .ir.dtypes import (
+    DType as dtype,
+    bool_ as bool,  # noqa: A001 - kiln.bool is PyTorch's name
+    float16, float32, float64, get_default_dtype, int8, int16, int32, int64, promote_types,
+    set_default_dtype, uint8,
+)  # fmt: skip
+from .ir.dtypes import result_type as _result_type
+from .ir.types import Device
+from .ir.types import device as device
+
+float = float32  # noqa: A001
+double = float64
+half = float16
+long = int64
+int = int32  # noqa: A001
+short = int16
+
+__version__ = "0.1.0"
+
+_logging.getLogger("kiln").addHandler(_logging.NullHandler())
+
+
+def result_type(*tensors_or_numbers):
+    """PyTorch's type promotion over tensors and Python numbers."""
+    return _result_type(*tensors_or_numbers)
+
+
+def is_tensor(obj) -> bool:
+    return isinstance(obj, Tensor)

@@ -1,0 +1,173 @@
+"""The backward engine: runs the graph's nodes in reverse, iteratively.
+
+No recursion anywhere, so a chain of 100,000 ops backpropagates like a chain of ten. Nodes
+become ready when every consumer has delivered its gradient (dependency counting); among ready
+nodes the most recently created runs first, as in PyTorch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+from .grad_mode import set_grad_enabled, state
+from .graph import AccumulateGrad, Node
+
+
+def _collect(roots: Sequence[Node]) -> dict[Node, int]:
+    """Every node reachable from the roots, with the number of edges that enter it."""
+    dependencies: dict[Node, int] = {}
+    stack = list(roots)
+    seen = set(roots)
+    while stack:
+        node = stack.pop()
+        for edge in node.next_edges:
+            if edge is None:
+                continue
+            nxt = edge[0]
+            dependencies[nxt] = dependencies.get(nxt, 0) + 1
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    for root in roots:
+        dependencies.setdefault(root, 0)
+    return dependencies
+
+
+def _needed(dependencies: dict[Node, int], targets: set[Node]) -> set[Node]:
+    """The nodes from which some target can be reached: only those need to run."""
+    parents: dict[Node, list[Node]] = {}
+    for node in dependencies:
+        for edge in node.next_edges:
+            if edge is not None:
+                parents.setdefault(edge[0], []).append(node)
+    needed = set(targets)
+    stack = list(targets)
+    while stack:
+        for parent in parents.get(stack.pop(), ()):
+            if parent not in needed:
+                needed.add(parent)
+                stack.append(parent)
+    return needed
+
+
+def _accumulate(buffer: list, index: int, grad) -> None:
+    if grad is None:
+        return
+    current = buffer[index]
+    buffer[index] = grad if current is None else current + grad
+
+
+def _check_anomaly(node: Node, grads: Sequence) -> None:
+    for i, g in enumerate(grads):
+        if g is not None and bool(g.isnan().any()):
+            where = "".join(node.forward_stack or ["(stack not recorded)\n"])
+            raise RuntimeError(
+                f"Function '{node.name()}' returned nan values in its {i}th output.\n"
+                f"The forward op that created it was called from:\n{where}"
+            )
+
+
+def run_backward(
+    roots: Sequence[tuple[Node, int]],
+    grad_roots: Sequence,
+    *,
+    retain_graph: bool,
+    create_graph: bool,
+    capture: Sequence[tuple[Node, int]] | None = None,
+) -> list | None:
+    """Backpropagate ``grad_roots`` from ``roots``.
+
+    Without ``capture`` this is ``backward()``: leaves accumulate into ``.grad``. With it, this is
+    ``autograd.grad()``: the gradient arriving at each captured edge is returned instead, no
+    ``.grad`` is touched, and only nodes on a path to a captured edge run.
+    """
+    root_nodes = list(dict.fromkeys(node for node, _ in roots))
+    dependencies = _collect(root_nodes)
+    captured: dict[tuple[Node, int], int] = {}
+    needed = None
+    if capture is not None:
+        for i, edge in enumerate(capture):
+            captured.setdefault(edge, i)
+        needed = _needed(dependencies, {node for node, _ in capture})
+    results: list = [None] * len(capture or ())
+
+    buffers: dict[Node, list] = {}
+    for (node, nr), g in zip(roots, grad_roots, strict=True):
+        _accumulate(buffers.setdefault(node, [None] * node.num_outputs), nr, g)
+    ready = [(-n.seq, id(n), n) for n in root_nodes if dependencies[n] == 0]
+    heapq.heapify(ready)
+
+    with set_grad_enabled(create_graph):
+        while ready:
+            node = heapq.heappop(ready)[2]
+            grads = buffers.pop(node, None) or [None] * node.num_outputs
+            _run_pre_hooks(node, grads)
+            if captured:
+                for nr, g in enumerate(grads):
+                    index = captured.get((node, nr))
+                    if index is not None:
+                        results[index] = g if results[index] is None else results[index] + g
+            runs = (needed is None or node in needed) and not (capture is not None and isinstance(node, AccumulateGrad))
+            outputs = _apply(node, grads, retain_graph) if runs and any(g is not None for g in grads) else ()
+            for i, edge in enumerate(node.next_edges):
+                if edge is None:
+                    continue
+                nxt, nr = edge
+                if i < len(outputs) and outputs[i] is not None:
+                    _accumulate(buffers.setdefault(nxt, [None] * nxt.num_outputs), nr, outputs[i])
+                dependencies[nxt] -= 1
+                if dependencies[nxt] == 0:
+                    heapq.heappush(ready, (-nxt.seq, id(nxt), nxt))
+    return results if capture is not None else None
+
+
+def _run_pre_hooks(node: Node, grads: list) -> None:
+    # A leaf's hooks live on the tensor (its AccumulateGrad is held weakly and may be rebuilt).
+    table = {0: node.variable._hooks} if isinstance(node, AccumulateGrad) and node.variable._hooks else node.pre_hooks
+    if not table:
+        return
+    for nr, hooks in table.items():
+        for hook in list(hooks):
+            if grads[nr] is None:
+                continue
+            new = hook(grads[nr])
+            if new is not None:
+                grads[nr] = new
+
+
+def _apply(node: Node, grads: list, retain_graph: bool) -> tuple:
+    if isinstance(node, AccumulateGrad):
+        node.apply(grads)
+        return ()
+    grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]
+    try:
+        outputs = tuple(node.apply(grads))
+    except Exception as error:
+        if node.forward_stack and not getattr(error, "_kiln_anomaly", False):
+            error.add_note(f"The forward op of {node.name()} was called from:\n" + "".join(node.forward_stack))
+            error._kiln_anomaly = True  # type: ignore[attr-defined]
+        raise
+    if node.hooks:
+        for hook in node.hooks:
+            new = hook(outputs, tuple(grads))
+            if new is not None:
+                outputs = tuple(new)
+    if state.anomaly:
+        _check_anomaly(node, outputs)
+    if not retain_graph:
+        node.release()
+    n_edges = len(node.next_edges)
+    assert len(outputs) == n_edges, f"{node.name()} returned {len(outputs)} gradients for {n_edges} inputs"
+    return outputs
+
+
+def _zeros_for(node: Node, output_nr: int):
+    """A zero gradient for an output of a multi-output node that received none."""
+    meta = getattr(node, "output_meta", None)
+    if meta is None:
+        return None
+    from ..ops import zeros  # noqa: PLC0415
+
+    shape, dtype, device = meta[output_nr]
+    return zeros(shape, dtype=dtype, device=device)

@@ -1,0 +1,102 @@
+"""Grad mode: whether ops record the autograd graph. Thread-local, as in PyTorch."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+
+class _State(threading.local):
+    grad_enabled = True
+    inference = False
+    anomaly = False
+
+
+state = _State()
+
+
+def is_grad_enabled() -> bool:
+    return state.grad_enabled
+
+
+def is_inference_mode_enabled() -> bool:
+    return state.inference
+
+
+class _GradModeContext:
+    """Base of the grad-mode context managers; each also works as a decorator."""
+
+    def _enter_value(self) -> bool:
+        raise NotImplementedError
+
+    def __enter__(self) -> None:
+        self._prev = state.grad_enabled
+        state.grad_enabled = self._enter_value()
+
+    def __exit__(self, *exc: object) -> None:
+        state.grad_enabled = self._prev
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with self.__class__(*self._args()):
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+    def _args(self) -> tuple:
+        return ()
+
+
+class no_grad(_GradModeContext):
+    """Ops inside record no graph: ``with kiln.no_grad(): w -= lr * w.grad``."""
+
+    def _enter_value(self) -> bool:
+        return False
+
+
+class enable_grad(_GradModeContext):
+    def _enter_value(self) -> bool:
+        return True
+
+
+class set_grad_enabled(_GradModeContext):
+    """``set_grad_enabled(False)`` switches grad mode off at once, and restores on exit."""
+
+    def __init__(self, mode: bool) -> None:
+        self._mode = bool(mode)
+        self._prev = state.grad_enabled
+        state.grad_enabled = self._mode
+
+    def _enter_value(self) -> bool:
+        return self._mode
+
+    def _args(self) -> tuple:
+        return (self._mode,)
+
+    def __call__(self, fn):
+        state.grad_enabled = self._prev  # used as a decorator: the mode applies inside fn only
+        return super().__call__(fn)
+
+
+class inference_mode(_GradModeContext):
+    """Like ``no_grad``, and tensors made inside are inference tensors: they cannot be saved for
+    backward later (using one in autograd raises an error)."""
+
+    def __init__(self, mode: bool = True) -> None:
+        self._mode = bool(mode)
+
+    def _enter_value(self) -> bool:
+        return not self._mode and state.grad_enabled
+
+    def __enter__(self) -> None:
+        self._prev_inference = state.inference
+        state.inference = self._mode
+        super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        state.inference = self._prev_inference
+        super().__exit__()
+
+    def _args(self) -> tuple:
+        return (self._mode,)

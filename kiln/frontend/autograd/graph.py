@@ -1,0 +1,250 @@
+"""The autograd graph: backward nodes, their edges, and the tensors they save.
+
+Every differentiable op run in grad mode on an input that requires grad attaches a
+``PrimBackward`` to its result (``result.grad_fn``). A node's ``next_edges`` point, per input,
+to that input's own ``grad_fn`` (with the output number) or, for a leaf, to an
+``AccumulateGrad`` that adds into ``leaf.grad``. Saved tensors carry the version they had when
+saved; using one that was modified in place since raises an error naming the op.
+"""
+
+from __future__ import annotations
+
+import itertools
+import traceback
+import weakref
+from typing import Any
+
+from ...ir.types import TensorType
+from .grad_mode import state
+
+_sequence = itertools.count()
+Edge = tuple["Node", int] | None
+
+
+class Node:
+    """A backward function in the graph. ``apply(grads) -> grads``, one per next edge."""
+
+    __slots__ = ("next_edges", "seq", "pre_hooks", "hooks", "forward_stack", "__weakref__")
+    num_outputs = 1
+
+    def __init__(self, next_edges: tuple[Edge, ...]) -> None:
+        self.next_edges = next_edges
+        self.seq = next(_sequence)  # later nodes run first when several are ready
+        self.pre_hooks: dict[int, list] | None = None  # output_nr -> hooks on that gradient
+        self.hooks: list | None = None
+        # Anomaly mode keeps the user's stack at the forward op, to name it if backward fails.
+        self.forward_stack = traceback.format_stack()[:-3] if state.anomaly else None
+
+    def name(self) -> str:
+        return type(self).__name__
+
+    def apply(self, grads: list) -> tuple:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        """Drop what was saved for backward (after a backward without retain_graph)."""
+
+    def register_hook(self, fn) -> RemovableHandle:
+        """``fn(grad_inputs, grad_outputs)`` runs after this node; it may return new grad_inputs."""
+        if self.hooks is None:
+            self.hooks = []
+        return RemovableHandle(self.hooks, fn)
+
+    def register_prehook(self, fn, output_nr: int = 0) -> RemovableHandle:
+        if self.pre_hooks is None:
+            self.pre_hooks = {}
+        return RemovableHandle(self.pre_hooks.setdefault(output_nr, []), fn)
+
+    def __repr__(self) -> str:
+        return f"<{self.name()} object>"
+
+
+class RemovableHandle:
+    __slots__ = ("_hooks", "_fn")
+
+    def __init__(self, hooks: list, fn) -> None:
+        self._hooks = hooks
+        self._fn = fn
+        hooks.append(fn)
+
+    def remove(self) -> None:
+        if self._fn in self._hooks:
+            self._hooks.remove(self._fn)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+class SavedTensor:
+    """A tensor saved for backward, with the version it had then.
+
+    An output is saved as its array and version counter, not as the tensor, so that the
+    tensor -> grad_fn -> saved tensor path is no reference cycle; unpacking rebuilds a tensor
+    whose ``grad_fn`` is the saving node (needed for higher-order gradients).
+    """
+
+    __slots__ = ("tensor", "data", "device", "counter", "version", "node_ref", "output_nr")
+
+    def __init__(self, tensor, node: Node | None = None, output_nr: int = 0) -> None:
+        if tensor._inference:
+            raise RuntimeError(
+                "Inference tensors cannot be saved for backward. Make a normal tensor from it "
+                "(x.clone() outside kiln.inference_mode()) before using it in autograd."
+            )
+        self.counter = tensor._version
+        self.version = tensor._version[0]
+        if node is None:
+            self.tensor = tensor
+        else:
+            self.tensor = None
+            self.data, self.device = tensor._data, tensor._device
+            self.node_ref, self.output_nr = weakref.ref(node), output_nr
+
+    def unpack(self, node: Node):
+        if self.counter[0] != self.version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: it was saved by {node.name()} at version {self.version} and "
+                f"is now at version {self.counter[0]}. Hint: clone it before the inplace "
+                "operation, or run with kiln.autograd.set_detect_anomaly(True) to see the forward op."
+            )
+        if self.tensor is not None:
+            return self.tensor
+        from ..tensor import make_tensor  # noqa: PLC0415 - tensor imports this module
+
+        t = make_tensor(self.data, self.device)
+        t._version = self.counter
+        t._requires_grad = True
+        t.grad_fn, t._output_nr = self.node_ref(), self.output_nr
+        return t
+
+
+class _Context:
+    """What a primitive's VJP rule sees as ``ctx``."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: PrimBackward) -> None:
+        self.node = node
+
+    @property
+    def inputs(self) -> tuple:
+        saved = self.node.saved_inputs
+        if saved is None:
+            raise _freed_error(self.node)
+        return tuple(s.unpack(self.node) for s in saved)
+
+    @property
+    def output(self):
+        saved = self.node.saved_output
+        if saved is None:
+            raise _freed_error(self.node)
+        return saved.unpack(self.node)
+
+    @property
+    def attrs(self) -> dict:
+        return self.node.attrs
+
+    @property
+    def input_types(self) -> tuple[TensorType, ...]:
+        n = self.node
+        return tuple(TensorType(s, d, n.device) for s, d in zip(n.input_shapes, n.input_dtypes, strict=True))
+
+    @property
+    def needs_input_grad(self) -> tuple[bool, ...]:
+        return tuple(e is not None for e in self.node.next_edges)
+
+
+def _freed_error(node: Node) -> RuntimeError:
+    return RuntimeError(
+        f"Trying to backward through the graph a second time (through {node.name()}): its saved "
+        "tensors were freed after the first backward. Pass retain_graph=True to the first "
+        "backward() or autograd.grad() call if you need to backward through it again."
+    )
+
+
+class PrimBackward(Node):
+    """The backward of one primitive call: runs the primitive's VJP rule."""
+
+    __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_output")
+
+    def __init__(self, prim, attrs: dict, inputs: tuple, result) -> None:
+        super().__init__(tuple(_edge_of(t) for t in inputs))
+        self.prim, self.attrs = prim, attrs
+        self.input_shapes = tuple(t._data.shape for t in inputs)
+        self.input_dtypes = tuple(t._dtype for t in inputs)
+        self.device = result._device
+        self.saved_inputs = tuple(SavedTensor(t) for t in inputs) if prim.save_inputs else ()
+        self.saved_output = SavedTensor(result, self) if prim.save_output else False
+
+    def name(self) -> str:
+        return "".join(part.capitalize() for part in self.prim.name.split("_")) + "Backward"
+
+    def apply(self, grads: list) -> tuple:
+        from .. import ops  # noqa: PLC0415 - ops imports the tensor, which imports this module
+
+        return self.prim.vjp(ops, _Context(self), grads[0])
+
+    def release(self) -> None:
+        self.saved_inputs = None
+        self.saved_output = None
+
+
+class AccumulateGrad(Node):
+    """The sink of a leaf tensor: adds the incoming gradient into ``leaf.grad``."""
+
+    __slots__ = ("variable",)
+
+    def __init__(self, variable) -> None:
+        super().__init__(())
+        self.variable = variable
+
+    def apply(self, grads: list) -> tuple:
+        accumulate_into_grad(self.variable, grads[0])
+        return ()
+
+
+def accumulate_into_grad(leaf, grad) -> None:
+    for hook in leaf._post_accumulate_hooks or ():
+        hook(leaf)  # pragma: no cover - reserved for register_post_accumulate_grad_hook
+    if grad is None:
+        return
+    if leaf._grad is None:
+        # Copy unless the graph is being kept for a higher order: the incoming gradient may be
+        # the same tensor as another leaf's (add passes its gradient through unchanged).
+        leaf._grad = grad if state.grad_enabled else grad.detach().clone()
+    elif state.grad_enabled:
+        leaf._grad = leaf._grad + grad  # create_graph: keep the sum differentiable
+    else:
+        leaf._grad._data += grad._data
+        leaf._grad._version[0] += 1
+
+
+def _edge_of(t) -> Edge:
+    if t.grad_fn is not None:
+        return (t.grad_fn, t._output_nr)
+    if t._requires_grad:
+        return (grad_accumulator(t), 0)
+    return None
+
+
+def grad_accumulator(leaf) -> AccumulateGrad:
+    """The leaf's AccumulateGrad, shared by every node that uses the leaf (held weakly)."""
+    acc = leaf._grad_acc() if leaf._grad_acc is not None else None
+    if acc is None:
+        acc = AccumulateGrad(leaf)
+        leaf._grad_acc = weakref.ref(acc)
+    return acc
+
+
+def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
+    """Attach ``prim``'s backward to ``result`` (called by dispatch when a gradient may flow)."""
+    if not result._dtype.is_floating_point:
+        return  # integer and bool results carry no gradient
+    node = PrimBackward(prim, attrs, inputs, result)
+    result.grad_fn = node
+    result._output_nr = 0
+    result._requires_grad = True

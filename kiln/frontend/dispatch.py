@@ -1,0 +1,92 @@
+"""One dispatch path for every primitive call: check, run, record.
+
+``apply(prim, *tensors, **attrs)`` checks devices, runs the primitive's eager kernel on the
+tensors' arrays, wraps the result (a view of input 0 for view primitives, sharing its version
+counter), and attaches the backward node when grad mode is on and an input requires grad.
+The shape/dtype rule runs only when a kernel fails, to turn the array library's message into
+one that names the op, the expected shapes and the given ones; on success the kernel's result
+is the rule's answer (``tests/ir/test_registry.py`` checks that they agree).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+
+from ..ir.primitives import NOT_DIFFERENTIABLE, Primitive
+from ..ir.types import CPU, TensorType
+from ..runtime.devices import array_namespace
+from .autograd import graph as _graph
+from .autograd.grad_mode import state as _grad_state
+from .tensor import Tensor, make_tensor
+
+logger = logging.getLogger("kiln")
+
+# Floating-point exceptions (overflow to inf, 0/0 -> nan) are values in PyTorch, not warnings.
+# Ignoring numpy's RuntimeWarnings raised inside kiln's kernels costs nothing per op, where
+# numpy.errstate would cost about a microsecond.
+warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"kiln\.")
+
+_NAMESPACES = {CPU: np}
+_ndarray = np.ndarray
+
+
+def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
+    first = inputs[0]
+    device = first._device
+    for t in inputs:
+        if t._device is not device:
+            raise _device_error(prim, inputs)
+    xp = _NAMESPACES.get(device) or _namespace(device)
+    try:
+        out = prim.eager(xp, *[t._data for t in inputs], **attrs)
+    except Exception as error:
+        raise _kernel_error(prim, inputs, attrs, error) from error
+    if out.__class__ is not _ndarray and device is CPU:
+        out = np.asarray(out)  # numpy returns scalars for 0-d results; a tensor needs an array
+    result = make_tensor(out, device)
+    if prim.is_view:
+        result._base = first._base if first._base is not None else first
+        result._version = first._version
+    if _grad_state.grad_enabled and prim.vjp is not NOT_DIFFERENTIABLE:
+        for t in inputs:
+            if t._requires_grad:
+                _graph.record(prim, inputs, attrs, result)
+                break
+    return result
+
+
+def _namespace(device):
+    xp = array_namespace(device)
+    _NAMESPACES[device] = xp
+    return xp
+
+
+def types_of(inputs) -> tuple[TensorType, ...]:
+    return tuple(TensorType(tuple(t._data.shape), t._dtype, t._device) for t in inputs)
+
+
+def _device_error(prim: Primitive, inputs) -> RuntimeError:
+    given = ", ".join(str(t._device) for t in inputs)
+    return RuntimeError(
+        f"{prim.name}: expected all tensors to be on the same device, but found tensors on {given}. "
+        "Move them with .to(device) first."
+    )
+
+
+def _kernel_error(prim: Primitive, inputs, attrs, error: Exception) -> Exception:
+    """The shape rule's error if it has one (it names expected and given), else the kernel's."""
+    types = types_of(inputs)
+    try:
+        prim.infer(*types, **attrs)
+    except (TypeError, ValueError, IndexError, RuntimeError) as rule_error:
+        return type(rule_error)(str(rule_error))
+    given = ", ".join(str(t) for t in types)
+    shown = {k: v for k, v in attrs.items()}
+    return type(error)(f"{prim.name}({given}{', ' if shown else ''}{_attrs_text(shown)}): {error}")
+
+
+def _attrs_text(attrs: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in attrs.items())

@@ -1,0 +1,63 @@
+"""Helpers every op module uses: turning arguments into tensors and promoting dtypes."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir import dtypes as dt
+from ...ir.primitives import P
+from ...ir.types import CPU, Device
+from ...runtime.devices import to_device
+from ..dispatch import apply
+from ..tensor import Tensor, make_tensor
+
+Number = bool | int | float
+
+
+def scalar_tensor(value, dtype: dt.DType, device: Device = CPU) -> Tensor:
+    """A 0-d tensor holding a Python number, as a constant operand of an op."""
+    array = np.asarray(value, dtype=dtype.np)
+    if device is not CPU:
+        array = to_device(array, device)
+    return make_tensor(array, device, dtype)
+
+
+def cast(x: Tensor, dtype: dt.DType) -> Tensor:
+    """``x`` converted to ``dtype`` (the same tensor when it already is)."""
+    if x._dtype is dtype:
+        return x
+    return apply(P["cast"], x, dtype=dtype)
+
+
+def check_tensor(x, name: str, op: str) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(x).__name__}")
+    return x
+
+
+def promote(*args, op: str = "op", floating: bool = False) -> tuple[Tensor, ...]:
+    """Tensors and Python numbers made into tensors of one dtype (PyTorch's promotion).
+
+    ``floating=True`` lifts an integer or bool result to the default float dtype (``div``,
+    ``exp``). The device is the tensors' (they must agree, which ``apply`` checks).
+    """
+    device = None
+    for a in args:
+        if isinstance(a, Tensor):
+            device = a._device
+            break
+        if not isinstance(a, Number | np.number | np.bool_):
+            raise TypeError(f"{op}(): expected Tensors or numbers, got {type(a).__name__}")
+    if device is None:
+        raise TypeError(f"{op}(): expected at least one Tensor argument")
+    dtype = dt.result_type(*args)
+    if floating and not dtype.is_floating_point:
+        dtype = dt.get_default_dtype()
+    return tuple(cast(a, dtype) if isinstance(a, Tensor) else scalar_tensor(a, dtype, device) for a in args)
+
+
+def as_tensor_arg(x, like: Tensor) -> Tensor:
+    """A tensor argument, or a number made into a 0-d tensor of ``like``'s dtype and device."""
+    if isinstance(x, Tensor):
+        return x
+    return scalar_tensor(x, like._dtype, like._device)

@@ -1,0 +1,283 @@
+"""Creating tensors and moving them: tensor, zeros, arange, eye, clone, to(device/dtype)..."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...ir import dtypes as dt
+from ...ir.primitives import P
+from ...ir.types import CPU, Device
+from ...ir.types import device as parse_device
+from ...runtime.devices import array_namespace, to_device
+from ..autograd.grad_mode import no_grad
+from ..dispatch import apply
+from ..tensor import Tensor, make_tensor, method
+from ._util import cast
+from .inplace import commit_inplace
+
+__all__ = [
+    "tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "zeros_like", "ones_like",
+    "full_like", "empty_like", "arange", "linspace", "eye", "clone", "scalar_tensor",
+]  # fmt: skip
+
+
+def _device(device) -> Device:
+    return CPU if device is None else parse_device(device)
+
+
+def _dtype(dtype, default: dt.DType | None = None) -> dt.DType:
+    if dtype is None:
+        return default or dt.get_default_dtype()
+    return dt.as_dtype(dtype)
+
+
+def _finish(array: np.ndarray, device: Device, requires_grad: bool) -> Tensor:
+    if device is not CPU:
+        array = to_device(array, device)
+    t = make_tensor(array, device)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _infer_array(data) -> np.ndarray:
+    """``data`` as a numpy array with PyTorch's inference: Python floats -> the default dtype."""
+    if isinstance(data, Tensor):
+        return data._host()
+    if isinstance(data, np.ndarray | np.generic):
+        return np.asarray(data)
+    if isinstance(data, list | tuple) and any(isinstance(x, Tensor) for x in data):
+        data = [x.tolist() if isinstance(x, Tensor) else x for x in data]
+    try:
+        array = np.asarray(data)
+    except ValueError as error:
+        raise ValueError(f"tensor(): expected a number or a nested sequence of equal lengths ({error})") from None
+    if array.dtype == np.float64:
+        return array.astype(dt.get_default_dtype().np)
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"tensor(): expected numbers, got {type(data).__name__} of {array.dtype}")
+    return array
+
+
+def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """A new tensor holding a copy of ``data`` (numbers, nested lists, numpy arrays, tensors).
+
+    >>> tensor([[1, 2], [3, 4]]).dtype
+    kiln.int64
+    >>> tensor([1.0, 2.0]).dtype
+    kiln.float32
+    """
+    array = _infer_array(data)
+    array = np.array(array, dtype=None if dtype is None else dt.as_dtype(dtype).np, copy=True)
+    if array.dtype not in dt._BY_NUMPY:
+        array = array.astype(dt.from_numpy_dtype(array.dtype).np)
+    return _finish(array, _device(device), requires_grad)
+
+
+def as_tensor(data, dtype=None, device=None) -> Tensor:
+    """Like ``tensor``, but shares memory with a tensor or numpy array when nothing must change."""
+    dtype = None if dtype is None else dt.as_dtype(dtype)
+    target = None if device is None else parse_device(device)
+    if isinstance(data, Tensor):
+        out = data if dtype is None else data.to(dtype)
+        return out if target is None else out.to(target)
+    if isinstance(data, np.ndarray) and (dtype is None or data.dtype == dtype.np) and target in (None, CPU):
+        return from_numpy(data)
+    return tensor(data, dtype=dtype, device=device)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """A CPU tensor sharing ``array``'s memory: writes through either are seen by both.
+
+    >>> a = np.zeros(3, dtype=np.float32); t = from_numpy(a); t += 1; a.tolist()
+    [1.0, 1.0, 1.0]
+    """
+    if not isinstance(array, np.ndarray):
+        raise TypeError(f"from_numpy expected an np.ndarray, got {type(array).__name__}")
+    return make_tensor(array, CPU, dt.from_numpy_dtype(array.dtype))
+
+
+def _shape(size) -> tuple[int, ...]:
+    if len(size) == 1 and isinstance(size[0], list | tuple):
+        size = size[0]
+    shape = tuple(int(d) for d in size)
+    if any(d < 0 for d in shape):
+        raise RuntimeError(f"trying to create tensor with negative dimension: {list(shape)}")
+    return shape
+
+
+def _filled(shape, value, dtype, device, requires_grad) -> Tensor:
+    device = _device(device)
+    xp = array_namespace(device)
+    if device is CPU:
+        return _finish(np.full(shape, value, dtype=dtype.np), device, requires_grad)
+    with xp.cuda.Device(device.index or 0):  # pragma: no cover - needs a GPU
+        t = make_tensor(xp.full(shape, value, dtype=dtype.np), device)
+    return t.requires_grad_(requires_grad)
+
+
+def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _filled(_shape(size), 0, _dtype(dtype), device, requires_grad)
+
+
+def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _filled(_shape(size), 1, _dtype(dtype), device, requires_grad)
+
+
+def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _filled(_shape(size), 0, _dtype(dtype), device, requires_grad)
+
+
+def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """``fill_value`` everywhere; the dtype follows the value (bool, int64, default float)."""
+    return _filled(_shape((size,)), fill_value, _dtype(dtype, dt.scalar_dtype(fill_value)), device, requires_grad)
+
+
+def _like(fn):
+    def like(input: Tensor, *args, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+        dtype = input._dtype if dtype is None else dt.as_dtype(dtype)
+        device = input._device if device is None else device
+        return fn(tuple(input.shape), *args, dtype=dtype, device=device, requires_grad=requires_grad)
+
+    like.__name__ = like.__qualname__ = fn.__name__ + "_like"
+    like.__doc__ = f"``{fn.__name__}`` with the shape, dtype and device of ``input``."
+    return like
+
+
+zeros_like = _like(zeros)
+ones_like = _like(ones)
+empty_like = _like(empty)
+full_like = _like(full)
+
+
+def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """Values from ``start`` to ``end`` (exclusive); int64 for integer arguments, as in PyTorch."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise RuntimeError("arange: step must be nonzero")
+    numbers = [x.item() if isinstance(x, Tensor) else x for x in (start, end, step)]
+    default = dt.int64 if all(isinstance(x, int) for x in numbers) else dt.get_default_dtype()
+    dtype = _dtype(dtype, default)
+    start, end, step = numbers
+    count = max(0, int(np.ceil((end - start) / step)))
+    array = (start + np.arange(count, dtype=np.float64) * step) if dtype.is_floating_point else np.arange(start, end, step)
+    return _finish(array.astype(dtype.np), _device(device), requires_grad)
+
+
+def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    array = np.linspace(start, end, int(steps), dtype=np.float64).astype(_dtype(dtype).np)
+    return _finish(array, _device(device), requires_grad)
+
+
+def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _finish(np.eye(n, m, dtype=_dtype(dtype).np), _device(device), requires_grad)
+
+
+def scalar_tensor(value, *, dtype=None, device=None) -> Tensor:
+    return tensor(value, dtype=_dtype(dtype), device=device)
+
+
+@method("clone")
+def clone(input: Tensor) -> Tensor:
+    """A copy that owns its memory, differentiable (gradient passes through unchanged)."""
+    return apply(P["copy"], input)
+
+
+# ----------------------------------------------------------------------------- to(), casts, fills
+@method("to")
+def to(input: Tensor, *args, dtype=None, device=None, copy: bool = False, non_blocking: bool = False) -> Tensor:
+    """``to(dtype)``, ``to(device)``, ``to(device, dtype)`` or ``to(other_tensor)``, as in PyTorch."""
+    for a in args:
+        if isinstance(a, Tensor):
+            device, dtype = a._device, a._dtype
+        elif isinstance(a, dt.DType) or a in (float, int, bool):
+            dtype = a
+        else:
+            device = a
+    out = input
+    if dtype is not None:
+        out = cast(out, dt.as_dtype(dtype))
+    if device is not None and parse_device(device) is not out._device:
+        out = _move(out, parse_device(device))
+    if copy and out is input:
+        out = clone(input)
+    return out
+
+
+def _move(input: Tensor, device: Device) -> Tensor:
+    if input._requires_grad:
+        return _device_copy().apply(input, device)  # differentiable: the gradient moves back
+    return make_tensor(to_device(input._data, device), device, input._dtype)
+
+
+@functools.cache
+def _device_copy():
+    from ..autograd.function import Function  # noqa: PLC0415 - function.py imports the ops
+
+    class DeviceCopy(Function):
+        @staticmethod
+        def forward(ctx, x, device):
+            ctx.source = x._device
+            return make_tensor(to_device(x._data, device), device, x._dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            return _move(g, ctx.source), None
+
+    return DeviceCopy
+
+
+@method("cpu")
+def cpu(input: Tensor) -> Tensor:
+    return to(input, CPU)
+
+
+@method("cuda")
+def cuda(input: Tensor, device=None) -> Tensor:
+    return to(input, parse_device("cuda" if device is None else f"cuda:{device}" if isinstance(device, int) else device))
+
+
+def _cast_method(name: str, dtype: dt.DType):
+    def op(self: Tensor) -> Tensor:
+        return cast(self, dtype)
+
+    op.__name__ = name
+    method(name)(op)
+
+
+for _name, _dt in {"float": dt.float32, "double": dt.float64, "half": dt.float16, "long": dt.int64,
+                   "int": dt.int32, "short": dt.int16, "char": dt.int8, "byte": dt.uint8, "bool": dt.bool_}.items():  # fmt: skip
+    _cast_method(_name, _dt)
+
+
+@method("type_as")
+def type_as(input: Tensor, other: Tensor) -> Tensor:
+    return cast(input, other._dtype)
+
+
+@method("copy_")
+def copy_(input: Tensor, src: Tensor) -> Tensor:
+    """Copy ``src`` into ``input`` (broadcasting, converting dtype and device)."""
+    if src._device is not input._device:
+        src = to(src, input._device)
+    return commit_inplace(input, cast(src, input._dtype), op="copy_")
+
+
+@method("fill_")
+def fill_(input: Tensor, value) -> Tensor:
+    with no_grad():
+        filled = full_like(input, value.item() if isinstance(value, Tensor) else value)
+    return commit_inplace(input, filled, op="fill_")
+
+
+@method("zero_")
+def zero_(input: Tensor) -> Tensor:
+    return fill_(input, 0)
+
+
+def _rebuild_tensor(array: np.ndarray, device: str, requires_grad: bool) -> Tensor:
+    t = tensor(array, dtype=dt.from_numpy_dtype(array.dtype), device=device)
+    return t.requires_grad_(requires_grad)

@@ -1,0 +1,425 @@
+"""Elementwise ops: the primitives with PyTorch's promotion, the composites, and operators.
+
+Composites are plain Python over primitives; each says why it is built the way it is when the
+obvious form would be wrong (a gradient at a kink, nan propagation, overflow).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...ir import dtypes as dt
+from ...ir.primitives import P
+from ..dispatch import apply
+from ..tensor import Tensor, method
+from ._util import as_tensor_arg, cast, promote, scalar_tensor
+from .inplace import commit_inplace
+
+__all__ = [
+    "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "floor_divide",
+    "remainder", "pow", "square", "neg", "negative", "abs", "sign", "exp", "expm1", "log", "log1p",
+    "log2", "log10", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "relu", "gelu",
+    "silu", "softplus", "erf", "floor", "ceil", "round", "trunc", "clamp", "clip", "maximum",
+    "minimum", "where", "eq", "ne", "lt", "le", "gt", "ge", "equal", "logical_and", "logical_or",
+    "logical_xor", "logical_not", "isnan", "isinf", "isfinite", "lerp",
+]  # fmt: skip
+
+_add, _sub, _mul, _div = P["add"], P["sub"], P["mul"], P["div"]
+_FLOAT_CATEGORY = dt.FLOATING
+
+
+def _binary(prim, a, b, name: str) -> Tensor:
+    # Fast path: two tensors of one dtype, or a tensor and a number of no higher category.
+    if isinstance(a, Tensor):
+        if isinstance(b, Tensor):
+            if a._dtype is b._dtype:
+                return apply(prim, a, b)
+        elif isinstance(b, float) and a._dtype.category == _FLOAT_CATEGORY or (
+            isinstance(b, int) and not isinstance(b, bool) and a._dtype.category != dt.BOOL
+        ):
+            return apply(prim, a, scalar_tensor(b, a._dtype, a._device))
+    return apply(prim, *promote(a, b, op=name))
+
+
+def _float_binary(prim, a, b, name: str) -> Tensor:
+    return apply(prim, *promote(a, b, op=name, floating=True))
+
+
+def _unary_float(prim, x: Tensor) -> Tensor:
+    """A float-valued function: integer and bool inputs compute in the default float dtype."""
+    if not x._dtype.is_floating_point:
+        x = cast(x, dt.get_default_dtype())
+    return apply(prim, x)
+
+
+# ----------------------------------------------------------------------------- arithmetic
+@method("add")
+def add(input, other, *, alpha=1) -> Tensor:
+    if alpha != 1:
+        other = mul(other, alpha)
+    return _binary(_add, input, other, "add")
+
+
+@method("sub")
+def sub(input, other, *, alpha=1) -> Tensor:
+    if alpha != 1:
+        other = mul(other, alpha)
+    return _binary(_sub, input, other, "sub")
+
+
+@method("mul")
+def mul(input, other) -> Tensor:
+    return _binary(_mul, input, other, "mul")
+
+
+@method("div")
+def div(input, other, *, rounding_mode: str | None = None) -> Tensor:
+    """True division (ints give floats); ``rounding_mode`` "floor" or "trunc" as in PyTorch."""
+    if rounding_mode is None:
+        return _float_binary(_div, input, other, "div")
+    if rounding_mode == "floor":
+        return floor_divide(input, other)
+    if rounding_mode == "trunc":
+        a, b = promote(input, other, op="div")
+        if a._dtype.is_floating_point:
+            return trunc(apply(_div, a, b))
+        q = apply(P["floor_divide"], a, b)  # floor, then step toward zero where inexact and negative
+        inexact_negative = logical_and(ne(apply(P["remainder"], a, b), 0), ne(lt(a, 0), lt(b, 0)))
+        return add(q, cast(inexact_negative, q._dtype))
+    raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found {rounding_mode!r}")
+
+
+subtract, multiply, divide, true_divide = sub, mul, div, div
+
+
+@method("floor_divide")
+def floor_divide(input, other) -> Tensor:
+    return _binary(P["floor_divide"], input, other, "floor_divide")
+
+
+@method("remainder")
+def remainder(input, other) -> Tensor:
+    return _binary(P["remainder"], input, other, "remainder")
+
+
+@method("pow")
+def pow(input, exponent) -> Tensor:
+    if isinstance(input, Tensor) and not isinstance(exponent, Tensor) and exponent == 2:
+        return mul(input, input)  # exact and cheaper; the gradient 2x is the same
+    return _binary(P["pow"], input, exponent, "pow")
+
+
+@method("square")
+def square(input: Tensor) -> Tensor:
+    return mul(input, input)
+
+
+@method("neg", "negative", "__neg__")
+def neg(input: Tensor) -> Tensor:
+    if input._dtype is dt.bool_:
+        raise TypeError("negation, the `-` operator, on a bool tensor is not supported; use logical_not() or `~`")
+    return apply(P["neg"], input)
+
+
+negative = neg
+
+
+@method("abs", "__abs__")
+def abs(input: Tensor) -> Tensor:
+    return apply(P["abs"], input)
+
+
+@method("sign")
+def sign(input: Tensor) -> Tensor:
+    return apply(P["sign"], input)
+
+
+def _float_unary(name: str):
+    prim = P[name]
+
+    def op(input: Tensor) -> Tensor:
+        return _unary_float(prim, input)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Elementwise {name}; integer inputs compute in the default float dtype."
+    method(name)(op)
+    return op
+
+
+exp = _float_unary("exp")
+expm1 = _float_unary("expm1")
+log = _float_unary("log")
+log1p = _float_unary("log1p")
+sqrt = _float_unary("sqrt")
+rsqrt = _float_unary("rsqrt")
+sin = _float_unary("sin")
+cos = _float_unary("cos")
+tanh = _float_unary("tanh")
+sigmoid = _float_unary("sigmoid")
+erf = _float_unary("erf")
+
+
+@method("log2")
+def log2(input: Tensor) -> Tensor:
+    return mul(log(input), 1.0 / math.log(2.0))
+
+
+@method("log10")
+def log10(input: Tensor) -> Tensor:
+    return mul(log(input), 1.0 / math.log(10.0))
+
+
+@method("reciprocal")
+def reciprocal(input: Tensor) -> Tensor:
+    return _float_binary(_div, 1, input, "reciprocal")
+
+
+@method("floor")
+def floor(input: Tensor) -> Tensor:
+    return input if not input._dtype.is_floating_point else apply(P["floor"], input)
+
+
+@method("ceil")
+def ceil(input: Tensor) -> Tensor:
+    return input if not input._dtype.is_floating_point else apply(P["ceil"], input)
+
+
+@method("trunc")
+def trunc(input: Tensor) -> Tensor:
+    return where(lt(input, 0), ceil(input), floor(input))
+
+
+@method("round")
+def round(input: Tensor, *, decimals: int = 0) -> Tensor:
+    """Round half to even, as PyTorch does; ``decimals`` scales by 10**decimals first."""
+    if not input._dtype.is_floating_point:
+        return input
+    if decimals == 0:
+        return apply(P["round"], input)
+    scale = 10.0**decimals
+    return div(apply(P["round"], mul(input, scale)), scale)
+
+
+# ----------------------------------------------------------------------------- activations
+@method("relu")
+def relu(input: Tensor) -> Tensor:
+    # where(x <= 0, 0, x), not maximum(x, 0): maximum splits the gradient at 0 (PyTorch gives 0
+    # there), and `x > 0` as the condition would turn nan into 0 (PyTorch keeps nan).
+    return where(le(input, 0), 0, input)
+
+
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def gelu(input: Tensor, approximate: str = "none") -> Tensor:
+    """x * Phi(x); ``approximate="tanh"`` uses the tanh formula, as ``torch.nn.functional.gelu``."""
+    if approximate == "none":
+        return mul(mul(input, 0.5), add(erf(mul(input, 1.0 / math.sqrt(2.0))), 1.0))
+    if approximate == "tanh":
+        inner = mul(add(input, mul(mul(mul(input, input), input), 0.044715)), _SQRT_2_OVER_PI)
+        return mul(mul(input, 0.5), add(tanh(inner), 1.0))
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def silu(input: Tensor) -> Tensor:
+    return mul(input, sigmoid(input))
+
+
+def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
+    """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's rule).
+
+    Written as log1p(exp(-|bx|)) + max(bx, 0) so that neither branch overflows: a where() whose
+    unselected branch is inf would still send nan into the gradient (0 * inf).
+    """
+    bx = mul(input, beta)
+    smooth = div(add(log1p(exp(neg(abs(bx)))), relu(bx)), beta)
+    return where(gt(bx, threshold), input, smooth)
+
+
+# ----------------------------------------------------------------------------- min, max, where
+@method("clamp", "clip")
+def clamp(input: Tensor, min=None, max=None) -> Tensor:
+    """Limit to [min, max]. The gradient is 1 inside and on the bounds, as in PyTorch; nan stays nan."""
+    if min is None and max is None:
+        raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
+    out = input
+    if min is not None:
+        out = where(lt(out, min), _bound_like(min, out), out)
+    if max is not None:
+        out = where(gt(out, max), _bound_like(max, out), out)
+    return out
+
+
+clip = clamp
+
+
+def _bound_like(bound, like: Tensor):
+    return bound if isinstance(bound, Tensor) else scalar_tensor(bound, dt.result_type(like, bound), like._device)
+
+
+@method("maximum")
+def maximum(input, other) -> Tensor:
+    return _binary(P["maximum"], input, other, "maximum")
+
+
+@method("minimum")
+def minimum(input, other) -> Tensor:
+    return _binary(P["minimum"], input, other, "minimum")
+
+
+def where(condition: Tensor, input, other) -> Tensor:
+    """``input`` where ``condition`` holds, else ``other``; numbers are allowed for either."""
+    if not isinstance(condition, Tensor):
+        raise TypeError(f"where(): argument 'condition' must be a Tensor, not {type(condition).__name__}")
+    if condition._dtype is not dt.bool_:
+        raise TypeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype {condition._dtype.name}")
+    if isinstance(input, Tensor) and isinstance(other, Tensor) and input._dtype is other._dtype:
+        return apply(P["where"], condition, input, other)
+    if not isinstance(input, Tensor) and not isinstance(other, Tensor):
+        input = scalar_tensor(input, dt.result_type(input, other), condition._device)
+    a, b = promote(input, other, op="where")
+    return apply(P["where"], condition, a, b)
+
+
+@method("where")
+def _where_method(self: Tensor, condition: Tensor, other) -> Tensor:
+    return where(condition, self, other)
+
+
+# ----------------------------------------------------------------------------- comparisons, logic
+def _comparison(name: str):
+    prim = P[name]
+
+    def op(input, other) -> Tensor:
+        return _binary(prim, input, other, name)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Elementwise {name}, computed in the promoted dtype; the result is bool."
+    method(name)(op)
+    return op
+
+
+eq = _comparison("eq")
+ne = _comparison("ne")
+lt = _comparison("lt")
+le = _comparison("le")
+gt = _comparison("gt")
+ge = _comparison("ge")
+
+
+@method("equal")
+def equal(input: Tensor, other: Tensor) -> bool:
+    """True when both have the same shape and elements (a Python bool, as in PyTorch)."""
+    return tuple(input.shape) == tuple(other.shape) and bool(eq(input, other).all())
+
+
+def _logical(name: str):
+    prim = P[name]
+
+    def op(input, other) -> Tensor:
+        input, other = as_tensor_arg(input, other) if not isinstance(input, Tensor) else input, as_tensor_arg(other, input)
+        return apply(prim, cast(input, dt.bool_), cast(other, dt.bool_))
+
+    op.__name__ = op.__qualname__ = name
+    method(name)(op)
+    return op
+
+
+logical_and = _logical("logical_and")
+logical_or = _logical("logical_or")
+logical_xor = _logical("logical_xor")
+
+
+@method("logical_not")
+def logical_not(input: Tensor) -> Tensor:
+    return apply(P["logical_not"], cast(input, dt.bool_))
+
+
+@method("isnan")
+def isnan(input: Tensor) -> Tensor:
+    return ne(input, input)
+
+
+@method("isinf")
+def isinf(input: Tensor) -> Tensor:
+    if not input._dtype.is_floating_point:
+        return ne(input, input)  # all False, with the right shape and device
+    return eq(abs(input), math.inf)
+
+
+@method("isfinite")
+def isfinite(input: Tensor) -> Tensor:
+    if not input._dtype.is_floating_point:
+        return eq(input, input)
+    return lt(abs(input), math.inf)  # false for inf and nan
+
+
+@method("lerp")
+def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
+    return add(input, mul(sub(end, input), weight))
+
+
+# ----------------------------------------------------------------------------- Python operators
+def _bool_only(name: str, logical):
+    def op(a, b):
+        if isinstance(a, Tensor) and a._dtype is not dt.bool_ or isinstance(b, Tensor) and b._dtype is not dt.bool_:
+            raise TypeError(f"the `{name}` operator is supported on bool tensors only (bitwise integer ops are not in kiln yet)")
+        return logical(a, b)
+
+    return op
+
+
+_OPERATORS = {
+    "__add__": add, "__radd__": lambda a, b: add(b, a),
+    "__sub__": sub, "__rsub__": lambda a, b: sub(b, a),
+    "__mul__": mul, "__rmul__": lambda a, b: mul(b, a),
+    "__truediv__": div, "__rtruediv__": lambda a, b: div(b, a),
+    "__floordiv__": floor_divide, "__rfloordiv__": lambda a, b: floor_divide(b, a),
+    "__mod__": remainder, "__rmod__": lambda a, b: remainder(b, a),
+    "__pow__": pow, "__rpow__": lambda a, b: pow(b, a),
+    "__eq__": eq, "__ne__": ne, "__lt__": lt, "__le__": le, "__gt__": gt, "__ge__": ge,
+    "__and__": _bool_only("&", logical_and), "__rand__": _bool_only("&", lambda a, b: logical_and(b, a)),
+    "__or__": _bool_only("|", logical_or), "__ror__": _bool_only("|", lambda a, b: logical_or(b, a)),
+    "__xor__": _bool_only("^", logical_xor), "__rxor__": _bool_only("^", lambda a, b: logical_xor(b, a)),
+}  # fmt: skip
+for _name, _fn in _OPERATORS.items():
+    method(_name)(_fn)
+
+
+@method("__invert__")
+def _invert(self: Tensor) -> Tensor:
+    if self._dtype is not dt.bool_:
+        raise TypeError("the `~` operator is supported on bool tensors only (bitwise integer ops are not in kiln yet)")
+    return logical_not(self)
+
+
+@method("__pos__")
+def _pos(self: Tensor) -> Tensor:
+    return self
+
+
+# ----------------------------------------------------------------------------- in-place forms
+def _inplace(fn, name: str):
+    def op(self: Tensor, *args, **kwargs) -> Tensor:
+        return commit_inplace(self, fn(self, *args, **kwargs), op=name)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"In-place {fn.__name__}: writes the result into ``self`` and returns it."
+    return op
+
+
+_INPLACE = {
+    "add": add, "sub": sub, "mul": mul, "div": div, "floor_divide": floor_divide, "remainder": remainder,
+    "pow": pow, "square": square, "neg": neg, "abs": abs, "sign": sign, "exp": exp, "expm1": expm1, "log": log,
+    "log1p": log1p, "sqrt": sqrt, "rsqrt": rsqrt, "reciprocal": reciprocal, "sin": sin, "cos": cos,
+    "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "erf": erf, "floor": floor, "ceil": ceil, "round": round,
+    "trunc": trunc, "clamp": clamp, "clip": clamp, "lerp": lerp, "logical_not": logical_not,
+    "eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge,
+}  # fmt: skip
+for _name, _fn in _INPLACE.items():
+    method(_name + "_")(_inplace(_fn, _name + "_"))
+
+_AUGMENTED = {"__iadd__": add, "__isub__": sub, "__imul__": mul, "__itruediv__": div,
+              "__ifloordiv__": floor_divide, "__imod__": remainder, "__ipow__": pow}  # fmt: skip
+for _name, _fn in _AUGMENTED.items():
+    method(_name)(_inplace(_fn, _name))

@@ -1,0 +1,3 @@
+"""Placeholder: filled in by the foundation work."""
+
+__all__: list[str] = []

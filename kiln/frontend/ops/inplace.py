@@ -1,0 +1,126 @@
+"""In-place semantics: every in-place op is its functional op plus ``commit_inplace``.
+
+``commit_inplace(target, value)`` writes ``value`` into ``target``'s memory, bumps the version
+counter shared by the target and its views, and rebases autograd history:
+
+- on a tensor that owns its memory, the target simply takes over ``value``'s history;
+- on a view, the base's new history is "base with the view's elements replaced by value",
+  expressed as a scatter at the view's positions in the base, and the view's history becomes a
+  gather from that. Any view op works the same way, because the positions are read off the
+  view's strides rather than replayed from the op that made it. (The tracer's
+  functionalization of mutations uses the same idea.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd.grad_mode import state
+from ..autograd.graph import PrimBackward, SavedTensor
+from ..tensor import Tensor, make_tensor
+
+
+def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Tensor:
+    if not isinstance(target, Tensor):
+        raise TypeError(f"{op}: expected a Tensor to modify, got {type(target).__name__}")
+    if value._dtype is not target._dtype:
+        if value._dtype.category > target._dtype.category:
+            raise RuntimeError(
+                f"{op}: result type {value._dtype.name} can't be cast to the desired output type "
+                f"{target._dtype.name} of the tensor modified in place"
+            )
+        from ._util import cast  # noqa: PLC0415
+
+        value = cast(value, target._dtype)
+    if tuple(value._data.shape) != tuple(target._data.shape):
+        from .shape import broadcast_to  # noqa: PLC0415
+
+        try:
+            value = broadcast_to(value, target.shape)
+        except (ValueError, RuntimeError):
+            raise RuntimeError(
+                f"{op}: output with shape {tuple(target.shape)} doesn't match the broadcast shape "
+                f"{tuple(value.shape)}"
+            ) from None
+    track = state.grad_enabled and (value._requires_grad or target._requires_grad)
+    if track:
+        _check_leaf(target, op)
+    if target._inference is False and state.inference:
+        pass  # PyTorch allows in-place on normal tensors in inference mode; so does kiln
+    if value._data is not target._data:
+        target._data[...] = value._data
+    target._version[0] += 1
+    if track:
+        if target._base is None:
+            _take_history(target, value)
+        else:
+            _rebase_view(target, value)
+    return target
+
+
+def _check_leaf(target: Tensor, op: str) -> None:
+    if target.grad_fn is None and target._requires_grad:
+        raise RuntimeError(
+            f"{op}: a leaf Variable that requires grad is being used in an in-place operation. "
+            "Wrap the update in `with kiln.no_grad():` (as optimizers do) or clone the tensor first."
+        )
+    base = target._base
+    if base is not None and base.grad_fn is None and base._requires_grad:
+        raise RuntimeError(
+            f"{op}: a view of a leaf Variable that requires grad is being used in an in-place "
+            "operation. Wrap the update in `with kiln.no_grad():` or clone the base first."
+        )
+
+
+def _take_history(target: Tensor, value: Tensor) -> None:
+    node = value.grad_fn
+    target.grad_fn, target._output_nr, target._requires_grad = node, value._output_nr, value._requires_grad
+    if isinstance(node, PrimBackward) and node.saved_output:
+        # The node saved `value` as its output; the saved copy is now `target`, so a later
+        # in-place change of `target` is caught by the version check, as in PyTorch.
+        node.saved_output = SavedTensor(target, node)
+
+
+def _rebase_view(view: Tensor, value: Tensor) -> None:
+    from . import index_put, reshape, take_flat  # noqa: PLC0415
+
+    base = view._base
+    positions = make_tensor(view_positions(base._data, view._data), base._device)
+    flat_base = reshape(base, (-1,))
+    new_base = reshape(index_put(flat_base, (positions.reshape(-1),), reshape(value, (-1,))), tuple(base.shape))
+    _take_history(base, new_base)
+    new_view = take_flat(base, positions)
+    view.grad_fn, view._output_nr, view._requires_grad = new_view.grad_fn, 0, True
+
+
+def view_positions(base: np.ndarray, view: np.ndarray) -> np.ndarray:
+    """For each element of ``view``, the flat (row-major) index of the same memory in ``base``.
+
+    >>> b = np.arange(6).reshape(2, 3)
+    >>> view_positions(b, b.T[1:]).tolist()
+    [[1, 4], [2, 5]]
+    """
+    xp = np if isinstance(base, np.ndarray) else __import__("cupy")
+    item = base.itemsize
+    base_offsets = _memory_offsets(xp, base, 0, item)
+    start = (_address(view) - _address(base)) // item
+    view_offsets = _memory_offsets(xp, view, start, item)
+    low = int(base_offsets.min()) if base.size else 0  # negative strides put memory before the start
+    lookup = xp.full(int(base_offsets.max()) - low + 1 if base.size else 1, -1, dtype=np.int64)
+    lookup[(base_offsets - low).ravel()] = xp.arange(base.size, dtype=np.int64)
+    positions = lookup[view_offsets - low]
+    assert base.size == 0 or int(positions.min(initial=0)) >= 0, "view elements must lie inside the base"
+    return positions
+
+
+def _address(a) -> int:
+    return a.__array_interface__["data"][0] if isinstance(a, np.ndarray) else a.data.ptr
+
+
+def _memory_offsets(xp, a, start: int, item: int):
+    offsets = xp.full(a.shape, start, dtype=np.int64)
+    for axis, (n, stride) in enumerate(zip(a.shape, a.strides, strict=True)):
+        shape = [1] * a.ndim
+        shape[axis] = n
+        offsets = offsets + (xp.arange(n, dtype=np.int64) * (stride // item)).reshape(shape)
+    return offsets

@@ -1,0 +1,122 @@
+"""The primitive registry: every primitive op of kiln, defined once.
+
+A ``Primitive`` carries every rule about one op, side by side:
+
+- ``infer(*types, **attrs) -> TensorType``: the shape/dtype rule. The tracer and the
+  verifier run it; eager execution runs it when a kernel fails, to turn a numpy error into one
+  that names what was expected and what was given.
+- ``eager(xp, *arrays, **attrs) -> array``: the kernel, written once against an array
+  namespace ``xp`` (numpy on the CPU, cupy on CUDA). It is also the interpreter's kernel.
+- ``vjp(ops, ctx, g) -> tuple``: the vector-Jacobian product, one entry per input (``None``
+  where no gradient flows), written with kiln tensor ops passed in as ``ops`` so the same rule
+  runs eagerly, builds higher-order graphs, and is recorded when traced. ``ctx`` gives
+  ``inputs`` and ``output`` (saved when ``save_inputs``/``save_output`` say so), ``attrs``,
+  ``input_types`` and ``needs_input_grad``. ``NOT_DIFFERENTIABLE`` marks ops with no gradient.
+- ``scalar(em, *values, **attrs)``: for elementwise kinds, the formula for one element against
+  an emitter protocol (``em.add``, ``em.exp``, ``em.select``...) that each code generator
+  implements; fusion evaluates a chain of these in one loop nest.
+- ``reference(torch, *tensors, **attrs)``: the same op in PyTorch, the parity oracle.
+- ``samples(rng) -> list[Sample]``: example arguments, so that generic tests walk the
+  registry: eager against the reference, ``infer`` against eager, ``vjp`` against finite
+  differences.
+
+Composite ops (softmax, gelu, linear...) are Python over primitives in ``kiln.frontend.ops``
+and have no rules of their own. ``tests/ir/test_registry.py`` fails when a primitive lacks a
+rule that its kind requires.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..types import TensorType
+
+
+class Kind(enum.Enum):
+    UNARY = "unary"  # elementwise, one input
+    BINARY = "binary"  # elementwise, two inputs of one shape after broadcasting
+    TERNARY = "ternary"  # elementwise, three inputs (where)
+    CAST = "cast"  # elementwise dtype conversion
+    REDUCE = "reduce"  # reduction over axes
+    SCAN = "scan"  # cumulative op along an axis
+    MATMUL = "matmul"
+    MOVEMENT = "movement"  # reshape, permute, slice, pad, cat...: moves elements, computes none
+    INDEX = "index"  # gather / scatter with index tensors
+    CREATION = "creation"  # iota, full
+    RANDOM = "random"  # counter-based random bits
+    WINDOW = "window"  # sliding windows (unfold/fold): the basis of conv and pooling
+
+
+ELEMENTWISE = frozenset({Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST})
+
+
+def _not_differentiable(ops: Any, ctx: Any, g: Any) -> tuple:
+    raise AssertionError("a non-differentiable primitive was asked for its VJP")
+
+
+#: Marker for primitives without gradient (comparisons, argmax, random bits...).
+NOT_DIFFERENTIABLE: Callable[..., tuple] = _not_differentiable
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Example arguments for one primitive call: numpy arrays and attributes."""
+
+    args: tuple
+    attrs: dict = field(default_factory=dict)
+    gradcheck: bool = True  # False where finite differences are ill-posed (kinks, ties)
+
+
+@dataclass(frozen=True, eq=False)
+class Primitive:
+    name: str
+    kind: Kind
+    infer: Callable[..., TensorType]
+    eager: Callable[..., Any]
+    vjp: Callable[..., tuple] | None = None
+    save_inputs: bool = False
+    save_output: bool = False
+    scalar: Callable[..., Any] | None = None
+    reference: Callable[..., Any] | None = None
+    samples: Callable[[Any], Sequence[Sample]] | None = None
+    is_view: bool = False  # the eager result shares memory with input 0 (PyTorch's view ops)
+    doc: str = ""
+
+    @property
+    def differentiable(self) -> bool:
+        return self.vjp is not None and self.vjp is not NOT_DIFFERENTIABLE
+
+    def __repr__(self) -> str:
+        return f"<primitive {self.name}>"
+
+
+PRIMITIVES: dict[str, Primitive] = {}
+
+
+def register(prim: Primitive) -> Primitive:
+    assert prim.name not in PRIMITIVES, f"primitive {prim.name} is defined twice"
+    PRIMITIVES[prim.name] = prim
+    return prim
+
+
+def required_rules(prim: Primitive) -> list[str]:
+    """The rules a primitive of this kind must have; the registry test checks them."""
+    rules = ["infer", "eager", "vjp", "samples"]
+    if prim.kind in ELEMENTWISE:
+        rules.append("scalar")
+    if prim.kind is not Kind.RANDOM:  # random bits are checked against Philox's test vectors
+        rules.append("reference")
+    return rules
+
+
+def missing_rules(prim: Primitive) -> list[str]:
+    return [rule for rule in required_rules(prim) if getattr(prim, rule) is None]
+
+
+# Importing the definitions fills PRIMITIVES; the order fixes nothing but the printout.
+from . import elementwise, linalg, movement, random, reductions, windows  # noqa: E402,F401
+
+P = PRIMITIVES

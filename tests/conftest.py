@@ -1,0 +1,66 @@
+"""Shared test helpers: the PyTorch oracle and tolerance-stated comparisons.
+
+Hypothesis runs a small profile in CI (CI=true) and a larger one locally.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+try:
+    from hypothesis import settings
+
+    settings.register_profile("ci", max_examples=25, deadline=None)
+    settings.register_profile("dev", max_examples=150, deadline=None)
+    settings.load_profile("ci" if os.environ.get("CI") else "dev")
+except ImportError:  # pragma: no cover
+    pass
+
+import kiln
+
+# Tolerances per dtype, stated once: (rtol, atol).
+TOL = {
+    kiln.float16: (1e-3, 1e-3),
+    kiln.float32: (1e-5, 1e-6),
+    kiln.float64: (1e-10, 1e-12),
+}
+
+
+def tol(dtype) -> dict:
+    rtol, atol = TOL.get(dtype, (0.0, 0.0))
+    return {"rtol": rtol, "atol": atol}
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """PyTorch as the parity oracle; tests using it skip cleanly where it is not installed."""
+    return pytest.importorskip("torch")
+
+
+def to_torch(torch, x):
+    """A kiln tensor (or numpy array) as a torch tensor with the same values and dtype."""
+    array = x.detach().numpy() if isinstance(x, kiln.Tensor) else np.asarray(x)
+    return torch.from_numpy(np.ascontiguousarray(array).copy())
+
+
+def assert_close(actual, expected, *, rtol: float, atol: float, check_dtype: bool = True) -> None:
+    """Compare a kiln tensor with a kiln tensor, numpy array, torch tensor or number.
+
+    nan must match nan, inf must match inf of the same sign, and dtypes must agree by name.
+    """
+    a = actual.detach().numpy() if isinstance(actual, kiln.Tensor) else np.asarray(actual)
+    if hasattr(expected, "detach") and not isinstance(expected, kiln.Tensor):  # torch
+        e = expected.detach().cpu().numpy()
+    elif isinstance(expected, kiln.Tensor):
+        e = expected.detach().numpy()
+    else:
+        e = np.asarray(expected)
+    if check_dtype and isinstance(actual, kiln.Tensor) and not np.isscalar(expected):
+        assert str(a.dtype) == str(e.dtype), f"dtype {a.dtype} != expected {e.dtype}"
+    assert a.shape == e.shape, f"shape {a.shape} != expected {e.shape}"
+    np.testing.assert_allclose(a.astype(np.float64) if a.dtype != bool else a,
+                               e.astype(np.float64) if e.dtype != bool else e,
+                               rtol=rtol, atol=atol, equal_nan=True)  # fmt: skip
