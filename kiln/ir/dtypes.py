@@ -167,3 +167,14 @@ def result_type(*operands: object) -> DType:
             result = group
     assert result is not None, "result_type needs at least one operand"
     return result
+
+
+def float_to_int(xp, x, dtype: DType):
+    """Float -> integer conversion with no undefined behaviour: truncate toward zero, then wrap
+    modulo 2**bits into narrower types (what PyTorch gives for in-range values on x86-64); nan
+    becomes 0 and values beyond int64 saturate. Float -> bool is ``x != 0``."""
+    if dtype is bool_:
+        return x != 0
+    limit = 9.2e18  # the largest float64 below 2**63, so the int64 conversion is defined
+    x = xp.clip(xp.nan_to_num(x.astype(np.float64), nan=0.0, posinf=limit, neginf=-limit), -limit, limit)
+    return x.astype(np.int64).astype(dtype.np)

@@ -71,6 +71,9 @@ class set_grad_enabled(_GradModeContext):
     def _enter_value(self) -> bool:
         return self._mode
 
+    def __enter__(self) -> None:
+        pass  # the mode was set (and the previous one saved) at construction
+
     def _args(self) -> tuple:
         return (self._mode,)
 

@@ -1,1 +1,178 @@
-"""Placeholder: filled in by the foundation work."""
+"""Window primitives: ``unfold`` gathers sliding windows, ``fold`` scatter-adds them back.
+
+Convolution and pooling are composites over these two (``kiln.nn.functional``), so their
+gradients, and gradients of gradients, come from here: ``fold`` is the adjoint of ``unfold``
+and each is the other's VJP.
+
+Layout, for ``d`` spatial dims with kernel ``K = (k_1..k_d)`` and output ``O = (o_1..o_d)``:
+
+- ``unfold``: input ``(N, C, *S)`` (already padded) -> ``(N, C, *K, *O)``, where
+  ``out[n, c, *k, *o] = x[n, c, *(o * stride + k * dilation)]``;
+- ``fold``: ``(N, C, *K, *O)`` -> ``(N, C, *S)`` with ``S = size`` given as an attribute; every
+  window element is added back to the position it came from.
+
+The kernel offsets come before the output positions so that a contiguous ``unfold`` result
+reshapes to ``(N, C*prod(K), prod(O))`` for free: convolution is then one batched matmul whose
+result is already ``(N, out_channels, *O)``. ``unfold`` copies (as PyTorch's ``unfold`` does):
+windows overlap, so a view would let one in-place write change several elements.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ..types import TensorType
+from . import Kind, Primitive, Sample, register
+
+
+def window_output_size(size: int, kernel: int, stride: int, dilation: int) -> int:
+    """How many windows of span ``dilation * (kernel - 1) + 1`` fit in ``size`` with ``stride``."""
+    return (size - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _check_window_attrs(name: str, x: TensorType, kernel_size, stride, dilation, lead: int) -> int:
+    """The number of spatial dims; errors name what was expected and what was given."""
+    d = len(kernel_size)
+    if len(stride) != d or len(dilation) != d:
+        raise ValueError(
+            f"{name}: kernel_size {tuple(kernel_size)}, stride {tuple(stride)} and dilation {tuple(dilation)} "
+            "must have one entry per spatial dimension"
+        )
+    if x.ndim != lead + d:
+        raise RuntimeError(
+            f"{name}: expected a {lead + d}-d input for {d} spatial dim(s) with kernel_size {tuple(kernel_size)}, "
+            f"got shape {list(x.shape)}"
+        )
+    for what, values in (("kernel_size", kernel_size), ("stride", stride), ("dilation", dilation)):
+        if any(v <= 0 for v in values):
+            raise ValueError(f"{name}: {what} must be positive, got {tuple(values)}")
+    return d
+
+
+def _out_spatial(name: str, spatial, kernel_size, stride, dilation) -> tuple[int, ...]:
+    out = tuple(map(window_output_size, spatial, kernel_size, stride, dilation))
+    if any(o < 1 for o in out):
+        raise RuntimeError(
+            f"{name}: the (padded) input size {tuple(spatial)} is smaller than the dilated kernel size "
+            f"{tuple(dilation[i] * (k - 1) + 1 for i, k in enumerate(kernel_size))}"
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------- unfold
+def _unfold_infer(x: TensorType, *, kernel_size, stride, dilation) -> TensorType:
+    _check_window_attrs("unfold", x, kernel_size, stride, dilation, 2)
+    out = _out_spatial("unfold", x.shape[2:], kernel_size, stride, dilation)
+    return TensorType((*x.shape[:2], *kernel_size, *out), x.dtype, x.device)
+
+
+def _unfold_eager(xp, x, *, kernel_size, stride, dilation):
+    spatial = x.shape[2:]
+    if len(spatial) != len(kernel_size):
+        raise ValueError("unfold: one kernel entry per spatial dim is required")  # infer() says more
+    out = _out_spatial("unfold", spatial, kernel_size, stride, dilation)
+    st = x.strides[2:]
+    strides = (*x.strides[:2], *(s * d for s, d in zip(st, dilation)), *(s * t for s, t in zip(st, stride)))
+    windows = xp.lib.stride_tricks.as_strided(x, (*x.shape[:2], *kernel_size, *out), strides, writeable=False)
+    return xp.ascontiguousarray(windows)
+
+
+def _unfold_vjp(ops, ctx, g):
+    spatial = ctx.input_types[0].shape[2:]
+    return (ops.fold_windows(g, spatial, **ctx.attrs),)
+
+
+def _torch_window_slices(spatial_out, offsets, stride, dilation):
+    return tuple(slice(k * d, k * d + s * (o - 1) + 1, s) for o, k, s, d in zip(spatial_out, offsets, stride, dilation))
+
+
+def _unfold_reference(torch, x, *, kernel_size, stride, dilation):
+    n, c = x.shape[:2]
+    out = _out_spatial("unfold", x.shape[2:], kernel_size, stride, dilation)
+    if len(kernel_size) == 2:  # PyTorch's own im2col
+        cols = torch.nn.functional.unfold(x, kernel_size, dilation=dilation, stride=stride)
+        return cols.reshape(n, c, *kernel_size, *out)
+    pieces = [x[(..., *_torch_window_slices(out, k, stride, dilation))]
+              for k in itertools.product(*map(range, kernel_size))]  # fmt: skip
+    return torch.stack(pieces, dim=2).reshape(n, c, *kernel_size, *out)
+
+
+def _unfold_samples(rng):
+    return [
+        Sample((rng.normal(size=(2, 3, 5, 6)),), {"kernel_size": (2, 3), "stride": (1, 2), "dilation": (2, 1)}),
+        Sample((rng.normal(size=(1, 2, 7)),), {"kernel_size": (3,), "stride": (2,), "dilation": (1,)}),
+        Sample((rng.normal(size=(1, 1, 4, 3, 3)),), {"kernel_size": (2, 1, 2), "stride": (1, 1, 1), "dilation": (1, 1, 1)}),
+        Sample((rng.normal(size=(0, 2, 3, 3)),), {"kernel_size": (2, 2), "stride": (1, 1), "dilation": (1, 1)}),
+    ]
+
+
+unfold = register(Primitive(
+    "unfold", Kind.WINDOW, _unfold_infer, _unfold_eager, _unfold_vjp,
+    reference=_unfold_reference, samples=_unfold_samples,
+    doc="Sliding windows (N, C, *S) -> (N, C, *kernel, *out), a copy: the basis of conv and pooling.",
+))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- fold
+def _fold_infer(cols: TensorType, *, size, kernel_size, stride, dilation) -> TensorType:
+    d = _check_window_attrs("fold", cols, kernel_size, stride, dilation, 2 + len(kernel_size))
+    if len(size) != d:
+        raise ValueError(f"fold: size {tuple(size)} must have one entry per spatial dim ({d})")
+    out = _out_spatial("fold", size, kernel_size, stride, dilation)
+    expected = (*cols.shape[:2], *kernel_size, *out)
+    if tuple(cols.shape) != expected:
+        raise RuntimeError(
+            f"fold: expected windows of shape {list(expected)} for size {tuple(size)}, kernel_size "
+            f"{tuple(kernel_size)}, stride {tuple(stride)}, dilation {tuple(dilation)}; got {list(cols.shape)}"
+        )
+    return TensorType((*cols.shape[:2], *size), cols.dtype, cols.device)
+
+
+def _fold_eager(xp, cols, *, size, kernel_size, stride, dilation):
+    d = len(kernel_size)
+    out_spatial = cols.shape[2 + d :]
+    if tuple(cols.shape[2 : 2 + d]) != tuple(kernel_size) or out_spatial != _out_spatial(
+        "fold", size, kernel_size, stride, dilation
+    ):
+        raise ValueError("fold: the windows do not match the attributes")
+    out = xp.zeros((*cols.shape[:2], *size), dtype=cols.dtype)
+    # One strided add per kernel offset: prod(kernel) vectorized adds, no scatter (np.add.at is slow).
+    for offsets in itertools.product(*map(range, kernel_size)):
+        target = tuple(slice(k * dl, k * dl + s * (o - 1) + 1, s) for o, k, s, dl in zip(out_spatial, offsets, stride, dilation))
+        out[(..., *target)] += cols[(slice(None), slice(None), *offsets)]
+    return out
+
+
+def _fold_vjp(ops, ctx, g):
+    attrs = {k: v for k, v in ctx.attrs.items() if k != "size"}
+    return (ops.unfold_windows(g, **attrs),)
+
+
+def _fold_reference(torch, cols, *, size, kernel_size, stride, dilation):
+    n, c = cols.shape[:2]
+    d = len(kernel_size)
+    if d == 2:  # PyTorch's own col2im
+        flat = cols.reshape(n, c * kernel_size[0] * kernel_size[1], -1)
+        return torch.nn.functional.fold(flat, size, kernel_size, dilation=dilation, stride=stride).reshape(n, c, *size)
+    out_spatial = cols.shape[2 + d :]
+    out = torch.zeros((n, c, *size), dtype=cols.dtype)
+    for k in itertools.product(*map(range, kernel_size)):
+        out[(..., *_torch_window_slices(out_spatial, k, stride, dilation))] += cols[(slice(None), slice(None), *k)]
+    return out
+
+
+def _fold_samples(rng):
+    return [
+        Sample((rng.normal(size=(2, 3, 2, 3, 3, 2)),),
+               {"size": (5, 6), "kernel_size": (2, 3), "stride": (1, 2), "dilation": (2, 1)}),
+        Sample((rng.normal(size=(1, 2, 3, 3)),), {"size": (8,), "kernel_size": (3,), "stride": (2,), "dilation": (1,)}),
+        Sample((rng.normal(size=(1, 1, 2, 1, 2, 3, 3, 2)),),
+               {"size": (4, 3, 3), "kernel_size": (2, 1, 2), "stride": (1, 1, 1), "dilation": (1, 1, 1)}),
+    ]  # fmt: skip
+
+
+fold = register(Primitive(
+    "fold", Kind.WINDOW, _fold_infer, _fold_eager, _fold_vjp,
+    reference=_fold_reference, samples=_fold_samples,
+    doc="The adjoint of unfold: scatter-add windows (N, C, *kernel, *out) back to (N, C, *size).",
+))  # fmt: skip
