@@ -42,3 +42,7 @@ def result_type(*tensors_or_numbers):
 
 def is_tensor(obj) -> bool:
     return isinstance(obj, Tensor)
+
+
+# Last: nn is written against the public API above, as a user's library would be.
+from . import nn  # noqa: E402

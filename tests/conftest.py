@@ -43,7 +43,7 @@ def torch():
 def to_torch(torch, x):
     """A kiln tensor (or numpy array) as a torch tensor with the same values and dtype."""
     array = x.detach().numpy() if isinstance(x, kiln.Tensor) else np.asarray(x)
-    return torch.from_numpy(np.ascontiguousarray(array).copy())
+    return torch.from_numpy(np.array(array, copy=True, order="C"))
 
 
 def assert_close(actual, expected, *, rtol: float, atol: float, check_dtype: bool = True) -> None:

@@ -42,6 +42,11 @@ def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
     xp = _NAMESPACES.get(device) or _namespace(device)
     try:
         out = prim.eager(xp, *[t._data for t in inputs], **attrs)
+    except (RuntimeWarning, FloatingPointError):
+        # The caller made floating-point warnings errors (warnings.simplefilter("error") or
+        # numpy.seterr(all="raise")); inf and nan are values in kiln, so run again without them.
+        with np.errstate(all="ignore"):
+            out = prim.eager(xp, *[t._data for t in inputs], **attrs)
     except Exception as error:
         raise _kernel_error(prim, inputs, attrs, error) from error
     if out.__class__ is not _ndarray and device is CPU:
@@ -84,8 +89,11 @@ def _kernel_error(prim: Primitive, inputs, attrs, error: Exception) -> Exception
     except (TypeError, ValueError, IndexError, RuntimeError) as rule_error:
         return type(rule_error)(str(rule_error))
     given = ", ".join(str(t) for t in types)
-    shown = {k: v for k, v in attrs.items()}
-    return type(error)(f"{prim.name}({given}{', ' if shown else ''}{_attrs_text(shown)}): {error}")
+    message = f"{prim.name}({given}{', ' if attrs else ''}{_attrs_text(attrs)}): {error}"
+    try:
+        return type(error)(message)
+    except Exception:  # noqa: BLE001 - an exception type with a constructor of its own
+        return RuntimeError(message)
 
 
 def _attrs_text(attrs: dict) -> str:

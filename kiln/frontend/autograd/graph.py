@@ -131,11 +131,11 @@ class _Context:
         self.node = node
 
     @property
-    def inputs(self) -> tuple:
+    def inputs(self) -> _SavedInputs:
         saved = self.node.saved_inputs
         if saved is None:
             raise _freed_error(self.node)
-        return tuple(s.unpack(self.node) for s in saved)
+        return _SavedInputs(saved, self.node)
 
     @property
     def output(self):
@@ -156,6 +156,25 @@ class _Context:
     @property
     def needs_input_grad(self) -> tuple[bool, ...]:
         return tuple(e is not None for e in self.node.next_edges)
+
+
+class _SavedInputs:
+    """The saved inputs, unpacked (and version-checked) one at a time as the VJP reads them: a
+    rule that does not read an input is not stopped by an in-place change to it, as in PyTorch."""
+
+    __slots__ = ("saved", "node")
+
+    def __init__(self, saved: tuple, node: Node) -> None:
+        self.saved, self.node = saved, node
+
+    def __getitem__(self, i: int):
+        return self.saved[i].unpack(self.node)
+
+    def __len__(self) -> int:
+        return len(self.saved)
+
+    def __iter__(self):
+        return (s.unpack(self.node) for s in self.saved)
 
 
 def _freed_error(node: Node) -> RuntimeError:
