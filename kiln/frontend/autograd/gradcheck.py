@@ -6,7 +6,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from .api import grad
-from .grad_mode import no_grad
+from .grad_mode import enable_grad, no_grad
 
 
 class GradcheckError(RuntimeError):
@@ -106,6 +106,10 @@ def gradgradcheck(fn, inputs, grad_outputs=None, *, eps: float = 1e-6, atol: flo
     n = len(inputs)
 
     def vjp(*args):
+        with enable_grad():  # the finite-difference pass runs under no_grad; a VJP needs a graph
+            return _vjp(*args)
+
+    def _vjp(*args):
         outs = _outputs(fn, args[:n])
         primal = [args[i] for i in range(n) if isinstance(args[i], Tensor) and args[i]._requires_grad]
         grads = grad(outs, primal, args[n:], create_graph=True, allow_unused=True, materialize_grads=True)

@@ -4,11 +4,12 @@ Each module binds its Tensor methods with ``@method``; this package is also the 
 namespace that the primitives' VJP rules are written against.
 """
 
-from . import creation, elementwise, indexing, linalg, random, reductions, shape
+from . import creation, elementwise, indexing, interop, linalg, random, reductions, shape
 from ._util import cast
 from .creation import *  # noqa: F403
 from .elementwise import *  # noqa: F403
 from .indexing import *  # noqa: F403
+from .interop import *  # noqa: F403
 from .inplace import commit_inplace
 from .linalg import *  # noqa: F403
 from .random import *  # noqa: F403
@@ -16,6 +17,6 @@ from .reductions import *  # noqa: F403
 from .shape import *  # noqa: F403
 
 __all__ = (
-    ["cast", "commit_inplace"] + creation.__all__ + elementwise.__all__ + indexing.__all__ + linalg.__all__
+    ["cast", "commit_inplace"] + creation.__all__ + elementwise.__all__ + indexing.__all__ + interop.__all__ + linalg.__all__
     + random.__all__ + reductions.__all__ + shape.__all__
 )  # fmt: skip

@@ -228,11 +228,13 @@ def silu(input: Tensor) -> Tensor:
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's rule).
 
-    Written as log1p(exp(-|bx|)) + max(bx, 0) so that neither branch overflows: a where() whose
-    unselected branch is inf would still send nan into the gradient (0 * inf).
+    Written as relu(bx) + log1p(exp(-|bx|)) so that nothing overflows: a where() whose unselected
+    branch is inf would still send nan into the gradient (0 * inf). |bx| is where(bx > 0, bx, -bx)
+    rather than abs(), whose subgradient 0 at 0 would make the gradient there 0 instead of 1/2.
     """
     bx = mul(input, beta)
-    smooth = div(add(log1p(exp(neg(abs(bx)))), relu(bx)), beta)
+    magnitude = where(gt(bx, 0), bx, neg(bx))
+    smooth = div(add(log1p(exp(neg(magnitude))), relu(bx)), beta)
     return where(gt(bx, threshold), input, smooth)
 
 

@@ -45,8 +45,7 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
     track = state.grad_enabled and (value._requires_grad or target._requires_grad)
     if track:
         _check_leaf(target, op)
-    if target._inference is False and state.inference:
-        pass  # PyTorch allows in-place on normal tensors in inference mode; so does kiln
+        _snapshot_saved_inputs(value, target)
     if value._data is not target._data:
         target._data[...] = value._data
     target._version[0] += 1
@@ -56,6 +55,21 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
         else:
             _rebase_view(target, value)
     return target
+
+
+def _snapshot_saved_inputs(value: Tensor, target: Tensor) -> None:
+    """The node that computed ``value`` may have saved ``target`` (or a view of its memory) as an
+    input: ``x.mul_(w)`` needs the old ``x`` to differentiate by ``w``. Save a copy of the old
+    values instead, as PyTorch does for in-place ops, since the write is about to replace them."""
+    node = value.grad_fn
+    if not isinstance(node, PrimBackward) or not node.saved_inputs:
+        return
+    if any(s.counter is target._version for s in node.saved_inputs):
+        from .creation import clone  # noqa: PLC0415
+
+        node.saved_inputs = tuple(
+            SavedTensor(clone(s.tensor)) if s.counter is target._version else s for s in node.saved_inputs
+        )
 
 
 def _check_leaf(target: Tensor, op: str) -> None:

@@ -1,0 +1,1 @@
+"""``kiln.data``: datasets, samplers and the DataLoader (next issue)."""

@@ -1,0 +1,1 @@
+"""``kiln.optim``: optimizers written against the public API (SGD, Adam...; next issue)."""
