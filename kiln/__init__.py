@@ -15,10 +15,23 @@ from .frontend.ops import *  # noqa: F403
 from .frontend.tensor import Size, Tensor
 from .ir.dtypes import (
     DType as dtype,
-    bool_ as bool,  # noqa: A001 - kiln.bool is PyTorch's name
-    float16, float32, float64, get_default_dtype, int8, int16, int32, int64, promote_types,
-    set_default_dtype, uint8,
 )  # fmt: skip
+from .ir.dtypes import (
+    bool_ as bool,  # noqa: A001 - kiln.bool is PyTorch's name
+)
+from .ir.dtypes import (
+    float16,
+    float32,
+    float64,
+    get_default_dtype,
+    int8,
+    int16,
+    int32,
+    int64,
+    promote_types,
+    set_default_dtype,
+    uint8,
+)
 from .ir.dtypes import result_type as _result_type
 from .ir.types import Device
 from .ir.types import device as device

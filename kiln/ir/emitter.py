@@ -10,6 +10,7 @@ is the reference that proves every formula computes what the eager kernel comput
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -36,7 +37,7 @@ class Emitter(Protocol):
     def cast(self, x: Any, dtype: DType) -> Any: ...
 
 
-_NUMPY_NAMES = {
+_NUMPY_NAMES: dict[str, Callable[..., Any]] = {
     "neg": np.negative, "abs": np.abs, "sign": np.sign, "exp": np.exp, "expm1": np.expm1, "log": np.log,
     "log1p": np.log1p, "sqrt": np.sqrt, "rsqrt": lambda x: np.reciprocal(np.sqrt(x)), "sin": np.sin,
     "cos": np.cos, "tanh": np.tanh, "floor": np.floor, "ceil": np.ceil, "round_half_even": np.round,

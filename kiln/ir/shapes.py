@@ -37,9 +37,7 @@ def normalize_axis(axis: int, ndim: int) -> int:
         raise TypeError(f"dim must be an int, got {type(axis).__name__}")
     bound = max(ndim, 1)
     if not -bound <= axis < bound:
-        raise IndexError(
-            f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], but got {axis})"
-        )
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-bound}, {bound - 1}], but got {axis})")
     return axis % bound if ndim else 0
 
 

@@ -25,7 +25,10 @@ COMPOSITES = [
     ("gelu", lambda m, x: (kiln.nn.functional if m is kiln else m.nn.functional).gelu(x)),
     ("gelu_tanh", lambda m, x: (kiln.nn.functional if m is kiln else m.nn.functional).gelu(x, approximate="tanh")),
     ("silu", lambda m, x: (kiln.nn.functional if m is kiln else m.nn.functional).silu(x)),
-    ("softplus", lambda m, x: (kiln.nn.functional if m is kiln else m.nn.functional).softplus(x, beta=2.0, threshold=5.0)),
+    (
+        "softplus",
+        lambda m, x: (kiln.nn.functional if m is kiln else m.nn.functional).softplus(x, beta=2.0, threshold=5.0),
+    ),
     ("clamp", lambda m, x: m.clamp(x, -1.0, 0.5)),
     ("clamp_min", lambda m, x: m.clamp(x, min=0.25)),
     ("square", lambda m, x: m.square(x)),
@@ -57,7 +60,9 @@ def test_composites_match_pytorch(name, fn, dtype, torch):
         assert_close(fn(kiln, x), fn(torch, to_torch(torch, x)), **tol(dtype))
 
 
-DIFFERENTIABLE = [c for c in COMPOSITES if c[0] not in {"trunc", "round2", "div_floor", "div_trunc", "isnan", "isinf", "isfinite"}]
+DIFFERENTIABLE = [
+    c for c in COMPOSITES if c[0] not in {"trunc", "round2", "div_floor", "div_trunc", "isnan", "isinf", "isfinite"}
+]
 
 
 @pytest.mark.parametrize(("name", "fn"), DIFFERENTIABLE, ids=[c[0] for c in DIFFERENTIABLE])

@@ -74,7 +74,7 @@ def test_vjp_matches_finite_differences(prim):
             continue
         args = kiln_args(sample, np.float64)
         args = [a.clone().requires_grad_() if a.is_floating_point() else a for a in args]
-        kiln.autograd.gradcheck(lambda *xs: apply(prim, *xs, **sample.attrs), args, atol=1e-6, rtol=1e-4)
+        kiln.autograd.gradcheck(lambda *xs, a=sample.attrs: apply(prim, *xs, **a), args, atol=1e-6, rtol=1e-4)
         checked += 1
     assert checked, f"{prim.name} has no sample for the gradient check"
 

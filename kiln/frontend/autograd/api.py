@@ -49,7 +49,9 @@ def _roots(outputs: Sequence[Tensor], grad_outputs: Sequence, what: str):
     return roots, grads
 
 
-def backward(tensors, grad_tensors=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None) -> None:
+def backward(
+    tensors, grad_tensors=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None
+) -> None:
     """Accumulate d(tensors)/d(leaf) into each leaf's ``.grad`` (``inputs`` limits which leaves)."""
     tensors = _as_tuple(tensors)
     roots, grads = _roots(tensors, _as_tuple(grad_tensors), "backward")

@@ -34,8 +34,10 @@ def _binary(prim, a, b, name: str) -> Tensor:
         if isinstance(b, Tensor):
             if a._dtype is b._dtype:
                 return apply(prim, a, b)
-        elif isinstance(b, float) and a._dtype.category == _FLOAT_CATEGORY or (
-            isinstance(b, int) and not isinstance(b, bool) and a._dtype.category != dt.BOOL
+        elif (
+            isinstance(b, float)
+            and a._dtype.category == _FLOAT_CATEGORY
+            or (isinstance(b, int) and not isinstance(b, bool) and a._dtype.category != dt.BOOL)
         ):
             return apply(prim, a, scalar_tensor(b, a._dtype, a._device))
     return apply(prim, *promote(a, b, op=name))
@@ -274,7 +276,9 @@ def where(condition: Tensor, input, other) -> Tensor:
     if not isinstance(condition, Tensor):
         raise TypeError(f"where(): argument 'condition' must be a Tensor, not {type(condition).__name__}")
     if condition._dtype is not dt.bool_:
-        raise TypeError(f"where expected condition to be a boolean tensor, but got a tensor with dtype {condition._dtype.name}")
+        raise TypeError(
+            f"where expected condition to be a boolean tensor, but got a tensor with dtype {condition._dtype.name}"
+        )
     if isinstance(input, Tensor) and isinstance(other, Tensor) and input._dtype is other._dtype:
         return apply(P["where"], condition, input, other)
     if not isinstance(input, Tensor) and not isinstance(other, Tensor):
@@ -319,7 +323,10 @@ def _logical(name: str):
     prim = P[name]
 
     def op(input, other) -> Tensor:
-        input, other = as_tensor_arg(input, other) if not isinstance(input, Tensor) else input, as_tensor_arg(other, input)
+        input, other = (
+            as_tensor_arg(input, other) if not isinstance(input, Tensor) else input,
+            as_tensor_arg(other, input),
+        )
         return apply(prim, cast(input, dt.bool_), cast(other, dt.bool_))
 
     op.__name__ = op.__qualname__ = name
@@ -365,7 +372,9 @@ def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
 def _bool_only(name: str, logical):
     def op(a, b):
         if isinstance(a, Tensor) and a._dtype is not dt.bool_ or isinstance(b, Tensor) and b._dtype is not dt.bool_:
-            raise TypeError(f"the `{name}` operator is supported on bool tensors only (bitwise integer ops are not in kiln yet)")
+            raise TypeError(
+                f"the `{name}` operator is supported on bool tensors only (bitwise integer ops are not in kiln yet)"
+            )
         return logical(a, b)
 
     return op

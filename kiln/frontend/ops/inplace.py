@@ -39,8 +39,7 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
             value = broadcast_to(value, target.shape)
         except (ValueError, RuntimeError):
             raise RuntimeError(
-                f"{op}: output with shape {tuple(target.shape)} doesn't match the broadcast shape "
-                f"{tuple(value.shape)}"
+                f"{op}: output with shape {tuple(target.shape)} doesn't match the broadcast shape {tuple(value.shape)}"
             ) from None
     track = state.grad_enabled and (value._requires_grad or target._requires_grad)
     if track:

@@ -117,6 +117,6 @@ def missing_rules(prim: Primitive) -> list[str]:
 
 
 # Importing the definitions fills PRIMITIVES; the order fixes nothing but the printout.
-from . import elementwise, linalg, movement, random, reductions, windows  # noqa: E402,F401
+from . import elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
 
 P = PRIMITIVES
