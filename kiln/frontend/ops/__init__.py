@@ -9,14 +9,15 @@ from ._util import cast
 from .creation import *  # noqa: F403
 from .elementwise import *  # noqa: F403
 from .indexing import *  # noqa: F403
-from .interop import *  # noqa: F403
 from .inplace import commit_inplace
+from .interop import *  # noqa: F403
 from .linalg import *  # noqa: F403
 from .random import *  # noqa: F403
 from .reductions import *  # noqa: F403
 from .shape import *  # noqa: F403
+from .windows import *  # noqa: F403
 
 __all__ = (
-    ["cast", "commit_inplace"] + creation.__all__ + elementwise.__all__ + indexing.__all__ + interop.__all__ + linalg.__all__
-    + random.__all__ + reductions.__all__ + shape.__all__
+    ["cast", "commit_inplace"] + creation.__all__ + elementwise.__all__ + indexing.__all__ + interop.__all__
+    + linalg.__all__ + random.__all__ + reductions.__all__ + shape.__all__ + windows.__all__
 )  # fmt: skip

@@ -92,7 +92,7 @@ def _unfold_reference(torch, x, *, kernel_size, stride, dilation):
     if len(kernel_size) == 2:  # PyTorch's own im2col
         cols = torch.nn.functional.unfold(x, kernel_size, dilation=dilation, stride=stride)
         return cols.reshape(n, c, *kernel_size, *out)
-    pieces = [x[(..., *_torch_window_slices(out, k, stride, dilation))]
+    pieces = [x[(Ellipsis,) + tuple(_torch_window_slices(out, k, stride, dilation))]
               for k in itertools.product(*map(range, kernel_size))]  # fmt: skip
     return torch.stack(pieces, dim=2).reshape(n, c, *kernel_size, *out)
 
@@ -101,7 +101,9 @@ def _unfold_samples(rng):
     return [
         Sample((rng.normal(size=(2, 3, 5, 6)),), {"kernel_size": (2, 3), "stride": (1, 2), "dilation": (2, 1)}),
         Sample((rng.normal(size=(1, 2, 7)),), {"kernel_size": (3,), "stride": (2,), "dilation": (1,)}),
-        Sample((rng.normal(size=(1, 1, 4, 3, 3)),), {"kernel_size": (2, 1, 2), "stride": (1, 1, 1), "dilation": (1, 1, 1)}),
+        Sample(
+            (rng.normal(size=(1, 1, 4, 3, 3)),), {"kernel_size": (2, 1, 2), "stride": (1, 1, 1), "dilation": (1, 1, 1)}
+        ),
         Sample((rng.normal(size=(0, 2, 3, 3)),), {"kernel_size": (2, 2), "stride": (1, 1), "dilation": (1, 1)}),
     ]
 
@@ -138,8 +140,10 @@ def _fold_eager(xp, cols, *, size, kernel_size, stride, dilation):
     out = xp.zeros((*cols.shape[:2], *size), dtype=cols.dtype)
     # One strided add per kernel offset: prod(kernel) vectorized adds, no scatter (np.add.at is slow).
     for offsets in itertools.product(*map(range, kernel_size)):
-        target = tuple(slice(k * dl, k * dl + s * (o - 1) + 1, s) for o, k, s, dl in zip(out_spatial, offsets, stride, dilation))
-        out[(..., *target)] += cols[(slice(None), slice(None), *offsets)]
+        target = tuple(
+            slice(k * dl, k * dl + s * (o - 1) + 1, s) for o, k, s, dl in zip(out_spatial, offsets, stride, dilation)
+        )
+        out[(Ellipsis,) + tuple(target)] += cols[(slice(None), slice(None)) + tuple(offsets)]
     return out
 
 
@@ -157,7 +161,9 @@ def _fold_reference(torch, cols, *, size, kernel_size, stride, dilation):
     out_spatial = cols.shape[2 + d :]
     out = torch.zeros((n, c, *size), dtype=cols.dtype)
     for k in itertools.product(*map(range, kernel_size)):
-        out[(..., *_torch_window_slices(out_spatial, k, stride, dilation))] += cols[(slice(None), slice(None), *k)]
+        out[(Ellipsis,) + tuple(_torch_window_slices(out_spatial, k, stride, dilation))] += cols[
+            (slice(None), slice(None)) + tuple(k)
+        ]
     return out
 
 

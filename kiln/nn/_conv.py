@@ -1,0 +1,158 @@
+"""Convolution as pad + sliding windows + one batched matmul (im2col).
+
+``kiln.unfold_windows`` turns the padded input (N, C, *S) into (N, C, *K, *O); that reshapes
+for free to (N, groups, C/groups * prod(K), prod(O)), and a matmul with the weight reshaped to
+(groups, O/groups, C/groups * prod(K)) gives (N, groups, O/groups, prod(O)), which is already
+the output's memory order. Gradients, and gradients of gradients, come from the primitives.
+"""
+
+from __future__ import annotations
+
+import math
+
+import kiln
+
+from ._utils import batched, check_tensor, ntuple, pad_spec
+
+__all__ = ["conv1d", "conv2d", "conv3d", "unfold", "fold"]
+
+
+def _same_padding(kernel, dilation, stride, op: str) -> tuple[tuple[int, int], ...]:
+    if any(s != 1 for s in stride):
+        raise ValueError(f"{op}: padding='same' is not supported for strided convolutions")
+    # PyTorch puts the odd element of the total padding on the right.
+    totals = [d * (k - 1) for k, d in zip(kernel, dilation, strict=True)]
+    return tuple((t // 2, t - t // 2) for t in totals)
+
+
+def _padding(padding, kernel, dilation, stride, op: str) -> tuple[tuple[int, int], ...]:
+    if isinstance(padding, str):
+        if padding == "valid":
+            return ((0, 0),) * len(kernel)
+        if padding == "same":
+            return _same_padding(kernel, dilation, stride, op)
+        raise ValueError(f"{op}: padding must be an int, a tuple, 'valid' or 'same', got {padding!r}")
+    pads = ntuple(padding, len(kernel), "padding", op)
+    if any(p < 0 for p in pads):
+        raise RuntimeError(f"{op}: negative padding is not supported, got {pads}")
+    return tuple((p, p) for p in pads)
+
+
+def _check_conv(x, weight, bias, groups: int, d: int, op: str) -> None:
+    if weight.ndim != d + 2:
+        raise RuntimeError(
+            f"{op}: expected a {d + 2}-d weight (out_channels, in_channels/groups, *kernel), "
+            f"got weight of size {list(weight.shape)}"
+        )
+    if not isinstance(groups, int) or groups < 1:
+        raise RuntimeError(f"{op}: non-positive groups is not supported, got groups={groups}")
+    out_channels, per_group = weight.shape[0], weight.shape[1]
+    if out_channels % groups:
+        raise RuntimeError(
+            f"{op}: given groups={groups}, expected weight to be divisible by {groups} at dimension 0, "
+            f"but got weight of size {list(weight.shape)} instead"
+        )
+    if x.shape[1] != per_group * groups:
+        raise RuntimeError(
+            f"{op}: given groups={groups}, weight of size {list(weight.shape)}, expected input{list(x.shape)} "
+            f"to have {per_group * groups} channels, but got {x.shape[1]} channels instead"
+        )
+    if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+        given = f"input {x.dtype}, weight {weight.dtype}" + ("" if bias is None else f", bias {bias.dtype}")
+        raise RuntimeError(f"{op}: expected input, weight and bias of one dtype, got {given}")
+    if bias is not None and tuple(bias.shape) != (out_channels,):
+        raise RuntimeError(f"{op}: expected bias of shape [{out_channels}], got {list(bias.shape)}")
+
+
+def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: str):
+    check_tensor(input, "input", op)
+    check_tensor(weight, "weight", op)
+    x, unbatched = batched(input, d, op)
+    _check_conv(x, weight, bias, groups, d, op)
+    kernel = tuple(weight.shape[2:])
+    stride = ntuple(stride, d, "stride", op)
+    dilation = ntuple(dilation, d, "dilation", op)
+    pads = _padding(padding, kernel, dilation, stride, op)
+    if any(p for pair in pads for p in pair):
+        x = kiln.pad(x, pad_spec(pads))
+    _check_fits(x.shape[2:], kernel, dilation, op)
+    cols = kiln.unfold_windows(x, kernel, stride, dilation)  # (N, C, *K, *O)
+    n, c = x.shape[0], x.shape[1]
+    out_spatial = tuple(cols.shape[2 + d :])
+    out_channels = weight.shape[0]
+    cols = cols.reshape(n, groups, (c // groups) * math.prod(kernel), math.prod(out_spatial))
+    w = weight.reshape(groups, out_channels // groups, -1)
+    out = kiln.matmul(w, cols).reshape(n, out_channels, *out_spatial)
+    if bias is not None:
+        out = out + bias.reshape(out_channels, *(1,) * d)
+    return out.squeeze(0) if unbatched else out
+
+
+def _check_fits(spatial, kernel, dilation, op: str) -> None:
+    effective = tuple(dl * (k - 1) + 1 for k, dl in zip(kernel, dilation, strict=True))
+    if any(s < e for s, e in zip(spatial, effective, strict=True)):
+        raise RuntimeError(
+            f"{op}: calculated padded input size per channel: {tuple(spatial)}. Kernel size (dilated): "
+            f"{effective}. Kernel size can't be greater than actual input size"
+        )
+
+
+def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
+    """1-D convolution (cross-correlation) of (N, C, L) or (C, L) with weight (O, C/groups, k)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
+
+
+def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
+    """2-D convolution of (N, C, H, W) or (C, H, W) with weight (O, C/groups, kh, kw).
+
+    ``padding`` is an int, a pair, ``"valid"`` or ``"same"``; as ``torch.nn.functional.conv2d``.
+
+    >>> import kiln
+    >>> x, w = kiln.ones(1, 1, 3, 3), kiln.ones(1, 1, 2, 2)
+    >>> conv2d(x, w).tolist()
+    [[[[4.0, 4.0], [4.0, 4.0]]]]
+    """
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
+
+
+def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
+    """3-D convolution of (N, C, D, H, W) with weight (O, C/groups, kd, kh, kw)."""
+    return _conv(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
+
+
+def unfold(input, kernel_size, dilation=1, padding=0, stride=1) -> kiln.Tensor:
+    """Sliding blocks of (N, C, H, W) as columns (N, C * kh * kw, L), as ``torch.nn.functional.unfold``."""
+    if input.ndim != 4:
+        raise NotImplementedError(f"unfold: only 4-d (batched image) input is supported, got shape {list(input.shape)}")
+    kernel = ntuple(kernel_size, 2, "kernel_size", "unfold")
+    pads = ntuple(padding, 2, "padding", "unfold")
+    if any(pads):
+        input = kiln.pad(input, pad_spec(tuple((p, p) for p in pads)))
+    cols = kiln.unfold_windows(
+        input, kernel, ntuple(stride, 2, "stride", "unfold"), ntuple(dilation, 2, "dilation", "unfold")
+    )
+    n, c = input.shape[0], input.shape[1]
+    return cols.reshape(n, c * kernel[0] * kernel[1], -1)
+
+
+def fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1) -> kiln.Tensor:
+    """Columns (N, C * kh * kw, L) summed back into (N, C, *output_size): the adjoint of ``unfold``."""
+    if input.ndim != 3:
+        raise NotImplementedError(f"fold: only 3-d (batched) input is supported, got shape {list(input.shape)}")
+    size = ntuple(output_size, 2, "output_size", "fold")
+    kernel = ntuple(kernel_size, 2, "kernel_size", "fold")
+    stride, dilation = ntuple(stride, 2, "stride", "fold"), ntuple(dilation, 2, "dilation", "fold")
+    pads = ntuple(padding, 2, "padding", "fold")
+    padded = tuple(s + 2 * p for s, p in zip(size, pads, strict=True))
+    blocks = tuple(
+        (s - dl * (k - 1) - 1) // st + 1 for s, k, st, dl in zip(padded, kernel, stride, dilation, strict=True)
+    )
+    n, ck, length = input.shape
+    k = kernel[0] * kernel[1]
+    if ck % k or length != math.prod(blocks):
+        raise RuntimeError(
+            f"fold: expected input of shape [N, C * {k}, {math.prod(blocks)}] for output_size {size}, kernel_size "
+            f"{kernel}, got {list(input.shape)}"
+        )
+    out = kiln.fold_windows(input.reshape(n, ck // k, *kernel, *blocks), padded, kernel, stride, dilation)
+    return out[:, :, pads[0] : pads[0] + size[0], pads[1] : pads[1] + size[1]]

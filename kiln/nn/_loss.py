@@ -1,0 +1,185 @@
+"""Losses: cross_entropy, nll_loss, mse_loss, l1_loss, binary_cross_entropy (with logits).
+
+``reduction`` is ``"mean"``, ``"sum"`` or ``"none"``, as in PyTorch; for class-index targets
+``"mean"`` divides by the summed weights of the targets that are not ``ignore_index``.
+"""
+
+from __future__ import annotations
+
+import kiln
+
+from ._utils import check_tensor
+
+__all__ = ["nll_loss", "cross_entropy", "mse_loss", "l1_loss", "binary_cross_entropy",
+           "binary_cross_entropy_with_logits"]  # fmt: skip
+
+_REDUCTIONS = ("none", "mean", "sum")
+
+
+def _check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{reduction} is not a valid value for reduction (expected 'none', 'mean' or 'sum')")
+
+
+def _reduce(loss: kiln.Tensor, reduction: str) -> kiln.Tensor:
+    _check_reduction(reduction)
+    if reduction == "mean":
+        return loss.mean()
+    return loss.sum() if reduction == "sum" else loss
+
+
+def _class_dim(input: kiln.Tensor, op: str) -> int:
+    if input.ndim == 0:
+        raise ValueError(f"{op}: expected input of shape (C,), (N, C) or (N, C, d1, ...), got a 0-d tensor")
+    return 0 if input.ndim == 1 else 1
+
+
+def _check_class_weight(weight, classes: int, op: str) -> None:
+    if weight is not None and tuple(weight.shape) != (classes,):
+        raise RuntimeError(
+            f"{op}: weight tensor should be defined either for all {classes} classes or no classes but got "
+            f"weight tensor of shape: {list(weight.shape)}"
+        )
+
+
+def _picked_log_probs(logp, target, weight, ignore_index: int, op: str):
+    """Per-sample -logp[target] * w[target] and the weights w (0 where ignored)."""
+    cdim = _class_dim(logp, op)
+    classes = logp.shape[cdim]
+    expected = tuple(s for i, s in enumerate(logp.shape) if i != cdim)
+    if target.dtype.is_floating_point or target.dtype == kiln.bool:
+        raise RuntimeError(f"{op}: expected a target of class indices (int64), got {target.dtype}")
+    if tuple(target.shape) != expected:
+        raise ValueError(
+            f"{op}: expected target of shape {list(expected)} for input of shape {list(logp.shape)}, "
+            f"got {list(target.shape)}"
+        )
+    _check_class_weight(weight, classes, op)
+    target = target.to(kiln.int64)
+    valid = target != ignore_index
+    bad = valid & ((target < 0) | (target >= classes))
+    if bad.sum().item():
+        value = next(t for t, b in zip(target.flatten().tolist(), bad.flatten().tolist(), strict=True) if b)
+        raise IndexError(f"{op}: Target {value} is out of bounds (expected class indices in [0, {classes - 1}])")
+    safe = kiln.where(valid, target, 0)
+    picked = kiln.gather(logp, cdim, safe.unsqueeze(cdim)).squeeze(cdim)
+    if weight is None:
+        w = valid.to(logp.dtype)
+    else:
+        w = kiln.where(valid, kiln.gather(weight, 0, safe.flatten()).reshape(safe.shape), 0.0)
+    return -(picked * w), w, valid
+
+
+def nll_loss(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+             reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
+    """Negative log-likelihood of class indices ``target`` under log-probabilities ``input`` (N, C, ...)."""
+    check_tensor(input, "input", "nll_loss")
+    _check_reduction(reduction)
+    losses, w, _ = _picked_log_probs(input, target, weight, ignore_index, "nll_loss")
+    if reduction == "none":
+        return losses
+    return losses.sum() if reduction == "sum" else losses.sum() / w.sum()
+
+
+def cross_entropy(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> kiln.Tensor:  # fmt: skip
+    """Cross-entropy of logits ``input`` (C,), (N, C) or (N, C, d1, ...) against class indices or
+    class probabilities (a float ``target`` of the input's shape), as ``torch.nn.functional.cross_entropy``.
+
+    >>> import kiln
+    >>> round(cross_entropy(kiln.tensor([[0.0, 0.0]]), kiln.tensor([1])).item(), 4)
+    0.6931
+    """
+    check_tensor(input, "input", "cross_entropy")
+    _check_reduction(reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    cdim = _class_dim(input, "cross_entropy")
+    classes = input.shape[cdim]
+    logp = kiln.log_softmax(input, dim=cdim)
+    if target.dtype.is_floating_point:
+        return _soft_cross_entropy(logp, target, weight, reduction, label_smoothing, cdim)
+    losses, w, valid = _picked_log_probs(logp, target, weight, ignore_index, "cross_entropy")
+    loss = losses if reduction == "none" else losses.sum() if reduction == "sum" else losses.sum() / w.sum()
+    if label_smoothing == 0.0:
+        return loss
+    # PyTorch's smoothing term: -sum_c w_c logp_c per sample, 0 where ignored, normalized like the loss.
+    weighted = logp if weight is None else logp * _class_shaped(weight, logp, cdim)
+    smooth = kiln.where(valid, -weighted.sum(dim=cdim), 0.0)
+    if reduction == "sum":
+        smooth = smooth.sum()
+    elif reduction == "mean":
+        smooth = smooth.sum() / w.sum()
+    return loss * (1 - label_smoothing) + smooth * (label_smoothing / classes)
+
+
+def _class_shaped(weight, like, cdim: int):
+    shape = [1] * like.ndim
+    shape[cdim] = weight.shape[0]
+    return weight.reshape(shape)
+
+
+def _soft_cross_entropy(logp, target, weight, reduction: str, label_smoothing: float, cdim: int):
+    if tuple(target.shape) != tuple(logp.shape):
+        raise ValueError(
+            f"cross_entropy: probability targets must have the input's shape {list(logp.shape)}, got "
+            f"{list(target.shape)}"
+        )
+    classes = logp.shape[cdim]
+    _check_class_weight(weight, classes, "cross_entropy")
+    if label_smoothing > 0.0:
+        target = target * (1 - label_smoothing) + label_smoothing / classes
+    product = logp * target if weight is None else logp * target * _class_shaped(weight, logp, cdim)
+    losses = -product.sum(dim=cdim)
+    if reduction == "mean":
+        return losses.sum() / (logp.numel() // classes if logp.numel() else 0)
+    return losses.sum() if reduction == "sum" else losses
+
+
+def mse_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
+    """Mean squared error; ``input`` and ``target`` broadcast against each other."""
+    diff = input - target
+    return _reduce(diff * diff, reduction)
+
+
+def l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
+    """Mean absolute error; ``input`` and ``target`` broadcast against each other."""
+    return _reduce(kiln.abs(input - target), reduction)
+
+
+def _check_same_size(input, target, op: str) -> None:
+    if tuple(target.shape) != tuple(input.shape):
+        raise ValueError(
+            f"{op}: using a target size ({list(target.shape)}) that is different to the input size "
+            f"({list(input.shape)}) is not supported. Please ensure they have the same size."
+        )
+
+
+def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
+                         reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
+    """-(t log x + (1 - t) log(1 - x)) for probabilities ``input``; each log clamped to >= -100 as in PyTorch."""
+    check_tensor(input, "input", "binary_cross_entropy")
+    _check_same_size(input, target, "binary_cross_entropy")
+    if ((input < 0) | (input > 1)).sum().item():
+        raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 and 1")
+    log_x = kiln.clamp(kiln.log(input), min=-100.0)
+    log_1mx = kiln.clamp(kiln.log(1 - input), min=-100.0)
+    loss = -(target * log_x + (1 - target) * log_1mx)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
+                                     reduction: str = "mean", pos_weight=None) -> kiln.Tensor:  # fmt: skip
+    """BCE of sigmoid(input), computed stably: (1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)."""
+    check_tensor(input, "input", "binary_cross_entropy_with_logits")
+    _check_same_size(input, target, "binary_cross_entropy_with_logits")
+    # softplus(-x) = log1p(exp(-|x|)) + max(-x, 0): exp never overflows.
+    softplus_neg = kiln.log1p(kiln.exp(-kiln.abs(input))) + kiln.relu(-input)
+    if pos_weight is not None:
+        softplus_neg = softplus_neg * ((pos_weight - 1) * target + 1)
+    loss = (1 - target) * input + softplus_neg
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(loss, reduction)

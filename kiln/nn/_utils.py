@@ -1,0 +1,39 @@
+"""Argument helpers shared by the functional modules: PyTorch's int-or-tuple spellings."""
+
+from __future__ import annotations
+
+import kiln
+
+
+def ntuple(value, d: int, name: str, op: str) -> tuple[int, ...]:
+    """``value`` (an int or a sequence of ``d`` ints) as a tuple of ``d`` ints."""
+    if isinstance(value, int):
+        return (value,) * d
+    values = tuple(value)
+    if len(values) == 1:
+        values = values * d
+    if len(values) != d or not all(isinstance(v, int) for v in values):
+        raise ValueError(f"{op}: {name} must be an int or a tuple of {d} ints, got {value!r}")
+    return values
+
+
+def check_tensor(x, name: str, op: str) -> kiln.Tensor:
+    if not isinstance(x, kiln.Tensor):
+        raise TypeError(f"{op}(): argument '{name}' must be a Tensor, not {type(x).__name__}")
+    return x
+
+
+def pad_spec(pads: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+    """Per-spatial-dim (left, right) pads in ``F.pad`` order: the last dimension first."""
+    return tuple(p for pair in reversed(pads) for p in pair)
+
+
+def batched(x: kiln.Tensor, d: int, op: str) -> tuple[kiln.Tensor, bool]:
+    """``x`` as (N, C, *spatial) for ``d`` spatial dims; an unbatched (C, *spatial) gets N = 1."""
+    if x.ndim == d + 2:
+        return x, False
+    if x.ndim == d + 1:
+        return x.unsqueeze(0), True
+    raise RuntimeError(
+        f"{op}: expected a {d + 1}-d (unbatched) or {d + 2}-d (batched) input, got shape {list(x.shape)}"
+    )

@@ -1,0 +1,248 @@
+"""``kiln.nn.functional``: the neural-network math as functions, PyTorch's names and semantics.
+
+Everything here is written against kiln's public API only (``import kiln``), as a user could
+have written it: convolution and pooling over ``kiln.unfold_windows``, losses and norms over
+reductions and elementwise ops. Gradients come from the primitives underneath.
+
+>>> import kiln
+>>> import kiln.nn.functional as F
+>>> F.relu(kiln.tensor([-1.0, 2.0])).tolist()
+[0.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import math
+
+import kiln
+
+from ._conv import conv1d, conv2d, conv3d, fold, unfold
+from ._loss import (
+    binary_cross_entropy,
+    binary_cross_entropy_with_logits,
+    cross_entropy,
+    l1_loss,
+    mse_loss,
+    nll_loss,
+)
+from ._norm import batch_norm, group_norm, instance_norm, layer_norm
+from ._pooling import (
+    adaptive_avg_pool1d,
+    adaptive_avg_pool2d,
+    adaptive_avg_pool3d,
+    avg_pool1d,
+    avg_pool2d,
+    avg_pool3d,
+    max_pool1d,
+    max_pool2d,
+    max_pool3d,
+)
+from ._utils import check_tensor
+
+__all__ = [
+    # activations
+    "relu", "relu6", "leaky_relu", "elu", "gelu", "silu", "softplus", "sigmoid", "tanh", "logsigmoid",
+    "hardtanh", "softmax", "log_softmax",
+    # layers
+    "linear", "bilinear", "embedding", "dropout", "scaled_dot_product_attention", "one_hot", "pad",
+    "conv1d", "conv2d", "conv3d", "unfold", "fold",
+    "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
+    "layer_norm", "batch_norm", "group_norm", "instance_norm",
+    # losses
+    "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- activations
+def relu(input, inplace: bool = False) -> kiln.Tensor:
+    return input.relu_() if inplace else kiln.relu(input)
+
+
+def gelu(input, approximate: str = "none") -> kiln.Tensor:
+    """x * Phi(x); ``approximate="tanh"`` for the tanh formula."""
+    return kiln.gelu(input, approximate=approximate)
+
+
+def silu(input, inplace: bool = False) -> kiln.Tensor:
+    return kiln.silu(input)
+
+
+def softplus(input, beta: float = 1.0, threshold: float = 20.0) -> kiln.Tensor:
+    return kiln.softplus(input, beta, threshold)
+
+
+def sigmoid(input) -> kiln.Tensor:
+    return kiln.sigmoid(input)
+
+
+def tanh(input) -> kiln.Tensor:
+    return kiln.tanh(input)
+
+
+def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False) -> kiln.Tensor:
+    # `x > 0` as the condition: the gradient at 0 is negative_slope (PyTorch's) and nan stays nan.
+    return kiln.where(input > 0, input, input * negative_slope)
+
+
+def elu(input, alpha: float = 1.0, inplace: bool = False) -> kiln.Tensor:
+    positive = input > 0
+    # expm1 of the clamped input, so the unselected branch cannot overflow into a nan gradient.
+    return kiln.where(positive, input, kiln.expm1(kiln.where(positive, 0.0, input)) * alpha)
+
+
+def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> kiln.Tensor:
+    # Not clamp: PyTorch's hardtanh has gradient 0 on the bounds themselves (clamp passes 1).
+    return kiln.where(input <= min_val, min_val, kiln.where(input >= max_val, max_val, input))
+
+
+def relu6(input, inplace: bool = False) -> kiln.Tensor:
+    return hardtanh(input, 0.0, 6.0)
+
+
+def logsigmoid(input) -> kiln.Tensor:
+    return -kiln.softplus(-input)
+
+
+def _softmax_dim(input, dim) -> int:
+    if dim is not None:
+        return dim
+    return 0 if input.ndim in (0, 1, 3) else 1  # PyTorch's legacy implicit dim
+
+
+def softmax(input, dim=None, _stacklevel: int = 3, dtype=None) -> kiln.Tensor:
+    return kiln.softmax(input, _softmax_dim(input, dim), dtype=dtype)
+
+
+def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None) -> kiln.Tensor:
+    return kiln.log_softmax(input, _softmax_dim(input, dim), dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- layers
+def linear(input, weight, bias=None) -> kiln.Tensor:
+    """``input @ weight.T + bias`` over any leading dims of ``input`` (..., in_features).
+
+    >>> import kiln
+    >>> linear(kiln.ones(2, 3), kiln.ones(4, 3), kiln.zeros(4)).shape
+    kiln.Size([2, 4])
+    """
+    check_tensor(input, "input", "linear")
+    check_tensor(weight, "weight", "linear")
+    if weight.ndim not in (1, 2):
+        raise RuntimeError(f"linear: expected a 1-d or 2-d weight, got weight of size {list(weight.shape)}")
+    if input.ndim == 0 or input.shape[-1] != weight.shape[-1]:
+        raise RuntimeError(
+            f"linear: input's last dimension must equal in_features={weight.shape[-1]} (weight of size "
+            f"{list(weight.shape)}), got input of size {list(input.shape)}"
+        )
+    out = kiln.matmul(input, weight.transpose(0, 1) if weight.ndim == 2 else weight)
+    return out if bias is None else out + bias
+
+
+def bilinear(input1, input2, weight, bias=None) -> kiln.Tensor:
+    """``y[..., o] = input1[..., i] weight[o, i, j] input2[..., j] + bias[o]``."""
+    if weight.ndim != 3 or input1.shape[-1] != weight.shape[1] or input2.shape[-1] != weight.shape[2]:
+        raise RuntimeError(
+            f"bilinear: expected weight (out, in1, in2) to match input1 (..., {input1.shape[-1]}) and input2 "
+            f"(..., {input2.shape[-1]}), got weight of size {list(weight.shape)}"
+        )
+    out_features, in1, in2 = weight.shape
+    lead = tuple(input1.shape[:-1])
+    x1, x2 = input1.reshape(-1, in1), input2.reshape(-1, in2)
+    mixed = kiln.matmul(x1, weight.permute(1, 0, 2).reshape(in1, out_features * in2))
+    out = (mixed.reshape(-1, out_features, in2) * x2.unsqueeze(1)).sum(dim=-1).reshape(*lead, out_features)
+    return out if bias is None else out + bias
+
+
+def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float = 2.0, scale_grad_by_freq=False,
+              sparse: bool = False) -> kiln.Tensor:  # fmt: skip
+    """Rows of ``weight`` (num_embeddings, dim) at integer ``input``; the ``padding_idx`` row gets no gradient."""
+    check_tensor(input, "input", "embedding")
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise NotImplementedError("embedding: max_norm, scale_grad_by_freq and sparse are not supported")
+    if input.dtype.is_floating_point or input.dtype == kiln.bool:
+        raise RuntimeError(f"embedding: expected integer indices (int64 or int32), got {input.dtype}")
+    num, dim = weight.shape
+    index = input.reshape(-1).to(kiln.int64)
+    if index.numel() and ((index < 0) | (index >= num)).sum().item():
+        raise IndexError(f"embedding: index out of range in self (indices must be in [0, {num - 1}])")
+    rows = kiln.gather(weight, 0, index.unsqueeze(1).expand(index.shape[0], dim))
+    rows = rows.reshape(*input.shape, dim)
+    if padding_idx is None:
+        return rows
+    if not -num <= padding_idx < num:
+        raise ValueError(f"embedding: padding_idx must be within num_embeddings ({num}), got {padding_idx}")
+    # Same values, but the padding row's lookups are detached, so its gradient stays zero.
+    is_pad = (input == padding_idx % num).unsqueeze(-1)
+    return kiln.where(is_pad, rows.detach(), rows)
+
+
+def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False, *, generator=None) -> kiln.Tensor:
+    """Zero each element with probability ``p`` and scale the rest by 1 / (1 - p); identity when not training.
+
+    The mask is drawn with ``kiln.bernoulli`` from ``generator`` (the default generator when None),
+    so the same seed gives the same mask.
+    """
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+    if not training or p == 0.0:
+        return input
+    if p == 1.0:
+        out = input * 0.0
+    else:
+        keep = kiln.bernoulli(kiln.full_like(input, 1.0 - p), generator=generator)
+        out = input * keep * (1.0 / (1.0 - p))
+    return input.copy_(out) if inplace else out
+
+
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
+                                 scale=None, *, generator=None) -> kiln.Tensor:  # fmt: skip
+    """softmax(q k^T * scale + mask) v over (..., L, E) queries and (..., S, E) keys.
+
+    A bool ``attn_mask`` says which positions take part (True = keep), a float one is added to
+    the scores; ``is_causal`` keeps key j for query i when j <= i.
+    """
+    if is_causal and attn_mask is not None:
+        raise RuntimeError("scaled_dot_product_attention: explicit attn_mask should not be set when is_causal=True")
+    if query.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+        raise RuntimeError(
+            f"scaled_dot_product_attention: expected query (..., L, E), key (..., S, E) and value (..., S, Ev), got "
+            f"{list(query.shape)}, {list(key.shape)} and {list(value.shape)}"
+        )
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    scores = kiln.matmul(query, key.transpose(-2, -1)) * scale
+    if is_causal:
+        length, source = query.shape[-2], key.shape[-2]
+        rows = kiln.arange(length, device=query.device).reshape(length, 1)
+        attn_mask = kiln.arange(source, device=query.device).reshape(1, source) <= rows
+    if attn_mask is not None:
+        if attn_mask.dtype == kiln.bool:
+            scores = kiln.where(attn_mask, scores, -math.inf)
+        else:
+            scores = scores + attn_mask
+    weights = kiln.softmax(scores, dim=-1)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p, generator=generator)
+    return kiln.matmul(weights, value)
+
+
+def one_hot(tensor, num_classes: int = -1) -> kiln.Tensor:
+    """int64 one-hot encoding along a new last dim; ``num_classes=-1`` means max + 1."""
+    check_tensor(tensor, "tensor", "one_hot")
+    if tensor.dtype != kiln.int64:
+        raise RuntimeError(f"one_hot is only applicable to index tensor of dtype int64, got {tensor.dtype}")
+    if tensor.numel() and (tensor < 0).sum().item():
+        raise RuntimeError("one_hot: class values must be non-negative")
+    if num_classes == -1:
+        if not tensor.numel():
+            raise RuntimeError("one_hot: can not infer the total number of classes from an empty tensor")
+        num_classes = int(tensor.max().item()) + 1
+    elif tensor.numel() and (tensor >= num_classes).sum().item():
+        raise RuntimeError(f"one_hot: class values must be smaller than num_classes ({num_classes})")
+    classes = kiln.arange(num_classes, device=tensor.device)
+    return (tensor.unsqueeze(-1) == classes).to(kiln.int64)
+
+
+def pad(input, pad, mode: str = "constant", value=None) -> kiln.Tensor:
+    """Pad trailing dims by ``pad = (left_last, right_last, left_prev, right_prev, ...)``."""
+    return kiln.pad(input, pad, mode=mode, value=value)

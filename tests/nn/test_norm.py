@@ -1,0 +1,94 @@
+"""layer_norm, batch_norm (running statistics in train and eval), group_norm, instance_norm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.nn.functional as F
+from tests.conftest import assert_close
+from tests.nn.helpers import check_parity, leaves, pair
+
+rng = np.random.default_rng(4)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 4)])
+def test_layer_norm_matches_torch(torch, shape):
+    x, w, b = rng.normal(size=(2, *shape)), rng.normal(size=shape), rng.normal(size=shape)
+    check_parity(torch, lambda *a: F.layer_norm(a[0], shape, *a[1:], eps=1e-3),
+                 lambda *a: torch.nn.functional.layer_norm(a[0], shape, *a[1:], eps=1e-3),
+                 [x, w, b], grad=(0, 1, 2), rtol=1e-9, atol=1e-10)  # fmt: skip
+    check_parity(torch, lambda a: F.layer_norm(a, shape[-1:]), lambda a: torch.nn.functional.layer_norm(a, shape[-1:]),
+                 [x], grad=(0,), rtol=1e-9, atol=1e-10)  # fmt: skip
+
+
+def test_layer_norm_hand_computed_and_errors():
+    out = F.layer_norm(kiln.tensor([[1.0, 3.0], [5.0, 5.0]]), 2, eps=0.0)
+    assert out.tolist()[0] == [-1.0, 1.0]
+    assert np.isnan(out.tolist()[1]).all()  # zero variance with eps=0: 0/0, as in PyTorch
+    with pytest.raises(RuntimeError, match=r"expected input with shape \[\*, 4\], but got input of size \[2, 3\]"):
+        F.layer_norm(kiln.zeros(2, 3), (4,))
+
+
+@pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5), (2, 3, 4, 3)])
+def test_batch_norm_training_matches_torch_and_updates_running_stats(torch, shape):
+    x, w, b = rng.normal(size=shape), rng.normal(size=3), rng.normal(size=3)
+    mean0, var0 = rng.normal(size=3), rng.uniform(0.5, 2.0, size=3)
+    (k_mean, t_mean), (k_var, t_var) = pair(torch, mean0), pair(torch, var0)
+    check_parity(torch, lambda *a: F.batch_norm(a[0], k_mean, k_var, *a[1:], training=True, momentum=0.3),
+                 lambda *a: torch.nn.functional.batch_norm(a[0], t_mean, t_var, *a[1:], training=True, momentum=0.3),
+                 [x, w, b], grad=(0, 1, 2), rtol=1e-9, atol=1e-10)  # fmt: skip
+    assert_close(k_mean, t_mean, rtol=1e-12, atol=1e-12)
+    assert_close(k_var, t_var, rtol=1e-12, atol=1e-12)  # unbiased variance, as PyTorch
+    n = x.size // 3
+    axes = tuple(i for i in range(x.ndim) if i != 1)
+    assert_close(k_var, 0.7 * var0 + 0.3 * x.var(axis=axes) * n / (n - 1), rtol=1e-12, atol=1e-12)
+    assert k_mean.grad_fn is None and not k_mean.requires_grad
+
+
+def test_batch_norm_eval_uses_running_stats(torch):
+    x = rng.normal(size=(4, 3, 2))
+    mean, var, w, b = rng.normal(size=3), rng.uniform(0.5, 2, size=3), rng.normal(size=3), rng.normal(size=3)
+    k_mean = kiln.from_numpy(mean.copy())
+    check_parity(torch, lambda *a: F.batch_norm(*a, training=False), lambda *a: torch.nn.functional.batch_norm(*a),
+                 [x, mean, var, w, b], grad=(0, 3, 4), rtol=1e-10, atol=1e-12)  # fmt: skip
+    F.batch_norm(kiln.from_numpy(x), k_mean, kiln.from_numpy(var), training=False)
+    assert k_mean.tolist() == mean.tolist()  # eval leaves the statistics alone
+
+
+def test_batch_norm_errors():
+    with pytest.raises(
+        ValueError, match=r"Expected more than 1 value per channel when training, got input size \[1, 3\]"
+    ):
+        F.batch_norm(kiln.zeros(1, 3), None, None, training=True)
+    with pytest.raises(RuntimeError, match="running_mean should contain 3 elements not 4"):
+        F.batch_norm(kiln.zeros(2, 3), kiln.zeros(4), kiln.ones(3))
+
+
+@pytest.mark.parametrize("groups", [1, 2, 6])
+def test_group_norm_matches_torch(torch, groups):
+    x, w, b = rng.normal(size=(2, 6, 3, 2)), rng.normal(size=6), rng.normal(size=6)
+    check_parity(torch, lambda *a: F.group_norm(a[0], groups, *a[1:]),
+                 lambda *a: torch.nn.functional.group_norm(a[0], groups, *a[1:]),
+                 [x, w, b], grad=(0, 1, 2), rtol=1e-9, atol=1e-10)  # fmt: skip
+
+
+def test_group_norm_error_and_instance_norm(torch):
+    with pytest.raises(
+        RuntimeError, match=r"divisible by num_groups, but got input of shape \[2, 6, 4\] and num_groups=4"
+    ):
+        F.group_norm(kiln.zeros(2, 6, 4), 4)
+    check_parity(torch, lambda *a: F.instance_norm(a[0], weight=a[1], bias=a[2]),
+                 lambda *a: torch.nn.functional.instance_norm(a[0], weight=a[1], bias=a[2]),
+                 [rng.normal(size=(2, 3, 5)), rng.normal(size=3), rng.normal(size=3)], grad=(0, 1, 2),
+                 rtol=1e-9, atol=1e-10)  # fmt: skip
+
+
+def test_norms_gradcheck():
+    x, w, b = leaves(rng.normal(size=(3, 4, 2)), rng.normal(size=4), rng.normal(size=4))
+    assert kiln.autograd.gradcheck(lambda *a: F.batch_norm(a[0], None, None, *a[1:], training=True), (x, w, b))
+    assert kiln.autograd.gradcheck(lambda *a: F.group_norm(a[0], 2, *a[1:]), (x, w, b))
+    (w2,) = leaves(rng.normal(size=(4, 2)))
+    assert kiln.autograd.gradcheck(lambda a, c: F.layer_norm(a, (4, 2), c), (x, w2))
+    assert kiln.autograd.gradgradcheck(lambda a: F.layer_norm(a, (2,)), (x,))
