@@ -1,1 +1,70 @@
-"""Placeholder: filled in by the foundation work."""
+"""The matmul primitive: batched matrix products with numpy-style broadcasting of batch dims.
+
+Both inputs have at least two dimensions and one dtype; the frontend's ``matmul`` handles
+vectors (PyTorch's 1-D rules) by adding and removing a unit dimension around this primitive.
+The eager kernel is ``xp.matmul``, which hands float32/float64 products straight to BLAS.
+"""
+
+from __future__ import annotations
+
+from ..shapes import broadcast_shapes
+from ..types import TensorType
+from . import Kind, Primitive, Sample, register
+
+
+def _shape_text(shape) -> str:
+    return "x".join(str(d) for d in shape)
+
+
+def _matmul_infer(a: TensorType, b: TensorType) -> TensorType:
+    if a.ndim < 2 or b.ndim < 2:
+        raise RuntimeError(
+            f"matmul: expected inputs with at least 2 dimensions, got shapes {list(a.shape)} and {list(b.shape)}"
+        )
+    if a.dtype is not b.dtype:
+        raise RuntimeError(f"expected m1 and m2 to have the same dtype, but got: {a.dtype.name} != {b.dtype.name}")
+    if a.shape[-1] != b.shape[-2]:
+        raise RuntimeError(
+            f"mat1 and mat2 shapes cannot be multiplied ({_shape_text(a.shape)} and {_shape_text(b.shape)}): "
+            f"the last dim of the first ({a.shape[-1]}) must equal the second-to-last dim of the second ({b.shape[-2]})"
+        )
+    try:
+        batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError as error:
+        raise RuntimeError(
+            f"matmul: the batch dims of shapes {list(a.shape)} and {list(b.shape)} do not broadcast: {error}"
+        ) from None
+    return TensorType((*batch, a.shape[-2], b.shape[-1]), a.dtype, a.device)
+
+
+def _matmul_vjp(ops, c, g):
+    # d(a @ b) = g @ b^T for a and a^T @ g for b, summed over the batch dims each input was
+    # broadcast along.
+    a, b = c.inputs
+    ta, tb = c.input_types
+    ga = gb = None
+    if c.needs_input_grad[0]:
+        ga = ops.sum_to(ops.matmul(g, ops.transpose(b, -1, -2)), ta.shape)
+    if c.needs_input_grad[1]:
+        gb = ops.sum_to(ops.matmul(ops.transpose(a, -1, -2), g), tb.shape)
+    return ga, gb
+
+
+def _matmul_samples(rng):
+    n = rng.normal
+    return [
+        Sample((n(size=(2, 3)), n(size=(3, 4)))),
+        Sample((n(size=(5, 2, 3)), n(size=(5, 3, 4)))),
+        Sample((n(size=(2, 1, 2, 3)), n(size=(4, 3, 2)))),  # batch dims broadcast
+        Sample((n(size=(2, 3)), n(size=(2, 3, 4)))),
+        Sample((n(size=(3, 2)).T, n(size=(3, 1))), gradcheck=False),  # a transposed input (gradcheck wants contiguous)
+        Sample((n(size=(0, 3)), n(size=(3, 2)))),
+        Sample((n(size=(2, 0)), n(size=(0, 2)))),  # empty inner dim: zeros
+    ]
+
+
+matmul = register(Primitive(
+    "matmul", Kind.MATMUL, _matmul_infer, lambda xp, a, b: xp.matmul(a, b), _matmul_vjp, save_inputs=True,
+    reference=lambda torch, a, b: torch.matmul(a, b), samples=_matmul_samples,
+    doc="a @ b over the last two dims, batch dims broadcast (numpy's rules); inputs have ndim >= 2.",
+))  # fmt: skip

@@ -29,7 +29,23 @@ def _check_nonempty(name: str, x: TensorType, axes) -> None:
     """max/min/argmax have no identity: reducing over a size-0 dim is an error, as in PyTorch."""
     for a in axes:
         if x.shape[a] == 0:
-            raise IndexError(f"{name}(): Expected reduction dim {a} to have non-zero size (input shape {list(x.shape)}).")
+            raise IndexError(
+                f"{name}(): Expected reduction dim {a} to have non-zero size (input shape {list(x.shape)})."
+            )
+
+
+def _reduce_kernel(ufunc: str, function: str, typed: bool):
+    """``xp.<function>(x, axis, keepdims)``; on numpy the ufunc's ``reduce`` directly, so that
+    numpy's warnings about inf - inf or nan are raised from kiln's frame, where the dispatcher's
+    filter silences them (PyTorch treats those as values, not warnings)."""
+
+    def eager(xp, x, *, axes, keepdim):
+        fn = getattr(np, ufunc).reduce if xp is np else getattr(xp, function)
+        if typed:
+            return fn(x, axis=axes, keepdims=keepdim, dtype=x.dtype)
+        return fn(x, axis=axes, keepdims=keepdim)
+
+    return eager
 
 
 def _keepdim_grad(ops, c, g):
@@ -60,22 +76,23 @@ def _sum_samples(rng):
 
 reduce_sum = register(Primitive(
     "reduce_sum", Kind.REDUCE, _reduce_infer("reduce_sum"),
-    lambda xp, x, *, axes, keepdim: xp.sum(x, axis=axes, keepdims=keepdim, dtype=x.dtype),
-    _sum_vjp, reference=lambda torch, x, *, axes, keepdim: torch.sum(x, dim=axes, keepdim=keepdim),
-    samples=_sum_samples,
+    _reduce_kernel("add", "sum", typed=True), _sum_vjp,
+    reference=lambda torch, x, *, axes, keepdim: torch.sum(x, dim=axes, keepdim=keepdim), samples=_sum_samples,
 ))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- reduce_max, reduce_min
 def _extremum_vjp(ops, c, g):
     # PyTorch's amax rule: the gradient is shared evenly among the elements equal to the result.
-    # Where the result is nan no element equals it, and (g / 0) * 0 gives nan, as PyTorch does.
+    # A nan result counts the nan elements as equal (as torch.max() does), so the gradient
+    # flows to the element that decided the result; torch.amax would give nan everywhere there.
     (x,) = c.inputs
     out = c.output
     g = _keepdim_grad(ops, c, g)
     if not c.attrs["keepdim"]:
         out = ops.reshape(out, g.shape)
-    mask = ops.cast(ops.eq(x, out), x.dtype)
+    hit = ops.logical_or(ops.eq(x, out), ops.logical_and(ops.isnan(x), ops.isnan(out)))
+    mask = ops.cast(hit, x.dtype)
     count = ops.sum(mask, c.attrs["axes"], keepdim=True)
     return (ops.mul(ops.div(g, count), mask),)
 
@@ -95,18 +112,17 @@ def _extremum_samples(rng):
     ]
 
 
-def _extremum(name: str, ufunc: str, torch_name: str):
+def _extremum(name: str, ufunc: str, function: str, torch_name: str):
     return register(Primitive(
         name, Kind.REDUCE, _reduce_infer(torch_name, needs_elements=True),
-        lambda xp, x, *, axes, keepdim: getattr(xp, ufunc)(x, axis=axes, keepdims=keepdim),
-        _extremum_vjp, save_inputs=True, save_output=True,
+        _reduce_kernel(ufunc, function, typed=False), _extremum_vjp, save_inputs=True, save_output=True,
         reference=lambda torch, x, *, axes, keepdim: getattr(torch, torch_name)(x, dim=axes, keepdim=keepdim),
         samples=_extremum_samples, doc=f"{torch_name}: nan propagates; the gradient is split evenly among ties.",
     ))  # fmt: skip
 
 
-reduce_max = _extremum("reduce_max", "max", "amax")
-reduce_min = _extremum("reduce_min", "min", "amin")
+reduce_max = _extremum("reduce_max", "maximum", "max", "amax")
+reduce_min = _extremum("reduce_min", "minimum", "min", "amin")
 
 
 # ----------------------------------------------------------------------------- reduce_prod
@@ -114,6 +130,8 @@ def _prod_vjp(ops, c, g):
     # d prod / d x_i is the product of the other elements. Dividing the product by x_i is exact
     # only without zeros, so count zeros per slice: none -> prod / x_i; exactly one -> the
     # product of the nonzero others at the zero, 0 elsewhere; two or more -> 0 everywhere.
+    # (PyTorch multiplies the others out with cumprods, so a slice holding both a zero and
+    # inf/nan gets nan where kiln says 0; kiln has no cumprod primitive for that corner.)
     (x,) = c.inputs
     axes = c.attrs["axes"]
     g = _keepdim_grad(ops, c, g)
@@ -142,8 +160,7 @@ def _prod_samples(rng):
 
 reduce_prod = register(Primitive(
     "reduce_prod", Kind.REDUCE, _reduce_infer("prod"),
-    lambda xp, x, *, axes, keepdim: xp.prod(x, axis=axes, keepdims=keepdim, dtype=x.dtype),
-    _prod_vjp, save_inputs=True,
+    _reduce_kernel("multiply", "prod", typed=True), _prod_vjp, save_inputs=True,
     reference=lambda torch, x, *, axes, keepdim: _torch_prod(torch, x, axes, keepdim),
     samples=_prod_samples, doc="Product over axes; the gradient is exact where the slice holds zeros.",
 ))  # fmt: skip
@@ -216,10 +233,10 @@ def _cumsum_infer(x: TensorType, *, axis: int, reverse: bool) -> TensorType:
 def _cumsum_eager(xp, x, *, axis, reverse):
     if x.ndim == 0:
         return xp.array(x, copy=True)
+    scan = np.add.accumulate if xp is np else xp.cumsum  # numpy: warnings from kiln's frame (see above)
     if not reverse:
-        return xp.cumsum(x, axis=axis, dtype=x.dtype)
-    flipped = xp.cumsum(xp.flip(x, axis), axis=axis, dtype=x.dtype)
-    return xp.ascontiguousarray(xp.flip(flipped, axis))
+        return scan(x, axis=axis, dtype=x.dtype)
+    return xp.ascontiguousarray(xp.flip(scan(xp.flip(x, axis), axis=axis, dtype=x.dtype), axis))
 
 
 def _cumsum_samples(rng):
