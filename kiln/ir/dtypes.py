@@ -5,7 +5,7 @@ kernels read its numpy dtype, and promotion works on its category (bool < intege
 
 >>> promote_types(int32, float16) is float16
 True
->>> result_type(float16, 2.5) is float16     # a Python scalar never upcasts a tensor
+>>> promote_types(int64, float16) is float16  # the category decides, not the size (numpy: float64)
 True
 """
 

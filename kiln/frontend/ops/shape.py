@@ -6,12 +6,26 @@ base); ops that PyTorch copies (flip, roll, repeat) copy, even where numpy would
 
 from __future__ import annotations
 
-from ...ir.primitives import P
-from ...ir.shapes import numel
-from ..dispatch import apply
-from ..tensor import Tensor, method
+import numpy as np
 
-__all__ = ["reshape", "view", "expand", "broadcast_to", "sum_to", "contiguous"]
+from ...ir import dtypes as dt
+from ...ir.primitives import P
+from ...ir.shapes import normalize_axis, numel
+from ...ir.types import CPU, Device
+from ...runtime.devices import to_device
+from ..dispatch import apply
+from ..tensor import Tensor, make_tensor, method
+from ._util import cast
+from .elementwise import where
+
+__all__ = [
+    "reshape", "view", "expand", "broadcast_to", "sum_to", "contiguous", "flatten", "unflatten", "squeeze",
+    "unsqueeze", "permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis", "expand_as", "narrow",
+    "select", "unbind", "flip", "roll", "repeat", "tile", "cat", "concat", "concatenate", "stack", "split", "chunk",
+    "tril", "triu", "diagonal", "pad", "strided_slice", "strided_pad",
+]  # fmt: skip
+
+_reshape, _permute, _slice, _pad = P["reshape"], P["permute"], P["slice"], P["pad"]
 
 
 def _shape_arg(shape) -> tuple[int, ...]:
@@ -85,7 +99,9 @@ def sum_to(input: Tensor, shape) -> Tensor:
     if tuple(input._data.shape) == shape:
         return input
     lead = input.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and input._data.shape[lead + i] != 1)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, d in enumerate(shape) if d == 1 and input._data.shape[lead + i] != 1
+    )
     out = apply(P["reduce_sum"], input, axes=axes, keepdim=True)
     return reshape(out, shape)
 
@@ -97,3 +113,426 @@ def contiguous(input: Tensor) -> Tensor:
     from .creation import clone  # noqa: PLC0415
 
     return clone(input)
+
+
+def _dims_arg(dims) -> tuple:
+    if len(dims) == 1 and isinstance(dims[0], tuple | list):
+        return tuple(dims[0])
+    return tuple(dims)
+
+
+def _view_as(input: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """A view with size-1 dims dropped or added: always possible without a copy."""
+    return apply(_reshape, input, shape=shape)
+
+
+# ----------------------------------------------------------------------------- reshaping views
+@method("flatten")
+def flatten(input: Tensor, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    shape = input._data.shape
+    if not shape:
+        return reshape(input, (1,))
+    start, end = normalize_axis(start_dim, len(shape)), normalize_axis(end_dim, len(shape))
+    if start > end:
+        raise RuntimeError(f"flatten() has invalid args: start_dim ({start_dim}) cannot come after end_dim ({end_dim})")
+    return reshape(input, shape[:start] + (numel(shape[start : end + 1]),) + shape[end + 1 :])
+
+
+@method("unflatten")
+def unflatten(input: Tensor, dim: int, sizes) -> Tensor:
+    shape = input._data.shape
+    dim = normalize_axis(dim, len(shape))
+    sizes = _infer_minus_one(tuple(int(s) for s in sizes), shape[dim])
+    if numel(sizes) != shape[dim]:
+        raise RuntimeError(
+            f"unflatten: provided sizes {list(sizes)} don't multiply up to the size of dim {dim} ({shape[dim]}) "
+            f"in the input tensor of shape {list(shape)}"
+        )
+    return view(input, shape[:dim] + sizes + shape[dim + 1 :])
+
+
+@method("squeeze")
+def squeeze(input: Tensor, dim=None) -> Tensor:
+    """Drop size-1 dims: all of them, or those of ``dim`` (an int or a tuple) that have size 1."""
+    shape = input._data.shape
+    if dim is None:
+        dims = {i for i, n in enumerate(shape) if n == 1}
+    else:
+        dims = {normalize_axis(d, len(shape)) for d in ((dim,) if isinstance(dim, int) else dim)}
+    return _view_as(input, tuple(n for i, n in enumerate(shape) if not (i in dims and n == 1)))
+
+
+@method("unsqueeze")
+def unsqueeze(input: Tensor, dim: int) -> Tensor:
+    shape = input._data.shape
+    dim = normalize_axis(dim, len(shape) + 1)
+    return _view_as(input, shape[:dim] + (1,) + shape[dim:])
+
+
+@method("expand_as")
+def expand_as(input: Tensor, other: Tensor) -> Tensor:
+    return expand(input, tuple(other._data.shape))
+
+
+# ----------------------------------------------------------------------------- permuting views
+@method("permute")
+def permute(input: Tensor, *dims) -> Tensor:
+    ndim = input._data.ndim
+    dims = _dims_arg(dims)
+    if len(dims) != ndim:
+        raise RuntimeError(
+            f"permute(): number of dims don't match: the input has {ndim} dims (shape {list(input.shape)}) "
+            f"but {len(dims)} were given ({list(dims)})"
+        )
+    perm = tuple(normalize_axis(d, ndim) for d in dims)
+    if len(set(perm)) != ndim:
+        raise RuntimeError(f"permute(): duplicate dims are not allowed, got {list(dims)}")
+    return apply(_permute, input, perm=perm)
+
+
+@method("transpose", "swapaxes", "swapdims")
+def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
+    ndim = input._data.ndim
+    perm = list(range(ndim))
+    a, b = normalize_axis(dim0, ndim), normalize_axis(dim1, ndim)
+    perm[a], perm[b] = perm[b], perm[a]
+    return apply(_permute, input, perm=tuple(perm))
+
+
+swapaxes = swapdims = transpose
+
+
+@method("t")
+def t(input: Tensor) -> Tensor:
+    if input._data.ndim > 2:
+        raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {input._data.ndim}D")
+    return apply(_permute, input, perm=tuple(reversed(range(input._data.ndim))))
+
+
+def _reversed_dims(self: Tensor) -> Tensor:
+    """``x.T``: the dims in reverse order (a view)."""
+    return apply(_permute, self, perm=tuple(reversed(range(self._data.ndim))))
+
+
+def _matrix_transpose(self: Tensor) -> Tensor:
+    """``x.mT``: the last two dims swapped (a view)."""
+    if self._data.ndim < 2:
+        raise RuntimeError(f"tensor.mT is only supported on matrices or batches of matrices. Got {self.ndim}-D tensor.")
+    return transpose(self, -2, -1)
+
+
+Tensor.T = property(_reversed_dims)
+Tensor.mT = property(_matrix_transpose)
+
+
+@method("movedim", "moveaxis")
+def movedim(input: Tensor, source, destination) -> Tensor:
+    ndim = input._data.ndim
+    source = (source,) if isinstance(source, int) else tuple(source)
+    destination = (destination,) if isinstance(destination, int) else tuple(destination)
+    if len(source) != len(destination):
+        raise RuntimeError(f"movedim: Invalid source or destination dims: source ({list(source)} dims) should "
+                           f"contain the same number of dims as destination ({list(destination)} dims)")  # fmt: skip
+    src = [normalize_axis(d, ndim) for d in source]
+    dst = [normalize_axis(d, ndim) for d in destination]
+    if len(set(src)) != len(src) or len(set(dst)) != len(dst):
+        raise RuntimeError(f"movedim: repeated dim in source {list(source)} or destination {list(destination)}")
+    perm = [-1] * ndim
+    for s, d in zip(src, dst, strict=True):
+        perm[d] = s
+    rest = iter(i for i in range(ndim) if i not in src)
+    return apply(_permute, input, perm=tuple(p if p >= 0 else next(rest) for p in perm))
+
+
+moveaxis = movedim
+
+
+# ----------------------------------------------------------------------------- slicing views
+def strided_slice(input: Tensor, starts, stops, steps) -> Tensor:
+    """``input[a0:b0:s0, a1:b1:s1, ...]`` with normalized bounds per dim (a view); the slice primitive."""
+    return apply(_slice, input, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+
+
+def strided_pad(input: Tensor, low, high, interior, value=0) -> Tensor:
+    """``value`` around (``low``/``high`` per dim) and between (``interior``) the elements: the pad primitive.
+
+    ``strided_pad(x, (1,), (0,), (1,))`` of ``[a, b]`` is ``[0, a, 0, b]``; it is the VJP of ``strided_slice``.
+    """
+    return apply(_pad, input, low=tuple(low), high=tuple(high), interior=tuple(interior), value=value)
+
+
+@method("narrow")
+def narrow(input: Tensor, dim: int, start: int, length: int) -> Tensor:
+    shape = input._data.shape
+    if not shape:
+        raise RuntimeError("narrow() cannot be applied to a 0-dim tensor.")
+    dim = normalize_axis(dim, len(shape))
+    start, length, n = int(start), int(length), shape[dim]
+    if not -n <= start <= n:
+        raise IndexError(f"start out of range (expected to be in range of [{-n}, {n}], but got {start})")
+    start %= n if n else 1
+    if length < 0 or start + length > n:
+        raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({n}).")
+    starts, stops = [0] * len(shape), list(shape)
+    starts[dim], stops[dim] = start, start + length
+    return apply(_slice, input, starts=tuple(starts), stops=tuple(stops), steps=(1,) * len(shape))
+
+
+@method("select")
+def select(input: Tensor, dim: int, index: int) -> Tensor:
+    shape = input._data.shape
+    if not shape:
+        raise IndexError("select() cannot be applied to a 0-dim tensor.")
+    dim = normalize_axis(dim, len(shape))
+    n = shape[dim]
+    if not -n <= index < n:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(shape)} at dimension {dim}")
+    return _view_as(narrow(input, dim, index % n, 1), shape[:dim] + shape[dim + 1 :])
+
+
+@method("unbind")
+def unbind(input: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
+    dim = normalize_axis(dim, input._data.ndim)
+    return tuple(select(input, dim, i) for i in range(input._data.shape[dim]))
+
+
+@method("split")
+def split(tensor: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
+    """Views of consecutive pieces: of ``split_size`` each (the last may be smaller) or of the listed sizes."""
+    dim = normalize_axis(dim, tensor._data.ndim)
+    n = tensor._data.shape[dim]
+    if isinstance(split_size_or_sections, int):
+        size = split_size_or_sections
+        if size < 0 or (size == 0 and n):
+            raise RuntimeError(f"split expects split_size be non-negative (and positive for a non-empty dim), "
+                               f"but got split_size={size}")  # fmt: skip
+        sizes = [min(size, n - i) for i in range(0, n, size)] if size and n else [0]
+    else:
+        sizes = [int(s) for s in split_size_or_sections]
+        if sum(sizes) != n or any(s < 0 for s in sizes):
+            raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
+                               f"dimension {dim}), but got split_sizes={sizes}")  # fmt: skip
+    out, offset = [], 0
+    for size in sizes:
+        out.append(narrow(tensor, dim, offset, size))
+        offset += size
+    return tuple(out)
+
+
+@method("chunk")
+def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
+    if chunks <= 0:
+        raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
+    dim = normalize_axis(dim, input._data.ndim)
+    n = input._data.shape[dim]
+    if n == 0:  # PyTorch gives `chunks` empty pieces
+        return tuple(narrow(input, dim, 0, 0) for _ in range(chunks))
+    return split(input, -(-n // chunks), dim)
+
+
+@method("diagonal")
+def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The diagonal of the (dim1, dim2) planes as a last dim; a view when those two dims flatten
+    together without a copy (always for a contiguous input), else a copy."""
+    ndim = input._data.ndim
+    a, b = normalize_axis(dim1, ndim), normalize_axis(dim2, ndim)
+    if a == b:
+        raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
+    moved = movedim(input, (a, b), (-2, -1))
+    rows, cols = moved._data.shape[-2:]
+    start = offset if offset >= 0 else -offset * cols
+    length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))
+    flat = reshape(moved, moved._data.shape[:-2] + (rows * cols,))
+    lead = flat._data.ndim - 1
+    stop = start + (length - 1) * (cols + 1) + 1 if length else start
+    return strided_slice(flat, (0,) * lead + (min(start, rows * cols),), flat._data.shape[:-1] + (min(stop, rows * cols),),
+                         (1,) * lead + (cols + 1,))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- copies
+@method("flip")
+def flip(input: Tensor, dims) -> Tensor:
+    """Reverse along ``dims`` (a copy, as in PyTorch; numpy would return a view)."""
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    axes = tuple(normalize_axis(d, input._data.ndim) for d in dims)
+    if len(set(axes)) != len(axes):
+        raise RuntimeError(f"flip: dims has duplicates, original flip dims size={len(dims)}, but unique flip dims "
+                           f"size={len(set(axes))}")  # fmt: skip
+    return apply(P["flip"], input, axes=axes)
+
+
+@method("roll")
+def roll(input: Tensor, shifts, dims=None) -> Tensor:
+    """Shift elements along ``dims``, wrapping around (a copy); without dims, over the flattened tensor."""
+    shifts = (shifts,) if isinstance(shifts, int) else tuple(shifts)
+    if dims is None:
+        if len(shifts) != 1:
+            raise RuntimeError(f"roll: shifts {list(shifts)} need matching dims when more than one is given")
+        return reshape(roll(flatten(input), shifts, 0), tuple(input._data.shape))
+    dims = (dims,) if isinstance(dims, int) else tuple(dims)
+    if len(shifts) != len(dims):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims: {len(dims)}")
+    out = input
+    for shift, dim in zip(shifts, dims, strict=True):
+        dim = normalize_axis(dim, input._data.ndim)
+        n = input._data.shape[dim]
+        s = shift % n if n else 0
+        out = cat([narrow(out, dim, n - s, s), narrow(out, dim, 0, n - s)], dim)
+    return out if out is not input else _copy(input)
+
+
+def _copy(input: Tensor) -> Tensor:
+    """A fresh contiguous copy (the copy primitive; ``clone`` lives in creation)."""
+    return apply(P["copy"], input)
+
+
+@method("repeat")
+def repeat(input: Tensor, *sizes) -> Tensor:
+    """Tile ``input`` ``sizes[i]`` times along dim i (a copy); extra leading sizes add dims."""
+    sizes = _shape_arg(sizes)
+    shape = input._data.shape
+    if len(sizes) < len(shape):
+        raise RuntimeError(f"Number of dimensions of repeat dims ({len(sizes)}) can not be smaller than number of "
+                           f"dimensions of tensor ({len(shape)})")  # fmt: skip
+    if any(r < 0 for r in sizes):
+        raise RuntimeError(f"Trying to create tensor with negative dimension: repeats {list(sizes)}")
+    shape = (1,) * (len(sizes) - len(shape)) + shape
+    interleaved = _view_as(input, tuple(d for n in shape for d in (1, n)))
+    expanded = expand(interleaved, tuple(d for r, n in zip(sizes, shape, strict=True) for d in (r, n)))
+    # one copy, always: a stride-0 reshape would otherwise share memory where PyTorch's result does not
+    return _view_as(_copy(expanded), tuple(r * n for r, n in zip(sizes, shape, strict=True)))
+
+
+@method("tile")
+def tile(input: Tensor, dims) -> Tensor:
+    dims = tuple(dims)
+    return repeat(input, (1,) * (input._data.ndim - len(dims)) + dims)
+
+
+def _cat_inputs(tensors, op: str) -> list[Tensor]:
+    if isinstance(tensors, Tensor):
+        raise TypeError(f"{op}(): argument 'tensors' must be a tuple or list of Tensors, not Tensor")
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError(f"{op}(): expected a non-empty list of Tensors")
+    for i, x in enumerate(tensors):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{op}(): expected a list of Tensors, but element {i} is {type(x).__name__}")
+    return tensors
+
+
+def cat(tensors, dim: int = 0) -> Tensor:
+    """Join along ``dim`` (a copy); dtypes promote as in PyTorch, and legacy 1-d empty tensors are skipped."""
+    tensors = _cat_inputs(tensors, "cat")
+    dtype = tensors[0]._dtype
+    for x in tensors[1:]:
+        if x._dtype is not dtype:
+            dtype = dt.promote_types(dtype, x._dtype)
+    # PyTorch ignores tensors of shape (0,) whatever the others' shape (a legacy rule kept for old code)
+    kept = [x for x in tensors if x._data.shape != (0,)] or tensors[:1]
+    for i, x in enumerate(tensors):
+        if x._data.ndim == 0:
+            raise RuntimeError(f"zero-dimensional tensor (at position {i}) cannot be concatenated")
+    axis = normalize_axis(dim, kept[0]._data.ndim)
+    return apply(P["concatenate"], *[cast(x, dtype) for x in kept], axis=axis)
+
+
+concat = concatenate = cat
+
+
+def stack(tensors, dim: int = 0) -> Tensor:
+    tensors = _cat_inputs(tensors, "stack")
+    shape = tensors[0]._data.shape
+    for i, x in enumerate(tensors[1:], 1):
+        if x._data.shape != shape:
+            raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(shape)} at entry 0 and "
+                               f"{list(x.shape)} at entry {i}")  # fmt: skip
+    dim = normalize_axis(dim, len(shape) + 1)
+    return cat([unsqueeze(x, dim) for x in tensors], dim)
+
+
+# ----------------------------------------------------------------------------- triangles, padding
+def _triangle(input: Tensor, diagonal: int, lower: bool, op: str) -> Tensor:
+    if input._data.ndim < 2:
+        raise RuntimeError(f"{op}: input tensor must have at least 2 dimensions, got shape {list(input.shape)}")
+    rows, cols = input._data.shape[-2:]
+    offsets = np.arange(cols)[None, :] - np.arange(rows)[:, None]  # col - row
+    keep = offsets <= diagonal if lower else offsets >= diagonal
+    return where(constant(keep, input._device), input, constant(np.zeros((), input._dtype.np), input._device))
+
+
+def constant(array: np.ndarray, device: Device) -> Tensor:
+    """A constant numpy array as a tensor on ``device`` (index tables, masks)."""
+    if device is CPU:
+        return make_tensor(array)
+    return make_tensor(to_device(array, device), device)
+
+
+@method("tril")
+def tril(input: Tensor, diagonal: int = 0) -> Tensor:
+    """Keep the elements on and below the ``diagonal``-th diagonal of the last two dims; zero the rest."""
+    return _triangle(input, diagonal, True, "tril")
+
+
+@method("triu")
+def triu(input: Tensor, diagonal: int = 0) -> Tensor:
+    """Keep the elements on and above the ``diagonal``-th diagonal of the last two dims; zero the rest."""
+    return _triangle(input, diagonal, False, "triu")
+
+
+def pad(input: Tensor, pad, mode: str = "constant", value=None) -> Tensor:
+    """``torch.nn.functional.pad``: ``pad = (left, right, top, bottom, ...)`` from the last dim backward.
+
+    Negative amounts crop. ``mode`` is "constant" (with ``value``, default 0), "reflect",
+    "replicate" or "circular".
+    """
+    pad = tuple(int(p) for p in pad)
+    shape = input._data.shape
+    if len(pad) % 2 or len(pad) // 2 > len(shape):
+        raise RuntimeError(f"Padding length must be divisible by 2 and at most twice the number of dims "
+                           f"({len(shape)}), got pad {list(pad)}")  # fmt: skip
+    low, high = [0] * len(shape), [0] * len(shape)
+    for i in range(len(pad) // 2):
+        low[-1 - i], high[-1 - i] = pad[2 * i], pad[2 * i + 1]
+    if mode != "constant":
+        if value not in (None, 0):
+            raise ValueError(f'Padding mode "{mode}" doesn\'t take in value argument')
+        return _pad_by_index(input, low, high, mode)
+    if any(p < 0 for p in low + high):  # crop first, then pad what remains positive
+        starts = [max(-p, 0) for p in low]
+        stops = [n - max(-p, 0) for n, p in zip(shape, high, strict=True)]
+        if any(a > b for a, b in zip(starts, stops, strict=True)):
+            raise RuntimeError(f"pad {list(pad)} crops more than the input's shape {list(shape)}")
+        input = strided_slice(input, starts, stops, (1,) * len(shape))
+        low, high = [max(p, 0) for p in low], [max(p, 0) for p in high]
+    return strided_pad(input, low, high, (0,) * len(shape), 0 if value is None else value)
+
+
+def _pad_by_index(input: Tensor, low, high, mode: str) -> Tensor:
+    """Reflect/replicate/circular padding: each dim is an index_select of computed positions."""
+    from .indexing import index_select  # noqa: PLC0415 - indexing imports this module
+
+    shape = input._data.shape
+    out = input
+    for dim, (lo, hi, n) in enumerate(zip(low, high, shape, strict=True)):
+        if not lo and not hi:
+            continue
+        limit = n - 1 if mode == "reflect" else n
+        if mode != "replicate" and (lo > limit or hi > limit) or n == 0:
+            raise RuntimeError(f"{mode} padding: padding ({lo}, {hi}) at dimension {dim} must be at most "
+                               f"{limit} for input of shape {list(shape)}")  # fmt: skip
+        pos = np.arange(-lo, n + hi)
+        if mode == "reflect":
+            pos = np.abs(pos)
+            pos = np.where(pos > n - 1, 2 * (n - 1) - pos, pos)
+        elif mode == "replicate":
+            pos = np.clip(pos, 0, n - 1)
+        elif mode == "circular":
+            pos = pos % n
+        else:
+            raise NotImplementedError(
+                f"pad: mode must be 'constant', 'reflect', 'replicate' or 'circular', got {mode!r}"
+            )
+        index = constant(pos.astype(np.int64), input._device)
+        out = index_select(out, dim, index)
+    return out

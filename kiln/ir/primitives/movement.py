@@ -1,7 +1,8 @@
 """Movement primitives: ops that move or view elements and compute none.
 
-``reshape`` and ``expand`` are views (the eager result shares memory with the input), as their
-PyTorch counterparts ``view`` and ``expand`` are.
+``reshape``, ``expand``, ``permute`` and ``slice`` are views (the eager result shares memory with the
+input), as their PyTorch counterparts are; ``pad``, ``concatenate`` and ``flip`` copy. Attributes are
+normalized by the frontend (non-negative axes, clamped slice bounds), so each rule is plain.
 """
 
 from __future__ import annotations
@@ -54,4 +55,201 @@ copy = register(Primitive(
     lambda ops, c, g: (g,), reference=lambda torch, x: x.clone(),
     samples=lambda rng: [Sample((rng.normal(size=(2, 3)).T,)), Sample((rng.normal(size=()),))],
     doc="A fresh row-major copy (clone, contiguous).",
+))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- permute
+def _permute_infer(x: TensorType, *, perm: tuple[int, ...]) -> TensorType:
+    if sorted(perm) != list(range(x.ndim)):
+        raise RuntimeError(
+            f"permute: expected a permutation of the {x.ndim} dims of an input of shape {list(x.shape)}, "
+            f"got {list(perm)}"
+        )
+    return TensorType(tuple(x.shape[p] for p in perm), x.dtype, x.device)
+
+
+def inverse_permutation(perm: tuple[int, ...]) -> tuple[int, ...]:
+    inverse = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inverse[p] = i
+    return tuple(inverse)
+
+
+permute = register(Primitive(
+    "permute", Kind.MOVEMENT, _permute_infer, lambda xp, x, *, perm: xp.transpose(x, perm),
+    lambda ops, c, g: (ops.permute(g, inverse_permutation(c.attrs["perm"])),),
+    reference=lambda torch, x, *, perm: x.permute(perm),
+    samples=lambda rng: [Sample((rng.normal(size=(2, 3, 4)),), {"perm": (2, 0, 1)}),
+                         Sample((rng.normal(size=()),), {"perm": ()}),
+                         Sample((rng.normal(size=(0, 3)),), {"perm": (1, 0)})],
+    is_view=True, doc="Reorder the dims: output dim i is input dim perm[i] (a view).",
+))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- slice and pad
+def sliced_size(start: int, stop: int, step: int) -> int:
+    return max(0, (stop - start + step - 1) // step)
+
+
+def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
+    if not len(starts) == len(stops) == len(steps) == x.ndim:
+        raise ValueError(
+            f"slice: expected one start/stop/step per dim of shape {list(x.shape)}, got starts {starts}, "
+            f"stops {stops}, steps {steps}"
+        )
+    for axis, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape, strict=True)):
+        if s < 1 or not 0 <= a <= n or not 0 <= b <= n:
+            raise IndexError(
+                f"slice: dim {axis} of size {n} needs 0 <= start, stop <= {n} and step > 0, got {a}:{b}:{s}"
+            )
+    shape = tuple(map(sliced_size, starts, stops, steps))
+    return TensorType(shape, x.dtype, x.device)
+
+
+def _slice_eager(xp, x, *, starts, stops, steps):
+    return x[tuple(map(slice, starts, stops, steps))]
+
+
+def _slice_vjp(ops, c, g):
+    shape = c.input_types[0].shape
+    a = c.attrs
+    low = a["starts"]
+    high = tuple(n - lo - m - max(m - 1, 0) * (s - 1) for n, lo, m, s in zip(shape, low, g.shape, a["steps"]))
+    return (ops.strided_pad(g, low, high, tuple(s - 1 for s in a["steps"])),)
+
+
+def _slice_samples(rng):
+    x = rng.normal(size=(5, 6))
+    return [
+        Sample((x,), {"starts": (1, 0), "stops": (4, 6), "steps": (1, 2)}),
+        Sample((x,), {"starts": (4, 5), "stops": (5, 1), "steps": (3, 1)}),  # empty along dim 1
+        Sample((x,), {"starts": (0, 2), "stops": (5, 5), "steps": (2, 3)}),
+        Sample((rng.normal(size=()),), {"starts": (), "stops": (), "steps": ()}),
+    ]
+
+
+slice_ = register(Primitive(
+    "slice", Kind.MOVEMENT, _slice_infer, _slice_eager, _slice_vjp,
+    reference=lambda torch, x, *, starts, stops, steps: x[tuple(map(slice, starts, stops, steps))],
+    samples=_slice_samples, is_view=True,
+    doc="Per-dim start:stop:step (normalized: 0 <= start, stop <= size, step > 0); a view.",
+))  # fmt: skip
+
+
+def padded_size(n: int, low: int, high: int, interior: int) -> int:
+    return low + high + n + max(n - 1, 0) * interior
+
+
+def _pad_infer(x: TensorType, *, low, high, interior, value) -> TensorType:
+    if not len(low) == len(high) == len(interior) == x.ndim:
+        raise ValueError(
+            f"pad: expected one low/high/interior entry per dim of shape {list(x.shape)}, got low {low}, "
+            f"high {high}, interior {interior}"
+        )
+    if any(p < 0 for p in (*low, *high, *interior)):
+        raise ValueError(f"pad: padding must be non-negative, got low {low}, high {high}, interior {interior}")
+    return TensorType(tuple(map(padded_size, x.shape, low, high, interior)), x.dtype, x.device)
+
+
+def _interior_slices(shape, low, interior) -> tuple[slice, ...]:
+    return tuple(slice(lo, lo + max(n - 1, 0) * (i + 1) + 1 if n else lo, i + 1)
+                 for n, lo, i in zip(shape, low, interior))  # fmt: skip
+
+
+def _pad_eager(xp, x, *, low, high, interior, value):
+    out = xp.full(tuple(map(padded_size, x.shape, low, high, interior)), value, dtype=x.dtype)
+    out[_interior_slices(x.shape, low, interior)] = x
+    return out
+
+
+def _pad_vjp(ops, c, g):
+    a = c.attrs
+    shape = c.input_types[0].shape
+    stops = tuple(lo + max(n - 1, 0) * (i + 1) + 1 if n else lo for n, lo, i in zip(shape, a["low"], a["interior"]))
+    return (ops.strided_slice(g, a["low"], stops, tuple(i + 1 for i in a["interior"])),)
+
+
+def _pad_reference(torch, x, *, low, high, interior, value):
+    out = torch.full(tuple(map(padded_size, x.shape, low, high, interior)), value, dtype=x.dtype)
+    out[_interior_slices(x.shape, low, interior)] = x
+    return out
+
+
+def _pad_samples(rng):
+    return [
+        Sample((rng.normal(size=(2, 3)),), {"low": (1, 0), "high": (0, 2), "interior": (0, 0), "value": 0.0}),
+        Sample((rng.normal(size=(3, 2)),), {"low": (0, 2), "high": (1, 0), "interior": (2, 1), "value": -1.5}),
+        Sample((rng.normal(size=(0, 2)),), {"low": (2, 0), "high": (1, 0), "interior": (1, 0), "value": 0.0}),
+        Sample((rng.normal(size=()),), {"low": (), "high": (), "interior": (), "value": 0.0}),
+    ]
+
+
+pad = register(Primitive(
+    "pad", Kind.MOVEMENT, _pad_infer, _pad_eager, _pad_vjp, reference=_pad_reference, samples=_pad_samples,
+    doc="Constant padding: `low`/`high` elements before/after each dim and `interior` between elements "
+        "(XLA's pad); the VJP of a strided slice.",
+))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- concatenate, flip
+def _concatenate_infer(*xs: TensorType, axis: int) -> TensorType:
+    if not xs:
+        raise ValueError("concatenate: expected a non-empty list of tensors")
+    first = xs[0]
+    if not 0 <= axis < max(first.ndim, 1) or first.ndim == 0:
+        raise IndexError(f"concatenate: axis {axis} is out of range for inputs of shape {list(first.shape)}")
+    for i, t in enumerate(xs[1:], 1):
+        if t.dtype is not first.dtype:
+            raise TypeError(f"concatenate: expected inputs of one dtype (promote first), got "
+                            f"{first.dtype.name} and {t.dtype.name} for tensor number {i}")  # fmt: skip
+        if t.ndim != first.ndim:
+            raise RuntimeError(f"Tensors must have same number of dimensions: got {first.ndim} and {t.ndim}")
+        for d, (m, n) in enumerate(zip(first.shape, t.shape, strict=True)):
+            if d != axis and m != n:
+                raise RuntimeError(
+                    f"Sizes of tensors must match except in dimension {axis}. Expected size {m} but got size {n} "
+                    f"for tensor number {i} in the list (shapes {list(first.shape)} and {list(t.shape)})."
+                )
+    shape = list(first.shape)
+    shape[axis] = sum(t.shape[axis] for t in xs)
+    return TensorType(tuple(shape), first.dtype, first.device)
+
+
+def _concatenate_vjp(ops, c, g):
+    axis = c.attrs["axis"]
+    grads, offset = [], 0
+    for t, needed in zip(c.input_types, c.needs_input_grad, strict=True):
+        n = t.shape[axis]
+        grads.append(ops.narrow(g, axis, offset, n) if needed else None)
+        offset += n
+    return tuple(grads)
+
+
+concatenate = register(Primitive(
+    "concatenate", Kind.MOVEMENT, _concatenate_infer,
+    lambda xp, *xs, axis: xp.concatenate(xs, axis=axis), _concatenate_vjp,
+    reference=lambda torch, *xs, axis: torch.cat(xs, dim=axis),
+    samples=lambda rng: [Sample((rng.normal(size=(2, 3)), rng.normal(size=(1, 3)), rng.normal(size=(0, 3))),
+                                {"axis": 0}),
+                         Sample((rng.normal(size=(2, 3)), rng.normal(size=(2, 1))), {"axis": 1}),
+                         Sample((rng.normal(size=(4,)),), {"axis": 0})],
+    doc="Join same-dtype tensors along an existing axis (sizes must match elsewhere).",
+))  # fmt: skip
+
+
+def _flip_infer(x: TensorType, *, axes: tuple[int, ...]) -> TensorType:
+    if any(not 0 <= a < x.ndim for a in axes) or len(set(axes)) != len(axes):
+        raise IndexError(f"flip: axes {axes} must be distinct dims of an input of shape {list(x.shape)}")
+    return x
+
+
+flip = register(Primitive(
+    "flip", Kind.MOVEMENT, _flip_infer,
+    # PyTorch's flip copies; numpy's is a negative-stride view, so copy it.
+    lambda xp, x, *, axes: xp.array(xp.flip(x, axes), copy=True), lambda ops, c, g: (ops.flip(g, c.attrs["axes"]),),
+    reference=lambda torch, x, *, axes: torch.flip(x, axes),
+    samples=lambda rng: [Sample((rng.normal(size=(2, 3, 4)),), {"axes": (0, 2)}),
+                         Sample((rng.normal(size=()),), {"axes": ()}),
+                         Sample((rng.normal(size=(0, 2)),), {"axes": (1,)})],
+    doc="Reverse the order of elements along `axes` (a copy, as in PyTorch).",
 ))  # fmt: skip
