@@ -4,8 +4,9 @@ Each module binds its Tensor methods with ``@method``; this package is also the 
 namespace that the primitives' VJP rules are written against.
 """
 
-from . import creation, elementwise, indexing, interop, linalg, random, reductions, shape
+from . import copies, creation, elementwise, indexing, interop, linalg, random, reductions, shape
 from ._util import cast
+from .copies import *  # noqa: F403
 from .creation import *  # noqa: F403
 from .elementwise import *  # noqa: F403
 from .indexing import *  # noqa: F403
@@ -18,6 +19,6 @@ from .shape import *  # noqa: F403
 from .windows import *  # noqa: F403
 
 __all__ = (
-    ["cast", "commit_inplace"] + creation.__all__ + elementwise.__all__ + indexing.__all__ + interop.__all__
+    ["cast", "commit_inplace"] + copies.__all__ + creation.__all__ + elementwise.__all__ + indexing.__all__ + interop.__all__
     + linalg.__all__ + random.__all__ + reductions.__all__ + shape.__all__ + windows.__all__
 )  # fmt: skip

@@ -25,7 +25,8 @@ from ..tensor import Tensor, make_tensor, method
 from ._util import cast, scalar_tensor
 from .elementwise import eq, where
 from .inplace import commit_inplace
-from .shape import constant, expand, movedim, reshape
+from .copies import constant
+from .shape import expand, movedim, reshape
 
 __all__ = [
     "index", "index_put", "index_put_", "take", "take_flat", "gather", "scatter", "scatter_add", "index_select",
