@@ -11,12 +11,16 @@ from dataclasses import dataclass
 from .dtypes import DType
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Device:
-    """A device: ``Device("cpu")`` or ``Device("cuda", 0)``. Interned: compare with ``is``."""
+    """A device: ``Device("cpu")`` or ``Device("cuda", 0)``. Interned by ``device()``, so equality
+    and hashing are by identity (a C-level hash: devices are dictionary keys on the hot path)."""
 
     type: str
     index: int | None = None
+
+    def __reduce__(self):  # unpickle to the interned instance
+        return (device, (str(self),))
 
     def __str__(self) -> str:
         return self.type if self.index is None else f"{self.type}:{self.index}"

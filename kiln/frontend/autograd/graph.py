@@ -191,10 +191,14 @@ class PrimBackward(Node):
     __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_output")
 
     def __init__(self, prim, attrs: dict, inputs: tuple, result) -> None:
-        super().__init__(tuple(_edge_of(t) for t in inputs))
+        edges, shapes, dtypes = [], [], []
+        for t in inputs:  # one pass: this runs for every recorded op
+            edges.append(_edge_of(t))
+            shapes.append(t._data.shape)
+            dtypes.append(t._dtype)
+        super().__init__(tuple(edges))
         self.prim, self.attrs = prim, attrs
-        self.input_shapes = tuple(t._data.shape for t in inputs)
-        self.input_dtypes = tuple(t._dtype for t in inputs)
+        self.input_shapes, self.input_dtypes = tuple(shapes), tuple(dtypes)
         self.device = result._device
         self.saved_inputs = tuple(SavedTensor(t) for t in inputs) if prim.save_inputs else ()
         self.saved_output = SavedTensor(result, self) if prim.save_output else False
