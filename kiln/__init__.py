@@ -11,6 +11,7 @@ import logging as _logging
 
 from . import autograd, cuda
 from .frontend.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled
+from .frontend.formatting import printoptions, set_printoptions
 from .frontend.ops import *  # noqa: F403
 from .frontend.tensor import Size, Tensor
 from .ir.dtypes import (

@@ -242,7 +242,9 @@ class Tensor:
     def __array__(self, dtype=None, copy=None):
         self._value_access("numpy.asarray(Tensor)")
         host = self._host()
-        return host if dtype is None else host.astype(dtype, copy=False)
+        if dtype is not None:
+            return host.astype(dtype, copy=bool(copy))
+        return host.copy() if copy else host
 
     def _host(self) -> np.ndarray:
         if self._device is CPU:
@@ -250,6 +252,8 @@ class Tensor:
         return self._data.get()
 
     def __dlpack__(self, *args, **kwargs):
+        if self._requires_grad:
+            raise BufferError("Can't export tensors that require gradient, use tensor.detach()")
         return self._data.__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):

@@ -4,11 +4,25 @@ Each module binds its Tensor methods with ``@method``; this package is also the 
 namespace that the primitives' VJP rules are written against.
 """
 
-from . import copies, creation, elementwise, indexing, interop, linalg, random, reductions, shape
+from ..dispatch import apply  # VJP rules may call a primitive directly: ops.apply(P["fold"], g, ...)
+from . import (
+    copies,
+    creation,
+    elementwise,
+    generator,
+    indexing,
+    interop,
+    linalg,
+    random,
+    reductions,
+    shape,
+    windows,
+)  # fmt: skip
 from ._util import cast
 from .copies import *  # noqa: F403
 from .creation import *  # noqa: F403
 from .elementwise import *  # noqa: F403
+from .generator import *  # noqa: F403
 from .indexing import *  # noqa: F403
 from .inplace import commit_inplace
 from .interop import *  # noqa: F403
@@ -19,6 +33,6 @@ from .shape import *  # noqa: F403
 from .windows import *  # noqa: F403
 
 __all__ = (
-    ["cast", "commit_inplace"] + copies.__all__ + creation.__all__ + elementwise.__all__ + indexing.__all__ + interop.__all__
+    ["cast", "commit_inplace"] + copies.__all__ + creation.__all__ + elementwise.__all__ + generator.__all__ + indexing.__all__ + interop.__all__
     + linalg.__all__ + random.__all__ + reductions.__all__ + shape.__all__ + windows.__all__
 )  # fmt: skip

@@ -16,7 +16,10 @@ Number = bool | int | float
 
 def scalar_tensor(value, dtype: dt.DType, device: Device = CPU) -> Tensor:
     """A 0-d tensor holding a Python number, as a constant operand of an op."""
-    array = np.asarray(value, dtype=dtype.np)
+    try:
+        array = np.asarray(value, dtype=dtype.np)
+    except OverflowError:  # int8_tensor + 300: the number wraps into the dtype, as in PyTorch
+        array = np.asarray(value).astype(dtype.np)
     if device is not CPU:
         array = to_device(array, device)
     return make_tensor(array, device, dtype)

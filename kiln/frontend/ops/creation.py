@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -42,8 +43,9 @@ def _finish(array: np.ndarray, device: Device, requires_grad: bool) -> Tensor:
     return t
 
 
-def _infer_array(data) -> np.ndarray:
-    """``data`` as a numpy array with PyTorch's inference: Python floats -> the default dtype."""
+def _infer_array(data, default_float: bool = True) -> np.ndarray:
+    """``data`` as a numpy array with PyTorch's inference: Python floats -> the default dtype
+    (unless ``default_float`` is False: a requested dtype must not see them rounded first)."""
     if isinstance(data, Tensor):
         return data._host()
     if isinstance(data, np.ndarray | np.generic):
@@ -54,7 +56,7 @@ def _infer_array(data) -> np.ndarray:
         array = np.asarray(data)
     except ValueError as error:
         raise ValueError(f"tensor(): expected a number or a nested sequence of equal lengths ({error})") from None
-    if array.dtype == np.float64:
+    if array.dtype == np.float64 and default_float:
         return array.astype(dt.get_default_dtype().np)
     if array.dtype.kind not in "biuf":
         raise TypeError(f"tensor(): expected numbers, got {type(data).__name__} of {array.dtype}")
@@ -69,7 +71,7 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Ten
     >>> tensor([1.0, 2.0]).dtype
     kiln.float32
     """
-    array = _infer_array(data)
+    array = _infer_array(data, default_float=dtype is None)
     array = np.array(array, dtype=None if dtype is None else dt.as_dtype(dtype).np, copy=True)
     if array.dtype not in dt._BY_NUMPY:
         array = array.astype(dt.from_numpy_dtype(array.dtype).np)
@@ -99,9 +101,14 @@ def from_numpy(array: np.ndarray) -> Tensor:
     return make_tensor(array, CPU, dt.from_numpy_dtype(array.dtype))
 
 
-def _shape(size) -> tuple[int, ...]:
+def _shape(size, op: str = "size") -> tuple[int, ...]:
     if len(size) == 1 and isinstance(size[0], list | tuple):
         size = size[0]
+    for d in size:
+        if isinstance(d, float | complex | str) or (isinstance(d, Tensor) and d._dtype.category != dt.INTEGER):
+            raise TypeError(
+                f"{op}(): argument 'size' must be a tuple of ints, but found element of type {type(d).__name__}"
+            )
     shape = tuple(int(d) for d in size)
     if any(d < 0 for d in shape):
         raise RuntimeError(f"trying to create tensor with negative dimension: {list(shape)}")
@@ -119,15 +126,15 @@ def _filled(shape, value, dtype, device, requires_grad) -> Tensor:
 
 
 def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _filled(_shape(size), 0, _dtype(dtype), device, requires_grad)
+    return _filled(_shape(size, "zeros"), 0, _dtype(dtype), device, requires_grad)
 
 
 def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _filled(_shape(size), 1, _dtype(dtype), device, requires_grad)
+    return _filled(_shape(size, "ones"), 1, _dtype(dtype), device, requires_grad)
 
 
 def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _filled(_shape(size), 0, _dtype(dtype), device, requires_grad)
+    return _filled(_shape(size, "empty"), 0, _dtype(dtype), device, requires_grad)
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
@@ -136,7 +143,7 @@ def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = Fal
 
 
 def _like(fn):
-    def like(input: Tensor, *args, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    def like(input: Tensor, *args, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
         dtype = input._dtype if dtype is None else dt.as_dtype(dtype)
         device = input._device if device is None else device
         return fn(tuple(input.shape), *args, dtype=dtype, device=device, requires_grad=requires_grad)
@@ -152,27 +159,77 @@ empty_like = _like(empty)
 full_like = _like(full)
 
 
+def _number(x, op: str):
+    if isinstance(x, Tensor):
+        x = x.item()
+    if isinstance(x, np.generic):
+        x = x.item()
+    if not isinstance(x, int | float) or isinstance(x, bool):
+        raise TypeError(f"{op}(): expected a number, got {type(x).__name__}")
+    return x
+
+
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    """Values from ``start`` to ``end`` (exclusive); int64 for integer arguments, as in PyTorch."""
+    """Values from ``start`` to ``end`` (exclusive) by ``step``, as ``torch.arange``.
+
+    int64 when every argument is an int, else the default float dtype. Float results hold
+    ``start + i * step`` computed in float64, and their count is ``ceil((end - start) / step)``;
+    an integer ``dtype`` truncates the three arguments to ints first, as PyTorch does.
+
+    >>> arange(5).tolist(), arange(1, 2.5, 0.5).tolist()
+    ([0, 1, 2, 3, 4], [1.0, 1.5, 2.0])
+    """
     if end is None:
         start, end = 0, start
+    start, end, step = (_number(x, "arange") for x in (start, end, step))
+    default = dt.int64 if all(isinstance(x, int) for x in (start, end, step)) else dt.get_default_dtype()
+    dtype = _dtype(dtype, default)
+    if not dtype.is_floating_point:
+        start, end, step = int(start), int(end), int(step)
     if step == 0:
         raise RuntimeError("arange: step must be nonzero")
-    numbers = [x.item() if isinstance(x, Tensor) else x for x in (start, end, step)]
-    default = dt.int64 if all(isinstance(x, int) for x in numbers) else dt.get_default_dtype()
-    dtype = _dtype(dtype, default)
-    start, end, step = numbers
-    count = max(0, int(np.ceil((end - start) / step)))
-    array = (start + np.arange(count, dtype=np.float64) * step) if dtype.is_floating_point else np.arange(start, end, step)
+    if not all(math.isfinite(x) for x in (start, end)):
+        raise RuntimeError(f"arange: unsupported range: {start} -> {end}")
+    if (end - start) * step < 0:
+        raise RuntimeError("arange: upper bound and lower bound inconsistent with step sign")
+    if dtype.is_floating_point:
+        count = math.ceil((end - start) / step)
+        array = start + np.arange(count, dtype=np.float64) * step
+    else:
+        array = np.arange(start, end, step, dtype=np.int64)
     return _finish(array.astype(dtype.np), _device(device), requires_grad)
 
 
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    array = np.linspace(start, end, int(steps), dtype=np.float64).astype(_dtype(dtype).np)
-    return _finish(array, _device(device), requires_grad)
+    """``steps`` evenly spaced values from ``start`` to ``end`` inclusive (the default float dtype).
+
+    Computed in float64 from both ends (the first half from ``start``, the second from ``end``,
+    as PyTorch does, so both endpoints are exact), then cast; integer dtypes truncate.
+
+    >>> linspace(0, 1, 5).tolist()
+    [0.0, 0.25, 0.5, 0.75, 1.0]
+    """
+    start, end = _number(start, "linspace"), _number(end, "linspace")
+    steps = int(_number(steps, "linspace"))
+    if steps < 0:
+        raise RuntimeError(f"linspace: number of steps must be non-negative, got {steps}")
+    dtype = _dtype(dtype)
+    if not dtype.is_floating_point:
+        start, end = int(start), int(end)
+    i = np.arange(steps, dtype=np.float64)
+    step = (end - start) / (steps - 1) if steps > 1 else 0.0
+    half = steps // 2 if steps > 1 else 1  # a single step is `start`
+    array = np.where(i < half, start + i * step, end - (steps - 1 - i) * step)
+    if not dtype.is_floating_point:
+        array = np.trunc(array)
+    return _finish(array.astype(dtype.np), _device(device), requires_grad)
 
 
 def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    """The ``n`` x ``m`` identity matrix (``m`` defaults to ``n``)."""
+    for name, value in (("n", n), ("m", m)):
+        if value is not None and value < 0:
+            raise RuntimeError(f"eye: {name} must be greater or equal to 0, got {value}")
     return _finish(np.eye(n, m, dtype=_dtype(dtype).np), _device(device), requires_grad)
 
 
@@ -181,14 +238,15 @@ def scalar_tensor(value, *, dtype=None, device=None) -> Tensor:
 
 
 @method("clone")
-def clone(input: Tensor) -> Tensor:
+def clone(input: Tensor, *, memory_format=None) -> Tensor:
     """A copy that owns its memory, differentiable (gradient passes through unchanged)."""
     return apply(P["copy"], input)
 
 
 # ----------------------------------------------------------------------------- to(), casts, fills
 @method("to")
-def to(input: Tensor, *args, dtype=None, device=None, copy: bool = False, non_blocking: bool = False) -> Tensor:
+def to(input: Tensor, *args, dtype=None, device=None, copy: bool = False, non_blocking: bool = False,
+       memory_format=None) -> Tensor:  # fmt: skip
     """``to(dtype)``, ``to(device)``, ``to(device, dtype)`` or ``to(other_tensor)``, as in PyTorch."""
     for a in args:
         if isinstance(a, Tensor):
@@ -237,7 +295,9 @@ def cpu(input: Tensor) -> Tensor:
 
 @method("cuda")
 def cuda(input: Tensor, device=None) -> Tensor:
-    return to(input, parse_device("cuda" if device is None else f"cuda:{device}" if isinstance(device, int) else device))
+    return to(
+        input, parse_device("cuda" if device is None else f"cuda:{device}" if isinstance(device, int) else device)
+    )
 
 
 def _cast_method(name: str, dtype: dt.DType):
@@ -258,9 +318,31 @@ def type_as(input: Tensor, other: Tensor) -> Tensor:
     return cast(input, other._dtype)
 
 
+def _new(name: str, fn):
+    def new(self: Tensor, *args, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+        dtype = self._dtype if dtype is None else dtype
+        return fn(*args, dtype=dtype, device=self._device if device is None else device, requires_grad=requires_grad)
+
+    new.__name__ = new.__qualname__ = name
+    new.__doc__ = f"``{fn.__name__}`` with this tensor's dtype and device unless given."
+    method(name)(new)
+
+
+for _name, _fn in {
+    "new_zeros": zeros,
+    "new_ones": ones,
+    "new_empty": empty,
+    "new_full": full,
+    "new_tensor": tensor,
+}.items():
+    _new(_name, _fn)
+
+
 @method("copy_")
 def copy_(input: Tensor, src: Tensor) -> Tensor:
     """Copy ``src`` into ``input`` (broadcasting, converting dtype and device)."""
+    if not isinstance(src, Tensor):
+        raise TypeError(f"copy_(): argument 'src' must be a Tensor, not {type(src).__name__}")
     if src._device is not input._device:
         src = to(src, input._device)
     return commit_inplace(input, cast(src, input._dtype), op="copy_")

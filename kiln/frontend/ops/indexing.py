@@ -23,9 +23,9 @@ from ...ir.shapes import broadcast_shapes, normalize_axis
 from ..dispatch import apply
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast, scalar_tensor
+from .copies import constant
 from .elementwise import eq, where
 from .inplace import commit_inplace
-from .copies import constant
 from .shape import expand, movedim, reshape
 
 __all__ = [
