@@ -136,16 +136,20 @@ def sign(input: Tensor) -> Tensor:
     return apply(P["sign"], input)
 
 
+def _public(op, name: str, doc: str):
+    """Name a generated op, document it and bind it as a Tensor method."""
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = doc
+    return method(name)(op)
+
+
 def _float_unary(name: str):
     prim = P[name]
 
     def op(input: Tensor) -> Tensor:
         return _unary_float(prim, input)
 
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Elementwise {name}; integer inputs compute in the default float dtype."
-    method(name)(op)
-    return op
+    return _public(op, name, f"Elementwise {name}; integer inputs compute in the default float dtype.")
 
 
 exp = _float_unary("exp")
@@ -299,10 +303,7 @@ def _comparison(name: str):
     def op(input, other) -> Tensor:
         return _binary(prim, input, other, name)
 
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Elementwise {name}, computed in the promoted dtype; the result is bool."
-    method(name)(op)
-    return op
+    return _public(op, name, f"Elementwise {name}, computed in the promoted dtype; the result is bool.")
 
 
 eq = _comparison("eq")
@@ -323,15 +324,12 @@ def _logical(name: str):
     prim = P[name]
 
     def op(input, other) -> Tensor:
-        input, other = (
-            as_tensor_arg(input, other) if not isinstance(input, Tensor) else input,
-            as_tensor_arg(other, input),
-        )
+        if not isinstance(input, Tensor):
+            input = as_tensor_arg(input, other)
+        other = as_tensor_arg(other, input)
         return apply(prim, cast(input, dt.bool_), cast(other, dt.bool_))
 
-    op.__name__ = op.__qualname__ = name
-    method(name)(op)
-    return op
+    return _public(op, name, f"Elementwise {name} of the operands' truth values; the result is bool.")
 
 
 logical_and = _logical("logical_and")

@@ -50,13 +50,17 @@ def _require_float(input: Tensor, message: str) -> None:
 
 
 # ----------------------------------------------------------------------------- sum, mean, prod
+def _accumulating(input: Tensor, dtype) -> Tensor:
+    """``input`` in the dtype sum and prod accumulate in: ``dtype`` if given, int64 for ints and bools."""
+    if dtype is not None:
+        return cast(input, dt.as_dtype(dtype))
+    return input if input._dtype.is_floating_point else cast(input, dt.int64)
+
+
 @method("sum")
 def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """Sum over ``dim`` (all dims when None); bool and integer inputs sum in int64, as in PyTorch."""
-    if dtype is not None:
-        input = cast(input, dt.as_dtype(dtype))
-    elif not input._dtype.is_floating_point:
-        input = cast(input, dt.int64)
+    input = _accumulating(input, dtype)
     axes = normalize_axes(dim, input.ndim)
     return apply(_reduce_sum, input, axes=axes, keepdim=keepdim)
 
@@ -81,10 +85,7 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
 @method("prod")
 def prod(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """The product over ``dim`` (an int; kiln also takes a tuple); ints and bools multiply in int64."""
-    if dtype is not None:
-        input = cast(input, dt.as_dtype(dtype))
-    elif not input._dtype.is_floating_point:
-        input = cast(input, dt.int64)
+    input = _accumulating(input, dtype)
     return apply(_reduce_prod, input, axes=normalize_axes(dim, input.ndim), keepdim=keepdim)
 
 
