@@ -60,3 +60,6 @@ def is_tensor(obj) -> bool:
 
 # Last: nn is written against the public API above, as a user's library would be.
 from . import nn  # noqa: E402
+from . import optim  # noqa: E402
+from . import data, multiprocessing  # noqa: E402
+from .serialization import load, save  # noqa: E402

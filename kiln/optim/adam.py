@@ -1,0 +1,113 @@
+"""Adam and AdamW (decoupled weight decay), with AMSGrad."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import kiln
+
+from .optimizer import Optimizer, check_range
+
+
+def _check_adam_args(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+    check_range("learning rate", lr)
+    check_range("epsilon value", eps)
+    for index, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
+    check_range("weight_decay value", weight_decay)
+
+
+class Adam(Optimizer):
+    """PyTorch's ``torch.optim.Adam``; the step count is a 0-d float32 tensor in each parameter's state.
+
+    >>> w = kiln.tensor([1.0], requires_grad=True)
+    >>> opt = Adam([w], lr=1e-2, betas=(0.9, 0.99))
+    """
+
+    _decoupled = False
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        _check_adam_args(lr, betas, eps, weight_decay)
+        defaults = dict(
+            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize
+        )
+        super().__init__(params, defaults)
+
+    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
+        beta1, beta2 = group["betas"]
+        return {"lr": group["lr"], "beta1": beta1, "beta2": beta2}
+
+    def _init_state(self, p: kiln.Tensor, amsgrad: bool) -> dict[str, kiln.Tensor]:
+        state = self.state[p]
+        if not state:
+            state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+            state["exp_avg"] = kiln.zeros_like(p)
+            state["exp_avg_sq"] = kiln.zeros_like(p)
+            if amsgrad:
+                state["max_exp_avg_sq"] = kiln.zeros_like(p)
+        return state
+
+    def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        lr, beta1, beta2 = scalars["lr"], scalars["beta1"], scalars["beta2"]
+        weight_decay, eps, amsgrad = group["weight_decay"], group["eps"], group["amsgrad"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            grad = -p.grad if group["maximize"] else p.grad
+            state = self._init_state(p, amsgrad)
+            step = state["step"]
+            step.add_(1)
+            if weight_decay != 0:
+                if self._decoupled:
+                    p.mul_(1 - lr * weight_decay)
+                else:
+                    grad = grad + p * weight_decay
+            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+            exp_avg.mul_(beta1).add_(grad * (1 - beta1))
+            exp_avg_sq.mul_(beta2).add_(grad * grad * (1 - beta2))
+            # Bias corrections stay in float64 0-d tensors, as PyTorch computes them in Python floats.
+            step_size = lr / (1 - beta1**step)
+            correction2_sqrt = (1 - beta2**step).sqrt()
+            if amsgrad:
+                max_sq = state["max_exp_avg_sq"]
+                max_sq.copy_(kiln.maximum(max_sq, exp_avg_sq))
+                second = max_sq
+            else:
+                second = exp_avg_sq
+            denom = second.sqrt() / correction2_sqrt + eps
+            p.sub_(exp_avg / denom * step_size)
+
+
+class AdamW(Adam):
+    """PyTorch's ``torch.optim.AdamW``: Adam with weight decay applied to the parameters directly.
+
+    >>> w = kiln.tensor([1.0], requires_grad=True)
+    >>> opt = AdamW([w], lr=1e-2, weight_decay=0.1)
+    """
+
+    _decoupled = True
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        amsgrad: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)

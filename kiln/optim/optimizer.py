@@ -1,0 +1,220 @@
+"""The ``Optimizer`` base class: parameter groups, per-parameter state, state dicts.
+
+Every value that changes from one step to the next lives in a kiln tensor updated in place, and
+the hyperparameters a scheduler changes (``lr``, momentum, betas) are read inside ``step()``
+through 0-d float64 tensors that are refreshed from the Python floats in ``param_groups`` at the
+start of each step. A traced ``step()`` therefore reads them as inputs instead of baking them in.
+
+>>> import kiln
+>>> w = kiln.tensor([1.0, 2.0], requires_grad=True)
+>>> opt = kiln.optim.SGD([w], lr=0.5)
+>>> (w * w).sum().backward()
+>>> opt.step()
+>>> w
+tensor([0., 0.], requires_grad=True)
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import kiln
+
+
+class _RequiredParameter:
+    """Marks a hyperparameter that has no default and must be given."""
+
+    def __repr__(self) -> str:
+        return "<required parameter>"
+
+
+required = _RequiredParameter()
+
+
+def check_range(name: str, value: float, low: float = 0.0) -> None:
+    """Raise PyTorch's ``Invalid <name>: <value>`` error when ``value < low``."""
+    if not value >= low:  # also rejects nan
+        raise ValueError(f"Invalid {name}: {value}")
+
+
+class Optimizer:
+    """Base class of all optimizers.
+
+    Subclasses implement ``_update_group(group, scalars)``, where ``scalars`` maps the names
+    from ``_scalar_values(group)`` to 0-d float64 tensors holding the current values.
+    """
+
+    def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
+        self.defaults = defaults
+        self.state: defaultdict = defaultdict(dict)
+        self.param_groups: list[dict[str, Any]] = []
+        # One dict of 0-d tensors per group, parallel to param_groups; not part of the state dict.
+        self._scalars: list[dict[str, kiln.Tensor]] = []
+        if isinstance(params, kiln.Tensor):
+            raise TypeError(
+                "params argument given to the optimizer should be an iterable of Tensors or dicts, "
+                f"but got {type(params).__name__}"
+            )
+        groups = list(params)
+        if len(groups) == 0:
+            raise ValueError("optimizer got an empty parameter list")
+        if not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        for group in groups:
+            self.add_param_group(group)
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__} ("]
+        for i, group in enumerate(self.param_groups):
+            lines.append(f"Parameter Group {i}")
+            lines += [f"    {key}: {group[key]}" for key in sorted(group) if key != "params"]
+        return "\n".join(lines) + "\n)"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"defaults": self.defaults, "state": self.state, "param_groups": self.param_groups}
+
+    # -- parameter groups ---------------------------------------------------------------------
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group of parameters with its own hyperparameters (defaults fill the rest)."""
+        if not isinstance(param_group, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(param_group).__name__}")
+        params = param_group["params"]
+        if isinstance(params, kiln.Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError(
+                "optimizer parameters need to be organized in ordered collections, but the ordering of "
+                "tensors in sets will change between runs. Please use a list instead."
+            )
+        params = list(params)
+        for p in params:
+            if not isinstance(p, kiln.Tensor):
+                raise TypeError(f"optimizer can only optimize Tensors, but one of the params is {type(p).__name__}")
+            if not p.is_leaf:
+                raise ValueError("can't optimize a non-leaf Tensor")
+        group = dict(param_group, params=params)
+        for name, default in self.defaults.items():
+            if default is required and name not in group:
+                raise ValueError(f"parameter group didn't specify a value of required optimization parameter {name}")
+            group.setdefault(name, default)
+        if len({id(p) for p in params}) != len(params):
+            warnings.warn(
+                "optimizer contains a parameter group with duplicate parameters; in future, this will cause an error",
+                stacklevel=3,
+            )
+        existing = {id(p) for g in self.param_groups for p in g["params"]}
+        if any(id(p) in existing for p in params):
+            raise ValueError("some parameters appear in more than one parameter group")
+        self.param_groups.append(group)
+        self._scalars.append({})
+
+    # -- stepping -----------------------------------------------------------------------------
+
+    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
+        """The hyperparameters of ``group`` that ``step()`` reads through tensors."""
+        return {"lr": group["lr"]}
+
+    def sync_hyperparameters(self) -> list[dict[str, kiln.Tensor]]:
+        """Refresh each group's 0-d hyperparameter tensors from ``param_groups`` (in place).
+
+        ``step()`` calls this first; a compiler can call it eagerly before running a compiled step.
+        """
+        with kiln.no_grad():
+            for group, scalars in zip(self.param_groups, self._scalars, strict=True):
+                for name, value in self._scalar_values(group).items():
+                    tensor = scalars.get(name)
+                    if tensor is None:
+                        scalars[name] = kiln.tensor(float(value), dtype=kiln.float64)
+                    else:
+                        tensor.fill_(float(value))
+        return self._scalars
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Update every parameter that has a gradient; returns ``closure()``'s loss if given."""
+        loss = None
+        if closure is not None:
+            with kiln.enable_grad():
+                loss = closure()
+        scalars = self.sync_hyperparameters()
+        with kiln.no_grad():
+            for group, group_scalars in zip(self.param_groups, scalars, strict=True):
+                self._update_group(group, group_scalars)
+        return loss
+
+    def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        raise NotImplementedError
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients of all parameters: to ``None`` by default, else to zeros in place."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    if p.grad.grad_fn is not None:
+                        p.grad = p.grad.detach()
+                    with kiln.no_grad():
+                        p.grad.zero_()
+
+    # -- state dicts --------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state as ``{"state": {id: {...}}, "param_groups": [...]}`` with parameters as integer ids."""
+        ids: dict[int, int] = {}
+        packed_groups = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                ids.setdefault(id(p), len(ids))
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = [ids[id(p)] for p in group["params"]]
+            packed_groups.append(packed)
+        packed_state = {(ids[id(p)] if isinstance(p, kiln.Tensor) else p): value for p, value in self.state.items()}
+        return {"state": packed_state, "param_groups": packed_groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a state from :meth:`state_dict`; state tensors are copied, cast to each parameter's dtype."""
+        saved_groups = copy.deepcopy(state_dict["param_groups"])
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                "loaded state dict has a different number of parameter groups: "
+                f"expected {len(self.param_groups)}, got {len(saved_groups)}"
+            )
+        for group, saved in zip(self.param_groups, saved_groups, strict=True):
+            if len(group["params"]) != len(saved["params"]):
+                raise ValueError(
+                    "loaded state dict contains a parameter group that doesn't match the size of optimizer's "
+                    f"group: expected {len(group['params'])} parameters, got {len(saved['params'])}"
+                )
+        id_to_param = {
+            saved_id: p
+            for group, saved in zip(self.param_groups, saved_groups, strict=True)
+            for saved_id, p in zip(saved["params"], group["params"], strict=True)
+        }
+        state: defaultdict = defaultdict(dict)
+        for key, value in state_dict["state"].items():
+            param = id_to_param.get(key)
+            if param is None:
+                state[key] = copy.deepcopy(value)
+            else:
+                state[param] = {name: _restore(name, v, param) for name, v in value.items()}
+        self.state = state
+        self.param_groups = [
+            dict(saved, params=group["params"]) for group, saved in zip(self.param_groups, saved_groups, strict=True)
+        ]
+
+
+def _restore(name: str, value: Any, param: kiln.Tensor) -> Any:
+    """A fresh copy of one saved state value; floating tensors take the parameter's dtype, except ``step``."""
+    if not isinstance(value, kiln.Tensor):
+        return copy.deepcopy(value)
+    value = value.detach()
+    if name != "step" and value.dtype.is_floating_point:
+        return value.to(param.dtype).clone()
+    return value.clone()

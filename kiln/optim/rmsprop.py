@@ -1,0 +1,86 @@
+"""RMSprop, optionally centered and with momentum."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import kiln
+
+from .optimizer import Optimizer, check_range
+
+
+class RMSprop(Optimizer):
+    """PyTorch's ``torch.optim.RMSprop``; ``lr`` and ``momentum`` are read through tensors.
+
+    >>> w = kiln.tensor([1.0], requires_grad=True)
+    >>> opt = RMSprop([w], lr=1e-2, centered=True)
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-2,
+        alpha: float = 0.99,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum: float = 0.0,
+        centered: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        check_range("learning rate", lr)
+        check_range("epsilon value", eps)
+        check_range("momentum value", momentum)
+        check_range("weight_decay value", weight_decay)
+        check_range("alpha value", alpha)
+        defaults = dict(
+            lr=lr,
+            alpha=alpha,
+            eps=eps,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            centered=centered,
+            maximize=maximize,
+        )
+        super().__init__(params, defaults)
+
+    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
+        return {"lr": group["lr"], "momentum": group["momentum"]}
+
+    def _init_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        state = self.state[p]
+        if not state:
+            state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+            state["square_avg"] = kiln.zeros_like(p)
+            if group["momentum"] > 0:
+                state["momentum_buffer"] = kiln.zeros_like(p)
+            if group["centered"]:
+                state["grad_avg"] = kiln.zeros_like(p)
+        return state
+
+    def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        lr, momentum = scalars["lr"], scalars["momentum"]
+        alpha, eps, weight_decay = group["alpha"], group["eps"], group["weight_decay"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            grad = -p.grad if group["maximize"] else p.grad
+            state = self._init_state(p, group)
+            state["step"].add_(1)
+            if weight_decay != 0:
+                grad = grad + p * weight_decay
+            square_avg = state["square_avg"]
+            square_avg.mul_(alpha).add_(grad * grad * (1 - alpha))
+            if group["centered"]:
+                grad_avg = state["grad_avg"]
+                grad_avg.mul_(alpha).add_(grad * (1 - alpha))
+                avg = (square_avg - grad_avg * grad_avg).sqrt() + eps
+            else:
+                avg = square_avg.sqrt() + eps
+            if group["momentum"] > 0:
+                buf = state["momentum_buffer"]
+                buf.mul_(momentum).add_(grad / avg)
+                p.sub_(buf * lr)
+            else:
+                p.sub_(grad / avg * lr)

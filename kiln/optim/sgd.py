@@ -1,0 +1,66 @@
+"""Stochastic gradient descent with momentum, dampening, Nesterov momentum and weight decay."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import kiln
+
+from .optimizer import Optimizer, check_range
+
+
+class SGD(Optimizer):
+    """PyTorch's ``torch.optim.SGD``; ``lr`` and ``momentum`` are read through tensors in ``step()``.
+
+    >>> w = kiln.tensor([1.0], requires_grad=True)
+    >>> opt = SGD([w], lr=0.1, momentum=0.9)
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        *,
+        maximize: bool = False,
+    ) -> None:
+        check_range("learning rate", lr)
+        check_range("momentum value", momentum)
+        check_range("weight_decay value", weight_decay)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("Nesterov momentum requires a momentum and zero dampening")
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=maximize,
+        )
+        super().__init__(params, defaults)
+
+    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
+        return {"lr": group["lr"], "momentum": group["momentum"]}
+
+    def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        lr, momentum = scalars["lr"], scalars["momentum"]
+        weight_decay, dampening = group["weight_decay"], group["dampening"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            grad = -p.grad if group["maximize"] else p.grad
+            if weight_decay != 0:
+                grad = grad + p * weight_decay
+            if group["momentum"] != 0:
+                state = self.state[p]
+                buf = state.get("momentum_buffer")
+                if buf is None:
+                    buf = state["momentum_buffer"] = grad.detach().clone()
+                else:
+                    buf.mul_(momentum).add_(grad * (1 - dampening))
+                grad = grad + buf * momentum if group["nesterov"] else buf
+            p.sub_(grad * lr)
