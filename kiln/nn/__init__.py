@@ -1,9 +1,12 @@
 """``kiln.nn``: neural-network building blocks, written only against kiln's public API.
 
 ``kiln.nn.functional`` holds the math as plain functions (PyTorch's names and semantics);
-the ``Module`` classes that hold parameters come later.
+the ``Module`` classes hold parameters and buffers and call it.
 """
 
-from . import functional
+from . import functional, init, utils
+from .modules import *  # noqa: F403
+from .modules import __all__ as _modules_all
+from .parameter import Buffer, Parameter
 
-__all__ = ["functional"]
+__all__ = ["functional", "init", "utils", "Parameter", "Buffer", *_modules_all]

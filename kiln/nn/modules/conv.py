@@ -1,0 +1,92 @@
+"""Convolution layers ``Conv1d`` and ``Conv2d`` over ``kiln.nn.functional``."""
+
+from __future__ import annotations
+
+import math
+
+import kiln
+
+from .. import functional as F
+from .. import init
+from ..parameter import Parameter
+from .module import Module
+
+__all__ = ["Conv1d", "Conv2d"]
+
+
+def _ntuple(value, d: int) -> tuple:
+    return tuple(value) if isinstance(value, tuple | list) else (value,) * d
+
+
+class _ConvNd(Module):
+    _d = 0
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, dilation=1,
+                 groups: int = 1, bias: bool = True, padding_mode: str = "zeros", device=None, dtype=None) -> None:  # fmt: skip
+        super().__init__()
+        d = self._d
+        if groups <= 0:
+            raise ValueError("groups must be a positive integer")
+        if in_channels % groups != 0:
+            raise ValueError("in_channels must be divisible by groups")
+        if out_channels % groups != 0:
+            raise ValueError("out_channels must be divisible by groups")
+        if padding_mode != "zeros":
+            raise NotImplementedError(f"padding_mode={padding_mode!r} is not supported (only 'zeros')")
+        if isinstance(padding, str) and padding not in ("same", "valid"):
+            raise ValueError(f"Invalid padding string {padding!r}, should be one of {{'valid', 'same'}}")
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.kernel_size = _ntuple(kernel_size, d)
+        self.stride = _ntuple(stride, d)
+        self.padding = padding if isinstance(padding, str) else _ntuple(padding, d)
+        self.dilation = _ntuple(dilation, d)
+        self.transposed = False
+        self.output_padding = (0,) * d
+        self.groups = groups
+        self.padding_mode = padding_mode
+        shape = (out_channels, in_channels // groups, *self.kernel_size)
+        self.weight = Parameter(kiln.empty(*shape, device=device, dtype=dtype))
+        if bias:
+            self.bias = Parameter(kiln.empty(out_channels, device=device, dtype=dtype))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        if self.bias is not None:
+            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
+            if fan_in != 0:
+                bound = 1 / math.sqrt(fan_in)
+                init.uniform_(self.bias, -bound, bound)
+
+    def extra_repr(self) -> str:
+        d = self._d
+        s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
+        if self.padding != (0,) * d:
+            s += f", padding={self.padding!r}" if isinstance(self.padding, str) else f", padding={self.padding}"
+        if self.dilation != (1,) * d:
+            s += f", dilation={self.dilation}"
+        if self.groups != 1:
+            s += f", groups={self.groups}"
+        if self.bias is None:
+            s += ", bias=False"
+        return s
+
+
+class Conv1d(_ConvNd):
+    """1-D convolution: input (N, C_in, L), ``weight`` (C_out, C_in / groups, k)."""
+
+    _d = 1
+
+    def forward(self, input):
+        return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class Conv2d(_ConvNd):
+    """2-D convolution: input (N, C_in, H, W), ``weight`` (C_out, C_in / groups, kH, kW)."""
+
+    _d = 2
+
+    def forward(self, input):
+        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)

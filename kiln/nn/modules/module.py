@@ -1,0 +1,422 @@
+"""``Module``: the base class of every layer, with PyTorch's registration, state dict and hooks."""
+
+from __future__ import annotations
+
+from collections import OrderedDict, namedtuple
+from collections.abc import Callable, Iterator
+
+import kiln
+from kiln.frontend.tensor import Tensor
+
+from ..parameter import Buffer, Parameter
+
+__all__ = ["Module", "RemovableHandle"]
+
+_IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+
+
+class RemovableHandle:
+    """Returned by ``register_*_hook``; ``remove()`` unregisters the hook."""
+
+    _next_id = 0
+
+    def __init__(self, hooks: dict) -> None:
+        self._hooks = hooks
+        self.id = RemovableHandle._next_id
+        RemovableHandle._next_id += 1
+
+    def remove(self) -> None:
+        self._hooks.pop(self.id, None)
+
+    def __enter__(self) -> RemovableHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+
+def _addindent(text: str, spaces: int) -> str:
+    lines = text.split("\n")
+    if len(lines) == 1:
+        return text
+    return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
+
+
+class Module:
+    """Base class for layers and models: assign Parameters, buffers and Modules as attributes."""
+
+    training: bool
+
+    def __init__(self) -> None:
+        d = self.__dict__
+        d["training"] = True
+        d["_parameters"] = OrderedDict()
+        d["_buffers"] = OrderedDict()
+        d["_non_persistent_buffers_set"] = set()
+        d["_modules"] = OrderedDict()
+        d["_forward_hooks"] = OrderedDict()
+        d["_forward_pre_hooks"] = OrderedDict()
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
+
+    # ------------------------------------------------------------------ calling and hooks
+    def __call__(self, *args, **kwargs):
+        for hook in tuple(self._forward_pre_hooks.values()):
+            result = hook(self, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+        out = self.forward(*args, **kwargs)
+        for hook in tuple(self._forward_hooks.values()):
+            result = hook(self, args, out)
+            if result is not None:
+                out = result
+        return out
+
+    def register_forward_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(module, args)`` runs before ``forward``; it may return replacement args."""
+        handle = RemovableHandle(self._forward_pre_hooks)
+        self._forward_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_forward_hook(self, hook: Callable) -> RemovableHandle:
+        """``hook(module, args, output)`` runs after ``forward``; it may return a replacement output."""
+        handle = RemovableHandle(self._forward_hooks)
+        self._forward_hooks[handle.id] = hook
+        return handle
+
+    # ------------------------------------------------------------------ registration
+    def __getattr__(self, name: str):
+        d = self.__dict__
+        for store in ("_parameters", "_buffers", "_modules"):
+            if store in d and name in d[store]:
+                return d[store][name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def _remove_from(self, name: str, *stores: str) -> None:
+        for store in stores:
+            self.__dict__[store].pop(name, None)
+        self._non_persistent_buffers_set.discard(name)
+
+    def __setattr__(self, name: str, value) -> None:
+        d = self.__dict__
+        if "_parameters" not in d and isinstance(value, Parameter | Module):
+            raise AttributeError("cannot assign parameters or modules before Module.__init__() call")
+        if isinstance(value, Parameter):
+            d.pop(name, None)
+            self._remove_from(name, "_buffers", "_modules")
+            self.register_parameter(name, value)
+        elif isinstance(value, Module):
+            d.pop(name, None)
+            self._remove_from(name, "_parameters", "_buffers")
+            d["_modules"][name] = value
+        elif isinstance(value, Buffer):
+            d.pop(name, None)
+            self._remove_from(name, "_parameters", "_modules")
+            self.register_buffer(name, value.data, persistent=value.persistent)
+        elif "_parameters" in d and name in d["_parameters"]:
+            if value is not None:
+                raise TypeError(
+                    f"cannot assign '{type(value).__name__}' as parameter '{name}' (kiln.nn.Parameter or None expected)"
+                )
+            d["_parameters"][name] = None
+        elif "_modules" in d and name in d["_modules"]:
+            if value is not None:
+                raise TypeError(
+                    f"cannot assign '{type(value).__name__}' as child module '{name}' (Module or None expected)"
+                )
+            d["_modules"][name] = None
+        elif "_buffers" in d and name in d["_buffers"]:
+            if value is not None and not isinstance(value, Tensor):
+                raise TypeError(f"cannot assign '{type(value).__name__}' as buffer '{name}' (Tensor or None expected)")
+            d["_buffers"][name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        for store in ("_parameters", "_buffers", "_modules"):
+            if name in self.__dict__[store]:
+                self._remove_from(name, store)
+                return
+        object.__delattr__(self, name)
+
+    def _check_name(self, name, kind: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"{kind} name should be a string. Got {type(name).__name__}")
+        if "." in name:
+            raise KeyError(f'{kind} name can\'t contain ".", got: {name}')
+        if name == "":
+            raise KeyError(f'{kind} name can\'t be empty string ""')
+
+    def register_parameter(self, name: str, param: Parameter | None) -> None:
+        if "_parameters" not in self.__dict__:
+            raise AttributeError("cannot assign parameter before Module.__init__() call")
+        self._check_name(name, "parameter")
+        if hasattr(self, name) and name not in self._parameters:
+            raise KeyError(f"attribute '{name}' already exists")
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(
+                f"cannot assign '{type(param).__name__}' object to parameter '{name}' (kiln.nn.Parameter or None required)"
+            )
+        self._parameters[name] = param
+
+    def register_buffer(self, name: str, tensor: Tensor | None, persistent: bool = True) -> None:
+        if "_buffers" not in self.__dict__:
+            raise AttributeError("cannot assign buffer before Module.__init__() call")
+        self._check_name(name, "buffer")
+        if hasattr(self, name) and name not in self._buffers:
+            raise KeyError(f"attribute '{name}' already exists")
+        if tensor is not None and not isinstance(tensor, Tensor):
+            raise TypeError(
+                f"cannot assign '{type(tensor).__name__}' object to buffer '{name}' (Tensor or None required)"
+            )
+        self._buffers[name] = tensor
+        if persistent:
+            self._non_persistent_buffers_set.discard(name)
+        else:
+            self._non_persistent_buffers_set.add(name)
+
+    def register_module(self, name: str, module: Module | None) -> None:
+        if module is not None and not isinstance(module, Module):
+            raise TypeError(f"{type(module).__name__} is not a Module subclass")
+        self._check_name(name, "module")
+        if hasattr(self, name) and name not in self._modules:
+            raise KeyError(f"attribute '{name}' already exists")
+        self._modules[name] = module
+
+    add_module = register_module
+
+    def get_submodule(self, target: str) -> Module:
+        mod = self
+        for item in target.split(".") if target else ():
+            if item not in mod._modules:
+                raise AttributeError(f"{type(mod).__name__} has no attribute `{item}`")
+            mod = mod._modules[item]
+        return mod
+
+    # ------------------------------------------------------------------ traversal
+    def _named_members(self, store: str, prefix: str, recurse: bool, remove_duplicate: bool = True):
+        seen = set()
+        modules = self.named_modules(prefix=prefix, remove_duplicate=remove_duplicate) if recurse else [(prefix, self)]
+        for mod_prefix, mod in modules:
+            for name, value in mod.__dict__[store].items():
+                if value is None or (remove_duplicate and id(value) in seen):
+                    continue
+                seen.add(id(value))
+                yield (mod_prefix + "." if mod_prefix else "") + name, value
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        yield from self._named_members("_parameters", prefix, recurse, remove_duplicate)
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        yield from self._named_members("_buffers", prefix, recurse, remove_duplicate)
+
+    def buffers(self, recurse: bool = True) -> Iterator[Tensor]:
+        for _, b in self.named_buffers(recurse=recurse):
+            yield b
+
+    def named_children(self):
+        seen = set()
+        for name, mod in self._modules.items():
+            if mod is not None and id(mod) not in seen:
+                seen.add(id(mod))
+                yield name, mod
+
+    def children(self) -> Iterator[Module]:
+        for _, mod in self.named_children():
+            yield mod
+
+    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
+        if memo is None:
+            memo = set()
+        if remove_duplicate:
+            if id(self) in memo:
+                return
+            memo.add(id(self))
+        yield prefix, self
+        for name, mod in self._modules.items():
+            if mod is not None:
+                yield from mod.named_modules(memo, prefix + ("." if prefix else "") + name, remove_duplicate)
+
+    def modules(self) -> Iterator[Module]:
+        for _, mod in self.named_modules():
+            yield mod
+
+    # ------------------------------------------------------------------ state dict
+    def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False) -> OrderedDict:
+        """Parameters and persistent buffers by dotted name (detached unless ``keep_vars``)."""
+        if destination is None:
+            destination = OrderedDict()
+        for name, p in self._parameters.items():
+            if p is not None:
+                destination[prefix + name] = p if keep_vars else p.detach()
+        for name, b in self._buffers.items():
+            if b is not None and name not in self._non_persistent_buffers_set:
+                destination[prefix + name] = b if keep_vars else b.detach()
+        for name, mod in self._modules.items():
+            if mod is not None:
+                mod.state_dict(destination=destination, prefix=prefix + name + ".", keep_vars=keep_vars)
+        return destination
+
+    def _local_state(self) -> dict:
+        state = {k: v for k, v in self._parameters.items() if v is not None}
+        state.update(
+            (k, v) for k, v in self._buffers.items() if v is not None and k not in self._non_persistent_buffers_set
+        )
+        return state
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Copy values in by name; returns ``(missing_keys, unexpected_keys)``.
+
+        Shape mismatches are always errors; with ``strict`` missing and unexpected keys are too.
+        """
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict).__name__}.")
+        missing, errors, expected = [], [], set()
+        for prefix, mod in self.named_modules(remove_duplicate=False):
+            prefix = prefix + "." if prefix else ""
+            for name, target in mod._local_state().items():
+                key = prefix + name
+                expected.add(key)
+                if key not in state_dict:
+                    missing.append(key)
+                    continue
+                value = state_dict[key]
+                if not isinstance(value, Tensor):
+                    errors.append(
+                        f'While copying the parameter named "{key}", expected kiln.Tensor or Tensor-like object '
+                        f"from checkpoint but received {type(value).__name__}"
+                    )
+                elif tuple(value.shape) != tuple(target.shape):
+                    errors.append(
+                        f"size mismatch for {key}: copying a param with shape {kiln.Size(value.shape)} from checkpoint, "
+                        f"the shape in current model is {kiln.Size(target.shape)}."
+                    )
+                else:
+                    self._load_one(mod, name, target, value, assign)
+        unexpected = [k for k in state_dict if k not in expected]
+        if strict:
+            if unexpected:
+                errors.insert(0, "Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ". ")
+            if missing:
+                errors.insert(0, "Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ". ")
+        if errors:
+            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(errors))
+        return _IncompatibleKeys(missing, unexpected)
+
+    @staticmethod
+    def _load_one(mod: Module, name: str, target: Tensor, value: Tensor, assign: bool) -> None:
+        if assign:
+            if isinstance(target, Parameter):
+                value = Parameter(value, target.requires_grad)
+            setattr(mod, name, value)
+            return
+        with kiln.no_grad():
+            target.copy_(value.to(device=target.device))
+
+    # ------------------------------------------------------------------ modes, dtypes, grads
+    def train(self, mode: bool = True) -> Module:
+        if not isinstance(mode, bool):
+            raise ValueError("training mode is expected to be boolean")
+        for mod in self.modules():
+            mod.__dict__["training"] = mode
+        return self
+
+    def eval(self) -> Module:
+        return self.train(False)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Module:
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.parameters():
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p._grad = kiln.zeros_like(p.grad)
+
+    def apply(self, fn: Callable[[Module], None]) -> Module:
+        for mod in self.children():
+            mod.apply(fn)
+        fn(self)
+        return self
+
+    def _apply(self, fn: Callable[[Tensor], Tensor]) -> Module:
+        """Replace every parameter's and buffer's data by ``fn(data)``, keeping the same Parameter objects."""
+        for mod in self.modules():
+            for p in mod._parameters.values():
+                if p is not None:
+                    with kiln.no_grad():
+                        p.data = fn(p.detach())
+                    if p.grad is not None:
+                        p._grad = fn(p.grad)
+            for name, b in mod._buffers.items():
+                if b is not None:
+                    mod._buffers[name] = fn(b)
+        return self
+
+    def to(self, *args, **kwargs) -> Module:
+        """``to(device)``, ``to(dtype)`` or ``to(device, dtype)``: floating tensors change dtype, all move."""
+        device, dtype = kwargs.get("device"), kwargs.get("dtype")
+        for a in args:
+            if isinstance(a, Tensor):
+                device, dtype = a.device, a.dtype
+            elif isinstance(a, kiln.dtype):
+                dtype = a
+            else:
+                device = a
+        if dtype is not None and not dtype.is_floating_point:
+            raise TypeError(f"nn.Module.to only accepts floating point dtypes, but got desired dtype={dtype}")
+
+        def convert(t: Tensor) -> Tensor:
+            want = dtype if dtype is not None and t.dtype.is_floating_point else None
+            return t.to(device=device, dtype=want)
+
+        return self._apply(convert)
+
+    def float(self) -> Module:
+        return self._apply(lambda t: t.float() if t.dtype.is_floating_point else t)
+
+    def double(self) -> Module:
+        return self._apply(lambda t: t.double() if t.dtype.is_floating_point else t)
+
+    def half(self) -> Module:
+        return self._apply(lambda t: t.half() if t.dtype.is_floating_point else t)
+
+    def cpu(self) -> Module:
+        return self.to("cpu")
+
+    def cuda(self, device=None) -> Module:
+        return self.to("cuda" if device is None else device)
+
+    # ------------------------------------------------------------------ repr
+    def extra_repr(self) -> str:
+        return ""
+
+    def _get_name(self) -> str:
+        return type(self).__name__
+
+    def __repr__(self) -> str:
+        extra = self.extra_repr()
+        lines = extra.split("\n") if extra else []
+        for name, mod in self._modules.items():
+            lines.append(f"({name}): " + _addindent(repr(mod), 2))
+        main = self._get_name() + "("
+        if lines:
+            if len(lines) == 1 and not self._modules:
+                main += lines[0]
+            else:
+                main += "\n  " + "\n  ".join(lines) + "\n"
+        return main + ")"
+
+    def __dir__(self):
+        keys = list(super().__dir__()) + list(self._parameters) + list(self._buffers) + list(self._modules)
+        return sorted(k for k in set(keys) if not k[0].isdigit())

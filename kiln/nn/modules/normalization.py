@@ -1,0 +1,155 @@
+"""Normalisation layers: ``BatchNorm1d``/``BatchNorm2d`` (running statistics), ``LayerNorm``, ``GroupNorm``."""
+
+from __future__ import annotations
+
+import kiln
+
+from .. import functional as F
+from .. import init
+from ..parameter import Parameter
+from .module import Module
+
+__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm"]
+
+
+class _BatchNorm(Module):
+    _dims: tuple[int, ...] = ()
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, device=None, dtype=None, *, bias: bool = True) -> None:  # fmt: skip
+        super().__init__()
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.affine, self.track_running_stats = affine, track_running_stats
+        if affine:
+            self.weight = Parameter(kiln.ones(num_features, device=device, dtype=dtype))
+            if bias:
+                self.bias = Parameter(kiln.zeros(num_features, device=device, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        if track_running_stats:
+            self.register_buffer("running_mean", kiln.zeros(num_features, device=device, dtype=dtype))
+            self.register_buffer("running_var", kiln.ones(num_features, device=device, dtype=dtype))
+            self.register_buffer("num_batches_tracked", kiln.tensor(0, dtype=kiln.int64, device=device))
+        else:
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                self.register_buffer(name, None)
+
+    def reset_running_stats(self) -> None:
+        if self.track_running_stats:
+            with kiln.no_grad():
+                self.running_mean.zero_()
+                self.running_var.fill_(1.0)
+                self.num_batches_tracked.zero_()
+
+    def reset_parameters(self) -> None:
+        self.reset_running_stats()
+        if self.weight is not None:
+            init.ones_(self.weight)
+        if self.bias is not None:
+            init.zeros_(self.bias)
+
+    def _check_input_dim(self, input) -> None:
+        if input.dim() not in self._dims:
+            expected = " or ".join(f"{d}D" for d in self._dims)
+            raise ValueError(f"expected {expected} input (got {input.dim()}D input)")
+
+    def forward(self, input):
+        self._check_input_dim(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats and self.num_batches_tracked is not None:
+            with kiln.no_grad():
+                self.num_batches_tracked.add_(1)
+            # momentum=None: a cumulative moving average, weight 1/n for the n-th batch.
+            factor = 1.0 / int(self.num_batches_tracked.item()) if self.momentum is None else self.momentum
+        use_batch_stats = self.training or self.running_mean is None
+        track = not self.training or self.track_running_stats
+        return F.batch_norm(
+            input,
+            self.running_mean if track else None,
+            self.running_var if track else None,
+            self.weight,
+            self.bias,
+            use_batch_stats,
+            factor,
+            self.eps,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
+            f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}"
+        )
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch norm over (N, C) or (N, C, L) input."""
+
+    _dims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch norm over (N, C, H, W) input."""
+
+    _dims = (4,)
+
+
+class LayerNorm(Module):
+    """Normalise over the trailing ``normalized_shape`` dims, with elementwise ``weight`` and ``bias``."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device=None, dtype=None) -> None:  # fmt: skip
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        if elementwise_affine:
+            self.weight = Parameter(kiln.ones(*self.normalized_shape, device=device, dtype=dtype))
+            if bias:
+                self.bias = Parameter(kiln.zeros(*self.normalized_shape, device=device, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, input):
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}, "
+            f"bias={self.bias is not None}"
+        )
+
+
+class GroupNorm(Module):
+    """Normalise each of ``num_groups`` groups of channels, with per-channel ``weight`` and ``bias``."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, device=None,
+                 dtype=None, *, bias: bool = True) -> None:  # fmt: skip
+        super().__init__()
+        if num_channels % num_groups != 0:
+            raise ValueError(f"num_channels ({num_channels}) must be divisible by num_groups ({num_groups})")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
+        if affine:
+            self.weight = Parameter(kiln.ones(num_channels, device=device, dtype=dtype))
+            if bias:
+                self.bias = Parameter(kiln.zeros(num_channels, device=device, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, input):
+        return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
+            f"bias={self.bias is not None}"
+        )

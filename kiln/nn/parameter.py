@@ -1,0 +1,58 @@
+"""``Parameter``: a tensor that a ``Module`` registers as one of its learnable weights."""
+
+from __future__ import annotations
+
+import kiln
+from kiln.frontend.tensor import Tensor
+
+__all__ = ["Parameter", "Buffer"]
+
+
+class Parameter(Tensor):
+    """A leaf tensor that requires grad by default and that ``Module.__setattr__`` registers.
+
+    It shares memory with the tensor it was made from, as ``torch.nn.Parameter`` does.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, data: Tensor | None = None, requires_grad: bool = True) -> Parameter:
+        if data is None:
+            data = kiln.empty(0)
+        if not isinstance(data, Tensor):
+            raise TypeError(f"Parameter: expected a Tensor as data, got {type(data).__name__}")
+        src = data.detach()
+        p = object.__new__(cls)
+        for slot in Tensor.__slots__:
+            if slot != "__weakref__":
+                object.__setattr__(p, slot, getattr(src, slot))
+        # A parameter is its own leaf: no base, its own hook lists.
+        p._base, p._grad, p._hooks, p._post_accumulate_hooks, p._grad_acc = None, None, None, None, None
+        p.requires_grad_(requires_grad)
+        return p
+
+    def __init__(self, data: Tensor | None = None, requires_grad: bool = True) -> None:
+        pass  # all the work happens in __new__ (Tensor.__init__ refuses direct construction)
+
+    def __repr__(self) -> str:
+        return "Parameter containing:\n" + super().__repr__()
+
+    __str__ = __repr__
+
+    def __reduce_ex__(self, protocol):
+        return (Parameter, (kiln.from_numpy(self.detach().numpy().copy()), self.requires_grad))
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        result = Parameter(self.detach().clone(), self.requires_grad)
+        memo[id(self)] = result
+        return result
+
+
+class Buffer:
+    """Marker accepted by ``Module.__setattr__`` to register a buffer (PyTorch 2.5's ``nn.Buffer``)."""
+
+    def __init__(self, data: Tensor, *, persistent: bool = True) -> None:
+        self.data = data
+        self.persistent = persistent

@@ -1,0 +1,66 @@
+"""``kiln.nn.utils``: gradient clipping and flattening parameters to one vector."""
+
+from __future__ import annotations
+
+import math
+
+import kiln
+from kiln.frontend.tensor import Tensor
+
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
+
+
+def _as_list(parameters) -> list[Tensor]:
+    return [parameters] if isinstance(parameters, Tensor) else list(parameters)
+
+
+def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach=None) -> Tensor:  # fmt: skip
+    """Scale all gradients so their joint ``norm_type`` norm is at most ``max_norm``; returns the norm before."""
+    grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
+    if not grads:
+        return kiln.tensor(0.0)
+    norm_type = float(norm_type)
+    with kiln.no_grad():
+        if norm_type == math.inf:
+            norms = [g.abs().max() for g in grads]
+            total = kiln.stack(norms).max()
+        else:
+            norms = [(g.abs() ** norm_type).sum() for g in grads]
+            total = kiln.stack(norms).sum() ** (1.0 / norm_type)
+        if error_if_nonfinite and not kiln.isfinite(total).item():
+            raise RuntimeError(
+                f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot "
+                "be clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+                "`error_if_nonfinite=False`"
+            )
+        coef = kiln.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))
+    return total
+
+
+def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:
+    """Clamp every gradient elementwise to [-clip_value, clip_value]."""
+    with kiln.no_grad():
+        for p in _as_list(parameters):
+            if p.grad is not None:
+                p.grad.copy_(kiln.clamp(p.grad, -clip_value, clip_value))
+
+
+def parameters_to_vector(parameters) -> Tensor:
+    """All parameters flattened and concatenated into one vector."""
+    return kiln.cat([p.reshape(-1) for p in parameters])
+
+
+def vector_to_parameters(vec: Tensor, parameters) -> None:
+    """Copy consecutive slices of ``vec`` into ``parameters`` (replacing their data)."""
+    if not isinstance(vec, Tensor):
+        raise TypeError(f"expected vec to be a Tensor, but got: {type(vec).__name__}")
+    offset = 0
+    for p in parameters:
+        n = p.numel()
+        p.data = vec[offset : offset + n].reshape(p.shape).detach()
+        offset += n
+    if offset != vec.numel():
+        raise ValueError(f"vector_to_parameters: vec has {vec.numel()} elements, parameters need {offset}")
