@@ -58,8 +58,6 @@ def is_tensor(obj) -> bool:
     return isinstance(obj, Tensor)
 
 
-# Last: nn is written against the public API above, as a user's library would be.
-from . import nn  # noqa: E402
-from . import optim  # noqa: E402
-from . import data, multiprocessing  # noqa: E402
+# Last: the libraries written against the public API above, as a user's library would be.
+from . import data, multiprocessing, nn, optim  # noqa: E402
 from .serialization import load, save  # noqa: E402

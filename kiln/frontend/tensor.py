@@ -288,6 +288,18 @@ class Tensor:
 
     __hash__ = object.__hash__
 
+    # ------------------------------------------------------------------ sharing between processes
+    def share_memory_(self) -> Tensor:
+        """Move this CPU tensor's memory into shared memory, in place (see ``kiln.multiprocessing``)."""
+        from .. import multiprocessing  # noqa: PLC0415 - sharing is rare; keep import kiln light
+
+        return multiprocessing.share_memory_(self)
+
+    def is_shared(self) -> bool:
+        from .. import multiprocessing  # noqa: PLC0415
+
+        return multiprocessing.is_shared(self)
+
     def __repr__(self) -> str:
         from .formatting import tensor_repr  # noqa: PLC0415
 
