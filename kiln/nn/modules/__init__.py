@@ -20,3 +20,12 @@ __all__ = [
     "ReLU", "LeakyReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Softplus",
     "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCELoss", "BCEWithLogitsLoss",
 ]  # fmt: skip
+from .rnn import GRU, LSTM  # noqa: E402
+
+__all__ += ["LSTM", "GRU"]
+from .transformer import MultiheadAttention, TransformerEncoderLayer  # noqa: E402
+
+__all__ += ["MultiheadAttention", "TransformerEncoderLayer"]
+from .conv_transpose import ConvTranspose2d  # noqa: E402
+
+__all__ += ["ConvTranspose2d"]

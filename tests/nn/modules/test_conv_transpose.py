@@ -1,0 +1,72 @@
+"""ConvTranspose2d / conv_transpose2d parity with PyTorch (outputs, input and parameter gradients)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.nn as nn
+from kiln.nn.modules.conv_transpose import conv_transpose2d
+from tests.conftest import assert_close, to_torch
+
+RTOL, ATOL = 1e-4, 1e-5
+
+CASES = [
+    ((2, 3, 3), {}, (2, 2, 4, 5)),
+    ((2, 4, (3, 2)), {"stride": 2, "padding": 1, "output_padding": 1}, (2, 2, 5, 4)),
+    ((4, 6, 3), {"stride": (2, 3), "groups": 2, "bias": False}, (1, 4, 3, 3)),
+    ((2, 2, 3), {"stride": 2, "padding": 3, "dilation": 2, "output_padding": 1}, (2, 2, 6, 6)),
+    ((3, 3, 2), {"groups": 3, "padding": (0, 1)}, (3, 4, 4)),  # unbatched
+]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "shape"), CASES)
+def test_conv_transpose2d_matches_torch(torch, args, kwargs, shape):
+    tmod, kmod = torch.nn.ConvTranspose2d(*args, **kwargs), nn.ConvTranspose2d(*args, **kwargs)
+    tsd = tmod.state_dict()
+    assert list(kmod.state_dict()) == list(tsd)
+    for key, value in tsd.items():
+        assert tuple(kmod.state_dict()[key].shape) == tuple(value.shape)
+    kmod.load_state_dict({k: kiln.from_numpy(v.detach().numpy().copy()) for k, v in tsd.items()})
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    kx, tx = kiln.from_numpy(x.copy()).requires_grad_(), to_torch(torch, x).requires_grad_()
+    kout, tout = kmod(kx), tmod(tx)
+    assert tuple(kout.shape) == tuple(tout.shape)
+    assert_close(kout, tout, rtol=RTOL, atol=ATOL)
+    g = rng.standard_normal(tuple(tout.shape)).astype(np.float32)
+    kout.backward(kiln.from_numpy(g.copy()))
+    tout.backward(to_torch(torch, g))
+    assert_close(kx.grad, tx.grad, rtol=RTOL, atol=ATOL)
+    tparams = dict(tmod.named_parameters())
+    for key, p in kmod.named_parameters():
+        assert_close(p.grad, tparams[key].grad, rtol=RTOL, atol=ATOL)
+
+
+def test_hand_computed_stride_two():
+    # A 2x2 input with a 2x2 ones kernel at stride 2 tiles each input value into its own 2x2 block.
+    x = kiln.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+    out = conv_transpose2d(x, kiln.ones(1, 1, 2, 2), stride=2)
+    expected = np.array([[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 4, 4], [3, 3, 4, 4]], dtype=np.float32)
+    assert_close(out, expected[None, None], rtol=0, atol=0)
+
+
+def test_gradcheck_float64():
+    rng = np.random.default_rng(1)
+    x = kiln.from_numpy(rng.standard_normal((1, 2, 3, 3))).requires_grad_()
+    w = kiln.from_numpy(rng.standard_normal((2, 1, 2, 2))).requires_grad_()
+    b = kiln.from_numpy(rng.standard_normal(2)).requires_grad_()
+    assert kiln.autograd.gradcheck(lambda *a: conv_transpose2d(*a, stride=2, padding=1, groups=2), (x, w, b))
+
+
+def test_errors_and_repr():
+    with pytest.raises(RuntimeError, match="output padding must be smaller"):
+        conv_transpose2d(kiln.randn(1, 1, 3, 3), kiln.randn(1, 1, 3, 3), stride=1, output_padding=1)
+    with pytest.raises(RuntimeError, match="expected input with 2 channels"):
+        conv_transpose2d(kiln.randn(1, 3, 3, 3), kiln.randn(2, 1, 3, 3))
+    with pytest.raises(ValueError, match=r"in_channels \(3\) must be divisible by groups \(2\)"):
+        nn.ConvTranspose2d(3, 4, 3, groups=2)
+    assert repr(nn.ConvTranspose2d(2, 4, 3, stride=2, output_padding=1)) == (
+        "ConvTranspose2d(2, 4, kernel_size=(3, 3), stride=(2, 2), output_padding=(1, 1))"
+    )
