@@ -19,6 +19,7 @@ from .common import Result, TargetCheck, check_targets, format_table, format_tar
 # name -> module; imported only when selected, so one workload's missing dependency spares the rest.
 WORKLOADS = {
     "eager_overhead": "benchmarks.eager_overhead",
+    "train_steps": "benchmarks.train_steps",
 }
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "latest.json"

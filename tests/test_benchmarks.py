@@ -9,9 +9,10 @@ import json
 import sys
 import types
 
+import numpy as np
 import pytest
 
-from benchmarks import common, eager_overhead, run
+from benchmarks import common, eager_overhead, run, train_steps
 from benchmarks.common import Result, Settings, Target, Timing
 
 TINY = Settings(repeats=3, min_repeat_ns=100_000, warmup=1)
@@ -138,7 +139,9 @@ def test_cli_rejects_unknown_workload(capsys):
     with pytest.raises(SystemExit) as exit_info:
         run.main(["no_such_workload"])
     assert exit_info.value.code == 2
-    assert "unknown workload(s) no_such_workload; expected any of: eager_overhead" in capsys.readouterr().err
+    assert (
+        "unknown workload(s) no_such_workload; expected any of: eager_overhead, train_steps" in capsys.readouterr().err
+    )
 
 
 def test_eager_overhead_quick_run(tiny, tmp_path, capsys):
@@ -172,3 +175,26 @@ def test_eager_overhead_cases_compute_the_same_values():
         expected = eval(stmt, {"x": x, "y": y})
         actual = eval(stmt, {"x": kiln.from_numpy(x), "y": kiln.from_numpy(y)})
         np.testing.assert_allclose(actual.numpy(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_train_steps_quick_run(tiny, tmp_path, capsys):
+    out = tmp_path / "latest.json"
+    assert run.main(["--quick", "--json", str(out), "train_steps"]) == 0
+    data = json.loads(out.read_text())
+    by_key = {(r["case"], r["impl"]): r for r in data["results"]}
+    for case in (train_steps.MLP, train_steps.CNN):
+        kiln_result = by_key[(case, "kiln")]
+        assert kiln_result["timing"] is not None
+        assert kiln_result["note"].endswith(" steps/s") and kiln_result["params"]["batch"] == 64
+        assert (case, "torch") in by_key  # timed, or skipped with a reason when torch is missing
+    printed = capsys.readouterr().out
+    assert all(case in printed for case in (train_steps.MLP, train_steps.CNN))
+
+
+@pytest.mark.parametrize("case", [train_steps.MLP, train_steps.CNN])
+def test_train_steps_kiln_and_torch_take_the_same_steps(torch, case):
+    """Same weights, same batch, same Adam: the losses of three steps agree, so the same work is timed."""
+    found = train_steps.setups(case, torch)
+    (kiln_step, _), (torch_step, _) = found["kiln"], found["torch"]
+    for _ in range(3):
+        np.testing.assert_allclose(kiln_step().item(), torch_step().item(), rtol=1e-4, atol=1e-5)

@@ -6,7 +6,6 @@ import numpy as np
 
 from ..tensor import Tensor
 from .api import grad
-from .grad_mode import enable_grad, no_grad
 
 
 class GradcheckError(RuntimeError):
@@ -20,21 +19,24 @@ def _outputs(fn, inputs) -> tuple[Tensor, ...]:
 
 
 def _numeric_jacobians(fn, inputs, diff, eps):
-    """jac[i][j]: d output j / d input i, as (input numel, output numel) numpy arrays."""
-    with no_grad():
-        base = _outputs(fn, inputs)
-        jac = [[np.zeros((inputs[i].numel(), o.numel())) for o in base] for i in diff]
-        for a, i in enumerate(diff):
-            flat = inputs[i]._data.reshape(-1)  # a view: the input must be contiguous
-            for k in range(flat.size):
-                orig = flat[k].copy()
-                flat[k] = orig + eps
-                plus = [o._host().astype(np.float64).ravel() for o in _outputs(fn, inputs)]
-                flat[k] = orig - eps
-                minus = [o._host().astype(np.float64).ravel() for o in _outputs(fn, inputs)]
-                flat[k] = orig
-                for j in range(len(base)):
-                    jac[a][j][k] = (plus[j] - minus[j]) / (2 * eps)
+    """jac[i][j]: d output j / d input i, as (input numel, output numel) numpy arrays.
+
+    Runs with grad mode as the caller has it: ``fn`` may itself differentiate (a VJP, for
+    gradgradcheck). The perturbations write the inputs' arrays directly, outside autograd.
+    """
+    base = _outputs(fn, inputs)
+    jac = [[np.zeros((inputs[i].numel(), o.numel())) for o in base] for i in diff]
+    for a, i in enumerate(diff):
+        flat = inputs[i]._data.reshape(-1)  # a view: the input must be contiguous
+        for k in range(flat.size):
+            orig = flat[k].copy()
+            flat[k] = orig + eps
+            plus = [o._host().astype(np.float64).ravel() for o in _outputs(fn, inputs)]
+            flat[k] = orig - eps
+            minus = [o._host().astype(np.float64).ravel() for o in _outputs(fn, inputs)]
+            flat[k] = orig
+            for j in range(len(base)):
+                jac[a][j][k] = (plus[j] - minus[j]) / (2 * eps)
     return jac
 
 
@@ -106,10 +108,6 @@ def gradgradcheck(fn, inputs, grad_outputs=None, *, eps: float = 1e-6, atol: flo
     n = len(inputs)
 
     def vjp(*args):
-        with enable_grad():  # the finite-difference pass runs under no_grad; a VJP needs a graph
-            return _vjp(*args)
-
-    def _vjp(*args):
         outs = _outputs(fn, args[:n])
         primal = [args[i] for i in range(n) if isinstance(args[i], Tensor) and args[i]._requires_grad]
         grads = grad(outs, primal, args[n:], create_graph=True, allow_unused=True, materialize_grads=True)
