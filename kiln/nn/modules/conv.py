@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
-import kiln
-
 from .. import functional as F
-from .. import init
-from ..parameter import Parameter
+from .linear import add_weight_and_bias, reset_weight_and_bias
 from .module import Module
 
 __all__ = ["Conv1d", "Conv2d"]
@@ -45,20 +40,10 @@ class _ConvNd(Module):
         self.groups = groups
         self.padding_mode = padding_mode
         shape = (out_channels, in_channels // groups, *self.kernel_size)
-        self.weight = Parameter(kiln.empty(*shape, device=device, dtype=dtype))
-        if bias:
-            self.bias = Parameter(kiln.empty(out_channels, device=device, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        add_weight_and_bias(self, shape, out_channels, bias, device, dtype)
 
     def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            if fan_in != 0:
-                bound = 1 / math.sqrt(fan_in)
-                init.uniform_(self.bias, -bound, bound)
+        reset_weight_and_bias(self.weight, self.bias)
 
     def extra_repr(self) -> str:
         d = self._d

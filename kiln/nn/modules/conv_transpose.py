@@ -7,13 +7,10 @@ at the end), then a stride-1 conv2d with the kernel flipped and its in/out chann
 
 from __future__ import annotations
 
-import math
-
 import kiln
 
 from .. import functional as F
-from .. import init
-from ..parameter import Parameter
+from .linear import add_weight_and_bias, reset_weight_and_bias
 from .module import Module
 
 __all__ = ["ConvTranspose2d", "conv_transpose2d"]
@@ -94,20 +91,10 @@ class ConvTranspose2d(Module):
         self.padding, self.output_padding = _pair(padding, "padding"), _pair(output_padding, "output_padding")
         self.dilation, self.padding_mode = _pair(dilation, "dilation"), padding_mode
         shape = (in_channels, out_channels // groups, *self.kernel_size)
-        self.weight = Parameter(kiln.empty(*shape, device=device, dtype=dtype))
-        if bias:
-            self.bias = Parameter(kiln.empty(out_channels, device=device, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        add_weight_and_bias(self, shape, out_channels, bias, device, dtype)
 
     def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            if fan_in != 0:
-                bound = 1 / math.sqrt(fan_in)
-                init.uniform_(self.bias, -bound, bound)
+        reset_weight_and_bias(self.weight, self.bias)
 
     def forward(self, input):
         return conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,

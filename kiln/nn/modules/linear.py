@@ -14,6 +14,26 @@ from .module import Module
 __all__ = ["Identity", "Linear", "Bilinear"]
 
 
+def add_weight_and_bias(module, weight_shape: tuple, bias_size: int, bias: bool, device, dtype) -> None:
+    """Register ``weight`` (and ``bias``, or ``None``) on a layer, then initialise them."""
+    module.weight = Parameter(kiln.empty(*weight_shape, device=device, dtype=dtype))
+    if bias:
+        module.bias = Parameter(kiln.empty(bias_size, device=device, dtype=dtype))
+    else:
+        module.register_parameter("bias", None)
+    module.reset_parameters()
+
+
+def reset_weight_and_bias(weight, bias) -> None:
+    """PyTorch's default for Linear and the convolutions: kaiming_uniform_(a=sqrt(5)) for the
+    weight, uniform(+-1/sqrt(fan_in)) for the bias."""
+    init.kaiming_uniform_(weight, a=math.sqrt(5))
+    if bias is not None:
+        fan_in, _ = init._calculate_fan_in_and_fan_out(weight)
+        bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
+        init.uniform_(bias, -bound, bound)
+
+
 class Identity(Module):
     """Returns its input; accepts and ignores any constructor arguments."""
 
@@ -31,19 +51,10 @@ class Linear(Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.weight = Parameter(kiln.empty(out_features, in_features, device=device, dtype=dtype))
-        if bias:
-            self.bias = Parameter(kiln.empty(out_features, device=device, dtype=dtype))
-        else:
-            self.register_parameter("bias", None)
-        self.reset_parameters()
+        add_weight_and_bias(self, (out_features, in_features), out_features, bias, device, dtype)
 
     def reset_parameters(self) -> None:
-        init.kaiming_uniform_(self.weight, a=math.sqrt(5))
-        if self.bias is not None:
-            fan_in, _ = init._calculate_fan_in_and_fan_out(self.weight)
-            bound = 1 / math.sqrt(fan_in) if fan_in > 0 else 0
-            init.uniform_(self.bias, -bound, bound)
+        reset_weight_and_bias(self.weight, self.bias)
 
     def forward(self, input):
         return F.linear(input, self.weight, self.bias)

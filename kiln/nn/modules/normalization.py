@@ -12,6 +12,14 @@ from .module import Module
 __all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm"]
 
 
+def _add_affine(module, affine: bool, bias: bool, shape: tuple, device, dtype) -> None:
+    """Register the learnable scale (ones) and shift (zeros) of a norm layer, or ``None`` for each."""
+    weight = Parameter(kiln.ones(*shape, device=device, dtype=dtype)) if affine else None
+    shift = Parameter(kiln.zeros(*shape, device=device, dtype=dtype)) if affine and bias else None
+    module.register_parameter("weight", weight)
+    module.register_parameter("bias", shift)
+
+
 class _BatchNorm(Module):
     _dims: tuple[int, ...] = ()
 
@@ -20,15 +28,7 @@ class _BatchNorm(Module):
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        if affine:
-            self.weight = Parameter(kiln.ones(num_features, device=device, dtype=dtype))
-            if bias:
-                self.bias = Parameter(kiln.zeros(num_features, device=device, dtype=dtype))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _add_affine(self, affine, bias, (num_features,), device, dtype)
         if track_running_stats:
             self.register_buffer("running_mean", kiln.zeros(num_features, device=device, dtype=dtype))
             self.register_buffer("running_var", kiln.ones(num_features, device=device, dtype=dtype))
@@ -106,15 +106,7 @@ class LayerNorm(Module):
             normalized_shape = (normalized_shape,)
         self.normalized_shape = tuple(normalized_shape)
         self.eps, self.elementwise_affine = eps, elementwise_affine
-        if elementwise_affine:
-            self.weight = Parameter(kiln.ones(*self.normalized_shape, device=device, dtype=dtype))
-            if bias:
-                self.bias = Parameter(kiln.zeros(*self.normalized_shape, device=device, dtype=dtype))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _add_affine(self, elementwise_affine, bias, self.normalized_shape, device, dtype)
 
     def forward(self, input):
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
@@ -135,15 +127,7 @@ class GroupNorm(Module):
         if num_channels % num_groups != 0:
             raise ValueError(f"num_channels ({num_channels}) must be divisible by num_groups ({num_groups})")
         self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, eps, affine
-        if affine:
-            self.weight = Parameter(kiln.ones(num_channels, device=device, dtype=dtype))
-            if bias:
-                self.bias = Parameter(kiln.zeros(num_channels, device=device, dtype=dtype))
-            else:
-                self.register_parameter("bias", None)
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        _add_affine(self, affine, bias, (num_channels,), device, dtype)
 
     def forward(self, input):
         return F.group_norm(input, self.num_groups, self.weight, self.bias, self.eps)
