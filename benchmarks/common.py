@@ -24,7 +24,8 @@ import statistics
 import sys
 import time
 import timeit
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -275,3 +276,19 @@ def environment() -> dict:
         "versions": versions,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+@contextmanager
+def torch_with_kiln_threads() -> Iterator[tuple[ModuleType | None, int]]:
+    """Yield (torch or None, kiln's thread count), with torch set to that many threads meanwhile,
+    so that every ratio compares the same amount of hardware."""
+    threads = kiln_num_threads()
+    torch = optional_import("torch")
+    previous = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield torch, threads
+    finally:
+        if torch is not None:
+            torch.set_num_threads(previous)

@@ -19,7 +19,7 @@ import numpy as np
 
 import kiln
 
-from .common import KILN, Result, Target, compare, kiln_num_threads, optional_import, skipped
+from .common import KILN, Result, Target, compare, skipped, torch_with_kiln_threads
 
 WORKLOAD = "eager_overhead"
 ADD_TINY = "add, 1 element"
@@ -90,20 +90,11 @@ def _case(case: str, quick: bool, torch, threads: int) -> list[Result]:
 
 def run(quick: bool = False) -> list[Result]:
     """Every case, kiln first, then PyTorch (same thread count as kiln) and numpy."""
-    threads = kiln_num_threads()
-    torch = optional_import("torch")
-    previous = None
-    if torch is not None:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-    try:
+    with torch_with_kiln_threads() as (torch, threads):
         results = []
         for case in (ADD_TINY, ADD_TINY_GRAD, ADD_LARGE, MATMUL):
             results.extend(_case(case, quick, torch, threads))
         return results
-    finally:
-        if torch is not None:
-            torch.set_num_threads(previous)
 
 
 if __name__ == "__main__":

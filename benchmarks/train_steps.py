@@ -21,7 +21,7 @@ import numpy as np
 
 import kiln
 
-from .common import KILN, Result, compare, kiln_num_threads, optional_import, skipped
+from .common import KILN, Result, compare, skipped, torch_with_kiln_threads
 
 WORKLOAD = "train_steps"
 MLP = "digits MLP, batch 64, Adam"
@@ -88,17 +88,8 @@ def _case(case: str, quick: bool, torch, threads: int) -> list[Result]:
 
 def run(quick: bool = False) -> list[Result]:
     """Both models, kiln then PyTorch (with kiln's thread count)."""
-    threads = kiln_num_threads()
-    torch = optional_import("torch")
-    previous = None
-    if torch is not None:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-    try:
+    with torch_with_kiln_threads() as (torch, threads):
         return [r for case in (MLP, CNN) for r in _case(case, quick, torch, threads)]
-    finally:
-        if torch is not None:
-            torch.set_num_threads(previous)
 
 
 if __name__ == "__main__":
