@@ -9,6 +9,7 @@ import kiln
 import kiln.nn as nn
 from kiln.nn.modules.conv_transpose import conv_transpose2d
 from tests.conftest import assert_close, to_torch
+from tests.nn.modules.helpers import module_pair
 
 RTOL, ATOL = 1e-4, 1e-5
 
@@ -23,12 +24,7 @@ CASES = [
 
 @pytest.mark.parametrize(("args", "kwargs", "shape"), CASES)
 def test_conv_transpose2d_matches_torch(torch, args, kwargs, shape):
-    tmod, kmod = torch.nn.ConvTranspose2d(*args, **kwargs), nn.ConvTranspose2d(*args, **kwargs)
-    tsd = tmod.state_dict()
-    assert list(kmod.state_dict()) == list(tsd)
-    for key, value in tsd.items():
-        assert tuple(kmod.state_dict()[key].shape) == tuple(value.shape)
-    kmod.load_state_dict({k: kiln.from_numpy(v.detach().numpy().copy()) for k, v in tsd.items()})
+    tmod, kmod = module_pair(torch, "ConvTranspose2d", *args, **kwargs)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
     kx, tx = kiln.from_numpy(x.copy()).requires_grad_(), to_torch(torch, x).requires_grad_()

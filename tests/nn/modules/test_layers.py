@@ -8,18 +8,9 @@ import pytest
 import kiln
 import kiln.nn as nn
 from tests.conftest import assert_close, to_torch
+from tests.nn.modules.helpers import copy_from_torch
 
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def _copy_from_torch(torch, tmod, kmod) -> None:
-    tsd = tmod.state_dict()
-    ksd = kmod.state_dict()
-    assert list(ksd) == list(tsd), "state_dict keys differ from torch's"
-    for key, value in tsd.items():
-        assert tuple(ksd[key].shape) == tuple(value.shape), key
-        assert str(ksd[key].dtype).split(".")[-1] == str(value.dtype).split(".")[-1], key
-    kmod.load_state_dict({k: kiln.from_numpy(v.detach().numpy().copy()) for k, v in tsd.items()})
 
 
 CASES = [
@@ -56,7 +47,7 @@ CASES = [
 def test_layer_matches_torch(torch, name, args, kwargs, shapes):
     tmod = getattr(torch.nn, name)(*args, **kwargs)
     kmod = getattr(nn, name)(*args, **kwargs)
-    _copy_from_torch(torch, tmod, kmod)
+    copy_from_torch(torch, tmod, kmod)
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
     kx = [kiln.from_numpy(a.copy()).requires_grad_() for a in arrays]
@@ -78,7 +69,7 @@ def test_layer_matches_torch(torch, name, args, kwargs, shapes):
 def test_embedding_padding_idx(torch):
     tmod, kmod = torch.nn.Embedding(6, 3, padding_idx=1), nn.Embedding(6, 3, padding_idx=1)
     assert kmod.weight[1].abs().sum().item() == 0.0  # the padding row starts at zero
-    _copy_from_torch(torch, tmod, kmod)
+    copy_from_torch(torch, tmod, kmod)
     idx = np.array([[0, 1, 5], [1, 2, 2]])
     kout, tout = kmod(kiln.from_numpy(idx)), tmod(torch.from_numpy(idx))
     assert_close(kout, tout, rtol=RTOL, atol=ATOL)

@@ -8,23 +8,9 @@ import pytest
 import kiln
 import kiln.nn as nn
 from tests.conftest import assert_close, to_torch
+from tests.nn.modules.helpers import leaf_pair, module_pair
 
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def _pair(torch, name, *args, **kwargs):
-    tmod = getattr(torch.nn, name)(*args, **kwargs)
-    kmod = getattr(nn, name)(*args, **kwargs)
-    tsd, ksd = tmod.state_dict(), kmod.state_dict()
-    assert list(ksd) == list(tsd)
-    for key, value in tsd.items():
-        assert tuple(ksd[key].shape) == tuple(value.shape), key
-    kmod.load_state_dict({k: kiln.from_numpy(v.detach().numpy().copy()) for k, v in tsd.items()})
-    return tmod, kmod
-
-
-def _leaf(torch, array):
-    return kiln.from_numpy(array.copy()).requires_grad_(), to_torch(torch, array).requires_grad_()
 
 
 CASES = [
@@ -41,14 +27,14 @@ CASES = [
 @pytest.mark.parametrize("with_state", [False, True])
 @pytest.mark.parametrize(("name", "kwargs", "lead"), CASES)
 def test_rnn_matches_torch(torch, name, kwargs, lead, with_state):
-    tmod, kmod = _pair(torch, name, 3, 4, **kwargs)
+    tmod, kmod = module_pair(torch, name, 3, 4, **kwargs)
     rng = np.random.default_rng(0)
-    kx, tx = _leaf(torch, rng.standard_normal((*lead, 3)).astype(np.float32))
+    kx, tx = leaf_pair(torch, rng.standard_normal((*lead, 3)).astype(np.float32))
     batch = lead[0] if kwargs.get("batch_first") else lead[1]
     rows = kwargs["num_layers"] * (2 if kwargs.get("bidirectional") else 1)
     states = []
     if with_state:
-        states = [_leaf(torch, rng.standard_normal((rows, batch, 4)).astype(np.float32))
+        states = [leaf_pair(torch, rng.standard_normal((rows, batch, 4)).astype(np.float32))
                   for _ in range(2 if name == "LSTM" else 1)]  # fmt: skip
     if not states:
         kout, kh = kmod(kx)
@@ -79,7 +65,7 @@ def test_rnn_matches_torch(torch, name, kwargs, lead, with_state):
 
 @pytest.mark.parametrize("name", ["LSTM", "GRU"])
 def test_unbatched_input(torch, name):
-    tmod, kmod = _pair(torch, name, 3, 4, num_layers=2, bidirectional=True)
+    tmod, kmod = module_pair(torch, name, 3, 4, num_layers=2, bidirectional=True)
     x = np.random.default_rng(1).standard_normal((5, 3)).astype(np.float32)
     kout, kh = kmod(kiln.from_numpy(x.copy()))
     tout, th = tmod(to_torch(torch, x))

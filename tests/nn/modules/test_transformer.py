@@ -8,23 +8,9 @@ import pytest
 import kiln
 import kiln.nn as nn
 from tests.conftest import assert_close, to_torch
+from tests.nn.modules.helpers import leaf_pair, module_pair
 
 RTOL, ATOL = 1e-4, 1e-5
-
-
-def _pair(torch, name, *args, **kwargs):
-    tmod = getattr(torch.nn, name)(*args, **kwargs)
-    kmod = getattr(nn, name)(*args, **kwargs)
-    tsd, ksd = tmod.state_dict(), kmod.state_dict()
-    assert list(ksd) == list(tsd)
-    for key, value in tsd.items():
-        assert tuple(ksd[key].shape) == tuple(value.shape), key
-    kmod.load_state_dict({k: kiln.from_numpy(v.detach().numpy().copy()) for k, v in tsd.items()})
-    return tmod, kmod
-
-
-def _leaf(torch, array):
-    return kiln.from_numpy(array.copy()).requires_grad_(), to_torch(torch, array).requires_grad_()
 
 
 def _mask(torch, array):
@@ -54,10 +40,10 @@ MHA_CASES = [
 @pytest.mark.parametrize("case", MHA_CASES, ids=lambda c: f"{c['batch_first']}-{c['masks']}-{c['average']}")
 def test_mha_matches_torch(torch, case):
     e, h, n, tgt, src = 8, 2, 3, 4, 5
-    tmod, kmod = _pair(torch, "MultiheadAttention", e, h, batch_first=case["batch_first"])
+    tmod, kmod = module_pair(torch, "MultiheadAttention", e, h, batch_first=case["batch_first"])
     rng = np.random.default_rng(0)
     shape = (lambda length: (n, length, e)) if case["batch_first"] else (lambda length: (length, n, e))
-    pairs = [_leaf(torch, rng.standard_normal(shape(length)).astype(np.float32)) for length in (tgt, src, src)]
+    pairs = [leaf_pair(torch, rng.standard_normal(shape(length)).astype(np.float32)) for length in (tgt, src, src)]
     kw_k, kw_t = {}, {}
     if case["masks"] == "bool":
         pad = np.zeros((n, src), dtype=bool)
@@ -83,7 +69,7 @@ def test_mha_matches_torch(torch, case):
 
 
 def test_mha_unbatched_and_no_weights(torch):
-    tmod, kmod = _pair(torch, "MultiheadAttention", 6, 3)
+    tmod, kmod = module_pair(torch, "MultiheadAttention", 6, 3)
     x = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
     kx, tx = kiln.from_numpy(x.copy()), to_torch(torch, x)
     kout, kw = kmod(kx, kx, kx)
@@ -124,12 +110,12 @@ def test_mha_errors():
 def test_encoder_layer_matches_torch(torch, norm_first, activation, batch_first):
     kwargs = dict(dim_feedforward=16, activation=activation, batch_first=batch_first, norm_first=norm_first,
                   layer_norm_eps=1e-6)  # fmt: skip
-    tmod, kmod = _pair(torch, "TransformerEncoderLayer", 8, 2, **kwargs)
+    tmod, kmod = module_pair(torch, "TransformerEncoderLayer", 8, 2, **kwargs)
     tmod.eval()
     kmod.eval()
     rng = np.random.default_rng(2)
     n, length = 3, 5
-    kx, tx = _leaf(torch, rng.standard_normal((n, length, 8) if batch_first else (length, n, 8)).astype(np.float32))
+    kx, tx = leaf_pair(torch, rng.standard_normal((n, length, 8) if batch_first else (length, n, 8)).astype(np.float32))
     pad = np.zeros((n, length), dtype=bool)
     pad[1, -2:] = True
     kpad, tpad = _mask(torch, pad)
