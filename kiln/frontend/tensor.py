@@ -36,7 +36,7 @@ class Tensor:
     __slots__ = (
         "_data", "_device", "_dtype", "_requires_grad", "grad_fn", "_output_nr", "_grad",
         "_version", "_base", "_hooks", "_retains_grad", "_grad_acc", "_inference",
-        "_post_accumulate_hooks", "__weakref__",
+        "__weakref__",
     )  # fmt: skip
     __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
 
@@ -335,7 +335,6 @@ def make_tensor(array, device: Device = CPU, dtype: dt.DType | None = None) -> T
     t._retains_grad = False
     t._grad_acc = None
     t._inference = _grad_state.inference
-    t._post_accumulate_hooks = None
     return t
 
 

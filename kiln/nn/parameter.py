@@ -27,7 +27,7 @@ class Parameter(Tensor):
             if slot != "__weakref__":
                 object.__setattr__(p, slot, getattr(src, slot))
         # A parameter is its own leaf: no base, its own hook lists.
-        p._base, p._grad, p._hooks, p._post_accumulate_hooks, p._grad_acc = None, None, None, None, None
+        p._base, p._grad, p._hooks, p._grad_acc = None, None, None, None
         p.requires_grad_(requires_grad)
         return p
 

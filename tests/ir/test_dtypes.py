@@ -14,8 +14,8 @@ from kiln.ir import dtypes as dt
 @pytest.mark.parametrize(
     ("operands", "expected"),
     [
-        ((dt.int32, dt.float16), dt.float16),  # category wins, not size (numpy would say float64... no: float16)
-        ((dt.int64, dt.float16), dt.float16),  # numpy says float64
+        ((dt.int32, dt.float16), dt.float16),  # the category decides, not the size
+        ((dt.int64, dt.float16), dt.float16),  # numpy says float64 here
         ((dt.uint8, dt.int8), dt.int16),
         ((dt.bool_, dt.uint8), dt.uint8),
         ((dt.float16, dt.float32), dt.float32),

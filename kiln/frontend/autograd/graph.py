@@ -231,8 +231,6 @@ class AccumulateGrad(Node):
 
 
 def accumulate_into_grad(leaf, grad) -> None:
-    for hook in leaf._post_accumulate_hooks or ():
-        hook(leaf)  # pragma: no cover - reserved for register_post_accumulate_grad_hook
     if grad is None:
         return
     if leaf._grad is None:
