@@ -1,0 +1,188 @@
+"""The IR: ``Graph(inputs, nodes, outputs)`` of ``Node(op, inputs, attrs, outputs)`` over typed ``Value``s.
+
+SSA, flat and typed. A ``Value`` is defined exactly once (as a graph input or a node output) and
+carries its ``TensorType``. A ``Node`` applies one primitive of the registry (``op`` is its
+name) or is a ``constant`` whose array lives in ``Graph.constants`` under ``attrs["name"]``.
+Attributes are the primitive's keyword arguments (hashable plain values: ints, floats, bools,
+strings, None, dtypes and tuples of them). Every node may carry the user's source location
+(``loc``) so that errors at run time point at the line that made the op.
+
+Graphs are immutable: passes build new ones with a ``GraphBuilder`` rather than editing. Value
+identity is object identity; the integer ``id`` only names a value in the text form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .types import TensorType
+
+#: The op name of constant nodes (no inputs; ``attrs = {"name": key}`` into ``Graph.constants``).
+CONSTANT = "constant"
+
+
+@dataclass(frozen=True, eq=False)
+class Value:
+    """One SSA value: defined once, used any number of times. Compared by identity."""
+
+    id: int
+    type: TensorType
+
+    def __repr__(self) -> str:
+        return f"%{self.id}: {self.type}"
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """Where in the user's code an op was made: file, line and function name."""
+
+    filename: str
+    line: int
+    function: str = ""
+
+    def __str__(self) -> str:
+        where = f" in {self.function}" if self.function else ""
+        return f"{self.filename}:{self.line}{where}"
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """``outputs = op(*inputs, **attrs)``. Compared by identity."""
+
+    op: str
+    inputs: tuple[Value, ...]
+    attrs: Mapping[str, Any]
+    outputs: tuple[Value, ...]
+    loc: SourceLocation | None = None
+
+    @property
+    def output(self) -> Value:
+        """The single output (every primitive has one)."""
+        assert len(self.outputs) == 1, f"{self.op} has {len(self.outputs)} outputs"
+        return self.outputs[0]
+
+    def attr_key(self) -> tuple:
+        """The attributes as a hashable, order-independent key (CSE, caching)."""
+        return tuple(sorted((k, _hashable(v)) for k, v in self.attrs.items()))
+
+    def __repr__(self) -> str:
+        return f"<Node {self.op} -> {', '.join(f'%{v.id}' for v in self.outputs)}>"
+
+
+def _hashable(value: Any) -> Any:
+    # float('nan') != nan would make two equal attribute sets different keys; repr is exact for floats.
+    if isinstance(value, float):
+        return ("float", repr(value))
+    if isinstance(value, tuple):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A whole program: inputs, nodes in topological order, outputs, and constant arrays."""
+
+    inputs: tuple[Value, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[Value, ...]
+    constants: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        from .printer import print_graph  # noqa: PLC0415 - the printer imports this module
+
+        return print_graph(self)
+
+    def values(self) -> Iterable[Value]:
+        """Every value, in definition order: inputs, then each node's outputs."""
+        yield from self.inputs
+        for node in self.nodes:
+            yield from node.outputs
+
+    def producers(self) -> dict[Value, Node]:
+        """For each node output, the node that defines it."""
+        return {v: node for node in self.nodes for v in node.outputs}
+
+    def uses(self) -> dict[Value, list[Node]]:
+        """For each value, the nodes that read it (in order; a node reading twice appears twice)."""
+        users: dict[Value, list[Node]] = {v: [] for v in self.values()}
+        for node in self.nodes:
+            for v in node.inputs:
+                users.setdefault(v, []).append(node)
+        return users
+
+    def op_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for node in self.nodes:
+            counts[node.op] = counts.get(node.op, 0) + 1
+        return counts
+
+
+class GraphBuilder:
+    """Builds a graph node by node, numbering values in definition order.
+
+    >>> from kiln.ir.dtypes import float32
+    >>> b = GraphBuilder()
+    >>> x = b.input(TensorType((2,), float32))
+    >>> y = b.node("exp", [x])
+    >>> print(b.build([y]), end="")
+    graph(%0: f32[2]) {
+      %1: f32[2] = exp(%0)
+      return (%1)
+    }
+    """
+
+    def __init__(self) -> None:
+        self.inputs: list[Value] = []
+        self.nodes: list[Node] = []
+        self.constants: dict[str, np.ndarray] = {}
+        self._next_id = 0
+
+    def value(self, type: TensorType) -> Value:
+        v = Value(self._next_id, type)
+        self._next_id += 1
+        return v
+
+    def input(self, type: TensorType) -> Value:
+        v = self.value(type)
+        self.inputs.append(v)
+        return v
+
+    def node(
+        self,
+        op: str,
+        inputs: Sequence[Value],
+        attrs: Mapping[str, Any] | None = None,
+        type: TensorType | None = None,
+        loc: SourceLocation | None = None,
+    ) -> Value:
+        """Append ``op(*inputs, **attrs)``; its output type is ``type`` or the registry's rule."""
+        attrs = dict(attrs or {})
+        if type is None:
+            from .primitives import PRIMITIVES  # noqa: PLC0415 - the registry is heavy; graphs alone are not
+
+            type = PRIMITIVES[op].infer(*(v.type for v in inputs), **attrs)
+        out = self.value(type)
+        self.nodes.append(Node(op, tuple(inputs), attrs, (out,), loc))
+        return out
+
+    def constant(self, array: np.ndarray, type: TensorType, loc: SourceLocation | None = None) -> Value:
+        """A constant node holding ``array`` (stored in the graph's constant table)."""
+        name = f"c{len(self.constants)}"
+        while name in self.constants:
+            name += "_"
+        self.constants[name] = array
+        out = self.value(type)
+        self.nodes.append(Node(CONSTANT, (), {"name": name}, (out,), loc))
+        return out
+
+    def append(self, node: Node) -> None:
+        """Append an existing node (its values keep their ids; passes that copy nodes use this)."""
+        self.nodes.append(node)
+        self._next_id = max(self._next_id, 1 + max((v.id for v in node.outputs), default=-1))
+
+    def build(self, outputs: Sequence[Value]) -> Graph:
+        return Graph(tuple(self.inputs), tuple(self.nodes), tuple(outputs), dict(self.constants))

@@ -1,0 +1,148 @@
+r"""The text form of a graph: deterministic, one node per line, read back exactly by ``kiln.ir.parser``.
+
+Example::
+
+    graph(%0: f32[2,3], %1: i64[2]@cuda:0) {
+      %2: f32[2,3] = add(%0, %0)  # "model.py":12 in forward
+      %3: f32[] = reduce_sum(%2) {axes=(0, 1), keepdim=False}
+      %4: f32[3] = constant() {name="c0"}
+      return (%3, %2)
+    }
+
+Grammar (``*`` repeats, ``?`` is optional, quoted text is literal; spaces and tabs between tokens
+are free, but each statement is one line; blank lines are ignored)::
+
+    graph      := "graph" "(" defs? ")" "{" NEWLINE  node*  "return" "(" uses? ")" NEWLINE  "}"
+    node       := outputs "=" OP "(" uses? ")" attrs? location? NEWLINE
+    outputs    := defs | "(" ")"                     -- "()" only for a node without outputs
+    defs       := VALUE ":" type ("," VALUE ":" type)*
+    uses       := VALUE ("," VALUE)*
+    type       := DTYPE "[" (INT ("," INT)*)? "]" ("@" DEVICE)?     -- f32[2,3]  bool[]  f16[4]@cuda:0
+    attrs      := "{" NAME "=" attr ("," NAME "=" attr)* "}"        -- in the node's own order
+    attr       := INT | FLOAT | STRING | DTYPE | "None" | "True" | "False" | tuple
+    tuple      := "(" ")" | "(" attr "," ")" | "(" attr ("," attr)+ ")"
+    location   := "#" STRING ":" INT ("in" (FUNCTION | STRING))?   -- file, line, function
+    VALUE      := "%" digits                        -- the Value's id
+    INT        := "-"? digits
+    FLOAT      := Python's repr of a float: 1.0  -0.0  1e-05  inf  -inf  nan
+    DTYPE      := a dtype's short name: bool u8 i8 i16 i32 i64 f16 f32 f64
+    DEVICE     := "cuda" (":" digits)? | "cpu"      -- the CPU is the default and never printed
+    STRING     := '"' characters '"'  with \\ \" \n \r \t \xNN \uNNNN \UNNNNNNNN escapes
+                  (every character that is not printable is escaped)
+    OP, NAME   := [A-Za-z_][A-Za-z0-9_.]*
+    FUNCTION   := [A-Za-z_<][A-Za-z0-9_.<>]*        -- other function names are printed as a STRING
+
+A value's type is printed where it is defined (a graph input or a node output); uses print the
+id alone. Constant nodes are ``constant() {name="..."}``; their arrays are not part of the text
+(``parse_graph`` takes them as an argument).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from .dtypes import DType
+from .graph import Graph, Node, SourceLocation, Value
+from .types import CPU, TensorType
+
+_FUNCTION = re.compile(r"[A-Za-z_<][A-Za-z0-9_.<>]*\Z")  # plain names and <lambda>, <module>...
+_SIMPLE_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def print_graph(graph: Graph, *, locations: bool = True) -> str:
+    """The text form of ``graph`` (ends with a newline); ``locations=False`` leaves out source locations.
+
+    >>> from kiln.ir.graph import GraphBuilder
+    >>> from kiln.ir.dtypes import float32
+    >>> b = GraphBuilder()
+    >>> x = b.input(TensorType((2, 3), float32))
+    >>> s = b.node("reduce_sum", [x], {"axes": (1,), "keepdim": False})
+    >>> print(print_graph(b.build([s])), end="")
+    graph(%0: f32[2,3]) {
+      %1: f32[2] = reduce_sum(%0) {axes=(1,), keepdim=False}
+      return (%1)
+    }
+    """
+    lines = [f"graph({', '.join(map(format_definition, graph.inputs))}) {{"]
+    lines.extend("  " + format_node(node, locations=locations) for node in graph.nodes)
+    lines.append(f"  return ({', '.join(format_use(v) for v in graph.outputs)})")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def format_type(type: TensorType) -> str:
+    """``f32[2,3]``, with ``@cuda:0`` appended for a value that is not on the CPU."""
+    text = f"{type.dtype.short}[{','.join(str(d) for d in type.shape)}]"
+    return text if type.device is CPU else f"{text}@{type.device}"
+
+
+def format_use(value: Value) -> str:
+    return f"%{value.id}"
+
+
+def format_definition(value: Value) -> str:
+    return f"%{value.id}: {format_type(value.type)}"
+
+
+def format_node(node: Node, *, locations: bool = True) -> str:
+    """One node as a line of the text form (without indentation or newline)."""
+    outputs = ", ".join(map(format_definition, node.outputs)) if node.outputs else "()"
+    text = f"{outputs} = {node.op}({', '.join(map(format_use, node.inputs))})"
+    if node.attrs:
+        attrs = ", ".join(f"{key}={format_attr(value)}" for key, value in node.attrs.items())
+        text += f" {{{attrs}}}"
+    if locations and node.loc is not None:
+        text += "  # " + format_location(node.loc)
+    return text
+
+
+def format_location(loc: SourceLocation) -> str:
+    """``"file.py":12 in forward`` (the function quoted when it is not a plain name)."""
+    text = f"{format_string(loc.filename)}:{int(loc.line)}"
+    if loc.function:
+        function = loc.function if _FUNCTION.match(loc.function) else format_string(loc.function)
+        text += f" in {function}"
+    return text
+
+
+def format_string(text: str) -> str:
+    """A double-quoted string literal that the parser reads back to exactly ``text``."""
+    return '"' + "".join(_escape(c) for c in text) + '"'
+
+
+def _escape(c: str) -> str:
+    if c in _SIMPLE_ESCAPES:
+        return _SIMPLE_ESCAPES[c]
+    if c.isprintable():
+        return c
+    code = ord(c)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def format_attr(value: Any) -> str:
+    """An attribute value as the parser reads it back (floats by ``repr``: exact, incl. inf/nan/-0.0)."""
+    if value is None or isinstance(value, bool | np.bool_):
+        return repr(None if value is None else bool(value))
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, float | np.floating):
+        return repr(float(value))
+    if isinstance(value, str):
+        return format_string(value)
+    if isinstance(value, DType):
+        return value.short
+    if isinstance(value, tuple):
+        if len(value) == 1:
+            return f"({format_attr(value[0])},)"
+        return f"({', '.join(map(format_attr, value))})"
+    raise TypeError(
+        f"cannot print attribute value {value!r} of type {type(value).__name__}: expected an int, float, bool, "
+        "str, None, a kiln dtype or a tuple of these"
+    )
