@@ -20,6 +20,7 @@ from ..ir.types import CPU, TensorType
 from ..runtime.devices import array_namespace
 from .autograd import graph as _graph
 from .autograd.grad_mode import state as _grad_state
+from .jit import state as _jit
 from .tensor import Tensor, make_tensor
 
 logger = logging.getLogger("kiln")
@@ -55,6 +56,10 @@ def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
     if prim.is_view:
         result._base = first._base if first._base is not None else first
         result._version = first._version
+    if _jit.tracing:  # first: a backward node that saves the result saves its IR value too
+        trace = _jit.current.get()
+        if trace is not None:
+            trace.record(prim, inputs, attrs, result)
     if _grad_state.grad_enabled and prim.vjp is not NOT_DIFFERENTIABLE:
         for t in inputs:
             if t._requires_grad:

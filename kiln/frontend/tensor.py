@@ -15,6 +15,7 @@ import numpy as np
 from ..ir import dtypes as dt
 from ..ir.types import CPU, Device
 from .autograd.grad_mode import state as _grad_state
+from .jit import state as _jit
 
 _NP_TO_DTYPE = {d.np: d for d in dt.ALL_DTYPES}
 
@@ -35,7 +36,7 @@ class Size(tuple):
 class Tensor:
     __slots__ = (
         "_data", "_device", "_dtype", "_requires_grad", "grad_fn", "_output_nr", "_grad",
-        "_version", "_base", "_hooks", "_retains_grad", "_grad_acc", "_inference",
+        "_version", "_base", "_hooks", "_retains_grad", "_grad_acc", "_inference", "_trace",
         "__weakref__",
     )  # fmt: skip
     __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
@@ -148,6 +149,8 @@ class Tensor:
                     f"assigned grad has dtype {value._dtype.name} on {value._device}, expected "
                     f"{self._dtype.name} on {self._device}"
                 )
+        if _jit.tracing:
+            _jit.grad_change(self)
         self._grad = value
 
     @property
@@ -197,6 +200,8 @@ class Tensor:
         out = make_tensor(self._data, self._device, self._dtype)
         out._version = self._version
         out._base = self._base if self._base is not None else self
+        if self._trace is not None:
+            out._trace = self._trace  # traced: the same IR value, for as long as the memory is unchanged
         return out
 
     def detach_(self) -> Tensor:
@@ -216,7 +221,9 @@ class Tensor:
 
     # ------------------------------------------------------------------ conversions out
     def _value_access(self, what: str) -> None:
-        """Called before Python reads values; the tracer hooks here to stop a trace."""
+        """Called before Python reads values: a trace stops here (see ``kiln.compile``)."""
+        if _jit.tracing:
+            _jit.value_access(self, what)
 
     def item(self):
         self._value_access("Tensor.item()")
@@ -335,6 +342,9 @@ def make_tensor(array, device: Device = CPU, dtype: dt.DType | None = None) -> T
     t._retains_grad = False
     t._grad_acc = None
     t._inference = _grad_state.inference
+    t._trace = None
+    if _jit.tracing:
+        _jit.stamp(t)
     return t
 
 

@@ -58,7 +58,7 @@ def _picked_log_probs(logp, target, weight, ignore_index: int, op: str):
     target = target.to(kiln.int64)
     valid = target != ignore_index
     bad = valid & ((target < 0) | (target >= classes))
-    if bad.sum().item():
+    if kiln.jit.any_set(bad):
         value = next(t for t, b in zip(target.flatten().tolist(), bad.flatten().tolist(), strict=True) if b)
         raise IndexError(f"{op}: Target {value} is out of bounds (expected class indices in [0, {classes - 1}])")
     safe = kiln.where(valid, target, 0)
@@ -160,7 +160,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     """-(t log x + (1 - t) log(1 - x)) for probabilities ``input``; each log clamped to >= -100 as in PyTorch."""
     check_tensor(input, "input", "binary_cross_entropy")
     _check_same_size(input, target, "binary_cross_entropy")
-    if ((input < 0) | (input > 1)).sum().item():
+    if kiln.jit.any_set((input < 0) | (input > 1)):
         raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 and 1")
     log_x = kiln.clamp(kiln.log(input), min=-100.0)
     log_1mx = kiln.clamp(kiln.log(1 - input), min=-100.0)

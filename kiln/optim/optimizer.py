@@ -140,7 +140,8 @@ class Optimizer:
         if closure is not None:
             with kiln.enable_grad():
                 loss = closure()
-        scalars = self.sync_hyperparameters()
+        # Under kiln.compile this also runs before every compiled call: the floats are read each time.
+        scalars = kiln.jit.before_each_call(self.sync_hyperparameters)
         with kiln.no_grad():
             for group, group_scalars in zip(self.param_groups, scalars, strict=True):
                 self._update_group(group, group_scalars)

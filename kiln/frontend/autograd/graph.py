@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 from ...ir.types import TensorType
+from ..jit import state as _jit
 from .grad_mode import state
 
 _sequence = itertools.count()
@@ -86,7 +87,7 @@ class SavedTensor:
     whose ``grad_fn`` is the saving node (needed for higher-order gradients).
     """
 
-    __slots__ = ("tensor", "data", "device", "counter", "version", "node_ref", "output_nr")
+    __slots__ = ("tensor", "data", "device", "counter", "version", "node_ref", "output_nr", "trace")
 
     def __init__(self, tensor, node: Node | None = None, output_nr: int = 0) -> None:
         if tensor._inference:
@@ -102,6 +103,7 @@ class SavedTensor:
             self.tensor = None
             self.data, self.device = tensor._data, tensor._device
             self.node_ref, self.output_nr = weakref.ref(node), output_nr
+            self.trace = tensor._trace  # a traced output keeps its IR value when unpacked
 
     def unpack(self, node: Node):
         if self.counter[0] != self.version:
@@ -119,6 +121,8 @@ class SavedTensor:
         t._version = self.counter
         t._requires_grad = True
         t.grad_fn, t._output_nr = self.node_ref(), self.output_nr
+        if self.trace is not None:
+            t._trace = self.trace
         return t
 
 
@@ -233,12 +237,18 @@ class AccumulateGrad(Node):
 def accumulate_into_grad(leaf, grad) -> None:
     if grad is None:
         return
+    if _jit.tracing:
+        _jit.grad_change(leaf)
     if leaf._grad is None:
         # Copy unless the graph is being kept for a higher order: the incoming gradient may be
         # the same tensor as another leaf's (add passes its gradient through unchanged).
         leaf._grad = grad if state.grad_enabled else grad.detach().clone()
     elif state.grad_enabled:
         leaf._grad = leaf._grad + grad  # create_graph: keep the sum differentiable
+    elif _jit.tracing:  # a trace sees the accumulation as an op
+        from ..ops import add, commit_inplace  # noqa: PLC0415
+
+        commit_inplace(leaf._grad, add(leaf._grad, grad), op="gradient accumulation")
     else:
         leaf._grad._data += grad._data
         leaf._grad._version[0] += 1

@@ -47,6 +47,7 @@ def _infer_array(data, default_float: bool = True) -> np.ndarray:
     """``data`` as a numpy array with PyTorch's inference: Python floats -> the default dtype
     (unless ``default_float`` is False: a requested dtype must not see them rounded first)."""
     if isinstance(data, Tensor):
+        data._value_access("kiln.tensor(Tensor) (a copy of its values as data)")
         return data._host()
     if isinstance(data, np.ndarray | np.generic):
         return np.asarray(data)
@@ -266,6 +267,7 @@ def to(input: Tensor, *args, dtype=None, device=None, copy: bool = False, non_bl
 
 
 def _move(input: Tensor, device: Device) -> Tensor:
+    input._value_access(f"a copy from {input._device} to {device}")  # the IR has no device transfers yet
     if input._requires_grad:
         return _device_copy().apply(input, device)  # differentiable: the gradient moves back
     return make_tensor(to_device(input._data, device), device, input._dtype)

@@ -433,6 +433,7 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
     if data.size and int(data.min()) < 0:
         raise RuntimeError("Class values must be non-negative.")
     if num_classes == -1:
+        tensor._value_access("one_hot(num_classes=-1) (the class count is read from the values)")
         num_classes = int(data.max()) + 1 if data.size else 0
         if not data.size:
             raise RuntimeError("Can not infer total number of classes from empty tensor.")

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..autograd.grad_mode import state
 from ..autograd.graph import PrimBackward, SavedTensor
+from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 
 
@@ -45,6 +46,10 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
     if track:
         _check_leaf(target, op)
         _snapshot_saved_inputs(value, target)
+    if _jit.tracing:
+        trace = _jit.current.get()
+        if trace is not None:
+            trace.on_inplace(target, value)
     if value._data is not target._data:
         target._data[...] = value._data
     target._version[0] += 1

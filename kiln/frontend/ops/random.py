@@ -180,6 +180,7 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: 
     with no_grad():
         keys = add(mul(floor_divide(gen.bits((n,)), 2), 1 << 32), gen.bits((n,)))
         # kiln has no sort primitive yet: the keys come from the traced generator, the sort reads them.
+        keys._value_access("kiln.randperm (a sort, which the IR has no primitive for yet)")
         order = make_tensor(keys._data.argsort(kind="stable"), keys._device)
     dtype = dt.int64 if dtype is None else dt.as_dtype(dtype)
     return _finish(apply(P["cast"], order, dtype=dtype) if dtype is not dt.int64 else order, requires_grad)
@@ -244,7 +245,7 @@ def _zero_gradient(value: Tensor, name: str, *params) -> Tensor:
     class Sampling(Function):
         @staticmethod
         def forward(ctx, v, *ps):
-            return make_tensor(v._data, v._device, v._dtype)
+            return v.detach()  # the same memory, outside the graph (and, when traced, the same value)
 
         @staticmethod
         def backward(ctx, g):

@@ -6,6 +6,7 @@ from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Iterator
 
 import kiln
+from kiln.frontend.jit import state as _jit
 from kiln.frontend.tensor import Tensor
 
 from ..parameter import Buffer, Parameter
@@ -62,6 +63,8 @@ class Module:
 
     # ------------------------------------------------------------------ calling and hooks
     def __call__(self, *args, **kwargs):
+        if _jit.tracing:
+            _jit.module_call(self)  # the training flag becomes a guard of kiln.compile
         for hook in tuple(self._forward_pre_hooks.values()):
             result = hook(self, args)
             if result is not None:

@@ -1,0 +1,88 @@
+"""Autograd through a compiled function: the backward graph and the node that runs it.
+
+When a traced call returns tensors that need gradients, the compiler traces the backward too:
+``autograd.grad`` of those results (with seed gradients as inputs) with respect to every
+external that requires grad, recorded into a second graph whose other inputs are forward values
+(saved: extra outputs of the forward graph). At run time each call attaches one
+``CompiledBackward`` node to its differentiable results; its ``apply`` runs the backward graph on
+the incoming gradients and the saved arrays and returns one gradient per external, along the
+externals' own autograd edges (so the caller's backward continues into their history).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir.graph import Graph
+from ..autograd.grad_mode import state as grad_state
+from ..autograd.graph import Node, _edge_of
+from ..tensor import make_tensor
+
+
+@dataclass
+class BackwardPlan:
+    graph: Graph
+    program: object
+    diff_results: list[int]  # positions in the flattened results that carry gradients
+    saved_outputs: list[int]  # forward-graph output indices holding what the backward reads
+    inputs: list[tuple]  # per backward input: ("seed", k) | ("saved", j) | ("capture", weakref)
+    wrt: list[int]  # the externals the backward returns gradients for
+    grad_outputs: list[int | None]  # per wrt: index into the backward outputs (None: no gradient)
+
+    def attach(self, spec, results: list, outputs: list, leaves: list) -> None:
+        saved = [outputs[i] for i in self.saved_outputs]
+        externals = [spec.external(k, leaves) for k in self.wrt]
+        node = CompiledBackward(self, saved, externals, [results[i] for i in self.diff_results])
+        for nr, position in enumerate(self.diff_results):
+            t = results[position]
+            t.grad_fn, t._output_nr, t._requires_grad = node, nr, True
+
+
+class CompiledBackward(Node):
+    """The backward of one compiled call: runs the compiled backward graph."""
+
+    __slots__ = ("plan", "saved", "seed_types")
+
+    def __init__(self, plan: BackwardPlan, saved: list, externals: list, results: list) -> None:
+        super().__init__(tuple(_edge_of(t) for t in externals))
+        self.plan, self.saved = plan, saved
+        self.seed_types = [(r._data.shape, r._data.dtype, r._device) for r in results]
+
+    @property
+    def num_outputs(self) -> int:  # type: ignore[override]
+        return len(self.seed_types)
+
+    def name(self) -> str:
+        return "CompiledFunctionBackward"
+
+    def apply(self, grads: list) -> tuple:
+        if self.saved is None:
+            raise RuntimeError(
+                "Trying to backward through a compiled function a second time: its saved values were "
+                "freed. Pass retain_graph=True to the first backward() if you need to run it again."
+            )
+        if grad_state.grad_enabled:
+            raise RuntimeError(
+                "a compiled function's backward is not differentiable again (create_graph=True): compile the "
+                "function that also takes the second derivative, or run it eagerly (KILN_JIT=0)"
+            )
+        arrays = []
+        for kind, payload in self.plan.inputs:
+            if kind == "seed":
+                g = grads[payload]
+                shape, dtype, _ = self.seed_types[payload]
+                arrays.append(np.zeros(shape, dtype) if g is None else g._data)
+            elif kind == "saved":
+                arrays.append(self.saved[payload])
+            else:
+                arrays.append(payload()._data)
+        outputs = self.plan.program(arrays)
+        device = self.seed_types[0][2]
+        return tuple(
+            None if i is None else make_tensor(np.array(outputs[i], copy=True), device) for i in self.plan.grad_outputs
+        )
+
+    def release(self) -> None:
+        self.saved = None

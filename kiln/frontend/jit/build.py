@@ -1,0 +1,182 @@
+"""From a finished trace to a ``Specialization``: outputs, write-backs, gradients, the backward, passes.
+
+The forward graph's outputs are, in order: the call's tensor results, the final values of the
+externals it mutated, the new ``.grad`` values, and (when the results need gradients) the
+forward values the backward graph reads.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import numpy as np
+
+from ...ir.graph import Graph, Value
+from ..autograd.grad_mode import state as grad_state
+from ..tensor import Tensor, make_tensor
+from .backward import BackwardPlan
+from .pytree import flatten
+from .specialization import Source, Specialization, tensor_state
+from .trace import Trace
+
+
+def build_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict):
+    """``(Specialization, None)``, or ``(None, why)`` when this trace must not be reused."""
+    out_leaves, out_tree = flatten(result)
+    traced = trace.finish(out_leaves)
+    if trace.broken is not None:
+        return None, f"the trace stopped: {trace.broken}"
+    new_grads = [t._grad for t, _ in trace.grads.values() if t._grad is not None]
+    escaped = trace.escaped_tensors(list(out_leaves) + new_grads + [e.tensor for e in traced.externals])
+    if escaped:
+        trace.release()
+        return None, (
+            f"the call stored {len(escaped)} new tensor(s) in Python state ({escaped[0]}, ...), as an optimizer's "
+            "first step does; this call ran eagerly and the next one traces again"
+        )
+    outputs: list[Value] = []
+    out_plan = []
+    for item in traced.outputs:
+        if isinstance(item, Value):
+            out_plan.append(("value", len(outputs)))
+            outputs.append(item)
+        else:
+            out_plan.append(item)
+    writebacks = []
+    for index, value in traced.writebacks:
+        writebacks.append((index, len(outputs)))
+        outputs.append(value)
+    grads = []
+    for index, action in traced.grads:
+        if isinstance(action, Value):
+            grads.append((index, ("value", len(outputs))))
+            outputs.append(action)
+        else:
+            grads.append((index, action))
+    backward = None
+    if grad_state.grad_enabled:
+        backward, why = _trace_backward(compiled.options, trace, traced, out_leaves, outputs)
+        if why is not None:
+            trace.release()
+            return None, why
+    graph = traced.builder.build(outputs)
+    record: list = []
+    optimized = optimize(graph, compiled.options, record)
+    sources = [_source(e) for e in traced.externals]
+    spec = Specialization(
+        graph=optimized, program=_program(optimized), sources=sources, out_tree=out_tree, out_leaves=out_plan,
+        writebacks=writebacks, grads=grads,
+        modules=[(ref, training, type(ref()).__name__) for ref, training in traced.modules],
+        prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), backward=backward,
+        key=key, passes_record=record, traced_graph=graph,
+    )  # fmt: skip
+    _dump(compiled, spec)
+    trace.release()
+    return spec, None
+
+
+def _source(external) -> Source:
+    t = external.tensor
+    name = f"{t._dtype.short}{list(t._data.shape)}"
+    if external.kind == "arg":
+        return Source("arg", external.arg_index, name=f"argument {external.arg_index}")
+    return Source("capture", ref=weakref.ref(t), snapshot=tensor_state(t), name=name)
+
+
+def optimize(graph: Graph, options, record: list) -> Graph:
+    from ...passes import DEFAULT_PIPELINE, run_pipeline  # noqa: PLC0415
+
+    passes = DEFAULT_PIPELINE if options.passes is None else options.passes
+    return run_pipeline(graph, passes, verify=options.verify, record=record)
+
+
+def _program(graph: Graph):
+    from ...ir.interpreter import prepare  # noqa: PLC0415
+
+    return prepare(graph).run
+
+
+def _dump(compiled, spec: Specialization) -> None:
+    directory = compiled.options.dump_dir
+    if not directory:
+        return
+    os.makedirs(directory, exist_ok=True)
+    number = len(compiled.state.specializations) + 1
+    stem = os.path.join(directory, f"{compiled._name()}.{number}")
+    with open(f"{stem}.0-traced.ir", "w") as f:
+        f.write(str(spec.traced_graph))
+    for i, (name, graph) in enumerate(spec.passes_record, 1):
+        with open(f"{stem}.{i}-{name}.ir", "w") as f:
+            f.write(str(graph))
+
+
+# ---------------------------------------------------------------------- the backward
+def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs: list[Value]):
+    """Trace the gradients of the differentiable results with respect to the externals."""
+    from ..autograd.api import grad as autograd_grad  # noqa: PLC0415
+
+    diff = [
+        i for i, leaf in enumerate(out_leaves)
+        if isinstance(leaf, Tensor) and leaf._requires_grad and leaf.grad_fn is not None
+    ]  # fmt: skip
+    if not diff:
+        return None, None
+    wrt = [k for k, e in enumerate(traced.externals) if e.tensor._requires_grad]
+    if not wrt:
+        return None, None
+    for index, _ in traced.writebacks:
+        if traced.externals[index].tensor._requires_grad:
+            return None, "a tensor that requires grad was changed in place inside the compiled call"
+    bwd = Trace(parent=trace).start()
+    try:
+        seeds = []
+        for i in diff:
+            seed = make_tensor(np.ones_like(out_leaves[i]._data), out_leaves[i]._device)
+            bwd.add_external(seed, "seed")
+            seeds.append(seed)
+        try:
+            grads = autograd_grad(
+                [out_leaves[i] for i in diff], [traced.externals[k].tensor for k in wrt], grad_outputs=seeds,
+                retain_graph=True, allow_unused=True,
+            )  # fmt: skip
+        except RuntimeError as error:
+            bwd.abandon()
+            if "second time" in str(error):
+                return None, None  # the call already ran backward through its results (a training step)
+            return None, f"the backward could not be traced: {error}"
+        result = bwd.finish([g for g in grads if g is not None], values_only=True)
+    except BaseException:
+        bwd.abandon()
+        raise
+    if bwd.broken is not None:
+        return None, f"the backward could not be traced: {bwd.broken}"
+    saved_outputs = []
+    for value in bwd.foreign:
+        saved_outputs.append(len(fwd_outputs))
+        fwd_outputs.append(value)
+    inputs = []
+    seed_index = {id(s): k for k, s in enumerate(seeds)}
+    foreign_inputs = {}
+    foreign_values = iter(range(len(bwd.foreign)))
+    for value in result.builder.inputs:
+        ext = next((e for e in result.externals if e.value is value), None)
+        if ext is not None and id(ext.tensor) in seed_index:
+            inputs.append(("seed", seed_index[id(ext.tensor)]))
+        elif ext is not None:
+            inputs.append(("capture", weakref.ref(ext.tensor)))
+        else:
+            j = foreign_inputs.setdefault(value, next(foreign_values))
+            inputs.append(("saved", j))
+    outputs = [v for v in result.outputs if isinstance(v, Value)]
+    grad_outputs, position = [], 0
+    for g in grads:
+        if g is None:
+            grad_outputs.append(None)
+        else:
+            grad_outputs.append(position)
+            position += 1
+    graph = result.builder.build(outputs)
+    plan = BackwardPlan(graph, _program(optimize(graph, options, [])), diff, saved_outputs, inputs, wrt, grad_outputs)
+    bwd.release()
+    return plan, None

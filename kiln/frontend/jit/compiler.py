@@ -1,0 +1,278 @@
+"""``kiln.compile``: trace on the first call of each specialization, run the compiled program after.
+
+Per call (DESIGN.md, "Tracing and compile"):
+
+1. the **key**: the arguments' structure, each tensor's shape, strides, dtype, device,
+   requires_grad and whether ``.grad`` is set, which arguments share memory, plain arguments by
+   type and value (other objects by identity), and the grad mode;
+2. each specialization cached under that key also checks the **captured state** it was traced
+   with: captured tensors alive and unchanged in shape/dtype/requires_grad/``.grad`` presence,
+   module ``training`` flags, and the objects the function's globals and closure name;
+3. on a miss the call is **traced while it runs eagerly** (its result is the eager result), the
+   pass pipeline runs, and the specialization is cached; at most ``recompile_limit`` per
+   function, after which unmatched calls run eagerly and say why.
+
+A trace that stops (``.item()``, a data-dependent shape...) leaves that key running eagerly, with
+the reason logged once; ``fullgraph=True`` raises instead. ``KILN_JIT=0`` makes every compiled
+function plain eager code.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..autograd.grad_mode import state as grad_state
+from ..tensor import Tensor
+from . import state
+from .build import build_specialization
+from .pytree import flatten
+from .trace import Trace, TraceBreak
+
+logger = logging.getLogger("kiln")
+
+
+@dataclass
+class CompileOptions:
+    """Options of ``kiln.compile``.
+
+    - ``recompile_limit``: new specializations per function; later unmatched calls run eagerly.
+    - ``backend``: ``"interpreter"`` (the IR interpreter with the eager kernels).
+    - ``passes``: the pass pipeline (None: ``kiln.passes.DEFAULT_PIPELINE``).
+    - ``dump_dir``: write each specialization's IR before and after each pass there.
+    - ``verify``: run the IR verifier after each pass (tests and debugging).
+    """
+
+    recompile_limit: int = 8
+    backend: str = "interpreter"
+    passes: tuple | None = None
+    dump_dir: str | None = None
+    verify: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:
+            raise ValueError(f"CompileOptions: recompile_limit must be an int >= 0, got {self.recompile_limit!r}")
+        if self.backend not in ("interpreter",):
+            raise ValueError(f"CompileOptions: unknown backend {self.backend!r}; expected 'interpreter'")
+
+
+@dataclass
+class EagerEntry:
+    """A key whose trace stopped: such calls run eagerly."""
+
+    reason: TraceBreak
+    key: tuple = ()
+
+
+@dataclass
+class Event:
+    """One entry of a compiled function's history (shown by ``kiln.explain``)."""
+
+    kind: str  # "compiled" | "break" | "not cached" | "recompile limit"
+    detail: str
+
+
+@dataclass
+class CompileState:
+    specializations: list = field(default_factory=list)
+    cache: dict = field(default_factory=dict)  # key -> list of Specialization | EagerEntry
+    events: list[Event] = field(default_factory=list)
+    logged: set = field(default_factory=set)
+    last_key: tuple | None = None
+
+
+class CompiledFunction:
+    """What ``kiln.compile(fn)`` returns: call it like ``fn``."""
+
+    def __init__(self, fn, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None,
+                 guard_code=None):  # fmt: skip
+        if not callable(fn):
+            raise TypeError(f"kiln.compile expected a function, method or nn.Module, got {type(fn).__name__}")
+        if options is not None and not isinstance(options, CompileOptions):
+            raise TypeError(f"kiln.compile: options must be a kiln.CompileOptions, got {type(options).__name__}")
+        self.fn = fn
+        self.fullgraph = fullgraph
+        self.check = check
+        self.options = options or CompileOptions()
+        self.state = CompileState()
+        self.enabled = os.environ.get("KILN_JIT", "1") != "0"
+        code_fn = guard_code or getattr(fn, "__func__", fn)  # whose globals and closure are guarded
+        self._globals = getattr(code_fn, "__globals__", None)
+        self._code = getattr(code_fn, "__code__", None)
+        self._closure = getattr(code_fn, "__closure__", None)
+        functools.update_wrapper(self, fn, updated=())
+
+    def __get__(self, obj, objtype=None):
+        """``@kiln.compile`` on a method: bind like a function, sharing this cache."""
+        if obj is None:
+            return self
+        return functools.partial(self.__call__, obj)
+
+    @property
+    def graph(self):
+        """The IR of the most recent specialization (after the passes)."""
+        specs = self.state.specializations
+        return specs[-1].graph if specs else None
+
+    # ------------------------------------------------------------------ calling
+    def __call__(self, *args, **kwargs):
+        if not self.enabled or state.current.get() is not None:
+            return self.fn(*args, **kwargs)  # disabled, or inside another trace: trace through
+        leaves, tree = flatten((args, kwargs))
+        key = call_key(tree, leaves)
+        closure_values = self._closure_values()
+        miss = "first call"
+        for entry in self.state.cache.get(key, ()):
+            if isinstance(entry, EagerEntry):
+                self._log_once(("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}")
+                return self.fn(*args, **kwargs)
+            miss = entry.state_miss(self._globals, closure_values)
+            if miss is None:
+                if self.check:
+                    from .check import run_checked  # noqa: PLC0415
+
+                    return run_checked(self, entry, args, kwargs, leaves)
+                return entry.run(leaves)
+        if key not in self.state.cache and self.state.last_key is not None:
+            miss = describe_key_change(self.state.last_key, key)
+        if len(self.state.specializations) >= self.options.recompile_limit:
+            self._event("recompile limit", f"{miss}; limit of {self.options.recompile_limit} reached", once=True)
+            return self.fn(*args, **kwargs)
+        return self._trace(args, kwargs, leaves, key, miss)
+
+    def _trace(self, args, kwargs, leaves, key, reason: str):
+        trace = Trace(fullgraph=self.fullgraph).start()
+        try:
+            for i, leaf in enumerate(leaves):
+                if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input
+                    trace.add_external(leaf, "arg", i)
+            result = self.fn(*args, **kwargs)
+        except BaseException:
+            trace.abandon()
+            raise
+        self.state.last_key = key
+        if trace.broken is not None:
+            trace.abandon()
+            self.state.cache.setdefault(key, []).append(EagerEntry(trace.broken, key))
+            self._event("break", str(trace.broken), once=False)
+            self._log_once(("break", str(trace.broken)), f"running eagerly: the trace stopped: {trace.broken}")
+            return result
+        spec, why_not = build_specialization(self, trace, result, leaves, key, closure_values=self._closure_values())
+        if spec is None:
+            self._event("not cached", why_not, once=False)
+            return result
+        self.state.specializations.append(spec)
+        self.state.cache.setdefault(key, []).append(spec)
+        self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
+        return result
+
+    # ------------------------------------------------------------------ guards on globals and closures
+    def _closure_values(self) -> dict:
+        if not self._closure or self._code is None:
+            return {}
+        values = {}
+        for name, cell in zip(self._code.co_freevars, self._closure, strict=True):
+            try:
+                values["closure:" + name] = cell.cell_contents
+            except ValueError:  # an empty cell
+                pass
+        return values
+
+    def guarded_names(self, closure_values: dict) -> list[tuple[str, Any]]:
+        """The globals and closure variables the function names, with their current objects."""
+        guards = []
+        if self._code is not None and self._globals is not None:
+            for name in _names(self._code):
+                if name in self._globals:
+                    guards.append((name, self._globals[name]))
+        guards.extend(closure_values.items())
+        return guards
+
+    # ------------------------------------------------------------------ reporting
+    def _event(self, kind: str, detail: str, once: bool = False) -> None:
+        if once and any(e.kind == kind and e.detail == detail for e in self.state.events):
+            return
+        self.state.events.append(Event(kind, detail))
+        if kind == "compiled":
+            logger.debug("kiln.compile(%s): %s", self._name(), detail)
+        elif kind != "break":
+            self._log_once((kind, detail), detail)
+
+    def _log_once(self, key, message: str) -> None:
+        if key in self.state.logged:
+            return
+        self.state.logged.add(key)
+        logger.warning("kiln.compile(%s): %s", self._name(), message)
+
+    def _name(self) -> str:
+        return getattr(self.fn, "__qualname__", None) or type(self.fn).__name__
+
+    def __repr__(self) -> str:
+        return f"<compiled {self._name()}: {len(self.state.specializations)} specialization(s)>"
+
+
+def _names(code) -> list[str]:
+    """Global names a code object reads, including those of nested functions and comprehensions."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names.extend(_names(const))
+    return list(dict.fromkeys(names))
+
+
+# ---------------------------------------------------------------------- keys
+_PLAIN = (int, float, bool, str, bytes, complex, type(None))
+
+
+def call_key(tree, leaves: list) -> tuple:
+    roots: dict[int, int] = {}
+    parts = []
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, Tensor):
+            data = leaf._data
+            root = leaf._base if leaf._base is not None else leaf
+            alias = roots.setdefault(id(root), i)
+            parts.append(
+                ("tensor", data.shape, data.strides, leaf._dtype, leaf._device, leaf._requires_grad,
+                 leaf._grad is not None, alias)
+            )  # fmt: skip
+        elif type(leaf) is float:
+            parts.append((float, leaf.hex()))  # -0.0 and nan are values of their own
+        elif isinstance(leaf, _PLAIN):
+            parts.append((type(leaf), leaf))
+        else:
+            try:
+                hash(leaf)
+                parts.append(("object", type(leaf), id(leaf), leaf if _hashable_by_value(leaf) else None))
+            except TypeError:
+                parts.append(("object", type(leaf), id(leaf), None))
+    return (tree, tuple(parts), grad_state.grad_enabled)
+
+
+def _hashable_by_value(leaf) -> bool:
+    from ...ir.dtypes import DType  # noqa: PLC0415
+    from ...ir.types import Device  # noqa: PLC0415
+
+    return isinstance(leaf, DType | Device)
+
+
+def describe_key_change(old: tuple, new: tuple) -> str:
+    """Which guard of the key changed, in words: the reason for a retrace."""
+    if old[2] != new[2]:
+        return f"grad mode changed from {old[2]} to {new[2]}"
+    if old[0] != new[0]:
+        return "the structure of the arguments changed"
+    names = ("shape", "strides", "dtype", "device", "requires_grad", ".grad is set", "memory shared with argument")
+    for i, (a, b) in enumerate(zip(old[1], new[1], strict=True)):
+        if a == b:
+            continue
+        if a[0] == "tensor" and b[0] == "tensor":
+            changes = [f"{n} {x} -> {y}" for n, x, y in zip(names, a[1:], b[1:], strict=True) if x != y]
+            return f"argument {i}: " + ", ".join(changes)
+        if a[0] == "object" or b[0] == "object":
+            return f"argument {i}: a different object"
+        return f"argument {i}: {a[1]!r} -> {b[1]!r}" if a[0] is b[0] else f"argument {i}: type changed"
+    return "the arguments changed"

@@ -1,0 +1,58 @@
+"""The tracer's footprint on the eager hot paths: one flag and one context variable.
+
+``tracing`` counts the traces running in any thread, so that eager code pays one attribute
+read per op when nothing is traced; the trace of *this* thread or task lives in the context
+variable ``current`` (DESIGN.md: the active trace is never a module global). The hooks below are
+what tensors, dispatch and autograd call; each looks up the current trace and does nothing
+when there is none.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any
+
+tracing = 0
+current: ContextVar[Any] = ContextVar("kiln_trace", default=None)
+
+
+def stamp(tensor) -> None:
+    """``make_tensor`` calls this while tracing: mark ``tensor`` as born inside the trace."""
+    trace = current.get()
+    if trace is not None:
+        trace.on_new_tensor(tensor)
+
+
+def value_access(tensor, what: str) -> None:
+    """Python is about to read ``tensor``'s values (``bool``, ``.item()``...): the trace stops here."""
+    trace = current.get()
+    if trace is not None:
+        trace.on_value_access(tensor, what)
+
+
+def grad_change(tensor) -> None:
+    """``tensor.grad`` is about to be replaced (assignment, accumulation, zero_grad)."""
+    trace = current.get()
+    if trace is not None:
+        trace.on_grad_change(tensor)
+
+
+def module_call(module) -> None:
+    """A module runs: its ``training`` flag becomes a guard of the trace."""
+    trace = current.get()
+    if trace is not None:
+        trace.on_module_call(module)
+
+
+def before_each_call(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` eagerly now and, when called inside ``kiln.compile``'s trace,
+    again before every call of the compiled program.
+
+    For code that copies Python state into tensors, such as an optimizer writing its learning
+    rate (a Python float that a scheduler changes) into the 0-d tensor that ``step()`` reads: the
+    compiled program then reads the tensor as an input instead of baking the float in.
+    """
+    trace = current.get()
+    if trace is None:
+        return fn(*args, **kwargs)
+    return trace.run_prologue(fn, args, kwargs)

@@ -1,0 +1,416 @@
+"""Tracing during a real eager run: every primitive that executes is also recorded as an IR node.
+
+A tensor met by the trace is *bound*: ``tensor._trace = (trace, value, version)`` says which IR
+value holds its contents at that version of its memory. Tensors come in three kinds:
+
+- **externals**: tensors that existed before the call (arguments, parameters, tensors in
+  closures, optimizer state, the generator's state). Each becomes a graph input, read at every
+  call, never a constant.
+- **born** tensors: made during the call. Results of primitives are bound to the node's output;
+  tensors made from Python data (``kiln.tensor([...])``) become constants at their first use.
+- **views** of either: their value is derived from the value of the tensor whose memory they
+  share, at the positions read off their strides (the mechanism of ``ops/inplace.py``).
+
+In-place ops are functionalized: ``commit_inplace`` reports each write, the written tensor is
+rebound to the new value (a view's base to "base with the view's positions replaced"), and
+every other view of that memory sees its version counter move and re-derives its value.
+Externals whose final value differs from their input value are written back after each call.
+
+Anything that needs a concrete value (``bool(t)``, ``.item()``, data-dependent shapes...)
+stops the trace: the call simply finishes eagerly (it *is* an eager run), and the reason and
+the user's source line are kept; ``fullgraph=True`` raises instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...ir.graph import GraphBuilder, SourceLocation, Value
+from ...ir.types import TensorType
+from . import state
+
+_KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+
+
+class TraceBreakError(RuntimeError):
+    """``fullgraph=True``: the function did something a graph cannot capture (the message says what and where)."""
+
+
+@dataclass(frozen=True)
+class TraceBreak:
+    """Why and where a trace stopped."""
+
+    reason: str
+    loc: SourceLocation | None
+
+    def __str__(self) -> str:
+        where = f" at {self.loc}" if self.loc else ""
+        return f"{self.reason}{where}"
+
+
+@dataclass
+class External:
+    """A tensor from outside the call: a graph input."""
+
+    tensor: object
+    value: Value
+    kind: str  # "arg" (position in the flattened arguments) or "capture"
+    arg_index: int | None = None
+
+
+@dataclass
+class TraceResult:
+    """What a finished trace hands to the compiler (the graph's inputs are the externals' values)."""
+
+    builder: GraphBuilder
+    externals: list[External]
+    outputs: list  # per flattened result leaf: a Value, or ("external", index), or ("python", value)
+    writebacks: list[tuple[int, Value]]  # (external index, final value)
+    grads: list[tuple[int, object]]  # (external index, Value | None | ("external", index))
+    modules: list[tuple[weakref.ref, bool]]
+    prologues: list
+    escaped: list[str] = field(default_factory=list)
+
+
+_LOCATIONS: dict[tuple[str, int, str], SourceLocation] = {}
+
+
+def user_location(depth: int = 2) -> SourceLocation | None:
+    """The innermost frame outside the kiln package: the user's line that led to this op."""
+    frame = sys._getframe(depth)
+    while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    key = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+    loc = _LOCATIONS.get(key)
+    if loc is None:
+        loc = _LOCATIONS[key] = SourceLocation(*key)
+    return loc
+
+
+def type_of(t) -> TensorType:
+    return TensorType(tuple(t._data.shape), t._dtype, t._device)
+
+
+class Trace:
+    """The recording of one call. Enter with ``start()``, leave with ``finish()`` or ``abandon()``."""
+
+    def __init__(self, *, fullgraph: bool = False, parent: Trace | None = None) -> None:
+        self.builder = GraphBuilder()
+        self.fullgraph = fullgraph
+        self.parent = parent  # a backward trace reads the forward trace's values as inputs
+        self.externals: list[External] = []
+        self._external_index: dict[int, int] = {}  # id(tensor) -> index in externals
+        self._roots: dict[int, list[int]] = {}  # id(memory owner) -> externals sharing that memory
+        self.foreign: list[Value] = []  # parent values read by this trace, parallel to their inputs here
+        self._foreign_index: dict[Value, Value] = {}
+        self.born: list[weakref.ref] = []
+        self.grads: dict[int, tuple] = {}  # id(tensor) -> (tensor, .grad before the trace touched it)
+        self.modules: dict[int, tuple[weakref.ref, bool]] = {}
+        self.prologues: list = []
+        self.broken: TraceBreak | None = None
+        self._token = None
+
+    # ------------------------------------------------------------------ entering and leaving
+    def start(self) -> Trace:
+        self._token = state.current.set(self)
+        state.tracing += 1
+        return self
+
+    def _leave(self) -> None:
+        if self._token is not None:
+            state.current.reset(self._token)
+            state.tracing -= 1
+            self._token = None
+
+    def stop(self, reason: str, loc: SourceLocation | None) -> None:
+        """Stop recording; the call goes on eagerly."""
+        if self.broken is None:
+            self.broken = TraceBreak(reason, loc)
+        # Later ops of this call run untraced: detach this context from the trace.
+        state.current.set(None)
+
+    def abandon(self) -> None:
+        self._leave()
+        self.release()
+
+    def release(self) -> None:
+        """Unbind every tensor this trace bound, and drop the trace's references to them."""
+        for ext in self.externals:
+            if ext.tensor._trace is not None and ext.tensor._trace[0] is self:
+                ext.tensor._trace = None
+        for ref in self.born:
+            t = ref()
+            if t is not None and t._trace is not None and t._trace[0] is self:
+                t._trace = None
+        self.externals, self.born, self.grads = [], [], {}
+        self._external_index, self._roots = {}, {}
+
+    # ------------------------------------------------------------------ hooks from eager code
+    def on_new_tensor(self, t) -> None:
+        t._trace = (self, None, -1)
+        self.born.append(weakref.ref(t))
+
+    def on_value_access(self, t, what: str) -> None:
+        self.break_here(f"{what} reads a tensor's values, which a traced graph cannot depend on")
+
+    def break_here(self, reason: str) -> None:
+        loc = user_location(3)
+        if self.fullgraph:
+            self._leave()
+            where = f"\n  at {loc}" if loc else ""
+            raise TraceBreakError(
+                f"kiln.compile(fullgraph=True): {reason}{where}\n"
+                "Move that code out of the compiled function, or drop fullgraph=True to run such calls eagerly."
+            )
+        self.stop(reason, loc)
+
+    def on_grad_change(self, t) -> None:
+        key = id(t)
+        if key not in self.grads:
+            self.grads[key] = (t, t._grad)
+
+    def on_module_call(self, module) -> None:
+        self.modules.setdefault(id(module), (weakref.ref(module), module.training))
+
+    def run_prologue(self, fn, args, kwargs):
+        self.prologues.append((fn, args, kwargs))
+        token = state.current.set(None)  # the prologue runs eagerly, outside the graph
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            state.current.reset(token)
+
+    # ------------------------------------------------------------------ recording ops
+    def record(self, prim, inputs, attrs: dict, result) -> None:
+        """Dispatch ran ``prim`` eagerly; record the node and bind the result to its output."""
+        values = [self.value_of(t) for t in inputs]
+        if state.current.get() is not self:  # reading an input broke the trace
+            return
+        out = self.builder.node(prim.name, values, attrs, type=type_of(result), loc=user_location(3))
+        result._trace = (self, out, result._version[0])
+
+    def value_of(self, t) -> Value:
+        """The IR value holding ``t``'s current contents (making it an input or constant if new)."""
+        binding = t._trace
+        if binding is not None:
+            owner, value, version = binding
+            if owner is self:
+                if value is not None and version == t._version[0]:
+                    return value
+                if t._base is not None:
+                    return self._derive_view(t)
+                if value is None:
+                    return self._constant(t)
+                self.break_here("a tensor's memory was changed outside kiln's ops (for example through .numpy())")
+                return self._constant(t)
+            if owner is self.parent and owner is not None and value is not None and version == t._version[0]:
+                return self._from_parent(value, t)
+        return self.add_external(t, "capture")
+
+    def is_bound(self, t) -> bool:
+        return t._trace is not None and t._trace[0] is self
+
+    def add_external(self, t, kind: str, arg_index: int | None = None) -> Value:
+        value = self.builder.input(type_of(t))
+        index = len(self.externals)
+        self.externals.append(External(t, value, kind, arg_index))
+        self._external_index[id(t)] = index
+        root = t._base if t._base is not None else t
+        self._roots.setdefault(id(root), []).append(index)
+        t._trace = (self, value, t._version[0])
+        return value
+
+    def _from_parent(self, parent_value: Value, t) -> Value:
+        value = self._foreign_index.get(parent_value)
+        if value is None:
+            value = self._foreign_index[parent_value] = self.builder.input(parent_value.type)
+            self.foreign.append(parent_value)
+        return value
+
+    def _constant(self, t) -> Value:
+        value = self.builder.constant(np.array(t._host(), copy=True), type_of(t), user_location(4))
+        t._trace = (self, value, t._version[0])
+        return value
+
+    # ------------------------------------------------------------------ views and mutation
+    def _anchor(self, t):
+        """The tensor whose value ``t``'s value is derived from: its base, or the one external that
+        holds ``t``'s memory when the base itself is unknown to the trace (a view of an argument)."""
+        base = t._base
+        binding = base._trace
+        if binding is not None and binding[0] is self:
+            return base
+        sharing = [self.externals[i].tensor for i in self._roots.get(id(base), ())]
+        inside = [e for e in sharing if e is not t and _contains(e._data, t._data)]
+        return inside[0] if len(inside) == 1 else base
+
+    def _derive_view(self, t) -> Value:
+        anchor = self._anchor(t)
+        out = self._gather(anchor, t)
+        t._trace = (self, self.value_of(out), t._version[0])
+        return t._trace[1]
+
+    def _gather(self, anchor, view):
+        """A born tensor holding ``view``'s elements taken from ``anchor`` (recorded ops)."""
+        from ..autograd.grad_mode import no_grad  # noqa: PLC0415
+        from ..ops import reshape, take_flat  # noqa: PLC0415
+        from ..ops.inplace import view_positions  # noqa: PLC0415
+        from ..tensor import make_tensor  # noqa: PLC0415
+
+        positions = view_positions(anchor._data, view._data)
+        with no_grad():
+            if _is_identity(positions, anchor._data.size):
+                return reshape(anchor, tuple(view._data.shape))
+            return take_flat(anchor, make_tensor(positions, anchor._device))
+
+    def on_inplace(self, target, value) -> None:
+        """``commit_inplace`` is about to write ``value`` into ``target``: rebind, functionally."""
+        new_value = self.value_of(value)
+        if state.current.get() is not self:
+            return
+        version = target._version[0] + 1  # commit_inplace bumps the shared counter after writing
+        index = self._external_index.get(id(target))
+        if index is not None or target._base is None:
+            if index is not None and len(self._roots[id(target._base if target._base is not None else target)]) > 1:
+                self.break_here("an in-place change of an input that shares memory with another input")
+                return
+            target._trace = (self, new_value, version)
+            return
+        anchor = self._anchor(target)
+        updated = self._scatter(anchor, target, value)
+        if state.current.get() is not self:
+            return
+        anchor_index = self._external_index.get(id(anchor))
+        anchor_root = anchor._base if anchor._base is not None else anchor
+        if anchor_index is not None and len(self._roots[id(anchor_root)]) > 1:
+            self.break_here("an in-place change of a view of an input that shares memory with another input")
+            return
+        anchor._trace = (self, self.value_of(updated), version)
+        target._trace = (self, new_value, version)
+
+    def _scatter(self, anchor, view, value):
+        """A born tensor: ``anchor``'s value with ``view``'s positions replaced by ``value``."""
+        from ..autograd.grad_mode import no_grad  # noqa: PLC0415
+        from ..ops import index_put, reshape  # noqa: PLC0415
+        from ..ops.inplace import view_positions  # noqa: PLC0415
+        from ..tensor import make_tensor  # noqa: PLC0415
+
+        positions = view_positions(anchor._data, view._data)
+        shape = tuple(anchor._data.shape)
+        with no_grad():
+            if _is_identity(positions, anchor._data.size):
+                return reshape(value, shape)
+            flat = reshape(anchor, (-1,))
+            index = make_tensor(positions.reshape(-1), anchor._device)
+            return reshape(index_put(flat, (index,), reshape(value, (-1,))), shape)
+
+    # ------------------------------------------------------------------ the end
+    def finish(self, leaves: list, values_only: bool = False) -> TraceResult:
+        """Close the trace over the call's flattened results (``values_only``: results that are
+        externals come out as their values rather than as the external itself)."""
+        outputs = []
+        for leaf in leaves:
+            if _is_tensor(leaf):
+                index = self._external_index.get(id(leaf))
+                if index is not None and self.externals[index].tensor is leaf and not values_only:
+                    outputs.append(("external", index))
+                else:
+                    outputs.append(self.value_of(leaf))
+            else:
+                outputs.append(("python", leaf))
+        grads = []
+        for t, before in list(self.grads.values()):
+            after = t._grad
+            if after is before:
+                continue
+            index = self._external_index.get(id(t))
+            if index is None:
+                self.add_external(t, "capture")
+                index = len(self.externals) - 1
+            if after is None:
+                grads.append((index, None))
+            elif id(after) in self._external_index and self.externals[self._external_index[id(after)]].tensor is after:
+                grads.append((index, ("external", self._external_index[id(after)])))
+            else:
+                grads.append((index, self.value_of(after)))
+        writebacks = []
+        for index, ext in enumerate(self.externals):
+            binding = ext.tensor._trace
+            if binding is None or binding[0] is not self or binding[2] != ext.tensor._version[0]:
+                if ext.tensor._base is not None:
+                    continue  # a view of an anchor that is written back
+                self.break_here("a tensor's memory was changed outside kiln's ops")
+                continue
+            if binding[1] is not ext.value:
+                writebacks.append((index, binding[1]))
+        result = TraceResult(
+            self.builder, self.externals, outputs, writebacks, grads,
+            list(self.modules.values()), self.prologues,
+        )  # fmt: skip
+        self._leave()
+        return result
+
+    def escaped_tensors(self, keep: list) -> list[str]:
+        """Born tensors still alive after the call other than the results (and what they hold on
+        to): the call stored them in Python state, e.g. an optimizer's moments on its first step."""
+        allowed = _reachable(keep)
+        escaped = []
+        for ref in self.born:
+            t = ref()
+            if t is not None and id(t) not in allowed:
+                escaped.append(f"a {t._dtype.name} tensor of shape {tuple(t._data.shape)}")
+        return escaped
+
+
+def _is_tensor(x) -> bool:
+    return hasattr(x, "_trace") and hasattr(x, "_data")
+
+
+def _is_identity(positions: np.ndarray, size: int) -> bool:
+    return positions.size == size and bool((positions.reshape(-1) == np.arange(size)).all())
+
+
+def _contains(outer, inner) -> bool:
+    lo, hi = np.byte_bounds(outer)
+    ilo, ihi = np.byte_bounds(inner)
+    return lo <= ilo and ihi <= hi
+
+
+def _reachable(roots: list) -> set[int]:
+    """ids of the tensors reachable from ``roots`` through views, grads and autograd graphs."""
+    seen: set[int] = set()
+    nodes_seen: set[int] = set()
+    stack = list(roots)
+    nodes = []
+    while stack or nodes:
+        while stack:
+            t = stack.pop()
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            stack.extend((t._base, t._grad))
+            if t.grad_fn is not None:
+                nodes.append(t.grad_fn)
+        if nodes:
+            node = nodes.pop()
+            if id(node) in nodes_seen:
+                continue
+            nodes_seen.add(id(node))
+            for saved in getattr(node, "saved_inputs", None) or ():
+                stack.append(getattr(saved, "tensor", None))
+            for saved in getattr(getattr(node, "ctx", None), "_saved", None) or ():
+                stack.append(getattr(saved, "tensor", None))
+            for edge in node.next_edges:
+                if edge is not None:
+                    nodes.append(edge[0])
+            variable = getattr(node, "variable", None)
+            if variable is not None:
+                stack.append(variable)
+    return seen

@@ -1,0 +1,51 @@
+"""``kiln.compile(module)``: a module whose calls are compiled, and which is otherwise the module.
+
+The wrapper shares the original's parameter, buffer, submodule and hook tables, so parameters,
+``state_dict``/``load_state_dict``, ``to``, ``train``/``eval`` and hooks act on the same
+objects; other attributes are read from the original module.
+"""
+
+from __future__ import annotations
+
+from kiln.frontend.jit.compiler import CompiledFunction
+
+from .module import Module
+
+_SHARED = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_forward_hooks", "_forward_pre_hooks")
+
+
+class CompiledModule(Module):
+    def __init__(self, module: Module, **options) -> None:
+        d = self.__dict__
+        d["_orig_mod"] = module
+        for name in _SHARED:
+            d[name] = module.__dict__[name]
+        d["_compiled"] = CompiledFunction(module, guard_code=type(module).forward, **options)
+
+    @property
+    def training(self) -> bool:  # type: ignore[override]
+        return self._orig_mod.training
+
+    def train(self, mode: bool = True) -> CompiledModule:
+        self._orig_mod.train(mode)
+        return self
+
+    def forward(self, *args, **kwargs):
+        return self._orig_mod.forward(*args, **kwargs)
+
+    def __call__(self, *args, **kwargs):
+        return self._compiled(*args, **kwargs)
+
+    @property
+    def graph(self):
+        """The IR of the most recent specialization."""
+        return self._compiled.graph
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_orig_mod"], name)
+
+    def __repr__(self) -> str:
+        return repr(self._orig_mod)
