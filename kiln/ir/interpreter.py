@@ -1,0 +1,188 @@
+"""Run a graph with the primitives' eager kernels: the reference executor and the JIT's fallback.
+
+``interpret(graph, inputs)`` checks the inputs against the graph's input types, runs the nodes
+in order and returns the outputs. The work that depends only on the graph (kernels looked up,
+values numbered into slots of a list, the point after which each value is dead) is done once per
+graph by ``Program`` and cached, so a graph called many times pays only for its kernels and a
+list index per argument.
+
+Each value is dropped right after its last use, so a large intermediate does not outlive the node
+that reads it last. Outputs may be the caller's own input arrays (a graph that returns an input)
+but never the graph's constant arrays, which are copied on the way out so that a caller writing
+into an output cannot change the graph. Floating-point exceptions are values (inf, nan), not
+warnings, as in eager execution.
+
+>>> from kiln.ir.graph import GraphBuilder
+>>> from kiln.ir.types import TensorType
+>>> from kiln.ir.dtypes import float32
+>>> b = GraphBuilder()
+>>> x = b.input(TensorType((3,), float32))
+>>> y = b.node("mul", [x, x])
+>>> interpret(b.build([y]), [np.array([1.0, 2.0, 3.0], np.float32)])
+[array([1., 4., 9.], dtype=float32)]
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .graph import CONSTANT, Graph, Node, Value
+from .primitives import PRIMITIVES
+
+
+class Program:
+    """A graph prepared for repeated runs. Holds no reference to the graph itself, so that the
+    cache of programs (keyed weakly by graph) lets graphs go."""
+
+    __slots__ = ("_input_slots", "_input_types", "_steps", "_nodes", "_output_slots", "_copy_outputs",
+                 "_template", "_constant_slots", "_on_device")  # fmt: skip
+
+    def __init__(self, graph: Graph) -> None:
+        slots: dict[Value, int] = {v: i for i, v in enumerate(graph.values())}
+        self._input_slots = tuple(slots[v] for v in graph.inputs)
+        self._input_types = tuple((v.type.shape, v.type.dtype.np, v.type) for v in graph.inputs)
+        self._output_slots = tuple(slots[v] for v in graph.outputs)
+        self._template: list[Any] = [None] * len(slots)
+        self._constant_slots: list[tuple[int, np.ndarray]] = []
+        self._on_device: dict[int, tuple[Any, list[Any]]] = {}  # id(xp) -> (xp, template with its constants)
+        for node in graph.nodes:
+            if node.op == CONSTANT:
+                slot = slots[node.output]
+                self._template[slot] = graph.constants[node.attrs["name"]]
+                self._constant_slots.append((slot, self._template[slot]))
+        # Steps are the non-constant nodes; each remembers its index in the graph for error messages.
+        self._nodes = tuple((i, node) for i, node in enumerate(graph.nodes) if node.op != CONSTANT)
+        nodes = [node for _, node in self._nodes]
+        self._steps = tuple(_step(position, node, slots, frees) for position, (node, frees) in
+                            enumerate(zip(nodes, _dead_after(nodes, graph, slots))))  # fmt: skip
+        aliases = _constant_aliases(graph)
+        self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in aliases)
+
+    def run(self, inputs: Sequence[Any], xp: Any = np) -> list[Any]:
+        """The graph's outputs for ``inputs`` (arrays of ``xp``), as a list."""
+        self._check(inputs)
+        env = self._template.copy() if xp is np else self._device_template(xp).copy()
+        for slot, array in zip(self._input_slots, inputs):
+            env[slot] = array
+        ndarray, read = xp.ndarray, env.__getitem__
+        step: tuple = ()
+        with np.errstate(all="ignore"):  # inf and nan are values in kiln, not warnings
+            try:
+                for step in self._steps:
+                    eager, args, attrs, out, frees, dtype, _ = step
+                    result = eager(xp, *map(read, args), **attrs)
+                    if result.__class__ is not ndarray:  # numpy gives scalars for 0-d results
+                        result = xp.asarray(result, dtype=dtype)
+                    env[out] = result
+                    for slot in frees:
+                        env[slot] = None
+            except Exception as error:
+                index, node = self._nodes[step[6]]
+                raise _node_error(node, index, error) from error
+        outputs = [env[slot] for slot in self._output_slots]
+        for i in self._copy_outputs:
+            outputs[i] = outputs[i].copy()
+        return outputs
+
+    __call__ = run
+
+    def _check(self, inputs: Sequence[Any]) -> None:
+        if len(inputs) != len(self._input_types):
+            raise TypeError(f"the graph expects {len(self._input_types)} inputs, got {len(inputs)}")
+        for i, (array, (shape, dtype, expected)) in enumerate(zip(inputs, self._input_types)):
+            given_dtype = getattr(array, "dtype", None)
+            if getattr(array, "shape", None) != shape or (given_dtype is not dtype and given_dtype != dtype):
+                given = (f"{given_dtype} of shape {tuple(array.shape)}" if given_dtype is not None
+                         else f"a {type(array).__name__}")  # fmt: skip
+                raise TypeError(
+                    f"input {i} of the graph: expected {expected.dtype.name} of shape {shape} ({expected}), got {given}"
+                )
+
+    def _device_template(self, xp: Any) -> list[Any]:
+        # Constants live in numpy arrays; another namespace gets them copied to its device once
+        # (keyed by identity: a namespace need not be hashable).
+        entry = self._on_device.get(id(xp))
+        if entry is None or entry[0] is not xp:
+            template = self._template.copy()
+            for slot, array in self._constant_slots:
+                template[slot] = xp.asarray(array)
+            entry = self._on_device[id(xp)] = (xp, template)
+        return entry[1]
+
+
+_PROGRAMS: weakref.WeakKeyDictionary[Graph, Program] = weakref.WeakKeyDictionary()
+
+
+def prepare(graph: Graph) -> Program:
+    """The ``Program`` of ``graph``, built on first use and cached while the graph lives."""
+    program = _PROGRAMS.get(graph)
+    if program is None:
+        program = _PROGRAMS[graph] = Program(graph)
+    return program
+
+
+def interpret(graph: Graph, inputs: Sequence[Any], xp: Any = np) -> list[Any]:
+    """Run ``graph`` on ``inputs`` (arrays of the namespace ``xp``) and return its outputs."""
+    return prepare(graph).run(inputs, xp)
+
+
+# ----------------------------------------------------------------------------- preparation
+def _step(position: int, node: Node, slots: dict[Value, int], frees: tuple[int, ...]) -> tuple:
+    assert len(node.outputs) == 1, f"{node.op} has {len(node.outputs)} outputs; the interpreter expects one"
+    out = node.outputs[0]
+    eager = PRIMITIVES[node.op].eager
+    args = tuple(slots[v] for v in node.inputs)
+    return (eager, args, dict(node.attrs), slots[out], frees, out.type.dtype.np, position)
+
+
+def _dead_after(nodes: list[Node], graph: Graph, slots: dict[Value, int]) -> list[tuple[int, ...]]:
+    """For each node, the slots no later node reads: dropped right after it runs.
+
+    A value nothing reads dies where it is defined (inputs and constants at the first node);
+    graph outputs never die.
+    """
+    last_use = {v: -1 for v in graph.inputs}
+    for node in graph.nodes:
+        if node.op == CONSTANT:
+            last_use[node.output] = -1
+    for index, node in enumerate(nodes):
+        for v in node.outputs:
+            last_use[v] = index
+        for v in node.inputs:
+            last_use[v] = index
+    for v in graph.outputs:
+        last_use.pop(v, None)
+    dead: list[list[int]] = [[] for _ in nodes]
+    for v, index in last_use.items():
+        if nodes:
+            dead[max(index, 0)].append(slots[v])
+    return [tuple(d) for d in dead]
+
+
+def _constant_aliases(graph: Graph) -> set[Value]:
+    """Values that may share memory with a constant array: constants and views of them."""
+    aliases: set[Value] = set()
+    for node in graph.nodes:
+        if node.op == CONSTANT or (PRIMITIVES[node.op].is_view and node.inputs[0] in aliases):
+            aliases.update(node.outputs)
+    return aliases
+
+
+# ----------------------------------------------------------------------------- errors
+def _node_error(node: Node, index: int, error: Exception) -> Exception:
+    """``error`` with the node that raised it and the user's line that made the node."""
+    inputs = ", ".join(f"%{v.id}" for v in node.inputs)
+    outputs = ", ".join(f"%{v.id}" for v in node.outputs)
+    where = f" at {node.loc}" if node.loc is not None else " (no source location)"
+    message = f"{error}\n  while running node {index}: {outputs} = {node.op}({inputs}){where}"
+    try:
+        wrapped = type(error)(message)
+    except Exception:  # noqa: BLE001 - an exception type whose constructor takes other arguments
+        return RuntimeError(f"{type(error).__name__}: {message}")
+    if str(wrapped) != message:  # e.g. KeyError quotes its argument; keep the text readable
+        return RuntimeError(f"{type(error).__name__}: {message}")
+    return wrapped

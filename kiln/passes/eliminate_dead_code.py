@@ -1,0 +1,30 @@
+"""Dead-code elimination: drop the nodes no graph output depends on."""
+
+from __future__ import annotations
+
+from ..ir.graph import CONSTANT, Graph, Node, Value
+
+
+def eliminate_dead_code(graph: Graph) -> Graph:
+    """Keep only the nodes some graph output depends on (transitively), and only the constant
+    arrays the kept constant nodes name. Inputs stay, used or not: they are the signature.
+
+    Needs: a graph in topological order. Establishes: every node output is used or is a graph output.
+
+    Random nodes are dropped like any other when unused: ``random_bits`` is a pure function of
+    its state input (counter-based Philox), and advancing the generator is not a side effect of
+    the node but separate arithmetic on the state whose result is a graph output (written back
+    after each call). Dropping an unused draw therefore cannot change later draws.
+    """
+    live: set[Value] = set(graph.outputs)
+    kept: list[Node] = []
+    for node in reversed(graph.nodes):
+        if any(v in live for v in node.outputs):
+            kept.append(node)
+            live.update(node.inputs)
+    kept.reverse()
+    names = {node.attrs["name"] for node in kept if node.op == CONSTANT}
+    if len(kept) == len(graph.nodes) and len(names) == len(graph.constants):
+        return graph  # nothing to drop; the same (immutable) graph keeps its interpreter cache
+    constants = {name: array for name, array in graph.constants.items() if name in names}
+    return Graph(graph.inputs, tuple(kept), graph.outputs, constants)

@@ -1,0 +1,219 @@
+"""Algebraic simplification: rewrite identities that hold exactly, bit for bit, in IEEE arithmetic.
+
+Every rule must give the same result for every input, inf, nan and -0.0 included, so some
+textbook identities are not here: ``x + 0 -> x`` is wrong for ``x = -0.0`` (``-0.0 + 0.0`` is
+``+0.0``), ``x * 0 -> 0`` is wrong for inf and nan, ``x - x -> 0`` is wrong for inf. What is here:
+
+- ``x * 1``, ``1 * x``, ``x / 1``, ``x + (-0.0)``, ``(-0.0) + x``, ``x - (+0.0)`` -> ``x``
+  (integer zeros have no sign: ``x + 0`` and ``x - 0`` for integers); where the constant's shape
+  broadcasts ``x`` to a bigger shape the result is ``expand(x)``, not ``x``;
+- ``neg(neg(x))``, ``logical_not(logical_not(x))`` for bool ``x``, ``maximum(x, x)``,
+  ``minimum(x, x)``, ``where(c, x, x)`` -> ``x``;
+- ``cast`` to ``x``'s own dtype, ``reshape`` to ``x``'s shape, ``expand`` to ``x``'s shape,
+  ``permute`` by the identity, ``slice`` of the whole range -> ``x``;
+- ``reshape(reshape(x))``, ``expand(expand(x))``, ``permute(permute(x))`` -> one op, and
+  ``cast(cast(x, a), b)`` -> ``cast(x, b)`` when ``a`` holds every value of ``x``'s dtype exactly.
+
+``copy`` is never removed: it is how a program says its output must not share memory with an input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import dtypes as dt
+from ..ir.graph import CONSTANT, Graph, Node, Value
+from .eliminate_common_subexpressions import substitute, used_constants
+
+
+def simplify(graph: Graph) -> Graph:
+    """Apply the exact identities of this module until none applies (one pass in graph order:
+    each rewritten node is simplified again, and uses read the simplified values).
+
+    Needs: a graph in topological order. Establishes: no node matches a rule. Nodes made unused
+    stay for ``eliminate_dead_code``.
+    """
+    context = _Context(graph, {}, {})
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        simplified = _simplify_node(substitute(node, context.replace), context)
+        if simplified is not None:
+            context.producers[simplified.output] = simplified
+            nodes.append(simplified)
+    if not context.replace and all(a is b for a, b in zip(nodes, graph.nodes)):
+        return graph
+    outputs = tuple(context.replace.get(v, v) for v in graph.outputs)
+    return Graph(graph.inputs, tuple(nodes), outputs, used_constants(nodes, graph.constants))
+
+
+def _simplify_node(node: Node, context: _Context) -> Node | None:
+    """``node`` rewritten until no rule applies, or None when its output became another value."""
+    while (rule := _RULES.get(node.op)) is not None:
+        result = rule(node, context)
+        if result is None:
+            return node
+        if isinstance(result, Value):
+            assert result.type == node.output.type, f"simplify: {node.op} rewritten to a value of another type"
+            context.replace[node.output] = result
+            return None
+        node = result  # a new node defining the same output value: simplify it again
+    return node
+
+
+@dataclass
+class _Context:
+    graph: Graph
+    producers: dict[Value, Node]  # the (simplified) node defining each value seen so far
+    replace: dict[Value, Value]  # values simplified away -> what replaces them
+
+    def producer(self, value: Value, op: str) -> Node | None:
+        node = self.producers.get(value)
+        return node if node is not None and node.op == op else None
+
+    def constant(self, value: Value) -> np.ndarray | None:
+        node = self.producer(value, CONSTANT)
+        return None if node is None else np.asarray(self.graph.constants[node.attrs["name"]])
+
+
+Rule = Callable[[Node, _Context], "Value | Node | None"]
+
+
+def _same_or_expanded(x: Value, node: Node) -> Value | Node:
+    """``x`` itself when it has the node's type, else ``x`` broadcast to the node's shape."""
+    out = node.output.type
+    if x.type == out:
+        return x
+    return Node("expand", (x,), {"shape": out.shape}, node.outputs, node.loc)
+
+
+# ----------------------------------------------------------------------------- arithmetic identities
+def _is_one(c: np.ndarray) -> bool:
+    return bool(np.all(c == 1))
+
+
+def _is_negative_zero(c: np.ndarray) -> bool:
+    """The identity of addition: -0.0 for floats (-0.0 + x is x for every x), 0 otherwise."""
+    if c.dtype.kind == "f":
+        return bool(np.all((c == 0) & np.signbit(c)))
+    return bool(np.all(c == 0))
+
+
+def _is_positive_zero(c: np.ndarray) -> bool:
+    """The right identity of subtraction: +0.0 for floats (x - 0.0 is x, also for x = -0.0)."""
+    if c.dtype.kind == "f":
+        return bool(np.all((c == 0) & ~np.signbit(c)))
+    return bool(np.all(c == 0))
+
+
+def _identity_operand(test: Callable[[np.ndarray], bool], left: bool) -> Rule:
+    """``op(x, c) -> x`` where the constant ``c`` passes ``test`` (and ``op(c, x)`` if ``left``)."""
+
+    def rule(node: Node, context: _Context) -> Value | Node | None:
+        a, b = node.inputs
+        c = context.constant(b)
+        if c is not None and test(c):
+            return _same_or_expanded(a, node)
+        c = context.constant(a) if left else None
+        if c is not None and test(c):
+            return _same_or_expanded(b, node)
+        return None
+
+    return rule
+
+
+def _involution(node: Node, context: _Context) -> Value | None:
+    """``f(f(x)) -> x`` for ``f`` its own inverse (``neg``; ``logical_not`` on bools only)."""
+    inner = context.producer(node.inputs[0], node.op)
+    if inner is None or inner.inputs[0].type != node.output.type:
+        return None
+    return inner.inputs[0]
+
+
+def _idempotent_pair(node: Node, context: _Context) -> Value | Node | None:
+    """``maximum(x, x)``, ``minimum(x, x)`` -> ``x``."""
+    a, b = node.inputs
+    return _same_or_expanded(a, node) if a is b else None
+
+
+def _where_same_branches(node: Node, context: _Context) -> Value | Node | None:
+    _, a, b = node.inputs
+    return _same_or_expanded(a, node) if a is b else None
+
+
+# ----------------------------------------------------------------------------- casts
+def _widens_exactly(source: dt.DType, middle: dt.DType) -> bool:
+    """Whether ``middle`` represents every value of ``source`` exactly (so a cast through it is
+    lossless and a following cast sees the original value)."""
+    if source is middle:
+        return True
+    if not np.can_cast(source.np, middle.np, "safe"):
+        return False
+    if source.category == dt.INTEGER and middle.is_floating_point:
+        # numpy calls int64 -> float64 "safe", but 2**53 + 1 has no float64: check the mantissa.
+        info, mantissa = np.iinfo(source.np), np.finfo(middle.np).nmant + 1
+        return -(2**mantissa) <= info.min and info.max <= 2**mantissa
+    return True
+
+
+def _cast(node: Node, context: _Context) -> Value | Node | None:
+    (x,) = node.inputs
+    if x.type.dtype is node.attrs["dtype"]:
+        return x
+    inner = context.producer(x, "cast")
+    if inner is not None and _widens_exactly(inner.inputs[0].type.dtype, x.type.dtype):
+        return Node("cast", inner.inputs, dict(node.attrs), node.outputs, node.loc)
+    return None
+
+
+# ----------------------------------------------------------------------------- movement
+def _merge_or_drop(node: Node, context: _Context) -> Value | Node | None:
+    """Same-shape reshape/expand -> x; reshape(reshape(x)) and expand(expand(x)) -> one op."""
+    x = node.inputs[0]
+    if x.type == node.output.type:
+        return x
+    inner = context.producer(x, node.op)
+    if inner is None:
+        return None
+    return Node(node.op, inner.inputs, dict(node.attrs), node.outputs, node.loc)
+
+
+def _permute(node: Node, context: _Context) -> Value | Node | None:
+    perm = tuple(node.attrs["perm"])
+    if perm == tuple(range(len(perm))):
+        return node.inputs[0]
+    inner = context.producer(node.inputs[0], "permute")
+    if inner is None:
+        return None
+    # Output dim i is the inner result's dim perm[i], which is the input's dim inner_perm[perm[i]].
+    inner_perm = inner.attrs["perm"]
+    return Node("permute", inner.inputs, {"perm": tuple(inner_perm[p] for p in perm)}, node.outputs, node.loc)
+
+
+def _slice(node: Node, context: _Context) -> Value | None:
+    # Same shape and every start 0: each dim is all of 0..n-1 in order (a step > 1 keeps n
+    # elements only when n <= 1).
+    x = node.inputs[0]
+    if x.type == node.output.type and all(start == 0 for start in node.attrs["starts"]):
+        return x
+    return None
+
+
+_RULES: dict[str, Rule] = {
+    "mul": _identity_operand(_is_one, left=True),
+    "div": _identity_operand(_is_one, left=False),
+    "add": _identity_operand(_is_negative_zero, left=True),
+    "sub": _identity_operand(_is_positive_zero, left=False),
+    "neg": _involution,
+    "logical_not": _involution,  # not(not(x)) is bool(x): x only for bool x, which the type test checks
+    "maximum": _idempotent_pair,
+    "minimum": _idempotent_pair,
+    "where": _where_same_branches,
+    "cast": _cast,
+    "reshape": _merge_or_drop,
+    "expand": _merge_or_drop,
+    "permute": _permute,
+    "slice": _slice,
+}

@@ -1,0 +1,259 @@
+"""simplify: golden IR for each identity, and bitwise-equal results on inf/nan/-0.0 inputs; the
+identities that are NOT exact must be left alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kiln.ir.dtypes import bool_, float16, float32, float64, int8, int16, int32, int64, uint8
+from kiln.ir.graph import GraphBuilder
+from kiln.ir.interpreter import interpret
+from kiln.ir.types import TensorType
+from kiln.passes import simplify
+from tests.passes import assert_same_results, check_pass, special
+
+F23 = TensorType((2, 3), float32)
+
+
+def with_constant(op: str, value: float, *, left: bool = False, dtype=float32, shape=(), x_shape=(2, 3)):
+    """``op(x, c)`` (or ``op(c, x)``) with ``c`` a constant array full of ``value``."""
+    b = GraphBuilder()
+    x = b.input(TensorType(x_shape, dtype))
+    c = b.constant(np.full(shape, value, dtype=dtype.np), TensorType(shape, dtype))
+    y = b.node(op, [c, x] if left else [x, c])
+    return b.build([y])  # y itself: an exp or a sum after it could hide the sign of a zero
+
+
+def inputs_for(graph, shift: int = 0):
+    """Special float values (or small ints, or bools) for each input of ``graph``."""
+    out = []
+    for i, v in enumerate(graph.inputs):
+        dtype = v.type.dtype
+        if dtype.is_floating_point:
+            out.append(special(v.type.shape, dtype.np, shift + 5 * i))
+        elif dtype is bool_:
+            out.append(np.arange(np.prod(v.type.shape)).reshape(v.type.shape) % 3 == 0)
+        else:
+            info = np.iinfo(dtype.np)
+            values = [info.min, -1, 0, 1, 7, info.max, -100, 100]
+            out.append(np.resize(np.array(values, dtype=np.int64).astype(dtype.np), v.type.shape))
+    return out
+
+
+def several_inputs(graph):
+    return [inputs_for(graph, shift) for shift in range(4)]
+
+
+# ----------------------------------------------------------------------------- arithmetic identities
+@pytest.mark.parametrize(
+    "op, value, left",
+    [("mul", 1.0, False), ("mul", 1.0, True), ("div", 1.0, False), ("add", -0.0, False), ("add", -0.0, True),
+     ("sub", 0.0, False)],
+)  # fmt: skip
+def test_exact_identities_drop_the_constant(op, value, left):
+    graph = with_constant(op, value, left=left)
+    check_pass(simplify, graph, """
+        graph(%0: f32[2,3]) {
+          %1: f32[] = constant() {name="c0"}
+          return (%0)
+        }
+    """, several_inputs(graph))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "op, value, left",
+    [
+        ("add", 0.0, False),  # -0.0 + 0.0 is +0.0
+        ("add", 0.0, True),
+        ("sub", -0.0, False),  # -0.0 - (-0.0) is +0.0
+        ("mul", 0.0, False),  # inf * 0 is nan
+        ("mul", -1.0, False),
+        ("mul", 2.0, False),
+        ("div", 1.0, True),  # 1 / x
+        ("sub", 0.0, True),  # 0 - x
+        ("pow", 1.0, False),  # not a rule
+    ],
+)
+def test_inexact_identities_are_left_alone(op, value, left):
+    graph = with_constant(op, value, left=left)
+    assert simplify(graph) is graph
+    # ...and they really are inexact: folding them would have changed a result.
+    x = special((2, 3))
+    c = np.float32(value)
+    with np.errstate(all="ignore"):
+        y = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power}[op](
+            *((c, x) if left else (x, c))
+        )
+    if op != "pow":
+        assert not np.array_equal(y.view(np.uint32), x.view(np.uint32))
+
+
+def test_a_constant_that_is_not_all_identity_is_kept():
+    b = GraphBuilder()
+    x = b.input(TensorType((3,), float32))
+    c = b.constant(np.array([1.0, 1.0, 2.0], np.float32), TensorType((3,), float32))
+    graph = b.build([b.node("mul", [x, c])])
+    assert simplify(graph) is graph
+
+
+def test_a_broadcasting_identity_becomes_an_expand_not_x():
+    graph = with_constant("mul", 1.0, shape=(4, 2, 3), x_shape=(2, 1))
+    check_pass(simplify, graph, """
+        graph(%0: f32[2,1]) {
+          %1: f32[4,2,3] = constant() {name="c0"}
+          %2: f32[4,2,3] = expand(%0) {shape=(4, 2, 3)}
+          return (%2)
+        }
+    """, several_inputs(graph))  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [int32, uint8, int64])
+def test_integer_zero_has_no_sign(dtype):
+    for op, left in [("add", False), ("add", True), ("sub", False)]:
+        graph = with_constant(op, 0, left=left, dtype=dtype)
+        after = simplify(graph)
+        assert after.outputs == graph.inputs
+        assert_same_results(graph, after, inputs_for(graph))
+    graph = with_constant("mul", 1, dtype=dtype)
+    assert simplify(graph).outputs == graph.inputs
+
+
+def test_negation_and_logical_not_cancel_in_pairs():
+    b = GraphBuilder()
+    x, p = b.input(F23), b.input(TensorType((2, 3), bool_))
+    n2 = b.node("neg", [b.node("neg", [x])])
+    n3 = b.node("neg", [b.node("neg", [n2])])
+    nn = b.node("logical_not", [b.node("logical_not", [p])])
+    notnot_float = b.node("logical_not", [b.node("logical_not", [x])])  # bool(x): not x
+    graph = b.build([n3, nn, notnot_float, b.node("neg", [n2])])
+    check_pass(simplify, graph, """
+        graph(%0: f32[2,3], %1: bool[2,3]) {
+          %2: f32[2,3] = neg(%0)
+          %4: f32[2,3] = neg(%0)
+          %6: bool[2,3] = logical_not(%1)
+          %8: bool[2,3] = logical_not(%0)
+          %9: bool[2,3] = logical_not(%8)
+          %10: f32[2,3] = neg(%0)
+          return (%0, %1, %9, %10)
+        }
+    """, several_inputs(graph))  # fmt: skip
+
+
+def test_same_operand_maximum_minimum_and_where():
+    b = GraphBuilder()
+    x, y = b.input(F23), b.input(TensorType((3,), float32))
+    cond = b.node("gt", [x, y])
+    graph = b.build([b.node("maximum", [x, x]), b.node("minimum", [y, y]), b.node("where", [cond, y, y]),
+                     b.node("maximum", [x, y])])  # fmt: skip
+    check_pass(simplify, graph, """
+        graph(%0: f32[2,3], %1: f32[3]) {
+          %2: bool[2,3] = gt(%0, %1)
+          %5: f32[2,3] = expand(%1) {shape=(2, 3)}
+          %6: f32[2,3] = maximum(%0, %1)
+          return (%0, %1, %5, %6)
+        }
+    """, several_inputs(graph))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- movement
+def test_identity_movement_ops_disappear_and_chains_merge():
+    b = GraphBuilder()
+    x = b.input(TensorType((2, 3, 4), float32))
+    same = b.node("reshape", [x], {"shape": (2, 3, 4)})
+    flat = b.node("reshape", [b.node("reshape", [same], {"shape": (6, 4)})], {"shape": (24,)})
+    back = b.node("reshape", [b.node("reshape", [x], {"shape": (4, 6)})], {"shape": (2, 3, 4)})
+    ident = b.node("permute", [back], {"perm": (0, 1, 2)})
+    twice = b.node("permute", [b.node("permute", [ident], {"perm": (2, 0, 1)})], {"perm": (2, 0, 1)})
+    undo = b.node("permute", [b.node("permute", [x], {"perm": (1, 2, 0)})], {"perm": (2, 0, 1)})
+    ex = b.node("expand", [b.node("expand", [x], {"shape": (1, 2, 3, 4)})], {"shape": (5, 2, 3, 4)})
+    ex_same = b.node("expand", [x], {"shape": (2, 3, 4)})
+    whole = b.node("slice", [x], {"starts": (0, 0, 0), "stops": (2, 3, 4), "steps": (1, 1, 1)})
+    part = b.node("slice", [x], {"starts": (0, 0, 0), "stops": (2, 3, 4), "steps": (1, 2, 1)})
+    shifted = b.node("slice", [x], {"starts": (0, 0, 1), "stops": (2, 3, 4), "steps": (1, 1, 1)})
+    graph = b.build([flat, twice, undo, ex, ex_same, whole, part, shifted])
+    check_pass(simplify, graph, """
+        graph(%0: f32[2,3,4]) {
+          %2: f32[6,4] = reshape(%0) {shape=(6, 4)}
+          %3: f32[24] = reshape(%0) {shape=(24,)}
+          %4: f32[4,6] = reshape(%0) {shape=(4, 6)}
+          %7: f32[4,2,3] = permute(%0) {perm=(2, 0, 1)}
+          %8: f32[3,4,2] = permute(%0) {perm=(1, 2, 0)}
+          %9: f32[3,4,2] = permute(%0) {perm=(1, 2, 0)}
+          %11: f32[1,2,3,4] = expand(%0) {shape=(1, 2, 3, 4)}
+          %12: f32[5,2,3,4] = expand(%0) {shape=(5, 2, 3, 4)}
+          %15: f32[2,2,4] = slice(%0) {starts=(0, 0, 0), stops=(2, 3, 4), steps=(1, 2, 1)}
+          %16: f32[2,3,3] = slice(%0) {starts=(0, 0, 1), stops=(2, 3, 4), steps=(1, 1, 1)}
+          return (%3, %8, %0, %12, %0, %0, %15, %16)
+        }
+    """, several_inputs(graph))  # fmt: skip
+
+
+def test_a_slice_with_a_step_on_a_size_one_dim_is_whole():
+    b = GraphBuilder()
+    x = b.input(TensorType((1, 3), float32))
+    graph = b.build([b.node("slice", [x], {"starts": (0, 0), "stops": (1, 3), "steps": (5, 1)})])
+    after = simplify(graph)
+    assert after.outputs == graph.inputs
+    assert_same_results(graph, after, inputs_for(graph))
+
+
+# ----------------------------------------------------------------------------- casts
+def cast_chain(source, *dtypes, shape=(2, 4)):
+    b = GraphBuilder()
+    x = v = b.input(TensorType(shape, source))
+    for dtype in dtypes:
+        v = b.node("cast", [v], {"dtype": dtype})
+    return b.build([v]), x
+
+
+@pytest.mark.parametrize(
+    "source, middle, target",
+    [(float32, float64, float32), (float16, float32, float16), (float16, float64, float32), (float32, float64, float16),
+     (float32, float64, int8), (int8, float32, uint8), (uint8, float16, int8), (int32, float64, float32),
+     (int32, int64, int8), (bool_, float16, int64), (float32, float64, bool_), (int8, int32, bool_)],
+)  # fmt: skip
+def test_cast_through_an_exact_wider_type_is_one_cast(source, middle, target):
+    graph, x = cast_chain(source, middle, target)
+    after = simplify(graph)
+    if source is target:
+        assert after.outputs == (x,)
+    else:
+        assert [(n.op, n.inputs, n.attrs) for n in after.nodes[-1:]] == [("cast", (x,), {"dtype": target})]
+    for args in several_inputs(graph):
+        assert_same_results(graph, after, args)
+
+
+@pytest.mark.parametrize(
+    "source, middle, target",
+    [(float32, float16, float32),  # rounds
+     (float64, float32, float64),
+     (int32, float32, int32),  # 2**24 + 1 has no float32
+     (int64, float64, int64),  # numpy calls this cast "safe"; it is not exact
+     (int16, float16, int16),
+     (float32, int32, float32),  # truncates
+     (int32, int8, int32),  # wraps
+     (float32, bool_, float32)],
+)  # fmt: skip
+def test_cast_through_a_lossy_type_stays_two_casts(source, middle, target):
+    graph, _ = cast_chain(source, middle, target)
+    assert simplify(graph) is graph
+
+
+def test_a_lossy_intermediate_really_loses():
+    # The reason the rule above must not fire: int64 -> float64 -> int64 is not the identity.
+    graph, _ = cast_chain(int64, float64, int64, shape=(1,))
+    value = np.array([2**53 + 1])
+    assert interpret(graph, [value])[0][0] != value[0]
+
+
+def test_cast_to_its_own_dtype_is_x():
+    graph, x = cast_chain(float32, float32)
+    assert simplify(graph).outputs == (x,)
+
+
+def test_nothing_to_simplify_returns_the_same_graph():
+    b = GraphBuilder()
+    x = b.input(F23)
+    graph = b.build([b.node("exp", [b.node("add", [x, x])])])
+    assert simplify(graph) is graph
