@@ -60,5 +60,5 @@ def is_tensor(obj) -> bool:
 
 # Last: the libraries written against the public API above, as a user's library would be.
 from . import data, jit, multiprocessing, nn, optim  # noqa: E402
-from .jit import CompileOptions, compile  # noqa: E402
+from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402

@@ -19,11 +19,17 @@ from __future__ import annotations
 
 import functools
 
+from .frontend.jit.check import CompileCheckError
 from .frontend.jit.compiler import CompiledFunction, CompileOptions
+from .frontend.jit.explain import ExplainReport, explain
+from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
 from .frontend.jit.state import before_each_call
 from .frontend.jit.trace import TraceBreakError
 
-__all__ = ["compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "before_each_call", "any_set"]
+__all__ = [
+    "compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "CompileCheckError", "before_each_call",
+    "any_set", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError", "load_exported",
+]  # fmt: skip
 
 
 def any_set(bad) -> bool:

@@ -137,7 +137,7 @@ class CompiledFunction:
                     return run_checked(self, entry, args, kwargs, leaves)
                 return entry.run(leaves)
         if key not in self.state.cache and self.state.last_key is not None:
-            miss = describe_key_change(self.state.last_key, key)
+            miss = describe_key_change(self.state.last_key, key) if key != self.state.last_key else "traced again"
         if len(self.state.specializations) >= self.options.recompile_limit:
             self._event("recompile limit", f"{miss}; limit of {self.options.recompile_limit} reached", once=True)
             return self.fn(*args, **kwargs)
@@ -196,10 +196,10 @@ class CompiledFunction:
         if once and any(e.kind == kind and e.detail == detail for e in self.state.events):
             return
         self.state.events.append(Event(kind, detail))
-        if kind == "compiled":
-            logger.debug("kiln.compile(%s): %s", self._name(), detail)
-        elif kind != "break":
+        if kind == "recompile limit":
             self._log_once((kind, detail), detail)
+        elif kind != "break":  # breaks are logged once per reason by the caller
+            logger.info("kiln.compile(%s): %s", self._name(), detail)
 
     def _log_once(self, key, message: str) -> None:
         if key in self.state.logged:
