@@ -271,7 +271,7 @@ def _tree_from_json(obj):
         return LEAF
     if not isinstance(obj, dict) or len(obj) != 1:
         raise ValueError(f"bad structure {obj!r}")
-    (kind, items), = obj.items()
+    ((kind, items),) = obj.items()
     if kind == "dict":
         keys = tuple(k for k, _ in items)
         return (dict, keys, tuple(_tree_from_json(sub) for _, sub in items))

@@ -1,0 +1,174 @@
+"""kiln.export: a traced program with its parameters, saved to one file and loaded without the code."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.nn.functional as F
+from kiln import nn
+from kiln.ir.verifier import VerificationError
+from kiln.jit import ExportError, TraceBreakError
+
+RTOL, ATOL = 0.0, 0.0  # the interpreter runs the eager kernels: results are bit-identical
+
+
+def _model() -> nn.Module:
+    kiln.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.GELU(), nn.Linear(8, 3)).eval()
+
+
+def test_exported_module_matches_eager_and_names_parameters_as_the_state_dict():
+    model, x = _model(), kiln.randn(5, 4)
+    program = kiln.export(model, x)
+    assert set(program.parameters) <= set(model.state_dict())
+    assert "0.weight" in program.parameters and "1.running_mean" in program.parameters
+    with kiln.no_grad():
+        expected = model(x).numpy()
+    np.testing.assert_allclose(program(x).numpy(), expected, rtol=RTOL, atol=ATOL)
+    other = kiln.randn(5, 4)
+    with kiln.no_grad():
+        np.testing.assert_allclose(program(other).numpy(), model(other).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_parameters_are_copied_at_export_time():
+    model, x = _model(), kiln.randn(2, 4)
+    program = kiln.export(model, x)
+    before = program(x).numpy().copy()
+    with kiln.no_grad():
+        model[0].weight.add_(1.0)
+    np.testing.assert_array_equal(program(x).numpy(), before)
+
+
+def test_save_and_load_round_trip_with_nested_signature(tmp_path):
+    w = kiln.randn(3, 3)
+
+    def fn(inputs, scale):
+        a, b = inputs["a"], inputs["b"]
+        return {"sum": (a @ w + b) * scale, "pair": (a.relu(), scale)}
+
+    args = ({"a": kiln.randn(2, 3), "b": kiln.randn(3)}, 2.0)
+    program = kiln.export(fn, *args)
+    path = tmp_path / "fn.kiln"
+    program.save(path)
+    loaded = kiln.load_exported(path)
+    out, expected = loaded(*args), fn(*args)
+    np.testing.assert_allclose(out["sum"].numpy(), expected["sum"].numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(out["pair"][0].numpy(), expected["pair"][0].numpy(), rtol=RTOL, atol=ATOL)
+    assert out["pair"][1] == 2.0 and isinstance(out["pair"], tuple)
+
+
+def test_loads_and_runs_in_a_fresh_process_without_the_code(tmp_path):
+    model, x = _model(), kiln.randn(4, 4)
+    kiln.export(model, x).save(tmp_path / "model.kiln")
+    np.save(tmp_path / "x.npy", x.numpy())
+    with kiln.no_grad():
+        np.save(tmp_path / "expected.npy", model(x).numpy())
+    script = (
+        "import numpy as np, kiln\n"
+        f"program = kiln.load_exported({str(tmp_path / 'model.kiln')!r})\n"
+        f"x = kiln.from_numpy(np.load({str(tmp_path / 'x.npy')!r}))\n"
+        f"expected = np.load({str(tmp_path / 'expected.npy')!r})\n"
+        "np.testing.assert_allclose(program(x).numpy(), expected, rtol=0, atol=0)\n"
+        "print('ok')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "ok"
+
+
+def test_calls_must_match_the_example_signature():
+    program = kiln.export(lambda x, n: x * n, kiln.randn(2, 3), 3)
+    with pytest.raises(ValueError, match=r"argument 0 must be f32\[2, 3\], got f32\[4, 3\]"):
+        program(kiln.randn(4, 3), 3)
+    with pytest.raises(ValueError, match="argument 1 must be 3"):
+        program(kiln.randn(2, 3), 4)
+    with pytest.raises(TypeError, match="structure"):
+        program(kiln.randn(2, 3))
+
+
+def test_batchnorm_in_training_mode_updates_the_programs_buffers():
+    model = _model().train()
+    x = kiln.randn(6, 4)
+    program = kiln.export(model, x)
+    before = program.parameters["1.running_mean"].numpy().copy()
+    program(x)
+    assert not np.array_equal(program.parameters["1.running_mean"].numpy(), before)
+
+
+def test_trace_breaks_and_grad_setting_functions_are_refused():
+    with pytest.raises(TraceBreakError, match=r"Tensor.item\(\)"):
+        kiln.export(lambda x: x * x.sum().item(), kiln.randn(3))
+    w = kiln.randn(3, requires_grad=True)
+
+    def sets_grad(x):
+        with kiln.enable_grad():
+            (w * x).sum().backward()
+        return x
+
+    with pytest.raises(ExportError, match="grad"):
+        kiln.export(sets_grad, kiln.randn(3))
+
+
+# ---------------------------------------------------------------------- damaged files
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "p.kiln"
+    kiln.export(lambda x: F.relu(x) + 1.0, kiln.randn(3)).save(path)
+    return path
+
+
+def _rewrite_header(path, edit) -> None:
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + n])
+    edit(header)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    # Tensor offsets count from the end of the header, so a longer header moves nothing else.
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data[8 + n :])
+
+
+def test_newer_export_format_is_refused(saved):
+    def bump(header):
+        meta = json.loads(header["__metadata__"]["metadata"])
+        meta["export_format_version"] = 99
+        header["__metadata__"]["metadata"] = json.dumps(meta)
+
+    _rewrite_header(saved, bump)
+    with pytest.raises(ExportError, match="newer"):
+        kiln.load_exported(saved)
+
+
+def test_tampered_graph_is_refused(saved):
+    def retype(header):
+        graph = json.loads(header["__metadata__"]["graph"])
+        graph["nodes"][0]["outputs"][0]["type"]["shape"] = [7]
+        header["__metadata__"]["graph"] = json.dumps(graph)
+
+    _rewrite_header(saved, retype)
+    with pytest.raises(VerificationError):
+        kiln.load_exported(saved)
+
+
+def test_tampered_signature_is_refused(saved):
+    def rename(header):
+        meta = json.loads(header["__metadata__"]["metadata"])
+        meta["inputs"] = [["param", "nothing"]]
+        header["__metadata__"]["metadata"] = json.dumps(meta)
+
+    _rewrite_header(saved, rename)
+    with pytest.raises(ExportError, match="not a valid exported program"):
+        kiln.load_exported(saved)
+
+
+def test_truncated_file_is_refused(saved):
+    saved.write_bytes(saved.read_bytes()[:-5])
+    with pytest.raises(ValueError, match=str(saved.name)):
+        kiln.load_exported(saved)
