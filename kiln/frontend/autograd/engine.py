@@ -35,13 +35,14 @@ def _collect(roots: Sequence[Node]) -> dict[Node, int]:
 
 
 def _needed(dependencies: dict[Node, int], targets: set[Node]) -> set[Node]:
-    """The nodes from which some target can be reached: only those need to run."""
+    """The nodes from which some target can be reached through an edge: only those need to run (a
+    target itself need not: the gradient captured is the one arriving at it)."""
     parents: dict[Node, list[Node]] = {}
     for node in dependencies:
         for edge in node.next_edges:
             if edge is not None:
                 parents.setdefault(edge[0], []).append(node)
-    needed = set(targets)
+    needed: set[Node] = set()
     stack = list(targets)
     while stack:
         for parent in parents.get(stack.pop(), ()):

@@ -17,7 +17,7 @@ from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor, make_tensor
 from .backward import BackwardPlan
 from .pytree import flatten
-from .specialization import Source, Specialization, tensor_state
+from .specialization import Source, Specialization
 from .trace import Trace
 
 
@@ -28,7 +28,8 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     if trace.broken is not None:
         return None, f"the trace stopped: {trace.broken}"
     new_grads = [t._grad for t, _ in trace.grads.values() if t._grad is not None]
-    escaped = trace.escaped_tensors(list(out_leaves) + new_grads + [e.tensor for e in traced.externals])
+    tensors = [leaf for leaf in out_leaves if isinstance(leaf, Tensor)]
+    escaped = trace.escaped_tensors(tensors + new_grads + [e.tensor for e in traced.externals])
     if escaped:
         trace.release()
         return None, (
@@ -81,7 +82,7 @@ def _source(external) -> Source:
     name = f"{t._dtype.short}{list(t._data.shape)}"
     if external.kind == "arg":
         return Source("arg", external.arg_index, name=f"argument {external.arg_index}")
-    return Source("capture", ref=weakref.ref(t), snapshot=tensor_state(t), name=name)
+    return Source("capture", ref=weakref.ref(t), snapshot=external.state, name=name)
 
 
 def optimize(graph: Graph, options, record: list) -> Graph:
@@ -168,7 +169,9 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
         else:
             j = foreign_inputs.setdefault(value, next(foreign_values))
             inputs.append(("saved", j))
-    outputs = [v for v in result.outputs if isinstance(v, Value)]
+    outputs: list[Value] = []
+    for item in result.outputs:  # every leaf is a tensor: a value, or the same tensor as an earlier one
+        outputs.append(item if isinstance(item, Value) else outputs[item[1]])
     grad_outputs, position = [], 0
     for g in grads:
         if g is None:

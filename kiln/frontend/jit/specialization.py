@@ -92,7 +92,7 @@ class Specialization:
             fn(*args, **kwargs)
         arrays = self.inputs(leaves)
         outputs = self.program(arrays)
-        owned = {id(a) for a in arrays}
+        owned = {id(_root(a)) for a in arrays}
         for index, out in self.writebacks:
             t = self.external(index, leaves)
             t._data[...] = outputs[out]
@@ -106,12 +106,16 @@ class Specialization:
             else:
                 t._grad = self._fresh(outputs[action[1]], owned, t._device)
         results = []
-        for kind, payload in self.out_leaves:
+        for kind, payload, *view in self.out_leaves:
             if kind == "value":
                 device = self.graph.outputs[payload].type.device
                 results.append(self._fresh(outputs[payload], owned, device))
             elif kind == "external":
                 results.append(self.external(payload, leaves))
+            elif kind == "same":
+                results.append(results[payload])
+            elif kind == "view":
+                results.append(view_of(self.external(payload, leaves), *view[:3]))
             else:
                 results.append(payload)
         if self.backward is not None:
@@ -121,9 +125,9 @@ class Specialization:
 
     @staticmethod
     def _fresh(array, owned: set, device):
-        """A new tensor on ``array``, copied when the array is an input's memory (the program
-        passed an input through): a result never aliases an argument unless eager's would."""
-        if id(array) in owned:
+        """A new tensor on ``array``, copied when the array is an input's memory or a view of it (the
+        program passed an input through): a result never aliases an argument unless eager's would."""
+        if id(_root(array)) in owned:
             array = array.copy()
         elif not isinstance(array, np.ndarray):
             array = np.asarray(array)
@@ -131,6 +135,34 @@ class Specialization:
 
 
 _MISSING = object()
+
+
+def _root(array):
+    """The array that owns ``array``'s memory."""
+    while isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+class _Interface:
+    """Exposes a strided window of memory to numpy; holds the owning array alive."""
+
+    def __init__(self, owner, pointer: int, shape: tuple, strides: tuple) -> None:
+        self.owner = owner
+        self.__array_interface__ = {
+            "data": (pointer, False), "shape": shape, "strides": strides, "typestr": owner.dtype.str, "version": 3,
+        }  # fmt: skip
+
+
+def view_of(external, shape: tuple, strides: tuple, offset: int):
+    """A tensor viewing ``external``'s memory at ``offset`` bytes with ``shape``/``strides`` (in bytes),
+    sharing its version counter: the view an eager call would have returned."""
+    data = external._data
+    pointer = data.__array_interface__["data"][0] + offset
+    out = make_tensor(np.asarray(_Interface(data, pointer, shape, strides)), external._device, external._dtype)
+    out._version = external._version
+    out._base = external._base if external._base is not None else external
+    return out
 
 
 def _same(a, b) -> bool:

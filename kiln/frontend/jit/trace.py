@@ -61,6 +61,7 @@ class External:
     value: Value
     kind: str  # "arg" (position in the flattened arguments) or "capture"
     arg_index: int | None = None
+    state: tuple = ()  # (shape, strides, dtype, requires_grad, has .grad) before the call touched it
 
 
 @dataclass
@@ -220,7 +221,10 @@ class Trace:
     def add_external(self, t, kind: str, arg_index: int | None = None) -> Value:
         value = self.builder.input(type_of(t))
         index = len(self.externals)
-        self.externals.append(External(t, value, kind, arg_index))
+        touched = self.grads.get(id(t))
+        grad = touched[1] if touched is not None else t._grad  # .grad as it was before this call changed it
+        state = (t._data.shape, t._data.strides, t._dtype, t._requires_grad, grad is not None)
+        self.externals.append(External(t, value, kind, arg_index, state))
         self._external_index[id(t)] = index
         root = t._base if t._base is not None else t
         self._roots.setdefault(id(root), []).append(index)
@@ -316,15 +320,23 @@ class Trace:
         """Close the trace over the call's flattened results (``values_only``: results that are
         externals come out as their values rather than as the external itself)."""
         outputs = []
-        for leaf in leaves:
-            if _is_tensor(leaf):
-                index = self._external_index.get(id(leaf))
-                if index is not None and self.externals[index].tensor is leaf and not values_only:
-                    outputs.append(("external", index))
-                else:
-                    outputs.append(self.value_of(leaf))
-            else:
+        positions: dict[int, int] = {}
+        for position, leaf in enumerate(leaves):
+            if not _is_tensor(leaf):
                 outputs.append(("python", leaf))
+                continue
+            if id(leaf) in positions:  # the same tensor returned twice comes back as one object
+                outputs.append(("same", positions[id(leaf)]))
+                continue
+            positions[id(leaf)] = position
+            index = self._external_index.get(id(leaf))
+            view = None if values_only or index is not None else self._view_of_external(leaf)
+            if index is not None and self.externals[index].tensor is leaf and not values_only:
+                outputs.append(("external", index))
+            elif view is not None:
+                outputs.append((*view, self.value_of(leaf)))
+            else:
+                outputs.append(self.value_of(leaf))
         grads = []
         for t, before in list(self.grads.values()):
             after = t._grad
@@ -357,6 +369,18 @@ class Trace:
         self._leave()
         return result
 
+    def _view_of_external(self, t):
+        """``("view", external index, shape, strides, byte offset)`` when the result ``t`` shares an
+        external's memory, as eager's result would: the compiled call returns the same view."""
+        if t._base is None:
+            return None
+        for index in self._roots.get(id(t._base), ()):
+            e = self.externals[index].tensor
+            if _contains(e._data, t._data) and e._device is t._device and e._dtype is t._dtype:
+                offset = t._data.__array_interface__["data"][0] - e._data.__array_interface__["data"][0]
+                return ("view", index, tuple(t._data.shape), tuple(t._data.strides), offset)
+        return None
+
     def escaped_tensors(self, keep: list) -> list[str]:
         """Born tensors still alive after the call other than the results (and what they hold on
         to): the call stored them in Python state, e.g. an optimizer's moments on its first step."""
@@ -378,8 +402,8 @@ def _is_identity(positions: np.ndarray, size: int) -> bool:
 
 
 def _contains(outer, inner) -> bool:
-    lo, hi = np.byte_bounds(outer)
-    ilo, ihi = np.byte_bounds(inner)
+    lo, hi = np.lib.array_utils.byte_bounds(outer)
+    ilo, ihi = np.lib.array_utils.byte_bounds(inner)
     return lo <= ilo and ihi <= hi
 
 

@@ -1,0 +1,119 @@
+"""Random ops inside compiled code draw from the kiln generator, advanced per call: new masks each
+call, re-seeding reproduces the sequence, and compiled and eager give bit-identical numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import kiln
+import kiln.nn.functional as F
+
+from .helpers import compiled_calls
+
+X = np.linspace(1.0, 2.0, 64, dtype=np.float32).reshape(8, 8)
+
+
+def drop(x):
+    return F.dropout(x, p=0.5, training=True)
+
+
+def uniform(x):
+    return x + kiln.rand(8, 8)
+
+
+def normal(x):
+    return x * kiln.randn(8, 8)
+
+
+def _run(fn, seed: int, n: int) -> list[np.ndarray]:
+    kiln.manual_seed(seed)
+    x = kiln.tensor(X)
+    return [fn(x).numpy().copy() for _ in range(n)]
+
+
+def test_dropout_mask_differs_per_call():
+    f = kiln.compile(drop)
+    outs = _run(f, 0, 5)
+    masks = [o != 0 for o in outs]
+    for i in range(len(masks)):
+        for j in range(i):
+            assert not np.array_equal(masks[i], masks[j]), f"calls {i} and {j} gave the same mask"
+    # kept values are scaled by 1 / (1 - p)
+    for o in outs:
+        np.testing.assert_allclose(o[o != 0], (X * 2)[o != 0], rtol=1e-6, atol=0)
+    assert compiled_calls(f) == [4]
+
+
+def test_reseeding_reproduces_the_sequence():
+    f = kiln.compile(uniform)
+    first = _run(f, 123, 4)
+    second = _run(f, 123, 4)  # all compiled calls now
+    for a, b in zip(first, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert compiled_calls(f) == [7]
+    assert not np.array_equal(first[1], first[2])
+
+
+def test_compiled_dropout_equals_eager_bit_for_bit():
+    f = kiln.compile(drop)
+    compiled = _run(f, 7, 5)
+    eager = _run(drop, 7, 5)
+    for i, (c, e) in enumerate(zip(compiled, eager, strict=True)):
+        np.testing.assert_array_equal(c, e, err_msg=f"call {i}")
+    assert compiled_calls(f) == [4]
+
+
+def test_compiled_uniform_equals_eager_bit_for_bit():
+    f = kiln.compile(uniform)
+    compiled = _run(f, 11, 5)
+    eager = _run(uniform, 11, 5)
+    for i, (c, e) in enumerate(zip(compiled, eager, strict=True)):
+        np.testing.assert_array_equal(c, e, err_msg=f"call {i}")
+    assert compiled_calls(f) == [4]
+
+
+def test_compiled_normal_equals_eager_within_ulps():
+    f = kiln.compile(normal)
+    compiled = _run(f, 5, 4)
+    eager = _run(normal, 5, 4)
+    for i, (c, e) in enumerate(zip(compiled, eager, strict=True)):
+        np.testing.assert_allclose(c, e, rtol=1e-6, atol=1e-7, err_msg=f"call {i}")
+    assert compiled_calls(f) == [3]
+
+
+def test_eager_and_compiled_interleaved_share_the_generator():
+    # Compiled calls advance the generator exactly as eager calls do.
+    f = kiln.compile(uniform)
+    kiln.manual_seed(3)
+    x = kiln.tensor(X)
+    mixed = [f(x).numpy().copy() if i % 2 else uniform(x).numpy().copy() for i in range(6)]
+    f(x)
+    eager = _run(uniform, 3, 6)
+    for i, (m, e) in enumerate(zip(mixed, eager, strict=True)):
+        np.testing.assert_array_equal(m, e, err_msg=f"call {i}")
+    assert compiled_calls(f)[0] >= 2
+
+
+def test_explicit_generator_is_advanced_per_call():
+    g = kiln.Generator().manual_seed(42)
+
+    @kiln.compile
+    def f(x):
+        return F.dropout(x, 0.3, generator=g)
+
+    x = kiln.tensor(X)
+    outs = [f(x).numpy().copy() for _ in range(4)]
+    g.manual_seed(42)
+    eager = [F.dropout(x, 0.3, generator=g).numpy().copy() for _ in range(4)]
+    for c, e in zip(outs, eager, strict=True):
+        np.testing.assert_array_equal(c, e)
+    assert not np.array_equal(outs[2], outs[3]) and compiled_calls(f) == [3]
+
+
+def test_check_true_on_dropout_passes():
+    f = kiln.compile(drop, check=True)
+    outs = _run(f, 0, 4)
+    eager = _run(drop, 0, 4)
+    for c, e in zip(outs, eager, strict=True):
+        np.testing.assert_array_equal(c, e)
+    assert compiled_calls(f) == [3]
