@@ -20,6 +20,7 @@ from .common import Result, TargetCheck, check_targets, format_table, format_tar
 WORKLOADS = {
     "eager_overhead": "benchmarks.eager_overhead",
     "train_steps": "benchmarks.train_steps",
+    "compile": "benchmarks.compile_latency",
 }
 
 DEFAULT_JSON = Path(__file__).parent / "results" / "latest.json"

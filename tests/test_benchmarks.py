@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from benchmarks import common, eager_overhead, run, train_steps
+from benchmarks import common, compile_latency, eager_overhead, run, train_steps
 from benchmarks.common import Result, Settings, Target, Timing
 
 TINY = Settings(repeats=3, min_repeat_ns=100_000, warmup=1)
@@ -140,7 +140,8 @@ def test_cli_rejects_unknown_workload(capsys):
         run.main(["no_such_workload"])
     assert exit_info.value.code == 2
     assert (
-        "unknown workload(s) no_such_workload; expected any of: eager_overhead, train_steps" in capsys.readouterr().err
+        "unknown workload(s) no_such_workload; expected any of: eager_overhead, train_steps, compile"
+        in capsys.readouterr().err
     )
 
 
@@ -198,3 +199,55 @@ def test_train_steps_kiln_and_torch_take_the_same_steps(torch, case):
     (kiln_step, _), (torch_step, _) = found["kiln"], found["torch"]
     for _ in range(3):
         np.testing.assert_allclose(kiln_step().item(), torch_step().item(), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_quick_run(tiny, tmp_path, capsys):
+    out = tmp_path / "latest.json"
+    assert run.main(["--quick", "--json", str(out), "compile"]) == 0
+    data = json.loads(out.read_text())
+    by_key = {(r["case"], r["impl"]): r for r in data["results"]}
+    cl = compile_latency
+    cases = [cl.STEP_CALL1, cl.STEP_COMPILE, cl.STEP_WARMUP, cl.STEP_STEADY, cl.TRIVIAL_COMPILE, cl.TRIVIAL]
+    for case in cases:
+        kiln_result = by_key[(case, "kiln")]
+        assert kiln_result["timing"] is not None and kiln_result["timing"]["median_ns"] > 0
+        assert "WARNING" not in kiln_result["note"]  # call 1 not cached, call 2 compiled, as the cases say
+    for case in (cl.STEP_STEADY, cl.TRIVIAL):
+        assert by_key[(case, cl.KILN_EAGER)]["timing"] is not None
+        assert by_key[(case, cl.KILN_EAGER)]["kiln_ratio"] > 0
+    # --quick skips torch.compile and says so; jax.jit is timed or skipped with a reason.
+    for case in (cl.STEP_COMPILE, cl.STEP_STEADY, cl.TRIVIAL):
+        assert by_key[(case, "torch.compile")]["timing"] is None
+        assert by_key[(case, "torch.compile")]["note"] in (cl.QUICK_SKIP, "torch is not installed")
+        assert (case, "jax.jit") in by_key
+    printed = capsys.readouterr().out
+    assert all(case in printed for case in cases) and "skipped in --quick" in printed
+
+
+def test_compile_kiln_steps_compiled_and_eager_agree():
+    """The compiled step is the eager step: same losses over four steps from the same weights."""
+    import kiln
+
+    compiled, _, _ = compile_latency.kiln_setup()
+    compiled = kiln.compile(compiled)
+    eager, _, _ = compile_latency.kiln_setup()
+    for _ in range(4):
+        np.testing.assert_allclose(compiled().numpy(), eager().numpy(), rtol=1e-4, atol=1e-6)
+    assert [e.kind for e in compiled.state.events] == ["not cached", "compiled"]
+
+
+def test_compile_kiln_and_torch_take_the_same_steps(torch):
+    """Same weights, batch and Adam: kiln's and PyTorch's losses agree, so the same work is timed."""
+    kiln_step, weights, data = compile_latency.kiln_setup()
+    torch_step = compile_latency.torch_setup(torch, weights, data)
+    for _ in range(3):
+        np.testing.assert_allclose(kiln_step().numpy(), torch_step().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_jax_step_matches_kiln():
+    """The JAX step (Adam written out by hand) takes the same steps as kiln's, when jax is installed."""
+    jax = pytest.importorskip("jax")
+    kiln_step, weights, data = compile_latency.kiln_setup()
+    _, jax_step = compile_latency.jax_setup(jax, weights, data)
+    for _ in range(3):
+        np.testing.assert_allclose(np.asarray(jax_step()), kiln_step().numpy(), rtol=1e-4, atol=1e-5)

@@ -126,9 +126,6 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
     wrt = [k for k, e in enumerate(traced.externals) if e.tensor._requires_grad]
     if not wrt:
         return None, None
-    for index, _ in traced.writebacks:
-        if traced.externals[index].tensor._requires_grad:
-            return None, "a tensor that requires grad was changed in place inside the compiled call"
     bwd = Trace(parent=trace).start()
     try:
         seeds = []
@@ -146,6 +143,10 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             if "second time" in str(error):
                 return None, None  # the call already ran backward through its results (a training step)
             return None, f"the backward could not be traced: {error}"
+        for index, _ in traced.writebacks:
+            if traced.externals[index].tensor._requires_grad:
+                bwd.abandon()
+                return None, "a tensor that requires grad was changed in place inside the compiled call"
         result = bwd.finish([g for g in grads if g is not None], values_only=True)
     except BaseException:
         bwd.abandon()
