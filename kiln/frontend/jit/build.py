@@ -37,13 +37,7 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
             "first step does; this call ran eagerly and the next one traces again"
         )
     outputs: list[Value] = []
-    out_plan = []
-    for item in traced.outputs:
-        if isinstance(item, Value):
-            out_plan.append(("value", len(outputs)))
-            outputs.append(item)
-        else:
-            out_plan.append(item)
+    out_plan = plan_results(traced.outputs, outputs)
     writebacks = []
     for index, value in traced.writebacks:
         writebacks.append((index, len(outputs)))
@@ -75,6 +69,20 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     _dump(compiled, spec)
     trace.release()
     return spec, None
+
+
+def plan_results(items: list, outputs: list[Value], *, views: bool = True) -> list:
+    """Per result leaf of a finished trace, how a call produces it: ``("value", i)`` (graph output
+    ``i``, appended to ``outputs``) or the trace's own item (an external, the same tensor as an
+    earlier leaf, a plain value, or -- with ``views`` -- a view of an external)."""
+    plan = []
+    for item in items:
+        if isinstance(item, Value) or (item[0] == "view" and not views):
+            plan.append(("value", len(outputs)))
+            outputs.append(item if isinstance(item, Value) else item[-1])
+        else:
+            plan.append(item)
+    return plan
 
 
 def _source(external) -> Source:
@@ -161,8 +169,9 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
     seed_index = {id(s): k for k, s in enumerate(seeds)}
     foreign_inputs = {}
     foreign_values = iter(range(len(bwd.foreign)))
+    externals = {e.value: e for e in result.externals}
     for value in result.builder.inputs:
-        ext = next((e for e in result.externals if e.value is value), None)
+        ext = externals.get(value)
         if ext is not None and id(ext.tensor) in seed_index:
             inputs.append(("seed", seed_index[id(ext.tensor)]))
         elif ext is not None:

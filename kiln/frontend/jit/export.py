@@ -24,9 +24,10 @@ from ...ir import dtypes as dt
 from ...ir.graph import Graph, Value
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor, make_tensor
-from .build import optimize
+from .build import optimize, plan_results
 from .compiler import CompileOptions
 from .pytree import LEAF, flatten, unflatten
+from .specialization import fresh_tensor, owned_memory
 from .trace import Trace
 
 EXPORT_FORMAT_VERSION = 1
@@ -47,6 +48,7 @@ class ExportedProgram:
     inputs: list  # per graph input: ("arg", index) | ("param", name)
     out_tree: object
     outputs: list  # per result leaf: ("value", i) | ("arg", index) | ("param", name) | ("python", value)
+    #                | ("same", earlier leaf)
     writebacks: list  # (("arg", index) | ("param", name), output index)
 
     def __post_init__(self) -> None:
@@ -60,7 +62,7 @@ class ExportedProgram:
         self._check_call(leaves, tree)
         arrays = [self._source(src, leaves)._data for src in self.inputs]
         outputs = self._run(arrays)
-        owned = {id(a) for a in arrays}
+        owned = owned_memory(arrays)
         for target, index in self.writebacks:
             t = self._source(target, leaves)
             t._data[...] = outputs[index]
@@ -68,10 +70,11 @@ class ExportedProgram:
         results = []
         for kind, payload in self.outputs:
             if kind == "value":
-                array = outputs[payload]
-                results.append(make_tensor(array.copy() if id(array) in owned else np.asarray(array)))
+                results.append(fresh_tensor(outputs[payload], owned, self.graph.outputs[payload].type.device))
             elif kind == "python":
                 results.append(payload)
+            elif kind == "same":
+                results.append(results[payload])
             else:
                 results.append(self._source((kind, payload), leaves))
         return unflatten(self.out_tree, results)
@@ -146,15 +149,12 @@ def export(fn, *args, **kwargs) -> ExportedProgram:
             sources.append(("param", name))
     outputs: list[Value] = []
     plan = []
-    for item in traced.outputs:
-        if isinstance(item, Value):
-            plan.append(("value", len(outputs)))
-            outputs.append(item)
-        elif item[0] == "external":
-            plan.append(sources[item[1]])
-        else:
+    for item in plan_results(traced.outputs, outputs, views=False):
+        if item[0] == "external":
+            item = sources[item[1]]
+        elif item[0] == "python":
             _check_plain(item[1], "a result")
-            plan.append(item)
+        plan.append(item)
     writebacks = []
     for index, value in traced.writebacks:
         writebacks.append((sources[index], len(outputs)))
@@ -195,7 +195,7 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
         in_tree = _tree_from_json(meta["in_tree"])
         in_specs = [_spec_from_json(s) for s in meta["in_specs"]]
         out_tree = _tree_from_json(meta["out_tree"])
-        outputs = [_output_from_json(o, names, len(graph.outputs)) for o in meta["outputs"]]
+        outputs = [_output_from_json(o, names, len(graph.outputs), i) for i, o in enumerate(meta["outputs"])]
     except ExportError:
         raise
     except (KeyError, TypeError, ValueError, IndexError) as error:
@@ -302,10 +302,12 @@ def _output_to_json(out):
     return [kind, _plain_to_json(payload) if kind == "python" else payload]
 
 
-def _output_from_json(obj, names: list, n_outputs: int):
+def _output_from_json(obj, names: list, n_outputs: int, position: int):
     kind, payload = obj
     if kind == "value":
         return ("value", _index(payload, n_outputs))
+    if kind == "same":
+        return ("same", _index(payload, position))
     if kind == "python":
         return ("python", _plain_from_json(payload))
     return _source_from_json(obj, names)

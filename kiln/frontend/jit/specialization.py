@@ -92,7 +92,7 @@ class Specialization:
             fn(*args, **kwargs)
         arrays = self.inputs(leaves)
         outputs = self.program(arrays)
-        owned = {id(_root(a)) for a in arrays}
+        owned = owned_memory(arrays)
         for index, out in self.writebacks:
             t = self.external(index, leaves)
             t._data[...] = outputs[out]
@@ -104,12 +104,12 @@ class Specialization:
             elif action[0] == "external":
                 t._grad = self.external(action[1], leaves)
             else:
-                t._grad = self._fresh(outputs[action[1]], owned, t._device)
+                t._grad = fresh_tensor(outputs[action[1]], owned, t._device)
         results = []
         for kind, payload, *view in self.out_leaves:
             if kind == "value":
                 device = self.graph.outputs[payload].type.device
-                results.append(self._fresh(outputs[payload], owned, device))
+                results.append(fresh_tensor(outputs[payload], owned, device))
             elif kind == "external":
                 results.append(self.external(payload, leaves))
             elif kind == "same":
@@ -123,16 +123,6 @@ class Specialization:
         self.calls += 1
         return unflatten(self.out_tree, results)
 
-    @staticmethod
-    def _fresh(array, owned: set, device):
-        """A new tensor on ``array``, copied when the array is an input's memory or a view of it (the
-        program passed an input through): a result never aliases an argument unless eager's would."""
-        if id(_root(array)) in owned:
-            array = array.copy()
-        elif not isinstance(array, np.ndarray):
-            array = np.asarray(array)
-        return make_tensor(array, device)
-
 
 _MISSING = object()
 
@@ -142,6 +132,21 @@ def _root(array):
     while isinstance(array.base, np.ndarray):
         array = array.base
     return array
+
+
+def owned_memory(arrays: list) -> set[int]:
+    """The memory owners of a program's input arrays (see ``fresh_tensor``)."""
+    return {id(_root(a)) for a in arrays}
+
+
+def fresh_tensor(array, owned: set[int], device):
+    """A new tensor on ``array``, copied when the array is an input's memory or a view of it (the
+    program passed an input through): a result never aliases an argument unless eager's would."""
+    if id(_root(array)) in owned:
+        array = array.copy()
+    elif not isinstance(array, np.ndarray):
+        array = np.asarray(array)
+    return make_tensor(array, device)
 
 
 class _Interface:

@@ -32,6 +32,7 @@ import numpy as np
 
 from ...ir.graph import GraphBuilder, SourceLocation, Value
 from ...ir.types import TensorType
+from ..tensor import Tensor
 from . import state
 
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -322,7 +323,7 @@ class Trace:
         outputs = []
         positions: dict[int, int] = {}
         for position, leaf in enumerate(leaves):
-            if not _is_tensor(leaf):
+            if not isinstance(leaf, Tensor):
                 outputs.append(("python", leaf))
                 continue
             if id(leaf) in positions:  # the same tensor returned twice comes back as one object
@@ -391,10 +392,6 @@ class Trace:
             if t is not None and id(t) not in allowed:
                 escaped.append(f"a {t._dtype.name} tensor of shape {tuple(t._data.shape)}")
         return escaped
-
-
-def _is_tensor(x) -> bool:
-    return hasattr(x, "_trace") and hasattr(x, "_data")
 
 
 def _is_identity(positions: np.ndarray, size: int) -> bool:

@@ -4,6 +4,7 @@ call, re-seeding reproduces the sequence, and compiled and eager give bit-identi
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import kiln
 import kiln.nn.functional as F
@@ -54,31 +55,22 @@ def test_reseeding_reproduces_the_sequence():
     assert not np.array_equal(first[1], first[2])
 
 
-def test_compiled_dropout_equals_eager_bit_for_bit():
-    f = kiln.compile(drop)
-    compiled = _run(f, 7, 5)
-    eager = _run(drop, 7, 5)
+@pytest.mark.parametrize(
+    ("fn", "seed", "calls", "rtol", "atol"),
+    [
+        (drop, 7, 5, 0.0, 0.0),  # dropout masks: bit for bit
+        (uniform, 11, 5, 0.0, 0.0),  # uniform bits: bit for bit
+        (normal, 5, 4, 1e-6, 1e-7),  # normals: within a few ulp
+    ],
+    ids=["dropout", "uniform", "normal"],
+)
+def test_compiled_draws_equal_eager_from_the_same_seed(fn, seed, calls, rtol, atol):
+    f = kiln.compile(fn)
+    compiled = _run(f, seed, calls)
+    eager = _run(fn, seed, calls)
     for i, (c, e) in enumerate(zip(compiled, eager, strict=True)):
-        np.testing.assert_array_equal(c, e, err_msg=f"call {i}")
-    assert compiled_calls(f) == [4]
-
-
-def test_compiled_uniform_equals_eager_bit_for_bit():
-    f = kiln.compile(uniform)
-    compiled = _run(f, 11, 5)
-    eager = _run(uniform, 11, 5)
-    for i, (c, e) in enumerate(zip(compiled, eager, strict=True)):
-        np.testing.assert_array_equal(c, e, err_msg=f"call {i}")
-    assert compiled_calls(f) == [4]
-
-
-def test_compiled_normal_equals_eager_within_ulps():
-    f = kiln.compile(normal)
-    compiled = _run(f, 5, 4)
-    eager = _run(normal, 5, 4)
-    for i, (c, e) in enumerate(zip(compiled, eager, strict=True)):
-        np.testing.assert_allclose(c, e, rtol=1e-6, atol=1e-7, err_msg=f"call {i}")
-    assert compiled_calls(f) == [3]
+        np.testing.assert_allclose(c, e, rtol=rtol, atol=atol, err_msg=f"call {i}")
+    assert compiled_calls(f) == [calls - 1]
 
 
 def test_eager_and_compiled_interleaved_share_the_generator():

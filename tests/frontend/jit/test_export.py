@@ -83,6 +83,22 @@ def test_loads_and_runs_in_a_fresh_process_without_the_code(tmp_path):
     assert run.stdout.strip() == "ok"
 
 
+def test_repeated_results_and_views_of_arguments_survive_a_round_trip(tmp_path):
+    def fn(x):
+        y = x * 2
+        return y, [y], x[1:]
+
+    program = kiln.export(fn, kiln.arange(4.0))
+    program.save(tmp_path / "fn.kiln")
+    for p in (program, kiln.load_exported(tmp_path / "fn.kiln")):
+        x = kiln.arange(4.0) + 1
+        a, (b,), c = p(x)
+        assert a is b  # one tensor returned twice is one object, as in eager
+        np.testing.assert_array_equal(a.numpy(), [2.0, 4.0, 6.0, 8.0])
+        np.testing.assert_array_equal(c.numpy(), [2.0, 3.0, 4.0])  # a view of the argument, as a value
+        assert not np.shares_memory(c.numpy(), x.numpy())
+
+
 def test_calls_must_match_the_example_signature():
     program = kiln.export(lambda x, n: x * n, kiln.randn(2, 3), 3)
     with pytest.raises(ValueError, match=r"argument 0 must be f32\[2, 3\], got f32\[4, 3\]"):
