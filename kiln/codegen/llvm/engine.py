@@ -1,0 +1,121 @@
+"""LLVM for kiln: the host target, the optimization pipeline, object code and loaded libraries.
+
+Every kernel kiln compiles goes through here. ``compile_ir(text)`` parses LLVM IR, optimizes it
+for the host CPU (its name and features, so AVX-512 is used where the machine has it) and
+returns object code; ``Library(objects)`` loads object code into a JIT engine and hands out
+function addresses. Splitting the two steps is what makes the on-disk cache possible: a cache
+hit skips straight to ``Library``.
+
+``host_signature()`` names everything that decides what machine code comes out (llvmlite's and
+LLVM's versions, the CPU name and features): the disk cache keys on it, so an object built for
+another machine or another LLVM is never loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import llvmlite
+import llvmlite.binding as llvm
+
+OPT_LEVEL = 3
+
+_lock = threading.Lock()  # LLVM's global state (targets, contexts) is not thread safe
+
+
+@functools.cache
+def _initialized() -> bool:
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return True
+
+
+@functools.cache
+def target_machine() -> llvm.TargetMachine:
+    """The host's target machine: its CPU and features, position-independent code."""
+    _initialized()
+    target = llvm.Target.from_default_triple()
+    return target.create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=OPT_LEVEL,
+        reloc="pic", codemodel="default",
+    )  # fmt: skip
+
+
+@functools.cache
+def host_signature() -> str:
+    """What decides the machine code besides the IR: versions, triple, CPU name and features."""
+    _initialized()
+    return (
+        f"llvmlite {llvmlite.__version__}; llvm {'.'.join(map(str, llvm.llvm_version_info))}; "
+        f"{llvm.get_default_triple()}; {llvm.get_host_cpu_name()}; {llvm.get_host_cpu_features().flatten()}"
+    )
+
+
+def triple() -> str:
+    _initialized()
+    return llvm.get_default_triple()
+
+
+def data_layout() -> str:
+    return str(target_machine().target_data)
+
+
+def _optimize(module: llvm.ModuleRef) -> None:
+    options = llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL)
+    options.loop_vectorization = True
+    options.slp_vectorization = True
+    options.loop_unrolling = True
+    builder = llvm.create_pass_builder(target_machine(), options)
+    builder.getModulePassManager().run(module, builder)
+
+
+def parse(ir_text: str) -> llvm.ModuleRef:
+    """Parse and verify LLVM IR text (raises ``RuntimeError`` naming LLVM's complaint)."""
+    _initialized()
+    module = llvm.parse_assembly(ir_text)
+    module.verify()
+    return module
+
+
+def compile_ir(ir_text: str) -> bytes:
+    """Optimized object code for the host from LLVM IR text."""
+    with _lock:
+        module = parse(ir_text)
+        module.triple = triple()
+        module.data_layout = data_layout()
+        _optimize(module)
+        return target_machine().emit_object(module)
+
+
+def assembly(ir_text: str) -> str:
+    """The optimized host assembly of LLVM IR text (tests look for vector registers in it)."""
+    with _lock:
+        module = parse(ir_text)
+        module.triple = triple()
+        module.data_layout = data_layout()
+        _optimize(module)
+        return target_machine().emit_assembly(module)
+
+
+class Library:
+    """Object code loaded into memory; ``address(name)`` gives a function's entry point.
+
+    The library keeps its engine alive; function pointers taken from it are valid while the
+    library object lives, so whoever calls them holds a reference to it.
+    """
+
+    def __init__(self, objects: list[bytes]) -> None:
+        with _lock:
+            _initialized()
+            empty = llvm.parse_assembly(f'target triple = "{triple()}"\n')
+            self._engine = llvm.create_mcjit_compiler(empty, target_machine())
+            for obj in objects:
+                self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+            self._engine.finalize_object()
+
+    def address(self, name: str) -> int:
+        address = self._engine.get_function_address(name)
+        if not address:
+            raise KeyError(f"the compiled library has no function {name!r}")
+        return address
