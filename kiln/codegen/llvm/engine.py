@@ -34,6 +34,10 @@ def _initialized() -> bool:
 @functools.cache
 def target_machine() -> llvm.TargetMachine:
     """The host's target machine: its CPU and features, position-independent code."""
+    return _new_target_machine()
+
+
+def _new_target_machine() -> llvm.TargetMachine:
     _initialized()
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(
@@ -109,7 +113,8 @@ class Library:
         with _lock:
             _initialized()
             empty = llvm.parse_assembly(f'target triple = "{triple()}"\n')
-            self._engine = llvm.create_mcjit_compiler(empty, target_machine())
+            # The engine takes ownership of its target machine (and frees it): give it its own.
+            self._engine = llvm.create_mcjit_compiler(empty, _new_target_machine())
             for obj in objects:
                 self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
             self._engine.finalize_object()
