@@ -7,6 +7,11 @@ Attributes are the primitive's keyword arguments (hashable plain values: ints, f
 strings, None, dtypes and tuples of them). Every node may carry the user's source location
 (``loc``) so that errors at run time point at the line that made the op.
 
+A ``kernel`` node (``KERNEL``) is what fusion makes: ``attrs = {"name": ..., "kind": "elementwise" |
+"reduction" | "horizontal", "bodies": (Graph, ...)}``. Each body is an ordinary graph with its own
+values and constants; the node's inputs and outputs are the bodies' (one body, or for a
+horizontal kernel the members' concatenated in order). ``kernel_bodies(node)`` gives the bodies.
+
 Graphs are immutable: passes build new ones with a ``GraphBuilder`` rather than editing. Value
 identity is object identity; the integer ``id`` only names a value in the text form.
 """
@@ -23,6 +28,10 @@ from .types import TensorType
 
 #: The op name of constant nodes (no inputs; ``attrs = {"name": key}`` into ``Graph.constants``).
 CONSTANT = "constant"
+#: The op name of fused kernel nodes (``attrs = {"name", "kind", "bodies"}``; see the module docstring).
+KERNEL = "kernel"
+#: The kinds of kernel nodes.
+KERNEL_KINDS = ("elementwise", "reduction", "horizontal")
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,8 +69,13 @@ class Node:
     loc: SourceLocation | None = None
 
     @property
+    def bodies(self) -> tuple[Graph, ...]:
+        """The bodies of a kernel node (empty for any other node)."""
+        return kernel_bodies(self)
+
+    @property
     def output(self) -> Value:
-        """The single output (every primitive has one)."""
+        """The single output (every primitive has one; kernel nodes may have several)."""
         assert len(self.outputs) == 1, f"{self.op} has {len(self.outputs)} outputs"
         return self.outputs[0]
 
@@ -71,6 +85,80 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<Node {self.op} -> {', '.join(f'%{v.id}' for v in self.outputs)}>"
+
+
+def kernel_bodies(node: Node) -> tuple[Graph, ...]:
+    """The bodies of a kernel node, or ``()`` for any other node."""
+    if node.op != KERNEL:
+        return ()
+    return node.attrs.get("bodies", ())
+
+
+def body_inputs_outputs(node: Node) -> list[tuple[Graph, tuple[Value, ...], tuple[Value, ...]]]:
+    """For each body of a kernel node: ``(body, the node's inputs it reads, the node's outputs it makes)``
+    (one body takes them all; the members of a horizontal kernel take consecutive slices)."""
+    result = []
+    i = o = 0
+    for body in kernel_bodies(node):
+        n, m = len(body.inputs), len(body.outputs)
+        result.append((body, node.inputs[i : i + n], node.outputs[o : o + m]))
+        i, o = i + n, o + m
+    return result
+
+
+#: Separates a kernel's name, the body's index and a body constant's name in ``qualified_constants``.
+QUALIFIER = "/"
+
+
+def qualified_constants(graph: Graph) -> dict[str, np.ndarray]:
+    """Every constant array of ``graph`` and of its kernels' bodies, in one flat table.
+
+    The graph's own constants keep their names; a body's constant ``c0`` of body 1 of kernel
+    ``k3`` is ``"k3/1/c0"``. The text form and graph files carry constants this way, and
+    ``parse_graph``/``graph_from_json`` read the same table back (``split_constants``).
+    """
+    table = dict(graph.constants)
+    for node in graph.nodes:
+        for index, body in enumerate(kernel_bodies(node)):
+            prefix = f"{node.attrs['name']}{QUALIFIER}{index}{QUALIFIER}"
+            table.update((prefix + key, value) for key, value in qualified_constants(body).items())
+    return table
+
+
+def body_constants(table: Mapping[str, np.ndarray], kernel: str, index: int) -> dict[str, np.ndarray]:
+    """The entries of a flat table (``qualified_constants``) that belong to body ``index`` of ``kernel``,
+    with the qualifying prefix removed."""
+    prefix = f"{kernel}{QUALIFIER}{index}{QUALIFIER}"
+    return {key[len(prefix) :]: value for key, value in table.items() if key.startswith(prefix)}
+
+
+#: The view movement ops a kernel body may hold: index remapping, never a copy.
+BODY_VIEW_OPS = frozenset({"reshape", "expand", "permute", "slice"})
+#: The reductions a reduction kernel's body may hold.
+BODY_REDUCE_OPS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+
+
+def structure_key(body: Graph) -> tuple:
+    """What the members of a horizontal kernel share: the ops, how they connect, the dtypes, the
+    attributes other than those of view ops (which name shapes), and the constants' bytes.
+    Two bodies that differ only in their shapes have the same key."""
+    index: dict[Value, int] = {v: i for i, v in enumerate(body.values())}
+    nodes = []
+    for node in body.nodes:
+        if node.op == CONSTANT:
+            array = np.asarray(body.constants.get(node.attrs.get("name"), np.zeros(())))
+            attrs: Any = (array.dtype.str, array.tobytes())
+        elif node.op in BODY_VIEW_OPS:
+            attrs = tuple(sorted(node.attrs))
+        else:
+            attrs = node.attr_key()
+        inputs = tuple(index.get(v, -1) for v in node.inputs)
+        nodes.append((node.op, inputs, attrs, tuple(v.type.dtype for v in node.outputs)))
+    return (
+        tuple(v.type.dtype for v in body.inputs),
+        tuple(nodes),
+        tuple(index.get(v, -1) for v in body.outputs),
+    )
 
 
 def _hashable(value: Any) -> Any:
@@ -178,6 +266,28 @@ class GraphBuilder:
         out = self.value(type)
         self.nodes.append(Node(CONSTANT, (), {"name": name}, (out,), loc))
         return out
+
+    def kernel(
+        self,
+        inputs: Sequence[Value],
+        bodies: Sequence[Graph],
+        kind: str,
+        name: str | None = None,
+        loc: SourceLocation | None = None,
+    ) -> tuple[Value, ...]:
+        """Append a kernel node running ``bodies`` on ``inputs``; its outputs' types are the bodies'.
+
+        ``name`` defaults to ``k<N>`` with N the number of kernels so far; ``loc`` to the first body
+        node's location."""
+        bodies = tuple(bodies)
+        if name is None:
+            name = f"k{sum(node.op == KERNEL for node in self.nodes)}"
+        if loc is None:
+            loc = next((n.loc for n in bodies[0].nodes if n.loc is not None), None) if bodies else None
+        outputs = tuple(self.value(v.type) for body in bodies for v in body.outputs)
+        attrs = {"name": name, "kind": kind, "bodies": bodies}
+        self.nodes.append(Node(KERNEL, tuple(inputs), attrs, outputs, loc))
+        return outputs
 
     def append(self, node: Node) -> None:
         """Append an existing node (its values keep their ids; passes that copy nodes use this)."""

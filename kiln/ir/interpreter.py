@@ -12,6 +12,11 @@ but never the graph's constant arrays, which are copied on the way out so that a
 into an output cannot change the graph. Floating-point exceptions are values (inf, nan), not
 warnings, as in eager execution.
 
+Kernel nodes (made by fusion) run by interpreting their bodies, each prepared once as a
+``Program`` of its own; a horizontal kernel runs each member on its slice of the node's inputs.
+A kernel's outputs are always fresh arrays (as compiled kernels write them), never views of its
+inputs.
+
 >>> from kiln.ir.graph import GraphBuilder
 >>> from kiln.ir.types import TensorType
 >>> from kiln.ir.dtypes import float32
@@ -30,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .graph import CONSTANT, Graph, Node, Value
+from .graph import CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
 from .primitives import PRIMITIVES
 
 
@@ -41,7 +46,8 @@ class Program:
     __slots__ = ("_input_slots", "_input_types", "_steps", "_nodes", "_output_slots", "_copy_outputs",
                  "_template", "_constant_slots", "_on_device")  # fmt: skip
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, *, fresh_outputs: bool = False) -> None:
+        # fresh_outputs: outputs that may share memory with an input are copied too (kernel bodies).
         slots: dict[Value, int] = {v: i for i, v in enumerate(graph.values())}
         self._input_slots = tuple(slots[v] for v in graph.inputs)
         self._input_types = tuple((v.type.shape, v.type.dtype.np, v.type) for v in graph.inputs)
@@ -59,12 +65,15 @@ class Program:
         nodes = [node for _, node in self._nodes]
         self._steps = tuple(_step(position, node, slots, frees) for position, (node, frees) in
                             enumerate(zip(nodes, _dead_after(nodes, graph, slots))))  # fmt: skip
-        aliases = _constant_aliases(graph)
+        aliases = _aliases(graph, fresh_outputs)
         self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in aliases)
 
     def run(self, inputs: Sequence[Any], xp: Any = np) -> list[Any]:
         """The graph's outputs for ``inputs`` (arrays of ``xp``), as a list."""
         self._check(inputs)
+        return self._execute(inputs, xp)
+
+    def _execute(self, inputs: Sequence[Any], xp: Any) -> list[Any]:
         env = self._template.copy() if xp is np else self._device_template(xp).copy()
         for slot, array in zip(self._input_slots, inputs):
             env[slot] = array
@@ -75,9 +84,13 @@ class Program:
                 for step in self._steps:
                     eager, args, attrs, out, frees, dtype, _ = step
                     result = eager(xp, *map(read, args), **attrs)
-                    if result.__class__ is not ndarray:  # numpy gives scalars for 0-d results
-                        result = xp.asarray(result, dtype=dtype)
-                    env[out] = result
+                    if out.__class__ is tuple:  # a kernel node: a list of fresh arrays
+                        for slot, array in zip(out, result):
+                            env[slot] = array
+                    elif result.__class__ is not ndarray:  # numpy gives scalars for 0-d results
+                        env[out] = xp.asarray(result, dtype=dtype)
+                    else:
+                        env[out] = result
                     for slot in frees:
                         env[slot] = None
             except Exception as error:
@@ -132,11 +145,32 @@ def interpret(graph: Graph, inputs: Sequence[Any], xp: Any = np) -> list[Any]:
 
 # ----------------------------------------------------------------------------- preparation
 def _step(position: int, node: Node, slots: dict[Value, int], frees: tuple[int, ...]) -> tuple:
+    args = tuple(slots[v] for v in node.inputs)
+    if node.op == KERNEL:
+        outs = tuple(slots[v] for v in node.outputs)
+        return (_kernel_runner(node), args, {}, outs, frees, None, position)
     assert len(node.outputs) == 1, f"{node.op} has {len(node.outputs)} outputs; the interpreter expects one"
     out = node.outputs[0]
     eager = PRIMITIVES[node.op].eager
-    args = tuple(slots[v] for v in node.inputs)
     return (eager, args, dict(node.attrs), slots[out], frees, out.type.dtype.np, position)
+
+
+def _kernel_runner(node: Node):
+    """The step function of a kernel node: its body's program, or each member's on its inputs."""
+    members = [(Program(body, fresh_outputs=True), len(inputs)) for body, inputs, _ in body_inputs_outputs(node)]
+    if len(members) == 1:
+        execute = members[0][0]._execute
+        return lambda xp, *arrays: execute(arrays, xp)
+
+    def run_members(xp: Any, *arrays: Any) -> list[Any]:
+        results: list[Any] = []
+        start = 0
+        for program, count in members:
+            results += program._execute(arrays[start : start + count], xp)
+            start += count
+        return results
+
+    return run_members
 
 
 def _dead_after(nodes: list[Node], graph: Graph, slots: dict[Value, int]) -> list[tuple[int, ...]]:
@@ -163,11 +197,12 @@ def _dead_after(nodes: list[Node], graph: Graph, slots: dict[Value, int]) -> lis
     return [tuple(d) for d in dead]
 
 
-def _constant_aliases(graph: Graph) -> set[Value]:
-    """Values that may share memory with a constant array: constants and views of them."""
-    aliases: set[Value] = set()
+def _aliases(graph: Graph, inputs: bool) -> set[Value]:
+    """Values that may share memory with a constant array (or with an input, if ``inputs``):
+    those values themselves and views of them. A kernel's outputs are fresh arrays."""
+    aliases: set[Value] = set(graph.inputs) if inputs else set()
     for node in graph.nodes:
-        if node.op == CONSTANT or (PRIMITIVES[node.op].is_view and node.inputs[0] in aliases):
+        if node.op == CONSTANT or (node.op != KERNEL and PRIMITIVES[node.op].is_view and node.inputs[0] in aliases):
             aliases.update(node.outputs)
     return aliases
 

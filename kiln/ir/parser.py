@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import BY_NAME
-from .graph import CONSTANT, Graph, Node, SourceLocation, Value
+from .graph import CONSTANT, KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants
 from .types import TensorType, device
 
 __all__ = ["ParseError", "parse_graph"]
@@ -71,10 +71,19 @@ def parse_graph(text: str, constants: Mapping[str, np.ndarray] | None = None) ->
     """Parse the printer's text form. ``constants`` supplies the arrays of ``constant`` nodes.
 
     With ``constants`` given, every constant node's name must be in it (else a ``ParseError``)
-    and the graph's constant table is ``dict(constants)``; without, the table is empty (fine for
+    and the graph's constant table is ``dict(constants)`` (less the kernels' body constants, which
+    it carries under qualified names, ``kiln.ir.graph.qualified_constants``, and which go to the bodies); without, the table is empty (fine for
     reading and printing; ``verify`` will reject the graph). The graph is not verified here.
     """
     return _GraphParser(text, constants).parse()
+
+
+def _own_constants(table: Mapping[str, np.ndarray] | None, nodes: list[Node]) -> dict[str, np.ndarray]:
+    """The entries of a flat constant table that are not qualified names of the kernels' bodies."""
+    if table is None:
+        return {}
+    kernels = {node.attrs.get("name") for node in nodes if node.op == KERNEL}
+    return {key: value for key, value in table.items() if key.partition(QUALIFIER)[0] not in kernels}
 
 
 def _tokenize(line: str, lineno: int) -> list[_Token]:
@@ -153,7 +162,15 @@ class _GraphParser:
     def parse(self) -> Graph:
         if not self._next_line():
             raise ParseError("expected 'graph(...) {', got an empty text", max(self.lineno, 1), 1)
-        inputs = self._parse_header()
+        graph = self._parse_block("graph", self.constants)
+        if self._next_line():
+            raise ParseError(f"expected the end of the text after '}}', got {self._peek().describe()}", self.lineno, 1)
+        return graph
+
+    def _parse_block(self, keyword: str, constants: Mapping[str, np.ndarray] | None) -> Graph:
+        """A graph or a kernel's body, from its header line (the current one) to its closing '}'."""
+        outer_constants, self.constants = self.constants, constants
+        inputs = self._parse_header(keyword)
         nodes: list[Node] = []
         while True:
             if not self._next_line():
@@ -167,10 +184,8 @@ class _GraphParser:
             raise ParseError("expected '}' after the return line", self.lineno + 1, 1)
         self._expect("punct", "}", "after the return line")
         self._expect_end("after '}'")
-        if self._next_line():
-            raise ParseError(f"expected the end of the text after '}}', got {self._peek().describe()}", self.lineno, 1)
-        table = {} if self.constants is None else dict(self.constants)
-        return Graph(tuple(inputs), tuple(nodes), tuple(outputs), table)
+        self.constants = outer_constants
+        return Graph(tuple(inputs), tuple(nodes), tuple(outputs), _own_constants(constants, nodes))
 
     def _next_line(self) -> bool:
         """Move to the next non-blank line; False at the end of the text."""
@@ -183,12 +198,13 @@ class _GraphParser:
                 return True
         return False
 
-    def _parse_header(self) -> list[Value]:
-        self._expect("name", "graph", "at the start of the graph")
-        self._expect("punct", "(", "after 'graph'")
-        definitions = [] if self._accept(")") else self._parse_definitions(")", "the graph's inputs")
-        self._expect("punct", "{", "after the graph's inputs")
-        self._expect_end("after 'graph(...) {'")
+    def _parse_header(self, keyword: str) -> list[Value]:
+        where = "at the start of the graph" if keyword == "graph" else "to start a body of the kernel (or '}')"
+        self._expect("name", keyword, where)
+        self._expect("punct", "(", f"after '{keyword}'")
+        definitions = [] if self._accept(")") else self._parse_definitions(")", f"the {keyword}'s inputs")
+        self._expect("punct", "{", f"after the {keyword}'s inputs")
+        self._expect_end(f"after '{keyword}(...) {{'")
         for value, column in definitions:
             self._define(value, column)
         return [value for value, _ in definitions]
@@ -212,9 +228,12 @@ class _GraphParser:
             self._fail(op, "an op name ([A-Za-z_][A-Za-z0-9_.]*)")
         self._expect("punct", "(", f"after the op name {op.text!r}")
         inputs = [] if self._accept(")") else self._parse_uses(f"the inputs of {op.text}")
-        attrs = self._parse_attrs() if self._accept("{") else {}
-        loc = self._parse_location() if self._accept("#") else None
-        self._expect_end(f"after the node {op.text}")
+        if op.text == KERNEL:
+            attrs, loc = self._parse_kernel()
+        else:
+            attrs = self._parse_attrs() if self._accept("{") else {}
+            loc = self._parse_location() if self._accept("#") else None
+            self._expect_end(f"after the node {op.text}")
         for value, column in definitions:  # defined only now: a node cannot read its own output
             self._define(value, column)
         if op.text == CONSTANT and self.constants is not None:
@@ -224,6 +243,35 @@ class _GraphParser:
                     f"constant {name!r} is not among the constants given", self.lineno, op.column, self.source
                 )
         return Node(op.text, tuple(inputs), attrs, tuple(value for value, _ in definitions), loc)
+
+    def _parse_kernel(self) -> tuple[dict[str, Any], SourceLocation | None]:
+        """The rest of a kernel node: its attributes, '{', its bodies, '}' and its location."""
+        attrs: dict[str, Any] = {}
+        self._expect("punct", "{", "(attributes, or the '{' that opens the kernel's bodies)")
+        if self._peek().kind != "end":
+            attrs = self._parse_attrs()
+            self._expect("punct", "{", "to open the kernel's bodies at the end of its line")
+        self._expect_end("after the '{' that opens the kernel's bodies")
+        if "bodies" in attrs:
+            self._fail(self.tokens[0], "a kernel whose bodies follow its line, not a 'bodies' attribute")
+        name = attrs.get("name")
+        scope = (self.values, self.defined_on)
+        bodies: list[Graph] = []
+        while True:
+            if not self._next_line():
+                raise ParseError("expected 'body(...) {' or '}' to close the kernel", self.lineno + 1, 1)
+            if self._accept("}"):
+                break
+            table = None
+            if self.constants is not None:
+                table = body_constants(self.constants, name, len(bodies)) if isinstance(name, str) else {}
+            self.values, self.defined_on = {}, {}  # a body is its own scope
+            bodies.append(self._parse_block("body", table))
+            self.values, self.defined_on = scope
+        loc = self._parse_location() if self._accept("#") else None
+        self._expect_end("after the '}' that closes the kernel")
+        attrs["bodies"] = tuple(bodies)
+        return attrs, loc
 
     # -- values and types ---------------------------------------------------------------------
 

@@ -32,6 +32,28 @@ are free, but each statement is one line; blank lines are ignored)::
     OP, NAME   := [A-Za-z_][A-Za-z0-9_.]*
     FUNCTION   := [A-Za-z_<][A-Za-z0-9_.<>]*        -- other function names are printed as a STRING
 
+A kernel node (``kiln.ir.graph.KERNEL``) prints its attributes other than ``bodies`` on its line,
+which ends with ``{``; each body follows, nested and indented, then ``}`` closes the node and
+carries its location::
+
+    kernel     := outputs "=" "kernel" "(" uses? ")" attrs? "{" NEWLINE  body+  "}" location? NEWLINE
+    body       := "body" "(" defs? ")" "{" NEWLINE  node*  "return" "(" uses? ")" NEWLINE  "}" NEWLINE
+
+    %7: f32[4,8], %8: f32[4,1] = kernel(%0, %1) {name="k0", kind="reduction"} {
+      body(%0: f32[4,8], %1: f32[8]) {
+        %2: f32[4,1] = reduce_max(%0) {axes=(1,), keepdim=True}  # "m.py":3 in f
+        ...
+        return (%5, %2)
+      }
+    }  # "m.py":3 in f
+
+Each body is its own scope: its values are its own (fusion keeps the ids the values had in the
+unfused graph, so a body reads like the code it replaced), and a body cannot use the values of
+the graph around it. A body's constants print as constant nodes like any other; in the table of
+constants that the text form goes with (``parse_graph``'s argument, a graph file's tensors) they
+are qualified by the kernel's name and the body's index: ``k0/0/c1`` is constant ``c1`` of the
+first body of kernel ``k0`` (``kiln.ir.graph.qualified_constants``).
+
 A value's type is printed where it is defined (a graph input or a node output); uses print the
 id alone. Constant nodes are ``constant() {name="..."}``; their arrays are not part of the text
 (``parse_graph`` takes them as an argument).
@@ -45,7 +67,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import DType
-from .graph import Graph, Node, SourceLocation, Value
+from .graph import KERNEL, Graph, Node, SourceLocation, Value
 from .types import CPU, TensorType
 
 _FUNCTION = re.compile(r"[A-Za-z_<][A-Za-z0-9_.<>]*\Z")  # plain names and <lambda>, <module>...
@@ -66,11 +88,25 @@ def print_graph(graph: Graph, *, locations: bool = True) -> str:
       return (%1)
     }
     """
-    lines = [f"graph({', '.join(map(format_definition, graph.inputs))}) {{"]
-    lines.extend("  " + format_node(node, locations=locations) for node in graph.nodes)
-    lines.append(f"  return ({', '.join(format_use(v) for v in graph.outputs)})")
-    lines.append("}")
+    lines: list[str] = []
+    _print_block(lines, "graph", graph, "", locations)
     return "\n".join(lines) + "\n"
+
+
+def _print_block(lines: list[str], keyword: str, graph: Graph, indent: str, locations: bool) -> None:
+    lines.append(f"{indent}{keyword}({', '.join(map(format_definition, graph.inputs))}) {{")
+    inner = indent + "  "
+    for node in graph.nodes:
+        lines.append(inner + format_node(node, locations=locations))
+        if node.op == KERNEL:
+            for body in node.attrs.get("bodies", ()):
+                _print_block(lines, "body", body, inner + "  ", locations)
+            closing = inner + "}"
+            if locations and node.loc is not None:
+                closing += "  # " + format_location(node.loc)
+            lines.append(closing)
+    lines.append(f"{inner}return ({', '.join(format_use(v) for v in graph.outputs)})")
+    lines.append(indent + "}")
 
 
 def format_type(type: TensorType) -> str:
@@ -88,12 +124,16 @@ def format_definition(value: Value) -> str:
 
 
 def format_node(node: Node, *, locations: bool = True) -> str:
-    """One node as a line of the text form (without indentation or newline)."""
+    """One node as a line of the text form (without indentation or newline). For a kernel node,
+    the line that opens its bodies (ending with ``{``; its location goes on the closing line)."""
     outputs = ", ".join(map(format_definition, node.outputs)) if node.outputs else "()"
     text = f"{outputs} = {node.op}({', '.join(map(format_use, node.inputs))})"
-    if node.attrs:
-        attrs = ", ".join(f"{key}={format_attr(value)}" for key, value in node.attrs.items())
-        text += f" {{{attrs}}}"
+    kernel = node.op == KERNEL
+    attrs = [(key, value) for key, value in node.attrs.items() if not (kernel and key == "bodies")]
+    if attrs:
+        text += " {" + ", ".join(f"{key}={format_attr(value)}" for key, value in attrs) + "}"
+    if kernel:
+        return text + " {"
     if locations and node.loc is not None:
         text += "  # " + format_location(node.loc)
     return text

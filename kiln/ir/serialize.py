@@ -9,7 +9,11 @@ JSON form (``graph_to_json``; plain dicts, lists, str, int, float, bool and None
 
 Attribute values: ints, finite floats, bools, strings and null as themselves; the rest as
 one-key objects: ``{"float": "nan" | "inf" | "-inf"}``, ``{"dtype": "f32"}``, ``{"tuple": [...]}``.
-Constant arrays are not in the JSON; ``graph_from_json`` takes them as an argument.
+Constant arrays are not in the JSON; ``graph_from_json`` takes them as an argument. A kernel
+node's ``bodies`` attribute is ``{"graphs": [<graph JSON>, ...]}``, each body in this same form
+with its own value ids; the bodies' constants travel in the same table as the graph's, under
+qualified names (``k0/0/c1``: constant ``c1`` of body 0 of kernel ``k0``; see
+``kiln.ir.graph.qualified_constants``).
 
 A graph file (``save_graph_file``) is a safetensors file: tensors ``constants/<name>`` (the
 graph's constants) and ``tensors/<name>`` (anything else the caller stores, e.g. parameters);
@@ -30,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import ALL_DTYPES, DType
-from .graph import Graph, Node, SourceLocation, Value
+from .graph import KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants, qualified_constants
 from .types import TensorType, device
 from .verifier import VerificationError, verify
 
@@ -76,10 +80,16 @@ def _node_to_json(node: Node) -> dict:
     return {
         "op": node.op,
         "inputs": [v.id for v in node.inputs],
-        "attrs": {key: _attr_to_json(value) for key, value in node.attrs.items()},
+        "attrs": {key: _node_attr_to_json(node, key, value) for key, value in node.attrs.items()},
         "outputs": [_value_to_json(v) for v in node.outputs],
         "loc": loc,
     }
+
+
+def _node_attr_to_json(node: Node, key: str, value: Any) -> Any:
+    if node.op == KERNEL and key == "bodies" and isinstance(value, tuple):
+        return {"graphs": [graph_to_json(body) for body in value]}
+    return _attr_to_json(value)
 
 
 def _attr_to_json(value: Any) -> Any:
@@ -108,17 +118,31 @@ def graph_from_json(obj: Any, constants: Mapping[str, np.ndarray]) -> Graph:
 
 
 class _JsonReader:
-    def __init__(self) -> None:
+    def __init__(self, prefix: str = "") -> None:
         self.values: dict[int, Value] = {}
+        self.prefix = prefix  # where this graph is: "" or "nodes[3].attrs.bodies[0]."
+        self.constants: Mapping[str, np.ndarray] = {}
 
     def graph(self, obj: Any, constants: Mapping[str, np.ndarray]) -> Graph:
-        obj = _check_dict(obj, "graph", {"inputs", "nodes", "outputs"})
-        inputs = [self.define(v, f"inputs[{i}]") for i, v in enumerate(_check_list(obj["inputs"], "inputs"))]
-        nodes = [self.node(n, f"nodes[{i}]") for i, n in enumerate(_check_list(obj["nodes"], "nodes"))]
-        outputs = [self.use(v, f"outputs[{i}]") for i, v in enumerate(_check_list(obj["outputs"], "outputs"))]
         if not isinstance(constants, Mapping):
             raise FormatError(f"constants: expected a mapping of names to arrays, got {type(constants).__name__}")
-        return Graph(tuple(inputs), tuple(nodes), tuple(outputs), dict(constants))
+        self.constants = constants
+        p = self.prefix
+        obj = _check_dict(obj, p + "graph" if p else "graph", {"inputs", "nodes", "outputs"})
+        inputs = [self.define(v, f"{p}inputs[{i}]") for i, v in enumerate(_check_list(obj["inputs"], p + "inputs"))]
+        nodes = [self.node(n, f"{p}nodes[{i}]") for i, n in enumerate(_check_list(obj["nodes"], p + "nodes"))]
+        outputs = [self.use(v, f"{p}outputs[{i}]") for i, v in enumerate(_check_list(obj["outputs"], p + "outputs"))]
+        kernels = {node.attrs.get("name") for node in nodes if node.op == KERNEL}
+        own = {key: value for key, value in constants.items() if key.partition(QUALIFIER)[0] not in kernels}
+        return Graph(tuple(inputs), tuple(nodes), tuple(outputs), own)
+
+    def bodies(self, obj: Any, path: str, name: Any) -> tuple[Graph, ...]:
+        obj = _check_dict(obj, path, {"graphs"})
+        bodies = []
+        for i, body in enumerate(_check_list(obj["graphs"], f"{path}.graphs")):
+            table = body_constants(self.constants, name, i) if isinstance(name, str) else {}
+            bodies.append(_JsonReader(f"{path}.graphs[{i}].").graph(body, table))
+        return tuple(bodies)
 
     def define(self, obj: Any, path: str) -> Value:
         obj = _check_dict(obj, path, {"id", "type"})
@@ -142,7 +166,13 @@ class _JsonReader:
             self.use(v, f"{path}.inputs[{i}]") for i, v in enumerate(_check_list(obj["inputs"], f"{path}.inputs"))
         ]
         attrs_obj = _check_dict(obj["attrs"], f"{path}.attrs", None)
-        attrs = {key: _attr_from_json(value, f"{path}.attrs.{key}") for key, value in attrs_obj.items()}
+        attrs = {
+            key: _attr_from_json(value, f"{path}.attrs.{key}")
+            for key, value in attrs_obj.items()
+            if not (op == KERNEL and key == "bodies")
+        }
+        if op == KERNEL and "bodies" in attrs_obj:
+            attrs["bodies"] = self.bodies(attrs_obj["bodies"], f"{path}.attrs.bodies", attrs.get("name"))
         loc = None if obj["loc"] is None else _loc_from_json(obj["loc"], f"{path}.loc")
         out_list = _check_list(obj["outputs"], f"{path}.outputs")
         outputs = [self.define(v, f"{path}.outputs[{i}]") for i, v in enumerate(out_list)]
@@ -246,7 +276,9 @@ def save_graph_file(
     The write is atomic: a temporary file in the same directory, then ``os.replace``.
     """
     verify(graph)
-    arrays = {_CONSTANT_PREFIX + name: _contiguous(a, f"constant {name!r}") for name, a in graph.constants.items()}
+    arrays = {
+        _CONSTANT_PREFIX + name: _contiguous(a, f"constant {name!r}") for name, a in qualified_constants(graph).items()
+    }
     for name, array in (tensors or {}).items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be strings, got {name!r}")

@@ -22,9 +22,23 @@ from typing import Any
 import numpy as np
 
 from .dtypes import DType
-from .graph import CONSTANT, Graph, Node, SourceLocation, Value
-from .primitives import PRIMITIVES
+from .graph import (
+    BODY_REDUCE_OPS,
+    BODY_VIEW_OPS,
+    CONSTANT,
+    KERNEL,
+    KERNEL_KINDS,
+    QUALIFIER,
+    Graph,
+    Node,
+    SourceLocation,
+    Value,
+    body_inputs_outputs,
+    structure_key,
+)
+from .primitives import ELEMENTWISE, PRIMITIVES
 from .printer import format_type
+from .shapes import broadcast_shapes
 from .types import Device, TensorType
 
 __all__ = ["VerificationError", "verify"]
@@ -37,7 +51,17 @@ class VerificationError(ValueError):
 
 
 def verify(graph: Graph) -> None:
-    """Raise ``VerificationError`` unless ``graph`` is well formed and every type is its rule's."""
+    """Raise ``VerificationError`` unless ``graph`` is well formed and every type is its rule's.
+
+    Kernel nodes are checked with their bodies: each body verifies on its own (with only the ops
+    a body may hold), its input and output types are the node's, and its structure fits the
+    kernel's kind (``kiln.ir.graph``: one domain for an elementwise body; for a reduction body,
+    reductions of the same trailing axes of one shape, full values and row values)."""
+    _verify_graph(graph, None)
+
+
+def _verify_graph(graph: Graph, body_kind: str | None) -> None:
+    """``verify``; ``body_kind`` is the kind of the kernel when ``graph`` is one of its bodies."""
     if not isinstance(graph, Graph):
         raise VerificationError(f"expected a Graph, got {type(graph).__name__}")
     defined: dict[int, Value] = {}  # id -> value
@@ -45,10 +69,16 @@ def verify(graph: Graph) -> None:
         _check_value(value, f"graph input {i}")
         _define(defined, value, f"graph input {i}")
     producers = {v.id: i for i, node in enumerate(graph.nodes) for v in _outputs(node) if isinstance(v, Value)}
+    kernels: dict[str, int] = {}
     for index, node in enumerate(graph.nodes):
         if not isinstance(node, Node):
             raise VerificationError(f"node {index}: expected a Node, got {type(node).__name__}")
-        _check_node(graph, index, node, defined, producers)
+        if body_kind is not None:
+            _check_body_op(index, node, body_kind)
+        if node.op == KERNEL:
+            _check_kernel_node(index, node, defined, producers, kernels)
+        else:
+            _check_node(graph, index, node, defined, producers)
     for i, value in enumerate(graph.outputs):
         if not isinstance(value, Value) or defined.get(value.id) is not value:
             raise VerificationError(f"graph output {i} ({_name(value)}) is not a value defined in the graph")
@@ -100,13 +130,7 @@ def _check_node(graph: Graph, index: int, node: Node, defined: dict[int, Value],
         raise VerificationError(f"{where}: the op must be a string, got {type(node.op).__name__}")
     if node.loc is not None and not isinstance(node.loc, SourceLocation):
         raise VerificationError(f"{where}: loc is {node.loc!r}, expected a SourceLocation or None")
-    if not isinstance(node.inputs, tuple) or not isinstance(node.outputs, tuple):
-        raise VerificationError(f"{where}: inputs and outputs must be tuples of Values")
-    for i, value in enumerate(node.inputs):
-        if not isinstance(value, Value):
-            raise VerificationError(f"{where}: input {i} is a {type(value).__name__}, expected a Value")
-        if defined.get(value.id) is not value:
-            raise VerificationError(f"{where}: input {i} uses %{value.id} {_why_undefined(value, defined, producers)}")
+    _check_inputs(where, node, defined, producers)
     _check_attrs(where, node.attrs)
     if len(node.outputs) != 1:
         raise VerificationError(f"{where}: expected exactly one output, got {len(node.outputs)}")
@@ -157,6 +181,16 @@ def _bad_attr(value: Any) -> Any:
     return None if type(value) in _PLAIN_ATTRS or isinstance(value, DType) else value
 
 
+def _check_inputs(where: str, node: Node, defined: dict[int, Value], producers: dict[int, int]) -> None:
+    if not isinstance(node.inputs, tuple) or not isinstance(node.outputs, tuple):
+        raise VerificationError(f"{where}: inputs and outputs must be tuples of Values")
+    for i, value in enumerate(node.inputs):
+        if not isinstance(value, Value):
+            raise VerificationError(f"{where}: input {i} is a {type(value).__name__}, expected a Value")
+        if defined.get(value.id) is not value:
+            raise VerificationError(f"{where}: input {i} uses %{value.id} {_why_undefined(value, defined, producers)}")
+
+
 def _check_constant(graph: Graph, where: str, node: Node) -> None:
     if node.inputs or set(node.attrs) != {"name"} or not isinstance(node.attrs["name"], str):
         raise VerificationError(f'{where}: a constant has no inputs and attrs {{name="..."}}, got {dict(node.attrs)}')
@@ -191,3 +225,164 @@ def _check_type(where: str, node: Node) -> None:
 
 def _type_text(t: TensorType) -> str:
     return format_type(t) if isinstance(t, TensorType) else repr(t)
+
+
+# ----------------------------------------------------------------------------- kernel nodes
+def _check_kernel_node(
+    index: int, node: Node, defined: dict[int, Value], producers: dict[int, int], kernels: dict[str, int]
+) -> None:
+    where = _where(index, node)
+    if node.loc is not None and not isinstance(node.loc, SourceLocation):
+        raise VerificationError(f"{where}: loc is {node.loc!r}, expected a SourceLocation or None")
+    _check_inputs(where, node, defined, producers)
+    attrs = node.attrs
+    if not isinstance(attrs, Mapping) or set(attrs) != {"name", "kind", "bodies"}:
+        got = sorted(attrs) if isinstance(attrs, Mapping) else type(attrs).__name__
+        raise VerificationError(f"{where}: a kernel's attrs are name, kind and bodies, got {got}")
+    name, kind, bodies = attrs["name"], attrs["kind"], attrs["bodies"]
+    if not isinstance(name, str) or not name or QUALIFIER in name:
+        raise VerificationError(f"{where}: a kernel's name is a non-empty string without {QUALIFIER!r}, got {name!r}")
+    if name in kernels:
+        raise VerificationError(f"{where}: kernel name {name!r} is already used by node {kernels[name]}")
+    kernels[name] = index
+    if kind not in KERNEL_KINDS:
+        raise VerificationError(f"{where}: kernel kind {kind!r} is not one of {', '.join(KERNEL_KINDS)}")
+    if not isinstance(bodies, tuple) or not bodies or not all(isinstance(b, Graph) for b in bodies):
+        raise VerificationError(f"{where}: bodies must be a non-empty tuple of Graphs, got {bodies!r:.80}")
+    if kind != "horizontal" and len(bodies) != 1:
+        raise VerificationError(f"{where}: a {kind} kernel has exactly one body, got {len(bodies)}")
+    if sum(len(b.inputs) for b in bodies) != len(node.inputs) or sum(len(b.outputs) for b in bodies) != len(
+        node.outputs
+    ):
+        raise VerificationError(
+            f"{where}: the node has {len(node.inputs)} inputs and {len(node.outputs)} outputs, but its bodies "
+            f"take {sum(len(b.inputs) for b in bodies)} and make {sum(len(b.outputs) for b in bodies)}"
+        )
+    if not node.outputs:
+        raise VerificationError(f"{where}: a kernel makes at least one output")
+    for member, (body, inputs, outputs) in enumerate(body_inputs_outputs(node)):
+        what = f"{where}, body {member}"
+        try:
+            _verify_graph(body, "reduction" if kind == "reduction" else "elementwise")
+        except VerificationError as error:
+            raise VerificationError(f"{what}: {error}") from error
+        for role, inner, outer in (("input", body.inputs, inputs), ("output", body.outputs, outputs)):
+            for i, (a, b) in enumerate(zip(inner, outer)):
+                if a.type != b.type:
+                    raise VerificationError(
+                        f"{what}: {role} {i} has type {_type_text(a.type)} in the body but {_type_text(b.type)} "
+                        "on the node"
+                    )
+        if not body.outputs:
+            raise VerificationError(f"{what}: a body makes at least one output")
+        if kind == "reduction":
+            _check_reduction_body(what, body)
+        else:
+            _check_elementwise_body(what, body)
+    if kind == "horizontal":
+        first = structure_key(bodies[0])
+        for member, body in enumerate(bodies[1:], 1):
+            if structure_key(body) != first:
+                raise VerificationError(
+                    f"{where}: member {member} of the horizontal kernel is not structurally identical to member 0 "
+                    "(same ops, connections, attributes, dtypes and constants; only shapes may differ)"
+                )
+    for value in node.outputs:
+        _check_value(value, where)
+        _define(defined, value, where)
+
+
+def _check_body_op(index: int, node: Node, body_kind: str) -> None:
+    op = node.op
+    prim = PRIMITIVES.get(op) if isinstance(op, str) else None
+    allowed = op == CONSTANT or op in BODY_VIEW_OPS or (prim is not None and prim.kind in ELEMENTWISE)
+    if body_kind == "reduction" and op in BODY_REDUCE_OPS:
+        allowed = True
+    if not allowed:
+        extra = ", reduce_sum/max/min/prod" if body_kind == "reduction" else ""
+        raise VerificationError(
+            f"{_where(index, node)}: op {op!r} is not allowed in a kernel body of kind {body_kind} (allowed: "
+            f"elementwise primitives, 0-d constants, reshape/expand/permute/slice{extra})"
+        )
+
+
+def _broadcasts(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:
+    try:
+        return broadcast_shapes(shape, domain) == domain
+    except ValueError:
+        return False
+
+
+def _check_shapes(what: str, body: Graph, fits, expected: str) -> None:
+    """Every value fits the domain (``fits``), or reaches it by index remapping: each node of the
+    body that reads it is a view, or an elementwise node (the value broadcasting to its result)
+    whose result reaches it so."""
+    for node in body.nodes:
+        if node.op == CONSTANT and node.outputs and node.outputs[0].type.shape != ():
+            raise VerificationError(f"{what}: constant %{node.outputs[0].id} in a body must be 0-d")
+    readers: dict[Value, list[Node]] = {}
+    for node in body.nodes:
+        for v in node.inputs:
+            readers.setdefault(v, []).append(node)
+    outputs = set(body.outputs)
+    remapped: set[Value] = set()
+    for value in [*(v for node in reversed(body.nodes) for v in node.outputs), *body.inputs]:
+        if value in outputs or fits(value.type.shape):
+            continue
+        users = readers.get(value, [])
+        if users and all(_remaps(u, value, remapped) for u in users):
+            remapped.add(value)
+        else:
+            raise VerificationError(
+                f"{what}: %{value.id} has shape {list(value.type.shape)}, expected {expected} (or a value "
+                "that reaches it through view nodes)"
+            )
+
+
+def _remaps(reader: Node, value: Value, remapped: set[Value]) -> bool:
+    if reader.op in BODY_VIEW_OPS:
+        return True
+    out = reader.outputs[0] if len(reader.outputs) == 1 else None
+    return reader.op not in BODY_REDUCE_OPS and out in remapped and _broadcasts(value.type.shape, out.type.shape)
+
+
+def _check_elementwise_body(what: str, body: Graph) -> None:
+    domain = body.outputs[0].type.shape
+    for value in body.outputs:
+        if value.type.shape != domain:
+            raise VerificationError(
+                f"{what}: every output of an elementwise body has the domain's shape {list(domain)}, "
+                f"got %{value.id} of shape {list(value.type.shape)}"
+            )
+    _check_shapes(what, body, lambda shape: _broadcasts(shape, domain), f"a shape that broadcasts to {list(domain)}")
+
+
+def _check_reduction_body(what: str, body: Graph) -> None:
+    reduces = [node for node in body.nodes if node.op in BODY_REDUCE_OPS]
+    if not reduces:
+        raise VerificationError(f"{what}: a reduction body holds at least one reduce node")
+    domain = reduces[0].inputs[0].type.shape
+    axes = tuple(reduces[0].attrs["axes"])
+    k = len(axes)
+    if k == 0 or axes != tuple(range(len(domain) - k, len(domain))):
+        raise VerificationError(f"{what}: a reduction kernel reduces trailing axes, got axes {axes} of {list(domain)}")
+    for node in reduces[1:]:
+        if node.inputs[0].type.shape != domain or tuple(node.attrs["axes"]) != axes:
+            raise VerificationError(
+                f"{what}: every reduce of a body reduces axes {axes} of shape {list(domain)}, got axes "
+                f"{tuple(node.attrs['axes'])} of {list(node.inputs[0].type.shape)} (%{node.outputs[0].id})"
+            )
+    outer = domain[: len(domain) - k]
+    rows = {outer + (1,) * j for j in range(k + 1)}
+    for value in body.outputs:
+        if value.type.shape != domain and value.type.shape not in rows:
+            raise VerificationError(
+                f"{what}: an output of a reduction body is a full value {list(domain)} or a row value "
+                f"{list(outer)} (with up to {k} trailing 1s), got %{value.id} of shape {list(value.type.shape)}"
+            )
+    _check_shapes(
+        what,
+        body,
+        lambda shape: shape in rows or _broadcasts(shape, domain),
+        f"a full value (broadcasting to {list(domain)}) or a row value {list(outer)} with up to {k} trailing 1s",
+    )

@@ -297,3 +297,53 @@ def test_another_array_namespace_gets_its_own_constants():
         (out,) = interpret(graph, [np.array([True, True])], xp=xp)
         assert_identical(out, np.array([True, False]))
     assert len(converted) == 1
+
+
+# -- kernel nodes ---------------------------------------------------------------------------
+def test_kernel_nodes_run_their_bodies():
+    from tests.ir.test_printer_parser import kernel_graph
+
+    graph = kernel_graph()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    w = rng.standard_normal(8).astype(np.float32)
+    neg, row, scaled_w, scaled_neg = interpret(graph, [x, w])
+    m = x.max(axis=1, keepdims=True)
+    np.testing.assert_array_equal(row, m)
+    np.testing.assert_array_equal(neg, -(np.exp(x - m) * w * np.float32(2)))
+    np.testing.assert_array_equal(scaled_w, w * np.float32(0.5))
+    np.testing.assert_array_equal(scaled_neg, neg * np.float32(0.5))
+    assert all(a.dtype == np.float32 for a in (neg, row, scaled_w, scaled_neg))
+
+
+def test_kernel_outputs_are_fresh_arrays():
+    # A body returning its input (or a view of it) still gives the caller a new array.
+    body = GraphBuilder()
+    x = body.input(TensorType((2, 3), float32))
+    t = body.node("permute", [x], {"perm": (1, 0)})
+    inner = body.build([x, body.node("exp", [t])])
+    b = GraphBuilder()
+    X = b.input(TensorType((2, 3), float32))
+    same, e = b.kernel([X], [inner], "elementwise")
+    graph = b.build([same, e])
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out, ex = interpret(graph, [a])
+    np.testing.assert_array_equal(out, a)
+    assert not np.shares_memory(out, a)
+    np.testing.assert_array_equal(ex, np.exp(a.T))
+
+
+def test_kernel_error_names_the_kernel_and_the_body_node():
+    body = GraphBuilder()
+    x = body.input(TensorType((2,), int64))
+    inner = body.build([body.node("floor_divide", [x, x], loc=SourceLocation("m.py", 9, "f"))])
+    b = GraphBuilder()
+    (y,) = b.kernel([b.input(TensorType((2,), int64))], [inner], "elementwise")
+    program = prepare(b.build([y]))
+    program._steps = tuple((_raise, *step[1:]) for step in program._steps)
+    with pytest.raises(ValueError, match="while running node 0: %1 = kernel\\(%0\\) at m.py:9 in f"):
+        program.run([np.array([1, 2])])
+
+
+def _raise(xp, *arrays):
+    raise ValueError("boom")

@@ -292,3 +292,115 @@ def test_printer_rejects_attributes_it_cannot_read_back():
     b.node("exp", [x], {"bad": [1, 2]}, type=TensorType((2,), float32))
     with pytest.raises(TypeError, match="cannot print attribute value \\[1, 2\\]"):
         print_graph(b.build([]))
+
+
+# -- kernel nodes ---------------------------------------------------------------------------
+KERNEL_LOC = SourceLocation("m.py", 3, "f")
+
+
+def kernel_graph() -> Graph:
+    """A graph with a reduction kernel (two outputs, a body constant) and a horizontal kernel of two members."""
+    f32 = float32
+    body = GraphBuilder()
+    x = body.input(TensorType((4, 8), f32))
+    w = body.input(TensorType((8,), f32))
+    m = body.node("reduce_max", [x], {"axes": (1,), "keepdim": True}, loc=KERNEL_LOC)
+    e = body.node("exp", [body.node("sub", [x, m])])
+    two = body.constant(np.array(2.0, np.float32), TensorType((), f32))
+    y = body.node("mul", [body.node("mul", [e, w]), two])
+    reduction = body.build([y, m])
+
+    def member(shape):
+        b = GraphBuilder()
+        p = b.input(TensorType(shape, f32))
+        half = b.constant(np.array(0.5, np.float32), TensorType((), f32))
+        return b.build([b.node("mul", [p, half])])
+
+    b = GraphBuilder()
+    xs = b.input(TensorType((4, 8), f32))
+    ws = b.input(TensorType((8,), f32))
+    outs = b.kernel([xs, ws], [reduction], "reduction")
+    neg = b.node("neg", [outs[0]])
+    scaled = b.kernel([ws, neg], [member((8,)), member((4, 8))], "horizontal")
+    return b.build([neg, outs[1], *scaled])
+
+
+def test_kernel_golden_text_and_round_trip():
+    from kiln.ir.graph import qualified_constants
+
+    graph = kernel_graph()
+    text = print_graph(graph)
+    assert text == (
+        "graph(%0: f32[4,8], %1: f32[8]) {\n"
+        '  %2: f32[4,8], %3: f32[4,1] = kernel(%0, %1) {name="k0", kind="reduction"} {\n'
+        "    body(%0: f32[4,8], %1: f32[8]) {\n"
+        '      %2: f32[4,1] = reduce_max(%0) {axes=(1,), keepdim=True}  # "m.py":3 in f\n'
+        "      %3: f32[4,8] = sub(%0, %2)\n"
+        "      %4: f32[4,8] = exp(%3)\n"
+        '      %5: f32[] = constant() {name="c0"}\n'
+        "      %6: f32[4,8] = mul(%4, %1)\n"
+        "      %7: f32[4,8] = mul(%6, %5)\n"
+        "      return (%7, %2)\n"
+        "    }\n"
+        '  }  # "m.py":3 in f\n'
+        "  %4: f32[4,8] = neg(%2)\n"
+        '  %5: f32[8], %6: f32[4,8] = kernel(%1, %4) {name="k1", kind="horizontal"} {\n'
+        "    body(%0: f32[8]) {\n"
+        '      %1: f32[] = constant() {name="c0"}\n'
+        "      %2: f32[8] = mul(%0, %1)\n"
+        "      return (%2)\n"
+        "    }\n"
+        "    body(%0: f32[4,8]) {\n"
+        '      %1: f32[] = constant() {name="c0"}\n'
+        "      %2: f32[4,8] = mul(%0, %1)\n"
+        "      return (%2)\n"
+        "    }\n"
+        "  }\n"
+        "  return (%4, %3, %5, %6)\n"
+        "}\n"
+    )
+    table = qualified_constants(graph)
+    assert sorted(table) == ["k0/0/c0", "k1/0/c0", "k1/1/c0"]
+    parsed = parse_graph(text, table)
+    assert print_graph(parsed) == text
+    verify(parsed)
+    assert parsed.constants == {}
+    (kernel,) = [n for n in parsed.nodes if n.attrs.get("name") == "k0"]
+    assert kernel.loc == KERNEL_LOC and kernel.bodies[0].constants["c0"] == 2.0
+    assert [b.inputs[0].type.shape for b in parsed.nodes[2].bodies] == [(8,), (4, 8)]
+    # Each body is its own scope: the body's %0 is not the graph's %0.
+    assert kernel.bodies[0].inputs[0] is not parsed.inputs[0]
+    # Without constants the text still parses (bodies get empty tables).
+    assert print_graph(parse_graph(text)) == text
+
+
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("graph(%0: f32[2]) {\n  %1: f32[2] = kernel(%0) {kind=\"elementwise\", name=\"k\"}\n  return (%1)\n}",
+         "'{' to open the kernel's bodies"),
+        ("graph(%0: f32[2]) {\n  %1: f32[2] = kernel(%0) {\n    body(%0: f32[2]) {\n      %1: f32[2] = exp(%5)\n"
+         "      return (%1)\n    }\n  }\n  return (%1)\n}", "undefined %5"),
+        ("graph(%0: f32[2]) {\n  %1: f32[2] = kernel(%0) {\n    graph(%0: f32[2]) {\n", "'body'"),
+        ("graph(%0: f32[2]) {\n  %1: f32[2] = kernel(%0) {\n    body(%0: f32[2]) {\n      return (%0)\n    }\n",
+         "'body\\(...\\) \\{' or '}'"),
+    ],
+)  # fmt: skip
+def test_kernel_parse_errors(text, match):
+    with pytest.raises(ParseError, match=match):
+        parse_graph(text)
+
+
+def test_kernel_body_cannot_use_outer_values():
+    text = (
+        "graph(%0: f32[2], %1: f32[2]) {\n  %2: f32[2] = kernel(%0) {\n    body(%5: f32[2]) {\n"
+        "      %6: f32[2] = add(%5, %1)\n      return (%6)\n    }\n  }\n  return (%2)\n}"
+    )
+    with pytest.raises(ParseError, match="undefined %1"):
+        parse_graph(text)
+
+
+def test_kernel_body_constant_must_be_given():
+    text = print_graph(kernel_graph())
+    with pytest.raises(ParseError, match="'c0' is not among the constants given"):
+        parse_graph(text, {})

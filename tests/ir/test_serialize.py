@@ -281,3 +281,46 @@ def test_tampered_constant(saved, tmp_path):
 def test_random_graphs_json_round_trip(graph):
     text = json.dumps(graph_to_json(graph), allow_nan=False)
     assert_same_graph(graph, graph_from_json(json.loads(text), graph.constants))
+
+
+# -- kernel nodes ---------------------------------------------------------------------------
+def test_kernel_graphs_round_trip_through_json_and_files(tmp_path):
+    from kiln.ir.graph import qualified_constants
+    from kiln.ir.printer import print_graph
+    from tests.ir.test_printer_parser import kernel_graph
+
+    graph = kernel_graph()
+    text = json.dumps(graph_to_json(graph), allow_nan=False)
+    assert '"bodies": {"graphs": [' in text
+    back = graph_from_json(json.loads(text), qualified_constants(graph))
+    assert print_graph(back) == print_graph(graph)
+    assert back.constants == {} and back.nodes[0].bodies[0].constants["c0"] == 2.0
+    path = tmp_path / "g.kiln"
+    save_graph_file(path, graph)
+    with safe_open(path, framework="numpy") as f:
+        assert sorted(f.keys()) == ["constants/k0/0/c0", "constants/k1/0/c0", "constants/k1/1/c0"]
+    loaded, _, _ = load_graph_file(path)
+    assert print_graph(loaded) == print_graph(graph)
+    assert float(loaded.nodes[2].bodies[1].constants["c0"]) == 0.5
+
+
+def test_kernel_json_errors():
+    from kiln.ir.graph import qualified_constants
+    from tests.ir.test_printer_parser import kernel_graph
+
+    graph = kernel_graph()
+    obj = graph_to_json(graph)
+    bad = copy.deepcopy(obj)
+    bad["nodes"][0]["attrs"]["bodies"] = {"graph": []}
+    with pytest.raises(FormatError, match="nodes\\[0\\].attrs.bodies: expected the keys \\['graphs'\\]"):
+        graph_from_json(bad, qualified_constants(graph))
+    bad = copy.deepcopy(obj)
+    bad["nodes"][0]["attrs"]["bodies"]["graphs"][0]["nodes"][0]["inputs"] = [7]
+    with pytest.raises(FormatError, match="bodies.graphs\\[0\\].nodes\\[0\\].inputs\\[0\\]: %7 is not defined"):
+        graph_from_json(bad, qualified_constants(graph))
+    bad = copy.deepcopy(obj)
+    del bad["nodes"][0]["attrs"]["bodies"]
+    with pytest.raises(VerificationError, match="a kernel's attrs are name, kind and bodies"):
+        graph_from_json(bad, qualified_constants(graph))
+    with pytest.raises(VerificationError, match="constant 'c0' is missing"):
+        graph_from_json(obj, graph.constants)

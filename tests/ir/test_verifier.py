@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from kiln.ir.dtypes import float16, float32, int64
+from kiln.ir.dtypes import float16, float32, float64, int64
 from kiln.ir.graph import Graph, GraphBuilder, Node, SourceLocation, Value
 from kiln.ir.types import TensorType, device
 from kiln.ir.verifier import VerificationError, verify
@@ -167,3 +167,78 @@ def test_malformed_values_and_nodes():
 
 def test_verification_error_is_a_value_error():
     assert issubclass(VerificationError, ValueError)
+
+
+# -- kernel nodes ---------------------------------------------------------------------------
+def _kernel(bodies, kind, inputs_types=None, name="k0", input_values=None):
+    b = GraphBuilder()
+    types = inputs_types or [v.type for body in bodies for v in body.inputs]
+    ins = input_values(b) if input_values else [b.input(t) for t in types]
+    outs = b.kernel(ins, bodies, kind, name=name)
+    return b.build(list(outs))
+
+
+def _body(shape=(4, 8), ops=("exp",), reduce=None, row_out=False, const_shape=(), dtype=float32):
+    b = GraphBuilder()
+    x = b.input(TensorType(shape, dtype))
+    y = x
+    for op in ops:
+        y = b.node(op, [y])
+    outs = [y]
+    if reduce is not None:
+        r = b.node("reduce_sum", [y], {"axes": reduce, "keepdim": True})
+        outs = [b.node("div", [y, r])] + ([r] if row_out else [])
+    if const_shape is not None:
+        c = b.constant(np.zeros(const_shape, dtype.np), TensorType(const_shape, dtype))
+        outs[0] = b.node("add", [outs[0], c])
+    return b.build(outs)
+
+
+def test_kernel_nodes_verify():
+    from tests.ir.test_printer_parser import kernel_graph
+
+    verify(kernel_graph())
+    verify(_kernel([_body()], "elementwise"))
+    verify(_kernel([_body(reduce=(1,), row_out=True)], "reduction"))
+    verify(_kernel([_body((3,)), _body((2, 5))], "horizontal"))
+
+
+def test_kernel_errors():
+    def rejects(graph, match):
+        with pytest.raises(VerificationError, match=match):
+            verify(graph)
+
+    rejects(_kernel([_body(reduce=(1,))], "elementwise"), "'reduce_sum' is not allowed in a kernel body of kind elem")
+    rejects(_kernel([_body()], "reduction"), "a reduction body holds at least one reduce node")
+    rejects(_kernel([_body(reduce=(0,))], "reduction"), "reduces trailing axes, got axes \\(0,\\)")
+    rejects(_kernel([_body(const_shape=(8,))], "elementwise"), "constant %2 in a body must be 0-d")
+    rejects(_kernel([_body()], "fused"), "kernel kind 'fused' is not one of")
+    rejects(_kernel([_body(), _body()], "elementwise"), "a elementwise kernel has exactly one body, got 2")
+    rejects(_kernel([_body(), _body(ops=("neg",))], "horizontal"), "member 1 .* not structurally identical")
+    rejects(_kernel([_body()], "elementwise", name="a/b"), "non-empty string without '/'")
+    rejects(_kernel([_body()], "elementwise", inputs_types=[TensorType((4, 8), float64)]),
+            "input 0 has type f32\\[4,8\\] in the body but f64\\[4,8\\] on the node")  # fmt: skip
+    copy_ = GraphBuilder()
+    x = copy_.input(TensorType((4,), float32))
+    rejects(_kernel([copy_.build([copy_.node("copy", [x])])], "elementwise"), "'copy' is not allowed")
+    # Outputs of different shapes in an elementwise body.
+    two = GraphBuilder()
+    x = two.input(TensorType((4, 8), float32))
+    two_graph = two.build([x, two.node("exp", [two.node("slice", [x], {"starts": (0, 0), "stops": (4, 1),
+                                                                      "steps": (1, 1)})])])  # fmt: skip
+    rejects(_kernel([two_graph], "elementwise"), "every output of an elementwise body has the domain's shape")
+    # A reduction output that is neither full nor a row value.
+    col = GraphBuilder()
+    x = col.input(TensorType((4, 8), float32))
+    r = col.node("reduce_sum", [x], {"axes": (1,), "keepdim": True})
+    c = col.node("reduce_sum", [col.node("div", [x, r])], {"axes": (1,), "keepdim": False})
+    verify(_kernel([col.build([c, r])], "reduction"))
+    s = col.node("slice", [x], {"starts": (0, 0), "stops": (1, 8), "steps": (1, 1)})
+    rejects(_kernel([col.build([s])], "reduction"), "is a full value \\[4, 8\\] or a row value \\[4\\]")
+    # Two kernels with one name; a kernel inside a body.
+    b = GraphBuilder()
+    x = b.input(TensorType((4, 8), float32))
+    (y,) = b.kernel([x], [_body(const_shape=None)], "elementwise", name="k")
+    (z,) = b.kernel([y], [_body(const_shape=None)], "elementwise", name="k")
+    rejects(b.build([z]), "kernel name 'k' is already used by node 0")
+    rejects(_kernel([b.build([y])], "elementwise"), "op 'kernel' is not allowed")

@@ -1,0 +1,212 @@
+"""Fusion's second half: kernel bodies, horizontal fusion, and the fused graph in a valid order.
+
+Bodies keep the ids of the values they replace (each body is its own scope, so this is only for
+reading: a body reads like the code it came from). A 0-d constant that a body reads is copied
+into the body's own constants (a constant is not work, so copying it duplicates nothing);
+larger constants are kernel inputs. A kernel's outputs are the very values of the input graph,
+so extern nodes and the graph's outputs read them unchanged.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value, structure_key
+from .fusion_rules import REDUCE, classify
+
+
+@dataclass
+class _Kernel:
+    """One body and the outer values it reads and makes."""
+
+    body: Graph
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    kind: str  # "elementwise" or "reduction"
+
+
+@dataclass
+class _Unit:
+    """A node of the fused graph: an extern or constant node as it was, or kernels (several: horizontal)."""
+
+    first: int  # the position of its first node in the input graph (ties in the order)
+    node: Node | None = None
+    kernels: list[_Kernel] = field(default_factory=list)
+
+    @property
+    def reads(self) -> list[Value]:
+        if self.node is not None:
+            return list(self.node.inputs)
+        return [v for k in self.kernels for v in k.inputs]
+
+    @property
+    def defines(self) -> list[Value]:
+        if self.node is not None:
+            return list(self.node.outputs)
+        return [v for k in self.kernels for v in k.outputs]
+
+
+def emit(graph: Graph, groups: list[list[Node]]) -> Graph:
+    """The fused graph: ``groups`` (node lists in graph order) become kernels, other nodes stay."""
+    position = {node: i for i, node in enumerate(graph.nodes)}
+    users: dict[Value, list[Node]] = {}
+    for node in graph.nodes:
+        for v in node.inputs:
+            users.setdefault(v, []).append(node)
+    outputs = set(graph.outputs)
+    small_constants = {
+        node.outputs[0]: graph.constants[node.attrs["name"]]
+        for node in graph.nodes
+        if node.op == CONSTANT and node.outputs[0].type.shape == ()
+    }
+    classes = classify(graph.nodes, users, outputs)
+    units: list[_Unit] = []
+    grouped: set[Node] = set()
+    for group in groups:
+        grouped.update(group)
+        kernel = _make_kernel(group, set(group), users, outputs, small_constants, classes)
+        units.append(_Unit(position[group[0]], kernels=[kernel]))
+    units += [_Unit(position[node], node=node) for node in graph.nodes if node not in grouped]
+    units = _fuse_horizontally(units)
+    return _build(graph, [units[i] for i in _order(units)])
+
+
+def _make_kernel(
+    members: list[Node],
+    member_set: set[Node],
+    users: dict[Value, list[Node]],
+    graph_outputs: set[Value],
+    small_constants: dict[Value, np.ndarray],
+    classes: dict[Node, str],
+) -> _Kernel:
+    inner: dict[Value, Value] = {}
+    inputs: list[Value] = []
+    outer_inputs: list[Value] = []
+    nodes: list[Node] = []
+    constants: dict[str, np.ndarray] = {}
+    for node in members:
+        for v in node.inputs:
+            if v in inner:
+                continue
+            w = inner[v] = Value(v.id, v.type)
+            if v in small_constants:
+                name = f"c{len(constants)}"
+                constants[name] = small_constants[v]
+                nodes.append(Node(CONSTANT, (), {"name": name}, (w,)))
+            else:
+                inputs.append(w)
+                outer_inputs.append(v)
+        outs = tuple(inner.setdefault(v, Value(v.id, v.type)) for v in node.outputs)
+        nodes.append(Node(node.op, tuple(inner[v] for v in node.inputs), dict(node.attrs), outs, node.loc))
+    made = [
+        v
+        for node in members
+        for v in node.outputs
+        if v in graph_outputs or any(u not in member_set for u in users.get(v, ()))
+    ]
+    body = Graph(tuple(inputs), tuple(nodes), tuple(inner[v] for v in made), constants)
+    kind = "reduction" if any(classes[node] == REDUCE for node in members) else "elementwise"
+    return _Kernel(body, tuple(outer_inputs), tuple(made), kind)
+
+
+# ----------------------------------------------------------------------------- order and dependencies
+def _predecessors(units: list[_Unit]) -> list[set[int]]:
+    defined_by = {v: i for i, unit in enumerate(units) for v in unit.defines}
+    return [{defined_by[v] for v in unit.reads if v in defined_by} - {i} for i, unit in enumerate(units)]
+
+
+def _order(units: list[_Unit], preds: list[set[int]] | None = None) -> list[int]:
+    """A topological order of the units; among those ready, the one that came first in the input graph."""
+    preds = _predecessors(units) if preds is None else preds
+    waiting = [len(p) for p in preds]
+    succs: list[list[int]] = [[] for _ in units]
+    for i, p in enumerate(preds):
+        for j in p:
+            succs[j].append(i)
+    ready = [(unit.first, i) for i, unit in enumerate(units) if not waiting[i]]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for j in succs[i]:
+            waiting[j] -= 1
+            if not waiting[j]:
+                heapq.heappush(ready, (units[j].first, j))
+    assert len(order) == len(units), "fusion made a cycle"
+    return order
+
+
+def _ancestors(units: list[_Unit]) -> list[int]:
+    """For each unit, a bit set (an int) of the units it depends on, directly or transitively."""
+    preds = _predecessors(units)
+    ancestors = [0] * len(units)
+    for i in _order(units, preds):
+        bits = 0
+        for p in preds[i]:
+            bits |= ancestors[p] | (1 << p)
+        ancestors[i] = bits
+    return ancestors
+
+
+# ----------------------------------------------------------------------------- horizontal fusion
+def _fuse_horizontally(units: list[_Unit]) -> list[_Unit]:
+    """Merge mutually independent elementwise kernels with identical structure into horizontal units."""
+    buckets: dict[tuple, list[int]] = {}
+    for i, unit in enumerate(units):
+        if unit.node is None and unit.kernels[0].kind == "elementwise":
+            buckets.setdefault(structure_key(unit.kernels[0].body), []).append(i)
+    pending = [sorted(b, key=lambda i: units[i].first) for b in buckets.values() if len(b) >= 2]
+    pending.sort(key=lambda b: units[b[0]].first)
+    # Units are merged by identity below; indices shift, so work on the objects.
+    work = [[units[i] for i in bucket] for bucket in pending]
+    for candidates in work:
+        while len(candidates) >= 2:
+            ancestors = _ancestors(units)
+            index = {id(unit): i for i, unit in enumerate(units)}
+            chosen: list[int] = []
+            bits = 0
+            for unit in candidates:
+                i = index[id(unit)]
+                if ancestors[i] & bits or any(ancestors[j] >> i & 1 for j in chosen):
+                    continue
+                chosen.append(i)
+                bits |= 1 << i
+            if len(chosen) < 2:
+                break
+            merged = _Unit(min(units[i].first for i in chosen), kernels=[units[i].kernels[0] for i in chosen])
+            taken = {id(units[i]) for i in chosen}
+            candidates[:] = [u for u in candidates if id(u) not in taken]
+            units = [u for u in units if id(u) not in taken] + [merged]
+    return units
+
+
+# ----------------------------------------------------------------------------- the graph
+def _build(graph: Graph, units: list[_Unit]) -> Graph:
+    needed = set(graph.outputs)
+    for unit in units:
+        needed.update(unit.reads)
+    nodes: list[Node] = []
+    names: set[str] = set()
+    count = 0
+    for unit in units:
+        if unit.node is not None:
+            if unit.node.op == CONSTANT and unit.node.outputs[0] not in needed:
+                continue  # a 0-d constant that only kernels read: they hold their own copy
+            if unit.node.op == CONSTANT:
+                names.add(unit.node.attrs["name"])
+            nodes.append(unit.node)
+            continue
+        bodies = tuple(k.body for k in unit.kernels)
+        kind = "horizontal" if len(bodies) > 1 else unit.kernels[0].kind
+        loc = next((n.loc for n in bodies[0].nodes if n.loc is not None), None)
+        attrs = {"name": f"k{count}", "kind": kind, "bodies": bodies}
+        count += 1
+        inputs = tuple(v for k in unit.kernels for v in k.inputs)
+        outputs = tuple(v for k in unit.kernels for v in k.outputs)
+        nodes.append(Node(KERNEL, inputs, attrs, outputs, loc))
+    constants = {name: array for name, array in graph.constants.items() if name in names}
+    return Graph(graph.inputs, tuple(nodes), graph.outputs, constants)

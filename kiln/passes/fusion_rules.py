@@ -1,0 +1,130 @@
+"""The rules of fusion: which nodes may be fused, and whether a set of nodes makes a legal kernel.
+
+``classify`` sorts each node of a graph into one of:
+
+- ``ELEMENTWISE``: a UNARY/BINARY/TERNARY/CAST primitive;
+- ``VIEW``: ``reshape``/``expand``/``permute``/``slice`` that only fused nodes read (inside a
+  kernel it is index remapping); a view that an extern node or the graph's outputs read stays
+  extern, since numpy views are free and kernels read strided inputs anyway;
+- ``REDUCE``: ``reduce_sum``/``max``/``min``/``prod`` of one or more *trailing* axes;
+- ``EXTERN``: everything else (matmul, gather/scatter/take/index_put, random bits, cumsum,
+  pad, concatenate, flip, copy, unfold/fold, argmax/argmin, reductions of other axes), every
+  node touching float16 (compiled kernels do not do float16), and constants.
+
+``kernel_kind`` checks a candidate kernel (a set of fusable nodes) against the contract of
+``kiln.ir.graph``'s kernel nodes and returns its kind, or None when it is not a legal kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+from ..ir.dtypes import float16
+from ..ir.graph import BODY_REDUCE_OPS, BODY_VIEW_OPS, CONSTANT, Node, Value
+from ..ir.primitives import ELEMENTWISE as ELEMENTWISE_KINDS
+from ..ir.primitives import PRIMITIVES
+
+ELEMENTWISE, VIEW, REDUCE, EXTERN = "elementwise", "view", "reduce", "extern"
+
+
+def trailing_axes(axes: Sequence[int], ndim: int) -> bool:
+    """Whether ``axes`` (sorted) are the last ``len(axes) >= 1`` axes of an ``ndim``-d input."""
+    k = len(axes)
+    return k > 0 and tuple(axes) == tuple(range(ndim - k, ndim))
+
+
+def _base_class(node: Node) -> str:
+    if node.op == CONSTANT or node.op not in PRIMITIVES:
+        return EXTERN
+    if any(v.type.dtype is float16 for v in (*node.inputs, *node.outputs)):
+        return EXTERN
+    prim = PRIMITIVES[node.op]
+    if prim.kind in ELEMENTWISE_KINDS:
+        return ELEMENTWISE
+    if node.op in BODY_VIEW_OPS:
+        return VIEW
+    if node.op in BODY_REDUCE_OPS and trailing_axes(node.attrs["axes"], node.inputs[0].type.ndim):
+        return REDUCE
+    return EXTERN
+
+
+def classify(nodes: Sequence[Node], users: Mapping[Value, list[Node]], outputs: Collection[Value]) -> dict[Node, str]:
+    """Each node's class (see the module docstring). A view is fusable only if every node that
+    reads it is fusable (looked at from the last node back, so chains of views agree)."""
+    classes = {node: _base_class(node) for node in nodes}
+    for node in reversed(nodes):
+        if classes[node] != VIEW:
+            continue
+        out = node.outputs[0]
+        if out in outputs or any(classes[u] == EXTERN for u in users.get(out, ())):
+            classes[node] = EXTERN
+    return classes
+
+
+def broadcasts_to(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``domain`` (numpy's right-aligned rule)."""
+    if len(shape) > len(domain):
+        return False
+    offset = len(domain) - len(shape)
+    return all(d == 1 or d == domain[offset + i] for i, d in enumerate(shape))
+
+
+def kernel_kind(
+    members: Sequence[Node],
+    inside: Callable[[Node], bool],
+    users: Mapping[Value, list[Node]],
+    graph_outputs: Collection[Value],
+) -> str | None:
+    """``"elementwise"`` or ``"reduction"`` if ``members`` (``inside(node)`` tells membership) make
+    a legal kernel, else None. The kernel's outputs are the values that a node outside it or the
+    graph's outputs read; every other value must fit the domain (see ``kiln.ir.graph``)."""
+    defined = [v for node in members for v in node.outputs]
+    outputs = [v for v in defined if v in graph_outputs or not all(inside(u) for u in users.get(v, ()))]
+    if not outputs:
+        return None
+    values = defined[::-1]  # readers before what they read: the order the remapping check needs
+    seen = set(defined)
+    for node in members:
+        for v in node.inputs:
+            if v not in seen:
+                seen.add(v)
+                values.append(v)
+    output_set = set(outputs)
+    reduces = [node for node in members if node.op in BODY_REDUCE_OPS]
+    if reduces:
+        domain = reduces[0].inputs[0].type.shape
+        axes = tuple(reduces[0].attrs["axes"])
+        if any(n.inputs[0].type.shape != domain or tuple(n.attrs["axes"]) != axes for n in reduces):
+            return None
+        outer = domain[: len(domain) - len(axes)]
+        rows = {outer + (1,) * j for j in range(len(axes) + 1)}
+        if any(v.type.shape != domain and v.type.shape not in rows for v in outputs):
+            return None
+    else:
+        domain = outputs[0].type.shape
+        if any(v.type.shape != domain for v in outputs):
+            return None
+        rows = set()
+
+    def fits(v: Value) -> bool:
+        return v.type.shape in rows or broadcasts_to(v.type.shape, domain)
+
+    # A value that does not fit the domain must reach it by index remapping: every reader inside
+    # is a view, or an elementwise node (the value broadcasting to its result) whose result does.
+    remapped: set[Value] = set()
+    for v in values:
+        if v in output_set or fits(v):
+            continue
+        readers = [u for u in users.get(v, ()) if inside(u)]
+        if readers and all(_remaps(u, v, remapped) for u in readers):
+            remapped.add(v)
+        else:
+            return None
+    return "reduction" if reduces else ELEMENTWISE
+
+
+def _remaps(reader: Node, v: Value, remapped: set[Value]) -> bool:
+    if reader.op in BODY_VIEW_OPS:
+        return True
+    out = reader.outputs[0]
+    return reader.op not in BODY_REDUCE_OPS and out in remapped and broadcasts_to(v.type.shape, out.type.shape)
