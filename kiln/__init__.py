@@ -36,6 +36,7 @@ from .ir.dtypes import (
 from .ir.dtypes import result_type as _result_type
 from .ir.types import Device
 from .ir.types import device as device
+from .runtime.threads import get_num_threads, set_num_threads
 
 float = float32  # noqa: A001
 double = float64

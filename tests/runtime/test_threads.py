@@ -1,0 +1,231 @@
+"""The CPU thread pool: splitting, serial fallbacks, errors, concurrent and nested callers."""
+
+import ctypes
+import multiprocessing
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.runtime import threads
+
+KERNEL_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+UNIT = 4096  # elements per parallel unit of the compiled scale kernel
+
+SCALE_IR = r"""
+define void @scale(ptr noalias %args, i64 %begin, i64 %end) {
+entry:
+  %inp = load ptr, ptr %args
+  %op = getelementptr ptr, ptr %args, i64 1
+  %out = load ptr, ptr %op
+  %s = mul i64 %begin, 4096
+  %e = mul i64 %end, 4096
+  %c = icmp slt i64 %s, %e
+  br i1 %c, label %loop, label %exit
+loop:
+  %i = phi i64 [%s, %entry], [%i1, %loop]
+  %pi = getelementptr float, ptr %inp, i64 %i
+  %x = load float, ptr %pi
+  %y = fmul float %x, 2.0
+  %po = getelementptr float, ptr %out, i64 %i
+  store float %y, ptr %po
+  %i1 = add i64 %i, 1
+  %c2 = icmp slt i64 %i1, %e
+  br i1 %c2, label %loop, label %exit
+exit:
+  ret void
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    saved = threads.get_num_threads()
+    yield
+    threads.set_num_threads(saved)
+
+
+@pytest.fixture
+def always_split(monkeypatch):
+    monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
+
+
+@pytest.fixture(scope="module")
+def scale():
+    """A compiled kernel with the real ABI: out[i] = 2 * in[i] over units of 4096 float32."""
+    pytest.importorskip("llvmlite")
+    from kiln.codegen.llvm.engine import Library, compile_ir
+
+    library = Library([compile_ir(SCALE_IR)])
+    kernel = KERNEL_TYPE(library.address("scale"))
+    kernel.library = library  # the function pointer is valid while the library lives
+    return kernel
+
+
+def run_scale(kernel, units: int, parallel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    source = np.random.default_rng(units).standard_normal(units * UNIT).astype(np.float32)
+    out = np.full_like(source, np.nan)
+    args = (ctypes.c_void_p * 2)(source.ctypes.data, out.ctypes.data)
+    if parallel:
+        threads.parallel_for(kernel, ctypes.addressof(args), units, out.nbytes * 2)
+    else:
+        kernel(ctypes.addressof(args), 0, units)
+    return source, out
+
+
+class Recorder:
+    """A Python 'kernel' that records which thread ran which range."""
+
+    def __init__(self):
+        self.calls = []
+        self.lock = threading.Lock()
+
+    def __call__(self, args, begin, end):
+        with self.lock:
+            self.calls.append((begin, end, threading.get_ident()))
+
+
+def test_num_threads_default_and_set():
+    expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert threads._default_num_threads() == expected
+    kiln.set_num_threads(3)
+    assert kiln.get_num_threads() == 3 == threads.get_num_threads()
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_set_num_threads_rejects_non_positive(bad):
+    with pytest.raises(RuntimeError, match=f"expects a positive integer, but got {bad}"):
+        kiln.set_num_threads(bad)
+
+
+@pytest.mark.parametrize("bad", [1.5, "2", True, None])
+def test_set_num_threads_rejects_non_int(bad):
+    with pytest.raises(RuntimeError, match=f"expects an int, but got {type(bad).__name__}"):
+        kiln.set_num_threads(bad)
+
+
+@pytest.mark.parametrize("num_threads", [2, 3, 4])
+@pytest.mark.parametrize("extent", [0, 1, 2, 3, 7, 100])
+def test_chunks_cover_the_extent_once(always_split, num_threads, extent):
+    kiln.set_num_threads(num_threads)
+    record = Recorder()
+    threads.parallel_for(record, None, extent, 1 << 30)
+    ranges = sorted((b, e) for b, e, _ in record.calls)
+    assert len(ranges) == min(num_threads, extent)  # fewer units than threads: one chunk per unit
+    covered = [i for b, e in ranges for i in range(b, e)]
+    assert covered == list(range(extent))
+    assert all(e > b for b, e in ranges)
+    caller = threading.get_ident()
+    for begin, _, ident in record.calls:
+        # chunk 0 runs on the caller, every other chunk on a worker
+        assert (ident == caller) == (begin == 0)
+
+
+@pytest.mark.parametrize("case", ["small", "one_thread", "one_unit"])
+def test_serial_paths_make_one_call_on_the_caller(case):
+    kiln.set_num_threads(1 if case == "one_thread" else 4)
+    extent = 1 if case == "one_unit" else 64
+    work = threads.PARALLEL_MIN_WORK_BYTES - 1 if case == "small" else threads.PARALLEL_MIN_WORK_BYTES
+    record = Recorder()
+    threads.parallel_for(record, None, extent, work)
+    assert record.calls == [(0, extent, threading.get_ident())]
+
+
+def test_large_work_splits_without_patching_the_threshold():
+    kiln.set_num_threads(2)
+    record = Recorder()
+    threads.parallel_for(record, None, 10, threads.PARALLEL_MIN_WORK_BYTES)
+    assert sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]
+
+
+@pytest.mark.parametrize("units", [1, 2, 3, 5, 64])
+def test_compiled_kernel_split_equals_serial(always_split, scale, units):
+    kiln.set_num_threads(3)
+    source, split = run_scale(scale, units)
+    _, serial = run_scale(scale, units, parallel=False)
+    np.testing.assert_array_equal(split, serial)
+    np.testing.assert_array_equal(split, 2 * source)
+
+
+@pytest.mark.parametrize("failing_begin", [0, 4, 8])
+def test_exceptions_propagate_after_all_chunks_finish(always_split, failing_begin):
+    kiln.set_num_threads(3)
+    finished = []
+
+    def kernel(args, begin, end):
+        if begin == failing_begin:
+            raise ValueError(f"chunk {begin} failed")
+        finished.append(begin)
+
+    with pytest.raises(ValueError, match=f"chunk {failing_begin} failed"):
+        threads.parallel_for(kernel, None, 12, 1)
+    assert sorted(finished) == sorted({0, 4, 8} - {failing_begin})
+    record = Recorder()  # the pool still works afterwards
+    threads.parallel_for(record, None, 12, 1)
+    assert len(record.calls) == 3
+
+
+def test_concurrent_callers_get_their_own_results(always_split, scale):
+    kiln.set_num_threads(2)
+    failures = []
+
+    def caller(seed):
+        try:
+            for units in range(1 + seed, 40, 4):
+                source, out = run_scale(scale, units)
+                if not np.array_equal(out, 2 * source):
+                    failures.append((seed, units))
+        except BaseException as error:  # noqa: BLE001 - reported by the main thread
+            failures.append(error)
+
+    callers = [threading.Thread(target=caller, args=(seed,)) for seed in range(4)]
+    for thread in callers:
+        thread.start()
+    for thread in callers:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in callers), "parallel_for deadlocked"
+    assert failures == []
+
+
+def test_nested_call_runs_serially_without_deadlock(always_split):
+    kiln.set_num_threads(2)
+    inner_calls = []
+
+    def inner(args, begin, end):
+        inner_calls.append((args, begin, end, threading.get_ident()))
+
+    def outer(args, begin, end):
+        threads.parallel_for(inner, begin, 10, 1 << 30)
+
+    outer_callback = KERNEL_TYPE(lambda args, begin, end: outer(args, begin, end))
+    result = []
+    runner = threading.Thread(target=lambda: result.append(threads.parallel_for(outer_callback, None, 2, 1)))
+    runner.start()
+    runner.join(timeout=30)
+    assert not runner.is_alive(), "nested parallel_for deadlocked"
+    assert result == [None]
+    # each outer chunk made one serial inner call over the whole extent, on its own thread
+    assert sorted(call[:3] for call in inner_calls) == [(0, 0, 10), (1, 0, 10)]
+    assert len({call[3] for call in inner_calls}) == 2
+
+
+def _child_runs_parallel_for(queue):
+    threads.PARALLEL_MIN_WORK_BYTES = 0
+    record = Recorder()
+    threads.parallel_for(record, None, 4, 1)
+    queue.put(sorted((b, e) for b, e, _ in record.calls))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_pool_works_in_a_forked_child(always_split):
+    kiln.set_num_threads(2)
+    threads.parallel_for(Recorder(), None, 4, 1)  # the parent's workers exist before the fork
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_child_runs_parallel_for, args=(results,))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert results.get(timeout=5) == [(0, 2), (2, 4)]
