@@ -1,0 +1,318 @@
+"""Kernel nodes compiled to LLVM IR: ``KernelModule.add(node, layouts) -> KernelInfo``.
+
+Every kernel is one function ``void @sym(ptr args, i64 begin, i64 end)``: ``args`` holds the data
+pointers of ``node.inputs`` then ``node.outputs`` (element [0, ..., 0] of each), and the call does
+the parallel units ``[begin, end)`` of ``range(info.extent)``. Code is specialized on the static
+shapes and on the inputs' strides (``layouts``, in elements; 0 broadcasts, negative runs
+backwards); outputs are C-contiguous.
+
+- elementwise: the domain's loop dimensions that every operand addresses as one are collapsed
+  (kernels_index.collapse), so a contiguous chain is one long unit-stride loop that vectorizes.
+  A unit is a chunk of about ``CHUNK`` elements: a piece of a long inner loop, or several rows.
+- reduction: a unit is one row (the flattened outer index). Per row, one pass over the row per
+  reduction level computes that level's reductions together (softmax: the max, then the sum of
+  exponentials), then one pass writes the full-shape outputs; row-valued outputs are stored once.
+- horizontal: see kernels_horizontal (a unit is a member).
+
+In-place safety: the executor may give an output the buffer of an input read at the same index.
+Each element's loads are emitted before its stores, and the innermost loops are declared parallel
+(``llvm.loop.parallel_accesses``) instead of marking pointers ``noalias``: no iteration reads what
+another iteration writes, which holds for in-place buffers too, so no ``noalias`` promise is ever
+broken and the vectorizer needs no runtime overlap check (which in-place buffers would fail).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from ...ir.graph import Graph, Node
+from . import Unsupported
+from . import kernels_index as ix
+from .emitter import store
+from .kernels_dag import REDUCES, Apply, DagBuilder, Load, Reduce, Rows, loads
+from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
+from .loops import I64, for_range, i64, minimum, product
+
+__all__ = ["CHUNK", "KernelInfo", "KernelModule", "Unsupported"]
+
+#: Elements per parallel unit of an elementwise kernel: big enough that a unit's loop amortizes
+#: its setup and a thread's dispatch, small enough that a few million elements split evenly.
+CHUNK = 16384
+
+_PTR = ir.PointerType()
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    """A compiled kernel's entry point, its number of parallel units, and bytes read + written."""
+
+    symbol: str
+    extent: int
+    work_bytes: int
+
+
+class KernelModule:
+    """Collects kernels into one LLVM module; ``ir()`` is its text for ``engine.compile_ir``."""
+
+    def __init__(self, name: str = "kiln_kernels") -> None:
+        self.module = ir.Module(name)
+        self._symbols: set[str] = set()
+
+    def add(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
+        """Compile kernel ``node`` for inputs with element strides ``layouts``; ``Unsupported`` when
+        the code generator declines (the module is left as it was)."""
+        kind, bodies = node.attrs.get("kind"), tuple(node.attrs.get("bodies", ()))
+        _check_layouts(node, layouts)
+        if kind not in ("elementwise", "reduction", "horizontal"):
+            raise Unsupported(f"kernel kind {kind!r}")
+        if kind != "horizontal" and len(bodies) != 1:
+            raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
+        symbol = self._symbol(str(node.attrs.get("name", "kernel")))
+        existing = set(self.module.globals)
+        try:
+            builder, args = self._function(symbol)
+            if kind == "elementwise":
+                extent = _elementwise(builder, args, bodies[0], layouts)
+            elif kind == "reduction":
+                extent = _reduction(builder, args, bodies[0], layouts)
+            else:
+                from .kernels_horizontal import horizontal  # noqa: PLC0415 - a module of its own
+
+                extent = horizontal(builder, args, bodies, layouts)
+        except BaseException:
+            # Leave the module as it was: a half-built function would make the whole module invalid.
+            for name in set(self.module.globals) - existing:
+                del self.module.globals[name]
+            raise
+        return KernelInfo(symbol, extent, _work_bytes(node))
+
+    def ir(self) -> str:
+        """The module's LLVM IR text (every kernel added so far)."""
+        return str(self.module)
+
+    def _symbol(self, name: str) -> str:
+        base = "kiln_" + re.sub(r"\W", "_", name)
+        symbol, k = base, 1
+        while symbol in self._symbols or self.module.scope.is_used(symbol):  # declined kernels keep their name
+            symbol, k = f"{base}_{k}", k + 1
+        self._symbols.add(symbol)
+        return symbol
+
+    def _function(self, symbol: str) -> tuple[ir.IRBuilder, tuple[ir.Value, ...]]:
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [_PTR, I64, I64]), symbol)
+        fn.attributes.add("nounwind")
+        for arg, name in zip(fn.args, ("args", "begin", "end"), strict=True):
+            arg.name = name
+        return ir.IRBuilder(fn.append_basic_block("entry")), fn.args
+
+
+def _check_layouts(node: Node, layouts: Sequence[tuple[int, ...]]) -> None:
+    if len(layouts) != len(node.inputs):
+        raise ValueError(f"expected one layout per kernel input ({len(node.inputs)}), got {len(layouts)}")
+    for k, (v, strides) in enumerate(zip(node.inputs, layouts, strict=True)):
+        if len(strides) != len(v.type.shape):
+            raise ValueError(f"input {k} has shape {list(v.type.shape)} but layout {tuple(strides)}")
+
+
+def _work_bytes(node: Node) -> int:
+    return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+
+
+def operand_pointers(builder: ir.IRBuilder, args: ir.Value, count: int, first: ir.Value | int = 0) -> list[ir.Value]:
+    """The data pointers ``args[first:first + count]``."""
+    first = i64(first) if isinstance(first, int) else first
+    out = []
+    for k in range(count):
+        slot = builder.gep(args, [builder.add(first, i64(k)) if k else first], inbounds=True, source_etype=_PTR)
+        out.append(builder.load(slot, typ=_PTR, name=f"p{k}"))
+    return out
+
+
+@contextlib.contextmanager
+def nest(builder: ir.IRBuilder, env: VarEnv, groups: Sequence[Sequence[int]], sizes: Sequence) -> Iterator[None]:
+    """Nested loops over collapsed groups (outermost first); the innermost is declared parallel."""
+    with contextlib.ExitStack() as stack:
+        for k, (group, size) in enumerate(zip(groups, sizes, strict=True)):
+            loop = for_range(builder, 0, size, name=f"j{k}", parallel=k == len(groups) - 1)
+            env.bind_group(group, stack.enter_context(loop))
+        yield
+
+
+def bind_rows(builder: ir.IRBuilder, env: VarEnv, groups: Sequence[Sequence[int]], sizes: Sequence[int], row) -> None:
+    """Bind the loop values of ``groups`` from a flat row index over them (row-major)."""
+    for k, group in enumerate(groups):
+        divisor = product(sizes[k + 1 :])
+        value = builder.sdiv(row, i64(divisor)) if divisor > 1 else row
+        if k:  # the first group's quotient is already in range
+            value = builder.srem(value, i64(sizes[k]))
+        env.bind_group(group, value)
+
+
+class _Body:
+    """One body's DAG roots and where each output goes: ``(operand, root, store offset)``."""
+
+    def __init__(self, builder: ir.IRBuilder, pointers: list[ir.Value], env: VarEnv) -> None:
+        self.builder, self.pointers, self.env = builder, pointers, env
+        self.emitter = DagEmitter(builder, self._load_pointer)
+
+    def _load_pointer(self, node: Load) -> ir.Value:
+        offset = self.env.materialize(self.builder, node.offset)
+        return element_pointer(self.builder, self.pointers[node.operand], offset, node.dtype)
+
+    def compute_then_store(self, outputs: Sequence[tuple[int, object, ix.Lin]], scope: Scope) -> None:
+        """Every output's value first (so every load of this element precedes its stores), then the stores."""
+        values = [self.emitter.emit(root, scope) for _, root, _ in outputs]
+        for (operand, _, where), value in zip(outputs, values, strict=True):
+            offset = self.env.materialize(self.builder, where)
+            store(self.builder, value, element_pointer(self.builder, self.pointers[operand], offset, value.dtype))
+
+
+# ----------------------------------------------------------------------------- elementwise
+
+
+def elementwise_plan(body: Graph, layouts: Sequence[Sequence[int]]):
+    """The domain, its DAG outputs ``(operand, root, store offset)`` and the collapsed loop groups."""
+    if not body.outputs:
+        raise Unsupported("a kernel with no outputs")
+    domain = body.outputs[0].type.shape
+    for v in body.outputs:
+        if v.type.shape != domain:
+            raise Unsupported(f"elementwise outputs of shapes {list(domain)} and {list(v.type.shape)}")
+    space = ix.Space(domain)
+    dag = DagBuilder(body, space, layouts)
+    store_at = ix.offset(space.identity(), ix.contiguous_strides(domain))
+    n_in = len(body.inputs)
+    outputs = [(n_in + j, dag.element(v, space.identity()), store_at) for j, v in enumerate(body.outputs)]
+    leaves = [load.offset for load in loads([root for _, root, _ in outputs])] + [store_at]
+    groups = ix.collapse(domain, range(len(domain)), leaves)
+    return domain, outputs, groups
+
+
+def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
+    domain, outputs, groups = elementwise_plan(body, layouts)
+    if product(domain) == 0:
+        builder.ret_void()
+        return 0
+    sizes = [product(domain[j] for j in g) for g in groups]
+    inner = sizes[-1] if groups else 1
+    rows = product(sizes[:-1])
+    args_ptr, begin, end = args
+    env = VarEnv()
+    target = _Body(builder, operand_pointers(builder, args_ptr, len(body.inputs) + len(body.outputs)), env)
+
+    def inner_loop(lo, hi) -> None:
+        with for_range(builder, lo, hi, name="i", parallel=True) as i:
+            if groups:
+                env.bind_group(groups[-1], i)
+            target.compute_then_store(outputs, Scope())
+
+    if inner >= CHUNK:  # a unit is a piece of one long row
+        pieces = -(-inner // CHUNK)
+        extent = rows * pieces
+        with for_range(builder, begin, end, name="unit") as unit:
+            row = builder.sdiv(unit, i64(pieces)) if pieces > 1 else unit
+            piece = builder.srem(unit, i64(pieces)) if pieces > 1 else i64(0)
+            bind_rows(builder, env, groups[:-1], sizes[:-1], row)
+            lo = builder.mul(piece, i64(CHUNK), flags=("nsw",))
+            inner_loop(lo, minimum(builder, builder.add(lo, i64(CHUNK)), i64(inner)))
+    else:  # a unit is a block of whole rows
+        per_unit = max(1, CHUNK // inner)
+        extent = -(-rows // per_unit)
+        with for_range(builder, begin, end, name="unit") as unit:
+            first = builder.mul(unit, i64(per_unit), flags=("nsw",))
+            last = minimum(builder, builder.add(first, i64(per_unit)), i64(rows))
+            with for_range(builder, first, last, name="row") as row:
+                bind_rows(builder, env, groups[:-1], sizes[:-1], row)
+                inner_loop(0, inner)
+    builder.ret_void()
+    return extent
+
+
+# ----------------------------------------------------------------------------- reduction
+
+
+def _reduction_rows(body: Graph) -> tuple[tuple[int, ...], Rows]:
+    """The domain and the rows: every reduce reduces the same trailing axes of the same shape."""
+    reduces = [n for n in body.nodes if n.op in REDUCES]
+    if not reduces:
+        raise Unsupported("a reduction kernel without a reduction")
+    domain = reduces[0].inputs[0].type.shape
+    axes = tuple(reduces[0].attrs["axes"])
+    for n in reduces:
+        if n.inputs[0].type.shape != domain or tuple(n.attrs["axes"]) != axes:
+            raise Unsupported(f"reductions over different shapes or axes: {axes} of {list(domain)} and "
+                              f"{n.attrs['axes']} of {list(n.inputs[0].type.shape)}")  # fmt: skip
+    outer = len(domain) - len(axes)
+    if axes != tuple(range(outer, len(domain))):
+        raise Unsupported(f"reduction axes {axes} of {list(domain)} are not the trailing axes")
+    return domain, Rows(outer, axes)
+
+
+def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
+    domain, rows = _reduction_rows(body)
+    space = ix.Space(domain)
+    dag = DagBuilder(body, space, layouts, rows)
+    outer_shape = domain[: rows.outer]
+    row_index = tuple(space.var(j) for j in range(rows.outer))
+    row_at = ix.offset(row_index, ix.contiguous_strides(outer_shape))
+    full_at = ix.offset(space.identity(), ix.contiguous_strides(domain))
+    n_in = len(body.inputs)
+    full, per_row = [], []
+    for j, v in enumerate(body.outputs):
+        if v.type.shape == domain:
+            full.append((n_in + j, dag.element(v, space.identity()), full_at))
+        elif v.type.numel == product(outer_shape):
+            root = dag.element(v, ix.reshape(space, row_index, outer_shape, v.type.shape))
+            per_row.append((n_in + j, root, row_at))
+        else:
+            raise Unsupported(f"an output of shape {list(v.type.shape)} is neither full {list(domain)} nor one per row")
+    _check_row_values([root for _, root, _ in per_row], rows.outer)
+    leaves = [load.offset for load in loads([root for _, root, _ in full + per_row])] + [full_at]
+    groups = ix.collapse(domain, range(rows.outer, len(domain)), leaves)
+    sizes = [product(domain[j] for j in g) for g in groups]
+    extent = product(outer_shape)
+    if extent == 0:
+        builder.ret_void()
+        return 0
+    args_ptr, begin, end = args
+    env = VarEnv()
+    target = _Body(builder, operand_pointers(builder, args_ptr, n_in + len(body.outputs)), env)
+    with for_range(builder, begin, end, name="row") as row:
+        bind_rows(builder, env, [[j] for j in range(rows.outer)], outer_shape, row)
+        row_scope = Scope()
+        for level in sorted({r.level for r in dag.reduces}):
+            accumulators = [Accumulator(builder, r) for r in dag.reduces if r.level == level]
+            for acc in accumulators:
+                acc.init()
+            with nest(builder, env, groups, sizes):
+                scope = row_scope.child()
+                for acc in accumulators:
+                    acc.update(target.emitter.emit(acc.reduce.arg, scope))
+            for acc in accumulators:
+                row_scope.values[id(acc.reduce)] = acc.result()
+        if per_row:
+            target.compute_then_store(per_row, row_scope)
+        if full:
+            with nest(builder, env, groups, sizes):
+                target.compute_then_store(full, row_scope.child())
+    builder.ret_void()
+    return extent
+
+
+def _check_row_values(roots: Sequence, outer: int) -> None:
+    """A row-valued output may read only row values and elements at the row's own index."""
+    pending, seen = list(roots), set()
+    while pending:
+        node = pending.pop()
+        if id(node) in seen or isinstance(node, Reduce):
+            continue
+        seen.add(id(node))
+        if isinstance(node, Load) and any(v >= outer for v in node.offset.variables()):
+            raise Unsupported("a row-valued output reads the elements of the row")
+        if isinstance(node, Apply):
+            pending.extend(node.args)

@@ -1,0 +1,202 @@
+"""A kernel body as a scalar DAG: what one domain element computes, with view nodes resolved.
+
+``DagBuilder.element(value, index)`` gives the DAG node computing ``value`` at ``index`` (a tuple
+of ``Lin`` over the domain's variables, see kernels_index). Elementwise nodes become ``Apply``
+nodes over their inputs at the broadcast-adjusted index, view nodes only remap the index, body
+inputs become ``Load`` nodes at a linear element offset, 0-d constants become ``Const``
+immediates, and reductions become ``Reduce`` nodes: one value per row, computed in a loop over
+the row before anything that reads it. Nodes are memoized per ``(value, index)`` so a shared
+subexpression is computed once per element.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ...ir.dtypes import DType
+from ...ir.graph import CONSTANT, Graph, Value
+from ...ir.primitives import ELEMENTWISE, PRIMITIVES
+from . import Unsupported
+from . import kernels_index as ix
+from .emitter import register_type
+from .kernels_index import Lin, Space
+
+VIEWS = frozenset({"reshape", "expand", "permute", "slice"})
+REDUCES = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+
+
+@dataclass(eq=False)
+class Load:
+    """The element of kernel operand ``operand`` at element offset ``offset``."""
+
+    operand: int
+    offset: Lin
+    dtype: DType
+    after: int = -1  # the highest reduction level it depends on (-1: none)
+
+
+@dataclass(eq=False)
+class Const:
+    value: Any
+    dtype: DType
+    after: int = -1
+
+
+@dataclass(eq=False)
+class Apply:
+    """``PRIMITIVES[op].scalar(em, *args, **attrs)``."""
+
+    op: str
+    attrs: dict
+    args: tuple
+    dtype: DType
+    after: int = -1
+
+
+@dataclass(eq=False)
+class Reduce:
+    """A row's reduction of ``arg`` (the row's elements); ``level`` orders the passes over a row."""
+
+    op: str
+    arg: Any
+    dtype: DType
+    level: int = 0
+    after: int = 0  # == level: its value exists once the pass of its level is done
+
+
+Node = Load | Const | Apply | Reduce
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A reduction kernel's split of the domain: the first ``outer`` dims index rows."""
+
+    outer: int
+    axes: tuple[int, ...]
+
+
+class DagBuilder:
+    """Builds the DAG of one body over ``space`` (the domain); body input ``i`` is kernel operand
+    ``first_operand + i`` with element strides ``strides[i]``."""
+
+    def __init__(self, body: Graph, space: Space, strides: Sequence[Sequence[int]], rows: Rows | None = None) -> None:
+        self.body = body
+        self.space = space
+        self.strides = strides
+        self.rows = rows
+        self.producers = body.producers()
+        self.input_index = {v: i for i, v in enumerate(body.inputs)}
+        self.memo: dict[tuple[Value, tuple[Lin, ...]], Node] = {}
+        self.reduces: list[Reduce] = []
+        self._reduce_memo: dict[Value, Reduce] = {}
+        for value in body.values():
+            register_type(value.type.dtype)  # raises Unsupported for float16 and friends
+
+    def element(self, value: Value, index: tuple[Lin, ...]) -> Node:
+        key = (value, index)
+        node = self.memo.get(key)
+        if node is None:
+            node = self.memo[key] = self._build(value, index)
+        return node
+
+    def _build(self, value: Value, index: tuple[Lin, ...]) -> Node:
+        if value in self.input_index:
+            i = self.input_index[value]
+            return Load(i, ix.offset(index, self.strides[i]), value.type.dtype)
+        node = self.producers[value]
+        op, attrs = node.op, node.attrs
+        if op == CONSTANT:
+            array = self.body.constants[attrs["name"]]
+            if array.ndim != 0:
+                raise Unsupported(f"a constant of shape {list(array.shape)} in a kernel body (only 0-d are compiled)")
+            return Const(array.item(), value.type.dtype)
+        if op in VIEWS:
+            return self.element(node.inputs[0], self._view_index(node, index))
+        if op in REDUCES:
+            return self._reduce(node, index)
+        prim = PRIMITIVES.get(op)
+        if prim is None or prim.kind not in ELEMENTWISE or prim.scalar is None:
+            raise Unsupported(f"{op} cannot be compiled inside a kernel body")
+        args = tuple(self.element(v, ix.broadcast(index, v.type.shape)) for v in node.inputs)
+        return Apply(op, dict(attrs), args, value.type.dtype, max((a.after for a in args), default=-1))
+
+    def _view_index(self, node, index: tuple[Lin, ...]) -> tuple[Lin, ...]:
+        """The index into the view's input that ``index`` into its output reads."""
+        (source,) = node.inputs
+        a = node.attrs
+        if node.op == "permute":
+            return ix.permute(index, a["perm"])
+        if node.op == "slice":
+            return ix.slice_(index, a["starts"], a["steps"])
+        if node.op == "expand":
+            return ix.broadcast(index, source.type.shape)
+        return ix.reshape(self.space, index, node.output.type.shape, source.type.shape)
+
+    def _reduce(self, node, index: tuple[Lin, ...]) -> Reduce:
+        rows = self.rows
+        (source,) = node.inputs
+        if rows is None:
+            raise Unsupported(f"{node.op} inside an elementwise kernel")
+        if source.type.shape != self.space.sizes or tuple(node.attrs["axes"]) != rows.axes:
+            raise Unsupported(
+                f"{node.op} over axes {node.attrs['axes']} of shape {list(source.type.shape)}; the kernel reduces "
+                f"axes {rows.axes} of {list(self.space.sizes)}"
+            )
+        row = tuple(self.space.var(j) for j in range(rows.outer))
+        expected = row + (ix.ZERO,) * len(rows.axes) if node.attrs["keepdim"] else row
+        if index != expected:
+            raise Unsupported(f"the result of {node.op} is read at another row's index")
+        reduce = self._reduce_memo.get(node.output)
+        if reduce is None:
+            arg = self.element(source, self.space.identity())
+            level = arg.after + 1
+            reduce = Reduce(node.op, arg, node.output.type.dtype, level, level)
+            self._reduce_memo[node.output] = reduce
+            self.reduces.append(reduce)
+        return reduce
+
+
+def loads(roots: Sequence[Node]) -> list[Load]:
+    """Every Load reachable from ``roots`` (inside reductions too), in a deterministic order."""
+    return [n for n in walk(roots) if isinstance(n, Load)]
+
+
+def walk(roots: Sequence[Node]) -> list[Node]:
+    """Every node reachable from ``roots``, children before parents, each once."""
+    seen: set[int] = set()
+    order: list[Node] = []
+
+    def visit(n: Node) -> None:
+        if id(n) in seen:
+            return
+        seen.add(id(n))
+        if isinstance(n, Apply):
+            for a in n.args:
+                visit(a)
+        elif isinstance(n, Reduce):
+            visit(n.arg)
+        order.append(n)
+
+    for r in roots:
+        visit(r)
+    return order
+
+
+def signature(roots: Sequence[Node]) -> tuple:
+    """The DAG's structure without its offsets: equal for horizontal members of one structure."""
+    order = walk(roots)
+    position = {id(n): k for k, n in enumerate(order)}
+    out = []
+    for n in order:
+        if isinstance(n, Load):
+            out.append(("load", n.operand, n.dtype.name))
+        elif isinstance(n, Const):
+            out.append(("const", repr(n.value), n.dtype.name))
+        elif isinstance(n, Apply):
+            attrs = tuple(sorted((k, repr(v)) for k, v in n.attrs.items()))
+            out.append(("apply", n.op, attrs, n.dtype.name, tuple(position[id(a)] for a in n.args)))
+        else:
+            out.append(("reduce", n.op))
+    return tuple(out) + (tuple(position[id(r)] for r in roots),)

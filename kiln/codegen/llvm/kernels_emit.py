@@ -1,0 +1,180 @@
+"""Emitting a scalar DAG (kernels_dag) as LLVM IR: element offsets, loads, formulas, accumulators.
+
+A ``Scope`` holds what is already emitted where it dominates the current position: the row scope
+of a reduction kernel holds each finished reduction's value, and every loop body opens a child
+scope (values emitted in one loop do not dominate the next loop). Offsets are materialized from
+``Lin`` expressions through ``VarEnv``, which maps each domain variable to its loop value -- or to
+nothing when collapsing folded it into the next variable's loop (see kernels_index.collapse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from llvmlite import ir
+
+from ...ir import dtypes as dt
+from ...ir.dtypes import DType
+from ...ir.primitives import PRIMITIVES
+from . import Unsupported, flags
+from .emitter import LLVMEmitter, Scalar, load, memory_type, register_type
+from .kernels_dag import Apply, Const, Load, Node, Reduce
+from .kernels_index import Div, Lin
+from .loops import i64
+
+_NSW = ("nsw",)
+
+
+class VarEnv:
+    """Domain variable -> its i64 value; ``None`` marks a variable folded into a collapsed loop."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, ir.Value | None] = {}
+
+    def bind_group(self, group: Sequence[int], value: ir.Value) -> None:
+        """A collapsed loop over ``group``'s variables: the loop value stands in for the last one,
+        whose coefficient every leaf scales the loop value by (the collapse condition)."""
+        for var in group[:-1]:
+            self.values[var] = None
+        self.values[group[-1]] = value
+
+    def materialize(self, builder: ir.IRBuilder, e: Lin) -> ir.Value:
+        """``e`` as an i64 value."""
+        total: ir.Value | None = None
+        for atom, coef in e.terms:
+            if isinstance(atom, int):
+                value = self.values.get(atom)
+                if value is None:
+                    if atom not in self.values:
+                        raise AssertionError(f"domain variable {atom} has no loop here")
+                    continue
+            else:
+                inner = self.materialize(builder, atom.expr)
+                op = builder.sdiv if isinstance(atom, Div) else builder.srem  # indices are never negative
+                value = op(inner, i64(atom.divisor))
+            term = value if coef == 1 else builder.mul(value, i64(coef), flags=_NSW)
+            total = term if total is None else builder.add(total, term, flags=_NSW)
+        if total is None:
+            return i64(e.const)
+        return total if e.const == 0 else builder.add(total, i64(e.const), flags=_NSW)
+
+
+class Scope:
+    """Emitted scalars by DAG node (identity), falling back to the enclosing scope."""
+
+    def __init__(self, parent: Scope | None = None) -> None:
+        self.parent = parent
+        self.values: dict[int, Scalar] = {}
+
+    def get(self, node: Node) -> Scalar | None:
+        scope: Scope | None = self
+        while scope is not None:
+            found = scope.values.get(id(node))
+            if found is not None:
+                return found
+            scope = scope.parent
+        return None
+
+    def child(self) -> Scope:
+        return Scope(self)
+
+
+class DagEmitter:
+    """Emits DAG nodes at the builder's position. ``pointer(load_node)`` gives each load's address."""
+
+    def __init__(self, builder: ir.IRBuilder, pointer: Callable[[Load], ir.Value]) -> None:
+        self.builder = builder
+        self.em = LLVMEmitter(builder)
+        self.pointer = pointer
+
+    def emit(self, node: Node, scope: Scope) -> Scalar:
+        found = scope.get(node)
+        if found is not None:
+            return found
+        if isinstance(node, Load):
+            result = load(self.builder, self.pointer(node), node.dtype)
+        elif isinstance(node, Const):
+            result = self.em.constant(node.value, node.dtype)
+        elif isinstance(node, Apply):
+            args = [self.emit(a, scope) for a in node.args]
+            result = PRIMITIVES[node.op].scalar(self.em, *args, **node.attrs)
+            if result.dtype is not node.dtype:  # e.g. numpy's float64 from integer true division
+                result = self.em.cast(result, node.dtype)
+        else:
+            raise AssertionError(f"{node.op}'s row value is used before its pass over the row")
+        scope.values[id(node)] = result
+        return result
+
+
+def element_pointer(builder: ir.IRBuilder, base: ir.Value, index: ir.Value, dtype: DType) -> ir.Value:
+    """The address of element ``index`` of an array of ``dtype`` at ``base``."""
+    return builder.gep(base, [index], inbounds=True, source_etype=memory_type(dtype))
+
+
+# ----------------------------------------------------------------------------- reduction accumulators
+
+
+def _entry_alloca(builder: ir.IRBuilder, ty: ir.Type, name: str) -> ir.Value:
+    """A stack slot in the entry block (where SROA promotes it to registers)."""
+    with builder.goto_entry_block():
+        return builder.alloca(ty, name=name)
+
+
+def _intrinsic(builder: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
+    ty = args[0].type
+    full = f"llvm.{name}.{'f32' if isinstance(ty, ir.FloatType) else 'f64'}"
+    fn = builder.module.globals.get(full) or ir.Function(builder.module, ir.FunctionType(ty, [ty] * len(args)), full)
+    return builder.call(fn, args)
+
+
+def _identity(op: str, dtype: DType) -> object:
+    """The reduction's value over no elements (max/min never see an empty row: infer rejects it)."""
+    if op == "reduce_sum":
+        return 0
+    if op == "reduce_prod":
+        return 1
+    low = op == "reduce_max"
+    if dtype.is_floating_point:
+        return float("-inf") if low else float("inf")
+    if dtype is dt.bool_:
+        return not low
+    limits = np.iinfo(dtype.np)
+    return int(limits.min) if low else int(limits.max)
+
+
+class Accumulator:
+    """One reduction's running value in a stack slot: ``init`` before the row, ``update`` per
+    element, ``result`` after. Float max/min use ``llvm.maximum``/``llvm.minimum``, which propagate
+    nan as numpy does and which the vectorizer turns into a vector reduction (maxnum plus a nan
+    flag, or a compare-select, stay scalar without ``nnan``)."""
+
+    def __init__(self, builder: ir.IRBuilder, reduce: Reduce) -> None:
+        if reduce.op not in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
+            raise Unsupported(f"{reduce.op} is not compiled")
+        self.builder = builder
+        self.reduce = reduce
+        self.em = LLVMEmitter(builder)
+        self.type = register_type(reduce.dtype)
+        self.slot = _entry_alloca(builder, self.type, "acc")
+
+    def init(self) -> None:
+        identity = self.em.constant(_identity(self.reduce.op, self.reduce.dtype), self.reduce.dtype)
+        self.builder.store(identity.value, self.slot)
+
+    def update(self, x: Scalar) -> None:
+        b, op, dtype = self.builder, self.reduce.op, self.reduce.dtype
+        acc = Scalar(b.load(self.slot, typ=self.type), dtype)
+        if not dtype.is_floating_point:
+            method = {"reduce_sum": "add", "reduce_prod": "mul", "reduce_max": "max", "reduce_min": "min"}[op]
+            new = getattr(self.em, method)(acc, x).value
+        elif op == "reduce_sum":
+            new = b.fadd(acc.value, x.value, flags=flags.REDUCTION)
+        elif op == "reduce_prod":
+            new = b.fmul(acc.value, x.value, flags=flags.REDUCTION)
+        else:
+            new = _intrinsic(b, "maximum" if op == "reduce_max" else "minimum", acc.value, x.value)
+        b.store(new, self.slot)
+
+    def result(self) -> Scalar:
+        return Scalar(self.builder.load(self.slot, typ=self.type), self.reduce.dtype)
