@@ -1,0 +1,97 @@
+"""tanh, sigmoid and erf for float32 and float64, as straight-line LLVM IR.
+
+Each is two formulas joined by a ``select`` -- a polynomial where the function is small (so
+tiny arguments keep full relative accuracy: no 1 - 2/(e^2x + 1) cancellation) and an
+exp-based form elsewhere -- both computed, one kept, which is what a vector lane does anyway.
+Coefficients come from ``fit.py`` (the table names are the fits' names there).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .core import Float
+from .exp_log import exp_body, expm1_reduced, reduce_ln2
+
+# tanh(x) = x + x^3 P(x^2) for |x| < 0.625 (fit TANH_P)
+TANH_LIMIT = 0.625
+TANH_P_F32 = (
+    -0.3333333134651184, 0.1333320587873459, -0.05394676327705383, 0.021700702607631683, -0.008177397772669792,
+    0.0021429613698273897,
+)  # fmt: skip
+TANH_P_F64 = (
+    -0.33333333333333315, 0.13333333333329742, -0.053968253966058956, 0.02186948846871644, -0.008863234312589967,
+    0.0035921139999533936, -0.0014557259484148312, 0.000589451800007331, -0.00023701173230345558,
+    9.155841449536016e-05, -3.0187222402270463e-05, 6.04246885438209e-06,
+)  # fmt: skip
+
+# erf(x) = x P(x^2) for |x| < 1 (fit ERF_SMALL)
+ERF_SMALL_F32 = (
+    1.1283791065216064, -0.3761262595653534, 0.1128358542919159, -0.026853812858462334, 0.005188327748328447,
+    -0.0008010193705558777, 7.853861461626366e-05,
+)  # fmt: skip
+ERF_SMALL_F64 = (
+    1.1283791670955126, -0.3761263890318375, 0.11283791670954857, -0.026866170645072893, 0.005223977624780859,
+    -0.0008548326978741784, 0.00012055331036884135, -1.4925593506514973e-05, 1.6460972810982946e-06,
+    -1.6350025158784255e-07, 1.4657879416718964e-08, -1.1365664342383398e-09, 5.945259064873783e-11,
+)  # fmt: skip
+# erfc(x) = exp(-x^2 + S(u)), u = (x - mid) / half in [-1, 1], for x in [1, 4] (float32) / [1, 6]
+# (float64); beyond, erf(x) rounds to 1 (fit ERFC_LOG, weighted by erfc/erf: the error it causes in erf)
+ERFC_RANGE = {32: (1.0, 4.0), 64: (1.0, 6.0)}
+ERFC_LOG_F32 = (
+    -1.556815266609192, -0.5290209054946899, 0.12624339759349823, -0.03663057088851929, 0.010967697948217392,
+    -0.0032729576341807842, 0.0007035353919491172, -0.00037072403938509524,
+)  # fmt: skip
+ERFC_LOG_F64 = (
+    -1.862437402148188, -0.6652489709129887, 0.20779340786837616, -0.08165090963027472, 0.03412841124278855,
+    -0.01438455127908247, 0.005953683295212697, -0.0023740378813163587, 0.0008937107627967254,
+    -0.00030693332718882325, 9.261258445283766e-05, -1.891366668324476e-05, -1.0184410205428203e-05,
+    -1.3282757729853435e-05, -1.6242763849854833e-05, 1.497073870083479e-05, 4.093176457298458e-05,
+    4.893185458816851e-05, 3.181245367752313e-05, 1.1996386415390266e-05, 2.0489415577013554e-06,
+)  # fmt: skip
+
+
+def _odd_poly(m: Float, x: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
+    """x + x^3 P(x^2): the leading x is exact, so tiny x come out unchanged (and -0 by the select:
+    -0 + (+0) would be +0)."""
+    t = m.mul(x, x)
+    return m.select(m.eq(x, m.c(0.0)), x, m.fma(m.mul(x, t), m.poly(t, coeffs), x))
+
+
+def tanh_body(m: Float, x: ir.Value) -> ir.Value:
+    """tanh(x): x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1)), which
+    saturates to +-1 without overflow trouble (exp(2|x|) = inf gives exactly 1)."""
+    a = m.abs(x)
+    small = _odd_poly(m, x, TANH_P_F64 if m.is64 else TANH_P_F32)
+    # past 2|x| = 20 (float32) / 40 (float64) the result rounds to 1: clamping there keeps 2^k normal,
+    # so exp needs no overflow handling (one power-of-two factor instead of ldexp's two)
+    k, r = reduce_ln2(m, m.clamp(m.add(a, a), 0.0, 40.0 if m.is64 else 20.0))
+    e = m.mul(m.add(m.c(1.0), expm1_reduced(m, r)), m.pow2(m.to_int(k)))
+    large = m.copysign(m.sub(m.c(1.0), m.div(m.c(2.0), m.add(e, m.c(1.0)))), x)
+    result = m.select(m.lt(a, m.c(TANH_LIMIT)), small, large)
+    return m.select(m.isnan(x), x, result)
+
+
+def sigmoid_body(m: Float, x: ir.Value) -> ir.Value:
+    """1 / (1 + exp(-x)) as e / (1 + e) or 1 / (1 + e) with e = exp(-|x|) <= 1: never overflows,
+    and sigmoid of a large negative x is exp(x) to full relative accuracy (down to subnormals)."""
+    e = exp_body(m, m.neg(m.abs(x)))
+    numerator = m.select(m.ge(x, m.c(0.0)), m.c(1.0), e)  # nan: e is nan, so is the result
+    return m.div(numerator, m.add(m.c(1.0), e))
+
+
+def erf_body(m: Float, x: ir.Value) -> ir.Value:
+    """erf(x): x P(x^2) for |x| < 1, else sign(x) (1 - exp(-x^2 + S(|x|))); |x| is clamped to the
+    fitted range's end, where 1 - erfc rounds to 1 already."""
+    a = m.abs(x)
+    coeffs = ERF_SMALL_F64 if m.is64 else ERF_SMALL_F32
+    # x + x (P(x^2) - 1): the big term x is exact and P - 1 (at most 0.17 in size) rounds 8x finer than P
+    small = m.fma(x, m.poly(m.mul(x, x), (coeffs[0] - 1.0, *coeffs[1:])), x)
+    lo, hi = ERFC_RANGE[m.bits]
+    ac = m.clamp(a, lo, hi)  # nan -> lo; the final select puts nan back
+    u = m.fma(ac, m.c(2.0 / (hi - lo)), m.c(-(hi + lo) / (hi - lo)))
+    s = m.poly(u, ERFC_LOG_F64 if m.is64 else ERFC_LOG_F32)
+    erfc = exp_body(m, m.fma(m.neg(ac), ac, s))  # -x^2 + S rounded once
+    large = m.copysign(m.sub(m.c(1.0), erfc), x)
+    result = m.select(m.lt(a, m.c(1.0)), small, large)
+    return m.select(m.isnan(x), x, result)
