@@ -6,9 +6,16 @@ Hypothesis runs a small profile in CI (CI=true) and a larger one locally.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import pytest
+
+# A compiled function whose backend fails falls back to the interpreter with a warning; the tests
+# must see such failures instead.
+os.environ.setdefault("KILN_JIT_STRICT", "1")
+# Compiled programs are cached in a directory of this test session's own.
+os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-test-cache-"))
 
 try:
     from hypothesis import settings

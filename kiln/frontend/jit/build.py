@@ -7,6 +7,7 @@ forward values the backward graph reads.
 
 from __future__ import annotations
 
+import logging
 import os
 import weakref
 
@@ -19,6 +20,8 @@ from .backward import BackwardPlan
 from .pytree import flatten
 from .specialization import Source, Specialization
 from .trace import Trace
+
+logger = logging.getLogger("kiln")
 
 
 def build_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict):
@@ -57,14 +60,19 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
             return None, why
     graph = traced.builder.build(outputs)
     record: list = []
-    optimized = optimize(graph, compiled.options, record)
+    strides = [e.tensor._data.strides for e in traced.externals]
+    optimized, program, report = lower(graph, compiled.options, record, strides)
+    fresh: frozenset = frozenset()
+    if hasattr(program, "write_in_place"):  # mutated externals updated in place, as eager does
+        program.write_in_place([(out, index) for index, out in writebacks])
+        fresh = program.fresh_outputs()
     sources = [_source(e) for e in traced.externals]
     spec = Specialization(
-        graph=optimized, program=_program(optimized), sources=sources, out_tree=out_tree, out_leaves=out_plan,
+        graph=optimized, program=program, sources=sources, out_tree=out_tree, out_leaves=out_plan,
         writebacks=writebacks, grads=grads,
         modules=[(ref, training, type(ref()).__name__) for ref, training in traced.modules],
         prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), backward=backward,
-        key=key, passes_record=record, traced_graph=graph,
+        key=key, passes_record=record, traced_graph=graph, report=report, fresh_outputs=fresh,
     )  # fmt: skip
     _dump(compiled, spec)
     trace.release()
@@ -100,10 +108,38 @@ def optimize(graph: Graph, options, record: list) -> Graph:
     return run_pipeline(graph, passes, verify=options.verify, record=record)
 
 
-def _program(graph: Graph):
+def lower(graph: Graph, options, record: list, input_strides: list | None = None):
+    """``(graph to show, program, lowering report)`` for a traced graph: the passes, then the backend.
+
+    The LLVM backend shows the fused graph (kernels with their bodies). Should it fail -- a bug,
+    never the user's -- the call still runs: on the interpreter, with a warning saying why
+    (``KILN_JIT_STRICT=1``, set by the test suite, raises instead).
+    """
     from ...ir.interpreter import prepare  # noqa: PLC0415
 
-    return prepare(graph).run
+    if options.backend == "llvm":
+        from ...runtime.lowering import compile_cached  # noqa: PLC0415
+
+        strides = input_strides if input_strides is not None else [None] * len(graph.inputs)
+        try:
+            program = compile_cached(graph, lambda g: optimize(g, options, record), strides, _options_text(options))
+        except Exception as error:  # noqa: BLE001 - a failed compile falls back, loudly
+            if os.environ.get("KILN_JIT_STRICT") == "1":
+                raise
+            logger.warning("kiln.compile: the LLVM backend failed (%s: %s); running on the interpreter",
+                           type(error).__name__, error)  # fmt: skip
+            record.clear()
+        else:
+            record.append(("fuse", program.graph))
+            return program.graph, program, program.report
+    optimized = optimize(graph, options, record)
+    return optimized, prepare(optimized), None
+
+
+def _options_text(options) -> str:
+    """The compile options that change the compiled program, as text for the cache key."""
+    passes = "default" if options.passes is None else ",".join(getattr(p, "__name__", repr(p)) for p in options.passes)
+    return f"backend={options.backend}; passes={passes}"
 
 
 def _dump(compiled, spec: Specialization) -> None:
@@ -190,6 +226,7 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             grad_outputs.append(position)
             position += 1
     graph = result.builder.build(outputs)
-    plan = BackwardPlan(graph, _program(optimize(graph, options, [])), diff, saved_outputs, inputs, wrt, grad_outputs)
+    backward_graph, program, _ = lower(graph, options, [])
+    plan = BackwardPlan(backward_graph, program, diff, saved_outputs, inputs, wrt, grad_outputs)
     bwd.release()
     return plan, None

@@ -29,10 +29,12 @@ from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
 from . import state
 from .build import build_specialization
-from .pytree import flatten
+from .pytree import flatten_call
 from .trace import Trace, TraceBreak
 
 logger = logging.getLogger("kiln")
+
+BACKENDS = ("llvm", "interpreter")
 
 
 @dataclass
@@ -40,14 +42,16 @@ class CompileOptions:
     """Options of ``kiln.compile``.
 
     - ``recompile_limit``: new specializations per function; later unmatched calls run eagerly.
-    - ``backend``: ``"interpreter"`` (the IR interpreter with the eager kernels).
+    - ``backend``: ``"llvm"`` (fused kernels compiled for the host CPU through llvmlite; nodes
+      without a kernel run their eager kernels) or ``"interpreter"`` (the IR interpreter: every
+      node runs its eager kernel).
     - ``passes``: the pass pipeline (None: ``kiln.passes.DEFAULT_PIPELINE``).
     - ``dump_dir``: write each specialization's IR before and after each pass there.
     - ``verify``: run the IR verifier after each pass (tests and debugging).
     """
 
     recompile_limit: int = 8
-    backend: str = "interpreter"
+    backend: str = "llvm"
     passes: tuple | None = None
     dump_dir: str | None = None
     verify: bool = False
@@ -55,8 +59,8 @@ class CompileOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:
             raise ValueError(f"CompileOptions: recompile_limit must be an int >= 0, got {self.recompile_limit!r}")
-        if self.backend not in ("interpreter",):
-            raise ValueError(f"CompileOptions: unknown backend {self.backend!r}; expected 'interpreter'")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"CompileOptions: unknown backend {self.backend!r}; expected one of {', '.join(BACKENDS)}")
 
 
 @dataclass
@@ -121,7 +125,7 @@ class CompiledFunction:
     def __call__(self, *args, **kwargs):
         if not self.enabled or state.current.get() is not None:
             return self.fn(*args, **kwargs)  # disabled, or inside another trace: trace through
-        leaves, tree = flatten((args, kwargs))
+        leaves, tree = flatten_call(args, kwargs)
         key = call_key(tree, leaves)
         closure_values = self._closure_values()
         miss = "first call"

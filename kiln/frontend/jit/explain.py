@@ -61,6 +61,9 @@ class ExplainReport:
             out.append(f"  ops: {counts}")
             if spec.backward is not None:
                 out.append(f"  backward graph: {len(spec.backward.graph.nodes)} nodes")
+            if spec.report is not None:
+                out.append("  code:")
+                out.extend(f"    {line}" for line in spec.report.describe())
             out.append("  guards:")
             out.extend(f"    {line}" for line in self.guards(spec))
             out.append("  graph:")

@@ -52,6 +52,8 @@ class Specialization:
     key: tuple = ()
     passes_record: list = field(default_factory=list)
     traced_graph: Graph | None = None
+    report: object = None  # the backend's LoweringReport (kernels, declined kernels, memory plan)
+    fresh_outputs: frozenset = frozenset()  # output indices the program always allocates anew
     calls: int = 0
 
     # ------------------------------------------------------------------ guards
@@ -95,7 +97,8 @@ class Specialization:
         owned = owned_memory(arrays)
         for index, out in self.writebacks:
             t = self.external(index, leaves)
-            t._data[...] = outputs[out]
+            if outputs[out] is not t._data:  # else the program wrote it in place
+                t._data[...] = outputs[out]
             t._version[0] += 1
         for index, action in self.grads:
             t = self.external(index, leaves)
@@ -106,10 +109,14 @@ class Specialization:
             else:
                 t._grad = fresh_tensor(outputs[action[1]], owned, t._device)
         results = []
+        fresh = self.fresh_outputs
         for kind, payload, *view in self.out_leaves:
             if kind == "value":
                 device = self.graph.outputs[payload].type.device
-                results.append(fresh_tensor(outputs[payload], owned, device))
+                if payload in fresh:  # memory the program allocated for this call
+                    results.append(make_tensor(outputs[payload], device))
+                else:
+                    results.append(fresh_tensor(outputs[payload], owned, device))
             elif kind == "external":
                 results.append(self.external(payload, leaves))
             elif kind == "same":

@@ -14,6 +14,7 @@ st = hypothesis.strategies
 given = hypothesis.given
 
 import kiln  # noqa: E402
+from kiln.ir.graph import qualified_constants  # noqa: E402
 from kiln.ir.parser import parse_graph  # noqa: E402
 from kiln.ir.printer import print_graph  # noqa: E402
 from kiln.ir.verifier import verify  # noqa: E402
@@ -171,7 +172,7 @@ def _check_graphs(compiled) -> None:
     for g in _graphs(compiled):
         verify(g)
         text = print_graph(g)
-        again = parse_graph(text, g.constants)
+        again = parse_graph(text, qualified_constants(g))
         assert print_graph(again) == text
         verify(again)
 

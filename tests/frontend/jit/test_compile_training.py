@@ -29,7 +29,9 @@ def _model(kind: str):
     if kind == "dropout":
         return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
     if kind == "batchnorm":
-        return nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
+        # No bias before BatchNorm (it cancels out): its true gradient is 0, and Adam would turn the
+        # rounding noise of that 0 (which differs with the kernels' summation order) into updates.
+        return nn.Sequential(nn.Linear(6, 16, bias=False), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3))
     return nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 3))
 
 

@@ -1,0 +1,435 @@
+"""Run a fused graph: compiled kernels through ctypes, other nodes through their eager kernels.
+
+``compile_program(graph, input_strides)`` lowers an optimized graph for the CPU: fusion
+(``kiln.passes.fusion``) groups its nodes into kernel nodes, every value gets a static layout
+(the strides it will have at run time), the LLVM code generator compiles each kernel for those
+layouts into one object, and the memory planner (``kiln.passes.memory_plan``) places the
+intermediates in an arena. The result, a ``CompiledProgram``, runs like the interpreter's
+``Program``: ``program.run(arrays) -> list of arrays``.
+
+At run time a step is one of:
+
+- a compiled kernel: its pointer table (inputs then outputs) is filled -- arena addresses once
+  per thread, the rest per call -- and the kernel is called through ctypes (which releases the
+  GIL), split across the thread pool when the work pays for it;
+- an extern node (matmul, gather, views feeding them...): the primitive's eager kernel, with
+  ``out=`` into the arena where the plan placed its result (matmul);
+- a kernel the code generator declined: its body, interpreted (the reason is kept for explain).
+
+Intermediates live in an arena allocated once per thread (two threads calling one compiled
+function never share one); outputs handed to the caller come from the caching host allocator.
+Every array a kernel reads stays referenced by the call's environment until the call returns.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
+from ..ir.interpreter import interpret
+from ..ir.primitives import PRIMITIVES
+from . import allocator, threads
+
+KERNEL_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
+ALIGNMENT = 64
+
+# A numpy array's data pointer sits right after the object header (PyArrayObject_fields.data);
+# reading it there costs 0.1 us where ``array.ctypes.data`` costs 0.9 us. Checked at import.
+_DATA_OFFSET = object.__basicsize__
+_probe = np.arange(4.0)[1:]
+if ctypes.c_void_p.from_address(id(_probe) + _DATA_OFFSET).value != _probe.ctypes.data:  # pragma: no cover
+
+    def data_pointer(array: np.ndarray) -> int:
+        return array.ctypes.data
+else:
+    _from_address = ctypes.c_void_p.from_address
+
+    def data_pointer(array: np.ndarray) -> int:
+        return _from_address(id(array) + _DATA_OFFSET).value
+
+
+del _probe
+
+
+# ----------------------------------------------------------------------------- layouts
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """C-order strides in bytes, as numpy gives them (size-0 dims count as 1)."""
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _fake(shape: tuple, strides: tuple, dtype: np.dtype) -> np.ndarray:
+    """An array with this layout over a 1-element buffer: view ops read its strides, never its data."""
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides)
+
+
+def view_strides(node: Node, strides: tuple) -> tuple | None:
+    """The byte strides of a view node's result given its input's, or None when numpy copies."""
+    source = node.inputs[0].type
+    fake = _fake(source.shape, strides, source.dtype.np)
+    if node.op == "reshape":
+        try:
+            return np.reshape(fake, node.attrs["shape"], copy=False).strides
+        except ValueError:  # not expressible as a view: numpy copies into C order
+            return None
+    return PRIMITIVES[node.op].eager(np, fake, **node.attrs).strides
+
+
+def infer_layouts(graph: Graph, input_strides: Sequence[tuple | None]) -> dict[Value, tuple]:
+    """Byte strides of every value at run time: inputs as given, constants as stored, views derived,
+    everything else C-contiguous (kernel outputs by construction, extern results enforced)."""
+    layouts: dict[Value, tuple] = {}
+    for value, strides in zip(graph.inputs, input_strides, strict=True):
+        layouts[value] = strides if strides is not None else _c_strides(value.type.shape, value.type.dtype.itemsize)
+    for node in graph.nodes:
+        if node.op == CONSTANT:
+            layouts[node.output] = graph.constants[node.attrs["name"]].strides
+            continue
+        derived = None
+        if node.op != KERNEL and PRIMITIVES[node.op].is_view:
+            derived = view_strides(node, layouts[node.inputs[0]])
+        for out in node.outputs:
+            layouts[out] = derived if derived is not None else _c_strides(out.type.shape, out.type.dtype.itemsize)
+    return layouts
+
+
+def element_strides(value: Value, strides: tuple) -> tuple[int, ...]:
+    size = value.type.dtype.itemsize
+    return tuple(s // size for s in strides)
+
+
+# ----------------------------------------------------------------------------- the program
+@dataclass
+class KernelStep:
+    """A kernel node compiled to ``symbol``; ``function`` is set once the library is loaded."""
+
+    node: Node
+    symbol: str
+    extent: int
+    work_bytes: int
+    function: Any = None
+
+
+@dataclass
+class LoweringReport:
+    """What lowering did, for ``kiln.explain``."""
+
+    kernels: int = 0
+    declined: list[tuple[str, str]] = field(default_factory=list)  # (kernel name, reason)
+    externs: dict[str, int] = field(default_factory=dict)
+    memory: str = ""
+    compile_seconds: float = 0.0
+    cache: str = "off"  # "hit" | "miss" | "off"
+
+    def describe(self) -> list[str]:
+        lines = [f"{self.kernels} compiled kernel(s); compile cache: {self.cache}; "
+                 f"code generation {self.compile_seconds * 1e3:.1f} ms"]  # fmt: skip
+        if self.externs:
+            lines.append(
+                "extern nodes (eager kernels): " + ", ".join(f"{k} x{v}" for k, v in sorted(self.externs.items()))
+            )
+        lines.extend(f"kernel {name} runs on the interpreter: {why}" for name, why in self.declined)
+        if self.memory:
+            lines.extend(self.memory.splitlines())
+        return lines
+
+
+class CompiledProgram:
+    """A fused graph with its compiled kernels, ready for repeated runs on any thread."""
+
+    def __init__(self, graph: Graph, kernels: dict[Node, KernelStep], library: Any, plan: Any,
+                 layouts: dict[Value, tuple], report: LoweringReport) -> None:  # fmt: skip
+        self.graph = graph
+        self.report = report
+        self.kernel_steps = list(kernels.values())
+        self.objects: list[bytes] = []  # the object code, kept for the disk cache
+        self._library = library  # keeps the machine code alive
+        self._plan = plan
+        slots: dict[Value, int] = {v: i for i, v in enumerate(_all_values(graph))}
+        self._slots = slots
+        self._input_slots = tuple(slots[v] for v in graph.inputs)
+        self._input_checks = tuple((v.type.shape, v.type.dtype.np, layouts[v], v.type) for v in graph.inputs)
+        self._output_slots = tuple(slots[v] for v in graph.outputs)
+        self._constants = [(slots[n.output], graph.constants[n.attrs["name"]]) for n in graph.nodes if n.op == CONSTANT]
+        outputs = set(graph.outputs)
+        self._steps = []
+        self._allocations: dict[Node, list] = {}  # per compiled kernel: [slot, shape, dtype, input slot or -1]
+        self._arg_specs = []  # per kernel step: (size of its pointer table, static (position, slot) pairs)
+        planned = plan.offsets if plan is not None else {}
+        frees = _dead_after(graph, planned)
+        for node, dead in zip(graph.nodes, frees, strict=True):
+            if node.op == CONSTANT:
+                continue
+            if node.op == KERNEL and node in kernels:
+                self._steps.append(self._kernel_step(node, kernels[node], slots, planned, outputs, layouts, dead))
+            elif node.op == KERNEL:
+                outs = tuple((slots[v], v in planned) for v in node.outputs)
+                self._steps.append(("interpret", node, tuple(slots[v] for v in node.inputs), outs, dead))
+            else:
+                out = node.output
+                eager = PRIMITIVES[node.op].eager
+                into = slots[out] if (node.op == "matmul" and out in planned) else -1
+                self._steps.append(("extern", eager, tuple(slots[v] for v in node.inputs), dict(node.attrs),
+                                    slots[out], out.type.dtype.np, into, dead))  # fmt: skip
+        self._needs_errstate = any(step[0] != "kernel" for step in self._steps)
+        self._local = threading.local()
+
+    def _kernel_step(self, node, kstep, slots, planned, outputs, layouts, dead) -> tuple:
+        values = list(node.inputs) + list(node.outputs)
+        static, dynamic, allocate, conform = [], [], [], []
+        for position, v in enumerate(values):
+            if v in planned:
+                static.append((position, slots[v]))
+            else:
+                dynamic.append((position, slots[v]))
+                if position >= len(node.inputs):  # an output not in the arena: handed to the caller
+                    nbytes = v.type.dtype.itemsize * int(np.prod(v.type.shape, dtype=np.int64))
+                    empty = allocator.empty if nbytes >= allocator.HOST.min_cached_bytes else np.empty
+                    allocate.append([slots[v], empty, v.type.shape, v.type.dtype.np, -1])
+                elif layouts[v] == _c_strides(v.type.shape, v.type.dtype.itemsize) and v.type.shape:
+                    conform.append(slots[v])
+        index = len(self._arg_specs)
+        self._arg_specs.append((len(values), tuple(static)))
+        self._allocations[node] = allocate
+        # work 0 marks a kernel too small to be worth the thread pool's dispatch
+        work = kstep.work_bytes if kstep.work_bytes >= threads.PARALLEL_MIN_WORK_BYTES and kstep.extent > 1 else 0
+        return ("kernel", kstep.function, index, tuple(dynamic), allocate, tuple(conform), kstep.extent, work, dead)
+
+    def write_in_place(self, pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Let graph output ``o`` be written straight into graph input ``i``'s memory, for each pair
+        ``(o, i)`` where that is safe; returns the pairs accepted.
+
+        This is how a compiled optimizer step updates parameters and moments in place, as eager
+        does, instead of writing new arrays and copying them back. Safe when the kernel making
+        output ``o`` is compiled, reads input ``i`` at exactly the index it writes (an elementwise
+        body, no broadcast, no view, C-contiguous), and no later node reads the old value.
+        At run time an input that had to be copied into its layout is not written (the caller
+        copies back as before: the caller checks ``output is input``).
+        """
+        accepted = []
+        taken: set[int] = set()
+        producer = {v: (k, node) for k, node in enumerate(self.graph.nodes) for v in node.outputs}
+        last_read = {v: k for k, node in enumerate(self.graph.nodes) for v in node.inputs}
+        for o, i in pairs:
+            value, source = self.graph.outputs[o], self.graph.inputs[i]
+            k, node = producer.get(value, (-1, None))
+            aliases = _aliases(self.graph, source)  # the input and every view of it
+            if (node is None or node not in self._allocations or i in taken
+                    or any(a in self.graph.outputs or last_read.get(a, -1) > k for a in aliases)
+                    or sum(a in node.inputs for a in aliases) != 1 or self.graph.outputs.count(value) > 1
+                    or self._input_checks[i][2] != _c_strides(source.type.shape, source.type.dtype.itemsize)
+                    or not reads_at_own_index(node, source, value)):  # fmt: skip
+                continue
+            for entry in self._allocations[node]:
+                if entry[0] == self._slots[value]:
+                    entry[4] = self._input_slots[i]
+                    accepted.append((o, i))
+                    taken.add(i)
+        return accepted
+
+    def fresh_outputs(self) -> frozenset[int]:
+        """Indices of the outputs that are always new memory of this call (made by a compiled kernel
+        into the allocator's memory, not written in place): no caller-owned memory can hide there."""
+        fresh = set()
+        for index, value in enumerate(self.graph.outputs):
+            for entries in self._allocations.values():
+                if any(entry[0] == self._slots[value] and entry[4] < 0 for entry in entries):
+                    fresh.add(index)
+        return frozenset(fresh)
+
+    # ------------------------------------------------------------------ per-thread state
+    def _frame(self):
+        frame = getattr(self._local, "frame", None)
+        if frame is None:
+            frame = self._local.frame = _Frame(self)
+        return frame
+
+    # ------------------------------------------------------------------ running
+    def run(self, inputs: Sequence[Any]) -> list[Any]:
+        inputs = self._check(inputs)
+        frame = self._frame()
+        env = frame.template.copy()
+        for slot, array in zip(self._input_slots, inputs):
+            env[slot] = array
+        if self._needs_errstate:  # numpy kernels: inf and nan are values, not warnings
+            with np.errstate(all="ignore"):
+                self._run_steps(env, frame)
+        else:
+            self._run_steps(env, frame)
+        return [env[slot] for slot in self._output_slots]
+
+    __call__ = run
+
+    def _run_steps(self, env: list, frame: _Frame) -> None:
+        read = env.__getitem__
+        ndarray = np.ndarray
+        for step in self._steps:
+            kind = step[0]
+            if kind == "kernel":
+                _, function, index, dynamic, allocate, conform, extent, work, dead = step
+                for slot, empty, shape, dtype, into in allocate:
+                    env[slot] = empty(shape, dtype) if into < 0 else env[into]
+                for slot in conform:
+                    array = env[slot]
+                    if not array.flags.c_contiguous:
+                        env[slot] = np.ascontiguousarray(array)
+                table = frame.tables[index]
+                for position, slot in dynamic:
+                    table[position] = data_pointer(env[slot])
+                if work:
+                    threads.parallel_for(function, table, extent, work)
+                elif extent:  # too small to split: call it directly
+                    function(table, 0, extent)
+            elif kind == "extern":
+                _, eager, args, attrs, out, dtype, into, dead = step
+                if into >= 0:
+                    np.matmul(*map(read, args), out=env[into])
+                else:
+                    result = eager(np, *map(read, args), **attrs)
+                    if result.__class__ is not ndarray:
+                        result = np.asarray(result, dtype=dtype)
+                    env[out] = result
+            else:
+                _, node, args, outs, dead = step
+                for (slot, in_arena), array in zip(outs, run_kernel_node(node, [env[s] for s in args]), strict=True):
+                    if in_arena:  # compiled kernels read it at its arena address
+                        np.copyto(env[slot], array)
+                    else:
+                        env[slot] = array
+            for slot in dead:
+                env[slot] = None
+
+    def _check(self, inputs: Sequence[Any]) -> Sequence[Any]:
+        if len(inputs) != len(self._input_checks):
+            raise TypeError(f"the graph expects {len(self._input_checks)} inputs, got {len(inputs)}")
+        conformed = None
+        for i, (array, (shape, dtype, strides, expected)) in enumerate(zip(inputs, self._input_checks)):
+            try:
+                mismatch = array.shape != shape or array.dtype != dtype
+            except AttributeError:
+                raise TypeError(f"input {i} of the graph: expected {expected}, got a {type(array).__name__}") from None
+            if mismatch:
+                raise TypeError(
+                    f"input {i} of the graph: expected {expected}, got {array.dtype} of shape {array.shape}"
+                )
+            if array.strides != strides and array.size > 1:
+                # The kernels were specialized on the traced layout: copy into it.
+                conformed = conformed or list(inputs)
+                conformed[i] = _into_layout(array, strides)
+        return conformed or inputs
+
+
+def _into_layout(array: np.ndarray, strides: tuple) -> np.ndarray:
+    """A copy of ``array`` laid out with ``strides`` (C order when they are C order's)."""
+    if strides == _c_strides(array.shape, array.itemsize):
+        return np.ascontiguousarray(array)
+    order = sorted(range(array.ndim), key=lambda d: -abs(strides[d]))
+    base = np.ascontiguousarray(array.transpose(order))
+    inverse = np.argsort(order)
+    out = base.transpose(inverse)
+    if out.strides != strides:  # e.g. negative strides: fall back to what the kernel can read
+        raise LayoutError(f"cannot lay out an input with strides {strides}")
+    return out
+
+
+class LayoutError(RuntimeError):
+    """An input arrived in a layout the compiled kernels cannot be given."""
+
+
+class _Frame:
+    """One thread's arena, its views and the kernels' pointer tables with arena addresses filled in."""
+
+    def __init__(self, program: CompiledProgram) -> None:
+        plan = program._plan
+        template: list[Any] = [None] * len(program._slots)
+        for slot, array in program._constants:
+            template[slot] = array
+        self.arena = None
+        if plan is not None and plan.arena_bytes:
+            raw = np.empty(plan.arena_bytes + ALIGNMENT, np.uint8)
+            start = (-raw.ctypes.data) % ALIGNMENT
+            self.arena = raw[start : start + plan.arena_bytes]
+            for value, offset in plan.offsets.items():
+                t = value.type
+                nbytes = t.dtype.itemsize * int(np.prod(t.shape, dtype=np.int64))
+                template[program._slots[value]] = self.arena[offset : offset + nbytes].view(t.dtype.np).reshape(t.shape)
+        self.template = template
+        self.tables = []
+        for size, static in program._arg_specs:
+            table = (ctypes.c_void_p * size)()
+            for position, slot in static:
+                table[position] = data_pointer(template[slot])
+            self.tables.append(table)
+
+
+def _all_values(graph: Graph) -> list[Value]:
+    seen = dict.fromkeys(graph.inputs)
+    for node in graph.nodes:
+        seen.update(dict.fromkeys(node.outputs))
+    return list(seen)
+
+
+def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:
+    """Per node, the slots to drop after it: values no later node reads, unless they live in the
+    arena (their views are reused every call) or are graph outputs."""
+    slots = {v: i for i, v in enumerate(_all_values(graph))}
+    last: dict[Value, int] = {}
+    for index, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v] = index
+    for v in graph.outputs:
+        last.pop(v, None)
+    dead: list[list[int]] = [[] for _ in graph.nodes]
+    for v, index in last.items():
+        if v not in planned:
+            dead[index].append(slots[v])
+    return [tuple(d) for d in dead]
+
+
+def _aliases(graph: Graph, value: Value) -> set[Value]:
+    """``value`` and the results of view nodes over it, transitively."""
+    aliases = {value}
+    for node in graph.nodes:
+        if node.op not in (CONSTANT, KERNEL) and PRIMITIVES[node.op].is_view and node.inputs[0] in aliases:
+            aliases.add(node.output)
+    return aliases
+
+
+def reads_at_own_index(node: Node, source: Value, result: Value) -> bool:
+    """Whether kernel ``node`` reads ``source`` only at the index where it writes ``result``: both in
+    the same elementwise body, of one shape, the body input feeding elementwise nodes only."""
+    from ..ir.graph import body_inputs_outputs  # noqa: PLC0415
+    from ..ir.primitives import ELEMENTWISE  # noqa: PLC0415
+
+    if node.attrs["kind"] not in ("elementwise", "horizontal") or source.type.shape != result.type.shape:
+        return False
+    for body, inputs, outputs in body_inputs_outputs(node):
+        if result not in outputs:
+            continue
+        if source not in inputs:
+            return False
+        inner = body.inputs[inputs.index(source)]
+        return all(PRIMITIVES[n.op].kind in ELEMENTWISE and all(
+            v.type.shape == result.type.shape for v in n.inputs if v is inner)
+            for n in body.nodes if inner in n.inputs)  # fmt: skip
+    return False
+
+
+def run_kernel_node(node: Node, arrays: list) -> list:
+    """Run a kernel node by interpreting its body (or each member's body, for horizontal ones)."""
+    outputs: list = []
+    position = 0
+    for body in node.attrs["bodies"]:
+        count = len(body.inputs)
+        outputs.extend(interpret(body, arrays[position : position + count]))
+        position += count
+    return outputs

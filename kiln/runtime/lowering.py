@@ -1,0 +1,179 @@
+"""From a traced graph to a ``CompiledProgram``: passes, fusion, layouts, code generation, memory plan.
+
+``compile_program(graph, input_strides)`` is the LLVM backend's compile step for an optimized
+graph. Kernels the code generator declines run on the interpreter (the program stays correct;
+``report`` says which and why). All kernels of a program go into one LLVM module, so LLVM is
+invoked once.
+
+``compile_cached(traced, optimize, input_strides, options)`` puts the on-disk cache in front of
+it: the key is the traced graph's canonical text and constants, the input layouts, the compile
+options, kiln's version, a digest of the compiler's own source and the host signature (LLVM,
+CPU name and features); an entry holds the fused graph, its constants and the object code, so a
+hit skips the passes, fusion and LLVM. Entries are checksummed by the cache; one that does not
+load is rebuilt.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import struct
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import safetensors.numpy
+
+from ..codegen.llvm import Unsupported, engine
+from ..codegen.llvm.kernels import KernelModule
+from ..ir.graph import CONSTANT, KERNEL, Graph, qualified_constants
+from ..ir.serialize import graph_from_json, graph_to_json
+from ..passes.fusion import fuse
+from ..passes.memory_plan import plan_memory
+from .cache import DiskCache, cache_key
+from .executor import KERNEL_TYPE, CompiledProgram, KernelStep, LoweringReport, element_strides, infer_layouts
+
+logger = logging.getLogger("kiln")
+
+#: Bump when the layout of a cache entry changes.
+ENTRY_FORMAT = 1
+
+
+def compile_program(graph: Graph, input_strides: Sequence[tuple | None]) -> CompiledProgram:
+    """Compile the optimized ``graph`` for inputs with ``input_strides`` (byte strides per graph
+    input; None = C-contiguous)."""
+    start = time.perf_counter()
+    fused_graph = fuse(graph)
+    layouts = infer_layouts(fused_graph, input_strides)
+    report = LoweringReport()
+    steps, objects = generate(fused_graph, layouts, report)
+    program = load(fused_graph, steps, objects, layouts, report, eager_graph=graph)
+    program.objects = objects
+    report.compile_seconds = time.perf_counter() - start
+    return program
+
+
+def compile_cached(traced: Graph, optimize: Callable[[Graph], Graph], input_strides: Sequence[tuple | None],
+                   options: str) -> CompiledProgram:  # fmt: skip
+    """``compile_program(optimize(traced), input_strides)`` through the disk cache."""
+    cache = _disk_cache()
+    key = None
+    if cache.enabled:
+        key = cache_key("kiln program", str(ENTRY_FORMAT), _compiler_digest(), engine.host_signature(), options,
+                        repr([tuple(s) if s is not None else None for s in input_strides]), str(traced),
+                        *_constant_parts(traced))  # fmt: skip
+        payload = cache.get(key)
+        if payload is not None:
+            start = time.perf_counter()
+            try:
+                program = _from_entry(payload, input_strides)
+            except Exception as error:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
+                logger.debug("kiln: compile cache entry did not load (%s); rebuilding", error)
+            else:
+                program.report.cache = "hit"
+                program.report.compile_seconds = time.perf_counter() - start
+                return program
+    program = compile_program(optimize(traced), input_strides)
+    if key is not None:
+        cache.put(key, _to_entry(program))
+        program.report.cache = "miss"
+    return program
+
+
+def generate(graph: Graph, layouts: dict, report: LoweringReport) -> tuple[dict, list[bytes]]:
+    """Kernel steps (by node) and the object code of every kernel the code generator accepts."""
+    module = KernelModule()
+    steps = {}
+    externs: Counter = Counter()
+    for node in graph.nodes:
+        if node.op == CONSTANT:
+            continue
+        if node.op != KERNEL:
+            externs[node.op] += 1
+            continue
+        try:
+            info = module.add(node, [element_strides(v, layouts[v]) for v in node.inputs])
+        except Unsupported as why:
+            report.declined.append((node.attrs["name"], str(why)))
+            continue
+        steps[node] = KernelStep(node, info.symbol, info.extent, info.work_bytes)
+    report.externs = dict(externs)
+    report.kernels = len(steps)
+    objects = [engine.compile_ir(module.ir())] if steps else []
+    return steps, objects
+
+
+def load(graph: Graph, steps: dict, objects: list[bytes], layouts: dict, report: LoweringReport,
+         eager_graph: Graph | None = None) -> CompiledProgram:  # fmt: skip
+    """Load object code, bind each kernel step to its function, plan memory, build the program."""
+    library = engine.Library(objects) if objects else None
+    for step in steps.values():
+        step.function = KERNEL_TYPE(library.address(step.symbol))
+    plan = plan_memory(graph, eager_graph=eager_graph)
+    report.memory = plan.describe()
+    return CompiledProgram(graph, steps, library, plan, layouts, report)
+
+
+# ----------------------------------------------------------------------------- the disk cache
+@functools.cache
+def _disk_cache() -> DiskCache:
+    return DiskCache()
+
+
+@functools.cache
+def _compiler_digest() -> str:
+    """A digest of the source of everything that decides the machine code: the IR and its
+    primitives' formulas, the passes, the code generator and the runtime."""
+    import kiln  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256(kiln.__version__.encode())
+    for folder in ("ir", "passes", "codegen", "runtime"):
+        for path in sorted((root / folder).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _constant_parts(graph: Graph) -> list[bytes]:
+    parts = []
+    for name, array in sorted(graph.constants.items()):
+        parts.append(f"{name} {array.dtype.str} {array.shape}".encode())
+        parts.append(np.ascontiguousarray(array).tobytes())
+    return parts
+
+
+def _to_entry(program: CompiledProgram) -> bytes:
+    graph = program.graph
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    kernels = [[index[s.node], s.symbol, s.extent, s.work_bytes] for s in program.kernel_steps]
+    tensors = {f"constant/{k}": np.ascontiguousarray(v) for k, v in qualified_constants(graph).items()}
+    for i, obj in enumerate(program.objects):
+        tensors[f"object/{i}"] = np.frombuffer(obj, np.uint8)
+    report = program.report
+    meta = {"graph": json.dumps(graph_to_json(graph)), "kernels": json.dumps(kernels),
+            "declined": json.dumps(report.declined), "externs": json.dumps(report.externs),
+            "objects": str(len(program.objects))}  # fmt: skip
+    return safetensors.numpy.save(tensors, metadata=meta)
+
+
+def _from_entry(payload: bytes, input_strides: Sequence[tuple | None]) -> CompiledProgram:
+    (size,) = struct.unpack("<Q", payload[:8])
+    meta = json.loads(payload[8 : 8 + size])["__metadata__"]
+    tensors = safetensors.numpy.load(payload)
+    constants = {k.removeprefix("constant/"): v for k, v in tensors.items() if k.startswith("constant/")}
+    graph = graph_from_json(json.loads(meta["graph"]), constants)
+    objects = [tensors[f"object/{i}"].tobytes() for i in range(int(meta["objects"]))]
+    steps = {}
+    for position, symbol, extent, work in json.loads(meta["kernels"]):
+        node = graph.nodes[position]
+        steps[node] = KernelStep(node, symbol, extent, work)
+    report = LoweringReport(kernels=len(steps), declined=[tuple(d) for d in json.loads(meta["declined"])],
+                            externs=json.loads(meta["externs"]))  # fmt: skip
+    program = load(graph, steps, objects, infer_layouts(graph, input_strides), report)
+    program.objects = objects
+    return program
