@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,6 +152,7 @@ class CompiledProgram:
         self.graph = graph
         self.report = report
         self.kernel_steps = list(kernels.values())
+        self._kernels = kernels
         self.objects: list[bytes] = []  # the object code, kept for the disk cache
         self._library = library  # keeps the machine code alive
         self._plan = plan
@@ -166,9 +168,11 @@ class CompiledProgram:
         self._arg_specs = []  # per kernel step: (size of its pointer table, static (position, slot) pairs)
         planned = plan.offsets if plan is not None else {}
         frees = _dead_after(graph, planned)
+        self._step_nodes = []
         for node, dead in zip(graph.nodes, frees, strict=True):
             if node.op == CONSTANT:
                 continue
+            self._step_nodes.append(node)
             if node.op == KERNEL and node in kernels:
                 self._steps.append(self._kernel_step(node, kernels[node], slots, planned, outputs, layouts, dead))
             elif node.op == KERNEL:
@@ -269,10 +273,44 @@ class CompiledProgram:
 
     __call__ = run
 
-    def _run_steps(self, env: list, frame: _Frame) -> None:
+    def profile(self, inputs: Sequence[Any], repeat: int = 10) -> list[tuple[str, float]]:
+        """Median seconds per step over ``repeat`` runs, with each step's description, slowest first."""
+        inputs = self._check(inputs)
+        frame = self._frame()
+        samples: list[list[float]] = [[] for _ in self._steps]
+        with np.errstate(all="ignore"):
+            for _ in range(repeat):
+                env = frame.template.copy()
+                for slot, array in zip(self._input_slots, inputs):
+                    env[slot] = array
+                timings: list[float] = []
+                self._run_steps(env, frame, timings)
+                for i, t in enumerate(timings):
+                    samples[i].append(t)
+        medians = [(self._describe(i), float(np.median(s))) for i, s in enumerate(samples)]
+        return sorted(medians, key=lambda item: -item[1])
+
+    def _describe(self, index: int) -> str:
+        step = self._steps[index]
+        if step[0] == "kernel":
+            node = next(n for n, k in self._kernels.items() if k.function is step[1])
+            kind, name = node.attrs["kind"], node.attrs["name"]
+            shapes = ", ".join(str(v.type) for v in node.outputs[:2])
+            return (
+                f"kernel {name} ({kind}, {len(node.outputs)} outputs: {shapes}{'...' if len(node.outputs) > 2 else ''})"
+            )
+        if step[0] == "extern":
+            node = self._step_nodes[index]
+            return f"{node.op}({', '.join(str(v.type) for v in node.inputs)}) -> {node.output.type}"
+        return f"interpreted kernel {step[1].attrs['name']}"
+
+    def _run_steps(self, env: list, frame: _Frame, timings: list | None = None) -> None:
         read = env.__getitem__
         ndarray = np.ndarray
+        clock = time.perf_counter
         for step in self._steps:
+            if timings is not None:
+                timings.append(-clock())
             kind = step[0]
             if kind == "kernel":
                 _, function, index, dynamic, allocate, conform, extent, work, dead = step
@@ -307,6 +345,8 @@ class CompiledProgram:
                         env[slot] = array
             for slot in dead:
                 env[slot] = None
+            if timings is not None:
+                timings[-1] += clock()
 
     def _check(self, inputs: Sequence[Any]) -> Sequence[Any]:
         if len(inputs) != len(self._input_checks):

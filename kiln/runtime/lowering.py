@@ -151,13 +151,19 @@ def _to_entry(program: CompiledProgram) -> bytes:
     graph = program.graph
     index = {node: i for i, node in enumerate(graph.nodes)}
     kernels = [[index[s.node], s.symbol, s.extent, s.work_bytes] for s in program.kernel_steps]
-    tensors = {f"constant/{k}": np.ascontiguousarray(v) for k, v in qualified_constants(graph).items()}
+    constants = qualified_constants(graph)
+    tensors = {f"constant/{k}": np.ascontiguousarray(v) for k, v in constants.items()}
     for i, obj in enumerate(program.objects):
         tensors[f"object/{i}"] = np.frombuffer(obj, np.uint8)
     report = program.report
-    meta = {"graph": json.dumps(graph_to_json(graph)), "kernels": json.dumps(kernels),
-            "declined": json.dumps(report.declined), "externs": json.dumps(report.externs),
-            "objects": str(len(program.objects))}  # fmt: skip
+    meta = {
+        "graph": json.dumps(graph_to_json(graph)),
+        "kernels": json.dumps(kernels),
+        "declined": json.dumps(report.declined),
+        "externs": json.dumps(report.externs),
+        "objects": str(len(program.objects)),
+        "shapes": json.dumps({k: list(v.shape) for k, v in constants.items()}),
+    }  # safetensors loads 0-d as (1,)
     return safetensors.numpy.save(tensors, metadata=meta)
 
 
@@ -165,7 +171,8 @@ def _from_entry(payload: bytes, input_strides: Sequence[tuple | None]) -> Compil
     (size,) = struct.unpack("<Q", payload[:8])
     meta = json.loads(payload[8 : 8 + size])["__metadata__"]
     tensors = safetensors.numpy.load(payload)
-    constants = {k.removeprefix("constant/"): v for k, v in tensors.items() if k.startswith("constant/")}
+    shapes = json.loads(meta["shapes"])
+    constants = {k: tensors[f"constant/{k}"].reshape(shape) for k, shape in shapes.items()}
     graph = graph_from_json(json.loads(meta["graph"]), constants)
     objects = [tensors[f"object/{i}"].tobytes() for i in range(int(meta["objects"]))]
     steps = {}
