@@ -138,7 +138,8 @@ class LoweringReport:
             lines.append(
                 "extern nodes (eager kernels): " + ", ".join(f"{k} x{v}" for k, v in sorted(self.externs.items()))
             )
-        lines.extend(f"kernel {name} runs on the interpreter: {why}" for name, why in self.declined)
+        lines.extend(f"kernel {name} runs on the interpreter: {why}" if name[0] != "(" else f"{name[1:-1]}: {why}"
+                     for name, why in self.declined)  # fmt: skip
         if self.memory:
             lines.extend(self.memory.splitlines())
         return lines

@@ -30,7 +30,9 @@ import safetensors.numpy
 
 from ..codegen.llvm import Unsupported, engine
 from ..codegen.llvm.kernels import KernelModule
+from ..ir.dtypes import float16
 from ..ir.graph import CONSTANT, KERNEL, Graph, qualified_constants
+from ..ir.primitives import ELEMENTWISE, PRIMITIVES
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..passes.fusion import fuse
 from ..passes.memory_plan import plan_memory
@@ -89,11 +91,14 @@ def generate(graph: Graph, layouts: dict, report: LoweringReport) -> tuple[dict,
     module = KernelModule()
     steps = {}
     externs: Counter = Counter()
+    unfused: Counter = Counter()  # elementwise nodes left out of kernels because of their dtype
     for node in graph.nodes:
         if node.op == CONSTANT:
             continue
         if node.op != KERNEL:
             externs[node.op] += 1
+            if PRIMITIVES[node.op].kind in ELEMENTWISE and any(v.type.dtype is float16 for v in node.outputs):
+                unfused[node.op] += 1
             continue
         try:
             info = module.add(node, [element_strides(v, layouts[v]) for v in node.inputs])
@@ -102,6 +107,9 @@ def generate(graph: Graph, layouts: dict, report: LoweringReport) -> tuple[dict,
             continue
         steps[node] = KernelStep(node, info.symbol, info.extent, info.work_bytes)
     report.externs = dict(externs)
+    if unfused:
+        ops = ", ".join(f"{op} x{n}" for op, n in sorted(unfused.items()))
+        report.declined.append(("(not fused)", f"float16 has no LLVM kernels; {ops} run on their eager kernels"))
     report.kernels = len(steps)
     objects = [engine.compile_ir(module.ir())] if steps else []
     return steps, objects
