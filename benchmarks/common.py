@@ -1,12 +1,15 @@
-"""What every benchmark shares: timing, result records, targets, the table and the JSON file.
+"""What every benchmark shares: timing, result records, targets, correctness checks, threads.
 
-A workload module exposes ``run(quick: bool) -> list[Result]`` (and, optionally, ``TARGETS``);
-``benchmarks/run.py`` runs the registered ones. Time one statement with :func:`measure`::
+A workload is a function ``run(quick: bool) -> list[Result]`` (a module's ``run``, or any function
+named in ``benchmarks/run.py``'s registry); its module may list ``TARGETS``. Time one statement
+with :func:`measure`::
 
     timing = measure("x + y", {"x": x, "y": y}, quick=True)
     Result("eager_overhead", "add, 1 element", "kiln", timing)
 
-and several side by side with :func:`compare`, which interleaves their repeats.
+several side by side with :func:`compare`, and whole implementations (built, warmed up, kiln's
+answer checked, then timed) with :func:`side_by_side`. The table and the JSON file are in
+``benchmarks/report.py``.
 
 Statements are timed with ``timeit`` (a string statement costs no Python call per iteration,
 so a sub-microsecond op is not drowned in the harness), in repeats long enough for the clock,
@@ -16,7 +19,6 @@ reporting the median and the interquartile range of the per-call times.
 from __future__ import annotations
 
 import importlib
-import json
 import math
 import os
 import platform
@@ -24,16 +26,19 @@ import statistics
 import sys
 import time
 import timeit
+import traceback
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from types import ModuleType
+
+import numpy as np
 
 import kiln
 
 KILN = "kiln"  # the implementation every ratio is taken of
 Statement = str | Callable[[], object]  # source for timeit, or a callable taking no arguments
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KILN_NUM_THREADS")
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,18 @@ class Settings:
 
 FULL = Settings(repeats=15, min_repeat_ns=20_000_000, warmup=2)
 QUICK = Settings(repeats=5, min_repeat_ns=2_000_000, warmup=1)
+
+
+@dataclass
+class Options:
+    """Run-wide switches, set once per process by ``benchmarks/run.py``."""
+
+    torch_compile: bool = True  # False: every torch.compile reference is skipped (fast smoke runs)
+    threads: int | None = None  # None: leave every library's own default
+    kiln_backend: str | None = None  # None: kiln.compile's default backend
+
+
+OPTIONS = Options()
 
 
 def measure(stmt: Statement, namespace: dict | None = None, *, quick: bool = False) -> Timing:
@@ -117,24 +134,47 @@ def _summarize(per_call: list[float], inner: int) -> Timing:
     return Timing(median, q1, q3, len(per_call), inner)
 
 
+def one_shot(samples: list[float]) -> Timing:
+    """A Timing of one-shot latencies (one sample each, so ``inner`` is 1)."""
+    return _summarize(sorted(samples), inner=1)
+
+
+# ----------------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class Result:
-    """One implementation's timing of one case of a workload; ``timing`` is None when skipped."""
+    """One implementation's timing of one case of a workload; ``timing`` is None when it did not run."""
 
     workload: str
     case: str
     impl: str  # "kiln", or a reference: "numpy", "torch", "torch.compile", "jax.jit"...
     timing: Timing | None
-    note: str = ""  # why it was skipped, or what to know when reading the number
+    note: str = ""  # why it was skipped ("error: ..." when kiln failed), or what to know when reading it
     params: dict = field(default_factory=dict)  # sizes, dtypes, thread counts
+    check: str = ""  # kiln's answer against a reference: "ok ..." or "FAIL ..." ("" when not checked)
 
     @property
     def median_ns(self) -> float | None:
         return None if self.timing is None else self.timing.median_ns
 
+    @property
+    def failed(self) -> bool:
+        """kiln ran but gave a wrong answer: its speed means nothing."""
+        return self.check.startswith("FAIL")
+
 
 def skipped(workload: str, case: str, impl: str, why: str) -> Result:
     return Result(workload, case, impl, None, note=why)
+
+
+def result_from_dict(entry: dict) -> Result:
+    """The inverse of ``dataclasses.asdict`` on a Result (extra keys, as the JSON file has, ignored)."""
+    timing = entry.get("timing")
+    fields = ("median_ns", "q1_ns", "q3_ns", "repeats", "inner")
+    return Result(
+        entry["workload"], entry["case"], entry["impl"],
+        None if timing is None else Timing(**{k: timing[k] for k in fields}),
+        entry.get("note", ""), dict(entry.get("params") or {}), entry.get("check", ""),
+    )  # fmt: skip
 
 
 def ratios(results: Iterable[Result]) -> dict[tuple[str, str, str], float]:
@@ -149,95 +189,167 @@ def ratios(results: Iterable[Result]) -> dict[tuple[str, str, str], float]:
     return out
 
 
+def error_note(error: BaseException) -> str:
+    """``error: Type: first line`` of an exception, short enough for the table."""
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"error: {type(error).__name__}: {first[:160]}"
+
+
 # ----------------------------------------------------------------------------- targets
 @dataclass(frozen=True)
 class Target:
-    """A goal: kiln's median on ``case`` at most ``max_ratio`` times ``reference``'s, in one run."""
+    """A goal on kiln's median on ``case``: at most ``max_ratio`` times ``reference``'s (same run),
+    or, with ``reference`` None, at most ``max_ns`` nanoseconds."""
 
     workload: str
     case: str
-    reference: str
-    max_ratio: float
+    reference: str | None
+    max_ratio: float | None = None
+    max_ns: float | None = None
+
+    @property
+    def goal(self) -> str:
+        if self.reference is None:
+            return f"{self.case}: kiln < {format_time(self.max_ns)}"
+        return f"{self.case}: kiln/{self.reference} <= {self.max_ratio:.3g}x"
 
 
 @dataclass(frozen=True)
 class TargetCheck:
     target: Target
-    ratio: float | None  # None when kiln or the reference did not run
+    ratio: float | None  # kiln/reference, or kiln's median in ns for an absolute target; None: not run
+    kiln_failed: bool = False  # kiln's answer was wrong: the target cannot be met
+    kiln_error: str = ""  # kiln did not run: why
 
     @property
     def status(self) -> str:
+        if self.kiln_failed:
+            return "FAIL (wrong result)"
+        if self.kiln_error:
+            return "error"
         if self.ratio is None:
             return "skipped"
-        return "met" if self.ratio <= self.target.max_ratio else "MISSED"
+        limit = self.target.max_ns if self.target.reference is None else self.target.max_ratio
+        return "met" if self.ratio <= limit else "MISSED"
+
+    @property
+    def value(self) -> str:
+        if self.ratio is None:
+            return ""
+        return format_time(self.ratio) if self.target.reference is None else f"{self.ratio:.2f}x"
+
+    @property
+    def by(self) -> str:
+        """How far off a missed target is, as a factor of the limit."""
+        if self.status != "MISSED":
+            return ""
+        limit = self.target.max_ns if self.target.reference is None else self.target.max_ratio
+        return f"{self.ratio / limit:.2f}x over"
 
 
 def check_targets(results: Iterable[Result], targets: Iterable[Target]) -> list[TargetCheck]:
+    results = list(results)
     found = ratios(results)
-    return [TargetCheck(t, found.get((t.workload, t.case, t.reference))) for t in targets]
+    kiln_rows = {(r.workload, r.case): r for r in results if r.impl == KILN}
+    checks = []
+    for t in targets:
+        own = kiln_rows.get((t.workload, t.case))
+        value = own.median_ns if t.reference is None and own else found.get((t.workload, t.case, t.reference))
+        error = own.note if own is not None and own.timing is None and own.note.startswith("error") else ""
+        checks.append(TargetCheck(t, value, bool(own and own.failed), error))
+    return checks
 
 
-# ----------------------------------------------------------------------------- printing
 def format_time(ns: float) -> str:
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if ns >= scale:
+        if ns >= scale * 0.9995:  # 999.6 us reads "1 ms", not "1e+03 us"
             return f"{ns / scale:.3g} {unit}"
     return f"{ns:.3g} ns"
 
 
-def format_table(results: Iterable[Result]) -> str:
-    """One line per result: median, IQR, and kiln's ratio to it (for references)."""
-    results = list(results)
-    found = ratios(results)
-    rows = [("workload", "case", "impl", "median", "IQR", "kiln/impl", "note")]
-    for r in results:
-        ratio = found.get((r.workload, r.case, r.impl))
-        timing = r.timing
-        rows.append((
-            r.workload, r.case, r.impl,
-            "skipped" if timing is None else format_time(timing.median_ns),
-            "" if timing is None else format_time(timing.iqr_ns),
-            "" if ratio is None else f"{ratio:.2f}x",
-            r.note,
-        ))  # fmt: skip
-    return _columns(rows)
+# ----------------------------------------------------------------------------- correctness
+def close(actual, expected, *, rtol: float, atol: float) -> str:
+    """``ok ...`` when ``|actual - expected| <= atol + rtol * |expected|`` everywhere (nan where
+    expected has nan), else ``FAIL ...`` saying how many elements are off and by how much."""
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        return f"FAIL: shape {a.shape}, expected {e.shape}"
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(a - e)
+        within = np.where(np.isinf(e), a == e, err <= atol + rtol * np.abs(e))  # inf must match exactly
+    bad = ~within & ~(np.isnan(a) & np.isnan(e))
+    finite = err[np.isfinite(err)]
+    worst = float(finite.max()) if finite.size else 0.0
+    tolerance = f"rtol={rtol:g}, atol={atol:g}"
+    if bad.any():
+        return f"FAIL: {int(bad.sum())} of {bad.size} off, max |err| {worst:.3g} ({tolerance})"
+    return f"ok: max |err| {worst:.2g} ({tolerance})"
 
 
-def format_targets(checks: Iterable[TargetCheck]) -> str:
-    rows = [("workload", "target", "ratio", "status")]
-    for c in checks:
-        t = c.target
-        goal = f"{t.case}: kiln/{t.reference} <= {t.max_ratio:g}x"
-        rows.append((t.workload, goal, "" if c.ratio is None else f"{c.ratio:.2f}x", c.status))
-    return _columns(rows)
+def merge_checks(checks: Iterable[str]) -> str:
+    """One verdict from several: the first FAIL, else the first ok."""
+    checks = list(checks)
+    return next((c for c in checks if c.startswith("FAIL")), checks[0] if checks else "")
 
 
-def _columns(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+# ----------------------------------------------------------------------------- side by side
+Builder = Callable[[], Callable[[], object]]  # builds an implementation, returns the call to time
 
 
-# ----------------------------------------------------------------------------- JSON
-def to_json(results: Iterable[Result], checks: Iterable[TargetCheck] = ()) -> dict:
-    results = list(results)
-    found = ratios(results)
-    entries = []
-    for r in results:
-        entry = asdict(r)
-        entry["iqr_ns"] = None if r.timing is None else r.timing.iqr_ns
-        entry["kiln_ratio"] = found.get((r.workload, r.case, r.impl))
-        entries.append(entry)
-    targets = [{**asdict(c.target), "ratio": c.ratio, "status": c.status} for c in checks]
-    return {"environment": environment(), "results": entries, "targets": targets}
+def side_by_side(
+    workload: str,
+    case: str,
+    builders: dict[str, Builder | str],
+    *,
+    quick: bool,
+    verify: Callable[[Callable[[], object]], str] | None = None,
+    params: dict | None = None,
+    notes: Callable[[str, Timing], str] | None = None,
+    warmup_calls: int = 3,
+) -> list[Result]:
+    """Build every implementation (a string instead of a builder: skipped, that string says why),
+    call each ``warmup_calls`` times (kiln's compile happens there), check kiln's answer with
+    ``verify(kiln_call) -> "ok ..."/"FAIL ..."``, then time each one apart (not interleaved:
+    different libraries' thread pools). Any failure of kiln is reported as ``error: ...``,
+    a reference's as a skip; the others still run."""
+    params = dict(params or {}, threads=OPTIONS.threads)
+    calls: dict[str, Callable[[], object]] = {}
+    results: dict[str, Result] = {}
+    check = ""
+    for impl, build in builders.items():
+        if isinstance(build, str):
+            results[impl] = skipped(workload, case, impl, build)
+            continue
+        try:
+            call = build()
+            for _ in range(warmup_calls):
+                call()
+            if impl == KILN and verify is not None:
+                check = verify(call)
+        except Exception as error:  # noqa: BLE001 - report it, go on with the others
+            note = error_note(error)
+            if impl == KILN:
+                traceback.print_exc(file=sys.stderr)
+            results[impl] = skipped(workload, case, impl, note if impl == KILN else "failed: " + note[7:])
+            continue
+        calls[impl] = call
+    timings = compare({impl: (call, None) for impl, call in calls.items()}, quick=quick, interleave=False)
+    for impl, t in timings.items():
+        note = notes(impl, t) if notes else ""
+        results[impl] = Result(workload, case, impl, t, note, params, check if impl == KILN else "")
+    return [results[impl] for impl in builders]
 
 
-def write_json(path: str | os.PathLike, results: Iterable[Result], checks: Iterable[TargetCheck] = ()) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_json(results, checks), indent=2) + "\n")
-    return path
+def kiln_compile(fn: Callable) -> Callable:
+    """``kiln.compile(fn)``, on the backend chosen with ``--kiln-backend`` when one was."""
+    if OPTIONS.kiln_backend is None:
+        return kiln.compile(fn)
+    return kiln.compile(fn, options=kiln.CompileOptions(backend=OPTIONS.kiln_backend))
+
+
+def progress(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- environment
@@ -249,8 +361,37 @@ def optional_import(name: str) -> ModuleType | None:
         return None
 
 
+def torch_compile_or_why(torch) -> str:
+    """Empty when torch.compile references should run, else why they are skipped."""
+    if torch is None:
+        return "torch is not installed"
+    if not OPTIONS.torch_compile:
+        return "skipped: --no-torch-compile"
+    return ""
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """Environment variables that size every native thread pool (OpenMP, MKL, OpenBLAS, kiln)."""
+    return {name: str(threads) for name in THREAD_ENV}
+
+
+def configure_threads(threads: int | None) -> None:
+    """Give torch and kiln ``threads`` threads (numpy's BLAS takes them from the environment)."""
+    OPTIONS.threads = threads
+    if threads is None:
+        return
+    torch = sys.modules.get("torch") or optional_import("torch")
+    if torch is not None:
+        torch.set_num_threads(threads)
+    setter = getattr(kiln, "set_num_threads", None)
+    if setter is not None:
+        setter(threads)
+
+
 def kiln_num_threads() -> int:
-    """Threads kiln's kernels may use: kiln's own setting once it has one, else numpy's BLAS pool."""
+    """Threads kiln's kernels may use: the configured count, kiln's own setting, else numpy's BLAS pool."""
+    if OPTIONS.threads is not None:
+        return OPTIONS.threads
     if hasattr(kiln, "get_num_threads"):
         return int(kiln.get_num_threads())
     threadpoolctl = optional_import("threadpoolctl")
@@ -261,9 +402,16 @@ def kiln_num_threads() -> int:
     return os.cpu_count() or 1
 
 
+def kiln_backend() -> str:
+    if OPTIONS.kiln_backend is not None:
+        return OPTIONS.kiln_backend
+    options = getattr(kiln, "CompileOptions", None)
+    return str(getattr(options(), "backend", "?")) if options is not None else "?"
+
+
 def environment() -> dict:
     versions = {}
-    for name in ("numpy", "torch", "jax"):
+    for name in ("numpy", "torch", "jax", "llvmlite"):
         module = sys.modules.get(name)
         if module is not None:
             versions[name] = getattr(module, "__version__", "?")
@@ -273,6 +421,8 @@ def environment() -> dict:
         "processor": platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
         "kiln_threads": kiln_num_threads(),
+        "kiln_backend": kiln_backend(),
+        "torch_compile": OPTIONS.torch_compile,
         "versions": versions,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

@@ -1,41 +1,116 @@
-"""Run the registered benchmark workloads, print the table and the targets, write JSON.
+"""Run the benchmark workloads, print the table and the targets, write JSON.
 
-    python -m benchmarks.run [--quick] [--json PATH] [--strict] [workload ...]
+    python -m benchmarks.run [--quick] [--json PATH] [--threads N] [--no-torch-compile] [--strict] [workload ...]
 
-Without workload names every registered workload runs. A workload is a module exposing
-``run(quick: bool) -> list[Result]`` and, optionally, ``TARGETS`` (a list of ``Target``);
-register a new one by adding its module to ``WORKLOADS``.
+Without workload names every registered workload runs. Each workload runs in its own Python
+process (so that one workload's thread pools, caches and allocations do not disturb the next),
+and inside it every implementation runs side by side; ``--in-process`` runs them all here.
+A workload is a function ``run(quick: bool) -> list[Result]``, registered below as
+``"module"`` (its ``run``) or ``"module:function"``; the module's ``TARGETS`` are checked.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
+import os
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
-from .common import Result, TargetCheck, check_targets, format_table, format_targets, write_json
+from . import common
+from .common import KILN, Result, Target, TargetCheck, check_targets, result_from_dict, skipped
+from .report import failures, format_table, format_targets, write_json
 
-# name -> module; imported only when selected, so one workload's missing dependency spares the rest.
+# name -> module[:function]; imported only when selected, so one workload's missing dependency spares the rest.
 WORKLOADS = {
+    "gelu": "benchmarks.kernels:run_gelu",
+    "softmax": "benchmarks.kernels:run_softmax",
+    "layernorm": "benchmarks.kernels:run_layernorm",
+    "mlp": "benchmarks.training:run_mlp",
+    "lenet": "benchmarks.training:run_lenet",
+    "gpt": "benchmarks.training:run_gpt",
+    "adam": "benchmarks.training:run_adam",
+    "compile": "benchmarks.compile_latency:run_compile",
+    "overhead": "benchmarks.compile_latency:run_overhead",
     "eager_overhead": "benchmarks.eager_overhead",
     "train_steps": "benchmarks.train_steps",
-    "compile": "benchmarks.compile_latency",
 }
 
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = Path(__file__).parent / "results" / "latest.json"
+CHILD_TIMEOUT_S = {True: 600, False: 1800}  # per workload, by `quick`
 
 
-def run_workloads(names: list[str], quick: bool) -> tuple[list[Result], list[TargetCheck]]:
-    """Results of every named workload, and its targets checked against them."""
+def _default_threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _load(name: str):
+    """(workload function, module) of a registered name."""
+    module_name, _, function = WORKLOADS[name].partition(":")
+    module = importlib.import_module(module_name)
+    return getattr(module, function or "run"), module
+
+
+def _targets_for(module, results: list[Result]) -> list[Target]:
+    names = {r.workload for r in results}
+    return [t for t in getattr(module, "TARGETS", ()) if t.workload in names]
+
+
+def run_in_process(names: list[str], quick: bool) -> tuple[list[Result], list[TargetCheck]]:
+    """Results of every named workload run in this process, and its targets checked against them."""
     results: list[Result] = []
     checks: list[TargetCheck] = []
     for name in names:
-        module = importlib.import_module(WORKLOADS[name])
-        found = module.run(quick=quick)
+        function, module = _load(name)
+        found = function(quick=quick)
         results.extend(found)
-        checks.extend(check_targets(found, getattr(module, "TARGETS", ())))
+        checks.extend(check_targets(found, _targets_for(module, found)))
     return results, checks
+
+
+def run_in_subprocesses(names: list[str], args: argparse.Namespace) -> tuple[list[Result], list[TargetCheck], dict]:
+    """Each named workload in a child process (this module with ``--child``); their JSON merged."""
+    results: list[Result] = []
+    checks: list[TargetCheck] = []
+    env_info: dict = {}
+    env = {**os.environ, **common.thread_env(args.threads)}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as tmp:
+        for name in names:
+            out = Path(tmp) / f"{name}.json"
+            command = [sys.executable, "-m", "benchmarks.run", "--child", "--json", str(out)]
+            command += ["--threads", str(args.threads), *_flags(args), name]
+            common.progress(f"{name}: running in a child process")
+            start = time.perf_counter()
+            try:
+                proc = subprocess.run(command, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S[args.quick], check=False)
+                why = f"error: workload process exited with status {proc.returncode}" if proc.returncode else ""
+            except subprocess.TimeoutExpired:
+                why = f"error: workload process timed out after {CHILD_TIMEOUT_S[args.quick]} s"
+            if why or not out.exists():
+                results.append(skipped(name, "(whole workload)", KILN, why or "error: no results written"))
+                continue
+            data = json.loads(out.read_text())
+            found = [result_from_dict(e) for e in data["results"]]
+            results.extend(found)
+            _, module = _load(name)
+            checks.extend(check_targets(found, _targets_for(module, found)))
+            env_info = data["environment"]
+            common.progress(f"{name}: done in {time.perf_counter() - start:.1f} s")
+    return results, checks, env_info
+
+
+def _flags(args: argparse.Namespace) -> list[str]:
+    flags = (["--quick"] if args.quick else []) + ([] if args.torch_compile else ["--no-torch-compile"])
+    return flags + (["--kiln-backend", args.kiln_backend] if args.kiln_backend else [])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,11 +118,20 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "workloads", nargs="*", metavar="workload", help=f"any of: {', '.join(WORKLOADS)} (default: all)"
     )
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (a smoke run, noisier numbers)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, few short repeats (a smoke run)")
     parser.add_argument(
         "--json", type=Path, default=DEFAULT_JSON, help=f"where to write results (default: {DEFAULT_JSON})"
     )
+    parser.add_argument(
+        "--threads", type=int, default=_default_threads(), help="threads for every library (default: all cores)"
+    )
+    parser.add_argument(
+        "--no-torch-compile", dest="torch_compile", action="store_false", help="skip the torch.compile references"
+    )
+    parser.add_argument("--kiln-backend", help="kiln.compile's backend (default: kiln's default)")
+    parser.add_argument("--in-process", action="store_true", help="run every workload in this process")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one workload, JSON only
     return parser
 
 
@@ -58,15 +142,26 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; expected any of: {', '.join(WORKLOADS)}")
-    results, checks = run_workloads(names, args.quick)
-    print(format_table(results))
+    common.OPTIONS.torch_compile = args.torch_compile
+    common.OPTIONS.kiln_backend = args.kiln_backend
+    if args.child or args.in_process:
+        common.configure_threads(args.threads)
+        results, checks = run_in_process(names, args.quick)
+        env_info = None
+    else:
+        results, checks, env_info = run_in_subprocesses(names, args)
+    path = write_json(args.json, results, checks, env_info)
+    if args.child:
+        return 0
+    print(format_table(results, checks))
     if checks:
         print()
         print(format_targets(checks))
-    path = write_json(args.json, results, checks)
+    for line in failures(results):
+        print(line)
     print(f"\nwrote {path}")
-    missed = [c for c in checks if c.status == "MISSED"]
-    return 1 if args.strict and missed else 0
+    missed = [c for c in checks if c.status not in ("met", "skipped")]
+    return 1 if args.strict and (missed or failures(results)) else 0
 
 
 if __name__ == "__main__":

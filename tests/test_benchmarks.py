@@ -6,13 +6,14 @@ Correctness of what is reported only; no assertion here depends on how fast anyt
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import types
 
 import numpy as np
 import pytest
 
-from benchmarks import common, compile_latency, eager_overhead, run, train_steps
+from benchmarks import common, compile_latency, eager_overhead, kernels, report, run, train_steps, training
 from benchmarks.common import Result, Settings, Target, Timing
 
 TINY = Settings(repeats=3, min_repeat_ns=100_000, warmup=1)
@@ -77,7 +78,7 @@ def test_targets_met_missed_and_skipped():
     ]
     checks = common.check_targets(fake_results(), targets)
     assert [(c.ratio, c.status) for c in checks] == [(3.0, "met"), (2.0, "MISSED"), (None, "skipped")]
-    text = common.format_targets(checks)
+    text = report.format_targets(checks)
     assert "tiny op: kiln/torch <= 4x" in text and "3.00x" in text and "MISSED" in text
 
 
@@ -86,8 +87,8 @@ def test_format_time_units():
 
 
 def test_table_rows_ratios_and_skips():
-    lines = common.format_table(fake_results()).splitlines()
-    assert lines[0].split() == ["workload", "case", "impl", "median", "IQR", "kiln/impl", "note"]
+    lines = report.format_table(fake_results()).splitlines()
+    assert lines[0].split() == ["workload", "case", "impl", "median", "IQR", "kiln/impl", "target", "check", "note"]
     assert len(lines) == 2 + len(fake_results())  # header, rule, one line per result
     torch_tiny = next(line for line in lines if "tiny op" in line and "torch" in line)
     assert "1 us" in torch_tiny and "3.00x" in torch_tiny
@@ -99,7 +100,7 @@ def test_table_rows_ratios_and_skips():
 
 def test_json_round_trip(tmp_path):
     checks = common.check_targets(fake_results(), [Target("w", "tiny op", "torch", 4.0)])
-    path = common.write_json(tmp_path / "sub" / "out.json", fake_results(), checks)
+    path = report.write_json(tmp_path / "sub" / "out.json", fake_results(), checks)
     data = json.loads(path.read_text())
     assert set(data) == {"environment", "results", "targets"}
     assert data["environment"]["kiln_threads"] >= 1
@@ -109,7 +110,15 @@ def test_json_round_trip(tmp_path):
     assert data["results"][1]["kiln_ratio"] == 3.0
     assert data["results"][-1]["timing"] is None and data["results"][-1]["note"] == "torch is not installed"
     assert data["targets"] == [
-        {"workload": "w", "case": "tiny op", "reference": "torch", "max_ratio": 4.0, "ratio": 3.0, "status": "met"}
+        {
+            "workload": "w",
+            "case": "tiny op",
+            "reference": "torch",
+            "max_ratio": 4.0,
+            "max_ns": None,
+            "ratio": 3.0,
+            "status": "met",
+        }  # fmt: skip
     ]
 
 
@@ -125,14 +134,14 @@ def fake_workload(monkeypatch):
 
 def test_cli_prints_table_targets_and_writes_json(fake_workload, tmp_path, capsys):
     out = tmp_path / "r.json"
-    assert run.main(["--quick", "--json", str(out), "fake"]) == 0
+    assert run.main(["--quick", "--in-process", "--json", str(out), "fake"]) == 0
     printed = capsys.readouterr().out
     assert "tiny op" in printed and "3.00x" in printed and "big op: kiln/numpy <= 1.2x" in printed
     data = json.loads(out.read_text())
     assert len(data["results"]) == len(fake_results())
     assert data["targets"][0]["status"] == "MISSED"
     # --strict turns a missed target into a failing exit status.
-    assert run.main(["--quick", "--strict", "--json", str(out), "fake"]) == 1
+    assert run.main(["--quick", "--in-process", "--strict", "--json", str(out), "fake"]) == 1
 
 
 def test_cli_rejects_unknown_workload(capsys):
@@ -140,14 +149,14 @@ def test_cli_rejects_unknown_workload(capsys):
         run.main(["no_such_workload"])
     assert exit_info.value.code == 2
     assert (
-        "unknown workload(s) no_such_workload; expected any of: eager_overhead, train_steps, compile"
-        in capsys.readouterr().err
+        "unknown workload(s) no_such_workload; expected any of: gelu, softmax, layernorm, mlp, lenet, gpt, adam, "
+        "compile, overhead, eager_overhead, train_steps" in capsys.readouterr().err
     )
 
 
 def test_eager_overhead_quick_run(tiny, tmp_path, capsys):
     out = tmp_path / "latest.json"
-    assert run.main(["--quick", "--json", str(out), "eager_overhead"]) == 0
+    assert run.main(["--quick", "--in-process", "--json", str(out), "eager_overhead"]) == 0
     data = json.loads(out.read_text())
     cases = [eager_overhead.ADD_TINY, eager_overhead.ADD_TINY_GRAD, eager_overhead.ADD_LARGE, eager_overhead.MATMUL]
     by_key = {(r["case"], r["impl"]): r for r in data["results"]}
@@ -180,7 +189,7 @@ def test_eager_overhead_cases_compute_the_same_values():
 
 def test_train_steps_quick_run(tiny, tmp_path, capsys):
     out = tmp_path / "latest.json"
-    assert run.main(["--quick", "--json", str(out), "train_steps"]) == 0
+    assert run.main(["--quick", "--in-process", "--json", str(out), "train_steps"]) == 0
     data = json.loads(out.read_text())
     by_key = {(r["case"], r["impl"]): r for r in data["results"]}
     for case in (train_steps.MLP, train_steps.CNN):
@@ -201,53 +210,151 @@ def test_train_steps_kiln_and_torch_take_the_same_steps(torch, case):
         np.testing.assert_allclose(kiln_step().item(), torch_step().item(), rtol=1e-4, atol=1e-5)
 
 
-def test_compile_quick_run(tiny, tmp_path, capsys):
-    out = tmp_path / "latest.json"
-    assert run.main(["--quick", "--json", str(out), "compile"]) == 0
-    data = json.loads(out.read_text())
-    by_key = {(r["case"], r["impl"]): r for r in data["results"]}
-    cl = compile_latency
-    cases = [cl.STEP_CALL1, cl.STEP_COMPILE, cl.STEP_WARMUP, cl.STEP_STEADY, cl.TRIVIAL_COMPILE, cl.TRIVIAL]
-    for case in cases:
-        kiln_result = by_key[(case, "kiln")]
-        assert kiln_result["timing"] is not None and kiln_result["timing"]["median_ns"] > 0
-        assert "WARNING" not in kiln_result["note"]  # call 1 not cached, call 2 compiled, as the cases say
-    for case in (cl.STEP_STEADY, cl.TRIVIAL):
-        assert by_key[(case, cl.KILN_EAGER)]["timing"] is not None
-        assert by_key[(case, cl.KILN_EAGER)]["kiln_ratio"] > 0
-    # --quick skips torch.compile and says so; jax.jit is timed or skipped with a reason.
-    for case in (cl.STEP_COMPILE, cl.STEP_STEADY, cl.TRIVIAL):
-        assert by_key[(case, "torch.compile")]["timing"] is None
-        assert by_key[(case, "torch.compile")]["note"] in (cl.QUICK_SKIP, "torch is not installed")
-        assert (case, "jax.jit") in by_key
-    printed = capsys.readouterr().out
-    assert all(case in printed for case in cases) and "skipped in --quick" in printed
+@pytest.fixture(autouse=True)
+def restore_options():
+    """Runs in this process (``--in-process``) set run-wide options; put them back."""
+    saved = common.Options(**vars(common.OPTIONS))
+    yield
+    for name, value in vars(saved).items():
+        setattr(common.OPTIONS, name, value)
 
 
-def test_compile_kiln_steps_compiled_and_eager_agree():
-    """The compiled step is the eager step: same losses over four steps from the same weights."""
-    import kiln
+# ----------------------------------------------------------------------------- correctness checks
+def test_close_by_hand():
+    assert common.close([1.0, 2.0], [1.0, 2.0 + 1e-7], rtol=1e-6, atol=0).startswith("ok")
+    verdict = common.close([1.0, 2.1, 3.0], [1.0, 2.0, 3.0], rtol=1e-3, atol=1e-6)
+    assert verdict.startswith("FAIL: 1 of 3 off") and "max |err| 0.1" in verdict
+    # nan where expected is nan is fine; nan where a number is expected is a failure; same-signed inf is equal.
+    assert common.close([np.nan, np.inf], [np.nan, np.inf], rtol=0, atol=0).startswith("ok")
+    assert common.close([np.nan, 1.0], [0.0, 1.0], rtol=1, atol=1).startswith("FAIL: 1 of 2")
+    assert common.close([-np.inf], [np.inf], rtol=1, atol=1).startswith("FAIL")
+    assert common.close(np.zeros(3), np.zeros(4), rtol=1, atol=1) == "FAIL: shape (3,), expected (4,)"
+    assert common.merge_checks(["ok: a", "FAIL: b", "FAIL: c"]) == "FAIL: b"
+    assert common.merge_checks(["ok: a", "ok: b"]) == "ok: a"
 
-    compiled, _, _ = compile_latency.kiln_setup()
-    compiled = kiln.compile(compiled)
-    eager, _, _ = compile_latency.kiln_setup()
-    for _ in range(4):
-        np.testing.assert_allclose(compiled().numpy(), eager().numpy(), rtol=1e-4, atol=1e-6)
-    assert [e.kind for e in compiled.state.events] == ["not cached", "compiled"]
+
+def test_side_by_side_reports_kiln_errors_and_wrong_answers(tiny):
+    def broken():
+        raise ValueError("no kernel for gelu\nmore detail")
+
+    results = common.side_by_side(
+        "w", "c", {"kiln": broken, "numpy": lambda: lambda: np.ones(4), "torch": "torch is not installed"},
+        quick=True, params={"n": 4},
+    )  # fmt: skip
+    by_impl = {r.impl: r for r in results}
+    assert [r.impl for r in results] == ["kiln", "numpy", "torch"]
+    assert by_impl["kiln"].timing is None and by_impl["kiln"].note == "error: ValueError: no kernel for gelu"
+    assert by_impl["numpy"].timing is not None and by_impl["numpy"].params["n"] == 4  # the others still ran
+    assert by_impl["torch"].note == "torch is not installed"
+    checks = common.check_targets(results, [Target("w", "c", "numpy", 1.0)])
+    assert checks[0].status == "error"
+
+    wrong = common.side_by_side(
+        "w", "c", {"kiln": lambda: lambda: np.zeros(4), "numpy": lambda: lambda: np.ones(4)},
+        quick=True, verify=lambda call: common.close(call(), np.ones(4), rtol=1e-5, atol=1e-6),
+    )  # fmt: skip
+    assert wrong[0].check.startswith("FAIL: 4 of 4 off") and wrong[0].failed
+    # A wrong answer never meets a target, however fast it was.
+    checks = common.check_targets(wrong, [Target("w", "c", "numpy", 1e9)])
+    assert checks[0].status == "FAIL (wrong result)"
+    assert report.failures(wrong) == [f"FAIL: kiln's w / c is WRONG: {wrong[0].check}"]
+    assert "FAIL" in report.format_table(wrong).splitlines()[2]
 
 
-def test_compile_kiln_and_torch_take_the_same_steps(torch):
-    """Same weights, batch and Adam: kiln's and PyTorch's losses agree, so the same work is timed."""
-    kiln_step, weights, data = compile_latency.kiln_setup()
-    torch_step = compile_latency.torch_setup(torch, weights, data)
+def test_absolute_targets_and_round_trip():
+    results = [Result("c", "cold", "kiln", timing(0.5e9), check="ok: exact"), Result("c", "warm", "kiln", timing(2e8))]
+    checks = common.check_targets(
+        results, [Target("c", "cold", None, max_ns=1e9), Target("c", "warm", None, max_ns=1e8)]
+    )
+    assert [(c.status, c.value, c.by) for c in checks] == [("met", "500 ms", ""), ("MISSED", "200 ms", "2.00x over")]
+    assert "warm: kiln < 100 ms" in report.format_targets(checks)
+    data = report.to_json(results, checks, env={"fake": True})
+    assert [common.result_from_dict(e) for e in data["results"]] == results
+    assert data["environment"] == {"fake": True}
+
+
+# ----------------------------------------------------------------------------- the workloads' implementations agree
+def test_kernels_formulas_by_hand():
+    x = np.array([0.0, 1.0, -1.0], dtype=np.float64)
+    np.testing.assert_allclose(kernels.gelu_numpy(x), [0.0, 0.8411920, -0.1588080], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(kernels.softmax_numpy(np.log([[1.0, 3.0]])), [[0.25, 0.75]], rtol=1e-12, atol=0)
+    out = kernels.layernorm_numpy(np.array([[1.0, 3.0]]), np.array([2.0, 2.0]), np.array([0.5, 0.5]))
+    np.testing.assert_allclose(out, [[-1.5, 2.5]], rtol=1e-4, atol=1e-5)  # (+-1 up to eps) * 2 + 0.5
+
+
+@pytest.fixture
+def interpreter():
+    """Compile on the interpreter backend: these tests check that the workloads' implementations do
+    the same work, not a code generator (the suite itself checks the default backend's answers)."""
+    common.OPTIONS.kiln_backend = "interpreter"
+
+
+@pytest.mark.parametrize("kind", ["mlp", "lenet"])
+def test_training_kiln_and_torch_take_the_same_steps(torch, interpreter, kind):
+    """Same weights, batch and Adam: kiln's losses (compiled and eager) agree with PyTorch's."""
+    compiled, _ = training.kiln_train_step(kind)
+    eager, _ = training.kiln_train_step(kind, compiled=False)
+    reference = training.torch_train_step(torch, kind, fused=True)
     for _ in range(3):
-        np.testing.assert_allclose(kiln_step().numpy(), torch_step().numpy(), rtol=1e-4, atol=1e-5)
+        expected = reference().item()
+        np.testing.assert_allclose(compiled().item(), expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(eager().item(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_gpt_and_adam_verifiers_pass_on_kiln(torch, interpreter):
+    assert training._verify_gpt(torch, quick=True)(None).startswith("ok")
+    assert training._verify_adam(torch, quick=True)(None).startswith("ok")
 
 
 def test_compile_jax_step_matches_kiln():
     """The JAX step (Adam written out by hand) takes the same steps as kiln's, when jax is installed."""
     jax = pytest.importorskip("jax")
-    kiln_step, weights, data = compile_latency.kiln_setup()
-    _, jax_step = compile_latency.jax_setup(jax, weights, data)
+    kiln_step, model = training.kiln_train_step("mlp", compiled=False)
+    weights = [p.detach().numpy().copy() for p in model.parameters()]
+    jax_step = benchmarks_models().jax_mlp_step(jax, weights, *training._classifier_data("mlp"))
     for _ in range(3):
         np.testing.assert_allclose(np.asarray(jax_step()), kiln_step().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def benchmarks_models():
+    from benchmarks import models
+
+    return models
+
+
+def test_overhead_in_process(tiny, interpreter):
+    common.OPTIONS.torch_compile = False
+    results = compile_latency.run_overhead(quick=True)
+    by_impl = {r.impl: r for r in results}
+    assert by_impl["kiln"].check.startswith("ok") and by_impl["kiln"].timing is not None
+    assert by_impl["kiln eager"].timing is not None
+    assert by_impl["torch.compile"].note in ("skipped: --no-torch-compile", "torch is not installed")
+
+
+# ----------------------------------------------------------------------------- the whole suite, as the README runs it
+def test_suite_quick_smoke(tmp_path):
+    """``python -m benchmarks.run --quick`` on a few workloads, each in its own process: the JSON has
+    every implementation of every case, kiln checked and timed (or an error it names), the targets."""
+    out = tmp_path / "smoke.json"
+    command = [sys.executable, "-m", "benchmarks.run", "--quick", "--no-torch-compile", "--json", str(out)]
+    command += ["--threads", "1", "gelu", "softmax", "adam"]
+    proc = subprocess.run(command, cwd=run.ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert set(data) == {"environment", "results", "targets"}
+    assert data["environment"]["kiln_threads"] == 1 and data["environment"]["torch_compile"] is False
+    cases = {(r["workload"], r["case"]) for r in data["results"]}
+    expected = {("gelu", kernels.GELU_4M), ("gelu", kernels.GELU_16M), ("softmax", kernels.SOFTMAX)}
+    assert cases == expected | {("adam", training.ADAM)}
+    for r in data["results"]:
+        assert set(r) >= {"workload", "case", "impl", "timing", "note", "params", "check", "kiln_ratio"}
+        if r["impl"] == "kiln":  # timed and checked, or an error it names: never silent
+            assert (r["timing"] is not None and r["check"].startswith(("ok", "FAIL"))) or r["note"].startswith("error")
+        if r["impl"] == "torch.compile":
+            assert r["timing"] is None and r["note"] in ("skipped: --no-torch-compile", "torch is not installed")
+    assert any(r["impl"] == "copy" for r in data["results"])
+    assert [(t["workload"], t["case"]) for t in data["targets"]] == [
+        (t.workload, t.case) for t in kernels.TARGETS if t.workload in ("gelu", "softmax")
+    ] + [("adam", training.ADAM)]
+    assert all(t["status"] in ("met", "MISSED", "error", "skipped", "FAIL (wrong result)") for t in data["targets"])
+    assert "kiln/impl" in proc.stdout and "GELU tanh, 4M f32: kiln/copy" in proc.stdout

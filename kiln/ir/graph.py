@@ -146,7 +146,7 @@ def structure_key(body: Graph) -> tuple:
     nodes = []
     for node in body.nodes:
         if node.op == CONSTANT:
-            array = np.asarray(body.constants.get(node.attrs.get("name"), np.zeros(())))
+            array = np.asarray(body.constants.get(str(node.attrs.get("name")), np.zeros(())))
             attrs: Any = (array.dtype.str, array.tobytes())
         elif node.op in BODY_VIEW_OPS:
             attrs = tuple(sorted(node.attrs))

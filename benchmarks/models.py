@@ -1,0 +1,167 @@
+"""The benchmark models, written once against a library (``kiln`` or ``torch``: the same API).
+
+- ``mlp``: Linear 784-512-512-10 with ReLU;
+- ``lenet``: LeNet-5 on 1x28x28 (MNIST-shaped) input: Conv2d(1, 6, 5, pad 2) - ReLU - MaxPool(2) -
+  Conv2d(6, 16, 5) - ReLU - MaxPool(2) - Flatten - Linear(400, 120) - ReLU - Linear(120, 84) -
+  ReLU - Linear(84, 10);
+- ``gpt``: a small GPT: token + position embeddings, ``layers`` pre-LayerNorm blocks of causal
+  multi-head self-attention and a 4x MLP with tanh-GELU, a final LayerNorm and a linear head.
+
+:func:`same_weights` copies one model's parameters into another built the same way, so every
+implementation of a workload starts from the same numbers and can be checked against the others.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+MLP_SIZES = (784, 512, 512, 10)
+
+
+def mlp(lib):
+    nn = lib.nn
+    layers = []
+    for fan_in, fan_out in zip(MLP_SIZES[:-1], MLP_SIZES[1:], strict=True):
+        layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+def lenet(lib):
+    nn = lib.nn
+    return nn.Sequential(
+        nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * 5 * 5, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(), nn.Linear(84, 10),
+    )  # fmt: skip
+
+
+def gpt(lib, *, vocab: int, d: int, heads: int, layers: int, context: int):
+    """A GPT built from ``lib.nn`` modules; ``model(idx)`` maps (B, T) token ids to (B, T, vocab) logits."""
+    nn = lib.nn
+    F = nn.functional
+    to_tensor = _from_numpy(lib)
+    # Additive causal mask: -inf above the diagonal (every row keeps its diagonal, so no row is all -inf).
+    mask = to_tensor(np.triu(np.full((context, context), -np.inf, dtype=np.float32), 1))
+    positions = to_tensor(np.arange(context, dtype=np.int64))
+    scale = 1.0 / math.sqrt(d // heads)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1 = nn.LayerNorm(d)
+            self.qkv = nn.Linear(d, 3 * d)
+            self.proj = nn.Linear(d, d)
+            self.ln2 = nn.LayerNorm(d)
+            self.fc = nn.Linear(d, 4 * d)
+            self.out = nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            b, t, c = x.shape
+            q, k, v = (
+                z.reshape(b, t, heads, c // heads).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=-1)
+            )
+            attention = F.softmax((q @ k.transpose(-2, -1)) * scale + mask[:t, :t], dim=-1)
+            x = x + self.proj((attention @ v).transpose(1, 2).reshape(b, t, c))
+            return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens = nn.Embedding(vocab, d)
+            self.positions = nn.Embedding(context, d)
+            self.blocks = nn.ModuleList([Block() for _ in range(layers)])
+            self.ln = nn.LayerNorm(d)
+            self.head = nn.Linear(d, vocab, bias=False)
+
+        def forward(self, idx):
+            x = self.tokens(idx) + self.positions(positions[: idx.shape[1]])
+            for block in self.blocks:
+                x = block(x)
+            return self.head(self.ln(x))
+
+    return GPT()
+
+
+def _from_numpy(lib) -> Callable[[np.ndarray], object]:
+    return lambda a: lib.from_numpy(np.ascontiguousarray(a).copy())
+
+
+def same_weights(source, target, torch) -> None:
+    """Copy kiln model ``source``'s parameters into ``target`` (a torch model built the same way)."""
+    with torch.no_grad():
+        pairs = zip(source.parameters(), target.parameters(), strict=True)
+        for p, q in pairs:
+            q.copy_(torch.from_numpy(p.detach().numpy().copy()))
+
+
+def train_step(lib, model, optimizer, x, y) -> Callable[[], object]:
+    """One training step: forward, cross-entropy, backward, the optimizer's step, zero_grad;
+    returns the loss, detached (kiln does not cache a call whose result requires grad while it
+    updated parameters in place)."""
+    cross_entropy = lib.nn.functional.cross_entropy
+
+    def step():
+        loss = cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.detach()
+
+    return step
+
+
+def forward_backward(lib, model, idx, targets) -> Callable[[], object]:
+    """The GPT's forward and backward on one batch: gradients reset to None, then filled."""
+    cross_entropy = lib.nn.functional.cross_entropy
+    params = list(model.parameters())
+
+    def step():
+        for p in params:
+            p.grad = None
+        logits = model(idx)
+        loss = cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        return loss.detach()
+
+    return step
+
+
+def jax_mlp_step(jax, weights: list[np.ndarray], x: np.ndarray, y: np.ndarray) -> Callable[[], object]:
+    """The MLP's training step in JAX, jitted, Adam written out as in ``torch.optim.Adam``
+    (lr 1e-3); ``weights`` in ``mlp``'s parameter order. Each call takes one step, returns the loss."""
+    jnp = jax.numpy
+    x, y = jnp.asarray(x), jnp.asarray(y)
+    lr, beta1, beta2, eps = 1e-3, 0.9, 0.999, 1e-8
+
+    def loss_fn(params):
+        h = x
+        for i in range(0, len(params), 2):
+            h = h @ params[i].T + params[i + 1]
+            if i + 2 < len(params):
+                h = jax.nn.relu(h)
+        logp = jax.nn.log_softmax(h, axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, y[:, None], axis=1))
+
+    def step(params, m, v, t):
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        t = t + 1
+        m = [beta1 * a + (1 - beta1) * g for a, g in zip(m, grads, strict=True)]
+        v = [beta2 * a + (1 - beta2) * g * g for a, g in zip(v, grads, strict=True)]
+        scale = lr / (1 - beta1**t)
+        root = jnp.sqrt(1 - beta2**t)
+        params = [p - scale * a / (jnp.sqrt(b) / root + eps) for p, a, b in zip(params, m, v, strict=True)]
+        return params, m, v, t, loss
+
+    jitted = jax.jit(step)
+    params = [jnp.asarray(w) for w in weights]
+    state = [params, [jnp.zeros_like(p) for p in params], [jnp.zeros_like(p) for p in params], jnp.float32(0)]
+
+    def run():
+        *state[:], loss = jitted(*state)  # the new params, moments and count replace the old
+        return loss.block_until_ready()
+
+    return run
