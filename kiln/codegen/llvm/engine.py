@@ -82,24 +82,24 @@ def parse(ir_text: str) -> llvm.ModuleRef:
     return module
 
 
+def _optimized(ir_text: str) -> llvm.ModuleRef:
+    module = parse(ir_text)
+    module.triple = triple()
+    module.data_layout = data_layout()
+    _optimize(module)
+    return module
+
+
 def compile_ir(ir_text: str) -> bytes:
     """Optimized object code for the host from LLVM IR text."""
     with _lock:
-        module = parse(ir_text)
-        module.triple = triple()
-        module.data_layout = data_layout()
-        _optimize(module)
-        return target_machine().emit_object(module)
+        return target_machine().emit_object(_optimized(ir_text))
 
 
 def assembly(ir_text: str) -> str:
     """The optimized host assembly of LLVM IR text (tests look for vector registers in it)."""
     with _lock:
-        module = parse(ir_text)
-        module.triple = triple()
-        module.data_layout = data_layout()
-        _optimize(module)
-        return target_machine().emit_assembly(module)
+        return target_machine().emit_assembly(_optimized(ir_text))
 
 
 class Library:
