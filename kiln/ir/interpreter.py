@@ -148,15 +148,16 @@ def _step(position: int, node: Node, slots: dict[Value, int], frees: tuple[int, 
     args = tuple(slots[v] for v in node.inputs)
     if node.op == KERNEL:
         outs = tuple(slots[v] for v in node.outputs)
-        return (_kernel_runner(node), args, {}, outs, frees, None, position)
+        return (kernel_runner(node), args, {}, outs, frees, None, position)
     assert len(node.outputs) == 1, f"{node.op} has {len(node.outputs)} outputs; the interpreter expects one"
     out = node.outputs[0]
     eager = PRIMITIVES[node.op].eager
     return (eager, args, dict(node.attrs), slots[out], frees, out.type.dtype.np, position)
 
 
-def _kernel_runner(node: Node):
-    """The step function of a kernel node: its body's program, or each member's on its inputs."""
+def kernel_runner(node: Node):
+    """The step function of a kernel node, ``runner(xp, *arrays) -> list of outputs``: its body's
+    program, or each member's on its inputs (bodies prepared once)."""
     members = [(Program(body, fresh_outputs=True), len(inputs)) for body, inputs, _ in body_inputs_outputs(node)]
     if len(members) == 1:
         execute = members[0][0]._execute

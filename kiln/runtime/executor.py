@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
-from ..ir.interpreter import interpret
+from ..ir.interpreter import kernel_runner
 from ..ir.primitives import PRIMITIVES
 from . import allocator, threads
 
@@ -157,7 +157,7 @@ class CompiledProgram:
         self.objects: list[bytes] = []  # the object code, kept for the disk cache
         self._library = library  # keeps the machine code alive
         self._plan = plan
-        slots: dict[Value, int] = {v: i for i, v in enumerate(_all_values(graph))}
+        slots: dict[Value, int] = {v: i for i, v in enumerate(graph.values())}
         self._slots = slots
         self._input_slots = tuple(slots[v] for v in graph.inputs)
         self._input_checks = tuple((v.type.shape, v.type.dtype.np, layouts[v], v.type) for v in graph.inputs)
@@ -178,7 +178,7 @@ class CompiledProgram:
                 self._steps.append(self._kernel_step(node, kernels[node], slots, planned, outputs, layouts, dead))
             elif node.op == KERNEL:
                 outs = tuple((slots[v], v in planned) for v in node.outputs)
-                self._steps.append(("interpret", node, tuple(slots[v] for v in node.inputs), outs, dead))
+                self._steps.append(("interpret", kernel_runner(node), tuple(slots[v] for v in node.inputs), outs, dead))
             else:
                 out = node.output
                 eager = PRIMITIVES[node.op].eager
@@ -303,7 +303,7 @@ class CompiledProgram:
         if step[0] == "extern":
             node = self._step_nodes[index]
             return f"{node.op}({', '.join(str(v.type) for v in node.inputs)}) -> {node.output.type}"
-        return f"interpreted kernel {step[1].attrs['name']}"
+        return f"interpreted kernel {self._step_nodes[index].attrs['name']}"
 
     def _run_steps(self, env: list, frame: _Frame, timings: list | None = None) -> None:
         read = env.__getitem__
@@ -338,8 +338,8 @@ class CompiledProgram:
                         result = np.asarray(result, dtype=dtype)
                     env[out] = result
             else:
-                _, node, args, outs, dead = step
-                for (slot, in_arena), array in zip(outs, run_kernel_node(node, [env[s] for s in args]), strict=True):
+                _, runner, args, outs, dead = step
+                for (slot, in_arena), array in zip(outs, runner(np, *map(read, args)), strict=True):
                     if in_arena:  # compiled kernels read it at its arena address
                         np.copyto(env[slot], array)
                     else:
@@ -412,17 +412,10 @@ class _Frame:
             self.tables.append(table)
 
 
-def _all_values(graph: Graph) -> list[Value]:
-    seen = dict.fromkeys(graph.inputs)
-    for node in graph.nodes:
-        seen.update(dict.fromkeys(node.outputs))
-    return list(seen)
-
-
 def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:
     """Per node, the slots to drop after it: values no later node reads, unless they live in the
     arena (their views are reused every call) or are graph outputs."""
-    slots = {v: i for i, v in enumerate(_all_values(graph))}
+    slots = {v: i for i, v in enumerate(graph.values())}
     last: dict[Value, int] = {}
     for index, node in enumerate(graph.nodes):
         for v in node.inputs:
@@ -463,14 +456,3 @@ def reads_at_own_index(node: Node, source: Value, result: Value) -> bool:
             v.type.shape == result.type.shape for v in n.inputs if v is inner)
             for n in body.nodes if inner in n.inputs)  # fmt: skip
     return False
-
-
-def run_kernel_node(node: Node, arrays: list) -> list:
-    """Run a kernel node by interpreting its body (or each member's body, for horizontal ones)."""
-    outputs: list = []
-    position = 0
-    for body in node.attrs["bodies"]:
-        count = len(body.inputs)
-        outputs.extend(interpret(body, arrays[position : position + count]))
-        position += count
-    return outputs

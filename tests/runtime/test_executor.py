@@ -389,3 +389,28 @@ def test_large_gelu_is_split_across_the_thread_pool(monkeypatch):
     for call in (chunks[:2], chunks[2:]):
         assert sorted((b, e) for b, e, _ in call) == [(0, kstep.extent // 2), (kstep.extent // 2, kstep.extent)]
         assert call[0][2] != call[1][2]
+
+
+def test_a_kernel_the_code_generator_declines_runs_on_its_body(monkeypatch):
+    """Every kernel declined (as float16 or an unknown op would be): the program interprets the bodies,
+    including those whose outputs live in the arena, and explain names the reason."""
+    from kiln.codegen.llvm import Unsupported
+    from kiln.codegen.llvm.kernels import KernelModule
+
+    def decline(self, node, layouts):
+        raise Unsupported("declined for this test")
+
+    monkeypatch.setattr(KernelModule, "add", decline)
+    w = kiln.randn(16, 8)
+
+    def f(x):
+        return ((x * 2).tanh() @ w).softmax(-1) + 1
+
+    cf = kiln.compile(f)
+    x = kiln.randn(4, 16)
+    for _ in range(3):
+        got = cf(x)
+    np.testing.assert_allclose(got.numpy(), f(x).numpy(), rtol=1e-5, atol=1e-6)
+    report = cf.state.specializations[-1].report
+    assert report.kernels == 0 and report.declined and cf.state.specializations[-1].calls == 2
+    assert "declined for this test" in str(kiln.explain(cf))
