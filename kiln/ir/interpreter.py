@@ -65,7 +65,7 @@ class Program:
         nodes = [node for _, node in self._nodes]
         self._steps = tuple(_step(position, node, slots, frees) for position, (node, frees) in
                             enumerate(zip(nodes, _dead_after(nodes, graph, slots))))  # fmt: skip
-        aliases = _aliases(graph, fresh_outputs)
+        aliases = constant_views(graph, inputs=fresh_outputs)
         self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in aliases)
 
     def run(self, inputs: Sequence[Any], xp: Any = np) -> list[Any]:
@@ -198,7 +198,7 @@ def _dead_after(nodes: list[Node], graph: Graph, slots: dict[Value, int]) -> lis
     return [tuple(d) for d in dead]
 
 
-def _aliases(graph: Graph, inputs: bool) -> set[Value]:
+def constant_views(graph: Graph, inputs: bool = False) -> set[Value]:
     """Values that may share memory with a constant array (or with an input, if ``inputs``):
     those values themselves and views of them. A kernel's outputs are fresh arrays."""
     aliases: set[Value] = set(graph.inputs) if inputs else set()

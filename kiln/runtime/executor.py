@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
-from ..ir.interpreter import kernel_runner
+from ..ir.interpreter import constant_views, kernel_runner
 from ..ir.primitives import PRIMITIVES
 from . import allocator, threads
 
@@ -162,6 +162,9 @@ class CompiledProgram:
         self._input_slots = tuple(slots[v] for v in graph.inputs)
         self._input_checks = tuple((v.type.shape, v.type.dtype.np, layouts[v], v.type) for v in graph.inputs)
         self._output_slots = tuple(slots[v] for v in graph.outputs)
+        # An output is never the program's own memory: constants (and views of them) are copied out.
+        constants = constant_views(graph)
+        self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in constants)
         self._constants = [(slots[n.output], graph.constants[n.attrs["name"]]) for n in graph.nodes if n.op == CONSTANT]
         outputs = set(graph.outputs)
         self._steps = []
@@ -241,16 +244,6 @@ class CompiledProgram:
                     taken.add(i)
         return accepted
 
-    def fresh_outputs(self) -> frozenset[int]:
-        """Indices of the outputs that are always new memory of this call (made by a compiled kernel
-        into the allocator's memory, not written in place): no caller-owned memory can hide there."""
-        fresh = set()
-        for index, value in enumerate(self.graph.outputs):
-            for entries in self._allocations.values():
-                if any(entry[0] == self._slots[value] and entry[4] < 0 for entry in entries):
-                    fresh.add(index)
-        return frozenset(fresh)
-
     # ------------------------------------------------------------------ per-thread state
     def _frame(self):
         frame = getattr(self._local, "frame", None)
@@ -270,7 +263,10 @@ class CompiledProgram:
                 self._run_steps(env, frame)
         else:
             self._run_steps(env, frame)
-        return [env[slot] for slot in self._output_slots]
+        outputs = [env[slot] for slot in self._output_slots]
+        for i in self._copy_outputs:
+            outputs[i] = outputs[i].copy()
+        return outputs
 
     __call__ = run
 

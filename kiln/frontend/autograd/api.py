@@ -83,6 +83,17 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, c
     >>> kiln.autograd.grad(dx, x)[0].item()
     2.0
     """
+    return _grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused, materialize_grads)
+
+
+def partial_grad(outputs, inputs, grad_outputs, retain_graph: bool = False) -> tuple:
+    """``grad`` treating each of ``inputs`` as an independent leaf: no gradient flows on through one
+    input into another that it was computed from (the compiled backward of a function of them)."""
+    return _grad(outputs, inputs, grad_outputs, retain_graph, False, True, False, stop_at_inputs=True)
+
+
+def _grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unused, materialize_grads,
+          stop_at_inputs: bool = False) -> tuple:  # fmt: skip
     outputs, inputs = _as_tuple(outputs), _as_tuple(inputs)
     for i, t in enumerate(inputs):
         if not isinstance(t, Tensor) or not t._requires_grad:
@@ -90,7 +101,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, c
     roots, grads = _roots(outputs, _as_tuple(grad_outputs), "grad")
     keep = create_graph if retain_graph is None else retain_graph
     edges = [_edge_of(t) for t in inputs]
-    results = run_backward(roots, grads, retain_graph=keep, create_graph=create_graph, capture=edges)
+    results = run_backward(roots, grads, retain_graph=keep, create_graph=create_graph, capture=edges,
+                           stop_at_capture=stop_at_inputs)  # fmt: skip
     assert results is not None
     out = []
     for i, (t, g) in enumerate(zip(inputs, results, strict=True)):

@@ -76,12 +76,16 @@ def run_backward(
     retain_graph: bool,
     create_graph: bool,
     capture: Sequence[tuple[Node, int]] | None = None,
+    stop_at_capture: bool = False,
 ) -> list | None:
     """Backpropagate ``grad_roots`` from ``roots``.
 
     Without ``capture`` this is ``backward()``: leaves accumulate into ``.grad``. With it, this is
     ``autograd.grad()``: the gradient arriving at each captured edge is returned instead, no
-    ``.grad`` is touched, and only nodes on a path to a captured edge run.
+    ``.grad`` is touched, and only nodes on a path to a captured edge run. ``stop_at_capture``:
+    a captured gradient goes no further, so each result is the partial derivative with respect to
+    that tensor alone, as if the captured tensors were independent leaves (a compiled function's
+    backward: the caller's graph carries a gradient on from each of its inputs).
     """
     root_nodes = list(dict.fromkeys(node for node, _ in roots))
     dependencies = _collect(root_nodes)
@@ -109,6 +113,8 @@ def run_backward(
                     index = captured.get((node, nr))
                     if index is not None:
                         results[index] = g if results[index] is None else results[index] + g
+                        if stop_at_capture:
+                            grads[nr] = None
             runs = (needed is None or node in needed) and not (capture is not None and isinstance(node, AccumulateGrad))
             outputs = _apply(node, grads, retain_graph) if runs and any(g is not None for g in grads) else ()
             for i, edge in enumerate(node.next_edges):

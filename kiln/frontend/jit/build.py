@@ -19,13 +19,14 @@ from ..tensor import Tensor, make_tensor
 from .backward import BackwardPlan
 from .pytree import flatten
 from .specialization import Source, Specialization
-from .trace import Trace
+from .trace import Trace, TraceBreak
 
 logger = logging.getLogger("kiln")
 
 
 def build_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict):
-    """``(Specialization, None)``, or ``(None, why)`` when this trace must not be reused."""
+    """``(Specialization, None)``, or ``(None, why)`` when this trace must not be reused: ``why`` is a
+    ``TraceBreak`` when calls with this key can never be compiled (they run eagerly from then on)."""
     out_leaves, out_tree = flatten(result)
     traced = trace.finish(out_leaves)
     if trace.broken is not None:
@@ -39,6 +40,15 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
             f"the call stored {len(escaped)} new tensor(s) in Python state ({escaped[0]}, ...), as an optimizer's "
             "first step does; this call ran eagerly and the next one traces again"
         )
+    for index, _ in traced.writebacks:
+        ext = traced.externals[index]
+        if ext.tensor.grad_fn is not ext.grad_fn or ext.tensor._requires_grad != ext.state[3]:
+            trace.release()  # the same on every call with this key: such calls run eagerly
+            return None, TraceBreak(
+                f"an in-place change gives {_source(ext).name} autograd history inside the call (a compiled call "
+                "writes values back, not history)",
+                None,
+            )
     outputs: list[Value] = []
     out_plan = plan_results(traced.outputs, outputs)
     writebacks = []
@@ -62,17 +72,17 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     record: list = []
     strides = [e.tensor._data.strides for e in traced.externals]
     optimized, program, report = lower(graph, compiled.options, record, strides)
-    fresh: frozenset = frozenset()
     if hasattr(program, "write_in_place"):  # mutated externals updated in place, as eager does
         program.write_in_place([(out, index) for index, out in writebacks])
-        fresh = program.fresh_outputs()
     sources = [_source(e) for e in traced.externals]
+    arg_aliases = _arguments_that_are_state(traced, leaves, list(closure_values.values()) +
+                                            [value for _, value in compiled.guarded_names({})])  # fmt: skip
     spec = Specialization(
         graph=optimized, program=program, sources=sources, out_tree=out_tree, out_leaves=out_plan,
         writebacks=writebacks, grads=grads,
         modules=[(ref, training, type(ref()).__name__) for ref, training in traced.modules],
         prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), backward=backward,
-        key=key, passes_record=record, traced_graph=graph, report=report, fresh_outputs=fresh,
+        key=key, passes_record=record, traced_graph=graph, report=report, arg_aliases=arg_aliases,
     )  # fmt: skip
     _dump(compiled, spec)
     trace.release()
@@ -91,6 +101,52 @@ def plan_results(items: list, outputs: list[Value], *, views: bool = True) -> li
         else:
             plan.append(item)
     return plan
+
+
+def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[int, weakref.ref]]:
+    """``(argument position, tensor)`` for each tensor argument that shares memory with state the
+    function can also reach without it (its closure, the globals it names, the modules it called):
+    the graph reads both through one input, so later calls must pass that same tensor again."""
+    roots = _reachable_tensors(named + [ref() for ref, _ in traced.modules])
+    aliases = []
+    for ext in traced.externals:
+        t = ext.tensor
+        root = roots.get(id(t._base if t._base is not None else t))
+        if ext.kind == "arg" and root is not None:
+            aliases.append((ext.arg_index, weakref.ref(leaves[ext.arg_index])))
+    return aliases
+
+
+def _reachable_tensors(objects: list, depth: int = 3, limit: int = 20_000) -> dict[int, object]:
+    """Memory owners of the tensors reachable from ``objects`` through containers and attributes,
+    ``depth`` levels down (a module's parameters, an optimizer's state, a dict of tensors)."""
+    found: dict[int, object] = {}
+    seen: set[int] = set()
+    level = [o for o in objects if o is not None]
+    for _ in range(depth + 1):
+        below = []
+        for obj in level:
+            if id(obj) in seen or len(seen) > limit:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, Tensor):
+                root = obj._base if obj._base is not None else obj
+                found[id(root)] = root
+            elif isinstance(obj, dict):
+                below.extend(obj.values())
+            elif isinstance(obj, list | tuple | set | frozenset):
+                below.extend(obj)
+            elif isinstance(obj, (type, *_PLAIN)):
+                continue
+            elif hasattr(obj, "__func__") and hasattr(obj, "__self__"):
+                below.append(obj.__self__)  # a bound method: its object
+            elif hasattr(obj, "__dict__"):
+                below.extend(vars(obj).values())
+        level = below
+    return found
+
+
+_PLAIN = (int, float, bool, str, bytes, complex, type(None), type(os))
 
 
 def _source(external) -> Source:
@@ -159,7 +215,7 @@ def _dump(compiled, spec: Specialization) -> None:
 # ---------------------------------------------------------------------- the backward
 def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs: list[Value]):
     """Trace the gradients of the differentiable results with respect to the externals."""
-    from ..autograd.api import grad as autograd_grad  # noqa: PLC0415
+    from ..autograd.api import partial_grad  # noqa: PLC0415
 
     diff = [
         i for i, leaf in enumerate(out_leaves)
@@ -178,10 +234,9 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             bwd.add_external(seed, "seed")
             seeds.append(seed)
         try:
-            grads = autograd_grad(
-                [out_leaves[i] for i in diff], [traced.externals[k].tensor for k in wrt], grad_outputs=seeds,
-                retain_graph=True, allow_unused=True,
-            )  # fmt: skip
+            grads = partial_grad(
+                [out_leaves[i] for i in diff], [traced.externals[k].tensor for k in wrt], seeds, retain_graph=True
+            )
         except RuntimeError as error:
             bwd.abandon()
             if "second time" in str(error):

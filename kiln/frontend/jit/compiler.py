@@ -133,7 +133,7 @@ class CompiledFunction:
             if isinstance(entry, EagerEntry):
                 self._log_once(("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}")
                 return self.fn(*args, **kwargs)
-            miss = entry.state_miss(self._globals, closure_values)
+            miss = entry.state_miss(self._globals, closure_values, leaves)
             if miss is None:
                 if self.check:
                     from .check import run_checked  # noqa: PLC0415
@@ -160,17 +160,22 @@ class CompiledFunction:
         self.state.last_key = key
         if trace.broken is not None:
             trace.abandon()
-            self.state.cache.setdefault(key, []).append(EagerEntry(trace.broken, key))
-            self._event("break", str(trace.broken), once=False)
-            self._log_once(("break", str(trace.broken)), f"running eagerly: the trace stopped: {trace.broken}")
-            return result
+            return self._run_eagerly_from_now_on(key, trace.broken, result)
         spec, why_not = build_specialization(self, trace, result, leaves, key, closure_values=self._closure_values())
+        if isinstance(why_not, TraceBreak):
+            return self._run_eagerly_from_now_on(key, why_not, result)
         if spec is None:
             self._event("not cached", why_not, once=False)
             return result
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
+        return result
+
+    def _run_eagerly_from_now_on(self, key, reason: TraceBreak, result):
+        self.state.cache.setdefault(key, []).append(EagerEntry(reason, key))
+        self._event("break", str(reason), once=False)
+        self._log_once(("break", str(reason)), f"running eagerly: the trace stopped: {reason}")
         return result
 
     # ------------------------------------------------------------------ guards on globals and closures

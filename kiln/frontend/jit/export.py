@@ -27,7 +27,7 @@ from ..tensor import Tensor, make_tensor
 from .build import optimize, plan_results
 from .compiler import CompileOptions
 from .pytree import LEAF, flatten, unflatten
-from .specialization import fresh_tensor, owned_memory
+from .specialization import claim, owned_memory
 from .trace import Trace
 
 EXPORT_FORMAT_VERSION = 1
@@ -62,21 +62,20 @@ class ExportedProgram:
         self._check_call(leaves, tree)
         arrays = [self._source(src, leaves)._data for src in self.inputs]
         outputs = self._run(arrays)
-        owned = owned_memory(arrays)
+        claimed = owned_memory(arrays)  # results are materialized before the write-backs change inputs
+        results = [claim(outputs[payload], claimed, self.graph.outputs[payload].type.device) if kind == "value"
+                   else None for kind, payload in self.outputs]  # fmt: skip
         for target, index in self.writebacks:
             t = self._source(target, leaves)
             t._data[...] = outputs[index]
             t._version[0] += 1
-        results = []
-        for kind, payload in self.outputs:
-            if kind == "value":
-                results.append(fresh_tensor(outputs[payload], owned, self.graph.outputs[payload].type.device))
-            elif kind == "python":
-                results.append(payload)
+        for position, (kind, payload) in enumerate(self.outputs):
+            if kind == "python":
+                results[position] = payload
             elif kind == "same":
-                results.append(results[payload])
-            else:
-                results.append(self._source((kind, payload), leaves))
+                results[position] = results[payload]
+            elif kind != "value":
+                results[position] = self._source((kind, payload), leaves)
         return unflatten(self.out_tree, results)
 
     def _source(self, source, leaves: list) -> Tensor:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...ir.graph import Graph
-from ..tensor import make_tensor
+from ..tensor import Tensor, make_tensor
 from .pytree import unflatten
 
 
@@ -42,7 +42,8 @@ class Specialization:
     program: object  # runs the graph: program(list of arrays) -> list of arrays
     sources: list[Source]
     out_tree: object
-    out_leaves: list  # ("value", i) | ("external", k) | ("python", v)
+    out_leaves: list  # ("value", i) | ("external", k) | ("view", k, shape, strides, offset) | ("grad", k)
+    #                   | ("same", earlier leaf) | ("python", v)
     writebacks: list[tuple[int, int]]  # (external index, output index)
     grads: list[tuple[int, object]]  # (external index, None | ("external", k) | ("value", i))
     modules: list[tuple[weakref.ref, bool, str]]
@@ -53,12 +54,16 @@ class Specialization:
     passes_record: list = field(default_factory=list)
     traced_graph: Graph | None = None
     report: object = None  # the backend's LoweringReport (kernels, declined kernels, memory plan)
-    fresh_outputs: frozenset = frozenset()  # output indices the program always allocates anew
+    arg_aliases: list = field(default_factory=list)  # (argument position, weakref): arguments that are state
     calls: int = 0
 
     # ------------------------------------------------------------------ guards
-    def state_miss(self, fn_globals: dict | None, closure_values: dict) -> str | None:
+    def state_miss(self, fn_globals: dict | None, closure_values: dict, leaves: list) -> str | None:
         """Why the captured state no longer matches this specialization (None when it does)."""
+        for position, ref in self.arg_aliases:
+            if leaves[position] is not ref():
+                return f"argument {position} is no longer the tensor that the function also reads as state"
+        arg_roots = None
         for source in self.sources:
             if source.kind != "capture":
                 continue
@@ -68,6 +73,10 @@ class Specialization:
             now = tensor_state(t)
             if now != source.snapshot:
                 return f"captured tensor {source.name} changed: {_describe_state(source.snapshot, now)}"
+            if arg_roots is None:
+                arg_roots = {id(a._base if a._base is not None else a) for a in leaves if isinstance(a, Tensor)}
+            if id(t._base if t._base is not None else t) in arg_roots:
+                return f"an argument shares memory with captured tensor {source.name}"
         for ref, training, name in self.modules:
             module = ref()
             if module is None:
@@ -94,37 +103,48 @@ class Specialization:
             fn(*args, **kwargs)
         arrays = self.inputs(leaves)
         outputs = self.program(arrays)
-        owned = owned_memory(arrays)
+        # Every tensor handed out owns its memory unless eager's would share it: an output that is
+        # an input's memory (read before its write-back below), or memory already handed out in
+        # this call (one value returned twice after the passes merged two results), is copied.
+        claimed = owned_memory(arrays)
+        results = []
+        for kind, payload, *_ in self.out_leaves:
+            if kind == "value":
+                device = self.graph.outputs[payload].type.device
+                results.append(claim(outputs[payload], claimed, device))
+            else:
+                results.append(None)  # the rest after the write-backs
+        grads = []
+        for index, action in self.grads:
+            if action is not None and action[0] == "value":
+                device = self.external(index, leaves)._device
+                grads.append(claim(outputs[action[1]], claimed, device))
+            else:
+                grads.append(None)
         for index, out in self.writebacks:
             t = self.external(index, leaves)
             if outputs[out] is not t._data:  # else the program wrote it in place
                 t._data[...] = outputs[out]
             t._version[0] += 1
-        for index, action in self.grads:
+        for (index, action), grad in zip(self.grads, grads, strict=True):
             t = self.external(index, leaves)
             if action is None:
                 t._grad = None
             elif action[0] == "external":
                 t._grad = self.external(action[1], leaves)
             else:
-                t._grad = fresh_tensor(outputs[action[1]], owned, t._device)
-        results = []
-        fresh = self.fresh_outputs
-        for kind, payload, *view in self.out_leaves:
-            if kind == "value":
-                device = self.graph.outputs[payload].type.device
-                if payload in fresh:  # memory the program allocated for this call
-                    results.append(make_tensor(outputs[payload], device))
-                else:
-                    results.append(fresh_tensor(outputs[payload], owned, device))
-            elif kind == "external":
-                results.append(self.external(payload, leaves))
-            elif kind == "same":
-                results.append(results[payload])
+                t._grad = grad
+        for position, (kind, payload, *view) in enumerate(self.out_leaves):
+            if kind == "external":
+                results[position] = self.external(payload, leaves)
             elif kind == "view":
-                results.append(view_of(self.external(payload, leaves), *view[:3]))
-            else:
-                results.append(payload)
+                results[position] = view_of(self.external(payload, leaves), *view[:3])
+            elif kind == "grad":
+                results[position] = self.external(payload, leaves)._grad
+            elif kind == "same":
+                results[position] = results[payload]
+            elif kind == "python":
+                results[position] = payload
         if self.backward is not None:
             self.backward.attach(self, results, outputs, leaves)
         self.calls += 1
@@ -142,17 +162,20 @@ def _root(array):
 
 
 def owned_memory(arrays: list) -> set[int]:
-    """The memory owners of a program's input arrays (see ``fresh_tensor``)."""
+    """The memory owners of a program's input arrays (see ``claim``)."""
     return {id(_root(a)) for a in arrays}
 
 
-def fresh_tensor(array, owned: set[int], device):
-    """A new tensor on ``array``, copied when the array is an input's memory or a view of it (the
-    program passed an input through): a result never aliases an argument unless eager's would."""
-    if id(_root(array)) in owned:
-        array = array.copy()
-    elif not isinstance(array, np.ndarray):
+def claim(array, claimed: set[int], device):
+    """A new tensor on ``array``, copied when its memory is already ``claimed`` (an input's, or
+    handed out earlier in this call); its memory is claimed from then on."""
+    if array.__class__ is not np.ndarray:
         array = np.asarray(array)
+    root = id(_root(array))
+    if root in claimed:
+        array = array.copy()
+        root = id(array)
+    claimed.add(root)
     return make_tensor(array, device)
 
 

@@ -63,6 +63,7 @@ class External:
     kind: str  # "arg" (position in the flattened arguments) or "capture"
     arg_index: int | None = None
     state: tuple = ()  # (shape, strides, dtype, requires_grad, has .grad) before the call touched it
+    grad_fn: object = None  # its autograd history before the call
 
 
 @dataclass
@@ -225,7 +226,7 @@ class Trace:
         touched = self.grads.get(id(t))
         grad = touched[1] if touched is not None else t._grad  # .grad as it was before this call changed it
         state = (t._data.shape, t._data.strides, t._dtype, t._requires_grad, grad is not None)
-        self.externals.append(External(t, value, kind, arg_index, state))
+        self.externals.append(External(t, value, kind, arg_index, state, t.grad_fn))
         self._external_index[id(t)] = index
         root = t._base if t._base is not None else t
         self._roots.setdefault(id(root), []).append(index)
@@ -281,6 +282,10 @@ class Trace:
         if state.current.get() is not self:
             return
         version = target._version[0] + 1  # commit_inplace bumps the shared counter after writing
+        if target._base is None and not self.is_bound(target):
+            # A tensor from before the call whose first use is a write (``G.copy_(x)``,
+            # ``p.grad.zero_()``): an external like any other, so its new value is written back.
+            self.add_external(target, "capture")
         index = self._external_index.get(id(target))
         if index is not None or target._base is None:
             if index is not None and len(self._roots[id(target._base if target._base is not None else target)]) > 1:
@@ -320,25 +325,8 @@ class Trace:
     def finish(self, leaves: list, values_only: bool = False) -> TraceResult:
         """Close the trace over the call's flattened results (``values_only``: results that are
         externals come out as their values rather than as the external itself)."""
-        outputs = []
-        positions: dict[int, int] = {}
-        for position, leaf in enumerate(leaves):
-            if not isinstance(leaf, Tensor):
-                outputs.append(("python", leaf))
-                continue
-            if id(leaf) in positions:  # the same tensor returned twice comes back as one object
-                outputs.append(("same", positions[id(leaf)]))
-                continue
-            positions[id(leaf)] = position
-            index = self._external_index.get(id(leaf))
-            view = None if values_only or index is not None else self._view_of_external(leaf)
-            if index is not None and self.externals[index].tensor is leaf and not values_only:
-                outputs.append(("external", index))
-            elif view is not None:
-                outputs.append((*view, self.value_of(leaf)))
-            else:
-                outputs.append(self.value_of(leaf))
         grads = []
+        new_grads: dict[int, int] = {}  # id(new .grad tensor) -> index of the external it belongs to
         for t, before in list(self.grads.values()):
             after = t._grad
             if after is before:
@@ -353,6 +341,30 @@ class Trace:
                 grads.append((index, ("external", self._external_index[id(after)])))
             else:
                 grads.append((index, self.value_of(after)))
+                new_grads[id(after)] = index
+        outputs = []
+        positions: dict[int, int] = {}
+        for position, leaf in enumerate(leaves):
+            if not isinstance(leaf, Tensor):
+                outputs.append(("python", leaf))
+                continue
+            if id(leaf) in positions:  # the same tensor returned twice comes back as one object
+                outputs.append(("same", positions[id(leaf)]))
+                continue
+            positions[id(leaf)] = position
+            if id(leaf) in new_grads and not values_only:  # a new .grad returned: the same tensor
+                outputs.append(("grad", new_grads[id(leaf)]))
+                continue
+            if not values_only and not self.is_bound(leaf) and not self._is_parent_value(leaf):
+                self.add_external(leaf, "capture")  # returned untouched: the caller gets the tensor itself
+            index = self._external_index.get(id(leaf))
+            view = None if values_only or index is not None else self._view_of_external(leaf)
+            if index is not None and self.externals[index].tensor is leaf and not values_only:
+                outputs.append(("external", index))
+            elif view is not None:
+                outputs.append((*view, self.value_of(leaf)))
+            else:
+                outputs.append(self.value_of(leaf))
         writebacks = []
         for index, ext in enumerate(self.externals):
             binding = ext.tensor._trace
@@ -369,6 +381,10 @@ class Trace:
         )  # fmt: skip
         self._leave()
         return result
+
+    def _is_parent_value(self, t) -> bool:
+        binding = t._trace
+        return binding is not None and self.parent is not None and binding[0] is self.parent
 
     def _view_of_external(self, t):
         """``("view", external index, shape, strides, byte offset)`` when the result ``t`` shares an
