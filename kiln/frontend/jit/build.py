@@ -91,13 +91,22 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
 
 def plan_results(items: list, outputs: list[Value], *, views: bool = True) -> list:
     """Per result leaf of a finished trace, how a call produces it: ``("value", i)`` (graph output
-    ``i``, appended to ``outputs``) or the trace's own item (an external, the same tensor as an
-    earlier leaf, a plain value, or -- with ``views`` -- a view of an external)."""
+    ``i``, appended to ``outputs``), ``("born_view", i, shape, strides, offset)`` (a view of graph
+    output ``i``, shared by the results that share that memory) or the trace's own item (an
+    external, the same tensor as an earlier leaf, a new ``.grad``, a plain value, or -- with
+    ``views`` -- a view of an external). Without ``views`` every view is a value of its own."""
     plan = []
+    roots: dict[Value, int] = {}
     for item in items:
-        if isinstance(item, Value) or (item[0] == "view" and not views):
+        if isinstance(item, Value) or (item[0] in ("view", "born_view") and not views):
             plan.append(("value", len(outputs)))
             outputs.append(item if isinstance(item, Value) else item[-1])
+        elif item[0] == "born_view":
+            root = roots.get(item[1])
+            if root is None:
+                root = roots[item[1]] = len(outputs)
+                outputs.append(item[1])
+            plan.append(("born_view", root, *item[2:5]))
         else:
             plan.append(item)
     return plan

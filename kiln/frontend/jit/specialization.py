@@ -42,8 +42,8 @@ class Specialization:
     program: object  # runs the graph: program(list of arrays) -> list of arrays
     sources: list[Source]
     out_tree: object
-    out_leaves: list  # ("value", i) | ("external", k) | ("view", k, shape, strides, offset) | ("grad", k)
-    #                   | ("same", earlier leaf) | ("python", v)
+    out_leaves: list  # ("value", i) | ("born_view", i, shape, strides, offset) | ("external", k)
+    #                   | ("view", k, shape, strides, offset) | ("grad", k) | ("same", earlier leaf) | ("python", v)
     writebacks: list[tuple[int, int]]  # (external index, output index)
     grads: list[tuple[int, object]]  # (external index, None | ("external", k) | ("value", i))
     modules: list[tuple[weakref.ref, bool, str]]
@@ -108,10 +108,14 @@ class Specialization:
         # this call (one value returned twice after the passes merged two results), is copied.
         claimed = owned_memory(arrays)
         results = []
-        for kind, payload, *_ in self.out_leaves:
-            if kind == "value":
-                device = self.graph.outputs[payload].type.device
-                results.append(claim(outputs[payload], claimed, device))
+        roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
+        for kind, payload, *view in self.out_leaves:
+            if kind == "value" or kind == "born_view":
+                root = roots.get(payload)
+                if root is None:
+                    device = self.graph.outputs[payload].type.device
+                    root = roots[payload] = claim(outputs[payload], claimed, device, contiguous=kind == "born_view")
+                results.append(root if kind == "value" else view_of(root, *view))
             else:
                 results.append(None)  # the rest after the write-backs
         grads = []
@@ -166,14 +170,15 @@ def owned_memory(arrays: list) -> set[int]:
     return {id(_root(a)) for a in arrays}
 
 
-def claim(array, claimed: set[int], device):
+def claim(array, claimed: set[int], device, contiguous: bool = False):
     """A new tensor on ``array``, copied when its memory is already ``claimed`` (an input's, or
-    handed out earlier in this call); its memory is claimed from then on."""
+    handed out earlier in this call) or, with ``contiguous``, when it is not C-contiguous (views
+    are taken of it at eager's offsets); its memory is claimed from then on."""
     if array.__class__ is not np.ndarray:
         array = np.asarray(array)
     root = id(_root(array))
-    if root in claimed:
-        array = array.copy()
+    if root in claimed or (contiguous and not array.flags.c_contiguous):
+        array = np.array(array, order="C")
         root = id(array)
     claimed.add(root)
     return make_tensor(array, device)

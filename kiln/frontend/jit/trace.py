@@ -72,7 +72,9 @@ class TraceResult:
 
     builder: GraphBuilder
     externals: list[External]
-    outputs: list  # per flattened result leaf: a Value, or ("external", index), or ("python", value)
+    outputs: list  # per flattened result leaf: a Value, ("external", k), ("view", k, shape, strides, offset,
+    #                value), ("born_view", root value, shape, strides, offset, value), ("grad", k), ("same",
+    #                earlier leaf) or ("python", value)
     writebacks: list[tuple[int, Value]]  # (external index, final value)
     grads: list[tuple[int, object]]  # (external index, Value | None | ("external", index))
     modules: list[tuple[weakref.ref, bool]]
@@ -365,6 +367,8 @@ class Trace:
                 outputs.append((*view, self.value_of(leaf)))
             else:
                 outputs.append(self.value_of(leaf))
+        if not values_only:
+            self._share_born_memory(leaves, outputs)
         writebacks = []
         for index, ext in enumerate(self.externals):
             binding = ext.tensor._trace
@@ -381,6 +385,28 @@ class Trace:
         )  # fmt: skip
         self._leave()
         return result
+
+    def _share_born_memory(self, leaves: list, outputs: list) -> None:
+        """Results that share the memory of a tensor made in the call (``a`` and ``a[0]``, or two
+        views of one ``a``) share it in compiled calls too: each becomes ``("born_view", root value,
+        shape, strides, byte offset, its own value)`` over one output holding the root."""
+        groups: dict[int, list[int]] = {}
+        for position, (leaf, item) in enumerate(zip(leaves, outputs, strict=True)):
+            if isinstance(item, Value):
+                root = leaf._base if leaf._base is not None else leaf
+                groups.setdefault(id(root), []).append(position)
+        for members in groups.values():
+            first = leaves[members[0]]
+            root = first._base if first._base is not None else first
+            if len(members) < 2 or not self.is_bound(root) or not root._data.flags.c_contiguous:
+                continue
+            root_value = self.value_of(root)
+            start = root._data.__array_interface__["data"][0]
+            for position in members:
+                data = leaves[position]._data
+                offset = data.__array_interface__["data"][0] - start
+                item = outputs[position]
+                outputs[position] = ("born_view", root_value, tuple(data.shape), tuple(data.strides), offset, item)
 
     def _is_parent_value(self, t) -> bool:
         binding = t._trace

@@ -252,3 +252,22 @@ def test_a_mutated_argument_returned_twice_is_the_argument_twice(backend):
         r0, r1, r2 = c(a)
         assert r0 is a and r1 is a and _values(a) == [2.0, 2.0] and _values(r2) == [3.0, 3.0]
     assert sum(compiled_calls(c)) >= 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_results_sharing_memory_made_in_the_call_share_it_as_eager_s_do(backend):
+    def f(x):
+        a = x * 2
+        b = x + 1
+        return a, a[0], a.t(), b[1:], b[:1], x - 1
+
+    c = _compile(f, backend)
+    for _ in range(4):
+        outs = []
+        for fn in (f, c):
+            results = fn(kiln.ones(2, 3))
+            results[0].add_(1)  # seen through a[0] and a.t()
+            results[3].mul_(5)  # seen by neither b[:1] nor x - 1
+            outs.append([(_values(r), r.stride(), r.is_contiguous()) for r in results])
+        assert outs[1] == outs[0]
+    assert sum(compiled_calls(c)) >= 2
