@@ -176,7 +176,7 @@ def claim(array, claimed: set[int], device, contiguous: bool = False):
     are taken of it at eager's offsets); its memory is claimed from then on."""
     if array.__class__ is not np.ndarray:
         array = np.asarray(array)
-    root = id(_root(array))
+    root = id(array if array.base is None else _root(array))
     if root in claimed or (contiguous and not array.flags.c_contiguous):
         array = np.array(array, order="C")
         root = id(array)
