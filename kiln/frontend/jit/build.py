@@ -7,6 +7,7 @@ forward values the backward graph reads.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import weakref
@@ -33,7 +34,11 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         return None, f"the trace stopped: {trace.broken}"
     new_grads = [t._grad for t, _ in trace.grads.values() if t._grad is not None]
     tensors = [leaf for leaf in out_leaves if isinstance(leaf, Tensor)]
-    escaped = trace.escaped_tensors(tensors + new_grads + [e.tensor for e in traced.externals])
+    keep = tensors + new_grads + [e.tensor for e in traced.externals]
+    escaped = trace.escaped_tensors(keep)
+    if escaped:  # or only kept alive by a reference cycle (a tensor and the autograd node saving it)
+        gc.collect()
+        escaped = trace.escaped_tensors(keep)
     if escaped:
         trace.release()
         return None, (
