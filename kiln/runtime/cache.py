@@ -112,7 +112,7 @@ def _check_owner_and_mode(info: os.stat_result, forbidden: int = _GROUP_OTHER_WR
         raise Refused(f"it is {who} (mode {stat.S_IMODE(info.st_mode):o})")
 
 
-def check_directory(path: Path) -> None:
+def _check_directory(path: Path) -> None:
     """Raise ``Refused`` unless ``path`` is a real directory (no symlink) of this user that no one
     else can write to; ``FileNotFoundError`` when it does not exist."""
     info = os.lstat(path)
@@ -154,7 +154,7 @@ def _root(directory: Path) -> tuple[Path, str | None]:
     try:
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         resolved = Path(os.path.realpath(directory))
-        check_directory(resolved)
+        _check_directory(resolved)
     except Refused as why:
         return directory, str(why)
     except OSError as error:
@@ -212,7 +212,7 @@ class DiskCache:
         self.misses = 0
         self._io_warned = False
         self._refusal_warned = False
-        self._key = b""
+        self._signing_key = b""
         if reason is not None:
             logger.warning(
                 "kiln: the compile cache is disabled: %s is refused because %s. Make it private "
@@ -221,9 +221,12 @@ class DiskCache:
             )  # fmt: skip
         else:
             try:
-                self._key = _secret(self.directory)
-            except (Refused, OSError) as why:
+                self._signing_key = _secret(self.directory)
+            except Refused as why:
                 reason = str(why)
+            except OSError as error:
+                reason = f"it cannot be made or read ({error.strerror or error})"
+            if reason is not None:
                 logger.warning(
                     "kiln: the compile cache is disabled: its secret file %s is refused because %s. "
                     "Delete it (kiln makes a new one, and rebuilds the entries).",
@@ -246,8 +249,8 @@ class DiskCache:
             return None
         path = self.path(key)
         try:
-            check_directory(self.directory)
-            check_directory(path.parent)
+            _check_directory(self.directory)
+            _check_directory(path.parent)
             with os.fdopen(_open_file(path), "rb") as file:
                 identity = os.fstat(file.fileno())
                 data = file.read()
@@ -262,7 +265,7 @@ class DiskCache:
             self._warn_io("read", path, error)
             self.misses += 1
             return None
-        payload, problem = _decode(self._key, data, key)
+        payload, problem = _decode(self._signing_key, data, key)
         if problem is not None:
             logger.debug("kiln: dropping cache entry %s: %s", path, problem)
             self._remove_if_same(path, identity)
@@ -278,15 +281,15 @@ class DiskCache:
         path = self.path(key)
         temp = None
         try:
-            check_directory(self.directory)
+            _check_directory(self.directory)
             try:
                 path.parent.mkdir(mode=0o700)
             except FileExistsError:
                 pass
-            check_directory(path.parent)
+            _check_directory(path.parent)
             fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=path.parent)  # created 0o600
             with os.fdopen(fd, "wb") as file:
-                file.write(_encode(self._key, key, payload))
+                file.write(_encode(self._signing_key, key, payload))
                 if self.fsync:
                     file.flush()
                     os.fsync(file.fileno())

@@ -445,7 +445,7 @@ from kiln.runtime.cache import DiskCache
 sys.stdin.readline()  # start together
 cache = DiskCache(sys.argv[1])
 assert cache.enabled
-print(cache._key.hex())
+print(cache._signing_key.hex())
 """
 
 
