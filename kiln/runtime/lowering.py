@@ -6,11 +6,19 @@ graph. Kernels the code generator declines run on the interpreter (the program s
 invoked once.
 
 ``compile_cached(traced, optimize, input_strides, options)`` puts the on-disk cache in front of
-it: the key is the traced graph's canonical text and constants, the input layouts, the compile
-options, kiln's version, a digest of the compiler's own source and the host signature (LLVM,
-CPU name and features); an entry holds the fused graph, its constants and the object code, so a
-hit skips the passes, fusion and LLVM. Entries are checksummed by the cache; one that does not
-load is rebuilt.
+it: the key is the traced graph's canonical text without source locations and its constants, the
+input layouts, the compile options, kiln's version, a digest of the compiler's own source and the
+host signature (LLVM, CPU name and features); an entry holds the fused graph, its constants and
+the object code, so a hit skips the passes, fusion and LLVM. Entries are signed by the cache; one
+that does not load is rebuilt.
+
+Source locations stay out of the key (a comment added above a compiled function must not
+recompile it), yet a program's nodes must name the lines of *this* trace, which errors and
+``explain`` show. So an entry also keeps the location of every traced node it was compiled from;
+on a hit, each location of the stored graph is replaced by the current trace's location of the
+same traced node. Passes only copy locations from the nodes they rewrite, so the map is exact;
+when one stored location now stands for several lines (a statement split in two), the entry
+cannot say which, and it is rebuilt.
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ import safetensors.numpy
 from ..codegen.llvm import Unsupported, engine
 from ..codegen.llvm.kernels import KernelModule
 from ..ir.dtypes import float16
-from ..ir.graph import CONSTANT, KERNEL, Graph, qualified_constants
+from ..ir.graph import CONSTANT, KERNEL, Graph, kernel_bodies, qualified_constants
 from ..ir.primitives import ELEMENTWISE, PRIMITIVES
+from ..ir.printer import print_graph
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..passes.fusion import fuse
 from ..passes.memory_plan import plan_memory
@@ -42,7 +51,7 @@ from .executor import KERNEL_TYPE, CompiledProgram, KernelStep, LoweringReport, 
 logger = logging.getLogger("kiln")
 
 #: Bump when the layout of a cache entry changes.
-ENTRY_FORMAT = 1
+ENTRY_FORMAT = 2
 
 
 def compile_program(graph: Graph, input_strides: Sequence[tuple | None]) -> CompiledProgram:
@@ -66,13 +75,13 @@ def compile_cached(traced: Graph, optimize: Callable[[Graph], Graph], input_stri
     key = None
     if cache.enabled:
         key = cache_key("kiln program", str(ENTRY_FORMAT), _compiler_digest(), engine.host_signature(), options,
-                        repr([tuple(s) if s is not None else None for s in input_strides]), str(traced),
-                        *_constant_parts(traced))  # fmt: skip
+                        repr([tuple(s) if s is not None else None for s in input_strides]),
+                        print_graph(traced, locations=False), *_constant_parts(traced))  # fmt: skip
         payload = cache.get(key)
         if payload is not None:
             start = time.perf_counter()
             try:
-                program = _from_entry(payload, input_strides)
+                program = _from_entry(payload, input_strides, _locations(traced))
             except Exception as error:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
                 logger.debug("kiln: compile cache entry did not load (%s); rebuilding", error)
             else:
@@ -81,7 +90,7 @@ def compile_cached(traced: Graph, optimize: Callable[[Graph], Graph], input_stri
                 return program
     program = compile_program(optimize(traced), input_strides)
     if key is not None:
-        cache.put(key, _to_entry(program))
+        cache.put(key, _to_entry(program, _locations(traced)))
         program.report.cache = "miss"
     return program
 
@@ -155,7 +164,7 @@ def _constant_parts(graph: Graph) -> list[bytes]:
     return parts
 
 
-def _to_entry(program: CompiledProgram) -> bytes:
+def _to_entry(program: CompiledProgram, traced_locations: list) -> bytes:
     graph = program.graph
     index = {node: i for i, node in enumerate(graph.nodes)}
     kernels = [[index[s.node], s.symbol, s.extent, s.work_bytes] for s in program.kernel_steps]
@@ -170,18 +179,24 @@ def _to_entry(program: CompiledProgram) -> bytes:
         "declined": json.dumps(report.declined),
         "externs": json.dumps(report.externs),
         "objects": str(len(program.objects)),
-        "shapes": json.dumps({k: list(v.shape) for k, v in constants.items()}),
-    }  # safetensors loads 0-d as (1,)
+        "shapes": json.dumps({k: list(v.shape) for k, v in constants.items()}),  # safetensors loads 0-d as (1,)
+        "locations": json.dumps(traced_locations),
+    }
     return safetensors.numpy.save(tensors, metadata=meta)
 
 
-def _from_entry(payload: bytes, input_strides: Sequence[tuple | None]) -> CompiledProgram:
+def _from_entry(payload: bytes, input_strides: Sequence[tuple | None], traced_locations: list) -> CompiledProgram:
     (size,) = struct.unpack("<Q", payload[:8])
     meta = json.loads(payload[8 : 8 + size])["__metadata__"]
+    moved = _relocation(json.loads(meta["locations"]), traced_locations)
+    if moved is None:
+        raise ValueError("the source lines moved in a way the stored program cannot follow")
     tensors = safetensors.numpy.load(payload)
     shapes = json.loads(meta["shapes"])
     constants = {k: tensors[f"constant/{k}"].reshape(shape) for k, shape in shapes.items()}
-    graph = graph_from_json(json.loads(meta["graph"]), constants)
+    graph_json = json.loads(meta["graph"])
+    _relocate(graph_json, moved)
+    graph = graph_from_json(graph_json, constants)
     objects = [tensors[f"object/{i}"].tobytes() for i in range(int(meta["objects"]))]
     steps = {}
     for position, symbol, extent, work in json.loads(meta["kernels"]):
@@ -192,3 +207,40 @@ def _from_entry(payload: bytes, input_strides: Sequence[tuple | None]) -> Compil
     program = load(graph, steps, objects, infer_layouts(graph, input_strides), report)
     program.objects = objects
     return program
+
+
+# ----------------------------------------------------------------------------- source locations
+def _locations(graph: Graph) -> list:
+    """Each node's source location as ``[file, line, function]`` (or None), bodies included, in order."""
+    found: list = []
+    for node in graph.nodes:
+        loc = node.loc
+        found.append(None if loc is None else [loc.filename, loc.line, loc.function])
+        for body in kernel_bodies(node):
+            found.extend(_locations(body))
+    return found
+
+
+def _relocation(stored: list, current: list) -> dict | None:
+    """Stored location -> the current trace's location of the same node; None when a stored
+    location now stands for two different ones (or the traces differ, which the key excludes)."""
+    if len(stored) != len(current):
+        return None
+    moved: dict = {}
+    for old, new in zip(stored, current, strict=True):
+        if old is not None and moved.setdefault(tuple(old), new) != new:
+            return None
+    return moved
+
+
+def _relocate(graph_json: dict, moved: dict) -> None:
+    """Replace the locations of a graph's JSON form (``graph_to_json``) in place, bodies included;
+    a location no traced node had is dropped rather than guessed."""
+    for node in graph_json["nodes"]:
+        loc = node["loc"]
+        if loc is not None:
+            new = moved.get((loc["file"], loc["line"], loc["function"]))
+            node["loc"] = None if new is None else {"file": new[0], "line": new[1], "function": new[2]}
+        if node["op"] == KERNEL:
+            for body in node["attrs"]["bodies"]["graphs"]:
+                _relocate(body, moved)

@@ -1,5 +1,7 @@
 """The on-disk compile cache: hits, misses, bad entries, refused directories, concurrent writers."""
 
+import hashlib
+import hmac
 import logging
 import os
 import stat
@@ -167,20 +169,25 @@ def test_io_errors_degrade_to_a_miss_with_one_warning(disk, kiln_warnings, monke
     (message,) = warnings_of(kiln_warnings)
     assert "No space left on device" in message
     assert disk.get("a") is None
-    assert [p for p in disk.directory.rglob("*") if p.is_file()] == []  # temporary files cleaned up
+    assert [p for p in disk.directory.rglob("*") if p.is_file()] == [disk.directory / "secret"]  # no temporary file
     monkeypatch.undo()
     disk.put("a", PAYLOAD)
     assert disk.get("a") == PAYLOAD
 
 
-def test_unreadable_entry_is_a_miss(disk, kiln_warnings):
+def test_unreadable_entry_is_a_miss(disk, kiln_warnings, monkeypatch):
     disk.put("a", PAYLOAD)
-    path = disk.path("a")
-    path.unlink()
-    path.mkdir()  # reading a directory raises IsADirectoryError, even as root
+
+    def failing_read(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(cache_module.os, "fdopen", failing_read)
+    assert disk.get("a") is None
     assert disk.get("a") is None
     (message,) = warnings_of(kiln_warnings)
-    assert "could not read" in message
+    assert "could not read" in message and "Input/output error" in message
+    monkeypatch.undo()
+    assert disk.get("a") == PAYLOAD
 
 
 def test_clear_removes_entries_only(disk):
@@ -189,7 +196,7 @@ def test_clear_removes_entries_only(disk):
     (disk.directory / "README").write_text("kept")
     disk.clear()
     assert all(disk.get(key) is None for key in ("a", "b", "c"))
-    assert [p.name for p in disk.directory.iterdir()] == ["README"]
+    assert sorted(p.name for p in disk.directory.iterdir()) == ["README", "secret"]
 
 
 def test_cache_key_parts_are_unambiguous():
@@ -240,3 +247,223 @@ def test_two_processes_writing_the_same_key(tmp_path):
     disk = DiskCache(directory)
     assert disk.get("shared key") == bytes(range(256)) * 4096
     assert [p.name for p in disk.path("shared key").parent.iterdir()] == [disk.path("shared key").name]
+
+
+# ----------------------------------------------------------------------------- only this user's entries
+def refusals_of(caplog) -> list[str]:
+    return [m for m in warnings_of(caplog) if "refused" in m]
+
+
+def test_entries_carry_their_key_and_a_signature(disk):
+    key = cache_key("graph")
+    disk.put(key, PAYLOAD)
+    data = disk.path(key).read_bytes()
+    header = cache_module.HEADER_BYTES
+    assert data[header : header + len(key)] == key.encode() and data.endswith(PAYLOAD)
+    # HMAC-SHA256 keyed by the private secret, over the header's fields, the key and the payload.
+    fields = header - 32
+    secret = (disk.directory / "secret").read_bytes()
+    expected = hmac.new(secret, data[:fields] + key.encode() + PAYLOAD, hashlib.sha256).digest()
+    assert data[fields:header] == expected
+
+
+def test_secret_is_private_made_once_and_shared_by_later_caches(tmp_path):
+    first = DiskCache(tmp_path / "cache")
+    secret = first.directory / "secret"
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600 and len(secret.read_bytes()) == 32
+    first.put("k", PAYLOAD)
+    before = secret.read_bytes()
+    second = DiskCache(tmp_path / "cache")
+    assert secret.read_bytes() == before
+    assert second.get("k") == PAYLOAD
+    assert DiskCache(tmp_path / "other").directory.joinpath("secret").read_bytes() != before
+
+
+def test_an_entry_signed_by_another_secret_is_a_miss_and_rebuilt(tmp_path, kiln_warnings):
+    # Another user's kiln (or a copied cache) writes a well-formed entry for the same key.
+    mine, theirs = DiskCache(tmp_path / "mine"), DiskCache(tmp_path / "theirs")
+    theirs.put("k", b"their machine code")
+    mine.path("k").parent.mkdir(mode=0o700)
+    mine.path("k").write_bytes(theirs.path("k").read_bytes())
+    assert mine.get("k") is None
+    assert not mine.path("k").exists()
+    assert any("does not verify" in r.getMessage() for r in kiln_warnings.records)
+    mine.put("k", PAYLOAD)
+    assert mine.get("k") == PAYLOAD
+
+
+def test_an_entry_moved_under_another_key_is_a_miss(disk):
+    disk.put("a", b"code of a")
+    disk.put("b", b"code of b")
+    disk.path("b").write_bytes(disk.path("a").read_bytes())  # correctly signed, for another key
+    assert disk.get("b") is None
+    assert disk.get("a") == b"code of a"
+
+
+def test_a_forged_key_field_does_not_verify(disk):
+    disk.put("a", b"code of a")
+    data = disk.path("a").read_bytes()
+    header = cache_module.HEADER_BYTES
+    forged = data[:header] + b"b" + data[header + 1 :]  # same length, claims key "b"
+    disk.put("b", b"code of b")
+    disk.path("b").write_bytes(forged)
+    assert disk.get("b") is None
+
+
+def test_a_shard_directory_others_can_write_is_refused(disk, kiln_warnings):
+    key = cache_key("graph")
+    disk.put(key, PAYLOAD)
+    shard = disk.path(key).parent
+    shard.chmod(0o777)
+    assert disk.get(key) is None
+    assert disk.get(key) is None
+    (message,) = refusals_of(kiln_warnings)  # said once
+    assert str(shard) in message and "writable by group or others" in message
+    disk.put(key, b"new")  # nothing is written where others could replace it
+    assert disk.path(key).read_bytes().endswith(PAYLOAD)
+    shard.chmod(0o700)
+    assert disk.get(key) == PAYLOAD
+
+
+def test_an_entry_others_can_write_is_refused_and_rebuilt(disk, kiln_warnings):
+    disk.put("k", PAYLOAD)
+    disk.path("k").chmod(0o666)
+    assert disk.get("k") is None
+    assert not disk.path("k").exists()
+    (message,) = refusals_of(kiln_warnings)
+    assert "writable by group or others (mode 666)" in message
+    disk.put("k", PAYLOAD)
+    assert disk.get("k") == PAYLOAD
+
+
+def test_the_root_is_checked_on_every_use(disk, kiln_warnings):
+    disk.put("k", PAYLOAD)
+    disk.directory.chmod(0o777)
+    assert disk.get("k") is None
+    disk.put("j", PAYLOAD)
+    assert not disk.path("j").exists()
+    (message,) = refusals_of(kiln_warnings)
+    assert str(disk.directory) in message
+    disk.directory.chmod(0o700)
+    assert disk.get("k") == PAYLOAD
+
+
+def test_symbolic_links_are_never_followed(disk, tmp_path, kiln_warnings):
+    # A link at an entry's place pointing at a valid entry outside the cache; a shard that is a link.
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    disk.put("k", PAYLOAD)
+    entry = disk.path("k")
+    (outside / "entry").write_bytes(entry.read_bytes())
+    entry.unlink()
+    entry.symlink_to(outside / "entry")
+    assert disk.get("k") is None
+    assert not entry.is_symlink() and (outside / "entry").exists()  # the link removed, its target kept
+    assert "symbolic link" in refusals_of(kiln_warnings)[0]
+
+    other = next(disk.path(k) for k in map(str, range(1000)) if not disk.path(k).parent.exists())
+    (outside / "shard").mkdir(mode=0o700)
+    (outside / "shard" / other.name).write_bytes(b"")
+    other.parent.symlink_to(outside / "shard")
+    key = next(k for k in map(str, range(1000)) if disk.path(k) == other)
+    assert disk.get(key) is None
+    disk.put(key, PAYLOAD)
+    assert (outside / "shard" / other.name).read_bytes() == b""  # nothing written through the link
+    disk.clear()
+    assert (outside / "shard" / other.name).exists() and (outside / "entry").exists()
+
+
+def test_a_secret_others_can_read_disables_the_cache(tmp_path, kiln_warnings):
+    DiskCache(tmp_path / "cache").put("k", PAYLOAD)
+    secret = tmp_path / "cache" / "secret"
+    secret.chmod(0o644)
+    disk = DiskCache(tmp_path / "cache")
+    assert not disk.enabled and disk.get("k") is None
+    (message,) = warnings_of(kiln_warnings)
+    assert str(secret) in message and "readable or writable by others (mode 644)" in message and "Delete it" in message
+
+
+@pytest.mark.parametrize("problem", ["symlink", "short"])
+def test_a_secret_that_is_a_link_or_truncated_disables_the_cache(tmp_path, kiln_warnings, problem):
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    if problem == "symlink":
+        target = tmp_path / "elsewhere"
+        target.write_bytes(bytes(32))
+        target.chmod(0o600)
+        (root / "secret").symlink_to(target)
+    else:
+        (root / "secret").write_bytes(b"short")
+        (root / "secret").chmod(0o600)
+    assert not DiskCache(root).enabled
+    (message,) = warnings_of(kiln_warnings)
+    assert ("symbolic link" if problem == "symlink" else "holds 5 bytes") in message
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid") or os.getuid() != 0, reason="changing an owner needs root")
+def test_entries_and_shards_owned_by_someone_else_are_refused(disk, kiln_warnings):
+    disk.put("k", PAYLOAD)
+    os.chown(disk.path("k"), 12345, 12345)
+    assert disk.get("k") is None
+    assert "owned by uid 12345" in refusals_of(kiln_warnings)[0]
+    disk.put("k", PAYLOAD)
+    os.chown(disk.path("k").parent, 12345, 12345)
+    assert disk.get("k") is None
+    assert disk.path("k").exists()  # a foreign directory: nothing inside it is touched
+    os.chown(disk.path("k").parent, os.getuid(), os.getgid())
+    assert disk.get("k") == PAYLOAD
+
+
+def test_a_relative_directory_is_resolved_once(tmp_path, monkeypatch):
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    monkeypatch.chdir(first)
+    monkeypatch.setenv("KILN_CACHE_DIR", "rel/cache")
+    disk = DiskCache()
+    assert disk.directory == first / "rel" / "cache" and disk.directory.is_absolute()
+    monkeypatch.chdir(second)
+    disk.put("k", PAYLOAD)
+    assert disk.get("k") == PAYLOAD
+    assert disk.path("k").is_relative_to(first) and list(second.iterdir()) == []
+    assert DiskCache("rel/cache").directory == second / "rel" / "cache"
+
+
+def test_a_root_given_through_a_link_is_resolved(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(real)
+    disk = DiskCache(tmp_path / "link")
+    assert disk.enabled and disk.directory == real
+    disk.put("k", PAYLOAD)
+    assert disk.path("k").is_relative_to(real)
+
+
+SECRET_RACE = """
+import sys
+from kiln.runtime.cache import DiskCache
+sys.stdin.readline()  # start together
+cache = DiskCache(sys.argv[1])
+assert cache.enabled
+print(cache._signing_key.hex())
+"""
+
+
+def test_processes_making_the_secret_at_once_agree_on_it(tmp_path):
+    directory = tmp_path / "cache"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    makers = [
+        subprocess.Popen([sys.executable, "-c", SECRET_RACE, str(directory)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        for _ in range(4)
+    ]  # fmt: skip
+    for maker in makers:
+        maker.stdin.write("go\n")
+        maker.stdin.flush()
+    secrets = set()
+    for maker in makers:
+        out, err = maker.communicate(timeout=60)
+        assert maker.returncode == 0, err
+        secrets.add(out.strip())
+    assert secrets == {(directory / "secret").read_bytes().hex()}
+    assert sorted(p.name for p in directory.iterdir()) == ["secret"]  # no temporary file left behind

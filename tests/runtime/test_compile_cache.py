@@ -88,7 +88,8 @@ def _run(script: Path, cache: Path) -> tuple[str, str]:
 
 
 def _entries(cache: Path) -> list[Path]:
-    return [p for p in cache.rglob("*") if p.is_file()]
+    """The entry files (in the two-digit shard directories; the root also holds the secret)."""
+    return [p for p in cache.glob("??/*") if p.is_file()]
 
 
 # WITH_CONSTANTS: kernel bodies hold 0-d constants, which the entry must give back 0-d (safetensors
@@ -112,7 +113,7 @@ def test_a_corrupted_cache_file_is_rebuilt(script, tmp_path):
     assert first == "miss"
     entries = _entries(cache)
     assert entries
-    for path in entries:  # flip payload bytes only (past the 84-byte header): the checksum must catch it
+    for path in entries:  # flip payload bytes only (past the header): the signature must catch it
         data = bytearray(path.read_bytes())
         assert len(data) > 1000
         for i in (len(data) // 2, len(data) - 1):
@@ -166,3 +167,141 @@ def test_a_cache_directory_others_can_write_is_refused(tmp_path, monkeypatch, ca
     assert_close(out, f(x), rtol=1e-5, atol=1e-6)
     assert any("writable by group or others" in r.getMessage() for r in caplog.records), caplog.text
     assert _entries(cache) == []  # nothing written where others could replace it
+
+
+# ----------------------------------------------------------------------------- what a hit may use
+# Each process imports ``model.py`` from a folder, compiles its ``f``, calls it three times and
+# prints the cache state, the result's bytes, the source lines the compiled graph names and
+# whether ``kiln.explain`` names the same lines.
+MODULE_RUNNER = """
+import logging, os, sys
+import numpy as np
+import kiln
+
+logging.basicConfig(level=logging.WARNING)
+sys.path.insert(0, sys.argv[1])
+x = kiln.tensor(np.linspace(-2, 2, 60, dtype=np.float32).reshape(6, 10))
+if len(sys.argv) > 2:  # a first compile, then a chdir that a relative KILN_CACHE_DIR must not follow
+    kiln.compile(lambda t: t - 1)(x)
+    os.chdir(sys.argv[2])
+import model
+
+def lines(graph):
+    found = set()
+    for node in graph.nodes:
+        if node.loc is not None:
+            assert node.loc.filename.endswith("model.py"), node.loc
+            found.add(node.loc.line)
+        for body in node.bodies:
+            found |= lines(body)
+    return found
+
+cf = kiln.compile(model.f)
+for _ in range(3):
+    out = cf(x)
+spec = cf.state.specializations[-1]
+assert spec.calls == 2, spec.calls
+assert np.allclose(out.numpy(), model.f(x).numpy(), rtol=1e-5, atol=1e-6), "compiled result differs from eager"
+report = str(kiln.explain(cf))
+named = lines(cf.graph)
+assert named and all(f'model.py":{line}' in report for line in named), report
+print(spec.report.cache, out.numpy().tobytes().hex(), ",".join(map(str, sorted(named))))
+"""
+
+
+def _module(folder: Path, body: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    (folder / "model.py").write_text("import kiln\n\n\n" + body)
+    return folder
+
+
+def _run_module(tmp_path: Path, folder: Path, cache: Path | str, *args: str, cwd: Path = ROOT):
+    """``(report.cache, result hex, the sorted source lines named)`` of one process."""
+    runner = tmp_path / "run_module.py"
+    runner.write_text(MODULE_RUNNER)
+    process = subprocess.run([sys.executable, str(runner), str(folder), *args], env=_env(cache), cwd=cwd,
+                             text=True, capture_output=True, timeout=120)  # fmt: skip
+    assert process.returncode == 0, process.stderr
+    state, result, lines = process.stdout.split()
+    return state, result, [int(n) for n in lines.split(",")], process.stderr
+
+
+F = """def f(x):
+    h = x.exp() * 0.5
+    return (h.tanh() + 1) * x
+"""
+
+
+def test_a_comment_above_the_function_is_a_hit_with_the_new_lines(tmp_path):
+    folder, cache = tmp_path / "mod", tmp_path / "cache"
+    _module(folder, F)
+    first, result, lines, _ = _run_module(tmp_path, folder, cache)
+    assert (first, lines) == ("miss", [5, 6])
+    _module(folder, "# a comment\n# and another\n" + F)
+    second, again, moved, _ = _run_module(tmp_path, folder, cache)
+    assert second == "hit" and again == result
+    assert moved == [7, 8]  # this trace's lines, not those stored with the entry
+    assert len(_entries(cache)) == 1
+
+
+def test_a_statement_split_in_two_is_rebuilt_with_its_lines(tmp_path):
+    # The stored graph's line 6 now stands for lines 6 and 7: a hit could not tell which, so rebuild.
+    folder, cache = tmp_path / "mod", tmp_path / "cache"
+    _module(folder, F)
+    assert _run_module(tmp_path, folder, cache)[0] == "miss"
+    _module(folder, F.replace("    return (h.tanh() + 1) * x\n", "    h = h.tanh() + 1\n    return h * x\n"))
+    state, _, lines, _ = _run_module(tmp_path, folder, cache)
+    assert (state, lines) == ("miss", [5, 6, 7])
+    state, _, lines, _ = _run_module(tmp_path, folder, cache)
+    assert (state, lines) == ("hit", [5, 6, 7])
+
+
+def test_two_entries_swapped_are_rebuilt_not_run(tmp_path):
+    # Same shapes, different programs: each entry put where the other's key leads.
+    cache = tmp_path / "cache"
+    plus = _module(tmp_path / "plus", "def f(x):\n    return x + 1\n")
+    times = _module(tmp_path / "times", "def f(x):\n    return x * 3\n")
+    results = {}
+    for folder in (plus, times):
+        state, results[folder], _, _ = _run_module(tmp_path, folder, cache)
+        assert state == "miss"
+    first, second = _entries(cache)
+    data = first.read_bytes()
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(data)
+    for folder in (plus, times):
+        state, result, _, _ = _run_module(tmp_path, folder, cache)  # the runner checks against eager
+        assert (state, result) == ("miss", results[folder])
+    for folder in (plus, times):
+        assert _run_module(tmp_path, folder, cache)[:2] == ("hit", results[folder])
+
+
+def test_entries_of_another_secret_are_rebuilt(tmp_path):
+    folder, cache = _module(tmp_path / "mod", F), tmp_path / "cache"
+    _, result, _, _ = _run_module(tmp_path, folder, cache)
+    (cache / "secret").unlink()  # as if the entries came from another user's kiln
+    state, again, _, stderr = _run_module(tmp_path, folder, cache)
+    assert (state, again) == ("miss", result)
+    assert "WARNING" not in stderr
+    assert _run_module(tmp_path, folder, cache)[:2] == ("hit", result)
+
+
+def test_an_entry_in_a_directory_others_can_write_is_not_run(tmp_path):
+    folder, cache = _module(tmp_path / "mod", F), tmp_path / "cache"
+    _, result, _, _ = _run_module(tmp_path, folder, cache)
+    (entry,) = _entries(cache)
+    entry.parent.chmod(0o777)
+    state, again, _, stderr = _run_module(tmp_path, folder, cache)
+    assert (state, again) == ("miss", result)  # compiled anew, the planted entry left unread
+    assert stderr.count("refused") == 1 and "writable by group or others" in stderr, stderr
+
+
+def test_a_relative_cache_directory_does_not_follow_chdir(tmp_path):
+    folder = _module(tmp_path / "mod", F)
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir()
+    elsewhere.mkdir()
+    state, result, _, _ = _run_module(tmp_path, folder, "rel/cache", str(elsewhere), cwd=start)
+    assert state == "miss"
+    assert len(_entries(start / "rel" / "cache")) == 2 and list(elsewhere.iterdir()) == []
+    assert _run_module(tmp_path, folder, "rel/cache", str(elsewhere), cwd=start)[:2] == ("hit", result)

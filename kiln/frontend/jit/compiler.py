@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,7 @@ class CompiledFunction:
         self._globals = getattr(code_fn, "__globals__", None)
         self._code = getattr(code_fn, "__code__", None)
         self._closure = getattr(code_fn, "__closure__", None)
+        self._lock = threading.RLock()  # held while a miss traces (see _compile_miss)
         functools.update_wrapper(self, fn, updated=())
 
     def __get__(self, obj, objtype=None):
@@ -140,6 +142,38 @@ class CompiledFunction:
 
                     return run_checked(self, entry, args, kwargs, leaves)
                 return entry.run(leaves)
+        return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
+
+    def _compile_miss(self, args, kwargs, leaves, key, miss: str, closure_values: dict):
+        """A call no specialization matched: trace it, one thread at a time.
+
+        Threads racing on the first call of a key would each trace it (one specialization per
+        thread, past the recompile limit). The lock is held only here, never while a compiled
+        program runs; a thread that waited looks the key up again and runs what the winner
+        compiled. Nested compiled calls trace through without reaching this (``state.current``
+        is set); a thread that already holds another compiled function's lock (a call after a
+        trace break) never blocks on this one, so two functions cannot deadlock each other.
+        """
+        if not _acquire(self._lock):
+            self._log_once(("busy",), "another thread is compiling this function; this call runs eagerly")
+            return self.fn(*args, **kwargs)
+        try:
+            found = _match(self.state.cache.get(key, ()), self._globals, closure_values)
+            if found is None:
+                return self._trace_new(args, kwargs, leaves, key, miss)
+        finally:
+            _release(self._lock)
+        # Another thread compiled this key while this one waited.
+        if isinstance(found, EagerEntry):
+            return self.fn(*args, **kwargs)
+        if self.check:
+            from .check import run_checked  # noqa: PLC0415
+
+            return run_checked(self, found, args, kwargs, leaves)
+        return found.run(leaves)
+
+    def _trace_new(self, args, kwargs, leaves, key, miss: str):
+        """Trace a miss unless the recompile limit is reached (then the call runs eagerly)."""
         if key not in self.state.cache and self.state.last_key is not None:
             miss = describe_key_change(self.state.last_key, key) if key != self.state.last_key else "traced again"
         if len(self.state.specializations) >= self.options.recompile_limit:
@@ -221,6 +255,33 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"<compiled {self._name()}: {len(self.state.specializations)} specialization(s)>"
+
+
+# ---------------------------------------------------------------------- the miss path's lock
+_held = threading.local()  # .count: compile locks this thread holds
+
+
+def _acquire(lock) -> bool:
+    """Take ``lock``: waiting when this thread holds no other compile lock, else only if it is free
+    (a thread holding one lock never waits for another, so no cycle of waits can form)."""
+    held = getattr(_held, "count", 0)
+    if not lock.acquire(blocking=held == 0):
+        return False
+    _held.count = held + 1
+    return True
+
+
+def _release(lock) -> None:
+    _held.count -= 1
+    lock.release()
+
+
+def _match(entries, fn_globals: dict | None, closure_values: dict):
+    """The first entry of a key that applies now (an ``EagerEntry`` or a matching specialization)."""
+    for entry in entries:
+        if isinstance(entry, EagerEntry) or entry.state_miss(fn_globals, closure_values) is None:
+            return entry
+    return None
 
 
 def _names(code) -> list[str]:
