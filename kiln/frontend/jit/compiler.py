@@ -158,7 +158,7 @@ class CompiledFunction:
             self._log_once(("busy",), "another thread is compiling this function; this call runs eagerly")
             return self.fn(*args, **kwargs)
         try:
-            found = _match(self.state.cache.get(key, ()), self._globals, closure_values)
+            found = _match(self.state.cache.get(key, ()), self._globals, closure_values, leaves)
             if found is None:
                 return self._trace_new(args, kwargs, leaves, key, miss)
         finally:
@@ -276,10 +276,10 @@ def _release(lock) -> None:
     lock.release()
 
 
-def _match(entries, fn_globals: dict | None, closure_values: dict):
+def _match(entries, fn_globals: dict | None, closure_values: dict, leaves: list):
     """The first entry of a key that applies now (an ``EagerEntry`` or a matching specialization)."""
     for entry in entries:
-        if isinstance(entry, EagerEntry) or entry.state_miss(fn_globals, closure_values) is None:
+        if isinstance(entry, EagerEntry) or entry.state_miss(fn_globals, closure_values, leaves) is None:
             return entry
     return None
 
