@@ -258,13 +258,15 @@ def _members(node: Node) -> list[tuple[Sequence[Value], Sequence[Value], set[int
     members = []
     for body, inputs, outputs in body_inputs_outputs(node):
         domain = body.outputs[0].type.shape if body.outputs else None
-        safe = {p for p, v in enumerate(body.inputs) if v.type.shape == domain and _pointwise(body, v, domain)}
+        safe = {p for p, v in enumerate(body.inputs) if v.type.shape == domain and pointwise_from(body, v, domain)}
         members.append((inputs, outputs, safe))
     return members
 
 
-def _pointwise(body: Graph, start: Value, domain: tuple[int, ...]) -> bool:
-    """Whether every value computed from ``start`` in ``body`` is elementwise at the domain's shape."""
+def pointwise_from(body: Graph, start: Value, domain: tuple[int, ...]) -> bool:
+    """Whether every value computed from ``start`` in ``body`` is elementwise at the domain's shape,
+    transitively: then the kernel reads ``start`` only at the element it is computing. (A view
+    anywhere downstream, even of an elementwise result, re-indexes ``start`` itself.)"""
     derived = {start}
     for node in body.nodes:
         if not any(v in derived for v in node.inputs):

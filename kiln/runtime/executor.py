@@ -87,7 +87,8 @@ def view_strides(node: Node, strides: tuple) -> tuple | None:
 
 def infer_layouts(graph: Graph, input_strides: Sequence[tuple | None]) -> dict[Value, tuple]:
     """Byte strides of every value at run time: inputs as given, constants as stored, views derived,
-    everything else C-contiguous (kernel outputs by construction, extern results enforced)."""
+    everything else C-contiguous (kernel outputs by construction; the results of extern nodes and
+    of interpreted kernels are copied into C order at run time when numpy gave another layout)."""
     layouts: dict[Value, tuple] = {}
     for value, strides in zip(graph.inputs, input_strides, strict=True):
         layouts[value] = strides if strides is not None else _c_strides(value.type.shape, value.type.dtype.itemsize)
@@ -183,8 +184,9 @@ class CompiledProgram:
                 out = node.output
                 eager = PRIMITIVES[node.op].eager
                 into = slots[out] if (node.op == "matmul" and out in planned) else -1
+                normalize = not PRIMITIVES[node.op].is_view  # a view's layout is derived from its input's
                 self._steps.append(("extern", eager, tuple(slots[v] for v in node.inputs), dict(node.attrs),
-                                    slots[out], out.type.dtype.np, into, dead))  # fmt: skip
+                                    slots[out], out.type.dtype.np, into, normalize, dead))  # fmt: skip
         self._needs_errstate = any(step[0] != "kernel" for step in self._steps)
         self._local = threading.local()
 
@@ -329,21 +331,27 @@ class CompiledProgram:
                 elif extent:  # too small to split: call it directly
                     function(table, 0, extent)
             elif kind == "extern":
-                _, eager, args, attrs, out, dtype, into, dead = step
+                _, eager, args, attrs, out, dtype, into, normalize, dead = step
                 if into >= 0:
                     np.matmul(*map(read, args), out=env[into])
                 else:
                     result = eager(np, *map(read, args), **attrs)
                     if result.__class__ is not ndarray:
                         result = np.asarray(result, dtype=dtype)
+                    elif normalize and not result.flags.c_contiguous:
+                        # numpy keeps its input's layout (order="K"); the layouts the kernels were
+                        # compiled for say C order (``infer_layouts``)
+                        result = result.copy(order="C")
                     env[out] = result
             else:
                 _, runner, args, outs, dead = step
                 for (slot, in_arena), array in zip(outs, runner(np, *map(read, args)), strict=True):
                     if in_arena:  # compiled kernels read it at its arena address
                         np.copyto(env[slot], array)
-                    else:
+                    elif array.flags.c_contiguous:
                         env[slot] = array
+                    else:  # the body's eager kernels keep their inputs' layouts; C order was promised
+                        env[slot] = np.array(array, order="C")
             for slot in dead:
                 env[slot] = None
             if timings is not None:
@@ -440,19 +448,16 @@ def _aliases(graph: Graph, value: Value) -> set[Value]:
 
 def reads_at_own_index(node: Node, source: Value, result: Value) -> bool:
     """Whether kernel ``node`` reads ``source`` only at the index where it writes ``result``: both in
-    the same elementwise body, of one shape, the body input feeding elementwise nodes only."""
+    the same elementwise body, of one shape, and everything the body computes from ``source`` is
+    elementwise at that shape. A view or broadcast anywhere downstream (``t = a.pow(2).T``) makes
+    the generated loop read ``source`` at another element, which an in-place write may have
+    overwritten already."""
     from ..ir.graph import body_inputs_outputs  # noqa: PLC0415
-    from ..ir.primitives import ELEMENTWISE  # noqa: PLC0415
+    from ..passes.memory_plan import pointwise_from  # noqa: PLC0415
 
     if node.attrs["kind"] not in ("elementwise", "horizontal") or source.type.shape != result.type.shape:
         return False
     for body, inputs, outputs in body_inputs_outputs(node):
-        if result not in outputs:
-            continue
-        if source not in inputs:
-            return False
-        inner = body.inputs[inputs.index(source)]
-        return all(PRIMITIVES[n.op].kind in ELEMENTWISE and all(
-            v.type.shape == result.type.shape for v in n.inputs if v is inner)
-            for n in body.nodes if inner in n.inputs)  # fmt: skip
+        if result in outputs and source in inputs:
+            return pointwise_from(body, body.inputs[inputs.index(source)], result.type.shape)
     return False

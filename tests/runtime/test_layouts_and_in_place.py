@@ -1,0 +1,148 @@
+"""The executor's two promises to the compiled kernels, against eager over several calls.
+
+- Layouts: a kernel is compiled for the strides ``infer_layouts`` gives each value. numpy keeps
+  its input's layout (``order="K"``), so an extern such as ``index_put`` over a transposed view
+  hands back a transposed array; the executor copies such results into the C order it promised
+  (issue 10, cause 8).
+- In place: an output may be written over an input's memory (an argument updated by ``add_``,
+  or a dead intermediate in the arena) only when the kernel reads that memory at the element
+  it writes and nothing reads it later. A view anywhere downstream of the read (``a.pow_(2);
+  a.T``) re-indexes it (issue 10, cause 9).
+
+Every function is compiled, then called on fresh random inputs (the first call traces, the
+others run the ``CompiledProgram``); results and the arguments after the call must match eager
+on clones of the same inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.ir.primitives import PRIMITIVES
+from kiln.runtime.executor import CompiledProgram, reads_at_own_index
+
+from ..conftest import assert_close
+
+TOL = {"rtol": 1e-5, "atol": 1e-6}
+
+
+def _agree(fn, *shapes, calls: int = 4, seed: int = 0, ints: dict | None = None) -> CompiledProgram:
+    """Compile ``fn``, call it ``calls`` times on fresh inputs of ``shapes``; compare with eager."""
+    rng = np.random.default_rng(seed)
+    cf = kiln.compile(fn, fullgraph=True)
+    for _ in range(calls):
+        arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        got_args = [kiln.tensor(a.copy()) for a in arrays]
+        eager_args = [kiln.tensor(a.copy()) for a in arrays]
+        got, expected = cf(*got_args), fn(*eager_args)
+        got = got if isinstance(got, tuple) else (got,)
+        expected = expected if isinstance(expected, tuple) else (expected,)
+        for g, e in zip(got + tuple(got_args), expected + tuple(eager_args), strict=True):
+            assert_close(g, e, **TOL)
+    spec = cf.state.specializations[-1]
+    assert isinstance(spec.program, CompiledProgram) and spec.calls == calls - 1
+    return spec.program
+
+
+# ----------------------------------------------------------------------------- extern layouts
+IDX = kiln.tensor([0, 2, 0])
+COL = kiln.tensor([[0, 2, 1, 1], [3, 0, 0, 2], [1, 1, 3, 0]])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        pytest.param(lambda a, s: a.index_add(1, IDX, s).softmax(0), id="index_add_last_axis_softmax_0"),
+        pytest.param(lambda a, s: a.index_add(1, IDX, s).T.exp() + 1, id="index_add_transposed_read"),
+        pytest.param(lambda a, s: a.T.scatter_add(0, COL.T, s[:, :1].expand(3, 4).T) * 2, id="scatter_add_of_a_view"),
+        pytest.param(lambda a, s: a.T.gather(0, COL.T).T.sigmoid(), id="gather_of_a_view"),
+        pytest.param(lambda a, s: a.T.cumsum(0).T.tanh() - a, id="cumsum_of_a_view"),
+        pytest.param(lambda a, s: a.T.flip(0).T * a, id="flip_of_a_view"),
+        pytest.param(lambda a, s: kiln.cat([a.T, a.T], 1).T.exp(), id="cat_of_views"),
+    ],
+)
+def test_extern_results_are_read_in_the_layout_the_kernels_were_built_for(fn):
+    _agree(fn, (3, 4), (3, 3))
+
+
+def test_every_non_view_primitive_returns_memory_of_its_own():
+    """The in-place analyses (``write_in_place``, the memory plan) only follow view nodes: an extern
+    whose eager kernel handed back a view of an input would hide a reader of the overwritten memory."""
+    rng = np.random.default_rng(0)
+    for name, prim in PRIMITIVES.items():
+        if prim.is_view or prim.samples is None:
+            continue
+        for sample in prim.samples(rng):
+            arrays = [a for a in sample.args if isinstance(a, np.ndarray)]
+            for transposed in (False, True):  # C order, then column-major copies of the matrices
+                args = [a.T.copy().T if transposed and isinstance(a, np.ndarray) else a for a in sample.args]
+                result = prim.eager(np, *args, **sample.attrs)
+                for out in result if isinstance(result, tuple | list) else (result,):
+                    assert not any(
+                        np.shares_memory(np.asarray(out), a)
+                        for a in arrays + [a for a in args if isinstance(a, np.ndarray)]
+                    ), name
+
+
+def test_an_interpreted_kernel_with_transposed_results_is_laid_out_in_c_order(monkeypatch):
+    """A kernel the code generator declines runs its body on numpy, which keeps a transposed
+    input's layout; the compiled kernel after it reads the result as C order."""
+    from kiln.codegen.llvm import Unsupported
+    from kiln.codegen.llvm.kernels import KernelModule
+
+    add = KernelModule.add
+    seen = []
+
+    def decline_the_first(self, node, layouts):
+        seen.append(node)
+        if len(seen) == 1:
+            raise Unsupported("declined for this test")
+        return add(self, node, layouts)
+
+    monkeypatch.setattr(KernelModule, "add", decline_the_first)
+    w = kiln.randn(4, 4)
+    _agree(lambda a: (a.T.exp() @ w).T * 2 + (a.T.exp() @ w), (4, 4))
+
+
+# ----------------------------------------------------------------------------- in place
+def _pow_then_transpose(a):
+    a.pow_(2)
+    t = a.transpose(0, 1)
+    return kiln.where(t > 1.3, -3.0, t)
+
+
+@pytest.mark.parametrize(
+    ("fn", "shapes"),
+    [
+        pytest.param(_pow_then_transpose, [(3, 3)], id="pow_then_transpose"),
+        pytest.param(lambda a: (a.mul_(2), a.T + a)[1], [(5, 5)], id="transpose_plus_self"),
+        pytest.param(lambda a: (a.mul_(3), a[:, :1] + a)[1], [(4, 3)], id="broadcast_column"),
+        pytest.param(lambda a: (a.add_(1), a[0] * a)[1], [(4, 3)], id="broadcast_row"),
+        pytest.param(lambda a: (a.add_(1), a.flip(0) * 2)[1], [(4, 3)], id="flip"),
+        pytest.param(lambda a: (a.add_(1), a[1:] - a[:-1])[1], [(4, 3)], id="shifted_slices"),
+        pytest.param(lambda a, b: (a.add_(b), a.T * b)[1], [(3, 3), (3, 3)], id="transposed_by_a_second_input"),
+        pytest.param(lambda a: (a.sub_(1), kiln.stack([a, a.T]).sum(0))[1], [(3, 3)], id="stack_with_transpose"),
+        pytest.param(lambda a: (a.mul_(2), a.reshape(-1).flip(0).reshape(3, 3) + 1)[1], [(3, 3)], id="reversed"),
+        pytest.param(lambda a: (a.exp_(), a.sum(0) + a[0])[1], [(4, 3)], id="reduction"),
+    ],
+)
+def test_an_argument_written_in_place_is_read_only_at_the_written_element(fn, shapes):
+    _agree(fn, *shapes)
+
+
+def test_same_element_reads_are_still_written_in_place():
+    """The analysis is not merely off: an update read only at its own element writes the caller's memory."""
+    program = _agree(lambda a, b: (a.mul_(0.5).add_(b), (a * b).exp())[1], (6, 5), (6, 5))
+    in_place = [e for entries in program._allocations.values() for e in entries if e[4] >= 0]
+    assert in_place, "the elementwise update of a was not written in place"
+
+
+def test_a_dead_intermediate_is_not_reused_by_a_kernel_that_reads_it_transposed():
+    w = kiln.randn(6, 6)
+    program = _agree(lambda x: ((x @ w) * 2).T + (x @ w).exp(), (6, 6))
+    plan = program._plan
+    for out, inp in plan.inplace.items():
+        node = next(n for n in program.graph.nodes if out in n.outputs)
+        assert reads_at_own_index(node, inp, out)
