@@ -338,9 +338,11 @@ class CompiledProgram:
                     result = eager(np, *map(read, args), **attrs)
                     if result.__class__ is not ndarray:
                         result = np.asarray(result, dtype=dtype)
-                    elif normalize and not result.flags.c_contiguous:
-                        # numpy keeps its input's layout (order="K"); the layouts the kernels were
-                        # compiled for say C order (``infer_layouts``)
+                    elif normalize and (not result.flags.c_contiguous or (
+                            result.base is not None and _aliases_an_argument(result, args, env))):  # fmt: skip
+                        # numpy keeps its input's layout (order="K") where the kernels were compiled
+                        # for C order (``infer_layouts``); and the memory plan and the in-place
+                        # write-back see a non-view node's result as memory of its own
                         result = result.copy(order="C")
                     env[out] = result
             else:
@@ -435,6 +437,11 @@ def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:
         if v not in planned:
             dead[index].append(slots[v])
     return [tuple(d) for d in dead]
+
+
+def _aliases_an_argument(result: np.ndarray, args: tuple[int, ...], env: list) -> bool:
+    """Whether an extern's result may share memory with one of its arguments (bounds only: cheap)."""
+    return any(np.may_share_memory(result, env[slot]) for slot in args)
 
 
 def _aliases(graph: Graph, value: Value) -> set[Value]:

@@ -7,7 +7,8 @@
 - In place: an output may be written over an input's memory (an argument updated by ``add_``,
   or a dead intermediate in the arena) only when the kernel reads that memory at the element
   it writes and nothing reads it later. A view anywhere downstream of the read (``a.pow_(2);
-  a.T``) re-indexes it (issue 10, cause 9).
+  a.T``) re-indexes it (issue 10, cause 9). Only view nodes may alias: an extern whose eager
+  kernel hands back its input's memory is copied (issue 10, cause 13: DCGAN's unfold).
 
 Every function is compiled, then called on fresh random inputs (the first call traces, the
 others run the ``CompiledProgram``); results and the arguments after the call must match eager
@@ -16,10 +17,13 @@ on clones of the same inputs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import kiln
+import kiln.nn as nn
 from kiln.ir.primitives import PRIMITIVES
 from kiln.runtime.executor import CompiledProgram, reads_at_own_index
 
@@ -146,3 +150,67 @@ def test_a_dead_intermediate_is_not_reused_by_a_kernel_that_reads_it_transposed(
     for out, inp in plan.inplace.items():
         node = next(n for n in program.graph.nodes if out in n.outputs)
         assert reads_at_own_index(node, inp, out)
+
+
+def test_unfold_whose_windows_tile_the_input_exactly_is_a_copy():
+    """The case that made an extern alias the arena: a 2x2 kernel over a 2x2 image, one window."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 2, 2)).astype(np.float32)
+    windows = PRIMITIVES["unfold"].eager(np, x, kernel_size=(2, 2), stride=(1, 1), dilation=(1, 1))
+    assert windows.shape == (2, 3, 2, 2, 1, 1) and not np.shares_memory(windows, x)
+    np.testing.assert_array_equal(windows[..., 0, 0], x)
+
+
+# ----------------------------------------------------------------------------- a real program
+def _discriminator():
+    kiln.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 4, 2, 1, bias=False), nn.LeakyReLU(0.2),
+        nn.Conv2d(4, 8, 4, 2, 1, bias=False), nn.BatchNorm2d(8), nn.LeakyReLU(0.2),
+        nn.Conv2d(8, 1, 2, 1, 0, bias=False), nn.Sigmoid(),
+    )  # fmt: skip
+
+
+def _discriminator_step(model):
+    criterion = nn.BCELoss()
+
+    def step(real, fake):  # pytorch/examples' dcgan: two backward passes add into .grad
+        model.zero_grad()
+        out = model(real).view(-1)
+        loss_real = criterion(out, kiln.ones(out.shape))
+        loss_real.backward()
+        out = model(fake).view(-1)
+        loss_fake = criterion(out, kiln.zeros(out.shape))
+        loss_fake.backward()
+        return loss_real + loss_fake
+
+    return step
+
+
+@pytest.mark.parametrize("aliasing_unfold", [False, True])
+def test_dcgan_discriminator_step_matches_eager(aliasing_unfold, monkeypatch):
+    """Issue 10, cause 13: the last conv's 2x2 kernel over a 2x2 map unfolds into one window, which
+    numpy handed back as a view of the BatchNorm/LeakyReLU output in the arena; the arena then
+    reused that memory before the weight gradient read it. With ``aliasing_unfold`` the eager
+    kernel does so again: the executor must copy an extern's result that aliases an argument."""
+    if aliasing_unfold:
+        unfold = PRIMITIVES["unfold"]
+
+        def aliasing(xp, x, **attrs):
+            windows = unfold.eager(xp, x, **attrs)
+            return x.reshape(windows.shape) if windows.size == x.size else windows
+
+        monkeypatch.setitem(PRIMITIVES, "unfold", dataclasses.replace(unfold, eager=aliasing))
+    rng = np.random.default_rng(0)
+    model, eager_model = _discriminator(), _discriminator()
+    step = kiln.compile(_discriminator_step(model))
+    eager_step = _discriminator_step(eager_model)
+    for _ in range(5):
+        real, fake = (rng.standard_normal((2, 3, 8, 8)).astype(np.float32) for _ in range(2))
+        loss = step(kiln.tensor(real), kiln.tensor(fake))
+        assert_close(loss, eager_step(kiln.tensor(real), kiln.tensor(fake)), rtol=1e-5, atol=1e-6)
+        for p, e in zip(model.parameters(), eager_model.parameters(), strict=True):
+            assert_close(p.grad, e.grad, rtol=1e-4, atol=1e-6)
+        for b, e in zip(model.buffers(), eager_model.buffers(), strict=True):
+            assert_close(b, e, rtol=1e-5, atol=1e-6)
+    spec = step.state.specializations[-1]
+    assert isinstance(spec.program, CompiledProgram) and spec.calls >= 3
