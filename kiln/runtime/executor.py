@@ -405,7 +405,7 @@ class _Frame:
         for slot, array in program._constants:
             template[slot] = array
         self.arena = None
-        if plan is not None and plan.arena_bytes:
+        if plan is not None and plan.offsets:  # also when all are empty: size-0 values get their views
             raw = np.empty(plan.arena_bytes + ALIGNMENT, np.uint8)
             start = (-raw.ctypes.data) % ALIGNMENT
             self.arena = raw[start : start + plan.arena_bytes]
