@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.grad_mode import state
-from ..autograd.graph import PrimBackward, SavedTensor
+from ..autograd.graph import PrimBackward, SavedTensor, stamp_view
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 
@@ -109,6 +109,7 @@ def _rebase_view(view: Tensor, value: Tensor) -> None:
     _take_history(base, new_base)
     new_view = take_flat(base, positions)
     view.grad_fn, view._output_nr, view._requires_grad = new_view.grad_fn, 0, True
+    stamp_view(view)  # current at the bumped version; other views of base are rebuilt when next used
 
 
 def view_positions(base: np.ndarray, view: np.ndarray) -> np.ndarray:
