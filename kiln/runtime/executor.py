@@ -338,8 +338,7 @@ class CompiledProgram:
                     result = eager(np, *map(read, args), **attrs)
                     if result.__class__ is not ndarray:
                         result = np.asarray(result, dtype=dtype)
-                    elif normalize and (not result.flags.c_contiguous or (
-                            result.base is not None and _aliases_an_argument(result, args, env))):  # fmt: skip
+                    elif normalize and (not result.flags.c_contiguous or _aliases_an_argument(result, args, env)):
                         # numpy keeps its input's layout (order="K") where the kernels were compiled
                         # for C order (``infer_layouts``); and the memory plan and the in-place
                         # write-back see a non-view node's result as memory of its own
@@ -440,8 +439,14 @@ def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:
 
 
 def _aliases_an_argument(result: np.ndarray, args: tuple[int, ...], env: list) -> bool:
-    """Whether an extern's result may share memory with one of its arguments (bounds only: cheap)."""
-    return any(np.may_share_memory(result, env[slot]) for slot in args)
+    """Whether an extern's result is one of its arguments or may share memory with one (bounds only:
+    cheap; a result that owns its memory shares none)."""
+    owns = result.base is None
+    for slot in args:
+        array = env[slot]
+        if array is result or (not owns and np.may_share_memory(result, array)):
+            return True
+    return False
 
 
 def _aliases(graph: Graph, value: Value) -> set[Value]:

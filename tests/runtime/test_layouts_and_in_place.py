@@ -214,3 +214,27 @@ def test_dcgan_discriminator_step_matches_eager(aliasing_unfold, monkeypatch):
             assert_close(b, e, rtol=1e-5, atol=1e-6)
     spec = step.state.specializations[-1]
     assert isinstance(spec.program, CompiledProgram) and spec.calls >= 3
+
+
+@pytest.mark.parametrize("returns", ["the_input_itself", "a_view_of_it"])
+def test_an_extern_whose_eager_kernel_aliases_its_input_gets_memory_of_its_own(returns, monkeypatch):
+    """``cat([m])`` handed back as ``m`` (or a view of it): ``m``'s arena buffer dies at the kernel
+    making ``k``, which overwrites it in place, while the extern's result is read after it."""
+    concatenate = PRIMITIVES["concatenate"]
+
+    def aliasing(xp, *arrays, **attrs):
+        if len(arrays) == 1:
+            return arrays[0] if returns == "the_input_itself" else arrays[0][...]
+        return concatenate.eager(xp, *arrays, **attrs)
+
+    monkeypatch.setitem(PRIMITIVES, "concatenate", dataclasses.replace(concatenate, eager=aliasing))
+    w = kiln.randn(5, 5)
+
+    def f(x):
+        m = x @ w
+        z = kiln.cat([m])
+        k = (m * 2 + 1).tanh()  # planned (matmul reads it): takes m's buffer in place
+        return z + k @ w
+
+    program = _agree(f, (5, 5))
+    assert program._plan.inplace, "the test needs the in-place reuse of m's buffer"
