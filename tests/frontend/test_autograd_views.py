@@ -67,6 +67,15 @@ def _index_select_then_write_a_column(a, b, index):
     return (v * v).sum()
 
 
+def _copy_a_stale_view_into_a_fresh_tensor(a, b, index):
+    base = a * 1
+    t = base.T
+    base[0] *= 3
+    y = (b * 0).detach()
+    y.copy_(t)  # copy_ takes t's history as it is: it must be current
+    return (y * b).sum()
+
+
 PROGRAMS = [
     _index_add_then_scale_a_view_of_it,
     _index_add_rows_then_scale_a_column,
@@ -75,6 +84,7 @@ PROGRAMS = [
     _view_of_a_view_written_then_the_outer_view_read,
     _two_writes_through_sibling_views,
     _index_select_then_write_a_column,
+    _copy_a_stale_view_into_a_fresh_tensor,
 ]
 
 

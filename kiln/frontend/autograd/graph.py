@@ -263,9 +263,8 @@ def _edge_of(t) -> Edge:
         # view since it was set (``v = b.T; b[0] *= 3``, or ``v[:, 1:] *= 3`` on a view of a
         # view): it still leads to the base's old history. Rebuilt from the base, as PyTorch
         # regenerates a view's grad_fn when its version moved.
-        node = t.grad_fn
-        if t._base is not None and node.__class__ is PrimBackward and node.view_version not in (-1, t._version[0]):
-            _regenerate_view_history(t)
+        if t._base is not None:
+            refresh_view_history(t)
         return (t.grad_fn, t._output_nr)
     if t._requires_grad:
         return (grad_accumulator(t), 0)
@@ -273,6 +272,13 @@ def _edge_of(t) -> Edge:
 
 
 # ----------------------------------------------------------------------------- views
+def refresh_view_history(view) -> None:
+    """Rebuild ``view``'s history from its base if its memory was written since it was set."""
+    node = view.grad_fn
+    if node.__class__ is PrimBackward and node.view_version not in (-1, view._version[0]):
+        _regenerate_view_history(view)
+
+
 def stamp_view(view) -> None:
     """Note that ``view``'s history (a ``PrimBackward``) is current for its memory's present version."""
     view.grad_fn.view_version = view._version[0]

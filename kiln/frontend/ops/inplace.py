@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.grad_mode import state
-from ..autograd.graph import PrimBackward, SavedTensor, stamp_view
+from ..autograd.graph import PrimBackward, SavedTensor, refresh_view_history, stamp_view
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 
@@ -44,6 +44,8 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
             ) from None
     track = state.grad_enabled and (value._requires_grad or target._requires_grad)
     if track:
+        if value._base is not None and value.grad_fn is not None:  # copy_(v): v's history must be current
+            refresh_view_history(value)
         _check_leaf(target, op)
         _snapshot_saved_inputs(value, target)
     if _jit.tracing:
