@@ -71,7 +71,7 @@ def _copy_a_stale_view_into_a_fresh_tensor(a, b, index):
     base = a * 1
     t = base.T
     base[0] *= 3
-    y = (b * 0).detach()
+    y = b * 0  # owns its memory: copy_ hands it t's history as it stands
     y.copy_(t)  # copy_ takes t's history as it is: it must be current
     return (y * b).sum()
 
