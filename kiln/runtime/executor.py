@@ -13,7 +13,10 @@ At run time a step is one of:
   per thread, the rest per call -- and the kernel is called through ctypes (which releases the
   GIL), split across the thread pool when the work pays for it;
 - an extern node (matmul, gather, views feeding them...): the primitive's eager kernel, with
-  ``out=`` into the arena where the plan placed its result (matmul);
+  ``out=`` into the arena where the plan placed its result (matmul). A non-view result that numpy
+  gave in another layout than C order (it keeps its inputs' order), or that shares memory with
+  an argument, is copied: the kernels were compiled for C order, and the memory plan and the
+  in-place write-back count on only view nodes aliasing;
 - a kernel the code generator declined: its body, interpreted (the reason is kept for explain).
 
 Intermediates live in an arena allocated once per thread (two threads calling one compiled
@@ -217,8 +220,11 @@ class CompiledProgram:
 
         This is how a compiled optimizer step updates parameters and moments in place, as eager
         does, instead of writing new arrays and copying them back. Safe when the kernel making
-        output ``o`` is compiled, reads input ``i`` at exactly the index it writes (an elementwise
-        body, no broadcast, no view, C-contiguous), and no later node reads the old value.
+        output ``o`` is compiled, reads input ``i`` only at the index it writes (everything its
+        body computes from the input is elementwise at the output's shape: no view or broadcast
+        downstream either, see ``reads_at_own_index``), the input is C-contiguous, and no later
+        node reads the old value (through the input or a view of it; extern results never alias
+        their arguments, the run loop copies one that does).
         At run time an input that had to be copied into its layout is not written (the caller
         copies back as before: the caller checks ``output is input``).
         """
