@@ -255,7 +255,7 @@ def _choose_inplace(graph: Graph, live: Liveness, planned: set[Value]) -> dict[V
 def _members(node: Node) -> list[tuple[Sequence[Value], Sequence[Value], set[int]]]:
     """Per body: the node's inputs and outputs it takes, and the positions of the body inputs
     read only at the element each output writes."""
-    members = []
+    members: list[tuple[Sequence[Value], Sequence[Value], set[int]]] = []
     for body, inputs, outputs in body_inputs_outputs(node):
         domain = body.outputs[0].type.shape if body.outputs else None
         safe = {p for p, v in enumerate(body.inputs) if v.type.shape == domain and pointwise_from(body, v, domain)}
