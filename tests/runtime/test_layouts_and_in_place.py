@@ -90,9 +90,10 @@ def test_every_non_view_primitive_returns_memory_of_its_own():
                     ), name
 
 
-def test_an_interpreted_kernel_with_transposed_results_is_laid_out_in_c_order(monkeypatch):
-    """A kernel the code generator declines runs its body on numpy, which keeps a transposed
-    input's layout; the compiled kernel after it reads the result as C order."""
+def test_an_interpreted_kernel_with_transposed_results_is_read_in_its_layout(monkeypatch):
+    """A kernel the code generator declines runs its body on numpy, which may keep a transposed
+    input's layout; a compiled kernel after it reads its (unplanned: a graph output) result as the
+    C order ``infer_layouts`` promised."""
     from kiln.codegen.llvm import Unsupported
     from kiln.codegen.llvm.kernels import KernelModule
 
@@ -107,7 +108,12 @@ def test_an_interpreted_kernel_with_transposed_results_is_laid_out_in_c_order(mo
 
     monkeypatch.setattr(KernelModule, "add", decline_the_first)
     w = kiln.randn(4, 4)
-    _agree(lambda a: (a.T.exp() @ w).T * 2 + (a.T.exp() @ w), (4, 4))
+
+    def f(a):
+        e = a.T.exp()  # the declined kernel; a graph output, so not in the arena
+        return e, (e + e @ w).T.tanh()  # a compiled kernel reads e as C order
+
+    _agree(f, (4, 4))
 
 
 # ----------------------------------------------------------------------------- in place
