@@ -97,10 +97,11 @@ class MemoryPlan:
 
 def format_bytes(n: int) -> str:
     """``1536 -> '1.5 KiB'``."""
+    size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        if size < 1024 or unit == "GiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
     raise AssertionError("unreachable")
 
 
@@ -255,16 +256,18 @@ def _choose_inplace(graph: Graph, live: Liveness, planned: set[Value]) -> dict[V
 def _members(node: Node) -> list[tuple[Sequence[Value], Sequence[Value], set[int]]]:
     """Per body: the node's inputs and outputs it takes, and the positions of the body inputs
     read only at the element each output writes."""
-    members = []
+    members: list[tuple[Sequence[Value], Sequence[Value], set[int]]] = []
     for body, inputs, outputs in body_inputs_outputs(node):
         domain = body.outputs[0].type.shape if body.outputs else None
-        safe = {p for p, v in enumerate(body.inputs) if v.type.shape == domain and _pointwise(body, v, domain)}
+        safe = {p for p, v in enumerate(body.inputs) if v.type.shape == domain and pointwise_from(body, v, domain)}
         members.append((inputs, outputs, safe))
     return members
 
 
-def _pointwise(body: Graph, start: Value, domain: tuple[int, ...]) -> bool:
-    """Whether every value computed from ``start`` in ``body`` is elementwise at the domain's shape."""
+def pointwise_from(body: Graph, start: Value, domain: tuple[int, ...]) -> bool:
+    """Whether every value computed from ``start`` in ``body`` is elementwise at the domain's shape,
+    transitively: then the kernel reads ``start`` only at the element it is computing. (A view
+    anywhere downstream, even of an elementwise result, re-indexes ``start`` itself.)"""
     derived = {start}
     for node in body.nodes:
         if not any(v in derived for v in node.inputs):

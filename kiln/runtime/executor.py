@@ -13,7 +13,10 @@ At run time a step is one of:
   per thread, the rest per call -- and the kernel is called through ctypes (which releases the
   GIL), split across the thread pool when the work pays for it;
 - an extern node (matmul, gather, views feeding them...): the primitive's eager kernel, with
-  ``out=`` into the arena where the plan placed its result (matmul);
+  ``out=`` into the arena where the plan placed its result (matmul). A non-view result that numpy
+  gave in another layout than C order (it keeps its inputs' order), or that shares memory with
+  an argument, is copied: the kernels were compiled for C order, and the memory plan and the
+  in-place write-back count on only view nodes aliasing;
 - a kernel the code generator declined: its body, interpreted (the reason is kept for explain).
 
 Intermediates live in an arena allocated once per thread (two threads calling one compiled
@@ -87,7 +90,8 @@ def view_strides(node: Node, strides: tuple) -> tuple | None:
 
 def infer_layouts(graph: Graph, input_strides: Sequence[tuple | None]) -> dict[Value, tuple]:
     """Byte strides of every value at run time: inputs as given, constants as stored, views derived,
-    everything else C-contiguous (kernel outputs by construction, extern results enforced)."""
+    everything else C-contiguous (kernel outputs by construction; the results of extern nodes and
+    of interpreted kernels are copied into C order at run time when numpy gave another layout)."""
     layouts: dict[Value, tuple] = {}
     for value, strides in zip(graph.inputs, input_strides, strict=True):
         layouts[value] = strides if strides is not None else _c_strides(value.type.shape, value.type.dtype.itemsize)
@@ -186,8 +190,9 @@ class CompiledProgram:
                 out = node.output
                 eager = PRIMITIVES[node.op].eager
                 into = slots[out] if (node.op == "matmul" and out in planned) else -1
+                normalize = not PRIMITIVES[node.op].is_view  # a view's layout is derived from its input's
                 self._steps.append(("extern", eager, tuple(slots[v] for v in node.inputs), dict(node.attrs),
-                                    slots[out], out.type.dtype.np, into, dead))  # fmt: skip
+                                    slots[out], out.type.dtype.np, into, normalize, dead))  # fmt: skip
         self._needs_errstate = any(step[0] != "kernel" for step in self._steps)
         self._local = threading.local()
 
@@ -218,8 +223,11 @@ class CompiledProgram:
 
         This is how a compiled optimizer step updates parameters and moments in place, as eager
         does, instead of writing new arrays and copying them back. Safe when the kernel making
-        output ``o`` is compiled, reads input ``i`` at exactly the index it writes (an elementwise
-        body, no broadcast, no view, C-contiguous), and no later node reads the old value.
+        output ``o`` is compiled, reads input ``i`` only at the index it writes (everything its
+        body computes from the input is elementwise at the output's shape: no view or broadcast
+        downstream either, see ``reads_at_own_index``), the input is C-contiguous, and no later
+        node reads the old value (through the input or a view of it; extern results never alias
+        their arguments, the run loop copies one that does).
         At run time an input that had to be copied into its layout is not written (the caller
         copies back as before: the caller checks ``output is input``).
         """
@@ -325,21 +333,28 @@ class CompiledProgram:
                 elif extent:  # too small to split: call it directly
                     function(table, 0, extent)
             elif kind == "extern":
-                _, eager, args, attrs, out, dtype, into, dead = step
+                _, eager, args, attrs, out, dtype, into, normalize, dead = step
                 if into >= 0:
                     np.matmul(*map(read, args), out=env[into])
                 else:
                     result = eager(np, *map(read, args), **attrs)
                     if result.__class__ is not ndarray:
                         result = np.asarray(result, dtype=dtype)
+                    elif normalize and (not result.flags.c_contiguous or _aliases_an_argument(result, args, env)):
+                        # numpy keeps its input's layout (order="K") where the kernels were compiled
+                        # for C order (``infer_layouts``); and the memory plan and the in-place
+                        # write-back see a non-view node's result as memory of its own
+                        result = result.copy(order="C")
                     env[out] = result
             else:
                 _, runner, args, outs, dead = step
                 for (slot, in_arena), array in zip(outs, runner(np, *map(read, args)), strict=True):
                     if in_arena:  # compiled kernels read it at its arena address
                         np.copyto(env[slot], array)
-                    else:
+                    elif array.flags.c_contiguous:
                         env[slot] = array
+                    else:  # the body's eager kernels keep their inputs' layouts; C order was promised
+                        env[slot] = np.array(array, order="C")
             for slot in dead:
                 env[slot] = None
             if timings is not None:
@@ -391,7 +406,7 @@ class _Frame:
         for slot, array in program._constants:
             template[slot] = array
         self.arena = None
-        if plan is not None and plan.arena_bytes:
+        if plan is not None and plan.offsets:  # also when all are empty: size-0 values get their views
             raw = np.empty(plan.arena_bytes + ALIGNMENT, np.uint8)
             start = (-raw.ctypes.data) % ALIGNMENT
             self.arena = raw[start : start + plan.arena_bytes]
@@ -425,6 +440,17 @@ def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:
     return [tuple(d) for d in dead]
 
 
+def _aliases_an_argument(result: np.ndarray, args: tuple[int, ...], env: list) -> bool:
+    """Whether an extern's result is one of its arguments or may share memory with one (bounds only:
+    cheap; a result that owns its memory shares none)."""
+    owns = result.base is None
+    for slot in args:
+        array = env[slot]
+        if array is result or (not owns and np.may_share_memory(result, array)):
+            return True
+    return False
+
+
 def _aliases(graph: Graph, value: Value) -> set[Value]:
     """``value`` and the results of view nodes over it, transitively."""
     aliases = {value}
@@ -436,19 +462,16 @@ def _aliases(graph: Graph, value: Value) -> set[Value]:
 
 def reads_at_own_index(node: Node, source: Value, result: Value) -> bool:
     """Whether kernel ``node`` reads ``source`` only at the index where it writes ``result``: both in
-    the same elementwise body, of one shape, the body input feeding elementwise nodes only."""
+    the same elementwise body, of one shape, and everything the body computes from ``source`` is
+    elementwise at that shape. A view or broadcast anywhere downstream (``t = a.pow(2).T``) makes
+    the generated loop read ``source`` at another element, which an in-place write may have
+    overwritten already."""
     from ..ir.graph import body_inputs_outputs  # noqa: PLC0415
-    from ..ir.primitives import ELEMENTWISE  # noqa: PLC0415
+    from ..passes.memory_plan import pointwise_from  # noqa: PLC0415
 
     if node.attrs["kind"] not in ("elementwise", "horizontal") or source.type.shape != result.type.shape:
         return False
     for body, inputs, outputs in body_inputs_outputs(node):
-        if result not in outputs:
-            continue
-        if source not in inputs:
-            return False
-        inner = body.inputs[inputs.index(source)]
-        return all(PRIMITIVES[n.op].kind in ELEMENTWISE and all(
-            v.type.shape == result.type.shape for v in n.inputs if v is inner)
-            for n in body.nodes if inner in n.inputs)  # fmt: skip
+        if result in outputs and source in inputs:
+            return pointwise_from(body, body.inputs[inputs.index(source)], result.type.shape)
     return False

@@ -336,26 +336,38 @@ class LLVMEmitter:
         return self._int_pow(a, b)
 
     def _int_pow(self, a: Scalar, b: Scalar) -> Scalar:
-        """a ** b modulo 2**bits by square-and-multiply over every exponent bit, unrolled (no
-        branches, so the loop around it still vectorizes). A negative exponent, which numpy
-        rejects, gives PyTorch's integer result: 1 for a == 1, +-1 for a == -1, else 0."""
+        """a ** b modulo 2**bits by square-and-multiply, one loop iteration per exponent bit up to the
+        highest one set. (Unrolled over all 64 bits, the chains of selects and multiplies kept
+        LLVM's optimizer busy for minutes.) A negative exponent, which numpy rejects, gives
+        PyTorch's integer result: 1 for a == 1, +-1 for a == -1, else 0."""
         bld = self.builder
-        bits = a.value.type.width
         signed = _kind(a.dtype) == "s"
         zero, one = self._const(a, 0), self._const(a, 1)
-        result, base = one, a.value
-        for k in range(bits - 1 if signed else bits):
-            bit = bld.icmp_unsigned("!=", bld.and_(b.value, self._const(a, 1 << k)), zero)
-            result = bld.select(bit, bld.mul(result, base), result)
-            base = bld.mul(base, base)
+        negative = bld.icmp_signed("<", b.value, zero) if signed else None
+        exponent = bld.select(negative, zero, b.value) if signed else b.value
+        entry = bld.block
+        loop = bld.append_basic_block("pow.loop")
+        done = bld.append_basic_block("pow.done")
+        bld.branch(loop)
+        bld.position_at_end(loop)
+        result, base, bits = bld.phi(one.type), bld.phi(one.type), bld.phi(one.type)
+        for phi, start in ((result, one), (base, a.value), (bits, exponent)):
+            phi.add_incoming(start, entry)
+        odd = bld.icmp_unsigned("!=", bld.and_(bits, one), zero)
+        next_result = bld.select(odd, bld.mul(result, base), result)
+        next_base, next_bits = bld.mul(base, base), bld.lshr(bits, one)
+        for phi, value in ((result, next_result), (base, next_base), (bits, next_bits)):
+            phi.add_incoming(value, loop)
+        bld.cbranch(bld.icmp_unsigned("!=", next_bits, zero), loop, done)
+        bld.position_at_end(done)
         if not signed:
-            return Scalar(result, a.dtype)
+            return Scalar(next_result, a.dtype)
         odd = bld.icmp_unsigned("!=", bld.and_(b.value, one), zero)
         minus_one = self._const(a, -1)
         by_minus_one = bld.select(odd, minus_one, one)
         inverse = bld.select(bld.icmp_signed("==", a.value, one), one,
                              bld.select(bld.icmp_signed("==", a.value, minus_one), by_minus_one, zero))  # fmt: skip
-        return Scalar(bld.select(bld.icmp_signed("<", b.value, zero), inverse, result), a.dtype)
+        return Scalar(bld.select(negative, inverse, next_result), a.dtype)
 
     def _extremum(self, name: str, a: Scalar, b: Scalar, op: str) -> Scalar:
         dtype = self._same(name, a, b)

@@ -180,6 +180,8 @@ def slice_(index: tuple[Lin, ...], starts: Sequence[int], steps: Sequence[int]) 
 
 def reshape(space: Space, index: tuple[Lin, ...], out_shape: Sequence[int], in_shape: Sequence[int]) -> tuple[Lin, ...]:
     """Row-major: flatten the output index, unflatten it in the input's shape."""
+    if product(in_shape) == 0:  # no element is ever read (and a size-0 dim would divide by 0 below)
+        return tuple(ZERO for _ in in_shape)
     flat = ZERO
     for e, stride in zip(index, contiguous_strides(out_shape), strict=True):
         flat = add(flat, scale(e, stride))

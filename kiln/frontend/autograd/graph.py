@@ -16,7 +16,7 @@ from typing import Any
 
 from ...ir.types import TensorType
 from ..jit import state as _jit
-from .grad_mode import state
+from .grad_mode import enable_grad, state
 
 _sequence = itertools.count()
 Edge = tuple["Node", int] | None
@@ -192,7 +192,8 @@ def _freed_error(node: Node) -> RuntimeError:
 class PrimBackward(Node):
     """The backward of one primitive call: runs the primitive's VJP rule."""
 
-    __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_output")
+    __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_output",
+                 "view_version")  # fmt: skip
 
     def __init__(self, prim, attrs: dict, inputs: tuple, result) -> None:
         edges, shapes, dtypes = [], [], []
@@ -206,6 +207,8 @@ class PrimBackward(Node):
         self.device = result._device
         self.saved_inputs = tuple(SavedTensor(t) for t in inputs) if prim.save_inputs else ()
         self.saved_output = SavedTensor(result, self) if prim.save_output else False
+        # the version of a view's memory when this node became its history (-1: not a view's)
+        self.view_version = result._version[0] if prim.is_view else -1
 
     def name(self) -> str:
         return "".join(part.capitalize() for part in self.prim.name.split("_")) + "Backward"
@@ -256,10 +259,45 @@ def accumulate_into_grad(leaf, grad) -> None:
 
 def _edge_of(t) -> Edge:
     if t.grad_fn is not None:
+        # A view's history is stale when its memory was written through the base or another
+        # view since it was set (``v = b.T; b[0] *= 3``, or ``v[:, 1:] *= 3`` on a view of a
+        # view): it still leads to the base's old history. Rebuilt from the base, as PyTorch
+        # regenerates a view's grad_fn when its version moved.
+        if t._base is not None:
+            refresh_view_history(t)
         return (t.grad_fn, t._output_nr)
     if t._requires_grad:
         return (grad_accumulator(t), 0)
     return None
+
+
+# ----------------------------------------------------------------------------- views
+def refresh_view_history(view) -> None:
+    """Rebuild ``view``'s history from its base if its memory was written since it was set."""
+    node = view.grad_fn
+    if node.__class__ is PrimBackward and node.view_version not in (-1, view._version[0]):
+        _regenerate_view_history(view)
+
+
+def stamp_view(view) -> None:
+    """Note that ``view``'s history (a ``PrimBackward``) is current for its memory's present version."""
+    view.grad_fn.view_version = view._version[0]
+
+
+def _regenerate_view_history(view) -> None:
+    """``view``'s history as a gather of its elements from its base's present history."""
+    from ..ops import take_flat  # noqa: PLC0415 - ops imports the tensor, which imports this module
+    from ..ops.inplace import view_positions  # noqa: PLC0415
+    from ..tensor import make_tensor  # noqa: PLC0415
+
+    base = view._base
+    if base.grad_fn is None and not base._requires_grad:
+        return  # the base's memory carries no history to follow
+    positions = make_tensor(view_positions(base._data, view._data), base._device)
+    with enable_grad():
+        fresh = take_flat(base, positions)
+    view.grad_fn, view._output_nr = fresh.grad_fn, 0
+    stamp_view(view)
 
 
 def grad_accumulator(leaf) -> AccumulateGrad:

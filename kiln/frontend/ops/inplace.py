@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.grad_mode import state
-from ..autograd.graph import PrimBackward, SavedTensor
+from ..autograd.graph import PrimBackward, SavedTensor, refresh_view_history, stamp_view
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 
@@ -44,6 +44,8 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
             ) from None
     track = state.grad_enabled and (value._requires_grad or target._requires_grad)
     if track:
+        if value._base is not None and value.grad_fn is not None:  # copy_(v): v's history must be current
+            refresh_view_history(value)
         _check_leaf(target, op)
         _snapshot_saved_inputs(value, target)
     if _jit.tracing:
@@ -109,6 +111,7 @@ def _rebase_view(view: Tensor, value: Tensor) -> None:
     _take_history(base, new_base)
     new_view = take_flat(base, positions)
     view.grad_fn, view._output_nr, view._requires_grad = new_view.grad_fn, 0, True
+    stamp_view(view)  # current at the bumped version; other views of base are rebuilt when next used
 
 
 def view_positions(base: np.ndarray, view: np.ndarray) -> np.ndarray:

@@ -74,7 +74,9 @@ def _unfold_eager(xp, x, *, kernel_size, stride, dilation):
     st = x.strides[2:]
     strides = (*x.strides[:2], *(s * d for s, d in zip(st, dilation)), *(s * t for s, t in zip(st, stride)))
     windows = xp.lib.stride_tricks.as_strided(x, (*x.shape[:2], *kernel_size, *out), strides, writeable=False)
-    return xp.ascontiguousarray(windows)
+    # A copy always: when the windows tile the input exactly (a 2x2 kernel over a 2x2 image), the
+    # strided view is already contiguous and ascontiguousarray would hand back the input's memory.
+    return xp.array(windows, order="C")
 
 
 def _unfold_vjp(ops, ctx, g):

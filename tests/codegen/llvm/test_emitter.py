@@ -70,7 +70,7 @@ def _build(module: ir.Module, name: str, case: Case) -> np.dtype | None:
     result = case.formula(LLVMEmitter(b), *scalars)
     store(b, result, b.gep(pointers[-1], [i], source_etype=memory_type(result.dtype)))
     following = b.add(i, ir.Constant(i64, 1))
-    i.add_incoming(following, body)
+    i.add_incoming(following, b.block)  # the latch: a formula may end in another block (integer pow's loop)
     b.cbranch(b.icmp_signed("<", following, n), body, done)
     b.position_at_end(done)
     b.ret_void()
