@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
-from ..ir.interpreter import kernel_runner
-from ..ir.primitives import PRIMITIVES
+from ..ir.interpreter import kernel_runner, node_error
+from ..ir.primitives import PRIMITIVES, has_effect
 from . import allocator, threads
 
 KERNEL_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -219,16 +219,22 @@ class CompiledProgram:
         body, no broadcast, no view, C-contiguous), and no later node reads the old value.
         At run time an input that had to be copied into its layout is not written (the caller
         copies back as before: the caller checks ``output is input``).
+
+        No kernel before the program's last check writes in place: a call that raises leaves
+        arguments and captured state as they were (the write-backs after the program are not
+        applied either), rather than half updated. Checks come from the forward pass, updates at
+        the end of a training step, so a step still updates its parameters in place.
         """
         accepted = []
         taken: set[int] = set()
+        last_check = max((k for k, node in enumerate(self.graph.nodes) if has_effect(node.op)), default=-1)
         producer = {v: (k, node) for k, node in enumerate(self.graph.nodes) for v in node.outputs}
         last_read = {v: k for k, node in enumerate(self.graph.nodes) for v in node.inputs}
         for o, i in pairs:
             value, source = self.graph.outputs[o], self.graph.inputs[i]
             k, node = producer.get(value, (-1, None))
             aliases = _aliases(self.graph, source)  # the input and every view of it
-            if (node is None or node not in self._allocations or i in taken
+            if (node is None or node not in self._allocations or i in taken or k < last_check
                     or any(a in self.graph.outputs or last_read.get(a, -1) > k for a in aliases)
                     or sum(a in node.inputs for a in aliases) != 1 or self.graph.outputs.count(value) > 1
                     or self._input_checks[i][2] != _c_strides(source.type.shape, source.type.dtype.itemsize)
@@ -309,45 +315,54 @@ class CompiledProgram:
         read = env.__getitem__
         ndarray = np.ndarray
         clock = time.perf_counter
-        for step in self._steps:
-            if timings is not None:
-                timings.append(-clock())
-            kind = step[0]
-            if kind == "kernel":
-                _, function, index, dynamic, allocate, conform, extent, work, dead = step
-                for slot, empty, shape, dtype, into in allocate:
-                    env[slot] = empty(shape, dtype) if into < 0 else env[into]
-                for slot in conform:
-                    array = env[slot]
-                    if not array.flags.c_contiguous:
-                        env[slot] = np.ascontiguousarray(array)
-                table = frame.tables[index]
-                for position, slot in dynamic:
-                    table[position] = data_pointer(env[slot])
-                if work:
-                    threads.parallel_for(function, table, extent, work)
-                elif extent:  # too small to split: call it directly
-                    function(table, 0, extent)
-            elif kind == "extern":
-                _, eager, args, attrs, out, dtype, into, dead = step
-                if into >= 0:
-                    np.matmul(*map(read, args), out=env[into])
-                else:
-                    result = eager(np, *map(read, args), **attrs)
-                    if result.__class__ is not ndarray:
-                        result = np.asarray(result, dtype=dtype)
-                    env[out] = result
-            else:
-                _, runner, args, outs, dead = step
-                for (slot, in_arena), array in zip(outs, runner(np, *map(read, args)), strict=True):
-                    if in_arena:  # compiled kernels read it at its arena address
-                        np.copyto(env[slot], array)
+        step: tuple = ()
+        try:
+            for step in self._steps:
+                if timings is not None:
+                    timings.append(-clock())
+                kind = step[0]
+                if kind == "kernel":
+                    _, function, index, dynamic, allocate, conform, extent, work, dead = step
+                    for slot, empty, shape, dtype, into in allocate:
+                        env[slot] = empty(shape, dtype) if into < 0 else env[into]
+                    for slot in conform:
+                        array = env[slot]
+                        if not array.flags.c_contiguous:
+                            env[slot] = np.ascontiguousarray(array)
+                    table = frame.tables[index]
+                    for position, slot in dynamic:
+                        table[position] = data_pointer(env[slot])
+                    if work:
+                        threads.parallel_for(function, table, extent, work)
+                    elif extent:  # too small to split: call it directly
+                        function(table, 0, extent)
+                elif kind == "extern":
+                    _, eager, args, attrs, out, dtype, into, dead = step
+                    if into >= 0:
+                        np.matmul(*map(read, args), out=env[into])
                     else:
-                        env[slot] = array
-            for slot in dead:
-                env[slot] = None
-            if timings is not None:
-                timings[-1] += clock()
+                        result = eager(np, *map(read, args), **attrs)
+                        if result.__class__ is not ndarray:
+                            result = np.asarray(result, dtype=dtype)
+                        env[out] = result
+                else:
+                    _, runner, args, outs, dead = step
+                    for (slot, in_arena), array in zip(outs, runner(np, *map(read, args)), strict=True):
+                        if in_arena:  # compiled kernels read it at its arena address
+                            np.copyto(env[slot], array)
+                        else:
+                            env[slot] = array
+                for slot in dead:
+                    env[slot] = None
+                if timings is not None:
+                    timings[-1] += clock()
+        except Exception as error:  # the node, its op and the user's line, as the interpreter says them
+            raise self._step_error(step, error) from error
+
+    def _step_error(self, step: tuple, error: Exception) -> Exception:
+        index = next(i for i, s in enumerate(self._steps) if s is step)
+        node = self._step_nodes[index]
+        return node_error(node, self.graph.nodes.index(node), error)
 
     def _check(self, inputs: Sequence[Any]) -> Sequence[Any]:
         if len(inputs) != len(self._input_checks):
