@@ -13,7 +13,7 @@ from ...ir.primitives import P
 from ..dispatch import apply
 from ..tensor import Tensor, method
 from ._util import as_tensor_arg, cast, promote, scalar_tensor
-from .checks import check_nonzero
+from .checks import check_nonzero, check_range
 from .inplace import commit_inplace
 
 __all__ = [
@@ -130,7 +130,12 @@ def remainder(input, other) -> Tensor:
 def pow(input, exponent) -> Tensor:
     if isinstance(input, Tensor) and not isinstance(exponent, Tensor) and exponent == 2:
         return mul(input, input)  # exact and cheaper; the gradient 2x is the same
-    return _binary(P["pow"], input, exponent, "pow")
+    if isinstance(input, Tensor) and (input._dtype.is_floating_point or exponent.__class__ is int and exponent >= 0):
+        return _binary(P["pow"], input, exponent, "pow")
+    a, b = promote(input, exponent, op="pow")
+    if a._dtype.category == dt.INTEGER:  # numpy's (eager's) error; a check, so compiled calls raise it too
+        check_range(b, 0, None, ValueError, "Integers to negative integer powers are not allowed.")
+    return apply(P["pow"], a, b)
 
 
 @method("square")
