@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.primitives.checks import ERRORS, check_failure
 from ...runtime.devices import array_namespace
@@ -52,6 +53,11 @@ def check(ok: Tensor, error: type[Exception], message: str, shown: Tensor | None
     """Raise ``error(message)`` unless all of the bool tensor ``ok`` holds, now and, when traced, on
     every compiled call (``{value}`` in ``message``: ``shown`` where ``ok`` first fails)."""
     attrs = {"error": _error_name(error), "message": message}
+    if not isinstance(ok, Tensor) or ok._dtype is not dt.bool_:
+        raise TypeError(f"check: expected a bool tensor of conditions, got {getattr(ok, 'dtype', type(ok).__name__)}")
+    if shown is not None and (not isinstance(shown, Tensor) or shown._data.shape != ok._data.shape):
+        raise ValueError(f"check: expected the shown values as a tensor of the conditions' shape {list(ok.shape)}, "
+                         f"got {getattr(shown, 'shape', type(shown).__name__)}")  # fmt: skip
     inputs = (ok,) if shown is None else (ok, shown)
     xp = np if ok._device.type == "cpu" else array_namespace(ok._device)
     result = _check.eager(xp, *(t._data for t in inputs), **attrs)  # raises

@@ -340,3 +340,13 @@ def test_an_extern_that_raises_names_the_node_the_op_and_the_line(backend):
     assert "= take(" in message and f"{HERE}:" in message and "in f" in message, message
     assert compiled_calls(compiled) == [2]  # the program raised: no retrace, no eager run
     assert isinstance(info.value.__cause__, IndexError)
+
+
+def test_check_values_says_what_it_expected():
+    with pytest.raises(TypeError, match="expected a bool tensor of conditions, got kiln.int64"):
+        kiln.jit.check_values(_ints([1, 0]), IndexError, "m")
+    with pytest.raises(ValueError, match=r"the conditions' shape \[1\]"):
+        kiln.jit.check_values(kiln.tensor([True]), IndexError, "m", shown=_ints([1, 2]))
+    with pytest.raises(ValueError, match="error must be one of IndexError, ValueError, RuntimeError, ZeroDivisionError"):
+        kiln.jit.check_values(kiln.tensor([True]), KeyError, "m")
+    kiln.jit.check_values(kiln.tensor([True, True]), IndexError, "never")  # holds: nothing happens
