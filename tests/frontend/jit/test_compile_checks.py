@@ -347,6 +347,8 @@ def test_check_values_says_what_it_expected():
         kiln.jit.check_values(_ints([1, 0]), IndexError, "m")
     with pytest.raises(ValueError, match=r"the conditions' shape \[1\]"):
         kiln.jit.check_values(kiln.tensor([True]), IndexError, "m", shown=_ints([1, 2]))
-    with pytest.raises(ValueError, match="error must be one of IndexError, ValueError, RuntimeError, ZeroDivisionError"):
+    with pytest.raises(
+        ValueError, match="error must be one of IndexError, ValueError, RuntimeError, ZeroDivisionError"
+    ):
         kiln.jit.check_values(kiln.tensor([True]), KeyError, "m")
     kiln.jit.check_values(kiln.tensor([True, True]), IndexError, "never")  # holds: nothing happens
