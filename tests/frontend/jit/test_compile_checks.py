@@ -352,3 +352,14 @@ def test_check_values_says_what_it_expected():
     ):
         kiln.jit.check_values(kiln.tensor([True]), KeyError, "m")
     kiln.jit.check_values(kiln.tensor([True, True]), IndexError, "never")  # holds: nothing happens
+
+
+def test_an_exported_program_keeps_its_checks_through_a_file(tmp_path):
+    embedding = nn.Embedding(6, 3)
+    program = kiln.export(embedding, _ints([0, 5]))
+    program.save(tmp_path / "embedding.kiln")
+    loaded = kiln.jit.load_exported(tmp_path / "embedding.kiln")
+    with kiln.no_grad():
+        assert_tree_close(loaded(_ints([2, 1])), embedding(_ints([2, 1])), rtol=0, atol=0)
+    with pytest.raises(IndexError, match=rf"(?s)index out of range in self \(got 6;.*{HERE}:"):
+        loaded(_ints([2, 6]))
