@@ -38,6 +38,7 @@ WORKLOADS = {
     "overhead": "benchmarks.compile_latency:run_overhead",
     "eager_overhead": "benchmarks.eager_overhead",
     "train_steps": "benchmarks.train_steps",
+    "checks": "benchmarks.check_cost",
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -25,21 +25,49 @@ from .frontend.jit.explain import ExplainReport, explain
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
 from .frontend.jit.state import before_each_call
 from .frontend.jit.trace import TraceBreakError
+from .frontend.ops.checks import check as _check
+from .frontend.ops.checks import check_range as _check_range
 
 __all__ = [
     "compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "CompileCheckError", "before_each_call",
-    "any_set", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError", "load_exported",
+    "check_values", "check_range", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError", "load_exported",
 ]  # fmt: skip
 
 
-def any_set(bad) -> bool:
-    """Whether any element of the bool tensor ``bad`` is set: for input checks that raise.
+def check_values(ok, error: type[Exception], message: str, shown=None) -> None:
+    """Raise ``error(message)`` unless every element of the bool tensor ``ok`` is true: for the
+    checks eager code makes on values (index ranges, class targets).
 
-    Unlike ``bool(bad.any())`` this does not stop a trace: the check runs on the traced call
-    (which runs eagerly), and compiled calls do not repeat it (kernels still refuse indices
-    outside the tensor). Use it only to raise an error, never to choose a computation.
+    It does not stop a trace: the check becomes a node of the compiled program, so every compiled
+    call raises what the eager call raises. ``error`` is IndexError, ValueError, RuntimeError or
+    ZeroDivisionError; ``{value}`` in ``message`` is replaced by the element of ``shown`` (a tensor
+    of ``ok``'s shape) where ``ok`` first fails.
+
+    >>> import kiln
+    >>> t = kiln.tensor([2, 7])
+    >>> check_values(t < 5, IndexError, "index {value} is out of range", shown=t)
+    Traceback (most recent call last):
+      ...
+    IndexError: index 7 is out of range
     """
-    return bool(bad._host().any())
+    _check(ok, error, message, shown)
+
+
+def check_range(index, low: int | None, high: int | None, error: type[Exception], message: str) -> None:
+    """Raise ``error(message)`` unless every element of the integer tensor ``index`` is in
+    ``[low, high)`` (None: no bound), eagerly and on every compiled call, like ``check_values``
+    (``{value}`` in ``message``: the first element out of range).
+
+    Index ops check their indices this way, so a check of the same index and bounds made before
+    such an op is merged with the op's own by the compiler: the first one made raises.
+
+    >>> import kiln
+    >>> check_range(kiln.tensor([0, -1]), 0, 4, IndexError, "index {value} is out of bounds")
+    Traceback (most recent call last):
+      ...
+    IndexError: index -1 is out of bounds
+    """
+    _check_range(index, low, high, error, message)
 
 
 def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None):  # noqa: A001

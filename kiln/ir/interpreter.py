@@ -95,7 +95,7 @@ class Program:
                         env[slot] = None
             except Exception as error:
                 index, node = self._nodes[step[6]]
-                raise _node_error(node, index, error) from error
+                raise node_error(node, index, error) from error
         outputs = [env[slot] for slot in self._output_slots]
         for i in self._copy_outputs:
             outputs[i] = outputs[i].copy()
@@ -209,8 +209,10 @@ def constant_views(graph: Graph, inputs: bool = False) -> set[Value]:
 
 
 # ----------------------------------------------------------------------------- errors
-def _node_error(node: Node, index: int, error: Exception) -> Exception:
-    """``error`` with the node that raised it and the user's line that made the node."""
+def node_error(node: Node, index: int, error: Exception) -> Exception:
+    """``error`` with the node that raised it and the user's line that made the node (raise it
+    ``from error``); the same type where its constructor takes one message, else RuntimeError.
+    Every executor of graphs raises this way."""
     inputs = ", ".join(f"%{v.id}" for v in node.inputs)
     outputs = ", ".join(f"%{v.id}" for v in node.outputs)
     where = f" at {node.loc}" if node.loc is not None else " (no source location)"

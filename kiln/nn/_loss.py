@@ -57,12 +57,12 @@ def _picked_log_probs(logp, target, weight, ignore_index: int, op: str):
     _check_class_weight(weight, classes, op)
     target = target.to(kiln.int64)
     valid = target != ignore_index
-    bad = valid & ((target < 0) | (target >= classes))
-    if kiln.jit.any_set(bad):
-        value = next(t for t, b in zip(target.flatten().tolist(), bad.flatten().tolist(), strict=True) if b)
-        raise IndexError(f"{op}: Target {value} is out of bounds (expected class indices in [0, {classes - 1}])")
     safe = kiln.where(valid, target, 0)
-    picked = kiln.gather(logp, cdim, safe.unsqueeze(cdim)).squeeze(cdim)
+    index = safe.unsqueeze(cdim)
+    # The gather below checks the same index with the same bounds: compiled, one check remains (this one).
+    message = f"{op}: Target {{value}} is out of bounds (expected class indices in [0, {classes - 1}])"
+    kiln.jit.check_range(index, 0, classes, IndexError, message)
+    picked = kiln.gather(logp, cdim, index).squeeze(cdim)
     if weight is None:
         w = valid.to(logp.dtype)
     else:
@@ -160,8 +160,11 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     """-(t log x + (1 - t) log(1 - x)) for probabilities ``input``; each log clamped to >= -100 as in PyTorch."""
     check_tensor(input, "input", "binary_cross_entropy")
     _check_same_size(input, target, "binary_cross_entropy")
-    if kiln.jit.any_set((input < 0) | (input > 1)):
-        raise RuntimeError("binary_cross_entropy: all elements of input should be between 0 and 1")
+    # not (x < 0 or x > 1) rather than 0 <= x <= 1: a nan passes, as in PyTorch
+    outside = (input < 0) | (input > 1)
+    kiln.jit.check_values(
+        ~outside, RuntimeError, "binary_cross_entropy: all elements of input should be between 0 and 1"
+    )
     log_x = kiln.clamp(kiln.log(input), min=-100.0)
     log_1mx = kiln.clamp(kiln.log(1 - input), min=-100.0)
     loss = -(target * log_x + (1 - target) * log_1mx)

@@ -164,10 +164,10 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float =
         raise RuntimeError(f"embedding: expected integer indices (int64 or int32), got {input.dtype}")
     num, dim = weight.shape
     index = input.reshape(-1).to(kiln.int64)
-    if kiln.jit.any_set((index < 0) | (index >= num)):
-        raise IndexError(f"embedding: index out of range in self (indices must be in [0, {num - 1}])")
-    rows = kiln.gather(weight, 0, index.unsqueeze(1).expand(index.shape[0], dim))
-    rows = rows.reshape(*input.shape, dim)
+    # index_select checks the same index with the same bounds: compiled, one check remains (this one).
+    message = f"embedding: index out of range in self (got {{value}}; indices must be in [0, {num - 1}])"
+    kiln.jit.check_range(index, 0, num, IndexError, message)
+    rows = kiln.index_select(weight, 0, index).reshape(*input.shape, dim)
     if padding_idx is None:
         return rows
     if not -num <= padding_idx < num:
@@ -231,14 +231,15 @@ def one_hot(tensor, num_classes: int = -1) -> kiln.Tensor:
     check_tensor(tensor, "tensor", "one_hot")
     if tensor.dtype != kiln.int64:
         raise RuntimeError(f"one_hot is only applicable to index tensor of dtype int64, got {tensor.dtype}")
-    if kiln.jit.any_set(tensor < 0):
-        raise RuntimeError("one_hot: class values must be non-negative")
+    kiln.jit.check_values(tensor >= 0, RuntimeError, "one_hot: class values must be non-negative (got {value})",
+                          shown=tensor)  # fmt: skip
     if num_classes == -1:
         if not tensor.numel():
             raise RuntimeError("one_hot: can not infer the total number of classes from an empty tensor")
         num_classes = int(tensor.max().item()) + 1
-    elif kiln.jit.any_set(tensor >= num_classes):
-        raise RuntimeError(f"one_hot: class values must be smaller than num_classes ({num_classes})")
+    else:
+        message = f"one_hot: class values must be smaller than num_classes ({num_classes}), got {{value}}"
+        kiln.jit.check_values(tensor < num_classes, RuntimeError, message, shown=tensor)
     classes = kiln.arange(num_classes, device=tensor.device)
     return (tensor.unsqueeze(-1) == classes).to(kiln.int64)
 

@@ -28,12 +28,12 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         else:
             norms = [(g.abs() ** norm_type).sum() for g in grads]
             total = kiln.stack(norms).sum() ** (1.0 / norm_type)
-        if error_if_nonfinite and not kiln.isfinite(total).item():
-            raise RuntimeError(
+        if error_if_nonfinite:  # a check, not .item(): a compiled training step keeps it without a trace break
+            kiln.jit.check_values(kiln.isfinite(total), RuntimeError,
                 f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot "
                 "be clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
                 "`error_if_nonfinite=False`"
-            )
+            )  # fmt: skip
         coef = kiln.clamp(max_norm / (total + 1e-6), max=1.0)
         for g in grads:
             g.mul_(coef.to(g.dtype))

@@ -18,6 +18,10 @@ def eliminate_common_subexpressions(graph: Graph) -> Graph:
     Needs: a graph in topological order. Establishes: no two nodes compute the same expression,
     except random nodes, which are never merged (two draws from one state are still two draws
     in the program the user wrote; merging them is the tracer's business, not an optimization).
+    A check merges with an earlier check of the same condition value, whatever their messages:
+    when the condition fails the earlier one raises first, as in eager code, so the later one can
+    never raise (a gather's backward re-checks the forward's index; a loss checks its targets
+    before its gather does). The survivor is never dropped (``eliminate_dead_code`` keeps effects).
     """
     first: dict[Hashable, Value] = {}
     replace: dict[Value, Value] = {}
@@ -44,8 +48,11 @@ def expression_key(node: Node, constants: Mapping[str, np.ndarray]) -> Hashable 
         return None
     if node.op == CONSTANT:
         return constant_key(constants[node.attrs["name"]], node)
-    if PRIMITIVES[node.op].kind is Kind.RANDOM:
+    prim = PRIMITIVES[node.op]
+    if prim.kind is Kind.RANDOM:
         return None
+    if prim.kind is Kind.CHECK:
+        return (node.op, node.inputs[0])  # the condition alone: see eliminate_common_subexpressions
     return (node.op, node.inputs, node.attr_key(), node.output.type)
 
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from ..ir.graph import CONSTANT, Graph, Node, Value
+from ..ir.primitives import has_effect
 
 
 def eliminate_dead_code(graph: Graph) -> Graph:
-    """Keep only the nodes some graph output depends on (transitively), and only the constant
-    arrays the kept constant nodes name. Inputs stay, used or not: they are the signature.
+    """Keep only the nodes some graph output or some node with an effect (a ``check``) depends on
+    (transitively), and only the constant arrays the kept constant nodes name. Inputs stay, used
+    or not: they are the signature.
 
-    Needs: a graph in topological order. Establishes: every node output is used or is a graph output.
+    Needs: a graph in topological order. Establishes: every node output is used or is a graph
+    output, except the outputs of nodes with an effect (a check raises whether or not its
+    output is read, as eager code raises whether or not the checked op's result is used).
 
     Random nodes are dropped like any other when unused: ``random_bits`` is a pure function of
     its state input (counter-based Philox), and advancing the generator is not a side effect of
@@ -19,7 +23,7 @@ def eliminate_dead_code(graph: Graph) -> Graph:
     live: set[Value] = set(graph.outputs)
     kept: list[Node] = []
     for node in reversed(graph.nodes):
-        if any(v in live for v in node.outputs):
+        if any(v in live for v in node.outputs) or has_effect(node.op):
             kept.append(node)
             live.update(node.inputs)
     kept.reverse()

@@ -23,6 +23,7 @@ def fold_constants(graph: Graph) -> Graph:
     Establishes: no foldable node reads only constants. Random nodes are never folded (their
     state input is what changes per call), nor are nodes whose result would be large from small
     inputs, nor nodes whose kernel fails (the error belongs to run time, with its source line).
+    So a ``check`` of constants folds away when it holds and stays, to raise, when it fails.
     The constant nodes that folding leaves unused stay for ``eliminate_dead_code``.
     """
     constants = dict(graph.constants)

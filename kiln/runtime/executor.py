@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
-from ..ir.interpreter import constant_views, kernel_runner
-from ..ir.primitives import PRIMITIVES
+from ..ir.interpreter import constant_views, kernel_runner, node_error
+from ..ir.primitives import PRIMITIVES, has_effect
 from . import allocator, threads
 
 KERNEL_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -230,16 +230,22 @@ class CompiledProgram:
         their arguments, the run loop copies one that does).
         At run time an input that had to be copied into its layout is not written (the caller
         copies back as before: the caller checks ``output is input``).
+
+        No kernel before the program's last check writes in place: a call that raises leaves
+        arguments and captured state as they were (the write-backs after the program are not
+        applied either), rather than half updated. Checks come from the forward pass, updates at
+        the end of a training step, so a step still updates its parameters in place.
         """
         accepted = []
         taken: set[int] = set()
+        last_check = max((k for k, node in enumerate(self.graph.nodes) if has_effect(node.op)), default=-1)
         producer = {v: (k, node) for k, node in enumerate(self.graph.nodes) for v in node.outputs}
         last_read = {v: k for k, node in enumerate(self.graph.nodes) for v in node.inputs}
         for o, i in pairs:
             value, source = self.graph.outputs[o], self.graph.inputs[i]
             k, node = producer.get(value, (-1, None))
             aliases = _aliases(self.graph, source)  # the input and every view of it
-            if (node is None or node not in self._allocations or i in taken
+            if (node is None or node not in self._allocations or i in taken or k < last_check
                     or any(a in self.graph.outputs or last_read.get(a, -1) > k for a in aliases)
                     or sum(a in node.inputs for a in aliases) != 1 or self.graph.outputs.count(value) > 1
                     or self._input_checks[i][2] != _c_strides(source.type.shape, source.type.dtype.itemsize)
@@ -313,52 +319,61 @@ class CompiledProgram:
         read = env.__getitem__
         ndarray = np.ndarray
         clock = time.perf_counter
-        for step in self._steps:
-            if timings is not None:
-                timings.append(-clock())
-            kind = step[0]
-            if kind == "kernel":
-                _, function, index, dynamic, allocate, conform, extent, work, dead = step
-                for slot, empty, shape, dtype, into in allocate:
-                    env[slot] = empty(shape, dtype) if into < 0 else env[into]
-                for slot in conform:
-                    array = env[slot]
-                    if not array.flags.c_contiguous:
-                        env[slot] = np.ascontiguousarray(array)
-                table = frame.tables[index]
-                for position, slot in dynamic:
-                    table[position] = data_pointer(env[slot])
-                if work:
-                    threads.parallel_for(function, table, extent, work)
-                elif extent:  # too small to split: call it directly
-                    function(table, 0, extent)
-            elif kind == "extern":
-                _, eager, args, attrs, out, dtype, into, normalize, dead = step
-                if into >= 0:
-                    np.matmul(*map(read, args), out=env[into])
+        step: tuple = ()
+        try:
+            for step in self._steps:
+                if timings is not None:
+                    timings.append(-clock())
+                kind = step[0]
+                if kind == "kernel":
+                    _, function, index, dynamic, allocate, conform, extent, work, dead = step
+                    for slot, empty, shape, dtype, into in allocate:
+                        env[slot] = empty(shape, dtype) if into < 0 else env[into]
+                    for slot in conform:
+                        array = env[slot]
+                        if not array.flags.c_contiguous:
+                            env[slot] = np.ascontiguousarray(array)
+                    table = frame.tables[index]
+                    for position, slot in dynamic:
+                        table[position] = data_pointer(env[slot])
+                    if work:
+                        threads.parallel_for(function, table, extent, work)
+                    elif extent:  # too small to split: call it directly
+                        function(table, 0, extent)
+                elif kind == "extern":
+                    _, eager, args, attrs, out, dtype, into, normalize, dead = step
+                    if into >= 0:
+                        np.matmul(*map(read, args), out=env[into])
+                    else:
+                        result = eager(np, *map(read, args), **attrs)
+                        if result.__class__ is not ndarray:
+                            result = np.asarray(result, dtype=dtype)
+                        elif normalize and (not result.flags.c_contiguous or _aliases_an_argument(result, args, env)):
+                            # numpy keeps its input's layout (order="K") where the kernels were compiled
+                            # for C order (``infer_layouts``); and the memory plan and the in-place
+                            # write-back see a non-view node's result as memory of its own
+                            result = result.copy(order="C")
+                        env[out] = result
                 else:
-                    result = eager(np, *map(read, args), **attrs)
-                    if result.__class__ is not ndarray:
-                        result = np.asarray(result, dtype=dtype)
-                    elif normalize and (not result.flags.c_contiguous or _aliases_an_argument(result, args, env)):
-                        # numpy keeps its input's layout (order="K") where the kernels were compiled
-                        # for C order (``infer_layouts``); and the memory plan and the in-place
-                        # write-back see a non-view node's result as memory of its own
-                        result = result.copy(order="C")
-                    env[out] = result
-            else:
-                _, runner, args, outs, dead = step
-                for (slot, in_arena), array in zip(outs, runner(np, *map(read, args)), strict=True):
-                    if in_arena:  # compiled kernels read it at its arena address
-                        np.copyto(env[slot], array)
-                    elif array.flags.c_contiguous:
-                        env[slot] = array
-                    else:  # the body's eager kernels keep their inputs' layouts; C order was promised
-                        env[slot] = np.array(array, order="C")
-            for slot in dead:
-                env[slot] = None
-            if timings is not None:
-                timings[-1] += clock()
+                    _, runner, args, outs, dead = step
+                    for (slot, in_arena), array in zip(outs, runner(np, *map(read, args)), strict=True):
+                        if in_arena:  # compiled kernels read it at its arena address
+                            np.copyto(env[slot], array)
+                        elif array.flags.c_contiguous:
+                            env[slot] = array
+                        else:  # the body's eager kernels keep their inputs' layouts; C order was promised
+                            env[slot] = np.array(array, order="C")
+                for slot in dead:
+                    env[slot] = None
+                if timings is not None:
+                    timings[-1] += clock()
+        except Exception as error:  # the node, its op and the user's line, as the interpreter says them
+            raise self._step_error(step, error) from error
+
+    def _step_error(self, step: tuple, error: Exception) -> Exception:
+        index = next(i for i, s in enumerate(self._steps) if s is step)
+        node = self._step_nodes[index]
+        return node_error(node, self.graph.nodes.index(node), error)
 
     def _check(self, inputs: Sequence[Any]) -> Sequence[Any]:
         if len(inputs) != len(self._input_checks):

@@ -225,11 +225,13 @@ def test_a_failing_node_is_named_with_its_source_location():
     b = GraphBuilder()
     x, y = b.input(TensorType((3,), int64)), b.input(TensorType((3,), int64))
     s = b.node("add", [x, y], loc=SourceLocation("model.py", 11, "forward"))
-    b.node("floor_divide", [s, y], loc=SourceLocation("model.py", 12, "forward"))
-    graph = b.build([b.nodes[-1].output])
+    nonzero = b.node("ne", [y, b.constant(np.array(0), TensorType((), int64))])
+    b.node("check", [nonzero], {"error": "ZeroDivisionError", "message": "by zero"}, loc=SourceLocation("model.py", 12, "forward"))  # fmt: skip
+    out = b.node("floor_divide", [s, y], loc=SourceLocation("model.py", 12, "forward"))
+    graph = b.build([out])
     ok = interpret(graph, [np.array([4, 5, 6]), np.array([1, 2, 3])])[0]
     assert_identical(ok, np.array([5, 3, 3]))
-    with pytest.raises(ZeroDivisionError, match=r"(?s)by zero.*node 1: %3 = floor_divide\(%2, %1\) at model\.py:12 in forward") as info:  # fmt: skip
+    with pytest.raises(ZeroDivisionError, match=r"(?s)by zero.*node 3: %5 = check\(%4\) at model\.py:12 in forward") as info:  # fmt: skip
         interpret(graph, [np.array([4, 5, 6]), np.array([1, 0, 3])])
     assert isinstance(info.value.__cause__, ZeroDivisionError)
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import pytest
 
-from kiln.ir.dtypes import float32, int64
+from kiln.ir.dtypes import bool_, float32, int64
 from kiln.ir.graph import GraphBuilder
+from kiln.ir.interpreter import interpret
 from kiln.ir.types import TensorType
-from kiln.passes import FOLD_LIMIT, fold_constants
+from kiln.passes import FOLD_LIMIT, eliminate_dead_code, fold_constants
 from tests.passes import assert_identical, check_pass, special
 
 F3 = TensorType((3,), float32)
@@ -104,9 +106,23 @@ def test_large_results_of_large_inputs_fold():
 def test_a_failing_kernel_is_left_for_run_time():
     b = GraphBuilder()
     n = b.constant(np.array([1, 2]), TensorType((2,), int64))
-    z = b.constant(np.array([1, 0]), TensorType((2,), int64))
-    graph = b.build([b.node("floor_divide", [n, z])])
+    i = b.constant(np.array([2]), TensorType((1,), int64))
+    graph = b.build([b.node("take", [n, i])])
     assert str(fold_constants(graph)) == str(graph)
+
+
+def test_a_check_of_constants_folds_away_when_it_holds_and_stays_when_it_fails():
+    b = GraphBuilder()
+    x = b.input(TensorType((2,), int64))
+    holds = b.constant(np.array([True, True]), TensorType((2,), bool_))
+    fails = b.constant(np.array([True, False]), TensorType((2,), bool_))
+    b.node("check", [holds], {"error": "IndexError", "message": "never"})
+    b.node("check", [fails], {"error": "ZeroDivisionError", "message": "by zero"})
+    graph = eliminate_dead_code(fold_constants(b.build([b.node("neg", [x])])))
+    assert [n.op for n in graph.nodes] == ["constant", "check", "neg"]
+    assert graph.nodes[1].attrs["message"] == "by zero"
+    with pytest.raises(ZeroDivisionError, match="by zero"):
+        interpret(graph, [np.array([1, 2])])
 
 
 def test_inf_and_nan_fold_without_warnings():

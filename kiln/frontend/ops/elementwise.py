@@ -13,6 +13,7 @@ from ...ir.primitives import P
 from ..dispatch import apply
 from ..tensor import Tensor, method
 from ._util import as_tensor_arg, cast, promote, scalar_tensor
+from .checks import check_nonzero, check_range
 from .inplace import commit_inplace
 
 __all__ = [
@@ -85,6 +86,7 @@ def div(input, other, *, rounding_mode: str | None = None) -> Tensor:
         a, b = promote(input, other, op="div")
         if a._dtype.is_floating_point:
             return trunc(apply(_div, a, b))
+        check_nonzero(b, ZeroDivisionError, _BY_ZERO)
         q = apply(P["floor_divide"], a, b)  # floor, then step toward zero where inexact and negative
         inexact_negative = logical_and(ne(apply(P["remainder"], a, b), 0), ne(lt(a, 0), lt(b, 0)))
         return add(q, cast(inexact_negative, q._dtype))
@@ -94,21 +96,46 @@ def div(input, other, *, rounding_mode: str | None = None) -> Tensor:
 subtract, multiply, divide, true_divide = sub, mul, div, div
 
 
+_BY_ZERO = "integer division or remainder by zero"
+
+
+def _divide(prim, input, other, name: str) -> Tensor:
+    """``floor_divide``/``remainder``: integer division by zero raises ZeroDivisionError, eagerly and on
+    compiled calls (a check of the graph, made before the division, since the kernels give 0)."""
+    if isinstance(input, Tensor):
+        floats = input._dtype.is_floating_point
+        if floats and (other.__class__ in (int, float) or isinstance(other, Tensor) and other._dtype is input._dtype):
+            return _binary(prim, input, other, name)  # the fast path: float division needs no check
+        if other.__class__ is int and input._dtype.category == dt.INTEGER:
+            if other == 0:  # a Python number is baked into a trace: raising now is raising every time
+                raise ZeroDivisionError(_BY_ZERO)
+            return _binary(prim, input, other, name)
+    a, b = promote(input, other, op=name)
+    if not a._dtype.is_floating_point:
+        check_nonzero(b, ZeroDivisionError, _BY_ZERO)
+    return apply(prim, a, b)
+
+
 @method("floor_divide")
 def floor_divide(input, other) -> Tensor:
-    return _binary(P["floor_divide"], input, other, "floor_divide")
+    return _divide(P["floor_divide"], input, other, "floor_divide")
 
 
 @method("remainder")
 def remainder(input, other) -> Tensor:
-    return _binary(P["remainder"], input, other, "remainder")
+    return _divide(P["remainder"], input, other, "remainder")
 
 
 @method("pow")
 def pow(input, exponent) -> Tensor:
     if isinstance(input, Tensor) and not isinstance(exponent, Tensor) and exponent == 2:
         return mul(input, input)  # exact and cheaper; the gradient 2x is the same
-    return _binary(P["pow"], input, exponent, "pow")
+    if isinstance(input, Tensor) and (input._dtype.is_floating_point or exponent.__class__ is int and exponent >= 0):
+        return _binary(P["pow"], input, exponent, "pow")
+    a, b = promote(input, exponent, op="pow")
+    if a._dtype.category == dt.INTEGER:  # numpy's (eager's) error; a check, so compiled calls raise it too
+        check_range(b, 0, None, ValueError, "Integers to negative integer powers are not allowed.")
+    return apply(P["pow"], a, b)
 
 
 @method("square")

@@ -23,6 +23,7 @@ from ...ir.shapes import broadcast_shapes, normalize_axis
 from ..dispatch import apply
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast, scalar_tensor
+from .checks import check_range
 from .copies import constant
 from .elementwise import eq, where
 from .inplace import commit_inplace
@@ -37,15 +38,13 @@ _slice, _reshape, _take, _index_put = P["slice"], P["reshape"], P["take"], P["in
 _MASK_DTYPES = (dt.bool_, dt.uint8)
 
 
-def _check_bounds(index: Tensor, size: int, dim: int, op: str = "index", wrap: bool = True) -> None:
-    """PyTorch's bounds error; ``wrap``: negative indices count from the end (x[idx]), else they are
-    out of bounds (gather, scatter, index_select)."""
-    data = index._data
-    if not data.size:
-        return
-    high, low = int(data.max()), int(data.min())
-    if high >= size or low < (-size if wrap else 0):
-        raise IndexError(f"{op} {high if high >= size else low} is out of bounds for dimension {dim} with size {size}")
+def _check_bounds(index: Tensor, size: int, dim: int, op: str = "index", wrap: bool = True,
+                  error: type[Exception] = IndexError) -> None:  # fmt: skip
+    """PyTorch's bounds error, naming the first index out of bounds; ``wrap``: negative indices
+    count from the end (x[idx]), else they are out of bounds (gather, scatter, index_select).
+    A check of the graph when traced: compiled calls raise it too."""
+    message = f"{op} {{value}} is out of bounds for dimension {dim} with size {size}"
+    check_range(index, -size if wrap else 0, size, error, message)
 
 
 # ----------------------------------------------------------------------------- parsing a key
@@ -258,8 +257,14 @@ def index(input: Tensor, indices) -> Tensor:
     the functional dual of ``index_put``."""
     indices = tuple(indices)
     if _leading_int64(indices) and len(indices) <= input._data.ndim:
+        _check_leading(input, indices)
         return apply(_take, input, *indices)
     return getitem(input, _indices_key(indices))
+
+
+def _check_leading(input: Tensor, indices: tuple) -> None:
+    for d, i in enumerate(indices):
+        _check_bounds(i, input._data.shape[d], d)
 
 
 @method("index_put")
@@ -275,6 +280,7 @@ def index_put(input: Tensor, indices, values, accumulate: bool = False) -> Tenso
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
                            f"{input._dtype.name} for the destination and {values._dtype.name} for the source.")  # fmt: skip
     if _leading_int64(indices) and len(indices) <= input._data.ndim:
+        _check_leading(input, indices)
         values = _value_for(input._dtype, values, input, ())
         return apply(_index_put, input, values, *indices, accumulate=bool(accumulate))
     return _put(input, _parse(input, _indices_key(indices)), values, bool(accumulate))
@@ -295,10 +301,8 @@ def take(input: Tensor, index: Tensor) -> Tensor:
     """``torch.take``: elements of the flattened ``input`` at ``index`` (any shape; negatives wrap)."""
     if index._dtype is not dt.int64:
         raise RuntimeError(f"take(): Expected a long tensor for index, but got {index._dtype.name}")
-    data, n = index._data, input._data.size
-    if data.size and (int(data.max()) >= n or int(data.min()) < -n):
-        bad = int(data.max()) if int(data.max()) >= n else int(data.min())
-        raise IndexError(f"out of range: tried to access index {bad} on a tensor of {n} elements.")
+    n = input._data.size
+    check_range(index, -n, n, IndexError, f"out of range: tried to access index {{value}} on a tensor of {n} elements.")
     return take_flat(input, index)
 
 
@@ -320,7 +324,7 @@ def index_select(input: Tensor, dim: int, index: Tensor) -> Tensor:
 def index_add(input: Tensor, dim: int, index: Tensor, source: Tensor, *, alpha=1) -> Tensor:
     """A copy of ``input`` with ``alpha * source`` slices added at ``index`` along ``dim``."""
     dim = normalize_axis(dim, input._data.ndim)
-    _check_bounds(index, input._data.shape[dim], dim, "index_add(): index", wrap=False)
+    _check_bounds(index, input._data.shape[dim], dim, "index_add(): index", wrap=False, error=RuntimeError)
     if alpha != 1:
         source = source * alpha
     moved = index_put(movedim(input, dim, 0), (cast(index, dt.int64),), movedim(source, dim, 0), accumulate=True)
@@ -334,7 +338,8 @@ def _axis_index(name: str, input: Tensor, dim: int, index: Tensor) -> int:
         raise RuntimeError(f"{name}(): Expected dtype int64 for index, got {got}")
     dim = normalize_axis(dim, input._data.ndim)
     if index._data.ndim == input._data.ndim:
-        _check_bounds(index, input._data.shape[dim] if input._data.ndim else 1, dim, f"{name}(): index", wrap=False)
+        size = input._data.shape[dim] if input._data.ndim else 1
+        _check_bounds(index, size, dim, f"{name}(): index", wrap=False, error=RuntimeError)  # PyTorch's type
     return dim
 
 
@@ -430,15 +435,15 @@ def one_hot(tensor: Tensor, num_classes: int = -1) -> Tensor:
     if tensor._dtype is not dt.int64:
         raise RuntimeError(f"one_hot is only applicable to index tensor of type int64, got {tensor._dtype.name}")
     data = tensor._data
-    if data.size and int(data.min()) < 0:
-        raise RuntimeError("Class values must be non-negative.")
+    check_range(tensor, 0, None, RuntimeError, "Class values must be non-negative.")
     if num_classes == -1:
         tensor._value_access("one_hot(num_classes=-1) (the class count is read from the values)")
         num_classes = int(data.max()) + 1 if data.size else 0
         if not data.size:
             raise RuntimeError("Can not infer total number of classes from empty tensor.")
-    elif data.size and int(data.max()) >= num_classes:
-        raise RuntimeError(f"Class values must be smaller than num_classes ({num_classes}), got {int(data.max())}.")
+    else:
+        check_range(tensor, None, num_classes, RuntimeError,
+                    f"Class values must be smaller than num_classes ({num_classes}), got {{value}}.")  # fmt: skip
     classes = constant(np.arange(num_classes, dtype=np.int64), tensor._device)
     return cast(eq(reshape(tensor, tuple(data.shape) + (1,)), classes), dt.int64)
 

@@ -20,6 +20,9 @@ A ``Primitive`` carries every rule about one op, side by side:
   registry: eager against the reference, ``infer`` against eager, ``vjp`` against finite
   differences.
 
+A primitive with ``effect`` (``check``, which raises unless a condition holds) must run even
+when nothing reads its output: passes never drop it (``has_effect``).
+
 Composite ops (softmax, gelu, linear...) are Python over primitives in ``kiln.frontend.ops``
 and have no rules of their own. ``tests/ir/test_registry.py`` fails when a primitive lacks a
 rule that its kind requires.
@@ -48,6 +51,7 @@ class Kind(enum.Enum):
     CREATION = "creation"  # iota, full
     RANDOM = "random"  # counter-based random bits
     WINDOW = "window"  # sliding windows (unfold/fold): the basis of conv and pooling
+    CHECK = "check"  # raises unless a condition holds on values (index ranges, division by zero)
 
 
 ELEMENTWISE = frozenset({Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST})
@@ -83,6 +87,7 @@ class Primitive:
     reference: Callable[..., Any] | None = None
     samples: Callable[[Any], Sequence[Sample]] | None = None
     is_view: bool = False  # the eager result shares memory with input 0 (PyTorch's view ops)
+    effect: bool = False  # the node runs even when nothing reads its output (a check that raises)
     doc: str = ""
 
     @property
@@ -112,11 +117,18 @@ def required_rules(prim: Primitive) -> list[str]:
     return rules
 
 
+def has_effect(op: str) -> bool:
+    """Whether nodes of ``op`` must run even when nothing reads their output (kernels and
+    constants have no effect)."""
+    prim = PRIMITIVES.get(op)
+    return prim is not None and prim.effect
+
+
 def missing_rules(prim: Primitive) -> list[str]:
     return [rule for rule in required_rules(prim) if getattr(prim, rule) is None]
 
 
 # Importing the definitions fills PRIMITIVES; the order fixes nothing but the printout.
-from . import elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
+from . import checks, elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
 
 P = PRIMITIVES

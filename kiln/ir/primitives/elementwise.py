@@ -212,15 +212,6 @@ def _sum_to_inputs(ops, c, ga, gb):
             ops.sum_to(gb, tb.shape) if gb is not None else None)  # fmt: skip
 
 
-def _int_division_checked(fn):
-    def eager(xp, a, b):
-        if a.dtype.kind in "iub" and (b == 0).any():
-            raise ZeroDivisionError("integer division or remainder by zero")
-        return fn(xp, a, b)
-
-    return eager
-
-
 add = binary("add", lambda xp, a, b: xp.add(a, b), lambda ops, c, g: _sum_to_inputs(ops, c, g, g),
              lambda em, a, b: em.add(a, b), lambda torch, a, b: torch.add(a, b))  # fmt: skip
 sub = binary("sub", lambda xp, a, b: xp.subtract(a, b), lambda ops, c, g: _sum_to_inputs(ops, c, g, ops.neg(g)),
@@ -236,20 +227,21 @@ div = binary("div", lambda xp, a, b: xp.true_divide(a, b),
                  if c.needs_input_grad[1] else None),
              lambda em, a, b: em.div(a, b), lambda torch, a, b: torch.div(a, b), save_inputs=True,
              samples=binary_samples(rhs_low=0.5))  # fmt: skip
-floor_divide = binary("floor_divide", _int_division_checked(lambda xp, a, b: xp.floor_divide(a, b)),
+floor_divide = binary("floor_divide", lambda xp, a, b: xp.floor_divide(a, b),
                       lambda ops, c, g: _sum_to_inputs(ops, c, ops.zeros_like(g), ops.zeros_like(g)),
                       lambda em, a, b: em.floordiv(a, b), lambda torch, a, b: torch.floor_divide(a, b),
                       samples=lambda rng: int_binary_samples(rng) + binary_samples(rhs_low=0.5)(rng),
-                      doc="Rounds toward negative infinity (Python's //), for ints and floats.")  # fmt: skip
+                      doc="Rounds toward negative infinity (Python's //), for ints and floats; an integer "
+                          "divided by zero gives 0 (numpy's result: the frontend checks the divisor first).")  # fmt: skip
 # PyTorch's float32 kernel gives nan for 1e30 % 1e-30 (its quotient overflows); numpy's is exact.
 _REMAINDER_SPECIAL = _SPECIAL[_SPECIAL != 1e-30]
-remainder = binary("remainder", _int_division_checked(lambda xp, a, b: xp.remainder(a, b)),
+remainder = binary("remainder", lambda xp, a, b: xp.remainder(a, b),
                    lambda ops, c, g: _sum_to_inputs(
                        ops, c, g, ops.mul(ops.neg(g), ops.floor_divide(c.inputs[0], c.inputs[1]))),
                    lambda em, a, b: em.mod(a, b), lambda torch, a, b: torch.remainder(a, b), save_inputs=True,
                    samples=lambda rng: int_binary_samples(rng)
                    + binary_samples(rhs_low=0.5, special=_REMAINDER_SPECIAL)(rng),
-                   doc="Python's %: the result takes the divisor's sign.")  # fmt: skip
+                   doc="Python's %: the result takes the divisor's sign; an integer remainder by zero is 0.")  # fmt: skip
 
 
 def _pow_vjp(ops, c, g):

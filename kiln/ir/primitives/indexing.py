@@ -11,7 +11,8 @@
 Index tensors are int64 inputs, never attributes, and carry no gradient. The VJPs read only the
 saved index tensors, never the saved ``x``/``values``/``src`` (so a later in-place change of those
 does not stop backward, as in PyTorch). The frontend checks index bounds, with PyTorch's
-messages; the kernels trust them.
+messages (``check`` nodes when traced); the kernels trust them, and so do the VJPs, which apply
+the primitives on the index the forward checked directly rather than through checking frontend ops.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def _src_grad(ops, g, c, axis: int):
     """The VJP to ``src`` of scatter/scatter_add: the gathered gradient, zero where unread."""
     index = c.inputs[1]
     src = c.input_types[2]
-    part = ops.gather(g, axis, index)
+    part = ops.apply(gather, g, index, axis=axis)
     high = tuple(s - i for s, i in zip(src.shape, index.shape, strict=True))
     if any(high):
         part = ops.strided_pad(part, (0,) * len(high), high, (0,) * len(high))
@@ -99,7 +100,7 @@ def _gather_eager(xp, x, index, *, axis):
 def _gather_vjp(ops, c, g):
     x = c.input_types[0]
     zeros = ops.zeros(x.shape, dtype=g.dtype, device=g.device)
-    return ops.scatter_add(zeros, c.attrs["axis"], c.inputs[1], g), None
+    return ops.apply(scatter_add, zeros, c.inputs[1], g, axis=c.attrs["axis"]), None
 
 
 def _axis_samples(rng, with_src: bool, unique: bool):
@@ -210,7 +211,7 @@ def _take_vjp(ops, c, g):
     x = c.input_types[0]
     zeros = ops.zeros(x.shape, dtype=g.dtype, device=g.device)
     indices = tuple(c.inputs[i] for i in range(1, len(c.input_types)))
-    return (ops.index_put(zeros, indices, g, accumulate=True),) + (None,) * (len(c.input_types) - 1)
+    return (ops.apply(index_put, zeros, g, *indices, accumulate=True),) + (None,) * (len(c.input_types) - 1)
 
 
 def _index_samples(rng, unique: bool):

@@ -146,14 +146,16 @@ def test_break_after_mutation_still_leaves_eager_state():
         np.testing.assert_allclose(x.numpy(), e.numpy(), rtol=1e-6, atol=1e-6)
 
 
-def test_any_set_does_not_break():
+def test_check_values_does_not_break_and_raises_on_compiled_calls():
     @kiln.compile(fullgraph=True)
     def f(x):
-        if kiln.jit.any_set(x < -100):
-            raise ValueError("too small")
+        kiln.jit.check_values(x > -100, ValueError, "too small: {value}", shown=x)
         return x * 2
 
     for i in range(3):
         x = _inputs(i)
         assert_tree_close(f(x), x * 2, rtol=0, atol=0)
     assert len(f.state.specializations) == 1
+    with pytest.raises(ValueError, match="too small: -200.0"):
+        f(kiln.full_like(_inputs(0), -200.0))
+    assert len(f.state.specializations) == 1  # the compiled program raised: no retrace, no eager run
