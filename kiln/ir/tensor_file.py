@@ -195,7 +195,7 @@ def _read_up_to(stream: IO[bytes], n: int) -> bytes:
 
 
 def _read_into(stream: IO[bytes], array: np.ndarray, name: str) -> None:
-    view = memoryview(array.reshape(-1).view(np.uint8)) if array.size else memoryview(b"")
+    view = array.reshape(-1).view(np.uint8).data  # the fresh array's own bytes: reshape makes no copy
     got = 0
     while got < len(view):
         if hasattr(stream, "readinto"):
