@@ -183,8 +183,11 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
     graph, tensors, meta = load_graph_file(path)
     try:
         version = meta["export_format_version"]
-        if not isinstance(version, int) or version > EXPORT_FORMAT_VERSION:
-            raise ExportError(f"{path}: exported with format version {version!r}, newer than this kiln reads "
+        if type(version) is not int or version < 1:
+            raise ExportError(f"{path}: its export_format_version must be an integer >= 1, got {version!r:.40} "
+                              f"({type(version).__name__})")  # fmt: skip
+        if version > EXPORT_FORMAT_VERSION:
+            raise ExportError(f"{path}: exported with format version {version}, newer than this kiln reads "
                               f"({EXPORT_FORMAT_VERSION}); upgrade kiln")  # fmt: skip
         names = meta["parameters"]
         if (

@@ -212,6 +212,7 @@ def _edit_signature(**changes):
         ({"outputs": [["value", 3]]}, r"ValueError: index 3 out of range"),
         ({"in_tree": {"tuple": [{"tuple": [None]}, {"dict": [[1]]}]}}, "not a valid exported program"),
         ({"in_tree": json.loads("[" * 400 + "]" * 400)}, "not a valid exported program"),
+        ({"export_format_version": "1"}, r"its export_format_version must be an integer >= 1, got '1' \(str\)"),
     ],
 )  # fmt: skip
 def test_a_damaged_signature_is_refused_at_load(saved, changes, message):
