@@ -156,17 +156,21 @@ class _Decoder:
     def decode(self, node, where: str = "obj", depth: int = 0):
         if node is None or isinstance(node, bool | int | str):
             return node
-        tag = next((t for t in _TAGS if t in node), None) if isinstance(node, dict) else "list"
-        if isinstance(node, list) or tag in ("tuple", "dict"):
-            if depth >= MAX_DEPTH:  # counted as save counts: containers only
-                raise self.corrupt(where, f"is nested more than {MAX_DEPTH} containers deep")
-            if isinstance(node, list):
-                return [self.decode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(node)]
-        if tag is None or tag == "list" or set(node) != _TAGS[tag]:
+        if isinstance(node, list):
+            self.check_depth(where, depth)
+            return [self.decode(v, f"{where}[{i}]", depth + 1) for i, v in enumerate(node)]
+        tag = next((t for t in _TAGS if t in node), None) if isinstance(node, dict) else None
+        if tag is None or set(node) != _TAGS[tag]:
             expected = " or ".join("{" + ", ".join(sorted(keys)) + "}" for keys in _TAGS.values())
             raise self.corrupt(where, f"is {str(node)[:80]}; expected null, a bool, int, string, list or one of "
                                       f"the objects {expected}")  # fmt: skip
+        if tag in ("tuple", "dict"):
+            self.check_depth(where, depth)
         return getattr(self, "decode_" + tag)(node, where, depth)
+
+    def check_depth(self, where: str, depth: int) -> None:
+        if depth >= MAX_DEPTH:  # containers only, counted as save counts them
+            raise self.corrupt(where, f"is nested more than {MAX_DEPTH} containers deep")
 
     def decode_float(self, node: dict, where: str, depth: int) -> float:
         text = self.typed(node["float"], str, where, "float")
