@@ -47,6 +47,14 @@ def torch():
     return pytest.importorskip("torch")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that takes the ``torch`` fixture, directly or through another fixture, with
+    ``torch``: ``pytest -m torch`` runs exactly the parity tests (CI runs them once torch is installed)."""
+    for item in items:
+        if "torch" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.torch)
+
+
 def to_torch(torch, x):
     """A kiln tensor (or numpy array) as a torch tensor with the same values and dtype."""
     array = x.detach().numpy() if isinstance(x, kiln.Tensor) else np.asarray(x)

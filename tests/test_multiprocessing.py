@@ -10,7 +10,8 @@ import kiln.multiprocessing as kmp
 
 
 def _segments():
-    return {f for f in os.listdir("/dev/shm") if f.startswith("kiln_")}
+    # this process's segments only: other test runs on the machine share /dev/shm
+    return {f for f in os.listdir("/dev/shm") if f.startswith(kmp.segment_prefix())}
 
 
 def _child_write(q, done):

@@ -3,12 +3,21 @@
 import io
 import json
 import math
+import os
 import struct
+import subprocess
+import sys
+import threading
+import zipfile
 from collections import OrderedDict
+from pathlib import Path
 
 import pytest
 
 import kiln
+from kiln import serialization
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _roundtrip(obj, tmp_path, **kw):
@@ -88,17 +97,261 @@ def test_truncated_corrupt_and_foreign_files(tmp_path):
     data = path.read_bytes()
     bad = tmp_path / "bad"
     bad.write_bytes(data[:5])
-    with pytest.raises(ValueError, match=r"'.*bad' is not a kiln file: 5 bytes"):
+    with pytest.raises(ValueError, match=r"'.*bad' is 5 bytes long, too short for a safetensors header"):
         kiln.load(bad)
     bad.write_bytes(data[:40])
-    with pytest.raises(ValueError, match="bad' is truncated"):
+    with pytest.raises(ValueError, match=r"bad' is truncated or not a safetensors file: it declares a header of \d+ "
+                                         r"bytes, but the file has 40 bytes"):  # fmt: skip
         kiln.load(bad)
     bad.write_bytes(data[:-10])
-    with pytest.raises(ValueError, match="bad' is corrupt or truncated"):
+    with pytest.raises(ValueError, match="bad' is truncated or corrupt: its header declares 400 bytes of tensor data, "
+                                         "the file holds 390"):  # fmt: skip
         kiln.load(bad)
     bad.write_bytes(b"\x80" * 64)
-    with pytest.raises(ValueError, match="truncated or not a kiln file"):
+    with pytest.raises(ValueError, match="truncated or not a safetensors file"):
         kiln.load(bad)
+    buffer = io.BytesIO(data[:-10])
+    with pytest.raises(ValueError, match="the given BytesIO is truncated or corrupt"):
+        kiln.load(buffer)
+
+
+class _Stream(io.RawIOBase):
+    """A pipe-like file object: readable, not seekable, so its size is not known in advance."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        chunk = self.data.read(min(len(buffer), 7))  # short reads, as a pipe gives
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+
+def test_unseekable_streams_are_read_to_the_declared_size(tmp_path):
+    buffer = io.BytesIO()
+    kiln.save({"w": kiln.arange(10.0), "n": 3}, buffer)
+    data = buffer.getvalue()
+    out = kiln.load(_Stream(data))
+    assert out["n"] == 3 and out["w"].tolist() == list(range(10))
+    with pytest.raises(ValueError, match="the given file object is truncated: the data of tensor '0' ends after"):
+        kiln.load(_Stream(data[:-8]))
+    with pytest.raises(ValueError, match="goes on after the 40 bytes of tensor data its header declares"):
+        kiln.load(_Stream(data + b"more"))
+
+
+def test_paths_that_are_not_regular_files_are_refused_before_reading(tmp_path):
+    zero = tmp_path / "zero.kiln"
+    zero.symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match=r"zero.kiln' is not a regular file but a character device \(.*'/dev/zero'\)"):
+        kiln.load(zero)
+    with pytest.raises(ValueError, match="is not a regular file but a directory"):
+        kiln.load(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    errors = []
+    # Opening a FIFO for reading waits for a writer unless done without blocking: run it where a hang shows.
+    reader = threading.Thread(target=lambda: errors.append(_error_of(kiln.load, fifo)), daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert not reader.is_alive(), "kiln.load blocked on a FIFO"
+    assert "is not a regular file but a FIFO (named pipe)" in str(errors[0])
+
+
+def _error_of(fn, *args) -> Exception | None:
+    try:
+        fn(*args)
+    except Exception as error:
+        return error
+    return None
+
+
+def _craft(header: dict, data: bytes = b"") -> bytes:
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+_META = {"kiln.format": "1", "kiln.structure": '{"tensor": "0", "dtype": "float32", "shape": [2], '
+                                               '"requires_grad": false, "device": "cpu"}'}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "header, data, message",
+    [
+        # 1 TB declared in a file of a few hundred bytes: refused before anything is allocated
+        ({"0": {"dtype": "F32", "shape": [250_000_000_000], "data_offsets": [0, 10**12]}}, b"",
+         "its header declares 1000000000000 bytes of tensor data, the file holds 0"),
+        ({"0": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+          "1": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12),
+         "the data of tensor '1' overlaps the one before"),
+        ({"0": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}}, bytes(12), "leaves a gap of 4 bytes"),
+        ({"0": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8),
+         r"tensor '0' of dtype F32 and shape \[3\] needs 12 bytes, its data_offsets \[0, 8\] span 8"),
+        ({"0": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8), "expected a list of sizes >= 0"),
+        ({"0": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, bytes(4),
+         "tensor '0' of dtype 'BF16', which kiln cannot read"),
+        ({"0": {"dtype": "F32", "shape": [2]}}, b"", "must be described by dtype, shape and data_offsets"),
+        ({"__metadata__": [1]}, b"", "its __metadata__ must be a JSON object"),
+    ],
+)  # fmt: skip
+def test_headers_whose_sizes_or_layout_do_not_fit_are_refused(tmp_path, header, data, message):
+    path = tmp_path / "crafted.kiln"
+    path.write_bytes(_craft({"__metadata__": _META} | header, data))
+    with pytest.raises(ValueError, match="crafted.kiln' .*" + message):
+        kiln.load(path)
+
+
+def test_a_version_stored_as_a_number_is_named_as_such(tmp_path):
+    path = tmp_path / "v.kiln"
+    path.write_bytes(_craft({"__metadata__": _META | {"kiln.format": 1}}))
+    with pytest.raises(ValueError, match="v.kiln' is corrupt: its __metadata__ must map names to strings, but "
+                                         "'kiln.format' is int 1") as error:  # fmt: skip
+        kiln.load(path)
+    assert "this kiln reads" not in str(error.value)
+
+
+_TENSOR = {"tensor": "0", "dtype": "float32", "shape": [2], "requires_grad": False, "device": "cpu"}
+
+
+@pytest.mark.parametrize(
+    "structure, message",
+    [
+        ('{"dict": [', r"its structure is not JSON \(Expecting value"),
+        ('{"float": NaN}', "its structure is not JSON .*NaN is not strict JSON"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        (json.dumps(json.loads("[" * 150 + "]" * 150)), r"at obj(\[0\]){15}.*\.\.\..*(\[0\]){10} is nested more than 100 containers"),
+        ({"evil": 1}, r"at obj is \{'evil': 1\}; expected null, a bool, int, string, list or one of the objects"),
+        ({"tuple": [], "x": 1}, "at obj is .*; expected null"),
+        ({"float": 5}, "at obj has float = 5; expected a str"),
+        ({"float": "abc"}, "at obj is a float written as 'abc', which is not a number"),
+        ({"tuple": 5}, "at obj has tuple = 5; expected a list"),
+        ({"dict": [[1]], "ordered": False}, r"at obj.dict\[0\] is \[1\]; expected a \[key, value\] pair"),
+        ({"dict": [[[1, [2]], 1]], "ordered": False}, r"at obj.dict\[0\]\[0\] is a key of type tuple, which a dict"),
+        ({"dict": [], "ordered": "yes"}, "has ordered = yes; expected a bool"),
+        ({"dict": {"a": 1}, "ordered": True}, "has dict = .*; expected a list"),
+        ([_TENSOR | {"tensor": 0}], r"at obj\[0\] has tensor = 0; expected a str"),
+        ({k: v for k, v in _TENSOR.items() if k != "shape"}, "at obj is .*; expected null"),
+        (_TENSOR | {"shape": [3]}, r"describes tensor '0' as float32 \[3\], the data holds float32 \[2\]"),
+        (_TENSOR | {"dtype": "complex64"}, "describes tensor '0' as complex64"),
+        (_TENSOR | {"tensor": "7"}, "names tensor '7', which is missing from the data"),
+        (_TENSOR | {"requires_grad": "yes"}, "has requires_grad = yes; expected a bool"),
+        (_TENSOR | {"shape": "2"}, "has shape = 2; expected a list"),
+        (_TENSOR | {"device": "tpu:0"}, "places tensor '0' on 'tpu:0', which is not a device"),
+    ],
+)  # fmt: skip
+def test_malformed_structures_name_the_file_and_the_problem(tmp_path, structure, message):
+    path = tmp_path / "crafted.kiln"
+    kiln.save({"w": kiln.ones(2)}, path)
+    text = structure if isinstance(structure, str) else json.dumps(structure)
+    path.write_bytes(_rewrite_metadata(path.read_bytes(), **{"kiln.structure": text}))
+    with pytest.raises(ValueError, match=r"kiln.load: '.*crafted.kiln' is corrupt: .*" + message):
+        kiln.load(path)
+
+
+def test_an_integer_tensor_that_requires_grad_is_refused(tmp_path):
+    path = tmp_path / "int.kiln"
+    kiln.save([kiln.arange(2)], path)
+    structure = [_TENSOR | {"dtype": "int64", "requires_grad": True}]
+    path.write_bytes(_rewrite_metadata(path.read_bytes(), **{"kiln.structure": json.dumps(structure)}))
+    with pytest.raises(ValueError, match="asks int64 tensor '0' to require grad; only floating point tensors can"):
+        kiln.load(path)
+
+
+def test_nesting_limit_is_the_same_for_save_and_load(tmp_path):
+    deepest = leaf = [kiln.ones(1)]
+    for _ in range(serialization.MAX_DEPTH - 1):
+        deepest = [deepest]
+    out = _roundtrip(deepest, tmp_path)
+    for _ in range(serialization.MAX_DEPTH - 1):
+        out = out[0]
+    assert out[0].tolist() == leaf[0].tolist()
+    with pytest.raises(ValueError, match="is nested more than 100 containers deep"):
+        kiln.save([deepest], tmp_path / "deeper")
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="a container that holds itself"):
+        kiln.save(loop, tmp_path / "loop")
+
+
+_TORCH_LEGACY = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19.\x80\x02M\xe9\x03."  # how torch.save's old format starts
+
+
+def test_pytorch_and_other_foreign_files_are_named(tmp_path):
+    path = tmp_path / "model.pt"
+    with zipfile.ZipFile(path, "w") as archive:  # the layout of torch.save's zip format
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00.")
+        archive.writestr("archive/version", b"3\n")
+    with pytest.raises(ValueError, match=r"model.pt' is a PyTorch checkpoint \(torch.save's zip format\), not a "
+                                         r"safetensors file; kiln never unpickles .* torch.load\(path, "
+                                         "weights_only=True\\); kiln.save"):  # fmt: skip
+        kiln.load(path)
+    path.write_bytes(_TORCH_LEGACY + bytes(100))
+    with pytest.raises(ValueError, match=r"a PyTorch checkpoint \(torch.save's legacy pickle format\)"):
+        kiln.load(path)
+    path.write_bytes(b"\x80\x04\x95" + bytes(100))
+    with pytest.raises(ValueError, match="model.pt' is a Python pickle, not a safetensors file; kiln never unpickles"):
+        kiln.load(path)
+    import numpy as np
+
+    np.save(tmp_path / "a.npy", np.ones(3))
+    with pytest.raises(ValueError, match=r"is a numpy .npy file.*numpy.load\(path, allow_pickle=False\)"):
+        kiln.load(tmp_path / "a.npy")
+    np.savez(tmp_path / "a.npz", a=np.ones(3))
+    with pytest.raises(ValueError, match="is a numpy .npz archive, not a safetensors file"):
+        kiln.load(tmp_path / "a.npz")
+
+
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_real_pytorch_checkpoints_are_named_and_never_unpickled(torch, tmp_path, zip_format):
+    path = tmp_path / "model.pt"
+    marker = tmp_path / "ran"
+    torch.save({"w": torch.ones(2), "payload": _Payload(str(marker))}, path, _use_new_zipfile_serialization=zip_format)
+    kind = "zip format" if zip_format else "legacy pickle format"
+    with pytest.raises(ValueError, match=rf"model.pt' is a PyTorch checkpoint \(torch.save's {kind}\)"):
+        kiln.load(path)
+    assert not marker.exists()  # unpickling would have run _Payload's reduce
+
+
+class _Payload:
+    """Pickles into a call that creates a file: proof that loading ran (or did not run) code."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_loading_a_large_file_takes_about_its_size_in_memory(tmp_path):
+    """Peak resident memory of a fresh process loading a 64 MB checkpoint (reading the whole file and copying
+    each tensor out of it took three times the file's size; safetensors' memory map, twice)."""
+    path = tmp_path / "big.kiln"
+    kiln.save({f"w{i}": kiln.ones(1024, 1024) for i in range(16)}, path)
+    size_mib = path.stat().st_size / 2**20
+    script = (
+        "import sys, kiln\n"
+        "def kib(key):\n"
+        "    return next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(key))\n"
+        "try:\n"
+        "    open('/proc/self/clear_refs', 'w').write('5')\n"  # resets the peak, so imports do not count
+        "except OSError:\n"
+        "    print('no-reset'); sys.exit()\n"
+        "before = kib('VmRSS')\n"
+        f"state = kiln.load({str(path)!r})\n"
+        "assert all(t.sum().item() == 2**20 for t in state.values())\n"
+        "print((kib('VmHWM') - before) / 1024)\n"
+    )
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("needs Linux's /proc/self/status")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    if done.stdout.strip() == "no-reset":
+        pytest.skip("this kernel does not let a process reset its peak memory")
+    peak_mib = float(done.stdout)
+    assert peak_mib < 1.2 * size_mib + 8, (peak_mib, size_mib)
 
 
 def _rewrite_metadata(data: bytes, **meta) -> bytes:
@@ -118,7 +371,7 @@ def test_wrong_version_and_missing_metadata(tmp_path):
     with pytest.raises(ValueError, match="format version '99'; this kiln reads version 1"):
         kiln.load(path)
     path.write_bytes(_rewrite_metadata(data, **{"kiln.structure": '{"evil": 1}'}))
-    with pytest.raises(ValueError, match="is corrupt: unknown structure node"):
+    with pytest.raises(ValueError, match="is corrupt: the structure at obj is"):
         kiln.load(path)
     import numpy as np
     import safetensors.numpy

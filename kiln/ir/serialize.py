@@ -35,6 +35,7 @@ import numpy as np
 
 from .dtypes import ALL_DTYPES, DType
 from .graph import KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants, qualified_constants
+from .tensor_file import TensorFileError, read_tensor_file
 from .types import TensorType, device
 from .verifier import VerificationError, verify
 
@@ -343,23 +344,21 @@ def load_graph_file(path: str | os.PathLike) -> tuple[Graph, dict[str, np.ndarra
 
 
 def _read_safetensors(path: str) -> tuple[dict[str, str], dict[str, np.ndarray], dict[str, np.ndarray]]:
-    from safetensors import SafetensorError, safe_open  # noqa: PLC0415 - only needed when reading files
-
+    # read_tensor_file checks the file (regular, sizes that fit) before it reads any tensor
+    try:
+        header, arrays = read_tensor_file(path)
+    except TensorFileError as error:
+        raise FormatError(f"{path}: not a readable safetensors file: it {error}") from None
+    _check_header(path, header)
     constants: dict[str, np.ndarray] = {}
     tensors: dict[str, np.ndarray] = {}
-    try:
-        with safe_open(path, framework="numpy") as f:
-            header = f.metadata() or {}
-            _check_header(path, header)
-            for key in f.keys():
-                if key.startswith(_CONSTANT_PREFIX):
-                    constants[key[len(_CONSTANT_PREFIX) :]] = f.get_tensor(key)
-                elif key.startswith(_TENSOR_PREFIX):
-                    tensors[key[len(_TENSOR_PREFIX) :]] = f.get_tensor(key)
-                else:
-                    raise FormatError(f"{path}: unexpected tensor {key!r} (expected constants/... or tensors/...)")
-    except SafetensorError as error:
-        raise FormatError(f"{path}: not a readable safetensors file (truncated or corrupt?): {error}") from None
+    for key, array in arrays.items():
+        if key.startswith(_CONSTANT_PREFIX):
+            constants[key[len(_CONSTANT_PREFIX) :]] = array
+        elif key.startswith(_TENSOR_PREFIX):
+            tensors[key[len(_TENSOR_PREFIX) :]] = array
+        else:
+            raise FormatError(f"{path}: unexpected tensor {key!r} (expected constants/... or tensors/...)")
     return header, constants, tensors
 
 

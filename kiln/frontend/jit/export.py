@@ -182,13 +182,20 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
     graph, tensors, meta = load_graph_file(path)
     try:
         version = meta["export_format_version"]
-        if not isinstance(version, int) or version > EXPORT_FORMAT_VERSION:
-            raise ExportError(f"{path}: exported with format version {version!r}, newer than this kiln reads "
+        if type(version) is not int or version < 1:
+            raise ExportError(f"{path}: its export_format_version must be an integer >= 1, got {version!r:.40} "
+                              f"({type(version).__name__})")  # fmt: skip
+        if version > EXPORT_FORMAT_VERSION:
+            raise ExportError(f"{path}: exported with format version {version}, newer than this kiln reads "
                               f"({EXPORT_FORMAT_VERSION}); upgrade kiln")  # fmt: skip
         names = meta["parameters"]
-        if sorted(names) != sorted(tensors):
+        if (
+            not isinstance(names, list)
+            or not all(isinstance(n, str) for n in names)
+            or sorted(names) != sorted(tensors)
+        ):
             raise ExportError(f"{path}: the parameter list does not match the stored tensors")
-        parameters = {name: make_tensor(np.array(tensors[name], copy=True)) for name in names}
+        parameters = {name: make_tensor(tensors[name]) for name in names}  # fresh arrays, the program's own
         inputs = [_source_from_json(s, names) for s in meta["inputs"]]
         writebacks = [(_source_from_json(t, names), _index(i, len(graph.outputs))) for t, i in meta["writebacks"]]
         in_tree = _tree_from_json(meta["in_tree"])
@@ -197,15 +204,58 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
         outputs = [_output_from_json(o, names, len(graph.outputs), i) for i, o in enumerate(meta["outputs"])]
     except ExportError:
         raise
+    except RecursionError:
+        raise ExportError(f"{path}: not a valid exported program (its signature is nested too deeply)") from None
     except (KeyError, TypeError, ValueError, IndexError) as error:
         raise ExportError(f"{path}: not a valid exported program ({type(error).__name__}: {error})") from None
-    if len(inputs) != len(graph.inputs):
-        raise ExportError(f"{path}: the signature names {len(inputs)} inputs, the graph has {len(graph.inputs)}")
-    for (kind, payload), value in zip(inputs, graph.inputs, strict=True):
-        shape = tuple(parameters[payload].shape) if kind == "param" else tuple(in_specs[payload][1])
-        if kind == "arg" and in_specs[payload][0] != "tensor" or shape != value.type.shape:
-            raise ExportError(f"{path}: input %{value.id} does not match the signature")
-    return ExportedProgram(graph, parameters, in_tree, in_specs, inputs, out_tree, outputs, writebacks)
+    program = ExportedProgram(graph, parameters, in_tree, in_specs, inputs, out_tree, outputs, writebacks)
+    problem = _signature_problem(program)
+    if problem:
+        raise ExportError(f"{path}: not a valid exported program: {problem}")
+    return program
+
+
+def _signature_problem(program: ExportedProgram) -> str:
+    """What in the signature disagrees with the graph, or "": checked once at load, so that a damaged
+    file is refused there instead of failing (or writing wrong shapes) on every call."""
+    graph = program.graph
+    for tree, count, what in ((program.in_tree, len(program.in_specs), "arguments"),
+                              (program.out_tree, len(program.outputs), "results")):  # fmt: skip
+        if _count_leaves(tree) != count:
+            return f"the structure of the {what} has {_count_leaves(tree)} leaves, the signature lists {count}"
+    if len(program.inputs) != len(graph.inputs):
+        return f"the signature names {len(program.inputs)} inputs, the graph has {len(graph.inputs)}"
+    bindings = [(f"graph input %{v.id}", source, v.type) for source, v in zip(program.inputs, graph.inputs)]
+    bindings += [(f"the write-back of output {i}", target, graph.outputs[i].type) for target, i in program.writebacks]
+    bindings += [(f"result {i}", out, None) for i, out in enumerate(program.outputs) if out[0] == "arg"]
+    for where, source, expected in bindings:
+        found = _source_type(program, source)
+        if isinstance(found, str):
+            return f"{where} reads {found}"
+        name, dtype, shape = found
+        if expected is not None and (dtype, shape) != (expected.dtype.short, tuple(expected.shape)):
+            return f"{where} is {expected.dtype.short}{list(expected.shape)} in the graph, but {name} is {dtype}{list(shape)}"
+    return ""
+
+
+def _source_type(program: ExportedProgram, source: tuple) -> tuple[str, str, tuple] | str:
+    """``(name, dtype short name, shape)`` of an argument or parameter, or what is wrong with the reference."""
+    kind, payload = source
+    if kind == "param":
+        t = program.parameters[payload]
+        return f"parameter {payload!r}", t.dtype.short, tuple(t.shape)
+    if payload >= len(program.in_specs):
+        return f"argument {payload}, but the signature has {len(program.in_specs)} arguments"
+    spec = program.in_specs[payload]
+    if spec[0] != "tensor":
+        return f"argument {payload}, which is {spec[1]!r} in the signature, not a tensor"
+    return f"argument {payload}", spec[2], tuple(spec[1])
+
+
+def _count_leaves(tree) -> int:
+    if tree is LEAF:
+        return 1
+    return sum(_count_leaves(sub) for sub in tree[-1])
 
 
 def _index(i, n: int) -> int:
@@ -289,8 +339,10 @@ def _spec_from_json(obj):
     if obj[0] == "tensor":
         shape = tuple(_index(d, 1 << 62) if d else 0 for d in obj[1])
         if obj[2] not in dt.BY_NAME:
-            raise ValueError(f"bad dtype {obj[2]!r}")
-        return ("tensor", shape, obj[2])
+            raise ValueError(
+                f"unknown dtype {str(obj[2])[:20]!r} (kiln's are {', '.join(d.short for d in dt.ALL_DTYPES)})"
+            )
+        return ("tensor", shape, dt.BY_NAME[obj[2]].short)  # calls compare short names
     if obj[0] == "python":
         return ("python", _plain_from_json(obj[1]))
     raise ValueError(f"bad argument spec {obj!r}")

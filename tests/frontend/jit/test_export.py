@@ -188,3 +188,65 @@ def test_truncated_file_is_refused(saved):
     saved.write_bytes(saved.read_bytes()[:-5])
     with pytest.raises(ValueError, match=str(saved.name)):
         kiln.load_exported(saved)
+
+
+def _edit_signature(**changes):
+    def edit(header):
+        meta = json.loads(header["__metadata__"]["metadata"])
+        meta.update(changes)
+        header["__metadata__"]["metadata"] = json.dumps(meta)
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"inputs": [["arg", 5]]}, r"graph input %0 reads argument 5, but the signature has 1 arguments"),
+        ({"in_specs": [["tensor", [3], "f128"]]}, r"unknown dtype 'f128' \(kiln's are bool, u8, .*f64\)"),
+        ({"in_specs": [["tensor", [3], "f64"]]}, r"graph input %0 is f32\[3\] in the graph, but argument 0 is f64\[3\]"),
+        ({"in_specs": [["tensor", [4], "f32"]]}, r"graph input %0 is f32\[3\] in the graph, but argument 0 is f32\[4\]"),
+        ({"in_specs": [["python", 2.0]]}, "graph input %0 reads argument 0, which is 2.0 in the signature, not a tensor"),
+        ({"in_specs": [["tensor", [3], "f32"]] * 2}, "the structure of the arguments has 1 leaves, the signature lists 2"),
+        ({"outputs": [["arg", 7]]}, "result 0 reads argument 7, but the signature has 1 arguments"),
+        ({"outputs": [["value", 3]]}, r"ValueError: index 3 out of range"),
+        ({"in_tree": {"tuple": [{"tuple": [None]}, {"dict": [[1]]}]}}, "not a valid exported program"),
+        ({"in_tree": json.loads("[" * 400 + "]" * 400)}, "not a valid exported program"),
+        ({"export_format_version": "1"}, r"its export_format_version must be an integer >= 1, got '1' \(str\)"),
+    ],
+)  # fmt: skip
+def test_a_damaged_signature_is_refused_at_load(saved, changes, message):
+    _rewrite_header(saved, _edit_signature(**changes))
+    with pytest.raises(ExportError, match=rf"{saved.name}: .*{message}"):
+        kiln.load_exported(saved)
+
+
+def test_a_long_dtype_name_in_the_signature_is_read_as_kiln_writes_it(saved):
+    _rewrite_header(saved, _edit_signature(in_specs=[["tensor", [3], "float32"]]))
+    x = kiln.randn(3)
+    np.testing.assert_array_equal(kiln.load_exported(saved)(x).numpy(), (F.relu(x) + 1.0).numpy())
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"dtype": "I32"}, r"graph input %1 is f32\[3\] in the graph, but parameter 'capture_1' is i32\[3\]"),
+        ({"shape": [1, 3]}, r"graph input %1 is f32\[3\] in the graph, but parameter 'capture_1' is f32\[1, 3\]"),
+    ],
+)
+def test_a_parameter_that_differs_from_the_graph_is_refused_at_load(tmp_path, entry, message):
+    w = kiln.randn(3)
+    path = tmp_path / "w.kiln"
+    program = kiln.export(lambda x: x * w, kiln.randn(3))
+    assert list(program.parameters) == ["capture_1"]
+    program.save(path)
+    _rewrite_header(path, lambda header: header["tensors/capture_1"].update(entry))
+    with pytest.raises(ExportError, match="w.kiln: not a valid exported program: " + message):
+        kiln.load_exported(path)
+
+
+def test_a_pytorch_file_is_named(tmp_path):
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"PK\x03\x04" + bytes(22) + struct.pack("<H", 16) + bytes(2) + b"archive/data.pkl" + bytes(64))
+    with pytest.raises(ValueError, match=r"model.pt: not a readable safetensors file: it is a PyTorch checkpoint"):
+        kiln.load_exported(path)

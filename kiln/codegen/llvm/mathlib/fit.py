@@ -35,9 +35,17 @@ def remez(target, weight, degree: int, lo: float, hi: float, iterations: int = 1
             rhs[k] = target(x)
         solution = mp.lu_solve(matrix, rhs)
         coeffs = [solution[i] for i in range(n)]
-        errors = [w * (f - mp.polyval(coeffs[::-1], x)) for x, f, w in zip(xs, fs, ws)]
+        errors = [w * (f - _horner(coeffs, x)) for x, f, w in zip(xs, fs, ws)]
         nodes = _alternating_extrema(xs, errors, n + 1) or nodes
     return coeffs
+
+
+def _horner(coeffs, x):
+    # sum c_i x^i (mpmath 1.4 deprecates polyval's descending order, which 1.3 alone accepts)
+    total = mp.mpf(0)
+    for c in reversed(coeffs):
+        total = total * x + c
+    return total
 
 
 def _nonzero(x):
@@ -65,7 +73,7 @@ def _alternating_extrema(xs, errors, count):
 
 def max_error(coeffs, target, weight, lo, hi, points=4000) -> float:
     xs = [_nonzero(mp.mpf(lo) + (mp.mpf(hi) - lo) * i / (points - 1)) for i in range(points)]
-    return float(max(abs(weight(x) * (target(x) - mp.polyval(coeffs[::-1], x))) for x in xs))
+    return float(max(abs(weight(x) * (target(x) - _horner(coeffs, x))) for x in xs))
 
 
 def _sqrt(z):
