@@ -3,7 +3,7 @@
 Every node starts as a group of its own (extern nodes and constants stay so). Walking the graph
 in order, each fusable node's group tries to merge with the group of each fusable producer; a
 merge is kept when the union is still a legal kernel (``fusion_rules``) and no path leaves the
-union and comes back. Both checks cost what the *smaller* group and the searched region cost,
+union and comes back (and the union has at most ``MAX_KERNEL_NODES`` nodes). Both checks cost what the *smaller* group and the searched region cost,
 never the size of the larger group, so a chain of ten thousand nodes groups in linear time:
 
 - Each group keeps a summary: the values it makes that something outside reads (its outputs,
@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
-from .fusion_rules import EXTERN, VIEW, Space, classify, fits, kernel_space, reduce_signature, remaps
+from .fusion_rules import EXTERN, MAX_KERNEL_NODES, VIEW, Space, classify, fits, kernel_space, reduce_signature, remaps
 
 
 class _Group:
@@ -104,7 +104,7 @@ class Grouping:
     def _try_merge(self, a: int, b: int) -> bool:
         """Merge group ``a`` into its consumer ``b`` if the union is a legal, acyclic kernel."""
         ga, gb = self.group[a], self.group[b]
-        if ga.space is None or gb.space is None:
+        if ga.space is None or gb.space is None or len(ga.members) + len(gb.members) > MAX_KERNEL_NODES:
             return False
         small, large = (a, b) if len(ga.members) <= len(gb.members) else (b, a)
         gs, gl = self.group[small], self.group[large]
