@@ -38,6 +38,7 @@ WORKLOADS = {
     "overhead": "benchmarks.compile_latency:run_overhead",
     "eager_overhead": "benchmarks.eager_overhead",
     "train_steps": "benchmarks.train_steps",
+    "long_programs": "benchmarks.long_programs",
 }
 
 ROOT = Path(__file__).resolve().parent.parent
