@@ -23,7 +23,6 @@ never the size of the larger group, so a chain of ten thousand nodes groups in l
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
 
 from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
@@ -38,10 +37,14 @@ class _Group:
     def __init__(self, node: Node, out: dict[Value, int], fusable: bool) -> None:
         self.members = [node]
         self.out = out  # value made here -> reading edges outside (+1 for a graph output)
-        self.reads: dict[Value, int] = dict(Counter(node.inputs))  # outer value -> reading edges from here
-        self.shapes = Counter(v.type.shape for v in out)
-        self.signature = reduce_signature([node] if node.op in BODY_REDUCE_OPS else [])
-        self.space: Space | None = kernel_space(self.signature, set(self.shapes)) if fusable else None
+        self.reads: dict[Value, int] = {}  # outer value -> reading edges from here
+        for v in node.inputs:
+            self.reads[v] = self.reads.get(v, 0) + 1
+        self.shapes: dict[tuple[int, ...], int] = {}  # output shape -> number of outputs
+        for v in out:
+            self.shapes[v.type.shape] = self.shapes.get(v.type.shape, 0) + 1
+        self.signature = reduce_signature([node]) if node.op in BODY_REDUCE_OPS else None
+        self.space: Space | None = kernel_space(self.signature, self.shapes.keys()) if fusable else None
         self.misfits: set[Value] = set()
         if self.space is not None:
             self.misfits = {v for v in (*node.outputs, *node.inputs) if not fits(v, self.space)}
@@ -112,11 +115,15 @@ class Grouping:
         interface = [(v, n, gl.out[v] == n) for v, n in gs.reads.items() if v in gl.out]
         interface += [(v, gl.reads[v], n == gl.reads[v]) for v, n in gs.out.items() if v in gl.reads]
         gone = {v for v, _, last in interface if last}  # no reader left outside: no longer outputs
-        shapes = gl.shapes + gs.shapes
-        shapes.subtract(v.type.shape for v in gone)
-        shapes = +shapes  # drop the shapes no output has any more
+        shapes = dict(gl.shapes)  # a legal group's outputs have a few shapes: cheap to copy
+        for shape, n in gs.shapes.items():
+            shapes[shape] = shapes.get(shape, 0) + n
+        for v in gone:
+            shapes[v.type.shape] -= 1
+            if not shapes[v.type.shape]:
+                del shapes[v.type.shape]
         signature = _join(ga.signature, gb.signature)
-        space = kernel_space(signature, set(shapes))
+        space = kernel_space(signature, shapes.keys())
         if space is None:
             return False
         misfits = self._misfits(large, small, space)
