@@ -61,7 +61,7 @@ def chain_program(n: int):
     return (lambda: compiled(x)), (lambda: fn(x))
 
 
-def _resnet(nn):
+def _resnet(nn, blocks: int = 2):
     class Block(nn.Module):
         def __init__(self, cin: int, cout: int, stride: int) -> None:
             super().__init__()
@@ -82,7 +82,7 @@ def _resnet(nn):
     layers = [nn.Conv2d(3, widths[0], 3, padding=1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU()]
     cin = widths[0]
     for stage, width in enumerate(widths):
-        for block in range(2):
+        for block in range(blocks):
             layers.append(Block(cin, width, 2 if stage and not block else 1))
             cin = width
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10)]
@@ -100,10 +100,11 @@ def _train(model, optimizer, x, y, loss_fn):
     return step
 
 
-def resnet_program(seed: int = 0):
-    """A ResNet-18-shaped training step (SGD with momentum) on a batch of 4 16x16 images."""
+def resnet_program(seed: int = 0, blocks: int = 2):
+    """A ResNet-18-shaped training step (SGD with momentum) on a batch of 4 16x16 images
+    (``blocks`` basic blocks per stage: 2 is ResNet-18's depth)."""
     kiln.manual_seed(seed)
-    model = _resnet(kiln.nn)
+    model = _resnet(kiln.nn, blocks)
     rng = np.random.default_rng(seed)
     x = kiln.from_numpy(rng.standard_normal((4, 3, 16, 16), dtype=np.float32))
     y = kiln.from_numpy(rng.integers(0, 10, 4))

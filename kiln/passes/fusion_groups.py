@@ -86,6 +86,7 @@ class Grouping:
         # Repeat until nothing merges: a node that joined a kernel late may let that kernel take
         # in a producer it could not take before (e.g. a view whose reader joined after it).
         merged = True
+        failed: set[tuple[int, int, int, int]] = set()
         while merged:
             merged = False
             for i, node in enumerate(self.nodes):
@@ -96,8 +97,16 @@ class Grouping:
                     if p is None or not self.fusable[p]:
                         continue
                     a, b = self.find(p), self.find(i)
-                    if a != b and self._try_merge(a, b):
+                    if a == b:
+                        continue
+                    # A failed merge fails again while neither group has changed (groups only grow).
+                    attempt = (a, b, len(self.group[a].members), len(self.group[b].members))
+                    if attempt in failed:
+                        continue
+                    if self._try_merge(a, b):
                         merged = True
+                    else:
+                        failed.add(attempt)
         roots = {self.find(i) for i in range(len(self.nodes)) if self.fusable[i]}
         groups = [sorted(self.group[r].members, key=self.index.__getitem__) for r in roots]
         groups.sort(key=lambda g: self.index[g[0]])
@@ -187,6 +196,14 @@ class Grouping:
         key = self.key
         low, high = key[a], key[b]
         assert low < high, "the groups' order is not topological"
+        # The common cases need no search: when b is a's only consumer, nothing else descends from
+        # a, so the union can stand where b stood; when a is b's only producer, where a stood.
+        if all(r in (a, b) for r in self._successors(a)):
+            key[merged] = high
+            return True
+        if all(r in (a, b) for r in self._predecessors(b)):
+            key[merged] = low
+            return True
         forward, seen = [], {a, b}
         stack = [r for r in self._successors(a) if r != b]
         while stack:
