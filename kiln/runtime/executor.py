@@ -224,10 +224,11 @@ class CompiledProgram:
         taken: set[int] = set()
         producer = {v: (k, node) for k, node in enumerate(self.graph.nodes) for v in node.outputs}
         last_read = {v: k for k, node in enumerate(self.graph.nodes) for v in node.inputs}
+        views = _views_of_inputs(self.graph)
         for o, i in pairs:
             value, source = self.graph.outputs[o], self.graph.inputs[i]
             k, node = producer.get(value, (-1, None))
-            aliases = _aliases(self.graph, source)  # the input and every view of it
+            aliases = views[source]  # the input and every view of it
             if (node is None or node not in self._allocations or i in taken
                     or any(a in self.graph.outputs or last_read.get(a, -1) > k for a in aliases)
                     or sum(a in node.inputs for a in aliases) != 1 or self.graph.outputs.count(value) > 1
@@ -244,12 +245,8 @@ class CompiledProgram:
     def fresh_outputs(self) -> frozenset[int]:
         """Indices of the outputs that are always new memory of this call (made by a compiled kernel
         into the allocator's memory, not written in place): no caller-owned memory can hide there."""
-        fresh = set()
-        for index, value in enumerate(self.graph.outputs):
-            for entries in self._allocations.values():
-                if any(entry[0] == self._slots[value] and entry[4] < 0 for entry in entries):
-                    fresh.add(index)
-        return frozenset(fresh)
+        allocated = {entry[0] for entries in self._allocations.values() for entry in entries if entry[4] < 0}
+        return frozenset(index for index, value in enumerate(self.graph.outputs) if self._slots[value] in allocated)
 
     # ------------------------------------------------------------------ per-thread state
     def _frame(self):
@@ -429,13 +426,16 @@ def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:
     return [tuple(d) for d in dead]
 
 
-def _aliases(graph: Graph, value: Value) -> set[Value]:
-    """``value`` and the results of view nodes over it, transitively."""
-    aliases = {value}
+def _views_of_inputs(graph: Graph) -> dict[Value, list[Value]]:
+    """Per graph input, the input and the results of view nodes over it, transitively (one pass
+    over the graph for every input at once)."""
+    root = {v: v for v in graph.inputs}
+    views: dict[Value, list[Value]] = {v: [v] for v in graph.inputs}
     for node in graph.nodes:
-        if node.op not in (CONSTANT, KERNEL) and PRIMITIVES[node.op].is_view and node.inputs[0] in aliases:
-            aliases.add(node.output)
-    return aliases
+        if node.op not in (CONSTANT, KERNEL) and PRIMITIVES[node.op].is_view and node.inputs[0] in root:
+            root[node.output] = root[node.inputs[0]]
+            views[root[node.output]].append(node.output)
+    return views
 
 
 def reads_at_own_index(node: Node, source: Value, result: Value) -> bool:
