@@ -2,9 +2,10 @@
 
 Every node starts as a group of its own (extern nodes and constants stay so). Walking the graph
 in order, each fusable node's group tries to merge with the group of each fusable producer; a
-merge is kept when the union is still a legal kernel (``fusion_rules``) and no path leaves the
-union and comes back (and the union has at most ``MAX_KERNEL_NODES`` nodes). Both checks cost what the *smaller* group and the searched region cost,
-never the size of the larger group, so a chain of ten thousand nodes groups in linear time:
+merge is kept when the union has at most ``MAX_KERNEL_NODES`` nodes, is still a legal kernel
+(``fusion_rules``) and no path leaves it and comes back. The checks cost what the *smaller* group
+and the searched region cost, never the size of the larger group, so a chain of ten thousand
+nodes groups in linear time:
 
 - Each group keeps a summary: the values it makes that something outside reads (its outputs,
   with the number of reading edges outside), the outer values it reads (with edge counts), the
@@ -18,7 +19,9 @@ never the size of the larger group, so a chain of ten thousand nodes groups in l
   some other group lies on a path from ``a`` to ``b``: a forward search from ``a`` through the
   groups whose key lies between ``a``'s and ``b``'s finds it, and the order is then repaired on
   that region only (Pearce and Kelly's dynamic topological order, 2006): the ancestors of ``b``
-  in the region, then the union, then the descendants of ``a``.
+  in the region, then the union, then the descendants of ``a``. No search is needed when ``b``
+  is ``a``'s only consumer or ``a`` is ``b``'s only producer (a chain), and a merge that failed
+  is not tried again while neither group has grown.
 """
 
 from __future__ import annotations
