@@ -155,7 +155,7 @@ def measure_case(case: str) -> dict:
     theirs = [eager().numpy() for _ in range(compiling + CHECK_CALLS)]
     error = max(float(np.max(np.abs(a - b) / (1e-5 + np.abs(b)))) for a, b in zip(ours, theirs, strict=True))
     compiled_fn = getattr(step, "__self__", step)
-    spec = _specialization(step)
+    spec = specialization(step)
     return {
         "compile_s": times[compiling],
         "traced_nodes": len(spec.traced_graph.nodes) if spec is not None else None,
@@ -175,7 +175,8 @@ def _state(fn):
     return state
 
 
-def _specialization(fn):
+def specialization(fn):
+    """The last specialization of a compiled step (or of the compiled function a chain step calls)."""
     state = _state(fn)
     return state.specializations[-1] if state is not None and state.specializations else None
 

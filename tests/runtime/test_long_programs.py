@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kiln
-from benchmarks.long_programs import chain_program
+from benchmarks.long_programs import chain_program, specialization
 from kiln.codegen.llvm import engine, kernels
 from kiln.ir.graph import KERNEL, GraphBuilder
 from kiln.ir.types import TensorType
@@ -52,8 +52,7 @@ def test_a_long_chain_compiles_with_llvm_and_matches_eager(private_cache):
     step, eager = chain_program(1200)  # 3.5 kernels' worth: deeper than the recursion limit allowed
     for _ in range(3):
         np.testing.assert_allclose(step().numpy(), eager().numpy(), rtol=1e-5, atol=1e-6)
-    compiled = step.__closure__[0].cell_contents if not hasattr(step, "state") else step
-    spec = _specialization(compiled)
+    spec = specialization(step)
     assert isinstance(spec.program, CompiledProgram)
     assert spec.report.declined == [] and spec.report.kernels >= 2
 
