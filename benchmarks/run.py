@@ -39,6 +39,7 @@ WORKLOADS = {
     "eager_overhead": "benchmarks.eager_overhead",
     "train_steps": "benchmarks.train_steps",
     "checks": "benchmarks.check_cost",
+    "long_programs": "benchmarks.long_programs",
 }
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -140,18 +140,6 @@ def _order(units: list[_Unit], preds: list[set[int]] | None = None) -> list[int]
     return order
 
 
-def _ancestors(units: list[_Unit]) -> list[int]:
-    """For each unit, a bit set (an int) of the units it depends on, directly or transitively."""
-    preds = _predecessors(units)
-    ancestors = [0] * len(units)
-    for i in _order(units, preds):
-        bits = 0
-        for p in preds[i]:
-            bits |= ancestors[p] | (1 << p)
-        ancestors[i] = bits
-    return ancestors
-
-
 # ----------------------------------------------------------------------------- horizontal fusion
 def _fuse_horizontally(units: list[_Unit]) -> list[_Unit]:
     """Merge mutually independent elementwise kernels with identical structure into horizontal units."""
@@ -160,28 +148,74 @@ def _fuse_horizontally(units: list[_Unit]) -> list[_Unit]:
         if unit.node is None and unit.kernels[0].kind == "elementwise":
             buckets.setdefault(structure_key(unit.kernels[0].body), []).append(i)
     pending = [sorted(b, key=lambda i: units[i].first) for b in buckets.values() if len(b) >= 2]
+    if not pending:
+        return units
     pending.sort(key=lambda b: units[b[0]].first)
-    # Units are merged by identity below; indices shift, so work on the objects.
-    work = [[units[i] for i in bucket] for bucket in pending]
-    for candidates in work:
+    graph = _Dependencies(units)
+    for bucket in pending:
+        candidates = [units[i] for i in bucket]
         while len(candidates) >= 2:
-            ancestors = _ancestors(units)
-            index = {id(unit): i for i, unit in enumerate(units)}
-            chosen: list[int] = []
+            ancestors = graph.ancestors()
+            chosen: list[_Unit] = []
             bits = 0
             for unit in candidates:
-                i = index[id(unit)]
-                if ancestors[i] & bits or any(ancestors[j] >> i & 1 for j in chosen):
+                if ancestors[id(unit)] & bits or any(ancestors[id(c)] >> graph.bit[id(unit)] & 1 for c in chosen):
                     continue
-                chosen.append(i)
-                bits |= 1 << i
+                chosen.append(unit)
+                bits |= 1 << graph.bit[id(unit)]
             if len(chosen) < 2:
                 break
-            merged = _Unit(min(units[i].first for i in chosen), kernels=[units[i].kernels[0] for i in chosen])
-            taken = {id(units[i]) for i in chosen}
-            candidates[:] = [u for u in candidates if id(u) not in taken]
-            units = [u for u in units if id(u) not in taken] + [merged]
-    return units
+            graph.merge(chosen, _Unit(min(u.first for u in chosen), kernels=[u.kernels[0] for u in chosen]))
+            taken = {id(u) for u in chosen}
+            candidates = [u for u in candidates if id(u) not in taken]
+    return list(graph.alive.values())
+
+
+class _Dependencies:
+    """The units' dependency graph, kept up to date as horizontal fusion merges units (by identity),
+    so that each round costs one pass over it instead of rebuilding it from the values."""
+
+    def __init__(self, units: list[_Unit]) -> None:
+        self.alive = {id(u): u for u in units}  # in order: units, then merged units as they come
+        self.bit = {id(u): k for k, u in enumerate(units)}  # each unit's bit in the ancestor sets
+        defined_by = {v: id(u) for u in units for v in u.defines}
+        self.preds = {id(u): {defined_by[v] for v in u.reads if v in defined_by} - {id(u)} for u in units}
+        self.succs: dict[int, set[int]] = {k: set() for k in self.preds}
+        for k, preds in self.preds.items():
+            for p in preds:
+                self.succs[p].add(k)
+
+    def merge(self, members: list[_Unit], merged: _Unit) -> None:
+        ids = {id(u) for u in members}
+        preds = set().union(*(self.preds.pop(k) for k in ids)) - ids
+        succs = set().union(*(self.succs.pop(k) for k in ids)) - ids
+        for p in preds:
+            self.succs[p] = (self.succs[p] - ids) | {id(merged)}
+        for s in succs:
+            self.preds[s] = (self.preds[s] - ids) | {id(merged)}
+        self.preds[id(merged)], self.succs[id(merged)] = preds, succs
+        for k in ids:
+            del self.alive[k]
+        self.alive[id(merged)] = merged
+        self.bit[id(merged)] = len(self.bit)
+
+    def ancestors(self) -> dict[int, int]:
+        """For each unit, a bit set (an int) of the units it depends on, directly or transitively."""
+        waiting = {k: len(p) for k, p in self.preds.items()}
+        ready = [k for k, n in waiting.items() if not n]
+        ancestors: dict[int, int] = {}
+        while ready:
+            k = ready.pop()
+            bits = 0
+            for p in self.preds[k]:
+                bits |= ancestors[p] | (1 << self.bit[p])
+            ancestors[k] = bits
+            for s in self.succs[k]:
+                waiting[s] -= 1
+                if not waiting[s]:
+                    ready.append(s)
+        assert len(ancestors) == len(self.preds), "fusion made a cycle"
+        return ancestors
 
 
 # ----------------------------------------------------------------------------- the graph

@@ -241,10 +241,11 @@ class CompiledProgram:
         last_check = max((k for k, node in enumerate(self.graph.nodes) if has_effect(node.op)), default=-1)
         producer = {v: (k, node) for k, node in enumerate(self.graph.nodes) for v in node.outputs}
         last_read = {v: k for k, node in enumerate(self.graph.nodes) for v in node.inputs}
+        views = _views_of_inputs(self.graph)
         for o, i in pairs:
             value, source = self.graph.outputs[o], self.graph.inputs[i]
             k, node = producer.get(value, (-1, None))
-            aliases = _aliases(self.graph, source)  # the input and every view of it
+            aliases = views[source]  # the input and every view of it
             if (node is None or node not in self._allocations or i in taken or k < last_check
                     or any(a in self.graph.outputs or last_read.get(a, -1) > k for a in aliases)
                     or sum(a in node.inputs for a in aliases) != 1 or self.graph.outputs.count(value) > 1
@@ -466,13 +467,16 @@ def _aliases_an_argument(result: np.ndarray, args: tuple[int, ...], env: list) -
     return False
 
 
-def _aliases(graph: Graph, value: Value) -> set[Value]:
-    """``value`` and the results of view nodes over it, transitively."""
-    aliases = {value}
+def _views_of_inputs(graph: Graph) -> dict[Value, list[Value]]:
+    """Per graph input, the input and the results of view nodes over it, transitively (one pass
+    over the graph for every input at once)."""
+    root = {v: v for v in graph.inputs}
+    views: dict[Value, list[Value]] = {v: [v] for v in graph.inputs}
     for node in graph.nodes:
-        if node.op not in (CONSTANT, KERNEL) and PRIMITIVES[node.op].is_view and node.inputs[0] in aliases:
-            aliases.add(node.output)
-    return aliases
+        if node.op not in (CONSTANT, KERNEL) and PRIMITIVES[node.op].is_view and node.inputs[0] in root:
+            root[node.output] = root[node.inputs[0]]
+            views[root[node.output]].append(node.output)
+    return views
 
 
 def reads_at_own_index(node: Node, source: Value, result: Value) -> bool:

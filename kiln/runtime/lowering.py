@@ -27,6 +27,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import struct
 import time
 from collections import Counter
@@ -96,9 +97,15 @@ def compile_cached(traced: Graph, optimize: Callable[[Graph], Graph], input_stri
 
 
 def generate(graph: Graph, layouts: dict, report: LoweringReport) -> tuple[dict, list[bytes]]:
-    """Kernel steps (by node) and the object code of every kernel the code generator accepts."""
+    """Kernel steps (by node) and the object code of every kernel the code generator accepts.
+
+    A kernel the code generator declines (``Unsupported``) or fails on -- an exception from the
+    generator, or LLVM rejecting its code -- runs on the interpreter and the others stay compiled
+    (``report.declined`` says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests).
+    """
     module = KernelModule()
     steps = {}
+    strides = {}
     externs: Counter = Counter()
     unfused: Counter = Counter()  # elementwise nodes left out of kernels because of their dtype
     for node in graph.nodes:
@@ -109,19 +116,53 @@ def generate(graph: Graph, layouts: dict, report: LoweringReport) -> tuple[dict,
             if PRIMITIVES[node.op].kind in ELEMENTWISE and any(v.type.dtype is float16 for v in node.outputs):
                 unfused[node.op] += 1
             continue
+        strides[node] = [element_strides(v, layouts[v]) for v in node.inputs]
         try:
-            info = module.add(node, [element_strides(v, layouts[v]) for v in node.inputs])
+            info = module.add(node, strides[node])
         except Unsupported as why:
             report.declined.append((node.attrs["name"], str(why)))
+            continue
+        except Exception as error:  # noqa: BLE001 - a code generator bug costs this kernel only
+            _failed(report, node, "the LLVM code generator failed", error)
             continue
         steps[node] = KernelStep(node, info.symbol, info.extent, info.work_bytes)
     report.externs = dict(externs)
     if unfused:
         ops = ", ".join(f"{op} x{n}" for op, n in sorted(unfused.items()))
         report.declined.append(("(not fused)", f"float16 has no LLVM kernels; {ops} run on their eager kernels"))
+    objects = _compile(module, steps, strides, report) if steps else []
     report.kernels = len(steps)
-    objects = [engine.compile_ir(module.ir())] if steps else []
     return steps, objects
+
+
+def _compile(module: KernelModule, steps: dict, strides: dict, report: LoweringReport) -> list[bytes]:
+    """Object code for ``steps``: one LLVM compile of the whole module. Should LLVM fail on it, each
+    kernel is compiled in a module of its own, to find the kernels it fails on; those leave
+    ``steps`` (they run on the interpreter) and the others keep their own object code."""
+    try:
+        return [engine.compile_ir(module.ir())]
+    except Exception as error:  # noqa: BLE001 - attributed to its kernels below
+        if os.environ.get("KILN_JIT_STRICT") == "1":
+            raise
+        logger.debug("kiln: LLVM failed on the module (%s); compiling its kernels one by one", error)
+    objects = []
+    for node, step in list(steps.items()):
+        alone = KernelModule()
+        try:
+            step.symbol = alone.add(node, strides[node]).symbol
+            objects.append(engine.compile_ir(alone.ir()))
+        except Exception as error:  # noqa: BLE001 - this kernel runs on the interpreter
+            _failed(report, node, "LLVM failed on its code", error)
+            del steps[node]
+    return objects
+
+
+def _failed(report: LoweringReport, node, what: str, error: Exception) -> None:
+    if os.environ.get("KILN_JIT_STRICT") == "1":
+        raise error
+    why = f"{what} ({type(error).__name__}: {error}); a bug in kiln, please report it"
+    logger.warning("kiln.compile: kernel %s runs on the interpreter: %s", node.attrs["name"], why)
+    report.declined.append((node.attrs["name"], why))
 
 
 def load(graph: Graph, steps: dict, objects: list[bytes], layouts: dict, report: LoweringReport,

@@ -66,6 +66,11 @@ def data_layout() -> str:
 
 
 def _optimize(module: llvm.ModuleRef) -> None:
+    # A pass builder per compile, on purpose. llvmlite (0.50) gives each pass builder a
+    # PassInstrumentationCallbacks that nothing frees (about 70 KB: the names of every pass), so
+    # each compile keeps that much; but a builder must not be reused: each run registers the
+    # callbacks of a StandardInstrumentations that lives on the C++ stack of that run only, and
+    # later runs through the same builder call them (reusing one aborted on an LLVM assertion).
     options = llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL)
     options.loop_vectorization = True
     options.slp_vectorization = True

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ...ir.graph import Graph, Node
+from ...ir.graph import Graph, Node, structure_key
 from . import Unsupported
 from . import kernels_index as ix
 from .emitter import store
-from .kernels_dag import REDUCES, Apply, DagBuilder, Load, Reduce, Rows, loads
+from .kernels_dag import REDUCES, VIEWS, Apply, DagBuilder, Load, Reduce, Rows, loads
 from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
 from .loops import I64, for_range, i64, minimum, product
 
@@ -62,6 +62,7 @@ class KernelModule:
     def __init__(self, name: str = "kiln_kernels") -> None:
         self.module = ir.Module(name)
         self._symbols: set[str] = set()
+        self._known: dict[tuple, KernelInfo] = {}  # kernel key -> the function already made for it
 
     def add(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
         """Compile kernel ``node`` for inputs with element strides ``layouts``; ``Unsupported`` when
@@ -72,6 +73,9 @@ class KernelModule:
             raise Unsupported(f"kernel kind {kind!r}")
         if kind != "horizontal" and len(bodies) != 1:
             raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
+        key = _kernel_key(kind, bodies, layouts)
+        if key in self._known:  # the same code (an unrolled loop's steps, repeated blocks): one function
+            return self._known[key]
         symbol = self._symbol(str(node.attrs.get("name", "kernel")))
         existing = set(self.module.globals)
         try:
@@ -89,7 +93,8 @@ class KernelModule:
             for name in set(self.module.globals) - existing:
                 del self.module.globals[name]
             raise
-        return KernelInfo(symbol, extent, _work_bytes(node))
+        info = self._known[key] = KernelInfo(symbol, extent, _work_bytes(node))
+        return info
 
     def ir(self) -> str:
         """The module's LLVM IR text (every kernel added so far)."""
@@ -109,6 +114,20 @@ class KernelModule:
         for arg, name in zip(fn.args, ("args", "begin", "end"), strict=True):
             arg.name = name
         return ir.IRBuilder(fn.append_basic_block("entry")), fn.args
+
+
+def _kernel_key(kind: str, bodies: Sequence[Graph], layouts: Sequence[tuple[int, ...]]) -> tuple:
+    """What decides a kernel's code: its bodies' structure, every value's shape, the view
+    attributes (which ``structure_key`` leaves out) and the inputs' layouts."""
+    parts = tuple(
+        (
+            structure_key(b),
+            tuple(v.type.shape for v in b.values()),
+            tuple(n.attr_key() for n in b.nodes if n.op in VIEWS),
+        )
+        for b in bodies
+    )
+    return kind, parts, tuple(tuple(s) for s in layouts)
 
 
 def _check_layouts(node: Node, layouts: Sequence[tuple[int, ...]]) -> None:

@@ -95,11 +95,36 @@ class DagBuilder:
             register_type(value.type.dtype)  # raises Unsupported for float16 and friends
 
     def element(self, value: Value, index: tuple[Lin, ...]) -> Node:
+        """The DAG node of ``value`` at ``index``, built without recursion: a body may be a chain of
+        thousands of nodes, deeper than Python's stack."""
         key = (value, index)
-        node = self.memo.get(key)
-        if node is None:
-            node = self.memo[key] = self._build(value, index)
-        return node
+        pending = [key]
+        while pending:
+            top = pending[-1]
+            if top in self.memo:
+                pending.pop()
+                continue
+            missing = [k for k in self._needs(*top) if k not in self.memo]
+            if missing:
+                pending.extend(reversed(missing))  # the first operand is built first
+                continue
+            pending.pop()
+            self.memo[top] = self._build(*top)
+        return self.memo[key]
+
+    def _needs(self, value: Value, index: tuple[Lin, ...]) -> list[tuple[Value, tuple[Lin, ...]]]:
+        """The ``(value, index)`` pairs that ``_build(value, index)`` reads from the memo."""
+        if value in self.input_index:
+            return []
+        node = self.producers[value]
+        if node.op in VIEWS:
+            return [(node.inputs[0], self._view_index(node, index))]
+        if node.op in REDUCES:
+            done = node.output in self._reduce_memo
+            return [] if done or self.rows is None else [(node.inputs[0], self.space.identity())]
+        if node.op == CONSTANT:
+            return []
+        return [(v, ix.broadcast(index, v.type.shape)) for v in node.inputs]
 
     def _build(self, value: Value, index: tuple[Lin, ...]) -> Node:
         if value in self.input_index:
@@ -113,13 +138,13 @@ class DagBuilder:
                 raise Unsupported(f"a constant of shape {list(array.shape)} in a kernel body (only 0-d are compiled)")
             return Const(array.item(), value.type.dtype)
         if op in VIEWS:
-            return self.element(node.inputs[0], self._view_index(node, index))
+            return self.memo[(node.inputs[0], self._view_index(node, index))]
         if op in REDUCES:
             return self._reduce(node, index)
         prim = PRIMITIVES.get(op)
         if prim is None or prim.kind not in ELEMENTWISE or prim.scalar is None:
             raise Unsupported(f"{op} cannot be compiled inside a kernel body")
-        args = tuple(self.element(v, ix.broadcast(index, v.type.shape)) for v in node.inputs)
+        args = tuple(self.memo[(v, ix.broadcast(index, v.type.shape))] for v in node.inputs)
         return Apply(op, dict(attrs), args, value.type.dtype, max((a.after for a in args), default=-1))
 
     def _view_index(self, node, index: tuple[Lin, ...]) -> tuple[Lin, ...]:
@@ -150,7 +175,7 @@ class DagBuilder:
             raise Unsupported(f"the result of {node.op} is read at another row's index")
         reduce = self._reduce_memo.get(node.output)
         if reduce is None:
-            arg = self.element(source, self.space.identity())
+            arg = self.memo[(source, self.space.identity())]
             level = arg.after + 1
             reduce = Reduce(node.op, arg, node.output.type.dtype, level, level)
             self._reduce_memo[node.output] = reduce
@@ -164,24 +189,32 @@ def loads(roots: Sequence[Node]) -> list[Load]:
 
 
 def walk(roots: Sequence[Node]) -> list[Node]:
-    """Every node reachable from ``roots``, children before parents, each once."""
+    """Every node reachable from ``roots``, children before parents, each once (no recursion)."""
     seen: set[int] = set()
     order: list[Node] = []
-
-    def visit(n: Node) -> None:
-        if id(n) in seen:
-            return
-        seen.add(id(n))
-        if isinstance(n, Apply):
-            for a in n.args:
-                visit(a)
-        elif isinstance(n, Reduce):
-            visit(n.arg)
-        order.append(n)
-
-    for r in roots:
-        visit(r)
+    for root in roots:
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        pending = [(root, iter(_children(root)))]
+        while pending:
+            node, children = pending[-1]
+            child = next(children, None)
+            if child is None:
+                pending.pop()
+                order.append(node)
+            elif id(child) not in seen:
+                seen.add(id(child))
+                pending.append((child, iter(_children(child))))
     return order
+
+
+def _children(n: Node) -> tuple:
+    if isinstance(n, Apply):
+        return n.args
+    if isinstance(n, Reduce):
+        return (n.arg,)
+    return ()
 
 
 def signature(roots: Sequence[Node]) -> tuple:

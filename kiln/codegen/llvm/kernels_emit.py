@@ -89,22 +89,38 @@ class DagEmitter:
         self.pointer = pointer
 
     def emit(self, node: Node, scope: Scope) -> Scalar:
+        """``node``'s scalar, emitting what it needs first (operands left to right, no recursion:
+        a fused chain may be thousands of nodes deep)."""
+        pending = [node]
+        while pending:
+            top = pending[-1]
+            if scope.get(top) is not None:
+                pending.pop()
+                continue
+            if isinstance(top, Apply):
+                missing = [a for a in top.args if scope.get(a) is None]
+                if missing:
+                    pending.extend(reversed(missing))
+                    continue
+            pending.pop()
+            scope.values[id(top)] = self._emit_one(top, scope)
         found = scope.get(node)
-        if found is not None:
-            return found
+        assert found is not None
+        return found
+
+    def _emit_one(self, node: Node, scope: Scope) -> Scalar:
+        """One node whose operands are already in ``scope``."""
         if isinstance(node, Load):
-            result = load(self.builder, self.pointer(node), node.dtype)
-        elif isinstance(node, Const):
-            result = self.em.constant(node.value, node.dtype)
-        elif isinstance(node, Apply):
-            args = [self.emit(a, scope) for a in node.args]
+            return load(self.builder, self.pointer(node), node.dtype)
+        if isinstance(node, Const):
+            return self.em.constant(node.value, node.dtype)
+        if isinstance(node, Apply):
+            args = [scope.get(a) for a in node.args]
             result = PRIMITIVES[node.op].scalar(self.em, *args, **node.attrs)
             if result.dtype is not node.dtype:  # e.g. numpy's float64 from integer true division
                 result = self.em.cast(result, node.dtype)
-        else:
-            raise AssertionError(f"{node.op}'s row value is used before its pass over the row")
-        scope.values[id(node)] = result
-        return result
+            return result
+        raise AssertionError(f"{node.op}'s row value is used before its pass over the row")
 
 
 def element_pointer(builder: ir.IRBuilder, base: ir.Value, index: ir.Value, dtype: DType) -> ir.Value:

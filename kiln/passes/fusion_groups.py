@@ -1,0 +1,249 @@
+"""Vertical fusion's grouping: union-find over the graph's nodes, groups merged when legal and acyclic.
+
+Every node starts as a group of its own (extern nodes and constants stay so). Walking the graph
+in order, each fusable node's group tries to merge with the group of each fusable producer; a
+merge is kept when the union has at most ``MAX_KERNEL_NODES`` nodes, is still a legal kernel
+(``fusion_rules``) and no path leaves it and comes back. The checks cost what the *smaller* group
+and the searched region cost, never the size of the larger group, so a chain of ten thousand
+nodes groups in linear time:
+
+- Each group keeps a summary: the values it makes that something outside reads (its outputs,
+  with the number of reading edges outside), the outer values it reads (with edge counts), the
+  number of outputs per shape, its reductions' signature, its space (domain and row shapes) and
+  its *misfits* (values that do not fit the space and must be reached by index remapping). A
+  merge combines the smaller summary into the larger: the values at the interface of the two
+  stop being outputs when no reader is left outside. Only when the union's space differs from
+  the larger group's are the misfits recomputed from every member.
+- The groups form a DAG (groups as nodes, values as edges), kept in a topological order (an
+  integer key per group). A merge of ``a`` into its consumer ``b`` makes a cycle exactly when
+  some other group lies on a path from ``a`` to ``b``: a forward search from ``a`` through the
+  groups whose key lies between ``a``'s and ``b``'s finds it, and the order is then repaired on
+  that region only (Pearce and Kelly's dynamic topological order, 2006): the ancestors of ``b``
+  in the region, then the union, then the descendants of ``a``. No search is needed when ``b``
+  is ``a``'s only consumer or ``a`` is ``b``'s only producer (a chain), and a merge that failed
+  is not tried again while neither group has grown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
+from .fusion_rules import EXTERN, MAX_KERNEL_NODES, VIEW, Space, classify, fits, kernel_space, reduce_signature, remaps
+
+
+class _Group:
+    """A group's summary (see the module docstring); ``members`` are unordered until the end."""
+
+    __slots__ = ("members", "out", "reads", "shapes", "signature", "space", "misfits")
+
+    def __init__(self, node: Node, out: dict[Value, int], fusable: bool) -> None:
+        self.members = [node]
+        self.out = out  # value made here -> reading edges outside (+1 for a graph output)
+        self.reads: dict[Value, int] = {}  # outer value -> reading edges from here
+        for v in node.inputs:
+            self.reads[v] = self.reads.get(v, 0) + 1
+        self.shapes: dict[tuple[int, ...], int] = {}  # output shape -> number of outputs
+        for v in out:
+            self.shapes[v.type.shape] = self.shapes.get(v.type.shape, 0) + 1
+        self.signature = reduce_signature([node]) if node.op in BODY_REDUCE_OPS else None
+        self.space: Space | None = kernel_space(self.signature, self.shapes.keys()) if fusable else None
+        self.misfits: set[Value] = set()
+        if self.space is not None:
+            self.misfits = {v for v in (*node.outputs, *node.inputs) if not fits(v, self.space)}
+
+
+class Grouping:
+    """The kernels of ``graph`` after vertical fusion: ``Grouping(graph).groups()``."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.nodes = graph.nodes
+        self.index = {node: i for i, node in enumerate(self.nodes)}
+        self.users: dict[Value, list[Node]] = {}
+        self.producer: dict[Value, int] = {}
+        for i, node in enumerate(self.nodes):
+            for v in node.inputs:
+                self.users.setdefault(v, []).append(node)
+            for v in node.outputs:
+                self.producer[v] = i
+        outputs = set(graph.outputs)
+        self.classes = classify(self.nodes, self.users, outputs)
+        self.fusable = [self.classes[node] != EXTERN for node in self.nodes]
+        self.parent = list(range(len(self.nodes)))
+        self.key = list(range(len(self.nodes)))  # per root: its place in a topological order of the groups
+        self.group: dict[int, _Group] = {}
+        for i, node in enumerate(self.nodes):
+            out = {v: len(self.users.get(v, ())) + (v in outputs) for v in node.outputs}
+            self.group[i] = _Group(node, {v: n for v, n in out.items() if n}, self.fusable[i])
+
+    def find(self, i: int) -> int:
+        root = i
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[i] != root:  # path compression
+            self.parent[i], i = root, self.parent[i]
+        return root
+
+    def groups(self) -> list[list[Node]]:
+        """The kernels' node lists (graph order), after vertical fusion; views alone are left out."""
+        # Repeat until nothing merges: a node that joined a kernel late may let that kernel take
+        # in a producer it could not take before (e.g. a view whose reader joined after it).
+        merged = True
+        failed: set[tuple[int, int, int, int]] = set()
+        while merged:
+            merged = False
+            for i, node in enumerate(self.nodes):
+                if not self.fusable[i]:
+                    continue
+                for v in node.inputs:
+                    p = self.producer.get(v)
+                    if p is None or not self.fusable[p]:
+                        continue
+                    a, b = self.find(p), self.find(i)
+                    if a == b:
+                        continue
+                    # A failed merge fails again while neither group has changed (groups only grow).
+                    attempt = (a, b, len(self.group[a].members), len(self.group[b].members))
+                    if attempt in failed:
+                        continue
+                    if self._try_merge(a, b):
+                        merged = True
+                    else:
+                        failed.add(attempt)
+        roots = {self.find(i) for i in range(len(self.nodes)) if self.fusable[i]}
+        groups = [sorted(self.group[r].members, key=self.index.__getitem__) for r in roots]
+        groups.sort(key=lambda g: self.index[g[0]])
+        return [g for g in groups if any(self.classes[node] != VIEW for node in g)]
+
+    # ------------------------------------------------------------------ one merge
+    def _try_merge(self, a: int, b: int) -> bool:
+        """Merge group ``a`` into its consumer ``b`` if the union is a legal, acyclic kernel."""
+        ga, gb = self.group[a], self.group[b]
+        if ga.space is None or gb.space is None or len(ga.members) + len(gb.members) > MAX_KERNEL_NODES:
+            return False
+        small, large = (a, b) if len(ga.members) <= len(gb.members) else (b, a)
+        gs, gl = self.group[small], self.group[large]
+        # The interface: values one group makes and the other reads (edges that become internal).
+        interface = [(v, n, gl.out[v] == n) for v, n in gs.reads.items() if v in gl.out]
+        interface += [(v, gl.reads[v], n == gl.reads[v]) for v, n in gs.out.items() if v in gl.reads]
+        gone = {v for v, _, last in interface if last}  # no reader left outside: no longer outputs
+        shapes = dict(gl.shapes)  # a legal group's outputs have a few shapes: cheap to copy
+        for shape, n in gs.shapes.items():
+            shapes[shape] = shapes.get(shape, 0) + n
+        for v in gone:
+            shapes[v.type.shape] -= 1
+            if not shapes[v.type.shape]:
+                del shapes[v.type.shape]
+        signature = _join(ga.signature, gb.signature)
+        space = kernel_space(signature, shapes.keys())
+        if space is None:
+            return False
+        misfits = self._misfits(large, small, space)
+        if not self._remaps(misfits, (a, b), gone):
+            return False
+        if not self._reorder(a, b, large):
+            return False
+        for v, n in gs.out.items():
+            gl.out[v] = n
+        for v, n in gs.reads.items():
+            gl.reads[v] = gl.reads.get(v, 0) + n
+        for v, n, last in interface:
+            if last:
+                del gl.out[v]
+            else:
+                gl.out[v] -= n
+            del gl.reads[v]
+        gl.members += gs.members
+        gl.shapes, gl.signature, gl.space, gl.misfits = shapes, signature, space, misfits
+        self.parent[small] = large
+        del self.group[small]
+        return True
+
+    def _misfits(self, large: int, small: int, space: Space) -> set[Value]:
+        gl, gs = self.group[large], self.group[small]
+        if gl.space == space and gs.space == space:
+            return gl.misfits | gs.misfits
+        values = {v for g in (gl, gs) for node in g.members for v in (*node.inputs, *node.outputs)}
+        return {v for v in values if not fits(v, space)}
+
+    def _remaps(self, misfits: set[Value], roots: tuple[int, int], gone: set[Value]) -> bool:
+        """The misfits of the union, readers before what they read, reach the domain by remapping."""
+        if not misfits:
+            return True
+
+        def inside(node: Node) -> bool:
+            return self.find(self.index[node]) in roots
+
+        def order(v: Value) -> tuple[int, int]:
+            p = self.producer.get(v)
+            return (0, -p) if p is not None and self.find(p) in roots else (1, 0)
+
+        outputs = {v for v in misfits if v not in gone and any(v in self.group[r].out for r in roots)}
+        return remaps(sorted(misfits, key=order), inside, self.users, outputs)
+
+    # ------------------------------------------------------------------ the order of the groups
+    def _successors(self, root: int) -> Iterator[int]:
+        for v in self.group[root].out:
+            for node in self.users.get(v, ()):
+                yield self.find(self.index[node])
+
+    def _predecessors(self, root: int) -> Iterator[int]:
+        for v in self.group[root].reads:
+            p = self.producer.get(v)
+            if p is not None:
+                yield self.find(p)
+
+    def _reorder(self, a: int, b: int, merged: int) -> bool:
+        """False if a path from ``a`` to its consumer ``b`` passes through another group; else
+        give the union (root ``merged``) a place in the order, moving the region between them."""
+        key = self.key
+        low, high = key[a], key[b]
+        assert low < high, "the groups' order is not topological"
+        # The common cases need no search: when b is a's only consumer, nothing else descends from
+        # a, so the union can stand where b stood; when a is b's only producer, where a stood.
+        if all(r in (a, b) for r in self._successors(a)):
+            key[merged] = high
+            return True
+        if all(r in (a, b) for r in self._predecessors(b)):
+            key[merged] = low
+            return True
+        forward, seen = [], {a, b}
+        stack = [r for r in self._successors(a) if r != b]
+        while stack:
+            r = stack.pop()
+            if r == b:
+                return False
+            if r in seen or key[r] > high:
+                continue
+            seen.add(r)
+            forward.append(r)
+            stack.extend(self._successors(r))
+        backward, seen = [], {a, b}
+        stack = [r for r in self._predecessors(b) if r != a]
+        while stack:
+            r = stack.pop()
+            if r in seen or key[r] < low:
+                continue
+            seen.add(r)
+            backward.append(r)
+            stack.extend(self._predecessors(r))
+        # The region's keys, handed out again: ancestors of b first, then the union, then the
+        # descendants of a (each keeps its relative order; one key is left over).
+        pool = sorted([low, high] + [key[r] for r in forward + backward])
+        backward.sort(key=key.__getitem__)
+        forward.sort(key=key.__getitem__)
+        for r, k in zip(backward, pool, strict=False):
+            key[r] = k
+        key[merged] = pool[len(backward)]
+        for r, k in zip(forward, pool[len(pool) - len(forward) :], strict=True):
+            key[r] = k
+        return True
+
+
+def _join(x, y):
+    """The reduce signature of a union: the common one, or False when they differ."""
+    if x is None:
+        return y
+    if y is None or x == y:
+        return x
+    return False
