@@ -1,0 +1,131 @@
+"""``python -m tests.fuzz``: run a profile of random programs and print a summary.
+
+    python -m tests.fuzz --programs 300                 # the CI profile
+    python -m tests.fuzz --programs 10000 --shard 0/2   # half of the large profile
+    python -m tests.fuzz --replay 17                    # one program, its source and its finding
+
+Findings (silent mismatches and compiled-only crashes) are grouped by signature; each class
+prints one shrunk repro. The exit status is 1 when there is any finding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Summary:
+    programs: int = 0
+    seconds: float = 0.0
+    classes: dict = field(default_factory=dict)  # signature -> [count, first (shrunk) outcome]
+    eager_errors: int = 0
+    calls: Counter = field(default_factory=Counter)
+    fallbacks: Counter = field(default_factory=Counter)
+    mismatches: int = 0
+    crashes: int = 0
+
+    def add(self, outcome, shrunk=None) -> None:
+        from .runner import signature  # noqa: PLC0415
+
+        self.programs += 1
+        self.calls.update(outcome.calls)
+        self.fallbacks.update(outcome.fallbacks)
+        self.eager_errors += outcome.eager_error is not None
+        if not outcome.finding:
+            return
+        self.mismatches += outcome.difference is not None
+        self.crashes += outcome.crash is not None
+        shown = shrunk or outcome
+        key = signature(shown)
+        entry = self.classes.setdefault(key, [0, shown])
+        entry[0] += 1
+        if len(shown.program.body) < len(entry[1].program.body):
+            entry[1] = shown
+
+    def report(self, repros: bool = True) -> str:
+        total = sum(self.calls.values()) or 1
+        fallback = self.calls.get("fallback", 0)
+        lines = [
+            f"programs: {self.programs} in {self.seconds:.1f} s ({self.programs / max(self.seconds, 1e-9):.2f} per second)",
+            f"silent mismatches: {self.mismatches} programs; compiled-only crashes: {self.crashes} programs; "
+            f"{len(self.classes)} classes",
+            f"programs where eager and compiled raised the same error type: {self.eager_errors}",
+            f"compiled-copy calls: {dict(self.calls)}; fallback rate {fallback / total:.2%} "
+            f"(calls run eagerly for a reason other than tracing)",
+        ]
+        for reason, n in self.fallbacks.most_common(8):
+            lines.append(f"  fallback x{n}: {reason}")
+        for key, (count, outcome) in sorted(self.classes.items(), key=lambda kv: -kv[1][0]):
+            lines.append(f"\n[{count}] {key}")
+            finding = outcome.crash or outcome.difference
+            lines.append(f"  seed {outcome.program.seed}, call {outcome.call}: {finding}")
+            if repros:
+                lines.extend("    " + line for line in outcome.program.source.splitlines())
+        return "\n".join(lines)
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.splitlines()[0])
+    parser.add_argument("--programs", type=int, default=300, help="how many programs (before sharding)")
+    parser.add_argument("--seed", type=int, default=0, help="the profile's seed")
+    parser.add_argument("--shard", default="0/1", help="i/n: run programs whose number is i modulo n")
+    parser.add_argument("--backend", choices=("llvm", "interpreter"), default="llvm")
+    parser.add_argument("--no-shrink", action="store_true", help="report findings without shrinking them")
+    parser.add_argument("--replay", type=int, help="run the program with this seed and print it")
+    parser.add_argument("--quiet", action="store_true", help="no repro sources in the summary")
+    return parser.parse_args(argv)
+
+
+def program_seeds(programs: int, seed: int, shard: str) -> range:
+    i, n = (int(part) for part in shard.split("/"))
+    if not 0 <= i < n:
+        raise SystemExit(f"--shard: expected i/n with 0 <= i < n, got {shard!r}")
+    return range(seed * 1_000_000 + i, seed * 1_000_000 + programs, n)
+
+
+def fuzz(seeds, backend: str = "llvm", shrink: bool = True, progress=None) -> Summary:
+    from .generator import generate  # noqa: PLC0415
+    from .runner import run  # noqa: PLC0415
+    from .runner import shrink as shrink_outcome  # noqa: PLC0415
+
+    summary = Summary()
+    start = time.perf_counter()
+    for k, seed in enumerate(seeds):
+        outcome = run(generate(seed), backend)
+        shrunk = shrink_outcome(outcome, backend) if outcome.finding and shrink else None
+        summary.add(outcome, shrunk)
+        if progress and (k + 1) % 100 == 0:
+            progress(f"{k + 1} programs, {summary.mismatches} mismatches, {summary.crashes} crashes, "
+                     f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+    summary.seconds = time.perf_counter() - start
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    os.environ["KILN_JIT_STRICT"] = "1"  # a backend failure raises instead of falling back
+    cache = tempfile.mkdtemp(prefix="kiln-fuzz-cache-")
+    os.environ["KILN_CACHE_DIR"] = cache
+    try:
+        if args.replay is not None:
+            from .generator import generate  # noqa: PLC0415
+            from .runner import run  # noqa: PLC0415
+
+            outcome = run(generate(args.replay), args.backend)
+            print(outcome.program.source)
+            print(f"finding: {outcome.crash or outcome.difference or 'none'} (call {outcome.call}); "
+                  f"calls {dict(outcome.calls)}; eager error: {outcome.eager_error}")  # fmt: skip
+            return int(outcome.finding)
+        seeds = program_seeds(args.programs, args.seed, args.shard)
+        summary = fuzz(seeds, args.backend, not args.no_shrink, progress=lambda s: print(s, file=sys.stderr))
+        print(summary.report(repros=not args.quiet))
+        return int(bool(summary.classes))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

@@ -1,0 +1,437 @@
+"""The op emitters of the fuzzer's program generator: one function per family of kiln ops.
+
+Each emitter picks its operands from the generator's pool, appends one statement and returns
+True, or returns False when nothing in the pool fits (the generator then tries another family).
+Every emitter states the bound of its result and whether it is exact (see generator.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .generator import CATEGORY, LIMIT, Generator, Var, broadcast, numel, promote
+
+
+def _bounded(g: Generator, x: Var) -> bool:
+    return x.bound <= LIMIT[x.dtype] / 4
+
+
+def binary(g: Generator) -> bool:
+    a = g.choose(lambda v: v.dtype != "bool" and _bounded(g, v))
+    if a is None:
+        return False
+    b, bb = g.operand(a)
+    bname = b.name if isinstance(b, Var) else b
+    kind = g.r.choice(("add", "sub", "mul", "maximum", "minimum", "div", "rsub", "floordiv", "mod"))
+    if kind == "div":
+        line = f"{a.name} / ({bname}.abs() + 1)" if isinstance(b, Var) else f"{a.name} / {abs(float(b)) + 1}"
+        dtype, bound, exact = promote(a, b if isinstance(b, Var) else "float", "float"), a.bound, False
+    elif kind in ("floordiv", "mod"):
+        if not isinstance(b, Var) or a.is_float or b.is_float:
+            return False
+        op = "//" if kind == "floordiv" else "%"
+        # now and then a divisor that may be zero: eager raises ZeroDivisionError, so must compiled
+        divisor = b.name if g.r.random() < 0.05 else f"({b.name}.abs() + 1)"
+        line, bound, exact, dtype = f"{a.name} {op} {divisor}", a.bound + bb, a.exact and b.exact, promote(a, b)
+    elif kind in ("maximum", "minimum"):
+        if not isinstance(b, Var):
+            return False
+        line, bound, exact = f"kiln.{kind}({a.name}, {bname})", max(a.bound, bb), a.exact and b.exact
+        dtype = promote(a, b)
+    else:
+        op = {"add": "+", "sub": "-", "mul": "*", "rsub": "-"}[kind]
+        line = f"{bname} {op} {a.name}" if kind == "rsub" else g.r.choice((f"{a.name} {op} {bname}",
+               f"kiln.{ {'+': 'add', '-': 'sub', '*': 'mul'}[op]}({a.name}, {bname})"))  # fmt: skip
+        bound = a.bound * bb if op == "*" else a.bound + bb
+        dtype = promote(a, b if isinstance(b, Var) else ("float" if "." in b else "int"))
+        exact = CATEGORY[dtype] < 2 and a.exact and (not isinstance(b, Var) or b.exact)
+    if CATEGORY[dtype] == 0 or bound > LIMIT[dtype]:
+        return False
+    shape = broadcast(a.shape, b.shape) if isinstance(b, Var) else a.shape
+    grad = a.grad or (isinstance(b, Var) and b.grad)
+    g.add(Var(g.fresh(), shape, dtype, bound, exact, grad and CATEGORY[dtype] == 2), line, kind)
+    return True
+
+
+def compare(g: Generator) -> bool:
+    a = g.choose(lambda v: v.exact and v.dtype != "bool")
+    if a is None:
+        return False
+    b = g.choose(lambda v: v.exact and v.dtype != "bool" and broadcast(v.shape, a.shape) is not None)
+    other = b.name if b is not None and g.r.random() < 0.6 else g.r.choice(("0", "0.5", "-1", "1"))
+    op = g.r.choice((">", "<", ">=", "<=", "==", "!="))
+    shape = broadcast(a.shape, b.shape) if b is not None and other == b.name else a.shape
+    g.add(Var(g.fresh(), shape, "bool", 1.0), f"{a.name} {op} {other}", "compare")
+    return True
+
+
+def logical(g: Generator) -> bool:
+    a = g.choose(lambda v: v.dtype == "bool")
+    if a is None:
+        return False
+    b = g.choose(lambda v: v.dtype == "bool" and broadcast(v.shape, a.shape) is not None)
+    if b is None or g.r.random() < 0.3:
+        g.add(Var(g.fresh(), a.shape, "bool", 1.0), g.r.choice((f"~{a.name}", f"kiln.logical_not({a.name})")), "not")
+        return True
+    fn = g.r.choice(("logical_and", "logical_or", "logical_xor"))
+    g.add(Var(g.fresh(), broadcast(a.shape, b.shape), "bool", 1.0), f"kiln.{fn}({a.name}, {b.name})", fn)
+    return True
+
+
+# (template, bound of the result given the operand's bound, exact when the operand is, kink)
+UNARY = {
+    "exp": ("{x}.clamp(-3, 3).exp()", lambda b: math.exp(min(b, 3)), False),
+    "tanh": ("kiln.tanh({x})", lambda b: 1.0, False),
+    "sigmoid": ("{x}.sigmoid()", lambda b: 1.0, False),
+    "sin": ("kiln.sin({x})", lambda b: 1.0, False),
+    "cos": ("{x}.cos()", lambda b: 1.0, False),
+    "neg": ("-{x}", lambda b: b, True),
+    "abs": ("{x}.abs()", lambda b: b, True),
+    "relu": ("F.relu({x})", lambda b: b, True),
+    "sqrt": ("kiln.sqrt({x}.abs() + 0.1)", lambda b: math.sqrt(b + 0.1), False),
+    "log": ("kiln.log({x}.abs() + 0.5)", lambda b: max(1.0, math.log(b + 0.5)), False),
+    "rsqrt": ("({x}.abs() + 0.5).rsqrt()", lambda b: 1.5, False),
+    "square": ("{x}.square()", lambda b: b * b, False),
+    "pow": ("{x} ** 2", lambda b: b * b, False),
+    "gelu": ("F.gelu({x})", lambda b: b, False),
+    "silu": ("F.silu({x})", lambda b: b, False),
+    "softplus": ("F.softplus({x})", lambda b: b + 1, False),
+    "erf": ("kiln.erf({x})", lambda b: 1.0, False),
+    "reciprocal": ("({x}.abs() + 1).reciprocal()", lambda b: 1.0, False),
+    "log1p": ("kiln.log1p({x}.abs())", lambda b: math.log1p(b), False),
+}
+DISCRETE = ("floor", "ceil", "round", "trunc", "sign")
+
+
+def unary(g: Generator) -> bool:
+    if g.r.random() < 0.2:
+        x = g.choose(lambda v: v.exact and v.is_float)
+        if x is None:
+            return False
+        op = g.r.choice(DISCRETE)
+        g.add(Var(g.fresh(), x.shape, x.dtype, x.bound + 1, True, x.grad), f"kiln.{op}({x.name})", op)
+        return True
+    x = g.choose(lambda v: v.is_float or (v.dtype != "bool" and g.r.random() < 0.3))
+    if x is None:
+        return False
+    op = g.r.choice(list(UNARY)) if x.is_float else g.r.choice(("neg", "abs"))
+    template, bound, exact = UNARY[op]
+    b = bound(x.bound)
+    if b > LIMIT[x.dtype]:
+        template, b, op = "kiln.tanh({x})", 1.0, "tanh"
+    g.add(Var(g.fresh(), x.shape, x.dtype, b, exact and x.exact, x.grad), template.format(x=x.name), op)
+    return True
+
+
+def cast(g: Generator) -> bool:
+    x = g.choose(lambda v: True)
+    to = g.r.choice(("float16", "float32", "float64", "int64", "int32", "bool"))
+    if x is None or to == x.dtype or x.bound > LIMIT[to] and CATEGORY[to] > 0:
+        return False
+    if CATEGORY[to] < 2 and x.is_float and not x.exact:
+        return False
+    spelled = {"float16": ".half()", "float32": ".float()", "float64": ".double()", "int64": ".long()",
+               "int32": ".int()", "bool": ".bool()"}[to]  # fmt: skip
+    line = x.name + (spelled if g.r.random() < 0.5 else f".to(kiln.{to})")
+    bound = 1.0 if to == "bool" else x.bound + 1
+    g.add(Var(g.fresh(), x.shape, to, bound, x.exact, x.grad and CATEGORY[to] == 2), line, "cast")
+    return True
+
+
+def _dims(g: Generator, x: Var) -> str | None:
+    """A ``dim`` argument for ``x``: None, one axis (sometimes negative) or a tuple of axes."""
+    r = g.r
+    if not x.shape or r.random() < 0.25:
+        return None
+    if r.random() < 0.6 or len(x.shape) == 1:
+        d = r.randrange(len(x.shape))
+        return str(d - len(x.shape) if r.random() < 0.3 else d)
+    dims = sorted(r.sample(range(len(x.shape)), r.randint(2, len(x.shape))))
+    return str(tuple(dims))
+
+
+def _reduced(shape: tuple, dim: str | None, keepdim: bool) -> tuple:
+    if dim is None:
+        return tuple(1 for _ in shape) if keepdim else ()
+    axes = {d % len(shape) for d in (eval(dim) if dim.startswith("(") else (int(dim),))}  # noqa: S307
+    return tuple(1 if i in axes else n for i, n in enumerate(shape) if keepdim or i not in axes)
+
+
+def reduce(g: Generator) -> bool:
+    x = g.choose(lambda v: True)
+    if x is None:
+        return False
+    r = g.r
+    if x.is_float:
+        op = r.choice(("sum", "mean", "amax", "amin", "prod", "std", "var", "logsumexp", "norm", "argmax"))
+    elif x.dtype == "bool":
+        op = r.choice(("any", "all", "sum"))
+    else:
+        op = r.choice(("sum", "amax", "amin", "argmin"))
+    dim = _dims(g, x)
+    if op in ("argmax", "argmin"):
+        if not x.exact or (dim is not None and dim.startswith("(")):
+            return False
+        if dim is None:
+            g.add(Var(g.fresh(), (), "int64", 1e3), f"{x.name}.{op}()", op)
+            return True
+    if op in ("any", "all", "std", "var", "prod", "logsumexp", "norm") and dim is None and r.random() < 0.5:
+        dim = _dims(g, x) or None
+    keepdim = r.random() < 0.4
+    n = numel(x.shape) or 1
+    bound = {"sum": x.bound * n, "prod": x.bound**n if x.bound > 1 else 1.0, "std": 2 * x.bound, "var": 4 * x.bound**2,
+             "logsumexp": x.bound + math.log(n) + 1, "norm": x.bound * math.sqrt(n)}.get(op, x.bound)  # fmt: skip
+    dtype = "int64" if op in ("sum", "argmax", "argmin") and not x.is_float else x.dtype
+    dtype = "bool" if op in ("any", "all") else dtype
+    if bound > LIMIT[dtype]:
+        return False
+    if op in ("amax", "amin", "argmax", "argmin") and 0 in x.shape:
+        return False  # eager raises: nothing to take the maximum of
+    args = [] if dim is None else [f"dim={dim}" if r.random() < 0.5 or op == "norm" else dim]
+    if keepdim:
+        args.append("keepdim=True")
+    shape = _reduced(x.shape, dim, keepdim)
+    exact = x.exact and op in ("amax", "amin", "any", "all", "argmax", "argmin") or (not x.is_float and op == "sum")
+    grad = x.grad and dtype in ("float16", "float32", "float64")
+    if op in ("amax", "amin") and g.grad_mode and not x.exact:
+        return False  # a near-tie decides where the gradient goes
+    line = f"{x.name}.{op}({', '.join(args)})" if r.random() < 0.6 else f"kiln.{op}({', '.join([x.name, *args])})"
+    g.add(Var(g.fresh(), shape, dtype, bound, exact, grad), line, op)
+    return True
+
+
+def normalize(g: Generator) -> bool:
+    x = g.choose(lambda v: v.is_float and v.shape)
+    if x is None:
+        return False
+    r = g.r
+    d = r.randrange(len(x.shape)) - (len(x.shape) if r.random() < 0.4 else 0)
+    kind = r.choice(("softmax", "log_softmax", "layer_norm"))
+    if kind == "softmax":
+        line = r.choice((f"kiln.softmax({x.name}, dim={d})", f"{x.name}.softmax({d})", f"F.softmax({x.name}, {d})"))
+        g.add(Var(g.fresh(), x.shape, x.dtype, 1.0, False, x.grad), line, kind)
+        return True
+    if kind == "log_softmax":
+        line = r.choice((f"kiln.log_softmax({x.name}, dim={d})", f"F.log_softmax({x.name}, {d})"))
+        g.add(Var(g.fresh(), x.shape, x.dtype, 2 * x.bound + 3, False, x.grad), line, kind)
+        return True
+    k = r.randint(1, len(x.shape))
+    normalized = x.shape[len(x.shape) - k :]
+    # float16 rounding noise over a near-constant row would be amplified by 1/sqrt(eps)
+    eps = ", eps=0.1" if x.dtype == "float16" else ""
+    extra, bound, grad = "", math.sqrt(max(1, numel(normalized))), x.grad
+    if r.random() < 0.5:
+        w = g.new_input(normalized, x.dtype, capture=True, grad=g.grad_mode and r.random() < 0.7)
+        b = g.new_input(normalized, x.dtype, capture=True, grad=w.grad)
+        extra, bound, grad = f", {w.name}, {b.name}", bound * 2 + 2, grad or w.grad
+    g.add(Var(g.fresh(), x.shape, x.dtype, bound, False, grad), f"F.layer_norm({x.name}, {normalized}{extra}{eps})",
+          kind)  # fmt: skip
+    return True
+
+
+def _view(g: Generator, x: Var, shape: tuple, line: str, op: str, *, contiguous: bool = False,
+          writable: bool = True) -> bool:  # fmt: skip
+    var = Var(g.fresh(), shape, x.dtype, x.bound, x.exact, x.grad, x.root, x.writable and writable, contiguous)
+    g.add(var, line, op)
+    return True
+
+
+def view(g: Generator) -> bool:
+    x = g.choose(lambda v: True)
+    if x is None:
+        return False
+    r, s, n = g.r, x.shape, x.name
+    kind = r.choice(("transpose", "permute", "slice", "reshape", "expand", "unsqueeze", "narrow", "select", "flatten"))
+    if kind == "transpose" and len(s) >= 2:
+        i, j = r.sample(range(len(s)), 2)
+        shape = list(s)
+        shape[i], shape[j] = s[j], s[i]
+        line = f"{n}.t()" if len(s) == 2 and r.random() < 0.3 else f"{n}.transpose({i}, {j})"
+        return _view(g, x, tuple(shape), line, kind)
+    if kind == "permute" and len(s) >= 2:
+        perm = r.sample(range(len(s)), len(s))
+        return _view(g, x, tuple(s[p] for p in perm), f"{n}.permute{tuple(perm)}", kind)
+    if kind == "slice" and s:
+        d = r.randrange(len(s))
+        start, step = r.choice((0, 0, 1)), r.choice((1, 2, 2, 3))
+        length = len(range(start, s[d], step))
+        index = ", ".join([":"] * d + [f"{start or ''}::{step}"])
+        shape = (*s[:d], length, *s[d + 1 :])
+        return _view(g, x, shape, f"{n}[{index}]", kind)
+    if kind == "reshape" and numel(s) > 0:
+        total = numel(s)
+        factors = [f for f in (1, 2, 3, 4, 5, 6) if total % f == 0]
+        first = r.choice(factors)
+        shape = (first, total // first) if r.random() < 0.6 else (total,)
+        spelled = f"{n}.view{shape}" if x.contiguous and r.random() < 0.5 else f"{n}.reshape({shape})"
+        return _view(g, x, shape, spelled, kind, contiguous=x.contiguous)
+    if kind == "expand" and 1 in s:
+        shape = tuple(r.randint(2, 4) if d == 1 else d for d in s)
+        return _view(g, x, shape, f"{n}.expand{shape}", kind, writable=False)
+    if kind == "unsqueeze":
+        d = r.randint(0, len(s))
+        return _view(g, x, (*s[:d], 1, *s[d:]), f"{n}.unsqueeze({d})", kind, contiguous=x.contiguous)
+    if kind == "narrow" and s:
+        d = r.randrange(len(s))
+        start = r.randint(0, s[d])
+        length = r.randint(0, s[d] - start)
+        return _view(g, x, (*s[:d], length, *s[d + 1 :]), f"{n}.narrow({d}, {start}, {length})", kind)
+    if kind == "select" and s and s[0] > 0:
+        i = r.randrange(s[0])
+        return _view(g, x, s[1:], f"{n}[{i}]", kind, contiguous=x.contiguous)
+    if kind == "flatten" and len(s) >= 2:
+        return _view(g, x, (numel(s),), f"{n}.flatten()", kind, contiguous=x.contiguous)
+    return False
+
+
+def matmul(g: Generator) -> bool:
+    a = g.choose(lambda v: v.is_float and 1 <= len(v.shape) <= 3 and v.bound <= 50)
+    if a is None:
+        return False
+    k = a.shape[-1]
+    b = g.choose(lambda v: v is not a and v.dtype == a.dtype and 1 <= len(v.shape) <= 2 and v.shape[0] == k
+                 and v.bound <= 50)  # fmt: skip
+    if b is None:
+        shape = (k,) if g.r.random() < 0.2 else (k, g.r.randint(1, 4))
+        b = g.new_input(shape, a.dtype, capture=g.r.random() < 0.4, grad=g.grad_mode and g.r.random() < 0.5)
+    out = (*a.shape[:-1], *b.shape[1:])
+    bound = a.bound * b.bound * max(k, 1)
+    if bound > LIMIT[a.dtype]:
+        return False
+    line = g.r.choice((f"{a.name} @ {b.name}", f"kiln.matmul({a.name}, {b.name})"))
+    if len(a.shape) == 2 and len(b.shape) == 2 and g.r.random() < 0.3:
+        line = f"{a.name}.mm({b.name})"
+    g.add(Var(g.fresh(), out, a.dtype, bound, False, a.grad or b.grad), line, "matmul")
+    return True
+
+
+def select_values(g: Generator) -> bool:
+    x = g.choose(lambda v: v.dtype != "bool")
+    if x is None:
+        return False
+    r = g.r
+    kind = r.choice(("where", "clamp", "masked_fill"))
+    if kind == "clamp":
+        lo, hi = sorted((r.choice((-1.5, -0.5, 0, 0.5)), r.choice((0.5, 1, 1.5))))
+        line = r.choice((f"{x.name}.clamp({lo}, {hi})", f"kiln.clamp({x.name}, min={lo})", f"{x.name}.clamp(max={hi})",
+                         f"kiln.clip({x.name}, {lo}, {hi})"))  # fmt: skip
+        dtype = x.dtype if x.is_float or float(lo).is_integer() and float(hi).is_integer() else "float32"
+        if g.grad_mode and not x.exact:
+            return False
+        g.add(Var(g.fresh(), x.shape, promote(x, "float") if dtype != x.dtype else x.dtype, x.bound, x.exact, x.grad),
+              line, kind)  # fmt: skip
+        return True
+    mask = g.mask(x.shape)
+    if mask is None:
+        return False
+    if kind == "masked_fill":
+        value = "1.5" if x.is_float else "-2"
+        g.add(Var(g.fresh(), x.shape, x.dtype, max(x.bound, 2), x.exact, x.grad), f"{x.name}.masked_fill({mask}, {value})",
+              kind)  # fmt: skip
+        return True
+    other, bound = g.operand(x)
+    oname = other.name if isinstance(other, Var) else other
+    shape = broadcast(x.shape, other.shape) if isinstance(other, Var) else x.shape
+    dtype = promote(x, other if isinstance(other, Var) else ("float" if "." in other else "int"))
+    exact = x.exact and (not isinstance(other, Var) or other.exact)
+    grad = (x.grad or isinstance(other, Var) and other.grad) and CATEGORY[dtype] == 2
+    g.add(Var(g.fresh(), shape, dtype, max(x.bound, bound), exact, grad), f"kiln.where({mask}, {x.name}, {oname})", kind)
+    return True
+
+
+def index(g: Generator) -> bool:
+    x = g.choose(lambda v: v.shape and all(v.shape))
+    if x is None:
+        return False
+    r, s = g.r, x.shape
+    kind = r.choice(("gather", "index_select", "advanced", "advanced_inner"))
+    d = r.randrange(len(s))
+    if kind == "gather":
+        ishape = tuple(r.randint(1, 4) if i == d else r.randint(1, n) for i, n in enumerate(s))
+        idx = g.index_input(ishape, s[d])
+        line = f"{x.name}.gather({d}, {idx.name})" if r.random() < 0.5 else f"kiln.gather({x.name}, {d}, {idx.name})"
+        shape = ishape
+    elif kind == "index_select":
+        idx = g.index_input((r.randint(0, 4),), s[d])
+        line = f"kiln.index_select({x.name}, {d}, {idx.name})"
+        shape = (*s[:d], idx.shape[0], *s[d + 1 :])
+    elif kind == "advanced":
+        ishape = (r.randint(1, 4),) if r.random() < 0.7 else (2, 2)
+        idx = g.index_input(ishape, s[0], negative=True)
+        line, shape = f"{x.name}[{idx.name}]", (*ishape, *s[1:])
+    else:
+        if len(s) < 2:
+            return False
+        idx = g.index_input((r.randint(1, 4),), s[1])
+        line, shape = f"{x.name}[:, {idx.name}]", (s[0], idx.shape[0], *s[2:])
+    g.add(Var(g.fresh(), shape, x.dtype, x.bound, x.exact, x.grad), line, kind)
+    return True
+
+
+def join(g: Generator) -> bool:
+    a = g.choose(lambda v: True)
+    if a is None:
+        return False
+    r = g.r
+    b = g.choose(lambda v: v.shape == a.shape and v.dtype == a.dtype) if r.random() < 0.7 else a
+    if r.random() < 0.5 or not a.shape:
+        d = r.randint(0, len(a.shape))
+        shape = (*a.shape[:d], 2, *a.shape[d:])
+        line, kind = f"kiln.stack([{a.name}, {b.name}], dim={d})", "stack"
+    else:
+        d = r.randrange(len(a.shape))
+        shape = (*a.shape[:d], 2 * a.shape[d], *a.shape[d + 1 :])
+        line, kind = f"kiln.cat([{a.name}, {b.name}], {d})", "cat"
+    g.add(Var(g.fresh(), shape, a.dtype, max(a.bound, b.bound), a.exact and b.exact, a.grad or b.grad), line, kind)
+    return True
+
+
+def random_op(g: Generator) -> bool:
+    x = g.choose(lambda v: v.is_float)
+    if x is None:
+        return False
+    kind = g.r.choice(("dropout", "rand_like", "randn_like"))
+    if kind == "dropout":
+        line, bound = f"F.dropout({x.name}, p={g.r.choice((0.2, 0.5))})", x.bound * 2
+    elif kind == "rand_like":
+        line, bound = f"{x.name} * kiln.rand_like({x.name})", x.bound
+    else:
+        line, bound = f"kiln.randn_like({x.name}) + {x.name}", x.bound + 7
+    if bound > LIMIT[x.dtype]:
+        return False
+    g.add(Var(g.fresh(), x.shape, x.dtype, bound, False, x.grad), line, kind)
+    return True
+
+
+def constant(g: Generator) -> bool:
+    r = g.r
+    kind = r.choice(("tensor", "zeros", "ones_like", "full", "arange"))
+    x = g.choose(lambda v: True)
+    if kind == "tensor":
+        g.add(Var(g.fresh(), (2,), "int64", 1.0), "kiln.tensor([0, 0])", kind)
+    elif kind == "zeros":
+        shape = g.shape()
+        g.add(Var(g.fresh(), shape, g.fdt, 1.0), f"kiln.zeros({shape}, dtype=kiln.{g.fdt})", kind)
+    elif kind == "ones_like" and x is not None:
+        g.add(Var(g.fresh(), x.shape, x.dtype, 1.0), f"kiln.ones_like({x.name})", kind)
+    elif kind == "full":
+        shape = g.shape()
+        g.add(Var(g.fresh(), shape, "float32", 1.5), f"kiln.full({shape}, 1.5)", kind)
+    else:
+        n = r.randint(0, 5)
+        g.add(Var(g.fresh(), (n,), "int64", 5.0), f"kiln.arange({n})", kind)
+    return True
+
+
+from .inplace import backward_inside, emit_return, inplace  # noqa: E402 - the in-place families
+
+FAMILIES = {binary: 12, compare: 3, logical: 2, unary: 10, cast: 3, reduce: 7, normalize: 4, view: 10, matmul: 3,
+            select_values: 5, index: 4, join: 3, random_op: 2, constant: 1, inplace: 14, backward_inside: 1}  # fmt: skip
+
+
+def emit_op(g: Generator) -> bool:
+    family = g.r.choices(list(FAMILIES), weights=list(FAMILIES.values()))[0]
+    return family(g)
+
+
+__all__ = ["emit_op", "emit_return"]
