@@ -188,7 +188,9 @@ class Generator:
         self.inputs.append(f"{name} = {base.name}[::2]")
         self.arg_names.append(name)
         shape = ((base.shape[0] + 1) // 2, *base.shape[1:])
-        var = Var(name, shape, base.dtype, base.bound, True, base.grad, base.root, base.writable and not base.grad, False)
+        var = Var(
+            name, shape, base.dtype, base.bound, True, base.grad, base.root, base.writable and not base.grad, False
+        )
         self.pool.append(var)
         return var
 
@@ -216,7 +218,11 @@ class Generator:
                                 and (v.dtype == a.dtype or not same_dtype) and v.dtype != "bool")  # fmt: skip
             if other is not None:
                 return other, other.bound
-        dtype = a.dtype if same_dtype or r.random() < 0.75 else r.choice(("float16", "float32", "float64", "int64", "int32"))
+        dtype = (
+            a.dtype
+            if same_dtype or r.random() < 0.75
+            else r.choice(("float16", "float32", "float64", "int64", "int32"))
+        )
         if dtype == "bool":
             dtype = self.fdt
         shape = () if r.random() < 0.1 else self.like(a.shape)

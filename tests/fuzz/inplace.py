@@ -60,7 +60,11 @@ def inplace(g: Generator) -> bool:
         else:
             if not t.shape or not t.shape[0]:
                 return False
-            line, bound, exact = f"{n}[{r.choice(('1:', '::2', '0', '-1'))}] = {o}", max(t.bound, ob), t.exact and exact_o
+            line, bound, exact = (
+                f"{n}[{r.choice(('1:', '::2', '0', '-1'))}] = {o}",
+                max(t.bound, ob),
+                t.exact and exact_o,
+            )
         if bound > LIMIT[t.dtype]:
             return False
     elif kind == "zero_":

@@ -335,7 +335,9 @@ def select_values(g: Generator) -> bool:
     dtype = promote(x, other if isinstance(other, Var) else ("float" if "." in other else "int"))
     exact = x.exact and (not isinstance(other, Var) or other.exact)
     grad = (x.grad or isinstance(other, Var) and other.grad) and CATEGORY[dtype] == 2
-    g.add(Var(g.fresh(), shape, dtype, max(x.bound, bound), exact, grad), f"kiln.where({mask}, {x.name}, {oname})", kind)
+    g.add(
+        Var(g.fresh(), shape, dtype, max(x.bound, bound), exact, grad), f"kiln.where({mask}, {x.name}, {oname})", kind
+    )
     return True
 
 

@@ -113,12 +113,13 @@ def _both(where: str, eager_error, compiled_error, outcome: Outcome) -> bool:
 
 def _state(eager: Side, compiled: Side, scale: float, stage: str, grads: bool = False) -> list[Difference]:
     found = []
-    names = [("argument " + n, i) for i, n in enumerate(eager.program.arg_names)]
-    for (name, i), e, c in zip(names, eager.inputs, compiled.inputs, strict=True):
-        found += compare.tensors(f"{name} {stage}", e, c, scale) if not grads else compare.grads(name, e, c, scale)
-    for name, e, c in zip(eager.program.cap_names, eager.captures, compiled.captures, strict=True):
-        name = "capture " + name
-        found += compare.tensors(f"{name} {stage}", e, c, scale) if not grads else compare.grads(name, e, c, scale)
+    pairs = [
+        ("argument " + n, e, c) for n, e, c in zip(eager.program.arg_names, eager.inputs, compiled.inputs, strict=True)
+    ]
+    pairs += [("capture " + n, e, c) for n, e, c in zip(eager.program.cap_names, eager.captures, compiled.captures,
+                                                         strict=True)]  # fmt: skip
+    for name, e, c in pairs:
+        found += compare.grads(name, e, c, scale) if grads else compare.tensors(f"{name} {stage}", e, c, scale)
     return found
 
 
@@ -238,6 +239,7 @@ def signature(outcome: Outcome) -> str:
 
 def shrink(outcome: Outcome, backend: str = "llvm", budget: int = 40) -> Outcome:
     """Delete statements and caller steps while the same kind of finding remains."""
+
     def same(o: Outcome) -> bool:
         if outcome.crash is not None:
             return o.crash is not None and o.crash.split(":")[:2] == outcome.crash.split(":")[:2]
