@@ -19,6 +19,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+SHRINK_PER_KIND = 8  # findings of one kind shrunk before the rest are classified unshrunk
+
 
 @dataclass
 class Summary:
@@ -32,7 +34,7 @@ class Summary:
     crashes: int = 0
 
     def add(self, outcome, shrunk=None) -> None:
-        from .runner import signature  # noqa: PLC0415
+        from .shrink import signature  # noqa: PLC0415
 
         self.programs += 1
         self.calls.update(outcome.calls)
@@ -93,13 +95,18 @@ def program_seeds(programs: int, seed: int, shard: str) -> range:
 def fuzz(seeds, backend: str = "llvm", shrink: bool = True, progress=None) -> Summary:
     from .generator import generate  # noqa: PLC0415
     from .runner import run  # noqa: PLC0415
-    from .runner import shrink as shrink_outcome  # noqa: PLC0415
+    from .shrink import kind
+    from .shrink import shrink as shrink_outcome  # noqa: PLC0415
 
     summary = Summary()
+    shrunk_kinds: Counter = Counter()
     start = time.perf_counter()
     for k, seed in enumerate(seeds):
         outcome = run(generate(seed), backend)
-        shrunk = shrink_outcome(outcome, backend) if outcome.finding and shrink else None
+        shrunk = None
+        if outcome.finding and shrink and shrunk_kinds[kind(outcome)] < SHRINK_PER_KIND:
+            shrunk_kinds[kind(outcome)] += 1
+            shrunk = shrink_outcome(outcome, backend)
         summary.add(outcome, shrunk)
         if progress and (k + 1) % 100 == 0:
             progress(f"{k + 1} programs, {summary.mismatches} mismatches, {summary.crashes} crashes, "

@@ -15,7 +15,7 @@ import linecache
 import signal
 import warnings
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -223,41 +223,3 @@ def run(program: Program, backend: str = "llvm") -> Outcome:
         signal.signal(signal.SIGALRM, old)
         linecache.cache.pop(filename, None)
     return outcome
-
-
-def signature(outcome: Outcome) -> str:
-    """A finding's class: which comparison failed (or the crash's type) and the ops involved."""
-    ops = sorted({op for op in outcome.program.ops})
-    if outcome.crash is not None:
-        head = "crash " + outcome.crash.split(":")[0] + ": " + outcome.crash.split(": ")[1].split(":")[0]
-    else:
-        head = outcome.difference.check + " of " + outcome.difference.where.split(" ")[0]
-    flags = [f for f, on in (("backward", outcome.program.backward_outside),
-                             ("mutates result", outcome.program.mutate_result is not None)) if on]  # fmt: skip
-    return f"{head} | {' '.join(ops)}" + (f" | caller {'+'.join(flags)}" if flags else "")
-
-
-def shrink(outcome: Outcome, backend: str = "llvm", budget: int = 40) -> Outcome:
-    """Delete statements and caller steps while the same kind of finding remains."""
-
-    def same(o: Outcome) -> bool:
-        if outcome.crash is not None:
-            return o.crash is not None and o.crash.split(":")[:2] == outcome.crash.split(":")[:2]
-        return o.difference is not None and o.difference.check == outcome.difference.check
-
-    best = outcome
-    for change in ("backward_outside", "mutate_result"):
-        if getattr(best.program, change) not in (None, False):
-            trial = run(replace(best.program, **{change: None if change == "mutate_result" else False}), backend)
-            budget -= 1
-            if same(trial):
-                best = trial
-    i = len(best.program.body) - 2
-    while i >= 0 and budget > 0:
-        p = best.program
-        trial = run(replace(p, body=p.body[:i] + p.body[i + 1 :], ops=p.ops[:i] + p.ops[i + 1 :]), backend)
-        budget -= 1
-        if same(trial):
-            best = trial
-        i -= 1
-    return best
