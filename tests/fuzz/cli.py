@@ -92,7 +92,14 @@ def program_seeds(programs: int, seed: int, shard: str) -> range:
     return range(seed * 1_000_000 + i, seed * 1_000_000 + programs, n)
 
 
-def fuzz(seeds, backend: str = "llvm", shrink: bool = True, progress=None) -> Summary:
+def fuzz(
+    seeds,
+    backend: str = "llvm",
+    shrink: bool = True,
+    progress=None,
+    shrink_per_kind: int = SHRINK_PER_KIND,
+    shrink_budget: int = 60,
+) -> Summary:
     from .generator import generate  # noqa: PLC0415
     from .runner import run  # noqa: PLC0415
     from .shrink import kind
@@ -104,9 +111,9 @@ def fuzz(seeds, backend: str = "llvm", shrink: bool = True, progress=None) -> Su
     for k, seed in enumerate(seeds):
         outcome = run(generate(seed), backend)
         shrunk = None
-        if outcome.finding and shrink and shrunk_kinds[kind(outcome)] < SHRINK_PER_KIND:
+        if outcome.finding and shrink and shrunk_kinds[kind(outcome)] < shrink_per_kind:
             shrunk_kinds[kind(outcome)] += 1
-            shrunk = shrink_outcome(outcome, backend)
+            shrunk = shrink_outcome(outcome, backend, shrink_budget)
         summary.add(outcome, shrunk)
         if progress and (k + 1) % 100 == 0:
             progress(f"{k + 1} programs, {summary.mismatches} mismatches, {summary.crashes} crashes, "

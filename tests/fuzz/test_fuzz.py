@@ -23,7 +23,8 @@ def profile_size() -> int:
 @pytest.mark.skipif(profile_size() == 0, reason="KILN_FUZZ_PROGRAMS=0")
 def test_compiled_programs_match_eager():
     assert os.environ.get("KILN_JIT_STRICT") == "1", "the fuzzer must see backend failures (conftest sets this)"
-    summary = fuzz(program_seeds(profile_size(), 0, "0/1"), backend="llvm", shrink=True)
+    # one shrunk repro per kind of finding keeps a failing run within the profile's time
+    summary = fuzz(program_seeds(profile_size(), 0, "0/1"), backend="llvm", shrink_per_kind=1, shrink_budget=30)
     assert not summary.classes, "compiled differs from eager:\n" + summary.report()
 
 
@@ -53,3 +54,14 @@ def test_the_fuzzer_sees_a_planted_difference(monkeypatch):
     float64_results = [o for o in outcomes if o.program.float_dtype == "float64"]
     assert float64_results, "the first 40 programs should include float64 ones"
     assert any(o.difference is not None and o.difference.check in ("value", "aliasing") for o in float64_results)
+
+
+def test_the_fuzzer_reports_nothing_when_compiled_is_eager(monkeypatch):
+    """The harness adds no difference of its own: with KILN_JIT=0 both copies run eagerly."""
+    from .generator import generate
+    from .runner import run
+
+    monkeypatch.setenv("KILN_JIT", "0")
+    outcomes = [run(generate(seed)) for seed in range(60)]
+    assert [str(o.difference or o.crash) for o in outcomes if o.finding] == []
+    assert sum(o.calls["fallback"] for o in outcomes) > 0  # every call ran eagerly, none compiled
