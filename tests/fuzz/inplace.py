@@ -87,6 +87,8 @@ def inplace(g: Generator) -> bool:
             op = r.choice(("relu_", "neg_", "abs_", "sigmoid_", "tanh_", "exp_", "pow_"))
             if op in ("exp_", "pow_") and t.bound > 3:
                 op = "tanh_"
+            if op in ("relu_", "abs_") and g.grad_mode and not t.exact:
+                op = "neg_"  # the kink at 0 (see ops.unary)
             line = f"{n}.{op}(2)" if op == "pow_" else f"{n}.{op}()"
             bound = {"sigmoid_": 1.0, "tanh_": 1.0, "exp_": 21.0, "pow_": 9.0}.get(op, t.bound)
             exact = t.exact and op in ("relu_", "neg_", "abs_")

@@ -24,7 +24,7 @@ def binary(g: Generator) -> bool:
     bname = b.name if isinstance(b, Var) else b
     kind = g.r.choice(("add", "sub", "mul", "maximum", "minimum", "div", "rsub", "floordiv", "mod"))
     if kind == "div":
-        line = f"{a.name} / ({bname}.abs() + 1)" if isinstance(b, Var) else f"{a.name} / {abs(float(b)) + 1}"
+        line = f"{a.name} / ({bname}.square() + 1)" if isinstance(b, Var) else f"{a.name} / {abs(float(b)) + 1}"
         dtype, bound, exact = promote(a, b if isinstance(b, Var) else "float", "float"), a.bound, False
     elif kind in ("floordiv", "mod"):
         if not isinstance(b, Var) or a.is_float or b.is_float:
@@ -36,6 +36,8 @@ def binary(g: Generator) -> bool:
     elif kind in ("maximum", "minimum"):
         if not isinstance(b, Var):
             return False
+        if g.grad_mode and not (a.exact and b.exact):
+            return False  # a near-tie decides where the gradient goes
         line, bound, exact = f"kiln.{kind}({a.name}, {bname})", max(a.bound, bb), a.exact and b.exact
         dtype = promote(a, b)
     else:
@@ -78,7 +80,9 @@ def logical(g: Generator) -> bool:
     return True
 
 
-# (template, bound of the result given the operand's bound, exact when the operand is, kink)
+# (template, bound of the result given the operand's bound, exact when the operand is). Denominators
+# and logarithms read ``x * x + c``, not ``|x| + c``: a value that is zero up to rounding noise must
+# not flip the sign of a gradient.
 UNARY = {
     "exp": ("{x}.clamp(-3, 3).exp()", lambda b: math.exp(min(b, 3)), False),
     "tanh": ("kiln.tanh({x})", lambda b: 1.0, False),
@@ -88,17 +92,17 @@ UNARY = {
     "neg": ("-{x}", lambda b: b, True),
     "abs": ("{x}.abs()", lambda b: b, True),
     "relu": ("F.relu({x})", lambda b: b, True),
-    "sqrt": ("kiln.sqrt({x}.abs() + 0.1)", lambda b: math.sqrt(b + 0.1), False),
-    "log": ("kiln.log({x}.abs() + 0.5)", lambda b: max(1.0, math.log(b + 0.5)), False),
-    "rsqrt": ("({x}.abs() + 0.5).rsqrt()", lambda b: 1.5, False),
+    "sqrt": ("kiln.sqrt({x}.square() + 0.1)", lambda b: b + 0.4, False),
+    "log": ("kiln.log({x} * {x} + 0.5)", lambda b: max(1.0, math.log(b * b + 0.5)), False),
+    "rsqrt": ("({x}.square() + 0.5).rsqrt()", lambda b: 1.5, False),
     "square": ("{x}.square()", lambda b: b * b, False),
     "pow": ("{x} ** 2", lambda b: b * b, False),
     "gelu": ("F.gelu({x})", lambda b: b, False),
     "silu": ("F.silu({x})", lambda b: b, False),
     "softplus": ("F.softplus({x})", lambda b: b + 1, False),
     "erf": ("kiln.erf({x})", lambda b: 1.0, False),
-    "reciprocal": ("({x}.abs() + 1).reciprocal()", lambda b: 1.0, False),
-    "log1p": ("kiln.log1p({x}.abs())", lambda b: math.log1p(b), False),
+    "reciprocal": ("({x}.square() + 1).reciprocal()", lambda b: 1.0, False),
+    "log1p": ("kiln.log1p({x}.square())", lambda b: math.log1p(b * b), False),
 }
 DISCRETE = ("floor", "ceil", "round", "trunc", "sign")
 
@@ -115,6 +119,8 @@ def unary(g: Generator) -> bool:
     if x is None:
         return False
     op = g.r.choice(list(UNARY)) if x.is_float else g.r.choice(("neg", "abs"))
+    if op in ("abs", "relu") and g.grad_mode and not x.exact:
+        op = "neg"  # the kink at 0: rounding noise around 0 would choose the gradient
     template, bound, exact = UNARY[op]
     b = bound(x.bound)
     if b > LIMIT[x.dtype]:
@@ -193,8 +199,8 @@ def reduce(g: Generator) -> bool:
     shape = _reduced(x.shape, dim, keepdim)
     exact = x.exact and op in ("amax", "amin", "any", "all", "argmax", "argmin") or (not x.is_float and op == "sum")
     grad = x.grad and dtype in ("float16", "float32", "float64")
-    if op in ("amax", "amin") and g.grad_mode and not x.exact:
-        return False  # a near-tie decides where the gradient goes
+    if op in ("amax", "amin", "std", "var", "norm") and g.grad_mode and not x.exact:
+        return False  # a near-tie, or a spread that is zero up to rounding, decides the gradient
     line = f"{x.name}.{op}({', '.join(args)})" if r.random() < 0.6 else f"kiln.{op}({', '.join([x.name, *args])})"
     g.add(Var(g.fresh(), shape, dtype, bound, exact, grad), line, op)
     return True
