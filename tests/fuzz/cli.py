@@ -3,6 +3,7 @@
     python -m tests.fuzz --programs 300                 # the CI profile
     python -m tests.fuzz --programs 10000 --shard 0/2   # half of the large profile
     python -m tests.fuzz --replay 17                    # one program, its source and its finding
+    python -m tests.fuzz --repro repro.py               # a printed (shrunk) program, run again
 
 Findings (silent mismatches and compiled-only crashes) are grouped by signature; each class
 prints one shrunk repro. The exit status is 1 when there is any finding.
@@ -81,6 +82,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("llvm", "interpreter"), default="llvm")
     parser.add_argument("--no-shrink", action="store_true", help="report findings without shrinking them")
     parser.add_argument("--replay", type=int, help="run the program with this seed and print it")
+    parser.add_argument("--repro", help="run a program printed by an earlier run (a file with its source)")
     parser.add_argument("--quiet", action="store_true", help="no repro sources in the summary")
     return parser.parse_args(argv)
 
@@ -128,11 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     cache = tempfile.mkdtemp(prefix="kiln-fuzz-cache-")
     os.environ["KILN_CACHE_DIR"] = cache
     try:
-        if args.replay is not None:
-            from .generator import generate  # noqa: PLC0415
+        if args.replay is not None or args.repro:
+            from .generator import Program, generate  # noqa: PLC0415
             from .runner import run  # noqa: PLC0415
 
-            outcome = run(generate(args.replay), args.backend)
+            if args.repro:
+                with open(args.repro) as file:
+                    program = Program.from_source(file.read())
+            else:
+                program = generate(args.replay)
+            outcome = run(program, args.backend)
             print(outcome.program.source)
             print(f"finding: {outcome.crash or outcome.difference or 'none'} (call {outcome.call}); "
                   f"calls {dict(outcome.calls)}; eager error: {outcome.eager_error}")  # fmt: skip

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from dataclasses import dataclass, field
 
 FLOATS = ("float16", "float32", "float64")
@@ -73,8 +74,31 @@ class Program:
         lines += [ind * 2 + s for s in self.body]
         lines += [ind + "return f", ""]
         lines += [f"# caller: backward over the results={self.backward_outside}, "
-                  f"mutates result {self.mutate_result} in place after each call"]  # fmt: skip
+                  f"mutates result {self.mutate_result} in place after each call; seed {self.seed}, scale {float(self.scale)}"]  # fmt: skip
         return "\n".join(lines)
+
+    @classmethod
+    def from_source(cls, text: str) -> Program:
+        """A program back from its printed source (``python -m tests.fuzz --repro FILE``)."""
+
+        def block(name: str) -> list[str]:
+            lines = text.split(f"def {name}(", 1)[1].split("\n")[1:]
+            body = []
+            for line in lines:
+                if not line.startswith("    "):
+                    break
+                body.append(line[4:])
+            return body
+
+        caller = re.search(r"results=(\w+), mutates result (\w+) .*seed (\d+), scale ([\d.e+]+)", text)
+        if caller is None:
+            raise ValueError("not a fuzz program: its last line should be the '# caller: ...' comment")
+        names = lambda sig: [n.strip() for n in re.search(sig + r"\((.*)\):", text).group(1).split(",") if n.strip()]  # noqa: E731
+        body = [line[4:] for line in block("build")[1:-1]]
+        mutate = None if caller.group(2) == "None" else int(caller.group(2))
+        return cls(int(caller.group(3)), block("make_inputs")[:-1], block("make_captures")[:-1], names("def f"),
+                   names("def build"), body, ["?"] * (len(body) - 1), caller.group(1) == "True", mutate,
+                   scale=float(caller.group(4)))  # fmt: skip
 
 
 def promote(*items) -> str:
