@@ -15,7 +15,7 @@ import numpy as np
 
 import kiln
 
-TOLERANCE = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-9}
+from .generator import TOLERANCE
 
 
 @dataclass
@@ -36,7 +36,7 @@ def host(t) -> np.ndarray:
     return np.asarray(t.detach()._host() if t.device.type != "cpu" else t.detach()._data)
 
 
-def values(where: str, eager, compiled, scale: float, check: str = "value") -> list[Difference]:
+def values(where: str, eager, compiled, scale: float, rtol_floor: float, check: str = "value") -> list[Difference]:
     """Two tensors: dtype, shape, then values within the dtype's tolerance."""
     if dtype_name(eager) != dtype_name(compiled):
         return [Difference("dtype", where, f"eager {dtype_name(eager)}, compiled {dtype_name(compiled)}")]
@@ -49,7 +49,7 @@ def values(where: str, eager, compiled, scale: float, check: str = "value") -> l
         e64, c64 = e.astype(np.float64), c.astype(np.float64)
         finite = np.isfinite(e64)
         big = float(np.abs(e64[finite]).max()) if finite.any() else 0.0
-        rtol = TOLERANCE[dtype_name(eager)]
+        rtol = max(TOLERANCE[dtype_name(eager)], rtol_floor)
         atol = rtol * max(1.0, scale, big)
         close = np.isclose(c64, e64, rtol=rtol, atol=atol, equal_nan=True)
         bad = ~(close | (e64 == c64))  # equal infinities are close
@@ -60,7 +60,7 @@ def values(where: str, eager, compiled, scale: float, check: str = "value") -> l
                                      f"{e[first]!r}, compiled {c[first]!r}")]  # fmt: skip
 
 
-def tensors(where: str, eager, compiled, scale: float) -> list[Difference]:
+def tensors(where: str, eager, compiled, scale: float, rtol_floor: float) -> list[Difference]:
     """Two results: both tensors (then requires_grad and values) or equal plain values."""
     if isinstance(eager, kiln.Tensor) != isinstance(compiled, kiln.Tensor):
         return [Difference("type", where, f"eager {type(eager).__name__}, compiled {type(compiled).__name__}")]
@@ -69,15 +69,15 @@ def tensors(where: str, eager, compiled, scale: float) -> list[Difference]:
         return [] if same else [Difference("value", where, f"eager {eager!r}, compiled {compiled!r}")]
     if eager.requires_grad != compiled.requires_grad:
         return [Difference("requires_grad", where, f"eager {eager.requires_grad}, compiled {compiled.requires_grad}")]
-    return values(where, eager, compiled, scale)
+    return values(where, eager, compiled, scale, rtol_floor)
 
 
-def grads(where: str, eager, compiled, scale: float) -> list[Difference]:
+def grads(where: str, eager, compiled, scale: float, rtol_floor: float) -> list[Difference]:
     ge, gc = eager.grad, compiled.grad
     if (ge is None) != (gc is None):
         return [Difference("grad", f"{where} .grad", f"eager {'None' if ge is None else 'set'}, "
                                                      f"compiled {'None' if gc is None else 'set'}")]  # fmt: skip
-    return [] if ge is None else values(f"{where} .grad", ge, gc, scale, check="grad")
+    return [] if ge is None else values(f"{where} .grad", ge, gc, scale, rtol_floor, check="grad")
 
 
 def _shares(a, b) -> bool:

@@ -23,6 +23,7 @@ FLOATS = ("float16", "float32", "float64")
 CATEGORY = {"bool": 0, "int32": 1, "int64": 1, "float16": 2, "float32": 2, "float64": 2}
 WIDTH = {"bool": 0, "int32": 1, "int64": 2, "float16": 1, "float32": 2, "float64": 3}
 LIMIT = {"float16": 200.0, "float32": 1e4, "float64": 1e4, "int32": 1e4, "int64": 1e4, "bool": 1.0}
+TOLERANCE = {"float16": 1e-2, "float32": 1e-4, "float64": 1e-9}  # rtol; atol is rtol times the scale
 SCALAR_DTYPE = {"float": "float32", "int": "int64", "bool": "bool"}  # dtypes of Python scalars alone
 
 
@@ -60,6 +61,9 @@ class Program:
     mutate_result: int | None = None  # index of a result the caller changes in place after each call
     float_dtype: str = "float32"
     scale: float = 1.0  # the largest magnitude any value may reach (for tolerances)
+    # the loosest float tolerance of any value in the program: a float32 value's rounding survives
+    # a cast to float64, so a float64 result is compared with float32's tolerance
+    rtol: float = 0.0
 
     @property
     def source(self) -> str:
@@ -74,7 +78,7 @@ class Program:
         lines += [ind * 2 + s for s in self.body]
         lines += [ind + "return f", ""]
         lines += [f"# caller: backward over the results={self.backward_outside}, "
-                  f"mutates result {self.mutate_result} in place after each call; seed {self.seed}, scale {float(self.scale)}"]  # fmt: skip
+                  f"mutates result {self.mutate_result} in place after each call; seed {self.seed}, scale {float(self.scale)}, rtol {self.rtol}"]  # fmt: skip
         return "\n".join(lines)
 
     @classmethod
@@ -90,7 +94,9 @@ class Program:
                 body.append(line[4:])
             return body
 
-        caller = re.search(r"results=(\w+), mutates result (\w+) .*seed (\d+), scale ([\d.e+]+)", text)
+        caller = re.search(
+            r"results=(\w+), mutates result (\w+) .*seed (\d+), scale ([\d.e+]+), rtol ([\d.e+-]+)", text
+        )
         if caller is None:
             raise ValueError("not a fuzz program: its last line should be the '# caller: ...' comment")
         names = lambda sig: [n.strip() for n in re.search(sig + r"\((.*)\):", text).group(1).split(",") if n.strip()]  # noqa: E731
@@ -98,7 +104,7 @@ class Program:
         mutate = None if caller.group(2) == "None" else int(caller.group(2))
         return cls(int(caller.group(3)), block("make_inputs")[:-1], block("make_captures")[:-1], names("def f"),
                    names("def build"), body, ["?"] * (len(body) - 1), caller.group(1) == "True", mutate,
-                   scale=float(caller.group(4)))  # fmt: skip
+                   scale=float(caller.group(4)), rtol=float(caller.group(5)))  # fmt: skip
 
 
 def promote(*items) -> str:
@@ -146,6 +152,7 @@ class Generator:
         self.fdt = r.choices(FLOATS, weights=(2, 6, 2))[0]
         self.grad_mode = r.random() < 0.3
         self.scale = 2.0
+        self.dtypes: set[str] = set()
 
     # ------------------------------------------------------------------ values
     def shape(self, rank: int | None = None) -> tuple:
@@ -167,6 +174,7 @@ class Generator:
         self.ops.append(op)
         self.pool.append(var)
         self.scale = max(self.scale, var.bound)
+        self.dtypes.add(var.dtype)
         return var
 
     def new_input(self, shape: tuple, dtype: str, *, capture: bool = False, grad: bool = False, low: int = -4,
@@ -199,6 +207,7 @@ class Generator:
         (self.cap_names if capture else self.arg_names).append(name)
         bound = 2.0 if CATEGORY[dtype] == 2 else max(abs(low), abs(high))
         var = Var(name, shape, dtype, bound, True, grad, name, writable, contiguous)
+        self.dtypes.add(dtype)
         self.pool.append(var)
         return var
 
@@ -294,7 +303,7 @@ class Generator:
         backward_outside = emit_return(self)
         mutate = r.randrange(3) if r.random() < 0.3 else None
         return Program(self.seed, self.inputs, self.captures, self.arg_names, self.cap_names, self.body, self.ops,
-                       backward_outside, mutate, self.fdt, self.scale)  # fmt: skip
+                       backward_outside, mutate, self.fdt, self.scale, max(TOLERANCE.get(d, 0.0) for d in self.dtypes))  # fmt: skip
 
 
 def generate(seed: int) -> Program:
