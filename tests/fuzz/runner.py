@@ -81,11 +81,11 @@ class Side:
         if any(e.kind in ("compiled", "break") for e in new):
             return "traced", None
         if any(e.kind == "not cached" for e in new):
-            return "fallback", "not cached: " + next(e.detail for e in new if e.kind == "not cached")[:100]
+            return "fallback", "not cached: " + next(e.detail for e in new if e.kind == "not cached")
         limit = [e for e in state.events if e.kind == "recompile limit"]
         breaks = [e for e in state.events if e.kind == "break"]
         if breaks:
-            return "fallback", "break: " + breaks[-1].detail[:100]
+            return "fallback", "break: " + breaks[-1].detail
         return "fallback", "recompile limit" if limit else "unknown"
 
     def counters(self) -> tuple[int, int]:
@@ -165,7 +165,7 @@ def _call(eager: Side, compiled: Side, number: int, outcome: Outcome) -> bool:
     kind, reason = compiled.classify(before) if c_err is None else ("raised", None)
     outcome.calls[kind] += 1
     if reason:  # shapes and counts left out, so that one cause is one line of the summary
-        outcome.fallbacks[re.sub(r"\(.*?\)|\d+", "#", reason)] += 1
+        outcome.fallbacks[re.sub(r"\([^()]*\d[^()]*\)|\d+", "#", reason)[:110]] += 1
     if _both("the call", e_err, c_err, outcome):
         return True
     found = [] if e_rng == c_rng else [Difference("rng state", "generator", "state after the call differs")]
