@@ -16,10 +16,12 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+HANG_SECONDS = 180  # a program still running after this is stuck where no signal reaches it
 SHRINK_PER_KIND = 8  # findings of one kind shrunk before the rest are classified unshrunk
 
 
@@ -94,6 +96,13 @@ def program_seeds(programs: int, seed: int, shard: str) -> range:
     return range(seed * 1_000_000 + i, seed * 1_000_000 + programs, n)
 
 
+def _hang(program, summary: Summary) -> None:
+    """A program stuck in native code (LLVM's optimizer) cannot be interrupted: report it and stop."""
+    print(f"HANG: program {program.seed} ran longer than {HANG_SECONDS} s, inside native code (the compile); "
+          f"stopping here.\n{program.source}\n\nSummary so far:\n{summary.report()}", flush=True)  # fmt: skip
+    os._exit(3)
+
+
 def fuzz(
     seeds,
     backend: str = "llvm",
@@ -111,9 +120,17 @@ def fuzz(
     shrunk_kinds: Counter = Counter()
     start = time.perf_counter()
     for k, seed in enumerate(seeds):
-        outcome = run(generate(seed), backend)
+        program = generate(seed)
+        watchdog = threading.Timer(HANG_SECONDS, _hang, (program, summary))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            outcome = run(program, backend)
+        finally:
+            watchdog.cancel()
         shrunk = None
-        if outcome.finding and shrink and shrunk_kinds[kind(outcome)] < shrink_per_kind:
+        timed_out = outcome.crash is not None and "TimeoutError" in outcome.crash
+        if outcome.finding and shrink and not timed_out and shrunk_kinds[kind(outcome)] < shrink_per_kind:
             shrunk_kinds[kind(outcome)] += 1
             shrunk = shrink_outcome(outcome, backend, shrink_budget)
         summary.add(outcome, shrunk)
