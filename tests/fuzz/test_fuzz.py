@@ -1,0 +1,69 @@
+"""The differential fuzzer's CI profile: random programs, compiled against eager, no finding allowed.
+
+The profile's size comes from ``KILN_FUZZ_PROGRAMS`` (default 300 under CI=true, 100 otherwise;
+0 skips it); ``-m "not fuzz"`` deselects it. The large profile runs from the command line:
+``python -m tests.fuzz --programs 10000``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .cli import fuzz, program_seeds
+
+
+def profile_size() -> int:
+    default = 300 if os.environ.get("CI") else 100
+    return int(os.environ.get("KILN_FUZZ_PROGRAMS", default))
+
+
+@pytest.mark.fuzz
+@pytest.mark.skipif(profile_size() == 0, reason="KILN_FUZZ_PROGRAMS=0")
+def test_compiled_programs_match_eager():
+    assert os.environ.get("KILN_JIT_STRICT") == "1", "the fuzzer must see backend failures (conftest sets this)"
+    # one shrunk repro per kind of finding keeps a failing run within the profile's time
+    summary = fuzz(program_seeds(profile_size(), 0, "0/1"), backend="llvm", shrink_per_kind=1, shrink_budget=30)
+    if summary.classes:  # pytest.fail, not assert: the report is the message, without the summary's repr
+        pytest.fail("compiled differs from eager (each repro runs with python -m tests.fuzz --repro FILE):\n"
+                    + summary.report(), pytrace=False)  # fmt: skip
+
+
+def test_the_fuzzer_sees_a_planted_difference(monkeypatch):
+    """The instrument itself: a compiled copy that adds 1e-3 to float results must be reported."""
+    import kiln
+
+    from .generator import generate
+    from .runner import run
+
+    original = kiln.compile
+
+    def skewed(fn, **kwargs):
+        compiled = original(fn, **kwargs)
+
+        def call(*args):
+            out = compiled(*args)
+            outs = out if isinstance(out, tuple) else (out,)
+            shifted = tuple(o + 1e-3 if isinstance(o, kiln.Tensor) and o.dtype == kiln.float64 else o for o in outs)
+            return shifted if isinstance(out, tuple) else shifted[0]
+
+        call.state = compiled.state
+        return call
+
+    monkeypatch.setattr(kiln, "compile", skewed)
+    outcomes = [run(generate(seed)) for seed in range(40)]
+    float64_results = [o for o in outcomes if o.program.float_dtype == "float64"]
+    assert float64_results, "the first 40 programs should include float64 ones"
+    assert any(o.difference is not None and o.difference.check in ("value", "aliasing") for o in float64_results)
+
+
+def test_the_fuzzer_reports_nothing_when_compiled_is_eager(monkeypatch):
+    """The harness adds no difference of its own: with KILN_JIT=0 both copies run eagerly."""
+    from .generator import generate
+    from .runner import run
+
+    monkeypatch.setenv("KILN_JIT", "0")
+    outcomes = [run(generate(seed)) for seed in range(60)]
+    assert [str(o.difference or o.crash) for o in outcomes if o.finding] == []
+    assert sum(o.calls["fallback"] for o in outcomes) > 0  # every call ran eagerly, none compiled
