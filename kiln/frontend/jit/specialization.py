@@ -172,12 +172,13 @@ def owned_memory(arrays: list) -> set[int]:
 
 def claim(array, claimed: set[int], device, contiguous: bool = False):
     """A new tensor on ``array``, copied when its memory is already ``claimed`` (an input's, or
-    handed out earlier in this call) or, with ``contiguous``, when it is not C-contiguous (views
-    are taken of it at eager's offsets); its memory is claimed from then on."""
+    handed out earlier in this call), when it is read-only (a broadcast view), or, with
+    ``contiguous``, when it is not C-contiguous (views are taken of it at eager's offsets); its
+    memory is claimed from then on."""
     if array.__class__ is not np.ndarray:
         array = np.asarray(array)
     root = id(array if array.base is None else _root(array))
-    if root in claimed or (contiguous and not array.flags.c_contiguous):
+    if root in claimed or not array.flags.writeable or (contiguous and not array.flags.c_contiguous):
         array = np.array(array, order="C")
         root = id(array)
     claimed.add(root)
