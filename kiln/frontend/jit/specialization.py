@@ -106,7 +106,8 @@ class Specialization:
         # Every tensor handed out owns its memory unless eager's would share it: an output that is
         # an input's memory (read before its write-back below), or memory already handed out in
         # this call (one value returned twice after the passes merged two results), is copied.
-        claimed = owned_memory(arrays)
+        owned = owned_memory(arrays)
+        claimed = set(owned)
         results = []
         roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
         for kind, payload, *view in self.out_leaves:
@@ -125,10 +126,17 @@ class Specialization:
                 grads.append(claim(outputs[action[1]], claimed, device))
             else:
                 grads.append(None)
+        # A new value that is another input's memory (``a.copy_(b)`` before ``b`` changes) is read
+        # before any write-back writes that memory.
+        updates = []
         for index, out in self.writebacks:
-            t = self.external(index, leaves)
-            if outputs[out] is not t._data:  # else the program wrote it in place
-                t._data[...] = outputs[out]
+            t, array = self.external(index, leaves), outputs[out]
+            if array is not t._data and id(_root(array)) in owned:
+                array = array.copy()
+            updates.append((t, array))
+        for t, array in updates:
+            if array is not t._data:  # else the program wrote it in place
+                t._data[...] = array
             t._version[0] += 1
         for (index, action), grad in zip(self.grads, grads, strict=True):
             t = self.external(index, leaves)

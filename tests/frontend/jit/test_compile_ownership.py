@@ -271,3 +271,19 @@ def test_results_sharing_memory_made_in_the_call_share_it_as_eager_s_do(backend)
             outs.append([(_values(r), r.stride(), r.is_contiguous()) for r in results])
         assert outs[1] == outs[0]
     assert sum(compiled_calls(c)) >= 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_argument_copied_from_another_that_changes_later_keeps_the_old_value(backend):
+    def f(a, b):
+        b.copy_(a)
+        r = a * 2
+        a.fill_(-1.0)
+        return r
+
+    c = _compile(f, backend)
+    for step in range(4):
+        a, b = kiln.full((3,), float(step)), kiln.zeros(3)
+        c(a, b)
+        assert _values(a) == [-1.0] * 3 and _values(b) == [float(step)] * 3
+    assert sum(compiled_calls(c)) >= 2
