@@ -1,0 +1,292 @@
+"""Tracing hazards: Python state a traced graph would silently freeze, found while tracing.
+
+A compiled call replays tensor operations only. Whatever else the traced call did or read must
+either be guarded (checked on each call, a new trace when it changed) or make the call run
+eagerly with the reason said. This module does both for the compiler:
+
+- **watching the traced call** (``Watch``): a ``sys.setprofile`` hook, active only in the tracing
+  thread and only while the call is traced, scans the bytecode of each user code object that runs
+  (once per code object) for stores into globals (``STORE_GLOBAL``) and closures (``STORE_DEREF``
+  on a free variable), and sees calls into Python's and numpy's random generators; the attributes
+  of the objects the call reads are compared before and after (a store into ``self.count``); an
+  iterator or generator among the arguments is consumed by the call. Each is a trace break.
+- **guards** (``Guards``): the plain attributes (and the parameter, buffer, submodule and hook
+  tables) of the modules called and of the objects the function names, and, for each captured
+  tensor, the dicts, lists and attributes that hold it when the trace ends (found with
+  ``gc.get_referrers``): a captured tensor is found by identity, so the *path* by which the
+  function reached it is guarded, e.g. ``model.w = Parameter(...)`` or ``d["w"] = other``.
+"""
+
+from __future__ import annotations
+
+import dis
+import gc
+import operator
+import os
+import random
+import sys
+import sysconfig
+import types
+import weakref
+
+import numpy as np
+
+from ..tensor import Tensor
+from .trace import _KILN_DIR, TraceBreak
+
+# The standard library and installed packages: their module-level caches are not the user's state.
+_STDLIB = tuple(
+    {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+_MISSING = object()
+_SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, Tensor)
+_RANDOM_OWNERS = (random.Random, np.random.RandomState, np.random.Generator, np.random.BitGenerator)
+
+# code object -> tuple of (what, line) stores it makes into globals or enclosing functions' variables
+_STORES: dict = {}
+
+
+def _user_code(code) -> bool:
+    name = code.co_filename
+    return not name.startswith(_KILN_DIR) and not name.startswith(_STDLIB) and not name.startswith("<frozen")
+
+
+def _scan(code) -> tuple:
+    """Stores into globals and closures in ``code`` (nested code objects run as their own frames)."""
+    found = []
+    line = code.co_firstlineno
+    for ins in dis.get_instructions(code):
+        if ins.positions is not None and ins.positions.lineno is not None:
+            line = ins.positions.lineno
+        if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            found.append((f"stores into the global variable {ins.argval!r}", line))
+        elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in code.co_freevars:
+            found.append((f"stores into the variable {ins.argval!r} of an enclosing function (nonlocal)", line))
+    return tuple(found)
+
+
+def _attr_line(codes: list, name: str):
+    """The first line of the traced user code that stores attribute ``name``."""
+    for code in codes:
+        line = code.co_firstlineno
+        for ins in dis.get_instructions(code):
+            if ins.positions is not None and ins.positions.lineno is not None:
+                line = ins.positions.lineno
+            if ins.opname in ("STORE_ATTR", "DELETE_ATTR") and ins.argval == name:
+                return code.co_filename, line, code.co_name
+    return None
+
+
+def named_values(compiled, closure_values: dict) -> list:
+    return [value for _, value in compiled.guarded_names(closure_values)]
+
+
+def watched_objects(compiled, leaves: list, closure_values: dict) -> list:
+    """Objects whose attributes the function can read: the non-tensor arguments and the instances
+    its globals and closure name (not modules, functions, classes or kiln's own objects), one level
+    into their attributes."""
+    roots = [leaf for leaf in leaves if not isinstance(leaf, Tensor)]
+    roots += [value for _, value in compiled.guarded_names(closure_values)]
+    roots += [compiled.fn, getattr(compiled.fn, "__self__", None)]  # a module compiled, a bound method's object
+    out: dict[int, object] = {}
+    for obj in roots:
+        if obj is not None and _watchable(obj):
+            out.setdefault(id(obj), obj)
+            for value in list(_attrs(obj).values()):
+                if _watchable(value):
+                    out.setdefault(id(value), value)
+    return list(out.values())
+
+
+def _watchable(obj) -> bool:
+    if isinstance(obj, _SKIP_TYPES) or not hasattr(obj, "__dict__"):
+        return False
+    from ...nn.modules.module import Module  # noqa: PLC0415
+
+    return isinstance(obj, Module) or not type(obj).__module__.startswith("kiln")
+
+
+def _attrs(obj) -> dict:
+    try:
+        d = vars(obj)
+    except TypeError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _tables(obj) -> list[tuple[dict, dict]]:
+    """``(live dict, snapshot)`` pairs for an object: its ``__dict__``, and, for a module, the
+    dicts in it (parameters, buffers, submodules, hooks) -- compared by identity and value."""
+    d = _attrs(obj)
+    pairs = [(d, dict(d))]
+    for value in d.values():
+        if type(value) is dict or (isinstance(value, dict) and type(value).__module__ == "collections"):
+            pairs.append((value, dict(value)))
+    return pairs
+
+
+def _same_table(live: dict, snap: dict) -> bool:
+    if len(live) != len(snap):
+        return False
+    for key, value in snap.items():
+        now = live.get(key, _MISSING)
+        if now is value:
+            continue
+        if type(now) is not type(value) or not isinstance(value, int | float | str | bytes | complex | type(None)):
+            return False
+        if now != value and not (value != value and now != now):  # nan equals nan here
+            return False
+    return True
+
+
+def _is_iterator(obj) -> bool:
+    return isinstance(obj, types.GeneratorType) or (hasattr(type(obj), "__next__") and hasattr(type(obj), "__iter__"))
+
+
+def _iterator_position(it):
+    """Where an iterator stands, to see whether a call advanced it (None when it cannot be told)."""
+    if isinstance(it, types.GeneratorType):
+        return ("generator", None if it.gi_frame is None else it.gi_frame.f_lasti)
+    hint = operator.length_hint(it, -1)
+    return None if hint < 0 else ("hint", hint)
+
+
+def _rng_states() -> tuple:
+    """The states of Python's and numpy's global random generators."""
+    legacy = np.random.get_state(legacy=False)
+    return random.getstate(), (legacy["state"]["pos"], legacy["state"]["key"].tobytes(), legacy["has_gauss"])
+
+
+class Watch:
+    """What a traced call does besides tensor ops; ``stop()`` returns the first hazard (or None)."""
+
+    def __init__(self, objects: list, leaves: list, named: list = ()) -> None:
+        self.objects = objects
+        self.leaves = leaves
+        self.iterators = [v for v in named if _is_iterator(v)]  # iterators the globals and closure name
+        self.hazard: TraceBreak | None = None
+        self.codes: list = []  # user code objects that ran (for the line of an attribute store)
+        self._seen: set = set()
+        self._previous = None
+        self._before: list = []
+
+    def start(self) -> Watch:
+        from ...ir.graph import SourceLocation  # noqa: PLC0415
+
+        for i, leaf in enumerate(self.leaves):
+            if _is_iterator(leaf):
+                self.hazard = TraceBreak(f"argument {i} is an iterator, which each call consumes", None)
+        self._before = [(obj, _tables(obj)) for obj in self.objects]
+        self._positions = [_iterator_position(it) for it in self.iterators]
+        self._rng = _rng_states()
+        self._location = SourceLocation
+        self._previous = sys.getprofile()
+        sys.setprofile(self._profile)
+        return self
+
+    def _profile(self, frame, event, arg) -> None:
+        if self.hazard is not None:
+            return
+        if event == "call":
+            code = frame.f_code
+            if code in self._seen:
+                return
+            self._seen.add(code)
+            if not _user_code(code):
+                return
+            self.codes.append(code)
+            stores = _STORES.get(code)
+            if stores is None:
+                stores = _STORES[code] = _scan(code)
+            if stores:
+                what, line = stores[0]
+                self.hazard = TraceBreak(f"the call {what}", self._location(code.co_filename, line, code.co_name))
+        elif event == "c_call" and isinstance(getattr(arg, "__self__", None), _RANDOM_OWNERS):
+            owner = "numpy's" if type(arg.__self__).__module__.startswith("numpy") else "Python's"
+            caller = frame.f_code
+            where = self._location(caller.co_filename, frame.f_lineno, caller.co_name) if _user_code(caller) else None
+            self.hazard = TraceBreak(f"the call draws from {owner} random generator ({arg.__name__})", where)
+
+    def stop(self) -> TraceBreak | None:
+        sys.setprofile(self._previous)
+        if self.hazard is not None:
+            return self.hazard
+        for it, before in zip(self.iterators, self._positions, strict=True):
+            if before is None or _iterator_position(it) != before:
+                return TraceBreak(f"the call may consume the {type(it).__name__} iterator it names", None)
+        rng = _rng_states()
+        for before, now, name in zip(self._rng, rng, ("Python's", "numpy's"), strict=True):
+            if before != now:
+                return TraceBreak(f"the call draws from {name} global random generator", None)
+        for obj, tables in self._before:
+            for live, snap in tables:
+                if _same_table(live, snap):
+                    continue
+                names = [k for k in set(live) | set(snap) if live.get(k, _MISSING) is not snap.get(k, _MISSING)]
+                name = str(names[0]) if names else "?"
+                loc = _attr_line(self.codes, name)
+                return TraceBreak(
+                    f"the call changed {type(obj).__name__}.{name}, Python state a compiled call would not change",
+                    self._location(*loc) if loc else None,
+                )
+        return None
+
+
+class Guards:
+    """Checks, per call, that the Python paths to the traced state still lead to the same objects."""
+
+    __slots__ = ("tables", "entries")
+
+    def __init__(self) -> None:
+        self.tables: list = []  # (weakref to owner or None, description, live dict, snapshot)
+        self.entries: list = []  # (container, key, weakref to tensor, description)
+
+    def miss(self) -> str | None:
+        for owner, name, live, snap in self.tables:
+            if owner is not None and owner() is None:
+                continue  # the object is gone: nothing can reach the traced state through it
+            if not _same_table(live, snap):
+                changed = [k for k in set(live) | set(snap) if live.get(k, _MISSING) is not snap.get(k, _MISSING)]
+                return f"{name}.{changed[0] if changed else '?'} changed"
+        for container, key, ref, name in self.entries:
+            t = ref()
+            if type(container) is list:
+                now = container[key] if key < len(container) else _MISSING
+            else:
+                now = container.get(key, _MISSING)
+            if now is not t:
+                return f"{name} now holds a different object"
+        return None
+
+
+def build_guards(objects: list, modules: list, captured: list) -> Guards:
+    """Guards of a new specialization: the watched objects and called modules (their attribute
+    tables), and the containers holding each captured tensor when the trace ended."""
+    guards = Guards()
+    seen: set[int] = set()
+    for obj in [*objects, *(ref() for ref, *_ in modules)]:
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        try:
+            owner = weakref.ref(obj)
+        except TypeError:
+            owner = None
+        for live, snap in _tables(obj):
+            guards.tables.append((owner, type(obj).__name__, live, snap))
+    refs = {id(t): weakref.ref(t) for t in captured if t is not None}
+    if not refs:
+        return guards
+    for holder in gc.get_referrers(*(ref() for ref in refs.values())):  # one scan of the heap for all
+        if isinstance(holder, dict):
+            items = list(holder.items())
+        elif type(holder) is list:
+            items = list(enumerate(holder))
+        else:
+            continue
+        for key, value in items:
+            ref = refs.get(id(value))
+            if ref is not None and ref() is value:
+                what = f"the dict entry {key!r}" if isinstance(holder, dict) else f"item {key} of a list"
+                guards.entries.append((holder, key, ref, what))
+    return guards
