@@ -232,39 +232,101 @@ class Watch:
         return None
 
 
+class _Is:
+    """A snapshot entry compared by identity (tensors, arrays, objects whose ``==`` is not identity-safe)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def __eq__(self, other) -> bool:
+        return other is self.obj
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+_BY_VALUE = (int, float, str, bytes, complex, type(None), tuple, frozenset)
+_CONTAINERS = (dict, list, set)
+
+
+def _entry(v):
+    """How a snapshot holds ``v`` so that ``==`` against the live value is right and cheap: the
+    object itself where ``==`` is identity or a value comparison that cannot mislead (the C
+    identity shortcut makes the usual case free), a copy of a container of plain values (changed
+    in place), and an identity check for the rest (tensors and arrays compare elementwise)."""
+    if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor):
+        return v
+    if type(v) in (list, dict, set):
+        items = v.values() if type(v) is dict else v
+        if all(isinstance(x, _BY_VALUE) for x in items):
+            return type(v)(v)
+        return v
+    if isinstance(v, _CONTAINERS) or type(v).__eq__ is object.__eq__:
+        return v
+    return _Is(v)
+
+
+def _snapshot(container):
+    """A copy of a dict's or list's entries that ``snapshot == live`` compares in C."""
+    if isinstance(container, dict):
+        return {k: _entry(v) for k, v in container.items()}
+    return [_entry(v) for v in container]
+
+
 class Guards:
     """Checks, per call, that the Python paths to the traced state still lead to the same objects."""
 
-    __slots__ = ("tables", "entries")
+    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps")
 
     def __init__(self) -> None:
-        self.tables: list = []  # (weakref to owner or None, description, live dict, snapshot)
-        self.entries: list = []  # (container, key, weakref to tensor, description)
+        self.pairs: list = []  # (snapshot, live container, weakref to the owner or None, description)
+        self.dicts: list = []
+        self.dict_snaps: list = []
+        self.lists: list = []
+        self.list_snaps: list = []
+
+    def add(self, owner, name: str, live) -> None:
+        snap = _snapshot(live)
+        self.pairs.append((snap, live, owner, name))
+        if isinstance(live, dict):
+            self.dicts.append(live)
+            self.dict_snaps.append(snap)
+        else:
+            self.lists.append(live)
+            self.list_snaps.append(snap)
 
     def miss(self) -> str | None:
-        for owner, name, live, snap in self.tables:
+        # The usual case in two C loops: dict.__eq__(snapshot, live) compares the snapshot's
+        # entries first (no reflection to an OrderedDict's __eq__), so an _Is entry decides by identity.
+        if all(map(dict.__eq__, self.dict_snaps, self.dicts)) and all(map(list.__eq__, self.list_snaps, self.lists)):
+            return None
+        for snap, live, owner, name in self.pairs:
+            equal = dict.__eq__ if isinstance(live, dict) else list.__eq__
+            if equal(snap, live) is True:
+                continue
             if owner is not None and owner() is None:
-                continue  # the object is gone: nothing can reach the traced state through it
-            if not _same_table(live, snap):
-                changed = [k for k in set(live) | set(snap) if live.get(k, _MISSING) is not snap.get(k, _MISSING)]
-                return f"{name}.{changed[0] if changed else '?'} changed"
-        for container, key, ref, name in self.entries:
-            t = ref()
-            if type(container) is list:
-                now = container[key] if key < len(container) else _MISSING
-            else:
-                now = container.get(key, _MISSING)
-            if now is not t:
-                return f"{name} now holds a different object"
+                continue  # the object is gone: nothing reaches the traced state through it any more
+            return f"{name} changed{_difference(live, snap)}"
         return None
 
 
+def _difference(live, snap) -> str:
+    if isinstance(live, dict):
+        for key in [*snap, *live]:
+            if key not in live or key not in snap or not snap[key] == live[key]:
+                return f" ({key!r})"
+    return ""
+
+
 def build_guards(objects: list, modules: list, captured: list) -> Guards:
-    """Guards of a new specialization: the watched objects and called modules (their attribute
-    tables), and the containers holding each captured tensor when the trace ended."""
+    """Guards of a new specialization: the attribute tables of the watched objects and called
+    modules, and the dicts and lists holding each captured tensor when the trace ended."""
     guards = Guards()
     seen: set[int] = set()
-    for obj in [*objects, *(ref() for ref, *_ in modules)]:
+    roots = [*objects, *(ref() for ref, *_ in modules)]
+    roots += [v for obj in list(roots) if obj is not None for v in list(_attrs(obj).values()) if _watchable(v)]
+    for obj in roots:
         if obj is None or id(obj) in seen:
             continue
         seen.add(id(obj))
@@ -272,21 +334,19 @@ def build_guards(objects: list, modules: list, captured: list) -> Guards:
             owner = weakref.ref(obj)
         except TypeError:
             owner = None
-        for live, snap in _tables(obj):
-            guards.tables.append((owner, type(obj).__name__, live, snap))
-    refs = {id(t): weakref.ref(t) for t in captured if t is not None}
+        for live, _ in _tables(obj):
+            seen.add(id(live))
+            guards.add(owner, type(obj).__name__, live)
+    refs = {id(t): t for t in captured if t is not None}
     if not refs:
         return guards
-    for holder in gc.get_referrers(*(ref() for ref in refs.values())):  # one scan of the heap for all
-        if isinstance(holder, dict):
-            items = list(holder.items())
-        elif type(holder) is list:
-            items = list(enumerate(holder))
-        else:
+    seen.update((id(refs), id(captured)))  # this function's own containers
+    for holder in gc.get_referrers(*refs.values()):  # one scan of the heap for all of them
+        if id(holder) in seen or not (isinstance(holder, dict) or type(holder) is list):
             continue
-        for key, value in items:
-            ref = refs.get(id(value))
-            if ref is not None and ref() is value:
-                what = f"the dict entry {key!r}" if isinstance(holder, dict) else f"item {key} of a list"
-                guards.entries.append((holder, key, ref, what))
+        values = holder.values() if isinstance(holder, dict) else holder
+        if any(refs.get(id(v)) is v for v in values):
+            seen.add(id(holder))
+            guards.add(None, "a dict holding a captured tensor" if isinstance(holder, dict) else
+                       "a list holding a captured tensor", holder)  # fmt: skip
     return guards
