@@ -181,7 +181,9 @@ class CompiledFunction:
             self._event("not cached", why_not, once=False)
             return result
         captured = [s.ref() for s in spec.sources if s.kind == "capture"]
-        spec.guards = hazards.build_guards(objects, spec.modules, captured)
+        named = [*hazards.named_values(self, closure_values), *leaves]
+        guards = hazards.build_guards(objects, spec.modules, captured, named)
+        spec.guards = guards if guards.pairs else None
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")

@@ -11,21 +11,18 @@ eagerly with the reason said. This module does both for the compiler:
   of the objects the call reads are compared before and after (a store into ``self.count``); an
   iterator or generator among the arguments is consumed by the call. Each is a trace break.
 - **guards** (``Guards``): the plain attributes (and the parameter, buffer, submodule and hook
-  tables) of the modules called and of the objects the function names, and, for each captured
-  tensor, the dicts, lists and attributes that hold it when the trace ends (found with
-  ``gc.get_referrers``): a captured tensor is found by identity, so the *path* by which the
-  function reached it is guarded, e.g. ``model.w = Parameter(...)`` or ``d["w"] = other``.
+  tables) of the modules called and of the objects the function names, and the dicts and lists
+  that hold a captured tensor, found by walking from what the function names when the trace
+  ends: a captured tensor is found by identity, so the *path* by which the function reached it
+  is guarded, e.g. ``model.w = Parameter(...)`` or ``d["w"] = other``.
 """
 
 from __future__ import annotations
 
-import dis
-import gc
 import operator
 import os
 import random
 import sys
-import sysconfig
 import types
 import weakref
 
@@ -34,13 +31,24 @@ import numpy as np
 from ..tensor import Tensor
 from .trace import _KILN_DIR, TraceBreak
 
-# The standard library and installed packages: their module-level caches are not the user's state.
-_STDLIB = tuple(
-    {os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-)
+_LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set on first use)
 _MISSING = object()
 _SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, Tensor)
-_RANDOM_OWNERS = (random.Random, np.random.RandomState, np.random.Generator, np.random.BitGenerator)
+_RANDOM_OWNERS: tuple = ()  # Python's and numpy's generator types (set on first use: numpy.random imports slowly)
+
+
+def _first_use() -> None:
+    global _LIBRARIES, _RANDOM_OWNERS
+    if not _RANDOM_OWNERS:
+        import sysconfig  # noqa: PLC0415
+
+        # Their module-level caches and registries are not the user's state.
+        paths = sysconfig.get_paths()
+        _LIBRARIES = tuple(
+            {os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        )
+        _RANDOM_OWNERS = (random.Random, np.random.RandomState, np.random.Generator, np.random.BitGenerator)
+
 
 # code object -> tuple of (what, line) stores it makes into globals or enclosing functions' variables
 _STORES: dict = {}
@@ -48,11 +56,13 @@ _STORES: dict = {}
 
 def _user_code(code) -> bool:
     name = code.co_filename
-    return not name.startswith(_KILN_DIR) and not name.startswith(_STDLIB) and not name.startswith("<frozen")
+    return not name.startswith(_KILN_DIR) and not name.startswith(_LIBRARIES) and not name.startswith("<frozen")
 
 
 def _scan(code) -> tuple:
     """Stores into globals and closures in ``code`` (nested code objects run as their own frames)."""
+    import dis  # noqa: PLC0415
+
     found = []
     line = code.co_firstlineno
     for ins in dis.get_instructions(code):
@@ -67,6 +77,8 @@ def _scan(code) -> tuple:
 
 def _attr_line(codes: list, name: str):
     """The first line of the traced user code that stores attribute ``name``."""
+    import dis  # noqa: PLC0415
+
     for code in codes:
         line = code.co_firstlineno
         for ins in dis.get_instructions(code):
@@ -173,6 +185,7 @@ class Watch:
     def start(self) -> Watch:
         from ...ir.graph import SourceLocation  # noqa: PLC0415
 
+        _first_use()
         for i, leaf in enumerate(self.leaves):
             if _is_iterator(leaf):
                 self.hazard = TraceBreak(f"argument {i} is an iterator, which each call consumes", None)
@@ -246,7 +259,8 @@ class _Is:
     __hash__ = None  # type: ignore[assignment]
 
 
-_BY_VALUE = (int, float, str, bytes, complex, type(None), tuple, frozenset)
+_SCALARS = (int, float, str, bytes, complex, type(None))
+_BY_VALUE = (*_SCALARS, tuple, frozenset)
 _CONTAINERS = (dict, list, set)
 
 
@@ -319,7 +333,43 @@ def _difference(live, snap) -> str:
     return ""
 
 
-def build_guards(objects: list, modules: list, captured: list) -> Guards:
+def _is_module_dict(d: dict) -> bool:
+    module = sys.modules.get(d.get("__name__")) if isinstance(d.get("__name__"), str) else None
+    return module is not None and getattr(module, "__dict__", None) is d
+
+
+def _holders(refs: dict, roots: list, depth: int = 5, limit: int = 20000) -> list:
+    """The dicts and lists that hold one of the tensors ``refs`` (id -> tensor), found by walking
+    from ``roots`` (the objects, globals and closure values the function names) through dicts,
+    lists, tuples and instance attributes -- the paths by which the function can reach them."""
+    if not refs:
+        return []
+    found, seen = [], set()
+    level = list(roots)
+    for _ in range(depth):
+        following = []
+        for obj in level:
+            if id(obj) in seen or isinstance(obj, (Tensor, *_SCALARS)) or len(seen) > limit:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, dict):
+                if _is_module_dict(obj):
+                    continue  # a module's globals: the names the function reads are guarded one by one
+                values = list(obj.values())
+            elif isinstance(obj, list | tuple):
+                values = list(obj)
+            elif isinstance(obj, types.ModuleType | types.FunctionType | type | np.ndarray):
+                continue
+            else:
+                values = list(_attrs(obj).values())
+            if isinstance(obj, dict | list) and any(refs.get(id(v)) is v for v in values):
+                found.append(obj)
+            following.extend(v for v in values if not isinstance(v, Tensor))
+        level = following
+    return found
+
+
+def build_guards(objects: list, modules: list, captured: list, named: list = ()) -> Guards:
     """Guards of a new specialization: the attribute tables of the watched objects and called
     modules, and the dicts and lists holding each captured tensor when the trace ended."""
     guards = Guards()
@@ -338,15 +388,9 @@ def build_guards(objects: list, modules: list, captured: list) -> Guards:
             seen.add(id(live))
             guards.add(owner, type(obj).__name__, live)
     refs = {id(t): t for t in captured if t is not None}
-    if not refs:
-        return guards
-    seen.update((id(refs), id(captured)))  # this function's own containers
-    for holder in gc.get_referrers(*refs.values()):  # one scan of the heap for all of them
-        if id(holder) in seen or not (isinstance(holder, dict) or type(holder) is list):
-            continue
-        values = holder.values() if isinstance(holder, dict) else holder
-        if any(refs.get(id(v)) is v for v in values):
+    for holder in _holders(refs, [*roots, *named]):
+        if id(holder) not in seen:
             seen.add(id(holder))
-            guards.add(None, "a dict holding a captured tensor" if isinstance(holder, dict) else
-                       "a list holding a captured tensor", holder)  # fmt: skip
+            what = "a dict" if isinstance(holder, dict) else "a list"
+            guards.add(None, f"{what} holding a captured tensor", holder)
     return guards
