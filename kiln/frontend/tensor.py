@@ -182,6 +182,10 @@ class Tensor:
         """``hook(grad)`` runs when this tensor's gradient is computed; it may return a new one."""
         if not self._requires_grad:
             raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        if _jit.tracing and not _jit.born_in_trace(self):
+            # Compiled calls would not register it again: a hook on a tensor from outside the call
+            # is Python state the call changes.
+            _jit.unsafe("register_hook on a tensor from outside the compiled call (an argument or a captured tensor)")
         if self.grad_fn is not None:
             return self.grad_fn.register_prehook(hook, self._output_nr)
         from .autograd.graph import RemovableHandle  # noqa: PLC0415
@@ -217,6 +221,8 @@ class Tensor:
 
     @data.setter
     def data(self, value: Tensor) -> None:
+        if _jit.tracing:  # a compiled program would go on reading the old memory
+            _jit.unsafe("assigning Tensor.data swaps a tensor's memory, which a traced graph cannot repeat")
         self._data, self._device, self._dtype = value._data, value._device, value._dtype
 
     # ------------------------------------------------------------------ conversions out

@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
+from ..jit import state as _jit
 from .grad_mode import set_grad_enabled, state
 from .graph import AccumulateGrad, Node
 
@@ -96,6 +97,9 @@ def run_backward(
             captured.setdefault(edge, i)
         needed = _needed(dependencies, {node for node, _ in capture})
     results: list = [None] * len(capture or ())
+    # Tracing a compiled call's backward: the hooks of the externals' own nodes are not part of the
+    # call -- the engine runs them when the compiled backward delivers its gradients there.
+    own_hooks = {node for node, _ in capture} if capture is not None and _jit.tracing and _jit.backward_trace() else ()
 
     buffers: dict[Node, list] = {}
     for (node, nr), g in zip(roots, grad_roots, strict=True):
@@ -107,7 +111,8 @@ def run_backward(
         while ready:
             node = heapq.heappop(ready)[2]
             grads = buffers.pop(node, None) or [None] * node.num_outputs
-            _run_pre_hooks(node, grads)
+            if node not in own_hooks:
+                _run_pre_hooks(node, grads)
             if captured:
                 for nr, g in enumerate(grads):
                     index = captured.get((node, nr))

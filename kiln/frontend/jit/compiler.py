@@ -26,12 +26,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...ir import dtypes as _dtypes
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
-from . import state
+from . import hazards, state
 from .build import build_specialization
 from .pytree import flatten_call
-from .trace import Trace, TraceBreak
+from .trace import Trace, TraceBreak, TraceBreakError
 
 logger = logging.getLogger("kiln")
 
@@ -87,6 +88,7 @@ class CompileState:
     events: list[Event] = field(default_factory=list)
     logged: set = field(default_factory=set)
     last_key: tuple | None = None
+    numpy_shadows: dict = field(default_factory=dict)  # id(array) -> (array, tensor on it): see Trace.on_numpy
 
 
 class CompiledFunction:
@@ -182,16 +184,26 @@ class CompiledFunction:
         return self._trace(args, kwargs, leaves, key, miss)
 
     def _trace(self, args, kwargs, leaves, key, reason: str):
+        closure_values = self._closure_values()
+        objects = hazards.watched_objects(self, leaves, closure_values)
         trace = Trace(fullgraph=self.fullgraph).start()
+        trace.numpy_shadows = self.state.numpy_shadows
+        watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values))
         try:
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input
                     trace.add_external(leaf, "arg", i)
-            result = self.fn(*args, **kwargs)
+            watch.start()
+            try:
+                result = self.fn(*args, **kwargs)
+            finally:
+                hazard = watch.stop()
         except BaseException:
             trace.abandon()
             raise
         self.state.last_key = key
+        if hazard is not None and trace.broken is None:
+            self._hazard(trace, hazard)
         if trace.broken is not None:
             trace.abandon()
             return self._run_eagerly_from_now_on(key, trace.broken, result)
@@ -201,6 +213,10 @@ class CompiledFunction:
         if spec is None:
             self._event("not cached", why_not, once=False)
             return result
+        captured = [s.ref() for s in spec.sources if s.kind == "capture"]
+        named = [*hazards.named_values(self, closure_values), *leaves]
+        guards = hazards.build_guards(objects, spec.modules, captured, named)
+        spec.guards = guards if guards.pairs else None
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
@@ -211,6 +227,16 @@ class CompiledFunction:
         self._event("break", str(reason), once=False)
         self._log_once(("break", str(reason)), f"running eagerly: the trace stopped: {reason}")
         return result
+
+    def _hazard(self, trace: Trace, hazard: TraceBreak) -> None:
+        """The traced call did something a compiled call would not repeat (see ``hazards.Watch``)."""
+        if self.fullgraph:
+            trace.abandon()
+            raise TraceBreakError(
+                f"kiln.compile(fullgraph=True): {hazard}\n"
+                "Move that code out of the compiled function, or drop fullgraph=True to run such calls eagerly."
+            )
+        trace.broken = hazard
 
     # ------------------------------------------------------------------ guards on globals and closures
     def _closure_values(self) -> dict:
@@ -319,7 +345,8 @@ def call_key(tree, leaves: list) -> tuple:
                 parts.append(("object", type(leaf), id(leaf), leaf if _hashable_by_value(leaf) else None))
             except TypeError:
                 parts.append(("object", type(leaf), id(leaf), None))
-    return (tree, tuple(parts), grad_state.grad_enabled)
+    # Global modes that change what ops produce are part of the key (the default dtype).
+    return (tree, tuple(parts), grad_state.grad_enabled, _dtypes._default_dtype)
 
 
 def _hashable_by_value(leaf) -> bool:
@@ -333,6 +360,8 @@ def describe_key_change(old: tuple, new: tuple) -> str:
     """Which guard of the key changed, in words: the reason for a retrace."""
     if old[2] != new[2]:
         return f"grad mode changed from {old[2]} to {new[2]}"
+    if old[3] != new[3]:
+        return f"the default dtype changed from {old[3].name} to {new[3].name}"
     if old[0] != new[0]:
         return "the structure of the arguments changed"
     names = ("shape", "strides", "dtype", "device", "requires_grad", ".grad is set", "memory shared with argument")

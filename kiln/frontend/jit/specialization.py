@@ -55,6 +55,7 @@ class Specialization:
     traced_graph: Graph | None = None
     report: object = None  # the backend's LoweringReport (kernels, declined kernels, memory plan)
     arg_aliases: list = field(default_factory=list)  # (argument position, weakref): arguments that are state
+    guards: object = None  # hazards.Guards: attributes of the objects read, containers of captured tensors
     calls: int = 0
 
     # ------------------------------------------------------------------ guards
@@ -88,6 +89,8 @@ class Specialization:
                 fn_globals.get(name, _MISSING) if fn_globals is not None else _MISSING)  # fmt: skip
             if not _same(now, value):
                 return f"{name.removeprefix('closure:')} now refers to a different object ({_short(now)})"
+        if self.guards is not None:
+            return self.guards.miss()
         return None
 
     # ------------------------------------------------------------------ running

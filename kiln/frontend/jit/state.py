@@ -56,3 +56,39 @@ def before_each_call(fn, *args, **kwargs):
     if trace is None:
         return fn(*args, **kwargs)
     return trace.run_prologue(fn, args, kwargs)
+
+
+def unsafe(reason: str) -> None:
+    """The call is doing something a compiled program could not repeat faithfully: the trace stops
+    here (the call finishes eagerly, the reason and the user's line are kept)."""
+    trace = current.get()
+    if trace is not None:
+        trace.break_here(reason)
+
+
+def numpy_tensor(array, tensor, shares_memory: bool) -> None:
+    """``tensor`` was made from the numpy array ``array`` while tracing (``from_numpy`` when it
+    ``shares_memory``, else a copy): the program reads the array's memory at each call."""
+    trace = current.get()
+    if trace is not None:
+        trace.on_numpy(array, tensor, shares_memory)
+
+
+def born_in_trace(tensor) -> bool:
+    """Whether ``tensor`` was made inside the current trace (not an argument or captured tensor)."""
+    trace = current.get()
+    return trace is None or trace.is_born(tensor)
+
+
+def backward_trace() -> bool:
+    """Whether a compiled call's backward is being traced (the forward trace's gradients)."""
+    trace = current.get()
+    return trace is not None and trace.parent is not None
+
+
+def touch(tensor) -> None:
+    """Bind ``tensor`` in the current trace (an input when it is from outside the call) before a
+    write that replaces its whole contents: the write is then seen as a change to write back."""
+    trace = current.get()
+    if trace is not None:
+        trace.value_of(tensor)

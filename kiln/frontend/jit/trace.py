@@ -222,6 +222,47 @@ class Trace:
     def is_bound(self, t) -> bool:
         return t._trace is not None and t._trace[0] is self
 
+    def is_born(self, t) -> bool:
+        """Made inside this call (bound here and not an external)."""
+        return self.is_bound(t) and id(t) not in self._external_index
+
+    def on_numpy(self, array, t, shares_memory: bool) -> None:
+        """``t`` was made from the numpy array ``array``: bind it to a graph input that is the array's
+        memory, so each call reads what the array holds then (never a constant of the traced call).
+
+        The input is a *shadow* tensor on the array, one per array and compiled function
+        (``numpy_shadows``, set by the compiler), which also keeps the array alive: a shadow found
+        by identity on later calls is always that same array's memory.
+        """
+        from ...ir import dtypes as dt  # noqa: PLC0415
+        from ..autograd.grad_mode import no_grad  # noqa: PLC0415
+        from ..tensor import make_tensor  # noqa: PLC0415
+
+        shadows = getattr(self, "numpy_shadows", None)
+        if shadows is None or array.dtype not in dt._BY_NUMPY or t._device.type != "cpu":
+            return  # a constant, as before (traces outside kiln.compile, unusual dtypes)
+        entry = shadows.get(id(array))
+        if entry is None:
+            token = state.current.set(None)  # made outside the trace: not a born tensor
+            try:
+                shadow = make_tensor(array, t._device, dt.from_numpy_dtype(array.dtype))
+            finally:
+                state.current.reset(token)
+            entry = shadows[id(array)] = (array, shadow)
+        shadow = entry[1]
+        value = self.value_of(shadow)
+        if state.current.get() is not self:
+            return
+        if shares_memory:  # t is the array's memory too: a view of the shadow, writes go back
+            t._base, t._version = shadow, shadow._version
+            t._trace = (self, value, t._version[0])
+            return
+        if t._dtype is not shadow._dtype or tuple(t._data.shape) != tuple(shadow._data.shape):
+            with no_grad():
+                converted = shadow.to(t._dtype).reshape(tuple(t._data.shape))
+            value = self.value_of(converted)
+        t._trace = (self, value, t._version[0])
+
     def add_external(self, t, kind: str, arg_index: int | None = None) -> Value:
         value = self.builder.input(type_of(t))
         index = len(self.externals)

@@ -14,6 +14,7 @@ from ...ir.types import device as parse_device
 from ...runtime.devices import array_namespace, to_device
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
+from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast
 from .inplace import commit_inplace
@@ -76,7 +77,10 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Ten
     array = np.array(array, dtype=None if dtype is None else dt.as_dtype(dtype).np, copy=True)
     if array.dtype not in dt._BY_NUMPY:
         array = array.astype(dt.from_numpy_dtype(array.dtype).np)
-    return _finish(array, _device(device), requires_grad)
+    out = _finish(array, _device(device), requires_grad)
+    if _jit.tracing and isinstance(data, np.ndarray):  # read the array at each compiled call
+        _jit.numpy_tensor(data, out, shares_memory=False)
+    return out
 
 
 def as_tensor(data, dtype=None, device=None) -> Tensor:
@@ -99,7 +103,10 @@ def from_numpy(array: np.ndarray) -> Tensor:
     """
     if not isinstance(array, np.ndarray):
         raise TypeError(f"from_numpy expected an np.ndarray, got {type(array).__name__}")
-    return make_tensor(array, CPU, dt.from_numpy_dtype(array.dtype))
+    out = make_tensor(array, CPU, dt.from_numpy_dtype(array.dtype))
+    if _jit.tracing:  # the array's memory is an input of a compiled call, read (and written) each call
+        _jit.numpy_tensor(array, out, shares_memory=True)
+    return out
 
 
 def _shape(size, op: str = "size") -> tuple[int, ...]:

@@ -17,6 +17,7 @@ from ...ir.types import CPU, Device
 from ...ir.types import device as parse_device
 from ...runtime.devices import to_device
 from ..dispatch import apply
+from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 from .elementwise import add
 from .inplace import commit_inplace
@@ -63,6 +64,8 @@ class Generator:
 
     def seed(self) -> int:
         """Seed from the operating system's entropy; returns the new seed."""
+        if _jit.tracing:  # a fresh seed per call is Python randomness a graph would freeze
+            _jit.unsafe("Generator.seed() draws a seed from the operating system on every call")
         value = secrets.randbits(64)
         self.manual_seed(value)
         return value
@@ -89,6 +92,7 @@ class Generator:
         """Restore a state from ``get_state()`` (uint8, 16 bytes) or an int64 tensor ``[seed, offset]``."""
         if not isinstance(new_state, Tensor):
             raise TypeError(f"set_state expected a kiln Tensor, got {type(new_state).__name__}")
+        new_state._value_access("Generator.set_state() (the new state's values become Python ints)")
         host = np.ascontiguousarray(new_state._host())
         if host.dtype == np.uint8 and host.shape == (16,):
             seed, offset = (int(w) for w in host.view("<i8"))
@@ -109,6 +113,8 @@ class Generator:
     def _write(self, seed: int, offset: int) -> None:
         seed = seed - _U64 if seed >= 1 << 63 else seed  # the 64 bits as int64
         array = np.array([seed, offset], dtype=np.int64)
+        if _jit.tracing:  # the state is an input the call overwrites: written back after each call
+            _jit.touch(self.philox_state)
         commit_inplace(self.philox_state, make_tensor(to_device(array, self.device), self.device), op="manual_seed")
 
     def bits(self, shape: tuple[int, ...]) -> Tensor:

@@ -1,0 +1,322 @@
+"""Tracing hazards: Python state around a compiled call. Each test runs the compiled function and
+the plain function side by side over several calls with the hazard applied between or inside the
+calls; results must equal eager's, or the call runs eagerly and the events say why."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.nn as nn
+
+from .helpers import compiled_calls, events
+
+counter = 0
+
+
+def _breaks(f) -> list[str]:
+    return [e.detail for e in events(f, "break")]
+
+
+def _close(a, b) -> None:
+    np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------------- paths to captured tensors
+def test_dict_entry_replaced_while_the_old_tensor_is_alive():
+    table = {"w": kiln.ones(3)}
+
+    def f(x):
+        return x * table["w"]
+
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    keep = []
+    for i in range(6):
+        _close(g(x), f(x))
+        if i % 2:
+            keep.append(table["w"])  # the old tensor stays alive
+            table["w"] = kiln.full((3,), float(i + 2))
+    assert sum(compiled_calls(g)) >= 2
+    assert any("dict" in e.detail for e in events(g, "compiled"))
+
+
+def test_parameter_replaced_while_the_optimizer_holds_the_old_one():
+    def make():
+        kiln.manual_seed(0)
+        m = nn.Linear(3, 2)
+        return m, kiln.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(m, opt, x):
+        opt.zero_grad()
+        loss = m(x).pow(2).sum()
+        loss.backward()
+        opt.step()
+        return loss
+
+    (m, opt), (me, opte) = make(), make()
+    g = kiln.compile(lambda x: step(m, opt, x))
+    x = kiln.arange(6.0).reshape(2, 3) / 6
+    for i in range(6):
+        _close(g(x), step(me, opte, x))
+        _close(m.weight, me.weight)
+        if i == 2:
+            m.weight = nn.Parameter(kiln.zeros(2, 3))  # the optimizer still updates the old one
+            me.weight = nn.Parameter(kiln.zeros(2, 3))
+    assert sum(compiled_calls(g)) >= 2
+
+
+def test_plain_attribute_of_a_module_changed_between_calls():
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = 1.0
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+    kiln.manual_seed(0)
+    m = Scale()
+    g = kiln.compile(m)
+    x = kiln.ones(2, 3)
+    for s in (1.0, 1.0, 3.0, 3.0, 0.5, 0.5):
+        m.scale = s
+        _close(g(x), m.forward(x))
+    assert sum(compiled_calls(g)) >= 3
+    assert any("scale" in e.detail for e in events(g, "compiled"))
+
+
+def test_plain_attribute_of_an_object_the_function_reads():
+    class Config:
+        scale = 0.0
+
+    cfg = Config()
+    cfg.scale = 2.0
+
+    def f(x):
+        return x * cfg.scale
+
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    for s in (2.0, 2.0, 5.0, 5.0, -1.0):
+        cfg.scale = s
+        _close(g(x), f(x))
+    assert sum(compiled_calls(g)) >= 2
+
+
+def test_submodule_swapped_between_calls():
+    kiln.manual_seed(0)
+    m = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    g = kiln.compile(m)
+    x = kiln.randn(2, 3)
+    for i in range(4):
+        if i == 2:
+            m[1] = nn.Tanh()
+        _close(g(x), m.forward(x))
+
+
+# ---------------------------------------------------------------------- state the call changes
+def test_tensor_data_assigned_inside_the_call_runs_eagerly():
+    w = kiln.ones(3)
+
+    def f(x):
+        w.data = x * 2
+        return w + 1
+
+    g = kiln.compile(f)
+    for i in range(4):
+        x = kiln.full((3,), float(i))
+        np.testing.assert_allclose(g(x).numpy(), 2 * i + 1)
+        np.testing.assert_allclose(w.numpy(), 2 * i)
+    assert compiled_calls(g) == [] and "Tensor.data" in _breaks(g)[0]
+    assert "Tensor.data" in str(kiln.explain(g))
+
+
+def test_tensor_data_inside_with_fullgraph_raises():
+    w = kiln.ones(3)
+
+    @kiln.compile(fullgraph=True)
+    def f(x):
+        w.data = x
+        return w + 1
+
+    with pytest.raises(kiln.jit.TraceBreakError, match="Tensor.data"):
+        f(kiln.zeros(3))
+
+
+def test_store_into_a_global_with_fullgraph_raises_with_the_line():
+    @kiln.compile(fullgraph=True)
+    def f(x):
+        global counter
+        counter += 1
+        return x + 1
+
+    with pytest.raises(kiln.jit.TraceBreakError, match=r"global variable 'counter'.*test_hazards.py"):
+        f(kiln.zeros(3))
+
+
+def test_manual_seed_inside_the_call_leaves_the_generator_as_eager():
+    def f(x):
+        kiln.manual_seed(3)
+        return x + kiln.rand(3)
+
+    g = kiln.compile(f)
+    x = kiln.zeros(3)
+    for _ in range(4):
+        got = g(x)
+        after = kiln.rand(2)  # draws between calls move the stream; the call must reset it again
+        expected = f(x)
+        after_eager = kiln.rand(2)
+        _close(got, expected)
+        _close(after, after_eager)
+    assert sum(compiled_calls(g)) >= 2
+
+
+def test_python_counters_inside_run_eagerly_with_the_line():
+    n = 0
+
+    class Box:
+        count = 0
+
+    box = Box()
+
+    def with_global(x):
+        global counter
+        counter += 1
+        return x + 1
+
+    def with_nonlocal(x):
+        nonlocal n
+        n += 1
+        return x + 1
+
+    def with_attribute(x):
+        box.count += 1
+        return x + 1
+
+    x = kiln.ones(2)
+    for fn, read, what in (
+        (with_global, lambda: counter, "global variable 'counter'"),
+        (with_nonlocal, lambda: n, "'n' of an enclosing function"),
+        (with_attribute, lambda: box.count, "Box.count"),
+    ):
+        g = kiln.compile(fn)
+        start = read()
+        for _ in range(4):
+            g(x)
+        assert read() == start + 4, what
+        assert compiled_calls(g) == [] and what in _breaks(g)[0], _breaks(g)
+        assert "test_hazards.py" in _breaks(g)[0]
+
+
+@pytest.mark.parametrize("draw", [random.random, np.random.rand], ids=["python", "numpy"])
+def test_python_and_numpy_random_inside_run_eagerly(draw):
+    def f(x):
+        return x * draw()
+
+    g = kiln.compile(f)
+    x = kiln.ones(1)
+    values = {float(g(x).numpy()[0]) for _ in range(4)}
+    assert len(values) == 4
+    assert compiled_calls(g) == [] and "random generator" in _breaks(g)[0]
+
+
+def test_iterators_consumed_inside_run_eagerly():
+    it = iter(range(100))
+
+    def from_closure(x):
+        return x + next(it)
+
+    g = kiln.compile(from_closure)
+    x = kiln.zeros(1)
+    assert [float(g(x).numpy()[0]) for _ in range(4)] == [0, 1, 2, 3]
+
+    h = kiln.compile(lambda x, items: x + next(items))
+    gen = (i * 10 for i in range(10))
+    assert [float(h(x, gen).numpy()[0]) for _ in range(3)] == [0, 10, 20]
+    assert compiled_calls(g) == [] == compiled_calls(h) and "iterator" in _breaks(h)[0]
+
+
+# ---------------------------------------------------------------------- inputs and global modes
+def test_numpy_array_argument_mutated_between_calls():
+    def f(x, a):
+        return x + kiln.tensor(a)
+
+    g = kiln.compile(f)
+    a = np.ones(3, dtype=np.float64)
+    x = kiln.zeros(3, dtype=kiln.float64)
+    for i in range(5):
+        a[:] = i
+        _close(g(x, a), f(x, a))
+    assert sum(compiled_calls(g)) >= 3
+
+
+def test_numpy_array_in_closure_read_and_written_through_from_numpy():
+    a = np.arange(3, dtype=np.float32)
+    b = a.copy()
+
+    def f(x, arr):
+        t = kiln.from_numpy(arr)
+        t.mul_(2)
+        return x + t
+
+    g = kiln.compile(lambda x: f(x, a))
+    x = kiln.ones(3)
+    for i in range(4):
+        _close(g(x), f(x, b))
+        np.testing.assert_array_equal(a, b)
+        a[0] = b[0] = i  # changed between calls
+    assert sum(compiled_calls(g)) >= 2
+
+
+def test_default_dtype_is_part_of_the_key():
+    def f(x):
+        return x + kiln.ones(3) / 3
+
+    g = kiln.compile(f)
+    x = kiln.zeros(3, dtype=kiln.float16)
+    try:
+        for dtype in (kiln.float32, kiln.float32, kiln.float64, kiln.float64, kiln.float32):
+            kiln.set_default_dtype(dtype)
+            got, expected = g(x), f(x)
+            assert got.dtype == expected.dtype
+            _close(got, expected)
+    finally:
+        kiln.set_default_dtype(kiln.float32)
+    assert any("default dtype" in e.detail for e in events(g, "compiled"))
+
+
+# ---------------------------------------------------------------------- gradient hooks
+def test_hook_on_an_argument_is_applied_once():
+    def f(x):
+        return (x * 3).sum()
+
+    g = kiln.compile(f)
+    for _ in range(4):
+        x, xe = kiln.ones(3, requires_grad=True), kiln.ones(3, requires_grad=True)
+        x.register_hook(lambda grad: grad * 2)
+        xe.register_hook(lambda grad: grad * 2)
+        g(x).backward()
+        f(xe).backward()
+        _close(x.grad, xe.grad)
+    assert sum(compiled_calls(g)) >= 2
+
+
+def test_hook_registered_on_an_argument_inside_runs_eagerly():
+    seen = []
+
+    def f(x):
+        x.register_hook(lambda grad: seen.append(1) or grad * 2)
+        return (x * 3).sum()
+
+    g = kiln.compile(f)
+    for i in range(3):
+        x = kiln.ones(3, requires_grad=True)
+        g(x).backward()
+        np.testing.assert_allclose(x.grad.numpy(), 6.0)
+        assert len(seen) == i + 1
+    assert compiled_calls(g) == [] and "register_hook" in _breaks(g)[0]
