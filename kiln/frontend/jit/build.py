@@ -18,6 +18,7 @@ from ...ir.graph import Graph, Value
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor, make_tensor
 from .backward import BackwardPlan
+from .hazards import reachable_tensors
 from .pytree import flatten
 from .specialization import Source, Specialization
 from .trace import Trace, TraceBreak
@@ -121,7 +122,7 @@ def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[i
     """``(argument position, tensor)`` for each tensor argument that shares memory with state the
     function can also reach without it (its closure, the globals it names, the modules it called):
     the graph reads both through one input, so later calls must pass that same tensor again."""
-    roots = _reachable_tensors(named + [ref() for ref, _ in traced.modules])
+    roots = reachable_tensors(named + [ref() for ref, _ in traced.modules])
     aliases = []
     for ext in traced.externals:
         t = ext.tensor
@@ -129,38 +130,6 @@ def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[i
         if ext.kind == "arg" and root is not None:
             aliases.append((ext.arg_index, weakref.ref(leaves[ext.arg_index])))
     return aliases
-
-
-def _reachable_tensors(objects: list, depth: int = 3, limit: int = 20_000) -> dict[int, object]:
-    """Memory owners of the tensors reachable from ``objects`` through containers and attributes,
-    ``depth`` levels down (a module's parameters, an optimizer's state, a dict of tensors)."""
-    found: dict[int, object] = {}
-    seen: set[int] = set()
-    level = [o for o in objects if o is not None]
-    for _ in range(depth + 1):
-        below = []
-        for obj in level:
-            if id(obj) in seen or len(seen) > limit:
-                continue
-            seen.add(id(obj))
-            if isinstance(obj, Tensor):
-                root = obj._base if obj._base is not None else obj
-                found[id(root)] = root
-            elif isinstance(obj, dict):
-                below.extend(obj.values())
-            elif isinstance(obj, list | tuple | set | frozenset):
-                below.extend(obj)
-            elif isinstance(obj, (type, *_PLAIN)):
-                continue
-            elif hasattr(obj, "__func__") and hasattr(obj, "__self__"):
-                below.append(obj.__self__)  # a bound method: its object
-            elif hasattr(obj, "__dict__"):
-                below.extend(vars(obj).values())
-        level = below
-    return found
-
-
-_PLAIN = (int, float, bool, str, bytes, complex, type(None), type(os))
 
 
 def _source(external) -> Source:

@@ -338,13 +338,11 @@ def _is_module_dict(d: dict) -> bool:
     return module is not None and getattr(module, "__dict__", None) is d
 
 
-def _holders(refs: dict, roots: list, depth: int = 5, limit: int = 20000) -> list:
-    """The dicts and lists that hold one of the tensors ``refs`` (id -> tensor), found by walking
-    from ``roots`` (the objects, globals and closure values the function names) through dicts,
-    lists, tuples and instance attributes -- the paths by which the function can reach them."""
-    if not refs:
-        return []
-    found, seen = [], set()
+def _walk(roots: list, depth: int = 5, limit: int = 20000):
+    """``(container, its values)`` for the dicts, lists, tuples and objects reachable from ``roots``
+    (the objects, globals and closure values the function names) through dicts, lists, tuples and
+    instance attributes, ``depth`` levels down -- the paths by which the function reaches state."""
+    seen: set[int] = set()
     level = list(roots)
     for _ in range(depth):
         following = []
@@ -362,10 +360,27 @@ def _holders(refs: dict, roots: list, depth: int = 5, limit: int = 20000) -> lis
                 continue
             else:
                 values = list(_attrs(obj).values())
-            if isinstance(obj, dict | list) and any(refs.get(id(v)) is v for v in values):
-                found.append(obj)
+            yield obj, values
             following.extend(v for v in values if not isinstance(v, Tensor))
         level = following
+
+
+def _holders(refs: dict, roots: list) -> list:
+    """The dicts and lists that hold one of the tensors ``refs`` (id -> tensor)."""
+    if not refs:
+        return []
+    return [obj for obj, values in _walk(roots)
+            if isinstance(obj, dict | list) and any(refs.get(id(v)) is v for v in values)]  # fmt: skip
+
+
+def reachable_tensors(roots: list) -> dict[int, Tensor]:
+    """The memory owners (by id) of the tensors reachable from ``roots`` (see ``_walk``)."""
+    found = {}
+    for t in [r for r in roots if isinstance(r, Tensor)] + [
+        v for _, values in _walk(roots) for v in values if isinstance(v, Tensor)
+    ]:
+        root = t._base if t._base is not None else t
+        found[id(root)] = root
     return found
 
 
