@@ -301,7 +301,10 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
     args_ptr, begin, end = args
     env = VarEnv()
     target = _Body(builder, operand_pointers(builder, args_ptr, n_in + len(body.outputs)), env)
-    with for_range(builder, begin, end, name="row") as row:
+    # The row loop is never vectorized: its lanes would be rows, and it is innermost only when the
+    # reduction is one element long, where LLVM's loop vectorizer spent minutes on a row body it
+    # could not hoist (a broadcast input read at one address, outputs that may alias it).
+    with for_range(builder, begin, end, name="row", vectorize=False) as row:
         bind_rows(builder, env, [[j] for j in range(rows.outer)], outer_shape, row)
         row_scope = Scope()
         for level in sorted({r.level for r in dag.reduces}):

@@ -60,13 +60,15 @@ def _mark_parallel(builder: ir.IRBuilder, blocks: list[ir.Block], latch_branch: 
 
 @contextlib.contextmanager
 def for_range(
-    builder: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int, *, name: str = "i", parallel: bool = False
-) -> Iterator[ir.Value]:
+    builder: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int, *, name: str = "i", parallel: bool = False,
+    vectorize: bool = True,
+) -> Iterator[ir.Value]:  # fmt: skip
     """``for (i64 i = start; i < stop; ++i) { <with-block> }``; yields ``i``.
 
     After the ``with`` block the builder is positioned in the loop's exit block. ``parallel``
     declares that no iteration's loads or stores depend on another iteration's (see the module
-    docstring); give it only to loops where that is true.
+    docstring); give it only to loops where that is true. ``vectorize=False`` keeps LLVM's loop
+    vectorizer off this loop (``llvm.loop.vectorize.enable`` false).
     """
     start = i64(start) if isinstance(start, int) else start
     stop = i64(stop) if isinstance(stop, int) else stop
@@ -93,6 +95,12 @@ def for_range(
     if parallel:
         inner = [b for b in function.blocks[first_body_index:] if b is not exit_block]
         _mark_parallel(builder, inner, back)
+    elif not vectorize:
+        module = builder.module
+        off = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), ir.IntType(1)(0)])
+        loop_id = _DistinctMD(module, [])
+        loop_id.operands = (loop_id, off)
+        back.set_metadata("llvm.loop", loop_id)
     builder.position_at_end(exit_block)
 
 

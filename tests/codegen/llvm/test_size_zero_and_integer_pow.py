@@ -94,3 +94,22 @@ def test_integer_pow_inside_a_row_reduction():
     program = _agree(lambda x: (x ** (x % 4)).sum(-1, keepdim=True) - 3 ** (x % 7),
                      lambda k: [kiln.tensor(rng.integers(-30, 30, size=(5, 37)))])  # fmt: skip
     assert [n.attrs["kind"] for n in program.graph.nodes if n.op == "kernel"] == ["reduction"]
+
+
+def test_a_reduction_over_one_element_of_a_broadcast_input_compiles_and_matches_eager():
+    """Rows of length one make the row loop innermost; over a broadcast input its body cannot be
+    hoisted, and LLVM's loop vectorizer spent minutes there (found by the fuzzer, seed 8825)."""
+    import kiln.nn.functional as F
+
+    def f(a, b):
+        s = F.log_softmax(b, -1)
+        return s, a * F.log_softmax(s, 1)
+
+    compiled = kiln.compile(f)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        a = kiln.tensor(rng.uniform(-2, 2, (5, 2, 3)), dtype=kiln.float32)
+        b = kiln.tensor(rng.uniform(-2, 2, (1, 1)), dtype=kiln.float32).expand((2, 1))
+        for got, want in zip(compiled(a, b), f(a, b), strict=True):
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    assert sum(s.calls for s in compiled.state.specializations) >= 2
