@@ -17,7 +17,7 @@ import numpy as np
 
 from ...ir.graph import Graph
 from ..autograd.grad_mode import state as grad_state
-from ..autograd.graph import Node, _edge_of
+from ..autograd.graph import Node, _edge_of, _freed_error
 from ..tensor import make_tensor
 
 
@@ -86,3 +86,37 @@ class CompiledBackward(Node):
 
     def release(self) -> None:
         self.saved = None
+
+
+@dataclass
+class ConsumedPlan:
+    """Results whose graph the call itself already ran backward through (a training step that
+    returns its loss): like eager's, they require grad, and a backward through them raises."""
+
+    diff_results: list[int]
+
+    def attach(self, spec, results: list, outputs: list, leaves: list) -> None:
+        node = ConsumedBackward(len(self.diff_results))
+        for nr, position in enumerate(self.diff_results):
+            t = results[position]
+            t.grad_fn, t._output_nr, t._requires_grad = node, nr, True
+
+
+class ConsumedBackward(Node):
+    """The grad_fn of a result whose graph was consumed inside the compiled call."""
+
+    __slots__ = ("outputs",)
+
+    def __init__(self, outputs: int) -> None:
+        super().__init__(())
+        self.outputs = outputs
+
+    @property
+    def num_outputs(self) -> int:  # type: ignore[override]
+        return self.outputs
+
+    def name(self) -> str:
+        return "CompiledFunctionBackward"
+
+    def apply(self, grads: list) -> tuple:
+        raise _freed_error(self)

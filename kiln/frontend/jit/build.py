@@ -17,7 +17,7 @@ import numpy as np
 from ...ir.graph import Graph, Value
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor, make_tensor
-from .backward import BackwardPlan
+from .backward import BackwardPlan, ConsumedPlan
 from .hazards import reachable_tensors
 from .pytree import flatten
 from .specialization import Source, Specialization
@@ -222,8 +222,8 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             )
         except RuntimeError as error:
             bwd.abandon()
-            if "second time" in str(error):
-                return None, None  # the call already ran backward through its results (a training step)
+            if "second time" in str(error):  # the call already ran backward through them (a training step)
+                return ConsumedPlan(diff), None
             return None, f"the backward could not be traced: {error}"
         for index, _ in traced.writebacks:
             if traced.externals[index].tensor._requires_grad:

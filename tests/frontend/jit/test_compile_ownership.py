@@ -287,3 +287,21 @@ def test_an_argument_copied_from_another_that_changes_later_keeps_the_old_value(
         c(a, b)
         assert _values(a) == [-1.0] * 3 and _values(b) == [float(step)] * 3
     assert sum(compiled_calls(c)) >= 2
+
+
+def test_a_loss_returned_after_backward_inside_requires_grad_as_eager_s_does():
+    w = kiln.ones(3, requires_grad=True)
+
+    def step(x):
+        loss = (w * x).sum()
+        loss.backward()
+        return loss
+
+    c = kiln.compile(step)
+    for _ in range(3):
+        for fn in (step, c):
+            loss = fn(kiln.ones(3))
+            assert loss.requires_grad and loss.grad_fn is not None
+            with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+                loss.backward()
+    assert sum(compiled_calls(c)) >= 2
