@@ -97,7 +97,7 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
 
 def plan_results(items: list, outputs: list[Value], *, views: bool = True) -> list:
     """Per result leaf of a finished trace, how a call produces it: ``("value", i)`` (graph output
-    ``i``, appended to ``outputs``), ``("born_view", i, shape, strides, offset)`` (a view of graph
+    ``i``, appended to ``outputs``), ``("born_view", i, root strides, shape, strides, offset)`` (a view of graph
     output ``i``, shared by the results that share that memory) or the trace's own item (an
     external, the same tensor as an earlier leaf, a new ``.grad``, a plain value, or -- with
     ``views`` -- a view of an external). Without ``views`` every view is a value of its own."""
@@ -112,7 +112,7 @@ def plan_results(items: list, outputs: list[Value], *, views: bool = True) -> li
             if root is None:
                 root = roots[item[1]] = len(outputs)
                 outputs.append(item[1])
-            plan.append(("born_view", root, *item[2:5]))
+            plan.append(("born_view", root, *item[2:6]))
         else:
             plan.append(item)
     return plan
@@ -200,9 +200,12 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
     """Trace the gradients of the differentiable results with respect to the externals."""
     from ..autograd.api import partial_grad  # noqa: PLC0415
 
+    # Results the program computes carry its gradients; a tensor from before the call returned
+    # itself (or twice) keeps its own history.
+    made = [isinstance(item, Value) or item[0] in ("view", "born_view") for item in traced.outputs]
     diff = [
         i for i, leaf in enumerate(out_leaves)
-        if isinstance(leaf, Tensor) and leaf._requires_grad and leaf.grad_fn is not None
+        if made[i] and isinstance(leaf, Tensor) and leaf._requires_grad and leaf.grad_fn is not None
     ]  # fmt: skip
     if not diff:
         return None, None

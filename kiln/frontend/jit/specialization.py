@@ -17,6 +17,7 @@ import numpy as np
 from ...ir.graph import Graph
 from ..tensor import Tensor, make_tensor
 from .pytree import unflatten
+from .trace import in_layout
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Specialization:
     program: object  # runs the graph: program(list of arrays) -> list of arrays
     sources: list[Source]
     out_tree: object
-    out_leaves: list  # ("value", i) | ("born_view", i, shape, strides, offset) | ("external", k)
+    out_leaves: list  # ("value", i) | ("born_view", i, root strides, shape, strides, offset) | ("external", k)
     #                   | ("view", k, shape, strides, offset) | ("grad", k) | ("same", earlier leaf) | ("python", v)
     writebacks: list[tuple[int, int]]  # (external index, output index)
     grads: list[tuple[int, object]]  # (external index, None | ("external", k) | ("value", i))
@@ -117,9 +118,9 @@ class Specialization:
             if kind == "value" or kind == "born_view":
                 root = roots.get(payload)
                 if root is None:
-                    device = self.graph.outputs[payload].type.device
-                    root = roots[payload] = claim(outputs[payload], claimed, device, contiguous=kind == "born_view")
-                results.append(root if kind == "value" else view_of(root, *view))
+                    array = outputs[payload] if kind == "value" else in_layout(outputs[payload], view[0])
+                    root = roots[payload] = claim(array, claimed, self.graph.outputs[payload].type.device)
+                results.append(root if kind == "value" else view_of(root, *view[1:]))
             else:
                 results.append(None)  # the rest after the write-backs
         grads = []
@@ -181,16 +182,15 @@ def owned_memory(arrays: list) -> set[int]:
     return {id(_root(a)) for a in arrays}
 
 
-def claim(array, claimed: set[int], device, contiguous: bool = False):
+def claim(array, claimed: set[int], device):
     """A new tensor on ``array``, copied when its memory is already ``claimed`` (an input's, or
-    handed out earlier in this call), when it is read-only (a broadcast view), or, with
-    ``contiguous``, when it is not C-contiguous (views are taken of it at eager's offsets); its
-    memory is claimed from then on."""
+    handed out earlier in this call) or when it is read-only (a broadcast view); its memory is
+    claimed from then on."""
     if array.__class__ is not np.ndarray:
         array = np.asarray(array)
     root = id(array if array.base is None else _root(array))
-    if root in claimed or not array.flags.writeable or (contiguous and not array.flags.c_contiguous):
-        array = np.array(array, order="C")
+    if root in claimed or not array.flags.writeable:
+        array = np.array(array, order="K")
         root = id(array)
     claimed.add(root)
     return make_tensor(array, device)

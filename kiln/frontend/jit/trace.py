@@ -73,8 +73,8 @@ class TraceResult:
     builder: GraphBuilder
     externals: list[External]
     outputs: list  # per flattened result leaf: a Value, ("external", k), ("view", k, shape, strides, offset,
-    #                value), ("born_view", root value, shape, strides, offset, value), ("grad", k), ("same",
-    #                earlier leaf) or ("python", value)
+    #                value), ("born_view", root value, root strides, shape, strides, offset, value), ("grad", k),
+    #                ("same", earlier leaf) or ("python", value)
     writebacks: list[tuple[int, Value]]  # (external index, final value)
     grads: list[tuple[int, object]]  # (external index, Value | None | ("external", index))
     modules: list[tuple[weakref.ref, bool]]
@@ -430,7 +430,8 @@ class Trace:
     def _share_born_memory(self, leaves: list, outputs: list) -> None:
         """Results that share the memory of a tensor made in the call (``a`` and ``a[0]``, or two
         views of one ``a``) share it in compiled calls too: each becomes ``("born_view", root value,
-        shape, strides, byte offset, its own value)`` over one output holding the root."""
+        root strides, shape, strides, byte offset, its own value)`` over one output holding the root
+        (laid out as eager's root was)."""
         groups: dict[int, list[int]] = {}
         for position, (leaf, item) in enumerate(zip(leaves, outputs, strict=True)):
             if isinstance(item, Value):
@@ -439,15 +440,15 @@ class Trace:
         for members in groups.values():
             first = leaves[members[0]]
             root = first._base if first._base is not None else first
-            if len(members) < 2 or not self.is_bound(root) or not root._data.flags.c_contiguous:
+            if len(members) < 2 or not self.is_bound(root) or dense_order(root._data) is None:
                 continue
             root_value = self.value_of(root)
             start = root._data.__array_interface__["data"][0]
             for position in members:
                 data = leaves[position]._data
                 offset = data.__array_interface__["data"][0] - start
-                item = outputs[position]
-                outputs[position] = ("born_view", root_value, tuple(data.shape), tuple(data.strides), offset, item)
+                view = (tuple(root._data.strides), tuple(data.shape), tuple(data.strides), offset)
+                outputs[position] = ("born_view", root_value, *view, outputs[position])
 
     def _is_parent_value(self, t) -> bool:
         binding = t._trace
@@ -475,6 +476,29 @@ class Trace:
             if t is not None and id(t) not in allowed:
                 escaped.append(f"a {t._dtype.name} tensor of shape {tuple(t._data.shape)}")
         return escaped
+
+
+def dense_order(array: np.ndarray) -> list[int] | None:
+    """The axes of ``array`` from the largest stride to the smallest when its elements fill its
+    memory with no gaps (C order, or a permutation of it, as numpy's results keep their inputs'
+    layouts), else None."""
+    order = sorted(range(array.ndim), key=lambda d: -array.strides[d])
+    step = array.itemsize
+    for d in reversed(order):
+        if array.shape[d] != 1 and array.strides[d] != step:
+            return None
+        step *= array.shape[d]
+    return order
+
+
+def in_layout(array: np.ndarray, strides: tuple) -> np.ndarray:
+    """``array``, or a copy of it laid out with ``strides`` (those of a dense array of its shape)."""
+    if array.strides == strides:
+        return array
+    order = sorted(range(array.ndim), key=lambda d: -strides[d])
+    out = np.empty([array.shape[d] for d in order], array.dtype).transpose(np.argsort(order))
+    out[...] = array
+    return out
 
 
 def _is_identity(positions: np.ndarray, size: int) -> bool:

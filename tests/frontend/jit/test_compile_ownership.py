@@ -305,3 +305,40 @@ def test_a_loss_returned_after_backward_inside_requires_grad_as_eager_s_does():
             with pytest.raises(RuntimeError, match="backward through the graph a second time"):
                 loss.backward()
     assert sum(compiled_calls(c)) >= 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_results_sharing_a_permuted_tensor_made_in_the_call_share_it(backend):
+    def f(x):
+        v = x.permute(0, 2, 1) / 1.5  # numpy keeps the permuted layout: not C-contiguous
+        return v.permute(2, 1, 0), v
+
+    c = _compile(f, backend)
+    for _ in range(4):
+        outs = []
+        for fn in (f, c):
+            r0, r1 = fn(kiln.arange(24.0).reshape(2, 3, 4)[:, :, :])
+            r1.add_(1)  # seen through r0
+            outs.append([(_values(r), r.stride()) for r in (r0, r1)])
+        assert outs[1] == outs[0]
+    assert sum(compiled_calls(c)) >= 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_argument_with_history_returned_keeps_its_own_grad_fn(backend):
+    def f(a, b):
+        return a * 2, b
+
+    c = _compile(f, backend)
+    for _ in range(4):
+        grads = []
+        for fn in (f, c):
+            w = kiln.arange(4.0, dtype=kiln.float64).requires_grad_()
+            b = w[::2]  # a view with history: its grad_fn leads to w
+            history = b.grad_fn
+            r, rb = fn(w, b)
+            assert rb is b and rb.grad_fn is history
+            (r.sum() + (rb * 3).sum()).backward()
+            grads.append(_values(w.grad))
+        assert grads[1] == grads[0] == [5.0, 2.0, 5.0, 2.0]
+    assert sum(compiled_calls(c)) >= 2
