@@ -185,7 +185,7 @@ def reduce(g: Generator) -> bool:
         dim = _dims(g, x) or None
     keepdim = r.random() < 0.4
     n = numel(x.shape) or 1
-    bound = {"sum": x.bound * n, "prod": x.bound**n if x.bound > 1 else 1.0, "std": 2 * x.bound, "var": 4 * x.bound**2,
+    bound = {"sum": x.bound * n, "prod": math.exp(min(n * math.log(x.bound), 700.0)) if x.bound > 1 else 1.0, "std": 2 * x.bound, "var": 4 * x.bound**2,
              "logsumexp": x.bound + math.log(n) + 1, "norm": x.bound * math.sqrt(n)}.get(op, x.bound)  # fmt: skip
     dtype = "int64" if op in ("sum", "argmax", "argmin") and not x.is_float else x.dtype
     dtype = "bool" if op in ("any", "all") else dtype
