@@ -360,3 +360,18 @@ def test_nan_propagates_through_backward():
     x = f64(math.nan, 1.0)
     (x * 2).sum().backward()
     assert x.grad.tolist() == [2.0, 2.0]
+
+
+def test_copy_of_a_leaf_into_a_tensor_with_history_carries_the_leaf_s_gradient(torch):
+    def run(lib, make):
+        g = make([1.0, -2.0, 3.0])
+        src = make([0.5, 0.25, 2.0])
+        t = g * 3
+        t.copy_(src)
+        (t * t).sum().backward()
+        return src.grad
+
+    got = run(kiln, lambda v: kiln.tensor(v, dtype=kiln.float64, requires_grad=True))
+    expected = run(torch, lambda v: torch.tensor(v, dtype=torch.float64, requires_grad=True))
+    assert got is not None
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-12, atol=1e-12)

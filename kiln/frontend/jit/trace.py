@@ -325,9 +325,10 @@ class Trace:
         if state.current.get() is not self:
             return
         version = target._version[0] + 1  # commit_inplace bumps the shared counter after writing
-        if target._base is None and not self.is_bound(target):
+        if not self.is_bound(target):
             # A tensor from before the call whose first use is a write (``G.copy_(x)``,
-            # ``p.grad.zero_()``): an external like any other, so its new value is written back.
+            # ``p.grad.zero_()``, ``view.fill_(0)``): an external like any other, so its new value
+            # is written back and the tensor itself is what the call returns.
             self.add_external(target, "capture")
         index = self._external_index.get(id(target))
         if index is not None or target._base is None:

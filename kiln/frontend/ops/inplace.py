@@ -47,6 +47,10 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
         if value._base is not None and value.grad_fn is not None:  # copy_(v): v's history must be current
             refresh_view_history(value)
         _check_leaf(target, op)
+        if value.grad_fn is None and value._requires_grad:  # ``t.copy_(leaf)``: the leaf's gradient
+            from .shape import reshape  # noqa: PLC0415  flows back through an identity node
+
+            value = reshape(value, tuple(value.shape))
         _snapshot_saved_inputs(value, target)
     if _jit.tracing:
         trace = _jit.current.get()

@@ -342,3 +342,18 @@ def test_an_argument_with_history_returned_keeps_its_own_grad_fn(backend):
             grads.append(_values(w.grad))
         assert grads[1] == grads[0] == [5.0, 2.0, 5.0, 2.0]
     assert sum(compiled_calls(c)) >= 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_captured_view_whose_first_use_is_a_write_is_returned_itself(backend):
+    g = kiln.arange(8.0)[::2]
+
+    def f():
+        g.fill_(0.75)
+        return g
+
+    c = _compile(f, backend)
+    for _ in range(4):
+        g.copy_(kiln.arange(4.0))
+        assert c() is g and _values(g) == [0.75] * 4
+    assert sum(compiled_calls(c)) >= 2
