@@ -14,10 +14,15 @@ another machine or another LLVM is never loaded.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 
 import llvmlite
 import llvmlite.binding as llvm
+
+from . import worker
+
+logger = logging.getLogger("kiln")
 
 OPT_LEVEL = 3
 
@@ -95,8 +100,27 @@ def _optimized(ir_text: str) -> llvm.ModuleRef:
     return module
 
 
+_compiles = 0
+
+
 def compile_ir(ir_text: str) -> bytes:
-    """Optimized object code for the host from LLVM IR text."""
+    """Optimized object code for the host from LLVM IR text: in this process for its first
+    ``worker.IN_PROCESS_COMPILES`` modules, then in a worker process (see ``worker.py``: llvmlite
+    keeps memory for good per compile)."""
+    global _compiles
+    with _lock:
+        _compiles += 1
+        if _compiles > worker.IN_PROCESS_COMPILES and not worker.WORKER.broken:
+            try:
+                return worker.WORKER.compile(ir_text)
+            except OSError as error:
+                worker.WORKER.broken = True
+                logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
+        return target_machine().emit_object(_optimized(ir_text))
+
+
+def compile_here(ir_text: str) -> bytes:
+    """``compile_ir`` in this process, whatever the count (the worker's own compiles)."""
     with _lock:
         return target_machine().emit_object(_optimized(ir_text))
 
