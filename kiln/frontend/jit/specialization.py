@@ -59,6 +59,12 @@ class Specialization:
     guards: object = None  # hazards.Guards: attributes of the objects read, containers of captured tensors
     calls: int = 0
 
+    def __post_init__(self) -> None:
+        # The results made after the write-backs: tensors from before the call, their views, new
+        # .grad values, repeats and plain values.
+        self._late_results = [(position, kind, payload, view) for position, (kind, payload, *view)
+                              in enumerate(self.out_leaves) if kind not in ("value", "born_view")]  # fmt: skip
+
     # ------------------------------------------------------------------ guards
     def state_miss(self, fn_globals: dict | None, closure_values: dict, leaves: list) -> str | None:
         """Why the captured state no longer matches this specialization (None when it does)."""
@@ -111,7 +117,7 @@ class Specialization:
         # an input's memory (read before its write-back below), or memory already handed out in
         # this call (one value returned twice after the passes merged two results), is copied.
         owned = owned_memory(arrays)
-        claimed = set(owned)
+        claimed = set(owned) if self.writebacks else owned
         results = []
         roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
         for kind, payload, *view in self.out_leaves:
@@ -150,7 +156,7 @@ class Specialization:
                 t._grad = self.external(action[1], leaves)
             else:
                 t._grad = grad
-        for position, (kind, payload, *view) in enumerate(self.out_leaves):
+        for position, kind, payload, view in self._late_results:
             if kind == "external":
                 results[position] = self.external(payload, leaves)
             elif kind == "view":
