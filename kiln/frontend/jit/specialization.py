@@ -60,8 +60,13 @@ class Specialization:
     calls: int = 0
 
     def __post_init__(self) -> None:
-        # The results made after the write-backs: tensors from before the call, their views, new
-        # .grad values, repeats and plain values.
+        # The results the program makes, (position, output, device, born view or None), and those
+        # made after the write-backs: tensors from before the call, their views, new .grad values,
+        # repeats and plain values.
+        self._made_results = [
+            (position, payload, self.graph.outputs[payload].type.device, tuple(view) if kind == "born_view" else None)
+            for position, (kind, payload, *view) in enumerate(self.out_leaves) if kind in ("value", "born_view")
+        ]  # fmt: skip
         self._late_results = [(position, kind, payload, view) for position, (kind, payload, *view)
                               in enumerate(self.out_leaves) if kind not in ("value", "born_view")]  # fmt: skip
 
@@ -118,17 +123,16 @@ class Specialization:
         # this call (one value returned twice after the passes merged two results), is copied.
         owned = owned_memory(arrays)
         claimed = set(owned) if self.writebacks else owned
-        results = []
+        results: list = [None] * len(self.out_leaves)  # the rest are made after the write-backs
         roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
-        for kind, payload, *view in self.out_leaves:
-            if kind == "value" or kind == "born_view":
-                root = roots.get(payload)
-                if root is None:
-                    array = outputs[payload] if kind == "value" else in_layout(outputs[payload], view[0])
-                    root = roots[payload] = claim(array, claimed, self.graph.outputs[payload].type.device)
-                results.append(root if kind == "value" else view_of(root, *view[1:]))
-            else:
-                results.append(None)  # the rest after the write-backs
+        for position, payload, device, view in self._made_results:
+            if view is None:
+                results[position] = claim(outputs[payload], claimed, device)
+                continue
+            root = roots.get(payload)
+            if root is None:
+                root = roots[payload] = claim(in_layout(outputs[payload], view[0]), claimed, device)
+            results[position] = view_of(root, *view[1:])
         grads = []
         for index, action in self.grads:
             if action is not None and action[0] == "value":
@@ -194,8 +198,9 @@ def claim(array, claimed: set[int], device):
     claimed from then on."""
     if array.__class__ is not np.ndarray:
         array = np.asarray(array)
-    root = id(array if array.base is None else _root(array))
-    if root in claimed or not array.flags.writeable:
+    owner = array.base is None  # memory of its own: writeable (the program copies out its constants)
+    root = id(array if owner else _root(array))
+    if root in claimed or not (owner or array.flags.writeable):
         array = np.array(array, order="K")
         root = id(array)
     claimed.add(root)
