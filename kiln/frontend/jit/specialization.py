@@ -16,8 +16,8 @@ import numpy as np
 
 from ...ir.graph import Graph
 from ..tensor import Tensor, make_tensor
+from .layouts import in_layout
 from .pytree import unflatten
-from .trace import in_layout
 
 
 @dataclass

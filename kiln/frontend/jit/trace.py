@@ -34,6 +34,7 @@ from ...ir.graph import GraphBuilder, SourceLocation, Value
 from ...ir.types import TensorType
 from ..tensor import Tensor
 from . import state
+from .layouts import contains, dense_order, is_identity
 
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
@@ -297,7 +298,7 @@ class Trace:
         if binding is not None and binding[0] is self:
             return base
         sharing = [self.externals[i].tensor for i in self._roots.get(id(base), ())]
-        inside = [e for e in sharing if e is not t and _contains(e._data, t._data)]
+        inside = [e for e in sharing if e is not t and contains(e._data, t._data)]
         return inside[0] if len(inside) == 1 else base
 
     def _derive_view(self, t) -> Value:
@@ -315,7 +316,7 @@ class Trace:
 
         positions = view_positions(anchor._data, view._data)
         with no_grad():
-            if _is_identity(positions, anchor._data.size):
+            if is_identity(positions, anchor._data.size):
                 return reshape(anchor, tuple(view._data.shape))
             return take_flat(anchor, make_tensor(positions, anchor._device))
 
@@ -359,7 +360,7 @@ class Trace:
         positions = view_positions(anchor._data, view._data)
         shape = tuple(anchor._data.shape)
         with no_grad():
-            if _is_identity(positions, anchor._data.size):
+            if is_identity(positions, anchor._data.size):
                 return reshape(value, shape)
             flat = reshape(anchor, (-1,))
             index = make_tensor(positions.reshape(-1), anchor._device)
@@ -462,7 +463,7 @@ class Trace:
             return None
         for index in self._roots.get(id(t._base), ()):
             e = self.externals[index].tensor
-            if _contains(e._data, t._data) and e._device is t._device and e._dtype is t._dtype:
+            if contains(e._data, t._data) and e._device is t._device and e._dtype is t._dtype:
                 offset = t._data.__array_interface__["data"][0] - e._data.__array_interface__["data"][0]
                 return ("view", index, tuple(t._data.shape), tuple(t._data.strides), offset)
         return None
@@ -477,39 +478,6 @@ class Trace:
             if t is not None and id(t) not in allowed:
                 escaped.append(f"a {t._dtype.name} tensor of shape {tuple(t._data.shape)}")
         return escaped
-
-
-def dense_order(array: np.ndarray) -> list[int] | None:
-    """The axes of ``array`` from the largest stride to the smallest when its elements fill its
-    memory with no gaps (C order, or a permutation of it, as numpy's results keep their inputs'
-    layouts), else None."""
-    order = sorted(range(array.ndim), key=lambda d: -array.strides[d])
-    step = array.itemsize
-    for d in reversed(order):
-        if array.shape[d] != 1 and array.strides[d] != step:
-            return None
-        step *= array.shape[d]
-    return order
-
-
-def in_layout(array: np.ndarray, strides: tuple) -> np.ndarray:
-    """``array``, or a copy of it laid out with ``strides`` (those of a dense array of its shape)."""
-    if array.strides == strides:
-        return array
-    order = sorted(range(array.ndim), key=lambda d: -strides[d])
-    out = np.empty([array.shape[d] for d in order], array.dtype).transpose(np.argsort(order))
-    out[...] = array
-    return out
-
-
-def _is_identity(positions: np.ndarray, size: int) -> bool:
-    return positions.size == size and bool((positions.reshape(-1) == np.arange(size)).all())
-
-
-def _contains(outer, inner) -> bool:
-    lo, hi = np.lib.array_utils.byte_bounds(outer)
-    ilo, ihi = np.lib.array_utils.byte_bounds(inner)
-    return lo <= ilo and ihi <= hi
 
 
 def _reachable(roots: list) -> set[int]:
