@@ -59,6 +59,7 @@ class Worker:
         self._process: subprocess.Popen | None = None
         self._compiles = 0
         self._answered = False  # a worker has replied at least once in this process
+        self._pid = os.getpid()  # the process whose worker this is
         self.broken = False  # could not start: compile in this process from then on
 
     def compile(self, ir_text: str) -> bytes:
@@ -81,6 +82,8 @@ class Worker:
         return reply[2:]
 
     def _running(self) -> subprocess.Popen:
+        if self._pid != os.getpid():  # a forked child (a DataLoader worker): its parent's worker is not its own
+            self._process, self._pid = None, os.getpid()
         if self._process is not None and (self._compiles >= WORKER_COMPILES or self._process.poll() is not None):
             self.close()
         if self._process is None:
@@ -96,7 +99,7 @@ class Worker:
 
     def close(self) -> None:
         process, self._process = self._process, None
-        if process is None:
+        if process is None or self._pid != os.getpid():
             return
         for stream in (process.stdin, process.stdout):
             try:

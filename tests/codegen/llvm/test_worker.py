@@ -86,3 +86,19 @@ def test_many_compiles_keep_memory_bounded(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env)
     growth = float(out.stdout.split()[-1])
     assert growth < 8.0, f"RSS grew by {growth:.1f} MB over 200 compiles"
+
+
+def test_a_forked_child_starts_a_worker_of_its_own(fresh_worker):
+    import os
+
+    engine.compile_ir(IR)
+    parent_worker = fresh_worker._process
+    pid = os.fork()
+    if pid == 0:  # the child: compile through a worker of its own, then leave without cleanup
+        ok = engine.compile_ir(IR) == engine.compile_here(IR) and fresh_worker._process is not parent_worker
+        fresh_worker.close()
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert engine.compile_ir(IR) == engine.compile_here(IR)  # the parent's worker is untouched
+    assert fresh_worker._process is parent_worker
