@@ -57,10 +57,26 @@ class Side:
         fn = namespace["build"](*self.captures)
         self.fn = kiln.compile(fn, options=kiln.CompileOptions(backend=backend)) if compiled else fn
         self.inputs: list = []
+        self.limits: list[float] = []  # per input and capture: its largest magnitude when made
 
     def prepare(self, input_set: str, fresh: bool) -> None:
         if fresh:
             self.inputs = self.ns["make_inputs"](np.random.default_rng([self.program.seed, SET_SEEDS[input_set]]))
+            self.limits = [_magnitude(t) for t in self.inputs + self.captures]
+
+    def grown(self) -> bool:
+        """Whether in-place updates repeated call after call (``a.pow_(2)`` on an argument) took a
+        value past the largest magnitude it had when made: the generator sized the program's values
+        (and its tolerances) for one call on such values, and float rounding past them need not stay
+        within tolerance (a softmax of logits in the tens of thousands, say)."""
+        return any(_magnitude(t) > limit for t, limit in zip(self.inputs + self.captures, self.limits, strict=True))
+
+    def reset_captures(self) -> None:
+        """The captured tensors' first values again (same tensors: the compiled copy reads them each call)."""
+        first = self.ns["make_captures"](np.random.default_rng(self.program.seed))
+        for t, value in zip(self.captures, first, strict=True):
+            if t._data.flags.writeable:
+                np.copyto(t._data, value._data)
 
     def call(self, seed: int):
         kiln.manual_seed(seed)
@@ -90,6 +106,15 @@ class Side:
 
     def counters(self) -> tuple[int, int]:
         return sum(s.calls for s in self.fn.state.specializations), len(self.fn.state.events)
+
+
+def _magnitude(t) -> float:
+    """The largest finite magnitude in a float tensor (0 for other dtypes and empty tensors)."""
+    data = t._data
+    if data.dtype.kind != "f" or not data.size:
+        return 0.0
+    finite = np.abs(data[np.isfinite(data)])
+    return float(finite.max()) if finite.size else 0.0
 
 
 def _error(error: BaseException) -> str:
@@ -212,6 +237,10 @@ def run(program: Program, backend: str = "llvm") -> Outcome:
             warnings.simplefilter("ignore")
             eager, compiled = Side(namespace, program, False, backend), Side(namespace, program, True, backend)
             for number, (input_set, fresh) in enumerate(SCHEDULE):
+                fresh = fresh or eager.grown()  # values past their first magnitudes: start them over
+                if fresh and number:
+                    eager.reset_captures()
+                    compiled.reset_captures()
                 eager.prepare(input_set, fresh)
                 compiled.prepare(input_set, fresh)
                 if _call(eager, compiled, number, outcome):
