@@ -33,6 +33,7 @@ import numpy as np
 import kiln
 
 from .common import KILN, Result, one_shot, skipped
+from .models import train_step
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = {True: ("chain 1000", "chain 10000", "resnet"), False: ("chain 1000", "chain 10000", "resnet", "lstm")}
@@ -89,17 +90,6 @@ def _resnet(nn, blocks: int = 2):
     return nn.Sequential(*layers)
 
 
-def _train(model, optimizer, x, y, loss_fn):
-    def step():
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss.detach()
-
-    return step
-
-
 def resnet_program(seed: int = 0, blocks: int = 2):
     """A ResNet-18-shaped training step (SGD with momentum) on a batch of 4 16x16 images
     (``blocks`` basic blocks per stage: 2 is ResNet-18's depth)."""
@@ -109,7 +99,7 @@ def resnet_program(seed: int = 0, blocks: int = 2):
     x = kiln.from_numpy(rng.standard_normal((4, 3, 16, 16), dtype=np.float32))
     y = kiln.from_numpy(rng.integers(0, 10, 4))
     optimizer = kiln.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    return _train(model, optimizer, x, y, kiln.nn.functional.cross_entropy)
+    return train_step(kiln, model, optimizer, x, y)
 
 
 class _Recurrent(kiln.nn.Module):
@@ -131,7 +121,7 @@ def lstm_program(seed: int = 0):
     x = kiln.from_numpy(rng.standard_normal((12, 4, 8), dtype=np.float32))
     y = kiln.from_numpy(rng.standard_normal((4, 1), dtype=np.float32))
     optimizer = kiln.optim.Adam(model.parameters(), lr=1e-3)
-    return _train(model, optimizer, x, y, kiln.nn.functional.mse_loss)
+    return train_step(kiln, model, optimizer, x, y, kiln.nn.functional.mse_loss)
 
 
 def build(case: str):

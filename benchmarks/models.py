@@ -98,14 +98,14 @@ def same_weights(source, target, torch) -> None:
             q.copy_(torch.from_numpy(p.detach().numpy().copy()))
 
 
-def train_step(lib, model, optimizer, x, y) -> Callable[[], object]:
-    """One training step: forward, cross-entropy, backward, the optimizer's step, zero_grad;
-    returns the loss, detached (kiln does not cache a call whose result requires grad while it
-    updated parameters in place)."""
-    cross_entropy = lib.nn.functional.cross_entropy
+def train_step(lib, model, optimizer, x, y, loss_fn=None) -> Callable[[], object]:
+    """One training step: forward, the loss (cross-entropy unless ``loss_fn``), backward, the
+    optimizer's step, zero_grad; returns the loss, detached (kiln does not cache a call whose
+    result requires grad while it updated parameters in place)."""
+    loss_fn = loss_fn or lib.nn.functional.cross_entropy
 
     def step():
-        loss = cross_entropy(model(x), y)
+        loss = loss_fn(model(x), y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
