@@ -188,7 +188,7 @@ class CompiledFunction:
         objects = hazards.watched_objects(self, leaves, closure_values)
         trace = Trace(fullgraph=self.fullgraph).start()
         trace.numpy_shadows = self.state.numpy_shadows
-        watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values))
+        watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code)
         try:
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input

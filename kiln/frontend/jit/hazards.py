@@ -172,8 +172,9 @@ def _rng_states() -> tuple:
 class Watch:
     """What a traced call does besides tensor ops; ``stop()`` returns the first hazard (or None)."""
 
-    def __init__(self, objects: list, leaves: list, named: list = ()) -> None:
+    def __init__(self, objects: list, leaves: list, named: list = (), code=None) -> None:
         self.objects = objects
+        self.code = code  # the compiled function's own code, scanned when another profiler runs
         self.leaves = leaves
         self.iterators = [v for v in named if _is_iterator(v)]  # iterators the globals and closure name
         self.hazard: TraceBreak | None = None
@@ -194,7 +195,19 @@ class Watch:
         self._rng = _rng_states()
         self._location = SourceLocation
         self._previous = sys.getprofile()
-        sys.setprofile(self._profile)
+        if self._previous is None:
+            sys.setprofile(self._profile)
+        elif self.code is not None and _user_code(self.code):
+            # A profiler (cProfile, a debugger) holds the hook: leave it in place and read the
+            # function's own code for stores instead (the functions it calls go unwatched).
+            stores = _STORES.get(self.code)
+            if stores is None:
+                stores = _STORES[self.code] = _scan(self.code)
+            if stores:
+                what, line = stores[0]
+                self.hazard = TraceBreak(
+                    f"the call {what}", SourceLocation(self.code.co_filename, line, self.code.co_name)
+                )
         return self
 
     def _profile(self, frame, event, arg) -> None:
@@ -221,7 +234,8 @@ class Watch:
             self.hazard = TraceBreak(f"the call draws from {owner} random generator ({arg.__name__})", where)
 
     def stop(self) -> TraceBreak | None:
-        sys.setprofile(self._previous)
+        if self._previous is None:
+            sys.setprofile(None)
         if self.hazard is not None:
             return self.hazard
         for it, before in zip(self.iterators, self._positions, strict=True):

@@ -320,3 +320,31 @@ def test_hook_registered_on_an_argument_inside_runs_eagerly():
         np.testing.assert_allclose(x.grad.numpy(), 6.0)
         assert len(seen) == i + 1
     assert compiled_calls(g) == [] and "register_hook" in _breaks(g)[0]
+
+
+def test_a_profiler_running_during_the_trace_keeps_running_and_stores_are_still_seen():
+    import cProfile
+
+    global counter
+    counter = 0
+
+    def pure(x):
+        return x * 2 + 1
+
+    def with_global(x):
+        global counter
+        counter += 1
+        return x + 1
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        f, g = kiln.compile(pure), kiln.compile(with_global)
+        for _ in range(3):
+            np.testing.assert_array_equal(f(kiln.ones(2)).numpy(), [3.0, 3.0])
+            g(kiln.ones(2))
+    finally:
+        profiler.disable()
+    assert sum(compiled_calls(f)) >= 2
+    assert counter == 3 and compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+    assert any(getattr(entry.code, "co_name", "") == "pure" for entry in profiler.getstats())  # it kept profiling
