@@ -4,7 +4,9 @@
 their eager kernel: matmul, gather, random bits, views that extern nodes read...), constants and
 kernel nodes (``kiln.ir.graph``), each fused node in exactly one kernel: no work is duplicated.
 
-1. Classify (``fusion_rules``): elementwise, view, trailing-axes reduction, or extern.
+1. Classify (``fusion_rules``): elementwise, view, trailing-axes reduction, or extern. A node the
+   backend does not compile in a kernel (``supports(node)`` False: the LLVM backend and float16)
+   is extern, so fusion never forms a kernel that the backend then declines.
 2. Vertical fusion (``fusion_groups``): walking the graph in order, each fusable node joins the kernel of each of
    its fusable producers in turn when the union is still a legal kernel (``kernel_kind``: one
    domain for an elementwise kernel; reductions of the same trailing axes of one shape, with
@@ -20,20 +22,23 @@ kernel nodes (``kiln.ir.graph``), each fused node in exactly one kernel: no work
    per-parameter updates of an optimizer step -- become one horizontal kernel.
 
 The result is ordered topologically (ties broken by the position of each unit's first node in
-the input graph), so the pass is deterministic. It is not in ``DEFAULT_PIPELINE``: a backend
-that runs kernels asks for it.
+the input graph), so the pass is deterministic. It is not in ``DEFAULT_PIPELINE``: the compile
+driver runs it for a backend that runs kernels, with that backend's ``supports``.
 """
 
 from __future__ import annotations
 
-from ..ir.graph import Graph
+from collections.abc import Callable
+
+from ..ir.graph import Graph, Node
 from .eliminate_dead_code import eliminate_dead_code
 from .fusion_emit import emit
 from .fusion_groups import Grouping
 
 
-def fuse(graph: Graph) -> Graph:
-    """``graph`` with its fusable nodes grouped into kernel nodes (see the module docstring).
+def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:
+    """``graph`` with its fusable nodes grouped into kernel nodes (see the module docstring);
+    ``supports(node)``: whether the backend compiles ``node`` inside a kernel (None: every node).
 
     Needs: a verified graph in topological order. Establishes: every elementwise, fusable view
     and trailing-axes reduction node is in exactly one kernel body; the graph verifies; running
@@ -42,4 +47,4 @@ def fuse(graph: Graph) -> Graph:
     graph = eliminate_dead_code(graph)  # a kernel makes at least one output that something reads
     if not graph.nodes:
         return graph
-    return emit(graph, Grouping(graph).groups())
+    return emit(graph, Grouping(graph, supports).groups())

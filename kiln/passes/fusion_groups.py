@@ -26,7 +26,7 @@ nodes groups in linear time:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
 from .fusion_rules import EXTERN, MAX_KERNEL_NODES, VIEW, Space, classify, fits, kernel_space, reduce_signature, remaps
@@ -56,7 +56,7 @@ class _Group:
 class Grouping:
     """The kernels of ``graph`` after vertical fusion: ``Grouping(graph).groups()``."""
 
-    def __init__(self, graph: Graph) -> None:
+    def __init__(self, graph: Graph, supports: Callable[[Node], bool] | None = None) -> None:
         self.nodes = graph.nodes
         self.index = {node: i for i, node in enumerate(self.nodes)}
         self.users: dict[Value, list[Node]] = {}
@@ -67,7 +67,7 @@ class Grouping:
             for v in node.outputs:
                 self.producer[v] = i
         outputs = set(graph.outputs)
-        self.classes = classify(self.nodes, self.users, outputs)
+        self.classes = classify(self.nodes, self.users, outputs, supports)
         self.fusable = [self.classes[node] != EXTERN for node in self.nodes]
         self.parent = list(range(len(self.nodes)))
         self.key = list(range(len(self.nodes)))  # per root: its place in a topological order of the groups

@@ -9,7 +9,8 @@
 - ``REDUCE``: ``reduce_sum``/``max``/``min``/``prod`` of one or more *trailing* axes;
 - ``EXTERN``: everything else (matmul, gather/scatter/take/index_put, random bits, cumsum,
   pad, concatenate, flip, copy, unfold/fold, argmax/argmin, reductions of other axes), every
-  node touching float16 (compiled kernels do not do float16), and constants.
+  node the backend does not compile in a kernel (``supports``; the LLVM backend: nothing
+  touching float16), and constants.
 
 ``kernel_kind`` checks a candidate kernel (a set of fusable nodes) against the contract of
 ``kiln.ir.graph``'s kernel nodes and returns its kind, or None when it is not a legal kernel.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from ..ir.dtypes import float16
 from ..ir.graph import BODY_REDUCE_OPS, BODY_VIEW_OPS, CONSTANT, Node, Value
 from ..ir.primitives import ELEMENTWISE as ELEMENTWISE_KINDS
 from ..ir.primitives import PRIMITIVES
@@ -39,10 +39,8 @@ def trailing_axes(axes: Sequence[int], ndim: int) -> bool:
     return k > 0 and tuple(axes) == tuple(range(ndim - k, ndim))
 
 
-def _base_class(node: Node) -> str:
-    if node.op == CONSTANT or node.op not in PRIMITIVES:
-        return EXTERN
-    if any(v.type.dtype is float16 for v in (*node.inputs, *node.outputs)):
+def _base_class(node: Node, supports: Callable[[Node], bool] | None) -> str:
+    if node.op == CONSTANT or node.op not in PRIMITIVES or (supports is not None and not supports(node)):
         return EXTERN
     prim = PRIMITIVES[node.op]
     if prim.kind in ELEMENTWISE_KINDS:
@@ -54,10 +52,16 @@ def _base_class(node: Node) -> str:
     return EXTERN
 
 
-def classify(nodes: Sequence[Node], users: Mapping[Value, list[Node]], outputs: Collection[Value]) -> dict[Node, str]:
-    """Each node's class (see the module docstring). A view is fusable only if every node that
-    reads it is fusable (looked at from the last node back, so chains of views agree)."""
-    classes = {node: _base_class(node) for node in nodes}
+def classify(
+    nodes: Sequence[Node],
+    users: Mapping[Value, list[Node]],
+    outputs: Collection[Value],
+    supports: Callable[[Node], bool] | None = None,
+) -> dict[Node, str]:
+    """Each node's class (see the module docstring); ``supports(node)`` is False for the nodes the
+    backend does not compile in a kernel (None: every node it could). A view is fusable only if
+    every node that reads it is fusable (looked at from the last node back, so chains of views agree)."""
+    classes = {node: _base_class(node, supports) for node in nodes}
     for node in reversed(nodes):
         if classes[node] != VIEW:
             continue

@@ -19,10 +19,12 @@ from kiln.ir.serialize import graph_from_json, graph_to_json
 from kiln.ir.types import TensorType
 from kiln.ir.verifier import VerificationError, verify
 from kiln.passes import eliminate_common_subexpressions, eliminate_dead_code
-from kiln.runtime.lowering import compile_program
+from kiln.frontend.jit.compiler import CompileOptions
+from kiln.frontend.jit.driver import compile_graph
 from tests.ir.test_printer_parser import assert_same_graph
 
 CHECK = PRIMITIVES["check"]
+LLVM = CompileOptions(backend="llvm")
 LOC = SourceLocation("model.py", 42, "forward")
 MESSAGE = 'index {value} is "out" of [0, 3)\nsecond line'
 
@@ -115,7 +117,7 @@ def test_cse_merges_checks_of_one_condition_keeping_the_first_and_no_others():
 
 
 def test_llvm_executor_raises_the_check_and_extern_errors_with_the_node_and_the_line():
-    program = compile_program(_index_graph(), [None, None])
+    program = compile_graph(_index_graph(), LLVM).program
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     assert program.run([x, np.array([0, 2, 1, 1])])[0].tolist() == x[[0, 2, 1, 1]].tolist()
     with pytest.raises(IndexError, match=r'(?s)^index 3 is "out".*= check\(.*at model\.py:42 in forward') as info:
@@ -123,7 +125,7 @@ def test_llvm_executor_raises_the_check_and_extern_errors_with_the_node_and_the_
     assert isinstance(info.value.__cause__, IndexError)
     b = GraphBuilder()  # an extern whose own kernel raises (no check in front of it)
     xv, iv = b.input(TensorType((3, 2), float32)), b.input(TensorType((1,), int64))
-    unchecked = compile_program(b.build([b.node("take", [xv, iv], loc=LOC)]), [None, None])
+    unchecked = compile_graph(b.build([b.node("take", [xv, iv], loc=LOC)]), LLVM).program
     with pytest.raises(IndexError, match=r"(?s)out of bounds.*node 0: %2 = take\(%0, %1\) at model\.py:42 in forward"):
         unchecked.run([x, np.array([5])])
 
@@ -148,9 +150,8 @@ def _update_graph(check_first: bool) -> Graph:
 
 @pytest.mark.parametrize("check_first", [True, False])
 def test_no_in_place_write_of_an_input_before_a_check(check_first):
-    program = compile_program(_update_graph(check_first), [None, None])
-    accepted = program.write_in_place([(0, 0)])
-    assert accepted == ([(0, 0)] if check_first else [])
+    program = compile_graph(_update_graph(check_first), LLVM, write_backs=[(0, 0)]).program
+    assert program.write_backs == ({0: 0} if check_first else {})
     p = np.zeros(8, np.float32)
     out = program.run([p, np.arange(8)])[0]
     assert out.tolist() == [1.0] * 8 and (out is p) == check_first

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.runtime import lowering
+from kiln.frontend.jit import program_cache
 
 from ..conftest import assert_close
 
@@ -141,10 +141,10 @@ def test_two_processes_compiling_at_once_both_succeed(script, tmp_path):
 
 @pytest.fixture
 def fresh_disk_cache():
-    """``lowering``'s DiskCache is made once per process: rebuild it for this test and after it."""
-    lowering._disk_cache.cache_clear()
+    """The driver's DiskCache is made once per process: rebuild it for this test and after it."""
+    program_cache.disk_cache.cache_clear()
     yield
-    lowering._disk_cache.cache_clear()
+    program_cache.disk_cache.cache_clear()
 
 
 def test_a_cache_directory_others_can_write_is_refused(tmp_path, monkeypatch, caplog, fresh_disk_cache):

@@ -21,7 +21,8 @@ import kiln.nn as nn
 import kiln.nn.functional as F
 import kiln.optim as optim
 from kiln.runtime import threads as threads_module
-from kiln.runtime.executor import CompiledProgram, LoweringReport
+from kiln.codegen.backend import LoweringReport
+from kiln.runtime.executor import CompiledProgram
 from kiln.runtime.threads import PARALLEL_MIN_WORK_BYTES
 
 from ..conftest import assert_close
@@ -205,7 +206,7 @@ def test_mlp_memory_plan_peak_and_explain():
     _compare(got, expected, REDUCED)
     spec = _spec(cf)
     assert spec.calls == 2 and isinstance(spec.report, LoweringReport)
-    plan = spec.program._plan
+    plan = spec.program.plan
     assert len(plan.offsets) >= 4  # the matmul results and the hidden activations, 32 KiB each
     assert 0 < plan.peak_bytes <= plan.intermediate_bytes
     assert plan.arena_bytes >= plan.peak_bytes
@@ -231,7 +232,7 @@ def test_no_allocation_in_steady_state_and_the_arena_stays_put():
     _compare(out, f(x, w), REDUCED)
     spec = _spec(cf)
     program = spec.program
-    assert program._plan.intermediate_bytes >= 2 * 256 * 1024  # the exp kernel's and the matmul's results
+    assert program.plan.intermediate_bytes >= 2 * 256 * 1024  # the exp kernel's and the matmul's results
     arena = program._frame().arena.ctypes.data
     slack = 16 * 1024  # tensor objects, argument lists, the pointer-table updates
     del out
@@ -280,7 +281,7 @@ def test_two_threads_call_one_compiled_function_with_their_own_arenas():
     for _ in range(2):
         cf(_rand(64, 32), w)
     program = _spec(cf).program
-    assert program._plan.arena_bytes > 0
+    assert program.plan.arena_bytes > 0
     inputs = [[_rand(64, 32, seed=100 * t + i) for i in range(30)] for t in range(2)]
     results: dict[int, list] = {0: [], 1: []}
     frames: dict[int, object] = {}
@@ -352,7 +353,7 @@ def test_compiled_sgd_momentum_step_updates_parameters_in_place():
     spec = _spec(step)
     assert spec.calls >= 3
     # the kernels write the parameters (and momentum buffers) straight into the caller's arrays
-    in_place = [e for entries in spec.program._allocations.values() for e in entries if e[4] >= 0]
+    in_place = [slot for call in spec.program.kernel_calls for slot, *_, into in call.allocate if into >= 0]
     assert len(in_place) >= len(params), in_place
 
 
@@ -382,7 +383,7 @@ def test_large_gelu_is_split_across_the_thread_pool(monkeypatch):
         kiln.set_num_threads(previous)
     _compare(got, expected, ELEMENTWISE)
     assert got.numpy()[0] == np.inf and np.isnan(got.numpy()[2])  # inf and nan propagate as in eager
-    (kstep,) = spec.program.kernel_steps
+    (kstep,) = spec.program.kernel_calls
     assert kstep.work_bytes >= PARALLEL_MIN_WORK_BYTES and kstep.extent > 1  # large enough to be split
     # each of the 2 compiled calls: two disjoint chunks covering [0, extent), on two threads
     assert len(chunks) == 4, chunks

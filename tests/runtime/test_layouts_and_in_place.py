@@ -145,14 +145,14 @@ def test_an_argument_written_in_place_is_read_only_at_the_written_element(fn, sh
 def test_same_element_reads_are_still_written_in_place():
     """The analysis is not merely off: an update read only at its own element writes the caller's memory."""
     program = _agree(lambda a, b: (a.mul_(0.5).add_(b), (a * b).exp())[1], (6, 5), (6, 5))
-    in_place = [e for entries in program._allocations.values() for e in entries if e[4] >= 0]
+    in_place = [slot for call in program.kernel_calls for slot, *_, into in call.allocate if into >= 0]
     assert in_place, "the elementwise update of a was not written in place"
 
 
 def test_a_dead_intermediate_is_not_reused_by_a_kernel_that_reads_it_transposed():
     w = kiln.randn(6, 6)
     program = _agree(lambda x: ((x @ w) * 2).T + (x @ w).exp(), (6, 6))
-    plan = program._plan
+    plan = program.plan
     for out, inp in plan.inplace.items():
         node = next(n for n in program.graph.nodes if out in n.outputs)
         assert reads_at_own_index(node, inp, out)
@@ -243,4 +243,4 @@ def test_an_extern_whose_eager_kernel_aliases_its_input_gets_memory_of_its_own(r
         return z + k @ w
 
     program = _agree(f, (5, 5))
-    assert program._plan.inplace, "the test needs the in-place reuse of m's buffer"
+    assert program.plan.inplace, "the test needs the in-place reuse of m's buffer"

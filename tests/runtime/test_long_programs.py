@@ -11,11 +11,11 @@ import pytest
 import kiln
 from benchmarks.long_programs import chain_program, specialization
 from kiln.codegen.llvm import engine, kernels
+from kiln.frontend.jit import program_cache
 from kiln.ir.graph import KERNEL, GraphBuilder
 from kiln.ir.types import TensorType
 from kiln.passes.fusion import fuse
 from kiln.passes.fusion_rules import MAX_KERNEL_NODES
-from kiln.runtime import lowering
 from kiln.runtime.cache import DiskCache
 from kiln.runtime.executor import CompiledProgram
 
@@ -24,7 +24,7 @@ from kiln.runtime.executor import CompiledProgram
 def private_cache(tmp_path, monkeypatch):
     """A compile cache of this test's own: a program compiled with an injected failure is never shared."""
     cache = DiskCache(tmp_path / "cache")
-    monkeypatch.setattr(lowering, "_disk_cache", lambda: cache)
+    monkeypatch.setattr(program_cache, "disk_cache", lambda: cache)
     return cache
 
 

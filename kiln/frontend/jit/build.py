@@ -17,6 +17,7 @@ import numpy as np
 from ...ir.graph import Graph, Value
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor, make_tensor
+from . import driver
 from .backward import BackwardPlan, ConsumedPlan
 from .hazards import reachable_tensors
 from .pytree import flatten
@@ -77,9 +78,8 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     graph = traced.builder.build(outputs)
     record: list = []
     strides = [e.tensor._data.strides for e in traced.externals]
-    optimized, program, report = lower(graph, compiled.options, record, strides)
-    if hasattr(program, "write_in_place"):  # mutated externals updated in place, as eager does
-        program.write_in_place([(out, index) for index, out in writebacks])
+    # mutated externals updated in place where that is safe, as eager does
+    optimized, program, report = lower(graph, compiled.options, record, strides, [(o, i) for i, o in writebacks])
     sources = [_source(e) for e in traced.externals]
     arg_aliases = _arguments_that_are_state(traced, leaves, list(closure_values.values()) +
                                             [value for _, value in compiled.guarded_names({})])  # fmt: skip
@@ -141,47 +141,20 @@ def _source(external) -> Source:
 
 
 def optimize(graph: Graph, options, record: list) -> Graph:
-    from ...passes import DEFAULT_PIPELINE, run_pipeline  # noqa: PLC0415
-
-    passes = DEFAULT_PIPELINE if options.passes is None else options.passes
-    return run_pipeline(graph, passes, verify=options.verify, record=record)
+    """The graph passes alone (``options.passes``): what export runs."""
+    return driver.optimize(graph, options, record)
 
 
-def lower(graph: Graph, options, record: list, input_strides: list | None = None):
-    """``(graph to show, program, lowering report)`` for a traced graph: the passes, then the backend.
-
-    The LLVM backend shows the fused graph (kernels with their bodies). Should it fail -- a bug,
-    never the user's -- the call still runs: on the interpreter, with a warning saying why
-    (``KILN_JIT_STRICT=1``, set by the test suite, raises instead).
-    """
-    from ...ir.interpreter import prepare  # noqa: PLC0415
-
-    if options.backend == "llvm":
-        from ...runtime.lowering import compile_cached  # noqa: PLC0415
-
-        strides = input_strides if input_strides is not None else [None] * len(graph.inputs)
-        try:
-            program = compile_cached(graph, lambda g: optimize(g, options, record), strides, _options_text(options))
-        except Exception as error:  # noqa: BLE001 - a failed compile falls back, loudly
-            if os.environ.get("KILN_JIT_STRICT") == "1":
-                raise
-            logger.warning("kiln.compile: the LLVM backend failed (%s: %s); running on the interpreter",
-                           type(error).__name__, error)  # fmt: skip
-            record.clear()
-        else:
-            record.append(("fuse", program.graph))
-            return program.graph, program, program.report
-    optimized = optimize(graph, options, record)
-    return optimized, prepare(optimized), None
-
-
-def _options_text(options) -> str:
-    """The compile options that change the compiled program, as text for the cache key."""
-    passes = "default" if options.passes is None else ",".join(getattr(p, "__name__", repr(p)) for p in options.passes)
-    return f"backend={options.backend}; passes={passes}"
+def lower(graph: Graph, options, record: list, input_strides: list | None = None, write_backs=()):
+    """``(graph the program runs, program, report)`` for a traced graph, through the compile driver;
+    ``record`` receives each stage's ``(name, result)``."""
+    compiled = driver.compile_graph(graph, options, input_strides, write_backs)
+    record.extend(compiled.stages)
+    return compiled.graph, compiled.program, compiled.report
 
 
 def _dump(compiled, spec: Specialization) -> None:
+    """The traced graph and the result of every stage, one file each (graphs as ``.ir``, analyses as ``.txt``)."""
     directory = compiled.options.dump_dir
     if not directory:
         return
@@ -190,9 +163,9 @@ def _dump(compiled, spec: Specialization) -> None:
     stem = os.path.join(directory, f"{compiled._name()}.{number}")
     with open(f"{stem}.0-traced.ir", "w") as f:
         f.write(str(spec.traced_graph))
-    for i, (name, graph) in enumerate(spec.passes_record, 1):
-        with open(f"{stem}.{i}-{name}.ir", "w") as f:
-            f.write(str(graph))
+    for i, (name, result) in enumerate(spec.passes_record, 1):
+        with open(f"{stem}.{i}-{name}.{'ir' if isinstance(result, Graph) else 'txt'}", "w") as f:
+            f.write(str(result))
 
 
 # ---------------------------------------------------------------------- the backward

@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...codegen.backend import backend_names
 from ...ir import dtypes as _dtypes
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
@@ -36,24 +37,24 @@ from .trace import Trace, TraceBreak, TraceBreakError
 
 logger = logging.getLogger("kiln")
 
-BACKENDS = ("llvm", "interpreter")
-
-
 @dataclass
 class CompileOptions:
     """Options of ``kiln.compile``.
 
     - ``recompile_limit``: new specializations per function; later unmatched calls run eagerly.
-    - ``backend``: ``"llvm"`` (fused kernels compiled for the host CPU through llvmlite; nodes
-      without a kernel run their eager kernels) or ``"interpreter"`` (the IR interpreter: every
-      node runs its eager kernel).
+    - ``backend``: None (the default) chooses the backend from the graph's device: ``"llvm"`` for
+      the CPU (fused kernels compiled for the host through llvmlite; nodes without a kernel run
+      their eager kernels), the interpreter elsewhere. A name overrides it (tests):
+      ``"interpreter"`` (the IR interpreter: every node runs its eager kernel), ``"llvm"``, or any
+      backend registered with ``kiln.codegen.backend.register_backend``.
     - ``passes``: the pass pipeline (None: ``kiln.passes.DEFAULT_PIPELINE``).
-    - ``dump_dir``: write each specialization's IR before and after each pass there.
+    - ``dump_dir``: write each specialization's traced IR and the result of every compile stage
+      there (the IR after each pass and after fusion, the layouts, write-backs and memory plan).
     - ``verify``: run the IR verifier after each pass (tests and debugging).
     """
 
     recompile_limit: int = 8
-    backend: str = "llvm"
+    backend: str | None = None
     passes: tuple | None = None
     dump_dir: str | None = None
     verify: bool = False
@@ -61,8 +62,9 @@ class CompileOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:
             raise ValueError(f"CompileOptions: recompile_limit must be an int >= 0, got {self.recompile_limit!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"CompileOptions: unknown backend {self.backend!r}; expected one of {', '.join(BACKENDS)}")
+        if self.backend is not None and self.backend not in backend_names():
+            raise ValueError(f"CompileOptions: unknown backend {self.backend!r}; expected None (chosen from the "
+                             f"device) or one of {', '.join(backend_names())}")  # fmt: skip
 
 
 @dataclass

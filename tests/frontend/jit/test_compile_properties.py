@@ -14,7 +14,7 @@ st = hypothesis.strategies
 given = hypothesis.given
 
 import kiln  # noqa: E402
-from kiln.ir.graph import qualified_constants  # noqa: E402
+from kiln.ir.graph import Graph, qualified_constants  # noqa: E402
 from kiln.ir.parser import parse_graph  # noqa: E402
 from kiln.ir.printer import print_graph  # noqa: E402
 from kiln.ir.verifier import verify  # noqa: E402
@@ -162,7 +162,7 @@ def _graphs(compiled) -> list:
     graphs = [compiled.graph]
     for spec in compiled.state.specializations:
         graphs.append(spec.traced_graph)
-        graphs.extend(g for _, g in spec.passes_record)
+        graphs.extend(g for _, g in spec.passes_record if isinstance(g, Graph))
         if spec.backward is not None:
             graphs.append(spec.backward.graph)
     return [g for g in graphs if g is not None]

@@ -1,0 +1,133 @@
+"""The LLVM backend: kernel nodes compiled for the host CPU through llvmlite, loaded with ctypes.
+
+``generate`` puts every kernel of a program into one LLVM module, so LLVM is invoked once. A kernel
+the code generator declines (``Unsupported``) or fails on -- an exception from the generator, or
+LLVM rejecting its code -- runs on the interpreter and the others stay compiled (``report.declined``
+says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests). ``load`` loads the object
+code and builds the runtime's ``CompiledProgram``. The code (kernel symbols and object code)
+encodes to bytes for the disk cache.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+from dataclasses import dataclass
+
+from ...ir.dtypes import float16
+from ...ir.graph import KERNEL, Graph, Node
+from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
+from ..backend import Lowered, LoweringReport
+from . import Unsupported, engine
+from .kernels import KernelInfo, KernelModule
+
+logger = logging.getLogger("kiln")
+
+_LENGTH = struct.Struct("<Q")
+
+
+@dataclass
+class LLVMCode:
+    """Each compiled kernel (by its position in the graph) and the object code holding them all."""
+
+    kernels: dict[int, KernelInfo]
+    objects: list[bytes]
+
+
+class LLVMBackend:
+    """See the module docstring; chosen for graphs on the CPU."""
+
+    name = "llvm"
+    stages = ("fuse", "infer_layouts", "choose_write_backs", "plan_memory")
+
+    def declines(self, node: Node) -> str | None:
+        if any(v.type.dtype is float16 for v in (*node.inputs, *node.outputs)):
+            return "float16 has no LLVM kernels"
+        return None
+
+    def signature(self) -> str:
+        return engine.host_signature()
+
+    def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
+        module = KernelModule()
+        kernels: dict[int, KernelInfo] = {}
+        strides: dict[int, list] = {}
+        for position, node in enumerate(lowered.graph.nodes):
+            if node.op != KERNEL:
+                continue
+            strides[position] = [_element_strides(v, lowered.layouts[v]) for v in node.inputs]
+            try:
+                kernels[position] = module.add(node, strides[position])
+            except Unsupported as why:
+                report.declined.append((node.attrs["name"], str(why)))
+            except Exception as error:  # noqa: BLE001 - a code generator bug costs this kernel only
+                _failed(report, node, "the LLVM code generator failed", error)
+        objects = _compile(module, lowered.graph, kernels, strides, report) if kernels else []
+        report.kernels = len(kernels)
+        return LLVMCode(kernels, objects)
+
+    def load(self, lowered: Lowered, code: LLVMCode) -> CompiledProgram:
+        library = engine.Library(code.objects) if code.objects else None
+        nodes = lowered.graph.nodes
+        kernels = {}
+        for position, info in code.kernels.items():
+            assert library is not None, "kernels without object code"
+            kernels[nodes[position]] = Kernel(KERNEL_TYPE(library.address(info.symbol)), info.extent, info.work_bytes)
+        return CompiledProgram(lowered.graph, kernels, lowered.plan, lowered.layouts, lowered.write_backs, library)
+
+    def encode(self, code: LLVMCode) -> bytes:
+        kernels = [[p, k.symbol, k.extent, k.work_bytes] for p, k in code.kernels.items()]
+        parts = [json.dumps(kernels).encode(), *code.objects]
+        return b"".join(_LENGTH.pack(len(part)) + part for part in parts)
+
+    def decode(self, data: bytes, graph: Graph) -> LLVMCode:
+        parts, offset = [], 0
+        while offset < len(data):
+            (size,) = _LENGTH.unpack_from(data, offset)
+            parts.append(data[offset + _LENGTH.size : offset + _LENGTH.size + size])
+            offset += _LENGTH.size + size
+        if offset != len(data) or not parts:
+            raise ValueError("truncated LLVM code")
+        kernels = {}
+        for position, symbol, extent, work in json.loads(parts[0]):
+            if graph.nodes[position].op != KERNEL:
+                raise ValueError(f"node {position} of the stored graph is not a kernel")
+            kernels[position] = KernelInfo(symbol, extent, work)
+        return LLVMCode(kernels, parts[1:])
+
+
+def _element_strides(value, strides: tuple) -> tuple[int, ...]:
+    size = value.type.dtype.itemsize
+    return tuple(s // size for s in strides)
+
+
+def _compile(module: KernelModule, graph: Graph, kernels: dict, strides: dict, report: LoweringReport) -> list[bytes]:
+    """Object code for ``kernels``: one LLVM compile of the whole module. Should LLVM fail on it, each
+    kernel is compiled in a module of its own, to find the kernels it fails on; those leave
+    ``kernels`` (they run on the interpreter) and the others keep their own object code."""
+    try:
+        return [engine.compile_ir(module.ir())]
+    except Exception as error:  # noqa: BLE001 - attributed to its kernels below
+        if os.environ.get("KILN_JIT_STRICT") == "1":
+            raise
+        logger.debug("kiln: LLVM failed on the module (%s); compiling its kernels one by one", error)
+    objects = []
+    for position in list(kernels):
+        node, alone = graph.nodes[position], KernelModule()
+        try:
+            kernels[position] = alone.add(node, strides[position])
+            objects.append(engine.compile_ir(alone.ir()))
+        except Exception as error:  # noqa: BLE001 - this kernel runs on the interpreter
+            _failed(report, node, "LLVM failed on its code", error)
+            del kernels[position]
+    return objects
+
+
+def _failed(report: LoweringReport, node: Node, what: str, error: Exception) -> None:
+    if os.environ.get("KILN_JIT_STRICT") == "1":
+        raise error
+    why = f"{what} ({type(error).__name__}: {error}); a bug in kiln, please report it"
+    logger.warning("kiln.compile: kernel %s runs on the interpreter: %s", node.attrs["name"], why)
+    report.declined.append((node.attrs["name"], why))

@@ -1,0 +1,228 @@
+"""The compile driver: from a traced graph to a program, calling the layers in order.
+
+``compile_graph(traced, options, input_strides, write_backs)`` runs frontend -> passes -> codegen
+-> runtime and nothing calls back up:
+
+1. the backend is chosen from the graph's device (``kiln.codegen.backend``; the ``backend=``
+   compile option overrides it, for tests);
+2. the disk cache is consulted (``program_cache``); a hit resumes after fusion;
+3. the pipeline, a tuple of named ``Stage``s: the graph passes (``options.passes``, by default
+   fold, simplify, CSE, DCE), then the lowering stages the backend asks for: ``fuse`` (with the
+   backend's ``declines``, so no kernel is formed that it cannot compile), ``infer_layouts``,
+   ``choose_write_backs`` (which mutated inputs the program writes in place) and ``plan_memory``;
+4. the backend generates code for the lowered program and loads it into a runtime program.
+
+``compiled.stages`` holds what each stage made (a graph, or the text of an analysis), which
+``dump_dir`` writes, one file per stage. Should a backend fail -- a bug, never the user's -- the
+call still runs: on the interpreter, with a warning saying why (``KILN_JIT_STRICT=1``, set by the
+test suite, raises instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ...codegen.backend import Backend, Lowered, LoweringReport, backend_for, backend_named
+from ...ir.graph import CONSTANT, KERNEL, Graph, Value
+from ...ir.primitives import ELEMENTWISE, PRIMITIVES
+from ...passes import DEFAULT_PIPELINE, PassError
+from ...passes.fusion import fuse
+from ...passes.layouts import describe_layouts, infer_layouts
+from ...passes.memory_plan import plan_memory
+from ...passes.write_backs import choose_write_backs, describe_write_backs
+from . import program_cache
+
+logger = logging.getLogger("kiln")
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """What the stages have decided so far about one traced graph."""
+
+    graph: Graph
+    backend: Backend
+    input_strides: tuple = ()
+    requested: tuple[tuple[int, int], ...] = ()  # (graph output, graph input) pairs the caller writes back
+    unfused: Graph | None = None  # the graph before fusion: the memory plan compares with eager on it
+    layouts: dict[Value, tuple] = field(default_factory=dict)
+    write_backs: dict[int, int] = field(default_factory=dict)
+    plan: Any = None
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A named step of the pipeline: ``run`` makes the next ``Compilation``, ``show`` what ``dump_dir``
+    writes after it (a graph, or text)."""
+
+    name: str
+    run: Callable[[Compilation], Compilation]
+    show: Callable[[Compilation], Any]
+
+
+def graph_stage(graph_pass: Callable[[Graph], Graph]) -> Stage:
+    """A ``Graph -> Graph`` pass as a stage."""
+    return Stage(getattr(graph_pass, "__name__", repr(graph_pass)),
+                 lambda c: replace(c, graph=graph_pass(c.graph)), lambda c: c.graph)  # fmt: skip
+
+
+def _fuse(c: Compilation) -> Compilation:
+    backend = c.backend
+    return replace(c, graph=fuse(c.graph, lambda node: backend.declines(node) is None), unfused=c.graph)
+
+
+#: The stages after the graph passes; a backend runs those it names in ``Backend.stages``. Fusion
+#: comes first so that a cache hit, which stores the fused graph, resumes right after it.
+LOWERING_STAGES: tuple[Stage, ...] = (
+    Stage("fuse", _fuse, lambda c: c.graph),
+    Stage("infer_layouts", lambda c: replace(c, layouts=infer_layouts(c.graph, c.input_strides)),
+          lambda c: describe_layouts(c.layouts)),
+    Stage("choose_write_backs", lambda c: replace(c, write_backs=choose_write_backs(c.graph, c.requested, c.layouts)),
+          lambda c: describe_write_backs(c.graph, c.write_backs)),
+    Stage("plan_memory", lambda c: replace(c, plan=plan_memory(c.graph, eager_graph=c.unfused)),
+          lambda c: c.plan.describe() + "\n"),
+)  # fmt: skip
+
+
+def pipeline(options, backend: Backend) -> tuple[Stage, ...]:
+    """The stages that compile for ``backend`` with ``options``, in order."""
+    passes = DEFAULT_PIPELINE if options.passes is None else options.passes
+    return tuple(graph_stage(p) for p in passes) + tuple(s for s in LOWERING_STAGES if s.name in backend.stages)
+
+
+@dataclass
+class Compiled:
+    """A compiled graph: the graph its program runs, the program, the report and every stage's result."""
+
+    graph: Graph
+    program: Callable[[list], list]
+    report: LoweringReport | None
+    stages: list[tuple[str, Any]]
+
+
+def choose_backend(graph: Graph, options) -> Backend:
+    return backend_for(graph) if options.backend is None else backend_named(options.backend)
+
+
+def compile_graph(traced: Graph, options, input_strides: Sequence[tuple | None] | None = None,
+                  write_backs: Sequence[tuple[int, int]] = ()) -> Compiled:  # fmt: skip
+    """Compile ``traced`` for inputs with ``input_strides`` (byte strides per graph input; None: C
+    order), writing graph output ``o`` into input ``i``'s memory for the pairs ``(o, i)`` of
+    ``write_backs`` where that is safe (the caller copies the others back)."""
+    strides = tuple(input_strides) if input_strides is not None else (None,) * len(traced.inputs)
+    backend = choose_backend(traced, options)
+    try:
+        return _compile(traced, options, backend, strides, tuple(write_backs))
+    except Exception as error:
+        if not backend.stages or isinstance(error, PassError) or os.environ.get("KILN_JIT_STRICT") == "1":
+            raise
+        logger.warning("kiln.compile: the %s backend failed (%s: %s); running on the interpreter",
+                       backend.name, type(error).__name__, error)  # fmt: skip
+        return _compile(traced, options, backend_named("interpreter"), strides, ())
+
+
+def optimize(graph: Graph, options, record: list | None = None) -> Graph:
+    """The graph passes of the pipeline only (no backend): what export and the interpreter run."""
+    return _run(Compilation(graph, backend_named("interpreter")), pipeline(options, backend_named("interpreter")),
+                options, [] if record is None else record).graph  # fmt: skip
+
+
+def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested: tuple) -> Compiled:
+    stages = pipeline(options, backend)
+    lowering = next((i for i, s in enumerate(stages) if s in LOWERING_STAGES), len(stages))
+    resume = next((i + 1 for i, s in enumerate(stages) if s.name == "fuse"), None)
+    cache = program_cache.disk_cache()
+    key = None
+    if resume is not None and cache.enabled and backend.signature() is not None:
+        key = program_cache.program_key(traced, f"{backend.name}; {backend.signature()}", options_text(options),
+                                        strides)  # fmt: skip
+        payload = cache.get(key)
+        if payload is not None:
+            try:
+                return _from_cache(payload, traced, backend, stages[resume - 1 :], options, strides, requested)
+            except Exception as error:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
+                logger.debug("kiln: compile cache entry did not load (%s); rebuilding", error)
+    record: list = []
+    state = _run(Compilation(traced, backend, strides, requested), stages[:lowering], options, record)
+    start = time.perf_counter()
+    state = _run(state, stages[lowering:], options, record)
+    if not backend.stages:  # the graph runs as it is: no code, nothing to report
+        return Compiled(state.graph, backend.load(_lowered(state), None), None, record)
+    report = LoweringReport(cache="off" if key is None else "miss")
+    code = backend.generate(_lowered(state), report)
+    program = _load(state, backend, code, report)
+    report.compile_seconds = time.perf_counter() - start
+    if key is not None:
+        entry = program_cache.to_entry(state.graph, backend.encode(code), report.kernels, report.declined, traced)
+        cache.put(key, entry)
+    _report_externs(state.graph, backend, report)
+    return Compiled(state.graph, program, report, record)
+
+
+def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequence[Stage], options, strides: tuple,
+                requested: tuple) -> Compiled:  # fmt: skip
+    """The program of a cache entry: the stored fused graph goes through the stages after fusion
+    (``stages[0]`` is fusion, which the entry replaces), and the stored code is loaded."""
+    start = time.perf_counter()
+    graph, code, kernels, declined = program_cache.from_entry(payload, traced)
+    record: list = [(stages[0].name, graph)]
+    state = _run(Compilation(graph, backend, strides, requested), stages[1:], options, record)
+    report = LoweringReport(kernels=kernels, declined=declined, cache="hit")
+    program = _load(state, backend, backend.decode(code, graph), report)
+    report.compile_seconds = time.perf_counter() - start
+    _report_externs(graph, backend, report)
+    return Compiled(graph, program, report, record)
+
+
+def _run(state: Compilation, stages: Sequence[Stage], options, record: list) -> Compilation:
+    if options.verify:
+        from ...ir.verifier import VerificationError  # noqa: PLC0415 - only needed when verifying
+        from ...ir.verifier import verify  # noqa: PLC0415
+    for stage in stages:
+        before = state.graph
+        state = stage.run(state)
+        if options.verify and state.graph is not before:
+            try:
+                verify(state.graph)
+            except VerificationError as error:
+                raise PassError(f"the graph after pass {stage.name} does not verify: {error}") from error
+        record.append((stage.name, stage.show(state)))
+    return state
+
+
+def _lowered(state: Compilation) -> Lowered:
+    return Lowered(state.graph, state.layouts, state.write_backs, state.plan)
+
+
+def _load(state: Compilation, backend: Backend, code: Any, report: LoweringReport):
+    if state.plan is not None:
+        report.memory = state.plan.describe()
+    return backend.load(_lowered(state), code)
+
+
+def _report_externs(graph: Graph, backend: Backend, report: LoweringReport) -> None:
+    """The nodes left to their eager kernels, and the elementwise ones among them the backend declined."""
+    externs: Counter = Counter()
+    unfused: dict[str, Counter] = {}
+    for node in graph.nodes:
+        if node.op in (CONSTANT, KERNEL):
+            continue
+        externs[node.op] += 1
+        why = backend.declines(node)
+        if why is not None and PRIMITIVES[node.op].kind in ELEMENTWISE:
+            unfused.setdefault(why, Counter())[node.op] += 1
+    report.externs = dict(externs)
+    for why, ops in unfused.items():
+        listed = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
+        report.declined.append(("(not fused)", f"{why}; {listed} run on their eager kernels"))
+
+
+def options_text(options) -> str:
+    """The compile options that change the compiled program, as text for the cache key."""
+    passes = "default" if options.passes is None else ",".join(getattr(p, "__name__", repr(p)) for p in options.passes)
+    return f"backend={options.backend}; passes={passes}"

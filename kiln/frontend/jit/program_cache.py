@@ -1,0 +1,141 @@
+"""Compiled programs in the on-disk cache: the key, the entry, and the source locations of a hit.
+
+The compile driver consults the cache (``kiln.runtime.cache``, a plain key -> bytes store) before
+it runs the passes. The key holds the traced graph's canonical text without source locations and
+its constants, the input layouts, the compile options, the backend and what decides its code
+(LLVM, CPU name and features), kiln's version and a digest of the compiler's own source. An entry
+holds the fused graph, its constants, the backend's code and the kernels it declined, so a hit
+skips the passes, fusion and code generation. One that does not load is rebuilt.
+
+Source locations stay out of the key (a comment added above a compiled function must not
+recompile it), yet a program's nodes must name the lines of *this* trace, which errors and
+``explain`` show. So an entry also keeps the location of every traced node it was compiled from;
+on a hit, each location of the stored graph is replaced by the current trace's location of the
+same traced node. Passes only copy locations from the nodes they rewrite, so the map is exact;
+when one stored location now stands for several lines (a statement split in two), the entry
+cannot say which, and it is rebuilt.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import safetensors.numpy
+
+from ...ir.graph import KERNEL, Graph, kernel_bodies, qualified_constants
+from ...ir.printer import print_graph
+from ...ir.serialize import graph_from_json, graph_to_json
+from ...runtime.cache import DiskCache, cache_key
+
+#: Bump when the layout of a cache entry changes.
+ENTRY_FORMAT = 3
+
+
+@functools.cache
+def disk_cache() -> DiskCache:
+    return DiskCache()
+
+
+@functools.cache
+def compiler_digest() -> str:
+    """A digest of the source of everything that decides the machine code: the IR and its
+    primitives' formulas, the passes, the code generators, the runtime and the driver's stages."""
+    import kiln  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256(kiln.__version__.encode())
+    paths = [p for folder in ("ir", "passes", "codegen", "runtime") for p in sorted((root / folder).rglob("*.py"))]
+    for path in [*paths, root / "frontend" / "jit" / "driver.py"]:
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def program_key(traced: Graph, backend_text: str, options: str, input_strides) -> str:
+    return cache_key("kiln program", str(ENTRY_FORMAT), compiler_digest(), backend_text, options,
+                     repr([tuple(s) if s is not None else None for s in input_strides]),
+                     print_graph(traced, locations=False), *_constant_parts(traced))  # fmt: skip
+
+
+def _constant_parts(graph: Graph) -> list[bytes]:
+    parts = []
+    for name, array in sorted(graph.constants.items()):
+        parts.append(f"{name} {array.dtype.str} {array.shape}".encode())
+        parts.append(np.ascontiguousarray(array).tobytes())
+    return parts
+
+
+def to_entry(graph: Graph, code: bytes, kernels: int, declined: list, traced: Graph) -> bytes:
+    """An entry: the fused ``graph`` with its constants, the backend's ``code``, how many kernels
+    it compiled and which it declined, and the locations of the ``traced`` graph it came from."""
+    constants = qualified_constants(graph)
+    tensors = {f"constant/{k}": np.ascontiguousarray(v) for k, v in constants.items()}
+    tensors["code"] = np.frombuffer(code, np.uint8)
+    meta = {
+        "graph": json.dumps(graph_to_json(graph)),
+        "kernels": str(kernels),
+        "declined": json.dumps(declined),
+        "shapes": json.dumps({k: list(v.shape) for k, v in constants.items()}),  # safetensors loads 0-d as (1,)
+        "locations": json.dumps(_locations(traced)),
+    }
+    return safetensors.numpy.save(tensors, metadata=meta)
+
+
+def from_entry(payload: bytes, traced: Graph) -> tuple[Graph, bytes, int, list[tuple[str, str]]]:
+    """``(fused graph, the backend's code, kernels compiled, kernels declined)`` of an entry, its
+    locations those of ``traced``; raises when the entry cannot be used."""
+    (size,) = struct.unpack("<Q", payload[:8])
+    meta = json.loads(payload[8 : 8 + size])["__metadata__"]
+    moved = _relocation(json.loads(meta["locations"]), _locations(traced))
+    if moved is None:
+        raise ValueError("the source lines moved in a way the stored program cannot follow")
+    tensors = safetensors.numpy.load(payload)
+    shapes = json.loads(meta["shapes"])
+    constants = {k: tensors[f"constant/{k}"].reshape(shape) for k, shape in shapes.items()}
+    graph_json = json.loads(meta["graph"])
+    _relocate(graph_json, moved)
+    graph = graph_from_json(graph_json, constants)
+    declined = [(name, why) for name, why in json.loads(meta["declined"])]
+    return graph, tensors["code"].tobytes(), int(meta["kernels"]), declined
+
+
+# ----------------------------------------------------------------------------- source locations
+def _locations(graph: Graph) -> list:
+    """Each node's source location as ``[file, line, function]`` (or None), bodies included, in order."""
+    found: list = []
+    for node in graph.nodes:
+        loc = node.loc
+        found.append(None if loc is None else [loc.filename, loc.line, loc.function])
+        for body in kernel_bodies(node):
+            found.extend(_locations(body))
+    return found
+
+
+def _relocation(stored: list, current: list) -> dict | None:
+    """Stored location -> the current trace's location of the same node; None when a stored
+    location now stands for two different ones (or the traces differ, which the key excludes)."""
+    if len(stored) != len(current):
+        return None
+    moved: dict = {}
+    for old, new in zip(stored, current, strict=True):
+        if old is not None and moved.setdefault(tuple(old), new) != new:
+            return None
+    return moved
+
+
+def _relocate(graph_json: dict, moved: dict) -> None:
+    """Replace the locations of a graph's JSON form (``graph_to_json``) in place, bodies included;
+    a location no traced node had is dropped rather than guessed."""
+    for node in graph_json["nodes"]:
+        loc = node["loc"]
+        if loc is not None:
+            new = moved.get((loc["file"], loc["line"], loc["function"]))
+            node["loc"] = None if new is None else {"file": new[0], "line": new[1], "function": new[2]}
+        if node["op"] == KERNEL:
+            for body in node["attrs"]["bodies"]["graphs"]:
+                _relocate(body, moved)
