@@ -48,12 +48,12 @@ _DATA_OFFSET = object.__basicsize__
 _probe = np.arange(4.0)[1:]
 if ctypes.c_void_p.from_address(id(_probe) + _DATA_OFFSET).value != _probe.ctypes.data:  # pragma: no cover
 
-    def data_pointer(array: np.ndarray) -> int:
+    def data_pointer(array: np.ndarray) -> int | None:
         return array.ctypes.data
 else:
     _from_address = ctypes.c_void_p.from_address
 
-    def data_pointer(array: np.ndarray) -> int:
+    def data_pointer(array: np.ndarray) -> int | None:
         return _from_address(id(array) + _DATA_OFFSET).value
 
 
@@ -134,7 +134,7 @@ class ExternCall:
     def run(self, env: list, tables: list) -> None:
         args = [env[slot] for slot in self.args]
         if self.into >= 0:
-            np.matmul(*args, out=env[self.into])
+            np.matmul(args[0], args[1], out=env[self.into])
         else:
             result = self.eager(np, *args, **self.attrs)
             if result.__class__ is not np.ndarray:

@@ -9,6 +9,8 @@ import json
 import numpy as np
 import pytest
 
+from kiln.frontend.jit.compiler import CompileOptions
+from kiln.frontend.jit.driver import compile_graph
 from kiln.ir.dtypes import bool_, float32, int64
 from kiln.ir.graph import Graph, GraphBuilder, SourceLocation
 from kiln.ir.interpreter import interpret
@@ -19,8 +21,6 @@ from kiln.ir.serialize import graph_from_json, graph_to_json
 from kiln.ir.types import TensorType
 from kiln.ir.verifier import VerificationError, verify
 from kiln.passes import eliminate_common_subexpressions, eliminate_dead_code
-from kiln.frontend.jit.compiler import CompileOptions
-from kiln.frontend.jit.driver import compile_graph
 from tests.ir.test_printer_parser import assert_same_graph
 
 CHECK = PRIMITIVES["check"]

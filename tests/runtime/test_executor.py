@@ -20,8 +20,8 @@ import kiln
 import kiln.nn as nn
 import kiln.nn.functional as F
 import kiln.optim as optim
-from kiln.runtime import threads as threads_module
 from kiln.codegen.backend import LoweringReport
+from kiln.runtime import threads as threads_module
 from kiln.runtime.executor import CompiledProgram
 from kiln.runtime.threads import PARALLEL_MIN_WORK_BYTES
 

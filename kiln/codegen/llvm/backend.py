@@ -40,7 +40,7 @@ class LLVMBackend:
     """See the module docstring; chosen for graphs on the CPU."""
 
     name = "llvm"
-    stages = ("fuse", "infer_layouts", "choose_write_backs", "plan_memory")
+    stages: tuple[str, ...] = ("fuse", "infer_layouts", "choose_write_backs", "plan_memory")
 
     def declines(self, node: Node) -> str | None:
         if any(v.type.dtype is float16 for v in (*node.inputs, *node.outputs)):

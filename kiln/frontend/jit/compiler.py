@@ -37,6 +37,7 @@ from .trace import Trace, TraceBreak, TraceBreakError
 
 logger = logging.getLogger("kiln")
 
+
 @dataclass
 class CompileOptions:
     """Options of ``kiln.compile``.

@@ -181,15 +181,14 @@ def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequenc
 
 def _run(state: Compilation, stages: Sequence[Stage], options, record: list) -> Compilation:
     if options.verify:
-        from ...ir.verifier import VerificationError  # noqa: PLC0415 - only needed when verifying
-        from ...ir.verifier import verify  # noqa: PLC0415
+        from ...ir import verifier  # noqa: PLC0415 - only needed when verifying
     for stage in stages:
         before = state.graph
         state = stage.run(state)
         if options.verify and state.graph is not before:
             try:
-                verify(state.graph)
-            except VerificationError as error:
+                verifier.verify(state.graph)
+            except verifier.VerificationError as error:
                 raise PassError(f"the graph after pass {stage.name} does not verify: {error}") from error
         record.append((stage.name, stage.show(state)))
     return state

@@ -30,7 +30,7 @@ def _agree(fn, make, calls: int = 4) -> CompiledProgram:
         np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-6, atol=1e-6)
     spec = cf.state.specializations[-1]
     assert isinstance(spec.program, CompiledProgram), "the LLVM backend failed and the interpreter ran"
-    assert not spec.program.report.declined and spec.calls == calls - 1
+    assert not spec.report.declined and spec.calls == calls - 1
     return spec.program
 
 
