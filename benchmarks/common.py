@@ -406,7 +406,8 @@ def kiln_backend() -> str:
     if OPTIONS.kiln_backend is not None:
         return OPTIONS.kiln_backend
     options = getattr(kiln, "CompileOptions", None)
-    return str(getattr(options(), "backend", "?")) if options is not None else "?"
+    backend = getattr(options(), "backend", "?") if options is not None else "?"
+    return "from the device" if backend is None else str(backend)
 
 
 def environment() -> dict:
