@@ -89,10 +89,14 @@ LOWERING_STAGES: tuple[Stage, ...] = (
 )  # fmt: skip
 
 
+def graph_stages(options) -> tuple[Stage, ...]:
+    """The graph passes of ``options`` (None: ``DEFAULT_PIPELINE``) as stages."""
+    return tuple(graph_stage(p) for p in (DEFAULT_PIPELINE if options.passes is None else options.passes))
+
+
 def pipeline(options, backend: Backend) -> tuple[Stage, ...]:
     """The stages that compile for ``backend`` with ``options``, in order."""
-    passes = DEFAULT_PIPELINE if options.passes is None else options.passes
-    return tuple(graph_stage(p) for p in passes) + tuple(s for s in LOWERING_STAGES if s.name in backend.stages)
+    return graph_stages(options) + tuple(s for s in LOWERING_STAGES if s.name in backend.stages)
 
 
 @dataclass
@@ -113,7 +117,23 @@ def compile_graph(traced: Graph, options, input_strides: Sequence[tuple | None] 
                   write_backs: Sequence[tuple[int, int]] = ()) -> Compiled:  # fmt: skip
     """Compile ``traced`` for inputs with ``input_strides`` (byte strides per graph input; None: C
     order), writing graph output ``o`` into input ``i``'s memory for the pairs ``(o, i)`` of
-    ``write_backs`` where that is safe (the caller copies the others back)."""
+    ``write_backs`` where that is safe (the caller copies the others back).
+
+    >>> import numpy as np
+    >>> from kiln.ir.graph import GraphBuilder
+    >>> from kiln.ir.types import TensorType
+    >>> from kiln.ir.dtypes import float32
+    >>> from kiln.frontend.jit.compiler import CompileOptions
+    >>> b = GraphBuilder()
+    >>> x = b.input(TensorType((3,), float32))
+    >>> compiled = compile_graph(b.build([b.node("neg", [b.node("neg", [x])])]), CompileOptions(backend="interpreter"))
+    >>> [name for name, _ in compiled.stages]
+    ['fold_constants', 'simplify', 'eliminate_common_subexpressions', 'eliminate_dead_code']
+    >>> compiled.program([np.arange(3, dtype=np.float32)])
+    [array([0., 1., 2.], dtype=float32)]
+    >>> [stage.name for stage in pipeline(CompileOptions(), backend_named("llvm"))][4:]
+    ['fuse', 'infer_layouts', 'choose_write_backs', 'plan_memory']
+    """
     strides = tuple(input_strides) if input_strides is not None else (None,) * len(traced.inputs)
     backend = choose_backend(traced, options)
     try:
@@ -127,9 +147,9 @@ def compile_graph(traced: Graph, options, input_strides: Sequence[tuple | None] 
 
 
 def optimize(graph: Graph, options, record: list | None = None) -> Graph:
-    """The graph passes of the pipeline only (no backend): what export and the interpreter run."""
-    return _run(Compilation(graph, backend_named("interpreter")), pipeline(options, backend_named("interpreter")),
-                options, [] if record is None else record).graph  # fmt: skip
+    """The graph passes alone (no backend): what export runs."""
+    start = Compilation(graph, backend_named("interpreter"))
+    return _run(start, graph_stages(options), options, [] if record is None else record).graph
 
 
 def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested: tuple) -> Compiled:
