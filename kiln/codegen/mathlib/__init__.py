@@ -1,37 +1,35 @@
-"""kiln's math library: exp, expm1, log, log1p, tanh, sigmoid, erf, sin, cos and pow as inline,
-vectorizable LLVM IR for float32 and float64.
+"""kiln's math library: exp, expm1, log, log1p, tanh, sigmoid, erf, sin, cos and pow for float32
+and float64, written once against the scalar core (kiln/codegen/core.py).
 
-``call(builder, "exp", x)`` defines ``kiln.math.exp.f32`` (or ``.f64``) in the builder's module
-the first time it is asked for -- an ``internal``, ``alwaysinline``, ``nounwind``, ``readnone``
-function -- and calls it. After inlining, a loop over such calls is straight-line code (special
-cases are ``select``s, exponents are built with integer bit operations, no libm call) that
-LLVM's loop vectorizer turns into packed AVX/AVX-512 code.
+``call(core, "exp", x)`` asks the core for routine ``exp`` (``Core.routine``): the LLVM core
+defines ``kiln.math.exp.f32`` (or ``.f64``) in its module the first time -- an ``internal``,
+``alwaysinline``, ``nounwind``, ``readnone`` function -- and calls it. After inlining, a loop over
+such calls is straight-line code (special cases are ``select``s, exponents are built with integer
+bit operations, no libm call) that LLVM's loop vectorizer turns into packed AVX/AVX-512 code.
 
 Accuracy, as the tests measure it against float64 numpy (float32 routines) or numpy/``math``
 (float64 routines) over the whole range, inf, nan, +-0 and subnormals included: every routine is
 within ``ULP_BOUNDS`` units in the last place. inf and nan propagate as numpy's do.
 
->>> from llvmlite import ir
->>> module = ir.Module()
->>> fn = ir.Function(module, ir.FunctionType(ir.FloatType(), [ir.FloatType()]), "f")
->>> builder = ir.IRBuilder(fn.append_basic_block())
->>> builder.ret(call(builder, "exp", fn.args[0]))  # doctest: +ELLIPSIS
-<...>
->>> "kiln.math.exp.f32" in module.globals
-True
+>>> import numpy as np
+>>> from kiln.codegen.core import Scalar
+>>> from kiln.codegen.numpy_core import NumpyCore
+>>> from kiln.ir import dtypes as dt
+>>> call(NumpyCore(), "exp", Scalar(np.array([0.0, -np.inf, np.inf]), dt.float64)).value.tolist()
+[1.0, 0.0, inf]
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from llvmlite import ir
-
+from ...ir import dtypes as dt
+from ..core import Core, Scalar
 from . import exp_log, power, special, trig
 from .core import Float
 
-#: name -> (number of arguments, body emitter)
-ROUTINES: dict[str, tuple[int, Callable[..., ir.Value]]] = {
+#: name -> (number of arguments, body builder over a ``Float``)
+ROUTINES: dict[str, tuple[int, Callable[..., Scalar]]] = {
     "exp": (1, exp_log.exp_body),
     "expm1": (1, exp_log.expm1_body),
     "log": (1, exp_log.log_body),
@@ -58,34 +56,24 @@ ULP_BOUNDS: dict[str, tuple[float, float]] = {  # (float32, float64); measured m
     "cos": (1, 1.5),
 }
 
-_SUFFIX = {32: "f32", 64: "f64"}
 
-
-def call(builder: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
-    """Call mathlib routine ``name`` on float32 or float64 ``args`` at ``builder``'s position."""
+def call(core: Core, name: str, *args: Scalar) -> Scalar:
+    """Routine ``name`` of float32 or float64 ``args``, through ``core``."""
     if name not in ROUTINES:
         raise ValueError(f"mathlib has no routine {name!r}; expected one of {sorted(ROUTINES)}")
     arity, _ = ROUTINES[name]
     if len(args) != arity:
         raise TypeError(f"mathlib {name} takes {arity} argument(s), got {len(args)}")
-    ty = args[0].type
-    if not isinstance(ty, ir.FloatType | ir.DoubleType) or any(a.type != ty for a in args):
-        types = ", ".join(str(a.type) for a in args)
-        raise TypeError(f"mathlib {name} expects float or double arguments of one type, got ({types})")
-    return builder.call(function(builder.module, name, ty), args)
+    dtype = args[0].dtype
+    if dtype not in (dt.float32, dt.float64) or any(a.dtype is not dtype for a in args):
+        names = ", ".join(a.dtype.name for a in args)
+        raise TypeError(f"mathlib {name} expects float32 or float64 arguments of one dtype, got ({names})")
+    return core.routine(name, _BODIES[name], *args)
 
 
-def function(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
-    """The module's definition of routine ``name`` for ``ty``, created on first use."""
-    symbol = f"kiln.math.{name}.{_SUFFIX[Float(None, ty).bits]}"
-    existing = module.globals.get(symbol)
-    if existing is not None:
-        return existing
-    arity, body = ROUTINES[name]
-    fn = ir.Function(module, ir.FunctionType(ty, [ty] * arity), name=symbol)
-    fn.linkage = "internal"
-    for attribute in ("alwaysinline", "nounwind", "readnone"):
-        fn.attributes.add(attribute)
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    builder.ret(body(Float(builder, ty), *fn.args))
-    return fn
+def _body(name: str) -> Callable[..., Scalar]:
+    _, build = ROUTINES[name]
+    return lambda core, *args: build(Float(core, args[0].dtype), *args)
+
+
+_BODIES = {name: _body(name) for name in ROUTINES}

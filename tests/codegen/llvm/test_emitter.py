@@ -24,7 +24,7 @@ from kiln.ir.primitives import ELEMENTWISE, PRIMITIVES
 
 def _have_mathlib() -> bool:
     try:
-        from kiln.codegen.llvm import mathlib  # noqa: PLC0415 - written concurrently by another helper
+        from kiln.codegen import mathlib  # noqa: PLC0415 - written concurrently by another helper
     except ImportError:
         return False
     return hasattr(mathlib, "call")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from kiln.codegen.llvm import Unsupported, engine
-from kiln.codegen.llvm import kernels_index as ix
+from kiln.codegen import index as ix
 from kiln.codegen.llvm.kernels import CHUNK, KernelModule
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import GraphBuilder, Node
@@ -79,7 +79,7 @@ def check(body, arrays, kind="elementwise", rtol=1e-6, atol=1e-6, ranges=None):
 
 def _has_mathlib() -> bool:
     try:
-        from kiln.codegen.llvm import mathlib  # noqa: PLC0415
+        from kiln.codegen import mathlib  # noqa: PLC0415
     except ImportError:
         return False
     return hasattr(mathlib, "call")
