@@ -179,4 +179,3 @@ class NumpyCore(ModeMixin):
     def libm_where(self, cond: Scalar, name: str, x: Scalar, otherwise: Scalar) -> Scalar:
         with np.errstate(all="ignore"):
             return _scalar(np.where(cond.value, getattr(np, name)(x.value), otherwise.value), x.dtype)
-

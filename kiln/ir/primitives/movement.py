@@ -56,8 +56,9 @@ def _permute_index(ix, index, in_shape, out_shape, *, perm):
 
 
 def _slice_index(ix, index, in_shape, out_shape, *, starts, stops, steps):
-    return tuple(ix.add(ix.scale(e, step), ix.const(start)) for e, start, step in zip(index, starts, steps, strict=True))
-
+    return tuple(
+        ix.add(ix.scale(e, step), ix.const(start)) for e, start, step in zip(index, starts, steps, strict=True)
+    )
 
 
 def _reshape_infer(x: TensorType, *, shape: tuple[int, ...]) -> TensorType:

@@ -13,8 +13,8 @@ import platform
 import numpy as np
 import pytest
 
-from kiln.codegen.llvm import Unsupported, engine
 from kiln.codegen import index as ix
+from kiln.codegen.llvm import Unsupported, engine
 from kiln.codegen.llvm.kernels import CHUNK, KernelModule
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import GraphBuilder, Node
