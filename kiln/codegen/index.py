@@ -189,7 +189,9 @@ class Algebra:
 
 def view(space: Space, op: str, index: tuple[Lin, ...], in_shape, out_shape, attrs) -> tuple[Lin, ...]:
     """The index into view ``op``'s input that ``index`` into its output reads (the registry's map)."""
-    return PRIMITIVES[op].index_map(Algebra(space), index, tuple(in_shape), tuple(out_shape), **attrs)
+    index_map = PRIMITIVES[op].index_map
+    assert index_map is not None, f"{op} is not a view"
+    return index_map(Algebra(space), index, tuple(in_shape), tuple(out_shape), **attrs)
 
 
 def reshape(space: Space, index: tuple[Lin, ...], out_shape: Sequence[int], in_shape: Sequence[int]) -> tuple[Lin, ...]:

@@ -211,7 +211,7 @@ def signature(roots: Sequence[Node]) -> tuple:
     """The DAG's structure without its offsets: equal for horizontal members of one structure."""
     order = walk(roots)
     position = {id(n): k for k, n in enumerate(order)}
-    out = []
+    out: list[tuple] = []
     for n in order:
         if isinstance(n, Load):
             out.append(("load", n.operand, n.dtype.name))

@@ -114,7 +114,9 @@ class DagEmitter:
             return self.em.constant(node.value, node.dtype)
         if isinstance(node, Apply):
             args = [scope.get(a) for a in node.args]
-            result = PRIMITIVES[node.op].scalar(self.em, *args, **node.attrs)
+            formula = PRIMITIVES[node.op].scalar
+            assert formula is not None, f"{node.op} has no scalar formula"  # the DAG builder checked
+            result = formula(self.em, *args, **node.attrs)
             if result.dtype is not node.dtype:  # e.g. numpy's float64 from integer true division
                 result = self.em.cast(result, node.dtype)
             return result
@@ -141,9 +143,10 @@ class Accumulator:
     ``result`` after."""
 
     def __init__(self, builder: ir.IRBuilder, reduce: Reduce) -> None:
-        self.prim = PRIMITIVES[reduce.op]
-        if not self.prim.combine or self.prim.identity is None:
+        prim = PRIMITIVES[reduce.op]
+        if not prim.combine or prim.identity is None:
             raise Unsupported(f"{reduce.op} is not compiled (it has no combine op)")
+        self.combine, self.identity = prim.combine, prim.identity
         self.builder = builder
         self.reduce = reduce
         self.em = LLVMEmitter(builder)
@@ -151,12 +154,12 @@ class Accumulator:
         self.slot = _entry_alloca(builder, self.type, "acc")
 
     def init(self) -> None:
-        identity = self.em.constant(self.prim.identity(self.reduce.dtype), self.reduce.dtype)
+        identity = self.em.constant(self.identity(self.reduce.dtype), self.reduce.dtype)
         self.builder.store(identity.value, self.slot)
 
     def update(self, x: Scalar) -> None:
         acc = Scalar(self.builder.load(self.slot, typ=self.type), self.reduce.dtype)
-        self.builder.store(self.em.combine(str(self.prim.combine), acc, x).value, self.slot)
+        self.builder.store(self.em.combine(self.combine, acc, x).value, self.slot)
 
     def result(self) -> Scalar:
         return Scalar(self.builder.load(self.slot, typ=self.type), self.reduce.dtype)

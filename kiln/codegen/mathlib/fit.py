@@ -37,6 +37,7 @@ def remez(target, weight, degree: int, lo: float, hi: float, iterations: int = 1
         coeffs = [solution[i] for i in range(n)]
         errors = [w * (f - _horner(coeffs, x)) for x, f, w in zip(xs, fs, ws)]
         nodes = _alternating_extrema(xs, errors, n + 1) or nodes
+    assert coeffs is not None, "remez needs at least one iteration"
     return coeffs
 
 
