@@ -8,6 +8,9 @@ transcendental routines are held to ``MATH_ULPS`` of eager's result, as the LLVM
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -180,3 +183,11 @@ def test_reductions_fold_their_combine_op_from_their_identity(prim, dtype):
         np.testing.assert_allclose(acc.value, expected, rtol=1e-12)
     else:
         np.testing.assert_array_equal(acc.value, expected)
+
+
+def test_the_shared_code_generator_modules_do_not_import_llvmlite():
+    """A second backend uses the core, semantics, mathlib, kernel DAG and index algebra without LLVM."""
+    modules = "core semantics mathlib kernel_dag index numpy_core".split()
+    code = "import sys; " + "; ".join(f"import kiln.codegen.{m}" for m in modules)
+    code += "; assert 'llvmlite' not in sys.modules, 'llvmlite was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -85,7 +85,7 @@ def _has_mathlib() -> bool:
     return hasattr(mathlib, "call")
 
 
-needs_mathlib = pytest.mark.skipif(not _has_mathlib(), reason="kiln.codegen.llvm.mathlib (exp, tanh) is not there yet")
+needs_mathlib = pytest.mark.skipif(not _has_mathlib(), reason="kiln.codegen.mathlib (exp, tanh) is not there yet")
 
 
 # ----------------------------------------------------------------------------- index algebra
