@@ -324,7 +324,10 @@ class Legality:
 
 
 def kernel_legality(
-    nodes: Sequence[Node], outputs: Sequence[Value], users: Mapping[Value, list[Node]], inside=None
+    nodes: Sequence[Node],
+    outputs: Sequence[Value],
+    users: Mapping[Value, list[Node]],
+    inside: Callable[[Node], bool] | None = None,
 ) -> Legality:
     """Whether ``nodes`` (in order) make a legal kernel whose outputs are ``outputs``: its kind
     (``"elementwise"`` or ``"reduction"``) or the problem. ``users`` lists each value's readers;
@@ -390,7 +393,7 @@ def _output_problem(signature: ReduceSignature | bool, outputs: Sequence[Value])
         other = next(v for v in outputs if v.type.shape != domain)
         return (f"every output of an elementwise body has the domain's shape {list(domain)}, got %{other.id} of "
                 f"shape {list(other.type.shape)}")  # fmt: skip
-    assert signature is not False
+    assert not isinstance(signature, bool)
     space = kernel_space(signature, {signature[0]})
     assert space is not None
     other = next(v for v in outputs if not (v.type.shape == space[0] or v.type.shape in space[1]))
