@@ -36,7 +36,7 @@ all ask these questions; each is answered here once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .graph import BODY_REDUCE_OPS, BODY_VIEW_OPS, CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
@@ -46,10 +46,13 @@ from .primitives import ELEMENTWISE, PRIMITIVES
 POINTWISE_KINDS = frozenset({"elementwise", "horizontal"})
 
 
+#: The ops whose result shares its first input's memory (PyTorch's view ops).
+_VIEW_OPS = frozenset(name for name, prim in PRIMITIVES.items() if prim.is_view)
+
+
 def is_view(node: Node) -> bool:
     """Whether ``node``'s result shares its first input's memory (PyTorch's view ops)."""
-    prim = PRIMITIVES.get(node.op)
-    return prim is not None and prim.is_view
+    return node.op in _VIEW_OPS
 
 
 # ----------------------------------------------------------------------------- storage and liveness
@@ -63,25 +66,26 @@ class Liveness:
     """
 
     def __init__(self, graph: Graph) -> None:
-        self.root: dict[Value, Value] = {v: v for v in graph.inputs}
-        self.start: dict[Value, int] = dict.fromkeys(graph.inputs, -1)
-        self.end: dict[Value, int] = dict.fromkeys(graph.inputs, -1)
-        self.producer: dict[Value, Node] = {}
-        self.index: dict[Node, int] = {}
         self._graph = graph
-        root, end = self.root, self.end
+        root: dict[Value, Value] = {v: v for v in graph.inputs}
+        start: dict[Value, int] = dict.fromkeys(graph.inputs, -1)
+        end: dict[Value, int] = dict.fromkeys(graph.inputs, -1)
+        producer: dict[Value, Node] = {}
+        views = _VIEW_OPS
         for i, node in enumerate(graph.nodes):
-            self.index[node] = i
             for v in node.inputs:
                 end[root[v]] = i  # nodes come in order: the last assignment is the last use
-            view = is_view(node)
+            if node.op in views:
+                out = node.outputs[0]
+                producer[out] = node
+                root[out] = root[node.inputs[0]]
+                continue
             for out in node.outputs:
-                self.producer[out] = node
-                if view:
-                    root[out] = root[node.inputs[0]]
-                else:
-                    root[out] = out
-                    self.start[out] = end[out] = i
+                producer[out] = node
+                root[out] = out
+                start[out] = end[out] = i
+        self.root, self.start, self.end, self.producer = root, start, end, producer
+        self.index: dict[Node, int] = {node: i for i, node in enumerate(graph.nodes)}
         self.escaped: set[Value] = {root[v] for v in graph.outputs}
 
     def roots(self) -> Iterable[Value]:
@@ -101,9 +105,11 @@ class Liveness:
         """The values that may share memory with a constant array (or with an input, if ``inputs``):
         the constants themselves and their views. Other nodes' outputs are memory of their own
         (executors copy an extern's result that aliases an argument; kernels write fresh arrays)."""
-        sources = {v for v, node in self.producer.items() if node.op == CONSTANT}
+        sources = {node.outputs[0] for node in self._graph.nodes if node.op == CONSTANT}
         if inputs:
             sources.update(self._graph.inputs)
+        if not sources:
+            return sources
         return {v for v, r in self.root.items() if r in sources}
 
     def dead_after(self, keep: Collection[Value] = ()) -> list[tuple[Value, ...]]:
@@ -286,13 +292,20 @@ def _remaps(reader: Node, v: Value, remapped: set[Value]) -> bool:
 
 
 def misread_row(
-    reduces: Iterable[Node], inside: Callable[[Node], bool], users: Mapping[Value, list[Node]], space: Space
-) -> Value | None:
-    """A value computed from one of ``reduces`` that a node inside reads at another row than its
-    own (see the module docstring), or None. Walks what the reductions reach inside only."""
+    starts: Iterable[Value],
+    inside: Callable[[Node], bool],
+    users: Mapping[Value, list[Node]],
+    space: Space,
+    known: Container[Value] = frozenset(),
+) -> tuple[Value | None, set[Value]]:
+    """Whether values computed from a reduction are read at their own row (see the module docstring):
+    walking from ``starts`` (values computed from a reduction: the reductions' outputs) through the
+    readers inside, the first value read at another row (None if none) and the values found to be
+    computed from a reduction on the way. Values of ``known`` were walked before: their readers are
+    not walked again unless they are among ``starts`` (fusion's merges walk only what is new)."""
     rows = space[1]
-    pending = [v for node in reduces for v in node.outputs]
-    derived = set(pending)
+    pending = list(starts)
+    derived: set[Value] = set(pending)
     while pending:
         v = pending.pop()
         for reader in users.get(v, ()):
@@ -308,11 +321,11 @@ def misread_row(
             else:  # elementwise or expand: right-aligned broadcasting keeps the row only at equal rank
                 ok = len(v.type.shape) == len(out.type.shape) or all(d == 1 for d in v.type.shape)
             if not ok:
-                return v
-            if out not in derived:
+                return v, derived
+            if out not in derived and out not in known:
                 derived.add(out)
                 pending.append(out)
-    return None
+    return None, derived
 
 
 @dataclass(frozen=True)
@@ -371,7 +384,7 @@ def kernel_legality(
             expected = f"a full value (broadcasting to {list(domain)}) or a row value {_outer(space)}"
         return Legality(None, f"%{bad.id} has shape {list(bad.type.shape)}, expected {expected} (or a value that "
                               "reaches it through view nodes)")  # fmt: skip
-    misread = misread_row(reduces, inside, users, space) if reduces else None
+    misread, _ = misread_row([v for node in reduces for v in node.outputs], inside, users, space)
     if misread is not None:
         return Legality(
             None,

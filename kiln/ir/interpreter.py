@@ -65,7 +65,8 @@ class Program:
         self._nodes = tuple((i, node) for i, node in enumerate(graph.nodes) if node.op != CONSTANT)
         live = Liveness(graph)
         dead = live.dead_after()
-        self._steps = tuple(_step(position, node, slots, tuple(slots[v] for v in dead[i]))
+        slot_of = slots.__getitem__
+        self._steps = tuple(_step(position, node, slots, tuple(map(slot_of, dead[i])))
                             for position, (i, node) in enumerate(self._nodes))  # fmt: skip
         aliases = live.aliases(inputs=fresh_outputs)
         self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in aliases)

@@ -36,7 +36,7 @@ from .fusion_rules import EXTERN, MAX_KERNEL_NODES, VIEW, classify
 class _Group:
     """A group's summary (see the module docstring); ``members`` are unordered until the end."""
 
-    __slots__ = ("members", "out", "reads", "shapes", "signature", "reduces", "space", "misfits")
+    __slots__ = ("members", "out", "reads", "shapes", "signature", "derived", "space", "misfits")
 
     def __init__(self, node: Node, out: dict[Value, int], fusable: bool) -> None:
         self.members = [node]
@@ -47,8 +47,9 @@ class _Group:
         self.shapes: dict[tuple[int, ...], int] = {}  # output shape -> number of outputs
         for v in out:
             self.shapes[v.type.shape] = self.shapes.get(v.type.shape, 0) + 1
-        self.reduces = [node] if node.op in BODY_REDUCE_OPS else []
-        self.signature = reduce_signature(self.reduces)
+        reduces = [node] if node.op in BODY_REDUCE_OPS else []
+        self.signature = reduce_signature(reduces)
+        self.derived: set[Value] = set(node.outputs) if reduces else set()  # computed from a reduction
         self.space: Space | None = kernel_space(self.signature, self.shapes.keys()) if fusable else None
         self.misfits: set[Value] = set()
         if self.space is not None:
@@ -143,8 +144,13 @@ class Grouping:
         misfits = self._misfits(large, small, space)
         if not self._remaps(misfits, (a, b), gone):
             return False
-        if signature is not None and misread_row(ga.reduces + gb.reduces, self._inside((a, b)), self.users, space):
-            return False
+        derived: set[Value] = set()
+        if signature is not None:  # walk what the merge joins: the interface's values computed from a reduction
+            starts = [v for v, _, _ in interface if v in gs.derived or v in gl.derived]
+            known = _Union(gs.derived, gl.derived)
+            misread, derived = misread_row(starts, self._inside((a, b)), self.users, space, known)
+            if misread is not None:
+                return False
         if not self._reorder(a, b, large):
             return False
         for v, n in gs.out.items():
@@ -158,7 +164,8 @@ class Grouping:
                 gl.out[v] -= n
             del gl.reads[v]
         gl.members += gs.members
-        gl.reduces += gs.reduces
+        gl.derived |= gs.derived
+        gl.derived |= derived
         gl.shapes, gl.signature, gl.space, gl.misfits = shapes, signature, space, misfits
         self.parent[small] = large
         del self.group[small]
@@ -244,3 +251,15 @@ class Grouping:
         for r, k in zip(forward, pool[len(pool) - len(forward) :], strict=True):
             key[r] = k
         return True
+
+
+class _Union:
+    """Membership in either of two sets, without building their union."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: set[Value], b: set[Value]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, v: object) -> bool:
+        return v in self.a or v in self.b

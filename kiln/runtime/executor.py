@@ -444,7 +444,7 @@ def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:
     """Per node, the slots to drop after it (``Liveness.dead_after``), except values that live in
     the arena (their views are reused every call)."""
     slots = {v: i for i, v in enumerate(graph.values())}
-    return [tuple(slots[v] for v in dead) for dead in Liveness(graph).dead_after(keep=planned)]
+    return [tuple(map(slots.__getitem__, dead)) for dead in Liveness(graph).dead_after(keep=planned)]
 
 
 def _aliases_an_argument(result: np.ndarray, args: tuple[int, ...], env: list) -> bool:
