@@ -31,7 +31,7 @@ all ask these questions; each is answered here once.
 >>> y = b.node("exp", [t])
 >>> live = Liveness(b.build([y]))
 >>> live.root[t] is x, live.end[x], [[v.id for v in d] for d in live.dead_after()]
-(True, 1, [[], [0, 1]])
+(True, 1, [[0], [1]])
 """
 
 from __future__ import annotations
