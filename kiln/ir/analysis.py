@@ -61,8 +61,8 @@ class Liveness:
 
     ``root[v]`` is the value owning ``v``'s storage (``v`` itself unless ``v`` is a view);
     ``start[r]``/``end[r]`` (roots only) the first and last node index at which ``r``'s storage is
-    in use (inputs: -1); ``escaped`` the roots that a graph output is or views; ``producer[v]`` and
-    ``index[node]`` the defining node and a node's position.
+    in use (inputs: -1); ``escaped`` the roots that a graph output is or views; ``producer[v]`` the
+    node defining ``v``.
     """
 
     def __init__(self, graph: Graph) -> None:
@@ -85,7 +85,6 @@ class Liveness:
                 root[out] = out
                 start[out] = end[out] = i
         self.root, self.start, self.end, self.producer = root, start, end, producer
-        self.index: dict[Node, int] = {node: i for i, node in enumerate(graph.nodes)}
         self.escaped: set[Value] = {root[v] for v in graph.outputs}
 
     def roots(self) -> Iterable[Value]:

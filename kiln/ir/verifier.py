@@ -53,8 +53,9 @@ def verify(graph: Graph) -> None:
 
     Kernel nodes are checked with their bodies: each body verifies on its own (with only the ops
     a body may hold), its input and output types are the node's, and its structure fits the
-    kernel's kind (``kiln.ir.graph``: one domain for an elementwise body; for a reduction body,
-    reductions of the same trailing axes of one shape, full values and row values)."""
+    kernel's kind by the rules fusion forms kernels by (``kiln.ir.analysis``: one domain for an
+    elementwise body; for a reduction body, reductions of the same trailing axes of one shape,
+    full values and row values, each row value read at its own row)."""
     _verify_graph(graph, None)
 
 
@@ -303,11 +304,7 @@ def _check_body_op(index: int, node: Node, body_kind: str) -> None:
 def _check_body_structure(what: str, body: Graph, kind: str) -> None:
     """The body makes a legal kernel of its kind (``analysis.kernel_legality``, the rules fusion forms
     kernels by)."""
-    users: dict[Value, list[Node]] = {}
-    for node in body.nodes:
-        for v in node.inputs:
-            users.setdefault(v, []).append(node)
-    legality = kernel_legality(body.nodes, body.outputs, users, lambda node: True)
+    legality = kernel_legality(body.nodes, body.outputs, body.uses(), lambda node: True)
     if legality.problem is not None:
         raise VerificationError(f"{what}: {legality.problem}")
     if kind == "reduction" and legality.kind != "reduction":
