@@ -254,3 +254,23 @@ def test_square_row_reads_compile_and_match_eager(fn):
         np.testing.assert_allclose(compiled(x).numpy(), fn(x).numpy(), rtol=1e-5, atol=1e-6)
     text = str(kiln.explain(compiled))
     assert "compiled kernel" in text and "runs on the interpreter" not in text, text
+
+
+def test_float16_bodies_are_legal_ir_that_fusion_leaves_to_eager_kernels():
+    """The IR allows a float16 kernel (the interpreter runs it); fusion does not form one because the
+    compiled kernels do not do float16 -- a backend's limit, not the IR's."""
+    from kiln.ir.dtypes import float16
+    from kiln.ir.interpreter import interpret
+
+    h = TensorType((3, 4), float16)
+    body = _body([h], lambda b, x: b.node("exp", [b.node("neg", [x])]))
+    assert kernel_legality(body.nodes, body.outputs, body.uses()).kind == "elementwise"
+    b = GraphBuilder()
+    (out,) = b.kernel([b.input(h)], [body], "elementwise")
+    graph = b.build([out])
+    verify(graph)
+    x = np.linspace(-1, 1, 12, dtype=np.float16).reshape(3, 4)
+    np.testing.assert_array_equal(interpret(graph, [x])[0], np.exp(-x))
+    plain = GraphBuilder()
+    y = plain.node("exp", [plain.node("neg", [plain.input(h)])])
+    assert [n.op for n in fuse(plain.build([y])).nodes] == ["neg", "exp"]
