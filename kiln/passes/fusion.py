@@ -6,7 +6,7 @@ kernel nodes (``kiln.ir.graph``), each fused node in exactly one kernel: no work
 
 1. Classify (``fusion_rules``): elementwise, view, trailing-axes reduction, or extern.
 2. Vertical fusion (``fusion_groups``): walking the graph in order, each fusable node joins the kernel of each of
-   its fusable producers in turn when the union is still a legal kernel (``kernel_kind``: one
+   its fusable producers in turn when the union is still a legal kernel (``kiln.ir.analysis``: one
    domain for an elementwise kernel; reductions of the same trailing axes of one shape, with
    full and row values, for a reduction kernel) and no path leaves the union and comes back
    (which would make the kernel depend on itself). Chains fuse; elementwise work before and
