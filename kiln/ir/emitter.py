@@ -3,7 +3,9 @@
 A primitive's ``scalar(em, *values, **attrs)`` computes one element. Each code generator
 supplies an emitter whose methods build code (LLVM IR for the CPU, CUDA source for the GPU);
 fusing a chain of elementwise nodes is evaluating their formulas one after another on the same
-emitter inside one loop nest. ``NumpyEmitter`` evaluates the formulas on whole numpy arrays: it
+emitter inside one loop nest. A code generator does not write these methods itself: it
+implements the small scalar core of ``kiln/codegen/core.py`` and takes every method below from
+``kiln.codegen.semantics.Semantics``, which is kiln's numpy-exact semantics written once. ``NumpyEmitter`` evaluates the formulas on whole numpy arrays: it
 is the reference that proves every formula computes what the eager kernel computes.
 """
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .primitives import FUSIBLE_REDUCE_OPS, VIEW_OPS
 from .types import TensorType
 
 #: The op name of constant nodes (no inputs; ``attrs = {"name": key}`` into ``Graph.constants``).
@@ -132,10 +133,10 @@ def body_constants(table: Mapping[str, np.ndarray], kernel: str, index: int) -> 
     return {key[len(prefix) :]: value for key, value in table.items() if key.startswith(prefix)}
 
 
-#: The view movement ops a kernel body may hold: index remapping, never a copy.
-BODY_VIEW_OPS = frozenset({"reshape", "expand", "permute", "slice"})
-#: The reductions a reduction kernel's body may hold.
-BODY_REDUCE_OPS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+#: The view movement ops a kernel body may hold: index remapping, never a copy (those with an index map).
+BODY_VIEW_OPS = VIEW_OPS
+#: The reductions a reduction kernel's body may hold (those with a combine op).
+BODY_REDUCE_OPS = FUSIBLE_REDUCE_OPS
 
 
 def structure_key(body: Graph) -> tuple:

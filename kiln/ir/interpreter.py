@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from .analysis import Liveness
 from .graph import CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
 from .primitives import PRIMITIVES
 
@@ -62,10 +63,12 @@ class Program:
                 self._constant_slots.append((slot, self._template[slot]))
         # Steps are the non-constant nodes; each remembers its index in the graph for error messages.
         self._nodes = tuple((i, node) for i, node in enumerate(graph.nodes) if node.op != CONSTANT)
-        nodes = [node for _, node in self._nodes]
-        self._steps = tuple(_step(position, node, slots, frees) for position, (node, frees) in
-                            enumerate(zip(nodes, _dead_after(nodes, graph, slots))))  # fmt: skip
-        aliases = constant_views(graph, inputs=fresh_outputs)
+        live = Liveness(graph)
+        dead = live.dead_after()
+        slot_of = slots.__getitem__
+        self._steps = tuple(_step(position, node, slots, tuple(map(slot_of, dead[i])))
+                            for position, (i, node) in enumerate(self._nodes))  # fmt: skip
+        aliases = live.aliases(inputs=fresh_outputs)
         self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in aliases)
 
     def run(self, inputs: Sequence[Any], xp: Any = np) -> list[Any]:
@@ -172,40 +175,6 @@ def kernel_runner(node: Node):
         return results
 
     return run_members
-
-
-def _dead_after(nodes: list[Node], graph: Graph, slots: dict[Value, int]) -> list[tuple[int, ...]]:
-    """For each node, the slots no later node reads: dropped right after it runs.
-
-    A value nothing reads dies where it is defined (inputs and constants at the first node);
-    graph outputs never die.
-    """
-    last_use = {v: -1 for v in graph.inputs}
-    for node in graph.nodes:
-        if node.op == CONSTANT:
-            last_use[node.output] = -1
-    for index, node in enumerate(nodes):
-        for v in node.outputs:
-            last_use[v] = index
-        for v in node.inputs:
-            last_use[v] = index
-    for v in graph.outputs:
-        last_use.pop(v, None)
-    dead: list[list[int]] = [[] for _ in nodes]
-    for v, index in last_use.items():
-        if nodes:
-            dead[max(index, 0)].append(slots[v])
-    return [tuple(d) for d in dead]
-
-
-def constant_views(graph: Graph, inputs: bool = False) -> set[Value]:
-    """Values that may share memory with a constant array (or with an input, if ``inputs``):
-    those values themselves and views of them. A kernel's outputs are fresh arrays."""
-    aliases: set[Value] = set(graph.inputs) if inputs else set()
-    for node in graph.nodes:
-        if node.op == CONSTANT or (node.op != KERNEL and PRIMITIVES[node.op].is_view and node.inputs[0] in aliases):
-            aliases.update(node.outputs)
-    return aliases
 
 
 # ----------------------------------------------------------------------------- errors

@@ -21,10 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from .analysis import ELEMENTWISE_ROLE, REDUCE_ROLE, VIEW_ROLE, body_role, kernel_legality
 from .dtypes import DType
 from .graph import (
-    BODY_REDUCE_OPS,
-    BODY_VIEW_OPS,
     CONSTANT,
     KERNEL,
     KERNEL_KINDS,
@@ -36,9 +35,8 @@ from .graph import (
     body_inputs_outputs,
     structure_key,
 )
-from .primitives import ELEMENTWISE, PRIMITIVES
+from .primitives import PRIMITIVES
 from .printer import format_type
-from .shapes import broadcast_shapes
 from .types import Device, TensorType
 
 __all__ = ["VerificationError", "verify"]
@@ -55,8 +53,9 @@ def verify(graph: Graph) -> None:
 
     Kernel nodes are checked with their bodies: each body verifies on its own (with only the ops
     a body may hold), its input and output types are the node's, and its structure fits the
-    kernel's kind (``kiln.ir.graph``: one domain for an elementwise body; for a reduction body,
-    reductions of the same trailing axes of one shape, full values and row values)."""
+    kernel's kind by the rules fusion forms kernels by (``kiln.ir.analysis``: one domain for an
+    elementwise body; for a reduction body, reductions of the same trailing axes of one shape,
+    full values and row values, each row value read at its own row)."""
     _verify_graph(graph, None)
 
 
@@ -275,10 +274,7 @@ def _check_kernel_node(
                     )
         if not body.outputs:
             raise VerificationError(f"{what}: a body makes at least one output")
-        if kind == "reduction":
-            _check_reduction_body(what, body)
-        else:
-            _check_elementwise_body(what, body)
+        _check_body_structure(what, body, kind)
     if kind == "horizontal":
         first = structure_key(bodies[0])
         for member, body in enumerate(bodies[1:], 1):
@@ -294,11 +290,10 @@ def _check_kernel_node(
 
 def _check_body_op(index: int, node: Node, body_kind: str) -> None:
     op = node.op
-    prim = PRIMITIVES.get(op) if isinstance(op, str) else None
-    allowed = op == CONSTANT or op in BODY_VIEW_OPS or (prim is not None and prim.kind in ELEMENTWISE)
-    if body_kind == "reduction" and op in BODY_REDUCE_OPS:
-        allowed = True
-    if not allowed:
+    role = body_role(op) if isinstance(op, str) else None
+    if not (
+        op == CONSTANT or role in (ELEMENTWISE_ROLE, VIEW_ROLE) or (body_kind == "reduction" and role == REDUCE_ROLE)
+    ):
         extra = ", reduce_sum/max/min/prod" if body_kind == "reduction" else ""
         raise VerificationError(
             f"{_where(index, node)}: op {op!r} is not allowed in a kernel body of kind {body_kind} (allowed: "
@@ -306,83 +301,11 @@ def _check_body_op(index: int, node: Node, body_kind: str) -> None:
         )
 
 
-def _broadcasts(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:
-    try:
-        return broadcast_shapes(shape, domain) == domain
-    except ValueError:
-        return False
-
-
-def _check_shapes(what: str, body: Graph, fits, expected: str) -> None:
-    """Every value fits the domain (``fits``), or reaches it by index remapping: each node of the
-    body that reads it is a view, or an elementwise node (the value broadcasting to its result)
-    whose result reaches it so."""
-    for node in body.nodes:
-        if node.op == CONSTANT and node.outputs and node.outputs[0].type.shape != ():
-            raise VerificationError(f"{what}: constant %{node.outputs[0].id} in a body must be 0-d")
-    readers: dict[Value, list[Node]] = {}
-    for node in body.nodes:
-        for v in node.inputs:
-            readers.setdefault(v, []).append(node)
-    outputs = set(body.outputs)
-    remapped: set[Value] = set()
-    for value in [*(v for node in reversed(body.nodes) for v in node.outputs), *body.inputs]:
-        if value in outputs or fits(value.type.shape):
-            continue
-        users = readers.get(value, [])
-        if users and all(_remaps(u, value, remapped) for u in users):
-            remapped.add(value)
-        else:
-            raise VerificationError(
-                f"{what}: %{value.id} has shape {list(value.type.shape)}, expected {expected} (or a value "
-                "that reaches it through view nodes)"
-            )
-
-
-def _remaps(reader: Node, value: Value, remapped: set[Value]) -> bool:
-    if reader.op in BODY_VIEW_OPS:
-        return True
-    out = reader.outputs[0] if len(reader.outputs) == 1 else None
-    return reader.op not in BODY_REDUCE_OPS and out in remapped and _broadcasts(value.type.shape, out.type.shape)
-
-
-def _check_elementwise_body(what: str, body: Graph) -> None:
-    domain = body.outputs[0].type.shape
-    for value in body.outputs:
-        if value.type.shape != domain:
-            raise VerificationError(
-                f"{what}: every output of an elementwise body has the domain's shape {list(domain)}, "
-                f"got %{value.id} of shape {list(value.type.shape)}"
-            )
-    _check_shapes(what, body, lambda shape: _broadcasts(shape, domain), f"a shape that broadcasts to {list(domain)}")
-
-
-def _check_reduction_body(what: str, body: Graph) -> None:
-    reduces = [node for node in body.nodes if node.op in BODY_REDUCE_OPS]
-    if not reduces:
+def _check_body_structure(what: str, body: Graph, kind: str) -> None:
+    """The body makes a legal kernel of its kind (``analysis.kernel_legality``, the rules fusion forms
+    kernels by)."""
+    legality = kernel_legality(body.nodes, body.outputs, body.uses(), lambda node: True)
+    if legality.problem is not None:
+        raise VerificationError(f"{what}: {legality.problem}")
+    if kind == "reduction" and legality.kind != "reduction":
         raise VerificationError(f"{what}: a reduction body holds at least one reduce node")
-    domain = reduces[0].inputs[0].type.shape
-    axes = tuple(reduces[0].attrs["axes"])
-    k = len(axes)
-    if k == 0 or axes != tuple(range(len(domain) - k, len(domain))):
-        raise VerificationError(f"{what}: a reduction kernel reduces trailing axes, got axes {axes} of {list(domain)}")
-    for node in reduces[1:]:
-        if node.inputs[0].type.shape != domain or tuple(node.attrs["axes"]) != axes:
-            raise VerificationError(
-                f"{what}: every reduce of a body reduces axes {axes} of shape {list(domain)}, got axes "
-                f"{tuple(node.attrs['axes'])} of {list(node.inputs[0].type.shape)} (%{node.outputs[0].id})"
-            )
-    outer = domain[: len(domain) - k]
-    rows = {outer + (1,) * j for j in range(k + 1)}
-    for value in body.outputs:
-        if value.type.shape != domain and value.type.shape not in rows:
-            raise VerificationError(
-                f"{what}: an output of a reduction body is a full value {list(domain)} or a row value "
-                f"{list(outer)} (with up to {k} trailing 1s), got %{value.id} of shape {list(value.type.shape)}"
-            )
-    _check_shapes(
-        what,
-        body,
-        lambda shape: shape in rows or _broadcasts(shape, domain),
-        f"a full value (broadcasting to {list(domain)}) or a row value {list(outer)} with up to {k} trailing 1s",
-    )

@@ -8,7 +8,7 @@ kernel nodes (``kiln.ir.graph``), each fused node in exactly one kernel: no work
    backend does not compile in a kernel (``supports(node)`` False: the LLVM backend and float16)
    is extern, so fusion never forms a kernel that the backend then declines.
 2. Vertical fusion (``fusion_groups``): walking the graph in order, each fusable node joins the kernel of each of
-   its fusable producers in turn when the union is still a legal kernel (``kernel_kind``: one
+   its fusable producers in turn when the union is still a legal kernel (``kiln.ir.analysis``: one
    domain for an elementwise kernel; reductions of the same trailing axes of one shape, with
    full and row values, for a reduction kernel) and no path leaves the union and comes back
    (which would make the kernel depend on itself). Chains fuse; elementwise work before and

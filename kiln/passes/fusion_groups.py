@@ -3,7 +3,7 @@
 Every node starts as a group of its own (extern nodes and constants stay so). Walking the graph
 in order, each fusable node's group tries to merge with the group of each fusable producer; a
 merge is kept when the union has at most ``MAX_KERNEL_NODES`` nodes, is still a legal kernel
-(``fusion_rules``) and no path leaves it and comes back. The checks cost what the *smaller* group
+(``kiln.ir.analysis``) and no path leaves it and comes back. The checks cost what the *smaller* group
 and the searched region cost, never the size of the larger group, so a chain of ten thousand
 nodes groups in linear time:
 
@@ -28,14 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from ..ir.analysis import Space, fits, join_signatures, kernel_space, misread_row, reduce_signature, unremapped
 from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
-from .fusion_rules import EXTERN, MAX_KERNEL_NODES, VIEW, Space, classify, fits, kernel_space, reduce_signature, remaps
+from .fusion_rules import EXTERN, MAX_KERNEL_NODES, VIEW, classify
 
 
 class _Group:
     """A group's summary (see the module docstring); ``members`` are unordered until the end."""
 
-    __slots__ = ("members", "out", "reads", "shapes", "signature", "space", "misfits")
+    __slots__ = ("members", "out", "reads", "shapes", "signature", "derived", "space", "misfits")
 
     def __init__(self, node: Node, out: dict[Value, int], fusable: bool) -> None:
         self.members = [node]
@@ -46,7 +47,9 @@ class _Group:
         self.shapes: dict[tuple[int, ...], int] = {}  # output shape -> number of outputs
         for v in out:
             self.shapes[v.type.shape] = self.shapes.get(v.type.shape, 0) + 1
-        self.signature = reduce_signature([node]) if node.op in BODY_REDUCE_OPS else None
+        reduces = [node] if node.op in BODY_REDUCE_OPS else []
+        self.signature = reduce_signature(reduces)
+        self.derived: set[Value] = set(node.outputs) if reduces else set()  # computed from a reduction
         self.space: Space | None = kernel_space(self.signature, self.shapes.keys()) if fusable else None
         self.misfits: set[Value] = set()
         if self.space is not None:
@@ -134,13 +137,20 @@ class Grouping:
             shapes[v.type.shape] -= 1
             if not shapes[v.type.shape]:
                 del shapes[v.type.shape]
-        signature = _join(ga.signature, gb.signature)
+        signature = join_signatures(ga.signature, gb.signature)
         space = kernel_space(signature, shapes.keys())
         if space is None:
             return False
         misfits = self._misfits(large, small, space)
         if not self._remaps(misfits, (a, b), gone):
             return False
+        derived: set[Value] = set()
+        if signature is not None:  # walk what the merge joins: the interface's values computed from a reduction
+            starts = [v for v, _, _ in interface if v in gs.derived or v in gl.derived]
+            known = _Union(gs.derived, gl.derived)
+            misread, derived = misread_row(starts, self._inside((a, b)), self.users, space, known)
+            if misread is not None:
+                return False
         if not self._reorder(a, b, large):
             return False
         for v, n in gs.out.items():
@@ -154,6 +164,8 @@ class Grouping:
                 gl.out[v] -= n
             del gl.reads[v]
         gl.members += gs.members
+        gl.derived |= gs.derived
+        gl.derived |= derived
         gl.shapes, gl.signature, gl.space, gl.misfits = shapes, signature, space, misfits
         self.parent[small] = large
         del self.group[small]
@@ -171,15 +183,16 @@ class Grouping:
         if not misfits:
             return True
 
-        def inside(node: Node) -> bool:
-            return self.find(self.index[node]) in roots
-
         def order(v: Value) -> tuple[int, int]:
             p = self.producer.get(v)
             return (0, -p) if p is not None and self.find(p) in roots else (1, 0)
 
         outputs = {v for v in misfits if v not in gone and any(v in self.group[r].out for r in roots)}
-        return remaps(sorted(misfits, key=order), inside, self.users, outputs)
+        return unremapped(sorted(misfits, key=order), self._inside(roots), self.users, outputs) is None
+
+    def _inside(self, roots: tuple[int, int]):
+        """Membership in the union of the groups of ``roots``."""
+        return lambda node: self.find(self.index[node]) in roots
 
     # ------------------------------------------------------------------ the order of the groups
     def _successors(self, root: int) -> Iterator[int]:
@@ -240,10 +253,13 @@ class Grouping:
         return True
 
 
-def _join(x, y):
-    """The reduce signature of a union: the common one, or False when they differ."""
-    if x is None:
-        return y
-    if y is None or x == y:
-        return x
-    return False
+class _Union:
+    """Membership in either of two sets, without building their union."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: set[Value], b: set[Value]) -> None:
+        self.a, self.b = a, b
+
+    def __contains__(self, v: object) -> bool:
+        return v in self.a or v in self.b

@@ -10,10 +10,11 @@ What is planned: outputs of kernel nodes and of ``matmul`` that are not graph ou
 inputs (the caller's), constants (the graph's), graph outputs (the caller's, from the caching
 allocator), outputs of other extern nodes (numpy allocates them) and views are not.
 
-Liveness. A value lives from the node that defines it to its last use, both included: a node
-reads its inputs while it writes its outputs. A view (``reshape``, ``expand``, ``permute``,
-``slice``) shares its base's storage, so a base lives until the last use of any view of it,
-transitively; a value of which a graph output is (a view) escapes to the caller and is not planned.
+Liveness (``kiln.ir.analysis.Liveness``). A value lives from the node that defines it to its last
+use, both included: a node reads its inputs while it writes its outputs. A view (``reshape``,
+``expand``, ``permute``, ``slice``) shares its base's storage, so a base lives until the last use
+of any view of it, transitively; a value of which a graph output is (a view) escapes to the caller
+and is not planned.
 
 Placement is offline and greedy by size (as in TFLite's arena planner): buffers in decreasing
 size each take the tightest gap between the already-placed buffers whose lifetimes overlap theirs,
@@ -40,13 +41,13 @@ nodes (no view, no broadcast, no reduction) before reaching the outputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..ir.analysis import POINTWISE_KINDS, Liveness, pointwise_inputs
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
-from ..ir.primitives import ELEMENTWISE, PRIMITIVES
 
 #: Offsets into the arena (and buffer sizes) are multiples of this many bytes: a cache line, and
 #: enough for any vector load the code generator emits.
@@ -54,9 +55,6 @@ ALIGNMENT = 64
 
 #: Extern (non-kernel) ops whose executor writes the result into a planned buffer (``out=``).
 PLANNED_EXTERNS = frozenset({"matmul"})
-
-#: Kernel kinds whose bodies compute each output element from the same element of the inputs.
-_POINTWISE_KINDS = frozenset({"elementwise", "horizontal"})
 
 
 @dataclass
@@ -155,52 +153,13 @@ def eager_peak_bytes(graph: Graph) -> int:
     return peak([nbytes(v) for v in values], [live.start[v] for v in values], [live.end[v] for v in values])
 
 
-# ----------------------------------------------------------------------------- liveness
+# ----------------------------------------------------------------------------- sizes
 def nbytes(value: Value) -> int:
     return value.type.numel * value.type.dtype.itemsize
 
 
 def aligned(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
-
-
-def is_view(node: Node) -> bool:
-    prim = PRIMITIVES.get(node.op)
-    return prim is not None and prim.is_view
-
-
-class Liveness:
-    """Storage and lifetimes of a graph's values, by node index in schedule order.
-
-    ``root[v]`` is the value owning ``v``'s storage (``v`` itself unless ``v`` is a view);
-    ``start[r]``/``end[r]`` (roots only) the first and last node index at which ``r``'s storage
-    is in use (inputs: -1); ``escaped`` the roots that a graph output is or views.
-    """
-
-    def __init__(self, graph: Graph) -> None:
-        self.root: dict[Value, Value] = {v: v for v in graph.inputs}
-        self.start: dict[Value, int] = dict.fromkeys(graph.inputs, -1)
-        self.end: dict[Value, int] = dict.fromkeys(graph.inputs, -1)
-        self.producer: dict[Value, Node] = {}
-        self.index: dict[Node, int] = {}
-        root, end = self.root, self.end
-        for i, node in enumerate(graph.nodes):
-            self.index[node] = i
-            for v in node.inputs:
-                end[root[v]] = i  # nodes come in order: the last assignment is the last use
-            view = is_view(node)
-            for out in node.outputs:
-                self.producer[out] = node
-                if view:
-                    root[out] = root[node.inputs[0]]
-                else:
-                    root[out] = out
-                    self.start[out] = end[out] = i
-        self.escaped: set[Value] = {root[v] for v in graph.outputs}
-
-    def roots(self) -> Iterable[Value]:
-        """Every value owning storage, in definition order."""
-        return self.start.keys()
 
 
 def _planned_op(node: Node | None) -> bool:
@@ -229,7 +188,7 @@ def _choose_inplace(graph: Graph, live: Liveness, planned: set[Value]) -> dict[V
     inplace: dict[Value, Value] = {}
     taken: set[Value] = set()
     for i, node in enumerate(graph.nodes):
-        if node.op != KERNEL or node.attrs.get("kind") not in _POINTWISE_KINDS:
+        if node.op != KERNEL or node.attrs.get("kind") not in POINTWISE_KINDS:
             continue
         members = _members(node)
         # Where the kernel reads each planned storage: (member, body input position, value read).
@@ -253,30 +212,10 @@ def _choose_inplace(graph: Graph, live: Liveness, planned: set[Value]) -> dict[V
     return inplace
 
 
-def _members(node: Node) -> list[tuple[Sequence[Value], Sequence[Value], set[int]]]:
+def _members(node: Node) -> list[tuple[Sequence[Value], Sequence[Value], frozenset[int]]]:
     """Per body: the node's inputs and outputs it takes, and the positions of the body inputs
     read only at the element each output writes."""
-    members: list[tuple[Sequence[Value], Sequence[Value], set[int]]] = []
-    for body, inputs, outputs in body_inputs_outputs(node):
-        domain = body.outputs[0].type.shape if body.outputs else None
-        safe = {p for p, v in enumerate(body.inputs) if v.type.shape == domain and pointwise_from(body, v, domain)}
-        members.append((inputs, outputs, safe))
-    return members
-
-
-def pointwise_from(body: Graph, start: Value, domain: tuple[int, ...]) -> bool:
-    """Whether every value computed from ``start`` in ``body`` is elementwise at the domain's shape,
-    transitively: then the kernel reads ``start`` only at the element it is computing. (A view
-    anywhere downstream, even of an elementwise result, re-indexes ``start`` itself.)"""
-    derived = {start}
-    for node in body.nodes:
-        if not any(v in derived for v in node.inputs):
-            continue
-        prim = PRIMITIVES.get(node.op)
-        if prim is None or prim.kind not in ELEMENTWISE or any(v.type.shape != domain for v in node.outputs):
-            return False
-        derived.update(node.outputs)
-    return True
+    return [(inputs, outputs, pointwise_inputs(body)) for body, inputs, outputs in body_inputs_outputs(node)]
 
 
 # ----------------------------------------------------------------------------- placement

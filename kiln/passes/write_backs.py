@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ..ir.analysis import Liveness, reads_at_own_index
 from ..ir.graph import KERNEL, Graph, Value
 from ..ir.primitives import has_effect
-from ..runtime.executor import _views_of_inputs, reads_at_own_index
 from .layouts import is_c_order
 
 
@@ -38,7 +38,7 @@ def choose_write_backs(
     last_check = max((k for k, node in enumerate(graph.nodes) if has_effect(node.op)), default=-1)
     producer = {v: (k, node) for k, node in enumerate(graph.nodes) for v in node.outputs}
     last_read = {v: k for k, node in enumerate(graph.nodes) for v in node.inputs}
-    views = _views_of_inputs(graph)
+    views = Liveness(graph).views(graph.inputs)
     for o, i in pairs:
         value, source = graph.outputs[o], graph.inputs[i]
         k, node = producer.get(value, (-1, None))

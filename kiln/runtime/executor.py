@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from ..ir.analysis import Liveness, constant_views
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
-from ..ir.interpreter import constant_views, kernel_runner, node_error
+from ..ir.interpreter import kernel_runner, node_error
 from ..ir.primitives import PRIMITIVES
 from . import allocator, threads
 
@@ -363,20 +364,10 @@ class _Frame:
 
 
 def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:
-    """Per node, the slots to drop after it: values no later node reads, unless they live in the
-    arena (their views are reused every call) or are graph outputs."""
+    """Per node, the slots to drop after it (``Liveness.dead_after``), except values that live in
+    the arena (their views are reused every call)."""
     slots = {v: i for i, v in enumerate(graph.values())}
-    last: dict[Value, int] = {}
-    for index, node in enumerate(graph.nodes):
-        for v in node.inputs:
-            last[v] = index
-    for v in graph.outputs:
-        last.pop(v, None)
-    dead: list[list[int]] = [[] for _ in graph.nodes]
-    for v, index in last.items():
-        if v not in planned:
-            dead[index].append(slots[v])
-    return [tuple(d) for d in dead]
+    return [tuple(map(slots.__getitem__, dead)) for dead in Liveness(graph).dead_after(keep=planned)]
 
 
 def _aliases_an_argument(result: np.ndarray, args: tuple[int, ...], env: list) -> bool:
@@ -387,33 +378,4 @@ def _aliases_an_argument(result: np.ndarray, args: tuple[int, ...], env: list) -
         array = env[slot]
         if array is result or (not owns and np.may_share_memory(result, array)):
             return True
-    return False
-
-
-def _views_of_inputs(graph: Graph) -> dict[Value, list[Value]]:
-    """Per graph input, the input and the results of view nodes over it, transitively (one pass
-    over the graph for every input at once)."""
-    root = {v: v for v in graph.inputs}
-    views: dict[Value, list[Value]] = {v: [v] for v in graph.inputs}
-    for node in graph.nodes:
-        if node.op not in (CONSTANT, KERNEL) and PRIMITIVES[node.op].is_view and node.inputs[0] in root:
-            root[node.output] = root[node.inputs[0]]
-            views[root[node.output]].append(node.output)
-    return views
-
-
-def reads_at_own_index(node: Node, source: Value, result: Value) -> bool:
-    """Whether kernel ``node`` reads ``source`` only at the index where it writes ``result``: both in
-    the same elementwise body, of one shape, and everything the body computes from ``source`` is
-    elementwise at that shape. A view or broadcast anywhere downstream (``t = a.pow(2).T``) makes
-    the generated loop read ``source`` at another element, which an in-place write may have
-    overwritten already."""
-    from ..ir.graph import body_inputs_outputs  # noqa: PLC0415
-    from ..passes.memory_plan import pointwise_from  # noqa: PLC0415
-
-    if node.attrs["kind"] not in ("elementwise", "horizontal") or source.type.shape != result.type.shape:
-        return False
-    for body, inputs, outputs in body_inputs_outputs(node):
-        if result in outputs and source in inputs:
-            return pointwise_from(body, body.inputs[inputs.index(source)], result.type.shape)
     return False

@@ -8,13 +8,17 @@ eager kernel.
 
 from __future__ import annotations
 
+import operator
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
 import kiln
 from kiln.frontend.dispatch import apply, types_of
 from kiln.ir.emitter import NumpyEmitter
-from kiln.ir.primitives import ELEMENTWISE, PRIMITIVES, Kind, missing_rules
+from kiln.ir.graph import BODY_REDUCE_OPS, BODY_VIEW_OPS
+from kiln.ir.primitives import ELEMENTWISE, NO_COMBINE, PRIMITIVES, Kind, missing_rules, required_rules
 from tests.conftest import assert_close, tol
 
 PRIMS = sorted(PRIMITIVES.values(), key=lambda p: p.name)
@@ -92,3 +96,48 @@ def test_scalar_formula_matches_eager_kernel(prim):
 def test_registry_covers_the_kinds_the_design_names():
     kinds = {p.kind for p in PRIMS}
     assert {Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST, Kind.REDUCE, Kind.MOVEMENT} <= kinds
+
+
+def test_kinds_require_their_lowering_rules():
+    """Reductions need a combine op (or NO_COMBINE) and an identity; views an index map."""
+    assert {"combine", "identity"} <= set(required_rules(PRIMITIVES["reduce_sum"]))
+    assert "identity" not in required_rules(PRIMITIVES["argmax"]) and PRIMITIVES["argmax"].combine == NO_COMBINE
+    assert "index_map" in required_rules(PRIMITIVES["permute"])
+    assert "index_map" not in required_rules(PRIMITIVES["flip"])  # a copy, not a view
+
+
+def test_body_op_sets_derive_from_the_registry():
+    assert BODY_VIEW_OPS == {"reshape", "expand", "permute", "slice"}
+    assert BODY_REDUCE_OPS == {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"}
+
+
+#: The index algebra of plain ints: an index map evaluated on one concrete output index.
+INT_ALGEBRA = SimpleNamespace(zero=0, const=int, add=operator.add, scale=operator.mul, divmod=divmod)
+
+
+@pytest.mark.parametrize("prim", [p for p in PRIMS if p.index_map is not None], ids=lambda p: p.name)
+def test_view_index_maps_read_what_the_eager_view_holds(prim):
+    """For every element of the eager view: the element of the input its index map names."""
+    for sample in samples_of(prim):
+        (x,) = sample.args
+        view = np.asarray(prim.eager(np, x, **sample.attrs))
+        for index in np.ndindex(view.shape):
+            source = prim.index_map(INT_ALGEBRA, index, x.shape, view.shape, **sample.attrs)
+            assert view[index] == x[source], f"{prim.name}{sample.attrs} at {index}: read {source}"
+
+
+@pytest.mark.parametrize("prim", [p for p in PRIMS if p.kind is Kind.REDUCE and p.combine], ids=lambda p: p.name)
+def test_reduction_combine_and_identity_match_the_eager_kernel(prim):
+    """Folding the combine op (on the reference emitter) over the reduced axes from the identity."""
+    em = NumpyEmitter()
+    for sample in samples_of(prim):
+        (x,) = sample.args
+        axes = sample.attrs["axes"]
+        expected = prim.eager(np, x, **sample.attrs)
+        rows = np.moveaxis(x, axes, tuple(range(x.ndim - len(axes), x.ndim))) if axes else x
+        outer = rows.shape[: x.ndim - len(axes)]
+        rows = rows.reshape(*outer, int(np.prod(rows.shape[len(outer) :])))
+        acc = np.full(rows.shape[:-1], prim.identity(kiln.float64), np.float64)
+        for k in range(rows.shape[-1]):
+            acc = getattr(em, prim.combine)(acc, rows[..., k])
+        np.testing.assert_allclose(acc.reshape(np.shape(expected)), expected, rtol=1e-12)

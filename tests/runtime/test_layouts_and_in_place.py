@@ -24,8 +24,9 @@ import pytest
 
 import kiln
 import kiln.nn as nn
+from kiln.ir.analysis import reads_at_own_index
 from kiln.ir.primitives import PRIMITIVES
-from kiln.runtime.executor import CompiledProgram, reads_at_own_index
+from kiln.runtime.executor import CompiledProgram
 
 from ..conftest import assert_close
 

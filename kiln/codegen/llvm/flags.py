@@ -1,7 +1,8 @@
 """LLVM fast-math flags, chosen per use and listed here once, each with the reason it is safe.
 
-Every floating-point instruction kiln emits takes its flags from one of these tuples (llvmlite's
-``builder.fadd(a, b, flags=ELEMENTWISE)``, ``builder.call(fn, args, fastmath=MATHLIB)``). What
+Every floating-point instruction kiln emits takes its flags from one of these tuples, chosen by
+the scalar core's float mode (``BY_MODE``: ``LLVMCore.add`` in ``ELEMENTWISE`` mode emits
+``fadd contract``). What
 is never used anywhere: ``nnan`` and ``ninf`` (inf and nan must propagate exactly as in eager),
 ``nsz`` (the sign of zero is observable: ``1 / -0.0``, ``atan2``, numpy's max/min ties) and
 ``fast`` (which implies all of them).
@@ -11,6 +12,8 @@ is never used anywhere: ``nnan`` and ``ninf`` (inf and nan must propagate exactl
 """
 
 from __future__ import annotations
+
+from ..core import FloatMode
 
 #: Elementwise arithmetic: ``a * b + c`` may become one fused multiply-add. FMA rounds once
 #: instead of twice, so results may differ from numpy's by at most the rounding of the product;
@@ -23,14 +26,19 @@ ELEMENTWISE: tuple[str, ...] = ("contract",)
 #: left-to-right sum, so the tests compare reductions with a tolerance anyway.
 REDUCTION: tuple[str, ...] = ("reassoc", "contract")
 
-#: Inside kiln's own math routines (kiln/codegen/llvm/mathlib.py) only: ``afn`` lets LLVM use
-#: approximate forms of the intrinsics a routine calls and ``arcp`` turns a division into a
-#: multiplication by a reciprocal -- both within the routine's documented ulp bound. Not
-#: ``reassoc``: range reductions (Cody-Waite) and compensated polynomial steps depend on the
-#: order of their operations.
-MATHLIB: tuple[str, ...] = ("contract", "afn", "arcp")
+#: kiln's own math routines (kiln/codegen/mathlib/) and numpy's divmod: no flags at all. Their
+#: error analyses (exact Cody-Waite steps, TwoSum, compensated divisions, npy_divmod's snapping)
+#: rely on every operation rounding exactly once; the polynomials use explicit ``fma`` instead.
+EXACT: tuple[str, ...] = ()
+
+#: The flags of each float mode of the scalar core (kiln/codegen/core.py).
+BY_MODE: dict[FloatMode, tuple[str, ...]] = {
+    FloatMode.ELEMENTWISE: ELEMENTWISE,
+    FloatMode.EXACT: EXACT,
+    FloatMode.REDUCTION: REDUCTION,
+}
 
 #: The flags no tuple above may contain.
 FORBIDDEN = frozenset({"nnan", "ninf", "nsz", "fast"})
 
-assert not FORBIDDEN.intersection(ELEMENTWISE + REDUCTION + MATHLIB), "a forbidden fast-math flag is in use"
+assert not FORBIDDEN.intersection(ELEMENTWISE + REDUCTION + EXACT), "a forbidden fast-math flag is in use"

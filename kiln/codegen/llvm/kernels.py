@@ -7,7 +7,7 @@ shapes and on the inputs' strides (``layouts``, in elements; 0 broadcasts, negat
 backwards); outputs are C-contiguous.
 
 - elementwise: the domain's loop dimensions that every operand addresses as one are collapsed
-  (kernels_index.collapse), so a contiguous chain is one long unit-stride loop that vectorizes.
+  (kiln/codegen/index.py: collapse), so a contiguous chain is one long unit-stride loop that vectorizes.
   A unit is a chunk of about ``CHUNK`` elements: a piece of a long inner loop, or several rows.
 - reduction: a unit is one row (the flattened outer index). Per row, one pass over the row per
   reduction level computes that level's reductions together (softmax: the max, then the sum of
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ...ir.graph import Graph, Node, structure_key
+from .. import index as ix
+from ..kernel_dag import REDUCES, VIEWS, Apply, DagBuilder, Load, Reduce, Rows, loads
 from . import Unsupported
-from . import kernels_index as ix
-from .emitter import store
-from .kernels_dag import REDUCES, VIEWS, Apply, DagBuilder, Load, Reduce, Rows, loads
+from .emitter import register_type, store
 from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
 from .loops import I64, for_range, i64, minimum, product
 
@@ -73,6 +73,9 @@ class KernelModule:
             raise Unsupported(f"kernel kind {kind!r}")
         if kind != "horizontal" and len(bodies) != 1:
             raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
+        for body in bodies:
+            for value in body.values():
+                register_type(value.type.dtype)  # raises Unsupported for float16 and friends
         key = _kernel_key(kind, bodies, layouts)
         if key in self._known:  # the same code (an unrolled loop's steps, repeated blocks): one function
             return self._known[key]

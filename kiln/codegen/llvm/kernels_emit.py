@@ -1,26 +1,24 @@
-"""Emitting a scalar DAG (kernels_dag) as LLVM IR: element offsets, loads, formulas, accumulators.
+"""Emitting a scalar DAG (kiln/codegen/kernel_dag.py) as LLVM IR: element offsets, loads, formulas, accumulators.
 
 A ``Scope`` holds what is already emitted where it dominates the current position: the row scope
 of a reduction kernel holds each finished reduction's value, and every loop body opens a child
 scope (values emitted in one loop do not dominate the next loop). Offsets are materialized from
 ``Lin`` expressions through ``VarEnv``, which maps each domain variable to its loop value -- or to
-nothing when collapsing folded it into the next variable's loop (see kernels_index.collapse).
+nothing when collapsing folded it into the next variable's loop (see kiln/codegen/index.py: collapse).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 from llvmlite import ir
 
-from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ...ir.primitives import PRIMITIVES
-from . import Unsupported, flags
+from ..index import Div, Lin
+from ..kernel_dag import Apply, Const, Load, Node, Reduce
+from . import Unsupported
 from .emitter import LLVMEmitter, Scalar, load, memory_type, register_type
-from .kernels_dag import Apply, Const, Load, Node, Reduce
-from .kernels_index import Div, Lin
 from .loops import i64
 
 _NSW = ("nsw",)
@@ -116,7 +114,9 @@ class DagEmitter:
             return self.em.constant(node.value, node.dtype)
         if isinstance(node, Apply):
             args = [scope.get(a) for a in node.args]
-            result = PRIMITIVES[node.op].scalar(self.em, *args, **node.attrs)
+            formula = PRIMITIVES[node.op].scalar
+            assert formula is not None, f"{node.op} has no scalar formula"  # the DAG builder checked
+            result = formula(self.em, *args, **node.attrs)
             if result.dtype is not node.dtype:  # e.g. numpy's float64 from integer true division
                 result = self.em.cast(result, node.dtype)
             return result
@@ -137,37 +137,16 @@ def _entry_alloca(builder: ir.IRBuilder, ty: ir.Type, name: str) -> ir.Value:
         return builder.alloca(ty, name=name)
 
 
-def _intrinsic(builder: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
-    ty = args[0].type
-    full = f"llvm.{name}.{'f32' if isinstance(ty, ir.FloatType) else 'f64'}"
-    fn = builder.module.globals.get(full) or ir.Function(builder.module, ir.FunctionType(ty, [ty] * len(args)), full)
-    return builder.call(fn, args)
-
-
-def _identity(op: str, dtype: DType) -> object:
-    """The reduction's value over no elements (max/min never see an empty row: infer rejects it)."""
-    if op == "reduce_sum":
-        return 0
-    if op == "reduce_prod":
-        return 1
-    low = op == "reduce_max"
-    if dtype.is_floating_point:
-        return float("-inf") if low else float("inf")
-    if dtype is dt.bool_:
-        return not low
-    limits = np.iinfo(dtype.np)
-    return int(limits.min) if low else int(limits.max)
-
-
 class Accumulator:
-    """One reduction's running value in a stack slot: ``init`` before the row, ``update`` per
-    element, ``result`` after. Float max/min use ``llvm.maximum``/``llvm.minimum``, which propagate
-    nan as numpy does and which the vectorizer turns into a vector reduction (maxnum plus a nan
-    flag, or a compare-select, stay scalar without ``nnan``)."""
+    """One reduction's running value in a stack slot: ``init`` (the registry's ``identity``) before
+    the row, ``update`` per element (the registry's ``combine`` op, ``LLVMEmitter.combine``),
+    ``result`` after."""
 
     def __init__(self, builder: ir.IRBuilder, reduce: Reduce) -> None:
-        if reduce.op not in ("reduce_sum", "reduce_prod", "reduce_max", "reduce_min"):
-            raise Unsupported(f"{reduce.op} is not compiled")
+        prim = PRIMITIVES[reduce.op]
+        if not prim.combine or prim.identity is None:
+            raise Unsupported(f"{reduce.op} is not compiled (it has no combine op)")
+        self.combine, self.identity = prim.combine, prim.identity
         self.builder = builder
         self.reduce = reduce
         self.em = LLVMEmitter(builder)
@@ -175,22 +154,12 @@ class Accumulator:
         self.slot = _entry_alloca(builder, self.type, "acc")
 
     def init(self) -> None:
-        identity = self.em.constant(_identity(self.reduce.op, self.reduce.dtype), self.reduce.dtype)
+        identity = self.em.constant(self.identity(self.reduce.dtype), self.reduce.dtype)
         self.builder.store(identity.value, self.slot)
 
     def update(self, x: Scalar) -> None:
-        b, op, dtype = self.builder, self.reduce.op, self.reduce.dtype
-        acc = Scalar(b.load(self.slot, typ=self.type), dtype)
-        if not dtype.is_floating_point:
-            method = {"reduce_sum": "add", "reduce_prod": "mul", "reduce_max": "max", "reduce_min": "min"}[op]
-            new = getattr(self.em, method)(acc, x).value
-        elif op == "reduce_sum":
-            new = b.fadd(acc.value, x.value, flags=flags.REDUCTION)
-        elif op == "reduce_prod":
-            new = b.fmul(acc.value, x.value, flags=flags.REDUCTION)
-        else:
-            new = _intrinsic(b, "maximum" if op == "reduce_max" else "minimum", acc.value, x.value)
-        b.store(new, self.slot)
+        acc = Scalar(self.builder.load(self.slot, typ=self.type), self.reduce.dtype)
+        self.builder.store(self.em.combine(self.combine, acc, x).value, self.slot)
 
     def result(self) -> Scalar:
         return Scalar(self.builder.load(self.slot, typ=self.type), self.reduce.dtype)

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from llvmlite import ir
 
 from ...ir.graph import Graph
+from ..kernel_dag import Load, loads, signature
 from . import Unsupported
 from .emitter import store
 from .kernels import _Body, elementwise_plan, operand_pointers
-from .kernels_dag import Load, loads, signature
 from .kernels_emit import Scope, element_pointer
 from .loops import I64, for_range, i64, product
 

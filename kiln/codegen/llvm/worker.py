@@ -103,7 +103,8 @@ class Worker:
             return
         for stream in (process.stdin, process.stdout):
             try:
-                stream.close()
+                if stream is not None:
+                    stream.close()
             except OSError:
                 pass
         try:

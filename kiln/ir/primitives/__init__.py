@@ -15,6 +15,14 @@ A ``Primitive`` carries every rule about one op, side by side:
 - ``scalar(em, *values, **attrs)``: for elementwise kinds, the formula for one element against
   an emitter protocol (``em.add``, ``em.exp``, ``em.select``...) that each code generator
   implements; fusion evaluates a chain of these in one loop nest.
+- ``combine`` and ``identity``, for reductions: the name of the emitter method that folds one
+  element into the running value (``"add"``, ``"max"``) and ``identity(dtype)``, the value over no
+  elements; code generators lower every reduction from these two. ``NO_COMBINE`` marks a
+  reduction no code generator fuses (argmax: its running value is an index).
+- ``index_map(ix, index, in_shape, out_shape, **attrs)``, for views: the index into the input that
+  an index into the output reads, written against an index-algebra namespace ``ix`` (``zero``,
+  ``const(c)``, ``add``, ``scale(e, k)``, ``divmod(e, d)``) that the caller supplies -- symbolic
+  affine forms in a kernel generator, plain ints in the tests.
 - ``reference(torch, *tensors, **attrs)``: the same op in PyTorch, the parity oracle.
 - ``samples(rng) -> list[Sample]``: example arguments, so that generic tests walk the
   registry: eager against the reference, ``infer`` against eager, ``vjp`` against finite
@@ -64,6 +72,9 @@ def _not_differentiable(ops: Any, ctx: Any, g: Any) -> tuple:
 #: Marker for primitives without gradient (comparisons, argmax, random bits...).
 NOT_DIFFERENTIABLE: Callable[..., tuple] = _not_differentiable
 
+#: Marker for reductions without a scalar combine op: code generators leave them to the interpreter.
+NO_COMBINE = ""
+
 
 @dataclass(frozen=True)
 class Sample:
@@ -87,6 +98,9 @@ class Primitive:
     reference: Callable[..., Any] | None = None
     samples: Callable[[Any], Sequence[Sample]] | None = None
     is_view: bool = False  # the eager result shares memory with input 0 (PyTorch's view ops)
+    combine: str | None = None  # reductions: the emitter method folding an element into the running value
+    identity: Callable[[Any], object] | None = None  # reductions: dtype -> the value over no elements
+    index_map: Callable[..., tuple] | None = None  # views: output index -> the input index it reads
     effect: bool = False  # the node runs even when nothing reads its output (a check that raises)
     doc: str = ""
 
@@ -112,6 +126,12 @@ def required_rules(prim: Primitive) -> list[str]:
     rules = ["infer", "eager", "vjp", "samples"]
     if prim.kind in ELEMENTWISE:
         rules.append("scalar")
+    if prim.kind is Kind.REDUCE:
+        rules.append("combine")  # NO_COMBINE where no code generator fuses it
+        if prim.combine != NO_COMBINE:
+            rules.append("identity")
+    if prim.is_view:
+        rules.append("index_map")
     if prim.kind is not Kind.RANDOM:  # random bits are checked against Philox's test vectors
         rules.append("reference")
     return rules
@@ -132,3 +152,8 @@ def missing_rules(prim: Primitive) -> list[str]:
 from . import checks, elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
 
 P = PRIMITIVES
+
+#: The view ops a kernel body may hold (index remapping, never a copy): those with an index map.
+VIEW_OPS = frozenset(p.name for p in PRIMITIVES.values() if p.index_map is not None)
+#: The reductions a reduction kernel's body may hold: those with a combine op.
+FUSIBLE_REDUCE_OPS = frozenset(p.name for p in PRIMITIVES.values() if p.kind is Kind.REDUCE and p.combine)

@@ -11,6 +11,55 @@ from ..shapes import numel
 from ..types import TensorType
 from . import Kind, Primitive, Sample, register
 
+# ----------------------------------------------------------------------------- index maps of the views
+# ``index_map(ix, index, in_shape, out_shape, **attrs)``: the input index that output ``index`` reads,
+# over the index algebra ``ix`` the caller passes (see the registry's docstring).
+
+
+def _contiguous_strides(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _reshape_index(ix, index, in_shape, out_shape, **attrs):
+    """Row-major: flatten the output index, unflatten it in the input's shape."""
+    if numel(in_shape) == 0:  # no element is ever read (and a size-0 dim would divide by 0 below)
+        return tuple(ix.zero for _ in in_shape)
+    flat = ix.zero
+    for e, stride in zip(index, _contiguous_strides(out_shape), strict=True):
+        flat = ix.add(flat, ix.scale(e, stride))
+    out = []
+    for n, stride in zip(in_shape, _contiguous_strides(in_shape), strict=True):
+        if n == 1:
+            out.append(ix.zero)
+            continue
+        quotient, _ = ix.divmod(flat, stride)
+        out.append(ix.divmod(quotient, n)[1])
+    return tuple(out)
+
+
+def _expand_index(ix, index, in_shape, out_shape, **attrs):
+    """numpy's right-aligned broadcasting: a size-1 input dim is read at 0."""
+    lead = len(index) - len(in_shape)
+    return tuple(ix.zero if n == 1 else index[lead + k] for k, n in enumerate(in_shape))
+
+
+def _permute_index(ix, index, in_shape, out_shape, *, perm):
+    """Output dim ``i`` is input dim ``perm[i]``."""
+    out = [ix.zero] * len(perm)
+    for i, p in enumerate(perm):
+        out[p] = index[i]
+    return tuple(out)
+
+
+def _slice_index(ix, index, in_shape, out_shape, *, starts, stops, steps):
+    return tuple(
+        ix.add(ix.scale(e, step), ix.const(start)) for e, start, step in zip(index, starts, steps, strict=True)
+    )
+
 
 def _reshape_infer(x: TensorType, *, shape: tuple[int, ...]) -> TensorType:
     if numel(shape) != x.numel or any(d < 0 for d in shape):
@@ -25,7 +74,7 @@ reshape = register(Primitive(
     samples=lambda rng: [Sample((rng.normal(size=(2, 6)),), {"shape": (3, 4)}),
                          Sample((rng.normal(size=()),), {"shape": (1, 1)}),
                          Sample((rng.normal(size=(0, 2)),), {"shape": (2, 0)})],
-    is_view=True, doc="Row-major reshape of a tensor whose strides allow a view (the frontend copies first otherwise).",
+    is_view=True, index_map=_reshape_index, doc="Row-major reshape of a tensor whose strides allow a view (the frontend copies first otherwise).",
 ))  # fmt: skip
 
 
@@ -46,7 +95,7 @@ expand = register(Primitive(
     reference=lambda torch, x, *, shape: x.expand(shape),
     samples=lambda rng: [Sample((rng.normal(size=(3, 1)),), {"shape": (2, 3, 4)}),
                          Sample((rng.normal(size=()),), {"shape": (5,)})],
-    is_view=True, doc="Broadcast to `shape` without copying (stride 0 on the new dimensions).",
+    is_view=True, index_map=_expand_index, doc="Broadcast to `shape` without copying (stride 0 on the new dimensions).",
 ))  # fmt: skip
 
 
@@ -82,7 +131,7 @@ permute = register(Primitive(
     samples=lambda rng: [Sample((rng.normal(size=(2, 3, 4)),), {"perm": (2, 0, 1)}),
                          Sample((rng.normal(size=()),), {"perm": ()}),
                          Sample((rng.normal(size=(0, 3)),), {"perm": (1, 0)})],
-    is_view=True, doc="Reorder the dims: output dim i is input dim perm[i] (a view).",
+    is_view=True, index_map=_permute_index, doc="Reorder the dims: output dim i is input dim perm[i] (a view).",
 ))  # fmt: skip
 
 
@@ -131,7 +180,7 @@ def _slice_samples(rng):
 slice_ = register(Primitive(
     "slice", Kind.MOVEMENT, _slice_infer, _slice_eager, _slice_vjp,
     reference=lambda torch, x, *, starts, stops, steps: x[tuple(map(slice, starts, stops, steps))],
-    samples=_slice_samples, is_view=True,
+    samples=_slice_samples, is_view=True, index_map=_slice_index,
     doc="Per-dim start:stop:step (normalized: 0 <= start, stop <= size, step > 0); a view.",
 ))  # fmt: skip
 

@@ -12,7 +12,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..shapes import normalize_axes, reduced_shape
 from ..types import TensorType
-from . import NOT_DIFFERENTIABLE, Kind, Primitive, Sample, register
+from . import NO_COMBINE, NOT_DIFFERENTIABLE, Kind, Primitive, Sample, register
 
 
 def _reduce_infer(name: str, needs_elements: bool = False):
@@ -76,7 +76,7 @@ def _sum_samples(rng):
 
 reduce_sum = register(Primitive(
     "reduce_sum", Kind.REDUCE, _reduce_infer("reduce_sum"),
-    _reduce_kernel("add", "sum", typed=True), _sum_vjp,
+    _reduce_kernel("add", "sum", typed=True), _sum_vjp, combine="add", identity=lambda dtype: 0,
     reference=lambda torch, x, *, axes, keepdim: torch.sum(x, dim=axes, keepdim=keepdim), samples=_sum_samples,
 ))  # fmt: skip
 
@@ -112,17 +112,31 @@ def _extremum_samples(rng):
     ]
 
 
-def _extremum(name: str, ufunc: str, function: str, torch_name: str):
+def _lowest(dtype: dt.DType) -> object:
+    """The identity of max: below every value of ``dtype`` (max/min never see an empty row: infer rejects it)."""
+    if dtype.is_floating_point:
+        return float("-inf")
+    return False if dtype is dt.bool_ else int(np.iinfo(dtype.np).min)
+
+
+def _highest(dtype: dt.DType) -> object:
+    if dtype.is_floating_point:
+        return float("inf")
+    return True if dtype is dt.bool_ else int(np.iinfo(dtype.np).max)
+
+
+def _extremum(name: str, ufunc: str, function: str, torch_name: str, combine: str, identity):
     return register(Primitive(
         name, Kind.REDUCE, _reduce_infer(torch_name, needs_elements=True),
         _reduce_kernel(ufunc, function, typed=False), _extremum_vjp, save_inputs=True, save_output=True,
+        combine=combine, identity=identity,
         reference=lambda torch, x, *, axes, keepdim: getattr(torch, torch_name)(x, dim=axes, keepdim=keepdim),
         samples=_extremum_samples, doc=f"{torch_name}: nan propagates; the gradient is split evenly among ties.",
     ))  # fmt: skip
 
 
-reduce_max = _extremum("reduce_max", "maximum", "max", "amax")
-reduce_min = _extremum("reduce_min", "minimum", "min", "amin")
+reduce_max = _extremum("reduce_max", "maximum", "max", "amax", "max", _lowest)
+reduce_min = _extremum("reduce_min", "minimum", "min", "amin", "min", _highest)
 
 
 # ----------------------------------------------------------------------------- reduce_prod
@@ -160,7 +174,8 @@ def _prod_samples(rng):
 
 reduce_prod = register(Primitive(
     "reduce_prod", Kind.REDUCE, _reduce_infer("prod"),
-    _reduce_kernel("multiply", "prod", typed=True), _prod_vjp, save_inputs=True,
+    _reduce_kernel("multiply", "prod", typed=True), _prod_vjp, save_inputs=True, combine="mul",
+    identity=lambda dtype: 1,
     reference=lambda torch, x, *, axes, keepdim: _torch_prod(torch, x, axes, keepdim),
     samples=_prod_samples, doc="Product over axes; the gradient is exact where the slice holds zeros.",
 ))  # fmt: skip
@@ -213,7 +228,7 @@ def _arg_samples(rng):
 
 def _arg(name: str, fn: str):
     return register(Primitive(
-        name, Kind.REDUCE, _arg_infer(name), _arg_eager(fn), NOT_DIFFERENTIABLE,
+        name, Kind.REDUCE, _arg_infer(name), _arg_eager(fn), NOT_DIFFERENTIABLE, combine=NO_COMBINE,
         reference=lambda torch, x, *, axis, keepdim: getattr(torch, name)(x, dim=axis, keepdim=keepdim),
         samples=_arg_samples, doc=f"The int64 index of the first {name[3:]} (nan counts as the extreme), "
                                   "over `axis` or the flattened tensor when None.",

@@ -24,14 +24,14 @@ from kiln.ir.primitives import ELEMENTWISE, PRIMITIVES
 
 def _have_mathlib() -> bool:
     try:
-        from kiln.codegen.llvm import mathlib  # noqa: PLC0415 - written concurrently by another helper
+        from kiln.codegen import mathlib  # noqa: PLC0415 - written concurrently by another helper
     except ImportError:
         return False
     return hasattr(mathlib, "call")
 
 
 HAVE_MATHLIB = _have_mathlib()
-needs_mathlib = pytest.mark.skipif(not HAVE_MATHLIB, reason="kiln/codegen/llvm/mathlib.py (helper MATH) not there yet")
+needs_mathlib = pytest.mark.skipif(not HAVE_MATHLIB, reason="kiln/codegen/mathlib (helper MATH) not there yet")
 
 MATH_OPS = {"exp", "expm1", "log", "log1p", "sin", "cos", "tanh", "sigmoid", "erf"}
 MATH_ULPS = 4  # mathlib's float32/float64 bound against eager; pow of floats is held to it too

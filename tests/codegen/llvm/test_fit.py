@@ -1,4 +1,4 @@
-"""The fitting tool (``kiln.codegen.llvm.mathlib.fit``) reproduces the tables the routines use.
+"""The fitting tool (``kiln.codegen.mathlib.fit``) reproduces the tables the routines use.
 
 The tool needs mpmath, which ``pip install -e ".[dev]"`` installs; it is not needed at run time.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kiln.codegen.llvm.mathlib import exp_log, fit, trig
+from kiln.codegen.mathlib import exp_log, fit, trig
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ import platform
 import numpy as np
 import pytest
 
+from kiln.codegen import index as ix
 from kiln.codegen.llvm import Unsupported, engine
-from kiln.codegen.llvm import kernels_index as ix
 from kiln.codegen.llvm.kernels import CHUNK, KernelModule
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import GraphBuilder, Node
@@ -79,13 +79,13 @@ def check(body, arrays, kind="elementwise", rtol=1e-6, atol=1e-6, ranges=None):
 
 def _has_mathlib() -> bool:
     try:
-        from kiln.codegen.llvm import mathlib  # noqa: PLC0415
+        from kiln.codegen import mathlib  # noqa: PLC0415
     except ImportError:
         return False
     return hasattr(mathlib, "call")
 
 
-needs_mathlib = pytest.mark.skipif(not _has_mathlib(), reason="kiln.codegen.llvm.mathlib (exp, tanh) is not there yet")
+needs_mathlib = pytest.mark.skipif(not _has_mathlib(), reason="kiln.codegen.mathlib (exp, tanh) is not there yet")
 
 
 # ----------------------------------------------------------------------------- index algebra

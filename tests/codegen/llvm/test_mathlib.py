@@ -20,10 +20,20 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from kiln.codegen.llvm import engine, mathlib
+from kiln.codegen import mathlib
+from kiln.codegen.core import Scalar
+from kiln.codegen.llvm import engine
+from kiln.codegen.llvm.core import LLVMCore
+from kiln.ir import dtypes as dt
 
 F32, F64 = ir.FloatType(), ir.DoubleType()
 TYPES = {np.float32: F32, np.float64: F64}
+DTYPES = {F32: dt.float32, F64: dt.float64}
+
+
+def call(builder: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
+    """mathlib routine ``name`` of LLVM float/double values through the LLVM core."""
+    return mathlib.call(LLVMCore(builder), name, *(Scalar(a, DTYPES.get(a.type, dt.int32)) for a in args)).value
 
 
 def kernel_ir(name: str, ty: ir.Type, symbol: str = "kernel") -> str:
@@ -42,7 +52,7 @@ def kernel_ir(name: str, ty: ir.Type, symbol: str = "kernel") -> str:
     index = builder.phi(i64)
     index.add_incoming(ir.Constant(i64, 0), entry)
     args = [builder.load(builder.gep(p, [index], inbounds=True, source_etype=ty), typ=ty) for p in inputs]
-    builder.store(mathlib.call(builder, name, *args), builder.gep(out, [index], inbounds=True, source_etype=ty))
+    builder.store(call(builder, name, *args), builder.gep(out, [index], inbounds=True, source_etype=ty))
     following = builder.add(index, ir.Constant(i64, 1), flags=("nsw", "nuw"))
     index.add_incoming(following, loop)
     builder.cbranch(builder.icmp_signed("<", following, n), loop, done)
@@ -369,9 +379,9 @@ def test_call_defines_each_routine_once_as_internal_alwaysinline():
     module = ir.Module()
     fn = ir.Function(module, ir.FunctionType(F32, [F32, F64]), "f")
     builder = ir.IRBuilder(fn.append_basic_block())
-    a = mathlib.call(builder, "exp", fn.args[0])
-    mathlib.call(builder, "exp", a)
-    mathlib.call(builder, "exp", fn.args[1])
+    a = call(builder, "exp", fn.args[0])
+    call(builder, "exp", a)
+    call(builder, "exp", fn.args[1])
     builder.ret(a)
     defined = sorted(name for name in module.globals if name.startswith("kiln.math."))
     assert defined == ["kiln.math.exp.f32", "kiln.math.exp.f64"]
@@ -385,13 +395,13 @@ def test_call_rejects_bad_names_arity_and_types():
     fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [F32, F64, ir.IntType(32)]), "f")
     builder = ir.IRBuilder(fn.append_basic_block())
     with pytest.raises(ValueError, match="no routine 'gamma'.*expected one of"):
-        mathlib.call(builder, "gamma", fn.args[0])
+        call(builder, "gamma", fn.args[0])
     with pytest.raises(TypeError, match="pow takes 2 argument"):
-        mathlib.call(builder, "pow", fn.args[0])
-    with pytest.raises(TypeError, match=r"float or double arguments of one type, got \(float, double\)"):
-        mathlib.call(builder, "pow", fn.args[0], fn.args[1])
-    with pytest.raises(TypeError, match=r"got \(i32\)"):
-        mathlib.call(builder, "exp", fn.args[2])
+        call(builder, "pow", fn.args[0])
+    with pytest.raises(TypeError, match=r"float32 or float64 arguments of one dtype, got \(float32, float64\)"):
+        call(builder, "pow", fn.args[0], fn.args[1])
+    with pytest.raises(TypeError, match=r"got \(int32\)"):
+        call(builder, "exp", fn.args[2])
 
 
 def test_docstring_example_runs():

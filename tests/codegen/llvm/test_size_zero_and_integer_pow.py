@@ -4,7 +4,7 @@
   algebra divided by a size-0 dimension's stride when a reshape unflattened such a value, and a
   plan whose planned values were all empty left them without arena views.
 - Integer ``**`` with a tensor exponent: square-and-multiply unrolled over all 64 exponent bits
-  kept LLVM's optimizer busy for minutes; it is now a loop up to the highest set bit.
+  once kept LLVM's optimizer busy for minutes; the time limit below guards against that again.
 
 Each program must run as a ``CompiledProgram`` with no kernel declined: the backend falls back to
 the interpreter on a code generator error, which would hide these failures.

@@ -1,4 +1,4 @@
-"""tanh, sigmoid and erf for float32 and float64, as straight-line LLVM IR.
+"""tanh, sigmoid and erf for float32 and float64, as straight-line code over the scalar core.
 
 Each is two formulas joined by a ``select`` -- a polynomial where the function is small (so
 tiny arguments keep full relative accuracy: no 1 - 2/(e^2x + 1) cancellation) and an
@@ -8,8 +8,7 @@ Coefficients come from ``fit.py`` (the table names are the fits' names there).
 
 from __future__ import annotations
 
-from llvmlite import ir
-
+from ..core import Scalar
 from .core import Float
 from .exp_log import exp_body, expm1_reduced, reduce_ln2
 
@@ -51,14 +50,14 @@ ERFC_LOG_F64 = (
 )  # fmt: skip
 
 
-def _odd_poly(m: Float, x: ir.Value, coeffs: tuple[float, ...]) -> ir.Value:
+def _odd_poly(m: Float, x: Scalar, coeffs: tuple[float, ...]) -> Scalar:
     """x + x^3 P(x^2): the leading x is exact, so tiny x come out unchanged (and -0 by the select:
     -0 + (+0) would be +0)."""
     t = m.mul(x, x)
     return m.select(m.eq(x, m.c(0.0)), x, m.fma(m.mul(x, t), m.poly(t, coeffs), x))
 
 
-def tanh_body(m: Float, x: ir.Value) -> ir.Value:
+def tanh_body(m: Float, x: Scalar) -> Scalar:
     """tanh(x): x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1)), which
     saturates to +-1 without overflow trouble (exp(2|x|) = inf gives exactly 1)."""
     a = m.abs(x)
@@ -72,7 +71,7 @@ def tanh_body(m: Float, x: ir.Value) -> ir.Value:
     return m.select(m.isnan(x), x, result)
 
 
-def sigmoid_body(m: Float, x: ir.Value) -> ir.Value:
+def sigmoid_body(m: Float, x: Scalar) -> Scalar:
     """1 / (1 + exp(-x)) as e / (1 + e) or 1 / (1 + e) with e = exp(-|x|) <= 1: never overflows,
     and sigmoid of a large negative x is exp(x) to full relative accuracy (down to subnormals)."""
     e = exp_body(m, m.neg(m.abs(x)))
@@ -80,7 +79,7 @@ def sigmoid_body(m: Float, x: ir.Value) -> ir.Value:
     return m.div(numerator, m.add(m.c(1.0), e))
 
 
-def erf_body(m: Float, x: ir.Value) -> ir.Value:
+def erf_body(m: Float, x: Scalar) -> Scalar:
     """erf(x): x P(x^2) for |x| < 1, else sign(x) (1 - exp(-x^2 + S(|x|))); |x| is clamped to the
     fitted range's end, where 1 - erfc rounds to 1 already."""
     a = m.abs(x)

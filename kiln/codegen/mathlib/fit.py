@@ -1,6 +1,6 @@
 """Where mathlib's polynomial coefficients come from: weighted minimax fits (Remez exchange).
 
-Run ``python -m kiln.codegen.llvm.mathlib.fit`` (needs mpmath) to recompute every coefficient
+Run ``python -m kiln.codegen.mathlib.fit`` (needs mpmath) to recompute every coefficient
 table the routines use; each table in the routine modules names the fit it came from. The fits
 run in 50-digit arithmetic on a dense grid; the printed coefficients are rounded to the target
 precision (float32 tables to float32, float64 tables to float64), and the tests measure the
@@ -37,6 +37,7 @@ def remez(target, weight, degree: int, lo: float, hi: float, iterations: int = 1
         coeffs = [solution[i] for i in range(n)]
         errors = [w * (f - _horner(coeffs, x)) for x, f, w in zip(xs, fs, ws)]
         nodes = _alternating_extrema(xs, errors, n + 1) or nodes
+    assert coeffs is not None, "remez needs at least one iteration"
     return coeffs
 
 

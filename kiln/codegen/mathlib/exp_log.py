@@ -1,6 +1,6 @@
-"""exp, expm1, log, log1p and pow for float32 and float64, as straight-line LLVM IR.
+"""exp, expm1, log, log1p and pow for float32 and float64, as straight-line code over the scalar core.
 
-Each ``*_body(m, ...)`` emits the routine into the current function through ``m`` (a
+Each ``*_body(m, ...)`` builds the routine through ``m`` (a
 :class:`~.core.Float`) and returns the result; ``__init__`` wraps them into functions.
 Polynomial coefficients come from ``fit.py`` (weighted Remez fits; the name of each table is
 the name of its fit there).
@@ -8,8 +8,7 @@ the name of its fit there).
 
 from __future__ import annotations
 
-from llvmlite import ir
-
+from ..core import Scalar
 from .constants import F32, F64, LN2, nearest, split
 from .core import Float
 
@@ -44,7 +43,7 @@ _EXP_RANGE = {32: (-110.0, 100.0), 64: (-760.0, 720.0)}
 _EXPM1_RANGE = {32: (-30.0, 89.0), 64: (-50.0, 710.0)}  # expm1 rounds to -1 below; 89 and 710 overflow
 
 
-def reduce_ln2(m: Float, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+def reduce_ln2(m: Float, x: Scalar) -> tuple[Scalar, Scalar]:
     """(k, r) with x = k ln2 + r, |r| <= ln2/2 (x clamped: finite). Cody-Waite: the first fma is
     exact (x and k * LN2_HI share a grid fine enough for the small difference), the second rounds once."""
     hi, lo = _LN2_64 if m.is64 else _LN2_32
@@ -53,19 +52,19 @@ def reduce_ln2(m: Float, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     return k, m.fma(k, m.c(-lo), r)
 
 
-def expm1_reduced(m: Float, r: ir.Value) -> ir.Value:
+def expm1_reduced(m: Float, r: Scalar) -> Scalar:
     q = m.poly(r, EXPM1_Q_F64 if m.is64 else EXPM1_Q_F32)
     return m.fma(m.mul(r, r), q, r)
 
 
-def exp_body(m: Float, x: ir.Value) -> ir.Value:
+def exp_body(m: Float, x: Scalar) -> Scalar:
     """exp(x) = 2^k exp(r). float32 <= 1 ulp, float64 <= 1 ulp measured (see the tests)."""
     k, r = reduce_ln2(m, m.clamp(x, *_EXP_RANGE[m.bits]))
     result = m.ldexp(m.add(m.c(1.0), expm1_reduced(m, r)), m.to_int(k))
     return m.select(m.isnan(x), x, result)
 
 
-def exp_dd_body(m: Float, hi: ir.Value, lo: ir.Value) -> ir.Value:
+def exp_dd_body(m: Float, hi: Scalar, lo: Scalar) -> Scalar:
     """exp(hi + lo) for a double-double argument (pow's y log x); lo is ignored unless hi is finite."""
     k, r = reduce_ln2(m, m.clamp(hi, *_EXP_RANGE[m.bits]))
     r = m.add(r, m.select(m.lt(m.abs(hi), m.c(800.0)), lo, m.c(0.0)))
@@ -73,7 +72,7 @@ def exp_dd_body(m: Float, hi: ir.Value, lo: ir.Value) -> ir.Value:
     return m.select(m.isnan(hi), hi, result)
 
 
-def expm1_body(m: Float, x: ir.Value) -> ir.Value:
+def expm1_body(m: Float, x: Scalar) -> Scalar:
     """expm1(x) = 2^k (expm1(r) + 1) - 1 = fma(2^k, expm1(r), 2^k - 1): exact 2^k - 1 for the k
     where it matters, and for k at the top of the range 2^(k-1) times 2 so 2^k never overflows."""
     k, r = reduce_ln2(m, m.clamp(x, *_EXPM1_RANGE[m.bits]))
@@ -85,7 +84,7 @@ def expm1_body(m: Float, x: ir.Value) -> ir.Value:
     return m.select(m.isnan(x), x, result)
 
 
-def _log1p_reduced(m: Float, f: ir.Value) -> ir.Value:
+def _log1p_reduced(m: Float, f: Scalar) -> Scalar:
     """log1p(f) for f in [sqrt(1/2) - 1, sqrt(2) - 1]."""
     if not m.is64:
         return m.fma(m.mul(f, f), m.poly(f, LOG1P_Q_F32), f)
@@ -97,21 +96,22 @@ def _log1p_reduced(m: Float, f: ir.Value) -> ir.Value:
     return m.add(f, m.fma(s, m.fma(z, m.poly(z, LOG_P_F64), hfsq), m.neg(hfsq)))
 
 
-def decompose(m: Float, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+def decompose(m: Float, x: Scalar) -> tuple[Scalar, Scalar]:
     """(e, f) with x = 2^e (1 + f), 1 + f in [sqrt(1/2), sqrt(2)), for positive finite x (subnormals
     scaled up first); garbage for other x, which the callers replace."""
     tiny = m.lt(x, m.pick(2.0**-126, 2.0**-1022))
     scale_bits = 54 if m.is64 else 24
     x = m.select(tiny, m.mul(x, m.c(2.0**scale_bits)), x)
     sqrt_half = m.i(0x3FE6A09E667F3BCD if m.is64 else 0x3F3504F3)
-    offset = m.b.sub(m.to_bits(x), sqrt_half)
-    e = m.b.ashr(offset, m.i(m.mantissa))
-    e = m.b.sub(e, m.b.select(tiny, m.i(scale_bits), m.i(0)))
-    mant = m.b.add(m.b.and_(offset, m.i((1 << m.mantissa) - 1)), sqrt_half)
+    k = m.core
+    offset = k.sub(m.to_bits(x), sqrt_half)
+    e = k.ashr(offset, m.i(m.mantissa))
+    e = k.sub(e, k.select(tiny, m.i(scale_bits), m.i(0)))
+    mant = k.add(k.and_(offset, m.i((1 << m.mantissa) - 1)), sqrt_half)
     return m.to_float(e), m.sub(m.from_bits(mant), m.c(1.0))  # m - 1: exact (Sterbenz)
 
 
-def _log_specials(m: Float, x: ir.Value, zero_at: float, result: ir.Value) -> ir.Value:
+def _log_specials(m: Float, x: Scalar, zero_at: float, result: Scalar) -> Scalar:
     """log-like results at the edges: inf -> inf, below ``zero_at`` -> nan, at it -> -inf, nan -> nan."""
     inf = float("inf")
     result = m.select(m.eq(x, m.c(inf)), x, result)
@@ -120,7 +120,7 @@ def _log_specials(m: Float, x: ir.Value, zero_at: float, result: ir.Value) -> ir
     return m.select(m.isnan(x), x, result)
 
 
-def log_body(m: Float, x: ir.Value) -> ir.Value:
+def log_body(m: Float, x: Scalar) -> Scalar:
     """log(x) = e ln2 + log1p(f): e * LN2_HI exact, the small terms summed first."""
     e, f = decompose(m, x)
     hi, lo = _LN2_LOG_64 if m.is64 else _LN2_LOG_32
@@ -128,7 +128,7 @@ def log_body(m: Float, x: ir.Value) -> ir.Value:
     return _log_specials(m, x, 0.0, result)
 
 
-def log1p_body(m: Float, x: ir.Value) -> ir.Value:
+def log1p_body(m: Float, x: Scalar) -> Scalar:
     """log1p(x): the polynomial on x itself where x is in its range; elsewhere log(u) + c/u with
     u = fl(1 + x) and c = (1 + x) - u exactly (TwoSum), so no digit of x is lost in forming 1 + x."""
     u, c = m.two_sum(m.c(1.0), x)

@@ -9,8 +9,8 @@ double-double: s = f / (2 + f) exactly as sh + sl, the first two terms of 2 atan
 
 from __future__ import annotations
 
-from llvmlite import ir
-
+from ...ir import dtypes as dt
+from ..core import Scalar
 from .constants import F64, LN2, split
 from .core import Float
 from .exp_log import decompose, exp_body, exp_dd_body, log_body
@@ -24,7 +24,7 @@ LOG_P1_F64 = (
 )  # fmt: skip
 
 
-def _log_dd(m: Float, a: ir.Value) -> tuple[ir.Value, ir.Value]:
+def _log_dd(m: Float, a: Scalar) -> tuple[Scalar, Scalar]:
     """log(a) as hi + lo for a >= 0 (log 0 = -inf, log inf = inf, nan stays nan in hi)."""
     e, f = decompose(m, a)
     d, dl = m.fast_two_sum(m.c(2.0), f)  # 2 + f == d + dl exactly
@@ -48,19 +48,19 @@ def _log_dd(m: Float, a: ir.Value) -> tuple[ir.Value, ir.Value]:
     return m.select(m.isnan(a), a, hi), lo
 
 
-def _magnitude64(m: Float, a: ir.Value, y: ir.Value) -> ir.Value:
+def _magnitude64(m: Float, a: Scalar, y: Scalar) -> Scalar:
     hi, lo = _log_dd(m, a)
     zh, ze = m.two_prod(y, hi)
     return exp_dd_body(m, zh, m.fma(y, lo, ze))
 
 
-def _magnitude32(m: Float, a: ir.Value, y: ir.Value) -> ir.Value:
-    wide = Float(m.b, ir.DoubleType())
-    big_a, big_y = m.b.fpext(a, wide.ty), m.b.fpext(y, wide.ty)
-    return m.b.fptrunc(exp_body(wide, wide.mul(big_y, log_body(wide, big_a))), m.ty)
+def _magnitude32(m: Float, a: Scalar, y: Scalar) -> Scalar:
+    wide = Float(m.core, dt.float64)
+    big_a, big_y = m.core.cast(a, dt.float64), m.core.cast(y, dt.float64)
+    return m.core.cast(exp_body(wide, wide.mul(big_y, log_body(wide, big_a))), m.dtype)
 
 
-def pow_body(m: Float, x: ir.Value, y: ir.Value) -> ir.Value:
+def pow_body(m: Float, x: Scalar, y: Scalar) -> Scalar:
     """x ** y. float32 <= 1 ulp, float64 <= 2 ulp (measured). Special cases as C99 Annex F:
     pow(x, +-0) = 1 and pow(1, y) = 1 even for nan; pow(-1, +-inf) = 1; a negative finite x with a
     finite non-integer y gives nan; a negative x with an odd integer y gives the negated result
@@ -72,10 +72,10 @@ def pow_body(m: Float, x: ir.Value, y: ir.Value) -> ir.Value:
     y_integer = m.eq(m.floor(y), y)  # true for +-inf, false for nan
     half = m.mul(y, m.c(0.5))
     y_odd = m.both(y_integer, m.ne(m.floor(half), half))
-    negative = m.b.icmp_signed("<", m.to_bits(x), m.i(0))  # the sign bit: -0 counts
+    negative = m.core.compare("<", m.to_bits(x), m.i(0))  # the sign bit: -0 counts
     result = m.select(m.both(negative, y_odd), m.neg(magnitude), magnitude)
     finite_negative = m.both(m.lt(x, m.c(0.0)), m.gt(x, m.neg(inf)))
-    not_integer = m.both(m.b.not_(y_integer), m.lt(m.abs(y), inf))
+    not_integer = m.both(m.core.not_(y_integer), m.lt(m.abs(y), inf))
     result = m.select(m.both(finite_negative, not_integer), m.c(float("nan")), result)
     one = m.either(m.eq(x, m.c(1.0)), m.eq(y, m.c(0.0)))
     one = m.either(one, m.both(m.eq(a, m.c(1.0)), m.eq(m.abs(y), inf)))

@@ -1,7 +1,7 @@
 """A kernel body as a scalar DAG: what one domain element computes, with view nodes resolved.
 
 ``DagBuilder.element(value, index)`` gives the DAG node computing ``value`` at ``index`` (a tuple
-of ``Lin`` over the domain's variables, see kernels_index). Elementwise nodes become ``Apply``
+of ``Lin`` over the domain's variables, see kiln/codegen/index.py). Elementwise nodes become ``Apply``
 nodes over their inputs at the broadcast-adjusted index, view nodes only remap the index, body
 inputs become ``Load`` nodes at a linear element offset, 0-d constants become ``Const``
 immediates, and reductions become ``Reduce`` nodes: one value per row, computed in a loop over
@@ -15,16 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...ir.dtypes import DType
-from ...ir.graph import CONSTANT, Graph, Value
-from ...ir.primitives import ELEMENTWISE, PRIMITIVES
-from . import Unsupported
-from . import kernels_index as ix
-from .emitter import register_type
-from .kernels_index import Lin, Space
+from ..ir.dtypes import DType
+from ..ir.graph import CONSTANT, Graph, Value
+from ..ir.primitives import ELEMENTWISE, FUSIBLE_REDUCE_OPS, PRIMITIVES, VIEW_OPS
+from . import index as ix
+from .core import Unsupported
+from .index import Lin, Space
 
-VIEWS = frozenset({"reshape", "expand", "permute", "slice"})
-REDUCES = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod"})
+VIEWS = VIEW_OPS
+REDUCES = FUSIBLE_REDUCE_OPS
 
 
 @dataclass(eq=False)
@@ -91,8 +90,6 @@ class DagBuilder:
         self.memo: dict[tuple[Value, tuple[Lin, ...]], Node] = {}
         self.reduces: list[Reduce] = []
         self._reduce_memo: dict[Value, Reduce] = {}
-        for value in body.values():
-            register_type(value.type.dtype)  # raises Unsupported for float16 and friends
 
     def element(self, value: Value, index: tuple[Lin, ...]) -> Node:
         """The DAG node of ``value`` at ``index``, built without recursion: a body may be a chain of
@@ -148,16 +145,9 @@ class DagBuilder:
         return Apply(op, dict(attrs), args, value.type.dtype, max((a.after for a in args), default=-1))
 
     def _view_index(self, node, index: tuple[Lin, ...]) -> tuple[Lin, ...]:
-        """The index into the view's input that ``index`` into its output reads."""
+        """The index into the view's input that ``index`` into its output reads (the registry's map)."""
         (source,) = node.inputs
-        a = node.attrs
-        if node.op == "permute":
-            return ix.permute(index, a["perm"])
-        if node.op == "slice":
-            return ix.slice_(index, a["starts"], a["steps"])
-        if node.op == "expand":
-            return ix.broadcast(index, source.type.shape)
-        return ix.reshape(self.space, index, node.output.type.shape, source.type.shape)
+        return ix.view(self.space, node.op, index, source.type.shape, node.output.type.shape, node.attrs)
 
     def _reduce(self, node, index: tuple[Lin, ...]) -> Reduce:
         rows = self.rows
@@ -221,7 +211,7 @@ def signature(roots: Sequence[Node]) -> tuple:
     """The DAG's structure without its offsets: equal for horizontal members of one structure."""
     order = walk(roots)
     position = {id(n): k for k, n in enumerate(order)}
-    out = []
+    out: list[tuple] = []
     for n in order:
         if isinstance(n, Load):
             out.append(("load", n.operand, n.dtype.name))

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import prod as product
 
-from .loops import product
+from ..ir.primitives import PRIMITIVES
 
 
 @dataclass(frozen=True)
@@ -166,33 +167,36 @@ def broadcast(index: tuple[Lin, ...], shape: Sequence[int]) -> tuple[Lin, ...]:
     return tuple(ZERO if n == 1 else index[lead + k] for k, n in enumerate(shape))
 
 
-def permute(index: tuple[Lin, ...], perm: Sequence[int]) -> tuple[Lin, ...]:
-    """Output dim ``i`` is input dim ``perm[i]``."""
-    out = [ZERO] * len(perm)
-    for i, p in enumerate(perm):
-        out[p] = index[i]
-    return tuple(out)
+class Algebra:
+    """The index-algebra namespace the registry's view index maps are written against
+    (``kiln.ir.primitives``: ``index_map(ix, index, in_shape, out_shape, **attrs)``), over ``space``."""
+
+    zero = ZERO
+
+    def __init__(self, space: Space) -> None:
+        self.space = space
+
+    @staticmethod
+    def const(c: int) -> Lin:
+        return Lin(c)
+
+    add = staticmethod(add)
+    scale = staticmethod(scale)
+
+    def divmod(self, e: Lin, d: int) -> tuple[Lin, Lin]:
+        return self.space.divmod(e, d)
 
 
-def slice_(index: tuple[Lin, ...], starts: Sequence[int], steps: Sequence[int]) -> tuple[Lin, ...]:
-    return tuple(add(scale(e, step), Lin(start)) for e, start, step in zip(index, starts, steps, strict=True))
+def view(space: Space, op: str, index: tuple[Lin, ...], in_shape, out_shape, attrs) -> tuple[Lin, ...]:
+    """The index into view ``op``'s input that ``index`` into its output reads (the registry's map)."""
+    index_map = PRIMITIVES[op].index_map
+    assert index_map is not None, f"{op} is not a view"
+    return index_map(Algebra(space), index, tuple(in_shape), tuple(out_shape), **attrs)
 
 
 def reshape(space: Space, index: tuple[Lin, ...], out_shape: Sequence[int], in_shape: Sequence[int]) -> tuple[Lin, ...]:
-    """Row-major: flatten the output index, unflatten it in the input's shape."""
-    if product(in_shape) == 0:  # no element is ever read (and a size-0 dim would divide by 0 below)
-        return tuple(ZERO for _ in in_shape)
-    flat = ZERO
-    for e, stride in zip(index, contiguous_strides(out_shape), strict=True):
-        flat = add(flat, scale(e, stride))
-    out = []
-    for n, stride in zip(in_shape, contiguous_strides(in_shape), strict=True):
-        if n == 1:
-            out.append(ZERO)
-            continue
-        quotient, _ = space.divmod(flat, stride)
-        out.append(space.divmod(quotient, n)[1])
-    return tuple(out)
+    """Row-major: flatten the output index, unflatten it in the input's shape (``reshape``'s map)."""
+    return view(space, "reshape", index, in_shape, out_shape, {"shape": tuple(out_shape)})
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:

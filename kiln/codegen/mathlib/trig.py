@@ -12,16 +12,17 @@ pi/2 needs.
 
 float64: the fast path is a three-piece Cody-Waite reduction (exact first step, error about
 2^-53 |r| after) and is accurate for |x| < ``FAST_LIMIT_F64`` = 2^30. Beyond it, a branch calls
-LLVM's ``llvm.sin``/``llvm.cos`` on the argument (libm: correct for every double, but a call):
-scalar code pays for it only on such arguments, but a loop containing the call is not vectorized.
+the platform's sin/cos on the argument (libm: correct for every double, but a call):
+scalar code pays for it only on such arguments, but a loop containing the call is not vectorized
+(``Core.libm_where``: the LLVM backend branches to a ``noinline`` wrapper of libm).
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
-from llvmlite import ir
-
+from ...ir import dtypes as dt
+from ..core import Scalar
 from .constants import F64, PI, nearest, parts
 from .core import Float
 
@@ -62,7 +63,7 @@ COS_C = {
 }  # fmt: skip
 
 
-def _reduce_fast(w: Float, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+def _reduce_fast(w: Float, x: Scalar) -> tuple[Scalar, Scalar]:
     """(n, r): x = n pi/2 + r for float64 |x| < FAST_LIMIT_F64 (x finite; n as a float)."""
     n = w.roundeven(w.mul(x, w.c(_TWO_OVER_PI)))
     r = w.fma(w.neg(n), w.c(_PIO2[0]), x)  # exact: both on the 2^-52 grid, |r| < 1
@@ -70,7 +71,7 @@ def _reduce_fast(w: Float, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     return n, w.fma(w.neg(n), w.c(_PIO2[2]), r)
 
 
-def _reduce_exact(w: Float, x: ir.Value) -> tuple[ir.Value, ir.Value]:
+def _reduce_exact(w: Float, x: Scalar) -> tuple[Scalar, Scalar]:
     """(n, r) for any finite float32 value x held in a double (see the module docstring)."""
     total, error = w.c(0.0), w.c(0.0)
     for piece in _TWO_OVER_PI_PIECES:
@@ -84,7 +85,7 @@ def _reduce_exact(w: Float, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     return n, w.fma(f, w.c(hi), w.mul(f, w.c(lo)))
 
 
-def _eval(w: Float, n: ir.Value, r: ir.Value, bits: int, cosine: bool) -> ir.Value:
+def _eval(w: Float, n: Scalar, r: Scalar, bits: int, cosine: bool) -> Scalar:
     """sin(n pi/2 + r) (or cos) from the reduced pair."""
     z = w.mul(r, r)
     sin_r = w.fma(w.mul(r, z), w.poly(z, SIN_S[bits]), r)
@@ -92,59 +93,36 @@ def _eval(w: Float, n: ir.Value, r: ir.Value, bits: int, cosine: bool) -> ir.Val
     head = w.sub(w.c(1.0), half)
     tail = w.fma(w.mul(z, z), w.poly(z, COS_C[bits]), w.sub(w.sub(w.c(1.0), head), half))  # 1 - head - half exactly
     cos_r = w.add(head, tail)
-    quadrant = w.b.fptosi(n, ir.IntType(32))  # n finite and small: clamped or reduced mod 4 by the caller
+    k = w.core
+    quadrant = k.cast(n, dt.int32)  # n finite and small: clamped or reduced mod 4 by the caller
+    one, two, zero = (k.constant(v, dt.int32) for v in (1, 2, 0))
     if cosine:
-        quadrant = w.b.add(quadrant, ir.Constant(ir.IntType(32), 1))
-    odd = w.b.trunc(quadrant, ir.IntType(1))
-    negate = w.b.icmp_unsigned("!=", w.b.and_(quadrant, ir.Constant(ir.IntType(32), 2)), ir.Constant(ir.IntType(32), 0))
+        quadrant = k.add(quadrant, one)
+    odd = k.compare("!=", k.and_(quadrant, one), zero)
+    negate = k.compare("!=", k.and_(quadrant, two), zero)
     value = w.select(odd, cos_r, sin_r)
     return w.select(negate, w.neg(value), value)
 
 
-def _body32(m: Float, x: ir.Value, cosine: bool) -> ir.Value:
-    w = Float(m.b, ir.DoubleType())
+def _body32(m: Float, x: Scalar, cosine: bool) -> Scalar:
+    w = Float(m.core, dt.float64)
     # reduce |x| (t mod 4 below is exact only for t >= 0): sin is odd, cos even
-    magnitude = w.clamp(w.abs(m.b.fpext(x, w.ty)), 0.0, 3.5e38)  # inf, nan -> finite; restored below
+    magnitude = w.clamp(w.abs(m.core.cast(x, dt.float64)), 0.0, 3.5e38)  # inf, nan -> finite; restored below
     n, r = _reduce_exact(w, magnitude)
-    result = m.b.fptrunc(_eval(w, n, r, 32, cosine), m.ty)
+    result = m.core.cast(_eval(w, n, r, 32, cosine), m.dtype)
     if not cosine:
         result = m.select(m.lt(x, m.c(0.0)), m.neg(result), result)
     return _finish(m, x, result, cosine)
 
 
-def _body64(m: Float, x: ir.Value, cosine: bool) -> ir.Value:
-    builder = m.b
+def _body64(m: Float, x: Scalar, cosine: bool) -> Scalar:
     big = m.ge(m.abs(x), m.c(FAST_LIMIT_F64))  # false for nan
     n, r = _reduce_fast(m, m.clamp(x, -FAST_LIMIT_F64, FAST_LIMIT_F64))
     fast = _finish(m, x, _eval(m, n, r, 64, cosine), cosine)
-    start = builder.block
-    with builder.if_then(big, likely=False):
-        slow = builder.call(_slow_function(builder.module, "cos" if cosine else "sin"), [x])
-        slow_block = builder.block
-    result = builder.phi(m.ty)
-    result.add_incoming(fast, start)
-    result.add_incoming(slow, slow_block)
-    return result
+    return m.core.libm_where(big, "cos" if cosine else "sin", x, fast)
 
 
-def _slow_function(module: ir.Module, name: str) -> ir.Function:
-    """``noinline`` wrapper of libm's sin/cos. Called directly, the speculatable intrinsic would be
-    if-converted by the vectorizer and run for every lane; behind a real call, the loop stays
-    scalar and only huge arguments pay for libm."""
-    symbol = f"kiln.math.{name}_slow.f64"
-    fn = module.globals.get(symbol)
-    if fn is None:
-        double = ir.DoubleType()
-        fn = ir.Function(module, ir.FunctionType(double, [double]), name=symbol)
-        fn.linkage = "internal"
-        fn.attributes.add("noinline")
-        fn.attributes.add("nounwind")
-        builder = ir.IRBuilder(fn.append_basic_block("entry"))
-        builder.ret(Float(builder, double)._intrinsic(f"llvm.{name}", fn.args[0]))  # inf -> nan as numpy
-    return fn
-
-
-def _finish(m: Float, x: ir.Value, result: ir.Value, cosine: bool) -> ir.Value:
+def _finish(m: Float, x: Scalar, result: Scalar, cosine: bool) -> Scalar:
     if not cosine:
         result = m.select(m.eq(x, m.c(0.0)), x, result)  # sin(-0) = -0
     inf = m.c(float("inf"))
@@ -152,11 +130,11 @@ def _finish(m: Float, x: ir.Value, result: ir.Value, cosine: bool) -> ir.Value:
     return m.select(m.isnan(x), x, result)
 
 
-def sin_body(m: Float, x: ir.Value) -> ir.Value:
+def sin_body(m: Float, x: Scalar) -> Scalar:
     """sin(x); float32 exact reduction everywhere, float64 fast for |x| < 2^30 (module docstring)."""
     return (_body64 if m.is64 else _body32)(m, x, False)
 
 
-def cos_body(m: Float, x: ir.Value) -> ir.Value:
+def cos_body(m: Float, x: Scalar) -> Scalar:
     """cos(x); as sin."""
     return (_body64 if m.is64 else _body32)(m, x, True)
