@@ -14,6 +14,16 @@ backwards); outputs are C-contiguous.
   exponentials), then one pass writes the full-shape outputs; row-valued outputs are stored once.
 - horizontal: see kernels_horizontal (a unit is a member).
 
+Symbolic batch: a kernel whose values have a symbolic LEADING dimension (``kiln.ir.types.Sym``, the
+same one in every value that has it, and nowhere else) reads that size at run time from the slot
+after the pointers: ``args[n_in + n_out]`` holds it as an i64 (``KernelInfo.symbols`` names the
+slots in order). Inner sizes and every stride stay static immediates, so inner loops vectorize as
+before; only the outermost loop's bound and the number of units follow the size:
+``KernelInfo.units(sizes)``. An elementwise kernel keeps the symbolic dimension as its own outer loop
+(units: blocks of rows, pieces of a long row, or chunks of the symbolic loop when it is the only
+one); a reduction's rows are the symbolic dimension times the static outer sizes, so it needs the
+size only for the number of units. Horizontal kernels over a symbolic dimension are declined.
+
 In-place safety: the executor may give an output the buffer of an input read at the same index.
 Each element's loads are emitted before its stores, and the innermost loops are declared parallel
 (``llvm.loop.parallel_accesses``) instead of marking pointers ``noalias``: no iteration reads what
@@ -25,12 +35,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ...ir.graph import Graph, Node, structure_key
+from ...ir.graph import Graph, Node, kernel_bodies, structure_key
+from ...ir.types import Dim, Sym, SymbolicShapeError
 from . import Unsupported
 from . import kernels_index as ix
 from .emitter import store
@@ -49,11 +61,60 @@ _PTR = ir.PointerType()
 
 @dataclass(frozen=True)
 class KernelInfo:
-    """A compiled kernel's entry point, its number of parallel units, and bytes read + written."""
+    """A compiled kernel's entry point, its number of parallel units, and bytes read + written.
+
+    For a kernel over a symbolic dimension (``symbols`` not empty) both depend on the bound sizes:
+    ``units(sizes)`` is ``ceil(size * rows_per_size / rows_per_unit)`` and ``work(sizes)`` is
+    ``fixed_work_bytes + size * bytes_per_size``; ``extent`` and ``work_bytes`` raise for it, so
+    that a caller that assumes a static kernel fails loudly instead of running no units.
+    """
 
     symbol: str
-    extent: int
-    work_bytes: int
+    fixed_extent: int
+    fixed_work_bytes: int
+    symbols: tuple[Sym, ...] = ()  # the sizes the kernel reads after the pointers, in slot order
+    rows_per_size: int = 0
+    rows_per_unit: int = 1
+    bytes_per_size: int = 0
+
+    @property
+    def extent(self) -> int:
+        """The number of parallel units of a static kernel."""
+        self._require_static("extent")
+        return self.fixed_extent
+
+    @property
+    def work_bytes(self) -> int:
+        """Bytes read and written by a static kernel."""
+        self._require_static("work_bytes")
+        return self.fixed_work_bytes
+
+    def units(self, sizes: Mapping[Sym, int] | None = None) -> int:
+        """The number of parallel units for the symbols bound to ``sizes``."""
+        if not self.symbols:
+            return self.fixed_extent
+        size = self._size(sizes)
+        return -(-size * self.rows_per_size // self.rows_per_unit)
+
+    def work(self, sizes: Mapping[Sym, int] | None = None) -> int:
+        """Bytes read and written for the symbols bound to ``sizes``."""
+        if not self.symbols:
+            return self.fixed_work_bytes
+        return self.fixed_work_bytes + self._size(sizes) * self.bytes_per_size
+
+    def _size(self, sizes: Mapping[Sym, int] | None) -> int:
+        (sym,) = self.symbols
+        if sizes is None or sym not in sizes:
+            raise KeyError(f"kernel {self.symbol} runs over the symbolic dimension {sym}: give its size")
+        return int(sizes[sym])
+
+    def _require_static(self, what: str) -> None:
+        if self.symbols:
+            names = ", ".join(map(str, self.symbols))
+            raise SymbolicShapeError(
+                f"kernel {self.symbol} runs over the symbolic dimension {names}: its {what} depends on the size "
+                "(KernelInfo.units(sizes) / work(sizes))"
+            )
 
 
 class KernelModule:
@@ -73,6 +134,7 @@ class KernelModule:
             raise Unsupported(f"kernel kind {kind!r}")
         if kind != "horizontal" and len(bodies) != 1:
             raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
+        sym = _symbolic_dimension(node, kind, layouts)
         key = _kernel_key(kind, bodies, layouts)
         if key in self._known:  # the same code (an unrolled loop's steps, repeated blocks): one function
             return self._known[key]
@@ -93,7 +155,12 @@ class KernelModule:
             for name in set(self.module.globals) - existing:
                 del self.module.globals[name]
             raise
-        info = self._known[key] = KernelInfo(symbol, extent, _work_bytes(node))
+        if sym is None:
+            info = KernelInfo(symbol, extent, _work_bytes(node))
+        else:
+            fixed, per_size = _symbolic_work_bytes(node, sym)
+            info = KernelInfo(symbol, 0, fixed, (sym,), extent[0], extent[1], per_size)
+        self._known[key] = info
         return info
 
     def ir(self) -> str:
@@ -140,6 +207,53 @@ def _check_layouts(node: Node, layouts: Sequence[tuple[int, ...]]) -> None:
 
 def _work_bytes(node: Node) -> int:
     return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+
+
+def _symbolic_dimension(node: Node, kind: str, layouts: Sequence[tuple[int, ...]]) -> Sym | None:
+    """The kernel's symbolic dimension (None for a static kernel); ``Unsupported`` unless there is
+    one, it leads every shape that has it, and the layouts are static."""
+    values = [*node.inputs, *node.outputs, *(v for body in kernel_bodies(node) for v in body.values())]
+    found = {d for v in values for d in v.type.shape if isinstance(d, Sym)}
+    if not found:
+        return None
+    if kind == "horizontal":
+        raise Unsupported("a horizontal kernel over a symbolic dimension")
+    if len(found) > 1:
+        raise Unsupported(f"a kernel over several symbolic dimensions ({', '.join(sorted(map(str, found)))})")
+    for v in values:
+        if any(isinstance(d, Sym) for d in v.type.shape[1:]):
+            raise Unsupported(f"%{v.id} of shape {list(map(str, v.type.shape))} has a symbolic dimension after its "
+                              "first (only a leading symbolic dimension is compiled)")  # fmt: skip
+    if not all(isinstance(s, int) for strides in layouts for s in strides):
+        raise Unsupported(f"symbolic strides in the layouts {list(layouts)}")
+    return found.pop()
+
+
+def _symbolic_work_bytes(node: Node, sym: Sym) -> tuple[int, int]:
+    """Bytes read and written that do not depend on the symbol, and bytes per unit of its size."""
+    fixed = per_size = 0
+    for v in (*node.inputs, *node.outputs):
+        shape, itemsize = v.type.shape, v.type.dtype.itemsize
+        if shape and shape[0] == sym:
+            per_size += product(shape[1:]) * itemsize
+        else:
+            fixed += v.type.numel * itemsize
+    return fixed, per_size
+
+
+def same_size(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
+    """Whether two shapes have the same number of elements for every value of their symbols."""
+
+    def split(shape: Sequence[Dim]) -> tuple[Counter, int]:
+        return Counter(d for d in shape if isinstance(d, Sym)), product(d for d in shape if isinstance(d, int))
+
+    return split(a) == split(b)
+
+
+def symbol_size(builder: ir.IRBuilder, args: ir.Value, slot: int) -> ir.Value:
+    """The size in slot ``slot`` of the argument table (an i64 where a pointer would be)."""
+    where = builder.gep(args, [i64(slot)], inbounds=True, source_etype=_PTR)
+    return builder.load(where, typ=I64, name="size")
 
 
 def operand_pointers(builder: ir.IRBuilder, args: ir.Value, count: int, first: ir.Value | int = 0) -> list[ir.Value]:
@@ -208,12 +322,16 @@ def elementwise_plan(body: Graph, layouts: Sequence[Sequence[int]]):
     n_in = len(body.inputs)
     outputs = [(n_in + j, dag.element(v, space.identity()), store_at) for j, v in enumerate(body.outputs)]
     leaves = [load.offset for load in loads([root for _, root, _ in outputs])] + [store_at]
+    if domain and isinstance(domain[0], Sym):  # the symbolic dimension is a loop of its own
+        return domain, outputs, [[0], *ix.collapse(domain, range(1, len(domain)), leaves)]
     groups = ix.collapse(domain, range(len(domain)), leaves)
     return domain, outputs, groups
 
 
-def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
+def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
     domain, outputs, groups = elementwise_plan(body, layouts)
+    if domain and isinstance(domain[0], Sym):
+        return _elementwise_symbolic(builder, args, body, domain, outputs, groups)
     if product(domain) == 0:
         builder.ret_void()
         return 0
@@ -252,6 +370,54 @@ def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
     return extent
 
 
+def _elementwise_symbolic(builder: ir.IRBuilder, args, body: Graph, domain, outputs, groups) -> tuple[int, int]:
+    """``_elementwise`` over a symbolic leading dimension (``groups[0] == [0]``), whose size is read
+    from the argument table; returns ``(rows_per_size, rows_per_unit)`` (see ``KernelInfo.units``)."""
+    static = [product(domain[j] for j in g) for g in groups[1:]]
+    if product(static) == 0:
+        builder.ret_void()
+        return 0, 1
+    args_ptr, begin, end = args
+    operands = len(body.inputs) + len(body.outputs)
+    env = VarEnv()
+    target = _Body(builder, operand_pointers(builder, args_ptr, operands), env)
+    size = symbol_size(builder, args_ptr, operands)
+
+    def inner_loop(lo, hi) -> None:
+        with for_range(builder, lo, hi, name="i", parallel=True) as i:
+            env.bind_group(groups[-1], i)
+            target.compute_then_store(outputs, Scope())
+
+    if not static:  # the symbolic loop is the only one: a unit is a chunk of it
+        with for_range(builder, begin, end, name="unit") as unit:
+            lo = builder.mul(unit, i64(CHUNK), flags=("nsw",))
+            inner_loop(lo, minimum(builder, builder.add(lo, i64(CHUNK)), size))
+        builder.ret_void()
+        return 1, CHUNK
+    inner, middle = static[-1], product(static[:-1])
+    sizes = [size, *static]  # bind_rows reads only the static sizes after the first
+    if inner >= CHUNK:  # a unit is a piece of one long row
+        pieces = -(-inner // CHUNK)
+        with for_range(builder, begin, end, name="unit") as unit:
+            row = builder.sdiv(unit, i64(pieces)) if pieces > 1 else unit
+            piece = builder.srem(unit, i64(pieces)) if pieces > 1 else i64(0)
+            bind_rows(builder, env, groups[:-1], sizes[:-1], row)
+            lo = builder.mul(piece, i64(CHUNK), flags=("nsw",))
+            inner_loop(lo, minimum(builder, builder.add(lo, i64(CHUNK)), i64(inner)))
+        builder.ret_void()
+        return middle * pieces, 1
+    per_unit = max(1, CHUNK // inner)
+    rows = builder.mul(size, i64(middle), flags=("nsw",)) if middle > 1 else size
+    with for_range(builder, begin, end, name="unit") as unit:
+        first = builder.mul(unit, i64(per_unit), flags=("nsw",))
+        last = minimum(builder, builder.add(first, i64(per_unit)), rows)
+        with for_range(builder, first, last, name="row") as row:
+            bind_rows(builder, env, groups[:-1], sizes[:-1], row)
+            inner_loop(0, inner)
+    builder.ret_void()
+    return middle, per_unit
+
+
 # ----------------------------------------------------------------------------- reduction
 
 
@@ -272,8 +438,11 @@ def _reduction_rows(body: Graph) -> tuple[tuple[int, ...], Rows]:
     return domain, Rows(outer, axes)
 
 
-def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
+def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
     domain, rows = _reduction_rows(body)
+    symbolic = isinstance(domain[0], Sym)
+    if symbolic and rows.outer == 0:
+        raise Unsupported(f"a reduction over the symbolic dimension {domain[0]}")
     space = ix.Space(domain)
     dag = DagBuilder(body, space, layouts, rows)
     outer_shape = domain[: rows.outer]
@@ -285,7 +454,7 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
     for j, v in enumerate(body.outputs):
         if v.type.shape == domain:
             full.append((n_in + j, dag.element(v, space.identity()), full_at))
-        elif v.type.numel == product(outer_shape):
+        elif same_size(v.type.shape, outer_shape):
             root = dag.element(v, ix.reshape(space, row_index, outer_shape, v.type.shape))
             per_row.append((n_in + j, root, row_at))
         else:
@@ -294,10 +463,11 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
     leaves = [load.offset for load in loads([root for _, root, _ in full + per_row])] + [full_at]
     groups = ix.collapse(domain, range(rows.outer, len(domain)), leaves)
     sizes = [product(domain[j] for j in g) for g in groups]
-    extent = product(outer_shape)
+    # Rows are the outer index flattened; the symbolic leading size only counts them (units).
+    extent = product(outer_shape[1:] if symbolic else outer_shape)
     if extent == 0:
         builder.ret_void()
-        return 0
+        return (0, 1) if symbolic else 0
     args_ptr, begin, end = args
     env = VarEnv()
     target = _Body(builder, operand_pointers(builder, args_ptr, n_in + len(body.outputs)), env)
@@ -323,7 +493,7 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
             with nest(builder, env, groups, sizes):
                 target.compute_then_store(full, row_scope.child())
     builder.ret_void()
-    return extent
+    return (extent, 1) if symbolic else extent
 
 
 def _check_row_values(roots: Sequence, outer: int) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ...ir.types import Dim
 from .loops import product
 
 
@@ -106,15 +107,21 @@ def scale(a: Lin, k: int) -> Lin:
     return Lin(a.const * k, tuple((atom, c * k) for atom, c in a.terms))
 
 
-class Space:
-    """The domain's variable ranges: variable ``j`` runs over ``range(sizes[j])``."""
+#: The upper bound the algebra assumes for a symbolic dimension's variable (its size is not known).
+_UNBOUNDED = 1 << 62
 
-    def __init__(self, sizes: Sequence[int]) -> None:
+
+class Space:
+    """The domain's variable ranges: variable ``j`` runs over ``range(sizes[j])``; a symbolic size
+    (``Sym``, the leading dimension only) is unbounded above."""
+
+    def __init__(self, sizes: Sequence[Dim]) -> None:
         self.sizes = tuple(sizes)
 
     def var(self, j: int) -> Lin:
         """Domain variable ``j`` (a size-1 dimension's variable is the constant 0)."""
-        return Lin(0, ((j, 1),)) if self.sizes[j] > 1 else ZERO
+        n = self.sizes[j]
+        return Lin(0, ((j, 1),)) if not isinstance(n, int) or n > 1 else ZERO
 
     def identity(self) -> tuple[Lin, ...]:
         return tuple(self.var(j) for j in range(len(self.sizes)))
@@ -130,7 +137,8 @@ class Space:
 
     def _atom_bounds(self, atom: Atom) -> tuple[int, int]:
         if isinstance(atom, int):
-            return 0, max(self.sizes[atom] - 1, 0)
+            n = self.sizes[atom]
+            return 0, max(n - 1, 0) if isinstance(n, int) else _UNBOUNDED
         lo, hi = self.bounds(atom.expr)
         if isinstance(atom, Div):
             return lo // atom.divisor, hi // atom.divisor
@@ -178,25 +186,30 @@ def slice_(index: tuple[Lin, ...], starts: Sequence[int], steps: Sequence[int]) 
     return tuple(add(scale(e, step), Lin(start)) for e, start, step in zip(index, starts, steps, strict=True))
 
 
-def reshape(space: Space, index: tuple[Lin, ...], out_shape: Sequence[int], in_shape: Sequence[int]) -> tuple[Lin, ...]:
-    """Row-major: flatten the output index, unflatten it in the input's shape."""
-    if product(in_shape) == 0:  # no element is ever read (and a size-0 dim would divide by 0 below)
+def reshape(space: Space, index: tuple[Lin, ...], out_shape: Sequence[Dim], in_shape: Sequence[Dim]) -> tuple[Lin, ...]:
+    """Row-major: flatten the output index, unflatten it in the input's shape. A symbolic size may
+    lead both shapes (the strides then stay static)."""
+    if any(n == 0 for n in in_shape):  # no element is ever read (and a size-0 dim would divide by 0 below)
         return tuple(ZERO for _ in in_shape)
     flat = ZERO
     for e, stride in zip(index, contiguous_strides(out_shape), strict=True):
         flat = add(flat, scale(e, stride))
     out = []
-    for n, stride in zip(in_shape, contiguous_strides(in_shape), strict=True):
+    for k, (n, stride) in enumerate(zip(in_shape, contiguous_strides(in_shape), strict=True)):
         if n == 1:
             out.append(ZERO)
             continue
         quotient, _ = space.divmod(flat, stride)
+        if not isinstance(n, int):  # the leading dim: flat < n * stride, so the quotient is in range
+            assert k == 0, f"a symbolic size after the first dim of {list(in_shape)}"
+            out.append(quotient)
+            continue
         out.append(space.divmod(quotient, n)[1])
     return tuple(out)
 
 
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """C-order strides in elements."""
+def contiguous_strides(shape: Sequence[Dim]) -> tuple[int, ...]:
+    """C-order strides in elements (static when only the leading size is symbolic)."""
     return tuple(product(shape[k + 1 :]) for k in range(len(shape)))
 
 
