@@ -57,9 +57,7 @@ def check_sizes(body, make_inputs, sizes, kind="elementwise", rtol=1e-6, atol=1e
     for n in sizes:
         arrays = make_inputs(n)
         outputs = [np.full(v.type.bind({B: n}).shape, np.nan, v.type.dtype.np) for v in node.outputs]
-        table = (ctypes.c_void_p * (len(arrays) + len(outputs) + 1))(
-            *(a.ctypes.data for a in (*arrays, *outputs)), n
-        )
+        table = (ctypes.c_void_p * (len(arrays) + len(outputs) + 1))(*(a.ctypes.data for a in (*arrays, *outputs)), n)
         units = info.units({B: n})
         half = units // 2
         for begin, end in ((0, half), (half, units)):
