@@ -149,3 +149,43 @@ def test_static_kernels_keep_their_static_info():
     x = b.input(T(6, 4))
     info = KernelModule().add(kernel("elementwise", b.build([b.node("exp", [x])])), [(4, 1)])
     assert info.symbols == () and info.extent == info.units() == 1 and info.work_bytes == info.work() == 192
+
+
+def test_a_fused_symbolic_mlp_compiled_once_runs_at_every_batch_size():
+    """fuse() on the symbolic MLP of tests/ir/test_symbolic.py; its kernels compiled into one
+    library once, then the fused graph run at batch 1, 7 and 32 (kernels through ctypes, the
+    rest with the eager kernels) against the interpreter on the unfused graph."""
+    from kiln.ir.graph import CONSTANT, KERNEL  # noqa: PLC0415
+    from kiln.ir.primitives import PRIMITIVES  # noqa: PLC0415
+    from kiln.passes.fusion import fuse  # noqa: PLC0415
+    from tests.ir.test_symbolic import _mlp  # noqa: PLC0415
+
+    graph = _mlp(B)
+    fused = fuse(graph)
+    kernels = [node for node in fused.nodes if node.op == KERNEL]
+    assert len(kernels) == 2  # bias + relu; bias + log_softmax
+    module = KernelModule()
+    infos = {node: module.add(node, [contiguous(v.type.shape) for v in node.inputs]) for node in kernels}
+    library = engine.Library([engine.compile_ir(module.ir())])
+    _LIBRARIES.append(library)
+    functions = {node: _SIGNATURE(library.address(info.symbol)) for node, info in infos.items()}
+    weights = [f32(16, 32), f32(32), f32(32, 10), f32(10)]
+    for n in (1, 7, 32):
+        sizes = {B: n}
+        env = dict(zip(fused.inputs, [f32(n, 16), *weights], strict=True))
+        for node in fused.nodes:
+            if node.op == KERNEL:
+                outputs = [np.empty(v.type.bind(sizes).shape, v.type.dtype.np) for v in node.outputs]
+                arrays = [np.ascontiguousarray(env[v]) for v in node.inputs]  # held until the call returns
+                table = (ctypes.c_void_p * (len(arrays) + len(outputs) + 1))(
+                    *(a.ctypes.data for a in (*arrays, *outputs)), n
+                )
+                functions[node](table, 0, infos[node].units(sizes))
+                env.update(zip(node.outputs, outputs, strict=True))
+            elif node.op == CONSTANT:
+                env[node.output] = fused.constants[node.attrs["name"]]
+            else:
+                env[node.output] = PRIMITIVES[node.op].eager(np, *(env[v] for v in node.inputs), **node.attrs)
+        expected = interpret(graph, [env[v] for v in fused.inputs])
+        for value, e in zip(fused.outputs, expected, strict=True):
+            assert_close(env[value], e, rtol=1e-5, atol=1e-5)
