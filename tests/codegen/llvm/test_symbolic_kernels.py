@@ -9,6 +9,7 @@ running the kernel's body on the same arrays.
 from __future__ import annotations
 
 import ctypes
+import platform
 
 import numpy as np
 import pytest
@@ -189,3 +190,19 @@ def test_a_fused_symbolic_mlp_compiled_once_runs_at_every_batch_size():
         expected = interpret(graph, [env[v] for v in fused.inputs])
         for value, e in zip(fused.outputs, expected, strict=True):
             assert_close(env[value], e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="looks for x86-64 vector registers")
+def test_the_inner_loop_vectorizes_as_in_the_static_kernel():
+    """The symbolic size bounds only the outer loop: the inner loop's vector code is the static one's."""
+    import re  # noqa: PLC0415
+
+    counts = []
+    for lead in (B, 64):
+        b = GraphBuilder()
+        x, y = b.input(T(lead, 1024)), b.input(T(1024))
+        body = b.build([b.node("add", [b.node("mul", [x, y]), y])])
+        module = KernelModule()
+        module.add(kernel("elementwise", body), [(1024, 1), (1,)])
+        counts.append(len(re.findall(r"%[yz]mm\d+", engine.assembly(module.ir()))))  # 256/512-bit vectors
+    assert counts[0] > 0 and counts[0] == counts[1]
