@@ -6,6 +6,7 @@ graph binds each symbol to one size (``TensorType.bind``). Sizes that need every
 value (``numel``, ``nbytes``) raise ``SymbolicShapeError`` on a symbolic type rather than
 answering something an int-minded caller could misuse; ``is_static`` says which case holds.
 
+>>> from kiln.ir.dtypes import float32
 >>> B = Sym("B")
 >>> t = TensorType((B, 128), float32)
 >>> print(t, t.is_static, t.bind({B: 4}).numel)
@@ -19,7 +20,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .dtypes import BY_NAME, DType, float32  # noqa: F401 - float32 for the doctest
+from .dtypes import BY_NAME, DType
 
 #: What a symbol's name may be: an identifier, and none of the words that the text form reads as
 #: something else (dtype names, None, True, False, inf, nan).
