@@ -159,8 +159,8 @@ class Program:
 
     def _steps_for(self, inputs: Sequence[Any]) -> tuple:
         """The steps with every symbol in their attributes replaced by its size in ``inputs``."""
-        assert self._bound_steps is not None and self._symbols is not None
-        sizes = {d: int(inputs[i].shape[axis]) for i, axis, d in self._symbols}
+        assert self._bound_steps is not None
+        sizes = {d: int(inputs[i].shape[axis]) for i, axis, d in self._symbols or ()}
         key = tuple(sizes.values())
         steps = self._bound_steps.get(key)
         if steps is None:
@@ -209,6 +209,8 @@ def _has_symbol(value: Any) -> bool:
 def _bind(value: Any, sizes: dict[Sym, int]) -> Any:
     """An attribute value with each symbol replaced by its size."""
     if isinstance(value, Sym):
+        if value not in sizes:  # the verifier rejects such a graph; say so when running one anyway
+            raise ValueError(f"symbolic dimension {value} is not the size of any dimension of the graph's inputs")
         return sizes[value]
     if isinstance(value, tuple):
         return tuple(_bind(v, sizes) for v in value)

@@ -222,8 +222,11 @@ def test_the_verifier_wants_every_symbol_bound_by_an_input():
     b = GraphBuilder()
     x = b.input(T(1, 4))
     y = b.node("expand", [x], {"shape": (B, 4)})
+    graph = b.build([y])
     with pytest.raises(VerificationError, match="symbolic dimension B is not the size of any dimension"):
-        verify(b.build([y]))
+        verify(graph)
+    with pytest.raises(ValueError, match="symbolic dimension B is not the size of any dimension"):
+        interpret(graph, [np.ones((1, 4), np.float32)])
 
 
 # ----------------------------------------------------------------------------- interpreter
