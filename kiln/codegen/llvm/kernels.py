@@ -13,16 +13,8 @@ backwards); outputs are C-contiguous.
   reduction level computes that level's reductions together (softmax: the max, then the sum of
   exponentials), then one pass writes the full-shape outputs; row-valued outputs are stored once.
 - horizontal: see kernels_horizontal (a unit is a member).
-
-Symbolic batch: a kernel whose values have a symbolic LEADING dimension (``kiln.ir.types.Sym``, the
-same one in every value that has it, and nowhere else) reads that size at run time from the slot
-after the pointers: ``args[n_in + n_out]`` holds it as an i64 (``KernelInfo.symbols`` names the
-slots in order). Inner sizes and every stride stay static immediates, so inner loops vectorize as
-before; only the outermost loop's bound and the number of units follow the size:
-``KernelInfo.units(sizes)``. An elementwise kernel keeps the symbolic dimension as its own outer loop
-(units: blocks of rows, pieces of a long row, or chunks of the symbolic loop when it is the only
-one); a reduction's rows are the symbolic dimension times the static outer sizes, so it needs the
-size only for the number of units. Horizontal kernels over a symbolic dimension are declined.
+- over a symbolic leading (batch) dimension: see kernels_symbolic (its size follows the pointers
+  in ``args``; ``info.units(sizes)`` is then the number of units).
 
 In-place safety: the executor may give an output the buffer of an input read at the same index.
 Each element's loads are emitted before its stores, and the innermost loops are declared parallel
@@ -41,7 +33,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ...ir.graph import Graph, Node, kernel_bodies, structure_key
+from ...ir.graph import Graph, Node, structure_key
 from ...ir.types import Dim, Sym, SymbolicShapeError
 from . import Unsupported
 from . import kernels_index as ix
@@ -134,7 +126,9 @@ class KernelModule:
             raise Unsupported(f"kernel kind {kind!r}")
         if kind != "horizontal" and len(bodies) != 1:
             raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
-        sym = _symbolic_dimension(node, kind, layouts)
+        from .kernels_symbolic import symbolic_dimension, symbolic_work_bytes  # noqa: PLC0415
+
+        sym = symbolic_dimension(node, kind, layouts)
         key = _kernel_key(kind, bodies, layouts)
         if key in self._known:  # the same code (an unrolled loop's steps, repeated blocks): one function
             return self._known[key]
@@ -155,10 +149,11 @@ class KernelModule:
             for name in set(self.module.globals) - existing:
                 del self.module.globals[name]
             raise
-        if sym is None:
+        if isinstance(extent, int):
             info = KernelInfo(symbol, extent, _work_bytes(node))
-        else:
-            fixed, per_size = _symbolic_work_bytes(node, sym)
+        else:  # (rows per unit of the size, rows per unit) of a kernel over ``sym``
+            assert sym is not None
+            fixed, per_size = symbolic_work_bytes(node, sym)
             info = KernelInfo(symbol, 0, fixed, (sym,), extent[0], extent[1], per_size)
         self._known[key] = info
         return info
@@ -209,38 +204,6 @@ def _work_bytes(node: Node) -> int:
     return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
 
 
-def _symbolic_dimension(node: Node, kind: str, layouts: Sequence[tuple[int, ...]]) -> Sym | None:
-    """The kernel's symbolic dimension (None for a static kernel); ``Unsupported`` unless there is
-    one, it leads every shape that has it, and the layouts are static."""
-    values = [*node.inputs, *node.outputs, *(v for body in kernel_bodies(node) for v in body.values())]
-    found = {d for v in values for d in v.type.shape if isinstance(d, Sym)}
-    if not found:
-        return None
-    if kind == "horizontal":
-        raise Unsupported("a horizontal kernel over a symbolic dimension")
-    if len(found) > 1:
-        raise Unsupported(f"a kernel over several symbolic dimensions ({', '.join(sorted(map(str, found)))})")
-    for v in values:
-        if any(isinstance(d, Sym) for d in v.type.shape[1:]):
-            raise Unsupported(f"%{v.id} of shape {list(map(str, v.type.shape))} has a symbolic dimension after its "
-                              "first (only a leading symbolic dimension is compiled)")  # fmt: skip
-    if not all(isinstance(s, int) for strides in layouts for s in strides):
-        raise Unsupported(f"symbolic strides in the layouts {list(layouts)}")
-    return found.pop()
-
-
-def _symbolic_work_bytes(node: Node, sym: Sym) -> tuple[int, int]:
-    """Bytes read and written that do not depend on the symbol, and bytes per unit of its size."""
-    fixed = per_size = 0
-    for v in (*node.inputs, *node.outputs):
-        shape, itemsize = v.type.shape, v.type.dtype.itemsize
-        if shape and shape[0] == sym:
-            per_size += product(shape[1:]) * itemsize
-        else:
-            fixed += v.type.numel * itemsize
-    return fixed, per_size
-
-
 def same_size(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
     """Whether two shapes have the same number of elements for every value of their symbols."""
 
@@ -248,12 +211,6 @@ def same_size(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
         return Counter(d for d in shape if isinstance(d, Sym)), product(d for d in shape if isinstance(d, int))
 
     return split(a) == split(b)
-
-
-def symbol_size(builder: ir.IRBuilder, args: ir.Value, slot: int) -> ir.Value:
-    """The size in slot ``slot`` of the argument table (an i64 where a pointer would be)."""
-    where = builder.gep(args, [i64(slot)], inbounds=True, source_etype=_PTR)
-    return builder.load(where, typ=I64, name="size")
 
 
 def operand_pointers(builder: ir.IRBuilder, args: ir.Value, count: int, first: ir.Value | int = 0) -> list[ir.Value]:
@@ -331,7 +288,9 @@ def elementwise_plan(body: Graph, layouts: Sequence[Sequence[int]]):
 def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
     domain, outputs, groups = elementwise_plan(body, layouts)
     if domain and isinstance(domain[0], Sym):
-        return _elementwise_symbolic(builder, args, body, domain, outputs, groups)
+        from .kernels_symbolic import elementwise_symbolic  # noqa: PLC0415 - it builds on this module
+
+        return elementwise_symbolic(builder, args, body, domain, outputs, groups)
     if product(domain) == 0:
         builder.ret_void()
         return 0
@@ -368,54 +327,6 @@ def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tup
                 inner_loop(0, inner)
     builder.ret_void()
     return extent
-
-
-def _elementwise_symbolic(builder: ir.IRBuilder, args, body: Graph, domain, outputs, groups) -> tuple[int, int]:
-    """``_elementwise`` over a symbolic leading dimension (``groups[0] == [0]``), whose size is read
-    from the argument table; returns ``(rows_per_size, rows_per_unit)`` (see ``KernelInfo.units``)."""
-    static = [product(domain[j] for j in g) for g in groups[1:]]
-    if product(static) == 0:
-        builder.ret_void()
-        return 0, 1
-    args_ptr, begin, end = args
-    operands = len(body.inputs) + len(body.outputs)
-    env = VarEnv()
-    target = _Body(builder, operand_pointers(builder, args_ptr, operands), env)
-    size = symbol_size(builder, args_ptr, operands)
-
-    def inner_loop(lo, hi) -> None:
-        with for_range(builder, lo, hi, name="i", parallel=True) as i:
-            env.bind_group(groups[-1], i)
-            target.compute_then_store(outputs, Scope())
-
-    if not static:  # the symbolic loop is the only one: a unit is a chunk of it
-        with for_range(builder, begin, end, name="unit") as unit:
-            lo = builder.mul(unit, i64(CHUNK), flags=("nsw",))
-            inner_loop(lo, minimum(builder, builder.add(lo, i64(CHUNK)), size))
-        builder.ret_void()
-        return 1, CHUNK
-    inner, middle = static[-1], product(static[:-1])
-    sizes = [size, *static]  # bind_rows reads only the static sizes after the first
-    if inner >= CHUNK:  # a unit is a piece of one long row
-        pieces = -(-inner // CHUNK)
-        with for_range(builder, begin, end, name="unit") as unit:
-            row = builder.sdiv(unit, i64(pieces)) if pieces > 1 else unit
-            piece = builder.srem(unit, i64(pieces)) if pieces > 1 else i64(0)
-            bind_rows(builder, env, groups[:-1], sizes[:-1], row)
-            lo = builder.mul(piece, i64(CHUNK), flags=("nsw",))
-            inner_loop(lo, minimum(builder, builder.add(lo, i64(CHUNK)), i64(inner)))
-        builder.ret_void()
-        return middle * pieces, 1
-    per_unit = max(1, CHUNK // inner)
-    rows = builder.mul(size, i64(middle), flags=("nsw",)) if middle > 1 else size
-    with for_range(builder, begin, end, name="unit") as unit:
-        first = builder.mul(unit, i64(per_unit), flags=("nsw",))
-        last = minimum(builder, builder.add(first, i64(per_unit)), rows)
-        with for_range(builder, first, last, name="row") as row:
-            bind_rows(builder, env, groups[:-1], sizes[:-1], row)
-            inner_loop(0, inner)
-    builder.ret_void()
-    return middle, per_unit
 
 
 # ----------------------------------------------------------------------------- reduction
