@@ -211,8 +211,7 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
         fwd_outputs.append(value)
     inputs: list = []
     seed_index = {id(s): k for k, s in enumerate(seeds)}
-    foreign_inputs: dict[Value, int] = {}
-    foreign_values = iter(range(len(bwd.foreign)))
+    saved = iter(range(len(bwd.foreign)))  # the other inputs read forward values, in this order
     externals = {e.value: e for e in result.externals}
     for value in result.builder.inputs:
         ext = externals.get(value)
@@ -221,7 +220,7 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
         elif ext is not None:
             inputs.append(Captured(weakref.ref(ext.tensor)))
         else:
-            inputs.append(Saved(foreign_inputs.setdefault(value, next(foreign_values))))
+            inputs.append(Saved(next(saved)))
     signature, outputs = number_outputs(inputs, result.outputs)
     graph = result.builder.build(outputs)
     backward_graph, program, _ = lower(graph, options, [])

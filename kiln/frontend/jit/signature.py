@@ -237,10 +237,10 @@ class Signature:
     the ``writebacks`` and ``.grad`` assignments of each call, and per graph output the device of
     the tensors made from it."""
 
-    inputs: list
-    results: list
-    writebacks: list = field(default_factory=list)
-    grads: list = field(default_factory=list)
+    inputs: list[InputKind]
+    results: list[ResultKind]
+    writebacks: list[WriteBack] = field(default_factory=list)
+    grads: list[GradKind] = field(default_factory=list)
     devices: tuple = ()
 
     def __post_init__(self) -> None:
@@ -289,7 +289,7 @@ def apply(signature: Signature, outputs: list, arrays: list, arguments=(), param
     docstring for who owns which memory)."""
     sig = signature
     owned = owned_memory(arrays)
-    claimed = set(owned) if sig.writebacks else owned
+    claimed = set(owned) if sig.writebacks else owned  # the write-backs read the inputs' memory alone
     results: list = [None] * len(sig.results)
     roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
     for position, output, device, view in sig._made:

@@ -52,9 +52,7 @@ def _signature(inputs, results, writebacks=(), grads=(), outputs: int = 4) -> Si
 def test_bind_reads_every_input_kind_where_the_call_holds_it():
     a, b, captured, param = kiln.ones(2), kiln.zeros(3), kiln.arange(4.0), kiln.full((2,), 7.0)
     seed, saved = np.ones(5), np.zeros(6)
-    sig = _signature(
-        [Saved(0), Argument(1), Captured(weakref.ref(captured)), Parameter("w"), Seed(0), Argument(0)], []
-    )
+    sig = _signature([Saved(0), Argument(1), Captured(weakref.ref(captured)), Parameter("w"), Seed(0), Argument(0)], [])
     arrays = bind(sig, [a, b], {"w": param}, seeds=[seed], saved=[saved])
     expected = [saved, b._data, captured._data, param._data, seed, a._data]
     assert len(arrays) == len(expected) and all(x is y for x, y in zip(arrays, expected, strict=True))
