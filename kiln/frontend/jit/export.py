@@ -259,8 +259,10 @@ def signature_to_json(signature: Signature) -> dict:
     for r in signature.results:
         if isinstance(r, ExternalResult):
             outputs.append(forms[r.input])
-        elif isinstance(r, Result | Repeat):
-            outputs.append([r.kind, r.output if isinstance(r, Result) else r.position])
+        elif isinstance(r, Result):
+            outputs.append(["value", r.output])
+        elif isinstance(r, Repeat):
+            outputs.append(["same", r.position])
         elif isinstance(r, PythonValue):
             outputs.append(["python", _plain_to_json(r.value)])
         else:
