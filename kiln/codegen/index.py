@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from math import prod as product
 
 from ..ir.primitives import PRIMITIVES
+from ..ir.types import Dim
 
 
 @dataclass(frozen=True)
@@ -107,15 +108,21 @@ def scale(a: Lin, k: int) -> Lin:
     return Lin(a.const * k, tuple((atom, c * k) for atom, c in a.terms))
 
 
-class Space:
-    """The domain's variable ranges: variable ``j`` runs over ``range(sizes[j])``."""
+#: The upper bound the algebra assumes for a symbolic dimension's variable (its size is not known).
+_UNBOUNDED = 1 << 62
 
-    def __init__(self, sizes: Sequence[int]) -> None:
+
+class Space:
+    """The domain's variable ranges: variable ``j`` runs over ``range(sizes[j])``; a symbolic size
+    (``Sym``, the leading dimension only) is unbounded above."""
+
+    def __init__(self, sizes: Sequence[Dim]) -> None:
         self.sizes = tuple(sizes)
 
     def var(self, j: int) -> Lin:
         """Domain variable ``j`` (a size-1 dimension's variable is the constant 0)."""
-        return Lin(0, ((j, 1),)) if self.sizes[j] > 1 else ZERO
+        n = self.sizes[j]
+        return Lin(0, ((j, 1),)) if not isinstance(n, int) or n > 1 else ZERO
 
     def identity(self) -> tuple[Lin, ...]:
         return tuple(self.var(j) for j in range(len(self.sizes)))
@@ -131,7 +138,8 @@ class Space:
 
     def _atom_bounds(self, atom: Atom) -> tuple[int, int]:
         if isinstance(atom, int):
-            return 0, max(self.sizes[atom] - 1, 0)
+            n = self.sizes[atom]
+            return 0, max(n - 1, 0) if isinstance(n, int) else _UNBOUNDED
         lo, hi = self.bounds(atom.expr)
         if isinstance(atom, Div):
             return lo // atom.divisor, hi // atom.divisor
@@ -194,13 +202,13 @@ def view(space: Space, op: str, index: tuple[Lin, ...], in_shape, out_shape, att
     return index_map(Algebra(space), index, tuple(in_shape), tuple(out_shape), **attrs)
 
 
-def reshape(space: Space, index: tuple[Lin, ...], out_shape: Sequence[int], in_shape: Sequence[int]) -> tuple[Lin, ...]:
+def reshape(space: Space, index: tuple[Lin, ...], out_shape: Sequence[Dim], in_shape: Sequence[Dim]) -> tuple[Lin, ...]:
     """Row-major: flatten the output index, unflatten it in the input's shape (``reshape``'s map)."""
     return view(space, "reshape", index, in_shape, out_shape, {"shape": tuple(out_shape)})
 
 
-def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """C-order strides in elements."""
+def contiguous_strides(shape: Sequence[Dim]) -> tuple[int, ...]:
+    """C-order strides in elements (static when only the leading size is symbolic)."""
     return tuple(product(shape[k + 1 :]) for k in range(len(shape)))
 
 

@@ -41,6 +41,10 @@ from dataclasses import dataclass
 
 from .graph import BODY_REDUCE_OPS, BODY_VIEW_OPS, CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
 from .primitives import ELEMENTWISE, PRIMITIVES
+from .types import Dim
+
+#: A shape: concrete sizes, or symbolic ones (``Sym``) where a graph leaves them open.
+Shape = tuple[Dim, ...]
 
 #: Kernel kinds whose bodies compute each output element from the same element of the inputs.
 POINTWISE_KINDS = frozenset({"elementwise", "horizontal"})
@@ -146,7 +150,7 @@ def constant_views(graph: Graph, inputs: bool = False) -> set[Value]:
 
 
 # ----------------------------------------------------------------------------- same-element reads
-def pointwise_from(body: Graph, start: Value, domain: tuple[int, ...]) -> bool:
+def pointwise_from(body: Graph, start: Value, domain: Shape) -> bool:
     """Whether every value computed from ``start`` in ``body`` is elementwise at the domain's shape,
     transitively: then the kernel reads ``start`` only at the element it is computing. (A view
     anywhere downstream, even of an elementwise result, re-indexes ``start`` itself.)"""
@@ -186,9 +190,9 @@ def reads_at_own_index(node: Node, source: Value, result: Value) -> bool:
 
 # ----------------------------------------------------------------------------- kernel legality
 #: A kernel's iteration space: its domain and, for a reduction kernel, the shapes of its row values.
-Space = tuple[tuple[int, ...], frozenset]
+Space = tuple[Shape, frozenset]
 #: A kernel's reductions: the shape they reduce and their axes (None: no reduction).
-ReduceSignature = tuple[tuple[int, ...], tuple[int, ...]] | None
+ReduceSignature = tuple[Shape, tuple[int, ...]] | None
 
 
 #: What a node may be in a kernel body (``body_role``).
@@ -215,7 +219,7 @@ def trailing_axes(axes: Sequence[int], ndim: int) -> bool:
     return k > 0 and tuple(axes) == tuple(range(ndim - k, ndim))
 
 
-def broadcasts_to(shape: tuple[int, ...], domain: tuple[int, ...]) -> bool:
+def broadcasts_to(shape: Shape, domain: Shape) -> bool:
     """Whether ``shape`` broadcasts to exactly ``domain`` (numpy's right-aligned rule)."""
     if len(shape) > len(domain):
         return False
@@ -240,7 +244,7 @@ def join_signatures(x: ReduceSignature | bool, y: ReduceSignature | bool) -> Red
     return False
 
 
-def kernel_space(signature: ReduceSignature | bool, output_shapes: Collection[tuple[int, ...]]) -> Space | None:
+def kernel_space(signature: ReduceSignature | bool, output_shapes: Collection[Shape]) -> Space | None:
     """The space of a kernel whose reductions have ``signature`` and whose outputs have these shapes,
     or None when they make no kernel (no outputs, outputs of different shapes, mixed reductions)."""
     if isinstance(signature, bool) or not output_shapes:  # False: reductions that differ

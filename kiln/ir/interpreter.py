@@ -12,6 +12,10 @@ but never the graph's constant arrays, which are copied on the way out so that a
 into an output cannot change the graph. Floating-point exceptions are values (inf, nan), not
 warnings, as in eager execution.
 
+A graph with symbolic dimensions (``kiln.ir.types.Sym``) runs for inputs of any size there: each
+symbol binds to the size of the first input dimension it names, every other dimension naming it
+must have that size, and attributes naming it (a reshape's shape) read the bound size.
+
 Kernel nodes (made by fusion) run by interpreting their bodies, each prepared once as a
 ``Program`` of its own; a horizontal kernel runs each member on its slice of the node's inputs.
 A kernel's outputs are always fresh arrays (as compiled kernels write them), never views of its
@@ -38,6 +42,7 @@ import numpy as np
 from .analysis import Liveness
 from .graph import CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
 from .primitives import PRIMITIVES
+from .types import Sym
 
 
 class Program:
@@ -45,13 +50,17 @@ class Program:
     cache of programs (keyed weakly by graph) lets graphs go."""
 
     __slots__ = ("_input_slots", "_input_types", "_steps", "_nodes", "_output_slots", "_copy_outputs",
-                 "_template", "_constant_slots", "_on_device")  # fmt: skip
+                 "_template", "_constant_slots", "_on_device", "_symbols", "_bound_steps")  # fmt: skip
 
     def __init__(self, graph: Graph, *, fresh_outputs: bool = False) -> None:
         # fresh_outputs: outputs that may share memory with an input are copied too (kernel bodies).
         slots: dict[Value, int] = {v: i for i, v in enumerate(graph.values())}
         self._input_slots = tuple(slots[v] for v in graph.inputs)
         self._input_types = tuple((v.type.shape, v.type.dtype.np, v.type) for v in graph.inputs)
+        # (input, axis, symbol) for every symbolic input dimension; None for a graph of static shapes
+        self._symbols = tuple((i, axis, d) for i, v in enumerate(graph.inputs) for axis, d in enumerate(v.type.shape)
+                              if isinstance(d, Sym)) or None  # fmt: skip
+        self._bound_steps: dict[tuple[int, ...], tuple] | None = None  # steps with symbols in attrs, by sizes
         self._output_slots = tuple(slots[v] for v in graph.outputs)
         self._template: list[Any] = [None] * len(slots)
         self._constant_slots: list[tuple[int, np.ndarray]] = []
@@ -70,6 +79,8 @@ class Program:
                             for position, (i, node) in enumerate(self._nodes))  # fmt: skip
         aliases = live.aliases(inputs=fresh_outputs)
         self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in aliases)
+        if any(_has_symbol(step[2]) for step in self._steps):
+            self._bound_steps = {}
 
     def run(self, inputs: Sequence[Any], xp: Any = np) -> list[Any]:
         """The graph's outputs for ``inputs`` (arrays of ``xp``), as a list."""
@@ -77,6 +88,7 @@ class Program:
         return self._execute(inputs, xp)
 
     def _execute(self, inputs: Sequence[Any], xp: Any) -> list[Any]:
+        steps = self._steps if self._bound_steps is None else self._steps_for(inputs)
         env = self._template.copy() if xp is np else self._device_template(xp).copy()
         for slot, array in zip(self._input_slots, inputs):
             env[slot] = array
@@ -84,7 +96,7 @@ class Program:
         step: tuple = ()
         with np.errstate(all="ignore"):  # inf and nan are values in kiln, not warnings
             try:
-                for step in self._steps:
+                for step in steps:
                     eager, args, attrs, out, frees, dtype, _ = step
                     result = eager(xp, *map(read, args), **attrs)
                     if out.__class__ is tuple:  # a kernel node: a list of fresh arrays
@@ -109,6 +121,9 @@ class Program:
     def _check(self, inputs: Sequence[Any]) -> None:
         if len(inputs) != len(self._input_types):
             raise TypeError(f"the graph expects {len(self._input_types)} inputs, got {len(inputs)}")
+        if self._symbols is not None:
+            self._check_symbolic(inputs)
+            return
         for i, (array, (shape, dtype, expected)) in enumerate(zip(inputs, self._input_types)):
             given_dtype = getattr(array, "dtype", None)
             if getattr(array, "shape", None) != shape or (given_dtype is not dtype and given_dtype != dtype):
@@ -117,6 +132,45 @@ class Program:
                 raise TypeError(
                     f"input {i} of the graph: expected {expected.dtype.name} of shape {shape} ({expected}), got {given}"
                 )
+
+    def _check_symbolic(self, inputs: Sequence[Any]) -> None:
+        """The input check of a graph with symbolic dimensions: each symbol takes one size."""
+        bound: dict[Sym, tuple[int, int, int]] = {}  # symbol -> (size, input, axis) that bound it
+        for i, (array, (shape, dtype, expected)) in enumerate(zip(inputs, self._input_types)):
+            given_dtype = getattr(array, "dtype", None)
+            given_shape = getattr(array, "shape", None)
+            if given_dtype is None or given_shape is None:
+                raise TypeError(f"input {i} of the graph: expected {expected}, got a {type(array).__name__}")
+            sizes_fit = len(given_shape) == len(shape) and all(
+                isinstance(d, Sym) or d == n for d, n in zip(shape, given_shape)
+            )
+            if not sizes_fit or (given_dtype is not dtype and given_dtype != dtype):
+                raise TypeError(
+                    f"input {i} of the graph: expected {expected.dtype.name} of shape {_shape_text(shape)} "
+                    f"({expected}), got {given_dtype} of shape {tuple(given_shape)}"
+                )
+            for axis, (d, n) in enumerate(zip(shape, given_shape)):
+                if not isinstance(d, Sym):
+                    continue
+                first = bound.setdefault(d, (int(n), i, axis))
+                if first[0] != n:
+                    raise TypeError(
+                        f"input {i} of the graph: dimension {axis} is the symbolic size {d}, which input {first[1]} "
+                        f"(dimension {first[2]}) bound to {first[0]}, but it is {n} here ({expected} given shape "
+                        f"{tuple(given_shape)})"
+                    )
+
+    def _steps_for(self, inputs: Sequence[Any]) -> tuple:
+        """The steps with every symbol in their attributes replaced by its size in ``inputs``."""
+        assert self._bound_steps is not None
+        sizes = {d: int(inputs[i].shape[axis]) for i, axis, d in self._symbols or ()}
+        key = tuple(sizes.values())
+        steps = self._bound_steps.get(key)
+        if steps is None:
+            steps = tuple(step[:2] + ({k: _bind(v, sizes) for k, v in step[2].items()},) + step[3:]
+                          for step in self._steps)  # fmt: skip
+            self._bound_steps[key] = steps
+        return steps
 
     def _device_template(self, xp: Any) -> list[Any]:
         # Constants live in numpy arrays; another namespace gets them copied to its device once
@@ -147,6 +201,29 @@ def interpret(graph: Graph, inputs: Sequence[Any], xp: Any = np) -> list[Any]:
 
 
 # ----------------------------------------------------------------------------- preparation
+def _has_symbol(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(map(_has_symbol, value.values()))
+    if isinstance(value, tuple):
+        return any(map(_has_symbol, value))
+    return isinstance(value, Sym)
+
+
+def _bind(value: Any, sizes: dict[Sym, int]) -> Any:
+    """An attribute value with each symbol replaced by its size."""
+    if isinstance(value, Sym):
+        if value not in sizes:  # the verifier rejects such a graph; say so when running one anyway
+            raise ValueError(f"symbolic dimension {value} is not the size of any dimension of the graph's inputs")
+        return sizes[value]
+    if isinstance(value, tuple):
+        return tuple(_bind(v, sizes) for v in value)
+    return value
+
+
+def _shape_text(shape: tuple) -> str:
+    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
 def _step(position: int, node: Node, slots: dict[Value, int], frees: tuple[int, ...]) -> tuple:
     args = tuple(slots[v] for v in node.inputs)
     if node.op == KERNEL:

@@ -23,7 +23,7 @@ import numpy as np
 
 from .dtypes import BY_NAME
 from .graph import CONSTANT, KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants
-from .types import TensorType, device
+from .types import RESERVED_NAMES, Dim, Sym, TensorType, device
 
 __all__ = ["ParseError", "parse_graph"]
 
@@ -62,6 +62,7 @@ _TOKEN = re.compile(
     re.VERBOSE,
 )
 _OP = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
+_SYMBOL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "r": "\r", "t": "\t"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 _NAMED_ATTRS: dict[str, Any] = {"None": None, "True": True, "False": False, "inf": float("inf"), "nan": float("nan")}
@@ -152,6 +153,7 @@ class _GraphParser:
         self.constants = constants
         self.values: dict[int, Value] = {}
         self.defined_on: dict[int, int] = {}
+        self.symbols: set[Sym] = set()  # the symbolic dimensions the types read so far name
         self.lineno = 0
         self.source = ""
         self.tokens: list[_Token] = []
@@ -314,13 +316,15 @@ class _GraphParser:
         if token.text not in BY_NAME:
             self._fail(token, "a dtype (bool, u8, i8, i16, i32, i64, f16, f32 or f64)")
         self._expect("punct", "[", f"'[' and the shape after the dtype {token.text}")
-        shape: list[int] = []
+        shape: list[Dim] = []
         if not self._accept("]"):
             while True:
-                dim = self._expect("int", None, "a dimension (a non-negative integer)")
-                if dim.value < 0:
-                    self._fail(dim, "a dimension (a non-negative integer)")
-                shape.append(dim.value)
+                dim = self._advance()
+                if dim.kind == "int" and dim.value >= 0:
+                    shape.append(dim.value)
+                else:
+                    shape.append(self._symbol(dim, "a dimension (a non-negative integer or a symbol such as B)"))
+                    self.symbols.add(shape[-1])  # type: ignore[arg-type]
                 if self._accept("]"):
                     break
                 self._expect("punct", ",", "',' or ']' in the shape")
@@ -359,9 +363,21 @@ class _GraphParser:
                 return _NAMED_ATTRS[token.text]
             if token.text in BY_NAME:
                 return BY_NAME[token.text]
+            if _SYMBOL.match(token.text) and Sym(token.text) in self.symbols:
+                return Sym(token.text)
         if token.text == "(":
             return self._parse_tuple()
-        self._fail(token, 'an attribute value (int, float, "string", dtype, None, True, False or a tuple)')
+        self._fail(token, 'an attribute value (int, float, "string", dtype, None, True, False, a tuple, or a symbol '
+                          "that a type before it names)")  # fmt: skip
+
+    def _symbol(self, token: _Token, expected: str) -> Sym:
+        """The symbolic dimension named by ``token``, or a ParseError saying ``expected``."""
+        if token.kind != "name" or token.text in RESERVED_NAMES:
+            self._fail(token, expected)
+        try:
+            return Sym(token.text)
+        except ValueError:
+            return self._fail(token, f"{expected}; a symbol is [A-Za-z_][A-Za-z0-9_]*")
 
     def _parse_tuple(self) -> tuple:
         if self._accept(")"):

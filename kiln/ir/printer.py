@@ -17,9 +17,10 @@ are free, but each statement is one line; blank lines are ignored)::
     outputs    := defs | "(" ")"                     -- "()" only for a node without outputs
     defs       := VALUE ":" type ("," VALUE ":" type)*
     uses       := VALUE ("," VALUE)*
-    type       := DTYPE "[" (INT ("," INT)*)? "]" ("@" DEVICE)?     -- f32[2,3]  bool[]  f16[4]@cuda:0
+    type       := DTYPE "[" (dim ("," dim)*)? "]" ("@" DEVICE)?     -- f32[2,3]  bool[]  f16[4]@cuda:0  f32[B,128]
+    dim        := INT | SYMBOL                      -- a non-negative size, or a symbolic one
     attrs      := "{" NAME "=" attr ("," NAME "=" attr)* "}"        -- in the node's own order
-    attr       := INT | FLOAT | STRING | DTYPE | "None" | "True" | "False" | tuple
+    attr       := INT | FLOAT | STRING | DTYPE | "None" | "True" | "False" | SYMBOL | tuple
     tuple      := "(" ")" | "(" attr "," ")" | "(" attr ("," attr)+ ")"
     location   := "#" STRING ":" INT ("in" (FUNCTION | STRING))?   -- file, line, function
     VALUE      := "%" digits                        -- the Value's id
@@ -30,6 +31,11 @@ are free, but each statement is one line; blank lines are ignored)::
     STRING     := '"' characters '"'  with \\ \" \n \r \t \xNN \uNNNN \UNNNNNNNN escapes
                   (every character that is not printable is escaped)
     OP, NAME   := [A-Za-z_][A-Za-z0-9_.]*
+    SYMBOL     := [A-Za-z_][A-Za-z0-9_]*  other than a DTYPE, None, True, False, inf, nan
+                  -- a symbolic dimension (``kiln.ir.types.Sym``): one size wherever the name appears
+                  in the graph, bound when the graph runs; in attributes (a reshape's or expand's
+                  ``shape``, a slice's ``stops``) it stands for that size, and there it must be a
+                  symbol that a type on an earlier line or earlier on the line names
     FUNCTION   := [A-Za-z_<][A-Za-z0-9_.<>]*        -- other function names are printed as a STRING
 
 A kernel node (``kiln.ir.graph.KERNEL``) prints its attributes other than ``bodies`` on its line,
@@ -68,7 +74,7 @@ import numpy as np
 
 from .dtypes import DType
 from .graph import KERNEL, Graph, Node, SourceLocation, Value
-from .types import CPU, TensorType
+from .types import CPU, Sym, TensorType
 
 _FUNCTION = re.compile(r"[A-Za-z_<][A-Za-z0-9_.<>]*\Z")  # plain names and <lambda>, <module>...
 _SIMPLE_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -178,11 +184,13 @@ def format_attr(value: Any) -> str:
         return format_string(value)
     if isinstance(value, DType):
         return value.short
+    if isinstance(value, Sym):
+        return value.name
     if isinstance(value, tuple):
         if len(value) == 1:
             return f"({format_attr(value[0])},)"
         return f"({', '.join(map(format_attr, value))})"
     raise TypeError(
         f"cannot print attribute value {value!r} of type {type(value).__name__}: expected an int, float, bool, "
-        "str, None, a kiln dtype or a tuple of these"
+        "str, None, a kiln dtype, a Sym or a tuple of these"
     )

@@ -7,8 +7,10 @@ JSON form (``graph_to_json``; plain dicts, lists, str, int, float, bool and None
                 "outputs": [{"id": 1, "type": ...}], "loc": {"file": "m.py", "line": 3, "function": "f"}}],
      "outputs": [1]}
 
+A dimension is an int, or a symbolic dimension's name as a string (``"shape": ["B", 128]``).
 Attribute values: ints, finite floats, bools, strings and null as themselves; the rest as
-one-key objects: ``{"float": "nan" | "inf" | "-inf"}``, ``{"dtype": "f32"}``, ``{"tuple": [...]}``.
+one-key objects: ``{"float": "nan" | "inf" | "-inf"}``, ``{"dtype": "f32"}``, ``{"sym": "B"}``,
+``{"tuple": [...]}``.
 Constant arrays are not in the JSON; ``graph_from_json`` takes them as an argument. A kernel
 node's ``bodies`` attribute is ``{"graphs": [<graph JSON>, ...]}``, each body in this same form
 with its own value ids; the bodies' constants travel in the same table as the graph's, under
@@ -36,7 +38,7 @@ import numpy as np
 from .dtypes import ALL_DTYPES, DType
 from .graph import KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants, qualified_constants
 from .tensor_file import TensorFileError, read_tensor_file
-from .types import TensorType, device
+from .types import Dim, Sym, TensorType, device
 from .verifier import VerificationError, verify
 
 __all__ = ["FORMAT_VERSION", "FormatError", "graph_from_json", "graph_to_json", "load_graph_file", "save_graph_file"]
@@ -67,7 +69,8 @@ def graph_to_json(graph: Graph) -> dict:
 
 
 def _type_to_json(t: TensorType) -> dict:
-    return {"shape": [int(d) for d in t.shape], "dtype": t.dtype.short, "device": str(t.device)}
+    shape = [d.name if isinstance(d, Sym) else int(d) for d in t.shape]
+    return {"shape": shape, "dtype": t.dtype.short, "device": str(t.device)}
 
 
 def _value_to_json(value: Value) -> dict:
@@ -100,6 +103,8 @@ def _attr_to_json(value: Any) -> Any:
         return value if math.isfinite(value) else {"float": repr(value)}
     if isinstance(value, DType):
         return {"dtype": value.short}
+    if isinstance(value, Sym):
+        return {"sym": value.name}
     if isinstance(value, tuple):
         return {"tuple": [_attr_to_json(v) for v in value]}
     raise TypeError(f"cannot serialize attribute value {value!r} of type {type(value).__name__}")
@@ -182,7 +187,7 @@ class _JsonReader:
 
 def _type_from_json(obj: Any, path: str) -> TensorType:
     obj = _check_dict(obj, path, {"shape", "dtype", "device"})
-    shape = tuple(_check_int(d, f"{path}.shape[{i}]", minimum=0) for i, d in enumerate(_check_list(obj["shape"], path)))
+    shape = tuple(_dim_from_json(d, f"{path}.shape[{i}]") for i, d in enumerate(_check_list(obj["shape"], path)))
     dtype = _dtype_from_json(obj["dtype"], f"{path}.dtype")
     spec = _check_str(obj["device"], f"{path}.device")
     try:
@@ -192,6 +197,21 @@ def _type_from_json(obj: Any, path: str) -> TensorType:
             f"graph JSON: {path}.device: expected a device such as 'cpu' or 'cuda:0', got {spec!r}"
         ) from None
     return TensorType(shape, dtype, dev)
+
+
+def _dim_from_json(obj: Any, path: str) -> Dim:
+    if isinstance(obj, str):
+        return _sym_from_json(obj, path)
+    if type(obj) is not int or obj < 0:
+        raise FormatError(f"graph JSON: {path}: expected an integer >= 0 or a symbol's name, got {obj!r:.80}")
+    return obj
+
+
+def _sym_from_json(obj: Any, path: str) -> Sym:
+    try:
+        return Sym(obj)
+    except ValueError as error:
+        raise FormatError(f"graph JSON: {path}: {error}") from None
 
 
 def _dtype_from_json(obj: Any, path: str) -> DType:
@@ -218,11 +238,13 @@ def _attr_from_json(obj: Any, path: str) -> Any:
             return _SPECIAL_FLOATS[payload]
         if tag == "dtype":
             return _dtype_from_json(payload, f"{path}.dtype")
+        if tag == "sym":
+            return _sym_from_json(payload, f"{path}.sym")
         if tag == "tuple":
             return tuple(_attr_from_json(v, f"{path}[{i}]") for i, v in enumerate(_check_list(payload, path)))
     raise FormatError(
         f"graph JSON: {path}: expected an int, float, bool, string, null or one of "
-        f'{{"float": "nan"|"inf"|"-inf"}}, {{"dtype": name}}, {{"tuple": [...]}}; got {obj!r:.80}'
+        f'{{"float": "nan"|"inf"|"-inf"}}, {{"dtype": name}}, {{"sym": name}}, {{"tuple": [...]}}; got {obj!r:.80}'
     )
 
 

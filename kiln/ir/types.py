@@ -1,14 +1,90 @@
 """Devices and the static type of a tensor value: ``TensorType(shape, dtype, device)``.
 
-Shapes are tuples of ints today; a dimension may later be a symbol (a dynamic batch size)
-without a new IR, so code that reads shapes goes through ``TensorType`` rather than assuming.
+A dimension (``Dim``) is an int or a ``Sym``: a named size known only when the graph runs (a
+batch size). A symbol stands for the same size wherever it appears in one graph; running the
+graph binds each symbol to one size (``TensorType.bind``). Sizes that need every dimension's
+value (``numel``, ``nbytes``) raise ``SymbolicShapeError`` on a symbolic type rather than
+answering something an int-minded caller could misuse; ``is_static`` says which case holds.
+
+>>> from kiln.ir.dtypes import float32
+>>> B = Sym("B")
+>>> t = TensorType((B, 128), float32)
+>>> print(t, t.is_static, t.bind({B: 4}).numel)
+f32[B,128] False 512
 """
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .dtypes import DType
+from .dtypes import BY_NAME, DType
+
+#: What a symbol's name may be: an identifier, and none of the words that the text form reads as
+#: something else (dtype names, None, True, False, inf, nan).
+_SYM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED_NAMES = frozenset(BY_NAME) | {"None", "True", "False", "inf", "nan"}
+
+
+class SymbolicShapeError(TypeError):
+    """An operation needs concrete sizes (an element count, a byte size, an op's shape rule that
+    does not handle symbols yet) but was given a symbolic dimension."""
+
+
+@dataclass(frozen=True)
+class Sym:
+    """A symbolic dimension: a size named ``name``, bound when the graph runs. Equal by name.
+
+    >>> Sym("B") == Sym("B"), str(Sym("B"))
+    (True, 'B')
+    """
+
+    name: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _SYM_NAME.match(self.name) or self.name in RESERVED_NAMES:
+            raise ValueError(
+                f"a symbolic dimension's name is an identifier ([A-Za-z_][A-Za-z0-9_]*) other than a dtype name, "
+                f"None, True, False, inf or nan; got {self.name!r}"
+            )
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"Sym({self.name!r})"
+
+
+Dim = int | Sym
+
+
+def is_static(shape: Iterable[Dim]) -> bool:
+    """True when every dimension is an int."""
+    return all(isinstance(d, int) for d in shape)
+
+
+def shape_symbols(shape: Iterable[Dim]) -> tuple[Sym, ...]:
+    """The symbols of ``shape``, each once, in order of appearance."""
+    return tuple(dict.fromkeys(d for d in shape if isinstance(d, Sym)))
+
+
+def bind_shape(shape: Iterable[Dim], sizes: Mapping[Sym, int]) -> tuple[int, ...]:
+    """``shape`` with each symbol replaced by its size in ``sizes`` (KeyError names a missing one)."""
+    out = []
+    for d in shape:
+        if isinstance(d, Sym):
+            if d not in sizes:
+                raise KeyError(f"symbolic dimension {d} has no size (bound: {_bound_text(sizes)})")
+            out.append(int(sizes[d]))
+        else:
+            out.append(d)
+    return tuple(out)
+
+
+def _bound_text(sizes: Mapping[Sym, int]) -> str:
+    return ", ".join(f"{s}={n}" for s, n in sizes.items()) or "none"
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +140,7 @@ CPU = device("cpu")
 
 @dataclass(frozen=True)
 class TensorType:
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     dtype: DType
     device: Device = CPU
 
@@ -73,11 +149,33 @@ class TensorType:
         return len(self.shape)
 
     @property
+    def is_static(self) -> bool:
+        """True when no dimension is symbolic."""
+        return is_static(self.shape)
+
+    @property
+    def symbols(self) -> tuple[Sym, ...]:
+        """The symbolic dimensions of the shape, each once, in order."""
+        return shape_symbols(self.shape)
+
+    @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        """The number of elements; ``SymbolicShapeError`` for a symbolic shape (bind it first)."""
+        try:
+            return math.prod(self.shape)  # type: ignore[arg-type]
+        except TypeError:  # a Sym: fail loudly, never a product an int-minded caller would misuse
+            raise SymbolicShapeError(
+                f"the number of elements of {self} depends on its symbolic dimensions; bind them first (TensorType.bind)"
+            ) from None
+
+    @property
+    def nbytes(self) -> int:
+        """The size in bytes; ``SymbolicShapeError`` for a symbolic shape (bind it first)."""
+        return self.numel * self.dtype.itemsize
+
+    def bind(self, sizes: Mapping[Sym, int]) -> TensorType:
+        """The same type with each symbol replaced by its size in ``sizes``."""
+        return self if self.is_static else TensorType(bind_shape(self.shape, sizes), self.dtype, self.device)
 
     def __str__(self) -> str:
         return f"{self.dtype.short}[{','.join(map(str, self.shape))}]"

@@ -37,11 +37,11 @@ from .graph import (
 )
 from .primitives import PRIMITIVES
 from .printer import format_type
-from .types import Device, TensorType
+from .types import Device, Sym, TensorType
 
 __all__ = ["VerificationError", "verify"]
 
-_PLAIN_ATTRS = (bool, int, float, str, type(None), DType)
+_PLAIN_ATTRS = (bool, int, float, str, type(None), DType, Sym)
 
 
 class VerificationError(ValueError):
@@ -81,6 +81,34 @@ def _verify_graph(graph: Graph, body_kind: str | None) -> None:
     for i, value in enumerate(graph.outputs):
         if not isinstance(value, Value) or defined.get(value.id) is not value:
             raise VerificationError(f"graph output {i} ({_name(value)}) is not a value defined in the graph")
+    _check_symbols_bound(graph)
+
+
+def _symbols_of(value: Any) -> set[Sym]:
+    """The Syms in an attribute value (tuples searched)."""
+    if isinstance(value, Sym):
+        return {value}
+    if isinstance(value, tuple):
+        return set().union(*map(_symbols_of, value)) if value else set()
+    return set()
+
+
+def _check_symbols_bound(graph: Graph) -> None:
+    """Every symbolic dimension of a graph is the size of some input's dimension: running the graph
+    binds it from there (a symbol only an attribute or a node's output names has no size)."""
+    bound = {d for v in graph.inputs for d in v.type.shape if isinstance(d, Sym)}
+    for index, node in enumerate(graph.nodes):
+        used = {d for v in node.outputs for d in v.type.shape if isinstance(d, Sym)}
+        if node.op != KERNEL:
+            for value in node.attrs.values():
+                used |= _symbols_of(value)
+        unbound = used - bound
+        if unbound:
+            names = ", ".join(sorted(s.name for s in unbound))
+            raise VerificationError(
+                f"{_where(index, node)}: symbolic dimension {names} is not the size of any dimension of the "
+                "graph's inputs, so running the graph could not bind it"
+            )
 
 
 def _outputs(node: Any) -> tuple:
@@ -108,9 +136,11 @@ def _check_value(value: Any, what: str) -> None:
     t = value.type
     if not isinstance(t, TensorType):
         raise VerificationError(f"{what}: %{value.id} has type {t!r}, expected a TensorType")
-    if not isinstance(t.shape, tuple) or not all(isinstance(d, int) and not isinstance(d, bool) for d in t.shape):
-        raise VerificationError(f"{what}: %{value.id} has shape {t.shape!r}, expected a tuple of ints")
-    if any(d < 0 for d in t.shape):
+    if not isinstance(t.shape, tuple) or not all(
+        (isinstance(d, int) and not isinstance(d, bool)) or isinstance(d, Sym) for d in t.shape
+    ):
+        raise VerificationError(f"{what}: %{value.id} has shape {t.shape!r}, expected a tuple of ints and Syms")
+    if any(isinstance(d, int) and d < 0 for d in t.shape):
         raise VerificationError(f"{what}: %{value.id} has a negative dimension in shape {t.shape}")
     if not isinstance(t.dtype, DType) or not isinstance(t.device, Device):
         raise VerificationError(f"{what}: %{value.id} has dtype {t.dtype!r} and device {t.device!r}, expected kiln's")
@@ -165,7 +195,7 @@ def _check_attrs(where: str, attrs: Any) -> None:
             )
             raise VerificationError(
                 f"{where}: attribute {key}={value!r} holds a {kind}; expected ints, floats, bools, "
-                "strings, None, kiln dtypes or tuples of these"
+                "strings, None, kiln dtypes, Syms or tuples of these"
             )
 
 

@@ -13,6 +13,8 @@ backwards); outputs are C-contiguous.
   reduction level computes that level's reductions together (softmax: the max, then the sum of
   exponentials), then one pass writes the full-shape outputs; row-valued outputs are stored once.
 - horizontal: see kernels_horizontal (a unit is a member).
+- over a symbolic leading (batch) dimension: see kernels_symbolic (its size follows the pointers
+  in ``args``; ``info.units(sizes)`` is then the number of units).
 
 In-place safety: the executor may give an output the buffer of an input read at the same index.
 Each element's loads are emitted before its stores, and the innermost loops are declared parallel
@@ -25,12 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from llvmlite import ir
 
 from ...ir.graph import Graph, Node, structure_key
+from ...ir.types import Dim, Sym, SymbolicShapeError
 from .. import index as ix
 from ..kernel_dag import REDUCES, VIEWS, Apply, DagBuilder, Load, Reduce, Rows, loads
 from . import Unsupported
@@ -49,11 +53,60 @@ _PTR = ir.PointerType()
 
 @dataclass(frozen=True)
 class KernelInfo:
-    """A compiled kernel's entry point, its number of parallel units, and bytes read + written."""
+    """A compiled kernel's entry point, its number of parallel units, and bytes read + written.
+
+    For a kernel over a symbolic dimension (``symbols`` not empty) both depend on the bound sizes:
+    ``units(sizes)`` is ``ceil(size * rows_per_size / rows_per_unit)`` and ``work(sizes)`` is
+    ``fixed_work_bytes + size * bytes_per_size``; ``extent`` and ``work_bytes`` raise for it, so
+    that a caller that assumes a static kernel fails loudly instead of running no units.
+    """
 
     symbol: str
-    extent: int
-    work_bytes: int
+    fixed_extent: int
+    fixed_work_bytes: int
+    symbols: tuple[Sym, ...] = ()  # the sizes the kernel reads after the pointers, in slot order
+    rows_per_size: int = 0
+    rows_per_unit: int = 1
+    bytes_per_size: int = 0
+
+    @property
+    def extent(self) -> int:
+        """The number of parallel units of a static kernel."""
+        self._require_static("extent")
+        return self.fixed_extent
+
+    @property
+    def work_bytes(self) -> int:
+        """Bytes read and written by a static kernel."""
+        self._require_static("work_bytes")
+        return self.fixed_work_bytes
+
+    def units(self, sizes: Mapping[Sym, int] | None = None) -> int:
+        """The number of parallel units for the symbols bound to ``sizes``."""
+        if not self.symbols:
+            return self.fixed_extent
+        size = self._size(sizes)
+        return -(-size * self.rows_per_size // self.rows_per_unit)
+
+    def work(self, sizes: Mapping[Sym, int] | None = None) -> int:
+        """Bytes read and written for the symbols bound to ``sizes``."""
+        if not self.symbols:
+            return self.fixed_work_bytes
+        return self.fixed_work_bytes + self._size(sizes) * self.bytes_per_size
+
+    def _size(self, sizes: Mapping[Sym, int] | None) -> int:
+        (sym,) = self.symbols
+        if sizes is None or sym not in sizes:
+            raise KeyError(f"kernel {self.symbol} runs over the symbolic dimension {sym}: give its size")
+        return int(sizes[sym])
+
+    def _require_static(self, what: str) -> None:
+        if self.symbols:
+            names = ", ".join(map(str, self.symbols))
+            raise SymbolicShapeError(
+                f"kernel {self.symbol} runs over the symbolic dimension {names}: its {what} depends on the size "
+                "(KernelInfo.units(sizes) / work(sizes))"
+            )
 
 
 class KernelModule:
@@ -76,6 +129,9 @@ class KernelModule:
         for body in bodies:
             for value in body.values():
                 register_type(value.type.dtype)  # raises Unsupported for float16 and friends
+        from .kernels_symbolic import symbolic_dimension, symbolic_work_bytes  # noqa: PLC0415
+
+        sym = symbolic_dimension(node, kind, layouts)
         key = _kernel_key(kind, bodies, layouts)
         if key in self._known:  # the same code (an unrolled loop's steps, repeated blocks): one function
             return self._known[key]
@@ -96,7 +152,13 @@ class KernelModule:
             for name in set(self.module.globals) - existing:
                 del self.module.globals[name]
             raise
-        info = self._known[key] = KernelInfo(symbol, extent, _work_bytes(node))
+        if isinstance(extent, int):
+            info = KernelInfo(symbol, extent, _work_bytes(node))
+        else:  # (rows per unit of the size, rows per unit) of a kernel over ``sym``
+            assert sym is not None
+            fixed, per_size = symbolic_work_bytes(node, sym)
+            info = KernelInfo(symbol, 0, fixed, (sym,), extent[0], extent[1], per_size)
+        self._known[key] = info
         return info
 
     def ir(self) -> str:
@@ -143,6 +205,15 @@ def _check_layouts(node: Node, layouts: Sequence[tuple[int, ...]]) -> None:
 
 def _work_bytes(node: Node) -> int:
     return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+
+
+def same_size(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
+    """Whether two shapes have the same number of elements for every value of their symbols."""
+
+    def split(shape: Sequence[Dim]) -> tuple[Counter, int]:
+        return Counter(d for d in shape if isinstance(d, Sym)), product(d for d in shape if isinstance(d, int))
+
+    return split(a) == split(b)
 
 
 def operand_pointers(builder: ir.IRBuilder, args: ir.Value, count: int, first: ir.Value | int = 0) -> list[ir.Value]:
@@ -211,12 +282,18 @@ def elementwise_plan(body: Graph, layouts: Sequence[Sequence[int]]):
     n_in = len(body.inputs)
     outputs = [(n_in + j, dag.element(v, space.identity()), store_at) for j, v in enumerate(body.outputs)]
     leaves = [load.offset for load in loads([root for _, root, _ in outputs])] + [store_at]
+    if domain and isinstance(domain[0], Sym):  # the symbolic dimension is a loop of its own
+        return domain, outputs, [[0], *ix.collapse(domain, range(1, len(domain)), leaves)]
     groups = ix.collapse(domain, range(len(domain)), leaves)
     return domain, outputs, groups
 
 
-def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
+def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
     domain, outputs, groups = elementwise_plan(body, layouts)
+    if domain and isinstance(domain[0], Sym):
+        from .kernels_symbolic import elementwise_symbolic  # noqa: PLC0415 - it builds on this module
+
+        return elementwise_symbolic(builder, args, body, domain, outputs, groups)
     if product(domain) == 0:
         builder.ret_void()
         return 0
@@ -275,8 +352,11 @@ def _reduction_rows(body: Graph) -> tuple[tuple[int, ...], Rows]:
     return domain, Rows(outer, axes)
 
 
-def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
+def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
     domain, rows = _reduction_rows(body)
+    symbolic = isinstance(domain[0], Sym)
+    if symbolic and rows.outer == 0:
+        raise Unsupported(f"a reduction over the symbolic dimension {domain[0]}")
     space = ix.Space(domain)
     dag = DagBuilder(body, space, layouts, rows)
     outer_shape = domain[: rows.outer]
@@ -288,7 +368,7 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
     for j, v in enumerate(body.outputs):
         if v.type.shape == domain:
             full.append((n_in + j, dag.element(v, space.identity()), full_at))
-        elif v.type.numel == product(outer_shape):
+        elif same_size(v.type.shape, outer_shape):
             root = dag.element(v, ix.reshape(space, row_index, outer_shape, v.type.shape))
             per_row.append((n_in + j, root, row_at))
         else:
@@ -297,10 +377,11 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
     leaves = [load.offset for load in loads([root for _, root, _ in full + per_row])] + [full_at]
     groups = ix.collapse(domain, range(rows.outer, len(domain)), leaves)
     sizes = [product(domain[j] for j in g) for g in groups]
-    extent = product(outer_shape)
+    # Rows are the outer index flattened; the symbolic leading size only counts them (units).
+    extent = product(outer_shape[1:] if symbolic else outer_shape)
     if extent == 0:
         builder.ret_void()
-        return 0
+        return (0, 1) if symbolic else 0
     args_ptr, begin, end = args
     env = VarEnv()
     target = _Body(builder, operand_pointers(builder, args_ptr, n_in + len(body.outputs)), env)
@@ -326,7 +407,7 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int:
             with nest(builder, env, groups, sizes):
                 target.compute_then_store(full, row_scope.child())
     builder.ret_void()
-    return extent
+    return (extent, 1) if symbolic else extent
 
 
 def _check_row_values(roots: Sequence, outer: int) -> None:

@@ -12,10 +12,10 @@ from .grad_mode import (
     set_grad_enabled,
 )
 from .gradcheck import GradcheckError, gradcheck, gradgradcheck
-from .graph import Node
+from .graph import FreedGraphError, Node
 
 __all__ = [
-    "Function", "FunctionCtx", "GradcheckError", "Node", "backward", "detect_anomaly", "enable_grad", "grad",
-    "gradcheck", "gradgradcheck", "inference_mode", "is_anomaly_enabled", "is_grad_enabled",
+    "FreedGraphError", "Function", "FunctionCtx", "GradcheckError", "Node", "backward", "detect_anomaly",
+    "enable_grad", "grad", "gradcheck", "gradgradcheck", "inference_mode", "is_anomaly_enabled", "is_grad_enabled",
     "is_inference_mode_enabled", "no_grad", "set_detect_anomaly", "set_grad_enabled",
 ]  # fmt: skip

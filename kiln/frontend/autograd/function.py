@@ -21,7 +21,7 @@ import weakref
 
 from ..tensor import Tensor, make_tensor
 from .grad_mode import no_grad, state
-from .graph import Node, SavedTensor, _edge_of
+from .graph import FreedGraphError, Node, SavedTensor, _edge_of
 
 
 class FunctionCtx:
@@ -53,7 +53,7 @@ class FunctionCtx:
             if self._node_ref is None:  # no graph was recorded: hand back what was saved
                 return self._to_save
             node = self._node_ref()
-            raise RuntimeError(
+            raise FreedGraphError(
                 "Trying to backward through the graph a second time (through "
                 f"{node.name() if node else 'a custom Function'}): saved tensors were freed. "
                 "Pass retain_graph=True to the first backward."

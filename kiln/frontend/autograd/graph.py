@@ -181,8 +181,13 @@ class _SavedInputs:
         return (s.unpack(self.node) for s in self.saved)
 
 
-def _freed_error(node: Node) -> RuntimeError:
-    return RuntimeError(
+class FreedGraphError(RuntimeError):
+    """A backward reached a node whose saved values were freed by an earlier backward (run the
+    first one with ``retain_graph=True`` to keep them). A ``RuntimeError``, as PyTorch raises."""
+
+
+def _freed_error(node: Node) -> FreedGraphError:
+    return FreedGraphError(
         f"Trying to backward through the graph a second time (through {node.name()}): its saved "
         "tensors were freed after the first backward. Pass retain_graph=True to the first "
         "backward() or autograd.grad() call if you need to backward through it again."

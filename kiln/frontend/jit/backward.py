@@ -17,19 +17,18 @@ import numpy as np
 
 from ...ir.graph import Graph
 from ..autograd.grad_mode import state as grad_state
-from ..autograd.graph import Node, _edge_of, _freed_error
-from ..tensor import make_tensor
+from ..autograd.graph import FreedGraphError, Node, _edge_of, _freed_error
+from .signature import Signature, apply, bind
 
 
 @dataclass
 class BackwardPlan:
     graph: Graph
     program: object
+    signature: Signature  # inputs: Seed, Saved and Captured kinds; results: per wrt, a Result or None
     diff_results: list[int]  # positions in the flattened results that carry gradients
     saved_outputs: list[int]  # forward-graph output indices holding what the backward reads
-    inputs: list[tuple]  # per backward input: ("seed", k) | ("saved", j) | ("capture", weakref)
     wrt: list[int]  # the externals the backward returns gradients for
-    grad_outputs: list[int | None]  # per wrt: index into the backward outputs (None: no gradient)
 
     def attach(self, spec, results: list, outputs: list, leaves: list) -> None:
         saved = [outputs[i] for i in self.saved_outputs]
@@ -59,7 +58,7 @@ class CompiledBackward(Node):
 
     def apply(self, grads: list) -> tuple:
         if self.saved is None:
-            raise RuntimeError(
+            raise FreedGraphError(
                 "Trying to backward through a compiled function a second time: its saved values were "
                 "freed. Pass retain_graph=True to the first backward() if you need to run it again."
             )
@@ -68,21 +67,10 @@ class CompiledBackward(Node):
                 "a compiled function's backward is not differentiable again (create_graph=True): compile the "
                 "function that also takes the second derivative, or run it eagerly (KILN_JIT=0)"
             )
-        arrays = []
-        for kind, payload in self.plan.inputs:
-            if kind == "seed":
-                g = grads[payload]
-                shape, dtype, _ = self.seed_types[payload]
-                arrays.append(np.zeros(shape, dtype) if g is None else g._data)
-            elif kind == "saved":
-                arrays.append(self.saved[payload])
-            else:
-                arrays.append(payload()._data)
-        outputs = self.plan.program(arrays)
-        device = self.seed_types[0][2]
-        return tuple(
-            None if i is None else make_tensor(np.array(outputs[i], copy=True), device) for i in self.plan.grad_outputs
-        )
+        seeds = [np.zeros(shape, dtype) if g is None else g._data
+                 for g, (shape, dtype, _) in zip(grads, self.seed_types, strict=True)]  # fmt: skip
+        arrays = bind(self.plan.signature, seeds=seeds, saved=self.saved)
+        return tuple(apply(self.plan.signature, self.plan.program(arrays), arrays))
 
     def release(self) -> None:
         self.saved = None

@@ -1,8 +1,8 @@
-"""From a finished trace to a ``Specialization``: outputs, write-backs, gradients, the backward, passes.
+"""From a finished trace to a ``Specialization``: its signature, the backward, passes.
 
 The forward graph's outputs are, in order: the call's tensor results, the final values of the
-externals it mutated, the new ``.grad`` values, and (when the results need gradients) the
-forward values the backward graph reads.
+externals it mutated, the new ``.grad`` values (``signature.number_outputs``), and (when the
+results need gradients) the forward values the backward graph reads.
 """
 
 from __future__ import annotations
@@ -16,12 +16,14 @@ import numpy as np
 
 from ...ir.graph import Graph, Value
 from ..autograd.grad_mode import state as grad_state
+from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
 from . import driver
 from .backward import BackwardPlan, ConsumedPlan
 from .hazards import reachable_tensors
 from .pytree import flatten
-from .specialization import Source, Specialization
+from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
+from .specialization import Specialization
 from .trace import Trace, TraceBreak
 
 logger = logging.getLogger("kiln")
@@ -47,8 +49,8 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
             f"the call stored {len(escaped)} new tensor(s) in Python state ({escaped[0]}, ...), as an optimizer's "
             "first step does; this call ran eagerly and the next one traces again"
         )
-    for index, _ in traced.writebacks:
-        ext = traced.externals[index]
+    for writeback in traced.writebacks:
+        ext = traced.externals[writeback.input]
         if ext.tensor.grad_fn is not ext.grad_fn or ext.tensor._requires_grad != ext.state[3]:
             trace.release()  # the same on every call with this key: such calls run eagerly
             return None, TraceBreak(
@@ -56,19 +58,9 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
                 "writes values back, not history)",
                 None,
             )
-    outputs: list[Value] = []
-    out_plan = plan_results(traced.outputs, outputs)
-    writebacks = []
-    for index, value in traced.writebacks:
-        writebacks.append((index, len(outputs)))
-        outputs.append(value)
-    grads = []
-    for index, action in traced.grads:
-        if isinstance(action, Value):
-            grads.append((index, ("value", len(outputs))))
-            outputs.append(action)
-        else:
-            grads.append((index, action))
+    sources = [_source(e) for e in traced.externals]
+    signature, outputs = number_outputs(sources, traced.outputs, traced.writebacks, traced.grads)
+    writebacks = [(w.input, w.output) for w in signature.writebacks]
     backward = None
     if grad_state.grad_enabled:
         backward, why = _trace_backward(compiled.options, trace, traced, out_leaves, outputs)
@@ -80,12 +72,10 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     strides = [e.tensor._data.strides for e in traced.externals]
     # mutated externals updated in place where that is safe, as eager does
     optimized, program, report = lower(graph, compiled.options, record, strides, [(o, i) for i, o in writebacks])
-    sources = [_source(e) for e in traced.externals]
     arg_aliases = _arguments_that_are_state(traced, leaves, list(closure_values.values()) +
                                             [value for _, value in compiled.guarded_names({})])  # fmt: skip
     spec = Specialization(
-        graph=optimized, program=program, sources=sources, out_tree=out_tree, out_leaves=out_plan,
-        writebacks=writebacks, grads=grads,
+        graph=optimized, program=program, signature=signature, out_tree=out_tree,
         modules=[(ref, training, type(ref()).__name__) for ref, training in traced.modules],
         prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), backward=backward,
         key=key, passes_record=record, traced_graph=graph, report=report, arg_aliases=arg_aliases,
@@ -93,29 +83,6 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     _dump(compiled, spec)
     trace.release()
     return spec, None
-
-
-def plan_results(items: list, outputs: list[Value], *, views: bool = True) -> list:
-    """Per result leaf of a finished trace, how a call produces it: ``("value", i)`` (graph output
-    ``i``, appended to ``outputs``), ``("born_view", i, root strides, shape, strides, offset)`` (a view of graph
-    output ``i``, shared by the results that share that memory) or the trace's own item (an
-    external, the same tensor as an earlier leaf, a new ``.grad``, a plain value, or -- with
-    ``views`` -- a view of an external). Without ``views`` every view is a value of its own."""
-    plan = []
-    roots: dict[Value, int] = {}
-    for item in items:
-        if isinstance(item, Value) or (item[0] in ("view", "born_view") and not views):
-            plan.append(("value", len(outputs)))
-            outputs.append(item if isinstance(item, Value) else item[-1])
-        elif item[0] == "born_view":
-            root = roots.get(item[1])
-            if root is None:
-                root = roots[item[1]] = len(outputs)
-                outputs.append(item[1])
-            plan.append(("born_view", root, *item[2:6]))
-        else:
-            plan.append(item)
-    return plan
 
 
 def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[int, weakref.ref]]:
@@ -132,12 +99,11 @@ def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[i
     return aliases
 
 
-def _source(external) -> Source:
+def _source(external) -> Argument | Captured:
     t = external.tensor
-    name = f"{t._dtype.short}{list(t._data.shape)}"
     if external.kind == "arg":
-        return Source("arg", external.arg_index, name=f"argument {external.arg_index}")
-    return Source("capture", ref=weakref.ref(t), snapshot=external.state, name=name)
+        return Argument(external.arg_index)
+    return Captured(weakref.ref(t), external.state, name=f"{t._dtype.short}{list(t._data.shape)}")
 
 
 def optimize(graph: Graph, options, record: list) -> Graph:
@@ -175,7 +141,7 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
 
     # Results the program computes carry its gradients; a tensor from before the call returned
     # itself (or twice) keeps its own history.
-    made = [isinstance(item, Value) or item[0] in ("view", "born_view") for item in traced.outputs]
+    made = [isinstance(item, Result | ExternalView | BornView) for item in traced.outputs]
     diff = [
         i for i, leaf in enumerate(out_leaves)
         if made[i] and isinstance(leaf, Tensor) and leaf._requires_grad and leaf.grad_fn is not None
@@ -196,16 +162,17 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             grads = partial_grad(
                 [out_leaves[i] for i in diff], [traced.externals[k].tensor for k in wrt], seeds, retain_graph=True
             )
+        except FreedGraphError:  # the call already ran backward through them (a training step)
+            bwd.abandon()
+            return ConsumedPlan(diff), None
         except RuntimeError as error:
             bwd.abandon()
-            if "second time" in str(error):  # the call already ran backward through them (a training step)
-                return ConsumedPlan(diff), None
             return None, f"the backward could not be traced: {error}"
-        for index, _ in traced.writebacks:
-            if traced.externals[index].tensor._requires_grad:
+        for writeback in traced.writebacks:
+            if traced.externals[writeback.input].tensor._requires_grad:
                 bwd.abandon()
                 return None, "a tensor that requires grad was changed in place inside the compiled call"
-        result = bwd.finish([g for g in grads if g is not None], values_only=True)
+        result = bwd.finish(list(grads), values_only=True)  # no gradient: a None result
     except BaseException:
         bwd.abandon()
         raise
@@ -215,32 +182,21 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
     for value in bwd.foreign:
         saved_outputs.append(len(fwd_outputs))
         fwd_outputs.append(value)
-    inputs = []
+    inputs: list = []
     seed_index = {id(s): k for k, s in enumerate(seeds)}
-    foreign_inputs = {}
-    foreign_values = iter(range(len(bwd.foreign)))
+    saved = iter(range(len(bwd.foreign)))  # the other inputs read forward values, in this order
     externals = {e.value: e for e in result.externals}
     for value in result.builder.inputs:
         ext = externals.get(value)
         if ext is not None and id(ext.tensor) in seed_index:
-            inputs.append(("seed", seed_index[id(ext.tensor)]))
+            inputs.append(Seed(seed_index[id(ext.tensor)]))
         elif ext is not None:
-            inputs.append(("capture", weakref.ref(ext.tensor)))
+            inputs.append(Captured(weakref.ref(ext.tensor)))
         else:
-            j = foreign_inputs.setdefault(value, next(foreign_values))
-            inputs.append(("saved", j))
-    outputs: list[Value] = []
-    for item in result.outputs:  # every leaf is a tensor: a value, or the same tensor as an earlier one
-        outputs.append(item if isinstance(item, Value) else outputs[item[1]])
-    grad_outputs, position = [], 0
-    for g in grads:
-        if g is None:
-            grad_outputs.append(None)
-        else:
-            grad_outputs.append(position)
-            position += 1
+            inputs.append(Saved(next(saved)))
+    signature, outputs = number_outputs(inputs, result.outputs)
     graph = result.builder.build(outputs)
     backward_graph, program, _ = lower(graph, options, [])
-    plan = BackwardPlan(backward_graph, program, diff, saved_outputs, inputs, wrt, grad_outputs)
+    plan = BackwardPlan(backward_graph, program, signature, diff, saved_outputs, wrt)
     bwd.release()
     return plan, None

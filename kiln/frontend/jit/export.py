@@ -21,13 +21,25 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ir import dtypes as dt
-from ...ir.graph import Graph, Value
+from ...ir.graph import Graph
 from ..autograd.grad_mode import no_grad
 from ..tensor import Tensor, make_tensor
-from .build import optimize, plan_results
+from .build import optimize
 from .compiler import CompileOptions
 from .pytree import LEAF, flatten, unflatten
-from .specialization import claim, owned_memory
+from .signature import (
+    Argument,
+    ExternalResult,
+    Parameter,
+    PythonValue,
+    Repeat,
+    Result,
+    Signature,
+    WriteBack,
+    apply,
+    bind,
+    number_outputs,
+)
 from .trace import Trace
 
 EXPORT_FORMAT_VERSION = 1
@@ -39,17 +51,18 @@ class ExportError(ValueError):
 
 @dataclass
 class ExportedProgram:
-    """A traced program: ``graph``, ``parameters`` (name -> Tensor) and its call signature."""
+    """A traced program: ``graph``, ``parameters`` (name -> Tensor) and its call signature.
+
+    The ``signature``'s inputs are ``Argument`` and ``Parameter`` kinds; its results ``Result``,
+    ``ExternalResult``, ``Repeat`` and ``PythonValue`` (views come back as values of their own); it
+    writes back the arguments and parameters the traced call changed in place."""
 
     graph: Graph
     parameters: dict[str, Tensor]
     in_tree: object
     in_specs: list  # per flattened argument: ("tensor", shape, dtype short name) | ("python", value)
-    inputs: list  # per graph input: ("arg", index) | ("param", name)
+    signature: Signature
     out_tree: object
-    outputs: list  # per result leaf: ("value", i) | ("arg", index) | ("param", name) | ("python", value)
-    #                | ("same", earlier leaf)
-    writebacks: list  # (("arg", index) | ("param", name), output index)
 
     def __post_init__(self) -> None:
         from ...ir.interpreter import prepare  # noqa: PLC0415
@@ -60,27 +73,9 @@ class ExportedProgram:
     def __call__(self, *args, **kwargs):
         leaves, tree = flatten((args, kwargs))
         self._check_call(leaves, tree)
-        arrays = [self._source(src, leaves)._data for src in self.inputs]
-        outputs = self._run(arrays)
-        claimed = owned_memory(arrays)  # results are materialized before the write-backs change inputs
-        results = [claim(outputs[payload], claimed, self.graph.outputs[payload].type.device) if kind == "value"
-                   else None for kind, payload in self.outputs]  # fmt: skip
-        for target, index in self.writebacks:
-            t = self._source(target, leaves)
-            t._data[...] = outputs[index]
-            t._version[0] += 1
-        for position, (kind, payload) in enumerate(self.outputs):
-            if kind == "python":
-                results[position] = payload
-            elif kind == "same":
-                results[position] = results[payload]
-            elif kind != "value":
-                results[position] = self._source((kind, payload), leaves)
+        arrays = bind(self.signature, leaves, self.parameters)
+        results = apply(self.signature, self._run(arrays), arrays, leaves, self.parameters)
         return unflatten(self.out_tree, results)
-
-    def _source(self, source, leaves: list) -> Tensor:
-        kind, payload = source
-        return leaves[payload] if kind == "arg" else self.parameters[payload]
 
     def _check_call(self, leaves: list, tree) -> None:
         if tree != self.in_tree:
@@ -105,10 +100,8 @@ class ExportedProgram:
             "export_format_version": EXPORT_FORMAT_VERSION,
             "in_tree": _tree_to_json(self.in_tree),
             "in_specs": [_spec_to_json(s) for s in self.in_specs],
-            "inputs": [list(s) for s in self.inputs],
+            **signature_to_json(self.signature),
             "out_tree": _tree_to_json(self.out_tree),
-            "outputs": [_output_to_json(o) for o in self.outputs],
-            "writebacks": [[list(t), i] for t, i in self.writebacks],
             "parameters": list(self.parameters),
         }
         tensors = {name: np.ascontiguousarray(t._host()) for name, t in self.parameters.items()}
@@ -138,31 +131,24 @@ def export(fn, *args, **kwargs) -> ExportedProgram:
     if traced.grads:
         trace.release()
         raise ExportError("export: the function sets .grad values; export a forward computation")
-    sources, parameters = [], {}
+    inputs: list = []
+    parameters = {}
     for k, ext in enumerate(traced.externals):
         if ext.kind == "arg":
-            sources.append(("arg", ext.arg_index))
+            inputs.append(Argument(ext.arg_index))
         else:
             name = names.get(id(ext.tensor), f"capture_{k}")
             parameters[name] = make_tensor(np.array(ext.tensor._host(), copy=True), ext.tensor._device)
-            sources.append(("param", name))
-    outputs: list[Value] = []
-    plan = []
-    for item in plan_results(traced.outputs, outputs, views=False):
-        if item[0] == "external":
-            item = sources[item[1]]
-        elif item[0] == "python":
-            _check_plain(item[1], "a result")
-        plan.append(item)
-    writebacks = []
-    for index, value in traced.writebacks:
-        writebacks.append((sources[index], len(outputs)))
-        outputs.append(value)
+            inputs.append(Parameter(name))
+    for item in traced.outputs:
+        if isinstance(item, PythonValue):
+            _check_plain(item.value, "a result")
+    signature, outputs = number_outputs(inputs, traced.outputs, traced.writebacks, views=False)
     graph = optimize(traced.builder.build(outputs), CompileOptions(), [])
     specs = [("tensor", tuple(x.shape), x.dtype.short) if isinstance(x, Tensor) else ("python", _check_plain(x))
              for x in leaves]  # fmt: skip
     trace.release()
-    return ExportedProgram(graph, parameters, tree, specs, sources, out_tree, plan, writebacks)
+    return ExportedProgram(graph, parameters, tree, specs, signature, out_tree)
 
 
 def _parameter_names(fn) -> dict[int, str]:
@@ -196,19 +182,17 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
         ):
             raise ExportError(f"{path}: the parameter list does not match the stored tensors")
         parameters = {name: make_tensor(tensors[name]) for name in names}  # fresh arrays, the program's own
-        inputs = [_source_from_json(s, names) for s in meta["inputs"]]
-        writebacks = [(_source_from_json(t, names), _index(i, len(graph.outputs))) for t, i in meta["writebacks"]]
         in_tree = _tree_from_json(meta["in_tree"])
         in_specs = [_spec_from_json(s) for s in meta["in_specs"]]
         out_tree = _tree_from_json(meta["out_tree"])
-        outputs = [_output_from_json(o, names, len(graph.outputs), i) for i, o in enumerate(meta["outputs"])]
+        signature = signature_from_json(meta, graph, in_specs, parameters)
     except ExportError:
         raise
     except RecursionError:
         raise ExportError(f"{path}: not a valid exported program (its signature is nested too deeply)") from None
     except (KeyError, TypeError, ValueError, IndexError) as error:
         raise ExportError(f"{path}: not a valid exported program ({type(error).__name__}: {error})") from None
-    program = ExportedProgram(graph, parameters, in_tree, in_specs, inputs, out_tree, outputs, writebacks)
+    program = ExportedProgram(graph, parameters, in_tree, in_specs, signature, out_tree)
     problem = _signature_problem(program)
     if problem:
         raise ExportError(f"{path}: not a valid exported program: {problem}")
@@ -218,38 +202,38 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
 def _signature_problem(program: ExportedProgram) -> str:
     """What in the signature disagrees with the graph, or "": checked once at load, so that a damaged
     file is refused there instead of failing (or writing wrong shapes) on every call."""
-    graph = program.graph
+    graph, signature = program.graph, program.signature
     for tree, count, what in ((program.in_tree, len(program.in_specs), "arguments"),
-                              (program.out_tree, len(program.outputs), "results")):  # fmt: skip
+                              (program.out_tree, len(signature.results), "results")):  # fmt: skip
         if _count_leaves(tree) != count:
             return f"the structure of the {what} has {_count_leaves(tree)} leaves, the signature lists {count}"
-    if len(program.inputs) != len(graph.inputs):
-        return f"the signature names {len(program.inputs)} inputs, the graph has {len(graph.inputs)}"
-    bindings = [(f"graph input %{v.id}", source, v.type) for source, v in zip(program.inputs, graph.inputs)]
-    bindings += [(f"the write-back of output {i}", target, graph.outputs[i].type) for target, i in program.writebacks]
-    bindings += [(f"result {i}", out, None) for i, out in enumerate(program.outputs) if out[0] == "arg"]
+    if len(signature.inputs) != len(graph.inputs):
+        return f"the signature names {len(signature.inputs)} inputs, the graph has {len(graph.inputs)}"
+    bindings = [(f"graph input %{v.id}", source, v.type) for source, v in zip(signature.inputs, graph.inputs)]
+    bindings += [(f"the write-back of output {w.output}", signature.inputs[w.input], graph.outputs[w.output].type)
+                 for w in signature.writebacks]  # fmt: skip
     for where, source, expected in bindings:
-        found = _source_type(program, source)
+        found = _source_type(program.in_specs, program.parameters, source)
         if isinstance(found, str):
             return f"{where} reads {found}"
         name, dtype, shape = found
-        if expected is not None and (dtype, shape) != (expected.dtype.short, tuple(expected.shape)):
+        if (dtype, shape) != (expected.dtype.short, tuple(expected.shape)):
             return f"{where} is {expected.dtype.short}{list(expected.shape)} in the graph, but {name} is {dtype}{list(shape)}"
     return ""
 
 
-def _source_type(program: ExportedProgram, source: tuple) -> tuple[str, str, tuple] | str:
+def _source_type(in_specs: list, parameters: dict, source) -> tuple[str, str, tuple] | str:
     """``(name, dtype short name, shape)`` of an argument or parameter, or what is wrong with the reference."""
-    kind, payload = source
-    if kind == "param":
-        t = program.parameters[payload]
-        return f"parameter {payload!r}", t.dtype.short, tuple(t.shape)
-    if payload >= len(program.in_specs):
-        return f"argument {payload}, but the signature has {len(program.in_specs)} arguments"
-    spec = program.in_specs[payload]
+    if isinstance(source, Parameter):
+        t = parameters[source.name]
+        return f"parameter {source.name!r}", t.dtype.short, tuple(t.shape)
+    position = source.position
+    if position >= len(in_specs):
+        return f"argument {position}, but the signature has {len(in_specs)} arguments"
+    spec = in_specs[position]
     if spec[0] != "tensor":
-        return f"argument {payload}, which is {spec[1]!r} in the signature, not a tensor"
-    return f"argument {payload}", spec[2], tuple(spec[1])
+        return f"argument {position}, which is {spec[1]!r} in the signature, not a tensor"
+    return f"argument {position}", spec[2], tuple(spec[1])
 
 
 def _count_leaves(tree) -> int:
@@ -264,12 +248,69 @@ def _index(i, n: int) -> int:
     return i
 
 
-def _source_from_json(obj, names: list) -> tuple:
+# ---------------------------------------------------------------------- the signature in JSON
+# Format version 1: inputs are ["arg", position] or ["param", name]; results ["value", output],
+# ["same", earlier result], ["python", value] or an input's own form (the input itself returned);
+# write-backs [input's form, output].
+def signature_to_json(signature: Signature) -> dict:
+    """The ``inputs``, ``outputs`` and ``writebacks`` entries of an exported file's metadata."""
+    forms = [["arg", s.position] if isinstance(s, Argument) else ["param", s.name] for s in signature.inputs]
+    outputs = []
+    for r in signature.results:
+        if isinstance(r, ExternalResult):
+            outputs.append(forms[r.input])
+        elif isinstance(r, Result):
+            outputs.append(["value", r.output])
+        elif isinstance(r, Repeat):
+            outputs.append(["same", r.position])
+        elif isinstance(r, PythonValue):
+            outputs.append(["python", _plain_to_json(r.value)])
+        else:
+            raise ExportError(f"export: a result of kind {r.kind!r} cannot be stored")
+    return {
+        "inputs": forms,
+        "outputs": outputs,
+        "writebacks": [[forms[w.input], w.output] for w in signature.writebacks],
+    }
+
+
+def signature_from_json(meta: dict, graph: Graph, in_specs: list, parameters: dict) -> Signature:
+    """The signature stored in ``meta`` (see ``signature_to_json``), its references checked:
+    ``ValueError``, ``TypeError``, ``KeyError`` or ``IndexError`` say what is wrong."""
+    names = list(parameters)
+    inputs = [_input_from_json(obj, names) for obj in meta["inputs"]]
+    index = {source: k for k, source in enumerate(inputs)}
+
+    def input_of(obj, where: str) -> int:
+        source = _input_from_json(obj, names)
+        if source not in index:
+            found = _source_type(in_specs, parameters, source)
+            raise ValueError(f"{where} reads {found if isinstance(found, str) else found[0] + ', no graph input'}")
+        return index[source]
+
+    n_outputs = len(graph.outputs)
+    results: list = []
+    for position, obj in enumerate(meta["outputs"]):
+        kind, payload = obj
+        if kind == "value":
+            results.append(Result(_index(payload, n_outputs)))
+        elif kind == "same":
+            results.append(Repeat(_index(payload, position)))
+        elif kind == "python":
+            results.append(PythonValue(_plain_from_json(payload)))
+        else:
+            results.append(ExternalResult(input_of(obj, f"result {position}")))
+    writebacks = [WriteBack(input_of(target, f"the write-back of output {output}"), _index(output, n_outputs))
+                  for target, output in meta["writebacks"]]  # fmt: skip
+    return Signature(inputs, results, writebacks, devices=tuple(v.type.device for v in graph.outputs))
+
+
+def _input_from_json(obj, names: list) -> Argument | Parameter:
     kind, payload = obj
     if kind == "arg":
-        return ("arg", _index(payload, 1 << 30))
+        return Argument(_index(payload, 1 << 30))
     if kind == "param" and payload in names:
-        return ("param", payload)
+        return Parameter(payload)
     raise ValueError(f"bad input source {obj!r}")
 
 
@@ -346,22 +387,6 @@ def _spec_from_json(obj):
     if obj[0] == "python":
         return ("python", _plain_from_json(obj[1]))
     raise ValueError(f"bad argument spec {obj!r}")
-
-
-def _output_to_json(out):
-    kind, payload = out
-    return [kind, _plain_to_json(payload) if kind == "python" else payload]
-
-
-def _output_from_json(obj, names: list, n_outputs: int, position: int):
-    kind, payload = obj
-    if kind == "value":
-        return ("value", _index(payload, n_outputs))
-    if kind == "same":
-        return ("same", _index(payload, position))
-    if kind == "python":
-        return ("python", _plain_from_json(payload))
-    return _source_from_json(obj, names)
 
 
 def _describe_tree(tree) -> str:

@@ -1,10 +1,11 @@
 """One compiled specialization: the graph of one traced call, its guards, and how to run it.
 
-Running a specialization reads every external (arguments by position, captured tensors through
-weak references), runs the program, writes mutated externals back into their memory (bumping
-their version counters, as the in-place ops would have), sets the ``.grad`` values the call
-left behind, and rebuilds the nested result. When the result needs gradients, a
-``CompiledBackward`` node (see ``backward.py``) connects it to the externals' autograd edges.
+Running a specialization binds its inputs (arguments by position, captured tensors through weak
+references), runs the program, and applies its outputs (``signature.py``): mutated externals are
+written back into their memory (bumping their version counters, as the in-place ops would have),
+the ``.grad`` values the call left behind are set, and the nested result is rebuilt. When the
+result needs gradients, a ``CompiledBackward`` node (see ``backward.py``) connects it to the
+externals' autograd edges.
 """
 
 from __future__ import annotations
@@ -12,23 +13,10 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from ...ir.graph import Graph
-from ..tensor import Tensor, make_tensor
-from .layouts import in_layout
+from ..tensor import Tensor
 from .pytree import unflatten
-
-
-@dataclass
-class Source:
-    """Where one graph input comes from at run time."""
-
-    kind: str  # "arg" | "capture"
-    arg_index: int = -1
-    ref: weakref.ref | None = None
-    snapshot: tuple = ()  # (shape, strides, dtype, requires_grad, has_grad) when traced
-    name: str = ""
+from .signature import Captured, Signature, apply, bind
 
 
 def tensor_state(t) -> tuple:
@@ -41,12 +29,8 @@ class Specialization:
 
     graph: Graph
     program: object  # runs the graph: program(list of arrays) -> list of arrays
-    sources: list[Source]
+    signature: Signature  # its inputs are Argument and Captured kinds, one per external of the trace
     out_tree: object
-    out_leaves: list  # ("value", i) | ("born_view", i, root strides, shape, strides, offset) | ("external", k)
-    #                   | ("view", k, shape, strides, offset) | ("grad", k) | ("same", earlier leaf) | ("python", v)
-    writebacks: list[tuple[int, int]]  # (external index, output index)
-    grads: list[tuple[int, object]]  # (external index, None | ("external", k) | ("value", i))
     modules: list[tuple[weakref.ref, bool, str]]
     prologues: list
     globals_guard: list[tuple[str, object]]
@@ -60,15 +44,16 @@ class Specialization:
     calls: int = 0
 
     def __post_init__(self) -> None:
-        # The results the program makes, (position, output, device, born view or None), and those
-        # made after the write-backs: tensors from before the call, their views, new .grad values,
-        # repeats and plain values.
-        self._made_results = [
-            (position, payload, self.graph.outputs[payload].type.device, tuple(view) if kind == "born_view" else None)
-            for position, (kind, payload, *view) in enumerate(self.out_leaves) if kind in ("value", "born_view")
-        ]  # fmt: skip
-        self._late_results = [(position, kind, payload, view) for position, (kind, payload, *view)
-                              in enumerate(self.out_leaves) if kind not in ("value", "born_view")]  # fmt: skip
+        self._captured = [s for s in self.signature.inputs if isinstance(s, Captured)]
+
+    @property
+    def sources(self) -> list:
+        """Where each graph input comes from (the signature's input kinds)."""
+        return self.signature.inputs
+
+    def external(self, index: int, leaves: list):
+        """The tensor graph input ``index`` reads at a call with these flattened arguments."""
+        return self.signature.tensor(index, leaves)
 
     # ------------------------------------------------------------------ guards
     def state_miss(self, fn_globals: dict | None, closure_values: dict, leaves: list) -> str | None:
@@ -77,9 +62,7 @@ class Specialization:
             if leaves[position] is not ref():
                 return f"argument {position} is no longer the tensor that the function also reads as state"
         arg_roots = None
-        for source in self.sources:
-            if source.kind != "capture":
-                continue
+        for source in self._captured:
             t = source.ref()
             if t is None:
                 return f"captured tensor {source.name} was freed"
@@ -106,71 +89,12 @@ class Specialization:
         return None
 
     # ------------------------------------------------------------------ running
-    def inputs(self, leaves: list) -> list:
-        return [(leaves[s.arg_index] if s.kind == "arg" else s.ref())._data for s in self.sources]
-
-    def external(self, index: int, leaves: list):
-        s = self.sources[index]
-        return leaves[s.arg_index] if s.kind == "arg" else s.ref()
-
     def run(self, leaves: list):
         for fn, args, kwargs in self.prologues:
             fn(*args, **kwargs)
-        arrays = self.inputs(leaves)
+        arrays = bind(self.signature, leaves)
         outputs = self.program(arrays)
-        # Every tensor handed out owns its memory unless eager's would share it: an output that is
-        # an input's memory (read before its write-back below), or memory already handed out in
-        # this call (one value returned twice after the passes merged two results), is copied.
-        owned = owned_memory(arrays)
-        claimed = set(owned) if self.writebacks else owned
-        results: list = [None] * len(self.out_leaves)  # the rest are made after the write-backs
-        roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
-        for position, payload, device, view in self._made_results:
-            if view is None:
-                results[position] = claim(outputs[payload], claimed, device)
-                continue
-            root = roots.get(payload)
-            if root is None:
-                root = roots[payload] = claim(in_layout(outputs[payload], view[0]), claimed, device)
-            results[position] = view_of(root, *view[1:])
-        grads = []
-        for index, action in self.grads:
-            if action is not None and action[0] == "value":
-                device = self.external(index, leaves)._device
-                grads.append(claim(outputs[action[1]], claimed, device))
-            else:
-                grads.append(None)
-        # A new value that is another input's memory (``a.copy_(b)`` before ``b`` changes) is read
-        # before any write-back writes that memory.
-        updates = []
-        for index, out in self.writebacks:
-            t, array = self.external(index, leaves), outputs[out]
-            if array is not t._data and id(_root(array)) in owned:
-                array = array.copy()
-            updates.append((t, array))
-        for t, array in updates:
-            if array is not t._data:  # else the program wrote it in place
-                t._data[...] = array
-            t._version[0] += 1
-        for (index, action), grad in zip(self.grads, grads, strict=True):
-            t = self.external(index, leaves)
-            if action is None:
-                t._grad = None
-            elif action[0] == "external":
-                t._grad = self.external(action[1], leaves)
-            else:
-                t._grad = grad
-        for position, kind, payload, view in self._late_results:
-            if kind == "external":
-                results[position] = self.external(payload, leaves)
-            elif kind == "view":
-                results[position] = view_of(self.external(payload, leaves), *view[:3])
-            elif kind == "grad":
-                results[position] = self.external(payload, leaves)._grad
-            elif kind == "same":
-                results[position] = results[payload]
-            elif kind == "python":
-                results[position] = payload
+        results = apply(self.signature, outputs, arrays, leaves)
         if self.backward is not None:
             self.backward.attach(self, results, outputs, leaves)
         self.calls += 1
@@ -178,54 +102,6 @@ class Specialization:
 
 
 _MISSING = object()
-
-
-def _root(array):
-    """The array that owns ``array``'s memory."""
-    while isinstance(array.base, np.ndarray):
-        array = array.base
-    return array
-
-
-def owned_memory(arrays: list) -> set[int]:
-    """The memory owners of a program's input arrays (see ``claim``)."""
-    return {id(_root(a)) for a in arrays}
-
-
-def claim(array, claimed: set[int], device):
-    """A new tensor on ``array``, copied when its memory is already ``claimed`` (an input's, or
-    handed out earlier in this call) or when it is read-only (a broadcast view); its memory is
-    claimed from then on."""
-    if array.__class__ is not np.ndarray:
-        array = np.asarray(array)
-    owner = array.base is None  # memory of its own: writeable (the program copies out its constants)
-    root = id(array if owner else _root(array))
-    if root in claimed or not (owner or array.flags.writeable):
-        array = np.array(array, order="K")
-        root = id(array)
-    claimed.add(root)
-    return make_tensor(array, device)
-
-
-class _Interface:
-    """Exposes a strided window of memory to numpy; holds the owning array alive."""
-
-    def __init__(self, owner, pointer: int, shape: tuple, strides: tuple) -> None:
-        self.owner = owner
-        self.__array_interface__ = {
-            "data": (pointer, False), "shape": shape, "strides": strides, "typestr": owner.dtype.str, "version": 3,
-        }  # fmt: skip
-
-
-def view_of(external, shape: tuple, strides: tuple, offset: int):
-    """A tensor viewing ``external``'s memory at ``offset`` bytes with ``shape``/``strides`` (in bytes),
-    sharing its version counter: the view an eager call would have returned."""
-    data = external._data
-    pointer = data.__array_interface__["data"][0] + offset
-    out = make_tensor(np.asarray(_Interface(data, pointer, shape, strides)), external._device, external._dtype)
-    out._version = external._version
-    out._base = external._base if external._base is not None else external
-    return out
 
 
 def _same(a, b) -> bool:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -35,6 +35,19 @@ from ...ir.types import TensorType
 from ..tensor import Tensor
 from . import state
 from .layouts import contains, dense_order, is_identity
+from .signature import (
+    BornView,
+    ClearGrad,
+    ExternalResult,
+    ExternalView,
+    NewGrad,
+    PythonValue,
+    Repeat,
+    Result,
+    SetGrad,
+    ShareGrad,
+    WriteBack,
+)
 
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
@@ -69,15 +82,18 @@ class External:
 
 @dataclass
 class TraceResult:
-    """What a finished trace hands to the compiler (the graph's inputs are the externals' values)."""
+    """What a finished trace hands to the compiler (the graph's inputs are the externals' values).
+
+    Its results, write-backs and ``.grad`` assignments are the kinds of a ``Signature`` (see
+    ``signature.py``), holding IR values where a signature holds output indices and external
+    indices where it holds input indices; ``number_outputs`` turns them into a signature."""
 
     builder: GraphBuilder
     externals: list[External]
-    outputs: list  # per flattened result leaf: a Value, ("external", k), ("view", k, shape, strides, offset,
-    #                value), ("born_view", root value, root strides, shape, strides, offset, value), ("grad", k),
-    #                ("same", earlier leaf) or ("python", value)
-    writebacks: list[tuple[int, Value]]  # (external index, final value)
-    grads: list[tuple[int, object]]  # (external index, Value | None | ("external", index))
+    outputs: list  # per flattened result leaf: Result, BornView, ExternalResult, ExternalView, NewGrad, Repeat
+    #                or PythonValue
+    writebacks: list[WriteBack]  # externals changed in place, with their final values
+    grads: list  # SetGrad, ShareGrad or ClearGrad per external whose .grad the call changed
     modules: list[tuple[weakref.ref, bool]]
     prologues: list
     escaped: list[str] = field(default_factory=list)
@@ -368,8 +384,9 @@ class Trace:
 
     # ------------------------------------------------------------------ the end
     def finish(self, leaves: list, values_only: bool = False) -> TraceResult:
-        """Close the trace over the call's flattened results (``values_only``: results that are
-        externals come out as their values rather than as the external itself)."""
+        """Close the trace over the call's flattened results (``values_only``: every tensor result
+        is a ``Result`` of its own value, even an external or a tensor returned twice, as the
+        gradients a backward returns must be)."""
         grads = []
         new_grads: dict[int, int] = {}  # id(new .grad tensor) -> index of the external it belongs to
         for t, before in list(self.grads.values()):
@@ -381,35 +398,35 @@ class Trace:
                 self.add_external(t, "capture")
                 index = len(self.externals) - 1
             if after is None:
-                grads.append((index, None))
+                grads.append(ClearGrad(index))
             elif id(after) in self._external_index and self.externals[self._external_index[id(after)]].tensor is after:
-                grads.append((index, ("external", self._external_index[id(after)])))
+                grads.append(ShareGrad(index, self._external_index[id(after)]))
             else:
-                grads.append((index, self.value_of(after)))
+                grads.append(SetGrad(index, self.value_of(after)))
                 new_grads[id(after)] = index
         outputs = []
         positions: dict[int, int] = {}
         for position, leaf in enumerate(leaves):
             if not isinstance(leaf, Tensor):
-                outputs.append(("python", leaf))
+                outputs.append(PythonValue(leaf))
                 continue
-            if id(leaf) in positions:  # the same tensor returned twice comes back as one object
-                outputs.append(("same", positions[id(leaf)]))
+            if id(leaf) in positions and not values_only:  # one tensor returned twice comes back as one object
+                outputs.append(Repeat(positions[id(leaf)]))
                 continue
             positions[id(leaf)] = position
             if id(leaf) in new_grads and not values_only:  # a new .grad returned: the same tensor
-                outputs.append(("grad", new_grads[id(leaf)]))
+                outputs.append(NewGrad(new_grads[id(leaf)]))
                 continue
             if not values_only and not self.is_bound(leaf) and not self._is_parent_value(leaf):
                 self.add_external(leaf, "capture")  # returned untouched: the caller gets the tensor itself
             index = self._external_index.get(id(leaf))
             view = None if values_only or index is not None else self._view_of_external(leaf)
             if index is not None and self.externals[index].tensor is leaf and not values_only:
-                outputs.append(("external", index))
+                outputs.append(ExternalResult(index))
             elif view is not None:
-                outputs.append((*view, self.value_of(leaf)))
+                outputs.append(replace(view, own_value=self.value_of(leaf)))
             else:
-                outputs.append(self.value_of(leaf))
+                outputs.append(Result(self.value_of(leaf)))
         if not values_only:
             self._share_born_memory(leaves, outputs)
         writebacks = []
@@ -421,7 +438,7 @@ class Trace:
                 self.break_here("a tensor's memory was changed outside kiln's ops")
                 continue
             if binding[1] is not ext.value:
-                writebacks.append((index, binding[1]))
+                writebacks.append(WriteBack(index, binding[1]))
         result = TraceResult(
             self.builder, self.externals, outputs, writebacks, grads,
             list(self.modules.values()), self.prologues,
@@ -431,12 +448,11 @@ class Trace:
 
     def _share_born_memory(self, leaves: list, outputs: list) -> None:
         """Results that share the memory of a tensor made in the call (``a`` and ``a[0]``, or two
-        views of one ``a``) share it in compiled calls too: each becomes ``("born_view", root value,
-        root strides, shape, strides, byte offset, its own value)`` over one output holding the root
-        (laid out as eager's root was)."""
+        views of one ``a``) share it in compiled calls too: each becomes a ``BornView`` of one output
+        holding the root (laid out as eager's root was)."""
         groups: dict[int, list[int]] = {}
         for position, (leaf, item) in enumerate(zip(leaves, outputs, strict=True)):
-            if isinstance(item, Value):
+            if isinstance(item, Result):
                 root = leaf._base if leaf._base is not None else leaf
                 groups.setdefault(id(root), []).append(position)
         for members in groups.values():
@@ -449,23 +465,23 @@ class Trace:
             for position in members:
                 data = leaves[position]._data
                 offset = data.__array_interface__["data"][0] - start
-                view = (tuple(root._data.strides), tuple(data.shape), tuple(data.strides), offset)
-                outputs[position] = ("born_view", root_value, *view, outputs[position])
+                view = (tuple(data.shape), tuple(data.strides), offset)
+                outputs[position] = BornView(root_value, tuple(root._data.strides), *view, outputs[position].output)
 
     def _is_parent_value(self, t) -> bool:
         binding = t._trace
         return binding is not None and self.parent is not None and binding[0] is self.parent
 
-    def _view_of_external(self, t):
-        """``("view", external index, shape, strides, byte offset)`` when the result ``t`` shares an
-        external's memory, as eager's result would: the compiled call returns the same view."""
+    def _view_of_external(self, t) -> ExternalView | None:
+        """An ``ExternalView`` when the result ``t`` shares an external's memory, as eager's result
+        would: the compiled call returns the same view."""
         if t._base is None:
             return None
         for index in self._roots.get(id(t._base), ()):
             e = self.externals[index].tensor
             if contains(e._data, t._data) and e._device is t._device and e._dtype is t._dtype:
                 offset = t._data.__array_interface__["data"][0] - e._data.__array_interface__["data"][0]
-                return ("view", index, tuple(t._data.shape), tuple(t._data.strides), offset)
+                return ExternalView(index, tuple(t._data.shape), tuple(t._data.strides), offset)
         return None
 
     def escaped_tensors(self, keep: list) -> list[str]:

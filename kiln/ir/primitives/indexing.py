@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..shapes import broadcast_shapes
-from ..types import TensorType
+from ..types import Dim, TensorType
 from . import Kind, Primitive, Sample, register
 
 
@@ -40,7 +40,7 @@ def _check_axis_index(name: str, x: TensorType, index: TensorType, axis: int, sr
     if not 0 <= axis < max(x.ndim, 1):
         raise IndexError(f"{name}(): axis {axis} is out of range for an input of shape {list(x.shape)}")
     for d, (i, n) in enumerate(zip(index.shape, x.shape, strict=True)):
-        if d != axis and i > n:
+        if d != axis and _exceeds(i, n):
             raise RuntimeError(
                 f"{name}(): size of index {list(index.shape)} must not exceed the input's {list(x.shape)} at "
                 f"dimension {d} (except the dimension {axis} indexed)"
@@ -48,11 +48,18 @@ def _check_axis_index(name: str, x: TensorType, index: TensorType, axis: int, sr
     if src is not None:
         if src.dtype is not x.dtype:
             raise TypeError(f"{name}(): expected src of dtype {x.dtype.name} like self, got {src.dtype.name}")
-        if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape, strict=True)):
+        if src.ndim != index.ndim or any(_exceeds(i, s) for i, s in zip(index.shape, src.shape, strict=True)):
             raise RuntimeError(
                 f"{name}(): index shape {list(index.shape)} must not exceed the src shape {list(src.shape)} "
                 "at any dimension"
             )
+
+
+def _exceeds(i: Dim, n: Dim) -> bool:
+    """Whether size ``i`` may exceed ``n``: a symbol is within only itself (its size is not known)."""
+    if isinstance(i, int) and isinstance(n, int):
+        return i > n
+    return i != n
 
 
 def _grids(xp, index, axis: int) -> tuple:
@@ -187,7 +194,7 @@ scatter = register(Primitive(
 
 
 # ----------------------------------------------------------------------------- take, index_put
-def _indexed_shape(name: str, x: TensorType, indices: tuple[TensorType, ...]) -> tuple[int, ...]:
+def _indexed_shape(name: str, x: TensorType, indices: tuple[TensorType, ...]) -> tuple[Dim, ...]:
     if not indices:
         raise ValueError(f"{name}: expected at least one index tensor")
     if len(indices) > x.ndim:

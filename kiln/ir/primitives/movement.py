@@ -3,12 +3,19 @@
 ``reshape``, ``expand``, ``permute`` and ``slice`` are views (the eager result shares memory with the
 input), as their PyTorch counterparts are; ``pad``, ``concatenate`` and ``flip`` copy. Attributes are
 normalized by the frontend (non-negative axes, clamped slice bounds), so each rule is plain.
+
+A symbolic dimension (``Sym``) is carried through unchanged: a reshape keeps it as a whole
+dimension (its ``shape`` attribute names the symbol; the other dimensions' product is kept), a
+slice takes all of it (``0:B:1``), pad does not pad it, concatenate joins along another axis.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 from ..shapes import numel
-from ..types import TensorType
+from ..types import Dim, Sym, SymbolicShapeError, TensorType, is_static
 from . import Kind, Primitive, Sample, register
 
 # ----------------------------------------------------------------------------- index maps of the views
@@ -17,26 +24,29 @@ from . import Kind, Primitive, Sample, register
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
+    """C-order strides in elements: static when only the leading size is symbolic (a symbol
+    anywhere else raises, as it has no static stride)."""
+    return tuple(math.prod(shape[k + 1 :]) for k in range(len(shape)))
 
 
 def _reshape_index(ix, index, in_shape, out_shape, **attrs):
-    """Row-major: flatten the output index, unflatten it in the input's shape."""
-    if numel(in_shape) == 0:  # no element is ever read (and a size-0 dim would divide by 0 below)
+    """Row-major: flatten the output index, unflatten it in the input's shape. A symbolic size may
+    lead both shapes (the strides stay static: they multiply only the sizes after it)."""
+    if any(n == 0 for n in in_shape):  # no element is ever read (and a size-0 dim would divide by 0 below)
         return tuple(ix.zero for _ in in_shape)
     flat = ix.zero
     for e, stride in zip(index, _contiguous_strides(out_shape), strict=True):
         flat = ix.add(flat, ix.scale(e, stride))
     out = []
-    for n, stride in zip(in_shape, _contiguous_strides(in_shape), strict=True):
+    for k, (n, stride) in enumerate(zip(in_shape, _contiguous_strides(in_shape), strict=True)):
         if n == 1:
             out.append(ix.zero)
             continue
         quotient, _ = ix.divmod(flat, stride)
+        if isinstance(n, Sym):  # the leading dim: flat < n * stride, so the quotient is in range
+            assert k == 0, f"a symbolic size after the first dim of {list(in_shape)}"
+            out.append(quotient)
+            continue
         out.append(ix.divmod(quotient, n)[1])
     return tuple(out)
 
@@ -61,9 +71,27 @@ def _slice_index(ix, index, in_shape, out_shape, *, starts, stops, steps):
     )
 
 
-def _reshape_infer(x: TensorType, *, shape: tuple[int, ...]) -> TensorType:
-    if numel(shape) != x.numel or any(d < 0 for d in shape):
-        raise RuntimeError(f"shape {list(shape)} is invalid for input of size {x.numel} (shape {list(x.shape)})")
+def _listed(shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+def _reshape_infer(x: TensorType, *, shape: tuple[Dim, ...]) -> TensorType:
+    if x.is_static and is_static(shape):
+        if numel(shape) != x.numel or any(isinstance(d, int) and d < 0 for d in shape):
+            raise RuntimeError(f"shape {list(shape)} is invalid for input of size {x.numel} (shape {list(x.shape)})")
+        return TensorType(tuple(shape), x.dtype, x.device)
+    # Symbolic: each symbol stays a whole dimension, so the sizes match for every value of the symbols
+    # exactly when both sides hold the same symbols and the same product of the other dims.
+    if any(not isinstance(d, Sym) and (not isinstance(d, int) or d < 0) for d in shape):
+        raise RuntimeError(f"reshape: expected a shape of non-negative ints and symbols, got {shape!r}")
+    given, wanted = Counter(d for d in x.shape if isinstance(d, Sym)), Counter(d for d in shape if isinstance(d, Sym))
+    rest = [numel([d for d in s if isinstance(d, int)]) for s in (x.shape, shape)]
+    if given != wanted or rest[0] != rest[1]:
+        raise RuntimeError(
+            f"shape {_listed(shape)} is invalid for input of shape {_listed(x.shape)}: a reshape keeps each symbolic "
+            f"dimension whole (the same symbols on both sides) and the product of the others ({rest[0]} given, "
+            f"{rest[1]} asked)"
+        )
     return TensorType(tuple(shape), x.dtype, x.device)
 
 
@@ -147,11 +175,19 @@ def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
             f"stops {stops}, steps {steps}"
         )
     for axis, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape, strict=True)):
+        if isinstance(n, Sym) or isinstance(b, Sym):
+            if (a, b, s) != (0, n, 1):
+                raise SymbolicShapeError(
+                    f"slice: dim {axis} of size {n} is symbolic (or sliced to a symbol): only all of it (0:{n}:1) is "
+                    f"supported yet, got {a}:{b}:{s}"
+                )
+            continue
         if s < 1 or not 0 <= a <= n or not 0 <= b <= n:
             raise IndexError(
                 f"slice: dim {axis} of size {n} needs 0 <= start, stop <= {n} and step > 0, got {a}:{b}:{s}"
             )
-    shape = tuple(map(sliced_size, starts, stops, steps))
+    shape = tuple(n if isinstance(n, Sym) else sliced_size(a, b, s)
+                  for a, b, s, n in zip(starts, stops, steps, x.shape))  # fmt: skip
     return TensorType(shape, x.dtype, x.device)
 
 
@@ -197,7 +233,15 @@ def _pad_infer(x: TensorType, *, low, high, interior, value) -> TensorType:
         )
     if any(p < 0 for p in (*low, *high, *interior)):
         raise ValueError(f"pad: padding must be non-negative, got low {low}, high {high}, interior {interior}")
-    return TensorType(tuple(map(padded_size, x.shape, low, high, interior)), x.dtype, x.device)
+    shape: list[Dim] = []
+    for axis, (n, lo, hi, i) in enumerate(zip(x.shape, low, high, interior)):
+        if isinstance(n, Sym):
+            if (lo, hi, i) != (0, 0, 0):
+                raise SymbolicShapeError(f"pad: dim {axis} of size {n} is symbolic; padding it is not supported yet")
+            shape.append(n)
+        else:
+            shape.append(padded_size(n, lo, hi, i))
+    return TensorType(tuple(shape), x.dtype, x.device)
 
 
 def _interior_slices(shape, low, interior) -> tuple[slice, ...]:
@@ -260,7 +304,12 @@ def _concatenate_infer(*xs: TensorType, axis: int) -> TensorType:
                     f"for tensor number {i} in the list (shapes {list(first.shape)} and {list(t.shape)})."
                 )
     shape = list(first.shape)
-    shape[axis] = sum(t.shape[axis] for t in xs)
+    sizes = [t.shape[axis] for t in xs]
+    if not is_static(sizes):
+        raise SymbolicShapeError(
+            f"concatenate does not take a symbolic dimension along the joined axis yet (sizes {_listed(sizes)})"
+        )
+    shape[axis] = sum(d for d in sizes if isinstance(d, int))  # all ints: checked above
     return TensorType(tuple(shape), first.dtype, first.device)
 
 

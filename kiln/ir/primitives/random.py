@@ -84,7 +84,8 @@ def _random_bits_infer(state: TensorType, *, shape: tuple[int, ...]) -> TensorTy
         raise TypeError(f"random_bits: expected the generator state as an int64 tensor of shape (2,) [seed, offset], "
                         f"got {state.dtype.name} of shape {state.shape}")  # fmt: skip
     if not isinstance(shape, tuple) or any(not isinstance(d, int) or d < 0 for d in shape):
-        raise ValueError(f"random_bits: expected a shape of non-negative ints, got {shape!r}")
+        raise ValueError(f"random_bits: expected a shape of non-negative ints (random_bits does not take a symbolic "
+                         f"dimension yet), got {shape!r}")  # fmt: skip
     return TensorType(shape, int64, state.device)
 
 

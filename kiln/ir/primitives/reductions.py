@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from ..shapes import normalize_axes, reduced_shape
-from ..types import TensorType
+from ..types import Dim, TensorType
 from . import NO_COMBINE, NOT_DIFFERENTIABLE, Kind, Primitive, Sample, register
 
 
@@ -192,9 +192,9 @@ def _torch_prod(torch, x, axes, keepdim):
 def _arg_infer(name: str):
     def infer(x: TensorType, *, axis: int | None, keepdim: bool) -> TensorType:
         if axis is None:
-            if x.numel == 0:
+            if x.is_static and x.numel == 0:  # a symbolic size may be 0: the eager kernel raises then
                 raise IndexError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0.")
-            shape = (1,) * x.ndim if keepdim else ()
+            shape: tuple[Dim, ...] = (1,) * x.ndim if keepdim else ()
         else:
             axes = normalize_axes(axis, x.ndim)
             _check_nonempty(name, x, axes)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..types import TensorType
+from ..types import SymbolicShapeError, TensorType, is_static
 from . import Kind, Primitive, Sample, register
 
 
@@ -62,6 +62,7 @@ def _out_spatial(name: str, spatial, kernel_size, stride, dilation) -> tuple[int
 # ----------------------------------------------------------------------------- unfold
 def _unfold_infer(x: TensorType, *, kernel_size, stride, dilation) -> TensorType:
     _check_window_attrs("unfold", x, kernel_size, stride, dilation, 2)
+    _static_spatial("unfold", x.shape[2:])
     out = _out_spatial("unfold", x.shape[2:], kernel_size, stride, dilation)
     return TensorType((*x.shape[:2], *kernel_size, *out), x.dtype, x.device)
 
@@ -117,11 +118,20 @@ unfold = register(Primitive(
 ))  # fmt: skip
 
 
+def _static_spatial(name: str, spatial) -> None:
+    # The batch and channel dims may be symbolic (they are carried through); window arithmetic needs ints.
+    if not is_static(spatial):
+        raise SymbolicShapeError(
+            f"{name} does not take a symbolic spatial dimension yet (spatial size {tuple(map(str, spatial))})"
+        )
+
+
 # ----------------------------------------------------------------------------- fold
 def _fold_infer(cols: TensorType, *, size, kernel_size, stride, dilation) -> TensorType:
     d = _check_window_attrs("fold", cols, kernel_size, stride, dilation, 2 + len(kernel_size))
     if len(size) != d:
         raise ValueError(f"fold: size {tuple(size)} must have one entry per spatial dim ({d})")
+    _static_spatial("fold", size)
     out = _out_spatial("fold", size, kernel_size, stride, dilation)
     expected = (*cols.shape[:2], *kernel_size, *out)
     if tuple(cols.shape) != expected:
