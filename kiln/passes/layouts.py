@@ -8,6 +8,7 @@ executor copies a value into its promised layout where numpy would hand back ano
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -26,9 +27,16 @@ def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def static_shape(value: Value) -> tuple[int, ...]:
+    """``value``'s shape, which must be static: a layout is concrete strides."""
+    shape = value.type.shape
+    assert all(isinstance(d, int) for d in shape), f"layouts need static shapes, got %{value.id}: {value.type}"
+    return cast(tuple[int, ...], shape)
+
+
 def is_c_order(value: Value, strides: tuple) -> bool:
     """Whether ``strides`` are ``value``'s C-order strides."""
-    return strides == c_strides(value.type.shape, value.type.dtype.itemsize)
+    return strides == c_strides(static_shape(value), value.type.dtype.itemsize)
 
 
 def _fake(shape: tuple, strides: tuple, dtype: np.dtype) -> np.ndarray:
@@ -59,7 +67,7 @@ def infer_layouts(graph: Graph, input_strides: Sequence[tuple | None]) -> Layout
     """
     layouts: Layouts = {}
     for value, strides in zip(graph.inputs, input_strides, strict=True):
-        layouts[value] = strides if strides is not None else c_strides(value.type.shape, value.type.dtype.itemsize)
+        layouts[value] = strides if strides is not None else c_strides(static_shape(value), value.type.dtype.itemsize)
     for node in graph.nodes:
         if node.op == CONSTANT:
             layouts[node.output] = graph.constants[node.attrs["name"]].strides
@@ -68,7 +76,7 @@ def infer_layouts(graph: Graph, input_strides: Sequence[tuple | None]) -> Layout
         if node.op != KERNEL and PRIMITIVES[node.op].is_view:
             derived = view_strides(node, layouts[node.inputs[0]])
         for out in node.outputs:
-            layouts[out] = derived if derived is not None else c_strides(out.type.shape, out.type.dtype.itemsize)
+            layouts[out] = derived if derived is not None else c_strides(static_shape(out), out.type.dtype.itemsize)
     return layouts
 
 

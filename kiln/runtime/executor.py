@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -71,8 +71,10 @@ class Kernel:
 
 
 def _c_order(value: Value, strides: tuple) -> bool:
+    """Whether ``strides`` lay ``value`` out in C order (a compiled program's shapes are static)."""
     t = value.type
-    return bool(np.lib.stride_tricks.as_strided(np.empty(1, t.dtype.np), t.shape, strides).flags.c_contiguous)
+    shape = cast(tuple[int, ...], t.shape)
+    return bool(np.lib.stride_tricks.as_strided(np.empty(1, t.dtype.np), shape, strides).flags.c_contiguous)
 
 
 # ----------------------------------------------------------------------------- steps
@@ -228,6 +230,7 @@ class CompiledProgram:
             else:
                 steps.append(ExternCall(node, position, dead, slots, node.output in planned))
         self._steps = tuple(steps)
+        self._runs = tuple(step.run for step in steps)  # bound once: the call loop only calls
         self.kernel_calls = [s for s in steps if isinstance(s, KernelCall)]
         self._needs_errstate = len(self.kernel_calls) != len(steps)
         self._local = threading.local()
@@ -278,11 +281,12 @@ class CompiledProgram:
     __call__ = run
 
     def _run_steps(self, env: list, tables: list) -> None:
-        step: Any = None
+        index = 0
         try:
-            for step in self._steps:
-                step.run(env, tables)
+            for index, run in enumerate(self._runs):  # noqa: B007 - read by the error handler
+                run(env, tables)
         except Exception as error:  # the node, its op and the user's line, as the interpreter says them
+            step = self._steps[index]
             raise node_error(step.node, step.position, error) from error
 
     def profile(self, inputs: Sequence[Any], repeat: int = 10) -> list[tuple[str, float]]:
