@@ -169,7 +169,7 @@ class Space:
 # ----------------------------------------------------------------------------- index maps through views
 
 
-def broadcast(index: tuple[Lin, ...], shape: Sequence[int]) -> tuple[Lin, ...]:
+def broadcast(index: tuple[Lin, ...], shape: Sequence[Dim]) -> tuple[Lin, ...]:
     """The index into an operand of ``shape`` broadcast (numpy's right-aligned rule) to ``index``."""
     lead = len(index) - len(shape)
     return tuple(ZERO if n == 1 else index[lead + k] for k, n in enumerate(shape))
@@ -209,7 +209,7 @@ def reshape(space: Space, index: tuple[Lin, ...], out_shape: Sequence[Dim], in_s
 
 def contiguous_strides(shape: Sequence[Dim]) -> tuple[int, ...]:
     """C-order strides in elements (static when only the leading size is symbolic)."""
-    return tuple(product(shape[k + 1 :]) for k in range(len(shape)))
+    return tuple(product(shape[k + 1 :]) for k in range(len(shape)))  # type: ignore[arg-type]  # a Sym leads, never multiplied
 
 
 def offset(index: tuple[Lin, ...], strides: Sequence[int]) -> Lin:
@@ -223,7 +223,14 @@ def offset(index: tuple[Lin, ...], strides: Sequence[int]) -> Lin:
 # ----------------------------------------------------------------------------- collapsing loop dimensions
 
 
-def collapse(sizes: Sequence[int], dims: Sequence[int], leaves: Sequence[Lin]) -> list[list[int]]:
+def static(n: Dim) -> int:
+    """``n``, which must be a concrete size here."""
+    if not isinstance(n, int):  # the symbolic leading dim has a loop of its own, never collapsed
+        raise AssertionError(f"a symbolic size {n} among the loops to collapse")
+    return n
+
+
+def collapse(sizes: Sequence[Dim], dims: Sequence[int], leaves: Sequence[Lin]) -> list[list[int]]:
     """Group consecutive loop dimensions that every leaf addresses as one (``coef[j] == coef[k] * n[k]``).
 
     ``dims`` are the domain variables to loop over, outermost first; size-1 ones are dropped (their
@@ -238,10 +245,10 @@ def collapse(sizes: Sequence[int], dims: Sequence[int], leaves: Sequence[Lin]) -
             if not isinstance(atom, int):
                 blocked |= atom.expr.variables()
     groups: list[list[int]] = []
-    for k in (d for d in dims if sizes[d] > 1):
+    for k in (d for d in dims if static(sizes[d]) > 1):
         if groups and k not in blocked and groups[-1][-1] not in blocked:
             j = groups[-1][-1]
-            if all(leaf.coef(j) == leaf.coef(k) * sizes[k] for leaf in leaves):
+            if all(leaf.coef(j) == leaf.coef(k) * static(sizes[k]) for leaf in leaves):
                 groups[-1].append(k)
                 continue
         groups.append([k])

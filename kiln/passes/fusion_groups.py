@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from ..ir.analysis import Space, fits, join_signatures, kernel_space, misread_row, reduce_signature, unremapped
+from ..ir.analysis import Shape, Space, fits, join_signatures, kernel_space, misread_row, reduce_signature, unremapped
 from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
 from .fusion_rules import EXTERN, MAX_KERNEL_NODES, VIEW, classify
 
@@ -44,7 +44,7 @@ class _Group:
         self.reads: dict[Value, int] = {}  # outer value -> reading edges from here
         for v in node.inputs:
             self.reads[v] = self.reads.get(v, 0) + 1
-        self.shapes: dict[tuple[int, ...], int] = {}  # output shape -> number of outputs
+        self.shapes: dict[Shape, int] = {}  # output shape -> number of outputs
         for v in out:
             self.shapes[v.type.shape] = self.shapes.get(v.type.shape, 0) + 1
         reduces = [node] if node.op in BODY_REDUCE_OPS else []

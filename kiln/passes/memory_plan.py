@@ -48,13 +48,14 @@ import numpy as np
 
 from ..ir.analysis import POINTWISE_KINDS, Liveness, pointwise_inputs
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
+from ..ir.primitives import PRIMITIVES
 
 #: Offsets into the arena (and buffer sizes) are multiples of this many bytes: a cache line, and
 #: enough for any vector load the code generator emits.
 ALIGNMENT = 64
 
 #: Extern (non-kernel) ops whose executor writes the result into a planned buffer (``out=``).
-PLANNED_EXTERNS = frozenset({"matmul"})
+PLANNED_EXTERNS = frozenset(name for name, prim in PRIMITIVES.items() if prim.eager_into is not None)
 
 
 @dataclass

@@ -122,22 +122,24 @@ class KernelCall:
 class ExternCall:
     """A primitive's eager kernel; its result copied into C order unless it is a view."""
 
-    __slots__ = ("node", "position", "dead", "eager", "args", "attrs", "out", "dtype", "into", "normalize")
+    __slots__ = ("node", "position", "dead", "eager", "eager_into", "args", "attrs", "out", "dtype", "into",
+                 "normalize")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], planned: bool) -> None:
         self.node, self.position, self.dead = node, position, dead
-        self.eager = PRIMITIVES[node.op].eager
+        prim = PRIMITIVES[node.op]
+        self.eager, self.eager_into = prim.eager, prim.eager_into
         self.args = tuple(slots[v] for v in node.inputs)
         self.attrs = dict(node.attrs)
         self.out = slots[node.output]
         self.dtype = node.output.type.dtype.np
-        self.into = self.out if (node.op == "matmul" and planned) else -1  # np.matmul(out=) into the arena
-        self.normalize = not PRIMITIVES[node.op].is_view  # a view's layout is derived from its input's
+        self.into = self.out if (prim.eager_into is not None and planned) else -1  # out= into the arena
+        self.normalize = not prim.is_view  # a view's layout is derived from its input's
 
     def run(self, env: list, tables: list) -> None:
         args = [env[slot] for slot in self.args]
         if self.into >= 0:
-            np.matmul(args[0], args[1], out=env[self.into])
+            self.eager_into(np, *args, out=env[self.into], **self.attrs)  # type: ignore[misc]  # set when into >= 0
         else:
             result = self.eager(np, *args, **self.attrs)
             if result.__class__ is not np.ndarray:
@@ -320,7 +322,7 @@ class CompiledProgram:
                 raise TypeError(
                     f"input {i} of the graph: expected {expected}, got {array.dtype} of shape {array.shape}"
                 )
-            if array.strides != strides and array.size > 1:
+            if array.strides != strides and array.size > 1 and not same_layout(shape, array.strides, strides):
                 # The kernels were specialized on the traced layout: copy into it.
                 conformed = conformed or list(inputs)
                 conformed[i] = _into_layout(array, strides)
@@ -332,9 +334,15 @@ def _into_layout(array: np.ndarray, strides: tuple) -> np.ndarray:
     they are C order's)."""
     order = sorted(range(array.ndim), key=lambda d: -abs(strides[d]))
     out = np.ascontiguousarray(array.transpose(order)).transpose(np.argsort(order))
-    if out.strides != strides:  # e.g. negative strides: fall back to what the kernel can read
+    if not same_layout(out.shape, out.strides, strides):  # e.g. negative strides
         raise LayoutError(f"cannot lay out an input with strides {strides}")
     return out
+
+
+def same_layout(shape: tuple, strides: tuple, expected: tuple) -> bool:
+    """Whether ``strides`` address every element as ``expected`` does: the stride of a size-1 dim
+    is never used (numpy calls an array with any stride there contiguous)."""
+    return all(a == b for n, a, b in zip(shape, strides, expected, strict=True) if n != 1)
 
 
 class LayoutError(RuntimeError):

@@ -141,3 +141,19 @@ def test_reduction_combine_and_identity_match_the_eager_kernel(prim):
         for k in range(rows.shape[-1]):
             acc = getattr(em, prim.combine)(acc, rows[..., k])
         np.testing.assert_allclose(acc.reshape(np.shape(expected)), expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("prim", [p for p in PRIMS if p.eager_into is not None], ids=lambda p: p.name)
+def test_eager_into_writes_what_the_eager_kernel_returns(prim):
+    """The kernel an executor calls to write into its arena (``out=``) gives the eager result, in place."""
+    for sample in samples_of(prim):
+        expected = np.asarray(prim.eager(np, *sample.args, **sample.attrs))
+        out = np.full(expected.shape, np.nan, expected.dtype)
+        prim.eager_into(np, *sample.args, out=out, **sample.attrs)
+        np.testing.assert_array_equal(out, expected)
+
+
+def test_only_planned_externs_write_into_the_arena():
+    from kiln.passes.memory_plan import PLANNED_EXTERNS
+
+    assert PLANNED_EXTERNS == {p.name for p in PRIMS if p.eager_into is not None} and "matmul" in PLANNED_EXTERNS

@@ -245,3 +245,25 @@ def test_an_extern_whose_eager_kernel_aliases_its_input_gets_memory_of_its_own(r
 
     program = _agree(f, (5, 5))
     assert program.plan.inplace, "the test needs the in-place reuse of m's buffer"
+
+
+def test_an_input_whose_size_1_dim_has_another_stride_is_read_as_it_is():
+    """numpy calls an array contiguous whatever the stride of a size-1 dim is (a permuted row's
+    gradient arrives with strides (8, 16) for shape (2, 1)); that stride is never used, so the
+    executor takes the array as it is rather than failing to lay it out."""
+    from kiln.runtime.executor import same_layout
+
+    assert same_layout((2, 1), (8, 16), (8, 8)) and not same_layout((2, 2), (8, 16), (16, 8))
+
+    def f(x):
+        return x.permute(1, 0).abs()
+
+    compiled = kiln.compile(f, fullgraph=True)
+    for k in range(3):
+        data = np.array([[0.5 + k, -0.9]])
+        x, xe = kiln.tensor(data, requires_grad=True), kiln.tensor(data, requires_grad=True)
+        y, ye = compiled(x), f(xe)
+        (y * kiln.tensor([[2.0], [3.0]])).sum().backward()
+        (ye * kiln.tensor([[2.0], [3.0]])).sum().backward()
+        assert_close(y, ye, **TOL)
+        assert_close(x.grad, xe.grad, **TOL)

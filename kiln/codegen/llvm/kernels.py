@@ -30,6 +30,7 @@ import re
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from llvmlite import ir
 
@@ -37,6 +38,7 @@ from ...ir.graph import Graph, Node, structure_key
 from ...ir.types import Dim, Sym, SymbolicShapeError
 from .. import index as ix
 from ..kernel_dag import REDUCES, VIEWS, Apply, DagBuilder, Load, Reduce, Rows, loads
+from ..kernel_dag import Node as DagNode
 from . import Unsupported
 from .emitter import register_type, store
 from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
@@ -49,6 +51,7 @@ __all__ = ["CHUNK", "KernelInfo", "KernelModule", "Unsupported"]
 CHUNK = 16384
 
 _PTR = ir.PointerType()
+_Builder: TypeAlias = ir.IRBuilder
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,7 @@ class KernelModule:
         self._symbols.add(symbol)
         return symbol
 
-    def _function(self, symbol: str) -> tuple[ir.IRBuilder, tuple[ir.Value, ...]]:
+    def _function(self, symbol: str) -> tuple[_Builder, tuple]:  # (in this class, ``ir`` is the method)
         fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [_PTR, I64, I64]), symbol)
         fn.attributes.add("nounwind")
         for arg, name in zip(fn.args, ("args", "begin", "end"), strict=True):
@@ -236,13 +239,14 @@ def nest(builder: ir.IRBuilder, env: VarEnv, groups: Sequence[Sequence[int]], si
         yield
 
 
-def bind_rows(builder: ir.IRBuilder, env: VarEnv, groups: Sequence[Sequence[int]], sizes: Sequence[int], row) -> None:
-    """Bind the loop values of ``groups`` from a flat row index over them (row-major)."""
+def bind_rows(builder: ir.IRBuilder, env: VarEnv, groups: Sequence[Sequence[int]], sizes: Sequence[Dim], row) -> None:
+    """Bind the loop values of ``groups`` from a flat row index over them (row-major; only the first
+    size may be symbolic)."""
     for k, group in enumerate(groups):
-        divisor = product(sizes[k + 1 :])
+        divisor = product(ix.static(n) for n in sizes[k + 1 :])
         value = builder.sdiv(row, i64(divisor)) if divisor > 1 else row
         if k:  # the first group's quotient is already in range
-            value = builder.srem(value, i64(sizes[k]))
+            value = builder.srem(value, i64(ix.static(sizes[k])))
         env.bind_group(group, value)
 
 
@@ -257,7 +261,7 @@ class _Body:
         offset = self.env.materialize(self.builder, node.offset)
         return element_pointer(self.builder, self.pointers[node.operand], offset, node.dtype)
 
-    def compute_then_store(self, outputs: Sequence[tuple[int, object, ix.Lin]], scope: Scope) -> None:
+    def compute_then_store(self, outputs: Sequence[tuple[int, DagNode, ix.Lin]], scope: Scope) -> None:
         """Every output's value first (so every load of this element precedes its stores), then the stores."""
         values = [self.emitter.emit(root, scope) for _, root, _ in outputs]
         for (operand, _, where), value in zip(outputs, values, strict=True):
@@ -335,7 +339,7 @@ def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tup
 # ----------------------------------------------------------------------------- reduction
 
 
-def _reduction_rows(body: Graph) -> tuple[tuple[int, ...], Rows]:
+def _reduction_rows(body: Graph) -> tuple[tuple[Dim, ...], Rows]:
     """The domain and the rows: every reduce reduces the same trailing axes of the same shape."""
     reduces = [n for n in body.nodes if n.op in REDUCES]
     if not reduces:

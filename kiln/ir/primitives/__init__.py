@@ -98,6 +98,9 @@ class Primitive:
     reference: Callable[..., Any] | None = None
     samples: Callable[[Any], Sequence[Sample]] | None = None
     is_view: bool = False  # the eager result shares memory with input 0 (PyTorch's view ops)
+    # the eager kernel writing its result into a given array, ``eager_into(xp, *arrays, out=, **attrs)``:
+    # an executor may then place the result in its arena (matmul through BLAS straight into place)
+    eager_into: Callable[..., Any] | None = None
     combine: str | None = None  # reductions: the emitter method folding an element into the running value
     identity: Callable[[Any], object] | None = None  # reductions: dtype -> the value over no elements
     index_map: Callable[..., tuple] | None = None  # views: output index -> the input index it reads

@@ -66,5 +66,6 @@ def _matmul_samples(rng):
 matmul = register(Primitive(
     "matmul", Kind.MATMUL, _matmul_infer, lambda xp, a, b: xp.matmul(a, b), _matmul_vjp, save_inputs=True,
     reference=lambda torch, a, b: torch.matmul(a, b), samples=_matmul_samples,
+    eager_into=lambda xp, a, b, *, out: xp.matmul(a, b, out=out),
     doc="a @ b over the last two dims, batch dims broadcast (numpy's rules); inputs have ndim >= 2.",
 ))  # fmt: skip
