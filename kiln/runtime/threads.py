@@ -5,6 +5,8 @@ Every compiled kernel has the ABI ``void kernel(ptr args, i64 begin, i64 end)`` 
 work_bytes)`` cuts ``[0, extent)`` into up to ``get_num_threads()`` contiguous chunks, runs the
 first on the calling thread and the others on persistent worker threads, and returns when all
 are done. ctypes releases the GIL around a foreign call, so the chunks really run in parallel.
+``set_num_threads(n)`` also limits the BLAS libraries loaded in the process to ``n`` threads
+(threadpoolctl), so matmuls and the other libraries of a benchmark use the same count.
 
 >>> import kiln
 >>> kiln.get_num_threads() >= 1
@@ -60,7 +62,8 @@ _local = threading.local()  # .busy: this thread is running a chunk (worker, or 
 
 
 def set_num_threads(n: int) -> None:
-    """Use up to ``n`` threads (the caller included) for a large kernel, like ``torch.set_num_threads``."""
+    """Use up to ``n`` threads (the caller included) for a large kernel, like ``torch.set_num_threads``;
+    the BLAS libraries loaded in the process are limited to ``n`` threads as well."""
     global _num_threads
     # RuntimeError with PyTorch's wording, as torch.set_num_threads raises.
     if isinstance(n, bool) or not isinstance(n, int):
@@ -68,6 +71,18 @@ def set_num_threads(n: int) -> None:
     if n < 1:
         raise RuntimeError(f"set_num_threads expects a positive integer, but got {n}")
     _num_threads = n
+    _limit_blas_threads(n)
+
+
+def _limit_blas_threads(n: int) -> None:
+    """Give every BLAS library loaded in the process (numpy's, and PyTorch's once imported) ``n``
+    threads too, so a benchmark's libraries all run on the same count; a BLAS loaded later keeps
+    its own default until the next call. kiln's matmuls call numpy's BLAS, so this is also what
+    ``n`` means for them."""
+    # lazily: threadpoolctl scans the loaded shared libraries, which `import kiln` need not pay for
+    from threadpoolctl import threadpool_limits  # noqa: PLC0415
+
+    threadpool_limits(limits=n, user_api="blas")  # not a `with`: the limit stays until changed
 
 
 def get_num_threads() -> int:

@@ -3,7 +3,10 @@
 import ctypes
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -229,3 +232,33 @@ def test_pool_works_in_a_forked_child(always_split):
     child.join(timeout=30)
     assert child.exitcode == 0
     assert results.get(timeout=5) == [(0, 2), (2, 4)]
+
+
+def _blas_threads(threadpoolctl) -> list[int]:
+    return [pool["num_threads"] for pool in threadpoolctl.threadpool_info() if pool["user_api"] == "blas"]
+
+
+def test_set_num_threads_limits_blas_too():
+    """set_num_threads(n) gives every loaded BLAS (numpy's at least) n threads, and setting the
+    previous count back restores them: a benchmark's libraries all run on kiln's count."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    if not _blas_threads(threadpoolctl):
+        pytest.skip("no BLAS library is loaded in this process (threadpoolctl finds none)")
+    original = kiln.get_num_threads()
+    kiln.set_num_threads(1)
+    assert set(_blas_threads(threadpoolctl)) == {1}
+    assert kiln.get_num_threads() == 1
+    kiln.set_num_threads(2)
+    assert set(_blas_threads(threadpoolctl)) == {2}
+    kiln.set_num_threads(original)
+    assert set(_blas_threads(threadpoolctl)) == {original}
+    assert kiln.get_num_threads() == original
+    np.testing.assert_allclose(np.ones((64, 64)) @ np.ones((64, 64)), np.full((64, 64), 64.0))  # BLAS still works
+
+
+def test_import_kiln_does_not_import_threadpoolctl():
+    """threadpoolctl is imported by the first set_num_threads, not by `import kiln`."""
+    root = Path(kiln.__file__).parent.parent
+    code = "import sys, kiln; print('threadpoolctl' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

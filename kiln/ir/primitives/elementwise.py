@@ -8,7 +8,6 @@ dtype is explicit in the IR. Each VJP reduces its gradient back to the input's s
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
@@ -16,7 +15,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..shapes import broadcast_shapes
 from ..types import TensorType
-from . import NOT_DIFFERENTIABLE, Kind, Primitive, Sample, register
+from . import NOT_DIFFERENTIABLE, Kind, Primitive, Sample, numpy_erf, register
 
 # ----------------------------------------------------------------------------- shape rules
 
@@ -167,24 +166,9 @@ sigmoid = unary("sigmoid", _sigmoid_eager,
                 lambda em, x: em.sigmoid(x), lambda torch, x: torch.sigmoid(x), save_output=True)  # fmt: skip
 
 
-@functools.cache
-def _numpy_erf():
-    """math.erf as a numpy ufunc compiled by numba (numpy has no erf; scipy would be a dependency
-    for one function, and a Python-level loop costs a microsecond per element)."""
-    import numba  # noqa: PLC0415 - heavy; imported on first use of erf
-
-    @numba.vectorize(["float32(float32)", "float64(float64)"])
-    def erf(x):  # pragma: no cover - compiled
-        return math.erf(x)
-
-    return erf
-
-
 def _erf_eager(xp, x):
     if xp is np:
-        if x.dtype == np.float16:
-            return _numpy_erf()(x.astype(np.float32)).astype(np.float16)
-        return np.asarray(_numpy_erf()(x))
+        return numpy_erf.erf(x)  # numpy has none; array ops, so nothing is compiled at first use
     return xp.erf(x)  # pragma: no cover - cupy has it
 
 
