@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
 
-from kiln.codegen.llvm.kernels import CHUNK
+from kiln.codegen.llvm import engine
+from kiln.codegen.llvm.kernels import CHUNK, KernelModule
 from kiln.ir.interpreter import interpret
 from tests.codegen.llvm.test_kernels import _adam_like, compile_kernel, kernel, run
 from tests.conftest import assert_close
@@ -107,3 +110,19 @@ def test_only_empty_members_have_no_units():
     bodies, arrays = _case([((0,), False), ((2, 0), False)])
     info, _, _ = compile_kernel(kernel("horizontal", *bodies), arrays)
     assert info.extent == 0
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="looks for x86-64 vector registers")
+def test_contiguous_members_of_different_sizes_keep_a_vectorized_unit_stride_loop():
+    shapes = [(10,), (3 * CHUNK + 5,), (300, 5)]
+    layouts = []
+    for shape in shapes:
+        strides = tuple(int(np.prod(shape[k + 1 :])) for k in range(len(shape)))
+        layouts += [strides, strides, ()]
+    module = KernelModule()
+    module.add(kernel("horizontal", *(_adam_like(s) for s in shapes)), layouts)
+    if "avx" not in engine.host_signature():
+        pytest.skip("the host has no AVX")
+    assembly = engine.assembly(module.ir())
+    packed = [line for line in assembly.splitlines() if "ps\t" in line and ("%ymm" in line or "%zmm" in line)]
+    assert packed, "no packed single-precision instruction on ymm/zmm registers"
