@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import re
 
 import numpy as np
 import pytest
@@ -126,3 +127,34 @@ def test_contiguous_members_of_different_sizes_keep_a_vectorized_unit_stride_loo
     assembly = engine.assembly(module.ir())
     packed = [line for line in assembly.splitlines() if "ps\t" in line and ("%ymm" in line or "%zmm" in line)]
     assert packed, "no packed single-precision instruction on ymm/zmm registers"
+
+
+def _parallel_groups_per_function(text: str) -> dict[str, tuple[set[str], set[str]]]:
+    """Per function of LLVM IR text: the access groups its loads and stores are in, and the groups
+    its loops declare parallel (through ``llvm.loop`` -> ``llvm.loop.parallel_accesses``)."""
+    nodes = dict(re.findall(r"^(![0-9]+) = (?:distinct )?!\{(.*)\}$", text, re.M))
+    out = {}
+    for name, body in re.findall(r'^define [^@]*@"?([\w.]+)"?\(.*?\n(.*?)^\}', text, re.M | re.S):
+        used = set(re.findall(r"!llvm\.access\.group (![0-9]+)", body))
+        declared = set()
+        for loop in re.findall(r"!llvm\.loop (![0-9]+)", body):
+            for op in re.findall(r"![0-9]+", nodes[loop]):
+                if "llvm.loop.parallel_accesses" in nodes.get(op, ""):
+                    declared |= set(re.findall(r"![0-9]+", nodes[op]))
+        out[name] = (used, declared)
+    return out
+
+
+def test_every_kernel_of_a_module_declares_its_own_access_group_parallel():
+    # The groups are distinct nodes with no operands; llvmlite once took them for equal, and every
+    # kernel after a module's first declared the first kernel's group parallel instead of its own,
+    # so LLVM vectorized those loops behind runtime overlap checks that in-place buffers fail.
+    module = KernelModule()
+    for shapes in ([(10,), (CHUNK + 1,)], [(7,), (3, 5)], [(CHUNK,)]):
+        layouts = [x for s in shapes for x in (tuple(int(np.prod(s[k + 1 :])) for k in range(len(s))),) * 2 + ((),)]
+        module.add(kernel("horizontal", *(_adam_like(s) for s in shapes)), layouts)
+    functions = _parallel_groups_per_function(module.ir())
+    assert len(functions) == 3
+    for name, (used, declared) in functions.items():
+        assert used, name
+        assert used <= declared, f"{name}: groups {used} used, {declared} declared parallel"
