@@ -210,7 +210,8 @@ def _emit(builder, args, plan, tables: _Tables, n_in: int, n_out: int) -> None:
         outer_sizes = [tables.sizes.column(builder, m, g) for g in range(depth - 1)]
         with for_range(builder, row_lo, row_hi, name="row", vectorize=False) as row:
             # The row's outer loop indices (row-major), then each leaf's offset at the row's start.
-            index, rest = [], row
+            index: list[ir.Value] = []
+            rest = row
             for size in reversed(outer_sizes):
                 rest, j = _divide(builder, rest, size)
                 index.insert(0, j)
