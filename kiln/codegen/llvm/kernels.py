@@ -12,7 +12,7 @@ backwards); outputs are C-contiguous.
 - reduction: a unit is one row (the flattened outer index). Per row, one pass over the row per
   reduction level computes that level's reductions together (softmax: the max, then the sum of
   exponentials), then one pass writes the full-shape outputs; row-valued outputs are stored once.
-- horizontal: see kernels_horizontal (a unit is a member).
+- horizontal: see kernels_horizontal (a unit is a chunk of about ``CHUNK`` elements of one member).
 - over a symbolic leading (batch) dimension: see kernels_symbolic (its size follows the pointers
   in ``args``; ``info.units(sizes)`` is then the number of units).
 

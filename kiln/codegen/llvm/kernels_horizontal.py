@@ -1,10 +1,17 @@
 """Horizontal kernels: several elementwise members of one structure in one function.
 
 The members (an optimizer's per-parameter updates...) compute the same DAG over different shapes
-and strides. One loop nest serves them all: a parallel unit is a member, whose loop sizes, leaf
-strides and offsets come from constant tables in the module (a number that is the same for every
-member is an immediate instead, so a unit stride stays visible to the vectorizer). Each member's
-dimensions are collapsed on their own, then padded in front with size-1 loops to a common depth.
+and strides. One loop nest serves them all; the loop sizes, leaf strides and offsets of a member
+come from constant tables in the module (a number that is the same for every member is an
+immediate instead, so a unit stride stays visible to the vectorizer). Each member's dimensions are
+collapsed on their own, then padded in front with size-1 loops to a common depth: a member is
+``rows`` rows (the outer loops, flattened) of ``inner`` elements (the innermost loop).
+
+A parallel unit is a chunk of about ``CHUNK`` elements of one member, as in an elementwise kernel:
+a piece of one long row, or a block of short rows. Members of very different sizes then split
+evenly over threads (a unit per member gave one thread the big members). The table ``first``
+holds each member's first unit (prefix sums, ``first[M]`` is the extent); a unit finds its member
+by a binary search there, then its rows and its element range inside them.
 
 Member ``m``'s inputs are ``args[m * n_in : (m + 1) * n_in]`` and its outputs
 ``args[M * n_in + m * n_out : ...]``: node.inputs and node.outputs list member after member.
@@ -12,8 +19,8 @@ Member ``m``'s inputs are ``args[m * n_in : (m + 1) * n_in]`` and its outputs
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from llvmlite import ir
 
@@ -21,9 +28,22 @@ from ...ir.graph import Graph
 from ..kernel_dag import Load, loads, signature
 from . import Unsupported
 from .emitter import store
-from .kernels import _Body, elementwise_plan, operand_pointers
+from .kernels import CHUNK, _Body, elementwise_plan, operand_pointers
 from .kernels_emit import Scope, element_pointer
-from .loops import I64, for_range, i64, product
+from .loops import I64, for_range, i64, minimum, product
+
+
+def _constant_array(builder: ir.IRBuilder, name: str, values: list[int]) -> ir.GlobalVariable:
+    array = ir.ArrayType(I64, len(values))
+    table = ir.GlobalVariable(builder.module, array, name=f"{builder.function.name}.{name}")
+    table.global_constant = True
+    table.linkage = "internal"
+    table.initializer = ir.Constant(array, values)
+    return table
+
+
+def _load(builder: ir.IRBuilder, table: ir.GlobalVariable, index: ir.Value) -> ir.Value:
+    return builder.load(builder.gep(table, [index], inbounds=True, source_etype=I64), typ=I64)
 
 
 class _Table:
@@ -35,25 +55,40 @@ class _Table:
         self.uniform = [len({row[c] for row in rows}) == 1 for c in range(self.width)]
         self.global_ = None
         if not all(self.uniform):
-            flat = [v for row in rows for v in row]
-            array = ir.ArrayType(I64, len(flat))
-            self.global_ = ir.GlobalVariable(builder.module, array, name=f"{builder.function.name}.{name}")
-            self.global_.global_constant = True
-            self.global_.linkage = "internal"
-            self.global_.initializer = ir.Constant(array, flat)
+            self.global_ = _constant_array(builder, name, [v for row in rows for v in row])
 
     def column(self, builder: ir.IRBuilder, member: ir.Value, c: int) -> ir.Value:
         """Entry ``c`` of member ``member``'s row."""
         if self.uniform[c]:
             return i64(self.rows[0][c])
         index = builder.add(builder.mul(member, i64(self.width), flags=("nsw",)), i64(c), flags=("nsw",))
-        return builder.load(builder.gep(self.global_, [index], inbounds=True, source_etype=I64), typ=I64)
+        return _load(builder, self.global_, index)
+
+
+@dataclass(frozen=True)
+class _Split:
+    """How one member's elements are cut into units: ``pieces`` units per row when a row is long,
+    else ``rows_per_unit`` whole rows per unit."""
+
+    rows: int
+    inner: int
+    pieces: int
+    rows_per_unit: int
+
+    @classmethod
+    def of(cls, sizes: Sequence[int]) -> _Split:
+        rows, inner = product(sizes[:-1]), sizes[-1]
+        pieces = -(-inner // CHUNK)
+        rows_per_unit = 1 if pieces > 1 else min(rows, max(1, CHUNK // inner))
+        return cls(rows, inner, pieces, rows_per_unit)
+
+    @property
+    def units(self) -> int:
+        return self.pieces * -(-self.rows // self.rows_per_unit)
 
 
 def _member_rows(domain, groups, leaves, depth: int) -> tuple[list[int], list[int]]:
-    """One member's loop sizes and, per leaf, its constant then one coefficient per loop."""
-    if product(domain) == 0:
-        return [0] * depth, [0] * (len(leaves) * (depth + 1))
+    """One non-empty member's loop sizes and, per leaf, its constant then one coefficient per loop."""
     pad = depth - len(groups)
     sizes = [1] * pad + [product(domain[j] for j in g) for g in groups]
     coefs: list[int] = []
@@ -63,7 +98,7 @@ def _member_rows(domain, groups, leaves, depth: int) -> tuple[list[int], list[in
 
 
 def horizontal(builder: ir.IRBuilder, args, bodies: Sequence[Graph], layouts) -> int:
-    """Emit the member loop; returns the extent (the number of members)."""
+    """Emit the unit loop; returns the extent (the number of units over all members)."""
     if not bodies:
         raise Unsupported("a horizontal kernel with no members")
     n_in, n_out = len(bodies[0].inputs), len(bodies[0].outputs)
@@ -83,44 +118,121 @@ def horizontal(builder: ir.IRBuilder, args, bodies: Sequence[Graph], layouts) ->
             raise Unsupported("a horizontal member whose reshapes need division")
         plans.append((domain, outputs, groups, member_loads))
         leaf_lists.append(leaves)
+    nonempty = [m for m, p in enumerate(plans) if product(p[0]) > 0]
+    if not nonempty:
+        builder.ret_void()
+        return 0
     depth = max(1, *(len(p[2]) for p in plans))
-    rows = [_member_rows(p[0], p[2], leaves, depth) for p, leaves in zip(plans, leaf_lists, strict=True)]
-    sizes = _Table(builder, "sizes", [r[0] for r in rows])
-    coefs = _Table(builder, "strides", [r[1] for r in rows])
-    _emit(builder, args, plans[0], sizes, coefs, depth, len(bodies), n_in, n_out)
+    rows = {m: _member_rows(plans[m][0], plans[m][2], leaf_lists[m], depth) for m in nonempty}
+    splits = {m: _Split.of(rows[m][0]) for m in nonempty}
+    # An empty member runs no unit: it copies a non-empty member's rows, so that a column which is
+    # the same for every member that runs stays an immediate.
+    stand_in = nonempty[0]
+    row_of = [rows.get(m, rows[stand_in]) for m in range(len(plans))]
+    split_of = [splits.get(m, splits[stand_in]) for m in range(len(plans))]
+    first = [0]
+    for m in range(len(plans)):
+        first.append(first[-1] + (splits[m].units if m in splits else 0))
+    tables = _Tables(
+        sizes=_Table(builder, "sizes", [r[0] for r in row_of]),
+        coefs=_Table(builder, "strides", [r[1] for r in row_of]),
+        split=_Table(builder, "split", [[s.rows, s.inner, s.pieces, s.rows_per_unit] for s in split_of]),
+        first=first,
+        depth=depth,
+    )
+    _emit(builder, args, plans[0], tables, n_in, n_out)
     builder.ret_void()
-    return len(bodies)
+    return first[-1]
 
 
-def _emit(builder, args, plan, sizes: _Table, coefs: _Table, depth: int, members: int, n_in: int, n_out: int):
+@dataclass
+class _Tables:
+    sizes: _Table
+    coefs: _Table
+    split: _Table  # rows, inner, pieces, rows_per_unit
+    first: list[int]  # each member's first unit, then the extent
+    depth: int
+
+
+def _find_member(builder: ir.IRBuilder, first: ir.GlobalVariable, members: int, unit: ir.Value) -> ir.Value:
+    """The member ``m`` with ``first[m] <= unit < first[m + 1]`` (a binary search over ``first``)."""
+    function, before = builder.function, builder.block
+    header = function.append_basic_block("search.header")
+    step = function.append_basic_block("search.step")
+    done = function.append_basic_block("search.done")
+    builder.branch(header)
+    builder.position_at_end(header)
+    lo, hi = builder.phi(I64, name="lo"), builder.phi(I64, name="hi")
+    lo.add_incoming(i64(0), before)
+    hi.add_incoming(i64(members), before)
+    # Invariant first[lo] <= unit < first[hi]; empty members (first[m] == first[m + 1]) never satisfy it.
+    builder.cbranch(builder.icmp_signed(">", builder.sub(hi, lo), i64(1)), step, done)
+    builder.position_at_end(step)
+    mid = builder.ashr(builder.add(lo, hi), i64(1))
+    below = builder.icmp_signed("<=", _load(builder, first, mid), unit)
+    lo.add_incoming(builder.select(below, mid, lo), step)
+    hi.add_incoming(builder.select(below, hi, mid), step)
+    builder.branch(header)
+    builder.position_at_end(done)
+    return lo
+
+
+def _divide(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(a // b, a % b)`` for ``a >= 0``, ``b > 0``; no instruction for an immediate 1."""
+    if isinstance(b, ir.Constant) and b.constant == 1:
+        return a, i64(0)
+    return builder.sdiv(a, b), builder.srem(a, b)
+
+
+def _emit(builder, args, plan, tables: _Tables, n_in: int, n_out: int) -> None:
     _, outputs, _, member_loads = plan
+    depth, members = tables.depth, len(tables.first) - 1
     leaf_of = {id(load): k for k, load in enumerate(member_loads)}
+    n_leaves = len(member_loads) + len(outputs)
     args_ptr, begin, end = args
-    with for_range(builder, begin, end, name="member") as m:
+    first = _constant_array(builder, "first", tables.first) if members > 1 else None
+    with for_range(builder, begin, end, name="unit", vectorize=False) as unit:
+        m = _find_member(builder, first, members, unit) if first is not None else i64(0)
+        local = builder.sub(unit, _load(builder, first, m)) if first is not None else unit
+        rows, inner, pieces, rows_per_unit = (tables.split.column(builder, m, c) for c in range(4))
+        block, piece = _divide(builder, local, pieces)
+        lo = builder.mul(piece, i64(CHUNK), flags=("nsw",))
+        hi = minimum(builder, builder.add(lo, i64(CHUNK), flags=("nsw",)), inner)
+        row_lo = builder.mul(block, rows_per_unit, flags=("nsw",))
+        row_hi = minimum(builder, builder.add(row_lo, rows_per_unit, flags=("nsw",)), rows)
         first_out = builder.add(i64(members * n_in), builder.mul(m, i64(n_out)))
         pointers = operand_pointers(builder, args_ptr, n_in, builder.mul(m, i64(n_in))) + operand_pointers(
             builder, args_ptr, n_out, first_out
         )
-        loop_sizes = [sizes.column(builder, m, g) for g in range(depth)]
-        n_leaves = len(member_loads) + len(outputs)
-        leaf_coefs = [
-            [coefs.column(builder, m, k * (depth + 1) + c) for c in range(depth + 1)] for k in range(n_leaves)
+        coefs = [
+            [tables.coefs.column(builder, m, k * (depth + 1) + c) for c in range(depth + 1)] for k in range(n_leaves)
         ]
-        with contextlib.ExitStack() as stack:
-            loop_vars = [
-                stack.enter_context(for_range(builder, 0, n, name=f"j{g}", parallel=g == depth - 1))
-                for g, n in enumerate(loop_sizes)
-            ]
+        outer_sizes = [tables.sizes.column(builder, m, g) for g in range(depth - 1)]
+        with for_range(builder, row_lo, row_hi, name="row", vectorize=False) as row:
+            # The row's outer loop indices (row-major), then each leaf's offset at the row's start.
+            index: list[ir.Value] = []
+            rest = row
+            for size in reversed(outer_sizes):
+                rest, j = _divide(builder, rest, size)
+                index.insert(0, j)
+            bases = [_affine(builder, c[0], zip(c[1:-1], index, strict=True)) for c in coefs]
+            with for_range(builder, lo, hi, name="i", parallel=True) as i:
 
-            def offset(k: int) -> ir.Value:
-                total = leaf_coefs[k][0]
-                for coef, var in zip(leaf_coefs[k][1:], loop_vars, strict=True):
-                    if not (isinstance(coef, ir.Constant) and coef.constant == 0):
-                        total = builder.add(total, builder.mul(var, coef, flags=("nsw",)), flags=("nsw",))
-                return total
+                def offset(k: int, i=i) -> ir.Value:
+                    return _affine(builder, bases[k], [(coefs[k][-1], i)])
 
-            target = _TableBody(builder, pointers, offset, leaf_of)
-            target.store_all(outputs, len(member_loads))
+                _TableBody(builder, pointers, offset, leaf_of).store_all(outputs, len(member_loads))
+
+
+def _affine(builder: ir.IRBuilder, total: ir.Value, terms) -> ir.Value:
+    """``total + sum(coef * var)``, leaving out the terms whose coefficient is an immediate 0."""
+    for coef, var in terms:
+        if not (isinstance(coef, ir.Constant) and coef.constant == 0):
+            term = (
+                var if isinstance(coef, ir.Constant) and coef.constant == 1 else builder.mul(var, coef, flags=("nsw",))
+            )
+            total = builder.add(total, term, flags=("nsw",))
+    return total
 
 
 class _TableBody(_Body):

@@ -39,6 +39,15 @@ class _DistinctMD(ir.values.MDValue):
         buf.append("distinct ")
         super().descr(buf)
 
+    # A distinct node is equal only to itself. llvmlite's MDValue compares operands, and
+    # ``Module.add_metadata`` reuses an equal node: every kernel's ``parallel_accesses`` then named
+    # the module's first access group, so only the first parallel loop of a module was parallel.
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
 
 def _mark_parallel(builder: ir.IRBuilder, blocks: list[ir.Block], latch_branch: ir.Instruction) -> None:
     """Put every load and store of ``blocks`` in a fresh access group and declare the loop parallel.
