@@ -107,6 +107,22 @@ def test_a_second_process_hits_the_disk_cache(tmp_path, result):
     assert again == result
 
 
+def test_a_hit_loads_without_the_code_generator(tmp_path):
+    # A hit needs only llvmlite's loader: the generator (IR builders, math library) and the compile
+    # worker (subprocess) stay unimported, which is most of a second process's compile latency.
+    script = tmp_path / "hit_imports.py"
+    unimported = ["kiln.codegen.llvm.kernels", "kiln.codegen.llvm.worker", "kiln.codegen.llvm.emitter"]
+    script.write_text(_write(tmp_path, PLAIN).read_text().replace(
+        "print(spec.report.cache)",
+        f"import sys\nprint(spec.report.cache + ','.join(m for m in {unimported!r} if m in sys.modules))",
+    ))  # fmt: skip
+    cache = tmp_path / "cache"
+    first, result = _run(script, cache)
+    assert first.startswith("miss") and "kiln.codegen.llvm.kernels" in first  # the miss generated code
+    second, again = _run(script, cache)
+    assert (second, again) == ("hit", result)
+
+
 def test_a_corrupted_cache_file_is_rebuilt(script, tmp_path):
     cache = tmp_path / "cache"
     first, result = _run(script, cache)

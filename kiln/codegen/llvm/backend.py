@@ -15,13 +15,17 @@ import logging
 import os
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...ir.dtypes import float16
 from ...ir.graph import KERNEL, Graph, Node
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
 from . import Unsupported, engine
-from .kernels import KernelInfo, KernelModule
+from .kernel_info import KernelInfo
+
+if TYPE_CHECKING:
+    from .kernels import KernelModule
 
 logger = logging.getLogger("kiln")
 
@@ -51,6 +55,8 @@ class LLVMBackend:
         return engine.host_signature()
 
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
+        from .kernels import KernelModule  # noqa: PLC0415 - a cache hit loads code without the generator
+
         module = KernelModule()
         kernels: dict[int, KernelInfo] = {}
         strides: dict[int, list] = {}
@@ -113,6 +119,8 @@ def _compile(module: KernelModule, graph: Graph, kernels: dict, strides: dict, r
         if os.environ.get("KILN_JIT_STRICT") == "1":
             raise
         logger.debug("kiln: LLVM failed on the module (%s); compiling its kernels one by one", error)
+    from .kernels import KernelModule  # noqa: PLC0415 - see ``generate``
+
     objects = []
     for position in list(kernels):
         node, alone = graph.nodes[position], KernelModule()

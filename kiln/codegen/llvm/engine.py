@@ -20,8 +20,6 @@ import threading
 import llvmlite
 import llvmlite.binding as llvm
 
-from . import worker
-
 logger = logging.getLogger("kiln")
 
 OPT_LEVEL = 3
@@ -108,6 +106,8 @@ def compile_ir(ir_text: str) -> bytes:
     ``worker.IN_PROCESS_COMPILES`` modules, then in a worker process (see ``worker.py``: llvmlite
     keeps memory for good per compile)."""
     global _compiles
+    from . import worker  # noqa: PLC0415 - subprocess and friends: not needed to load a cached program
+
     with _lock:
         _compiles += 1
         if _compiles > worker.IN_PROCESS_COMPILES and not worker.WORKER.broken:

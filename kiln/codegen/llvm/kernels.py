@@ -28,19 +28,19 @@ from __future__ import annotations
 import contextlib
 import re
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from typing import TypeAlias
 
 from llvmlite import ir
 
 from ...ir.graph import Graph, Node, structure_key
-from ...ir.types import Dim, Sym, SymbolicShapeError
+from ...ir.types import Dim, Sym
 from .. import index as ix
 from ..kernel_dag import REDUCES, VIEWS, Apply, DagBuilder, Load, Reduce, Rows, loads
 from ..kernel_dag import Node as DagNode
 from . import Unsupported
 from .emitter import register_type, store
+from .kernel_info import KernelInfo
 from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
 from .loops import I64, for_range, i64, minimum, product
 
@@ -52,64 +52,6 @@ CHUNK = 16384
 
 _PTR = ir.PointerType()
 _Builder: TypeAlias = ir.IRBuilder
-
-
-@dataclass(frozen=True)
-class KernelInfo:
-    """A compiled kernel's entry point, its number of parallel units, and bytes read + written.
-
-    For a kernel over a symbolic dimension (``symbols`` not empty) both depend on the bound sizes:
-    ``units(sizes)`` is ``ceil(size * rows_per_size / rows_per_unit)`` and ``work(sizes)`` is
-    ``fixed_work_bytes + size * bytes_per_size``; ``extent`` and ``work_bytes`` raise for it, so
-    that a caller that assumes a static kernel fails loudly instead of running no units.
-    """
-
-    symbol: str
-    fixed_extent: int
-    fixed_work_bytes: int
-    symbols: tuple[Sym, ...] = ()  # the sizes the kernel reads after the pointers, in slot order
-    rows_per_size: int = 0
-    rows_per_unit: int = 1
-    bytes_per_size: int = 0
-
-    @property
-    def extent(self) -> int:
-        """The number of parallel units of a static kernel."""
-        self._require_static("extent")
-        return self.fixed_extent
-
-    @property
-    def work_bytes(self) -> int:
-        """Bytes read and written by a static kernel."""
-        self._require_static("work_bytes")
-        return self.fixed_work_bytes
-
-    def units(self, sizes: Mapping[Sym, int] | None = None) -> int:
-        """The number of parallel units for the symbols bound to ``sizes``."""
-        if not self.symbols:
-            return self.fixed_extent
-        size = self._size(sizes)
-        return -(-size * self.rows_per_size // self.rows_per_unit)
-
-    def work(self, sizes: Mapping[Sym, int] | None = None) -> int:
-        """Bytes read and written for the symbols bound to ``sizes``."""
-        if not self.symbols:
-            return self.fixed_work_bytes
-        return self.fixed_work_bytes + self._size(sizes) * self.bytes_per_size
-
-    def _size(self, sizes: Mapping[Sym, int] | None) -> int:
-        (sym,) = self.symbols
-        if sizes is None or sym not in sizes:
-            raise KeyError(f"kernel {self.symbol} runs over the symbolic dimension {sym}: give its size")
-        return int(sizes[sym])
-
-    def _require_static(self, what: str) -> None:
-        if self.symbols:
-            names = ", ".join(map(str, self.symbols))
-            raise SymbolicShapeError(
-                f"kernel {self.symbol} runs over the symbolic dimension {names}: its {what} depends on the size "
-                "(KernelInfo.units(sizes) / work(sizes))"
-            )
 
 
 class KernelModule:

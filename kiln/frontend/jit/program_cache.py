@@ -99,7 +99,7 @@ def from_entry(payload: bytes, traced: Graph) -> tuple[Graph, bytes, int, list[t
     constants = {k: tensors[f"constant/{k}"].reshape(shape) for k, shape in shapes.items()}
     graph_json = json.loads(meta["graph"])
     _relocate(graph_json, moved)
-    graph = graph_from_json(graph_json, constants)
+    graph = graph_from_json(graph_json, constants, check=False)  # kiln wrote and signed it; verified if it was
     declined = [(name, why) for name, why in json.loads(meta["declined"])]
     return graph, tensors["code"].tobytes(), int(meta["kernels"]), declined
 
