@@ -25,6 +25,8 @@ import random
 import sys
 import types
 import weakref
+from itertools import chain
+from operator import is_
 
 import numpy as np
 
@@ -305,7 +307,7 @@ def _snapshot(container):
 class Guards:
     """Checks, per call, that the Python paths to the traced state still lead to the same objects."""
 
-    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps")
+    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "same_dicts", "same_lists", "_expected")
 
     def __init__(self) -> None:
         self.pairs: list = []  # (snapshot, live container, weakref to the owner or None, description)
@@ -313,11 +315,25 @@ class Guards:
         self.dict_snaps: list = []
         self.lists: list = []
         self.list_snaps: list = []
+        # Containers of objects compared by identity alone (a list of parameters, an optimizer's
+        # per-parameter state): checked in C without a Python ``_Is.__eq__`` per entry.
+        self.same_dicts: list = []
+        self.same_lists: list = []
+        self._expected: tuple = ([], (), (), [], ())  # dict sizes, keys, values, list sizes, items
 
     def add(self, owner, name: str, live) -> None:
         snap = _snapshot(live)
         self.pairs.append((snap, live, owner, name))
-        if isinstance(live, dict):
+        entries = snap.values() if isinstance(snap, dict) else snap
+        if entries and all(type(e) is _Is for e in entries):
+            (self.same_dicts if isinstance(live, dict) else self.same_lists).append(live)
+            sizes, keys, values, lengths, items = self._expected
+            if isinstance(live, dict):
+                self._expected = ([*sizes, len(snap)], (*keys, *snap), (*values, *(e.obj for e in entries)), lengths,
+                                  items)  # fmt: skip
+            else:
+                self._expected = (sizes, keys, values, [*lengths, len(snap)], (*items, *(e.obj for e in entries)))
+        elif isinstance(live, dict):
             self.dicts.append(live)
             self.dict_snaps.append(snap)
         else:
@@ -325,9 +341,19 @@ class Guards:
             self.list_snaps.append(snap)
 
     def miss(self) -> str | None:
-        # The usual case in two C loops: dict.__eq__(snapshot, live) compares the snapshot's
-        # entries first (no reflection to an OrderedDict's __eq__), so an _Is entry decides by identity.
-        if all(map(dict.__eq__, self.dict_snaps, self.dicts)) and all(map(list.__eq__, self.list_snaps, self.lists)):
+        # The usual case in C loops: dict.__eq__(snapshot, live) compares the snapshot's entries
+        # first (no reflection to an OrderedDict's __eq__), so an _Is entry decides by identity;
+        # the identity containers hold the same keys and objects in the same order.
+        sizes, keys, values, lengths, items = self._expected
+        if (
+            list(map(len, self.same_dicts)) == sizes
+            and list(map(len, self.same_lists)) == lengths
+            and all(map(is_, chain.from_iterable(self.same_dicts), keys))
+            and all(map(is_, chain.from_iterable(map(dict.values, self.same_dicts)), values))
+            and all(map(is_, chain.from_iterable(self.same_lists), items))
+            and all(map(dict.__eq__, self.dict_snaps, self.dicts))
+            and all(map(list.__eq__, self.list_snaps, self.lists))
+        ):
             return None
         for snap, live, owner, name in self.pairs:
             equal = dict.__eq__ if isinstance(live, dict) else list.__eq__
