@@ -14,7 +14,8 @@ eagerly with the reason said. This module does both for the compiler:
   tables) of the modules called and of the objects the function names, and the dicts and lists
   that hold a captured tensor, found by walking from what the function names when the trace
   ends: a captured tensor is found by identity, so the *path* by which the function reached it
-  is guarded, e.g. ``model.w = Parameter(...)`` or ``d["w"] = other``.
+  is guarded, e.g. ``model.w = Parameter(...)`` or ``d["w"] = other``; so is ``t.grad`` where it
+  held a captured tensor (``p.grad = new`` while the old gradient is still alive elsewhere).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 import types
 import weakref
 from itertools import chain
-from operator import is_
+from operator import call, is_
 
 import numpy as np
 
@@ -307,7 +308,8 @@ def _snapshot(container):
 class Guards:
     """Checks, per call, that the Python paths to the traced state still lead to the same objects."""
 
-    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "same_dicts", "same_lists", "_expected")
+    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "same_dicts", "same_lists", "_expected",
+                 "grad_owners", "grads")  # fmt: skip
 
     def __init__(self) -> None:
         self.pairs: list = []  # (snapshot, live container, weakref to the owner or None, description)
@@ -320,6 +322,10 @@ class Guards:
         self.same_dicts: list = []
         self.same_lists: list = []
         self._expected: tuple = ([], (), (), [], ())  # dict sizes, keys, values, list sizes, items
+        # ``t.grad`` paths to captured tensors: weak references to each tensor ``t`` and to the
+        # captured ``.grad`` it held (``p.grad = new`` while the old one lives must miss)
+        self.grad_owners: list = []
+        self.grads: list = []
 
     def add(self, owner, name: str, live) -> None:
         snap = _snapshot(live)
@@ -353,8 +359,13 @@ class Guards:
             and all(map(is_, chain.from_iterable(self.same_lists), items))
             and all(map(dict.__eq__, self.dict_snaps, self.dicts))
             and all(map(list.__eq__, self.list_snaps, self.lists))
+            and self._same_grads()
         ):
             return None
+        for owner, grad in zip(self.grad_owners, self.grads, strict=True):
+            t = owner()
+            if t is not None and t._grad is not grad():
+                return f"the .grad of a tensor of shape {tuple(t._data.shape)} is another tensor now"
         for snap, live, owner, name in self.pairs:
             equal = dict.__eq__ if isinstance(live, dict) else list.__eq__
             if equal(snap, live) is True:
@@ -363,6 +374,26 @@ class Guards:
                 continue  # the object is gone: nothing reaches the traced state through it any more
             return f"{name} changed{_difference(live, snap)}"
         return None
+
+    def _same_grads(self) -> bool:
+        try:
+            grads = list(map(_GRAD, map(call, self.grad_owners)))
+        except AttributeError:  # a tensor is gone (None._grad): said by the loop in ``miss``
+            return False
+        return all(map(is_, grads, map(call, self.grads)))
+
+    def add_grad_paths(self, tensors, captured: dict) -> None:
+        """Guard ``t.grad`` for each of ``tensors`` whose ``.grad`` is one of ``captured`` (id -> tensor)."""
+        seen: set[int] = set()
+        for t in tensors:
+            grad = t._grad
+            if grad is not None and captured.get(id(grad)) is grad and id(t) not in seen:
+                seen.add(id(t))
+                self.grad_owners.append(weakref.ref(t))
+                self.grads.append(weakref.ref(grad))
+
+
+_GRAD = operator.attrgetter("_grad")
 
 
 def _difference(live, snap) -> str:
@@ -443,6 +474,8 @@ def build_guards(objects: list, modules: list, captured: list, named: list = ())
             seen.add(id(live))
             guards.add(owner, type(obj).__name__, live)
     refs = {id(t): t for t in captured if t is not None}
+    reachable = [v for _, values in _walk([*roots, *named]) for v in values if isinstance(v, Tensor)]
+    guards.add_grad_paths([*refs.values(), *(v for v in named if isinstance(v, Tensor)), *reachable], refs)
     for holder in _holders(refs, [*roots, *named]):
         if id(holder) not in seen:
             seen.add(id(holder))
