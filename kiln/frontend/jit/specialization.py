@@ -73,7 +73,7 @@ class Specialization:
         for position, ref in self.arg_aliases:
             if leaves[position] is not ref():
                 return f"argument {position} is no longer the tensor that the function also reads as state"
-        if not self._captures_match(leaves):
+        if self._refs and not self._captures_match(leaves):
             miss = self._capture_miss(leaves)
             if miss is not None:
                 return miss
