@@ -219,7 +219,7 @@ class CompiledFunction:
         captured = [s.ref() for s in spec.sources if s.kind == "capture"]
         named = [*hazards.named_values(self, closure_values), *leaves]
         guards = hazards.build_guards(objects, spec.modules, captured, named)
-        spec.guards = guards if guards.pairs else None
+        spec.guards = guards if guards.pairs or guards.grad_owners else None
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")

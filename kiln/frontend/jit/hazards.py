@@ -14,7 +14,8 @@ eagerly with the reason said. This module does both for the compiler:
   tables) of the modules called and of the objects the function names, and the dicts and lists
   that hold a captured tensor, found by walking from what the function names when the trace
   ends: a captured tensor is found by identity, so the *path* by which the function reached it
-  is guarded, e.g. ``model.w = Parameter(...)`` or ``d["w"] = other``.
+  is guarded, e.g. ``model.w = Parameter(...)`` or ``d["w"] = other``; so is ``t.grad`` where it
+  held a captured tensor (``p.grad = new`` while the old gradient is still alive elsewhere).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import random
 import sys
 import types
 import weakref
+from itertools import chain
+from operator import call, is_
 
 import numpy as np
 
@@ -305,7 +308,8 @@ def _snapshot(container):
 class Guards:
     """Checks, per call, that the Python paths to the traced state still lead to the same objects."""
 
-    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps")
+    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "same_dicts", "same_lists", "_expected",
+                 "grad_owners", "grads")  # fmt: skip
 
     def __init__(self) -> None:
         self.pairs: list = []  # (snapshot, live container, weakref to the owner or None, description)
@@ -313,11 +317,29 @@ class Guards:
         self.dict_snaps: list = []
         self.lists: list = []
         self.list_snaps: list = []
+        # Containers of objects compared by identity alone (a list of parameters, an optimizer's
+        # per-parameter state): checked in C without a Python ``_Is.__eq__`` per entry.
+        self.same_dicts: list = []
+        self.same_lists: list = []
+        self._expected: tuple = ([], (), (), [], ())  # dict sizes, keys, values, list sizes, items
+        # ``t.grad`` paths to captured tensors: weak references to each tensor ``t`` and to the
+        # captured ``.grad`` it held (``p.grad = new`` while the old one lives must miss)
+        self.grad_owners: list = []
+        self.grads: list = []
 
     def add(self, owner, name: str, live) -> None:
         snap = _snapshot(live)
         self.pairs.append((snap, live, owner, name))
-        if isinstance(live, dict):
+        entries = snap.values() if isinstance(snap, dict) else snap
+        if entries and all(type(e) is _Is for e in entries):
+            (self.same_dicts if isinstance(live, dict) else self.same_lists).append(live)
+            sizes, keys, values, lengths, items = self._expected
+            if isinstance(live, dict):
+                self._expected = ([*sizes, len(snap)], (*keys, *snap), (*values, *(e.obj for e in entries)), lengths,
+                                  items)  # fmt: skip
+            else:
+                self._expected = (sizes, keys, values, [*lengths, len(snap)], (*items, *(e.obj for e in entries)))
+        elif isinstance(live, dict):
             self.dicts.append(live)
             self.dict_snaps.append(snap)
         else:
@@ -325,10 +347,25 @@ class Guards:
             self.list_snaps.append(snap)
 
     def miss(self) -> str | None:
-        # The usual case in two C loops: dict.__eq__(snapshot, live) compares the snapshot's
-        # entries first (no reflection to an OrderedDict's __eq__), so an _Is entry decides by identity.
-        if all(map(dict.__eq__, self.dict_snaps, self.dicts)) and all(map(list.__eq__, self.list_snaps, self.lists)):
+        # The usual case in C loops: dict.__eq__(snapshot, live) compares the snapshot's entries
+        # first (no reflection to an OrderedDict's __eq__), so an _Is entry decides by identity;
+        # the identity containers hold the same keys and objects in the same order.
+        sizes, keys, values, lengths, items = self._expected
+        if (
+            list(map(len, self.same_dicts)) == sizes
+            and list(map(len, self.same_lists)) == lengths
+            and all(map(is_, chain.from_iterable(self.same_dicts), keys))
+            and all(map(is_, chain.from_iterable(map(dict.values, self.same_dicts)), values))
+            and all(map(is_, chain.from_iterable(self.same_lists), items))
+            and all(map(dict.__eq__, self.dict_snaps, self.dicts))
+            and all(map(list.__eq__, self.list_snaps, self.lists))
+            and self._same_grads()
+        ):
             return None
+        for owner, grad in zip(self.grad_owners, self.grads, strict=True):
+            t = owner()
+            if t is not None and t._grad is not grad():
+                return f"the .grad of a tensor of shape {tuple(t._data.shape)} is another tensor now"
         for snap, live, owner, name in self.pairs:
             equal = dict.__eq__ if isinstance(live, dict) else list.__eq__
             if equal(snap, live) is True:
@@ -337,6 +374,26 @@ class Guards:
                 continue  # the object is gone: nothing reaches the traced state through it any more
             return f"{name} changed{_difference(live, snap)}"
         return None
+
+    def _same_grads(self) -> bool:
+        try:
+            grads = list(map(_GRAD, map(call, self.grad_owners)))
+        except AttributeError:  # a tensor is gone (None._grad): said by the loop in ``miss``
+            return False
+        return all(map(is_, grads, map(call, self.grads)))
+
+    def add_grad_paths(self, tensors, captured: dict) -> None:
+        """Guard ``t.grad`` for each of ``tensors`` whose ``.grad`` is one of ``captured`` (id -> tensor)."""
+        seen: set[int] = set()
+        for t in tensors:
+            grad = t._grad
+            if grad is not None and captured.get(id(grad)) is grad and id(t) not in seen:
+                seen.add(id(t))
+                self.grad_owners.append(weakref.ref(t))
+                self.grads.append(weakref.ref(grad))
+
+
+_GRAD = operator.attrgetter("_grad")
 
 
 def _difference(live, snap) -> str:
@@ -417,6 +474,8 @@ def build_guards(objects: list, modules: list, captured: list, named: list = ())
             seen.add(id(live))
             guards.add(owner, type(obj).__name__, live)
     refs = {id(t): t for t in captured if t is not None}
+    reachable = [v for _, values in _walk([*roots, *named]) for v in values if isinstance(v, Tensor)]
+    guards.add_grad_paths([*refs.values(), *(v for v in named if isinstance(v, Tensor)), *reachable], refs)
     for holder in _holders(refs, [*roots, *named]):
         if id(holder) not in seen:
             seen.add(id(holder))

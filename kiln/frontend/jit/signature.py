@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field, replace
+from operator import attrgetter, call, is_
 from typing import ClassVar
 
 import numpy as np
@@ -260,6 +261,10 @@ class Signature:
         ]  # fmt: skip
         self._late = [(position, r) for position, r in enumerate(self.results) if not isinstance(r, Result | BornView)]
         self._new_grads = [(g.output, self.devices[g.output]) for g in self.grads if isinstance(g, SetGrad)]
+        # Write-backs into captured tensors alone (an optimizer step): their weak references, in order.
+        written = [self.inputs[w.input] for w in self.writebacks]
+        self._written_refs = [s.ref for s in written] if all(isinstance(s, Captured) for s in written) else None
+        self._written_outputs = [w.output for w in self.writebacks]
 
     def tensor(self, index: int, arguments, parameters=None):
         """The tensor input ``index`` reads at a call with these arguments (and parameters)."""
@@ -288,8 +293,9 @@ def apply(signature: Signature, outputs: list, arrays: list, arguments=(), param
     writing mutated inputs back and setting the ``.grad`` values the call sets (see the module's
     docstring for who owns which memory)."""
     sig = signature
-    owned = owned_memory(arrays)
-    claimed = set(owned) if sig.writebacks else owned  # the write-backs read the inputs' memory alone
+    # the memory owners are read only when something could be an input's memory (results, new grads)
+    owned = owned_memory(arrays) if sig._made or sig._new_grads else None
+    claimed = set(owned) if sig.writebacks and owned is not None else owned  # the write-backs read the inputs' alone
     results: list = [None] * len(sig.results)
     roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
     for position, output, device, view in sig._made:
@@ -302,7 +308,7 @@ def apply(signature: Signature, outputs: list, arrays: list, arguments=(), param
         results[position] = view_of(root, *view[1:])
     new_grads = [claim(outputs[output], claimed, device) for output, device in sig._new_grads]
     if sig.writebacks:
-        _write_back(sig, outputs, owned, arguments, parameters)
+        _write_back(sig, outputs, arrays, owned, arguments, parameters)
     if sig.grads:
         _set_grads(sig, iter(new_grads), arguments, parameters)
     for position, r in sig._late:
@@ -310,19 +316,33 @@ def apply(signature: Signature, outputs: list, arrays: list, arguments=(), param
     return results
 
 
-def _write_back(sig: Signature, outputs: list, owned: set[int], arguments, parameters) -> None:
+def _write_back(sig: Signature, outputs: list, arrays: list, owned: set[int] | None, arguments, parameters) -> None:
+    refs = sig._written_refs
+    if refs is not None:
+        # The usual optimizer step: the program wrote every captured tensor in place; only the
+        # version counters move.
+        tensors = list(map(call, refs))
+        if all(map(is_, map(outputs.__getitem__, sig._written_outputs), map(_DATA, tensors))):
+            for version in map(_VERSION, tensors):
+                version[0] += 1
+            return
     # A new value that is another input's memory (``a.copy_(b)`` before ``b`` changes) is read
     # before any write-back writes that memory.
     updates = []
     for w in sig.writebacks:
         t, array = sig.tensor(w.input, arguments, parameters), outputs[w.output]
-        if array is not t._data and id(_root(array)) in owned:
-            array = array.copy()
+        if array is not t._data:
+            owned = owned_memory(arrays) if owned is None else owned
+            if id(_root(array)) in owned:
+                array = array.copy()
         updates.append((t, array))
     for t, array in updates:
         if array is not t._data:  # else the program wrote it in place
             t._data[...] = array
         t._version[0] += 1
+
+
+_DATA, _VERSION = attrgetter("_data"), attrgetter("_version")
 
 
 def _set_grads(sig: Signature, new_grads, arguments, parameters) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from functools import partial
+from operator import attrgetter, call, is_, is_not
 
 from ...ir.graph import Graph
 from ..tensor import Tensor
@@ -21,6 +23,12 @@ from .signature import Captured, Signature, apply, bind
 
 def tensor_state(t) -> tuple:
     return (t._data.shape, t._data.strides, t._dtype, t._requires_grad, t._grad is not None)
+
+
+# ``tensor_state`` over many tensors in C: the first four fields, then whether ``.grad`` is set
+_LAYOUT = attrgetter("_data.shape", "_data.strides", "_dtype", "_requires_grad")
+_GRAD, _BASE = attrgetter("_grad"), attrgetter("_base")
+_NOT_NONE = partial(is_not, None)
 
 
 @dataclass
@@ -45,6 +53,10 @@ class Specialization:
 
     def __post_init__(self) -> None:
         self._captured = [s for s in self.signature.inputs if isinstance(s, Captured)]
+        self._refs = [s.ref for s in self._captured]
+        self._layouts = [s.snapshot[:4] for s in self._captured]
+        self._grads = [s.snapshot[4] for s in self._captured]
+        self._nones = [None] * len(self._captured)
 
     @property
     def sources(self) -> list:
@@ -61,18 +73,10 @@ class Specialization:
         for position, ref in self.arg_aliases:
             if leaves[position] is not ref():
                 return f"argument {position} is no longer the tensor that the function also reads as state"
-        arg_roots = None
-        for source in self._captured:
-            t = source.ref()
-            if t is None:
-                return f"captured tensor {source.name} was freed"
-            now = tensor_state(t)
-            if now != source.snapshot:
-                return f"captured tensor {source.name} changed: {_describe_state(source.snapshot, now)}"
-            if arg_roots is None:
-                arg_roots = {id(a._base if a._base is not None else a) for a in leaves if isinstance(a, Tensor)}
-            if id(t._base if t._base is not None else t) in arg_roots:
-                return f"an argument shares memory with captured tensor {source.name}"
+        if self._refs and not self._captures_match(leaves):
+            miss = self._capture_miss(leaves)
+            if miss is not None:
+                return miss
         for ref, training, name in self.modules:
             module = ref()
             if module is None:
@@ -86,6 +90,36 @@ class Specialization:
                 return f"{name.removeprefix('closure:')} now refers to a different object ({_short(now)})"
         if self.guards is not None:
             return self.guards.miss()
+        return None
+
+    def _captures_match(self, leaves: list) -> bool:
+        """Every captured tensor alive, in its traced state and sharing no memory with an argument:
+        ``tensor_state`` compared for all of them in C loops (the usual call)."""
+        tensors = list(map(call, self._refs))
+        if any(map(is_, tensors, self._nones)):
+            return False
+        if list(map(_LAYOUT, tensors)) != self._layouts:
+            return False
+        if list(map(_NOT_NONE, map(_GRAD, tensors))) != self._grads:
+            return False
+        arg_roots = {id(a._base if a._base is not None else a) for a in leaves if isinstance(a, Tensor)}
+        if arg_roots and not (arg_roots.isdisjoint(map(id, tensors))
+                              and arg_roots.isdisjoint(map(id, filter(_NOT_NONE, map(_BASE, tensors))))):  # fmt: skip
+            return False  # (a captured view's own id is never a root: roots have no _base)
+        return True
+
+    def _capture_miss(self, leaves: list) -> str | None:
+        """Which captured tensor fails ``_captures_match``, in words."""
+        arg_roots = {id(a._base if a._base is not None else a) for a in leaves if isinstance(a, Tensor)}
+        for source in self._captured:
+            t = source.ref()
+            if t is None:
+                return f"captured tensor {source.name} was freed"
+            now = tensor_state(t)
+            if now != source.snapshot:
+                return f"captured tensor {source.name} changed: {_describe_state(source.snapshot, now)}"
+            if id(t._base if t._base is not None else t) in arg_roots:
+                return f"an argument shares memory with captured tensor {source.name}"
         return None
 
     # ------------------------------------------------------------------ running
