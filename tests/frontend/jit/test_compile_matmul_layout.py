@@ -5,6 +5,7 @@ over several calls."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import kiln
 import kiln.nn as nn
@@ -84,8 +85,42 @@ def test_no_copy_of_a_transposed_product_remains():
             source = producers.get(source.inputs[0])
         assert source is None or source.op != "matmul", f"a copy of a (permuted) product remains:\n{graph}"
     # Each weight gradient is a product's own result, in C order, with nothing copied after it.
-    weight_grads = [graph.outputs[i] for i in range(len(graph.outputs))]
     products = {v for v, node in producers.items() if node.op == "matmul"}
     shapes = {(o, i) for i, o in zip(SIZES[:-1], SIZES[1:], strict=True)}
-    made_by_products = {v.type.shape for v in weight_grads if v in products}
+    made_by_products = {v.type.shape for v in graph.outputs if v in products}
     assert shapes <= made_by_products, (shapes, made_by_products)
+
+
+def test_a_linear_layer_on_a_batch_of_sequences_folds_the_batch_into_one_product():
+    # (batch, time, features) @ W^T: W's gradient is one product over batch * time rows, made in
+    # place, in eager and compiled alike; checked against torch and over several calls.
+    torch = pytest.importorskip("torch")
+    kiln.manual_seed(0)
+    layer = nn.Linear(6, 4)
+    reference = torch.nn.Linear(6, 4)
+    with torch.no_grad():
+        reference.weight.copy_(torch.from_numpy(layer.weight.detach().numpy().copy()))
+        reference.bias.copy_(torch.from_numpy(layer.bias.detach().numpy().copy()))
+
+    def step(x):
+        layer.weight.grad = layer.bias.grad = None
+        (layer(x) ** 2).sum().backward()
+        return layer.weight.grad, layer.bias.grad
+
+    compiled = kiln.compile(step)
+    rng = np.random.default_rng(1)
+    for _ in range(CALLS):
+        x = rng.standard_normal((3, 5, 6)).astype(np.float32)
+        eager = [g.numpy().copy() for g in step(kiln.tensor(x))]
+        got = [g.numpy().copy() for g in compiled(kiln.tensor(x))]
+        reference.zero_grad()
+        (reference(torch.from_numpy(x)) ** 2).sum().backward()
+        for g, e, r in zip(got, eager, (reference.weight.grad, reference.bias.grad), strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(e, r.numpy(), rtol=1e-5, atol=1e-5)
+    assert compiled_calls(compiled)[-1] >= 1
+    graph = compiled.graph
+    producers = _producers(graph)
+    weight_grad = producers[graph.outputs[0]] if graph.outputs[0] in producers else None
+    assert weight_grad is not None and weight_grad.op == "matmul", graph
+    assert [node.op for node in graph.nodes].count("matmul") == 2, graph  # the forward's, and W's gradient
