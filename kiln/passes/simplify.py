@@ -12,9 +12,17 @@ textbook identities are not here: ``x + 0 -> x`` is wrong for ``x = -0.0`` (``-0
 - ``cast`` to ``x``'s own dtype, ``reshape`` to ``x``'s shape, ``expand`` to ``x``'s shape,
   ``permute`` by the identity, ``slice`` of the whole range -> ``x``;
 - ``reshape(reshape(x))``, ``expand(expand(x))``, ``permute(permute(x))`` -> one op, and
-  ``cast(cast(x, a), b)`` -> ``cast(x, b)`` when ``a`` holds every value of ``x``'s dtype exactly.
+  ``cast(cast(x, a), b)`` -> ``cast(x, b)`` when ``a`` holds every value of ``x``'s dtype exactly;
+- ``permute(matmul(a, b))`` swapping the last two dims -> ``matmul(b^T, a^T)`` (the transposes are
+  views BLAS reads for free, and the product lands in the permuted layout, C order) when the
+  product has no other use. Each element is the same dot product of the same terms; BLAS's gemm
+  blocks the summed dim the same way whichever operand is transposed, so the results are equal
+  bit for bit (tests check it on the shapes of the models);
+- ``copy(matmul(a, b))`` -> the product, when the copy is its only use: a matmul's result is fresh
+  memory in C order, so the copy would only duplicate it. (A weight gradient ``x^T g`` of a linear
+  layer became ``copy(permute(matmul(permute(x), g)))``; with these two rules it is ``matmul(g^T, x)``.)
 
-``copy`` is never removed: it is how a program says its output must not share memory with an input.
+``copy`` of anything else stays: it is how a program says its output must not share memory with an input.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import numpy as np
 
 from ..ir import dtypes as dt
 from ..ir.graph import CONSTANT, Graph, Node, Value
+from ..ir.types import TensorType
 from .eliminate_common_subexpressions import substitute, used_constants
 
 
@@ -36,14 +45,16 @@ def simplify(graph: Graph) -> Graph:
     Needs: a graph in topological order. Establishes: no node matches a rule. Nodes made unused
     stay for ``eliminate_dead_code``.
     """
-    context = _Context(graph, {}, {})
+    context = _Context(graph, {}, {}, _use_counts(graph), _last_id(graph), [])
     nodes: list[Node] = []
     for node in graph.nodes:
         simplified = _simplify_node(substitute(node, context.replace), context)
+        nodes += context.emitted  # nodes a rule made for the operands of its rewrite
+        context.emitted = []
         if simplified is not None:
             context.producers[simplified.output] = simplified
             nodes.append(simplified)
-    if not context.replace and all(a is b for a, b in zip(nodes, graph.nodes)):
+    if not context.replace and len(nodes) == len(graph.nodes) and all(a is b for a, b in zip(nodes, graph.nodes)):
         return graph
     outputs = tuple(context.replace.get(v, v) for v in graph.outputs)
     return Graph(graph.inputs, tuple(nodes), outputs, used_constants(nodes, graph.constants))
@@ -58,8 +69,10 @@ def _simplify_node(node: Node, context: _Context) -> Node | None:
         if isinstance(result, Value):
             assert result.type == node.output.type, f"simplify: {node.op} rewritten to a value of another type"
             context.replace[node.output] = result
+            context.count_uses([result], context.uses.get(node.output, 0))
             return None
         node = result  # a new node defining the same output value: simplify it again
+        context.count_uses(node.inputs)
     return node
 
 
@@ -68,6 +81,11 @@ class _Context:
     graph: Graph
     producers: dict[Value, Node]  # the (simplified) node defining each value seen so far
     replace: dict[Value, Value]  # values simplified away -> what replaces them
+    # Uses of each value as an operand or a graph output, never undercounted: counted in the input
+    # graph, then raised for every use a rewrite makes (the uses it drops are not taken off).
+    uses: dict[Value, int]
+    last_id: int  # the largest value id so far (new values number on from it)
+    emitted: list[Node]  # new nodes to place before the node being simplified
 
     def producer(self, value: Value, op: str) -> Node | None:
         node = self.producers.get(value)
@@ -77,8 +95,35 @@ class _Context:
         node = self.producer(value, CONSTANT)
         return None if node is None else np.asarray(self.graph.constants[node.attrs["name"]])
 
+    def count_uses(self, values, times: int = 1) -> None:
+        for v in values:
+            self.uses[v] = self.uses.get(v, 0) + times
+
+    def emit(self, op: str, inputs: tuple[Value, ...], attrs: dict, type: TensorType, loc) -> Value:
+        """A new node ``op(*inputs)``, simplified, placed before the node being rewritten; its value."""
+        self.last_id += 1
+        value = Value(self.last_id, type)
+        self.count_uses(inputs)
+        node = _simplify_node(Node(op, inputs, attrs, (value,), loc), self)
+        if node is None:  # it simplified to an existing value
+            return self.replace[value]
+        self.producers[node.output] = node
+        self.emitted.append(node)
+        return node.output
+
 
 Rule = Callable[[Node, _Context], "Value | Node | None"]
+
+
+def _use_counts(graph: Graph) -> dict[Value, int]:
+    uses: dict[Value, int] = {}
+    for v in [v for node in graph.nodes for v in node.inputs] + list(graph.outputs):
+        uses[v] = uses.get(v, 0) + 1
+    return uses
+
+
+def _last_id(graph: Graph) -> int:
+    return max([v.id for v in graph.inputs] + [v.id for node in graph.nodes for v in node.outputs], default=-1)
 
 
 def _same_or_expanded(x: Value, node: Node) -> Value | Node:
@@ -186,10 +231,38 @@ def _permute(node: Node, context: _Context) -> Value | Node | None:
         return node.inputs[0]
     inner = context.producer(node.inputs[0], "permute")
     if inner is None:
-        return None
+        return _transposed_product(node, perm, context)
     # Output dim i is the inner result's dim perm[i], which is the input's dim inner_perm[perm[i]].
     inner_perm = inner.attrs["perm"]
     return Node("permute", inner.inputs, {"perm": tuple(inner_perm[p] for p in perm)}, node.outputs, node.loc)
+
+
+def _swap_last_two(ndim: int) -> tuple[int, ...]:
+    return (*range(ndim - 2), ndim - 1, ndim - 2)
+
+
+def _transposed_product(node: Node, perm: tuple[int, ...], context: _Context) -> Node | None:
+    """``permute(matmul(a, b))`` over the last two dims -> ``matmul(b^T, a^T)``: the product is
+    then made in the layout its user reads. Only when the permute is the product's one use, or
+    the product would be computed twice."""
+    x = node.inputs[0]
+    product = context.producer(x, "matmul")
+    if product is None or perm != _swap_last_two(len(perm)) or context.uses.get(x) != 1:
+        return None
+    operands = []
+    for v in reversed(product.inputs):
+        swap = _swap_last_two(v.type.ndim)
+        swapped = TensorType(tuple(v.type.shape[d] for d in swap), v.type.dtype, v.type.device)
+        operands.append(context.emit("permute", (v,), {"perm": swap}, swapped, node.loc))
+    return Node("matmul", tuple(operands), {}, node.outputs, node.loc)
+
+
+def _copy(node: Node, context: _Context) -> Value | None:
+    """``copy(matmul(a, b))`` -> the product when the copy is its one use (see the module's doc)."""
+    x = node.inputs[0]
+    if context.producer(x, "matmul") is not None and context.uses.get(x) == 1:
+        return x
+    return None
 
 
 def _slice(node: Node, context: _Context) -> Value | None:
@@ -216,4 +289,5 @@ _RULES: dict[str, Rule] = {
     "expand": _merge_or_drop,
     "permute": _permute,
     "slice": _slice,
+    "copy": _copy,
 }

@@ -7,6 +7,8 @@ The eager kernel is ``xp.matmul``, which hands float32/float64 products straight
 
 from __future__ import annotations
 
+import math
+
 from ..shapes import broadcast_shapes
 from ..types import TensorType
 from . import Kind, Primitive, Sample, register
@@ -45,7 +47,13 @@ def _matmul_vjp(ops, c, g):
     ga = gb = None
     if c.needs_input_grad[0]:
         ga = ops.sum_to(ops.matmul(g, ops.transpose(b, -1, -2)), ta.shape)
-    if c.needs_input_grad[1]:
+    if c.needs_input_grad[1] and tb.ndim == 2 and ta.ndim > 2:
+        # One matrix b for a whole batch of a's (a linear layer on (batch, time, features)): the
+        # sum over the batch of a_i^T g_i is one product with the batch folded into the summed
+        # dim, (a's rows)^T @ (g's rows), rather than a product per batch element and a sum.
+        rows = math.prod(ta.shape[:-1])
+        gb = ops.matmul(ops.transpose(ops.reshape(a, (rows, ta.shape[-1])), 0, 1), ops.reshape(g, (rows, tb.shape[-1])))
+    elif c.needs_input_grad[1]:
         gb = ops.sum_to(ops.matmul(ops.transpose(a, -1, -2), g), tb.shape)
     return ga, gb
 
@@ -57,6 +65,7 @@ def _matmul_samples(rng):
         Sample((n(size=(5, 2, 3)), n(size=(5, 3, 4)))),
         Sample((n(size=(2, 1, 2, 3)), n(size=(4, 3, 2)))),  # batch dims broadcast
         Sample((n(size=(2, 3)), n(size=(2, 3, 4)))),
+        Sample((n(size=(2, 5, 3)), n(size=(3, 4)))),  # one b for a batch of a's (its gradient folds the batch)
         Sample((n(size=(3, 2)).T, n(size=(3, 1))), gradcheck=False),  # a transposed input (gradcheck wants contiguous)
         Sample((n(size=(0, 3)), n(size=(3, 2)))),
         Sample((n(size=(2, 0)), n(size=(0, 2)))),  # empty inner dim: zeros
