@@ -31,7 +31,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter, call, is_, itemgetter
+from operator import attrgetter, is_, itemgetter, methodcaller
 from typing import Any, cast
 
 import numpy as np
@@ -104,7 +104,7 @@ class KernelCall:
         stable = tuple((p, slot) for p, slot in dynamic if slot not in new)
         self.stable = stable if len(stable) >= _CACHE_MIN else ()
         self.dynamic = tuple(entry for entry in dynamic if entry not in self.stable)
-        self.gather = itemgetter(*[slot for _, slot in self.stable]) if self.stable else None
+        self.gather: Any = itemgetter(*[slot for _, slot in self.stable]) if self.stable else None
         self.allocate = allocate  # (slot, allocate, shape, dtype, input slot written in place or -1)
         self.conform = conform  # slots of inputs compiled for C order
         # work 0 marks a kernel too small to be worth the thread pool's dispatch
@@ -124,7 +124,7 @@ class KernelCall:
             # live weak reference to it is the same object: the same arrays need no new pointers.
             arrays = self.gather(env)
             seen = frame_table.seen
-            if seen is None or not all(map(is_, arrays, map(call, seen))):
+            if seen is None or not all(map(is_, arrays, map(_dereference, seen))):
                 for (position, _), array in zip(self.stable, arrays, strict=True):
                     table[position] = data_pointer(array)
                 frame_table.seen = tuple(map(weakref.ref, arrays))
@@ -340,9 +340,9 @@ class CompiledProgram:
         if len(inputs) != len(self._input_checks):
             raise TypeError(f"the graph expects {len(self._input_checks)} inputs, got {len(inputs)}")
         if len(inputs) >= _CHECK_MIN:
-            shapes, dtypes, strides = self._expected
+            shapes, dtypes, all_strides = self._expected
             try:
-                if (list(map(_SHAPE, inputs)) == shapes and list(map(_STRIDES, inputs)) == strides
+                if (list(map(_SHAPE, inputs)) == shapes and list(map(_STRIDES, inputs)) == all_strides
                         and list(map(_DTYPE, inputs)) == dtypes):  # fmt: skip
                     return inputs
             except AttributeError:
@@ -381,6 +381,7 @@ def same_layout(shape: tuple, strides: tuple, expected: tuple) -> bool:
 
 
 _SHAPE, _STRIDES, _DTYPE = attrgetter("shape"), attrgetter("strides"), attrgetter("dtype")
+_dereference = methodcaller("__call__")  # a weak reference -> its object, in C (operator.call is Python 3.11+)
 
 
 class LayoutError(RuntimeError):

@@ -27,11 +27,12 @@ import sys
 import types
 import weakref
 from itertools import chain
-from operator import call, is_
+from operator import is_
 
 import numpy as np
 
 from ..tensor import Tensor
+from .signature import call
 from .trace import _KILN_DIR, TraceBreak
 
 _LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set on first use)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field, replace
-from operator import attrgetter, call, is_
+from operator import attrgetter, is_, methodcaller
 from typing import ClassVar
 
 import numpy as np
@@ -40,6 +40,8 @@ import numpy as np
 from ...ir.graph import Value
 from ..tensor import make_tensor
 from .layouts import in_layout
+
+call = methodcaller("__call__")  # f -> f() in C (operator.call is Python 3.11+)
 
 Output = int  # a graph output's index; the IR Value itself while a trace is being numbered
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import weakref
 from dataclasses import dataclass, field
 from functools import partial
-from operator import attrgetter, call, is_, is_not
+from operator import attrgetter, is_, is_not
 
 from ...ir.graph import Graph
 from ..tensor import Tensor
 from .pytree import unflatten
-from .signature import Captured, Signature, apply, bind
+from .signature import Captured, Signature, apply, bind, call
 
 
 def tensor_state(t) -> tuple:
