@@ -256,26 +256,36 @@ def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tup
                 env.bind_group(groups[-1], i)
             target.compute_then_store(outputs, Scope())
 
+    split = unit_loops(builder, env, groups, sizes, inner, rows, begin, end, inner_loop)
+    extent = rows * split if inner >= CHUNK else -(-rows // split)  # pieces per row, or rows per unit
+    builder.ret_void()
+    return extent
+
+
+def unit_loops(builder: ir.IRBuilder, env: VarEnv, groups, sizes: Sequence[Dim], inner: int, rows,
+               begin: ir.Value, end: ir.Value, inner_loop) -> int:  # fmt: skip
+    """The loop over parallel units ``[begin, end)`` of an elementwise kernel whose collapsed loops
+    are ``groups`` of ``sizes`` (the last, of ``inner`` elements, innermost; ``rows`` the number of
+    outer rows, an int or an i64 value). A unit is a piece of ``CHUNK`` elements of one long row, or
+    a block of whole rows; ``inner_loop(lo, hi)`` emits the innermost loop. Returns the pieces per
+    row (long rows) or the rows per unit (blocks)."""
     if inner >= CHUNK:  # a unit is a piece of one long row
         pieces = -(-inner // CHUNK)
-        extent = rows * pieces
         with for_range(builder, begin, end, name="unit") as unit:
             row = builder.sdiv(unit, i64(pieces)) if pieces > 1 else unit
             piece = builder.srem(unit, i64(pieces)) if pieces > 1 else i64(0)
             bind_rows(builder, env, groups[:-1], sizes[:-1], row)
             lo = builder.mul(piece, i64(CHUNK), flags=("nsw",))
             inner_loop(lo, minimum(builder, builder.add(lo, i64(CHUNK)), i64(inner)))
-    else:  # a unit is a block of whole rows
-        per_unit = max(1, CHUNK // inner)
-        extent = -(-rows // per_unit)
-        with for_range(builder, begin, end, name="unit") as unit:
-            first = builder.mul(unit, i64(per_unit), flags=("nsw",))
-            last = minimum(builder, builder.add(first, i64(per_unit)), i64(rows))
-            with for_range(builder, first, last, name="row") as row:
-                bind_rows(builder, env, groups[:-1], sizes[:-1], row)
-                inner_loop(0, inner)
-    builder.ret_void()
-    return extent
+        return pieces
+    per_unit = max(1, CHUNK // inner)  # a unit is a block of whole rows
+    with for_range(builder, begin, end, name="unit") as unit:
+        first = builder.mul(unit, i64(per_unit), flags=("nsw",))
+        last = minimum(builder, builder.add(first, i64(per_unit)), i64(rows) if isinstance(rows, int) else rows)
+        with for_range(builder, first, last, name="row") as row:
+            bind_rows(builder, env, groups[:-1], sizes[:-1], row)
+            inner_loop(0, inner)
+    return per_unit
 
 
 # ----------------------------------------------------------------------------- reduction

@@ -20,7 +20,7 @@ from llvmlite import ir
 from ...ir.graph import Graph, Node, kernel_bodies
 from ...ir.types import Sym
 from . import Unsupported
-from .kernels import _PTR, CHUNK, _Body, bind_rows, operand_pointers
+from .kernels import _PTR, CHUNK, _Body, operand_pointers, unit_loops
 from .kernels_emit import Scope, VarEnv
 from .loops import I64, for_range, i64, minimum, product
 
@@ -89,23 +89,7 @@ def elementwise_symbolic(builder: ir.IRBuilder, args, body: Graph, domain, outpu
         return 1, CHUNK
     inner, middle = static[-1], product(static[:-1])
     sizes = [size, *static]  # bind_rows reads only the static sizes after the first
-    if inner >= CHUNK:  # a unit is a piece of one long row
-        pieces = -(-inner // CHUNK)
-        with for_range(builder, begin, end, name="unit") as unit:
-            row = builder.sdiv(unit, i64(pieces)) if pieces > 1 else unit
-            piece = builder.srem(unit, i64(pieces)) if pieces > 1 else i64(0)
-            bind_rows(builder, env, groups[:-1], sizes[:-1], row)
-            lo = builder.mul(piece, i64(CHUNK), flags=("nsw",))
-            inner_loop(lo, minimum(builder, builder.add(lo, i64(CHUNK)), i64(inner)))
-        builder.ret_void()
-        return middle * pieces, 1
-    per_unit = max(1, CHUNK // inner)
     rows = builder.mul(size, i64(middle), flags=("nsw",)) if middle > 1 else size
-    with for_range(builder, begin, end, name="unit") as unit:
-        first = builder.mul(unit, i64(per_unit), flags=("nsw",))
-        last = minimum(builder, builder.add(first, i64(per_unit)), rows)
-        with for_range(builder, first, last, name="row") as row:
-            bind_rows(builder, env, groups[:-1], sizes[:-1], row)
-            inner_loop(0, inner)
+    per_unit = unit_loops(builder, env, groups, sizes, inner, rows, begin, end, inner_loop)
     builder.ret_void()
-    return middle, per_unit
+    return (middle * per_unit, 1) if inner >= CHUNK else (middle, per_unit)

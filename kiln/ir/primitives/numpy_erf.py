@@ -10,9 +10,8 @@ math library (``kiln/codegen/mathlib/special.py``, ``erf_body``):
 - ``|x| >= 1``: ``sign(x) (1 - exp(-x^2 + S(u)))`` with ``u`` the clamped ``|x|`` mapped onto
   [-1, 1]; past |x| = 6, erfc(x) < 2^-54 and erf rounds to +-1.
 
-``ir`` imports no other layer, so the two float64 tables are repeated here;
-``tests/frontend/test_erf_eager.py`` checks they equal the math library's, and measures the
-error against ``math.erf`` (at most 1 ulp in float64, 1.1 ulp from the true erf where
+The two float64 tables live here (``ir`` imports no other layer) and the math library reads them
+(``mathlib/fit.py`` refits them); ``tests/frontend/test_erf_eager.py`` measures the error against ``math.erf`` (at most 1 ulp in float64, 1.1 ulp from the true erf where
 ``math.erf`` is within 0.8; float32 and float16 results are float64 values rounded once, so they
 are correctly rounded but for rare double roundings). The work is done in blocks that stay in
 cache: on 4M float32 elements this is as fast as the numba ufunc was, float64 about 1.25x slower.
