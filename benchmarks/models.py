@@ -5,7 +5,14 @@
   Conv2d(6, 16, 5) - ReLU - MaxPool(2) - Flatten - Linear(400, 120) - ReLU - Linear(120, 84) -
   ReLU - Linear(84, 10);
 - ``gpt``: a small GPT: token + position embeddings, ``layers`` pre-LayerNorm blocks of causal
-  multi-head self-attention and a 4x MLP with tanh-GELU, a final LayerNorm and a linear head.
+  multi-head self-attention and a 4x MLP with tanh-GELU, a final LayerNorm and a linear head;
+- ``resnet18``: ResNet-18 for 3x32x32 (CIFAR) input: a 3x3 stem without max-pooling, four stages
+  of two basic blocks (64, 128, 256, 512 channels; BatchNorm; 1x1 projection shortcuts), global
+  average pooling and a linear head;
+- ``lstm_lm``: a word-level language model: embedding, a multi-layer ``nn.LSTM`` (batch-first),
+  a linear head over the vocabulary;
+- ``ncf``: neural collaborative filtering (He et al. 2017, "NeuMF"): a GMF branch (the product of
+  user and item embeddings) next to an MLP over their concatenation, one logit per pair.
 
 :func:`same_weights` copies one model's parameters into another built the same way, so every
 implementation of a workload starts from the same numbers and can be checked against the others.
@@ -84,6 +91,88 @@ def gpt(lib, *, vocab: int, d: int, heads: int, layers: int, context: int):
             return self.head(self.ln(x))
 
     return GPT()
+
+
+def resnet18(lib, classes: int = 10):
+    nn = lib.nn
+    relu = nn.functional.relu
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.shortcut = nn.Sequential()
+            if stride != 1 or cin != cout:
+                self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            out = relu(self.bn1(self.conv1(x)))
+            return relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+    class ResNet18(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+            self.bn = nn.BatchNorm2d(64)
+            blocks, cin = [], 64
+            for cout, stride in ((64, 1), (64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1)):
+                blocks.append(BasicBlock(cin, cout, stride))
+                cin = cout
+            self.blocks = nn.Sequential(*blocks)
+            self.pool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(512, classes)
+
+        def forward(self, x):
+            x = self.blocks(relu(self.bn(self.conv(x))))
+            return self.fc(self.pool(x).flatten(1))
+
+    return ResNet18()
+
+
+def lstm_lm(lib, *, vocab: int, hidden: int, layers: int):
+    """``model(idx)`` maps (B, T) token ids to (B, T, vocab) logits; the state starts at zero each call."""
+    nn = lib.nn
+
+    class LSTMLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(vocab, hidden)
+            self.lstm = nn.LSTM(hidden, hidden, layers, batch_first=True)
+            self.head = nn.Linear(hidden, vocab)
+
+        def forward(self, idx):
+            out, _ = self.lstm(self.embedding(idx))
+            return self.head(out)
+
+    return LSTMLM()
+
+
+def ncf(lib, *, users: int, items: int, factors: int, mlp: tuple[int, ...]):
+    """``model(users, items)``: one logit per (user, item) pair (NeuMF: GMF and MLP side by side)."""
+    nn = lib.nn
+
+    class NCF(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gmf_user = nn.Embedding(users, factors)
+            self.gmf_item = nn.Embedding(items, factors)
+            self.mlp_user = nn.Embedding(users, mlp[0] // 2)
+            self.mlp_item = nn.Embedding(items, mlp[0] // 2)
+            layers = []
+            for fan_in, fan_out in zip(mlp[:-1], mlp[1:], strict=True):
+                layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+            self.mlp = nn.Sequential(*layers)
+            self.head = nn.Linear(factors + mlp[-1], 1)
+
+        def forward(self, u, i):
+            gmf = self.gmf_user(u) * self.gmf_item(i)
+            deep = self.mlp(lib.cat([self.mlp_user(u), self.mlp_item(i)], dim=1))
+            return self.head(lib.cat([gmf, deep], dim=1)).squeeze(1)
+
+    return NCF()
 
 
 def _from_numpy(lib) -> Callable[[np.ndarray], object]:

@@ -1,9 +1,13 @@
-"""Convolution as pad + sliding windows + one batched matmul (im2col).
+"""Convolution as pad + sliding windows + one matmul over the whole batch (im2col).
 
-``kiln.unfold_windows`` turns the padded input (N, C, *S) into (N, C, *K, *O); that reshapes
-for free to (N, groups, C/groups * prod(K), prod(O)), and a matmul with the weight reshaped to
-(groups, O/groups, C/groups * prod(K)) gives (N, groups, O/groups, prod(O)), which is already
-the output's memory order. Gradients, and gradients of gradients, come from the primitives.
+``kiln.unfold_windows(..., batch_inner=True)`` turns the padded input (N, C, *S) into windows laid
+out (C, *K, N, *O); that reshapes for free to (groups, C/groups * prod(K), N * prod(O)), and a
+matmul with the weight reshaped to (groups, O/groups, C/groups * prod(K)) gives the output as
+(O, N, *O) in memory, returned as an (N, O, *O) view. Multiplying the whole batch at once (rather
+than each sample) matters most for the backward: the weight's gradient is then one matmul whose
+inner dimension is N * prod(O) (every sample's positions), not N matmuls of prod(O) each (as
+small as 16 in ResNet's last stage) whose (N, O, C*K) results are summed afterwards.
+Gradients, and gradients of gradients, come from the primitives.
 """
 
 from __future__ import annotations
@@ -76,13 +80,13 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     if any(p for pair in pads for p in pair):
         x = kiln.pad(x, pad_spec(pads))
     _check_fits(x.shape[2:], kernel, dilation, op)
-    cols = kiln.unfold_windows(x, kernel, stride, dilation)  # (N, C, *K, *O)
+    cols = kiln.unfold_windows(x, kernel, stride, dilation, batch_inner=True)  # (C, *K, N, *O)
     n, c = x.shape[0], x.shape[1]
     out_spatial = tuple(cols.shape[2 + d :])
     out_channels = weight.shape[0]
-    cols = cols.reshape(n, groups, (c // groups) * math.prod(kernel), math.prod(out_spatial))
+    cols = cols.reshape(groups, (c // groups) * math.prod(kernel), n * math.prod(out_spatial))
     w = weight.reshape(groups, out_channels // groups, -1)
-    out = kiln.matmul(w, cols).reshape(n, out_channels, *out_spatial)
+    out = kiln.matmul(w, cols).reshape(out_channels, n, *out_spatial).transpose(0, 1)
     if bias is not None:
         out = out + bias.reshape(out_channels, *(1,) * d)
     return out.squeeze(0) if unbatched else out

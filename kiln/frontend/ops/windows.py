@@ -25,8 +25,9 @@ def _ints(value, d: int, name: str) -> tuple[int, ...]:
     return value
 
 
-def unfold_windows(input: Tensor, kernel_size, stride=1, dilation=1) -> Tensor:
-    """Windows of ``input`` (N, C, *S): ``out[n, c, *k, *o] = input[n, c, *(o * stride + k * dilation)]``.
+def unfold_windows(input: Tensor, kernel_size, stride=1, dilation=1, *, batch_inner: bool = False) -> Tensor:
+    """Windows of ``input`` (N, C, *S): ``out[n, c, *k, *o] = input[n, c, *(o * stride + k * dilation)]``,
+    laid out (C, *K, N, *O) instead when ``batch_inner`` (what convolution multiplies by its weight).
 
     >>> import kiln
     >>> unfold_windows(kiln.arange(5.0).reshape(1, 1, 5), 2).shape
@@ -34,13 +35,16 @@ def unfold_windows(input: Tensor, kernel_size, stride=1, dilation=1) -> Tensor:
     """
     d = input.ndim - 2 if isinstance(kernel_size, int) else len(kernel_size)
     kernel_size = _ints(kernel_size, d, "kernel_size")
+    layout = {"batch_inner": True} if batch_inner else {}  # the default stays out of the graph's text
     return apply(_unfold, input, kernel_size=kernel_size, stride=_ints(stride, d, "stride"),
-                 dilation=_ints(dilation, d, "dilation"))  # fmt: skip
+                 dilation=_ints(dilation, d, "dilation"), **layout)  # fmt: skip
 
 
-def fold_windows(input: Tensor, size, kernel_size, stride=1, dilation=1) -> Tensor:
-    """The adjoint of ``unfold_windows``: windows (N, C, *kernel, *out) summed back into (N, C, *size)."""
+def fold_windows(input: Tensor, size, kernel_size, stride=1, dilation=1, *, batch_inner: bool = False) -> Tensor:
+    """The adjoint of ``unfold_windows``: windows (N, C, *kernel, *out), or (C, *kernel, N, *out) when
+    ``batch_inner``, summed back into (N, C, *size)."""
     size = (size,) if isinstance(size, int) else tuple(int(s) for s in size)
     d = len(size)
+    layout = {"batch_inner": True} if batch_inner else {}
     return apply(_fold, input, size=size, kernel_size=_ints(kernel_size, d, "kernel_size"),
-                 stride=_ints(stride, d, "stride"), dilation=_ints(dilation, d, "dilation"))  # fmt: skip
+                 stride=_ints(stride, d, "stride"), dilation=_ints(dilation, d, "dilation"), **layout)  # fmt: skip

@@ -12,9 +12,13 @@ Layout, for ``d`` spatial dims with kernel ``K = (k_1..k_d)`` and output ``O = (
   window element is added back to the position it came from.
 
 The kernel offsets come before the output positions so that a contiguous ``unfold`` result
-reshapes to ``(N, C*prod(K), prod(O))`` for free: convolution is then one batched matmul whose
-result is already ``(N, out_channels, *O)``. ``unfold`` copies (as PyTorch's ``unfold`` does):
+reshapes to ``(N, C*prod(K), prod(O))`` for free. ``unfold`` copies (as PyTorch's ``unfold`` does):
 windows overlap, so a view would let one in-place write change several elements.
+
+With ``batch_inner=True`` the windows are laid out ``(C, *K, N, *O)`` instead (``fold`` takes
+them so): that reshapes for free to ``(C*prod(K), N*prod(O))``, so convolution is ONE matmul over
+the whole batch, and its weight gradient is one matmul contracting over every sample's positions
+(``N*prod(O)`` long) rather than a matmul per sample summed afterwards.
 """
 
 from __future__ import annotations
@@ -60,14 +64,28 @@ def _out_spatial(name: str, spatial, kernel_size, stride, dilation) -> tuple[int
 
 
 # ----------------------------------------------------------------------------- unfold
-def _unfold_infer(x: TensorType, *, kernel_size, stride, dilation) -> TensorType:
+def _batch_inner(d: int) -> tuple[int, ...]:
+    """The permutation taking (N, C, *K, *O) to the ``batch_inner`` layout (C, *K, N, *O)."""
+    return (1, *range(2, 2 + d), 0, *range(2 + d, 2 + 2 * d))
+
+
+def _from_batch_inner(d: int) -> tuple[int, ...]:
+    """The inverse of ``_batch_inner(d)``."""
+    return tuple(sorted(range(2 + 2 * d), key=_batch_inner(d).__getitem__))
+
+
+def _windows_shape(n, c, kernel_size, out, batch_inner: bool) -> tuple:
+    return (c, *kernel_size, n, *out) if batch_inner else (n, c, *kernel_size, *out)
+
+
+def _unfold_infer(x: TensorType, *, kernel_size, stride, dilation, batch_inner=False) -> TensorType:
     _check_window_attrs("unfold", x, kernel_size, stride, dilation, 2)
     _static_spatial("unfold", x.shape[2:])
     out = _out_spatial("unfold", x.shape[2:], kernel_size, stride, dilation)
-    return TensorType((*x.shape[:2], *kernel_size, *out), x.dtype, x.device)
+    return TensorType(_windows_shape(*x.shape[:2], kernel_size, out, batch_inner), x.dtype, x.device)
 
 
-def _unfold_eager(xp, x, *, kernel_size, stride, dilation):
+def _unfold_eager(xp, x, *, kernel_size, stride, dilation, batch_inner=False):
     spatial = x.shape[2:]
     if len(spatial) != len(kernel_size):
         raise ValueError("unfold: one kernel entry per spatial dim is required")  # infer() says more
@@ -75,6 +93,8 @@ def _unfold_eager(xp, x, *, kernel_size, stride, dilation):
     st = x.strides[2:]
     strides = (*x.strides[:2], *(s * d for s, d in zip(st, dilation)), *(s * t for s, t in zip(st, stride)))
     windows = xp.lib.stride_tricks.as_strided(x, (*x.shape[:2], *kernel_size, *out), strides, writeable=False)
+    if batch_inner:
+        windows = windows.transpose(_batch_inner(len(kernel_size)))
     # A copy always: when the windows tile the input exactly (a 2x2 kernel over a 2x2 image), the
     # strided view is already contiguous and ascontiguousarray would hand back the input's memory.
     return xp.array(windows, order="C")
@@ -89,15 +109,17 @@ def _torch_window_slices(spatial_out, offsets, stride, dilation):
     return tuple(slice(k * d, k * d + s * (o - 1) + 1, s) for o, k, s, d in zip(spatial_out, offsets, stride, dilation))
 
 
-def _unfold_reference(torch, x, *, kernel_size, stride, dilation):
+def _unfold_reference(torch, x, *, kernel_size, stride, dilation, batch_inner=False):
     n, c = x.shape[:2]
     out = _out_spatial("unfold", x.shape[2:], kernel_size, stride, dilation)
     if len(kernel_size) == 2:  # PyTorch's own im2col
         cols = torch.nn.functional.unfold(x, kernel_size, dilation=dilation, stride=stride)
-        return cols.reshape(n, c, *kernel_size, *out)
-    pieces = [x[(Ellipsis,) + tuple(_torch_window_slices(out, k, stride, dilation))]
-              for k in itertools.product(*map(range, kernel_size))]  # fmt: skip
-    return torch.stack(pieces, dim=2).reshape(n, c, *kernel_size, *out)
+        windows = cols.reshape(n, c, *kernel_size, *out)
+    else:
+        pieces = [x[(Ellipsis,) + tuple(_torch_window_slices(out, k, stride, dilation))]
+                  for k in itertools.product(*map(range, kernel_size))]  # fmt: skip
+        windows = torch.stack(pieces, dim=2).reshape(n, c, *kernel_size, *out)
+    return windows.permute(_batch_inner(len(kernel_size))).contiguous() if batch_inner else windows
 
 
 def _unfold_samples(rng):
@@ -108,6 +130,13 @@ def _unfold_samples(rng):
             (rng.normal(size=(1, 1, 4, 3, 3)),), {"kernel_size": (2, 1, 2), "stride": (1, 1, 1), "dilation": (1, 1, 1)}
         ),
         Sample((rng.normal(size=(0, 2, 3, 3)),), {"kernel_size": (2, 2), "stride": (1, 1), "dilation": (1, 1)}),
+        Sample(
+            (rng.normal(size=(3, 2, 5, 4)),),
+            {"kernel_size": (2, 3), "stride": (2, 1), "dilation": (1, 1), "batch_inner": True},
+        ),
+        Sample(
+            (rng.normal(size=(2, 3, 6)),), {"kernel_size": (3,), "stride": (1,), "dilation": (2,), "batch_inner": True}
+        ),
     ]
 
 
@@ -127,23 +156,31 @@ def _static_spatial(name: str, spatial) -> None:
 
 
 # ----------------------------------------------------------------------------- fold
-def _fold_infer(cols: TensorType, *, size, kernel_size, stride, dilation) -> TensorType:
+def _batch_channels(cols_shape, d: int, batch_inner: bool) -> tuple:
+    """(N, C) of windows in either layout."""
+    return (cols_shape[1 + d], cols_shape[0]) if batch_inner else tuple(cols_shape[:2])
+
+
+def _fold_infer(cols: TensorType, *, size, kernel_size, stride, dilation, batch_inner=False) -> TensorType:
     d = _check_window_attrs("fold", cols, kernel_size, stride, dilation, 2 + len(kernel_size))
     if len(size) != d:
         raise ValueError(f"fold: size {tuple(size)} must have one entry per spatial dim ({d})")
     _static_spatial("fold", size)
     out = _out_spatial("fold", size, kernel_size, stride, dilation)
-    expected = (*cols.shape[:2], *kernel_size, *out)
+    n, c = _batch_channels(cols.shape, d, batch_inner)
+    expected = _windows_shape(n, c, kernel_size, out, batch_inner)
     if tuple(cols.shape) != expected:
         raise RuntimeError(
             f"fold: expected windows of shape {list(expected)} for size {tuple(size)}, kernel_size "
             f"{tuple(kernel_size)}, stride {tuple(stride)}, dilation {tuple(dilation)}; got {list(cols.shape)}"
         )
-    return TensorType((*cols.shape[:2], *size), cols.dtype, cols.device)
+    return TensorType((n, c, *size), cols.dtype, cols.device)
 
 
-def _fold_eager(xp, cols, *, size, kernel_size, stride, dilation):
+def _fold_eager(xp, cols, *, size, kernel_size, stride, dilation, batch_inner=False):
     d = len(kernel_size)
+    if batch_inner:  # index (N, C, *K, *O) as a strided view of the (C, *K, N, *O) windows
+        cols = cols.transpose(_from_batch_inner(d))
     out_spatial = cols.shape[2 + d :]
     if tuple(cols.shape[2 : 2 + d]) != tuple(kernel_size) or out_spatial != _out_spatial(
         "fold", size, kernel_size, stride, dilation
@@ -164,9 +201,11 @@ def _fold_vjp(ops, ctx, g):
     return (ops.unfold_windows(g, **attrs),)
 
 
-def _fold_reference(torch, cols, *, size, kernel_size, stride, dilation):
-    n, c = cols.shape[:2]
+def _fold_reference(torch, cols, *, size, kernel_size, stride, dilation, batch_inner=False):
     d = len(kernel_size)
+    if batch_inner:
+        cols = cols.permute(_from_batch_inner(d))
+    n, c = cols.shape[:2]
     if d == 2:  # PyTorch's own col2im
         flat = cols.reshape(n, c * kernel_size[0] * kernel_size[1], -1)
         return torch.nn.functional.fold(flat, size, kernel_size, dilation=dilation, stride=stride).reshape(n, c, *size)
@@ -186,6 +225,8 @@ def _fold_samples(rng):
         Sample((rng.normal(size=(1, 2, 3, 3)),), {"size": (8,), "kernel_size": (3,), "stride": (2,), "dilation": (1,)}),
         Sample((rng.normal(size=(1, 1, 2, 1, 2, 3, 3, 2)),),
                {"size": (4, 3, 3), "kernel_size": (2, 1, 2), "stride": (1, 1, 1), "dilation": (1, 1, 1)}),
+        Sample((rng.normal(size=(3, 2, 3, 2, 2, 2)),),
+               {"size": (4, 4), "kernel_size": (2, 3), "stride": (2, 1), "dilation": (1, 1), "batch_inner": True}),
     ]  # fmt: skip
 
 
