@@ -11,14 +11,14 @@ externals' own autograd edges (so the caller's backward continues into their his
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...ir.graph import Graph
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError, Node, _edge_of, _freed_error
-from .signature import Signature, apply, bind
+from .signature import Captured, Signature, apply, bind
 
 
 @dataclass
@@ -29,11 +29,22 @@ class BackwardPlan:
     diff_results: list[int]  # positions in the flattened results that carry gradients
     saved_outputs: list[int]  # forward-graph output indices holding what the backward reads
     wrt: list[int]  # the externals the backward returns gradients for
+    saved_bytes: int = 0  # what each call's forward keeps for it (after the partition pass)
+    saved_bytes_before: int = 0  # what it would keep without the partition pass
+    recomputed: int = 0  # saved values the backward recomputes instead
+    saved_views_of: list[int] = field(default_factory=list)  # externals whose memory a saved value views
 
     def attach(self, spec, results: list, outputs: list, leaves: list) -> None:
         saved = [outputs[i] for i in self.saved_outputs]
         externals = [spec.external(k, leaves) for k in self.wrt]
-        node = CompiledBackward(self, saved, externals, [results[i] for i in self.diff_results])
+        # The tensors the backward reads at its own time: captured ones (a weight for the input's
+        # gradient) and those a saved value is a view of (the weight's transpose). Eager autograd
+        # saved them and raises if one changes in place before the backward; their version
+        # counters let the compiled backward raise the same.
+        read = [k.ref() for k in self.signature.inputs if isinstance(k, Captured)]
+        read += [spec.external(k, leaves) for k in self.saved_views_of]
+        versions = [(t._version, t._version[0]) for t in read if t is not None]
+        node = CompiledBackward(self, saved, externals, [results[i] for i in self.diff_results], versions)
         for nr, position in enumerate(self.diff_results):
             t = results[position]
             t.grad_fn, t._output_nr, t._requires_grad = node, nr, True
@@ -42,11 +53,11 @@ class BackwardPlan:
 class CompiledBackward(Node):
     """The backward of one compiled call: runs the compiled backward graph."""
 
-    __slots__ = ("plan", "saved", "seed_types")
+    __slots__ = ("plan", "saved", "seed_types", "versions")
 
-    def __init__(self, plan: BackwardPlan, saved: list, externals: list, results: list) -> None:
+    def __init__(self, plan: BackwardPlan, saved: list, externals: list, results: list, versions: list) -> None:
         super().__init__(tuple(_edge_of(t) for t in externals))
-        self.plan, self.saved = plan, saved
+        self.plan, self.saved, self.versions = plan, saved, versions
         self.seed_types = [(r._data.shape, r._data.dtype, r._device) for r in results]
 
     @property
@@ -67,6 +78,13 @@ class CompiledBackward(Node):
                 "a compiled function's backward is not differentiable again (create_graph=True): compile the "
                 "function that also takes the second derivative, or run it eagerly (KILN_JIT=0)"
             )
+        for counter, version in self.versions:
+            if counter[0] != version:
+                raise RuntimeError(
+                    "one of the variables needed for gradient computation has been modified by an inplace "
+                    f"operation: it was read by {self.name()} at version {version} and is now at version "
+                    f"{counter[0]}. Hint: clone it before the inplace operation."
+                )
         seeds = [np.zeros(shape, dtype) if g is None else g._data
                  for g, (shape, dtype, _) in zip(grads, self.seed_types, strict=True)]  # fmt: skip
         arrays = bind(self.plan.signature, seeds=seeds, saved=self.saved)

@@ -11,10 +11,13 @@ import gc
 import logging
 import os
 import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
+from ...ir.analysis import Liveness
 from ...ir.graph import Graph, Value
+from ...passes.partition import partition
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
@@ -67,7 +70,7 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         if why is not None:
             trace.release()
             return None, why
-    graph = traced.builder.build(outputs)
+    graph, backward = _partition(compiled.options, backward, traced.builder.build(outputs), sources)
     record: list = []
     strides = [e.tensor._data.strides for e in traced.externals]
     # mutated externals updated in place where that is safe, as eager does
@@ -194,9 +197,43 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             inputs.append(Captured(weakref.ref(ext.tensor)))
         else:
             inputs.append(Saved(next(saved)))
-    signature, outputs = number_outputs(inputs, result.outputs)
-    graph = result.builder.build(outputs)
-    backward_graph, program, _ = lower(graph, options, [])
-    plan = BackwardPlan(backward_graph, program, signature, diff, saved_outputs, wrt)
+    graph = result.builder.build(number_outputs(inputs, result.outputs)[1])
     bwd.release()
-    return plan, None
+    return _PendingBackward(graph, inputs, result.outputs, diff, saved_outputs, wrt), None
+
+
+@dataclass
+class _PendingBackward:
+    """A traced backward not yet lowered: the partition pass first decides what the forward saves."""
+
+    graph: Graph
+    inputs: list  # Seed, Captured and Saved kinds, one per graph input
+    results: list  # the traced results, for ``number_outputs``
+    diff: list[int]
+    saved_outputs: list[int]  # forward output indices of the saved values, one per Saved input
+    wrt: list[int]
+
+
+def _partition(options, pending: _PendingBackward, forward: Graph, sources: list):
+    """The forward graph without what the backward now recomputes, and the lowered ``BackwardPlan``."""
+    if not isinstance(pending, _PendingBackward):
+        return forward, pending  # None or a ConsumedPlan
+    saved_inputs = [i for i, kind in enumerate(pending.inputs) if isinstance(kind, Saved)]
+    read_by_backward = {id(kind.ref()): i for i, kind in enumerate(pending.inputs) if isinstance(kind, Captured)}
+    readable = {f: read_by_backward[id(s.ref())] for f, s in enumerate(sources)
+                if isinstance(s, Captured) and id(s.ref()) in read_by_backward}  # fmt: skip
+    part = partition(forward, pending.graph, pending.saved_outputs, saved_inputs, readable)
+    still_saved = {saved_inputs[j]: k for k, j in enumerate(part.kept)}  # backward input -> its new Saved index
+    inputs = [Saved(still_saved[i]) if isinstance(kind, Saved) else kind
+              for i, kind in enumerate(pending.inputs) if not isinstance(kind, Saved) or i in still_saved]  # fmt: skip
+    inputs += [Saved(len(part.kept) + k) for k in range(part.promoted)]
+    signature, _ = number_outputs(inputs, pending.results)
+    backward_graph, program, _ = lower(part.backward, options, [])
+    # Saved values that are views of the call's inputs (a weight's transpose): their memory is the
+    # input's, so an in-place change of it before the backward must raise, as eager's would.
+    root, position = Liveness(part.forward).root, {v: k for k, v in enumerate(part.forward.inputs)}
+    views = sorted({position[root[v]] for v in (part.forward.outputs[i] for i in part.saved) if root[v] in position})
+    plan = BackwardPlan(backward_graph, program, signature, pending.diff, list(part.saved), pending.wrt,
+                        saved_bytes=part.saved_bytes, saved_bytes_before=part.saved_bytes_before,
+                        recomputed=len(part.recomputed), saved_views_of=views)  # fmt: skip
+    return part.forward, plan

@@ -9,7 +9,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...passes.memory_plan import format_bytes
 from .compiler import CompiledFunction
+
+
+def _saved(plan) -> str:
+    """What a call's forward keeps for its compiled backward, and what the partition pass changed."""
+    if not hasattr(plan, "saved_bytes"):  # the call ran backward itself: nothing kept
+        return ""
+    text = f"; each call saves {format_bytes(plan.saved_bytes)} for it"
+    if plan.recomputed:
+        text += (f" ({format_bytes(plan.saved_bytes_before)} before the partition pass; the backward "
+                 f"recomputes {plan.recomputed} saved value(s) instead)")  # fmt: skip
+    return text
 
 
 @dataclass
@@ -60,7 +72,7 @@ class ExplainReport:
                        f"the passes ({traced} traced)")  # fmt: skip
             out.append(f"  ops: {counts}")
             if spec.backward is not None:
-                out.append(f"  backward graph: {len(spec.backward.graph.nodes)} nodes")
+                out.append(f"  backward graph: {len(spec.backward.graph.nodes)} nodes{_saved(spec.backward)}")
             if spec.report is not None:
                 out.append("  code:")
                 out.extend(f"    {line}" for line in spec.report.describe())
