@@ -199,9 +199,9 @@ class DistributedDataParallel(Module):
                         p.grad = averaged.clone()
                     else:
                         p.grad.copy_(averaged)
-                bucket.flat = bucket.work = None
-        self._syncing = False
-        self._ready.clear()
+        # Back to the state between iterations, the same after every step: a compiled step (which
+        # replays only the tensor work) leaves this object as the traced call left it.
+        self._reset(False)
 
     def _global_usage(self) -> set[int]:
         flags = kiln.tensor([1 if id(p) in self._used_here else 0 for p in self._params], dtype=kiln.int64)
