@@ -46,6 +46,21 @@ class DistributedTimeoutError(RuntimeError):
     """A collective or point-to-point operation waited longer than its process group's timeout."""
 
 
+class ReceiveRequest:
+    """A receive's request that keeps its status (``source``: the sender, once complete)."""
+
+    def __init__(self, request) -> None:
+        self.request = request
+        self.status = mpi().Status()
+
+    def Test(self) -> bool:  # noqa: N802 - the request protocol is MPI's spelling
+        return self.request.Test(self.status)
+
+    @property
+    def source(self) -> int:
+        return self.status.Get_source()
+
+
 class MPICommunicator:
     """One MPI communicator (the world or a sub-group's); methods take contiguous numpy arrays."""
 
@@ -90,11 +105,9 @@ class MPICommunicator:
     def send(self, array: np.ndarray, dst: int, tag: int):
         return self.comm.Isend(array, dest=dst, tag=tag)
 
-    def recv(self, array: np.ndarray, src: int | None, tag: int):
+    def recv(self, array: np.ndarray, src: int | None, tag: int) -> ReceiveRequest:
         MPI = mpi()
-        status = MPI.Status()
-        request = self.comm.Irecv(array, source=MPI.ANY_SOURCE if src is None else src, tag=tag)
-        return request, status
+        return ReceiveRequest(self.comm.Irecv(array, source=MPI.ANY_SOURCE if src is None else src, tag=tag))
 
     def split(self, color: int | None, key: int) -> MPICommunicator | None:
         MPI = mpi()

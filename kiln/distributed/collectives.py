@@ -215,7 +215,9 @@ def reduce_scatter(output, input_list, op: ReduceOp = ReduceOp.SUM, group=None, 
         return None
     _untraceable("reduce_scatter")
     if len(input_list) != pg.size():
-        raise ValueError(f"reduce_scatter: expected a list of {pg.size()} tensors (one per rank), got {len(input_list)}")
+        raise ValueError(
+            f"reduce_scatter: expected a list of {pg.size()} tensors (one per rank), got {len(input_list)}"
+        )
     _same_shape(input_list, output, "reduce_scatter")
     name = _check_op(op, output, "reduce_scatter")
     xp = _xp(output._data)
@@ -327,11 +329,11 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = _TAG_DEFAULT):
     _untraceable("irecv")
     array, staged = _array(tensor, "irecv")
     source = None if src is None else pg.group_rank(src, "irecv")
-    request, status = pg.communicator.recv(array, source, tag)
+    request = pg.communicator.recv(array, source, tag)
 
     def finish():
         _written(tensor, staged)
-        return pg.ranks[status.Get_source()] if source is None else src
+        return pg.ranks[request.source] if source is None else src
 
     return Work([request], pg, f"irecv from rank {'any' if src is None else src}", finish)
 

@@ -71,7 +71,9 @@ class ProcessGroup:
         try:
             return self.ranks.index(global_rank)
         except ValueError:
-            raise ValueError(f"{what}: global rank {global_rank} is not part of this group (ranks {self.ranks})") from None
+            raise ValueError(
+                f"{what}: global rank {global_rank} is not part of this group (ranks {self.ranks})"
+            ) from None
 
     def __repr__(self) -> str:
         return f"ProcessGroup(backend={self.backend!r}, ranks={self.ranks})"
@@ -161,7 +163,9 @@ def init_process_group(
     if name not in (Backend.MPI, Backend.NCCL):
         raise ValueError(f"init_process_group: unknown backend {backend!r}; expected 'mpi', 'nccl' or 'gloo'")
     if init_method not in (None, "env://"):
-        log.info("kiln.distributed: init_method %r ignored: MPI's launcher already connected the processes", init_method)
+        log.info(
+            "kiln.distributed: init_method %r ignored: MPI's launcher already connected the processes", init_method
+        )
     timeout = default_pg_timeout if timeout is None else timeout
     if not isinstance(timeout, datetime.timedelta):
         raise TypeError(f"init_process_group: expected timeout as a datetime.timedelta, got {type(timeout).__name__}")

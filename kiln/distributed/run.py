@@ -35,7 +35,9 @@ def find_mpiexec() -> str:
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m kiln.distributed.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=1, help="worker processes to start")
-    parser.add_argument("--nnodes", default="1", help="machines in the job (only 1 here; use mpiexec's host files beyond)")
+    parser.add_argument(
+        "--nnodes", default="1", help="machines in the job (only 1 here; use mpiexec's host files beyond)"
+    )
     parser.add_argument("--standalone", action="store_true", help="accepted for torchrun command lines; no effect")
     parser.add_argument("-m", "--module", action="store_true", help="run the target as a module, as python -m does")
     parser.add_argument("--mpiexec-args", default="", help="extra arguments passed to mpiexec, as one string")

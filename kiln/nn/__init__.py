@@ -9,6 +9,7 @@ from .modules import *  # noqa: F403
 from .modules import __all__ as _modules_all
 from .parameter import Buffer, Parameter
 
+# isort: split
 # dist: data parallelism (kiln.nn.parallel), with DataParallel at kiln.nn as in PyTorch
 from . import parallel  # noqa: E402
 from .parallel import DataParallel  # noqa: E402

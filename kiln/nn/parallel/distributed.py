@@ -179,7 +179,9 @@ class DistributedDataParallel(Module):
 
     def _launch(self, bucket: _Bucket) -> None:
         with kiln.no_grad():
-            pieces = [(p.grad if p.grad is not None else kiln.zeros_like(p)).detach().reshape(-1) for p in bucket.params]
+            pieces = [
+                (p.grad if p.grad is not None else kiln.zeros_like(p)).detach().reshape(-1) for p in bucket.params
+            ]
             bucket.flat = kiln.cat(pieces)
             bucket.work = dist.all_reduce(bucket.flat, op=dist.ReduceOp.AVG, group=self.process_group, async_op=True)
 
