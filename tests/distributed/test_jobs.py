@@ -33,3 +33,22 @@ def test_a_worker_that_raises_ends_the_job_with_its_traceback():
     assert "[rank 1] ValueError: boom on rank 1" in done.stderr, done.stderr
     assert "should never get here" not in done.stdout
     assert seconds < 60, f"the job took {seconds:.0f} s to end"
+
+
+def _gpus() -> int:
+    try:
+        import cupy
+        from cupy.cuda import nccl  # noqa: F401
+
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no cupy, no NCCL, or no CUDA driver: no GPU test
+        return 0
+
+
+def test_nccl_backend_on_the_gpus():
+    gpus = _gpus()
+    if gpus == 0:
+        pytest.skip("the NCCL backend needs cupy with NCCL and a CUDA GPU")
+    done, _ = launch("nccl.py", gpus)
+    for rank in range(gpus):
+        passed(done, rank, 5)
