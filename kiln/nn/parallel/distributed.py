@@ -171,6 +171,10 @@ class DistributedDataParallel(Module):
         self._ready.add(id(param))
         bucket = self._buckets[self._bucket_of[id(param)]]
         bucket.pending -= 1
+        # MPI moves a non-blocking collective forward only inside MPI calls: testing the ones in
+        # flight as each gradient arrives lets them proceed while backward computes.
+        for started in self._buckets[: self._next_bucket]:
+            started.work.is_completed()
         while self._next_bucket < len(self._buckets) and self._buckets[self._next_bucket].pending == 0:
             self._launch(self._buckets[self._next_bucket])
             self._next_bucket += 1
