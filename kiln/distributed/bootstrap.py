@@ -2,7 +2,8 @@
 
 Sets the environment a PyTorch training script reads (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``LOCAL_WORLD_SIZE``) from MPI, runs the script as ``__main__``, and if it raises, prints the
-traceback prefixed with the rank and aborts every process of the job (``MPI_Abort``): the others
+traceback prefixed with the rank (through the launcher, which prints it when the job ended) and
+aborts every process of the job (``MPI_Abort``): the others
 may be waiting in a collective for this one, and would otherwise wait until their timeout.
 """
 
@@ -44,14 +45,27 @@ def main() -> None:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if code != 0:
             if not isinstance(stop.code, int):
-                print(f"[rank {rank}] {stop.code}", file=sys.stderr)
+                _report(f"[rank {rank}] {stop.code}\n", rank)
             _abort(world, code)
         raise
     except BaseException:  # noqa: BLE001 - any failure of the script ends the whole job
         lines = traceback.format_exc().splitlines()
-        print("\n".join(f"[rank {rank}] {line}" for line in lines), file=sys.stderr)
-        print(f"[rank {rank}] kiln.distributed.run: worker {rank} failed; aborting the job", file=sys.stderr)
+        lines.append(f"kiln.distributed.run: worker {rank} failed; aborting the job")
+        _report("\n".join(f"[rank {rank}] {line}" for line in lines) + "\n", rank)
         _abort(world, 1)
+
+
+def _report(text: str, rank: int) -> None:
+    """Where the launcher collects failures, write ``text`` to a file it prints after the job: output
+    forwarded through mpiexec can be lost when an abort tears the job down. Else, to stderr."""
+    folder = os.environ.get("KILN_DISTRIBUTED_FAILURES")
+    if not folder:
+        print(text, end="", file=sys.stderr)
+        return
+    path = os.path.join(folder, f"rank-{rank}.txt")
+    with open(path + ".tmp", "w") as file:
+        file.write(text)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -70,7 +71,13 @@ def worker_environment() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     options = parse(sys.argv[1:] if argv is None else argv)
-    completed = subprocess.run(worker_command(options), env=worker_environment(), check=False)
+    env = worker_environment()
+    with tempfile.TemporaryDirectory(prefix="kiln-distributed-") as failures:
+        env["KILN_DISTRIBUTED_FAILURES"] = failures  # the workers' tracebacks, printed once the job ended
+        completed = subprocess.run(worker_command(options), env=env, check=False)
+        for report in sorted(Path(failures).glob("rank-*.txt")):
+            sys.stderr.write(report.read_text())
+    sys.stderr.flush()
     return completed.returncode
 
 

@@ -37,6 +37,10 @@ check.close(base, sum(data(r, (4, 3)) for r in ranks), rtol=1e-5, what="all_redu
 ints = kiln.from_numpy(data(rank, (5,), np.int64))
 dist.all_reduce(ints, op=ReduceOp.MAX)
 check.close(ints, np.max([data(r, (5,), np.int64) for r in ranks], axis=0), what="int64 MAX")
+for op, fold in ((ReduceOp.BAND, np.bitwise_and), (ReduceOp.BOR, np.bitwise_or), (ReduceOp.BXOR, np.bitwise_xor)):
+    bits = kiln.from_numpy(data(rank, (4,), np.int64))
+    dist.all_reduce(bits, op=op)
+    check.close(bits, fold.reduce([data(r, (4,), np.int64) for r in ranks]), what=f"int64 {op}")
 work = dist.all_reduce(t := kiln.from_numpy(data(rank, (6,)).copy()), async_op=True)
 check.true(work.wait() and work.is_completed(), "async all_reduce completes")
 check.close(t, sum(data(r, (6,)) for r in ranks), rtol=1e-5, what="async all_reduce")
