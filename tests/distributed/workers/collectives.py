@@ -133,6 +133,20 @@ for step in range(3):
     check.close(got, want, rtol=1e-5, what=f"compiled all_reduce, call {step}")
 check.true([n.op for n in reduced.graph.nodes].count("all_reduce") == 1, "one all_reduce node in the graph")
 
+
+# other collectives stop the trace: the call runs eagerly, with the reason recorded
+@kiln.compile
+def broadcasted(x):
+    y = x + 1.0
+    dist.broadcast(y, src=0)
+    return y * 2.0
+
+
+for step in range(2):
+    check.close(broadcasted(kiln.from_numpy(data(rank + step, (3,)))), (data(step, (3,)) + 1.0) * 2.0,
+                what=f"compiled broadcast runs eagerly, call {step}")  # fmt: skip
+check.true(any("kiln.distributed.broadcast" in str(e) for e in broadcasted.state.events), "the reason is recorded")
+
 # a peer that never joins: the wait ends in DistributedTimeoutError instead of a hang
 quick = dist.new_group(list(ranks), timeout=datetime.timedelta(seconds=0.3))
 if rank == 0:
