@@ -86,7 +86,7 @@ class DistributedDataParallel(Module):
     def __init__(self, module: Module, device_ids=None, output_device=None, dim: int = 0,
                  broadcast_buffers: bool = True, process_group=None, bucket_cap_mb: float | None = 25,
                  find_unused_parameters: bool = False, check_reduction: bool = False,
-                 gradient_as_bucket_view: bool = False, static_graph: bool = False, **kwargs) -> None:  # fmt: skip
+                 gradient_as_bucket_view: bool = False, static_graph: bool = False) -> None:  # fmt: skip
         super().__init__()
         if not isinstance(module, Module):
             raise TypeError(f"DistributedDataParallel: expected a kiln.nn.Module, got {type(module).__name__}")
@@ -100,8 +100,7 @@ class DistributedDataParallel(Module):
         self.find_unused_parameters = find_unused_parameters
         self.require_backward_grad_sync = True
         self._world = dist.get_world_size(process_group)
-        seen: set[int] = set()
-        self._params = [p for p in module.parameters() if p.requires_grad and not (id(p) in seen or seen.add(id(p)))]
+        self._params = [p for p in module.parameters() if p.requires_grad]  # shared parameters appear once
         cap = int((25 if bucket_cap_mb is None else bucket_cap_mb) * 1024 * 1024)
         self._buckets = [_Bucket(b) for b in _assign_buckets(self._params, cap)]
         self._bucket_of = {id(p): i for i, b in enumerate(self._buckets) for p in b.params}
@@ -109,7 +108,7 @@ class DistributedDataParallel(Module):
         self._next_bucket = 0  # buckets start in index order on every process
         self._syncing = False  # this backward reduces (the forward ran with sync on)
         self._used_here: set[int] | None = None  # find_unused_parameters: parameters the forward used
-        _broadcast_coalesced(list(self._params) + list(module.buffers()), process_group)
+        _broadcast_coalesced(list(module.parameters()) + list(module.buffers()), process_group)
         self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad_ready) for p in self._params]
 
     # ------------------------------------------------------------------ forward
