@@ -63,3 +63,7 @@ def is_tensor(obj) -> bool:
 from . import data, jit, multiprocessing, nn, optim  # noqa: E402
 from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402
+
+# isort: split
+# dist: data parallelism across processes (MPI through mpi4py, imported only by init_process_group)
+from . import distributed  # noqa: E402

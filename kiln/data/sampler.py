@@ -11,6 +11,7 @@ from ..ir import dtypes as dt
 
 __all__ = [
     "BatchSampler",
+    "DistributedSampler",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
@@ -146,3 +147,66 @@ class BatchSampler(Sampler):
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+
+class DistributedSampler(Sampler):
+    """Each of ``num_replicas`` processes gets its own ``len(dataset) / num_replicas`` indices.
+
+    The indices (shuffled by a generator seeded with ``seed + epoch``: call ``set_epoch`` at the
+    start of each epoch, and give every process the same ``seed``) are padded by repeating the
+    first ones until every process gets equally many (or, with ``drop_last``, trimmed), and
+    process ``rank`` takes every ``num_replicas``-th from position ``rank``, as in PyTorch. The
+    shuffled order is kiln's ``randperm`` (Philox), so it differs from PyTorch's for the same seed;
+    without shuffling the indices are PyTorch's exactly.
+
+    >>> [list(DistributedSampler(range(5), num_replicas=2, rank=r, shuffle=False)) for r in (0, 1)]
+    [[0, 2, 4], [1, 3, 0]]
+    """
+
+    def __init__(self, dataset, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = False) -> None:  # fmt: skip
+        if num_replicas is None or rank is None:
+            import kiln.distributed as dist  # noqa: PLC0415 - only samplers that ask the process group need it
+
+            if not dist.is_initialized():
+                raise RuntimeError("DistributedSampler: give num_replicas and rank, or call "
+                                   "kiln.distributed.init_process_group first")  # fmt: skip
+            num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+            rank = dist.get_rank() if rank is None else rank
+        if num_replicas < 1:
+            raise ValueError(f"DistributedSampler: num_replicas must be at least 1, got {num_replicas}")
+        if rank >= num_replicas or rank < 0:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.drop_last = drop_last
+        self.shuffle = shuffle
+        self.seed = seed
+        n = len(dataset)
+        if drop_last and n % num_replicas != 0:
+            self.num_samples = -(-(n - num_replicas) // num_replicas)  # drop the tail so all get equally many
+        else:
+            self.num_samples = -(-n // num_replicas)
+        self.total_size = self.num_samples * num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.dataset)
+        if self.shuffle:
+            indices = randperm(n, generator=Generator().manual_seed(self.seed + self.epoch)).tolist()
+        else:
+            indices = list(range(n))
+        if self.drop_last:
+            indices = indices[: self.total_size]
+        elif self.total_size > n:
+            repeats = -(-(self.total_size - n) // n)
+            indices += (indices * repeats)[: self.total_size - n]
+        return iter(indices[self.rank : self.total_size : self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle for ``epoch`` (every process must call it with the same number)."""
+        self.epoch = epoch

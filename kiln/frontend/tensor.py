@@ -37,7 +37,7 @@ class Tensor:
     __slots__ = (
         "_data", "_device", "_dtype", "_requires_grad", "grad_fn", "_output_nr", "_grad",
         "_version", "_base", "_hooks", "_retains_grad", "_grad_acc", "_inference", "_trace",
-        "__weakref__",
+        "_post_accumulate_hooks", "__weakref__",
     )  # fmt: skip
     __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
 
@@ -194,6 +194,20 @@ class Tensor:
             self._hooks = []
         return RemovableHandle(self._hooks, hook)
 
+    def register_post_accumulate_grad_hook(self, hook: Callable):
+        """``hook(tensor)`` runs after a backward accumulated into this leaf's ``.grad`` (it reads
+        ``tensor.grad``; its return value is ignored). Data parallelism starts a gradient's
+        all-reduce from here, as soon as the gradient is complete."""
+        if self.grad_fn is not None:
+            raise RuntimeError("post accumulate grad hooks cannot be registered on non-leaf tensors")
+        if not self._requires_grad:
+            raise RuntimeError("cannot register a hook on a tensor that doesn't require gradient")
+        from .autograd.graph import RemovableHandle  # noqa: PLC0415
+
+        if self._post_accumulate_hooks is None:
+            self._post_accumulate_hooks = []
+        return RemovableHandle(self._post_accumulate_hooks, hook)
+
     def backward(self, gradient=None, retain_graph: bool | None = None, create_graph: bool = False, inputs=None):
         from .autograd.api import backward  # noqa: PLC0415
 
@@ -349,6 +363,7 @@ def make_tensor(array, device: Device = CPU, dtype: dt.DType | None = None) -> T
     t._grad_acc = None
     t._inference = _grad_state.inference
     t._trace = None
+    t._post_accumulate_hooks = None
     if _jit.tracing:
         _jit.stamp(t)
     return t

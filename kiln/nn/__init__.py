@@ -9,4 +9,9 @@ from .modules import *  # noqa: F403
 from .modules import __all__ as _modules_all
 from .parameter import Buffer, Parameter
 
-__all__ = ["functional", "init", "utils", "Parameter", "Buffer", *_modules_all]
+# isort: split
+# dist: data parallelism (kiln.nn.parallel), with DataParallel at kiln.nn as in PyTorch
+from . import parallel  # noqa: E402
+from .parallel import DataParallel  # noqa: E402
+
+__all__ = ["functional", "init", "utils", "Parameter", "Buffer", *_modules_all, "parallel", "DataParallel"]

@@ -49,7 +49,7 @@ def expression_key(node: Node, constants: Mapping[str, np.ndarray]) -> Hashable 
     if node.op == CONSTANT:
         return constant_key(constants[node.attrs["name"]], node)
     prim = PRIMITIVES[node.op]
-    if prim.kind is Kind.RANDOM:
+    if prim.kind in (Kind.RANDOM, Kind.COLLECTIVE):  # each collective is a meeting the other processes wait for
         return None
     if prim.kind is Kind.CHECK:
         return (node.op, node.inputs[0])  # the condition alone: see eliminate_common_subexpressions

@@ -239,6 +239,10 @@ class AccumulateGrad(Node):
 
     def apply(self, grads: list) -> tuple:
         accumulate_into_grad(self.variable, grads[0])
+        hooks = self.variable._post_accumulate_hooks
+        if hooks and grads[0] is not None:
+            for hook in list(hooks):
+                hook(self.variable)
         return ()
 
 

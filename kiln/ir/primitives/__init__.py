@@ -28,8 +28,8 @@ A ``Primitive`` carries every rule about one op, side by side:
   registry: eager against the reference, ``infer`` against eager, ``vjp`` against finite
   differences.
 
-A primitive with ``effect`` (``check``, which raises unless a condition holds) must run even
-when nothing reads its output: passes never drop it (``has_effect``).
+A primitive with ``effect`` (``check``, which raises unless a condition holds; ``all_reduce``, which
+other processes wait for) must run even when nothing reads its output: passes never drop it (``has_effect``).
 
 Composite ops (softmax, gelu, linear...) are Python over primitives in ``kiln.frontend.ops``
 and have no rules of their own. ``tests/ir/test_registry.py`` fails when a primitive lacks a
@@ -60,6 +60,7 @@ class Kind(enum.Enum):
     RANDOM = "random"  # counter-based random bits
     WINDOW = "window"  # sliding windows (unfold/fold): the basis of conv and pooling
     CHECK = "check"  # raises unless a condition holds on values (index ranges, division by zero)
+    COLLECTIVE = "collective"  # communicates with the other processes of a job (all_reduce)
 
 
 ELEMENTWISE = frozenset({Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST})
@@ -152,7 +153,7 @@ def missing_rules(prim: Primitive) -> list[str]:
 
 
 # Importing the definitions fills PRIMITIVES; the order fixes nothing but the printout.
-from . import checks, elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
+from . import checks, collectives, elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
 
 P = PRIMITIVES
 

@@ -1,0 +1,2 @@
+# The worker scripts run inside launched jobs, never under pytest.
+collect_ignore = ["workers"]
