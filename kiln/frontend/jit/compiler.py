@@ -19,6 +19,7 @@ function plain eager code.
 
 from __future__ import annotations
 
+import dis
 import functools
 import logging
 import os
@@ -313,9 +314,15 @@ def _match(entries, fn_globals: dict | None, closure_values: dict, leaves: list)
     return None
 
 
+_GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+
+
 def _names(code) -> list[str]:
-    """Global names a code object reads, including those of nested functions and comprehensions."""
-    names = list(code.co_names)
+    """Global names a code object reads, including those of nested functions and comprehensions.
+    Only names loaded as globals: ``co_names`` also holds attribute names, so a function reading
+    ``opt.step`` would otherwise be guarded on a global ``step`` (a training loop's counter: a
+    retrace every call)."""
+    names = [ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_READS]
     for const in code.co_consts:
         if hasattr(const, "co_names"):
             names.extend(_names(const))

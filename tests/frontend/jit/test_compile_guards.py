@@ -194,6 +194,32 @@ def test_rebinding_a_global_tensor_retraces():
         GLOBAL_W = kiln.ones(3)
 
 
+class _Holder:
+    step = 1.0
+
+
+HOLDER = _Holder()
+step = 0  # a global that shares its name with the attribute the function reads
+
+
+def _reads_attribute(x):
+    return x * HOLDER.step
+
+
+def test_an_attribute_name_is_not_guarded_as_a_global():
+    """``HOLDER.step`` names the attribute ``step``, not the global ``step``: rebinding the global
+    (a training loop's counter) must not retrace."""
+    global step
+    f = kiln.compile(_reads_attribute)
+    x = _x(3)
+    try:
+        for step in range(4):  # noqa: B007 - the global is what changes
+            assert_tree_close(f(x), x * HOLDER.step, rtol=RTOL, atol=ATOL)
+        assert len(f.state.specializations) == 1
+    finally:
+        step = 0
+
+
 def test_rebinding_a_closure_variable_retraces():
     scale = kiln.full((3,), 2.0)
 
