@@ -139,6 +139,8 @@ class KernelCall:
 
     def describe(self) -> str:
         node = self.node
+        if node.op != KERNEL:  # a primitive the backend compiled on its own (unfold, fold)
+            return f"compiled {node.op}({', '.join(str(v.type) for v in node.inputs)}) -> {node.output.type}"
         shapes = ", ".join(str(v.type) for v in node.outputs[:2])
         more = "..." if len(node.outputs) > 2 else ""
         return f"kernel {node.attrs['name']} ({node.attrs['kind']}, {len(node.outputs)} outputs: {shapes}{more})"

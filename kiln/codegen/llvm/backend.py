@@ -1,6 +1,7 @@
 """The LLVM backend: kernel nodes compiled for the host CPU through llvmlite, loaded with ctypes.
 
-``generate`` puts every kernel of a program into one LLVM module, so LLVM is invoked once. A kernel
+``generate`` puts every kernel of a program into one LLVM module, so LLVM is invoked once; the
+window nodes of convolution (``unfold``, ``fold``) are compiled there too (``kernels_window``). A kernel
 the code generator declines (``Unsupported``) or fails on -- an exception from the generator, or
 LLVM rejecting its code -- runs on the interpreter and the others stay compiled (``report.declined``
 says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests). ``load`` loads the object
@@ -22,7 +23,7 @@ from ...ir.graph import KERNEL, Graph, Node
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
 from . import Unsupported, engine
-from .kernel_info import KernelInfo
+from .kernel_info import WINDOW_OPS, KernelInfo
 
 if TYPE_CHECKING:
     from .kernels import KernelModule
@@ -56,18 +57,19 @@ class LLVMBackend:
 
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
         from .kernels import KernelModule  # noqa: PLC0415 - a cache hit loads code without the generator
+        from .kernels_window import compilable  # noqa: PLC0415 - likewise
 
         module = KernelModule()
         kernels: dict[int, KernelInfo] = {}
         strides: dict[int, list] = {}
         for position, node in enumerate(lowered.graph.nodes):
-            if node.op != KERNEL:
+            if node.op != KERNEL and not (node.op in WINDOW_OPS and compilable(node) is None):
                 continue
             strides[position] = [_element_strides(v, lowered.layouts[v]) for v in node.inputs]
             try:
                 kernels[position] = module.add(node, strides[position])
             except Unsupported as why:
-                report.declined.append((node.attrs["name"], str(why)))
+                report.declined.append((_name(node), str(why)))
             except Exception as error:  # noqa: BLE001 - a code generator bug costs this kernel only
                 _failed(report, node, "the LLVM code generator failed", error)
         objects = _compile(module, lowered.graph, kernels, strides, report) if kernels else []
@@ -98,7 +100,7 @@ class LLVMBackend:
             raise ValueError("truncated LLVM code")
         kernels = {}
         for position, symbol, extent, work in json.loads(parts[0]):
-            if graph.nodes[position].op != KERNEL:
+            if graph.nodes[position].op != KERNEL and graph.nodes[position].op not in WINDOW_OPS:
                 raise ValueError(f"node {position} of the stored graph is not a kernel")
             kernels[position] = KernelInfo(symbol, extent, work)
         return LLVMCode(kernels, parts[1:])
@@ -137,5 +139,10 @@ def _failed(report: LoweringReport, node: Node, what: str, error: Exception) -> 
     if os.environ.get("KILN_JIT_STRICT") == "1":
         raise error
     why = f"{what} ({type(error).__name__}: {error}); a bug in kiln, please report it"
-    logger.warning("kiln.compile: kernel %s runs on the interpreter: %s", node.attrs["name"], why)
-    report.declined.append((node.attrs["name"], why))
+    logger.warning("kiln.compile: kernel %s runs on the interpreter: %s", _name(node), why)
+    report.declined.append((_name(node), why))
+
+
+def _name(node: Node) -> str:
+    """A kernel node's name, or a compiled primitive node's op (``unfold``)."""
+    return node.attrs.get("name", node.op)

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from ...ir.types import Sym, SymbolicShapeError
 
+#: Primitives the LLVM backend compiles as functions of their own, outside fused kernels
+#: (``kernels_window``): a stored program's code may name these nodes.
+WINDOW_OPS = frozenset({"unfold", "fold"})
+
 
 @dataclass(frozen=True)
 class KernelInfo:

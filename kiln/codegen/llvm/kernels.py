@@ -40,8 +40,9 @@ from ..kernel_dag import REDUCES, VIEWS, Apply, DagBuilder, Load, Reduce, Rows, 
 from ..kernel_dag import Node as DagNode
 from . import Unsupported
 from .emitter import register_type, store
-from .kernel_info import KernelInfo
+from .kernel_info import WINDOW_OPS, KernelInfo
 from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
+from .kernels_window import window
 from .loops import I64, for_range, i64, minimum, product
 
 __all__ = ["CHUNK", "KernelInfo", "KernelModule", "Unsupported"]
@@ -65,6 +66,8 @@ class KernelModule:
     def add(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
         """Compile kernel ``node`` for inputs with element strides ``layouts``; ``Unsupported`` when
         the code generator declines (the module is left as it was)."""
+        if node.op in WINDOW_OPS:
+            return self._add_window(node, layouts)
         kind, bodies = node.attrs.get("kind"), tuple(node.attrs.get("bodies", ()))
         _check_layouts(node, layouts)
         if kind not in ("elementwise", "reduction", "horizontal"):
@@ -104,6 +107,25 @@ class KernelModule:
             fixed, per_size = symbolic_work_bytes(node, sym)
             info = KernelInfo(symbol, 0, fixed, (sym,), extent[0], extent[1], per_size)
         self._known[key] = info
+        return info
+
+    def _add_window(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
+        """A window node (unfold, fold) as a function of its own: ``kernels_window``."""
+        _check_layouts(node, layouts)
+        key = ("window", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
+               tuple(map(tuple, layouts)))  # fmt: skip
+        if key in self._known:
+            return self._known[key]
+        symbol = self._symbol(node.op)
+        existing = set(self.module.globals)
+        try:
+            builder, args = self._function(symbol)
+            extent = window(builder, args, node, layouts)
+        except BaseException:
+            for name in set(self.module.globals) - existing:
+                del self.module.globals[name]
+            raise
+        info = self._known[key] = KernelInfo(symbol, extent, _work_bytes(node))
         return info
 
     def ir(self) -> str:

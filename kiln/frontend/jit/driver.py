@@ -180,7 +180,7 @@ def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested
     if key is not None:
         entry = program_cache.to_entry(state.graph, backend.encode(code), report.kernels, report.declined, traced)
         cache.put(key, entry)
-    _report_externs(state.graph, backend, report)
+    _report_externs(state.graph, backend, report, program)
     return Compiled(state.graph, program, report, record)
 
 
@@ -195,7 +195,7 @@ def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequenc
     report = LoweringReport(kernels=kernels, declined=declined, cache="hit")
     program = _load(state, backend, backend.decode(code, graph), report)
     report.compile_seconds = time.perf_counter() - start
-    _report_externs(graph, backend, report)
+    _report_externs(graph, backend, report, program)
     return Compiled(graph, program, report, record)
 
 
@@ -224,12 +224,13 @@ def _load(state: Compilation, backend: Backend, code: Any, report: LoweringRepor
     return backend.load(_lowered(state), code)
 
 
-def _report_externs(graph: Graph, backend: Backend, report: LoweringReport) -> None:
+def _report_externs(graph: Graph, backend: Backend, report: LoweringReport, program: Any) -> None:
     """The nodes left to their eager kernels, and the elementwise ones among them the backend declined."""
+    compiled = {id(call.node) for call in getattr(program, "kernel_calls", ())}  # unfold/fold, for one
     externs: Counter = Counter()
     unfused: dict[str, Counter] = {}
     for node in graph.nodes:
-        if node.op in (CONSTANT, KERNEL):
+        if node.op in (CONSTANT, KERNEL) or id(node) in compiled:
             continue
         externs[node.op] += 1
         why = backend.declines(node)

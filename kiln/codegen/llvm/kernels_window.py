@@ -1,0 +1,165 @@
+"""Window nodes compiled: ``unfold`` (im2col) and ``fold`` (col2im), with the kernels' calling convention.
+
+Convolution is unfold + matmul (+ fold in its backward: ``kiln/nn/_conv.py``). Their eager
+kernels are numpy copies on one thread (a 6-d strided copy, and one strided add per kernel
+offset); here each is one function ``void @sym(ptr args, i64 begin, i64 end)`` over parallel
+units, specialized on the node's static shapes, attributes and its input's strides, as a fused
+kernel is (``kernels.py``): the executor runs it on the thread pool and reads its ``KernelInfo``.
+
+- ``unfold``: a unit is a block of output rows (all dims but the last output position, in the
+  output's memory order, ``batch_inner`` or not); a row copies ``o_last`` elements from the input
+  at stride ``stride[-1]``, so a unit-stride convolution's rows are contiguous loads and stores.
+- ``fold``: a unit is one ``(n, c)`` plane of the output, which it zeroes and then sums every
+  window element of that plane into: threads own disjoint planes, so there are no races, and the
+  result does not depend on how units are split (each element's sum runs in the same order).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from llvmlite import ir
+
+from ...ir import dtypes as dt
+from ...ir.graph import Node
+from ...ir.types import is_static
+from . import Unsupported
+from .emitter import memory_type
+from .kernel_info import WINDOW_OPS
+from .kernels_emit import element_pointer
+from .loops import for_range, i64, minimum
+
+#: Output elements per parallel unit of an unfold (whole rows; at least one row).
+CHUNK = 16384
+
+
+def compilable(node: Node) -> str | None:
+    """Why the window node ``node`` is not compiled (None: it is)."""
+    if node.op not in WINDOW_OPS:
+        return f"{node.op} is not a window op"
+    dtype = node.output.type.dtype
+    if dtype not in (dt.float32, dt.float64):
+        return f"{node.op} of {dtype.name} runs on its eager kernel"
+    if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
+        return f"{node.op} over a symbolic dimension runs on its eager kernel"
+    return None
+
+
+def window(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts: Sequence[tuple[int, ...]]) -> int:
+    """Emit ``node``'s function body at ``builder``, the entry block of ``(args, begin, end)`` =
+    ``params``; return its extent."""
+    why = compilable(node)
+    if why is not None:
+        raise Unsupported(why)
+    args, begin, end = params
+    pointer_type = ir.PointerType()
+    pointers = [
+        builder.load(builder.gep(args, [i64(k)], inbounds=True, source_etype=pointer_type), typ=pointer_type)
+        for k in range(2)
+    ]
+    emit = _unfold if node.op == "unfold" else _fold
+    extent = emit(builder, pointers, begin, end, node, tuple(layouts[0]))
+    builder.ret_void()
+    return extent
+
+
+def _split(builder: ir.IRBuilder, flat: ir.Value, sizes: Sequence[int]) -> list[ir.Value]:
+    """Row-major indices of ``flat`` over ``sizes``."""
+    out = []
+    for k in range(len(sizes)):
+        inner = math.prod(sizes[k + 1 :])
+        value = builder.udiv(flat, i64(inner)) if inner > 1 else flat
+        out.append(builder.urem(value, i64(sizes[k])) if k else value)
+    return out
+
+
+def _dot(builder: ir.IRBuilder, terms: Sequence[tuple[ir.Value, int]]) -> ir.Value:
+    """sum(index * coefficient) in i64."""
+    total: ir.Value = i64(0)
+    for value, coefficient in terms:
+        if coefficient:
+            total = builder.add(total, builder.mul(value, i64(coefficient), flags=("nsw",)), flags=("nsw",))
+    return total
+
+
+def _geometry(node: Node):
+    attrs = node.attrs
+    kernel, stride, dilation = tuple(attrs["kernel_size"]), tuple(attrs["stride"]), tuple(attrs["dilation"])
+    return kernel, stride, dilation, bool(attrs.get("batch_inner", False))
+
+
+def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
+    kernel, stride, dilation, batch_inner = _geometry(node)
+    d = len(kernel)
+    out_shape = tuple(node.output.type.shape)
+    dtype = node.output.type.dtype
+    # memory-order dims of the output, and for each its meaning: ("n"|"c", None) or ("k"|"o", i)
+    names = [("n", None), ("c", None), *(("k", i) for i in range(d)), *(("o", i) for i in range(d))]
+    if batch_inner:
+        names = [names[1], *names[2 : 2 + d], names[0], *names[2 + d :]]
+    inner = out_shape[-1]
+    rows = math.prod(out_shape[:-1])
+    per_unit = max(1, CHUNK // max(1, inner))
+    extent = -(-rows // per_unit) if rows else 0
+    x_n, x_c, x_s = strides[0], strides[1], strides[2:]
+    coefficient = {("n", None): x_n, ("c", None): x_c}
+    for i in range(d):
+        coefficient["k", i] = dilation[i] * x_s[i]
+        coefficient["o", i] = stride[i] * x_s[i]
+    first = builder.mul(begin, i64(per_unit), flags=("nsw",))
+    last = minimum(builder, builder.mul(end, i64(per_unit), flags=("nsw",)), i64(rows))
+    with for_range(builder, first, last, name="row") as row:
+        indices = _split(builder, row, out_shape[:-1])
+        base = _dot(builder, [(v, coefficient[name]) for v, name in zip(indices, names[:-1], strict=True)])
+        out_base = builder.mul(row, i64(inner), flags=("nsw",))
+        with for_range(builder, 0, inner, name="o", parallel=True) as o:
+            src = builder.add(base, builder.mul(o, i64(coefficient["o", d - 1]), flags=("nsw",)), flags=("nsw",))
+            value = builder.load(element_pointer(builder, pointers[0], src, dtype), typ=memory_type(dtype))
+            dst = builder.add(out_base, o, flags=("nsw",))
+            builder.store(value, element_pointer(builder, pointers[1], dst, dtype))
+    return extent
+
+
+def _fold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
+    kernel, stride, dilation, batch_inner = _geometry(node)
+    d = len(kernel)
+    out_shape = tuple(node.output.type.shape)  # (N, C, *S), C order
+    n_size, c_size, size = out_shape[0], out_shape[1], out_shape[2:]
+    cols_shape = tuple(node.inputs[0].type.shape)
+    out_spatial = cols_shape[-d:]
+    dtype = node.output.type.dtype
+    plane = math.prod(size)
+    # the windows' strides by meaning (the input is (C, *K, N, *O) when batch_inner)
+    if batch_inner:
+        c_stride, k_strides, n_stride, o_strides = strides[0], strides[1 : 1 + d], strides[1 + d], strides[2 + d :]
+    else:
+        n_stride, c_stride, k_strides, o_strides = strides[0], strides[1], strides[2 : 2 + d], strides[2 + d :]
+    size_strides = [math.prod(size[i + 1 :]) for i in range(d)]  # the output plane's, C order
+    zero = ir.Constant(memory_type(dtype), 0.0)
+    with for_range(builder, begin, end, name="plane") as unit:
+        n, c = builder.udiv(unit, i64(c_size)), builder.urem(unit, i64(c_size))
+        out_base = builder.mul(unit, i64(plane), flags=("nsw",))
+        with for_range(builder, 0, plane, name="z", parallel=True) as z:
+            builder.store(zero, element_pointer(builder, pointers[1], builder.add(out_base, z), dtype))
+        cols_base = _dot(builder, [(n, n_stride), (c, c_stride)])
+        # one pass per kernel offset and output row: windows add in the same order as the eager fold
+        with for_range(builder, 0, math.prod(kernel), name="k", vectorize=False) as k_flat:
+            k = _split(builder, k_flat, kernel)
+            with for_range(builder, 0, math.prod(out_spatial[:-1]), name="r", vectorize=False) as r_flat:
+                o = _split(builder, r_flat, out_spatial[:-1])
+                src = _dot(builder, [*zip(k, k_strides), *zip(o, o_strides[:-1])])
+                src = builder.add(cols_base, src, flags=("nsw",))
+                dst = _dot(
+                    builder,
+                    [(k[i], dilation[i] * size_strides[i]) for i in range(d)]
+                    + [(o[i], stride[i] * size_strides[i]) for i in range(d - 1)],
+                )
+                dst = builder.add(out_base, dst, flags=("nsw",))
+                with for_range(builder, 0, out_spatial[-1], name="o", parallel=True) as last:
+                    at_src = builder.add(src, builder.mul(last, i64(o_strides[-1]), flags=("nsw",)), flags=("nsw",))
+                    at_dst = builder.add(dst, builder.mul(last, i64(stride[-1]), flags=("nsw",)), flags=("nsw",))
+                    target = element_pointer(builder, pointers[1], at_dst, dtype)
+                    value = builder.load(element_pointer(builder, pointers[0], at_src, dtype), typ=memory_type(dtype))
+                    builder.store(builder.fadd(builder.load(target, typ=memory_type(dtype)), value), target)
+    return n_size * c_size  # one unit per (n, c) plane
