@@ -107,7 +107,7 @@ class _Drawing:
     def kernel(self, node: Node, ports: dict[Value, str], indent: str) -> None:
         """A kernel node as a cluster of its bodies' nodes, wired to the outer graph by position."""
         name, kind = node.attrs.get("name", "kernel"), node.attrs.get("kind", "")
-        cluster = self.new_id("cluster_")
+        cluster = "cluster_" + self.new_id("k")  # Graphviz draws a subgraph as a box when its name starts so
         self.lines.append(f"{indent}subgraph {quote(cluster)} {{")
         inner = indent + "  "
         where = _location(node).strip()

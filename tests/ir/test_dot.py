@@ -40,7 +40,7 @@ def parse_dot(text: str) -> dict:
             edges.append((_unquote(m.group(1)), _unquote(m.group(2)), _unquote(m.group(3))))
         elif m := re.match(rf"^\s*subgraph ({_STRING}) {{$", line):
             ident = _unquote(m.group(1))
-            assert "cluster_" in ident, f"subgraph {ident} is not a cluster"
+            assert ident.startswith("cluster"), f"subgraph {ident} is not a cluster"
             stack.append(ident)
             clusters[ident] = None
         elif re.match(r"^\s*}$", line):
