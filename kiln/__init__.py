@@ -63,3 +63,7 @@ def is_tensor(obj) -> bool:
 from . import data, jit, multiprocessing, nn, optim  # noqa: E402
 from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402
+
+# Tools (issue 16): the profiler (kiln.profiler.profile, record_function).
+# isort: split
+from . import profiler  # noqa: E402
