@@ -200,7 +200,8 @@ def signature_labels(signature: Signature, graph: Graph, backward=None) -> tuple
     return names, [" / ".join(kinds) or f"output {i}" for i, kinds in enumerate(outputs)]
 
 
-def _result_words(signature: Signature, graph: Graph, names: list[str]) -> list[str]:
+def result_words(signature: Signature, graph: Graph, names: list[str]) -> list[str]:
+    """Per result leaf, what it is: ``result 0 f32[4]``, ``result 1 is argument 0``..."""
     words = []
     for position, r in enumerate(signature.results):
         if isinstance(r, Result | BornView):
@@ -232,7 +233,7 @@ def _describe_specialization(i: int, spec, reason: str, guards: list[str]) -> li
     traced = len(spec.traced_graph.nodes) if spec.traced_graph is not None else len(graph.nodes)
     lines = [f"Specialization {i} ({spec.calls} compiled call(s){'; made because ' + reason if reason else ''})"]
     lines.append(f"  inputs:  {_grouped(names, graph.inputs)}")
-    results = _result_words(signature, graph, names)
+    results = result_words(signature, graph, names)
     lines.append(f"  outputs: {', '.join(results) or 'none'}")
     written = [f"{names[w.input]} {format_type(graph.outputs[w.output].type)}" for w in signature.writebacks]
     if written:
