@@ -143,8 +143,10 @@ def show(args) -> None:
     for node in kernels:
         print(f"  {kernel_line(node)}")
     if not args.summary:
+        from .ir.printer import print_graph  # noqa: PLC0415
+
         print()
-        print(graph, end="")
+        print(print_graph(graph, locations=not args.no_locations), end="")
 
 
 def draw(args) -> None:
@@ -226,6 +228,7 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="the signature and graph of an exported program")
     p.add_argument("file", help="an exported program")
     p.add_argument("--summary", action="store_true", help="leave out the graph's text")
+    p.add_argument("--no-locations", action="store_true", help="leave the source lines out of the graph's text")
     p.set_defaults(func=show)
     p = sub.add_parser("draw", help="a picture of the graph (Graphviz)")
     p.add_argument("file", help="an exported program")

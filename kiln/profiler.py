@@ -7,7 +7,7 @@
     prof.export_chrome_trace("trace.json")  # chrome://tracing or https://ui.perfetto.dev
 
 What is recorded: every eager op (by its primitive's name: ``add``, ``matmul``...), every call of
-a compiled function (``compiled step``) with each step of its program inside it (``kernel
+a compiled function (``kiln.compile(step)``) with each step of its program inside it (``kernel
 reduction (add+reduce_max+sub+exp+...)`` for a fused kernel, ``extern matmul`` for a node run by
 its eager kernel), each trace-and-compile of a new specialization, and the ``record_function``
 ranges. Each event has its wall time, the bytes its work read and wrote and, with

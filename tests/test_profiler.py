@@ -82,7 +82,7 @@ def test_compiled_calls_hold_their_kernels_with_bytes():
     assert kernels and all(isinstance(k, KernelCall) for k in kernels)
     events = prof.events()
     calls = [e for e in events if e.cat == "compiled"]
-    assert [e.name for e in calls] == [f"compiled {f.__qualname__}"] * 3
+    assert [e.name for e in calls] == [f"kiln.compile({f.__qualname__})"] * 3
     for call in calls:
         inside = [
             e for e in events if e.tid == call.tid and call.start <= e.start and e.end <= call.end and e is not call
@@ -103,7 +103,10 @@ def test_the_first_call_records_trace_and_compile_with_its_eager_ops_inside():
     np.testing.assert_allclose(got.numpy(), f(x).numpy(), rtol=1e-5, atol=1e-6)
     events = prof.events()
     (compile_event,) = [e for e in events if e.cat == "compile"]
-    assert compile_event.name == f"trace and compile {f.__qualname__}" and compile_event.args["reason"] == "first call"
+    assert (
+        compile_event.name == f"kiln.compile({f.__qualname__}): trace and compile"
+        and compile_event.args["reason"] == "first call"
+    )
     ops = [e.name for e in events if e.cat == "op"]
     assert "matmul" in ops and "exp" in ops
     assert all(compile_event.start <= e.start and e.end <= compile_event.end for e in events if e.cat == "op")

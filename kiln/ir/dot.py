@@ -67,6 +67,7 @@ class _Drawing:
         self.prefix, self.collapse = prefix, collapse_kernels
         self.lines: list[str] = []
         self.edges: list[str] = []
+        self.clusters: set[str] = set()
         self.counter = 0
 
     def new_id(self, kind: str) -> str:
@@ -107,7 +108,11 @@ class _Drawing:
     def kernel(self, node: Node, ports: dict[Value, str], indent: str) -> None:
         """A kernel node as a cluster of its bodies' nodes, wired to the outer graph by position."""
         name, kind = node.attrs.get("name", "kernel"), node.attrs.get("kind", "")
-        cluster = "cluster_" + self.new_id("k")  # Graphviz draws a subgraph as a box when its name starts so
+        # Graphviz draws a subgraph as a box when its name starts with "cluster"
+        cluster = f"cluster_{self.prefix}{name}"
+        if cluster in self.clusters:  # kernel names are unique in a graph kiln made; others may repeat them
+            cluster = "cluster_" + self.new_id("k")
+        self.clusters.add(cluster)
         self.lines.append(f"{indent}subgraph {quote(cluster)} {{")
         inner = indent + "  "
         where = _location(node).strip()

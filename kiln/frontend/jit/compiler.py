@@ -148,7 +148,7 @@ class CompiledFunction:
 
                     return run_checked(self, entry, args, kwargs, leaves)
                 if profiling.active:  # kiln.profiler records the call around its kernels
-                    return profiling.timed(f"compiled {self._name()}", "compiled", entry.run, leaves)
+                    return profiling.timed(f"kiln.compile({self._name()})", "compiled", entry.run, leaves)
                 return entry.run(leaves)
         return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
 
@@ -188,7 +188,7 @@ class CompiledFunction:
             self._event("recompile limit", f"{miss}; limit of {self.options.recompile_limit} reached", once=True)
             return self.fn(*args, **kwargs)
         if profiling.active:
-            return profiling.timed(f"trace and compile {self._name()}", "compile", self._trace, args, kwargs, leaves,
+            return profiling.timed(f"kiln.compile({self._name()}): trace and compile", "compile", self._trace, args, kwargs, leaves,
                                    key, miss, reason=miss)  # fmt: skip
         return self._trace(args, kwargs, leaves, key, miss)
 
