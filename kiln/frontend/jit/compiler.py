@@ -188,8 +188,8 @@ class CompiledFunction:
             self._event("recompile limit", f"{miss}; limit of {self.options.recompile_limit} reached", once=True)
             return self.fn(*args, **kwargs)
         if profiling.active:
-            return profiling.timed(f"kiln.compile({self._name()}): trace and compile", "compile", self._trace, args, kwargs, leaves,
-                                   key, miss, reason=miss)  # fmt: skip
+            name = f"kiln.compile({self._name()}): trace and compile"
+            return profiling.timed(name, "compile", self._trace, args, kwargs, leaves, key, miss, reason=miss)
         return self._trace(args, kwargs, leaves, key, miss)
 
     def _trace(self, args, kwargs, leaves, key, reason: str):
