@@ -20,6 +20,7 @@ import numpy as np
 from ...ir.dot import BREAK_COLOR, digraph, dot_statements, quote
 from ...ir.graph import CONSTANT, KERNEL, Graph, Node, Value
 from ...ir.printer import format_type
+from ...passes.memory_plan import format_bytes
 from .compiler import CompiledFunction
 from .signature import (
     Argument,
@@ -115,7 +116,7 @@ class ExplainReport:
         labelled with types, inputs and outputs by kind) and the trace breaks (red notes)."""
         statements = []
         for i, spec in enumerate(self.specializations, 1):
-            inputs, outputs = signature_labels(spec.signature, spec.graph, spec.backward)
+            inputs, outputs = signature_labels(spec.signature, spec.graph, spec.backward, captured_names(spec))
             statements.append(f"  subgraph {quote(f'cluster_spec{i}')} {{")
             statements.append(f"    label={quote(f'specialization {i}: {_count_kernels(spec.graph)} kernel(s)')};")
             statements.append('    style=dashed; color="#6b7280";')
@@ -138,16 +139,6 @@ def _nbytes(value: Value) -> int:
     return value.type.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
 
 
-def format_bytes(n: int) -> str:
-    """``1536 -> '1.5 KiB'``."""
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
-
-
 def _where(node: Node) -> str:
     return f"{os.path.basename(node.loc.filename)}:{node.loc.line}" if node.loc is not None else ""
 
@@ -167,13 +158,45 @@ def kernel_line(node: Node) -> str:
             f"[{format_bytes(moved)}]{'  at ' + where if where else ''}")  # fmt: skip
 
 
-def _input_label(source, value: Value) -> str:
+def captured_names(spec) -> dict[int, str]:
+    """Names for the tensors a specialization captured, by ``id``: ``model.0.weight`` for a module's
+    parameter or buffer that the function names as a global or closure variable (or the compiled
+    module's own, without a prefix), ``opt.state[model.0.weight].exp_avg`` for optimizer state."""
+    names: dict[int, str] = {}
+    owners = [(name.removeprefix("closure:"), obj) for name, obj in spec.globals_guard]
+    if spec.modules:
+        root = spec.modules[0][0]()
+        if root is not None:
+            owners.append(("", root))
+    for owner, obj in owners:  # modules first: optimizer state is named after the parameters
+        for method in ("named_parameters", "named_buffers"):
+            if callable(getattr(obj, method, None)) and callable(getattr(obj, "modules", None)):
+                for name, t in getattr(obj, method)():
+                    names.setdefault(id(t), f"{owner}.{name}" if owner else name)
+    for owner, obj in owners:
+        state, groups = getattr(obj, "state", None), getattr(obj, "param_groups", None)
+        if isinstance(state, dict) and isinstance(groups, list):
+            for p, entries in state.items():
+                if isinstance(entries, dict):
+                    for key, t in entries.items():
+                        names.setdefault(id(t), f"{owner}.state[{names.get(id(p), '?')}].{key}")
+            # kiln's optimizers keep each group's hyperparameters in 0-d tensors (``Optimizer._scalars``),
+            # which a compiled step reads: a scheduler changes them without a retrace
+            for i, scalars in enumerate(getattr(obj, "_scalars", None) or ()):
+                for key, t in scalars.items() if isinstance(scalars, dict) else ():
+                    names.setdefault(id(t), f"{owner}.param_groups[{i}][{key!r}]")
+    return names
+
+
+def _input_label(source, value: Value, captured: dict[int, str] | None = None) -> str:
     if isinstance(source, Argument):
         return f"argument {source.position}"
     if isinstance(source, Parameter):
         return f"parameter {source.name}"
     if isinstance(source, Captured):
-        return "captured"
+        t = source.ref() if captured else None
+        name = captured.get(id(t)) if captured and t is not None else None
+        return f"captured {name}" if name else "captured"
     if isinstance(source, Seed):
         return f"gradient of result {source.index}"
     if isinstance(source, Saved):
@@ -181,10 +204,12 @@ def _input_label(source, value: Value) -> str:
     return str(getattr(source, "kind", "input"))
 
 
-def signature_labels(signature: Signature, graph: Graph, backward=None) -> tuple[list[str], list[str]]:
+def signature_labels(signature: Signature, graph: Graph, backward=None,
+                     captured: dict[int, str] | None = None) -> tuple[list[str], list[str]]:  # fmt: skip
     """Per graph input and per graph output, its kind in words (``argument 0``, ``parameter fc.weight``,
-    ``result 0``, ``writes back argument 1``, ``sets .grad of captured``, ``saved for backward``)."""
-    names = [_input_label(s, v) for s, v in zip(signature.inputs, graph.inputs, strict=False)]
+    ``captured model.0.weight`` (names from ``captured``, see ``captured_names``), ``result 0``,
+    ``writes back argument 1``, ``sets .grad of captured ...``, ``saved for backward``)."""
+    names = [_input_label(s, v, captured) for s, v in zip(signature.inputs, graph.inputs, strict=False)]
     names += [f"input {i}" for i in range(len(names), len(graph.inputs))]
     outputs: list[list[str]] = [[] for _ in graph.outputs]
     for position, result in enumerate(signature.results):
@@ -219,8 +244,9 @@ def result_words(signature: Signature, graph: Graph, names: list[str]) -> list[s
 
 def _grouped(labels: list[str], values) -> str:
     """``argument 0 f32[16,64], argument 1 i64[16]; captured: f32[32,64], f32[32]`` (captured ones grouped)."""
-    plain = [f"{label} {format_type(v.type)}" for label, v in zip(labels, values) if label != "captured"]
-    captured = [format_type(v.type) for label, v in zip(labels, values) if label == "captured"]
+    plain = [f"{label} {format_type(v.type)}" for label, v in zip(labels, values) if not label.startswith("captured")]
+    captured = [f"{label.removeprefix('captured').strip()} {format_type(v.type)}".strip()
+                for label, v in zip(labels, values) if label.startswith("captured")]  # fmt: skip
     parts = [", ".join(plain)] if plain else []
     if captured:
         parts.append(f"{len(captured)} captured: {', '.join(captured)}")
@@ -229,7 +255,7 @@ def _grouped(labels: list[str], values) -> str:
 
 def _describe_specialization(i: int, spec, reason: str, guards: list[str]) -> list[str]:
     graph, signature = spec.graph, spec.signature
-    names, _ = signature_labels(signature, graph, spec.backward)
+    names, _ = signature_labels(signature, graph, spec.backward, captured_names(spec))
     traced = len(spec.traced_graph.nodes) if spec.traced_graph is not None else len(graph.nodes)
     lines = [f"Specialization {i} ({spec.calls} compiled call(s){'; made because ' + reason if reason else ''})"]
     lines.append(f"  inputs:  {_grouped(names, graph.inputs)}")

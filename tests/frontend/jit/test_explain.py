@@ -86,7 +86,8 @@ def test_summary_lists_inputs_outputs_kernels_memory_and_guards_then_the_ir():
     kernels = [n for n in spec.graph.nodes if n.op == "kernel"]
     assert kernels
     assert (
-        "inputs:  argument 0 f32[5,8], argument 1 i64[5]; 5 captured: f32[16,8], f32[16], f32[4,16], f32[4]" in summary
+        "inputs:  argument 0 f32[5,8], argument 1 i64[5]; 5 captured: model.0.weight f32[16,8], model.0.bias "
+        "f32[16], model.2.weight f32[4,16], model.2.bias f32[4], opt.param_groups[0]['lr'] f64[]" in summary
     )
     assert "outputs: result 0 f32[]" in summary
     assert "writes back 4 input(s) changed in place" in summary  # the SGD update of each parameter
