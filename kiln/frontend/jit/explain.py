@@ -116,14 +116,21 @@ class ExplainReport:
         labelled with types, inputs and outputs by kind) and the trace breaks (red notes)."""
         statements = []
         for i, spec in enumerate(self.specializations, 1):
-            inputs, outputs = signature_labels(spec.signature, spec.graph, spec.backward, captured_names(spec))
-            statements.append(f"  subgraph {quote(f'cluster_spec{i}')} {{")
-            statements.append(f"    label={quote(f'specialization {i}: {_count_kernels(spec.graph)} kernel(s)')};")
-            statements.append('    style=dashed; color="#6b7280";')
-            body = dot_statements(spec.graph, f"s{i}_", input_labels=inputs, output_labels=outputs,
-                                  collapse_kernels=collapse_kernels)  # fmt: skip
-            statements.extend("  " + line for line in body)
-            statements.append("  }")
+            names = captured_names(spec)
+            parts = [(f"s{i}_", f"specialization {i}", spec.graph,
+                      signature_labels(spec.signature, spec.graph, spec.backward, names))]  # fmt: skip
+            if spec.backward is not None:
+                bwd = spec.backward
+                parts.append((f"s{i}b_", f"specialization {i}, compiled backward", bwd.graph,
+                              signature_labels(bwd.signature, bwd.graph, None, names)))  # fmt: skip
+            for prefix, title, graph, (inputs, outputs) in parts:
+                statements.append(f"  subgraph {quote('cluster_' + prefix)} {{")
+                statements.append(f"    label={quote(f'{title}: {_count_kernels(graph)} kernel(s)')};")
+                statements.append('    style=dashed; color="#6b7280";')
+                body = dot_statements(graph, prefix, input_labels=inputs, output_labels=outputs,
+                                      collapse_kernels=collapse_kernels)  # fmt: skip
+                statements.extend("  " + line for line in body)
+                statements.append("  }")
         for k, reason in enumerate(self.breaks):
             label = f"trace break (runs eagerly):\n{reason}"
             statements.append(f"  {quote(f'break{k}')} [label={quote(label)}, shape=octagon, style=filled, "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
+
 import kiln
 
 
@@ -118,8 +120,33 @@ def test_to_dot_draws_each_specialization_and_marks_trace_breaks():
     compiled(kiln.ones(5))  # breaks
     report = kiln.explain(compiled)
     parsed = parse_dot(report.to_dot())
-    assert "cluster_spec1" in parsed["clusters"] and "1 kernel(s)" in parsed["clusters"]["cluster_spec1"]
+    assert parsed["clusters"]["cluster_s1_"] == "specialization 1: 1 kernel(s)"
     breaks = [label for label, attrs, _ in parsed["nodes"].values() if "octagon" in attrs]
     assert len(breaks) == 1 and "bool(Tensor)" in breaks[0] and f":{_line_of(g, '# BREAK')}" in breaks[0]
     labels = [label for label, _, _ in parsed["nodes"].values()]
     assert "argument 0\n%0: f32[2]" in labels and "result 0\n" in "".join(labels)
+
+
+def test_to_dot_draws_the_compiled_backward_next_to_the_forward():
+    from tests.ir.test_dot import parse_dot
+
+    w = kiln.randn(4, 3, requires_grad=True)
+
+    def f(x):
+        return (x @ w).tanh().sum()
+
+    compiled = kiln.compile(f)
+    x = kiln.randn(2, 4)
+    for _ in range(2):
+        compiled(x).backward()
+    expected = (1 - (x @ w).tanh() ** 2).detach()
+    np.testing.assert_allclose(w.grad.numpy(), 2 * (x.T @ expected).numpy(), rtol=1e-5, atol=1e-6)
+    spec = kiln.explain(compiled).specializations[0]
+    assert spec.backward is not None
+    parsed = parse_dot(kiln.explain(compiled).to_dot())
+    assert parsed["clusters"]["cluster_s1b_"].startswith("specialization 1, compiled backward")
+    labels = [label for label, _, within in parsed["nodes"].values() if "cluster_s1b_" in within]
+    assert any(label.startswith("gradient of result 0") for label in labels)
+    assert any(
+        "saved for backward" in label for label, _, within in parsed["nodes"].values() if "cluster_s1_" in within
+    )
