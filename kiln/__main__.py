@@ -118,11 +118,22 @@ def runner(program, compiled: bool):
 
 
 # ---------------------------------------------------------------------- commands
+def fused_graph(program):
+    """The exported graph after the compile driver's fusion (kernel nodes with their bodies)."""
+    from .frontend.jit.compiler import CompileOptions  # noqa: PLC0415
+    from .frontend.jit.driver import compile_graph  # noqa: PLC0415
+
+    return compile_graph(program.graph, CompileOptions()).graph
+
+
 def show(args) -> None:
     program = load(args.file)
     graph, signature = program.graph, program.signature
+    if args.fused:
+        graph = fused_graph(program)
     inputs, outputs = signature_labels(signature, graph)
-    print(f"{args.file}: exported kiln program, {len(graph.nodes)} nodes")
+    print(f"{args.file}: exported kiln program, {len(program.graph.nodes)} nodes"
+          + (f" ({len(graph.nodes)} after fusion)" if args.fused else ""))  # fmt: skip
     print("arguments:")
     for i, spec in enumerate(program.in_specs):
         print(f"  argument {i}: " + (f"{spec[2]}{list(spec[1])}" if spec[0] == "tensor" else f"{spec[1]!r} (fixed)"))
@@ -155,10 +166,7 @@ def draw(args) -> None:
     program = load(args.file)
     graph = program.graph
     if args.fused:
-        from .frontend.jit.compiler import CompileOptions  # noqa: PLC0415
-        from .frontend.jit.driver import compile_graph  # noqa: PLC0415
-
-        graph = compile_graph(graph, CompileOptions()).graph
+        graph = fused_graph(program)
     inputs, outputs = signature_labels(program.signature, graph)
     text = graph.to_dot(name=Path(args.file).name, input_labels=inputs, output_labels=outputs,
                         collapse_kernels=args.collapse_kernels)  # fmt: skip
@@ -229,6 +237,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("file", help="an exported program")
     p.add_argument("--summary", action="store_true", help="leave out the graph's text")
     p.add_argument("--no-locations", action="store_true", help="leave the source lines out of the graph's text")
+    p.add_argument("--fused", action="store_true", help="the graph after fusion: one line per kernel, then its text")
     p.set_defaults(func=show)
     p = sub.add_parser("draw", help="a picture of the graph (Graphviz)")
     p.add_argument("file", help="an exported program")
