@@ -46,7 +46,17 @@ _lock = threading.Lock()
 
 class profile:  # noqa: N801 - torch.profiler.profile's name
     """Record eager ops, compiled calls and their kernels while active (a context manager, or
-    ``start()``/``stop()``). Only one profile records at a time."""
+    ``start()``/``stop()``). Only one profile records at a time.
+
+    >>> import kiln
+    >>> with kiln.profiler.profile(record_shapes=True) as prof:
+    ...     with kiln.profiler.record_function("double"):
+    ...         y = kiln.ones(3) * 2
+    >>> [(e.name, e.shapes) for e in prof.events()]
+    [('double', ()), ('mul', ((3,), ()))]
+    >>> [(a.key, a.count) for a in prof.key_averages()]
+    [('double', 1), ('mul', 1)]
+    """
 
     def __init__(self, activities: Iterable[ProfilerActivity] | None = None, record_shapes: bool = False,
                  profile_memory: bool = False, with_stack: bool = False) -> None:  # fmt: skip

@@ -241,3 +241,18 @@ def test_activities():
     assert [e.name for e in prof.events()][-1] == "neg"
     with pytest.raises(TypeError, match="ProfilerActivity"):
         profile(activities=["cpu"])
+
+
+def test_with_stack_gives_compiled_kernels_the_line_that_made_them():
+    def f(x):
+        return (x * 3).exp()  # KERNEL
+
+    cf = kiln.compile(f)
+    x = kiln.ones(4)
+    cf(x)
+    with profile(with_stack=True) as prof:
+        got = cf(x)
+    np.testing.assert_allclose(got.numpy(), f(x).numpy(), rtol=1e-6)
+    (kernel,) = [e for e in prof.events() if e.cat == "kernel"]
+    assert kernel.name == "kernel elementwise (mul+exp)"
+    assert len(kernel.stack) == 1 and kernel.stack[0].endswith(f"test_profiler.py:{_line_of(f, '# KERNEL')} in f")

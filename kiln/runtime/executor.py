@@ -326,10 +326,10 @@ class CompiledProgram:
         clock, record = profiling.clock, profiling.step
         index = 0
         try:
-            for index, (run, (name, cat, moved, allocated, shapes)) in enumerate(zip(self._runs, labels)):  # noqa: B007 - read by the error handler
+            for index, (run, label) in enumerate(zip(self._runs, labels)):  # noqa: B007 - read by the error handler
                 start = clock()
                 run(env, tables)
-                record(name, cat, start, clock(), moved, allocated, shapes)
+                record(start, clock(), *label)
         except Exception as error:
             step = self._steps[index]
             raise node_error(step.node, step.position, error) from error
@@ -384,9 +384,14 @@ def _nbytes(value: Value) -> int:
     return value.type.dtype.itemsize * int(np.prod(cast(tuple[int, ...], value.type.shape), dtype=np.int64))
 
 
-def _step_label(step: Step) -> tuple[str, str, int, int, tuple]:
+def _step_label(step: Step) -> tuple[str, str, int, int, tuple, tuple]:
     """What the profiler shows of a step: name, category, bytes read + written, bytes allocated
-    per run (outputs outside the arena), input shapes."""
+    per run (outputs outside the arena), input shapes, and the user's line that made it."""
+    label = _step_name(step)
+    return (*label, (str(step.node.loc),) if step.node.loc is not None else ())
+
+
+def _step_name(step: Step) -> tuple[str, str, int, int, tuple]:
     node = step.node
     shapes = tuple(tuple(v.type.shape) for v in node.inputs)
     moved = sum(map(_nbytes, node.inputs)) + sum(map(_nbytes, node.outputs))

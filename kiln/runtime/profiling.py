@@ -88,12 +88,13 @@ def timed(name: str, cat: str, fn, *args, **info):
             rec.recorded.append((name, cat, start, _clock(), threading.get_ident(), 0, 0, (), stack, info))
 
 
-def step(name: str, cat: str, start: int, end: int, nbytes: int, allocated: int, shapes: tuple) -> None:
-    """A step of a compiled program (a kernel or an extern node), timed by the executor."""
+def step(start: int, end: int, name: str, cat: str, nbytes: int, allocated: int, shapes: tuple, where: tuple) -> None:
+    """A step of a compiled program (a kernel or an extern node), timed by the executor; ``where``
+    is the user's line that made it (its stack, with ``with_stack``)."""
     rec = recorder
     if rec is not None:  # a tuple: an Event is made when the profile is read (cheaper while recording)
         rec.recorded.append((name, cat, start, end, threading.get_ident(), nbytes, allocated,
-                           shapes if rec.record_shapes else (), (), None))  # fmt: skip
+                             shapes if rec.record_shapes else (), where if rec.with_stack else (), None))  # fmt: skip
 
 
 def clock() -> int:
