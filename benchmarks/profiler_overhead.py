@@ -1,6 +1,6 @@
 """What kiln.profiler's hook costs eager ops when no profile records, as ratios in one process.
 
-``dispatch.apply`` starts with one flag check (``if _profiling.active:``). This script builds a copy
+``dispatch.apply`` starts with one flag check (``if profiling_ops:``, a global of its module). This script builds a copy
 of ``apply`` without those lines (same code otherwise, same module globals) and times both on
 small tensors, interleaved, reporting the median per-op times and their ratio; then the cost of an
 op while a profile records. Run: ``python -m benchmarks.profiler_overhead``.
@@ -22,9 +22,9 @@ def apply_without_hook():
     """``dispatch.apply`` with its profiler hook removed, compiled against the module's own globals."""
     source = textwrap.dedent(inspect.getsource(dispatch.apply))
     lines = source.splitlines()
-    start = next(i for i, line in enumerate(lines) if "_profiling.active" in line)
+    start = next(i for i, line in enumerate(lines) if "profiling_ops" in line)
     kept = lines[:start] + lines[start + 4 :]
-    assert "_profiling" not in "\n".join(kept), "the hook is not the four lines this script removes"
+    assert "profiling" not in "\n".join(kept), "the hook is not the four lines this script removes"
     namespace: dict = {}
     exec(compile("\n".join(kept), "<apply without the profiler hook>", "exec"), dispatch.__dict__, namespace)  # noqa: S102
     return namespace["apply"]

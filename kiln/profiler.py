@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from .frontend import dispatch
 from .runtime import profiling
 from .runtime.profiling import Event
 
@@ -77,12 +78,14 @@ class profile:  # noqa: N801 - torch.profiler.profile's name
                 raise RuntimeError("kiln.profiler: another profile is already recording; stop it first")
             self.recorded, self._start_ns = [], profiling.clock()
             profiling.recorder, profiling.active = self, True
+            dispatch.profiling_ops = True
             self._running = True
         return self
 
     def stop(self) -> None:
         with _lock:
             if self._running:
+                dispatch.profiling_ops = False
                 profiling.active, profiling.recorder = False, None
                 self._running = False
 
