@@ -1,9 +1,9 @@
 """What kiln.profiler's hook costs eager ops when no profile records, as ratios in one process.
 
-``dispatch.apply`` starts with one flag check (``if profiling_ops:``, a global of its module). This script builds a copy
-of ``apply`` without those lines (same code otherwise, same module globals) and times both on
-small tensors, interleaved, reporting the median per-op times and their ratio; then the cost of an
-op while a profile records. Run: ``python -m benchmarks.profiler_overhead``.
+``dispatch.apply`` starts with one flag check (``if profiling_ops:``, a global of its module).
+This script builds a copy of ``apply`` without those lines (same code otherwise, same module
+globals) and times both on small tensors, interleaved, reporting the median per-op times and
+their ratio; then the cost of an op while a profile records. Run: ``python -m benchmarks.profiler_overhead``.
 """
 
 from __future__ import annotations
