@@ -381,7 +381,11 @@ class CompiledProgram:
 
 
 def _nbytes(value: Value) -> int:
-    return value.type.dtype.itemsize * int(np.prod(cast(tuple[int, ...], value.type.shape), dtype=np.int64))
+    """The bytes of a value (0 for a symbolic size: the profiler's figures are per program, not per call)."""
+    shape = value.type.shape
+    if not all(isinstance(d, int) for d in shape):
+        return 0
+    return value.type.dtype.itemsize * int(np.prod(cast(tuple[int, ...], shape), dtype=np.int64))
 
 
 def _step_label(step: Step) -> tuple[str, str, int, int, tuple, tuple]:
