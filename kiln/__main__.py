@@ -14,6 +14,7 @@ in the order they were saved; their shapes and dtypes must be those of the expor
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -195,6 +196,15 @@ def to_onnx(args) -> None:
     print(f"wrote {args.output}")
 
 
+def leaf_paths(tree, prefix: str = "") -> list[str]:
+    """Where each leaf of a result structure sits: ``""`` for a bare tensor, ``[0]``, ``['loss']``..."""
+    if tree is None:  # pytree.LEAF
+        return [prefix]
+    if tree[0] is dict:
+        return [p for key, sub in zip(tree[1], tree[2], strict=True) for p in leaf_paths(sub, f"{prefix}[{key!r}]")]
+    return [p for i, sub in enumerate(tree[1]) for p in leaf_paths(sub, f"{prefix}[{i}]")]
+
+
 def run(args) -> None:
     program = load(args.file)
     arrays = read_inputs(program, args.inputs or [])
@@ -202,13 +212,15 @@ def run(args) -> None:
     named = {}
     for i, r in enumerate(results):
         named[f"output_{i}"] = r.numpy() if isinstance(r, Tensor) else np.asarray(r)
+    paths = leaf_paths(program.out_tree)
+    where = {key: f" (result{path})" if path else "" for key, path in zip(named, paths, strict=True)}
     if args.out:
         np.savez(args.out, **named)
-        print(f"wrote {args.out}: " + ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in named.items()))
+        print(f"wrote {args.out}: " + ", ".join(f"{k}{where[k]} {v.dtype}{list(v.shape)}" for k, v in named.items()))
     else:
         with np.printoptions(threshold=50, precision=5):
             for key, value in named.items():
-                print(f"{key}: {value.dtype}{list(value.shape)}\n{value}")
+                print(f"{key}{where[key]}: {value.dtype}{list(value.shape)}\n{value}")
 
 
 def bench(args) -> None:
@@ -282,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     except CommandError as error:
         print(f"kiln {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the output piped into a program that stopped reading (| head)
+        sys.stdout = open(os.devnull, "w")  # Python flushes stdout at exit: not into the closed pipe
     return 0
 
 

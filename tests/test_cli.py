@@ -152,6 +152,29 @@ def test_inputs_from_one_npz_and_outputs_printed(tmp_path, capsys):
     assert "output_0: float32[3, 4]" in capsys.readouterr().out
 
 
+def test_structured_results_and_fixed_python_arguments(tmp_path, capsys):
+    def f(x, y, scale=2.0):
+        return {"scaled": x * scale, "total": (x @ y).sum(), "count": 3}
+
+    x, y = kiln.randn(2, 3), kiln.randn(3, 4)
+    kiln.export(f, x, y, scale=3.0).save(tmp_path / "f.kiln")
+    assert main(["show", str(tmp_path / "f.kiln"), "--summary"]) == 0
+    shown = capsys.readouterr().out
+    assert "argument 2: 3.0 (fixed)" in shown and "result 2 = 3" in shown
+    x2, y2 = (np.random.default_rng(1).standard_normal(s).astype(np.float32) for s in ((2, 3), (3, 4)))
+    np.save(tmp_path / "x.npy", x2)
+    np.save(tmp_path / "y.npy", y2)
+    out = tmp_path / "out.npz"
+    assert main(["run", str(tmp_path / "f.kiln"), "--inputs", str(tmp_path / "x.npy"), str(tmp_path / "y.npy"),
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert "output_0 (result['scaled']) float32[2, 3]" in capsys.readouterr().out
+    expected = f(kiln.tensor(x2), kiln.tensor(y2), scale=3.0)
+    with np.load(out) as got:
+        np.testing.assert_allclose(got["output_0"], expected["scaled"].numpy(), rtol=1e-6)
+        np.testing.assert_allclose(got["output_1"], expected["total"].numpy(), rtol=1e-5, atol=1e-5)
+        assert got["output_2"] == 3
+
+
 def test_draw_svg_when_graphviz_is_installed(tmp_path):
     from kiln.ir.dot import dot_available
 
