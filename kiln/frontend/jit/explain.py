@@ -170,6 +170,14 @@ def captured_names(spec) -> dict[int, str]:
     parameter or buffer that the function names as a global or closure variable (or the compiled
     module's own, without a prefix), ``opt.state[model.0.weight].exp_avg`` for optimizer state."""
     names: dict[int, str] = {}
+    try:
+        _name_captured(spec, names)
+    except Exception:  # noqa: BLE001 - names are a courtesy: an object that fails to list its tensors costs only them
+        pass
+    return names
+
+
+def _name_captured(spec, names: dict[int, str]) -> None:
     owners = [(name.removeprefix("closure:"), obj) for name, obj in spec.globals_guard]
     if spec.modules:
         root = spec.modules[0][0]()
@@ -192,7 +200,6 @@ def captured_names(spec) -> dict[int, str]:
             for i, scalars in enumerate(getattr(obj, "_scalars", None) or ()):
                 for key, t in scalars.items() if isinstance(scalars, dict) else ():
                     names.setdefault(id(t), f"{owner}.param_groups[{i}][{key!r}]")
-    return names
 
 
 def _input_label(source, value: Value, captured: dict[int, str] | None = None) -> str:
