@@ -183,7 +183,10 @@ def _name_captured(spec, names: dict[int, str]) -> None:
         root = spec.modules[0][0]()
         if root is not None:
             owners.append(("", root))
-    for owner, obj in owners:  # modules first: optimizer state is named after the parameters
+    for owner, obj in owners:  # tensors named as they are
+        if owner and hasattr(obj, "_data") and hasattr(obj, "_dtype"):
+            names.setdefault(id(obj), owner)
+    for owner, obj in owners:  # modules before optimizers: optimizer state is named after the parameters
         for method in ("named_parameters", "named_buffers"):
             if callable(getattr(obj, method, None)) and callable(getattr(obj, "modules", None)):
                 for name, t in getattr(obj, method)():
