@@ -185,6 +185,14 @@ class Graph:
 
         return print_graph(self)
 
+    def to_dot(self, **options: Any) -> str:
+        """This graph as Graphviz DOT text: kernels as clusters, edges labelled with types
+        (``kiln.ir.dot.graph_to_dot``'s options: ``name``, ``input_labels``, ``output_labels``,
+        ``collapse_kernels``)."""
+        from .dot import graph_to_dot  # noqa: PLC0415 - the drawing imports this module
+
+        return graph_to_dot(self, **options)
+
     def values(self) -> Iterable[Value]:
         """Every value, in definition order: inputs, then each node's outputs."""
         yield from self.inputs

@@ -40,7 +40,7 @@ from ..ir.analysis import Liveness, constant_views
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
 from ..ir.interpreter import kernel_runner, node_error
 from ..ir.primitives import PRIMITIVES
-from . import allocator, threads
+from . import allocator, profiling, threads
 
 #: The kernel ABI: ``void kernel(void **args, int64 begin, int64 end)``.
 KERNEL_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -312,11 +312,27 @@ class CompiledProgram:
     __call__ = run
 
     def _run_steps(self, env: list, tables: list) -> None:
+        if profiling.active:  # kiln.profiler records: time each step (one check per call when off)
+            return self._run_steps_timed(env, tables)
         index = 0
         try:
             for index, run in enumerate(self._runs):  # noqa: B007 - read by the error handler
                 run(env, tables)
         except Exception as error:  # the node, its op and the user's line, as the interpreter says them
+            step = self._steps[index]
+            raise node_error(step.node, step.position, error) from error
+
+    def _run_steps_timed(self, env: list, tables: list) -> None:
+        """``_run_steps`` with each step reported to ``kiln.profiler`` (name, time, bytes moved and allocated)."""
+        labels = self._labels = getattr(self, "_labels", None) or [_step_label(s) for s in self._steps]
+        clock, record = profiling.clock, profiling.step
+        index = 0
+        try:
+            for index, (run, label) in enumerate(zip(self._runs, labels)):  # noqa: B007 - read by the error handler
+                start = clock()
+                run(env, tables)
+                record(start, clock(), *label)
+        except Exception as error:
             step = self._steps[index]
             raise node_error(step.node, step.position, error) from error
 
@@ -364,6 +380,42 @@ class CompiledProgram:
                 conformed = conformed or list(inputs)
                 conformed[i] = _into_layout(array, strides)
         return conformed or inputs
+
+
+def _nbytes(value: Value) -> int:
+    """The bytes of a value (0 for a symbolic size: the profiler's figures are per program, not per call)."""
+    shape = value.type.shape
+    if not all(isinstance(d, int) for d in shape):
+        return 0
+    return value.type.dtype.itemsize * int(np.prod(cast(tuple[int, ...], shape), dtype=np.int64))
+
+
+def _step_label(step: Step) -> tuple[str, str, int, int, tuple, tuple]:
+    """What the profiler shows of a step: name, category, bytes read + written, bytes allocated
+    per run (outputs outside the arena), input shapes, and the user's line that made it."""
+    label = _step_name(step)
+    return (*label, (str(step.node.loc),) if step.node.loc is not None else ())
+
+
+def _step_name(step: Step) -> tuple[str, str, int, int, tuple]:
+    node = step.node
+    shapes = tuple(tuple(v.type.shape) for v in node.inputs)
+    moved = sum(map(_nbytes, node.inputs)) + sum(map(_nbytes, node.outputs))
+    if isinstance(step, ExternCall):
+        allocated = 0 if step.into >= 0 or not step.normalize else _nbytes(node.output)
+        return f"extern {node.op}", "extern", moved, allocated, shapes
+    ops = list(dict.fromkeys(n.op for body in node.bodies for n in body.nodes if n.op != CONSTANT))
+    fused = "+".join(ops[:4]) + ("+..." if len(ops) > 4 else "")
+    if isinstance(step, KernelCall):
+        allocated = sum(_nbytes_of(shape, dtype) for _, _, shape, dtype, into in step.allocate if into < 0)
+        name = f"kernel {node.attrs['kind']} ({fused})" if node.op == KERNEL else f"compiled {node.op}"
+        return name, "kernel", step.work_bytes or moved, allocated, shapes
+    allocated = sum(_nbytes(v) for (_, in_arena, into), v in zip(step.outs, node.outputs) if not in_arena and into < 0)
+    return f"interpreted kernel ({fused})", "kernel", moved, allocated, shapes
+
+
+def _nbytes_of(shape: tuple, dtype) -> int:
+    return np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))
 
 
 def _into_layout(array: np.ndarray, strides: tuple) -> np.ndarray:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ...codegen.backend import backend_names
 from ...ir import dtypes as _dtypes
+from ...runtime import profiling
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
 from . import hazards, state
@@ -147,6 +148,8 @@ class CompiledFunction:
                     from .check import run_checked  # noqa: PLC0415
 
                     return run_checked(self, entry, args, kwargs, leaves)
+                if profiling.active:  # kiln.profiler records the call around its kernels
+                    return profiling.timed(f"kiln.compile({self._name()})", "compiled", entry.run, leaves)
                 return entry.run(leaves)
         return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
 
@@ -185,6 +188,9 @@ class CompiledFunction:
         if len(self.state.specializations) >= self.options.recompile_limit:
             self._event("recompile limit", f"{miss}; limit of {self.options.recompile_limit} reached", once=True)
             return self.fn(*args, **kwargs)
+        if profiling.active:
+            name = f"kiln.compile({self._name()}): trace and compile"
+            return profiling.timed(name, "compile", self._trace, args, kwargs, leaves, key, miss, reason=miss)
         return self._trace(args, kwargs, leaves, key, miss)
 
     def _trace(self, args, kwargs, leaves, key, reason: str):
