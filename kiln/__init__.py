@@ -67,6 +67,7 @@ from .serialization import load, save  # noqa: E402
 # isort: split
 # dist: data parallelism across processes (MPI through mpi4py, imported only by init_process_group)
 from . import distributed  # noqa: E402
+
 # Tools (issue 16): the profiler (kiln.profiler.profile, record_function).
 # isort: split
 from . import profiler  # noqa: E402

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from ..ir.analysis import ELEMENTWISE_ROLE, VIEW_ROLE, body_role
 from ..ir.graph import CONSTANT, Graph, GraphBuilder, Node, Value
+from ..ir.types import is_static
 
 #: The most nodes recomputed for one saved value: beyond it the backward would redo real work.
 MAX_RECOMPUTE = 8
@@ -44,13 +45,9 @@ class Partition:
 
 
 def _nbytes(value: Value) -> int:
-    try:
-        size = 1
-        for d in value.type.shape:
-            size *= int(d)
-    except TypeError:  # a symbolic dimension: the size is known per call, not here
+    if not is_static(value.type.shape):  # a symbolic dimension: the size is known per call, not here
         return 0
-    return size * value.type.dtype.itemsize
+    return value.type.numel * value.type.dtype.itemsize
 
 
 def _recomputable(node: Node | None) -> bool:
@@ -69,7 +66,7 @@ def _walk(value: Value, available, producers: dict[Value, Node]) -> tuple[list[N
         node = producers.get(v)
         if available(v) and not root:
             return True
-        if not _recomputable(node):
+        if node is None or not _recomputable(node):
             missing.add(v)
             return True
         if node in seen:
@@ -81,7 +78,7 @@ def _walk(value: Value, available, producers: dict[Value, Node]) -> tuple[list[N
         return True
 
     producer = producers.get(value)
-    if not _recomputable(producer) or producer.op == CONSTANT:  # constants are saved as is: cheap
+    if producer is None or not _recomputable(producer) or producer.op == CONSTANT:  # constants: saved as is
         return None
     return (order, missing) if visit(value, root=True) else None
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 from llvmlite import ir
 
@@ -83,6 +84,10 @@ def _dot(builder: ir.IRBuilder, terms: Sequence[tuple[ir.Value, int]]) -> ir.Val
     return total
 
 
+def _shape(value) -> tuple[int, ...]:
+    return cast(tuple[int, ...], tuple(value.type.shape))  # static: ``compilable`` checked it
+
+
 def _geometry(node: Node):
     attrs = node.attrs
     kernel, stride, dilation = tuple(attrs["kernel_size"]), tuple(attrs["stride"]), tuple(attrs["dilation"])
@@ -92,10 +97,11 @@ def _geometry(node: Node):
 def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
     kernel, stride, dilation, batch_inner = _geometry(node)
     d = len(kernel)
-    out_shape = tuple(node.output.type.shape)
+    out_shape = _shape(node.output)
     dtype = node.output.type.dtype
     # memory-order dims of the output, and for each its meaning: ("n"|"c", None) or ("k"|"o", i)
-    names = [("n", None), ("c", None), *(("k", i) for i in range(d)), *(("o", i) for i in range(d))]
+    names: list[tuple[str, int | None]] = [("n", None), ("c", None), *(("k", i) for i in range(d))]
+    names += [("o", i) for i in range(d)]
     if batch_inner:
         names = [names[1], *names[2 : 2 + d], names[0], *names[2 + d :]]
     inner = out_shape[-1]
@@ -103,7 +109,7 @@ def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...])
     per_unit = max(1, CHUNK // max(1, inner))
     extent = -(-rows // per_unit) if rows else 0
     x_n, x_c, x_s = strides[0], strides[1], strides[2:]
-    coefficient = {("n", None): x_n, ("c", None): x_c}
+    coefficient: dict[tuple[str, int | None], int] = {("n", None): x_n, ("c", None): x_c}
     for i in range(d):
         coefficient["k", i] = dilation[i] * x_s[i]
         coefficient["o", i] = stride[i] * x_s[i]
@@ -124,9 +130,9 @@ def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...])
 def _fold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
     kernel, stride, dilation, batch_inner = _geometry(node)
     d = len(kernel)
-    out_shape = tuple(node.output.type.shape)  # (N, C, *S), C order
+    out_shape = _shape(node.output)  # (N, C, *S), C order
     n_size, c_size, size = out_shape[0], out_shape[1], out_shape[2:]
-    cols_shape = tuple(node.inputs[0].type.shape)
+    cols_shape = _shape(node.inputs[0])
     out_spatial = cols_shape[-d:]
     dtype = node.output.type.dtype
     plane = math.prod(size)

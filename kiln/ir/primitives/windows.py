@@ -82,7 +82,7 @@ def _unfold_infer(x: TensorType, *, kernel_size, stride, dilation, batch_inner=F
     _check_window_attrs("unfold", x, kernel_size, stride, dilation, 2)
     _static_spatial("unfold", x.shape[2:])
     out = _out_spatial("unfold", x.shape[2:], kernel_size, stride, dilation)
-    return TensorType(_windows_shape(*x.shape[:2], kernel_size, out, batch_inner), x.dtype, x.device)
+    return TensorType(_windows_shape(x.shape[0], x.shape[1], kernel_size, out, batch_inner), x.dtype, x.device)
 
 
 def _unfold_eager(xp, x, *, kernel_size, stride, dilation, batch_inner=False):
