@@ -36,7 +36,7 @@ def main(path):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01, betas=(0.9, 0.99))
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=6)
     loss_fn = nn.CrossEntropyLoss()
-    for step in range(6):
+    for _step in range(6):
         model.train()
         for i in range(0, 64, 16):
             optimizer.zero_grad()

@@ -30,7 +30,7 @@ def main(path):
             p.copy_(torch.from_numpy((params.standard_normal(tuple(p.shape)) * 0.3).astype(np.float32)))
     optimizer = torch.optim.RMSprop(model.parameters(), lr=0.01, alpha=0.9, momentum=0.5)
     scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=[3, 5], gamma=0.3)
-    for step in range(7):
+    for _step in range(7):
         optimizer.zero_grad()
         for half in (slice(0, 16), slice(16, 32)):
             diff = model(x[half]) - y[half]

@@ -32,7 +32,7 @@ def main(path):
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.02, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9)
     criterion = nn.CrossEntropyLoss()
-    for step in range(8):
+    for _step in range(8):
         optimizer.zero_grad()
         logits = model(inputs)
         loss = criterion(logits.reshape(-1, 12), targets.reshape(-1))

@@ -39,7 +39,7 @@ def main(path):
     init(model, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-4)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
-    for epoch in range(4):
+    for _epoch in range(4):
         total = 0.0
         for xb, yb in loader:
             optimizer.zero_grad()

@@ -36,7 +36,7 @@ def main(path):
             p.copy_(torch.from_numpy((base + params.standard_normal(tuple(p.shape)) * 0.2).astype(np.float32)))
     optimizer = torch.optim.Adadelta(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 3))
-    for step in range(6):
+    for _step in range(6):
         optimizer.zero_grad()
         logits = model(tokens[:, :-1])
         loss = nn.functional.cross_entropy(logits.reshape(-1, 16), tokens[:, 1:].reshape(-1))
