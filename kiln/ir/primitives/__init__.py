@@ -60,6 +60,7 @@ class Kind(enum.Enum):
     RANDOM = "random"  # counter-based random bits
     WINDOW = "window"  # sliding windows (unfold/fold): the basis of conv and pooling
     CHECK = "check"  # raises unless a condition holds on values (index ranges, division by zero)
+    DECOMPOSITION = "decomposition"  # a matrix decomposition through numpy.linalg: never fused, run as an extern
 
 
 ELEMENTWISE = frozenset({Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST})
@@ -153,6 +154,7 @@ def missing_rules(prim: Primitive) -> list[str]:
 
 # Importing the definitions fills PRIMITIVES; the order fixes nothing but the printout.
 from . import checks, elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
+from . import decompositions  # noqa: E402,F401  # after the others: its VJPs call them
 
 P = PRIMITIVES
 
