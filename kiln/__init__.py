@@ -63,3 +63,6 @@ def is_tensor(obj) -> bool:
 from . import data, jit, multiprocessing, nn, optim  # noqa: E402
 from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402
+
+# math (issue 15): linalg, fft, special, distributions, autograd.functional, func
+from . import linalg  # noqa: E402

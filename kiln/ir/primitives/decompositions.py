@@ -68,7 +68,7 @@ def layout(op: str, shape: tuple, **attrs) -> list[tuple[int, ...]]:
 
 
 def _pack(xp, arrays, batch: tuple):
-    flat = [a.reshape(batch + (-1,)) if a.size else xp.zeros(batch + (0,), a.dtype) for a in arrays]
+    flat = [a.reshape(batch + (math.prod(a.shape[len(batch) :]),)) for a in arrays]
     return xp.ascontiguousarray(xp.concatenate(flat, axis=-1))
 
 
@@ -162,7 +162,9 @@ def _solve_infer(a: TensorType, b: TensorType) -> TensorType:
             f"linalg.solve: Incompatible shapes of A and B for the equation AX = B ({list(a.shape)} and {list(b.shape)})"
         )
     if a.dtype is not b.dtype:
-        raise RuntimeError(f"linalg.solve: Expected A and B to have the same dtype, but found {a.dtype.name} and {b.dtype.name}")
+        raise RuntimeError(
+            f"linalg.solve: Expected A and B to have the same dtype, but found {a.dtype.name} and {b.dtype.name}"
+        )
     batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
     return TensorType((*batch, n, b.shape[-1]), a.dtype, a.device)
 
@@ -349,7 +351,9 @@ def _qr_infer(a: TensorType, *, mode: str) -> TensorType:
     if a.ndim < 2:
         raise RuntimeError(f"linalg.qr: The input tensor A must have at least 2 dimensions, got shape {list(a.shape)}")
     if mode not in _QR_MODES:
-        raise RuntimeError(f"qr received unrecognized mode '{mode}' but expected one of 'reduced' (default), 'r', or 'complete'")
+        raise RuntimeError(
+            f"qr received unrecognized mode '{mode}' but expected one of 'reduced' (default), 'r', or 'complete'"
+        )
     return _packed_type("linalg_qr", a, mode=mode)
 
 
@@ -357,7 +361,11 @@ def _qr_eager(xp, a, *, mode):
     shapes = layout("linalg_qr", a.shape, mode=mode)
     batch = a.shape[:-2]
     if a.size == 0:
-        q = xp.broadcast_to(xp.eye(*shapes[0], dtype=a.dtype), batch + shapes[0]) if mode != "r" else xp.zeros(batch + (0,), a.dtype)
+        q = (
+            xp.broadcast_to(xp.eye(*shapes[0], dtype=a.dtype), batch + shapes[0])
+            if mode != "r"
+            else xp.zeros(batch + (0,), a.dtype)
+        )
         return _pack(xp, [q, xp.zeros(batch + shapes[1], a.dtype)], batch)
     if mode == "r":
         return _pack(xp, [xp.zeros(batch + (0,), a.dtype), xp.linalg.qr(a, mode="r")], batch)
