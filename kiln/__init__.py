@@ -64,5 +64,6 @@ from . import data, jit, multiprocessing, nn, optim  # noqa: E402
 from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402
 
+# isort: split
 # math (issue 15): linalg, fft, special, distributions, autograd.functional, func
 from . import linalg  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 import kiln
 from kiln.autograd import gradcheck
-from tests.conftest import assert_close, tol, to_torch
+from tests.conftest import assert_close, to_torch, tol
 from tests.frontend.jit.helpers import check_against_eager, compiled_calls
 
 rng = np.random.default_rng(0)

@@ -153,8 +153,7 @@ def missing_rules(prim: Primitive) -> list[str]:
 
 
 # Importing the definitions fills PRIMITIVES; the order fixes nothing but the printout.
-from . import checks, elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
-from . import decompositions  # noqa: E402,F401  # after the others: its VJPs call them
+from . import checks, decompositions, elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
 
 P = PRIMITIVES
 

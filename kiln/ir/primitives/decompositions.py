@@ -30,7 +30,7 @@ class LinAlgError(RuntimeError):
     """A matrix was singular or not positive-definite (``torch.linalg.LinAlgError``)."""
 
 
-def _square(t: TensorType, op: str) -> int:
+def _square(t: TensorType, op: str) -> object:
     if t.ndim < 2 or t.shape[-1] != t.shape[-2]:
         raise RuntimeError(
             f"linalg.{op}: A must be batches of square matrices, but they are {' by '.join(map(str, t.shape[-2:]))} "
