@@ -66,4 +66,4 @@ from .serialization import load, save  # noqa: E402
 
 # isort: split
 # math (issue 15): linalg, fft, special, distributions, autograd.functional, func
-from . import distributions, func, linalg, special  # noqa: E402
+from . import distributions, fft, func, linalg, special  # noqa: E402
