@@ -26,18 +26,21 @@ import numpy as np
 from .frontend import ops
 from .frontend.dispatch import apply
 from .frontend.tensor import Tensor
+from .ir import dtypes as dt
 from .ir.primitives import P
 from .ir.primitives.decompositions import LinAlgError, layout, unpack
 
 __all__ = [
     "LinAlgError", "norm", "vector_norm", "matrix_norm", "inv", "solve", "det", "slogdet", "cholesky", "eigh",
-    "eigvalsh", "svd", "svdvals", "qr", "cross", "matrix_power", "vecdot", "multi_dot", "pinv",
+    "eigvalsh", "svd", "svdvals", "qr", "cross", "matrix_power", "vecdot", "multi_dot", "pinv", "lstsq",
+    "matrix_rank", "solve_triangular", "diagonal", "matmul",
 ]  # fmt: skip
 
 SlogdetResult = namedtuple("linalg_slogdet", ["sign", "logabsdet"])
 EighResult = namedtuple("linalg_eigh", ["eigenvalues", "eigenvectors"])
 SVDResult = namedtuple("linalg_svd", ["U", "S", "Vh"])
 QRResult = namedtuple("linalg_qr", ["Q", "R"])
+LstsqResult = namedtuple("linalg_lstsq", ["solution", "residuals", "rank", "singular_values"])
 
 
 def _floating(x, op: str) -> None:
@@ -154,19 +157,83 @@ def qr(A: Tensor, mode: str = "reduced") -> QRResult:
     return QRResult(q, r)
 
 
-def pinv(A: Tensor, *, atol=None, rtol=None, hermitian: bool = False) -> Tensor:
-    """The pseudo-inverse through the SVD; singular values at or below ``max(atol, rtol * s_max)``
-    count as zero (default rtol: ``eps * max(m, n)``, as PyTorch)."""
-    _matrices(A, "pinv", square=False)
-    u, s, vh = svd(A, full_matrices=False)
+def _tolerance(A: Tensor, s: Tensor, atol, rtol):
+    """PyTorch's cut-off for "zero" singular values: max(atol, rtol * s_max), with rtol defaulting
+    to eps * max(m, n) unless a positive atol is given."""
     if rtol is None:
         rtol = 0.0 if atol is not None and atol > 0 else float(np.finfo(A.dtype.np).eps) * max(A.shape[-2:])
     bound = ops.amax(s, -1, keepdim=True) * rtol if s.shape[-1] else s
     if atol is not None:
         bound = ops.maximum(bound, ops.full_like(bound, float(atol)))
-    keep = ops.gt(s, bound)
+    return bound
+
+
+def pinv(A: Tensor, *, atol=None, rtol=None, hermitian: bool = False) -> Tensor:
+    """The pseudo-inverse through the SVD; singular values at or below ``max(atol, rtol * s_max)``
+    count as zero (default rtol: ``eps * max(m, n)``, as PyTorch)."""
+    _matrices(A, "pinv", square=False)
+    u, s, vh = svd(A, full_matrices=False)
+    keep = ops.gt(s, _tolerance(A, s, atol, rtol))
     s_inv = ops.where(keep, ops.div(1.0, ops.where(keep, s, 1.0)), 0.0)
     return ops.matmul(_mT(vh) * ops.unsqueeze(s_inv, -2), _mT(u))
+
+
+def matrix_rank(A: Tensor, *, atol=None, rtol=None, hermitian: bool = False) -> Tensor:
+    """The number of singular values above ``max(atol, rtol * s_max)`` (int64)."""
+    _matrices(A, "matrix_rank", square=False)
+    s = svdvals(A).detach()
+    return ops.sum(ops.gt(s, _tolerance(A, s, atol, rtol)), -1)
+
+
+_LSTSQ_DRIVERS = ("gels", "gelsy", "gelsd", "gelss")
+
+
+def lstsq(A: Tensor, B: Tensor, rcond=None, *, driver=None) -> LstsqResult:
+    """The least-squares solution of ``A X = B`` of minimal norm, through the pseudo-inverse.
+
+    As PyTorch's CPU drivers: ``rank`` for all but "gels"; ``residuals`` (squared, per column of B)
+    when A is tall and of full rank, for all but "gelsy" (the default); ``singular_values`` for
+    "gelsd" and "gelss"; the others are empty tensors.
+    """
+    _matrices(A, "lstsq", square=False)
+    _floating(B, "lstsq")
+    driver = "gelsy" if driver is None else driver
+    if driver not in _LSTSQ_DRIVERS:
+        raise RuntimeError(f"torch.linalg.lstsq: parameter `driver` should be one of {_LSTSQ_DRIVERS}, got {driver!r}")
+    if B.ndim < 2 or B.shape[-2] != A.shape[-2]:
+        raise RuntimeError(
+            f"torch.linalg.lstsq: input.size(-2) should match other.size(-2), got shapes {list(A.shape)} and {list(B.shape)}"
+        )
+    m, n = A.shape[-2:]
+    solution = ops.matmul(pinv(A, rtol=rcond), B)
+    empty = ops.zeros(0, dtype=A.dtype)
+    rank = matrix_rank(A, rtol=rcond) if driver != "gels" else ops.zeros(0, dtype=dt.int64)
+    residuals = empty
+    if driver != "gelsy" and m > n and bool(ops.all(ops.eq(matrix_rank(A, rtol=rcond), n))):
+        residuals = ops.sum(ops.pow(ops.sub(ops.matmul(A, solution), B), 2), -2)
+    singular_values = svdvals(A) if driver in ("gelsd", "gelss") else empty
+    return LstsqResult(solution, residuals, rank, singular_values)
+
+
+def solve_triangular(A: Tensor, B: Tensor, *, upper: bool, left: bool = True, unitriangular: bool = False) -> Tensor:
+    """X with ``A @ X = B`` (``X @ A = B`` when ``left=False``), reading only the ``upper`` or lower
+    triangle of A (and taking its diagonal as ones when ``unitriangular``)."""
+    _matrices(A, "solve_triangular")
+    triangle = ops.triu(A) if upper else ops.tril(A)
+    if unitriangular:
+        eye = ops.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+        triangle = ops.add(ops.mul(triangle, ops.sub(1.0, eye)), eye)
+    if B.ndim < 2:
+        raise RuntimeError(f"linalg.solve_triangular: B must have at least 2 dimensions, got shape {list(B.shape)}")
+    return solve(triangle, B, left=left)
+
+
+def diagonal(A: Tensor, *, offset: int = 0, dim1: int = -2, dim2: int = -1) -> Tensor:
+    return ops.diagonal(A, offset, dim1, dim2)
+
+
+def matmul(input: Tensor, other: Tensor) -> Tensor:
+    return ops.matmul(input, other)
 
 
 # ----------------------------------------------------------------------------- norms

@@ -146,6 +146,37 @@ def test_cross_matrix_power_pinv_multi_dot_vecdot_match_torch(torch):
     assert_close(kiln.linalg.vecdot(c, d), torch.linalg.vecdot(to_torch(torch, c), to_torch(torch, d)), **tol(a.dtype))
 
 
+@pytest.mark.parametrize("driver", [None, "gels", "gelsy", "gelsd", "gelss"])
+@pytest.mark.parametrize("shape", [(5, 3), (2, 6, 4), (3, 5)])
+def test_lstsq_matches_torch(torch, driver, shape):
+    a, b = normal(*shape), normal(*shape[:-1], 2)
+    got = kiln.linalg.lstsq(a, b, driver=driver)
+    expected = torch.linalg.lstsq(to_torch(torch, a), to_torch(torch, b), driver=driver)
+    if driver == "gels" and shape[-2] < shape[-1]:  # torch's gels gives a non-minimal-norm solution for wide A
+        np.testing.assert_allclose((a @ got.solution).numpy(), b.numpy(), atol=1e-10)
+    else:
+        assert_close(got.solution, expected.solution, rtol=1e-9, atol=1e-10)
+    for field in ("residuals", "rank", "singular_values"):
+        assert_close(getattr(got, field), getattr(expected, field), rtol=1e-9, atol=1e-10)
+
+
+def test_matrix_rank_solve_triangular_diagonal_match_torch(torch):
+    low_rank = normal(2, 5, 2) @ normal(2, 2, 4)
+    t = to_torch(torch, low_rank)
+    assert_close(kiln.linalg.matrix_rank(low_rank), torch.linalg.matrix_rank(t), rtol=0, atol=0)
+    assert_close(kiln.linalg.matrix_rank(low_rank, atol=1.0, rtol=0.0), torch.linalg.matrix_rank(t, atol=1.0, rtol=0.0),
+                 rtol=0, atol=0)  # fmt: skip
+    a, b = well_conditioned(2, 4, 4), normal(2, 4, 3)
+    ta, tb = to_torch(torch, a), to_torch(torch, b)
+    for upper in (True, False):
+        for unit in (True, False):
+            assert_close(kiln.linalg.solve_triangular(a, b, upper=upper, unitriangular=unit),
+                         torch.linalg.solve_triangular(ta, tb, upper=upper, unitriangular=unit), rtol=1e-9, atol=1e-10)  # fmt: skip
+        assert_close(kiln.linalg.solve_triangular(a, b.mT, upper=upper, left=False),
+                     torch.linalg.solve_triangular(ta, tb.mT, upper=upper, left=False), rtol=1e-9, atol=1e-10)  # fmt: skip
+    assert_close(kiln.linalg.diagonal(a, offset=1), torch.linalg.diagonal(ta, offset=1), rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------- gradients
 def test_gradients_match_finite_differences():
     checks = [
@@ -163,6 +194,8 @@ def test_gradients_match_finite_differences():
         (kiln.linalg.pinv, (normal(4, 3),)),
         (lambda a: kiln.linalg.matrix_power(a, -2), (well_conditioned(3, 3),)),
         (kiln.linalg.cross, (normal(2, 3), normal(2, 3))),
+        (lambda a, b: kiln.linalg.lstsq(a, b).solution, (normal(5, 3), normal(5, 2))),
+        (lambda a, b: kiln.linalg.solve_triangular(a, b, upper=True), (well_conditioned(3, 3), normal(3, 2))),
     ]
     for fn, inputs in checks:
         assert gradcheck(fn, tuple(leaf(t) for t in inputs), atol=1e-6, rtol=1e-4)

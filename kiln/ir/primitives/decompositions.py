@@ -42,9 +42,11 @@ def _square(t: TensorType, op: str) -> object:
 
 
 def _lapack(xp, fn, op: str, *arrays):
+    # cupy raises numpy's LinAlgError, or its own where it has one
+    errors = (np.linalg.LinAlgError, getattr(xp.linalg, "LinAlgError", np.linalg.LinAlgError))
     try:
         return fn(*arrays)
-    except xp.linalg.LinAlgError as error:
+    except errors as error:
         raise LinAlgError(f"linalg.{op}: {error} (the input is singular or not positive-definite)") from None
 
 
