@@ -10,6 +10,9 @@ import kiln
 from kiln import func as kf
 from tests.conftest import assert_close
 
+# torch.func calls torch.jit.script internally, which warns in torch 2.13
+pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
+
 rng = np.random.default_rng(0)
 TOL = {"rtol": 1e-10, "atol": 1e-12}
 
