@@ -206,7 +206,8 @@ def gammaln(input) -> Tensor:
     left = math.log(math.pi) - ops.log(_safe(~pole, s, 1.0)) - _lgamma_right(1.0 - xl)
     left = ops.where(pole, math.inf, left)
     out = ops.where(ops.isinf(x), math.inf, ops.where(right, r, left))
-    return ops.where((x == 1.0) | (x == 2.0), 0.0, out)  # Gamma(1) = Gamma(2) = 1 exactly
+    # Gamma(1) = Gamma(2) = 1 exactly: the value there is 0, the slope still digamma's
+    return ops.where((x == 1.0) | (x == 2.0), out - out.detach(), out)
 
 
 def _digamma_positive(x: Tensor) -> Tensor:

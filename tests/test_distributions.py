@@ -174,7 +174,17 @@ def test_log_prob_and_entropy_gradients_match_finite_differences():
     assert kiln.autograd.gradcheck(
         lambda t: D.Bernoulli(probs=t).log_prob(kiln.tensor([1.0, 0.0], dtype=kiln.float64)), (p,)
     )
+    lo = kiln.tensor([-1.0, 0.5], dtype=kiln.float64, requires_grad=True)
+    value = kiln.tensor([0.0, 1.0], dtype=kiln.float64)
+    assert kiln.autograd.gradcheck(
+        lambda t: D.Uniform(t, t + t * t + 2).log_prob(value) + D.Uniform(t, 3.0).entropy(), (lo,)
+    )
+    q_logits = kiln.tensor([[1.0, 0.0, -0.5]], dtype=kiln.float64)
+    assert kiln.autograd.gradcheck(
+        lambda t: D.kl_divergence(D.Categorical(logits=t), D.Categorical(logits=q_logits)), (logits,)
+    )
     s = kiln.tensor([0.5, 2.0], dtype=kiln.float64, requires_grad=True)
+    assert kiln.autograd.gradcheck(lambda t: D.kl_divergence(D.Normal(t, t * t), D.Normal(0.3, 1.5)), (s,))
     assert kiln.autograd.gradcheck(
         lambda t: D.Normal(t, t * t).log_prob(kiln.tensor([0.1, 0.2], dtype=kiln.float64)), (s,)
     )

@@ -119,7 +119,7 @@ def test_binary_and_reduction_functions_match_torch(torch):
 
 GRADIENT_INPUTS = {
     "erfc": rng.normal(size=5) * 2, "erfcx": rng.normal(size=5) * 2, "erfinv": rng.uniform(-0.95, 0.95, 5),
-    "gammaln": np.array([0.3, 1.7, 5.5, -1.5, -0.2, 20.0]), "digamma": np.array([0.3, 1.7, 5.5, -1.5, 15.0]),
+    "gammaln": np.array([0.3, 1.0, 1.7, 2.0, 5.5, -1.5, -0.2, 20.0]), "digamma": np.array([0.3, 1.7, 5.5, -1.5, 15.0]),
     "i0": np.array([0.5, -3.0, 10.0, 60.0]), "i1": np.array([0.5, -3.0, 10.0, 60.0]),
     "i0e": np.array([0.5, -3.0, 60.0]), "i1e": np.array([0.5, -3.0, 60.0]), "sinc": np.array([0.3, -1.2, 2.5]),
     "entr": np.array([0.3, 1.2, 2.5]), "ndtr": rng.normal(size=4) * 3, "ndtri": np.array([0.01, 0.3, 0.9]),
@@ -140,6 +140,10 @@ def test_second_derivatives_match_finite_differences():
         assert gradgradcheck(getattr(kiln.special, name), (x,), atol=1e-6, rtol=1e-4)
     xs, ys = (kiln.tensor([0.5, 2.0], dtype=kiln.float64, requires_grad=True) for _ in range(2))
     assert gradcheck(kiln.special.xlogy, (xs, ys))
+    assert gradcheck(kiln.special.xlog1py, (xs, ys))
+    assert gradcheck(
+        lambda a: kiln.special.multigammaln(a, 3), (kiln.tensor([2.5, 4.0], dtype=kiln.float64, requires_grad=True),)
+    )
 
 
 def test_gradient_is_finite_where_a_branch_is_not_taken():
