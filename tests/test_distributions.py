@@ -217,3 +217,72 @@ def test_categorical_log_prob_broadcasts_values_over_the_batch(torch):
     assert_close(got, expected, **TOL)
     assert_close(D.Categorical(logits=kiln.from_numpy(logits)).enumerate_support(),
                  torch.distributions.Categorical(logits=torch.from_numpy(logits)).enumerate_support(), rtol=0, atol=0)  # fmt: skip
+
+
+def test_independent_matches_torch(torch):
+    loc, tloc = pair(torch, rng.normal(size=(4, 3)))
+    scale, tscale = pair(torch, rng.uniform(0.5, 2, size=(4, 3)))
+    x, tx = pair(torch, rng.normal(size=(2, 4, 3)))
+    d = D.Independent(D.Normal(loc, scale), 1)
+    td = torch.distributions.Independent(torch.distributions.Normal(tloc, tscale), 1)
+    assert (tuple(d.batch_shape), tuple(d.event_shape)) == (tuple(td.batch_shape), tuple(td.event_shape))
+    assert_close(d.log_prob(x), td.log_prob(tx), **TOL)
+    assert_close(d.entropy(), td.entropy(), **TOL)
+    assert d.rsample((5,)).shape == td.rsample((5,)).shape and d.has_rsample
+    other, tother = (
+        D.Independent(D.Normal(loc * 0, 1.0), 1),
+        torch.distributions.Independent(torch.distributions.Normal(tloc * 0, 1.0), 1),
+    )
+    assert_close(D.kl_divergence(d, other), torch.distributions.kl_divergence(td, tother), **TOL)
+    assert tuple(d.expand((2, 4)).batch_shape) == (2, 4)
+    with pytest.raises(ValueError, match="reinterpreted_batch_ndims"):
+        D.Independent(D.Normal(loc, scale), 3)
+
+
+@pytest.mark.parametrize("how", ["covariance_matrix", "precision_matrix", "scale_tril"])
+def test_multivariate_normal_matches_torch(torch, how):
+    a = rng.normal(size=(2, 3, 3))
+    cov = a @ a.swapaxes(-1, -2) + 3 * np.eye(3)
+    matrix = {"covariance_matrix": cov, "precision_matrix": np.linalg.inv(cov), "scale_tril": np.linalg.cholesky(cov)}[
+        how
+    ]
+    loc, tloc = pair(torch, rng.normal(size=3), np.float64)
+    m, tm = pair(torch, matrix, np.float64)
+    x, tx = pair(torch, rng.normal(size=(4, 2, 3)), np.float64)
+    d = D.MultivariateNormal(loc, **{how: m})
+    td = torch.distributions.MultivariateNormal(tloc, **{how: tm})
+    assert (tuple(d.batch_shape), tuple(d.event_shape)) == (tuple(td.batch_shape), tuple(td.event_shape))
+    for name in ("mean", "variance", "covariance_matrix", "precision_matrix", "scale_tril"):
+        assert_close(getattr(d, name), getattr(td, name), rtol=1e-10, atol=1e-12)
+    assert_close(d.log_prob(x), td.log_prob(tx), rtol=1e-10, atol=1e-12)
+    assert_close(d.entropy(), td.entropy(), rtol=1e-10, atol=1e-12)
+    q, tq = (
+        D.MultivariateNormal(loc * 2, scale_tril=d.scale_tril[0]),
+        torch.distributions.MultivariateNormal(tloc * 2, scale_tril=td.scale_tril[0]),
+    )
+    assert_close(D.kl_divergence(d, q), torch.distributions.kl_divergence(td, tq), rtol=1e-10, atol=1e-12)
+
+
+def test_multivariate_normal_samples_and_gradients():
+    kiln.manual_seed(1)
+    cov = np.array([[2.0, 0.8], [0.8, 1.0]])
+    d = D.MultivariateNormal(kiln.tensor([1.0, -1.0], dtype=kiln.float64), kiln.from_numpy(cov))
+    x = d.sample((100_000,)).numpy()
+    np.testing.assert_allclose(x.mean(0), [1.0, -1.0], atol=0.02)
+    np.testing.assert_allclose(np.cov(x.T), cov, atol=0.03)
+    loc = kiln.tensor([0.3, -0.2], dtype=kiln.float64, requires_grad=True)
+    tril = kiln.tensor([[1.2, 0.0], [0.4, 0.7]], dtype=kiln.float64, requires_grad=True)
+    value = kiln.tensor([[0.5, 0.1], [-1.0, 2.0]], dtype=kiln.float64)
+    assert kiln.autograd.gradcheck(
+        lambda m, s: D.MultivariateNormal(m, scale_tril=s.tril()).log_prob(value), (loc, tril)
+    )
+
+    def draw(m, s):
+        kiln.manual_seed(5)
+        return D.MultivariateNormal(m, scale_tril=s.tril()).rsample((3,))
+
+    assert kiln.autograd.gradcheck(draw, (loc, tril))
+    with pytest.raises(ValueError, match="positive-definite"):
+        D.MultivariateNormal(kiln.zeros(2), -kiln.eye(2))
+    with pytest.raises(ValueError, match="Exactly one"):
+        D.MultivariateNormal(kiln.zeros(2), kiln.eye(2), scale_tril=kiln.eye(2))

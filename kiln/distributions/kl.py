@@ -10,6 +10,8 @@ import kiln
 
 from .bernoulli import Bernoulli
 from .categorical import Categorical
+from .independent import Independent, _sum_rightmost
+from .multivariate_normal import MultivariateNormal
 from .normal import Normal
 from .uniform import Uniform
 
@@ -88,3 +90,22 @@ def _kl_uniform_normal(p, q):
     t2 = common.pow(-2) / 12  # the variance of p over q's
     t3 = ((p.high + p.low - 2 * q.loc) / 2).pow(2)
     return t1 + 0.5 * (t2 + t3 / q.scale.pow(2))
+
+
+@register_kl(Independent, Independent)
+def _kl_independent_independent(p, q):
+    if p.reinterpreted_batch_ndims != q.reinterpreted_batch_ndims:
+        raise NotImplementedError("KL between Independent distributions with different reinterpreted_batch_ndims")
+    return _sum_rightmost(kl_divergence(p.base_dist, q.base_dist), p.reinterpreted_batch_ndims)
+
+
+@register_kl(MultivariateNormal, MultivariateNormal)
+def _kl_mvn_mvn(p, q):
+    # 0.5 (tr(Sq^-1 Sp) + |Lq^-1 (mq - mp)|^2 - k + log det Sq - log det Sp), with S = L L^T
+    k = p.event_shape[0]
+    batch = np.broadcast_shapes(tuple(p.batch_shape), tuple(q.batch_shape))
+    lq = q.scale_tril.expand(batch + (k, k))
+    trace = kiln.linalg.solve_triangular(lq, p.scale_tril.expand(batch + (k, k)), upper=False).pow(2).sum((-2, -1))
+    diff = (q.loc - p.loc).expand(batch + (k,)).unsqueeze(-1)
+    mahalanobis = kiln.linalg.solve_triangular(lq, diff, upper=False).pow(2).sum((-2, -1))
+    return q._half_log_det() - p._half_log_det() + 0.5 * (trace + mahalanobis - k)
