@@ -1,6 +1,6 @@
 """``kiln.func``: function transforms in the style of ``torch.func``.
 
-``grad``, ``grad_and_value``, ``vjp``, ``jacrev``, ``jacfwd`` and ``hessian`` are written over
+``grad``, ``grad_and_value``, ``vjp``, ``jvp``, ``jacrev``, ``jacfwd`` and ``hessian`` are written over
 kiln's tape-based autograd: a transformed function makes the differentiated arguments require
 grad, runs the function, and asks autograd for the derivative. When grad mode is on, results stay
 built with ``create_graph``, so transforms nest (``grad(grad(f))``) and an outer ``backward()``
@@ -33,7 +33,7 @@ from .frontend.autograd import is_grad_enabled
 from .frontend.autograd.grad_mode import enable_grad
 from .frontend.tensor import Tensor
 
-__all__ = ["grad", "grad_and_value", "vjp", "jacrev", "jacfwd", "hessian", "vmap", "functional_call"]
+__all__ = ["grad", "grad_and_value", "vjp", "jvp", "jacrev", "jacfwd", "hessian", "vmap", "functional_call"]
 
 
 # ----------------------------------------------------------------------------- pytrees (tuples, lists, dicts)
@@ -183,6 +183,36 @@ def vjp(func, *primals, has_aux: bool = False):
 
     out_plain = _detach_unless_attached(out, tracked)
     return (out_plain, vjp_fn, aux) if has_aux else (out_plain, vjp_fn)
+
+
+def jvp(func, primals, tangents, *, strict: bool = False, has_aux: bool = False):
+    """``(func(*primals), J @ tangents)``: the Jacobian-vector product, by the double-vjp trick
+    (J v is the gradient with respect to u of u^T J, seeded with v)."""
+    if not isinstance(primals, tuple) or not isinstance(tangents, tuple):
+        raise RuntimeError("jvp(f, primals, tangents): Expected primals and tangents to be tuples")
+    if len(primals) != len(tangents):
+        raise RuntimeError(f"jvp: got {len(primals)} primals but {len(tangents)} tangents")
+    for p, t in zip(_leaves(list(primals)), _leaves(list(tangents)), strict=True):
+        if tuple(p.shape) != tuple(t.shape):
+            raise RuntimeError(f"jvp: a tangent has shape {list(t.shape)}, its primal {list(p.shape)}")
+    with enable_grad():
+        tracked = [_track(p, "jvp") for p in primals]
+        out, aux = _split_aux(func(*tracked), has_aux, "jvp")
+        outputs = _leaves(out)
+        dummies = [ops.zeros_like(o).requires_grad_(True) for o in outputs]
+        transposed = _differentiate(outputs, dummies, _leaves(tracked))
+        live = [(g, v) for g, v in zip(transposed, _leaves(list(tangents)), strict=True) if g.requires_grad]
+        if live:
+            products = _autograd_grad([g for g, _ in live], dummies, [v for _, v in live], retain_graph=True,
+                                      create_graph=is_grad_enabled(), allow_unused=True)  # fmt: skip
+        else:
+            products = (None,) * len(outputs)
+    if strict and any(p is None for p in products):
+        raise RuntimeError("jvp: an output of the function does not depend on the primals (strict=True)")
+    products = [ops.zeros_like(o) if p is None else p for o, p in zip(outputs, products, strict=True)]
+    result = _detach_unless_attached(_rebuild(out, iter(products)), tracked)
+    out = _detach_unless_attached(out, tracked)
+    return (out, result, aux) if has_aux else (out, result)
 
 
 def _jacobian(func, argnums, has_aux: bool, fn: str, by_columns: bool):

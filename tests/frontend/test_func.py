@@ -79,6 +79,16 @@ def test_vjp_matches_torch(torch):
         fn((c1,))
 
 
+def test_jvp_matches_torch(torch):
+    (kx, ky, kv, kw), (tx, ty, tv, tw) = both(torch, *(rng.normal(size=3) for _ in range(4)))
+    got = kf.jvp(lambda x, y: (x.sin() * y, (x * y).sum()), (kx, ky), (kv, kw))
+    expected = torch.func.jvp(lambda x, y: (x.sin() * y, (x * y).sum()), (tx, ty), (tv, tw))
+    assert_tree(got, expected)
+    assert not got[1][0].requires_grad
+    with pytest.raises(RuntimeError, match="tuples"):
+        kf.jvp(lambda x: x, kx, kv)
+
+
 @pytest.mark.parametrize("name", ["jacrev", "jacfwd"])
 def test_jacobians_match_torch(torch, name):
     (kx, ky), (tx, ty) = both(torch, rng.normal(size=(2, 2)), rng.normal(size=2))
