@@ -183,16 +183,23 @@ def train(kind: str, data: tuple, args: argparse.Namespace) -> tuple[float, floa
     schedule = optim.lr_scheduler.LambdaLR(optimizer, lambda s: 0.1 + 0.45 * (1 + math.cos(math.pi * s / steps)))
     params = sum(p.numel() for p in model.parameters())
     print(f"{kind}: {params} parameters, {steps} steps of {args.batch_size} windows of {args.block} characters")
-    start = time.perf_counter()
-    running = 0.0
-    for step in range(1, steps + 1):
-        x, y = get_batch(train_ids, args.block, args.batch_size, generator)
+
+    def train_step(x, y):
         logits = logits_of(model, x)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         optimizer.zero_grad()
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        return loss.detach()
+
+    # One compiled program per step (the schedule's learning rate is read each call, not baked in).
+    train_step = train_step if args.eager else kiln.compile(train_step)
+    start = time.perf_counter()
+    running = 0.0
+    for step in range(1, steps + 1):
+        x, y = get_batch(train_ids, args.block, args.batch_size, generator)
+        loss = train_step(x, y)
         schedule.step()
         running += loss.item()
         if step % args.log_every == 0 or step == steps:
@@ -211,6 +218,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help=f"training steps (default {STEPS}; {FAST_STEPS} with --fast)")
     parser.add_argument("--fast", action="store_true", help="about a hundred steps per model (for tests)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eager", action="store_true", help="run the training step without kiln.compile")
     parser.add_argument("--block", type=int, default=64, help="characters per training window (context length)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, help=f"AdamW's learning rate (default {LR})")

@@ -70,4 +70,12 @@ from . import distributed  # noqa: E402
 
 # Tools (issue 16): the profiler (kiln.profiler.profile, record_function).
 # isort: split
-from . import profiler  # noqa: E402
+# math (issue 15): linalg, fft, special, distributions, autograd.functional, func
+from . import (  # noqa: E402
+    distributions,
+    fft,
+    func,
+    linalg,
+    profiler,  # noqa: E402
+    special,
+)

@@ -61,6 +61,7 @@ class Kind(enum.Enum):
     WINDOW = "window"  # sliding windows (unfold/fold): the basis of conv and pooling
     CHECK = "check"  # raises unless a condition holds on values (index ranges, division by zero)
     COLLECTIVE = "collective"  # communicates with the other processes of a job (all_reduce)
+    DECOMPOSITION = "decomposition"  # a matrix decomposition through numpy.linalg: never fused, run as an extern
 
 
 ELEMENTWISE = frozenset({Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST})
@@ -153,7 +154,18 @@ def missing_rules(prim: Primitive) -> list[str]:
 
 
 # Importing the definitions fills PRIMITIVES; the order fixes nothing but the printout.
-from . import checks, collectives, elementwise, indexing, linalg, movement, random, reductions, windows  # noqa: E402,F401
+from . import (  # noqa: E402,F401
+    checks,
+    collectives,
+    decompositions,
+    elementwise,
+    indexing,
+    linalg,
+    movement,
+    random,
+    reductions,
+    windows,
+)
 
 P = PRIMITIVES
 
