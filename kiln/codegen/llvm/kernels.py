@@ -33,7 +33,7 @@ from typing import TypeAlias
 
 from llvmlite import ir
 
-from ...ir.graph import Graph, Node, structure_key
+from ...ir.graph import KERNEL, Graph, Node, body_inputs_outputs, structure_key
 from ...ir.types import Dim, Sym
 from .. import index as ix
 from ..kernel_dag import REDUCES, VIEWS, Apply, DagBuilder, Load, Reduce, Rows, loads
@@ -171,7 +171,21 @@ def _check_layouts(node: Node, layouts: Sequence[tuple[int, ...]]) -> None:
 
 
 def _work_bytes(node: Node) -> int:
-    return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+    """Bytes read and written (what decides whether the thread pool is worth its dispatch). An
+    input that the body reads only through a smaller view (an LSTM step's slice of the whole
+    sequence's input projection) counts that view's size, not the whole array's."""
+    if node.op != KERNEL:
+        return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+    total = sum(v.type.numel * v.type.dtype.itemsize for v in node.outputs)
+    for body, outer, _ in body_inputs_outputs(node):
+        uses = body.uses()
+        for inner, value in zip(body.inputs, outer, strict=True):
+            readers = uses.get(inner, [])
+            read = value.type.numel
+            if readers and all(n.op in VIEWS for n in readers):
+                read = min(read, sum(n.output.type.numel for n in readers))
+            total += read * value.type.dtype.itemsize
+    return total
 
 
 def same_size(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
