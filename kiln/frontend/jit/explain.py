@@ -165,6 +165,28 @@ def kernel_line(node: Node) -> str:
             f"[{format_bytes(moved)}]{'  at ' + where if where else ''}")  # fmt: skip
 
 
+def _runs_of_kernels(kernels: list[Node]) -> list[str]:
+    """``kernel_line`` of each kernel, a run of consecutive kernels that read the same apart from
+    their names in one line (an unrolled loop's steps: ``k1..k64 (64 kernels) elementwise ...``)."""
+    lines: list[str] = []
+    run: list[tuple[str, str]] = []  # (name, the rest of the line)
+
+    def flush() -> None:
+        if len(run) == 1:
+            lines.append(f"{run[0][0]} {run[0][1]}")
+        elif run:
+            lines.append(f"{run[0][0]}..{run[-1][0]} ({len(run)} kernels) {run[0][1]}")
+        run.clear()
+
+    for node in kernels:
+        name, _, rest = kernel_line(node).partition(" ")
+        if run and rest != run[-1][1]:
+            flush()
+        run.append((name, rest))
+    flush()
+    return lines
+
+
 def captured_names(spec) -> dict[int, str]:
     """Names for the tensors a specialization captured, by ``id``: ``model.0.weight`` for a module's
     parameter or buffer that the function names as a global or closure variable (or the compiled
@@ -285,10 +307,13 @@ def _describe_specialization(i: int, spec, reason: str, guards: list[str]) -> li
     if grads:
         lines.append(f"  sets .grad of {len(grads)} input(s)")
     kernels = [node for node in graph.nodes if node.op == KERNEL]
-    eager = Counter(node.op for node in graph.nodes if node.op not in (KERNEL, CONSTANT))
+    if spec.report is not None:  # what the backend left to eager kernels (it compiles unfold/fold too)
+        eager = Counter(spec.report.externs)
+    else:
+        eager = Counter(node.op for node in graph.nodes if node.op not in (KERNEL, CONSTANT))
     lines.append(f"  nodes:   {traced} traced -> {len(graph.nodes)} after the passes: {len(kernels)} kernel(s), "
                  f"{sum(eager.values())} node(s) on eager kernels")  # fmt: skip
-    lines.extend(f"    {kernel_line(node)}" for node in kernels)
+    lines.extend(f"    {line}" for line in _runs_of_kernels(kernels))
     if eager:
         lines.append("    eager kernels: " + ", ".join(f"{op} x{c}" for op, c in sorted(eager.items())))
     lines.extend(_memory_lines(spec))
