@@ -63,3 +63,13 @@ def is_tensor(obj) -> bool:
 from . import data, jit, multiprocessing, nn, optim  # noqa: E402
 from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402
+
+# serial: checkpoints (kiln.serialization above), bfloat16, autocast and GradScaler (kiln.amp)
+
+
+def __getattr__(name: str):
+    if name == "bfloat16":  # made on first use: it needs ml_dtypes, which `import kiln` does not import
+        from .ir.dtypes import bfloat16_dtype  # noqa: PLC0415
+
+        return bfloat16_dtype()
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")
