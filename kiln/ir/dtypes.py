@@ -205,9 +205,13 @@ def bfloat16_dtype() -> DType:
                 "kiln.bfloat16 stores its values through the ml_dtypes package, which is not installed: "
                 "pip install 'kiln[bf16]' (or pip install ml_dtypes)"
             ) from None
-        _bfloat16 = DType("bfloat16", "bf16", np.dtype(ml_dtypes.bfloat16), FLOATING)
-        BY_NAME["bfloat16"] = BY_NAME["bf16"] = _bfloat16
-        _BY_NUMPY[_bfloat16.np] = _bfloat16
+        from .primitives.widen import widen_kernels  # noqa: PLC0415 - primitives import this module
+
+        made = DType("bfloat16", "bf16", np.dtype(ml_dtypes.bfloat16), FLOATING)
+        widen_kernels(made.np)  # before anyone can make a bfloat16 tensor: kernels compute in float32
+        BY_NAME["bfloat16"] = BY_NAME["bf16"] = made
+        _BY_NUMPY[made.np] = made
+        _bfloat16 = made
     return _bfloat16
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import kiln
+from kiln.frontend.opmath import in_float32
 
 from ._utils import check_tensor
 
@@ -31,6 +32,7 @@ def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor
     return y
 
 
+@in_float32  # bfloat16 normalizes in float32, as PyTorch does
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> kiln.Tensor:
     """Normalize over the trailing ``normalized_shape`` dims, as ``torch.nn.functional.layer_norm``.
 
@@ -92,6 +94,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return _affine(y, weight, bias, shape)
 
 
+@in_float32  # bfloat16 normalizes in float32, as PyTorch does
 def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> kiln.Tensor:
     """Normalize each of ``num_groups`` channel groups per sample, as ``torch.nn.functional.group_norm``."""
     check_tensor(input, "input", "group_norm")
