@@ -64,12 +64,15 @@ from . import data, jit, multiprocessing, nn, optim  # noqa: E402
 from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402
 
-# serial: checkpoints (kiln.serialization above), bfloat16, autocast and GradScaler (kiln.amp)
 
-
+# serial: checkpoints (kiln.serialization above), bfloat16 (made on first use), autocast and GradScaler
 def __getattr__(name: str):
     if name == "bfloat16":  # made on first use: it needs ml_dtypes, which `import kiln` does not import
         from .ir.dtypes import bfloat16_dtype  # noqa: PLC0415
 
         return bfloat16_dtype()
     raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
+
+from . import amp, cpu  # noqa: E402
+from .amp import autocast, get_autocast_dtype, is_autocast_enabled, set_autocast_dtype, set_autocast_enabled  # noqa: E402

@@ -12,6 +12,7 @@ from collections import namedtuple
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes, normalize_axis, reduced_shape
+from ..autocast import FLOAT32, autocast_op
 from ..dispatch import apply
 from ..opmath import in_float32
 from ..tensor import Tensor, method
@@ -85,6 +86,7 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
 
 
 @method("prod")
+@autocast_op(FLOAT32)
 def prod(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """The product over ``dim`` (an int; kiln also takes a tuple); ints and bools multiply in int64."""
     input = _accumulating(input, dtype)
