@@ -111,6 +111,12 @@ def test_ops_match_torch(torch, op):
     np.testing.assert_allclose(ours.float().numpy(), theirs.float().numpy(), **BF_TOL)
 
 
+def test_an_explicit_dtype_wins_over_float32_compute():
+    x = kiln.randn(2, 5).bfloat16()
+    assert x.softmax(-1, kiln.float32).dtype is kiln.float32 and x.softmax(-1, dtype=kiln.float32).dtype is kiln.float32
+    assert x.mean(dtype=kiln.float64).dtype is kiln.float64 and x.softmax(-1).dtype is bf16
+
+
 def test_sums_accumulate_in_float32(torch):
     x = kiln.full((4096,), 0.01, dtype=bf16)
     expected = torch.full((4096,), 0.01, dtype=torch.bfloat16).sum()

@@ -24,8 +24,10 @@ def in_float32(fn: F) -> F:
     @functools.wraps(fn)
     def composite(input, *args, **kwargs):
         low = dt._bfloat16  # None until bfloat16 is first used
-        if low is None or getattr(input, "_dtype", None) is not low or kwargs.get("dtype") is not None:
+        if low is None or getattr(input, "_dtype", None) is not low:
             return fn(input, *args, **kwargs)
+        if kwargs.get("dtype") is not None or any(isinstance(a, dt.DType) for a in args):
+            return fn(input, *args, **kwargs)  # softmax(x, dim, dtype): the caller chose the dtype
         return cast(fn(cast(input, dt.float32), *args, **kwargs), input._dtype)
 
     return composite  # type: ignore[return-value]
