@@ -156,14 +156,15 @@ def test_pretrained_torch_weights_round_trip(torch, tmp_path):
     np.testing.assert_array_equal(again.eval()(torch.from_numpy(x)).detach().numpy(), expected)
 
 
-def test_torch_views_offsets_and_shared_storages(torch):
+@pytest.mark.parametrize("zip_format", [True, False])
+def test_torch_views_offsets_and_shared_storages(torch, zip_format):
     base = torch.arange(24, dtype=torch.float64).reshape(4, 6)
     obj = {"base": base, "view": base[1:, ::2], "t": base.t(), "col": base[:, 5], "alone": torch.ones(3, dtype=torch.int32),
            "empty": torch.zeros(0, 3), "scalar": torch.tensor(7), "flags": torch.tensor([True, False]),
            "half": torch.tensor([1.5, -2.0], dtype=torch.float16), "grad": torch.ones(2, requires_grad=True),
            "param": torch.nn.Parameter(torch.zeros(2)), "meta": (torch.float32, torch.Size([1, 2]), torch.device("cpu"))}  # fmt: skip
     buffer = io.BytesIO()
-    torch.save(obj, buffer)
+    torch.save(obj, buffer, _use_new_zipfile_serialization=zip_format)  # False: the pre-1.6 legacy format
     buffer.seek(0)
     out = kiln.load(buffer)
     for key, value in obj.items():
@@ -226,6 +227,25 @@ def _rebuild_pickle(size, stride, offset=0, numel=4) -> bytes:
     hooks = b"ccollections\nOrderedDict\n)R"
     args = tuple_(storage, integer(offset), tuple_(*map(integer, size)), tuple_(*map(integer, stride)), b"\x89", hooks)
     return b"\x80\x02}" + text("w") + b"ctorch._utils\n_rebuild_tensor_v2\n" + args + b"Rs."
+
+
+def test_legacy_checkpoints_are_checked_against_their_size(torch, tmp_path):
+    path = tmp_path / "legacy.pt"
+    torch.save({"w": torch.arange(1000.0)}, path, _use_new_zipfile_serialization=False)
+    data = path.read_bytes()
+    assert kiln.load(path)["w"].tolist() == list(range(1000))
+    path.write_bytes(data[:-4])
+    with pytest.raises(ValueError, match="legacy.pt' is truncated: storage '.*' ends after 3996 of 4000 bytes"):
+        kiln.load(path)
+    path.write_bytes(data[: len(data) // 2])  # refused before 4000 bytes are allocated for it
+    with pytest.raises(ValueError, match="legacy.pt' is truncated or corrupt: storage '.*' declares 4000 bytes, "
+                                         "more than the file has left"):  # fmt: skip
+        kiln.load(path)
+    end = len(data) - 4000 - 8  # the storage's count, before its bytes
+    assert data[end : end + 8] == struct.pack("<q", 1000)
+    path.write_bytes(data[:end] + struct.pack("<q", 999) + data[end + 8 :])
+    with pytest.raises(ValueError, match="should start with its count 1000"):
+        kiln.load(path)
 
 
 def test_crafted_torch_checkpoints_cannot_reach_outside_their_storage(tmp_path):

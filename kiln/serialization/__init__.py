@@ -12,9 +12,9 @@ saved state_dict is also a plain safetensors file with the state_dict's keys, wh
 - a kiln file; pickled parts are refused under ``weights_only=True`` unless their globals are allowed
   (``add_safe_globals``, ``safe_globals``), with ``pickle.UnpicklingError`` naming the global;
 - a plain safetensors file: a dict of its tensors by name;
-- a PyTorch checkpoint (``torch.save``'s zip format, ``.pt``/``.pth``): read without torch through a
-  restricted unpickler that admits only tensor rebuilds, storages and plain containers
-  (``torch_format.py``), giving kiln tensors;
+- a PyTorch checkpoint (``torch.save``'s zip format, ``.pt``/``.pth``, or its pre-1.6 legacy format):
+  read without torch through a restricted unpickler that admits only tensor rebuilds, storages and
+  plain containers (``torch_format.py``), giving kiln tensors;
 - a plain pickle: through the same weights-only unpickler, or ``pickle`` itself with
   ``weights_only=False``.
 
@@ -50,7 +50,7 @@ from .restricted import (
     get_safe_globals,
     safe_globals,
 )
-from .torch_format import TorchFileError, load_torch_zip
+from .torch_format import TorchFileError, load_torch_legacy, load_torch_zip
 
 __all__ = ["MAX_DEPTH", "add_safe_globals", "clear_safe_globals", "get_safe_globals", "load", "safe_globals", "save"]
 
@@ -88,13 +88,25 @@ def load(f: str | os.PathLike | IO[bytes], map_location: str | Callable | dict |
         if head.startswith(b"PK\x03\x04"):
             return _load_zip(stream, map_location, weights_only, source)
         if head[:1] == b"\x80" and head[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
-            return _load_pickle(stream, head, weights_only, source)
+            return _load_pickle(stream, head, map_location, weights_only, source)
         meta, arrays = read_tensor_file(stream)
     except (TensorFileError, TorchFileError) as error:
         raise ValueError(f"kiln.load: {source} {error}") from None
     if "kiln.format" in meta:
         return kiln_format.decode(meta, arrays, map_location, source, weights_only)
     return {name: place(from_numpy(array), "cpu", map_location) for name, array in arrays.items()}
+
+
+def _remaining(f) -> int | None:
+    try:
+        if f.seekable():
+            here = f.tell()
+            end = f.seek(0, io.SEEK_END)
+            f.seek(here)
+            return end - here
+    except (AttributeError, OSError):
+        pass
+    return None
 
 
 def _is_regular(path) -> bool:
@@ -160,13 +172,17 @@ def _load_zip(stream, map_location, weights_only: bool, source: str):
         raise TorchFileError(f"is a corrupt PyTorch checkpoint ({type(error).__name__}: {error})") from None
 
 
-def _load_pickle(stream, head: bytes, weights_only: bool, source: str):
-    if head[4:14] == TORCH_LEGACY_MAGIC:
-        raise TorchFileError("is a PyTorch checkpoint in torch.save's legacy (pre-1.6) format, which kiln does "
-                             "not read; re-save it with a current torch (torch.save(torch.load(path), path))")  # fmt: skip
+def _load_pickle(stream, head: bytes, map_location, weights_only: bool, source: str):
     opened = open(os.fspath(stream), "rb") if isinstance(stream, str | os.PathLike) else None
     try:
         file = opened or stream
+        if head[4:14] == TORCH_LEGACY_MAGIC:
+            size = _remaining(file)
+            if size is None:  # a pipe: its size bounds the storages, so read it first
+                file = io.BytesIO(file.read())
+                size = len(file.getvalue())
+            return load_torch_legacy(file, file.tell() + size, weights_only=weights_only,
+                                     source=source, place=lambda t, location: place(t, location, map_location))  # fmt: skip
 
         def refuse(pid):
             raise pickle.UnpicklingError(
@@ -178,7 +194,9 @@ def _load_pickle(stream, head: bytes, weights_only: bool, source: str):
         return pickle.load(file)
     except WeightsOnlyRefusal:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError) as error:
+    except TorchFileError:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, IndexError, KeyError, TypeError, AttributeError) as error:
         raise TorchFileError(f"is a truncated or corrupt pickle ({type(error).__name__}: {error})") from None
     finally:
         if opened is not None:

@@ -8,6 +8,9 @@ storage types, dtypes, ``Size`` and ``device`` mapped to kiln's own; no other to
 torch is never imported. Tensors keep their strides and offsets, and tensors that shared a storage in
 torch share memory (and a version counter) in kiln. Every size, stride and offset is checked against
 its storage before a view is made, so a crafted file cannot reach memory outside it.
+
+The legacy format (``_use_new_zipfile_serialization=False``, PyTorch before 1.6) is read too: the same
+pickle followed by the storages' bytes (``load_torch_legacy``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from ..ir.types import CPU
 from ..ir.types import device as parse_device
 from .restricted import WeightsOnlyUnpickler
 
-__all__ = ["TorchFileError", "load_torch_zip"]
+__all__ = ["TorchFileError", "load_torch_legacy", "load_torch_zip"]
 
 _STORAGE_DTYPES = {
     "FloatStorage": "float32", "DoubleStorage": "float64", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
@@ -63,17 +66,12 @@ def _dtype(name: str) -> dt.DType:
 
 
 class _Reader:
-    def __init__(self, archive: zipfile.ZipFile, prefix: str, place: Callable[[Tensor, str], Tensor]) -> None:
-        self.archive = archive
-        self.prefix = prefix
+    """Rebuilds tensors on storages; ``fetch(key, dtype, numel)`` gives each storage's array (read or to be read)."""
+
+    def __init__(self, fetch: Callable[[str, dt.DType, int], np.ndarray], place: Callable[[Tensor, str], Tensor]):
+        self.fetch = fetch
         self.place = place
         self.storages: dict[str, _Storage] = {}
-        big = (
-            archive.read(prefix + "byteorder").strip() == b"big"
-            if prefix + "byteorder" in archive.namelist()
-            else False
-        )
-        self.byteorder = ">" if big else "<"
 
     def rebuilders(self) -> dict[str, Any]:
         found: dict[str, Any] = {
@@ -95,28 +93,13 @@ class _Reader:
         if not isinstance(storage_type, _StorageType) or not isinstance(key, str) or type(numel) is not int:
             raise TorchFileError(f"describes a storage as {str(pid)[:100]}; expected (type, key, location, numel)")
         if key not in self.storages:
-            self.storages[key] = _Storage(self.read_storage(key, _dtype(_STORAGE_DTYPES[storage_type.name]), numel),
+            if len(pid) > 5 and pid[5] is not None:
+                raise TorchFileError("holds a storage view (torch.save before 1.0), which kiln does not read")
+            if numel < 0:
+                raise TorchFileError(f"is corrupt: storage {key[:40]!r} has {numel} elements")
+            self.storages[key] = _Storage(self.fetch(key, _dtype(_STORAGE_DTYPES[storage_type.name]), numel),
                                           str(location))  # fmt: skip
         return self.storages[key]
-
-    def read_storage(self, key: str, dtype: dt.DType, numel: int) -> np.ndarray:
-        member = f"{self.prefix}data/{key}"
-        try:
-            info = self.archive.getinfo(member)
-        except KeyError:
-            raise TorchFileError(f"is missing the data of storage {key[:40]!r} ({member[:80]})") from None
-        if numel < 0 or info.file_size != numel * dtype.itemsize:
-            raise TorchFileError(f"is corrupt: storage {key[:40]!r} should hold {numel} {dtype.name} values "
-                                 f"({numel * dtype.itemsize} bytes), its data has {info.file_size} bytes")  # fmt: skip
-        array = np.empty(numel, dtype.np.newbyteorder(self.byteorder))
-        with self.archive.open(info) as stream:
-            view, got = array.view(np.uint8).data, 0
-            while got < len(view):
-                n = stream.readinto(view[got:])
-                if not n:
-                    raise TorchFileError(f"is truncated: storage {key[:40]!r} ends after {got} bytes")
-                got += n
-        return array if array.dtype.isnative else array.astype(dtype.np)
 
     def rebuild_tensor(self, storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None) -> Tensor:
         if not isinstance(storage, _Storage):
@@ -199,6 +182,38 @@ class _TorchUnpickler(WeightsOnlyUnpickler):
         return super(WeightsOnlyUnpickler, self).find_class(module, name)  # weights_only=False: any global
 
 
+class _ZipStorages:
+    def __init__(self, archive: zipfile.ZipFile, prefix: str) -> None:
+        self.archive, self.prefix = archive, prefix
+        names = archive.namelist()
+        self.big = prefix + "byteorder" in names and archive.read(prefix + "byteorder").strip() == b"big"
+
+    def __call__(self, key: str, dtype: dt.DType, numel: int) -> np.ndarray:
+        member = f"{self.prefix}data/{key}"
+        try:
+            info = self.archive.getinfo(member)
+        except KeyError:
+            raise TorchFileError(f"is missing the data of storage {key[:40]!r} ({member[:80]})") from None
+        if info.file_size != numel * dtype.itemsize or (
+            info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size
+        ):
+            raise TorchFileError(f"is corrupt: storage {key[:40]!r} should hold {numel} {dtype.name} values "
+                                 f"({numel * dtype.itemsize} bytes), its data has {info.file_size} bytes")  # fmt: skip
+        array = np.empty(numel, dtype.np)
+        with self.archive.open(info) as stream:
+            _read_into(stream, array, key)
+        return array.byteswap(inplace=True) if self.big else array
+
+
+def _read_into(stream, array: np.ndarray, key: str) -> None:
+    view, got = array.view(np.uint8).data, 0
+    while got < len(view):
+        n = stream.readinto(view[got:])
+        if not n:
+            raise TorchFileError(f"is truncated: storage {key[:40]!r} ends after {got} of {len(view)} bytes")
+        got += n
+
+
 def load_torch_zip(stream, *, weights_only: bool, source: str, place: Callable[[Tensor, str], Tensor]) -> Any:
     """The object a ``torch.save`` zip file holds, with kiln tensors; ``place(tensor, location)`` moves each."""
     archive = zipfile.ZipFile(stream)
@@ -208,8 +223,64 @@ def load_torch_zip(stream, *, weights_only: bool, source: str, place: Callable[[
     if len(pickles) != 1:
         raise TorchFileError("is a zip archive without exactly one <name>/data.pkl; not a torch.save checkpoint")
     prefix = pickles[0][: -len("data.pkl")]
-    reader = _Reader(archive, prefix, place)
+    reader = _Reader(_ZipStorages(archive, prefix), place)
     with archive.open(pickles[0]) as data:
         unpickler = _TorchUnpickler(data, weights_only=weights_only, extra=reader.rebuilders(),
                                     persistent_load=reader.persistent_load, source=source)  # fmt: skip
         return unpickler.load()
+
+
+class _LegacyStorages:
+    """The legacy format's storages come after the pickle: allocate them (bounded by the bytes left), fill later."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def __call__(self, key: str, dtype: dt.DType, numel: int) -> np.ndarray:
+        nbytes = numel * dtype.itemsize
+        if nbytes > self.budget:
+            raise TorchFileError(f"is truncated or corrupt: storage {key[:40]!r} declares {nbytes} bytes, more "
+                                 "than the file has left")  # fmt: skip
+        self.budget -= nbytes
+        self.arrays[key] = np.empty(numel, dtype.np)
+        return self.arrays[key]
+
+
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+LEGACY_PROTOCOL = 1001
+
+
+def load_torch_legacy(stream, size: int, *, weights_only: bool, source: str, place: Callable[[Tensor, str], Tensor]):
+    """The object of a ``torch.save(..., _use_new_zipfile_serialization=False)`` file: a magic number, the
+    protocol, the writer's sys_info, the object's pickle, the list of storage keys, then each storage as
+    an int64 count and its raw bytes. ``size``: the bytes in ``stream`` (each storage is checked against it)."""
+
+    def plain():  # the header pickles hold numbers and dicts only
+        return WeightsOnlyUnpickler(stream, extra={}, persistent_load=_no_persistent, source=source).load()
+
+    if plain() != LEGACY_MAGIC or plain() != LEGACY_PROTOCOL:
+        raise TorchFileError("is not a legacy torch.save file: its magic number or protocol is wrong")
+    info = plain()
+    big = isinstance(info, dict) and info.get("little_endian") is False
+    storages = _LegacyStorages(size - stream.tell())
+    reader = _Reader(storages, place)
+    result = _TorchUnpickler(stream, weights_only=weights_only, extra=reader.rebuilders(),
+                             persistent_load=reader.persistent_load, source=source).load()  # fmt: skip
+    keys = plain()
+    if not isinstance(keys, list) or sorted(keys) != sorted(storages.arrays):
+        raise TorchFileError("is corrupt: its list of storages does not match the storages its tensors use")
+    for key in keys:
+        array = storages.arrays[key]
+        count = stream.read(8)
+        if len(count) < 8 or int.from_bytes(count, "big" if big else "little", signed=True) != array.size:
+            raise TorchFileError(f"is corrupt or truncated: storage {key[:40]!r} should start with its count "
+                                 f"{array.size}")  # fmt: skip
+        _read_into(stream, array, key)
+        if big:
+            array.byteswap(inplace=True)
+    return result
+
+
+def _no_persistent(pid):
+    raise TorchFileError(f"names a persistent object {str(pid)[:80]} where none belongs")
