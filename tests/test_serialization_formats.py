@@ -59,6 +59,13 @@ def test_numpy_dtypes_devices_sizes_and_parameters_are_stored_without_pickle():
     assert type(out["param"]) is nn.Parameter and out["param"].requires_grad and out["param"].tolist() == [1, 1]
 
 
+def test_numpy_arrays_of_other_dtypes_are_pickled_and_still_load_weights_only():
+    obj = {"u16": np.arange(3, dtype=np.uint16), "c": np.array([1 + 2j], np.complex64), "s": np.array(["ab", "c"])}
+    out = _roundtrip(obj)
+    for key, value in obj.items():
+        assert out[key].dtype == value.dtype and out[key].tolist() == value.tolist(), key
+
+
 def test_tensors_are_named_by_their_place_so_safetensors_reads_a_state_dict(torch, tmp_path):
     from safetensors.torch import load_file
 

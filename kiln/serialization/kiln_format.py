@@ -66,7 +66,7 @@ class _Encoder:
     def encode(self, obj, where: str, depth: int = 0):
         if obj is None or isinstance(obj, bool | str):
             return obj
-        if isinstance(obj, np.ndarray | np.generic) and obj.dtype.kind in "biuf" and obj.dtype.isnative:
+        if isinstance(obj, np.ndarray | np.generic) and _plain_numbers(obj.dtype):
             return self.ndarray(obj, where)  # before float: np.float64 is a float, and should stay an np.float64
         if isinstance(obj, int):
             return int(obj)
@@ -143,9 +143,20 @@ class _Encoder:
         try:
             Pickler(buffer, protocol=4).dump(obj)
         except (pickle.PicklingError, TypeError, AttributeError) as error:
-            raise TypeError(f"kiln.save: {where} is a {type(obj).__name__}, which is neither a tensor nor a plain "
+            raise TypeError(f"kiln.save: {where or 'the object'} is a {type(obj).__name__}, which is neither a tensor nor a plain "
                             f"container, and it cannot be pickled either: {error}") from error  # fmt: skip
         return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _plain_numbers(dtype: np.dtype) -> bool:
+    """Arrays of kiln's dtypes are stored as data; others (uint16, complex, object, str...) are pickled."""
+    if not dtype.isnative or (dtype.kind not in "biuf" and dtype.name != "bfloat16"):
+        return False
+    try:
+        dt.from_numpy_dtype(dtype)
+    except TypeError:
+        return False
+    return True
 
 
 def _join(where: str, key) -> str:
