@@ -45,10 +45,9 @@ def _wrap(prim: Primitive, bf16: np.dtype) -> None:
     f32 = np.dtype(np.float32)
 
     def widened(xp, *arrays, **attrs):
-        for a in arrays:
-            if getattr(a, "dtype", None) is bf16:
-                break
-        else:
+        # After promotion an op's operands share one dtype, so the first tells; where a bfloat16 operand
+        # comes later (where's condition is first), the op selects values and computes nothing.
+        if arrays[0].dtype is not bf16:
             return eager(xp, *arrays, **attrs)
         wide = [a.astype(f32) if getattr(a, "dtype", None) is bf16 else a for a in arrays]
         return _narrow(eager(xp, *wide, **attrs), bf16)
