@@ -60,22 +60,20 @@ def is_tensor(obj) -> bool:
 
 
 # Last: the libraries written against the public API above, as a user's library would be.
+# isort: off
 from . import data, jit, multiprocessing, nn, optim  # noqa: E402
 from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402
+from . import distributed, profiler  # noqa: E402  (mpi4py is imported by init_process_group only)
+from . import distributions, fft, func, linalg, special  # noqa: E402
+from . import amp, cpu  # noqa: E402
+from .amp import autocast, get_autocast_dtype, is_autocast_enabled, set_autocast_dtype, set_autocast_enabled  # noqa: E402
+# isort: on
 
-# isort: split
-# dist: data parallelism across processes (MPI through mpi4py, imported only by init_process_group)
-from . import distributed  # noqa: E402
 
-# Tools (issue 16): the profiler (kiln.profiler.profile, record_function).
-# isort: split
-# math (issue 15): linalg, fft, special, distributions, autograd.functional, func
-from . import (  # noqa: E402
-    distributions,
-    fft,
-    func,
-    linalg,
-    profiler,  # noqa: E402
-    special,
-)
+def __getattr__(name: str):
+    if name == "bfloat16":  # made on first use: it needs ml_dtypes, which `import kiln` does not import
+        from .ir.dtypes import bfloat16_dtype  # noqa: PLC0415
+
+        return bfloat16_dtype()
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")

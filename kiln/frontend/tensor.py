@@ -17,7 +17,7 @@ from ..ir.types import CPU, Device
 from .autograd.grad_mode import state as _grad_state
 from .jit import state as _jit
 
-_NP_TO_DTYPE = {d.np: d for d in dt.ALL_DTYPES}
+_NP_TO_DTYPE = dt._BY_NUMPY  # the same dict: bfloat16 registers itself there when first used
 
 
 class Size(tuple):

@@ -72,6 +72,8 @@ def from_numpy_dtype(dtype: np.dtype) -> DType:
     try:
         return _BY_NUMPY[np.dtype(dtype)]
     except KeyError:
+        if np.dtype(dtype).name == "bfloat16":  # an ml_dtypes array met before kiln.bfloat16 was asked for
+            return bfloat16_dtype()
         supported = ", ".join(d.name for d in ALL_DTYPES)
         raise TypeError(f"kiln does not support numpy dtype {np.dtype(dtype)}; expected one of: {supported}") from None
 
@@ -82,6 +84,8 @@ def as_dtype(dtype: object) -> DType:
         return dtype
     if isinstance(dtype, str) and dtype in BY_NAME:
         return BY_NAME[dtype]
+    if dtype in ("bfloat16", "bf16"):
+        return bfloat16_dtype()
     if dtype is float:
         return float32
     if dtype is int:
@@ -109,6 +113,8 @@ def promote_types(a: DType, b: DType) -> DType:
     if a.category != b.category:
         hi, lo = (a, b) if a.category > b.category else (b, a)
         return hi  # float16 + int64 -> float16 (PyTorch), not float64 (numpy)
+    if a.itemsize == b.itemsize == 2 and a.category == FLOATING:
+        return float32  # bfloat16 with float16: neither holds the other (PyTorch: float32)
     return _promote_same_category(a, b)
 
 
@@ -178,3 +184,38 @@ def float_to_int(xp, x, dtype: DType):
     limit = 9.2e18  # the largest float64 below 2**63, so the int64 conversion is defined
     x = xp.clip(xp.nan_to_num(x.astype(np.float64), nan=0.0, posinf=limit, neginf=-limit), -limit, limit)
     return x.astype(np.int64).astype(dtype.np)
+
+
+# ------------------------------------------------------------------ bfloat16 (serial)
+# bfloat16 arrays are ml_dtypes' numpy dtype. The DType is made when first asked for (kiln.bfloat16,
+# as_dtype("bfloat16"), a bfloat16 array or file met), so `import kiln` neither needs ml_dtypes nor pays
+# for importing it. Once made it is registered like the others (BY_NAME, from_numpy_dtype); ALL_DTYPES
+# and FLOAT_DTYPES stay the dtypes every kernel handles natively.
+_bfloat16: DType | None = None
+
+
+def bfloat16_dtype() -> DType:
+    """``kiln.bfloat16``; ImportError saying what to install when ml_dtypes is missing."""
+    global _bfloat16
+    if _bfloat16 is None:
+        try:
+            import ml_dtypes  # noqa: PLC0415
+        except ImportError:
+            raise ImportError(
+                "kiln.bfloat16 stores its values through the ml_dtypes package, which is not installed: "
+                "pip install 'kiln[bf16]' (or pip install ml_dtypes)"
+            ) from None
+        from .primitives.widen import widen_kernels  # noqa: PLC0415 - primitives import this module
+
+        made = DType("bfloat16", "bf16", np.dtype(ml_dtypes.bfloat16), FLOATING)
+        widen_kernels(made.np)  # before anyone can make a bfloat16 tensor: kernels compute in float32
+        BY_NAME["bfloat16"] = BY_NAME["bf16"] = made
+        _BY_NUMPY[made.np] = made
+        _bfloat16 = made
+    return _bfloat16
+
+
+def __getattr__(name: str) -> DType:
+    if name == "bfloat16":
+        return bfloat16_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

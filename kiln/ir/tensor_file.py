@@ -32,7 +32,7 @@ from typing import IO, Any
 
 import numpy as np
 
-__all__ = ["MAX_HEADER", "TensorFileError", "read_tensor_file"]
+__all__ = ["MAX_HEADER", "TORCH_LEGACY_MAGIC", "TensorFileError", "read_tensor_file"]
 
 MAX_HEADER = 100_000_000  # bytes of JSON header; safetensors' own limit
 SNIFF_BYTES = 4096  # enough to name a zip archive's first member
@@ -49,7 +49,7 @@ _DTYPES = {
     "F32": np.dtype("<f4"),
     "F64": np.dtype("<f8"),
 }
-_TORCH_LEGACY_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")  # pickled first by torch.save's old format
+TORCH_LEGACY_MAGIC = (0x1950A86A20F9469CFC6C).to_bytes(10, "little")  # pickled first by torch.save's old format
 _CONVERT = (
     "kiln never unpickles a file (unpickling can run code). Convert it once where torch is installed: "
     "state = torch.load(path, weights_only=True); "
@@ -154,6 +154,10 @@ def _entry(name: str, entry: Any) -> tuple[np.dtype, tuple[int, ...], tuple[int,
         raise TensorFileError(f"is corrupt: {where} must be described by dtype, shape and data_offsets, "
                               f"got {str(entry):.100}")  # fmt: skip
     dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype == "BF16":
+        from .dtypes import bfloat16_dtype  # noqa: PLC0415 - bfloat16 needs ml_dtypes, imported when met
+
+        _DTYPES["BF16"] = bfloat16_dtype().np
     if dtype not in _DTYPES:
         raise TensorFileError(f"has {where} of dtype {str(dtype)[:20]!r}, which kiln cannot read "
                               f"(it reads {', '.join(_DTYPES)})")  # fmt: skip
@@ -224,7 +228,7 @@ def _refuse_foreign(first: bytes, stream: IO[bytes]) -> None:
         raise TensorFileError(f"is {kind}, not a safetensors file; read it with the tool that wrote it")
     if first[:1] == b"\x80" and first[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         head = first + _read_up_to(stream, 16)
-        what = "a PyTorch checkpoint (torch.save's legacy pickle format)" if head[4:14] == _TORCH_LEGACY_MAGIC \
+        what = "a PyTorch checkpoint (torch.save's legacy pickle format)" if head[4:14] == TORCH_LEGACY_MAGIC \
             else "a Python pickle"  # fmt: skip
         raise TensorFileError(f"is {what}, not a safetensors file; {_CONVERT}")
     if first.startswith(b"\x93NUMPY"):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import kiln
+from kiln.frontend.autocast import LOWER, autocast_op
 
 from ._utils import batched, check_tensor, ntuple, pad_spec
 
@@ -101,11 +102,13 @@ def _check_fits(spatial, kernel, dilation, op: str) -> None:
         )
 
 
+@autocast_op(LOWER)
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
     """1-D convolution (cross-correlation) of (N, C, L) or (C, L) with weight (O, C/groups, k)."""
     return _conv(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
 
 
+@autocast_op(LOWER)
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
     """2-D convolution of (N, C, H, W) or (C, H, W) with weight (O, C/groups, kh, kw).
 
@@ -119,6 +122,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     return _conv(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
 
 
+@autocast_op(LOWER)
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
     """3-D convolution of (N, C, D, H, W) with weight (O, C/groups, kd, kh, kw)."""
     return _conv(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")

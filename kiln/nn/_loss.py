@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import kiln
+from kiln.frontend.autocast import FLOAT32, autocast_op
 
 from ._utils import check_tensor
 
@@ -70,6 +71,7 @@ def _picked_log_probs(logp, target, weight, ignore_index: int, op: str):
     return -(picked * w), w, valid
 
 
+@autocast_op(FLOAT32)
 def nll_loss(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
              reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """Negative log-likelihood of class indices ``target`` under log-probabilities ``input`` (N, C, ...)."""
@@ -81,6 +83,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index: int = 
     return losses.sum() if reduction == "sum" else losses.sum() / w.sum()
 
 
+@autocast_op(FLOAT32)
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                   reduction: str = "mean", label_smoothing: float = 0.0) -> kiln.Tensor:  # fmt: skip
     """Cross-entropy of logits ``input`` (C,), (N, C) or (N, C, d1, ...) against class indices or
@@ -136,12 +139,14 @@ def _soft_cross_entropy(logp, target, weight, reduction: str, label_smoothing: f
     return losses.sum() if reduction == "sum" else losses
 
 
+@autocast_op(FLOAT32)
 def mse_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
     """Mean squared error; ``input`` and ``target`` broadcast against each other."""
     diff = input - target
     return _reduce(diff * diff, reduction)
 
 
+@autocast_op(FLOAT32)
 def l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
     """Mean absolute error; ``input`` and ``target`` broadcast against each other."""
     return _reduce(kiln.abs(input - target), reduction)
@@ -155,6 +160,7 @@ def _check_same_size(input, target, op: str) -> None:
         )
 
 
+@autocast_op(FLOAT32)
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
                          reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """-(t log x + (1 - t) log(1 - x)) for probabilities ``input``; each log clamped to >= -100 as in PyTorch."""
@@ -173,6 +179,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     return _reduce(loss, reduction)
 
 
+@autocast_op(FLOAT32)
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
                                      reduction: str = "mean", pos_weight=None) -> kiln.Tensor:  # fmt: skip
     """BCE of sigmoid(input), computed stably: (1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import kiln
+from kiln.frontend.opmath import in_float32
 
 from ._utils import check_tensor
 
@@ -31,6 +32,7 @@ def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor
     return y
 
 
+@in_float32  # bfloat16 normalizes in float32, as PyTorch does
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> kiln.Tensor:
     """Normalize over the trailing ``normalized_shape`` dims, as ``torch.nn.functional.layer_norm``.
 
@@ -57,6 +59,7 @@ def _channel_shape(x: kiln.Tensor) -> tuple[int, ...]:
     return (1, x.shape[1]) + (1,) * (x.ndim - 2)
 
 
+@in_float32  # mixed dtypes (bfloat16 input, float32 statistics) give the input dtype, as in PyTorch
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> kiln.Tensor:  # fmt: skip
     """Normalize each channel (dim 1) over the batch and spatial dims.
@@ -92,6 +95,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     return _affine(y, weight, bias, shape)
 
 
+@in_float32  # bfloat16 normalizes in float32, as PyTorch does
 def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> kiln.Tensor:
     """Normalize each of ``num_groups`` channel groups per sample, as ``torch.nn.functional.group_norm``."""
     check_tensor(input, "input", "group_norm")

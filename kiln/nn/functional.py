@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import kiln
+from kiln.frontend.autocast import LOWER, autocast_op
 
 from ._conv import conv1d, conv2d, conv3d, fold, unfold
 from ._loss import (
@@ -119,6 +120,7 @@ def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None) -> kiln.Tenso
 
 
 # ----------------------------------------------------------------------------- layers
+@autocast_op(LOWER)
 def linear(input, weight, bias=None) -> kiln.Tensor:
     """``input @ weight.T + bias`` over any leading dims of ``input`` (..., in_features).
 
@@ -195,6 +197,7 @@ def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False,
     return input.copy_(out) if inplace else out
 
 
+@autocast_op(LOWER)
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False,
                                  scale=None, *, generator=None) -> kiln.Tensor:  # fmt: skip
     """softmax(q k^T * scale + mask) v over (..., L, E) queries and (..., S, E) keys.

@@ -48,8 +48,9 @@ class LLVMBackend:
     stages: tuple[str, ...] = ("fuse", "infer_layouts", "choose_write_backs", "plan_memory")
 
     def declines(self, node: Node) -> str | None:
-        if any(v.type.dtype is float16 for v in (*node.inputs, *node.outputs)):
-            return "float16 has no LLVM kernels"
+        for v in (*node.inputs, *node.outputs):
+            if v.type.dtype is float16 or v.type.dtype.short == "bf16":  # bfloat16 exists only once ml_dtypes is in
+                return f"{v.type.dtype.name} has no LLVM kernels"
         return None
 
     def signature(self) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 from ...codegen.backend import backend_names
 from ...ir import dtypes as _dtypes
 from ...runtime import profiling
+from ..autocast import key as _autocast_key
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
 from . import hazards, state
@@ -361,8 +362,12 @@ def call_key(tree, leaves: list) -> tuple:
                 parts.append(("object", type(leaf), id(leaf), leaf if _hashable_by_value(leaf) else None))
             except TypeError:
                 parts.append(("object", type(leaf), id(leaf), None))
-    # Global modes that change what ops produce are part of the key (the default dtype).
-    return (tree, tuple(parts), grad_state.grad_enabled, _dtypes._default_dtype)
+    # Global modes that change what ops produce are part of the key (the default dtype, autocast regions).
+    return (tree, tuple(parts), grad_state.grad_enabled, _dtypes._default_dtype, _autocast_key())
+
+
+def _autocast_text(regions) -> str:
+    return "off" if regions is None else ", ".join(f"{device} {dtype.name}" for device, dtype in regions)
 
 
 def _hashable_by_value(leaf) -> bool:
@@ -378,6 +383,8 @@ def describe_key_change(old: tuple, new: tuple) -> str:
         return f"grad mode changed from {old[2]} to {new[2]}"
     if old[3] != new[3]:
         return f"the default dtype changed from {old[3].name} to {new[3].name}"
+    if old[4] != new[4]:
+        return f"autocast changed from {_autocast_text(old[4])} to {_autocast_text(new[4])}"
     if old[0] != new[0]:
         return "the structure of the arguments changed"
     names = ("shape", "strides", "dtype", "device", "requires_grad", ".grad is set", "memory shared with argument")

@@ -322,6 +322,12 @@ for _name, _dt in {"float": dt.float32, "double": dt.float64, "half": dt.float16
     _cast_method(_name, _dt)
 
 
+@method("bfloat16")
+def _to_bfloat16(self: Tensor) -> Tensor:
+    """``self`` as bfloat16 (made on first use: it needs ml_dtypes)."""
+    return cast(self, dt.bfloat16_dtype())
+
+
 @method("type_as")
 def type_as(input: Tensor, other: Tensor) -> Tensor:
     return cast(input, other._dtype)

@@ -11,6 +11,7 @@ import math
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ..dispatch import apply
+from ..opmath import in_float32
 from ..tensor import Tensor, method
 from ._util import as_tensor_arg, cast, promote, scalar_tensor
 from .checks import check_nonzero, check_range
@@ -244,6 +245,7 @@ def relu(input: Tensor) -> Tensor:
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
+@in_float32
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x); ``approximate="tanh"`` uses the tanh formula, as ``torch.nn.functional.gelu``."""
     if approximate == "none":
@@ -254,10 +256,12 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
+@in_float32
 def silu(input: Tensor) -> Tensor:
     return mul(input, sigmoid(input))
 
 
+@in_float32
 def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tensor:
     """log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's rule).
 

@@ -12,6 +12,7 @@ import math
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes
+from ..autocast import LOWER, autocast_op
 from ..dispatch import apply
 from ..tensor import Tensor, method
 from ._util import cast, check_tensor
@@ -38,6 +39,7 @@ def _with_shape(x: Tensor, shape: tuple[int, ...]) -> Tensor:
 
 # ----------------------------------------------------------------------------- matmul and friends
 @method("matmul", "__matmul__")
+@autocast_op(LOWER)
 def matmul(input: Tensor, other: Tensor) -> Tensor:
     """The matrix product with PyTorch's rules for 1-D inputs and broadcast batch dims.
 
@@ -78,6 +80,7 @@ def _rmatmul(self: Tensor, other: Tensor) -> Tensor:
 
 
 @method("mm")
+@autocast_op(LOWER)
 def mm(input: Tensor, mat2: Tensor) -> Tensor:
     """The product of two matrices (2-D only)."""
     if input.ndim != 2:
@@ -89,6 +92,7 @@ def mm(input: Tensor, mat2: Tensor) -> Tensor:
 
 
 @method("bmm")
+@autocast_op(LOWER)
 def bmm(input: Tensor, mat2: Tensor) -> Tensor:
     """Batched matrix product of (b, n, k) and (b, k, m) tensors; no broadcasting."""
     for name, t in (("batch1", input), ("batch2", mat2)):
@@ -180,6 +184,7 @@ def norm(input: Tensor, p="fro", dim=None, keepdim: bool = False, dtype=None) ->
 _ELLIPSIS = "..."
 
 
+@autocast_op(LOWER)
 def einsum(equation: str, *operands) -> Tensor:
     """Einstein summation, as ``torch.einsum``: ``einsum("bij,bjk->bik", a, b)``.
 

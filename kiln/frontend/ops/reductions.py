@@ -12,7 +12,9 @@ from collections import namedtuple
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes, normalize_axis, reduced_shape
+from ..autocast import FLOAT32, autocast_op
 from ..dispatch import apply
+from ..opmath import in_float32
 from ..tensor import Tensor, method
 from ._util import cast
 from .elementwise import add, div, eq, exp, isinf, log, maximum, minimum, mul, ne, sqrt, sub, where
@@ -66,6 +68,7 @@ def sum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor
 
 
 @method("mean")
+@in_float32
 def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """The mean over ``dim``; integer inputs need ``dtype=`` (as in PyTorch). Empty: nan.
 
@@ -83,6 +86,7 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
 
 
 @method("prod")
+@autocast_op(FLOAT32)
 def prod(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
     """The product over ``dim`` (an int; kiln also takes a tuple); ints and bools multiply in int64."""
     input = _accumulating(input, dtype)
@@ -229,6 +233,7 @@ def _correction(dim, unbiased, correction):
 
 
 @method("var")
+@in_float32
 def var(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *, correction=None) -> Tensor:
     """Variance over ``dim``: sum((x - mean)^2) / max(0, N - correction); ``correction=1`` by default.
 
@@ -247,6 +252,7 @@ def var(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = F
 
 
 @method("std")
+@in_float32
 def std(input: Tensor, dim=None, unbiased: bool | None = None, keepdim: bool = False, *, correction=None) -> Tensor:
     """Standard deviation: sqrt(var); its gradient where the deviation is 0 is 0, as in PyTorch."""
     return _sqrt_zero_grad(var(input, dim, unbiased, keepdim, correction=correction))
@@ -264,6 +270,7 @@ def _detached_max(input: Tensor, axes) -> Tensor:
 
 
 @method("logsumexp")
+@in_float32
 def logsumexp(input: Tensor, dim=None, keepdim: bool = False) -> Tensor:
     """log(sum(exp(x))) over ``dim``, computed as m + log(sum(exp(x - m))) so it never overflows.
 
@@ -297,6 +304,7 @@ def _softmax_dim(dim) -> int:
 
 
 @method("softmax")
+@in_float32
 def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``dim``, shifted by the row maximum so exp never overflows.
 
@@ -313,6 +321,7 @@ def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
 
 
 @method("log_softmax")
+@in_float32
 def log_softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     """x - logsumexp(x) along ``dim``, shifted by the row maximum (stable for large |x|)."""
     input = _softmax_input(input, dtype, "log_softmax")

@@ -8,6 +8,7 @@ at the end), then a stride-1 conv2d with the kernel flipped and its in/out chann
 from __future__ import annotations
 
 import kiln
+from kiln.frontend.autocast import LOWER, autocast_op
 
 from .. import functional as F
 from .linear import add_weight_and_bias, reset_weight_and_bias
@@ -41,6 +42,7 @@ def _pad_or_crop(x, before: tuple[int, int], after: tuple[int, int]):
     return x[:, :, top : h - max(-after[0], 0), left : w - max(-after[1], 0)]
 
 
+@autocast_op(LOWER)
 def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
                      dilation=1) -> kiln.Tensor:  # fmt: skip
     """Transposed convolution of (N, C_in, H, W) or (C_in, H, W) with weight (C_in, C_out / groups, kH, kW)."""
