@@ -16,6 +16,22 @@ import math
 
 import kiln
 
+from ._activation import (
+    celu,
+    glu,
+    hardshrink,
+    hardsigmoid,
+    hardswish,
+    mish,
+    prelu,
+    rrelu,
+    selu,
+    softmin,
+    softshrink,
+    softsign,
+    tanhshrink,
+    threshold,
+)
 from ._conv import conv1d, conv2d, conv3d, fold, unfold
 from ._loss import (
     binary_cross_entropy,
@@ -24,6 +40,23 @@ from ._loss import (
     l1_loss,
     mse_loss,
     nll_loss,
+)
+from ._distance import channel_shuffle, cosine_similarity, normalize, pairwise_distance, pixel_shuffle, pixel_unshuffle
+from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
+from ._interpolate import interpolate, upsample, upsample_bilinear, upsample_nearest
+from ._loss_extra import (
+    cosine_embedding_loss,
+    gaussian_nll_loss,
+    hinge_embedding_loss,
+    huber_loss,
+    kl_div,
+    margin_ranking_loss,
+    multi_margin_loss,
+    multilabel_soft_margin_loss,
+    poisson_nll_loss,
+    smooth_l1_loss,
+    soft_margin_loss,
+    triplet_margin_loss,
 )
 from ._norm import batch_norm, group_norm, instance_norm, layer_norm
 from ._pooling import (
@@ -51,6 +84,17 @@ __all__ = [
     "layer_norm", "batch_norm", "group_norm", "instance_norm",
     # losses
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+    "smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "margin_ranking_loss", "hinge_embedding_loss",
+    "cosine_embedding_loss", "poisson_nll_loss", "gaussian_nll_loss", "triplet_margin_loss",
+    "multilabel_soft_margin_loss", "multi_margin_loss",
+    # more activations, in-place forms
+    "celu", "selu", "glu", "hardswish", "hardsigmoid", "mish", "softsign", "softmin", "softshrink", "hardshrink",
+    "tanhshrink", "threshold", "prelu", "rrelu", "relu_", "elu_", "leaky_relu_", "hardtanh_", "threshold_",
+    "celu_", "selu_", "rrelu_",
+    # shapes, distances, resampling, channel dropout
+    "normalize", "cosine_similarity", "pairwise_distance", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
+    "interpolate", "upsample", "upsample_nearest", "upsample_bilinear",
+    "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
 ]  # fmt: skip
 
 
@@ -82,22 +126,58 @@ def tanh(input) -> kiln.Tensor:
 
 def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False) -> kiln.Tensor:
     # `x > 0` as the condition: the gradient at 0 is negative_slope (PyTorch's) and nan stays nan.
-    return kiln.where(input > 0, input, input * negative_slope)
+    out = kiln.where(input > 0, input, input * negative_slope)
+    return input.copy_(out) if inplace else out
 
 
 def elu(input, alpha: float = 1.0, inplace: bool = False) -> kiln.Tensor:
     positive = input > 0
     # expm1 of the clamped input, so the unselected branch cannot overflow into a nan gradient.
-    return kiln.where(positive, input, kiln.expm1(kiln.where(positive, 0.0, input)) * alpha)
+    out = kiln.where(positive, input, kiln.expm1(kiln.where(positive, 0.0, input)) * alpha)
+    return input.copy_(out) if inplace else out
 
 
 def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> kiln.Tensor:
     # Not clamp: PyTorch's hardtanh has gradient 0 on the bounds themselves (clamp passes 1).
-    return kiln.where(input <= min_val, min_val, kiln.where(input >= max_val, max_val, input))
+    out = kiln.where(input <= min_val, min_val, kiln.where(input >= max_val, max_val, input))
+    return input.copy_(out) if inplace else out
 
 
 def relu6(input, inplace: bool = False) -> kiln.Tensor:
-    return hardtanh(input, 0.0, 6.0)
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+# In-place forms: the result written back into ``input`` (PyTorch's trailing-underscore names).
+def relu_(input) -> kiln.Tensor:
+    return input.relu_()
+
+
+def elu_(input, alpha: float = 1.0) -> kiln.Tensor:
+    return input.copy_(elu(input, alpha))
+
+
+def leaky_relu_(input, negative_slope: float = 0.01) -> kiln.Tensor:
+    return input.copy_(leaky_relu(input, negative_slope))
+
+
+def hardtanh_(input, min_val: float = -1.0, max_val: float = 1.0) -> kiln.Tensor:
+    return input.copy_(hardtanh(input, min_val, max_val))
+
+
+def threshold_(input, threshold_value: float, value: float) -> kiln.Tensor:
+    return input.copy_(threshold(input, threshold_value, value))
+
+
+def celu_(input, alpha: float = 1.0) -> kiln.Tensor:
+    return input.copy_(celu(input, alpha))
+
+
+def selu_(input) -> kiln.Tensor:
+    return input.copy_(selu(input))
+
+
+def rrelu_(input, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False) -> kiln.Tensor:
+    return input.copy_(rrelu(input, lower, upper, training))
 
 
 def logsigmoid(input) -> kiln.Tensor:

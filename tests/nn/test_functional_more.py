@@ -1,0 +1,228 @@
+"""The newer ``kiln.nn.functional`` names against torch in float64: values and gradients, then
+finite-difference gradient checks, including the breakpoints of piecewise functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.nn.functional as F
+from tests.conftest import assert_close
+from tests.nn.helpers import check_parity, leaves
+
+rng = np.random.default_rng(0)
+X = rng.normal(size=(2, 6, 3)) * 3
+# Exactly on the breakpoints, where PyTorch's gradient rules pick a side.
+KINKS = np.array([-3.0, 3.0, 0.0, 0.5, -0.5, 1.0, -1.0, 6.0, 2.0, -2.0, 0.25, 10.0])
+
+UNARY = [
+    ("celu", {}), ("celu", {"alpha": 0.5}), ("selu", {}), ("hardswish", {}), ("hardsigmoid", {}), ("mish", {}),
+    ("softsign", {}), ("softshrink", {}), ("softshrink", {"lambd": 1.0}), ("hardshrink", {}), ("tanhshrink", {}),
+    ("relu6", {}), ("hardtanh", {}), ("hardtanh", {"min_val": -2.0, "max_val": 0.5}), ("elu", {"alpha": 0.3}),
+    ("leaky_relu", {"negative_slope": 0.2}), ("logsigmoid", {}), ("glu", {}), ("glu", {"dim": 1}),
+    ("softmin", {"dim": 1}), ("threshold", {"threshold": 0.5, "value": -2.0}),
+    ("rrelu", {}), ("normalize", {}), ("normalize", {"p": 1.0, "dim": -1}), ("normalize", {"p": 3.0, "dim": 0}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "kwargs"), UNARY)
+def test_unary_matches_torch(torch, name, kwargs):
+    for x in (X, KINKS.reshape(2, 6)):
+        if name == "glu" and x.shape[kwargs.get("dim", -1)] % 2:
+            continue
+        # PyTorch's hardsigmoid backward multiplies by 1/6 rounded to float32, even in float64.
+        tol = {"rtol": 1e-7, "atol": 1e-12} if name == "hardsigmoid" else {}
+        check_parity(torch, lambda a: getattr(F, name)(a, **kwargs),
+                     lambda a: getattr(torch.nn.functional, name)(a, **kwargs), [x], grad=(0,), **tol)  # fmt: skip
+
+
+def test_inplace_forms_match_torch(torch):
+    for name, args in [("relu_", ()), ("elu_", (0.5,)), ("leaky_relu_", (0.1,)), ("hardtanh_", (-0.5, 0.5)),
+                       ("threshold_", (0.1, 7.0)), ("celu_", (2.0,)), ("selu_", ())]:  # fmt: skip
+        k, t = kiln.tensor(X.copy()), torch.tensor(X.copy())
+        out = getattr(F, name)(k, *args)
+        getattr(torch.nn.functional, name)(t, *args)
+        assert out is k
+        assert_close(k, t, rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck_activations():
+    (x,) = leaves(X + 0.01)  # off the kinks: finite differences need a smooth neighbourhood
+    for fn in (F.celu, F.selu, F.hardswish, F.mish, F.softsign, lambda a: F.glu(a, 1), F.normalize, lambda a: F.softmin(a, 1)):
+        assert kiln.autograd.gradcheck(fn, (x,))
+
+
+def test_prelu_and_errors(torch):
+    x = rng.normal(size=(2, 3, 4))
+    check_parity(torch, F.prelu, torch.nn.functional.prelu, [x, np.array([0.1, -0.2, 0.3])], grad=(0, 1))
+    check_parity(torch, F.prelu, torch.nn.functional.prelu, [x, np.array([0.25])], grad=(0, 1))
+    with pytest.raises(RuntimeError, match="Halving dimension must be even"):
+        F.glu(kiln.ones(3))
+    with pytest.raises(RuntimeError, match="channel size"):
+        F.prelu(kiln.ones(2, 3), kiln.ones(2))
+
+
+def test_distances_match_torch(torch):
+    a, b = rng.normal(size=(4, 5)), rng.normal(size=(4, 5))
+    tf = torch.nn.functional
+    check_parity(torch, F.cosine_similarity, tf.cosine_similarity, [a, b], grad=(0, 1))
+    check_parity(torch, lambda x, y: F.cosine_similarity(x, y, dim=0), lambda x, y: tf.cosine_similarity(x, y, dim=0),
+                 [a, b[:1]], grad=(0, 1))  # fmt: skip
+    for p in (1.0, 2.0, 3.0):
+        check_parity(torch, lambda x, y, p=p: F.pairwise_distance(x, y, p), lambda x, y, p=p: tf.pairwise_distance(x, y, p),
+                     [a, b], grad=(0, 1))  # fmt: skip
+    check_parity(torch, lambda x, y: F.pairwise_distance(x, y, keepdim=True),
+                 lambda x, y: tf.pairwise_distance(x, y, keepdim=True), [a, a], grad=(0, 1))  # fmt: skip
+
+
+def test_pixel_and_channel_shuffle_match_torch(torch):
+    tf = torch.nn.functional
+    x = rng.normal(size=(2, 8, 3, 5))
+    check_parity(torch, lambda a: F.pixel_shuffle(a, 2), lambda a: tf.pixel_shuffle(a, 2), [x], grad=(0,))
+    check_parity(torch, lambda a: F.pixel_unshuffle(a, 3), lambda a: tf.pixel_unshuffle(a, 3),
+                 [rng.normal(size=(3, 2, 6, 9))], grad=(0,))  # fmt: skip
+    check_parity(torch, lambda a: F.pixel_shuffle(a, 2), lambda a: tf.pixel_shuffle(a, 2),
+                 [rng.normal(size=(2, 4, 8, 3, 5))], grad=(0,))  # fmt: skip
+    check_parity(torch, lambda a: F.channel_shuffle(a, 4), lambda a: tf.channel_shuffle(a, 4), [x], grad=(0,))
+    with pytest.raises(RuntimeError, match="divisible"):
+        F.pixel_shuffle(kiln.ones(1, 3, 2, 2), 2)
+
+
+LOSSES = [
+    ("smooth_l1_loss", {}), ("smooth_l1_loss", {"beta": 0.5}), ("smooth_l1_loss", {"beta": 0.0}),
+    ("huber_loss", {}), ("huber_loss", {"delta": 0.3}), ("soft_margin_loss", {}),
+    ("kl_div", {"reduction": "batchmean"}), ("kl_div", {"log_target": True}), ("kl_div", {"reduction": "sum"}),
+    ("poisson_nll_loss", {}), ("poisson_nll_loss", {"log_input": False, "full": True}),
+    ("multilabel_soft_margin_loss", {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize(("name", "kwargs"), LOSSES)
+def test_pointwise_losses_match_torch(torch, name, kwargs, reduction):
+    kwargs = {"reduction": reduction, **kwargs}
+    x = rng.normal(size=(4, 5))
+    if name == "kl_div":
+        x = np.log(rng.dirichlet(np.ones(5), size=4))
+        t = x.copy() * 1.1 if kwargs.get("log_target") else rng.dirichlet(np.ones(5), size=4)
+        t[0, 0] = 0.0 if not kwargs.get("log_target") else t[0, 0]  # 0 log 0 = 0
+    elif name in ("soft_margin_loss",):
+        t = np.sign(rng.normal(size=(4, 5)))
+    elif name == "multilabel_soft_margin_loss":
+        t = (rng.uniform(size=(4, 5)) > 0.5).astype(np.float64)
+    elif name == "poisson_nll_loss":
+        t = rng.integers(0, 5, size=(4, 5)).astype(np.float64)
+        x = np.abs(x) + 0.1 if not kwargs.get("log_input", True) else x
+    else:
+        t = x + rng.normal(size=(4, 5)) * np.array([0.1, 0.5, 1.0, 2.0, 0.0])  # both sides of beta, and exact 0
+    # PyTorch gives no target gradient for soft_margin_loss, and a nan one for kl_div at a zero target
+    # and for the full Poisson loss at targets 0 and 1.
+    grad = (0,) if name in ("soft_margin_loss", "kl_div") or kwargs.get("full") else (0, 1)
+    check_parity(torch, lambda a, b: getattr(F, name)(a, b, **kwargs),
+                 lambda a, b: getattr(torch.nn.functional, name)(a, b, **kwargs), [x, t], grad=grad)  # fmt: skip
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_margin_and_embedding_losses_match_torch(torch, reduction):
+    tf = torch.nn.functional
+    a, b, c = rng.normal(size=(6, 4)), rng.normal(size=(6, 4)), rng.normal(size=(6, 4))
+    y = np.array([1.0, -1.0, 1.0, -1.0, -1.0, 1.0])
+    r = {"reduction": reduction}
+    check_parity(torch, lambda p, q, t: F.margin_ranking_loss(p, q, t, 0.2, **r),
+                 lambda p, q, t: tf.margin_ranking_loss(p, q, t, 0.2, **r), [a[:, 0], b[:, 0], y], grad=(0, 1))
+    check_parity(torch, lambda p, t: F.hinge_embedding_loss(p, t, 0.7, **r),
+                 lambda p, t: tf.hinge_embedding_loss(p, t, 0.7, **r), [a[:, 0], y], grad=(0,))
+    check_parity(torch, lambda p, q, t: F.cosine_embedding_loss(p, q, t, 0.1, **r),
+                 lambda p, q, t: tf.cosine_embedding_loss(p, q, t, 0.1, **r), [a, b, y], grad=(0, 1))
+    for swap in (False, True):
+        check_parity(torch, lambda p, q, s: F.triplet_margin_loss(p, q, s, 0.5, swap=swap, **r),
+                     lambda p, q, s: tf.triplet_margin_loss(p, q, s, 0.5, swap=swap, **r), [a, b, c], grad=(0, 1, 2))
+    var = rng.uniform(0.1, 2, size=(6, 4))
+    var[0, 0] = 1e-9  # clamped to eps, gradient passes through
+    for full in (False, True):
+        check_parity(torch, lambda p, q, v: F.gaussian_nll_loss(p, q, v, full=full, **r),
+                     lambda p, q, v: tf.gaussian_nll_loss(p, q, v, full=full, **r), [a, b, var], grad=(0, 1, 2))
+    check_parity(torch, lambda p, q, v: F.gaussian_nll_loss(p, q, v, **r),
+                 lambda p, q, v: tf.gaussian_nll_loss(p, q, v, **r), [a, b, var[:, 0]], grad=(0, 1, 2))
+    target = np.array([0, 3, 1, 2, 3, 0])
+    w = rng.uniform(0.5, 2, size=4)
+    for p in (1, 2):
+        check_parity(torch, lambda x, wt: F.multi_margin_loss(x, kiln.tensor(target), p, 0.8, wt, **r),
+                     lambda x, wt: tf.multi_margin_loss(x, torch.tensor(target), p, 0.8, wt, **r), [a, w], grad=(0,))
+    # fmt: skip
+
+
+def test_loss_gradchecks():
+    x, t = leaves(rng.normal(size=(3, 4)), rng.normal(size=(3, 4)))
+    assert kiln.autograd.gradcheck(lambda a, b: F.smooth_l1_loss(a, b, beta=0.7), (x, t))
+    assert kiln.autograd.gradcheck(lambda a, b: F.huber_loss(a, b, delta=0.4), (x, t))
+    p = kiln.tensor(rng.dirichlet(np.ones(4), size=3))
+    assert kiln.autograd.gradcheck(lambda a: F.kl_div(a, p, reduction="batchmean"), (x,))
+    assert kiln.autograd.gradcheck(lambda a, b: F.cosine_embedding_loss(a, b, kiln.tensor([1.0, -1.0, 1.0])), (x, t))
+
+
+def test_channel_dropout_statistics_and_eval():
+    kiln.manual_seed(0)
+    x = kiln.ones(64, 32, 5, 5)
+    out = F.dropout2d(x, 0.25)
+    per_channel = out.numpy().reshape(64, 32, 25)
+    # A channel is all zero or all 1 / (1 - p): one draw per (sample, channel).
+    assert np.all((per_channel.min(-1) == per_channel.max(-1)))
+    assert np.all(np.isclose(per_channel, 0.0) | np.isclose(per_channel, 1 / 0.75))
+    assert abs((per_channel[..., 0] == 0).mean() - 0.25) < 0.03
+    assert F.dropout1d(x[0, :, :, 0], 0.5, training=False) is not None
+    assert_close(F.dropout3d(x[:2], 0.5, training=False), x[:2], rtol=0, atol=0)
+    unbatched = F.dropout1d(kiln.ones(40, 7), 0.5).numpy()
+    assert np.all(unbatched.min(-1) == unbatched.max(-1))
+    with pytest.raises(RuntimeError, match="Expected 3D or 4D input"):
+        F.dropout2d(kiln.ones(2, 3), 0.5)
+
+
+def test_alpha_dropout_keeps_selu_moments():
+    kiln.manual_seed(1)
+    x = kiln.randn(200_000, dtype=kiln.float64)
+    out = F.alpha_dropout(x, 0.2, training=True).numpy()
+    assert abs(out.mean()) < 0.01 and abs(out.std() - 1.0) < 0.01
+    assert_close(F.alpha_dropout(x, 0.2), x, rtol=0, atol=0)  # training=False by default
+    kept = F.feature_alpha_dropout(kiln.ones(8, 16, 3), 0.5, training=True).numpy()
+    assert np.all(kept.min(-1) == kept.max(-1))
+
+
+INTERP = [
+    ((1, 2, 5), {"size": 8, "mode": "nearest"}), ((1, 2, 5), {"scale_factor": 2.5, "mode": "nearest"}),
+    ((1, 2, 7), {"size": 3, "mode": "nearest"}), ((1, 2, 7), {"size": 3, "mode": "nearest-exact"}),
+    ((2, 3, 4, 5), {"scale_factor": 2, "mode": "nearest"}), ((2, 3, 4, 5), {"size": (7, 3), "mode": "nearest"}),
+    ((1, 2, 5), {"size": 9, "mode": "linear"}), ((1, 2, 5), {"size": 9, "mode": "linear", "align_corners": True}),
+    ((2, 3, 4, 5), {"scale_factor": 2, "mode": "bilinear"}),
+    ((2, 3, 4, 5), {"size": (3, 8), "mode": "bilinear", "align_corners": True}),
+    ((2, 3, 4, 5), {"scale_factor": 1.7, "mode": "bilinear"}),
+    ((2, 3, 4, 5), {"scale_factor": 1.7, "mode": "bilinear", "recompute_scale_factor": True}),
+    ((1, 2, 4, 5), {"scale_factor": 2, "mode": "bicubic"}),
+    ((1, 2, 6, 5), {"size": (4, 9), "mode": "bicubic", "align_corners": True}),
+    ((1, 2, 3, 4, 5), {"scale_factor": 2, "mode": "trilinear"}),
+    ((1, 2, 3, 4, 5), {"size": (2, 6, 3), "mode": "trilinear", "align_corners": True}),
+    ((1, 2, 3, 4, 5), {"scale_factor": (2, 1, 3), "mode": "nearest"}),
+    ((2, 3, 8, 6), {"size": (4, 3), "mode": "area"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("shape", "kwargs"), INTERP)
+def test_interpolate_matches_torch(torch, shape, kwargs):
+    check_parity(torch, lambda a: F.interpolate(a, **kwargs), lambda a: torch.nn.functional.interpolate(a, **kwargs),
+                 [rng.normal(size=shape)], grad=(0,))  # fmt: skip
+
+
+def test_interpolate_float32_nearest_picks_torch_rows_and_errors(torch):
+    x = rng.normal(size=(1, 1, 13, 11)).astype(np.float32)
+    for size in [(7, 5), (29, 31), (20, 3)]:
+        check_parity(torch, lambda a, s=size: F.interpolate(a, size=s),
+                     lambda a, s=size: torch.nn.functional.interpolate(a, size=s), [x], dtype=np.float32, rtol=0, atol=0)
+    (xg,) = leaves(rng.normal(size=(1, 2, 3, 4)))
+    assert kiln.autograd.gradcheck(lambda a: F.interpolate(a, scale_factor=1.5, mode="bicubic"), (xg,))
+    with pytest.raises(ValueError, match="only one of size or scale_factor"):
+        F.interpolate(kiln.ones(1, 1, 2), size=3, scale_factor=2)
+    with pytest.raises(ValueError, match="align_corners option"):
+        F.interpolate(kiln.ones(1, 1, 2), size=3, align_corners=True)
+    with pytest.raises(NotImplementedError, match="bilinear mode needs 4D input"):
+        F.interpolate(kiln.ones(1, 1, 2), size=3, mode="bilinear")
