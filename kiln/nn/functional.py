@@ -33,6 +33,9 @@ from ._activation import (
     threshold,
 )
 from ._conv import conv1d, conv2d, conv3d, fold, unfold
+from ._distance import channel_shuffle, cosine_similarity, normalize, pairwise_distance, pixel_shuffle, pixel_unshuffle
+from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
+from ._interpolate import interpolate, upsample, upsample_bilinear, upsample_nearest
 from ._loss import (
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
@@ -41,9 +44,6 @@ from ._loss import (
     mse_loss,
     nll_loss,
 )
-from ._distance import channel_shuffle, cosine_similarity, normalize, pairwise_distance, pixel_shuffle, pixel_unshuffle
-from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
-from ._interpolate import interpolate, upsample, upsample_bilinear, upsample_nearest
 from ._loss_extra import (
     cosine_embedding_loss,
     gaussian_nll_loss,

@@ -1,3 +1,4 @@
+# ruff: noqa: B023 - the lambdas in loops are called within their own iteration (by check_parity)
 """The newer ``kiln.nn.functional`` names against torch in float64: values and gradients, then
 finite-difference gradient checks, including the breakpoints of piecewise functions."""
 
@@ -49,7 +50,16 @@ def test_inplace_forms_match_torch(torch):
 
 def test_gradcheck_activations():
     (x,) = leaves(X + 0.01)  # off the kinks: finite differences need a smooth neighbourhood
-    for fn in (F.celu, F.selu, F.hardswish, F.mish, F.softsign, lambda a: F.glu(a, 1), F.normalize, lambda a: F.softmin(a, 1)):
+    for fn in (
+        F.celu,
+        F.selu,
+        F.hardswish,
+        F.mish,
+        F.softsign,
+        lambda a: F.glu(a, 1),
+        F.normalize,
+        lambda a: F.softmin(a, 1),
+    ):
         assert kiln.autograd.gradcheck(fn, (x,))
 
 
@@ -129,27 +139,62 @@ def test_margin_and_embedding_losses_match_torch(torch, reduction):
     a, b, c = rng.normal(size=(6, 4)), rng.normal(size=(6, 4)), rng.normal(size=(6, 4))
     y = np.array([1.0, -1.0, 1.0, -1.0, -1.0, 1.0])
     r = {"reduction": reduction}
-    check_parity(torch, lambda p, q, t: F.margin_ranking_loss(p, q, t, 0.2, **r),
-                 lambda p, q, t: tf.margin_ranking_loss(p, q, t, 0.2, **r), [a[:, 0], b[:, 0], y], grad=(0, 1))
-    check_parity(torch, lambda p, t: F.hinge_embedding_loss(p, t, 0.7, **r),
-                 lambda p, t: tf.hinge_embedding_loss(p, t, 0.7, **r), [a[:, 0], y], grad=(0,))
-    check_parity(torch, lambda p, q, t: F.cosine_embedding_loss(p, q, t, 0.1, **r),
-                 lambda p, q, t: tf.cosine_embedding_loss(p, q, t, 0.1, **r), [a, b, y], grad=(0, 1))
+    check_parity(
+        torch,
+        lambda p, q, t: F.margin_ranking_loss(p, q, t, 0.2, **r),
+        lambda p, q, t: tf.margin_ranking_loss(p, q, t, 0.2, **r),
+        [a[:, 0], b[:, 0], y],
+        grad=(0, 1),
+    )
+    check_parity(
+        torch,
+        lambda p, t: F.hinge_embedding_loss(p, t, 0.7, **r),
+        lambda p, t: tf.hinge_embedding_loss(p, t, 0.7, **r),
+        [a[:, 0], y],
+        grad=(0,),
+    )
+    check_parity(
+        torch,
+        lambda p, q, t: F.cosine_embedding_loss(p, q, t, 0.1, **r),
+        lambda p, q, t: tf.cosine_embedding_loss(p, q, t, 0.1, **r),
+        [a, b, y],
+        grad=(0, 1),
+    )
     for swap in (False, True):
-        check_parity(torch, lambda p, q, s: F.triplet_margin_loss(p, q, s, 0.5, swap=swap, **r),
-                     lambda p, q, s: tf.triplet_margin_loss(p, q, s, 0.5, swap=swap, **r), [a, b, c], grad=(0, 1, 2))
+        check_parity(
+            torch,
+            lambda p, q, s: F.triplet_margin_loss(p, q, s, 0.5, swap=swap, **r),
+            lambda p, q, s: tf.triplet_margin_loss(p, q, s, 0.5, swap=swap, **r),
+            [a, b, c],
+            grad=(0, 1, 2),
+        )
     var = rng.uniform(0.1, 2, size=(6, 4))
     var[0, 0] = 1e-9  # clamped to eps, gradient passes through
     for full in (False, True):
-        check_parity(torch, lambda p, q, v: F.gaussian_nll_loss(p, q, v, full=full, **r),
-                     lambda p, q, v: tf.gaussian_nll_loss(p, q, v, full=full, **r), [a, b, var], grad=(0, 1, 2))
-    check_parity(torch, lambda p, q, v: F.gaussian_nll_loss(p, q, v, **r),
-                 lambda p, q, v: tf.gaussian_nll_loss(p, q, v, **r), [a, b, var[:, 0]], grad=(0, 1, 2))
+        check_parity(
+            torch,
+            lambda p, q, v: F.gaussian_nll_loss(p, q, v, full=full, **r),
+            lambda p, q, v: tf.gaussian_nll_loss(p, q, v, full=full, **r),
+            [a, b, var],
+            grad=(0, 1, 2),
+        )
+    check_parity(
+        torch,
+        lambda p, q, v: F.gaussian_nll_loss(p, q, v, **r),
+        lambda p, q, v: tf.gaussian_nll_loss(p, q, v, **r),
+        [a, b, var[:, 0]],
+        grad=(0, 1, 2),
+    )
     target = np.array([0, 3, 1, 2, 3, 0])
     w = rng.uniform(0.5, 2, size=4)
     for p in (1, 2):
-        check_parity(torch, lambda x, wt: F.multi_margin_loss(x, kiln.tensor(target), p, 0.8, wt, **r),
-                     lambda x, wt: tf.multi_margin_loss(x, torch.tensor(target), p, 0.8, wt, **r), [a, w], grad=(0,))
+        check_parity(
+            torch,
+            lambda x, wt: F.multi_margin_loss(x, kiln.tensor(target), p, 0.8, wt, **r),
+            lambda x, wt: tf.multi_margin_loss(x, torch.tensor(target), p, 0.8, wt, **r),
+            [a, w],
+            grad=(0,),
+        )
     # fmt: skip
 
 
@@ -168,7 +213,7 @@ def test_channel_dropout_statistics_and_eval():
     out = F.dropout2d(x, 0.25)
     per_channel = out.numpy().reshape(64, 32, 25)
     # A channel is all zero or all 1 / (1 - p): one draw per (sample, channel).
-    assert np.all((per_channel.min(-1) == per_channel.max(-1)))
+    assert np.all(per_channel.min(-1) == per_channel.max(-1))
     assert np.all(np.isclose(per_channel, 0.0) | np.isclose(per_channel, 1 / 0.75))
     assert abs((per_channel[..., 0] == 0).mean() - 0.25) < 0.03
     assert F.dropout1d(x[0, :, :, 0], 0.5, training=False) is not None
@@ -216,8 +261,15 @@ def test_interpolate_matches_torch(torch, shape, kwargs):
 def test_interpolate_float32_nearest_picks_torch_rows_and_errors(torch):
     x = rng.normal(size=(1, 1, 13, 11)).astype(np.float32)
     for size in [(7, 5), (29, 31), (20, 3)]:
-        check_parity(torch, lambda a, s=size: F.interpolate(a, size=s),
-                     lambda a, s=size: torch.nn.functional.interpolate(a, size=s), [x], dtype=np.float32, rtol=0, atol=0)
+        check_parity(
+            torch,
+            lambda a, s=size: F.interpolate(a, size=s),
+            lambda a, s=size: torch.nn.functional.interpolate(a, size=s),
+            [x],
+            dtype=np.float32,
+            rtol=0,
+            atol=0,
+        )
     (xg,) = leaves(rng.normal(size=(1, 2, 3, 4)))
     assert kiln.autograd.gradcheck(lambda a: F.interpolate(a, scale_factor=1.5, mode="bicubic"), (xg,))
     with pytest.raises(ValueError, match="only one of size or scale_factor"):
