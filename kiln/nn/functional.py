@@ -58,7 +58,7 @@ from ._loss_extra import (
     soft_margin_loss,
     triplet_margin_loss,
 )
-from ._norm import batch_norm, group_norm, instance_norm, layer_norm
+from ._norm import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
 from ._pooling import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
@@ -81,7 +81,7 @@ __all__ = [
     "conv1d", "conv2d", "conv3d", "unfold", "fold",
     "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
     "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
-    "layer_norm", "batch_norm", "group_norm", "instance_norm",
+    "layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm",
     # losses
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
     "smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "margin_ranking_loss", "hinge_embedding_loss",

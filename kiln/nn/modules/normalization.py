@@ -9,7 +9,7 @@ from .. import init
 from ..parameter import Parameter
 from .module import Module
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "LayerNorm", "GroupNorm", "RMSNorm"]
 
 
 def _add_affine(module, affine: bool, bias: bool, shape: tuple, device, dtype) -> None:
@@ -96,6 +96,12 @@ class BatchNorm2d(_BatchNorm):
     _dims = (4,)
 
 
+class BatchNorm3d(_BatchNorm):
+    """Batch norm over (N, C, D, H, W) input."""
+
+    _dims = (5,)
+
+
 class LayerNorm(Module):
     """Normalise over the trailing ``normalized_shape`` dims, with elementwise ``weight`` and ``bias``."""
 
@@ -137,3 +143,29 @@ class GroupNorm(Module):
             f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
             f"bias={self.bias is not None}"
         )
+
+
+class RMSNorm(Module):
+    """Root-mean-square norm over the trailing ``normalized_shape`` dims, with an elementwise ``weight``."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, device=None,
+                 dtype=None) -> None:  # fmt: skip
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        weight = (
+            Parameter(kiln.ones(*self.normalized_shape, device=device, dtype=dtype)) if elementwise_affine else None
+        )
+        self.register_parameter("weight", weight)
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+
+    def forward(self, input):
+        return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from .. import functional as F
 from .module import Module
 
-__all__ = ["MaxPool1d", "MaxPool2d", "AvgPool1d", "AvgPool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d"]
+__all__ = ["MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
+           "AdaptiveAvgPool2d", "AdaptiveAvgPool3d"]  # fmt: skip
 
 
 class _MaxPoolNd(Module):
@@ -35,6 +36,12 @@ class MaxPool1d(_MaxPoolNd):
 class MaxPool2d(_MaxPoolNd):
     def forward(self, input):
         return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation,
+                            ceil_mode=self.ceil_mode, return_indices=self.return_indices)  # fmt: skip
+
+
+class MaxPool3d(_MaxPoolNd):
+    def forward(self, input):
+        return F.max_pool3d(input, self.kernel_size, self.stride, self.padding, self.dilation,
                             ceil_mode=self.ceil_mode, return_indices=self.return_indices)  # fmt: skip
 
 
@@ -85,3 +92,14 @@ class AdaptiveAvgPool1d(Module):
 class AdaptiveAvgPool2d(AdaptiveAvgPool1d):
     def forward(self, input):
         return F.adaptive_avg_pool2d(input, self.output_size)
+
+
+class AvgPool3d(AvgPool2d):
+    def forward(self, input):
+        return F.avg_pool3d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
+                            self.divisor_override)  # fmt: skip
+
+
+class AdaptiveAvgPool3d(AdaptiveAvgPool1d):
+    def forward(self, input):
+        return F.adaptive_avg_pool3d(input, self.output_size)
