@@ -1,4 +1,4 @@
-"""``kiln.nn.utils``: gradient clipping and flattening parameters to one vector."""
+"""Gradient clipping (``clip_grad_norm_``, ``clip_grad_value_``) and parameters as one vector."""
 
 from __future__ import annotations
 
