@@ -17,11 +17,11 @@ class _InstanceNorm(Module):
     _spatial = 0
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = False,
-                 track_running_stats: bool = False, device=None, dtype=None) -> None:  # fmt: skip
+                 track_running_stats: bool = False, device=None, dtype=None, *, bias: bool = True) -> None:  # fmt: skip
         super().__init__()
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.affine, self.track_running_stats = affine, track_running_stats
-        _add_affine(self, affine, True, (num_features,), device, dtype)
+        _add_affine(self, affine, bias, (num_features,), device, dtype)
         if track_running_stats:
             self.register_buffer("running_mean", kiln.zeros(num_features, device=device, dtype=dtype))
             self.register_buffer("running_var", kiln.ones(num_features, device=device, dtype=dtype))
@@ -58,7 +58,7 @@ class _InstanceNorm(Module):
 
     def extra_repr(self) -> str:
         return (f"{self.num_features}, eps={self.eps}, momentum={self.momentum}, affine={self.affine}, "
-                f"track_running_stats={self.track_running_stats}")  # fmt: skip
+                f"bias={self.bias is not None}, track_running_stats={self.track_running_stats}")  # fmt: skip
 
 
 class InstanceNorm1d(_InstanceNorm):
