@@ -63,3 +63,7 @@ def is_tensor(obj) -> bool:
 from . import data, jit, multiprocessing, nn, optim  # noqa: E402
 from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402
+
+# isort: split
+# nn / optim / utils helper (issue 15): torch.utils' paths (utils.data is kiln.data, utils.checkpoint).
+from . import utils  # noqa: E402
