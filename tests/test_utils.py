@@ -127,3 +127,19 @@ def test_checkpoint_sequential_equals_plain():
     x.grad = None
     checkpoint_sequential(model, 2, x, use_reentrant=False).sum().backward()
     assert_close(x.grad, ref, rtol=1e-6, atol=1e-7)
+
+
+def test_sdpa_backend_and_kernel_context(torch):
+    from kiln.nn.attention import SDPBackend, sdpa_kernel
+
+    theirs = {name: int(m.value) for name, m in torch.nn.attention.SDPBackend.__members__.items()}
+    assert {m.name: m.value for m in SDPBackend} == theirs
+    q = kiln.randn(2, 3, 4)
+    plain = kiln.nn.functional.scaled_dot_product_attention(q, q, q)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]):
+        assert_close(kiln.nn.functional.scaled_dot_product_attention(q, q, q), plain, rtol=0, atol=0)
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION, set_priority=True):
+        pass
+    with pytest.raises(AssertionError, match="SDPBackend"):
+        with sdpa_kernel("flash"):
+            pass
