@@ -9,7 +9,7 @@ from __future__ import annotations
 import kiln
 
 __all__ = ["celu", "selu", "glu", "hardswish", "hardsigmoid", "mish", "softsign", "softmin", "softshrink",
-           "hardshrink", "tanhshrink", "threshold", "prelu", "rrelu"]  # fmt: skip
+           "hardshrink", "tanhshrink", "threshold", "prelu", "rrelu", "gumbel_softmax"]  # fmt: skip
 
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
@@ -114,3 +114,17 @@ def rrelu(input, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool 
         slope = (lower + upper) / 2
     out = kiln.where(input > 0, input, input * slope)
     return input.copy_(out) if inplace else out
+
+
+def gumbel_softmax(logits, tau: float = 1.0, hard: bool = False, eps: float = 1e-10, dim: int = -1) -> kiln.Tensor:
+    """A sample from the Gumbel-softmax (concrete) distribution over ``dim``; ``hard`` returns one-hot
+    samples whose gradient is the soft sample's (straight-through)."""
+    # -log(E) with E ~ Exponential(1) is a standard Gumbel sample; E = -log(U), U ~ Uniform(0, 1).
+    uniform = kiln.rand(*logits.shape, dtype=logits.dtype, device=logits.device)
+    gumbels = -kiln.log(-kiln.log(kiln.clamp(uniform, min=eps)))
+    soft = kiln.softmax((logits + gumbels) / tau, dim=dim)
+    if not hard:
+        return soft
+    index = kiln.argmax(soft, dim=dim, keepdim=True)
+    one_hot = kiln.zeros_like(soft).scatter(dim, index, 1.0)
+    return one_hot - soft.detach() + soft

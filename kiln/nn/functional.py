@@ -19,6 +19,7 @@ import kiln
 from ._activation import (
     celu,
     glu,
+    gumbel_softmax,
     hardshrink,
     hardsigmoid,
     hardswish,
@@ -70,6 +71,20 @@ from ._pooling import (
     max_pool2d,
     max_pool3d,
 )
+from ._pooling_more import (
+    adaptive_max_pool1d,
+    adaptive_max_pool1d_with_indices,
+    adaptive_max_pool2d,
+    adaptive_max_pool2d_with_indices,
+    adaptive_max_pool3d,
+    adaptive_max_pool3d_with_indices,
+    lp_pool1d,
+    lp_pool2d,
+    lp_pool3d,
+    max_pool1d_with_indices,
+    max_pool2d_with_indices,
+    max_pool3d_with_indices,
+)
 from ._utils import check_tensor
 
 __all__ = [
@@ -95,6 +110,11 @@ __all__ = [
     "normalize", "cosine_similarity", "pairwise_distance", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
     "interpolate", "upsample", "upsample_nearest", "upsample_bilinear",
     "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+    # more pooling, sampling, transposed convolution
+    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "adaptive_max_pool1d_with_indices",
+    "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "lp_pool1d", "lp_pool2d", "lp_pool3d",
+    "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "gumbel_softmax",
+    "conv_transpose2d", "triplet_margin_with_distance_loss",
 ]  # fmt: skip
 
 
@@ -327,3 +347,24 @@ def one_hot(tensor, num_classes: int = -1) -> kiln.Tensor:
 def pad(input, pad, mode: str = "constant", value=None) -> kiln.Tensor:
     """Pad trailing dims by ``pad = (left_last, right_last, left_prev, right_prev, ...)``."""
     return kiln.pad(input, pad, mode=mode, value=value)
+
+
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
+                     dilation=1) -> kiln.Tensor:  # fmt: skip
+    """The transposed 2-d convolution (the gradient of conv2d with respect to its input)."""
+    from .modules.conv_transpose import conv_transpose2d as transposed  # noqa: PLC0415 - modules import this file
+
+    return transposed(input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin: float = 1.0,
+                                      swap: bool = False, reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
+    """max(0, margin + d(a, p) - d(a, n)) for any ``distance_function`` (pairwise_distance by default)."""
+    if margin <= 0:
+        raise ValueError(f"triplet_margin_with_distance_loss: expected margin to be greater than 0, got {margin}")
+    distance = pairwise_distance if distance_function is None else distance_function
+    d_pos, d_neg = distance(anchor, positive), distance(anchor, negative)
+    if swap:
+        d_neg = kiln.minimum(d_neg, distance(positive, negative))
+    loss = kiln.clamp(margin + d_pos - d_neg, min=0.0)
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss

@@ -278,3 +278,66 @@ def test_interpolate_float32_nearest_picks_torch_rows_and_errors(torch):
         F.interpolate(kiln.ones(1, 1, 2), size=3, align_corners=True)
     with pytest.raises(NotImplementedError, match="bilinear mode needs 4D input"):
         F.interpolate(kiln.ones(1, 1, 2), size=3, mode="bilinear")
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "size"),
+    [("adaptive_max_pool1d", (2, 3, 10), 4), ("adaptive_max_pool2d", (2, 3, 7, 9), (3, 4)),
+     ("adaptive_max_pool2d", (3, 8, 6), (4, None)), ("adaptive_max_pool3d", (1, 2, 5, 6, 7), (2, 3, 4))],
+)  # fmt: skip
+def test_adaptive_max_pool_matches_torch(torch, name, shape, size):
+    x = rng.permutation(np.prod(shape)).reshape(shape).astype(np.float64)  # distinct values: one argmax per bin
+    check_parity(torch, lambda a: getattr(F, name)(a, size), lambda a: getattr(torch.nn.functional, name)(a, size),
+                 [x], grad=(0,))  # fmt: skip
+
+
+def test_pooling_with_indices_and_lp_pool_match_torch(torch):
+    tf = torch.nn.functional
+    x = rng.permutation(2 * 3 * 8 * 6).reshape(2, 3, 8, 6).astype(np.float64)
+    kout, kidx = F.adaptive_max_pool2d(kiln.tensor(x), (4, 3), return_indices=True)
+    tout, tidx = tf.adaptive_max_pool2d(torch.tensor(x), (4, 3), return_indices=True)
+    assert_close(kout, tout, rtol=0, atol=0)
+    assert kidx.tolist() == tidx.tolist()
+    kout, kidx = F.max_pool2d_with_indices(kiln.tensor(x), 2)
+    assert kidx.tolist() == tf.max_pool2d_with_indices(torch.tensor(x), 2)[1].tolist()
+    xs = rng.normal(size=(2, 3, 8, 6))
+    for p in (2.0, 3.0):
+        check_parity(torch, lambda a, p=p: F.lp_pool2d(a, p, (2, 3)), lambda a, p=p: tf.lp_pool2d(a, p, (2, 3)),
+                     [np.abs(xs) + 0.1], grad=(0,))  # fmt: skip
+        check_parity(torch, lambda a, p=p: F.lp_pool1d(a, p, 3, stride=2), lambda a, p=p: tf.lp_pool1d(a, p, 3, stride=2),
+                     [np.abs(xs[:, :, 0]) + 0.1], grad=(0,))  # fmt: skip
+
+
+def test_triplet_with_distance_and_gumbel_softmax(torch):
+    tf = torch.nn.functional
+    a, b, c = (rng.normal(size=(5, 4)) for _ in range(3))
+    check_parity(
+        torch,
+        lambda p, q, s: F.triplet_margin_with_distance_loss(p, q, s, swap=True),
+        lambda p, q, s: tf.triplet_margin_with_distance_loss(p, q, s, swap=True),
+        [a, b, c],
+        grad=(0, 1, 2),
+    )
+    check_parity(torch,
+                 lambda p, q, s: F.triplet_margin_with_distance_loss(
+                     p, q, s, distance_function=lambda u, v: 1 - F.cosine_similarity(u, v), margin=0.3),
+                 lambda p, q, s: tf.triplet_margin_with_distance_loss(
+                     p, q, s, distance_function=lambda u, v: 1 - tf.cosine_similarity(u, v), margin=0.3),
+                 [a, b, c], grad=(0, 1, 2))  # fmt: skip
+    kiln.manual_seed(0)
+    logits = kiln.tensor(np.log([[0.1, 0.6, 0.3]] * 20000), requires_grad=True)
+    soft = F.gumbel_softmax(logits, tau=0.5)
+    assert_close(soft.sum(dim=-1), np.ones(20000), rtol=1e-12, atol=1e-12)
+    hard = F.gumbel_softmax(logits, hard=True)
+    counts = hard.detach().numpy().mean(axis=0)
+    assert set(np.unique(hard.detach().numpy())) == {0.0, 1.0}
+    np.testing.assert_allclose(counts, [0.1, 0.6, 0.3], atol=0.015)  # samples follow softmax(logits)
+    hard.sum().backward()  # straight-through: the soft sample's gradient (sums to zero over the classes)
+    assert_close(logits.grad.sum(dim=-1), np.zeros(20000), rtol=0, atol=1e-9)
+
+
+def test_conv_transpose2d_functional_matches_torch(torch):
+    x, w, b = rng.normal(size=(2, 4, 5, 5)), rng.normal(size=(4, 3, 3, 3)), rng.normal(size=3)
+    check_parity(torch, lambda *t: F.conv_transpose2d(*t, stride=2, padding=1, output_padding=1),
+                 lambda *t: torch.nn.functional.conv_transpose2d(*t, stride=2, padding=1, output_padding=1),
+                 [x, w, b], grad=(0, 1, 2))  # fmt: skip

@@ -8,7 +8,7 @@ from .module import Module
 __all__ = ["CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCELoss", "BCEWithLogitsLoss", "SmoothL1Loss",
            "HuberLoss", "KLDivLoss", "SoftMarginLoss", "MarginRankingLoss", "HingeEmbeddingLoss",
            "CosineEmbeddingLoss", "PoissonNLLLoss", "GaussianNLLLoss", "TripletMarginLoss",
-           "MultiLabelSoftMarginLoss", "MultiMarginLoss"]  # fmt: skip
+           "MultiLabelSoftMarginLoss", "MultiMarginLoss", "NLLLoss2d", "TripletMarginWithDistanceLoss"]  # fmt: skip
 
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -192,3 +192,20 @@ class MultiMarginLoss(_WeightedLoss):
 
     def forward(self, input, target):
         return F.multi_margin_loss(input, target, self.p, self.margin, self.weight, reduction=self.reduction)
+
+
+class NLLLoss2d(NLLLoss):
+    """PyTorch's deprecated name for ``NLLLoss`` over (N, C, H, W) input."""
+
+
+class TripletMarginWithDistanceLoss(_Loss):
+    def __init__(self, *, distance_function=None, margin: float = 1.0, swap: bool = False,
+                 reduction: str = "mean") -> None:  # fmt: skip
+        super().__init__(reduction=reduction)
+        if margin <= 0:
+            raise ValueError(f"TripletMarginWithDistanceLoss: expected margin to be greater than 0, got {margin}")
+        self.distance_function, self.margin, self.swap = distance_function, margin, swap
+
+    def forward(self, anchor, positive, negative):
+        return F.triplet_margin_with_distance_loss(anchor, positive, negative, distance_function=self.distance_function,
+                                                   margin=self.margin, swap=self.swap, reduction=self.reduction)  # fmt: skip

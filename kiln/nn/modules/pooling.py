@@ -6,7 +6,8 @@ from .. import functional as F
 from .module import Module
 
 __all__ = ["MaxPool1d", "MaxPool2d", "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "AdaptiveAvgPool1d",
-           "AdaptiveAvgPool2d", "AdaptiveAvgPool3d"]  # fmt: skip
+           "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d",
+           "LPPool1d", "LPPool2d", "LPPool3d"]  # fmt: skip
 
 
 class _MaxPoolNd(Module):
@@ -103,3 +104,58 @@ class AvgPool3d(AvgPool2d):
 class AdaptiveAvgPool3d(AdaptiveAvgPool1d):
     def forward(self, input):
         return F.adaptive_avg_pool3d(input, self.output_size)
+
+
+class _AdaptiveMaxPoolNd(Module):
+    _d = 1
+
+    def __init__(self, output_size, return_indices: bool = False) -> None:
+        super().__init__()
+        self.output_size, self.return_indices = output_size, return_indices
+
+    def extra_repr(self) -> str:
+        return f"output_size={self.output_size}"
+
+    def forward(self, input):
+        fn = (F.adaptive_max_pool1d, F.adaptive_max_pool2d, F.adaptive_max_pool3d)[self._d - 1]
+        return fn(input, self.output_size, self.return_indices)
+
+
+class AdaptiveMaxPool1d(_AdaptiveMaxPoolNd):
+    _d = 1
+
+
+class AdaptiveMaxPool2d(_AdaptiveMaxPoolNd):
+    _d = 2
+
+
+class AdaptiveMaxPool3d(_AdaptiveMaxPoolNd):
+    _d = 3
+
+
+class _LPPoolNd(Module):
+    _d = 1
+
+    def __init__(self, norm_type: float, kernel_size, stride=None, ceil_mode: bool = False) -> None:
+        super().__init__()
+        self.norm_type, self.kernel_size, self.stride, self.ceil_mode = norm_type, kernel_size, stride, ceil_mode
+
+    def extra_repr(self) -> str:
+        return (f"norm_type={self.norm_type}, kernel_size={self.kernel_size}, stride={self.stride}, "
+                f"ceil_mode={self.ceil_mode}")  # fmt: skip
+
+    def forward(self, input):
+        fn = (F.lp_pool1d, F.lp_pool2d, F.lp_pool3d)[self._d - 1]
+        return fn(input, float(self.norm_type), self.kernel_size, self.stride, self.ceil_mode)
+
+
+class LPPool1d(_LPPoolNd):
+    _d = 1
+
+
+class LPPool2d(_LPPoolNd):
+    _d = 2
+
+
+class LPPool3d(_LPPoolNd):
+    _d = 3
