@@ -1,7 +1,18 @@
-"""``kiln.nn.utils``: gradient clipping, parameters as one vector, and ``rnn`` (padding and packing sequences)."""
+"""``kiln.nn.utils``: gradient clipping, parameters as one vector, weight_norm, and ``rnn`` (padding and packing
+sequences)."""
 
 from . import clip_grad, rnn
-from .clip_grad import clip_grad_norm_, clip_grad_value_, parameters_to_vector, vector_to_parameters
+from .clip_grad import (
+    clip_grad_norm,
+    clip_grad_norm_,
+    clip_grad_value_,
+    clip_grads_with_norm_,
+    get_total_norm,
+    parameters_to_vector,
+    vector_to_parameters,
+)
+from .weight_norm import remove_weight_norm, weight_norm
 
-__all__ = ["clip_grad", "rnn", "clip_grad_norm_", "clip_grad_value_", "parameters_to_vector",
-           "vector_to_parameters"]  # fmt: skip
+__all__ = ["clip_grad", "rnn", "clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "get_total_norm",
+           "clip_grads_with_norm_", "parameters_to_vector", "vector_to_parameters", "weight_norm",
+           "remove_weight_norm"]  # fmt: skip

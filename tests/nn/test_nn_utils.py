@@ -1,0 +1,62 @@
+"""kiln.nn.utils against torch.nn.utils: weight_norm, get_total_norm / clip_grads_with_norm_."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.nn as nn
+from tests.conftest import assert_close, to_torch
+from tests.nn.modules.helpers import copy_from_torch
+
+
+@pytest.mark.parametrize(("module", "args", "dim"), [("Linear", (3, 4), 0), ("Conv2d", (2, 3, 3), 0),
+                                                    ("Linear", (3, 4), None), ("Conv1d", (2, 3, 2), 1)])  # fmt: skip
+def test_weight_norm_matches_torch(torch, module, args, dim):
+    tmod = torch.nn.utils.weight_norm(getattr(torch.nn, module)(*args), dim=dim)
+    kmod = nn.utils.weight_norm(getattr(nn, module)(*args), dim=dim)
+    copy_from_torch(torch, tmod, kmod)  # weight_g / weight_v by key
+    shape = (2, 3) if module == "Linear" else (2, 2, 5, 5) if module == "Conv2d" else (2, 2, 6)
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    for _ in range(2):  # the weight is recomputed from g and v on every call
+        kx, tx = kiln.from_numpy(x.copy()), to_torch(torch, x)
+        kout, tout = kmod(kx), tmod(tx)
+        assert_close(kout, tout, rtol=1e-5, atol=1e-6)
+        kout.sum().backward()
+        tout.sum().backward()
+        with kiln.no_grad():
+            kmod.weight_g.mul_(1.5)
+        with torch.no_grad():
+            tmod.weight_g.mul_(1.5)
+    tparams = dict(tmod.named_parameters())
+    for key, p in kmod.named_parameters():
+        assert_close(p.grad, tparams[key].grad, rtol=1e-5, atol=1e-6)
+    nn.utils.remove_weight_norm(kmod)
+    torch.nn.utils.remove_weight_norm(tmod)
+    assert sorted(dict(kmod.named_parameters())) == sorted(dict(tmod.named_parameters()))
+    assert_close(kmod.weight, tmod.weight, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="weight_norm of 'weight' not found"):
+        nn.utils.remove_weight_norm(kmod)
+
+
+def test_total_norm_and_clip_with_norm_match_torch(torch):
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (5,), (2, 2, 2))]
+    for norm_type in (2.0, 1.0, float("inf"), 3.0):
+        kgrads = [kiln.from_numpy(a.copy()) for a in arrays]
+        tgrads = [to_torch(torch, a) for a in arrays]
+        ktotal = nn.utils.get_total_norm(kgrads, norm_type)
+        assert_close(ktotal, torch.nn.utils.get_total_norm(tgrads, norm_type), rtol=1e-6, atol=1e-6)
+        kparams = [nn.Parameter(kiln.zeros(a.shape)) for a in arrays]
+        tparams = [torch.nn.Parameter(torch.zeros(a.shape)) for a in arrays]
+        for p, g in zip(kparams, kgrads, strict=True):
+            p.grad = g
+        for p, g in zip(tparams, tgrads, strict=True):
+            p.grad = g
+        nn.utils.clip_grads_with_norm_(kparams, 0.5, ktotal)
+        torch.nn.utils.clip_grads_with_norm_(tparams, 0.5, torch.nn.utils.get_total_norm(tgrads, norm_type))
+        for a, b in zip(kparams, tparams, strict=True):
+            assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
+    with pytest.warns(FutureWarning):
+        nn.utils.clip_grad_norm(kparams, 1.0)
