@@ -14,7 +14,7 @@ import kiln
 
 from ._utils import check_tensor
 
-__all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm"]
+__all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm"]
 
 
 def _normalize(x: kiln.Tensor, dims: tuple[int, ...], eps: float) -> tuple[kiln.Tensor, kiln.Tensor, kiln.Tensor]:
@@ -166,3 +166,22 @@ def rms_norm(input, normalized_shape, weight=None, eps=None) -> kiln.Tensor:
 
 def _numpy_dtype(x: kiln.Tensor):
     return {kiln.float64: np.float64, kiln.float16: np.float16}.get(x.dtype, np.float32)
+
+
+def local_response_norm(input, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> kiln.Tensor:
+    """``x / (k + alpha * mean of x^2 over ``size`` neighbouring channels) ** beta`` (AlexNet's LRN).
+
+    The window is centred like PyTorch's: ``size // 2`` channels before, ``(size - 1) // 2`` after,
+    zero-padded at the ends, always divided by ``size``.
+    """
+    check_tensor(input, "input", "local_response_norm")
+    if input.ndim < 3:
+        raise ValueError(f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions)")
+    if input.numel() == 0:
+        return input
+    c = input.shape[1]
+    square = input * input
+    amounts = [0, 0] * (input.ndim - 2) + [size // 2, (size - 1) // 2]
+    padded = kiln.nn.functional.pad(square, amounts)
+    window = sum(kiln.narrow(padded, 1, j, c) for j in range(size))
+    return input / (window * (alpha / size) + k) ** beta

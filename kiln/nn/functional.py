@@ -36,6 +36,7 @@ from ._activation import (
 from ._conv import conv1d, conv2d, conv3d, fold, unfold
 from ._distance import channel_shuffle, cosine_similarity, normalize, pairwise_distance, pixel_shuffle, pixel_unshuffle
 from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
+from ._embedding_bag import embedding_bag
 from ._interpolate import interpolate, upsample, upsample_bilinear, upsample_nearest
 from ._loss import (
     binary_cross_entropy,
@@ -59,7 +60,7 @@ from ._loss_extra import (
     soft_margin_loss,
     triplet_margin_loss,
 )
-from ._norm import batch_norm, group_norm, instance_norm, layer_norm, rms_norm
+from ._norm import batch_norm, group_norm, instance_norm, layer_norm, local_response_norm, rms_norm
 from ._pooling import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
@@ -114,7 +115,7 @@ __all__ = [
     "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "adaptive_max_pool1d_with_indices",
     "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "lp_pool1d", "lp_pool2d", "lp_pool3d",
     "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "gumbel_softmax",
-    "conv_transpose2d", "triplet_margin_with_distance_loss",
+    "conv_transpose2d", "triplet_margin_with_distance_loss", "embedding_bag", "local_response_norm",
 ]  # fmt: skip
 
 

@@ -28,7 +28,7 @@ from . import (
     upsampling,
 )
 from .activation import *  # noqa: F403
-from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
+from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d, SyncBatchNorm
 from .container import *  # noqa: F403
 from .conv import *  # noqa: F403
 from .distance import *  # noqa: F403
@@ -39,31 +39,15 @@ from .instancenorm import *  # noqa: F403
 from .linear import Bilinear, Identity, Linear
 from .loss import *  # noqa: F403
 from .module import Module, RemovableHandle
-from .normalization import GroupNorm, LayerNorm, RMSNorm
+from .normalization import GroupNorm, LayerNorm, LocalResponseNorm, RMSNorm
 from .padding import *  # noqa: F403
 from .pixelshuffle import *  # noqa: F403
 from .pooling import *  # noqa: F403
 from .rnn import *  # noqa: F403
-from .sparse import Embedding
+from .sparse import Embedding, EmbeddingBag
 from .transformer import *  # noqa: F403
 from .upsampling import *  # noqa: F403
 
-_SUBMODULES = (activation, container, conv, distance, dropout, flatten, fold, instancenorm, loss, padding,
-               pixelshuffle, pooling, rnn, transformer, upsampling)  # fmt: skip
-__all__ = sorted(
-    {name for m in _SUBMODULES for name in m.__all__}
-    | {
-        "Module",
-        "RemovableHandle",
-        "Linear",
-        "Bilinear",
-        "Identity",
-        "Embedding",
-        "BatchNorm1d",
-        "BatchNorm2d",
-        "BatchNorm3d",
-        "LayerNorm",
-        "GroupNorm",
-        "RMSNorm",
-    }  # fmt: skip
-)
+_SUBMODULES = (activation, batchnorm, container, conv, distance, dropout, flatten, fold, instancenorm, linear, loss,
+               module, normalization, padding, pixelshuffle, pooling, rnn, sparse, transformer, upsampling)  # fmt: skip
+__all__ = sorted({name for m in _SUBMODULES for name in m.__all__ if not name.startswith("_")})

@@ -213,3 +213,47 @@ def test_torch_module_paths_expose_the_same_classes(torch, path):
     if path in ("container", "activation", "transformer", "rnn", "dropout", "padding", "pixelshuffle", "upsampling",
                 "distance", "fold", "flatten"):  # fmt: skip
         assert present == [n for n in names if n not in ("Container",)], set(names) - set(present)
+
+
+@pytest.mark.parametrize(
+    ("mode", "kind"),
+    [("mean", "2d"), ("sum", "offsets"), ("max", "offsets"), ("mean", "last_offset"), ("sum", "weights"),
+     ("mean", "padding"), ("max", "padding"), ("sum", "empty_bag")],
+)  # fmt: skip
+def test_embedding_bag_matches_torch(torch, mode, kind):
+    kwargs = {"mode": mode}
+    if kind == "last_offset":
+        kwargs["include_last_offset"] = True
+    if kind == "padding":
+        kwargs["padding_idx"] = 2
+    tmod, kmod = module_pair(torch, "EmbeddingBag", 7, 3, **kwargs)
+    if kind == "2d":
+        idx, offsets = np.array([[1, 2, 4], [4, 3, 0]]), None
+    else:
+        idx = np.array([1, 2, 4, 5, 4, 3, 2, 6, 0])
+        offsets = {"last_offset": np.array([0, 2, 5, 9]), "empty_bag": np.array([0, 3, 3, 7])}.get(
+            kind, np.array([0, 2, 5])
+        )
+    args_k, args_t = [kiln.tensor(idx)], [torch.tensor(idx)]
+    if offsets is not None:
+        args_k.append(kiln.tensor(offsets))
+        args_t.append(torch.tensor(offsets))
+    if kind == "weights":
+        w = rng.uniform(0.5, 2, idx.shape).astype(np.float32)
+        args_k.append(kiln.from_numpy(w.copy()))
+        args_t.append(to_torch(torch, w))
+    kout, tout = kmod(*args_k), tmod(*args_t)
+    assert_close(kout, tout, rtol=RTOL, atol=ATOL)
+    g = rng.standard_normal(tuple(tout.shape)).astype(np.float32)
+    (kout * kiln.from_numpy(g.copy())).sum().backward()
+    (tout * to_torch(torch, g)).sum().backward()
+    assert_close(kmod.weight.grad, tmod.weight.grad, rtol=RTOL, atol=ATOL)
+    assert repr(kmod) == repr(tmod)
+
+
+def test_local_response_norm_and_sync_batchnorm_match_torch(torch):
+    for size, shape in ((3, (2, 6, 5)), (4, (2, 5, 3, 4)), (2, (1, 4, 2, 3, 2))):
+        _parity(torch, "LocalResponseNorm", (size,), {"alpha": 0.1, "beta": 0.6, "k": 2.0}, shape)
+    kmod, _ = _parity(torch, "SyncBatchNorm", (3,), {}, (4, 3, 5), calls=2)
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3)))
+    assert isinstance(model[1], nn.SyncBatchNorm) and model[1].running_mean.shape == (3,)
