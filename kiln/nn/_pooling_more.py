@@ -1,4 +1,5 @@
-"""Adaptive max pooling, power-average (LP) pooling and the ``*_with_indices`` spellings of max pooling."""
+"""Adaptive max pooling, power-average (LP) pooling, max unpooling, ``pdist``, and the ``*_with_indices``
+spellings of max pooling."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from ._utils import check_tensor
 
 __all__ = ["adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "adaptive_max_pool1d_with_indices",
            "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "lp_pool1d", "lp_pool2d",
-           "lp_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices"]  # fmt: skip
+           "lp_pool3d", "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "max_unpool1d",
+           "max_unpool2d", "max_unpool3d", "pdist"]  # fmt: skip
 
 _MAX_POOLS = {1: max_pool1d, 2: max_pool2d, 3: max_pool3d}
 _AVG_POOLS = {1: avg_pool1d, 2: avg_pool2d, 3: avg_pool3d}
@@ -105,3 +107,57 @@ def lp_pool2d(input, norm_type: float, kernel_size, stride=None, ceil_mode: bool
 
 def lp_pool3d(input, norm_type: float, kernel_size, stride=None, ceil_mode: bool = False):
     return _lp_pool(input, norm_type, kernel_size, stride, ceil_mode, 3)
+
+
+def _max_unpool(input, indices, kernel_size, stride, padding, output_size, d: int):
+    """Place each value at its ``indices`` (flat positions in each output plane, as max pooling returns them)."""
+    op = f"max_unpool{d}d"
+    kernel = (kernel_size,) * d if isinstance(kernel_size, int) else tuple(kernel_size)
+    stride = kernel if stride is None else ((stride,) * d if isinstance(stride, int) else tuple(stride))
+    padding = (padding,) * d if isinstance(padding, int) else tuple(padding)
+    if input.ndim not in (d + 1, d + 2):
+        raise ValueError(f"{op}: expected {d + 1}D or {d + 2}D input, got {input.ndim}D")
+    if tuple(indices.shape) != tuple(input.shape):
+        raise ValueError(f"{op}: expected indices of the input's shape {list(input.shape)}, got {list(indices.shape)}")
+    spatial = tuple(input.shape[-d:])
+    if output_size is None:
+        sizes = tuple((n - 1) * s - 2 * p + k for n, s, p, k in zip(spatial, stride, padding, kernel, strict=True))
+    else:
+        sizes = tuple(output_size)[-d:]
+    batched = input.ndim == d + 2
+    x, idx = (input, indices) if batched else (input.unsqueeze(0), indices.unsqueeze(0))
+    n, c = x.shape[0], x.shape[1]
+    plane = math.prod(sizes)
+    flat_index = idx.reshape(n, c, -1).to(kiln.int64)
+    kiln.jit.check_range(flat_index, 0, plane, RuntimeError,
+                         f"{op}: found an invalid max index {{value}} (output volumes are of size {plane})")  # fmt: skip
+    out = kiln.zeros(n, c, plane, dtype=x.dtype, device=x.device).scatter(2, flat_index, x.reshape(n, c, -1))
+    out = out.reshape(n, c, *sizes)
+    return out if batched else out.squeeze(0)
+
+
+def max_unpool1d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    """The partial inverse of ``max_pool1d``: maxima back at their positions, zeros elsewhere."""
+    return _max_unpool(input, indices, kernel_size, stride, padding, output_size, 1)
+
+
+def max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool(input, indices, kernel_size, stride, padding, output_size, 2)
+
+
+def max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool(input, indices, kernel_size, stride, padding, output_size, 3)
+
+
+def pdist(input, p: float = 2) -> kiln.Tensor:
+    """p-norm distances between the rows of an (N, M) input, for each pair i < j in row-major order."""
+    if input.ndim != 2:
+        raise RuntimeError(f"pdist only supports 2D tensors, got: {input.ndim}D")
+    n = input.shape[0]
+    first = [i for i in range(n) for _ in range(i + 1, n)]
+    second = [j for i in range(n) for j in range(i + 1, n)]
+    if not first:
+        return kiln.zeros(0, dtype=input.dtype, device=input.device)
+    a = kiln.index_select(input, 0, kiln.tensor(first, dtype=kiln.int64, device=input.device))
+    b = kiln.index_select(input, 0, kiln.tensor(second, dtype=kiln.int64, device=input.device))
+    return kiln.norm(a - b, p, dim=1)

@@ -85,6 +85,10 @@ from ._pooling_more import (
     max_pool1d_with_indices,
     max_pool2d_with_indices,
     max_pool3d_with_indices,
+    max_unpool1d,
+    max_unpool2d,
+    max_unpool3d,
+    pdist,
 )
 from ._utils import check_tensor
 
@@ -115,7 +119,8 @@ __all__ = [
     "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "adaptive_max_pool1d_with_indices",
     "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "lp_pool1d", "lp_pool2d", "lp_pool3d",
     "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "gumbel_softmax",
-    "conv_transpose2d", "triplet_margin_with_distance_loss", "embedding_bag", "local_response_norm",
+    "conv_transpose1d", "conv_transpose2d", "triplet_margin_with_distance_loss", "max_unpool1d", "max_unpool2d",
+    "max_unpool3d", "pdist", "embedding_bag", "local_response_norm",
 ]  # fmt: skip
 
 
@@ -354,6 +359,14 @@ def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_paddi
                      dilation=1) -> kiln.Tensor:  # fmt: skip
     """The transposed 2-d convolution (the gradient of conv2d with respect to its input)."""
     from .modules.conv_transpose import conv_transpose2d as transposed  # noqa: PLC0415 - modules import this file
+
+    return transposed(input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
+                     dilation=1) -> kiln.Tensor:  # fmt: skip
+    """The transposed 1-d convolution (the gradient of conv1d with respect to its input)."""
+    from .modules.conv_transpose import conv_transpose1d as transposed  # noqa: PLC0415 - modules import this file
 
     return transposed(input, weight, bias, stride, padding, output_padding, groups, dilation)
 

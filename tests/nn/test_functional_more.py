@@ -341,3 +341,27 @@ def test_conv_transpose2d_functional_matches_torch(torch):
     check_parity(torch, lambda *t: F.conv_transpose2d(*t, stride=2, padding=1, output_padding=1),
                  lambda *t: torch.nn.functional.conv_transpose2d(*t, stride=2, padding=1, output_padding=1),
                  [x, w, b], grad=(0, 1, 2))  # fmt: skip
+
+
+def test_unpool_pdist_and_conv_transpose1d_match_torch(torch):
+    tf = torch.nn.functional
+    x = rng.permutation(2 * 3 * 6 * 8).reshape(2, 3, 6, 8).astype(np.float64)
+    kout, kidx = F.max_pool2d(kiln.tensor(x), 2, return_indices=True)
+    tout, tidx = tf.max_pool2d(torch.tensor(x), 2, return_indices=True)
+    check_parity(torch, lambda a: F.max_unpool2d(a, kidx, 2), lambda a: tf.max_unpool2d(a, tidx, 2),
+                 [tout.numpy()], grad=(0,))  # fmt: skip
+    check_parity(torch, lambda a: F.max_unpool2d(a, kidx, 2, output_size=(7, 9)),
+                 lambda a: tf.max_unpool2d(a, tidx, 2, output_size=(7, 9)), [tout.numpy()], grad=(0,))  # fmt: skip
+    x1 = rng.normal(size=(2, 3, 9))
+    kout, kidx = F.max_pool1d(kiln.tensor(x1), 3, stride=2, return_indices=True)
+    tout, tidx = tf.max_pool1d(torch.tensor(x1), 3, stride=2, return_indices=True)
+    check_parity(torch, lambda a: F.max_unpool1d(a, kidx, 3, 2), lambda a: tf.max_unpool1d(a, tidx, 3, 2),
+                 [tout.numpy()], grad=(0,))  # fmt: skip
+    pts = rng.normal(size=(5, 3))
+    pts[3] = pts[1]  # a zero distance: gradient 0, not nan
+    for p in (2.0, 1.0, 3.0):
+        check_parity(torch, lambda a, p=p: F.pdist(a, p), lambda a, p=p: tf.pdist(a, p), [pts], grad=(0,))
+    xs, w, b = rng.normal(size=(2, 4, 7)), rng.normal(size=(4, 3, 3)), rng.normal(size=6)
+    check_parity(torch, lambda *t: F.conv_transpose1d(*t, stride=2, padding=1, output_padding=1, groups=2),
+                 lambda *t: tf.conv_transpose1d(*t, stride=2, padding=1, output_padding=1, groups=2),
+                 [xs, w, b], grad=(0, 1, 2))  # fmt: skip

@@ -60,3 +60,30 @@ def test_total_norm_and_clip_with_norm_match_torch(torch):
             assert_close(a.grad, b.grad, rtol=1e-6, atol=1e-7)
     with pytest.warns(FutureWarning):
         nn.utils.clip_grad_norm(kparams, 1.0)
+
+
+def test_init_dirac_and_sparse(torch):
+    for shape, groups in (((4, 2, 3), 1), ((6, 3, 3, 3), 2), ((2, 4, 3, 3, 3), 1)):
+        k = nn.init.dirac_(kiln.empty(*shape), groups)
+        t = torch.nn.init.dirac_(torch.empty(*shape), groups)
+        assert_close(k, t, rtol=0, atol=0)
+    # a dirac weight makes the convolution an identity on the kept channels
+    conv = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+    nn.init.dirac_(conv.weight)
+    x = kiln.randn(1, 3, 4, 4)
+    assert_close(conv(x), x, rtol=1e-6, atol=1e-6)
+    kiln.manual_seed(0)
+    w = nn.init.sparse_(kiln.empty(10, 400), 0.3, std=0.5).numpy()
+    assert ((w == 0).sum(axis=0) == 3).all()
+    assert abs(w[w != 0].std() - 0.5) < 0.03
+    with pytest.raises(ValueError, match="2 dimensions"):
+        nn.init.sparse_(kiln.empty(3), 0.1)
+
+
+def test_max_unpool_module():
+    x = kiln.randn(1, 2, 4, 4)
+    out, idx = nn.MaxPool2d(2, return_indices=True)(x)
+    restored = nn.MaxUnpool2d(2)(out, idx)
+    assert tuple(restored.shape) == (1, 2, 4, 4)
+    assert_close(nn.MaxPool2d(2)(restored), out, rtol=0, atol=0)
+    assert (restored.numpy() != 0).sum() == out.numel()

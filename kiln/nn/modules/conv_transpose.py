@@ -13,7 +13,7 @@ from .. import functional as F
 from .linear import add_weight_and_bias, reset_weight_and_bias
 from .module import Module
 
-__all__ = ["ConvTranspose2d", "conv_transpose2d"]
+__all__ = ["ConvTranspose1d", "ConvTranspose2d", "conv_transpose1d", "conv_transpose2d"]
 
 
 def _pair(value, name: str) -> tuple[int, int]:
@@ -102,14 +102,68 @@ class ConvTranspose2d(Module):
 
     def extra_repr(self) -> str:
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0, 0):
+        if any(self.padding):
             s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
+        if any(d != 1 for d in self.dilation):
             s += f", dilation={self.dilation}"
-        if self.output_padding != (0, 0):
+        if any(self.output_padding):
             s += f", output_padding={self.output_padding}"
         if self.groups != 1:
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
         return s
+
+
+def _single(value, name: str) -> int:
+    single = value if isinstance(value, int) else tuple(value)
+    if isinstance(single, tuple):
+        if len(single) != 1:
+            raise ValueError(f"conv_transpose1d: expected {name} to be an int or a 1-tuple, got {value}")
+        single = single[0]
+    return single
+
+
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
+                     dilation=1) -> kiln.Tensor:  # fmt: skip
+    """Transposed convolution of (N, C_in, L) or (C_in, L) with weight (C_in, C_out / groups, k):
+    the 2-d one over a height of 1."""
+    if input.dim() not in (2, 3):
+        raise RuntimeError(f"conv_transpose1d: expected 2D (unbatched) or 3D (batched) input, got {input.dim()}D")
+    if weight.dim() != 3:
+        raise RuntimeError(f"conv_transpose1d: expected a 3D weight, got {weight.dim()}D")
+    # The unit height: stride and dilation 1, no padding.
+    out = conv_transpose2d(input.unsqueeze(-2), weight.unsqueeze(-2), bias, (1, _single(stride, "stride")),
+                           (0, _single(padding, "padding")), (0, _single(output_padding, "output_padding")), groups,
+                           (1, _single(dilation, "dilation")))  # fmt: skip
+    return out.squeeze(-2)
+
+
+class ConvTranspose1d(Module):
+    """Transposed 1-D convolution: ``weight`` (C_in, C_out / groups, k), ``bias`` (C_out)."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
+                 groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", device=None,
+                 dtype=None) -> None:  # fmt: skip
+        super().__init__()
+        if in_channels % groups != 0:
+            raise ValueError(f"in_channels ({in_channels}) must be divisible by groups ({groups})")
+        if out_channels % groups != 0:
+            raise ValueError(f"out_channels ({out_channels}) must be divisible by groups ({groups})")
+        if padding_mode != "zeros":
+            raise ValueError(f'Only "zeros" padding mode is supported for ConvTranspose1d, got {padding_mode!r}')
+        self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
+        self.kernel_size, self.stride = (_single(kernel_size, "kernel_size"),), (_single(stride, "stride"),)
+        self.padding, self.output_padding = (_single(padding, "padding"),), (_single(output_padding, "output_padding"),)
+        self.dilation, self.padding_mode = (_single(dilation, "dilation"),), padding_mode
+        shape = (in_channels, out_channels // groups, *self.kernel_size)
+        add_weight_and_bias(self, shape, out_channels, bias, device, dtype)
+
+    def reset_parameters(self) -> None:
+        reset_weight_and_bias(self.weight, self.bias)
+
+    def forward(self, input):
+        return conv_transpose1d(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                                self.groups, self.dilation)  # fmt: skip
+
+    extra_repr = ConvTranspose2d.extra_repr
