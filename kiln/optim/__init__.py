@@ -1,6 +1,6 @@
 """``kiln.optim``: optimizers and learning-rate schedulers with PyTorch's names and behaviour."""
 
-from . import lr_scheduler
+from . import lr_scheduler, swa_utils
 from .adadelta import Adadelta
 from .adagrad import Adagrad
 from .adam import Adam, AdamW
@@ -13,4 +13,4 @@ from .rmsprop import RMSprop
 from .sgd import SGD
 
 __all__ = ["SGD", "Adadelta", "Adagrad", "Adam", "AdamW", "Adamax", "ASGD", "LBFGS", "NAdam", "Optimizer", "RAdam",
-           "RMSprop", "Rprop", "lr_scheduler"]  # fmt: skip
+           "RMSprop", "Rprop", "lr_scheduler", "swa_utils"]  # fmt: skip
