@@ -365,3 +365,28 @@ def test_unpool_pdist_and_conv_transpose1d_match_torch(torch):
     check_parity(torch, lambda *t: F.conv_transpose1d(*t, stride=2, padding=1, output_padding=1, groups=2),
                  lambda *t: tf.conv_transpose1d(*t, stride=2, padding=1, output_padding=1, groups=2),
                  [xs, w, b], grad=(0, 1, 2))  # fmt: skip
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_affine_grid_and_grid_sample_match_torch(torch, align_corners):
+    tf = torch.nn.functional
+    theta = np.array([[[0.9, -0.3, 0.1], [0.2, 1.1, -0.2]], [[1.4, 0.5, 0.3], [-0.4, 0.8, 0.6]]])
+    size = (2, 3, 5, 6)
+    check_parity(torch, lambda t: F.affine_grid(t, size, align_corners=align_corners),
+                 lambda t: tf.affine_grid(t, size, align_corners=align_corners), [theta], grad=(0,))  # fmt: skip
+    theta3 = rng.normal(size=(2, 3, 4))
+    check_parity(
+        torch,
+        lambda t: F.affine_grid(t, (2, 1, 3, 4, 5), align_corners=align_corners),
+        lambda t: tf.affine_grid(t, (2, 1, 3, 4, 5), align_corners=align_corners),
+        [theta3],
+        grad=(0,),
+    )
+    x = rng.normal(size=size)
+    grid = rng.uniform(-1.3, 1.3, size=(2, 4, 7, 2))  # partly outside the image
+    for mode in ("bilinear", "nearest"):
+        for padding_mode in ("zeros", "border", "reflection"):
+            check_parity(torch,
+                         lambda a, g: F.grid_sample(a, g, mode, padding_mode, align_corners),
+                         lambda a, g: tf.grid_sample(a, g, mode, padding_mode, align_corners),
+                         [x, grid], grad=(0, 1) if mode == "bilinear" else (0,))  # fmt: skip
