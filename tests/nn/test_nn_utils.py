@@ -87,3 +87,33 @@ def test_max_unpool_module():
     assert tuple(restored.shape) == (1, 2, 4, 4)
     assert_close(nn.MaxPool2d(2)(restored), out, rtol=0, atol=0)
     assert (restored.numpy() != 0).sum() == out.numel()
+
+
+def test_functional_call_matches_torch_and_restores(torch):
+    from kiln.nn.utils.stateless import functional_call
+
+    tmodel = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    kmodel = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    copy_from_torch(torch, tmodel, kmodel)
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    x = rng.standard_normal((5, 3)).astype(np.float32)
+    kw, tw = kiln.from_numpy(w.copy()).requires_grad_(), to_torch(torch, w).requires_grad_()
+    mean = np.arange(4, dtype=np.float32)
+    kmodel.eval()
+    tmodel.eval()
+    kout = functional_call(
+        kmodel, ({"0.weight": kw}, {"1.running_mean": kiln.from_numpy(mean.copy())}), (kiln.tensor(x),)
+    )
+    tout = torch.func.functional_call(tmodel, ({"0.weight": tw}, {"1.running_mean": to_torch(torch, mean)}),
+                                      (torch.tensor(x),))  # fmt: skip
+    assert_close(kout, tout, rtol=1e-5, atol=1e-6)
+    kout.sum().backward()
+    tout.sum().backward()
+    assert_close(kw.grad, tw.grad, rtol=1e-5, atol=1e-6)
+    assert isinstance(kmodel[0].weight, nn.Parameter) and kmodel[0].weight.grad is None  # originals restored
+    assert_close(kmodel[1].running_mean, np.zeros(4, dtype=np.float32), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="Unexpected key"):
+        functional_call(kmodel, {"nope": kw}, (kiln.tensor(x),))
+    with pytest.raises(RuntimeError, match="Missing key"):
+        functional_call(kmodel, {"0.weight": kw}, (kiln.tensor(x),), strict=True)
