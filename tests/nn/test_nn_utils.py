@@ -117,3 +117,63 @@ def test_functional_call_matches_torch_and_restores(torch):
         functional_call(kmodel, {"nope": kw}, (kiln.tensor(x),))
     with pytest.raises(RuntimeError, match="Missing key"):
         functional_call(kmodel, {"0.weight": kw}, (kiln.tensor(x),), strict=True)
+
+
+def test_parametrize_matches_torch(torch):
+    from kiln.nn.utils import parametrize
+
+    class KSymmetric(nn.Module):
+        def forward(self, x):
+            return x.triu() + x.triu(1).transpose(0, 1)
+
+    class TSymmetric(torch.nn.Module):
+        def forward(self, x):
+            return x.triu() + x.triu(1).transpose(0, 1)
+
+    class KScale(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+        def right_inverse(self, x):
+            return x / 2
+
+    kmod, tmod = nn.Linear(3, 3), torch.nn.Linear(3, 3)
+    copy_from_torch(torch, tmod, kmod)
+    parametrize.register_parametrization(kmod, "weight", KSymmetric())
+    parametrize.register_parametrization(kmod, "weight", KScale())
+    torch.nn.utils.parametrize.register_parametrization(tmod, "weight", TSymmetric())
+    assert list(kmod.state_dict()) == ["bias", "parametrizations.weight.original"]
+    assert parametrize.is_parametrized(kmod) and parametrize.is_parametrized(kmod, "weight")
+    assert not parametrize.is_parametrized(kmod, "bias")
+    assert parametrize.type_before_parametrizations(kmod) is nn.Linear
+    x = np.random.default_rng(3).standard_normal((2, 3)).astype(np.float32)
+    kx = kiln.from_numpy(x.copy())
+    weight = kmod.weight.detach().numpy()
+    assert np.allclose(weight, weight.T)  # symmetric, then scaled
+    assert_close(kmod.weight, (tmod.weight * 2).detach(), rtol=1e-6, atol=1e-6)
+    kmod(kx).sum().backward()
+    assert kmod.parametrizations.weight.original.grad is not None
+    parametrize.remove_parametrizations(kmod, "weight")
+    torch.nn.utils.parametrize.remove_parametrizations(tmod, "weight")
+    assert type(kmod) is nn.Linear and list(kmod.state_dict()) == list(tmod.state_dict())
+    assert_close(kmod.weight, weight, rtol=0, atol=0)
+
+
+def test_parametrized_weight_norm_matches_torch(torch):
+    from kiln.nn.utils.parametrizations import weight_norm
+
+    tmod = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(2, 3, 3), dim=0)
+    kmod = weight_norm(nn.Conv1d(2, 3, 3), dim=0)
+    copy_from_torch(torch, tmod, kmod)  # same keys: parametrizations.weight.original0 / original1
+    x = np.random.default_rng(4).standard_normal((2, 2, 6)).astype(np.float32)
+    kout, tout = kmod(kiln.from_numpy(x.copy())), tmod(to_torch(torch, x))
+    assert_close(kout, tout, rtol=1e-5, atol=1e-6)
+    kout.sum().backward()
+    tout.sum().backward()
+    tparams = dict(tmod.named_parameters())
+    for key, p in kmod.named_parameters():
+        assert_close(p.grad, tparams[key].grad, rtol=1e-5, atol=1e-6)
+    # assigning the weight goes through right_inverse
+    with kiln.no_grad():
+        kmod.weight = kiln.ones(3, 2, 3)
+    assert_close(kmod.weight, np.ones((3, 2, 3), np.float32), rtol=1e-6, atol=1e-6)
