@@ -177,3 +177,19 @@ def test_parametrized_weight_norm_matches_torch(torch):
     with kiln.no_grad():
         kmod.weight = kiln.ones(3, 2, 3)
     assert_close(kmod.weight, np.ones((3, 2, 3), np.float32), rtol=1e-6, atol=1e-6)
+
+
+def test_parametrized_copies_are_independent():
+    import copy
+
+    from kiln.nn.utils import parametrize
+    from kiln.nn.utils.parametrizations import weight_norm
+
+    a = weight_norm(nn.Linear(3, 2))
+    b = copy.deepcopy(a)
+    assert type(a) is not type(b) and parametrize.is_parametrized(b, "weight")
+    parametrize.remove_parametrizations(a, "weight")
+    assert type(a) is nn.Linear
+    x = kiln.randn(4, 3)
+    assert_close(b(x), x @ b.weight.transpose(0, 1) + b.bias, rtol=1e-6, atol=1e-6)  # b keeps its parametrization
+    assert sorted(b.state_dict()) == ["bias", "parametrizations.weight.original0", "parametrizations.weight.original1"]

@@ -9,6 +9,7 @@ every access. The state-dict keys are PyTorch's, so parametrized checkpoints loa
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator
 
 import kiln
@@ -75,9 +76,26 @@ def _property(name: str) -> property:
     return property(get, set)
 
 
+def _deepcopy(self, memo):
+    # Each copy gets a class of its own: the properties live on the class, and removing a
+    # parametrization from one copy must not remove it from the others.
+    cls = type(self)
+    self.__class__ = cls._kiln_original_class
+    try:
+        copied = copy.deepcopy(self, memo)
+    finally:
+        self.__class__ = cls
+    _inject_class(copied)
+    for name, value in cls.__dict__.items():
+        if isinstance(value, property):
+            setattr(type(copied), name, value)
+    return copied
+
+
 def _inject_class(module: Module) -> None:
     cls = module.__class__
-    module.__class__ = type(f"Parametrized{cls.__name__}", (cls,), {"_kiln_original_class": cls})
+    module.__class__ = type(f"Parametrized{cls.__name__}", (cls,),
+                            {"_kiln_original_class": cls, "__deepcopy__": _deepcopy})  # fmt: skip
 
 
 def is_parametrized(module: Module, tensor_name: str | None = None) -> bool:
