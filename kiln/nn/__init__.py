@@ -7,6 +7,16 @@ the ``Module`` classes hold parameters and buffers and call it.
 from . import attention, functional, init, utils
 from .modules import *  # noqa: F403
 from .modules import __all__ as _modules_all
-from .parameter import Buffer, Parameter
+from .parameter import Buffer, Parameter, UninitializedBuffer, UninitializedParameter
 
-__all__ = ["attention", "functional", "init", "utils", "Parameter", "Buffer", *_modules_all]
+__all__ = [
+    "attention",
+    "functional",
+    "init",
+    "utils",
+    "Parameter",
+    "Buffer",
+    "UninitializedParameter",
+    "UninitializedBuffer",
+    *_modules_all,
+]

@@ -11,7 +11,7 @@ import pytest
 import kiln
 import kiln.nn as nn
 from tests.conftest import assert_close, to_torch
-from tests.nn.modules.helpers import leaf_pair, module_pair
+from tests.nn.modules.helpers import copy_from_torch, leaf_pair, module_pair
 
 RTOL, ATOL = 1e-5, 1e-5
 rng = np.random.default_rng(0)
@@ -258,3 +258,31 @@ def test_local_response_norm_and_sync_batchnorm_match_torch(torch):
     kmod, _ = _parity(torch, "SyncBatchNorm", (3,), {}, (4, 3, 5), calls=2)
     model = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3)))
     assert isinstance(model[1], nn.SyncBatchNorm) and model[1].running_mean.shape == (3,)
+
+
+@pytest.mark.parametrize(
+    ("lazy", "regular", "args", "kwargs", "shape"),
+    [("LazyLinear", "Linear", (4,), {}, (2, 5, 3)), ("LazyConv2d", "Conv2d", (4, 3), {"padding": 1}, (2, 3, 5, 5)),
+     ("LazyConv1d", "Conv1d", (4, 3), {"groups": 2, "bias": False}, (2, 6, 7)),
+     ("LazyConvTranspose2d", "ConvTranspose2d", (4, 3), {"stride": 2}, (2, 3, 4, 4)),
+     ("LazyBatchNorm2d", "BatchNorm2d", (), {}, (4, 3, 2, 2)),
+     ("LazyInstanceNorm1d", "InstanceNorm1d", (), {"affine": True, "track_running_stats": True}, (2, 3, 5))],
+)  # fmt: skip
+def test_lazy_modules_become_regular_and_match_torch(torch, lazy, regular, args, kwargs, shape):
+    kmod = getattr(nn, lazy)(*args, **kwargs)
+    assert kmod.has_uninitialized_params()
+    opt = kiln.optim.SGD(kmod.parameters(), lr=0.1)  # built before the sizes are known, as PyTorch allows
+    x = rng.standard_normal(shape).astype(np.float32)
+    kmod(kiln.from_numpy(x.copy()))
+    assert type(kmod) is getattr(nn, regular)
+    channels = shape[-1] if regular == "Linear" else shape[1]
+    tmod = getattr(torch.nn, regular)(*((channels, *args) if args else (channels,)), **kwargs)
+    copy_from_torch(torch, tmod, kmod)
+    kout, tout = kmod(kiln.from_numpy(x.copy())), tmod(to_torch(torch, x))
+    assert_close(kout, tout, rtol=RTOL, atol=ATOL)
+    kout.sum().backward()
+    opt.step()  # the optimizer holds the materialized parameters
+    assert repr(kmod) == repr(tmod)
+    from kiln.nn.modules import linear
+
+    assert linear.LazyLinear is nn.LazyLinear
