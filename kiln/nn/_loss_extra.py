@@ -14,7 +14,7 @@ from ._loss import _check_reduction, _reduce
 
 __all__ = ["smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "margin_ranking_loss",
            "hinge_embedding_loss", "cosine_embedding_loss", "poisson_nll_loss", "gaussian_nll_loss",
-           "triplet_margin_loss", "multilabel_soft_margin_loss", "multi_margin_loss"]  # fmt: skip
+           "triplet_margin_loss", "multilabel_soft_margin_loss", "multi_margin_loss", "multilabel_margin_loss"]  # fmt: skip
 
 
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean",
@@ -157,4 +157,24 @@ def multi_margin_loss(input, target, p: int = 1, margin: float = 1.0, weight=Non
         hinge = hinge * kiln.index_select(weight, 0, y.reshape(-1)).reshape(-1, 1)
     others = kiln.arange(x.shape[1], device=x.device).reshape(1, -1) != y
     loss = kiln.where(others, hinge, 0.0).sum(dim=1) / x.shape[1]
+    return _reduce(loss if input.ndim == 2 else loss.reshape(()), reduction)
+
+
+def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
+    """sum over target classes j and non-target classes i of max(0, 1 - (x[j] - x[i])) / C.
+
+    ``target`` holds class indices per sample, ended by the first -1 (the rest is ignored).
+    """
+    x = input if input.ndim == 2 else input.reshape(1, -1)
+    y = target.reshape(x.shape).to(kiln.int64)
+    classes = x.shape[1]
+    # Positions before the first -1 hold targets.
+    valid = kiln.cumsum((y < 0).to(kiln.int64), dim=1) == 0
+    safe = kiln.where(valid, y, 0)
+    hits = (safe.unsqueeze(2) == kiln.arange(classes, device=x.device).reshape(1, 1, -1)) & valid.unsqueeze(2)
+    is_target = hits.any(dim=1)  # (N, C)
+    picked = kiln.gather(x, 1, safe)  # (N, K): x at each target
+    hinge = kiln.clamp(1 - picked.unsqueeze(2) + x.unsqueeze(1), min=0.0)  # (N, K, C)
+    mask = valid.unsqueeze(2) & ~is_target.unsqueeze(1)
+    loss = kiln.where(mask, hinge, 0.0).sum(dim=(1, 2)) / classes
     return _reduce(loss if input.ndim == 2 else loss.reshape(()), reduction)

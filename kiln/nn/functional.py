@@ -55,6 +55,7 @@ from ._loss_extra import (
     kl_div,
     margin_ranking_loss,
     multi_margin_loss,
+    multilabel_margin_loss,
     multilabel_soft_margin_loss,
     poisson_nll_loss,
     smooth_l1_loss,
@@ -121,7 +122,7 @@ __all__ = [
     "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "lp_pool1d", "lp_pool2d", "lp_pool3d",
     "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "gumbel_softmax",
     "conv_transpose1d", "conv_transpose2d", "triplet_margin_with_distance_loss", "max_unpool1d", "max_unpool2d",
-    "max_unpool3d", "pdist", "affine_grid", "grid_sample", "embedding_bag", "local_response_norm",
+    "max_unpool3d", "pdist", "affine_grid", "grid_sample", "multilabel_margin_loss", "embedding_bag", "local_response_norm",
 ]  # fmt: skip
 
 

@@ -390,3 +390,18 @@ def test_affine_grid_and_grid_sample_match_torch(torch, align_corners):
                          lambda a, g: F.grid_sample(a, g, mode, padding_mode, align_corners),
                          lambda a, g: tf.grid_sample(a, g, mode, padding_mode, align_corners),
                          [x, grid], grad=(0, 1) if mode == "bilinear" else (0,))  # fmt: skip
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_multilabel_margin_loss_matches_torch(torch, reduction):
+    x = rng.normal(size=(3, 5))
+    target = np.array([[3, 0, -1, 1, 1], [0, 1, 2, 3, 4], [-1, 2, 0, 0, 0]])
+    check_parity(torch, lambda a: F.multilabel_margin_loss(a, kiln.tensor(target), reduction=reduction),
+                 lambda a: torch.nn.functional.multilabel_margin_loss(a, torch.tensor(target), reduction=reduction),
+                 [x], grad=(0,))  # fmt: skip
+    check_parity(torch, lambda a: nn_loss(a), lambda a: torch.nn.MultiLabelMarginLoss()(a, torch.tensor(target[0])),
+                 [x[0]], grad=(0,))  # fmt: skip
+
+
+def nn_loss(a):
+    return kiln.nn.MultiLabelMarginLoss()(a, kiln.tensor(np.array([3, 0, -1, 1, 1])))
