@@ -34,6 +34,7 @@ from ._activation import (
     threshold,
 )
 from ._conv import conv1d, conv2d, conv3d, fold, unfold
+from ._ctc import ctc_loss
 from ._distance import channel_shuffle, cosine_similarity, normalize, pairwise_distance, pixel_shuffle, pixel_unshuffle
 from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
 from ._embedding_bag import embedding_bag
@@ -122,7 +123,8 @@ __all__ = [
     "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "lp_pool1d", "lp_pool2d", "lp_pool3d",
     "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "gumbel_softmax",
     "conv_transpose1d", "conv_transpose2d", "triplet_margin_with_distance_loss", "max_unpool1d", "max_unpool2d",
-    "max_unpool3d", "pdist", "affine_grid", "grid_sample", "multilabel_margin_loss", "embedding_bag", "local_response_norm",
+    "max_unpool3d", "pdist", "affine_grid", "grid_sample", "multilabel_margin_loss",
+    "ctc_loss", "embedding_bag", "local_response_norm",
 ]  # fmt: skip
 
 

@@ -405,3 +405,45 @@ def test_multilabel_margin_loss_matches_torch(torch, reduction):
 
 def nn_loss(a):
     return kiln.nn.MultiLabelMarginLoss()(a, kiln.tensor(np.array([3, 0, -1, 1, 1])))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("layout", ["padded", "concatenated"])
+def test_ctc_loss_matches_torch(torch, reduction, layout):
+    steps, n, classes = 12, 4, 5
+    logits = rng.normal(size=(steps, n, classes))
+    lengths = [4, 2, 0, 3]
+    padded = np.array([[1, 2, 2, 3], [4, 1, 0, 0], [0, 0, 0, 0], [3, 3, 1, 0]])  # repeats need a blank between
+    targets = padded if layout == "padded" else np.concatenate([padded[i, :k] for i, k in enumerate(lengths)])
+    in_lens = [12, 9, 5, 7]
+    for blank in (0, 4) if layout == "padded" else (0,):
+        tgt = np.where(padded == blank, (blank + 1) % classes, padded) if blank else targets
+        # Gradients are compared for the logits under log_softmax: PyTorch's backward reports, for
+        # log_probs, softmax - posterior (the logits' gradient, assuming log_softmax), kiln the true one.
+        check_parity(torch,
+                     lambda a: F.ctc_loss(kiln.log_softmax(a, -1), kiln.tensor(tgt), kiln.tensor(in_lens), lengths,
+                                          blank, reduction),
+                     lambda a: torch.nn.functional.ctc_loss(a.log_softmax(-1), torch.tensor(tgt),
+                                                            torch.tensor(in_lens), torch.tensor(lengths), blank,
+                                                            reduction),
+                     [logits], grad=(0,), rtol=1e-7, atol=1e-9)  # fmt: skip
+
+
+def test_ctc_loss_infeasible_and_gradcheck(torch):
+    # 3 labels with a repeat need 4 steps; 2 steps make the loss infinite (zero_infinity makes it 0).
+    logits = rng.normal(size=(2, 1, 3))
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    args = (kiln.tensor(np.array([[1, 1, 2]])), [2], [3])
+    assert np.isinf(F.ctc_loss(kiln.tensor(log_probs), *args, reduction="sum").item())
+    for zero_infinity in (True,):
+        check_parity(
+            torch,
+            lambda a: F.ctc_loss(a, *args, zero_infinity=zero_infinity),
+            lambda a: torch.nn.functional.ctc_loss(a, torch.tensor([[1, 1, 2]]), [2], [3], zero_infinity=zero_infinity),
+            [log_probs],
+            grad=(0,),
+        )
+    (x,) = leaves(rng.normal(size=(6, 2, 4)))
+    tgt = kiln.tensor(np.array([[1, 2], [3, 3]]))
+    assert kiln.autograd.gradcheck(lambda a: F.ctc_loss(kiln.log_softmax(a, -1), tgt, [6, 5], [2, 2]), (x,))
+    assert kiln.nn.CTCLoss(blank=0)(kiln.log_softmax(x, -1), tgt, [6, 5], [2, 2]).shape == ()

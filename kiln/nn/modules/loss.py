@@ -9,7 +9,7 @@ __all__ = ["CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCELoss", "BCEWi
            "HuberLoss", "KLDivLoss", "SoftMarginLoss", "MarginRankingLoss", "HingeEmbeddingLoss",
            "CosineEmbeddingLoss", "PoissonNLLLoss", "GaussianNLLLoss", "TripletMarginLoss",
            "MultiLabelSoftMarginLoss", "MultiMarginLoss", "NLLLoss2d", "TripletMarginWithDistanceLoss",
-           "MultiLabelMarginLoss"]  # fmt: skip
+           "MultiLabelMarginLoss", "CTCLoss"]  # fmt: skip
 
 _REDUCTIONS = ("none", "mean", "sum")
 
@@ -215,3 +215,15 @@ class TripletMarginWithDistanceLoss(_Loss):
 class MultiLabelMarginLoss(_Loss):
     def forward(self, input, target):
         return F.multilabel_margin_loss(input, target, reduction=self.reduction)
+
+
+class CTCLoss(_Loss):
+    """Connectionist temporal classification loss (``F.ctc_loss``)."""
+
+    def __init__(self, blank: int = 0, reduction: str = "mean", zero_infinity: bool = False) -> None:
+        super().__init__(reduction=reduction)
+        self.blank, self.zero_infinity = blank, zero_infinity
+
+    def forward(self, log_probs, targets, input_lengths, target_lengths):
+        return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, self.blank, self.reduction,
+                          self.zero_infinity)  # fmt: skip
