@@ -34,6 +34,7 @@ from ._activation import (
     threshold,
 )
 from ._conv import conv1d, conv2d, conv3d, fold, unfold
+from ._conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from ._ctc import ctc_loss
 from ._distance import channel_shuffle, cosine_similarity, normalize, pairwise_distance, pixel_shuffle, pixel_unshuffle
 from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
@@ -122,7 +123,7 @@ __all__ = [
     "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "adaptive_max_pool1d_with_indices",
     "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "lp_pool1d", "lp_pool2d", "lp_pool3d",
     "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "gumbel_softmax",
-    "conv_transpose1d", "conv_transpose2d", "triplet_margin_with_distance_loss", "max_unpool1d", "max_unpool2d",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "triplet_margin_with_distance_loss", "max_unpool1d", "max_unpool2d",
     "max_unpool3d", "pdist", "affine_grid", "grid_sample", "multilabel_margin_loss",
     "ctc_loss", "embedding_bag", "local_response_norm",
 ]  # fmt: skip
@@ -357,22 +358,6 @@ def one_hot(tensor, num_classes: int = -1) -> kiln.Tensor:
 def pad(input, pad, mode: str = "constant", value=None) -> kiln.Tensor:
     """Pad trailing dims by ``pad = (left_last, right_last, left_prev, right_prev, ...)``."""
     return kiln.pad(input, pad, mode=mode, value=value)
-
-
-def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
-                     dilation=1) -> kiln.Tensor:  # fmt: skip
-    """The transposed 2-d convolution (the gradient of conv2d with respect to its input)."""
-    from .modules.conv_transpose import conv_transpose2d as transposed  # noqa: PLC0415 - modules import this file
-
-    return transposed(input, weight, bias, stride, padding, output_padding, groups, dilation)
-
-
-def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
-                     dilation=1) -> kiln.Tensor:  # fmt: skip
-    """The transposed 1-d convolution (the gradient of conv1d with respect to its input)."""
-    from .modules.conv_transpose import conv_transpose1d as transposed  # noqa: PLC0415 - modules import this file
-
-    return transposed(input, weight, bias, stride, padding, output_padding, groups, dilation)
 
 
 def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin: float = 1.0,

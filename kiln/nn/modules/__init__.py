@@ -56,7 +56,7 @@ __all__ = sorted({name for m in _SUBMODULES for name in m.__all__ if not name.st
 
 # PyTorch keeps each lazy class beside its regular one (torch.nn.modules.linear.LazyLinear, ...).
 for _home, _names in ((linear, ("LazyLinear",)), (conv, ("LazyConv1d", "LazyConv2d", "LazyConv3d", "LazyConvTranspose1d",
-                      "LazyConvTranspose2d")), (batchnorm, ("LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d")),
+                      "LazyConvTranspose2d", "LazyConvTranspose3d")), (batchnorm, ("LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d")),
                       (instancenorm, ("LazyInstanceNorm1d", "LazyInstanceNorm2d", "LazyInstanceNorm3d"))):  # fmt: skip
     for _name in _names:
         setattr(_home, _name, getattr(lazy, _name))

@@ -102,6 +102,6 @@ class Conv3d(_ConvNd):
 
 
 # torch.nn.modules.conv also holds the transposed convolutions.
-from .conv_transpose import ConvTranspose1d, ConvTranspose2d  # noqa: E402
+from .conv_transpose import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d  # noqa: E402
 
-__all__ += ["ConvTranspose1d", "ConvTranspose2d"]
+__all__ += ["ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from ..parameter import UninitializedParameter
 from .conv import Conv1d, Conv2d, Conv3d
-from .conv_transpose import ConvTranspose1d, ConvTranspose2d
+from .conv_transpose import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from .instancenorm import InstanceNorm1d, InstanceNorm2d, InstanceNorm3d
 from .linear import Linear
 from .normalization import BatchNorm1d, BatchNorm2d, BatchNorm3d
 
 __all__ = ["LazyModuleMixin", "LazyLinear", "LazyConv1d", "LazyConv2d", "LazyConv3d", "LazyConvTranspose1d",
-           "LazyConvTranspose2d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "LazyInstanceNorm1d",
+           "LazyConvTranspose2d", "LazyConvTranspose3d", "LazyBatchNorm1d", "LazyBatchNorm2d", "LazyBatchNorm3d", "LazyInstanceNorm1d",
            "LazyInstanceNorm2d", "LazyInstanceNorm3d"]  # fmt: skip
 
 
@@ -110,6 +110,11 @@ class LazyConvTranspose1d(_LazyConv, ConvTranspose1d):
 
 class LazyConvTranspose2d(_LazyConv, ConvTranspose2d):
     cls_to_become = ConvTranspose2d
+    _transposed = True
+
+
+class LazyConvTranspose3d(_LazyConv, ConvTranspose3d):
+    cls_to_become = ConvTranspose3d
     _transposed = True
 
 

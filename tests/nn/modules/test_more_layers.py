@@ -125,7 +125,10 @@ def test_padding_modules_match_torch(torch, name, args, batched):
      ("AdaptiveAvgPool3d", ((2, 1, 3),), {}, (2, 2, 4, 5, 6)),
      ("AdaptiveMaxPool2d", ((3, 2),), {}, (2, 2, 7, 5)), ("AdaptiveMaxPool1d", (4,), {}, (2, 3, 8)),
      ("LPPool2d", (2, 2), {}, (2, 2, 4, 6)), ("ConvTranspose1d", (4, 6, 3), {"stride": 2, "groups": 2}, (2, 4, 5)),
-     ("ConvTranspose1d", (2, 3, 2), {"padding": 1, "dilation": 2, "bias": False}, (2, 7)), ("LPPool1d", (3, 2), {"stride": 1}, (2, 2, 5)),
+     ("ConvTranspose1d", (2, 3, 2), {"padding": 1, "dilation": 2, "bias": False}, (2, 7)),
+     ("ConvTranspose3d", (4, 2, (2, 3, 2)), {"stride": (2, 1, 2), "padding": (0, 1, 1), "output_padding": (1, 0, 1),
+                                            "groups": 2}, (2, 4, 3, 4, 3)),
+     ("ConvTranspose3d", (2, 3, 3), {"dilation": 2}, (2, 3, 3, 3)), ("LPPool1d", (3, 2), {"stride": 1}, (2, 2, 5)),
      ("Dropout1d", (0.5,), {}, (2, 3, 4)), ("Dropout2d", (), {}, (2, 3, 4, 5)), ("Dropout3d", (), {}, (2, 3, 4, 5, 2)),
      ("AlphaDropout", (0.2,), {}, (2, 3)), ("FeatureAlphaDropout", (0.2,), {}, (2, 3, 4))],
 )  # fmt: skip
