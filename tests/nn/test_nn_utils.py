@@ -193,3 +193,33 @@ def test_parametrized_copies_are_independent():
     x = kiln.randn(4, 3)
     assert_close(b(x), x @ b.weight.transpose(0, 1) + b.bias, rtol=1e-6, atol=1e-6)  # b keeps its parametrization
     assert sorted(b.state_dict()) == ["bias", "parametrizations.weight.original0", "parametrizations.weight.original1"]
+
+
+@pytest.mark.parametrize(("conv", "bn", "args", "transpose", "shape"),
+                         [("Conv2d", "BatchNorm2d", (2, 3, 3), False, (2, 2, 5, 5)),
+                          ("ConvTranspose1d", "BatchNorm1d", (2, 3, 3), True, (2, 2, 5)),
+                          ("Linear", "BatchNorm1d", (4, 3), None, (5, 4))])  # fmt: skip
+def test_fusion_matches_torch(torch, conv, bn, args, transpose, shape):
+    tconv, tbn = getattr(torch.nn, conv)(*args), getattr(torch.nn, bn)(3)
+    kconv, kbn = getattr(nn, conv)(*args), getattr(nn, bn)(3)
+    with torch.no_grad():
+        tbn.running_mean.uniform_(-1, 1)
+        tbn.running_var.uniform_(0.5, 2)
+        tbn.weight.uniform_(0.5, 2)
+        tbn.bias.uniform_(-1, 1)
+    copy_from_torch(torch, tconv, kconv)
+    copy_from_torch(torch, tbn, kbn)
+    for m in (tconv, tbn, kconv, kbn):
+        m.eval()
+    if conv == "Linear":
+        kf, tf = nn.utils.fuse_linear_bn_eval(kconv, kbn), torch.nn.utils.fuse_linear_bn_eval(tconv, tbn)
+    else:
+        kf = nn.utils.fuse_conv_bn_eval(kconv, kbn, transpose=transpose)
+        tf = torch.nn.utils.fuse_conv_bn_eval(tconv, tbn, transpose=transpose)
+    x = np.random.default_rng(5).standard_normal(shape).astype(np.float32)
+    kx = kiln.from_numpy(x.copy())
+    assert_close(kf(kx), tf(to_torch(torch, x)), rtol=1e-5, atol=1e-5)
+    assert_close(kf(kx), kbn(kconv(kx)), rtol=1e-5, atol=1e-5)
+    assert kf is not kconv and isinstance(kf.weight, nn.Parameter)
+    with pytest.raises(AssertionError, match="eval"):
+        nn.utils.fuse_conv_bn_eval(kconv.train(), kbn)
