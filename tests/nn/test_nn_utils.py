@@ -223,3 +223,32 @@ def test_fusion_matches_torch(torch, conv, bn, args, transpose, shape):
     assert kf is not kconv and isinstance(kf.weight, nn.Parameter)
     with pytest.raises(AssertionError, match="eval"):
         nn.utils.fuse_conv_bn_eval(kconv.train(), kbn)
+
+
+@pytest.mark.parametrize(("module", "args", "shape"), [("Linear", (4, 3), (2, 4)), ("Conv2d", (2, 3, 3), (1, 2, 5, 5)),
+                                                       ("ConvTranspose1d", (2, 3, 2), (2, 2, 4))])  # fmt: skip
+def test_parametrized_spectral_norm_matches_torch(torch, module, args, shape):
+    from kiln.nn.utils.parametrizations import spectral_norm
+
+    tmod = torch.nn.utils.parametrizations.spectral_norm(getattr(torch.nn, module)(*args))
+    kmod = spectral_norm(getattr(nn, module)(*args))
+    copy_from_torch(torch, tmod, kmod)  # original, and the power-iteration vectors _u and _v
+    rng = np.random.default_rng(6)
+    for training in (True, True, False):
+        tmod.train(training)
+        kmod.train(training)
+        x = rng.standard_normal(shape).astype(np.float32)
+        kout, tout = kmod(kiln.from_numpy(x.copy())), tmod(to_torch(torch, x))
+        assert_close(kout, tout, rtol=1e-4, atol=1e-5)
+    kout.sum().backward()
+    tout.sum().backward()
+    tparams = dict(tmod.named_parameters())
+    for key, p in kmod.named_parameters():
+        assert_close(p.grad, tparams[key].grad, rtol=1e-4, atol=1e-5)
+    tstate = tmod.state_dict()
+    for key, value in kmod.state_dict().items():  # the refined _u, _v too
+        assert_close(value, tstate[key], rtol=1e-4, atol=1e-5)
+    # the largest singular value of the normalized weight is 1 (after enough iterations)
+    w = kmod.weight.detach().numpy()
+    matrix = np.moveaxis(w, 1, 0) if module == "ConvTranspose1d" else w
+    assert abs(np.linalg.svd(matrix.reshape(matrix.shape[0], -1), compute_uv=False)[0] - 1) < 0.05
