@@ -252,3 +252,26 @@ def test_parametrized_spectral_norm_matches_torch(torch, module, args, shape):
     w = kmod.weight.detach().numpy()
     matrix = np.moveaxis(w, 1, 0) if module == "ConvTranspose1d" else w
     assert abs(np.linalg.svd(matrix.reshape(matrix.shape[0], -1), compute_uv=False)[0] - 1) < 0.05
+
+
+@pytest.mark.parametrize(("module", "args", "shape"), [("Linear", (4, 3), (2, 4)), ("Conv2d", (2, 3, 3), (1, 2, 5, 5))])
+def test_hook_spectral_norm_matches_torch(torch, module, args, shape):
+    tmod = torch.nn.utils.spectral_norm(getattr(torch.nn, module)(*args))
+    kmod = nn.utils.spectral_norm(getattr(nn, module)(*args))
+    copy_from_torch(torch, tmod, kmod)  # weight_orig, weight_u, weight_v by key
+    rng = np.random.default_rng(7)
+    for training in (True, True, False):
+        tmod.train(training)
+        kmod.train(training)
+        x = rng.standard_normal(shape).astype(np.float32)
+        kout, tout = kmod(kiln.from_numpy(x.copy())), tmod(to_torch(torch, x))
+        assert_close(kout, tout, rtol=1e-4, atol=1e-5)
+    kout.sum().backward()
+    tout.sum().backward()
+    tparams = dict(tmod.named_parameters())
+    for key, p in kmod.named_parameters():
+        assert_close(p.grad, tparams[key].grad, rtol=1e-4, atol=1e-5)
+    nn.utils.remove_spectral_norm(kmod)
+    torch.nn.utils.remove_spectral_norm(tmod)
+    assert sorted(kmod.state_dict()) == sorted(tmod.state_dict())
+    assert_close(kmod.weight, tmod.weight, rtol=1e-4, atol=1e-5)
