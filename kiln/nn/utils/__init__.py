@@ -1,5 +1,6 @@
-"""``kiln.nn.utils``: gradient clipping, parameters as one vector, weight_norm, and ``rnn`` (padding and packing
-sequences)."""
+"""``kiln.nn.utils``: gradient clipping, parameters as one vector, weight and spectral norm (hook style and
+``parametrizations``), ``parametrize``, BatchNorm fusion, ``stateless.functional_call``, and ``rnn`` (padding
+and packing sequences)."""
 
 from . import clip_grad, fusion, parametrizations, parametrize, rnn, stateless
 from .clip_grad import (
