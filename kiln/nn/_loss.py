@@ -160,6 +160,31 @@ def _check_same_size(input, target, op: str) -> None:
         )
 
 
+def _clamped_logs(x):
+    return kiln.clamp(kiln.log(x), min=-100.0), kiln.clamp(kiln.log(1 - x), min=-100.0)
+
+
+class _BinaryCrossEntropy(kiln.autograd.Function):
+    """Elementwise BCE with PyTorch's own input gradient, (x - t) / max(x (1 - x), 1e-12).
+
+    Differentiating the clamped logs instead would give 0 * inf = nan at x = 0 or 1 (a saturated
+    sigmoid); PyTorch's formula stays finite there, and so does this one.
+    """
+
+    @staticmethod
+    def forward(ctx, input, target):
+        ctx.save_for_backward(input, target)
+        log_x, log_1mx = _clamped_logs(input)
+        return -(target * log_x + (1 - target) * log_1mx)
+
+    @staticmethod
+    def backward(ctx, grad):
+        input, target = ctx.saved_tensors
+        grad_input = grad * (input - target) / kiln.clamp((1 - input) * input, min=1e-12)
+        # The target's gradient is not clamped in PyTorch: it is infinite where the input is 0 or 1.
+        return grad_input, grad * (kiln.log(1 - input) - kiln.log(input))
+
+
 @autocast_op(FLOAT32)
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
                          reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
@@ -171,9 +196,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     kiln.jit.check_values(
         ~outside, RuntimeError, "binary_cross_entropy: all elements of input should be between 0 and 1"
     )
-    log_x = kiln.clamp(kiln.log(input), min=-100.0)
-    log_1mx = kiln.clamp(kiln.log(1 - input), min=-100.0)
-    loss = -(target * log_x + (1 - target) * log_1mx)
+    loss = _BinaryCrossEntropy.apply(input, target)
     if weight is not None:
         loss = loss * weight
     return _reduce(loss, reduction)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import kiln
 from kiln.frontend.opmath import in_float32
 
 from ._utils import check_tensor
 
-__all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm"]
+__all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm"]
 
 
 def _normalize(x: kiln.Tensor, dims: tuple[int, ...], eps: float) -> tuple[kiln.Tensor, kiln.Tensor, kiln.Tensor]:
@@ -114,11 +116,76 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats: bool = True,
                   momentum: float = 0.1, eps: float = 1e-5) -> kiln.Tensor:  # fmt: skip
-    """Normalize each channel of each sample over its spatial dims (running statistics not supported)."""
+    """Normalize each channel of each sample over its spatial dims, as ``torch.nn.functional.instance_norm``.
+
+    With ``use_input_stats`` the instance statistics normalize and the running statistics (when
+    given) move toward their mean over the batch (unbiased variance); without, the running
+    statistics normalize, as batch norm does in eval.
+    """
     check_tensor(input, "input", "instance_norm")
-    if not use_input_stats or running_mean is not None or running_var is not None:
-        raise NotImplementedError("instance_norm: running statistics are not supported yet")
     if input.ndim < 3:
         raise ValueError(f"instance_norm: expected (N, C, *spatial) input, got shape {list(input.shape)}")
-    y, _, _ = _normalize(input, tuple(range(2, input.ndim)), eps)
-    return _affine(y, weight, bias, _channel_shape(input))
+    c = input.shape[1]
+    for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != (c,):
+            raise RuntimeError(f"instance_norm: {name} should contain {c} elements not {t.numel()}")
+    shape = _channel_shape(input)
+    if not use_input_stats:
+        if running_mean is None or running_var is None:
+            raise RuntimeError("Expected running_mean and running_var to be defined when use_input_stats is false")
+        y = (input - running_mean.reshape(shape)) * kiln.rsqrt(running_var.reshape(shape) + eps)
+        return _affine(y, weight, bias, shape)
+    count = math.prod(input.shape[2:])
+    if count <= 1:
+        raise ValueError(f"Expected more than 1 spatial element when training, got input size {list(input.shape)}")
+    y, mean, var = _normalize(input, tuple(range(2, input.ndim)), eps)
+    with kiln.no_grad():
+        if running_mean is not None:
+            running_mean.mul_(1 - momentum).add_(mean.reshape(input.shape[0], c).mean(dim=0) * momentum)
+        if running_var is not None:
+            unbiased = var.reshape(input.shape[0], c).mean(dim=0) * (count / (count - 1))
+            running_var.mul_(1 - momentum).add_(unbiased * momentum)
+    return _affine(y, weight, bias, shape)
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None) -> kiln.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the trailing ``normalized_shape`` dims.
+
+    ``eps=None`` uses the machine epsilon of the input's dtype, as PyTorch does.
+    """
+    check_tensor(input, "input", "rms_norm")
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    k = len(shape)
+    if k == 0 or input.ndim < k or tuple(input.shape[input.ndim - k :]) != shape:
+        raise RuntimeError(
+            f"rms_norm: given normalized_shape={list(shape)}, expected input with shape [*, "
+            f"{', '.join(map(str, shape))}], but got input of size {list(input.shape)}"
+        )
+    if eps is None:
+        eps = float(np.finfo(_numpy_dtype(input)).eps)
+    dims = tuple(range(input.ndim - k, input.ndim))
+    y = input * kiln.rsqrt((input * input).mean(dim=dims, keepdim=True) + eps)
+    return y if weight is None else y * weight
+
+
+def _numpy_dtype(x: kiln.Tensor):
+    return {kiln.float64: np.float64, kiln.float16: np.float16}.get(x.dtype, np.float32)
+
+
+def local_response_norm(input, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> kiln.Tensor:
+    """``x / (k + alpha * mean of x^2 over ``size`` neighbouring channels) ** beta`` (AlexNet's LRN).
+
+    The window is centred like PyTorch's: ``size // 2`` channels before, ``(size - 1) // 2`` after,
+    zero-padded at the ends, always divided by ``size``.
+    """
+    check_tensor(input, "input", "local_response_norm")
+    if input.ndim < 3:
+        raise ValueError(f"Expected 3D or higher dimensionality input (got {input.ndim} dimensions)")
+    if input.numel() == 0:
+        return input
+    c = input.shape[1]
+    square = input * input
+    amounts = [0, 0] * (input.ndim - 2) + [size // 2, (size - 1) // 2]
+    padded = kiln.nn.functional.pad(square, amounts)
+    window = sum(kiln.narrow(padded, 1, j, c) for j in range(size))
+    return input / (window * (alpha / size) + k) ** beta

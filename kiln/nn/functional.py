@@ -17,7 +17,31 @@ import math
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
 
+from ._activation import (
+    celu,
+    glu,
+    gumbel_softmax,
+    hardshrink,
+    hardsigmoid,
+    hardswish,
+    mish,
+    prelu,
+    rrelu,
+    selu,
+    softmin,
+    softshrink,
+    softsign,
+    tanhshrink,
+    threshold,
+)
 from ._conv import conv1d, conv2d, conv3d, fold, unfold
+from ._conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
+from ._ctc import ctc_loss
+from ._distance import channel_shuffle, cosine_similarity, normalize, pairwise_distance, pixel_shuffle, pixel_unshuffle
+from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
+from ._embedding_bag import embedding_bag
+from ._grid import affine_grid, grid_sample
+from ._interpolate import interpolate, upsample, upsample_bilinear, upsample_nearest
 from ._loss import (
     binary_cross_entropy,
     binary_cross_entropy_with_logits,
@@ -26,7 +50,22 @@ from ._loss import (
     mse_loss,
     nll_loss,
 )
-from ._norm import batch_norm, group_norm, instance_norm, layer_norm
+from ._loss_extra import (
+    cosine_embedding_loss,
+    gaussian_nll_loss,
+    hinge_embedding_loss,
+    huber_loss,
+    kl_div,
+    margin_ranking_loss,
+    multi_margin_loss,
+    multilabel_margin_loss,
+    multilabel_soft_margin_loss,
+    poisson_nll_loss,
+    smooth_l1_loss,
+    soft_margin_loss,
+    triplet_margin_loss,
+)
+from ._norm import batch_norm, group_norm, instance_norm, layer_norm, local_response_norm, rms_norm
 from ._pooling import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
@@ -37,6 +76,24 @@ from ._pooling import (
     max_pool1d,
     max_pool2d,
     max_pool3d,
+)
+from ._pooling_more import (
+    adaptive_max_pool1d,
+    adaptive_max_pool1d_with_indices,
+    adaptive_max_pool2d,
+    adaptive_max_pool2d_with_indices,
+    adaptive_max_pool3d,
+    adaptive_max_pool3d_with_indices,
+    lp_pool1d,
+    lp_pool2d,
+    lp_pool3d,
+    max_pool1d_with_indices,
+    max_pool2d_with_indices,
+    max_pool3d_with_indices,
+    max_unpool1d,
+    max_unpool2d,
+    max_unpool3d,
+    pdist,
 )
 from ._utils import check_tensor
 
@@ -49,9 +106,27 @@ __all__ = [
     "conv1d", "conv2d", "conv3d", "unfold", "fold",
     "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
     "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
-    "layer_norm", "batch_norm", "group_norm", "instance_norm",
+    "layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm",
     # losses
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits",
+    "smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "margin_ranking_loss", "hinge_embedding_loss",
+    "cosine_embedding_loss", "poisson_nll_loss", "gaussian_nll_loss", "triplet_margin_loss",
+    "multilabel_soft_margin_loss", "multi_margin_loss",
+    # more activations, in-place forms
+    "celu", "selu", "glu", "hardswish", "hardsigmoid", "mish", "softsign", "softmin", "softshrink", "hardshrink",
+    "tanhshrink", "threshold", "prelu", "rrelu", "relu_", "elu_", "leaky_relu_", "hardtanh_", "threshold_",
+    "celu_", "selu_", "rrelu_",
+    # shapes, distances, resampling, channel dropout
+    "normalize", "cosine_similarity", "pairwise_distance", "pixel_shuffle", "pixel_unshuffle", "channel_shuffle",
+    "interpolate", "upsample", "upsample_nearest", "upsample_bilinear",
+    "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout",
+    # more pooling, sampling, transposed convolution
+    "adaptive_max_pool1d", "adaptive_max_pool2d", "adaptive_max_pool3d", "adaptive_max_pool1d_with_indices",
+    "adaptive_max_pool2d_with_indices", "adaptive_max_pool3d_with_indices", "lp_pool1d", "lp_pool2d", "lp_pool3d",
+    "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices", "gumbel_softmax",
+    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "triplet_margin_with_distance_loss", "max_unpool1d", "max_unpool2d",
+    "max_unpool3d", "pdist", "affine_grid", "grid_sample", "multilabel_margin_loss",
+    "ctc_loss", "embedding_bag", "local_response_norm",
 ]  # fmt: skip
 
 
@@ -83,22 +158,58 @@ def tanh(input) -> kiln.Tensor:
 
 def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False) -> kiln.Tensor:
     # `x > 0` as the condition: the gradient at 0 is negative_slope (PyTorch's) and nan stays nan.
-    return kiln.where(input > 0, input, input * negative_slope)
+    out = kiln.where(input > 0, input, input * negative_slope)
+    return input.copy_(out) if inplace else out
 
 
 def elu(input, alpha: float = 1.0, inplace: bool = False) -> kiln.Tensor:
     positive = input > 0
     # expm1 of the clamped input, so the unselected branch cannot overflow into a nan gradient.
-    return kiln.where(positive, input, kiln.expm1(kiln.where(positive, 0.0, input)) * alpha)
+    out = kiln.where(positive, input, kiln.expm1(kiln.where(positive, 0.0, input)) * alpha)
+    return input.copy_(out) if inplace else out
 
 
 def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> kiln.Tensor:
     # Not clamp: PyTorch's hardtanh has gradient 0 on the bounds themselves (clamp passes 1).
-    return kiln.where(input <= min_val, min_val, kiln.where(input >= max_val, max_val, input))
+    out = kiln.where(input <= min_val, min_val, kiln.where(input >= max_val, max_val, input))
+    return input.copy_(out) if inplace else out
 
 
 def relu6(input, inplace: bool = False) -> kiln.Tensor:
-    return hardtanh(input, 0.0, 6.0)
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+# In-place forms: the result written back into ``input`` (PyTorch's trailing-underscore names).
+def relu_(input) -> kiln.Tensor:
+    return input.relu_()
+
+
+def elu_(input, alpha: float = 1.0) -> kiln.Tensor:
+    return input.copy_(elu(input, alpha))
+
+
+def leaky_relu_(input, negative_slope: float = 0.01) -> kiln.Tensor:
+    return input.copy_(leaky_relu(input, negative_slope))
+
+
+def hardtanh_(input, min_val: float = -1.0, max_val: float = 1.0) -> kiln.Tensor:
+    return input.copy_(hardtanh(input, min_val, max_val))
+
+
+def threshold_(input, threshold_value: float, value: float) -> kiln.Tensor:
+    return input.copy_(threshold(input, threshold_value, value))
+
+
+def celu_(input, alpha: float = 1.0) -> kiln.Tensor:
+    return input.copy_(celu(input, alpha))
+
+
+def selu_(input) -> kiln.Tensor:
+    return input.copy_(selu(input))
+
+
+def rrelu_(input, lower: float = 1.0 / 8, upper: float = 1.0 / 3, training: bool = False) -> kiln.Tensor:
+    return input.copy_(rrelu(input, lower, upper, training))
 
 
 def logsigmoid(input) -> kiln.Tensor:
@@ -250,3 +361,16 @@ def one_hot(tensor, num_classes: int = -1) -> kiln.Tensor:
 def pad(input, pad, mode: str = "constant", value=None) -> kiln.Tensor:
     """Pad trailing dims by ``pad = (left_last, right_last, left_prev, right_prev, ...)``."""
     return kiln.pad(input, pad, mode=mode, value=value)
+
+
+def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin: float = 1.0,
+                                      swap: bool = False, reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
+    """max(0, margin + d(a, p) - d(a, n)) for any ``distance_function`` (pairwise_distance by default)."""
+    if margin <= 0:
+        raise ValueError(f"triplet_margin_with_distance_loss: expected margin to be greater than 0, got {margin}")
+    distance = pairwise_distance if distance_function is None else distance_function
+    d_pos, d_neg = distance(anchor, positive), distance(anchor, negative)
+    if swap:
+        d_neg = kiln.minimum(d_neg, distance(positive, negative))
+    loss = kiln.clamp(margin + d_pos - d_neg, min=0.0)
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss

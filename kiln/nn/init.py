@@ -14,7 +14,7 @@ from kiln.frontend.tensor import Tensor
 
 __all__ = [
     "calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
-    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_",
+    "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "dirac_", "sparse_",
 ]  # fmt: skip
 
 _LINEAR = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
@@ -155,3 +155,36 @@ def orthogonal_(tensor: Tensor, gain: float = 1.0, generator=None) -> Tensor:
         q = q.T
     with kiln.no_grad():
         return tensor.copy_(kiln.from_numpy(q.copy()).reshape(tensor.shape).to(tensor.dtype) * gain)
+
+
+def dirac_(tensor: Tensor, groups: int = 1) -> Tensor:
+    """A convolution weight (3-5 dims) that passes its input through: a 1 at each kernel's centre linking
+    output channel i to input channel i, within each of ``groups`` groups."""
+    if tensor.ndim not in (3, 4, 5):
+        raise ValueError("Only tensors with 3, 4, or 5 dimensions are supported")
+    out_channels = tensor.shape[0]
+    if out_channels % groups != 0:
+        raise ValueError("dim 0 must be divisible by groups")
+    per_group = out_channels // groups
+    keep = min(per_group, tensor.shape[1])
+    values = np.zeros(tuple(tensor.shape), dtype=np.float64)
+    centre = tuple(s // 2 for s in tensor.shape[2:])
+    for g in range(groups):
+        for d in range(keep):
+            values[(g * per_group + d, d, *centre)] = 1.0
+    with kiln.no_grad():
+        return tensor.copy_(kiln.tensor(values, dtype=tensor.dtype, device=tensor.device))
+
+
+def sparse_(tensor: Tensor, sparsity: float, std: float = 0.01, generator=None) -> Tensor:
+    """A 2-d tensor drawn from N(0, std^2) with ``ceil(sparsity * rows)`` zeros in each column."""
+    if tensor.ndim != 2:
+        raise ValueError("Only tensors with 2 dimensions are supported")
+    rows, cols = tensor.shape
+    zeros = int(math.ceil(sparsity * rows))
+    with kiln.no_grad():
+        tensor.normal_(0, std, generator=generator)
+        for col in range(cols):
+            picked = kiln.randperm(rows, generator=generator)[:zeros]
+            tensor[picked, col] = 0
+    return tensor

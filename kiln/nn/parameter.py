@@ -56,3 +56,38 @@ class Buffer:
     def __init__(self, data: Tensor, *, persistent: bool = True) -> None:
         self.data = data
         self.persistent = persistent
+
+
+class UninitializedParameter(Parameter):
+    """A parameter whose shape is not known yet (lazy modules): empty until ``materialize(shape)``.
+
+    Materializing changes this same object in place into a ``Parameter``, so an optimizer built
+    before the first forward call still holds it.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, requires_grad: bool = True, device=None, dtype=None) -> UninitializedParameter:
+        return super().__new__(cls, kiln.empty(0, device=device, dtype=dtype), requires_grad)
+
+    def __init__(self, requires_grad: bool = True, device=None, dtype=None) -> None:
+        pass
+
+    def materialize(self, shape, device=None, dtype=None) -> None:
+        value = kiln.empty(*shape, device=device or self.device, dtype=dtype or self.dtype)
+        self.data = value
+        self.__class__ = Parameter
+
+    def __repr__(self) -> str:
+        return "<UninitializedParameter>"
+
+    __str__ = __repr__
+
+    def __deepcopy__(self, memo):
+        result = UninitializedParameter(self.requires_grad, self.device, self.dtype)
+        memo[id(self)] = result
+        return result
+
+
+class UninitializedBuffer(Tensor):
+    """Marker type for a lazy module's buffer of unknown shape (kiln's lazy norms make real buffers late)."""

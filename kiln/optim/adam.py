@@ -37,12 +37,21 @@ class Adam(Optimizer):
         weight_decay: float = 0.0,
         amsgrad: bool = False,
         *,
+        foreach: bool | None = None,
         maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
+        decoupled_weight_decay: bool = False,
     ) -> None:
+        # foreach / capturable / differentiable / fused choose PyTorch kernels; kiln has one (compiled by
+        # kiln.compile), so they are accepted and kept in the groups as PyTorch keeps them.
         _check_adam_args(lr, betas, eps, weight_decay)
         defaults = dict(
-            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize
-        )
+            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+            foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused,
+            decoupled_weight_decay=decoupled_weight_decay or self._decoupled,
+        )  # fmt: skip
         super().__init__(params, defaults)
 
     def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
@@ -70,7 +79,7 @@ class Adam(Optimizer):
             step = state["step"]
             step.add_(1)
             if weight_decay != 0:
-                if self._decoupled:
+                if group.get("decoupled_weight_decay", self._decoupled):
                     p.mul_(1 - lr * weight_decay)
                 else:
                     grad = grad + p * weight_decay
@@ -109,5 +118,10 @@ class AdamW(Adam):
         amsgrad: bool = False,
         *,
         maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
+        fused: bool | None = None,
     ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize)
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable, fused=fused)  # fmt: skip

@@ -451,3 +451,17 @@ __all__ = [
     "SequentialLR",
     "StepLR",
 ]
+
+
+# More schedulers, in their own file (this one is long enough); they are part of this module's namespace.
+from ._lr_more import (  # noqa: E402
+    ChainedScheduler,
+    ConstantLR,
+    CosineAnnealingWarmRestarts,
+    CyclicLR,
+    MultiplicativeLR,
+    PolynomialLR,
+)
+
+__all__ += ["ConstantLR", "MultiplicativeLR", "PolynomialLR", "CosineAnnealingWarmRestarts", "CyclicLR",
+            "ChainedScheduler"]  # fmt: skip

@@ -28,6 +28,9 @@ class RMSprop(Optimizer):
         centered: bool = False,
         *,
         maximize: bool = False,
+        foreach: bool | None = None,
+        capturable: bool = False,
+        differentiable: bool = False,
     ) -> None:
         check_range("learning rate", lr)
         check_range("epsilon value", eps)
@@ -42,6 +45,9 @@ class RMSprop(Optimizer):
             momentum=momentum,
             centered=centered,
             maximize=maximize,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
         )
         super().__init__(params, defaults)
 

@@ -9,6 +9,7 @@ import pytest
 
 import kiln
 import kiln.nn.functional as F
+from tests.conftest import assert_close
 from tests.nn.helpers import check_parity, leaves
 
 rng = np.random.default_rng(3)
@@ -120,3 +121,38 @@ def test_loss_errors():
         F.binary_cross_entropy(kiln.tensor([1.5]), kiln.tensor([1.0]))
     with pytest.raises(ValueError, match="different to the input size"):
         F.binary_cross_entropy_with_logits(kiln.zeros(3), kiln.zeros(2))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_binary_cross_entropy_finite_gradient_at_zero_and_one(torch, reduction):
+    # A saturated float32 sigmoid gives exactly 0 or 1: PyTorch's gradient stays finite there.
+    p = np.array([0.0, 1.0, 0.0, 1.0, 0.3, 1.0], dtype=np.float32)
+    t = np.array([0.0, 0.0, 1.0, 1.0, 0.5, 0.25], dtype=np.float32)
+    out = check_parity(torch, lambda a, b: F.binary_cross_entropy(a, b, reduction=reduction),
+                       lambda a, b: torch.nn.functional.binary_cross_entropy(a, b, reduction=reduction), [p, t],
+                       grad=(0, 1),
+                       rtol=1e-6, atol=1e-6, dtype=np.float32)  # fmt: skip
+    assert np.isfinite(out.detach().numpy()).all()
+
+
+def test_bce_loss_module_gradient_through_saturated_sigmoid(torch):
+    x = np.array([-120.0, 120.0, 0.5], dtype=np.float32)
+    t = np.array([1.0, 0.0, 1.0], dtype=np.float32)
+    kx, tx = kiln.tensor(x, requires_grad=True), torch.tensor(x, requires_grad=True)
+    kiln.nn.BCELoss()(kiln.sigmoid(kx), kiln.tensor(t)).backward()
+    torch.nn.BCELoss()(torch.sigmoid(tx), torch.tensor(t)).backward()
+    assert np.isfinite(kx.grad.numpy()).all()
+    assert_close(kx.grad, tx.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_binary_cross_entropy_compiled_gradient_equals_eager():
+    def grad_of(x, t):
+        x = x.detach().requires_grad_()
+        F.binary_cross_entropy(kiln.sigmoid(x), t).backward()
+        return x.grad
+
+    f = kiln.compile(grad_of)
+    for i in range(4):
+        x = kiln.tensor(np.array([-120.0, 120.0, 0.5 * i, -1.0], dtype=np.float32))
+        t = kiln.tensor(np.array([1.0, 0.0, 1.0, 0.5], dtype=np.float32))
+        assert_close(f(x, t), grad_of(x, t), rtol=1e-6, atol=1e-6)

@@ -15,6 +15,25 @@ SCHEDULERS = [
     ("LinearLR", {"start_factor": 0.2, "total_iters": 9}),
     ("OneCycleLR", {"max_lr": 1.0, "total_steps": 41}),
     ("OneCycleLR", {"max_lr": 1.0, "total_steps": 41, "anneal_strategy": "linear", "three_phase": True}),
+    ("ConstantLR", {"factor": 0.25, "total_iters": 6}),
+    ("MultiplicativeLR", {"lr_lambda": lambda e: 0.95}),
+    ("PolynomialLR", {"total_iters": 15, "power": 2.0}),
+    ("CosineAnnealingWarmRestarts", {"T_0": 5}),
+    ("CosineAnnealingWarmRestarts", {"T_0": 3, "T_mult": 2, "eta_min": 0.05}),
+    ("CyclicLR", {"base_lr": 0.1, "max_lr": 1.0, "step_size_up": 4}),
+    ("CyclicLR", {"base_lr": 0.1, "max_lr": 1.0, "step_size_up": 3, "step_size_down": 5, "mode": "triangular2"}),
+    ("CyclicLR", {"base_lr": 0.1, "max_lr": 1.0, "step_size_up": 4, "mode": "exp_range", "gamma": 0.95}),
+    (
+        "CyclicLR",
+        {
+            "base_lr": 0.1,
+            "max_lr": 1.0,
+            "step_size_up": 4,
+            "scale_fn": lambda x: 0.5**x,
+            "scale_mode": "iterations",
+            "cycle_momentum": False,
+        },
+    ),
 ]
 
 
@@ -101,3 +120,28 @@ def test_state_dict_and_errors():
         one = lr_scheduler.OneCycleLR(optim.SGD([kiln.zeros(1, requires_grad=True)], lr=1.0), max_lr=1.0, total_steps=2)
         for _ in range(3):
             one.step()
+
+
+def test_chained_and_warm_restarts_with_epochs(torch):
+    def build(lib, module):
+        w = lib.zeros(2, requires_grad=True)
+        opt = module.SGD([w], lr=0.5, momentum=0.9)
+        sched = module.lr_scheduler.ChainedScheduler(
+            [module.lr_scheduler.ConstantLR(opt, factor=0.5, total_iters=3),
+             module.lr_scheduler.ExponentialLR(opt, gamma=0.9)]
+        )  # fmt: skip
+        out = []
+        for _ in range(10):
+            opt.step()
+            sched.step()
+            out.append(sched.get_last_lr()[0])
+        w2 = lib.zeros(2, requires_grad=True)
+        opt2 = module.SGD([w2], lr=0.5)
+        warm = module.lr_scheduler.CosineAnnealingWarmRestarts(opt2, T_0=4, T_mult=2)
+        for epoch in (0.5, 1.25, 3.0, 4.5, 9.0, 13.75, 2.0):
+            opt2.step()
+            warm.step(epoch)
+            out.append(warm.get_last_lr()[0])
+        return np.array(out)
+
+    np.testing.assert_allclose(build(kiln, optim), build(torch, torch.optim), rtol=1e-6, atol=1e-12)

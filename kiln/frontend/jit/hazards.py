@@ -441,8 +441,9 @@ def _holders(refs: dict, roots: list) -> list:
     """The dicts and lists that hold one of the tensors ``refs`` (id -> tensor)."""
     if not refs:
         return []
+    # `v is not None`: refs.get() answers None for a missing id, which would match a None value.
     return [obj for obj, values in _walk(roots)
-            if isinstance(obj, dict | list) and any(refs.get(id(v)) is v for v in values)]  # fmt: skip
+            if isinstance(obj, dict | list) and any(v is not None and refs.get(id(v)) is v for v in values)]  # fmt: skip
 
 
 def reachable_tensors(roots: list) -> dict[int, Tensor]:

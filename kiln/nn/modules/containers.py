@@ -1,4 +1,4 @@
-"""Containers: ``Sequential``, ``ModuleList``, ``ModuleDict``, ``ParameterList``."""
+"""Containers: ``Sequential``, ``ModuleList``, ``ModuleDict``, ``ParameterList``, ``ParameterDict``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kiln.frontend.tensor import Tensor
 from ..parameter import Parameter
 from .module import Module
 
-__all__ = ["Sequential", "ModuleList", "ModuleDict", "ParameterList"]
+__all__ = ["Sequential", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict"]
 
 
 def _index(idx: int, n: int, what: str) -> int:
@@ -188,6 +188,65 @@ class ParameterList(Module):
         for v in values:
             self.append(v)
         return self
+
+    def extra_repr(self) -> str:
+        lines = []
+        for name, p in self._parameters.items():
+            size = "x".join(str(s) for s in p.shape)
+            lines.append(f"  ({name}): Parameter containing: [{p.dtype} of size {size}]")
+        return "\n".join(lines)
+
+
+class ParameterDict(Module):
+    """A dict of parameters registered under their keys; plain tensors are wrapped as Parameters."""
+
+    def __init__(self, parameters=None) -> None:
+        super().__init__()
+        if parameters is not None:
+            self.update(parameters)
+
+    def __getitem__(self, key: str):
+        return self._parameters[key]
+
+    def __setitem__(self, key: str, value) -> None:
+        if isinstance(value, Tensor) and not isinstance(value, Parameter):
+            value = Parameter(value)
+        self.register_parameter(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        del self._parameters[key]
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __iter__(self):
+        return iter(self._parameters)
+
+    def __contains__(self, key) -> bool:
+        return key in self._parameters
+
+    def keys(self):
+        return self._parameters.keys()
+
+    def items(self):
+        return self._parameters.items()
+
+    def values(self):
+        return self._parameters.values()
+
+    def get(self, key: str, default=None):
+        return self._parameters.get(key, default)
+
+    def pop(self, key: str):
+        return self._parameters.pop(key)
+
+    def clear(self) -> None:
+        self._parameters.clear()
+
+    def update(self, parameters) -> None:
+        items = parameters.items() if hasattr(parameters, "items") else parameters
+        for key, value in items:
+            self[key] = value
 
     def extra_repr(self) -> str:
         lines = []

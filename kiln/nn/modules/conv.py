@@ -6,11 +6,14 @@ from .. import functional as F
 from .linear import add_weight_and_bias, reset_weight_and_bias
 from .module import Module
 
-__all__ = ["Conv1d", "Conv2d"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d"]
 
 
 def _ntuple(value, d: int) -> tuple:
     return tuple(value) if isinstance(value, tuple | list) else (value,) * d
+
+
+_PAD_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "replicate", "circular": "circular"}
 
 
 class _ConvNd(Module):
@@ -26,8 +29,10 @@ class _ConvNd(Module):
             raise ValueError("in_channels must be divisible by groups")
         if out_channels % groups != 0:
             raise ValueError("out_channels must be divisible by groups")
-        if padding_mode != "zeros":
-            raise NotImplementedError(f"padding_mode={padding_mode!r} is not supported (only 'zeros')")
+        if padding_mode not in _PAD_MODES:
+            raise ValueError(f"padding_mode must be one of {list(_PAD_MODES)}, but got padding_mode='{padding_mode}'")
+        if padding_mode != "zeros" and isinstance(padding, str):
+            raise NotImplementedError(f"padding={padding!r} with padding_mode={padding_mode!r} is not supported")
         if isinstance(padding, str) and padding not in ("same", "valid"):
             raise ValueError(f"Invalid padding string {padding!r}, should be one of {{'valid', 'same'}}")
         self.in_channels, self.out_channels = in_channels, out_channels
@@ -45,6 +50,14 @@ class _ConvNd(Module):
     def reset_parameters(self) -> None:
         reset_weight_and_bias(self.weight, self.bias)
 
+    def _conv_forward(self, input, conv):
+        if self.padding_mode == "zeros":
+            return conv(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        # Non-zero padding modes pad explicitly (F.pad's order: last dim first), then convolve unpadded.
+        amounts = [p for size in reversed(self.padding) for p in (size, size)]
+        padded = F.pad(input, amounts, mode=_PAD_MODES[self.padding_mode])
+        return conv(padded, self.weight, self.bias, self.stride, 0, self.dilation, self.groups)
+
     def extra_repr(self) -> str:
         d = self._d
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
@@ -56,6 +69,8 @@ class _ConvNd(Module):
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
+        if self.padding_mode != "zeros":
+            s += f", padding_mode={self.padding_mode}"
         return s
 
 
@@ -65,7 +80,7 @@ class Conv1d(_ConvNd):
     _d = 1
 
     def forward(self, input):
-        return F.conv1d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return self._conv_forward(input, F.conv1d)
 
 
 class Conv2d(_ConvNd):
@@ -74,4 +89,19 @@ class Conv2d(_ConvNd):
     _d = 2
 
     def forward(self, input):
-        return F.conv2d(input, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return self._conv_forward(input, F.conv2d)
+
+
+class Conv3d(_ConvNd):
+    """3-D convolution: input (N, C_in, D, H, W), ``weight`` (C_out, C_in / groups, kD, kH, kW)."""
+
+    _d = 3
+
+    def forward(self, input):
+        return self._conv_forward(input, F.conv3d)
+
+
+# torch.nn.modules.conv also holds the transposed convolutions.
+from .conv_transpose import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d  # noqa: E402
+
+__all__ += ["ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d"]

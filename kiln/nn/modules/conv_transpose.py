@@ -1,97 +1,35 @@
-"""Transposed 2-D convolution: ``conv_transpose2d`` and the ``ConvTranspose2d`` layer.
-
-The math is the adjoint of conv2d written with kiln ops: spread the input apart by ``stride``
-(zeros between pixels), pad by ``dilation * (kernel - 1) - padding`` (plus ``output_padding``
-at the end), then a stride-1 conv2d with the kernel flipped and its in/out channels swapped.
-"""
+"""Transposed convolution layers: ``ConvTranspose1d``, ``ConvTranspose2d``, ``ConvTranspose3d``
+(the math is in ``kiln/nn/_conv_transpose.py``)."""
 
 from __future__ import annotations
 
-import kiln
-from kiln.frontend.autocast import LOWER, autocast_op
-
-from .. import functional as F
+from .._conv_transpose import _conv_transpose, _tuple, conv_transpose1d, conv_transpose2d, conv_transpose3d
 from .linear import add_weight_and_bias, reset_weight_and_bias
 from .module import Module
 
-__all__ = ["ConvTranspose2d", "conv_transpose2d"]
+__all__ = ["ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "conv_transpose1d", "conv_transpose2d",
+           "conv_transpose3d"]  # fmt: skip
 
 
-def _pair(value, name: str) -> tuple[int, int]:
-    pair = (value, value) if isinstance(value, int) else tuple(value)
-    if len(pair) != 2:
-        raise ValueError(f"conv_transpose2d: expected {name} to be an int or a pair, got {value}")
-    return pair
-
-
-def _spread(x, stride: tuple[int, int]):
-    """Insert ``stride - 1`` zeros between neighbouring pixels of (N, C, H, W)."""
-    if stride == (1, 1):
-        return x
-    n, c, h, w = x.shape
-    sh, sw = stride
-    x = F.pad(x.reshape(n, c, h, 1, w, 1), (0, sw - 1, 0, 0, 0, sh - 1))
-    return x.reshape(n, c, h * sh, w * sw)[:, :, : (h - 1) * sh + 1, : (w - 1) * sw + 1]
-
-
-def _pad_or_crop(x, before: tuple[int, int], after: tuple[int, int]):
-    """Pad (positive amounts) or crop (negative amounts) the two spatial dims of (N, C, H, W)."""
-    x = F.pad(x, (max(before[1], 0), max(after[1], 0), max(before[0], 0), max(after[0], 0)))
-    h, w = x.shape[2], x.shape[3]
-    top, left = max(-before[0], 0), max(-before[1], 0)
-    return x[:, :, top : h - max(-after[0], 0), left : w - max(-after[1], 0)]
-
-
-@autocast_op(LOWER)
-def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
-                     dilation=1) -> kiln.Tensor:  # fmt: skip
-    """Transposed convolution of (N, C_in, H, W) or (C_in, H, W) with weight (C_in, C_out / groups, kH, kW)."""
-    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
-    output_padding, dilation = _pair(output_padding, "output_padding"), _pair(dilation, "dilation")
-    if input.dim() not in (3, 4):
-        raise RuntimeError(f"conv_transpose2d: expected 3D (unbatched) or 4D (batched) input, got {input.dim()}D")
-    if weight.dim() != 4:
-        raise RuntimeError(f"conv_transpose2d: expected a 4D weight, got {weight.dim()}D")
-    batched = input.dim() == 4
-    x = input if batched else input.unsqueeze(0)
-    c_in = x.shape[1]
-    if weight.shape[0] != c_in or c_in % groups != 0:
-        raise RuntimeError(f"conv_transpose2d: expected input with {weight.shape[0]} channels (divisible by groups="
-                           f"{groups}), got input of shape {list(input.shape)}")  # fmt: skip
-    for op, s, d in zip(output_padding, stride, dilation, strict=True):
-        if op >= max(s, d):
-            raise RuntimeError(f"conv_transpose2d: output padding must be smaller than either stride or dilation, "
-                               f"got output_padding={output_padding}, stride={stride}, dilation={dilation}")  # fmt: skip
-    kh, kw = weight.shape[2], weight.shape[3]
-    c_out_g = weight.shape[1]
-    # (C_in, C_out/g, kh, kw) -> (C_out, C_in/g, kh, kw), kernel flipped.
-    w = weight.reshape(groups, c_in // groups, c_out_g, kh, kw).transpose(1, 2)
-    w = kiln.flip(w.reshape(groups * c_out_g, c_in // groups, kh, kw), (2, 3))
-    reach = (dilation[0] * (kh - 1), dilation[1] * (kw - 1))
-    before = (reach[0] - padding[0], reach[1] - padding[1])
-    after = (before[0] + output_padding[0], before[1] + output_padding[1])
-    x = _pad_or_crop(_spread(x, stride), before, after)
-    out = F.conv2d(x, w, bias, 1, 0, dilation, groups)
-    return out if batched else out.squeeze(0)
-
-
-class ConvTranspose2d(Module):
-    """Transposed 2-D convolution: ``weight`` (C_in, C_out / groups, kH, kW), ``bias`` (C_out)."""
+class _ConvTransposeNd(Module):
+    _d = 2
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0, output_padding=0,
                  groups: int = 1, bias: bool = True, dilation=1, padding_mode: str = "zeros", device=None,
                  dtype=None) -> None:  # fmt: skip
         super().__init__()
+        d, name = self._d, type(self).__name__
         if in_channels % groups != 0:
             raise ValueError(f"in_channels ({in_channels}) must be divisible by groups ({groups})")
         if out_channels % groups != 0:
             raise ValueError(f"out_channels ({out_channels}) must be divisible by groups ({groups})")
         if padding_mode != "zeros":
-            raise ValueError(f'Only "zeros" padding mode is supported for ConvTranspose2d, got {padding_mode!r}')
+            raise ValueError(f'Only "zeros" padding mode is supported for {name}, got {padding_mode!r}')
         self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
-        self.kernel_size, self.stride = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
-        self.padding, self.output_padding = _pair(padding, "padding"), _pair(output_padding, "output_padding")
-        self.dilation, self.padding_mode = _pair(dilation, "dilation"), padding_mode
+        self.kernel_size, self.stride = _tuple(kernel_size, d, "kernel_size", name), _tuple(stride, d, "stride", name)
+        self.padding = _tuple(padding, d, "padding", name)
+        self.output_padding = _tuple(output_padding, d, "output_padding", name)
+        self.dilation, self.padding_mode = _tuple(dilation, d, "dilation", name), padding_mode
         shape = (in_channels, out_channels // groups, *self.kernel_size)
         add_weight_and_bias(self, shape, out_channels, bias, device, dtype)
 
@@ -99,19 +37,37 @@ class ConvTranspose2d(Module):
         reset_weight_and_bias(self.weight, self.bias)
 
     def forward(self, input):
-        return conv_transpose2d(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
-                                self.groups, self.dilation)  # fmt: skip
+        return _conv_transpose(input, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                               self.groups, self.dilation, self._d)  # fmt: skip
 
     def extra_repr(self) -> str:
         s = f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, stride={self.stride}"
-        if self.padding != (0, 0):
+        if any(self.padding):
             s += f", padding={self.padding}"
-        if self.dilation != (1, 1):
+        if any(d != 1 for d in self.dilation):
             s += f", dilation={self.dilation}"
-        if self.output_padding != (0, 0):
+        if any(self.output_padding):
             s += f", output_padding={self.output_padding}"
         if self.groups != 1:
             s += f", groups={self.groups}"
         if self.bias is None:
             s += ", bias=False"
         return s
+
+
+class ConvTranspose1d(_ConvTransposeNd):
+    """Transposed 1-D convolution: ``weight`` (C_in, C_out / groups, k), ``bias`` (C_out)."""
+
+    _d = 1
+
+
+class ConvTranspose2d(_ConvTransposeNd):
+    """Transposed 2-D convolution: ``weight`` (C_in, C_out / groups, kH, kW), ``bias`` (C_out)."""
+
+    _d = 2
+
+
+class ConvTranspose3d(_ConvTransposeNd):
+    """Transposed 3-D convolution: ``weight`` (C_in, C_out / groups, kD, kH, kW), ``bias`` (C_out)."""
+
+    _d = 3

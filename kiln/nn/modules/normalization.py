@@ -9,7 +9,8 @@ from .. import init
 from ..parameter import Parameter
 from .module import Module
 
-__all__ = ["BatchNorm1d", "BatchNorm2d", "LayerNorm", "GroupNorm"]
+__all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm", "LayerNorm", "GroupNorm", "RMSNorm",
+           "LocalResponseNorm"]  # fmt: skip
 
 
 def _add_affine(module, affine: bool, bias: bool, shape: tuple, device, dtype) -> None:
@@ -96,6 +97,64 @@ class BatchNorm2d(_BatchNorm):
     _dims = (4,)
 
 
+class BatchNorm3d(_BatchNorm):
+    """Batch norm over (N, C, D, H, W) input."""
+
+    _dims = (5,)
+
+
+class SyncBatchNorm(_BatchNorm):
+    """Batch norm whose statistics PyTorch reduces across processes; in one process it is plain batch norm.
+
+    ``convert_sync_batchnorm`` swaps the batch-norm layers of a model for this class (keeping their state).
+    """
+
+    _dims = (2, 3, 4, 5)
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group=None, device=None, dtype=None) -> None:  # fmt: skip
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
+        self.process_group = process_group
+
+    def forward(self, input):
+        distributed = getattr(kiln, "distributed", None)
+        initialized = getattr(distributed, "is_initialized", None)
+        if self.training and initialized is not None and initialized() and distributed.get_world_size() > 1:
+            raise NotImplementedError("SyncBatchNorm across processes is not supported by kiln; its statistics would "
+                                      "be per process. Use BatchNorm, or one process.")  # fmt: skip
+        return super().forward(input)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module, process_group=None):
+        """``module`` with every BatchNorm*d replaced by a SyncBatchNorm holding the same parameters and buffers."""
+        converted = module
+        if isinstance(module, _BatchNorm) and not isinstance(module, SyncBatchNorm):
+            converted = cls(module.num_features, module.eps, module.momentum, module.affine,
+                            module.track_running_stats, process_group)  # fmt: skip
+            if module.affine:
+                converted.weight, converted.bias = module.weight, module.bias
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                setattr(converted, name, getattr(module, name))
+            converted.train(module.training)
+        for name, child in module.named_children():
+            converted.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        return converted
+
+
+class LocalResponseNorm(Module):
+    """Local response normalization over neighbouring channels (``F.local_response_norm``)."""
+
+    def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0) -> None:
+        super().__init__()
+        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+
+    def forward(self, input):
+        return F.local_response_norm(input, self.size, self.alpha, self.beta, self.k)
+
+    def extra_repr(self) -> str:
+        return f"{self.size}, alpha={self.alpha}, beta={self.beta}, k={self.k}"
+
+
 class LayerNorm(Module):
     """Normalise over the trailing ``normalized_shape`` dims, with elementwise ``weight`` and ``bias``."""
 
@@ -137,3 +196,29 @@ class GroupNorm(Module):
             f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, "
             f"bias={self.bias is not None}"
         )
+
+
+class RMSNorm(Module):
+    """Root-mean-square norm over the trailing ``normalized_shape`` dims, with an elementwise ``weight``."""
+
+    def __init__(self, normalized_shape, eps: float | None = None, elementwise_affine: bool = True, device=None,
+                 dtype=None) -> None:  # fmt: skip
+        super().__init__()
+        if isinstance(normalized_shape, int):
+            normalized_shape = (normalized_shape,)
+        self.normalized_shape = tuple(normalized_shape)
+        self.eps, self.elementwise_affine = eps, elementwise_affine
+        weight = (
+            Parameter(kiln.ones(*self.normalized_shape, device=device, dtype=dtype)) if elementwise_affine else None
+        )
+        self.register_parameter("weight", weight)
+
+    def reset_parameters(self) -> None:
+        if self.weight is not None:
+            init.ones_(self.weight)
+
+    def forward(self, input):
+        return F.rms_norm(input, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"

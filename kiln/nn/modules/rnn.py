@@ -1,81 +1,123 @@
-"""Recurrent layers: ``LSTM`` and ``GRU`` (multi-layer, batch_first, bidirectional), PyTorch's layout.
+"""Recurrent layers: ``RNN``, ``LSTM``, ``GRU`` (multi-layer, batch_first, bidirectional, packed input).
 
 Parameters are named ``weight_ih_l{k}{suffix}``, ``weight_hh_l{k}{suffix}``, ``bias_ih_l{k}{suffix}``
 and ``bias_hh_l{k}{suffix}`` (suffix ``_reverse`` for the backward direction), with the gates stacked
-along dim 0 in PyTorch's order: LSTM (i, f, g, o), GRU (r, z, n).
+along dim 0 in PyTorch's order: LSTM (i, f, g, o), GRU (r, z, n). The one-step cells live in rnn_cells.py.
+
+A ``PackedSequence`` input (from ``nn.utils.rnn.pack_padded_sequence``) runs each time step on the
+sequences still active at that step (they are sorted by length, longest first), so padding never
+enters the state; the output is packed the same way.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import kiln
 
 from .. import functional as F
 from .. import init
 from ..parameter import Parameter
+from ..utils.rnn import PackedSequence
 from .module import Module
+from .rnn_cells import GRUCell, LSTMCell, RNNCell, RNNCellBase, gru_step, lstm_step, rnn_step
 
-__all__ = ["LSTM", "GRU"]
+__all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 
 
-class _RNNBase(Module):
-    _gates = 1
-    _mode = ""
+class RNNBase(Module):
+    """What RNN, LSTM and GRU share: the parameters, the layer/direction loop, and packed-sequence support."""
 
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
-                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, device=None,
-                 dtype=None) -> None:  # fmt: skip
+    _gates = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
+
+    def __init__(self, mode: str, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 device=None, dtype=None) -> None:  # fmt: skip
         super().__init__()
+        if mode not in self._gates:
+            raise ValueError(f"Unrecognized RNN mode: {mode}")
         if not isinstance(hidden_size, int) or hidden_size <= 0:
             raise ValueError(f"hidden_size must be a positive integer, got {hidden_size}")
         if not isinstance(num_layers, int) or num_layers <= 0:
             raise ValueError(f"num_layers must be a positive integer, got {num_layers}")
         if not 0 <= dropout <= 1 or isinstance(dropout, bool):
-            raise ValueError(f"dropout should be a number in range [0, 1], got {dropout}")
-        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+            raise ValueError(f"dropout should be a number in range [0, 1] representing the probability of an element "
+                             f"being zeroed, got {dropout}")  # fmt: skip
+        if proj_size:
+            raise NotImplementedError("LSTM with proj_size > 0 is not supported by kiln")
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(f"dropout option adds dropout after all but last recurrent layer, so non-zero dropout "
+                          f"expects num_layers greater than 1, but got dropout={dropout} and num_layers={num_layers}",
+                          stacklevel=3)  # fmt: skip
+        self.mode, self.input_size, self.hidden_size, self.num_layers = mode, input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout, self.bidirectional = bias, batch_first, float(dropout), bidirectional
+        self.proj_size = proj_size
         directions = 2 if bidirectional else 1
-        gate_size = self._gates * hidden_size
-        self._names: list[list[str]] = []
+        gate_size = self._gates[mode] * hidden_size
+        kw = {"device": device, "dtype": dtype}
+        self._flat_weights_names: list[str] = []
+        self._all_weights: list[list[str]] = []
         for layer in range(num_layers):
             layer_in = input_size if layer == 0 else hidden_size * directions
             for direction in range(directions):
                 suffix = f"_l{layer}" + ("_reverse" if direction else "")
                 names = [f"weight_ih{suffix}", f"weight_hh{suffix}"]
-                setattr(self, names[0], Parameter(kiln.empty(gate_size, layer_in, device=device, dtype=dtype)))
-                setattr(self, names[1], Parameter(kiln.empty(gate_size, hidden_size, device=device, dtype=dtype)))
+                setattr(self, names[0], Parameter(kiln.empty(gate_size, layer_in, **kw)))
+                setattr(self, names[1], Parameter(kiln.empty(gate_size, hidden_size, **kw)))
                 if bias:
                     names += [f"bias_ih{suffix}", f"bias_hh{suffix}"]
                     for name in names[2:]:
-                        setattr(self, name, Parameter(kiln.empty(gate_size, device=device, dtype=dtype)))
-                self._names.append(names)
+                        setattr(self, name, Parameter(kiln.empty(gate_size, **kw)))
+                self._flat_weights_names += names
+                self._all_weights.append(names)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        bound = 1.0 / math.sqrt(self.hidden_size)
+        bound = 1.0 / math.sqrt(self.hidden_size) if self.hidden_size > 0 else 0
         for weight in self.parameters():
             init.uniform_(weight, -bound, bound)
 
+    def flatten_parameters(self) -> None:
+        """Kept for PyTorch programs (cuDNN's contiguous weight buffer): kiln's weights need no flattening."""
+
+    @property
+    def all_weights(self) -> list[list[Parameter]]:
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
+
+    @property
+    def _flat_weights(self) -> list[Parameter]:
+        return [getattr(self, name) for name in self._flat_weights_names]
+
     def _weights(self, layer: int, direction: int) -> tuple:
-        names = self._names[layer * (2 if self.bidirectional else 1) + direction]
-        params = [getattr(self, n) for n in names]
+        params = [getattr(self, n) for n in self._all_weights[layer * (2 if self.bidirectional else 1) + direction]]
         return tuple(params) if self.bias else (params[0], params[1], None, None)
 
-    def _initial(self, input, hx, batch: int, batched: bool):
+    def _step(self, gx, state, w_hh, b_hh):
+        if self.mode == "LSTM":
+            return lstm_step(gx, state, w_hh, b_hh)
+        if self.mode == "GRU":
+            return gru_step(gx, state, w_hh, b_hh)
+        return rnn_step(gx, state, w_hh, b_hh, kiln.tanh if self.mode == "RNN_TANH" else kiln.relu)
+
+    def _initial(self, x, hx, batch: int, batched: bool, sorted_indices):
         """Zero or user-given initial state as a (num_layers * directions, batch, hidden) tensor."""
         rows = self.num_layers * (2 if self.bidirectional else 1)
-        expected = (rows, batch, self.hidden_size) if batched else (rows, self.hidden_size)
         if hx is None:
-            return kiln.zeros(rows, batch, self.hidden_size, dtype=input.dtype, device=input.device)
+            return kiln.zeros(rows, batch, self.hidden_size, dtype=x.dtype, device=x.device)
+        expected = (rows, batch, self.hidden_size) if batched else (rows, self.hidden_size)
         if tuple(hx.shape) != expected:
             raise RuntimeError(f"Expected hidden size {expected}, got {tuple(hx.shape)}")
-        return hx if batched else hx.unsqueeze(1)
+        hx = hx if batched else hx.unsqueeze(1)
+        return hx if sorted_indices is None else kiln.index_select(hx, 1, sorted_indices)
 
     def _run(self, input, states):
-        """Run every layer and direction; ``states`` is a list of per-state (rows, N, H) tensors."""
+        """Run every layer and direction; ``states`` is a list of per-state (rows, N, H) tensors or None."""
+        name = type(self).__name__
+        if isinstance(input, PackedSequence):
+            return self._run_packed(input, states)
         if input.dim() not in (2, 3):
-            raise ValueError(f"{type(self).__name__}: Expected input to be 2D or 3D, got {input.dim()}D instead")
+            raise ValueError(f"{name}: Expected input to be 2D or 3D, got {input.dim()}D instead")
         batched = input.dim() == 3
         if input.shape[-1] != self.input_size:
             raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected {self.input_size}, "
@@ -83,8 +125,14 @@ class _RNNBase(Module):
         x = input if batched else input.unsqueeze(1)
         if batched and self.batch_first:
             x = x.transpose(0, 1)
-        batch = x.shape[1]
-        states = [self._initial(x, s, batch, batched) for s in states]
+        states = [self._initial(x, s, x.shape[1], batched, None) for s in states]
+        x, finals = self._layers(x, states, lambda layer_x, state, weights, reverse: self._direction(
+            layer_x, state, weights, reverse))  # fmt: skip
+        if not batched:
+            return x.squeeze(1), [f.squeeze(1) for f in finals]
+        return (x.transpose(0, 1) if self.batch_first else x), finals
+
+    def _layers(self, x, states, run_direction):
         directions = 2 if self.bidirectional else 1
         finals: list[list] = [[] for _ in states]
         for layer in range(self.num_layers):
@@ -92,19 +140,14 @@ class _RNNBase(Module):
             for direction in range(directions):
                 row = layer * directions + direction
                 state = tuple(s[row] for s in states)
-                out, state = self._direction(x, state, self._weights(layer, direction), reverse=bool(direction))
+                out, state = run_direction(x, state, self._weights(layer, direction), bool(direction))
                 outs.append(out)
                 for f, s in zip(finals, state, strict=True):
                     f.append(s)
-            x = outs[0] if directions == 1 else kiln.cat(outs, dim=2)
+            x = outs[0] if directions == 1 else kiln.cat(outs, dim=-1)
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 x = F.dropout(x, self.dropout, training=True)
-        finals = [kiln.stack(f, dim=0) for f in finals]
-        if not batched:
-            return x.squeeze(1), [f.squeeze(1) for f in finals]
-        if self.batch_first:
-            x = x.transpose(0, 1)
-        return x, finals
+        return x, [kiln.stack(f, dim=0) for f in finals]
 
     def _direction(self, x, state, weights, reverse: bool):
         w_ih, w_hh, b_ih, b_hh = weights
@@ -113,11 +156,55 @@ class _RNNBase(Module):
         steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
         outs = [None] * x.shape[0]
         for t in steps:
-            state = self._cell(gates_x[t], state, w_hh, b_hh)
+            state = self._step(gates_x[t], state, w_hh, b_hh)
             outs[t] = state[0]
         if not outs:
             return kiln.zeros(0, x.shape[1], self.hidden_size, dtype=x.dtype, device=x.device), state
         return kiln.stack(outs, dim=0), state
+
+    def _run_packed(self, packed: PackedSequence, states):
+        data, batch_sizes = packed.data, [int(b) for b in packed.batch_sizes.tolist()]
+        if data.dim() != 2 or data.shape[-1] != self.input_size:
+            raise RuntimeError(f"input.size(-1) must be equal to input_size. Expected {self.input_size}, "
+                               f"got {data.shape[-1]}")  # fmt: skip
+        states = [self._initial(data, s, batch_sizes[0], True, packed.sorted_indices) for s in states]
+
+        def run_direction(x, state, weights, reverse):
+            return self._direction_packed(x, batch_sizes, state, weights, reverse)
+
+        data, finals = self._layers(data, states, run_direction)
+        if packed.unsorted_indices is not None:
+            finals = [kiln.index_select(f, 1, packed.unsorted_indices) for f in finals]
+        return PackedSequence(data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices), finals
+
+    def _direction_packed(self, data, batch_sizes, state, weights, reverse: bool):
+        """One direction over packed rows: step t updates only the first ``batch_sizes[t]`` sequences."""
+        w_ih, w_hh, b_ih, b_hh = weights
+        gates_x = F.linear(data, w_ih, b_ih)
+        offsets = [0]
+        for size in batch_sizes:
+            offsets.append(offsets[-1] + size)
+        outs = [None] * len(batch_sizes)
+        if not reverse:
+            # Rows beyond the active ones keep their last state: at the end each holds its final state.
+            for t, size in enumerate(batch_sizes):
+                active = tuple(s[:size] for s in state)
+                new = self._step(gates_x[offsets[t] : offsets[t + 1]], active, w_hh, b_hh)
+                state = tuple(kiln.cat([n, s[size:]], dim=0) if size < s.shape[0] else n
+                              for n, s in zip(new, state, strict=True))  # fmt: skip
+                outs[t] = new[0]
+        else:
+            # Backward in time: a sequence joins (from its initial state) at its own last step.
+            current = tuple(s[: batch_sizes[-1]] for s in state)
+            for t in range(len(batch_sizes) - 1, -1, -1):
+                size = batch_sizes[t]
+                if size > current[0].shape[0]:
+                    current = tuple(kiln.cat([c, s[c.shape[0] : size]], dim=0)
+                                    for c, s in zip(current, state, strict=True))  # fmt: skip
+                current = self._step(gates_x[offsets[t] : offsets[t + 1]], current, w_hh, b_hh)
+                outs[t] = current[0]
+            state = current
+        return kiln.cat(outs, dim=0), state
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
@@ -134,16 +221,39 @@ class _RNNBase(Module):
         return s
 
 
-class LSTM(_RNNBase):
+class RNN(RNNBase):
+    """Elman RNN, ``h_t = tanh(x W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh)`` (or relu); returns ``output, h_n``.
+
+    Arguments follow PyTorch: ``RNN(input_size, hidden_size, num_layers=1, nonlinearity='tanh', bias=True,
+    batch_first=False, dropout=0.0, bidirectional=False)``.
+    """
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, nonlinearity: str = "tanh",
+                 bias: bool = True, batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device=None, dtype=None) -> None:  # fmt: skip
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"Unknown nonlinearity '{nonlinearity}'. Select from 'tanh' or 'relu'.")
+        self.nonlinearity = nonlinearity
+        super().__init__("RNN_TANH" if nonlinearity == "tanh" else "RNN_RELU", input_size, hidden_size, num_layers,
+                         bias, batch_first, dropout, bidirectional, device=device, dtype=dtype)  # fmt: skip
+
+    def forward(self, input, hx=None):
+        output, (h,) = self._run(input, [hx])
+        return output, h
+
+    def extra_repr(self) -> str:
+        s = super().extra_repr()
+        return s if self.nonlinearity == "tanh" else s + ", nonlinearity='relu'"
+
+
+class LSTM(RNNBase):
     """Long short-term memory; ``forward(input, (h0, c0))`` returns ``output, (h_n, c_n)``."""
 
-    _gates = 4
-
-    def _cell(self, gx, state, w_hh, b_hh):
-        h, c = state
-        i, f, g, o = kiln.chunk(gx + F.linear(h, w_hh, b_hh), 4, dim=-1)
-        c = kiln.sigmoid(f) * c + kiln.sigmoid(i) * kiln.tanh(g)
-        return kiln.sigmoid(o) * kiln.tanh(c), c
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, proj_size: int = 0,
+                 device=None, dtype=None) -> None:  # fmt: skip
+        super().__init__("LSTM", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         proj_size, device=device, dtype=dtype)  # fmt: skip
 
     def forward(self, input, hx=None):
         states = [None, None] if hx is None else list(hx)
@@ -153,20 +263,18 @@ class LSTM(_RNNBase):
         return output, (h, c)
 
 
-class GRU(_RNNBase):
+class GRU(RNNBase):
     """Gated recurrent unit; ``forward(input, h0)`` returns ``output, h_n``."""
 
-    _gates = 3
-
-    def _cell(self, gx, state, w_hh, b_hh):
-        (h,) = state
-        xr, xz, xn = kiln.chunk(gx, 3, dim=-1)
-        hr, hz, hn = kiln.chunk(F.linear(h, w_hh, b_hh), 3, dim=-1)
-        r = kiln.sigmoid(xr + hr)
-        z = kiln.sigmoid(xz + hz)
-        n = kiln.tanh(xn + r * hn)
-        return ((1 - z) * n + z * h,)
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False, device=None,
+                 dtype=None) -> None:  # fmt: skip
+        super().__init__("GRU", input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         device=device, dtype=dtype)  # fmt: skip
 
     def forward(self, input, hx=None):
         output, (h,) = self._run(input, [hx])
         return output, h
+
+
+_ = (GRUCell, LSTMCell, RNNCell, RNNCellBase)  # re-exported: torch.nn.modules.rnn holds the cells too

@@ -1,158 +1,68 @@
-"""Attention layers: ``MultiheadAttention`` and ``TransformerEncoderLayer``, PyTorch's parameters and masks."""
+"""The transformer: encoder and decoder layers (post- or pre-norm), their stacks, and ``Transformer``.
+
+Parameter names, their order and initialization follow ``torch.nn``, so a PyTorch state_dict loads by key.
+Masks: ``*_mask`` is bool (True = not allowed) or additive float; ``*_key_padding_mask`` is (N, S),
+True where a key is padding.
+"""
 
 from __future__ import annotations
 
-import math
+import copy
 
 import kiln
 
 from .. import functional as F
 from .. import init
-from ..parameter import Parameter
+from .attention import MultiheadAttention
+from .container import ModuleList
 from .dropout import Dropout
 from .linear import Linear
 from .module import Module
 from .normalization import LayerNorm
 
-__all__ = ["MultiheadAttention", "TransformerEncoderLayer"]
-
-
-def _as_additive(mask, name: str, dtype):
-    """A bool mask (True = masked out) or a float mask (added to the scores) as a float tensor."""
-    if mask.dtype == kiln.bool:
-        return kiln.zeros(tuple(mask.shape), dtype=dtype, device=mask.device).masked_fill(mask, -math.inf)
-    if not mask.dtype.is_floating_point:
-        raise AssertionError(f"only bool and floating types of {name} are supported, got {mask.dtype}")
-    return mask.to(dtype)
-
-
-class MultiheadAttention(Module):
-    """Multi-head attention with a packed ``in_proj_weight`` (3E, E) / ``in_proj_bias`` (3E) and ``out_proj``."""
-
-    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
-                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim=None, vdim=None,
-                 batch_first: bool = False, device=None, dtype=None) -> None:  # fmt: skip
-        super().__init__()
-        if embed_dim <= 0 or num_heads <= 0:
-            raise ValueError(f"embed_dim and num_heads must be greater than 0, got embed_dim={embed_dim} "
-                             f"and num_heads={num_heads} instead")  # fmt: skip
-        if embed_dim % num_heads != 0:
-            raise AssertionError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        if add_bias_kv or add_zero_attn:
-            raise NotImplementedError("MultiheadAttention: add_bias_kv and add_zero_attn are not supported")
-        self.embed_dim, self.num_heads, self.dropout, self.batch_first = embed_dim, num_heads, dropout, batch_first
-        self.kdim = embed_dim if kdim is None else kdim
-        self.vdim = embed_dim if vdim is None else vdim
-        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
-        self.head_dim = embed_dim // num_heads
-        kw = {"device": device, "dtype": dtype}
-        if self._qkv_same_embed_dim:
-            self.in_proj_weight = Parameter(kiln.empty(3 * embed_dim, embed_dim, **kw))
-            for name in ("q_proj_weight", "k_proj_weight", "v_proj_weight"):
-                self.register_parameter(name, None)
-        else:
-            self.q_proj_weight = Parameter(kiln.empty(embed_dim, embed_dim, **kw))
-            self.k_proj_weight = Parameter(kiln.empty(embed_dim, self.kdim, **kw))
-            self.v_proj_weight = Parameter(kiln.empty(embed_dim, self.vdim, **kw))
-            self.register_parameter("in_proj_weight", None)
-        if bias:
-            self.in_proj_bias = Parameter(kiln.empty(3 * embed_dim, **kw))
-        else:
-            self.register_parameter("in_proj_bias", None)
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, **kw)
-        self.bias_k = self.bias_v = None
-        self.add_zero_attn = False
-        self._reset_parameters()
-
-    def _reset_parameters(self) -> None:
-        if self._qkv_same_embed_dim:
-            init.xavier_uniform_(self.in_proj_weight)
-        else:
-            for w in (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight):
-                init.xavier_uniform_(w)
-        if self.in_proj_bias is not None:
-            init.constant_(self.in_proj_bias, 0.0)
-            init.constant_(self.out_proj.bias, 0.0)
-
-    def _project(self, query, key, value):
-        e = self.embed_dim
-        if self._qkv_same_embed_dim:
-            weights = kiln.split(self.in_proj_weight, e, dim=0)
-        else:
-            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
-        biases = (None,) * 3 if self.in_proj_bias is None else kiln.split(self.in_proj_bias, e, dim=0)
-        return tuple(F.linear(x, w, b) for x, w, b in zip((query, key, value), weights, biases, strict=True))
-
-    def _mask(self, key_padding_mask, attn_mask, n: int, tgt: int, src: int, dtype):
-        """Merge both masks into one additive (N or 1, H or 1, L, S) float tensor, or None."""
-        merged = None
-        if attn_mask is not None:
-            mask = _as_additive(attn_mask, "attn_mask", dtype)
-            if mask.dim() == 2:
-                if tuple(mask.shape) != (tgt, src):
-                    raise RuntimeError(f"The shape of the 2D attn_mask is {tuple(mask.shape)}, but should be "
-                                       f"{(tgt, src)}.")  # fmt: skip
-                merged = mask.reshape(1, 1, tgt, src)
-            elif mask.dim() == 3:
-                if tuple(mask.shape) != (n * self.num_heads, tgt, src):
-                    raise RuntimeError(f"The shape of the 3D attn_mask is {tuple(mask.shape)}, but should be "
-                                       f"{(n * self.num_heads, tgt, src)}.")  # fmt: skip
-                merged = mask.reshape(n, self.num_heads, tgt, src)
-            else:
-                raise RuntimeError(f"attn_mask's dimension {mask.dim()} is not supported")
-        if key_padding_mask is not None:
-            if tuple(key_padding_mask.shape) != (n, src):
-                raise AssertionError(f"expecting key_padding_mask shape of {(n, src)}, but got "
-                                     f"{tuple(key_padding_mask.shape)}")  # fmt: skip
-            pad = _as_additive(key_padding_mask, "key_padding_mask", dtype).reshape(n, 1, 1, src)
-            merged = pad if merged is None else merged + pad
-        return merged
-
-    def forward(self, query, key, value, key_padding_mask=None, need_weights: bool = True, attn_mask=None,
-                average_attn_weights: bool = True, is_causal: bool = False):  # fmt: skip
-        """Returns ``(attn_output, attn_weights)``; weights are None unless ``need_weights``."""
-        if is_causal and attn_mask is None:
-            raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
-        if query.dim() not in (2, 3):
-            raise AssertionError(f"query should be unbatched 2D or batched 3D tensor but received {query.dim()}-D")
-        batched = query.dim() == 3
-        if not batched:  # (L, E): a batch of one, masks without their batch dim
-            query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
-            if key_padding_mask is not None:
-                key_padding_mask = key_padding_mask.unsqueeze(0)
-        elif not self.batch_first:
-            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-        if query.shape[-1] != self.embed_dim:
-            raise AssertionError(f"was expecting embedding dimension of {self.embed_dim}, but got {query.shape[-1]}")
-        n, tgt, src, h, d = query.shape[0], query.shape[1], key.shape[1], self.num_heads, self.head_dim
-        q, k, v = self._project(query, key, value)
-        q = q.reshape(n, tgt, h, d).transpose(1, 2)
-        k = k.reshape(n, src, h, d).transpose(1, 2)
-        v = v.reshape(n, src, h, d).transpose(1, 2)
-        scores = kiln.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
-        mask = self._mask(key_padding_mask, attn_mask, n, tgt, src, scores.dtype)
-        if mask is not None:
-            scores = scores + mask
-        weights = kiln.softmax(scores, dim=-1)
-        if self.dropout > 0.0 and self.training:
-            weights = F.dropout(weights, self.dropout)
-        out = kiln.matmul(weights, v).transpose(1, 2).reshape(n, tgt, self.embed_dim)
-        out = self.out_proj(out)
-        if not batched:
-            out = out.squeeze(0)
-        elif not self.batch_first:
-            out = out.transpose(0, 1)
-        if not need_weights:
-            return out, None
-        if average_attn_weights:
-            weights = weights.mean(dim=1)
-        return out, (weights if batched else weights.squeeze(0))
-
+__all__ = ["MultiheadAttention", "TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
+           "TransformerDecoder", "Transformer"]  # fmt: skip
 
 _ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
 
 
-class TransformerEncoderLayer(Module):
+def _activation(activation):
+    if isinstance(activation, str):
+        if activation not in _ACTIVATIONS:
+            raise RuntimeError(f"activation should be relu/gelu, not {activation}")
+        return _ACTIVATIONS[activation]
+    return activation
+
+
+def _generate_square_subsequent_mask(sz: int, device=None, dtype=None) -> kiln.Tensor:
+    """(sz, sz) float mask: 0 on and below the diagonal, -inf above (a position sees only its past)."""
+    dtype = kiln.float32 if dtype is None else dtype
+    return kiln.triu(kiln.full((sz, sz), float("-inf"), dtype=dtype, device=device), diagonal=1)
+
+
+def _causal_mask_for(x, batch_first: bool) -> kiln.Tensor:
+    length = x.shape[1] if (batch_first and x.dim() == 3) else x.shape[0]
+    return kiln.ones(length, length, dtype=kiln.bool, device=x.device).triu(1)
+
+
+class _FeedForwardBlock(Module):
+    """Shared by both layers: the two linear maps around the activation, and the residual dropouts."""
+
+    def _init_feed_forward(self, d_model, dim_feedforward, dropout, activation, bias, kw) -> None:
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+
+    def _ff_block(self, x, out_dropout):
+        return out_dropout(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    @staticmethod
+    def _attend(attn, x, memory, mask, key_padding_mask, is_causal: bool):
+        return attn(x, memory, memory, attn_mask=mask, key_padding_mask=key_padding_mask, need_weights=False,
+                    is_causal=is_causal)[0]  # fmt: skip
+
+
+class TransformerEncoderLayer(_FeedForwardBlock):
     """Self-attention then a feed-forward block, each with a residual and LayerNorm (post- or pre-norm)."""
 
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
@@ -161,35 +71,161 @@ class TransformerEncoderLayer(Module):
         super().__init__()
         kw = {"device": device, "dtype": dtype}
         self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, **kw)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, **kw)
-        self.dropout = Dropout(dropout)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, **kw)
+        self._init_feed_forward(d_model, dim_feedforward, dropout, activation, bias, kw)
         self.norm_first = norm_first
         self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
         self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
         self.dropout1 = Dropout(dropout)
         self.dropout2 = Dropout(dropout)
-        if isinstance(activation, str):
-            if activation not in _ACTIVATIONS:
-                raise RuntimeError(f"activation should be relu/gelu, not {activation}")
-            activation = _ACTIVATIONS[activation]
-        self.activation = activation
+        self.activation = _activation(activation)
 
     def _sa_block(self, x, attn_mask, key_padding_mask, is_causal: bool):
-        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask, need_weights=False,
-                           is_causal=is_causal)[0]  # fmt: skip
-        return self.dropout1(x)
-
-    def _ff_block(self, x):
-        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+        return self.dropout1(self._attend(self.self_attn, x, x, attn_mask, key_padding_mask, is_causal))
 
     def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
         if is_causal and src_mask is None:
-            length = src.shape[1] if (self.self_attn.batch_first and src.dim() == 3) else src.shape[0]
-            src_mask = kiln.ones(length, length, dtype=kiln.bool, device=src.device).triu(1)
+            src_mask = _causal_mask_for(src, self.self_attn.batch_first)
         x = src
         if self.norm_first:
             x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
-            return x + self._ff_block(self.norm2(x))
+            return x + self._ff_block(self.norm2(x), self.dropout2)
         x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
-        return self.norm2(x + self._ff_block(x))
+        return self.norm2(x + self._ff_block(x, self.dropout2))
+
+
+class TransformerDecoderLayer(_FeedForwardBlock):
+    """Self-attention, attention over the encoder's memory, then a feed-forward block (post- or pre-norm)."""
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation="relu", layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device=None, dtype=None) -> None:  # fmt: skip
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first, **kw)
+        self.multihead_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias, batch_first=batch_first,
+                                                 **kw)  # fmt: skip
+        self._init_feed_forward(d_model, dim_feedforward, dropout, activation, bias, kw)
+        self.norm_first = norm_first
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.dropout3 = Dropout(dropout)
+        self.activation = _activation(activation)
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal: bool = False, memory_is_causal: bool = False):  # fmt: skip
+        if tgt_is_causal and tgt_mask is None:
+            tgt_mask = _causal_mask_for(tgt, self.self_attn.batch_first)
+        x = tgt
+
+        def self_block(y):
+            return self.dropout1(self._attend(self.self_attn, y, y, tgt_mask, tgt_key_padding_mask, tgt_is_causal))
+
+        def memory_block(y):
+            out = self._attend(self.multihead_attn, y, memory, memory_mask, memory_key_padding_mask, memory_is_causal)
+            return self.dropout2(out)
+
+        if self.norm_first:
+            x = x + self_block(self.norm1(x))
+            x = x + memory_block(self.norm2(x))
+            return x + self._ff_block(self.norm3(x), self.dropout3)
+        x = self.norm1(x + self_block(x))
+        x = self.norm2(x + memory_block(x))
+        return self.norm3(x + self._ff_block(x, self.dropout3))
+
+
+def _clones(module: Module, n: int) -> ModuleList:
+    return ModuleList([copy.deepcopy(module) for _ in range(n)])
+
+
+class TransformerEncoder(Module):
+    """``num_layers`` copies of ``encoder_layer`` (deep copies: independent weights), then ``norm`` if given."""
+
+    def __init__(self, encoder_layer, num_layers: int, norm=None, enable_nested_tensor: bool = True,
+                 mask_check: bool = True) -> None:  # fmt: skip
+        super().__init__()
+        self.layers = _clones(encoder_layer, num_layers)
+        self.num_layers, self.norm = num_layers, norm
+        # PyTorch's nested-tensor fast path is an eval-time optimization; kiln always runs the plain path.
+        self.enable_nested_tensor, self.mask_check = enable_nested_tensor, mask_check
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        output = src
+        for layer in self.layers:
+            output = layer(output, src_mask=mask, is_causal=bool(is_causal), src_key_padding_mask=src_key_padding_mask)
+        return output if self.norm is None else self.norm(output)
+
+
+class TransformerDecoder(Module):
+    """``num_layers`` copies of ``decoder_layer``, then ``norm`` if given."""
+
+    def __init__(self, decoder_layer, num_layers: int, norm=None) -> None:
+        super().__init__()
+        self.layers = _clones(decoder_layer, num_layers)
+        self.num_layers, self.norm = num_layers, norm
+
+    def forward(self, tgt, memory, tgt_mask=None, memory_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, tgt_is_causal=None, memory_is_causal: bool = False):  # fmt: skip
+        output = tgt
+        for layer in self.layers:
+            output = layer(output, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                           tgt_key_padding_mask=tgt_key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
+                           tgt_is_causal=bool(tgt_is_causal), memory_is_causal=memory_is_causal)  # fmt: skip
+        return output if self.norm is None else self.norm(output)
+
+
+class Transformer(Module):
+    """Encoder-decoder transformer ("Attention Is All You Need"), PyTorch's layout and defaults.
+
+    >>> model = Transformer(d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=16)
+    >>> model(kiln.zeros(5, 2, 8), kiln.zeros(3, 2, 8)).shape
+    kiln.Size([3, 2, 8])
+    """
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6, num_decoder_layers: int = 6,
+                 dim_feedforward: int = 2048, dropout: float = 0.1, activation="relu", custom_encoder=None,
+                 custom_decoder=None, layer_norm_eps: float = 1e-5, batch_first: bool = False,
+                 norm_first: bool = False, bias: bool = True, device=None, dtype=None) -> None:  # fmt: skip
+        super().__init__()
+        kw = {"device": device, "dtype": dtype}
+        layer_args = (d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps, batch_first, norm_first,
+                      bias)  # fmt: skip
+        if custom_encoder is not None:
+            self.encoder = custom_encoder
+        else:
+            norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+            self.encoder = TransformerEncoder(TransformerEncoderLayer(*layer_args, **kw), num_encoder_layers, norm)
+        if custom_decoder is not None:
+            self.decoder = custom_decoder
+        else:
+            norm = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, **kw)
+            self.decoder = TransformerDecoder(TransformerDecoderLayer(*layer_args, **kw), num_decoder_layers, norm)
+        self._reset_parameters()
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+
+    def _reset_parameters(self) -> None:
+        for p in self.parameters():
+            if p.dim() > 1:
+                init.xavier_uniform_(p)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None, src_key_padding_mask=None,
+                tgt_key_padding_mask=None, memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+                memory_is_causal: bool = False):  # fmt: skip
+        batched = src.dim() == 3
+        batch_dim = 0 if self.batch_first else 1
+        if batched and src.shape[batch_dim] != tgt.shape[batch_dim]:
+            raise RuntimeError("the batch number of src and tgt must be equal")
+        if src.shape[-1] != self.d_model or tgt.shape[-1] != self.d_model:
+            raise RuntimeError("the feature number of src and tgt must be equal to d_model")
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask, is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask, tgt_is_causal=tgt_is_causal,
+                            memory_is_causal=memory_is_causal)  # fmt: skip
+
+    @staticmethod
+    def generate_square_subsequent_mask(sz: int, device=None, dtype=None) -> kiln.Tensor:
+        """(sz, sz) float mask: 0 on and below the diagonal, -inf above."""
+        return _generate_square_subsequent_mask(sz, device, dtype)

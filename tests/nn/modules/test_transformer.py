@@ -1,4 +1,5 @@
-"""MultiheadAttention and TransformerEncoderLayer parity with PyTorch (same weights, masks, gradients)."""
+"""MultiheadAttention, the transformer layers, their stacks and Transformer against PyTorch (same weights,
+masks, gradients)."""
 
 from __future__ import annotations
 
@@ -138,3 +139,100 @@ def test_encoder_layer_dropout_active_only_in_training():
     assert not np.allclose(m(x).detach().numpy(), m(x).detach().numpy())
     with pytest.raises(RuntimeError, match="relu/gelu, not tanh"):
         nn.TransformerEncoderLayer(8, 2, activation="tanh")
+
+
+def _seq(torch, rng, length, n, e, batch_first):
+    return leaf_pair(torch, rng.standard_normal((n, length, e) if batch_first else (length, n, e)).astype(np.float32))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize(("activation", "batch_first"), [("relu", False), ("gelu", True), ("callable", False)])
+def test_decoder_layer_matches_torch(torch, norm_first, activation, batch_first):
+    kw = dict(dim_feedforward=16, dropout=0.0, batch_first=batch_first, norm_first=norm_first)
+    tmod = torch.nn.TransformerDecoderLayer(8, 2, activation=torch.tanh if activation == "callable" else activation,
+                                            **kw)  # fmt: skip
+    kmod = nn.TransformerDecoderLayer(8, 2, activation=kiln.tanh if activation == "callable" else activation, **kw)
+    from tests.nn.modules.helpers import copy_from_torch
+
+    copy_from_torch(torch, tmod, kmod)
+    rng = np.random.default_rng(5)
+    n, tgt_len, src_len = 3, 4, 6
+    kt, tt = _seq(torch, rng, tgt_len, n, 8, batch_first)
+    km, tm = _seq(torch, rng, src_len, n, 8, batch_first)
+    causal = nn.Transformer.generate_square_subsequent_mask(tgt_len)
+    tcausal = torch.nn.Transformer.generate_square_subsequent_mask(tgt_len)
+    assert_close(causal, tcausal, rtol=0, atol=0)
+    pad = np.zeros((n, src_len), dtype=bool)
+    pad[0, -3:] = True
+    kpad, tpad = _mask(torch, pad)
+    tgt_pad = np.zeros((n, tgt_len), dtype=bool)
+    tgt_pad[2, -1] = True
+    ktp, ttp = _mask(torch, tgt_pad)
+    kout = kmod(kt, km, tgt_mask=causal, memory_key_padding_mask=kpad, tgt_key_padding_mask=ktp, tgt_is_causal=True)
+    tout = tmod(tt, tm, tgt_mask=tcausal, memory_key_padding_mask=tpad, tgt_key_padding_mask=ttp, tgt_is_causal=True)
+    assert_close(kout, tout, rtol=RTOL, atol=ATOL)
+    _check_grads(torch, [kout], [tout], [kt, km], [tt, tm], kmod, tmod)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_encoder_and_decoder_stacks_match_torch(torch, batch_first):
+    kw = dict(dim_feedforward=16, dropout=0.0, batch_first=batch_first)
+    t_enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, **kw), 2, torch.nn.LayerNorm(8))
+    k_enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, **kw), 2, nn.LayerNorm(8))
+    t_dec = torch.nn.TransformerDecoder(torch.nn.TransformerDecoderLayer(8, 2, **kw), 3)
+    k_dec = nn.TransformerDecoder(nn.TransformerDecoderLayer(8, 2, **kw), 3)
+    from tests.nn.modules.helpers import copy_from_torch
+
+    copy_from_torch(torch, t_enc, k_enc)
+    copy_from_torch(torch, t_dec, k_dec)
+    # deep copies: the stacked layers do not share weights
+    assert k_enc.layers[0].linear1.weight is not k_enc.layers[1].linear1.weight
+    rng = np.random.default_rng(6)
+    ks, ts = _seq(torch, rng, 5, 2, 8, batch_first)
+    kt, tt = _seq(torch, rng, 4, 2, 8, batch_first)
+    kmem, tmem = k_enc(ks), t_enc(ts)
+    assert_close(kmem, tmem, rtol=RTOL, atol=ATOL)
+    mask = nn.Transformer.generate_square_subsequent_mask(4)
+    kout = k_dec(kt, kmem, tgt_mask=mask, tgt_is_causal=True)
+    tout = t_dec(tt, tmem, tgt_mask=torch.nn.Transformer.generate_square_subsequent_mask(4), tgt_is_causal=True)
+    assert_close(kout, tout, rtol=RTOL, atol=ATOL)
+    rng2 = np.random.default_rng(7)
+    g = rng2.standard_normal(tuple(tout.shape)).astype(np.float32)
+    (kout * kiln.from_numpy(g.copy())).sum().backward()
+    (tout * to_torch(torch, g)).sum().backward()
+    assert_close(ks.grad, ts.grad, rtol=RTOL, atol=ATOL)
+    assert_close(kt.grad, tt.grad, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize(("batch_first", "norm_first"), [(False, False), (True, True)])
+def test_transformer_matches_torch(torch, batch_first, norm_first):
+    kw = dict(d_model=8, nhead=2, num_encoder_layers=2, num_decoder_layers=1, dim_feedforward=16, dropout=0.0,
+              batch_first=batch_first, norm_first=norm_first)  # fmt: skip
+    tmod, kmod = module_pair(torch, "Transformer", **kw)
+    rng = np.random.default_rng(8)
+    ks, ts = _seq(torch, rng, 6, 3, 8, batch_first)
+    kt, tt = _seq(torch, rng, 5, 3, 8, batch_first)
+    pad = np.zeros((3, 6), dtype=bool)
+    pad[1, -2:] = True
+    kpad, tpad = _mask(torch, pad)
+    kmask = kmod.generate_square_subsequent_mask(5)
+    tmask = tmod.generate_square_subsequent_mask(5)
+    kout = kmod(ks, kt, tgt_mask=kmask, src_key_padding_mask=kpad, memory_key_padding_mask=kpad)
+    tout = tmod(ts, tt, tgt_mask=tmask, src_key_padding_mask=tpad, memory_key_padding_mask=tpad)
+    assert_close(kout, tout, rtol=RTOL, atol=ATOL)
+    _check_grads(torch, [kout], [tout], [ks, kt], [ts, tt], kmod, tmod)
+
+
+def test_transformer_init_and_errors():
+    kiln.manual_seed(0)
+    m = nn.Transformer(d_model=16, nhead=4, num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32)
+    w = m.encoder.layers[0].linear1.weight
+    bound = (6 / (16 + 32)) ** 0.5  # xavier_uniform_ on every matrix
+    assert w.abs().max().item() <= bound and w.abs().max().item() > 0.8 * bound
+    assert m.encoder.norm is not None and m.decoder.norm is not None
+    with pytest.raises(RuntimeError, match="batch number of src and tgt must be equal"):
+        m(kiln.zeros(5, 2, 16), kiln.zeros(5, 3, 16))
+    with pytest.raises(RuntimeError, match="feature number of src and tgt must be equal to d_model"):
+        m(kiln.zeros(5, 2, 8), kiln.zeros(5, 2, 8))
+    mask = nn.Transformer.generate_square_subsequent_mask(3)
+    assert mask.dtype == kiln.float32 and mask.tolist()[0][1] == float("-inf") and mask.tolist()[1][0] == 0.0

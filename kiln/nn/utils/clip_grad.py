@@ -1,4 +1,4 @@
-"""``kiln.nn.utils``: gradient clipping and flattening parameters to one vector."""
+"""Gradient clipping (``clip_grad_norm_``, ``clip_grad_value_``) and parameters as one vector."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import kiln
 from kiln.frontend.tensor import Tensor
 
-__all__ = ["clip_grad_norm_", "clip_grad_value_", "parameters_to_vector", "vector_to_parameters"]
+__all__ = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "get_total_norm", "clip_grads_with_norm_",
+           "parameters_to_vector", "vector_to_parameters"]  # fmt: skip
 
 
 def _as_list(parameters) -> list[Tensor]:
@@ -64,3 +65,42 @@ def vector_to_parameters(vec: Tensor, parameters) -> None:
         offset += n
     if offset != vec.numel():
         raise ValueError(f"vector_to_parameters: vec has {vec.numel()} elements, parameters need {offset}")
+
+
+def clip_grad_norm(parameters, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                   foreach=None) -> Tensor:  # fmt: skip
+    """Deprecated spelling of :func:`clip_grad_norm_` (PyTorch warns; kiln too)."""
+    import warnings  # noqa: PLC0415
+
+    warnings.warn("`torch.nn.utils.clip_grad_norm` is now deprecated in favor of `torch.nn.utils.clip_grad_norm_`.",
+                  FutureWarning, stacklevel=2)  # fmt: skip
+    return clip_grad_norm_(parameters, max_norm, norm_type, error_if_nonfinite, foreach)
+
+
+def get_total_norm(tensors, norm_type: float = 2.0, error_if_nonfinite: bool = False, foreach=None) -> Tensor:
+    """The ``norm_type`` norm of all ``tensors`` together (as if concatenated)."""
+    tensors = _as_list(tensors)
+    if not tensors:
+        return kiln.tensor(0.0)
+    norm_type = float(norm_type)
+    with kiln.no_grad():
+        if norm_type == math.inf:
+            total = kiln.stack([t.abs().max() for t in tensors]).max()
+        else:
+            total = kiln.stack([kiln.norm(t.reshape(-1), norm_type) for t in tensors]).norm(norm_type)
+        if error_if_nonfinite:
+            kiln.jit.check_values(kiln.isfinite(total), RuntimeError,
+                f"The total norm of order {norm_type} for gradients from `parameters` is non-finite, so it cannot "
+                "be clipped. To disable this error and scale the gradients by the non-finite norm anyway, set "
+                "`error_if_nonfinite=False`"
+            )  # fmt: skip
+    return total
+
+
+def clip_grads_with_norm_(parameters, max_norm: float, total_norm: Tensor, foreach=None) -> None:
+    """Scale the gradients by ``max_norm / (total_norm + 1e-6)`` when that is below 1."""
+    grads = [p.grad for p in _as_list(parameters) if p.grad is not None]
+    with kiln.no_grad():
+        coef = kiln.clamp(max_norm / (total_norm + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef.to(g.dtype))

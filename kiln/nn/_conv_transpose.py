@@ -1,0 +1,104 @@
+"""Transposed convolutions: ``conv_transpose1d``, ``conv_transpose2d``, ``conv_transpose3d``.
+
+The math is the adjoint of convolution written with kiln ops: spread the input apart by ``stride``
+(zeros between pixels), pad by ``dilation * (kernel - 1) - padding`` (plus ``output_padding``
+at the end), then a stride-1 convolution with the kernel flipped and its in/out channels swapped.
+"""
+
+from __future__ import annotations
+
+import kiln
+from kiln.frontend.autocast import LOWER, autocast_op
+
+from ._conv import conv1d, conv2d, conv3d
+
+__all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
+
+_CONVS = {1: conv1d, 2: conv2d, 3: conv3d}
+
+
+def _tuple(value, d: int, name: str, op: str) -> tuple[int, ...]:
+    values = (value,) * d if isinstance(value, int) else tuple(value)
+    if len(values) != d:
+        raise ValueError(f"{op}: expected {name} to be an int or {d} ints, got {value}")
+    return values
+
+
+def _spread(x, stride: tuple[int, ...]):
+    """Insert ``stride - 1`` zeros between neighbouring elements of each spatial dim of (N, C, *spatial)."""
+    for k, s in enumerate(stride):
+        if s == 1:
+            continue
+        dim = 2 + k
+        size = x.shape[dim]
+        shape = list(x.shape)
+        x = x.unsqueeze(dim + 1)
+        amounts = [0, 0] * (x.ndim - dim - 2) + [0, s - 1]
+        x = kiln.pad(x, amounts)
+        shape[dim] = size * s
+        x = kiln.narrow(x.reshape(shape), dim, 0, (size - 1) * s + 1)
+    return x
+
+
+def _pad_or_crop(x, before: tuple[int, ...], after: tuple[int, ...]):
+    """Pad (positive amounts) or crop (negative amounts) the spatial dims of (N, C, *spatial)."""
+    amounts = []
+    for b, a in zip(reversed(before), reversed(after), strict=True):
+        amounts += [max(b, 0), max(a, 0)]
+    x = kiln.pad(x, amounts)
+    for k, (b, a) in enumerate(zip(before, after, strict=True)):
+        start, stop = max(-b, 0), x.shape[2 + k] - max(-a, 0)
+        if start or stop != x.shape[2 + k]:
+            x = kiln.narrow(x, 2 + k, start, stop - start)
+    return x
+
+
+def _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, d: int):
+    op = f"conv_transpose{d}d"
+    stride, padding = _tuple(stride, d, "stride", op), _tuple(padding, d, "padding", op)
+    output_padding, dilation = _tuple(output_padding, d, "output_padding", op), _tuple(dilation, d, "dilation", op)
+    if input.dim() not in (d + 1, d + 2):
+        raise RuntimeError(f"{op}: expected {d + 1}D (unbatched) or {d + 2}D (batched) input, got {input.dim()}D")
+    if weight.dim() != d + 2:
+        raise RuntimeError(f"{op}: expected a {d + 2}D weight, got {weight.dim()}D")
+    batched = input.dim() == d + 2
+    x = input if batched else input.unsqueeze(0)
+    c_in = x.shape[1]
+    if weight.shape[0] != c_in or c_in % groups != 0:
+        raise RuntimeError(f"{op}: expected input with {weight.shape[0]} channels (divisible by groups={groups}), "
+                           f"got input of shape {list(input.shape)}")  # fmt: skip
+    for o, s, dl in zip(output_padding, stride, dilation, strict=True):
+        if o >= max(s, dl):
+            raise RuntimeError(f"{op}: output padding must be smaller than either stride or dilation, got "
+                               f"output_padding={output_padding}, stride={stride}, dilation={dilation}")  # fmt: skip
+    kernel = tuple(weight.shape[2:])
+    c_out_g = weight.shape[1]
+    # (C_in, C_out/g, *k) -> (C_out, C_in/g, *k), kernel flipped.
+    w = weight.reshape(groups, c_in // groups, c_out_g, *kernel).transpose(1, 2)
+    w = kiln.flip(w.reshape(groups * c_out_g, c_in // groups, *kernel), tuple(range(2, 2 + d)))
+    before = tuple(dl * (k - 1) - p for dl, k, p in zip(dilation, kernel, padding, strict=True))
+    after = tuple(b + o for b, o in zip(before, output_padding, strict=True))
+    x = _pad_or_crop(_spread(x, stride), before, after)
+    out = _CONVS[d](x, w, bias, 1, 0, dilation, groups)
+    return out if batched else out.squeeze(0)
+
+
+@autocast_op(LOWER)
+def conv_transpose1d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
+                     dilation=1) -> kiln.Tensor:  # fmt: skip
+    """Transposed convolution of (N, C_in, L) or (C_in, L) with weight (C_in, C_out / groups, k)."""
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 1)
+
+
+@autocast_op(LOWER)
+def conv_transpose2d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
+                     dilation=1) -> kiln.Tensor:  # fmt: skip
+    """Transposed convolution of (N, C_in, H, W) or (C_in, H, W) with weight (C_in, C_out / groups, kH, kW)."""
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 2)
+
+
+@autocast_op(LOWER)
+def conv_transpose3d(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups: int = 1,
+                     dilation=1) -> kiln.Tensor:  # fmt: skip
+    """Transposed convolution of (N, C_in, D, H, W) or (C_in, D, H, W) with weight (C_in, C_out / groups, *k)."""
+    return _conv_transpose(input, weight, bias, stride, padding, output_padding, groups, dilation, 3)

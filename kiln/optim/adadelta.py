@@ -1,0 +1,61 @@
+"""Adadelta: per-coordinate steps from running averages of squared gradients and squared updates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import kiln
+
+from .optimizer import Optimizer, check_range
+
+
+class Adadelta(Optimizer):
+    """PyTorch's ``torch.optim.Adadelta``; ``lr`` scales the update and is read through a tensor.
+
+    >>> w = kiln.tensor([1.0], requires_grad=True)
+    >>> opt = Adadelta([w], rho=0.95)
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1.0,
+        rho: float = 0.9,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        foreach: bool | None = None,
+        *,
+        capturable: bool = False,
+        maximize: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        check_range("learning rate", lr)
+        if not 0.0 <= rho <= 1.0:
+            raise ValueError(f"Invalid rho value: {rho}")
+        check_range("epsilon value", eps)
+        check_range("weight_decay value", weight_decay)
+        defaults = dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, maximize=maximize, foreach=foreach,
+                        capturable=capturable, differentiable=differentiable)  # fmt: skip
+        super().__init__(params, defaults)
+
+    def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        lr, rho, eps, weight_decay = scalars["lr"], group["rho"], group["eps"], group["weight_decay"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            grad = -p.grad if group["maximize"] else p.grad
+            state = self.state[p]
+            if not state:
+                state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+                state["square_avg"] = kiln.zeros_like(p)
+                state["acc_delta"] = kiln.zeros_like(p)
+            state["step"].add_(1)
+            if weight_decay != 0:
+                grad = grad + p * weight_decay
+            square_avg, acc_delta = state["square_avg"], state["acc_delta"]
+            square_avg.mul_(rho).add_(grad * grad * (1 - rho))
+            # The update is RMS[delta] / RMS[grad] * grad: its units match the parameter's.
+            delta = (acc_delta + eps).sqrt() / (square_avg + eps).sqrt() * grad
+            acc_delta.mul_(rho).add_(delta * delta * (1 - rho))
+            p.sub_(delta * lr)

@@ -1,0 +1,62 @@
+"""Adamax: Adam with the infinity norm in place of the second moment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import kiln
+
+from .adam import _check_adam_args
+from .optimizer import Optimizer
+
+
+class Adamax(Optimizer):
+    """PyTorch's ``torch.optim.Adamax``.
+
+    >>> w = kiln.tensor([1.0], requires_grad=True)
+    >>> opt = Adamax([w], lr=2e-3)
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 2e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        foreach: bool | None = None,
+        *,
+        maximize: bool = False,
+        differentiable: bool = False,
+        capturable: bool = False,
+    ) -> None:
+        _check_adam_args(lr, betas, eps, weight_decay)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, maximize=maximize,
+                        foreach=foreach, differentiable=differentiable, capturable=capturable)  # fmt: skip
+        super().__init__(params, defaults)
+
+    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
+        beta1, beta2 = group["betas"]
+        return {"lr": group["lr"], "beta1": beta1, "beta2": beta2}
+
+    def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        lr, beta1, beta2 = scalars["lr"], scalars["beta1"], scalars["beta2"]
+        eps, weight_decay = group["eps"], group["weight_decay"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            grad = -p.grad if group["maximize"] else p.grad
+            state = self.state[p]
+            if not state:
+                state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+                state["exp_avg"] = kiln.zeros_like(p)
+                state["exp_inf"] = kiln.zeros_like(p)
+            step = state["step"]
+            step.add_(1)
+            if weight_decay != 0:
+                grad = grad + p * weight_decay
+            exp_avg, exp_inf = state["exp_avg"], state["exp_inf"]
+            exp_avg.add_((grad - exp_avg) * (1 - beta1))
+            exp_inf.copy_(kiln.maximum(exp_inf * beta2, grad.abs() + eps))
+            p.sub_(exp_avg / exp_inf * (lr / (1 - beta1**step)))

@@ -1,0 +1,147 @@
+"""NAdam (Nesterov momentum in Adam) and RAdam (Adam with its variance rectified in early steps)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import kiln
+
+from .adam import _check_adam_args
+from .optimizer import Optimizer, check_range
+
+
+class _AdamFamily(Optimizer):
+    """Shared constructor and state of NAdam and RAdam (first and second moments, a step count)."""
+
+    def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
+        _check_adam_args(defaults["lr"], defaults["betas"], defaults["eps"], defaults["weight_decay"])
+        super().__init__(params, defaults)
+
+    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
+        beta1, beta2 = group["betas"]
+        return {"lr": group["lr"], "beta1": beta1, "beta2": beta2}
+
+    def _moments(self, p: kiln.Tensor, group: dict[str, Any], scalars: dict[str, kiln.Tensor], extra=None):
+        """Advance the step and both moments of ``p``; returns (state, step, grad after weight decay)."""
+        grad = -p.grad if group["maximize"] else p.grad
+        state = self.state[p]
+        if not state:
+            state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+            if extra is not None:
+                extra(state)
+            state["exp_avg"] = kiln.zeros_like(p)
+            state["exp_avg_sq"] = kiln.zeros_like(p)
+        step = state["step"]
+        step.add_(1)
+        weight_decay = group["weight_decay"]
+        if weight_decay != 0:
+            if group["decoupled_weight_decay"]:
+                p.mul_(1 - scalars["lr"] * weight_decay)
+            else:
+                grad = grad + p * weight_decay
+        beta1, beta2 = scalars["beta1"], scalars["beta2"]
+        state["exp_avg"].add_((grad - state["exp_avg"]) * (1 - beta1))
+        state["exp_avg_sq"].mul_(beta2).add_(grad * grad * (1 - beta2))
+        return state, step, grad
+
+
+class NAdam(_AdamFamily):
+    """PyTorch's ``torch.optim.NAdam``; the momentum schedule's running product is state (``mu_product``).
+
+    >>> w = kiln.tensor([1.0], requires_grad=True)
+    >>> opt = NAdam([w], lr=2e-3, momentum_decay=4e-3)
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 2e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        momentum_decay: float = 4e-3,
+        decoupled_weight_decay: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        check_range("momentum_decay value", momentum_decay)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, momentum_decay=momentum_decay,
+                        decoupled_weight_decay=decoupled_weight_decay, maximize=maximize, foreach=foreach,
+                        capturable=capturable, differentiable=differentiable)  # fmt: skip
+        super().__init__(params, defaults)
+
+    def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        lr, beta1, beta2, eps = scalars["lr"], scalars["beta1"], scalars["beta2"], group["eps"]
+        decay = group["momentum_decay"]
+
+        def add_mu_product(state):
+            state["mu_product"] = kiln.tensor(1.0, dtype=kiln.float32)
+
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state, step, grad = self._moments(p, group, scalars, add_mu_product)
+            step64 = step.to(kiln.float64)
+            mu = beta1 * (1.0 - 0.5 * 0.96 ** (step64 * decay))
+            mu_next = beta1 * (1.0 - 0.5 * 0.96 ** ((step64 + 1) * decay))
+            mu_product = state["mu_product"]
+            mu_product.mul_(mu)
+            product = mu_product.to(kiln.float64)
+            denom = (state["exp_avg_sq"] / (1 - beta2**step64)).sqrt() + eps
+            p.sub_(grad / denom * (lr * (1 - mu) / (1 - product)))
+            p.sub_(state["exp_avg"] / denom * (lr * mu_next / (1 - product * mu_next)))
+
+
+class RAdam(_AdamFamily):
+    """PyTorch's ``torch.optim.RAdam``: plain momentum SGD until the variance estimate is tractable.
+
+    The switch (rho_t > 5) is a ``where`` on tensors, so a compiled step needs no branch.
+
+    >>> w = kiln.tensor([1.0], requires_grad=True)
+    >>> opt = RAdam([w], lr=1e-3)
+    """
+
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decoupled_weight_decay: bool = False,
+        *,
+        foreach: bool | None = None,
+        maximize: bool = False,
+        capturable: bool = False,
+        differentiable: bool = False,
+    ) -> None:
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        decoupled_weight_decay=decoupled_weight_decay, maximize=maximize, foreach=foreach,
+                        capturable=capturable, differentiable=differentiable)  # fmt: skip
+        super().__init__(params, defaults)
+
+    def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        lr, beta1, beta2, eps = scalars["lr"], scalars["beta1"], scalars["beta2"], group["eps"]
+        rho_inf = 2 / (1 - group["betas"][1]) - 1
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state, step, _ = self._moments(p, group, scalars)
+            step64 = step.to(kiln.float64)
+            correction1 = 1 - beta1**step64
+            correction2 = 1 - beta2**step64
+            corrected_avg = state["exp_avg"] / correction1
+            rho_t = rho_inf - 2 * step64 * beta2**step64 / correction2
+            tractable = rho_t > 5
+            # Clamped so the branch not taken stays finite (its sqrt would be of a negative number).
+            safe_rho = kiln.where(tractable, rho_t, 5.0 + 1.0)
+            rect = ((safe_rho - 4) * (safe_rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * safe_rho)).sqrt()
+            adaptive = correction2.sqrt() / (state["exp_avg_sq"].sqrt() + eps)
+            scale = kiln.where(tractable, rect, 0.0)
+            rectified = corrected_avg * lr * adaptive * scale.to(p.dtype)
+            plain = corrected_avg * lr
+            p.sub_(kiln.where(tractable, rectified, plain))

@@ -1,0 +1,126 @@
+"""Activation checkpointing: ``checkpoint(fn, *args)`` keeps no intermediate of ``fn`` for backward;
+backward runs ``fn`` again (with the random state it first saw, so dropout draws the same mask) and
+backpropagates through the recomputation. Gradients equal those of calling ``fn`` directly.
+
+>>> import kiln
+>>> x = kiln.tensor([1.0, 2.0], requires_grad=True)
+>>> checkpoint(lambda t: (t * t).sum(), x, use_reentrant=False).backward()
+>>> x.grad.tolist()
+[2.0, 4.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import kiln
+
+__all__ = ["checkpoint", "checkpoint_sequential", "noop_context_fn"]
+
+
+def noop_context_fn() -> tuple[contextlib.AbstractContextManager, contextlib.AbstractContextManager]:
+    return contextlib.nullcontext(), contextlib.nullcontext()
+
+
+def _flatten_outputs(outputs) -> tuple[list, Callable[[list], Any]]:
+    """The tensors of a tensor / tuple / list output, and how to rebuild the output from new tensors."""
+    if isinstance(outputs, kiln.Tensor):
+        return [outputs], lambda ts: ts[0]
+    if isinstance(outputs, tuple | list):
+        positions = [i for i, o in enumerate(outputs) if isinstance(o, kiln.Tensor)]
+
+        def rebuild(ts):
+            items = list(outputs)
+            for i, t in zip(positions, ts, strict=True):
+                items[i] = t
+            return type(outputs)(items)
+
+        return [outputs[i] for i in positions], rebuild
+    raise TypeError(f"checkpoint: the function must return a tensor or a tuple/list of tensors, got "
+                    f"{type(outputs).__name__}")  # fmt: skip
+
+
+def checkpoint(function: Callable, *args, use_reentrant: bool | None = None, context_fn=noop_context_fn,
+               determinism_check: str = "default", debug: bool = False, preserve_rng_state: bool = True,
+               **kwargs) -> Any:  # fmt: skip
+    """``function(*args, **kwargs)``, recomputed in backward instead of keeping its intermediates.
+
+    Parameters used inside ``function`` receive their gradients when backward recomputes it. With
+    ``use_reentrant=True`` (PyTorch's default, with a warning when not given) at least one tensor
+    argument must require grad, or nothing is differentiated (PyTorch's rule); with
+    ``use_reentrant=False`` parameters get gradients either way.
+    """
+    if use_reentrant is None:
+        warnings.warn("kiln.utils.checkpoint: the use_reentrant parameter should be passed explicitly. "
+                      "use_reentrant=False is recommended.", stacklevel=2)  # fmt: skip
+        use_reentrant = True
+    if use_reentrant and kwargs:
+        raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
+    if determinism_check not in ("default", "none"):
+        raise ValueError(f"determinism_check should be one of ['default', 'none'], but got {determinism_check}")
+    if not kiln.is_grad_enabled():
+        return function(*args, **kwargs)
+    tensor_positions = [i for i, a in enumerate(args) if isinstance(a, kiln.Tensor)]
+    if use_reentrant and not any(args[i].requires_grad for i in tensor_positions):
+        warnings.warn("None of the inputs have requires_grad=True. Gradients will be None", stacklevel=2)
+        with kiln.no_grad():
+            return function(*args, **kwargs)
+    rng_state = kiln.get_rng_state() if preserve_rng_state else None
+    forward_context, recompute_context = context_fn()
+    with kiln.no_grad(), forward_context:
+        outputs = function(*args, **kwargs)
+    out_tensors, rebuild = _flatten_outputs(outputs)
+
+    class CheckpointFunction(kiln.autograd.Function):
+        @staticmethod
+        def forward(ctx, anchor, *inputs):
+            return tuple(t.detach() for t in out_tensors)
+
+        @staticmethod
+        def backward(ctx, *grads):
+            inputs = list(args)
+            for i in tensor_positions:
+                inputs[i] = args[i].detach().requires_grad_(args[i].requires_grad)
+            # Recompute under the forward's random state, then give the caller's state back.
+            saved = kiln.get_rng_state() if rng_state is not None else None
+            if rng_state is not None:
+                kiln.set_rng_state(rng_state)
+            try:
+                with kiln.enable_grad(), recompute_context:
+                    recomputed, _ = _flatten_outputs(function(*inputs, **kwargs))
+            finally:
+                if saved is not None:
+                    kiln.set_rng_state(saved)
+            pairs = [(o, g) for o, g in zip(recomputed, grads, strict=True) if o.requires_grad and g is not None]
+            if pairs:
+                kiln.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            return (None, *(inputs[i].grad if args[i].requires_grad else None for i in tensor_positions))
+
+    # The anchor makes a graph node even when no argument requires grad (parameters inside still do).
+    anchor = kiln.zeros((), requires_grad=True)
+    results = CheckpointFunction.apply(anchor, *(args[i] for i in tensor_positions))
+    results = results if isinstance(results, tuple) else (results,)
+    return rebuild(list(results))
+
+
+def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool | None = None, **kwargs):
+    """Run a ``Sequential`` (or list of modules) in ``segments`` checkpointed chunks; the last runs normally."""
+    functions = list(functions.children()) if isinstance(functions, kiln.nn.Sequential) else list(functions)
+    size = len(functions) // segments
+
+    def run(start: int, end: int):
+        def forward(x):
+            for f in functions[start : end + 1]:
+                x = f(x)
+            return x
+
+        return forward
+
+    end = -1
+    for start in range(0, size * (segments - 1), size):
+        end = start + size - 1
+        input = checkpoint(run(start, end), input, use_reentrant=use_reentrant, **kwargs)
+    return run(end + 1, len(functions) - 1)(input)
