@@ -97,11 +97,13 @@ def _check_fits(spatial, kernel, dilation, op: str) -> None:
         )
 
 
+@kiln.jit.composite("conv1d")
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
     """1-D convolution (cross-correlation) of (N, C, L) or (C, L) with weight (O, C/groups, k)."""
     return _conv(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
 
 
+@kiln.jit.composite("conv2d")
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
     """2-D convolution of (N, C, H, W) or (C, H, W) with weight (O, C/groups, kh, kw).
 
@@ -115,6 +117,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
     return _conv(input, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
 
 
+@kiln.jit.composite("conv3d")
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
     """3-D convolution of (N, C, D, H, W) with weight (O, C/groups, kd, kh, kw)."""
     return _conv(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")

@@ -31,6 +31,7 @@ def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor
     return y
 
 
+@kiln.jit.composite("layer_norm")
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> kiln.Tensor:
     """Normalize over the trailing ``normalized_shape`` dims, as ``torch.nn.functional.layer_norm``.
 

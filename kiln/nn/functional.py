@@ -119,6 +119,7 @@ def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None) -> kiln.Tenso
 
 
 # ----------------------------------------------------------------------------- layers
+@kiln.jit.composite("linear")
 def linear(input, weight, bias=None) -> kiln.Tensor:
     """``input @ weight.T + bias`` over any leading dims of ``input`` (..., in_features).
 

@@ -63,6 +63,7 @@ class ExportedProgram:
     in_specs: list  # per flattened argument: ("tensor", shape, dtype short name) | ("python", value)
     signature: Signature
     out_tree: object
+    regions: tuple = ()  # composite ops' regions (regions.py), for exporters; not stored in files
 
     def __post_init__(self) -> None:
         from ...ir.interpreter import prepare  # noqa: PLC0415
@@ -107,6 +108,14 @@ class ExportedProgram:
         tensors = {name: np.ascontiguousarray(t._host()) for name, t in self.parameters.items()}
         save_graph_file(path, self.graph, tensors=tensors, metadata=meta)
 
+    def to_onnx(self, path: str | os.PathLike, *, opset_version: int | None = None, input_names=None,
+                output_names=None, dynamic_axes=None) -> None:
+        """Write this program as an ONNX model (needs the ``onnx`` extra); see ``kiln.onnx.export``."""
+        from ...onnx import program_to_onnx  # noqa: PLC0415 - optional dependency, imported when used
+
+        program_to_onnx(self, path, opset_version=opset_version, input_names=input_names,
+                        output_names=output_names, dynamic_axes=dynamic_axes)  # fmt: skip
+
     def __repr__(self) -> str:
         return (f"ExportedProgram({len(self.graph.nodes)} nodes, {len(self.parameters)} parameters, "
                 f"inputs {self.in_specs})")  # fmt: skip
@@ -148,7 +157,7 @@ def export(fn, *args, **kwargs) -> ExportedProgram:
     specs = [("tensor", tuple(x.shape), x.dtype.short) if isinstance(x, Tensor) else ("python", _check_plain(x))
              for x in leaves]  # fmt: skip
     trace.release()
-    return ExportedProgram(graph, parameters, tree, specs, signature, out_tree)
+    return ExportedProgram(graph, parameters, tree, specs, signature, out_tree, tuple(trace.regions))
 
 
 def _parameter_names(fn) -> dict[int, str]:

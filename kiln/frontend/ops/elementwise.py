@@ -11,6 +11,7 @@ import math
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ..dispatch import apply
+from ..jit.regions import composite
 from ..tensor import Tensor, method
 from ._util import as_tensor_arg, cast, promote, scalar_tensor
 from .checks import check_nonzero, check_range
@@ -244,6 +245,7 @@ def relu(input: Tensor) -> Tensor:
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
+@composite("gelu")
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x); ``approximate="tanh"`` uses the tanh formula, as ``torch.nn.functional.gelu``."""
     if approximate == "none":

@@ -13,6 +13,7 @@ from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes, normalize_axis, reduced_shape
 from ..dispatch import apply
+from ..jit.regions import composite
 from ..tensor import Tensor, method
 from ._util import cast
 from .elementwise import add, div, eq, exp, isinf, log, maximum, minimum, mul, ne, sqrt, sub, where
@@ -297,6 +298,7 @@ def _softmax_dim(dim) -> int:
 
 
 @method("softmax")
+@composite("softmax")
 def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``dim``, shifted by the row maximum so exp never overflows.
 
@@ -313,6 +315,7 @@ def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
 
 
 @method("log_softmax")
+@composite("log_softmax")
 def log_softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     """x - logsumexp(x) along ``dim``, shifted by the row maximum (stable for large |x|)."""
     input = _softmax_input(input, dtype, "log_softmax")

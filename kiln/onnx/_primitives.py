@@ -1,0 +1,417 @@
+"""One ONNX rule per kiln primitive: ``RULES[op](b, node, *inputs) -> output name``.
+
+Each rule writes the ONNX operators that compute exactly what the primitive's eager kernel
+computes, kiln's edge cases included (``sign`` of nan is 0, float -> int casts truncate and
+saturate, Python's floor division and remainder, integer division by zero gives 0, ``expm1`` and
+``log1p`` stay accurate near 0). ``UNMAPPABLE`` lists the primitives no ONNX operator expresses,
+each with the reason; ``tests/onnx`` walks the registry and fails on a primitive in neither.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from ..ir import dtypes as dt
+from ..ir.types import Sym
+from ._builder import INT64_MAX, INT64_MIN, OnnxExportError
+
+#: Primitives ONNX cannot express, with the reason (the exporter's error says it).
+UNMAPPABLE = {
+    "random_bits": "kiln's random numbers are Philox-4x32-10 counter-based bits; ONNX's random operators "
+    "follow no specified generator, so the exported model could not reproduce them (export in eval mode, "
+    "where dropout draws nothing)",
+}
+#: Primitives written as nothing: ``check`` raises on bad values (an index out of range) in kiln; ONNX has
+#: no operator that raises, and the runtime's own bounds checks (Gather) take its place.
+DROPPED = {"check"}
+
+
+def onnx_dtype(dtype: dt.DType) -> int:
+    from onnx import helper  # noqa: PLC0415
+
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype.np))
+
+
+def _in(node, k: int = 0):
+    return node.inputs[k]
+
+
+# ----------------------------------------------------------------------------- elementwise
+_SIMPLE_UNARY = {"neg": "Neg", "abs": "Abs", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "sin": "Sin", "cos": "Cos",
+                 "tanh": "Tanh", "sigmoid": "Sigmoid", "erf": "Erf", "logical_not": "Not"}  # fmt: skip
+_FLOAT_ONLY_UNARY = {"floor": "Floor", "ceil": "Ceil", "round": "Round"}  # identity on integers, as in numpy
+_SIMPLE_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "maximum": "Max",
+                  "minimum": "Min", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
+                  "ge": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "logical_xor": "Xor"}  # fmt: skip
+
+
+def _np(value) -> np.dtype:
+    return np.dtype(value.type.dtype.np)
+
+
+def _sign(b, node, x):
+    s = b.op("Sign", [x])
+    if not node.output.type.dtype.is_floating_point:
+        return s
+    return b.op("Where", [b.op("IsNaN", [x]), b.scalar(0, _np(node.output)), s])  # kiln: sign(nan) = 0
+
+
+def _rsqrt(b, node, x):
+    return b.op("Reciprocal", [b.op("Sqrt", [x])])
+
+
+def _expm1(b, node, x):
+    # exp(x) - 1 loses every digit near 0; 2t / (1 - t) with t = tanh(x / 2) is exact there but not for
+    # large x (t rounds to 1): each where it is accurate.
+    t = np.dtype(_np(node.output))
+    half = b.op("Mul", [x, b.scalar(0.5, t)])
+    th = b.op("Tanh", [half])
+    small = b.op("Div", [b.op("Mul", [th, b.scalar(2.0, t)]), b.op("Sub", [b.scalar(1.0, t), th])])
+    large = b.op("Sub", [b.op("Exp", [x]), b.scalar(1.0, t)])
+    near = b.op("Less", [b.op("Abs", [x]), b.scalar(0.5, t)])
+    return b.op("Where", [near, small, large])
+
+
+def _log1p(b, node, x):
+    # log(u) * x / (u - 1) with u = 1 + x corrects the rounding of 1 + x (exact where u == 1: x itself).
+    t = _np(node.output)
+    u = b.op("Add", [x, b.scalar(1.0, t)])
+    du = b.op("Sub", [u, b.scalar(1.0, t)])
+    exact = b.op("Equal", [du, b.scalar(0.0, t)])
+    safe = b.op("Where", [exact, b.scalar(1.0, t), du])
+    corrected = b.op("Div", [b.op("Mul", [b.op("Log", [u]), x]), safe])
+    return b.op("Where", [exact, x, corrected])
+
+
+def _unary(op_type):
+    return lambda b, node, x: b.op(op_type, [x])
+
+
+def _float_unary(op_type):
+    return lambda b, node, x: b.op(op_type if node.output.type.dtype.is_floating_point else "Identity", [x])
+
+
+def _binary(op_type):
+    return lambda b, node, x, y: b.op(op_type, [x, y])
+
+
+def _ne(b, node, x, y):
+    return b.op("Not", [b.op("Equal", [x, y])])
+
+
+def _safe_divisor(b, node, y):
+    """Integer divisor with zeros replaced by 1, and where it was zero (kiln's result there is 0)."""
+    t = _np(_in(node, 1))
+    zero = b.op("Equal", [y, b.scalar(0, t)])
+    return b.op("Where", [zero, b.scalar(1, t), y]), zero
+
+
+def _floor_divide(b, node, x, y):
+    t = _np(node.output)
+    if node.output.type.dtype.is_floating_point:
+        # numpy: (x - fmod(x, y)) / y rounded, then corrected when fmod's sign differs from y's
+        mod = b.op("Mod", [x, y], fmod=1)
+        div = b.op("Div", [b.op("Sub", [x, mod]), y])
+        differs = b.op("And", [b.op("Not", [b.op("Equal", [mod, b.scalar(0, t)])]),
+                               b.op("Xor", [b.op("Less", [mod, b.scalar(0, t)]), b.op("Less", [y, b.scalar(0, t)])])])  # fmt: skip
+        q = b.op("Where", [differs, b.op("Sub", [div, b.scalar(1, t)]), div])
+        rounded = b.op("Round", [q])
+        # division by zero (or a non-finite quotient): x / y itself, as numpy's floor of it
+        plain = b.op("Floor", [b.op("Div", [x, y])])
+        finite = b.op("And", [b.op("Not", [b.op("IsInf", [q])]), b.op("Not", [b.op("IsNaN", [q])])])
+        ok = b.op("And", [finite, b.op("Not", [b.op("Equal", [y, b.scalar(0, t)])])])
+        return b.op("Where", [ok, rounded, plain])
+    safe, zero = _safe_divisor(b, node, y)
+    mod = b.op("Mod", [x, safe], fmod=0)  # integer Mod takes the divisor's sign: Python's %
+    q = b.op("Div", [b.op("Sub", [x, mod]), safe])  # exact: x - mod is a multiple of y
+    return b.op("Where", [zero, b.scalar(0, t), q])
+
+
+def _remainder(b, node, x, y):
+    t = _np(node.output)
+    if node.output.type.dtype.is_floating_point:
+        r = b.op("Mod", [x, y], fmod=1)  # C's fmod: the dividend's sign
+        fix = b.op("And", [b.op("Not", [b.op("Equal", [r, b.scalar(0, t)])]),
+                           b.op("Xor", [b.op("Less", [r, b.scalar(0, t)]), b.op("Less", [y, b.scalar(0, t)])])])  # fmt: skip
+        return b.op("Where", [fix, b.op("Add", [r, y]), r])
+    safe, zero = _safe_divisor(b, node, y)
+    return b.op("Where", [zero, b.scalar(0, t), b.op("Mod", [x, safe], fmod=0)])
+
+
+def _where(b, node, c, x, y):
+    return b.op("Where", [c, x, y])
+
+
+def _cast(b, node, x):
+    target = node.attrs["dtype"]
+    source = _in(node).type.dtype
+    if target is dt.bool_ or not source.is_floating_point or target.is_floating_point:
+        return b.op("Cast", [x], to=onnx_dtype(target))
+    # kiln: nan -> 0, truncate toward zero, saturate beyond int64, then wrap into narrower types
+    wide = b.op("Cast", [x], to=onnx_dtype(dt.float64))
+    zeroed = b.op("Where", [b.op("IsNaN", [wide]), b.scalar(0.0, np.float64), wide])
+    clipped = b.op("Clip", [zeroed, b.scalar(-9.2e18, np.float64), b.scalar(9.2e18, np.float64)])
+    as_int = b.op("Cast", [clipped], to=onnx_dtype(dt.int64))
+    return as_int if target is dt.int64 else b.op("Cast", [as_int], to=onnx_dtype(target))
+
+
+# ----------------------------------------------------------------------------- indexing
+def _cut(b, x, x_shape, shape, skip_axis=None):
+    """``x`` sliced to ``shape`` in every dim but ``skip_axis`` (torch.gather's smaller index)."""
+    axes = [d for d, (n, m) in enumerate(zip(x_shape, shape, strict=True)) if d != skip_axis and n != m]
+    if not axes:
+        return x
+    ends = [shape[d] for d in axes]
+    if not all(isinstance(e, int) for e in ends):
+        raise OnnxExportError(b.context("gather/scatter with an index smaller than its input along a dynamic axis"))
+    return b.op("Slice", [x, b.ints([0] * len(axes)), b.ints(ends), b.ints(axes)])
+
+
+def _gather(b, node, x, index):
+    axis = node.attrs["axis"]
+    xv, iv = node.inputs
+    if xv.type.ndim == 0:
+        flat = b.op("Reshape", [x, b.ints([1])])
+        got = b.op("GatherElements", [flat, b.op("Reshape", [index, b.ints([1])])], axis=0)
+        return b.op("Reshape", [got, b.ints([])])
+    return b.op("GatherElements", [_cut(b, x, b.shape(xv), b.shape(iv), axis), index], axis=axis)
+
+
+def _scatter(reduction):
+    def rule(b, node, x, index, src):
+        xv, iv, sv = node.inputs
+        updates = _cut(b, src, b.shape(sv), b.shape(iv))
+        return b.op("ScatterElements", [x, index, updates], axis=node.attrs["axis"], reduction=reduction)
+
+    return rule
+
+
+def _stacked_indices(b, node, x_value, index_values, names):
+    """The index tensors broadcast together, negative ones wrapped, stacked on a last axis (GatherND)."""
+    from ..ir.shapes import broadcast_shapes  # noqa: PLC0415
+
+    shape = broadcast_shapes(*(b.shape(v) for v in index_values))
+    x_shape = b.shape(x_value)
+    parts = []
+    for k, (v, name) in enumerate(zip(index_values, names, strict=True)):
+        if v.type.dtype is not dt.int64:
+            name = b.op("Cast", [name], to=onnx_dtype(dt.int64))
+        size = b.op("Reshape", [b.dim(x_shape[k]), b.ints([])]) if not isinstance(x_shape[k], int) else (
+            b.scalar(x_shape[k], np.int64))  # fmt: skip
+        wrapped = b.op("Where", [b.op("Less", [name, b.scalar(0, np.int64)]), b.op("Add", [name, size]), name])
+        if tuple(b.shape(v)) != tuple(shape):
+            wrapped = b.op("Expand", [wrapped, b.shape_tensor(shape)])
+        parts.append(b.op("Unsqueeze", [wrapped, b.ints([-1])]))
+    return (parts[0] if len(parts) == 1 else b.op("Concat", parts, axis=-1)), tuple(shape)
+
+
+def _take(b, node, x, *indices):
+    stacked, _ = _stacked_indices(b, node, node.inputs[0], node.inputs[1:], indices)
+    return b.op("GatherND", [x, stacked])
+
+
+def _index_put(b, node, x, values, *indices):
+    xv = node.inputs[0]
+    stacked, shape = _stacked_indices(b, node, xv, node.inputs[2:], indices)
+    update_shape = shape + tuple(b.shape(xv)[len(indices) :])
+    if tuple(b.shape(node.inputs[1])) != update_shape:
+        values = b.op("Expand", [values, b.shape_tensor(update_shape)])
+    reduction = "add" if node.attrs["accumulate"] else None
+    return b.op("ScatterND", [x, stacked, values], reduction=reduction)
+
+
+# ----------------------------------------------------------------------------- movement
+def _reshape(b, node, x):
+    target = b.attrs(node)["shape"]
+    if all(isinstance(d, int) for d in target):
+        return b.op("Reshape", [x, b.ints(target)], allowzero=1 if 0 in target else None)
+    unnamed = [d for d in target if d is None]
+    if len(unnamed) > 1 or 0 in target:
+        raise OnnxExportError(b.context(f"a reshape to {list(target)} has more than one size that depends on the "
+                                        "dynamic axes in a way ONNX's Reshape cannot infer"))  # fmt: skip
+    parts = [b.ints([-1]) if d is None else b.dim(d) for d in target]
+    return b.op("Reshape", [x, b.op("Concat", parts, axis=0)])
+
+
+def _expand(b, node, x):
+    target = tuple(b.attrs(node)["shape"])
+    source = tuple(b.shape(node.inputs[0]))
+    aligned = (None,) * (len(target) - len(source)) + source
+    dims = []
+    for have, want in zip(aligned, target, strict=True):
+        if isinstance(want, int):
+            dims.append(want)
+        elif have is not None and have != 1 and (have == want or not isinstance(have, int)):
+            dims.append(1)  # Expand's 1 keeps the input's own (dynamic) size
+        else:
+            dims.append(want)
+    return b.op("Expand", [x, b.shape_tensor(dims)])
+
+
+def _permute(b, node, x):
+    return b.op("Transpose", [x], perm=list(node.attrs["perm"]))
+
+
+def _slice(b, node, x):
+    a = b.attrs(node)
+    shape = b.shape(node.inputs[0])
+    axes, starts, ends, steps = [], [], [], []
+    for axis, (start, stop, step, size) in enumerate(zip(a["starts"], a["stops"], a["steps"], shape, strict=True)):
+        if not isinstance(stop, int) or not isinstance(start, int):
+            if stop is not size and not (isinstance(stop, Sym) and stop == size):
+                raise OnnxExportError(b.context("a slice whose bounds depend on the dynamic axes other than "
+                                                "'to the end'"))  # fmt: skip
+            stop = INT64_MAX
+        elif start == 0 and step == 1 and stop == size:
+            continue
+        axes.append(axis)
+        starts.append(start)
+        ends.append(stop)
+        steps.append(step)
+    if not axes:
+        return b.op("Identity", [x])
+    return b.op("Slice", [x, b.ints(starts), b.ints(ends), b.ints(axes), b.ints(steps)])
+
+
+def _interior(b, x, shape, axis: int, gap: int, value):
+    """Insert ``gap`` elements of ``value`` between neighbours along ``axis``."""
+    n = shape[axis]
+    if not isinstance(n, int) or not all(isinstance(d, int) for d in shape):
+        raise OnnxExportError(b.context("interior padding along a dynamic axis"))
+    lifted = b.op("Unsqueeze", [x, b.ints([axis + 1])])
+    pads = [0] * (len(shape) + 1) * 2
+    pads[len(shape) + 1 + axis + 1] = gap
+    spread = b.op("Pad", [lifted, b.ints(pads), value])
+    merged = list(shape)
+    merged[axis] = n * (gap + 1)
+    flat = b.op("Reshape", [spread, b.ints(merged)], allowzero=1 if 0 in merged else None)
+    keep = max(n * (gap + 1) - gap, 0)
+    out_shape = list(shape)
+    out_shape[axis] = keep
+    return b.op("Slice", [flat, b.ints([0]), b.ints([keep]), b.ints([axis])]), out_shape
+
+
+def _pad(b, node, x):
+    a = node.attrs
+    value = b.scalar(a["value"], _np(node.output))
+    shape = list(b.shape(node.inputs[0]))
+    for axis, gap in enumerate(a["interior"]):
+        if gap:
+            x, shape = _interior(b, x, shape, axis, gap, value)
+    if not any(a["low"]) and not any(a["high"]):
+        return b.op("Identity", [x])
+    return b.op("Pad", [x, b.ints(list(a["low"]) + list(a["high"])), value])
+
+
+def _concatenate(b, node, *xs):
+    return b.op("Concat", list(xs), axis=node.attrs["axis"])
+
+
+def _flip(b, node, x):
+    axes = list(node.attrs["axes"])
+    if not axes:
+        return b.op("Identity", [x])
+    n = len(axes)
+    return b.op("Slice", [x, b.ints([-1] * n), b.ints([INT64_MIN] * n), b.ints(axes), b.ints([-1] * n)])
+
+
+# ----------------------------------------------------------------------------- reductions and scans
+def _reduce(op_type: str, axes_input_since: int):
+    def rule(b, node, x):
+        axes, keepdim = node.attrs["axes"], int(node.attrs["keepdim"])
+        if not axes:
+            return b.op("Identity", [x])
+        if b.opset >= axes_input_since:
+            return b.op(op_type, [x, b.ints(axes)], keepdims=keepdim)
+        return b.op(op_type, [x], axes=list(axes), keepdims=keepdim)
+
+    return rule
+
+
+def _arg(op_type: str):
+    def rule(b, node, x):
+        axis, keepdim = node.attrs["axis"], int(node.attrs["keepdim"])
+        if axis is not None and node.inputs[0].type.ndim > 0:
+            return b.op(op_type, [x], axis=axis, keepdims=keepdim)
+        flat = b.op("Reshape", [x, b.ints([-1])])
+        found = b.op(op_type, [flat], axis=0, keepdims=0)
+        return b.op("Reshape", [found, b.shape_tensor(b.shape(node.output))])
+
+    return rule
+
+
+def _cumsum(b, node, x):
+    a = node.attrs
+    reverse = int(a["reverse"])
+    if node.inputs[0].type.ndim == 0:
+        flat = b.op("CumSum", [b.op("Reshape", [x, b.ints([1])]), b.scalar(0, np.int64)], reverse=reverse)
+        return b.op("Reshape", [flat, b.ints([])])
+    return b.op("CumSum", [x, b.scalar(a["axis"], np.int64)], reverse=reverse)
+
+
+def _matmul(b, node, x, y):
+    return b.op("MatMul", [x, y])
+
+
+def _copy(b, node, x):
+    return b.op("Identity", [x])
+
+
+# ----------------------------------------------------------------------------- windows
+def _window_positions(spatial, kernel, stride, dilation) -> np.ndarray:
+    """For each (kernel offset, output position), the flat index into the spatial dims it reads."""
+    from ..ir.primitives.windows import window_output_size  # noqa: PLC0415
+
+    out = tuple(map(window_output_size, spatial, kernel, stride, dilation))
+    flat_strides = [math.prod(spatial[d + 1 :]) for d in range(len(spatial))]
+    index = np.zeros(tuple(kernel) + out, dtype=np.int64)
+    for k in itertools.product(*map(range, kernel)):
+        for o in itertools.product(*map(range, out)):
+            index[k + o] = sum((o[d] * stride[d] + k[d] * dilation[d]) * flat_strides[d] for d in range(len(spatial)))
+    return index
+
+
+def _unfold(b, node, x):
+    a = node.attrs
+    spatial = tuple(b.shape(node.inputs[0])[2:])
+    if not all(isinstance(s, int) for s in spatial):
+        raise OnnxExportError(b.context("sliding windows over a dynamic spatial axis"))
+    index = _window_positions(spatial, a["kernel_size"], a["stride"], a["dilation"])
+    flat = b.op("Reshape", [x, b.ints([0, 0, math.prod(spatial)])])  # 0: the input's own N and C
+    return b.op("Gather", [flat, b.const(index, "windows")], axis=2)
+
+
+def _fold(b, node, x):
+    a = node.attrs
+    size = tuple(a["size"])
+    index = _window_positions(size, a["kernel_size"], a["stride"], a["dilation"]).reshape(1, 1, -1)
+    updates = b.op("Reshape", [x, b.ints([0, 0, -1])])
+    indices = b.op("Expand", [b.const(index, "windows"), b.op("Shape", [updates])])
+    lead = b.op("Shape", [x], start=0, end=2)
+    zeros = b.op("Expand", [b.scalar(0, _np(node.output)), b.op("Concat", [lead, b.ints([math.prod(size)])], axis=0)])
+    summed = b.op("ScatterElements", [zeros, indices, updates], axis=2, reduction="add")
+    return b.op("Reshape", [summed, b.op("Concat", [lead, b.ints(size)], axis=0)])
+
+
+def _check(b, node, *inputs):
+    return b.const(np.ones((), dtype=bool), "check_passed")  # see DROPPED
+
+
+RULES = {
+    **{name: _unary(op) for name, op in _SIMPLE_UNARY.items()},
+    **{name: _float_unary(op) for name, op in _FLOAT_ONLY_UNARY.items()},
+    **{name: _binary(op) for name, op in _SIMPLE_BINARY.items()},
+    "sign": _sign, "rsqrt": _rsqrt, "expm1": _expm1, "log1p": _log1p, "ne": _ne,
+    "floor_divide": _floor_divide, "remainder": _remainder, "where": _where, "cast": _cast,
+    "gather": _gather, "scatter_add": _scatter("add"), "scatter": _scatter(None), "take": _take,
+    "index_put": _index_put, "matmul": _matmul,
+    "reshape": _reshape, "expand": _expand, "copy": _copy, "permute": _permute, "slice": _slice, "pad": _pad,
+    "concatenate": _concatenate, "flip": _flip,
+    "reduce_sum": _reduce("ReduceSum", 13), "reduce_max": _reduce("ReduceMax", 18),
+    "reduce_min": _reduce("ReduceMin", 18), "reduce_prod": _reduce("ReduceProd", 18),
+    "argmax": _arg("ArgMax"), "argmin": _arg("ArgMin"), "cumsum": _cumsum,
+    "unfold": _unfold, "fold": _fold, "check": _check,
+}  # fmt: skip
