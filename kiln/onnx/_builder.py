@@ -93,7 +93,7 @@ class ModelBuilder:
         from onnx import numpy_helper  # noqa: PLC0415
 
         name = self.fresh(hint)
-        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(array), name))
+        self.initializers.append(numpy_helper.from_array(np.array(array, order="C"), name))  # keeps 0-d
         return name
 
     def ints(self, values) -> str:

@@ -41,7 +41,7 @@ def build_model(program, *, opset: int, arg_names: dict[int, str], output_names:
     for source, value in zip(signature.inputs, graph.inputs, strict=True):
         if isinstance(source, Parameter):
             b.bind(value, source.name)
-            array = np.ascontiguousarray(program.parameters[source.name]._host())
+            array = np.array(program.parameters[source.name]._host(), order="C")
             initializers.append((source.name, array))
         else:
             assert isinstance(source, Argument)

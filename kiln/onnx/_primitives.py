@@ -41,11 +41,11 @@ def _in(node, k: int = 0):
 
 # ----------------------------------------------------------------------------- elementwise
 _SIMPLE_UNARY = {"neg": "Neg", "abs": "Abs", "exp": "Exp", "log": "Log", "sqrt": "Sqrt", "sin": "Sin", "cos": "Cos",
-                 "tanh": "Tanh", "sigmoid": "Sigmoid", "erf": "Erf", "logical_not": "Not"}  # fmt: skip
+                 "tanh": "Tanh", "sigmoid": "Sigmoid", "erf": "Erf"}  # fmt: skip
 _FLOAT_ONLY_UNARY = {"floor": "Floor", "ceil": "Ceil", "round": "Round"}  # identity on integers, as in numpy
-_SIMPLE_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "maximum": "Max",
-                  "minimum": "Min", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
-                  "ge": "GreaterOrEqual", "logical_and": "And", "logical_or": "Or", "logical_xor": "Xor"}  # fmt: skip
+_SIMPLE_BINARY = {"add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "pow": "Pow", "eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
+                  "ge": "GreaterOrEqual"}  # fmt: skip
+_LOGICAL = {"logical_and": "And", "logical_or": "Or", "logical_xor": "Xor"}  # on bools: other dtypes test != 0
 
 
 def _np(value) -> np.dtype:
@@ -83,6 +83,7 @@ def _log1p(b, node, x):
     exact = b.op("Equal", [du, b.scalar(0.0, t)])
     safe = b.op("Where", [exact, b.scalar(1.0, t), du])
     corrected = b.op("Div", [b.op("Mul", [b.op("Log", [u]), x]), safe])
+    corrected = b.op("Where", [b.op("IsInf", [du]), b.op("Log", [u]), corrected])  # inf * inf / inf
     return b.op("Where", [exact, x, corrected])
 
 
@@ -96,6 +97,31 @@ def _float_unary(op_type):
 
 def _binary(op_type):
     return lambda b, node, x, y: b.op(op_type, [x, y])
+
+
+def _truth(b, value, name):
+    return name if value.type.dtype is dt.bool_ else b.op("Cast", [name], to=onnx_dtype(dt.bool_))
+
+
+def _logical(op_type):
+    return lambda b, node, x, y: b.op(op_type, [_truth(b, node.inputs[0], x), _truth(b, node.inputs[1], y)])
+
+
+def _logical_not(b, node, x):
+    return b.op("Not", [_truth(b, node.inputs[0], x)])
+
+
+def _nan_propagating(op_type):
+    """ONNX's Max/Min leave nan unspecified; kiln's propagate it (a + b is nan where either is)."""
+
+    def rule(b, node, x, y):
+        out = b.op(op_type, [x, y])
+        if not node.output.type.dtype.is_floating_point:
+            return out
+        either = b.op("Or", [b.op("IsNaN", [x]), b.op("IsNaN", [y])])
+        return b.op("Where", [either, b.op("Add", [x, y]), out])
+
+    return rule
 
 
 def _ne(b, node, x, y):
@@ -119,11 +145,8 @@ def _floor_divide(b, node, x, y):
                                b.op("Xor", [b.op("Less", [mod, b.scalar(0, t)]), b.op("Less", [y, b.scalar(0, t)])])])  # fmt: skip
         q = b.op("Where", [differs, b.op("Sub", [div, b.scalar(1, t)]), div])
         rounded = b.op("Round", [q])
-        # division by zero (or a non-finite quotient): x / y itself, as numpy's floor of it
-        plain = b.op("Floor", [b.op("Div", [x, y])])
-        finite = b.op("And", [b.op("Not", [b.op("IsInf", [q])]), b.op("Not", [b.op("IsNaN", [q])])])
-        ok = b.op("And", [finite, b.op("Not", [b.op("Equal", [y, b.scalar(0, t)])])])
-        return b.op("Where", [ok, rounded, plain])
+        # division by zero: x / y itself (inf, or nan for 0 / 0), as numpy
+        return b.op("Where", [b.op("Equal", [y, b.scalar(0, t)]), b.op("Div", [x, y]), rounded])
     safe, zero = _safe_divisor(b, node, y)
     mod = b.op("Mod", [x, safe], fmod=0)  # integer Mod takes the divisor's sign: Python's %
     q = b.op("Div", [b.op("Sub", [x, mod]), safe])  # exact: x - mod is a multiple of y
@@ -183,6 +206,10 @@ def _gather(b, node, x, index):
 def _scatter(reduction):
     def rule(b, node, x, index, src):
         xv, iv, sv = node.inputs
+        if xv.type.ndim == 0:  # onnxruntime refuses 0-d operands: as 1-element tensors
+            one = b.ints([1])
+            flat = [b.op("Reshape", [t, one]) for t in (x, index, src)]
+            return b.op("Reshape", [b.op("ScatterElements", flat, axis=0, reduction=reduction), b.ints([])])
         updates = _cut(b, src, b.shape(sv), b.shape(iv))
         return b.op("ScatterElements", [x, index, updates], axis=node.attrs["axis"], reduction=reduction)
 
@@ -252,6 +279,8 @@ def _expand(b, node, x):
 
 
 def _permute(b, node, x):
+    if not node.attrs["perm"]:
+        return b.op("Identity", [x])
     return b.op("Transpose", [x], perm=list(node.attrs["perm"]))
 
 
@@ -324,11 +353,22 @@ def _reduce(op_type: str, axes_input_since: int):
         axes, keepdim = node.attrs["axes"], int(node.attrs["keepdim"])
         if not axes:
             return b.op("Identity", [x])
-        if b.opset >= axes_input_since:
-            return b.op(op_type, [x, b.ints(axes)], keepdims=keepdim)
-        return b.op(op_type, [x], axes=list(axes), keepdims=keepdim)
+        out = _reduce_op(b, op_type, x, axes, keepdim, axes_input_since)
+        if op_type in ("ReduceMax", "ReduceMin") and node.output.type.dtype.is_floating_point:
+            # kiln's amax/amin propagate nan; ONNX leaves it unspecified: nan where the slice holds one
+            t = _np(node.output)
+            nans = b.op("Cast", [b.op("IsNaN", [x])], to=onnx_dtype(node.output.type.dtype))
+            has_nan = b.op("Greater", [_reduce_op(b, "ReduceMax", nans, axes, keepdim, 18), b.scalar(0, t)])
+            out = b.op("Where", [has_nan, b.scalar(np.nan, t), out])
+        return out
 
     return rule
+
+
+def _reduce_op(b, op_type: str, x, axes, keepdim: int, axes_input_since: int):
+    if b.opset >= axes_input_since:
+        return b.op(op_type, [x, b.ints(axes)], keepdims=keepdim)
+    return b.op(op_type, [x], axes=list(axes), keepdims=keepdim)
 
 
 def _arg(op_type: str):
@@ -404,6 +444,8 @@ RULES = {
     **{name: _unary(op) for name, op in _SIMPLE_UNARY.items()},
     **{name: _float_unary(op) for name, op in _FLOAT_ONLY_UNARY.items()},
     **{name: _binary(op) for name, op in _SIMPLE_BINARY.items()},
+    **{name: _logical(op) for name, op in _LOGICAL.items()},
+    "logical_not": _logical_not, "maximum": _nan_propagating("Max"), "minimum": _nan_propagating("Min"),
     "sign": _sign, "rsqrt": _rsqrt, "expm1": _expm1, "log1p": _log1p, "ne": _ne,
     "floor_divide": _floor_divide, "remainder": _remainder, "where": _where, "cast": _cast,
     "gather": _gather, "scatter_add": _scatter("add"), "scatter": _scatter(None), "take": _take,
