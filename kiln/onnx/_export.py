@@ -32,9 +32,6 @@ def build_model(program, *, opset: int, arg_names: dict[int, str], output_names:
     if not MIN_OPSET <= opset <= _max_opset():
         raise OnnxExportError(f"kiln.onnx: opset_version must be in [{MIN_OPSET}, {_max_opset()}], got {opset}")
     graph, signature = program.graph, program.signature
-    if signature.writebacks:
-        raise OnnxExportError("kiln.onnx: the exported call changes its arguments or parameters in place (BatchNorm "
-                              "in training mode, for one); ONNX models have no state: export in eval mode")  # fmt: skip
     shapes, attrs, splats = symbolic if symbolic is not None else ({}, {}, {})
     b = ModelBuilder(graph, opset, shapes, attrs)
     inputs, initializers = [], []
@@ -53,7 +50,10 @@ def build_model(program, *, opset: int, arg_names: dict[int, str], output_names:
         from onnx import numpy_helper  # noqa: PLC0415
 
         b.initializers.append(numpy_helper.from_array(array, name))
-    _emit_nodes(b, graph, program.regions, splats)
+    _emit_nodes(b, graph, program.regions, splats)  # first: an unmappable op is the clearer error
+    if signature.writebacks:
+        raise OnnxExportError("kiln.onnx: the exported call changes its arguments or parameters in place (BatchNorm "
+                              "in training mode, for one); ONNX models have no state: export in eval mode")  # fmt: skip
     outputs, renames = [], {}
     tensor_results = [r for r in signature.results if not isinstance(r, Repeat | Result | ExternalResult)]
     if tensor_results:

@@ -1,0 +1,177 @@
+"""Whole models through ONNX: onnxruntime (CPU) and ``kiln.onnx.load`` against kiln eager, at the
+exported batch size and another one when the batch axis is dynamic."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx")
+
+import kiln  # noqa: E402
+import kiln.nn as nn  # noqa: E402
+import kiln.nn.functional as F  # noqa: E402
+import kiln.onnx  # noqa: E402
+
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def _ort(path):
+    ort = pytest.importorskip("onnxruntime")
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _eager(model, *args):
+    with kiln.no_grad():
+        out = model(*args)
+    return out
+
+
+def _ops(model_proto) -> list[str]:
+    return [n.op_type for n in model_proto.graph.node]
+
+
+def _check(model, make_inputs, path, names, batches, **export_kwargs):
+    """Export at ``batches[0]``; onnxruntime and kiln.onnx.load agree with eager at every batch size."""
+    kiln.manual_seed(0)
+    proto = kiln.onnx.export(model, make_inputs(batches[0]), path, input_names=names, **export_kwargs)
+    session = _ort(path)
+    loaded = kiln.onnx.load(path)
+    for batch in batches:
+        inputs = make_inputs(batch)
+        want = _eager(model, *inputs)
+        want = want if isinstance(want, tuple) else (want,)
+        got = session.run(None, {n: t.numpy() for n, t in zip(names, inputs, strict=True)})
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w.numpy(), rtol=RTOL, atol=ATOL, err_msg=f"onnxruntime, batch {batch}")
+        back = loaded(*inputs)
+        back = back if isinstance(back, tuple) else (back,)
+        for g, w in zip(back, want, strict=True):
+            np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=RTOL, atol=ATOL, err_msg=f"load, batch {batch}")
+    return proto
+
+
+def test_digits_mlp_dynamic_batch(tmp_path):
+    kiln.manual_seed(1)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)).eval()
+    proto = _check(model, lambda n: (kiln.randn(n, 64),), tmp_path / "mlp.onnx", ["pixels"], (8, 3, 1, 17),
+                   output_names=["logits"], dynamic_axes={"pixels": {0: "batch"}, "logits": {0: "batch"}})  # fmt: skip
+    assert _ops(proto).count("Gemm") == 2
+    assert [i.name for i in proto.graph.input] == ["pixels"]
+    assert [o.name for o in proto.graph.output] == ["logits"]
+    dims = proto.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "batch" and dims[1].dim_value == 64
+    assert {t.name for t in proto.graph.initializer} >= {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 8, 3, stride=1, padding="same")
+        self.pool = nn.MaxPool2d(2)
+        self.avg = nn.AvgPool2d(2)
+        self.fc = nn.Linear(8 * 2 * 2, 10)
+
+    def forward(self, x):
+        x = self.pool(F.relu(self.conv1(x)))
+        x = self.avg(F.relu(self.conv2(x)))
+        return F.log_softmax(self.fc(x.flatten(1)), dim=1)
+
+
+def test_small_cnn(tmp_path):
+    kiln.manual_seed(2)
+    model = SmallCNN().eval()
+    proto = _check(model, lambda n: (kiln.randn(n, 1, 8, 8),), tmp_path / "cnn.onnx", ["image"], (4, 2),
+                   dynamic_axes={"image": {0: "batch"}})  # fmt: skip
+    ops = _ops(proto)
+    assert ops.count("Conv") == 2 and "MaxPool" in ops and "AveragePool" in ops and "LogSoftmax" in ops
+    assert "Gather" not in ops  # no im2col
+
+
+class CharBlock(nn.Module):
+    """A char-level transformer block: embedding, pre-norm causal attention, GELU MLP."""
+
+    def __init__(self, vocab=13, dim=16, context=6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.position = nn.Parameter(kiln.randn(context, dim) * 0.1)
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.head = nn.Linear(dim, vocab)
+        self.register_buffer("mask", kiln.tril(kiln.ones(context, context)) == 0)
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.position
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        attention = F.softmax(scores.masked_fill(self.mask, float("-inf")), dim=-1)
+        x = x + self.proj(attention @ v)
+        x = x + self.mlp(self.norm2(x))
+        return self.head(x)
+
+
+@pytest.mark.parametrize("opset", [17, 20])
+def test_char_transformer_block(tmp_path, opset):
+    kiln.manual_seed(3)
+    model = CharBlock().eval()
+    proto = _check(model, lambda n: (kiln.randint(0, 13, (n, 6)),), tmp_path / "block.onnx", ["tokens"], (3, 5),
+                   dynamic_axes={"tokens": {0: "batch"}}, opset_version=opset)  # fmt: skip
+    ops = _ops(proto)
+    assert ops.count("LayerNormalization") == 2 and "Softmax" in ops
+    assert ("Gelu" in ops) == (opset >= 20)
+
+
+def test_lstm(tmp_path):
+    kiln.manual_seed(4)
+
+    class Tagger(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = nn.LSTM(5, 7, batch_first=True)
+            self.out = nn.Linear(7, 3)
+
+        def forward(self, x):
+            output, (h, c) = self.lstm(x)
+            return self.out(output), h
+
+    _check(Tagger().eval(), lambda n: (kiln.randn(n, 4, 5),), tmp_path / "lstm.onnx", ["x"], (2, 5),
+           dynamic_axes={"x": {0: "batch"}})  # fmt: skip
+
+
+def test_exported_program_to_onnx(tmp_path):
+    kiln.manual_seed(5)
+    model = nn.Sequential(nn.Linear(6, 4), nn.Tanh()).eval()
+    x = kiln.randn(3, 6)
+    program = kiln.export(model, x)
+    program.to_onnx(tmp_path / "p.onnx", input_names=["x"], output_names=["y"])
+    (got,) = _ort(tmp_path / "p.onnx").run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(got, _eager(model, x).numpy(), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(kiln.onnx.load(tmp_path / "p.onnx")(x).numpy(), got, rtol=RTOL, atol=ATOL)
+    with pytest.raises(kiln.onnx.OnnxExportError, match="kiln.onnx.export"):
+        program.to_onnx(tmp_path / "q.onnx", dynamic_axes={"x": {0: "batch"}})
+
+
+def test_unmappable_op_names_op_and_line(tmp_path):
+    def noisy(x):
+        return F.dropout(x, 0.5, training=True)  # the line the error names
+
+    with pytest.raises(kiln.onnx.OnnxExportError, match=r"random_bits.*Philox.*test_models.py:\d+ in noisy"):
+        kiln.onnx.export(noisy, (kiln.randn(4),), tmp_path / "x.onnx")
+
+
+def test_size_dependent_constant_is_refused(tmp_path):
+    def centered(x):
+        return x - x.mean(dim=0)  # the divisor is the batch size, a constant of the trace
+
+    with pytest.raises(kiln.onnx.OnnxExportError, match="traced at two sizes"):
+        kiln.onnx.export(centered, (kiln.randn(4, 3),), tmp_path / "c.onnx", dynamic_axes={"x": {0: "batch"}})
+    # at a fixed size it is fine
+    kiln.onnx.export(centered, (kiln.randn(4, 3),), tmp_path / "c.onnx")
+    x = kiln.randn(4, 3)
+    (got,) = _ort(tmp_path / "c.onnx").run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(got, centered(x).numpy(), rtol=RTOL, atol=ATOL)
