@@ -186,8 +186,12 @@ def _export_dynamic(trace_export, model, args, kwargs, names, axes):
             new[position] = _like(t, array)
         a, k = unflatten(tree, new)
         programs.append(trace_export(model, *a, **k))
-    symbolic = symbolize(programs[0].graph, programs[1].graph, {_symbol(d): pair for d, pair in sizes.items()})
+    symbolic = symbolize(_graph(programs[0]), _graph(programs[1]), {_symbol(d): pair for d, pair in sizes.items()})
     return programs[0], symbolic
+
+
+def _graph(program):
+    return program.traced if program.traced is not None else program.graph
 
 
 def _symbol(name: str):

@@ -162,7 +162,55 @@ def _gelu_emit(b, args, name):
     return [b.op("Mul", [half, b.op("Add", [inner, b.scalar(1.0, dtype)])], hint="gelu")]
 
 
+# ----------------------------------------------------------------------------- embedding, recurrences
+def _embedding_accepts(b, args) -> bool:
+    # the padding row only changes gradients; max_norm and the rest are refused by embedding itself
+    return args["max_norm"] is None and args["weight"].type.ndim == 2
+
+
+def _embedding_emit(b, args, name):
+    return [b.op("Gather", [name("weight"), name("input")], hint="embedding", axis=0)]
+
+
+def _is_lstm(module) -> bool:
+    return type(module).__name__ == "LSTM" and getattr(module, "_gates", 0) == 4
+
+
+def _lstm_accepts(b, args) -> bool:
+    x = args["x"]
+    weights = args["weights"]
+    return (_is_lstm(args["self"]) and x.type.ndim == 3 and isinstance(x.type.shape[0], int) and x.type.shape[0] > 0
+            and weights[0] is not None and weights[1] is not None and (weights[2] is None) == (weights[3] is None))  # fmt: skip
+
+
+def _gates_onnx_order(b, name: str, hidden: int) -> str:
+    """PyTorch's gate blocks (input, forget, cell, output) in ONNX's order (input, output, forget, cell)."""
+    blocks = [b.op("Slice", [name, b.ints([k * hidden]), b.ints([(k + 1) * hidden]), b.ints([0])]) for k in range(4)]
+    return b.op("Concat", [blocks[0], blocks[3], blocks[1], blocks[2]], axis=0)
+
+
+def _lstm_emit(b, args, name):
+    module = args["self"]
+    hidden = module.hidden_size
+    w_ih, w_hh, b_ih, b_hh = args["weights"]
+    first = b.ints([0])
+    w = b.op("Unsqueeze", [_gates_onnx_order(b, b.name(w_ih), hidden), first])
+    r = b.op("Unsqueeze", [_gates_onnx_order(b, b.name(w_hh), hidden), first])
+    bias = ""
+    if b_ih is not None:
+        both = b.op("Concat", [_gates_onnx_order(b, b.name(b_ih), hidden), _gates_onnx_order(b, b.name(b_hh), hidden)],
+                    axis=0)  # fmt: skip
+        bias = b.op("Unsqueeze", [both, first])
+    h0, c0 = (b.op("Unsqueeze", [b.name(s), first]) for s in args["state"])
+    y, y_h, y_c = b.op("LSTM", [name("x"), w, r, bias, "", h0, c0], outputs=3, hint="lstm", hidden_size=hidden,
+                       direction="reverse" if args["reverse"] else "forward")  # fmt: skip
+    one = b.ints([1])
+    return [b.op("Squeeze", [y, one]), b.op("Squeeze", [y_h, first]), b.op("Squeeze", [y_c, first])]
+
+
 COMPOSITES = {
+    "embedding": (_embedding_accepts, _embedding_emit),
+    "rnn_direction": (_lstm_accepts, _lstm_emit),
     "linear": (_linear_accepts, _linear_emit),
     **{f"conv{d}d": _conv(d) for d in (1, 2, 3)},
     **{f"max_pool{d}d": _max_pool(d) for d in (1, 2, 3)},

@@ -31,7 +31,9 @@ def build_model(program, *, opset: int, arg_names: dict[int, str], output_names:
 
     if not MIN_OPSET <= opset <= _max_opset():
         raise OnnxExportError(f"kiln.onnx: opset_version must be in [{MIN_OPSET}, {_max_opset()}], got {opset}")
-    graph, signature = program.graph, program.signature
+    # the graph as traced: the values composite regions name are all there (the passes may merge some)
+    graph = program.traced if program.traced is not None else program.graph
+    signature = program.signature
     shapes, attrs, splats = symbolic if symbolic is not None else ({}, {}, {})
     b = ModelBuilder(graph, opset, shapes, attrs)
     inputs, initializers = [], []

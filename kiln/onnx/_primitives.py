@@ -260,7 +260,7 @@ def _reshape(b, node, x):
         raise OnnxExportError(b.context(f"a reshape to {list(target)} has more than one size that depends on the "
                                         "dynamic axes in a way ONNX's Reshape cannot infer"))  # fmt: skip
     parts = [b.ints([-1]) if d is None else b.dim(d) for d in target]
-    return b.op("Reshape", [x, b.op("Concat", parts, axis=0)])
+    return b.op("Reshape", [x, parts[0] if len(parts) == 1 else b.op("Concat", parts, axis=0)])
 
 
 def _expand(b, node, x):

@@ -126,21 +126,23 @@ def test_char_transformer_block(tmp_path, opset):
     assert ("Gelu" in ops) == (opset >= 20)
 
 
-def test_lstm(tmp_path):
+@pytest.mark.parametrize(("layers", "bidirectional"), [(1, False), (2, True)])
+def test_lstm(tmp_path, layers, bidirectional):
     kiln.manual_seed(4)
 
     class Tagger(nn.Module):
         def __init__(self):
             super().__init__()
-            self.lstm = nn.LSTM(5, 7, batch_first=True)
-            self.out = nn.Linear(7, 3)
+            self.lstm = nn.LSTM(5, 7, num_layers=layers, batch_first=True, bidirectional=bidirectional)
+            self.out = nn.Linear(7 * (1 + bidirectional), 3)
 
         def forward(self, x):
             output, (h, c) = self.lstm(x)
-            return self.out(output), h
+            return self.out(output), h, c
 
-    _check(Tagger().eval(), lambda n: (kiln.randn(n, 4, 5),), tmp_path / "lstm.onnx", ["x"], (2, 5),
-           dynamic_axes={"x": {0: "batch"}})  # fmt: skip
+    proto = _check(Tagger().eval(), lambda n: (kiln.randn(n, 4, 5),), tmp_path / "lstm.onnx", ["x"], (2, 5),
+                   dynamic_axes={"x": {0: "batch"}})  # fmt: skip
+    assert _ops(proto).count("LSTM") == layers * (1 + bidirectional)  # one per layer and direction
 
 
 def test_exported_program_to_onnx(tmp_path):

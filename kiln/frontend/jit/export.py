@@ -63,7 +63,10 @@ class ExportedProgram:
     in_specs: list  # per flattened argument: ("tensor", shape, dtype short name) | ("python", value)
     signature: Signature
     out_tree: object
-    regions: tuple = ()  # composite ops' regions (regions.py), for exporters; not stored in files
+    # For exporters, not stored in files: the composite ops' regions (regions.py) and the graph as traced,
+    # before the passes (which may merge or replace the values the regions name).
+    regions: tuple = ()
+    traced: Graph | None = None
 
     def __post_init__(self) -> None:
         from ...ir.interpreter import prepare  # noqa: PLC0415
@@ -153,11 +156,12 @@ def export(fn, *args, **kwargs) -> ExportedProgram:
         if isinstance(item, PythonValue):
             _check_plain(item.value, "a result")
     signature, outputs = number_outputs(inputs, traced.outputs, traced.writebacks, views=False)
-    graph = optimize(traced.builder.build(outputs), CompileOptions(), [])
+    built = traced.builder.build(outputs)
+    graph = optimize(built, CompileOptions(), [])
     specs = [("tensor", tuple(x.shape), x.dtype.short) if isinstance(x, Tensor) else ("python", _check_plain(x))
              for x in leaves]  # fmt: skip
     trace.release()
-    return ExportedProgram(graph, parameters, tree, specs, signature, out_tree, tuple(trace.regions))
+    return ExportedProgram(graph, parameters, tree, specs, signature, out_tree, tuple(trace.regions), built)
 
 
 def _parameter_names(fn) -> dict[int, str]:

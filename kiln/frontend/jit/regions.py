@@ -73,11 +73,17 @@ def _record(trace, name: str, signature: inspect.Signature, fn, args: tuple, kwa
     result = fn(*args, **kwargs)
     if state.current.get() is not trace:
         return result  # the trace stopped inside the op
-    leaves = result if isinstance(result, tuple | list) else (result,)
+    leaves = _flat(result)
     if all(isinstance(t, Tensor) and trace.is_bound(t) for t in leaves):
         outputs = tuple(trace.value_of(t) for t in leaves)
         trace.regions.append(Region(name, arguments, outputs, user_location(3)))
     return result
+
+
+def _flat(result) -> list:
+    if isinstance(result, tuple | list):
+        return [leaf for item in result for leaf in _flat(item)]
+    return [result]
 
 
 def _values(trace, arg, tensor_type):

@@ -106,6 +106,7 @@ class _RNNBase(Module):
             x = x.transpose(0, 1)
         return x, finals
 
+    @kiln.jit.composite("rnn_direction")  # kiln.onnx writes an LSTM's as ONNX's LSTM operator
     def _direction(self, x, state, weights, reverse: bool):
         w_ih, w_hh, b_ih, b_hh = weights
         # The input projection for all time steps at once; only the recurrence is sequential.
