@@ -60,6 +60,7 @@ def is_tensor(obj) -> bool:
 
 
 # Last: the libraries written against the public API above, as a user's library would be.
-from . import data, jit, multiprocessing, nn, optim  # noqa: E402
+# (kiln.onnx: ONNX export and import; the onnx package itself is imported only when used.)
+from . import data, jit, multiprocessing, nn, onnx, optim  # noqa: E402
 from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402

@@ -22,8 +22,8 @@ import functools
 from .frontend.jit.check import CompileCheckError
 from .frontend.jit.compiler import CompiledFunction, CompileOptions
 from .frontend.jit.explain import ExplainReport, explain
-from .frontend.jit.regions import Region, composite
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
+from .frontend.jit.regions import Region, composite
 from .frontend.jit.state import before_each_call
 from .frontend.jit.trace import TraceBreakError
 from .frontend.ops.checks import check as _check

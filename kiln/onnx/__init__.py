@@ -204,8 +204,8 @@ def _symbol(name: str):
 
 
 def _like(t, array):
-    from .. import from_numpy  # noqa: PLC0415
-
     import numpy as np  # noqa: PLC0415
+
+    from .. import from_numpy  # noqa: PLC0415
 
     return from_numpy(np.ascontiguousarray(array)).to(t.device)

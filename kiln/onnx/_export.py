@@ -14,7 +14,7 @@ from ..ir.graph import CONSTANT, KERNEL, Graph, Value
 from ..ir.types import Sym
 from ._builder import ModelBuilder, OnnxExportError, where
 from ._composites import COMPOSITES
-from ._primitives import DROPPED, RULES, UNMAPPABLE, onnx_dtype
+from ._primitives import RULES, UNMAPPABLE, onnx_dtype
 
 DEFAULT_OPSET = 17
 MIN_OPSET = 16  # ScatterElements/ScatterND with reduction="add"; Shape with start/end

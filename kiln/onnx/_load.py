@@ -39,7 +39,9 @@ class OnnxProgram:
         self.initializers = {t.name: kiln.from_numpy(numpy_helper.to_array(t).copy()) for t in self.graph.initializer}
         self.input_names = [i.name for i in self.graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in self.graph.output]
-        missing = sorted({n.op_type for n in self.graph.node if n.domain not in ("", "ai.onnx") or n.op_type not in OPS})
+        missing = sorted(
+            {n.op_type for n in self.graph.node if n.domain not in ("", "ai.onnx") or n.op_type not in OPS}
+        )
         if missing:
             raise NotImplementedError(f"kiln.onnx.load: operators not supported: {', '.join(missing)}")
 
@@ -326,7 +328,9 @@ def _lstm(a, x, w, r, bias=None, sequence_lens=None, h0=None, c0=None, peepholes
     direction = direction.decode() if isinstance(direction, bytes) else direction
     unsupported = {"activations", "clip", "input_forget", "layout"} & {k for k, v in a.items() if v}
     if direction == "bidirectional" or unsupported or sequence_lens is not None or peepholes is not None:
-        raise NotImplementedError(f"LSTM with direction={direction!r}, {sorted(unsupported)}, sequence_lens or peepholes")
+        raise NotImplementedError(
+            f"LSTM with direction={direction!r}, {sorted(unsupported)}, sequence_lens or peepholes"
+        )
     hidden = a["hidden_size"]
     steps, batch = x.shape[0], x.shape[1]
     h = h0[0] if h0 is not None else kiln.zeros(batch, hidden, dtype=x.dtype)

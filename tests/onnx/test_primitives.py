@@ -53,7 +53,9 @@ def _cases():
 
 
 def _compare(got: np.ndarray, want: np.ndarray, what: str) -> None:
-    assert got.shape == want.shape and got.dtype == want.dtype, f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
+    assert got.shape == want.shape and got.dtype == want.dtype, (
+        f"{what}: {got.dtype}{got.shape} vs {want.dtype}{want.shape}"
+    )
     if want.dtype.kind == "f":
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=what)
     else:

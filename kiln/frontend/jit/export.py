@@ -112,7 +112,7 @@ class ExportedProgram:
         save_graph_file(path, self.graph, tensors=tensors, metadata=meta)
 
     def to_onnx(self, path: str | os.PathLike, *, opset_version: int | None = None, input_names=None,
-                output_names=None, dynamic_axes=None) -> None:
+                output_names=None, dynamic_axes=None) -> None:  # fmt: skip
         """Write this program as an ONNX model (needs the ``onnx`` extra); see ``kiln.onnx.export``."""
         from ...onnx import program_to_onnx  # noqa: PLC0415 - optional dependency, imported when used
 
