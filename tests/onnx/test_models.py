@@ -156,6 +156,11 @@ def test_exported_program_to_onnx(tmp_path):
     np.testing.assert_allclose(kiln.onnx.load(tmp_path / "p.onnx")(x).numpy(), got, rtol=RTOL, atol=ATOL)
     with pytest.raises(kiln.onnx.OnnxExportError, match="kiln.onnx.export"):
         program.to_onnx(tmp_path / "q.onnx", dynamic_axes={"x": {0: "batch"}})
+    # a program read back from its file has no regions: written primitive by primitive, same values
+    program.save(tmp_path / "p.kiln")
+    kiln.load_exported(tmp_path / "p.kiln").to_onnx(tmp_path / "r.onnx", input_names=["x"])
+    (again,) = _ort(tmp_path / "r.onnx").run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(again, got, rtol=RTOL, atol=ATOL)
 
 
 def test_unmappable_op_names_op_and_line(tmp_path):
@@ -177,3 +182,12 @@ def test_size_dependent_constant_is_refused(tmp_path):
     x = kiln.randn(4, 3)
     (got,) = _ort(tmp_path / "c.onnx").run(None, {"x": x.numpy()})
     np.testing.assert_allclose(got, centered(x).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_gru_goes_primitive_by_primitive(tmp_path):
+    kiln.manual_seed(6)
+    model = nn.GRU(3, 4).eval()  # no ONNX GRU rule: the traced primitives, still exact
+    proto = _check(model, lambda n: (kiln.randn(5, n, 3),), tmp_path / "gru.onnx", ["x"], (2, 3),
+                   dynamic_axes={"x": [1]})  # fmt: skip
+    assert "GRU" not in _ops(proto) and "Sigmoid" in _ops(proto)
+    assert proto.graph.input[0].type.tensor_type.shape.dim[1].dim_param == "x_dynamic_axes_2"
