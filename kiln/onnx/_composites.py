@@ -172,45 +172,58 @@ def _embedding_emit(b, args, name):
     return [b.op("Gather", [name("weight"), name("input")], hint="embedding", axis=0)]
 
 
-def _is_lstm(module) -> bool:
-    return type(module).__name__ == "LSTM" and getattr(module, "_gates", 0) == 4
+# One direction of one layer of kiln's LSTM or GRU (``_RNNBase._direction``) is ONNX's operator of the
+# same name, with the gate blocks of the weights reordered: PyTorch's LSTM stacks (input, forget, cell,
+# output), ONNX's (input, output, forget, cell); PyTorch's GRU (reset, update, new), ONNX's (update,
+# reset, hidden), and PyTorch's GRU applies the reset gate after the recurrent product: linear_before_reset.
+_RECURRENCES = {"LSTM": (4, (0, 3, 1, 2)), "GRU": (3, (1, 0, 2))}
 
 
-def _lstm_accepts(b, args) -> bool:
+def _recurrence(module):
+    kind = type(module).__name__
+    if kind in _RECURRENCES and getattr(module, "_gates", 0) == _RECURRENCES[kind][0]:
+        return kind
+    return None
+
+
+def _rnn_accepts(b, args) -> bool:
     x = args["x"]
     weights = args["weights"]
-    return (_is_lstm(args["self"]) and x.type.ndim == 3 and isinstance(x.type.shape[0], int) and x.type.shape[0] > 0
-            and weights[0] is not None and weights[1] is not None and (weights[2] is None) == (weights[3] is None))  # fmt: skip
+    return (_recurrence(args["self"]) is not None and x.type.ndim == 3 and isinstance(x.type.shape[0], int)
+            and x.type.shape[0] > 0 and weights[0] is not None and weights[1] is not None
+            and (weights[2] is None) == (weights[3] is None))  # fmt: skip
 
 
-def _gates_onnx_order(b, name: str, hidden: int) -> str:
-    """PyTorch's gate blocks (input, forget, cell, output) in ONNX's order (input, output, forget, cell)."""
-    blocks = [b.op("Slice", [name, b.ints([k * hidden]), b.ints([(k + 1) * hidden]), b.ints([0])]) for k in range(4)]
-    return b.op("Concat", [blocks[0], blocks[3], blocks[1], blocks[2]], axis=0)
+def _reordered(b, name: str, hidden: int, order) -> str:
+    """The gate blocks of a weight or bias (stacked along dim 0) in ONNX's order."""
+    blocks = [b.op("Slice", [name, b.ints([k * hidden]), b.ints([(k + 1) * hidden]), b.ints([0])]) for k in order]
+    return b.op("Concat", blocks, axis=0)
 
 
-def _lstm_emit(b, args, name):
+def _rnn_emit(b, args, name):
     module = args["self"]
+    kind = _recurrence(module)
+    order = _RECURRENCES[kind][1]
     hidden = module.hidden_size
     w_ih, w_hh, b_ih, b_hh = args["weights"]
     first = b.ints([0])
-    w = b.op("Unsqueeze", [_gates_onnx_order(b, b.name(w_ih), hidden), first])
-    r = b.op("Unsqueeze", [_gates_onnx_order(b, b.name(w_hh), hidden), first])
+    w = b.op("Unsqueeze", [_reordered(b, b.name(w_ih), hidden, order), first])
+    r = b.op("Unsqueeze", [_reordered(b, b.name(w_hh), hidden, order), first])
     bias = ""
     if b_ih is not None:
-        both = b.op("Concat", [_gates_onnx_order(b, b.name(b_ih), hidden), _gates_onnx_order(b, b.name(b_hh), hidden)],
-                    axis=0)  # fmt: skip
-        bias = b.op("Unsqueeze", [both, first])
-    h0, c0 = (b.op("Unsqueeze", [b.name(s), first]) for s in args["state"])
-    y, y_h, y_c = b.op("LSTM", [name("x"), w, r, bias, "", h0, c0], outputs=3, hint="lstm", hidden_size=hidden,
-                       direction="reverse" if args["reverse"] else "forward")  # fmt: skip
-    one = b.ints([1])
-    return [b.op("Squeeze", [y, one]), b.op("Squeeze", [y_h, first]), b.op("Squeeze", [y_c, first])]
+        both = [_reordered(b, b.name(v), hidden, order) for v in (b_ih, b_hh)]
+        bias = b.op("Unsqueeze", [b.op("Concat", both, axis=0), first])
+    states = [b.op("Unsqueeze", [b.name(s), first]) for s in args["state"]]
+    direction = "reverse" if args["reverse"] else "forward"
+    extra = {"linear_before_reset": 1} if kind == "GRU" else {}
+    outs = b.op(kind, [name("x"), w, r, bias, "", *states], outputs=1 + len(states), hint=kind.lower(),
+                hidden_size=hidden, direction=direction, **extra)  # fmt: skip
+    return [b.op("Squeeze", [outs[0], b.ints([1])])] + [b.op("Squeeze", [s, first]) for s in outs[1:]]
 
 
 COMPOSITES = {
     "embedding": (_embedding_accepts, _embedding_emit),
-    "rnn_direction": (_lstm_accepts, _lstm_emit),
+    "rnn_direction": (_rnn_accepts, _rnn_emit),
     "linear": (_linear_accepts, _linear_emit),
     **{f"conv{d}d": _conv(d) for d in (1, 2, 3)},
     **{f"max_pool{d}d": _max_pool(d) for d in (1, 2, 3)},

@@ -347,6 +347,33 @@ def _lstm(a, x, w, r, bias=None, sequence_lens=None, h0=None, c0=None, peepholes
     return kiln.stack(outs, dim=0).unsqueeze(1), h.unsqueeze(0), c.unsqueeze(0)
 
 
+def _gru(a, x, w, r, bias=None, sequence_lens=None, h0=None):
+    """ONNX's GRU with its default activations, one direction, layout 0, linear_before_reset=1."""
+    direction = a.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    unsupported = {"activations", "clip", "layout"} & {k for k, v in a.items() if v}
+    if direction == "bidirectional" or unsupported or sequence_lens is not None or not a.get("linear_before_reset"):
+        raise NotImplementedError(f"GRU with direction={direction!r}, {sorted(unsupported)}, sequence_lens or "
+                                  "linear_before_reset=0")  # fmt: skip
+    hidden = a["hidden_size"]
+    steps, batch = x.shape[0], x.shape[1]
+    h = h0[0] if h0 is not None else kiln.zeros(batch, hidden, dtype=x.dtype)
+    gates_x = kiln.matmul(x, w[0].transpose(0, 1))
+    if bias is not None:
+        gates_x = gates_x + bias[0, : 3 * hidden]
+    outs = [None] * steps
+    for t in range(steps - 1, -1, -1) if direction == "reverse" else range(steps):
+        gates_h = kiln.matmul(h, r[0].transpose(0, 1))
+        if bias is not None:
+            gates_h = gates_h + bias[0, 3 * hidden :]
+        xz, xr, xh = kiln.chunk(gates_x[t], 3, dim=-1)
+        hz, hr, hh = kiln.chunk(gates_h, 3, dim=-1)
+        z, reset = kiln.sigmoid(xz + hz), kiln.sigmoid(xr + hr)
+        h = (1 - z) * kiln.tanh(xh + reset * hh) + z * h
+        outs[t] = h
+    return kiln.stack(outs, dim=0).unsqueeze(1), h.unsqueeze(0)
+
+
 def _constant(a):
     from onnx import numpy_helper  # noqa: PLC0415
 
@@ -410,7 +437,7 @@ OPS = {
     "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _avg_pool, "LayerNormalization": _layer_norm,
     "Softmax": lambda a, x: kiln.softmax(x, a.get("axis", -1)),
     "LogSoftmax": lambda a, x: kiln.log_softmax(x, a.get("axis", -1)),
-    "Gelu": _gelu, "LSTM": _lstm,
+    "Gelu": _gelu, "LSTM": _lstm, "GRU": _gru,
 }  # fmt: skip
 
 __all__ = ["OnnxProgram", "OPS", "OnnxExportError"]
