@@ -59,6 +59,10 @@ class ModelBuilder:
     def name(self, value: Value) -> str:
         return self.names[value]
 
+    def reserve(self, names) -> None:
+        """Names that ``fresh`` must not give (the graph's output names)."""
+        self._used.update(names)
+
     def bind(self, value: Value, name: str) -> None:
         self.names[value] = name
         self._used.add(name)

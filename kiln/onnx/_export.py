@@ -25,7 +25,7 @@ def build_model(program, *, opset: int, arg_names: dict[int, str], output_names:
     """The ONNX model of ``program``. ``arg_names``: argument position -> input name; ``dim_names``:
     (input or output name, axis) -> the name its dynamic size takes; ``symbolic``: the shapes,
     attributes and splat constants of ``_dynamic.symbolize`` (None: every size static)."""
-    from onnx import helper  # noqa: PLC0415
+    from onnx import helper, numpy_helper  # noqa: PLC0415
 
     from ..frontend.jit.signature import Argument, ExternalResult, Parameter, Repeat, Result  # noqa: PLC0415
 
@@ -48,21 +48,21 @@ def build_model(program, *, opset: int, arg_names: dict[int, str], output_names:
             b.bind(value, name)
             b.bind_symbols(value, name)
             inputs.append(_value_info(helper, name, value, b.shape(value), dim_names))
+    names = list(output_names or [])
+    names += [f"output_{k}" for k in range(len(names), len(signature.results))]
+    b.reserve(names)  # no node output takes an output's name before it is renamed to it
     for name, array in initializers:
-        from onnx import numpy_helper  # noqa: PLC0415
-
         b.initializers.append(numpy_helper.from_array(array, name))
     _emit_nodes(b, graph, program.regions, splats)  # first: an unmappable op is the clearer error
     if signature.writebacks:
         raise OnnxExportError("kiln.onnx: the exported call changes its arguments or parameters in place (BatchNorm "
                               "in training mode, for one); ONNX models have no state: export in eval mode")  # fmt: skip
     outputs, renames = [], {}
-    tensor_results = [r for r in signature.results if not isinstance(r, Repeat | Result | ExternalResult)]
-    if tensor_results:
-        raise OnnxExportError(f"kiln.onnx: ONNX outputs are tensors; the function returns {tensor_results[0]!r}")
-    names = list(output_names or [])
+    others = [r for r in signature.results if not isinstance(r, Repeat | Result | ExternalResult)]
+    if others:
+        raise OnnxExportError(f"kiln.onnx: ONNX outputs are tensors; the function also returns {others[0]!r}")
     for k, result in enumerate(signature.results):
-        out_name = names[k] if k < len(names) else f"output_{k}"
+        out_name = names[k]
         if isinstance(result, Result):
             value = graph.outputs[result.output]
         elif isinstance(result, ExternalResult):

@@ -290,7 +290,7 @@ def _slice(b, node, x):
     axes, starts, ends, steps = [], [], [], []
     for axis, (start, stop, step, size) in enumerate(zip(a["starts"], a["stops"], a["steps"], shape, strict=True)):
         if not isinstance(stop, int) or not isinstance(start, int):
-            if stop is not size and not (isinstance(stop, Sym) and stop == size):
+            if not isinstance(start, int) or (stop is not size and not (isinstance(stop, Sym) and stop == size)):
                 raise OnnxExportError(b.context("a slice whose bounds depend on the dynamic axes other than "
                                                 "'to the end'"))  # fmt: skip
             stop = INT64_MAX

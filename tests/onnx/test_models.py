@@ -192,3 +192,19 @@ def test_gru(tmp_path, bias):
                    dynamic_axes={"x": [1]})  # fmt: skip
     assert _ops(proto).count("GRU") == 2
     assert proto.graph.input[0].type.tensor_type.shape.dim[1].dim_param == "x_dynamic_axes_2"
+
+
+def test_output_names_and_repeated_results(tmp_path):
+    def f(x, y):
+        s = x + y
+        return s, s, x  # a result twice and an argument returned as it is
+
+    x, y = kiln.randn(3), kiln.randn(3)
+    proto = kiln.onnx.export(f, (x, y), tmp_path / "f.onnx", output_names=["add", "again"])
+    assert [i.name for i in proto.graph.input] == ["x", "y"]  # the function's parameter names
+    assert [o.name for o in proto.graph.output] == ["add", "again", "output_2"]
+    got = _ort(tmp_path / "f.onnx").run(None, {"x": x.numpy(), "y": y.numpy()})
+    for g, w in zip(got, f(x, y), strict=True):
+        np.testing.assert_allclose(g, w.numpy(), rtol=RTOL, atol=ATOL)
+    back = kiln.onnx.load(tmp_path / "f.onnx")(x, y=y)
+    np.testing.assert_allclose(back[1].numpy(), (x + y).numpy(), rtol=RTOL, atol=ATOL)
