@@ -208,3 +208,8 @@ def test_output_names_and_repeated_results(tmp_path):
         np.testing.assert_allclose(g, w.numpy(), rtol=RTOL, atol=ATOL)
     back = kiln.onnx.load(tmp_path / "f.onnx")(x, y=y)
     np.testing.assert_allclose(back[1].numpy(), (x + y).numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_opset_range_is_checked(tmp_path):
+    with pytest.raises(kiln.onnx.OnnxExportError, match=r"opset_version must be in \[16, \d+\], got 12"):
+        kiln.onnx.export(lambda x: x * 2, (kiln.randn(2),), tmp_path / "o.onnx", opset_version=12)
