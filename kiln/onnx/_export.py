@@ -78,7 +78,9 @@ def build_model(program, *, opset: int, arg_names: dict[int, str], output_names:
     _rename(b.nodes, renames)
     onnx_graph = helper.make_graph(b.nodes, "kiln_program", inputs, outputs, b.initializers)
     opsets = [helper.make_opsetid("", opset)]
-    model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="kiln")
+    from .. import __version__  # noqa: PLC0415
+
+    model = helper.make_model(onnx_graph, opset_imports=opsets, producer_name="kiln", producer_version=__version__)
     model.ir_version = helper.find_min_ir_version_for(opsets)
     return model
 
