@@ -182,7 +182,7 @@ def _export_dynamic(trace_export, model, args, kwargs, names, axes):
         new = list(leaves)
         for position, axis, dim in wanted:
             t = new[position]
-            array = resized(t.numpy(), axis, sizes[dim][which]) if isinstance(t, Tensor) else t
+            array = resized(t.detach().cpu().numpy(), axis, sizes[dim][which]) if isinstance(t, Tensor) else t
             new[position] = _like(t, array)
         a, k = unflatten(tree, new)
         programs.append(trace_export(model, *a, **k))

@@ -38,6 +38,7 @@ class OnnxProgram:
         self.graph = model.graph
         self.initializers = {t.name: kiln.from_numpy(numpy_helper.to_array(t).copy()) for t in self.graph.initializer}
         self.input_names = [i.name for i in self.graph.input if i.name not in self.initializers]
+        self._input_types = {i.name: _declared(i) for i in self.graph.input if i.name not in self.initializers}
         self.output_names = [o.name for o in self.graph.output]
         missing = sorted(
             {n.op_type for n in self.graph.node if n.domain not in ("", "ai.onnx") or n.op_type not in OPS}
@@ -55,7 +56,9 @@ class OnnxProgram:
             if name not in bound:
                 raise TypeError(f"missing input {name!r} (the model's inputs: {self.input_names})")
             value = bound[name]
-            env[name] = value if isinstance(value, kiln.Tensor) else kiln.from_numpy(np.array(value, order="C"))
+            value = value if isinstance(value, kiln.Tensor) else kiln.from_numpy(np.array(value, order="C"))
+            _check_input(name, value, *self._input_types[name])
+            env[name] = value
         with kiln.no_grad():
             for node in self.graph.node:
                 inputs = [env[name] if name else None for name in node.input]
@@ -71,6 +74,23 @@ class OnnxProgram:
 
     def __repr__(self) -> str:
         return f"OnnxProgram(inputs {self.input_names}, outputs {self.output_names}, {len(self.graph.node)} nodes)"
+
+
+def _declared(value_info) -> tuple:
+    """(dtype, shape with None for a named or unknown size) of a graph input."""
+    tensor = value_info.type.tensor_type
+    dims = tuple(d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim)
+    return _dtype(tensor.elem_type), (dims if tensor.HasField("shape") else None)
+
+
+def _check_input(name: str, value, dtype, shape) -> None:
+    # onnxruntime refuses these too; a silent float64 run of a float32 model would be a different model
+    if value.dtype != dtype:
+        raise TypeError(f"input {name!r}: expected {dtype}, got {value.dtype}")
+    if shape is not None and (value.ndim != len(shape) or any(d is not None and d != n for d, n in
+                                                              zip(shape, value.shape, strict=True))):  # fmt: skip
+        expected = "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+        raise ValueError(f"input {name!r}: expected shape {expected}, got {list(value.shape)}")
 
 
 def _attrs(node) -> dict:

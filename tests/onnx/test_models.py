@@ -213,3 +213,13 @@ def test_output_names_and_repeated_results(tmp_path):
 def test_opset_range_is_checked(tmp_path):
     with pytest.raises(kiln.onnx.OnnxExportError, match=r"opset_version must be in \[16, \d+\], got 12"):
         kiln.onnx.export(lambda x: x * 2, (kiln.randn(2),), tmp_path / "o.onnx", opset_version=12)
+
+
+def test_load_checks_its_inputs(tmp_path):
+    kiln.onnx.export(lambda x: x.sum(0), (kiln.randn(2, 3),), tmp_path / "s.onnx", dynamic_axes={"x": {0: "n"}})
+    run = kiln.onnx.load(tmp_path / "s.onnx")
+    np.testing.assert_allclose(run(np.ones((4, 3), np.float32)).numpy(), np.full(3, 4.0, np.float32))
+    with pytest.raises(TypeError, match=r"input 'x': expected kiln.float32, got kiln.float64"):
+        run(np.ones((4, 3)))
+    with pytest.raises(ValueError, match=r"input 'x': expected shape \[\?, 3\], got \[4, 2\]"):
+        run(kiln.ones(4, 2))
