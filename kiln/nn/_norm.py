@@ -58,6 +58,7 @@ def _channel_shape(x: kiln.Tensor) -> tuple[int, ...]:
     return (1, x.shape[1]) + (1,) * (x.ndim - 2)
 
 
+@kiln.jit.composite("batch_norm")
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> kiln.Tensor:  # fmt: skip
     """Normalize each channel (dim 1) over the batch and spatial dims.

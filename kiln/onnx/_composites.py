@@ -129,6 +129,21 @@ def _layer_norm_emit(b, args, name):
     return [b.op("LayerNormalization", inputs, hint="layer_norm", axis=-len(shape), epsilon=float(args["eps"]))]
 
 
+def _batch_norm_accepts(b, args) -> bool:
+    # in training it updates the running statistics: a write-back, refused by the exporter anyway
+    return (not args["training"] and args["running_mean"] is not None and args["running_var"] is not None
+            and _ndim(args) >= 2 and isinstance(args["eps"], float | int))  # fmt: skip
+
+
+def _batch_norm_emit(b, args, name):
+    channels = args["running_mean"].type.shape[0]
+    dtype = np.dtype(args["input"].type.dtype.np)
+    scale = name("weight") if args["weight"] is not None else b.const(np.ones(channels, dtype), "batch_norm_scale")
+    shift = name("bias") if args["bias"] is not None else b.const(np.zeros(channels, dtype), "batch_norm_bias")
+    inputs = [name("input"), scale, shift, name("running_mean"), name("running_var")]
+    return [b.op("BatchNormalization", inputs, hint="batch_norm", epsilon=float(args["eps"]))]
+
+
 def _softmax(op_type: str):
     def accepts(b, args) -> bool:
         return isinstance(args["dim"], int) and _ndim(args) > 0 and math.prod(args["input"].type.shape or (1,)) != 0
@@ -229,6 +244,7 @@ COMPOSITES = {
     **{f"max_pool{d}d": _max_pool(d) for d in (1, 2, 3)},
     **{f"avg_pool{d}d": _avg_pool(d) for d in (1, 2, 3)},
     "layer_norm": (_layer_norm_accepts, _layer_norm_emit),
+    "batch_norm": (_batch_norm_accepts, _batch_norm_emit),
     "softmax": _softmax("Softmax"),
     "log_softmax": _softmax("LogSoftmax"),
     "gelu": (_gelu_accepts, _gelu_emit),

@@ -337,6 +337,12 @@ def _layer_norm(a, x, scale, bias=None):
     return F.layer_norm(x, tuple(x.shape[axis:]), scale, bias, eps=a.get("epsilon", 1e-5))
 
 
+def _batch_norm(a, x, scale, bias, mean, var):
+    if a.get("training_mode", 0):
+        raise NotImplementedError("BatchNormalization with training_mode=1")
+    return F.batch_norm(x, mean, var, scale, bias, training=False, eps=a.get("epsilon", 1e-5))
+
+
 def _gelu(a, x):
     approximate = a.get("approximate", b"none")
     return F.gelu(x, approximate=approximate.decode() if isinstance(approximate, bytes) else approximate)
@@ -457,7 +463,7 @@ OPS = {
     "Conv": _conv, "MaxPool": _max_pool, "AveragePool": _avg_pool, "LayerNormalization": _layer_norm,
     "Softmax": lambda a, x: kiln.softmax(x, a.get("axis", -1)),
     "LogSoftmax": lambda a, x: kiln.log_softmax(x, a.get("axis", -1)),
-    "Gelu": _gelu, "LSTM": _lstm, "GRU": _gru,
+    "Gelu": _gelu, "BatchNormalization": _batch_norm, "LSTM": _lstm, "GRU": _gru,
 }  # fmt: skip
 
 __all__ = ["OnnxProgram", "OPS", "OnnxExportError"]

@@ -70,24 +70,30 @@ class SmallCNN(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv1 = nn.Conv2d(1, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4)
         self.conv2 = nn.Conv2d(4, 8, 3, stride=1, padding="same")
         self.pool = nn.MaxPool2d(2)
         self.avg = nn.AvgPool2d(2)
         self.fc = nn.Linear(8 * 2 * 2, 10)
 
     def forward(self, x):
-        x = self.pool(F.relu(self.conv1(x)))
+        x = self.pool(F.relu(self.norm(self.conv1(x))))
         x = self.avg(F.relu(self.conv2(x)))
         return F.log_softmax(self.fc(x.flatten(1)), dim=1)
 
 
 def test_small_cnn(tmp_path):
     kiln.manual_seed(2)
-    model = SmallCNN().eval()
+    model = SmallCNN()
+    with kiln.no_grad():  # running statistics other than 0 and 1
+        model.norm.running_mean.copy_(kiln.randn(4))
+        model.norm.running_var.copy_(kiln.rand(4) + 0.5)
+    model.eval()
     proto = _check(model, lambda n: (kiln.randn(n, 1, 8, 8),), tmp_path / "cnn.onnx", ["image"], (4, 2),
                    dynamic_axes={"image": {0: "batch"}})  # fmt: skip
     ops = _ops(proto)
     assert ops.count("Conv") == 2 and "MaxPool" in ops and "AveragePool" in ops and "LogSoftmax" in ops
+    assert "BatchNormalization" in ops
     assert "Gather" not in ops  # no im2col
 
 
@@ -223,3 +229,9 @@ def test_load_checks_its_inputs(tmp_path):
         run(np.ones((4, 3)))
     with pytest.raises(ValueError, match=r"input 'x': expected shape \[\?, 3\], got \[4, 2\]"):
         run(kiln.ones(4, 2))
+
+
+def test_training_mode_state_is_refused(tmp_path):
+    model = nn.BatchNorm1d(3)  # training mode: the call updates the running statistics
+    with pytest.raises(kiln.onnx.OnnxExportError, match="export in eval mode"):
+        kiln.onnx.export(model, (kiln.randn(4, 3),), tmp_path / "bn.onnx")
