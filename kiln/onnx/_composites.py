@@ -191,22 +191,20 @@ def _embedding_emit(b, args, name):
 # same name, with the gate blocks of the weights reordered: PyTorch's LSTM stacks (input, forget, cell,
 # output), ONNX's (input, output, forget, cell); PyTorch's GRU (reset, update, new), ONNX's (update,
 # reset, hidden), and PyTorch's GRU applies the reset gate after the recurrent product: linear_before_reset.
-_RECURRENCES = {"LSTM": (4, (0, 3, 1, 2)), "GRU": (3, (1, 0, 2))}
-
-
-def _recurrence(module):
-    kind = type(module).__name__
-    if kind in _RECURRENCES and getattr(module, "_gates", 0) == _RECURRENCES[kind][0]:
-        return kind
-    return None
+# kiln's own classes only: a subclass may define another cell.
+_RECURRENCES = {"kiln.nn.modules.rnn.LSTM": ("LSTM", 4, (0, 3, 1, 2)), "kiln.nn.modules.rnn.GRU": ("GRU", 3, (1, 0, 2))}
 
 
 def _rnn_accepts(b, args) -> bool:
-    x = args["x"]
-    weights = args["weights"]
-    return (_recurrence(args["self"]) is not None and x.type.ndim == 3 and isinstance(x.type.shape[0], int)
-            and x.type.shape[0] > 0 and weights[0] is not None and weights[1] is not None
-            and (weights[2] is None) == (weights[3] is None))  # fmt: skip
+    from ..frontend.jit.regions import class_name  # noqa: PLC0415
+
+    x, weights = args["x"], args["weights"]
+    found = _RECURRENCES.get(class_name(args["self"]))
+    if found is None or not isinstance(weights, tuple) or len(weights) != 4 or weights[0] is None or weights[1] is None:
+        return False
+    w_hh = weights[1].type.shape
+    return (len(w_hh) == 2 and w_hh[0] == found[1] * w_hh[1] and x.type.ndim == 3 and isinstance(x.type.shape[0], int)
+            and x.type.shape[0] > 0 and (weights[2] is None) == (weights[3] is None))  # fmt: skip
 
 
 def _reordered(b, name: str, hidden: int, order) -> str:
@@ -216,11 +214,11 @@ def _reordered(b, name: str, hidden: int, order) -> str:
 
 
 def _rnn_emit(b, args, name):
-    module = args["self"]
-    kind = _recurrence(module)
-    order = _RECURRENCES[kind][1]
-    hidden = module.hidden_size
+    from ..frontend.jit.regions import class_name  # noqa: PLC0415
+
+    kind, _, order = _RECURRENCES[class_name(args["self"])]
     w_ih, w_hh, b_ih, b_hh = args["weights"]
+    hidden = w_hh.type.shape[1]
     first = b.ints([0])
     w = b.op("Unsqueeze", [_reordered(b, b.name(w_ih), hidden, order), first])
     r = b.op("Unsqueeze", [_reordered(b, b.name(w_hh), hidden, order), first])

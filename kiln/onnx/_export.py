@@ -189,19 +189,25 @@ def _emit_nodes(b: ModelBuilder, graph: Graph, regions, splats: dict) -> None:
     chosen = _accepted_regions(b, graph, regions)
     needed, used = _needed(graph, chosen)
     position = _present(graph)
+    # A region is written as soon as its arguments exist: a node before its last result may read one
+    # of its results (CSE shares an LSTM's last step between its outputs and its final state).
     due: dict[int, list] = {}
-    for region in used:
-        due.setdefault(max(position[v] for v in region.outputs), []).append(region)
+    for region in (r for r in regions if r in used):  # in the order recorded: the same file every time
+        due.setdefault(max((position[v] for v in _tensor_arguments(region)), default=-1), []).append(region)
+    _emit_regions(b, due.get(-1, ()))
     for i, node in enumerate(graph.nodes):
         b.loc = node.loc
-        written = {v for region in due.get(i, ()) for v in region.outputs}
-        if any(v in needed and v not in chosen for v in node.outputs) and not set(node.outputs) <= written:
+        if any(v in needed and v not in chosen for v in node.outputs):
             _emit_node(b, graph, node, splats)
-        for region in due.get(i, ()):
-            b.loc = region.loc
-            names = COMPOSITES[region.name][1](b, region.arguments, lambda key, r=region: b.name(r.arguments[key]))
-            for v, name in zip(region.outputs, names, strict=True):
-                b.bind(v, name)
+        _emit_regions(b, due.get(i, ()))
+
+
+def _emit_regions(b: ModelBuilder, regions) -> None:
+    for region in regions:
+        b.loc = region.loc
+        names = COMPOSITES[region.name][1](b, region.arguments, lambda key, r=region: b.name(r.arguments[key]))
+        for v, name in zip(region.outputs, names, strict=True):
+            b.bind(v, name)
 
 
 def _emit_node(b: ModelBuilder, graph: Graph, node, splats: dict) -> None:

@@ -162,11 +162,44 @@ def test_exported_program_to_onnx(tmp_path):
     np.testing.assert_allclose(kiln.onnx.load(tmp_path / "p.onnx")(x).numpy(), got, rtol=RTOL, atol=ATOL)
     with pytest.raises(kiln.onnx.OnnxExportError, match="kiln.onnx.export"):
         program.to_onnx(tmp_path / "q.onnx", dynamic_axes={"x": {0: "batch"}})
-    # a program read back from its file has no regions: written primitive by primitive, same values
+    # a program read back from its file keeps its composite ops
     program.save(tmp_path / "p.kiln")
-    kiln.load_exported(tmp_path / "p.kiln").to_onnx(tmp_path / "r.onnx", input_names=["x"])
-    (again,) = _ort(tmp_path / "r.onnx").run(None, {"x": x.numpy()})
-    np.testing.assert_allclose(again, got, rtol=RTOL, atol=ATOL)
+    again = kiln.load_exported(tmp_path / "p.kiln")
+    assert [r.name for r in again.regions] == ["linear"]
+    again.to_onnx(tmp_path / "r.onnx", input_names=["x"])
+    assert "Gemm" in _ops(onnx.load(tmp_path / "r.onnx"))
+    (out,) = _ort(tmp_path / "r.onnx").run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(out, got, rtol=RTOL, atol=ATOL)
+
+
+def test_saved_regions_of_an_lstm_and_a_cnn(tmp_path):
+    kiln.manual_seed(7)
+    for model, x, op in ((nn.LSTM(3, 4).eval(), kiln.randn(5, 2, 3), "LSTM"),
+                         (SmallCNN().eval(), kiln.randn(2, 1, 8, 8), "Conv")):  # fmt: skip
+        kiln.export(model, x).save(tmp_path / "m.kiln")
+        loaded = kiln.load_exported(tmp_path / "m.kiln")
+        loaded.to_onnx(tmp_path / "m.onnx", input_names=["x"])
+        ops = _ops(onnx.load(tmp_path / "m.onnx"))
+        want = _eager(model, x)
+        want = want[0] if isinstance(want, tuple) else want
+        got = _ort(tmp_path / "m.onnx").run(None, {"x": x.numpy()})[0]
+        np.testing.assert_allclose(got, want.numpy(), rtol=RTOL, atol=ATOL)
+        assert op in ops  # the LSTM's zero states, merged by CSE, are found again
+
+
+def test_damaged_regions_in_a_file_are_refused(tmp_path):
+    import json
+
+    from kiln.ir.serialize import load_graph_file, save_graph_file
+
+    program = kiln.export(nn.Linear(3, 2).eval(), kiln.randn(4, 3))
+    program.save(tmp_path / "p.kiln")
+    graph, tensors, meta = load_graph_file(tmp_path / "p.kiln")
+    meta = json.loads(json.dumps(meta))
+    meta["regions"][0]["outputs"] = [999]
+    save_graph_file(tmp_path / "bad.kiln", graph, tensors=tensors, metadata=meta)
+    with pytest.raises(kiln.jit.ExportError, match="value '999'"):
+        kiln.load_exported(tmp_path / "bad.kiln")
 
 
 def test_unmappable_op_names_op_and_line(tmp_path):
@@ -235,3 +268,10 @@ def test_training_mode_state_is_refused(tmp_path):
     model = nn.BatchNorm1d(3)  # training mode: the call updates the running statistics
     with pytest.raises(kiln.onnx.OnnxExportError, match="export in eval mode"):
         kiln.onnx.export(model, (kiln.randn(4, 3),), tmp_path / "bn.onnx")
+
+
+def test_the_same_model_is_the_same_file(tmp_path):
+    model, x = CharBlock().eval(), kiln.randint(0, 13, (2, 6))
+    first = kiln.onnx.export(model, (x,), tmp_path / "a.onnx", dynamic_axes={"tokens": {0: "b"}})
+    second = kiln.onnx.export(model, (x,), tmp_path / "b.onnx", dynamic_axes={"tokens": {0: "b"}})
+    assert first.SerializeToString() == second.SerializeToString()

@@ -27,6 +27,7 @@ from ..tensor import Tensor, make_tensor
 from .build import optimize
 from .compiler import CompileOptions
 from .pytree import LEAF, flatten, unflatten
+from .regions import regions_from_json, regions_to_json
 from .signature import (
     Argument,
     ExternalResult,
@@ -107,6 +108,7 @@ class ExportedProgram:
             **signature_to_json(self.signature),
             "out_tree": _tree_to_json(self.out_tree),
             "parameters": list(self.parameters),
+            "regions": regions_to_json(self.regions, self.graph, self.traced),  # for exporters (kiln.onnx)
         }
         tensors = {name: np.ascontiguousarray(t._host()) for name, t in self.parameters.items()}
         save_graph_file(path, self.graph, tensors=tensors, metadata=meta)
@@ -199,13 +201,14 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
         in_specs = [_spec_from_json(s) for s in meta["in_specs"]]
         out_tree = _tree_from_json(meta["out_tree"])
         signature = signature_from_json(meta, graph, in_specs, parameters)
+        regions = regions_from_json(meta.get("regions", []), graph)  # files of older kilns have none
     except ExportError:
         raise
     except RecursionError:
         raise ExportError(f"{path}: not a valid exported program (its signature is nested too deeply)") from None
     except (KeyError, TypeError, ValueError, IndexError) as error:
         raise ExportError(f"{path}: not a valid exported program ({type(error).__name__}: {error})") from None
-    program = ExportedProgram(graph, parameters, in_tree, in_specs, signature, out_tree)
+    program = ExportedProgram(graph, parameters, in_tree, in_specs, signature, out_tree, regions)
     problem = _signature_problem(program)
     if problem:
         raise ExportError(f"{path}: not a valid exported program: {problem}")
