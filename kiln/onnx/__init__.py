@@ -16,9 +16,11 @@ What is written:
 - parameters and other captured tensors as initializers, named as in the module's ``state_dict``;
 - composite ops as their ONNX operator where it has their semantics: ``linear`` as ``Gemm`` (2-d
   input) or ``MatMul`` + ``Add``, ``conv1d/2d/3d`` as ``Conv``, ``max_pool``/``avg_pool`` as
-  ``MaxPool``/``AveragePool``, ``layer_norm`` as ``LayerNormalization``, ``softmax``/``log_softmax``
-  as ``Softmax``/``LogSoftmax``, ``gelu`` as ``Gelu`` from opset 20 (its erf or tanh formula
-  before); everything else primitive by primitive (``_primitives.RULES``);
+  ``MaxPool``/``AveragePool``, ``layer_norm`` as ``LayerNormalization``, eval-mode ``batch_norm`` as
+  ``BatchNormalization``, ``softmax``/``log_softmax`` as ``Softmax``/``LogSoftmax``, ``gelu`` as
+  ``Gelu`` from opset 20 (its erf or tanh formula before), ``embedding`` as ``Gather``, each
+  direction of each layer of ``nn.LSTM``/``nn.GRU`` as ``LSTM``/``GRU``; everything else primitive
+  by primitive (``_primitives.RULES``);
 - ``dynamic_axes`` as PyTorch spells it (``{"x": {0: "batch"}}`` or ``{"x": [0]}``): the function
   is traced at two sizes of each axis and the programs compared (``_dynamic``), so the model
   runs at any size of them, or the error says which op depends on the size in another way.
