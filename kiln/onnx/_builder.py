@@ -23,6 +23,13 @@ class OnnxExportError(ValueError):
     """A program that cannot be written as ONNX: the message names the op and the user's line."""
 
 
+def onnx_dtype(dtype) -> int:
+    """The ONNX element type of a kiln dtype."""
+    from onnx import helper  # noqa: PLC0415
+
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype.np))
+
+
 def where(loc: SourceLocation | None) -> str:
     return f" (made at {loc})" if loc is not None else ""
 

@@ -9,14 +9,12 @@ each with the reason; ``tests/onnx`` walks the registry and fails on a primitive
 
 from __future__ import annotations
 
-import itertools
-import math
-
 import numpy as np
 
 from ..ir import dtypes as dt
 from ..ir.types import Sym
-from ._builder import INT64_MAX, INT64_MIN, OnnxExportError
+from . import _indexing as ix
+from ._builder import INT64_MAX, INT64_MIN, OnnxExportError, onnx_dtype
 
 #: Primitives ONNX cannot express, with the reason (the exporter's error says it).
 UNMAPPABLE = {
@@ -27,12 +25,6 @@ UNMAPPABLE = {
 #: Primitives written as nothing: ``check`` raises on bad values (an index out of range) in kiln; ONNX has
 #: no operator that raises, and the runtime's own bounds checks (Gather) take its place.
 DROPPED = {"check"}
-
-
-def onnx_dtype(dtype: dt.DType) -> int:
-    from onnx import helper  # noqa: PLC0415
-
-    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype.np))
 
 
 def _in(node, k: int = 0):
@@ -179,75 +171,6 @@ def _cast(b, node, x):
     clipped = b.op("Clip", [zeroed, b.scalar(-9.2e18, np.float64), b.scalar(9.2e18, np.float64)])
     as_int = b.op("Cast", [clipped], to=onnx_dtype(dt.int64))
     return as_int if target is dt.int64 else b.op("Cast", [as_int], to=onnx_dtype(target))
-
-
-# ----------------------------------------------------------------------------- indexing
-def _cut(b, x, x_shape, shape, skip_axis=None):
-    """``x`` sliced to ``shape`` in every dim but ``skip_axis`` (torch.gather's smaller index)."""
-    axes = [d for d, (n, m) in enumerate(zip(x_shape, shape, strict=True)) if d != skip_axis and n != m]
-    if not axes:
-        return x
-    ends = [shape[d] for d in axes]
-    if not all(isinstance(e, int) for e in ends):
-        raise OnnxExportError(b.context("gather/scatter with an index smaller than its input along a dynamic axis"))
-    return b.op("Slice", [x, b.ints([0] * len(axes)), b.ints(ends), b.ints(axes)])
-
-
-def _gather(b, node, x, index):
-    axis = node.attrs["axis"]
-    xv, iv = node.inputs
-    if xv.type.ndim == 0:
-        flat = b.op("Reshape", [x, b.ints([1])])
-        got = b.op("GatherElements", [flat, b.op("Reshape", [index, b.ints([1])])], axis=0)
-        return b.op("Reshape", [got, b.ints([])])
-    return b.op("GatherElements", [_cut(b, x, b.shape(xv), b.shape(iv), axis), index], axis=axis)
-
-
-def _scatter(reduction):
-    def rule(b, node, x, index, src):
-        xv, iv, sv = node.inputs
-        if xv.type.ndim == 0:  # onnxruntime refuses 0-d operands: as 1-element tensors
-            one = b.ints([1])
-            flat = [b.op("Reshape", [t, one]) for t in (x, index, src)]
-            return b.op("Reshape", [b.op("ScatterElements", flat, axis=0, reduction=reduction), b.ints([])])
-        updates = _cut(b, src, b.shape(sv), b.shape(iv))
-        return b.op("ScatterElements", [x, index, updates], axis=node.attrs["axis"], reduction=reduction)
-
-    return rule
-
-
-def _stacked_indices(b, node, x_value, index_values, names):
-    """The index tensors broadcast together, negative ones wrapped, stacked on a last axis (GatherND)."""
-    from ..ir.shapes import broadcast_shapes  # noqa: PLC0415
-
-    shape = broadcast_shapes(*(b.shape(v) for v in index_values))
-    x_shape = b.shape(x_value)
-    parts = []
-    for k, (v, name) in enumerate(zip(index_values, names, strict=True)):
-        if v.type.dtype is not dt.int64:
-            name = b.op("Cast", [name], to=onnx_dtype(dt.int64))
-        size = b.op("Reshape", [b.dim(x_shape[k]), b.ints([])]) if not isinstance(x_shape[k], int) else (
-            b.scalar(x_shape[k], np.int64))  # fmt: skip
-        wrapped = b.op("Where", [b.op("Less", [name, b.scalar(0, np.int64)]), b.op("Add", [name, size]), name])
-        if tuple(b.shape(v)) != tuple(shape):
-            wrapped = b.op("Expand", [wrapped, b.shape_tensor(shape)])
-        parts.append(b.op("Unsqueeze", [wrapped, b.ints([-1])]))
-    return (parts[0] if len(parts) == 1 else b.op("Concat", parts, axis=-1)), tuple(shape)
-
-
-def _take(b, node, x, *indices):
-    stacked, _ = _stacked_indices(b, node, node.inputs[0], node.inputs[1:], indices)
-    return b.op("GatherND", [x, stacked])
-
-
-def _index_put(b, node, x, values, *indices):
-    xv = node.inputs[0]
-    stacked, shape = _stacked_indices(b, node, xv, node.inputs[2:], indices)
-    update_shape = shape + tuple(b.shape(xv)[len(indices) :])
-    if tuple(b.shape(node.inputs[1])) != update_shape:
-        values = b.op("Expand", [values, b.shape_tensor(update_shape)])
-    reduction = "add" if node.attrs["accumulate"] else None
-    return b.op("ScatterND", [x, stacked, values], reduction=reduction)
 
 
 # ----------------------------------------------------------------------------- movement
@@ -400,42 +323,6 @@ def _copy(b, node, x):
     return b.op("Identity", [x])
 
 
-# ----------------------------------------------------------------------------- windows
-def _window_positions(spatial, kernel, stride, dilation) -> np.ndarray:
-    """For each (kernel offset, output position), the flat index into the spatial dims it reads."""
-    from ..ir.primitives.windows import window_output_size  # noqa: PLC0415
-
-    out = tuple(map(window_output_size, spatial, kernel, stride, dilation))
-    flat_strides = [math.prod(spatial[d + 1 :]) for d in range(len(spatial))]
-    index = np.zeros(tuple(kernel) + out, dtype=np.int64)
-    for k in itertools.product(*map(range, kernel)):
-        for o in itertools.product(*map(range, out)):
-            index[k + o] = sum((o[d] * stride[d] + k[d] * dilation[d]) * flat_strides[d] for d in range(len(spatial)))
-    return index
-
-
-def _unfold(b, node, x):
-    a = node.attrs
-    spatial = tuple(b.shape(node.inputs[0])[2:])
-    if not all(isinstance(s, int) for s in spatial):
-        raise OnnxExportError(b.context("sliding windows over a dynamic spatial axis"))
-    index = _window_positions(spatial, a["kernel_size"], a["stride"], a["dilation"])
-    flat = b.op("Reshape", [x, b.ints([0, 0, math.prod(spatial)])])  # 0: the input's own N and C
-    return b.op("Gather", [flat, b.const(index, "windows")], axis=2)
-
-
-def _fold(b, node, x):
-    a = node.attrs
-    size = tuple(a["size"])
-    index = _window_positions(size, a["kernel_size"], a["stride"], a["dilation"]).reshape(1, 1, -1)
-    updates = b.op("Reshape", [x, b.ints([0, 0, -1])])
-    indices = b.op("Expand", [b.const(index, "windows"), b.op("Shape", [updates])])
-    lead = b.op("Shape", [x], start=0, end=2)
-    zeros = b.op("Expand", [b.scalar(0, _np(node.output)), b.op("Concat", [lead, b.ints([math.prod(size)])], axis=0)])
-    summed = b.op("ScatterElements", [zeros, indices, updates], axis=2, reduction="add")
-    return b.op("Reshape", [summed, b.op("Concat", [lead, b.ints(size)], axis=0)])
-
-
 def _check(b, node, *inputs):
     return b.const(np.ones((), dtype=bool), "check_passed")  # see DROPPED
 
@@ -448,12 +335,12 @@ RULES = {
     "logical_not": _logical_not, "maximum": _nan_propagating("Max"), "minimum": _nan_propagating("Min"),
     "sign": _sign, "rsqrt": _rsqrt, "expm1": _expm1, "log1p": _log1p, "ne": _ne,
     "floor_divide": _floor_divide, "remainder": _remainder, "where": _where, "cast": _cast,
-    "gather": _gather, "scatter_add": _scatter("add"), "scatter": _scatter(None), "take": _take,
-    "index_put": _index_put, "matmul": _matmul,
+    "gather": ix.gather, "scatter_add": ix.scatter("add"), "scatter": ix.scatter(None), "take": ix.take,
+    "index_put": ix.index_put, "matmul": _matmul,
     "reshape": _reshape, "expand": _expand, "copy": _copy, "permute": _permute, "slice": _slice, "pad": _pad,
     "concatenate": _concatenate, "flip": _flip,
     "reduce_sum": _reduce("ReduceSum", 13), "reduce_max": _reduce("ReduceMax", 18),
     "reduce_min": _reduce("ReduceMin", 18), "reduce_prod": _reduce("ReduceProd", 18),
     "argmax": _arg("ArgMax"), "argmin": _arg("ArgMin"), "cumsum": _cumsum,
-    "unfold": _unfold, "fold": _fold, "check": _check,
+    "unfold": ix.unfold, "fold": ix.fold, "check": _check,
 }  # fmt: skip
