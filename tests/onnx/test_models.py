@@ -34,18 +34,23 @@ def _ops(model_proto) -> list[str]:
 
 
 def _check(model, make_inputs, path, names, batches, **export_kwargs):
-    """Export at ``batches[0]``; onnxruntime and kiln.onnx.load agree with eager at every batch size."""
+    """Export at ``batches[0]``; kiln.onnx.load and onnxruntime (when installed: the round trip through
+    load is tested without it) agree with eager at every batch size."""
     kiln.manual_seed(0)
     proto = kiln.onnx.export(model, make_inputs(batches[0]), path, input_names=names, **export_kwargs)
-    session = _ort(path)
+    try:
+        session = _ort(path)
+    except pytest.skip.Exception:
+        session = None
     loaded = kiln.onnx.load(path)
     for batch in batches:
         inputs = make_inputs(batch)
         want = _eager(model, *inputs)
         want = want if isinstance(want, tuple) else (want,)
-        got = session.run(None, {n: t.numpy() for n, t in zip(names, inputs, strict=True)})
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(g, w.numpy(), rtol=RTOL, atol=ATOL, err_msg=f"onnxruntime, batch {batch}")
+        if session is not None:
+            got = session.run(None, {n: t.numpy() for n, t in zip(names, inputs, strict=True)})
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_allclose(g, w.numpy(), rtol=RTOL, atol=ATOL, err_msg=f"onnxruntime, batch {batch}")
         back = loaded(*inputs)
         back = back if isinstance(back, tuple) else (back,)
         for g, w in zip(back, want, strict=True):
