@@ -103,12 +103,14 @@ def _check_fits(spatial, kernel, dilation, op: str) -> None:
 
 
 @autocast_op(LOWER)
+@kiln.jit.composite("conv1d")
 def conv1d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
     """1-D convolution (cross-correlation) of (N, C, L) or (C, L) with weight (O, C/groups, k)."""
     return _conv(input, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
 
 
 @autocast_op(LOWER)
+@kiln.jit.composite("conv2d")
 def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
     """2-D convolution of (N, C, H, W) or (C, H, W) with weight (O, C/groups, kh, kw).
 
@@ -123,6 +125,7 @@ def conv2d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: in
 
 
 @autocast_op(LOWER)
+@kiln.jit.composite("conv3d")
 def conv3d(input, weight, bias=None, stride=1, padding=0, dilation=1, groups: int = 1) -> kiln.Tensor:
     """3-D convolution of (N, C, D, H, W) with weight (O, C/groups, kd, kh, kw)."""
     return _conv(input, weight, bias, stride, padding, dilation, groups, 3, "conv3d")

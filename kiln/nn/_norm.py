@@ -35,6 +35,7 @@ def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor
 
 
 @in_float32  # bfloat16 normalizes in float32, as PyTorch does
+@kiln.jit.composite("layer_norm")
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> kiln.Tensor:
     """Normalize over the trailing ``normalized_shape`` dims, as ``torch.nn.functional.layer_norm``.
 
@@ -62,6 +63,7 @@ def _channel_shape(x: kiln.Tensor) -> tuple[int, ...]:
 
 
 @in_float32  # mixed dtypes (bfloat16 input, float32 statistics) give the input dtype, as in PyTorch
+@kiln.jit.composite("batch_norm")
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> kiln.Tensor:  # fmt: skip
     """Normalize each channel (dim 1) over the batch and spatial dims.

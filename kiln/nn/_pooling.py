@@ -88,11 +88,13 @@ def _flat_input_index(offset, spatial, kernel, stride, padding, dilation, out_si
     return flat
 
 
+@kiln.jit.composite("max_pool1d")
 def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max over windows of (N, C, L); ``stride`` defaults to ``kernel_size``; padding is -inf."""
     return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 1, "max_pool1d")
 
 
+@kiln.jit.composite("max_pool2d")
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max over windows of (N, C, H, W), as ``torch.nn.functional.max_pool2d``.
 
@@ -105,6 +107,7 @@ def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 2, "max_pool2d")
 
 
+@kiln.jit.composite("max_pool3d")
 def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 3, "max_pool3d")
 
@@ -141,10 +144,12 @@ def _window_counts(x, spatial, padding, extra, kernel, stride, count_include_pad
     return kiln.unfold_windows(ones, kernel, stride, (1,) * d).sum(dim=tuple(range(2, 2 + d)))
 
 
+@kiln.jit.composite("avg_pool1d")
 def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
     return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1, "avg_pool1d")
 
 
+@kiln.jit.composite("avg_pool2d")
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):  # fmt: skip
     """Mean over windows of (N, C, H, W), as ``torch.nn.functional.avg_pool2d``."""
@@ -152,6 +157,7 @@ def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
                      "avg_pool2d")  # fmt: skip
 
 
+@kiln.jit.composite("avg_pool3d")
 def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):  # fmt: skip
     return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3,

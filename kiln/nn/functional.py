@@ -232,6 +232,7 @@ def log_softmax(input, dim=None, _stacklevel: int = 3, dtype=None) -> kiln.Tenso
 
 # ----------------------------------------------------------------------------- layers
 @autocast_op(LOWER)
+@kiln.jit.composite("linear")
 def linear(input, weight, bias=None) -> kiln.Tensor:
     """``input @ weight.T + bias`` over any leading dims of ``input`` (..., in_features).
 
@@ -267,6 +268,7 @@ def bilinear(input1, input2, weight, bias=None) -> kiln.Tensor:
     return out if bias is None else out + bias
 
 
+@kiln.jit.composite("embedding")
 def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float = 2.0, scale_grad_by_freq=False,
               sparse: bool = False) -> kiln.Tensor:  # fmt: skip
     """Rows of ``weight`` (num_embeddings, dim) at integer ``input``; the ``padding_idx`` row gets no gradient."""

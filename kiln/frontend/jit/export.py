@@ -27,6 +27,7 @@ from ..tensor import Tensor, make_tensor
 from .build import optimize
 from .compiler import CompileOptions
 from .pytree import LEAF, flatten, unflatten
+from .regions import regions_from_json, regions_to_json
 from .signature import (
     Argument,
     ExternalResult,
@@ -63,6 +64,10 @@ class ExportedProgram:
     in_specs: list  # per flattened argument: ("tensor", shape, dtype short name) | ("python", value)
     signature: Signature
     out_tree: object
+    # For exporters, not stored in files: the composite ops' regions (regions.py) and the graph as traced,
+    # before the passes (which may merge or replace the values the regions name).
+    regions: tuple = ()
+    traced: Graph | None = None
 
     def __post_init__(self) -> None:
         from ...ir.interpreter import prepare  # noqa: PLC0415
@@ -103,9 +108,18 @@ class ExportedProgram:
             **signature_to_json(self.signature),
             "out_tree": _tree_to_json(self.out_tree),
             "parameters": list(self.parameters),
+            "regions": regions_to_json(self.regions, self.graph, self.traced),  # for exporters (kiln.onnx)
         }
         tensors = {name: np.ascontiguousarray(t._host()) for name, t in self.parameters.items()}
         save_graph_file(path, self.graph, tensors=tensors, metadata=meta)
+
+    def to_onnx(self, path: str | os.PathLike, *, opset_version: int | None = None, input_names=None,
+                output_names=None, dynamic_axes=None) -> None:  # fmt: skip
+        """Write this program as an ONNX model (needs the ``onnx`` extra); see ``kiln.onnx.export``."""
+        from ...onnx import program_to_onnx  # noqa: PLC0415 - optional dependency, imported when used
+
+        program_to_onnx(self, path, opset_version=opset_version, input_names=input_names,
+                        output_names=output_names, dynamic_axes=dynamic_axes)  # fmt: skip
 
     def __repr__(self) -> str:
         return (f"ExportedProgram({len(self.graph.nodes)} nodes, {len(self.parameters)} parameters, "
@@ -144,11 +158,12 @@ def export(fn, *args, **kwargs) -> ExportedProgram:
         if isinstance(item, PythonValue):
             _check_plain(item.value, "a result")
     signature, outputs = number_outputs(inputs, traced.outputs, traced.writebacks, views=False)
-    graph = optimize(traced.builder.build(outputs), CompileOptions(), [])
+    built = traced.builder.build(outputs)
+    graph = optimize(built, CompileOptions(), [])
     specs = [("tensor", tuple(x.shape), x.dtype.short) if isinstance(x, Tensor) else ("python", _check_plain(x))
              for x in leaves]  # fmt: skip
     trace.release()
-    return ExportedProgram(graph, parameters, tree, specs, signature, out_tree)
+    return ExportedProgram(graph, parameters, tree, specs, signature, out_tree, tuple(trace.regions), built)
 
 
 def _parameter_names(fn) -> dict[int, str]:
@@ -186,13 +201,14 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
         in_specs = [_spec_from_json(s) for s in meta["in_specs"]]
         out_tree = _tree_from_json(meta["out_tree"])
         signature = signature_from_json(meta, graph, in_specs, parameters)
+        regions = regions_from_json(meta.get("regions", []), graph)  # files of older kilns have none
     except ExportError:
         raise
     except RecursionError:
         raise ExportError(f"{path}: not a valid exported program (its signature is nested too deeply)") from None
     except (KeyError, TypeError, ValueError, IndexError) as error:
         raise ExportError(f"{path}: not a valid exported program ({type(error).__name__}: {error})") from None
-    program = ExportedProgram(graph, parameters, in_tree, in_specs, signature, out_tree)
+    program = ExportedProgram(graph, parameters, in_tree, in_specs, signature, out_tree, regions)
     problem = _signature_problem(program)
     if problem:
         raise ExportError(f"{path}: not a valid exported program: {problem}")

@@ -136,6 +136,7 @@ class Trace:
         self.grads: dict[int, tuple] = {}  # id(tensor) -> (tensor, .grad before the trace touched it)
         self.modules: dict[int, tuple[weakref.ref, bool]] = {}
         self.prologues: list = []
+        self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
         self.broken: TraceBreak | None = None
         self._token = None
 

@@ -149,6 +149,7 @@ class RNNBase(Module):
                 x = F.dropout(x, self.dropout, training=True)
         return x, [kiln.stack(f, dim=0) for f in finals]
 
+    @kiln.jit.composite("rnn_direction")  # kiln.onnx writes an LSTM's as ONNX's LSTM operator
     def _direction(self, x, state, weights, reverse: bool):
         w_ih, w_hh, b_ih, b_hh = weights
         # The input projection for all time steps at once; only the recurrence is sequential.

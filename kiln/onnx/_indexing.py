@@ -1,0 +1,121 @@
+"""ONNX rules for the index and window primitives (see ``_primitives``): gather/scatter, advanced
+indexing (``take``, ``index_put``) and the sliding windows under convolution and pooling."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from ..ir import dtypes as dt
+from ._builder import OnnxExportError, onnx_dtype
+
+
+def _np(value) -> np.dtype:
+    return np.dtype(value.type.dtype.np)
+
+
+# ----------------------------------------------------------------------------- indexing
+def _cut(b, x, x_shape, shape, skip_axis=None):
+    """``x`` sliced to ``shape`` in every dim but ``skip_axis`` (torch.gather's smaller index)."""
+    axes = [d for d, (n, m) in enumerate(zip(x_shape, shape, strict=True)) if d != skip_axis and n != m]
+    if not axes:
+        return x
+    ends = [shape[d] for d in axes]
+    if not all(isinstance(e, int) for e in ends):
+        raise OnnxExportError(b.context("gather/scatter with an index smaller than its input along a dynamic axis"))
+    return b.op("Slice", [x, b.ints([0] * len(axes)), b.ints(ends), b.ints(axes)])
+
+
+def gather(b, node, x, index):
+    axis = node.attrs["axis"]
+    xv, iv = node.inputs
+    if xv.type.ndim == 0:
+        flat = b.op("Reshape", [x, b.ints([1])])
+        got = b.op("GatherElements", [flat, b.op("Reshape", [index, b.ints([1])])], axis=0)
+        return b.op("Reshape", [got, b.ints([])])
+    return b.op("GatherElements", [_cut(b, x, b.shape(xv), b.shape(iv), axis), index], axis=axis)
+
+
+def scatter(reduction):
+    def rule(b, node, x, index, src):
+        xv, iv, sv = node.inputs
+        if xv.type.ndim == 0:  # onnxruntime refuses 0-d operands: as 1-element tensors
+            one = b.ints([1])
+            flat = [b.op("Reshape", [t, one]) for t in (x, index, src)]
+            return b.op("Reshape", [b.op("ScatterElements", flat, axis=0, reduction=reduction), b.ints([])])
+        updates = _cut(b, src, b.shape(sv), b.shape(iv))
+        return b.op("ScatterElements", [x, index, updates], axis=node.attrs["axis"], reduction=reduction)
+
+    return rule
+
+
+def _stacked_indices(b, node, x_value, index_values, names):
+    """The index tensors broadcast together, negative ones wrapped, stacked on a last axis (GatherND)."""
+    from ..ir.shapes import broadcast_shapes  # noqa: PLC0415
+
+    shape = broadcast_shapes(*(b.shape(v) for v in index_values))
+    x_shape = b.shape(x_value)
+    parts = []
+    for k, (v, name) in enumerate(zip(index_values, names, strict=True)):
+        if v.type.dtype is not dt.int64:
+            name = b.op("Cast", [name], to=onnx_dtype(dt.int64))
+        size = b.op("Reshape", [b.dim(x_shape[k]), b.ints([])]) if not isinstance(x_shape[k], int) else (
+            b.scalar(x_shape[k], np.int64))  # fmt: skip
+        wrapped = b.op("Where", [b.op("Less", [name, b.scalar(0, np.int64)]), b.op("Add", [name, size]), name])
+        if tuple(b.shape(v)) != tuple(shape):
+            wrapped = b.op("Expand", [wrapped, b.shape_tensor(shape)])
+        parts.append(b.op("Unsqueeze", [wrapped, b.ints([-1])]))
+    return (parts[0] if len(parts) == 1 else b.op("Concat", parts, axis=-1)), tuple(shape)
+
+
+def take(b, node, x, *indices):
+    stacked, _ = _stacked_indices(b, node, node.inputs[0], node.inputs[1:], indices)
+    return b.op("GatherND", [x, stacked])
+
+
+def index_put(b, node, x, values, *indices):
+    xv = node.inputs[0]
+    stacked, shape = _stacked_indices(b, node, xv, node.inputs[2:], indices)
+    update_shape = shape + tuple(b.shape(xv)[len(indices) :])
+    if tuple(b.shape(node.inputs[1])) != update_shape:
+        values = b.op("Expand", [values, b.shape_tensor(update_shape)])
+    reduction = "add" if node.attrs["accumulate"] else None
+    return b.op("ScatterND", [x, stacked, values], reduction=reduction)
+
+
+# ----------------------------------------------------------------------------- windows
+def _window_positions(spatial, kernel, stride, dilation) -> np.ndarray:
+    """For each (kernel offset, output position), the flat index into the spatial dims it reads."""
+    from ..ir.primitives.windows import window_output_size  # noqa: PLC0415
+
+    out = tuple(map(window_output_size, spatial, kernel, stride, dilation))
+    flat_strides = [math.prod(spatial[d + 1 :]) for d in range(len(spatial))]
+    index = np.zeros(tuple(kernel) + out, dtype=np.int64)
+    for k in itertools.product(*map(range, kernel)):
+        for o in itertools.product(*map(range, out)):
+            index[k + o] = sum((o[d] * stride[d] + k[d] * dilation[d]) * flat_strides[d] for d in range(len(spatial)))
+    return index
+
+
+def unfold(b, node, x):
+    a = node.attrs
+    spatial = tuple(b.shape(node.inputs[0])[2:])
+    if not all(isinstance(s, int) for s in spatial):
+        raise OnnxExportError(b.context("sliding windows over a dynamic spatial axis"))
+    index = _window_positions(spatial, a["kernel_size"], a["stride"], a["dilation"])
+    flat = b.op("Reshape", [x, b.ints([0, 0, math.prod(spatial)])])  # 0: the input's own N and C
+    return b.op("Gather", [flat, b.const(index, "windows")], axis=2)
+
+
+def fold(b, node, x):
+    a = node.attrs
+    size = tuple(a["size"])
+    index = _window_positions(size, a["kernel_size"], a["stride"], a["dilation"]).reshape(1, 1, -1)
+    updates = b.op("Reshape", [x, b.ints([0, 0, -1])])
+    indices = b.op("Expand", [b.const(index, "windows"), b.op("Shape", [updates])])
+    lead = b.op("Shape", [x], start=0, end=2)
+    zeros = b.op("Expand", [b.scalar(0, _np(node.output)), b.op("Concat", [lead, b.ints([math.prod(size)])], axis=0)])
+    summed = b.op("ScatterElements", [zeros, indices, updates], axis=2, reduction="add")
+    return b.op("Reshape", [summed, b.op("Concat", [lead, b.ints(size)], axis=0)])
