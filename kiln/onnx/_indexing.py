@@ -99,6 +99,16 @@ def _window_positions(spatial, kernel, stride, dilation) -> np.ndarray:
     return index
 
 
+def batch_inner_order(d: int) -> tuple[int, ...]:
+    """The permutation of (N, C, *K, *O) windows into the ``batch_inner`` layout (C, *K, N, *O)."""
+    return (1, *range(2, 2 + d), 0, *range(2 + d, 2 + 2 * d))
+
+
+def batch_outer_order(d: int) -> tuple[int, ...]:
+    """Its inverse."""
+    return tuple(sorted(range(2 + 2 * d), key=batch_inner_order(d).__getitem__))
+
+
 def unfold(b, node, x):
     a = node.attrs
     spatial = tuple(b.shape(node.inputs[0])[2:])
@@ -106,13 +116,18 @@ def unfold(b, node, x):
         raise OnnxExportError(b.context("sliding windows over a dynamic spatial axis"))
     index = _window_positions(spatial, a["kernel_size"], a["stride"], a["dilation"])
     flat = b.op("Reshape", [x, b.ints([0, 0, math.prod(spatial)])])  # 0: the input's own N and C
-    return b.op("Gather", [flat, b.const(index, "windows")], axis=2)
+    windows = b.op("Gather", [flat, b.const(index, "windows")], axis=2)
+    if a.get("batch_inner", False):  # (N, C, *K, *O) -> (C, *K, N, *O)
+        return b.op("Transpose", [windows], perm=list(batch_inner_order(len(a["kernel_size"]))))
+    return windows
 
 
 def fold(b, node, x):
     a = node.attrs
     size = tuple(a["size"])
     index = _window_positions(size, a["kernel_size"], a["stride"], a["dilation"]).reshape(1, 1, -1)
+    if a.get("batch_inner", False):  # (C, *K, N, *O) -> (N, C, *K, *O)
+        x = b.op("Transpose", [x], perm=list(batch_outer_order(len(a["kernel_size"]))))
     updates = b.op("Reshape", [x, b.ints([0, 0, -1])])
     indices = b.op("Expand", [b.const(index, "windows"), b.op("Shape", [updates])])
     lead = b.op("Shape", [x], start=0, end=2)

@@ -21,6 +21,21 @@ UNMAPPABLE = {
     "random_bits": "kiln's random numbers are Philox-4x32-10 counter-based bits; ONNX's random operators "
     "follow no specified generator, so the exported model could not reproduce them (export in eval mode, "
     "where dropout draws nothing)",
+    "all_reduce": "a collective communicates with the other processes of a job; an ONNX model is one process "
+    "(export the model outside its DistributedDataParallel wrapper)",
+    **{
+        name: "the standard ONNX operator set has no matrix decompositions (inverse, solve, Cholesky, eigh, SVD, "
+        "QR, slogdet); export the part of the model around them"
+        for name in (
+            "linalg_inv",
+            "linalg_solve",
+            "linalg_cholesky",
+            "linalg_eigh",
+            "linalg_svd",
+            "linalg_qr",
+            "linalg_slogdet",
+        )  # fmt: skip
+    },
 }
 #: Primitives written as nothing: ``check`` raises on bad values (an index out of range) in kiln; ONNX has
 #: no operator that raises, and the runtime's own bounds checks (Gather) take its place.
