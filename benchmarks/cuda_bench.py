@@ -113,6 +113,7 @@ def _bandwidth_case(case: str, fn_name: str, shape: tuple, quick: bool) -> list[
         tf = (lambda t: torch.nn.functional.gelu(t)) if fn_name == "gelu" else (lambda t: torch.softmax(t, -1))
         builders["torch"] = lambda: _synced(lambda: tf(tx), torch.cuda.synchronize)
         tc = torch_compile_or_why(torch)
+
         def torch_compiled():
             compiled_tf = torch.compile(tf)
             return _synced(lambda: compiled_tf(tx), torch.cuda.synchronize)

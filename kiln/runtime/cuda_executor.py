@@ -99,7 +99,7 @@ class _Extern:
         xp = program.xp
         args = [env[slot] for slot in self.args]
         if self.planned:
-            self.eager_into(xp, *args, out=env[self.out], **self.attrs)
+            self.eager_into(xp, *args, out=env[self.out], **self.attrs)  # type: ignore[misc]  # set when planned
         else:
             result = self.eager(xp, *args, **self.attrs)
             if not hasattr(result, "flags"):
@@ -155,7 +155,7 @@ class CudaProgram:
             import cupy  # noqa: PLC0415 - on a GPU only
             from numba import config as numba_config  # noqa: PLC0415
 
-            numba_config.CUDA_ARRAY_INTERFACE_SYNC = False  # see the module docstring
+            numba_config.CUDA_ARRAY_INTERFACE_SYNC = False  # type: ignore[attr-defined]  # see the module docstring
             self.xp = cupy
         slots = {v: i for i, v in enumerate(graph.values())}
         self._slots = slots
@@ -181,10 +181,15 @@ class CudaProgram:
         self._local = threading.local()
 
     def stream(self) -> Any:
-        """The numba view of the stream cupy is using (kernels queue behind cupy's work)."""
-        from numba import cuda  # noqa: PLC0415
+        """The numba view of the stream cupy is using (kernels queue behind cupy's work), made once
+        per stream."""
+        ptr = self.xp.cuda.get_current_stream().ptr
+        found = _STREAMS.get(ptr)
+        if found is None:
+            from numba import cuda  # noqa: PLC0415
 
-        return cuda.external_stream(self.xp.cuda.get_current_stream().ptr)
+            found = _STREAMS[ptr] = cuda.external_stream(ptr)
+        return found
 
     def launch(self, configured: Any, arrays: list) -> None:
         if self.simulated:
@@ -242,6 +247,9 @@ class CudaProgram:
             if array.size > 1 and not same_layout(shape, array.strides, strides):
                 out[i] = _into_layout(self.xp, array, strides)
         return out
+
+
+_STREAMS: dict[int, Any] = {}  # cupy stream pointer -> numba's external stream over it
 
 
 def _into_layout(xp: Any, array: Any, strides: tuple) -> Any:

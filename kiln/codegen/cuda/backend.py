@@ -78,9 +78,9 @@ class CudaBackend:
             saved = (list(module.functions), list(module.kernels))
             try:
                 kernels[position] = generate(module, f"k{position}", node, strides, cfg)
-            except Unsupported as why:
+            except Unsupported as declined:
                 module.functions[:], module.kernels[:] = saved
-                report.declined.append((node.attrs["name"], str(why)))
+                report.declined.append((node.attrs["name"], str(declined)))
             except Exception as error:  # noqa: BLE001 - a code generator bug costs this kernel only
                 if os.environ.get("KILN_JIT_STRICT") == "1":
                     raise
@@ -104,7 +104,9 @@ class CudaBackend:
                            simulated)  # fmt: skip
 
     def encode(self, code: CudaCode) -> bytes:
-        kernels = {str(p): [[ln.function, list(ln.operands), list(ln.grid)] for ln in ls] for p, ls in code.kernels.items()}
+        kernels = {
+            str(p): [[ln.function, list(ln.operands), list(ln.grid)] for ln in ls] for p, ls in code.kernels.items()
+        }
         return json.dumps({"source": code.source, "kernels": kernels}).encode()
 
     def decode(self, data: bytes, graph: Graph) -> CudaCode:

@@ -284,7 +284,9 @@ def _block_reducer(module: CudaModule, op: str, combine: str, dtype, block: int)
     em = Semantics(SourceCore(source, module))
     step = em.combine(combine, Scalar("value", dtype), Scalar("other", dtype))
     combine_lines = [*source.lines, f"        value = {step.value}"]
-    identity = literal(PRIMITIVES[op].identity(dtype), dtype)
+    identity_of = PRIMITIVES[op].identity
+    assert identity_of is not None, f"{op} has no identity"  # checked before the accumulators
+    identity = literal(identity_of(dtype), dtype)
     warps = -(-block // 32)
     shuffle = ["    offset = 16", "    while offset > 0:", "        other = shfl_down(value, offset, scratch)",
                *combine_lines, "        offset //= 2"]  # fmt: skip
@@ -338,7 +340,8 @@ def _horizontal(module: CudaModule, name: str, bodies: Sequence[Graph], layouts)
         chunk = range(start, min(start + MEMBERS_PER_LAUNCH, len(bodies)))
         source = Source()
         source.emit("m = cuda.blockIdx.y")
-        params, counts = [], []
+        params: list[int] = []
+        counts: list[int] = []
         for k, m in enumerate(chunk):
             domain, _, groups, leaves = plans[m]
             pad = depth - len(groups)

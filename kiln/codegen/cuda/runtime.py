@@ -25,7 +25,7 @@ from ..numpy_core import _fma
 _FLOATS = ("float32", "float64")
 
 # helpers written once, for both: compiled as device functions on a GPU, run as Python in the simulator
-_SHARED_SOURCE = '''
+_SHARED_SOURCE = """
 @cuda.jit(device=True)
 def sdiv(a, b):
     q = a // b
@@ -37,15 +37,15 @@ def sdiv(a, b):
 @cuda.jit(device=True)
 def srem(a, b):
     return a - b * sdiv(a, b)
-'''
+"""
 
-_DEVICE_SHUFFLE = '''
+_DEVICE_SHUFFLE = """
 @cuda.jit(device=True)
 def shfl_down(value, offset, scratch):
     return cuda.shfl_down_sync(0xFFFFFFFF, value, offset)
-'''
+"""
 
-_SIMULATED_SHUFFLE = '''
+_SIMULATED_SHUFFLE = """
 @cuda.jit(device=True)
 def shfl_down(value, offset, scratch):
     # the lane ``offset`` above this one, within the warp (a lane past the warp keeps its value)
@@ -56,14 +56,14 @@ def shfl_down(value, offset, scratch):
     if tid % 32 + offset < 32 and tid + offset < cuda.blockDim.x:
         return scratch[tid + offset]
     return value
-'''
+"""
 
 
 def simulator() -> bool:
     """Whether numba runs CUDA kernels in its simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
     from numba import config  # noqa: PLC0415 - numba is imported when the CUDA backend is used
 
-    return bool(config.ENABLE_CUDASIM)
+    return bool(config.ENABLE_CUDASIM)  # type: ignore[attr-defined]  # numba's config is dynamic
 
 
 def _simulated_math() -> dict[str, Any]:
@@ -75,11 +75,11 @@ def _simulated_math() -> dict[str, Any]:
             return t(_fma(float(a), float(b), float(c), single))
 
         out[f"fma_{name}"] = fma
-        for fn, impl in (("floor", np.floor), ("ceil", np.ceil), ("rint", np.rint), ("sqrt", np.sqrt),
-                         ("fabs", np.fabs), ("copysign", np.copysign), ("fmod", np.fmod)):  # fmt: skip
+        ufuncs: dict[str, Any] = {"floor": np.floor, "ceil": np.ceil, "rint": np.rint, "sqrt": np.sqrt,
+                                  "fabs": np.fabs, "copysign": np.copysign, "fmod": np.fmod,
+                                  "libm_sin": np.sin, "libm_cos": np.cos}  # fmt: skip
+        for fn, impl in ufuncs.items():
             out[f"{fn}_{name}"] = lambda *a, impl=impl, t=t: t(impl(*(t(x) for x in a)))
-        for fn in ("sin", "cos"):
-            out[f"libm_{fn}_{name}"] = lambda x, fn=getattr(np, fn), t=t: t(fn(t(x)))
     return out
 
 

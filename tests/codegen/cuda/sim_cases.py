@@ -170,10 +170,10 @@ def case_training_step():
 
 def case_disk_cache_round_trip():
     from kiln.codegen.backend import Lowered, LoweringReport, backend_named
-    from kiln.ir.graph import GraphBuilder
-    from kiln.ir.types import TensorType
     from kiln.ir import dtypes as dt
+    from kiln.ir.graph import GraphBuilder
     from kiln.ir.interpreter import interpret
+    from kiln.ir.types import TensorType
 
     b = GraphBuilder()
     x = b.input(TensorType((3, 40), dt.float32))
