@@ -48,7 +48,8 @@ def literal(value: object, dtype: DType) -> str:
         v = v - (1 << bits) if dtype.is_signed and v >> (bits - 1) else v
         return f"{np_type(dtype)}({v})"
     f = float(value)  # type: ignore[arg-type]
-    text = repr(f) if f == f and f not in (float("inf"), float("-inf")) else f"float({str(f)!r})"
+    # numba reads math.inf and math.nan as constants (it cannot call float() on a string)
+    text = {"inf": "math.inf", "-inf": "-math.inf", "nan": "math.nan"}.get(repr(f), repr(f))
     return f"{np_type(dtype)}({text})"
 
 
