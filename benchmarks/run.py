@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     names = list(dict.fromkeys(args.workloads)) or list(known)
     unknown = [n for n in names if n not in known]
     if unknown:
-        parser.error(f"unknown {args.device} workload(s) {', '.join(unknown)}; expected any of: {', '.join(known)}")
+        device = " (with --device cuda)" if args.device == "cuda" else ""
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; expected any of{device}: {', '.join(known)}")
     common.OPTIONS.torch_compile = args.torch_compile
     common.OPTIONS.kiln_backend = args.kiln_backend
     if args.child or args.in_process:
