@@ -35,6 +35,7 @@ from ..core import Scalar, Unsupported
 from ..index import Div, Lin
 from ..kernel_dag import Apply, Const, DagBuilder, Load, loads, signature
 from ..kernel_dag import Node as DagNode
+from ..kernel_plan import check_row_values, elementwise_plan, reduction_rows, same_size
 from ..semantics import Semantics
 from .core import CudaModule, Source, SourceCore, literal, np_type
 
@@ -180,8 +181,6 @@ def _header(source: Source, name: str, count: int) -> None:
 
 # ----------------------------------------------------------------------------- elementwise
 def _elementwise(module: CudaModule, name: str, body: Graph, layouts) -> Launch:
-    from ..llvm.kernels import elementwise_plan  # noqa: PLC0415 - the plan is the LLVM backend's, shared
-
     domain, outputs, groups = elementwise_plan(body, layouts)
     sizes = [_prod(domain[j] for j in g) for g in groups]
     total = _prod(sizes)
@@ -204,9 +203,7 @@ def _prod(values) -> int:
 
 # ----------------------------------------------------------------------------- reduction
 def _reduction(module: CudaModule, name: str, body: Graph, layouts, config: Config) -> Launch:
-    from ..llvm.kernels import _check_row_values, _reduction_rows, same_size  # noqa: PLC0415 - shared plans
-
-    domain, rows = _reduction_rows(body)
+    domain, rows = reduction_rows(body)
     space = ix.Space(domain)
     dag = DagBuilder(body, space, layouts, rows)
     outer_shape = domain[: rows.outer]
@@ -222,7 +219,7 @@ def _reduction(module: CudaModule, name: str, body: Graph, layouts, config: Conf
             per_row.append((n_in + j, dag.element(v, ix.reshape(space, row_index, outer_shape, v.type.shape)), row_at))
         else:
             raise Unsupported(f"an output of shape {list(v.type.shape)} is neither full {list(domain)} nor one per row")
-    _check_row_values([root for _, root, _ in per_row], rows.outer)
+    check_row_values([root for _, root, _ in per_row], rows.outer)
     leaves = [load.offset for load in loads([root for _, root, _ in full + per_row])] + [full_at]
     groups = ix.collapse(domain, range(rows.outer, len(domain)), leaves)
     sizes = [_prod(domain[j] for j in g) for g in groups]
@@ -316,8 +313,6 @@ def _block_reducer(module: CudaModule, op: str, combine: str, dtype, block: int)
 
 # ----------------------------------------------------------------------------- horizontal
 def _horizontal(module: CudaModule, name: str, bodies: Sequence[Graph], layouts) -> list[Launch]:
-    from ..llvm.kernels import elementwise_plan  # noqa: PLC0415 - shared plan
-
     n_in, n_out = len(bodies[0].inputs), len(bodies[0].outputs)
     plans, sig = [], None
     for m, body in enumerate(bodies):
