@@ -1,6 +1,7 @@
 """Run the benchmark workloads, print the table and the targets, write JSON.
 
     python -m benchmarks.run [--quick] [--json PATH] [--threads N] [--no-torch-compile] [--strict] [workload ...]
+    python -m benchmarks.run --device cuda [--quick] [workload ...]     # the GPU workloads (issue 13)
 
 Without workload names every registered workload runs. Each workload runs in its own Python
 process (so that one workload's thread pools, caches and allocations do not disturb the next),
@@ -45,6 +46,15 @@ WORKLOADS = {
     "long_programs": "benchmarks.long_programs",
 }
 
+# the GPU workloads, run by ``--device cuda`` (each reports itself skipped without a GPU)
+CUDA_WORKLOADS = {
+    "cuda_overhead": "benchmarks.cuda_bench:run_overhead",
+    "cuda_kernels": "benchmarks.cuda_bench:run_kernels",
+    "cuda_train": "benchmarks.cuda_bench:run_train",
+    "cuda_allocator": "benchmarks.cuda_bench:run_allocator",
+    "cuda_async": "benchmarks.cuda_bench:run_async",
+}
+
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = Path(__file__).parent / "results" / "latest.json"
 CHILD_TIMEOUT_S = {True: 600, False: 1800}  # per workload, by `quick`
@@ -59,7 +69,7 @@ def _default_threads() -> int:
 
 def _load(name: str):
     """(workload function, module) of a registered name."""
-    module_name, _, function = WORKLOADS[name].partition(":")
+    module_name, _, function = {**WORKLOADS, **CUDA_WORKLOADS}[name].partition(":")
     module = importlib.import_module(module_name)
     return getattr(module, function or "run"), module
 
@@ -115,6 +125,7 @@ def run_in_subprocesses(names: list[str], args: argparse.Namespace) -> tuple[lis
 
 def _flags(args: argparse.Namespace) -> list[str]:
     flags = (["--quick"] if args.quick else []) + ([] if args.torch_compile else ["--no-torch-compile"])
+    flags += ["--device", args.device]
     return flags + (["--kiln-backend", args.kiln_backend] if args.kiln_backend else [])
 
 
@@ -134,6 +145,8 @@ def _parser() -> argparse.ArgumentParser:
         "--no-torch-compile", dest="torch_compile", action="store_false", help="skip the torch.compile references"
     )
     parser.add_argument("--kiln-backend", help="kiln.compile's backend (default: kiln's default)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help=f"cpu (default) or cuda: the GPU workloads {', '.join(CUDA_WORKLOADS)}")  # fmt: skip
     parser.add_argument("--in-process", action="store_true", help="run every workload in this process")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one workload, JSON only
@@ -143,10 +156,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    names = list(dict.fromkeys(args.workloads)) or list(WORKLOADS)
-    unknown = [n for n in names if n not in WORKLOADS]
+    known = CUDA_WORKLOADS if args.device == "cuda" else WORKLOADS
+    names = list(dict.fromkeys(args.workloads)) or list(known)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        parser.error(f"unknown workload(s) {', '.join(unknown)}; expected any of: {', '.join(WORKLOADS)}")
+        device = " (with --device cuda)" if args.device == "cuda" else ""
+        parser.error(f"unknown workload(s) {', '.join(unknown)}; expected any of{device}: {', '.join(known)}")
     common.OPTIONS.torch_compile = args.torch_compile
     common.OPTIONS.kiln_backend = args.kiln_backend
     if args.child or args.in_process:

@@ -53,6 +53,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "torch" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.torch)
+    # tests marked ``cuda`` need a GPU: skipped, saying why, where kiln.cuda.is_available() is False
+    if any(item.get_closest_marker("cuda") for item in items) and not kiln.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs an NVIDIA GPU with cupy: kiln.cuda.is_available() is False")
+        for item in items:
+            if item.get_closest_marker("cuda"):
+                item.add_marker(skip)
 
 
 def to_torch(torch, x):

@@ -170,3 +170,12 @@ def _llvm() -> Backend:
 
 register_backend("interpreter", InterpreterBackend)
 register_backend("llvm", _llvm, devices=("cpu",))
+
+
+def _cuda() -> Backend:
+    from .cuda.backend import CudaBackend  # noqa: PLC0415 - numba is imported when first needed
+
+    return CudaBackend()
+
+
+register_backend("cuda", _cuda, devices=("cuda",))

@@ -87,10 +87,10 @@ def types_of(inputs) -> tuple[TensorType, ...]:
 
 
 def _device_error(prim: Primitive, inputs) -> RuntimeError:
-    given = ", ".join(str(t._device) for t in inputs)
+    devices = list(dict.fromkeys(str(t._device) for t in inputs))  # PyTorch's words, then kiln's hint
     return RuntimeError(
-        f"{prim.name}: expected all tensors to be on the same device, but found tensors on {given}. "
-        "Move them with .to(device) first."
+        f"Expected all tensors to be on the same device, but found at least two devices, {devices[0]} and "
+        f"{devices[1]}! (in {prim.name}; move them with .to(device) first)"
     )
 
 

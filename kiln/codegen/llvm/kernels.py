@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TypeAlias
 
@@ -36,8 +35,11 @@ from llvmlite import ir
 from ...ir.graph import KERNEL, Graph, Node, body_inputs_outputs, structure_key
 from ...ir.types import Dim, Sym
 from .. import index as ix
-from ..kernel_dag import REDUCES, VIEWS, Apply, DagBuilder, Load, Reduce, Rows, loads
+from ..kernel_dag import VIEWS, DagBuilder, Load, loads
 from ..kernel_dag import Node as DagNode
+from ..kernel_plan import check_row_values as _check_row_values
+from ..kernel_plan import elementwise_plan, same_size
+from ..kernel_plan import reduction_rows as _reduction_rows
 from . import Unsupported
 from .emitter import register_type, store
 from .kernel_info import WINDOW_OPS, KernelInfo
@@ -188,15 +190,6 @@ def _work_bytes(node: Node) -> int:
     return total
 
 
-def same_size(a: Sequence[Dim], b: Sequence[Dim]) -> bool:
-    """Whether two shapes have the same number of elements for every value of their symbols."""
-
-    def split(shape: Sequence[Dim]) -> tuple[Counter, int]:
-        return Counter(d for d in shape if isinstance(d, Sym)), product(d for d in shape if isinstance(d, int))
-
-    return split(a) == split(b)
-
-
 def operand_pointers(builder: ir.IRBuilder, args: ir.Value, count: int, first: ir.Value | int = 0) -> list[ir.Value]:
     """The data pointers ``args[first:first + count]``."""
     first = i64(first) if isinstance(first, int) else first
@@ -248,26 +241,6 @@ class _Body:
 
 
 # ----------------------------------------------------------------------------- elementwise
-
-
-def elementwise_plan(body: Graph, layouts: Sequence[Sequence[int]]):
-    """The domain, its DAG outputs ``(operand, root, store offset)`` and the collapsed loop groups."""
-    if not body.outputs:
-        raise Unsupported("a kernel with no outputs")
-    domain = body.outputs[0].type.shape
-    for v in body.outputs:
-        if v.type.shape != domain:
-            raise Unsupported(f"elementwise outputs of shapes {list(domain)} and {list(v.type.shape)}")
-    space = ix.Space(domain)
-    dag = DagBuilder(body, space, layouts)
-    store_at = ix.offset(space.identity(), ix.contiguous_strides(domain))
-    n_in = len(body.inputs)
-    outputs = [(n_in + j, dag.element(v, space.identity()), store_at) for j, v in enumerate(body.outputs)]
-    leaves = [load.offset for load in loads([root for _, root, _ in outputs])] + [store_at]
-    if domain and isinstance(domain[0], Sym):  # the symbolic dimension is a loop of its own
-        return domain, outputs, [[0], *ix.collapse(domain, range(1, len(domain)), leaves)]
-    groups = ix.collapse(domain, range(len(domain)), leaves)
-    return domain, outputs, groups
 
 
 def _elementwise(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
@@ -327,23 +300,6 @@ def unit_loops(builder: ir.IRBuilder, env: VarEnv, groups, sizes: Sequence[Dim],
 # ----------------------------------------------------------------------------- reduction
 
 
-def _reduction_rows(body: Graph) -> tuple[tuple[Dim, ...], Rows]:
-    """The domain and the rows: every reduce reduces the same trailing axes of the same shape."""
-    reduces = [n for n in body.nodes if n.op in REDUCES]
-    if not reduces:
-        raise Unsupported("a reduction kernel without a reduction")
-    domain = reduces[0].inputs[0].type.shape
-    axes = tuple(reduces[0].attrs["axes"])
-    for n in reduces:
-        if n.inputs[0].type.shape != domain or tuple(n.attrs["axes"]) != axes:
-            raise Unsupported(f"reductions over different shapes or axes: {axes} of {list(domain)} and "
-                              f"{n.attrs['axes']} of {list(n.inputs[0].type.shape)}")  # fmt: skip
-    outer = len(domain) - len(axes)
-    if axes != tuple(range(outer, len(domain))):
-        raise Unsupported(f"reduction axes {axes} of {list(domain)} are not the trailing axes")
-    return domain, Rows(outer, axes)
-
-
 def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
     domain, rows = _reduction_rows(body)
     symbolic = isinstance(domain[0], Sym)
@@ -400,17 +356,3 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple
                 target.compute_then_store(full, row_scope.child())
     builder.ret_void()
     return (extent, 1) if symbolic else extent
-
-
-def _check_row_values(roots: Sequence, outer: int) -> None:
-    """A row-valued output may read only row values and elements at the row's own index."""
-    pending, seen = list(roots), set()
-    while pending:
-        node = pending.pop()
-        if id(node) in seen or isinstance(node, Reduce):
-            continue
-        seen.add(id(node))
-        if isinstance(node, Load) and any(v >= outer for v in node.offset.variables()):
-            raise Unsupported("a row-valued output reads the elements of the row")
-        if isinstance(node, Apply):
-            pending.extend(node.args)

@@ -102,7 +102,7 @@ def test_dump_dir_holds_one_file_per_stage_with_the_fused_graph_and_the_memory_p
 # ----------------------------------------------------------------------------- the backend from the device
 def test_the_backend_is_chosen_from_the_graphs_device_and_the_option_overrides_it():
     assert graph_device(_graph()) == "cpu" and backend_for(_graph()).name == "llvm"
-    assert backend_for(_graph("cuda")).name == "interpreter"  # no backend registered for CUDA here
+    assert backend_for(_graph("cuda")).name == "cuda"  # kiln/codegen/cuda
     spec = _agree(lambda x: (x * 2).exp(), _rand(3, 5))
     assert isinstance(spec.program, CompiledProgram) and spec.report.kernels == 1
     spec = _agree(lambda x: (x * 2).exp(), _rand(3, 5), options=CompileOptions(backend="interpreter"))
