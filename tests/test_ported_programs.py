@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PROGRAMS = sorted(p for p in (ROOT / "tests" / "ported").glob("*.py") if p.name != "__init__.py")
+PROGRAMS = sorted(p for p in (ROOT / "tests" / "ported").glob("*.py") if p.name != "conftest.py")
 LOSS = re.compile(r"^loss (\S+)$", re.MULTILINE)
 
 
