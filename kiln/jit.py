@@ -89,3 +89,38 @@ def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: C
 
         return CompiledModule(fn, fullgraph=fullgraph, check=check, options=options)
     return CompiledFunction(fn, fullgraph=fullgraph, check=check, options=options)
+
+
+# ---------------------------------------------------------------------- TorchScript's names, for ported code
+# kiln has no TorchScript. These keep programs that decorate or query for it running: the decorators
+# return the function unchanged, the queries say no script or trace is running.
+def ignore(drop=False, **kwargs):
+    """``@torch.jit.ignore`` / ``@torch.jit.ignore(drop=True)``: the function, unchanged."""
+    if callable(drop):
+        return drop
+    return lambda fn: fn
+
+
+def unused(fn):
+    """``@torch.jit.unused``: the function, unchanged."""
+    return fn
+
+
+def is_scripting() -> bool:
+    return False
+
+
+def is_tracing() -> bool:
+    return False
+
+
+def script(obj, *args, **kwargs):
+    """``torch.jit.script``: the function or module unchanged (kiln runs it eagerly; decorate it with
+    ``kiln.compile`` for speed)."""
+    return obj
+
+
+def trace(func, example_inputs=None, *args, **kwargs):
+    """``torch.jit.trace``: ``kiln.compile(func)`` (kiln traces on the first call itself; unlike
+    torch.jit.trace, it guards what the trace assumed and retraces or runs eagerly when that changes)."""
+    return compile(func)

@@ -102,3 +102,11 @@ def _seed_devices(seed: int, indices) -> None:
 
     for index in indices:
         _generator(None, device(f"cuda:{index}")).manual_seed(seed)
+
+
+def __getattr__(name: str):
+    if name == "amp":  # kiln.cuda.amp needs kiln.amp, which needs the rest of kiln: imported when asked for
+        import importlib  # noqa: PLC0415
+
+        return importlib.import_module(".amp", __name__)
+    raise AttributeError(f"module 'kiln.cuda' has no attribute {name!r}")

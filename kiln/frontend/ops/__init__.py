@@ -6,6 +6,7 @@ namespace that the primitives' VJP rules are written against.
 
 from ..dispatch import apply  # VJP rules may call a primitive directly: ops.apply(P["fold"], g, ...)
 from . import (
+    compat,
     copies,
     creation,
     elementwise,
@@ -19,6 +20,7 @@ from . import (
     windows,
 )  # fmt: skip
 from ._util import cast
+from .compat import *  # noqa: F403
 from .copies import *  # noqa: F403
 from .creation import *  # noqa: F403
 from .elementwise import *  # noqa: F403
@@ -33,6 +35,6 @@ from .shape import *  # noqa: F403
 from .windows import *  # noqa: F403
 
 __all__ = (
-    ["cast", "commit_inplace"] + copies.__all__ + creation.__all__ + elementwise.__all__ + generator.__all__ + indexing.__all__ + interop.__all__
+    ["cast", "commit_inplace"] + compat.__all__ + copies.__all__ + creation.__all__ + elementwise.__all__ + generator.__all__ + indexing.__all__ + interop.__all__
     + linalg.__all__ + random.__all__ + reductions.__all__ + shape.__all__ + windows.__all__
 )  # fmt: skip

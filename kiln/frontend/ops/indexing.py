@@ -68,7 +68,7 @@ def _classify(item, device):
         return constant(np.asarray(bool(item)), device)
     if isinstance(item, int | np.integer):
         return int(item)
-    if isinstance(item, list | tuple | np.ndarray):
+    if isinstance(item, list | tuple | np.ndarray | range):  # a Python range indexes as its list, as in PyTorch
         array = np.asarray(item)
         if array.size == 0 and array.dtype.kind == "f":
             array = array.astype(np.int64)  # x[[]] selects nothing
