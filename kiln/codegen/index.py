@@ -13,6 +13,7 @@ A body input's element is then a load at ``sum(index[k] * stride[k])``: a ``Lin`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from math import prod as product
@@ -163,7 +164,25 @@ class Space:
         if lo // d == hi // d:  # the rest's quotient is one constant t: rest // d == t, rest % d == rest - t*d
             t = lo // d
             return _make(q_const + t, q), add(rest, Lin(-d * t))
+        split = self._split(r_const, r, d)
+        if split is not None:
+            quotient, remainder = split
+            return add(_make(q_const, q), quotient), remainder
         return add(_make(q_const, q), Lin(0, ((Div(rest, d), 1),))), Lin(0, ((Mod(rest, d), 1),))
+
+    def _split(self, const: int, terms: dict[Atom, int], d: int) -> tuple[Lin, Lin] | None:
+        """``rest = g*A + B`` with ``g`` dividing ``d`` and ``0 <= B < g``: then ``rest // d == A // (d/g)``
+        and ``rest % d == g*(A % (d/g)) + B``. A reshape that merges dims into rows, read back from a
+        row index and a column: ``(10000*r + j) // 350000`` is ``r // 35`` (j < 10000), so the column
+        stays a plain loop variable that vectorizes, and only the row needs a division."""
+        for g in sorted({math.gcd(c, d) for c in terms.values()} - {1, d}, reverse=True):
+            big = {atom: c // g for atom, c in terms.items() if c % g == 0}
+            small = _make(const, {atom: c for atom, c in terms.items() if c % g})
+            lo, hi = self.bounds(small)
+            if big and 0 <= lo and hi < g:
+                quotient, remainder = self.divmod(_make(0, big), d // g)
+                return quotient, add(scale(remainder, g), small)
+        return None
 
 
 # ----------------------------------------------------------------------------- index maps through views
