@@ -2,7 +2,10 @@
 
 Both inputs have at least two dimensions and one dtype; the frontend's ``matmul`` handles
 vectors (PyTorch's 1-D rules) by adding and removing a unit dimension around this primitive.
-The eager kernel is ``xp.matmul``, which hands float32/float64 products straight to BLAS.
+The eager kernel is ``xp.matmul``, which hands float32/float64 products straight to BLAS. A
+stack of matrices times one matrix (a linear layer over (batch, time, features)) is one product
+over the stacked rows: numpy's matmul would run one small GEMM per matrix of the stack (2.2x
+slower for (32, 35, 256) @ (256, 10000) here).
 """
 
 from __future__ import annotations
@@ -72,9 +75,27 @@ def _matmul_samples(rng):
     ]
 
 
+def _stacked_rows(a, b) -> bool:
+    """Whether ``a @ b`` is one product of ``a``'s rows, stacked without a copy, by the matrix ``b``."""
+    return b.ndim == 2 and a.ndim > 2 and a.size > 0 and a.flags.c_contiguous
+
+
+def _matmul_eager(xp, a, b):
+    if _stacked_rows(a, b):
+        return xp.matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
+    return xp.matmul(a, b)
+
+
+def _matmul_into(xp, a, b, *, out):
+    if _stacked_rows(a, b) and out.flags.c_contiguous:
+        xp.matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, out.shape[-1]))
+        return out
+    return xp.matmul(a, b, out=out)
+
+
 matmul = register(Primitive(
-    "matmul", Kind.MATMUL, _matmul_infer, lambda xp, a, b: xp.matmul(a, b), _matmul_vjp, save_inputs=True,
+    "matmul", Kind.MATMUL, _matmul_infer, _matmul_eager, _matmul_vjp, save_inputs=True,
     reference=lambda torch, a, b: torch.matmul(a, b), samples=_matmul_samples,
-    eager_into=lambda xp, a, b, *, out: xp.matmul(a, b, out=out),
+    eager_into=_matmul_into,
     doc="a @ b over the last two dims, batch dims broadcast (numpy's rules); inputs have ndim >= 2.",
 ))  # fmt: skip
