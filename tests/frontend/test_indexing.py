@@ -486,3 +486,23 @@ def test_nonzero(torch):
     for got, expected in zip(k.nonzero(as_tuple=True), t.nonzero(as_tuple=True), strict=True):
         assert_close(got, expected, **EXACT)
     assert kiln.nonzero(kiln.tensor(1.0)).shape == torch.nonzero(torch.tensor(1.0)).shape
+
+
+def test_accumulating_whole_rows_of_a_big_table_equals_add_at():
+    """index_put(accumulate=True) of whole rows (an embedding's gradient) takes a sorted, summed path
+    above 4096 values: duplicates, negative indices and untouched rows as numpy's add.at gives them."""
+    from kiln.ir.primitives.indexing import _index_put_eager
+
+    rng = np.random.default_rng(7)
+    table = rng.standard_normal((300, 32))
+    index = rng.integers(-300, 300, 512)
+    index[:40] = 5  # many duplicates of one row, and of its negative alias
+    index[40:60] = -295
+    values = rng.standard_normal((512, 32))
+    expected = table.copy()
+    np.add.at(expected, (index,), values)
+    np.testing.assert_allclose(_index_put_eager(np, table, values, index, accumulate=True), expected,
+                               rtol=1e-12, atol=1e-12)  # fmt: skip
+    x = kiln.from_numpy(table.copy())
+    out = x.index_put((kiln.from_numpy(index),), kiln.from_numpy(values), accumulate=True)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-12, atol=1e-12)

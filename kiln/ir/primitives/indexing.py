@@ -256,11 +256,34 @@ def _index_put_infer(x: TensorType, values: TensorType, *indices: TensorType, ac
 
 def _index_put_eager(xp, x, values, *indices, accumulate):
     out = xp.array(x, copy=True)
-    if accumulate:
+    if accumulate and _rows_of_a_table(xp, out, values, indices):
+        _add_rows(out, values, indices[0])
+    elif accumulate:
         xp.add.at(out, indices, values)
     else:
         out[indices] = values
     return out
+
+
+def _rows_of_a_table(xp, out, values, indices) -> bool:
+    """Whether this is an embedding's gradient: whole rows of a table, one index per row of ``values``
+    (numpy's ``add.at`` adds them element by element, half of an NCF training step)."""
+    return (
+        xp.__name__ == "numpy" and len(indices) == 1 and indices[0].ndim == 1 and out.ndim >= 2
+        and values.shape == (len(indices[0]), *out.shape[1:]) and values.size >= 4096
+    )  # fmt: skip
+
+
+def _add_rows(out, values, index) -> None:
+    """``np.add.at(out, index, values)`` for whole rows: sort the indices, sum each run of equal ones
+    (``add.reduceat``, in their original order), and add each sum to its row once."""
+    import numpy as np  # noqa: PLC0415 - this kernel is numpy's only (the caller checked)
+
+    index = np.where(index < 0, index + out.shape[0], index)  # -1 and n-1 are one row
+    order = np.argsort(index, kind="stable")
+    ordered = index[order]
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    out[ordered[starts]] += np.add.reduceat(values[order], starts, axis=0)
 
 
 def _index_put_vjp(ops, c, g):
