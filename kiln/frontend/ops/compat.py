@@ -15,7 +15,7 @@ import numpy as np
 
 from ...ir import dtypes as dt
 from ..tensor import Tensor, make_tensor, method
-from . import creation, elementwise, indexing, shape
+from . import creation, indexing
 
 __all__ = [
     "sort", "argsort", "topk", "isclose", "allclose", "addcmul", "addcdiv", "repeat_interleave", "meshgrid",
@@ -29,7 +29,8 @@ SortResult = namedtuple("sort", ["values", "indices"])
 TopkResult = namedtuple("topk", ["values", "indices"])
 
 
-def _order(input: Tensor, dim: int, descending: bool, stable: bool) -> np.ndarray:
+def _order(input: Tensor, dim: int, descending: bool) -> np.ndarray:
+    """A stable order along ``dim`` (ties keep their positions, as torch's CPU sort does)."""
     values = input.detach().numpy()  # a concrete order: under tracing this call runs eagerly
     if descending:
         # Descending with ties in index order (a stable sort of the negated keys); nan sorts first as largest.
@@ -41,11 +42,11 @@ def _order(input: Tensor, dim: int, descending: bool, stable: bool) -> np.ndarra
 
 
 @method("sort")
-def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False, *, out=None):
+def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
     """Values sorted along ``dim`` and their positions (ties keep their order), as ``torch.sort``."""
     if input.ndim == 0:
         return SortResult(input.clone(), creation.zeros((), dtype=dt.int64))
-    index = make_tensor(_order(input, dim, descending, stable), input.device)
+    index = make_tensor(_order(input, dim, descending), input.device)
     return SortResult(indexing.gather(input, dim, index), index)
 
 
@@ -55,14 +56,14 @@ def argsort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool
 
 
 @method("topk")
-def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True, *, out=None):  # noqa: A002
+def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: bool = True):  # noqa: A002
     """The ``k`` largest (or smallest) entries along ``dim`` and their positions, as ``torch.topk``."""
     size = input.shape[dim] if input.ndim else 1
     if not 0 <= k <= size:
         raise RuntimeError(f"selected index k out of range: k={k} for a dimension of size {size}")
     if input.ndim == 0:
         return TopkResult(input.clone(), creation.zeros((), dtype=dt.int64))
-    order = _order(input, dim, largest, True)
+    order = _order(input, dim, largest)
     index = make_tensor(np.ascontiguousarray(np.take(order, np.arange(k), axis=dim)), input.device)
     return TopkResult(indexing.gather(input, dim, index), index)
 
@@ -296,6 +297,3 @@ class iinfo:  # noqa: N801 - PyTorch's name
 
     def __repr__(self) -> str:
         return f"iinfo(min={self.min}, max={self.max}, dtype={self.dtype.name})"
-
-
-del elementwise, shape
