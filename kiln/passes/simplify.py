@@ -18,11 +18,15 @@ textbook identities are not here: ``x + 0 -> x`` is wrong for ``x = -0.0`` (``-0
   product has no other use. Each element is the same dot product of the same terms; BLAS's gemm
   blocks the summed dim the same way whichever operand is transposed, so the results are equal
   bit for bit (tests check it on the shapes of the models);
-- ``copy(matmul(a, b))`` -> the product, when the copy is its only use: a matmul's result is fresh
-  memory in C order, so the copy would only duplicate it. (A weight gradient ``x^T g`` of a linear
-  layer became ``copy(permute(matmul(permute(x), g)))``; with these two rules it is ``matmul(g^T, x)``.)
+- ``copy(x)`` -> ``x``, when the copy is ``x``'s only use and ``x`` is the result of a node that
+  makes fresh memory (any primitive but a view or a constant: a compiled program hands out every
+  such result in C order, memory of its own), or a reshape of one used only there, so the copy
+  would only duplicate it. (A weight
+  gradient ``x^T g`` of a linear layer became ``copy(permute(matmul(permute(x), g)))``; with these
+  two rules it is ``matmul(g^T, x)``. An embedding's gradient is ``copy(index_put(zeros, ...))``.)
 
-``copy`` of anything else stays: it is how a program says its output must not share memory with an input.
+``copy`` of an input, a constant or a view stays: it is how a program says its output must not
+share memory with them.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import numpy as np
 
 from ..ir import dtypes as dt
 from ..ir.graph import CONSTANT, Graph, Node, Value
+from ..ir.primitives import PRIMITIVES
 from ..ir.types import TensorType
 from .eliminate_common_subexpressions import substitute, used_constants
 
@@ -70,6 +75,7 @@ def _simplify_node(node: Node, context: _Context) -> Node | None:
             assert result.type == node.output.type, f"simplify: {node.op} rewritten to a value of another type"
             context.replace[node.output] = result
             context.count_uses([result], context.uses.get(node.output, 0))
+            context.count_uses(node.inputs, -1)  # the node is gone, and its uses with it
             return None
         node = result  # a new node defining the same output value: simplify it again
         context.count_uses(node.inputs)
@@ -82,7 +88,8 @@ class _Context:
     producers: dict[Value, Node]  # the (simplified) node defining each value seen so far
     replace: dict[Value, Value]  # values simplified away -> what replaces them
     # Uses of each value as an operand or a graph output, never undercounted: counted in the input
-    # graph, then raised for every use a rewrite makes (the uses it drops are not taken off).
+    # graph, raised for every use a rewrite makes, lowered for the uses of a node rewritten to a
+    # value (a node rewritten to another node keeps its old uses counted).
     uses: dict[Value, int]
     last_id: int  # the largest value id so far (new values number on from it)
     emitted: list[Node]  # new nodes to place before the node being simplified
@@ -258,11 +265,20 @@ def _transposed_product(node: Node, perm: tuple[int, ...], context: _Context) ->
 
 
 def _copy(node: Node, context: _Context) -> Value | None:
-    """``copy(matmul(a, b))`` -> the product when the copy is its one use (see the module's doc)."""
+    """``copy(x)`` -> ``x`` when the copy is the one use of a fresh result (see the module's doc)."""
     x = node.inputs[0]
-    if context.producer(x, "matmul") is not None and context.uses.get(x) == 1:
-        return x
-    return None
+    if x.type != node.output.type:
+        return None
+    value = x
+    while True:  # through reshapes (a C-order result stays C order) to what made the memory
+        producer = context.producers.get(value)
+        if producer is None or context.uses.get(value) != 1:
+            return None
+        if producer.op != "reshape":
+            break
+        value = producer.inputs[0]
+    prim = PRIMITIVES.get(producer.op)
+    return x if prim is not None and not prim.is_view and producer.op != CONSTANT else None
 
 
 def _slice(node: Node, context: _Context) -> Value | None:

@@ -66,11 +66,17 @@ del _probe
 
 @dataclass(frozen=True)
 class Kernel:
-    """A loaded kernel: its entry point (``KERNEL_TYPE``), parallel units and bytes read + written."""
+    """A loaded kernel: its entry point (``KERNEL_TYPE``), parallel units and bytes read + written.
+
+    ``status``: the kernel's pointer table ends with the address of a status word, which it sets
+    when it finds an input it cannot handle (an index out of range) and leaves its output unfinished;
+    the node then runs on its eager kernel, which raises what an eager call raises.
+    """
 
     function: Any
     extent: int
     work_bytes: int
+    status: bool = False
 
 
 def _c_order(value: Value, strides: tuple) -> bool:
@@ -89,11 +95,14 @@ class KernelCall:
     """A compiled kernel: fill its pointer table, call it (on the thread pool when the work pays)."""
 
     __slots__ = ("node", "position", "dead", "function", "table", "dynamic", "stable", "gather", "allocate",
-                 "conform", "extent", "work_bytes", "work")  # fmt: skip
+                 "conform", "extent", "work_bytes", "work", "status", "args", "out")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, kernel: Kernel, table: int, dynamic: tuple,
-                 allocate: tuple, conform: tuple) -> None:  # fmt: skip
+                 allocate: tuple, conform: tuple, slots: Mapping[Value, int]) -> None:  # fmt: skip
         self.node, self.position, self.dead = node, position, dead
+        self.status = kernel.status
+        self.args = tuple(slots[v] for v in node.inputs)  # for the eager kernel, when the status says so
+        self.out = slots[node.outputs[0]]
         self.function, self.extent, self.work_bytes = kernel.function, kernel.extent, kernel.work_bytes
         self.table = table  # this kernel's pointer table in each thread's frame
         # (position in the table, slot) of the arrays not in the arena: ``stable`` are those that
@@ -134,8 +143,17 @@ class KernelCall:
             threads.parallel_for(self.function, table, self.extent, self.work)
         elif self.extent:  # too small to split: call it directly
             self.function(table, 0, self.extent)
+        if self.status and frame_table.status.value:
+            frame_table.status.value = 0
+            self._run_eagerly(env)
         for slot in self.dead:
             env[slot] = None
+
+    def _run_eagerly(self, env: list) -> None:
+        """The node's eager kernel (it raises the eager call's error), its result where the kernel's goes."""
+        node = self.node
+        result = PRIMITIVES[node.op].eager(np, *[env[slot] for slot in self.args], **node.attrs)
+        np.copyto(env[self.out], result)
 
     def describe(self) -> str:
         node = self.node
@@ -249,7 +267,8 @@ class CompiledProgram:
         self._constants = [(slots[n.output], graph.constants[n.attrs["name"]]) for n in graph.nodes if n.op == CONSTANT]
         into = {graph.outputs[o]: slots[graph.inputs[i]] for o, i in write_backs.items()}
         planned = plan.offsets if plan is not None else {}
-        self._tables: list[tuple[int, tuple]] = []  # per kernel call: (table size, static (position, slot) pairs)
+        # per kernel call: (table size, static (position, slot) pairs, a status word after them)
+        self._tables: list[tuple[int, tuple, bool]] = []
         steps: list[Step] = []
         for position, (node, dead) in enumerate(zip(graph.nodes, _dead_after(graph, planned), strict=True)):
             if node.op == CONSTANT:
@@ -281,9 +300,9 @@ class CompiledProgram:
                     allocate.append((slots[v], empty, v.type.shape, v.type.dtype.np, into.get(v, -1)))
                 elif v.type.shape and _c_order(v, layouts[v]):
                     conform.append(slots[v])
-        self._tables.append((len(values), tuple(static)))
+        self._tables.append((len(values), tuple(static), kernel.status))
         return KernelCall(node, position, dead, kernel, len(self._tables) - 1, tuple(dynamic), tuple(allocate),
-                          tuple(conform))  # fmt: skip
+                          tuple(conform), slots)  # fmt: skip
 
     # ------------------------------------------------------------------ per-thread state
     def _frame(self) -> _Frame:
@@ -461,10 +480,12 @@ class _Frame:
                 template[program._slots[value]] = self.arena[offset : offset + nbytes].view(t.dtype.np).reshape(t.shape)
         self.template = template
         self.tables = []
-        for size, static in program._tables:
-            table = _Table((ctypes.c_void_p * size)())
+        for size, static, status in program._tables:
+            table = _Table((ctypes.c_void_p * (size + status))())
             for position, slot in static:
                 table.pointers[position] = data_pointer(template[slot])
+            if status:
+                table.pointers[size] = ctypes.addressof(table.status)
             self.tables.append(table)
 
 
@@ -472,11 +493,12 @@ class _Table:
     """A kernel's pointer table in one thread, with weak references to the arrays whose pointers
     it holds outside the arena (``KernelCall.stable``), None until its first call."""
 
-    __slots__ = ("pointers", "seen")
+    __slots__ = ("pointers", "seen", "status")
 
     def __init__(self, pointers) -> None:
         self.pointers = pointers
         self.seen: tuple | None = None
+        self.status = ctypes.c_int64(0)  # the kernel's status word (``Kernel.status``)
 
 
 def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:

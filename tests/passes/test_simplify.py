@@ -324,14 +324,34 @@ def test_a_product_with_other_uses_is_neither_recomputed_nor_uncopied():
     assert simplify(graph) is graph
 
 
-def test_copies_of_other_values_stay():
+def test_copies_of_inputs_constants_views_and_shared_values_stay():
     b = GraphBuilder()
     x = b.input(TensorType((2, 3, 4), float32))
     y = b.input(TensorType((4, 4), float32))
     product = b.node("matmul", [x, y])
     batch_swapped = b.node("permute", [product], {"perm": (1, 0, 2)})  # moves a batch dim: not a transpose
-    graph = b.build([b.node("copy", [x]), b.node("copy", [b.node("exp", [x])]), b.node("copy", [batch_swapped])])
+    shared = b.node("exp", [x])
+    zeros = b.constant(np.zeros((2, 3, 4), np.float32), TensorType((2, 3, 4), float32))
+    graph = b.build([b.node("copy", [x]), b.node("copy", [batch_swapped]), b.node("copy", [shared]), shared,
+                     b.node("copy", [zeros])])  # fmt: skip
     assert simplify(graph) is graph
+
+
+def test_a_copy_of_a_fresh_result_is_that_result():
+    # An embedding's gradient: copy(index_put(zeros, g, idx)); any non-view result is fresh memory.
+    b = GraphBuilder()
+    x = b.input(TensorType((4, 3), float32))
+    g = b.input(TensorType((5, 3), float32))
+    idx = b.input(TensorType((5,), int64))
+    put = b.node("index_put", [x, g, idx], {"accumulate": True})
+    bias_grad = b.node("reshape", [b.node("reduce_sum", [g], {"axes": (0,), "keepdim": True})], {"shape": (3,)})
+    graph = b.build([b.node("copy", [put]), b.node("copy", [b.node("exp", [x])]), b.node("copy", [bias_grad])])
+    after = simplify(graph)
+    assert sorted(node.op for node in after.nodes) == ["exp", "index_put", "reduce_sum", "reshape"]
+    rng = np.random.default_rng(0)
+    inputs = [rng.normal(size=(4, 3)).astype(np.float32), rng.normal(size=(5, 3)).astype(np.float32),
+              np.array([0, 3, 0, -1, 2])]  # fmt: skip
+    assert_same_results(graph, after, inputs)
 
 
 def test_a_copy_of_a_view_of_a_product_stays():

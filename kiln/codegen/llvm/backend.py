@@ -1,7 +1,8 @@
 """The LLVM backend: kernel nodes compiled for the host CPU through llvmlite, loaded with ctypes.
 
 ``generate`` puts every kernel of a program into one LLVM module, so LLVM is invoked once; the
-window nodes of convolution (``unfold``, ``fold``) are compiled there too (``kernels_window``). A kernel
+window nodes of convolution (``unfold``, ``fold``: ``kernels_window``) and the gathers and scatters
+of embeddings (``take``, ``index_put``: ``kernels_index``) are compiled there too. A kernel
 the code generator declines (``Unsupported``) or fails on -- an exception from the generator, or
 LLVM rejecting its code -- runs on the interpreter and the others stay compiled (``report.declined``
 says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests). ``load`` loads the object
@@ -23,7 +24,7 @@ from ...ir.graph import KERNEL, Graph, Node
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
 from . import Unsupported, engine
-from .kernel_info import WINDOW_OPS, KernelInfo
+from .kernel_info import INDEX_OPS, NATIVE_OPS, STATUS_OPS, KernelInfo
 
 if TYPE_CHECKING:
     from .kernels import KernelModule
@@ -58,13 +59,12 @@ class LLVMBackend:
 
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
         from .kernels import KernelModule  # noqa: PLC0415 - a cache hit loads code without the generator
-        from .kernels_window import compilable  # noqa: PLC0415 - likewise
 
         module = KernelModule()
         kernels: dict[int, KernelInfo] = {}
         strides: dict[int, list] = {}
         for position, node in enumerate(lowered.graph.nodes):
-            if node.op != KERNEL and not (node.op in WINDOW_OPS and compilable(node) is None):
+            if node.op != KERNEL and not (node.op in NATIVE_OPS and _native(node) is None):
                 continue
             strides[position] = [_element_strides(v, lowered.layouts[v]) for v in node.inputs]
             try:
@@ -83,7 +83,9 @@ class LLVMBackend:
         kernels = {}
         for position, info in code.kernels.items():
             assert library is not None, "kernels without object code"
-            kernels[nodes[position]] = Kernel(KERNEL_TYPE(library.address(info.symbol)), info.extent, info.work_bytes)
+            node = nodes[position]
+            function = KERNEL_TYPE(library.address(info.symbol))
+            kernels[node] = Kernel(function, info.extent, info.work_bytes, status=node.op in STATUS_OPS)
         return CompiledProgram(lowered.graph, kernels, lowered.plan, lowered.layouts, lowered.write_backs, library)
 
     def encode(self, code: LLVMCode) -> bytes:
@@ -101,10 +103,19 @@ class LLVMBackend:
             raise ValueError("truncated LLVM code")
         kernels = {}
         for position, symbol, extent, work in json.loads(parts[0]):
-            if graph.nodes[position].op != KERNEL and graph.nodes[position].op not in WINDOW_OPS:
+            if graph.nodes[position].op != KERNEL and graph.nodes[position].op not in NATIVE_OPS:
                 raise ValueError(f"node {position} of the stored graph is not a kernel")
             kernels[position] = KernelInfo(symbol, extent, work)
         return LLVMCode(kernels, parts[1:])
+
+
+def _native(node) -> str | None:
+    """Why the primitive node ``node`` is not compiled as a function of its own (None: it is)."""
+    if node.op in INDEX_OPS:
+        from .kernels_index import compilable  # noqa: PLC0415 - a cache hit loads code without the generator
+    else:
+        from .kernels_window import compilable  # noqa: PLC0415
+    return compilable(node)
 
 
 def _element_strides(value, strides: tuple) -> tuple[int, ...]:

@@ -42,9 +42,8 @@ from ..kernel_plan import elementwise_plan, same_size
 from ..kernel_plan import reduction_rows as _reduction_rows
 from . import Unsupported
 from .emitter import register_type, store
-from .kernel_info import WINDOW_OPS, KernelInfo
+from .kernel_info import INDEX_OPS, NATIVE_OPS, KernelInfo
 from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
-from .kernels_window import window
 from .loops import I64, for_range, i64, minimum, product
 
 __all__ = ["CHUNK", "KernelInfo", "KernelModule", "Unsupported"]
@@ -68,8 +67,8 @@ class KernelModule:
     def add(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
         """Compile kernel ``node`` for inputs with element strides ``layouts``; ``Unsupported`` when
         the code generator declines (the module is left as it was)."""
-        if node.op in WINDOW_OPS:
-            return self._add_window(node, layouts)
+        if node.op in NATIVE_OPS:
+            return self._add_native(node, layouts)
         kind, bodies = node.attrs.get("kind"), tuple(node.attrs.get("bodies", ()))
         _check_layouts(node, layouts)
         if kind not in ("elementwise", "reduction", "horizontal"):
@@ -111,10 +110,15 @@ class KernelModule:
         self._known[key] = info
         return info
 
-    def _add_window(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
-        """A window node (unfold, fold) as a function of its own: ``kernels_window``."""
+    def _add_native(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
+        """A primitive compiled as a function of its own: a window node (unfold, fold:
+        ``kernels_window``) or an index node (take, index_put: ``kernels_index``)."""
         _check_layouts(node, layouts)
-        key = ("window", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
+        if node.op in INDEX_OPS:
+            from .kernels_index import index as emit  # noqa: PLC0415 - modules of their own
+        else:
+            from .kernels_window import window as emit  # noqa: PLC0415
+        key = ("native", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
                tuple(map(tuple, layouts)))  # fmt: skip
         if key in self._known:
             return self._known[key]
@@ -122,7 +126,7 @@ class KernelModule:
         existing = set(self.module.globals)
         try:
             builder, args = self._function(symbol)
-            extent = window(builder, args, node, layouts)
+            extent = emit(builder, args, node, layouts)
         except BaseException:
             for name in set(self.module.globals) - existing:
                 del self.module.globals[name]
@@ -176,6 +180,8 @@ def _work_bytes(node: Node) -> int:
     """Bytes read and written (what decides whether the thread pool is worth its dispatch). An
     input that the body reads only through a smaller view (an LSTM step's slice of the whole
     sequence's input projection) counts that view's size, not the whole array's."""
+    if node.op == "take":  # reads only the rows it takes
+        return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs[1:], node.output, node.output))
     if node.op != KERNEL:
         return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
     total = sum(v.type.numel * v.type.dtype.itemsize for v in node.outputs)

@@ -275,15 +275,28 @@ def _rows_of_a_table(xp, out, values, indices) -> bool:
 
 
 def _add_rows(out, values, index) -> None:
-    """``np.add.at(out, index, values)`` for whole rows: sort the indices, sum each run of equal ones
-    (``add.reduceat``, in their original order), and add each sum to its row once."""
+    """``np.add.at(out, index, values)`` for whole rows, in as many vector steps as a row repeats: step
+    ``k`` adds each row's ``k``-th value (rows are distinct within a step), so every element sums
+    its values one by one in index order, as ``add.at`` does. A row repeated more than
+    ``_MAX_ROUNDS`` times leaves it to ``add.at``."""
     import numpy as np  # noqa: PLC0415 - this kernel is numpy's only (the caller checked)
 
     index = np.where(index < 0, index + out.shape[0], index)  # -1 and n-1 are one row
     order = np.argsort(index, kind="stable")
     ordered = index[order]
-    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-    out[ordered[starts]] += np.add.reduceat(values[order], starts, axis=0)
+    run_start = np.concatenate(([True], ordered[1:] != ordered[:-1]))
+    starts = np.flatnonzero(run_start)
+    rank = np.arange(len(index)) - starts[np.cumsum(run_start) - 1]  # k: the k-th value of its row
+    rounds = int(rank.max()) + 1 if len(index) else 0
+    if rounds > _MAX_ROUNDS:
+        np.add.at(out, index, values)
+        return
+    for k in range(rounds):
+        chosen = order[rank == k]
+        out[index[chosen]] += values[chosen]
+
+
+_MAX_ROUNDS = 16
 
 
 def _index_put_vjp(ops, c, g):
