@@ -1,12 +1,16 @@
 """Pooling over sliding windows: max, average and adaptive average pooling, 1-D to 3-D.
 
-Each pools ``kiln.unfold_windows`` of the padded input over its kernel dims. Max pooling picks
-the first maximum of each window with argmax + gather, so the gradient goes to exactly one
-element per window, as in PyTorch (amax would split it between ties, e.g. the zeros after relu).
+Each pools ``kiln.unfold_windows`` of the padded input over its kernel dims. Max pooling takes
+each window's maximum and the position of its first maximum (the first NaN, where there is one),
+and its gradient goes to that one position, as in PyTorch (amax's own gradient would split it
+between ties, e.g. the zeros after relu). Both are reductions over the window dim and the
+gradient is a ``where``: they fuse into compiled kernels, where argmax + gather + scatter-add did
+not.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import kiln
@@ -63,14 +67,71 @@ def _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_i
         if not x.dtype.is_floating_point:
             raise NotImplementedError(f"{op}: padding or ceil_mode needs a floating-point input, got {x.dtype}")
         x = kiln.pad(x, pad_spec(pads), value=-math.inf)
-    n, c = x.shape[0], x.shape[1]
-    windows = kiln.unfold_windows(x, kernel, stride, dilation).reshape(n, c, math.prod(kernel), *out_size)
-    index = kiln.argmax(windows, dim=2, keepdim=True)
-    out = kiln.gather(windows, 2, index).squeeze(2)
+    out, index = _MaxOfWindows.apply(*_windows(x, kernel, stride, dilation, out_size))
     if not return_indices:
         return out.squeeze(0) if unbatched else out
-    flat = _flat_input_index(index.squeeze(2), spatial, kernel, stride, padding, dilation, out_size)
+    flat = _flat_input_index(index, spatial, kernel, stride, padding, dilation, out_size)
     return (out.squeeze(0), flat.squeeze(0)) if unbatched else (out, flat)
+
+
+def _windows(x, kernel, stride, dilation, out_size):
+    """(windows, kernel_axes): the windows of ``x`` (N, C, *S) as one tensor with the kernel
+    offsets along ``kernel_axes``. Windows that tile the input (stride equal to the kernel, no
+    dilation) are a view of it, (N, C, O1, K1, O2, K2, ...); others are unfolded, (N, C, *K, *O)."""
+    d = len(kernel)
+    n, c = x.shape[0], x.shape[1]
+    if stride == kernel and all(v == 1 for v in dilation):
+        x = x[(slice(None), slice(None), *(slice(0, o * k) for o, k in zip(out_size, kernel, strict=True)))]
+        split = [n, c] + [size for pair in zip(out_size, kernel, strict=True) for size in pair]
+        return x.reshape(split), tuple(range(3, 3 + 2 * d, 2))
+    return kiln.unfold_windows(x, kernel, stride, dilation), tuple(range(2, 2 + d))
+
+
+class _MaxOfWindows(kiln.autograd.Function):
+    """(max, position of the first max) of each window of ``windows`` (offsets along ``kernel_axes``):
+    the position is a flat index into the kernel, row-major; the gradient goes to that element.
+
+    One elementwise chain over the window's offsets, first to last (a running maximum, and the
+    first offset that equals it or is NaN): a fused kernel, where a reduction over the kernel
+    axes (not trailing) would run on numpy."""
+
+    @staticmethod
+    def forward(ctx, windows, kernel_axes):
+        kernel = [windows.shape[a] for a in kernel_axes]
+        offsets = [_offset(windows, kernel_axes, k) for k in itertools.product(*map(range, kernel))]
+        top = offsets[0]
+        for w in offsets[1:]:
+            top = kiln.maximum(top, w)
+        index = kiln.full_like(top, len(offsets), dtype=kiln.int64)
+        for k in reversed(range(len(offsets))):
+            w = offsets[k]
+            hit = (w == top) | kiln.isnan(w) if w.dtype.is_floating_point else w == top
+            index = kiln.where(hit, k, index)
+        ctx.save_for_backward(index)
+        ctx.mark_non_differentiable(index)
+        ctx.geometry = (tuple(windows.shape), kernel_axes)
+        return top, index
+
+    @staticmethod
+    def backward(ctx, g, _):
+        (index,) = ctx.saved_tensors
+        shape, kernel_axes = ctx.geometry
+        kernel = [shape[a] for a in kernel_axes]
+        at = [1] * len(shape)  # the kernel's flat offsets along its axes, 1 along the others
+        for a, k in zip(kernel_axes, kernel, strict=True):
+            at[a] = k
+        position = kiln.arange(math.prod(kernel), device=g.device).reshape(at)
+        keep = [1 if a in kernel_axes else size for a, size in enumerate(shape)]  # the windows' dims
+        zero = kiln.zeros((), dtype=g.dtype, device=g.device)
+        return kiln.where(position == index.reshape(keep), g.reshape(keep), zero), None
+
+
+def _offset(windows, kernel_axes, k):
+    """The windows' elements at kernel offset ``k`` (one index per kernel axis), (N, C, *O)."""
+    key = [slice(None)] * windows.ndim
+    for a, i in zip(kernel_axes, k, strict=True):
+        key[a] = i
+    return windows[tuple(key)]
 
 
 def _flat_input_index(offset, spatial, kernel, stride, padding, dilation, out_size):

@@ -46,6 +46,40 @@ def test_max_pool_ties_send_the_gradient_to_one_element(torch):
     assert k.grad.sum().item() == 4.0  # one element per window, not a split
 
 
+def test_max_pool_of_a_nan_is_nan_and_its_gradient_goes_to_the_first_nan(torch):
+    x = rng.normal(size=(1, 2, 4, 6))
+    x[0, 0, 0, 1] = x[0, 0, 1, 0] = np.nan  # two in one window (torch's CPU kernel picks the last of those)
+    x[0, 1, 2, 3] = np.nan
+    k = kiln.from_numpy(x.copy()).requires_grad_()
+    out, idx = F.max_pool2d(k, 2, return_indices=True)
+    t_out, t_idx = torch.nn.functional.max_pool2d(torch.from_numpy(x.copy()), 2, return_indices=True)
+    assert_close(out, t_out, rtol=0, atol=0)  # NaN where torch has NaN
+    assert idx.numpy()[0, 0, 0, 0] == 1 and idx.numpy()[0, 1, 1, 1] == t_idx.numpy()[0, 1, 1, 1] == 15
+    out.backward(kiln.ones_like(out))
+    assert k.grad.numpy()[0, 0, 0, 1] == 1 and k.grad.numpy()[0, 0, 1, 0] == 0
+
+
+@pytest.mark.parametrize("kwargs", MAX_CASES + [{"kernel_size": (1, 3)}], ids=str)
+def test_max_pool_compiled_equals_eager(kwargs):
+    """Values, indices and the gradient of a compiled max pool (a tiling view or unfolded windows,
+    fused into elementwise kernels), after a relu (ties), over several calls."""
+
+    def fn(x):
+        out, idx = F.max_pool2d(F.relu(x), return_indices=True, **kwargs)
+        (out * out).sum().backward()
+        return out.detach(), idx, x.grad
+
+    compiled = kiln.compile(fn)
+    for seed in range(3):
+        data = np.random.default_rng(seed).normal(size=(2, 3, 8, 9)).astype(np.float32)
+        results = []
+        for f in (fn, compiled):
+            x = kiln.from_numpy(data.copy()).requires_grad_()
+            results.append([t.numpy() for t in f(x)])
+        for ours, theirs in zip(*results, strict=True):
+            np.testing.assert_array_equal(ours, theirs)
+
+
 def test_max_pool1d_and_unbatched_match_torch(torch):
     x = rng.normal(size=(2, 3, 10))
     kw = {"kernel_size": 3, "stride": 2, "padding": 1, "dilation": 2}
