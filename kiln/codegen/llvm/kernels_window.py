@@ -6,9 +6,10 @@ offset); here each is one function ``void @sym(ptr args, i64 begin, i64 end)`` o
 units, specialized on the node's static shapes, attributes and its input's strides, as a fused
 kernel is (``kernels.py``): the executor runs it on the thread pool and reads its ``KernelInfo``.
 
-- ``unfold``: a unit is a block of output rows (all dims but the last output position, in the
-  output's memory order, ``batch_inner`` or not); a row copies ``o_last`` elements from the input
-  at stride ``stride[-1]``, so a unit-stride convolution's rows are contiguous loads and stores.
+- ``unfold``: a unit is a block of output planes (all dims but the last two output positions, in
+  the output's memory order, ``batch_inner`` or not); a plane is rows of ``o_last`` elements copied
+  from the input at stride ``stride[-1]``, so a unit-stride convolution's rows are contiguous loads
+  and stores, and the division of a flat index into the output's dims runs once per plane.
 - ``fold``: a unit is one ``(n, c)`` plane of the output, which it zeroes and then sums every
   window element of that plane into: threads own disjoint planes, so there are no races, and the
   result does not depend on how units are split (each element's sum runs in the same order).
@@ -104,26 +105,34 @@ def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...])
     names += [("o", i) for i in range(d)]
     if batch_inner:
         names = [names[1], *names[2 : 2 + d], names[0], *names[2 + d :]]
+    # a plane: the last two output dims (the last alone for 1-d windows); units are blocks of planes
+    # (the index arithmetic of a plane's start runs once per plane, not per row)
+    plane_dims = 2 if len(out_shape) >= 2 and names[-2][0] == "o" else 1
+    rows_per_plane = out_shape[-2] if plane_dims == 2 else 1
     inner = out_shape[-1]
-    rows = math.prod(out_shape[:-1])
-    per_unit = max(1, CHUNK // max(1, inner))
-    extent = -(-rows // per_unit) if rows else 0
+    planes = math.prod(out_shape[:-plane_dims])
+    per_unit = max(1, CHUNK // max(1, inner * rows_per_plane))
+    extent = -(-planes // per_unit) if planes else 0
     x_n, x_c, x_s = strides[0], strides[1], strides[2:]
     coefficient: dict[tuple[str, int | None], int] = {("n", None): x_n, ("c", None): x_c}
     for i in range(d):
         coefficient["k", i] = dilation[i] * x_s[i]
         coefficient["o", i] = stride[i] * x_s[i]
+    row_step = coefficient[names[-2]] if plane_dims == 2 else 0
     first = builder.mul(begin, i64(per_unit), flags=("nsw",))
-    last = minimum(builder, builder.mul(end, i64(per_unit), flags=("nsw",)), i64(rows))
-    with for_range(builder, first, last, name="row") as row:
-        indices = _split(builder, row, out_shape[:-1])
-        base = _dot(builder, [(v, coefficient[name]) for v, name in zip(indices, names[:-1], strict=True)])
-        out_base = builder.mul(row, i64(inner), flags=("nsw",))
-        with for_range(builder, 0, inner, name="o", parallel=True) as o:
-            src = builder.add(base, builder.mul(o, i64(coefficient["o", d - 1]), flags=("nsw",)), flags=("nsw",))
-            value = builder.load(element_pointer(builder, pointers[0], src, dtype), typ=memory_type(dtype))
-            dst = builder.add(out_base, o, flags=("nsw",))
-            builder.store(value, element_pointer(builder, pointers[1], dst, dtype))
+    last = minimum(builder, builder.mul(end, i64(per_unit), flags=("nsw",)), i64(planes))
+    with for_range(builder, first, last, name="plane") as plane:
+        indices = _split(builder, plane, out_shape[:-plane_dims])
+        base = _dot(builder, [(v, coefficient[name]) for v, name in zip(indices, names[:-plane_dims], strict=True)])
+        with for_range(builder, 0, rows_per_plane, name="row", vectorize=False) as row:
+            src_row = builder.add(base, builder.mul(row, i64(row_step), flags=("nsw",)), flags=("nsw",))
+            flat_row = builder.add(builder.mul(plane, i64(rows_per_plane), flags=("nsw",)), row, flags=("nsw",))
+            out_base = builder.mul(flat_row, i64(inner), flags=("nsw",))
+            with for_range(builder, 0, inner, name="o", parallel=True) as o:
+                src = builder.add(src_row, builder.mul(o, i64(coefficient["o", d - 1]), flags=("nsw",)), flags=("nsw",))
+                value = builder.load(element_pointer(builder, pointers[0], src, dtype), typ=memory_type(dtype))
+                dst = builder.add(out_base, o, flags=("nsw",))
+                builder.store(value, element_pointer(builder, pointers[1], dst, dtype))
     return extent
 
 
