@@ -252,7 +252,10 @@ def _greedy(order: Sequence[int], sizes: Sequence[int], conflicts: list[list[int
     """Place buffers in ``order``, each in the tightest gap left by its placed conflicts."""
     offsets: list[int] = [-1] * len(sizes)
     offsets_array = np.full(len(sizes), -1, np.int64)  # the same, for the vectorized search
-    sizes_array = np.asarray(sizes, np.int64)
+    # int64 holds every offset unless the sizes add up past it (a plan for shapes no machine has,
+    # which the pure-Python search still places)
+    vectorize = sum(sizes) < 2**62
+    sizes_array = np.asarray(sizes, np.int64) if vectorize else None
     arena = 0
     for b in order:
         size = sizes[b]
@@ -260,11 +263,13 @@ def _greedy(order: Sequence[int], sizes: Sequence[int], conflicts: list[list[int
             offsets[b] = 0
             continue
         others = conflicts[b]
-        if len(others) > _VECTOR_ABOVE:
+        if vectorize and len(others) > _VECTOR_ABOVE:
             offset = _tightest_gap_vectorized(size, np.asarray(others), offsets_array, sizes_array)
         else:
             offset = _tightest_gap(size, sorted((offsets[c], offsets[c] + sizes[c]) for c in others if offsets[c] >= 0))
-        offsets[b] = offsets_array[b] = offset
+        offsets[b] = offset
+        if vectorize:
+            offsets_array[b] = offset
         arena = max(arena, offset + size)
     return offsets, arena
 

@@ -25,6 +25,11 @@ textbook identities are not here: ``x + 0 -> x`` is wrong for ``x = -0.0`` (``-0
   gradient ``x^T g`` of a linear layer became ``copy(permute(matmul(permute(x), g)))``; with these
   two rules it is ``matmul(g^T, x)``. An embedding's gradient is ``copy(index_put(zeros, ...))``.)
 
+- ``pad(a) + pad(b)`` -> ``pad(concatenate(a + 0, b + 0))`` when ``a`` and ``b`` sit side by side
+  along one axis of zeros (``+ 0`` turns -0.0 into +0.0 as the sum with the pads' zeros did), and a
+  pad of nothing -> its input: the gradient of ``chunk`` (an LSTM's gates) was a pad and an add per
+  chunk, four full-size arrays written to assemble one;
+
 ``copy`` of an input, a constant or a view stays: it is how a program says its output must not
 share memory with them.
 """
@@ -32,7 +37,7 @@ share memory with them.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -62,7 +67,7 @@ def simplify(graph: Graph) -> Graph:
     if not context.replace and len(nodes) == len(graph.nodes) and all(a is b for a, b in zip(nodes, graph.nodes)):
         return graph
     outputs = tuple(context.replace.get(v, v) for v in graph.outputs)
-    return Graph(graph.inputs, tuple(nodes), outputs, used_constants(nodes, graph.constants))
+    return Graph(graph.inputs, tuple(nodes), outputs, used_constants(nodes, {**graph.constants, **context.constants}))
 
 
 def _simplify_node(node: Node, context: _Context) -> Node | None:
@@ -93,6 +98,9 @@ class _Context:
     uses: dict[Value, int]
     last_id: int  # the largest value id so far (new values number on from it)
     emitted: list[Node]  # new nodes to place before the node being simplified
+    constants: dict[str, np.ndarray] = field(default_factory=dict)  # constants the rules made
+    # concatenations of pieces that hold no -0.0 (made by ``_add_of_pads``): pieces to splice
+    signed_zero_free: dict[Value, tuple[Value, ...]] = field(default_factory=dict)
 
     def producer(self, value: Value, op: str) -> Node | None:
         node = self.producers.get(value)
@@ -100,11 +108,25 @@ class _Context:
 
     def constant(self, value: Value) -> np.ndarray | None:
         node = self.producer(value, CONSTANT)
-        return None if node is None else np.asarray(self.graph.constants[node.attrs["name"]])
+        if node is None:
+            return None
+        name = node.attrs["name"]
+        return np.asarray(self.constants[name] if name in self.constants else self.graph.constants[name])
 
     def count_uses(self, values, times: int = 1) -> None:
         for v in values:
             self.uses[v] = self.uses.get(v, 0) + times
+
+    def emit_constant(self, array: np.ndarray, loc) -> Value:
+        """A new scalar or array constant, placed before the node being rewritten; its value."""
+        self.last_id += 1
+        value = Value(self.last_id, TensorType(array.shape, dt.from_numpy_dtype(array.dtype)))
+        name = f"simplify{self.last_id}"
+        self.constants[name] = array
+        node = Node(CONSTANT, (), {"name": name}, (value,), loc)
+        self.producers[value] = node
+        self.emitted.append(node)
+        return value
 
     def emit(self, op: str, inputs: tuple[Value, ...], attrs: dict, type: TensorType, loc) -> Value:
         """A new node ``op(*inputs)``, simplified, placed before the node being rewritten; its value."""
@@ -174,6 +196,77 @@ def _identity_operand(test: Callable[[np.ndarray], bool], left: bool) -> Rule:
         return None
 
     return rule
+
+
+def _first_of(*rules: Rule) -> Rule:
+    """The first of ``rules`` that rewrites the node."""
+
+    def rule(node: Node, context: _Context) -> Value | Node | None:
+        for candidate in rules:
+            result = candidate(node, context)
+            if result is not None:
+                return result
+        return None
+
+    return rule
+
+
+def _padded_region(pad: Node) -> tuple[int, int, int] | None:
+    """(axis, start, stop) of the data in a zero ``pad`` along its one padded axis (None: another pad)."""
+    a = pad.attrs
+    if a["value"] != 0 or any(a["interior"]):
+        return None
+    axes = [k for k, (lo, hi) in enumerate(zip(a["low"], a["high"])) if lo or hi]
+    if len(axes) != 1:
+        return None
+    (axis,) = axes
+    start = a["low"][axis]
+    return axis, start, start + pad.inputs[0].type.shape[axis]
+
+
+def _add_of_pads(node: Node, context: _Context) -> Node | None:
+    """``pad(a) + pad(b)`` -> ``pad(concatenate(a + 0, b + 0))`` when ``a`` and ``b`` lie side by side
+    along one axis (the gradient of ``chunk``: one pad and one add per chunk became one concat).
+    ``+ 0`` keeps the sum's value bit for bit (-0.0 + 0.0 is +0.0); a piece that already went
+    through it (a nested sum's concat) is spliced in as it is."""
+    a, b = node.inputs
+    pads = [context.producer(a, "pad"), context.producer(b, "pad")]
+    if None in pads or a.type != node.output.type or b.type != node.output.type:
+        return None
+    if any(context.uses.get(v) != 1 for v in (a, b)) or node.output.type.dtype is dt.bool_:
+        return None
+    regions = [_padded_region(p) for p in pads]  # type: ignore[arg-type]
+    if None in regions or regions[0][0] != regions[1][0]:  # type: ignore[index]
+        return None
+    (axis, *_), ordered = regions[0], sorted(zip(regions, pads), key=lambda rp: rp[0][1])  # type: ignore[misc]
+    (first, first_pad), (second, second_pad) = ordered
+    if first[2] != second[1]:  # not side by side
+        return None
+    pieces: list[Value] = []
+    for p in (first_pad, second_pad):
+        x = p.inputs[0]
+        if x in context.signed_zero_free:
+            pieces += context.signed_zero_free[x]
+        elif node.output.type.dtype.is_floating_point:
+            zero = context.emit_constant(np.zeros((), node.output.type.dtype.np), node.loc)
+            pieces.append(context.emit("add", (x, zero), {}, x.type, node.loc))
+        else:
+            pieces.append(x)
+    shape = list(node.output.type.shape)
+    shape[axis] = second[2] - first[1]
+    joined_type = TensorType(tuple(shape), node.output.type.dtype, node.output.type.device)
+    joined = context.emit("concatenate", tuple(pieces), {"axis": axis}, joined_type, node.loc)
+    context.signed_zero_free[joined] = tuple(pieces)
+    low = tuple(first[1] if k == axis else 0 for k in range(len(shape)))
+    high = tuple(node.output.type.shape[axis] - second[2] if k == axis else 0 for k in range(len(shape)))
+    attrs = {"low": low, "high": high, "interior": (0,) * len(shape), "value": first_pad.attrs["value"]}
+    return Node("pad", (joined,), attrs, node.outputs, node.loc)
+
+
+def _pad(node: Node, context: _Context) -> Value | None:
+    """A pad of nothing -> its input."""
+    a = node.attrs
+    return node.inputs[0] if not any((*a["low"], *a["high"], *a["interior"])) else None
 
 
 def _involution(node: Node, context: _Context) -> Value | None:
@@ -293,7 +386,7 @@ def _slice(node: Node, context: _Context) -> Value | None:
 _RULES: dict[str, Rule] = {
     "mul": _identity_operand(_is_one, left=True),
     "div": _identity_operand(_is_one, left=False),
-    "add": _identity_operand(_is_negative_zero, left=True),
+    "add": _first_of(_identity_operand(_is_negative_zero, left=True), _add_of_pads),
     "sub": _identity_operand(_is_positive_zero, left=False),
     "neg": _involution,
     "logical_not": _involution,  # not(not(x)) is bool(x): x only for bool x, which the type test checks
@@ -306,4 +399,5 @@ _RULES: dict[str, Rule] = {
     "permute": _permute,
     "slice": _slice,
     "copy": _copy,
+    "pad": _pad,
 }

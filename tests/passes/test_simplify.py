@@ -10,7 +10,7 @@ from kiln.ir.dtypes import bool_, float16, float32, float64, int8, int16, int32,
 from kiln.ir.graph import GraphBuilder
 from kiln.ir.interpreter import interpret
 from kiln.ir.types import TensorType
-from kiln.passes import simplify
+from kiln.passes import eliminate_dead_code, simplify
 from tests.passes import assert_same_results, check_pass, special
 
 F23 = TensorType((2, 3), float32)
@@ -364,3 +364,35 @@ def test_a_copy_of_a_view_of_a_product_stays():
     after = simplify(graph)
     assert "copy" in [node.op for node in after.nodes]
     assert_same_results(graph, after, random_inputs(graph, 0))
+
+
+def test_a_sum_of_side_by_side_pads_is_one_concatenate():
+    # the gradient of x.chunk(4, dim=1): four zero pads, summed left to right as autograd does
+    b = GraphBuilder()
+    pieces = [b.input(TensorType((3, 2), float32)) for _ in range(4)]
+    pads = [b.node("pad", [p], {"low": (0, 2 * k), "high": (0, 6 - 2 * k), "interior": (0, 0), "value": 0.0})
+            for k, p in enumerate(pieces)]  # fmt: skip
+    total = pads[2]
+    for k in (3, 1, 0):  # in an order where each next region is adjacent to those so far
+        total = b.node("add", [total, pads[k]])
+    graph = b.build([total])
+    after = eliminate_dead_code(simplify(graph))
+    ops = [node.op for node in after.nodes]
+    assert ops.count("concatenate") == 1 and "pad" not in ops, ops
+    inputs = random_inputs(graph, 0)
+    inputs[1][0, 0] = -0.0  # the sum with the pads' zeros makes it +0.0: so must the rewrite
+    assert_same_results(graph, after, inputs)
+    (out,) = interpret(after, inputs)
+    assert not np.signbit(out[0, 2])
+
+
+def test_pads_that_overlap_or_are_used_elsewhere_stay_added():
+    b = GraphBuilder()
+    x, y = b.input(TensorType((3, 2), float32)), b.input(TensorType((3, 2), float32))
+    left = b.node("pad", [x], {"low": (0, 0), "high": (0, 2), "interior": (0, 0), "value": 0.0})
+    overlapping = b.node("pad", [y], {"low": (0, 1), "high": (0, 1), "interior": (0, 0), "value": 0.0})
+    graph = b.build([b.node("add", [left, overlapping])])
+    assert simplify(graph) is graph
+    right = b.node("pad", [y], {"low": (0, 2), "high": (0, 0), "interior": (0, 0), "value": 0.0})
+    graph = b.build([b.node("add", [left, right]), left])  # the pad is an output too
+    assert simplify(graph) is graph

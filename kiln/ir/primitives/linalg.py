@@ -75,20 +75,42 @@ def _matmul_samples(rng):
     ]
 
 
-def _stacked_rows(a, b) -> bool:
-    """Whether ``a @ b`` is one product of ``a``'s rows, stacked without a copy, by the matrix ``b``."""
-    return b.ndim == 2 and a.ndim > 2 and a.size > 0 and a.flags.c_contiguous
+def _row_order(a, b) -> tuple[int, ...] | None:
+    """An order of ``a``'s leading dims in which its rows lie stacked in memory (no copy), when
+    ``a @ b`` is a stack of matrices times one matrix ``b``: then it is one product of those rows
+    (numpy's matmul would run one small GEMM per matrix of the stack). The identity when ``a`` is
+    C-contiguous; another order for a transposed stack (an RNN's batch_first output)."""
+    if b.ndim != 2 or a.ndim <= 2 or a.size == 0:
+        return None
+    if a.flags.c_contiguous:
+        return tuple(range(a.ndim - 1))
+    lead = sorted(range(a.ndim - 1), key=lambda d: -a.strides[d])
+    permuted = a.transpose(*lead, a.ndim - 1)
+    return tuple(lead) if permuted.flags.c_contiguous else None
+
+
+def _product_of_rows(xp, a, b, order: tuple[int, ...]):
+    """``a @ b`` as one product of ``a``'s rows taken in ``order`` (see ``_row_order``), laid out in that order."""
+    rows = a.transpose(*order, a.ndim - 1)
+    product = xp.matmul(rows.reshape(-1, a.shape[-1]), b).reshape(*rows.shape[:-1], b.shape[-1])
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return product.transpose(*inverse, a.ndim - 1)
 
 
 def _matmul_eager(xp, a, b):
-    if _stacked_rows(a, b):
-        return xp.matmul(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1])
-    return xp.matmul(a, b)
+    order = _row_order(a, b)
+    if order is None:
+        return xp.matmul(a, b)
+    return xp.ascontiguousarray(_product_of_rows(xp, a, b, order))  # C order, as every matmul result
 
 
 def _matmul_into(xp, a, b, *, out):
-    if _stacked_rows(a, b) and out.flags.c_contiguous:
+    order = _row_order(a, b)
+    if order is not None and out.flags.c_contiguous and order == tuple(range(a.ndim - 1)):
         xp.matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, out.shape[-1]))
+        return out
+    if order is not None:
+        xp.copyto(out, _product_of_rows(xp, a, b, order))
         return out
     return xp.matmul(a, b, out=out)
 
