@@ -28,6 +28,7 @@ def tensor_state(t) -> tuple:
 # ``tensor_state`` over many tensors in C: the first four fields, then whether ``.grad`` is set
 _LAYOUT = attrgetter("_data.shape", "_data.strides", "_dtype", "_requires_grad")
 _GRAD, _BASE = attrgetter("_grad"), attrgetter("_base")
+_DATA, _REQUIRES_GRAD = attrgetter("_data"), attrgetter("_requires_grad")
 _NOT_NONE = partial(is_not, None)
 
 
@@ -55,8 +56,10 @@ class Specialization:
         self._captured = [s for s in self.signature.inputs if isinstance(s, Captured)]
         self._refs = [s.ref for s in self._captured]
         self._layouts = [s.snapshot[:4] for s in self._captured]
+        self._requires_grad = [s.snapshot[3] for s in self._captured]
         self._grads = [s.snapshot[4] for s in self._captured]
         self._nones = [None] * len(self._captured)
+        self._matched_arrays: list | None = None  # weak references to the arrays of the last matching call
 
     @property
     def sources(self) -> list:
@@ -98,7 +101,18 @@ class Specialization:
         tensors = list(map(call, self._refs))
         if any(map(is_, tensors, self._nones)):
             return False
-        if list(map(_LAYOUT, tensors)) != self._layouts:
+        # The same array objects as at the last matching call have its shapes, strides and dtypes
+        # (an optimizer's hundreds of parameters): only requires_grad can differ then.
+        arrays = list(map(_DATA, tensors))
+        matched = self._matched_arrays
+        if matched is None or not all(map(is_, arrays, map(call, matched))):
+            if list(map(_LAYOUT, tensors)) != self._layouts:
+                return False
+            try:
+                self._matched_arrays = [weakref.ref(a) for a in arrays]
+            except TypeError:  # an array type without weak references: compare layouts every call
+                self._matched_arrays = None
+        elif list(map(_REQUIRES_GRAD, tensors)) != self._requires_grad:
             return False
         if list(map(_NOT_NONE, map(_GRAD, tensors))) != self._grads:
             return False
