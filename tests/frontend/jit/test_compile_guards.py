@@ -252,6 +252,30 @@ def test_captured_tensor_shape_change_retraces():
     assert len(f.state.specializations) == 2
 
 
+def test_a_captured_tensor_given_new_data_of_another_layout_is_seen_every_time():
+    # the guards compare array identity first (the arrays of the last matching call): a new array of
+    # the same shape but other strides, or requires_grad turned on, must still be seen
+    w = kiln.ones(2, 3)
+
+    @kiln.compile
+    def f(x):
+        return x.sum() * w
+
+    x = _x(3)
+    for _ in range(3):
+        f(x)
+    w.data = kiln.arange(6.0).reshape(3, 2).t()  # (2, 3), transposed strides
+    for _ in range(2):
+        assert_tree_close(f(x), x.sum() * w, rtol=RTOL, atol=ATOL)
+    w.data = kiln.full((2, 3), 2.0)  # C order again: the first specialization's layout
+    for _ in range(2):
+        assert_tree_close(f(x), x.sum() * w, rtol=RTOL, atol=ATOL)
+    w.requires_grad_()
+    out = f(x)
+    assert out.requires_grad
+    assert len(f.state.specializations) == 3
+
+
 def test_grad_presence_of_argument_is_guarded():
     def g(p):
         (p * p).sum().backward()
