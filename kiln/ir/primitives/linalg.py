@@ -97,7 +97,25 @@ def _product_of_rows(xp, a, b, order: tuple[int, ...]):
     return product.transpose(*inverse, a.ndim - 1)
 
 
+def _swapped(a, b) -> bool:
+    """Whether the product ``a @ b`` runs faster as ``(b^T @ a^T)^T``: a long inner dim and an
+    output with fewer rows than columns (a weight gradient, ``g @ cols^T``). OpenBLAS's sgemm on
+    these shapes, 2 threads (us): 1106 -> 629 for (6, 50176) @ (50176, 25), 470 -> 255 for
+    (16, 6400) @ (6400, 150), 18.7 -> 15.8 ms for (64, 32768) @ (32768, 576). The output is
+    small, so laying it back out in C order costs little."""
+    if a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2] or a.ndim < 2:  # the same batch (a conv's groups)
+        return False
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    return m < n and k >= 4 * n
+
+
+def _transposed(x):
+    return x.swapaxes(-1, -2)
+
+
 def _matmul_eager(xp, a, b):
+    if _swapped(a, b):
+        return xp.ascontiguousarray(_transposed(xp.matmul(_transposed(b), _transposed(a))))
     order = _row_order(a, b)
     if order is None:
         return xp.matmul(a, b)
@@ -105,6 +123,9 @@ def _matmul_eager(xp, a, b):
 
 
 def _matmul_into(xp, a, b, *, out):
+    if _swapped(a, b):
+        xp.copyto(out, _transposed(xp.matmul(_transposed(b), _transposed(a))))
+        return out
     order = _row_order(a, b)
     if order is not None and out.flags.c_contiguous and order == tuple(range(a.ndim - 1)):
         xp.matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, out.shape[-1]))
