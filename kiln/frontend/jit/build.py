@@ -44,8 +44,15 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     keep = tensors + new_grads + [e.tensor for e in traced.externals]
     escaped = trace.escaped_tensors(keep)
     if escaped:  # or only kept alive by a reference cycle (a tensor and the autograd node saving it)
-        gc.collect()
+        # Cycles this call made are young: collecting the young generations frees them for a
+        # fraction of a full collection, which walks every object of the process (~100 ms once
+        # torch is imported). Escapes that survive it make this call run eagerly; should the next
+        # call's survive too, a full collection decides (a cycle promoted to the old generation
+        # mid-trace then costs one eager call, not every call).
+        state = compiled.state
+        gc.collect() if state.escapes_survived_young_collection else gc.collect(1)
         escaped = trace.escaped_tensors(keep)
+        state.escapes_survived_young_collection = bool(escaped)
     if escaped:
         trace.release()
         return None, (

@@ -95,6 +95,7 @@ class CompileState:
     logged: set = field(default_factory=set)
     last_key: tuple | None = None
     numpy_shadows: dict = field(default_factory=dict)  # id(array) -> (array, tensor on it): see Trace.on_numpy
+    escapes_survived_young_collection: bool = False  # see build_specialization
 
 
 class CompiledFunction:
