@@ -1,11 +1,11 @@
 """Pooling over sliding windows: max, average and adaptive average pooling, 1-D to 3-D.
 
-Each pools ``kiln.unfold_windows`` of the padded input over its kernel dims. Max pooling takes
-each window's maximum and the position of its first maximum (the first NaN, where there is one),
-and its gradient goes to that one position, as in PyTorch (amax's own gradient would split it
-between ties, e.g. the zeros after relu). Both are reductions over the window dim and the
-gradient is a ``where``: they fuse into compiled kernels, where argmax + gather + scatter-add did
-not.
+Each pools ``kiln.unfold_windows`` of the padded input over its kernel dims (max pooling with
+windows that tile the input views them instead). Max pooling takes each window's maximum and the
+position of its first maximum (the first NaN, where there is one), and its gradient goes to that
+one position, as in PyTorch (amax's own gradient would split it between ties, e.g. the zeros
+after relu). Both are elementwise chains over the window's offsets and the gradient is one
+``where``: they fuse into compiled kernels, where argmax + gather + scatter-add ran on numpy.
 """
 
 from __future__ import annotations

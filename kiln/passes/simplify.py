@@ -21,14 +21,13 @@ textbook identities are not here: ``x + 0 -> x`` is wrong for ``x = -0.0`` (``-0
 - ``copy(x)`` -> ``x``, when the copy is ``x``'s only use and ``x`` is the result of a node that
   makes fresh memory (any primitive but a view or a constant: a compiled program hands out every
   such result in C order, memory of its own), or a reshape of one used only there, so the copy
-  would only duplicate it. (A weight
-  gradient ``x^T g`` of a linear layer became ``copy(permute(matmul(permute(x), g)))``; with these
-  two rules it is ``matmul(g^T, x)``. An embedding's gradient is ``copy(index_put(zeros, ...))``.)
-
+  would only duplicate it. (A weight gradient ``x^T g`` of a linear layer became
+  ``copy(permute(matmul(permute(x), g)))``; with these two rules it is ``matmul(g^T, x)``. An
+  embedding's gradient was ``copy(index_put(zeros, ...))``.)
 - ``pad(a) + pad(b)`` -> ``pad(concatenate(a + 0, b + 0))`` when ``a`` and ``b`` sit side by side
   along one axis of zeros (``+ 0`` turns -0.0 into +0.0 as the sum with the pads' zeros did), and a
   pad of nothing -> its input: the gradient of ``chunk`` (an LSTM's gates) was a pad and an add per
-  chunk, four full-size arrays written to assemble one;
+  chunk, four full-size arrays written to assemble one.
 
 ``copy`` of an input, a constant or a view stays: it is how a program says its output must not
 share memory with them.

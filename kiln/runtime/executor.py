@@ -157,7 +157,7 @@ class KernelCall:
 
     def describe(self) -> str:
         node = self.node
-        if node.op != KERNEL:  # a primitive the backend compiled on its own (unfold, fold)
+        if node.op != KERNEL:  # a primitive the backend compiled on its own (unfold, fold, take, index_put)
             return f"compiled {node.op}({', '.join(str(v.type) for v in node.inputs)}) -> {node.output.type}"
         shapes = ", ".join(str(v.type) for v in node.outputs[:2])
         more = "..." if len(node.outputs) > 2 else ""
@@ -282,6 +282,14 @@ class CompiledProgram:
         self._steps = tuple(steps)
         self._runs = tuple(step.run for step in steps)  # bound once: the call loop only calls
         self.kernel_calls = [s for s in steps if isinstance(s, KernelCall)]
+        # Outputs that are always new memory of their own: a kernel's output allocated every call
+        # (not written into an input), handed out once. The caller may wrap them without checks.
+        fresh = {slot for call in self.kernel_calls for slot, _, _, _, into in call.allocate if into < 0}
+        out_slots = [slots[v] for v in graph.outputs]
+        self.fresh_outputs = frozenset(
+            i for i, slot in enumerate(out_slots)
+            if slot in fresh and out_slots.count(slot) == 1 and i not in self._copy_outputs
+        )  # fmt: skip
         self._needs_errstate = len(self.kernel_calls) != len(steps)
         self._local = threading.local()
 

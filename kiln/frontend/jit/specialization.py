@@ -16,7 +16,7 @@ from functools import partial
 from operator import attrgetter, is_, is_not
 
 from ...ir.graph import Graph
-from ..tensor import Tensor
+from ..tensor import Tensor, make_tensor
 from .pytree import unflatten
 from .signature import Captured, Signature, apply, bind, call
 
@@ -60,6 +60,7 @@ class Specialization:
         self._grads = [s.snapshot[4] for s in self._captured]
         self._nones = [None] * len(self._captured)
         self._matched_arrays: list | None = None  # weak references to the arrays of the last matching call
+        self._fresh_results = _fresh_results(self.signature, getattr(self.program, "fresh_outputs", frozenset()))
 
     @property
     def sources(self) -> list:
@@ -142,7 +143,10 @@ class Specialization:
             fn(*args, **kwargs)
         arrays = bind(self.signature, leaves)
         outputs = self.program(arrays)
-        results = apply(self.signature, outputs, arrays, leaves)
+        if self._fresh_results is not None:  # every result is new memory of its own: wrap it
+            results = [make_tensor(outputs[output], device) for output, device in self._fresh_results]
+        else:
+            results = apply(self.signature, outputs, arrays, leaves)
         if self.backward is not None:
             self.backward.attach(self, results, outputs, leaves)
         self.calls += 1
@@ -150,6 +154,22 @@ class Specialization:
 
 
 _MISSING = object()
+
+
+def _fresh_results(sig, fresh: frozenset) -> list | None:
+    """(output, device) per result, in order, when every result is one of the program's ``fresh``
+    outputs (new memory, handed out once) and the call writes nothing back and sets no grads:
+    then ``apply`` has nothing to check or copy. None otherwise."""
+    made = sig._made
+    if not fresh or sig._new_grads or sig.writebacks or sig.grads or sig._late or len(made) != len(sig.results):
+        return None
+    if any(view is not None or output not in fresh for _, output, _, view in made):
+        return None
+    if [position for position, _, _, _ in made] != list(range(len(made))):
+        return None
+    if len({output for _, output, _, _ in made}) != len(made):  # one output handed out twice: copies
+        return None
+    return [(output, device) for _, output, device, _ in made]
 
 
 def _same(a, b) -> bool:
