@@ -263,7 +263,7 @@ def _greedy(order: Sequence[int], sizes: Sequence[int], conflicts: list[list[int
             offsets[b] = 0
             continue
         others = conflicts[b]
-        if vectorize and len(others) > _VECTOR_ABOVE:
+        if sizes_array is not None and len(others) > _VECTOR_ABOVE:
             offset = _tightest_gap_vectorized(size, np.asarray(others), offsets_array, sizes_array)
         else:
             offset = _tightest_gap(size, sorted((offsets[c], offsets[c] + sizes[c]) for c in others if offsets[c] >= 0))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -210,17 +211,20 @@ def _first_of(*rules: Rule) -> Rule:
     return rule
 
 
-def _padded_region(pad: Node) -> tuple[int, int, int] | None:
-    """(axis, start, stop) of the data in a zero ``pad`` along its one padded axis (None: another pad)."""
+def _padded_region(pad: Node | None) -> tuple[int, int, int] | None:
+    """(axis, start, stop) of the data in a zero ``pad`` along its one padded axis, of a static size
+    (None: not such a pad)."""
+    if pad is None:
+        return None
     a = pad.attrs
     if a["value"] != 0 or any(a["interior"]):
         return None
     axes = [k for k, (lo, hi) in enumerate(zip(a["low"], a["high"])) if lo or hi]
-    if len(axes) != 1:
+    size = pad.inputs[0].type.shape[axes[0]] if len(axes) == 1 else None
+    if not isinstance(size, int) or not isinstance(pad.output.type.shape[axes[0]], int):
         return None
-    (axis,) = axes
-    start = a["low"][axis]
-    return axis, start, start + pad.inputs[0].type.shape[axis]
+    start = a["low"][axes[0]]
+    return axes[0], start, start + size
 
 
 def _add_of_pads(node: Node, context: _Context) -> Node | None:
@@ -228,17 +232,19 @@ def _add_of_pads(node: Node, context: _Context) -> Node | None:
     along one axis (the gradient of ``chunk``: one pad and one add per chunk became one concat).
     ``+ 0`` keeps the sum's value bit for bit (-0.0 + 0.0 is +0.0); a piece that already went
     through it (a nested sum's concat) is spliced in as it is."""
+    out = node.output.type
     a, b = node.inputs
+    if a.type != out or b.type != out or out.dtype is dt.bool_:
+        return None
+    if any(context.uses.get(v) != 1 for v in (a, b)):
+        return None
     pads = [context.producer(a, "pad"), context.producer(b, "pad")]
-    if None in pads or a.type != node.output.type or b.type != node.output.type:
+    regions = [_padded_region(p) for p in pads]
+    found = [(r, p) for r, p in zip(regions, pads, strict=True) if r is not None and p is not None]
+    if len(found) != 2 or found[0][0][0] != found[1][0][0]:
         return None
-    if any(context.uses.get(v) != 1 for v in (a, b)) or node.output.type.dtype is dt.bool_:
-        return None
-    regions = [_padded_region(p) for p in pads]  # type: ignore[arg-type]
-    if None in regions or regions[0][0] != regions[1][0]:  # type: ignore[index]
-        return None
-    (axis, *_), ordered = regions[0], sorted(zip(regions, pads), key=lambda rp: rp[0][1])  # type: ignore[misc]
-    (first, first_pad), (second, second_pad) = ordered
+    (first, first_pad), (second, second_pad) = sorted(found, key=lambda rp: rp[0][1])
+    axis, total = first[0], cast(int, out.shape[first[0]])  # static: ``_padded_region`` checked it
     if first[2] != second[1]:  # not side by side
         return None
     pieces: list[Value] = []
@@ -246,18 +252,18 @@ def _add_of_pads(node: Node, context: _Context) -> Node | None:
         x = p.inputs[0]
         if x in context.signed_zero_free:
             pieces += context.signed_zero_free[x]
-        elif node.output.type.dtype.is_floating_point:
-            zero = context.emit_constant(np.zeros((), node.output.type.dtype.np), node.loc)
+        elif out.dtype.is_floating_point:
+            zero = context.emit_constant(np.zeros((), out.dtype.np), node.loc)
             pieces.append(context.emit("add", (x, zero), {}, x.type, node.loc))
         else:
             pieces.append(x)
-    shape = list(node.output.type.shape)
+    shape = list(out.shape)
     shape[axis] = second[2] - first[1]
-    joined_type = TensorType(tuple(shape), node.output.type.dtype, node.output.type.device)
-    joined = context.emit("concatenate", tuple(pieces), {"axis": axis}, joined_type, node.loc)
+    joined = context.emit("concatenate", tuple(pieces), {"axis": axis}, TensorType(tuple(shape), out.dtype, out.device),
+                          node.loc)  # fmt: skip
     context.signed_zero_free[joined] = tuple(pieces)
     low = tuple(first[1] if k == axis else 0 for k in range(len(shape)))
-    high = tuple(node.output.type.shape[axis] - second[2] if k == axis else 0 for k in range(len(shape)))
+    high = tuple(total - second[2] if k == axis else 0 for k in range(len(shape)))
     attrs = {"low": low, "high": high, "interior": (0,) * len(shape), "value": first_pad.attrs["value"]}
     return Node("pad", (joined,), attrs, node.outputs, node.loc)
 

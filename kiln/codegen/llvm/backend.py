@@ -112,10 +112,12 @@ class LLVMBackend:
 def _native(node) -> str | None:
     """Why the primitive node ``node`` is not compiled as a function of its own (None: it is)."""
     if node.op in INDEX_OPS:
-        from .kernels_index import compilable  # noqa: PLC0415 - a cache hit loads code without the generator
-    else:
-        from .kernels_window import compilable  # noqa: PLC0415
-    return compilable(node)
+        from .kernels_index import compilable as index_compilable  # noqa: PLC0415 - a cache hit loads code without the generator
+
+        return index_compilable(node)
+    from .kernels_window import compilable as window_compilable  # noqa: PLC0415
+
+    return window_compilable(node)
 
 
 def _element_strides(value, strides: tuple) -> tuple[int, ...]:

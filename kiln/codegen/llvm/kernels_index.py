@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 from llvmlite import ir
 
@@ -104,12 +105,15 @@ class _Geometry:
         self.v_row, self.v_column = v_row, v_column  # values' strides: per position, per column
 
 
+def _shape(value) -> tuple[int, ...]:
+    return cast(tuple[int, ...], tuple(value.type.shape))  # static: ``compilable`` checked it
+
+
 def _geometry(node: Node, layouts: Sequence[tuple[int, ...]]) -> _Geometry | None:
-    x = node.inputs[0]
-    x_shape = tuple(x.type.shape)
+    x_shape = _shape(node.inputs[0])
     x_strides = layouts[0]
     idx_pos = 1 if node.op == "take" else 2
-    idx_shape = tuple(node.inputs[idx_pos].type.shape)
+    idx_shape = _shape(node.inputs[idx_pos])
     positions, columns = math.prod(idx_shape), math.prod(x_shape[1:])
     idx_stride = _flat(idx_shape, layouts[idx_pos])
     x_column = _flat(x_shape[1:], x_strides[1:])
@@ -118,7 +122,7 @@ def _geometry(node: Node, layouts: Sequence[tuple[int, ...]]) -> _Geometry | Non
     if node.op == "take":
         return _Geometry(x_shape, positions, columns, idx_stride, x_strides[0], x_column)
     indexed = idx_shape + x_shape[1:]
-    v_strides = _broadcast_strides(node.inputs[1].type.shape, layouts[1], indexed)
+    v_strides = _broadcast_strides(_shape(node.inputs[1]), layouts[1], indexed)
     v_row = _flat(idx_shape, v_strides[: len(idx_shape)])
     v_column = _flat(x_shape[1:], v_strides[len(idx_shape) :])
     if v_row is None or v_column is None:

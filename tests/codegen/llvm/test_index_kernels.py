@@ -47,7 +47,9 @@ def _check(graph, inputs_per_call):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("x_shape, idx_shape", [((7, 5), (9,)), ((6,), (4, 3)), ((5, 2, 3), (2, 4)), ((300, 64), (4096,))])
+@pytest.mark.parametrize(
+    "x_shape, idx_shape", [((7, 5), (9,)), ((6,), (4, 3)), ((5, 2, 3), (2, 4)), ((300, 64), (4096,))]
+)
 def test_take_equals_the_eager_kernel(dtype, x_shape, idx_shape):
     rng = np.random.default_rng(0)
     graph = _graph("take", TensorType(x_shape, dtype), idx_shape)
