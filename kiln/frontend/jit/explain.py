@@ -307,13 +307,16 @@ def _describe_specialization(i: int, spec, reason: str, guards: list[str]) -> li
     if grads:
         lines.append(f"  sets .grad of {len(grads)} input(s)")
     kernels = [node for node in graph.nodes if node.op == KERNEL]
-    if spec.report is not None:  # what the backend left to eager kernels (it compiles unfold/fold too)
-        eager = Counter(spec.report.externs)
-    else:
-        eager = Counter(node.op for node in graph.nodes if node.op not in (KERNEL, CONSTANT))
+    primitives = Counter(node.op for node in graph.nodes if node.op not in (KERNEL, CONSTANT))
+    # what the backend left to eager kernels; the rest it compiled as functions of their own (unfold, take...)
+    eager = Counter(spec.report.externs) if spec.report is not None else primitives
+    native = primitives - eager
+    compiled = f"{sum(native.values())} compiled primitive(s), " if native else ""
     lines.append(f"  nodes:   {traced} traced -> {len(graph.nodes)} after the passes: {len(kernels)} kernel(s), "
-                 f"{sum(eager.values())} node(s) on eager kernels")  # fmt: skip
+                 f"{compiled}{sum(eager.values())} node(s) on eager kernels")  # fmt: skip
     lines.extend(f"    {line}" for line in _runs_of_kernels(kernels))
+    if native:
+        lines.append("    compiled primitives: " + ", ".join(f"{op} x{c}" for op, c in sorted(native.items())))
     if eager:
         lines.append("    eager kernels: " + ", ".join(f"{op} x{c}" for op, c in sorted(eager.items())))
     lines.extend(_memory_lines(spec))
