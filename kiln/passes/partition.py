@@ -21,10 +21,10 @@ values remain (the frontend renumbers the backward's saved inputs after it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..ir.analysis import ELEMENTWISE_ROLE, VIEW_ROLE, body_role
+from ..ir.analysis import ELEMENTWISE_ROLE, VIEW_ROLE, Liveness, body_role
 from ..ir.graph import CONSTANT, Graph, GraphBuilder, Node, Value
 from ..ir.types import is_static
 
@@ -83,10 +83,11 @@ def _walk(value: Value, available, producers: dict[Value, Node]) -> tuple[list[N
     return (order, missing) if visit(value, root=True) else None
 
 
-def _promote(saved_values: list[Value], available, producers) -> list[Value]:
+def _promote(saved_values: list[Value], available, producers, changed: set[Value]) -> list[Value]:
     """Values worth saving instead of several saved ones: a value that saved values are cheap
     functions of, smaller than those it replaces (GELU's input instead of the intermediates its
-    gradient reads). Greedy: the best gain first, until no value gains."""
+    gradient reads). Greedy: the best gain first, until no value gains. Never one of ``changed``
+    (memory the call itself writes into later: the backward would read the new values)."""
     covers: dict[Value, set[Value]] = {}
     for v in set(saved_values):
         walk = _walk(v, available, producers)
@@ -94,6 +95,7 @@ def _promote(saved_values: list[Value], available, producers) -> list[Value]:
             continue
         ancestors = {u for node in walk[0] for u in node.inputs if not available(u)} | walk[1]
         ancestors = {u for u in ancestors if getattr(producers.get(u), "op", None) != CONSTANT}  # recomputed anyway
+        ancestors -= changed
         for u in ancestors - {v}:
             again = _walk(v, lambda w, u=u: w is u or available(w), producers)
             if again is not None and not again[1]:
@@ -115,11 +117,16 @@ def partition(
     saved: Sequence[int],
     saved_inputs: Sequence[int],
     readable: Mapping[int, int],
+    mutated: Collection[int] = (),
 ) -> Partition:
     """``saved[j]``: the forward output index of saved value j; ``saved_inputs[j]``: the backward
     input reading it; ``readable``: forward input index -> the backward input reading the same
-    captured tensor."""
+    captured tensor; ``mutated``: the forward inputs the call writes into (their memory, views of
+    them included, is never promoted to saved: it holds other values by the time the backward runs)."""
     producers = forward.producers()
+    written = {forward.inputs[i] for i in mutated}
+    root = Liveness(forward).root
+    changed = {v for v in forward.values() if root.get(v, v) in written}
     input_index = {v: i for i, v in enumerate(forward.inputs)}
     original = [forward.outputs[i] for i in saved]
     order = {v: k for k, v in enumerate(forward.values())}
@@ -127,7 +134,7 @@ def partition(
     def can_read(v: Value) -> bool:
         return input_index.get(v, -1) in readable
 
-    promoted = _promote(original, lambda v: v in set(original) or can_read(v), producers)
+    promoted = _promote(original, lambda v: v in set(original) or can_read(v), producers, changed)
     candidates = original + promoted  # j < len(original): saved before; the rest: promoted
     kept = set(range(len(candidates)))
     chains: dict[int, list[Node]] = {}

@@ -269,3 +269,12 @@ def test_norm_edge_cases():
         kiln.ones(2, 2).norm(p="nuc")
     with pytest.raises(IndexError, match="Dimension out of range"):
         kiln.ones(2, 2).norm(dim=2)
+
+
+def test_compiled_products_with_no_columns_or_rows():
+    """A stack times a matrix with an empty dim, compiled into the arena (out=) and eagerly."""
+    a, b = kiln.randn(4, 3, 5), kiln.randn(5, 0)
+    f = kiln.compile(lambda x, y: (x @ y + 1, (x @ kiln.randn(5, 2)).sum()))
+    for _ in range(3):
+        out, _ = f(a, b)
+        assert tuple(out.shape) == (4, 3, 0)

@@ -136,3 +136,31 @@ def test_training_step_peak_memory_is_not_above_eager():
     lines = step.state.specializations[0].report.describe()
     line = next(line for line in lines if "eager would hold" in line)  # "... of intermediates (0.39x)"
     assert float(line.rsplit("(", 1)[1].rstrip("x)")) <= 1.0, line
+
+
+def test_memory_the_call_writes_into_is_never_saved_for_the_backward():
+    """A view of a captured tensor that the call zeroes afterwards: saving the view (smaller than the
+    `where` the gradient reads) would hand the backward the zeros; the `where` is saved instead."""
+
+    def run(compiled: bool) -> list[float]:
+        rng = np.random.default_rng(0)
+        table = kiln.tensor(rng.uniform(-2, 2, (5, 2, 3)), dtype=kiln.float32)
+        scale = kiln.tensor(0.7, requires_grad=True)
+
+        def f():
+            flat = table.flatten()
+            picked = kiln.where(flat > 0.5, flat, scale)
+            out = picked / (scale.square() + 1)
+            flat.zero_()
+            return out
+
+        fn = kiln.compile(f) if compiled else f
+        grads = []
+        for _ in range(3):
+            table.data = kiln.tensor(rng.uniform(-2, 2, (5, 2, 3)), dtype=kiln.float32)
+            scale.grad = None
+            fn().sum().backward()
+            grads.append(scale.grad.item())
+        return grads
+
+    np.testing.assert_allclose(run(True), run(False), rtol=1e-6, atol=1e-6)

@@ -77,7 +77,8 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         if why is not None:
             trace.release()
             return None, why
-    graph, backward = _partition(compiled.options, backward, traced.builder.build(outputs), sources)
+    mutated = {i for i, _ in writebacks}
+    graph, backward = _partition(compiled.options, backward, traced.builder.build(outputs), sources, mutated)
     record: list = []
     strides = [e.tensor._data.strides for e in traced.externals]
     # mutated externals updated in place where that is safe, as eager does
@@ -221,15 +222,17 @@ class _PendingBackward:
     wrt: list[int]
 
 
-def _partition(options, pending: _PendingBackward, forward: Graph, sources: list):
-    """The forward graph without what the backward now recomputes, and the lowered ``BackwardPlan``."""
+def _partition(options, pending: _PendingBackward, forward: Graph, sources: list, mutated: set[int]):
+    """The forward graph without what the backward now recomputes, and the lowered ``BackwardPlan``.
+    ``mutated``: the forward inputs the call writes back into (changed in place): the backward
+    would read their new values, so nothing is recomputed from them."""
     if not isinstance(pending, _PendingBackward):
         return forward, pending  # None or a ConsumedPlan
     saved_inputs = [i for i, kind in enumerate(pending.inputs) if isinstance(kind, Saved)]
     read_by_backward = {id(kind.ref()): i for i, kind in enumerate(pending.inputs) if isinstance(kind, Captured)}
     readable = {f: read_by_backward[id(s.ref())] for f, s in enumerate(sources)
-                if isinstance(s, Captured) and id(s.ref()) in read_by_backward}  # fmt: skip
-    part = partition(forward, pending.graph, pending.saved_outputs, saved_inputs, readable)
+                if isinstance(s, Captured) and id(s.ref()) in read_by_backward and f not in mutated}  # fmt: skip
+    part = partition(forward, pending.graph, pending.saved_outputs, saved_inputs, readable, mutated)
     still_saved = {saved_inputs[j]: k for k, j in enumerate(part.kept)}  # backward input -> its new Saved index
     inputs = [Saved(still_saved[i]) if isinstance(kind, Saved) else kind
               for i, kind in enumerate(pending.inputs) if not isinstance(kind, Saved) or i in still_saved]  # fmt: skip

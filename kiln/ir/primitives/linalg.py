@@ -128,7 +128,8 @@ def _matmul_into(xp, a, b, *, out):
         return out
     order = _row_order(a, b)
     if order is not None and out.flags.c_contiguous and order == tuple(range(a.ndim - 1)):
-        xp.matmul(a.reshape(-1, a.shape[-1]), b, out=out.reshape(-1, out.shape[-1]))
+        rows = math.prod(a.shape[:-1])  # not -1: an output with no columns has size 0
+        xp.matmul(a.reshape(rows, a.shape[-1]), b, out=out.reshape(rows, out.shape[-1]))
         return out
     if order is not None:
         xp.copyto(out, _product_of_rows(xp, a, b, order))
