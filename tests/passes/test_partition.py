@@ -164,3 +164,22 @@ def test_memory_the_call_writes_into_is_never_saved_for_the_backward():
         return grads
 
     np.testing.assert_allclose(run(True), run(False), rtol=1e-6, atol=1e-6)
+
+
+def test_a_saved_view_of_a_tensor_the_call_mutates_raises_as_eager():
+    """Autograd saves a view of a captured tensor that the call then zeroes: eager's backward
+    raises; so does the compiled call's, on every call (never a gradient computed from the zeros)."""
+    table = kiln.arange(6.0)
+    scale = kiln.tensor(0.7, requires_grad=True)
+
+    def f():
+        flat = table.flatten()
+        out = flat * scale
+        flat.zero_()
+        return out
+
+    for fn in (f, kiln.compile(f)):
+        for k in range(3):
+            table.data = kiln.arange(6.0) + k
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                fn().sum().backward()
