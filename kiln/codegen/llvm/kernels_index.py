@@ -84,6 +84,8 @@ def compilable(node: Node, layouts: Sequence[tuple[int, ...]] | None = None) -> 
         return f"{node.op} with {len(indices)} index tensors runs on its eager kernel"
     if x.type.ndim < 1 or x.type.dtype not in _VALUE_DTYPES:
         return f"{node.op} of {x.type.dtype.name} runs on its eager kernel"
+    if 0 in x.type.shape[1:]:  # rows of no elements: no unit would read an index to check it
+        return f"{node.op} of empty rows runs on its eager kernel"
     if indices[0].type.dtype not in _INDEX_DTYPES:
         return f"{node.op} with {indices[0].type.dtype.name} indices runs on its eager kernel"
     if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
@@ -153,7 +155,7 @@ def index(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts
 
 
 def _row(builder: ir.IRBuilder, idx: ir.Value, idx_dtype: dt.DType, position: ir.Value, g: _Geometry,
-         status: ir.Value) -> ir.Value:  # fmt: skip
+         status: ir.Value) -> tuple[ir.Value, ir.Value]:  # fmt: skip
     """The row index at ``position`` (wrapped when negative) and whether it is in range; an index out
     of range sets the status word."""
     at = builder.mul(position, i64(g.idx_stride), flags=("nsw",))

@@ -148,3 +148,13 @@ def test_embedding_training_step_compiled_equals_eager():
 
     for ours, theirs in zip(run(True), run(False), strict=True):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("op", ["take", "index_put"])
+def test_rows_of_no_elements_run_on_the_eager_kernel_which_checks_the_indices(op):
+    graph = _graph(op, TensorType((5, 0), dt.float32), (2,), (2, 0), accumulate=True)
+    compiled = compile_graph(graph, CompileOptions(backend="llvm"))
+    x, values = np.ones((5, 0), np.float32), np.ones((2, 0), np.float32)
+    inputs = [x, np.array([0, 7])] if op == "take" else [x, values, np.array([0, 7])]
+    with pytest.raises(IndexError, match="out of bounds"):
+        compiled.program(inputs)

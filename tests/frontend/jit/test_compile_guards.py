@@ -236,8 +236,8 @@ def test_rebinding_a_closure_variable_retraces():
     assert len(f.state.specializations) == 2
 
 
-def test_captured_tensor_shape_change_retraces():
-    w = kiln.ones(3)
+def _compiled_scale_by(w):
+    """``x.sum() * w`` compiled, with ``w`` captured, after three calls; and its argument."""
 
     @kiln.compile
     def f(x):
@@ -246,9 +246,19 @@ def test_captured_tensor_shape_change_retraces():
     x = _x(3)
     for _ in range(3):
         f(x)
-    w.data = kiln.full((4,), 3.0)
-    for _ in range(3):
+    return f, x
+
+
+def _agrees_with_eager(f, x, w, calls: int = 2) -> None:
+    for _ in range(calls):
         assert_tree_close(f(x), x.sum() * w, rtol=RTOL, atol=ATOL)
+
+
+def test_captured_tensor_shape_change_retraces():
+    w = kiln.ones(3)
+    f, x = _compiled_scale_by(w)
+    w.data = kiln.full((4,), 3.0)
+    _agrees_with_eager(f, x, w, calls=3)
     assert len(f.state.specializations) == 2
 
 
@@ -256,23 +266,13 @@ def test_a_captured_tensor_given_new_data_of_another_layout_is_seen_every_time()
     # the guards compare array identity first (the arrays of the last matching call): a new array of
     # the same shape but other strides, or requires_grad turned on, must still be seen
     w = kiln.ones(2, 3)
-
-    @kiln.compile
-    def f(x):
-        return x.sum() * w
-
-    x = _x(3)
-    for _ in range(3):
-        f(x)
+    f, x = _compiled_scale_by(w)
     w.data = kiln.arange(6.0).reshape(3, 2).t()  # (2, 3), transposed strides
-    for _ in range(2):
-        assert_tree_close(f(x), x.sum() * w, rtol=RTOL, atol=ATOL)
+    _agrees_with_eager(f, x, w)
     w.data = kiln.full((2, 3), 2.0)  # C order again: the first specialization's layout
-    for _ in range(2):
-        assert_tree_close(f(x), x.sum() * w, rtol=RTOL, atol=ATOL)
+    _agrees_with_eager(f, x, w)
     w.requires_grad_()
-    out = f(x)
-    assert out.requires_grad
+    assert f(x).requires_grad
     assert len(f.state.specializations) == 3
 
 
