@@ -49,7 +49,7 @@ ULP_BOUNDS: dict[str, tuple[float, float]] = {  # (float32, float64); measured m
     "log": (1, 1.5),
     "log1p": (1.5, 1.5),
     "pow": (1, 2),
-    "tanh": (1.5, 1.5),
+    "tanh": (2.1, 1.5),  # float32: 2.01 measured, one formula (see special.tanh_body)
     "sigmoid": (2.5, 2.5),
     "erf": (2, 1.5),
     "sin": (1, 1.5),

@@ -138,7 +138,7 @@ DEGREES = {  # name -> (float32 degree, float64 degree); None: that precision do
     "LOG1P_Q": (8, None),
     "LOG_P": (None, 7),
     "LOG_P1": (None, 6),
-    "TANH_P": (5, 11),
+    "TANH_P": (None, 11),
     "ERF_SMALL": (6, 12),
     "ERFC_LOG": (7, 20),
     "SIN_S": (3, 6),  # float32 sin/cos are evaluated in float64

@@ -14,12 +14,8 @@ from ..core import Scalar
 from .core import Float
 from .exp_log import exp_body, expm1_reduced, reduce_ln2
 
-# tanh(x) = x + x^3 P(x^2) for |x| < 0.625 (fit TANH_P)
+# float64 tanh(x) = x + x^3 P(x^2) for |x| < 0.625 (fit TANH_P)
 TANH_LIMIT = 0.625
-TANH_P_F32 = (
-    -0.3333333134651184, 0.1333320587873459, -0.05394676327705383, 0.021700702607631683, -0.008177397772669792,
-    0.0021429613698273897,
-)  # fmt: skip
 TANH_P_F64 = (
     -0.33333333333333315, 0.13333333333329742, -0.053968253966058956, 0.02186948846871644, -0.008863234312589967,
     0.0035921139999533936, -0.0014557259484148312, 0.000589451800007331, -0.00023701173230345558,
@@ -48,14 +44,24 @@ def _odd_poly(m: Float, x: Scalar, coeffs: tuple[float, ...]) -> Scalar:
 
 
 def tanh_body(m: Float, x: Scalar) -> Scalar:
-    """tanh(x): x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1)), which
-    saturates to +-1 without overflow trouble (exp(2|x|) = inf gives exactly 1)."""
+    """tanh(x). float64: x + x^3 P(x^2) for |x| < 0.625, else sign(x) (1 - 2 / (exp(2|x|) + 1)),
+    which saturates to +-1 without overflow trouble (exp(2|x|) = inf gives exactly 1).
+
+    float32: sign(x) E / (E + 2) with E = expm1(2|x|), one formula over the whole range, which
+    makes a compute-bound kernel like tanh-GELU 1.4x faster than the two formulas and their select.
+    expm1 keeps its relative accuracy near 0 (E ~ 2|x|: no cancellation), but rounding E + 2 costs
+    about half an ulp more than the two formulas (2.0 against 1.5 ulp); correcting the quotient
+    for it costs as much as the select saves."""
     a = m.abs(x)
-    small = _odd_poly(m, x, TANH_P_F64 if m.is64 else TANH_P_F32)
     # past 2|x| = 20 (float32) / 40 (float64) the result rounds to 1: clamping there keeps 2^k normal,
     # so exp needs no overflow handling (one power-of-two factor instead of ldexp's two)
     k, r = reduce_ln2(m, m.clamp(m.add(a, a), 0.0, 40.0 if m.is64 else 20.0))
-    e = m.mul(m.add(m.c(1.0), expm1_reduced(m, r)), m.pow2(m.to_int(k)))
+    u = m.pow2(m.to_int(k))
+    if not m.is64:
+        e = m.fma(u, expm1_reduced(m, r), m.sub(u, m.c(1.0)))  # 2^k (expm1(r) + 1) - 1, exact 2^k - 1
+        return m.select(m.isnan(x), x, m.copysign(m.div(e, m.add(e, m.c(2.0))), x))
+    small = _odd_poly(m, x, TANH_P_F64)
+    e = m.mul(m.add(m.c(1.0), expm1_reduced(m, r)), u)
     large = m.copysign(m.sub(m.c(1.0), m.div(m.c(2.0), m.add(e, m.c(1.0)))), x)
     result = m.select(m.lt(a, m.c(TANH_LIMIT)), small, large)
     return m.select(m.isnan(x), x, result)
