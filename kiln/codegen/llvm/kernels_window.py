@@ -10,9 +10,11 @@ kernel is (``kernels.py``): the executor runs it on the thread pool and reads it
   the output's memory order, ``batch_inner`` or not); a plane is rows of ``o_last`` elements copied
   from the input at stride ``stride[-1]``, so a unit-stride convolution's rows are contiguous loads
   and stores, and the division of a flat index into the output's dims runs once per plane.
-- ``fold``: a unit is one ``(n, c)`` plane of the output, which it zeroes and then sums every
-  window element of that plane into: threads own disjoint planes, so there are no races, and the
-  result does not depend on how units are split (each element's sum runs in the same order).
+- ``fold``: a unit is a block of ``(n, c)`` planes of the output with one ``c`` (a block of samples
+  when the windows are ``batch_inner``, so each kernel offset's windows are read in order), which
+  it zeroes and then sums every window element of those planes into: threads own disjoint planes,
+  so there are no races, and the result does not depend on how units are split (each element's
+  sum runs in the same order).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from .loops import for_range, i64, minimum
 
 #: Output elements per parallel unit of an unfold (whole rows; at least one row).
 CHUNK = 16384
+#: Output elements of a fold unit's block of planes (at least one plane): 64 KB of float32, in L2.
+FOLD_BLOCK = 16384
 
 
 def compilable(node: Node) -> str | None:
@@ -85,6 +89,39 @@ def _dot(builder: ir.IRBuilder, terms: Sequence[tuple[ir.Value, int]]) -> ir.Val
     return total
 
 
+def _row(builder: ir.IRBuilder, count: int, src, dst, src_step: int, dst_step: int, dtype: dt.DType, add: bool) -> None:
+    """dst[i * dst_step] (+)= src[i * src_step] for i < count, from the element offsets ``src`` of
+    the input and ``dst`` of the output. A short row of unit steps (both contiguous, under 64
+    elements: convolution rows are 4 to 32 wide) is a few explicit vectors of descending widths
+    (28 = 16 + 8 + 4 floats): the loop vectorizer's own choice, 4 vectors of 16 lanes an iteration,
+    runs such a row in its scalar remainder, and after the row is unrolled the SLP vectorizer
+    cannot prove the input and output apart. Longer or strided rows are a loop."""
+    kind = memory_type(dtype)
+    if src_step == dst_step == 1 and count < 64:
+        lanes, done = 64 // dtype.itemsize, 0
+        while done < count:
+            while lanes > count - done:
+                lanes //= 2
+            vector = ir.VectorType(kind, lanes) if lanes > 1 else kind
+            offset = i64(done)
+            source = element_pointer(builder, src[0], builder.add(src[1], offset, flags=("nsw",)), dtype)
+            target = element_pointer(builder, dst[0], builder.add(dst[1], offset, flags=("nsw",)), dtype)
+            value = builder.load(source, typ=vector, align=dtype.itemsize)
+            if add:
+                value = builder.fadd(builder.load(target, typ=vector, align=dtype.itemsize), value)
+            builder.store(value, target, align=dtype.itemsize)
+            done += lanes
+        return
+    with for_range(builder, 0, count, name="o", parallel=True) as o:
+        at_src = builder.add(src[1], builder.mul(o, i64(src_step), flags=("nsw",)), flags=("nsw",))
+        at_dst = builder.add(dst[1], builder.mul(o, i64(dst_step), flags=("nsw",)), flags=("nsw",))
+        target = element_pointer(builder, dst[0], at_dst, dtype)
+        value = builder.load(element_pointer(builder, src[0], at_src, dtype), typ=kind)
+        if add:
+            value = builder.fadd(builder.load(target, typ=kind), value)
+        builder.store(value, target)
+
+
 def _shape(value) -> tuple[int, ...]:
     return cast(tuple[int, ...], tuple(value.type.shape))  # static: ``compilable`` checked it
 
@@ -128,11 +165,7 @@ def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...])
             src_row = builder.add(base, builder.mul(row, i64(row_step), flags=("nsw",)), flags=("nsw",))
             flat_row = builder.add(builder.mul(plane, i64(rows_per_plane), flags=("nsw",)), row, flags=("nsw",))
             out_base = builder.mul(flat_row, i64(inner), flags=("nsw",))
-            with for_range(builder, 0, inner, name="o", parallel=True) as o:
-                src = builder.add(src_row, builder.mul(o, i64(coefficient["o", d - 1]), flags=("nsw",)), flags=("nsw",))
-                value = builder.load(element_pointer(builder, pointers[0], src, dtype), typ=memory_type(dtype))
-                dst = builder.add(out_base, o, flags=("nsw",))
-                builder.store(value, element_pointer(builder, pointers[1], dst, dtype))
+            _row(builder, inner, (pointers[0], src_row), (pointers[1], out_base), coefficient["o", d - 1], 1, dtype, add=False)
     return extent
 
 
@@ -141,8 +174,7 @@ def _fold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -
     d = len(kernel)
     out_shape = _shape(node.output)  # (N, C, *S), C order
     n_size, c_size, size = out_shape[0], out_shape[1], out_shape[2:]
-    cols_shape = _shape(node.inputs[0])
-    out_spatial = cols_shape[-d:]
+    out_spatial = _shape(node.inputs[0])[-d:]
     dtype = node.output.type.dtype
     plane = math.prod(size)
     # the windows' strides by meaning (the input is (C, *K, N, *O) when batch_inner)
@@ -152,29 +184,37 @@ def _fold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -
         n_stride, c_stride, k_strides, o_strides = strides[0], strides[1], strides[2 : 2 + d], strides[2 + d :]
     size_strides = [math.prod(size[i + 1 :]) for i in range(d)]  # the output plane's, C order
     zero = ir.Constant(memory_type(dtype), 0.0)
-    with for_range(builder, begin, end, name="plane") as unit:
-        n, c = builder.udiv(unit, i64(c_size)), builder.urem(unit, i64(c_size))
-        out_base = builder.mul(unit, i64(plane), flags=("nsw",))
-        with for_range(builder, 0, plane, name="z", parallel=True) as z:
-            builder.store(zero, element_pointer(builder, pointers[1], builder.add(out_base, z), dtype))
-        cols_base = _dot(builder, [(n, n_stride), (c, c_stride)])
-        # one pass per kernel offset and output row: windows add in the same order as the eager fold
+    # A unit is a block of (n, c) planes of one c: the block's planes are zeroed, then each kernel
+    # offset adds its windows into every plane of the block. With batch_inner, one offset's windows
+    # for a block of samples are one stretch of memory, read in order; with one plane per unit they
+    # were a short stretch per offset (64 bytes in ResNet's last stage), and fold ran at a third of
+    # unfold's bandwidth. Each element still sums its windows in offset order, as the eager fold.
+    block = max(1, min(n_size, FOLD_BLOCK // max(1, plane))) if batch_inner else 1
+    blocks = -(-n_size // block)
+    with for_range(builder, begin, end, name="unit") as unit:
+        c, first_n = builder.udiv(unit, i64(blocks)), builder.mul(builder.urem(unit, i64(blocks)), i64(block))
+        last_n = minimum(builder, builder.add(first_n, i64(block)), i64(n_size))
+
+        def out_base(n):
+            return builder.mul(builder.add(builder.mul(n, i64(c_size)), c), i64(plane), flags=("nsw",))
+
+        with for_range(builder, first_n, last_n, name="zn", vectorize=False) as n:
+            base = out_base(n)
+            with for_range(builder, 0, plane, name="z", parallel=True) as z:
+                builder.store(zero, element_pointer(builder, pointers[1], builder.add(base, z), dtype))
         with for_range(builder, 0, math.prod(kernel), name="k", vectorize=False) as k_flat:
             k = _split(builder, k_flat, kernel)
-            with for_range(builder, 0, math.prod(out_spatial[:-1]), name="r", vectorize=False) as r_flat:
-                o = _split(builder, r_flat, out_spatial[:-1])
-                src = _dot(builder, [*zip(k, k_strides), *zip(o, o_strides[:-1])])
-                src = builder.add(cols_base, src, flags=("nsw",))
-                dst = _dot(
-                    builder,
-                    [(k[i], dilation[i] * size_strides[i]) for i in range(d)]
-                    + [(o[i], stride[i] * size_strides[i]) for i in range(d - 1)],
-                )
-                dst = builder.add(out_base, dst, flags=("nsw",))
-                with for_range(builder, 0, out_spatial[-1], name="o", parallel=True) as last:
-                    at_src = builder.add(src, builder.mul(last, i64(o_strides[-1]), flags=("nsw",)), flags=("nsw",))
-                    at_dst = builder.add(dst, builder.mul(last, i64(stride[-1]), flags=("nsw",)), flags=("nsw",))
-                    target = element_pointer(builder, pointers[1], at_dst, dtype)
-                    value = builder.load(element_pointer(builder, pointers[0], at_src, dtype), typ=memory_type(dtype))
-                    builder.store(builder.fadd(builder.load(target, typ=memory_type(dtype)), value), target)
-    return n_size * c_size  # one unit per (n, c) plane
+            k_src = _dot(builder, [(c, c_stride), *zip(k, k_strides)])
+            k_dst = _dot(builder, [(k[i], dilation[i] * size_strides[i]) for i in range(d)])
+            with for_range(builder, first_n, last_n, name="n", vectorize=False) as n:
+                n_src = builder.add(k_src, builder.mul(n, i64(n_stride), flags=("nsw",)), flags=("nsw",))
+                n_dst = builder.add(out_base(n), k_dst, flags=("nsw",))
+                # one pass per output row of windows: a row adds out_spatial[-1] elements at stride[-1]
+                with for_range(builder, 0, math.prod(out_spatial[:-1]), name="r", vectorize=False) as r_flat:
+                    o = _split(builder, r_flat, out_spatial[:-1])
+                    src = builder.add(n_src, _dot(builder, list(zip(o, o_strides[:-1]))), flags=("nsw",))
+                    row = [(o[i], stride[i] * size_strides[i]) for i in range(d - 1)]
+                    dst = builder.add(n_dst, _dot(builder, row), flags=("nsw",))
+                    windows, plane_row = (pointers[0], src), (pointers[1], dst)
+                    _row(builder, out_spatial[-1], windows, plane_row, o_strides[-1], stride[-1], dtype, add=True)
+    return c_size * blocks
