@@ -165,7 +165,8 @@ def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...])
             src_row = builder.add(base, builder.mul(row, i64(row_step), flags=("nsw",)), flags=("nsw",))
             flat_row = builder.add(builder.mul(plane, i64(rows_per_plane), flags=("nsw",)), row, flags=("nsw",))
             out_base = builder.mul(flat_row, i64(inner), flags=("nsw",))
-            _row(builder, inner, (pointers[0], src_row), (pointers[1], out_base), coefficient["o", d - 1], 1, dtype, add=False)
+            source_row, output_row = (pointers[0], src_row), (pointers[1], out_base)
+            _row(builder, inner, source_row, output_row, coefficient["o", d - 1], 1, dtype, add=False)
     return extent
 
 
