@@ -13,7 +13,7 @@ executor then runs the node on its eager kernel, which raises the error the eage
 (``KernelCall``), so a compiled call fails exactly as an eager one.
 
 - ``take``: a unit is a block of index positions; each copies its row (the trailing dims, read
-  at their strides) into the C-order output.
+  at their strides) into the C-order output, a short contiguous row as a few vectors.
 - ``index_put``: a unit is a block of columns (elements of a row of ``x``): it copies its columns
   of ``x`` into the output, then writes (or adds) its columns of each indexed row, index after
   index in order. Threads own disjoint columns, so there are no races, and every element sees
@@ -34,7 +34,7 @@ from ...ir.types import is_static
 from . import Unsupported
 from .emitter import memory_type
 from .kernel_info import INDEX_OPS
-from .kernels_emit import element_pointer
+from .kernels_emit import element_pointer, transfer_row
 from .loops import I64, for_range, i64, minimum
 
 #: Elements per parallel unit: rows of a take, columns (times the rows they span) of an index_put.
@@ -181,10 +181,7 @@ def _take(builder, pointers, begin, end, node: Node, g: _Geometry) -> int:
         with builder.if_then(ok, likely=True):
             src = builder.mul(row, i64(g.x_row), flags=("nsw",))
             dst = builder.mul(position, i64(g.columns), flags=("nsw",))
-            with for_range(builder, 0, g.columns, name="c", parallel=True) as c:
-                at = builder.add(src, builder.mul(c, i64(g.x_column), flags=("nsw",)), flags=("nsw",))
-                value = builder.load(element_pointer(builder, x, at, dtype), typ=memory_type(dtype))
-                builder.store(value, element_pointer(builder, out, builder.add(dst, c, flags=("nsw",)), dtype))
+            transfer_row(builder, g.columns, (x, src), (out, dst), g.x_column, 1, dtype, add=False)
     return extent
 
 

@@ -31,7 +31,7 @@ from ...ir.types import is_static
 from . import Unsupported
 from .emitter import memory_type
 from .kernel_info import WINDOW_OPS
-from .kernels_emit import element_pointer
+from .kernels_emit import element_pointer, transfer_row
 from .loops import for_range, i64, minimum
 
 #: Output elements per parallel unit of an unfold (whole rows; at least one row).
@@ -89,39 +89,6 @@ def _dot(builder: ir.IRBuilder, terms: Sequence[tuple[ir.Value, int]]) -> ir.Val
     return total
 
 
-def _row(builder: ir.IRBuilder, count: int, src, dst, src_step: int, dst_step: int, dtype: dt.DType, add: bool) -> None:
-    """dst[i * dst_step] (+)= src[i * src_step] for i < count, from the element offsets ``src`` of
-    the input and ``dst`` of the output. A short row of unit steps (both contiguous, under 64
-    elements: convolution rows are 4 to 32 wide) is a few explicit vectors of descending widths
-    (28 = 16 + 8 + 4 floats): the loop vectorizer's own choice, 4 vectors of 16 lanes an iteration,
-    runs such a row in its scalar remainder, and after the row is unrolled the SLP vectorizer
-    cannot prove the input and output apart. Longer or strided rows are a loop."""
-    kind = memory_type(dtype)
-    if src_step == dst_step == 1 and count < 64:
-        lanes, done = 64 // dtype.itemsize, 0
-        while done < count:
-            while lanes > count - done:
-                lanes //= 2
-            vector = ir.VectorType(kind, lanes) if lanes > 1 else kind
-            offset = i64(done)
-            source = element_pointer(builder, src[0], builder.add(src[1], offset, flags=("nsw",)), dtype)
-            target = element_pointer(builder, dst[0], builder.add(dst[1], offset, flags=("nsw",)), dtype)
-            value = builder.load(source, typ=vector, align=dtype.itemsize)
-            if add:
-                value = builder.fadd(builder.load(target, typ=vector, align=dtype.itemsize), value)
-            builder.store(value, target, align=dtype.itemsize)
-            done += lanes
-        return
-    with for_range(builder, 0, count, name="o", parallel=True) as o:
-        at_src = builder.add(src[1], builder.mul(o, i64(src_step), flags=("nsw",)), flags=("nsw",))
-        at_dst = builder.add(dst[1], builder.mul(o, i64(dst_step), flags=("nsw",)), flags=("nsw",))
-        target = element_pointer(builder, dst[0], at_dst, dtype)
-        value = builder.load(element_pointer(builder, src[0], at_src, dtype), typ=kind)
-        if add:
-            value = builder.fadd(builder.load(target, typ=kind), value)
-        builder.store(value, target)
-
-
 def _shape(value) -> tuple[int, ...]:
     return cast(tuple[int, ...], tuple(value.type.shape))  # static: ``compilable`` checked it
 
@@ -166,7 +133,7 @@ def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...])
             flat_row = builder.add(builder.mul(plane, i64(rows_per_plane), flags=("nsw",)), row, flags=("nsw",))
             out_base = builder.mul(flat_row, i64(inner), flags=("nsw",))
             source_row, output_row = (pointers[0], src_row), (pointers[1], out_base)
-            _row(builder, inner, source_row, output_row, coefficient["o", d - 1], 1, dtype, add=False)
+            transfer_row(builder, inner, source_row, output_row, coefficient["o", d - 1], 1, dtype, add=False)
     return extent
 
 
@@ -217,5 +184,7 @@ def _fold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -
                     row = [(o[i], stride[i] * size_strides[i]) for i in range(d - 1)]
                     dst = builder.add(n_dst, _dot(builder, row), flags=("nsw",))
                     windows, plane_row = (pointers[0], src), (pointers[1], dst)
-                    _row(builder, out_spatial[-1], windows, plane_row, o_strides[-1], stride[-1], dtype, add=True)
+                    transfer_row(
+                        builder, out_spatial[-1], windows, plane_row, o_strides[-1], stride[-1], dtype, add=True
+                    )
     return c_size * blocks

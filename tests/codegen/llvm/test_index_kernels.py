@@ -48,7 +48,9 @@ def _check(graph, inputs_per_call):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    "x_shape, idx_shape", [((7, 5), (9,)), ((6,), (4, 3)), ((5, 2, 3), (2, 4)), ((300, 64), (4096,))]
+    "x_shape, idx_shape",
+    # rows of 5, 1, 6, 31 (copied as vectors of 16 + 8 + 4 + 2 + 1 lanes for 4-byte types) and 64 (a loop)
+    [((7, 5), (9,)), ((6,), (4, 3)), ((5, 2, 3), (2, 4)), ((40, 31), (50,)), ((300, 64), (4096,))],
 )
 def test_take_equals_the_eager_kernel(dtype, x_shape, idx_shape):
     rng = np.random.default_rng(0)
