@@ -6,8 +6,9 @@ of embeddings (``take``, ``index_put``: ``kernels_index``) are compiled there to
 the code generator declines (``Unsupported``) or fails on -- an exception from the generator, or
 LLVM rejecting its code -- runs on the interpreter and the others stay compiled (``report.declined``
 says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests). ``load`` loads the object
-code and builds the runtime's ``CompiledProgram``. The code (kernel symbols and object code)
-encodes to bytes for the disk cache.
+code (``kiln.runtime.elf`` where it can, llvmlite's MCJIT elsewhere) and builds the runtime's
+``CompiledProgram``. The code (kernel symbols and object code) encodes to bytes for the disk
+cache; loading it from there, with the host signature remembered (``host``), needs no LLVM.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from typing import TYPE_CHECKING
 
 from ...ir.dtypes import float16
 from ...ir.graph import KERNEL, Graph, Node
+from ...runtime import elf
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
-from . import Unsupported, engine
+from . import Unsupported, host
 from .kernel_info import INDEX_OPS, NATIVE_OPS, STATUS_OPS, KernelInfo
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ class LLVMBackend:
         return None
 
     def signature(self) -> str:
-        return engine.host_signature()
+        return host.signature()
 
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
         from .kernels import KernelModule  # noqa: PLC0415 - a cache hit loads code without the generator
@@ -78,7 +80,7 @@ class LLVMBackend:
         return LLVMCode(kernels, objects)
 
     def load(self, lowered: Lowered, code: LLVMCode) -> CompiledProgram:
-        library = engine.Library(code.objects) if code.objects else None
+        library = _library(code.objects) if code.objects else None
         nodes = lowered.graph.nodes
         kernels = {}
         for position, info in code.kernels.items():
@@ -109,6 +111,19 @@ class LLVMBackend:
         return LLVMCode(kernels, parts[1:])
 
 
+def _library(objects: list[bytes]):
+    """The object code loaded: by kiln's own ELF loader where it applies (a cache hit then loads no
+    LLVM at all), else through llvmlite's MCJIT. Both run the same machine code."""
+    if elf.supported():
+        try:
+            return elf.LoadedObjects(objects)
+        except elf.Unsupported as why:
+            logger.debug("kiln: loading the object code through LLVM: %s", why)
+    from . import engine  # noqa: PLC0415 - loads LLVM
+
+    return engine.Library(objects)
+
+
 def _native(node) -> str | None:
     """Why the primitive node ``node`` is not compiled as a function of its own (None: it is)."""
     if node.op in INDEX_OPS:
@@ -129,6 +144,8 @@ def _compile(module: KernelModule, graph: Graph, kernels: dict, strides: dict, r
     """Object code for ``kernels``: one LLVM compile of the whole module. Should LLVM fail on it, each
     kernel is compiled in a module of its own, to find the kernels it fails on; those leave
     ``kernels`` (they run on the interpreter) and the others keep their own object code."""
+    from . import engine  # noqa: PLC0415 - a cache hit loads code without LLVM
+
     try:
         return [engine.compile_ir(module.ir())]
     except Exception as error:  # noqa: BLE001 - attributed to its kernels below
