@@ -42,7 +42,13 @@ OPS_2D = [
     ("sum", lambda m, x: m.sum(x)),
     ("sum_dim", lambda m, x: m.sum(x, 1)),
     ("sum_tuple_keepdim", lambda m, x: m.sum(x, (0, -1), keepdim=True)),
+    ("nansum", lambda m, x: m.nansum(x)),
+    ("nansum_dim_keepdim", lambda m, x: m.nansum(x, 1, keepdim=True)),
+    ("method_nansum_tuple", lambda m, x: x.nansum((0, 1))),
     ("mean", lambda m, x: m.mean(x)),
+    ("nanmean", lambda m, x: m.nanmean(x)),
+    ("nanmean_dim", lambda m, x: m.nanmean(x, 0)),
+    ("method_nanmean_keepdim", lambda m, x: x.nanmean(-1, keepdim=True)),
     ("mean_neg_dim", lambda m, x: m.mean(x, -1)),
     ("mean_tuple_keepdim", lambda m, x: m.mean(x, (0, 1), keepdim=True)),
     ("prod", lambda m, x: m.prod(x)),
@@ -334,3 +340,33 @@ def test_repeated_dims_raise():
 def test_softmax_requires_a_dim():
     with pytest.raises(TypeError, match="dim is required"):
         kiln.softmax(rand((2, 3)), None)
+
+
+def test_nansum_and_nanmean_on_integers_and_all_nan_rows(torch):
+    ints = kiln.tensor([[1, 2], [3, 4]])
+    assert kiln.nansum(ints).dtype == kiln.int64 and int(kiln.nansum(ints)) == 10
+    with pytest.raises(RuntimeError, match="nanmean\\(\\): expected input to have floating point .* got Long"):
+        kiln.nanmean(ints, dtype=kiln.float32)  # as torch: dtype converts a float input, it does not admit ints
+    x = kiln.tensor([[NAN, NAN], [1.0, NAN]], dtype=kiln.float64)
+    assert_close(kiln.nanmean(x, 1), torch.nanmean(to_torch(torch, x), 1), rtol=0, atol=0)  # an all-nan row: nan
+    assert_close(kiln.nansum(x, 1), torch.tensor([0.0, 1.0], dtype=torch.float64), rtol=0, atol=0)
+
+
+def test_nansum_and_nanmean_compiled_match_eager():
+    x = kiln.tensor([[1.0, NAN, 3.0], [NAN, NAN, NAN], [0.5, -2.0, 4.0]], dtype=kiln.float32).requires_grad_()
+
+    def f(t):
+        return t.nansum(0) * 2 + kiln.nanmean(t, 1, keepdim=True).nansum()
+
+    compiled = kiln.compile(f)
+    for _ in range(3):
+        x.grad = None
+        out = compiled(x)
+        out.sum().backward()
+        grad = x.grad.clone()
+        x.grad = None
+        expected = f(x)
+        expected.sum().backward()
+        assert_close(out, expected, rtol=1e-6, atol=1e-6)
+        assert_close(grad, x.grad, rtol=1e-6, atol=1e-6)
+        assert float(grad[1, 0]) == 0.0  # no gradient through a nan

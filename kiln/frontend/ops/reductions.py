@@ -18,11 +18,11 @@ from ..jit.regions import composite
 from ..opmath import in_float32
 from ..tensor import Tensor, method
 from ._util import cast
-from .elementwise import add, div, eq, exp, isinf, log, maximum, minimum, mul, ne, sqrt, sub, where
+from .elementwise import add, div, eq, exp, isinf, isnan, log, logical_not, maximum, minimum, mul, ne, sqrt, sub, where
 from .inplace import commit_inplace
 
 __all__ = [
-    "sum", "mean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "all", "any", "count_nonzero",
+    "sum", "nansum", "mean", "nanmean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "all", "any", "count_nonzero",
     "cumsum", "var", "std", "logsumexp", "softmax", "log_softmax",
 ]  # fmt: skip
 
@@ -84,6 +84,30 @@ def mean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tenso
     axes = normalize_axes(dim, input.ndim)
     total = apply(_reduce_sum, input, axes=axes, keepdim=keepdim)
     return div(total, _count(input._data.shape, axes))
+
+
+@method("nansum")
+def nansum(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """``sum`` with nan counted as zero, as ``torch.nansum``; the gradient is 0 where the input is nan.
+
+    >>> import kiln
+    >>> kiln.tensor([1.0, float("nan"), 2.0]).nansum()
+    tensor(3.)
+    """
+    if input._dtype.is_floating_point:
+        input = where(isnan(input), 0, input)
+    return sum(input, dim, keepdim, dtype=dtype)
+
+
+@method("nanmean")
+def nanmean(input: Tensor, dim=None, keepdim: bool = False, *, dtype=None) -> Tensor:
+    """The mean of the elements that are not nan (nan where all are), as ``torch.nanmean``:
+    floating inputs only (``dtype`` converts one, it does not admit integers)."""
+    _require_float(input, "nanmean(): expected input to have floating point or complex dtype but got {type}")
+    if dtype is not None:
+        input = cast(input, dt.as_dtype(dtype))
+    present = logical_not(isnan(input))
+    return div(nansum(input, dim, keepdim), sum(present, dim, keepdim))
 
 
 @method("prod")
