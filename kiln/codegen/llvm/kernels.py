@@ -207,11 +207,21 @@ def operand_pointers(builder: ir.IRBuilder, args: ir.Value, count: int, first: i
 
 
 @contextlib.contextmanager
-def nest(builder: ir.IRBuilder, env: VarEnv, groups: Sequence[Sequence[int]], sizes: Sequence) -> Iterator[None]:
-    """Nested loops over collapsed groups (outermost first); the innermost is declared parallel."""
+def nest(
+    builder: ir.IRBuilder,
+    env: VarEnv,
+    groups: Sequence[Sequence[int]],
+    sizes: Sequence,
+    interleave: int | None = None,
+) -> Iterator[None]:
+    """Nested loops over collapsed groups (outermost first); the innermost is declared parallel,
+    and vectorized ``interleave`` vectors an iteration where that is given (``for_range``)."""
     with contextlib.ExitStack() as stack:
         for k, (group, size) in enumerate(zip(groups, sizes, strict=True)):
-            loop = for_range(builder, 0, size, name=f"j{k}", parallel=k == len(groups) - 1)
+            innermost = k == len(groups) - 1
+            loop = for_range(
+                builder, 0, size, name=f"j{k}", parallel=innermost, interleave=interleave if innermost else None
+            )
             env.bind_group(group, stack.enter_context(loop))
         yield
 
@@ -306,6 +316,19 @@ def unit_loops(builder: ir.IRBuilder, env: VarEnv, groups, sizes: Sequence[Dim],
 # ----------------------------------------------------------------------------- reduction
 
 
+def _row_interleave(inner: Dim) -> int | None:
+    """How many vectors an iteration the loops within a row take: as many 16-lane vectors as the
+    inner stretch holds, 1 to 4 (None: the vectorizer's choice, for a symbolic stretch). Given,
+    it also keeps the row's loops from being unrolled. Unrolled, the passes over a row (a sum,
+    then a variance, then the outputs: LayerNorm) reuse each other's loads of the whole row: 64
+    vectors for a row of 1024 floats, live across passes and spilled to the stack (LayerNorm
+    4096x1024, one thread: 130 -> 102 us). The vectorizer's own interleave of 4 would leave a
+    short stretch (64 floats) to the scalar remainder (rows of 64: 323 -> 55 us)."""
+    if not isinstance(inner, int):
+        return None
+    return max(1, min(4, inner // 16))
+
+
 def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
     domain, rows = _reduction_rows(body)
     symbolic = isinstance(domain[0], Sym)
@@ -339,6 +362,7 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple
     args_ptr, begin, end = args
     env = VarEnv()
     target = _Body(builder, operand_pointers(builder, args_ptr, n_in + len(body.outputs)), env)
+    interleave = _row_interleave(sizes[-1]) if sizes else None
     # The row loop is never vectorized: its lanes would be rows, and it is innermost only when the
     # reduction is one element long, where LLVM's loop vectorizer spent minutes on a row body it
     # could not hoist (a broadcast input read at one address, outputs that may alias it).
@@ -349,7 +373,7 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple
             accumulators = [Accumulator(builder, r) for r in dag.reduces if r.level == level]
             for acc in accumulators:
                 acc.init()
-            with nest(builder, env, groups, sizes):
+            with nest(builder, env, groups, sizes, interleave=interleave):
                 scope = row_scope.child()
                 for acc in accumulators:
                     acc.update(target.emitter.emit(acc.reduce.arg, scope))
@@ -358,7 +382,7 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple
         if per_row:
             target.compute_then_store(per_row, row_scope)
         if full:
-            with nest(builder, env, groups, sizes):
+            with nest(builder, env, groups, sizes, interleave=interleave):
                 target.compute_then_store(full, row_scope.child())
     builder.ret_void()
     return (extent, 1) if symbolic else extent

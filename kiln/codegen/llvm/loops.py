@@ -49,12 +49,12 @@ class _DistinctMD(ir.values.MDValue):
         return id(self)
 
 
-def _mark_parallel(builder: ir.IRBuilder, blocks: list[ir.Block], latch_branch: ir.Instruction) -> None:
-    """Put every load and store of ``blocks`` in a fresh access group and declare the loop parallel.
+def _parallel_properties(module: ir.Module, blocks: list[ir.Block]) -> list:
+    """Put every load and store of ``blocks`` in a fresh access group; the loop properties that
+    declare the loop parallel over it.
 
     Stack slots (accumulators threaded through memory until SROA makes them registers) do carry a
     dependency from one iteration to the next, so their loads and stores stay out of the group."""
-    module = builder.module
     group = _DistinctMD(module, [])
     for block in blocks:
         for instr in block.instructions:
@@ -62,22 +62,23 @@ def _mark_parallel(builder: ir.IRBuilder, blocks: list[ir.Block], latch_branch: 
                 instr.set_metadata("llvm.access.group", group)
     parallel = module.add_metadata([ir.MetaDataString(module, "llvm.loop.parallel_accesses"), group])
     progress = module.add_metadata([ir.MetaDataString(module, "llvm.loop.mustprogress")])
-    loop_id = _DistinctMD(module, [])
-    loop_id.operands = (loop_id, parallel, progress)
-    latch_branch.set_metadata("llvm.loop", loop_id)
+    return [parallel, progress]
 
 
 @contextlib.contextmanager
 def for_range(
     builder: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int, *, name: str = "i", parallel: bool = False,
-    vectorize: bool = True,
+    vectorize: bool = True, interleave: int | None = None,
 ) -> Iterator[ir.Value]:  # fmt: skip
     """``for (i64 i = start; i < stop; ++i) { <with-block> }``; yields ``i``.
 
     After the ``with`` block the builder is positioned in the loop's exit block. ``parallel``
     declares that no iteration's loads or stores depend on another iteration's (see the module
     docstring); give it only to loops where that is true. ``vectorize=False`` keeps LLVM's loop
-    vectorizer off this loop (``llvm.loop.vectorize.enable`` false).
+    vectorizer off this loop (``llvm.loop.vectorize.enable`` false). ``interleave=k`` has the
+    vectorizer interleave k vectors an iteration and keeps the unroller off the loop
+    (``llvm.loop.interleave.count``, ``llvm.loop.unroll.disable``: LLVM reads an unroll hint
+    alone as interleave count 1, so both are given).
     """
     start = i64(start) if isinstance(start, int) else start
     stop = i64(stop) if isinstance(stop, int) else stop
@@ -101,14 +102,22 @@ def for_range(
     following = builder.add(index, i64(1), name=f"{name}.next", flags=("nsw",))
     back = builder.branch(header)
     index.add_incoming(following, latch)
+    module = builder.module
+    properties = []
     if parallel:
         inner = [b for b in function.blocks[first_body_index:] if b is not exit_block]
-        _mark_parallel(builder, inner, back)
+        properties += _parallel_properties(module, inner)
     elif not vectorize:
-        module = builder.module
-        off = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), ir.IntType(1)(0)])
+        properties.append(
+            module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), ir.IntType(1)(0)])
+        )
+    if interleave is not None:
+        properties.append(module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")]))
+        count = ir.IntType(32)(interleave)
+        properties.append(module.add_metadata([ir.MetaDataString(module, "llvm.loop.interleave.count"), count]))
+    if properties:
         loop_id = _DistinctMD(module, [])
-        loop_id.operands = (loop_id, off)
+        loop_id.operands = (loop_id, *properties)
         back.set_metadata("llvm.loop", loop_id)
     builder.position_at_end(exit_block)
 

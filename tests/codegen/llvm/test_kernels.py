@@ -404,3 +404,31 @@ def test_float32_elementwise_kernel_uses_packed_vector_instructions():
     if "avx" not in engine.host_signature():
         pytest.skip("the host has no AVX")
     assert packed, "no packed single-precision instruction on ymm/zmm registers"
+
+
+def _layer_norm_body(n: int):
+    """A LayerNorm-like reduction body over rows of ``n`` floats: a sum, a sum of squares of the
+    row minus it, then the full output -- three passes over each row."""
+    b = GraphBuilder()
+    x = b.input(T((64, n)))
+    centred = b.node("sub", [x, b.node("reduce_sum", [x], {"axes": (1,), "keepdim": True})])
+    var = b.node("reduce_sum", [b.node("mul", [centred, centred])], {"axes": (1,), "keepdim": True})
+    return b.build([b.node("div", [centred, b.node("sqrt", [var])])])
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="reads x86-64 assembly")
+def test_the_passes_over_a_row_do_not_keep_the_row_in_registers():
+    # Unrolled, the row's second and third passes reused the first pass's 64 vector loads of a row
+    # of 1024 floats, which then lived across the passes and spilled to the stack.
+    module = KernelModule()
+    module.add(kernel("reduction", _layer_norm_body(1024)), [(1024, 1)])
+    assembly = engine.assembly(module.ir())
+    spills = [line for line in assembly.splitlines() if "(%rsp)" in line and "mm" in line]
+    assert not spills, f"vector spills to the stack: {spills[:3]}"
+
+
+@pytest.mark.parametrize("n", [1, 10, 32, 64, 1000, 1024])
+def test_row_passes_of_every_length_match_the_interpreter(n):
+    # Interleave counts 1 (n < 32), 2, 4, with and without a remainder
+    x = np.random.default_rng(n).standard_normal((64, n)).astype(np.float32)
+    check(_layer_norm_body(n), [x], kind="reduction", rtol=2e-5, atol=1e-6)
