@@ -35,13 +35,13 @@ from llvmlite import ir
 from ...ir.graph import KERNEL, Graph, Node, body_inputs_outputs, structure_key
 from ...ir.types import Dim, Sym
 from .. import index as ix
-from ..kernel_dag import VIEWS, DagBuilder, Load, loads
+from ..kernel_dag import VIEWS, Apply, DagBuilder, Load, loads, walk
 from ..kernel_dag import Node as DagNode
 from ..kernel_plan import check_row_values as _check_row_values
 from ..kernel_plan import elementwise_plan, same_size
 from ..kernel_plan import reduction_rows as _reduction_rows
 from . import Unsupported
-from .emitter import register_type, store
+from .emitter import load, register_type, store
 from .kernel_info import INDEX_OPS, NATIVE_OPS, KernelInfo
 from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
 from .loops import I64, for_range, i64, minimum, product
@@ -248,6 +248,11 @@ class _Body:
         offset = self.env.materialize(self.builder, node.offset)
         return element_pointer(self.builder, self.pointers[node.operand], offset, node.dtype)
 
+    def load_output(self, operand: int, node: DagNode, where: ix.Lin) -> ir.Value:
+        """The value stored at ``where`` in output ``operand`` (a node kept there by an earlier pass)."""
+        offset = self.env.materialize(self.builder, where)
+        return load(self.builder, element_pointer(self.builder, self.pointers[operand], offset, node.dtype), node.dtype)
+
     def compute_then_store(self, outputs: Sequence[tuple[int, DagNode, ix.Lin]], scope: Scope) -> None:
         """Every output's value first (so every load of this element precedes its stores), then the stores."""
         values = [self.emitter.emit(root, scope) for _, root, _ in outputs]
@@ -329,6 +334,47 @@ def _row_interleave(inner: Dim) -> int | None:
     return max(1, min(4, inner // 16))
 
 
+#: Operations whose value is worth keeping in the output rather than computing twice.
+_COSTLY = frozenset({"exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "pow"})
+#: The longest row (bytes of output) whose kept values are still in cache when the last pass reads them.
+_KEEP_ROW_BYTES = 256 << 10
+
+
+def _kept_in_output(full: list, reduces: list, row_elements: int) -> tuple[int, DagNode] | None:
+    """``(operand, node)``: a value the last accumulation pass computes anyway, stored into the
+    single full output during that pass and loaded back by the output pass, instead of being
+    computed again -- softmax's ``exp(x - max)``, which its sum needs and its output divides.
+
+    Only where it pays and cannot go wrong: the node contains a costly routine, the row fits in
+    cache, there is one full output, and once the kept node is loaded the output's formula reads
+    no input (an output may share an input's memory, and the last pass has already written it)."""
+    if len(full) != 1 or not reduces:
+        return None
+    operand, root, _ = full[0]
+    if row_elements * root.dtype.itemsize > _KEEP_ROW_BYTES:
+        return None
+    last = max(r.level for r in reduces)
+    computed = {id(n) for n in walk([r.arg for r in reduces if r.level == last])}
+    frontier, pending, seen = [], [root], set()
+    while pending:  # the output's formula down to the first nodes the last pass computes
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node) in computed and node.after < last:
+            frontier.append(node)
+        elif isinstance(node, Load):
+            return None
+        elif isinstance(node, Apply):
+            pending.extend(node.args)
+    if len(frontier) != 1 or frontier[0] is root or frontier[0].dtype is not root.dtype:
+        return None
+    kept = frontier[0]
+    if not any(isinstance(n, Apply) and n.op in _COSTLY for n in walk([kept])):
+        return None
+    return operand, kept
+
+
 def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
     domain, rows = _reduction_rows(body)
     symbolic = isinstance(domain[0], Sym)
@@ -363,13 +409,15 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple
     env = VarEnv()
     target = _Body(builder, operand_pointers(builder, args_ptr, n_in + len(body.outputs)), env)
     interleave = _row_interleave(sizes[-1]) if sizes else None
+    kept = _kept_in_output(full, dag.reduces, product(sizes))
     # The row loop is never vectorized: its lanes would be rows, and it is innermost only when the
     # reduction is one element long, where LLVM's loop vectorizer spent minutes on a row body it
     # could not hoist (a broadcast input read at one address, outputs that may alias it).
     with for_range(builder, begin, end, name="row", vectorize=False) as row:
         bind_rows(builder, env, [[j] for j in range(rows.outer)], outer_shape, row)
         row_scope = Scope()
-        for level in sorted({r.level for r in dag.reduces}):
+        levels = sorted({r.level for r in dag.reduces})
+        for level in levels:
             accumulators = [Accumulator(builder, r) for r in dag.reduces if r.level == level]
             for acc in accumulators:
                 acc.init()
@@ -377,12 +425,17 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple
                 scope = row_scope.child()
                 for acc in accumulators:
                     acc.update(target.emitter.emit(acc.reduce.arg, scope))
+                if kept is not None and level == levels[-1]:
+                    target.compute_then_store([(kept[0], kept[1], full_at)], scope)
             for acc in accumulators:
                 row_scope.values[id(acc.reduce)] = acc.result()
         if per_row:
             target.compute_then_store(per_row, row_scope)
         if full:
             with nest(builder, env, groups, sizes, interleave=interleave):
-                target.compute_then_store(full, row_scope.child())
+                scope = row_scope.child()
+                if kept is not None:
+                    scope.values[id(kept[1])] = target.load_output(kept[0], kept[1], full_at)
+                target.compute_then_store(full, scope)
     builder.ret_void()
     return (extent, 1) if symbolic else extent

@@ -432,3 +432,41 @@ def test_row_passes_of_every_length_match_the_interpreter(n):
     # Interleave counts 1 (n < 32), 2, 4, with and without a remainder
     x = np.random.default_rng(n).standard_normal((64, n)).astype(np.float32)
     check(_layer_norm_body(n), [x], kind="reduction", rtol=2e-5, atol=1e-6)
+
+
+def _softmax_body(n: int, plus_input: bool = False):
+    """softmax over rows of ``n``: max, then the sum of exp(x - max), then exp(x - max) / sum (+ x)."""
+    b = GraphBuilder()
+    x = b.input(T((16, n)))
+    shifted = b.node("sub", [x, b.node("reduce_max", [x], {"axes": (1,), "keepdim": True})])
+    e = b.node("exp", [shifted])
+    out = b.node("div", [e, b.node("reduce_sum", [e], {"axes": (1,), "keepdim": True})])
+    return b.build([b.node("add", [out, x]) if plus_input else out])
+
+
+def _exp_calls(body) -> int:
+    module = KernelModule()
+    module.add(kernel("reduction", body), [(body.inputs[0].type.shape[1], 1)])
+    return module.ir().count('call float @"kiln.math.exp.f32"')
+
+
+def test_softmax_keeps_its_exponentials_in_the_output_and_computes_them_once():
+    assert _exp_calls(_softmax_body(64)) == 1  # in the sum's pass, stored; the output pass divides
+    x = rng.standard_normal((16, 64)).astype(np.float32) * 4
+    check(_softmax_body(64), [x], kind="reduction", rtol=1e-6, atol=1e-7)
+
+
+def test_an_output_that_reads_an_input_again_is_not_kept_early():
+    # out = softmax(x) + x: the output pass reads x, which shares memory with the output when the
+    # output is written in place, so nothing is stored before that pass.
+    assert _exp_calls(_softmax_body(64, plus_input=True)) == 2
+    x = rng.standard_normal((16, 64)).astype(np.float32)
+    check(_softmax_body(64, plus_input=True), [x], kind="reduction", rtol=1e-6, atol=1e-6)
+
+
+def test_softmax_written_over_its_input_is_right():
+    x = rng.standard_normal((16, 64)).astype(np.float32) * 3
+    expected = interpret(_softmax_body(64), [x.copy()])[0]
+    (out,) = run(kernel("reduction", _softmax_body(64)), [x], outputs=[x])  # the output is the input's memory
+    assert out is x
+    assert_close(x, expected, rtol=1e-6, atol=1e-7)
