@@ -470,3 +470,22 @@ def test_softmax_written_over_its_input_is_right():
     (out,) = run(kernel("reduction", _softmax_body(64)), [x], outputs=[x])  # the output is the input's memory
     assert out is x
     assert_close(x, expected, rtol=1e-6, atol=1e-7)
+
+
+def _window_gradient_body(tiny: int):
+    """where(x == m, g, 0) over (8, 3, 14, k, 14, k) with m, g one per window (max pooling's
+    gradient): the innermost loop is the window's last offset, ``tiny`` long."""
+    b = GraphBuilder()
+    x = b.input(T((8, 3, 14, tiny, 14, tiny)))
+    m, g = b.input(T((8, 3, 14, 1, 14, 1))), b.input(T((8, 3, 14, 1, 14, 1)))
+    zero = b.node("sub", [g, g])
+    return b.build([b.node("where", [b.node("eq", [x, m]), g, zero])])
+
+
+@pytest.mark.parametrize("tiny", [2, 3, 4, 5])
+def test_a_tiny_innermost_loop_is_unrolled_and_right(tiny):
+    x = rng.standard_normal((8, 3, 14, tiny, 14, tiny)).astype(np.float32)
+    m = x.max(axis=(3, 5), keepdims=True)
+    g = rng.standard_normal(m.shape).astype(np.float32)
+    (out,) = check(_window_gradient_body(tiny), [x, m, g])
+    assert (out != 0).sum() == m.size  # one position per window (no ties in random data)
