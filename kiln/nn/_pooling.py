@@ -102,7 +102,7 @@ class _MaxOfWindows(kiln.autograd.Function):
         top = offsets[0]
         for w in offsets[1:]:
             top = kiln.maximum(top, w)
-        index = kiln.full_like(top, len(offsets), dtype=kiln.int64)
+        index = kiln.full_like(top, len(offsets), dtype=kiln.int32)  # 4 bytes: saved for the backward
         for k in reversed(range(len(offsets))):
             w = offsets[k]
             hit = (w == top) | kiln.isnan(w) if w.dtype.is_floating_point else w == top
@@ -120,7 +120,7 @@ class _MaxOfWindows(kiln.autograd.Function):
         at = [1] * len(shape)  # the kernel's flat offsets along its axes, 1 along the others
         for a, k in zip(kernel_axes, kernel, strict=True):
             at[a] = k
-        position = kiln.arange(math.prod(kernel), device=g.device).reshape(at)
+        position = kiln.arange(math.prod(kernel), dtype=kiln.int32, device=g.device).reshape(at)
         keep = [1 if a in kernel_axes else size for a, size in enumerate(shape)]  # the windows' dims
         zero = kiln.zeros((), dtype=g.dtype, device=g.device)
         return kiln.where(position == index.reshape(keep), g.reshape(keep), zero), None
@@ -135,7 +135,8 @@ def _offset(windows, kernel_axes, k):
 
 
 def _flat_input_index(offset, spatial, kernel, stride, padding, dilation, out_size):
-    """The window-local argmax (N, C, *O) as an index into the flattened unpadded input."""
+    """The window-local argmax (N, C, *O) as an index into the flattened unpadded input (int64)."""
+    offset = offset.long()
     flat = None
     d = len(kernel)
     for i in range(d):
