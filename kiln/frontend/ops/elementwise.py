@@ -249,12 +249,17 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 @in_float32
 @composite("gelu")
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
-    """x * Phi(x); ``approximate="tanh"`` uses the tanh formula, as ``torch.nn.functional.gelu``."""
+    """x * Phi(x); ``approximate="tanh"`` uses the tanh formula, as ``torch.nn.functional.gelu``.
+
+    Written as h + h * f(x) with h = x / 2 (a multiply-add compiled), and the tanh formula's
+    argument as x (c + c' x^2): the same values as PyTorch's arrangement to rounding, in two
+    fewer operations per element (a compiled tanh-GELU is bound by its arithmetic)."""
+    half = mul(input, 0.5)
     if approximate == "none":
-        return mul(mul(input, 0.5), add(erf(mul(input, 1.0 / math.sqrt(2.0))), 1.0))
+        return add(half, mul(half, erf(mul(input, 1.0 / math.sqrt(2.0)))))
     if approximate == "tanh":
-        inner = mul(add(input, mul(mul(mul(input, input), input), 0.044715)), _SQRT_2_OVER_PI)
-        return mul(mul(input, 0.5), add(tanh(inner), 1.0))
+        inner = mul(input, add(mul(mul(input, input), _SQRT_2_OVER_PI * 0.044715), _SQRT_2_OVER_PI))
+        return add(half, mul(half, tanh(inner)))
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
