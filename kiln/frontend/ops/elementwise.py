@@ -251,15 +251,15 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x); ``approximate="tanh"`` uses the tanh formula, as ``torch.nn.functional.gelu``.
 
-    Written as h + h * f(x) with h = x / 2 (a multiply-add compiled), and the tanh formula's
-    argument as x (c + c' x^2): the same values as PyTorch's arrangement to rounding, in two
-    fewer operations per element (a compiled tanh-GELU is bound by its arithmetic)."""
-    half = mul(input, 0.5)
+    Written as x (1/2 + f(x) / 2) (a multiply-add and a multiply, compiled) and the tanh form's
+    argument as x (c + c' x^2): PyTorch's values to rounding in two fewer operations per element
+    (a compiled tanh-GELU is bound by its arithmetic), and the backward keeps x, which it needs
+    anyway, rather than x / 2."""
     if approximate == "none":
-        return add(half, mul(half, erf(mul(input, 1.0 / math.sqrt(2.0)))))
+        return mul(input, add(mul(erf(mul(input, 1.0 / math.sqrt(2.0))), 0.5), 0.5))
     if approximate == "tanh":
         inner = mul(input, add(mul(mul(input, input), _SQRT_2_OVER_PI * 0.044715), _SQRT_2_OVER_PI))
-        return add(half, mul(half, tanh(inner)))
+        return mul(input, add(mul(tanh(inner), 0.5), 0.5))
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
 
 
