@@ -288,7 +288,10 @@ def _process_symbol(name: str) -> int:
         function = getattr(_libc(), name)
     except AttributeError:
         raise Unsupported(f"the process has no symbol {name!r}") from None
-    return ctypes.cast(function, ctypes.c_void_p).value or 0
+    address = ctypes.cast(function, ctypes.c_void_p).value
+    if not address:
+        raise Unsupported(f"the process's symbol {name!r} has no address")
+    return address
 
 
 def _map(size: int) -> int:
