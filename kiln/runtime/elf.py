@@ -93,6 +93,13 @@ class _Object(NamedTuple):
 
 
 def _parse(data: bytes, which: int) -> _Object:
+    try:
+        return _parse_headers(data, which)
+    except (struct.error, IndexError, ValueError, ZeroDivisionError) as error:  # offsets past the end
+        raise Unsupported(f"object {which} is malformed ({type(error).__name__}: {error})") from None
+
+
+def _parse_headers(data: bytes, which: int) -> _Object:
     if len(data) < _EHDR.size or data[:4] != b"\x7fELF":
         raise Unsupported(f"object {which} is not ELF")
     ident, e_type, machine, _, _, _, shoff, _, _, _, _, shentsize, shnum, shstrndx = _EHDR.unpack_from(data)
@@ -117,6 +124,8 @@ def _parse(data: bytes, which: int) -> _Object:
             if flags & _SHF_TLS:
                 raise Unsupported(f"thread-local section {string(names, name)}")
             group = _EXECUTE if flags & _SHF_EXECINSTR else _WRITE if flags & _SHF_WRITE else _READ
+            if kind != _SHT_NOBITS and offset + size > len(data):
+                raise Unsupported(f"object {which}: section {string(names, name)} runs past the end")
             content = None if kind == _SHT_NOBITS else data[offset : offset + size]
             sections[index] = _Section(string(names, name), group, content, size, max(align, 1))
         elif kind == _SHT_SYMTAB:

@@ -156,12 +156,26 @@ def _first_relocation_info(obj: bytes) -> int:
         lambda obj: _patched(obj, 0x12, "<H", 183),  # another machine: AArch64
         lambda obj: _patched(obj, 5, "<B", 2),  # big-endian
         lambda obj: _patched(obj, _first_relocation_info(obj), "<I", 37),  # R_X86_64_TPOFF64 (thread-local)
+        lambda obj: obj[: len(obj) // 2],  # truncated: section headers past the end
     ],
-    ids=["not-elf", "aarch64", "big-endian", "tls-relocation"],
+    ids=["not-elf", "aarch64", "big-endian", "tls-relocation", "truncated"],
 )
 def test_what_the_loader_does_not_take_is_refused(damage):
     with pytest.raises(elf.Unsupported):
         elf.LoadedObjects([damage(_object(MIXED))])
+
+
+def test_a_section_running_past_the_end_is_refused():
+    obj = bytearray(_object(MIXED))
+    (shoff,) = struct.unpack_from("<Q", obj, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
+    for i in range(shnum):  # the .text section's size made larger than the file
+        at = shoff + i * shentsize
+        _, kind, flags = struct.unpack_from("<IIQ", obj, at)
+        if kind == 1 and flags & 0x4:
+            struct.pack_into("<Q", obj, at + 0x20, len(obj))
+    with pytest.raises(elf.Unsupported, match="past the end"):
+        elf.LoadedObjects([bytes(obj)])
 
 
 def test_a_symbol_the_process_lacks_is_refused():
