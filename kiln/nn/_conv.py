@@ -78,6 +78,11 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     stride = ntuple(stride, d, "stride", op)
     dilation = ntuple(dilation, d, "dilation", op)
     pads = _padding(padding, kernel, dilation, stride, op)
+    if _winograd_applies(x, weight, stride, dilation, groups):
+        out = _winograd(x, weight, pads)
+        if bias is not None:
+            out = out + bias.reshape(weight.shape[0], 1, 1)
+        return out.squeeze(0) if unbatched else out
     if any(p for pair in pads for p in pair):
         x = kiln.pad(x, pad_spec(pads))
     _check_fits(x.shape[2:], kernel, dilation, op)
@@ -91,6 +96,53 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     if bias is not None:
         out = out + bias.reshape(out_channels, *(1,) * d)
     return out.squeeze(0) if unbatched else out
+
+
+#: Winograd's F(2x2, 3x3) (Lavin and Gray, 2015): each 2x2 output tile of a 3x3 convolution is
+#: ``A^T [(G g G^T) * (B^T d B)] A`` for the 4x4 input tile ``d`` and the filter ``g``: 16
+#: multiplications per channel pair where direct convolution has 36. The rows of each matrix, as
+#: ``tile_transform`` takes them: B^T, G, and A (whose transpose sums a 4x4 tile into 2x2).
+WINOGRAD_INPUT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
+WINOGRAD_FILTER = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
+WINOGRAD_OUTPUT = ((1, 0), (1, 1), (1, -1), (0, -1))
+#: The fewest input and output channels for which Winograd's 16 matmuls of (K, C) x (C, tiles) beat
+#: im2col's one of (K, 9C) x (9C, positions): with fewer, its inner dimension C is too short for BLAS.
+WINOGRAD_MIN_CHANNELS = 16
+
+
+def _winograd_applies(x, weight, stride, dilation, groups: int) -> bool:
+    """Whether conv2d takes the Winograd path: a 3x3 stride-1 undilated dense convolution of float32
+    or float64 on the CPU, with enough channels for its matmuls."""
+    return (
+        x.ndim == 4 and tuple(weight.shape[2:]) == (3, 3) and stride == (1, 1) and dilation == (1, 1)
+        and groups == 1 and x.device.type == "cpu" and x.dtype in (kiln.float32, kiln.float64)
+        and min(x.shape[1], weight.shape[0]) >= WINOGRAD_MIN_CHANNELS
+    )  # fmt: skip
+
+
+def _winograd(x, weight, pads):
+    """``conv2d(x, weight)`` (3x3, stride 1) by Winograd's F(2x2, 3x3): the input's 4x4 tiles at
+    stride 2 and the filters transformed, 16 batched matmuls (one per transform element) of the
+    filters (K, C) by the tiles (C, N * tiles), and the products' 2x2 output tiles transformed back.
+    The output is laid out (K, N, H, W) in memory, as im2col's. Its gradients are the same steps'
+    adjoints: the tiles' VJPs are each other (``kiln/ir/primitives/tiles.py``)."""
+    n, c = x.shape[:2]
+    k = weight.shape[0]
+    out_size = tuple(s + lo + hi - 2 for s, (lo, hi) in zip(x.shape[2:], pads, strict=True))
+    if min(out_size) < 1:
+        _check_fits(tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads, strict=True)), (3, 3), (1, 1), "conv2d")
+    tiles = tuple(-(-o // 2) for o in out_size)
+    # pad to 2 * tiles + 2: an odd output size gets one more row (column) of zeros, its output cropped
+    pads = tuple((lo, hi + 2 * t - o) for (lo, hi), t, o in zip(pads, tiles, out_size, strict=True))
+    if any(p for pair in pads for p in pair):
+        x = kiln.pad(x, pad_spec(pads))
+    v = kiln.tile_transform(x.transpose(0, 1), WINOGRAD_INPUT, 2)  # (16, C, N, th, tw)
+    u = kiln.tile_transform(weight, WINOGRAD_FILTER, 1).reshape(16, k, c)
+    m = kiln.matmul(u, v.reshape(16, c, -1)).reshape(16, k, n, *tiles)
+    out = kiln.untile_transform(m, tuple(2 * t for t in tiles), WINOGRAD_OUTPUT, 2)  # (K, N, 2th, 2tw)
+    if tuple(out.shape[2:]) != out_size:
+        out = out[:, :, : out_size[0], : out_size[1]]
+    return out.transpose(0, 1)
 
 
 def _check_fits(spatial, kernel, dilation, op: str) -> None:

@@ -124,13 +124,52 @@ def unfold(b, node, x):
 
 def fold(b, node, x):
     a = node.attrs
-    size = tuple(a["size"])
-    index = _window_positions(size, a["kernel_size"], a["stride"], a["dilation"]).reshape(1, 1, -1)
     if a.get("batch_inner", False):  # (C, *K, N, *O) -> (N, C, *K, *O)
         x = b.op("Transpose", [x], perm=list(batch_outer_order(len(a["kernel_size"]))))
+    return _fold(b, x, tuple(a["size"]), a["kernel_size"], a["stride"], a["dilation"], _np(node.output))
+
+
+def _fold(b, x, size, kernel, stride, dilation, dtype):
+    """Windows (N, C, *K, *O) added back into (N, C, *size)."""
+    index = _window_positions(size, kernel, stride, dilation).reshape(1, 1, -1)
     updates = b.op("Reshape", [x, b.ints([0, 0, -1])])
     indices = b.op("Expand", [b.const(index, "windows"), b.op("Shape", [updates])])
     lead = b.op("Shape", [x], start=0, end=2)
-    zeros = b.op("Expand", [b.scalar(0, _np(node.output)), b.op("Concat", [lead, b.ints([math.prod(size)])], axis=0)])
+    zeros = b.op("Expand", [b.scalar(0, dtype), b.op("Concat", [lead, b.ints([math.prod(size)])], axis=0)])
     summed = b.op("ScatterElements", [zeros, indices, updates], axis=2, reduction="add")
     return b.op("Reshape", [summed, b.op("Concat", [lead, b.ints(size)], axis=0)])
+
+
+# ----------------------------------------------------------------------------- tile transforms
+def _tile_coefficients(matrix) -> np.ndarray:
+    """(alpha**2, t*t): row i*alpha + j holds L[i][a] * L[j][c] at a*t + c."""
+    m = np.asarray(matrix, dtype=np.float64)
+    return np.einsum("ia,jc->ijac", m, m).reshape(m.shape[0] ** 2, m.shape[1] ** 2)
+
+
+def tile_transform(b, node, x):
+    """A convolution of every plane with the alpha**2 filters L[i] (outer) L[j]."""
+    a = node.attrs
+    t = len(a["matrix"][0])
+    shape = b.shape(node.inputs[0])
+    filters = _tile_coefficients(a["matrix"]).reshape(-1, 1, t, t).astype(_np(node.output))
+    planes = b.op("Reshape", [x, b.ints([-1, 1, *shape[-2:]])])
+    tiles = b.op("Conv", [planes, b.const(filters, "tile_filters")], kernel_shape=[t, t], strides=[a["stride"]] * 2)
+    tiles = b.op("Transpose", [tiles], perm=[1, 0, 2, 3])  # (alpha**2, planes, th, tw)
+    return b.op("Reshape", [tiles, b.shape_tensor(b.shape(node.output))])
+
+
+def untile_transform(b, node, v):
+    """Each tile's L^T v L as one matmul over all tiles, then added into the planes as ``fold`` adds
+    windows."""
+    a = node.attrs
+    t = len(a["matrix"][0])
+    shape = b.shape(node.inputs[0])
+    coefficients = _tile_coefficients(a["matrix"]).T.astype(_np(node.output))  # (t*t, alpha**2)
+    flat = b.op("Reshape", [v, b.ints([shape[0], -1])])
+    windows = b.op("MatMul", [b.const(coefficients, "untile_coefficients"), flat])  # (t*t, planes * th * tw)
+    windows = b.op("Reshape", [windows, b.ints([t, t, -1, *shape[-2:]])])
+    windows = b.op("Transpose", [windows], perm=[2, 0, 1, 3, 4])
+    windows = b.op("Reshape", [windows, b.ints([-1, 1, t, t, *shape[-2:]])])  # (planes, 1, t, t, th, tw)
+    planes = _fold(b, windows, tuple(a["size"]), (t, t), (a["stride"],) * 2, (1, 1), _np(node.output))
+    return b.op("Reshape", [planes, b.shape_tensor(b.shape(node.output))])

@@ -357,5 +357,6 @@ RULES = {
     "reduce_sum": _reduce("ReduceSum", 13), "reduce_max": _reduce("ReduceMax", 18),
     "reduce_min": _reduce("ReduceMin", 18), "reduce_prod": _reduce("ReduceProd", 18),
     "argmax": _arg("ArgMax"), "argmin": _arg("ArgMin"), "cumsum": _cumsum,
-    "unfold": ix.unfold, "fold": ix.fold, "check": _check,
+    "unfold": ix.unfold, "fold": ix.fold, "tile_transform": ix.tile_transform,
+    "untile_transform": ix.untile_transform, "check": _check,
 }  # fmt: skip

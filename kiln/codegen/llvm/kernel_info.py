@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from ...ir.types import Sym, SymbolicShapeError
 
 #: Primitives the LLVM backend compiles as functions of their own, outside fused kernels
-#: (``kernels_window``, ``kernels_index``): a stored program's code may name these nodes.
-WINDOW_OPS = frozenset({"unfold", "fold"})
+#: (``kernels_window``, ``kernels_tiles``, ``kernels_index``): a stored program's code may name these nodes.
+WINDOW_OPS = frozenset({"unfold", "fold", "tile_transform", "untile_transform"})
 INDEX_OPS = frozenset({"take", "index_put"})
 NATIVE_OPS = WINDOW_OPS | INDEX_OPS
 #: Native ops whose pointer table ends with a status word: nonzero after a call when an index was

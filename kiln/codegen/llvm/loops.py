@@ -68,7 +68,7 @@ def _parallel_properties(module: ir.Module, blocks: list[ir.Block]) -> list:
 @contextlib.contextmanager
 def for_range(
     builder: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int, *, name: str = "i", parallel: bool = False,
-    vectorize: bool = True, interleave: int | None = None,
+    vectorize: bool = True, interleave: int | None = None, width: int | None = None,
 ) -> Iterator[ir.Value]:  # fmt: skip
     """``for (i64 i = start; i < stop; ++i) { <with-block> }``; yields ``i``.
 
@@ -78,7 +78,10 @@ def for_range(
     vectorizer off this loop (``llvm.loop.vectorize.enable`` false). ``interleave=k`` has the
     vectorizer interleave k vectors an iteration and keeps the unroller off the loop
     (``llvm.loop.interleave.count``, ``llvm.loop.unroll.disable``: LLVM reads an unroll hint
-    alone as interleave count 1, so both are given).
+    alone as interleave count 1, so both are given). ``width=w`` asks for vectors of ``w`` lanes
+    (``llvm.loop.vectorize.width``) and keeps the unroller off it: a loop of few iterations then
+    runs vector code, where LLVM would fully unroll it first (and its SLP vectorizer seldom packs
+    what that leaves) or leave it all to the vector loop's scalar remainder.
     """
     start = i64(start) if isinstance(start, int) else start
     stop = i64(stop) if isinstance(stop, int) else stop
@@ -111,8 +114,11 @@ def for_range(
         properties.append(
             module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), ir.IntType(1)(0)])
         )
-    if interleave is not None:
+    if width is not None:
+        properties.append(module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.width"), ir.IntType(32)(width)]))
+    if interleave is not None or width is not None:
         properties.append(module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")]))
+    if interleave is not None:
         count = ir.IntType(32)(interleave)
         properties.append(module.add_metadata([ir.MetaDataString(module, "llvm.loop.interleave.count"), count]))
     if properties:

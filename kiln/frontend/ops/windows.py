@@ -2,7 +2,8 @@
 
 ``unfold_windows`` gathers every window of an already padded ``(N, C, *S)`` tensor into
 ``(N, C, *kernel, *out)``; ``fold_windows`` adds such windows back into ``(N, C, *size)``.
-Convolution and pooling (``kiln.nn.functional``) are built on these two.
+Convolution and pooling (``kiln.nn.functional``) are built on these two; ``tile_transform`` and
+``untile_transform`` are the tile transforms of its Winograd path (``kiln/ir/primitives/tiles.py``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from ...ir.primitives import P
 from ..dispatch import apply
 from ..tensor import Tensor
 
-__all__ = ["unfold_windows", "fold_windows"]
+__all__ = ["unfold_windows", "fold_windows", "tile_transform", "untile_transform"]
 
 _unfold, _fold = P["unfold"], P["fold"]
+_tile, _untile = P["tile_transform"], P["untile_transform"]
 
 
 def _ints(value, d: int, name: str) -> tuple[int, ...]:
@@ -48,3 +50,26 @@ def fold_windows(input: Tensor, size, kernel_size, stride=1, dilation=1, *, batc
     layout = {"batch_inner": True} if batch_inner else {}
     return apply(_fold, input, size=size, kernel_size=_ints(kernel_size, d, "kernel_size"),
                  stride=_ints(stride, d, "stride"), dilation=_ints(dilation, d, "dilation"), **layout)  # fmt: skip
+
+
+def _matrix(matrix) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(float(v) for v in row) for row in matrix)
+
+
+def tile_transform(input: Tensor, matrix, stride: int = 1) -> Tensor:
+    """Each ``t x t`` tile at ``stride`` of the last two dims of ``input`` (*B, H, W) mapped through the
+    ``alpha x t`` ``matrix`` L on both sides, ``L x L^T``: (alpha**2, *B, th, tw), element
+    ``i*alpha + j`` first. Winograd's convolution transforms are three of these.
+
+    >>> import kiln
+    >>> tile_transform(kiln.ones(1, 4, 4), [[1, 1]], stride=2).tolist()  # 2x2 tile sums
+    [[[[4.0, 4.0], [4.0, 4.0]]]]
+    """
+    return apply(_tile, input, matrix=_matrix(matrix), stride=int(stride))
+
+
+def untile_transform(input: Tensor, size, matrix, stride: int = 1) -> Tensor:
+    """The adjoint of ``tile_transform``: each tile of (alpha**2, *B, th, tw) mapped back, ``L^T v L``,
+    and added into planes (*B, *size) at ``stride``."""
+    size = tuple(int(s) for s in size)
+    return apply(_untile, input, size=size, matrix=_matrix(matrix), stride=int(stride))

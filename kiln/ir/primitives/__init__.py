@@ -164,6 +164,7 @@ from . import (  # noqa: E402,F401
     movement,
     random,
     reductions,
+    tiles,
     windows,
 )
 

@@ -1,0 +1,219 @@
+"""The tile transforms compiled (``tile_transform``, ``untile_transform``: the Winograd convolution's
+steps, ``kiln/ir/primitives/tiles.py``), with the window kernels' calling convention
+(``kernels_window``): ``void @sym(ptr args, i64 begin, i64 end)`` over blocks of planes.
+
+The matrix L is a compile-time constant: its zeros drop their terms and its ones their
+multiplies, so Winograd's B^T and A^T become the adds and subtracts of the paper's formulas.
+
+- ``tile_transform``: for each tile row, one loop along the row's tiles (the vectorized one)
+  loads the ``t x t`` tile, combines its columns (``sum_c L[j][c] x[a][c]``) and then its rows
+  into the ``alpha**2`` outputs, each stored into its own (element-major) output plane.
+- ``untile_transform``: each output row ``r = s*ry + rho`` sums the tiles whose rows cover it
+  (tile row ``ry - q`` at offset ``rho + s*q``). Along the row, output columns ``s*m + rho'`` for
+  every ``rho'`` are written by one loop over ``m``, each summing the tiles ``m - q'`` that cover it:
+  an output-centric sum, so overlapping tiles (the input transform's adjoint) need no atomics
+  and the loop vectorizes (the edge columns, where a tile index falls outside the row, run in
+  loops of their own with the index checked).
+Threads own disjoint planes, and each element's sum runs in one fixed order, so results do not
+depend on the number of threads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from llvmlite import ir
+
+from ...ir.graph import Node
+from . import Unsupported
+from .emitter import memory_type
+from .kernels_emit import element_pointer
+from .loops import for_range, i64, minimum
+
+#: Output elements per parallel unit (at least one plane).
+CHUNK = 16384
+#: The most stack an untile kernel's tile results take (rows of up to ~250 Winograd tiles).
+STACK_BYTES = 64 * 1024
+
+
+def _lanes(count: int, dtype) -> int | None:
+    """Vector lanes for a loop of ``count`` iterations: the most that one 512-bit vector holds, and
+    no more than the loop runs (a power of two); None below 4 (LLVM unrolls such a loop)."""
+    lanes = 1 << (max(1, min(count, 64 // dtype.itemsize)).bit_length() - 1)
+    return lanes if lanes >= 4 else None
+
+
+def _shape(value) -> tuple[int, ...]:
+    return tuple(int(d) for d in value.type.shape)  # static: ``compilable`` checked it
+
+
+def _lincomb(builder: ir.IRBuilder, terms: Sequence[tuple[float, ir.Value]], ftype: ir.Type) -> ir.Value:
+    """sum(coefficient * value) with the zero terms dropped and no multiply by +-1."""
+    total = None
+    for coefficient, value in terms:
+        if coefficient == 0:
+            continue
+        if coefficient in (1, -1):
+            if total is None:
+                total = value if coefficient == 1 else builder.fneg(value)
+            else:
+                total = builder.fadd(total, value) if coefficient == 1 else builder.fsub(total, value)
+            continue
+        term = builder.fmul(value, ir.Constant(ftype, float(coefficient)))
+        total = term if total is None else builder.fadd(total, term)
+    return ir.Constant(ftype, 0.0) if total is None else total
+
+
+def _offset(builder: ir.IRBuilder, *terms: tuple[ir.Value, int] | ir.Value) -> ir.Value:
+    """The i64 sum of values and (value, coefficient) products."""
+    total: ir.Value | None = None
+    for term in terms:
+        if isinstance(term, tuple):
+            value, coefficient = term
+            if coefficient == 0:
+                continue
+            term = value if coefficient == 1 else builder.mul(value, i64(coefficient), flags=("nsw",))
+        total = term if total is None else builder.add(total, term, flags=("nsw",))
+    return i64(0) if total is None else total
+
+
+def _plane_base(builder: ir.IRBuilder, plane: ir.Value, sizes: Sequence[int], strides: Sequence[int]) -> ir.Value:
+    """The element offset of flat plane ``plane`` over the batch dims ``sizes`` with ``strides``."""
+    terms = []
+    for k in range(len(sizes)):
+        inner = math.prod(sizes[k + 1 :])
+        value = builder.udiv(plane, i64(inner)) if inner > 1 else plane
+        terms.append((builder.urem(value, i64(sizes[k])) if k else value, strides[k]))
+    return _offset(builder, *terms)
+
+
+def tile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
+    matrix, s = node.attrs["matrix"], int(node.attrs["stride"])
+    alpha, t = len(matrix), len(matrix[0])
+    ftype = memory_type(node.output.type.dtype)
+    x_shape, out_shape = _shape(node.inputs[0]), _shape(node.output)
+    batch, (th, tw) = x_shape[:-2], out_shape[-2:]
+    planes = math.prod(batch)
+    element = planes * th * tw  # the output's stride between transform elements
+    s_batch, s_row, s_col = strides[:-2], strides[-2], strides[-1]
+    per_unit = max(1, CHUNK // max(1, alpha * alpha * th * tw))
+    first = builder.mul(begin, i64(per_unit), flags=("nsw",))
+    last = minimum(builder, builder.mul(end, i64(per_unit), flags=("nsw",)), i64(planes))
+    # one tile a plane (the filter transform): the loop over planes is the one to vectorize
+    with for_range(builder, first, last, name="plane", parallel=th * tw <= 4) as plane:
+        base = _plane_base(builder, plane, batch, s_batch)
+        with for_range(builder, 0, th, name="ty", vectorize=False) as ty:
+            row = _offset(builder, base, (ty, s * s_row))
+            out_row = _offset(builder, (plane, th * tw), (ty, tw))
+            with for_range(builder, 0, tw, name="tx", parallel=True, width=_lanes(tw, node.output.type.dtype)) as tx:
+                at = _offset(builder, row, (tx, s * s_col))
+                x = [
+                    [
+                        builder.load(element_pointer(builder, pointers[0], _offset(builder, at, i64(a * s_row + c * s_col)),
+                                                     node.output.type.dtype), typ=ftype)
+                        for c in range(t)
+                    ]
+                    for a in range(t)
+                ]  # fmt: skip
+                cols = [[_lincomb(builder, list(zip(matrix[j], x[a])), ftype) for j in range(alpha)] for a in range(t)]
+                out_at = _offset(builder, out_row, tx)
+                for i in range(alpha):
+                    for j in range(alpha):
+                        value = _lincomb(builder, [(matrix[i][a], cols[a][j]) for a in range(t)], ftype)
+                        index = _offset(builder, out_at, i64((i * alpha + j) * element))
+                        builder.store(value, element_pointer(builder, pointers[1], index, node.output.type.dtype))
+    return -(-planes // per_unit) if planes else 0
+
+
+def untile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
+    matrix, s = node.attrs["matrix"], int(node.attrs["stride"])
+    alpha, t = len(matrix), len(matrix[0])
+    dtype = node.output.type.dtype
+    ftype = memory_type(dtype)
+    v_shape, out_shape = _shape(node.inputs[0]), _shape(node.output)
+    batch, (th, tw), (h, w) = v_shape[1:-2], v_shape[-2:], out_shape[-2:]
+    planes = math.prod(batch)
+    s_element, s_batch, s_ty, s_tx = strides[0], strides[1:-2], strides[-2], strides[-1]
+    per_unit = max(1, CHUNK // max(1, h * w))
+    reach = (t - 1) // s  # the tiles ry - q, q <= reach, cover output row (column) s*ry + rho
+    zero = ir.Constant(ftype, 0.0)
+
+    def load(index):
+        return builder.load(element_pointer(builder, pointers[0], index, dtype), typ=ftype)
+
+    first = builder.mul(begin, i64(per_unit), flags=("nsw",))
+    last = minimum(builder, builder.mul(end, i64(per_unit), flags=("nsw",)), i64(planes))
+    if th * tw == 1:  # one tile a plane (the filter transform's adjoint): vectorized across planes
+        with for_range(builder, first, last, name="plane", parallel=True) as plane:
+            v_base = _plane_base(builder, plane, batch, s_batch)
+            v = [load(_offset(builder, v_base, i64(e * s_element))) for e in range(alpha * alpha)]
+            out_base = builder.mul(plane, i64(h * w), flags=("nsw",))
+            for a in range(h):
+                rows = [_lincomb(builder, [(matrix[i][a], v[i * alpha + j]) for i in range(alpha)], ftype)
+                        for j in range(alpha)] if a < t else []  # fmt: skip
+                for c in range(w):
+                    value = _lincomb(builder, [(matrix[j][c], rows[j]) for j in range(alpha)] if rows and c < t else [], ftype)
+                    target = _offset(builder, out_base, i64(a * w + c))
+                    builder.store(value, element_pointer(builder, pointers[1], target, dtype))
+        return -(-planes // per_unit) if planes else 0
+    # Tile row by tile row: each tile's t x t result, L^T v L, into a stack buffer (a slot of a ring
+    # holding the last reach + 1 tile rows, zero columns on both sides), then the output rows the
+    # tile row completes, each element the sum of the (reach + 1)^2 tile results covering it: the
+    # loads stay affine in the column (tiles outside the row read the zero columns, tile rows
+    # outside the plane a slot that stays zero), so the loops vectorize without branches.
+    full, rest = divmod(w, s)
+    width = max(full + 1, tw) + 2 * reach  # a buffer row: tile m - q at column m - q + reach
+    slot = t * t * width
+    slots = reach + 2  # the ring, and one slot of zeros
+    if slots * slot * dtype.itemsize > STACK_BYTES:
+        raise Unsupported(f"untile_transform of rows of {tw} tiles needs more than {STACK_BYTES} bytes of stack")
+    buffer = builder.alloca(ir.ArrayType(ftype, slots * slot), name="tiles")
+    with for_range(builder, 0, slots * slot, name="zero", parallel=True) as k:
+        builder.store(zero, builder.gep(buffer, [i64(0), k], inbounds=True))
+
+    def at(base, offset):
+        return builder.gep(buffer, [i64(0), _offset(builder, base, offset)], inbounds=True)
+
+    with for_range(builder, first, last, name="plane") as plane:
+        v_base = _plane_base(builder, plane, batch, s_batch)
+        out_base = builder.mul(plane, i64(h * w), flags=("nsw",))
+        with for_range(builder, 0, -(-h // s), name="ry", vectorize=False) as ry:
+            with builder.if_then(builder.icmp_signed("<", ry, i64(th))):  # this tile row's results
+                v_row = _offset(builder, v_base, (ry, s_ty))
+                own = builder.mul(builder.urem(ry, i64(reach + 1)), i64(slot), flags=("nsw",))
+                with for_range(builder, 0, tw, name="tx", parallel=True, width=_lanes(tw, dtype)) as tx:
+                    v_at = _offset(builder, v_row, (tx, s_tx))
+                    v = [load(_offset(builder, v_at, i64(e * s_element))) for e in range(alpha * alpha)]
+                    for a in range(t):
+                        rows = [_lincomb(builder, [(matrix[i][a], v[i * alpha + j]) for i in range(alpha)], ftype)
+                                for j in range(alpha)]  # fmt: skip
+                        for c in range(t):
+                            value = _lincomb(builder, [(matrix[j][c], rows[j]) for j in range(alpha)], ftype)
+                            column = _offset(builder, tx, i64((a * t + c) * width + reach))
+                            builder.store(value, at(own, column))
+            for rho in range(s):
+                r = _offset(builder, (ry, s), i64(rho))
+                exists = builder.icmp_signed("<", r, i64(h)) if h % s and rho >= h % s else ir.Constant(ir.IntType(1), 1)
+                with builder.if_then(exists):
+                    covering = []  # (slot offset, row offset a) of the tile rows ry - q covering row r
+                    for q in range(reach + 1):
+                        if rho + s * q < t:
+                            ty = builder.sub(ry, i64(q), flags=("nsw",))
+                            inside = builder.and_(builder.icmp_signed(">=", ty, i64(0)), builder.icmp_signed("<", ty, i64(th)))
+                            ring = builder.mul(builder.urem(builder.select(inside, ty, i64(0)), i64(reach + 1)), i64(slot))
+                            covering.append((builder.select(inside, ring, i64((reach + 1) * slot)), rho + s * q))
+                    out_row = _offset(builder, out_base, (r, w))
+
+                    def group(m, rhos) -> None:
+                        for rho_c in rhos:
+                            terms = [(1, builder.load(at(base, _offset(builder, m, i64((a * t + c) * width + reach - (c - rho_c) // s))), typ=ftype))
+                                     for base, a in covering for c in range(rho_c, t, s)]  # fmt: skip
+                            target = _offset(builder, out_row, _offset(builder, (m, s), i64(rho_c)))
+                            builder.store(_lincomb(builder, terms, ftype), element_pointer(builder, pointers[1], target, dtype))
+
+                    with for_range(builder, 0, full, name="m", parallel=True, width=_lanes(full, dtype)) as m:
+                        group(m, range(s))
+                    if rest:  # the last, partial group of columns
+                        group(i64(full), range(rest))
+    return -(-planes // per_unit) if planes else 0
