@@ -1,8 +1,9 @@
 """``kiln.backends``: PyTorch's backend switches, accepted so that ported programs run.
 
-kiln has no cuDNN, MKL-DNN or MPS: the flags are plain attributes a program may read and set, and
+kiln has no cuDNN, MKL-DNN or MPS: those flags are plain attributes a program may read and set, and
 setting them changes nothing kiln computes (``cudnn.deterministic``: kiln's kernels already give
-the same results from run to run).
+the same results from run to run). ``cpu.winograd`` and ``cpu.winograd_f4`` are kiln's own: how
+``conv2d`` computes 3x3 convolutions.
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ from . import cuda as _cuda
 cudnn = SimpleNamespace(enabled=True, benchmark=False, deterministic=False, allow_tf32=True,
                         is_available=lambda: False, version=lambda: None)  # fmt: skip
 mkldnn = SimpleNamespace(enabled=True, is_available=lambda: False)
+#: kiln's own: how ``conv2d`` computes 3x3 stride-1 convolutions on the CPU, read when a call runs
+#: (a compiled function reads them when it traces). ``winograd``: by Winograd's minimal filtering
+#: (batched matmuls of 2.25x-4x fewer multiplications than im2col's) where it pays, else im2col;
+#: ``winograd_f4``: F(4x4, 3x3) on planes of 16 and more, 4x fewer multiplications at a float32
+#: error of about 1e-5 relative to the output's largest value, where F(2x2, 3x3) and im2col are
+#: within a few roundings (as ``cudnn.allow_tf32`` in PyTorch trades precision for speed).
+cpu = SimpleNamespace(winograd=True, winograd_f4=True, get_cpu_capability=lambda: "default")
 mps = SimpleNamespace(is_available=lambda: False, is_built=lambda: False)
 opt_einsum = SimpleNamespace(enabled=False, strategy=None, is_available=lambda: False)
 cuda = SimpleNamespace(

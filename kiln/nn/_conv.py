@@ -13,6 +13,7 @@ Gradients, and gradients of gradients, come from the primitives.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
@@ -78,8 +79,10 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     stride = ntuple(stride, d, "stride", op)
     dilation = ntuple(dilation, d, "dilation", op)
     pads = _padding(padding, kernel, dilation, stride, op)
-    if _winograd_applies(x, weight, stride, dilation, groups):
-        out = _winograd(x, weight, pads)
+    out_size = tuple(s + lo + hi - 2 for s, (lo, hi) in zip(x.shape[2:], pads, strict=True))
+    winograd = _winograd_variant(x, weight, out_size, stride, dilation, groups)
+    if winograd is not None:
+        out = _winograd(x, weight, pads, out_size, winograd)
         if bias is not None:
             out = out + bias.reshape(weight.shape[0], 1, 1)
         return out.squeeze(0) if unbatched else out
@@ -98,48 +101,80 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     return out.squeeze(0) if unbatched else out
 
 
-#: Winograd's F(2x2, 3x3) (Lavin and Gray, 2015): each 2x2 output tile of a 3x3 convolution is
-#: ``A^T [(G g G^T) * (B^T d B)] A`` for the 4x4 input tile ``d`` and the filter ``g``: 16
-#: multiplications per channel pair where direct convolution has 36. The rows of each matrix, as
-#: ``tile_transform`` takes them: B^T, G, and A (whose transpose sums a 4x4 tile into 2x2).
-WINOGRAD_INPUT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
-WINOGRAD_FILTER = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
-WINOGRAD_OUTPUT = ((1, 0), (1, 1), (1, -1), (0, -1))
-#: The fewest input and output channels for which Winograd's 16 matmuls of (K, C) x (C, tiles) beat
-#: im2col's one of (K, 9C) x (9C, positions): with fewer, its inner dimension C is too short for BLAS.
+@dataclass(frozen=True)
+class Winograd:
+    """Winograd's minimal filtering F(m x m, 3 x 3) (Lavin and Gray, 2015): each m x m output tile of
+    a 3x3 convolution is ``A^T [(G g G^T) * (B^T d B)] A`` for the (m + 2) x (m + 2) input tile ``d``
+    and the filter ``g``: (m + 2)^2 multiplications per channel pair where direct convolution has
+    9 m^2. The matrices as ``tile_transform`` takes them (its rows): B^T, G, and A."""
+
+    m: int
+    input: tuple
+    filter: tuple
+    output: tuple
+
+    @property
+    def alpha(self) -> int:
+        return self.m + 2
+
+
+#: 2.25x fewer multiplications; float32 results within a few units of rounding of direct convolution.
+F2 = Winograd(
+    2,
+    input=((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+    filter=((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1)),
+    output=((1, 0), (1, 1), (1, -1), (0, -1)),
+)
+#: 4x fewer multiplications, and tiles of 2.25x the input (F2's are 4x); its transforms' larger
+#: coefficients cost precision: float32 results about 1e-5 relative to the largest (direct: 3e-7).
+F4 = Winograd(
+    4,
+    input=((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0), (0, -2, -1, 2, 1, 0),
+           (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+    filter=((1 / 4, 0, 0), (-1 / 6, -1 / 6, -1 / 6), (-1 / 6, 1 / 6, -1 / 6), (1 / 24, 1 / 12, 1 / 6),
+            (1 / 24, -1 / 12, 1 / 6), (0, 0, 1)),
+    output=((1, 0, 0, 0), (1, 1, 1, 1), (1, -1, 1, -1), (1, 2, 4, 8), (1, -2, 4, -8), (0, 0, 0, 1)),
+)  # fmt: skip
+#: The fewest input and output channels for which Winograd's batched matmuls of (K, C) x (C, tiles)
+#: beat im2col's one of (K, 9C) x (9C, positions): with fewer, the inner dimension C is too short.
 WINOGRAD_MIN_CHANNELS = 16
+#: The smallest output plane side F4 takes: on 8x8 planes (2x2 tiles of 4) its transforms, vectorized
+#: across planes, cost more than its matmuls save (measured on ResNet-18's layers).
+F4_MIN_SIDE = 16
 
 
-def _winograd_applies(x, weight, stride, dilation, groups: int) -> bool:
-    """Whether conv2d takes the Winograd path: a 3x3 stride-1 undilated dense convolution of float32
-    or float64 on the CPU, with enough channels for its matmuls."""
-    return (
-        x.ndim == 4 and tuple(weight.shape[2:]) == (3, 3) and stride == (1, 1) and dilation == (1, 1)
-        and groups == 1 and x.device.type == "cpu" and x.dtype in (kiln.float32, kiln.float64)
-        and min(x.shape[1], weight.shape[0]) >= WINOGRAD_MIN_CHANNELS
-    )  # fmt: skip
+def _winograd_variant(x, weight, out_size, stride, dilation, groups: int) -> Winograd | None:
+    """The Winograd variant conv2d takes (None: im2col): for 3x3 stride-1 undilated dense convolutions
+    of float32 or float64 on the CPU with enough channels for its matmuls, as ``kiln.backends.cpu``
+    allows; F4 on planes of at least ``F4_MIN_SIDE``."""
+    cpu = kiln.backends.cpu
+    if not (
+        cpu.winograd and x.ndim == 4 and tuple(weight.shape[2:]) == (3, 3) and stride == (1, 1)
+        and dilation == (1, 1) and groups == 1 and x.device.type == "cpu" and x.dtype in (kiln.float32, kiln.float64)
+        and min(x.shape[1], weight.shape[0]) >= WINOGRAD_MIN_CHANNELS and min(out_size) >= 1
+    ):  # fmt: skip
+        return None
+    return F4 if cpu.winograd_f4 and min(out_size) >= F4_MIN_SIDE else F2
 
 
-def _winograd(x, weight, pads):
-    """``conv2d(x, weight)`` (3x3, stride 1) by Winograd's F(2x2, 3x3): the input's 4x4 tiles at
-    stride 2 and the filters transformed, 16 batched matmuls (one per transform element) of the
-    filters (K, C) by the tiles (C, N * tiles), and the products' 2x2 output tiles transformed back.
-    The output is laid out (K, N, H, W) in memory, as im2col's. Its gradients are the same steps'
-    adjoints: the tiles' VJPs are each other (``kiln/ir/primitives/tiles.py``)."""
+def _winograd(x, weight, pads, out_size, w: Winograd):
+    """``conv2d(x, weight)`` (3x3, stride 1) by Winograd's F(m x m, 3 x 3): the input's tiles of m + 2
+    at stride m and the filters transformed, alpha^2 batched matmuls (one per transform element) of
+    the filters (K, C) by the tiles (C, N * tiles), and the products' m x m output tiles transformed
+    back. The output is laid out (K, N, H, W) in memory, as im2col's. Its gradients are the same
+    steps' adjoints: the tiles' VJPs are each other (``kiln/ir/primitives/tiles.py``)."""
     n, c = x.shape[:2]
     k = weight.shape[0]
-    out_size = tuple(s + lo + hi - 2 for s, (lo, hi) in zip(x.shape[2:], pads, strict=True))
-    if min(out_size) < 1:
-        _check_fits(tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads, strict=True)), (3, 3), (1, 1), "conv2d")
-    tiles = tuple(-(-o // 2) for o in out_size)
-    # pad to 2 * tiles + 2: an odd output size gets one more row (column) of zeros, its output cropped
-    pads = tuple((lo, hi + 2 * t - o) for (lo, hi), t, o in zip(pads, tiles, out_size, strict=True))
+    elements = w.alpha * w.alpha
+    tiles = tuple(-(-o // w.m) for o in out_size)
+    # pad to m * tiles + 2: a plane the tiles overhang gets more zeros, and its output is cropped
+    pads = tuple((lo, hi + w.m * t - o) for (lo, hi), t, o in zip(pads, tiles, out_size, strict=True))
     if any(p for pair in pads for p in pair):
         x = kiln.pad(x, pad_spec(pads))
-    v = kiln.tile_transform(x.transpose(0, 1), WINOGRAD_INPUT, 2)  # (16, C, N, th, tw)
-    u = kiln.tile_transform(weight, WINOGRAD_FILTER, 1).reshape(16, k, c)
-    m = kiln.matmul(u, v.reshape(16, c, -1)).reshape(16, k, n, *tiles)
-    out = kiln.untile_transform(m, tuple(2 * t for t in tiles), WINOGRAD_OUTPUT, 2)  # (K, N, 2th, 2tw)
+    v = kiln.tile_transform(x.transpose(0, 1), w.input, w.m)  # (alpha^2, C, N, th, tw)
+    u = kiln.tile_transform(weight, w.filter, 1).reshape(elements, k, c)
+    m = kiln.matmul(u, v.reshape(elements, c, -1)).reshape(elements, k, n, *tiles)
+    out = kiln.untile_transform(m, tuple(w.m * t for t in tiles), w.output, w.m)  # (K, N, m th, m tw)
     if tuple(out.shape[2:]) != out_size:
         out = out[:, :, : out_size[0], : out_size[1]]
     return out.transpose(0, 1)

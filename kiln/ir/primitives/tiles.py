@@ -22,6 +22,8 @@ contiguous matrix per element for the batched matmul.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..types import TensorType
 from . import Kind, Primitive, Sample, register
 from .windows import _static_spatial, window_output_size
@@ -50,16 +52,11 @@ def _tiles(name: str, spatial, t: int, stride: int) -> tuple[int, int]:
     return tiles  # type: ignore[return-value]
 
 
-def _combine(terms):
-    """sum(coefficient * array) over the non-zero coefficients (ones add without a multiply); None
-    when every coefficient is zero."""
-    total = None
-    for coefficient, array in terms:
-        if coefficient == 0:
-            continue
-        term = array if coefficient == 1 else -array if coefficient == -1 else array * coefficient
-        total = term if total is None else total + term
-    return total
+def _coefficients(xp, matrix, dtype):
+    """(alpha**2, t*t): row i*alpha + j holds L[i][a] L[j][c] at a*t + c (the transform of a
+    flattened tile as one matrix)."""
+    m = np.asarray(matrix, dtype=np.float64)
+    return xp.asarray(np.einsum("ia,jc->ijac", m, m).reshape(m.shape[0] ** 2, m.shape[1] ** 2).astype(dtype))
 
 
 # ----------------------------------------------------------------------------- tile
@@ -75,17 +72,15 @@ def _tile_infer(x: TensorType, *, matrix, stride) -> TensorType:
 def _tile_eager(xp, x, *, matrix, stride):
     alpha, t = _check("tile_transform", matrix, stride)
     th, tw = _tiles("tile_transform", x.shape[-2:], t, stride)
-    zero = xp.zeros((*x.shape[:-2], th, tw), dtype=x.dtype)
-    # along the rows' columns first: cols[j] = sum_c L[j][c] x[..., :, s*q + c], then across rows
-    columns = [x[..., c : c + stride * (tw - 1) + 1 : stride] for c in range(t)]
-    cols = [_combine(zip(matrix[j], columns)) for j in range(alpha)]
-    out = []
-    for i in range(alpha):
-        for j in range(alpha):
-            rows = () if cols[j] is None else [cols[j][..., a : a + stride * (th - 1) + 1 : stride, :] for a in range(t)]
-            value = _combine(zip(matrix[i], rows))
-            out.append(zero if value is None else value)
-    return xp.stack(out)
+    lead = x.shape[:-2]
+    # the tiles gathered (one copy, (tiles, t*t)), then all transformed by one matmul whose result
+    # is already (alpha**2, tiles): far fewer passes over memory than a numpy op per term
+    row, col = x.strides[-2:]
+    windows = xp.lib.stride_tricks.as_strided(
+        x, (*lead, th, tw, t, t), (*x.strides[:-2], stride * row, stride * col, row, col), writeable=False
+    )
+    flat = xp.ascontiguousarray(windows).reshape(-1, t * t)
+    return (_coefficients(xp, matrix, x.dtype) @ flat.T).reshape(alpha * alpha, *lead, th, tw)
 
 
 def _tile_vjp(ops, ctx, g):
@@ -156,14 +151,13 @@ def _untile_infer(v: TensorType, *, size, matrix, stride) -> TensorType:
 def _untile_eager(xp, v, *, size, matrix, stride):
     alpha, t = _check("untile_transform", matrix, stride)
     th, tw = v.shape[-2:]
-    out = xp.zeros((*v.shape[1:-2], *size), dtype=v.dtype)
-    elements = [[v[i * alpha + j] for j in range(alpha)] for i in range(alpha)]
+    lead = v.shape[1:-2]
+    # every tile's t x t result by one matmul, (t*t, tiles), then each offset added where it lands
+    tiles = (_coefficients(xp, matrix, v.dtype).T @ v.reshape(alpha * alpha, -1)).reshape(t, t, *lead, th, tw)
+    out = xp.zeros((*lead, *size), dtype=v.dtype)
     for a in range(t):
-        rows = [_combine((matrix[i][a], elements[i][j]) for i in range(alpha)) for j in range(alpha)]
         for c in range(t):
-            value = _combine((matrix[j][c], rows[j]) for j in range(alpha) if rows[j] is not None)
-            if value is not None:
-                out[..., a : a + stride * (th - 1) + 1 : stride, c : c + stride * (tw - 1) + 1 : stride] += value
+            out[..., a : a + stride * (th - 1) + 1 : stride, c : c + stride * (tw - 1) + 1 : stride] += tiles[a, c]
     return out
 
 
