@@ -19,11 +19,21 @@ __all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm"
 
 
 def _normalize(x: kiln.Tensor, dims: tuple[int, ...], eps: float) -> tuple[kiln.Tensor, kiln.Tensor, kiln.Tensor]:
-    """(x - mean) / sqrt(var + eps) over ``dims``, with the mean and biased variance (keepdim)."""
+    """(x - mean) / sqrt(var + eps) over ``dims``, with the mean and biased variance (keepdim).
+
+    The deviations are centered twice (the corrected two-pass algorithm): the mean rounded to the
+    dtype leaves deviations that sum to about n * eps * |mean| rather than 0, and the gradient
+    scales that sum by 1 / sigma^3, so for a nearly constant row (sigma << |mean|) it was all
+    rounding noise. Their own mean, ``drift``, is computed exactly enough (the deviations are
+    exact differences there) to take that sum to rounding in the deviations' size, which both
+    the value and its gradients then inherit: one more pass over data already in cache, and the
+    backward keeps the same tensors."""
     mean = x.mean(dim=dims, keepdim=True)
-    centered = x - mean
+    deviation = x - mean
+    drift = deviation.mean(dim=dims, keepdim=True)
+    centered = deviation - drift
     var = (centered * centered).mean(dim=dims, keepdim=True)
-    return centered * kiln.rsqrt(var + eps), mean, var
+    return centered * kiln.rsqrt(var + eps), mean + drift, var
 
 
 def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor:
