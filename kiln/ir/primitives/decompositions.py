@@ -360,6 +360,8 @@ def _qr_infer(a: TensorType, *, mode: str) -> TensorType:
 
 
 def _qr_eager(xp, a, *, mode):
+    if mode not in _QR_MODES:  # numpy takes "full" and "economic" with a warning; infer says what is expected
+        raise ValueError(f"linalg.qr: mode {mode!r}")
     shapes = layout("linalg_qr", a.shape, mode=mode)
     batch = a.shape[:-2]
     if a.size == 0:
