@@ -236,10 +236,10 @@ def normalize(g: Generator) -> bool:
 
 
 from .inplace import backward_inside, emit_return, inplace  # noqa: E402 - the in-place families
-from .shaping import constant, index, join, matmul, random_op, select_values, view  # noqa: E402
+from .shaping import constant, conv, index, join, matmul, random_op, select_values, view  # noqa: E402
 
 FAMILIES = {binary: 12, compare: 3, logical: 2, unary: 10, cast: 3, reduce: 7, normalize: 4, view: 10, matmul: 3,
-            select_values: 5, index: 4, join: 3, random_op: 2, constant: 1, inplace: 14, backward_inside: 1}  # fmt: skip
+            select_values: 5, index: 4, join: 3, random_op: 2, constant: 1, inplace: 14, backward_inside: 1, conv: 2}  # fmt: skip
 
 
 def emit_op(g: Generator) -> bool:

@@ -86,6 +86,30 @@ def matmul(g: Generator) -> bool:
     return True
 
 
+def conv(g: Generator) -> bool:
+    """conv2d, 3x3: half the time with 16 or more channels in and out (the input's channels
+    repeated), which takes Winograd's path (F(4x4, 3x3) on planes of 16 and more), else im2col's."""
+    r = g.r
+    x = g.choose(lambda v: v.dtype in ("float32", "float64") and len(v.shape) == 4 and min(v.shape[2:]) >= 3
+                 and v.bound <= 50 and numel(v.shape) <= 2048)  # fmt: skip
+    if x is None or r.random() < 0.3:
+        side = (r.randint(16, 18), r.randint(16, 19)) if r.random() < 0.3 else (r.randint(3, 9), r.randint(3, 9))
+        x = g.new_input((r.randint(1, 2), r.randint(1, 3), *side), r.choice(("float32", "float64")),
+                        grad=g.grad_mode and r.random() < 0.6)  # fmt: skip
+    n, c, h, w = x.shape
+    wide = r.random() < 0.5
+    reps = -(-16 // c) if wide else 1
+    k = r.randint(16, 18) if wide else r.randint(1, 4)
+    weight = g.new_input((k, c * reps, 3, 3), x.dtype, capture=r.random() < 0.5, grad=g.grad_mode and r.random() < 0.7)
+    padding = r.choice((0, 1))
+    scale = 1 / (9 * c * reps)  # keeps the result's bound at the input's (weights are within 2)
+    source = f"{x.name}.repeat(1, {reps}, 1, 1)" if reps > 1 else x.name
+    line = f"F.conv2d({source}, {weight.name} * {scale!r}, padding={padding})"
+    shape = (n, k, h + 2 * padding - 2, w + 2 * padding - 2)
+    g.add(Var(g.fresh(), shape, x.dtype, 2 * x.bound, False, x.grad or weight.grad), line, "conv2d")
+    return True
+
+
 def select_values(g: Generator) -> bool:
     x = g.choose(lambda v: v.dtype != "bool")
     if x is None:
