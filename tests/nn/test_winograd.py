@@ -119,7 +119,7 @@ def test_compiled_winograd_step_equals_eager_over_calls(name):
             return y.detach(), x.grad
 
         compiled = kiln.compile(step)
-        for call in range(3):
+        for _ in range(3):
             conv.zero_grad()
             got = (*compiled(x.detach().clone()), conv.weight.grad, conv.bias.grad)
             conv.zero_grad()

@@ -153,7 +153,9 @@ def untile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tup
                 rows = [_lincomb(builder, [(matrix[i][a], v[i * alpha + j]) for i in range(alpha)], ftype)
                         for j in range(alpha)] if a < t else []  # fmt: skip
                 for c in range(w):
-                    value = _lincomb(builder, [(matrix[j][c], rows[j]) for j in range(alpha)] if rows and c < t else [], ftype)
+                    value = _lincomb(
+                        builder, [(matrix[j][c], rows[j]) for j in range(alpha)] if rows and c < t else [], ftype
+                    )
                     target = _offset(builder, out_base, i64(a * w + c))
                     builder.store(value, element_pointer(builder, pointers[1], target, dtype))
         return -(-planes // per_unit) if planes else 0
@@ -175,6 +177,16 @@ def untile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tup
     def at(base, offset):
         return builder.gep(buffer, [i64(0), _offset(builder, base, offset)], inbounds=True)
 
+    def group(covering, out_row, m, rhos) -> None:
+        """Output columns s*m + rho (rho in ``rhos``) of the row at ``out_row``: the sum of the tile
+        results covering each, from the buffer rows ``covering`` ((slot offset, row offset a))."""
+        for rho_c in rhos:
+            terms = [(1, builder.load(at(base, _offset(builder, m, i64((a * t + c) * width + reach - (c - rho_c) // s))),
+                                      typ=ftype))
+                     for base, a in covering for c in range(rho_c, t, s)]  # fmt: skip
+            target = _offset(builder, out_row, _offset(builder, (m, s), i64(rho_c)))
+            builder.store(_lincomb(builder, terms, ftype), element_pointer(builder, pointers[1], target, dtype))
+
     with for_range(builder, first, last, name="plane") as plane:
         v_base = _plane_base(builder, plane, batch, s_batch)
         out_base = builder.mul(plane, i64(h * w), flags=("nsw",))
@@ -194,26 +206,24 @@ def untile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tup
                             builder.store(value, at(own, column))
             for rho in range(s):
                 r = _offset(builder, (ry, s), i64(rho))
-                exists = builder.icmp_signed("<", r, i64(h)) if h % s and rho >= h % s else ir.Constant(ir.IntType(1), 1)
+                exists = (
+                    builder.icmp_signed("<", r, i64(h)) if h % s and rho >= h % s else ir.Constant(ir.IntType(1), 1)
+                )
                 with builder.if_then(exists):
                     covering = []  # (slot offset, row offset a) of the tile rows ry - q covering row r
                     for q in range(reach + 1):
                         if rho + s * q < t:
                             ty = builder.sub(ry, i64(q), flags=("nsw",))
-                            inside = builder.and_(builder.icmp_signed(">=", ty, i64(0)), builder.icmp_signed("<", ty, i64(th)))
-                            ring = builder.mul(builder.urem(builder.select(inside, ty, i64(0)), i64(reach + 1)), i64(slot))
+                            inside = builder.and_(
+                                builder.icmp_signed(">=", ty, i64(0)), builder.icmp_signed("<", ty, i64(th))
+                            )
+                            ring = builder.mul(
+                                builder.urem(builder.select(inside, ty, i64(0)), i64(reach + 1)), i64(slot)
+                            )
                             covering.append((builder.select(inside, ring, i64((reach + 1) * slot)), rho + s * q))
                     out_row = _offset(builder, out_base, (r, w))
-
-                    def group(m, rhos) -> None:
-                        for rho_c in rhos:
-                            terms = [(1, builder.load(at(base, _offset(builder, m, i64((a * t + c) * width + reach - (c - rho_c) // s))), typ=ftype))
-                                     for base, a in covering for c in range(rho_c, t, s)]  # fmt: skip
-                            target = _offset(builder, out_row, _offset(builder, (m, s), i64(rho_c)))
-                            builder.store(_lincomb(builder, terms, ftype), element_pointer(builder, pointers[1], target, dtype))
-
                     with for_range(builder, 0, full, name="m", parallel=True, width=_lanes(full, dtype)) as m:
-                        group(m, range(s))
+                        group(covering, out_row, m, range(s))
                     if rest:  # the last, partial group of columns
-                        group(i64(full), range(rest))
+                        group(covering, out_row, i64(full), range(rest))
     return -(-planes // per_unit) if planes else 0

@@ -115,7 +115,9 @@ def for_range(
             module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), ir.IntType(1)(0)])
         )
     if width is not None:
-        properties.append(module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.width"), ir.IntType(32)(width)]))
+        properties.append(
+            module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.width"), ir.IntType(32)(width)])
+        )
     if interleave is not None or width is not None:
         properties.append(module.add_metadata([ir.MetaDataString(module, "llvm.loop.unroll.disable")]))
     if interleave is not None:

@@ -63,7 +63,9 @@ def _coefficients(xp, matrix, dtype):
 def _tile_infer(x: TensorType, *, matrix, stride) -> TensorType:
     alpha, t = _check("tile_transform", matrix, stride)
     if x.ndim < 2:
-        raise RuntimeError(f"tile_transform: expected at least 2 dims (the last two a plane), got shape {list(x.shape)}")
+        raise RuntimeError(
+            f"tile_transform: expected at least 2 dims (the last two a plane), got shape {list(x.shape)}"
+        )
     _check_floating("tile_transform", x)
     th, tw = _tiles("tile_transform", x.shape[-2:], t, stride)
     return TensorType((alpha * alpha, *x.shape[:-2], th, tw), x.dtype, x.device)
