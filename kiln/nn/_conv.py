@@ -1,4 +1,5 @@
-"""Convolution as pad + sliding windows + one matmul over the whole batch (im2col).
+"""Convolution as pad + sliding windows + one matmul over the whole batch (im2col), or for 3x3
+stride-1 convolutions with enough channels, by Winograd's minimal filtering (``_winograd``).
 
 ``kiln.unfold_windows(..., batch_inner=True)`` turns the padded input (N, C, *S) into windows laid
 out (C, *K, N, *O); that reshapes for free to (groups, C/groups * prod(K), N * prod(O)), and a
@@ -79,10 +80,9 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     stride = ntuple(stride, d, "stride", op)
     dilation = ntuple(dilation, d, "dilation", op)
     pads = _padding(padding, kernel, dilation, stride, op)
-    out_size = tuple(s + lo + hi - 2 for s, (lo, hi) in zip(x.shape[2:], pads, strict=True))
-    winograd = _winograd_variant(x, weight, out_size, stride, dilation, groups)
+    winograd = _winograd_variant(x, weight, pads, stride, dilation, groups)
     if winograd is not None:
-        out = _winograd(x, weight, pads, out_size, winograd)
+        out = _winograd(x, weight, pads, winograd)
         if bias is not None:
             out = out + bias.reshape(weight.shape[0], 1, 1)
         return out.squeeze(0) if unbatched else out
@@ -143,21 +143,26 @@ WINOGRAD_MIN_CHANNELS = 16
 F4_MIN_SIDE = 16
 
 
-def _winograd_variant(x, weight, out_size, stride, dilation, groups: int) -> Winograd | None:
+def _out_size_3x3(x, pads) -> tuple[int, ...]:
+    return tuple(s + lo + hi - 2 for s, (lo, hi) in zip(x.shape[2:], pads, strict=True))
+
+
+def _winograd_variant(x, weight, pads, stride, dilation, groups: int) -> Winograd | None:
     """The Winograd variant conv2d takes (None: im2col): for 3x3 stride-1 undilated dense convolutions
     of float32 or float64 on the CPU with enough channels for its matmuls, as ``kiln.backends.cpu``
-    allows; F4 on planes of at least ``F4_MIN_SIDE``."""
+    allows; F4 on planes of at least ``F4_MIN_SIDE``. (An input smaller than the kernel goes to
+    im2col, which raises the error.)"""
     cpu = kiln.backends.cpu
     if not (
         cpu.winograd and x.ndim == 4 and tuple(weight.shape[2:]) == (3, 3) and stride == (1, 1)
         and dilation == (1, 1) and groups == 1 and x.device.type == "cpu" and x.dtype in (kiln.float32, kiln.float64)
-        and min(x.shape[1], weight.shape[0]) >= WINOGRAD_MIN_CHANNELS and min(out_size) >= 1
+        and min(x.shape[1], weight.shape[0]) >= WINOGRAD_MIN_CHANNELS and min(_out_size_3x3(x, pads)) >= 1
     ):  # fmt: skip
         return None
-    return F4 if cpu.winograd_f4 and min(out_size) >= F4_MIN_SIDE else F2
+    return F4 if cpu.winograd_f4 and min(_out_size_3x3(x, pads)) >= F4_MIN_SIDE else F2
 
 
-def _winograd(x, weight, pads, out_size, w: Winograd):
+def _winograd(x, weight, pads, w: Winograd):
     """``conv2d(x, weight)`` (3x3, stride 1) by Winograd's F(m x m, 3 x 3): the input's tiles of m + 2
     at stride m and the filters transformed, alpha^2 batched matmuls (one per transform element) of
     the filters (K, C) by the tiles (C, N * tiles), and the products' m x m output tiles transformed
@@ -166,6 +171,7 @@ def _winograd(x, weight, pads, out_size, w: Winograd):
     n, c = x.shape[:2]
     k = weight.shape[0]
     elements = w.alpha * w.alpha
+    out_size = _out_size_3x3(x, pads)
     tiles = tuple(-(-o // w.m) for o in out_size)
     # pad to m * tiles + 2: a plane the tiles overhang gets more zeros, and its output is cropped
     pads = tuple((lo, hi + w.m * t - o) for (lo, hi), t, o in zip(pads, tiles, out_size, strict=True))

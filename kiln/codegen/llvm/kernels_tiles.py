@@ -7,13 +7,16 @@ multiplies, so Winograd's B^T and A^T become the adds and subtracts of the paper
 
 - ``tile_transform``: for each tile row, one loop along the row's tiles (the vectorized one)
   loads the ``t x t`` tile, combines its columns (``sum_c L[j][c] x[a][c]``) and then its rows
-  into the ``alpha**2`` outputs, each stored into its own (element-major) output plane.
-- ``untile_transform``: each output row ``r = s*ry + rho`` sums the tiles whose rows cover it
-  (tile row ``ry - q`` at offset ``rho + s*q``). Along the row, output columns ``s*m + rho'`` for
-  every ``rho'`` are written by one loop over ``m``, each summing the tiles ``m - q'`` that cover it:
-  an output-centric sum, so overlapping tiles (the input transform's adjoint) need no atomics
-  and the loop vectorizes (the edge columns, where a tile index falls outside the row, run in
-  loops of their own with the index checked).
+  into the ``alpha**2`` outputs, each stored into its own (element-major) output plane. A plane of
+  four tiles or fewer is too short a row to vectorize: the loop over planes is vectorized instead.
+- ``untile_transform``: tile row by tile row, each tile's ``t x t`` result ``L^T v L`` is written
+  into a stack buffer, a ring holding the last ``reach + 1`` tile rows (those that overlap an
+  output row) with zero columns on both sides and one slot that stays zero; then each output row
+  the tile row completes is one loop along it, every element the sum of the tile results
+  covering it. The loads stay affine in the column (a tile outside the row reads the zero
+  columns, a tile row outside the plane the zero slot), so the loop vectorizes without branches,
+  and overlapping tiles (the input transform's adjoint) need no atomics. One tile a plane (the
+  filter transform's adjoint) is vectorized across planes.
 Threads own disjoint planes, and each element's sum runs in one fixed order, so results do not
 depend on the number of threads.
 """
@@ -33,7 +36,8 @@ from .loops import for_range, i64, minimum
 
 #: Output elements per parallel unit (at least one plane).
 CHUNK = 16384
-#: The most stack an untile kernel's tile results take (rows of up to ~250 Winograd tiles).
+#: The most stack an untile kernel's tile results take: rows of up to ~150 F(4x4, 3x3) tiles (600
+#: pixels); a wider plane runs on the eager kernel.
 STACK_BYTES = 64 * 1024
 
 
