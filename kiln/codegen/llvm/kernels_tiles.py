@@ -32,6 +32,7 @@ from ...ir.graph import Node
 from . import Unsupported
 from .emitter import memory_type
 from .kernels_emit import element_pointer
+from .kernels_window import _dot, _shape, _split
 from .loops import for_range, i64, minimum
 
 #: Output elements per parallel unit (at least one plane).
@@ -46,10 +47,6 @@ def _lanes(count: int, dtype) -> int | None:
     no more than the loop runs (a power of two); None below 4 (LLVM unrolls such a loop)."""
     lanes = 1 << (max(1, min(count, 64 // dtype.itemsize)).bit_length() - 1)
     return lanes if lanes >= 4 else None
-
-
-def _shape(value) -> tuple[int, ...]:
-    return tuple(int(d) for d in value.type.shape)  # static: ``compilable`` checked it
 
 
 def _lincomb(builder: ir.IRBuilder, terms: Sequence[tuple[float, ir.Value]], ftype: ir.Type) -> ir.Value:
@@ -84,12 +81,7 @@ def _offset(builder: ir.IRBuilder, *terms: tuple[ir.Value, int] | ir.Value) -> i
 
 def _plane_base(builder: ir.IRBuilder, plane: ir.Value, sizes: Sequence[int], strides: Sequence[int]) -> ir.Value:
     """The element offset of flat plane ``plane`` over the batch dims ``sizes`` with ``strides``."""
-    terms = []
-    for k in range(len(sizes)):
-        inner = math.prod(sizes[k + 1 :])
-        value = builder.udiv(plane, i64(inner)) if inner > 1 else plane
-        terms.append((builder.urem(value, i64(sizes[k])) if k else value, strides[k]))
-    return _offset(builder, *terms)
+    return _dot(builder, list(zip(_split(builder, plane, sizes), strides, strict=True)))
 
 
 def tile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
