@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from ..ir import dtypes as dt
+from ..ir.primitives.tiles import transform_coefficients
 from ._builder import OnnxExportError, onnx_dtype
 
 
@@ -141,18 +142,12 @@ def _fold(b, x, size, kernel, stride, dilation, dtype):
 
 
 # ----------------------------------------------------------------------------- tile transforms
-def _tile_coefficients(matrix) -> np.ndarray:
-    """(alpha**2, t*t): row i*alpha + j holds L[i][a] * L[j][c] at a*t + c."""
-    m = np.asarray(matrix, dtype=np.float64)
-    return np.einsum("ia,jc->ijac", m, m).reshape(m.shape[0] ** 2, m.shape[1] ** 2)
-
-
 def tile_transform(b, node, x):
     """A convolution of every plane with the alpha**2 filters L[i] (outer) L[j]."""
     a = node.attrs
     t = len(a["matrix"][0])
     shape = b.shape(node.inputs[0])
-    filters = _tile_coefficients(a["matrix"]).reshape(-1, 1, t, t).astype(_np(node.output))
+    filters = transform_coefficients(a["matrix"]).reshape(-1, 1, t, t).astype(_np(node.output))
     planes = b.op("Reshape", [x, b.ints([-1, 1, *shape[-2:]])])
     tiles = b.op("Conv", [planes, b.const(filters, "tile_filters")], kernel_shape=[t, t], strides=[a["stride"]] * 2)
     tiles = b.op("Transpose", [tiles], perm=[1, 0, 2, 3])  # (alpha**2, planes, th, tw)
@@ -165,7 +160,7 @@ def untile_transform(b, node, v):
     a = node.attrs
     t = len(a["matrix"][0])
     shape = b.shape(node.inputs[0])
-    coefficients = _tile_coefficients(a["matrix"]).T.astype(_np(node.output))  # (t*t, alpha**2)
+    coefficients = transform_coefficients(a["matrix"]).T.astype(_np(node.output))  # (t*t, alpha**2)
     flat = b.op("Reshape", [v, b.ints([shape[0], -1])])
     windows = b.op("MatMul", [b.const(coefficients, "untile_coefficients"), flat])  # (t*t, planes * th * tw)
     windows = b.op("Reshape", [windows, b.ints([t, t, -1, *shape[-2:]])])

@@ -52,11 +52,15 @@ def _tiles(name: str, spatial, t: int, stride: int) -> tuple[int, int]:
     return tiles  # type: ignore[return-value]
 
 
-def _coefficients(xp, matrix, dtype):
-    """(alpha**2, t*t): row i*alpha + j holds L[i][a] L[j][c] at a*t + c (the transform of a
-    flattened tile as one matrix)."""
+def transform_coefficients(matrix) -> np.ndarray:
+    """The transform of one flattened tile as a matrix, (alpha**2, t*t) in float64: row i*alpha + j
+    holds L[i][a] L[j][c] at a*t + c (the Kronecker product of L with itself)."""
     m = np.asarray(matrix, dtype=np.float64)
-    return xp.asarray(np.einsum("ia,jc->ijac", m, m).reshape(m.shape[0] ** 2, m.shape[1] ** 2).astype(dtype))
+    return np.einsum("ia,jc->ijac", m, m).reshape(m.shape[0] ** 2, m.shape[1] ** 2)
+
+
+def _coefficients(xp, matrix, dtype):
+    return xp.asarray(transform_coefficients(matrix).astype(dtype))
 
 
 # ----------------------------------------------------------------------------- tile
