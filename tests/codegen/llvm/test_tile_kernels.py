@@ -63,3 +63,14 @@ def test_strided_inputs():
     _compiled_and_eager(lambda t: kiln.tile_transform(t, F2.input, 2), x, np.float32)
     v = kiln.randn(6, 5, 16, 4).permute(2, 1, 3, 0)  # (16, 5, 4, 6)
     _compiled_and_eager(lambda t: kiln.untile_transform(t, (10, 14), F2.input, 2), v, np.float32)
+
+
+def test_an_untile_too_wide_for_its_stack_buffer_runs_on_the_eager_kernel():
+    v = kiln.randn(36, 1, 1, 500)  # F4 tiles of a plane 2002 wide: a ring of tile rows over 64 KB
+    compiled = kiln.compile(lambda t: kiln.untile_transform(t, (6, 2002), F4.input, 4))
+    for _ in range(3):
+        np.testing.assert_allclose(
+            compiled(v).numpy(), kiln.untile_transform(v, (6, 2002), F4.input, 4).numpy(), rtol=1e-6, atol=1e-4
+        )
+    report = "\n".join(compiled.state.specializations[0].report.describe())
+    assert "untile_transform x1" in report and "stack" in report, report
