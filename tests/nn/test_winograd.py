@@ -128,3 +128,12 @@ def test_compiled_winograd_step_equals_eager_over_calls(name):
                 assert_close(a, b, rtol=rtol, atol=scale * float(b.abs().max()))
         graph = str(compiled.graph)
         assert "tile_transform" in graph and "untile_transform" in graph and "unfold" not in graph
+
+
+def test_untile_of_tiles_that_do_not_match_the_size_is_refused():
+    v = kiln.randn(16, 2, 2, 3)  # 2x3 tiles of 2: a 4x6 plane, not 8x6
+    with pytest.raises(RuntimeError, match=r"expected \(16, \*batch, 4, 3\) for size \(8, 6\)"):
+        kiln.untile_transform(v, (8, 6), _conv.F2.output, 2)
+    compiled = kiln.compile(lambda t: kiln.untile_transform(t, (8, 6), _conv.F2.output, 2))
+    with pytest.raises(RuntimeError, match=r"expected \(16, \*batch, 4, 3\)"):
+        compiled(v)

@@ -87,7 +87,8 @@ def _plane_base(builder: ir.IRBuilder, plane: ir.Value, sizes: Sequence[int], st
 def tile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
     matrix, s = node.attrs["matrix"], int(node.attrs["stride"])
     alpha, t = len(matrix), len(matrix[0])
-    ftype = memory_type(node.output.type.dtype)
+    dtype = node.output.type.dtype
+    ftype = memory_type(dtype)
     x_shape, out_shape = _shape(node.inputs[0]), _shape(node.output)
     batch, (th, tw) = x_shape[:-2], out_shape[-2:]
     planes = math.prod(batch)
@@ -96,18 +97,19 @@ def tile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple
     per_unit = max(1, CHUNK // max(1, alpha * alpha * th * tw))
     first = builder.mul(begin, i64(per_unit), flags=("nsw",))
     last = minimum(builder, builder.mul(end, i64(per_unit), flags=("nsw",)), i64(planes))
-    # one tile a plane (the filter transform): the loop over planes is the one to vectorize
+    # four tiles a plane or fewer (one: the filter transform): too short a row to vectorize, so the
+    # loop over planes is declared parallel and vectorized instead
     with for_range(builder, first, last, name="plane", parallel=th * tw <= 4) as plane:
         base = _plane_base(builder, plane, batch, s_batch)
         with for_range(builder, 0, th, name="ty", vectorize=False) as ty:
             row = _offset(builder, base, (ty, s * s_row))
             out_row = _offset(builder, (plane, th * tw), (ty, tw))
-            with for_range(builder, 0, tw, name="tx", parallel=True, width=_lanes(tw, node.output.type.dtype)) as tx:
+            with for_range(builder, 0, tw, name="tx", parallel=True, width=_lanes(tw, dtype)) as tx:
                 at = _offset(builder, row, (tx, s * s_col))
                 x = [
                     [
                         builder.load(element_pointer(builder, pointers[0], _offset(builder, at, i64(a * s_row + c * s_col)),
-                                                     node.output.type.dtype), typ=ftype)
+                                                     dtype), typ=ftype)
                         for c in range(t)
                     ]
                     for a in range(t)
@@ -118,7 +120,7 @@ def tile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple
                     for j in range(alpha):
                         value = _lincomb(builder, [(matrix[i][a], cols[a][j]) for a in range(t)], ftype)
                         index = _offset(builder, out_at, i64((i * alpha + j) * element))
-                        builder.store(value, element_pointer(builder, pointers[1], index, node.output.type.dtype))
+                        builder.store(value, element_pointer(builder, pointers[1], index, dtype))
     return -(-planes // per_unit) if planes else 0
 
 

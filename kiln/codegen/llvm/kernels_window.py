@@ -64,7 +64,7 @@ def window(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layout
         builder.load(builder.gep(args, [i64(k)], inbounds=True, source_etype=pointer_type), typ=pointer_type)
         for k in range(2)
     ]
-    from .kernels_tiles import tile, untile  # noqa: PLC0415
+    from .kernels_tiles import tile, untile  # noqa: PLC0415 - it imports this module's index helpers
 
     emit = {"unfold": _unfold, "fold": _fold, "tile_transform": tile, "untile_transform": untile}[node.op]
     extent = emit(builder, pointers, begin, end, node, tuple(layouts[0]))

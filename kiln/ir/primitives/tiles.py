@@ -157,6 +157,8 @@ def _untile_infer(v: TensorType, *, size, matrix, stride) -> TensorType:
 def _untile_eager(xp, v, *, size, matrix, stride):
     alpha, t = _check("untile_transform", matrix, stride)
     th, tw = v.shape[-2:]
+    if v.shape[0] != alpha * alpha or (th, tw) != _tiles("untile_transform", size, t, stride):
+        raise ValueError("untile_transform: the tiles do not match the attributes")  # infer() says more
     lead = v.shape[1:-2]
     # every tile's t x t result by one matmul, (t*t, tiles), then each offset added where it lands
     tiles = (_coefficients(xp, matrix, v.dtype).T @ v.reshape(alpha * alpha, -1)).reshape(t, t, *lead, th, tw)
