@@ -111,6 +111,15 @@ class Float:
         x = self.select(self.gt(x, self.c(lo)), x, self.c(lo))
         return self.select(self.lt(x, self.c(hi)), x, self.c(hi))
 
+    def at_most(self, x: Scalar, hi: float) -> Scalar:
+        """min(x, hi) with nan passed through (one compare and select: a vector min), for code that
+        carries nan to its result without integer conversions on the way."""
+        return self.select(self.gt(x, self.c(hi)), self.c(hi), x)
+
+    def at_least(self, x: Scalar, lo: float) -> Scalar:
+        """max(x, lo) with nan passed through, as :meth:`at_most`."""
+        return self.select(self.lt(x, self.c(lo)), self.c(lo), x)
+
     def poly(self, x: Scalar, coeffs: tuple[float, ...]) -> Scalar:
         """c0 + c1 x + c2 x^2 + ... by Horner's rule with fused multiply-adds."""
         acc = self.c(coeffs[-1])

@@ -39,17 +39,32 @@ LOG_P_F64 = (
 
 # exp's argument is clamped so the integer exponent k stays where ldexp's two factors are normal;
 # beyond the clamps the result is already inf (or 0) in that precision.
-_EXP_RANGE = {32: (-110.0, 100.0), 64: (-760.0, 720.0)}
+EXP_RANGE = {32: (-110.0, 100.0), 64: (-760.0, 720.0)}
 _EXPM1_RANGE = {32: (-30.0, 89.0), 64: (-50.0, 710.0)}  # expm1 rounds to -1 below; 89 and 710 overflow
 
 
-def reduce_ln2(m: Float, x: Scalar) -> tuple[Scalar, Scalar]:
-    """(k, r) with x = k ln2 + r, |r| <= ln2/2 (x clamped: finite). Cody-Waite: the first fma is
-    exact (x and k * LN2_HI share a grid fine enough for the small difference), the second rounds once."""
+def reduce_ln2(m: Float, x: Scalar) -> tuple[Scalar, Scalar, Scalar]:
+    """(k, r, shifted) with x = k ln2 + r, |r| <= ln2/2 (x clamped: finite, or nan where the caller
+    restores it). k is rounded by the fma that scales x: ``shifted`` = x / ln2 + 1.5 * 2^p (p the
+    mantissa width) keeps only whole numbers, so k = shifted - 1.5 * 2^p exactly and k sits in
+    shifted's low mantissa bits, where :func:`pow2_shifted` moves it into an exponent without a
+    float -> int conversion. Cody-Waite: the first fma for r is exact (x and k * LN2_HI share a
+    grid fine enough for the small difference), the second rounds once."""
     hi, lo = _LN2_64 if m.is64 else _LN2_32
-    k = m.roundeven(m.mul(x, m.pick(*_LOG2E)))
+    shifter = m.c(1.5 * 2.0**m.mantissa)
+    shifted = m.fma(x, m.pick(*_LOG2E), shifter)
+    k = m.sub(shifted, shifter)
     r = m.fma(k, m.c(-hi), x)
-    return k, m.fma(k, m.c(-lo), r)
+    return k, m.fma(k, m.c(-lo), r), shifted
+
+
+def pow2_shifted(m: Float, shifted: Scalar, offset: int = 0) -> Scalar:
+    """2^(k + offset) for the k that :func:`reduce_ln2` left in ``shifted``, k + offset in the normal
+    exponent range: the shifter's own bits end in at least as many zeros as the exponent field's
+    shift drops, so adding the bias to all the bits and shifting leaves exactly k + offset + bias.
+    Integer operations only: nan in, some float out (the caller's arithmetic carries the nan)."""
+    k = m.core
+    return m.from_bits(k.shl(k.add(m.to_bits(shifted), m.i(m.bias + offset)), m.i(m.mantissa)))
 
 
 def expm1_reduced(m: Float, r: Scalar) -> Scalar:
@@ -59,14 +74,14 @@ def expm1_reduced(m: Float, r: Scalar) -> Scalar:
 
 def exp_body(m: Float, x: Scalar) -> Scalar:
     """exp(x) = 2^k exp(r). float32 <= 1 ulp, float64 <= 1 ulp measured (see the tests)."""
-    k, r = reduce_ln2(m, m.clamp(x, *_EXP_RANGE[m.bits]))
+    k, r, _ = reduce_ln2(m, m.clamp(x, *EXP_RANGE[m.bits]))
     result = m.ldexp(m.add(m.c(1.0), expm1_reduced(m, r)), m.to_int(k))
     return m.select(m.isnan(x), x, result)
 
 
 def exp_dd_body(m: Float, hi: Scalar, lo: Scalar) -> Scalar:
     """exp(hi + lo) for a double-double argument (pow's y log x); lo is ignored unless hi is finite."""
-    k, r = reduce_ln2(m, m.clamp(hi, *_EXP_RANGE[m.bits]))
+    k, r, _ = reduce_ln2(m, m.clamp(hi, *EXP_RANGE[m.bits]))
     r = m.add(r, m.select(m.lt(m.abs(hi), m.c(800.0)), lo, m.c(0.0)))
     result = m.ldexp(m.add(m.c(1.0), expm1_reduced(m, r)), m.to_int(k))
     return m.select(m.isnan(hi), hi, result)
@@ -75,7 +90,7 @@ def exp_dd_body(m: Float, hi: Scalar, lo: Scalar) -> Scalar:
 def expm1_body(m: Float, x: Scalar) -> Scalar:
     """expm1(x) = 2^k (expm1(r) + 1) - 1 = fma(2^k, expm1(r), 2^k - 1): exact 2^k - 1 for the k
     where it matters, and for k at the top of the range 2^(k-1) times 2 so 2^k never overflows."""
-    k, r = reduce_ln2(m, m.clamp(x, *_EXPM1_RANGE[m.bits]))
+    k, r, _ = reduce_ln2(m, m.clamp(x, *_EXPM1_RANGE[m.bits]))
     em = expm1_reduced(m, r)
     top = m.gt(k, m.c(m.bias))  # k == 128 (float32) / 1024 (float64)
     u = m.pow2(m.to_int(m.sub(k, m.select(top, m.c(1.0), m.c(0.0)))))
