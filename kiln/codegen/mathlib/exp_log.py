@@ -43,19 +43,21 @@ EXP_RANGE = {32: (-110.0, 100.0), 64: (-760.0, 720.0)}
 _EXPM1_RANGE = {32: (-30.0, 89.0), 64: (-50.0, 710.0)}  # expm1 rounds to -1 below; 89 and 710 overflow
 
 
-def reduce_ln2(m: Float, x: Scalar) -> tuple[Scalar, Scalar, Scalar]:
+def reduce_ln2(m: Float, x: Scalar, tail: bool = True) -> tuple[Scalar, Scalar, Scalar]:
     """(k, r, shifted) with x = k ln2 + r, |r| <= ln2/2 (x clamped: finite, or nan where the caller
     restores it). k is rounded by the fma that scales x: ``shifted`` = x / ln2 + 1.5 * 2^p (p the
     mantissa width) keeps only whole numbers, so k = shifted - 1.5 * 2^p exactly and k sits in
     shifted's low mantissa bits, where :func:`pow2_shifted` moves it into an exponent without a
     float -> int conversion. Cody-Waite: the first fma for r is exact (x and k * LN2_HI share a
-    grid fine enough for the small difference), the second rounds once."""
+    grid fine enough for the small difference), the second rounds once. ``tail=False`` leaves the
+    second out, for callers whose result hardly feels r's error of k (ln2 - LN2_HI): k (6e-8 / 2^24)
+    in float32."""
     hi, lo = _LN2_64 if m.is64 else _LN2_32
     shifter = m.c(1.5 * 2.0**m.mantissa)
     shifted = m.fma(x, m.pick(*_LOG2E), shifter)
     k = m.sub(shifted, shifter)
     r = m.fma(k, m.c(-hi), x)
-    return k, m.fma(k, m.c(-lo), r), shifted
+    return k, (m.fma(k, m.c(-lo), r) if tail else r), shifted
 
 
 def pow2_shifted(m: Float, shifted: Scalar, offset: int = 0) -> Scalar:
