@@ -53,6 +53,7 @@ def restore_threads():
 @pytest.fixture
 def always_split(monkeypatch):
     monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
+    monkeypatch.setattr(threads, "WAKE_MIN_WORK_BYTES", 0)  # the native pool wakes sleeping workers for any work
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +216,7 @@ def test_nested_call_runs_serially_without_deadlock(always_split):
 
 
 def _child_runs_parallel_for(queue):
-    threads.PARALLEL_MIN_WORK_BYTES = 0
+    threads.PARALLEL_MIN_WORK_BYTES = threads.WAKE_MIN_WORK_BYTES = 0
     record = Recorder()
     threads.parallel_for(record, None, 4, 1)
     queue.put(sorted((b, e) for b, e, _ in record.calls))
@@ -262,3 +263,122 @@ def test_import_kiln_does_not_import_threadpoolctl():
     code = "import sys, kiln; print('threadpoolctl' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root)
     assert out.stdout.strip() == "False", out.stdout + out.stderr
+
+
+# ----------------------------------------------------------------------------- the native pool
+
+
+def native_recorder() -> tuple[Recorder, object]:
+    """A Recorder behind a ctypes function pointer: parallel_for hands it to the native pool."""
+    record = Recorder()
+    return record, KERNEL_TYPE(lambda args, begin, end: record(args, begin, end))
+
+
+def _native_supported() -> bool:
+    try:
+        from kiln.codegen.llvm import pool  # noqa: PLC0415 - importing it installs the pool
+    except ImportError:  # no llvmlite
+        return False
+    return pool.supported()
+
+
+needs_native = pytest.mark.skipif(not _native_supported(), reason="no native pool on this platform")
+
+
+def _let_workers_sleep() -> None:
+    """Long enough for every native worker to stop spinning and wait in futex (~0.1 ms of spinning)."""
+    import time  # noqa: PLC0415
+
+    time.sleep(0.05)
+
+
+@needs_native
+def test_native_pool_splits_and_wakes_sleeping_workers(always_split):
+    kiln.set_num_threads(2)
+    for _ in range(3):  # spinning workers, then sleeping ones
+        record, kernel = native_recorder()
+        threads.parallel_for(kernel, None, 10, 1)
+        assert sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]
+        assert len({ident for _, _, ident in record.calls}) == 2
+        _let_workers_sleep()
+
+
+@needs_native
+def test_native_pool_keeps_small_work_on_the_caller_while_workers_sleep(monkeypatch):
+    """Between NATIVE_MIN_WORK_BYTES and WAKE_MIN_WORK_BYTES a kernel is split only over workers
+    that are awake; with them asleep it runs on the caller in one call, and a large one wakes them."""
+    kiln.set_num_threads(2)
+    monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
+    record, kernel = native_recorder()
+    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES)  # starts the workers
+    _let_workers_sleep()
+    record, kernel = native_recorder()
+    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES - 1)
+    assert record.calls == [(0, 10, threading.get_ident())]
+    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES)
+    assert sorted((b, e) for b, e, _ in record.calls[1:]) == [(0, 5), (5, 10)]
+
+
+@needs_native
+@pytest.mark.parametrize("num_threads", [2, 3, 5])
+def test_native_pool_compiled_kernel_after_sleeping(always_split, scale, num_threads):
+    kiln.set_num_threads(num_threads)
+    for _ in range(2):
+        source, split = run_scale(scale, 7)
+        np.testing.assert_array_equal(split, 2 * source)
+        _let_workers_sleep()
+
+
+def _child_runs_native(queue):
+    threads.PARALLEL_MIN_WORK_BYTES = threads.WAKE_MIN_WORK_BYTES = 0
+    record, kernel = native_recorder()
+    threads.parallel_for(kernel, None, 4, 1)
+    queue.put(sorted((b, e) for b, e, _ in record.calls))
+
+
+@needs_native
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_native_pool_works_in_a_forked_child(always_split):
+    kiln.set_num_threads(2)
+    threads.parallel_for(native_recorder()[1], None, 4, 1)  # the parent's native workers exist before the fork
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_child_runs_native, args=(results,))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert results.get(timeout=5) == [(0, 2), (2, 4)]
+
+
+def test_process_with_native_workers_exits_cleanly():
+    """The workers run compiled code: at exit they are stopped before the code is freed."""
+    root = Path(kiln.__file__).parent.parent
+    code = (
+        "import numpy as np, kiln\n"
+        "kiln.set_num_threads(2)\n"
+        "f = kiln.compile(lambda a: a * 2)\n"
+        "x = kiln.from_numpy(np.ones(1 << 21, np.float32))\n"
+        "assert float(f(x).sum()) == 2.0 * (1 << 21)\n"
+        "print('done')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out.stdout + out.stderr
+
+
+@needs_native
+def test_native_worker_started_just_before_a_task_takes_it(always_split, scale):
+    """A worker started by the call that publishes a task must run that task's chunk (it was once
+    taken for an old task when the thread read the generation only after the publish: a hang)."""
+    done = []
+
+    def grow():
+        for count in range(2, 9):
+            kiln.set_num_threads(count)  # each count starts one more worker, right before the task
+            source, split = run_scale(scale, 16)
+            np.testing.assert_array_equal(split, 2 * source)
+        done.append(True)
+
+    runner = threading.Thread(target=grow, daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    assert done == [True], "a task never finished: a new worker missed it"

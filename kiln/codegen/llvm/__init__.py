@@ -3,9 +3,17 @@
 ``engine`` (target machine, optimization, object code, loaded libraries), ``core`` (the scalar
 core of kiln/codegen/core.py over an IRBuilder), ``flags`` (fast-math flags per float mode),
 ``emitter`` (kiln's semantics over that core, loads and stores), ``loops`` and ``kernels`` (loop
-nests and the kernel ABI).
+nests and the kernel ABI), ``pool`` (the native thread pool that splits kernels over cores,
+installed into ``runtime.threads`` here).
 """
 
+import os
+
+from ...runtime import threads
 from ..core import Unsupported
+from . import pool
+
+if pool.supported() and os.environ.get("KILN_NATIVE_POOL", "1") != "0":  # 0: the Python pool only
+    threads.install_native_pool(pool.NativePool)
 
 __all__ = ["Unsupported"]

@@ -1,0 +1,264 @@
+"""A native thread pool for compiled kernels: dispatch in about a microsecond while the workers spin.
+
+``runtime.threads`` splits a large kernel over threads. Its Python pool wakes a sleeping worker
+through a lock, which costs 7-18 us on this project's 2-vCPU VM in good hours and 60-75 us in bad
+ones (the VM's latency for waking an idle vCPU): more than a 1 MiB kernel takes. Here the workers
+are native loops (LLVM IR, compiled once per process) that watch a generation counter:
+
+- ``kiln_pool_run(fn, args, extent, threads, wake)`` publishes the task, bumps the generation, runs
+  the first chunk itself and spins until the workers' ``pending`` count reaches zero -- or, when a
+  worker sleeps and ``wake`` is 0, runs the whole extent itself: a kernel between
+  ``runtime.threads``' ``NATIVE_MIN_WORK_BYTES`` and ``WAKE_MIN_WORK_BYTES`` is worth splitting over
+  spinning workers (1.5x at 1 MiB) but not worth a wake-up (tens of us);
+- a worker that sees a new generation runs its chunk and decrements ``pending``. After about
+  ``SPIN`` rounds of ``pause`` (some 50-100 us) without work it sleeps in ``futex(FUTEX_WAIT)``
+  on the generation; ``kiln_pool_run`` wakes sleepers with ``FUTEX_WAKE`` only when there are any.
+  Announcing the sleep (``sleepers += 1``) before re-reading the generation, both sequentially
+  consistent, means either the worker sees the new task or the caller sees a sleeper: no lost wake-up;
+- both spin loops yield the CPU now and then (``sched_yield``), so a spinning worker does not
+  keep a BLAS thread or another process off its core for long.
+
+Workers are Python threads whose target is the native loop (ctypes releases the GIL for the call,
+which returns only when ``kiln_pool_stop`` asks it to). Linux only (futex); elsewhere
+``runtime.threads`` keeps its Python pool. Kernels run here cannot raise: the Python pool serves
+Python callables (the tests' failing kernels) and keeps its error handling.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import platform
+import sys
+import threading
+
+from ...runtime import threads
+
+#: pause rounds before a worker sleeps (a Zen 4 pause is ~60 cycles: ~50-100 us of spinning)
+SPIN = 4096
+#: spin rounds between two sched_yield calls
+YIELD_EVERY = 256
+
+_FUTEX = {"x86_64": 202, "aarch64": 98}  # the futex syscall's number
+_FUTEX_WAIT_PRIVATE, _FUTEX_WAKE_PRIVATE = 128, 129
+
+
+def supported() -> bool:
+    return sys.platform.startswith("linux") and platform.machine() in _FUTEX
+
+
+def _ir() -> str:
+    futex = _FUTEX[platform.machine()]
+    pause = "call void @llvm.x86.sse2.pause()" if platform.machine() == "x86_64" else "fence seq_cst"
+    declare_pause = "declare void @llvm.x86.sse2.pause()" if platform.machine() == "x86_64" else ""
+    return f"""
+@generation = internal global i32 0, align 64
+@pending = internal global i32 0, align 64
+@sleepers = internal global i32 0, align 64
+@stop = internal global i32 0, align 64
+@task_fn = internal global ptr null, align 64
+@task_args = internal global ptr null
+@task_extent = internal global i64 0
+@task_threads = internal global i64 0
+
+declare i64 @syscall(i64, ...)
+declare i32 @sched_yield()
+{declare_pause}
+
+define internal void @relax(i32 %round) {{
+entry:
+  {pause}
+  %r = urem i32 %round, {YIELD_EVERY}
+  %y = icmp eq i32 %r, {YIELD_EVERY - 1}
+  br i1 %y, label %yield, label %done
+yield:
+  %ignored = call i32 @sched_yield()
+  br label %done
+done:
+  ret void
+}}
+
+; the loop of worker `index` (it runs chunk index + 1; the caller runs chunk 0); `first` is the
+; generation its creator read before starting it (read here, a task published while the thread
+; was starting would be taken for an old one and never run)
+define void @kiln_pool_worker(i64 %index, i32 %first) {{
+entry:
+  br label %wait
+wait:
+  %seen = phi i32 [ %first, %entry ], [ %seen, %woke ], [ %now, %done ]
+  br label %spin
+spin:
+  %round = phi i32 [ 0, %wait ], [ %next, %relax ]
+  %now = load atomic i32, ptr @generation acquire, align 4
+  %changed = icmp ne i32 %now, %seen
+  br i1 %changed, label %run, label %relax
+relax:
+  call void @relax(i32 %round)
+  %next = add i32 %round, 1
+  %more = icmp ult i32 %next, {SPIN}
+  br i1 %more, label %spin, label %sleep
+sleep:
+  %s0 = atomicrmw add ptr @sleepers, i32 1 seq_cst
+  %again = load atomic i32, ptr @generation seq_cst, align 4
+  %same = icmp eq i32 %again, %seen
+  br i1 %same, label %futex, label %woke
+futex:
+  %w = call i64 (i64, ...) @syscall(i64 {futex}, ptr @generation, i64 {_FUTEX_WAIT_PRIVATE}, i32 %seen, ptr null)
+  br label %woke
+woke:
+  %s1 = atomicrmw sub ptr @sleepers, i32 1 seq_cst
+  br label %wait
+run:
+  %halt = load atomic i32, ptr @stop acquire, align 4
+  %stopping = icmp ne i32 %halt, 0
+  br i1 %stopping, label %exit, label %task
+task:
+  %threads = load i64, ptr @task_threads
+  %chunk = add i64 %index, 1
+  %mine = icmp slt i64 %chunk, %threads
+  br i1 %mine, label %call, label %done
+call:
+  %fn = load ptr, ptr @task_fn
+  %args = load ptr, ptr @task_args
+  %extent = load i64, ptr @task_extent
+  %b0 = mul i64 %extent, %chunk
+  %begin = sdiv i64 %b0, %threads
+  %chunk1 = add i64 %chunk, 1
+  %e0 = mul i64 %extent, %chunk1
+  %end = sdiv i64 %e0, %threads
+  call void %fn(ptr %args, i64 %begin, i64 %end)
+  %p = atomicrmw sub ptr @pending, i32 1 release
+  br label %done
+done:
+  br label %wait
+exit:
+  ret void
+}}
+
+define internal void @publish(i32 %workers) {{
+entry:
+  store atomic i32 %workers, ptr @pending release, align 4
+  %g = atomicrmw add ptr @generation, i32 1 seq_cst
+  %sleeping = load atomic i32, ptr @sleepers seq_cst, align 4
+  %any = icmp ne i32 %sleeping, 0
+  br i1 %any, label %wake, label %done
+wake:
+  %w = call i64 (i64, ...) @syscall(i64 {futex}, ptr @generation, i64 {_FUTEX_WAKE_PRIVATE}, i32 2147483647)
+  br label %done
+done:
+  ret void
+}}
+
+; run fn(args, begin, end) over [0, extent) in `threads` chunks, the first on this thread; all on
+; this thread if a worker sleeps and `wake` is 0 (work too small to pay for waking it)
+define void @kiln_pool_run(ptr %fn, ptr %args, i64 %extent, i64 %threads, i32 %wake) {{
+entry:
+  %sleeping = load atomic i32, ptr @sleepers seq_cst, align 4
+  %asleep = icmp ne i32 %sleeping, 0
+  %nowake = icmp eq i32 %wake, 0
+  %serial = and i1 %asleep, %nowake
+  br i1 %serial, label %alone, label %split
+alone:
+  call void %fn(ptr %args, i64 0, i64 %extent)
+  ret void
+split:
+  store ptr %fn, ptr @task_fn
+  store ptr %args, ptr @task_args
+  store i64 %extent, ptr @task_extent
+  store i64 %threads, ptr @task_threads
+  %t32 = trunc i64 %threads to i32
+  %workers = sub i32 %t32, 1
+  call void @publish(i32 %workers)
+  %end = sdiv i64 %extent, %threads
+  call void %fn(ptr %args, i64 0, i64 %end)
+  br label %spin
+spin:
+  %round = phi i32 [ 0, %split ], [ %next, %relax ]
+  %left = load atomic i32, ptr @pending acquire, align 4
+  %finished = icmp eq i32 %left, 0
+  br i1 %finished, label %done, label %relax
+relax:
+  call void @relax(i32 %round)
+  %next = add i32 %round, 1
+  br label %spin
+done:
+  ret void
+}}
+
+; every worker returns from kiln_pool_worker
+define void @kiln_pool_stop() {{
+entry:
+  store atomic i32 1, ptr @stop release, align 4
+  call void @publish(i32 0)
+  ret void
+}}
+
+define i32 @kiln_pool_generation() {{
+entry:
+  %g = load atomic i32, ptr @generation seq_cst, align 4
+  ret i32 %g
+}}
+
+; a forked child: the parent's sleepers and stop flag are not its own
+define void @kiln_pool_reset() {{
+entry:
+  store atomic i32 0, ptr @sleepers seq_cst, align 4
+  store atomic i32 0, ptr @stop seq_cst, align 4
+  store atomic i32 0, ptr @pending seq_cst, align 4
+  ret void
+}}
+"""
+
+
+_RUN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
+_WORKER = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int32)
+_GENERATION = ctypes.CFUNCTYPE(ctypes.c_int32)
+_VOID = ctypes.CFUNCTYPE(None)
+
+
+class NativePool:
+    """The compiled pool and its worker threads (started on demand, stopped at exit)."""
+
+    def __init__(self) -> None:
+        # LLVM is imported here, at the first split kernel, not with the backend: a program loaded
+        # from the disk cache runs without LLVM until then (the object loads like a program's)
+        from . import engine  # noqa: PLC0415
+        from .backend import _library  # noqa: PLC0415
+
+        self._library = _library([engine.compile_here(_ir())])
+        self.run = _RUN(self._library.address("kiln_pool_run"))
+        self._worker = _WORKER(self._library.address("kiln_pool_worker"))
+        self._stop = _VOID(self._library.address("kiln_pool_stop"))
+        self._reset = _VOID(self._library.address("kiln_pool_reset"))
+        self._generation = _GENERATION(self._library.address("kiln_pool_generation"))
+        self.workers: list[threading.Thread] = []
+        self.lock = threading.Lock()  # one task at a time: a second caller runs its kernel serially
+        atexit.register(self.stop)
+
+    def ensure(self, count: int) -> None:
+        while len(self.workers) < count:
+            index, generation = len(self.workers), self._generation()
+            worker = threading.Thread(
+                target=self._loop, args=(index, generation), name=f"kiln-native-{index}", daemon=True
+            )
+            worker.start()
+            self.workers.append(worker)
+
+    def _loop(self, index: int, generation: int) -> None:
+        threads.mark_worker()
+        self._worker(index, generation)
+
+    def stop(self) -> None:
+        """Return every worker from its native loop (before the interpreter frees the code it runs)."""
+        if self.workers:
+            self._stop()
+            for worker in self.workers:
+                worker.join()
+            self.workers = []
+            self._reset()
+
+    def after_fork(self) -> None:
+        """In a forked child: none of the parent's workers exist here."""
+        self.workers = []
+        self.lock = threading.Lock()
+        self._reset()
