@@ -285,6 +285,26 @@ def _native_supported() -> bool:
 needs_native = pytest.mark.skipif(not _native_supported(), reason="no native pool on this platform")
 
 
+@pytest.fixture(autouse=True)
+def native_pool(request, monkeypatch):
+    """The native pool installed for the tests that name it (it is opt-in: KILN_NATIVE_POOL=1)."""
+    if "native" in request.node.name:
+        from kiln.codegen.llvm import pool  # noqa: PLC0415
+
+        monkeypatch.setattr(threads, "_native_factory", None)
+        monkeypatch.setattr(threads, "_native", _shared_native_pool(pool))
+        monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", threads.NATIVE_MIN_WORK_BYTES)
+
+
+_POOLS: list = []
+
+
+def _shared_native_pool(pool):
+    if not _POOLS:
+        _POOLS.append(pool.NativePool())
+    return _POOLS[0]
+
+
 def _let_workers_sleep() -> None:
     """Long enough for every native worker to stop spinning and wait in futex (~0.1 ms of spinning)."""
     import time  # noqa: PLC0415
@@ -361,7 +381,8 @@ def test_process_with_native_workers_exits_cleanly():
         "assert float(f(x).sum()) == 2.0 * (1 << 21)\n"
         "print('done')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    env = {**os.environ, "KILN_NATIVE_POOL": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
     assert out.returncode == 0 and out.stdout.strip() == "done", out.stdout + out.stderr
 
 
