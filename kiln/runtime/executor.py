@@ -182,6 +182,7 @@ class ExternCall:
         self.normalize = not prim.is_view  # a view's layout is derived from its input's
 
     def run(self, env: list, tables: list) -> None:
+        threads.park()  # BLAS's threads (a matmul) want the cores the pool's workers spin on
         args = [env[slot] for slot in self.args]
         if self.into >= 0:
             self.eager_into(np, *args, out=env[self.into], **self.attrs)  # type: ignore[misc]  # set when into >= 0
@@ -217,6 +218,7 @@ class InterpretedKernel:
         self.outs = tuple((slots[v], v in planned, into.get(v, -1)) for v in node.outputs)
 
     def run(self, env: list, tables: list) -> None:
+        threads.park()
         results = self.runner(np, *[env[slot] for slot in self.args])
         for (slot, in_arena, into), array in zip(self.outs, results, strict=True):
             if in_arena:  # compiled kernels read it at its arena address

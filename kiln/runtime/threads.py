@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PARALLEL_MIN_WORK_BYTES", "get_num_threads", "parallel_for", "set_num_threads"]
+__all__ = ["PARALLEL_MIN_WORK_BYTES", "get_num_threads", "parallel_for", "park", "set_num_threads"]
 
 # Below this many bytes read + written, a kernel runs on the calling thread alone.
 # Measured on this project's 2-core x86-64 (AMD EPYC, AVX-512, 2 MiB L2 per core, a Firecracker
@@ -168,6 +168,22 @@ def _native_pool() -> Any:
     return _native
 
 
+class _State:
+    spinning = False  # the native pool's workers may be spinning (a task ran since the last park)
+
+
+_state = _State()
+
+
+def park() -> None:
+    """Send the native pool's spinning workers to sleep now: the caller is about to run something
+    else on the cores (a BLAS call, an eager kernel). Cheap when they are not spinning."""
+    if _state.spinning:
+        _state.spinning = False
+        if _native is not None:
+            _native.park()
+
+
 def _reset_after_fork() -> None:
     # The child process inherits the pools' bookkeeping but none of their threads.
     global _pool
@@ -200,6 +216,7 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int) -> 
             native.ensure(threads - 1)
             entry = ctypes.cast(kernel, ctypes.c_void_p)  # type: ignore[arg-type]
             native.run(entry, args, extent, threads, work_bytes >= WAKE_MIN_WORK_BYTES)
+            _state.spinning = True
         finally:
             _local.busy = False
             native.lock.release()

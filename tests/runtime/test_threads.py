@@ -403,3 +403,20 @@ def test_native_worker_started_just_before_a_task_takes_it(always_split, scale):
     runner.start()
     runner.join(timeout=60)
     assert done == [True], "a task never finished: a new worker missed it"
+
+
+@needs_native
+def test_parked_native_workers_sleep_and_wake_for_the_next_task(always_split, scale):
+    """park() (the executor calls it before every step that is not a compiled kernel) sends
+    spinning workers to sleep at once; the next task still runs on them, with the right result."""
+    kiln.set_num_threads(2)
+    record, kernel = native_recorder()
+    threads.parallel_for(kernel, None, 10, 1)
+    threads.park()
+    threads.park()  # a second park with nothing spinning is a no-op
+    record, kernel = native_recorder()
+    threads.parallel_for(kernel, None, 10, 1)
+    assert sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]
+    assert len({ident for _, _, ident in record.calls}) == 2
+    source, split = run_scale(scale, 5)
+    np.testing.assert_array_equal(split, 2 * source)

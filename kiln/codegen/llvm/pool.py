@@ -16,7 +16,10 @@ are native loops (LLVM IR, compiled once per process) that watch a generation co
   Announcing the sleep (``sleepers += 1``) before re-reading the generation, both sequentially
   consistent, means either the worker sees the new task or the caller sees a sleeper: no lost wake-up;
 - both spin loops yield the CPU now and then (``sched_yield``), so a spinning worker does not
-  keep a BLAS thread or another process off its core for long.
+  keep a BLAS thread or another process off its core for long; and ``kiln_pool_park`` sends
+  spinning workers to sleep at once. The executor parks them before every step that is not a
+  compiled kernel (BLAS matmuls above all): spinning there, they cost an MLP training step 15-30%
+  (OpenBLAS's threads wanted the same cores).
 
 Workers are Python threads whose target is the native loop (ctypes releases the GIL for the call,
 which returns only when ``kiln_pool_stop`` asks it to). Linux only (futex); elsewhere
@@ -56,6 +59,7 @@ def _ir() -> str:
 @pending = internal global i32 0, align 64
 @sleepers = internal global i32 0, align 64
 @stop = internal global i32 0, align 64
+@park = internal global i32 0, align 64
 @task_fn = internal global ptr null, align 64
 @task_args = internal global ptr null
 @task_extent = internal global i64 0
@@ -95,7 +99,10 @@ spin:
 relax:
   call void @relax(i32 %round)
   %next = add i32 %round, 1
-  %more = icmp ult i32 %next, {SPIN}
+  %young = icmp ult i32 %next, {SPIN}
+  %parking = load atomic i32, ptr @park monotonic, align 4
+  %unparked = icmp eq i32 %parking, 0
+  %more = and i1 %young, %unparked
   br i1 %more, label %spin, label %sleep
 sleep:
   %s0 = atomicrmw add ptr @sleepers, i32 1 seq_cst
@@ -162,6 +169,7 @@ alone:
   call void %fn(ptr %args, i64 0, i64 %extent)
   ret void
 split:
+  store atomic i32 0, ptr @park monotonic, align 4
   store ptr %fn, ptr @task_fn
   store ptr %args, ptr @task_args
   store i64 %extent, ptr @task_extent
@@ -182,6 +190,13 @@ relax:
   %next = add i32 %round, 1
   br label %spin
 done:
+  ret void
+}}
+
+; spinning workers sleep now (something else, BLAS's threads, wants the cores); the next task wakes them
+define void @kiln_pool_park() {{
+entry:
+  store atomic i32 1, ptr @park monotonic, align 4
   ret void
 }}
 
@@ -231,6 +246,7 @@ class NativePool:
         self._stop = _VOID(self._library.address("kiln_pool_stop"))
         self._reset = _VOID(self._library.address("kiln_pool_reset"))
         self._generation = _GENERATION(self._library.address("kiln_pool_generation"))
+        self.park = _VOID(self._library.address("kiln_pool_park"))
         self.workers: list[threading.Thread] = []
         self.lock = threading.Lock()  # one task at a time: a second caller runs its kernel serially
         atexit.register(self.stop)
