@@ -95,7 +95,7 @@ class KernelCall:
     """A compiled kernel: fill its pointer table, call it (on the thread pool when the work pays)."""
 
     __slots__ = ("node", "position", "dead", "function", "table", "dynamic", "stable", "gather", "allocate",
-                 "conform", "extent", "work_bytes", "work", "status", "args", "out")  # fmt: skip
+                 "conform", "extent", "work_bytes", "work", "spin", "status", "args", "out")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, kernel: Kernel, table: int, dynamic: tuple,
                  allocate: tuple, conform: tuple, slots: Mapping[Value, int]) -> None:  # fmt: skip
@@ -116,8 +116,14 @@ class KernelCall:
         self.gather: Any = itemgetter(*[slot for _, slot in self.stable]) if self.stable else None
         self.allocate = allocate  # (slot, allocate, shape, dtype, input slot written in place or -1)
         self.conform = conform  # slots of inputs compiled for C order
-        # work 0 marks a kernel too small to be worth the thread pool's dispatch
-        self.work = kernel.work_bytes if kernel.work_bytes >= threads.PARALLEL_MIN_WORK_BYTES and self.extent > 1 else 0
+        self.pool(spin=False)
+
+    def pool(self, spin: bool) -> None:
+        """Which pool splits this kernel: ``spin`` where the program runs nothing but kernels (see
+        ``threads.parallel_for``). Work 0 marks a kernel too small to be worth the pool's dispatch."""
+        self.spin = spin
+        big = self.work_bytes >= threads.min_work_bytes(spin) and self.extent > 1
+        self.work = self.work_bytes if big else 0
 
     def run(self, env: list, tables: list) -> None:
         for slot, empty, shape, dtype, into in self.allocate:
@@ -140,7 +146,7 @@ class KernelCall:
         for position, slot in self.dynamic:
             table[position] = data_pointer(env[slot])
         if self.work:
-            threads.parallel_for(self.function, table, self.extent, self.work)
+            threads.parallel_for(self.function, table, self.extent, self.work, self.spin)
         elif self.extent:  # too small to split: call it directly
             self.function(table, 0, self.extent)
         if self.status and frame_table.status.value:
@@ -182,7 +188,8 @@ class ExternCall:
         self.normalize = not prim.is_view  # a view's layout is derived from its input's
 
     def run(self, env: list, tables: list) -> None:
-        threads.park()  # BLAS's threads (a matmul) want the cores the pool's workers spin on
+        if self.normalize:  # not a view: BLAS's threads (a matmul) may want the cores workers spin on
+            threads.park()
         args = [env[slot] for slot in self.args]
         if self.into >= 0:
             self.eager_into(np, *args, out=env[self.into], **self.attrs)  # type: ignore[misc]  # set when into >= 0
@@ -284,6 +291,11 @@ class CompiledProgram:
         self._steps = tuple(steps)
         self._runs = tuple(step.run for step in steps)  # bound once: the call loop only calls
         self.kernel_calls = [s for s in steps if isinstance(s, KernelCall)]
+        # A program of kernels and views alone runs its large kernels on the native pool, whose
+        # workers spin between them; one that calls eager kernels (BLAS) keeps the sleeping pool
+        spin = all(isinstance(s, KernelCall) or (isinstance(s, ExternCall) and not s.normalize) for s in steps)
+        for call in self.kernel_calls:
+            call.pool(spin)
         # Outputs that are always new memory of their own: a kernel's output allocated every call
         # (not written into an input), handed out once. The caller may wrap them without checks.
         fresh = {slot for call in self.kernel_calls for slot, _, _, _, into in call.allocate if into < 0}

@@ -153,11 +153,16 @@ _native: Any = None
 
 
 def install_native_pool(factory: Callable[[], Any]) -> None:
-    """Let ``parallel_for`` run ctypes kernels on the pool ``factory()`` builds (once, when first
-    needed), and split kernels from ``NATIVE_MIN_WORK_BYTES`` on."""
-    global _native_factory, PARALLEL_MIN_WORK_BYTES
+    """Let ``parallel_for(..., spin=True)`` run ctypes kernels on the pool ``factory()`` builds
+    (once, when first needed)."""
+    global _native_factory
     _native_factory = factory
-    PARALLEL_MIN_WORK_BYTES = NATIVE_MIN_WORK_BYTES
+
+
+def min_work_bytes(spin: bool) -> int:
+    """The work from which ``parallel_for(..., spin=spin)`` splits a kernel."""
+    native = _native is not None or _native_factory is not None
+    return NATIVE_MIN_WORK_BYTES if spin and native else PARALLEL_MIN_WORK_BYTES
 
 
 def _native_pool() -> Any:
@@ -196,20 +201,22 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int) -> None:
+def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spin: bool = False) -> None:
     """Run ``kernel(args, begin, end)`` over ``[0, extent)``, split across threads when worth it.
 
     ``kernel`` is a ctypes function ``CFUNCTYPE(None, c_void_p, c_int64, c_int64)`` (any callable
     with that signature works); ``work_bytes`` is the bytes it reads and writes over the whole
     extent. Re-raises the first exception a chunk raised, after every chunk has finished (the
-    kernel's buffers must outlive every chunk).
+    kernel's buffers must outlive every chunk). ``spin``: the caller runs nothing but kernels
+    around this one (no BLAS, whose threads want the same cores), so a ctypes kernel may go to the
+    native pool, whose workers spin between tasks.
     """
     threads = min(_num_threads, extent)
     if threads < 2 or work_bytes < PARALLEL_MIN_WORK_BYTES or getattr(_local, "busy", False):
         if extent > 0:
             kernel(args, 0, extent)
         return
-    native = _native_pool() if isinstance(kernel, _FUNCTION_POINTER) else None
+    native = _native_pool() if spin and isinstance(kernel, _FUNCTION_POINTER) else None
     if native is not None and native.lock.acquire(blocking=False):  # busy: another caller's task
         _local.busy = True
         try:

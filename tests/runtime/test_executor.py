@@ -365,7 +365,7 @@ def test_large_gelu_is_split_across_the_thread_pool(monkeypatch):
     chunks: list[tuple[int, int, int]] = []  # (begin, end, thread) of every kernel call through the pool
     parallel_for = threads_module.parallel_for
 
-    def spy(kernel, args, extent, work_bytes):
+    def spy(kernel, args, extent, work_bytes, spin=False):
         def chunk(a, begin, end):
             chunks.append((begin, end, threading.get_ident()))
             kernel(a, begin, end)

@@ -68,12 +68,12 @@ def scale():
     return kernel
 
 
-def run_scale(kernel, units: int, parallel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def run_scale(kernel, units: int, parallel: bool = True, spin: bool = True) -> tuple[np.ndarray, np.ndarray]:
     source = np.random.default_rng(units).standard_normal(units * UNIT).astype(np.float32)
     out = np.full_like(source, np.nan)
     args = (ctypes.c_void_p * 2)(source.ctypes.data, out.ctypes.data)
     if parallel:
-        threads.parallel_for(kernel, ctypes.addressof(args), units, out.nbytes * 2)
+        threads.parallel_for(kernel, ctypes.addressof(args), units, out.nbytes * 2, spin=spin)
     else:
         kernel(ctypes.addressof(args), 0, units)
     return source, out
@@ -144,10 +144,11 @@ def test_large_work_splits_without_patching_the_threshold():
     assert sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]
 
 
+@pytest.mark.parametrize("spin", [True, False], ids=["native", "python"])
 @pytest.mark.parametrize("units", [1, 2, 3, 5, 64])
-def test_compiled_kernel_split_equals_serial(always_split, scale, units):
+def test_compiled_kernel_split_equals_serial(always_split, scale, units, spin):
     kiln.set_num_threads(3)
-    source, split = run_scale(scale, units)
+    source, split = run_scale(scale, units, spin=spin)
     _, serial = run_scale(scale, units, parallel=False)
     np.testing.assert_array_equal(split, serial)
     np.testing.assert_array_equal(split, 2 * source)
@@ -164,7 +165,7 @@ def test_exceptions_propagate_after_all_chunks_finish(always_split, failing_begi
         finished.append(begin)
 
     with pytest.raises(ValueError, match=f"chunk {failing_begin} failed"):
-        threads.parallel_for(kernel, None, 12, 1)
+        threads.parallel_for(kernel, None, 12, 1, spin=True)  # a Python kernel: the Python pool, even so
     assert sorted(finished) == sorted({0, 4, 8} - {failing_begin})
     record = Recorder()  # the pool still works afterwards
     threads.parallel_for(record, None, 12, 1)
@@ -317,7 +318,7 @@ def test_native_pool_splits_and_wakes_sleeping_workers(always_split):
     kiln.set_num_threads(2)
     for _ in range(3):  # spinning workers, then sleeping ones
         record, kernel = native_recorder()
-        threads.parallel_for(kernel, None, 10, 1)
+        threads.parallel_for(kernel, None, 10, 1, spin=True)
         assert sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]
         assert len({ident for _, _, ident in record.calls}) == 2
         _let_workers_sleep()
@@ -330,12 +331,12 @@ def test_native_pool_keeps_small_work_on_the_caller_while_workers_sleep(monkeypa
     kiln.set_num_threads(2)
     monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
     record, kernel = native_recorder()
-    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES)  # starts the workers
+    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)  # starts the workers
     _let_workers_sleep()
     record, kernel = native_recorder()
-    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES - 1)
+    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES - 1, spin=True)
     assert record.calls == [(0, 10, threading.get_ident())]
-    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES)
+    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
     assert sorted((b, e) for b, e, _ in record.calls[1:]) == [(0, 5), (5, 10)]
 
 
@@ -352,7 +353,7 @@ def test_native_pool_compiled_kernel_after_sleeping(always_split, scale, num_thr
 def _child_runs_native(queue):
     threads.PARALLEL_MIN_WORK_BYTES = threads.WAKE_MIN_WORK_BYTES = 0
     record, kernel = native_recorder()
-    threads.parallel_for(kernel, None, 4, 1)
+    threads.parallel_for(kernel, None, 4, 1, spin=True)
     queue.put(sorted((b, e) for b, e, _ in record.calls))
 
 
@@ -360,7 +361,9 @@ def _child_runs_native(queue):
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_native_pool_works_in_a_forked_child(always_split):
     kiln.set_num_threads(2)
-    threads.parallel_for(native_recorder()[1], None, 4, 1)  # the parent's native workers exist before the fork
+    threads.parallel_for(
+        native_recorder()[1], None, 4, 1, spin=True
+    )  # the parent's native workers exist before the fork
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     child = context.Process(target=_child_runs_native, args=(results,))
@@ -411,12 +414,31 @@ def test_parked_native_workers_sleep_and_wake_for_the_next_task(always_split, sc
     spinning workers to sleep at once; the next task still runs on them, with the right result."""
     kiln.set_num_threads(2)
     record, kernel = native_recorder()
-    threads.parallel_for(kernel, None, 10, 1)
+    threads.parallel_for(kernel, None, 10, 1, spin=True)
     threads.park()
     threads.park()  # a second park with nothing spinning is a no-op
     record, kernel = native_recorder()
-    threads.parallel_for(kernel, None, 10, 1)
+    threads.parallel_for(kernel, None, 10, 1, spin=True)
     assert sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]
     assert len({ident for _, _, ident in record.calls}) == 2
     source, split = run_scale(scale, 5)
     np.testing.assert_array_equal(split, 2 * source)
+
+
+def test_programs_of_kernels_alone_spin_and_programs_calling_blas_do_not():
+    """The executor picks the pool per program: the native one (spinning workers, splits from
+    NATIVE_MIN_WORK_BYTES) when nothing but kernels and views run, the Python one when an eager
+    kernel (a BLAS matmul) runs between them."""
+    x = kiln.from_numpy(np.ones((1024, 1024), np.float32))
+    alone = kiln.compile(lambda a: (a * 2).reshape(-1) + 1)
+    with_blas = kiln.compile(lambda a: (a @ a) * 2 + 1)
+    programs = []
+    for fn in (alone, with_blas):
+        for _ in range(3):
+            fn(x)
+        programs.append(fn.state.specializations[-1].program)
+    native = threads.min_work_bytes(True) < threads.min_work_bytes(False)
+    assert {call.spin for call in programs[0].kernel_calls} == {True}
+    assert {call.spin for call in programs[1].kernel_calls} == {False}
+    if native:
+        assert {call.work > 0 for call in programs[0].kernel_calls} == {True}  # 8 MB: split

@@ -13,11 +13,8 @@ from ...runtime import threads
 from ..core import Unsupported
 from . import pool
 
-# Opt-in for now: an MLP training step measured a median 0.96x torch over 7 runs with this pool
-# (0.79-1.22x) against 0.83x with the Python pool (0.67-1.03x), its workers parked before every
-# BLAS call; elementwise kernels gain (GELU 4M: 1.28 -> 0.97 ms on 2 threads). Why the step loses
-# is not known yet (the machine's noise is as large as the difference).
-if pool.supported() and os.environ.get("KILN_NATIVE_POOL", "0") == "1":
+# Programs of kernels alone split them on the native pool (runtime.executor decides); with it,
+# GELU 4M ran 1.28 -> 0.97 ms on 2 threads. Programs that call BLAS keep the Python pool: an MLP
+# training step measured a median 0.96x torch over 7 runs with the native pool against 0.83x.
+if pool.supported() and os.environ.get("KILN_NATIVE_POOL", "1") != "0":  # 0: the Python pool only
     threads.install_native_pool(pool.NativePool)
-
-__all__ = ["Unsupported"]
