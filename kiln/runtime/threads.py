@@ -12,9 +12,11 @@ are done. ctypes releases the GIL around a foreign call, so the chunks really ru
 >>> kiln.get_num_threads() >= 1
 True
 
-Compiled kernels (ctypes function pointers) run on the native pool the LLVM code generator
-installs (``codegen.llvm.pool``: spinning workers take a chunk in microseconds) where it exists,
-on Linux; other callables, and every kernel elsewhere, on a pool of Python threads. Waking a
+Compiled kernels (ctypes function pointers) of a program that runs nothing but kernels
+(``parallel_for(..., spin=True)``, decided by the executor) run on the native pool the LLVM code
+generator installs (``codegen.llvm.pool``: spinning workers take a chunk in microseconds) where
+it exists, on Linux; other callables, other programs' kernels (their BLAS calls' threads want the
+cores) and every kernel elsewhere, on a pool of Python threads. Waking a
 sleeping thread costs tens of microseconds, so small kernels run serially: see
 ``PARALLEL_MIN_WORK_BYTES``. A kernel called from inside a chunk (nested parallelism) also runs
 serially, which keeps the pools free of deadlocks: a worker never waits for another worker.

@@ -79,6 +79,17 @@ def run_scale(kernel, units: int, parallel: bool = True, spin: bool = True) -> t
     return source, out
 
 
+def _native_supported() -> bool:
+    try:
+        from kiln.codegen.llvm import pool  # noqa: PLC0415 - importing it installs the pool
+    except ImportError:  # no llvmlite
+        return False
+    return pool.supported()
+
+
+needs_native = pytest.mark.skipif(not _native_supported(), reason="no native pool on this platform")
+
+
 class Recorder:
     """A Python 'kernel' that records which thread ran which range."""
 
@@ -216,20 +227,22 @@ def test_nested_call_runs_serially_without_deadlock(always_split):
     assert len({call[3] for call in inner_calls}) == 2
 
 
-def _child_runs_parallel_for(queue):
+def _child_runs_parallel_for(queue, native):
     threads.PARALLEL_MIN_WORK_BYTES = threads.WAKE_MIN_WORK_BYTES = 0
-    record = Recorder()
-    threads.parallel_for(record, None, 4, 1)
+    record, kernel = native_recorder() if native else (Recorder(),) * 2
+    threads.parallel_for(kernel, None, 4, 1, spin=native)
     queue.put(sorted((b, e) for b, e, _ in record.calls))
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_pool_works_in_a_forked_child(always_split):
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=needs_native)], ids=["python", "native"])
+def test_pool_works_in_a_forked_child(always_split, native):
     kiln.set_num_threads(2)
-    threads.parallel_for(Recorder(), None, 4, 1)  # the parent's workers exist before the fork
+    _, kernel = native_recorder() if native else (None, Recorder())
+    threads.parallel_for(kernel, None, 4, 1, spin=native)  # the parent's workers exist before the fork
     context = multiprocessing.get_context("fork")
     results = context.Queue()
-    child = context.Process(target=_child_runs_parallel_for, args=(results,))
+    child = context.Process(target=_child_runs_parallel_for, args=(results, native))
     child.start()
     child.join(timeout=30)
     assert child.exitcode == 0
@@ -273,17 +286,6 @@ def native_recorder() -> tuple[Recorder, object]:
     """A Recorder behind a ctypes function pointer: parallel_for hands it to the native pool."""
     record = Recorder()
     return record, KERNEL_TYPE(lambda args, begin, end: record(args, begin, end))
-
-
-def _native_supported() -> bool:
-    try:
-        from kiln.codegen.llvm import pool  # noqa: PLC0415 - importing it installs the pool
-    except ImportError:  # no llvmlite
-        return False
-    return pool.supported()
-
-
-needs_native = pytest.mark.skipif(not _native_supported(), reason="no native pool on this platform")
 
 
 @pytest.fixture(autouse=True)
@@ -348,29 +350,6 @@ def test_native_pool_compiled_kernel_after_sleeping(always_split, scale, num_thr
         source, split = run_scale(scale, 7)
         np.testing.assert_array_equal(split, 2 * source)
         _let_workers_sleep()
-
-
-def _child_runs_native(queue):
-    threads.PARALLEL_MIN_WORK_BYTES = threads.WAKE_MIN_WORK_BYTES = 0
-    record, kernel = native_recorder()
-    threads.parallel_for(kernel, None, 4, 1, spin=True)
-    queue.put(sorted((b, e) for b, e, _ in record.calls))
-
-
-@needs_native
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_native_pool_works_in_a_forked_child(always_split):
-    kiln.set_num_threads(2)
-    threads.parallel_for(
-        native_recorder()[1], None, 4, 1, spin=True
-    )  # the parent's native workers exist before the fork
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-    child = context.Process(target=_child_runs_native, args=(results,))
-    child.start()
-    child.join(timeout=30)
-    assert child.exitcode == 0
-    assert results.get(timeout=5) == [(0, 2), (2, 4)]
 
 
 def test_process_with_native_workers_exits_cleanly():
