@@ -84,11 +84,15 @@ def _plane_base(builder: ir.IRBuilder, plane: ir.Value, sizes: Sequence[int], st
     return _dot(builder, list(zip(_split(builder, plane, sizes), strides, strict=True)))
 
 
-def tile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
-    matrix, s = node.attrs["matrix"], int(node.attrs["stride"])
-    alpha, t = len(matrix), len(matrix[0])
+def _transform(node: Node):
+    """(matrix, stride, alpha, t, dtype, LLVM element type) of a tile or untile transform node."""
+    matrix = node.attrs["matrix"]
     dtype = node.output.type.dtype
-    ftype = memory_type(dtype)
+    return matrix, int(node.attrs["stride"]), len(matrix), len(matrix[0]), dtype, memory_type(dtype)
+
+
+def tile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
+    matrix, s, alpha, t, dtype, ftype = _transform(node)
     x_shape, out_shape = _shape(node.inputs[0]), _shape(node.output)
     batch, (th, tw) = x_shape[:-2], out_shape[-2:]
     planes = math.prod(batch)
@@ -125,10 +129,7 @@ def tile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple
 
 
 def untile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
-    matrix, s = node.attrs["matrix"], int(node.attrs["stride"])
-    alpha, t = len(matrix), len(matrix[0])
-    dtype = node.output.type.dtype
-    ftype = memory_type(dtype)
+    matrix, s, alpha, t, dtype, ftype = _transform(node)
     v_shape, out_shape = _shape(node.inputs[0]), _shape(node.output)
     batch, (th, tw), (h, w) = v_shape[1:-2], v_shape[-2:], out_shape[-2:]
     planes = math.prod(batch)
