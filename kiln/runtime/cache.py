@@ -49,6 +49,7 @@ from pathlib import Path
 __all__ = ["DiskCache", "cache_key", "default_directory"]
 
 logger = logging.getLogger("kiln")
+_REFUSALS_WARNED: set[Path] = set()  # cache directories whose refusal was said (a warning once, then debug)
 
 MAGIC = b"KILNOBJ\0"
 FORMAT_VERSION = 2
@@ -211,7 +212,6 @@ class DiskCache:
         self.hits = 0
         self.misses = 0
         self._io_warned = False
-        self._refusal_warned = False
         self._signing_key = b""
         if reason is not None:
             logger.warning(
@@ -319,8 +319,8 @@ class DiskCache:
     def _refuse(self, why: Refused) -> None:
         if why.remove and why.path is not None:  # an entry kiln cannot trust, in a directory it owns
             _unlink_quietly(why.path)  # so that it is rebuilt
-        if not self._refusal_warned:
-            self._refusal_warned = True
+        if self.directory not in _REFUSALS_WARNED:  # once per directory: host.py keeps a DiskCache of its own
+            _REFUSALS_WARNED.add(self.directory)
             logger.warning(
                 "kiln: the compile cache refused %s because %s; compiling without it. Only files and "
                 "directories that you own and that no one else can write to are used.", why.path, why,

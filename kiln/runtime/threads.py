@@ -25,6 +25,7 @@ serially, which keeps the pools free of deadlocks: a worker never waits for anot
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import queue
 import threading
@@ -62,6 +63,8 @@ NATIVE_MIN_WORK_BYTES = 1 << 20
 WAKE_MIN_WORK_BYTES = 4 << 20
 
 Kernel = Callable[[object, int, int], object]
+
+logger = logging.getLogger("kiln")
 
 
 def _default_num_threads() -> int:
@@ -171,7 +174,10 @@ def _native_pool() -> Any:
     global _native, _native_factory
     if _native is None and _native_factory is not None:
         factory, _native_factory = _native_factory, None  # one attempt: a failure leaves the Python pool
-        _native = factory()
+        try:
+            _native = factory()
+        except Exception as error:  # noqa: BLE001 - any failure to build it: the Python pool still works
+            logger.warning("kiln: the native thread pool could not be built (%s); using Python threads", error)
     return _native
 
 
@@ -214,12 +220,19 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spi
     native pool, whose workers spin between tasks.
     """
     threads = min(_num_threads, extent)
-    if threads < 2 or work_bytes < PARALLEL_MIN_WORK_BYTES or getattr(_local, "busy", False):
+    nested = getattr(_local, "busy", False)
+    native = None
+    if spin and threads >= 2 and not nested and isinstance(kernel, _FUNCTION_POINTER):
+        native = _native_pool()
+        if native is not None and not native.lock.acquire(blocking=False):  # another caller's task
+            native = None
+    if threads < 2 or nested or work_bytes < (PARALLEL_MIN_WORK_BYTES if native is None else NATIVE_MIN_WORK_BYTES):
+        if native is not None:
+            native.lock.release()
         if extent > 0:
             kernel(args, 0, extent)
         return
-    native = _native_pool() if spin and isinstance(kernel, _FUNCTION_POINTER) else None
-    if native is not None and native.lock.acquire(blocking=False):  # busy: another caller's task
+    if native is not None:
         _local.busy = True
         try:
             native.ensure(threads - 1)

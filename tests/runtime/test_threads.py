@@ -53,6 +53,7 @@ def restore_threads():
 @pytest.fixture
 def always_split(monkeypatch):
     monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
+    monkeypatch.setattr(threads, "NATIVE_MIN_WORK_BYTES", 0)
     monkeypatch.setattr(threads, "WAKE_MIN_WORK_BYTES", 0)  # the native pool wakes sleeping workers for any work
 
 
@@ -290,13 +291,12 @@ def native_recorder() -> tuple[Recorder, object]:
 
 @pytest.fixture(autouse=True)
 def native_pool(request, monkeypatch):
-    """The native pool installed for the tests that name it (it is opt-in: KILN_NATIVE_POOL=1)."""
+    """The native pool installed for the tests that name it, whatever KILN_NATIVE_POOL says."""
     if "native" in request.node.name:
         from kiln.codegen.llvm import pool  # noqa: PLC0415
 
         monkeypatch.setattr(threads, "_native_factory", None)
         monkeypatch.setattr(threads, "_native", _shared_native_pool(pool))
-        monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", threads.NATIVE_MIN_WORK_BYTES)
 
 
 _POOLS: list = []
@@ -327,19 +327,45 @@ def test_native_pool_splits_and_wakes_sleeping_workers(always_split):
 
 
 @needs_native
-def test_native_pool_keeps_small_work_on_the_caller_while_workers_sleep(monkeypatch):
-    """Between NATIVE_MIN_WORK_BYTES and WAKE_MIN_WORK_BYTES a kernel is split only over workers
-    that are awake; with them asleep it runs on the caller in one call, and a large one wakes them."""
+def test_native_pool_keeps_small_work_on_the_caller_while_workers_sleep():
+    """With the thresholds as shipped: from NATIVE_MIN_WORK_BYTES a spin kernel is split over awake
+    workers (the Python pool only splits from PARALLEL_MIN_WORK_BYTES); below WAKE_MIN_WORK_BYTES
+    it runs on the caller in one call while they sleep, and a large one wakes them."""
+    assert threads.NATIVE_MIN_WORK_BYTES < threads.WAKE_MIN_WORK_BYTES <= threads.PARALLEL_MIN_WORK_BYTES
     kiln.set_num_threads(2)
-    monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
-    record, kernel = native_recorder()
-    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)  # starts the workers
+    small = threads.NATIVE_MIN_WORK_BYTES
+    split_while_awake = False
+    for _ in range(20):  # awake: within ~0.1 ms of the last task (a loaded machine may miss it once)
+        threads.parallel_for(native_recorder()[1], None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
+        record, kernel = native_recorder()
+        threads.parallel_for(kernel, None, 10, small, spin=True)
+        if sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]:
+            split_while_awake = True
+            break
+    assert split_while_awake
+    record = Recorder()
+    threads.parallel_for(record, None, 10, small)  # not a spin kernel: below the Python pool's threshold
+    assert record.calls == [(0, 10, threading.get_ident())]
     _let_workers_sleep()
     record, kernel = native_recorder()
-    threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES - 1, spin=True)
+    threads.parallel_for(kernel, None, 10, small, spin=True)
     assert record.calls == [(0, 10, threading.get_ident())]
     threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
     assert sorted((b, e) for b, e, _ in record.calls[1:]) == [(0, 5), (5, 10)]
+
+
+def test_a_native_pool_that_cannot_be_built_leaves_the_python_pool(always_split, monkeypatch, caplog):
+    def broken():
+        raise OSError("no executable memory")
+
+    monkeypatch.setattr(threads, "_native", None)
+    monkeypatch.setattr(threads, "_native_factory", broken)
+    kiln.set_num_threads(2)
+    record, kernel = native_recorder()
+    with caplog.at_level("WARNING", logger="kiln"):
+        threads.parallel_for(kernel, None, 10, 1, spin=True)
+    assert sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]  # split, by Python threads
+    assert "native thread pool could not be built" in caplog.text and "no executable memory" in caplog.text
 
 
 @needs_native

@@ -80,7 +80,7 @@ class LLVMBackend:
         return LLVMCode(kernels, objects)
 
     def load(self, lowered: Lowered, code: LLVMCode) -> CompiledProgram:
-        library = _library(code.objects) if code.objects else None
+        library = load_objects(code.objects) if code.objects else None
         nodes = lowered.graph.nodes
         kernels = {}
         for position, info in code.kernels.items():
@@ -111,7 +111,7 @@ class LLVMBackend:
         return LLVMCode(kernels, parts[1:])
 
 
-def _library(objects: list[bytes]):
+def load_objects(objects: list[bytes]):
     """The object code loaded: by kiln's own ELF loader where it applies (a cache hit then loads no
     LLVM at all), else through llvmlite's MCJIT. Both run the same machine code."""
     if elf.supported():

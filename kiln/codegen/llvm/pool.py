@@ -1,4 +1,4 @@
-"""A native thread pool for compiled kernels: dispatch in about a microsecond while the workers spin.
+"""A native thread pool for compiled kernels: dispatch in a few microseconds while the workers spin.
 
 ``runtime.threads`` splits a large kernel over threads. Its Python pool wakes a sleeping worker
 through a lock, which costs 7-18 us on this project's 2-vCPU VM in good hours and 60-75 us in bad
@@ -239,9 +239,9 @@ class NativePool:
         # LLVM is imported here, at the first split kernel, not with the backend: a program loaded
         # from the disk cache runs without LLVM until then (the object loads like a program's)
         from . import engine  # noqa: PLC0415
-        from .backend import _library  # noqa: PLC0415
+        from .backend import load_objects  # noqa: PLC0415
 
-        self._library = _library([engine.compile_here(_ir())])
+        self._library = load_objects([engine.compile_here(_ir())])
         self.run = _RUN(self._library.address("kiln_pool_run"))
         self._worker = _WORKER(self._library.address("kiln_pool_worker"))
         self._stop = _VOID(self._library.address("kiln_pool_stop"))
@@ -249,7 +249,7 @@ class NativePool:
         self._generation = _GENERATION(self._library.address("kiln_pool_generation"))
         self.park = _VOID(self._library.address("kiln_pool_park"))
         self.workers: list[threading.Thread] = []
-        self.lock = threading.Lock()  # one task at a time: a second caller runs its kernel serially
+        self.lock = threading.Lock()  # one task at a time: a second caller uses the Python pool
         atexit.register(self.stop)
 
     def ensure(self, count: int) -> None:

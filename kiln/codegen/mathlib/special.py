@@ -59,7 +59,7 @@ def tanh_body(m: Float, x: Scalar) -> Scalar:
     # float32: k <= 29, and the reduction's one-step error k (ln2 - LN2_HI) < 6e-8 reaches the result
     # scaled by tanh's sensitivity to exp's relative error, (1 - tanh^2) / 2: small where k is not
     # (under 0.05 ulp); the step it saves is 5% of a GELU kernel's time, which is bound by fmas
-    k, r, shifted = reduce_ln2(m, m.at_most(m.add(a, a), 40.0 if m.is64 else 20.0), tail=m.is64)
+    _, r, shifted = reduce_ln2(m, m.at_most(m.add(a, a), 40.0 if m.is64 else 20.0), tail=m.is64)
     u = pow2_shifted(m, shifted)
     if not m.is64:
         e = m.fma(u, expm1_reduced(m, r), m.sub(u, m.c(1.0)))  # 2^k (expm1(r) + 1) - 1, exact 2^k - 1
