@@ -4,6 +4,11 @@
 their eager kernel: matmul, gather, random bits, views that extern nodes read...), constants and
 kernel nodes (``kiln.ir.graph``), each fused node in exactly one kernel: no work is duplicated.
 
+0. Reductions of inner axes that include the last one (BatchNorm's sums over N, H and W of an
+   NCHW array) read their input through a ``permute`` that puts the kept axes first, so they are
+   trailing-axes reductions and fuse (with what computes their input) like any other; each row
+   still reads its elements' innermost run contiguously. A reduction that keeps the last axis (a
+   bias gradient's sum over rows) stays extern: a row of it would read one column.
 1. Classify (``fusion_rules``): elementwise, view, trailing-axes reduction, or extern. A node the
    backend does not compile in a kernel (``supports(node)`` False: the LLVM backend and float16)
    is extern, so fusion never forms a kernel that the backend then declines.
@@ -28,9 +33,11 @@ driver runs it for a backend that runs kernels, with that backend's ``supports``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterator
 
-from ..ir.graph import Graph, Node
+from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
+from ..ir.types import TensorType
 from .eliminate_dead_code import eliminate_dead_code
 from .fusion_emit import emit
 from .fusion_groups import Grouping
@@ -47,4 +54,49 @@ def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:
     graph = eliminate_dead_code(graph)  # a kernel makes at least one output that something reads
     if not graph.nodes:
         return graph
+    graph = reductions_to_trailing_axes(graph, supports)
     return emit(graph, Grouping(graph, supports).groups())
+
+
+def reductions_to_trailing_axes(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:
+    """``graph`` with each reduction of inner axes that include the last one (static shapes, one the
+    backend compiles) made a reduction of trailing axes: ``reduce(x, axes)`` becomes
+    ``reduce(permute(x, kept + axes), trailing axes)``, reshaped back where ``keepdim`` asked for
+    the reduced axes. The result is the same reduction of the same elements."""
+    ids = itertools.count(max((v.id for v in graph.values()), default=-1) + 1)
+    nodes: list[Node] = []
+    for node in graph.nodes:
+        if node.op in BODY_REDUCE_OPS and _inner_reduction(node) and (supports is None or supports(node)):
+            nodes += _trailing(node, ids)
+        else:
+            nodes.append(node)
+    if len(nodes) == len(graph.nodes):
+        return graph
+    return Graph(graph.inputs, tuple(nodes), graph.outputs, graph.constants)
+
+
+def _trailing(node: Node, ids: Iterator[int]) -> list[Node]:
+    """The nodes that compute reduction ``node`` over trailing axes of a permuted input."""
+    (x,) = node.inputs
+    axes, keepdim = tuple(node.attrs["axes"]), node.attrs["keepdim"]
+    kept = tuple(a for a in range(x.type.ndim) if a not in axes)
+
+    def value(shape) -> Value:
+        return Value(next(ids), TensorType(tuple(shape), x.type.dtype, x.type.device))
+
+    permuted = value(x.type.shape[a] for a in kept + axes)
+    attrs = {**node.attrs, "axes": tuple(range(len(kept), x.type.ndim)), "keepdim": False}
+    reduced = value(x.type.shape[a] for a in kept) if keepdim else node.output
+    nodes = [Node("permute", (x,), {"perm": kept + axes}, (permuted,), node.loc),
+             Node(node.op, (permuted,), attrs, (reduced,), node.loc)]  # fmt: skip
+    if keepdim:
+        nodes.append(Node("reshape", (reduced,), {"shape": node.output.type.shape}, node.outputs, node.loc))
+    return nodes
+
+
+def _inner_reduction(node: Node) -> bool:
+    """Whether ``node`` reduces its static input over axes that include the last but are not trailing."""
+    x = node.inputs[0]
+    axes, ndim = tuple(node.attrs["axes"]), x.type.ndim
+    trailing = axes == tuple(range(ndim - len(axes), ndim))
+    return bool(axes) and not trailing and axes[-1] == ndim - 1 and x.type.is_static

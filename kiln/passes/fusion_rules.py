@@ -9,7 +9,8 @@
   extern, since numpy views are free and kernels read strided inputs anyway;
 - ``REDUCE``: ``reduce_sum``/``max``/``min``/``prod`` of one or more *trailing* axes;
 - ``EXTERN``: everything else (matmul, gather/scatter/take/index_put, random bits, cumsum,
-  pad, concatenate, flip, copy, unfold/fold, argmax/argmin, reductions of other axes), every
+  pad, concatenate, flip, copy, unfold/fold, argmax/argmin, reductions of other axes -- ``fuse``
+  has already made trailing those that include the last axis), every
   node the backend does not compile in a kernel (``supports``; the LLVM backend: nothing
   touching float16), and constants.
 """

@@ -247,6 +247,32 @@ def test_layer_norm_forward_and_backward_is_one_reduction_kernel():
     assert sorted(externs(fused)) == ["reduce_sum", "reduce_sum", "reshape", "reshape"]
 
 
+def test_inner_reductions_that_include_the_last_axis_are_kernels():
+    # BatchNorm's statistics: sums over N, H and W of an NCHW array; the product fuses into its sum.
+    def stats(x, g):
+        return x.sum((0, 2, 3), keepdim=True), (x * g).sum((0, 2, 3)), x.amax(dim=(0, 1, 3)), x.sum(1)
+
+    fused = fused_and_checked(traced(stats, _x(2, 3, 4, 5), _x(2, 3, 4, 5, seed=1)))
+    assert set(kernels(fused)) == {"reduction"}
+    assert sorted(externs(fused)) == ["reduce_sum", "reshape"]  # x.sum(1) keeps the last axis: a column sum
+    bodies = [body for node in fused.nodes for body in node.bodies]
+    assert all(body.nodes[0].op == "permute" for body in bodies if "mul" not in body.op_counts())
+    assert any("mul" in body.op_counts() and "permute" in body.op_counts() for body in bodies)
+
+
+def test_batch_norm_forward_and_backward_reduce_in_kernels():
+    kiln.manual_seed(0)
+    bn = nn.BatchNorm2d(3)
+
+    def step(x):
+        x = x.detach().requires_grad_()
+        out = bn(x)
+        return kiln.autograd.grad((out * out).sum(), [x, bn.weight, bn.bias])
+
+    fused = fused_and_checked(traced(step, _x(4, 3, 5, 5)))
+    assert "reduce_sum" not in externs(fused)
+
+
 def test_mlp_forward_is_matmuls_with_epilogue_kernels():
     kiln.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
