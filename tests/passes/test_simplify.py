@@ -396,3 +396,63 @@ def test_pads_that_overlap_or_are_used_elsewhere_stay_added():
     right = b.node("pad", [y], {"low": (0, 2), "high": (0, 0), "interior": (0, 0), "value": 0.0})
     graph = b.build([b.node("add", [left, right]), left])  # the pad is an output too
     assert simplify(graph) is graph
+
+
+# ----------------------------------------------------------------------------- one-hot scatters
+def one_hot_scatter(shape, axis, fill, src_shape=None, dtype=float32, index_shape=None):
+    """``scatter_add(full(shape, fill), index, src, axis)`` with one index per line along ``axis``."""
+    b = GraphBuilder()
+    line = tuple(1 if d == axis else n for d, n in enumerate(shape))
+    index = b.input(TensorType(index_shape or line, int64))
+    src = b.input(TensorType(src_shape or line, dtype))
+    base = b.constant(np.full(shape, fill, dtype.np), TensorType(shape, dtype))
+    return b.build([b.node("scatter_add", [base, index, src], {"axis": axis})])
+
+
+@pytest.mark.parametrize(
+    "shape, axis, fill, src_shape",
+    [((5, 7), 1, 0.0, None), ((6, 4), 0, 2.5, None), ((3, 4, 5), 1, -0.0, (3, 2, 6)), ((4, 9), 1, np.nan, None)],
+)
+def test_a_one_hot_scatter_into_a_fill_is_a_where(shape, axis, fill, src_shape):
+    graph = one_hot_scatter(shape, axis, fill, src_shape)
+    after = eliminate_dead_code(simplify(graph))
+    ops = [node.op for node in after.nodes]
+    assert "scatter_add" not in ops and "where" in ops, ops
+    rng = np.random.default_rng(0)
+    index_type, src_type = (v.type for v in graph.inputs)
+    for shift in range(3):  # special values in src: -0.0 + 0.0 is +0.0 in the scatter, and in the rewrite
+        index = rng.integers(0, shape[axis], index_type.shape)
+        assert_same_results(graph, after, [index, special(src_type.shape, np.float32, shift)])
+
+
+def test_the_gradient_of_cross_entropy_scatters_nothing():
+    import kiln  # noqa: PLC0415 - traced here, like the fusion tests' real programs
+
+    logits = kiln.randn(6, 11, requires_grad=True)
+    target = kiln.tensor([0, 10, 3, 3, 7, 1])
+
+    def grad(x, t):
+        (g,) = kiln.autograd.grad(kiln.nn.functional.cross_entropy(x, t), [x])
+        return g
+
+    compiled = kiln.compile(grad)
+    for _ in range(3):
+        expected = grad(logits, target)
+        np.testing.assert_allclose(compiled(logits, target).numpy(), expected.numpy(), rtol=1e-6, atol=1e-7)
+    (specialization,) = compiled.state.specializations
+    assert "scatter_add" not in specialization.graph.op_counts()
+
+
+def test_scatters_that_are_not_one_hot_into_a_fill_stay():
+    assert simplify(g := one_hot_scatter((5, 7), 1, 0.0, (5, 2), index_shape=(5, 2))) is g  # two indices per line
+    signed_zeros = one_hot_scatter((2, 3), 1, 0.0)
+    signed_zeros.constants[next(iter(signed_zeros.constants))][0, 1] = -0.0
+    assert simplify(signed_zeros) is signed_zeros  # 0.0 and -0.0: two values
+    b = GraphBuilder()
+    index, src = b.input(TensorType((5, 1), int64)), b.input(TensorType((5, 1), float32))
+    base = b.constant(np.arange(35, dtype=np.float32).reshape(5, 7), TensorType((5, 7), float32))
+    graph = b.build([b.node("scatter_add", [base, index, src], {"axis": 1})])
+    assert simplify(graph) is graph  # a base that is not one value
+    base_input = b.input(TensorType((5, 7), float32))
+    graph = b.build([b.node("scatter_add", [base_input, index, src], {"axis": 1})])
+    assert simplify(graph) is graph  # a base that is not a constant
