@@ -72,6 +72,23 @@ def test_matmul_non_contiguous_inputs(torch):
     grads_match_torch(torch, lambda m, x, y: m.matmul(x, y), a, b)
 
 
+@pytest.mark.parametrize("k, n", [(6, 9), (9, 6)])  # the stack copied into C order first / the product's rows
+def test_a_transposed_stack_times_a_matrix_is_one_product_in_c_order(k, n):
+    # An RNN's batch_first output: (batch, time, k) in time-major memory, times one matrix.
+    from kiln.ir.primitives.linalg import _matmul_eager, _matmul_into  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((5, 4, k)).transpose(1, 0, 2)
+    b = rng.standard_normal((k, n))
+    expected = np.einsum("btk,kn->btn", a, b)
+    out = _matmul_eager(np, a, b)
+    assert out.flags.c_contiguous
+    np.testing.assert_allclose(out, expected, rtol=1e-12, atol=1e-12)
+    into = np.full((4, 5, n), np.nan)
+    assert _matmul_into(np, a, b, out=into) is into
+    np.testing.assert_allclose(into, expected, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [kiln.int32, kiln.int64])
 def test_integer_matmul(dtype, torch):
     a = kiln.tensor([[1, 2, 3], [4, 5, 6]], dtype=dtype)

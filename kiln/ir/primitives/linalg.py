@@ -113,12 +113,27 @@ def _transposed(x):
     return x.swapaxes(-1, -2)
 
 
+def _rows_in_order(xp, a, b):
+    """``(a, order)``: ``a`` with its rows stacked in ``order`` (``_row_order``), or None. A
+    transposed stack (an RNN's batch_first output) is copied into C order first when it is
+    smaller than the product, which then lands in C order at once: a language model's decoder,
+    (32, 35, 256) @ (256, 10000) from time-major memory, 38 -> 28 ms on 2 threads against
+    computing the product in the stack's order and copying that."""
+    order = _row_order(a, b)
+    if order is None or order == tuple(range(a.ndim - 1)):
+        return None if order is None else (a, order)
+    if a.shape[-1] <= b.shape[-1]:
+        return xp.ascontiguousarray(a), tuple(range(a.ndim - 1))
+    return a, order
+
+
 def _matmul_eager(xp, a, b):
     if _swapped(a, b):
         return xp.ascontiguousarray(_transposed(xp.matmul(_transposed(b), _transposed(a))))
-    order = _row_order(a, b)
-    if order is None:
+    stacked = _rows_in_order(xp, a, b)
+    if stacked is None:
         return xp.matmul(a, b)
+    a, order = stacked
     return xp.ascontiguousarray(_product_of_rows(xp, a, b, order))  # C order, as every matmul result
 
 
@@ -126,15 +141,16 @@ def _matmul_into(xp, a, b, *, out):
     if _swapped(a, b):
         xp.copyto(out, _transposed(xp.matmul(_transposed(b), _transposed(a))))
         return out
-    order = _row_order(a, b)
-    if order is not None and out.flags.c_contiguous and order == tuple(range(a.ndim - 1)):
+    stacked = _rows_in_order(xp, a, b)
+    if stacked is None:
+        return xp.matmul(a, b, out=out)
+    a, order = stacked
+    if out.flags.c_contiguous and order == tuple(range(a.ndim - 1)):
         rows = math.prod(a.shape[:-1])  # not -1: an output with no columns has size 0
         xp.matmul(a.reshape(rows, a.shape[-1]), b, out=out.reshape(rows, out.shape[-1]))
         return out
-    if order is not None:
-        xp.copyto(out, _product_of_rows(xp, a, b, order))
-        return out
-    return xp.matmul(a, b, out=out)
+    xp.copyto(out, _product_of_rows(xp, a, b, order))
+    return out
 
 
 matmul = register(Primitive(
