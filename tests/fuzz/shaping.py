@@ -91,7 +91,7 @@ def conv(g: Generator) -> bool:
     repeated), which takes Winograd's path (F(4x4, 3x3) on planes of 16 and more), else im2col's."""
     r = g.r
     x = g.choose(lambda v: v.dtype in ("float32", "float64") and len(v.shape) == 4 and min(v.shape[2:]) >= 3
-                 and v.bound <= 50 and numel(v.shape) <= 2048)  # fmt: skip
+                 and v.shape[1] >= 1 and v.bound <= 50 and numel(v.shape) <= 2048)  # fmt: skip
     if x is None or r.random() < 0.3:
         side = (r.randint(16, 18), r.randint(16, 19)) if r.random() < 0.3 else (r.randint(3, 9), r.randint(3, 9))
         x = g.new_input((r.randint(1, 2), r.randint(1, 3), *side), r.choice(("float32", "float64")),
