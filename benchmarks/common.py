@@ -63,9 +63,10 @@ class Settings:
     repeats: int
     min_repeat_ns: int  # each repeat runs the statement this long at least
     warmup: int  # repeats run and thrown away after calibration
+    blocks: int = 1  # turns each candidate takes when they are not interleaved (see ``compare``)
 
 
-FULL = Settings(repeats=15, min_repeat_ns=20_000_000, warmup=2)
+FULL = Settings(repeats=15, min_repeat_ns=20_000_000, warmup=2, blocks=3)
 QUICK = Settings(repeats=5, min_repeat_ns=2_000_000, warmup=1)
 
 
@@ -92,26 +93,43 @@ def compare(
     """Time several statements, ``{name: (stmt, namespace)}``; return ``{name: Timing}``.
 
     Interleaved (round-robin) repeats make ratios robust to load that comes and goes while they
-    run (other processes, frequency scaling). Pass ``interleave=False`` for multi-threaded
-    kernels from different thread pools: OpenMP workers spin for a while after each parallel
-    region and would steal the cores of the next candidate (a BLAS pool, say).
+    run (other processes, frequency scaling). ``interleave=False`` is for multi-threaded kernels
+    from different thread pools: OpenMP workers spin for a while after each parallel region and
+    would steal the cores of the next candidate (a BLAS pool, say), and the next candidate's data
+    would start cold. The candidates then take turns by blocks of repeats, each block after a
+    repeat thrown away (it lets the other pool's workers fall asleep and warms the caches), so
+    each candidate's repeats still spread over the whole run.
     """
     settings = QUICK if quick else FULL
     timers = {
         name: timeit.Timer(stmt, timer=time.perf_counter_ns, globals=ns) for name, (stmt, ns) in candidates.items()
     }
-    schedule = [list(timers)] if interleave else [[name] for name in timers]
-    timings: dict[str, Timing] = {}
-    for group in schedule:
-        inner = {name: _calibrate(timers[name], settings.min_repeat_ns) for name in group}
-        per_call: dict[str, list[float]] = {name: [] for name in group}
+    names = list(timers)
+    inner = {name: _calibrate(timers[name], settings.min_repeat_ns) for name in names}
+    per_call: dict[str, list[float]] = {name: [] for name in names}
+
+    def repeat(name: str) -> float:
+        return timers[name].timeit(inner[name]) / inner[name]
+
+    if interleave:
         for round_ in range(settings.warmup + settings.repeats):
-            for name in group:
-                elapsed = timers[name].timeit(inner[name])
+            for name in names:
+                elapsed = repeat(name)
                 if round_ >= settings.warmup:
-                    per_call[name].append(elapsed / inner[name])
-        timings.update({name: _summarize(sorted(times), inner[name]) for name, times in per_call.items()})
-    return timings
+                    per_call[name].append(elapsed)
+    else:
+        for size in _blocks(settings.repeats, settings.blocks):
+            for name in names:
+                for _ in range(settings.warmup if len(per_call[name]) == 0 else 1):
+                    repeat(name)
+                per_call[name] += [repeat(name) for _ in range(size)]
+    return {name: _summarize(sorted(times), inner[name]) for name, times in per_call.items()}
+
+
+def _blocks(repeats: int, blocks: int) -> list[int]:
+    """``repeats`` split into ``blocks`` nearly equal blocks (none empty)."""
+    blocks = max(1, min(blocks, repeats))
+    return [repeats // blocks + (k < repeats % blocks) for k in range(blocks)]
 
 
 def _calibrate(timer: timeit.Timer, min_ns: int) -> int:
@@ -310,9 +328,9 @@ def side_by_side(
 ) -> list[Result]:
     """Build every implementation (a string instead of a builder: skipped, that string says why),
     call each ``warmup_calls`` times (kiln's compile happens there), check kiln's answer with
-    ``verify(kiln_call) -> "ok ..."/"FAIL ..."``, then time each one apart (not interleaved:
-    different libraries' thread pools). Any failure of kiln is reported as ``error: ...``,
-    a reference's as a skip; the others still run."""
+    ``verify(kiln_call) -> "ok ..."/"FAIL ..."``, then time them by turns of several repeats (not
+    interleaved call by call: different libraries' thread pools; see ``compare``). Any failure of
+    kiln is reported as ``error: ...``, a reference's as a skip; the others still run."""
     params = dict(params or {}, threads=OPTIONS.threads)
     calls: dict[str, Callable[[], object]] = {}
     results: dict[str, Result] = {}

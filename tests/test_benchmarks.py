@@ -71,6 +71,18 @@ def test_compare_times_every_candidate(tiny, interleave):
     assert all(t.repeats == TINY.repeats and t.median_ns > 0 for t in timings.values())
 
 
+def test_candidates_not_interleaved_take_turns_by_blocks(monkeypatch):
+    # Each block of repeats follows one repeat thrown away (two before the first block).
+    monkeypatch.setattr(common, "QUICK", Settings(repeats=5, min_repeat_ns=1, warmup=2, blocks=2))
+    order: list[str] = []
+    timings = common.compare({k: (lambda k=k: order.append(k), None) for k in "ab"}, quick=True, interleave=False)
+    assert all(t.repeats == 5 and t.inner == 1 for t in timings.values())
+    calibration = ["a", "b"]
+    turns = ["a"] * (2 + 3) + ["b"] * (2 + 3) + ["a"] * (1 + 2) + ["b"] * (1 + 2)
+    assert order == calibration + turns
+    assert common._blocks(15, 3) == [5, 5, 5] and common._blocks(5, 3) == [2, 2, 1] and common._blocks(2, 3) == [1, 1]
+
+
 def test_summarize_median_and_quartiles_by_hand():
     t = common._summarize([1.0, 2.0, 3.0, 4.0, 5.0], inner=7)
     assert (t.q1_ns, t.median_ns, t.q3_ns, t.repeats, t.inner) == (2.0, 3.0, 4.0, 5, 7)
