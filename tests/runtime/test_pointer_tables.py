@@ -65,9 +65,12 @@ def test_freed_array_and_new_one_in_its_place():
     xs = [kiln.from_numpy(a) for a in _arrays(1)]
     for _ in range(3):
         f(*xs)
+    tables = [t for t in f.state.specializations[-1].program._frame().tables if t.seen is not None]
+    assert tables, "no table remembers its arrays: the test tests nothing"
     for k in range(6):
         xs[0] = None
         gc.collect()
+        assert all(t.seen is None for t in tables)  # forgotten when the array died, before its id is reused
         xs[0] = kiln.from_numpy(np.full(64, float(k), np.float32))
         assert_close(f(*xs), _sum(*xs), **TOL)
 
