@@ -8,15 +8,17 @@ results need gradients) the forward values the backward graph reads.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import os
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...ir.analysis import Liveness
-from ...ir.graph import Graph, Value
+from ...ir.graph import Graph, Node, Value
 from ...passes.partition import partition
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
@@ -239,11 +241,32 @@ def _partition(options, pending: _PendingBackward, forward: Graph, sources: list
     inputs += [Saved(len(part.kept) + k) for k in range(part.promoted)]
     signature, _ = number_outputs(inputs, pending.results)
     backward_graph, program, _ = lower(part.backward, options, [])
+    forward = _own_copies_of_mutated(part.forward, part.saved, mutated)
     # Saved values that are views of the call's inputs (a weight's transpose): their memory is the
     # input's, so an in-place change of it before the backward must raise, as eager's would.
-    root, position = Liveness(part.forward).root, {v: k for k, v in enumerate(part.forward.inputs)}
-    views = sorted({position[root[v]] for v in (part.forward.outputs[i] for i in part.saved) if root[v] in position})
+    root, position = Liveness(forward).root, {v: k for k, v in enumerate(forward.inputs)}
+    views = sorted({position[root[v]] for v in (forward.outputs[i] for i in part.saved) if root[v] in position})
     plan = BackwardPlan(backward_graph, program, signature, pending.diff, list(part.saved), pending.wrt,
                         saved_bytes=part.saved_bytes, saved_bytes_before=part.saved_bytes_before,
                         recomputed=len(part.recomputed), saved_views_of=views)  # fmt: skip
-    return part.forward, plan
+    return forward, plan
+
+
+def _own_copies_of_mutated(forward: Graph, saved: Sequence[int], mutated: set[int]) -> Graph:
+    """``forward`` with each saved value that is a view of an input the call writes back replaced
+    by a copy of it. Tracing succeeded, so eager's backward did not read that input's memory (it
+    would have raised on the in-place change): the value was memory of its own there
+    (``v.copy_(a)`` then ``a.add_(2)``), and only the graph, which knows values and not memory, made
+    it a view (``expand(a)``). Saved as a view, the write-back would change it under the backward."""
+    root, position = Liveness(forward).root, {v: k for k, v in enumerate(forward.inputs)}
+    outputs, nodes = list(forward.outputs), list(forward.nodes)
+    ids = itertools.count(max((v.id for v in forward.values()), default=-1) + 1)
+    for i in saved:
+        v = outputs[i]
+        if root[v] in position and position[root[v]] in mutated:
+            copied = Value(next(ids), v.type)
+            nodes.append(Node("copy", (v,), {}, (copied,)))
+            outputs[i] = copied
+    if len(nodes) == len(forward.nodes):
+        return forward
+    return Graph(forward.inputs, tuple(nodes), tuple(outputs), forward.constants)

@@ -226,3 +226,30 @@ def test_float32_gradients_match_eager():
         np.testing.assert_allclose(x.grad.numpy(), xe.grad.numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(w.grad.numpy(), we.grad.numpy(), rtol=1e-5, atol=1e-6)
     assert compiled_calls(f) == [2]
+
+
+def test_a_saved_value_the_graph_makes_a_view_of_a_mutated_input_keeps_the_old_values():
+    # v.copy_(a) then a.add_(2): in eager v is memory of its own holding a's old value; the graph
+    # knows values only and makes v a view of a (expand). The backward of v @ w reads v, and the
+    # call writes a's new value back: the saved value must be a copy (fuzzer, seed 43000287).
+    w = kiln.tensor(np.array([[0.5, -1.0, 2.0, 0.25]], np.float32)).requires_grad_()
+    x = kiln.tensor(np.ones((1, 5, 1), np.float32)).requires_grad_()
+
+    def f(x, a):
+        v = kiln.maximum(x, a)
+        v.copy_(a)
+        a.add_(2)
+        return v @ w
+
+    compiled = kiln.compile(f)
+    for call in range(4):
+        grads = []
+        for fn in (f, compiled):
+            a = kiln.tensor(np.float32(0.5 + call))
+            w.grad = None
+            fn(x, a).sum().backward()
+            grads.append(w.grad.numpy().copy())
+            assert a.item() == 2.5 + call
+        np.testing.assert_allclose(grads[1], grads[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(grads[0], np.full((1, 4), 5 * (0.5 + call)), rtol=1e-6, atol=1e-6)
+    assert compiled_calls(compiled) == [3]
