@@ -45,15 +45,16 @@ def register_type(dtype: DType) -> ir.Type:
     raise Unsupported(f"the LLVM backend does not compile {dtype.name} (the interpreter runs it)")
 
 
-def intrinsic(builder: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
-    """Call the overloaded LLVM intrinsic ``llvm.<name>`` on float/double arguments."""
+def intrinsic(builder: ir.IRBuilder, name: str, *args: ir.Value, fastmath: tuple[str, ...] = ()) -> ir.Value:
+    """Call the overloaded LLVM intrinsic ``llvm.<name>`` on float/double arguments (with the
+    fast-math flags ``fastmath``)."""
     ty = args[0].type
     full = f"llvm.{name}.{'f32' if isinstance(ty, ir.FloatType) else 'f64'}"
     module = builder.module
     fn = module.globals.get(full)
     if fn is None:
         fn = ir.Function(module, ir.FunctionType(ty, [ty] * len(args)), full)
-    return builder.call(fn, args)
+    return builder.call(fn, args, fastmath=fastmath)
 
 
 def _is_float(x: Scalar) -> bool:

@@ -61,8 +61,13 @@ class LLVMEmitter(Semantics):
     def combine(self, op: str, acc: Scalar, x: Scalar) -> Scalar:
         """Float max/min reductions use ``llvm.maximum``/``llvm.minimum``, which propagate nan as
         numpy does and which the vectorizer turns into a vector reduction (the compare-select of
-        ``Semantics.max`` stays scalar without ``nnan``); everything else is the shared step."""
+        ``Semantics.max`` stays scalar without ``nnan``); everything else is the shared step.
+
+        They are ``nsz``: which of 0.0 and -0.0 a row holding both reduces to is left open, as in
+        numpy (``np.maximum`` returns either, by the order it meets them) and PyTorch. Ordering the
+        two zeros costs x86 a sign test and a blend on every accumulator's dependency chain: a
+        float32 row maximum took 1.45x the time (softmax's 4096 x 1024: 10% of the kernel)."""
         if op in ("max", "min") and acc.dtype.category == dt.FLOATING:
             name = "maximum" if op == "max" else "minimum"
-            return Scalar(intrinsic(self.builder, name, acc.value, x.value), acc.dtype)
+            return Scalar(intrinsic(self.builder, name, acc.value, x.value, fastmath=("nsz",)), acc.dtype)
         return super().combine(op, acc, x)

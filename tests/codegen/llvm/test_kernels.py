@@ -267,6 +267,24 @@ def test_row_max_and_min_propagate_nan():
         check(_row_sum_body((6, 50), op, keepdim=True), [x], "reduction")
 
 
+@pytest.mark.parametrize("op", ["reduce_max", "reduce_min"])
+def test_row_max_and_min_of_signed_zeros_are_zero_of_either_sign(op):
+    # nsz: a row holding 0.0 and -0.0 (and nothing beyond them in the reduction's direction)
+    # reduces to a zero of either sign, as numpy's does by the order it meets them.
+    x = np.zeros((4, 40), np.float32)
+    x[0, ::2] = -0.0
+    x[1] = -0.0
+    x[2, 5] = -0.0
+    x[3, :5] = -1.0 if op == "reduce_max" else 1.0
+    x[3, 30:] = -0.0
+    body = _row_sum_body((4, 40), op)
+    (actual,) = run(kernel("reduction", body), [x])
+    np.testing.assert_array_equal(actual, np.zeros(4, np.float32))
+    module = KernelModule()
+    module.add(kernel("reduction", body), [layout(x)])
+    assert 'call nsz float @"llvm.' + ("maximum" if op == "reduce_max" else "minimum") in module.ir()
+
+
 def test_integer_and_bool_reductions_are_exact():
     for dtype, op in (
         (dt.int32, "reduce_sum"),
