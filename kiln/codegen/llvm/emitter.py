@@ -23,6 +23,7 @@ from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ..core import Scalar
 from ..semantics import Semantics
+from . import flags
 from .core import LLVMCore, intrinsic, register_type
 
 __all__ = ["LLVMEmitter", "Scalar", "load", "memory_type", "register_type", "store"]
@@ -61,13 +62,10 @@ class LLVMEmitter(Semantics):
     def combine(self, op: str, acc: Scalar, x: Scalar) -> Scalar:
         """Float max/min reductions use ``llvm.maximum``/``llvm.minimum``, which propagate nan as
         numpy does and which the vectorizer turns into a vector reduction (the compare-select of
-        ``Semantics.max`` stays scalar without ``nnan``); everything else is the shared step.
-
-        They are ``nsz``: which of 0.0 and -0.0 a row holding both reduces to is left open, as in
-        numpy (``np.maximum`` returns either, by the order it meets them) and PyTorch. Ordering the
-        two zeros costs x86 a sign test and a blend on every accumulator's dependency chain: a
-        float32 row maximum took 1.45x the time (softmax's 4096 x 1024: 10% of the kernel)."""
+        ``Semantics.max`` stays scalar without ``nnan``), with ``flags.EXTREMUM_REDUCTION`` (the
+        sign of a zero result is left open, as in numpy); everything else is the shared step."""
         if op in ("max", "min") and acc.dtype.category == dt.FLOATING:
             name = "maximum" if op == "max" else "minimum"
-            return Scalar(intrinsic(self.builder, name, acc.value, x.value, fastmath=("nsz",)), acc.dtype)
+            value = intrinsic(self.builder, name, acc.value, x.value, fastmath=flags.EXTREMUM_REDUCTION)
+            return Scalar(value, acc.dtype)
         return super().combine(op, acc, x)
