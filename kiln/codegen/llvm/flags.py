@@ -44,7 +44,8 @@ BY_MODE: dict[FloatMode, tuple[str, ...]] = {
     FloatMode.REDUCTION: REDUCTION,
 }
 
-#: The flags no tuple above may contain.
+#: The flags no tuple above may contain (``EXTREMUM_REDUCTION`` alone holds ``nsz``, see there).
 FORBIDDEN = frozenset({"nnan", "ninf", "nsz", "fast"})
 
 assert not FORBIDDEN.intersection(ELEMENTWISE + REDUCTION + EXACT), "a forbidden fast-math flag is in use"
+assert FORBIDDEN.intersection(EXTREMUM_REDUCTION) == {"nsz"}, "max/min reductions may drop the sign of zero only"
