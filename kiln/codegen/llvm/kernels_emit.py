@@ -85,6 +85,9 @@ class DagEmitter:
         self.builder = builder
         self.em = LLVMEmitter(builder)
         self.pointer = pointer
+        # divisor node id -> its reciprocal: a division by it is a multiplication (see
+        # ``kernels._with_reciprocals``, which sets these for one pass)
+        self.reciprocals: dict[int, Scalar] = {}
 
     def emit(self, node: Node, scope: Scope) -> Scalar:
         """``node``'s scalar, emitting what it needs first (operands left to right, no recursion:
@@ -114,6 +117,11 @@ class DagEmitter:
             return self.em.constant(node.value, node.dtype)
         if isinstance(node, Apply):
             args = [scope.get(a) for a in node.args]
+            reciprocal = self.reciprocals.get(id(node.args[1])) if node.op == "div" else None
+            if reciprocal is not None:
+                numerator = args[0]
+                assert numerator is not None  # emit() puts every operand in scope first
+                return self.em.mul(numerator, reciprocal)
             formula = PRIMITIVES[node.op].scalar
             assert formula is not None, f"{node.op} has no scalar formula"  # the DAG builder checked
             result = formula(self.em, *args, **node.attrs)

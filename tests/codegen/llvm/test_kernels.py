@@ -476,8 +476,10 @@ def test_softmax_keeps_its_exponentials_in_the_output_and_computes_them_once():
 
 def test_an_output_that_reads_an_input_again_is_not_kept_early():
     # out = softmax(x) + x: the output pass reads x, which shares memory with the output when the
-    # output is written in place, so nothing is stored before that pass.
-    assert _exp_calls(_softmax_body(64, plus_input=True)) == 2
+    # output is written in place, so nothing is stored before that pass: the exponentials are
+    # computed in the sum's pass and again in the output pass (emitted twice: with the sum's
+    # reciprocal and with the division, see test_a_division_by_a_row_value_...).
+    assert _exp_calls(_softmax_body(64, plus_input=True)) == 3
     x = rng.standard_normal((16, 64)).astype(np.float32)
     check(_softmax_body(64, plus_input=True), [x], kind="reduction", rtol=1e-6, atol=1e-6)
 
@@ -507,3 +509,35 @@ def test_a_tiny_innermost_loop_is_unrolled_and_right(tiny):
     g = rng.standard_normal(m.shape).astype(np.float32)
     (out,) = check(_window_gradient_body(tiny), [x, m, g])
     assert (out != 0).sum() == m.size  # one position per window (no ties in random data)
+
+
+def test_a_division_by_a_row_value_multiplies_by_its_reciprocal_where_that_is_within_1_5_ulp():
+    # out = x / sum(y): rows whose divisor and its reciprocal are normal numbers multiply by the
+    # reciprocal (two roundings); a row with a zero, subnormal, huge, infinite or nan divisor
+    # divides, exactly as the interpreter does.
+    b = GraphBuilder()
+    x, y = b.input(T((9, 40))), b.input(T((9, 40)))
+    body = b.build([b.node("div", [x, b.node("reduce_sum", [y], {"axes": (1,), "keepdim": True})])])
+    xs = rng.standard_normal((9, 40)).astype(np.float32) * 10
+    xs[:, :4] = [0.0, -0.0, np.inf, np.nan]
+    ys = np.zeros((9, 40), np.float32)
+    ys[0] = rng.integers(1, 16, 40) / 8  # a normal sum, exact in any order (the kernel's order is not numpy's)
+    ys[1, 0] = -3.0  # a negative one
+    ys[2, 0] = 2e-38  # normal, its reciprocal too
+    # rows 3 and on divide: 0, a subnormal, the largest floats, inf, -inf, nan
+    ys[4, 0] = 1e-40
+    xs[4] *= 1e-36  # quotients near 1e5: finite, where times the reciprocal (inf) they would not be
+    ys[5, 0] = 3e38
+    ys[6, 0] = np.inf
+    ys[7, 0] = -np.inf
+    ys[8, 0] = np.nan
+    (actual,) = run(kernel("reduction", body), [xs, ys])
+    (expected,) = interpret(body, [xs, ys])
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(actual[3:], expected[3:])  # nan matches nan; 0.0 and -0.0 compare equal
+        np.testing.assert_array_equal(np.signbit(actual[3:]), np.signbit(expected[3:]))
+        fast = expected[:3]
+        ulp = np.spacing(np.abs(fast).astype(np.float32))
+        finite = np.isfinite(fast)
+        assert np.all(np.abs(actual[:3] - fast)[finite] <= 1.5 * ulp[finite])
+        np.testing.assert_array_equal(actual[:3][~finite], fast[~finite])
