@@ -27,6 +27,7 @@ from llvmlite import ir
 
 from ...ir import dtypes as dt
 from ...ir.graph import Node
+from ...ir.primitives.tiles import one_tile_a_plane
 from ...ir.types import is_static
 from . import Unsupported
 from .emitter import memory_type
@@ -49,6 +50,10 @@ def compilable(node: Node) -> str | None:
         return f"{node.op} of {dtype.name} runs on its eager kernel"
     if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
         return f"{node.op} over a symbolic dimension runs on its eager kernel"
+    if node.op in ("tile_transform", "untile_transform"):
+        plane = node.inputs[0].type.shape[-2:] if node.op == "tile_transform" else node.attrs["size"]
+        if one_tile_a_plane(plane, len(node.attrs["matrix"][0]), node.attrs["stride"]):
+            return f"{node.op} of one tile a plane (a filter's) is one matmul: its eager kernel, in BLAS"
     return None
 
 

