@@ -21,6 +21,8 @@ CASES = [  # (matrix, stride, batch, plane)
     (F2.output, 2, (2, 3), (8, 6)),
     (F4.input, 4, (2, 3), (14, 18)),
     (F4.input, 4, (3,), (17, 11)),  # rows and columns no tile covers
+    (F4.input, 4, (3, 2), (10, 34)),  # rows of 8 tiles: explicit vectors, a line's last 2 columns loaded apart
+    (F4.input, 4, (2,), (6, 34 + 4 * 5)),  # 13 tiles: a last group overlapping the one before
     (F4.filter, 1, (4, 2), (3, 3)),
     (F4.output, 4, (2, 2), (16, 12)),
     (DENSE, 2, (2, 1), (7, 11)),  # 3x3 tiles overlapping by one
