@@ -1,6 +1,7 @@
 """Reductions over inner axes that include the last one (BatchNorm's sums over N, H and W) compiled
-on the CPU backend: the same values as eager over several calls, for every reduction, with and
-without ``keepdim``, on C-order and channels-last inputs; each runs as a compiled kernel."""
+on the CPU backend: the same values as eager over several calls, for sum, amax and amin (prod
+takes one dim at a time), with and without ``keepdim``, on C-order and channels-last inputs;
+each runs as a compiled kernel."""
 
 from __future__ import annotations
 
