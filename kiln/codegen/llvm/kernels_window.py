@@ -52,7 +52,7 @@ def compilable(node: Node) -> str | None:
         return f"{node.op} over a symbolic dimension runs on its eager kernel"
     if node.op in ("tile_transform", "untile_transform"):
         plane = node.inputs[0].type.shape[-2:] if node.op == "tile_transform" else node.attrs["size"]
-        if one_tile_a_plane(plane, len(node.attrs["matrix"][0]), node.attrs["stride"]):
+        if one_tile_a_plane(plane, len(node.attrs["matrix"][0])):
             return f"{node.op} of one tile a plane (a filter's) is one matmul: its eager kernel, in BLAS"
     return None
 
