@@ -29,7 +29,7 @@ import ctypes
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from typing import Any, cast
@@ -87,34 +87,30 @@ def _c_order(value: Value, strides: tuple) -> bool:
 
 
 # ----------------------------------------------------------------------------- steps
-_CACHE_MIN = 8  # a kernel reading this many arrays or more refills its table only when one changed
 _CHECK_MIN = 8  # a program with this many inputs or more checks them first in C loops
 
 
 class KernelCall:
     """A compiled kernel: fill its pointer table, call it (on the thread pool when the work pays)."""
 
-    __slots__ = ("node", "position", "dead", "function", "table", "dynamic", "stable", "gather", "allocate",
-                 "conform", "extent", "work_bytes", "work", "spin", "status", "args", "out")  # fmt: skip
+    __slots__ = ("node", "position", "dead", "function", "table", "dynamic", "stable", "allocate", "conform",
+                 "extent", "work_bytes", "work", "spin", "status", "args", "out")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, kernel: Kernel, table: int, dynamic: tuple,
-                 allocate: tuple, conform: tuple, slots: Mapping[Value, int]) -> None:  # fmt: skip
+                 allocate: tuple, conform: tuple, slots: Mapping[Value, int], inputs: Collection[int]) -> None:  # fmt: skip
         self.node, self.position, self.dead = node, position, dead
         self.status = kernel.status
         self.args = tuple(slots[v] for v in node.inputs)  # for the eager kernel, when the status says so
         self.out = slots[node.outputs[0]]
         self.function, self.extent, self.work_bytes = kernel.function, kernel.extent, kernel.work_bytes
         self.table = table  # this kernel's pointer table in each thread's frame
-        # (position in the table, slot) of the arrays not in the arena: ``stable`` are those that
-        # can be the same arrays at the next call (inputs, outputs written into an input), refilled
-        # only when one is not; ``dynamic`` the new outputs, filled every call
-        # only counts where comparing beats refilling (a pointer costs about 0.1 us to read)
-        new = {slot for slot, _, _, _, into in allocate if into < 0}
-        stable = tuple((p, slot) for p, slot in dynamic if slot not in new)
-        self.stable = stable if len(stable) >= _CACHE_MIN else ()
+        # (position in the table, slot) of the arrays not in the arena: ``stable`` are the program's
+        # inputs (an output written into an input has that input's slot), refilled only when the
+        # call's inputs are not those of the table's last fill (``_Tables.token``); ``dynamic`` the
+        # others (new outputs, extern results), filled every call
+        self.stable = tuple((p, slot) for p, slot in dynamic if slot in inputs)
         self.dynamic = tuple(entry for entry in dynamic if entry not in self.stable)
-        self.gather: Any = itemgetter(*[slot for _, slot in self.stable]) if self.stable else None
-        self.allocate = allocate  # (slot, allocate, shape, dtype, input slot written in place or -1)
+        self.allocate = allocate  # (slot, allocate, shape, dtype) of the new outputs
         self.conform = conform  # slots of inputs compiled for C order
         self.pool(spin=False)
 
@@ -125,24 +121,22 @@ class KernelCall:
         big = self.work_bytes >= threads.min_work_bytes(spin) and self.extent > 1
         self.work = self.work_bytes if big else 0
 
-    def run(self, env: list, tables: list) -> None:
-        for slot, empty, shape, dtype, into in self.allocate:
-            env[slot] = empty(shape, dtype) if into < 0 else env[into]
+    def run(self, env: list, tables: _Tables) -> None:
+        for slot, empty, shape, dtype in self.allocate:
+            env[slot] = empty(shape, dtype)
         for slot in self.conform:
             array = env[slot]
             if not array.flags.c_contiguous:
                 env[slot] = np.ascontiguousarray(array)
+                tables.forget()  # an input's slot holds another array now: every table refills
         frame_table = tables[self.table]
         table = frame_table.pointers
-        if self.stable:
+        if self.stable and frame_table.seen is not tables.token:
             # An array's data pointer is fixed for its life (numpy's ``.data`` cannot be set): the
-            # same arrays need no new pointers (``_Table.watch`` says when they are the same).
-            arrays = self.gather(env)
-            ids = tuple(map(id, arrays))
-            if frame_table.seen != ids:
-                for (position, _), array in zip(self.stable, arrays, strict=True):
-                    table[position] = data_pointer(array)
-                frame_table.watch(arrays, ids)
+            # same inputs as at the last fill need no new pointers.
+            for position, slot in self.stable:
+                table[position] = data_pointer(env[slot])
+            frame_table.seen = tables.token
         for position, slot in self.dynamic:
             table[position] = data_pointer(env[slot])
         if self.work:
@@ -187,7 +181,7 @@ class ExternCall:
         self.into = self.out if (prim.eager_into is not None and planned) else -1  # out= into the arena
         self.normalize = not prim.is_view  # a view's layout is derived from its input's
 
-    def run(self, env: list, tables: list) -> None:
+    def run(self, env: list, tables: _Tables) -> None:
         if self.normalize:  # not a view: BLAS's threads (a matmul) may want the cores workers spin on
             threads.park()
         args = [env[slot] for slot in self.args]
@@ -263,27 +257,36 @@ class CompiledProgram:
         self.plan = plan
         self.write_backs = dict(write_backs)
         self._keep = keep  # the loaded library: its functions live as long as it does
+        planned = plan.offsets if plan is not None else {}
         slots: dict[Value, int] = {v: i for i, v in enumerate(graph.values())}
+        # An output a kernel writes into an input's memory (a write-back outside the arena) is that
+        # input's array: it takes the input's slot, which no step clears.
+        kernel_outputs = {v for n in graph.nodes if n.op == KERNEL for v in n.outputs}
+        for o, i in write_backs.items():
+            if graph.outputs[o] in kernel_outputs and graph.outputs[o] not in planned:
+                slots[graph.outputs[o]] = slots[graph.inputs[i]]
         self._slots = slots
         self._input_slots = tuple(slots[v] for v in graph.inputs)
+        n = len(graph.inputs)
+        self._inputs_first = self._input_slots == tuple(range(n))  # placed by one slice assignment
         self._input_checks = tuple((v.type.shape, v.type.dtype.np, layouts[v], v.type) for v in graph.inputs)
         # the usual call in three C loops: every input in the traced shape, dtype and strides
         self._expected = tuple(list(column) for column in zip(*self._input_checks))[:3] or ([], [], [])
         self._output_slots = tuple(slots[v] for v in graph.outputs)
+        self._gather_outputs = itemgetter(*self._output_slots) if len(self._output_slots) > 1 else None
         # An output is never the program's own memory: constants (and views of them) are copied out.
         constants = constant_views(graph)
         self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in constants)
         self._constants = [(slots[n.output], graph.constants[n.attrs["name"]]) for n in graph.nodes if n.op == CONSTANT]
         into = {graph.outputs[o]: slots[graph.inputs[i]] for o, i in write_backs.items()}
-        planned = plan.offsets if plan is not None else {}
         # per kernel call: (table size, static (position, slot) pairs, a status word after them)
         self._tables: list[tuple[int, tuple, bool]] = []
         steps: list[Step] = []
-        for position, (node, dead) in enumerate(zip(graph.nodes, _dead_after(graph, planned), strict=True)):
+        for position, (node, dead) in enumerate(zip(graph.nodes, _dead_after(graph, planned, slots), strict=True)):
             if node.op == CONSTANT:
                 continue
             if node in kernels:
-                steps.append(self._kernel_call(node, position, dead, kernels[node], planned, layouts, into))
+                steps.append(self._kernel_call(node, position, dead, kernels[node], planned, layouts))
             elif node.op == KERNEL:
                 steps.append(InterpretedKernel(node, position, dead, slots, planned, into))
             else:
@@ -298,33 +301,40 @@ class CompiledProgram:
             call.pool(spin)
         # Outputs that are always new memory of their own: a kernel's output allocated every call
         # (not written into an input), handed out once. The caller may wrap them without checks.
-        fresh = {slot for call in self.kernel_calls for slot, _, _, _, into in call.allocate if into < 0}
+        fresh = {slot for call in self.kernel_calls for slot, _, _, _ in call.allocate}
         out_slots = [slots[v] for v in graph.outputs]
         self.fresh_outputs = frozenset(
             i for i, slot in enumerate(out_slots)
             if slot in fresh and out_slots.count(slot) == 1 and i not in self._copy_outputs
         )  # fmt: skip
         self._needs_errstate = len(self.kernel_calls) != len(steps)
+        self._watch_inputs = any(call.stable for call in self.kernel_calls)
         self._local = threading.local()
 
-    def _kernel_call(self, node, position, dead, kernel, planned, layouts, into) -> KernelCall:
+    def _kernel_call(self, node, position, dead, kernel, planned, layouts) -> KernelCall:
         slots = self._slots
+        inputs = set(self._input_slots)
         values = list(node.inputs) + list(node.outputs)
         static, dynamic, allocate, conform = [], [], [], []
         for p, v in enumerate(values):
             if v in planned:
                 static.append((p, slots[v]))
-            else:
-                dynamic.append((p, slots[v]))
-                if p >= len(node.inputs):  # an output not in the arena: handed to the caller
-                    nbytes = v.type.dtype.itemsize * int(np.prod(v.type.shape, dtype=np.int64))
-                    empty = allocator.empty if nbytes >= allocator.HOST.min_cached_bytes else np.empty
-                    allocate.append((slots[v], empty, v.type.shape, v.type.dtype.np, into.get(v, -1)))
-                elif v.type.shape and _c_order(v, layouts[v]):
-                    conform.append(slots[v])
+                continue
+            dynamic.append((p, slots[v]))
+            if p >= len(node.inputs) and slots[v] not in inputs:  # a new output, handed to the caller
+                nbytes = v.type.dtype.itemsize * int(np.prod(v.type.shape, dtype=np.int64))
+                empty = allocator.empty if nbytes >= allocator.HOST.min_cached_bytes else np.empty
+                allocate.append((slots[v], empty, v.type.shape, v.type.dtype.np))
+            elif p < len(node.inputs) and v.type.shape and _c_order(v, layouts[v]):
+                conform.append(slots[v])
         self._tables.append((len(values), tuple(static), kernel.status))
         return KernelCall(node, position, dead, kernel, len(self._tables) - 1, tuple(dynamic), tuple(allocate),
-                          tuple(conform), slots)  # fmt: skip
+                          tuple(conform), slots, inputs)  # fmt: skip
+
+    def written_in_place(self) -> list[Value]:
+        """The kernels' outputs written straight into an input's memory (write-backs with no copy)."""
+        inputs = set(self._input_slots)
+        return [v for call in self.kernel_calls for v in call.node.outputs if self._slots[v] in inputs]
 
     # ------------------------------------------------------------------ per-thread state
     def _frame(self) -> _Frame:
@@ -343,20 +353,31 @@ class CompiledProgram:
         """``run`` for inputs the caller has already checked: in the traced shapes, dtypes and
         strides (a compiled call whose guards compared every captured tensor's layout)."""
         frame = self._frame()
-        env = frame.template.copy()
-        for slot, array in zip(self._input_slots, inputs):
-            env[slot] = array
+        env = self._environment(frame, inputs)
         if self._needs_errstate:  # numpy kernels: inf and nan are values, not warnings
             with np.errstate(all="ignore"):
                 self._run_steps(env, frame.tables)
         else:
             self._run_steps(env, frame.tables)
-        outputs = [env[slot] for slot in self._output_slots]
+        gather = self._gather_outputs
+        outputs = list(gather(env)) if gather is not None else [env[slot] for slot in self._output_slots]
         for i in self._copy_outputs:
             outputs[i] = outputs[i].copy()
         return outputs
 
-    def _run_steps(self, env: list, tables: list) -> None:
+    def _environment(self, frame: _Frame, inputs: Sequence[Any]) -> list:
+        """A call's environment: the frame's template (arena views, constants) with ``inputs`` placed."""
+        env = frame.template.copy()
+        if self._inputs_first:
+            env[: len(inputs)] = inputs
+        else:
+            for slot, array in zip(self._input_slots, inputs):
+                env[slot] = array
+        if self._watch_inputs:
+            frame.tables.see(inputs)
+        return env
+
+    def _run_steps(self, env: list, tables: _Tables) -> None:
         if profiling.active:  # kiln.profiler records: time each step (one check per call when off)
             return self._run_steps_timed(env, tables)
         index = 0
@@ -367,7 +388,7 @@ class CompiledProgram:
             step = self._steps[index]
             raise node_error(step.node, step.position, error) from error
 
-    def _run_steps_timed(self, env: list, tables: list) -> None:
+    def _run_steps_timed(self, env: list, tables: _Tables) -> None:
         """``_run_steps`` with each step reported to ``kiln.profiler`` (name, time, bytes moved and allocated)."""
         labels = self._labels = getattr(self, "_labels", None) or [_step_label(s) for s in self._steps]
         clock, record = profiling.clock, profiling.step
@@ -389,9 +410,7 @@ class CompiledProgram:
         clock = time.perf_counter
         with np.errstate(all="ignore"):
             for _ in range(repeat):
-                env = frame.template.copy()
-                for slot, array in zip(self._input_slots, inputs):
-                    env[slot] = array
+                env = self._environment(frame, inputs)
                 for i, step in enumerate(self._steps):
                     start = clock()
                     step.run(env, frame.tables)
@@ -452,7 +471,7 @@ def _step_name(step: Step) -> tuple[str, str, int, int, tuple]:
     ops = list(dict.fromkeys(n.op for body in node.bodies for n in body.nodes if n.op != CONSTANT))
     fused = "+".join(ops[:4]) + ("+..." if len(ops) > 4 else "")
     if isinstance(step, KernelCall):
-        allocated = sum(_nbytes_of(shape, dtype) for _, _, shape, dtype, into in step.allocate if into < 0)
+        allocated = sum(_nbytes_of(shape, dtype) for _, _, shape, dtype in step.allocate)
         name = f"kernel {node.attrs['kind']} ({fused})" if node.op == KERNEL else f"compiled {node.op}"
         return name, "kernel", step.work_bytes or moved, allocated, shapes
     allocated = sum(_nbytes(v) for (_, in_arena, into), v in zip(step.outs, node.outputs) if not in_arena and into < 0)
@@ -504,7 +523,7 @@ class _Frame:
                 nbytes = t.dtype.itemsize * int(np.prod(t.shape, dtype=np.int64))
                 template[program._slots[value]] = self.arena[offset : offset + nbytes].view(t.dtype.np).reshape(t.shape)
         self.template = template
-        self.tables = []
+        self.tables = _Tables()
         for size, static, status in program._tables:
             table = _Table((ctypes.c_void_p * (size + status))())
             for position, slot in static:
@@ -515,35 +534,59 @@ class _Frame:
 
 
 class _Table:
-    """A kernel's pointer table in one thread, and the ids of the arrays whose pointers it holds
-    outside the arena (``KernelCall.stable``): None until its first call and once one of them died."""
+    """A kernel's pointer table in one thread, and the token of the inputs whose pointers it holds
+    (``KernelCall.stable``; see ``_Tables``)."""
 
-    __slots__ = ("pointers", "seen", "status", "_refs")
+    __slots__ = ("pointers", "seen", "status")
 
     def __init__(self, pointers) -> None:
         self.pointers = pointers
-        self.seen: tuple | None = None
-        self._refs: tuple = ()
+        self.seen: object = None
         self.status = ctypes.c_int64(0)  # the kernel's status word (``Kernel.status``)
 
-    def watch(self, arrays, ids: tuple) -> None:
-        """Hold ``ids``, the ids of ``arrays``, until one of those arrays dies. While they all live,
-        no other object has one of their ids, so the same ids at the next call are the same arrays:
-        one comparison of a tuple of ints (700 arrays: ~20 us) where dereferencing a weak reference
-        to each took ~0.4 ms (an Adam step over 100 parameters)."""
-        self.seen = None
-        self._refs = tuple(weakref.ref(a, self._forget) for a in arrays)
-        self.seen = ids
 
-    def _forget(self, _ref) -> None:
-        self.seen = None
+class _Tables(list):
+    """One thread's pointer tables, and a token that stands for the program's input arrays: the
+    same object while the inputs are the same arrays as at the last call, a new one otherwise.
+
+    ``see(inputs)`` keeps the inputs' ids until one of those arrays dies: while they all live, no
+    other object has one of their ids, so the same ids at the next call are the same arrays. One
+    comparison of a tuple of ints a call for the whole program (an Adam step over 100 parameters
+    reads 500 arrays), where each kernel gathered and compared the ids of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token: object = object()
+        self._ids: tuple | None = None
+        self._refs: list = []
+
+    def see(self, inputs: Sequence[Any]) -> None:
+        ids = tuple(map(id, inputs))
+        if ids == self._ids:
+            return
+        self.forget()
+        try:
+            self._refs = [weakref.ref(a, self._died) for a in inputs]
+        except TypeError:  # an input without weak references: new pointers every call
+            return
+        self._ids = ids
+
+    def forget(self) -> None:
+        """The inputs' arrays are not those of the last fill: every table refills its pointers."""
+        self._ids = None
+        self.token = object()
+
+    def _died(self, _ref) -> None:
+        self._ids = None
 
 
-def _dead_after(graph: Graph, planned: dict) -> list[tuple[int, ...]]:
+def _dead_after(graph: Graph, planned: dict, slots: Mapping[Value, int]) -> list[tuple[int, ...]]:
     """Per node, the slots to drop after it (``Liveness.dead_after``), except values that live in
-    the arena (their views are reused every call)."""
-    slots = {v: i for i, v in enumerate(graph.values())}
-    return [tuple(map(slots.__getitem__, dead)) for dead in Liveness(graph).dead_after(keep=planned)]
+    the arena (their views are reused every call) and an input's slot that an output shares."""
+    outputs = {slots[v] for v in graph.outputs}
+    return [
+        tuple(slots[v] for v in dead if slots[v] not in outputs) for dead in Liveness(graph).dead_after(keep=planned)
+    ]
 
 
 def _aliases_an_argument(result: np.ndarray, args: tuple[int, ...], env: list) -> bool:

@@ -353,7 +353,7 @@ def test_compiled_sgd_momentum_step_updates_parameters_in_place():
     spec = _spec(step)
     assert spec.calls >= 3
     # the kernels write the parameters (and momentum buffers) straight into the caller's arrays
-    in_place = [slot for call in spec.program.kernel_calls for slot, *_, into in call.allocate if into >= 0]
+    in_place = spec.program.written_in_place()
     assert len(in_place) >= len(params), in_place
 
 

@@ -146,7 +146,7 @@ def test_an_argument_written_in_place_is_read_only_at_the_written_element(fn, sh
 def test_same_element_reads_are_still_written_in_place():
     """The analysis is not merely off: an update read only at its own element writes the caller's memory."""
     program = _agree(lambda a, b: (a.mul_(0.5).add_(b), (a * b).exp())[1], (6, 5), (6, 5))
-    in_place = [slot for call in program.kernel_calls for slot, *_, into in call.allocate if into >= 0]
+    in_place = program.written_in_place()
     assert in_place, "the elementwise update of a was not written in place"
 
 
