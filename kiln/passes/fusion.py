@@ -2,7 +2,8 @@
 
 ``fuse(graph)`` returns an equivalent graph whose nodes are extern nodes (primitives run by
 their eager kernel: matmul, gather, random bits, views that extern nodes read...), constants and
-kernel nodes (``kiln.ir.graph``), each fused node in exactly one kernel: no work is duplicated.
+kernel nodes (``kiln.ir.graph``), each fused node in exactly one kernel, except the cheap
+elementwise work a later kernel computes again rather than read (step 4).
 
 0. Reductions of inner axes that include the last one (BatchNorm's sums over N, H and W of an
    NCHW array) read their input through a ``permute`` that puts the kept axes first, so they are
@@ -22,7 +23,10 @@ kernel nodes (``kiln.ir.graph``), each fused node in exactly one kernel: no work
    Values read outside a kernel, and graph outputs, are its outputs.
 3. What is left of views alone (no elementwise or reduction work) stays extern; every other
    group, a single elementwise node included, is a kernel.
-4. Horizontal fusion (``fusion_emit``): mutually independent elementwise kernels whose bodies
+4. Recomputation (``fusion_recompute``): a kernel computes again, from values it reads anyway,
+   the cheap elementwise values of another kernel that it would read (a training step's backward
+   and the forward's activations); the maker stops writing those no one else reads.
+5. Horizontal fusion (``fusion_emit``): mutually independent elementwise kernels whose bodies
    are structurally identical (same ops, attributes, dtypes and constants; any shapes) -- the
    per-parameter updates of an optimizer step -- become one horizontal kernel.
 
@@ -48,14 +52,17 @@ def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:
     ``supports(node)``: whether the backend compiles ``node`` inside a kernel (None: every node).
 
     Needs: a verified graph in topological order. Establishes: every elementwise, fusable view
-    and trailing-axes reduction node is in exactly one kernel body; the graph verifies; running
+    and trailing-axes reduction node is in one kernel body (and cheap elementwise ones in the
+    bodies that recompute them, ``fusion_recompute``); the graph verifies; running
     it gives the same results as ``graph``, bit for bit, on the interpreter.
     """
     graph = eliminate_dead_code(graph)  # a kernel makes at least one output that something reads
     if not graph.nodes:
         return graph
     graph = reductions_to_trailing_axes(graph, supports)
-    return emit(graph, Grouping(graph, supports).groups())
+    grouping = Grouping(graph, supports)
+    groups = grouping.groups()
+    return emit(graph, groups, [grouping.domain(g) for g in groups])
 
 
 def reductions_to_trailing_axes(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value, structure_key
-from .fusion_rules import REDUCE, classify
+from ..ir.analysis import Shape
+from ..ir.graph import BODY_REDUCE_OPS, CONSTANT, KERNEL, Graph, Node, Value, structure_key
+from .fusion_recompute import recomputed
+from .fusion_rules import classify
 
 
 @dataclass
@@ -49,8 +51,10 @@ class _Unit:
         return [v for k in self.kernels for v in k.outputs]
 
 
-def emit(graph: Graph, groups: list[list[Node]]) -> Graph:
-    """The fused graph: ``groups`` (node lists in graph order) become kernels, other nodes stay."""
+def emit(graph: Graph, groups: list[list[Node]], domains: list[Shape | None] | None = None) -> Graph:
+    """The fused graph: ``groups`` (node lists in graph order) become kernels, other nodes stay.
+    With the groups' ``domains``, a kernel also computes again the cheap values of other kernels
+    that it would read (``fusion_recompute``)."""
     position = {node: i for i, node in enumerate(graph.nodes)}
     users: dict[Value, list[Node]] = {}
     for node in graph.nodes:
@@ -63,25 +67,33 @@ def emit(graph: Graph, groups: list[list[Node]]) -> Graph:
         if node.op == CONSTANT and node.outputs[0].type.shape == ()
     }
     classes = classify(graph.nodes, users, outputs)
+    copies = recomputed(groups, domains, users, outputs, classes, small_constants) if domains else [[]] * len(groups)
+    # Where each node's value is at hand: its own group's kernel and the kernels that compute it again.
+    home = {node: i for i, group in enumerate(groups) for node in group}
+    computed_in = [set(group).union(extra) for group, extra in zip(groups, copies, strict=True)]
     units: list[_Unit] = []
     grouped: set[Node] = set()
-    for group in groups:
+    for group, extra in zip(groups, copies, strict=True):
         grouped.update(group)
-        kernel = _make_kernel(group, set(group), users, outputs, small_constants, classes)
-        units.append(_Unit(position[group[0]], kernels=[kernel]))
+        kernel = _make_kernel(group, extra, computed_in, home, users, outputs, small_constants, position)
+        if kernel.outputs:  # else every value it made is computed again where it is read
+            units.append(_Unit(position[group[0]], kernels=[kernel]))
     units += [_Unit(position[node], node=node) for node in graph.nodes if node not in grouped]
     units = _fuse_horizontally(units)
     return _build(graph, [units[i] for i in _order(units)])
 
 
 def _make_kernel(
-    members: list[Node],
-    member_set: set[Node],
+    group: list[Node],
+    copies: list[Node],
+    computed_in: list[set[Node]],
+    home: dict[Node, int],
     users: dict[Value, list[Node]],
     graph_outputs: set[Value],
     small_constants: dict[Value, np.ndarray],
-    classes: dict[Node, str],
+    position: dict[Node, int],
 ) -> _Kernel:
+    members = sorted([*group, *copies], key=position.__getitem__) if copies else group
     inner: dict[Value, Value] = {}
     inputs: list[Value] = []
     outer_inputs: list[Value] = []
@@ -101,15 +113,27 @@ def _make_kernel(
                 outer_inputs.append(v)
         outs = tuple(inner.setdefault(v, Value(v.id, v.type)) for v in node.outputs)
         nodes.append(Node(node.op, tuple(inner[v] for v in node.inputs), dict(node.attrs), outs, node.loc))
+    # A value is made for the graph's outputs and for the readers that do not compute it themselves
+    # (a copy's value is its maker's to make).
     made = [
         v
-        for node in members
+        for node in group
         for v in node.outputs
-        if v in graph_outputs or any(u not in member_set for u in users.get(v, ()))
+        if v in graph_outputs or any(u not in home or node not in computed_in[home[u]] for u in users.get(v, ()))
     ]
-    body = Graph(tuple(inputs), tuple(nodes), tuple(inner[v] for v in made), constants)
-    kind = "reduction" if any(classes[node] == REDUCE for node in members) else "elementwise"
-    return _Kernel(body, tuple(outer_inputs), tuple(made), kind)
+    # What no made value needs goes (the work of values that every reader now computes itself).
+    needed = {inner[v] for v in made}
+    kept: list[Node] = []
+    for node in reversed(nodes):
+        if not needed.isdisjoint(node.outputs):
+            kept.append(node)
+            needed.update(node.inputs)
+    kept.reverse()
+    live = [k for k, w in enumerate(inputs) if w in needed]
+    constants = {n.attrs["name"]: constants[n.attrs["name"]] for n in kept if n.op == CONSTANT}
+    body = Graph(tuple(inputs[k] for k in live), tuple(kept), tuple(inner[v] for v in made), constants)
+    kind = "reduction" if any(node.op in BODY_REDUCE_OPS for node in kept) else "elementwise"
+    return _Kernel(body, tuple(outer_inputs[k] for k in live), tuple(made), kind)
 
 
 # ----------------------------------------------------------------------------- order and dependencies

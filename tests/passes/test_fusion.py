@@ -273,6 +273,73 @@ def test_batch_norm_forward_and_backward_reduce_in_kernels():
     assert "reduce_sum" not in externs(fused)
 
 
+# ----------------------------------------------------------------------------- recomputation
+def _kernel_making(graph: Graph, value) -> object:
+    return next(n for n in graph.nodes if n.op == KERNEL and any(o.id == value.id for o in n.outputs))
+
+
+def _body_ops(node) -> list[str]:
+    return [n.op for body in node.bodies for n in body.nodes]
+
+
+def test_gelu_backward_computes_the_forward_values_again():
+    # The forward kernel made h and four values of h for the backward (h*h*c + d, the tanh's two
+    # forms, the activation); the backward reads h anyway and computes them again.
+    kiln.manual_seed(0)
+    w1, w2 = nn.Linear(8, 32), nn.Linear(32, 8)
+
+    def step(x):
+        x = x.detach().requires_grad_()
+        out = w2(F.gelu(w1(x), approximate="tanh"))
+        return kiln.autograd.grad((out * out).sum(), [x, w1.weight, w2.weight])
+
+    fused = fused_and_checked(traced(step, _x(6, 8)))
+    gelu = [n for n in fused.nodes if n.op == KERNEL and "tanh" in _body_ops(n)]
+    assert len(gelu) == 2  # the forward's kernel and the backward's, each with its tanh
+    forward, backward = gelu
+    assert len(forward.outputs) == 2  # h (the backward's input) and the activation (the next matmul's)
+    assert any(v in backward.inputs for v in forward.outputs)
+
+
+def _tanh_read_by(reader: str, also_extern: bool):
+    """x -> t = tanh(x), u = exp(t) in one kernel; m = u @ w; a second kernel reads m, t and x."""
+    b = GraphBuilder()
+    x, w = b.input(t(4, 8)), b.input(t(8, 8))
+    th = b.node("tanh", [x])
+    u = b.node("exp", [th])
+    m = b.node("matmul", [u, w])
+    y = b.node("add", [b.node("mul", [m, th]), x])
+    if reader == "reduction":
+        y = b.node("reduce_sum", [y], {"axes": (1,), "keepdim": False})
+    outputs = [y, b.node("matmul", [th, w])] if also_extern else [y]
+    return th, fused_and_checked(b.build(outputs))
+
+
+@pytest.mark.parametrize(
+    "reader, also_extern, recomputed",
+    [("elementwise", False, True), ("reduction", False, False), ("elementwise", True, False)],
+    ids=["into_an_elementwise_kernel", "not_into_a_reduction", "not_when_a_matmul_reads_it_too"],
+)
+def test_a_transcendental_is_computed_again_only_where_it_saves_its_write_and_read(reader, also_extern, recomputed):
+    th, fused = _tanh_read_by(reader, also_extern)
+    second = [n for n in fused.nodes if n.op == KERNEL][-1]
+    assert ("tanh" in _body_ops(second)) == recomputed
+    made = [o.id for n in fused.nodes if n.op == KERNEL for o in n.outputs]
+    assert (th.id in made) == (not recomputed or also_extern)
+
+
+def test_cheap_values_are_computed_again_even_where_an_extern_node_reads_them():
+    b = GraphBuilder()
+    x, w = b.input(t(4, 8)), b.input(t(8, 8))
+    scaled = b.node("mul", [x, x])
+    m = b.node("matmul", [scaled, w])  # the first kernel still makes `scaled` for the matmul
+    y = b.node("reduce_sum", [b.node("add", [b.node("mul", [m, scaled]), x])], {"axes": (1,), "keepdim": False})
+    fused = fused_and_checked(b.build([y]))
+    reader = _kernel_making(fused, y)
+    assert scaled.id not in [v.id for v in reader.inputs]  # computed from x, which it reads anyway
+    assert _body_ops(reader).count("mul") == 2
+
+
 def test_mlp_forward_is_matmuls_with_epilogue_kernels():
     kiln.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
