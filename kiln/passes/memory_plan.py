@@ -6,7 +6,8 @@ kernels may overwrite in place. The executor allocates the arena once (per threa
 kernel and ``matmul`` (``np.matmul(..., out=view)``) into views of it, so a steady-state call
 allocates nothing but the outputs it hands to the caller.
 
-What is planned: outputs of kernel nodes and of ``matmul`` that are not graph outputs. Graph
+What is planned: outputs of kernel nodes and of the extern nodes whose primitive can write into a
+given array (``eager_into``: ``matmul``, ``reduce_sum``) that are not graph outputs. Graph
 inputs (the caller's), constants (the graph's), graph outputs (the caller's, from the caching
 allocator), outputs of other extern nodes (numpy allocates them) and views are not.
 

@@ -7,6 +7,8 @@ are Python over these in ``kiln.frontend.ops.reductions``.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import dtypes as dt
@@ -56,6 +58,54 @@ def _keepdim_grad(ops, c, g):
 
 
 # ----------------------------------------------------------------------------- reduce_sum
+_add_reduce = _reduce_kernel("add", "sum", typed=True)
+
+
+def _rows(x, axes) -> int | None:
+    """The number of rows when ``x`` (float32/float64, C order, on numpy) is summed over leading
+    axes into the trailing ones (a bias gradient): a column sum; None otherwise."""
+    if (
+        x.__class__ is not np.ndarray
+        or x.dtype.char not in "fd"
+        or not 0 < len(axes) < x.ndim
+        or axes != tuple(range(len(axes)))
+        or not x.flags.c_contiguous
+    ):
+        return None
+    return int(np.prod(x.shape[: len(axes)]))
+
+
+@functools.lru_cache(maxsize=16)
+def _ones(rows: int, char: str) -> np.ndarray:
+    ones = np.ones(rows, char)
+    ones.flags.writeable = False
+    return ones
+
+
+def _column_sum(x, rows: int, out):
+    """``ones(rows) @ x`` as a (rows, columns) matrix: one BLAS matrix-vector product. OpenBLAS on
+    2 threads against numpy's add.reduce over axis 0: (1024, 256) 35 -> 14 us, (1024, 1024) 88 ->
+    40 us, (128, 512) 8.7 -> 3.4 us; closer to the float64 sum, too (its max error 2.3e-4 against
+    5.6e-4 for 1024 rows of [0, 1) values). A column of -0.0 sums to +0.0, as in PyTorch."""
+    return np.matmul(_ones(rows, x.dtype.char), x.reshape(rows, -1), out=out)
+
+
+def _sum_eager(xp, x, *, axes, keepdim):
+    rows = _rows(x, axes) if xp is np else None
+    if rows is None or rows == 0:
+        return _add_reduce(xp, x, axes=axes, keepdim=keepdim)
+    return _column_sum(x, rows, None).reshape(reduced_shape(x.shape, axes, keepdim))
+
+
+def _sum_into(xp, x, *, axes, keepdim, out):
+    rows = _rows(x, axes) if xp is np else None
+    if rows is None or rows == 0 or not out.flags.c_contiguous:
+        reduce = np.add.reduce if xp is np else xp.sum
+        return reduce(x, axis=axes, keepdims=keepdim, dtype=x.dtype, out=out)
+    _column_sum(x, rows, out.reshape(-1))
+    return out
+
+
 def _sum_vjp(ops, c, g):
     (t,) = c.input_types
     if not c.attrs["keepdim"]:
@@ -71,12 +121,14 @@ def _sum_samples(rng):
         Sample((x,), {"axes": (0, 1, 2), "keepdim": False}),
         Sample((rng.normal(size=()),), {"axes": (), "keepdim": False}),
         Sample((rng.normal(size=(0, 3)),), {"axes": (0,), "keepdim": False}),
+        Sample((x,), {"axes": (0, 1), "keepdim": False}),  # leading axes: a column sum
+        Sample((x,), {"axes": (0,), "keepdim": True}),
     ]
 
 
 reduce_sum = register(Primitive(
     "reduce_sum", Kind.REDUCE, _reduce_infer("reduce_sum"),
-    _reduce_kernel("add", "sum", typed=True), _sum_vjp, combine="add", identity=lambda dtype: 0,
+    _sum_eager, _sum_vjp, combine="add", identity=lambda dtype: 0, eager_into=_sum_into,
     reference=lambda torch, x, *, axes, keepdim: torch.sum(x, dim=axes, keepdim=keepdim), samples=_sum_samples,
 ))  # fmt: skip
 
