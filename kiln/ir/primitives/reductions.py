@@ -75,11 +75,18 @@ def _rows(x, axes) -> int | None:
     return int(np.prod(x.shape[: len(axes)]))
 
 
+_CACHED_ONES = 1 << 16  # longer vectors of ones are made per call (the cache holds 16 at most)
+
+
 @functools.lru_cache(maxsize=16)
-def _ones(rows: int, char: str) -> np.ndarray:
+def _cached_ones(rows: int, char: str) -> np.ndarray:
     ones = np.ones(rows, char)
     ones.flags.writeable = False
     return ones
+
+
+def _ones(rows: int, char: str) -> np.ndarray:
+    return _cached_ones(rows, char) if rows <= _CACHED_ONES else np.ones(rows, char)
 
 
 def _column_sum(x, rows: int, out):
