@@ -62,7 +62,7 @@ def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:
     graph = reductions_to_trailing_axes(graph, supports)
     grouping = Grouping(graph, supports)
     groups = grouping.groups()
-    return emit(graph, groups, [grouping.domain(g) for g in groups])
+    return emit(graph, groups, [grouping.space(g) for g in groups])
 
 
 def reductions_to_trailing_axes(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir.analysis import Shape
+from ..ir.analysis import Space
 from ..ir.graph import BODY_REDUCE_OPS, CONSTANT, KERNEL, Graph, Node, Value, structure_key
 from .fusion_recompute import recomputed
 from .fusion_rules import classify
@@ -51,9 +51,9 @@ class _Unit:
         return [v for k in self.kernels for v in k.outputs]
 
 
-def emit(graph: Graph, groups: list[list[Node]], domains: list[Shape | None] | None = None) -> Graph:
+def emit(graph: Graph, groups: list[list[Node]], spaces: list[Space | None] | None = None) -> Graph:
     """The fused graph: ``groups`` (node lists in graph order) become kernels, other nodes stay.
-    With the groups' ``domains``, a kernel also computes again the cheap values of other kernels
+    With the groups' ``spaces``, a kernel also computes again the cheap values of other kernels
     that it would read (``fusion_recompute``)."""
     position = {node: i for i, node in enumerate(graph.nodes)}
     users: dict[Value, list[Node]] = {}
@@ -67,7 +67,7 @@ def emit(graph: Graph, groups: list[list[Node]], domains: list[Shape | None] | N
         if node.op == CONSTANT and node.outputs[0].type.shape == ()
     }
     classes = classify(graph.nodes, users, outputs)
-    copies = recomputed(groups, domains, users, outputs, classes, small_constants) if domains else [[]] * len(groups)
+    copies = recomputed(groups, spaces, users, outputs, classes, small_constants) if spaces else [[]] * len(groups)
     # Where each node's value is at hand: its own group's kernel and the kernels that compute it again.
     home = {node: i for i, group in enumerate(groups) for node in group}
     computed_in = [set(group).union(extra) for group, extra in zip(groups, copies, strict=True)]

@@ -118,10 +118,9 @@ class Grouping:
         groups.sort(key=lambda g: self.index[g[0]])
         return [g for g in groups if any(self.classes[node] != VIEW for node in g)]
 
-    def domain(self, group: list[Node]) -> Shape | None:
-        """The domain shape of a group ``groups()`` returned (None: no kernel space)."""
-        space = self.group[self.find(self.index[group[0]])].space
-        return None if space is None else space[0]
+    def space(self, group: list[Node]) -> Space | None:
+        """The space (domain and row shapes) of a group ``groups()`` returned (None: none)."""
+        return self.group[self.find(self.index[group[0]])].space
 
     # ------------------------------------------------------------------ one merge
     def _try_merge(self, a: int, b: int) -> bool:

@@ -328,6 +328,19 @@ def test_a_transcendental_is_computed_again_only_where_it_saves_its_write_and_re
     assert (th.id in made) == (not recomputed or also_extern)
 
 
+def test_batch_norm_reads_its_input_again_rather_than_its_deviation():
+    # BatchNorm's forward (training): x - mean was a kernel's full-size output, read by the sum of
+    # the deviations and by the next kernel. Both compute it from x and mean now (same bytes read);
+    # one kernel writes full-size values: the result (and the normalized input the backward saves).
+    kiln.manual_seed(0)
+    bn = nn.BatchNorm2d(3)
+    fused = fused_and_checked(traced(lambda x: bn(x), _x(4, 3, 5, 5)))
+    writers = [n for n in fused.nodes if n.op == KERNEL and any(o.type.shape == (4, 3, 5, 5) for o in n.outputs)]
+    assert len(writers) == 1
+    reductions = [n for n in fused.nodes if n.op == KERNEL and n.attrs["kind"] == "reduction"]
+    assert sum("sub" in _body_ops(n) for n in reductions) == 2  # the deviations' sum and the squares' sum
+
+
 def test_cheap_values_are_computed_again_even_where_an_extern_node_reads_them():
     b = GraphBuilder()
     x, w = b.input(t(4, 8)), b.input(t(8, 8))
