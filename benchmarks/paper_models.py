@@ -24,7 +24,17 @@ import numpy as np
 import kiln
 
 from . import models
-from .common import KILN, Result, Target, close, kiln_compile, optional_import, side_by_side, torch_compile_or_why
+from .common import (
+    FASTEST_TORCH,
+    KILN,
+    Result,
+    Target,
+    close,
+    kiln_compile,
+    optional_import,
+    side_by_side,
+    torch_compile_or_why,
+)
 
 RESNET = "ResNet-18 train step, CIFAR 3x32x32, B=32, SGD momentum"
 LSTM = "LSTM LM 2x256 train step, B=32 T=35 V=10K, Adam"
@@ -38,9 +48,9 @@ CHECK_STEPS = 4
 UNCHECKED = "unchecked: the reference is PyTorch, which is not installed"
 
 TARGETS = [
-    Target("resnet18", RESNET, TORCH_FUSED, max_ratio=1.0),
-    Target("lstm", LSTM, TORCH_FUSED, max_ratio=1.0),
-    Target("ncf", NCF, TORCH_FUSED, max_ratio=1.0),
+    Target("resnet18", RESNET, FASTEST_TORCH, max_ratio=1.0),
+    Target("lstm", LSTM, FASTEST_TORCH, max_ratio=1.0),
+    Target("ncf", NCF, FASTEST_TORCH, max_ratio=1.0),
 ]
 
 

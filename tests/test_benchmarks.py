@@ -106,6 +106,20 @@ def test_targets_met_missed_and_skipped():
     assert "tiny op: kiln/torch <= 4x" in text and "3.00x" in text and "MISSED" in text
 
 
+def test_a_target_on_the_fastest_torch_variant_compares_with_the_fastest_of_the_run():
+    # A training step's optimizer variants: fused was slower than foreach this run.
+    results = [
+        Result("t", "step", "kiln", timing(9e6)),
+        Result("t", "step", "torch fused", timing(10e6)),
+        Result("t", "step", "torch foreach", timing(8e6)),
+        Result("t", "step", "torch.compile", timing(5e6)),  # not eager: not a candidate
+    ]
+    (check,) = common.check_targets(results, [Target("t", "step", common.FASTEST_TORCH, max_ratio=1.0)])
+    assert check.ratio == 9 / 8 and check.status == "MISSED"
+    foreach = next(line for line in report.format_table(results, [check]).splitlines() if "foreach" in line)
+    assert "<= 1x MISSED" in foreach
+
+
 def test_format_time_units():
     assert [common.format_time(ns) for ns in (812, 1360, 4.21e6, 1.2e9)] == ["812 ns", "1.36 us", "4.21 ms", "1.2 s"]
 
