@@ -23,9 +23,10 @@ elementwise work a later kernel computes again rather than read (step 4).
    Values read outside a kernel, and graph outputs, are its outputs.
 3. What is left of views alone (no elementwise or reduction work) stays extern; every other
    group, a single elementwise node included, is a kernel.
-4. Recomputation (``fusion_recompute``): a kernel computes again, from values it reads anyway,
-   the cheap elementwise values of another kernel that it would read (a training step's backward
-   and the forward's activations); the maker stops writing those no one else reads.
+4. Recomputation (``fusion_recompute``): a kernel computes again the cheap elementwise values of
+   another kernel that it would read (a training step's backward and the forward's activations,
+   BatchNorm's deviations), from values it reads anyway or, where every reader computes the value,
+   from what its maker read; the maker stops writing what no one reads any more.
 5. Horizontal fusion (``fusion_emit``): mutually independent elementwise kernels whose bodies
    are structurally identical (same ops, attributes, dtypes and constants; any shapes) -- the
    per-parameter updates of an optimizer step -- become one horizontal kernel.

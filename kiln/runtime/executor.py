@@ -111,7 +111,8 @@ class KernelCall:
         self.stable = tuple((p, slot) for p, slot in dynamic if slot in inputs)
         self.dynamic = tuple(entry for entry in dynamic if entry not in self.stable)
         self.allocate = allocate  # (slot, allocate, shape, dtype) of the new outputs
-        self.conform = conform  # slots of inputs compiled for C order
+        # (slot, whether it is an input's) of the arrays read that the kernel was compiled for in C order
+        self.conform = tuple((slot, slot in inputs) for slot in conform)
         self.pool(spin=False)
 
     def pool(self, spin: bool) -> None:
@@ -124,11 +125,12 @@ class KernelCall:
     def run(self, env: list, tables: _Tables) -> None:
         for slot, empty, shape, dtype in self.allocate:
             env[slot] = empty(shape, dtype)
-        for slot in self.conform:
+        for slot, stable in self.conform:
             array = env[slot]
             if not array.flags.c_contiguous:
                 env[slot] = np.ascontiguousarray(array)
-                tables.forget()  # an input's slot holds another array now: every table refills
+                if stable:
+                    tables.forget()  # an input's slot holds another array now: every table refills
         frame_table = tables[self.table]
         table = frame_table.pointers
         if self.stable and frame_table.seen is not tables.token:
