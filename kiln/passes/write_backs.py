@@ -23,9 +23,11 @@ def choose_write_backs(
     """``{output o: input i}`` for each requested pair ``(o, i)`` whose output may be written
     straight into input ``i``'s memory.
 
-    Safe when the node making output ``o`` is a kernel that reads input ``i`` only at the index it
-    writes (everything its body computes from the input is elementwise at the output's shape: no
-    view or broadcast downstream either, see ``reads_at_own_index``), the input is C-contiguous,
+    Safe when the node making output ``o`` is a kernel that reads input ``i`` once, only at the
+    index it writes (everything its body computes from the input is elementwise at the output's
+    shape: no view or broadcast downstream either, see ``reads_at_own_index``) -- once: a
+    horizontal kernel's other members may run after the one that writes, and one of them reading
+    the input would read the new value --, the input is C-contiguous,
     no later node reads the old value (through the input or a view of it; extern results never
     alias their arguments, the executor copies one that does), and each input is written once.
     No kernel before the program's last check writes in place: a call that raises leaves
@@ -45,7 +47,7 @@ def choose_write_backs(
         aliases = views[source]  # the input and every view of it
         if (node is None or node.op != KERNEL or i in chosen.values() or k < last_check
                 or any(a in graph.outputs or last_read.get(a, -1) > k for a in aliases)
-                or sum(a in node.inputs for a in aliases) != 1 or graph.outputs.count(value) > 1
+                or sum(map(node.inputs.count, aliases)) != 1 or graph.outputs.count(value) > 1
                 or not is_c_order(source, layouts[source]) or not reads_at_own_index(node, source, value)):  # fmt: skip
             continue
         chosen[o] = i

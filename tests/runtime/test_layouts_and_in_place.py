@@ -267,3 +267,24 @@ def test_an_input_whose_size_1_dim_has_another_stride_is_read_as_it_is():
         (ye * kiln.tensor([[2.0], [3.0]])).sum().backward()
         assert_close(y, ye, **TOL)
         assert_close(x.grad, xe.grad, **TOL)
+
+
+def test_a_horizontal_member_never_reads_an_input_another_member_writes_in_place():
+    """Two structurally identical updates become one horizontal kernel; the first reads ``g``,
+    which the second updates: were the second written into ``g``'s memory, the first member
+    could read the new value (the fuzzer's seed 79000742). The update of ``g`` is written back
+    after the kernel instead; the one of ``a``, which no other member reads, stays in place."""
+
+    def fn(a, g, b):
+        hit = b > 0  # made first: the member that updates g comes first in the horizontal kernel
+        a.masked_fill_(g > 0, -0.5)
+        g.masked_fill_(hit, -0.5)
+        return b * 2.0
+
+    for seed in range(3):  # g > 0 and b > 0 in every combination over the calls
+        program = _agree(fn, (4, 4), (4, 4), (4, 4), calls=5, seed=seed)
+    kernel = next(n for n in program.graph.nodes if n.op == "kernel" and n.attrs["kind"] == "horizontal")
+    assert len(kernel.bodies) == 2, "the updates were not fused horizontally: the test tests nothing"
+    g = program.graph.inputs[1]
+    assert all(program._slots[v] != program._slots[g] for v in program.written_in_place())
+    assert program.written_in_place(), "a's update is no longer written in place"
