@@ -18,8 +18,9 @@ At run time a step is one of:
   and the in-place write-back count on only view nodes aliasing;
 - ``InterpretedKernel``: a kernel the code generator declined: its body, interpreted.
 
-Intermediates live in an arena allocated once per thread (two threads calling one compiled
-function never share one); outputs handed to the caller come from the caching host allocator.
+Intermediates live in an arena allocated once per thread (``frames.Frame``: two threads calling
+one compiled function never share one); outputs handed to the caller come from the caching host
+allocator.
 Every array a kernel reads stays referenced by the call's environment until the call returns.
 """
 
@@ -28,7 +29,6 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-import weakref
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
@@ -41,27 +41,10 @@ from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
 from ..ir.interpreter import kernel_runner, node_error
 from ..ir.primitives import PRIMITIVES
 from . import allocator, profiling, threads
+from .frames import Frame, PointerTables, data_pointer
 
 #: The kernel ABI: ``void kernel(void **args, int64 begin, int64 end)``.
 KERNEL_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
-ALIGNMENT = 64
-
-# A numpy array's data pointer sits right after the object header (PyArrayObject_fields.data);
-# reading it there costs 0.1 us where ``array.ctypes.data`` costs 0.9 us. Checked at import.
-_DATA_OFFSET = object.__basicsize__
-_probe = np.arange(4.0)[1:]
-if ctypes.c_void_p.from_address(id(_probe) + _DATA_OFFSET).value != _probe.ctypes.data:  # pragma: no cover
-
-    def data_pointer(array: np.ndarray) -> int | None:
-        return array.ctypes.data
-else:
-    _from_address = ctypes.c_void_p.from_address
-
-    def data_pointer(array: np.ndarray) -> int | None:
-        return _from_address(id(array) + _DATA_OFFSET).value
-
-
-del _probe
 
 
 @dataclass(frozen=True)
@@ -106,7 +89,7 @@ class KernelCall:
         self.table = table  # this kernel's pointer table in each thread's frame
         # (position in the table, slot) of the arrays not in the arena: ``stable`` are the program's
         # inputs (an output written into an input has that input's slot), refilled only when the
-        # call's inputs are not those of the table's last fill (``_Tables.token``); ``dynamic`` the
+        # call's inputs are not those of the table's last fill (``PointerTables.token``); ``dynamic`` the
         # others (new outputs, extern results), filled every call
         self.stable = tuple((p, slot) for p, slot in dynamic if slot in inputs)
         self.dynamic = tuple(entry for entry in dynamic if entry not in self.stable)
@@ -122,7 +105,7 @@ class KernelCall:
         big = self.work_bytes >= threads.min_work_bytes(spin) and self.extent > 1
         self.work = self.work_bytes if big else 0
 
-    def run(self, env: list, tables: _Tables) -> None:
+    def run(self, env: list, tables: PointerTables) -> None:
         for slot, empty, shape, dtype in self.allocate:
             env[slot] = empty(shape, dtype)
         for slot, stable in self.conform:
@@ -183,7 +166,7 @@ class ExternCall:
         self.into = self.out if (prim.eager_into is not None and planned) else -1  # out= into the arena
         self.normalize = not prim.is_view  # a view's layout is derived from its input's
 
-    def run(self, env: list, tables: _Tables) -> None:
+    def run(self, env: list, tables: PointerTables) -> None:
         if self.normalize:  # not a view: BLAS's threads (a matmul) may want the cores workers spin on
             threads.park()
         args = [env[slot] for slot in self.args]
@@ -339,10 +322,10 @@ class CompiledProgram:
         return [v for call in self.kernel_calls for v in call.node.outputs if self._slots[v] in inputs]
 
     # ------------------------------------------------------------------ per-thread state
-    def _frame(self) -> _Frame:
+    def _frame(self) -> Frame:
         frame = getattr(self._local, "frame", None)
         if frame is None:
-            frame = self._local.frame = _Frame(self)
+            frame = self._local.frame = Frame(self.plan, self._slots, self._constants, self._tables)
         return frame
 
     # ------------------------------------------------------------------ running
@@ -367,7 +350,7 @@ class CompiledProgram:
             outputs[i] = outputs[i].copy()
         return outputs
 
-    def _environment(self, frame: _Frame, inputs: Sequence[Any]) -> list:
+    def _environment(self, frame: Frame, inputs: Sequence[Any]) -> list:
         """A call's environment: the frame's template (arena views, constants) with ``inputs`` placed."""
         env = frame.template.copy()
         if self._inputs_first:
@@ -379,7 +362,7 @@ class CompiledProgram:
             frame.tables.see(inputs)
         return env
 
-    def _run_steps(self, env: list, tables: _Tables) -> None:
+    def _run_steps(self, env: list, tables: PointerTables) -> None:
         if profiling.active:  # kiln.profiler records: time each step (one check per call when off)
             return self._run_steps_timed(env, tables)
         index = 0
@@ -390,7 +373,7 @@ class CompiledProgram:
             step = self._steps[index]
             raise node_error(step.node, step.position, error) from error
 
-    def _run_steps_timed(self, env: list, tables: _Tables) -> None:
+    def _run_steps_timed(self, env: list, tables: PointerTables) -> None:
         """``_run_steps`` with each step reported to ``kiln.profiler`` (name, time, bytes moved and allocated)."""
         labels = self._labels = getattr(self, "_labels", None) or [_step_label(s) for s in self._steps]
         clock, record = profiling.clock, profiling.step
@@ -505,81 +488,6 @@ _SHAPE, _STRIDES, _DTYPE = attrgetter("shape"), attrgetter("strides"), attrgette
 
 class LayoutError(RuntimeError):
     """An input arrived in a layout the compiled kernels cannot be given."""
-
-
-class _Frame:
-    """One thread's arena, its views and the kernels' pointer tables with arena addresses filled in."""
-
-    def __init__(self, program: CompiledProgram) -> None:
-        plan = program.plan
-        template: list[Any] = [None] * len(program._slots)
-        for slot, array in program._constants:
-            template[slot] = array
-        self.arena = None
-        if plan is not None and plan.offsets:  # also when all are empty: size-0 values get their views
-            raw = np.empty(plan.arena_bytes + ALIGNMENT, np.uint8)
-            start = (-raw.ctypes.data) % ALIGNMENT
-            self.arena = raw[start : start + plan.arena_bytes]
-            for value, offset in plan.offsets.items():
-                t = value.type
-                nbytes = t.dtype.itemsize * int(np.prod(t.shape, dtype=np.int64))
-                template[program._slots[value]] = self.arena[offset : offset + nbytes].view(t.dtype.np).reshape(t.shape)
-        self.template = template
-        self.tables = _Tables()
-        for size, static, status in program._tables:
-            table = _Table((ctypes.c_void_p * (size + status))())
-            for position, slot in static:
-                table.pointers[position] = data_pointer(template[slot])
-            if status:
-                table.pointers[size] = ctypes.addressof(table.status)
-            self.tables.append(table)
-
-
-class _Table:
-    """A kernel's pointer table in one thread, and the token of the inputs whose pointers it holds
-    (``KernelCall.stable``; see ``_Tables``)."""
-
-    __slots__ = ("pointers", "seen", "status")
-
-    def __init__(self, pointers) -> None:
-        self.pointers = pointers
-        self.seen: object = None
-        self.status = ctypes.c_int64(0)  # the kernel's status word (``Kernel.status``)
-
-
-class _Tables(list):
-    """One thread's pointer tables, and a token that stands for the program's input arrays: the
-    same object while the inputs are the same arrays as at the last call, a new one otherwise.
-
-    ``see(inputs)`` keeps the inputs' ids until one of those arrays dies: while they all live, no
-    other object has one of their ids, so the same ids at the next call are the same arrays. One
-    comparison of a tuple of ints a call for the whole program (an Adam step over 100 parameters
-    reads 500 arrays), where each kernel gathered and compared the ids of its own."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.token: object = object()
-        self._ids: tuple | None = None
-        self._refs: list = []
-
-    def see(self, inputs: Sequence[Any]) -> None:
-        ids = tuple(map(id, inputs))
-        if ids == self._ids:
-            return
-        self.forget()
-        try:
-            self._refs = [weakref.ref(a, self._died) for a in inputs]
-        except TypeError:  # an input without weak references: new pointers every call
-            return
-        self._ids = ids
-
-    def forget(self) -> None:
-        """The inputs' arrays are not those of the last fill: every table refills its pointers."""
-        self._ids = None
-        self.token = object()
-
-    def _died(self, _ref) -> None:
-        self._ids = None
 
 
 def _dead_after(graph: Graph, planned: dict, slots: Mapping[Value, int]) -> list[tuple[int, ...]]:
