@@ -28,6 +28,10 @@ except ImportError:  # pragma: no cover
 
 import kiln
 
+# Run as a child process by test_simulator.py only: importing it (the doctest collection would) switches
+# numba to its CUDA simulator for the whole process, and on a GPU machine every CUDA test with it.
+collect_ignore = ["codegen/cuda/sim_cases.py"]
+
 # Tolerances per dtype, stated once: (rtol, atol).
 TOL = {
     kiln.float16: (1e-3, 1e-3),
