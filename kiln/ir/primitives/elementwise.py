@@ -169,7 +169,9 @@ sigmoid = unary("sigmoid", _sigmoid_eager,
 def _erf_eager(xp, x):
     if xp is np:
         return numpy_erf.erf(x)  # numpy has none; array ops, so nothing is compiled at first use
-    return xp.erf(x)  # pragma: no cover - cupy has it
+    from cupyx.scipy import special  # noqa: PLC0415 - cupy keeps erf with scipy's special functions
+
+    return special.erf(x)
 
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
@@ -211,7 +213,33 @@ div = binary("div", lambda xp, a, b: xp.true_divide(a, b),
                  if c.needs_input_grad[1] else None),
              lambda em, a, b: em.div(a, b), lambda torch, a, b: torch.div(a, b), save_inputs=True,
              samples=binary_samples(rhs_low=0.5))  # fmt: skip
-floor_divide = binary("floor_divide", lambda xp, a, b: xp.floor_divide(a, b),
+
+
+def _float_divmod(xp, a, b):
+    """numpy's (and PyTorch's) floored division of floats, composed of array ops: the quotient from
+    the exact remainder ``fmod``, rounded to an integer, the remainder taking the divisor's sign.
+    For array libraries whose own floor_divide/remainder differ on inf, nan and zero (cupy's)."""
+    mod = xp.fmod(a, b)
+    shift = (mod != 0) & ((b < 0) != (mod < 0))
+    div = (a - mod) / b - shift
+    floor = xp.floor(div)
+    quotient = xp.where(div - floor > 0.5, floor + 1, floor)
+    quotient = xp.where(div != 0, quotient, xp.copysign(xp.zeros_like(div), a / b))
+    quotient = xp.where(b == 0, a / b, quotient)
+    mod = xp.where(shift, mod + b, xp.where(mod != 0, mod, xp.copysign(xp.zeros_like(mod), b)))
+    return quotient.astype(a.dtype, copy=False), xp.where(b == 0, xp.fmod(a, b), mod).astype(a.dtype, copy=False)
+
+
+def _floored(numpy_function, part):
+    def eager(xp, a, b):
+        if xp is np or a.dtype.kind != "f":
+            return getattr(xp, numpy_function)(a, b)
+        return _float_divmod(xp, a, b)[part]
+
+    return eager
+
+
+floor_divide = binary("floor_divide", _floored("floor_divide", 0),
                       lambda ops, c, g: _sum_to_inputs(ops, c, ops.zeros_like(g), ops.zeros_like(g)),
                       lambda em, a, b: em.floordiv(a, b), lambda torch, a, b: torch.floor_divide(a, b),
                       samples=lambda rng: int_binary_samples(rng) + binary_samples(rhs_low=0.5)(rng),
@@ -219,7 +247,7 @@ floor_divide = binary("floor_divide", lambda xp, a, b: xp.floor_divide(a, b),
                           "divided by zero gives 0 (numpy's result: the frontend checks the divisor first).")  # fmt: skip
 # PyTorch's float32 kernel gives nan for 1e30 % 1e-30 (its quotient overflows); numpy's is exact.
 _REMAINDER_SPECIAL = _SPECIAL[_SPECIAL != 1e-30]
-remainder = binary("remainder", lambda xp, a, b: xp.remainder(a, b),
+remainder = binary("remainder", _floored("remainder", 1),
                    lambda ops, c, g: _sum_to_inputs(
                        ops, c, g, ops.mul(ops.neg(g), ops.floor_divide(c.inputs[0], c.inputs[1]))),
                    lambda em, a, b: em.mod(a, b), lambda torch, a, b: torch.remainder(a, b), save_inputs=True,

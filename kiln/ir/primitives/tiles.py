@@ -26,7 +26,7 @@ import numpy as np
 
 from ..types import TensorType
 from . import Kind, Primitive, Sample, register
-from .windows import _static_spatial, window_output_size
+from .windows import _static_spatial, strided_windows, window_output_size
 
 
 def _check_floating(name: str, x: TensorType) -> None:
@@ -85,9 +85,7 @@ def _tile_eager(xp, x, *, matrix, stride):
     # the tiles gathered (one copy, (tiles, t*t)), then all transformed by one matmul whose result
     # is already (alpha**2, tiles): far fewer passes over memory than a numpy op per term
     row, col = x.strides[-2:]
-    windows = xp.lib.stride_tricks.as_strided(
-        x, (*lead, th, tw, t, t), (*x.strides[:-2], stride * row, stride * col, row, col), writeable=False
-    )
+    windows = strided_windows(xp, x, (*lead, th, tw, t, t), (*x.strides[:-2], stride * row, stride * col, row, col))
     flat = xp.ascontiguousarray(windows).reshape(-1, t * t)
     return (coefficients @ flat.T).reshape(alpha * alpha, *lead, th, tw)
 

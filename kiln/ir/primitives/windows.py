@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from ..types import SymbolicShapeError, TensorType, is_static
 from . import Kind, Primitive, Sample, register
 
@@ -85,6 +87,14 @@ def _unfold_infer(x: TensorType, *, kernel_size, stride, dilation, batch_inner=F
     return TensorType(_windows_shape(x.shape[0], x.shape[1], kernel_size, out, batch_inner), x.dtype, x.device)
 
 
+def strided_windows(xp, x, shape, strides):
+    """A view of ``x`` with ``shape`` and ``strides`` (bytes), read-only where the library can say so
+    (numpy; cupy's ``as_strided`` has no ``writeable``)."""
+    if isinstance(x, np.ndarray):
+        return np.lib.stride_tricks.as_strided(x, shape, strides, writeable=False)
+    return xp.lib.stride_tricks.as_strided(x, shape, strides)
+
+
 def _unfold_eager(xp, x, *, kernel_size, stride, dilation, batch_inner=False):
     spatial = x.shape[2:]
     if len(spatial) != len(kernel_size):
@@ -92,7 +102,7 @@ def _unfold_eager(xp, x, *, kernel_size, stride, dilation, batch_inner=False):
     out = _out_spatial("unfold", spatial, kernel_size, stride, dilation)
     st = x.strides[2:]
     strides = (*x.strides[:2], *(s * d for s, d in zip(st, dilation)), *(s * t for s, t in zip(st, stride)))
-    windows = xp.lib.stride_tricks.as_strided(x, (*x.shape[:2], *kernel_size, *out), strides, writeable=False)
+    windows = strided_windows(xp, x, (*x.shape[:2], *kernel_size, *out), strides)
     if batch_inner:
         windows = windows.transpose(_batch_inner(len(kernel_size)))
     # A copy always: when the windows tile the input exactly (a 2x2 kernel over a 2x2 image), the
