@@ -14,6 +14,7 @@ import numpy as np
 
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
 from ..ir.primitives import PRIMITIVES
+from ..ir.primitives.movement import reshape_view
 
 Layouts = dict[Value, tuple[int, ...]]
 
@@ -49,10 +50,8 @@ def view_strides(node: Node, strides: tuple) -> tuple | None:
     source = node.inputs[0].type
     fake = _fake(source.shape, strides, source.dtype.np)
     if node.op == "reshape":
-        try:
-            return np.reshape(fake, node.attrs["shape"], copy=False).strides
-        except ValueError:  # not expressible as a view: numpy copies into C order
-            return None
+        view = reshape_view(fake, node.attrs["shape"])
+        return None if view is None else view.strides  # None: not a view, numpy copies into C order
     return PRIMITIVES[node.op].eager(np, fake, **node.attrs).strides
 
 

@@ -7,6 +7,7 @@ base). The shape ops that copy (flip, roll, repeat, cat, pad...) are in ``copies
 from __future__ import annotations
 
 from ...ir.primitives import P
+from ...ir.primitives.movement import reshape_view
 from ...ir.shapes import normalize_axis, numel
 from ..dispatch import apply
 from ..tensor import Tensor, method
@@ -40,12 +41,7 @@ def _infer_minus_one(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
 def _viewable(x: Tensor, shape: tuple[int, ...]) -> bool:
     if x._data.flags.c_contiguous:
         return True
-    probe = x._data.view()
-    try:
-        probe.shape = shape  # numpy refuses exactly when a copy would be needed
-    except AttributeError:
-        return False
-    return True
+    return reshape_view(x._data, shape) is not None
 
 
 @method("reshape")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from collections import Counter
 
+import numpy as np
+
 from ..shapes import numel
 from ..types import Dim, Sym, SymbolicShapeError, TensorType, is_static
 from . import Kind, Primitive, Sample, register
@@ -21,6 +23,25 @@ from . import Kind, Primitive, Sample, register
 # ----------------------------------------------------------------------------- index maps of the views
 # ``index_map(ix, index, in_shape, out_shape, **attrs)``: the input index that output ``index`` reads,
 # over the index algebra ``ix`` the caller passes (see the registry's docstring).
+
+
+_RESHAPE_TAKES_COPY = np.lib.NumpyVersion(np.__version__) >= "2.1.0"
+
+
+def reshape_view(array, shape: tuple[int, ...]):
+    """``array`` (numpy or cupy) reshaped to ``shape`` as a view of its memory, or None where that
+    needs a copy (the strides cannot express it)."""
+    if _RESHAPE_TAKES_COPY and isinstance(array, np.ndarray):
+        try:
+            return np.reshape(array, shape, copy=False)
+        except ValueError:
+            return None
+    probe = array.view()
+    try:
+        probe.shape = shape  # numpy before 2.1 and cupy refuse exactly when a copy would be needed
+    except AttributeError:
+        return None
+    return probe
 
 
 def _contiguous_strides(shape) -> tuple[int, ...]:
