@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 
-from ..ir.primitives import NOT_DIFFERENTIABLE, Primitive
+from ..ir.primitives import ELEMENTWISE, NOT_DIFFERENTIABLE, Primitive
 from ..ir.types import CPU, TensorType
 from ..runtime import profiling as _profiling
 from ..runtime.devices import array_namespace
@@ -47,7 +47,9 @@ def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
     device = first._device
     for t in inputs:
         if t._device is not device:
-            raise _device_error(prim, inputs)
+            inputs = _on_one_device(prim, inputs)
+            first, device = inputs[0], inputs[0]._device
+            break
     xp = _NAMESPACES.get(device) or _namespace(device)
     try:
         out = prim.eager(xp, *[t._data for t in inputs], **attrs)
@@ -84,6 +86,20 @@ def _namespace(device):
 
 def types_of(inputs) -> tuple[TensorType, ...]:
     return tuple(TensorType(tuple(t._data.shape), t._dtype, t._device) for t in inputs)
+
+
+def _on_one_device(prim: Primitive, inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """The inputs of an elementwise op on one device: as in PyTorch, a 0-d CPU tensor (a scalar: an
+    optimizer's step size, a captured constant) goes with tensors of one other device and is moved
+    there (differentiably). Any other mix of devices is an error."""
+    others = {t._device for t in inputs if t._device is not CPU}
+    scalars_only = all(t._device is not CPU or t._data.ndim == 0 for t in inputs)
+    if len(others) != 1 or not scalars_only or prim.kind not in ELEMENTWISE:
+        raise _device_error(prim, inputs)
+    from .ops.creation import to  # noqa: PLC0415 - the ops import this module
+
+    (device,) = others
+    return tuple(t if t._device is device else to(t, device) for t in inputs)
 
 
 def _device_error(prim: Primitive, inputs) -> RuntimeError:

@@ -47,7 +47,7 @@ class Adadelta(Optimizer):
             grad = -p.grad if group["maximize"] else p.grad
             state = self.state[p]
             if not state:
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
                 state["square_avg"] = kiln.zeros_like(p)
                 state["acc_delta"] = kiln.zeros_like(p)
             state["step"].add_(1)

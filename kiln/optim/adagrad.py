@@ -51,7 +51,7 @@ class Adagrad(Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 state = self.state[p]
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
                 state["sum"] = kiln.full_like(p, group["initial_accumulator_value"])
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:

@@ -61,7 +61,7 @@ class Adam(Optimizer):
     def _init_state(self, p: kiln.Tensor, amsgrad: bool) -> dict[str, kiln.Tensor]:
         state = self.state[p]
         if not state:
-            state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+            state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
             state["exp_avg"] = kiln.zeros_like(p)
             state["exp_avg_sq"] = kiln.zeros_like(p)
             if amsgrad:

@@ -49,7 +49,7 @@ class Adamax(Optimizer):
             grad = -p.grad if group["maximize"] else p.grad
             state = self.state[p]
             if not state:
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
                 state["exp_avg"] = kiln.zeros_like(p)
                 state["exp_inf"] = kiln.zeros_like(p)
             step = state["step"]

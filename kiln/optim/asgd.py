@@ -46,9 +46,9 @@ class ASGD(Optimizer):
             grad = -p.grad if group["maximize"] else p.grad
             state = self.state[p]
             if not state:
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
-                state["eta"] = kiln.tensor(float(group["lr"]), dtype=kiln.float32)
-                state["mu"] = kiln.tensor(1.0, dtype=kiln.float32)
+                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
+                state["eta"] = kiln.tensor(float(group["lr"]), dtype=kiln.float32, device=p.device)
+                state["mu"] = kiln.tensor(1.0, dtype=kiln.float32, device=p.device)
                 state["ax"] = kiln.zeros_like(p)
             step, eta, mu = state["step"], state["eta"], state["mu"]
             step.add_(1)
@@ -100,7 +100,7 @@ class Rprop(Optimizer):
             grad = -p.grad if group["maximize"] else p.grad
             state = self.state[p]
             if not state:
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
                 state["prev"] = kiln.zeros_like(p)
                 state["step_size"] = kiln.full_like(grad, float(group["lr"]))
             state["step"].add_(1)

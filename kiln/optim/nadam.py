@@ -27,7 +27,7 @@ class _AdamFamily(Optimizer):
         grad = -p.grad if group["maximize"] else p.grad
         state = self.state[p]
         if not state:
-            state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+            state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
             if extra is not None:
                 extra(state)
             state["exp_avg"] = kiln.zeros_like(p)
@@ -79,7 +79,7 @@ class NAdam(_AdamFamily):
         decay = group["momentum_decay"]
 
         def add_mu_product(state):
-            state["mu_product"] = kiln.tensor(1.0, dtype=kiln.float32)
+            state["mu_product"] = kiln.tensor(1.0, dtype=kiln.float32, device=p.device)
 
         for p in group["params"]:
             if p.grad is None:

@@ -128,8 +128,9 @@ class Optimizer:
             for group, scalars in zip(self.param_groups, self._scalars, strict=True):
                 for name, value in self._scalar_values(group).items():
                     tensor = scalars.get(name)
-                    if tensor is None:
-                        scalars[name] = kiln.tensor(float(value), dtype=kiln.float64)
+                    if tensor is None:  # on the parameters' device, as the state: a step mixes no devices
+                        device = group["params"][0].device if group["params"] else None
+                        scalars[name] = kiln.tensor(float(value), dtype=kiln.float64, device=device)
                     else:
                         tensor.fill_(float(value))
         return self._scalars
@@ -212,10 +213,11 @@ class Optimizer:
 
 
 def _restore(name: str, value: Any, param: kiln.Tensor) -> Any:
-    """A fresh copy of one saved state value; floating tensors take the parameter's dtype, except ``step``."""
+    """A fresh copy of one saved state value on the parameter's device; floating tensors take the
+    parameter's dtype, except ``step``."""
     if not isinstance(value, kiln.Tensor):
         return copy.deepcopy(value)
-    value = value.detach()
+    value = value.detach().to(param.device)
     if name != "step" and value.dtype.is_floating_point:
         return value.to(param.dtype).clone()
     return value.clone()

@@ -57,7 +57,7 @@ class RMSprop(Optimizer):
     def _init_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
         state = self.state[p]
         if not state:
-            state["step"] = kiln.tensor(0.0, dtype=kiln.float32)
+            state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
             state["square_avg"] = kiln.zeros_like(p)
             if group["momentum"] > 0:
                 state["momentum_buffer"] = kiln.zeros_like(p)

@@ -50,6 +50,22 @@ def test_mixed_devices_raise_pytorchs_error():
         kiln.ones(3) + kiln.ones(3, device="cuda")
 
 
+def test_a_zero_dim_cpu_tensor_goes_with_cuda_tensors_as_in_pytorch():
+    # PyTorch treats a 0-d CPU tensor as a scalar beside tensors of another device (an optimizer's
+    # step size); anything larger stays an error, and so do non-elementwise ops
+    x = kiln.arange(4.0, device="cuda", requires_grad=True)
+    s = kiln.tensor(3.0, dtype=kiln.float64, requires_grad=True)
+    y = (s * x) - kiln.tensor(1.0)
+    assert y.is_cuda and y.dtype is kiln.float32 and y.cpu().tolist() == [-1.0, 2.0, 5.0, 8.0]
+    y.sum().backward()
+    assert s.grad.device == kiln.device("cpu") and s.grad.item() == 6.0
+    assert x.grad.cpu().tolist() == [3.0] * 4
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        kiln.ones(2, device="cuda") + kiln.ones(1)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        kiln.ones(2, 2, device="cuda") @ kiln.ones(2, 2)
+
+
 def test_autograd_on_cuda_matches_the_cpu():
     x = np.random.default_rng(0).standard_normal((4, 5))
     grads = []

@@ -401,7 +401,8 @@ def number_outputs(inputs: list, results: list, writebacks=(), grads=(), *, view
 # ---------------------------------------------------------------------- memory
 def _root(array):
     """The array that owns ``array``'s memory."""
-    while isinstance(array.base, np.ndarray):
+    kind = array.__class__  # numpy's or cupy's ndarray: a base of another class owns no array memory
+    while isinstance(array.base, kind):
         array = array.base
     return array
 
@@ -415,12 +416,13 @@ def claim(array, claimed: set[int], device):
     """A new tensor on ``array``, copied when its memory is already ``claimed`` (an input's, or
     handed out earlier in this call) or when it is read-only (a broadcast view); its memory is
     claimed from then on."""
-    if array.__class__ is not np.ndarray:
+    if array.__class__ is not np.ndarray and device.type == "cpu":
         array = np.asarray(array)
     owner = array.base is None  # memory of its own: writeable (the program copies out its constants)
     root = id(array if owner else _root(array))
-    if root in claimed or not (owner or array.flags.writeable):
-        array = np.array(array, order="K")
+    # cupy's arrays have no read-only flag: none of them is read-only
+    if root in claimed or not (owner or getattr(array.flags, "writeable", True)):
+        array = array.copy(order="K")
         root = id(array)
     claimed.add(root)
     return make_tensor(array, device)

@@ -49,7 +49,7 @@ def test_large_elementwise_uses_the_grid_stride_loop():
     _agree(lambda x, y: (x * y + 1).tanh(), lambda: (_t(1 << 22), _t(1 << 22)), rtol=1e-6, atol=1e-6)
 
 
-def test_training_step_compiles_to_one_cuda_program():
+def test_training_step_compiles_to_one_cuda_program(caplog):
     runs = []
     for compiled in (True, False):
         kiln.manual_seed(0)
@@ -70,7 +70,8 @@ def test_training_step_compiles_to_one_cuda_program():
             x = kiln.tensor(data.standard_normal((16, 32)).astype(np.float32), device="cuda")
             y = kiln.tensor(data.integers(0, 10, 16), device="cuda")
             losses.append(fn(x, y).item())
-        runs.append((losses, [p.cpu().numpy() for p in model.parameters()]))
+        runs.append((losses, [p.detach().cpu().numpy() for p in model.parameters()]))
+    assert not [r.message for r in caplog.records if "running eagerly" in r.message]  # it compiled
     np.testing.assert_allclose(runs[0][0], runs[1][0], rtol=1e-4)
     for a, b in zip(runs[0][1], runs[1][1], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
