@@ -63,6 +63,33 @@ def _user_code(code) -> bool:
     return not name.startswith(_KILN_DIR) and not name.startswith(_LIBRARIES) and not name.startswith("<frozen")
 
 
+def _importing(frame) -> bool:
+    """Whether ``frame`` runs for a module's first import: the module's body, or code it calls
+    (what they store into globals is stored once, by the import, not at each call)."""
+    while frame is not None:
+        if frame.f_code.co_name == "<module>":
+            module = sys.modules.get(frame.f_globals.get("__name__", ""))
+            spec = getattr(module, "__spec__", None)
+            if getattr(module, "__dict__", None) is frame.f_globals and getattr(spec, "_initializing", False):
+                return True
+        frame = frame.f_back
+    return False
+
+
+def _for_the_user(frame) -> bool:
+    """Whether the code running ``frame`` was called for the user's program rather than for kiln's:
+    the nearest caller that is not library code is user code (the user's program calls
+    ``random.randint``), not kiln's (a kernel kiln compiles names its temporary file with
+    tempfile's generator of its own)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(_KILN_DIR):
+            return False
+        if _user_code(frame.f_code):
+            return True
+        frame = frame.f_back
+    return True
+
+
 def _scan(code) -> tuple:
     """Stores into globals and closures in ``code`` (nested code objects run as their own frames)."""
     import dis  # noqa: PLC0415
@@ -221,6 +248,8 @@ class Watch:
             code = frame.f_code
             if code in self._seen:
                 return
+            if _user_code(code) and _importing(frame):
+                return  # not marked seen: a call of the same code after the import is scanned
             self._seen.add(code)
             if not _user_code(code):
                 return
@@ -231,7 +260,7 @@ class Watch:
             if stores:
                 what, line = stores[0]
                 self.hazard = TraceBreak(f"the call {what}", self._location(code.co_filename, line, code.co_name))
-        elif event == "c_call" and isinstance(getattr(arg, "__self__", None), _RANDOM_OWNERS):
+        elif event == "c_call" and isinstance(getattr(arg, "__self__", None), _RANDOM_OWNERS) and _for_the_user(frame):
             owner = "numpy's" if type(arg.__self__).__module__.startswith("numpy") else "Python's"
             caller = frame.f_code
             where = self._location(caller.co_filename, frame.f_lineno, caller.co_name) if _user_code(caller) else None

@@ -225,6 +225,66 @@ def test_python_and_numpy_random_inside_run_eagerly(draw):
     assert compiled_calls(g) == [] and "random generator" in _breaks(g)[0]
 
 
+def test_a_private_generator_the_user_draws_from_runs_eagerly():
+    rng = random.Random(0)
+
+    def f(x):
+        return x * rng.random()
+
+    g = kiln.compile(f)
+    x = kiln.ones(1)
+    assert len({float(g(x).numpy()[0]) for _ in range(3)}) == 3
+    assert compiled_calls(g) == [] and "random generator" in _breaks(g)[0]
+
+
+def test_kilns_own_draws_from_a_private_generator_are_not_the_users():
+    # a kernel kiln compiles during the trace (CUDA's, through numba) names temporary files with
+    # tempfile's generator of its own: code under kiln's folder drawing from it breaks no trace
+    from kiln.frontend.jit.trace import _KILN_DIR
+
+    source = "import random\ndef build():\n    return random.Random().random()\n"
+    machinery: dict = {}
+    exec(compile(source, _KILN_DIR + "codegen/_test_machinery.py", "exec"), machinery)
+
+    def f(x):
+        machinery["build"]()
+        return x * 2
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        _close(g(kiln.ones(2)), f(kiln.ones(2)))
+    assert _breaks(g) == [] and sum(compiled_calls(g)) >= 2
+
+
+def test_a_module_imported_during_the_trace_is_not_a_hazard(tmp_path, monkeypatch):
+    # its body (and what the body calls) stores into the module's globals once, at the import
+    (tmp_path / "kiln_lazy_module.py").write_text(
+        "global SCALE\nSCALE = 3.0\nTABLE = {}\ndef _fill():\n    global TABLE\n    TABLE = {'k': 1}\n_fill()\n"
+        "def bump():\n    global SCALE\n    SCALE += 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def f(x):
+        import kiln_lazy_module  # noqa: PLC0415 - the lazy import is the point
+
+        return x * kiln_lazy_module.SCALE
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        _close(g(kiln.ones(2)), f(kiln.ones(2)))
+    assert _breaks(g) == [] and sum(compiled_calls(g)) >= 2
+
+    def bumps(x):
+        import kiln_lazy_module  # noqa: PLC0415
+
+        kiln_lazy_module.bump()  # a store into a global at each call: still a hazard
+        return x * kiln_lazy_module.SCALE
+
+    h = kiln.compile(bumps)
+    assert [float(h(kiln.ones(1)).numpy()[0]) for _ in range(2)] == [4.0, 5.0]
+    assert "global variable 'SCALE'" in _breaks(h)[0]
+
+
 def test_iterators_consumed_inside_run_eagerly():
     it = iter(range(100))
 
