@@ -51,9 +51,6 @@ def gpt(lib, *, vocab: int, d: int, heads: int, layers: int, context: int):
     nn = lib.nn
     F = nn.functional
     to_tensor = _from_numpy(lib)
-    # Additive causal mask: -inf above the diagonal (every row keeps its diagonal, so no row is all -inf).
-    mask = to_tensor(np.triu(np.full((context, context), -np.inf, dtype=np.float32), 1))
-    positions = to_tensor(np.arange(context, dtype=np.int64))
     scale = 1.0 / math.sqrt(d // heads)
 
     class Block(nn.Module):
@@ -66,7 +63,7 @@ def gpt(lib, *, vocab: int, d: int, heads: int, layers: int, context: int):
             self.fc = nn.Linear(d, 4 * d)
             self.out = nn.Linear(4 * d, d)
 
-        def forward(self, x):
+        def forward(self, x, mask):
             b, t, c = x.shape
             q, k, v = (
                 z.reshape(b, t, heads, c // heads).transpose(1, 2) for z in self.qkv(self.ln1(x)).split(d, dim=-1)
@@ -83,11 +80,17 @@ def gpt(lib, *, vocab: int, d: int, heads: int, layers: int, context: int):
             self.blocks = nn.ModuleList([Block() for _ in range(layers)])
             self.ln = nn.LayerNorm(d)
             self.head = nn.Linear(d, vocab, bias=False)
+            # buffers, so that model.to(device) moves them. The additive causal mask is -inf above the
+            # diagonal (every row keeps its diagonal, so no row is all -inf).
+            self.register_buffer(
+                "mask", to_tensor(np.triu(np.full((context, context), -np.inf, np.float32), 1)), persistent=False
+            )
+            self.register_buffer("position_ids", to_tensor(np.arange(context, dtype=np.int64)), persistent=False)
 
         def forward(self, idx):
-            x = self.tokens(idx) + self.positions(positions[: idx.shape[1]])
+            x = self.tokens(idx) + self.positions(self.position_ids[: idx.shape[1]])
             for block in self.blocks:
-                x = block(x)
+                x = block(x, self.mask)
             return self.head(self.ln(x))
 
     return GPT()
