@@ -61,6 +61,9 @@ PARALLEL_MIN_WORK_BYTES = 4 << 20
 # kernels run on the caller until a large one wakes the workers.
 NATIVE_MIN_WORK_BYTES = 1 << 20
 WAKE_MIN_WORK_BYTES = 4 << 20
+# The native pool's threads claim chunks of a kernel as they come: this many per thread, so that a
+# thread the OS runs late leaves most of its share to the others.
+NATIVE_CHUNKS_PER_THREAD = 4
 
 Kernel = Callable[[object, int, int], object]
 
@@ -237,7 +240,8 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spi
         try:
             native.ensure(threads - 1)
             entry = ctypes.cast(kernel, ctypes.c_void_p)  # type: ignore[arg-type]
-            native.run(entry, args, extent, threads, work_bytes >= WAKE_MIN_WORK_BYTES)
+            chunks = min(extent, threads * NATIVE_CHUNKS_PER_THREAD)
+            native.run(entry, args, extent, chunks, threads, work_bytes >= WAKE_MIN_WORK_BYTES)
             _state.spinning = True
         finally:
             _local.busy = False

@@ -247,7 +247,7 @@ def test_pool_works_in_a_forked_child(always_split, native):
     child.start()
     child.join(timeout=30)
     assert child.exitcode == 0
-    assert results.get(timeout=5) == [(0, 2), (2, 4)]
+    assert results.get(timeout=5) == (native_chunks(4, 2) if native else [(0, 2), (2, 4)])
 
 
 def _blas_threads(threadpoolctl) -> list[int]:
@@ -283,10 +283,26 @@ def test_import_kiln_does_not_import_threadpoolctl():
 # ----------------------------------------------------------------------------- the native pool
 
 
-def native_recorder() -> tuple[Recorder, object]:
-    """A Recorder behind a ctypes function pointer: parallel_for hands it to the native pool."""
+def native_recorder(meet: int = 1) -> tuple[Recorder, object]:
+    """A Recorder behind a ctypes function pointer: parallel_for hands it to the native pool.
+    ``meet``: each call waits (10 s at most) until that many threads have called, so that a task's
+    chunks, claimed as they come, cannot all go to the thread that is first there."""
     record = Recorder()
-    return record, KERNEL_TYPE(lambda args, begin, end: record(args, begin, end))
+    arrived = threading.Condition()
+
+    def call(args, begin, end):
+        record(args, begin, end)
+        with arrived:
+            arrived.notify_all()
+            arrived.wait_for(lambda: len({ident for _, _, ident in record.calls}) >= meet, timeout=10)
+
+    return record, KERNEL_TYPE(call)
+
+
+def native_chunks(extent: int, threads_: int) -> list[tuple[int, int]]:
+    """The ranges the native pool runs ``[0, extent)`` in, over ``threads_`` threads."""
+    count = min(extent, threads_ * threads.NATIVE_CHUNKS_PER_THREAD)
+    return [(extent * c // count, extent * (c + 1) // count) for c in range(count)]
 
 
 @pytest.fixture(autouse=True)
@@ -319,9 +335,9 @@ def _let_workers_sleep() -> None:
 def test_native_pool_splits_and_wakes_sleeping_workers(always_split):
     kiln.set_num_threads(2)
     for _ in range(3):  # spinning workers, then sleeping ones
-        record, kernel = native_recorder()
+        record, kernel = native_recorder(meet=2)
         threads.parallel_for(kernel, None, 10, 1, spin=True)
-        assert sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]
+        assert sorted((b, e) for b, e, _ in record.calls) == native_chunks(10, 2)
         assert len({ident for _, _, ident in record.calls}) == 2
         _let_workers_sleep()
 
@@ -339,7 +355,7 @@ def test_native_pool_keeps_small_work_on_the_caller_while_workers_sleep():
         threads.parallel_for(native_recorder()[1], None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
         record, kernel = native_recorder()
         threads.parallel_for(kernel, None, 10, small, spin=True)
-        if sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]:
+        if sorted((b, e) for b, e, _ in record.calls) == native_chunks(10, 2):
             split_while_awake = True
             break
     assert split_while_awake
@@ -351,7 +367,7 @@ def test_native_pool_keeps_small_work_on_the_caller_while_workers_sleep():
     threads.parallel_for(kernel, None, 10, small, spin=True)
     assert record.calls == [(0, 10, threading.get_ident())]
     threads.parallel_for(kernel, None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
-    assert sorted((b, e) for b, e, _ in record.calls[1:]) == [(0, 5), (5, 10)]
+    assert sorted((b, e) for b, e, _ in record.calls[1:]) == native_chunks(10, 2)
 
 
 def test_a_native_pool_that_cannot_be_built_leaves_the_python_pool(always_split, monkeypatch, caplog):
@@ -376,6 +392,22 @@ def test_native_pool_compiled_kernel_after_sleeping(always_split, scale, num_thr
         source, split = run_scale(scale, 7)
         np.testing.assert_array_equal(split, 2 * source)
         _let_workers_sleep()
+
+
+@needs_native
+def test_native_pool_back_to_back_tasks_with_more_threads_than_cores(always_split, scale):
+    """Workers the OS runs late (5 threads on this machine's cores) take no chunk of a task they did
+    not see: every task's output is exactly its own, none left unwritten (NaN) or written twice."""
+    kiln.set_num_threads(5)
+    for units in [*range(1, 24)] * 12:
+        source, split = run_scale(scale, units)
+        np.testing.assert_array_equal(split, 2 * source)
+    kiln.set_num_threads(2)  # the workers started for 5 stay, and sit out a task of 2 threads
+    for _ in range(20):
+        record, kernel = native_recorder()
+        threads.parallel_for(kernel, None, 64, 1, spin=True)
+        assert sorted((b, e) for b, e, _ in record.calls) == native_chunks(64, 2)
+        assert len({ident for _, _, ident in record.calls}) <= 2
 
 
 def test_process_with_native_workers_exits_cleanly():
@@ -422,9 +454,9 @@ def test_parked_native_workers_sleep_and_wake_for_the_next_task(always_split, sc
     threads.parallel_for(kernel, None, 10, 1, spin=True)
     threads.park()
     threads.park()  # a second park with nothing spinning is a no-op
-    record, kernel = native_recorder()
+    record, kernel = native_recorder(meet=2)
     threads.parallel_for(kernel, None, 10, 1, spin=True)
-    assert sorted((b, e) for b, e, _ in record.calls) == [(0, 5), (5, 10)]
+    assert sorted((b, e) for b, e, _ in record.calls) == native_chunks(10, 2)
     assert len({ident for _, _, ident in record.calls}) == 2
     source, split = run_scale(scale, 5)
     np.testing.assert_array_equal(split, 2 * source)

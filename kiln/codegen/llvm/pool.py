@@ -5,12 +5,16 @@ through a lock, which costs 7-18 us on this project's 2-vCPU VM in good hours an
 ones (the VM's latency for waking an idle vCPU): more than a 1 MiB kernel takes. Here the workers
 are native loops (LLVM IR, compiled once per process) that watch a generation counter:
 
-- ``kiln_pool_run(fn, args, extent, threads, wake)`` publishes the task, bumps the generation, runs
-  the first chunk itself and spins until the workers' ``pending`` count reaches zero -- or, when a
-  worker sleeps and ``wake`` is 0, runs the whole extent itself: a kernel between
+- ``kiln_pool_run(fn, args, extent, chunks, threads, wake)`` publishes the task, bumps the generation, and
+  claims and runs chunks of it like any worker, then spins until every chunk has completed -- or,
+  when a worker sleeps and ``wake`` is 0, runs the whole extent itself: a kernel between
   ``runtime.threads``' ``NATIVE_MIN_WORK_BYTES`` and ``WAKE_MIN_WORK_BYTES`` is worth splitting over
   spinning workers (1.5x at 1 MiB) but not worth a wake-up (tens of us);
-- a worker that sees a new generation runs its chunk and decrements ``pending``. After about
+- chunks are claimed, not assigned: a worker the OS has not scheduled (the other vCPU taken by the
+  hypervisor) leaves its share to the threads that run, where a static split made the caller wait
+  for it. A ticket (the task's generation and its unclaimed chunks in one 64-bit word, taken by
+  compare-and-swap) keeps a worker that saw a task late from taking chunks of the next one;
+- a worker that sees a new generation claims chunks until none is left. After about
   ``SPIN`` rounds of ``pause`` (some 50-100 us) without work it sleeps in ``futex(FUTEX_WAIT)``
   on the generation; ``kiln_pool_run`` wakes sleepers with ``FUTEX_WAKE`` only when there are any.
   Announcing the sleep (``sleepers += 1``) before re-reading the generation, both sequentially
@@ -57,13 +61,15 @@ def _ir() -> str:
     declare_pause = "declare void @llvm.x86.sse2.pause()" if platform.machine() == "x86_64" else ""
     return f"""
 @generation = internal global i32 0, align 64
-@pending = internal global i32 0, align 64
+@ticket = internal global i64 0, align 64
+@completed = internal global i32 0, align 64
 @sleepers = internal global i32 0, align 64
 @stop = internal global i32 0, align 64
 @park = internal global i32 0, align 64
 @task_fn = internal global ptr null, align 64
 @task_args = internal global ptr null
 @task_extent = internal global i64 0
+@task_chunks = internal global i64 0
 @task_threads = internal global i64 0
 
 declare i64 @syscall(i64, ...)
@@ -83,20 +89,61 @@ done:
   ret void
 }}
 
-; the loop of worker `index` (it runs chunk index + 1; the caller runs chunk 0); `first` is the
-; generation its creator read before starting it (read here, a task published while the thread
-; was starting would be taken for an old one and never run)
+; claim chunks of task `gen` and run them until none is left. The ticket holds the generation of
+; the task it counts for (high 32 bits) and its chunks not yet claimed (low 32 bits), so a claim is
+; a compare-and-swap that fails once the task is no longer `gen`: a thread that saw a task late
+; (descheduled between reading the generation and claiming) takes nothing of the next task. A
+; claimed chunk keeps its task from completing, so the task's parameters, read after the claim,
+; are that task's.
+define internal void @work(i32 %gen) {{
+entry:
+  br label %claim
+claim:
+  %t = load atomic i64, ptr @ticket seq_cst, align 8
+  %high = lshr i64 %t, 32
+  %tgen = trunc i64 %high to i32
+  %left = trunc i64 %t to i32
+  %ours = icmp eq i32 %tgen, %gen
+  %some = icmp sgt i32 %left, 0
+  %open = and i1 %ours, %some
+  br i1 %open, label %cas, label %done
+cas:
+  %t1 = sub i64 %t, 1
+  %pair = cmpxchg ptr @ticket, i64 %t, i64 %t1 seq_cst seq_cst
+  %won = extractvalue {{ i64, i1 }} %pair, 1
+  br i1 %won, label %call, label %claim
+call:
+  %left1 = sub i32 %left, 1
+  %chunk = zext i32 %left1 to i64
+  %fn = load ptr, ptr @task_fn
+  %args = load ptr, ptr @task_args
+  %extent = load i64, ptr @task_extent
+  %chunks = load i64, ptr @task_chunks
+  %b0 = mul i64 %extent, %chunk
+  %begin = sdiv i64 %b0, %chunks
+  %chunk1 = add i64 %chunk, 1
+  %e0 = mul i64 %extent, %chunk1
+  %end = sdiv i64 %e0, %chunks
+  call void %fn(ptr %args, i64 %begin, i64 %end)
+  %c = atomicrmw add ptr @completed, i32 1 release
+  br label %claim
+done:
+  ret void
+}}
+
+; the loop of worker `index`; `first` is the generation its creator read before starting it (read
+; here, a task published while the thread was starting would be taken for an old one and never run)
 define void @kiln_pool_worker(i64 %index, i32 %first) {{
 entry:
   br label %wait
 wait:
-  %seen = phi i32 [ %first, %entry ], [ %seen, %woke ], [ %now, %done ]
+  %seen = phi i32 [ %first, %entry ], [ %seen, %woke ], [ %now, %run ]
   br label %spin
 spin:
   %round = phi i32 [ 0, %wait ], [ %next, %relax ]
   %now = load atomic i32, ptr @generation acquire, align 4
   %changed = icmp ne i32 %now, %seen
-  br i1 %changed, label %run, label %relax
+  br i1 %changed, label %check, label %relax
 relax:
   call void @relax(i32 %round)
   %next = add i32 %round, 1
@@ -116,36 +163,29 @@ futex:
 woke:
   %s1 = atomicrmw sub ptr @sleepers, i32 1 seq_cst
   br label %wait
-run:
+check:
   %halt = load atomic i32, ptr @stop acquire, align 4
   %stopping = icmp ne i32 %halt, 0
-  br i1 %stopping, label %exit, label %task
-task:
-  %threads = load i64, ptr @task_threads
-  %chunk = add i64 %index, 1
-  %mine = icmp slt i64 %chunk, %threads
-  br i1 %mine, label %call, label %done
-call:
-  %fn = load ptr, ptr @task_fn
-  %args = load ptr, ptr @task_args
-  %extent = load i64, ptr @task_extent
-  %b0 = mul i64 %extent, %chunk
-  %begin = sdiv i64 %b0, %threads
-  %chunk1 = add i64 %chunk, 1
-  %e0 = mul i64 %extent, %chunk1
-  %end = sdiv i64 %e0, %threads
-  call void %fn(ptr %args, i64 %begin, i64 %end)
-  %p = atomicrmw sub ptr @pending, i32 1 release
-  br label %done
-done:
+  br i1 %stopping, label %exit, label %count
+count:
+  ; the task's thread count: workers beyond it (started for a larger count earlier) sit it out. Read
+  ; before a claim it may be the next task's; then the claim fails, and a wrong guess costs nothing.
+  %threads = load atomic i64, ptr @task_threads monotonic, align 8
+  %rank = add i64 %index, 1
+  %mine = icmp slt i64 %rank, %threads
+  br i1 %mine, label %work, label %run
+work:
+  call void @work(i32 %now)
+  br label %run
+run:
   br label %wait
 exit:
   ret void
 }}
 
-define internal void @publish(i32 %workers) {{
+; a new generation: workers spinning see it, sleeping ones are woken (only when there are any)
+define internal void @publish() {{
 entry:
-  store atomic i32 %workers, ptr @pending release, align 4
   %g = atomicrmw add ptr @generation, i32 1 seq_cst
   %sleeping = load atomic i32, ptr @sleepers seq_cst, align 4
   %any = icmp ne i32 %sleeping, 0
@@ -157,9 +197,10 @@ done:
   ret void
 }}
 
-; run fn(args, begin, end) over [0, extent) in `threads` chunks, the first on this thread; all on
-; this thread if a worker sleeps and `wake` is 0 (work too small to pay for waking it)
-define void @kiln_pool_run(ptr %fn, ptr %args, i64 %extent, i64 %threads, i32 %wake) {{
+; run fn(args, begin, end) over [0, extent) in `chunks` chunks that this thread and `threads` - 1
+; workers claim as they come (a worker the OS has not scheduled yet takes none, and this thread does its
+; share); all on this thread if a worker sleeps and `wake` is 0 (work too small to pay for waking it)
+define void @kiln_pool_run(ptr %fn, ptr %args, i64 %extent, i64 %chunks, i64 %threads, i32 %wake) {{
 entry:
   %sleeping = load atomic i32, ptr @sleepers seq_cst, align 4
   %asleep = icmp ne i32 %sleeping, 0
@@ -174,18 +215,24 @@ split:
   store ptr %fn, ptr @task_fn
   store ptr %args, ptr @task_args
   store i64 %extent, ptr @task_extent
-  store i64 %threads, ptr @task_threads
-  %t32 = trunc i64 %threads to i32
-  %workers = sub i32 %t32, 1
-  call void @publish(i32 %workers)
-  %end = sdiv i64 %extent, %threads
-  call void %fn(ptr %args, i64 0, i64 %end)
+  store i64 %chunks, ptr @task_chunks
+  store atomic i64 %threads, ptr @task_threads monotonic, align 8
+  store atomic i32 0, ptr @completed monotonic, align 4
+  %g0 = load atomic i32, ptr @generation seq_cst, align 4
+  %gen = add i32 %g0, 1
+  %genwide = zext i32 %gen to i64
+  %high = shl i64 %genwide, 32
+  %ticket = or i64 %high, %chunks
+  store atomic i64 %ticket, ptr @ticket seq_cst, align 8
+  call void @publish()
+  call void @work(i32 %gen)
+  %count = trunc i64 %chunks to i32
   br label %spin
 spin:
   %round = phi i32 [ 0, %split ], [ %next, %relax ]
-  %left = load atomic i32, ptr @pending acquire, align 4
-  %finished = icmp eq i32 %left, 0
-  br i1 %finished, label %done, label %relax
+  %finished = load atomic i32, ptr @completed acquire, align 4
+  %all = icmp eq i32 %finished, %count
+  br i1 %all, label %done, label %relax
 relax:
   call void @relax(i32 %round)
   %next = add i32 %round, 1
@@ -205,7 +252,7 @@ entry:
 define void @kiln_pool_stop() {{
 entry:
   store atomic i32 1, ptr @stop release, align 4
-  call void @publish(i32 0)
+  call void @publish()
   ret void
 }}
 
@@ -220,13 +267,16 @@ define void @kiln_pool_reset() {{
 entry:
   store atomic i32 0, ptr @sleepers seq_cst, align 4
   store atomic i32 0, ptr @stop seq_cst, align 4
-  store atomic i32 0, ptr @pending seq_cst, align 4
+  store atomic i64 0, ptr @ticket seq_cst, align 8
+  store atomic i32 0, ptr @completed seq_cst, align 4
   ret void
 }}
 """
 
 
-_RUN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)
+_RUN = ctypes.CFUNCTYPE(
+    None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32
+)
 _WORKER = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int32)
 _GENERATION = ctypes.CFUNCTYPE(ctypes.c_int32)
 _VOID = ctypes.CFUNCTYPE(None)
