@@ -2,9 +2,9 @@
 
 Every compiled kernel has the ABI ``void kernel(ptr args, i64 begin, i64 end)`` over a range of
 *parallel units*; disjoint ranges may run at once. ``parallel_for(kernel, args, extent,
-work_bytes)`` cuts ``[0, extent)`` into up to ``get_num_threads()`` contiguous chunks, runs the
-first on the calling thread and the others on persistent worker threads, and returns when all
-are done. ctypes releases the GIL around a foreign call, so the chunks really run in parallel.
+work_bytes)`` cuts ``[0, extent)`` into ``CHUNKS_PER_THREAD`` contiguous chunks per thread (up to
+``get_num_threads()`` threads), which the calling thread and persistent worker threads claim as
+they come, and returns when all are done. ctypes releases the GIL around a foreign call, so the chunks really run in parallel.
 ``set_num_threads(n)`` also limits the BLAS libraries loaded in the process to ``n`` threads
 (threadpoolctl), so matmuls and the other libraries of a benchmark use the same count.
 
@@ -25,6 +25,7 @@ serially, which keeps the pools free of deadlocks: a worker never waits for anot
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import queue
@@ -61,9 +62,9 @@ PARALLEL_MIN_WORK_BYTES = 4 << 20
 # kernels run on the caller until a large one wakes the workers.
 NATIVE_MIN_WORK_BYTES = 1 << 20
 WAKE_MIN_WORK_BYTES = 4 << 20
-# The native pool's threads claim chunks of a kernel as they come: this many per thread, so that a
-# thread the OS runs late leaves most of its share to the others.
-NATIVE_CHUNKS_PER_THREAD = 4
+# Both pools' threads claim chunks of a kernel as they come: this many per thread, so that a thread
+# the OS runs late (the other vCPU taken by the hypervisor) leaves most of its share to the others.
+CHUNKS_PER_THREAD = 4
 
 Kernel = Callable[[object, int, int], object]
 
@@ -138,16 +139,41 @@ def mark_worker() -> None:
     _local.busy = True
 
 
+class _Task:
+    """One ``parallel_for`` call on the Python pool: its chunks, which the caller and the workers the
+    call enqueued it for claim as they come (``next`` on an ``itertools.count`` is one step under
+    the GIL). The caller waits on ``done``, released by whichever thread completes the last chunk,
+    not on each worker: a worker that takes the task from the queue late finds no chunk left and
+    touches nothing of the call's."""
+
+    __slots__ = ("kernel", "args", "extent", "chunks", "claims", "completions", "done", "errors")
+
+    def __init__(self, kernel: Kernel, args: object, extent: int, chunks: int) -> None:
+        self.kernel, self.args, self.extent, self.chunks = kernel, args, extent, chunks
+        self.claims = itertools.count()
+        self.completions = itertools.count(1)
+        self.done = threading.Lock()
+        self.done.acquire()
+        self.errors: list[BaseException] = []
+
+    def run(self) -> None:
+        kernel, args, extent, chunks = self.kernel, self.args, self.extent, self.chunks
+        for chunk in self.claims:
+            if chunk >= chunks:
+                return
+            try:
+                kernel(args, extent * chunk // chunks, extent * (chunk + 1) // chunks)
+            except BaseException as error:  # noqa: BLE001 - the caller re-raises it once every chunk is done
+                self.errors.append(error)
+            if next(self.completions) == chunks:
+                self.done.release()
+
+
 def _work(tasks: queue.SimpleQueue) -> None:
     mark_worker()
     get = tasks.get
     while True:
-        kernel, args, begin, end, gate, errors = get()
-        try:
-            kernel(args, begin, end)
-        except BaseException as error:  # noqa: BLE001 - handed to the caller, which re-raises it
-            errors.append(error)
-        gate.release()
+        get().run()
 
 
 _pool = _Pool()
@@ -240,7 +266,7 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spi
         try:
             native.ensure(threads - 1)
             entry = ctypes.cast(kernel, ctypes.c_void_p)  # type: ignore[arg-type]
-            chunks = min(extent, threads * NATIVE_CHUNKS_PER_THREAD)
+            chunks = min(extent, threads * CHUNKS_PER_THREAD)
             native.run(entry, args, extent, chunks, threads, work_bytes >= WAKE_MIN_WORK_BYTES)
             _state.spinning = True
         finally:
@@ -250,24 +276,14 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spi
     pool = _pool
     if len(pool.workers) < threads - 1:
         pool.ensure(threads - 1)
-    # One held lock per worker chunk, released by the worker when the chunk is done: acquiring a
-    # held lock is Python's cheapest blocking wait (cheaper than an Event or a shared counter).
-    errors: list[BaseException] = []
-    gates = []
-    put = pool.tasks.put
-    for i in range(1, threads):
-        gate = threading.Lock()
-        gate.acquire()
-        gates.append(gate)
-        put((kernel, args, extent * i // threads, extent * (i + 1) // threads, gate, errors))
+    task = _Task(kernel, args, extent, min(extent, threads * CHUNKS_PER_THREAD))
+    for _ in range(threads - 1):
+        pool.tasks.put(task)
     _local.busy = True
     try:
-        kernel(args, 0, extent // threads)
-    except BaseException as error:  # noqa: BLE001 - re-raised below, once the workers are done
-        errors.insert(0, error)
+        task.run()
     finally:
         _local.busy = False
-    for gate in gates:  # the workers write into the caller's buffers: wait for them even on error
-        gate.acquire()
-    if errors:
-        raise errors[0]
+    task.done.acquire()  # the workers write into the caller's buffers: wait for them even on error
+    if task.errors:
+        raise task.errors[0]
