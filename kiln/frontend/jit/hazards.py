@@ -63,10 +63,12 @@ def _user_code(code) -> bool:
     return not name.startswith(_KILN_DIR) and not name.startswith(_LIBRARIES) and not name.startswith("<frozen")
 
 
-def _importing(frame) -> bool:
-    """Whether ``frame`` runs for a module's first import: the module's body, or code it calls
-    (what they store into globals is stored once, by the import, not at each call)."""
-    while frame is not None:
+def _importing(frame, outer: frozenset) -> bool:
+    """Whether ``frame`` runs for a module's first import begun inside the traced call: the module's
+    body, or code it calls (what they store into globals is stored once, by the import, not at each
+    call). ``outer``: the ids of the frames below the call (a module whose body calls the compiled
+    function while it is imported is the caller, not an import inside the call)."""
+    while frame is not None and id(frame) not in outer:
         if frame.f_code.co_name == "<module>":
             module = sys.modules.get(frame.f_globals.get("__name__", ""))
             spec = getattr(module, "__spec__", None)
@@ -74,6 +76,14 @@ def _importing(frame) -> bool:
                 return True
         frame = frame.f_back
     return False
+
+
+def _stack(frame) -> list:
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return frames
 
 
 def _for_the_user(frame) -> bool:
@@ -213,11 +223,13 @@ class Watch:
         self._seen: set = set()
         self._previous = None
         self._before: list = []
+        self._outer: frozenset = frozenset()  # ids of the frames below the traced call (set by start)
 
     def start(self) -> Watch:
         from ...ir.graph import SourceLocation  # noqa: PLC0415
 
         _first_use()
+        self._outer = frozenset(map(id, _stack(sys._getframe(1))))
         for i, leaf in enumerate(self.leaves):
             if _is_iterator(leaf):
                 self.hazard = TraceBreak(f"argument {i} is an iterator, which each call consumes", None)
@@ -248,7 +260,7 @@ class Watch:
             code = frame.f_code
             if code in self._seen:
                 return
-            if _user_code(code) and _importing(frame):
+            if _user_code(code) and _importing(frame, self._outer):
                 return  # not marked seen: a call of the same code after the import is scanned
             self._seen.add(code)
             if not _user_code(code):

@@ -285,6 +285,19 @@ def test_a_module_imported_during_the_trace_is_not_a_hazard(tmp_path, monkeypatc
     assert "global variable 'SCALE'" in _breaks(h)[0]
 
 
+def test_a_compiled_function_called_while_its_module_is_imported_still_sees_stores(tmp_path, monkeypatch):
+    # the import is the caller here, not something the call does: a store into a global stays a hazard
+    (tmp_path / "kiln_importing_caller.py").write_text(
+        "import kiln\ncounter = 0\ndef bump(x):\n    global counter\n    counter += 1\n    return x + 1\n"
+        "f = kiln.compile(bump)\nresults = [f(kiln.ones(1)) for _ in range(4)]\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import kiln_importing_caller as module  # noqa: PLC0415 - importing it runs the calls
+
+    assert module.counter == 4
+    assert "global variable 'counter'" in _breaks(module.f)[0]
+
+
 def test_iterators_consumed_inside_run_eagerly():
     it = iter(range(100))
 
