@@ -401,7 +401,8 @@ def number_outputs(inputs: list, results: list, writebacks=(), grads=(), *, view
 # ---------------------------------------------------------------------- memory
 def _root(array):
     """The array that owns ``array``'s memory."""
-    kind = array.__class__  # numpy's or cupy's ndarray: a base of another class owns no array memory
+    # numpy's ndarray (subclasses included) or cupy's: a base of another kind owns no array memory
+    kind = np.ndarray if isinstance(array, np.ndarray) else array.__class__
     while isinstance(array.base, kind):
         array = array.base
     return array
