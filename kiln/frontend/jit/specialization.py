@@ -18,7 +18,7 @@ from operator import attrgetter, is_, is_not
 from ...ir.graph import Graph
 from ..tensor import Tensor, make_tensor
 from .pytree import unflatten
-from .signature import Captured, Signature, apply, bind, call
+from .signature import Argument, Captured, Signature, apply, bind, call
 
 
 def tensor_state(t) -> tuple:
@@ -61,9 +61,10 @@ class Specialization:
         self._nones = [None] * len(self._captured)
         self._matched_arrays: list | None = None  # weak references to the arrays of the last matching call
         self._fresh_results = _fresh_results(self.signature, getattr(self.program, "fresh_outputs", frozenset()))
-        # Every input a captured tensor (an optimizer step): the guards compared all their layouts
-        # (``_captures_match``) before each run, so the program need not check them again.
-        self._inputs_checked = len(self._captured) == len(self.signature.inputs)
+        # Every input an argument or a captured tensor: the call's key holds each argument's shape,
+        # strides and dtype, and the guards compared every captured tensor's (``_captures_match``)
+        # before each run, so the program need not check them again.
+        self._inputs_checked = all(isinstance(s, Argument | Captured) for s in self.signature.inputs)
 
     @property
     def sources(self) -> list:
