@@ -86,14 +86,21 @@ def _stack(frame) -> list:
     return frames
 
 
+#: kiln's layers below the frontend (DESIGN.md): their code never calls the user's (kiln.nn, the
+#: autograd and the frontend do: a module's forward, a hook, a custom Function)
+_KILN_LOWER = tuple(_KILN_DIR + layer + os.sep for layer in ("ir", "passes", "codegen", "runtime"))
+
+
 def _for_the_user(frame) -> bool:
-    """Whether the code running ``frame`` was called for the user's program rather than for kiln's:
-    the nearest caller that is not library code is user code (the user's program calls
-    ``random.randint``), not kiln's (a kernel kiln compiles names its temporary file with
-    tempfile's generator of its own)."""
+    """Whether the code running ``frame`` was called for the user's program rather than for kiln's
+    own work: the nearest caller that is not library code is user code or kiln's frontend (the
+    user's program calls ``random.randint``; ``Module.__call__`` calls a forward from an installed
+    package), not kiln's lower layers (an eager kernel or a code generator whose library names a
+    temporary file with a generator of its own)."""
     while frame is not None:
-        if frame.f_code.co_filename.startswith(_KILN_DIR):
-            return False
+        name = frame.f_code.co_filename
+        if name.startswith(_KILN_DIR):
+            return not name.startswith(_KILN_LOWER)
         if _user_code(frame.f_code):
             return True
         frame = frame.f_back

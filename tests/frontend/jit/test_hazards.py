@@ -256,6 +256,22 @@ def test_kilns_own_draws_from_a_private_generator_are_not_the_users():
     assert _breaks(g) == [] and sum(compiled_calls(g)) >= 2
 
 
+def test_a_draw_in_library_code_that_kilns_frontend_calls_is_the_users():
+    # a model from an installed package: kiln's Module.__call__ calls its forward, which draws from
+    # a generator of its own; the compiled step would freeze the draw, so the call runs eagerly
+    import sysconfig  # noqa: PLC0415
+
+    source = (
+        "import random\nimport kiln\nrng = random.Random(0)\n"
+        "class Noisy(kiln.nn.Module):\n    def forward(self, x):\n        return x * rng.random()\n"
+    )
+    package: dict = {}
+    exec(compile(source, sysconfig.get_paths()["purelib"] + "/kiln_test_fake_package.py", "exec"), package)
+    g = kiln.compile(package["Noisy"]())
+    assert len({float(g(kiln.ones(1)).numpy()[0]) for _ in range(3)}) == 3
+    assert "random generator" in _breaks(g)[0]
+
+
 def test_a_module_imported_during_the_trace_is_not_a_hazard(tmp_path, monkeypatch):
     # its body (and what the body calls) stores into the module's globals once, at the import
     (tmp_path / "kiln_lazy_module.py").write_text(
