@@ -225,6 +225,19 @@ def test_python_and_numpy_random_inside_run_eagerly(draw):
     assert compiled_calls(g) == [] and "random generator" in _breaks(g)[0]
 
 
+def _module_on_path(tmp_path, monkeypatch, name: str, source: str) -> None:
+    """A module ``name`` with ``source``, importable for this test."""
+    (tmp_path / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def _code_at(path: str, source: str) -> dict:
+    """The namespace of ``source`` run as if it were the file ``path`` (kiln's, a library's)."""
+    namespace: dict = {}
+    exec(compile(source, path, "exec"), namespace)
+    return namespace
+
+
 def test_a_private_generator_the_user_draws_from_runs_eagerly():
     rng = random.Random(0)
 
@@ -243,8 +256,7 @@ def test_kilns_own_draws_from_a_private_generator_are_not_the_users():
     from kiln.frontend.jit.trace import _KILN_DIR
 
     source = "import random\ndef build():\n    return random.Random().random()\n"
-    machinery: dict = {}
-    exec(compile(source, _KILN_DIR + "codegen/_test_machinery.py", "exec"), machinery)
+    machinery = _code_at(_KILN_DIR + "codegen/_test_machinery.py", source)
 
     def f(x):
         machinery["build"]()
@@ -265,8 +277,7 @@ def test_a_draw_in_library_code_that_kilns_frontend_calls_is_the_users():
         "import random\nimport kiln\nrng = random.Random(0)\n"
         "class Noisy(kiln.nn.Module):\n    def forward(self, x):\n        return x * rng.random()\n"
     )
-    package: dict = {}
-    exec(compile(source, sysconfig.get_paths()["purelib"] + "/kiln_test_fake_package.py", "exec"), package)
+    package = _code_at(sysconfig.get_paths()["purelib"] + "/kiln_test_fake_package.py", source)
     g = kiln.compile(package["Noisy"]())
     assert len({float(g(kiln.ones(1)).numpy()[0]) for _ in range(3)}) == 3
     assert "random generator" in _breaks(g)[0]
@@ -274,11 +285,11 @@ def test_a_draw_in_library_code_that_kilns_frontend_calls_is_the_users():
 
 def test_a_module_imported_during_the_trace_is_not_a_hazard(tmp_path, monkeypatch):
     # its body (and what the body calls) stores into the module's globals once, at the import
-    (tmp_path / "kiln_lazy_module.py").write_text(
+    _module_on_path(
+        tmp_path, monkeypatch, "kiln_lazy_module",
         "global SCALE\nSCALE = 3.0\nTABLE = {}\ndef _fill():\n    global TABLE\n    TABLE = {'k': 1}\n_fill()\n"
-        "def bump():\n    global SCALE\n    SCALE += 1\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+        "def bump():\n    global SCALE\n    SCALE += 1\n",
+    )  # fmt: skip
 
     def f(x):
         import kiln_lazy_module  # noqa: PLC0415 - the lazy import is the point
@@ -303,11 +314,11 @@ def test_a_module_imported_during_the_trace_is_not_a_hazard(tmp_path, monkeypatc
 
 def test_a_compiled_function_called_while_its_module_is_imported_still_sees_stores(tmp_path, monkeypatch):
     # the import is the caller here, not something the call does: a store into a global stays a hazard
-    (tmp_path / "kiln_importing_caller.py").write_text(
+    _module_on_path(
+        tmp_path, monkeypatch, "kiln_importing_caller",
         "import kiln\ncounter = 0\ndef bump(x):\n    global counter\n    counter += 1\n    return x + 1\n"
-        "f = kiln.compile(bump)\nresults = [f(kiln.ones(1)) for _ in range(4)]\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
+        "f = kiln.compile(bump)\nresults = [f(kiln.ones(1)) for _ in range(4)]\n",
+    )  # fmt: skip
     import kiln_importing_caller as module  # noqa: PLC0415 - importing it runs the calls
 
     assert module.counter == 4
