@@ -4,7 +4,8 @@ Every compiled kernel has the ABI ``void kernel(ptr args, i64 begin, i64 end)`` 
 *parallel units*; disjoint ranges may run at once. ``parallel_for(kernel, args, extent,
 work_bytes)`` cuts ``[0, extent)`` into ``CHUNKS_PER_THREAD`` contiguous chunks per thread (up to
 ``get_num_threads()`` threads), which the calling thread and persistent worker threads claim as
-they come, and returns when all are done. ctypes releases the GIL around a foreign call, so the chunks really run in parallel.
+they come, and returns when all are done. ctypes releases the GIL around a foreign call, so the
+chunks really run in parallel.
 ``set_num_threads(n)`` also limits the BLAS libraries loaded in the process to ``n`` threads
 (threadpoolctl), so matmuls and the other libraries of a benchmark use the same count.
 
@@ -261,12 +262,12 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spi
         if extent > 0:
             kernel(args, 0, extent)
         return
+    chunks = min(extent, threads * CHUNKS_PER_THREAD)
     if native is not None:
         _local.busy = True
         try:
             native.ensure(threads - 1)
             entry = ctypes.cast(kernel, ctypes.c_void_p)  # type: ignore[arg-type]
-            chunks = min(extent, threads * CHUNKS_PER_THREAD)
             native.run(entry, args, extent, chunks, threads, work_bytes >= WAKE_MIN_WORK_BYTES)
             _state.spinning = True
         finally:
@@ -276,7 +277,7 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spi
     pool = _pool
     if len(pool.workers) < threads - 1:
         pool.ensure(threads - 1)
-    task = _Task(kernel, args, extent, min(extent, threads * CHUNKS_PER_THREAD))
+    task = _Task(kernel, args, extent, chunks)
     for _ in range(threads - 1):
         pool.tasks.put(task)
     _local.busy = True

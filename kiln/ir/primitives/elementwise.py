@@ -219,18 +219,22 @@ def _float_divmod(xp, a, b):
     """numpy's (and PyTorch's) floored division of floats, composed of array ops: the quotient from
     the exact remainder ``fmod``, rounded to an integer, the remainder taking the divisor's sign.
     For array libraries whose own floor_divide/remainder differ on inf, nan and zero (cupy's)."""
-    mod = xp.fmod(a, b)
-    shift = (mod != 0) & ((b < 0) != (mod < 0))
-    div = (a - mod) / b - shift
+    exact = xp.fmod(a, b)
+    shift = (exact != 0) & ((b < 0) != (exact < 0))
+    div = (a - exact) / b - shift
     floor = xp.floor(div)
     quotient = xp.where(div - floor > 0.5, floor + 1, floor)
     quotient = xp.where(div != 0, quotient, xp.copysign(xp.zeros_like(div), a / b))
     quotient = xp.where(b == 0, a / b, quotient)
-    mod = xp.where(shift, mod + b, xp.where(mod != 0, mod, xp.copysign(xp.zeros_like(mod), b)))
-    return quotient.astype(a.dtype, copy=False), xp.where(b == 0, xp.fmod(a, b), mod).astype(a.dtype, copy=False)
+    mod = xp.where(shift, exact + b, xp.where(exact != 0, exact, xp.copysign(xp.zeros_like(exact), b)))
+    mod = xp.where(b == 0, exact, mod)
+    return quotient.astype(a.dtype, copy=False), mod.astype(a.dtype, copy=False)
 
 
-def _floored(numpy_function, part):
+def _floored(numpy_function: str, part: int):
+    """The eager kernel of floor_divide (part 0) or remainder (part 1): numpy's own on numpy arrays
+    and integers, ``_float_divmod`` on other libraries' floats."""
+
     def eager(xp, a, b):
         if xp is np or a.dtype.kind != "f":
             return getattr(xp, numpy_function)(a, b)

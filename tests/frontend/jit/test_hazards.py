@@ -238,6 +238,14 @@ def _code_at(path: str, source: str) -> dict:
     return namespace
 
 
+def _runs_compiled_as_eager(f) -> None:
+    """``f`` compiled gives eager's results over several calls, with no trace break: it really runs compiled."""
+    g = kiln.compile(f)
+    for _ in range(3):
+        _close(g(kiln.ones(2)), f(kiln.ones(2)))
+    assert _breaks(g) == [] and sum(compiled_calls(g)) >= 2
+
+
 def test_a_private_generator_the_user_draws_from_runs_eagerly():
     rng = random.Random(0)
 
@@ -262,10 +270,7 @@ def test_kilns_own_draws_from_a_private_generator_are_not_the_users():
         machinery["build"]()
         return x * 2
 
-    g = kiln.compile(f)
-    for _ in range(3):
-        _close(g(kiln.ones(2)), f(kiln.ones(2)))
-    assert _breaks(g) == [] and sum(compiled_calls(g)) >= 2
+    _runs_compiled_as_eager(f)
 
 
 def test_a_draw_in_library_code_that_kilns_frontend_calls_is_the_users():
@@ -296,10 +301,7 @@ def test_a_module_imported_during_the_trace_is_not_a_hazard(tmp_path, monkeypatc
 
         return x * kiln_lazy_module.SCALE
 
-    g = kiln.compile(f)
-    for _ in range(3):
-        _close(g(kiln.ones(2)), f(kiln.ones(2)))
-    assert _breaks(g) == [] and sum(compiled_calls(g)) >= 2
+    _runs_compiled_as_eager(f)
 
     def bumps(x):
         import kiln_lazy_module  # noqa: PLC0415
