@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -322,10 +323,20 @@ def _shared_native_pool(pool):
 
 
 def _let_workers_sleep() -> None:
-    """Long enough for every native worker to stop spinning and wait in futex (~0.1 ms of spinning)."""
-    import time  # noqa: PLC0415
+    """Park the native workers and wait until every one of them sleeps in futex."""
+    threads._native.park()
+    _wait_until_asleep(threads._native, 10)
 
-    time.sleep(0.05)
+
+@pytest.fixture
+def workers_spin_long():
+    """Idle native workers spin for 10 s instead of SPIN_NS: awake for the whole test, whatever the
+    machine's load (park still sends them to sleep)."""
+    from kiln.codegen.llvm import pool  # noqa: PLC0415
+
+    threads._native.set_spin(10**10)
+    yield
+    threads._native.set_spin(pool.SPIN_NS)
 
 
 @needs_native
@@ -339,23 +350,49 @@ def test_native_pool_splits_and_wakes_sleeping_workers(always_split):
         _let_workers_sleep()
 
 
+def _wait_until_asleep(native, timeout: float) -> float:
+    """Seconds until every native worker sleeps (asserting it happens within ``timeout``)."""
+    start = time.monotonic()
+    while native.sleepers() < len(native.workers):
+        assert time.monotonic() - start < timeout, "idle native workers never went to sleep"
+        time.sleep(0.0005)
+    return time.monotonic() - start
+
+
 @needs_native
-def test_native_pool_keeps_small_work_on_the_caller_while_workers_sleep():
+def test_idle_native_workers_spin_for_a_time_not_a_count_of_rounds(always_split):
+    """An idle worker sleeps once it has spun for the time set, not after a count of pause rounds
+    (whose length is the CPU's: on the CI machine the workers slept before the next kernel came)."""
+    from kiln.codegen.llvm import pool  # noqa: PLC0415
+
+    native = threads._native
+    kiln.set_num_threads(2)
+    try:
+        for budget in (0.05, 0.2):
+            native.set_spin(int(budget * 1e9))
+            start = time.monotonic()
+            threads.parallel_for(native_recorder(meet=2)[1], None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
+            elapsed = (time.monotonic() - start) + _wait_until_asleep(native, 10)
+            assert elapsed >= budget
+    finally:
+        native.set_spin(pool.SPIN_NS)
+    threads.parallel_for(native_recorder(meet=2)[1], None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
+    assert _wait_until_asleep(native, 10) < 5  # SPIN_NS, 0.1 ms, and this machine's latency
+
+
+@needs_native
+def test_native_pool_keeps_small_work_on_the_caller_while_workers_sleep(workers_spin_long):
     """With the thresholds as shipped: from NATIVE_MIN_WORK_BYTES a spin kernel is split over awake
     workers (the Python pool only splits from PARALLEL_MIN_WORK_BYTES); below WAKE_MIN_WORK_BYTES
     it runs on the caller in one call while they sleep, and a large one wakes them."""
     assert threads.NATIVE_MIN_WORK_BYTES < threads.WAKE_MIN_WORK_BYTES <= threads.PARALLEL_MIN_WORK_BYTES
     kiln.set_num_threads(2)
     small = threads.NATIVE_MIN_WORK_BYTES
-    split_while_awake = False
-    for _ in range(20):  # awake: within ~0.1 ms of the last task (a loaded machine may miss it once)
-        threads.parallel_for(native_recorder()[1], None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
-        record, kernel = native_recorder()
-        threads.parallel_for(kernel, None, 10, small, spin=True)
-        if sorted((b, e) for b, e, _ in record.calls) == chunks_of(10, 2):
-            split_while_awake = True
-            break
-    assert split_while_awake
+    # the worker runs a chunk of a task that wakes it, so it is awake when the call returns
+    threads.parallel_for(native_recorder(meet=2)[1], None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
+    record, kernel = native_recorder()
+    threads.parallel_for(kernel, None, 10, small, spin=True)  # the workers still spin
+    assert sorted((b, e) for b, e, _ in record.calls) == chunks_of(10, 2)
     record = Recorder()
     threads.parallel_for(record, None, 10, small)  # not a spin kernel: below the Python pool's threshold
     assert record.calls == [(0, 10, threading.get_ident())]

@@ -14,9 +14,12 @@ are native loops (LLVM IR, compiled once per process) that watch a generation co
   hypervisor) leaves its share to the threads that run, where a static split made the caller wait
   for it. A ticket (the task's generation and its unclaimed chunks in one 64-bit word, taken by
   compare-and-swap) keeps a worker that saw a task late from taking chunks of the next one;
-- a worker that sees a new generation claims chunks until none is left. After about
-  ``SPIN`` rounds of ``pause`` (some 50-100 us) without work it sleeps in ``futex(FUTEX_WAIT)``
-  on the generation; ``kiln_pool_run`` wakes sleepers with ``FUTEX_WAKE`` only when there are any.
+- a worker that sees a new generation claims chunks until none is left. After ``SPIN_NS`` of
+  spinning without work (the clock, ``clock_gettime(CLOCK_MONOTONIC)``, is read every
+  ``CLOCK_EVERY`` rounds) it sleeps in ``futex(FUTEX_WAIT)`` on the generation; ``kiln_pool_run``
+  wakes sleepers with ``FUTEX_WAKE`` only when there are any. A spin counted in ``pause`` rounds
+  lasted as long as the CPU's ``pause`` takes (a few cycles on some CPUs, over a hundred on others):
+  about 100 us here, and on the CI machine the workers were asleep before the next kernel came.
   Announcing the sleep (``sleepers += 1``) before re-reading the generation, both sequentially
   consistent, means either the worker sees the new task or the caller sees a sleeper: no lost wake-up;
 - both spin loops yield the CPU now and then (``sched_yield``), so a spinning worker does not
@@ -42,8 +45,10 @@ import threading
 
 from ...runtime import threads
 
-#: pause rounds before a worker sleeps (a Zen 4 pause is ~60 cycles: ~50-100 us of spinning)
-SPIN = 4096
+#: how long a worker spins without work before it sleeps (like OpenMP's KMP_BLOCKTIME), nanoseconds
+SPIN_NS = 100_000
+#: spin rounds between two reads of the clock (a vDSO call, tens of ns)
+CLOCK_EVERY = 32
 #: spin rounds between two sched_yield calls
 YIELD_EVERY = 256
 
@@ -71,10 +76,24 @@ def _ir() -> str:
 @task_extent = internal global i64 0
 @task_chunks = internal global i64 0
 @task_threads = internal global i64 0
+@spin_ns = internal global i64 {SPIN_NS}
 
 declare i64 @syscall(i64, ...)
 declare i32 @sched_yield()
+declare i32 @clock_gettime(i32, ptr)
 {declare_pause}
+
+; CLOCK_MONOTONIC in nanoseconds
+define internal i64 @now_ns(ptr %spec) {{
+entry:
+  %ignored = call i32 @clock_gettime(i32 1, ptr %spec)
+  %s = load i64, ptr %spec
+  %nsp = getelementptr i64, ptr %spec, i64 1
+  %ns = load i64, ptr %nsp
+  %sns = mul i64 %s, 1000000000
+  %t = add i64 %sns, %ns
+  ret i64 %t
+}}
 
 define internal void @relax(i32 %round) {{
 entry:
@@ -135,21 +154,32 @@ done:
 ; here, a task published while the thread was starting would be taken for an old one and never run)
 define void @kiln_pool_worker(i64 %index, i32 %first) {{
 entry:
+  %spec = alloca [2 x i64], align 8
   br label %wait
 wait:
   %seen = phi i32 [ %first, %entry ], [ %seen, %woke ], [ %now, %run ]
+  %since = call i64 @now_ns(ptr %spec)
   br label %spin
 spin:
-  %round = phi i32 [ 0, %wait ], [ %next, %relax ]
+  %round = phi i32 [ 0, %wait ], [ %next, %relax ], [ %next, %clock ]
   %now = load atomic i32, ptr @generation acquire, align 4
   %changed = icmp ne i32 %now, %seen
   br i1 %changed, label %check, label %relax
 relax:
   call void @relax(i32 %round)
   %next = add i32 %round, 1
-  %young = icmp ult i32 %next, {SPIN}
   %parking = load atomic i32, ptr @park monotonic, align 4
-  %unparked = icmp eq i32 %parking, 0
+  %parked = icmp ne i32 %parking, 0
+  %r = urem i32 %next, {CLOCK_EVERY}
+  %tick = icmp eq i32 %r, 0
+  %look = or i1 %parked, %tick
+  br i1 %look, label %clock, label %spin
+clock:
+  %t = call i64 @now_ns(ptr %spec)
+  %spent = sub i64 %t, %since
+  %budget = load atomic i64, ptr @spin_ns monotonic, align 8
+  %young = icmp slt i64 %spent, %budget
+  %unparked = xor i1 %parked, true
   %more = and i1 %young, %unparked
   br i1 %more, label %spin, label %sleep
 sleep:
@@ -256,6 +286,19 @@ entry:
   ret void
 }}
 
+; how long a worker spins without work before it sleeps, in nanoseconds
+define void @kiln_pool_set_spin(i64 %ns) {{
+entry:
+  store atomic i64 %ns, ptr @spin_ns monotonic, align 8
+  ret void
+}}
+
+define i32 @kiln_pool_sleepers() {{
+entry:
+  %n = load atomic i32, ptr @sleepers seq_cst, align 4
+  ret i32 %n
+}}
+
 define i32 @kiln_pool_generation() {{
 entry:
   %g = load atomic i32, ptr @generation seq_cst, align 4
@@ -278,7 +321,8 @@ _RUN = ctypes.CFUNCTYPE(
     None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32
 )
 _WORKER = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int32)
-_GENERATION = ctypes.CFUNCTYPE(ctypes.c_int32)
+_COUNT = ctypes.CFUNCTYPE(ctypes.c_int32)
+_SET = ctypes.CFUNCTYPE(None, ctypes.c_int64)
 _VOID = ctypes.CFUNCTYPE(None)
 
 
@@ -296,8 +340,12 @@ class NativePool:
         self._worker = _WORKER(self._library.address("kiln_pool_worker"))
         self._stop = _VOID(self._library.address("kiln_pool_stop"))
         self._reset = _VOID(self._library.address("kiln_pool_reset"))
-        self._generation = _GENERATION(self._library.address("kiln_pool_generation"))
+        self._generation = _COUNT(self._library.address("kiln_pool_generation"))
         self.park = _VOID(self._library.address("kiln_pool_park"))
+        #: the workers asleep in futex now
+        self.sleepers = _COUNT(self._library.address("kiln_pool_sleepers"))
+        #: how long an idle worker spins before it sleeps, in nanoseconds (SPIN_NS to begin with)
+        self.set_spin = _SET(self._library.address("kiln_pool_set_spin"))
         self.workers: list[threading.Thread] = []
         self.lock = threading.Lock()  # one task at a time: a second caller uses the Python pool
         atexit.register(self.stop)
