@@ -21,6 +21,7 @@ from ...ir.dot import BREAK_COLOR, digraph, dot_statements, quote
 from ...ir.graph import CONSTANT, KERNEL, Graph, Node, Value
 from ...ir.printer import format_type
 from ...passes.memory_plan import format_bytes
+from .backward import BackwardPlan, ConsumedPlan
 from .compiler import CompiledFunction
 from .signature import (
     Argument,
@@ -101,9 +102,9 @@ class ExplainReport:
         for i, spec in enumerate(self.specializations, 1):
             out.append(f"Specialization {i}, graph after the passes:")
             out.extend(f"  {line}" for line in str(spec.graph).splitlines())
-            if spec.backward is not None:
+            if (backward := _compiled_backward(spec)) is not None:
                 out.append(f"Specialization {i}, backward graph:")
-                out.extend(f"  {line}" for line in str(spec.backward.graph).splitlines())
+                out.extend(f"  {line}" for line in str(backward.graph).splitlines())
         return "\n".join(out)
 
     def __str__(self) -> str:
@@ -119,8 +120,7 @@ class ExplainReport:
             names = captured_names(spec)
             parts = [(f"s{i}_", f"specialization {i}", spec.graph,
                       signature_labels(spec.signature, spec.graph, spec.backward, names))]  # fmt: skip
-            if spec.backward is not None:
-                bwd = spec.backward
+            if (bwd := _compiled_backward(spec)) is not None:
                 parts.append((f"s{i}b_", f"specialization {i}, compiled backward", bwd.graph,
                               signature_labels(bwd.signature, bwd.graph, None, names)))  # fmt: skip
             for prefix, title, graph, (inputs, outputs) in parts:
@@ -324,13 +324,22 @@ def _describe_specialization(i: int, spec, reason: str, guards: list[str]) -> li
         lines.append("  code:")
         lines.extend(f"    {line}" for line in spec.report.describe() if not line.lstrip().startswith(
             ("extern nodes", "memory plan", "eager would hold", "in place:")))  # fmt: skip
-    if spec.backward is not None:
-        bwd = spec.backward.graph
+    if (backward := _compiled_backward(spec)) is not None:
+        bwd = backward.graph
         lines.append(f"  backward: {len(bwd.nodes)} nodes, {_count_kernels(bwd)} kernel(s), "
-                     f"{len(spec.backward.saved_outputs)} value(s) saved by the forward{_saved(spec.backward)}")  # fmt: skip
+                     f"{len(backward.saved_outputs)} value(s) saved by the forward{_saved(backward)}")  # fmt: skip
+    elif isinstance(spec.backward, ConsumedPlan):
+        lines.append("  backward: none to compile; the call ran backward through its results itself "
+                     "(they require grad, and a backward through them raises, as in eager)")  # fmt: skip
     lines.append("  guards:")
     lines.extend(f"    {line}" for line in guards)
     return lines
+
+
+def _compiled_backward(spec) -> BackwardPlan | None:
+    """The specialization's compiled backward: None without one, or when the call itself ran
+    backward through the results (a ``ConsumedPlan``: no graph)."""
+    return spec.backward if isinstance(spec.backward, BackwardPlan) else None
 
 
 def _memory_lines(spec) -> list[str]:

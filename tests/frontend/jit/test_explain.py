@@ -151,3 +151,24 @@ def test_to_dot_draws_the_compiled_backward_next_to_the_forward():
     assert any(
         "saved for backward" in label for label, _, within in parsed["nodes"].values() if "cluster_s1_" in within
     )
+
+
+def test_a_call_that_ran_backward_through_its_results_is_explained_and_drawn():
+    """A training step that returns its loss undetached: the call consumed the results' graph, so
+    there is no compiled backward to show (explain used to fail on it)."""
+    w = kiln.randn(3, 2, requires_grad=True)
+
+    def step(x):
+        loss = (x @ w).relu().sum()
+        loss.backward()
+        return loss
+
+    compiled = kiln.compile(step)
+    for _ in range(3):
+        loss = compiled(kiln.randn(4, 3))
+    assert loss.requires_grad
+    report = kiln.explain(compiled)
+    text = str(report)
+    assert "the call ran backward through its results itself" in text
+    assert "backward graph" not in text and "Full IR" in text
+    assert "compiled backward" not in report.to_dot()
