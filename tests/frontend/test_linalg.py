@@ -89,6 +89,38 @@ def test_a_transposed_stack_times_a_matrix_is_one_product_in_c_order(k, n):
     np.testing.assert_allclose(into, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize(
+    "a_shape, b_shape, blocks",
+    [
+        ((6, 50176), (50176, 25), 8),  # LeNet-5's conv1 weight gradient
+        ((1, 25, 50176), (1, 50176, 6), 8),  # a conv's group dim in front
+        ((3, 300007), (300007, 2), 2),  # blocks of unequal length
+        ((16, 6400), (6400, 150), 1),  # an output of 2400 elements: one product
+        ((6, 1000), (1000, 25), 1),  # few multiply-adds: one product
+    ],
+)
+def test_a_tiny_output_with_a_long_inner_dim_is_a_sum_of_blocked_products(a_shape, b_shape, blocks):
+    from kiln.ir.primitives.linalg import _inner_blocks, _matmul_eager, _matmul_into  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(a_shape, dtype=np.float32)
+    b = (
+        rng.standard_normal(b_shape[::-1], dtype=np.float32).T
+        if len(b_shape) == 2
+        else (rng.standard_normal(b_shape, dtype=np.float32))
+    )  # a transposed view, as a weight gradient's
+    assert _inner_blocks(a, b) == blocks
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    tolerance = {"rtol": 1e-4, "atol": 1e-5 * np.sqrt(a_shape[-1])}
+    out = _matmul_eager(np, a, b)
+    assert out.dtype == np.float32 and out.flags.c_contiguous and out.shape == expected.shape
+    np.testing.assert_allclose(out, expected, **tolerance)
+    into = np.full(expected.shape, np.nan, np.float32)
+    assert _matmul_into(np, a, b, out=into) is into
+    np.testing.assert_allclose(into, expected, **tolerance)
+    assert _inner_blocks(a.astype(np.int64), b.astype(np.int64)) == 1  # numpy's own loops: no BLAS to help
+
+
 @pytest.mark.parametrize("dtype", [kiln.int32, kiln.int64])
 def test_integer_matmul(dtype, torch):
     a = kiln.tensor([[1, 2, 3], [4, 5, 6]], dtype=dtype)
