@@ -121,6 +121,19 @@ def test_a_tiny_output_with_a_long_inner_dim_is_a_sum_of_blocked_products(a_shap
     assert _inner_blocks(a.astype(np.int64), b.astype(np.int64)) == 1  # numpy's own loops: no BLAS to help
 
 
+def test_a_blocked_product_into_memory_it_reads_is_still_right():
+    from kiln.ir.primitives.linalg import _inner_blocks, _matmul_into  # noqa: PLC0415
+
+    rng = np.random.default_rng(1)
+    memory = rng.standard_normal(6 * 50176 + 50176 * 25, dtype=np.float32)
+    a, b = memory[: 6 * 50176].reshape(6, 50176), memory[6 * 50176 :].reshape(50176, 25)
+    assert _inner_blocks(a, b) > 1
+    expected = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    out = memory[-150:].reshape(6, 25)  # b's last rows: the last block reads them after the first wrote out
+    _matmul_into(np, a, b, out=out)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5 * np.sqrt(50176))
+
+
 @pytest.mark.parametrize("dtype", [kiln.int32, kiln.int64])
 def test_integer_matmul(dtype, torch):
     a = kiln.tensor([[1, 2, 3], [4, 5, 6]], dtype=dtype)

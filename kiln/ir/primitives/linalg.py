@@ -137,7 +137,12 @@ def _inner_blocks(a, b) -> int:
 
 
 def _blocked_product(xp, a, b, blocks: int, out=None):
-    """``a @ b`` as the sum of ``blocks`` products over consecutive blocks of the inner dim."""
+    """``a @ b`` as the sum of ``blocks`` products over consecutive blocks of the inner dim (into
+    ``out`` when given; through a buffer of its own if ``out`` overlaps an input, which a later
+    block still reads)."""
+    if out is not None and (np.may_share_memory(out, a) or np.may_share_memory(out, b)):
+        xp.copyto(out, _blocked_product(xp, a, b, blocks))
+        return out
     k = a.shape[-1]
     edges = [k * i // blocks for i in range(blocks + 1)]
     result = xp.matmul(a[..., : edges[1]], b[..., : edges[1], :], out=out)
