@@ -8,6 +8,16 @@ tensor([2., 4., 6.])
 """
 
 import logging as _logging
+import os as _os
+import sys as _sys
+
+# numpy's BLAS, OpenBLAS, keeps its idle threads spinning for 2^28 cycles (about 0.1 s) after each
+# call, on the cores kiln's threads run the kernels between two matmuls on (ResNet-18's training
+# step: ~400 preemptions a step). 2^20 cycles (~0.4 ms) still covers back-to-back matmuls. OpenBLAS
+# reads this when it loads, so it applies only when kiln is imported before numpy; a value the
+# user set is kept. See runtime/threads.py.
+if "numpy" not in _sys.modules:
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
 
 from . import autograd, cuda
 from .frontend.autograd import enable_grad, inference_mode, is_grad_enabled, no_grad, set_grad_enabled

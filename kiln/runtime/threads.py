@@ -8,6 +8,14 @@ they come, and returns when all are done. ctypes releases the GIL around a forei
 chunks really run in parallel.
 ``set_num_threads(n)`` also limits the BLAS libraries loaded in the process to ``n`` threads
 (threadpoolctl), so matmuls and the other libraries of a benchmark use the same count.
+Between two matmuls those threads and kiln's share the cores: OpenBLAS's idle threads spin for
+``2 ** OPENBLAS_THREAD_TIMEOUT`` cycles after a call, 2^28 (about 0.1 s) by default, which kept
+preempting the threads of kiln's kernels (ResNet-18's step: about 400 involuntary context
+switches a step, 54 at 2^20, 12 at 2^4). ``import kiln`` sets ``OPENBLAS_THREAD_TIMEOUT=20``
+(about 0.4 ms, still enough for back-to-back matmuls) unless the user set it, which OpenBLAS
+reads when numpy loads it: only when kiln is imported before numpy. Full benchmark runs, kiln /
+fastest PyTorch, default against 20: ResNet-18 0.882, 0.852 -> 0.796, 0.777, 0.792; MLP 0.998,
+1.059 -> 0.817, 0.897, 0.761; LeNet-5 0.940, 0.975 -> 0.904, 0.923, 1.016; GPT 0.986 -> 0.961.
 
 >>> import kiln
 >>> kiln.get_num_threads() >= 1

@@ -513,3 +513,37 @@ def test_programs_of_kernels_alone_spin_and_programs_calling_blas_do_not():
     if threads.min_work_bytes(True) < threads.min_work_bytes(False):  # 2 MiB: split on the native pool only
         assert {call.work > 0 for call in programs[0].kernel_calls} == {True}
         assert {call.work > 0 for call in programs[1].kernel_calls} == {False}
+
+
+_BLAS_TIMEOUT = """
+import ctypes, os, sys
+first = sys.argv[1]
+__import__(first)
+import kiln, numpy, threadpoolctl
+blas = [c for c in threadpoolctl.ThreadpoolController().lib_controllers if c.internal_api == "openblas"]
+read = getattr(blas[0].dynlib, "openblas_thread_timeout", None) if blas else None
+if read is not None:
+    read.restype = ctypes.c_int
+print(os.environ.get("OPENBLAS_THREAD_TIMEOUT"), read() if read is not None else "no-openblas")
+"""
+
+
+@pytest.mark.parametrize(
+    "first, env, expected",
+    [("kiln", None, ("20", "20")), ("kiln", "7", ("7", "7")), ("numpy", None, ("None", "0"))],
+)
+def test_importing_kiln_before_numpy_shortens_openblas_spinning(first, env, expected):
+    """``import kiln`` sets OPENBLAS_THREAD_TIMEOUT=20 before numpy loads OpenBLAS (whose idle
+    threads otherwise spin for 2^28 cycles, preempting kiln's kernel threads); a value the user
+    set stays, and after numpy it changes nothing (OpenBLAS has read its environment)."""
+    environ = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if env is not None:
+        environ["OPENBLAS_THREAD_TIMEOUT"] = env
+    root = Path(kiln.__file__).parent.parent
+    out = subprocess.run([sys.executable, "-c", _BLAS_TIMEOUT, first], capture_output=True, text=True,
+                         timeout=120, cwd=root, env=environ)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    variable, read = out.stdout.split()
+    if read == "no-openblas":
+        pytest.skip("numpy's BLAS is not OpenBLAS here")
+    assert (variable, read) == expected
