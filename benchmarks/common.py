@@ -64,9 +64,10 @@ class Settings:
     min_repeat_ns: int  # each repeat runs the statement this long at least
     warmup: int  # repeats run and thrown away after calibration
     blocks: int = 1  # turns each candidate takes when they are not interleaved (see ``compare``)
+    idle_s: float = 0.0  # a pause before each block, for the previous candidate's pool to go idle
 
 
-FULL = Settings(repeats=15, min_repeat_ns=20_000_000, warmup=2, blocks=3)
+FULL = Settings(repeats=15, min_repeat_ns=20_000_000, warmup=2, blocks=3, idle_s=0.25)
 QUICK = Settings(repeats=5, min_repeat_ns=2_000_000, warmup=1)
 
 
@@ -97,8 +98,11 @@ def compare(
     from different thread pools: OpenMP workers spin for a while after each parallel region and
     would steal the cores of the next candidate (a BLAS pool, say), and the next candidate's data
     would start cold. The candidates then take turns by blocks of repeats, each block after a
-    repeat thrown away (it lets the other pool's workers fall asleep and warms the caches), so
-    each candidate's repeats still spread over the whole run.
+    pause of ``idle_s`` (the previous candidate's workers stop spinning: OpenBLAS's spin for about
+    0.1 s by default, longer than a repeat, and numpy's BLAS threads left spinning by kiln's block
+    had slowed PyTorch's next block: its NCF step read 3.6 ms after kiln's blocks, 1.9 ms when kiln's
+    BLAS threads no longer spun, medians of 4 runs) and a repeat thrown
+    away (it warms the caches), so each candidate's repeats still spread over the whole run.
     """
     settings = QUICK if quick else FULL
     timers = {
@@ -120,6 +124,7 @@ def compare(
     else:
         for size in _blocks(settings.repeats, settings.blocks):
             for name in names:
+                time.sleep(settings.idle_s)
                 for _ in range(settings.warmup if len(per_call[name]) == 0 else 1):
                     repeat(name)
                 per_call[name] += [repeat(name) for _ in range(size)]
