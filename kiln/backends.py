@@ -2,8 +2,8 @@
 
 kiln has no cuDNN, MKL-DNN or MPS: those flags are plain attributes a program may read and set, and
 setting them changes nothing kiln computes (``cudnn.deterministic``: kiln's kernels already give
-the same results from run to run). ``cpu.winograd`` and ``cpu.winograd_f4`` are kiln's own: how
-``conv2d`` computes 3x3 convolutions.
+the same results from run to run). ``cpu.winograd``, ``cpu.winograd_f4`` and ``cpu.direct_conv`` are
+kiln's own: how ``conv2d`` computes convolutions.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ mkldnn = SimpleNamespace(enabled=True, is_available=lambda: False)
 #: ``winograd_f4``: F(4x4, 3x3) on planes of 16 and more, 4x fewer multiplications at a float32
 #: error of about 1e-5 relative to the output's largest value, where F(2x2, 3x3) and im2col are
 #: within a few roundings (as ``cudnn.allow_tf32`` in PyTorch trades precision for speed).
-cpu = SimpleNamespace(winograd=True, winograd_f4=True, get_cpu_capability=lambda: "default")
+#: ``direct_conv``: convolutions with a small filter (C * prod(kernel) up to 256, groups 1) by the
+#: ``conv`` primitive, which a compiled program runs as a loop nest over the input in place, else im2col.
+cpu = SimpleNamespace(winograd=True, winograd_f4=True, direct_conv=True, get_cpu_capability=lambda: "default")
 mps = SimpleNamespace(is_available=lambda: False, is_built=lambda: False)
 opt_einsum = SimpleNamespace(enabled=False, strategy=None, is_available=lambda: False)
 cuda = SimpleNamespace(

@@ -22,6 +22,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAMS = sorted(p for p in (ROOT / "tests" / "ported").glob("*.py") if p.name != "conftest.py")
 LOSS = re.compile(r"^loss (\S+)$", re.MULTILINE)
+#: Relative tolerance on the losses: float32 rounding alone moves them this much. cnn_batchnorm
+#: (BatchNorm over batches of 16, Adam at lr 0.01) is the most sensitive: PyTorch's float32 losses
+#: differ from its float64 ones by up to 2.6e-4, and kiln's float32 by up to 1.4e-4.
+RTOL = {"cnn_batchnorm": 5e-4}
 
 
 def to_kiln(source: str) -> str:
@@ -59,4 +63,4 @@ def test_program_runs_on_kiln_with_torchs_losses(program, tmp_path):
     except ImportError:
         pytest.skip("torch is not installed: kiln's run is checked to finish with finite losses only")
     theirs = run(source, tmp_path, "torch_" + program.stem)
-    np.testing.assert_allclose(ours, theirs, rtol=2e-4, atol=1e-5)
+    np.testing.assert_allclose(ours, theirs, rtol=RTOL.get(program.stem, 2e-4), atol=1e-5)

@@ -1,5 +1,6 @@
-"""Convolution as pad + sliding windows + one matmul over the whole batch (im2col), or for 3x3
-stride-1 convolutions with enough channels, by Winograd's minimal filtering (``_winograd``).
+"""Convolution as pad + sliding windows + one matmul over the whole batch (im2col); for 3x3
+stride-1 convolutions with enough channels, by Winograd's minimal filtering (``_winograd``); for a
+small filter, by the ``conv`` primitive (``_direct``), which compiled programs run without windows.
 
 ``kiln.unfold_windows(..., batch_inner=True)`` turns the padded input (N, C, *S) into windows laid
 out (C, *K, N, *O); that reshapes for free to (groups, C/groups * prod(K), N * prod(O)), and a
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
+from kiln.frontend.ops.windows import convolve
+from kiln.ir.primitives.convolution import DIRECT_MAX_INNER
 
 from ._utils import batched, check_tensor, ntuple, pad_spec
 
@@ -89,6 +92,11 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     if any(p for pair in pads for p in pair):
         x = kiln.pad(x, pad_spec(pads))
     _check_fits(x.shape[2:], kernel, dilation, op)
+    if _direct(x, weight, groups):
+        out = convolve(x, weight, stride, dilation)
+        if bias is not None:
+            out = out + bias.reshape(weight.shape[0], *(1,) * d)
+        return out.squeeze(0) if unbatched else out
     cols = kiln.unfold_windows(x, kernel, stride, dilation, batch_inner=True)  # (C, *K, N, *O)
     n, c = x.shape[0], x.shape[1]
     out_spatial = tuple(cols.shape[2 + d :])
@@ -99,6 +107,16 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     if bias is not None:
         out = out + bias.reshape(out_channels, *(1,) * d)
     return out.squeeze(0) if unbatched else out
+
+
+def _direct(x, weight, groups: int) -> bool:
+    """Whether conv computes ``x`` (padded) by ``weight`` with the ``conv`` primitive: a dense float32
+    or float64 convolution on the CPU whose filter, C * prod(kernel), is at most ``DIRECT_MAX_INNER``
+    long, as ``kiln.backends.cpu.direct_conv`` allows."""
+    return (
+        kiln.backends.cpu.direct_conv and groups == 1 and x.device.type == "cpu"
+        and x.dtype in (kiln.float32, kiln.float64) and math.prod(weight.shape[1:]) <= DIRECT_MAX_INNER
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,30 @@ def _fold(b, x, size, kernel, stride, dilation, dtype):
     return b.op("Reshape", [summed, b.op("Concat", [lead, b.ints(size)], axis=0)])
 
 
+# ----------------------------------------------------------------------------- direct convolution
+def conv(b, node, x, w):
+    a = node.attrs
+    kernel = list(b.shape(node.inputs[1])[2:])
+    return b.op("Conv", [x, w], kernel_shape=kernel, strides=list(a["stride"]), dilations=list(a["dilation"]))
+
+
+def conv_weight(b, node, g, x):
+    """The filter's gradient as a Conv with batch and channels swapped: the input (C, N, *S) by the
+    output gradient (O, N, *out) as filters, their roles of stride and dilation swapped, gives
+    (C, O, *K') with K' >= kernel_size; cropped to the kernel and transposed to (O, C, *K)."""
+    a = node.attrs
+    d = len(a["kernel_size"])
+    swap = [1, 0, *range(2, 2 + d)]
+    inputs = b.op("Transpose", [x], perm=swap)
+    filters = b.op("Transpose", [g], perm=swap)
+    out_spatial = list(b.shape(node.inputs[0])[2:])
+    grads = b.op("Conv", [inputs, filters], kernel_shape=out_spatial, strides=list(a["dilation"]),
+                 dilations=list(a["stride"]))  # fmt: skip
+    axes = list(range(2, 2 + d))
+    grads = b.op("Slice", [grads, b.ints([0] * d), b.ints(list(a["kernel_size"])), b.ints(axes)])
+    return b.op("Transpose", [grads], perm=swap)
+
+
 # ----------------------------------------------------------------------------- tile transforms
 def tile_transform(b, node, x):
     """A convolution of every plane with the alpha**2 filters L[i] (outer) L[j]."""

@@ -358,5 +358,5 @@ RULES = {
     "reduce_min": _reduce("ReduceMin", 18), "reduce_prod": _reduce("ReduceProd", 18),
     "argmax": _arg("ArgMax"), "argmin": _arg("ArgMin"), "cumsum": _cumsum,
     "unfold": ix.unfold, "fold": ix.fold, "tile_transform": ix.tile_transform,
-    "untile_transform": ix.untile_transform, "check": _check,
+    "untile_transform": ix.untile_transform, "conv": ix.conv, "conv_weight": ix.conv_weight, "check": _check,
 }  # fmt: skip

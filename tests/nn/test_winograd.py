@@ -32,13 +32,14 @@ F32 = {"f2": (1e-5, 2e-6), "f4": (1e-4, 5e-5)}
 
 @contextlib.contextmanager
 def variant(name: str):
+    """The conv2d algorithm: f4, f2, direct (the conv primitive) or im2col."""
     cpu = kiln.backends.cpu
-    saved = (cpu.winograd, cpu.winograd_f4)
-    cpu.winograd, cpu.winograd_f4 = name != "im2col", name == "f4"
+    saved = (cpu.winograd, cpu.winograd_f4, cpu.direct_conv)
+    cpu.winograd, cpu.winograd_f4, cpu.direct_conv = name in ("f2", "f4"), name == "f4", name == "direct"
     try:
         yield
     finally:
-        cpu.winograd, cpu.winograd_f4 = saved
+        cpu.winograd, cpu.winograd_f4, cpu.direct_conv = saved
 
 
 def _chosen(x, w, padding):
@@ -96,12 +97,13 @@ def test_switches_choose_the_algorithm():
         assert _chosen(x, w, 1) is _conv.F2
     with variant("im2col"):
         assert _chosen(x, w, 1) is None
-    for name in ("f2", "f4", "im2col"):  # traced: the graph shows which
+    for name in ("f2", "f4", "direct", "im2col"):  # traced: the graph shows which
         with variant(name):
             compiled = kiln.compile(lambda a: F.conv2d(a, w, padding=1))
             compiled(x)
             graph = str(compiled.graph)
-        assert ("tile_transform" in graph) == (name != "im2col") and ("unfold" in graph) == (name == "im2col")
+        assert ("tile_transform" in graph) == (name in ("f2", "f4"))
+        assert ("unfold" in graph) == (name == "im2col") and (" conv(" in graph) == (name == "direct")
 
 
 @pytest.mark.parametrize("name", ["f2", "f4"])

@@ -1,8 +1,9 @@
 """The LLVM backend: kernel nodes compiled for the host CPU through llvmlite, loaded with ctypes.
 
 ``generate`` puts every kernel of a program into one LLVM module, so LLVM is invoked once; the
-window nodes of convolution (``unfold``, ``fold``: ``kernels_window``) and the gathers and scatters
-of embeddings (``take``, ``index_put``: ``kernels_index``) are compiled there too. A kernel
+window nodes of convolution (``unfold``, ``fold``: ``kernels_window``), direct convolutions
+(``conv``, ``conv_weight``: ``kernels_conv``) and the gathers and scatters of embeddings
+(``take``, ``index_put``: ``kernels_index``) are compiled there too. A kernel
 the code generator declines (``Unsupported``) or fails on -- an exception from the generator, or
 LLVM rejecting its code -- runs on the interpreter and the others stay compiled (``report.declined``
 says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests). ``load`` loads the object
@@ -26,7 +27,7 @@ from ...runtime import elf
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
 from . import Unsupported, host
-from .kernel_info import INDEX_OPS, NATIVE_OPS, STATUS_OPS, KernelInfo
+from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, STATUS_OPS, KernelInfo
 
 if TYPE_CHECKING:
     from .kernels import KernelModule
@@ -66,7 +67,12 @@ class LLVMBackend:
         kernels: dict[int, KernelInfo] = {}
         strides: dict[int, list] = {}
         for position, node in enumerate(lowered.graph.nodes):
-            if node.op != KERNEL and not (node.op in NATIVE_OPS and _native(node) is None):
+            if node.op in NATIVE_OPS:
+                why = _native(node)
+                if why is not None:  # said, as every fallback is: "conv: conv with stride (2, 1) runs on ..."
+                    report.declined.append((f"({node.op})", why))
+                    continue
+            elif node.op != KERNEL:
                 continue
             strides[position] = [_element_strides(v, lowered.layouts[v]) for v in node.inputs]
             try:
@@ -130,6 +136,10 @@ def _native(node) -> str | None:
         from .kernels_index import compilable as index_compilable  # noqa: PLC0415 - a cache hit loads code without the generator
 
         return index_compilable(node)
+    if node.op in CONV_OPS:
+        from .kernels_conv import compilable as conv_compilable  # noqa: PLC0415
+
+        return conv_compilable(node)
     from .kernels_window import compilable as window_compilable  # noqa: PLC0415
 
     return window_compilable(node)

@@ -46,7 +46,7 @@ from ..kernel_plan import elementwise_plan, same_size
 from ..kernel_plan import reduction_rows as _reduction_rows
 from . import Unsupported
 from .emitter import load, register_type, store
-from .kernel_info import INDEX_OPS, NATIVE_OPS, KernelInfo
+from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, KernelInfo
 from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
 from .loops import I64, for_range, i64, minimum, product
 
@@ -116,10 +116,13 @@ class KernelModule:
 
     def _add_native(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
         """A primitive compiled as a function of its own: a window node (unfold, fold:
-        ``kernels_window``) or an index node (take, index_put: ``kernels_index``)."""
+        ``kernels_window``), an index node (take, index_put: ``kernels_index``) or a direct
+        convolution (conv, conv_weight: ``kernels_conv``)."""
         _check_layouts(node, layouts)
         if node.op in INDEX_OPS:
             from .kernels_index import index as emit  # noqa: PLC0415 - modules of their own
+        elif node.op in CONV_OPS:
+            from .kernels_conv import conv_kernel as emit  # noqa: PLC0415
         else:
             from .kernels_window import window as emit  # noqa: PLC0415
         key = ("native", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
@@ -186,6 +189,12 @@ def _work_bytes(node: Node) -> int:
     sequence's input projection) counts that view's size, not the whole array's."""
     if node.op == "take":  # reads only the rows it takes
         return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs[1:], node.output, node.output))
+    if node.op in CONV_OPS:  # compute-bound: each multiply-add counts as the time of moving 2 bytes
+        from .kernels_conv import multiply_adds  # noqa: PLC0415
+
+        return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs)) + 2 * multiply_adds(
+            node
+        )
     if node.op != KERNEL:
         return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
     total = sum(v.type.numel * v.type.dtype.itemsize for v in node.outputs)

@@ -14,7 +14,7 @@ from ..tensor import Tensor
 
 __all__ = ["unfold_windows", "fold_windows", "tile_transform", "untile_transform"]
 
-_unfold, _fold = P["unfold"], P["fold"]
+_unfold, _fold, _conv = P["unfold"], P["fold"], P["conv"]
 _tile, _untile = P["tile_transform"], P["untile_transform"]
 
 
@@ -50,6 +50,12 @@ def fold_windows(input: Tensor, size, kernel_size, stride=1, dilation=1, *, batc
     layout = {"batch_inner": True} if batch_inner else {}
     return apply(_fold, input, size=size, kernel_size=_ints(kernel_size, d, "kernel_size"),
                  stride=_ints(stride, d, "stride"), dilation=_ints(dilation, d, "dilation"), **layout)  # fmt: skip
+
+
+def convolve(input: Tensor, weight: Tensor, stride, dilation) -> Tensor:
+    """The ``conv`` primitive: ``input`` (N, C, *S), already padded, by ``weight`` (O, C, *K) ->
+    (N, O, *out); ``kiln.nn.functional.conv2d`` calls it for small filters (no checks of its own)."""
+    return apply(_conv, input, weight, stride=tuple(stride), dilation=tuple(dilation))
 
 
 def _matrix(matrix) -> tuple[tuple[float, ...], ...]:

@@ -157,6 +157,7 @@ def missing_rules(prim: Primitive) -> list[str]:
 from . import (  # noqa: E402,F401
     checks,
     collectives,
+    convolution,
     decompositions,
     elementwise,
     indexing,

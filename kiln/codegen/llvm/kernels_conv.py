@@ -1,0 +1,272 @@
+"""Direct convolution compiled: ``conv`` and ``conv_weight`` (``kiln/ir/primitives/convolution.py``)
+as loop nests over the input where it lies, no im2col windows, for 2-d unit-stride convolutions.
+
+Both run along rows. An output row (or an output-gradient row) of ``OW`` positions is a few
+vectors; for kernel offset (kh, kw) they read the input row ``oh + kh * dh`` from column
+``kw * dw`` on: a contiguous run at a constant shift, which a vector load reads at any shift. The
+last, partial vector of a row is loaded and stored under a lane mask (``llvm.masked.load``), so
+no access leaves its row and masked lanes read zeros.
+
+- ``conv``: a unit is one sample and a block of up to ``CHANNEL_BLOCK`` output channels; for each
+  vector of an output row, one accumulator per channel of the block sums ``w[o, c, kh, kw] *
+  x[shifted]`` over every input channel and kernel offset (one load of ``x`` feeds the block),
+  then is stored into the C-order output (N, O, OH, OW).
+- ``conv_weight``: a unit is one (output channel, input channel) pair: its kernel's taps. For each
+  vector of each output-gradient row of each sample, one accumulator per tap sums ``g * x[shifted]``;
+  the taps go in groups of ``TAP_GROUP`` (their accumulators in registers) and each tap's lanes
+  are added up once at the end. Units own disjoint outputs and sum in one fixed order, so results
+  do not depend on how units are split over threads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import cast
+
+from llvmlite import ir
+
+from ...ir import dtypes as dt
+from ...ir.graph import Node
+from ...ir.types import is_static
+from . import Unsupported
+from .emitter import memory_type
+from .kernel_info import CONV_OPS
+from .kernels_emit import element_pointer
+from .loops import for_range, i64
+
+#: Bytes of a vector of row positions (an AVX-512 register; two on AVX2).
+VECTOR_BYTES = 64
+#: Tap accumulators of ``conv_weight`` held at once (each a vector register).
+TAP_GROUP = 12
+#: The most output channels a ``conv`` unit computes together (their accumulators share each load).
+CHANNEL_BLOCK = 4
+
+
+def compilable(node: Node) -> str | None:
+    """Why the ``conv``/``conv_weight`` node is not compiled (None: it is); its layout is checked
+    when the kernel is built."""
+    if node.op not in CONV_OPS:
+        return f"{node.op} is not a direct convolution"
+    dtype = node.output.type.dtype
+    if dtype not in (dt.float32, dt.float64):
+        return f"{node.op} of {dtype.name} runs on its eager kernel"
+    if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
+        return f"{node.op} over a symbolic dimension runs on its eager kernel"
+    if len(node.attrs["stride"]) != 2:
+        return f"{node.op} of {len(node.attrs['stride'])} spatial dims runs on its eager kernel (2-d only)"
+    if tuple(node.attrs["stride"]) != (1, 1):
+        return f"{node.op} with stride {tuple(node.attrs['stride'])} runs on its eager kernel (unit strides only)"
+    return None
+
+
+def multiply_adds(node: Node) -> int:
+    """The multiply-adds of a ``conv`` or ``conv_weight`` node: each output element sums over the
+    filter (conv) or over every sample's output positions (conv_weight)."""
+    first, second = _shape(node.inputs[0]), _shape(node.inputs[1])  # static: ``compilable`` checked it
+    inner = math.prod(second[1:]) if node.op == "conv" else first[0] * math.prod(first[2:])
+    return node.output.type.numel * inner
+
+
+def conv_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int:
+    """Emit ``node``'s function body at ``builder`` (the entry block of ``(args, begin, end)``);
+    return its number of parallel units."""
+    why = compilable(node)
+    if why is not None:
+        raise Unsupported(why)
+    args, begin, end = params
+    pointer_type = ir.PointerType()
+    pointers = [
+        builder.load(builder.gep(args, [i64(k)], inbounds=True, source_etype=pointer_type), typ=pointer_type)
+        for k in range(3)
+    ]
+    emit = _forward if node.op == "conv" else _weight
+    extent = emit(builder, pointers, begin, end, node, [tuple(s) for s in layouts])
+    builder.ret_void()
+    return extent
+
+
+class _Rows:
+    """Vector code over rows of ``width`` elements of ``dtype``: ``lanes`` a vector (the fewest
+    powers of two covering a short row), ``full`` whole vectors a row and a masked ``tail``."""
+
+    def __init__(self, dtype, width: int) -> None:
+        self.dtype, self.kind = dtype, memory_type(dtype)
+        lanes = VECTOR_BYTES // dtype.itemsize
+        while lanes // 2 >= width:
+            lanes //= 2
+        self.lanes = lanes
+        self.full, self.tail = divmod(width, lanes)
+        self.vector = ir.VectorType(self.kind, lanes)
+        self.mask = ir.Constant(ir.VectorType(ir.IntType(1), lanes), [k < self.tail for k in range(lanes)])
+
+    def _intrinsic(self, builder, name: str, returns, params):
+        name = f"llvm.{name}.v{self.lanes}f{self.dtype.itemsize * 8}" + (".p0" if "masked" in name else "")
+        function = builder.module.globals.get(name)
+        if function is None:
+            function = ir.Function(builder.module, ir.FunctionType(returns, params), name)
+        return function
+
+    def load(self, builder, base, offset, masked: bool = False):
+        """The vector at element ``offset`` of ``base``; ``masked``: its ``tail`` lanes, zeros after."""
+        pointer = element_pointer(builder, base, offset, self.dtype)
+        if not masked:
+            return builder.load(pointer, typ=self.vector, align=self.dtype.itemsize)
+        function = self._intrinsic(builder, "masked.load", self.vector,
+                                   [ir.PointerType(), ir.IntType(32), self.mask.type, self.vector])  # fmt: skip
+        return builder.call(function, [pointer, ir.IntType(32)(self.dtype.itemsize), self.mask, self.zero()])
+
+    def store(self, builder, value, base, offset, masked: bool = False) -> None:
+        pointer = element_pointer(builder, base, offset, self.dtype)
+        if not masked:
+            builder.store(value, pointer, align=self.dtype.itemsize)
+            return
+        function = self._intrinsic(builder, "masked.store", ir.VoidType(),
+                                   [self.vector, ir.PointerType(), ir.IntType(32), self.mask.type])  # fmt: skip
+        builder.call(function, [value, pointer, ir.IntType(32)(self.dtype.itemsize), self.mask])
+
+    def fma(self, builder, a, b, c):
+        """``a * b + c`` on vectors, fused (llvmlite's ``fma`` takes scalars only)."""
+        return builder.call(self._intrinsic(builder, "fma", self.vector, [self.vector] * 3), [a, b, c])
+
+    def splat(self, builder, scalar):
+        one = builder.insert_element(ir.Constant(ir.VectorType(self.kind, 1), None), scalar, i64(0))
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), self.lanes), [0] * self.lanes)
+        return builder.shuffle_vector(one, ir.Constant(ir.VectorType(self.kind, 1), None), mask)
+
+    def zero(self):
+        return ir.Constant(self.vector, [0.0] * self.lanes)
+
+    def slots(self, builder, count: int) -> list:
+        """``count`` vector accumulators on the stack (registers once SROA has run)."""
+        with builder.goto_entry_block():
+            return [builder.alloca(self.vector) for _ in range(count)]
+
+    def chunks(self, builder, body) -> None:
+        """``body(column, masked)`` for each vector of a row: a loop over the whole vectors, then the tail."""
+        if self.full:
+            with for_range(builder, 0, self.full, name="vec", vectorize=False) as k:
+                body(_mul(builder, k, self.lanes), False)
+        if self.tail:
+            body(i64(self.full * self.lanes), True)
+
+
+def _shape(value) -> tuple[int, ...]:
+    return cast(tuple[int, ...], tuple(value.type.shape))
+
+
+def _add(builder, *terms):
+    total = terms[0]
+    for term in terms[1:]:
+        total = builder.add(total, term, flags=("nsw",))
+    return total
+
+
+def _mul(builder, value, constant: int):
+    return builder.mul(value, i64(constant), flags=("nsw",))
+
+
+def _channel_block(channels: int) -> int:
+    return next(b for b in range(CHANNEL_BLOCK, 0, -1) if channels % b == 0)
+
+
+def _unit_columns(node: Node, what: str, strides) -> None:
+    if strides[3] != 1:
+        raise Unsupported(f"{node.op} of a {what} whose rows are not contiguous runs on its eager kernel")
+
+
+def _taps(node: Node, kernel, row_stride: int) -> list[int]:
+    """Each kernel offset's shift into the input, in (kh, kw) order."""
+    dh, dw = node.attrs["dilation"]
+    return [i * dh * row_stride + j * dw for i in range(kernel[0]) for j in range(kernel[1])]
+
+
+def _forward(builder, pointers, begin, end, node: Node, layouts) -> int:
+    x_ptr, w_ptr, out_ptr = pointers
+    (n_size, c_size, *_), (o_size, _, kh, kw) = _shape(node.inputs[0]), _shape(node.inputs[1])
+    oh_size, ow_size = _shape(node.output)[2:]
+    _unit_columns(node, "input", layouts[0])
+    xn, xc, xr, _ = layouts[0]
+    wo, wc, wkh, wkw = layouts[1]
+    rows = _Rows(node.output.type.dtype, ow_size)
+    block = _channel_block(o_size)
+    blocks = o_size // block
+    slots = rows.slots(builder, block)
+    taps = list(zip(_taps(node, (kh, kw), xr), [i * wkh + j * wkw for i in range(kh) for j in range(kw)], strict=True))
+    with for_range(builder, begin, end, name="unit", vectorize=False) as unit:
+        n = builder.udiv(unit, i64(blocks))
+        o0 = _mul(builder, builder.urem(unit, i64(blocks)), block)
+        out_at = _mul(builder, _add(builder, _mul(builder, n, o_size), o0), oh_size * ow_size)
+        with for_range(builder, 0, oh_size, name="oh", vectorize=False) as oh:
+            x_row = _add(builder, _mul(builder, n, xn), _mul(builder, oh, xr))
+            out_row = _add(builder, out_at, _mul(builder, oh, ow_size))
+
+            def chunk(column, masked: bool, x_row=x_row, out_row=out_row) -> None:
+                for slot in slots:
+                    builder.store(rows.zero(), slot)
+                with for_range(builder, 0, c_size, name="c", vectorize=False) as c:
+                    x_at = _add(builder, x_row, _mul(builder, c, xc), column)
+                    w_at = [_add(builder, _mul(builder, builder.add(o0, i64(b)), wo), _mul(builder, c, wc))
+                            for b in range(block)]  # fmt: skip
+                    sums = [builder.load(slot, typ=rows.vector) for slot in slots]
+                    for shift, w_offset in taps:
+                        xv = rows.load(builder, x_ptr, builder.add(x_at, i64(shift), flags=("nsw",)), masked)
+                        for b in range(block):
+                            w_elem = element_pointer(builder, w_ptr, builder.add(w_at[b], i64(w_offset)), rows.dtype)
+                            weight = rows.splat(builder, builder.load(w_elem, typ=rows.kind))
+                            sums[b] = rows.fma(builder, weight, xv, sums[b])
+                    for slot, total in zip(slots, sums, strict=True):
+                        builder.store(total, slot)
+                for b, slot in enumerate(slots):
+                    at = _add(builder, out_row, i64(b * oh_size * ow_size), column)
+                    rows.store(builder, builder.load(slot, typ=rows.vector), out_ptr, at, masked)
+
+            rows.chunks(builder, chunk)
+    return n_size * blocks
+
+
+def _weight(builder, pointers, begin, end, node: Node, layouts) -> int:
+    g_ptr, x_ptr, out_ptr = pointers
+    (n_size, o_size, oh_size, ow_size), (_, c_size, *_) = _shape(node.inputs[0]), _shape(node.inputs[1])
+    _unit_columns(node, "output gradient", layouts[0])
+    _unit_columns(node, "input", layouts[1])
+    gn, go, goh, _ = layouts[0]
+    xn, xc, xr, _ = layouts[1]
+    rows = _Rows(node.output.type.dtype, ow_size)
+    shifts = _taps(node, node.attrs["kernel_size"], xr)
+    taps = len(shifts)
+    groups = -(-taps // TAP_GROUP)
+    slots = rows.slots(builder, min(taps, TAP_GROUP))
+    with for_range(builder, begin, end, name="unit", vectorize=False) as unit:
+        o = builder.udiv(unit, i64(c_size))
+        c = builder.urem(unit, i64(c_size))
+        out_at = _mul(builder, unit, taps)  # the output (O, C, KH, KW) is C order: unit o * C + c
+        for group in range(groups):
+            first = taps * group // groups
+            group_shifts = shifts[first : taps * (group + 1) // groups]
+            group_slots = slots[: len(group_shifts)]
+            for slot in group_slots:
+                builder.store(rows.zero(), slot)
+            with for_range(builder, 0, n_size, name="n", vectorize=False) as n:
+                g_at = _add(builder, _mul(builder, n, gn), _mul(builder, o, go))
+                x_at = _add(builder, _mul(builder, n, xn), _mul(builder, c, xc))
+                with for_range(builder, 0, oh_size, name="oh", vectorize=False) as oh:
+                    g_row = _add(builder, g_at, _mul(builder, oh, goh))
+                    x_row = _add(builder, x_at, _mul(builder, oh, xr))
+
+                    def chunk(column, masked: bool, g_row=g_row, x_row=x_row, group_shifts=group_shifts,
+                              group_slots=group_slots) -> None:  # fmt: skip
+                        gv = rows.load(builder, g_ptr, builder.add(g_row, column, flags=("nsw",)), masked)
+                        x_start = builder.add(x_row, column, flags=("nsw",))
+                        for shift, slot in zip(group_shifts, group_slots, strict=True):
+                            xv = rows.load(builder, x_ptr, builder.add(x_start, i64(shift), flags=("nsw",)), masked)
+                            builder.store(rows.fma(builder, gv, xv, builder.load(slot, typ=rows.vector)), slot)
+
+                    rows.chunks(builder, chunk)
+            for t, slot in enumerate(group_slots):
+                vector = builder.load(slot, typ=rows.vector)
+                total = builder.extract_element(vector, i64(0))
+                for k in range(1, rows.lanes):
+                    total = builder.fadd(total, builder.extract_element(vector, i64(k)))
+                builder.store(total, element_pointer(builder, out_ptr, builder.add(out_at, i64(first + t)), rows.dtype))
+    return o_size * c_size
