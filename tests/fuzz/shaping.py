@@ -88,7 +88,9 @@ def matmul(g: Generator) -> bool:
 
 def conv(g: Generator) -> bool:
     """conv2d, 3x3: half the time with 16 or more channels in and out (the input's channels
-    repeated), which takes Winograd's path (F(4x4, 3x3) on planes of 16 and more), else im2col's."""
+    repeated), which takes Winograd's path (F(4x4, 3x3) on planes of 16 and more); else a few
+    channels, which take the direct ``conv`` primitive (its compiled kernel for unit strides,
+    its eager kernel for stride 2), at dilation 1 or 2."""
     r = g.r
     x = g.choose(lambda v: v.dtype in ("float32", "float64") and len(v.shape) == 4 and min(v.shape[2:]) >= 3
                  and v.shape[1] >= 1 and v.bound <= 50 and numel(v.shape) <= 2048)  # fmt: skip
@@ -102,11 +104,13 @@ def conv(g: Generator) -> bool:
     k = r.randint(16, 18) if wide else r.randint(1, 4)
     weight = g.new_input((k, c * reps, 3, 3), x.dtype, capture=r.random() < 0.5, grad=g.grad_mode and r.random() < 0.7)
     padding = r.choice((0, 1))
+    stride = 1 if wide else r.choice((1, 1, 2))
+    dilation = 2 if not wide and min(h, w) + 2 * padding >= 5 and r.random() < 0.3 else 1
     scale = 1 / (9 * c * reps)  # keeps the result's bound at the input's (weights are within 2)
     source = f"{x.name}.repeat(1, {reps}, 1, 1)" if reps > 1 else x.name
-    line = f"F.conv2d({source}, {weight.name} * {scale!r}, padding={padding})"
-    shape = (n, k, h + 2 * padding - 2, w + 2 * padding - 2)
-    g.add(Var(g.fresh(), shape, x.dtype, 2 * x.bound, False, x.grad or weight.grad), line, "conv2d")
+    line = f"F.conv2d({source}, {weight.name} * {scale!r}, padding={padding}, stride={stride}, dilation={dilation})"
+    out = [(s + 2 * padding - 2 * dilation - 1) // stride + 1 for s in (h, w)]
+    g.add(Var(g.fresh(), (n, k, *out), x.dtype, 2 * x.bound, False, x.grad or weight.grad), line, "conv2d")
     return True
 
 
