@@ -27,7 +27,7 @@ from ...runtime import elf
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
 from . import Unsupported, host
-from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, STATUS_OPS, KernelInfo
+from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, STATUS_OPS, WINDOW_OPS, KernelInfo
 
 if TYPE_CHECKING:
     from .kernels import KernelModule
@@ -69,8 +69,9 @@ class LLVMBackend:
         for position, node in enumerate(lowered.graph.nodes):
             if node.op in NATIVE_OPS:
                 why = _native(node)
-                if why is not None:  # said, as every fallback is: "conv: conv with stride (2, 1) runs on ..."
-                    report.declined.append((f"({node.op})", why))
+                if why is not None:
+                    if not _eager_by_choice(node):  # a fallback is said: "conv: conv with stride (2, 1) runs on ..."
+                        report.declined.append((f"({node.op})", why))
                     continue
             elif node.op != KERNEL:
                 continue
@@ -143,6 +144,15 @@ def _native(node) -> str | None:
     from .kernels_window import compilable as window_compilable  # noqa: PLC0415
 
     return window_compilable(node)
+
+
+def _eager_by_choice(node) -> bool:
+    """Whether the native node runs on its eager kernel because that is faster (no fallback to report)."""
+    if node.op not in WINDOW_OPS:
+        return False
+    from .kernels_window import eager_by_choice  # noqa: PLC0415
+
+    return eager_by_choice(node) is not None
 
 
 def _element_strides(value, strides: tuple) -> tuple[int, ...]:

@@ -50,6 +50,12 @@ def compilable(node: Node) -> str | None:
         return f"{node.op} of {dtype.name} runs on its eager kernel"
     if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
         return f"{node.op} over a symbolic dimension runs on its eager kernel"
+    return eager_by_choice(node)
+
+
+def eager_by_choice(node: Node) -> str | None:
+    """Why the window node runs on its eager kernel because that is faster, not for want of a
+    compiled one (None: it does not)."""
     if node.op in ("tile_transform", "untile_transform"):
         plane = node.inputs[0].type.shape[-2:] if node.op == "tile_transform" else node.attrs["size"]
         if one_tile_a_plane(plane, len(node.attrs["matrix"][0])):
