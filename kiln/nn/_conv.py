@@ -85,18 +85,12 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     pads = _padding(padding, kernel, dilation, stride, op)
     winograd = _winograd_variant(x, weight, pads, stride, dilation, groups)
     if winograd is not None:
-        out = _winograd(x, weight, pads, winograd)
-        if bias is not None:
-            out = out + bias.reshape(weight.shape[0], 1, 1)
-        return out.squeeze(0) if unbatched else out
+        return _finish(_winograd(x, weight, pads, winograd), bias, unbatched)
     if any(p for pair in pads for p in pair):
         x = kiln.pad(x, pad_spec(pads))
     _check_fits(x.shape[2:], kernel, dilation, op)
     if _direct(x, weight, stride, groups):
-        out = convolve(x, weight, stride, dilation)
-        if bias is not None:
-            out = out + bias.reshape(weight.shape[0], *(1,) * d)
-        return out.squeeze(0) if unbatched else out
+        return _finish(convolve(x, weight, stride, dilation), bias, unbatched)
     cols = kiln.unfold_windows(x, kernel, stride, dilation, batch_inner=True)  # (C, *K, N, *O)
     n, c = x.shape[0], x.shape[1]
     out_spatial = tuple(cols.shape[2 + d :])
@@ -104,8 +98,13 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     cols = cols.reshape(groups, (c // groups) * math.prod(kernel), n * math.prod(out_spatial))
     w = weight.reshape(groups, out_channels // groups, -1)
     out = kiln.matmul(w, cols).reshape(out_channels, n, *out_spatial).transpose(0, 1)
+    return _finish(out, bias, unbatched)
+
+
+def _finish(out, bias, unbatched: bool):
+    """The convolution ``out`` (N, O, *S) plus ``bias`` (O,) if given; unbatched again if the input was."""
     if bias is not None:
-        out = out + bias.reshape(out_channels, *(1,) * d)
+        out = out + bias.reshape(bias.shape[0], *(1,) * (out.ndim - 2))
     return out.squeeze(0) if unbatched else out
 
 

@@ -189,14 +189,13 @@ def _work_bytes(node: Node) -> int:
     sequence's input projection) counts that view's size, not the whole array's."""
     if node.op == "take":  # reads only the rows it takes
         return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs[1:], node.output, node.output))
-    if node.op in CONV_OPS:  # compute-bound: each multiply-add counts as the time of moving 2 bytes
-        from .kernels_conv import multiply_adds  # noqa: PLC0415
-
-        return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs)) + 2 * multiply_adds(
-            node
-        )
     if node.op != KERNEL:
-        return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+        moved = sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+        if node.op in CONV_OPS:  # compute-bound: a multiply-add counts as the time of moving 2 bytes
+            from .kernels_conv import multiply_adds  # noqa: PLC0415
+
+            moved += 2 * multiply_adds(node)
+        return moved
     total = sum(v.type.numel * v.type.dtype.itemsize for v in node.outputs)
     for body, outer, _ in body_inputs_outputs(node):
         uses = body.uses()

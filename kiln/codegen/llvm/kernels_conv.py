@@ -126,8 +126,9 @@ class _Rows:
         builder.call(function, [value, pointer, ir.IntType(32)(self.dtype.itemsize), self.mask])
 
     def fma(self, builder, a, b, c):
-        """``a * b + c`` on vectors, fused (llvmlite's ``fma`` takes scalars only)."""
-        return builder.call(self._intrinsic(builder, "fma", self.vector, [self.vector] * 3), [a, b, c])
+        """``a * b + c`` on vectors: ``llvm.fmuladd``, one FMA instruction where the CPU has them and a
+        multiply and an add where not (``llvm.fma`` would call libm's ``fmaf`` there)."""
+        return builder.call(self._intrinsic(builder, "fmuladd", self.vector, [self.vector] * 3), [a, b, c])
 
     def splat(self, builder, scalar):
         one = builder.insert_element(ir.Constant(ir.VectorType(self.kind, 1), None), scalar, i64(0))
