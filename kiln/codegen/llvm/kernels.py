@@ -47,7 +47,7 @@ from ..kernel_plan import reduction_rows as _reduction_rows
 from . import Unsupported
 from .emitter import load, register_type, store
 from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, KernelInfo
-from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer
+from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer, operand_pointers
 from .loops import I64, for_range, i64, minimum, product
 
 __all__ = ["CHUNK", "KernelInfo", "KernelModule", "Unsupported"]
@@ -206,16 +206,6 @@ def _work_bytes(node: Node) -> int:
                 read = min(read, sum(n.output.type.numel for n in readers))
             total += read * value.type.dtype.itemsize
     return total
-
-
-def operand_pointers(builder: ir.IRBuilder, args: ir.Value, count: int, first: ir.Value | int = 0) -> list[ir.Value]:
-    """The data pointers ``args[first:first + count]``."""
-    first = i64(first) if isinstance(first, int) else first
-    out = []
-    for k in range(count):
-        slot = builder.gep(args, [builder.add(first, i64(k)) if k else first], inbounds=True, source_etype=_PTR)
-        out.append(builder.load(slot, typ=_PTR, name=f"p{k}"))
-    return out
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from ...ir.types import is_static
 from . import Unsupported
 from .emitter import memory_type
 from .kernel_info import CONV_OPS
-from .kernels_emit import element_pointer
+from .kernels_emit import element_pointer, operand_pointers
 from .loops import for_range, i64
 
 #: Bytes of a vector of row positions (an AVX-512 register; two on AVX2).
@@ -75,11 +75,7 @@ def conv_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, l
     if why is not None:
         raise Unsupported(why)
     args, begin, end = params
-    pointer_type = ir.PointerType()
-    pointers = [
-        builder.load(builder.gep(args, [i64(k)], inbounds=True, source_etype=pointer_type), typ=pointer_type)
-        for k in range(3)
-    ]
+    pointers = operand_pointers(builder, args, 3)
     emit = _forward if node.op == "conv" else _weight
     extent = emit(builder, pointers, begin, end, node, [tuple(s) for s in layouts])
     builder.ret_void()

@@ -131,6 +131,20 @@ class DagEmitter:
         raise AssertionError(f"{node.op}'s row value is used before its pass over the row")
 
 
+#: An opaque pointer: what a kernel's pointer table holds.
+POINTER = ir.PointerType()
+
+
+def operand_pointers(builder: ir.IRBuilder, args: ir.Value, count: int, first: ir.Value | int = 0) -> list[ir.Value]:
+    """The data pointers ``args[first:first + count]``."""
+    first = i64(first) if isinstance(first, int) else first
+    out = []
+    for k in range(count):
+        slot = builder.gep(args, [builder.add(first, i64(k)) if k else first], inbounds=True, source_etype=POINTER)
+        out.append(builder.load(slot, typ=POINTER, name=f"p{k}"))
+    return out
+
+
 def element_pointer(builder: ir.IRBuilder, base: ir.Value, index: ir.Value, dtype: DType) -> ir.Value:
     """The address of element ``index`` of an array of ``dtype`` at ``base``."""
     return builder.gep(base, [index], inbounds=True, source_etype=memory_type(dtype))

@@ -34,7 +34,7 @@ from ...ir.types import is_static
 from . import Unsupported
 from .emitter import memory_type
 from .kernel_info import INDEX_OPS
-from .kernels_emit import element_pointer, transfer_row
+from .kernels_emit import element_pointer, operand_pointers, transfer_row
 from .loops import I64, for_range, i64, minimum
 
 #: Elements per parallel unit: rows of a take, columns (times the rows they span) of an index_put.
@@ -141,13 +141,7 @@ def index(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts
     geometry = _geometry(node, layouts)
     assert geometry is not None  # compilable checked it
     args, begin, end = params
-    pointer_type = ir.PointerType()
-    count = len(node.inputs) + 1  # the output, then the status word
-
-    def pointer(k: int) -> ir.Value:
-        return builder.load(builder.gep(args, [i64(k)], inbounds=True, source_etype=pointer_type), typ=pointer_type)
-
-    pointers = [pointer(k) for k in range(count + 1)]
+    pointers = operand_pointers(builder, args, len(node.inputs) + 2)  # the inputs, the output, the status word
     emit = _take if node.op == "take" else _index_put
     extent = emit(builder, pointers, begin, end, node, geometry)
     builder.ret_void()

@@ -32,7 +32,7 @@ from ...ir.types import is_static
 from . import Unsupported
 from .emitter import memory_type
 from .kernel_info import WINDOW_OPS
-from .kernels_emit import element_pointer, transfer_row
+from .kernels_emit import element_pointer, operand_pointers, transfer_row
 from .loops import for_range, i64, minimum
 
 #: Output elements per parallel unit of an unfold (whole rows; at least one row).
@@ -70,11 +70,7 @@ def window(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layout
     if why is not None:
         raise Unsupported(why)
     args, begin, end = params
-    pointer_type = ir.PointerType()
-    pointers = [
-        builder.load(builder.gep(args, [i64(k)], inbounds=True, source_etype=pointer_type), typ=pointer_type)
-        for k in range(2)
-    ]
+    pointers = operand_pointers(builder, args, 2)
     from .kernels_tiles import tile, untile  # noqa: PLC0415 - it imports this module's index helpers
 
     emit = {"unfold": _unfold, "fold": _fold, "tile_transform": tile, "untile_transform": untile}[node.op]
