@@ -26,13 +26,11 @@ from typing import cast
 
 from llvmlite import ir
 
-from ...ir import dtypes as dt
 from ...ir.graph import Node
-from ...ir.types import is_static
 from . import Unsupported
 from .emitter import memory_type
 from .kernel_info import CONV_OPS
-from .kernels_emit import element_pointer, operand_pointers
+from .kernels_emit import element_pointer, float_static, operand_pointers
 from .loops import for_range, i64
 
 #: Bytes of a vector of row positions (an AVX-512 register; two on AVX2).
@@ -48,11 +46,9 @@ def compilable(node: Node) -> str | None:
     when the kernel is built."""
     if node.op not in CONV_OPS:
         return f"{node.op} is not a direct convolution"
-    dtype = node.output.type.dtype
-    if dtype not in (dt.float32, dt.float64):
-        return f"{node.op} of {dtype.name} runs on its eager kernel"
-    if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
-        return f"{node.op} over a symbolic dimension runs on its eager kernel"
+    why = float_static(node)
+    if why is not None:
+        return why
     if len(node.attrs["stride"]) != 2:
         return f"{node.op} of {len(node.attrs['stride'])} spatial dims runs on its eager kernel (2-d only)"
     if tuple(node.attrs["stride"]) != (1, 1):

@@ -13,8 +13,10 @@ from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
+from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ...ir.primitives import PRIMITIVES
+from ...ir.types import is_static
 from ..index import Div, Lin
 from ..kernel_dag import Apply, Const, Load, Node, Reduce
 from . import Unsupported
@@ -129,6 +131,17 @@ class DagEmitter:
                 result = self.em.cast(result, node.dtype)
             return result
         raise AssertionError(f"{node.op}'s row value is used before its pass over the row")
+
+
+def float_static(node) -> str | None:
+    """Why a native float op's node (a window op, a direct convolution) runs on its eager kernel for
+    its dtype or its shapes (None: float32 or float64, static shapes)."""
+    dtype = node.output.type.dtype
+    if dtype not in (dt.float32, dt.float64):
+        return f"{node.op} of {dtype.name} runs on its eager kernel"
+    if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
+        return f"{node.op} over a symbolic dimension runs on its eager kernel"
+    return None
 
 
 #: An opaque pointer: what a kernel's pointer table holds.

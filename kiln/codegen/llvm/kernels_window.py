@@ -25,14 +25,12 @@ from typing import cast
 
 from llvmlite import ir
 
-from ...ir import dtypes as dt
 from ...ir.graph import Node
 from ...ir.primitives.tiles import one_tile_a_plane
-from ...ir.types import is_static
 from . import Unsupported
 from .emitter import memory_type
 from .kernel_info import WINDOW_OPS
-from .kernels_emit import element_pointer, operand_pointers, transfer_row
+from .kernels_emit import element_pointer, float_static, operand_pointers, transfer_row
 from .loops import for_range, i64, minimum
 
 #: Output elements per parallel unit of an unfold (whole rows; at least one row).
@@ -45,11 +43,9 @@ def compilable(node: Node) -> str | None:
     """Why the window node ``node`` is not compiled (None: it is)."""
     if node.op not in WINDOW_OPS:
         return f"{node.op} is not a window op"
-    dtype = node.output.type.dtype
-    if dtype not in (dt.float32, dt.float64):
-        return f"{node.op} of {dtype.name} runs on its eager kernel"
-    if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
-        return f"{node.op} over a symbolic dimension runs on its eager kernel"
+    why = float_static(node)
+    if why is not None:
+        return why
     return eager_by_choice(node)
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kiln
+from benchmarks.models import train_step
 from kiln.frontend.dispatch import apply
 from kiln.ir.primitives import P
 
@@ -142,14 +143,7 @@ def test_lenet_like_training_step_compiled_equals_eager():
                               nn.ReLU(), nn.Flatten(), nn.Linear(6 * 3 * 3, 3)).double()  # fmt: skip
         optimizer = kiln.optim.Adam(model.parameters(), lr=1e-2)
         x, y = kiln.randn(6, 1, 14, 14, dtype=kiln.float64), kiln.randint(0, 3, (6,))
-
-        def step():
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            return loss.detach()
-
+        step = train_step(kiln, model, optimizer, x, y)
         fn = kiln.compile(step) if compiled else step
         losses = [float(fn()) for _ in range(4)]
         return losses, [p.detach().numpy().copy() for p in model.parameters()]

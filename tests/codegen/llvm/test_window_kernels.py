@@ -60,7 +60,8 @@ def test_integer_windows_run_on_the_eager_kernel():
 
 
 def test_conv_net_training_step_compiled_equals_eager():
-    """A conv + pool step (both gradients of the convolution through fold) against eager, per call."""
+    """A conv + pool step against eager, per call: the strided convolution's windows through the
+    compiled unfold, its input's gradient through fold (the first convolution is direct)."""
     nn = kiln.nn
 
     def run(compiled: bool) -> list[float]:
