@@ -21,8 +21,9 @@ mkldnn = SimpleNamespace(enabled=True, is_available=lambda: False)
 #: ``winograd_f4``: F(4x4, 3x3) on planes of 16 and more, 4x fewer multiplications at a float32
 #: error of about 1e-5 relative to the output's largest value, where F(2x2, 3x3) and im2col are
 #: within a few roundings (as ``cudnn.allow_tf32`` in PyTorch trades precision for speed).
-#: ``direct_conv``: convolutions with a small filter (C * prod(kernel) up to 256, groups 1) by the
-#: ``conv`` primitive, which a compiled program runs as a loop nest over the input in place, else im2col.
+#: ``direct_conv``: 2-d unit-stride convolutions with a window and a small filter (C * kh * kw up to
+#: 256, groups 1) by the ``conv`` primitive, which a compiled program runs as a loop nest over the
+#: input in place; off, im2col.
 cpu = SimpleNamespace(winograd=True, winograd_f4=True, direct_conv=True, get_cpu_capability=lambda: "default")
 mps = SimpleNamespace(is_available=lambda: False, is_built=lambda: False)
 opt_einsum = SimpleNamespace(enabled=False, strategy=None, is_available=lambda: False)

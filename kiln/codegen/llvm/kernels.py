@@ -47,7 +47,7 @@ from ..kernel_plan import reduction_rows as _reduction_rows
 from . import Unsupported
 from .emitter import load, register_type, store
 from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, KernelInfo
-from .kernels_emit import Accumulator, DagEmitter, Scope, VarEnv, element_pointer, operand_pointers
+from .kernels_emit import POINTER, Accumulator, DagEmitter, Scope, VarEnv, element_pointer, operand_pointers
 from .loops import I64, for_range, i64, minimum, product
 
 __all__ = ["CHUNK", "KernelInfo", "KernelModule", "Unsupported"]
@@ -56,7 +56,7 @@ __all__ = ["CHUNK", "KernelInfo", "KernelModule", "Unsupported"]
 #: its setup and a thread's dispatch, small enough that a few million elements split evenly.
 CHUNK = 16384
 
-_PTR = ir.PointerType()
+_PTR = POINTER
 _Builder: TypeAlias = ir.IRBuilder
 
 

@@ -70,6 +70,9 @@ def conv_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, l
     why = compilable(node)
     if why is not None:
         raise Unsupported(why)
+    if node.output.type.numel == 0:  # no output channels (or input channels of a filter gradient)
+        builder.ret_void()
+        return 0
     args, begin, end = params
     pointers = operand_pointers(builder, args, 3)
     emit = _forward if node.op == "conv" else _weight
@@ -163,8 +166,11 @@ def _channel_block(channels: int) -> int:
     return next(b for b in range(CHANNEL_BLOCK, 0, -1) if channels % b == 0)
 
 
-def _unit_columns(node: Node, what: str, strides) -> None:
-    if strides[3] != 1:
+def _unit_columns(node: Node, operand: int, what: str, strides) -> None:
+    """The kernels read rows as contiguous vectors: an input of several columns needs unit column
+    steps (an empty one, or one of single columns, reads none)."""
+    shape = _shape(node.inputs[operand])
+    if strides[3] != 1 and shape[3] > 1 and math.prod(shape):
         raise Unsupported(f"{node.op} of a {what} whose rows are not contiguous runs on its eager kernel")
 
 
@@ -178,7 +184,7 @@ def _forward(builder, pointers, begin, end, node: Node, layouts) -> int:
     x_ptr, w_ptr, out_ptr = pointers
     (n_size, c_size, *_), (o_size, _, kh, kw) = _shape(node.inputs[0]), _shape(node.inputs[1])
     oh_size, ow_size = _shape(node.output)[2:]
-    _unit_columns(node, "input", layouts[0])
+    _unit_columns(node, 0, "input", layouts[0])
     xn, xc, xr, _ = layouts[0]
     wo, wc, wkh, wkw = layouts[1]
     rows = _Rows(node.output.type.dtype, ow_size)
@@ -221,8 +227,8 @@ def _forward(builder, pointers, begin, end, node: Node, layouts) -> int:
 def _weight(builder, pointers, begin, end, node: Node, layouts) -> int:
     g_ptr, x_ptr, out_ptr = pointers
     (n_size, o_size, oh_size, ow_size), (_, c_size, *_) = _shape(node.inputs[0]), _shape(node.inputs[1])
-    _unit_columns(node, "output gradient", layouts[0])
-    _unit_columns(node, "input", layouts[1])
+    _unit_columns(node, 0, "output gradient", layouts[0])
+    _unit_columns(node, 1, "input", layouts[1])
     gn, go, goh, _ = layouts[0]
     xn, xc, xr, _ = layouts[1]
     rows = _Rows(node.output.type.dtype, ow_size)

@@ -97,12 +97,8 @@ def _conv_vjp(ops, c, g):
     return gx, gw
 
 
-def _torch_conv(torch, d: int):
-    return getattr(torch.nn.functional, f"conv{d}d")
-
-
 def _conv_reference(torch, x, w, *, stride, dilation):
-    return _torch_conv(torch, w.ndim - 2)(x, w, stride=stride, dilation=dilation)
+    return getattr(torch.nn.functional, f"conv{w.ndim - 2}d")(x, w, stride=stride, dilation=dilation)
 
 
 def _conv_samples(rng):

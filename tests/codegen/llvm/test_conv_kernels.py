@@ -43,7 +43,7 @@ def _check_compiled(fn, *args, dtype):
     for _ in range(3):  # the first call traces; the others run the compiled program
         out = compiled(*args).numpy()
         assert out.dtype == expected.dtype and out.shape == expected.shape
-        np.testing.assert_allclose(out, expected, rtol=rtol, atol=atol * max(1.0, np.abs(expected).max()))
+        np.testing.assert_allclose(out, expected, rtol=rtol, atol=atol * max(1.0, np.abs(expected).max(initial=0.0)))
     report = "\n".join(compiled.state.specializations[0].report.describe())
     externs = [line for line in report.splitlines() if "extern nodes" in line]
     assert not any("conv" in line for line in externs), report  # run by the compiled function, not the eager kernel
@@ -70,6 +70,17 @@ def test_inputs_of_any_strides():
     _check_compiled(lambda b, f: _conv(b[:, :, 1:11, 2:17], f), base, w, dtype=np.float64)
     g = kiln.from_numpy(rng.standard_normal((3, 4, 10, 16)))
     _check_compiled(lambda a, b: _conv_weight(a[:, :, :8, 1:14], b[:, :, :10, :15], (3, 3)), g, base, dtype=np.float64)
+
+
+def test_empty_batches_and_channels():
+    """No output channels: nothing to compute; no samples: the filter's gradient is zeros."""
+    rng = np.random.default_rng(4)
+    x = kiln.from_numpy(rng.standard_normal((2, 3, 6, 6)))
+    _check_compiled(_conv, x, kiln.zeros(0, 3, 3, 3, dtype=kiln.float64), dtype=np.float64)
+    empty = kiln.zeros(0, 3, 6, 6, dtype=kiln.float64)
+    out = _check_compiled(lambda a, b: _conv_weight(a, b, (3, 3)), kiln.zeros(0, 4, 4, 4, dtype=kiln.float64), empty,
+                          dtype=np.float64)(kiln.zeros(0, 4, 4, 4, dtype=kiln.float64), empty)  # fmt: skip
+    assert out.shape == (4, 3, 3, 3) and not out.numpy().any()
 
 
 def test_results_do_not_depend_on_the_thread_count():
