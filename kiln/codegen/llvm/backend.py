@@ -2,8 +2,9 @@
 
 ``generate`` puts every kernel of a program into one LLVM module, so LLVM is invoked once; the
 window nodes of convolution (``unfold``, ``fold``: ``kernels_window``), direct convolutions
-(``conv``, ``conv_weight``: ``kernels_conv``) and the gathers and scatters of embeddings
-(``take``, ``index_put``: ``kernels_index``) are compiled there too. A kernel
+(``conv``, ``conv_weight``: ``kernels_conv``), the gathers and scatters of embeddings
+(``take``, ``index_put``: ``kernels_index``) and sums over leading axes (``reduce_sum`` keeping the
+last axis: ``kernels_reduce``) are compiled there too. A kernel
 the code generator declines (``Unsupported``) or fails on -- an exception from the generator, or
 LLVM rejecting its code -- runs on the interpreter and the others stay compiled (``report.declined``
 says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests). ``load`` loads the object
@@ -27,7 +28,7 @@ from ...runtime import elf
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
 from . import Unsupported, host
-from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, STATUS_OPS, WINDOW_OPS, KernelInfo
+from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, REDUCE_OPS, STATUS_OPS, WINDOW_OPS, KernelInfo
 
 if TYPE_CHECKING:
     from .kernels import KernelModule
@@ -141,6 +142,10 @@ def _native(node) -> str | None:
         from .kernels_conv import compilable as conv_compilable  # noqa: PLC0415
 
         return conv_compilable(node)
+    if node.op in REDUCE_OPS:
+        from .kernels_reduce import compilable as reduce_compilable  # noqa: PLC0415
+
+        return reduce_compilable(node)
     from .kernels_window import compilable as window_compilable  # noqa: PLC0415
 
     return window_compilable(node)

@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from ...ir.types import Sym, SymbolicShapeError
 
 #: Primitives the LLVM backend compiles as functions of their own, outside fused kernels
-#: (``kernels_window``, ``kernels_tiles``, ``kernels_index``, ``kernels_conv``): a stored program's code may name these nodes.
+#: (``kernels_window``, ``kernels_tiles``, ``kernels_index``, ``kernels_conv``, ``kernels_reduce``): a
+#: stored program's code may name these nodes.
 WINDOW_OPS = frozenset({"unfold", "fold", "tile_transform", "untile_transform"})
 INDEX_OPS = frozenset({"take", "index_put"})
 CONV_OPS = frozenset({"conv", "conv_weight"})
-NATIVE_OPS = WINDOW_OPS | INDEX_OPS | CONV_OPS
+#: Sums that keep the last axis (fusion takes those over trailing axes into kernels).
+REDUCE_OPS = frozenset({"reduce_sum"})
+NATIVE_OPS = WINDOW_OPS | INDEX_OPS | CONV_OPS | REDUCE_OPS
 #: Native ops whose pointer table ends with a status word: nonzero after a call when an index was
 #: out of range (the executor then runs the node's eager kernel, which raises what eager raises).
 STATUS_OPS = INDEX_OPS

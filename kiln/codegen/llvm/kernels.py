@@ -46,7 +46,7 @@ from ..kernel_plan import elementwise_plan, same_size
 from ..kernel_plan import reduction_rows as _reduction_rows
 from . import Unsupported
 from .emitter import load, register_type, store
-from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, KernelInfo
+from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, REDUCE_OPS, KernelInfo
 from .kernels_emit import POINTER, Accumulator, DagEmitter, Scope, VarEnv, element_pointer, operand_pointers
 from .loops import I64, for_range, i64, minimum, product
 
@@ -116,13 +116,16 @@ class KernelModule:
 
     def _add_native(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
         """A primitive compiled as a function of its own: a window node (unfold, fold:
-        ``kernels_window``), an index node (take, index_put: ``kernels_index``) or a direct
-        convolution (conv, conv_weight: ``kernels_conv``)."""
+        ``kernels_window``), an index node (take, index_put: ``kernels_index``), a direct
+        convolution (conv, conv_weight: ``kernels_conv``) or a sum of rows (reduce_sum keeping the
+        last axis: ``kernels_reduce``)."""
         _check_layouts(node, layouts)
         if node.op in INDEX_OPS:
             from .kernels_index import index as emit  # noqa: PLC0415 - modules of their own
         elif node.op in CONV_OPS:
             from .kernels_conv import conv_kernel as emit  # noqa: PLC0415
+        elif node.op in REDUCE_OPS:
+            from .kernels_reduce import reduce_kernel as emit  # noqa: PLC0415
         else:
             from .kernels_window import window as emit  # noqa: PLC0415
         key = ("native", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),

@@ -28,13 +28,11 @@ from llvmlite import ir
 
 from ...ir.graph import Node
 from . import Unsupported
-from .emitter import memory_type
 from .kernel_info import CONV_OPS
 from .kernels_emit import element_pointer, float_static, operand_pointers
+from .kernels_vector import Rows
 from .loops import for_range, i64
 
-#: Bytes of a vector of row positions (an AVX-512 register; two on AVX2).
-VECTOR_BYTES = 64
 #: Tap accumulators of ``conv_weight`` held at once (each a vector register).
 TAP_GROUP = 12
 #: The most output channels a ``conv`` unit computes together (their accumulators share each load).
@@ -81,72 +79,6 @@ def conv_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, l
     return extent
 
 
-class _Rows:
-    """Vector code over rows of ``width`` elements of ``dtype``: ``lanes`` a vector (the fewest
-    powers of two covering a short row), ``full`` whole vectors a row and a masked ``tail``."""
-
-    def __init__(self, dtype, width: int) -> None:
-        self.dtype, self.kind = dtype, memory_type(dtype)
-        lanes = VECTOR_BYTES // dtype.itemsize
-        while lanes // 2 >= width:
-            lanes //= 2
-        self.lanes = lanes
-        self.full, self.tail = divmod(width, lanes)
-        self.vector = ir.VectorType(self.kind, lanes)
-        self.mask = ir.Constant(ir.VectorType(ir.IntType(1), lanes), [k < self.tail for k in range(lanes)])
-
-    def _intrinsic(self, builder, name: str, returns, params):
-        name = f"llvm.{name}.v{self.lanes}f{self.dtype.itemsize * 8}" + (".p0" if "masked" in name else "")
-        function = builder.module.globals.get(name)
-        if function is None:
-            function = ir.Function(builder.module, ir.FunctionType(returns, params), name)
-        return function
-
-    def load(self, builder, base, offset, masked: bool = False):
-        """The vector at element ``offset`` of ``base``; ``masked``: its ``tail`` lanes, zeros after."""
-        pointer = element_pointer(builder, base, offset, self.dtype)
-        if not masked:
-            return builder.load(pointer, typ=self.vector, align=self.dtype.itemsize)
-        function = self._intrinsic(builder, "masked.load", self.vector,
-                                   [ir.PointerType(), ir.IntType(32), self.mask.type, self.vector])  # fmt: skip
-        return builder.call(function, [pointer, ir.IntType(32)(self.dtype.itemsize), self.mask, self.zero()])
-
-    def store(self, builder, value, base, offset, masked: bool = False) -> None:
-        pointer = element_pointer(builder, base, offset, self.dtype)
-        if not masked:
-            builder.store(value, pointer, align=self.dtype.itemsize)
-            return
-        function = self._intrinsic(builder, "masked.store", ir.VoidType(),
-                                   [self.vector, ir.PointerType(), ir.IntType(32), self.mask.type])  # fmt: skip
-        builder.call(function, [value, pointer, ir.IntType(32)(self.dtype.itemsize), self.mask])
-
-    def fma(self, builder, a, b, c):
-        """``a * b + c`` on vectors: ``llvm.fmuladd``, one FMA instruction where the CPU has them and a
-        multiply and an add where not (``llvm.fma`` would call libm's ``fmaf`` there)."""
-        return builder.call(self._intrinsic(builder, "fmuladd", self.vector, [self.vector] * 3), [a, b, c])
-
-    def splat(self, builder, scalar):
-        one = builder.insert_element(ir.Constant(ir.VectorType(self.kind, 1), None), scalar, i64(0))
-        mask = ir.Constant(ir.VectorType(ir.IntType(32), self.lanes), [0] * self.lanes)
-        return builder.shuffle_vector(one, ir.Constant(ir.VectorType(self.kind, 1), None), mask)
-
-    def zero(self):
-        return ir.Constant(self.vector, [0.0] * self.lanes)
-
-    def slots(self, builder, count: int) -> list:
-        """``count`` vector accumulators on the stack (registers once SROA has run)."""
-        with builder.goto_entry_block():
-            return [builder.alloca(self.vector) for _ in range(count)]
-
-    def chunks(self, builder, body) -> None:
-        """``body(column, masked)`` for each vector of a row: a loop over the whole vectors, then the tail."""
-        if self.full:
-            with for_range(builder, 0, self.full, name="vec", vectorize=False) as k:
-                body(_mul(builder, k, self.lanes), False)
-        if self.tail:
-            body(i64(self.full * self.lanes), True)
-
-
 def _shape(value) -> tuple[int, ...]:
     return cast(tuple[int, ...], tuple(value.type.shape))
 
@@ -187,7 +119,7 @@ def _forward(builder, pointers, begin, end, node: Node, layouts) -> int:
     _unit_columns(node, 0, "input", layouts[0])
     xn, xc, xr, _ = layouts[0]
     wo, wc, wkh, wkw = layouts[1]
-    rows = _Rows(node.output.type.dtype, ow_size)
+    rows = Rows(node.output.type.dtype, ow_size)
     block = _channel_block(o_size)
     blocks = o_size // block
     slots = rows.slots(builder, block)
@@ -231,7 +163,7 @@ def _weight(builder, pointers, begin, end, node: Node, layouts) -> int:
     _unit_columns(node, 1, "input", layouts[1])
     gn, go, goh, _ = layouts[0]
     xn, xc, xr, _ = layouts[1]
-    rows = _Rows(node.output.type.dtype, ow_size)
+    rows = Rows(node.output.type.dtype, ow_size)
     shifts = _taps(node, node.attrs["kernel_size"], xr)
     taps = len(shifts)
     groups = -(-taps // TAP_GROUP)
