@@ -67,7 +67,11 @@ class Settings:
     idle_s: float = 0.0  # a pause before each block, for the previous candidate's pool to go idle
 
 
-FULL = Settings(repeats=15, min_repeat_ns=20_000_000, warmup=2, blocks=3, idle_s=0.25)
+# 5 blocks, not 3: this shared VM's speed drifts over seconds, so one block of a candidate can run
+# 1.6x slower than its others (a kiln GPT block of 135 ms against 76-81 ms, its torch blocks 92-99
+# ms, one run). With 3 blocks a long step (GPT: a repeat is one 80 ms call) had 3 draws of that
+# drift per candidate; 5 blocks give each candidate more of the same drift (no side is favoured).
+FULL = Settings(repeats=15, min_repeat_ns=20_000_000, warmup=2, blocks=5, idle_s=0.25)
 QUICK = Settings(repeats=5, min_repeat_ns=2_000_000, warmup=1)
 
 
