@@ -456,3 +456,31 @@ def test_scatters_that_are_not_one_hot_into_a_fill_stay():
     base_input = b.input(TensorType((5, 7), float32))
     graph = b.build([b.node("scatter_add", [base_input, index, src], {"axis": 1})])
     assert simplify(graph) is graph  # a base that is not a constant
+
+
+# ----------------------------------------------------------------------------- outer products
+def outer_product(a_shape, b_shape, dtype=float32):
+    b = GraphBuilder()
+    x, y = b.input(TensorType(a_shape, dtype)), b.input(TensorType(b_shape, dtype))
+    return b.build([b.node("matmul", [x, y])])
+
+
+@pytest.mark.parametrize(
+    "a_shape, b_shape, dtype",
+    [((6, 1), (1, 5), float32), ((2, 4, 1), (3, 1, 1, 3), float64), ((4, 1), (1, 4), int32), ((3, 1), (1, 2), float16)],
+)
+def test_a_product_over_one_term_is_an_elementwise_product(a_shape, b_shape, dtype):
+    """Equal bit for bit to the product on numpy/BLAS, -0.0 (0.0 * -1.0: +0.0 from BLAS), inf and
+    nan included; batch dims broadcast as the product's."""
+    graph = outer_product(a_shape, b_shape, dtype)
+    after = eliminate_dead_code(simplify(graph))
+    ops = [node.op for node in after.nodes]
+    assert "matmul" not in ops and "mul" in ops, ops
+    assert after.outputs[0].type == graph.outputs[0].type
+    for inputs in several_inputs(graph):
+        assert_same_results(graph, after, inputs)
+
+
+def test_products_over_more_terms_or_of_bools_stay():
+    assert simplify(g := outer_product((6, 2), (2, 5))) is g
+    assert simplify(g := outer_product((6, 1), (1, 5), bool_)) is g
