@@ -10,7 +10,9 @@ axes): its accumulators sum the rows below it, loaded as vectors along the conti
 (the last partial vector under a lane mask). The innermost reduced axis is summed in runs of at
 most ``RUN_ROWS`` rows, each run's sum added to the total, so the rounding error grows with
 ``RUN_ROWS + rows / RUN_ROWS`` rather than with the number of rows. Units own disjoint outputs
-and sum in one fixed order: the same bits on any number of threads.
+and sum in one fixed order: the same bits on any number of threads. Every loop is kept from
+LLVM's unroller (``interleave=1``): a row's 8 independent vector adds are work enough per
+iteration, and unrolled, three such kernels took 48 ms of LLVM instead of 34, at the same speed.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def reduce_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node,
     reduced = [(shape[a], strides[a]) for a in axes]
     totals = rows.slots(builder, min(BLOCK_VECTORS, -(-columns // rows.lanes)))
     partials = rows.slots(builder, len(totals))
-    with for_range(builder, begin, end, name="unit", vectorize=False) as unit:
+    with for_range(builder, begin, end, name="unit", vectorize=False, interleave=1) as unit:
         outer = builder.udiv(unit, i64(blocks))
         column = builder.mul(builder.urem(unit, i64(blocks)), i64(width), flags=_NSW)
         x_at = builder.add(_offset(builder, outer, kept), column, flags=_NSW)
@@ -119,7 +121,7 @@ def _block(builder, rows: Rows, x_ptr, out_ptr, x_at, out_at, reduced, totals, p
         """Add rows ``first .. first + count`` of the innermost reduced axis to the totals."""
         for slot in partials[: len(totals)]:
             builder.store(rows.zero(), slot)
-        with for_range(builder, first, first + count, name="row", vectorize=False) as row:
+        with for_range(builder, first, first + count, name="row", vectorize=False, interleave=1) as row:
             row_at = builder.add(at, builder.mul(row, i64(stride), flags=_NSW), flags=_NSW)
             for k, slot in enumerate(partials[: len(totals)]):
                 offset = builder.add(row_at, i64(k * rows.lanes), flags=_NSW)
@@ -133,12 +135,12 @@ def _block(builder, rows: Rows, x_ptr, out_ptr, x_at, out_at, reduced, totals, p
     def nest(at, dims) -> None:
         (size, stride), rest = dims[0], dims[1:]
         if rest:
-            with for_range(builder, 0, size, name="outer_row", vectorize=False) as index:
+            with for_range(builder, 0, size, name="outer_row", vectorize=False, interleave=1) as index:
                 nest(builder.add(at, builder.mul(index, i64(stride), flags=_NSW), flags=_NSW), rest)
             return
         runs, remainder = divmod(size, RUN_ROWS)
         if runs:
-            with for_range(builder, 0, runs, name="run", vectorize=False) as index:
+            with for_range(builder, 0, runs, name="run", vectorize=False, interleave=1) as index:
                 run(builder.add(at, builder.mul(index, i64(RUN_ROWS * stride), flags=_NSW), flags=_NSW),
                     0, RUN_ROWS, stride)  # fmt: skip
         if remainder:
