@@ -126,7 +126,7 @@ class Optimizer:
 
         ``step()`` calls this first; a compiler can call it eagerly before running a compiled step.
         A tensor already holding its value is left alone (these tensors are the optimizer's own):
-        a compiled training step runs this before every call, where each ``fill_`` cost 15-20 us
+        a compiled training step runs this before every call, where each ``fill_`` cost about 20 us
         with the caches cold from the step before.
         """
         with kiln.no_grad():
