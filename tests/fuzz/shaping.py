@@ -89,8 +89,8 @@ def matmul(g: Generator) -> bool:
 def conv(g: Generator) -> bool:
     """conv2d, 3x3: half the time with 16 or more channels in and out (the input's channels
     repeated), which takes Winograd's path (F(4x4, 3x3) on planes of 16 and more); else a few
-    channels, which take the direct ``conv`` primitive (its compiled kernel for unit strides,
-    its eager kernel for stride 2), at dilation 1 or 2."""
+    channels at dilation 1 or 2, which take the direct ``conv`` primitive at stride 1 (its compiled
+    kernel, and its input gradient a flipped ``conv``) and im2col at stride 2."""
     r = g.r
     x = g.choose(lambda v: v.dtype in ("float32", "float64") and len(v.shape) == 4 and min(v.shape[2:]) >= 3
                  and v.shape[1] >= 1 and v.bound <= 50 and numel(v.shape) <= 2048)  # fmt: skip

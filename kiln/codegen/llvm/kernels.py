@@ -56,7 +56,6 @@ __all__ = ["CHUNK", "KernelInfo", "KernelModule", "Unsupported"]
 #: its setup and a thread's dispatch, small enough that a few million elements split evenly.
 CHUNK = 16384
 
-_PTR = POINTER
 _Builder: TypeAlias = ir.IRBuilder
 
 
@@ -157,7 +156,7 @@ class KernelModule:
         return symbol
 
     def _function(self, symbol: str) -> tuple[_Builder, tuple]:  # (in this class, ``ir`` is the method)
-        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [_PTR, I64, I64]), symbol)
+        fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [POINTER, I64, I64]), symbol)
         fn.attributes.add("nounwind")
         for arg, name in zip(fn.args, ("args", "begin", "end"), strict=True):
             arg.name = name

@@ -134,8 +134,8 @@ class DagEmitter:
 
 
 def float_static(node) -> str | None:
-    """Why a native float op's node (a window op, a direct convolution) runs on its eager kernel for
-    its dtype or its shapes (None: float32 or float64, static shapes)."""
+    """Why a native float op's node (a window op, a direct convolution, a sum of rows) runs on its
+    eager kernel for its dtype or its shapes (None: float32 or float64, static shapes)."""
     dtype = node.output.type.dtype
     if dtype not in (dt.float32, dt.float64):
         return f"{node.op} of {dtype.name} runs on its eager kernel"

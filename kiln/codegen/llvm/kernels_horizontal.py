@@ -28,8 +28,8 @@ from ...ir.graph import Graph
 from ..kernel_dag import Load, loads, signature
 from . import Unsupported
 from .emitter import store
-from .kernels import CHUNK, _Body, elementwise_plan, operand_pointers
-from .kernels_emit import Scope, element_pointer
+from .kernels import CHUNK, _Body, elementwise_plan
+from .kernels_emit import Scope, element_pointer, operand_pointers
 from .loops import I64, for_range, i64, minimum, product
 
 

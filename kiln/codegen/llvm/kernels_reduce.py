@@ -47,7 +47,9 @@ def compilable(node: Node) -> str | None:
     if why is not None:
         return why
     (x,) = node.inputs
-    if x.type.ndim - 1 in node.attrs["axes"] or not node.attrs["axes"]:
+    if not node.attrs["axes"]:
+        return "reduce_sum over no axes is a copy, not a sum of rows"
+    if x.type.ndim - 1 in node.attrs["axes"]:
         return "reduce_sum over the last axis is fused into a kernel, not compiled on its own"
     return None
 

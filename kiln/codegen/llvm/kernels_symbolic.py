@@ -20,8 +20,8 @@ from llvmlite import ir
 from ...ir.graph import Graph, Node, kernel_bodies
 from ...ir.types import Sym
 from . import Unsupported
-from .kernels import _PTR, CHUNK, _Body, operand_pointers, unit_loops
-from .kernels_emit import Scope, VarEnv
+from .kernels import CHUNK, _Body, unit_loops
+from .kernels_emit import POINTER, Scope, VarEnv, operand_pointers
 from .loops import I64, for_range, i64, minimum, product
 
 
@@ -59,7 +59,7 @@ def symbolic_work_bytes(node: Node, sym: Sym) -> tuple[int, int]:
 
 def symbol_size(builder: ir.IRBuilder, args: ir.Value, slot: int) -> ir.Value:
     """The size in slot ``slot`` of the argument table (an i64 where a pointer would be)."""
-    where = builder.gep(args, [i64(slot)], inbounds=True, source_etype=_PTR)
+    where = builder.gep(args, [i64(slot)], inbounds=True, source_etype=POINTER)
     return builder.load(where, typ=I64, name="size")
 
 
