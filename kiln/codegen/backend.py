@@ -10,6 +10,10 @@ The compile driver (``kiln.frontend.jit.driver``) asks a backend three things, i
 3. ``load(lowered, code)``: that code, loaded into a program the runtime runs:
    ``program(list of arrays) -> list of arrays``.
 
+A backend that computes a convolution's elementwise consumers inside the convolution's kernel
+also gives ``takes_epilogue(node)``: whether it compiles ``node``, a kernel of kind ``conv`` that
+fusion proposes (``kiln.passes.epilogues``); the others leave it out, and fusion makes none.
+
 ``stages`` names the lowering stages it needs after the graph passes (``fuse``, ``infer_layouts``,
 ``choose_write_backs``, ``plan_memory``); the interpreter needs none. For the on-disk cache a
 backend gives ``signature()`` (what decides its code besides the IR, such as the host CPU; None:

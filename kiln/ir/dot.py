@@ -40,7 +40,7 @@ from .graph import CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
 from .printer import format_type
 
 INPUT_COLOR, OUTPUT_COLOR, NODE_COLOR = "#dbeafe", "#dcfce7", "#f3f4f6"
-KERNEL_COLORS = {"elementwise": "#fef3c7", "reduction": "#fde68a", "horizontal": "#fed7aa"}
+KERNEL_COLORS = {"elementwise": "#fef3c7", "reduction": "#fde68a", "horizontal": "#fed7aa", "conv": "#e9d5ff"}
 BREAK_COLOR = "#fecaca"
 RENDERED_FORMATS = ("svg", "png", "pdf")
 

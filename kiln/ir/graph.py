@@ -8,9 +8,13 @@ strings, None, dtypes and tuples of them). Every node may carry the user's sourc
 (``loc``) so that errors at run time point at the line that made the op.
 
 A ``kernel`` node (``KERNEL``) is what fusion makes: ``attrs = {"name": ..., "kind": "elementwise" |
-"reduction" | "horizontal", "bodies": (Graph, ...)}``. Each body is an ordinary graph with its own
+"reduction" | "horizontal" | "conv", "bodies": (Graph, ...)}``. Each body is an ordinary graph with its own
 values and constants; the node's inputs and outputs are the bodies' (one body, or for a
 horizontal kernel the members' concatenated in order). ``kernel_bodies(node)`` gives the bodies.
+The body of a ``conv`` kernel is a convolution and its epilogue: its first node is a ``conv`` of
+body inputs 0 and 1, and the rest are elementwise and view nodes that read the convolution's
+result as an input (``conv_epilogue``); its outputs have the sample and channel dims of the
+convolution's result, and may differ in the others (a pooled output).
 
 Graphs are immutable: passes build new ones with a ``GraphBuilder`` rather than editing. Value
 identity is object identity; the integer ``id`` only names a value in the text form.
@@ -32,7 +36,7 @@ CONSTANT = "constant"
 #: The op name of fused kernel nodes (``attrs = {"name", "kind", "bodies"}``; see the module docstring).
 KERNEL = "kernel"
 #: The kinds of kernel nodes.
-KERNEL_KINDS = ("elementwise", "reduction", "horizontal")
+KERNEL_KINDS = ("elementwise", "reduction", "horizontal", "conv")
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,6 +109,13 @@ def body_inputs_outputs(node: Node) -> list[tuple[Graph, tuple[Value, ...], tupl
         result.append((body, node.inputs[i : i + n], node.outputs[o : o + m]))
         i, o = i + n, o + m
     return result
+
+
+def conv_epilogue(body: Graph) -> tuple[Node, Graph]:
+    """The ``conv`` node of a conv kernel's body and its epilogue: the body's other nodes as a graph
+    whose first input is the convolution's result, then the body's inputs after the two operands."""
+    conv = body.nodes[0]
+    return conv, Graph((conv.outputs[0], *body.inputs[2:]), body.nodes[1:], body.outputs, body.constants)
 
 
 #: Separates a kernel's name, the body's index and a body constant's name in ``qualified_constants``.

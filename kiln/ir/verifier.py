@@ -33,6 +33,7 @@ from .graph import (
     SourceLocation,
     Value,
     body_inputs_outputs,
+    conv_epilogue,
     structure_key,
 )
 from .primitives import PRIMITIVES
@@ -292,7 +293,11 @@ def _check_kernel_node(
     for member, (body, inputs, outputs) in enumerate(body_inputs_outputs(node)):
         what = f"{where}, body {member}"
         try:
-            _verify_graph(body, "reduction" if kind == "reduction" else "elementwise")
+            elementwise = body
+            if kind == "conv":  # the whole body as a graph, then its epilogue as an elementwise body
+                _verify_graph(body, None)
+                elementwise = _conv_epilogue(body)
+            _verify_graph(elementwise, "reduction" if kind == "reduction" else "elementwise")
         except VerificationError as error:
             raise VerificationError(f"{what}: {error}") from error
         for role, inner, outer in (("input", body.inputs, inputs), ("output", body.outputs, outputs)):
@@ -304,7 +309,10 @@ def _check_kernel_node(
                     )
         if not body.outputs:
             raise VerificationError(f"{what}: a body makes at least one output")
-        _check_body_structure(what, body, kind)
+        if kind == "conv":
+            _check_epilogue_shapes(what, body)
+        else:
+            _check_body_structure(what, body, kind)
     if kind == "horizontal":
         first = structure_key(bodies[0])
         for member, body in enumerate(bodies[1:], 1):
@@ -316,6 +324,28 @@ def _check_kernel_node(
     for value in node.outputs:
         _check_value(value, where)
         _define(defined, value, where)
+
+
+def _conv_epilogue(body: Graph) -> Graph:
+    """The epilogue of a conv kernel's body (``conv_epilogue``), which verifies as an elementwise body."""
+    first = body.nodes[0] if body.nodes else None
+    if first is None or first.op != "conv" or first.inputs != body.inputs[:2]:
+        raise VerificationError("a conv kernel's body starts with a conv node of body inputs 0 and 1")
+    return conv_epilogue(body)[1]
+
+
+def _check_epilogue_shapes(what: str, body: Graph) -> None:
+    """Every output of a conv kernel's epilogue has the convolution's rank, sample and channel dims
+    (the code computes each unit's sample and channels of every output from the unit's block of the
+    convolution; the outputs' other dims may differ: a pooled output's)."""
+    result = body.nodes[0].outputs[0].type.shape
+    for i, v in enumerate(body.outputs):
+        shape = v.type.shape
+        if len(shape) != len(result) or tuple(shape[:2]) != tuple(result[:2]):
+            raise VerificationError(
+                f"{what}: output {i} has shape {list(shape)}; a conv kernel's outputs have the sample and channel "
+                f"dims of its convolution's result {list(result)}"
+            )
 
 
 def _check_body_op(index: int, node: Node, body_kind: str) -> None:

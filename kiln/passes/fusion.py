@@ -30,6 +30,9 @@ elementwise work a later kernel computes again rather than read (step 4).
 5. Horizontal fusion (``fusion_emit``): mutually independent elementwise kernels whose bodies
    are structurally identical (same ops, attributes, dtypes and constants; any shapes) -- the
    per-parameter updates of an optimizer step -- become one horizontal kernel.
+6. Epilogues (``epilogues``), for a backend that takes them: a convolution and the elementwise
+   kernels after it that read its results (bias, activation, pooling) become one kernel of kind
+   ``conv``.
 
 The result is ordered topologically (ties broken by the position of each unit's first node in
 the input graph), so the pass is deterministic. It is not in ``DEFAULT_PIPELINE``: the compile
@@ -44,13 +47,16 @@ from collections.abc import Callable, Iterator
 from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
 from ..ir.types import TensorType
 from .eliminate_dead_code import eliminate_dead_code
+from .epilogues import fuse_epilogues
 from .fusion_emit import emit
 from .fusion_groups import Grouping
 
 
-def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:
+def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None,
+         takes_epilogue: Callable[[Node], bool] | None = None) -> Graph:  # fmt: skip
     """``graph`` with its fusable nodes grouped into kernel nodes (see the module docstring);
-    ``supports(node)``: whether the backend compiles ``node`` inside a kernel (None: every node).
+    ``supports(node)``: whether the backend compiles ``node`` inside a kernel (None: every node);
+    ``takes_epilogue(node)``: whether it compiles the conv kernel ``node`` (None: it makes none).
 
     Needs: a verified graph in topological order. Establishes: every elementwise, fusable view
     and trailing-axes reduction node is in one kernel body (and cheap elementwise ones in the
@@ -63,7 +69,8 @@ def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:
     graph = reductions_to_trailing_axes(graph, supports)
     grouping = Grouping(graph, supports)
     groups = grouping.groups()
-    return emit(graph, groups, [grouping.space(g) for g in groups])
+    fused = emit(graph, groups, [grouping.space(g) for g in groups])
+    return fused if takes_epilogue is None else fuse_epilogues(fused, takes_epilogue)
 
 
 def reductions_to_trailing_axes(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:

@@ -58,6 +58,11 @@ class LLVMBackend:
                 return f"{v.type.dtype.name} has no LLVM kernels"
         return None
 
+    def takes_epilogue(self, node: Node) -> bool:
+        from .kernels_epilogue import takes_epilogue  # noqa: PLC0415 - a cache hit loads code without the generator
+
+        return takes_epilogue(node)
+
     def signature(self) -> str:
         return host.signature()
 

@@ -74,7 +74,7 @@ class KernelModule:
             return self._add_native(node, layouts)
         kind, bodies = node.attrs.get("kind"), tuple(node.attrs.get("bodies", ()))
         _check_layouts(node, layouts)
-        if kind not in ("elementwise", "reduction", "horizontal"):
+        if kind not in ("elementwise", "reduction", "horizontal", "conv"):
             raise Unsupported(f"kernel kind {kind!r}")
         if kind != "horizontal" and len(bodies) != 1:
             raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
@@ -93,6 +93,10 @@ class KernelModule:
             builder, args = self._function(symbol)
             if kind == "elementwise":
                 extent = _elementwise(builder, args, bodies[0], layouts)
+            elif kind == "conv":
+                from .kernels_epilogue import epilogue_kernel  # noqa: PLC0415 - it builds on this module
+
+                extent = epilogue_kernel(builder, args, node, layouts)
             elif kind == "reduction":
                 extent = _reduction(builder, args, bodies[0], layouts)
             else:
@@ -100,9 +104,7 @@ class KernelModule:
 
                 extent = horizontal(builder, args, bodies, layouts)
         except BaseException:
-            # Leave the module as it was: a half-built function would make the whole module invalid.
-            for name in set(self.module.globals) - existing:
-                del self.module.globals[name]
+            self._drop_new_functions(existing)
             raise
         if isinstance(extent, int):
             info = KernelInfo(symbol, extent, _work_bytes(node))
@@ -137,11 +139,19 @@ class KernelModule:
             builder, args = self._function(symbol)
             extent = emit(builder, args, node, layouts)
         except BaseException:
-            for name in set(self.module.globals) - existing:
-                del self.module.globals[name]
+            self._drop_new_functions(existing)
             raise
         info = self._known[key] = KernelInfo(symbol, extent, _work_bytes(node))
         return info
+
+    def _drop_new_functions(self, existing: set[str]) -> None:
+        """Leave the module as it was before a kernel that failed: a half-built function would make
+        the whole module invalid. The declarations it added (intrinsics, libm) stay: they are valid
+        alone, and their names stay taken in the module's scope, so a later kernel reuses them."""
+        for name in set(self.module.globals) - existing:
+            value = self.module.globals[name]
+            if not (isinstance(value, ir.Function) and value.is_declaration):
+                del self.module.globals[name]
 
     def ir(self) -> str:
         """The module's LLVM IR text (every kernel added so far)."""
@@ -199,6 +209,10 @@ def _work_bytes(node: Node) -> int:
             moved += 2 * multiply_adds(node)
         return moved
     total = sum(v.type.numel * v.type.dtype.itemsize for v in node.outputs)
+    if node.attrs["kind"] == "conv":  # the convolution's multiply-adds, as for a conv node
+        from .kernels_conv import multiply_adds  # noqa: PLC0415
+
+        total += 2 * multiply_adds(node.attrs["bodies"][0].nodes[0])
     for body, outer, _ in body_inputs_outputs(node):
         uses = body.uses()
         for inner, value in zip(body.inputs, outer, strict=True):

@@ -57,7 +57,7 @@ def compilable(node: Node) -> str | None:
 def multiply_adds(node: Node) -> int:
     """The multiply-adds of a ``conv`` or ``conv_weight`` node: each output element sums over the
     filter (conv) or over every sample's output positions (conv_weight)."""
-    first, second = _shape(node.inputs[0]), _shape(node.inputs[1])  # static: ``compilable`` checked it
+    first, second = shape_of(node.inputs[0]), shape_of(node.inputs[1])  # static: ``compilable`` checked it
     inner = math.prod(second[1:]) if node.op == "conv" else first[0] * math.prod(first[2:])
     return node.output.type.numel * inner
 
@@ -73,13 +73,13 @@ def conv_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, l
         return 0
     args, begin, end = params
     pointers = operand_pointers(builder, args, 3)
-    emit = _forward if node.op == "conv" else _weight
+    emit = forward if node.op == "conv" else _weight
     extent = emit(builder, pointers, begin, end, node, [tuple(s) for s in layouts])
     builder.ret_void()
     return extent
 
 
-def _shape(value) -> tuple[int, ...]:
+def shape_of(value) -> tuple[int, ...]:
     return cast(tuple[int, ...], tuple(value.type.shape))
 
 
@@ -94,14 +94,14 @@ def _mul(builder, value, constant: int):
     return builder.mul(value, i64(constant), flags=("nsw",))
 
 
-def _channel_block(channels: int) -> int:
+def channel_block(channels: int) -> int:
     return next(b for b in range(CHANNEL_BLOCK, 0, -1) if channels % b == 0)
 
 
 def _unit_columns(node: Node, operand: int, what: str, strides) -> None:
     """The kernels read rows as contiguous vectors: an input of several columns needs unit column
     steps (an empty one, or one of single columns, reads none)."""
-    shape = _shape(node.inputs[operand])
+    shape = shape_of(node.inputs[operand])
     if strides[3] != 1 and shape[3] > 1 and math.prod(shape):
         raise Unsupported(f"{node.op} of a {what} whose rows are not contiguous runs on its eager kernel")
 
@@ -112,22 +112,28 @@ def _taps(node: Node, kernel, row_stride: int) -> list[int]:
     return [i * dh * row_stride + j * dw for i in range(kernel[0]) for j in range(kernel[1])]
 
 
-def _forward(builder, pointers, begin, end, node: Node, layouts) -> int:
+def forward(builder, pointers, begin, end, node: Node, layouts, epilogue=None) -> int:
+    """``conv``'s loops; with an ``epilogue`` (``kernels_epilogue``), each unit's block of output
+    channels goes to the epilogue's stack slab instead, and the epilogue then runs on it."""
     x_ptr, w_ptr, out_ptr = pointers
-    (n_size, c_size, *_), (o_size, _, kh, kw) = _shape(node.inputs[0]), _shape(node.inputs[1])
-    oh_size, ow_size = _shape(node.output)[2:]
+    (n_size, c_size, *_), (o_size, _, kh, kw) = shape_of(node.inputs[0]), shape_of(node.inputs[1])
+    oh_size, ow_size = shape_of(node.output)[2:]
     _unit_columns(node, 0, "input", layouts[0])
     xn, xc, xr, _ = layouts[0]
     wo, wc, wkh, wkw = layouts[1]
     rows = Rows(node.output.type.dtype, ow_size)
-    block = _channel_block(o_size)
+    block = channel_block(o_size)
     blocks = o_size // block
     slots = rows.slots(builder, block)
+    out_base = out_ptr if epilogue is None else epilogue.slab
     taps = list(zip(_taps(node, (kh, kw), xr), [i * wkh + j * wkw for i in range(kh) for j in range(kw)], strict=True))
     with for_range(builder, begin, end, name="unit", vectorize=False) as unit:
         n = builder.udiv(unit, i64(blocks))
         o0 = _mul(builder, builder.urem(unit, i64(blocks)), block)
-        out_at = _mul(builder, _add(builder, _mul(builder, n, o_size), o0), oh_size * ow_size)
+        if epilogue is None:
+            out_at = _mul(builder, _add(builder, _mul(builder, n, o_size), o0), oh_size * ow_size)
+        else:  # the unit's block of channels, (block, OH, OW) in C order
+            out_at = i64(0)
         with for_range(builder, 0, oh_size, name="oh", vectorize=False) as oh:
             x_row = _add(builder, _mul(builder, n, xn), _mul(builder, oh, xr))
             out_row = _add(builder, out_at, _mul(builder, oh, ow_size))
@@ -150,15 +156,17 @@ def _forward(builder, pointers, begin, end, node: Node, layouts) -> int:
                         builder.store(total, slot)
                 for b, slot in enumerate(slots):
                     at = _add(builder, out_row, i64(b * oh_size * ow_size), column)
-                    rows.store(builder, builder.load(slot, typ=rows.vector), out_ptr, at, masked)
+                    rows.store(builder, builder.load(slot, typ=rows.vector), out_base, at, masked)
 
             rows.chunks(builder, chunk)
+        if epilogue is not None:
+            epilogue.emit(n, o0)
     return n_size * blocks
 
 
 def _weight(builder, pointers, begin, end, node: Node, layouts) -> int:
     g_ptr, x_ptr, out_ptr = pointers
-    (n_size, o_size, oh_size, ow_size), (_, c_size, *_) = _shape(node.inputs[0]), _shape(node.inputs[1])
+    (n_size, o_size, oh_size, ow_size), (_, c_size, *_) = shape_of(node.inputs[0]), shape_of(node.inputs[1])
     _unit_columns(node, 0, "output gradient", layouts[0])
     _unit_columns(node, 1, "input", layouts[1])
     gn, go, goh, _ = layouts[0]

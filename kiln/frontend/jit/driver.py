@@ -73,7 +73,8 @@ def graph_stage(graph_pass: Callable[[Graph], Graph]) -> Stage:
 
 def _fuse(c: Compilation) -> Compilation:
     backend = c.backend
-    return replace(c, graph=fuse(c.graph, lambda node: backend.declines(node) is None), unfused=c.graph)
+    graph = fuse(c.graph, lambda node: backend.declines(node) is None, getattr(backend, "takes_epilogue", None))
+    return replace(c, graph=graph, unfused=c.graph)
 
 
 #: The stages after the graph passes; a backend runs those it names in ``Backend.stages``. Fusion
