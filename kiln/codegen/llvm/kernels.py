@@ -373,18 +373,26 @@ def _row_interleave(inner: Dim) -> int | None:
 
 #: Operations whose value is worth keeping in the output rather than computing twice.
 _COSTLY = frozenset({"exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "pow"})
+#: Operations on every element of a row that make a kept value pay for its store and load without a
+#: costly one: LayerNorm's ``(x - mean) - drift``, two subtractions on the vector adder, which its
+#: four passes keep busier than memory (one thread: 277 ns a row of 1024 floats, ~720 cycles).
+_KEEP_OPS = 2
 #: The longest row (bytes of output) whose kept values are still in cache when the last pass reads them.
 _KEEP_ROW_BYTES = 256 << 10
 
 
-def _kept_in_output(full: list, reduces: list, row_elements: int) -> tuple[int, DagNode] | None:
+def _kept_in_output(full: list, reduces: list, row_elements: int, outer: int,
+                    aliased: frozenset[int]) -> tuple[int, DagNode] | None:  # fmt: skip
     """``(operand, node)``: a value the last accumulation pass computes anyway, stored into the
     single full output during that pass and loaded back by the output pass, instead of being
-    computed again -- softmax's ``exp(x - max)``, which its sum needs and its output divides.
+    computed again -- softmax's ``exp(x - max)``, which its sum needs and its output divides;
+    LayerNorm's centered value, which its variance squares and its output scales.
 
-    Only where it pays and cannot go wrong: the node contains a costly routine, the row fits in
+    Only where it pays and cannot go wrong: the node contains a costly routine or ``_KEEP_OPS``
+    operations on each element of the row (``outer``: the number of row dims), the row fits in
     cache, there is one full output, and once the kept node is loaded the output's formula reads
-    no input (an output may share an input's memory, and the last pass has already written it)."""
+    no input that may share the output's memory (``aliased``: those of the output's shape; the last
+    pass has already written the output). LayerNorm's weight and bias, of the row's shape, may be read."""
     if len(full) != 1 or not reduces:
         return None
     operand, root, _ = full[0]
@@ -392,24 +400,48 @@ def _kept_in_output(full: list, reduces: list, row_elements: int) -> tuple[int, 
         return None
     last = max(r.level for r in reduces)
     computed = {id(n) for n in walk([r.arg for r in reduces if r.level == last])}
+    varies = _varying(root, outer)
     frontier, pending, seen = [], [root], set()
-    while pending:  # the output's formula down to the first nodes the last pass computes
+    while pending:  # the output's formula down to the first values along the row the last pass computes
         node = pending.pop()
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if id(node) in computed and node.after < last:
+        if id(node) in computed and node.after < last and varies[id(node)]:
             frontier.append(node)
-        elif isinstance(node, Load):
+        elif isinstance(node, Load) and node.operand in aliased:
             return None
         elif isinstance(node, Apply):
             pending.extend(node.args)
     if len(frontier) != 1 or frontier[0] is root or frontier[0].dtype is not root.dtype:
         return None
     kept = frontier[0]
-    if not any(isinstance(n, Apply) and n.op in _COSTLY for n in walk([kept])):
+    costly = any(isinstance(n, Apply) and n.op in _COSTLY for n in walk([kept]))
+    per_element = sum(1 for n in walk([kept]) if isinstance(n, Apply) and varies.get(id(n), False))
+    if not costly and per_element < _KEEP_OPS:
         return None
     return operand, kept
+
+
+def _varying(root: DagNode, outer: int) -> dict[int, bool]:
+    """For each node under ``root`` (by id): whether its value varies along the row. Reductions,
+    constants and what is computed from them alone are row values, computed once a row."""
+    varies: dict[int, bool] = {}
+    pending = [(root, False)]
+    while pending:  # operands first, then the node (no recursion: a chain may be long)
+        node, ready = pending.pop()
+        if id(node) in varies:
+            continue
+        if isinstance(node, Load):
+            varies[id(node)] = any(var >= outer for var in _variables(node.offset))
+        elif not isinstance(node, Apply):
+            varies[id(node)] = False
+        elif ready:
+            varies[id(node)] = any(varies[id(a)] for a in node.args)
+        else:
+            pending.append((node, True))
+            pending.extend((a, False) for a in node.args)
+    return varies
 
 
 def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple[int, int]:
@@ -446,7 +478,8 @@ def _reduction(builder: ir.IRBuilder, args, body: Graph, layouts) -> int | tuple
     env = VarEnv()
     target = _Body(builder, operand_pointers(builder, args_ptr, n_in + len(body.outputs)), env)
     interleave = _row_interleave(sizes[-1]) if sizes else None
-    kept = _kept_in_output(full, dag.reduces, product(sizes))
+    same_shape = frozenset(i for i, v in enumerate(body.inputs) if v.type.shape == domain)
+    kept = _kept_in_output(full, dag.reduces, product(sizes), rows.outer, same_shape)
     # The row loop is never vectorized: its lanes would be rows, and it is innermost only when the
     # reduction is one element long, where LLVM's loop vectorizer spent minutes on a row body it
     # could not hoist (a broadcast input read at one address, outputs that may alias it).
