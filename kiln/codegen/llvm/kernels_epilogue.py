@@ -100,13 +100,14 @@ def _in_slab(space: ix.Space, offset: ix.Lin, result: Sequence[int]) -> bool:
     sample and channel (domain variables 0 and 1) for every element of ``space``."""
     plane = math.prod(result[2:])
     expected = {0: result[1] * plane, 1: plane}
+    found = {atom: c for atom, c in offset.terms if isinstance(atom, int) and atom in expected}
+    if any(found.get(j, 0) != expected[j] for j in expected if space.sizes[j] > 1):
+        return False  # another sample's or channel's block (a broadcast of one of them reads no variable)
     rest: list[tuple[ix.Atom, int]] = []
     for atom, coefficient in offset.terms:
-        if atom in expected:
-            if coefficient != expected[atom]:
-                return False
-        elif isinstance(atom, int):
-            rest.append((atom, coefficient))
+        if isinstance(atom, int):
+            if atom not in found:
+                rest.append((atom, coefficient))
         elif not {0, 1}.isdisjoint(_variables(atom.expr)):
             return False
         else:

@@ -121,6 +121,8 @@ def test_a_training_step_keeps_the_masks_and_indices_its_backward_reads():
         (lambda x, w, b: F.conv2d(x, w).transpose(0, 1) + b, False),  # another sample's and channel's
         (lambda x, w, b: F.conv2d(x, w).reshape(4, 7, 4, 7).transpose(1, 2) + b, False),  # rows of other channels
         (lambda x, w, b: F.conv2d(x, w).flip(3) + b, False),  # flip is an extern node, the kernel's reader
+        (lambda x, w, b: F.conv2d(x, w) * F.conv2d(x, w)[:, :1], False),  # channel 0's block, for every channel
+        (lambda x, w, b: F.conv2d(x, w) * F.conv2d(x, w)[:1], False),  # sample 0's block, for every sample
         (lambda x, w, b: (F.conv2d(x, w).relu(), F.conv2d(x, w)), False),  # the result is an output
         (lambda x, w, b: F.conv2d(x, w, stride=2).relu(), False),  # the convolution is not compiled
     ],
