@@ -101,7 +101,7 @@ def _in_slab(space: ix.Space, offset: ix.Lin, result: Sequence[int]) -> bool:
     plane = math.prod(result[2:])
     expected = {0: result[1] * plane, 1: plane}
     found = {atom: c for atom, c in offset.terms if isinstance(atom, int) and atom in expected}
-    if any(found.get(j, 0) != expected[j] for j in expected if space.sizes[j] > 1):
+    if any(found.get(j, 0) != expected[j] for j in expected if space.sizes[j] != 1):
         return False  # another sample's or channel's block (a broadcast of one of them reads no variable)
     rest: list[tuple[ix.Atom, int]] = []
     for atom, coefficient in offset.terms:
