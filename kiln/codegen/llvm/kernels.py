@@ -36,7 +36,7 @@ import numpy as np
 from llvmlite import ir
 
 from ...ir import dtypes as dt
-from ...ir.graph import KERNEL, Graph, Node, body_inputs_outputs, structure_key
+from ...ir.graph import KERNEL, Graph, Node, body_inputs_outputs, conv_epilogue, structure_key
 from ...ir.types import Dim, Sym
 from .. import index as ix
 from ..kernel_dag import VIEWS, Apply, Const, DagBuilder, Load, Reduce, loads, walk
@@ -212,7 +212,7 @@ def _work_bytes(node: Node) -> int:
     if node.attrs["kind"] == "conv":  # the convolution's multiply-adds, as for a conv node
         from .kernels_conv import multiply_adds  # noqa: PLC0415
 
-        total += 2 * multiply_adds(node.attrs["bodies"][0].nodes[0])
+        total += 2 * multiply_adds(conv_epilogue(node.attrs["bodies"][0])[0])
     for body, outer, _ in body_inputs_outputs(node):
         uses = body.uses()
         for inner, value in zip(body.inputs, outer, strict=True):
