@@ -17,6 +17,22 @@ __all__ = ["nll_loss", "cross_entropy", "mse_loss", "l1_loss", "binary_cross_ent
 _REDUCTIONS = ("none", "mean", "sum")
 
 
+def legacy_reduction(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
+    """``reduction`` as PyTorch's deprecated ``size_average``/``reduce`` flags say, where either is given.
+
+    ``reduce=False`` is ``'none'``; otherwise ``size_average=False`` is ``'sum'`` and anything else
+    ``'mean'``. Where both are None, ``reduction`` itself, checked by the loss that reads it.
+
+    >>> legacy_reduction(False, None, "mean"), legacy_reduction(None, False, "mean"), legacy_reduction(None, None, "sum")
+    ('sum', 'none', 'sum')
+    """
+    if size_average is None and reduce is None:
+        return reduction
+    if reduce is not None and not reduce:
+        return "none"
+    return "sum" if size_average is not None and not size_average else "mean"
+
+
 def _check_reduction(reduction: str) -> None:
     if reduction not in _REDUCTIONS:
         raise ValueError(f"{reduction} is not a valid value for reduction (expected 'none', 'mean' or 'sum')")
@@ -75,6 +91,7 @@ def _picked_log_probs(logp, target, weight, ignore_index: int, op: str):
 def nll_loss(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
              reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """Negative log-likelihood of class indices ``target`` under log-probabilities ``input`` (N, C, ...)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     check_tensor(input, "input", "nll_loss")
     _check_reduction(reduction)
     losses, w, _ = _picked_log_probs(input, target, weight, ignore_index, "nll_loss")
@@ -93,6 +110,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index: i
     >>> round(cross_entropy(kiln.tensor([[0.0, 0.0]]), kiln.tensor([1])).item(), 4)
     0.6931
     """
+    reduction = legacy_reduction(size_average, reduce, reduction)
     check_tensor(input, "input", "cross_entropy")
     _check_reduction(reduction)
     if not 0.0 <= label_smoothing <= 1.0:
@@ -142,6 +160,7 @@ def _soft_cross_entropy(logp, target, weight, reduction: str, label_smoothing: f
 @autocast_op(FLOAT32)
 def mse_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
     """Mean squared error; ``input`` and ``target`` broadcast against each other."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     diff = input - target
     return _reduce(diff * diff, reduction)
 
@@ -149,6 +168,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction: str = "me
 @autocast_op(FLOAT32)
 def l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
     """Mean absolute error; ``input`` and ``target`` broadcast against each other."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     return _reduce(kiln.abs(input - target), reduction)
 
 
@@ -189,6 +209,7 @@ class _BinaryCrossEntropy(kiln.autograd.Function):
 def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None,
                          reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """-(t log x + (1 - t) log(1 - x)) for probabilities ``input``; each log clamped to >= -100 as in PyTorch."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     check_tensor(input, "input", "binary_cross_entropy")
     _check_same_size(input, target, "binary_cross_entropy")
     # not (x < 0 or x > 1) rather than 0 <= x <= 1: a nan passes, as in PyTorch
@@ -206,6 +227,7 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
 def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
                                      reduction: str = "mean", pos_weight=None) -> kiln.Tensor:  # fmt: skip
     """BCE of sigmoid(input), computed stably: (1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     check_tensor(input, "input", "binary_cross_entropy_with_logits")
     _check_same_size(input, target, "binary_cross_entropy_with_logits")
     # softplus(-x) = log1p(exp(-|x|)) + max(-x, 0): exp never overflows.

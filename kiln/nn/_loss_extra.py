@@ -10,7 +10,7 @@ import math
 import kiln
 
 from ._distance import pairwise_distance
-from ._loss import _check_reduction, _reduce
+from ._loss import _check_reduction, _reduce, legacy_reduction
 
 __all__ = ["smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "margin_ranking_loss",
            "hinge_embedding_loss", "cosine_embedding_loss", "poisson_nll_loss", "gaussian_nll_loss",
@@ -20,6 +20,7 @@ __all__ = ["smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "margin
 def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean",
                    beta: float = 1.0) -> kiln.Tensor:  # fmt: skip
     """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (L1 when beta is 0)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     if beta < 0:
         raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
     diff = input - target
@@ -47,6 +48,7 @@ def kl_div(input, target, size_average=None, reduce=None, reduction: str = "mean
 
     ``reduction="batchmean"`` divides the sum by the batch size (the mathematically right mean).
     """
+    reduction = legacy_reduction(size_average, reduce, reduction)
     if log_target:
         loss = kiln.exp(target) * (target - input)
     else:
@@ -60,18 +62,21 @@ def kl_div(input, target, size_average=None, reduce=None, reduction: str = "mean
 
 def soft_margin_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
     """log(1 + exp(-y x)) for labels y in {-1, 1}."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     return _reduce(kiln.softplus(-target * input), reduction)
 
 
 def margin_ranking_loss(input1, input2, target, margin: float = 0.0, size_average=None, reduce=None,
                         reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """max(0, -y (x1 - x2) + margin)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     return _reduce(kiln.clamp(-target * (input1 - input2) + margin, min=0.0), reduction)
 
 
 def hinge_embedding_loss(input, target, margin: float = 1.0, size_average=None, reduce=None,
                          reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """x where y == 1, max(0, margin - x) where y == -1 (PyTorch adds both terms for other labels)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     margin_part = kiln.where(target != 1, kiln.clamp(margin - input, min=0.0), 0.0)
     self_part = kiln.where(target != -1, input, 0.0)
     return _reduce(margin_part + self_part, reduction)
@@ -80,6 +85,7 @@ def hinge_embedding_loss(input, target, margin: float = 1.0, size_average=None, 
 def cosine_embedding_loss(input1, input2, target, margin: float = 0.0, size_average=None, reduce=None,
                           reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """1 - cos(x1, x2) where y == 1, max(0, cos(x1, x2) - margin) where y == -1."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     eps = 1e-12
     dot = (input1 * input2).sum(dim=-1)
     cos = dot / kiln.sqrt(((input1 * input1).sum(dim=-1) + eps) * ((input2 * input2).sum(dim=-1) + eps))
@@ -90,6 +96,7 @@ def cosine_embedding_loss(input1, input2, target, margin: float = 0.0, size_aver
 def poisson_nll_loss(input, target, log_input: bool = True, full: bool = False, size_average=None,
                      eps: float = 1e-8, reduce=None, reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """Poisson negative log-likelihood of ``target`` counts with rate exp(input) (or input itself)."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     _check_reduction(reduction)
     loss = kiln.exp(input) - target * input if log_input else input - target * kiln.log(input + eps)
     if full:
@@ -125,6 +132,7 @@ def triplet_margin_loss(anchor, positive, negative, margin: float = 1.0, p: floa
                         swap: bool = False, size_average=None, reduce=None,
                         reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """max(0, margin + d(a, p) - d(a, n)) with d the pairwise p-distance."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     d_pos = pairwise_distance(anchor, positive, p, eps)
     d_neg = pairwise_distance(anchor, negative, p, eps)
     if swap:
@@ -135,6 +143,7 @@ def triplet_margin_loss(anchor, positive, negative, margin: float = 1.0, p: floa
 def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None,
                                 reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """Per-class logistic loss averaged over the C classes of an (N, C) input."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     # log sigmoid(x) = -softplus(-x)
     loss = target * kiln.softplus(-input) + (1 - target) * kiln.softplus(input)
     if weight is not None:
@@ -145,6 +154,7 @@ def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, r
 def multi_margin_loss(input, target, p: int = 1, margin: float = 1.0, weight=None, size_average=None,
                       reduce=None, reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
     """sum over classes i != y of max(0, margin - x[y] + x[i])^p / C, times weight[y]."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
     if p not in (1, 2):
         raise ValueError("only p == 1 and p == 2 supported")
     x = input if input.ndim == 2 else input.reshape(1, -1)
@@ -165,6 +175,7 @@ def multilabel_margin_loss(input, target, size_average=None, reduce=None, reduct
 
     ``target`` holds class indices per sample, ended by the first -1 (the rest is ignored).
     """
+    reduction = legacy_reduction(size_average, reduce, reduction)
     x = input if input.ndim == 2 else input.reshape(1, -1)
     y = target.reshape(x.shape).to(kiln.int64)
     classes = x.shape[1]

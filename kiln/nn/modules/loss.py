@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import functional as F
+from .._loss import legacy_reduction
 from .module import Module
 
 __all__ = ["CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCELoss", "BCEWithLogitsLoss", "SmoothL1Loss",
@@ -15,16 +16,11 @@ _REDUCTIONS = ("none", "mean", "sum")
 
 
 def _legacy_reduction(size_average, reduce, reduction: str) -> str:
-    """PyTorch's deprecated ``size_average``/``reduce`` flags mapped onto ``reduction``."""
-    if size_average is None and reduce is None:
-        if reduction not in _REDUCTIONS:
-            raise ValueError(f"{reduction} is not a valid value for reduction")
-        return reduction
-    size_average = True if size_average is None else size_average
-    reduce = True if reduce is None else reduce
-    if not reduce:
-        return "none"
-    return "mean" if size_average else "sum"
+    """PyTorch's deprecated ``size_average``/``reduce`` flags mapped onto ``reduction``, checked."""
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(f"{reduction} is not a valid value for reduction")
+    return reduction
 
 
 class _Loss(Module):
