@@ -41,8 +41,38 @@ class Tensor:
     )  # fmt: skip
     __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
 
+    def __new__(cls, *args, device=None):
+        """PyTorch's legacy constructor, which real programs still use: ``Tensor(2, 3)`` is a tensor
+        of the default float dtype and that shape (zero-filled where PyTorch leaves it uninitialized),
+        ``Tensor()`` an empty one, ``Tensor([1, 2])`` (a sequence or array) that data in the default
+        float dtype, ``Tensor(t)`` ``t`` itself where it has that dtype. Prefer ``kiln.tensor``,
+        ``kiln.empty``. Subclasses (``nn.Parameter``) construct themselves.
+
+        >>> Tensor(2, 3).shape, Tensor([1, 2]).tolist(), Tensor().shape
+        (kiln.Size([2, 3]), [1.0, 2.0], kiln.Size([0]))
+        """
+        if cls is not Tensor:
+            return object.__new__(cls)
+        from .ops import creation  # noqa: PLC0415  (ops import this module)
+
+        dtype = dt.get_default_dtype()
+        if not args:
+            return creation.empty(0, dtype=dtype, device=device)
+        if len(args) == 1 and isinstance(args[0], Tensor):
+            if args[0]._dtype is not dtype:
+                raise TypeError(f"Tensor(t) expected a tensor of the default dtype {dtype}, got {args[0]._dtype}")
+            return args[0]
+        if len(args) == 1 and isinstance(args[0], Size):
+            return creation.empty(*args[0], dtype=dtype, device=device)
+        if len(args) == 1 and isinstance(args[0], list | tuple | np.ndarray):
+            return creation.tensor(args[0], dtype=dtype, device=device)
+        if all(isinstance(a, int | np.integer) and not isinstance(a, bool) for a in args):
+            return creation.empty(*args, dtype=dtype, device=device)
+        given = ", ".join(type(a).__name__ for a in args)
+        raise TypeError(f"Tensor(...) expected sizes (ints) or one sequence of data, got ({given})")
+
     def __init__(self, *args, **kwargs) -> None:
-        raise TypeError("create tensors with kiln.tensor(...), kiln.zeros(...) or kiln.from_numpy(...)")
+        pass  # construction happens in __new__ (make_tensor on every op's hot path skips both)
 
     # ------------------------------------------------------------------ metadata
     @property

@@ -8,6 +8,7 @@ negative saturation value, then an affine map restores the moments.
 from __future__ import annotations
 
 import math
+import warnings
 
 import kiln
 
@@ -62,13 +63,36 @@ def dropout1d(input, p: float = 0.5, training: bool = True, inplace: bool = Fals
 
 
 def dropout2d(input, p: float = 0.5, training: bool = True, inplace: bool = False) -> kiln.Tensor:
-    """Zero whole channels of a (N, C, H, W) or (C, H, W) input with probability ``p``."""
-    return _feature_dropout(input, p, training, inplace, 2, "dropout2d")
+    """Zero whole channels of a (N, C, H, W) input with probability ``p``, as PyTorch does: a 3-D input
+    is taken as (N, C, L) (PyTorch's historical reading, with its warning), and any other rank warns
+    and drops per (dim 0, dim 1) entry -- elementwise for a 2-D input."""
+    if input.ndim not in (3, 4):
+        warnings.warn(f"dropout2d: Received a {input.ndim}-D input to dropout2d, which is deprecated in PyTorch; "
+                      "use dropout instead (dropout2d is channel-wise dropout of 3D or 4D inputs)", stacklevel=2)  # fmt: skip
+    if input.ndim == 3:
+        warnings.warn("dropout2d: Received a 3D input to dropout2d and assuming that channel-wise 1D dropout "
+                      "behavior is desired - input is interpreted as shape (N, C, L), as PyTorch does; use "
+                      "dropout1d to say so", stacklevel=2)  # fmt: skip
+    return _channels_dropout(input, p, training, inplace, "dropout2d")
 
 
 def dropout3d(input, p: float = 0.5, training: bool = True, inplace: bool = False) -> kiln.Tensor:
-    """Zero whole channels of a (N, C, D, H, W) or (C, D, H, W) input with probability ``p``."""
-    return _feature_dropout(input, p, training, inplace, 3, "dropout3d")
+    """Zero whole channels of a (N, C, D, H, W) or (C, D, H, W) input with probability ``p``; another
+    rank warns and is read as unbatched, as PyTorch does."""
+    if input.ndim not in (4, 5):
+        warnings.warn(f"dropout3d: Received a {input.ndim}-D input to dropout3d, which is deprecated in PyTorch; "
+                      "use dropout instead (dropout3d is channel-wise dropout of 4D or 5D inputs)", stacklevel=2)  # fmt: skip
+    if input.ndim == 5:
+        return _channels_dropout(input, p, training, inplace, "dropout3d")
+    out = _channels_dropout(input.unsqueeze(0), p, training, False, "dropout3d").squeeze(0)
+    return input.copy_(out) if inplace and out is not input else out
+
+
+def _channels_dropout(input, p: float, training: bool, inplace: bool, name: str) -> kiln.Tensor:
+    """Dropout per (dim 0, dim 1) entry, broadcast over the rest (PyTorch's ``feature_dropout``)."""
+    if input.ndim < 2:
+        raise RuntimeError(f"{name}: feature dropout requires at least 2 dimensions in the input, got {input.ndim}")
+    return _apply(input, p, training, inplace, True, False)
 
 
 def alpha_dropout(input, p: float = 0.5, training: bool = False, inplace: bool = False) -> kiln.Tensor:

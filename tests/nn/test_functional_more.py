@@ -220,8 +220,22 @@ def test_channel_dropout_statistics_and_eval():
     assert_close(F.dropout3d(x[:2], 0.5, training=False), x[:2], rtol=0, atol=0)
     unbatched = F.dropout1d(kiln.ones(40, 7), 0.5).numpy()
     assert np.all(unbatched.min(-1) == unbatched.max(-1))
-    with pytest.raises(RuntimeError, match="Expected 3D or 4D input"):
-        F.dropout2d(kiln.ones(2, 3), 0.5)
+
+
+def test_channel_dropout_of_other_ranks_follows_pytorch():
+    """PyTorch's dropout2d warns on a 2-D input and drops elements; reads a 3-D input as (N, C, L);
+    dropout3d reads a 4-D input as unbatched (one draw per dim-0 slice)."""
+    kiln.manual_seed(0)
+    with pytest.warns(UserWarning, match="2-D input to dropout2d"):
+        flat = F.dropout2d(kiln.ones(64, 64), 0.5).numpy()
+    assert 0.4 < (flat == 0).mean() < 0.6 and not np.all(flat.min(-1) == flat.max(-1))  # elements, not rows
+    with pytest.warns(UserWarning, match=r"\(N, C, L\)"):
+        lines = F.dropout2d(kiln.ones(8, 16, 5), 0.5).numpy()
+    assert np.all(lines.min(-1) == lines.max(-1)) and not np.all(lines.min((1, 2)) == lines.max((1, 2)))
+    volume = F.dropout3d(kiln.ones(16, 3, 4, 5), 0.5).numpy()
+    assert np.all(volume.reshape(16, -1).min(-1) == volume.reshape(16, -1).max(-1))
+    with pytest.raises(RuntimeError, match="at least 2 dimensions"), pytest.warns(UserWarning, match="1-D input"):
+        F.dropout2d(kiln.ones(5), 0.5)
 
 
 def test_alpha_dropout_keeps_selu_moments():

@@ -123,6 +123,15 @@ def _shape(size, op: str = "size") -> tuple[int, ...]:
     return shape
 
 
+def sizes_of(sizes: tuple, size, op: str) -> tuple[int, ...]:
+    """The shape of ``op(*sizes)`` or ``op(size=...)`` (PyTorch takes either spelling, not both)."""
+    if size is None:
+        return _shape(sizes, op)
+    if sizes:
+        raise TypeError(f"{op}() got its sizes both as arguments {sizes} and as size={size!r}")
+    return _shape((size,), op)
+
+
 def _filled(shape, value, dtype, device, requires_grad) -> Tensor:
     device = _device(device)
     xp = array_namespace(device)
@@ -133,16 +142,16 @@ def _filled(shape, value, dtype, device, requires_grad) -> Tensor:
     return t.requires_grad_(requires_grad)
 
 
-def zeros(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _filled(_shape(size, "zeros"), 0, _dtype(dtype), device, requires_grad)
+def zeros(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _filled(sizes_of(sizes, size, "zeros"), 0, _dtype(dtype), device, requires_grad)
 
 
-def ones(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _filled(_shape(size, "ones"), 1, _dtype(dtype), device, requires_grad)
+def ones(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _filled(sizes_of(sizes, size, "ones"), 1, _dtype(dtype), device, requires_grad)
 
 
-def empty(*size, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _filled(_shape(size, "empty"), 0, _dtype(dtype), device, requires_grad)
+def empty(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    return _filled(sizes_of(sizes, size, "empty"), 0, _dtype(dtype), device, requires_grad)
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:

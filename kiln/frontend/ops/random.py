@@ -26,7 +26,7 @@ from ...ir.types import device as parse_device
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
 from ..tensor import Tensor, make_tensor, method
-from .creation import _dtype, _shape
+from .creation import _dtype, _shape, sizes_of
 from .elementwise import add, cos, div, exp, floor_divide, log, lt, mul, neg, remainder, sin, sqrt, sub, where
 from .generator import Generator, _generator
 from .inplace import commit_inplace
@@ -80,16 +80,18 @@ def _finish(t: Tensor, requires_grad: bool) -> Tensor:
     return t.requires_grad_(True) if requires_grad else t
 
 
-def rand(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def rand(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Uniform samples on [0, 1); the default float dtype unless ``dtype`` says otherwise."""
     dtype, device = _float_dtype(dtype, "rand"), _device_of(device)
-    return _finish(_uniform(_shape(size, "rand"), dtype, _generator(generator, device)), requires_grad)
+    return _finish(_uniform(sizes_of(sizes, size, "rand"), dtype, _generator(generator, device)), requires_grad)
 
 
-def randn(*size, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randn(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
     """Standard normal samples (Box-Muller over two uniforms)."""
     dtype, device = _float_dtype(dtype, "randn"), _device_of(device)
-    return _finish(_standard_normal(_shape(size, "randn"), dtype, _generator(generator, device)), requires_grad)
+    return _finish(
+        _standard_normal(sizes_of(sizes, size, "randn"), dtype, _generator(generator, device)), requires_grad
+    )
 
 
 def rand_like(input: Tensor, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:

@@ -9,7 +9,7 @@ import kiln
 from .. import functional as F
 from .. import init
 from ..parameter import Parameter
-from .linear import Linear
+from .linear import NonDynamicallyQuantizableLinear
 from .module import Module
 
 __all__ = ["MultiheadAttention"]
@@ -57,7 +57,7 @@ class MultiheadAttention(Module):
             self.in_proj_bias = Parameter(kiln.empty(3 * embed_dim, **kw))
         else:
             self.register_parameter("in_proj_bias", None)
-        self.out_proj = Linear(embed_dim, embed_dim, bias=bias, **kw)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **kw)
         self.bias_k = self.bias_v = None
         self.add_zero_attn = False
         self._reset_parameters()

@@ -63,6 +63,11 @@ class Linear(Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class NonDynamicallyQuantizableLinear(Linear):
+    """A ``Linear`` under the name PyTorch gives ``MultiheadAttention.out_proj`` (PyTorch uses it to keep
+    that projection out of dynamic quantization, which kiln does not have); programs import it by name."""
+
+
 class Bilinear(Module):
     """``y = x1^T A x2 + b`` with ``weight`` (out_features, in1_features, in2_features)."""
 
