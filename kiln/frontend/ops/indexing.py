@@ -212,6 +212,10 @@ def _value_for(target_dtype: dt.DType, value, like: Tensor, shape: tuple[int, ..
 
 @method("__setitem__")
 def setitem(self: Tensor, key, value) -> None:
+    masked = _masked_where(self, key, value)
+    if masked is not None:
+        commit_inplace(self, masked, op="setitem")
+        return
     parsed = _parse(self, key)
     if not parsed.advanced:
         view = _basic(self, parsed)
@@ -219,6 +223,30 @@ def setitem(self: Tensor, key, value) -> None:
         return
     new = _put(self, parsed, value, accumulate=False)
     commit_inplace(self, new, op="setitem")
+
+
+def _masked_where(x: Tensor, key, value) -> Tensor | None:
+    """``x`` after ``x[mask] = value`` as ``where(mask, value, x)``, where that is the same thing: ``mask``
+    a bool tensor over ``x``'s leading dims, and ``value`` the same for every selected element (a number,
+    or a tensor that broadcasts to ``x``'s remaining dims). Then the assignment needs no positions, so a
+    trace keeps it (``grad[x < 0] = 0``) where ``nonzero``'s data-dependent shape would stop it. None
+    for any other key or value."""
+    if not (isinstance(key, Tensor) and key._dtype is dt.bool_ and 1 <= key._data.ndim <= x._data.ndim):
+        return None
+    rest = x._data.shape[key._data.ndim :]
+    if key._data.shape != x._data.shape[: key._data.ndim]:
+        return None  # _parse raises the shape error
+    if isinstance(value, Tensor):
+        shape = value._data.shape
+        while len(shape) > len(rest) and shape[0] == 1:
+            shape = shape[1:]
+        if len(shape) > len(rest) or any(v not in (1, r) for v, r in zip(reversed(shape), reversed(rest))):
+            return None  # a value per selected element: index_put at the mask's positions
+        value = reshape(cast(value, x._dtype), shape)
+    else:
+        value = scalar_tensor(value, x._dtype, x._device)
+    mask = reshape(key, key._data.shape + (1,) * len(rest))
+    return where(mask, value, x)
 
 
 def _put(x: Tensor, key: _Key, value, accumulate: bool) -> Tensor:
