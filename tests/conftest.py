@@ -89,3 +89,40 @@ def assert_close(actual, expected, *, rtol: float, atol: float, check_dtype: boo
     np.testing.assert_allclose(a.astype(np.float64) if a.dtype != bool else a,
                                e.astype(np.float64) if e.dtype != bool else e,
                                rtol=rtol, atol=atol, equal_nan=True)  # fmt: skip
+
+
+# What the skipped tests need, said once at the end: "1,874 skipped" alone does not tell a new
+# contributor that they are PyTorch's parity tests (run by `pytest -m torch` once torch is installed).
+_NEEDS = {
+    "torch": "PyTorch, the parity oracle: pip install torch==2.13.0 (CPU build), then pytest -m torch",
+    "onnx": "the onnx extra: pip install -e '.[onnx]'",
+    "onnxruntime": "the onnx extra: pip install -e '.[onnx]'",
+    "mpi4py": "the distributed extra: pip install -e '.[distributed]'",
+    "cupy": "an NVIDIA GPU and the cuda12/cuda13 extra",
+    "jax": "JAX (benchmark references only)",
+}
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    if reason.startswith("could not import "):
+        module = reason.split("'")[1] if "'" in reason else reason.split()[-1]
+        return "needs " + _NEEDS.get(module.split(".")[0], f"the {module} package")
+    return reason
+
+
+def pytest_terminal_summary(terminalreporter):
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    counts: dict[str, int] = {}
+    for report in skipped:
+        reason = _skip_reason(report)
+        counts[reason] = counts.get(reason, 0) + 1
+    terminalreporter.write_sep("-", f"{len(skipped)} skipped tests, by what they need")
+    for reason, n in sorted(counts.items(), key=lambda item: -item[1])[:12]:
+        terminalreporter.write_line(f"{n:6d}  {reason}")
+    if len(counts) > 12:
+        terminalreporter.write_line(f"        ... and {len(counts) - 12} other reasons (pytest -rs lists each test)")
