@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from progress import progress
+
 import kiln
 import kiln.nn.functional as F
 from kiln import nn, optim
@@ -197,7 +199,7 @@ def train(kind: str, data: tuple, args: argparse.Namespace) -> tuple[float, floa
     train_step = train_step if args.eager else kiln.compile(train_step)
     start = time.perf_counter()
     running = 0.0
-    for step in range(1, steps + 1):
+    for step in progress(range(1, steps + 1), desc=f"{kind} steps"):
         x, y = get_batch(train_ids, args.block, args.batch_size, generator)
         loss = train_step(x, y)
         schedule.step()

@@ -1,6 +1,6 @@
 """Custom autograd Functions with hand-written backward passes, used inside a model that trains.
 
-    python examples/custom_function.py [--steps N] [--fast] [--seed S]
+    python examples/custom_function.py [--steps N] [--fast] [--seed S] [--eager]
 
 Two ``kiln.autograd.Function`` subclasses, written exactly as in PyTorch:
 
@@ -15,6 +15,10 @@ Two ``kiln.autograd.Function`` subclasses, written exactly as in PyTorch:
 
 A small MLP with both (softplus hidden units, quantized to 8 levels) learns to separate two
 interleaved spirals, trained with ``optim.Adam``; the script prints its training accuracy.
+The training step runs as one ``kiln.compile``d program (``--eager`` runs it uncompiled; the
+fast run took 11 s against 27 s eagerly). Its losses equal eager's to the last float32 bit or two
+for the first steps; rounding to a grid then turns such one-bit differences into different
+grid points now and then, so longer runs drift apart (both learn the spirals).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ import argparse
 import math
 import sys
 import time
+
+from progress import progress
 
 import kiln
 import kiln.nn.functional as F
@@ -103,11 +109,18 @@ def train(args: argparse.Namespace) -> float:
         nn.Linear(args.hidden, 2),
     )  # fmt: skip
     optimizer = optim.Adam(model.parameters(), lr=args.lr)
-    for step in range(1, args.steps + 1):
+
+    def train_step(x, y):
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
+        return loss.detach()
+
+    # The custom Functions' forward and backward are traced like any op (--eager runs uncompiled).
+    train_step = train_step if args.eager else kiln.compile(train_step)
+    for step in progress(range(1, args.steps + 1), desc="steps"):
+        loss = train_step(x, y)
         if step % args.log_every == 0 or step == args.steps:
             print(f"step {step:5d}/{args.steps}  loss {loss.item():.4f}")
     with kiln.no_grad():
@@ -123,6 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eager", action="store_true", help="run the training step without kiln.compile")
     args = parser.parse_args(argv)
     if args.steps is None:
         args.steps = FAST_STEPS if args.fast else STEPS

@@ -23,6 +23,8 @@ import math
 import sys
 import time
 
+from progress import progress
+
 import kiln
 import kiln.nn.functional as F
 from kiln import nn, optim
@@ -101,7 +103,7 @@ def train(args: argparse.Namespace) -> tuple[float, float, int]:
 
     # Both updates as one compiled program (--eager runs the same code uncompiled).
     train_step = train_step if args.eager else kiln.compile(train_step)
-    for step in range(1, args.steps + 1):
+    for step in progress(range(1, args.steps + 1), desc="GAN steps"):
         real = sample_real(args.batch_size, centers, generator)
         loss_d, loss_g = train_step(real, kiln.randn(args.batch_size, NOISE, generator=generator))
         if step % args.log_every == 0 or step == args.steps:

@@ -14,7 +14,7 @@ The training step (forward, loss, backward, optimizer) is compiled with ``kiln.c
 runs it uncompiled, with the same results. What it gained, 20 epochs on a shared 2-core machine:
 the CNN 4.4 s against 5.3 s eagerly; the MLP's compile (two programs, for the full and the last
 smaller batch) costs more than its 460 small steps save (1.4 s against 1.1 s). With ``tqdm``
-installed (``pip install tqdm``) each epoch shows a progress bar on a terminal.
+installed (the ``examples`` extra brings it) each epoch shows a progress bar on a terminal.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import argparse
 import sys
 import time
 
+from progress import progress
 from sklearn.datasets import load_digits
 
 import kiln
@@ -83,16 +84,6 @@ def accuracy(model: nn.Module, x: kiln.Tensor, y: kiln.Tensor) -> float:
     return (predicted == y).float().mean().item()
 
 
-def progress(iterable, **options):
-    """``tqdm``'s progress bar when it is installed (``pip install kiln[progress]``) and the output is
-    a terminal; the iterable itself otherwise."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return iterable
-    return tqdm(iterable, disable=not sys.stderr.isatty(), **options)
-
-
 def train(kind: str, data: tuple, args: argparse.Namespace) -> float:
     """Train one model, printing the mean loss per epoch; return its test accuracy."""
     x_train, y_train, x_test, y_test = data
@@ -116,7 +107,7 @@ def train(kind: str, data: tuple, args: argparse.Namespace) -> float:
         model.train()
         order = kiln.randperm(n, generator=generator)
         total = 0.0
-        for start in progress(range(0, n, args.batch_size), desc=f"{kind} epoch {epoch}", leave=False):
+        for start in progress(range(0, n, args.batch_size), desc=f"{kind} epoch {epoch}"):
             batch = order[start : start + args.batch_size]
             total += step(x_train[batch], y_train[batch]).item() * len(batch)
         print(f"{kind} epoch {epoch:3d}/{args.epochs}  loss {total / n:.4f}")

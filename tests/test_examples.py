@@ -19,6 +19,9 @@ pytest.importorskip("sklearn")
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "examples" / "train_digits.py"
+# The examples import their sibling progress.py, as they do when run as scripts.
+if str(ROOT / "examples") not in sys.path:
+    sys.path.append(str(ROOT / "examples"))
 ACCURACY = re.compile(r"^(mlp|cnn) test accuracy: (\d+\.\d+)%$", re.MULTILINE)
 EPOCH = re.compile(r"^(mlp|cnn) epoch +(\d+)/(\d+) +loss (\d+\.\d+)$", re.MULTILINE)
 
