@@ -9,6 +9,7 @@ from . import (
     compat,
     copies,
     creation,
+    diagonals,
     elementwise,
     generator,
     indexing,
@@ -23,6 +24,7 @@ from ._util import cast
 from .compat import *  # noqa: F403
 from .copies import *  # noqa: F403
 from .creation import *  # noqa: F403
+from .diagonals import *  # noqa: F403
 from .elementwise import *  # noqa: F403
 from .generator import *  # noqa: F403
 from .indexing import *  # noqa: F403
@@ -35,6 +37,6 @@ from .shape import *  # noqa: F403
 from .windows import *  # noqa: F403
 
 __all__ = (
-    ["cast", "commit_inplace"] + compat.__all__ + copies.__all__ + creation.__all__ + elementwise.__all__ + generator.__all__ + indexing.__all__ + interop.__all__
+    ["cast", "commit_inplace"] + compat.__all__ + copies.__all__ + creation.__all__ + diagonals.__all__ + elementwise.__all__ + generator.__all__ + indexing.__all__ + interop.__all__
     + linalg.__all__ + random.__all__ + reductions.__all__ + shape.__all__ + windows.__all__
 )  # fmt: skip
