@@ -286,3 +286,23 @@ def test_multivariate_normal_samples_and_gradients():
         D.MultivariateNormal(kiln.zeros(2), -kiln.eye(2))
     with pytest.raises(ValueError, match="Exactly one"):
         D.MultivariateNormal(kiln.zeros(2), kiln.eye(2), scale_tril=kiln.eye(2))
+
+
+def test_validation_is_a_check_node_of_compiled_programs():
+    """Validating arguments and log_prob values does not stop a trace; compiled calls raise as eager."""
+
+    def log_prob(p, a, loc, scale, x):
+        return D.Categorical(probs=p).log_prob(a) + D.Normal(loc, scale).log_prob(x).sum()
+
+    compiled = kiln.compile(log_prob)
+    good = (kiln.softmax(kiln.randn(4, 3), -1), kiln.tensor([0, 1, 2, 0]), kiln.zeros(3), kiln.ones(3), kiln.randn(3))
+    for _ in range(3):
+        assert_close(compiled(*good), log_prob(*good), rtol=1e-6, atol=1e-6)
+    assert "1 specialization(s), 0 trace break(s)" in kiln.explain(compiled, *good).summary()
+    negative = good[0].clone()
+    negative[0, 0] = -0.5
+    for bad, what in (((negative,) + good[1:], "parameter probs"), ((good[0], kiln.tensor([0, 1, 5, 0])) + good[2:],
+                      "value argument"), (good[:3] + (-good[3],) + good[4:], "parameter scale")):  # fmt: skip
+        for fn in (log_prob, compiled):
+            with pytest.raises(ValueError, match=what):
+                fn(*bad)

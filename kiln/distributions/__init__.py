@@ -5,8 +5,8 @@ Categorical (by ``probs`` or ``logits``), Independent and MultivariateNormal, wi
 where it exists, moments, ``batch_shape``/``event_shape`` and ``expand``; ``kl_divergence``
 between the pairs that have a closed form. Draws come from kiln's generator, so
 ``kiln.manual_seed`` makes them reproducible. Arguments and ``log_prob`` values are validated
-as in PyTorch (``Distribution.set_default_validate_args(False)`` turns that off; a check reads
-tensor values, so a compiled function that validates finishes eagerly).
+as in PyTorch (``Distribution.set_default_validate_args(False)`` turns that off); a check is a
+node of a compiled program, as index ranges are, so validating never stops a trace.
 
 >>> import kiln
 >>> from kiln.distributions import Normal, kl_divergence

@@ -47,12 +47,10 @@ class Distribution:
                 if constraint is constraints.dependent or name not in self.__dict__:
                     continue  # a parameter given the other way (probs or logits) is not set
                 value = getattr(self, name)
-                if not bool(kiln.all(constraint.check(value))):
-                    raise ValueError(
-                        f"Expected parameter {name} ({type(value).__name__} of shape {tuple(value.shape)}) of "
-                        f"distribution {self!r} to satisfy the constraint {constraint!r}, but found invalid values:\n"
-                        f"{value}"
-                    )
+                _check_values(constraint.check(value),
+                              f"Expected parameter {name} ({type(value).__name__} of shape {tuple(value.shape)}) of "
+                              f"distribution {self!r} to satisfy the constraint {constraint!r}, but found invalid "
+                              "values")  # fmt: skip
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -133,11 +131,9 @@ class Distribution:
         support = self.support
         if support is None or support is constraints.dependent:
             return
-        if not bool(kiln.all(support.check(value))):
-            raise ValueError(
-                f"Expected value argument ({type(value).__name__} of shape {tuple(value.shape)}) to be within the "
-                f"support ({support!r}) of the distribution {self!r}, but found invalid values:\n{value}"
-            )
+        _check_values(support.check(value),
+                      f"Expected value argument ({type(value).__name__} of shape {tuple(value.shape)}) to be within "
+                      f"the support ({support!r}) of the distribution {self!r}, but found invalid values")  # fmt: skip
 
     def __repr__(self) -> str:
         names = [k for k in self.arg_constraints if k in self.__dict__]
@@ -179,3 +175,11 @@ def probs_to_logits(probs, is_binary: bool = False):
 
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def _check_values(ok, message: str) -> None:
+    """Raise ``ValueError(message)`` unless every element of ``ok`` holds: now, and on every compiled
+    call of a trace (a check node, as index ranges are), so validating arguments never stops a trace."""
+    if not isinstance(ok, kiln.Tensor):
+        ok = kiln.tensor(ok)
+    kiln.jit.check_values(ok if ok.dtype == kiln.bool else ok.bool(), ValueError, message)
