@@ -18,6 +18,7 @@ from . import (
     random,
     reductions,
     shape,
+    sparse,
     windows,
 )  # fmt: skip
 from ._util import cast
@@ -34,9 +35,10 @@ from .linalg import *  # noqa: F403
 from .random import *  # noqa: F403
 from .reductions import *  # noqa: F403
 from .shape import *  # noqa: F403
+from .sparse import *  # noqa: F403
 from .windows import *  # noqa: F403
 
 __all__ = (
     ["cast", "commit_inplace"] + compat.__all__ + copies.__all__ + creation.__all__ + diagonals.__all__ + elementwise.__all__ + generator.__all__ + indexing.__all__ + interop.__all__
-    + linalg.__all__ + random.__all__ + reductions.__all__ + shape.__all__ + windows.__all__
+    + linalg.__all__ + random.__all__ + reductions.__all__ + shape.__all__ + sparse.__all__ + windows.__all__
 )  # fmt: skip

@@ -32,6 +32,11 @@ def _same_dtype(a: Tensor, b: Tensor, op: str) -> None:
         )
 
 
+def _sparse(x) -> bool:
+    """Whether ``x`` is a COO sparse tensor (``ops.sparse``), which takes its own products."""
+    return x.__class__ is not Tensor and getattr(x, "is_sparse", False)
+
+
 def _with_shape(x: Tensor, shape: tuple[int, ...]) -> Tensor:
     # Only unit dimensions are added or removed here, which is always a view.
     return apply(_reshape, x, shape=shape)
@@ -47,6 +52,8 @@ def matmul(input: Tensor, other: Tensor) -> Tensor:
     >>> (kiln.ones(2, 3) @ kiln.ones(3)).tolist()
     [3.0, 3.0]
     """
+    if _sparse(input) or _sparse(other):
+        return input.matmul(other) if _sparse(input) else other.__rmatmul__(input)
     check_tensor(input, "input", "matmul")
     check_tensor(other, "other", "matmul")
     if input._dtype is not other._dtype:
@@ -82,7 +89,9 @@ def _rmatmul(self: Tensor, other: Tensor) -> Tensor:
 @method("mm")
 @autocast_op(LOWER)
 def mm(input: Tensor, mat2: Tensor) -> Tensor:
-    """The product of two matrices (2-D only)."""
+    """The product of two matrices (2-D only; either may be a sparse COO matrix)."""
+    if _sparse(input) or _sparse(mat2):
+        return input.mm(mat2) if _sparse(input) else mat2.__rmatmul__(input)
     if input.ndim != 2:
         raise RuntimeError(f"mm: self must be a matrix, got a {input.ndim}-D tensor of shape {list(input.shape)}")
     if mat2.ndim != 2:
