@@ -184,13 +184,15 @@ def to_onnx(args) -> None:
     program = load(args.file)
     if importlib.util.find_spec("kiln.onnx") is None or not hasattr(program, "to_onnx"):
         raise CommandError("this kiln has no ONNX export (kiln.onnx and ExportedProgram.to_onnx are missing)")
-    dynamic, names = None, args.input_names
-    if args.dynamic_batch:  # dynamic_axes names the inputs: name them all when the user did not
-        names = names or [f"input_{i}" for i in range(len(tensor_specs(program)))]
-        dynamic = {name: {0: "batch"} for name in names}
+    if args.dynamic_batch:
+        # Which sizes follow the batch is learned by tracing the function at a second size; a file
+        # holds one traced program, at the sizes it was traced at.
+        raise CommandError(f"--dynamic-batch: {args.file} holds a program traced at one batch size, and which of its "
+                           "sizes follow the batch cannot be told from it; export from the model instead, with "
+                           "kiln.onnx.export(model, args, path, dynamic_axes={'input': {0: 'batch'}})")  # fmt: skip
     try:
-        program.to_onnx(args.output, opset_version=args.opset, input_names=names,
-                        output_names=args.output_names, dynamic_axes=dynamic)  # fmt: skip
+        program.to_onnx(args.output, opset_version=args.opset, input_names=args.input_names,
+                        output_names=args.output_names)  # fmt: skip
     except ImportError as error:
         raise CommandError(f"ONNX export needs the onnx package (pip install 'kiln[onnx]'): {error}") from None
     print(f"wrote {args.output}")
@@ -264,7 +266,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--opset", type=int, default=None, help="the ONNX opset version (default: kiln's choice)")
     p.add_argument("--input-names", nargs="+", default=None, help="names of the tensor inputs, in order")
     p.add_argument("--output-names", nargs="+", default=None, help="names of the outputs, in order")
-    p.add_argument("--dynamic-batch", action="store_true", help="make dimension 0 of every input dynamic")
+    p.add_argument(
+        "--dynamic-batch",
+        action="store_true",
+        help="not for a file (it holds one batch size): says how to export a dynamic batch from the model",
+    )
     p.set_defaults(func=to_onnx)
     for name, func, text in (("run", run, "run on inputs from .npy/.npz files"),
                              ("bench", bench, "median time per call")):  # fmt: skip

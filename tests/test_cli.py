@@ -107,6 +107,14 @@ def test_to_onnx_through_the_command_line(tmp_path):
             np.testing.assert_allclose(got, model(kiln.tensor(x)).numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_to_onnx_dynamic_batch_says_how_instead_of_a_traceback(tmp_path, capsys):
+    """A file holds one traced batch size; the flag used to end in a traceback from to_onnx."""
+    _, path = _export(tmp_path)
+    err = _error(capsys, "to-onnx", path, "-o", tmp_path / "model.onnx", "--dynamic-batch")
+    assert "kiln.onnx.export(model" in err and "dynamic_axes" in err and "Traceback" not in err
+    assert not (tmp_path / "model.onnx").exists()
+
+
 def test_every_command_has_help():
     for command in ("show", "draw", "to-onnx", "run", "bench"):
         with pytest.raises(SystemExit) as exit_info:
