@@ -34,15 +34,14 @@ from collections.abc import Collection, Mapping, Sequence
 
 from ..ir.analysis import Space, fits, unremapped
 from ..ir.graph import BODY_REDUCE_OPS, Node, Value
+from ..ir.primitives import Cost, ops_of_cost
 from .fusion_rules import ELEMENTWISE
 
-#: Ops copied freely: a few cycles an element, less than reading the value.
-CHEAP = frozenset({
-    "add", "sub", "mul", "neg", "abs", "maximum", "minimum", "where", "cast", "logical_not",
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or",
-})  # fmt: skip
-#: Ops copied only where they save a write and a read (see the module docstring).
-COSTLY = frozenset({"tanh", "exp", "expm1", "sigmoid", "erf", "log", "log1p", "sqrt", "rsqrt", "div"})
+#: Ops copied freely: a few cycles an element, less than reading the value (``Primitive.cost``).
+CHEAP = ops_of_cost(Cost.CHEAP)
+#: Ops copied only where they save a write and a read (see the module docstring): a division or a
+#: square root costs about what a float's write and read do, a routine (tanh) more.
+COSTLY = ops_of_cost(Cost.DIVISION) | ops_of_cost(Cost.ROUTINE)
 MAX_COPIED = 24  # nodes copied into one reader
 MAX_COSTLY = 2  # transcendental nodes copied into one reader
 #: New reads a reader may take on for a value it no longer reads, beyond the value's own bytes

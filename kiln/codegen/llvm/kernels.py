@@ -37,6 +37,7 @@ from llvmlite import ir
 
 from ...ir import dtypes as dt
 from ...ir.graph import KERNEL, Graph, Node, body_inputs_outputs, conv_epilogue, structure_key
+from ...ir.primitives import Cost, ops_of_cost
 from ...ir.types import Dim, Sym
 from .. import index as ix
 from ..kernel_dag import VIEWS, Apply, Const, DagBuilder, Load, Reduce, loads, walk
@@ -371,8 +372,10 @@ def _row_interleave(inner: Dim) -> int | None:
     return max(1, min(4, inner // 16))
 
 
-#: Operations whose value is worth keeping in the output rather than computing twice.
-_COSTLY = frozenset({"exp", "expm1", "log", "log1p", "tanh", "sigmoid", "erf", "sin", "cos", "pow"})
+#: Operations whose value is worth keeping in the output rather than computing twice: the math
+#: library's routines (``Primitive.cost``). A division's is not: one vector instruction, and in a row
+#: kernel often on the row's values only (a mean), which no pass computes per element.
+_COSTLY = ops_of_cost(Cost.ROUTINE)
 #: Operations on every element of a row that make a kept value pay for its store and load without a
 #: costly one: LayerNorm's ``(x - mean) - drift``, two subtractions on the vector adder, which its
 #: four passes keep busier than memory (one thread: 277 ns a row of 1024 floats, ~720 cycles).

@@ -67,6 +67,16 @@ class Kind(enum.Enum):
 ELEMENTWISE = frozenset({Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST})
 
 
+class Cost(enum.Enum):
+    """What one element of an elementwise primitive costs on a CPU's vector unit, the one cost model
+    that fusion's recomputation and the code generators' kept values read (each says which classes
+    are worth a store and a load for it)."""
+
+    CHEAP = "cheap"  # one or a few short instructions (add, compare, select, floor, cast)
+    DIVISION = "division"  # one long-latency instruction and its fix-ups (div, sqrt, rsqrt, floor_divide)
+    ROUTINE = "routine"  # a math-library routine of tens of instructions (exp, log, tanh, sin, pow, erf)
+
+
 def _not_differentiable(ops: Any, ctx: Any, g: Any) -> tuple:
     raise AssertionError("a non-differentiable primitive was asked for its VJP")
 
@@ -107,6 +117,7 @@ class Primitive:
     identity: Callable[[Any], object] | None = None  # reductions: dtype -> the value over no elements
     index_map: Callable[..., tuple] | None = None  # views: output index -> the input index it reads
     effect: bool = False  # the node runs even when nothing reads its output (a check that raises)
+    cost: Cost | None = None  # elementwise: what an element costs against a store and a load (see Cost)
     doc: str = ""
 
     @property
@@ -130,7 +141,7 @@ def required_rules(prim: Primitive) -> list[str]:
     """The rules a primitive of this kind must have; the registry test checks them."""
     rules = ["infer", "eager", "vjp", "samples"]
     if prim.kind in ELEMENTWISE:
-        rules.append("scalar")
+        rules += ["scalar", "cost"]
     if prim.kind is Kind.REDUCE:
         rules.append("combine")  # NO_COMBINE where no code generator fuses it
         if prim.combine != NO_COMBINE:
@@ -140,6 +151,11 @@ def required_rules(prim: Primitive) -> list[str]:
     if prim.kind is not Kind.RANDOM:  # random bits are checked against Philox's test vectors
         rules.append("reference")
     return rules
+
+
+def ops_of_cost(cost: Cost) -> frozenset[str]:
+    """The elementwise primitives of one cost class (``Primitive.cost``), by name."""
+    return frozenset(name for name, prim in PRIMITIVES.items() if prim.cost is cost)
 
 
 def has_effect(op: str) -> bool:

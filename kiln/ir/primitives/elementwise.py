@@ -15,7 +15,7 @@ import numpy as np
 from .. import dtypes as dt
 from ..shapes import broadcast_shapes
 from ..types import TensorType
-from . import NOT_DIFFERENTIABLE, Kind, Primitive, Sample, numpy_erf, register
+from . import NOT_DIFFERENTIABLE, Cost, Kind, Primitive, Sample, numpy_erf, register
 
 # ----------------------------------------------------------------------------- shape rules
 
@@ -102,55 +102,55 @@ def int_binary_samples(rng):
 # ----------------------------------------------------------------------------- definitions
 
 
-def unary(name, eager, vjp, scalar, reference, *, save_inputs=False, save_output=False,
+def unary(name, cost, eager, vjp, scalar, reference, *, save_inputs=False, save_output=False,
           float_only=True, out_dtype=None, samples=None, doc=""):  # fmt: skip
     return register(Primitive(
         name, Kind.UNARY, _unary_infer(name, float_only, out_dtype), eager, vjp,
         save_inputs=save_inputs, save_output=save_output, scalar=scalar, reference=reference,
-        samples=samples or unary_samples(), doc=doc,
+        samples=samples or unary_samples(), doc=doc, cost=cost,
     ))  # fmt: skip
 
 
-def binary(name, eager, vjp, scalar, reference, *, save_inputs=False, save_output=False,
+def binary(name, cost, eager, vjp, scalar, reference, *, save_inputs=False, save_output=False,
            out_dtype=None, samples=None, doc=""):  # fmt: skip
     return register(Primitive(
         name, Kind.BINARY, _nary_infer(name, out_dtype), eager, vjp,
         save_inputs=save_inputs, save_output=save_output, scalar=scalar, reference=reference,
-        samples=samples or binary_samples(), doc=doc,
+        samples=samples or binary_samples(), doc=doc, cost=cost,
     ))  # fmt: skip
 
 
 # Unary math. `ctx.inputs[0]` is x, `ctx.output` is the result.
-neg = unary("neg", lambda xp, x: xp.negative(x), lambda ops, c, g: (ops.neg(g),),
+neg = unary("neg", Cost.CHEAP, lambda xp, x: xp.negative(x), lambda ops, c, g: (ops.neg(g),),
             lambda em, x: em.neg(x), lambda torch, x: torch.neg(x), float_only=False)  # fmt: skip
-abs_ = unary("abs", lambda xp, x: xp.abs(x), lambda ops, c, g: (ops.mul(g, ops.sign(c.inputs[0])),),
+abs_ = unary("abs", Cost.CHEAP, lambda xp, x: xp.abs(x), lambda ops, c, g: (ops.mul(g, ops.sign(c.inputs[0])),),
              lambda em, x: em.abs(x), lambda torch, x: torch.abs(x), save_inputs=True, float_only=False,
              samples=unary_samples(smooth=True))  # fmt: skip
-sign = unary("sign", lambda xp, x: xp.where(x != x, 0, xp.sign(x)).astype(x.dtype, copy=False), lambda ops, c, g: (ops.zeros_like(g),),
+sign = unary("sign", Cost.CHEAP, lambda xp, x: xp.where(x != x, 0, xp.sign(x)).astype(x.dtype, copy=False), lambda ops, c, g: (ops.zeros_like(g),),
              lambda em, x: em.sign(x), lambda torch, x: torch.sign(x),
              float_only=False, doc="-1, 0 or 1; 0 for nan, as PyTorch.")  # fmt: skip
-exp = unary("exp", lambda xp, x: xp.exp(x), lambda ops, c, g: (ops.mul(g, c.output),),
+exp = unary("exp", Cost.ROUTINE, lambda xp, x: xp.exp(x), lambda ops, c, g: (ops.mul(g, c.output),),
             lambda em, x: em.exp(x), lambda torch, x: torch.exp(x), save_output=True)  # fmt: skip
-expm1 = unary("expm1", lambda xp, x: xp.expm1(x), lambda ops, c, g: (ops.mul(g, ops.add(c.output, 1.0)),),
+expm1 = unary("expm1", Cost.ROUTINE, lambda xp, x: xp.expm1(x), lambda ops, c, g: (ops.mul(g, ops.add(c.output, 1.0)),),
               lambda em, x: em.expm1(x), lambda torch, x: torch.expm1(x), save_output=True)  # fmt: skip
-log = unary("log", lambda xp, x: xp.log(x), lambda ops, c, g: (ops.div(g, c.inputs[0]),),
+log = unary("log", Cost.ROUTINE, lambda xp, x: xp.log(x), lambda ops, c, g: (ops.div(g, c.inputs[0]),),
             lambda em, x: em.log(x), lambda torch, x: torch.log(x), save_inputs=True,
             samples=unary_samples(0.1, 5.0))  # fmt: skip
-log1p = unary("log1p", lambda xp, x: xp.log1p(x), lambda ops, c, g: (ops.div(g, ops.add(c.inputs[0], 1.0)),),
+log1p = unary("log1p", Cost.ROUTINE, lambda xp, x: xp.log1p(x), lambda ops, c, g: (ops.div(g, ops.add(c.inputs[0], 1.0)),),
               lambda em, x: em.log1p(x), lambda torch, x: torch.log1p(x), save_inputs=True,
               samples=unary_samples(-0.9, 5.0))  # fmt: skip
-sqrt = unary("sqrt", lambda xp, x: xp.sqrt(x), lambda ops, c, g: (ops.div(g, ops.mul(c.output, 2.0)),),
+sqrt = unary("sqrt", Cost.DIVISION, lambda xp, x: xp.sqrt(x), lambda ops, c, g: (ops.div(g, ops.mul(c.output, 2.0)),),
              lambda em, x: em.sqrt(x), lambda torch, x: torch.sqrt(x), save_output=True,
              samples=unary_samples(0.1, 5.0))  # fmt: skip
-rsqrt = unary("rsqrt", lambda xp, x: xp.reciprocal(xp.sqrt(x)),
+rsqrt = unary("rsqrt", Cost.DIVISION, lambda xp, x: xp.reciprocal(xp.sqrt(x)),
               lambda ops, c, g: (ops.mul(g, ops.mul(ops.pow(c.output, 3.0), -0.5)),),
               lambda em, x: em.rsqrt(x), lambda torch, x: torch.rsqrt(x), save_output=True,
               samples=unary_samples(0.1, 5.0))  # fmt: skip
-sin = unary("sin", lambda xp, x: xp.sin(x), lambda ops, c, g: (ops.mul(g, ops.cos(c.inputs[0])),),
+sin = unary("sin", Cost.ROUTINE, lambda xp, x: xp.sin(x), lambda ops, c, g: (ops.mul(g, ops.cos(c.inputs[0])),),
             lambda em, x: em.sin(x), lambda torch, x: torch.sin(x), save_inputs=True)  # fmt: skip
-cos = unary("cos", lambda xp, x: xp.cos(x), lambda ops, c, g: (ops.mul(g, ops.neg(ops.sin(c.inputs[0]))),),
+cos = unary("cos", Cost.ROUTINE, lambda xp, x: xp.cos(x), lambda ops, c, g: (ops.mul(g, ops.neg(ops.sin(c.inputs[0]))),),
             lambda em, x: em.cos(x), lambda torch, x: torch.cos(x), save_inputs=True)  # fmt: skip
-tanh = unary("tanh", lambda xp, x: xp.tanh(x),
+tanh = unary("tanh", Cost.ROUTINE, lambda xp, x: xp.tanh(x),
              lambda ops, c, g: (ops.mul(g, ops.sub(1.0, ops.mul(c.output, c.output))),),
              lambda em, x: em.tanh(x), lambda torch, x: torch.tanh(x), save_output=True)  # fmt: skip
 
@@ -161,7 +161,7 @@ def _sigmoid_eager(xp, x):
     return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype, copy=False)
 
 
-sigmoid = unary("sigmoid", _sigmoid_eager,
+sigmoid = unary("sigmoid", Cost.ROUTINE, _sigmoid_eager,
                 lambda ops, c, g: (ops.mul(g, ops.mul(c.output, ops.sub(1.0, c.output))),),
                 lambda em, x: em.sigmoid(x), lambda torch, x: torch.sigmoid(x), save_output=True)  # fmt: skip
 
@@ -175,18 +175,18 @@ def _erf_eager(xp, x):
 
 
 _TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-erf = unary("erf", _erf_eager,
+erf = unary("erf", Cost.ROUTINE, _erf_eager,
             lambda ops, c, g: (ops.mul(g, ops.mul(ops.exp(ops.neg(ops.mul(c.inputs[0], c.inputs[0]))),
                                                   _TWO_OVER_SQRT_PI)),),
             lambda em, x: em.erf(x), lambda torch, x: torch.erf(x), save_inputs=True)  # fmt: skip
-floor = unary("floor", lambda xp, x: xp.floor(x), lambda ops, c, g: (ops.zeros_like(g),),
+floor = unary("floor", Cost.CHEAP, lambda xp, x: xp.floor(x), lambda ops, c, g: (ops.zeros_like(g),),
               lambda em, x: em.floor(x), lambda torch, x: torch.floor(x), float_only=False)  # fmt: skip
-ceil = unary("ceil", lambda xp, x: xp.ceil(x), lambda ops, c, g: (ops.zeros_like(g),),
+ceil = unary("ceil", Cost.CHEAP, lambda xp, x: xp.ceil(x), lambda ops, c, g: (ops.zeros_like(g),),
              lambda em, x: em.ceil(x), lambda torch, x: torch.ceil(x), float_only=False)  # fmt: skip
-round_ = unary("round", lambda xp, x: xp.round(x), lambda ops, c, g: (ops.zeros_like(g),),
+round_ = unary("round", Cost.CHEAP, lambda xp, x: xp.round(x), lambda ops, c, g: (ops.zeros_like(g),),
                lambda em, x: em.round_half_even(x), lambda torch, x: torch.round(x), float_only=False,
                doc="Round half to even, as PyTorch and numpy do.")  # fmt: skip
-logical_not = unary("logical_not", lambda xp, x: xp.logical_not(x), NOT_DIFFERENTIABLE,
+logical_not = unary("logical_not", Cost.CHEAP, lambda xp, x: xp.logical_not(x), NOT_DIFFERENTIABLE,
                     lambda em, x: em.logical_not(x), lambda torch, x: torch.logical_not(x),
                     float_only=False, out_dtype=dt.bool_)  # fmt: skip
 
@@ -198,15 +198,15 @@ def _sum_to_inputs(ops, c, ga, gb):
             ops.sum_to(gb, tb.shape) if gb is not None else None)  # fmt: skip
 
 
-add = binary("add", lambda xp, a, b: xp.add(a, b), lambda ops, c, g: _sum_to_inputs(ops, c, g, g),
+add = binary("add", Cost.CHEAP, lambda xp, a, b: xp.add(a, b), lambda ops, c, g: _sum_to_inputs(ops, c, g, g),
              lambda em, a, b: em.add(a, b), lambda torch, a, b: torch.add(a, b))  # fmt: skip
-sub = binary("sub", lambda xp, a, b: xp.subtract(a, b), lambda ops, c, g: _sum_to_inputs(ops, c, g, ops.neg(g)),
+sub = binary("sub", Cost.CHEAP, lambda xp, a, b: xp.subtract(a, b), lambda ops, c, g: _sum_to_inputs(ops, c, g, ops.neg(g)),
              lambda em, a, b: em.sub(a, b), lambda torch, a, b: torch.sub(a, b))  # fmt: skip
-mul = binary("mul", lambda xp, a, b: xp.multiply(a, b),
+mul = binary("mul", Cost.CHEAP, lambda xp, a, b: xp.multiply(a, b),
              lambda ops, c, g: _sum_to_inputs(ops, c, ops.mul(g, c.inputs[1]) if c.needs_input_grad[0] else None,
                                               ops.mul(g, c.inputs[0]) if c.needs_input_grad[1] else None),
              lambda em, a, b: em.mul(a, b), lambda torch, a, b: torch.mul(a, b), save_inputs=True)  # fmt: skip
-div = binary("div", lambda xp, a, b: xp.true_divide(a, b),
+div = binary("div", Cost.DIVISION, lambda xp, a, b: xp.true_divide(a, b),
              lambda ops, c, g: _sum_to_inputs(
                  ops, c, ops.div(g, c.inputs[1]),
                  ops.neg(ops.div(ops.mul(g, c.inputs[0]), ops.mul(c.inputs[1], c.inputs[1])))
@@ -243,7 +243,7 @@ def _floored(numpy_function: str, part: int):
     return eager
 
 
-floor_divide = binary("floor_divide", _floored("floor_divide", 0),
+floor_divide = binary("floor_divide", Cost.DIVISION, _floored("floor_divide", 0),
                       lambda ops, c, g: _sum_to_inputs(ops, c, ops.zeros_like(g), ops.zeros_like(g)),
                       lambda em, a, b: em.floordiv(a, b), lambda torch, a, b: torch.floor_divide(a, b),
                       samples=lambda rng: int_binary_samples(rng) + binary_samples(rhs_low=0.5)(rng),
@@ -251,7 +251,7 @@ floor_divide = binary("floor_divide", _floored("floor_divide", 0),
                           "divided by zero gives 0 (numpy's result: the frontend checks the divisor first).")  # fmt: skip
 # PyTorch's float32 kernel gives nan for 1e30 % 1e-30 (its quotient overflows); numpy's is exact.
 _REMAINDER_SPECIAL = _SPECIAL[_SPECIAL != 1e-30]
-remainder = binary("remainder", _floored("remainder", 1),
+remainder = binary("remainder", Cost.DIVISION, _floored("remainder", 1),
                    lambda ops, c, g: _sum_to_inputs(
                        ops, c, g, ops.mul(ops.neg(g), ops.floor_divide(c.inputs[0], c.inputs[1]))),
                    lambda em, a, b: em.mod(a, b), lambda torch, a, b: torch.remainder(a, b), save_inputs=True,
@@ -272,7 +272,7 @@ def _pow_vjp(ops, c, g):
     return _sum_to_inputs(ops, c, ga, gb)
 
 
-pow_ = binary("pow", lambda xp, a, b: xp.power(a, b), _pow_vjp, lambda em, a, b: em.pow(a, b),
+pow_ = binary("pow", Cost.ROUTINE, lambda xp, a, b: xp.power(a, b), _pow_vjp, lambda em, a, b: em.pow(a, b),
               lambda torch, a, b: torch.pow(a, b), save_inputs=True, save_output=True,
               samples=binary_samples(low=0.5, high=2.0))  # fmt: skip
 
@@ -286,15 +286,15 @@ def _minmax_vjp(ops, c, g):
     return _sum_to_inputs(ops, c, ga, gb)
 
 
-maximum = binary("maximum", lambda xp, a, b: xp.maximum(a, b), _minmax_vjp, lambda em, a, b: em.max(a, b),
+maximum = binary("maximum", Cost.CHEAP, lambda xp, a, b: xp.maximum(a, b), _minmax_vjp, lambda em, a, b: em.max(a, b),
                  lambda torch, a, b: torch.maximum(a, b), save_inputs=True, save_output=True,
                  doc="Propagates nan, like PyTorch (numpy's fmax would not).")  # fmt: skip
-minimum = binary("minimum", lambda xp, a, b: xp.minimum(a, b), _minmax_vjp, lambda em, a, b: em.min(a, b),
+minimum = binary("minimum", Cost.CHEAP, lambda xp, a, b: xp.minimum(a, b), _minmax_vjp, lambda em, a, b: em.min(a, b),
                  lambda torch, a, b: torch.minimum(a, b), save_inputs=True, save_output=True)  # fmt: skip
 
 
 def comparison(name, ufunc):
-    return binary(name, lambda xp, a, b: getattr(xp, ufunc)(a, b), NOT_DIFFERENTIABLE,
+    return binary(name, Cost.CHEAP, lambda xp, a, b: getattr(xp, ufunc)(a, b), NOT_DIFFERENTIABLE,
                   lambda em, a, b: getattr(em, name)(a, b), lambda torch, a, b: getattr(torch, name)(a, b),
                   out_dtype=dt.bool_)  # fmt: skip
 
@@ -333,7 +333,7 @@ def _where_samples(rng):
 where = register(Primitive(
     "where", Kind.TERNARY, _where_infer, lambda xp, c, a, b: xp.where(c, a, b), _where_vjp, save_inputs=True,
     scalar=lambda em, c, a, b: em.select(c, a, b), reference=lambda torch, c, a, b: torch.where(c, a, b),
-    samples=_where_samples,
+    samples=_where_samples, cost=Cost.CHEAP,
 ))  # fmt: skip
 
 
@@ -357,5 +357,5 @@ def _cast_samples(rng):
 cast = register(Primitive(
     "cast", Kind.CAST, lambda x, *, dtype: TensorType(x.shape, dtype, x.device), _cast_eager, _cast_vjp,
     scalar=lambda em, x, *, dtype: em.cast(x, dtype), reference=lambda torch, x, *, dtype: x.to(getattr(torch, dtype.name)),
-    samples=_cast_samples, doc="Convert to `dtype`; float -> int truncates toward zero and saturates.",
+    samples=_cast_samples, doc="Convert to `dtype`; float -> int truncates toward zero and saturates.", cost=Cost.CHEAP,
 ))  # fmt: skip
