@@ -300,3 +300,13 @@ def test_unsafe_globals_as_pytorch_lists_them(torch, tmp_path):
     torch.save({"w": torch.ones(2), "f": Fraction(1, 3), "o": OrderedDict(a=1)}, tmp_path / "t.pt")
     want = torch.serialization.get_unsafe_globals_in_checkpoint(tmp_path / "t.pt")
     assert serialization.get_unsafe_globals_in_checkpoint(tmp_path / "t.pt") == sorted(want) == ["fractions.Fraction"]
+
+
+def test_a_pickle_cannot_give_a_global_a_state(tmp_path):
+    # BUILD on kiln.float32 (an allowed global) rewrote the process's own dtype: float32 became 8 bytes wide
+    f8 = b"\x8c\x05numpy\x8c\x05dtype\x93\x8c\x02f8\x89\x88\x87R"  # numpy.dtype("f8", False, True)
+    data = b"\x80\x04\x8c\x0ekiln.ir.dtypes\x8c\x07float32\x93}\x8c\x02np" + f8 + b"sb."
+    path = tmp_path / "state.pkl"
+    path.write_bytes(data)
+    _refused(path, r"gives the global kiln.float32 a state")
+    assert kiln.float32.itemsize == 4

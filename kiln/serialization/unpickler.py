@@ -14,6 +14,8 @@ table to its index, and a length prefix asks ``read`` for that many bytes before
   exceed ``MAX_EXPANSION`` times its size plus ``EXPANSION_SLACK`` bytes;
 - ``str`` may convert only strings, bytes and numbers (a ``repr`` of a shared nested list grows
   exponentially), and numpy's rebuilders are checked (``numpy_rebuild.py``) when ``restricted``;
+- ``BUILD`` may give state only to what the pickle built, never to a global it named (a class, or a
+  shared object such as kiln's ``float32``: changing it would change it for the whole process);
 - the extension registry (the ``EXT`` opcodes) is refused: it names globals outside the pickle.
 
 What goes beyond a limit raises ``PickleLimitError``, a ``ValueError`` naming the file.
@@ -133,6 +135,7 @@ class BoundedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]  # the 
         self.source, self.restricted = source, restricted
         self.budget = MAX_EXPANSION * size + EXPANSION_SLACK
         self._fresh: tuple[np.dtype, list[int]] | None = None  # a dtype before its BUILD, and its memo slots
+        self._globals: set[int] = set()  # ids of the objects find_class gave: shared, so never given a state
 
     def load(self) -> Any:
         try:
@@ -207,8 +210,23 @@ class BoundedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]  # the 
     dispatch[pickle.NEWOBJ_EX[0]] = load_newobj_ex
 
     # ------------------------------------------------------------------ BUILD and the memo
+    def load_global(self) -> None:
+        super().load_global()
+        self._globals.add(id(self.stack[-1]))
+
+    def load_stack_global(self) -> None:
+        super().load_stack_global()
+        self._globals.add(id(self.stack[-1]))
+
+    dispatch[pickle.GLOBAL[0]] = load_global
+    dispatch[pickle.STACK_GLOBAL[0]] = load_stack_global
+
     def load_build(self) -> None:
         target = self.stack[-2]  # the state is on top, the object it is for below it
+        if self.restricted and id(target) in self._globals:  # BUILD on a class or a dtype would change it for all
+            name = getattr(target, "__qualname__", None) or repr(target)[:60]
+            raise PickleLimitError(f"gives the global {name} a state; "
+                                   "a weights-only load gives state only to the objects the pickle builds")  # fmt: skip
         if self.restricted and isinstance(target, np.ndarray | np.dtype | np.generic):
             from .numpy_rebuild import build_array, build_dtype  # noqa: PLC0415
 
