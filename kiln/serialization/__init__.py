@@ -18,8 +18,11 @@ saved state_dict is also a plain safetensors file with the state_dict's keys, wh
 - a plain pickle: through the same weights-only unpickler, or ``pickle`` itself with
   ``weights_only=False``.
 
-With ``weights_only=True`` nothing in a file can run code. ``weights_only=False`` unpickles anything,
-so use it only for files you trust.
+With ``weights_only=True`` nothing in a file can run code, and what a file makes kiln allocate is
+bounded by the file's size: a pickle's calls by ``unpickler.MAX_EXPANSION``, a zip member's inflation
+by ``torch_format.MAX_INFLATION``; beyond them the load is refused with a ``ValueError`` naming the file.
+``get_unsafe_globals_in_checkpoint(f)`` lists the globals a file names that would be refused, without
+unpickling it. ``weights_only=False`` unpickles anything, so use it only for files you trust.
 
 >>> import io, kiln
 >>> buffer = io.BytesIO()

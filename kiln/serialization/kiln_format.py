@@ -24,7 +24,7 @@ encoding of the saved object:
   tensors inside it are stored like the others and named in the pickle by persistent ids.
 
 Loading builds only the plain forms above. A ``pickle`` node is unpickled only through the weights-only
-unpickler (``restricted.py``: its globals must be allowed) unless the caller passed
+unpickler (``restricted.py``: its globals must be allowed, its allocations bounded) unless the caller passed
 ``weights_only=False``. Loading is bounded too: a path must name a regular file whose header's sizes fit
 it (``kiln.ir.tensor_file``), each tensor is read once into its own array (about the file's size in
 memory), and any structure that is not exactly one of the forms above (wrong types, missing keys,

@@ -3,9 +3,13 @@
 Unpickling runs whatever callable a pickle names, so a pickle from a stranger is code from a stranger.
 With ``weights_only=True`` (the default, as in PyTorch 2.6+) every global a pickle names is looked up
 in an allow-list first: plain containers (``OrderedDict``, ``set``...), kiln's dtypes, ``Size`` and
-devices, numpy's array rebuilders, the rebuild functions each file format needs (given by the caller)
-and what the user allowed with ``add_safe_globals`` / ``safe_globals``. Anything else raises
+devices, numpy's array rebuilders (which rebuild plain dtypes only: ``numpy_rebuild.py``),
+``_codecs.encode`` for bytes, the rebuild functions each file format needs (given by the caller) and
+what the user allowed with ``add_safe_globals`` / ``safe_globals``. Anything else raises
 ``pickle.UnpicklingError`` naming the global and how to allow it; nothing is imported or called.
+Python 2 names, which protocol 2 (PyTorch's default) writes, are read as Python 3's: ``__builtin__.set``
+is ``builtins.set``. What the allowed calls may allocate is bounded by the pickle's size
+(``unpickler.py``), so a small file cannot ask for much memory either.
 
 >>> import collections
 >>> class Point(collections.namedtuple("Point", "x y")): pass

@@ -15,6 +15,7 @@ pickle followed by the storages' bytes (``load_torch_legacy``).
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import zipfile
@@ -262,10 +263,11 @@ def load_torch_zip(stream, *, weights_only: bool, source: str, place: Callable[[
     info = archive.getinfo(pickles[0])
     budget.charge(info)
     reader = _Reader(_ZipStorages(archive, prefix, budget), place)
-    with archive.open(info) as data:
-        unpickler = _TorchUnpickler(data, weights_only=weights_only, extra=reader.rebuilders(), size=info.file_size,
-                                    persistent_load=reader.persistent_load, source=source)  # fmt: skip
-        return unpickler.load()
+    with archive.open(info) as member:  # read whole (its size is charged): a zip member is slow to read by opcode
+        data = io.BytesIO(member.read())  # at most its declared size: zipfile stops there
+    unpickler = _TorchUnpickler(data, weights_only=weights_only, extra=reader.rebuilders(),
+                                persistent_load=reader.persistent_load, source=source)  # fmt: skip
+    return unpickler.load()
 
 
 class _LegacyStorages:

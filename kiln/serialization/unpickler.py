@@ -52,9 +52,6 @@ class PickleLimitError(ValueError):
 def stream_size(f: IO[bytes]) -> int | None:
     """Bytes left in a seekable binary file object; None when its size cannot be known ahead."""
     try:
-        if isinstance(f, io.BytesIO):
-            with f.getbuffer() as buffer:
-                return len(buffer) - f.tell()
         if f.seekable():
             here = f.tell()
             end = f.seek(0, io.SEEK_END)
