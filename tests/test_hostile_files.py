@@ -285,7 +285,8 @@ def test_unsafe_globals_are_listed_without_running_the_pickle(tmp_path):
     obj = {"o": OrderedDict(a=1), "f": Fraction(1, 3), "n": np.arange(2), "bomb": _Call(bytearray, (1 << 40,))}
     path = _plain(obj, tmp_path)
     assert serialization.get_unsafe_globals_in_checkpoint(path) == ["fractions.Fraction"]
-    assert kiln.serialization.get_unsafe_globals_in_checkpoint(_zip(obj, tmp_path)) == ["fractions.Fraction"]
+    for container in (_zip, _legacy):
+        assert kiln.serialization.get_unsafe_globals_in_checkpoint(container(obj, tmp_path)) == ["fractions.Fraction"]
     with serialization.safe_globals([Fraction]):
         assert serialization.get_unsafe_globals_in_checkpoint(path) == []
     module = kiln.nn.Linear(2, 2)

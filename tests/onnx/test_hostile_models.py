@@ -4,6 +4,7 @@ composite regions that a file says something else about than its graph."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -52,10 +53,15 @@ def test_a_constant_of_a_terabyte_is_a_clear_error():
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1 << 40])
     model = _model([helper.make_node("ConstantOfShape", ["shape"], ["y"])], [], [y], [shape])
     program = kiln.onnx.load(model.SerializeToString())
-    with pytest.raises(ValueError, match=r"ConstantOfShape asks for a tensor of shape \[1099511627776\] "
-                                         r"\(4398046511104 bytes\), more than this machine's memory [^\n]*\n\s*"
-                                         r"while running ONNX node ConstantOfShape"):  # fmt: skip
-        program()
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r"ConstantOfShape asks for a tensor of shape \[1099511627776\] "
+                                             r"\(4398046511104 bytes\), more than this machine's memory [^\n]*\n\s*"
+                                             r"while running ONNX node ConstantOfShape"):  # fmt: skip
+            program()
+        assert tracemalloc.get_traced_memory()[1] < 64 << 20
+    finally:
+        tracemalloc.stop()
 
 
 def test_a_memory_error_inside_a_node_is_a_value_error_naming_it(monkeypatch):
