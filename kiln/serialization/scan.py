@@ -25,7 +25,7 @@ from typing import IO, Any
 
 from ..ir.tensor_file import TORCH_LEGACY_MAGIC, TensorFileError, read_tensor_file
 from .restricted import allowed_global, python3_name
-from .unpickler import _BoundedReader, stream_size
+from .unpickler import BoundedReader, stream_size
 
 __all__ = ["get_unsafe_globals_in_checkpoint", "globals_in_pickle"]
 
@@ -80,10 +80,10 @@ def _unsafe(stream: IO[bytes], source: str) -> list[str]:
         if head.startswith(b"PK\x03\x04"):
             found, extra = _zip_globals(stream), _torch_names()
         elif head[:1] == b"\x80" and head[4:14] == TORCH_LEGACY_MAGIC:
-            reader = _BoundedReader(stream, stream_size(stream) or 0)
+            reader = BoundedReader(stream, stream_size(stream) or 0)
             found, extra = set().union(*(globals_in_pickle(reader) for _ in range(4))), _torch_names()
         elif head[:1] == b"\x80":
-            found, extra = globals_in_pickle(_BoundedReader(stream, stream_size(stream) or 0)), {}
+            found, extra = globals_in_pickle(BoundedReader(stream, stream_size(stream) or 0)), {}
         else:
             found, extra = _kiln_globals(stream), {}
     except (ValueError, zipfile.BadZipFile, EOFError) as error:
@@ -111,7 +111,7 @@ def _zip_globals(stream: IO[bytes]) -> set[str]:
     info = archive.getinfo(pickles[0])
     _ZipBudget(size).charge(info)
     with archive.open(info) as data:
-        return globals_in_pickle(_BoundedReader(data, info.file_size))
+        return globals_in_pickle(BoundedReader(data, info.file_size))
 
 
 def _kiln_globals(stream: IO[bytes]) -> set[str]:
@@ -127,7 +127,7 @@ def _kiln_globals(stream: IO[bytes]) -> set[str]:
         elif isinstance(node, dict):
             if isinstance(node.get("pickle"), str):
                 data = base64.b64decode(node["pickle"], validate=True)
-                found |= globals_in_pickle(_BoundedReader(io.BytesIO(data), len(data)))
+                found |= globals_in_pickle(BoundedReader(io.BytesIO(data), len(data)))
             else:
                 nodes += node.values()
     return found

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..frontend.tensor import Size
 
-__all__ = ["EXPANSION_SLACK", "MAX_EXPANSION", "BoundedUnpickler", "PickleLimitError", "stream_size"]
+__all__ = ["EXPANSION_SLACK", "MAX_EXPANSION", "BoundedReader", "BoundedUnpickler", "PickleLimitError", "stream_size"]
 
 #: The objects that the calls in one pickle build may take at most this many bytes per byte of pickle
 #: (a pickled ``set([...])`` costs about 64 bytes per element it holds, its pickle 2 to 10)...
@@ -62,7 +62,7 @@ def stream_size(f: IO[bytes]) -> int | None:
     return None
 
 
-class _BoundedReader:
+class BoundedReader:
     """``read``/``readline`` of at most the ``size`` bytes a pickle has; never asks the file for more."""
 
     def __init__(self, file: IO[bytes], size: int) -> None:
@@ -128,7 +128,7 @@ class BoundedUnpickler(pickle._Unpickler):  # type: ignore[name-defined]  # the 
         size = stream_size(file) if size is None else size
         if size is None:
             raise TypeError(f"{source}: a bounded unpickler needs a seekable file or its size")
-        super().__init__(_BoundedReader(file, size))
+        super().__init__(BoundedReader(file, size))
         self.source, self.restricted = source, restricted
         self.budget = MAX_EXPANSION * size + EXPANSION_SLACK
         self._fresh: tuple[np.dtype, list[int]] | None = None  # a dtype before its BUILD, and its memo slots
