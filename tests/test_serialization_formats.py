@@ -276,3 +276,42 @@ def test_crafted_torch_checkpoints_cannot_reach_outside_their_storage(tmp_path):
     path.write_bytes(_torch_zip(b"\x80\x02}q\x00(X", {}))
     with pytest.raises(ValueError, match="crafted.pt' is a corrupt PyTorch checkpoint"):
         kiln.load(path)
+
+
+def test_a_tensor_under_the_metadata_key_is_renamed_loudly(tmp_path):
+    import safetensors.numpy
+
+    path = tmp_path / "m.safetensors"
+    with pytest.warns(
+        UserWarning, match=r"'__metadata__' is the name safetensors gives its metadata.*'__metadata__#2'"
+    ):
+        kiln.save({"__metadata__": kiln.ones(2), "w": kiln.zeros(1)}, path)  # the header's entry was overwritten
+    plain = safetensors.numpy.load_file(str(path))
+    assert sorted(plain) == ["__metadata__#2", "w"] and plain["__metadata__#2"].tolist() == [1.0, 1.0]
+    out = kiln.load(path)
+    assert sorted(out) == ["__metadata__", "w"] and out["__metadata__"].tolist() == [1.0, 1.0]
+
+
+def test_tied_weights_are_every_key_of_the_safetensors_file_and_one_tensor_in_kiln(tmp_path):
+    import safetensors.numpy
+
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(5, 3)
+            self.head = nn.Linear(3, 5, bias=False)
+            self.head.weight = self.emb.weight
+
+    model = Tied()
+    state = model.state_dict(keep_vars=True)  # the tied Parameter itself under both keys
+    path = tmp_path / "tied.safetensors"
+    kiln.save(state, path)
+    plain = safetensors.numpy.load_file(str(path))
+    assert sorted(plain) == sorted(state) == ["emb.weight", "head.weight"]  # safetensors saw emb.weight only
+    for key, value in state.items():
+        np.testing.assert_array_equal(plain[key], value.detach().numpy())
+    out = kiln.load(path)
+    assert out["emb.weight"] is out["head.weight"]
+    again = Tied()
+    again.load_state_dict(out)
+    np.testing.assert_array_equal(again.head.weight.detach().numpy(), model.emb.weight.detach().numpy())

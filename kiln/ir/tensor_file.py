@@ -5,7 +5,9 @@ path or a binary file object. Before any tensor data is read it checks that a pa
 regular file (not a directory, a FIFO, or a device such as ``/dev/zero`` behind a symlink), that
 the header's declared length fits the file, and that every tensor's dtype, shape and byte range
 agree and tile the data section exactly, as the safetensors format requires. Only then is each
-tensor read, straight into an array of its own: loading costs about the file's size in memory.
+tensor read, straight into an array of its own: loading costs about the file's size in memory. A
+stream whose size cannot be known (a pipe) is read in chunks, so a header that declares a terabyte
+costs only the bytes that really arrive before the truncation is found.
 (safetensors' memory-mapped reader, which copies each tensor out of the mapping, peaked at twice
 the file's size: 382 MB of resident memory for a 191 MB checkpoint, against 191 MB here.)
 
@@ -36,6 +38,9 @@ __all__ = ["MAX_HEADER", "TORCH_LEGACY_MAGIC", "TensorFileError", "read_tensor_f
 
 MAX_HEADER = 100_000_000  # bytes of JSON header; safetensors' own limit
 SNIFF_BYTES = 4096  # enough to name a zip archive's first member
+#: A stream whose size cannot be known ahead (a pipe) is read this many bytes at a time: a header that
+#: declares more data than the stream holds then costs what arrived, never what it declared.
+STREAM_CHUNK = 16 << 20
 
 # safetensors' dtype names that kiln has a dtype for, as little-endian numpy dtypes
 _DTYPES = {
@@ -123,8 +128,11 @@ def _read(stream: IO[bytes], size: int | None) -> tuple[dict[str, str], dict[str
                               f"the file holds {size - 8 - header_size}")  # fmt: skip
     arrays = {}
     for name, (dtype, shape, _) in sorted(entries.items(), key=lambda item: item[1][2]):
-        array = np.empty(shape, dtype)
-        _read_into(stream, array, name)
+        if size is None:  # a pipe: what the header declares is unchecked, so allocate only what arrives
+            array = _read_chunked(stream, dtype, shape, name)
+        else:
+            array = np.empty(shape, dtype)
+            _read_into(stream, array, name)
         arrays[name] = array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
     if size is None and _read_up_to(stream, 1):
         raise TensorFileError(f"is corrupt: it goes on after the {data_size} bytes of tensor data its header declares")
@@ -212,6 +220,19 @@ def _read_into(stream: IO[bytes], array: np.ndarray, name: str) -> None:
             raise TensorFileError(f"is truncated: the data of tensor {name[:100]!r} ends after {got} of "
                                   f"{len(view)} bytes")  # fmt: skip
         got += n
+
+
+def _read_chunked(stream: IO[bytes], dtype: np.dtype, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """A tensor read from a stream of unknown size, ``STREAM_CHUNK`` bytes at a time."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    data = bytearray()
+    while len(data) < nbytes:
+        chunk = stream.read(min(STREAM_CHUNK, nbytes - len(data)))
+        if not chunk:
+            raise TensorFileError(f"is truncated: the data of tensor {name[:100]!r} ends after {len(data)} of "
+                                  f"{nbytes} bytes")  # fmt: skip
+        data += chunk
+    return np.frombuffer(data, dtype).reshape(shape)  # writable: the bytearray is the array's own memory
 
 
 def _refuse_foreign(first: bytes, stream: IO[bytes]) -> None:

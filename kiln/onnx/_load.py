@@ -8,6 +8,7 @@ eagerly: to compile it, wrap the call in a function of your own with static size
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -16,6 +17,7 @@ import kiln
 import kiln.nn.functional as F
 
 from ._builder import OnnxExportError
+from ._load_checks import located, physical_memory, refuse_external_data
 from ._load_recurrent import gru, lstm
 
 
@@ -32,7 +34,9 @@ class OnnxProgram:
         elif isinstance(source, bytes):
             model = onnx.load_from_string(source)
         else:
-            model = onnx.load(os.fspath(source))
+            model = onnx.load(os.fspath(source))  # external data: read relative to the model's own folder
+        if isinstance(source, onnx.ModelProto | bytes):
+            refuse_external_data(model)
         onnx.checker.check_model(model)
         domains = {o.domain: o.version for o in model.opset_import}
         self.opset = domains.get("", domains.get("ai.onnx", 0))
@@ -66,8 +70,7 @@ class OnnxProgram:
                 try:
                     results = OPS[node.op_type](_attrs(node), *inputs)
                 except Exception as error:
-                    raise type(error)(f"{error}\n  while running ONNX node {node.name or node.op_type} "
-                                      f"({node.op_type})") from error  # fmt: skip
+                    raise located(error, node) from error
                 results = results if isinstance(results, tuple) else (results,)
                 env.update(zip(node.output, results, strict=False))
         outputs = tuple(env[name] for name in self.output_names)
@@ -361,7 +364,12 @@ def _constant_of_shape(a, shape):
     from onnx import numpy_helper  # noqa: PLC0415
 
     value = numpy_helper.to_array(a["value"]) if "value" in a else np.zeros(1, np.float32)
-    return kiln.from_numpy(np.full(_ints(shape), value.reshape(-1)[0], dtype=value.dtype))
+    dims = _ints(shape)
+    nbytes = math.prod(dims) * value.dtype.itemsize
+    if all(d >= 0 for d in dims) and nbytes > physical_memory():
+        raise ValueError(f"ConstantOfShape asks for a tensor of shape {dims} ({nbytes} bytes), more than this "
+                         f"machine's memory ({physical_memory()} bytes)")  # fmt: skip
+    return kiln.from_numpy(np.full(dims, value.reshape(-1)[0], dtype=value.dtype))
 
 
 def _shape(a, x):

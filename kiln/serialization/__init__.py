@@ -18,8 +18,11 @@ saved state_dict is also a plain safetensors file with the state_dict's keys, wh
 - a plain pickle: through the same weights-only unpickler, or ``pickle`` itself with
   ``weights_only=False``.
 
-With ``weights_only=True`` nothing in a file can run code. ``weights_only=False`` unpickles anything,
-so use it only for files you trust.
+With ``weights_only=True`` nothing in a file can run code, and what a file makes kiln allocate is
+bounded by the file's size: a pickle's calls by ``unpickler.MAX_EXPANSION``, a zip member's inflation
+by ``torch_format.MAX_INFLATION``; beyond them the load is refused with a ``ValueError`` naming the file.
+``get_unsafe_globals_in_checkpoint(f)`` lists the globals a file names that would be refused, without
+unpickling it. ``weights_only=False`` unpickles anything, so use it only for files you trust.
 
 >>> import io, kiln
 >>> buffer = io.BytesIO()
@@ -50,9 +53,12 @@ from .restricted import (
     get_safe_globals,
     safe_globals,
 )
+from .scan import get_unsafe_globals_in_checkpoint
 from .torch_format import TorchFileError, load_torch_legacy, load_torch_zip
+from .unpickler import PickleLimitError, stream_size
 
-__all__ = ["MAX_DEPTH", "add_safe_globals", "clear_safe_globals", "get_safe_globals", "load", "safe_globals", "save"]
+__all__ = ["MAX_DEPTH", "add_safe_globals", "clear_safe_globals", "get_safe_globals", "get_unsafe_globals_in_checkpoint",
+           "load", "safe_globals", "save"]  # fmt: skip
 
 
 def save(obj: Any, f: str | os.PathLike | IO[bytes], pickle_module: Any = None, pickle_protocol: int = 2,
@@ -95,18 +101,6 @@ def load(f: str | os.PathLike | IO[bytes], map_location: str | Callable | dict |
     if "kiln.format" in meta:
         return kiln_format.decode(meta, arrays, map_location, source, weights_only)
     return {name: place(from_numpy(array), "cpu", map_location) for name, array in arrays.items()}
-
-
-def _remaining(f) -> int | None:
-    try:
-        if f.seekable():
-            here = f.tell()
-            end = f.seek(0, io.SEEK_END)
-            f.seek(here)
-            return end - here
-    except (AttributeError, OSError):
-        pass
-    return None
 
 
 def _is_regular(path) -> bool:
@@ -166,9 +160,11 @@ def _load_zip(stream, map_location, weights_only: bool, source: str):
                               place=lambda t, location: place(t, location, map_location))  # fmt: skip
     except zipfile.BadZipFile as error:
         raise TorchFileError(f"is a damaged zip archive ({error})") from None
-    except WeightsOnlyRefusal:
+    except (WeightsOnlyRefusal, PickleLimitError):
         raise
-    except (pickle.UnpicklingError, EOFError, IndexError, KeyError, TypeError, AttributeError) as error:
+    except (pickle.UnpicklingError, EOFError, IndexError, KeyError, TypeError, AttributeError, ValueError) as error:
+        if isinstance(error, TorchFileError):
+            raise
         raise TorchFileError(f"is a corrupt PyTorch checkpoint ({type(error).__name__}: {error})") from None
 
 
@@ -176,11 +172,11 @@ def _load_pickle(stream, head: bytes, map_location, weights_only: bool, source: 
     opened = open(os.fspath(stream), "rb") if isinstance(stream, str | os.PathLike) else None
     try:
         file = opened or stream
+        size = stream_size(file)
+        if size is None:  # a pipe: its size bounds what the pickle may build, so read it first
+            file = io.BytesIO(file.read())
+            size = stream_size(file)
         if head[4:14] == TORCH_LEGACY_MAGIC:
-            size = _remaining(file)
-            if size is None:  # a pipe: its size bounds the storages, so read it first
-                file = io.BytesIO(file.read())
-                size = len(file.getvalue())
             return load_torch_legacy(file, file.tell() + size, weights_only=weights_only,
                                      source=source, place=lambda t, location: place(t, location, map_location))  # fmt: skip
 
@@ -190,9 +186,9 @@ def _load_pickle(stream, head: bytes, map_location, weights_only: bool, source: 
             )
 
         if weights_only:
-            return WeightsOnlyUnpickler(file, extra={}, persistent_load=refuse, source=source).load()
+            return WeightsOnlyUnpickler(file, extra={}, persistent_load=refuse, source=source, size=size).load()
         return pickle.load(file)
-    except WeightsOnlyRefusal:
+    except (WeightsOnlyRefusal, PickleLimitError):
         raise
     except TorchFileError:
         raise

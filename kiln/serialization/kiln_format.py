@@ -1,10 +1,13 @@
 """kiln's checkpoint format: tensors and nested Python structure in a safetensors file.
 
-Format (version 2; version 1 files are read too): a standard safetensors file. Every distinct tensor
-(and numpy array) is stored once, named by where it was first met: a state_dict's tensors keep their
-keys (``"fc.weight"``), nested ones are joined with dots (``"optimizer.state.0.exp_avg"``), and a name
-met twice gets ``"#2"``... So ``safetensors.torch.load_file`` reads a saved state_dict with its own key
-names. The safetensors metadata holds ``"kiln.format": "2"`` and ``"kiln.structure"``, a tagged JSON
+Format (version 2; version 1 files are read too): a standard safetensors file. Every tensor (and numpy
+array) is stored under the place it was met: a state_dict's tensors keep their keys (``"fc.weight"``),
+nested ones are joined with dots (``"optimizer.state.0.exp_avg"``), and a name met twice gets ``"#2"``...
+(so does ``"__metadata__"``, the key safetensors keeps for its metadata, with a warning). A tensor met
+at several places (tied weights: ``head.weight is emb.weight``) is written at each, since safetensors has
+no aliases: ``safetensors.torch.load_file`` (or ``safetensors.numpy.load_file``) reads a saved
+state_dict with every one of its keys, and the file holds the tied tensor once per key. The structure
+names its first copy at every place, so ``kiln.load`` gives one tensor again, tied. The safetensors metadata holds ``"kiln.format": "2"`` and ``"kiln.structure"``, a tagged JSON
 encoding of the saved object:
 
 - ``null``, ``true``/``false``, JSON integers and JSON strings stand for None, bools, ints and strs;
@@ -21,7 +24,7 @@ encoding of the saved object:
   tensors inside it are stored like the others and named in the pickle by persistent ids.
 
 Loading builds only the plain forms above. A ``pickle`` node is unpickled only through the weights-only
-unpickler (``restricted.py``: its globals must be allowed) unless the caller passed
+unpickler (``restricted.py``: its globals must be allowed, its allocations bounded) unless the caller passed
 ``weights_only=False``. Loading is bounded too: a path must name a regular file whose header's sizes fit
 it (``kiln.ir.tensor_file``), each tensor is read once into its own array (about the file's size in
 memory), and any structure that is not exactly one of the forms above (wrong types, missing keys,
@@ -34,6 +37,7 @@ import base64
 import io
 import json
 import pickle
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
@@ -55,12 +59,14 @@ READABLE_VERSIONS = ("1", "2")
 #: Containers nested deeper than this are refused by save and load alike (PyTorch state dicts nest
 #: a handful of levels; the limit keeps both sides well inside Python's recursion limit).
 MAX_DEPTH = 100
+#: The header key safetensors keeps for the file's metadata: a tensor saved there gets another name.
+RESERVED = "__metadata__"
 
 
 class _Encoder:
     def __init__(self) -> None:
         self.arrays: dict[str, np.ndarray] = {}
-        self.names: dict[int, str] = {}  # id(tensor or array) -> stored name: met twice, stored once
+        self.names: dict[int, str] = {}  # id(tensor or array) -> the name of its first copy
         self.keep: list[Any] = []  # what names refers to by id stays alive until the file is written
 
     def encode(self, obj, where: str, depth: int = 0):
@@ -94,17 +100,29 @@ class _Encoder:
         return {"pickle": self.pickle(obj, where)}
 
     def name(self, obj, where: str) -> tuple[str, bool]:
-        """``(stored name, new)`` for a tensor or array first met at ``where``."""
-        name = self.names.get(id(obj))
-        if name is not None:
-            return name, False
-        name, n = where or "tensor", 1
-        while name in self.arrays:
-            n += 1
-            name = f"{where or 'tensor'}#{n}"
-        self.names[id(obj)] = name
+        """``(stored name, new)`` for a tensor or array met at ``where``. One met again (tied weights) is
+        written again under its new place too, so that every safetensors reader sees every key; the
+        structure names the first copy, so kiln's load gives one tensor again."""
+        stored = self.unique(where)
+        first = self.names.get(id(obj))
+        if first is not None:
+            self.arrays[stored] = self.arrays[first]
+            return first, False
+        self.names[id(obj)] = stored
         self.keep.append(obj)
-        return name, True
+        return stored, True
+
+    def unique(self, where: str) -> str:
+        base = where or "tensor"
+        name, n = base, 1
+        while name in self.arrays or name == RESERVED:
+            n += 1
+            name = f"{base}#{n}"
+        if base == RESERVED:
+            warnings.warn(f"kiln.save: the key {RESERVED!r} is the name safetensors gives its metadata, so the tensor "
+                          f"there is stored as {name!r}; kiln.load gives it back under {RESERVED!r}, other "
+                          f"safetensors readers see {name!r}", stacklevel=4)  # fmt: skip
+        return name
 
     def tensor(self, t: Tensor, where: str) -> dict:
         name, new = self.name(t, where)

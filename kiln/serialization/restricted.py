@@ -3,9 +3,13 @@
 Unpickling runs whatever callable a pickle names, so a pickle from a stranger is code from a stranger.
 With ``weights_only=True`` (the default, as in PyTorch 2.6+) every global a pickle names is looked up
 in an allow-list first: plain containers (``OrderedDict``, ``set``...), kiln's dtypes, ``Size`` and
-devices, numpy's array rebuilders, the rebuild functions each file format needs (given by the caller)
-and what the user allowed with ``add_safe_globals`` / ``safe_globals``. Anything else raises
+devices, numpy's array rebuilders (which rebuild plain dtypes only: ``numpy_rebuild.py``),
+``_codecs.encode`` for bytes, the rebuild functions each file format needs (given by the caller) and
+what the user allowed with ``add_safe_globals`` / ``safe_globals``. Anything else raises
 ``pickle.UnpicklingError`` naming the global and how to allow it; nothing is imported or called.
+Python 2 names, which protocol 2 (PyTorch's default) writes, are read as Python 3's: ``__builtin__.set``
+is ``builtins.set``. What the allowed calls may allocate is bounded by the pickle's size
+(``unpickler.py``), so a small file cannot ask for much memory either.
 
 >>> import collections
 >>> class Point(collections.namedtuple("Point", "x y")): pass
@@ -16,6 +20,7 @@ True
 
 from __future__ import annotations
 
+import _compat_pickle
 import builtins
 import collections
 import contextlib
@@ -23,11 +28,11 @@ import pickle
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-import numpy as np
-
 from ..frontend.tensor import Size
 from ..ir import dtypes as dt
 from ..ir.types import Device
+from .numpy_rebuild import numpy_globals
+from .unpickler import BoundedUnpickler, PickleLimitError
 
 __all__ = [
     "WeightsOnlyRefusal",
@@ -36,6 +41,8 @@ __all__ = [
     "get_safe_globals",
     "safe_globals",
     "WeightsOnlyUnpickler",
+    "allowed_global",
+    "python3_name",
 ]
 
 _user_globals: list[Any] = []
@@ -82,17 +89,13 @@ def _full_name(entry: Any) -> tuple[Any, str]:
     return entry, f"{module}.{name}"
 
 
-def _numpy_rebuilders() -> dict[str, Any]:
-    """What numpy names when it pickles arrays, dtypes and scalars (numpy 1 and 2 spell the module differently)."""
-    core = getattr(np, "_core", None) or np.core
-    found = {"numpy.ndarray": np.ndarray, "numpy.dtype": np.dtype}
-    for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        found[f"{module}._reconstruct"] = core.multiarray._reconstruct
-        found[f"{module}.scalar"] = core.multiarray.scalar
-    for kind in set(np.sctypeDict.values()):  # numpy 2 pickles a dtype's class, e.g. numpy.dtypes.Float32DType
-        cls = type(np.dtype(kind))
-        found[f"numpy.dtypes.{cls.__name__}"] = cls
-    return found
+def _codecs_encode(text: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
+    """``_codecs.encode`` as protocol 2 uses it to pickle ``bytes``: latin-1 text to bytes, nothing else."""
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1") or errors != "strict":
+        raise PickleLimitError(f"calls _codecs.encode({type(text).__name__}, {str(encoding)[:20]!r}); a "
+                               "weights-only load decodes only latin-1 text into bytes (how protocol 2 pickles "
+                               "bytes)")  # fmt: skip
+    return text.encode("latin-1")
 
 
 def _builtin_globals() -> dict[str, Any]:
@@ -105,8 +108,8 @@ def _builtin_globals() -> dict[str, Any]:
         "collections.defaultdict": collections.defaultdict,
     }
     plain |= {f"kiln.ir.dtypes.{d.name}": d for d in dt.ALL_DTYPES}
-    plain |= {"kiln.frontend.tensor.Size": Size, "kiln.ir.types.Device": Device}
-    return plain | _numpy_rebuilders()
+    plain |= {"kiln.frontend.tensor.Size": Size, "kiln.ir.types.Device": Device, "_codecs.encode": _codecs_encode}
+    return plain | numpy_globals()
 
 
 _DEFAULT: dict[str, Any] | None = None
@@ -123,35 +126,55 @@ class WeightsOnlyRefusal(pickle.UnpicklingError):
     """A global outside the allow-list: an ``UnpicklingError``, as PyTorch raises, told apart from corrupt data."""
 
 
-class WeightsOnlyUnpickler(pickle.Unpickler):
-    """An unpickler that resolves globals only through the allow-list (plus ``extra``, a format's rebuilders).
+class WeightsOnlyUnpickler(BoundedUnpickler):
+    """An unpickler that resolves globals only through the allow-list (plus ``extra``, a format's rebuilders),
+    within the memory bounds of ``BoundedUnpickler`` (``unpickler.py``).
 
-    Every way a pickle reaches a callable (GLOBAL, STACK_GLOBAL, the EXT opcodes) goes through
-    ``find_class``, so checking here is enough (Python's documentation, "Restricting Globals")."""
+    Every way a pickle reaches a callable (GLOBAL, STACK_GLOBAL, INST) goes through ``find_class``, so
+    checking here is enough (Python's documentation, "Restricting Globals"); the EXT opcodes are refused.
+    Python 2 names (``__builtin__.set``, what protocol 2 writes) are mapped as Python's unpickler maps them.
+    ``size``: the pickle's bytes in ``file`` (its remaining bytes when None)."""
 
-    def __init__(self, file, *, extra: dict[str, Any], persistent_load: Callable[[Any], Any], source: str) -> None:
-        super().__init__(file)
+    def __init__(self, file, *, extra: dict[str, Any], persistent_load: Callable[[Any], Any], source: str,
+                 size: int | None = None, restricted: bool = True) -> None:  # fmt: skip
+        super().__init__(file, source=source, size=size, restricted=restricted)
         self.extra = extra
         self._persistent = persistent_load
-        self.source = source
 
     def persistent_load(self, pid: Any) -> Any:
         return self._persistent(pid)
 
     def find_class(self, module: str, name: str) -> Any:
-        full = f"{module}.{name}"
-        if full in self.extra:
-            return self.extra[full]
-        found = _defaults().get(full)
-        if found is not None:
-            return found
-        if full == "kiln.ir.dtypes.bfloat16":
-            return dt.bfloat16_dtype()
-        for entry in _user_globals:
-            obj, entry_name = _full_name(entry)
-            if entry_name == full:
-                return obj
-        raise WeightsOnlyRefusal(refusal(full, self.source))
+        module, name = python3_name(module, name, self.proto)
+        found = allowed_global(f"{module}.{name}", self.extra)
+        if found is None:
+            raise WeightsOnlyRefusal(refusal(f"{module}.{name}", self.source))
+        return found
+
+
+def python3_name(module: str, name: str, proto: int) -> tuple[str, str]:
+    """The name Python 3 gives a global that a protocol 0-2 pickle names (``__builtin__.set``: ``builtins.set``)."""
+    if proto >= 3:
+        return module, name
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        return _compat_pickle.NAME_MAPPING[(module, name)]
+    return _compat_pickle.IMPORT_MAPPING.get(module, module), name
+
+
+def allowed_global(full: str, extra: dict[str, Any]) -> Any:
+    """The object the allow-list (with a format's ``extra`` rebuilders) gives ``full``, or None if refused."""
+    if full in extra:
+        return extra[full]
+    found = _defaults().get(full)
+    if found is not None:
+        return found
+    if full == "kiln.ir.dtypes.bfloat16":
+        return dt.bfloat16_dtype()
+    for entry in _user_globals:
+        obj, entry_name = _full_name(entry)
+        if entry_name == full:
+            return obj
+    return None
 
 
 def refusal(full: str, source: str) -> str:

@@ -15,6 +15,9 @@ pickle followed by the storages' bytes (``load_torch_legacy``).
 
 from __future__ import annotations
 
+import io
+import os
+import pickle
 import zipfile
 from collections.abc import Callable
 from typing import Any
@@ -25,7 +28,8 @@ from ..frontend.tensor import Size, Tensor, make_tensor
 from ..ir import dtypes as dt
 from ..ir.types import CPU
 from ..ir.types import device as parse_device
-from .restricted import WeightsOnlyUnpickler
+from .restricted import WeightsOnlyUnpickler, allowed_global, python3_name
+from .unpickler import stream_size
 
 __all__ = ["TorchFileError", "load_torch_legacy", "load_torch_zip"]
 
@@ -164,29 +168,60 @@ def _resolve_dtypes(obj: Any) -> Any:
 
 class _TorchUnpickler(WeightsOnlyUnpickler):
     def __init__(self, file, *, weights_only: bool, **kwargs) -> None:
-        super().__init__(file, **kwargs)
+        super().__init__(file, restricted=weights_only, **kwargs)
         self.weights_only = weights_only
 
     def find_class(self, module: str, name: str) -> Any:
-        full = f"{module}.{name}"
+        module3, name3 = python3_name(module, name, self.proto)
+        full = f"{module3}.{name3}"
         if full in self.extra:
             return _resolve_dtypes(self.extra[full])
-        if self.weights_only or module == "torch" or module.startswith("torch."):
-            try:
-                return super().find_class(module, name)
-            except Exception as error:
-                if not self.weights_only:
-                    raise TorchFileError(f"names {full}, a PyTorch object that kiln cannot rebuild (kiln reads "
-                                         "tensors, parameters and plain containers from PyTorch files)") from None  # fmt: skip
-                raise error
-        return super(WeightsOnlyUnpickler, self).find_class(module, name)  # weights_only=False: any global
+        if self.weights_only:
+            return super().find_class(module, name)
+        if module3 == "torch" or module3.startswith("torch."):
+            found = allowed_global(full, {})
+            if found is None:
+                raise TorchFileError(f"names {full}, a PyTorch object that kiln cannot rebuild (kiln reads "
+                                     "tensors, parameters and plain containers from PyTorch files)")  # fmt: skip
+            return found
+        return pickle._Unpickler.find_class(self, module, name)  # type: ignore[attr-defined]  # trusted: any global
+
+
+#: The members of a PyTorch zip that kiln reads may hold at most this many bytes per byte of the archive
+#: (torch.save stores its members uncompressed; a deflated storage of zeros inflates 1000-fold)...
+MAX_INFLATION = 16
+#: ...plus this many bytes, so that a small deflated archive is never refused for its small members.
+INFLATION_SLACK = 1 << 20
+
+
+class _ZipBudget:
+    """What the members read so far may still inflate to: ``MAX_INFLATION`` times the archive plus the slack."""
+
+    def __init__(self, archive_size: int) -> None:
+        self.left = MAX_INFLATION * archive_size + INFLATION_SLACK
+
+    def charge(self, info: zipfile.ZipInfo) -> None:
+        if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+            raise TorchFileError(f"is corrupt: member {info.filename[:80]!r} is stored uncompressed but its sizes "
+                                 f"differ ({info.compress_size} and {info.file_size} bytes)")  # fmt: skip
+        self.left -= info.file_size
+        if self.left < 0:
+            raise TorchFileError(f"is a zip bomb or corrupt: member {info.filename[:80]!r} inflates "
+                                 f"{info.compress_size} bytes to {info.file_size}, more than kiln reads from an "
+                                 f"archive of its size (at most {MAX_INFLATION} bytes per byte of the archive "
+                                 "plus 1 MiB: kiln.serialization.torch_format.MAX_INFLATION)")  # fmt: skip
 
 
 class _ZipStorages:
-    def __init__(self, archive: zipfile.ZipFile, prefix: str) -> None:
-        self.archive, self.prefix = archive, prefix
-        names = archive.namelist()
-        self.big = prefix + "byteorder" in names and archive.read(prefix + "byteorder").strip() == b"big"
+    def __init__(self, archive: zipfile.ZipFile, prefix: str, budget: _ZipBudget) -> None:
+        self.archive, self.prefix, self.budget = archive, prefix, budget
+        self.big = False
+        if prefix + "byteorder" in archive.namelist():
+            info = archive.getinfo(prefix + "byteorder")
+            if info.file_size > 16:
+                raise TorchFileError(f"is corrupt: its byteorder member holds {info.file_size} bytes")
+            budget.charge(info)
+            self.big = archive.read(info).strip() == b"big"
 
     def __call__(self, key: str, dtype: dt.DType, numel: int) -> np.ndarray:
         member = f"{self.prefix}data/{key}"
@@ -194,11 +229,10 @@ class _ZipStorages:
             info = self.archive.getinfo(member)
         except KeyError:
             raise TorchFileError(f"is missing the data of storage {key[:40]!r} ({member[:80]})") from None
-        if info.file_size != numel * dtype.itemsize or (
-            info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size
-        ):
+        if info.file_size != numel * dtype.itemsize:
             raise TorchFileError(f"is corrupt: storage {key[:40]!r} should hold {numel} {dtype.name} values "
                                  f"({numel * dtype.itemsize} bytes), its data has {info.file_size} bytes")  # fmt: skip
+        self.budget.charge(info)
         array = np.empty(numel, dtype.np)
         with self.archive.open(info) as stream:
             _read_into(stream, array, key)
@@ -215,7 +249,9 @@ def _read_into(stream, array: np.ndarray, key: str) -> None:
 
 
 def load_torch_zip(stream, *, weights_only: bool, source: str, place: Callable[[Tensor, str], Tensor]) -> Any:
-    """The object a ``torch.save`` zip file holds, with kiln tensors; ``place(tensor, location)`` moves each."""
+    """The object a ``torch.save`` zip file holds, with kiln tensors; ``place(tensor, location)`` moves each.
+    What kiln reads from the archive is bounded by its size (``MAX_INFLATION``)."""
+    size = os.path.getsize(stream) if isinstance(stream, str | os.PathLike) else stream_size(stream)
     archive = zipfile.ZipFile(stream)
     pickles = [name for name in archive.namelist() if name.endswith("data.pkl") and name.count("/") == 1]
     if len(pickles) != 1 and archive.namelist() and all(n.endswith(".npy") for n in archive.namelist()):
@@ -223,11 +259,15 @@ def load_torch_zip(stream, *, weights_only: bool, source: str, place: Callable[[
     if len(pickles) != 1:
         raise TorchFileError("is a zip archive without exactly one <name>/data.pkl; not a torch.save checkpoint")
     prefix = pickles[0][: -len("data.pkl")]
-    reader = _Reader(_ZipStorages(archive, prefix), place)
-    with archive.open(pickles[0]) as data:
-        unpickler = _TorchUnpickler(data, weights_only=weights_only, extra=reader.rebuilders(),
-                                    persistent_load=reader.persistent_load, source=source)  # fmt: skip
-        return unpickler.load()
+    budget = _ZipBudget(size or 0)
+    info = archive.getinfo(pickles[0])
+    budget.charge(info)
+    reader = _Reader(_ZipStorages(archive, prefix, budget), place)
+    with archive.open(info) as member:  # read whole (its size is charged): a zip member is slow to read by opcode
+        data = io.BytesIO(member.read())  # at most its declared size: zipfile stops there
+    unpickler = _TorchUnpickler(data, weights_only=weights_only, extra=reader.rebuilders(),
+                                persistent_load=reader.persistent_load, source=source)  # fmt: skip
+    return unpickler.load()
 
 
 class _LegacyStorages:

@@ -27,6 +27,7 @@ from ..tensor import Tensor, make_tensor
 from .build import optimize
 from .compiler import CompileOptions
 from .pytree import LEAF, flatten, unflatten
+from .region_check import check_regions
 from .regions import regions_from_json, regions_to_json
 from .signature import (
     Argument,
@@ -202,6 +203,7 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
         out_tree = _tree_from_json(meta["out_tree"])
         signature = signature_from_json(meta, graph, in_specs, parameters)
         regions = regions_from_json(meta.get("regions", []), graph)  # files of older kilns have none
+        regions = check_regions(regions, graph)  # an exporter writes a region as one op: it must be the graph's
     except ExportError:
         raise
     except RecursionError:

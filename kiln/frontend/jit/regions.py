@@ -37,6 +37,10 @@ class Region:
     loc: SourceLocation | None = None
 
 
+#: The composite ops by name, undecorated: ``region_check`` runs a stored region's op to check it.
+IMPLEMENTATIONS: dict[str, Any] = {}
+
+
 def composite(name: str):
     """Mark a function as the composite op ``name``: traces record a ``Region`` for each call.
 
@@ -47,6 +51,7 @@ def composite(name: str):
 
     def decorate(fn):
         signature = inspect.signature(fn)
+        IMPLEMENTATIONS.setdefault(name, fn)
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
