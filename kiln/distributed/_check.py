@@ -47,6 +47,22 @@ def enabled() -> bool:
     return os.environ.get("KILN_DISTRIBUTED_DEBUG", "").strip().upper() != "OFF"
 
 
+def agreed_switch(control) -> bool:
+    """``enabled()``, checked to be the same on every rank of the group over MPI communicator
+    ``control`` (a rank checking while another does not would pair one's signature exchange with
+    the other's data). Called once, when a group is made; raises on every rank if they differ."""
+    mine = int(enabled())
+    both = np.array([mine, -mine], dtype=np.int64)
+    control.comm.Allreduce(_mpi.mpi().IN_PLACE, both, _mpi.mpi().MAX)
+    if both[0] != -both[1]:
+        raise RuntimeError(
+            "KILN_DISTRIBUTED_DEBUG differs across the ranks of a process group: the cross-rank check is "
+            f"{'on' if mine else 'off'} on rank {control.rank} but not on every rank. Set it the same on every "
+            "rank (the launcher passes its environment to all of them), before init_process_group/new_group."
+        )
+    return bool(mine)
+
+
 class CollectiveMismatchError(RuntimeError):
     """The ranks of a group called a collective (or a send and its receive) with different tensors."""
 

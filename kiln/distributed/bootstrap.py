@@ -14,14 +14,21 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import time
 import traceback
 
 from . import supervise
+
+#: How long a failing rank waits before it aborts the job: ranks that fail together (a mismatched
+#: collective raises on every rank) then all get to report, instead of the first one's abort killing
+#: the others mid-report. A rank that fails alone costs the job this much more.
+ABORT_DELAY_S = 0.3
 
 
 def _abort(comm, code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
+    time.sleep(ABORT_DELAY_S)
     comm.Abort(code)
 
 

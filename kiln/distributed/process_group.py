@@ -59,8 +59,8 @@ class ProcessGroup:
         self.ranks = ranks  # global rank of each group rank
         self.backend = backend
         self.timeout = timeout
-        self.check_calls = _check.enabled()  # the same on every rank: the launcher passes one environment
         self.control = communicator.control
+        self.check_calls = _check.agreed_switch(self.control)
         self.messages = self.control.dup() if self.check_calls else None
         self.peers = PeerWatch([r for i, r in enumerate(ranks) if i != communicator.rank])
         self.group_id = len(_state.groups)  # the number a compiled program names this group by

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import supervise
+from . import bootstrap, supervise
 
 
 def find_mpiexec() -> str:
@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             while job.poll() is None and not _faults(folder, nproc):
                 time.sleep(0.05)
+            if job.poll() is None:  # a rank failed: let ranks failing with it report before the stop
+                time.sleep(bootstrap.ABORT_DELAY_S)
         finally:
             if job.poll() is None:  # a rank failed (or the launcher itself was interrupted)
                 _stop(job, folder, nproc)
@@ -110,17 +112,18 @@ class _Ending:
         self.reported = os.path.exists(report)  # it raised, or sys.exit with a non-zero status
         self.finished = os.path.exists(supervise.record_path(folder, rank, "finished"))
         self.returncode = None if exited is None else exited[0]
-        self.time = exited[1] if exited is not None else os.path.getmtime(report) if self.reported else float("inf")
+        self.time = os.path.getmtime(report) if self.reported else exited[1] if exited is not None else float("inf")
 
     @property
     def fault(self) -> bool:
         return self.reported or (self.returncode is not None and (self.returncode != 0 or not self.finished))
 
     def __str__(self) -> str:
+        if self.reported:
+            stopped = "" if self.returncode in (None, 1) else f" ({supervise.describe_ending(self.returncode, False)})"
+            return f"raised (its traceback is above) and aborted the job{stopped}"
         if self.returncode is not None:
             return supervise.describe_ending(self.returncode, self.finished)
-        if self.reported:
-            return "raised (its traceback is above) and aborted the job"
         if self.finished:
             return "finished its script, then was stopped with the job"
         return "stopped with the job (no exit status recorded: mpiexec's cleanup killed its supervisor)"

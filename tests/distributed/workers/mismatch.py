@@ -111,6 +111,15 @@ for tag, sent, shown in ((11, t((4,), kiln.float64), "float64[4]"), (12, t((8,))
         check.true(f"rank {world - 1} sent: send of {shown}" in text, f"recv shows what was sent: {text}")
         check.true("rank 0 expected: send of float32[4]" in text, f"recv shows what was expected: {text}")
 
+# the switch must agree across ranks: a group made with it on some ranks only raises on every rank
+os.environ["KILN_DISTRIBUTED_DEBUG"] = "OFF" if odd else "DETAIL"
+try:
+    dist.new_group(list(range(world)))
+    check.true(False, "a switch that differs across ranks must raise")
+except RuntimeError as error:
+    check.true("KILN_DISTRIBUTED_DEBUG differs across the ranks" in str(error), str(error))
+del os.environ["KILN_DISTRIBUTED_DEBUG"]
+
 # after all that, the group still works
 x = kiln.full((3,), float(rank))
 dist.all_reduce(x)
