@@ -22,7 +22,7 @@ Faults end the job instead of going unnoticed:
   and what each rank passed -- on every rank for a collective, on the receiver for a message.
   The check is on by default; it costs one more small collective per call: on 2 ranks an
   all_reduce of 4 floats took about 2x as long with it (~380 against ~180 us), one of 1M floats
-  2-13% longer (``tests/distributed/workers/check_cost.py`` measures it). ``KILN_DISTRIBUTED_DEBUG=OFF``
+  0.96-1.13x (this shared machine's noise) (``tests/distributed/workers/check_cost.py`` measures it). ``KILN_DISTRIBUTED_DEBUG=OFF``
   in the launcher's environment turns it off for every process group made afterwards; it must be
   the same on every rank. PyTorch checks this only when asked to, with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
   (default ``OFF``), at a similar price (gloo, 4 floats: about 2.2-2.6x).
