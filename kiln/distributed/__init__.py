@@ -20,12 +20,13 @@ Faults end the job instead of going unnoticed:
   integers; a receive compares the sender's shape and dtype with its own tensor before the data
   moves. A difference raises ``CollectiveMismatchError`` (a ``RuntimeError``) naming the operation
   and what each rank passed -- on every rank for a collective, on the receiver for a message.
-  The check is on by default; it costs one more small collective per call: on 2 ranks an
-  all_reduce of 4 floats took about 2x as long with it (~380 against ~180 us), one of 1M floats
-  0.96-1.13x (this shared machine's noise) (``tests/distributed/workers/check_cost.py`` measures it). ``KILN_DISTRIBUTED_DEBUG=OFF``
-  in the launcher's environment turns it off for every process group made afterwards; it must be
-  the same on every rank. PyTorch checks this only when asked to, with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
-  (default ``OFF``), at a similar price (gloo, 4 floats: about 2.2-2.6x).
+  The check is on by default and costs one more small collective per call: on 2 ranks an
+  all_reduce of 4 floats took about 2x as long (~380 against ~180 us), one of 1M floats
+  0.96-1.13x, within this shared machine's noise (``tests/distributed/workers/check_cost.py``).
+  ``KILN_DISTRIBUTED_DEBUG=OFF`` in the launcher's environment turns it off for the process groups
+  made afterwards; making a group raises on every rank if the switch differs between ranks.
+  PyTorch checks this only when asked to, with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (default
+  ``OFF``), at a similar price (gloo, 4 floats: about 2.2-2.6x).
 - **A rank that ends early.** Under ``python -m kiln.distributed.run`` a rank killed by a signal,
   exiting non-zero, or exiting 0 before its script ended (``os._exit(0)``) makes the launcher stop
   the others and exit non-zero, naming the rank and how it ended. A rank that waits in a
