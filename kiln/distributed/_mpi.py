@@ -28,15 +28,37 @@ def mpi():
     return MPI
 
 
-def wait_request(request, deadline: float | None, what: str) -> None:
-    """Wait for ``request``; past ``deadline`` (a ``time.monotonic()`` value) raise naming ``what``."""
-    pause = 0.0
+#: How often a long wait looks whether a peer has ended, and how long it keeps driving MPI after it
+#: saw one (the peer may have done its part just before it ended: its messages may be in flight).
+PEER_LOOK_S, PEER_GRACE_S = 0.2, 5.0
+
+#: Receives waiting for their sender's signature (``_check.CheckedReceive``): every wait advances them.
+PENDING: list = []
+
+
+def wait_request(request, deadline: float | None, what: str, peers=None) -> None:
+    """Wait for ``request``; past ``deadline`` (a ``time.monotonic()`` value) raise naming ``what``.
+    ``peers`` (a ``supervise.PeerWatch``): raise ``PeerEndedError`` when one of them has ended."""
+    pause, start = 0.0, time.monotonic()
+    look, gone, gone_at = start + PEER_LOOK_S, None, 0.0
     while not request.Test():
-        if deadline is not None and time.monotonic() > deadline:
+        for receive in PENDING[:]:
+            receive.advance()
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
             raise DistributedTimeoutError(
                 f"{what} did not complete within the process group's timeout: a peer process stopped "
                 "answering (it died, hangs, or never reached the same collective)"
             )
+        if peers is not None and now >= look:
+            look = now + PEER_LOOK_S
+            if gone is None:
+                gone, gone_at = peers.ended(), now
+            elif now - gone_at > PEER_GRACE_S:
+                raise PeerEndedError(
+                    f"{what} cannot complete: {gone} while this rank waits for it here; every rank must "
+                    "call the same collectives in the same order"
+                )
         # Spin briefly (collectives inside a step are short), then back off to at most 1 ms.
         time.sleep(pause)
         pause = min(1e-3, pause * 2 + 1e-6)
@@ -44,6 +66,10 @@ def wait_request(request, deadline: float | None, what: str) -> None:
 
 class DistributedTimeoutError(RuntimeError):
     """A collective or point-to-point operation waited longer than its process group's timeout."""
+
+
+class PeerEndedError(RuntimeError):
+    """A collective or receive waits for a peer process that has already ended."""
 
 
 class ReceiveRequest:
@@ -68,6 +94,15 @@ class MPICommunicator:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+
+    @property
+    def control(self) -> MPICommunicator:
+        """The MPI communicator for the ranks' own messages (the cross-rank check): this one."""
+        return self
+
+    def dup(self) -> MPICommunicator:
+        """A communicator of the same processes whose messages never meet this one's."""
+        return MPICommunicator(self.comm.Dup())
 
     def _op(self, op: str):
         return getattr(mpi(), _OPS[op])

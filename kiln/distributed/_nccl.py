@@ -41,6 +41,11 @@ class NCCLCommunicator:
         self.comm = comm
         self.rank, self.size = mpi.rank, mpi.size
 
+    @property
+    def control(self) -> MPICommunicator:
+        """The MPI communicator of the same processes, for the cross-rank check's messages."""
+        return self.mpi
+
     @classmethod
     def from_mpi(cls, mpi: MPICommunicator, device_id=None) -> NCCLCommunicator:
         cupy, nccl = _nccl()

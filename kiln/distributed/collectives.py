@@ -5,6 +5,10 @@ Each operation is started non-blocking on the tensors' own memory; ``async_op=Tr
 copying a non-contiguous tensor's staged values back), otherwise the call waits itself. Waits end
 in ``DistributedTimeoutError`` after the group's timeout. Inside ``kiln.compile`` the blocking
 ``all_reduce`` becomes a graph node (``kiln.distributed.traced``); the others stop the trace.
+
+Before any data moves, the ranks compare their calls (``kiln.distributed._check``): a collective
+called with different shapes, dtypes, ops or roots raises ``CollectiveMismatchError`` on every
+rank, a receive whose sender sent another shape or dtype raises it on the receiver.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 from kiln.frontend.jit import state as _jit
 
 from . import process_group as pg_mod
+from ._check import Call, CheckedReceive, check_collective, send_signature
 from ._mpi import wait_request
 from .process_group import ReduceOp
 
@@ -26,6 +31,7 @@ class Work:
     def __init__(self, requests, pg, what: str, finish=None) -> None:
         self._requests = list(requests)
         self._deadline = time.monotonic() + pg.timeout.total_seconds() if pg is not None else None
+        self._peers = pg.peers if pg is not None else None
         self._what = what
         self._finish = finish
         self._done = not self._requests and finish is None
@@ -50,7 +56,7 @@ class Work:
         if timeout is not None:
             deadline = min(deadline or float("inf"), time.monotonic() + timeout.total_seconds())
         for request in self._requests:
-            wait_request(request, deadline, self._what)
+            wait_request(request, deadline, self._what, self._peers)
         if self._finish is not None:
             self._result = self._finish()
         self._done = True
@@ -91,6 +97,12 @@ def _written(tensor, staged) -> None:
     tensor._version[0] += 1
 
 
+def _check_calls(pg, op: str, tensor=None, reduction: str = "", root: int = -1, extra: int = -1) -> None:
+    """Compare this call with the other ranks' (``_check``); raises on every rank if they differ."""
+    dtype, shape = (None, ()) if tensor is None else (tensor._data.dtype, tuple(tensor.shape))
+    check_collective(pg, Call(op, dtype, shape, reduction, root, extra))
+
+
 def _check_op(op, tensor, what: str) -> str:
     if not isinstance(op, ReduceOp):
         raise TypeError(f"{what}: expected op as a kiln.distributed.ReduceOp, got {op!r}")
@@ -119,6 +131,7 @@ def all_reduce(tensor, op: ReduceOp = ReduceOp.SUM, group=None, async_op: bool =
         _untraceable(f"all_reduce(op={op.name})")
     name = _check_op(op, tensor, "all_reduce")
     array, staged = _array(tensor, "all_reduce")
+    _check_calls(pg, "all_reduce", tensor, op.value)
     request = pg.communicator.allreduce(array, name)
 
     def finish():
@@ -137,6 +150,7 @@ def broadcast(tensor, src: int | None = None, group=None, async_op: bool = False
     _untraceable("broadcast")
     root = group_src if group_src is not None else pg.group_rank(0 if src is None else src, "broadcast")
     array, staged = _array(tensor, "broadcast")
+    _check_calls(pg, "broadcast", tensor, root=root)
     request = pg.communicator.broadcast(array, root)
     return _finish(Work([request], pg, "broadcast", lambda: _written(tensor, staged)), async_op)
 
@@ -158,6 +172,7 @@ def all_gather(tensor_list, tensor, group=None, async_op: bool = False):
         raise ValueError(f"all_gather: expected a list of {pg.size()} tensors (one per rank), got {len(tensor_list)}")
     _same_shape(tensor_list, tensor, "all_gather")
     send, _ = _array(tensor, "all_gather")
+    _check_calls(pg, "all_gather", tensor)
     xp = _xp(send)
     recv = xp.empty((pg.size(), *send.shape), dtype=send.dtype)
     request = pg.communicator.allgather(send, recv)
@@ -181,6 +196,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op: bo
         raise ValueError(f"all_gather_into_tensor: output must hold world_size * input elements ({n} of "
                          f"{input_tensor.dtype}), got {output_tensor.numel()} of {output_tensor.dtype}")  # fmt: skip
     send, _ = _array(input_tensor, "all_gather_into_tensor")
+    _check_calls(pg, "all_gather_into_tensor", input_tensor, extra=output_tensor.numel())
     recv, staged = _array(output_tensor, "all_gather_into_tensor")
     request = pg.communicator.allgather(send, recv)
     return _finish(Work([request], pg, "all_gather_into_tensor", lambda: _written(output_tensor, staged)), async_op)
@@ -197,6 +213,7 @@ def reduce_scatter_tensor(output, input, op: ReduceOp = ReduceOp.SUM, group=None
         raise ValueError(f"reduce_scatter_tensor: input must hold world_size * output elements "
                          f"({output.numel() * pg.size()}), got {input.numel()}")  # fmt: skip
     send, _ = _array(input, "reduce_scatter_tensor")
+    _check_calls(pg, "reduce_scatter_tensor", output, op.value, extra=input.numel())
     recv, staged = _array(output, "reduce_scatter_tensor")
     request = pg.communicator.reduce_scatter(send, recv, name)
 
@@ -220,6 +237,7 @@ def reduce_scatter(output, input_list, op: ReduceOp = ReduceOp.SUM, group=None, 
         )
     _same_shape(input_list, output, "reduce_scatter")
     name = _check_op(op, output, "reduce_scatter")
+    _check_calls(pg, "reduce_scatter", output, op.value)
     xp = _xp(output._data)
     send = xp.stack([t._data for t in input_list])
     recv, staged = _array(output, "reduce_scatter")
@@ -243,6 +261,7 @@ def reduce(tensor, dst: int | None = None, op: ReduceOp = ReduceOp.SUM, group=No
     root = group_dst if group_dst is not None else pg.group_rank(0 if dst is None else dst, "reduce")
     name = _check_op(op, tensor, "reduce")
     array, staged = _array(tensor, "reduce")
+    _check_calls(pg, "reduce", tensor, op.value, root)
     request = pg.communicator.reduce(array, root, name)
 
     def finish():
@@ -270,6 +289,7 @@ def gather(tensor, gather_list=None, dst: int | None = None, group=None, async_o
         recv = _xp(send).empty((pg.size(), *send.shape), dtype=send.dtype)
     elif gather_list:
         raise ValueError("gather: gather_list must be given only on the destination rank")
+    _check_calls(pg, "gather", tensor, root=root)
     request = pg.communicator.gather(send, recv, root)
 
     def finish():
@@ -297,6 +317,7 @@ def scatter(tensor, scatter_list=None, src: int | None = None, group=None, async
     elif scatter_list:
         raise ValueError("scatter: scatter_list must be given only on the source rank")
     recv, staged = _array(tensor, "scatter")
+    _check_calls(pg, "scatter", tensor, root=root)
     request = pg.communicator.scatter(send, recv, root)
     return _finish(Work([request], pg, "scatter", lambda: _written(tensor, staged)), async_op)
 
@@ -307,6 +328,7 @@ def barrier(group=None, async_op: bool = False, device_ids=None):
     if pg is None:
         return None
     _untraceable("barrier")
+    _check_calls(pg, "barrier")
     return _finish(Work([pg.communicator.barrier()], pg, "barrier"), async_op)
 
 
@@ -317,7 +339,10 @@ def isend(tensor, dst: int, group=None, tag: int = _TAG_DEFAULT):
         return None
     _untraceable("isend")
     array, _ = _array(tensor, "isend")
-    return Work([pg.communicator.send(array, pg.group_rank(dst, "isend"), tag)], pg, f"isend to rank {dst}")
+    peer = pg.group_rank(dst, "isend")
+    requests = [send_signature(pg, Call("send", array.dtype, tuple(tensor.shape)), peer, tag)] if pg.check_calls else []
+    requests.append(pg.communicator.send(array, peer, tag))
+    return Work(requests, pg, f"isend to rank {dst}")
 
 
 def irecv(tensor, src: int | None = None, group=None, tag: int = _TAG_DEFAULT):
@@ -329,7 +354,11 @@ def irecv(tensor, src: int | None = None, group=None, tag: int = _TAG_DEFAULT):
     _untraceable("irecv")
     array, staged = _array(tensor, "irecv")
     source = None if src is None else pg.group_rank(src, "irecv")
-    request = pg.communicator.recv(array, source, tag)
+    if pg.check_calls:  # the payload is received once the sender's signature matched this tensor
+        call = Call("send", array.dtype, tuple(tensor.shape))
+        request = CheckedReceive(pg, call, array, source, tag)
+    else:
+        request = pg.communicator.recv(array, source, tag)
 
     def finish():
         _written(tensor, staged)

@@ -14,7 +14,8 @@ import enum
 import logging
 import os
 
-from . import _mpi
+from . import _check, _mpi
+from .supervise import PeerWatch
 
 log = logging.getLogger("kiln.distributed")
 
@@ -47,13 +48,21 @@ class Backend(str):
 
 
 class ProcessGroup:
-    """A set of processes that run collectives together (``new_group`` makes one; the world is one)."""
+    """A set of processes that run collectives together (``new_group`` makes one; the world is one).
+
+    Besides its communicator a group keeps what the cross-rank check needs (``_check``): whether
+    it is on, the MPI communicator it runs over, one more for the signatures of sends, and the
+    watch over its peers' records (to tell a waiting rank that a peer has ended)."""
 
     def __init__(self, communicator, ranks: list[int], backend: str, timeout: datetime.timedelta) -> None:
         self.communicator = communicator
         self.ranks = ranks  # global rank of each group rank
         self.backend = backend
         self.timeout = timeout
+        self.control = communicator.control
+        self.check_calls = _check.agreed_switch(self.control)
+        self.messages = self.control.dup() if self.check_calls else None
+        self.peers = PeerWatch([r for i, r in enumerate(ranks) if i != communicator.rank])
         self.group_id = len(_state.groups)  # the number a compiled program names this group by
         _state.groups.append(self)
         from .traced import register_communicator  # noqa: PLC0415
@@ -74,6 +83,11 @@ class ProcessGroup:
             raise ValueError(
                 f"{what}: global rank {global_rank} is not part of this group (ranks {self.ranks})"
             ) from None
+
+    def free(self) -> None:
+        if self.messages is not None:
+            self.messages.free()
+        self.communicator.free()
 
     def __repr__(self) -> str:
         return f"ProcessGroup(backend={self.backend!r}, ranks={self.ranks})"
@@ -193,13 +207,15 @@ def init_process_group(
 def destroy_process_group(group: ProcessGroup | None = None) -> None:
     """Free ``group`` (default: every group, and the world: the process may init again)."""
     if group is not None and group is not _state.world:
-        group.communicator.free()
+        group.free()
         return
     from .traced import unregister_all  # noqa: PLC0415
 
     for pg in _state.groups[1:]:
         if pg is not None:
-            pg.communicator.free()
+            pg.free()
+    if _state.world is not None and _state.world.messages is not None:
+        _state.world.messages.free()  # the world's own communicator stays: MPI_COMM_WORLD
     _state.groups.clear()
     unregister_all()
     _state.world = None

@@ -8,6 +8,7 @@ import time
 from kiln.ir.primitives import PRIMITIVES
 from kiln.ir.primitives.collectives import COMMUNICATORS, REDUCE_OPS
 
+from ._check import Call, check_collective
 from ._mpi import wait_request
 
 
@@ -16,8 +17,9 @@ def register_communicator(pg) -> None:
 
     def reduce(xp, array, op: str):
         out = xp.array(array, copy=True, order="C")
+        check_collective(pg, Call("all_reduce", out.dtype, tuple(out.shape), op))
         deadline = time.monotonic() + pg.timeout.total_seconds()
-        wait_request(pg.communicator.allreduce(out, "sum" if op == "avg" else op), deadline, "all_reduce")
+        wait_request(pg.communicator.allreduce(out, "sum" if op == "avg" else op), deadline, "all_reduce", pg.peers)
         if op == "avg":
             out /= pg.size()
         return out

@@ -132,8 +132,60 @@ def test_launcher_arguments(monkeypatch):
     options = parse(["--nproc-per-node", "3", "train.py", "--lr", "0.1"])
     assert options.nproc_per_node == 3 and options.args == ["--lr", "0.1"]
     command = worker_command(options)
-    assert command[1:3] == ["-n", "3"] and command[-4:] == ["kiln.distributed.bootstrap", "train.py", "--lr", "0.1"]
+    # each rank runs under its supervisor (run by path), which starts kiln.distributed.bootstrap
+    assert command[1:3] == ["-n", "3"] and command[-4:] == [run.supervise.__file__, "train.py", "--lr", "0.1"]
     with pytest.raises(SystemExit):
         parse(["--nproc-per-node", "0", "train.py"])
     with pytest.raises(SystemExit):
         parse(["--nnodes", "2", "train.py"])
+
+
+def test_call_signatures_tell_calls_apart_and_read_back():
+    from kiln.distributed._check import Call
+
+    f32 = np.dtype(np.float32)
+    base = Call("all_reduce", f32, (2, 3), "sum")
+    assert np.array_equal(base.encode(), Call("all_reduce", f32, (2, 3), "sum").encode())
+    others = [Call("all_reduce", f32, (3, 2), "sum"), Call("all_reduce", np.dtype(np.float64), (2, 3), "sum"),
+              Call("all_reduce", f32, (2, 3), "max"), Call("broadcast", f32, (2, 3), root=0), Call("barrier"),
+              Call("all_reduce", f32, (1,) * 6 + (6,), "sum"), Call("all_reduce", f32, (1,) * 7 + (6,), "sum")]  # fmt: skip
+    signatures = [base.encode(), *(c.encode() for c in others)]
+    assert len({s.tobytes() for s in signatures}) == len(signatures)  # beyond 6 dims the checksum tells them apart
+    assert Call.decode(base.encode()) == "all_reduce of float32[2, 3] (6 elements) (op sum)"
+    assert Call.decode(Call("broadcast", np.dtype(np.int64), (4,), root=1).encode()) == (
+        "broadcast of int64[4] (4 elements) (root 1)"
+    )
+    assert Call.decode(Call("barrier").encode()) == "barrier"
+    assert Call.decode(others[-1].encode()).startswith("all_reduce of float32[1, 1, 1, 1, 1, 1, ...] (6 elements)")
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, True), ("", True), ("DETAIL", True), ("OFF", False), ("off", False)])
+def test_the_check_switch(monkeypatch, value, on):
+    from kiln.distributed._check import enabled
+
+    if value is None:
+        monkeypatch.delenv("KILN_DISTRIBUTED_DEBUG", raising=False)
+    else:
+        monkeypatch.setenv("KILN_DISTRIBUTED_DEBUG", value)
+    assert enabled() is on
+
+
+def test_how_a_rank_ended_is_read_from_its_records(tmp_path):
+    from kiln.distributed import supervise
+    from kiln.distributed.run import _Ending, _verdict
+
+    folder = str(tmp_path)
+    supervise.write_record(folder, 0, "exit", "0 10.0")
+    supervise.write_record(folder, 0, "finished")
+    supervise.write_record(folder, 1, "exit", "0 11.0")  # exit 0 without having finished: os._exit(0)
+    supervise.write_record(folder, 2, "exit", "-9 12.0")
+    endings = [_Ending(folder, rank) for rank in range(4)]
+    assert [e.fault for e in endings] == [False, True, True, False]
+    assert str(endings[0]) == "finished its script and exited with status 0"
+    assert str(endings[1]).startswith("exited with status 0 before its script ended")
+    assert str(endings[2]) == "killed by signal 9 (SIGKILL)"
+    status, message = _verdict(folder, 4, 0)
+    assert status == 1 and message.startswith("kiln.distributed.run: rank 1 exited with status 0 before")
+    assert "  rank 3: stopped with the job" in message
+    supervise.write_record(folder, 3, "txt", "[rank 3] ValueError")  # a rank that raised is named first
+    assert _verdict(folder, 4, 0)[1].startswith("kiln.distributed.run: rank 3 raised")
