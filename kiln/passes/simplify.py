@@ -15,9 +15,10 @@ textbook identities are not here: ``x + 0 -> x`` is wrong for ``x = -0.0`` (``-0
   ``cast(cast(x, a), b)`` -> ``cast(x, b)`` when ``a`` holds every value of ``x``'s dtype exactly;
 - ``permute(matmul(a, b))`` swapping the last two dims -> ``matmul(b^T, a^T)`` (the transposes are
   views BLAS reads for free, and the product lands in the permuted layout, C order) when the
-  product has no other use. Each element is the same dot product of the same terms; BLAS's gemm
-  blocks the summed dim the same way whichever operand is transposed, so the results are equal
-  bit for bit (tests check it on the shapes of the models);
+  product has no other use. Each element is the same dot product of the same terms; whether BLAS
+  sums it in the same order with the other operand transposed depends on its kernel (OpenBLAS's
+  SkylakeX kernels: bit for bit; its Haswell kernels: the last bits of some elements differ), so
+  the results are equal to within float32 rounding (tests check it on the shapes of the models);
 - ``copy(x)`` -> ``x``, when the copy is ``x``'s only use and ``x`` is the result of a node that
   makes fresh memory (any primitive but a view or a constant: a compiled program hands out every
   such result in C order, memory of its own), or a reshape of one used only there, so the copy

@@ -288,14 +288,20 @@ def test_a_weight_gradient_is_one_matmul_of_views_with_no_copy():
 
 
 @pytest.mark.parametrize("n, fan_in, fan_out", [(128, 784, 512), (128, 512, 512), (128, 512, 10), (1024, 256, 768)])
-def test_the_transposed_product_is_bitwise_equal_at_model_sizes(n, fan_in, fan_out):
-    # BLAS's gemm sums each dot product in one order whichever operand it reads transposed; the
-    # rewrite relies on that, so it is checked on the layers of the benchmark models.
+def test_the_transposed_product_is_equal_to_rounding_at_model_sizes(n, fan_in, fan_out):
+    # Each element is the same dot product of the same terms; whether BLAS sums it in the same order
+    # with the other operand transposed depends on its kernel (OpenBLAS's SkylakeX kernels: bit for
+    # bit; its Haswell kernels, OPENBLAS_CORETYPE=Haswell: 7% of the elements differ in the last bits).
+    # So the rewrite is checked to within float32 rounding of a sum of n products.
     graph = weight_gradient(n, fan_in, fan_out)
     after = simplify(graph)
     assert [node.op for node in after.nodes if node.op in ("copy", "matmul")] == ["matmul", "matmul"]
     for seed in range(2):
-        assert_same_results(graph, after, random_inputs(graph, seed))
+        inputs = random_inputs(graph, seed)
+        for a, b in zip(interpret(graph, inputs), interpret(after, inputs), strict=True):
+            scale = (np.abs(inputs[0]).T.astype(np.float64) @ np.abs(inputs[1]).astype(np.float64)).T  # |g|^T |x|
+            assert a.shape == b.shape == scale.shape
+            assert np.all(np.abs(b.astype(np.float64) - a) <= 2 * n * np.finfo(np.float32).eps * scale)
 
 
 def test_a_batched_product_transposes_its_own_last_two_dims():
