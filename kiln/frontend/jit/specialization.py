@@ -50,6 +50,8 @@ class Specialization:
     report: object = None  # the backend's LoweringReport (kernels, declined kernels, memory plan)
     arg_aliases: list = field(default_factory=list)  # (argument position, weakref): arguments that are state
     guards: object = None  # hazards.Guards: attributes of the objects read, containers of captured tensors
+    checks: list = field(default_factory=list)  # state.guard's checks: None while they hold, else why not
+    reads: list = field(default_factory=list)  # trace.PythonRead: the Python values read, as inputs or guards
     calls: int = 0
 
     def __post_init__(self) -> None:
@@ -96,6 +98,10 @@ class Specialization:
                 fn_globals.get(name, _MISSING) if fn_globals is not None else _MISSING)  # fmt: skip
             if not _same(now, value):
                 return f"{name.removeprefix('closure:')} now refers to a different object ({_short(now)})"
+        for check in self.checks:
+            miss = check()
+            if miss is not None:
+                return miss
         if self.guards is not None:
             return self.guards.miss()
         return None

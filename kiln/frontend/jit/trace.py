@@ -68,6 +68,19 @@ class TraceBreak:
         return f"{self.reason}{where}"
 
 
+@dataclass(frozen=True)
+class PythonRead:
+    """A Python value the traced code consumed, and how a compiled call honours it: ``"input"``
+    (read at each call) or ``"guard"`` (checked before each call; a change traces again)."""
+
+    what: str  # e.g. "Adam.param_groups[0]['eps']"
+    how: str
+    loc: SourceLocation | None
+
+    def __str__(self) -> str:
+        return f"{self.what} -> {self.how}" + (f" at {self.loc}" if self.loc else "")
+
+
 @dataclass
 class External:
     """A tensor from outside the call: a graph input."""
@@ -97,6 +110,8 @@ class TraceResult:
     modules: list[tuple[weakref.ref, bool]]
     prologues: list
     escaped: list[str] = field(default_factory=list)
+    checks: list = field(default_factory=list)  # callables: None while the trace holds, else why not
+    reads: list[PythonRead] = field(default_factory=list)
 
 
 _LOCATIONS: dict[tuple[str, int, str], SourceLocation] = {}
@@ -136,6 +151,8 @@ class Trace:
         self.grads: dict[int, tuple] = {}  # id(tensor) -> (tensor, .grad before the trace touched it)
         self.modules: dict[int, tuple[weakref.ref, bool]] = {}
         self.prologues: list = []
+        self.checks: list = []  # see state.guard
+        self.reads: list[PythonRead] = []
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
         self.broken: TraceBreak | None = None
         self._token = None
@@ -209,6 +226,11 @@ class Trace:
             return fn(*args, **kwargs)
         finally:
             state.current.reset(token)
+
+    def on_guard(self, check, reads) -> None:
+        self.checks.append(check)
+        loc = user_location(2)
+        self.reads.extend(PythonRead(what, how, loc) for what, how in reads)
 
     # ------------------------------------------------------------------ recording ops
     def record(self, prim, inputs, attrs: dict, result) -> None:
@@ -442,7 +464,7 @@ class Trace:
                 writebacks.append(WriteBack(index, binding[1]))
         result = TraceResult(
             self.builder, self.externals, outputs, writebacks, grads,
-            list(self.modules.values()), self.prologues,
+            list(self.modules.values()), self.prologues, checks=self.checks, reads=self.reads,
         )  # fmt: skip
         self._leave()
         return result
