@@ -228,7 +228,8 @@ class Trace:
             state.current.reset(token)
 
     def on_guard(self, check, reads) -> None:
-        self.checks.append(check)
+        if check is not None:
+            self.checks.append(check)
         loc = user_location(2)
         self.reads.extend(PythonRead(what, how, loc) for what, how in reads)
 
