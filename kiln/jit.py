@@ -11,7 +11,9 @@ compile", for the rules: what is guarded, what is read at each call, what stops 
 What a trace cannot see: Python side effects (``print``, appending to a list) happen only on
 the traced call; Python values computed from shapes or read from globals are baked in (the
 objects the function's globals and closure name are guarded, module attributes other than
-parameters, buffers and ``training`` are not). ``KILN_JIT=0`` in the environment turns every
+parameters, buffers and ``training`` are not). kiln's optimizers read the numbers in ``param_groups``
+at each call and guard their flags (``kiln.jit.guard``), so schedules never retrace and a changed
+flag traces again; ``kiln.explain`` lists which. ``KILN_JIT=0`` in the environment turns every
 ``kiln.compile`` into plain eager execution: debug eagerly, then compile.
 """
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class Adadelta(Optimizer):
@@ -43,7 +43,7 @@ class Adadelta(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, rho, eps, weight_decay = scalars["lr"], scalars["rho"], scalars["eps"], scalars["weight_decay"]
+        lr, rho, eps, weight_decay = scalars["lr"], scalars["rho"], scalars["eps"], weight_decay_of(group, scalars)
         keep = 1 - rho
         for p in group["params"]:
             if p.grad is None:
@@ -55,7 +55,7 @@ class Adadelta(Optimizer):
                 state["square_avg"] = kiln.zeros_like(p)
                 state["acc_delta"] = kiln.zeros_like(p)
             state["step"].add_(1)
-            if group["weight_decay"] != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
             square_avg, acc_delta = state["square_avg"], state["acc_delta"]
             square_avg.mul_(rho).add_(grad * grad * keep)

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class Adagrad(Optimizer):
@@ -58,7 +58,8 @@ class Adagrad(Optimizer):
                 state["sum"] = kiln.full_like(p, group["initial_accumulator_value"])
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, lr_decay, weight_decay, eps = scalars["lr"], scalars["lr_decay"], scalars["weight_decay"], scalars["eps"]
+        lr, lr_decay, eps = scalars["lr"], scalars["lr_decay"], scalars["eps"]
+        weight_decay = weight_decay_of(group, scalars)
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -66,7 +67,7 @@ class Adagrad(Optimizer):
             state = self.state[p]
             step = state["step"]
             step.add_(1)
-            if group["weight_decay"] != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
             clr = lr / (1 + (step - 1) * lr_decay)
             state["sum"].add_(grad * grad)

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 def _check_adam_args(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
@@ -68,13 +68,12 @@ class Adam(Optimizer):
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, (beta1, beta2), eps, weight_decay = scalars["lr"], scalars["betas"], scalars["eps"], scalars["weight_decay"]
-        amsgrad, decay = group["amsgrad"], group["weight_decay"] != 0
+        lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
+        amsgrad, weight_decay = group["amsgrad"], weight_decay_of(group, scalars)
         # Per group, not per parameter: eager runs these 0-d ops once (a trace's CSE would merge them anyway).
-        if decay and group.get("decoupled_weight_decay", self._decoupled):
-            shrink, decay = 1 - lr * weight_decay, False
-        else:
-            shrink = None
+        shrink = None
+        if weight_decay is not None and group.get("decoupled_weight_decay", self._decoupled):
+            shrink, weight_decay = 1 - lr * weight_decay, None
         keep1, keep2 = 1 - beta1, 1 - beta2
         for p in group["params"]:
             if p.grad is None:
@@ -85,7 +84,7 @@ class Adam(Optimizer):
             step.add_(1)
             if shrink is not None:
                 p.mul_(shrink)
-            elif decay:
+            elif weight_decay is not None:
                 grad = grad + p * weight_decay
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
             exp_avg.mul_(beta1).add_(grad * keep1)

@@ -8,7 +8,7 @@ from typing import Any
 import kiln
 
 from .adam import _check_adam_args
-from .optimizer import Optimizer
+from .optimizer import Optimizer, weight_decay_of
 
 
 class Adamax(Optimizer):
@@ -40,7 +40,8 @@ class Adamax(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, (beta1, beta2), eps, weight_decay = scalars["lr"], scalars["betas"], scalars["eps"], scalars["weight_decay"]
+        lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
+        weight_decay = weight_decay_of(group, scalars)
         keep1 = 1 - beta1
         for p in group["params"]:
             if p.grad is None:
@@ -53,7 +54,7 @@ class Adamax(Optimizer):
                 state["exp_inf"] = kiln.zeros_like(p)
             step = state["step"]
             step.add_(1)
-            if group["weight_decay"] != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
             exp_avg, exp_inf = state["exp_avg"], state["exp_inf"]
             exp_avg.add_((grad - exp_avg) * keep1)

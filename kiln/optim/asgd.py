@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class ASGD(Optimizer):
@@ -43,7 +43,7 @@ class ASGD(Optimizer):
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         lr, lambd, alpha, t0 = scalars["lr"], scalars["lambd"], scalars["alpha"], scalars["t0"]
-        weight_decay = scalars["weight_decay"]
+        weight_decay = weight_decay_of(group, scalars)
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -56,7 +56,7 @@ class ASGD(Optimizer):
                 state["ax"] = kiln.zeros_like(p)
             step, eta, mu = state["step"], state["eta"], state["mu"]
             step.add_(1)
-            if group["weight_decay"] != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
             eta64 = eta.to(kiln.float64)
             p.mul_(1 - lambd * eta64)

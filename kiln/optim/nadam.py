@@ -8,7 +8,7 @@ from typing import Any
 import kiln
 
 from .adam import _check_adam_args
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class _AdamFamily(Optimizer):
@@ -34,8 +34,8 @@ class _AdamFamily(Optimizer):
             state["exp_avg_sq"] = kiln.zeros_like(p)
         step = state["step"]
         step.add_(1)
-        weight_decay = scalars["weight_decay"]
-        if group["weight_decay"] != 0:
+        weight_decay = weight_decay_of(group, scalars)
+        if weight_decay is not None:
             if group["decoupled_weight_decay"]:
                 p.mul_(1 - scalars["lr"] * weight_decay)
             else:

@@ -42,6 +42,12 @@ class _RequiredParameter:
 required = _RequiredParameter()
 
 
+def weight_decay_of(group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> kiln.Tensor | None:
+    """The group's weight decay tensor, or None when it is 0: eager skips it then, and a traced
+    step neither reads it nor records the work (the sign of weight_decay is a guard)."""
+    return scalars["weight_decay"] if group["weight_decay"] != 0 else None
+
+
 def check_range(name: str, value: float, low: float = 0.0) -> None:
     """Raise PyTorch's ``Invalid <name>: <value>`` error when ``value < low``."""
     if not value >= low:  # also rejects nan
@@ -159,10 +165,14 @@ class Optimizer:
                 loss = closure()
         # Under kiln.compile this also runs before every compiled call: the floats are read each time.
         scalars = kiln.jit.before_each_call(self.sync_hyperparameters)
-        kiln.jit.guard(self._structure_guard)  # and the flags are checked before it
+        traced = kiln.jit.guard(self._structure_guard)  # and the flags are checked before it
+        if traced:  # note which numbers the graph reads, for kiln.explain
+            scalars = [_Reading(group_scalars) for group_scalars in scalars]
         with kiln.no_grad():
             for group, group_scalars in zip(self.param_groups, scalars, strict=True):
                 self._update_group(group, group_scalars)
+        if traced:
+            kiln.jit.guard(lambda: (None, self._number_reads(scalars)))
         return loss
 
     def _structure(self) -> list[tuple]:
@@ -181,10 +191,15 @@ class Optimizer:
         reads = []
         for i in range(len(self.param_groups)):
             where = f"{name}.param_groups[{i}]"
-            reads += [(f"{where}[{key!r}]", "input") for key in self.numbers]
             reads += [(f"{where}[{key!r}]", "guard") for key in self.flags]
             reads += [(f"the sign of {where}[{key!r}]", "guard") for key in self.zero_skips]
         return check, reads
+
+    def _number_reads(self, scalars: list[_Reading]) -> list[tuple[str, str]]:
+        """The numbers a traced step read (its graph's inputs), as ``kiln.jit.guard``'s reads."""
+        name = type(self).__name__
+        return [(f"{name}.param_groups[{i}][{key!r}]", "input")
+                for i, read in enumerate(scalars) for key in self.numbers if key in read.keys_read]  # fmt: skip
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         raise NotImplementedError
@@ -248,6 +263,18 @@ class Optimizer:
         self.param_groups = [
             dict(saved, params=group["params"]) for group, saved in zip(self.param_groups, saved_groups, strict=True)
         ]
+
+
+class _Reading(dict):
+    """A group's scalars, noting which of them ``_update_group`` reads (while a step is traced)."""
+
+    def __init__(self, scalars: dict) -> None:
+        super().__init__(scalars)
+        self.keys_read: set[str] = set()
+
+    def __getitem__(self, key: str):
+        self.keys_read.add(key)
+        return super().__getitem__(key)
 
 
 def _refreshed(tensor, number, old, params: list):

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class RMSprop(Optimizer):
@@ -67,8 +67,8 @@ class RMSprop(Optimizer):
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, alpha, eps, momentum = scalars["lr"], scalars["alpha"], scalars["eps"], scalars["momentum"]
-        weight_decay = scalars["weight_decay"]
+        lr, alpha, eps, weight_decay = scalars["lr"], scalars["alpha"], scalars["eps"], weight_decay_of(group, scalars)
+        momentum = scalars["momentum"] if group["momentum"] > 0 else None
         keep = 1 - alpha
         for p in group["params"]:
             if p.grad is None:
@@ -76,7 +76,7 @@ class RMSprop(Optimizer):
             grad = -p.grad if group["maximize"] else p.grad
             state = self._init_state(p, group)
             state["step"].add_(1)
-            if group["weight_decay"] != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
             square_avg = state["square_avg"]
             square_avg.mul_(alpha).add_(grad * grad * keep)
@@ -86,7 +86,7 @@ class RMSprop(Optimizer):
                 avg = (square_avg - grad_avg * grad_avg).sqrt() + eps
             else:
                 avg = square_avg.sqrt() + eps
-            if group["momentum"] > 0:
+            if momentum is not None:
                 buf = state["momentum_buffer"]
                 buf.mul_(momentum).add_(grad / avg)
                 p.sub_(buf * lr)

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class SGD(Optimizer):
@@ -19,7 +19,7 @@ class SGD(Optimizer):
 
     numbers = ("lr", "momentum", "dampening", "weight_decay")
     flags = ("nesterov", "maximize")
-    zero_skips = ("momentum", "weight_decay")  # momentum 0: no buffer, as in PyTorch
+    zero_skips = ("momentum", "weight_decay")
 
     def __init__(
         self,
@@ -54,15 +54,16 @@ class SGD(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, momentum, weight_decay = scalars["lr"], scalars["momentum"], scalars["weight_decay"]
-        undamped = 1 - scalars["dampening"] if group["momentum"] != 0 else None
+        lr, weight_decay = scalars["lr"], weight_decay_of(group, scalars)
+        momentum = scalars["momentum"] if group["momentum"] != 0 else None  # 0: no buffer, as in PyTorch
+        undamped = 1 - scalars["dampening"] if momentum is not None else None
         for p in group["params"]:
             if p.grad is None:
                 continue
             grad = -p.grad if group["maximize"] else p.grad
-            if group["weight_decay"] != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
-            if group["momentum"] != 0:
+            if momentum is not None:
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
                 if buf is None:

@@ -301,16 +301,22 @@ def _keys_read_by_update(name: str) -> set:
 
 
 def test_retrace_reasons_and_explain_name_the_param_groups_entry():
-    name, kwargs, schedule = "SGD", {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.1}, {3: {"nesterov": True}}
-    _, f = _run(kiln, name, kwargs, {**schedule, 5: {"weight_decay": 0.0}}, compiled=True)
+    kwargs = {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.1}
+    _, f = _run(kiln, "SGD", kwargs, {3: {"nesterov": True}, 5: {"weight_decay": 0.0}}, compiled=True)
     reasons = [e.detail for e in f.state.events if e.kind == "compiled"]
     assert any("SGD.param_groups[0]['nesterov'] changed from False to True" in r for r in reasons), reasons
     assert any("SGD.param_groups[0]['weight_decay'] is zero now, positive when traced" in r for r in reasons)
     summary = kiln.explain(f).summary()
-    for line in ("SGD.param_groups[0]['weight_decay'] -> input", "SGD.param_groups[0]['lr'] -> input",
+    for line in ("SGD.param_groups[0]['weight_decay'] -> input", "SGD.param_groups[0]['dampening'] -> input",
                  "SGD.param_groups[0]['nesterov'] -> guard", "the sign of SGD.param_groups[0]['momentum'] -> guard"):  # fmt: skip
         assert line in summary, summary
     assert "test_compiled_hyperparameters.py" in summary  # the user's line that ran the step
+    # Per specialization: with weight decay 0 the graph does not read it; its sign stays a guard.
+    table = [[(read.what, read.how) for read in spec.reads] for spec in f.state.specializations]
+    assert ("SGD.param_groups[0]['weight_decay']", "input") in table[0]
+    assert ("SGD.param_groups[0]['weight_decay']", "input") not in table[-1]
+    assert ("the sign of SGD.param_groups[0]['weight_decay']", "guard") in table[-1]
+    assert ("SGD.param_groups[0]['lr']", "input") in table[-1]
 
 
 def _lbfgs(compiled: bool) -> np.ndarray:
