@@ -23,7 +23,6 @@ tensor([0., 0.], requires_grad=True)
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -148,11 +147,10 @@ class Optimizer:
         with kiln.no_grad():
             for group, scalars, written in zip(self.param_groups, self._scalars, self._written, strict=True):
                 for name in self.numbers:
-                    value = group[name]
-                    number = tuple(map(float, value)) if isinstance(value, tuple | list) else float(value)
-                    old = written.get(name)
-                    if old == number:  # NaN never equals: rewritten every time
+                    value, old = group[name], written.get(name)
+                    if old == value:  # the usual call: nothing changed (NaN never equals: rewritten)
                         continue
+                    number = tuple(map(float, value)) if isinstance(value, tuple | list) else float(value)
                     scalars[name] = _refreshed(scalars.get(name), number, old, group["params"])
                     written[name] = number
         return self._scalars
@@ -299,8 +297,8 @@ def _sign(value) -> int | str:
     compares (eager tests ``!= 0`` or ``> 0``; nan passes the first and fails the second)."""
     if value is None:
         return "missing"
-    number = float(value)
-    return "nan" if math.isnan(number) else (number > 0) - (number < 0)
+    number = value if type(value) is float else float(value)
+    return (number > 0) - (number < 0) if number == number else "nan"
 
 
 def _structure_change(name: str, flags: tuple, zero_skips: tuple, before: list, now: list) -> str:

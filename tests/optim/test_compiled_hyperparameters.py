@@ -229,6 +229,17 @@ def test_changes_to_any_group_and_by_load_state_dict(what, torch):
     _assert_same(eager, theirs, f"kiln {name} against torch, {what}", {"rtol": 1e-7, "atol": 1e-9})
 
 
+def test_numbers_given_as_ints_lists_and_nan():
+    """A checkpoint read from JSON gives lists; ints and nan are numbers too (nan never equals the
+    value written before: it is written again at each call)."""
+    schedule = {2: {"betas": [0.5, 0.9]}, 3: {"lr": 0}, 4: {"lr": 1, "betas": [0.5, 0.8]}, 6: {"eps": float("nan")},
+                8: {"eps": 1e-8}}  # fmt: skip
+    eager, _ = _run(kiln, "Adam", {"lr": 0.05}, schedule)
+    compiled, f = _run(kiln, "Adam", {"lr": 0.05}, schedule, compiled=True)
+    _assert_same(compiled, eager, "compiled Adam", TIGHT)
+    assert np.isnan(eager[-1][0]).all() and _compiled_calls(f) == CALLS - 2
+
+
 def _grow(compiled: bool):
     """SGD over ``w``; the bias joins in a group of its own at the fifth call."""
     w = kiln.tensor(W0.copy(), dtype=kiln.float64, requires_grad=True)
