@@ -92,7 +92,6 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         modules=[(ref, training, type(ref()).__name__) for ref, training in traced.modules],
         prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), backward=backward,
         key=key, passes_record=record, traced_graph=graph, report=report, arg_aliases=arg_aliases,
-        checks=traced.checks, reads=traced.reads,
     )  # fmt: skip
     _dump(compiled, spec)
     trace.release()

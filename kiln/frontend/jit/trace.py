@@ -48,6 +48,7 @@ from .signature import (
     ShareGrad,
     WriteBack,
 )
+from .specialization import PythonRead
 
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
@@ -66,19 +67,6 @@ class TraceBreak:
     def __str__(self) -> str:
         where = f" at {self.loc}" if self.loc else ""
         return f"{self.reason}{where}"
-
-
-@dataclass(frozen=True)
-class PythonRead:
-    """A Python value the traced code consumed, and how a compiled call honours it: ``"input"``
-    (read at each call) or ``"guard"`` (checked before each call; a change traces again)."""
-
-    what: str  # e.g. "Adam.param_groups[0]['eps']"
-    how: str
-    loc: SourceLocation | None
-
-    def __str__(self) -> str:
-        return f"{self.what} -> {self.how}" + (f" at {self.loc}" if self.loc else "")
 
 
 @dataclass
@@ -110,8 +98,6 @@ class TraceResult:
     modules: list[tuple[weakref.ref, bool]]
     prologues: list
     escaped: list[str] = field(default_factory=list)
-    checks: list = field(default_factory=list)  # callables: None while the trace holds, else why not
-    reads: list[PythonRead] = field(default_factory=list)
 
 
 _LOCATIONS: dict[tuple[str, int, str], SourceLocation] = {}
@@ -151,8 +137,8 @@ class Trace:
         self.grads: dict[int, tuple] = {}  # id(tensor) -> (tensor, .grad before the trace touched it)
         self.modules: dict[int, tuple[weakref.ref, bool]] = {}
         self.prologues: list = []
-        self.checks: list = []  # see state.guard
-        self.reads: list[PythonRead] = []
+        self.checks: list = []  # callables checked before each call of the specialization (state.guard)
+        self.python_reads: list[PythonRead] = []  # the Python values read: on_python_read
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
         self.broken: TraceBreak | None = None
         self._token = None
@@ -227,11 +213,18 @@ class Trace:
         finally:
             state.current.reset(token)
 
+    def on_python_read(self, what: str, kind: str) -> None:
+        """The traced call read a Python value that becomes a graph input (``kind="input"``, read at
+        each call) or a guard (``"guard"``); ``kiln.explain`` lists it with the user's line."""
+        assert kind in ("input", "guard"), f"a Python read is an input or a guard, not {kind!r}"
+        self.python_reads.append(PythonRead(what, kind, user_location(2)))
+
     def on_guard(self, check, reads) -> None:
+        """``state.guard``: keep ``check`` for the specialization, note ``reads`` ((what, kind) pairs)."""
         if check is not None:
             self.checks.append(check)
-        loc = user_location(2)
-        self.reads.extend(PythonRead(what, how, loc) for what, how in reads)
+        for what, kind in reads:
+            self.on_python_read(what, kind)
 
     # ------------------------------------------------------------------ recording ops
     def record(self, prim, inputs, attrs: dict, result) -> None:
@@ -465,7 +458,7 @@ class Trace:
                 writebacks.append(WriteBack(index, binding[1]))
         result = TraceResult(
             self.builder, self.externals, outputs, writebacks, grads,
-            list(self.modules.values()), self.prologues, checks=self.checks, reads=self.reads,
+            list(self.modules.values()), self.prologues,
         )  # fmt: skip
         self._leave()
         return result
