@@ -163,7 +163,7 @@ class Optimizer:
                 loss = closure()
         # Under kiln.compile this also runs before every compiled call: the floats are read each time.
         scalars = kiln.jit.before_each_call(self.sync_hyperparameters)
-        traced = kiln.jit.guard(self._structure_guard)  # and the flags are checked before it
+        traced = kiln.jit.guard(self._structure_guard)  # and the flags checked before each compiled call
         if traced:  # note which numbers the graph reads, for kiln.explain
             scalars = [_Reading(group_scalars) for group_scalars in scalars]
         with kiln.no_grad():
