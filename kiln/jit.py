@@ -11,7 +11,9 @@ compile", for the rules: what is guarded, what is read at each call, what stops 
 What a trace cannot see: Python side effects (``print``, appending to a list) happen only on
 the traced call; Python values computed from shapes or read from globals are baked in (the
 objects the function's globals and closure name are guarded, module attributes other than
-parameters, buffers and ``training`` are not). ``KILN_JIT=0`` in the environment turns every
+parameters, buffers and ``training`` are not). kiln's optimizers read the numbers in ``param_groups``
+at each call and guard their flags (``kiln.jit.guard``), so schedules never retrace and a changed
+flag traces again; ``kiln.explain`` lists which. ``KILN_JIT=0`` in the environment turns every
 ``kiln.compile`` into plain eager execution: debug eagerly, then compile.
 """
 
@@ -24,15 +26,15 @@ from .frontend.jit.compiler import CompiledFunction, CompileOptions
 from .frontend.jit.explain import ExplainReport, explain
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
 from .frontend.jit.regions import Region, composite
-from .frontend.jit.state import before_each_call
+from .frontend.jit.state import before_each_call, guard
 from .frontend.jit.trace import TraceBreakError
 from .frontend.ops.checks import check as _check
 from .frontend.ops.checks import check_range as _check_range
 
 __all__ = [
     "compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "CompileCheckError", "before_each_call",
-    "check_values", "check_range", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError", "load_exported",
-    "composite", "Region",
+    "guard", "check_values", "check_range", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError",
+    "load_exported", "composite", "Region",
 ]  # fmt: skip
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class Adadelta(Optimizer):
@@ -16,6 +16,9 @@ class Adadelta(Optimizer):
     >>> w = kiln.tensor([1.0], requires_grad=True)
     >>> opt = Adadelta([w], rho=0.95)
     """
+
+    numbers = ("lr", "rho", "eps", "weight_decay")
+    zero_skips = ("weight_decay",)
 
     def __init__(
         self,
@@ -40,7 +43,8 @@ class Adadelta(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, rho, eps, weight_decay = scalars["lr"], group["rho"], group["eps"], group["weight_decay"]
+        lr, rho, eps, weight_decay = scalars["lr"], scalars["rho"], scalars["eps"], weight_decay_of(group, scalars)
+        keep = 1 - rho
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -51,11 +55,11 @@ class Adadelta(Optimizer):
                 state["square_avg"] = kiln.zeros_like(p)
                 state["acc_delta"] = kiln.zeros_like(p)
             state["step"].add_(1)
-            if weight_decay != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
             square_avg, acc_delta = state["square_avg"], state["acc_delta"]
-            square_avg.mul_(rho).add_(grad * grad * (1 - rho))
+            square_avg.mul_(rho).add_(grad * grad * keep)
             # The update is RMS[delta] / RMS[grad] * grad: its units match the parameter's.
             delta = (acc_delta + eps).sqrt() / (square_avg + eps).sqrt() * grad
-            acc_delta.mul_(rho).add_(delta * delta * (1 - rho))
+            acc_delta.mul_(rho).add_(delta * delta * keep)
             p.sub_(delta * lr)

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class Adagrad(Optimizer):
@@ -16,6 +16,9 @@ class Adagrad(Optimizer):
     >>> w = kiln.tensor([1.0], requires_grad=True)
     >>> opt = Adagrad([w], lr=0.1, lr_decay=0.01)
     """
+
+    numbers = ("lr", "lr_decay", "weight_decay", "eps")  # initial_accumulator_value: read once, here
+    zero_skips = ("weight_decay",)
 
     def __init__(
         self,
@@ -55,8 +58,8 @@ class Adagrad(Optimizer):
                 state["sum"] = kiln.full_like(p, group["initial_accumulator_value"])
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr = scalars["lr"]
-        lr_decay, weight_decay, eps = group["lr_decay"], group["weight_decay"], group["eps"]
+        lr, lr_decay, eps = scalars["lr"], scalars["lr_decay"], scalars["eps"]
+        weight_decay = weight_decay_of(group, scalars)
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -64,7 +67,7 @@ class Adagrad(Optimizer):
             state = self.state[p]
             step = state["step"]
             step.add_(1)
-            if weight_decay != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
             clr = lr / (1 + (step - 1) * lr_decay)
             state["sum"].add_(grad * grad)

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 def _check_adam_args(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
@@ -26,6 +26,9 @@ class Adam(Optimizer):
     >>> opt = Adam([w], lr=1e-2, betas=(0.9, 0.99))
     """
 
+    numbers = ("lr", "betas", "eps", "weight_decay")
+    flags = ("amsgrad", "maximize", "decoupled_weight_decay")
+    zero_skips = ("weight_decay",)
     _decoupled = False
 
     def __init__(
@@ -54,10 +57,6 @@ class Adam(Optimizer):
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
-        beta1, beta2 = group["betas"]
-        return {"lr": group["lr"], "beta1": beta1, "beta2": beta2}
-
     def _init_state(self, p: kiln.Tensor, amsgrad: bool) -> dict[str, kiln.Tensor]:
         state = self.state[p]
         if not state:
@@ -69,8 +68,13 @@ class Adam(Optimizer):
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, beta1, beta2 = scalars["lr"], scalars["beta1"], scalars["beta2"]
-        weight_decay, eps, amsgrad = group["weight_decay"], group["eps"], group["amsgrad"]
+        lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
+        amsgrad, weight_decay = group["amsgrad"], weight_decay_of(group, scalars)
+        # Per group, not per parameter: eager runs these 0-d ops once (a trace's CSE would merge them anyway).
+        shrink = None
+        if weight_decay is not None and group.get("decoupled_weight_decay", self._decoupled):
+            shrink, weight_decay = 1 - lr * weight_decay, None
+        keep1, keep2 = 1 - beta1, 1 - beta2
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -78,14 +82,13 @@ class Adam(Optimizer):
             state = self._init_state(p, amsgrad)
             step = state["step"]
             step.add_(1)
-            if weight_decay != 0:
-                if group.get("decoupled_weight_decay", self._decoupled):
-                    p.mul_(1 - lr * weight_decay)
-                else:
-                    grad = grad + p * weight_decay
+            if shrink is not None:
+                p.mul_(shrink)
+            elif weight_decay is not None:
+                grad = grad + p * weight_decay
             exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-            exp_avg.mul_(beta1).add_(grad * (1 - beta1))
-            exp_avg_sq.mul_(beta2).add_(grad * grad * (1 - beta2))
+            exp_avg.mul_(beta1).add_(grad * keep1)
+            exp_avg_sq.mul_(beta2).add_(grad * grad * keep2)
             # Bias corrections stay in float64 0-d tensors, as PyTorch computes them in Python floats.
             step_size = lr / (1 - beta1**step)
             correction2_sqrt = (1 - beta2**step).sqrt()

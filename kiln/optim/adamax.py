@@ -8,7 +8,7 @@ from typing import Any
 import kiln
 
 from .adam import _check_adam_args
-from .optimizer import Optimizer
+from .optimizer import Optimizer, weight_decay_of
 
 
 class Adamax(Optimizer):
@@ -17,6 +17,9 @@ class Adamax(Optimizer):
     >>> w = kiln.tensor([1.0], requires_grad=True)
     >>> opt = Adamax([w], lr=2e-3)
     """
+
+    numbers = ("lr", "betas", "eps", "weight_decay")
+    zero_skips = ("weight_decay",)
 
     def __init__(
         self,
@@ -36,13 +39,10 @@ class Adamax(Optimizer):
                         foreach=foreach, differentiable=differentiable, capturable=capturable)  # fmt: skip
         super().__init__(params, defaults)
 
-    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
-        beta1, beta2 = group["betas"]
-        return {"lr": group["lr"], "beta1": beta1, "beta2": beta2}
-
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, beta1, beta2 = scalars["lr"], scalars["beta1"], scalars["beta2"]
-        eps, weight_decay = group["eps"], group["weight_decay"]
+        lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
+        weight_decay = weight_decay_of(group, scalars)
+        keep1 = 1 - beta1
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -54,9 +54,9 @@ class Adamax(Optimizer):
                 state["exp_inf"] = kiln.zeros_like(p)
             step = state["step"]
             step.add_(1)
-            if weight_decay != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
             exp_avg, exp_inf = state["exp_avg"], state["exp_inf"]
-            exp_avg.add_((grad - exp_avg) * (1 - beta1))
+            exp_avg.add_((grad - exp_avg) * keep1)
             exp_inf.copy_(kiln.maximum(exp_inf * beta2, grad.abs() + eps))
             p.sub_(exp_avg / exp_inf * (lr / (1 - beta1**step)))

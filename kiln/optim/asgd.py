@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class ASGD(Optimizer):
@@ -18,6 +18,9 @@ class ASGD(Optimizer):
     >>> w = kiln.tensor([1.0], requires_grad=True)
     >>> opt = ASGD([w], lr=1e-2, t0=10)
     """
+
+    numbers = ("lr", "lambd", "alpha", "t0", "weight_decay")
+    zero_skips = ("weight_decay",)
 
     def __init__(
         self,
@@ -39,7 +42,8 @@ class ASGD(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, lambd, alpha, t0 = scalars["lr"], group["lambd"], group["alpha"], group["t0"]
+        lr, lambd, alpha, t0 = scalars["lr"], scalars["lambd"], scalars["alpha"], scalars["t0"]
+        weight_decay = weight_decay_of(group, scalars)
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -52,8 +56,8 @@ class ASGD(Optimizer):
                 state["ax"] = kiln.zeros_like(p)
             step, eta, mu = state["step"], state["eta"], state["mu"]
             step.add_(1)
-            if group["weight_decay"] != 0:
-                grad = grad + p * group["weight_decay"]
+            if weight_decay is not None:
+                grad = grad + p * weight_decay
             eta64 = eta.to(kiln.float64)
             p.mul_(1 - lambd * eta64)
             p.sub_(grad * eta64)
@@ -71,6 +75,8 @@ class Rprop(Optimizer):
     >>> w = kiln.tensor([1.0], requires_grad=True)
     >>> opt = Rprop([w], lr=1e-2, etas=(0.5, 1.2))
     """
+
+    numbers = ("etas", "step_sizes")  # lr only sets each parameter's first step size, as in PyTorch
 
     def __init__(
         self,
@@ -92,8 +98,8 @@ class Rprop(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        eta_minus, eta_plus = group["etas"]
-        step_min, step_max = group["step_sizes"]
+        eta_minus, eta_plus = scalars["etas"]
+        step_min, step_max = scalars["step_sizes"]
         for p in group["params"]:
             if p.grad is None:
                 continue

@@ -8,19 +8,19 @@ from typing import Any
 import kiln
 
 from .adam import _check_adam_args
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class _AdamFamily(Optimizer):
     """Shared constructor and state of NAdam and RAdam (first and second moments, a step count)."""
 
+    numbers = ("lr", "betas", "eps", "weight_decay")
+    flags = ("maximize", "decoupled_weight_decay")
+    zero_skips = ("weight_decay",)
+
     def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
         _check_adam_args(defaults["lr"], defaults["betas"], defaults["eps"], defaults["weight_decay"])
         super().__init__(params, defaults)
-
-    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
-        beta1, beta2 = group["betas"]
-        return {"lr": group["lr"], "beta1": beta1, "beta2": beta2}
 
     def _moments(self, p: kiln.Tensor, group: dict[str, Any], scalars: dict[str, kiln.Tensor], extra=None):
         """Advance the step and both moments of ``p``; returns (state, step, grad after weight decay)."""
@@ -34,13 +34,13 @@ class _AdamFamily(Optimizer):
             state["exp_avg_sq"] = kiln.zeros_like(p)
         step = state["step"]
         step.add_(1)
-        weight_decay = group["weight_decay"]
-        if weight_decay != 0:
+        weight_decay = weight_decay_of(group, scalars)
+        if weight_decay is not None:
             if group["decoupled_weight_decay"]:
                 p.mul_(1 - scalars["lr"] * weight_decay)
             else:
                 grad = grad + p * weight_decay
-        beta1, beta2 = scalars["beta1"], scalars["beta2"]
+        beta1, beta2 = scalars["betas"]
         state["exp_avg"].add_((grad - state["exp_avg"]) * (1 - beta1))
         state["exp_avg_sq"].mul_(beta2).add_(grad * grad * (1 - beta2))
         return state, step, grad
@@ -52,6 +52,8 @@ class NAdam(_AdamFamily):
     >>> w = kiln.tensor([1.0], requires_grad=True)
     >>> opt = NAdam([w], lr=2e-3, momentum_decay=4e-3)
     """
+
+    numbers = (*_AdamFamily.numbers, "momentum_decay")
 
     def __init__(
         self,
@@ -75,8 +77,7 @@ class NAdam(_AdamFamily):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, beta1, beta2, eps = scalars["lr"], scalars["beta1"], scalars["beta2"], group["eps"]
-        decay = group["momentum_decay"]
+        lr, (beta1, beta2), eps, decay = scalars["lr"], scalars["betas"], scalars["eps"], scalars["momentum_decay"]
 
         def add_mu_product(state):
             state["mu_product"] = kiln.tensor(1.0, dtype=kiln.float32, device=p.device)
@@ -125,8 +126,8 @@ class RAdam(_AdamFamily):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, beta1, beta2, eps = scalars["lr"], scalars["beta1"], scalars["beta2"], group["eps"]
-        rho_inf = 2 / (1 - group["betas"][1]) - 1
+        lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
+        rho_inf = 2 / (1 - beta2) - 1  # from this call's beta2, as everything derived from the numbers
         for p in group["params"]:
             if p.grad is None:
                 continue

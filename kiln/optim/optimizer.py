@@ -1,9 +1,15 @@
 """The ``Optimizer`` base class: parameter groups, per-parameter state, state dicts.
 
-Every value that changes from one step to the next lives in a kiln tensor updated in place, and
-the hyperparameters a scheduler changes (``lr``, momentum, betas) are read inside ``step()``
-through 0-d float64 tensors that are refreshed from the Python floats in ``param_groups`` at the
-start of each step. A traced ``step()`` therefore reads them as inputs instead of baking them in.
+Every value that changes from one step to the next lives in a kiln tensor updated in place. Each
+optimizer declares how ``step()`` reads the Python values in ``param_groups``, so that a compiled
+training step honours every change to them (DESIGN.md, "What a trace reads"):
+
+- ``numbers`` (``lr``, betas, ``eps``, ``weight_decay``...) are read through 0-d float64 tensors
+  refreshed from the group before each step: a traced ``step()`` reads them as inputs, and a
+  schedule changes them without a retrace;
+- ``flags`` (``nesterov``, ``amsgrad``, ``maximize``...) decide which operations a step runs, and
+  so do the signs of ``zero_skips`` (eager skips weight decay when it is 0): a compiled step is
+  guarded on them (``kiln.jit.guard``) and traces again when one changes.
 
 >>> import kiln
 >>> w = kiln.tensor([1.0, 2.0], requires_grad=True)
@@ -35,6 +41,12 @@ class _RequiredParameter:
 required = _RequiredParameter()
 
 
+def weight_decay_of(group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> kiln.Tensor | None:
+    """The group's weight decay tensor, or None when it is 0: eager skips it then, and a traced
+    step neither reads it nor records the work (the sign of weight_decay is a guard)."""
+    return scalars["weight_decay"] if group["weight_decay"] != 0 else None
+
+
 def check_range(name: str, value: float, low: float = 0.0) -> None:
     """Raise PyTorch's ``Invalid <name>: <value>`` error when ``value < low``."""
     if not value >= low:  # also rejects nan
@@ -44,9 +56,16 @@ def check_range(name: str, value: float, low: float = 0.0) -> None:
 class Optimizer:
     """Base class of all optimizers.
 
-    Subclasses implement ``_update_group(group, scalars)``, where ``scalars`` maps the names
-    from ``_scalar_values(group)`` to 0-d float64 tensors holding the current values.
+    Subclasses declare ``numbers``, ``flags`` and ``zero_skips`` (see the module's docstring) and
+    implement ``_update_group(group, scalars)``, where ``scalars`` maps each of ``numbers`` to a 0-d
+    float64 tensor holding its current value (a tuple of them for a tuple such as ``betas``). It
+    reads numbers only through ``scalars``, and other keys of ``group`` only if they are flags or
+    the zero tests of ``zero_skips``.
     """
+
+    numbers: tuple[str, ...] = ("lr",)
+    flags: tuple[str, ...] = ("maximize",)
+    zero_skips: tuple[str, ...] = ()
 
     def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
         self.defaults = defaults
@@ -117,30 +136,22 @@ class Optimizer:
 
     # -- stepping -----------------------------------------------------------------------------
 
-    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
-        """The hyperparameters of ``group`` that ``step()`` reads through tensors."""
-        return {"lr": group["lr"]}
+    def sync_hyperparameters(self) -> list[dict[str, Any]]:
+        """Refresh each group's 0-d tensors of ``numbers`` from ``param_groups`` (in place).
 
-    def sync_hyperparameters(self) -> list[dict[str, kiln.Tensor]]:
-        """Refresh each group's 0-d hyperparameter tensors from ``param_groups`` (in place).
-
-        ``step()`` calls this first; a compiler can call it eagerly before running a compiled step.
+        ``step()`` calls this first; under ``kiln.compile`` it also runs before every compiled call.
         A tensor already holding its value is left alone (these tensors are the optimizer's own):
         a compiled training step runs this before every call, where each ``fill_`` cost about 20 us
         with the caches cold from the step before.
         """
         with kiln.no_grad():
             for group, scalars, written in zip(self.param_groups, self._scalars, self._written, strict=True):
-                for name, value in self._scalar_values(group).items():
-                    number = float(value)
-                    if written.get(name) == number:  # NaN never equals: rewritten every time
+                for name in self.numbers:
+                    value, old = group[name], written.get(name)
+                    if old == value:  # the usual call: nothing changed (NaN never equals: rewritten)
                         continue
-                    tensor = scalars.get(name)
-                    if tensor is None:  # on the parameters' device, as the state: a step mixes no devices
-                        device = group["params"][0].device if group["params"] else None
-                        scalars[name] = kiln.tensor(number, dtype=kiln.float64, device=device)
-                    else:
-                        tensor.fill_(number)
+                    number = tuple(map(float, value)) if isinstance(value, tuple | list) else float(value)
+                    scalars[name] = _refreshed(scalars.get(name), number, old, group["params"])
                     written[name] = number
         return self._scalars
 
@@ -152,10 +163,41 @@ class Optimizer:
                 loss = closure()
         # Under kiln.compile this also runs before every compiled call: the floats are read each time.
         scalars = kiln.jit.before_each_call(self.sync_hyperparameters)
+        traced = kiln.jit.guard(self._structure_guard)  # and the flags checked before each compiled call
+        if traced:  # note which numbers the graph reads, for kiln.explain
+            scalars = [_Reading(group_scalars) for group_scalars in scalars]
         with kiln.no_grad():
             for group, group_scalars in zip(self.param_groups, scalars, strict=True):
                 self._update_group(group, group_scalars)
+        if traced:
+            kiln.jit.guard(lambda: (None, self._number_reads(scalars)))
         return loss
+
+    def _structure(self) -> list[tuple]:
+        """Per group, what decides which operations a step runs: each flag, each zero skip's sign."""
+        flags, zero_skips = self.flags, self.zero_skips
+        return [(*map(group.get, flags), *map(_sign, map(group.get, zero_skips))) for group in self.param_groups]
+
+    def _structure_guard(self) -> tuple[Callable[[], str | None], list[tuple[str, str]]]:
+        """``kiln.jit.guard``'s pair for a traced step: the check of ``_structure``, and the reads."""
+        traced, name = self._structure(), type(self).__name__
+
+        def check() -> str | None:
+            now = self._structure()
+            return None if now == traced else _structure_change(name, self.flags, self.zero_skips, traced, now)
+
+        reads = []
+        for i in range(len(self.param_groups)):
+            where = f"{name}.param_groups[{i}]"
+            reads += [(f"{where}[{key!r}]", "guard") for key in self.flags]
+            reads += [(f"the sign of {where}[{key!r}]", "guard") for key in self.zero_skips]
+        return check, reads
+
+    def _number_reads(self, scalars: list[_Reading]) -> list[tuple[str, str]]:
+        """The numbers a traced step read (its graph's inputs), as ``kiln.jit.guard``'s reads."""
+        name = type(self).__name__
+        return [(f"{name}.param_groups[{i}][{key!r}]", "input")
+                for i, read in enumerate(scalars) for key in self.numbers if key in read.keys_read]  # fmt: skip
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         raise NotImplementedError
@@ -219,6 +261,58 @@ class Optimizer:
         self.param_groups = [
             dict(saved, params=group["params"]) for group, saved in zip(self.param_groups, saved_groups, strict=True)
         ]
+
+
+class _Reading(dict):
+    """A group's scalars, noting which of them ``_update_group`` reads (while a step is traced)."""
+
+    def __init__(self, scalars: dict) -> None:
+        super().__init__(scalars)
+        self.keys_read: set[str] = set()
+
+    def __getitem__(self, key: str):
+        self.keys_read.add(key)
+        return super().__getitem__(key)
+
+
+def _refreshed(tensor, number, old, params: list):
+    """``tensor`` (a 0-d float64 tensor, or a tuple of them for a tuple ``number``) holding ``number``
+    now: filled in place where its value ``old`` differs, made on the parameters' device if new."""
+    if isinstance(number, tuple):
+        if not (isinstance(tensor, tuple) and isinstance(old, tuple) and len(tensor) == len(number) == len(old)):
+            tensor, old = (None,) * len(number), (None,) * len(number)
+        return tuple(_refreshed(t, x, was, params) for t, x, was in zip(tensor, number, old, strict=True))
+    if tensor is None or isinstance(tensor, tuple):  # on the parameters' device, as the state: no mixing
+        return kiln.tensor(number, dtype=kiln.float64, device=params[0].device if params else None)
+    if old != number:
+        tensor.fill_(number)
+    return tensor
+
+
+_SIGN_WORDS = {0: "zero", 1: "positive", -1: "negative", "nan": "nan", "missing": "missing"}
+
+
+def _sign(value) -> int | str:
+    """0, 1 or -1 by the sign of ``value`` ("nan", or "missing" for None): what a zero skip's guard
+    compares (eager tests ``!= 0`` or ``> 0``; nan passes the first and fails the second)."""
+    if value is None:
+        return "missing"
+    number = value if type(value) is float else float(value)
+    return (number > 0) - (number < 0) if number == number else "nan"
+
+
+def _structure_change(name: str, flags: tuple, zero_skips: tuple, before: list, now: list) -> str:
+    """Why a traced step no longer applies, in words (``Optimizer._structure`` changed)."""
+    if len(before) != len(now):
+        return f"{name} has {len(now)} parameter group(s), not {len(before)}"
+    for i, (was, is_) in enumerate(zip(before, now, strict=True)):
+        for j, (key, x, y) in enumerate(zip(flags + zero_skips, was, is_, strict=True)):
+            where = f"{name}.param_groups[{i}][{key!r}]"
+            if x != y and j < len(flags):
+                return f"{where} changed from {x!r} to {y!r}"
+            if x != y:
+                return f"{where} is {_SIGN_WORDS[y]} now, {_SIGN_WORDS[x]} when traced"
+    return f"{name}'s flags changed"
 
 
 def _restore(name: str, value: Any, param: kiln.Tensor) -> Any:

@@ -7,15 +7,19 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class RMSprop(Optimizer):
-    """PyTorch's ``torch.optim.RMSprop``; ``lr`` and ``momentum`` are read through tensors.
+    """PyTorch's ``torch.optim.RMSprop``.
 
     >>> w = kiln.tensor([1.0], requires_grad=True)
     >>> opt = RMSprop([w], lr=1e-2, centered=True)
     """
+
+    numbers = ("lr", "alpha", "eps", "weight_decay", "momentum")
+    flags = ("centered", "maximize")
+    zero_skips = ("momentum", "weight_decay")  # momentum <= 0: no buffer, as in PyTorch
 
     def __init__(
         self,
@@ -51,9 +55,6 @@ class RMSprop(Optimizer):
         )
         super().__init__(params, defaults)
 
-    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
-        return {"lr": group["lr"], "momentum": group["momentum"]}
-
     def _init_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
         state = self.state[p]
         if not state:
@@ -66,25 +67,26 @@ class RMSprop(Optimizer):
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, momentum = scalars["lr"], scalars["momentum"]
-        alpha, eps, weight_decay = group["alpha"], group["eps"], group["weight_decay"]
+        lr, alpha, eps, weight_decay = scalars["lr"], scalars["alpha"], scalars["eps"], weight_decay_of(group, scalars)
+        momentum = scalars["momentum"] if group["momentum"] > 0 else None
+        keep = 1 - alpha
         for p in group["params"]:
             if p.grad is None:
                 continue
             grad = -p.grad if group["maximize"] else p.grad
             state = self._init_state(p, group)
             state["step"].add_(1)
-            if weight_decay != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
             square_avg = state["square_avg"]
-            square_avg.mul_(alpha).add_(grad * grad * (1 - alpha))
+            square_avg.mul_(alpha).add_(grad * grad * keep)
             if group["centered"]:
                 grad_avg = state["grad_avg"]
-                grad_avg.mul_(alpha).add_(grad * (1 - alpha))
+                grad_avg.mul_(alpha).add_(grad * keep)
                 avg = (square_avg - grad_avg * grad_avg).sqrt() + eps
             else:
                 avg = square_avg.sqrt() + eps
-            if group["momentum"] > 0:
+            if momentum is not None:
                 buf = state["momentum_buffer"]
                 buf.mul_(momentum).add_(grad / avg)
                 p.sub_(buf * lr)

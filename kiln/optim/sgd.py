@@ -7,15 +7,19 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range
+from .optimizer import Optimizer, check_range, weight_decay_of
 
 
 class SGD(Optimizer):
-    """PyTorch's ``torch.optim.SGD``; ``lr`` and ``momentum`` are read through tensors in ``step()``.
+    """PyTorch's ``torch.optim.SGD``.
 
     >>> w = kiln.tensor([1.0], requires_grad=True)
     >>> opt = SGD([w], lr=0.1, momentum=0.9)
     """
+
+    numbers = ("lr", "momentum", "dampening", "weight_decay")
+    flags = ("nesterov", "maximize")
+    zero_skips = ("momentum", "weight_decay")
 
     def __init__(
         self,
@@ -49,24 +53,22 @@ class SGD(Optimizer):
         )
         super().__init__(params, defaults)
 
-    def _scalar_values(self, group: dict[str, Any]) -> dict[str, float]:
-        return {"lr": group["lr"], "momentum": group["momentum"]}
-
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, momentum = scalars["lr"], scalars["momentum"]
-        weight_decay, dampening = group["weight_decay"], group["dampening"]
+        lr, weight_decay = scalars["lr"], weight_decay_of(group, scalars)
+        momentum = scalars["momentum"] if group["momentum"] != 0 else None  # 0: no buffer, as in PyTorch
+        undamped = 1 - scalars["dampening"] if momentum is not None else None
         for p in group["params"]:
             if p.grad is None:
                 continue
             grad = -p.grad if group["maximize"] else p.grad
-            if weight_decay != 0:
+            if weight_decay is not None:
                 grad = grad + p * weight_decay
-            if group["momentum"] != 0:
+            if momentum is not None:
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
                 if buf is None:
                     buf = state["momentum_buffer"] = grad.detach().clone()
                 else:
-                    buf.mul_(momentum).add_(grad * (1 - dampening))
+                    buf.mul_(momentum).add_(grad * undamped)
                 grad = grad + buf * momentum if group["nesterov"] else buf
             p.sub_(grad * lr)

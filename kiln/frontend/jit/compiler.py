@@ -229,6 +229,7 @@ class CompiledFunction:
         named = [*hazards.named_values(self, closure_values), *leaves]
         guards = hazards.build_guards(objects, spec.modules, captured, named)
         spec.guards = guards if guards.pairs or guards.grad_owners else None
+        spec.checks, spec.python_reads = trace.checks, trace.python_reads  # what kiln.jit.guard was told
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")

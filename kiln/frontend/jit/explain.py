@@ -224,7 +224,10 @@ def _name_captured(spec, names: dict[int, str]) -> None:
             # which a compiled step reads: a scheduler changes them without a retrace
             for i, scalars in enumerate(getattr(obj, "_scalars", None) or ()):
                 for key, t in scalars.items() if isinstance(scalars, dict) else ():
-                    names.setdefault(id(t), f"{owner}.param_groups[{i}][{key!r}]")
+                    where = f"{owner}.param_groups[{i}][{key!r}]"
+                    for j, item in enumerate(t) if isinstance(t, tuple) else ():  # betas: a tensor each
+                        names.setdefault(id(item), f"{where}[{j}]")
+                    names.setdefault(id(t), where)
 
 
 def _input_label(source, value: Value, captured: dict[int, str] | None = None) -> str:
@@ -333,6 +336,9 @@ def _describe_specialization(i: int, spec, reason: str, guards: list[str]) -> li
                      "(they require grad, and a backward through them raises, as in eager)")  # fmt: skip
     lines.append("  guards:")
     lines.extend(f"    {line}" for line in guards)
+    if spec.python_reads:
+        lines.append("  Python values read (input: read on each call; guard: a change makes a new trace):")
+        lines.extend(f"    {read}" for read in spec.python_reads)
     return lines
 
 

@@ -15,10 +15,24 @@ from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter, is_, is_not
 
-from ...ir.graph import Graph
+from ...ir.graph import Graph, SourceLocation
 from ..tensor import Tensor, make_tensor
 from .pytree import unflatten
 from .signature import Argument, Captured, Signature, apply, bind, call
+
+
+@dataclass(frozen=True)
+class PythonRead:
+    """A Python value a specialization depends on, for ``kiln.explain``: ``what`` in words
+    (``Adam.param_groups[0]['eps']``), ``kind`` ``"input"`` (read at each call) or ``"guard"``
+    (checked before each call; a change traces again), and the user's line that read it."""
+
+    what: str
+    kind: str
+    loc: SourceLocation | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind:<5}  {self.what}" + (f"  (read at {self.loc})" if self.loc is not None else "")
 
 
 def tensor_state(t) -> tuple:
@@ -50,6 +64,8 @@ class Specialization:
     report: object = None  # the backend's LoweringReport (kernels, declined kernels, memory plan)
     arg_aliases: list = field(default_factory=list)  # (argument position, weakref): arguments that are state
     guards: object = None  # hazards.Guards: attributes of the objects read, containers of captured tensors
+    checks: list = field(default_factory=list)  # state.guard's checks: None while they hold, else why not
+    python_reads: list[PythonRead] = field(default_factory=list)  # the Python values it reads per call or guards
     calls: int = 0
 
     def __post_init__(self) -> None:
@@ -96,6 +112,10 @@ class Specialization:
                 fn_globals.get(name, _MISSING) if fn_globals is not None else _MISSING)  # fmt: skip
             if not _same(now, value):
                 return f"{name.removeprefix('closure:')} now refers to a different object ({_short(now)})"
+        for check in self.checks:
+            miss = check()
+            if miss is not None:
+                return miss
         if self.guards is not None:
             return self.guards.miss()
         return None

@@ -58,6 +58,22 @@ def before_each_call(fn, *args, **kwargs):
     return trace.run_prologue(fn, args, kwargs)
 
 
+def guard(make) -> bool:
+    """While ``kiln.compile`` traces this call, call ``make()``: it returns ``(check, reads)``. The
+    specialization being traced then holds only while ``check()`` returns None (otherwise it returns
+    why not, in words, and that call traces again; ``check`` may be None); ``reads`` are
+    ``(what, how)`` pairs naming the Python values the traced code consumed, ``how`` being
+    ``"input"`` (read at each call, as ``before_each_call`` does) or ``"guard"`` (checked by
+    ``check``): ``kiln.explain`` lists them. Returns whether a trace is running (not tracing,
+    ``make`` is not called).
+    """
+    trace = current.get()
+    if trace is None:
+        return False
+    trace.on_guard(*make())
+    return True
+
+
 def unsafe(reason: str) -> None:
     """The call is doing something a compiled program could not repeat faithfully: the trace stops
     here (the call finishes eagerly, the reason and the user's line are kept)."""

@@ -48,6 +48,7 @@ from .signature import (
     ShareGrad,
     WriteBack,
 )
+from .specialization import PythonRead
 
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
@@ -136,6 +137,8 @@ class Trace:
         self.grads: dict[int, tuple] = {}  # id(tensor) -> (tensor, .grad before the trace touched it)
         self.modules: dict[int, tuple[weakref.ref, bool]] = {}
         self.prologues: list = []
+        self.checks: list = []  # callables checked before each call of the specialization (state.guard)
+        self.python_reads: list[PythonRead] = []  # the Python values read: on_python_read
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
         self.broken: TraceBreak | None = None
         self._token = None
@@ -209,6 +212,19 @@ class Trace:
             return fn(*args, **kwargs)
         finally:
             state.current.reset(token)
+
+    def on_python_read(self, what: str, kind: str) -> None:
+        """The traced call read a Python value that becomes a graph input (``kind="input"``, read at
+        each call) or a guard (``"guard"``); ``kiln.explain`` lists it with the user's line."""
+        assert kind in ("input", "guard"), f"a Python read is an input or a guard, not {kind!r}"
+        self.python_reads.append(PythonRead(what, kind, user_location(2)))
+
+    def on_guard(self, check, reads) -> None:
+        """``state.guard``: keep ``check`` for the specialization, note ``reads`` ((what, kind) pairs)."""
+        if check is not None:
+            self.checks.append(check)
+        for what, kind in reads:
+            self.on_python_read(what, kind)
 
     # ------------------------------------------------------------------ recording ops
     def record(self, prim, inputs, attrs: dict, result) -> None:
