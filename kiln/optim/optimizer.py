@@ -97,6 +97,13 @@ class Optimizer:
     def __getstate__(self) -> dict[str, Any]:
         return {"defaults": self.defaults, "state": self.state, "param_groups": self.param_groups}
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """An unpickled optimizer (``copy.deepcopy``, ``pickle``): its hyperparameter tensors are made
+        again from ``param_groups`` by the next ``sync_hyperparameters``."""
+        self.__dict__.update(state)
+        self._scalars = [{} for _ in self.param_groups]
+        self._written = [{} for _ in self.param_groups]
+
     # -- parameter groups ---------------------------------------------------------------------
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

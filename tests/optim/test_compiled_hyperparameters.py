@@ -360,3 +360,22 @@ def test_lbfgs_compiled_step_runs_eagerly_and_follows_lr():
     """LBFGS decides with Python numbers read from tensors: its compiled step stops the trace and runs
     eagerly, so a changed lr is honoured."""
     np.testing.assert_allclose(_lbfgs(True), _lbfgs(False), **TIGHT)
+
+
+def test_an_unpickled_optimizer_steps_and_follows_its_numbers():
+    """__getstate__ drops the hyperparameter tensors; __setstate__ makes room for them again."""
+    import copy
+    import pickle
+
+    model = kiln.nn.Linear(3, 2)
+    opt = kiln.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(kiln.randn(4, 3)).sum().backward()
+    opt.step()
+    for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        (param,) = clone.param_groups[0]["params"][:1]
+        param.grad = kiln.ones_like(param)
+        before = param.detach().clone()
+        clone.param_groups[0]["lr"] = 0.5
+        clone.step()
+        moved = (before - param.detach()).abs().max().item()
+        assert moved > 0
