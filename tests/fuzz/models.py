@@ -6,17 +6,21 @@ and above it) with fused bias and activation epilogues, and strided, dilated and
 then BatchNorm/GroupNorm, max/avg pooling (kernel 1 too), dropout (in eval or training mode).
 Embeddings read repeated indices, sometimes with ``padding_idx``.
 
-False differences are kept out by construction: a layer whose true gradient is 0 (a bias right
-before a normalization that removes it) has no bias, since rounding noise around 0 would be
-amplified by Adam or Rprop; and a program with kinks (relu, max pooling) or
-sign-based optimizer runs in float64, where a tie decided by rounding is out of reach.
+False differences are kept out by construction. A program with kinks (relu, max pooling) runs
+in float64, where a tie decided by rounding is out of reach. A gradient that is 0 in exact
+arithmetic comes out as rounding noise (a bias before a normalization that removes it, directly
+or through a linear path: pooling, a 1x1 convolution, an activation on its linear side), and an
+optimizer that divides by the gradients' size would turn that noise into a full step: such a
+bias is left out where it is adjacent, Rprop (the sign of the gradient) is left to the optim
+kind's models, which have no such gradients, and ``eps`` is at least 1e-6 (float64) or 1e-3
+(float32), which keeps the noise's step below the tolerance.
 """
 
 from __future__ import annotations
 
 import random
 
-from .optimizers import CLOSURE, SIGN_BASED, SPECS, optimizer, scheduler, step_line
+from .optimizers import CLOSURE, SPECS, optimizer, scheduler, step_line
 from .scenario import Builder, Scenario
 
 SMOOTH = ("nn.Tanh()", "nn.GELU()", "nn.SiLU()", "nn.Sigmoid()", "nn.GELU(approximate='tanh')")
@@ -137,8 +141,8 @@ def generate(seed: int) -> Scenario:
     r = random.Random(seed)
     b = Builder(seed)
     family = r.choice(("conv", "conv", "mlp", "embedding"))
-    name = r.choice(sorted(SPECS))
-    dtype = "float64" if name in SIGN_BASED or r.random() < 0.6 else "float32"
+    name = r.choice(sorted(set(SPECS) - {"Rprop"}))
+    dtype = "float64" if name == "LBFGS" or r.random() < 0.6 else "float32"
     net = FAMILIES[family](b, r, dtype, smooth=dtype == "float32")
     classes = r.randint(1, 5)
     net.add(f"nn.Linear({net.shape[1]}, {classes})", "linear", (net.shape[0], classes))
@@ -155,7 +159,8 @@ def generate(seed: int) -> Scenario:
         if layer.startswith("nn.Dropout") and r.random() < 0.5:
             b.setup.append(f"model[{i}].eval()")  # dropout in eval mode, the rest training
     groups = 2 if r.random() < 0.2 and name != "LBFGS" else 1  # LBFGS takes one group
-    values = optimizer(b, r, name, "model.parameters()", groups, default_values=r.random() < 0.5)
+    min_eps = 1e-6 if dtype == "float64" else 1e-3
+    values = optimizer(b, r, name, "model.parameters()", groups, default_values=r.random() < 0.5, min_eps=min_eps)
     if name == "LBFGS":
         b.preamble += CLOSURE
     else:
@@ -175,5 +180,6 @@ def generate(seed: int) -> Scenario:
     if r.random() < 0.15:  # the training flag is guarded: a switch must retrace
         b.action(r.randint(1, 4), "model.eval()", "eval")
         b.action(5, "model.train()", "train")
-    rtol = 1e-8 if dtype == "float64" else 1e-3
-    return b.scenario("models", "loss.detach(), h.detach()", scale=10.0, rtol=rtol)
+    # float32: reductions over a batch and a window (a few hundred terms) round to about 1e-6
+    rtol = 1e-8 if dtype == "float64" else 2e-4
+    return b.scenario("models", "loss.detach(), h.detach()", scale=1.0, rtol=rtol)

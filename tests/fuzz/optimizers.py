@@ -77,10 +77,14 @@ CLOSURE = ["def closure_of(opt, model, x, y, loss_fn):", "    def closure():", "
            "    return closure"]  # fmt: skip
 
 
-def optimizer(b: Builder, r: random.Random, name: str, params: str, groups: int, default_values: bool) -> dict:
-    """Add ``opt = <name>(...)`` to the setup; returns the hyperparameters it was made with."""
+def optimizer(b: Builder, r: random.Random, name: str, params: str, groups: int, default_values: bool,
+              min_eps: float = 0.0) -> dict:  # fmt: skip
+    """Add ``opt = <name>(...)`` to the setup; returns the hyperparameters it was made with.
+    ``min_eps`` bounds the ``eps`` that divides by the gradients' size (see models.py)."""
     spec = SPECS[name]
     values = {k: v[0] if default_values else r.choice(v) for k, v in spec.items()}
+    if "eps" in values:
+        values["eps"] = max(values["eps"], min_eps)
     if name == "SGD" and values["nesterov"]:
         values.update(momentum=0.9, dampening=0.0)  # the constructor checks this combination
     args = ", ".join(f"{k}={v!r}" for k, v in values.items())
@@ -159,5 +163,5 @@ def generate(seed: int) -> Scenario:
     changes(b, r, name, values, groups, r.randint(1, 4))
     if r.random() < 0.5 and name != "LBFGS":
         scheduler(b, r, name, values, inside=r.random() < 0.2)
-    rtol = 1e-8 if dtype == "float64" else 1e-3
-    return b.scenario("optim", "loss.detach()", scale=10.0, rtol=rtol)
+    rtol = 1e-8 if dtype == "float64" else 1e-4
+    return b.scenario("optim", "loss.detach()", scale=1.0, rtol=rtol)

@@ -87,4 +87,4 @@ def generate(seed: int) -> Scenario:
         line, tag = r.choice(CHANGES)
         b.action(r.randint(1, 5), line, f"change:{tag}")
     returns = r.choice(("h", "h, counter['calls']", "h, len(log)", "h, dict(cache)"))
-    return b.scenario("pystate", returns, scale=1e3, rtol=TOLERANCE[dtype])
+    return b.scenario("pystate", returns, scale=1.0, rtol=TOLERANCE[dtype])

@@ -90,12 +90,6 @@ class Side:
         results = list(out) if isinstance(out, tuple) else [out]
         return results, None, bytes(kiln.get_rng_state()._data)
 
-    def classify(self, before: tuple[int, int]) -> tuple[str, str | None]:
-        return call_kind(self.fn, before)
-
-    def counters(self) -> tuple[int, int]:
-        return counters(self.fn)
-
 
 def counters(fn) -> tuple[int, int]:
     """Where a compiled function's history stands: compiled calls so far, events so far."""
@@ -209,10 +203,9 @@ def _call(eager: Side, compiled: Side, number: int, outcome: Outcome) -> bool:
     p = eager.program
     scale = (p.scale, p.rtol)
     er, e_err, e_rng = eager.call(1000 + number)
-    before = compiled.counters()
+    before = counters(compiled.fn)
     cr, c_err, c_rng = compiled.call(1000 + number)
-    kind, reason = compiled.classify(before) if c_err is None else ("raised", None)
-    count_call(outcome, kind, reason)
+    count_call(outcome, *(call_kind(compiled.fn, before) if c_err is None else ("raised", None)))
     if _both("the call", e_err, c_err, outcome):
         return True
     found = [] if e_rng == c_rng else [Difference("rng state", "generator", "state after the call differs")]
