@@ -124,8 +124,9 @@ def embedding(b: Builder, r: random.Random, dtype: str, smooth: bool) -> Net:
     n, length, vocab, dim = r.randint(1, 3), r.randint(2, 6), r.randint(3, 10), r.randint(2, 6)
     b.int_input((n, length), min(vocab, max(2, n * length // 2)))  # fewer values than indices: repeats
     net = Net(r, smooth, (n, length, dim))
-    extra = r.choice(("", f", padding_idx={r.choice((0, vocab - 1))}"))  # kiln has no max_norm (NotImplementedError)
-    net.add(f"nn.Embedding({vocab}, {dim}{extra})", "embedding" + (" " + extra.split("=")[0][2:] if extra else ""))
+    padded = r.random() < 0.5  # (kiln's embedding has no max_norm: NotImplementedError)
+    extra = f", padding_idx={r.choice((0, vocab - 1))}" if padded else ""
+    net.add(f"nn.Embedding({vocab}, {dim}{extra})", "embedding padding_idx" if padded else "embedding")
     if r.random() < 0.4:
         net.add(f"nn.LayerNorm({dim})", "layer_norm")
     net.activation()
@@ -136,6 +137,26 @@ def embedding(b: Builder, r: random.Random, dtype: str, smooth: bool) -> Net:
 FAMILIES = {"conv": conv_net, "mlp": mlp, "embedding": embedding}
 
 
+def training_step(b: Builder, r: random.Random, net: Net, name: str, y: str) -> None:
+    """The body of ``f``: zero_grad, the forward (whole, or one statement per layer, which the
+    shrinker can delete), the loss, backward and the optimizer's step."""
+    x = b.arg_names[0]
+    if name == "LBFGS":
+        b.preamble += CLOSURE  # its step evaluates the model again, through a closure
+    else:
+        b.stmt("opt.zero_grad()", "zero_grad")
+    if r.random() < 0.3:
+        b.stmt(f"h = model({x})", "model")
+    else:
+        b.stmt(f"h = model[0]({x})", net.layers[0][1])
+        for i, (_, tag) in enumerate(net.layers[1:], 1):
+            b.stmt(f"h = model[{i}](h)", tag)
+    b.stmt(f"loss = loss_fn(h, {y})", "loss")
+    if name != "LBFGS":
+        b.stmt("loss.backward()", "backward")
+    b.stmt(step_line(name, "model", x, y, "loss_fn"), f"step:{name}")
+
+
 def generate(seed: int) -> Scenario:
     """A random model, loss and optimizer; ``f`` is one training step returning the loss and output."""
     r = random.Random(seed)
@@ -144,9 +165,8 @@ def generate(seed: int) -> Scenario:
     name = r.choice(sorted(set(SPECS) - {"Rprop"}))
     dtype = "float64" if name == "LBFGS" or r.random() < 0.6 else "float32"
     net = FAMILIES[family](b, r, dtype, smooth=dtype == "float32")
-    classes = r.randint(1, 5)
+    classes = r.randint(2, 5)  # one class: a cross entropy of 0 whatever the model
     net.add(f"nn.Linear({net.shape[1]}, {classes})", "linear", (net.shape[0], classes))
-    x = b.arg_names[0]
     classify = r.random() < 0.6
     y = b.int_input((net.shape[0],), classes) if classify else b.float_input((net.shape[0], classes), dtype)
     loss_fn = r.choice(("F.cross_entropy", "lambda out, y: F.cross_entropy(out, y, label_smoothing=0.1)")) \
@@ -161,20 +181,7 @@ def generate(seed: int) -> Scenario:
     groups = 2 if r.random() < 0.2 and name != "LBFGS" else 1  # LBFGS takes one group
     min_eps = 1e-6 if dtype == "float64" else 1e-3
     values = optimizer(b, r, name, "model.parameters()", groups, default_values=r.random() < 0.5, min_eps=min_eps)
-    if name == "LBFGS":
-        b.preamble += CLOSURE
-    else:
-        b.stmt("opt.zero_grad()", "zero_grad")
-    if r.random() < 0.3:
-        b.stmt(f"h = model({x})", "model")
-    else:  # one statement per layer: the shrinker can delete layers
-        b.stmt(f"h = model[0]({x})", net.layers[0][1])
-        for i, (_, tag) in enumerate(net.layers[1:], 1):
-            b.stmt(f"h = model[{i}](h)", tag)
-    b.stmt(f"loss = loss_fn(h, {y})", "loss")
-    if name != "LBFGS":
-        b.stmt("loss.backward()", "backward")
-    b.stmt(step_line(name, "model", x, y, "loss_fn"), f"step:{name}")
+    training_step(b, r, net, name, y)
     if name != "LBFGS" and r.random() < 0.2:
         scheduler(b, r, name, values, inside=False)
     if r.random() < 0.15:  # the training flag is guarded: a switch must retrace
