@@ -2,10 +2,11 @@
 
     python -m tests.fuzz --programs 300                 # the CI profile
     python -m tests.fuzz --programs 10000 --shard 0/2   # half of the large profile
+    python -m tests.fuzz --kinds models,optim           # only some kinds of programs (default: all, mixed)
     python -m tests.fuzz --replay 17                    # one program, its source and its finding
     python -m tests.fuzz --repro repro.py               # a printed (shrunk) program, run again
 
-Findings (silent mismatches and compiled-only crashes) are grouped by signature; each class
+Findings (silent differences, error mismatches and compiled-only crashes) are grouped by signature; each class
 prints one shrunk repro. The exit status is 1 when there is any finding.
 """
 
@@ -25,6 +26,28 @@ HANG_SECONDS = 180  # a program still running after this is stuck where no signa
 SHRINK_PER_KIND = 8  # findings of one kind shrunk before the rest are classified unshrunk
 
 
+ERROR_CHECKS = ("error type", "no error")  # differences about exceptions, not values
+
+
+@dataclass
+class KindStats:
+    """What one kind of program did: findings, compiled-copy calls, specializations, trace breaks."""
+
+    programs: int = 0
+    silent: int = 0  # the compiled copy's result or state differs, without an error
+    errors: int = 0  # a different exception, no exception, or a compiled-only crash
+    calls: Counter = field(default_factory=Counter)
+    specializations: int = 0
+    breaks: int = 0
+
+    def line(self, kind: str) -> str:
+        total = sum(self.calls.values()) or 1
+        return (f"  {kind}: {self.programs} programs, {self.silent} silent differences, {self.errors} error "
+                f"mismatches; fallback rate {self.calls.get('fallback', 0) / total:.2%} of {total} calls; "
+                f"{self.specializations / max(self.programs, 1):.2f} specializations and "
+                f"{self.breaks / max(self.programs, 1):.2f} trace breaks per program")  # fmt: skip
+
+
 @dataclass
 class Summary:
     programs: int = 0
@@ -33,8 +56,9 @@ class Summary:
     eager_errors: int = 0
     calls: Counter = field(default_factory=Counter)
     fallbacks: Counter = field(default_factory=Counter)
-    mismatches: int = 0
-    crashes: int = 0
+    mismatches: int = 0  # silent differences
+    crashes: int = 0  # error mismatches (compiled-only crashes included)
+    kinds: dict = field(default_factory=dict)  # kind -> KindStats
 
     def add(self, outcome, shrunk=None) -> None:
         from .shrink import signature  # noqa: PLC0415
@@ -43,10 +67,18 @@ class Summary:
         self.calls.update(outcome.calls)
         self.fallbacks.update(outcome.fallbacks)
         self.eager_errors += outcome.eager_error is not None
+        stats = self.kinds.setdefault(outcome.program.kind, KindStats())
+        stats.programs += 1
+        stats.calls.update(outcome.calls)
+        stats.specializations += outcome.specializations
+        stats.breaks += outcome.breaks
         if not outcome.finding:
             return
-        self.mismatches += outcome.difference is not None
-        self.crashes += outcome.crash is not None
+        silent = outcome.difference is not None and outcome.difference.check not in ERROR_CHECKS
+        self.mismatches += silent
+        self.crashes += not silent
+        stats.silent += silent
+        stats.errors += not silent
         shown = shrunk or outcome
         key = signature(shown)
         entry = self.classes.setdefault(key, [0, shown])
@@ -59,12 +91,13 @@ class Summary:
         fallback = self.calls.get("fallback", 0)
         lines = [
             f"programs: {self.programs} in {self.seconds:.1f} s ({self.programs / max(self.seconds, 1e-9):.2f} per second)",
-            f"silent mismatches: {self.mismatches} programs; compiled-only crashes: {self.crashes} programs; "
-            f"{len(self.classes)} classes",
+            f"silent differences: {self.mismatches} programs; error mismatches (compiled-only crashes included): "
+            f"{self.crashes} programs; {len(self.classes)} classes",
             f"programs where eager and compiled raised the same error type: {self.eager_errors}",
             f"compiled-copy calls: {dict(self.calls)}; fallback rate {fallback / total:.2%} "
             f"(calls run eagerly for a reason other than tracing)",
         ]
+        lines += [stats.line(kind) for kind, stats in sorted(self.kinds.items())]
         for reason, n in self.fallbacks.most_common(8):
             lines.append(f"  fallback x{n}: {reason}")
         for key, (count, outcome) in sorted(self.classes.items(), key=lambda kv: -kv[1][0]):
@@ -81,6 +114,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--programs", type=int, default=300, help="how many programs (before sharding)")
     parser.add_argument("--seed", type=int, default=0, help="the profile's seed")
     parser.add_argument("--shard", default="0/1", help="i/n: run programs whose number is i modulo n")
+    parser.add_argument(
+        "--kinds",
+        default="all",
+        help="comma-separated kinds of programs: ops, models, optim, "
+        "pystate (tests/fuzz/kinds.py), or all (the default, mixed)",
+    )
     parser.add_argument("--backend", choices=("llvm", "interpreter"), default="llvm")
     parser.add_argument("--no-shrink", action="store_true", help="report findings without shrinking them")
     parser.add_argument("--replay", type=int, help="run the program with this seed and print it")
@@ -110,8 +149,9 @@ def fuzz(
     progress=None,
     shrink_per_kind: int = SHRINK_PER_KIND,
     shrink_budget: int = 60,
+    kinds: tuple[str, ...] = ("ops",),
 ) -> Summary:
-    from .generator import generate  # noqa: PLC0415
+    from .kinds import generate  # noqa: PLC0415
     from .runner import run  # noqa: PLC0415
     from .shrink import kind
     from .shrink import shrink as shrink_outcome  # noqa: PLC0415
@@ -120,7 +160,7 @@ def fuzz(
     shrunk_kinds: Counter = Counter()
     start = time.perf_counter()
     for k, seed in enumerate(seeds):
-        program = generate(seed)
+        program = generate(seed, kinds)
         watchdog = threading.Timer(HANG_SECONDS, _hang, (program, summary))
         watchdog.daemon = True
         watchdog.start()
@@ -142,27 +182,35 @@ def fuzz(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .kinds import parse_kinds  # noqa: PLC0415
+
     args = parse(argv)
     os.environ["KILN_JIT_STRICT"] = "1"  # a backend failure raises instead of falling back
     cache = tempfile.mkdtemp(prefix="kiln-fuzz-cache-")
     os.environ["KILN_CACHE_DIR"] = cache
     try:
         if args.replay is not None or args.repro:
-            from .generator import Program, generate  # noqa: PLC0415
+            from .kinds import from_source, generate  # noqa: PLC0415
             from .runner import run  # noqa: PLC0415
 
             if args.repro:
                 with open(args.repro) as file:
-                    program = Program.from_source(file.read())
+                    program = from_source(file.read())
             else:
-                program = generate(args.replay)
+                program = generate(args.replay, parse_kinds(args.kinds))
             outcome = run(program, args.backend)
             print(outcome.program.source)
             print(f"finding: {outcome.crash or outcome.difference or 'none'} (call {outcome.call}); "
                   f"calls {dict(outcome.calls)}; eager error: {outcome.eager_error}")  # fmt: skip
             return int(outcome.finding)
         seeds = program_seeds(args.programs, args.seed, args.shard)
-        summary = fuzz(seeds, args.backend, not args.no_shrink, progress=lambda s: print(s, file=sys.stderr))
+        summary = fuzz(
+            seeds,
+            args.backend,
+            not args.no_shrink,
+            progress=lambda s: print(s, file=sys.stderr),
+            kinds=parse_kinds(args.kinds),
+        )
         print(summary.report(repros=not args.quiet))
         return int(bool(summary.classes))
     finally:

@@ -9,6 +9,7 @@ positions and infinities must match.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -110,3 +111,25 @@ def structure(eager: list[str], compiled: list[str]) -> list[Difference]:
     only_e = sorted(set(eager) - set(compiled))
     only_c = sorted(set(compiled) - set(eager))
     return [Difference("aliasing", "results", f"eager only: {only_e}; compiled only: {only_c}")]
+
+
+# calls whose results PyTorch always computes into new memory, even where the values equal a
+# view of the input (a pooling window of 1); an activation may wrap them (layers.conv_epilogue)
+FRESH_CALL = re.compile(r"([\w.]+\()?F\.(max_pool\dd|avg_pool\dd|batch_norm|group_norm|embedding|conv2d)\(")
+
+
+def fresh(program, results: list, named: list) -> list[Difference]:
+    """Eager against PyTorch's rule, which compiled-vs-eager cannot see: a result of a
+    ``FRESH_CALL`` must not share memory with an argument or a captured tensor."""
+    made = dict(line.split(" = ", 1) for line in program.body[:-1] if " = " in line)
+    names = program.body[-1].removeprefix("return ").rstrip(",").split(", ")
+    found = []
+    for i, (name, r) in enumerate(zip(names, results, strict=False)):
+        call = FRESH_CALL.match(made.get(name, ""))
+        if call is None or not isinstance(r, kiln.Tensor):
+            continue
+        shared = [j for j, t in enumerate(named) if isinstance(t, kiln.Tensor) and _shares(r, t)]
+        if shared:
+            found.append(Difference("fresh memory", f"result {i}", f"F.{call.group(2)} returned memory shared "
+                                    f"with argument/capture {shared[0]} (PyTorch returns new memory)"))  # fmt: skip
+    return found

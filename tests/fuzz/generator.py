@@ -64,6 +64,7 @@ class Program:
     # the loosest float tolerance of any value in the program: a float32 value's rounding survives
     # a cast to float64, so a float64 result is compared with float32's tolerance
     rtol: float = 0.0
+    kind: str = "ops"  # which generator made it (tests/fuzz/kinds.py); other kinds are ``Scenario``s
 
     @property
     def source(self) -> str:
@@ -145,6 +146,7 @@ class Generator:
     body: list[str] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
     count: int = 0
+    families: dict | None = None  # emitter -> weight (None: ops.FAMILIES); tests/fuzz/layers.py adds to it
 
     def __post_init__(self) -> None:
         self.r = random.Random(self.seed)
@@ -299,7 +301,7 @@ class Generator:
         tries = 0
         while len(self.ops) < target and tries < 100:
             tries += 1
-            emit_op(self)
+            emit_op(self, self.families)
         backward_outside = emit_return(self)
         mutate = r.randrange(3) if r.random() < 0.3 else None
         return Program(self.seed, self.inputs, self.captures, self.arg_names, self.cap_names, self.body, self.ops,

@@ -242,8 +242,9 @@ FAMILIES = {binary: 12, compare: 3, logical: 2, unary: 10, cast: 3, reduce: 7, n
             select_values: 5, index: 4, join: 3, random_op: 2, constant: 1, inplace: 14, backward_inside: 1, conv: 2}  # fmt: skip
 
 
-def emit_op(g: Generator) -> bool:
-    family = g.r.choices(list(FAMILIES), weights=list(FAMILIES.values()))[0]
+def emit_op(g: Generator, families: dict | None = None) -> bool:
+    families = families or FAMILIES
+    family = g.r.choices(list(families), weights=list(families.values()))[0]
     return family(g)
 
 

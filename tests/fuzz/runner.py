@@ -25,6 +25,7 @@ import kiln
 from . import compare
 from .compare import Difference
 from .generator import Program
+from .scenario import Scenario
 
 # (input set, fresh tensors?): the same tensors three times (their mutations and .grad carry
 # over), a second input set of the same shapes, then fresh tensors with the first set's values.
@@ -42,6 +43,8 @@ class Outcome:
     call: int = -1  # the call at which the finding showed
     calls: Counter = field(default_factory=Counter)  # compiled-call kinds: compiled / traced / fallback
     fallbacks: Counter = field(default_factory=Counter)  # reasons of fallback calls
+    specializations: int = 0  # of the compiled copy, when the program ended
+    breaks: int = 0  # trace breaks of the compiled copy (each makes a key run eagerly from then on)
 
     @property
     def finding(self) -> bool:
@@ -87,25 +90,40 @@ class Side:
         results = list(out) if isinstance(out, tuple) else [out]
         return results, None, bytes(kiln.get_rng_state()._data)
 
-    def classify(self, before: tuple[int, int]) -> tuple[str, str | None]:
-        """What the last call of a compiled copy was: compiled, traced, or a fallback (with why)."""
-        state = self.fn.state
-        calls, events = before
-        if sum(s.calls for s in state.specializations) > calls:
-            return "compiled", None
-        new = state.events[events:]
-        if any(e.kind in ("compiled", "break") for e in new):
-            return "traced", None
-        if any(e.kind == "not cached" for e in new):
-            return "fallback", "not cached: " + next(e.detail for e in new if e.kind == "not cached")
-        limit = [e for e in state.events if e.kind == "recompile limit"]
-        breaks = [e for e in state.events if e.kind == "break"]
-        if breaks:
-            return "fallback", "break: " + breaks[-1].detail
-        return "fallback", "recompile limit" if limit else "unknown"
 
-    def counters(self) -> tuple[int, int]:
-        return sum(s.calls for s in self.fn.state.specializations), len(self.fn.state.events)
+def counters(fn) -> tuple[int, int]:
+    """Where a compiled function's history stands: compiled calls so far, events so far."""
+    return sum(s.calls for s in fn.state.specializations), len(fn.state.events)
+
+
+def call_kind(fn, before: tuple[int, int]) -> tuple[str, str | None]:
+    """What the last call of a compiled function was: compiled, traced, or a fallback (with why)."""
+    state = fn.state
+    calls, events = before
+    if sum(s.calls for s in state.specializations) > calls:
+        return "compiled", None
+    new = state.events[events:]
+    if any(e.kind in ("compiled", "break") for e in new):
+        return "traced", None
+    if any(e.kind == "not cached" for e in new):
+        return "fallback", "not cached: " + next(e.detail for e in new if e.kind == "not cached")
+    limit = [e for e in state.events if e.kind == "recompile limit"]
+    breaks = [e for e in state.events if e.kind == "break"]
+    if breaks:
+        return "fallback", "break: " + breaks[-1].detail
+    return "fallback", "recompile limit" if limit else "unknown"
+
+
+def history(fn, outcome: Outcome) -> None:
+    """Copy a compiled function's specialization and trace-break counts into ``outcome``."""
+    outcome.specializations = len(fn.state.specializations)
+    outcome.breaks = sum(e.kind == "break" for e in fn.state.events)
+
+
+def count_call(outcome: Outcome, kind: str, reason: str | None) -> None:
+    outcome.calls[kind] += 1
+    if reason:  # shapes and counts left out, so that one cause is one line of the summary
+        outcome.fallbacks[re.sub(r"\([^()]*\d[^()]*\)|\d+", "#", reason)[:110]] += 1
 
 
 def _magnitude(t) -> float:
@@ -185,12 +203,9 @@ def _call(eager: Side, compiled: Side, number: int, outcome: Outcome) -> bool:
     p = eager.program
     scale = (p.scale, p.rtol)
     er, e_err, e_rng = eager.call(1000 + number)
-    before = compiled.counters()
+    before = counters(compiled.fn)
     cr, c_err, c_rng = compiled.call(1000 + number)
-    kind, reason = compiled.classify(before) if c_err is None else ("raised", None)
-    outcome.calls[kind] += 1
-    if reason:  # shapes and counts left out, so that one cause is one line of the summary
-        outcome.fallbacks[re.sub(r"\([^()]*\d[^()]*\)|\d+", "#", reason)[:110]] += 1
+    count_call(outcome, *(call_kind(compiled.fn, before) if c_err is None else ("raised", None)))
     if _both("the call", e_err, c_err, outcome):
         return True
     found = [] if e_rng == c_rng else [Difference("rng state", "generator", "state after the call differs")]
@@ -201,6 +216,7 @@ def _call(eager: Side, compiled: Side, number: int, outcome: Outcome) -> bool:
             found += compare.tensors(f"result {i}", e, c, *scale)
         found += compare.structure(compare.aliasing(er, eager.inputs, eager.captures),
                                    compare.aliasing(cr, compiled.inputs, compiled.captures))  # fmt: skip
+        found += compare.fresh(p, er, eager.inputs + eager.captures)
     found += _state(eager, compiled, scale, "after the call")
     if not found and p.backward_outside:
         if _both("backward outside", _backward(er), _backward(cr), outcome):
@@ -224,6 +240,10 @@ def _timeout(signum, frame):
 
 def run(program: Program, backend: str = "llvm") -> Outcome:
     """Run ``program`` eagerly and compiled over ``SCHEDULE``; the first finding stops it."""
+    if isinstance(program, Scenario):  # a training step, optimizer or Python-state scenario
+        from .stateful import run_scenario  # noqa: PLC0415 - stateful builds on this module
+
+        return run_scenario(program, backend)
     outcome = Outcome(program)
     source = program.source
     filename = f"<fuzz program {program.seed}>"
@@ -246,6 +266,7 @@ def run(program: Program, backend: str = "llvm") -> Outcome:
                 if _call(eager, compiled, number, outcome):
                     outcome.call = number
                     break
+            history(compiled.fn, outcome)
     except TimeoutError as error:
         outcome.crash = _error(error)
     finally:

@@ -1,7 +1,8 @@
 """Shrinking a finding to a small repro, and the signature that classifies it.
 
-``shrink`` deletes what the finding does not need -- caller steps, results, statements, then
-inputs nothing reads -- keeping each deletion only when the same kind of finding remains.
+``shrink`` deletes what the finding does not need -- caller steps, results, a scenario's
+between-call actions, statements, then inputs nothing reads -- keeping each deletion only when
+the same kind of finding remains.
 ``signature`` names the class: which comparison failed (or the crash's exception) and the ops
 of the shrunk program.
 """
@@ -15,13 +16,15 @@ from .runner import Outcome, run
 
 
 def kind(outcome: Outcome) -> str:
-    """What failed, without the ops: the comparison and what it compared, or the crash's error."""
+    """What failed, without the ops: the comparison and what it compared, or the crash's error
+    (prefixed by the program's kind for scenarios)."""
+    prefix = "" if outcome.program.kind == "ops" else f"{outcome.program.kind}: "
     if outcome.crash is not None:
         stage, _, error = outcome.crash.partition(": ")
-        return f"crash ({stage}) {error.split(':')[0]}"
+        return f"{prefix}crash ({stage}) {error.split(':')[0]}"
     d = outcome.difference
-    where = re.sub(r"\b(a|G)\d+\b", "", d.where).split(" ")[0]
-    text = f"{d.check} of {where}"
+    where = re.split(r"[ \[]", re.sub(r"\b(a|G)\d+\b", "", d.where))[0]
+    text = f"{prefix}{d.check} of {where}"
     if d.check == "aliasing":
         text += ": " + re.sub(r"\d+", "#", d.detail)
     if ".grad" in d.where:
@@ -30,8 +33,8 @@ def kind(outcome: Outcome) -> str:
 
 
 def signature(outcome: Outcome) -> str:
-    ops = " ".join(sorted(set(outcome.program.ops))) or "(no ops)"
     p = outcome.program
+    ops = " ".join(sorted(set(p.ops) | set(getattr(p, "action_ops", ())))) or "(no ops)"
     caller = [
         f for f, on in (("backward", p.backward_outside), ("mutates a result", p.mutate_result is not None)) if on
     ]
@@ -74,6 +77,11 @@ def shrink(outcome: Outcome, backend: str = "llvm", budget: int = 60) -> Outcome
         attempt(replace(p, backward_outside=False))
     if best.program.mutate_result is not None:
         attempt(replace(best.program, mutate_result=None))
+    for i in range(len(getattr(best.program, "actions", ())) - 1, -1, -1):  # a scenario's between-call actions
+        p = best.program
+        attempt(
+            replace(p, actions=p.actions[:i] + p.actions[i + 1 :], action_ops=p.action_ops[:i] + p.action_ops[i + 1 :])
+        )
     outputs = _outputs(best.program)
     if len(outputs) > 1:
         for j, out in enumerate(outputs):

@@ -1,17 +1,48 @@
 """The differential fuzzer's CI profile: random programs, compiled against eager, no finding allowed.
 
-The profile's size comes from ``KILN_FUZZ_PROGRAMS`` (default 300 under CI=true, 100 otherwise;
-0 skips it); ``-m "not fuzz"`` deselects it. The large profile runs from the command line:
-``python -m tests.fuzz --programs 10000``.
+The op programs' profile size comes from ``KILN_FUZZ_PROGRAMS`` (default 300 under CI=true, 100
+otherwise; 0 skips it and the other kinds' profiles); ``-m "not fuzz"`` deselects them. The other
+kinds (layers, models, optim, pystate) run ``NEW_KINDS`` programs each. The large profile runs from
+the command line: ``python -m tests.fuzz --programs 10000``.
 """
 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
 from .cli import fuzz, program_seeds
+from .pystate import CONTAINER_READS, MUTATIONS
+
+# programs per kind in CI: about 30 s together on 2 cores (measured: see the commit)
+NEW_KINDS = {"layers": 30, "models": 8, "optim": 24, "pystate": 40}
+# Classes of findings that other branches of issue 35 fix. A new kind's test whose findings are all
+# of these classes calls pytest.xfail (as xfail(strict=False) would, but a finding of any other
+# class still fails it, and a clean run passes). Remove an entry when its fix is merged.
+KNOWN_BUGS = {
+    "optimizer hyperparameters other than lr/momentum/betas are baked into the compiled step": lambda key: re.search(
+        r"\bhp:(?!lr\b|momentum\b|betas\b)\w+", key
+    ),
+    # the next two were found by this fuzzer (issue 35's hyperparameter fix should cover them):
+    # SGD's and RMSprop's step branch in Python on momentum != 0, RAdam's on rho_inf from beta2
+    "a momentum switched between zero and non-zero is baked into the compiled step (SGD, RMSprop)": (
+        lambda key: "hp:momentum-zero-switch" in key
+    ),
+    "RAdam's betas are baked into the compiled step (rho_inf is computed from the Python beta2)": (
+        lambda key: "hp:betas" in key and "step:RAdam" in key
+    ),
+    "Python containers mutated inside a compiled call (a scheduler's step() too) are mutated at the trace only": (
+        lambda key: key.startswith("pystate") and any(tag in key for _, tag in MUTATIONS) or "sched-in-f:" in key
+    ),
+    "dict entries and list contents read by a compiled call are baked in (stale after a change between calls)": (
+        lambda key: key.startswith("pystate") and "change:" in key and any(tag in key for tag in CONTAINER_READS)
+    ),
+    "max_pool with kernel 1 returns a view of its input (PyTorch returns new memory)": (
+        lambda key: "fresh memory" in key and "pool k1" in key
+    ),
+}
 
 
 def profile_size() -> int:
@@ -28,6 +59,25 @@ def test_compiled_programs_match_eager():
     if summary.classes:  # pytest.fail, not assert: the report is the message, without the summary's repr
         pytest.fail("compiled differs from eager (each repro runs with python -m tests.fuzz --repro FILE):\n"
                     + summary.report(), pytrace=False)  # fmt: skip
+
+
+def known_bug(key: str) -> str | None:
+    return next((reason for reason, matches in KNOWN_BUGS.items() if matches(key)), None)
+
+
+@pytest.mark.fuzz
+@pytest.mark.skipif(profile_size() == 0, reason="KILN_FUZZ_PROGRAMS=0")
+@pytest.mark.parametrize("kind", sorted(NEW_KINDS))
+def test_new_kinds_match_eager(kind):
+    """Layers, whole models, optimizers and Python state: no finding but the known bugs' (xfail)."""
+    summary = fuzz(program_seeds(NEW_KINDS[kind], 0, "0/1"), kinds=(kind,), shrink_per_kind=2, shrink_budget=8)
+    unknown = [key for key in summary.classes if known_bug(key) is None]
+    if unknown:
+        pytest.fail(f"compiled differs from eager in {len(unknown)} new classes: {unknown}\n" + summary.report(),
+                    pytrace=False)  # fmt: skip
+    if summary.classes:
+        reasons = sorted({known_bug(key) for key in summary.classes})
+        pytest.xfail(f"known bugs (issue 35, fixed on other branches): {'; '.join(reasons)}")
 
 
 def test_the_fuzzer_sees_a_planted_difference(monkeypatch):

@@ -1,0 +1,90 @@
+"""Python-state scenarios: functions that read configs (attributes, dict entries, list contents)
+changed between calls, and that mutate Python containers (a counter dict in a closure or a global,
+``list.append``, ``dict.update``, a dict argument).
+
+The comparison after each call covers the results and every container's contents, so a compiled
+call that baked a value in, or that skipped a mutation the traced call made, shows as a difference.
+"""
+
+from __future__ import annotations
+
+import random
+
+from .generator import TOLERANCE
+from .scenario import Builder, Scenario
+
+PREAMBLE = ['STATS = {"calls": 0}', "HISTORY = []"]
+SETUP = [
+    'counter = {"calls": 0}',
+    "log = []",
+    "cache = {}",
+    "weights = [1.0, 0.5]",
+    "cfg = types.SimpleNamespace(scale=1.5, shift=0.5, flag=True, calls=0, reduce=False)",
+    'settings = {"scale": 0.5, "shift": 0.25, "mode": "add"}',
+]
+STATE = ["STATS", "HISTORY", "counter", "log", "cache", "weights", "cfg", "settings"]
+# (statement of f, tag): reads of Python state (values the trace must not bake in) ...
+READS = [
+    ("h = h * cfg.scale", "read attr"),
+    ("h = h + settings['shift']", "read dict"),
+    ("h = h * 2 if cfg.flag else h - 1", "branch on attr"),
+    ("h = h.tanh() if settings['mode'] == 'tanh' else h * 0.5", "branch on dict"),
+    ("h = h * sum(weights)", "read list"),
+    ("h = h + len(log)", "read len"),
+    ("h = h * {arg}['scale']", "read dict argument"),
+    ("h = h + counter['calls']", "read counter"),
+    ("h = h.sum(0) if cfg.reduce else h", "structure from attr"),
+]
+# ... and mutations of it (each must happen at every call, as eagerly)
+MUTATIONS = [
+    ("counter['calls'] += 1", "mutate closure dict"),
+    ("STATS['calls'] += 1", "mutate global dict"),
+    ("log.append(h.sum())", "list.append tensor"),
+    ("log.append(cfg.scale)", "list.append value"),
+    ("HISTORY.append(len(HISTORY))", "global list.append"),
+    ("cache.update(last=h.detach())", "dict.update tensor"),
+    ("cache.update(step=counter['calls'])", "dict.update value"),
+    ("{arg}['seen'] = {arg}['seen'] + 1", "mutate dict argument"),
+    ("{arg}['out'] = h.detach()", "store into dict argument"),
+    ("weights.append(0.25)", "list.append read later"),
+    ("cfg.calls = cfg.calls + 1", "attribute store"),
+    ("settings.setdefault('seen', []).append(1)", "setdefault append"),
+    ("log.pop() if log else None", "list.pop"),
+]
+# the tags of reads of dict entries and list contents (attributes are guarded by kiln.compile)
+CONTAINER_READS = tuple(tag for _, tag in READS if "attr" not in tag)
+# changes the caller makes between calls
+CHANGES = [
+    ("cfg.scale = 0.25", "attr"),
+    ("cfg.flag = not cfg.flag", "attr flag"),
+    ("cfg.reduce = not cfg.reduce", "attr structure"),
+    ("settings['shift'] = -1.0", "dict entry"),
+    ("settings['mode'] = 'tanh'", "dict entry branch"),
+    ("settings.update(scale=2.0, shift=1.0)", "dict.update"),
+    ("weights[0] = 2.0", "list entry"),
+    ("weights.append(1.5)", "list.append"),
+    ("log.clear()", "list.clear"),
+    ("counter['calls'] = 10", "counter reset"),
+]
+
+
+def generate(seed: int) -> Scenario:
+    """A few tensor ops interleaved with reads and mutations of Python state, changed between calls."""
+    r = random.Random(seed)
+    b = Builder(seed)
+    dtype = r.choice(("float32", "float64"))
+    shape = tuple(r.randint(1, 4) for _ in range(r.randint(1, 2)))
+    x = b.float_input(shape, dtype)
+    arg = b.argument('{"scale": float(rng.choice([0.5, 2.0])), "seen": 0}', prefix="d")
+    b.preamble += PREAMBLE
+    b.setup += SETUP
+    b.state_names += STATE
+    b.stmt(f"h = {x} * 1.0", "start")
+    for _ in range(r.randint(2, 7)):
+        line, tag = r.choice(READS if r.random() < 0.5 else MUTATIONS)
+        b.stmt(line.format(arg=arg), tag)
+    for _ in range(r.randint(1, 3)):
+        line, tag = r.choice(CHANGES)
+        b.action(r.randint(1, 5), line, f"change:{tag}")
+    returns = r.choice(("h", "h, counter['calls']", "h, len(log)", "h, dict(cache)"))
+    return b.scenario("pystate", returns, scale=1.0, rtol=TOLERANCE[dtype])
