@@ -333,6 +333,9 @@ def _describe_specialization(i: int, spec, reason: str, guards: list[str]) -> li
                      "(they require grad, and a backward through them raises, as in eager)")  # fmt: skip
     lines.append("  guards:")
     lines.extend(f"    {line}" for line in guards)
+    if spec.python_reads:
+        lines.append("  Python values read (input: read on each call; guard: a change makes a new trace):")
+        lines.extend(f"    {read}" for read in spec.python_reads)
     return lines
 
 
