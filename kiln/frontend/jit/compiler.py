@@ -232,9 +232,14 @@ class CompiledFunction:
         named = [*hazards.named_values(self, closure_values), *leaves]
         # The Python containers the call read, along the attribute names its code loads: guarded by value.
         attr_names = reads.attribute_names(watch.codes)
-        reached = reads.reach(reads.named_roots(self, closure_values, leaves), attr_names)
+        helpers = reads.merged_globals(watch.globals_read)  # the globals of the other functions that ran
+        helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
+        reached = reads.reach(reads.named_roots(self, closure_values, leaves) + helper_roots, attr_names)
         guards = build_guards(objects, spec.modules, captured, named, reached)
-        spec.guards = guards if guards.pairs or guards.grad_owners else None
+        for g, module, names in helpers:
+            guards.add_globals(g, names, module)
+        spec.python_reads.extend(reads.global_records(helper_roots, watch.codes))
+        spec.guards = guards if guards.pairs or guards.grad_owners or guards.global_reads else None
         spec.python_reads.extend(reads.records(reached, watch.codes, attr_names))
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)

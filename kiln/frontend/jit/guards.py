@@ -20,13 +20,14 @@ trace depended on is as it was. ``build_guards`` collects, when a trace ends:
 from __future__ import annotations
 
 import operator
+import types
 import weakref
 from itertools import chain
 from operator import is_
 
 from ..tensor import Tensor
 from .hazards import _attrs, _tables, _walk, _watchable
-from .reads import MISSING, _Is, changed_entry, same, selector, short, snapshot
+from .reads import MISSING, _entry, _Is, changed_entry, same, selector, short, snapshot
 from .signature import call
 
 _GRAD = operator.attrgetter("_grad")
@@ -35,8 +36,9 @@ _GRAD = operator.attrgetter("_grad")
 class Guards:
     """Checks, per call, that the Python paths to the traced state still lead to the same objects and values."""
 
-    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "same_dicts",
-                 "same_lists", "_expected", "grad_owners", "grads")  # fmt: skip
+    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
+                 "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
+                 "global_reads")  # fmt: skip
 
     def __init__(self) -> None:
         # (snapshot, live container, weakref to the owner or None, description, how entries are named:
@@ -48,6 +50,8 @@ class Guards:
         self.list_snaps: list = []
         self.sets: list = []
         self.set_snaps: list = []
+        self.classes: list = []  # the user's classes' attribute tables (read-only proxies: copied to compare)
+        self.class_snaps: list = []
         # Containers of objects compared by identity alone (a list of parameters, an optimizer's
         # per-parameter state): checked in C without a Python ``_Is.__eq__`` per entry.
         self.same_dicts: list = []
@@ -57,6 +61,20 @@ class Guards:
         # captured ``.grad`` it held (``p.grad = new`` while the old one lives must miss)
         self.grad_owners: list = []
         self.grads: list = []
+        # Globals that the other functions the call ran read (a helper's ``SCALE``): per module,
+        # (itemgetter of the names, the module's globals, snapshot tuple, names, module name)
+        self.global_reads: list = []
+
+    def add_globals(self, fn_globals: dict, names: list[str], module: str) -> None:
+        """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``."""
+        getter = operator.itemgetter(*names, *names[:1])  # twice the first: a tuple even for one name
+        self.global_reads.append((getter, fn_globals, tuple(map(_entry, getter(fn_globals))), names, module))
+
+    def _same_globals(self) -> bool:
+        try:
+            return all(snap == getter(g) for getter, g, snap, _, _ in self.global_reads)
+        except KeyError:  # a name deleted from its module: said by the loop in ``miss``
+            return False
 
     def add(self, owner, name: str, live, style: str | None = None) -> None:
         snap = snapshot(live)
@@ -64,6 +82,10 @@ class Guards:
         if isinstance(snap, frozenset):
             self.sets.append(live)
             self.set_snaps.append(snap)
+            return
+        if isinstance(live, types.MappingProxyType):
+            self.classes.append(live)
+            self.class_snaps.append(snap)
             return
         entries = snap.values() if isinstance(snap, dict) else snap
         if entries and all(type(e) is _Is for e in entries):
@@ -95,7 +117,9 @@ class Guards:
             and all(map(dict.__eq__, self.dict_snaps, self.dicts))
             and all(map(list.__eq__, self.list_snaps, self.lists))
             and all(map(frozenset.__eq__, self.set_snaps, self.sets))
+            and all(map(dict.__eq__, self.class_snaps, map(dict, self.classes)))
             and self._same_grads()
+            and (not self.global_reads or self._same_globals())
         ):
             return None
         for owner, grad in zip(self.grad_owners, self.grads, strict=True):
@@ -110,6 +134,10 @@ class Guards:
             if owner is not None and owner() is None:
                 continue  # the object is gone: nothing reaches the traced state through it any more
             return _difference(name, style, live, snap)
+        for _, g, snap, names, module in self.global_reads:  # after the containers: they name the entry
+            now = {name: g.get(name, MISSING) for name in names}
+            if not same(dict(zip(names, snap)), now):
+                return _difference(module, "attr", now, dict(zip(names, snap)))
         return None
 
     def _same_grads(self) -> bool:

@@ -220,6 +220,7 @@ class Watch:
         self.iterators = [v for v in named if _is_iterator(v)]  # iterators the globals and closure name
         self.hazard: TraceBreak | None = None
         self.codes: list = []  # user code objects that ran (for the line of an attribute store)
+        self.globals_read: list = []  # (code, its globals, the names it reads there) per other function that ran
         self._seen: set = set()
         self._previous = None
         self._before: list = []
@@ -270,6 +271,8 @@ class Watch:
             if not _user_code(code):
                 return
             self.codes.append(code)
+            if code is not self.code:
+                self._helper_globals(code, frame.f_globals)
             stores = _STORES.get(code)
             if stores is None:
                 stores = _STORES[code] = _scan(code)
@@ -283,6 +286,18 @@ class Watch:
             caller = frame.f_code
             where = self._location(caller.co_filename, frame.f_lineno, caller.co_name) if _user_code(caller) else None
             self.hazard = TraceBreak(f"the call draws from {owner} random generator ({arg.__name__})", where)
+
+    def _helper_globals(self, code, fn_globals: dict) -> None:
+        """A function the call runs reads globals of its own (``x * SCALE``, ``CFG["k"]`` in a helper):
+        the containers they reach are watched from now on (before the function's first line runs)."""
+        named = reads.global_roots(code, fn_globals)
+        if named:
+            self.globals_read.append((code, fn_globals, [name for name, _ in named]))
+            for path, live, kind in reads.reach(named):
+                if all(live is not known for _, known, _, _ in self._containers):
+                    self._containers.append((path, live, kind, reads.snapshot(live)))
+                    if kind == "item":
+                        self._outside[id(live)] = (path, live)
 
     def _container_call(self, frame, method) -> None:
         """``method`` (a builtin method of a container from outside the call) is called from ``frame``."""

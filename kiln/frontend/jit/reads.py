@@ -86,8 +86,8 @@ def _entry(v):
 
 
 def snapshot(container):
-    """A copy of a dict's, list's or set's entries that ``snapshot == live`` compares in C."""
-    if isinstance(container, dict):
+    """A copy of a dict's, list's or set's entries (or a class's attributes) that ``same`` compares in C."""
+    if isinstance(container, dict | types.MappingProxyType):
         return {k: _entry(v) for k, v in container.items()}
     if isinstance(container, set):
         return frozenset(container)
@@ -97,7 +97,7 @@ def snapshot(container):
 def same(snap, live) -> bool:
     """Whether ``live`` still holds what ``snapshot`` took (the C comparison of the snapshot's type)."""
     if isinstance(snap, dict):
-        return dict.__eq__(snap, live) is True
+        return dict.__eq__(snap, live if type(live) is not types.MappingProxyType else dict(live)) is True
     if isinstance(snap, frozenset):
         return frozenset.__eq__(snap, live) is True
     return list.__eq__(snap, live) is True
@@ -157,6 +157,8 @@ def _is_module_dict(d: dict) -> bool:
 
 
 def _entered(v) -> bool:
+    if isinstance(v, type):
+        return _users_class(v)  # the user's class: its attributes (``Config.scale``)
     return isinstance(v, (*_CONTAINERS, tuple)) or (not isinstance(v, _NOT_ENTERED) and hasattr(v, "__dict__"))
 
 
@@ -188,9 +190,25 @@ def named_roots(compiled, closure_values: dict, leaves: list = ()) -> list[tuple
     return out
 
 
+def global_roots(code, fn_globals: dict) -> list[tuple[str, object]]:
+    """``(module.name, value)`` for the globals that ``code`` (not its nested functions) reads."""
+    module = str(fn_globals.get("__name__", "?")).rsplit(".", 1)[-1]
+    names = dict.fromkeys(arg for _, op, arg in _instructions(code) if op in ("LOAD_GLOBAL", "LOAD_NAME"))
+    return [(f"{module}.{name}", fn_globals[name]) for name in names if name in fn_globals]
+
+
+def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
+    """``(globals, module name, names read)`` per module, from ``Watch.globals_read``."""
+    merged: dict[int, tuple[dict, str, dict]] = {}
+    for _, fn_globals, paths in globals_read:
+        entry = merged.setdefault(id(fn_globals), (fn_globals, paths[0].rsplit(".", 1)[0], {}))
+        entry[2].update(dict.fromkeys(path.rsplit(".", 1)[1] for path in paths))
+    return [(g, module, list(names)) for g, module, names in merged.values()]
+
+
 def reach(named: list, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000) -> list:
-    """``(path, container, kind)`` for the dicts, lists and sets and the user's objects' attribute
-    tables reachable from ``named`` (``(name, object)`` pairs), ``depth`` levels down; ``kind`` is
+    """``(path, container, kind)`` for the dicts, lists and sets and the user's objects' and classes'
+    attribute tables reachable from ``named`` (``(name, object)`` pairs), ``depth`` levels down; ``kind`` is
     ``"item"`` (entries are ``[key]``) or ``"attr"`` (an object's ``__dict__``: entries are ``.name``).
     ``attr_names``: the attribute names the call read (None: all), the only ones followed."""
     found: list = []
@@ -212,6 +230,10 @@ def reach(named: list, attr_names: frozenset | None = None, depth: int = 5, limi
                 following += [(f"{path}[{i}]", v) for i, v in enumerate(list(obj)) if _entered(v)]
             elif isinstance(obj, set):
                 found.append((path, obj, "item"))
+            elif isinstance(obj, type):
+                found.append((path, obj.__dict__, "attr"))
+                following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
+                              if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
             else:
                 following += _attributes(path, obj, attr_names, found)
         level = following
@@ -332,7 +354,7 @@ def records(found: list, codes: list, attr_names: frozenset | None, per_containe
     call read), and per list or set."""
     out: list[PythonRead] = []
     for path, live, kind in found:
-        if isinstance(live, dict):
+        if isinstance(live, dict | types.MappingProxyType):
             items = [(k, v) for k, v in list(live.items()) if kind != "attr" or attr_names is None or k in attr_names]
             plain = [(k, v) for k, v in items if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor)]
             for k, v in plain[:per_container]:
@@ -353,3 +375,10 @@ def records(found: list, codes: list, attr_names: frozenset | None, per_containe
             what = f"{path}: the same {len(live)} {'items' if isinstance(live, set) else 'entries'}"
             out.append(PythonRead(what, "guard", read_line(codes, path, kind, None)))
     return out
+
+
+def global_records(named: list, codes: list) -> list[PythonRead]:
+    """``PythonRead`` records for the plain values among the globals other functions read (``named``:
+    ``(module.name, value)``); the objects they name are guarded by identity."""
+    return [PythonRead(f"{path} == {short(value)}", "guard", read_line(codes, path.rsplit(".", 1)[1], "item", None))
+            for path, value in named if isinstance(value, _BY_VALUE) and not isinstance(value, Tensor)]  # fmt: skip

@@ -327,3 +327,54 @@ def test_a_new_list_of_tensors_as_argument_each_call_is_no_new_trace():
         xs = [kiln.full((2,), float(i)), kiln.ones(2)]
         _close(g(xs, {"k": 2.0}), f(xs, {"k": 2.0}))
     assert len(events(g, "compiled")) == 1 and sum(compiled_calls(g)) == 3
+
+
+class Settings:
+    """Configuration in class attributes, read through the class."""
+
+    scale = 2.0
+
+
+def _by_class(x):
+    return x * Settings.scale
+
+
+def test_a_class_attribute_changed_between_calls():
+    g = kiln.compile(_by_class)
+    x = kiln.ones(2)
+    try:
+        for scale in (2.0, 2.0, 5.0, 5.0):
+            Settings.scale = scale
+            np.testing.assert_allclose(g(x).numpy(), np.full(2, scale))
+    finally:
+        Settings.scale = 2.0
+    assert sum(compiled_calls(g)) == 2
+    assert any("Settings.scale changed: 2.0 -> 5.0" in r for r in _compiled_reasons(g)), _compiled_reasons(g)
+
+
+def test_globals_of_a_helper_in_another_module():
+    # the compiled function names only the helper: the helper's own globals are guarded and watched
+    from . import _helper_globals as helper
+
+    def f(x):
+        return helper.scaled(x)
+
+    g = kiln.compile(f)
+    x = kiln.ones(2)
+    try:
+        for scale, shift in ((2.0, 0.0), (2.0, 0.0), (3.0, 0.0), (3.0, 0.0), (3.0, 1.0), (3.0, 1.0)):
+            helper.SCALE, helper.TABLE["shift"] = scale, shift
+            np.testing.assert_allclose(g(x).numpy(), np.full(2, scale + shift))
+    finally:
+        helper.SCALE, helper.TABLE["shift"] = 2.0, 0.0
+    reasons = _compiled_reasons(g)
+    assert any("_helper_globals.SCALE changed: 2.0 -> 3.0" in r for r in reasons), reasons
+    assert any("_helper_globals.TABLE['shift'] changed: 0.0 -> 1.0" in r for r in reasons), reasons
+    assert sum(compiled_calls(g)) == 3
+
+    h = kiln.compile(lambda x: helper.logged(x))
+    helper.LOG.clear()
+    for _ in range(3):
+        h(x)
+    assert helper.LOG == [1, 1, 1]
+    assert any("_helper_globals.LOG (list.append)" in b for b in _breaks(h)), _breaks(h)
