@@ -240,6 +240,7 @@ class CompiledFunction:
             guards.add_globals(g, names, module)
         spec.python_reads.extend(reads.global_records(helper_roots, watch.codes))
         spec.guards = guards if guards.pairs or guards.grad_owners or guards.global_reads else None
+        spec.python_reads.extend(trace.python_reads)  # what the traced code said it read (Trace.on_python_read)
         spec.python_reads.extend(reads.records(reached, watch.codes, attr_names))
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)

@@ -220,7 +220,7 @@ class Watch:
         self.iterators = [v for v in named if _is_iterator(v)]  # iterators the globals and closure name
         self.hazard: TraceBreak | None = None
         self.codes: list = []  # user code objects that ran (for the line of an attribute store)
-        self.globals_read: list = []  # (code, its globals, the names it reads there) per other function that ran
+        self.globals_read: list = []  # (globals, the names read there) per other user function that ran
         self._seen: set = set()
         self._previous = None
         self._before: list = []
@@ -239,6 +239,7 @@ class Watch:
         # _profile, which sees their mutating methods called from the user's code as they happen).
         self._containers = [(path, live, kind, reads.snapshot(live)) for path, live, kind in reads.reach(self.roots)]
         self._outside = {id(live): (path, live) for path, live, kind, _ in self._containers if kind == "item"}
+        self._known = {id(live) for _, live, _, _ in self._containers}  # (kept alive by _containers)
         self._positions = [_iterator_position(it) for it in self.iterators]
         self._rng = _rng_states()
         self._location = SourceLocation
@@ -290,11 +291,13 @@ class Watch:
     def _helper_globals(self, code, fn_globals: dict) -> None:
         """A function the call runs reads globals of its own (``x * SCALE``, ``CFG["k"]`` in a helper):
         the containers they reach are watched from now on (before the function's first line runs)."""
-        named = reads.global_roots(code, fn_globals)
-        if named:
-            self.globals_read.append((code, fn_globals, [name for name, _ in named]))
-            for path, live, kind in reads.reach(named):
-                if all(live is not known for _, known, _, _ in self._containers):
+        names = reads.global_names(code, fn_globals)
+        if names:
+            self.globals_read.append((fn_globals, names))
+            module = reads.module_name(fn_globals)
+            for path, live, kind in reads.reach([(f"{module}.{name}", fn_globals[name]) for name in names]):
+                if id(live) not in self._known:
+                    self._known.add(id(live))
                     self._containers.append((path, live, kind, reads.snapshot(live)))
                     if kind == "item":
                         self._outside[id(live)] = (path, live)

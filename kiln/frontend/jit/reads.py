@@ -190,20 +190,23 @@ def named_roots(compiled, closure_values: dict, leaves: list = ()) -> list[tuple
     return out
 
 
-def global_roots(code, fn_globals: dict) -> list[tuple[str, object]]:
-    """``(module.name, value)`` for the globals that ``code`` (not its nested functions) reads."""
-    module = str(fn_globals.get("__name__", "?")).rsplit(".", 1)[-1]
-    names = dict.fromkeys(arg for _, op, arg in _instructions(code) if op in ("LOAD_GLOBAL", "LOAD_NAME"))
-    return [(f"{module}.{name}", fn_globals[name]) for name in names if name in fn_globals]
+def global_names(code, fn_globals: dict) -> list[str]:
+    """The globals of ``fn_globals`` that ``code`` (not its nested functions) reads."""
+    loads = dict.fromkeys(arg for _, op, arg in _instructions(code) if op in ("LOAD_GLOBAL", "LOAD_NAME"))
+    return [name for name in loads if name in fn_globals]
+
+
+def module_name(fn_globals: dict) -> str:
+    """How paths name a module's globals: the last part of its name (``helpers.SCALE``)."""
+    return str(fn_globals.get("__name__", "?")).rsplit(".", 1)[-1]
 
 
 def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
-    """``(globals, module name, names read)`` per module, from ``Watch.globals_read``."""
-    merged: dict[int, tuple[dict, str, dict]] = {}
-    for _, fn_globals, paths in globals_read:
-        entry = merged.setdefault(id(fn_globals), (fn_globals, paths[0].rsplit(".", 1)[0], {}))
-        entry[2].update(dict.fromkeys(path.rsplit(".", 1)[1] for path in paths))
-    return [(g, module, list(names)) for g, module, names in merged.values()]
+    """``(globals, module name, names read)`` per module, from ``(globals, names)`` pairs."""
+    merged: dict[int, tuple[dict, dict]] = {}
+    for fn_globals, names in globals_read:
+        merged.setdefault(id(fn_globals), (fn_globals, {}))[1].update(dict.fromkeys(names))
+    return [(g, module_name(g), list(names)) for g, names in merged.values()]
 
 
 def reach(named: list, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000) -> list:

@@ -48,6 +48,7 @@ from .signature import (
     ShareGrad,
     WriteBack,
 )
+from .specialization import PythonRead
 
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
@@ -137,6 +138,7 @@ class Trace:
         self.modules: dict[int, tuple[weakref.ref, bool]] = {}
         self.prologues: list = []
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
+        self.python_reads: list = []  # PythonRead records (specialization.py) made while tracing: on_python_read
         self.broken: TraceBreak | None = None
         self._token = None
 
@@ -198,6 +200,13 @@ class Trace:
         key = id(t)
         if key not in self.grads:
             self.grads[key] = (t, t._grad)
+
+    def on_python_read(self, what: str, kind: str) -> None:
+        """The traced call read a Python value that becomes a graph input (``kind="input"``: read on
+        each call, as an optimizer's learning rate) or a guard (``"guard"``); ``kiln.explain`` lists
+        it with the user's line that led here."""
+        assert kind in ("input", "guard"), f"a Python read is an input or a guard, not {kind!r}"
+        self.python_reads.append(PythonRead(what, kind, user_location(2)))
 
     def on_module_call(self, module) -> None:
         self.modules.setdefault(id(module), (weakref.ref(module), module.training))

@@ -378,3 +378,17 @@ def test_globals_of_a_helper_in_another_module():
         h(x)
     assert helper.LOG == [1, 1, 1]
     assert any("_helper_globals.LOG (list.append)" in b for b in _breaks(h)), _breaks(h)
+
+
+def test_a_read_reported_by_the_traced_code_is_listed_by_explain():
+    # what makes a Python value a graph input (an optimizer's lr) says so through Trace.on_python_read
+    from kiln.frontend.jit import state
+
+    def f(x):
+        state.current.get().on_python_read("opt.param_groups[0]['lr']", "input")
+        return x * 2.0
+
+    report = kiln.explain(f, kiln.ones(2))
+    (read,) = [r for r in report.specializations[0].python_reads if r.kind == "input"]
+    assert read.what == "opt.param_groups[0]['lr']" and read.loc.line == f.__code__.co_firstlineno + 1
+    assert "input  opt.param_groups[0]['lr']" in report.summary()
