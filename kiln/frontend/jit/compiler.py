@@ -228,24 +228,29 @@ class CompiledFunction:
         if spec is None:
             self._event("not cached", why_not, once=False)
             return result
+        self._guard(spec, trace, watch, objects, leaves, closure_values)
+        self.state.specializations.append(spec)
+        self.state.cache.setdefault(key, []).append(spec)
+        self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
+        return result
+
+    def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
+        """Set a new specialization's guards (``guards.py``) and its table of Python values read."""
         captured = [s.ref() for s in spec.sources if s.kind == "capture"]
         named = [*hazards.named_values(self, closure_values), *leaves]
-        # The Python containers the call read, along the attribute names its code loads: guarded by value.
+        # The Python containers the call read, along the attribute names its code loads, from what the
+        # function names and from the globals of the other functions that ran: guarded by value.
         attr_names = reads.attribute_names(watch.codes)
-        helpers = reads.merged_globals(watch.globals_read)  # the globals of the other functions that ran
+        helpers = reads.merged_globals(watch.globals_read)
         helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
         reached = reads.reach(reads.named_roots(self, closure_values, leaves) + helper_roots, attr_names)
         guards = build_guards(objects, spec.modules, captured, named, reached)
         for g, module, names in helpers:
             guards.add_globals(g, names, module)
-        spec.python_reads.extend(reads.global_records(helper_roots, watch.codes))
         spec.guards = guards if guards.pairs or guards.grad_owners or guards.global_reads else None
         spec.python_reads.extend(trace.python_reads)  # what the traced code said it read (Trace.on_python_read)
         spec.python_reads.extend(reads.records(reached, watch.codes, attr_names))
-        self.state.specializations.append(spec)
-        self.state.cache.setdefault(key, []).append(spec)
-        self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
-        return result
+        spec.python_reads.extend(reads.global_records(helper_roots, watch.codes))
 
     def _run_eagerly_from_now_on(self, key, reason: TraceBreak, result):
         self.state.cache.setdefault(key, []).append(EagerEntry(reason, key))
