@@ -7,7 +7,8 @@ Per call (DESIGN.md, "Tracing and compile"):
    type and value (other objects by identity), and the grad mode;
 2. each specialization cached under that key also checks the **captured state** it was traced
    with: captured tensors alive and unchanged in shape/dtype/requires_grad/``.grad`` presence,
-   module ``training`` flags, and the objects the function's globals and closure name;
+   module ``training`` flags, the objects the function's globals and closure name, and the Python
+   values held in the containers and objects it reached from them (``guards.py``);
 3. on a miss the call is **traced while it runs eagerly** (its result is the eager result), the
    pass pipeline runs, and the specialization is cached; at most ``recompile_limit`` per
    function, after which unmatched calls run eagerly and say why.
@@ -33,8 +34,9 @@ from ...runtime import profiling
 from ..autocast import key as _autocast_key
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
-from . import hazards, state
+from . import hazards, reads, state
 from .build import build_specialization
+from .guards import build_guards
 from .pytree import flatten_call
 from .trace import Trace, TraceBreak, TraceBreakError
 
@@ -198,9 +200,10 @@ class CompiledFunction:
     def _trace(self, args, kwargs, leaves, key, reason: str):
         closure_values = self._closure_values()
         objects = hazards.watched_objects(self, leaves, closure_values)
+        roots = reads.roots(self, args, kwargs, closure_values)
         trace = Trace(fullgraph=self.fullgraph).start()
         trace.numpy_shadows = self.state.numpy_shadows
-        watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code)
+        watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code, roots)
         try:
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input
@@ -225,15 +228,30 @@ class CompiledFunction:
         if spec is None:
             self._event("not cached", why_not, once=False)
             return result
-        captured = [s.ref() for s in spec.sources if s.kind == "capture"]
-        named = [*hazards.named_values(self, closure_values), *leaves]
-        guards = hazards.build_guards(objects, spec.modules, captured, named)
-        spec.guards = guards if guards.pairs or guards.grad_owners else None
-        spec.checks, spec.python_reads = trace.checks, trace.python_reads  # what kiln.jit.guard was told
+        self._guard(spec, trace, watch, objects, leaves, closure_values)
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
         return result
+
+    def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
+        """Set a new specialization's guards (``guards.py``) and its table of Python values read."""
+        captured = [s.ref() for s in spec.sources if s.kind == "capture"]
+        named = [*hazards.named_values(self, closure_values), *leaves]
+        # The Python containers the call read, along the attribute names its code loads, from what the
+        # function names and from the globals of the other functions that ran: guarded by value.
+        attr_names = reads.attribute_names(watch.codes)
+        helpers = reads.merged_globals(watch.globals_read)
+        helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
+        reached = reads.reach(reads.named_roots(self, closure_values, leaves) + helper_roots, attr_names)
+        guards = build_guards(objects, spec.modules, captured, named, reached)
+        for g, module, names in helpers:
+            guards.add_globals(g, names, module)
+        spec.guards = guards if guards.pairs or guards.grad_owners or guards.global_reads else None
+        spec.checks = trace.checks  # what kiln.jit.guard was told to check (optimizers' flags)
+        spec.python_reads.extend(trace.python_reads)  # what the traced code said it read (Trace.on_python_read)
+        spec.python_reads.extend(reads.records(reached, watch.codes, attr_names))
+        spec.python_reads.extend(reads.global_records(helper_roots, watch.codes))
 
     def _run_eagerly_from_now_on(self, key, reason: TraceBreak, result):
         self.state.cache.setdefault(key, []).append(EagerEntry(reason, key))

@@ -21,9 +21,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...ir import dtypes as dt
-from ...ir.graph import Graph
+from ...ir.graph import CONSTANT, Graph
+from ...ir.primitives import PRIMITIVES
 from ..autograd.grad_mode import no_grad
+from ..dispatch import apply as dispatch_apply
 from ..tensor import Tensor, make_tensor
+from . import state
 from .build import optimize
 from .compiler import CompileOptions
 from .pytree import LEAF, flatten, unflatten
@@ -79,9 +82,40 @@ class ExportedProgram:
     def __call__(self, *args, **kwargs):
         leaves, tree = flatten((args, kwargs))
         self._check_call(leaves, tree)
+        if state.current.get() is not None:  # traced (kiln.compile of a loaded program): as kiln's ops
+            return unflatten(self.out_tree, self._replay(leaves))
         arrays = bind(self.signature, leaves, self.parameters)
         results = apply(self.signature, self._run(arrays), arrays, leaves, self.parameters)
         return unflatten(self.out_tree, results)
+
+    def _replay(self, leaves: list) -> list:
+        """The call's flattened results, computed node by node through kiln's dispatcher: a trace
+        running the program records each node and reads the arguments and parameters as inputs
+        on every call (``bind`` would hand their memory to the interpreter behind the trace's back)."""
+        graph, signature = self.graph, self.signature
+        inputs = [leaves[s.position] if isinstance(s, Argument) else self.parameters[s.name] for s in signature.inputs]
+        env = dict(zip(graph.inputs, inputs, strict=True))
+        with no_grad():
+            for node in graph.nodes:
+                env[node.output] = _run_node(graph, node, [env[v] for v in node.inputs])
+            outputs = [env[v] for v in graph.outputs]
+            for w in signature.writebacks:
+                inputs[w.input].copy_(outputs[w.output])
+        roots = {id(t._base if t._base is not None else t) for t in inputs}
+        results: list = []
+        for r in signature.results:
+            if isinstance(r, Result):
+                t = outputs[r.output]
+                # the interpreter's outputs that share an input's memory are copied by ``apply``
+                shared = id(t._base if t._base is not None else t) in roots
+                results.append(t.clone() if shared else t)
+            elif isinstance(r, ExternalResult):
+                results.append(inputs[r.input])
+            elif isinstance(r, Repeat):
+                results.append(results[r.position])
+            else:
+                results.append(r.value)
+        return results
 
     def _check_call(self, leaves: list, tree) -> None:
         if tree != self.in_tree:
@@ -165,6 +199,16 @@ def export(fn, *args, **kwargs) -> ExportedProgram:
              for x in leaves]  # fmt: skip
     trace.release()
     return ExportedProgram(graph, parameters, tree, specs, signature, out_tree, tuple(trace.regions), built)
+
+
+def _run_node(graph: Graph, node, inputs: list) -> Tensor:
+    """One node of an exported graph as a kiln op (recorded by a running trace)."""
+    if node.op == CONSTANT:
+        return make_tensor(np.array(graph.constants[node.attrs["name"]], copy=True))
+    prim = PRIMITIVES[node.op]
+    if not inputs:  # made from its attributes alone: a constant to the trace
+        return make_tensor(np.asarray(prim.eager(np, **node.attrs), dtype=node.output.type.dtype.np))
+    return dispatch_apply(prim, *inputs, **node.attrs)
 
 
 def _parameter_names(fn) -> dict[int, str]:

@@ -1,21 +1,20 @@
-"""Tracing hazards: Python state a traced graph would silently freeze, found while tracing.
+"""Tracing hazards: what a traced call does to Python state that a compiled call would not repeat.
 
-A compiled call replays tensor operations only. Whatever else the traced call did or read must
-either be guarded (checked on each call, a new trace when it changed) or make the call run
-eagerly with the reason said. This module does both for the compiler:
+A compiled call replays tensor operations only. Whatever else the traced call did must make the
+call run eagerly with the reason said; what it read is guarded (``guards.py``). ``Watch`` follows
+the traced call:
 
-- **watching the traced call** (``Watch``): a ``sys.setprofile`` hook, active only in the tracing
-  thread and only while the call is traced, scans the bytecode of each user code object that runs
-  (once per code object) for stores into globals (``STORE_GLOBAL``) and closures (``STORE_DEREF``
-  on a free variable), and sees calls into Python's and numpy's random generators; the attributes
-  of the objects the call reads are compared before and after (a store into ``self.count``); an
-  iterator or generator among the arguments is consumed by the call. Each is a trace break.
-- **guards** (``Guards``): the plain attributes (and the parameter, buffer, submodule and hook
-  tables) of the modules called and of the objects the function names, and the dicts and lists
-  that hold a captured tensor, found by walking from what the function names when the trace
-  ends: a captured tensor is found by identity, so the *path* by which the function reached it
-  is guarded, e.g. ``model.w = Parameter(...)`` or ``d["w"] = other``; so is ``t.grad`` where it
-  held a captured tensor (``p.grad = new`` while the old gradient is still alive elsewhere).
+- a ``sys.setprofile`` hook, active only in the tracing thread and only while the call is traced,
+  scans the bytecode of each user code object that runs (once per code object) for stores into
+  globals (``STORE_GLOBAL``) and closures (``STORE_DEREF`` on a free variable), sees calls into
+  Python's and numpy's random generators, and sees the user's code call a mutating method
+  (``append``, ``update``, ``add``...) of a dict, list or set from outside the call;
+- the attributes of the objects the call reads, and the dicts, lists and sets reachable from its
+  globals, closure and arguments (``reads.reach``), are compared before and after: a store into
+  ``self.count`` or ``counter["step"]``, with the path and the user's line;
+- an iterator or generator among the arguments is consumed by the call.
+
+Each is a trace break.
 """
 
 from __future__ import annotations
@@ -25,14 +24,12 @@ import os
 import random
 import sys
 import types
-import weakref
-from itertools import chain
-from operator import is_
 
 import numpy as np
 
 from ..tensor import Tensor
-from .signature import call
+from . import reads
+from .reads import _SCALARS, _is_module_dict
 from .trace import _KILN_DIR, TraceBreak
 
 _LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set on first use)
@@ -44,13 +41,8 @@ _RANDOM_OWNERS: tuple = ()  # Python's and numpy's generator types (set on first
 def _first_use() -> None:
     global _LIBRARIES, _RANDOM_OWNERS
     if not _RANDOM_OWNERS:
-        import sysconfig  # noqa: PLC0415
-
         # Their module-level caches and registries are not the user's state.
-        paths = sysconfig.get_paths()
-        _LIBRARIES = tuple(
-            {os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-        )
+        _LIBRARIES = reads.library_folders()
         _RANDOM_OWNERS = (random.Random, np.random.RandomState, np.random.Generator, np.random.BitGenerator)
 
 
@@ -220,13 +212,15 @@ def _rng_states() -> tuple:
 class Watch:
     """What a traced call does besides tensor ops; ``stop()`` returns the first hazard (or None)."""
 
-    def __init__(self, objects: list, leaves: list, named: list = (), code=None) -> None:
+    def __init__(self, objects: list, leaves: list, named: list = (), code=None, roots: list = ()) -> None:
         self.objects = objects
+        self.roots = roots  # (name, object): what the function reaches Python containers through (reads.roots)
         self.code = code  # the compiled function's own code, scanned when another profiler runs
         self.leaves = leaves
         self.iterators = [v for v in named if _is_iterator(v)]  # iterators the globals and closure name
         self.hazard: TraceBreak | None = None
         self.codes: list = []  # user code objects that ran (for the line of an attribute store)
+        self.globals_read: list = []  # (globals, the names read there) per other user function that ran
         self._seen: set = set()
         self._previous = None
         self._before: list = []
@@ -241,6 +235,11 @@ class Watch:
             if _is_iterator(leaf):
                 self.hazard = TraceBreak(f"argument {i} is an iterator, which each call consumes", None)
         self._before = [(obj, _tables(obj)) for obj in self.objects]
+        # The containers from outside the call, by path: a store into one is a hazard (see stop and
+        # _profile, which sees their mutating methods called from the user's code as they happen).
+        self._containers = [(path, live, kind, reads.snapshot(live)) for path, live, kind in reads.reach(self.roots)]
+        self._outside = {id(live): (path, live) for path, live, kind, _ in self._containers if kind == "item"}
+        self._known = {id(live) for _, live, _, _ in self._containers}  # (kept alive by _containers)
         self._positions = [_iterator_position(it) for it in self.iterators]
         self._rng = _rng_states()
         self._location = SourceLocation
@@ -273,17 +272,65 @@ class Watch:
             if not _user_code(code):
                 return
             self.codes.append(code)
+            if code is not self.code:
+                self._helper_globals(code, frame.f_globals)
             stores = _STORES.get(code)
             if stores is None:
                 stores = _STORES[code] = _scan(code)
             if stores:
                 what, line = stores[0]
                 self.hazard = TraceBreak(f"the call {what}", self._location(code.co_filename, line, code.co_name))
+        elif event == "c_call" and self._outside and id(getattr(arg, "__self__", None)) in self._outside:
+            self._container_call(frame, arg)
         elif event == "c_call" and isinstance(getattr(arg, "__self__", None), _RANDOM_OWNERS) and _for_the_user(frame):
             owner = "numpy's" if type(arg.__self__).__module__.startswith("numpy") else "Python's"
             caller = frame.f_code
             where = self._location(caller.co_filename, frame.f_lineno, caller.co_name) if _user_code(caller) else None
             self.hazard = TraceBreak(f"the call draws from {owner} random generator ({arg.__name__})", where)
+
+    def _helper_globals(self, code, fn_globals: dict) -> None:
+        """A function the call runs reads globals of its own (``x * SCALE``, ``CFG["k"]`` in a helper):
+        the containers they reach are watched from now on (before the function's first line runs)."""
+        names = reads.global_names(code, fn_globals)
+        if names:
+            self.globals_read.append((fn_globals, names))
+            module = reads.module_name(fn_globals)
+            for path, live, kind in reads.reach([(f"{module}.{name}", fn_globals[name]) for name in names]):
+                if id(live) not in self._known:
+                    self._known.add(id(live))
+                    self._containers.append((path, live, kind, reads.snapshot(live)))
+                    if kind == "item":
+                        self._outside[id(live)] = (path, live)
+
+    def _container_call(self, frame, method) -> None:
+        """``method`` (a builtin method of a container from outside the call) is called from ``frame``."""
+        path, live = self._outside[id(method.__self__)]
+        if live is method.__self__ and method.__name__ in reads.MUTATORS and _user_code(frame.f_code):
+            code = frame.f_code
+            self.hazard = TraceBreak(
+                f"the call changes {path} ({type(live).__name__}.{method.__name__}), a {type(live).__name__} from "
+                "outside the call: a compiled call would not change it",
+                self._location(code.co_filename, frame.f_lineno, code.co_name),
+            )
+
+    def _changed_container(self) -> TraceBreak | None:
+        """A store the call made into a container from outside it (``d[k] = v``, ``del d[k]``)."""
+        for path, live, kind, snap in self._containers:
+            if reads.same(snap, live):
+                continue
+            change = reads.changed_entry(live, snap)
+            key = None if change is None else change[0]
+            where = f"{path}{reads.selector(kind, key)}" if key is not None else path
+            if kind == "attr":
+                loc = _attr_line(self.codes, key)
+                where_line = self._location(*loc) if loc else None
+            else:
+                where_line = reads.store_line(self.codes, path, key)
+            return TraceBreak(
+                f"the call changed {where}, Python state from outside the call that a compiled call would not change",
+                where_line,
+            )
+        return None
 
     def stop(self) -> TraceBreak | None:
         if self._previous is None:
@@ -297,6 +344,9 @@ class Watch:
         for before, now, name in zip(self._rng, rng, ("Python's", "numpy's"), strict=True):
             if before != now:
                 return TraceBreak(f"the call draws from {name} global random generator", None)
+        changed = self._changed_container()  # first: it names the path (``self.stats['calls']``)
+        if changed is not None:
+            return changed
         for obj, tables in self._before:
             for live, snap in tables:
                 if _same_table(live, snap):
@@ -309,153 +359,6 @@ class Watch:
                     self._location(*loc) if loc else None,
                 )
         return None
-
-
-class _Is:
-    """A snapshot entry compared by identity (tensors, arrays, objects whose ``==`` is not identity-safe)."""
-
-    __slots__ = ("obj",)
-
-    def __init__(self, obj) -> None:
-        self.obj = obj
-
-    def __eq__(self, other) -> bool:
-        return other is self.obj
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-_SCALARS = (int, float, str, bytes, complex, type(None))
-_BY_VALUE = (*_SCALARS, tuple, frozenset)
-_CONTAINERS = (dict, list, set)
-
-
-def _entry(v):
-    """How a snapshot holds ``v`` so that ``==`` against the live value is right and cheap: the
-    object itself where ``==`` is identity or a value comparison that cannot mislead (the C
-    identity shortcut makes the usual case free), a copy of a container of plain values (changed
-    in place), and an identity check for the rest (tensors and arrays compare elementwise)."""
-    if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor):
-        return v
-    if type(v) in (list, dict, set):
-        items = v.values() if type(v) is dict else v
-        if all(isinstance(x, _BY_VALUE) for x in items):
-            return type(v)(v)
-        return v
-    if isinstance(v, _CONTAINERS) or type(v).__eq__ is object.__eq__:
-        return v
-    return _Is(v)
-
-
-def _snapshot(container):
-    """A copy of a dict's or list's entries that ``snapshot == live`` compares in C."""
-    if isinstance(container, dict):
-        return {k: _entry(v) for k, v in container.items()}
-    return [_entry(v) for v in container]
-
-
-class Guards:
-    """Checks, per call, that the Python paths to the traced state still lead to the same objects."""
-
-    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "same_dicts", "same_lists", "_expected",
-                 "grad_owners", "grads")  # fmt: skip
-
-    def __init__(self) -> None:
-        self.pairs: list = []  # (snapshot, live container, weakref to the owner or None, description)
-        self.dicts: list = []
-        self.dict_snaps: list = []
-        self.lists: list = []
-        self.list_snaps: list = []
-        # Containers of objects compared by identity alone (a list of parameters, an optimizer's
-        # per-parameter state): checked in C without a Python ``_Is.__eq__`` per entry.
-        self.same_dicts: list = []
-        self.same_lists: list = []
-        self._expected: tuple = ([], (), (), [], ())  # dict sizes, keys, values, list sizes, items
-        # ``t.grad`` paths to captured tensors: weak references to each tensor ``t`` and to the
-        # captured ``.grad`` it held (``p.grad = new`` while the old one lives must miss)
-        self.grad_owners: list = []
-        self.grads: list = []
-
-    def add(self, owner, name: str, live) -> None:
-        snap = _snapshot(live)
-        self.pairs.append((snap, live, owner, name))
-        entries = snap.values() if isinstance(snap, dict) else snap
-        if entries and all(type(e) is _Is for e in entries):
-            (self.same_dicts if isinstance(live, dict) else self.same_lists).append(live)
-            sizes, keys, values, lengths, items = self._expected
-            if isinstance(live, dict):
-                self._expected = ([*sizes, len(snap)], (*keys, *snap), (*values, *(e.obj for e in entries)), lengths,
-                                  items)  # fmt: skip
-            else:
-                self._expected = (sizes, keys, values, [*lengths, len(snap)], (*items, *(e.obj for e in entries)))
-        elif isinstance(live, dict):
-            self.dicts.append(live)
-            self.dict_snaps.append(snap)
-        else:
-            self.lists.append(live)
-            self.list_snaps.append(snap)
-
-    def miss(self) -> str | None:
-        # The usual case in C loops: dict.__eq__(snapshot, live) compares the snapshot's entries
-        # first (no reflection to an OrderedDict's __eq__), so an _Is entry decides by identity;
-        # the identity containers hold the same keys and objects in the same order.
-        sizes, keys, values, lengths, items = self._expected
-        if (
-            list(map(len, self.same_dicts)) == sizes
-            and list(map(len, self.same_lists)) == lengths
-            and all(map(is_, chain.from_iterable(self.same_dicts), keys))
-            and all(map(is_, chain.from_iterable(map(dict.values, self.same_dicts)), values))
-            and all(map(is_, chain.from_iterable(self.same_lists), items))
-            and all(map(dict.__eq__, self.dict_snaps, self.dicts))
-            and all(map(list.__eq__, self.list_snaps, self.lists))
-            and self._same_grads()
-        ):
-            return None
-        for owner, grad in zip(self.grad_owners, self.grads, strict=True):
-            t = owner()
-            if t is not None and t._grad is not grad():
-                return f"the .grad of a tensor of shape {tuple(t._data.shape)} is another tensor now"
-        for snap, live, owner, name in self.pairs:
-            equal = dict.__eq__ if isinstance(live, dict) else list.__eq__
-            if equal(snap, live) is True:
-                continue
-            if owner is not None and owner() is None:
-                continue  # the object is gone: nothing reaches the traced state through it any more
-            return f"{name} changed{_difference(live, snap)}"
-        return None
-
-    def _same_grads(self) -> bool:
-        try:
-            grads = list(map(_GRAD, map(call, self.grad_owners)))
-        except AttributeError:  # a tensor is gone (None._grad): said by the loop in ``miss``
-            return False
-        return all(map(is_, grads, map(call, self.grads)))
-
-    def add_grad_paths(self, tensors, captured: dict) -> None:
-        """Guard ``t.grad`` for each of ``tensors`` whose ``.grad`` is one of ``captured`` (id -> tensor)."""
-        seen: set[int] = set()
-        for t in tensors:
-            grad = t._grad
-            if grad is not None and captured.get(id(grad)) is grad and id(t) not in seen:
-                seen.add(id(t))
-                self.grad_owners.append(weakref.ref(t))
-                self.grads.append(weakref.ref(grad))
-
-
-_GRAD = operator.attrgetter("_grad")
-
-
-def _difference(live, snap) -> str:
-    if isinstance(live, dict):
-        for key in [*snap, *live]:
-            if key not in live or key not in snap or not snap[key] == live[key]:
-                return f" ({key!r})"
-    return ""
-
-
-def _is_module_dict(d: dict) -> bool:
-    module = sys.modules.get(d.get("__name__")) if isinstance(d.get("__name__"), str) else None
-    return module is not None and getattr(module, "__dict__", None) is d
 
 
 def _walk(roots: list, depth: int = 5, limit: int = 20000):
@@ -485,15 +388,6 @@ def _walk(roots: list, depth: int = 5, limit: int = 20000):
         level = following
 
 
-def _holders(refs: dict, roots: list) -> list:
-    """The dicts and lists that hold one of the tensors ``refs`` (id -> tensor)."""
-    if not refs:
-        return []
-    # `v is not None`: refs.get() answers None for a missing id, which would match a None value.
-    return [obj for obj, values in _walk(roots)
-            if isinstance(obj, dict | list) and any(v is not None and refs.get(id(v)) is v for v in values)]  # fmt: skip
-
-
 def reachable_tensors(roots: list) -> dict[int, Tensor]:
     """The memory owners (by id) of the tensors reachable from ``roots`` (see ``_walk``)."""
     found = {}
@@ -503,32 +397,3 @@ def reachable_tensors(roots: list) -> dict[int, Tensor]:
         root = t._base if t._base is not None else t
         found[id(root)] = root
     return found
-
-
-def build_guards(objects: list, modules: list, captured: list, named: list = ()) -> Guards:
-    """Guards of a new specialization: the attribute tables of the watched objects and called
-    modules, and the dicts and lists holding each captured tensor when the trace ended."""
-    guards = Guards()
-    seen: set[int] = set()
-    roots = [*objects, *(ref() for ref, *_ in modules)]
-    roots += [v for obj in list(roots) if obj is not None for v in list(_attrs(obj).values()) if _watchable(v)]
-    for obj in roots:
-        if obj is None or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        try:
-            owner = weakref.ref(obj)
-        except TypeError:
-            owner = None
-        for live, _ in _tables(obj):
-            seen.add(id(live))
-            guards.add(owner, type(obj).__name__, live)
-    refs = {id(t): t for t in captured if t is not None}
-    reachable = [v for _, values in _walk([*roots, *named]) for v in values if isinstance(v, Tensor)]
-    guards.add_grad_paths([*refs.values(), *(v for v in named if isinstance(v, Tensor)), *reachable], refs)
-    for holder in _holders(refs, [*roots, *named]):
-        if id(holder) not in seen:
-            seen.add(id(holder))
-            what = "a dict" if isinstance(holder, dict) else "a list"
-            guards.add(None, f"{what} holding a captured tensor", holder)
-    return guards

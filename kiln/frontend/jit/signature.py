@@ -40,6 +40,7 @@ import numpy as np
 
 from ...ir.graph import Value
 from ..tensor import make_tensor
+from . import state as _jit
 from .layouts import in_layout
 
 # f -> f() in C: operator.call (Python 3.11+) dereferences a weak reference in 20 ns, the
@@ -281,6 +282,8 @@ class Signature:
 def bind(signature: Signature, arguments=(), parameters=None, seeds=(), saved=()) -> list:
     """The program's input arrays for a call: ``arguments`` are the call's flattened arguments,
     ``parameters`` an exported program's tensors by name, ``seeds`` and ``saved`` a backward's arrays."""
+    if _jit.tracing:
+        _reads_outside_ops()
     if signature._only_captured:  # an optimizer step's hundreds of tensors: in C loops
         return list(map(_DATA, map(call, signature._captured_refs)))
     arrays: list = [None] * len(signature.inputs)
@@ -295,6 +298,14 @@ def bind(signature: Signature, arguments=(), parameters=None, seeds=(), saved=()
     for i, k in signature._saved:
         arrays[i] = saved[k]
     return arrays
+
+
+def _reads_outside_ops() -> None:
+    """A program is about to read its tensors' memory directly: a trace running now would see none
+    of it (it would freeze what the program returns into constants), so the trace stops here."""
+    trace = _jit.current.get()
+    if trace is not None:
+        trace.break_here("a compiled program reads its tensors' memory outside kiln's ops")
 
 
 def apply(signature: Signature, outputs: list, arrays: list, arguments=(), parameters=None) -> list:

@@ -23,16 +23,18 @@ from .signature import Argument, Captured, Signature, apply, bind, call
 
 @dataclass(frozen=True)
 class PythonRead:
-    """A Python value a specialization depends on, for ``kiln.explain``: ``what`` in words
-    (``Adam.param_groups[0]['eps']``), ``kind`` ``"input"`` (read at each call) or ``"guard"``
-    (checked before each call; a change traces again), and the user's line that read it."""
+    """One Python value a specialization depends on, for ``kiln.explain``'s table: ``what`` in words
+    (``cfg['scale'] == 2.0``), ``kind`` ``"input"`` (read on each call) or ``"guard"`` (checked on each
+    call; a change makes a new trace), and the user's line that read it (None where unknown).
+    Whatever makes a Python value a graph input or a guard appends a record to
+    ``Specialization.python_reads``."""
 
     what: str
     kind: str
     loc: SourceLocation | None = None
 
     def __str__(self) -> str:
-        return f"{self.kind:<5}  {self.what}" + (f"  (read at {self.loc})" if self.loc is not None else "")
+        return f"{self.kind:<5}  {self.what}{f'  (read at {self.loc})' if self.loc is not None else ''}"
 
 
 def tensor_state(t) -> tuple:
@@ -63,7 +65,7 @@ class Specialization:
     traced_graph: Graph | None = None
     report: object = None  # the backend's LoweringReport (kernels, declined kernels, memory plan)
     arg_aliases: list = field(default_factory=list)  # (argument position, weakref): arguments that are state
-    guards: object = None  # hazards.Guards: attributes of the objects read, containers of captured tensors
+    guards: object = None  # guards.Guards: the Python containers and attributes read, paths to captured tensors
     checks: list = field(default_factory=list)  # state.guard's checks: None while they hold, else why not
     python_reads: list[PythonRead] = field(default_factory=list)  # the Python values it reads per call or guards
     calls: int = 0

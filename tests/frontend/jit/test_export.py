@@ -250,3 +250,48 @@ def test_a_pytorch_file_is_named(tmp_path):
     path.write_bytes(b"PK\x03\x04" + bytes(22) + struct.pack("<H", 16) + bytes(2) + b"archive/data.pkl" + bytes(64))
     with pytest.raises(ValueError, match=r"model.pt: not a readable safetensors file: it is a PyTorch checkpoint"):
         kiln.load_exported(path)
+
+
+class _Tracker(nn.Module):
+    """A buffer updated in place on each call: the exported program writes it back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.register_buffer("mean", kiln.zeros(3))
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.mean.mul_(0.5).add_(y.mean(0) * 0.5)
+        return y - self.mean
+
+
+@pytest.mark.parametrize("make", [_model, _Tracker])
+def test_compiling_a_loaded_program_follows_its_inputs(tmp_path, make):
+    # kiln.compile(kiln.load_exported(p)) must give the program's own results for every input, not the
+    # first call's (the program's call read its arguments' memory behind the trace's back).
+    kiln.manual_seed(0)
+    model = make()
+    path = tmp_path / "model.kiln"
+    kiln.export(model, kiln.randn(5, 4)).save(path)
+    program, reference = kiln.load_exported(path), kiln.load_exported(path)
+    compiled = kiln.compile(program)
+    for i in range(5):
+        x = kiln.randn(5, 4) * float(i + 1)
+        np.testing.assert_allclose(compiled(x).numpy(), reference(x).numpy(), rtol=1e-6, atol=1e-6)
+        for name, t in reference.parameters.items():  # BatchNorm's running statistics in training mode
+            np.testing.assert_allclose(program.parameters[name].numpy(), t.numpy(), rtol=1e-6, atol=1e-6)
+    specs = compiled.state.specializations
+    assert len(specs) == 1 and specs[0].calls == 4  # the compiled program ran, no trace break
+
+
+def test_a_trace_that_reaches_a_programs_bind_stops():
+    # a program run on arrays (not through kiln's ops) inside a trace: that call runs eagerly, said
+    from kiln.frontend.jit.signature import Argument, Result, Signature, bind
+
+    signature = Signature([Argument(0)], [Result(0)], [], devices=(kiln.ones(1).device,))
+    f = kiln.compile(lambda x: kiln.tensor(bind(signature, [x])[0] * 2.0))
+    for i in range(3):
+        x = kiln.full((2,), float(i))
+        np.testing.assert_allclose(f(x).numpy(), np.full(2, 2.0 * i))
+    assert any("outside kiln's ops" in e.detail for e in f.state.events if e.kind == "break")

@@ -1,0 +1,220 @@
+"""The guards of a specialization: Python paths to the traced state, checked on every call.
+
+A compiled call replays tensor operations only; a specialization holds while the Python state its
+trace depended on is as it was. ``build_guards`` collects, when a trace ends:
+
+- the **Python containers the call reached** (``reads.reach``: dicts, lists and sets, and the
+  user's objects' attribute tables, from the function's globals, closure and arguments), each
+  under its path: their plain values (numbers, strings, None, tuples of them) by value, anything
+  else by identity -- ``cfg['scale'] = 3.0`` or ``layers.append(...)`` between calls is a new trace,
+  whose reason names the entry;
+- the plain attributes (and the parameter, buffer, submodule and hook tables) of the modules called
+  and of the objects the function names (``hazards.watched_objects``);
+- the dicts and lists that hold a captured tensor: a captured tensor is found by identity, so the
+  *path* by which the function reached it is guarded (``model.w = Parameter(...)``,
+  ``d["w"] = other``), and ``t.grad`` where it held a captured tensor.
+
+``Guards.miss()`` is the per-call check: identity and value comparisons in C loops.
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+import weakref
+from itertools import chain
+from operator import is_
+
+from ..tensor import Tensor
+from .hazards import _attrs, _tables, _walk, _watchable
+from .reads import MISSING, _entry, _Is, changed_entry, same, selector, short, snapshot
+from .signature import call
+
+_GRAD = operator.attrgetter("_grad")
+
+
+class Guards:
+    """Checks, per call, that the Python paths to the traced state still lead to the same objects and values."""
+
+    __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
+                 "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
+                 "global_reads")  # fmt: skip
+
+    def __init__(self) -> None:
+        # (snapshot, live container, weakref to the owner or None, description, how entries are named:
+        # "item" (path[key]), "attr" (path.name) or None (the description, then the key))
+        self.pairs: list = []
+        self.dicts: list = []
+        self.dict_snaps: list = []
+        self.lists: list = []
+        self.list_snaps: list = []
+        self.sets: list = []
+        self.set_snaps: list = []
+        self.classes: list = []  # the user's classes' attribute tables (read-only proxies: copied to compare)
+        self.class_snaps: list = []
+        # Containers of objects compared by identity alone (a list of parameters, an optimizer's
+        # per-parameter state): checked in C without a Python ``_Is.__eq__`` per entry.
+        self.same_dicts: list = []
+        self.same_lists: list = []
+        self._expected: tuple = ([], (), (), [], ())  # dict sizes, keys, values, list sizes, items
+        # ``t.grad`` paths to captured tensors: weak references to each tensor ``t`` and to the
+        # captured ``.grad`` it held (``p.grad = new`` while the old one lives must miss)
+        self.grad_owners: list = []
+        self.grads: list = []
+        # Globals that the other functions the call ran read (a helper's ``SCALE``): per module,
+        # (itemgetter of the names, the module's globals, snapshot tuple, names, module name)
+        self.global_reads: list = []
+
+    def add_globals(self, fn_globals: dict, names: list[str], module: str) -> None:
+        """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``."""
+        getter = operator.itemgetter(*names, *names[:1])  # twice the first: a tuple even for one name
+        self.global_reads.append((getter, fn_globals, tuple(map(_entry, getter(fn_globals))), names, module))
+
+    def _same_globals(self) -> bool:
+        try:
+            return all(snap == getter(g) for getter, g, snap, _, _ in self.global_reads)
+        except KeyError:  # a name deleted from its module: said by the loop in ``miss``
+            return False
+
+    def add(self, owner, name: str, live, style: str | None = None) -> None:
+        snap = snapshot(live)
+        self.pairs.append((snap, live, owner, name, style))
+        if isinstance(snap, frozenset):
+            self.sets.append(live)
+            self.set_snaps.append(snap)
+            return
+        if isinstance(live, types.MappingProxyType):
+            self.classes.append(live)
+            self.class_snaps.append(snap)
+            return
+        entries = snap.values() if isinstance(snap, dict) else snap
+        if entries and all(type(e) is _Is for e in entries):
+            (self.same_dicts if isinstance(live, dict) else self.same_lists).append(live)
+            sizes, keys, values, lengths, items = self._expected
+            if isinstance(live, dict):
+                self._expected = ([*sizes, len(snap)], (*keys, *snap), (*values, *(e.obj for e in entries)), lengths,
+                                  items)  # fmt: skip
+            else:
+                self._expected = (sizes, keys, values, [*lengths, len(snap)], (*items, *(e.obj for e in entries)))
+        elif isinstance(live, dict):
+            self.dicts.append(live)
+            self.dict_snaps.append(snap)
+        else:
+            self.lists.append(live)
+            self.list_snaps.append(snap)
+
+    def miss(self) -> str | None:
+        # The usual case in C loops: dict.__eq__(snapshot, live) compares the snapshot's entries
+        # first (no reflection to an OrderedDict's __eq__), so an _Is entry decides by identity;
+        # the identity containers hold the same keys and objects in the same order.
+        sizes, keys, values, lengths, items = self._expected
+        if (
+            list(map(len, self.same_dicts)) == sizes
+            and list(map(len, self.same_lists)) == lengths
+            and all(map(is_, chain.from_iterable(self.same_dicts), keys))
+            and all(map(is_, chain.from_iterable(map(dict.values, self.same_dicts)), values))
+            and all(map(is_, chain.from_iterable(self.same_lists), items))
+            and all(map(dict.__eq__, self.dict_snaps, self.dicts))
+            and all(map(list.__eq__, self.list_snaps, self.lists))
+            and all(map(frozenset.__eq__, self.set_snaps, self.sets))
+            and all(map(dict.__eq__, self.class_snaps, map(dict, self.classes)))
+            and self._same_grads()
+            and (not self.global_reads or self._same_globals())
+        ):
+            return None
+        for owner, grad in zip(self.grad_owners, self.grads, strict=True):
+            t = owner()
+            if t is not None and t._grad is not grad():
+                return f"the .grad of a tensor of shape {tuple(t._data.shape)} is another tensor now"
+        # Deepest first: the containers reached were added level by level, and a dict of plain values
+        # is copied into its parent's snapshot too, so the parent would name the change less exactly.
+        for snap, live, owner, name, style in reversed(self.pairs):
+            if same(snap, live):
+                continue
+            if owner is not None and owner() is None:
+                continue  # the object is gone: nothing reaches the traced state through it any more
+            return _difference(name, style, live, snap)
+        for _, g, snap, names, module in self.global_reads:  # after the containers: they name the entry
+            now = {name: g.get(name, MISSING) for name in names}
+            if not same(dict(zip(names, snap)), now):
+                return _difference(module, "attr", now, dict(zip(names, snap)))
+        return None
+
+    def _same_grads(self) -> bool:
+        try:
+            grads = list(map(_GRAD, map(call, self.grad_owners)))
+        except AttributeError:  # a tensor is gone (None._grad): said by the loop in ``miss``
+            return False
+        return all(map(is_, grads, map(call, self.grads)))
+
+    def add_grad_paths(self, tensors, captured: dict) -> None:
+        """Guard ``t.grad`` for each of ``tensors`` whose ``.grad`` is one of ``captured`` (id -> tensor)."""
+        seen: set[int] = set()
+        for t in tensors:
+            grad = t._grad
+            if grad is not None and captured.get(id(grad)) is grad and id(t) not in seen:
+                seen.add(id(t))
+                self.grad_owners.append(weakref.ref(t))
+                self.grads.append(weakref.ref(grad))
+
+
+def _difference(name: str, style: str | None, live, snap) -> str:
+    """What changed, in words: ``cfg['scale'] changed: 2.0 -> 3.0``, ``layers changed (1 -> 2 entries)``."""
+    change = changed_entry(live, snap)
+    if change is None:
+        return f"{name} changed" + (f" ({len(snap)} -> {len(live)} entries)" if len(snap) != len(live) else "")
+    key, before, after = change
+    if style is None:
+        return f"{name} changed ({key!r})"
+    where = f"{name}{selector(style, key)}"
+    if before is not MISSING and after is not MISSING and not isinstance(before, _PLAIN):
+        return f"{where} changed: another {type(after).__name__} object now"
+    words = [short(v) if v is not MISSING else "(absent)" for v in (before, after)]
+    return f"{where} changed: {words[0]} -> {words[1]}"
+
+
+_PLAIN = (int, float, str, bytes, complex, type(None), tuple, frozenset, list, dict, set)
+
+
+def _holders(refs: dict, roots: list) -> list:
+    """The dicts and lists that hold one of the tensors ``refs`` (id -> tensor)."""
+    if not refs:
+        return []
+    # `v is not None`: refs.get() answers None for a missing id, which would match a None value.
+    return [obj for obj, values in _walk(roots)
+            if isinstance(obj, dict | list) and any(v is not None and refs.get(id(v)) is v for v in values)]  # fmt: skip
+
+
+def build_guards(objects: list, modules: list, captured: list, named: list = (), reached: list = ()) -> Guards:
+    """Guards of a new specialization: the containers ``reached`` (``reads.reach``: ``(path, container,
+    kind)``), the attribute tables of the watched objects and called modules, and the dicts and
+    lists holding each captured tensor when the trace ended."""
+    guards = Guards()
+    seen: set[int] = set()
+    for path, live, kind in reached:
+        if id(live) not in seen:
+            seen.add(id(live))
+            guards.add(None, path, live, kind)
+    roots = [*objects, *(ref() for ref, *_ in modules)]
+    roots += [v for obj in list(roots) if obj is not None for v in list(_attrs(obj).values()) if _watchable(v)]
+    for obj in roots:
+        if obj is None or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        try:
+            owner = weakref.ref(obj)
+        except TypeError:
+            owner = None
+        for live, _ in _tables(obj):
+            if id(live) not in seen:
+                seen.add(id(live))
+                guards.add(owner, type(obj).__name__, live)
+    refs = {id(t): t for t in captured if t is not None}
+    reachable = [v for _, values in _walk([*roots, *named]) for v in values if isinstance(v, Tensor)]
+    guards.add_grad_paths([*refs.values(), *(v for v in named if isinstance(v, Tensor)), *reachable], refs)
+    for holder in _holders(refs, [*roots, *named]):
+        if id(holder) not in seen:
+            seen.add(id(holder))
+            what = "a dict" if isinstance(holder, dict) else "a list"
+            guards.add(None, f"{what} holding a captured tensor", holder)
+    return guards

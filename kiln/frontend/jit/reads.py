@@ -1,0 +1,387 @@
+"""The Python containers a traced call reaches besides tensors, found with the paths that reach them.
+
+A compiled call replays tensor operations only: the Python values its trace read are frozen into
+the graph (``x * cfg["scale"]`` multiplies by the 2.0 read then), and what the traced call stored
+into Python containers is not stored again. ``reach`` finds the dicts, lists and sets, and the
+attribute tables of the user's objects, reachable from what the function names (its globals,
+closure variables and arguments), each with its path (``cfg``, ``self.cfg['inner']``), so that
+the compiler can
+
+- **guard** them (``hazards.Guards``): each call checks that they hold the values and objects
+  they held when traced; a changed entry makes a new trace, whose reason names the entry
+  (``cfg['scale'] changed: 2.0 -> 3.0``);
+- **watch** them while the call is traced (``hazards.Watch``): a store into one (``d[k] = v``,
+  ``del d[k]``, ``lst.append(v)``...) is something a compiled call would not repeat, so the
+  call runs eagerly, with the path and the user's line said;
+- **list** them for ``kiln.explain`` (``records``: ``PythonRead`` per value guarded, with the
+  line that read it).
+
+What is entered: dicts, lists, tuples and sets; the attributes of objects whose class is the
+user's; a kiln module's submodules (and a user module's public attributes). Objects of kiln's
+other classes (an optimizer: its hyperparameters are read per call through tensors), of the
+standard library and of installed packages (their caches are not the program's state) are not.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import inspect
+import os
+import sys
+import sysconfig
+import types
+import weakref
+
+import numpy as np
+
+from ...ir.graph import SourceLocation
+from ..tensor import Tensor
+from .specialization import PythonRead
+from .trace import _KILN_DIR
+
+_SCALARS = (int, float, str, bytes, complex, type(None))
+_BY_VALUE = (*_SCALARS, tuple, frozenset)
+_CONTAINERS = (dict, list, set)
+_NOT_ENTERED = (Tensor, np.ndarray, *_SCALARS, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
+                types.MethodType, type)  # fmt: skip
+#: the methods of dict, list and set that change them (a call of one from the user's code breaks)
+MUTATORS = frozenset({
+    "append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "update", "setdefault", "popitem",
+    "add", "discard", "difference_update", "intersection_update", "symmetric_difference_update",
+    "__setitem__", "__delitem__", "__iadd__", "__imul__", "__ior__", "__iand__", "__isub__", "__ixor__",
+})  # fmt: skip
+
+
+# ---------------------------------------------------------------------- snapshots
+class _Is:
+    """A snapshot entry compared by identity (tensors, arrays, objects whose ``==`` is not identity-safe)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def __eq__(self, other) -> bool:
+        return other is self.obj
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _entry(v):
+    """How a snapshot holds ``v`` so that ``==`` against the live value is right and cheap: the
+    object itself where ``==`` is identity or a value comparison that cannot mislead (the C
+    identity shortcut makes the usual case free), a copy of a container of plain values (changed
+    in place), and an identity check for the rest (tensors and arrays compare elementwise)."""
+    if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor):
+        return v
+    if type(v) in (list, dict, set):
+        items = v.values() if type(v) is dict else v
+        if all(isinstance(x, _BY_VALUE) for x in items):
+            return type(v)(v)
+        return v
+    if isinstance(v, _CONTAINERS) or type(v).__eq__ is object.__eq__:
+        return v
+    return _Is(v)
+
+
+def snapshot(container):
+    """A copy of a dict's, list's or set's entries (or a class's attributes) that ``same`` compares in C."""
+    if isinstance(container, dict | types.MappingProxyType):
+        return {k: _entry(v) for k, v in container.items()}
+    if isinstance(container, set):
+        return frozenset(container)
+    return [_entry(v) for v in container]
+
+
+def same(snap, live) -> bool:
+    """Whether ``live`` still holds what ``snapshot`` took (the C comparison of the snapshot's type)."""
+    if isinstance(snap, dict):
+        return dict.__eq__(snap, live if type(live) is not types.MappingProxyType else dict(live)) is True
+    if isinstance(snap, frozenset):
+        return frozenset.__eq__(snap, live) is True
+    return list.__eq__(snap, live) is True
+
+
+def changed_entry(live, snap):
+    """``(key, before, after)`` of the first entry of ``live`` that differs from ``snap`` (``_MISSING``
+    for an entry absent on one side), or None where no single entry tells (a set, a reordered list)."""
+    if isinstance(snap, frozenset):
+        return None
+    if isinstance(snap, dict):
+        for key in [*snap, *(k for k in live if k not in snap)]:
+            before, after = snap.get(key, MISSING), live.get(key, MISSING)
+            if before is MISSING or after is MISSING or not before == after:
+                return key, _unwrap(before), after
+        return None
+    for i in range(max(len(snap), len(live))):
+        before = snap[i] if i < len(snap) else MISSING
+        after = live[i] if i < len(live) else MISSING
+        if before is MISSING or after is MISSING or not before == after:
+            return i, _unwrap(before), after
+    return None
+
+
+MISSING = object()
+
+
+def _unwrap(entry):
+    return entry.obj if type(entry) is _Is else entry
+
+
+# ---------------------------------------------------------------------- whose objects are entered
+@functools.cache
+def library_folders() -> tuple[str, ...]:
+    """The standard library's and installed packages' folders."""
+    paths = sysconfig.get_paths()
+    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+
+
+_USERS_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _users_class(cls) -> bool:
+    """Whether ``cls`` is defined by the user's program (not kiln, the standard library or a package)."""
+    known = _USERS_CLASSES.get(cls)
+    if known is None:
+        module = sys.modules.get(cls.__module__)
+        filename = os.path.realpath(getattr(module, "__file__", None) or "<none>")
+        known = cls.__module__ != "builtins" and not filename.startswith((_KILN_DIR, *library_folders()))
+        _USERS_CLASSES[cls] = known
+    return known
+
+
+def _is_module_dict(d: dict) -> bool:
+    module = sys.modules.get(d.get("__name__")) if isinstance(d.get("__name__"), str) else None
+    return module is not None and getattr(module, "__dict__", None) is d
+
+
+def _entered(v) -> bool:
+    if isinstance(v, type):
+        return _users_class(v)  # the user's class: its attributes (``Config.scale``)
+    return isinstance(v, (*_CONTAINERS, tuple)) or (not isinstance(v, _NOT_ENTERED) and hasattr(v, "__dict__"))
+
+
+# ---------------------------------------------------------------------- the walk
+def roots(compiled, args: tuple, kwargs: dict, closure_values: dict) -> list[tuple[str, object]]:
+    """``(name, object)`` for what a compiled function can reach Python state through: the globals and
+    closure variables it names, the object it is a method of, and its arguments by parameter name."""
+    out = named_roots(compiled, closure_values)
+    fn = compiled.fn
+    try:
+        signature = inspect.signature(fn.forward if hasattr(fn, "forward") else fn)
+        out.extend(signature.bind(*args, **kwargs).arguments.items())
+    except (TypeError, ValueError):  # no signature to read: positions stand for names
+        out.extend((f"argument {i}", a) for i, a in enumerate(args))
+        out.extend(kwargs.items())
+    return out
+
+
+def named_roots(compiled, closure_values: dict, leaves: list = ()) -> list[tuple[str, object]]:
+    """The globals and closure variables a compiled function names, the object it is a method of
+    and the objects among the flattened arguments ``leaves`` (``argument i``, as the call's key
+    names them: the arguments' own tuples, lists and dicts are in the key already)."""
+    out = [(name.removeprefix("closure:"), value) for name, value in compiled.guarded_names(closure_values)]
+    fn = compiled.fn
+    owner = fn if hasattr(fn, "forward") else getattr(fn, "__self__", None)
+    if owner is not None:
+        out.append(("self", owner))
+    out.extend((f"argument {i}", leaf) for i, leaf in enumerate(leaves) if _entered(leaf))
+    return out
+
+
+def global_names(code, fn_globals: dict) -> list[str]:
+    """The globals of ``fn_globals`` that ``code`` (not its nested functions) reads."""
+    loads = dict.fromkeys(arg for _, op, arg in _instructions(code) if op in ("LOAD_GLOBAL", "LOAD_NAME"))
+    return [name for name in loads if name in fn_globals]
+
+
+def module_name(fn_globals: dict) -> str:
+    """How paths name a module's globals: the last part of its name (``helpers.SCALE``)."""
+    return str(fn_globals.get("__name__", "?")).rsplit(".", 1)[-1]
+
+
+def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
+    """``(globals, module name, names read)`` per module, from ``(globals, names)`` pairs."""
+    merged: dict[int, tuple[dict, dict]] = {}
+    for fn_globals, names in globals_read:
+        merged.setdefault(id(fn_globals), (fn_globals, {}))[1].update(dict.fromkeys(names))
+    return [(g, module_name(g), list(names)) for g, names in merged.values()]
+
+
+def reach(named: list, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000) -> list:
+    """``(path, container, kind)`` for the dicts, lists and sets and the user's objects' and classes'
+    attribute tables reachable from ``named`` (``(name, object)`` pairs), ``depth`` levels down; ``kind`` is
+    ``"item"`` (entries are ``[key]``) or ``"attr"`` (an object's ``__dict__``: entries are ``.name``).
+    ``attr_names``: the attribute names the call read (None: all), the only ones followed."""
+    found: list = []
+    seen: set[int] = set()
+    level = [(path, obj) for path, obj in named if _entered(obj)]
+    for _ in range(depth):
+        following: list = []
+        for path, obj in level:
+            if id(obj) in seen or len(seen) >= limit:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, dict):
+                if not _is_module_dict(obj):
+                    found.append((path, obj, "item"))
+                    following += [(f"{path}[{k!r}]", v) for k, v in list(obj.items()) if _entered(v)]
+            elif isinstance(obj, list | tuple):
+                if isinstance(obj, list):
+                    found.append((path, obj, "item"))
+                following += [(f"{path}[{i}]", v) for i, v in enumerate(list(obj)) if _entered(v)]
+            elif isinstance(obj, set):
+                found.append((path, obj, "item"))
+            elif isinstance(obj, type):
+                found.append((path, obj.__dict__, "attr"))
+                following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
+                              if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
+            else:
+                following += _attributes(path, obj, attr_names, found)
+        level = following
+    return found
+
+
+def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> list:
+    """The attributes of ``obj`` to follow (appending its table to ``found`` for the user's objects)."""
+    from ...nn.modules.module import Module  # noqa: PLC0415 - nn sits above the frontend
+
+    table = getattr(obj, "__dict__", None)
+    if not isinstance(table, dict):
+        return []
+    users = _users_class(type(obj))
+    if isinstance(obj, Module):
+        # A module's own tables are guarded and watched by ``hazards``; followed are its submodules
+        # and, for the user's modules, their public attributes (``self.cfg``).
+        children = dict(table.get("_modules") or {})
+        if users:
+            children.update((k, v) for k, v in table.items() if not k.startswith("_"))
+    elif users:
+        found.append((path, table, "attr"))
+        children = table
+    else:
+        return []
+    return [(f"{path}.{k}", v) for k, v in list(children.items())
+            if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
+
+
+# ---------------------------------------------------------------------- the user's lines
+_INSTRUCTIONS: dict = {}  # code object -> tuple of (line, opname, argval)
+
+
+def _instructions(code) -> tuple:
+    found = _INSTRUCTIONS.get(code)
+    if found is None:
+        line, out = code.co_firstlineno, []
+        for ins in dis.get_instructions(code):
+            if ins.positions is not None and ins.positions.lineno is not None:
+                line = ins.positions.lineno
+            out.append((line, ins.opname, ins.argval))
+        found = _INSTRUCTIONS[code] = tuple(out)
+    return found
+
+
+_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+_NAME_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST", "LOAD_NAME", "LOAD_CLASSDEREF"})
+
+
+def attribute_names(codes: list) -> frozenset | None:
+    """The attribute names that the code objects load (None when none ran: every name counts)."""
+    if not codes:
+        return None
+    return frozenset(arg for code in codes for _, op, arg in _instructions(code) if op in _LOADS)
+
+
+def _root_name(path: str) -> str:
+    return path.split("[", 1)[0].split(".", 1)[0]
+
+
+def _find(codes: list, match) -> SourceLocation | None:
+    for code in codes:
+        ins = _instructions(code)
+        for i, (line, op, arg) in enumerate(ins):
+            if match(ins, i, op, arg):
+                return SourceLocation(code.co_filename, line, code.co_name)
+    return None
+
+
+def _same_key(arg, key) -> bool:
+    return type(arg) is type(key) and arg == key
+
+
+def read_line(codes: list, path: str, kind: str, key) -> SourceLocation | None:
+    """The first line of ``codes`` that reads entry ``key`` (``d["key"]``, ``obj.key``), else one
+    that names the path's root."""
+    if kind == "attr":
+        loc = _find(codes, lambda ins, i, op, arg: op in _LOADS and arg == key)
+    else:
+        loc = _find(codes, lambda ins, i, op, arg: op == "LOAD_CONST" and _same_key(arg, key)
+                    and any(o == "BINARY_SUBSCR" for _, o, _ in ins[i + 1 : i + 4]))  # fmt: skip
+    root = _root_name(path)
+    return loc or _find(codes, lambda ins, i, op, arg: op in _NAME_LOADS and arg == root)
+
+
+def store_line(codes: list, path: str, key) -> SourceLocation | None:
+    """The line of the store into ``path`` at ``key``: a ``d[key] = v`` or ``del d[key]`` on a line
+    that names the key or the path's root (else the first such store)."""
+    root = _root_name(path)
+    first = None
+    for code in codes:
+        instructions = _instructions(code)
+        named = {line for line, op, arg in instructions
+                 if (op == "LOAD_CONST" and key is not None and _same_key(arg, key)) or (op in _NAME_LOADS and arg == root)}  # fmt: skip
+        for line, op, _ in instructions:
+            if op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
+                loc = SourceLocation(code.co_filename, line, code.co_name)
+                if line in named:
+                    return loc
+                first = first or loc
+    return first
+
+
+def selector(kind: str, key) -> str:
+    """How an entry's key is written after its container's path: ``.name`` or ``['key']``."""
+    return f".{key}" if kind == "attr" else f"[{key!r}]"
+
+
+def short(value) -> str:
+    text = repr(value) if not hasattr(value, "_data") else f"tensor of shape {tuple(value._data.shape)}"
+    return text if len(text) < 60 else text[:57] + "..."
+
+
+# ---------------------------------------------------------------------- kiln.explain's table
+def records(found: list, codes: list, attr_names: frozenset | None, per_container: int = 12) -> list[PythonRead]:
+    """``PythonRead`` records (kind "guard") for the containers ``found`` (those the guards check):
+    per plain value and per other object a dict holds (for an object's table, the attributes the
+    call read), and per list or set."""
+    out: list[PythonRead] = []
+    for path, live, kind in found:
+        if isinstance(live, dict | types.MappingProxyType):
+            items = [(k, v) for k, v in list(live.items()) if kind != "attr" or attr_names is None or k in attr_names]
+            plain = [(k, v) for k, v in items if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor)]
+            for k, v in plain[:per_container]:
+                what = f"{path}{selector(kind, k)} == {short(v)}"
+                out.append(PythonRead(what, "guard", read_line(codes, path, kind, k)))
+            if len(plain) > per_container:
+                out.append(PythonRead(f"{path}: {len(plain) - per_container} more entries", "guard", None))
+            # entries neither plain nor containers (which have records of their own): compared by identity
+            objects = [
+                (k, v) for k, v in items if not isinstance(v, (*_BY_VALUE, *_CONTAINERS)) or isinstance(v, Tensor)
+            ]
+            for k, v in objects[:per_container]:
+                what = f"{path}{selector(kind, k)} is the same {type(v).__name__} object"
+                out.append(PythonRead(what, "guard", read_line(codes, path, kind, k)))
+        elif all(isinstance(v, _BY_VALUE) for v in live) and len(live) <= per_container:
+            out.append(PythonRead(f"{path} == {short(live)}", "guard", read_line(codes, path, kind, None)))
+        else:
+            what = f"{path}: the same {len(live)} {'items' if isinstance(live, set) else 'entries'}"
+            out.append(PythonRead(what, "guard", read_line(codes, path, kind, None)))
+    return out
+
+
+def global_records(named: list, codes: list) -> list[PythonRead]:
+    """``PythonRead`` records for the plain values among the globals other functions read (``named``:
+    ``(module.name, value)``); the objects they name are guarded by identity."""
+    return [PythonRead(f"{path} == {short(value)}", "guard", read_line(codes, path.rsplit(".", 1)[1], "item", None))
+            for path, value in named if isinstance(value, _BY_VALUE) and not isinstance(value, Tensor)]  # fmt: skip
