@@ -27,15 +27,28 @@ from .frontend.jit.explain import ExplainReport, explain
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
 from .frontend.jit.regions import Region, composite
 from .frontend.jit.state import before_each_call, guard
+from .frontend.jit.state import unsafe as _unsafe
 from .frontend.jit.trace import TraceBreakError
 from .frontend.ops.checks import check as _check
 from .frontend.ops.checks import check_range as _check_range
 
 __all__ = [
     "compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "CompileCheckError", "before_each_call",
+    "stop_trace",
     "guard", "check_values", "check_range", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError",
     "load_exported", "composite", "Region",
 ]  # fmt: skip
+
+
+def stop_trace(reason: str) -> None:
+    """Stop a running ``kiln.compile`` trace here: the call finishes eagerly and ``reason`` is said
+    with the user's line (``fullgraph=True`` raises it), as ``torch._dynamo.graph_break`` does. For
+    library code that changes Python state a compiled call would not change again. Outside a trace
+    it does nothing.
+
+    >>> stop_trace("not traced: nothing happens")
+    """
+    _unsafe(reason)
 
 
 def check_values(ok, error: type[Exception], message: str, shown=None) -> None:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .lr_scheduler import LRScheduler, _per_group
+from .lr_scheduler import LRScheduler, _not_traced, _per_group
 from .optimizer import Optimizer
 
 __all__ = ["ConstantLR", "MultiplicativeLR", "PolynomialLR", "CosineAnnealingWarmRestarts", "CyclicLR",
@@ -97,6 +97,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         return [self.eta_min + (base - self.eta_min) * cosine for base in self.base_lrs]
 
     def step(self, epoch: float | None = None) -> None:
+        _not_traced(self)
         self._step_count += 1
         if epoch is None and self.last_epoch < 0:
             epoch = 0

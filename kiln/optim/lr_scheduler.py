@@ -21,7 +21,17 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import kiln
+
 from .optimizer import Optimizer
+
+
+def _not_traced(scheduler) -> None:
+    """A scheduler's step changes Python state (its epoch, the optimizer's ``param_groups``) that a
+    compiled call would not change again: inside ``kiln.compile`` the trace stops here, with why."""
+    kiln.jit.stop_trace(f"{type(scheduler).__name__}.step() changes the learning rate in Python, which a compiled "
+                        "call would not repeat: step the scheduler outside the compiled function (its values "
+                        "are read at every call)")  # fmt: skip
 
 
 class LRScheduler:
@@ -61,6 +71,7 @@ class LRScheduler:
 
     def step(self, epoch: int | None = None) -> None:
         """Advance one epoch (or jump to ``epoch`` using the closed form where there is one)."""
+        _not_traced(self)
         self._step_count += 1
         self._update_lr(epoch)
 
@@ -247,6 +258,7 @@ class SequentialLR(LRScheduler):
         self._last_lr = first.get_last_lr()
 
     def step(self) -> None:  # type: ignore[override]
+        _not_traced(self)
         self.last_epoch += 1
         index = bisect_right(self._milestones, self.last_epoch)
         scheduler = self._schedulers[index]
@@ -420,6 +432,7 @@ class ReduceLROnPlateau(LRScheduler):
         return current < best - self.threshold if self.mode == "min" else current > best + self.threshold
 
     def step(self, metrics: float, epoch: int | None = None) -> None:  # type: ignore[override]
+        _not_traced(self)
         current = float(metrics)
         self.last_epoch = self.last_epoch + 1 if epoch is None else epoch
         if self.is_better(current, self.best):

@@ -9,12 +9,10 @@ the command line: ``python -m tests.fuzz --programs 10000``.
 from __future__ import annotations
 
 import os
-import re
 
 import pytest
 
 from .cli import fuzz, program_seeds
-from .pystate import CONTAINER_READS, MUTATIONS
 
 # programs per kind in CI: about 30 s together on 2 cores (measured: see the commit)
 NEW_KINDS = {"layers": 30, "models": 8, "optim": 24, "pystate": 40}
@@ -22,23 +20,6 @@ NEW_KINDS = {"layers": 30, "models": 8, "optim": 24, "pystate": 40}
 # of these classes calls pytest.xfail (as xfail(strict=False) would, but a finding of any other
 # class still fails it, and a clean run passes). Remove an entry when its fix is merged.
 KNOWN_BUGS = {
-    "optimizer hyperparameters other than lr/momentum/betas are baked into the compiled step": lambda key: re.search(
-        r"\bhp:(?!lr\b|momentum\b|betas\b)\w+", key
-    ),
-    # the next two were found by this fuzzer (issue 35's hyperparameter fix should cover them):
-    # SGD's and RMSprop's step branch in Python on momentum != 0, RAdam's on rho_inf from beta2
-    "a momentum switched between zero and non-zero is baked into the compiled step (SGD, RMSprop)": (
-        lambda key: "hp:momentum-zero-switch" in key
-    ),
-    "RAdam's betas are baked into the compiled step (rho_inf is computed from the Python beta2)": (
-        lambda key: "hp:betas" in key and "step:RAdam" in key
-    ),
-    "Python containers mutated inside a compiled call (a scheduler's step() too) are mutated at the trace only": (
-        lambda key: key.startswith("pystate") and any(tag in key for _, tag in MUTATIONS) or "sched-in-f:" in key
-    ),
-    "dict entries and list contents read by a compiled call are baked in (stale after a change between calls)": (
-        lambda key: key.startswith("pystate") and "change:" in key and any(tag in key for tag in CONTAINER_READS)
-    ),
     "max_pool with kernel 1 returns a view of its input (PyTorch returns new memory)": (
         lambda key: "fresh memory" in key and "pool k1" in key
     ),

@@ -12,6 +12,7 @@ import pytest
 
 import kiln
 import kiln.optim as optim
+from tests.conftest import assert_close
 
 RNG = np.random.default_rng(35)
 A = RNG.standard_normal((6, 4))
@@ -379,3 +380,63 @@ def test_an_unpickled_optimizer_steps_and_follows_its_numbers():
         clone.step()
         moved = (before - param.detach()).abs().max().item()
         assert moved > 0
+
+
+def _sgd_model(seed=0):
+    kiln.manual_seed(seed)
+    model = kiln.nn.Linear(3, 2)
+    return model, kiln.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+
+
+def test_a_warm_up_written_into_param_groups_inside_the_compiled_step_is_not_lost():
+    """``g["lr"] = ...`` inside the function is a store a compiled call would not repeat: the trace
+    stops there (the optimizers' param_groups are watched for stores, never guarded by value)."""
+    results = []
+    for compile_it in (False, True):
+        model, opt = _sgd_model()
+
+        def step(x, lr, model=model, opt=opt):
+            for group in opt.param_groups:
+                group["lr"] = lr
+            loss = model(x).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        fn = kiln.compile(step) if compile_it else step
+        kiln.manual_seed(1)
+        for i in range(4):
+            fn(kiln.randn(4, 3), 0.05 * (i + 1))
+        results.append((model.weight.detach().clone(), opt.param_groups[0]["lr"]))
+        if compile_it:
+            assert (
+                "opt.param_groups[0]['lr'], Python state from outside"
+                in kiln.explain(fn, kiln.randn(4, 3), 0.3).summary()
+            )
+    assert results[0][1] == results[1][1] == 0.2
+    assert_close(results[1][0], results[0][0], rtol=1e-6, atol=1e-7)
+
+
+def test_a_scheduler_stepped_inside_the_compiled_step_stops_the_trace():
+    epochs = []
+    for compile_it in (False, True):
+        model, opt = _sgd_model()
+        sched = kiln.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+        def step(x, model=model, opt=opt, sched=sched):
+            loss = model(x).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss.detach()
+
+        fn = kiln.compile(step) if compile_it else step
+        for _ in range(5):
+            fn(kiln.ones(4, 3))
+        epochs.append((sched.last_epoch, opt.param_groups[0]["lr"], model.weight.detach().clone()))
+        if compile_it:
+            assert "StepLR.step() changes the learning rate" in kiln.explain(fn, kiln.ones(4, 3)).summary()
+    assert epochs[0][:2] == epochs[1][:2] == (5, 0.025)
+    assert_close(epochs[1][2], epochs[0][2], rtol=1e-6, atol=1e-7)

@@ -237,7 +237,8 @@ class Watch:
         self._before = [(obj, _tables(obj)) for obj in self.objects]
         # The containers from outside the call, by path: a store into one is a hazard (see stop and
         # _profile, which sees their mutating methods called from the user's code as they happen).
-        self._containers = [(path, live, kind, reads.snapshot(live)) for path, live, kind in reads.reach(self.roots)]
+        reached = reads.reach(self.roots, optimizers=True)
+        self._containers = [(path, live, kind, reads.snapshot(live)) for path, live, kind in reached]
         self._outside = {id(live): (path, live) for path, live, kind, _ in self._containers if kind == "item"}
         self._known = {id(live) for _, live, _, _ in self._containers}  # (kept alive by _containers)
         self._positions = [_iterator_position(it) for it in self.iterators]

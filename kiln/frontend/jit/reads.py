@@ -187,7 +187,20 @@ def named_roots(compiled, closure_values: dict, leaves: list = ()) -> list[tuple
     if owner is not None:
         out.append(("self", owner))
     out.extend((f"argument {i}", leaf) for i, leaf in enumerate(leaves) if _entered(leaf))
+    out.extend(_defaults(fn))
     return out
+
+
+def _defaults(fn) -> list[tuple[str, object]]:
+    """The containers and objects among a function's default argument values (``def f(x, cfg=CFG)``):
+    state the call reaches like a global's, held by the function itself."""
+    fn = getattr(fn, "__func__", fn)
+    names = getattr(getattr(fn, "__code__", None), "co_varnames", ())
+    defaults = getattr(fn, "__defaults__", None) or ()
+    positional = getattr(getattr(fn, "__code__", None), "co_argcount", 0)
+    found = list(zip(names[positional - len(defaults) : positional], defaults, strict=True)) if defaults else []
+    found += list((getattr(fn, "__kwdefaults__", None) or {}).items())
+    return [(f"default {name}", value) for name, value in found if _entered(value)]
 
 
 def global_names(code, fn_globals: dict) -> list[str]:
@@ -209,11 +222,15 @@ def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
     return [(g, module_name(g), list(names)) for g, names in merged.values()]
 
 
-def reach(named: list, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000) -> list:
+def reach(named: list, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000,
+          optimizers: bool = False) -> list:  # fmt: skip
     """``(path, container, kind)`` for the dicts, lists and sets and the user's objects' and classes'
     attribute tables reachable from ``named`` (``(name, object)`` pairs), ``depth`` levels down; ``kind`` is
     ``"item"`` (entries are ``[key]``) or ``"attr"`` (an object's ``__dict__``: entries are ``.name``).
-    ``attr_names``: the attribute names the call read (None: all), the only ones followed."""
+    ``attr_names``: the attribute names the call read (None: all), the only ones followed.
+    ``optimizers``: also each kiln optimizer's ``param_groups`` dicts, for watching stores (a warm-up
+    written inside the compiled function: ``g["lr"] = ...``); never guarded by value, since their
+    numbers are read at each call through tensors (a scheduler between calls makes no new trace)."""
     found: list = []
     seen: set[int] = set()
     level = [(path, obj) for path, obj in named if _entered(obj)]
@@ -239,8 +256,14 @@ def reach(named: list, attr_names: frozenset | None = None, depth: int = 5, limi
                               if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
             else:
                 following += _attributes(path, obj, attr_names, found)
+                if optimizers and _is_optimizer(obj):
+                    found += [(f"{path}.param_groups[{i}]", g, "item") for i, g in enumerate(obj.param_groups)]
         level = following
     return found
+
+
+def _is_optimizer(obj) -> bool:
+    return type(obj).__module__.startswith("kiln.optim") and isinstance(getattr(obj, "param_groups", None), list)
 
 
 def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> list:

@@ -193,6 +193,28 @@ def test_global_config_dict_entry_changed_between_calls():
     assert any("CFG['scale']" in r and "changed" in r for r in _compiled_reasons(g))
 
 
+def test_a_config_given_as_a_default_argument_is_guarded_and_watched():
+    defaults = {"scale": 2.0}
+    log: list = []
+
+    def scaled(x, cfg=defaults):
+        return x * cfg["scale"]
+
+    def logging(x, seen=log):
+        seen.append(1)
+        return x + 1.0
+
+    g, h = kiln.compile(scaled), kiln.compile(logging)
+    x = kiln.ones(2)
+    for scale in (2.0, 2.0, 3.0, 3.0):
+        defaults["scale"] = scale
+        np.testing.assert_allclose(g(x).numpy(), np.full(2, scale))
+        h(x)
+    assert any("default cfg['scale'] changed: 2.0 -> 3.0" in r for r in _compiled_reasons(g)), _compiled_reasons(g)
+    assert log == [1, 1, 1, 1]
+    assert any("default seen (list.append)" in b for b in _breaks(h)), _breaks(h)
+
+
 class _Config:
     def __init__(self) -> None:
         self.scale = 2.0
