@@ -44,6 +44,14 @@ def module_call(module) -> None:
         trace.on_module_call(module)
 
 
+def module_made(module) -> None:
+    """A module is constructed inside the traced call: it is the call's own local, made again by every
+    call, so it is traced through and its ``training`` flag is not a guard (nor is it "freed")."""
+    trace = current.get()
+    if trace is not None:
+        trace.made_modules.add(id(module))
+
+
 def before_each_call(fn, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` eagerly now and, when called inside ``kiln.compile``'s trace,
     again before every call of the compiled program.

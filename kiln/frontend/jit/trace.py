@@ -136,6 +136,7 @@ class Trace:
         self.born: list[weakref.ref] = []
         self.grads: dict[int, tuple] = {}  # id(tensor) -> (tensor, .grad before the trace touched it)
         self.modules: dict[int, tuple[weakref.ref, bool]] = {}
+        self.made_modules: set[int] = set()  # ids of the modules constructed during the trace (state.module_made)
         self.prologues: list = []
         self.checks: list = []  # callables checked before each call of the specialization (state.guard)
         self.python_reads: list[PythonRead] = []  # the Python values read: on_python_read
@@ -203,7 +204,8 @@ class Trace:
             self.grads[key] = (t, t._grad)
 
     def on_module_call(self, module) -> None:
-        self.modules.setdefault(id(module), (weakref.ref(module), module.training))
+        if id(module) not in self.made_modules:  # a module made by the call itself is no state
+            self.modules.setdefault(id(module), (weakref.ref(module), module.training))
 
     def run_prologue(self, fn, args, kwargs):
         self.prologues.append((fn, args, kwargs))
