@@ -89,6 +89,12 @@ class Event:
     detail: str
 
 
+#: Traces of one call key that may stop on a change of Python state before its calls run eagerly for
+#: good (see CompiledFunction._changes_once_more): two, since a first call that initializes lazily
+#: may be followed by one that creates optimizer state.
+STATE_CHANGE_RETRIES = 2
+
+
 @dataclass
 class CompileState:
     specializations: list = field(default_factory=list)
@@ -98,6 +104,7 @@ class CompileState:
     last_key: tuple | None = None
     numpy_shadows: dict = field(default_factory=dict)  # id(array) -> (array, tensor on it): see Trace.on_numpy
     escapes_survived_young_collection: bool = False  # see build_specialization
+    state_changes: dict = field(default_factory=dict)  # key -> calls whose trace stopped on a Python state change
 
 
 class CompiledFunction:
@@ -219,6 +226,11 @@ class CompiledFunction:
         self.state.last_key = key
         if hazard is not None and trace.broken is None:
             self._hazard(trace, hazard)
+            if self._changes_once_more(key):
+                trace.abandon()
+                self._event("not cached", f"{hazard}; this call ran eagerly and the next one traces again (a "
+                            "change made once, as a lazily made mask or cache is, stops no later call)", once=False)  # fmt: skip
+                return result
         if trace.broken is not None:
             trace.abandon()
             return self._run_eagerly_from_now_on(key, trace.broken, result)
@@ -252,6 +264,15 @@ class CompiledFunction:
         spec.python_reads.extend(trace.python_reads)  # what the traced code said it read (Trace.on_python_read)
         spec.python_reads.extend(reads.records(reached, watch.codes, attr_names))
         spec.python_reads.extend(reads.global_records(helper_roots, watch.codes))
+
+    def _changes_once_more(self, key) -> bool:
+        """Whether a trace of ``key`` that stopped on a change of Python state (``self.mask = ...``)
+        is retried at the next call: lazy initialization changes state on the first call only, so
+        the first ``STATE_CHANGE_RETRIES`` such stops are forgiven; state changed by every call
+        (a counter) then runs eagerly for good."""
+        seen = self.state.state_changes.get(key, 0)
+        self.state.state_changes[key] = seen + 1
+        return seen < STATE_CHANGE_RETRIES
 
     def _run_eagerly_from_now_on(self, key, reason: TraceBreak, result):
         self.state.cache.setdefault(key, []).append(EagerEntry(reason, key))

@@ -28,7 +28,13 @@ def _close(a, b) -> None:
 
 
 def _breaks(f) -> list[str]:
-    return [e.detail for e in events(f, "break")]
+    """Why traces stopped: for good ("break"), or on a change of Python state, which the next calls
+    of the key forgive twice (a lazy initialization) before they run eagerly for good."""
+    return [e.detail for e in events(f, "break")] + [
+        e.detail.split("; this call ran eagerly")[0]
+        for e in events(f, "not cached")
+        if "a change made once" in e.detail
+    ]
 
 
 def _compiled_reasons(f) -> list[str]:
