@@ -1,0 +1,112 @@
+"""Arguments that share memory, compiled against eager over several calls: the values, the
+arguments changed in place, and which calls ran compiled (kiln issue 35's aliasing cases).
+
+A write into one argument must reach every argument that views the same memory, whether the
+two are related by ``_base`` through a common tensor that is not an argument (``a =
+base.detach()`` and ``b = a.t()``: both are views of ``base``), or not related by kiln at all
+(two tensors made by ``from_numpy`` over one array). Such a call runs eagerly with the reason
+said; arguments that share nothing still run compiled."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+
+from .helpers import compiled_calls
+
+
+def _neg_slice_return_none(a, b):
+    a[0:] = -a[0:]
+
+
+def _neg_slice_return_b(a, b):
+    a[0:] = -a[0:]
+    return b * 2
+
+
+def _neg_slice_read_b_first(a, b):
+    c = b + 1
+    a[0:] = -a[0:]
+    return c
+
+
+def _neg_slice_return_a(a, b):
+    a[0:] = -a[0:]
+    return a
+
+
+def _scale_both(a, b):
+    a.mul_(2)
+    b.add_(1)
+    return a + 0
+
+
+BODIES = [_neg_slice_return_none, _neg_slice_return_b, _neg_slice_read_b_first, _neg_slice_return_a, _scale_both]
+
+
+def _detached_and_its_transpose():
+    base = kiln.tensor(np.arange(9.0, dtype=np.float32).reshape(3, 3) - 4)
+    a = base.detach()
+    return a, a.t()
+
+
+def _detached_twice():
+    base = kiln.tensor(np.arange(9.0, dtype=np.float32).reshape(3, 3) - 4)
+    return base.detach(), base.detach().t()
+
+
+def _from_one_numpy_array():
+    array = np.arange(9.0, dtype=np.float32).reshape(3, 3) - 4
+    return kiln.from_numpy(array), kiln.from_numpy(array.T)
+
+
+MAKERS = [_detached_and_its_transpose, _detached_twice, _from_one_numpy_array]
+
+
+def _values(out):
+    return None if out is None else out.detach().numpy().copy()
+
+
+@pytest.mark.parametrize("make", MAKERS)
+@pytest.mark.parametrize("fn", BODIES)
+def test_a_write_into_an_argument_reaches_the_arguments_that_view_it(fn, make):
+    compiled = kiln.compile(fn)
+    a, b = make()  # the compiled side's arguments, kept across calls as a training loop keeps them
+    ea, eb = make()
+    for call in range(4):
+        out, expected = compiled(a, b), fn(ea, eb)
+        np.testing.assert_array_equal(_values(out), _values(expected), err_msg=f"result of call {call}")
+        np.testing.assert_array_equal(a.numpy(), ea.numpy(), err_msg=f"argument a after call {call}")
+        np.testing.assert_array_equal(b.numpy(), eb.numpy(), err_msg=f"argument b after call {call}")
+        if out is not None and fn is _neg_slice_return_a:
+            assert out is a
+    breaks = [e.detail for e in compiled.state.events if e.kind == "break"]
+    assert breaks and all("shares memory with another input" in b for b in breaks), breaks
+
+
+@pytest.mark.parametrize("fn", BODIES)
+def test_arguments_that_share_nothing_still_run_compiled(fn):
+    compiled = kiln.compile(fn)
+    for _ in range(3):
+        a, b = kiln.randn(3, 3), kiln.randn(3, 3)
+        ea, eb = a.clone(), b.clone()
+        out, expected = compiled(a, b), fn(ea, eb)
+        np.testing.assert_array_equal(_values(out), _values(expected))
+        np.testing.assert_array_equal(a.numpy(), ea.numpy())
+    assert compiled_calls(compiled) == [2]
+
+
+@pytest.mark.parametrize("fn", BODIES)
+def test_a_specialization_for_separate_arguments_is_not_used_for_shared_ones(fn):
+    """The guard key sees memory shared through numpy (no kiln view relation) too."""
+    compiled = kiln.compile(fn)
+    for _ in range(2):
+        compiled(kiln.randn(3, 3), kiln.randn(3, 3))
+    a, b = _from_one_numpy_array()
+    ea, eb = _from_one_numpy_array()
+    for call in range(3):
+        out, expected = compiled(a, b), fn(ea, eb)
+        np.testing.assert_array_equal(_values(out), _values(expected), err_msg=f"result of call {call}")
+        np.testing.assert_array_equal(a.numpy(), ea.numpy(), err_msg=f"argument a after call {call}")
