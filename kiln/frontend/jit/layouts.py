@@ -114,3 +114,27 @@ class SharedMemory:
     def members(self, root) -> list[int]:
         """The externals that share memory with ``root`` (a root tensor)."""
         return self._groups.get(self._key(id(root)), [])
+
+
+class _Writable:
+    """An ``__array_interface__`` over the same memory as a read-only view, marked writeable; it
+    holds the array that owns the memory alive."""
+
+    def __init__(self, owner, interface: dict) -> None:
+        self.owner = owner
+        self.__array_interface__ = interface
+
+
+def writable(array):
+    """``array``, or a writeable alias of it where it is a read-only view (a broadcast, as
+    ``expand`` makes) of memory its owner may write: a write through an expanded tensor reaches
+    the memory, as in PyTorch. Any other read-only array is returned as it is (numpy refuses
+    the write)."""
+    if not isinstance(array, np.ndarray) or array.flags.writeable:
+        return array
+    owner = memory_owner(array)
+    if not isinstance(owner, np.ndarray) or not owner.flags.writeable:
+        return array
+    interface = dict(array.__array_interface__)
+    interface["data"] = (interface["data"][0], False)
+    return np.asarray(_Writable(owner, interface))

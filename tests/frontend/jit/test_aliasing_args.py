@@ -110,3 +110,57 @@ def test_a_specialization_for_separate_arguments_is_not_used_for_shared_ones(fn)
         out, expected = compiled(a, b), fn(ea, eb)
         np.testing.assert_array_equal(_values(out), _values(expected), err_msg=f"result of call {call}")
         np.testing.assert_array_equal(a.numpy(), ea.numpy(), err_msg=f"argument a after call {call}")
+
+
+# ----------------------------------------------------------------------------- expanded arguments
+def _copy_transpose_onto_itself(a):
+    a.t().copy_(a.t())
+    return a.sum()
+
+
+def _add_to_a_column(a):
+    a[:, 0].add_(1)
+    return a * 2
+
+
+def _fill(a):
+    a.fill_(3)
+    return a + 1
+
+
+def _add_everywhere(a):
+    a.add_(1)
+    return a
+
+
+def _column_of_a_born_expansion(x):
+    y = x.expand(3, 3)
+    y[:, 0] = 7
+    return y + x
+
+
+EXPANDED = [_copy_transpose_onto_itself, _add_to_a_column, _fill, _add_everywhere, _column_of_a_born_expansion]
+
+
+def _outcome(fn, arg):
+    try:
+        out = fn(arg)
+        return "ok", out.numpy().tolist()
+    except RuntimeError as error:
+        return "RuntimeError", str(error).split("\n")[0]
+
+
+@pytest.mark.parametrize("fn", EXPANDED)
+def test_expanded_arguments_as_eager(fn):
+    """``a.t().copy_(a.t())`` on an expanded argument raised numpy's read-only ValueError on every
+    compiled call; writes into an expanded tensor run eagerly (a scatter into one position would
+    miss the others sharing its memory); writes that eager refuses raise eager's error."""
+    compiled = kiln.compile(fn)
+    base, ebase = kiln.arange(3.0).reshape(3, 1), kiln.arange(3.0).reshape(3, 1)
+    expand = fn is not _column_of_a_born_expansion
+    arg, earg = (base.expand(3, 3), ebase.expand(3, 3)) if expand else (base, ebase)
+    for call in range(4):
+        assert _outcome(compiled, arg) == _outcome(fn, earg), f"call {call}"
+        np.testing.assert_array_equal(base.numpy(), ebase.numpy(), err_msg=f"memory after call {call}")
+    if fn is _copy_transpose_onto_itself:
+        assert compiled_calls(compiled) == [3]
