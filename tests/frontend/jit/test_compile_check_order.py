@@ -78,3 +78,28 @@ def test_compiled_calls_raise_the_first_failing_check_as_eager_does(fn, backend)
     assert len(compiled.state.specializations) == 1
     assert compiled.state.specializations[0].calls == good - 1, "the compiled program ran every later good call"
     assert not [e for e in compiled.state.events if e.kind == "break"]
+
+
+def _mask_then_gather(x, i):
+    ok = kiln.logical_and(i >= 0, i < 5)  # CSE makes it the gather check's own condition
+    g = x.gather(1, i)
+    return kiln.where(ok, g * 2, 0.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_condition_the_program_also_reads_still_checks_first(backend):
+    """The program reads the check's own condition after the gather (CSE makes the mask and the
+    condition one value): where a fusion would put both in one kernel, fusion runs again with the
+    condition left out of kernels (tests/passes/test_check_order.py shows that step on the IR)."""
+    compiled = kiln.compile(_mask_then_gather, options=kiln.CompileOptions(backend=backend, verify=True))
+    good, bad = _ints([[0], [4], [1], [2]]), _ints([[0], [7], [1], [2]])
+    for k, i in enumerate([good, good, bad, good, bad]):
+        x = _x(k)
+        expected, eager_error = _outcome(_mask_then_gather, (x, i))
+        if eager_error is None:
+            np.testing.assert_array_equal(compiled(x, i).numpy(), expected.numpy())
+            continue
+        with pytest.raises(RuntimeError) as info:
+            compiled(x, i)
+        assert str(info.value).startswith(str(eager_error)), info.value
+    assert compiled.state.specializations[0].calls == 2
