@@ -164,3 +164,27 @@ def test_expanded_arguments_as_eager(fn):
         np.testing.assert_array_equal(base.numpy(), ebase.numpy(), err_msg=f"memory after call {call}")
     if fn is _copy_transpose_onto_itself:
         assert compiled_calls(compiled) == [3]
+
+
+def test_an_argument_sharing_numpy_memory_with_a_captured_tensor_is_not_run_compiled():
+    """The specialization's guard on captured tensors sees memory shared through numpy too: a
+    program traced for separate memory would read the captured tensor before the write."""
+    array, earray = np.arange(6.0, dtype=np.float32).reshape(2, 3), np.arange(6.0, dtype=np.float32).reshape(2, 3)
+    w, ew = kiln.from_numpy(array), kiln.from_numpy(earray)
+
+    def f(x):
+        x.mul_(2)
+        return x + w
+
+    def g(x):
+        x.mul_(2)
+        return x + ew
+
+    compiled = kiln.compile(f)
+    for _ in range(2):
+        np.testing.assert_array_equal(compiled(kiln.ones(2, 3)).numpy(), g(kiln.ones(2, 3)).numpy())
+    for call in range(3):
+        out, expected = compiled(kiln.from_numpy(array)), g(kiln.from_numpy(earray))
+        np.testing.assert_array_equal(out.numpy(), expected.numpy(), err_msg=f"result of call {call}")
+        np.testing.assert_array_equal(array, earray, err_msg=f"memory after call {call}")
+    assert any("shares memory with captured tensor" in e.detail for e in compiled.state.events)
