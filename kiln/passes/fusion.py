@@ -30,7 +30,7 @@ elementwise work a later kernel computes again rather than read (step 4).
 5. Horizontal fusion (``fusion_emit``): mutually independent elementwise kernels whose bodies
    are structurally identical (same ops, attributes, dtypes and constants; any shapes) -- the
    per-parameter updates of an optimizer step -- become one horizontal kernel.
-6. Checks (``check_order``): the fused graph keeps the checks in their order, and the extern
+6. Checks (``fusion_checks``): the fused graph keeps the checks in their order, and the extern
    nodes they guard (a gather after its index check) after them. In the rare graph where a kernel
    both feeds a check and reads what the check guards, fusion runs again with every node a
    check depends on left out of kernels.
@@ -50,9 +50,9 @@ from collections.abc import Callable, Iterator
 
 from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
 from ..ir.types import TensorType
-from .check_order import CheckOrderCycle, condition_nodes
 from .eliminate_dead_code import eliminate_dead_code
 from .epilogues import fuse_epilogues
+from .fusion_checks import CheckOrderCycle, condition_nodes
 from .fusion_emit import emit
 from .fusion_groups import Grouping
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..ir.analysis import Space
 from ..ir.graph import BODY_REDUCE_OPS, CONSTANT, KERNEL, Graph, Node, Value, structure_key
-from .check_order import CheckOrderCycle, checks_first
+from .fusion_checks import CheckOrderCycle, checks_first
 from .fusion_recompute import recomputed
 from .fusion_rules import classify
 
@@ -80,7 +80,7 @@ def emit(graph: Graph, groups: list[list[Node]], spaces: list[Space | None] | No
         if kernel.outputs:  # else every value it made is computed again where it is read
             units.append(_Unit(position[group[0]], kernels=[kernel]))
     units += [_Unit(position[node], node=node) for node in graph.nodes if node not in grouped]
-    # Checks keep their order and run before the extern nodes they guard (``check_order``).
+    # Checks keep their order and run before the extern nodes they guard (``fusion_checks``).
     waits = checks_first(graph, {unit.node for unit in units if unit.node is not None})
     if len(_topological(units, _predecessors(units, waits))) < len(units):
         raise CheckOrderCycle("a kernel both feeds a check and reads what the check guards")
@@ -143,7 +143,7 @@ def _make_kernel(
 
 # ----------------------------------------------------------------------------- order and dependencies
 def _predecessors(units: list[_Unit], waits: dict[Node, set[Node]]) -> list[set[int]]:
-    """For each unit, the units it reads from and the checks it waits for (``check_order``)."""
+    """For each unit, the units it reads from and the checks it waits for (``fusion_checks``)."""
     defined_by = {v: i for i, unit in enumerate(units) for v in unit.defines}
     unit_of = {unit.node: i for i, unit in enumerate(units) if unit.node is not None}
     preds = []

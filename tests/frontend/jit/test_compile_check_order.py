@@ -90,7 +90,7 @@ def _mask_then_gather(x, i):
 def test_a_condition_the_program_also_reads_still_checks_first(backend):
     """The program reads the check's own condition after the gather (CSE makes the mask and the
     condition one value): where a fusion would put both in one kernel, fusion runs again with the
-    condition left out of kernels (tests/passes/test_check_order.py shows that step on the IR)."""
+    condition left out of kernels (tests/passes/test_fusion_checks.py shows that step on the IR)."""
     compiled = kiln.compile(_mask_then_gather, options=kiln.CompileOptions(backend=backend, verify=True))
     good, bad = _ints([[0], [4], [1], [2]]), _ints([[0], [7], [1], [2]])
     for k, i in enumerate([good, good, bad, good, bad]):

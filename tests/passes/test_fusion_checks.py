@@ -16,8 +16,8 @@ from kiln.ir.graph import KERNEL, Graph, GraphBuilder
 from kiln.ir.interpreter import interpret
 from kiln.ir.types import TensorType
 from kiln.ir.verifier import verify
-from kiln.passes.check_order import checks_first, is_check
 from kiln.passes.fusion import fuse
+from kiln.passes.fusion_checks import checks_first, is_check
 from tests.passes import assert_same_results
 
 INTERPRETER = kiln.CompileOptions(backend="interpreter")
