@@ -6,6 +6,8 @@ import numpy as np
 
 import kiln
 
+from ._utils import new_memory
+
 __all__ = ["normalize", "cosine_similarity", "pairwise_distance", "pixel_shuffle", "pixel_unshuffle",
            "channel_shuffle"]  # fmt: skip
 
@@ -63,7 +65,7 @@ def pixel_shuffle(input, upscale_factor: int) -> kiln.Tensor:
     n = len(lead)
     x = input.reshape(*lead, c // (r * r), r, r, h, w)
     x = x.permute(*range(n), n, n + 3, n + 1, n + 4, n + 2)
-    return x.reshape(*lead, c // (r * r), h * r, w * r)
+    return new_memory(x.reshape(*lead, c // (r * r), h * r, w * r), input)
 
 
 def pixel_unshuffle(input, downscale_factor: int) -> kiln.Tensor:
@@ -77,7 +79,7 @@ def pixel_unshuffle(input, downscale_factor: int) -> kiln.Tensor:
     n = len(lead)
     x = input.reshape(*lead, c, h // r, r, w // r, r)
     x = x.permute(*range(n), n, n + 2, n + 4, n + 1, n + 3)
-    return x.reshape(*lead, c * r * r, h // r, w // r)
+    return new_memory(x.reshape(*lead, c * r * r, h // r, w // r), input)
 
 
 def channel_shuffle(input, groups: int) -> kiln.Tensor:
@@ -88,4 +90,4 @@ def channel_shuffle(input, groups: int) -> kiln.Tensor:
     n, c, *rest = input.shape
     if groups <= 0 or c % groups:
         raise RuntimeError(f"Number of channels must be divisible by groups. Got {c} channels and {groups} groups.")
-    return input.reshape(n, groups, c // groups, *rest).transpose(1, 2).reshape(n, c, *rest)
+    return new_memory(input.reshape(n, groups, c // groups, *rest).transpose(1, 2).reshape(n, c, *rest), input)

@@ -141,7 +141,7 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "nearest", alig
         else:
             rows = _linear_rows(n_in, n_out, factor, corners, dtype)
         out = _resample_dim(out, 2 + k, rows)
-    return out
+    return out.clone() if out is input else out  # nothing resampled: new memory all the same, as PyTorch
 
 
 def upsample(input, size=None, scale_factor=None, mode: str = "nearest", align_corners=None) -> kiln.Tensor:

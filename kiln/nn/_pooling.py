@@ -99,7 +99,9 @@ class _MaxOfWindows(kiln.autograd.Function):
     def forward(ctx, windows, kernel_axes):
         kernel = [windows.shape[a] for a in kernel_axes]
         offsets = [_offset(windows, kernel_axes, k) for k in itertools.product(*map(range, kernel))]
-        top = offsets[0]
+        # One offset (kernel 1): the windows are a view of the input; the result is new memory,
+        # as PyTorch's, so a later in-place change of the input leaves it alone.
+        top = offsets[0] if len(offsets) > 1 else offsets[0].clone()
         for w in offsets[1:]:
             top = kiln.maximum(top, w)
         index = kiln.full_like(top, len(offsets), dtype=kiln.int32)  # 4 bytes: saved for the backward

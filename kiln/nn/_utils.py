@@ -37,3 +37,10 @@ def batched(x: kiln.Tensor, d: int, op: str) -> tuple[kiln.Tensor, bool]:
     raise RuntimeError(
         f"{op}: expected a {d + 1}-d (unbatched) or {d + 2}-d (batched) input, got shape {list(x.shape)}"
     )
+
+
+def new_memory(out: kiln.Tensor, input: kiln.Tensor) -> kiln.Tensor:
+    """``out``, or a copy of it where it is ``input``'s memory rearranged by views alone (a factor of
+    1 makes the rearrangement an identity, and reshape then returns a view): PyTorch's result is
+    new memory, which a later in-place change of ``input`` leaves alone."""
+    return out.clone() if out.numel() and out.data_ptr() == input.data_ptr() else out

@@ -30,7 +30,11 @@ elementwise work a later kernel computes again rather than read (step 4).
 5. Horizontal fusion (``fusion_emit``): mutually independent elementwise kernels whose bodies
    are structurally identical (same ops, attributes, dtypes and constants; any shapes) -- the
    per-parameter updates of an optimizer step -- become one horizontal kernel.
-6. Epilogues (``epilogues``), for a backend that takes them: a convolution and the elementwise
+6. Checks (``fusion_checks``): the fused graph keeps the checks in their order, and the extern
+   nodes they guard (a gather after its index check) after them. In the rare graph where a kernel
+   both feeds a check and reads what the check guards, fusion runs again with every node a
+   check depends on left out of kernels.
+7. Epilogues (``epilogues``), for a backend that takes them: a convolution and the elementwise
    kernels after it that read its results (bias, activation, pooling) become one kernel of kind
    ``conv``.
 
@@ -48,6 +52,7 @@ from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
 from ..ir.types import TensorType
 from .eliminate_dead_code import eliminate_dead_code
 from .epilogues import fuse_epilogues
+from .fusion_checks import CheckOrderCycle, condition_nodes
 from .fusion_emit import emit
 from .fusion_groups import Grouping
 
@@ -61,16 +66,25 @@ def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None,
     Needs: a verified graph in topological order. Establishes: every elementwise, fusable view
     and trailing-axes reduction node is in one kernel body (and cheap elementwise ones in the
     bodies that recompute them, ``fusion_recompute``); the graph verifies; running
-    it gives the same results as ``graph``, bit for bit, on the interpreter.
+    it gives the same results as ``graph``, bit for bit, on the interpreter, and raises what
+    ``graph`` raises (the checks keep their order and run before the extern nodes they guard).
     """
     graph = eliminate_dead_code(graph)  # a kernel makes at least one output that something reads
     if not graph.nodes:
         return graph
     graph = reductions_to_trailing_axes(graph, supports)
+    try:
+        fused = _group_and_emit(graph, supports)
+    except CheckOrderCycle:
+        conditions = condition_nodes(graph)
+        fused = _group_and_emit(graph, lambda node: node not in conditions and (supports is None or supports(node)))
+    return fused if takes_epilogue is None else fuse_epilogues(fused, takes_epilogue)
+
+
+def _group_and_emit(graph: Graph, supports: Callable[[Node], bool] | None) -> Graph:
     grouping = Grouping(graph, supports)
     groups = grouping.groups()
-    fused = emit(graph, groups, [grouping.space(g) for g in groups])
-    return fused if takes_epilogue is None else fuse_epilogues(fused, takes_epilogue)
+    return emit(graph, groups, [grouping.space(g) for g in groups])
 
 
 def reductions_to_trailing_axes(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..ir.analysis import Space
 from ..ir.graph import BODY_REDUCE_OPS, CONSTANT, KERNEL, Graph, Node, Value, structure_key
+from .fusion_checks import CheckOrderCycle, checks_first
 from .fusion_recompute import recomputed
 from .fusion_rules import classify
 
@@ -79,8 +80,12 @@ def emit(graph: Graph, groups: list[list[Node]], spaces: list[Space | None] | No
         if kernel.outputs:  # else every value it made is computed again where it is read
             units.append(_Unit(position[group[0]], kernels=[kernel]))
     units += [_Unit(position[node], node=node) for node in graph.nodes if node not in grouped]
-    units = _fuse_horizontally(units)
-    return _build(graph, [units[i] for i in _order(units)])
+    # Checks keep their order and run before the extern nodes they guard (``fusion_checks``).
+    waits = checks_first(graph, {unit.node for unit in units if unit.node is not None})
+    if len(_topological(units, _predecessors(units, waits))) < len(units):
+        raise CheckOrderCycle("a kernel both feeds a check and reads what the check guards")
+    units = _fuse_horizontally(units, waits)
+    return _build(graph, [units[i] for i in _order(units, _predecessors(units, waits))])
 
 
 def _make_kernel(
@@ -137,14 +142,26 @@ def _make_kernel(
 
 
 # ----------------------------------------------------------------------------- order and dependencies
-def _predecessors(units: list[_Unit]) -> list[set[int]]:
+def _predecessors(units: list[_Unit], waits: dict[Node, set[Node]]) -> list[set[int]]:
+    """For each unit, the units it reads from and the checks it waits for (``fusion_checks``)."""
     defined_by = {v: i for i, unit in enumerate(units) for v in unit.defines}
-    return [{defined_by[v] for v in unit.reads if v in defined_by} - {i} for i, unit in enumerate(units)]
+    unit_of = {unit.node: i for i, unit in enumerate(units) if unit.node is not None}
+    preds = []
+    for i, unit in enumerate(units):
+        checks = waits.get(unit.node, ()) if unit.node is not None else ()
+        preds.append(({defined_by[v] for v in unit.reads if v in defined_by} | {unit_of[c] for c in checks}) - {i})
+    return preds
 
 
-def _order(units: list[_Unit], preds: list[set[int]] | None = None) -> list[int]:
+def _order(units: list[_Unit], preds: list[set[int]]) -> list[int]:
     """A topological order of the units; among those ready, the one that came first in the input graph."""
-    preds = _predecessors(units) if preds is None else preds
+    order = _topological(units, preds)
+    assert len(order) == len(units), "fusion made a cycle"
+    return order
+
+
+def _topological(units: list[_Unit], preds: list[set[int]]) -> list[int]:
+    """``_order``, or as much of it as there is when ``preds`` has a cycle (the units on it left out)."""
     waiting = [len(p) for p in preds]
     succs: list[list[int]] = [[] for _ in units]
     for i, p in enumerate(preds):
@@ -160,13 +177,13 @@ def _order(units: list[_Unit], preds: list[set[int]] | None = None) -> list[int]
             waiting[j] -= 1
             if not waiting[j]:
                 heapq.heappush(ready, (units[j].first, j))
-    assert len(order) == len(units), "fusion made a cycle"
     return order
 
 
 # ----------------------------------------------------------------------------- horizontal fusion
-def _fuse_horizontally(units: list[_Unit]) -> list[_Unit]:
-    """Merge mutually independent elementwise kernels with identical structure into horizontal units."""
+def _fuse_horizontally(units: list[_Unit], waits: dict[Node, set[Node]]) -> list[_Unit]:
+    """Merge mutually independent elementwise kernels with identical structure into horizontal units
+    (``waits``: the checks each extern node waits for, edges as real as the data's)."""
     buckets: dict[tuple, list[int]] = {}
     for i, unit in enumerate(units):
         if unit.node is None and unit.kernels[0].kind == "elementwise":
@@ -175,7 +192,7 @@ def _fuse_horizontally(units: list[_Unit]) -> list[_Unit]:
     if not pending:
         return units
     pending.sort(key=lambda b: units[b[0]].first)
-    graph = _Dependencies(units)
+    graph = _Dependencies(units, waits)
     for bucket in pending:
         candidates = [units[i] for i in bucket]
         while len(candidates) >= 2:
@@ -199,11 +216,10 @@ class _Dependencies:
     """The units' dependency graph, kept up to date as horizontal fusion merges units (by identity),
     so that each round costs one pass over it instead of rebuilding it from the values."""
 
-    def __init__(self, units: list[_Unit]) -> None:
+    def __init__(self, units: list[_Unit], waits: dict[Node, set[Node]]) -> None:
         self.alive = {id(u): u for u in units}  # in order: units, then merged units as they come
         self.bit = {id(u): k for k, u in enumerate(units)}  # each unit's bit in the ancestor sets
-        defined_by = {v: id(u) for u in units for v in u.defines}
-        self.preds = {id(u): {defined_by[v] for v in u.reads if v in defined_by} - {id(u)} for u in units}
+        self.preds = {id(u): {id(units[p]) for p in preds} for u, preds in zip(units, _predecessors(units, waits))}
         self.succs: dict[int, set[int]] = {k: set() for k in self.preds}
         for k, preds in self.preds.items():
             for p in preds:

@@ -37,6 +37,7 @@ from ..tensor import Tensor
 from . import hazards, reads, state
 from .build import build_specialization
 from .guards import build_guards
+from .layouts import MemoryIndex
 from .pytree import flatten_call
 from .trace import Trace, TraceBreak, TraceBreakError
 
@@ -383,12 +384,16 @@ _PLAIN = (int, float, bool, str, bytes, complex, type(None))
 
 def call_key(tree, leaves: list) -> tuple:
     roots: dict[int, int] = {}
+    memory = MemoryIndex()  # arguments sharing memory with no root in common (from_numpy of one array)
     parts = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, Tensor):
             data = leaf._data
             root = leaf._base if leaf._base is not None else leaf
-            alias = roots.setdefault(id(root), i)
+            alias: Any = roots.setdefault(id(root), i)
+            overlapped = memory.share(data, alias)
+            if overlapped:  # explain() shows the one argument it shares memory with, or all of them
+                alias = overlapped[0] if alias == i and len(overlapped) == 1 else (alias, *overlapped)
             parts.append(
                 ("tensor", data.shape, data.strides, leaf._dtype, leaf._device, leaf._requires_grad,
                  leaf._grad is not None, alias)

@@ -40,3 +40,101 @@ def contains(outer, inner) -> bool:
     lo, hi = np.lib.array_utils.byte_bounds(outer)
     ilo, ihi = np.lib.array_utils.byte_bounds(inner)
     return lo <= ilo and ihi <= hi
+
+
+def memory_owner(array):
+    """What holds ``array``'s memory: the end of its chain of bases (a numpy or cupy view keeps
+    the array it views as ``base``; an array over foreign memory keeps that object)."""
+    base = array.base
+    while base is not None:
+        array, base = base, getattr(base, "base", None)
+    return array
+
+
+def overlaps(a, b) -> bool:
+    """Whether the memory of arrays ``a`` and ``b`` may overlap (their byte ranges meet)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(np.may_share_memory(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return False  # host and device memory
+    import cupy  # noqa: PLC0415  device arrays: cupy is loaded
+
+    return bool(cupy.may_share_memory(a, b))
+
+
+class MemoryIndex:
+    """Arrays by the object that holds their memory, to find the earlier ones a new array
+    overlaps (only arrays with one owner are compared, so unrelated arrays cost one dict look-up).
+
+    >>> m, base = MemoryIndex(), np.zeros((4, 4))
+    >>> m.share(base[:2], 0), m.share(base[2:], 1), m.share(np.zeros(3), 2), m.share(base.T[1], 3)
+    ((), (), (), (0, 1))
+    """
+
+    def __init__(self) -> None:
+        self._by_owner: dict[int, list[tuple[object, int]]] = {}
+
+    def share(self, array, tag: int) -> tuple[int, ...]:
+        """Add ``array`` as ``tag``; the other tags, in order, of the arrays added before whose
+        memory overlaps ``array``'s."""
+        owner = id(memory_owner(array))
+        earlier = self._by_owner.get(owner)
+        if earlier is None:
+            self._by_owner[owner] = [(array, tag)]
+            return ()
+        found = tuple(sorted({t for other, t in earlier if t != tag and overlaps(other, array)}))
+        earlier.append((array, tag))
+        return found
+
+
+class SharedMemory:
+    """A trace's externals grouped by the memory they share: the tensors viewing one root tensor
+    (``_base``), joined with the group of any other external whose memory overlaps theirs (two
+    tensors made by ``from_numpy`` over one array have no root in common)."""
+
+    def __init__(self) -> None:
+        self._groups: dict[int, list[int]] = {}  # id(root tensor) -> externals, for groups' keys
+        self._joined: dict[int, int] = {}  # id(root) -> id(root) of the group it was joined to
+        self._memory = MemoryIndex()
+
+    def _key(self, root_id: int) -> int:
+        while root_id in self._joined:
+            root_id = self._joined[root_id]
+        return root_id
+
+    def add(self, root, array, external: int) -> None:
+        """External number ``external`` views ``root``'s memory through ``array``."""
+        key = self._key(id(root))
+        self._groups.setdefault(key, []).append(external)
+        for other in map(self._key, self._memory.share(array, id(root))):
+            if other != key:
+                self._groups[key] += self._groups.pop(other)
+                self._joined[other] = key
+
+    def members(self, root) -> list[int]:
+        """The externals that share memory with ``root`` (a root tensor)."""
+        return self._groups.get(self._key(id(root)), [])
+
+
+class _Writable:
+    """An ``__array_interface__`` over the same memory as a read-only view, marked writeable; it
+    holds the array that owns the memory alive."""
+
+    def __init__(self, owner, interface: dict) -> None:
+        self.owner = owner
+        self.__array_interface__ = interface
+
+
+def writable(array):
+    """``array``, or a writeable alias of it where it is a read-only view (a broadcast, as
+    ``expand`` makes) of memory its owner may write: a write through an expanded tensor reaches
+    the memory, as in PyTorch. Any other read-only array is returned as it is (numpy refuses
+    the write)."""
+    if not isinstance(array, np.ndarray) or array.flags.writeable:
+        return array
+    owner = memory_owner(array)
+    if not isinstance(owner, np.ndarray) or not owner.flags.writeable:
+        return array
+    interface = dict(array.__array_interface__)
+    interface["data"] = (interface["data"][0], False)
+    return np.asarray(_Writable(owner, interface))

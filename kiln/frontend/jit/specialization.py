@@ -17,6 +17,7 @@ from operator import attrgetter, is_, is_not
 
 from ...ir.graph import Graph, SourceLocation
 from ..tensor import Tensor, make_tensor
+from .layouts import memory_owner, overlaps
 from .pytree import unflatten
 from .signature import Argument, Captured, Signature, apply, bind, call
 
@@ -78,6 +79,8 @@ class Specialization:
         self._grads = [s.snapshot[4] for s in self._captured]
         self._nones = [None] * len(self._captured)
         self._matched_arrays: list | None = None  # weak references to the arrays of the last matching call
+        # the positions of the captured arrays of the last matching call by the id of their memory's owner
+        self._owners: dict[int, list[int]] | None = None
         self._fresh_results = _fresh_results(self.signature, getattr(self.program, "fresh_outputs", frozenset()))
         # Every input an argument or a captured tensor: the call's key holds each argument's shape,
         # strides and dtype, and the guards compared every captured tensor's (``_captures_match``)
@@ -135,6 +138,7 @@ class Specialization:
         if matched is None or not all(map(is_, arrays, map(call, matched))):
             if list(map(_LAYOUT, tensors)) != self._layouts:
                 return False
+            self._owners = None  # other arrays: their memory's owners are found again when needed
             try:
                 self._matched_arrays = [weakref.ref(a) for a in arrays]
             except TypeError:  # an array type without weak references: compare layouts every call
@@ -147,7 +151,15 @@ class Specialization:
         if arg_roots and not (arg_roots.isdisjoint(map(id, tensors))
                               and arg_roots.isdisjoint(map(id, filter(_NOT_NONE, map(_BASE, tensors))))):  # fmt: skip
             return False  # (a captured view's own id is never a root: roots have no _base)
-        return True
+        return arg_roots == set() or self._memory_shared_with(leaves, arrays) is None
+
+    def _memory_shared_with(self, leaves: list, arrays: list) -> int | None:
+        """The position of a captured tensor whose memory an argument's overlaps with no kiln view
+        relation between them (``from_numpy`` of one array twice), else None."""
+        by_owner = self._owners
+        if by_owner is None or self._matched_arrays is None:  # (the arrays of the last matching call)
+            by_owner = self._owners = owners_of(arrays)
+        return _shared_with(leaves, arrays, by_owner)
 
     def _capture_miss(self, leaves: list) -> str | None:
         """Which captured tensor fails ``_captures_match``, in words."""
@@ -161,6 +173,10 @@ class Specialization:
                 return f"captured tensor {source.name} changed: {_describe_state(source.snapshot, now)}"
             if id(t._base if t._base is not None else t) in arg_roots:
                 return f"an argument shares memory with captured tensor {source.name}"
+        arrays = [s.ref()._data for s in self._captured]
+        k = _shared_with(leaves, arrays, owners_of(arrays))
+        if k is not None:
+            return f"an argument shares memory with captured tensor {self._captured[k].name}"
         return None
 
     # ------------------------------------------------------------------ running
@@ -181,6 +197,24 @@ class Specialization:
 
 
 _MISSING = object()
+
+
+def owners_of(arrays: list) -> dict[int, list[int]]:
+    """The positions of ``arrays`` by the id of the object that owns each one's memory."""
+    by_owner: dict[int, list[int]] = {}
+    for k, a in enumerate(arrays):
+        by_owner.setdefault(id(memory_owner(a)), []).append(k)
+    return by_owner
+
+
+def _shared_with(leaves: list, arrays: list, by_owner: dict[int, list[int]]) -> int | None:
+    """The position in ``arrays`` of one whose memory a tensor of ``leaves`` overlaps, else None."""
+    for leaf in leaves:
+        if isinstance(leaf, Tensor):
+            for k in by_owner.get(id(memory_owner(leaf._data)), ()):
+                if overlaps(leaf._data, arrays[k]):
+                    return k
+    return None
 
 
 def _fresh_results(sig, fresh: frozenset) -> list | None:

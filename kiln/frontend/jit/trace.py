@@ -34,7 +34,7 @@ from ...ir.graph import GraphBuilder, SourceLocation, Value
 from ...ir.types import TensorType
 from ..tensor import Tensor
 from . import state
-from .layouts import contains, dense_order, is_identity
+from .layouts import SharedMemory, contains, dense_order, is_identity
 from .signature import (
     BornView,
     ClearGrad,
@@ -130,7 +130,7 @@ class Trace:
         self.parent = parent  # a backward trace reads the forward trace's values as inputs
         self.externals: list[External] = []
         self._external_index: dict[int, int] = {}  # id(tensor) -> index in externals
-        self._roots: dict[int, list[int]] = {}  # id(memory owner) -> externals sharing that memory
+        self._roots = SharedMemory()  # the externals by the memory they share
         self.foreign: list[Value] = []  # parent values read by this trace, parallel to their inputs here
         self._foreign_index: dict[Value, Value] = {}
         self.born: list[weakref.ref] = []
@@ -177,7 +177,7 @@ class Trace:
             if t is not None and t._trace is not None and t._trace[0] is self:
                 t._trace = None
         self.externals, self.born, self.grads = [], [], {}
-        self._external_index, self._roots = {}, {}
+        self._external_index, self._roots = {}, SharedMemory()
 
     # ------------------------------------------------------------------ hooks from eager code
     def on_new_tensor(self, t) -> None:
@@ -308,7 +308,7 @@ class Trace:
         self.externals.append(External(t, value, kind, arg_index, state, t.grad_fn))
         self._external_index[id(t)] = index
         root = t._base if t._base is not None else t
-        self._roots.setdefault(id(root), []).append(index)
+        self._roots.add(root, t._data, index)
         t._trace = (self, value, t._version[0])
         return value
 
@@ -332,7 +332,7 @@ class Trace:
         binding = base._trace
         if binding is not None and binding[0] is self:
             return base
-        sharing = [self.externals[i].tensor for i in self._roots.get(id(base), ())]
+        sharing = [self.externals[i].tensor for i in self._roots.members(base)]
         inside = [e for e in sharing if e is not t and contains(e._data, t._data)]
         return inside[0] if len(inside) == 1 else base
 
@@ -367,20 +367,19 @@ class Trace:
             # is written back and the tensor itself is what the call returns.
             self.add_external(target, "capture")
         index = self._external_index.get(id(target))
+        # Inputs sharing the written memory would each need the write (a view of a common base
+        # that is no input of the trace, as ``a = base.detach()`` and ``b = a.t()`` are, has no
+        # input to write back to): the call finishes eagerly.
+        if len(self._roots.members(target._base if target._base is not None else target)) > 1:
+            what = "an input" if index is not None else "a view of an input"
+            self.break_here(f"an in-place change of {what} that shares memory with another input")
+            return
         if index is not None or target._base is None:
-            if index is not None and len(self._roots[id(target._base if target._base is not None else target)]) > 1:
-                self.break_here("an in-place change of an input that shares memory with another input")
-                return
             target._trace = (self, new_value, version)
             return
         anchor = self._anchor(target)
         updated = self._scatter(anchor, target, value)
         if state.current.get() is not self:
-            return
-        anchor_index = self._external_index.get(id(anchor))
-        anchor_root = anchor._base if anchor._base is not None else anchor
-        if anchor_index is not None and len(self._roots[id(anchor_root)]) > 1:
-            self.break_here("an in-place change of a view of an input that shares memory with another input")
             return
         anchor._trace = (self, self.value_of(updated), version)
         target._trace = (self, new_value, version)
@@ -496,7 +495,7 @@ class Trace:
         would: the compiled call returns the same view."""
         if t._base is None:
             return None
-        for index in self._roots.get(id(t._base), ()):
+        for index in self._roots.members(t._base):
             e = self.externals[index].tensor
             if contains(e._data, t._data) and e._device is t._device and e._dtype is t._dtype:
                 offset = t._data.__array_interface__["data"][0] - e._data.__array_interface__["data"][0]

@@ -4,7 +4,8 @@ legacy tensor-type constructors (``LongTensor``...), memory formats, and type pr
 
 Sorting orders by numpy's stable argsort of the values and gathers them, so values carry their
 gradient (through ``gather``) while the order itself is a data-dependent integer result: under
-``kiln.compile`` it reads the values and so runs that call eagerly, with the reason said.
+``kiln.compile`` it reads the values and so runs that call eagerly, with a reason naming the op
+(kiln has no sort primitive; a comparison-count sort over primitives costs n^2 per row).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import namedtuple
 import numpy as np
 
 from ...ir import dtypes as dt
+from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor, method
 from . import creation, indexing
 
@@ -29,8 +31,10 @@ SortResult = namedtuple("sort", ["values", "indices"])
 TopkResult = namedtuple("topk", ["values", "indices"])
 
 
-def _order(input: Tensor, dim: int, descending: bool) -> np.ndarray:
+def _order(input: Tensor, dim: int, descending: bool, op: str) -> np.ndarray:
     """A stable order along ``dim`` (ties keep their positions, as torch's CPU sort does)."""
+    if _jit.tracing:  # the reason names the op, not the .numpy() below
+        _jit.unsafe(f"{op} has no compiled form (kiln has no sort primitive; the order depends on the values)")
     values = input.detach().numpy()  # a concrete order: under tracing this call runs eagerly
     if descending:
         # Descending with ties in index order (a stable sort of the negated keys); nan sorts first as largest.
@@ -44,15 +48,19 @@ def _order(input: Tensor, dim: int, descending: bool) -> np.ndarray:
 @method("sort")
 def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
     """Values sorted along ``dim`` and their positions (ties keep their order), as ``torch.sort``."""
-    if input.ndim == 0:
-        return SortResult(input.clone(), creation.zeros((), dtype=dt.int64))
-    index = make_tensor(_order(input, dim, descending), input.device)
-    return SortResult(indexing.gather(input, dim, index), index)
+    return _sort(input, dim, descending, "sort")
 
 
 @method("argsort")
 def argsort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
-    return sort(input, dim, descending, stable).indices
+    return _sort(input, dim, descending, "argsort").indices
+
+
+def _sort(input: Tensor, dim: int, descending: bool, op: str):
+    if input.ndim == 0:
+        return SortResult(input.clone(), creation.zeros((), dtype=dt.int64))
+    index = make_tensor(_order(input, dim, descending, op), input.device)
+    return SortResult(indexing.gather(input, dim, index), index)
 
 
 @method("topk")
@@ -63,7 +71,7 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
         raise RuntimeError(f"selected index k out of range: k={k} for a dimension of size {size}")
     if input.ndim == 0:
         return TopkResult(input.clone(), creation.zeros((), dtype=dt.int64))
-    order = _order(input, dim, largest)
+    order = _order(input, dim, largest, "topk")
     index = make_tensor(np.ascontiguousarray(np.take(order, np.arange(k), axis=dim)), input.device)
     return TopkResult(indexing.gather(input, dim, index), index)
 

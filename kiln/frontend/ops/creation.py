@@ -376,7 +376,7 @@ def copy_(input: Tensor, src: Tensor) -> Tensor:
 def fill_(input: Tensor, value) -> Tensor:
     with no_grad():
         filled = full_like(input, value.item() if isinstance(value, Tensor) else value)
-    return commit_inplace(input, filled, op="fill_")
+    return commit_inplace(input, filled, op="fill_", uniform=True)
 
 
 @method("zero_")

@@ -18,10 +18,13 @@ import numpy as np
 from ..autograd.grad_mode import state
 from ..autograd.graph import PrimBackward, SavedTensor, refresh_view_history, stamp_view
 from ..jit import state as _jit
+from ..jit.layouts import writable
 from ..tensor import Tensor, make_tensor
 
 
-def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Tensor:
+def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op", uniform: bool = False) -> Tensor:
+    """Write ``value`` into ``target`` (see the module docstring); ``uniform``: every element gets
+    the same value (``fill_``), so an expanded target, whose elements share memory, may take it."""
     if not isinstance(target, Tensor):
         raise TypeError(f"{op}: expected a Tensor to modify, got {type(target).__name__}")
     if value._dtype is not target._dtype:
@@ -43,6 +46,10 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
                 f"{op}: output with shape {tuple(target.shape)} doesn't match the broadcast shape {tuple(value.shape)}"
             ) from None
     track = state.grad_enabled and (value._requires_grad or target._requires_grad)
+    if not track and _same_memory(value._data, target._data):
+        return target  # ``x.t().copy_(x.t())``: nothing to write (PyTorch returns at once too)
+    if not uniform:
+        _check_no_internal_overlap(target, op)
     if track:
         if value._base is not None and value.grad_fn is not None:  # copy_(v): v's history must be current
             refresh_view_history(value)
@@ -53,11 +60,15 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
             value = reshape(value, tuple(value.shape))
         _snapshot_saved_inputs(value, target)
     if _jit.tracing:
+        if not getattr(target._data.flags, "writeable", True):
+            # An expanded tensor or a view of one: a write reaches every position sharing its
+            # memory, which the functional form of the write (a scatter) does not say.
+            _jit.unsafe(f"{op} writes into an expanded tensor, whose elements share memory")
         trace = _jit.current.get()
         if trace is not None:
             trace.on_inplace(target, value)
     if value._data is not target._data:
-        target._data[...] = value._data
+        writable(target._data)[...] = value._data
     target._version[0] += 1
     if track:
         if target._base is None:
@@ -65,6 +76,34 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op") -> Te
         else:
             _rebase_view(target, value)
     return target
+
+
+def _same_memory(a, b) -> bool:
+    """Whether arrays ``a`` and ``b`` are the same elements of the same memory, in the same layout."""
+    if a is b:
+        return True
+    if a.shape != b.shape or a.strides != b.strides or a.dtype != b.dtype or _owner(a) is not _owner(b):
+        return False  # (a fresh result owns its memory: the common case ends here, cheaply)
+    return _address(a) == _address(b)
+
+
+def _owner(a):
+    base = a.base
+    while base is not None:  # an array over foreign memory (bytes, mmap) ends the chain
+        a, base = base, getattr(base, "base", None)
+    return a
+
+
+def _check_no_internal_overlap(target: Tensor, op: str) -> None:
+    """An expanded tensor (a stride of 0 along a dim of size > 1) holds each element once for many
+    positions: writing it is refused, with PyTorch's error."""
+    data = target._data
+    if 0 in data.strides and data.size and any(s == 0 and n > 1 for n, s in zip(data.shape, data.strides, strict=True)):
+        raise RuntimeError(
+            f"{op}: unsupported operation: more than one element of the written-to tensor refers to a single "
+            f"memory location (shape {tuple(data.shape)}, strides {tuple(s // data.itemsize for s in data.strides)}). "
+            "Please clone() the tensor before performing the operation."
+        )
 
 
 def _snapshot_saved_inputs(value: Tensor, target: Tensor) -> None:

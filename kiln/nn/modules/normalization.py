@@ -63,8 +63,9 @@ class _BatchNorm(Module):
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
             with kiln.no_grad():
                 self.num_batches_tracked.add_(1)
-            # momentum=None: a cumulative moving average, weight 1/n for the n-th batch.
-            factor = 1.0 / int(self.num_batches_tracked.item()) if self.momentum is None else self.momentum
+            if self.momentum is None:  # a cumulative moving average: weight 1/n for the n-th batch,
+                # read from the counter as a tensor, so a compiled step reads it on every call
+                factor = 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
         use_batch_stats = self.training or self.running_mean is None
         track = not self.training or self.track_running_stats
         return F.batch_norm(
