@@ -19,11 +19,7 @@ NEW_KINDS = {"layers": 30, "models": 8, "optim": 24, "pystate": 40}
 # Classes of findings that other branches of issue 35 fix. A new kind's test whose findings are all
 # of these classes calls pytest.xfail (as xfail(strict=False) would, but a finding of any other
 # class still fails it, and a clean run passes). Remove an entry when its fix is merged.
-KNOWN_BUGS = {
-    "max_pool with kernel 1 returns a view of its input (PyTorch returns new memory)": (
-        lambda key: "fresh memory" in key and "pool k1" in key
-    ),
-}
+KNOWN_BUGS: dict = {}  # none open: issue 35 fixed the optimizer, container and pooling classes
 
 
 def profile_size() -> int:
