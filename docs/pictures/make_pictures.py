@@ -1,7 +1,8 @@
 """Draws the pictures the docs show: ``python docs/pictures/make_pictures.py`` (SVG needs Graphviz's dot).
 
 - ``mlp.dot``/``mlp.svg``: the exported MLP of docs/cli.md after fusion (``kiln draw mlp.kiln --fused``);
-- ``first_step.dot``/``first_step.svg``: the README's first compiled training step, as ``kiln.explain`` draws it.
+- ``first_step.dot``/``first_step.svg``: the README's first compiled training step, as ``kiln.explain`` draws it;
+- ``first_step_memory.dot``/``.svg``: that step's memory plan over time (``ExplainReport.memory_to_dot``).
 
 tests/test_readme.py checks that the committed ``.dot`` files are what this script draws.
 """
@@ -30,6 +31,14 @@ def mlp_dot() -> str:
 
 
 def first_step_dot() -> str:
+    return _first_step_report().to_dot(collapse_kernels=True)
+
+
+def first_step_memory_dot() -> str:
+    return _first_step_report().memory_to_dot()
+
+
+def _first_step_report():
     kiln.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
     opt = kiln.optim.Adam(model.parameters(), lr=1e-3)
@@ -45,10 +54,10 @@ def first_step_dot() -> str:
     x, y = kiln.randn(128, 64), kiln.randint(0, 10, (128,))
     for _ in range(3):
         compiled(x, y)
-    return kiln.explain(compiled, x, y).to_dot(collapse_kernels=True)
+    return kiln.explain(compiled, x, y)
 
 
-PICTURES = {"mlp": mlp_dot, "first_step": first_step_dot}
+PICTURES = {"mlp": mlp_dot, "first_step": first_step_dot, "first_step_memory": first_step_memory_dot}
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from ...ir.dot import BREAK_COLOR, digraph, dot_statements, quote
 from ...ir.graph import CONSTANT, KERNEL, Graph, Node, Value
 from ...ir.printer import format_type
+from ...passes.memory_picture import memory_plan_dot
 from ...passes.memory_plan import format_bytes
 from .backward import BackwardPlan, ConsumedPlan
 from .compiler import CompiledFunction
@@ -112,6 +113,25 @@ class ExplainReport:
         return self.summary() + (f"\n\nFull IR\n=======\n{full}" if full else "")
 
     # ------------------------------------------------------------------ pictures
+    def memory_to_dot(self, specialization: int = -1) -> str:
+        """Graphviz DOT of a specialization's memory plan over time (``kiln.passes.memory_picture``):
+        each intermediate's buffer across the nodes it lives for and the arena bytes it takes
+        (``specialization``: its index, the last by default).
+
+        >>> import kiln
+        >>> report = kiln.explain(lambda x: (x.exp() + 1).sum(0) * 2, kiln.ones(64, 64))
+        >>> report.memory_to_dot().startswith('digraph "memory plan of specialization 1"')
+        True
+        """
+        if not self.specializations:
+            raise ValueError(f"kiln.explain({self.name}): no specialization was compiled, so there is no memory plan")
+        index = range(len(self.specializations))[specialization]
+        spec = self.specializations[index]
+        plan = getattr(spec.program, "plan", None)
+        if plan is None:
+            raise ValueError(f"specialization {index + 1} runs on a backend that plans no memory (the interpreter)")
+        return memory_plan_dot(spec.graph, plan, name=f"memory plan of specialization {index + 1}")
+
     def to_dot(self, *, collapse_kernels: bool = False) -> str:
         """Graphviz DOT of every specialization (a cluster each; kernels as clusters inside, edges
         labelled with types, inputs and outputs by kind) and the trace breaks (red notes)."""
@@ -358,6 +378,7 @@ def _memory_lines(spec) -> list[str]:
     plan = getattr(spec.program, "plan", None)
     if plan is not None:
         lines.extend("    " + line.strip() for line in plan.describe().splitlines())
+        lines.append("    (report.memory_to_dot() draws the plan over time; kiln.ir.dot.render makes it SVG)")
     return lines
 
 
