@@ -72,7 +72,7 @@ def is_tensor(obj) -> bool:
 # Last: the libraries written against the public API above, as a user's library would be.
 # isort: off
 from . import data, jit, multiprocessing, nn, onnx, optim  # noqa: E402  (onnx imports the onnx package only when used)
-from .jit import CompileOptions, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
+from .jit import CompileOptions, CompileWarning, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
 from .serialization import load, save  # noqa: E402
 from . import distributed, profiler  # noqa: E402  (mpi4py is imported by init_process_group only)
 from . import distributions, fft, func, linalg, special  # noqa: E402

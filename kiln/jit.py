@@ -28,13 +28,13 @@ from .frontend.jit.export import ExportedProgram, ExportError, export, load_expo
 from .frontend.jit.regions import Region, composite
 from .frontend.jit.state import before_each_call, guard
 from .frontend.jit.state import unsafe as _unsafe
-from .frontend.jit.trace import TraceBreakError
+from .frontend.jit.trace import CompileWarning, TraceBreakError
 from .frontend.ops.checks import check as _check
 from .frontend.ops.checks import check_range as _check_range
 
 __all__ = [
     "compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "CompileCheckError", "before_each_call",
-    "stop_trace",
+    "stop_trace", "CompileWarning",
     "guard", "check_values", "check_range", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError",
     "load_exported", "composite", "Region",
 ]  # fmt: skip

@@ -24,7 +24,9 @@ import dis
 import functools
 import logging
 import os
+import sys
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +41,7 @@ from .build import build_specialization
 from .guards import build_guards
 from .layouts import MemoryIndex
 from .pytree import flatten_call
-from .trace import Trace, TraceBreak, TraceBreakError
+from .trace import _KILN_DIR, CompileWarning, Trace, TraceBreak, TraceBreakError
 
 logger = logging.getLogger("kiln")
 
@@ -198,7 +200,9 @@ class CompiledFunction:
         if key not in self.state.cache and self.state.last_key is not None:
             miss = describe_key_change(self.state.last_key, key) if key != self.state.last_key else "traced again"
         if len(self.state.specializations) >= self.options.recompile_limit:
-            self._event("recompile limit", f"{miss}; limit of {self.options.recompile_limit} reached", once=True)
+            limit = self.options.recompile_limit
+            self._event("recompile limit", f"{miss}; the limit of {limit} specializations is reached, so calls that "
+                        "match none of them now run eagerly (CompileOptions(recompile_limit=...) sets it)", once=True)  # fmt: skip
             return self.fn(*args, **kwargs)
         if profiling.active:
             name = f"kiln.compile({self._name()}): trace and compile"
@@ -319,15 +323,28 @@ class CompiledFunction:
             return
         self.state.events.append(Event(kind, detail))
         if kind == "recompile limit":
-            self._log_once((kind, detail), detail)
+            self._log_once((kind,), detail)  # once per function: each later miss names another change
         elif kind != "break":  # breaks are logged once per reason by the caller
             logger.info("kiln.compile(%s): %s", self._name(), detail)
 
     def _log_once(self, key, message: str) -> None:
+        """Say ``message`` once per function and ``key``: to the ``kiln`` logger, and as a
+        ``CompileWarning`` at the user's line that called the function (kiln's logger has no handler
+        of its own, so by default only the warning reaches the user, as torch.compile's do)."""
         if key in self.state.logged:
             return
         self.state.logged.add(key)
-        logger.warning("kiln.compile(%s): %s", self._name(), message)
+        text = f"kiln.compile({self._name()}): {message}"
+        logger.warning("%s", text)
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
+            frame = frame.f_back
+        where = (
+            (frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "?"))
+            if frame
+            else ("kiln", 0, "kiln")
+        )
+        warnings.warn_explicit(text, CompileWarning, where[0], where[1], module=where[2])
 
     def _name(self) -> str:
         return getattr(self.fn, "__qualname__", None) or type(self.fn).__name__

@@ -57,6 +57,12 @@ class TraceBreakError(RuntimeError):
     """``fullgraph=True``: the function did something a graph cannot capture (the message says what and where)."""
 
 
+class CompileWarning(UserWarning):
+    """What ``kiln.compile`` did instead of running compiled code -- a trace that stopped (that call ran
+    eagerly), the recompile limit reached -- said once per function and reason, at the user's call.
+    Silence it as any warning: ``warnings.filterwarnings("ignore", category=kiln.CompileWarning)``."""
+
+
 @dataclass(frozen=True)
 class TraceBreak:
     """Why and where a trace stopped."""

@@ -1,0 +1,45 @@
+"""What kiln.compile did instead of compiling is said by default: a CompileWarning once per function
+and reason, pointing at the user's call (kiln's logger has only a NullHandler, so a log record alone
+never reached a user with default logging)."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+
+import kiln
+
+
+def test_a_trace_break_warns_once_at_the_users_call():
+    @kiln.compile
+    def f(x):
+        return x * x.sum().item()
+
+    with pytest.warns(kiln.CompileWarning, match=r"running eagerly: the trace stopped: Tensor.item\(\)") as record:
+        for _ in range(3):
+            f(kiln.ones(2))  # the line the warning points at
+    lines, first = inspect.getsourcelines(test_a_trace_break_warns_once_at_the_users_call)
+    call = first + next(i for i, line in enumerate(lines) if "the line the warning points at" in line)
+    assert len(record) == 1
+    assert record[0].filename == __file__ and record[0].lineno == call
+
+
+def test_the_recompile_limit_says_calls_now_run_eagerly():
+    g = kiln.compile(lambda x: x + 1.0, options=kiln.CompileOptions(recompile_limit=1))
+    with pytest.warns(kiln.CompileWarning, match="now run eagerly") as record:
+        for n in (1, 2, 3, 4):
+            assert g(kiln.ones(n)).tolist() == [2.0] * n
+    assert sum("limit of 1 specializations" in str(w.message) for w in record) == 1
+
+
+def test_the_warning_is_silenced_as_any_warning():
+    @kiln.compile
+    def h(x):
+        return x * float(x.sum())
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", category=kiln.CompileWarning)
+        assert h(kiln.ones(2)).tolist() == [2.0, 2.0]
