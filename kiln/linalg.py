@@ -1,3 +1,5 @@
+# mypy: disable-error-code="name-match"
+# reason: result namedtuples carry PyTorch's type names (torch.return_types.linalg_*), not their variables'
 """``kiln.linalg``: PyTorch's ``torch.linalg`` over batched matrices (the last two dims).
 
 The decompositions (inv, solve, cholesky, eigh, svd, qr, slogdet) are primitives of kind
@@ -328,6 +330,7 @@ def matrix_power(A: Tensor, n: int) -> Tensor:
         n >>= 1
         if n:
             square = ops.matmul(square, square)
+    assert result is not None  # n > 0 here: the loop set it
     return result
 
 

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="union-attr,arg-type"
+# reason: input and output kinds are told apart by their kind and by the call's phase, which mypy cannot follow
 """The calling convention of a compiled program: where its inputs come from and what its outputs become.
 
 Like torch.export's graph signature, a ``Signature`` says per graph input where a call reads it
@@ -34,7 +36,7 @@ import operator
 import weakref
 from dataclasses import dataclass, field, replace
 from operator import attrgetter, is_, methodcaller
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -47,7 +49,9 @@ from .layouts import in_layout
 # methodcaller of older Pythons in 75 ns (an optimizer step's guards dereference 500 a call, 3 times)
 call = getattr(operator, "call", None) or methodcaller("__call__")
 
-Output = int  # a graph output's index; the IR Value itself while a trace is being numbered
+# A graph output's index; the IR Value itself while a trace is being numbered (number_outputs
+# turns the one into the other), so its static type is Any.
+Output = Any
 
 
 # ---------------------------------------------------------------------- input kinds
