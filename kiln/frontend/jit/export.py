@@ -1,3 +1,5 @@
+# mypy: disable-error-code="union-attr,arg-type"
+# reason: input and output kinds (signature.py) are told apart by their kind, which mypy cannot follow
 """``kiln.export``: a traced graph with its parameters and signature, runnable without the Python code.
 
 ``export(fn_or_module, *example_args)`` traces one call (as ``fullgraph=True``: anything that

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="attr-defined,name-match,misc"
+# reason: binds Tensor attributes at import as @method does; result namedtuples carry PyTorch's names
 """PyTorch names that ported programs use, over kiln's existing ops: sorting and top-k, closeness,
 ``addcmul``/``addcdiv``, ``repeat_interleave``, ``meshgrid``, ``Tensor.type``/``view_as``, the
 legacy tensor-type constructors (``LongTensor``...), memory formats, and type predicates.

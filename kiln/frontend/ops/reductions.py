@@ -1,3 +1,5 @@
+# mypy: disable-error-code="name-match"
+# reason: result namedtuples carry PyTorch's type names (torch.return_types.max/min), not their variables'
 """Reductions: sum, mean, prod, max/min, var/std, logsumexp, softmax, cumsum, all/any...
 
 Composites here are Python over the reduction primitives. The stable forms (logsumexp,
