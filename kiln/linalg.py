@@ -1,5 +1,3 @@
-# mypy: disable-error-code="name-match"
-# reason: result namedtuples carry PyTorch's type names (torch.return_types.linalg_*), not their variables'
 """``kiln.linalg``: PyTorch's ``torch.linalg`` over batched matrices (the last two dims).
 
 The decompositions (inv, solve, cholesky, eigh, svd, qr, slogdet) are primitives of kind
@@ -38,11 +36,11 @@ __all__ = [
     "matrix_rank", "solve_triangular", "diagonal", "matmul",
 ]  # fmt: skip
 
-SlogdetResult = namedtuple("linalg_slogdet", ["sign", "logabsdet"])
-EighResult = namedtuple("linalg_eigh", ["eigenvalues", "eigenvectors"])
-SVDResult = namedtuple("linalg_svd", ["U", "S", "Vh"])
-QRResult = namedtuple("linalg_qr", ["Q", "R"])
-LstsqResult = namedtuple("linalg_lstsq", ["solution", "residuals", "rank", "singular_values"])
+SlogdetResult = namedtuple("linalg_slogdet", ["sign", "logabsdet"])  # type: ignore[name-match]  # PyTorch's type name (torch.return_types)
+EighResult = namedtuple("linalg_eigh", ["eigenvalues", "eigenvectors"])  # type: ignore[name-match]
+SVDResult = namedtuple("linalg_svd", ["U", "S", "Vh"])  # type: ignore[name-match]
+QRResult = namedtuple("linalg_qr", ["Q", "R"])  # type: ignore[name-match]
+LstsqResult = namedtuple("linalg_lstsq", ["solution", "residuals", "rank", "singular_values"])  # type: ignore[name-match]
 
 
 def _floating(x, op: str) -> None:

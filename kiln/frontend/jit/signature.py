@@ -1,5 +1,3 @@
-# mypy: disable-error-code="union-attr,arg-type"
-# reason: input and output kinds are told apart by their kind and by the call's phase, which mypy cannot follow
 """The calling convention of a compiled program: where its inputs come from and what its outputs become.
 
 Like torch.export's graph signature, a ``Signature`` says per graph input where a call reads it
@@ -275,12 +273,12 @@ class Signature:
         self._new_grads = [(g.output, self.devices[g.output]) for g in self.grads if isinstance(g, SetGrad)]
         # Write-backs into captured tensors alone (an optimizer step): their weak references, in order.
         written = [self.inputs[w.input] for w in self.writebacks]
-        self._written_refs = [s.ref for s in written] if all(isinstance(s, Captured) for s in written) else None
+        self._written_refs = [s.ref for s in written] if all(isinstance(s, Captured) for s in written) else None  # type: ignore[union-attr]  # all Captured: checked
         self._written_outputs = [w.output for w in self.writebacks]
 
     def tensor(self, index: int, arguments, parameters=None):
         """The tensor input ``index`` reads at a call with these arguments (and parameters)."""
-        return self.inputs[index].tensor(arguments, parameters)
+        return self.inputs[index].tensor(arguments, parameters)  # type: ignore[union-attr]  # asked of a forward input only
 
 
 def bind(signature: Signature, arguments=(), parameters=None, seeds=(), saved=()) -> list:
@@ -294,7 +292,7 @@ def bind(signature: Signature, arguments=(), parameters=None, seeds=(), saved=()
     for i, position in signature._arguments:
         arrays[i] = arguments[position]._data
     for i, ref in signature._captured:
-        arrays[i] = ref()._data
+        arrays[i] = ref()._data  # type: ignore[union-attr]  # a freed capture fails the guards first
     for i, name in signature._parameters:
         arrays[i] = parameters[name]._data
     for i, k in signature._seeds:
@@ -324,13 +322,13 @@ def apply(signature: Signature, outputs: list, arrays: list, arguments=(), param
     roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
     for position, output, device, view in sig._made:
         if view is None:
-            results[position] = claim(outputs[output], claimed, device)
+            results[position] = claim(outputs[output], claimed, device)  # type: ignore[arg-type]  # owned is set whenever _made is not empty
             continue
         root = roots.get(output)
         if root is None:
-            root = roots[output] = claim(in_layout(outputs[output], view[0]), claimed, device)
+            root = roots[output] = claim(in_layout(outputs[output], view[0]), claimed, device)  # type: ignore[arg-type]
         results[position] = view_of(root, *view[1:])
-    new_grads = [claim(outputs[output], claimed, device) for output, device in sig._new_grads]
+    new_grads = [claim(outputs[output], claimed, device) for output, device in sig._new_grads]  # type: ignore[arg-type]
     if sig.writebacks:
         _write_back(sig, outputs, arrays, owned, arguments, parameters)
     if sig.grads:
@@ -398,7 +396,7 @@ def number_outputs(inputs: list, results: list, writebacks=(), grads=(), *, view
         if isinstance(r, Result):
             r = Result(output(r.output))
         elif isinstance(r, BornView | ExternalView) and not views:
-            r = Result(output(r.own_value))
+            r = Result(output(r.own_value))  # type: ignore[arg-type]  # a view made while tracing has its own value
         elif isinstance(r, BornView):
             root = roots.get(r.output)
             if root is None:
