@@ -7,6 +7,7 @@
 tensor([2., 4., 6.])
 """
 
+import builtins as _builtins
 import logging as _logging
 import os as _os
 import sys as _sys
@@ -65,7 +66,7 @@ def result_type(*tensors_or_numbers):
     return _result_type(*tensors_or_numbers)
 
 
-def is_tensor(obj) -> bool:
+def is_tensor(obj) -> _builtins.bool:  # plain `bool` is kiln.bool, the dtype, in this module
     return isinstance(obj, Tensor)
 
 

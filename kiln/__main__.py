@@ -217,7 +217,7 @@ def run(args) -> None:
     paths = leaf_paths(program.out_tree)
     where = {key: f" (result{path})" if path else "" for key, path in zip(named, paths, strict=True)}
     if args.out:
-        np.savez(args.out, **named)
+        np.savez(args.out, **named)  # type: ignore[arg-type]  # keys are output_<i>, never allow_pickle
         print(f"wrote {args.out}: " + ", ".join(f"{k}{where[k]} {v.dtype}{list(v.shape)}" for k, v in named.items()))
     else:
         with np.printoptions(threshold=50, precision=5):

@@ -25,7 +25,7 @@ tensor([2., 2., 2.])
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .frontend import ops
 from .frontend.autograd import grad as _autograd_grad
@@ -202,6 +202,7 @@ def jvp(func, primals, tangents, *, strict: bool = False, has_aux: bool = False)
         dummies = [ops.zeros_like(o).requires_grad_(True) for o in outputs]
         transposed = _differentiate(outputs, dummies, _leaves(tracked))
         live = [(g, v) for g, v in zip(transposed, _leaves(list(tangents)), strict=True) if g.requires_grad]
+        products: Sequence  # the gradients (None: no dependence), then with zeros for the Nones
         if live:
             products = _autograd_grad([g for g, _ in live], dummies, [v for _, v in live], retain_graph=True,
                                       create_graph=is_grad_enabled(), allow_unused=True)  # fmt: skip
@@ -256,7 +257,9 @@ def _rows(outputs: list, inputs: list) -> list:
 def _columns(outputs: list, inputs: list) -> list:
     """The same blocks a column at a time: J e_k as the gradient of u^T J e_k with respect to u."""
     dummies = [ops.zeros_like(o).requires_grad_(True) for o in outputs]
-    transposed = _autograd_grad(outputs, inputs, dummies, retain_graph=True, create_graph=True, allow_unused=True)
+    transposed: Sequence = _autograd_grad(
+        outputs, inputs, dummies, retain_graph=True, create_graph=True, allow_unused=True
+    )
     transposed = [ops.zeros_like(t) if g is None else g for t, g in zip(inputs, transposed, strict=True)]
     blocks: list[list] = [[] for _ in outputs]
     for t, gt in zip(inputs, transposed, strict=True):

@@ -36,11 +36,11 @@ __all__ = [
     "matrix_rank", "solve_triangular", "diagonal", "matmul",
 ]  # fmt: skip
 
-SlogdetResult = namedtuple("linalg_slogdet", ["sign", "logabsdet"])
-EighResult = namedtuple("linalg_eigh", ["eigenvalues", "eigenvectors"])
-SVDResult = namedtuple("linalg_svd", ["U", "S", "Vh"])
-QRResult = namedtuple("linalg_qr", ["Q", "R"])
-LstsqResult = namedtuple("linalg_lstsq", ["solution", "residuals", "rank", "singular_values"])
+SlogdetResult = namedtuple("linalg_slogdet", ["sign", "logabsdet"])  # type: ignore[name-match]  # PyTorch's type name (torch.return_types)
+EighResult = namedtuple("linalg_eigh", ["eigenvalues", "eigenvectors"])  # type: ignore[name-match]
+SVDResult = namedtuple("linalg_svd", ["U", "S", "Vh"])  # type: ignore[name-match]
+QRResult = namedtuple("linalg_qr", ["Q", "R"])  # type: ignore[name-match]
+LstsqResult = namedtuple("linalg_lstsq", ["solution", "residuals", "rank", "singular_values"])  # type: ignore[name-match]
 
 
 def _floating(x, op: str) -> None:
@@ -328,6 +328,7 @@ def matrix_power(A: Tensor, n: int) -> Tensor:
         n >>= 1
         if n:
             square = ops.matmul(square, square)
+    assert result is not None  # n > 0 here: the loop set it
     return result
 
 

@@ -77,6 +77,7 @@ def make_tensor(*shape, dtype, device=None, low=None, high=None, requires_grad: 
     low = -9 if low is None else low
     high = 9 if high is None else high
     rng = np.random.default_rng()
+    values: np.ndarray
     if dtype.category == dt.FLOATING:
         values = rng.uniform(low, high, shape)
     elif dtype.category == dt.BOOL:

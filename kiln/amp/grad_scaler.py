@@ -119,6 +119,7 @@ class GradScaler:
         if not self._enabled:
             return
         self._check_scale_growth_tracker("update")
+        assert self._scale is not None  # the check above raises before the first scale()
         if new_scale is not None:
             if isinstance(new_scale, kiln.Tensor):
                 if new_scale.numel() != 1 or not new_scale.is_floating_point():

@@ -169,7 +169,7 @@ class _MultiProcessIter:
         if not first and self.loader._iterable:
             for q in self.tasks:
                 q.put("reset")
-        for _ in range(self.loader.prefetch_factor * len(self.workers)):
+        for _ in range(self.loader.prefetch_factor * len(self.workers)):  # type: ignore[operator]  # set with workers
             self._dispatch()
 
     def _dispatch(self) -> None:

@@ -114,7 +114,7 @@ def _split_lengths(lengths: Sequence[int | float], n: int) -> list[int]:
 
 def random_split(dataset: Dataset, lengths: Sequence[int | float], generator=None) -> list[Subset]:
     """Split into non-overlapping random subsets of the given lengths (or fractions summing to 1)."""
-    counts = _split_lengths(list(lengths), len(dataset))
+    counts = _split_lengths(list(lengths), len(dataset))  # type: ignore[arg-type]  # map-style: has __len__
     order = randperm(sum(counts), generator=generator).tolist()
     out, start = [], 0
     for count in counts:

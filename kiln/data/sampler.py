@@ -134,7 +134,7 @@ class BatchSampler(Sampler):
         self.batch_size = batch_size
         self.drop_last = drop_last
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]  # batches, as PyTorch's BatchSampler
         batch = []
         for idx in self.sampler:
             batch.append(idx)
@@ -145,7 +145,7 @@ class BatchSampler(Sampler):
             yield batch
 
     def __len__(self) -> int:
-        n = len(self.sampler)
+        n = len(self.sampler)  # type: ignore[arg-type]  # TypeError for a sampler without one, as in PyTorch
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
 

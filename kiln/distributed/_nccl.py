@@ -27,6 +27,8 @@ def _nccl():
 class _EventRequest:
     """Done when the GPU passed the point where the operation was enqueued."""
 
+    source: int  # set by recv, as MPI's status gives the source of a message
+
     def __init__(self, cupy) -> None:
         self.event = cupy.cuda.Event(block=False, disable_timing=True)
         self.event.record()

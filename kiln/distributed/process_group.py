@@ -13,9 +13,13 @@ import datetime
 import enum
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from . import _check, _mpi
 from .supervise import PeerWatch
+
+if TYPE_CHECKING:
+    from ._nccl import NCCLCommunicator
 
 log = logging.getLogger("kiln.distributed")
 
@@ -193,7 +197,7 @@ def init_process_group(
                 f"init_process_group: {source}={given} but MPI started {world.size} process(es). Start the job with "
                 f"`python -m kiln.distributed.run --nproc-per-node {given} script.py` (or mpiexec -n {given})"
             )
-    communicator = world
+    communicator: _mpi.MPICommunicator | NCCLCommunicator = world
     if name == Backend.NCCL:
         from ._nccl import NCCLCommunicator  # noqa: PLC0415 - cupy is imported only for NCCL
 

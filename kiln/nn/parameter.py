@@ -68,7 +68,7 @@ class UninitializedParameter(Parameter):
     __slots__ = ()
 
     def __new__(cls, requires_grad: bool = True, device=None, dtype=None) -> UninitializedParameter:
-        return super().__new__(cls, kiln.empty(0, device=device, dtype=dtype), requires_grad)
+        return super().__new__(cls, kiln.empty(0, device=device, dtype=dtype), requires_grad)  # type: ignore[return-value]
 
     def __init__(self, requires_grad: bool = True, device=None, dtype=None) -> None:
         pass
@@ -76,7 +76,7 @@ class UninitializedParameter(Parameter):
     def materialize(self, shape, device=None, dtype=None) -> None:
         value = kiln.empty(*shape, device=device or self.device, dtype=dtype or self.dtype)
         self.data = value
-        self.__class__ = Parameter
+        self.__class__ = Parameter  # type: ignore[assignment]  # materialized: in place, a Parameter now
 
     def __repr__(self) -> str:
         return "<UninitializedParameter>"

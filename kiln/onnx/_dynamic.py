@@ -36,7 +36,8 @@ def symbolize(graph_a: Graph, graph_b: Graph, sizes: dict[Sym, tuple[int, int]])
         raise _differs(None, f"{len(graph_a.nodes)} nodes at one size and {len(graph_b.nodes)} at the other")
     position_b = {v: i for i, v in enumerate(values_b)}
     position_a = {v: i for i, v in enumerate(values_a)}
-    shapes, attrs, splats = {}, {}, {}
+    shapes, attrs = {}, {}
+    splats: dict = {}
     for va, vb in zip(values_a, values_b, strict=True):
         if va.type.dtype is not vb.type.dtype or va.type.ndim != vb.type.ndim:
             raise _differs(None, f"value %{va.id} is {va.type} at one size and {vb.type} at the other")

@@ -57,7 +57,8 @@ def build_model(program, *, opset: int, arg_names: dict[int, str], output_names:
     if signature.writebacks:
         raise OnnxExportError("kiln.onnx: the exported call changes its arguments or parameters in place (BatchNorm "
                               "in training mode, for one); ONNX models have no state: export in eval mode")  # fmt: skip
-    outputs, renames = [], {}
+    outputs: list = []
+    renames: dict = {}
     others = [r for r in signature.results if not isinstance(r, Repeat | Result | ExternalResult)]
     if others:
         raise OnnxExportError(f"kiln.onnx: ONNX outputs are tensors; the function also returns {others[0]!r}")
@@ -112,7 +113,7 @@ def _rename(nodes: list, renames: dict[str, str]) -> None:
 
 
 def _value_info(helper, name: str, value: Value, shape, dim_names: dict):
-    dims = []
+    dims: list[int | str | None] = []
     for axis, d in enumerate(shape):
         given = dim_names.get((name, axis))
         if isinstance(d, int) and given is None:

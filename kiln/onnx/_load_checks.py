@@ -17,7 +17,7 @@ def located(error: Exception, node) -> Exception:
     try:
         return type(error)(f"{error}\n  {where}")
     except Exception:  # an error type whose constructor takes other arguments: keep it, with a note
-        error.add_note(where)
+        error.add_note(where)  # type: ignore[attr-defined]  # Python 3.11+, though requires-python says 3.10
         return error
 
 

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="assignment"
+# reason: counters start as ints from the constructor and become floats, as PyTorch's do
 """More learning-rate schedulers: ConstantLR, MultiplicativeLR, PolynomialLR, CosineAnnealingWarmRestarts,
 CyclicLR and ChainedScheduler, in PyTorch's recursive forms (same values step by step)."""
 

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="list-item"
+# reason: _per_group's isinstance on list/tuple does not narrow a Sequence parameter for mypy
 """Learning-rate schedulers: PyTorch's recursive ("chainable") forms, producing the same values.
 
 A scheduler writes Python floats into ``group["lr"]``; the optimizer reads them through tensors.

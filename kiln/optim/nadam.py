@@ -1,3 +1,5 @@
+# mypy: disable-error-code="operator,assignment"
+# reason: p.grad is typed Tensor | None (step skips None grads); numbers extends the base tuple by one name
 """NAdam (Nesterov momentum in Adam) and RAdam (Adam with its variance rectified in early steps)."""
 
 from __future__ import annotations

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="assignment"
+# reason: a group's numbers are floats or tuples of floats (betas); the written-value cache holds either
 """The ``Optimizer`` base class: parameter groups, per-parameter state, state dicts.
 
 Every value that changes from one step to the next lives in a kiln tensor updated in place. Each

@@ -118,7 +118,7 @@ def _source(f) -> str:
     return "the given BytesIO" if isinstance(f, io.BytesIO) else "the given file object"
 
 
-def _peek(f: IO[bytes], n: int) -> tuple[bytes, IO[bytes]]:
+def _peek(f: IO[bytes], n: int) -> tuple[bytes, IO[bytes] | _Prefixed]:
     """The first ``n`` bytes of ``f`` and a stream that still yields them (``f`` itself when seekable)."""
     try:
         if f.seekable():
@@ -176,6 +176,7 @@ def _load_pickle(stream, head: bytes, map_location, weights_only: bool, source: 
         if size is None:  # a pipe: its size bounds what the pickle may build, so read it first
             file = io.BytesIO(file.read())
             size = stream_size(file)
+            assert size is not None  # a BytesIO knows its size
         if head[4:14] == TORCH_LEGACY_MAGIC:
             return load_torch_legacy(file, file.tell() + size, weights_only=weights_only,
                                      source=source, place=lambda t, location: place(t, location, map_location))  # fmt: skip

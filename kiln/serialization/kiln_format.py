@@ -380,8 +380,8 @@ class _Decoder:
 
         if self.weights_only:
             source = f"{self.source} (at {where})"
-            unpickler: pickle.Unpickler = WeightsOnlyUnpickler(stream, extra={}, persistent_load=persistent_load,
-                                                               source=source)  # fmt: skip
+            # (Any: WeightsOnlyUnpickler extends pickle's pure-Python _Unpickler, not its Unpickler)
+            unpickler: Any = WeightsOnlyUnpickler(stream, extra={}, persistent_load=persistent_load, source=source)
         else:
             unpickler = pickle.Unpickler(stream)
             unpickler.persistent_load = persistent_load  # type: ignore[method-assign]

@@ -145,7 +145,7 @@ class WeightsOnlyUnpickler(BoundedUnpickler):
         return self._persistent(pid)
 
     def find_class(self, module: str, name: str) -> Any:
-        module, name = python3_name(module, name, self.proto)
+        module, name = python3_name(module, name, self.proto)  # type: ignore[attr-defined]  # typeshed omits proto
         found = allowed_global(f"{module}.{name}", self.extra)
         if found is None:
             raise WeightsOnlyRefusal(refusal(f"{module}.{name}", self.source))

@@ -40,6 +40,7 @@ def globals_in_pickle(reader: Any) -> set[str]:
     pushed: list[Any] = []  # what each opcode pushed: a string, or None for anything else
     memo: dict[int, Any] = {}
     proto = 0
+    arg: Any  # its type depends on the opcode
     for opcode, arg, _ in pickletools.genops(reader):
         name = opcode.name
         if name == "PROTO":
@@ -97,7 +98,7 @@ def _unsafe(stream: IO[bytes], source: str) -> list[str]:
 def _torch_names() -> dict[str, Any]:
     from .torch_format import _Reader  # noqa: PLC0415 - torch_format imports restricted, as this module does
 
-    return _Reader(lambda *_: None, lambda t, _: t).rebuilders()
+    return _Reader(lambda *_: None, lambda t, _: t).rebuilders()  # type: ignore[arg-type]  # nothing is read
 
 
 def _zip_globals(stream: IO[bytes]) -> set[str]:

@@ -172,7 +172,7 @@ class _TorchUnpickler(WeightsOnlyUnpickler):
         self.weights_only = weights_only
 
     def find_class(self, module: str, name: str) -> Any:
-        module3, name3 = python3_name(module, name, self.proto)
+        module3, name3 = python3_name(module, name, self.proto)  # type: ignore[attr-defined]  # typeshed omits proto
         full = f"{module3}.{name3}"
         if full in self.extra:
             return _resolve_dtypes(self.extra[full])

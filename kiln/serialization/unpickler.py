@@ -1,3 +1,5 @@
+# mypy: disable-error-code="attr-defined,misc,assignment,arg-type"
+# reason: extends pickle's pure-Python _Unpickler, whose internals (stack, memo, read, dispatch) typeshed does not describe
 """An unpickler whose memory is bounded by the pickle's own size: the base of weights-only loading.
 
 Python's unpickler trusts the sizes a pickle gives: 30 bytes calling ``bytearray(2**29)`` take 512 MB,

@@ -108,7 +108,7 @@ def checkpoint(function: Callable, *args, use_reentrant: bool | None = None, con
 
 def checkpoint_sequential(functions, segments: int, input, use_reentrant: bool | None = None, **kwargs):
     """Run a ``Sequential`` (or list of modules) in ``segments`` checkpointed chunks; the last runs normally."""
-    functions = list(functions.children()) if isinstance(functions, kiln.nn.Sequential) else list(functions)
+    functions = list(functions.children()) if isinstance(functions, kiln.nn.Sequential) else list(functions)  # type: ignore[attr-defined]
     size = len(functions) // segments
 
     def run(start: int, end: int):

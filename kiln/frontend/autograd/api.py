@@ -100,7 +100,7 @@ def _grad(outputs, inputs, grad_outputs, retain_graph, create_graph, allow_unuse
             raise RuntimeError(f"grad: input {i} does not require grad; pass tensors with requires_grad=True")
     roots, grads = _roots(outputs, _as_tuple(grad_outputs), "grad")
     keep = create_graph if retain_graph is None else retain_graph
-    edges = [_edge_of(t) for t in inputs]
+    edges: list = [_edge_of(t) for t in inputs]  # none is None: each input requires grad
     results = run_backward(roots, grads, retain_graph=keep, create_graph=create_graph, capture=edges,
                            stop_at_capture=stop_at_inputs)  # fmt: skip
     assert results is not None

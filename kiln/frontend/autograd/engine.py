@@ -92,6 +92,7 @@ def run_backward(
     dependencies = _collect(root_nodes)
     captured: dict[tuple[Node, int], int] = {}
     needed = None
+    edge: tuple[Node, int] | None  # a captured edge here, a node's next edge (None: no gradient) below
     if capture is not None:
         for i, edge in enumerate(capture):
             captured.setdefault(edge, i)
@@ -157,7 +158,9 @@ def _apply(node: Node, grads: list, retain_graph: bool) -> tuple:
         outputs = tuple(node.apply(grads))
     except Exception as error:
         if node.forward_stack and not getattr(error, "_kiln_anomaly", False):
-            error.add_note(f"The forward op of {node.name()} was called from:\n" + "".join(node.forward_stack))
+            error.add_note(  # type: ignore[attr-defined]  # Python 3.11+, though requires-python says 3.10
+                f"The forward op of {node.name()} was called from:\n" + "".join(node.forward_stack)
+            )
             error._kiln_anomaly = True  # type: ignore[attr-defined]
         raise
     if node.hooks:

@@ -31,7 +31,7 @@ class FunctionCtx:
         self.needs_input_grad = needs_input_grad
         self._to_save: tuple = ()
         self._saved: tuple | None = None
-        self._node_ref = None
+        self._node_ref: weakref.ref | None = None
         self._non_differentiable: set[int] = set()
         self.materialize_grads = True
 
@@ -58,6 +58,7 @@ class FunctionCtx:
                 f"{node.name() if node else 'a custom Function'}): saved tensors were freed. "
                 "Pass retain_graph=True to the first backward."
             )
+        assert self._node_ref is not None  # set with _saved, when the graph was recorded
         node = self._node_ref()
         return tuple(None if s is None else s.unpack(node) for s in self._saved)
 

@@ -210,7 +210,9 @@ class PrimBackward(Node):
         self.prim, self.attrs = prim, attrs
         self.input_shapes, self.input_dtypes = tuple(shapes), tuple(dtypes)
         self.device = result._device
+        self.saved_inputs: tuple[SavedTensor, ...] | None  # None once released
         self.saved_inputs = tuple(SavedTensor(t) for t in inputs) if prim.save_inputs else ()
+        self.saved_output: SavedTensor | bool | None  # False: not saved; None: released
         self.saved_output = SavedTensor(result, self) if prim.save_output else False
         # the version of a view's memory when this node became its history (-1: not a view's)
         self.view_version = result._version[0] if prim.is_view else -1

@@ -11,6 +11,7 @@ externals' own autograd edges (so the caller's backward continues into their his
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +25,7 @@ from .signature import Captured, Signature, apply, bind
 @dataclass
 class BackwardPlan:
     graph: Graph
-    program: object
+    program: Callable[[list], list]
     signature: Signature  # inputs: Seed, Saved and Captured kinds; results: per wrt, a Result or None
     diff_results: list[int]  # positions in the flattened results that carry gradients
     saved_outputs: list[int]  # forward-graph output indices holding what the backward reads
@@ -54,6 +55,7 @@ class CompiledBackward(Node):
     """The backward of one compiled call: runs the compiled backward graph."""
 
     __slots__ = ("plan", "saved", "seed_types", "versions")
+    saved: list | None  # None once released
 
     def __init__(self, plan: BackwardPlan, saved: list, externals: list, results: list, versions: list) -> None:
         super().__init__(tuple(_edge_of(t) for t in externals))

@@ -224,7 +224,9 @@ class _PendingBackward:
     wrt: list[int]
 
 
-def _partition(options, pending: _PendingBackward, forward: Graph, sources: list, mutated: set[int]):
+def _partition(
+    options, pending: _PendingBackward | ConsumedPlan | None, forward: Graph, sources: list, mutated: set[int]
+):
     """The forward graph without what the backward now recomputes, and the lowered ``BackwardPlan``.
     ``mutated``: the forward inputs the call writes back into (changed in place): the backward
     would read their new values, so nothing is recomputed from them."""

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="arg-type"
+# reason: a call's key list holds entries of several shapes (tensor, Python value, module state)
 """``kiln.compile``: trace on the first call of each specialization, run the compiled program after.
 
 Per call (DESIGN.md, "Tracing and compile"):

@@ -163,7 +163,7 @@ def _nbytes(value: Value) -> int:
     shape = value.type.shape
     if not all(isinstance(d, int) for d in shape):
         return 0  # a symbolic size: unknown before the call
-    return value.type.dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+    return value.type.dtype.itemsize * int(np.prod(shape, dtype=np.int64))  # type: ignore[arg-type]  # ints: checked
 
 
 def _where(node: Node) -> str:

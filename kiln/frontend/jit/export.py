@@ -35,6 +35,7 @@ from .regions import regions_from_json, regions_to_json
 from .signature import (
     Argument,
     ExternalResult,
+    InputKind,
     Parameter,
     PythonValue,
     Repeat,
@@ -93,7 +94,8 @@ class ExportedProgram:
         running the program records each node and reads the arguments and parameters as inputs
         on every call (``bind`` would hand their memory to the interpreter behind the trace's back)."""
         graph, signature = self.graph, self.signature
-        inputs = [leaves[s.position] if isinstance(s, Argument) else self.parameters[s.name] for s in signature.inputs]
+        # an exported program's inputs are Arguments and Parameters alone (so are its results' kinds below)
+        inputs = [leaves[s.position] if isinstance(s, Argument) else self.parameters[s.name] for s in signature.inputs]  # type: ignore[union-attr]
         env = dict(zip(graph.inputs, inputs, strict=True))
         with no_grad():
             for node in graph.nodes:
@@ -114,7 +116,7 @@ class ExportedProgram:
             elif isinstance(r, Repeat):
                 results.append(results[r.position])
             else:
-                results.append(r.value)
+                results.append(r.value)  # type: ignore[union-attr]  # a PythonValue
         return results
 
     def _check_call(self, leaves: list, tree) -> None:
@@ -184,7 +186,7 @@ def export(fn, *args, **kwargs) -> ExportedProgram:
     parameters = {}
     for k, ext in enumerate(traced.externals):
         if ext.kind == "arg":
-            inputs.append(Argument(ext.arg_index))
+            inputs.append(Argument(ext.arg_index))  # type: ignore[arg-type]  # set for every "arg"
         else:
             name = names.get(id(ext.tensor), f"capture_{k}")
             parameters[name] = make_tensor(np.array(ext.tensor._host(), copy=True), ext.tensor._device)
@@ -316,7 +318,7 @@ def _index(i, n: int) -> int:
 # write-backs [input's form, output].
 def signature_to_json(signature: Signature) -> dict:
     """The ``inputs``, ``outputs`` and ``writebacks`` entries of an exported file's metadata."""
-    forms = [["arg", s.position] if isinstance(s, Argument) else ["param", s.name] for s in signature.inputs]
+    forms = [["arg", s.position] if isinstance(s, Argument) else ["param", s.name] for s in signature.inputs]  # type: ignore[union-attr]
     outputs = []
     for r in signature.results:
         if isinstance(r, ExternalResult):
@@ -340,7 +342,7 @@ def signature_from_json(meta: dict, graph: Graph, in_specs: list, parameters: di
     """The signature stored in ``meta`` (see ``signature_to_json``), its references checked:
     ``ValueError``, ``TypeError``, ``KeyError`` or ``IndexError`` say what is wrong."""
     names = list(parameters)
-    inputs = [_input_from_json(obj, names) for obj in meta["inputs"]]
+    inputs: list[InputKind] = [_input_from_json(obj, names) for obj in meta["inputs"]]
     index = {source: k for k, source in enumerate(inputs)}
 
     def input_of(obj, where: str) -> int:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import operator
 import types
 import weakref
+from collections.abc import Sequence
 from itertools import chain
 from operator import is_
 
@@ -185,7 +186,7 @@ def _holders(refs: dict, roots: list) -> list:
             if isinstance(obj, dict | list) and any(v is not None and refs.get(id(v)) is v for v in values)]  # fmt: skip
 
 
-def build_guards(objects: list, modules: list, captured: list, named: list = (), reached: list = ()) -> Guards:
+def build_guards(objects: list, modules: list, captured: list, named: Sequence = (), reached: Sequence = ()) -> Guards:
     """Guards of a new specialization: the containers ``reached`` (``reads.reach``: ``(path, container,
     kind)``), the attribute tables of the watched objects and called modules, and the dicts and
     lists holding each captured tensor when the trace ended."""

@@ -24,6 +24,7 @@ import os
 import random
 import sys
 import types
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -106,8 +107,8 @@ def _scan(code) -> tuple:
     found = []
     line = code.co_firstlineno
     for ins in dis.get_instructions(code):
-        if ins.positions is not None and ins.positions.lineno is not None:
-            line = ins.positions.lineno
+        if ins.positions is not None and ins.positions.lineno is not None:  # type: ignore[attr-defined]  # 3.11+
+            line = ins.positions.lineno  # type: ignore[attr-defined]
         if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
             found.append((f"stores into the global variable {ins.argval!r}", line))
         elif ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in code.co_freevars:
@@ -122,8 +123,8 @@ def _attr_line(codes: list, name: str):
     for code in codes:
         line = code.co_firstlineno
         for ins in dis.get_instructions(code):
-            if ins.positions is not None and ins.positions.lineno is not None:
-                line = ins.positions.lineno
+            if ins.positions is not None and ins.positions.lineno is not None:  # type: ignore[attr-defined]  # 3.11+
+                line = ins.positions.lineno  # type: ignore[attr-defined]
             if ins.opname in ("STORE_ATTR", "DELETE_ATTR") and ins.argval == name:
                 return code.co_filename, line, code.co_name
     return None
@@ -212,7 +213,7 @@ def _rng_states() -> tuple:
 class Watch:
     """What a traced call does besides tensor ops; ``stop()`` returns the first hazard (or None)."""
 
-    def __init__(self, objects: list, leaves: list, named: list = (), code=None, roots: list = ()) -> None:
+    def __init__(self, objects: list, leaves: list, named: Sequence = (), code=None, roots: Sequence = ()) -> None:
         self.objects = objects
         self.roots = roots  # (name, object): what the function reaches Python containers through (reads.roots)
         self.code = code  # the compiled function's own code, scanned when another profiler runs
@@ -222,7 +223,7 @@ class Watch:
         self.codes: list = []  # user code objects that ran (for the line of an attribute store)
         self.globals_read: list = []  # (globals, the names read there) per other user function that ran
         self._seen: set = set()
-        self._previous = None
+        self._previous: Callable | None = None
         self._before: list = []
         self._outer: frozenset = frozenset()  # ids of the frames below the traced call (set by start)
 
@@ -323,7 +324,7 @@ class Watch:
             key = None if change is None else change[0]
             where = f"{path}{reads.selector(kind, key)}" if key is not None else path
             if kind == "attr":
-                loc = _attr_line(self.codes, key)
+                loc = _attr_line(self.codes, key)  # type: ignore[arg-type]  # an attribute change has a name
                 where_line = self._location(*loc) if loc else None
             else:
                 where_line = reads.store_line(self.codes, path, key)
@@ -369,7 +370,7 @@ def _walk(roots: list, depth: int = 5, limit: int = 20000):
     seen: set[int] = set()
     level = list(roots)
     for _ in range(depth):
-        following = []
+        following: list = []
         for obj in level:
             if id(obj) in seen or isinstance(obj, (Tensor, *_SCALARS)) or len(seen) > limit:
                 continue

@@ -32,6 +32,7 @@ import sys
 import sysconfig
 import types
 import weakref
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -152,7 +153,7 @@ def _users_class(cls) -> bool:
 
 
 def _is_module_dict(d: dict) -> bool:
-    module = sys.modules.get(d.get("__name__")) if isinstance(d.get("__name__"), str) else None
+    module = sys.modules.get(d.get("__name__")) if isinstance(d.get("__name__"), str) else None  # type: ignore[arg-type]
     return module is not None and getattr(module, "__dict__", None) is d
 
 
@@ -177,7 +178,7 @@ def roots(compiled, args: tuple, kwargs: dict, closure_values: dict) -> list[tup
     return out
 
 
-def named_roots(compiled, closure_values: dict, leaves: list = ()) -> list[tuple[str, object]]:
+def named_roots(compiled, closure_values: dict, leaves: Sequence = ()) -> list[tuple[str, object]]:
     """The globals and closure variables a compiled function names, the object it is a method of
     and the objects among the flattened arguments ``leaves`` (``argument i``, as the call's key
     names them: the arguments' own tuples, lists and dicts are in the key already)."""
@@ -222,7 +223,7 @@ def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
     return [(g, module_name(g), list(names)) for g, names in merged.values()]
 
 
-def reach(named: list, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000,
+def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000,
           optimizers: bool = False) -> list:  # fmt: skip
     """``(path, container, kind)`` for the dicts, lists and sets and the user's objects' and classes'
     attribute tables reachable from ``named`` (``(name, object)`` pairs), ``depth`` levels down; ``kind`` is
@@ -298,8 +299,8 @@ def _instructions(code) -> tuple:
     if found is None:
         line, out = code.co_firstlineno, []
         for ins in dis.get_instructions(code):
-            if ins.positions is not None and ins.positions.lineno is not None:
-                line = ins.positions.lineno
+            if ins.positions is not None and ins.positions.lineno is not None:  # type: ignore[attr-defined]  # 3.11+
+                line = ins.positions.lineno  # type: ignore[attr-defined]
             out.append((line, ins.opname, ins.argval))
         found = _INSTRUCTIONS[code] = tuple(out)
     return found

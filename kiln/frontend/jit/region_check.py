@@ -83,8 +83,8 @@ def _slice(region: Region, graph: Graph, producers: dict) -> Graph | str:
 def _sample(v: Value, rng: np.random.Generator) -> np.ndarray:
     dtype = v.type.dtype
     if dtype.category == dt.FLOATING:
-        return rng.standard_normal(v.type.shape).astype(dtype.np)
-    return np.zeros(v.type.shape, dtype.np)  # index-like arguments: 0 is in range wherever any index is
+        return rng.standard_normal(v.type.shape).astype(dtype.np)  # type: ignore[arg-type]  # traced: int dims
+    return np.zeros(v.type.shape, dtype.np)  # type: ignore[arg-type]  # index-like arguments: 0 is in range wherever any index is
 
 
 def _disagreement(fn, region: Region, arguments: dict, graph: Graph, producers: dict) -> str:
@@ -150,5 +150,5 @@ def _stand_in(arguments: dict) -> dict | None:
             return None
         if not isinstance(weights[1], Value) or len(weights[1].type.shape) != 2:
             return None
-        out[key] = _Recurrence(cls, _RECURRENCES[name], weights[1].type.shape[1])
+        out[key] = _Recurrence(cls, _RECURRENCES[name], weights[1].type.shape[1])  # type: ignore[arg-type]
     return out

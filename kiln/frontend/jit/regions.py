@@ -123,7 +123,7 @@ def regions_to_json(regions, graph: Graph, traced: Graph | None = None) -> list:
     present = {v: v for v in graph.values()}
     if traced is not None:  # a value CSE dropped has an equal twin in the traced graph that survived
         numbers = _value_numbers(traced)
-        survivor = {}
+        survivor: dict = {}
         for v, n in numbers.items():
             if v in present:
                 survivor.setdefault(n, v)

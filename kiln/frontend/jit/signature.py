@@ -34,7 +34,7 @@ import operator
 import weakref
 from dataclasses import dataclass, field, replace
 from operator import attrgetter, is_, methodcaller
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -47,7 +47,9 @@ from .layouts import in_layout
 # methodcaller of older Pythons in 75 ns (an optimizer step's guards dereference 500 a call, 3 times)
 call = getattr(operator, "call", None) or methodcaller("__call__")
 
-Output = int  # a graph output's index; the IR Value itself while a trace is being numbered
+# A graph output's index; the IR Value itself while a trace is being numbered (number_outputs
+# turns the one into the other), so its static type is Any.
+Output = Any
 
 
 # ---------------------------------------------------------------------- input kinds
@@ -271,12 +273,12 @@ class Signature:
         self._new_grads = [(g.output, self.devices[g.output]) for g in self.grads if isinstance(g, SetGrad)]
         # Write-backs into captured tensors alone (an optimizer step): their weak references, in order.
         written = [self.inputs[w.input] for w in self.writebacks]
-        self._written_refs = [s.ref for s in written] if all(isinstance(s, Captured) for s in written) else None
+        self._written_refs = [s.ref for s in written] if all(isinstance(s, Captured) for s in written) else None  # type: ignore[union-attr]  # all Captured: checked
         self._written_outputs = [w.output for w in self.writebacks]
 
     def tensor(self, index: int, arguments, parameters=None):
         """The tensor input ``index`` reads at a call with these arguments (and parameters)."""
-        return self.inputs[index].tensor(arguments, parameters)
+        return self.inputs[index].tensor(arguments, parameters)  # type: ignore[union-attr]  # asked of a forward input only
 
 
 def bind(signature: Signature, arguments=(), parameters=None, seeds=(), saved=()) -> list:
@@ -290,7 +292,7 @@ def bind(signature: Signature, arguments=(), parameters=None, seeds=(), saved=()
     for i, position in signature._arguments:
         arrays[i] = arguments[position]._data
     for i, ref in signature._captured:
-        arrays[i] = ref()._data
+        arrays[i] = ref()._data  # type: ignore[union-attr]  # a freed capture fails the guards first
     for i, name in signature._parameters:
         arrays[i] = parameters[name]._data
     for i, k in signature._seeds:
@@ -320,13 +322,13 @@ def apply(signature: Signature, outputs: list, arrays: list, arguments=(), param
     roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
     for position, output, device, view in sig._made:
         if view is None:
-            results[position] = claim(outputs[output], claimed, device)
+            results[position] = claim(outputs[output], claimed, device)  # type: ignore[arg-type]  # owned is set whenever _made is not empty
             continue
         root = roots.get(output)
         if root is None:
-            root = roots[output] = claim(in_layout(outputs[output], view[0]), claimed, device)
+            root = roots[output] = claim(in_layout(outputs[output], view[0]), claimed, device)  # type: ignore[arg-type]
         results[position] = view_of(root, *view[1:])
-    new_grads = [claim(outputs[output], claimed, device) for output, device in sig._new_grads]
+    new_grads = [claim(outputs[output], claimed, device) for output, device in sig._new_grads]  # type: ignore[arg-type]
     if sig.writebacks:
         _write_back(sig, outputs, arrays, owned, arguments, parameters)
     if sig.grads:
@@ -394,7 +396,7 @@ def number_outputs(inputs: list, results: list, writebacks=(), grads=(), *, view
         if isinstance(r, Result):
             r = Result(output(r.output))
         elif isinstance(r, BornView | ExternalView) and not views:
-            r = Result(output(r.own_value))
+            r = Result(output(r.own_value))  # type: ignore[arg-type]  # a view made while tracing has its own value
         elif isinstance(r, BornView):
             root = roots.get(r.output)
             if root is None:

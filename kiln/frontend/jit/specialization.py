@@ -11,15 +11,21 @@ externals' autograd edges.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter, is_, is_not
+from typing import TYPE_CHECKING
 
 from ...ir.graph import Graph, SourceLocation
 from ..tensor import Tensor, make_tensor
 from .layouts import memory_owner, overlaps
 from .pytree import unflatten
 from .signature import Argument, Captured, Signature, apply, bind, call
+
+if TYPE_CHECKING:
+    from .backward import BackwardPlan
+    from .guards import Guards
 
 
 @dataclass(frozen=True)
@@ -54,19 +60,19 @@ class Specialization:
     """A traced call, ready to run on calls whose guards match."""
 
     graph: Graph
-    program: object  # runs the graph: program(list of arrays) -> list of arrays
+    program: Callable[[list], list]  # runs the graph: program(list of arrays) -> list of arrays
     signature: Signature  # its inputs are Argument and Captured kinds, one per external of the trace
     out_tree: object
     modules: list[tuple[weakref.ref, bool, str]]
     prologues: list
     globals_guard: list[tuple[str, object]]
-    backward: object = None  # a BackwardPlan when the results carry gradients
+    backward: BackwardPlan | None = None  # when the results carry gradients
     key: tuple = ()
     passes_record: list = field(default_factory=list)
     traced_graph: Graph | None = None
     report: object = None  # the backend's LoweringReport (kernels, declined kernels, memory plan)
     arg_aliases: list = field(default_factory=list)  # (argument position, weakref): arguments that are state
-    guards: object = None  # guards.Guards: the Python containers and attributes read, paths to captured tensors
+    guards: Guards | None = None  # the Python containers and attributes read, paths to captured tensors
     checks: list = field(default_factory=list)  # state.guard's checks: None while they hold, else why not
     python_reads: list[PythonRead] = field(default_factory=list)  # the Python values it reads per call or guards
     calls: int = 0
@@ -173,7 +179,7 @@ class Specialization:
                 return f"captured tensor {source.name} changed: {_describe_state(source.snapshot, now)}"
             if id(t._base if t._base is not None else t) in arg_roots:
                 return f"an argument shares memory with captured tensor {source.name}"
-        arrays = [s.ref()._data for s in self._captured]
+        arrays = [s.ref()._data for s in self._captured]  # type: ignore[union-attr]  # alive: checked above
         k = _shared_with(leaves, arrays, owners_of(arrays))
         if k is not None:
             return f"an argument shares memory with captured tensor {self._captured[k].name}"

@@ -23,8 +23,10 @@ the user's source line are kept; ``fullgraph=True`` raises instead.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
+import types
 import weakref
 from dataclasses import dataclass, field, replace
 
@@ -79,7 +81,7 @@ class TraceBreak:
 class External:
     """A tensor from outside the call: a graph input."""
 
-    tensor: object
+    tensor: Tensor
     value: Value
     kind: str  # "arg" (position in the flattened arguments) or "capture"
     arg_index: int | None = None
@@ -111,7 +113,7 @@ _LOCATIONS: dict[tuple[str, int, str], SourceLocation] = {}
 
 def user_location(depth: int = 2) -> SourceLocation | None:
     """The innermost frame outside the kiln package: the user's line that led to this op."""
-    frame = sys._getframe(depth)
+    frame: types.FrameType | None = sys._getframe(depth)
     while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
         frame = frame.f_back
     if frame is None:
@@ -129,6 +131,8 @@ def type_of(t) -> TensorType:
 
 class Trace:
     """The recording of one call. Enter with ``start()``, leave with ``finish()`` or ``abandon()``."""
+
+    numpy_shadows: dict  # set by the compiler when a call has numpy arrays to shadow (see on_numpy)
 
     def __init__(self, *, fullgraph: bool = False, parent: Trace | None = None) -> None:
         self.builder = GraphBuilder()
@@ -148,7 +152,7 @@ class Trace:
         self.python_reads: list[PythonRead] = []  # the Python values read: on_python_read
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
         self.broken: TraceBreak | None = None
-        self._token = None
+        self._token: contextvars.Token | None = None
 
     # ------------------------------------------------------------------ entering and leaving
     def start(self) -> Trace:
@@ -411,7 +415,7 @@ class Trace:
         """Close the trace over the call's flattened results (``values_only``: every tensor result
         is a ``Result`` of its own value, even an external or a tensor returned twice, as the
         gradients a backward returns must be)."""
-        grads = []
+        grads: list[ClearGrad | ShareGrad | SetGrad] = []
         new_grads: dict[int, int] = {}  # id(new .grad tensor) -> index of the external it belongs to
         for t, before in list(self.grads.values()):
             after = t._grad
@@ -428,7 +432,7 @@ class Trace:
             else:
                 grads.append(SetGrad(index, self.value_of(after)))
                 new_grads[id(after)] = index
-        outputs = []
+        outputs: list = []  # one output kind per leaf
         positions: dict[int, int] = {}
         for position, leaf in enumerate(leaves):
             if not isinstance(leaf, Tensor):
@@ -525,7 +529,7 @@ def _reachable(roots: list) -> set[int]:
     seen: set[int] = set()
     nodes_seen: set[int] = set()
     stack = list(roots)
-    nodes = []
+    nodes: list = []
     while stack or nodes:
         while stack:
             t = stack.pop()

@@ -11,6 +11,7 @@ gradient (through ``gather``) while the order itself is a data-dependent integer
 from __future__ import annotations
 
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +28,8 @@ __all__ = [
     "memory_format", "view_as_real", "view_as_complex", "finfo", "iinfo",
 ]  # fmt: skip
 
-SortResult = namedtuple("sort", ["values", "indices"])
-TopkResult = namedtuple("topk", ["values", "indices"])
+SortResult = namedtuple("sort", ["values", "indices"])  # type: ignore[name-match]  # PyTorch's type name (torch.return_types)
+TopkResult = namedtuple("topk", ["values", "indices"])  # type: ignore[name-match]
 
 
 def _order(input: Tensor, dim: int, descending: bool, op: str) -> np.ndarray:
@@ -166,8 +167,8 @@ def conj(input: Tensor) -> Tensor:
 
 conj_physical = resolve_conj = resolve_neg = conj
 
-Tensor.is_complex = lambda self: False  # type: ignore[method-assign]
-Tensor.is_sparse = property(lambda self: False)  # type: ignore[assignment]
+Tensor.is_complex = lambda self: False  # type: ignore[attr-defined]  # bound at import, as @method does
+Tensor.is_sparse = property(lambda self: False)  # type: ignore[attr-defined]
 Tensor.is_xpu = property(lambda self: False)  # type: ignore[attr-defined]
 Tensor.is_mps = property(lambda self: False)  # type: ignore[attr-defined]
 
@@ -202,6 +203,8 @@ def type_(input: Tensor, dtype=None, non_blocking: bool = False, **kwargs):
 
 
 class _LegacyType(type):
+    dtype: Any  # each legacy type's dtype, set by _legacy
+
     def __instancecheck__(cls, obj) -> bool:
         return isinstance(obj, Tensor) and obj.dtype is cls.dtype
 
@@ -249,16 +252,16 @@ contiguous_format = memory_format("contiguous_format")
 channels_last = memory_format("channels_last")
 channels_last_3d = memory_format("channels_last_3d")
 
-_contiguous = Tensor.contiguous
+_contiguous = Tensor.contiguous  # type: ignore[attr-defined]  # bound by the ops at import
 
 
 def _contiguous_with_format(self, memory_format=contiguous_format):
     return _contiguous(self)
 
 
-Tensor.contiguous = _contiguous_with_format  # type: ignore[method-assign]
+Tensor.contiguous = _contiguous_with_format  # type: ignore[attr-defined]
 Tensor.is_contiguous = (  # type: ignore[method-assign]
-    lambda self, memory_format=contiguous_format, _plain=Tensor.is_contiguous: _plain(self)
+    lambda self, memory_format=contiguous_format, _plain=Tensor.is_contiguous: _plain(self)  # type: ignore[misc]
 )
 
 

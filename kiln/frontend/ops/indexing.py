@@ -255,7 +255,7 @@ def _put(x: Tensor, key: _Key, value, accumulate: bool) -> Tensor:
     if not key.sliced and key.shape == x._data.shape and dims == list(range(len(dims))):
         indices = tuple(i for _, i in key.advanced)  # only leading advanced indices: one index_put
         shape = broadcast_shapes(*(i._data.shape for i in indices)) + key.shape[len(dims) :]
-        values = _value_for(x._dtype, value, x, shape)
+        values = _value_for(x._dtype, value, x, shape)  # type: ignore[arg-type]  # eager: int dims
         return apply(_index_put, x, values, *indices, accumulate=accumulate)
     # Any other key: find the flat positions it selects by indexing a table of positions.
     table = constant(np.arange(x._data.size, dtype=np.int64).reshape(x._data.shape), x._device)

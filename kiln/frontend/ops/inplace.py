@@ -148,6 +148,7 @@ def _rebase_view(view: Tensor, value: Tensor) -> None:
     from . import index_put, reshape, take_flat  # noqa: PLC0415
 
     base = view._base
+    assert base is not None, "only a view is rebased"
     positions = make_tensor(view_positions(base._data, view._data), base._device)
     flat_base = reshape(base, (-1,))
     new_base = reshape(index_put(flat_base, (positions.reshape(-1),), reshape(value, (-1,))), tuple(base.shape))

@@ -30,8 +30,8 @@ _reduce_sum, _reduce_max = P["reduce_sum"], P["reduce_max"]
 _reduce_min, _reduce_prod = P["reduce_min"], P["reduce_prod"]
 
 # torch.return_types.max / .min: a named tuple (values, indices).
-_MaxResult = namedtuple("max", ("values", "indices"))
-_MinResult = namedtuple("min", ("values", "indices"))
+_MaxResult = namedtuple("max", ("values", "indices"))  # type: ignore[name-match]  # PyTorch's type name (torch.return_types)
+_MinResult = namedtuple("min", ("values", "indices"))  # type: ignore[name-match]
 
 _TORCH_TYPE_NAMES = {"int64": "Long", "int32": "Int", "int16": "Short", "int8": "Char", "uint8": "Byte", "bool": "Bool"}
 

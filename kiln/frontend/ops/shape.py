@@ -32,7 +32,7 @@ def _infer_minus_one(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
         return shape
     if shape.count(-1) > 1:
         raise RuntimeError(f"only one dimension can be inferred, got shape {list(shape)}")
-    known = numel(d for d in shape if d != -1)
+    known = numel([d for d in shape if d != -1])
     if known == 0 or size % known:
         raise RuntimeError(f"shape {list(shape)} is invalid for input of size {size}")
     return tuple(size // known if d == -1 else d for d in shape)
@@ -209,8 +209,8 @@ def _matrix_transpose(self: Tensor) -> Tensor:
     return transpose(self, -2, -1)
 
 
-Tensor.T = property(_reversed_dims)
-Tensor.mT = property(_matrix_transpose)
+Tensor.T = property(_reversed_dims)  # type: ignore[attr-defined]  # bound at import, as @method does
+Tensor.mT = property(_matrix_transpose)  # type: ignore[attr-defined]
 
 
 @method("movedim", "moveaxis")

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="attr-defined,call-arg,assignment"
+# reason: mixins that reach the Module they are mixed into (its parameters, hooks and layer attributes)
 """Lazy modules: ``in_features`` / ``in_channels`` / ``num_features`` taken from the first input.
 
 Until the first call the parameters are ``UninitializedParameter``s; the first forward materializes

@@ -13,7 +13,7 @@ from ..parameter import Buffer, Parameter
 
 __all__ = ["Module", "RemovableHandle"]
 
-_IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])
+_IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])  # type: ignore[name-match]  # PyTorch's name
 
 
 class RemovableHandle:

@@ -17,6 +17,7 @@ graph node (``kiln.distributed.all_reduce``); the compiled step reduces the same
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Any
 
 import kiln
 import kiln.distributed as dist
@@ -33,8 +34,8 @@ class _Bucket:
     def __init__(self, params: list) -> None:
         self.params = params
         self.pending = len(params)
-        self.flat = None
-        self.work = None
+        self.flat: Any = None  # the bucket's gradients in one tensor, from _launch on
+        self.work: Any = None  # the all-reduce in flight, from _launch on
 
 
 def _assign_buckets(params: list, cap_bytes: int) -> list[list]:
@@ -209,6 +210,7 @@ class DistributedDataParallel(Module):
         self._reset(False)
 
     def _global_usage(self) -> set[int]:
+        assert self._used_here is not None  # _finish calls this only then
         flags = kiln.tensor([1 if id(p) in self._used_here else 0 for p in self._params], dtype=kiln.int64)
         dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.process_group)
         return {id(p) for p, used in zip(self._params, flags.tolist(), strict=True) if used}

@@ -8,6 +8,7 @@ import kiln
 
 from .. import functional as F
 from ..modules.conv_transpose import ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
+from ..modules.module import RemovableHandle
 from ..parameter import Parameter
 
 __all__ = ["spectral_norm", "remove_spectral_norm"]
@@ -15,6 +16,8 @@ __all__ = ["spectral_norm", "remove_spectral_norm"]
 
 class SpectralNorm:
     """The pre-hook: recompute the normalized weight from ``<name>_orig``."""
+
+    handle: RemovableHandle  # set by spectral_norm() once the hook is registered
 
     def __init__(self, name: str, n_power_iterations: int, dim: int, eps: float) -> None:
         if n_power_iterations <= 0:

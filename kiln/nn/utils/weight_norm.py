@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import kiln
 
+from ..modules.module import RemovableHandle
 from ..parameter import Parameter
 
 __all__ = ["weight_norm", "remove_weight_norm"]
@@ -23,6 +24,8 @@ def _norm_except_dim(v, dim: int | None):
 
 class WeightNorm:
     """The pre-hook that recomputes the weight; kept on the module so ``remove_weight_norm`` finds it."""
+
+    handle: RemovableHandle  # set by weight_norm() once the hook is registered
 
     def __init__(self, name: str, dim: int | None) -> None:
         self.name, self.dim = name, dim
