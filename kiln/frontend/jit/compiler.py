@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import threading
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -338,7 +339,7 @@ class CompiledFunction:
         self.state.logged.add(key)
         text = f"kiln.compile({self._name()}): {message}"
         logger.warning("%s", text)
-        frame = sys._getframe(1)
+        frame: types.FrameType | None = sys._getframe(1)
         while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
             frame = frame.f_back
         where = (
