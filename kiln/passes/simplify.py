@@ -429,7 +429,7 @@ def _one_hot_scatter(node: Node, context: _Context) -> Node | None:
         starts, steps = (0,) * out.ndim, (1,) * out.ndim
         src = context.emit("slice", (src,), {"starts": starts, "stops": expected, "steps": steps}, part, loc)
     line = tuple(n if d == axis else 1 for d, n in enumerate(out.shape))
-    positions = context.emit_constant(np.arange(out.shape[axis], dtype=np.int64).reshape(line), loc)
+    positions = context.emit_constant(np.arange(out.shape[axis], dtype=np.int64).reshape(line), loc)  # type: ignore[arg-type]  # static sizes here
     hit = context.emit("eq", (positions, index), {}, TensorType(out.shape, dt.bool_, out.device), loc)
     z = context.emit_constant(fill, loc)
     added = context.emit("add", (src, z), {}, TensorType(expected, out.dtype, out.device), loc)

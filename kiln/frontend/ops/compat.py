@@ -284,7 +284,7 @@ class finfo:  # noqa: N801 - PyTorch's name
         if self.dtype.name == "bfloat16":
             import ml_dtypes  # noqa: PLC0415 - bfloat16 exists only with it
 
-            info = ml_dtypes.finfo(ml_dtypes.bfloat16)
+            info: Any = ml_dtypes.finfo(ml_dtypes.bfloat16)  # numpy's finfo and ml_dtypes' share these fields
         else:
             info = np.finfo(self.dtype.np)
         self.bits, self.eps, self.max, self.min = info.bits, float(info.eps), float(info.max), float(info.min)
