@@ -11,6 +11,19 @@ from ._lr_base import LRScheduler, _not_traced, _per_group
 from .optimizer import Optimizer
 
 
+class _CyclesMomentum:
+    """What CyclicLR and OneCycleLR share: writing the momentum they cycle into a group (Adam's beta1
+    where the optimizer has ``betas``, as ``use_beta1`` says)."""
+
+    use_beta1: bool
+
+    def _set_momentum(self, group: dict[str, Any], value: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
+        else:
+            group["momentum"] = value
+
+
 class CosineAnnealingWarmRestarts(LRScheduler):
     """Cosine annealing from the base lr to ``eta_min`` over ``T_0`` epochs, restarting; each period
     ``T_mult`` times the last (SGDR). ``step(epoch)`` accepts fractional epochs."""
@@ -61,7 +74,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self._last_lr = self._group_lrs()
 
 
-class CyclicLR(LRScheduler):
+class CyclicLR(_CyclesMomentum, LRScheduler):
     """Cycle the lr between ``base_lr`` and ``max_lr`` (triangular, triangular2, exp_range or a ``scale_fn``),
     stepped once per batch; momentum (or Adam's beta1) cycles inversely when ``cycle_momentum``."""
 
@@ -95,12 +108,6 @@ class CyclicLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
         self.base_lrs = base_lrs
 
-    def _set_momentum(self, group: dict[str, Any], value: float) -> None:
-        if self.use_beta1:
-            group["betas"] = (value, *group["betas"][1:])
-        else:
-            group["momentum"] = value
-
     def scale_fn(self, x: float) -> float:
         if self._scale_fn_custom is not None:
             return self._scale_fn_custom(x)
@@ -126,7 +133,7 @@ class CyclicLR(LRScheduler):
         return lrs
 
 
-class OneCycleLR(LRScheduler):
+class OneCycleLR(_CyclesMomentum, LRScheduler):
     """The 1cycle policy: lr warms up to ``max_lr`` then anneals far below the start; momentum cycles inversely."""
 
     def __init__(
@@ -196,12 +203,6 @@ class OneCycleLR(LRScheduler):
                     self._set_momentum(group, top)
                     group["max_momentum"], group["base_momentum"] = top, base
         super().__init__(optimizer, last_epoch)
-
-    def _set_momentum(self, group: dict[str, Any], value: float) -> None:
-        if self.use_beta1:
-            group["betas"] = (value, *group["betas"][1:])
-        else:
-            group["momentum"] = value
 
     def _anneal(self, start: float, end: float, pct: float) -> float:
         if self.anneal_strategy == "cos":

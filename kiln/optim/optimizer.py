@@ -237,8 +237,9 @@ class Optimizer:
           or ``p`` shrinks by ``1 - lr * weight_decay`` in place where the group's
           ``decoupled_weight_decay`` (a flag) is true.
 
-        The weight decay is read on this call, not at the first parameter: a group's 0-d work comes
-        before the parameters' in a trace, as it is written in ``_update_group``.
+        A plain function that returns the loop, not a generator: the weight decay is read, and the
+        decoupled factor computed, when ``_update_group`` calls it (once per group), so its 0-d work
+        stays where ``_update_group`` writes the call, before the loop's.
         """
         decay = weight_decay_of(group, scalars) if "weight_decay" in self.zero_skips else None
         shrink = None

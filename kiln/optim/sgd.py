@@ -56,10 +56,9 @@ class SGD(Optimizer):
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         lr = scalars["lr"]
-        gradients = self._gradients(group, scalars)
         momentum = scalars["momentum"] if group["momentum"] != 0 else None  # 0: no buffer, as in PyTorch
         undamped = 1 - scalars["dampening"] if momentum is not None else None
-        for p, grad, _ in gradients:
+        for p, grad, _ in self._gradients(group, scalars):  # no state made: SGD keeps its own buffer
             if momentum is not None:
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
