@@ -1,4 +1,5 @@
-"""Vector distances and rearrangements: normalize, cosine_similarity, pairwise_distance, pixel/channel shuffle."""
+"""Vector distances and rearrangements: normalize, cosine_similarity, pairwise_distance, pdist, pixel/channel
+shuffle."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import kiln
 
 from ._utils import new_memory
 
-__all__ = ["normalize", "cosine_similarity", "pairwise_distance", "pixel_shuffle", "pixel_unshuffle",
+__all__ = ["normalize", "cosine_similarity", "pairwise_distance", "pdist", "pixel_shuffle", "pixel_unshuffle",
            "channel_shuffle"]  # fmt: skip
 
 
@@ -91,3 +92,17 @@ def channel_shuffle(input, groups: int) -> kiln.Tensor:
     if groups <= 0 or c % groups:
         raise RuntimeError(f"Number of channels must be divisible by groups. Got {c} channels and {groups} groups.")
     return new_memory(input.reshape(n, groups, c // groups, *rest).transpose(1, 2).reshape(n, c, *rest), input)
+
+
+def pdist(input, p: float = 2) -> kiln.Tensor:
+    """p-norm distances between the rows of an (N, M) input, for each pair i < j in row-major order."""
+    if input.ndim != 2:
+        raise RuntimeError(f"pdist only supports 2D tensors, got: {input.ndim}D")
+    n = input.shape[0]
+    first = [i for i in range(n) for _ in range(i + 1, n)]
+    second = [j for i in range(n) for j in range(i + 1, n)]
+    if not first:
+        return kiln.zeros(0, dtype=input.dtype, device=input.device)
+    a = kiln.index_select(input, 0, kiln.tensor(first, dtype=kiln.int64, device=input.device))
+    b = kiln.index_select(input, 0, kiln.tensor(second, dtype=kiln.int64, device=input.device))
+    return kiln.norm(a - b, p, dim=1)

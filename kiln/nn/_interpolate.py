@@ -123,7 +123,7 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "nearest", alig
     spatial = list(input.shape[2:])
     sizes, factors = _output_sizes(spatial, size, scale_factor, recompute_scale_factor)
     if mode == "area":
-        from ._pooling import adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d  # noqa: PLC0415
+        from ._pooling_adaptive import adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d  # noqa: PLC0415
 
         return (adaptive_avg_pool1d, adaptive_avg_pool2d, adaptive_avg_pool3d)[d - 1](input, sizes)
     if not input.dtype.is_floating_point and mode != "nearest":

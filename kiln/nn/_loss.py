@@ -1,4 +1,5 @@
-"""Losses: cross_entropy, nll_loss, mse_loss, l1_loss, binary_cross_entropy (with logits).
+"""Classification losses, against classes or class probabilities: nll_loss, cross_entropy,
+binary_cross_entropy (with logits) and kl_div.
 
 ``reduction`` is ``"mean"``, ``"sum"`` or ``"none"``, as in PyTorch; for class-index targets
 ``"mean"`` divides by the summed weights of the targets that are not ``ignore_index``.
@@ -9,40 +10,10 @@ from __future__ import annotations
 import kiln
 from kiln.frontend.autocast import FLOAT32, autocast_op
 
+from ._loss_reduction import _check_reduction, _reduce, legacy_reduction
 from ._utils import check_tensor
 
-__all__ = ["nll_loss", "cross_entropy", "mse_loss", "l1_loss", "binary_cross_entropy",
-           "binary_cross_entropy_with_logits"]  # fmt: skip
-
-_REDUCTIONS = ("none", "mean", "sum")
-
-
-def legacy_reduction(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
-    """``reduction`` as PyTorch's deprecated ``size_average``/``reduce`` flags say, where either is given.
-
-    ``reduce=False`` is ``'none'``; otherwise ``size_average=False`` is ``'sum'`` and anything else
-    ``'mean'``. Where both are None, ``reduction`` itself, checked by the loss that reads it.
-
-    >>> legacy_reduction(False, None, "mean"), legacy_reduction(None, False, "mean"), legacy_reduction(None, None, "sum")
-    ('sum', 'none', 'sum')
-    """
-    if size_average is None and reduce is None:
-        return reduction
-    if reduce is not None and not reduce:
-        return "none"
-    return "sum" if size_average is not None and not size_average else "mean"
-
-
-def _check_reduction(reduction: str) -> None:
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"{reduction} is not a valid value for reduction (expected 'none', 'mean' or 'sum')")
-
-
-def _reduce(loss: kiln.Tensor, reduction: str) -> kiln.Tensor:
-    _check_reduction(reduction)
-    if reduction == "mean":
-        return loss.mean()
-    return loss.sum() if reduction == "sum" else loss
+__all__ = ["nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"]
 
 
 def _class_dim(input: kiln.Tensor, op: str) -> int:
@@ -157,21 +128,6 @@ def _soft_cross_entropy(logp, target, weight, reduction: str, label_smoothing: f
     return losses.sum() if reduction == "sum" else losses
 
 
-@autocast_op(FLOAT32)
-def mse_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
-    """Mean squared error; ``input`` and ``target`` broadcast against each other."""
-    reduction = legacy_reduction(size_average, reduce, reduction)
-    diff = input - target
-    return _reduce(diff * diff, reduction)
-
-
-@autocast_op(FLOAT32)
-def l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
-    """Mean absolute error; ``input`` and ``target`` broadcast against each other."""
-    reduction = legacy_reduction(size_average, reduce, reduction)
-    return _reduce(kiln.abs(input - target), reduction)
-
-
 def _check_same_size(input, target, op: str) -> None:
     if tuple(target.shape) != tuple(input.shape):
         raise ValueError(
@@ -237,4 +193,22 @@ def binary_cross_entropy_with_logits(input, target, weight=None, size_average=No
     loss = (1 - target) * input + softplus_neg
     if weight is not None:
         loss = loss * weight
+    return _reduce(loss, reduction)
+
+
+def kl_div(input, target, size_average=None, reduce=None, reduction: str = "mean",
+           log_target: bool = False) -> kiln.Tensor:  # fmt: skip
+    """KL(target || exp(input)) pointwise: ``target (log target - input)``; ``input`` holds log-probabilities.
+
+    ``reduction="batchmean"`` divides the sum by the batch size (the mathematically right mean).
+    """
+    reduction = legacy_reduction(size_average, reduce, reduction)
+    if log_target:
+        loss = kiln.exp(target) * (target - input)
+    else:
+        positive = target > 0
+        # xlogy: 0 log 0 = 0, and the log never sees a zero (so no nan gradient).
+        loss = kiln.where(positive, target * kiln.log(kiln.where(positive, target, 1.0)), 0.0) - target * input
+    if reduction == "batchmean":
+        return loss.sum() / input.shape[0] if input.ndim else loss.sum()
     return _reduce(loss, reduction)

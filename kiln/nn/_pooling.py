@@ -1,13 +1,14 @@
 # mypy: ignore-errors
 # reason: mypy misreads x[(a, *b)] as 3.11-only star syntax (a blocking error no narrower header silences)
-"""Pooling over sliding windows: max, average and adaptive average pooling, 1-D to 3-D.
+"""Max pooling over sliding windows, 1-D to 3-D, its ``*_with_indices`` spellings and its partial
+inverse (max unpooling); and the window geometry that every pooling over windows shares.
 
-Each pools ``kiln.unfold_windows`` of the padded input over its kernel dims (max pooling with
-windows that tile the input views them instead). Max pooling takes each window's maximum and the
-position of its first maximum (the first NaN, where there is one), and its gradient goes to that
-one position, as in PyTorch (amax's own gradient would split it between ties, e.g. the zeros
-after relu). Both are elementwise chains over the window's offsets and the gradient is one
-``where``: they fuse into compiled kernels, where argmax + gather + scatter-add ran on numpy.
+Each pools ``kiln.unfold_windows`` of the padded input over its kernel dims (windows that tile the
+input view it instead). Max pooling takes each window's maximum and the position of its first
+maximum (the first NaN, where there is one), and its gradient goes to that one position, as in
+PyTorch (amax's own gradient would split it between ties, e.g. the zeros after relu). It is an
+elementwise chain over the window's offsets and the gradient is one ``where``: they fuse into
+compiled kernels, where argmax + gather + scatter-add ran on numpy.
 """
 
 from __future__ import annotations
@@ -20,9 +21,16 @@ import kiln
 from ._utils import batched, check_tensor, ntuple, pad_spec
 
 __all__ = [
-    "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d", "avg_pool2d", "avg_pool3d",
-    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
-]  # fmt: skip
+    "max_pool1d",
+    "max_pool2d",
+    "max_pool3d",
+    "max_pool1d_with_indices",
+    "max_pool2d_with_indices",
+    "max_pool3d_with_indices",
+    "max_unpool1d",
+    "max_unpool2d",
+    "max_unpool3d",
+]
 
 
 def _pool_geometry(spatial, kernel, stride, padding, dilation, ceil_mode: bool, op: str):
@@ -178,98 +186,56 @@ def max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 3, "max_pool3d")
 
 
-def _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, d: int, op: str):
-    kernel, stride, padding, dilation = _pool_args(input, kernel_size, stride, padding, 1, d, op)
-    x, unbatched = batched(input, d, op)
-    spatial = tuple(x.shape[2:])
-    out_size, extra = _pool_geometry(spatial, kernel, stride, padding, dilation, ceil_mode, op)
-    pads = tuple((p, p + e) for p, e in zip(padding, extra, strict=True))
-    if any(p for pair in pads for p in pair):
-        x = kiln.pad(x, pad_spec(pads))
-    total = kiln.unfold_windows(x, kernel, stride, dilation).sum(dim=tuple(range(2, 2 + d)))
-    if divisor_override is not None:
-        if divisor_override == 0:
-            raise RuntimeError(f"{op}: divisor must be not zero")
-        out = total / divisor_override
-    elif (count_include_pad or not any(padding)) and not any(extra):
-        out = total / math.prod(kernel)
+def max_pool1d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                            return_indices=False):  # fmt: skip
+    return max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+def max_pool2d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                            return_indices=False):  # fmt: skip
+    return max_pool2d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+def max_pool3d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                            return_indices=False):  # fmt: skip
+    return max_pool3d(input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+def _max_unpool(input, indices, kernel_size, stride, padding, output_size, d: int):
+    """Place each value at its ``indices`` (flat positions in each output plane, as max pooling returns them)."""
+    op = f"max_unpool{d}d"
+    kernel = (kernel_size,) * d if isinstance(kernel_size, int) else tuple(kernel_size)
+    stride = kernel if stride is None else ((stride,) * d if isinstance(stride, int) else tuple(stride))
+    padding = (padding,) * d if isinstance(padding, int) else tuple(padding)
+    if input.ndim not in (d + 1, d + 2):
+        raise ValueError(f"{op}: expected {d + 1}D or {d + 2}D input, got {input.ndim}D")
+    if tuple(indices.shape) != tuple(input.shape):
+        raise ValueError(f"{op}: expected indices of the input's shape {list(input.shape)}, got {list(indices.shape)}")
+    spatial = tuple(input.shape[-d:])
+    if output_size is None:
+        sizes = tuple((n - 1) * s - 2 * p + k for n, s, p, k in zip(spatial, stride, padding, kernel, strict=True))
     else:
-        out = total / _window_counts(x, spatial, padding, extra, kernel, stride, count_include_pad)
-    return out.squeeze(0) if unbatched else out
+        sizes = tuple(output_size)[-d:]
+    batched = input.ndim == d + 2
+    x, idx = (input, indices) if batched else (input.unsqueeze(0), indices.unsqueeze(0))
+    n, c = x.shape[0], x.shape[1]
+    plane = math.prod(sizes)
+    flat_index = idx.reshape(n, c, -1).to(kiln.int64)
+    kiln.jit.check_range(flat_index, 0, plane, RuntimeError,
+                         f"{op}: found an invalid max index {{value}} (output volumes are of size {plane})")  # fmt: skip
+    out = kiln.zeros(n, c, plane, dtype=x.dtype, device=x.device).scatter(2, flat_index, x.reshape(n, c, -1))
+    out = out.reshape(n, c, *sizes)
+    return out if batched else out.squeeze(0)
 
 
-def _window_counts(x, spatial, padding, extra, kernel, stride, count_include_pad: bool):
-    """How many elements each window averages: PyTorch counts the symmetric padding when asked,
-    never the extra right padding of ceil_mode."""
-    d = len(spatial)
-    if count_include_pad:
-        region, pads = tuple(s + 2 * p for s, p in zip(spatial, padding, strict=True)), tuple((0, e) for e in extra)
-    else:
-        region, pads = spatial, tuple((p, p + e) for p, e in zip(padding, extra, strict=True))
-    ones = kiln.pad(kiln.ones(1, 1, *region, dtype=x.dtype, device=x.device), pad_spec(pads))
-    return kiln.unfold_windows(ones, kernel, stride, (1,) * d).sum(dim=tuple(range(2, 2 + d)))
+def max_unpool1d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    """The partial inverse of ``max_pool1d``: maxima back at their positions, zeros elsewhere."""
+    return _max_unpool(input, indices, kernel_size, stride, padding, output_size, 1)
 
 
-@kiln.jit.composite("avg_pool1d")
-def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
-    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1, "avg_pool1d")
+def max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool(input, indices, kernel_size, stride, padding, output_size, 2)
 
 
-@kiln.jit.composite("avg_pool2d")
-def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):  # fmt: skip
-    """Mean over windows of (N, C, H, W), as ``torch.nn.functional.avg_pool2d``."""
-    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2,
-                     "avg_pool2d")  # fmt: skip
-
-
-@kiln.jit.composite("avg_pool3d")
-def avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
-               divisor_override=None):  # fmt: skip
-    return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3,
-                     "avg_pool3d")  # fmt: skip
-
-
-def _adaptive_avg_pool(input, output_size, d: int, op: str):
-    check_tensor(input, "input", op)
-    x, unbatched = batched(input, d, op)
-    spatial = tuple(x.shape[2:])
-    sizes = (output_size,) * d if isinstance(output_size, int) else tuple(output_size)
-    if len(sizes) != d:
-        raise ValueError(f"{op}: output_size must be an int or {d} values, got {output_size!r}")
-    sizes = tuple(s if o is None else o for s, o in zip(spatial, sizes, strict=True))
-    if any(o <= 0 for o in sizes):
-        raise RuntimeError(f"{op}: output_size must be positive, got {sizes}")
-    if all(s % o == 0 for s, o in zip(spatial, sizes, strict=True)):
-        kernel = tuple(s // o for s, o in zip(spatial, sizes, strict=True))
-        out = _avg_pool(x, kernel, kernel, 0, False, True, None, d, op)
-    else:
-        # Separable: one averaging matrix per dim, rows over PyTorch's bins
-        # [floor(i * in / out), ceil((i + 1) * in / out)), applied by matmul along that dim.
-        out = x
-        for i, (s, o) in enumerate(zip(spatial, sizes, strict=True)):
-            avg = _bin_matrix(s, o, x)
-            out = kiln.matmul(out.transpose(2 + i, -1), avg.transpose(0, 1)).transpose(2 + i, -1)
-    return out.squeeze(0) if unbatched else out
-
-
-def _bin_matrix(size: int, out: int, like: kiln.Tensor) -> kiln.Tensor:
-    """(out, size) matrix averaging input positions [floor(i * size / out), ceil((i + 1) * size / out))."""
-    i = kiln.arange(out, device=like.device).reshape(out, 1)
-    start, end = (i * size) // out, -((-(i + 1) * size) // out)
-    j = kiln.arange(size, device=like.device).reshape(1, size)
-    inside = ((j >= start) & (j < end)).to(like.dtype)
-    return inside / (end - start).to(like.dtype)
-
-
-def adaptive_avg_pool1d(input, output_size):
-    return _adaptive_avg_pool(input, output_size, 1, "adaptive_avg_pool1d")
-
-
-def adaptive_avg_pool2d(input, output_size):
-    """Average pooling to a fixed output size with PyTorch's bins (ints, a pair, or None to keep a dim)."""
-    return _adaptive_avg_pool(input, output_size, 2, "adaptive_avg_pool2d")
-
-
-def adaptive_avg_pool3d(input, output_size):
-    return _adaptive_avg_pool(input, output_size, 3, "adaptive_avg_pool3d")
+def max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _max_unpool(input, indices, kernel_size, stride, padding, output_size, 3)

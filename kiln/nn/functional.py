@@ -37,64 +37,56 @@ from ._activation import (
 from ._conv import conv1d, conv2d, conv3d, fold, unfold
 from ._conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from ._ctc import ctc_loss
-from ._distance import channel_shuffle, cosine_similarity, normalize, pairwise_distance, pixel_shuffle, pixel_unshuffle
+from ._distance import (
+    channel_shuffle,
+    cosine_similarity,
+    normalize,
+    pairwise_distance,
+    pdist,
+    pixel_shuffle,
+    pixel_unshuffle,
+)
 from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
 from ._embedding_bag import embedding_bag
 from ._grid import affine_grid, grid_sample
 from ._interpolate import interpolate, upsample, upsample_bilinear, upsample_nearest
-from ._loss import (
-    binary_cross_entropy,
-    binary_cross_entropy_with_logits,
-    cross_entropy,
-    l1_loss,
-    mse_loss,
-    nll_loss,
-)
-from ._loss_extra import (
+from ._loss import binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, kl_div, nll_loss
+from ._loss_margin import (
     cosine_embedding_loss,
-    gaussian_nll_loss,
     hinge_embedding_loss,
-    huber_loss,
-    kl_div,
     margin_ranking_loss,
     multi_margin_loss,
     multilabel_margin_loss,
     multilabel_soft_margin_loss,
-    poisson_nll_loss,
-    smooth_l1_loss,
     soft_margin_loss,
     triplet_margin_loss,
+    triplet_margin_with_distance_loss,
 )
+from ._loss_regression import gaussian_nll_loss, huber_loss, l1_loss, mse_loss, poisson_nll_loss, smooth_l1_loss
 from ._norm import batch_norm, group_norm, instance_norm, layer_norm, local_response_norm, rms_norm
 from ._pooling import (
+    max_pool1d,
+    max_pool1d_with_indices,
+    max_pool2d,
+    max_pool2d_with_indices,
+    max_pool3d,
+    max_pool3d_with_indices,
+    max_unpool1d,
+    max_unpool2d,
+    max_unpool3d,
+)
+from ._pooling_adaptive import (
     adaptive_avg_pool1d,
     adaptive_avg_pool2d,
     adaptive_avg_pool3d,
-    avg_pool1d,
-    avg_pool2d,
-    avg_pool3d,
-    max_pool1d,
-    max_pool2d,
-    max_pool3d,
-)
-from ._pooling_more import (
     adaptive_max_pool1d,
     adaptive_max_pool1d_with_indices,
     adaptive_max_pool2d,
     adaptive_max_pool2d_with_indices,
     adaptive_max_pool3d,
     adaptive_max_pool3d_with_indices,
-    lp_pool1d,
-    lp_pool2d,
-    lp_pool3d,
-    max_pool1d_with_indices,
-    max_pool2d_with_indices,
-    max_pool3d_with_indices,
-    max_unpool1d,
-    max_unpool2d,
-    max_unpool3d,
-    pdist,
 )
+from ._pooling_avg import avg_pool1d, avg_pool2d, avg_pool3d, lp_pool1d, lp_pool2d, lp_pool3d
 from ._utils import check_tensor
 
 __all__ = [
@@ -363,16 +355,3 @@ def one_hot(tensor, num_classes: int = -1) -> kiln.Tensor:
 def pad(input, pad, mode: str = "constant", value=None) -> kiln.Tensor:
     """Pad trailing dims by ``pad = (left_last, right_last, left_prev, right_prev, ...)``."""
     return kiln.pad(input, pad, mode=mode, value=value)
-
-
-def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin: float = 1.0,
-                                      swap: bool = False, reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
-    """max(0, margin + d(a, p) - d(a, n)) for any ``distance_function`` (pairwise_distance by default)."""
-    if margin <= 0:
-        raise ValueError(f"triplet_margin_with_distance_loss: expected margin to be greater than 0, got {margin}")
-    distance = pairwise_distance if distance_function is None else distance_function
-    d_pos, d_neg = distance(anchor, positive), distance(anchor, negative)
-    if swap:
-        d_neg = kiln.minimum(d_neg, distance(positive, negative))
-    loss = kiln.clamp(margin + d_pos - d_neg, min=0.0)
-    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss

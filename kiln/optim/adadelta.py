@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range, weight_decay_of
+from .optimizer import Optimizer, check_range, step_count
 
 
 class Adadelta(Optimizer):
@@ -42,21 +42,13 @@ class Adadelta(Optimizer):
                         capturable=capturable, differentiable=differentiable)  # fmt: skip
         super().__init__(params, defaults)
 
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        return {"step": step_count(p), "square_avg": kiln.zeros_like(p), "acc_delta": kiln.zeros_like(p)}
+
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, rho, eps, weight_decay = scalars["lr"], scalars["rho"], scalars["eps"], weight_decay_of(group, scalars)
+        lr, rho, eps, gradients = scalars["lr"], scalars["rho"], scalars["eps"], self._gradients(group, scalars)
         keep = 1 - rho
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            grad = -p.grad if group["maximize"] else p.grad
-            state = self.state[p]
-            if not state:
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
-                state["square_avg"] = kiln.zeros_like(p)
-                state["acc_delta"] = kiln.zeros_like(p)
-            state["step"].add_(1)
-            if weight_decay is not None:
-                grad = grad + p * weight_decay
+        for p, grad, state in gradients:
             square_avg, acc_delta = state["square_avg"], state["acc_delta"]
             square_avg.mul_(rho).add_(grad * grad * keep)
             # The update is RMS[delta] / RMS[grad] * grad: its units match the parameter's.

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range, weight_decay_of
+from .optimizer import Optimizer, check_range, step_count
 
 
 class Adagrad(Optimizer):
@@ -53,23 +53,15 @@ class Adagrad(Optimizer):
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
-                state = self.state[p]
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
-                state["sum"] = kiln.full_like(p, group["initial_accumulator_value"])
+                self.state[p].update(self._fresh_state(p, group))
+
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        return {"step": step_count(p), "sum": kiln.full_like(p, group["initial_accumulator_value"])}
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         lr, lr_decay, eps = scalars["lr"], scalars["lr_decay"], scalars["eps"]
-        weight_decay = weight_decay_of(group, scalars)
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            grad = -p.grad if group["maximize"] else p.grad
-            state = self.state[p]
-            step = state["step"]
-            step.add_(1)
-            if weight_decay is not None:
-                grad = grad + p * weight_decay
-            clr = lr / (1 + (step - 1) * lr_decay)
+        for p, grad, state in self._gradients(group, scalars):
+            clr = lr / (1 + (state["step"] - 1) * lr_decay)
             state["sum"].add_(grad * grad)
             std = state["sum"].sqrt() + eps
             p.sub_(grad / std * clr)

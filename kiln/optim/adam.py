@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range, weight_decay_of
+from .optimizer import Optimizer, check_range, step_count
 
 
 def _check_adam_args(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
@@ -29,7 +29,6 @@ class Adam(Optimizer):
     numbers = ("lr", "betas", "eps", "weight_decay")
     flags = ("amsgrad", "maximize", "decoupled_weight_decay")
     zero_skips = ("weight_decay",)
-    _decoupled = False
 
     def __init__(
         self,
@@ -57,36 +56,19 @@ class Adam(Optimizer):
         )  # fmt: skip
         super().__init__(params, defaults)
 
-    def _init_state(self, p: kiln.Tensor, amsgrad: bool) -> dict[str, kiln.Tensor]:
-        state = self.state[p]
-        if not state:
-            state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
-            state["exp_avg"] = kiln.zeros_like(p)
-            state["exp_avg_sq"] = kiln.zeros_like(p)
-            if amsgrad:
-                state["max_exp_avg_sq"] = kiln.zeros_like(p)
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        state = {"step": step_count(p), "exp_avg": kiln.zeros_like(p), "exp_avg_sq": kiln.zeros_like(p)}
+        if group["amsgrad"]:
+            state["max_exp_avg_sq"] = kiln.zeros_like(p)
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
-        amsgrad, weight_decay = group["amsgrad"], weight_decay_of(group, scalars)
+        amsgrad, gradients = group["amsgrad"], self._gradients(group, scalars)
         # Per group, not per parameter: eager runs these 0-d ops once (a trace's CSE would merge them anyway).
-        shrink = None
-        if weight_decay is not None and group.get("decoupled_weight_decay", self._decoupled):
-            shrink, weight_decay = 1 - lr * weight_decay, None
         keep1, keep2 = 1 - beta1, 1 - beta2
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            grad = -p.grad if group["maximize"] else p.grad
-            state = self._init_state(p, amsgrad)
-            step = state["step"]
-            step.add_(1)
-            if shrink is not None:
-                p.mul_(shrink)
-            elif weight_decay is not None:
-                grad = grad + p * weight_decay
-            exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        for p, grad, state in gradients:
+            step, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
             exp_avg.mul_(beta1).add_(grad * keep1)
             exp_avg_sq.mul_(beta2).add_(grad * grad * keep2)
             # Bias corrections stay in float64 0-d tensors, as PyTorch computes them in Python floats.

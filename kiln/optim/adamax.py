@@ -8,7 +8,7 @@ from typing import Any
 import kiln
 
 from .adam import _check_adam_args
-from .optimizer import Optimizer, weight_decay_of
+from .optimizer import Optimizer, step_count
 
 
 class Adamax(Optimizer):
@@ -39,24 +39,15 @@ class Adamax(Optimizer):
                         foreach=foreach, differentiable=differentiable, capturable=capturable)  # fmt: skip
         super().__init__(params, defaults)
 
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        return {"step": step_count(p), "exp_avg": kiln.zeros_like(p), "exp_inf": kiln.zeros_like(p)}
+
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
-        weight_decay = weight_decay_of(group, scalars)
+        gradients = self._gradients(group, scalars)
         keep1 = 1 - beta1
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            grad = -p.grad if group["maximize"] else p.grad
-            state = self.state[p]
-            if not state:
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
-                state["exp_avg"] = kiln.zeros_like(p)
-                state["exp_inf"] = kiln.zeros_like(p)
-            step = state["step"]
-            step.add_(1)
-            if weight_decay is not None:
-                grad = grad + p * weight_decay
-            exp_avg, exp_inf = state["exp_avg"], state["exp_inf"]
+        for p, grad, state in gradients:
+            step, exp_avg, exp_inf = state["step"], state["exp_avg"], state["exp_inf"]
             exp_avg.add_((grad - exp_avg) * keep1)
             exp_inf.copy_(kiln.maximum(exp_inf * beta2, grad.abs() + eps))
             p.sub_(exp_avg / exp_inf * (lr / (1 - beta1**step)))

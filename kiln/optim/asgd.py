@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range, weight_decay_of
+from .optimizer import Optimizer, check_range, step_count
 
 
 class ASGD(Optimizer):
@@ -41,23 +41,15 @@ class ASGD(Optimizer):
                         maximize=maximize, differentiable=differentiable, capturable=capturable)  # fmt: skip
         super().__init__(params, defaults)
 
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        eta = kiln.tensor(float(group["lr"]), dtype=kiln.float32, device=p.device)
+        mu = kiln.tensor(1.0, dtype=kiln.float32, device=p.device)
+        return {"step": step_count(p), "eta": eta, "mu": mu, "ax": kiln.zeros_like(p)}
+
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         lr, lambd, alpha, t0 = scalars["lr"], scalars["lambd"], scalars["alpha"], scalars["t0"]
-        weight_decay = weight_decay_of(group, scalars)
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            grad = -p.grad if group["maximize"] else p.grad
-            state = self.state[p]
-            if not state:
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
-                state["eta"] = kiln.tensor(float(group["lr"]), dtype=kiln.float32, device=p.device)
-                state["mu"] = kiln.tensor(1.0, dtype=kiln.float32, device=p.device)
-                state["ax"] = kiln.zeros_like(p)
+        for p, grad, state in self._gradients(group, scalars):
             step, eta, mu = state["step"], state["eta"], state["mu"]
-            step.add_(1)
-            if weight_decay is not None:
-                grad = grad + p * weight_decay
             eta64 = eta.to(kiln.float64)
             p.mul_(1 - lambd * eta64)
             p.sub_(grad * eta64)
@@ -77,6 +69,7 @@ class Rprop(Optimizer):
     """
 
     numbers = ("etas", "step_sizes")  # lr only sets each parameter's first step size, as in PyTorch
+    # no weight decay: it is not one of zero_skips, so _gradients adds none (PyTorch's Rprop has none)
 
     def __init__(
         self,
@@ -97,19 +90,17 @@ class Rprop(Optimizer):
                         differentiable=differentiable, capturable=capturable)  # fmt: skip
         super().__init__(params, defaults)
 
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        return {
+            "step": step_count(p),
+            "prev": kiln.zeros_like(p),
+            "step_size": kiln.full_like(p.grad, float(group["lr"])),
+        }
+
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         eta_minus, eta_plus = scalars["etas"]
         step_min, step_max = scalars["step_sizes"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            grad = -p.grad if group["maximize"] else p.grad
-            state = self.state[p]
-            if not state:
-                state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
-                state["prev"] = kiln.zeros_like(p)
-                state["step_size"] = kiln.full_like(grad, float(group["lr"]))
-            state["step"].add_(1)
+        for p, grad, state in self._gradients(group, scalars):
             prev, step_size = state["prev"], state["step_size"]
             agreement = (grad * prev).sign()
             factor = kiln.where(agreement > 0, eta_plus, kiln.where(agreement < 0, eta_minus, 1.0)).to(p.dtype)

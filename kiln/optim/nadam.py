@@ -10,7 +10,7 @@ from typing import Any
 import kiln
 
 from .adam import _check_adam_args
-from .optimizer import Optimizer, check_range, weight_decay_of
+from .optimizer import Optimizer, check_range, step_count
 
 
 class _AdamFamily(Optimizer):
@@ -24,28 +24,15 @@ class _AdamFamily(Optimizer):
         _check_adam_args(defaults["lr"], defaults["betas"], defaults["eps"], defaults["weight_decay"])
         super().__init__(params, defaults)
 
-    def _moments(self, p: kiln.Tensor, group: dict[str, Any], scalars: dict[str, kiln.Tensor], extra=None):
-        """Advance the step and both moments of ``p``; returns (state, step, grad after weight decay)."""
-        grad = -p.grad if group["maximize"] else p.grad
-        state = self.state[p]
-        if not state:
-            state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
-            if extra is not None:
-                extra(state)
-            state["exp_avg"] = kiln.zeros_like(p)
-            state["exp_avg_sq"] = kiln.zeros_like(p)
-        step = state["step"]
-        step.add_(1)
-        weight_decay = weight_decay_of(group, scalars)
-        if weight_decay is not None:
-            if group["decoupled_weight_decay"]:
-                p.mul_(1 - scalars["lr"] * weight_decay)
-            else:
-                grad = grad + p * weight_decay
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        return {"step": step_count(p), "exp_avg": kiln.zeros_like(p), "exp_avg_sq": kiln.zeros_like(p)}
+
+    @staticmethod
+    def _advance_moments(state: dict[str, kiln.Tensor], grad: kiln.Tensor, scalars: dict[str, kiln.Tensor]) -> None:
+        """Move both moments of one parameter towards ``grad`` (its gradient after weight decay)."""
         beta1, beta2 = scalars["betas"]
         state["exp_avg"].add_((grad - state["exp_avg"]) * (1 - beta1))
         state["exp_avg_sq"].mul_(beta2).add_(grad * grad * (1 - beta2))
-        return state, step, grad
 
 
 class NAdam(_AdamFamily):
@@ -78,17 +65,16 @@ class NAdam(_AdamFamily):
                         capturable=capturable, differentiable=differentiable)  # fmt: skip
         super().__init__(params, defaults)
 
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        mu_product = kiln.tensor(1.0, dtype=kiln.float32, device=p.device)
+        return {"step": step_count(p), "mu_product": mu_product, "exp_avg": kiln.zeros_like(p),
+                "exp_avg_sq": kiln.zeros_like(p)}  # fmt: skip
+
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         lr, (beta1, beta2), eps, decay = scalars["lr"], scalars["betas"], scalars["eps"], scalars["momentum_decay"]
-
-        def add_mu_product(state):
-            state["mu_product"] = kiln.tensor(1.0, dtype=kiln.float32, device=p.device)
-
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state, step, grad = self._moments(p, group, scalars, add_mu_product)
-            step64 = step.to(kiln.float64)
+        for p, grad, state in self._gradients(group, scalars):
+            self._advance_moments(state, grad, scalars)
+            step64 = state["step"].to(kiln.float64)
             mu = beta1 * (1.0 - 0.5 * 0.96 ** (step64 * decay))
             mu_next = beta1 * (1.0 - 0.5 * 0.96 ** ((step64 + 1) * decay))
             mu_product = state["mu_product"]
@@ -130,11 +116,9 @@ class RAdam(_AdamFamily):
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
         lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
         rho_inf = 2 / (1 - beta2) - 1  # from this call's beta2, as everything derived from the numbers
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state, step, _ = self._moments(p, group, scalars)
-            step64 = step.to(kiln.float64)
+        for p, grad, state in self._gradients(group, scalars):
+            self._advance_moments(state, grad, scalars)
+            step64 = state["step"].to(kiln.float64)
             correction1 = 1 - beta1**step64
             correction2 = 1 - beta2**step64
             corrected_avg = state["exp_avg"] / correction1

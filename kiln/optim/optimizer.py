@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import kiln
@@ -49,6 +49,11 @@ def weight_decay_of(group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> k
     return scalars["weight_decay"] if group["weight_decay"] != 0 else None
 
 
+def step_count(p: kiln.Tensor) -> kiln.Tensor:
+    """A parameter's step count at its first step: a 0-d float32 zero on its device, as PyTorch's."""
+    return kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
+
+
 def check_range(name: str, value: float, low: float = 0.0) -> None:
     """Raise PyTorch's ``Invalid <name>: <value>`` error when ``value < low``."""
     if not value >= low:  # also rejects nan
@@ -62,12 +67,19 @@ class Optimizer:
     implement ``_update_group(group, scalars)``, where ``scalars`` maps each of ``numbers`` to a 0-d
     float64 tensor holding its current value (a tuple of them for a tuple such as ``betas``). It
     reads numbers only through ``scalars``, and other keys of ``group`` only if they are flags or
-    the zero tests of ``zero_skips``.
+    the zero tests of ``zero_skips``. Its loop over the parameters is ``_gradients(group, scalars)``,
+    which does what every optimizer does first (maximize, weight decay, state, step count); a
+    subclass says what state a parameter starts with in ``_fresh_state(p, group)``.
     """
 
     numbers: tuple[str, ...] = ("lr",)
     flags: tuple[str, ...] = ("maximize",)
     zero_skips: tuple[str, ...] = ()
+    # Whether _gradients makes each parameter's state and counts its steps: all but SGD, whose state
+    # is its momentum buffer alone (none at all without momentum, as in PyTorch).
+    _counts_steps = True
+    # Weight decay's form where "decoupled_weight_decay" is a flag but a group lacks it (AdamW: True).
+    _decoupled = False
 
     def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
         self.defaults = defaults
@@ -209,7 +221,52 @@ class Optimizer:
                 for i, read in enumerate(scalars) for key in self.numbers if key in read.keys_read]  # fmt: skip
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        """Update the parameters of one group: ``for p, grad, state in self._gradients(group, scalars)``."""
         raise NotImplementedError
+
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        """The state ``p`` starts with at its first step, in PyTorch's order of keys: ``step`` first."""
+        raise NotImplementedError
+
+    def _gradients(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> Iterator[tuple]:
+        """``(p, grad, state)`` for each parameter of ``group`` that has a gradient, after the work
+        every optimizer starts with, in this order:
+
+        - ``grad`` is ``p.grad``, negated under ``maximize``;
+        - ``state`` (``self.state[p]``) is made by ``_fresh_state`` at ``p``'s first step, and its
+          ``step`` advanced by one (with ``_counts_steps`` false, ``state`` is None and untouched);
+        - where ``weight_decay`` is one of ``zero_skips`` and not 0, ``grad`` gains ``p * weight_decay``,
+          or ``p`` shrinks by ``1 - lr * weight_decay`` in place where the group's
+          ``decoupled_weight_decay`` (a flag) is true.
+
+        A plain function that returns the loop, not a generator: the weight decay is read, and the
+        decoupled factor computed, when ``_update_group`` calls it (once per group), so its 0-d work
+        stays where ``_update_group`` writes the call, before the loop's.
+        """
+        decay = weight_decay_of(group, scalars) if "weight_decay" in self.zero_skips else None
+        shrink = None
+        if decay is not None and "decoupled_weight_decay" in self.flags:
+            if group.get("decoupled_weight_decay", self._decoupled):
+                shrink, decay = 1 - scalars["lr"] * decay, None
+        return self._each_gradient(group, decay, shrink)
+
+    def _each_gradient(self, group: dict[str, Any], decay, shrink) -> Iterator[tuple]:
+        """``_gradients``' loop, given its weight decay (``decay``, or ``shrink`` when decoupled)."""
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            grad = -p.grad if group["maximize"] else p.grad
+            state = None
+            if self._counts_steps:
+                state = self.state[p]
+                if not state:
+                    state.update(self._fresh_state(p, group))
+                state["step"].add_(1)
+            if shrink is not None:
+                p.mul_(shrink)
+            elif decay is not None:
+                grad = grad + p * decay
+            yield p, grad, state
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients of all parameters: to ``None`` by default, else to zeros in place."""

@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range, weight_decay_of
+from .optimizer import Optimizer, check_range, step_count
 
 
 class RMSprop(Optimizer):
@@ -55,29 +55,19 @@ class RMSprop(Optimizer):
         )
         super().__init__(params, defaults)
 
-    def _init_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
-        state = self.state[p]
-        if not state:
-            state["step"] = kiln.tensor(0.0, dtype=kiln.float32, device=p.device)
-            state["square_avg"] = kiln.zeros_like(p)
-            if group["momentum"] > 0:
-                state["momentum_buffer"] = kiln.zeros_like(p)
-            if group["centered"]:
-                state["grad_avg"] = kiln.zeros_like(p)
+    def _fresh_state(self, p: kiln.Tensor, group: dict[str, Any]) -> dict[str, kiln.Tensor]:
+        state = {"step": step_count(p), "square_avg": kiln.zeros_like(p)}
+        if group["momentum"] > 0:
+            state["momentum_buffer"] = kiln.zeros_like(p)
+        if group["centered"]:
+            state["grad_avg"] = kiln.zeros_like(p)
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, alpha, eps, weight_decay = scalars["lr"], scalars["alpha"], scalars["eps"], weight_decay_of(group, scalars)
+        lr, alpha, eps, gradients = scalars["lr"], scalars["alpha"], scalars["eps"], self._gradients(group, scalars)
         momentum = scalars["momentum"] if group["momentum"] > 0 else None
         keep = 1 - alpha
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            grad = -p.grad if group["maximize"] else p.grad
-            state = self._init_state(p, group)
-            state["step"].add_(1)
-            if weight_decay is not None:
-                grad = grad + p * weight_decay
+        for p, grad, state in gradients:
             square_avg = state["square_avg"]
             square_avg.mul_(alpha).add_(grad * grad * keep)
             if group["centered"]:

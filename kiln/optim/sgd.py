@@ -7,7 +7,7 @@ from typing import Any
 
 import kiln
 
-from .optimizer import Optimizer, check_range, weight_decay_of
+from .optimizer import Optimizer, check_range
 
 
 class SGD(Optimizer):
@@ -20,6 +20,7 @@ class SGD(Optimizer):
     numbers = ("lr", "momentum", "dampening", "weight_decay")
     flags = ("nesterov", "maximize")
     zero_skips = ("momentum", "weight_decay")
+    _counts_steps = False  # the state is the momentum buffer alone
 
     def __init__(
         self,
@@ -54,15 +55,10 @@ class SGD(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        lr, weight_decay = scalars["lr"], weight_decay_of(group, scalars)
+        lr = scalars["lr"]
         momentum = scalars["momentum"] if group["momentum"] != 0 else None  # 0: no buffer, as in PyTorch
         undamped = 1 - scalars["dampening"] if momentum is not None else None
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            grad = -p.grad if group["maximize"] else p.grad
-            if weight_decay is not None:
-                grad = grad + p * weight_decay
+        for p, grad, _ in self._gradients(group, scalars):  # no state made: SGD keeps its own buffer
             if momentum is not None:
                 state = self.state[p]
                 buf = state.get("momentum_buffer")

@@ -20,7 +20,7 @@ import kiln
 
 from ..nn.modules.module import Module
 from ..nn.modules.normalization import _BatchNorm
-from .lr_scheduler import LRScheduler, _per_group
+from ._lr_base import LRScheduler, _per_group
 from .optimizer import Optimizer
 
 __all__ = ["AveragedModel", "SWALR", "update_bn", "get_ema_multi_avg_fn", "get_swa_multi_avg_fn", "get_ema_avg_fn",

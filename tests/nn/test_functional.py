@@ -147,3 +147,37 @@ def test_one_hot_and_pad(torch):
         F.one_hot(kiln.tensor([3]), 3)
     check_parity(torch, lambda a: F.pad(a, (1, 2, 0, 1), value=0.5),
                  lambda a: torch.nn.functional.pad(a, (1, 2, 0, 1), value=0.5), [rng.normal(size=(2, 3))], grad=(0,))  # fmt: skip
+
+
+# kiln.nn.functional's losses and poolings, by the module of their kind (kiln issue 37: modules by idea).
+_BY_KIND = {
+    "_loss": "nll_loss cross_entropy binary_cross_entropy binary_cross_entropy_with_logits kl_div",
+    "_loss_regression": "mse_loss l1_loss smooth_l1_loss huber_loss poisson_nll_loss gaussian_nll_loss",
+    "_loss_margin": "soft_margin_loss margin_ranking_loss hinge_embedding_loss cosine_embedding_loss "
+    "triplet_margin_loss triplet_margin_with_distance_loss multilabel_soft_margin_loss multi_margin_loss "
+    "multilabel_margin_loss",
+    "_pooling": "max_pool1d max_pool2d max_pool3d max_pool1d_with_indices max_pool2d_with_indices "
+    "max_pool3d_with_indices max_unpool1d max_unpool2d max_unpool3d",
+    "_pooling_avg": "avg_pool1d avg_pool2d avg_pool3d lp_pool1d lp_pool2d lp_pool3d",
+    "_pooling_adaptive": "adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d adaptive_max_pool1d "
+    "adaptive_max_pool2d adaptive_max_pool3d adaptive_max_pool1d_with_indices adaptive_max_pool2d_with_indices "
+    "adaptive_max_pool3d_with_indices",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_BY_KIND))
+def test_losses_and_poolings_live_in_the_module_of_their_kind(kind):
+    import importlib
+
+    module = importlib.import_module(f"kiln.nn.{kind}")
+    names = _BY_KIND[kind].split()
+    assert sorted(module.__all__) == sorted(names)
+    for name in names:  # defined there, and kiln.nn.functional's name is that function
+        assert getattr(F, name) is getattr(module, name) and getattr(module, name).__module__ == module.__name__, name
+
+
+def test_every_loss_and_pooling_of_functional_has_a_kind():
+    # ctc_loss, a dynamic programme over alignments, has a module of its own (_ctc)
+    kinds = {name for names in _BY_KIND.values() for name in names.split()}
+    ours = {n for n in dir(F) if n.endswith(("_loss", "pool1d", "pool2d", "pool3d", "_with_indices"))} - {"ctc_loss"}
+    assert ours | {"cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"} == kinds

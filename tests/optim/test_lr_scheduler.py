@@ -145,3 +145,46 @@ def test_chained_and_warm_restarts_with_epochs(torch):
         return np.array(out)
 
     np.testing.assert_allclose(build(kiln, optim), build(torch, torch.optim), rtol=1e-6, atol=1e-12)
+
+
+def _composite(kind: str, opt):
+    warm = lr_scheduler.LinearLR(opt, start_factor=0.25, total_iters=4)
+    decay = lr_scheduler.ExponentialLR(opt, gamma=0.8)
+    if kind == "SequentialLR":
+        return lr_scheduler.SequentialLR(opt, [warm, decay], milestones=[4])
+    return lr_scheduler.ChainedScheduler([warm, decay])
+
+
+@pytest.mark.parametrize("kind", ["SequentialLR", "ChainedScheduler"])
+def test_composite_schedulers_resume_from_their_state_dict(kind):
+    # One implementation of the state dict of a scheduler of schedulers: each inner state nested.
+    assert lr_scheduler.SequentialLR.state_dict is lr_scheduler.ChainedScheduler.state_dict
+    assert lr_scheduler.SequentialLR.load_state_dict is lr_scheduler.ChainedScheduler.load_state_dict
+    opt = optim.SGD([kiln.zeros(1, requires_grad=True)], lr=1.0)
+    sched = _composite(kind, opt)
+    for _ in range(5):
+        sched.step()
+    state = sched.state_dict()
+    assert [inner["last_epoch"] for inner in state["_schedulers"]] == [inner.last_epoch for inner in sched._schedulers]
+    opt2 = optim.SGD([kiln.zeros(1, requires_grad=True)], lr=1.0)
+    resumed = _composite(kind, opt2)
+    resumed.load_state_dict(state)
+    opt2.param_groups[0]["lr"] = opt.param_groups[0]["lr"]  # the optimizer's own state dict carries it
+    lrs, resumed_lrs = [], []
+    for _ in range(6):
+        sched.step()
+        resumed.step()
+        lrs.append(opt.param_groups[0]["lr"])
+        resumed_lrs.append(opt2.param_groups[0]["lr"])
+    np.testing.assert_allclose(resumed_lrs, lrs, rtol=1e-12)
+    assert len(set(lrs)) > 3  # the schedule moved after the resume
+
+
+def test_lr_scheduler_exports_every_scheduler_from_pytorchs_path():
+    names = {"LRScheduler", "LambdaLR", "MultiplicativeLR", "StepLR", "MultiStepLR", "ConstantLR", "LinearLR",
+             "ExponentialLR", "PolynomialLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts", "CyclicLR",
+             "OneCycleLR", "SequentialLR", "ChainedScheduler", "ReduceLROnPlateau"}  # fmt: skip
+    assert set(lr_scheduler.__all__) == names
+    for name in names:
+        assert isinstance(getattr(lr_scheduler, name), type), name
+        assert name == "LRScheduler" or issubclass(getattr(lr_scheduler, name), lr_scheduler.LRScheduler), name

@@ -175,3 +175,48 @@ def test_bad_inputs():
         opt.load_state_dict(other)
     with pytest.raises(ValueError, match="different number of parameter groups"):
         opt.load_state_dict({"state": {}, "param_groups": []})
+
+
+class _SignStep(optim.Optimizer):
+    """An optimizer written as the base asks: only its own math (a step of lr times the sign)."""
+
+    numbers = ("lr", "weight_decay")
+    flags = ("maximize", "decoupled_weight_decay")
+    zero_skips = ("weight_decay",)
+
+    def __init__(self, params, lr=0.1, weight_decay=0.0, maximize=False, decoupled_weight_decay=False):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, maximize=maximize,
+                                      decoupled_weight_decay=decoupled_weight_decay))  # fmt: skip
+
+    def _fresh_state(self, p, group):
+        return {"step": optim.optimizer.step_count(p), "last": kiln.zeros_like(p)}
+
+    def _update_group(self, group, scalars):
+        for p, grad, state in self._gradients(group, scalars):
+            state["last"].copy_(grad)
+            p.sub_(grad.sign() * scalars["lr"])
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_base_owns_the_start_of_the_per_parameter_loop(compiled):
+    # maximize, weight decay (added to the gradient, or decoupled), state made at the first step and
+    # its step count, parameters without a gradient skipped: none of it written in _SignStep.
+    w, skipped = kiln.tensor([1.0, -2.0], requires_grad=True), kiln.tensor([5.0], requires_grad=True)
+    opt = _SignStep([w, skipped], lr=0.5, weight_decay=0.25, maximize=True)
+
+    def step():
+        opt.zero_grad()
+        (w * kiln.tensor([1.0, 10.0])).sum().backward()
+        opt.step()
+
+    f = kiln.compile(step) if compiled else step
+    f()  # grad -(1, 10) + 0.25 * (1, -2) = (-0.75, -10.5): w moves by +0.5 each
+    assert_close(w, kiln.tensor([1.5, -1.5]), rtol=1e-6, atol=1e-6)
+    assert_close(opt.state[w]["last"], kiln.tensor([-0.75, -10.5]), rtol=1e-6, atol=1e-6)
+    f()
+    assert float(opt.state[w]["step"]) == 2.0 and opt.state[w]["step"].dtype == kiln.float32
+    assert skipped not in opt.state and float(skipped[0]) == 5.0
+    opt.param_groups[0]["decoupled_weight_decay"] = True
+    f()  # w shrinks by 1 - 0.5 * 0.25 first, then moves by +0.5 against the negated gradient's sign
+    assert_close(w, kiln.tensor([2.0 * 0.875 + 0.5, -1.0 * 0.875 + 0.5]), rtol=1e-6, atol=1e-6)
+    assert_close(opt.state[w]["last"], kiln.tensor([-1.0, -10.0]), rtol=1e-6, atol=1e-6)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import functional as F
-from .._loss import legacy_reduction
+from .._loss_reduction import legacy_reduction
 from .module import Module
 
 __all__ = ["CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "BCELoss", "BCEWithLogitsLoss", "SmoothL1Loss",

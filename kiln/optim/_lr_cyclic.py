@@ -1,7 +1,7 @@
 # mypy: disable-error-code="assignment"
 # reason: counters start as ints from the constructor and become floats, as PyTorch's do
-"""More learning-rate schedulers: ConstantLR, MultiplicativeLR, PolynomialLR, CosineAnnealingWarmRestarts,
-CyclicLR and ChainedScheduler, in PyTorch's recursive forms (same values step by step)."""
+"""Schedules that cycle: CosineAnnealingWarmRestarts (SGDR), CyclicLR and OneCycleLR, in PyTorch's
+recursive forms (same values step by step); the last two cycle the momentum (or Adam's beta1) too."""
 
 from __future__ import annotations
 
@@ -9,73 +9,21 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .lr_scheduler import LRScheduler, _not_traced, _per_group
+from ._lr_base import LRScheduler, _not_traced, _per_group
 from .optimizer import Optimizer
 
-__all__ = ["ConstantLR", "MultiplicativeLR", "PolynomialLR", "CosineAnnealingWarmRestarts", "CyclicLR",
-           "ChainedScheduler"]  # fmt: skip
 
+class _CyclesMomentum:
+    """What CyclicLR and OneCycleLR share: writing the momentum they cycle into a group (Adam's beta1
+    where the optimizer has ``betas``, as ``use_beta1`` says)."""
 
-class ConstantLR(LRScheduler):
-    """The lr times ``factor`` until epoch ``total_iters``, then the lr itself."""
+    use_beta1: bool
 
-    def __init__(self, optimizer: Optimizer, factor: float = 1.0 / 3, total_iters: int = 5,
-                 last_epoch: int = -1) -> None:  # fmt: skip
-        if not 0 <= factor <= 1.0:
-            raise ValueError("Constant multiplicative factor expected to be between 0 and 1.")
-        self.factor, self.total_iters = factor, total_iters
-        super().__init__(optimizer, last_epoch)
-
-    def get_lr(self) -> list[float]:
-        if self.last_epoch == 0:
-            return [lr * self.factor for lr in self._group_lrs()]
-        if self.last_epoch != self.total_iters:
-            return self._group_lrs()
-        return [lr * (1.0 / self.factor) for lr in self._group_lrs()]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        done = self.last_epoch >= self.total_iters
-        return [base * (self.factor + done * (1 - self.factor)) for base in self.base_lrs]
-
-
-class MultiplicativeLR(LRScheduler):
-    """Each epoch multiplies the lr by ``lr_lambda(epoch)`` (one function per group or one for all)."""
-
-    def __init__(self, optimizer: Optimizer, lr_lambda: Callable | Sequence[Callable], last_epoch: int = -1) -> None:
-        n = len(optimizer.param_groups)
-        if isinstance(lr_lambda, list | tuple):
-            if len(lr_lambda) != n:
-                raise ValueError(f"Expected {n} lr_lambdas, but got {len(lr_lambda)}")
-            self.lr_lambdas = list(lr_lambda)
+    def _set_momentum(self, group: dict[str, Any], value: float) -> None:
+        if self.use_beta1:
+            group["betas"] = (value, *group["betas"][1:])
         else:
-            self.lr_lambdas = [lr_lambda] * n
-        super().__init__(optimizer, last_epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
-
-    def get_lr(self) -> list[float]:
-        if self.last_epoch > 0:
-            return [lr * f(self.last_epoch) for f, lr in zip(self.lr_lambdas, self._group_lrs(), strict=True)]
-        return self._group_lrs()
-
-
-class PolynomialLR(LRScheduler):
-    """Decay to zero over ``total_iters`` epochs as ``(1 - epoch / total_iters) ** power``."""
-
-    def __init__(self, optimizer: Optimizer, total_iters: int = 5, power: float = 1.0, last_epoch: int = -1) -> None:
-        self.total_iters, self.power = total_iters, power
-        super().__init__(optimizer, last_epoch)
-
-    def get_lr(self) -> list[float]:
-        if self.last_epoch == 0 or self.last_epoch > self.total_iters:
-            return self._group_lrs()
-        factor = (1.0 - self.last_epoch / self.total_iters) / (1.0 - (self.last_epoch - 1) / self.total_iters)
-        return [lr * factor**self.power for lr in self._group_lrs()]
-
-    def _get_closed_form_lr(self) -> list[float]:
-        done = min(self.total_iters, self.last_epoch) / self.total_iters
-        return [base * (1.0 - done) ** self.power for base in self.base_lrs]
+            group["momentum"] = value
 
 
 class CosineAnnealingWarmRestarts(LRScheduler):
@@ -128,7 +76,7 @@ class CosineAnnealingWarmRestarts(LRScheduler):
         self._last_lr = self._group_lrs()
 
 
-class CyclicLR(LRScheduler):
+class CyclicLR(_CyclesMomentum, LRScheduler):
     """Cycle the lr between ``base_lr`` and ``max_lr`` (triangular, triangular2, exp_range or a ``scale_fn``),
     stepped once per batch; momentum (or Adam's beta1) cycles inversely when ``cycle_momentum``."""
 
@@ -162,12 +110,6 @@ class CyclicLR(LRScheduler):
         super().__init__(optimizer, last_epoch)
         self.base_lrs = base_lrs
 
-    def _set_momentum(self, group: dict[str, Any], value: float) -> None:
-        if self.use_beta1:
-            group["betas"] = (value, *group["betas"][1:])
-        else:
-            group["momentum"] = value
-
     def scale_fn(self, x: float) -> float:
         if self._scale_fn_custom is not None:
             return self._scale_fn_custom(x)
@@ -193,32 +135,95 @@ class CyclicLR(LRScheduler):
         return lrs
 
 
-class ChainedScheduler(LRScheduler):
-    """Step several schedulers of one optimizer together, every ``step()``."""
+class OneCycleLR(_CyclesMomentum, LRScheduler):
+    """The 1cycle policy: lr warms up to ``max_lr`` then anneals far below the start; momentum cycles inversely."""
 
-    def __init__(self, schedulers: Sequence[LRScheduler], optimizer: Optimizer | None = None) -> None:
-        if len(schedulers) < 1:
-            raise ValueError("ChainedScheduler expects at least one scheduler to be chained, but got no scheduler.")
-        optimizer = optimizer or schedulers[0].optimizer
-        for index, scheduler in enumerate(schedulers):
-            if scheduler.optimizer is not optimizer:
-                raise ValueError(f"ChainedScheduler expects all schedulers to belong to the same optimizer, but got "
-                                 f"scheduler {type(scheduler).__name__} at index {index} with a different one")  # fmt: skip
-        self._schedulers, self.optimizer = list(schedulers), optimizer
-        self._last_lr = self._group_lrs()
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        max_lr: float | Sequence[float],
+        total_steps: int | None = None,
+        epochs: int | None = None,
+        steps_per_epoch: int | None = None,
+        pct_start: float = 0.3,
+        anneal_strategy: str = "cos",
+        cycle_momentum: bool = True,
+        base_momentum: float | Sequence[float] = 0.85,
+        max_momentum: float | Sequence[float] = 0.95,
+        div_factor: float = 25.0,
+        final_div_factor: float = 1e4,
+        three_phase: bool = False,
+        last_epoch: int = -1,
+    ) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"{type(optimizer).__name__} is not an Optimizer")
+        if total_steps is not None:
+            if not isinstance(total_steps, int) or total_steps <= 0:
+                raise ValueError(f"Expected positive integer total_steps, but got {total_steps}")
+            self.total_steps = total_steps
+        elif epochs is not None and steps_per_epoch is not None:
+            if not isinstance(epochs, int) or epochs <= 0:
+                raise ValueError(f"Expected positive integer epochs, but got {epochs}")
+            if not isinstance(steps_per_epoch, int) or steps_per_epoch <= 0:
+                raise ValueError(f"Expected positive integer steps_per_epoch, but got {steps_per_epoch}")
+            self.total_steps = epochs * steps_per_epoch
+        else:
+            raise ValueError("You must define either total_steps OR (epochs AND steps_per_epoch)")
+        if not isinstance(pct_start, float) or not 0 <= pct_start <= 1:
+            raise ValueError(f"Expected float between 0 and 1 pct_start, but got {pct_start}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"anneal_strategy must be one of 'cos' or 'linear', instead got {anneal_strategy}")
+        self.anneal_strategy = anneal_strategy
+        warm_end = float(pct_start * self.total_steps) - 1
+        last = self.total_steps - 1
+        # (end_step, start lr key, end lr key, start momentum key, end momentum key) per phase.
+        if three_phase:
+            self._phases = [
+                (warm_end, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                (float(2 * pct_start * self.total_steps) - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"),
+                (last, "initial_lr", "min_lr", "max_momentum", "max_momentum"),
+            ]
+        else:
+            self._phases = [
+                (warm_end, "initial_lr", "max_lr", "max_momentum", "base_momentum"),
+                (last, "max_lr", "min_lr", "base_momentum", "max_momentum"),
+            ]
+        if last_epoch == -1:
+            for top, group in zip(_per_group("max_lr", optimizer, max_lr), optimizer.param_groups, strict=True):
+                group["initial_lr"] = top / div_factor
+                group["max_lr"] = top
+                group["min_lr"] = group["initial_lr"] / final_div_factor
+        self.cycle_momentum = cycle_momentum
+        if cycle_momentum:
+            if "momentum" not in optimizer.defaults and "betas" not in optimizer.defaults:
+                raise ValueError("optimizer must support momentum or beta1 with `cycle_momentum` option enabled")
+            self.use_beta1 = "betas" in optimizer.defaults
+            tops = _per_group("max_momentum", optimizer, max_momentum)
+            bases = _per_group("base_momentum", optimizer, base_momentum)
+            if last_epoch == -1:
+                for top, base, group in zip(tops, bases, optimizer.param_groups, strict=True):
+                    self._set_momentum(group, top)
+                    group["max_momentum"], group["base_momentum"] = top, base
+        super().__init__(optimizer, last_epoch)
 
-    def step(self) -> None:  # type: ignore[override]
-        for scheduler in self._schedulers:
-            scheduler.step()
-        self._last_lr = self._group_lrs()
+    def _anneal(self, start: float, end: float, pct: float) -> float:
+        if self.anneal_strategy == "cos":
+            return end + (start - end) / 2.0 * (math.cos(math.pi * pct) + 1)
+        return (end - start) * pct + start
 
-    def state_dict(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "_schedulers")}
-        state["_schedulers"] = [s.state_dict() for s in self._schedulers]
-        return state
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state = dict(state_dict)
-        for scheduler, saved in zip(self._schedulers, state.pop("_schedulers"), strict=True):
-            scheduler.load_state_dict(saved)
-        self.__dict__.update(state)
+    def get_lr(self) -> list[float]:
+        step = self.last_epoch
+        if step > self.total_steps:
+            raise ValueError(f"Tried to step {step} times. The specified number of total steps is {self.total_steps}")
+        lrs = []
+        for group in self.optimizer.param_groups:
+            start_step = 0.0
+            for index, (end_step, lr0, lr1, m0, m1) in enumerate(self._phases):
+                if step <= end_step or index == len(self._phases) - 1:
+                    pct = (step - start_step) / (end_step - start_step)
+                    lrs.append(self._anneal(group[lr0], group[lr1], pct))
+                    if self.cycle_momentum:
+                        self._set_momentum(group, self._anneal(group[m0], group[m1], pct))
+                    break
+                start_step = end_step
+        return lrs

@@ -1,63 +1,27 @@
-"""More losses: smooth L1 / Huber, KL divergence, margin and embedding losses, Poisson and Gaussian NLL.
+"""Margin and embedding losses: soft margin (two-class and multi-label), margin ranking, hinge
+embedding, cosine embedding, triplet margin, multi-class and multi-label margin.
 
 Each follows ``torch.nn.functional``'s formula, defaults and ``reduction`` handling.
 """
 
 from __future__ import annotations
 
-import math
-
 import kiln
 
 from ._distance import pairwise_distance
-from ._loss import _check_reduction, _reduce, legacy_reduction
+from ._loss_reduction import _reduce, legacy_reduction
 
-__all__ = ["smooth_l1_loss", "huber_loss", "kl_div", "soft_margin_loss", "margin_ranking_loss",
-           "hinge_embedding_loss", "cosine_embedding_loss", "poisson_nll_loss", "gaussian_nll_loss",
-           "triplet_margin_loss", "multilabel_soft_margin_loss", "multi_margin_loss", "multilabel_margin_loss"]  # fmt: skip
-
-
-def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str = "mean",
-                   beta: float = 1.0) -> kiln.Tensor:  # fmt: skip
-    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (L1 when beta is 0)."""
-    reduction = legacy_reduction(size_average, reduce, reduction)
-    if beta < 0:
-        raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
-    diff = input - target
-    if beta == 0.0:
-        return _reduce(kiln.abs(diff), reduction)
-    magnitude = kiln.abs(diff)
-    return _reduce(kiln.where(magnitude < beta, 0.5 * diff * diff / beta, magnitude - 0.5 * beta), reduction)
-
-
-def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0, weight=None) -> kiln.Tensor:
-    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta): smooth L1 scaled by delta."""
-    if delta <= 0:
-        raise RuntimeError("huber_loss does not support non-positive values for delta.")
-    diff = input - target
-    magnitude = kiln.abs(diff)
-    loss = kiln.where(magnitude < delta, 0.5 * diff * diff, delta * (magnitude - 0.5 * delta))
-    if weight is not None:
-        loss = loss * weight
-    return _reduce(loss, reduction)
-
-
-def kl_div(input, target, size_average=None, reduce=None, reduction: str = "mean",
-           log_target: bool = False) -> kiln.Tensor:  # fmt: skip
-    """KL(target || exp(input)) pointwise: ``target (log target - input)``; ``input`` holds log-probabilities.
-
-    ``reduction="batchmean"`` divides the sum by the batch size (the mathematically right mean).
-    """
-    reduction = legacy_reduction(size_average, reduce, reduction)
-    if log_target:
-        loss = kiln.exp(target) * (target - input)
-    else:
-        positive = target > 0
-        # xlogy: 0 log 0 = 0, and the log never sees a zero (so no nan gradient).
-        loss = kiln.where(positive, target * kiln.log(kiln.where(positive, target, 1.0)), 0.0) - target * input
-    if reduction == "batchmean":
-        return loss.sum() / input.shape[0] if input.ndim else loss.sum()
-    return _reduce(loss, reduction)
+__all__ = [
+    "soft_margin_loss",
+    "margin_ranking_loss",
+    "hinge_embedding_loss",
+    "cosine_embedding_loss",
+    "triplet_margin_loss",
+    "triplet_margin_with_distance_loss",
+    "multilabel_soft_margin_loss",
+    "multi_margin_loss",
+    "multilabel_margin_loss",
+]
 
 
 def soft_margin_loss(input, target, size_average=None, reduce=None, reduction: str = "mean") -> kiln.Tensor:
@@ -93,41 +57,6 @@ def cosine_embedding_loss(input1, input2, target, margin: float = 0.0, size_aver
     return _reduce(loss, reduction)
 
 
-def poisson_nll_loss(input, target, log_input: bool = True, full: bool = False, size_average=None,
-                     eps: float = 1e-8, reduce=None, reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
-    """Poisson negative log-likelihood of ``target`` counts with rate exp(input) (or input itself)."""
-    reduction = legacy_reduction(size_average, reduce, reduction)
-    _check_reduction(reduction)
-    loss = kiln.exp(input) - target * input if log_input else input - target * kiln.log(input + eps)
-    if full:
-        # Stirling's approximation of log(target!), counted only where target > 1 (as in PyTorch).
-        safe = kiln.where(target > 1, target, 1.0)
-        stirling = safe * kiln.log(safe) - safe + 0.5 * kiln.log(2 * math.pi * safe)
-        loss = loss + kiln.where(target > 1, stirling, 0.0)
-    return _reduce(loss, reduction)
-
-
-def gaussian_nll_loss(input, target, var, full: bool = False, eps: float = 1e-6,
-                      reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
-    """0.5 (log var + (input - target)^2 / var); ``var`` is clamped to >= eps with an identity gradient."""
-    _check_reduction(reduction)
-    if not isinstance(var, kiln.Tensor):
-        var = kiln.full_like(input, float(var))
-    if tuple(var.shape) != tuple(input.shape):
-        if tuple(input.shape[:-1]) == tuple(var.shape):  # homoscedastic over the last dim
-            var = var.unsqueeze(-1)
-        elif not (tuple(input.shape[:-1]) == tuple(var.shape[:-1]) and var.shape[-1] == 1):
-            raise ValueError("var is of incorrect size")
-    if isinstance(var, kiln.Tensor):
-        kiln.jit.check_values(var >= 0, ValueError, "var has negative entry/entries")
-    # PyTorch clamps a copy under no_grad: the value is clamped, the gradient passes as if it were not.
-    var = var + (kiln.clamp(var, min=eps) - var).detach()
-    loss = 0.5 * (kiln.log(var) + (input - target) ** 2 / var)
-    if full:
-        loss = loss + 0.5 * math.log(2 * math.pi)
-    return _reduce(loss, reduction)
-
-
 def triplet_margin_loss(anchor, positive, negative, margin: float = 1.0, p: float = 2, eps: float = 1e-6,
                         swap: bool = False, size_average=None, reduce=None,
                         reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
@@ -138,6 +67,19 @@ def triplet_margin_loss(anchor, positive, negative, margin: float = 1.0, p: floa
     if swap:
         d_neg = kiln.minimum(d_neg, pairwise_distance(positive, negative, p, eps))
     return _reduce(kiln.clamp(margin + d_pos - d_neg, min=0.0), reduction)
+
+
+def triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin: float = 1.0,
+                                      swap: bool = False, reduction: str = "mean") -> kiln.Tensor:  # fmt: skip
+    """max(0, margin + d(a, p) - d(a, n)) for any ``distance_function`` (pairwise_distance by default)."""
+    if margin <= 0:
+        raise ValueError(f"triplet_margin_with_distance_loss: expected margin to be greater than 0, got {margin}")
+    distance = pairwise_distance if distance_function is None else distance_function
+    d_pos, d_neg = distance(anchor, positive), distance(anchor, negative)
+    if swap:
+        d_neg = kiln.minimum(d_neg, distance(positive, negative))
+    loss = kiln.clamp(margin + d_pos - d_neg, min=0.0)
+    return loss.mean() if reduction == "mean" else loss.sum() if reduction == "sum" else loss
 
 
 def multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None,
