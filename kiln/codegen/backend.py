@@ -6,7 +6,9 @@ The compile driver (``kiln.frontend.jit.driver``) asks a backend three things, i
    it, so it never forms a kernel that the backend then declines (the LLVM backend compiles no
    float16);
 2. ``generate(lowered, report)``: code for the kernels of the lowered program (a fused graph, its
-   layouts, the write-back choice and the memory plan), opaque to the driver;
+   layouts, the write-back choice and the memory plan), opaque to the driver; past
+   ``lowered.deadline`` a backend may give up, leave its kernels to the interpreter and say why in
+   ``report.abandoned`` (the driver then caches nothing);
 3. ``load(lowered, code)``: that code, loaded into a program the runtime runs:
    ``program(list of arrays) -> list of arrays``.
 
@@ -45,6 +47,7 @@ class Lowered:
     layouts: Mapping[Value, tuple] = field(default_factory=dict)  # byte strides of every value
     write_backs: Mapping[int, int] = field(default_factory=dict)  # graph output -> input it is written into
     plan: Any = None  # the MemoryPlan of the intermediates (kiln.passes.memory_plan)
+    deadline: float | None = None  # time.monotonic() by which code generation gives up (None: never)
 
 
 @dataclass
@@ -57,6 +60,7 @@ class LoweringReport:
     memory: str = ""
     compile_seconds: float = 0.0
     cache: str = "off"  # "hit" | "miss" | "off"
+    abandoned: str = ""  # why code generation gave up (its deadline passed): such code is never cached
 
     def describe(self) -> list[str]:
         lines = [f"{self.kernels} compiled kernel(s); compile cache: {self.cache}; "

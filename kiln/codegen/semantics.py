@@ -274,9 +274,9 @@ class Semantics:
         bits = 8 * a.dtype.itemsize - signed  # a non-negative signed exponent's top bit is 0
         for k in range(bits):
             odd = c.compare("!=", c.and_(exponent, self._const(a, 1 << k)), zero)
-            result = c.select(odd, c.mul(result, base), result)
+            result = c.mul(result, c.select(odd, base, one))  # LLVM's own canonical form
             if k + 1 < bits:
-                base = c.mul(base, base)
+                base = self._pow_square(base)
         if negative is None:
             return result
         odd = c.compare("!=", c.and_(b, one), zero)
@@ -284,6 +284,11 @@ class Semantics:
         inverse = c.select(c.compare("==", a, one), one,
                            c.select(c.compare("==", a, minus_one), c.select(odd, minus_one, one), zero))  # fmt: skip
         return c.select(negative, inverse, result)
+
+    def _pow_square(self, base: Scalar) -> Scalar:
+        """``base * base``, one step of integer pow's squaring chain (a backend hook: see the LLVM
+        emitter's)."""
+        return self.core.mul(base, base)
 
     def _extremum(self, name: str, a: Scalar, b: Scalar, op: str) -> Scalar:
         dtype = self._same(name, a, b)

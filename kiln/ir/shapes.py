@@ -14,12 +14,18 @@ from collections.abc import Iterable, Sequence
 from .types import Dim, Sym, SymbolicShapeError, TensorType
 
 
+class BroadcastError(RuntimeError, ValueError):
+    """Shapes that do not broadcast together. A ``RuntimeError``, as PyTorch raises for them (code
+    ported from PyTorch catches that), and a ``ValueError``, as kiln raised before, so that handlers
+    written for either keep working."""
+
+
 def _text(shape: Sequence[Dim]) -> str:
     return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
 
 
 def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
-    """NumPy/PyTorch broadcasting of shapes; a ValueError names every shape when they clash.
+    """NumPy/PyTorch broadcasting of shapes; a ``BroadcastError`` names every shape when they clash.
 
     >>> broadcast_shapes((3, 1), (4,))
     (3, 4)
@@ -38,7 +44,7 @@ def broadcast_shapes(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
                 given = " and ".join(_text(s) for s in shapes)
                 symbolic = isinstance(d, Sym) or isinstance(o, Sym)
                 why = "a symbolic size broadcasts only with 1 or itself" if symbolic else "sizes must match or be 1"
-                raise ValueError(
+                raise BroadcastError(
                     f"shapes {given} cannot be broadcast together: dimension {i - len(shape)} "
                     f"is {o} in one and {d} in another ({why})"
                 )

@@ -15,6 +15,16 @@ from ._utils import check_tensor
 
 __all__ = ["nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"]
 
+# PyTorch's names of the dtypes a class-index target must not have, for its error message
+_TORCH_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "bool": "Bool",
+                "int32": "Int", "int16": "Short", "int8": "Char"}  # fmt: skip
+
+
+class TargetError(RuntimeError, ValueError):
+    """A target that does not fit the input (its shape, or a float target that is neither class
+    indices nor probabilities of the input's shape). A ``RuntimeError`` as in PyTorch, which code
+    ported from it catches, and a ``ValueError`` as kiln raised before."""
+
 
 def _class_dim(input: kiln.Tensor, op: str) -> int:
     if input.ndim == 0:
@@ -35,10 +45,14 @@ def _picked_log_probs(logp, target, weight, ignore_index: int, op: str):
     cdim = _class_dim(logp, op)
     classes = logp.shape[cdim]
     expected = tuple(s for i, s in enumerate(logp.shape) if i != cdim)
-    if target.dtype.is_floating_point or target.dtype == kiln.bool:
-        raise RuntimeError(f"{op}: expected a target of class indices (int64), got {target.dtype}")
+    if target.dtype not in (kiln.int64, kiln.uint8):  # PyTorch takes Long or Byte only: code run here must run there
+        name = _TORCH_NAMES.get(target.dtype.name, target.dtype.name)
+        why = "class indices are int64 (or uint8)"
+        if op == "cross_entropy" and target.dtype.is_floating_point:
+            why += f"; class probabilities need the input's shape {list(logp.shape)}, got {list(target.shape)}"
+        raise TargetError(f"{op}: expected target dtype to be Long or Byte, but got {name} ({why})")
     if tuple(target.shape) != expected:
-        raise ValueError(
+        raise TargetError(
             f"{op}: expected target of shape {list(expected)} for input of shape {list(logp.shape)}, "
             f"got {list(target.shape)}"
         )
@@ -89,7 +103,7 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index: i
     cdim = _class_dim(input, "cross_entropy")
     classes = input.shape[cdim]
     logp = kiln.log_softmax(input, dim=cdim)
-    if target.dtype.is_floating_point:
+    if target.dtype.is_floating_point and tuple(target.shape) == tuple(input.shape):
         return _soft_cross_entropy(logp, target, weight, reduction, label_smoothing, cdim)
     losses, w, valid = _picked_log_probs(logp, target, weight, ignore_index, "cross_entropy")
     loss = losses if reduction == "none" else losses.sum() if reduction == "sum" else losses.sum() / w.sum()
@@ -112,11 +126,6 @@ def _class_shaped(weight, like, cdim: int):
 
 
 def _soft_cross_entropy(logp, target, weight, reduction: str, label_smoothing: float, cdim: int):
-    if tuple(target.shape) != tuple(logp.shape):
-        raise ValueError(
-            f"cross_entropy: probability targets must have the input's shape {list(logp.shape)}, got "
-            f"{list(target.shape)}"
-        )
     classes = logp.shape[cdim]
     _check_class_weight(weight, classes, "cross_entropy")
     if label_smoothing > 0.0:

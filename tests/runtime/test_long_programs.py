@@ -136,11 +136,11 @@ def test_a_kernel_the_code_generator_fails_on_runs_on_the_interpreter(private_ca
 def test_a_kernel_llvm_fails_on_runs_on_the_interpreter(private_cache, monkeypatch):
     compile_ir, texts = engine.compile_ir, []
 
-    def failing(text: str) -> bytes:
+    def failing(text: str, timeout: float | None = None) -> bytes:
         texts.append(text)
         if "llvm.maximum" in text:  # only the softmax kernel reduces with a maximum
             raise RuntimeError("LLVM ERROR: an injected failure")
-        return compile_ir(text)
+        return compile_ir(text, timeout)
 
     monkeypatch.delenv("KILN_JIT_STRICT", raising=False)
     monkeypatch.setattr(engine, "compile_ir", failing)

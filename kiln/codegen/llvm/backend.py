@@ -7,8 +7,10 @@ window nodes of convolution (``unfold``, ``fold``: ``kernels_window``), direct c
 last axis: ``kernels_reduce``) are compiled there too. A kernel
 the code generator declines (``Unsupported``) or fails on -- an exception from the generator, or
 LLVM rejecting its code -- runs on the interpreter and the others stay compiled (``report.declined``
-says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests). ``load`` loads the object
-code (``kiln.runtime.elf`` where it can, llvmlite's MCJIT elsewhere) and builds the runtime's
+says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests). LLVM runs within the
+compile's deadline (``Lowered.deadline``): past it the compile is abandoned and every kernel runs
+on the interpreter (``report.abandoned``; strict mode raises ``CompileTimeout``). ``load`` loads
+the object code (``kiln.runtime.elf`` where it can, llvmlite's MCJIT elsewhere) and builds the runtime's
 ``CompiledProgram``. The code (kernel symbols and object code) encodes to bytes for the disk
 cache; loading it from there, with the host signature remembered (``host``), needs no LLVM.
 """
@@ -19,6 +21,7 @@ import json
 import logging
 import os
 import struct
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -88,7 +91,7 @@ class LLVMBackend:
                 report.declined.append((_name(node), str(why)))
             except Exception as error:  # noqa: BLE001 - a code generator bug costs this kernel only
                 _failed(report, node, "the LLVM code generator failed", error)
-        objects = _compile(module, lowered.graph, kernels, strides, report) if kernels else []
+        objects = _compile(module, lowered.graph, kernels, strides, report, lowered.deadline) if kernels else []
         report.kernels = len(kernels)
         return LLVMCode(kernels, objects)
 
@@ -170,14 +173,19 @@ def _element_strides(value, strides: tuple) -> tuple[int, ...]:
     return tuple(s // size for s in strides)
 
 
-def _compile(module: KernelModule, graph: Graph, kernels: dict, strides: dict, report: LoweringReport) -> list[bytes]:
+def _compile(module: KernelModule, graph: Graph, kernels: dict, strides: dict, report: LoweringReport,
+             deadline: float | None) -> list[bytes]:  # fmt: skip
     """Object code for ``kernels``: one LLVM compile of the whole module. Should LLVM fail on it, each
     kernel is compiled in a module of its own, to find the kernels it fails on; those leave
-    ``kernels`` (they run on the interpreter) and the others keep their own object code."""
-    from . import engine  # noqa: PLC0415 - a cache hit loads code without LLVM
+    ``kernels`` (they run on the interpreter) and the others keep their own object code. Past the
+    ``deadline`` every kernel left runs on the interpreter (``_abandon``)."""
+    from . import engine, worker  # noqa: PLC0415 - a cache hit loads code without LLVM
 
     try:
-        return [engine.compile_ir(module.ir())]
+        return [engine.compile_ir(module.ir(), _seconds_left(deadline))]
+    except worker.CompileTimeout as error:
+        _abandon(report, kernels, error)
+        return []
     except Exception as error:  # noqa: BLE001 - attributed to its kernels below
         if os.environ.get("KILN_JIT_STRICT") == "1":
             raise
@@ -189,11 +197,33 @@ def _compile(module: KernelModule, graph: Graph, kernels: dict, strides: dict, r
         node, alone = graph.nodes[position], KernelModule()
         try:
             kernels[position] = alone.add(node, strides[position])
-            objects.append(engine.compile_ir(alone.ir()))
+            objects.append(engine.compile_ir(alone.ir(), _seconds_left(deadline)))
+        except worker.CompileTimeout as error:
+            _abandon(report, kernels, error)
+            return []
         except Exception as error:  # noqa: BLE001 - this kernel runs on the interpreter
             _failed(report, node, "LLVM failed on its code", error)
             del kernels[position]
     return objects
+
+
+def _seconds_left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def _abandon(report: LoweringReport, kernels: dict, error: Exception) -> None:
+    """The compile deadline passed: every kernel runs on the interpreter, and the driver caches
+    nothing (the next compile, in this process or another, tries again). ``KILN_JIT_STRICT=1``
+    raises instead: in tests, a compile that long is a bug to see."""
+    why = (f"code generation passed its deadline ({error}); the program's {len(kernels)} kernel(s) run on the "
+           "interpreter and nothing is cached. The limit is kiln.CompileOptions(compile_timeout=seconds), by default "
+           "$KILN_COMPILE_TIMEOUT or 60 s")  # fmt: skip
+    if os.environ.get("KILN_JIT_STRICT") == "1":
+        raise error
+    logger.warning("kiln.compile: %s", why)
+    report.abandoned = why
+    report.declined.append(("(compile deadline)", why))
+    kernels.clear()
 
 
 def _failed(report: LoweringReport, node: Node, what: str, error: Exception) -> None:

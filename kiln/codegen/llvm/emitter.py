@@ -5,7 +5,7 @@ instructions for one element at the builder's position. Values flowing through f
 ``Scalar``\\ s: an LLVM register value and the kiln dtype it holds (bool is ``i1`` in registers,
 ``i8`` 0/1 in memory). The semantics themselves (numpy-exact divmod, integer pow, saturating
 casts...) live in kiln/codegen/semantics.py; this module adds what only LLVM has: loads and
-stores, and one native override (``combine``, below).
+stores, and two native overrides (``combine``, and the freeze in integer pow's squaring chain).
 
 >>> from llvmlite import ir
 >>> from kiln.ir import dtypes as dt
@@ -69,3 +69,14 @@ class LLVMEmitter(Semantics):
             value = intrinsic(self.builder, name, acc.value, x.value, fastmath=flags.EXTREMUM_REDUCTION)
             return Scalar(value, acc.dtype)
         return super().combine(op, acc, x)
+
+    def _pow_square(self, base: Scalar) -> Scalar:
+        """The square behind a ``freeze``. LLVM's loop vectorizer asks whether a value is the same
+        in every lane by walking its operands without remembering what it has seen: over the
+        squaring chain of a base read from one address (a broadcast), ``x * x`` twice per step,
+        that walk takes 2**63 steps and the compile never ends. ``freeze`` (the identity on a value
+        that is not poison, and these are not) ends the walk at each step."""
+        square = super()._pow_square(base)
+        frozen = ir.instructions.Instruction(self.builder.block, square.value.type, "freeze", [square.value])
+        self.builder._insert(frozen)
+        return Scalar(frozen, base.dtype)

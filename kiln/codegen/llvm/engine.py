@@ -101,18 +101,22 @@ def _optimized(ir_text: str) -> llvm.ModuleRef:
 _compiles = 0
 
 
-def compile_ir(ir_text: str) -> bytes:
+def compile_ir(ir_text: str, timeout: float | None = None) -> bytes:
     """Optimized object code for the host from LLVM IR text: in this process for its first
     ``worker.IN_PROCESS_COMPILES`` modules, then in a worker process (see ``worker.py``: llvmlite
-    keeps memory for good per compile)."""
+    keeps memory for good per compile). With a ``timeout`` (seconds) the compile always runs in
+    the worker, where it can be stopped: ``worker.CompileTimeout`` when it does not finish in time
+    (at once for a timeout <= 0). Where no worker can start, compiles run here, without a limit."""
     global _compiles
     from . import worker  # noqa: PLC0415 - subprocess and friends: not needed to load a cached program
 
+    if timeout is not None and timeout <= 0:
+        raise worker.CompileTimeout("the compile's time was spent before LLVM started")
     with _lock:
         _compiles += 1
-        if _compiles > worker.IN_PROCESS_COMPILES and not worker.WORKER.broken:
+        if (timeout is not None or _compiles > worker.IN_PROCESS_COMPILES) and not worker.WORKER.broken:
             try:
-                return worker.WORKER.compile(ir_text)
+                return worker.WORKER.compile(ir_text, timeout)
             except OSError as error:
                 worker.WORKER.broken = True
                 logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)

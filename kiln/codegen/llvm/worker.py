@@ -4,16 +4,24 @@ llvmlite (0.50) keeps about 100 KB for good each time it builds an optimization 
 builder's instrumentation callbacks are never freed, and a builder cannot be reused: each run
 leaves callbacks behind that point into that run's stack). A process that compiles thousands of
 programs would grow without bound. So ``engine.compile_ir`` compiles its first
-``IN_PROCESS_COMPILES`` modules in this process (no start-up cost for the common case) and the
-rest in a worker process, which is replaced after ``WORKER_COMPILES`` compiles: its memory goes
+``IN_PROCESS_COMPILES`` modules in this process (no start-up cost) and the rest in a worker
+process -- every compile with a time limit too, since only there can it be stopped -- which is replaced after ``WORKER_COMPILES`` compiles: its memory goes
 back to the system when it exits. A worker that cannot start is said once, and compiles go on in
 this process. A module that kills the worker (an LLVM abort) raises ``RuntimeError`` here, where
 it would have ended the caller's process.
 
-The worker is ``python -m kiln.codegen.llvm.worker``; it imports kiln's code generator only,
-never the caller's ``__main__``. Messages on its stdin and stdout are an 8-byte little-endian
-length and a payload: requests are IR text, replies are ``b"ok"`` + object code or ``b"er"`` +
-the error's text. It exits when its stdin closes (so it never outlives its parent).
+The worker is ``python .../kiln/codegen/llvm/worker.py PARENT_PID [pdeathsig]``; it loads ``engine.py``
+and llvmlite only (not the kiln package, nor the caller's ``__main__``). Messages on its stdin and stdout are an 8-byte
+little-endian length and a payload: a request is the compile's time limit (a little-endian double,
+seconds; 0: none) and IR text, a reply ``b"ok"`` + object code or ``b"er"`` + the error's text.
+
+A compile with a limit (``Worker.compile(text, timeout)``) that has not answered by then is
+abandoned: the worker is killed (LLVM cannot be stopped any other way) and ``CompileTimeout`` is
+raised; the next compile starts a new worker. The worker never outlives its parent nor its
+deadline, even where nobody kills it: it exits when its stdin closes, Linux kills it when its
+parent dies (``PR_SET_PDEATHSIG``), and a watchdog thread in it exits the process when its parent
+process changes (the portable check; a stuck compile holds only the main thread) or when a compile
+runs ``GRACE_SECONDS`` past its limit.
 """
 
 from __future__ import annotations
@@ -24,17 +32,26 @@ import os
 import struct
 import subprocess
 import sys
+import threading
+import time
 
 logger = logging.getLogger("kiln")
 
 IN_PROCESS_COMPILES = 48  # ~5 MB of llvmlite's leak before compiles move out
 WORKER_COMPILES = 256  # compiles per worker process before it is replaced
+GRACE_SECONDS = 2.0  # a worker still compiling this long past its limit exits by itself
+WATCH_SECONDS = 0.25  # how often the worker's watchdog looks at its parent and its deadline
 
 _HEADER = struct.Struct("<Q")
+_LIMIT = struct.Struct("<d")
 
 
 class WorkerDied(RuntimeError):
     """The worker process ended while compiling a module."""
+
+
+class CompileTimeout(RuntimeError):
+    """LLVM did not finish compiling a module within its time limit; the worker was stopped."""
 
 
 def _write(stream, payload: bytes) -> None:
@@ -62,18 +79,19 @@ class Worker:
         self._pid = os.getpid()  # the process whose worker this is
         self.broken = False  # could not start: compile in this process from then on
 
-    def compile(self, ir_text: str) -> bytes:
-        """Object code for ``ir_text`` (``RuntimeError`` with LLVM's message when it fails)."""
+    def compile(self, ir_text: str, timeout: float | None = None) -> bytes:
+        """Object code for ``ir_text`` (``RuntimeError`` with LLVM's message when it fails);
+        ``CompileTimeout`` when no reply came within ``timeout`` seconds (None: no limit)."""
         process = self._running()
-        try:
-            _write(process.stdin, ir_text.encode())
-            reply = _read(process.stdout)
-        except OSError:
-            reply = None
+        request = _LIMIT.pack(timeout or 0.0) + ir_text.encode()
+        if timeout is None:
+            reply = self._exchange(process, request)
+        else:
+            reply = self._exchange_within(process, request, timeout)
         self._compiles += 1
         if reply is None:
             self.close()
-            if not self._answered:  # it never worked here (it could not import kiln, say)
+            if not self._answered:  # it never worked here (it could not import llvmlite, say)
                 raise OSError("the LLVM compile worker did not start")
             raise WorkerDied("the LLVM compile worker ended while compiling this module (an LLVM crash)")
         self._answered = True
@@ -81,21 +99,51 @@ class Worker:
             raise RuntimeError(reply[2:].decode(errors="replace"))
         return reply[2:]
 
+    @staticmethod
+    def _exchange(process: subprocess.Popen, request: bytes) -> bytes | None:
+        try:
+            _write(process.stdin, request)
+            return _read(process.stdout)
+        except OSError:
+            return None
+
+    def _exchange_within(self, process: subprocess.Popen, request: bytes, timeout: float) -> bytes | None:
+        """``_exchange`` on a thread of its own, waited for ``timeout`` seconds: a blocking read on
+        a pipe is the one portable wait, and killing the worker ends it."""
+        replies: list = []
+        exchange = threading.Thread(target=lambda: replies.append(self._exchange(process, request)), daemon=True,
+                                    name="kiln-compile-wait")  # fmt: skip
+        exchange.start()
+        try:
+            exchange.join(timeout)
+        finally:  # also on KeyboardInterrupt: a reply left in the pipe would answer the next request
+            late = exchange.is_alive()
+            if late:
+                process.kill()
+                exchange.join()
+                self.close()
+        if late:
+            raise CompileTimeout(f"LLVM did not finish compiling within {timeout:.3g} s; the compile was abandoned")
+        return replies[0]
+
     def _running(self) -> subprocess.Popen:
         if self._pid != os.getpid():  # a forked child (a DataLoader worker): its parent's worker is not its own
             self._process, self._pid = None, os.getpid()
         if self._process is not None and (self._compiles >= WORKER_COMPILES or self._process.poll() is not None):
             self.close()
         if self._process is None:
-            # The kiln this process runs, wherever it was imported from.
-            root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-            self._process = subprocess.Popen(
-                [sys.executable, "-m", "kiln.codegen.llvm.worker"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-            )  # fmt: skip
+            self._process = self._start()
             self._compiles = 0
         return self._process
+
+    @staticmethod
+    def _start() -> subprocess.Popen:
+        command = [sys.executable, os.path.abspath(__file__), str(os.getpid())]
+        # Linux sends the parent-death signal when the *thread* that started the child ends: only
+        # the main thread lives as long as this process.
+        if threading.current_thread() is threading.main_thread():
+            command.append("pdeathsig")
+        return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
 
     def close(self) -> None:
         process, self._process = self._process, None
@@ -118,17 +166,75 @@ WORKER = Worker()
 atexit.register(WORKER.close)
 
 
-def serve(requests, replies) -> None:
-    """The worker's loop: compile each IR text read from ``requests`` until it closes."""
-    from .engine import compile_here  # noqa: PLC0415
+# ---------------------------------------------------------------------- the worker process's side
+class _Watchdog:
+    """Ends the worker process when its parent is gone or a compile runs past its deadline."""
 
+    def __init__(self, parent: int) -> None:
+        self.parent = parent
+        self.deadline: float | None = None  # time.monotonic() past which the compile must not run
+
+    def run(self) -> None:
+        while True:
+            time.sleep(WATCH_SECONDS)
+            if os.getppid() != self.parent:  # orphaned: adopted by init or a subreaper
+                os._exit(0)
+            deadline = self.deadline
+            if deadline is not None and time.monotonic() > deadline:
+                os._exit(3)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux: be sent SIGKILL when the parent ends (and exit now if it already has)."""
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: PLC0415
+        import signal  # noqa: PLC0415
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def serve(requests, replies, compile_here, watchdog: _Watchdog | None = None) -> None:
+    """The worker's loop: ``compile_here`` each IR text read from ``requests`` until it closes."""
     while (request := _read(requests)) is not None:
+        (limit,) = _LIMIT.unpack_from(request)
+        if watchdog is not None:
+            watchdog.deadline = time.monotonic() + limit + GRACE_SECONDS if limit > 0 else None
         try:
-            reply = b"ok" + compile_here(request.decode())
+            reply = b"ok" + compile_here(request[_LIMIT.size :].decode())
         except Exception as error:  # noqa: BLE001 - the caller re-raises it with LLVM's message
             reply = b"er" + f"{type(error).__name__}: {error}".encode()
+        if watchdog is not None:
+            watchdog.deadline = None
         _write(replies, reply)
 
 
+def _standalone_engine():
+    """engine.py loaded by itself: it needs llvmlite only, and a worker that does not import the
+    kiln package starts in a third of the time."""
+    import importlib.util  # noqa: PLC0415
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "engine.py")
+    spec = importlib.util.spec_from_file_location("kiln_compile_worker_engine", path)
+    assert spec is not None and spec.loader is not None, f"cannot load {path}"
+    engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine)
+    return engine
+
+
+def main(argv: list[str]) -> None:
+    """``python .../worker.py PARENT_PID [pdeathsig]``: serve stdin until it closes."""
+    parent = int(argv[0])
+    if "pdeathsig" in argv[1:]:
+        _die_with_parent(parent)
+    watchdog = _Watchdog(parent)
+    threading.Thread(target=watchdog.run, daemon=True, name="kiln-worker-watchdog").start()
+    serve(sys.stdin.buffer, sys.stdout.buffer, _standalone_engine().compile_here, watchdog)
+
+
 if __name__ == "__main__":  # pragma: no cover - run as a process by Worker
-    serve(sys.stdin.buffer, sys.stdout.buffer)
+    if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # this file's folder: its modules must not shadow llvmlite's imports
+    main(sys.argv[1:])

@@ -41,6 +41,7 @@ from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
 from . import hazards, reads, state
 from .build import build_specialization
+from .driver import check_compile_timeout, default_compile_timeout
 from .guards import build_guards
 from .layouts import MemoryIndex
 from .pytree import flatten_call
@@ -63,6 +64,9 @@ class CompileOptions:
     - ``dump_dir``: write each specialization's traced IR and the result of every compile stage
       there (the IR after each pass and after fusion, the layouts, write-backs and memory plan).
     - ``verify``: run the IR verifier after each pass (tests and debugging).
+    - ``compile_timeout``: seconds a compile may take (None: no limit); past it the call runs on
+      the interpreter, saying why (``kiln.frontend.jit.driver``). Default: ``$KILN_COMPILE_TIMEOUT``
+      or 60.
     """
 
     recompile_limit: int = 8
@@ -70,10 +74,12 @@ class CompileOptions:
     passes: tuple | None = None
     dump_dir: str | None = None
     verify: bool = False
+    compile_timeout: float | None = field(default_factory=default_compile_timeout)
 
     def __post_init__(self) -> None:
         if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:
             raise ValueError(f"CompileOptions: recompile_limit must be an int >= 0, got {self.recompile_limit!r}")
+        check_compile_timeout(self.compile_timeout)
         if self.backend is not None and self.backend not in backend_names():
             raise ValueError(f"CompileOptions: unknown backend {self.backend!r}; expected None (chosen from the "
                              f"device) or one of {', '.join(backend_names())}")  # fmt: skip

@@ -12,6 +12,11 @@
    ``choose_write_backs`` (which mutated inputs the program writes in place) and ``plan_memory``;
 4. the backend generates code for the lowered program and loads it into a runtime program.
 
+Every compile has a deadline, ``options.compile_timeout`` seconds from its start (None: none; by
+default ``$KILN_COMPILE_TIMEOUT`` or ``DEFAULT_COMPILE_TIMEOUT``): past it the backend abandons code
+generation (the LLVM backend kills the worker compiling for it), the program runs on the
+interpreter, ``kiln.explain`` says why, and nothing is cached, so a later compile tries again.
+
 ``compiled.stages`` holds what each stage made (a graph, or the text of an analysis), which
 ``dump_dir`` writes, one file per stage. Should a backend fail -- a bug, never the user's -- the
 call still runs: on the interpreter, with a warning saying why (``KILN_JIT_STRICT=1``, set by the
@@ -39,6 +44,31 @@ from ...passes.write_backs import choose_write_backs, describe_write_backs
 from . import program_cache
 
 logger = logging.getLogger("kiln")
+
+DEFAULT_COMPILE_TIMEOUT = 60.0  # seconds; LLVM takes well under one for most programs
+
+
+def check_compile_timeout(seconds: object) -> None:
+    """``ValueError`` unless ``seconds`` is None or a number of seconds > 0 (``CompileOptions``)."""
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0):
+        raise ValueError(f"CompileOptions: compile_timeout must be a number of seconds > 0 or None, got {seconds!r}")
+
+
+def default_compile_timeout() -> float | None:
+    """``$KILN_COMPILE_TIMEOUT`` (seconds; ``0``, ``none`` or ``off``: no deadline), else
+    ``DEFAULT_COMPILE_TIMEOUT``: the default of ``CompileOptions.compile_timeout``."""
+    text = os.environ.get("KILN_COMPILE_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_COMPILE_TIMEOUT
+    if text.lower() in ("0", "none", "off"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:  # also nan
+        raise ValueError(f"KILN_COMPILE_TIMEOUT must be a number of seconds > 0 (or 0/none/off), got {text!r}")
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -137,14 +167,16 @@ def compile_graph(traced: Graph, options, input_strides: Sequence[tuple | None] 
     """
     strides = tuple(input_strides) if input_strides is not None else (None,) * len(traced.inputs)
     backend = choose_backend(traced, options)
+    timeout = getattr(options, "compile_timeout", None)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        return _compile(traced, options, backend, strides, tuple(write_backs))
+        return _compile(traced, options, backend, strides, tuple(write_backs), deadline)
     except Exception as error:
         if not backend.stages or isinstance(error, PassError) or os.environ.get("KILN_JIT_STRICT") == "1":
             raise
         logger.warning("kiln.compile: the %s backend failed (%s: %s); running on the interpreter",
                        backend.name, type(error).__name__, error)  # fmt: skip
-        return _compile(traced, options, backend_named("interpreter"), strides, ())
+        return _compile(traced, options, backend_named("interpreter"), strides, (), None)
 
 
 def optimize(graph: Graph, options, record: list | None = None) -> Graph:
@@ -153,7 +185,8 @@ def optimize(graph: Graph, options, record: list | None = None) -> Graph:
     return _run(start, graph_stages(options), options, [] if record is None else record).graph
 
 
-def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested: tuple) -> Compiled:
+def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested: tuple,
+             deadline: float | None) -> Compiled:  # fmt: skip
     stages = pipeline(options, backend)
     lowering = next((i for i, s in enumerate(stages) if s in LOWERING_STAGES), len(stages))
     resume = next((i + 1 for i, s in enumerate(stages) if s.name == "fuse"), None)
@@ -175,10 +208,10 @@ def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested
     if not backend.stages:  # the graph runs as it is: no code, nothing to report
         return Compiled(state.graph, backend.load(_lowered(state), None), None, record)
     report = LoweringReport(cache="off" if key is None else "miss")
-    code = backend.generate(_lowered(state), report)
+    code = backend.generate(_lowered(state, deadline), report)
     program = _load(state, backend, code, report)
     report.compile_seconds = time.perf_counter() - start
-    if key is not None:
+    if key is not None and not report.abandoned:  # abandoned code would be the next process's too
         entry = program_cache.to_entry(state.graph, backend.encode(code), report.kernels, report.declined, traced)
         cache.put(key, entry)
     _report_externs(state.graph, backend, report, program)
@@ -215,8 +248,8 @@ def _run(state: Compilation, stages: Sequence[Stage], options, record: list) -> 
     return state
 
 
-def _lowered(state: Compilation) -> Lowered:
-    return Lowered(state.graph, state.layouts, state.write_backs, state.plan)
+def _lowered(state: Compilation, deadline: float | None = None) -> Lowered:
+    return Lowered(state.graph, state.layouts, state.write_backs, state.plan, deadline)
 
 
 def _load(state: Compilation, backend: Backend, code: Any, report: LoweringReport):

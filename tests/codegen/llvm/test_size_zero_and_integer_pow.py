@@ -4,7 +4,8 @@
   algebra divided by a size-0 dimension's stride when a reshape unflattened such a value, and a
   plan whose planned values were all empty left them without arena views.
 - Integer ``**`` with a tensor exponent: square-and-multiply unrolled over all 64 exponent bits
-  once kept LLVM's optimizer busy for minutes; the time limit below guards against that again.
+  once kept LLVM's optimizer busy for minutes; the time limit below guards against that again. A
+  base the same for every element (a broadcast) made the loop vectorizer's walk exponential.
 
 Each program must run as a ``CompiledProgram`` with no kernel declined: the backend falls back to
 the interpreter on a code generator error, which would hide these failures.
@@ -113,3 +114,47 @@ def test_a_reduction_over_one_element_of_a_broadcast_input_compiles_and_matches_
         for got, want in zip(compiled(a, b), f(a, b), strict=True):
             np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
     assert sum(s.calls for s in compiled.state.specializations) >= 2
+
+
+_BROADCAST_POW = """
+import numpy as np, kiln
+from kiln.runtime.executor import CompiledProgram
+rng = np.random.default_rng(0)
+cases = {
+    "constant base": (lambda x: kiln.tensor([4]) ** x, lambda: [kiln.tensor(rng.integers(0, 70, size=9))]),
+    "broadcast base": (lambda a, x: a ** x, lambda: [kiln.tensor([-3]), kiln.tensor(rng.integers(0, 70, size=9))]),
+    "in-place filled base": (lambda x: kiln.zeros(1, dtype=kiln.int32).fill_(5) ** x,
+                             lambda: [kiln.tensor(rng.integers(0, 40, size=9).astype(np.int32))]),
+    "broadcast base and exponent": (lambda a, b, x: a ** b + x,
+                                    lambda: [kiln.tensor([3]), kiln.tensor([41]), kiln.tensor(rng.integers(0, 9, size=9))]),
+}
+for name, (fn, make) in cases.items():
+    compiled = kiln.compile(fn, fullgraph=True)
+    for _ in range(3):
+        args = make()
+        got, expected = compiled(*args), fn(*args)
+        assert got.dtype == expected.dtype and np.array_equal(got.numpy(), expected.numpy()), (name, got, expected)
+    spec = compiled.state.specializations[-1]
+    assert isinstance(spec.program, CompiledProgram) and not spec.report.declined, (name, spec.report.describe())
+    print("ok", name, flush=True)
+"""
+
+
+def test_integer_pow_of_a_broadcast_base_compiles_in_seconds(tmp_path):
+    """A base read from one address for every element (a constant, a broadcast, a filled tensor)
+    made LLVM's loop vectorizer walk the squaring chain ``x * x`` without memoizing: 2**63 steps,
+    a compile that never ended (the fuzzer hit it twice). Run in a child under a time limit, so a
+    regression fails here instead of hanging the suite; numpy's wrapped powers are the reference
+    (eager's kernel is ``np.power``)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path), KILN_JIT_STRICT="1")
+    try:
+        out = subprocess.run([sys.executable, "-c", _BROADCAST_POW], capture_output=True, text=True, env=env,
+                             timeout=120)  # fmt: skip
+    except subprocess.TimeoutExpired as error:
+        pytest.fail(f"integer pow of a broadcast base still compiles for minutes; done: {error.stdout!r}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("ok ") == 4
