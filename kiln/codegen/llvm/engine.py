@@ -123,6 +123,20 @@ def compile_ir(ir_text: str, timeout: float | None = None) -> bytes:
         return target_machine().emit_object(_optimized(ir_text))
 
 
+def start_worker() -> None:
+    """Start the compile worker process if it is not running (it loads in the background); the
+    next ``compile_ir`` with a time limit then finds it ready."""
+    from . import worker  # noqa: PLC0415
+
+    with _lock:
+        if not worker.WORKER.broken:
+            try:
+                worker.WORKER.start()
+            except OSError as error:
+                worker.WORKER.broken = True
+                logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
+
+
 def compile_here(ir_text: str) -> bytes:
     """``compile_ir`` in this process, whatever the count (the worker's own compiles)."""
     with _lock:

@@ -126,6 +126,10 @@ class Worker:
             raise CompileTimeout(f"LLVM did not finish compiling within {timeout:.3g} s; the compile was abandoned")
         return replies[0]
 
+    def start(self) -> None:
+        """Start the process now, if none runs, without waiting for it to load."""
+        self._running()
+
     def _running(self) -> subprocess.Popen:
         if self._pid != os.getpid():  # a forked child (a DataLoader worker): its parent's worker is not its own
             self._process, self._pid = None, os.getpid()

@@ -201,6 +201,9 @@ def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested
                 return _from_cache(payload, traced, backend, stages[resume - 1 :], options, strides, requested)
             except Exception as error:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
                 logger.debug("kiln: compile cache entry did not load (%s); rebuilding", error)
+    prepare = getattr(backend, "prepare", None)
+    if prepare is not None:  # a compile is coming: let the backend start what it needs meanwhile
+        prepare(deadline)
     record: list = []
     state = _run(Compilation(traced, backend, strides, requested), stages[:lowering], options, record)
     start = time.perf_counter()
