@@ -147,7 +147,7 @@ class ExportedProgram:
             "parameters": list(self.parameters),
             "regions": regions_to_json(self.regions, self.graph, self.traced),  # for exporters (kiln.onnx)
         }
-        tensors = {name: np.ascontiguousarray(t._host()) for name, t in self.parameters.items()}
+        tensors = {name: t._host() for name, t in self.parameters.items()}  # C order made there; 0-d kept 0-d
         save_graph_file(path, self.graph, tensors=tensors, metadata=meta)
 
     def to_onnx(self, path: str | os.PathLike, *, opset_version: int | None = None, input_names=None,

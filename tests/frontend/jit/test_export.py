@@ -295,3 +295,18 @@ def test_a_trace_that_reaches_a_programs_bind_stops():
         x = kiln.full((2,), float(i))
         np.testing.assert_allclose(f(x).numpy(), np.full(2, 2.0 * i))
     assert any("outside kiln's ops" in e.detail for e in f.state.events if e.kind == "break")
+
+
+def test_a_program_with_a_0_d_buffer_saves_and_loads(tmp_path):
+    """BatchNorm's num_batches_tracked is 0-d; the writer made it shape [1] (np.ascontiguousarray
+    lifts 0-d arrays), and load_exported refused the file."""
+    kiln.manual_seed(0)
+    model = kiln.nn.Sequential(kiln.nn.Linear(3, 4), kiln.nn.BatchNorm1d(4))  # training: the counter is read
+    x = kiln.randn(5, 3)
+    program = kiln.export(model, x)
+    program.save(tmp_path / "bn.kiln")
+    loaded = kiln.load_exported(tmp_path / "bn.kiln")
+    assert loaded.parameters["1.num_batches_tracked"].shape == ()
+    with kiln.no_grad():
+        expected = model(x)  # batch statistics: the same output from the same batch
+    np.testing.assert_allclose(loaded(x).numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
