@@ -101,6 +101,19 @@ class Event:
     detail: str
 
 
+#: How long the compile after a trace runs before kiln says it is compiling (a CompileWarning).
+SLOW_COMPILE_SECONDS = 1.0
+
+
+def _user_frame(frame: types.FrameType | None) -> tuple[str, int, str]:
+    """``(filename, line, module)`` of the innermost frame outside kiln: where a warning points."""
+    while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return ("kiln", 0, "kiln")
+    return (frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "?"))
+
+
 #: Traces of one call key that may stop on a change of Python state before its calls run eagerly for
 #: good (see CompiledFunction._changes_once_more): two, since a first call that initializes lazily
 #: may be followed by one that creates optimizer state.
@@ -248,7 +261,13 @@ class CompiledFunction:
         if trace.broken is not None:
             trace.abandon()
             return self._run_eagerly_from_now_on(key, trace.broken, result)
-        spec, why_not = build_specialization(self, trace, result, leaves, key, closure_values=self._closure_values())
+        notice = self._slow_compile_notice(len(trace.builder.nodes))
+        try:
+            spec, why_not = build_specialization(
+                self, trace, result, leaves, key, closure_values=self._closure_values()
+            )
+        finally:
+            notice.cancel()
         if isinstance(why_not, TraceBreak):
             return self._run_eagerly_from_now_on(key, why_not, result)
         if spec is None:
@@ -278,6 +297,23 @@ class CompiledFunction:
         spec.python_reads.extend(trace.python_reads)  # what the traced code said it read (Trace.on_python_read)
         spec.python_reads.extend(reads.records(reached, watch.codes, attr_names))
         spec.python_reads.extend(reads.global_records(helper_roots, watch.codes))
+
+    def _slow_compile_notice(self, nodes: int) -> threading.Timer:
+        """A timer that says, once the compile after a trace has taken ``SLOW_COMPILE_SECONDS``, that it
+        is compiling (a CompileWarning at the user's call, from the timer's thread: passes release the
+        interpreter between bytecodes, and LLVM runs in the worker, waited for without it)."""
+        where = _user_frame(sys._getframe(1))
+        name = self._name()
+
+        def say() -> None:
+            text = (f"kiln.compile({name}): compiling {nodes} traced nodes has taken over {SLOW_COMPILE_SECONDS:g} s; "
+                    "this call finishes when it is done, later calls run the compiled program")  # fmt: skip
+            warnings.warn_explicit(text, CompileWarning, *where)
+
+        timer = threading.Timer(SLOW_COMPILE_SECONDS, say)
+        timer.daemon = True
+        timer.start()
+        return timer
 
     def _changes_once_more(self, key) -> bool:
         """Whether a trace of ``key`` that stopped on a change of Python state (``self.mask = ...``)
@@ -345,15 +381,7 @@ class CompiledFunction:
         self.state.logged.add(key)
         text = f"kiln.compile({self._name()}): {message}"
         logger.warning("%s", text)
-        frame: types.FrameType | None = sys._getframe(1)
-        while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
-            frame = frame.f_back
-        where = (
-            (frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "?"))
-            if frame
-            else ("kiln", 0, "kiln")
-        )
-        warnings.warn_explicit(text, CompileWarning, where[0], where[1], module=where[2])
+        warnings.warn_explicit(text, CompileWarning, *_user_frame(sys._getframe(1)))
 
     def _name(self) -> str:
         return getattr(self.fn, "__qualname__", None) or type(self.fn).__name__

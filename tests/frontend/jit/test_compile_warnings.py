@@ -5,8 +5,10 @@ never reached a user with default logging)."""
 from __future__ import annotations
 
 import inspect
+import time
 import warnings
 
+import numpy as np
 import pytest
 
 import kiln
@@ -43,3 +45,34 @@ def test_the_warning_is_silenced_as_any_warning():
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", category=kiln.CompileWarning)
         assert h(kiln.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_a_compile_that_takes_long_says_so(monkeypatch):
+    from kiln.frontend.jit import compiler
+
+    build = compiler.build_specialization
+
+    def slow_build(*args, **kwargs):
+        time.sleep(0.3)  # a compile longer than the notice's threshold, whatever the disk cache holds
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(compiler, "SLOW_COMPILE_SECONDS", 0.05)
+    monkeypatch.setattr(compiler, "build_specialization", slow_build)
+
+    @kiln.compile
+    def f(x):
+        return (x.exp() + 1).log().sum()
+
+    with pytest.warns(kiln.CompileWarning, match=r"compiling \d+ traced nodes has taken over 0.05 s") as record:
+        assert f(kiln.ones(64)).item() == pytest.approx(64 * float(np.log(np.e + 1)), rel=1e-5)
+    assert record[0].filename == __file__
+
+
+def test_a_quick_compile_says_nothing():
+    @kiln.compile
+    def g(x):
+        return x + 1.0
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g(kiln.ones(3))
