@@ -100,7 +100,7 @@ def runner(program, compiled: bool):
     program on the interpreter, or compiled once (the compile driver's default pipeline)."""
     from .frontend.jit.signature import apply, bind  # noqa: PLC0415
 
-    run = program._run
+    run = program._interpreted
     if compiled:
         from .frontend.jit.compiler import CompileOptions  # noqa: PLC0415
         from .frontend.jit.driver import compile_graph  # noqa: PLC0415
