@@ -59,12 +59,15 @@ class LoweringReport:
     externs: dict[str, int] = field(default_factory=dict)
     memory: str = ""
     compile_seconds: float = 0.0
+    stage_seconds: list[tuple[str, float]] = field(default_factory=list)  # every stage of the driver, timed
     cache: str = "off"  # "hit" | "miss" | "off"
     abandoned: str = ""  # why code generation gave up (its deadline passed): such code is never cached
 
     def describe(self) -> list[str]:
         lines = [f"{self.kernels} compiled kernel(s); compile cache: {self.cache}; "
                  f"code generation {self.compile_seconds * 1e3:.1f} ms"]  # fmt: skip
+        if self.stage_seconds:
+            lines.append("stages: " + ", ".join(f"{name} {s * 1e3:.1f} ms" for name, s in self.stage_seconds))
         if self.externs:
             lines.append(
                 "extern nodes (eager kernels): " + ", ".join(f"{k} x{v}" for k, v in sorted(self.externs.items()))

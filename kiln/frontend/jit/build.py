@@ -93,6 +93,8 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), backward=backward,
         key=key, passes_record=record, traced_graph=graph, report=report, arg_aliases=arg_aliases,
     )  # fmt: skip
+    if report is not None:  # the traced call is the compile's first stage
+        report.stage_seconds.insert(0, ("trace (the eager call)", trace.seconds))
     _dump(compiled, spec)
     trace.release()
     return spec, None
@@ -145,6 +147,10 @@ def _dump(compiled, spec: Specialization) -> None:
     for i, (name, result) in enumerate(spec.passes_record, 1):
         with open(f"{stem}.{i}-{name}.{'ir' if isinstance(result, Graph) else 'txt'}", "w") as f:
             f.write(str(result))
+    seconds = getattr(spec.report, "stage_seconds", None)  # a LoweringReport (None for the interpreter)
+    if seconds:
+        with open(f"{stem}.{len(spec.passes_record) + 1}-timings.txt", "w") as f:
+            f.writelines(f"{name}: {s * 1e3:.3f} ms\n" for name, s in seconds)
 
 
 # ---------------------------------------------------------------------- the backward

@@ -28,6 +28,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import types
 import warnings
 from dataclasses import dataclass, field
@@ -235,6 +236,7 @@ class CompiledFunction:
         closure_values = self._closure_values()
         objects = hazards.watched_objects(self, leaves, closure_values)
         roots = reads.roots(self, args, kwargs, closure_values)
+        started = time.perf_counter()
         trace = Trace(fullgraph=self.fullgraph).start()
         trace.numpy_shadows = self.state.numpy_shadows
         watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code, roots)
@@ -250,6 +252,7 @@ class CompiledFunction:
         except BaseException:
             trace.abandon()
             raise
+        trace.seconds = time.perf_counter() - started  # the first of the timed stages (build.py)
         self.state.last_key = key
         if hazard is not None and trace.broken is None:
             self._hazard(trace, hazard)

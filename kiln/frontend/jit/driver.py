@@ -205,14 +205,19 @@ def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested
     if prepare is not None:  # a compile is coming: let the backend start what it needs meanwhile
         prepare(deadline)
     record: list = []
-    state = _run(Compilation(traced, backend, strides, requested), stages[:lowering], options, record)
+    seconds: list = []
+    state = _run(Compilation(traced, backend, strides, requested), stages[:lowering], options, record, seconds)
     start = time.perf_counter()
-    state = _run(state, stages[lowering:], options, record)
+    state = _run(state, stages[lowering:], options, record, seconds)
     if not backend.stages:  # the graph runs as it is: no code, nothing to report
         return Compiled(state.graph, backend.load(_lowered(state), None), None, record)
     report = LoweringReport(cache="off" if key is None else "miss")
+    generating = time.perf_counter()
     code = backend.generate(_lowered(state, deadline), report)
+    loading = time.perf_counter()
     program = _load(state, backend, code, report)
+    seconds += [(f"generate ({backend.name})", loading - generating), ("load", time.perf_counter() - loading)]
+    report.stage_seconds = seconds
     report.compile_seconds = time.perf_counter() - start
     if key is not None and not report.abandoned:  # abandoned code would be the next process's too
         entry = program_cache.to_entry(state.graph, backend.encode(code), report.kernels, report.declined, traced)
@@ -228,20 +233,29 @@ def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequenc
     start = time.perf_counter()
     graph, code, kernels, declined = program_cache.from_entry(payload, traced)
     record: list = [(stages[0].name, graph)]
-    state = _run(Compilation(graph, backend, strides, requested), stages[1:], options, record)
+    seconds: list = [("read the cache entry", time.perf_counter() - start)]
+    state = _run(Compilation(graph, backend, strides, requested), stages[1:], options, record, seconds)
     report = LoweringReport(kernels=kernels, declined=declined, cache="hit")
+    loading = time.perf_counter()
     program = _load(state, backend, backend.decode(code, graph), report)
+    seconds.append(("load", time.perf_counter() - loading))
+    report.stage_seconds = seconds
     report.compile_seconds = time.perf_counter() - start
     _report_externs(graph, backend, report, program)
     return Compiled(graph, program, report, record)
 
 
-def _run(state: Compilation, stages: Sequence[Stage], options, record: list) -> Compilation:
+def _run(state: Compilation, stages: Sequence[Stage], options, record: list,
+         seconds: list | None = None) -> Compilation:  # fmt: skip
+    """Run ``stages`` in order; ``record`` gets each one's result, ``seconds`` its ``(name, time)``."""
     if options.verify:
         from ...ir import verifier  # noqa: PLC0415 - only needed when verifying
     for stage in stages:
         before = state.graph
+        start = time.perf_counter()
         state = stage.run(state)
+        if seconds is not None:
+            seconds.append((stage.name, time.perf_counter() - start))
         if options.verify and state.graph is not before:
             try:
                 verifier.verify(state.graph)

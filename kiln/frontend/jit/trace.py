@@ -146,6 +146,7 @@ class Trace:
         self.born: list[weakref.ref] = []
         self.grads: dict[int, tuple] = {}  # id(tensor) -> (tensor, .grad before the trace touched it)
         self.modules: dict[int, tuple[weakref.ref, bool]] = {}
+        self.seconds = 0.0  # how long the traced call ran (set by the compiler: the compile's first stage)
         self.made_modules: set[int] = set()  # ids of the modules constructed during the trace (state.module_made)
         self.prologues: list = []
         self.checks: list = []  # callables checked before each call of the specialization (state.guard)

@@ -90,7 +90,7 @@ def test_dump_dir_holds_one_file_per_stage_with_the_fused_graph_and_the_memory_p
         cf(x, w)
     names = sorted(p.name for p in tmp_path.iterdir())
     stages = [n.split("-", 1)[1].rsplit(".", 1)[0] for n in names]
-    assert stages == ["traced", *GRAPH_PASSES, *LOWERING], names
+    assert stages == ["traced", *GRAPH_PASSES, *LOWERING, "timings"], names
     text = {n.split("-", 1)[1].rsplit(".", 1)[0]: (tmp_path / n).read_text() for n in names}
     assert "= mul(" in text["traced"] and "= mul(" not in text["simplify"]  # x * 1 simplified away
     assert "kernel(" in text["fuse"] and "kernel(" not in text["eliminate_dead_code"]
