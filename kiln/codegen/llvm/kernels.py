@@ -49,7 +49,7 @@ from ..kernel_plan import elementwise_plan, same_size
 from ..kernel_plan import reduction_rows as _reduction_rows
 from . import Unsupported
 from .emitter import load, register_type, store
-from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, REDUCE_OPS, KernelInfo
+from .kernel_info import NATIVE_OPS, KernelInfo, moved_bytes, native_code
 from .kernels_emit import POINTER, Accumulator, DagEmitter, Scope, VarEnv, element_pointer, operand_pointers
 from .kinds import kind_generator
 from .loops import I64, for_range, i64, minimum, product
@@ -111,19 +111,12 @@ class KernelModule:
         return info
 
     def _add_native(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
-        """A primitive compiled as a function of its own: a window node (unfold, fold:
-        ``kernels_window``), an index node (take, index_put: ``kernels_index``), a direct
-        convolution (conv, conv_weight: ``kernels_conv``) or a sum of rows (reduce_sum keeping the
-        last axis: ``kernels_reduce``)."""
+        """A primitive compiled as a function of its own by its family's module (``NativeFamily``): a
+        window node (unfold, fold: ``kernels_window``), an index node (take, index_put:
+        ``kernels_index``), a direct convolution (conv, conv_weight: ``kernels_conv``) or a sum of
+        rows (reduce_sum keeping the last axis: ``kernels_reduce``)."""
         _check_layouts(node, layouts)
-        if node.op in INDEX_OPS:
-            from .kernels_index import index as emit  # noqa: PLC0415 - modules of their own
-        elif node.op in CONV_OPS:
-            from .kernels_conv import conv_kernel as emit  # noqa: PLC0415
-        elif node.op in REDUCE_OPS:
-            from .kernels_reduce import reduce_kernel as emit  # noqa: PLC0415
-        else:
-            from .kernels_window import window as emit  # noqa: PLC0415
+        emit = native_code(node.op).emit
         key = ("native", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
                tuple(map(tuple, layouts)))  # fmt: skip
         if key in self._known:
@@ -194,15 +187,11 @@ def _work_bytes(node: Node) -> int:
     """Bytes read and written (what decides whether the thread pool is worth its dispatch). An
     input that the body reads only through a smaller view (an LSTM step's slice of the whole
     sequence's input projection) counts that view's size, not the whole array's."""
-    if node.op == "take":  # reads only the rows it takes
-        return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs[1:], node.output, node.output))
     if node.op != KERNEL:
-        moved = sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
-        if node.op in CONV_OPS:  # compute-bound: a multiply-add counts as the time of moving 2 bytes
-            from .kernels_conv import multiply_adds  # noqa: PLC0415
-
-            moved += 2 * multiply_adds(node)
-        return moved
+        own = getattr(native_code(node.op), "work_bytes", None)  # take, conv: their own count
+        if own is not None:
+            return own(node)
+        return moved_bytes(node)
     total = sum(v.type.numel * v.type.dtype.itemsize for v in node.outputs)
     generator = kind_generator(node.attrs["kind"])
     if generator is not None and generator.arithmetic is not None:
