@@ -46,9 +46,6 @@ from .types import Dim
 #: A shape: concrete sizes, or symbolic ones (``Sym``) where a graph leaves them open.
 Shape = tuple[Dim, ...]
 
-#: Kernel kinds whose bodies compute each output element from the same element of the inputs.
-POINTWISE_KINDS = frozenset({"elementwise", "horizontal"})
-
 
 #: The ops whose result shares its first input's memory (PyTorch's view ops).
 _VIEW_OPS = frozenset(name for name, prim in PRIMITIVES.items() if prim.is_view)
@@ -174,13 +171,22 @@ def pointwise_inputs(body: Graph) -> frozenset[int]:
     return frozenset(p for p, v in enumerate(body.inputs) if v.type.shape == domain and pointwise_from(body, v, domain))
 
 
+def pointwise_kind(node: Node) -> bool:
+    """Whether kernel ``node``'s kind computes each output element from the same element of the inputs
+    (``KernelKind.pointwise``)."""
+    from .kernel_kinds import kernel_kind  # noqa: PLC0415 - the kinds' rules build on this module
+
+    kind = kernel_kind(node.attrs.get("kind"))
+    return kind is not None and kind.pointwise
+
+
 def reads_at_own_index(node: Node, source: Value, result: Value) -> bool:
     """Whether kernel ``node`` reads ``source`` only at the index where it writes ``result``: both in
     the same elementwise body (one member of a horizontal kernel), of one shape, and everything the
     body computes from ``source`` is elementwise at that shape. A view or broadcast anywhere
     downstream (``t = a.pow(2).T``) makes the generated loop read ``source`` at another element,
     which an in-place write may have overwritten already."""
-    if node.op != KERNEL or node.attrs["kind"] not in POINTWISE_KINDS or source.type.shape != result.type.shape:
+    if node.op != KERNEL or not pointwise_kind(node) or source.type.shape != result.type.shape:
         return False
     for body, inputs, outputs in body_inputs_outputs(node):
         if result in outputs and source in inputs:

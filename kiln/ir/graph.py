@@ -8,7 +8,8 @@ strings, None, dtypes and tuples of them). Every node may carry the user's sourc
 (``loc``) so that errors at run time point at the line that made the op.
 
 A ``kernel`` node (``KERNEL``) is what fusion makes: ``attrs = {"name": ..., "kind": "elementwise" |
-"reduction" | "horizontal" | "conv", "bodies": (Graph, ...)}``. Each body is an ordinary graph with its own
+"reduction" | "horizontal" | "conv" (or any kind of the registry, ``kiln.ir.kernel_kinds``), "bodies":
+(Graph, ...)}``. Each body is an ordinary graph with its own
 values and constants; the node's inputs and outputs are the bodies' (one body, or for a
 horizontal kernel the members' concatenated in order). ``kernel_bodies(node)`` gives the bodies.
 The body of a ``conv`` kernel is a convolution and its epilogue: its first node is a ``conv`` of
@@ -35,8 +36,6 @@ from .types import TensorType
 CONSTANT = "constant"
 #: The op name of fused kernel nodes (``attrs = {"name", "kind", "bodies"}``; see the module docstring).
 KERNEL = "kernel"
-#: The kinds of kernel nodes.
-KERNEL_KINDS = ("elementwise", "reduction", "horizontal", "conv")
 
 
 @dataclass(frozen=True, eq=False)

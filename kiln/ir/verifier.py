@@ -21,21 +21,20 @@ from typing import Any
 
 import numpy as np
 
-from .analysis import ELEMENTWISE_ROLE, REDUCE_ROLE, VIEW_ROLE, body_role, kernel_legality
+from .analysis import ELEMENTWISE_ROLE, REDUCE_ROLE, VIEW_ROLE, body_role
 from .dtypes import DType
 from .graph import (
     CONSTANT,
     KERNEL,
-    KERNEL_KINDS,
     QUALIFIER,
     Graph,
     Node,
     SourceLocation,
     Value,
     body_inputs_outputs,
-    conv_epilogue,
     structure_key,
 )
+from .kernel_kinds import BodyRuleError, kernel_kind, kernel_kind_names
 from .primitives import PRIMITIVES
 from .printer import format_type
 from .types import Device, Sym, TensorType
@@ -53,10 +52,10 @@ def verify(graph: Graph) -> None:
     """Raise ``VerificationError`` unless ``graph`` is well formed and every type is its rule's.
 
     Kernel nodes are checked with their bodies: each body verifies on its own (with only the ops
-    a body may hold), its input and output types are the node's, and its structure fits the
-    kernel's kind by the rules fusion forms kernels by (``kiln.ir.analysis``: one domain for an
-    elementwise body; for a reduction body, reductions of the same trailing axes of one shape,
-    full values and row values, each row value read at its own row)."""
+    a body may hold), its input and output types are the node's, and it keeps the rule of the
+    kernel's kind (``kiln.ir.kernel_kinds``; for the fused kinds, the rules fusion forms kernels by in
+    ``kiln.ir.analysis``: one domain for an elementwise body; for a reduction body, reductions of the
+    same trailing axes of one shape, full values and row values, each row value read at its own row)."""
     _verify_graph(graph, None)
 
 
@@ -275,11 +274,12 @@ def _check_kernel_node(
     if name in kernels:
         raise VerificationError(f"{where}: kernel name {name!r} is already used by node {kernels[name]}")
     kernels[name] = index
-    if kind not in KERNEL_KINDS:
-        raise VerificationError(f"{where}: kernel kind {kind!r} is not one of {', '.join(KERNEL_KINDS)}")
+    rule = kernel_kind(kind)
+    if rule is None:
+        raise VerificationError(f"{where}: kernel kind {kind!r} is not one of {', '.join(kernel_kind_names())}")
     if not isinstance(bodies, tuple) or not bodies or not all(isinstance(b, Graph) for b in bodies):
         raise VerificationError(f"{where}: bodies must be a non-empty tuple of Graphs, got {bodies!r:.80}")
-    if kind != "horizontal" and len(bodies) != 1:
+    if not rule.members and len(bodies) != 1:
         raise VerificationError(f"{where}: a {kind} kernel has exactly one body, got {len(bodies)}")
     if sum(len(b.inputs) for b in bodies) != len(node.inputs) or sum(len(b.outputs) for b in bodies) != len(
         node.outputs
@@ -292,13 +292,11 @@ def _check_kernel_node(
         raise VerificationError(f"{where}: a kernel makes at least one output")
     for member, (body, inputs, outputs) in enumerate(body_inputs_outputs(node)):
         what = f"{where}, body {member}"
-        try:
-            elementwise = body
-            if kind == "conv":  # the whole body as a graph, then its epilogue as an elementwise body
-                _verify_graph(body, None)
-                elementwise = _conv_epilogue(body)
-            _verify_graph(elementwise, "reduction" if kind == "reduction" else "elementwise")
-        except VerificationError as error:
+        if not body.outputs:
+            raise VerificationError(f"{what}: a body makes at least one output")
+        try:  # the kind's rule (kiln.ir.kernel_kinds), given the check of a graph as a kernel body
+            rule.verify_body(body, _verify_graph)
+        except (VerificationError, BodyRuleError) as error:
             raise VerificationError(f"{what}: {error}") from error
         for role, inner, outer in (("input", body.inputs, inputs), ("output", body.outputs, outputs)):
             for i, (a, b) in enumerate(zip(inner, outer)):
@@ -307,45 +305,17 @@ def _check_kernel_node(
                         f"{what}: {role} {i} has type {_type_text(a.type)} in the body but {_type_text(b.type)} "
                         "on the node"
                     )
-        if not body.outputs:
-            raise VerificationError(f"{what}: a body makes at least one output")
-        if kind == "conv":
-            _check_epilogue_shapes(what, body)
-        else:
-            _check_body_structure(what, body, kind)
-    if kind == "horizontal":
+    if rule.members:
         first = structure_key(bodies[0])
         for member, body in enumerate(bodies[1:], 1):
             if structure_key(body) != first:
                 raise VerificationError(
-                    f"{where}: member {member} of the horizontal kernel is not structurally identical to member 0 "
+                    f"{where}: member {member} of the {kind} kernel is not structurally identical to member 0 "
                     "(same ops, connections, attributes, dtypes and constants; only shapes may differ)"
                 )
     for value in node.outputs:
         _check_value(value, where)
         _define(defined, value, where)
-
-
-def _conv_epilogue(body: Graph) -> Graph:
-    """The epilogue of a conv kernel's body (``conv_epilogue``), which verifies as an elementwise body."""
-    first = body.nodes[0] if body.nodes else None
-    if first is None or first.op != "conv" or first.inputs != body.inputs[:2]:
-        raise VerificationError("a conv kernel's body starts with a conv node of body inputs 0 and 1")
-    return conv_epilogue(body)[1]
-
-
-def _check_epilogue_shapes(what: str, body: Graph) -> None:
-    """Every output of a conv kernel's epilogue has the convolution's rank, sample and channel dims
-    (the code computes each unit's sample and channels of every output from the unit's block of the
-    convolution; the outputs' other dims may differ: a pooled output's)."""
-    result = body.nodes[0].outputs[0].type.shape
-    for i, v in enumerate(body.outputs):
-        shape = v.type.shape
-        if len(shape) != len(result) or tuple(shape[:2]) != tuple(result[:2]):
-            raise VerificationError(
-                f"{what}: output {i} has shape {list(shape)}; a conv kernel's outputs have the sample and channel "
-                f"dims of its convolution's result {list(result)}"
-            )
 
 
 def _check_body_op(index: int, node: Node, body_kind: str) -> None:
@@ -359,13 +329,3 @@ def _check_body_op(index: int, node: Node, body_kind: str) -> None:
             f"{_where(index, node)}: op {op!r} is not allowed in a kernel body of kind {body_kind} (allowed: "
             f"elementwise primitives, 0-d constants, reshape/expand/permute/slice{extra})"
         )
-
-
-def _check_body_structure(what: str, body: Graph, kind: str) -> None:
-    """The body makes a legal kernel of its kind (``analysis.kernel_legality``, the rules fusion forms
-    kernels by)."""
-    legality = kernel_legality(body.nodes, body.outputs, body.uses(), lambda node: True)
-    if legality.problem is not None:
-        raise VerificationError(f"{what}: {legality.problem}")
-    if kind == "reduction" and legality.kind != "reduction":
-        raise VerificationError(f"{what}: a reduction body holds at least one reduce node")

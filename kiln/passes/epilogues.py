@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
+from ..ir.kernel_kinds import CONV, ELEMENTWISE
 
 
 def fuse_epilogues(graph: Graph, takes: Callable[[Node], bool]) -> Graph:
@@ -58,14 +59,14 @@ def _merge_at(nodes: list[Node], position: int, results: set[Value], takes) -> t
     """``(index of the reader, merged node)`` when ``nodes[position]`` (a convolution or a conv
     kernel) takes the next elementwise kernel that reads its results; None when it takes none."""
     node = nodes[position]
-    if node.op != "conv" and not (node.op == KERNEL and node.attrs["kind"] == "conv"):
+    if node.op != "conv" and not (node.op == KERNEL and node.attrs["kind"] == CONV.name):
         return None
     made = set(node.outputs)
     for index in range(position + 1, len(nodes)):
         reader = nodes[index]
         if made.isdisjoint(reader.inputs):
             continue
-        if reader.op != KERNEL or reader.attrs["kind"] != "elementwise":
+        if reader.op != KERNEL or reader.attrs["kind"] != ELEMENTWISE.name:
             return None
         later = {v for n in nodes[index + 1 :] for v in n.inputs} | results
         if node.op == "conv" and node.output in later:
@@ -92,7 +93,7 @@ def _merge(node: Node, reader: Node, kept: Sequence[Value]) -> Node:
     copied = [copy.node(n, reader_body) for n in reader_body.nodes]
     outputs = [inner[v] for v in kept] + [copy.values[v] for v in reader_body.outputs]
     merged = Graph((*body.inputs, *(v for _, v in extra)), (*body.nodes, *copied), tuple(outputs), copy.constants)
-    attrs = {"name": reader.attrs["name"], "kind": "conv", "bodies": (merged,)}
+    attrs = {"name": reader.attrs["name"], "kind": CONV.name, "bodies": (merged,)}
     return Node(KERNEL, (*inputs, *(o for o, _ in extra)), attrs, (*kept, *reader.outputs), reader.loc)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..ir.analysis import Space
 from ..ir.graph import BODY_REDUCE_OPS, CONSTANT, KERNEL, Graph, Node, Value, structure_key
+from ..ir.kernel_kinds import ELEMENTWISE, HORIZONTAL, REDUCTION
 from .fusion_checks import CheckOrderCycle, checks_first
 from .fusion_recompute import recomputed
 from .fusion_rules import classify
@@ -28,7 +29,7 @@ class _Kernel:
     body: Graph
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
-    kind: str  # "elementwise" or "reduction"
+    kind: str  # ELEMENTWISE.name or REDUCTION.name (kiln.ir.kernel_kinds)
 
 
 @dataclass
@@ -137,7 +138,7 @@ def _make_kernel(
     live = [k for k, w in enumerate(inputs) if w in needed]
     constants = {n.attrs["name"]: constants[n.attrs["name"]] for n in kept if n.op == CONSTANT}
     body = Graph(tuple(inputs[k] for k in live), tuple(kept), tuple(inner[v] for v in made), constants)
-    kind = "reduction" if any(node.op in BODY_REDUCE_OPS for node in kept) else "elementwise"
+    kind = REDUCTION.name if any(node.op in BODY_REDUCE_OPS for node in kept) else ELEMENTWISE.name
     return _Kernel(body, tuple(outer_inputs[k] for k in live), tuple(made), kind)
 
 
@@ -186,7 +187,7 @@ def _fuse_horizontally(units: list[_Unit], waits: dict[Node, set[Node]]) -> list
     (``waits``: the checks each extern node waits for, edges as real as the data's)."""
     buckets: dict[tuple, list[int]] = {}
     for i, unit in enumerate(units):
-        if unit.node is None and unit.kernels[0].kind == "elementwise":
+        if unit.node is None and unit.kernels[0].kind == ELEMENTWISE.name:
             buckets.setdefault(structure_key(unit.kernels[0].body), []).append(i)
     pending = [sorted(b, key=lambda i: units[i].first) for b in buckets.values() if len(b) >= 2]
     if not pending:
@@ -275,7 +276,7 @@ def _build(graph: Graph, units: list[_Unit]) -> Graph:
             nodes.append(unit.node)
             continue
         bodies = tuple(k.body for k in unit.kernels)
-        kind = "horizontal" if len(bodies) > 1 else unit.kernels[0].kind
+        kind = HORIZONTAL.name if len(bodies) > 1 else unit.kernels[0].kind
         loc = next((n.loc for n in bodies[0].nodes if n.loc is not None), None)
         attrs = {"name": f"k{count}", "kind": kind, "bodies": bodies}
         count += 1

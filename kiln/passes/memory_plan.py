@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..ir.analysis import POINTWISE_KINDS, Liveness, pointwise_inputs
+from ..ir.analysis import Liveness, pointwise_inputs, pointwise_kind
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
 from ..ir.primitives import PRIMITIVES
 
@@ -190,7 +190,7 @@ def _choose_inplace(graph: Graph, live: Liveness, planned: set[Value]) -> dict[V
     inplace: dict[Value, Value] = {}
     taken: set[Value] = set()
     for i, node in enumerate(graph.nodes):
-        if node.op != KERNEL or node.attrs.get("kind") not in POINTWISE_KINDS:
+        if node.op != KERNEL or not pointwise_kind(node):
             continue
         members = _members(node)
         # Where the kernel reads each planned storage: (member, body input position, value read).

@@ -12,6 +12,8 @@ negative here), outputs are C-contiguous.
   (shuffles down within each warp, the warps' results through shared memory, shuffles again) and
   every thread gets the row's value. Row-valued outputs are stored by thread 0; full outputs in a
   last strided pass.
+- conv: none (declined: the convolution runs on the interpreter, as does any kind without a
+  generator registered here, ``register_cuda_kernel_generator``).
 - horizontal: the members (an optimizer's per-parameter updates) share one device function of the
   element; ``blockIdx.y`` picks the member, whose loop sizes and leaf coefficients are its
   arguments. Members are launched ``MEMBERS_PER_LAUNCH`` at a time (a CUDA launch's parameters
@@ -24,10 +26,11 @@ input's buffer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ...ir.graph import Graph, Node
+from ...ir.kernel_kinds import ELEMENTWISE, HORIZONTAL, REDUCTION, kernel_kind
 from ...ir.primitives import PRIMITIVES
 from ...ir.types import Sym
 from .. import index as ix
@@ -158,16 +161,40 @@ def _check(node: Node, layouts) -> None:
 
 
 def generate(module: CudaModule, name: str, node: Node, layouts, config: Config) -> list[Launch]:
-    """Write kernel ``node`` (inputs with element strides ``layouts``) into ``module``."""
+    """Write kernel ``node`` (inputs with element strides ``layouts``) into ``module`` with its kind's
+    generator; ``Unsupported`` for a kind this backend has none for."""
     kind, bodies = node.attrs.get("kind"), tuple(node.attrs.get("bodies", ()))
     _check(node, layouts)
-    if kind == "elementwise" and len(bodies) == 1:
-        return [_elementwise(module, name, bodies[0], layouts)]
-    if kind == "reduction" and len(bodies) == 1:
-        return [_reduction(module, name, bodies[0], layouts, config)]
-    if kind == "horizontal" and bodies:
-        return _horizontal(module, name, bodies, layouts)
-    raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
+    emit = cuda_kernel_generator(kind)
+    if emit is None:
+        raise Unsupported(f"the CUDA backend has no generator for kernel kind {kind!r}")
+    rule = kernel_kind(kind)
+    if not bodies or ((rule is None or not rule.members) and len(bodies) != 1):
+        raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
+    return emit(module, name, node, layouts, config)
+
+
+#: ``emit(module, name, node, layouts, config) -> launches``: one kernel kind's generator.
+CudaEmit = Callable[[CudaModule, str, Node, Sequence[tuple[int, ...]], "Config"], list["Launch"]]
+_GENERATORS: dict[str, CudaEmit] = {}
+
+
+def register_cuda_kernel_generator(kind: str, emit: CudaEmit) -> None:
+    """Compile kernels of ``kind`` (``kiln.ir.kernel_kinds``) with ``emit`` on the CUDA backend."""
+    if kind in _GENERATORS:
+        raise ValueError(f"the CUDA backend already has a generator for kernel kind {kind!r}")
+    _GENERATORS[kind] = emit
+
+
+def cuda_kernel_generator(kind: object) -> CudaEmit | None:
+    """The CUDA generator of ``kind``; None when there is none (the kernel is then declined)."""
+    return _GENERATORS.get(kind) if isinstance(kind, str) else None
+
+
+def unregister_cuda_kernel_generator(kind: str) -> None:
+    """Forget the CUDA generator of ``kind`` (one a test registered)."""
+    if _GENERATORS.pop(kind, None) is None:
+        raise KeyError(f"the CUDA backend has no generator for kernel kind {kind!r}")
 
 
 def _operands(body: Graph) -> tuple[int, ...]:
@@ -389,3 +416,20 @@ def _member_function(module: CudaModule, name: str, plan, depth: int, operands: 
     source.lines.insert(0, "@cuda.jit(device=True)")
     module.functions.append("\n".join(source.lines))
     return function
+
+
+def _emit_elementwise(module: CudaModule, name: str, node: Node, layouts, config: Config) -> list[Launch]:
+    return [_elementwise(module, name, node.attrs["bodies"][0], layouts)]
+
+
+def _emit_reduction(module: CudaModule, name: str, node: Node, layouts, config: Config) -> list[Launch]:
+    return [_reduction(module, name, node.attrs["bodies"][0], layouts, config)]
+
+
+def _emit_horizontal(module: CudaModule, name: str, node: Node, layouts, config: Config) -> list[Launch]:
+    return _horizontal(module, name, node.attrs["bodies"], layouts)
+
+
+register_cuda_kernel_generator(ELEMENTWISE.name, _emit_elementwise)
+register_cuda_kernel_generator(REDUCTION.name, _emit_reduction)
+register_cuda_kernel_generator(HORIZONTAL.name, _emit_horizontal)

@@ -31,7 +31,7 @@ from ...runtime import elf
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
 from . import Unsupported, host
-from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, REDUCE_OPS, STATUS_OPS, WINDOW_OPS, KernelInfo
+from .kernel_info import NATIVE_OPS, STATUS_OPS, KernelInfo, native_code
 
 if TYPE_CHECKING:
     from .kernels import KernelModule
@@ -150,30 +150,13 @@ def load_objects(objects: list[bytes]):
 
 def _native(node) -> str | None:
     """Why the primitive node ``node`` is not compiled as a function of its own (None: it is)."""
-    if node.op in INDEX_OPS:
-        from .kernels_index import compilable as index_compilable  # noqa: PLC0415 - a cache hit loads code without the generator
-
-        return index_compilable(node)
-    if node.op in CONV_OPS:
-        from .kernels_conv import compilable as conv_compilable  # noqa: PLC0415
-
-        return conv_compilable(node)
-    if node.op in REDUCE_OPS:
-        from .kernels_reduce import compilable as reduce_compilable  # noqa: PLC0415
-
-        return reduce_compilable(node)
-    from .kernels_window import compilable as window_compilable  # noqa: PLC0415
-
-    return window_compilable(node)
+    return native_code(node.op).compilable(node)
 
 
 def _eager_by_choice(node) -> bool:
     """Whether the native node runs on its eager kernel because that is faster (no fallback to report)."""
-    if node.op not in WINDOW_OPS:
-        return False
-    from .kernels_window import eager_by_choice  # noqa: PLC0415
-
-    return eager_by_choice(node) is not None
+    eager_by_choice = getattr(native_code(node.op), "eager_by_choice", None)
+    return eager_by_choice is not None and eager_by_choice(node) is not None
 
 
 def _element_strides(value, strides: tuple) -> tuple[int, ...]:

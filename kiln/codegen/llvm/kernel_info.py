@@ -6,23 +6,58 @@ this record, does not import the generator (its IR builders and math library).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import ModuleType
 
 from ...ir.types import Sym, SymbolicShapeError
 
-#: Primitives the LLVM backend compiles as functions of their own, outside fused kernels
-#: (``kernels_window``, ``kernels_tiles``, ``kernels_index``, ``kernels_conv``, ``kernels_reduce``): a
-#: stored program's code may name these nodes.
+#: Primitives the LLVM backend compiles as functions of their own, outside fused kernels, by family:
+#: a stored program's code may name these nodes.
 WINDOW_OPS = frozenset({"unfold", "fold", "tile_transform", "untile_transform"})
 INDEX_OPS = frozenset({"take", "index_put"})
 CONV_OPS = frozenset({"conv", "conv_weight"})
 #: Sums that keep the last axis (fusion takes those over trailing axes into kernels).
 REDUCE_OPS = frozenset({"reduce_sum"})
-NATIVE_OPS = WINDOW_OPS | INDEX_OPS | CONV_OPS | REDUCE_OPS
-#: Native ops whose pointer table ends with a status word: nonzero after a call when an index was
-#: out of range (the executor then runs the node's eager kernel, which raises what eager raises).
-STATUS_OPS = INDEX_OPS
+
+
+@dataclass(frozen=True)
+class NativeFamily:
+    """Primitives compiled as functions of their own by one module of this package.
+
+    The module (imported only when code is generated: ``native_code``) defines
+    ``compilable(node) -> str | None`` (why the node is not compiled; None: it is) and
+    ``emit(builder, args, node, layouts) -> int`` (the function's body; its parallel units), and may
+    define ``eager_by_choice(node) -> str | None`` (the eager kernel is faster: nothing to report) and
+    ``work_bytes(node) -> int`` (bytes moved, where that is not each input and output once).
+    ``status``: the pointer table ends with a status word, nonzero after a call when an index was
+    out of range (the executor then runs the node's eager kernel, which raises what eager raises)."""
+
+    ops: frozenset[str]
+    module: str
+    status: bool = False
+
+
+NATIVE_FAMILIES = (
+    NativeFamily(WINDOW_OPS, "kernels_window"),  # and kernels_tiles, which it calls
+    NativeFamily(INDEX_OPS, "kernels_index", status=True),
+    NativeFamily(CONV_OPS, "kernels_conv"),
+    NativeFamily(REDUCE_OPS, "kernels_reduce"),
+)
+_FAMILY = {op: family for family in NATIVE_FAMILIES for op in family.ops}
+NATIVE_OPS = frozenset(_FAMILY)
+STATUS_OPS = frozenset(op for family in NATIVE_FAMILIES if family.status for op in family.ops)
+
+
+def moved_bytes(node) -> int:
+    """Bytes of every input and output of the node ``node``, once each."""
+    return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+
+
+def native_code(op: str) -> ModuleType:
+    """The module that compiles the native op ``op`` (``NativeFamily``); importing it loads the code generator."""
+    return importlib.import_module(f"{__package__}.{_FAMILY[op].module}")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Every kernel is one function ``void @sym(ptr args, i64 begin, i64 end)``: ``args
 pointers of ``node.inputs`` then ``node.outputs`` (element [0, ..., 0] of each), and the call does
 the parallel units ``[begin, end)`` of ``range(info.extent)``. Code is specialized on the static
 shapes and on the inputs' strides (``layouts``, in elements; 0 broadcasts, negative runs
-backwards); outputs are C-contiguous.
+backwards); outputs are C-contiguous. A kernel's kind picks its generator from the table in ``kinds``
+(a kind without one is declined); the built-in kinds':
 
 - elementwise: the domain's loop dimensions that every operand addresses as one are collapsed
   (kiln/codegen/index.py: collapse), so a contiguous chain is one long unit-stride loop that vectorizes.
@@ -36,7 +37,8 @@ import numpy as np
 from llvmlite import ir
 
 from ...ir import dtypes as dt
-from ...ir.graph import KERNEL, Graph, Node, body_inputs_outputs, conv_epilogue, structure_key
+from ...ir.graph import KERNEL, Graph, Node, body_inputs_outputs, structure_key
+from ...ir.kernel_kinds import kernel_kind
 from ...ir.primitives import Cost, ops_of_cost
 from ...ir.types import Dim, Sym
 from .. import index as ix
@@ -47,8 +49,9 @@ from ..kernel_plan import elementwise_plan, same_size
 from ..kernel_plan import reduction_rows as _reduction_rows
 from . import Unsupported
 from .emitter import load, register_type, store
-from .kernel_info import CONV_OPS, INDEX_OPS, NATIVE_OPS, REDUCE_OPS, KernelInfo
+from .kernel_info import NATIVE_OPS, KernelInfo, moved_bytes, native_code
 from .kernels_emit import POINTER, Accumulator, DagEmitter, Scope, VarEnv, element_pointer, operand_pointers
+from .kinds import kind_generator
 from .loops import I64, for_range, i64, minimum, product
 
 __all__ = ["CHUNK", "KernelInfo", "KernelModule", "Unsupported"]
@@ -75,16 +78,18 @@ class KernelModule:
             return self._add_native(node, layouts)
         kind, bodies = node.attrs.get("kind"), tuple(node.attrs.get("bodies", ()))
         _check_layouts(node, layouts)
-        if kind not in ("elementwise", "reduction", "horizontal", "conv"):
-            raise Unsupported(f"kernel kind {kind!r}")
-        if kind != "horizontal" and len(bodies) != 1:
+        generator = kind_generator(kind)
+        if generator is None or not isinstance(kind, str):
+            raise Unsupported(f"the LLVM backend has no generator for kernel kind {kind!r}")
+        rule = kernel_kind(kind)
+        if (rule is None or not rule.members) and len(bodies) != 1:
             raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
         for body in bodies:
             for value in body.values():
                 register_type(value.type.dtype)  # raises Unsupported for float16 and friends
         from .kernels_symbolic import symbolic_dimension, symbolic_work_bytes  # noqa: PLC0415
 
-        sym = symbolic_dimension(node, kind, layouts)
+        sym = symbolic_dimension(node, layouts, None if generator.symbolic else kind)
         key = _kernel_key(kind, bodies, layouts)
         if key in self._known:  # the same code (an unrolled loop's steps, repeated blocks): one function
             return self._known[key]
@@ -92,18 +97,7 @@ class KernelModule:
         existing = set(self.module.globals)
         try:
             builder, args = self._function(symbol)
-            if kind == "elementwise":
-                extent = _elementwise(builder, args, bodies[0], layouts)
-            elif kind == "conv":
-                from .kernels_epilogue import epilogue_kernel  # noqa: PLC0415 - it builds on this module
-
-                extent = epilogue_kernel(builder, args, node, layouts)
-            elif kind == "reduction":
-                extent = _reduction(builder, args, bodies[0], layouts)
-            else:
-                from .kernels_horizontal import horizontal  # noqa: PLC0415 - a module of its own
-
-                extent = horizontal(builder, args, bodies, layouts)
+            extent = generator.emit(builder, args, node, layouts)
         except BaseException:
             self._drop_new_functions(existing)
             raise
@@ -117,19 +111,12 @@ class KernelModule:
         return info
 
     def _add_native(self, node: Node, layouts: Sequence[tuple[int, ...]]) -> KernelInfo:
-        """A primitive compiled as a function of its own: a window node (unfold, fold:
-        ``kernels_window``), an index node (take, index_put: ``kernels_index``), a direct
-        convolution (conv, conv_weight: ``kernels_conv``) or a sum of rows (reduce_sum keeping the
-        last axis: ``kernels_reduce``)."""
+        """A primitive compiled as a function of its own by its family's module (``NativeFamily``): a
+        window node (unfold, fold: ``kernels_window``), an index node (take, index_put:
+        ``kernels_index``), a direct convolution (conv, conv_weight: ``kernels_conv``) or a sum of
+        rows (reduce_sum keeping the last axis: ``kernels_reduce``)."""
         _check_layouts(node, layouts)
-        if node.op in INDEX_OPS:
-            from .kernels_index import index as emit  # noqa: PLC0415 - modules of their own
-        elif node.op in CONV_OPS:
-            from .kernels_conv import conv_kernel as emit  # noqa: PLC0415
-        elif node.op in REDUCE_OPS:
-            from .kernels_reduce import reduce_kernel as emit  # noqa: PLC0415
-        else:
-            from .kernels_window import window as emit  # noqa: PLC0415
+        emit = native_code(node.op).emit
         key = ("native", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
                tuple(map(tuple, layouts)))  # fmt: skip
         if key in self._known:
@@ -200,20 +187,15 @@ def _work_bytes(node: Node) -> int:
     """Bytes read and written (what decides whether the thread pool is worth its dispatch). An
     input that the body reads only through a smaller view (an LSTM step's slice of the whole
     sequence's input projection) counts that view's size, not the whole array's."""
-    if node.op == "take":  # reads only the rows it takes
-        return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs[1:], node.output, node.output))
     if node.op != KERNEL:
-        moved = sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
-        if node.op in CONV_OPS:  # compute-bound: a multiply-add counts as the time of moving 2 bytes
-            from .kernels_conv import multiply_adds  # noqa: PLC0415
-
-            moved += 2 * multiply_adds(node)
-        return moved
+        own = getattr(native_code(node.op), "work_bytes", None)  # take, conv: their own count
+        if own is not None:
+            return own(node)
+        return moved_bytes(node)
     total = sum(v.type.numel * v.type.dtype.itemsize for v in node.outputs)
-    if node.attrs["kind"] == "conv":  # the convolution's multiply-adds, as for a conv node
-        from .kernels_conv import multiply_adds  # noqa: PLC0415
-
-        total += 2 * multiply_adds(conv_epilogue(node.attrs["bodies"][0])[0])
+    generator = kind_generator(node.attrs["kind"])
+    if generator is not None and generator.arithmetic is not None:
+        total += generator.arithmetic(node)
     for body, outer, _ in body_inputs_outputs(node):
         uses = body.uses()
         for inner, value in zip(body.inputs, outer, strict=True):
@@ -578,3 +560,14 @@ def _with_reciprocals(builder: ir.IRBuilder, emitter: DagEmitter, divisors, row_
                 emitter.reciprocals = {}
         with exact:
             output_pass()
+
+
+# ----------------------------------------------------------------------------- the generators of the kinds (``kinds``)
+def emit_elementwise(builder: ir.IRBuilder, args, node: Node, layouts) -> int | tuple[int, int]:
+    """An elementwise kernel's function body (see the module docstring)."""
+    return _elementwise(builder, args, node.attrs["bodies"][0], layouts)
+
+
+def emit_reduction(builder: ir.IRBuilder, args, node: Node, layouts) -> int | tuple[int, int]:
+    """A reduction kernel's function body (see the module docstring)."""
+    return _reduction(builder, args, node.attrs["bodies"][0], layouts)

@@ -28,7 +28,7 @@ from llvmlite import ir
 
 from ...ir.graph import Node
 from . import Unsupported
-from .kernel_info import CONV_OPS
+from .kernel_info import CONV_OPS, moved_bytes
 from .kernels_emit import element_pointer, float_static, operand_pointers
 from .kernels_vector import Rows
 from .loops import for_range, i64
@@ -62,7 +62,12 @@ def multiply_adds(node: Node) -> int:
     return node.output.type.numel * inner
 
 
-def conv_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int:
+def work_bytes(node: Node) -> int:
+    """Bytes moved, plus the multiply-adds as the time of moving 2 bytes each (compute-bound)."""
+    return moved_bytes(node) + 2 * multiply_adds(node)
+
+
+def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int:
     """Emit ``node``'s function body at ``builder`` (the entry block of ``(args, begin, end)``);
     return its number of parallel units."""
     why = compilable(node)
@@ -73,8 +78,8 @@ def conv_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, l
         return 0
     args, begin, end = params
     pointers = operand_pointers(builder, args, 3)
-    emit = forward if node.op == "conv" else _weight
-    extent = emit(builder, pointers, begin, end, node, [tuple(s) for s in layouts])
+    write = forward if node.op == "conv" else _weight
+    extent = write(builder, pointers, begin, end, node, [tuple(s) for s in layouts])
     builder.ret_void()
     return extent
 

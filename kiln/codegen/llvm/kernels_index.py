@@ -33,7 +33,7 @@ from ...ir.graph import Node
 from ...ir.types import is_static
 from . import Unsupported
 from .emitter import memory_type
-from .kernel_info import INDEX_OPS
+from .kernel_info import INDEX_OPS, moved_bytes
 from .kernels_emit import element_pointer, operand_pointers, transfer_row
 from .loops import I64, for_range, i64, minimum
 
@@ -132,7 +132,15 @@ def _geometry(node: Node, layouts: Sequence[tuple[int, ...]]) -> _Geometry | Non
     return _Geometry(x_shape, positions, columns, idx_stride, x_strides[0], x_column, v_row, v_column)
 
 
-def index(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts: Sequence[tuple[int, ...]]) -> int:
+def work_bytes(node: Node) -> int:
+    """Bytes moved: take reads only the rows it takes (the output's size) and writes the output;
+    index_put reads and writes every operand."""
+    if node.op == "take":
+        return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs[1:], node.output, node.output))
+    return moved_bytes(node)
+
+
+def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts: Sequence[tuple[int, ...]]) -> int:
     """Emit ``node``'s function body at ``builder``, the entry block of ``(args, begin, end)`` =
     ``params``; return its extent."""
     why = compilable(node, layouts)
@@ -142,8 +150,8 @@ def index(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts
     assert geometry is not None  # compilable checked it
     args, begin, end = params
     pointers = operand_pointers(builder, args, len(node.inputs) + 2)  # the inputs, the output, the status word
-    emit = _take if node.op == "take" else _index_put
-    extent = emit(builder, pointers, begin, end, node, geometry)
+    write = _take if node.op == "take" else _index_put
+    extent = write(builder, pointers, begin, end, node, geometry)
     builder.ret_void()
     return extent
 

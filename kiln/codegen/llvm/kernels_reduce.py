@@ -54,7 +54,7 @@ def compilable(node: Node) -> str | None:
     return None
 
 
-def reduce_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int:
+def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int:
     """Emit ``node``'s function body at ``builder`` (the entry block of ``(args, begin, end)``);
     return its number of parallel units."""
     why = compilable(node)

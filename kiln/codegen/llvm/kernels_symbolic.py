@@ -25,15 +25,16 @@ from .kernels_emit import POINTER, Scope, VarEnv, operand_pointers
 from .loops import I64, for_range, i64, minimum, product
 
 
-def symbolic_dimension(node: Node, kind: str, layouts: Sequence[tuple[int, ...]]) -> Sym | None:
+def symbolic_dimension(node: Node, layouts: Sequence[tuple[int, ...]], static_kind: str | None) -> Sym | None:
     """The kernel's symbolic dimension (None for a static kernel); ``Unsupported`` unless there is
-    one, it leads every shape that has it, and the layouts are static."""
+    one, it leads every shape that has it, the layouts are static and the kernel's generator handles
+    one (``static_kind``: the kind of a kernel whose generator does not)."""
     values = [*node.inputs, *node.outputs, *(v for body in kernel_bodies(node) for v in body.values())]
     found = {d for v in values for d in v.type.shape if isinstance(d, Sym)}
     if not found:
         return None
-    if kind == "horizontal":
-        raise Unsupported("a horizontal kernel over a symbolic dimension")
+    if static_kind is not None:
+        raise Unsupported(f"a {static_kind} kernel over a symbolic dimension")
     if len(found) > 1:
         raise Unsupported(f"a kernel over several symbolic dimensions ({', '.join(sorted(map(str, found)))})")
     for v in values:

@@ -59,7 +59,7 @@ def eager_by_choice(node: Node) -> str | None:
     return None
 
 
-def window(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts: Sequence[tuple[int, ...]]) -> int:
+def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts: Sequence[tuple[int, ...]]) -> int:
     """Emit ``node``'s function body at ``builder``, the entry block of ``(args, begin, end)`` =
     ``params``; return its extent."""
     why = compilable(node)
@@ -69,8 +69,8 @@ def window(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layout
     pointers = operand_pointers(builder, args, 2)
     from .kernels_tiles import tile, untile  # noqa: PLC0415 - it imports this module's index helpers
 
-    emit = {"unfold": _unfold, "fold": _fold, "tile_transform": tile, "untile_transform": untile}[node.op]
-    extent = emit(builder, pointers, begin, end, node, tuple(layouts[0]))
+    write = {"unfold": _unfold, "fold": _fold, "tile_transform": tile, "untile_transform": untile}[node.op]
+    extent = write(builder, pointers, begin, end, node, tuple(layouts[0]))
     builder.ret_void()
     return extent
 

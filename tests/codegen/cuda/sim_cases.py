@@ -226,6 +226,29 @@ def case_disk_cache_round_trip():
     np.testing.assert_allclose(got, interpret(body, [a])[0], rtol=1e-6)
 
 
+def case_a_kernel_kind_registered_by_a_test():
+    """The test-only ``scaled`` kind (tests/ir/test_kernel_kinds.py) with a CUDA generator registered
+    from the test: compiled, launched, and equal to the interpreter over several calls."""
+    from kiln.codegen.backend import Lowered, LoweringReport, backend_named
+    from kiln.ir.interpreter import interpret
+    from tests.ir.test_kernel_kinds import _calls, _graph, registered
+
+    node = _graph().nodes[0]  # the scaled kernel alone
+    graph = _kernel_graph(node)
+    layouts = {v: tuple(s * v.type.dtype.itemsize for s in (7, 1)) for v in graph.values()}
+    with registered(cuda=True):
+        report = LoweringReport()
+        backend = backend_named("cuda")
+        program = backend.load(Lowered(graph, layouts), backend.generate(Lowered(graph, layouts), report))
+        assert report.declined == [] and report.kernels == 1, report.describe()
+        before = len(LAUNCHES)
+        for a, b in _calls():
+            (got,) = program([a, b])
+            np.testing.assert_allclose(got, interpret(graph, [a, b])[0], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(got, (a + b) * a, rtol=1e-6, atol=1e-6)
+        assert len(LAUNCHES) == before + 3, "the scaled kernel was not launched on each call"
+
+
 def _kernel_graph(node):
     from kiln.ir.graph import Graph
 
