@@ -46,7 +46,7 @@ from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
 from .fusion_refusals import Refusal
 from .fusion_rules import EXTERN, MAX_KERNEL_NODES, VIEW, classify
 
-#: Why ``_try_merge`` declined: a kind of ``fusion_refusals.WORDING`` and its details (roots, not values, yet).
+#: Why ``_try_merge`` declined: a kind of ``fusion_refusals.WORDING`` and its details.
 Declined = tuple[str, tuple]
 
 
@@ -162,8 +162,9 @@ class Grouping:
                 last[ra, rb] = declined
         refusals = []
         for (ra, rb), (kind, detail) in last.items():
-            if kind == "cycle":  # the group on the path, by a value of its own
-                detail = (self._value_of(self.find(detail[0])),)
+            if kind == "cycle":  # the group on the path, by a value of its own (the last pass saw these groups)
+                via = self._first_on_path(ra, rb)
+                detail = () if via is None else (self._value_of(via),)
             refusals.append(Refusal(kind, self._value_of(ra), self._value_of(rb), detail))
         return refusals
 
@@ -210,9 +211,8 @@ class Grouping:
             misread, derived = misread_row(starts, self._inside((a, b)), self.users, space, known)
             if misread is not None:
                 return "row read", (misread,)
-        via = self._reorder(a, b, large)
-        if via is not None:
-            return "cycle", (via,)
+        if not self._reorder(a, b, large):
+            return "cycle", ()  # the group on the path is found for the refusals that remain (_final_refusals)
         for v, n in gs.out.items():
             gl.out[v] = n
         for v, n in gs.reads.items():
@@ -267,10 +267,9 @@ class Grouping:
             if p is not None:
                 yield self.find(p)
 
-    def _reorder(self, a: int, b: int, merged: int) -> int | None:
-        """If a path from ``a`` to its consumer ``b`` passes through another group, the first group
-        on it after ``a``; else None, the union (root ``merged``) given a place in the order, the
-        region between them moved."""
+    def _reorder(self, a: int, b: int, merged: int) -> bool:
+        """False if a path from ``a`` to its consumer ``b`` passes through another group; else
+        give the union (root ``merged``) a place in the order, moving the region between them."""
         key = self.key
         low, high = key[a], key[b]
         assert low < high, "the groups' order is not topological"
@@ -278,21 +277,21 @@ class Grouping:
         # a, so the union can stand where b stood; when a is b's only producer, where a stood.
         if all(r in (a, b) for r in self._successors(a)):
             key[merged] = high
-            return None
+            return True
         if all(r in (a, b) for r in self._predecessors(b)):
             key[merged] = low
-            return None
+            return True
         forward, seen = [], {a, b}
-        stack = [(r, r) for r in self._successors(a) if r != b]  # (group, the first group after a on its path)
+        stack = [r for r in self._successors(a) if r != b]
         while stack:
-            r, via = stack.pop()
+            r = stack.pop()
             if r == b:
-                return via
+                return False
             if r in seen or key[r] > high:
                 continue
             seen.add(r)
             forward.append(r)
-            stack.extend((s, via) for s in self._successors(r))
+            stack.extend(self._successors(r))
         backward, seen = [], {a, b}
         pending = [r for r in self._predecessors(b) if r != a]
         while pending:
@@ -312,6 +311,21 @@ class Grouping:
         key[merged] = pool[len(backward)]
         for r, k in zip(forward, pool[len(pool) - len(forward) :], strict=True):
             key[r] = k
+        return True
+
+    def _first_on_path(self, a: int, b: int) -> int | None:
+        """A group right after ``a`` on a path from ``a`` to ``b`` through other groups (None: none)."""
+        for first in self._successors(a):
+            if first in (a, b):
+                continue
+            seen, stack = set(), [first]
+            while stack:
+                r = stack.pop()
+                if r == b:
+                    return first
+                if r not in seen and self.key[r] <= self.key[b]:
+                    seen.add(r)
+                    stack.extend(self._successors(r))
         return None
 
 
