@@ -6,7 +6,7 @@ chain of ten thousand nodes fuses in near-linear time, refusals included). The s
 once the fused graph exists, by the kernel that holds each value (``k3``, with its kind) or the
 extern node that makes it (``matmul %12``), so a refusal reads as the fused graph the user sees:
 
-    reduction k2 + elementwise k4: different rows: [4096,1024] reduced over axes (1,) and [1024] over axes (0,)
+    reduction k1 + elementwise k2: an output of shape [1,8,1,1] is neither the full value [8,4,16,16] nor a row value [8]
 
 ``fuse(graph, ..., refusals=[])`` appends the refusals of the final fusion (merges that a later,
 larger merge made after all are not among them); ``summarize`` words the first few of each kind,
@@ -88,7 +88,7 @@ WORDING: dict[str, Callable[[str, str, tuple], str]] = {
     "check": lambda a, b, d: (
         f"{a} and {d[0] - 1} other node(s) a check's condition is computed from stay out of "
         "kernels: a kernel would feed a check and read what the check guards"
-    ),  # fmt: skip
+    ),
 }
 
 
