@@ -210,6 +210,27 @@ def test_the_first_few_of_a_kind_are_worded_and_the_rest_counted():
     assert lines[0].startswith("elementwise k0 + elementwise k1: ") and lines[1] == "... and 2 more of this kind (size)"
 
 
+def test_a_merge_refused_early_and_made_later_is_not_reported(monkeypatch):
+    # sub's merge into the slice is refused first (outputs [2] for the sum and [1] for exp); once sub
+    # joined the sum's reduction kernel, the slice and exp join it too: one kernel, nothing refused
+    from kiln.passes import fusion_groups
+
+    attempts: list = []
+    final = fusion_groups.Grouping._final_refusals
+
+    def seen(self, failed):
+        attempts.append(list(failed))  # per fusion
+        return final(self, attempts[-1])
+
+    monkeypatch.setattr(fusion_groups.Grouping, "_final_refusals", seen)
+    b = GraphBuilder()
+    d = b.node("sub", [b.input(t(2)), b.input(t(2))])
+    e = b.node("exp", [b.node("slice", [d], {"starts": (0,), "stops": (1,), "steps": (1,)})])
+    kinds, lines, fused = refused(b.build([e, b.node("reduce_sum", [d], {"axes": (0,), "keepdim": False})]))
+    assert [declined[0] for _, _, declined in attempts[0]] == ["outputs"], "the refusal this test is about happened"
+    assert kinds == [] and lines == [] and kernel_names(fused) == ["reduction k0"]
+
+
 def test_a_graph_that_fuses_whole_declines_nothing():
     b = GraphBuilder()
     x = b.input(t(4, 8))
