@@ -56,6 +56,7 @@ class LoweringReport:
 
     kernels: int = 0
     declined: list[tuple[str, str]] = field(default_factory=list)  # (kernel name, reason)
+    not_fused: list[str] = field(default_factory=list)  # merges fusion declined, worded (a few of each kind)
     externs: dict[str, int] = field(default_factory=dict)
     memory: str = ""
     compile_seconds: float = 0.0
@@ -74,6 +75,7 @@ class LoweringReport:
             )
         lines.extend(f"kernel {name} runs on the interpreter: {why}" if name[0] != "(" else f"{name[1:-1]}: {why}"
                      for name, why in self.declined)  # fmt: skip
+        lines.extend(f"not fused: {line}" for line in self.not_fused)
         if self.memory:
             lines.extend(self.memory.splitlines())
         return lines

@@ -21,6 +21,8 @@ kernel that reads one of its results when:
   kernel that then runs on the interpreter.
 
 Results of the earlier node that only the taken kernel read become values inside the merged body.
+A merge declined says why (``fusion_refusals``): the first reader is a kernel of another kind, the
+plain convolution's result is read elsewhere too, or the backend does not take the merged kernel.
 """
 
 from __future__ import annotations
@@ -29,12 +31,13 @@ from collections.abc import Callable, Sequence
 
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
 from ..ir.kernel_kinds import CONV, ELEMENTWISE
+from .fusion_refusals import Refusal
 
 
-def fuse_epilogues(graph: Graph, takes: Callable[[Node], bool]) -> Graph:
+def fuse_epilogues(graph: Graph, takes: Callable[[Node], bool], refusals: list[Refusal] | None = None) -> Graph:
     """``graph`` with each convolution merged with the elementwise kernels after it that read its
     results (see the module docstring); ``takes(node)``: whether the backend compiles the merged
-    conv kernel ``node``.
+    conv kernel ``node``; ``refusals`` receives why each merge declined was declined.
 
     Needs: a fused graph in topological order. Establishes: the graph verifies and computes the same
     values on the interpreter (a conv kernel's body is the convolution, then the kernels' bodies).
@@ -45,7 +48,9 @@ def fuse_epilogues(graph: Graph, takes: Callable[[Node], bool]) -> Graph:
     position = 0
     while position < len(nodes):
         found = _merge_at(nodes, position, results, takes)
-        if found is None:
+        if found is None or isinstance(found, Refusal):
+            if found is not None and refusals is not None:
+                refusals.append(found)
             position += 1
             continue
         reader, merged = found
@@ -55,9 +60,10 @@ def fuse_epilogues(graph: Graph, takes: Callable[[Node], bool]) -> Graph:
     return Graph(graph.inputs, tuple(nodes), graph.outputs, graph.constants) if merged_any else graph
 
 
-def _merge_at(nodes: list[Node], position: int, results: set[Value], takes) -> tuple[int, Node] | None:
+def _merge_at(nodes: list[Node], position: int, results: set[Value], takes) -> tuple[int, Node] | Refusal | None:
     """``(index of the reader, merged node)`` when ``nodes[position]`` (a convolution or a conv
-    kernel) takes the next elementwise kernel that reads its results; None when it takes none."""
+    kernel) takes the next elementwise kernel that reads its results; else why it takes none, None
+    when there was nothing to take (it is no convolution, or no kernel reads it)."""
     node = nodes[position]
     if node.op != "conv" and not (node.op == KERNEL and node.attrs["kind"] == CONV.name):
         return None
@@ -66,13 +72,15 @@ def _merge_at(nodes: list[Node], position: int, results: set[Value], takes) -> t
         reader = nodes[index]
         if made.isdisjoint(reader.inputs):
             continue
-        if reader.op != KERNEL or reader.attrs["kind"] != ELEMENTWISE.name:
-            return None
+        if reader.op != KERNEL:
+            return None  # an extern node: nothing to fuse
+        if reader.attrs["kind"] != ELEMENTWISE.name:
+            return Refusal("conv reader", node.outputs[0], reader.outputs[0])
         later = {v for n in nodes[index + 1 :] for v in n.inputs} | results
         if node.op == "conv" and node.output in later:
-            return None
+            return Refusal("conv result", node.output, reader.outputs[0])
         merged = _merge(node, reader, kept=[v for v in node.outputs if v in later])
-        return (index, merged) if takes(merged) else None
+        return (index, merged) if takes(merged) else Refusal("conv backend", node.outputs[0], reader.outputs[0])
     return None
 
 

@@ -38,6 +38,9 @@ elementwise work a later kernel computes again rather than read (step 4).
    kernels after it that read its results (bias, activation, pooling) become one kernel of kind
    ``conv``.
 
+Each merge that a step declines says why (``fusion_refusals``): ``fuse(..., refusals=[])`` fills
+the list with the refusals of the final fusion, which ``kiln.explain`` shows.
+
 The result is ordered topologically (ties broken by the position of each unit's first node in
 the input graph), so the pass is deterministic. It is not in ``DEFAULT_PIPELINE``: the compile
 driver runs it for a backend that runs kernels, with that backend's ``supports``.
@@ -48,20 +51,22 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator
 
-from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
+from ..ir.graph import BODY_REDUCE_OPS, CONSTANT, Graph, Node, Value
 from ..ir.types import TensorType
 from .eliminate_dead_code import eliminate_dead_code
 from .epilogues import fuse_epilogues
 from .fusion_checks import CheckOrderCycle, condition_nodes
 from .fusion_emit import emit
 from .fusion_groups import Grouping
+from .fusion_refusals import Refusal
 
 
 def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None,
-         takes_epilogue: Callable[[Node], bool] | None = None) -> Graph:  # fmt: skip
+         takes_epilogue: Callable[[Node], bool] | None = None, refusals: list[Refusal] | None = None) -> Graph:  # fmt: skip
     """``graph`` with its fusable nodes grouped into kernel nodes (see the module docstring);
     ``supports(node)``: whether the backend compiles ``node`` inside a kernel (None: every node);
-    ``takes_epilogue(node)``: whether it compiles the conv kernel ``node`` (None: it makes none).
+    ``takes_epilogue(node)``: whether it compiles the conv kernel ``node`` (None: it makes none);
+    ``refusals``: a list that receives why each declined merge was declined (``fusion_refusals``).
 
     Needs: a verified graph in topological order. Establishes: every elementwise, fusable view
     and trailing-axes reduction node is in one kernel body (and cheap elementwise ones in the
@@ -73,18 +78,28 @@ def fuse(graph: Graph, supports: Callable[[Node], bool] | None = None,
     if not graph.nodes:
         return graph
     graph = reductions_to_trailing_axes(graph, supports)
+    found: list[Refusal] = []
     try:
-        fused = _group_and_emit(graph, supports)
+        fused = _group_and_emit(graph, supports, found)
     except CheckOrderCycle:
         conditions = condition_nodes(graph)
-        fused = _group_and_emit(graph, lambda node: node not in conditions and (supports is None or supports(node)))
-    return fused if takes_epilogue is None else fuse_epilogues(fused, takes_epilogue)
+        kept_out = [node for node in graph.nodes if node in conditions and node.op != CONSTANT]
+        found = [Refusal("check", kept_out[0].outputs[0], None, (len(kept_out),))]
+        fused = _group_and_emit(
+            graph, lambda node: node not in conditions and (supports is None or supports(node)), found
+        )
+    if takes_epilogue is not None:
+        fused = fuse_epilogues(fused, takes_epilogue, found)
+    if refusals is not None:
+        refusals += found
+    return fused
 
 
-def _group_and_emit(graph: Graph, supports: Callable[[Node], bool] | None) -> Graph:
+def _group_and_emit(graph: Graph, supports: Callable[[Node], bool] | None, refusals: list[Refusal]) -> Graph:
     grouping = Grouping(graph, supports)
     groups = grouping.groups()
-    return emit(graph, groups, [grouping.space(g) for g in groups])
+    refusals += grouping.refusals
+    return emit(graph, groups, [grouping.space(g) for g in groups], refusals)
 
 
 def reductions_to_trailing_axes(graph: Graph, supports: Callable[[Node], bool] | None = None) -> Graph:

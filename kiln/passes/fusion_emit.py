@@ -19,6 +19,7 @@ from ..ir.graph import BODY_REDUCE_OPS, CONSTANT, KERNEL, Graph, Node, Value, st
 from ..ir.kernel_kinds import ELEMENTWISE, HORIZONTAL, REDUCTION
 from .fusion_checks import CheckOrderCycle, checks_first
 from .fusion_recompute import recomputed
+from .fusion_refusals import Refusal
 from .fusion_rules import classify
 
 
@@ -53,10 +54,11 @@ class _Unit:
         return [v for k in self.kernels for v in k.outputs]
 
 
-def emit(graph: Graph, groups: list[list[Node]], spaces: list[Space | None] | None = None) -> Graph:
+def emit(graph: Graph, groups: list[list[Node]], spaces: list[Space | None] | None = None,
+         refusals: list[Refusal] | None = None) -> Graph:  # fmt: skip
     """The fused graph: ``groups`` (node lists in graph order) become kernels, other nodes stay.
     With the groups' ``spaces``, a kernel also computes again the cheap values of other kernels
-    that it would read (``fusion_recompute``)."""
+    that it would read (``fusion_recompute``); ``refusals`` receives the horizontal merges declined."""
     position = {node: i for i, node in enumerate(graph.nodes)}
     users: dict[Value, list[Node]] = {}
     for node in graph.nodes:
@@ -85,7 +87,7 @@ def emit(graph: Graph, groups: list[list[Node]], spaces: list[Space | None] | No
     waits = checks_first(graph, {unit.node for unit in units if unit.node is not None})
     if len(_topological(units, _predecessors(units, waits))) < len(units):
         raise CheckOrderCycle("a kernel both feeds a check and reads what the check guards")
-    units = _fuse_horizontally(units, waits)
+    units = _fuse_horizontally(units, waits, refusals)
     return _build(graph, [units[i] for i in _order(units, _predecessors(units, waits))])
 
 
@@ -182,9 +184,12 @@ def _topological(units: list[_Unit], preds: list[set[int]]) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- horizontal fusion
-def _fuse_horizontally(units: list[_Unit], waits: dict[Node, set[Node]]) -> list[_Unit]:
+def _fuse_horizontally(units: list[_Unit], waits: dict[Node, set[Node]],
+                       refusals: list[Refusal] | None = None) -> list[_Unit]:  # fmt: skip
     """Merge mutually independent elementwise kernels with identical structure into horizontal units
-    (``waits``: the checks each extern node waits for, edges as real as the data's)."""
+    (``waits``: the checks each extern node waits for, edges as real as the data's); ``refusals``
+    receives, for each kernel left out of a merge of its own bucket, the first member it depends on
+    or that depends on it."""
     buckets: dict[tuple, list[int]] = {}
     for i, unit in enumerate(units):
         if unit.node is None and unit.kernels[0].kind == ELEMENTWISE.name:
@@ -194,6 +199,7 @@ def _fuse_horizontally(units: list[_Unit], waits: dict[Node, set[Node]]) -> list
         return units
     pending.sort(key=lambda b: units[b[0]].first)
     graph = _Dependencies(units, waits)
+    refused: set[int] = set()  # units whose refusal is recorded (each said once)
     for bucket in pending:
         candidates = [units[i] for i in bucket]
         while len(candidates) >= 2:
@@ -202,6 +208,9 @@ def _fuse_horizontally(units: list[_Unit], waits: dict[Node, set[Node]]) -> list
             bits = 0
             for unit in candidates:
                 if ancestors[id(unit)] & bits or any(ancestors[id(c)] >> graph.bit[id(unit)] & 1 for c in chosen):
+                    if refusals is not None and id(unit) not in refused:
+                        refused.add(id(unit))
+                        refusals.append(_dependent(unit, chosen, ancestors, graph.bit))
                     continue
                 chosen.append(unit)
                 bits |= 1 << graph.bit[id(unit)]
@@ -211,6 +220,16 @@ def _fuse_horizontally(units: list[_Unit], waits: dict[Node, set[Node]]) -> list
             taken = {id(u) for u in chosen}
             candidates = [u for u in candidates if id(u) not in taken]
     return list(graph.alive.values())
+
+
+def _dependent(unit: _Unit, chosen: list[_Unit], ancestors: dict[int, int], bit: dict[int, int]) -> Refusal:
+    """Why ``unit`` joins none of ``chosen``: the first of them on a path to or from it (the earlier side first)."""
+    for c in chosen:
+        if ancestors[id(unit)] >> bit[id(c)] & 1:
+            return Refusal("horizontal", c.kernels[0].outputs[0], unit.kernels[0].outputs[0])
+        if ancestors[id(c)] >> bit[id(unit)] & 1:
+            return Refusal("horizontal", unit.kernels[0].outputs[0], c.kernels[0].outputs[0])
+    raise AssertionError("a unit left out of a horizontal merge depends on none of its members")
 
 
 class _Dependencies:

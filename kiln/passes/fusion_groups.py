@@ -22,15 +22,32 @@ nodes groups in linear time:
   in the region, then the union, then the descendants of ``a``. No search is needed when ``b``
   is ``a``'s only consumer or ``a`` is ``b``'s only producer (a chain), and a merge that failed
   is not tried again while neither group has grown.
+
+A declined merge says why (``fusion_refusals``): ``_try_merge`` returns the kind and details of its
+refusal, and ``refusals`` keeps, per pair of groups still apart at the end, the last one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from ..ir.analysis import Shape, Space, fits, join_signatures, kernel_space, misread_row, reduce_signature, unremapped
+from ..ir.analysis import (
+    Shape,
+    Space,
+    fits,
+    join_signatures,
+    kernel_space,
+    misread_row,
+    reduce_signature,
+    trailing_axes,
+    unremapped,
+)
 from ..ir.graph import BODY_REDUCE_OPS, Graph, Node, Value
+from .fusion_refusals import Refusal
 from .fusion_rules import EXTERN, MAX_KERNEL_NODES, VIEW, classify
+
+#: Why ``_try_merge`` declined: a kind of ``fusion_refusals.WORDING`` and its details.
+Declined = tuple[str, tuple]
 
 
 class _Group:
@@ -75,6 +92,7 @@ class Grouping:
         self.parent = list(range(len(self.nodes)))
         self.key = list(range(len(self.nodes)))  # per root: its place in a topological order of the groups
         self.group: dict[int, _Group] = {}
+        self.refusals: list[Refusal] = []  # after ``groups()``: why the groups still apart did not merge
         for i, node in enumerate(self.nodes):
             out = {v: len(self.users.get(v, ())) + (v in outputs) for v in node.outputs}
             self.group[i] = _Group(node, {v: n for v, n in out.items() if n}, self.fusable[i])
@@ -92,7 +110,7 @@ class Grouping:
         # Repeat until nothing merges: a node that joined a kernel late may let that kernel take
         # in a producer it could not take before (e.g. a view whose reader joined after it).
         merged = True
-        failed: set[tuple[int, int, int, int]] = set()
+        failed: dict[tuple[int, int, int, int], tuple[int, int, Declined]] = {}
         while merged:
             merged = False
             for i, node in enumerate(self.nodes):
@@ -109,10 +127,12 @@ class Grouping:
                     attempt = (a, b, len(self.group[a].members), len(self.group[b].members))
                     if attempt in failed:
                         continue
-                    if self._try_merge(a, b):
+                    declined = self._try_merge(a, b)
+                    if declined is None:
                         merged = True
                     else:
-                        failed.add(attempt)
+                        failed[attempt] = (a, b, declined)
+        self.refusals = self._reductions_kept_out() + self._final_refusals(failed.values())
         roots = {self.find(i) for i in range(len(self.nodes)) if self.fusable[i]}
         groups = [sorted(self.group[r].members, key=self.index.__getitem__) for r in roots]
         groups.sort(key=lambda g: self.index[g[0]])
@@ -122,12 +142,45 @@ class Grouping:
         """The space (domain and row shapes) of a group ``groups()`` returned (None: none)."""
         return self.group[self.find(self.index[group[0]])].space
 
+    def _reductions_kept_out(self) -> list[Refusal]:
+        """The reductions that stay extern for their axes (``fusion_rules``: not trailing ones)."""
+        return [
+            Refusal("axes", node.outputs[0], None, (tuple(node.attrs["axes"]), node.inputs[0].type.shape))
+            for node, fusable in zip(self.nodes, self.fusable, strict=True)
+            if not fusable
+            and node.op in BODY_REDUCE_OPS
+            and not trailing_axes(node.attrs["axes"], node.inputs[0].type.ndim)
+        ]
+
+    def _final_refusals(self, failed) -> list[Refusal]:
+        """The refusals between groups still apart at the end (``failed``: ``(a, b, declined)`` in the
+        order they came), the last one of each pair of groups; each side named by a value it makes."""
+        last: dict[tuple[int, int], Declined] = {}
+        for a, b, declined in failed:
+            ra, rb = self.find(a), self.find(b)
+            if ra != rb:
+                last[ra, rb] = declined
+        refusals = []
+        for (ra, rb), (kind, detail) in last.items():
+            if kind == "cycle":  # the group on the path, by a value of its own (the last pass saw these groups)
+                via = self._first_on_path(ra, rb)
+                detail = () if via is None else (self._value_of(via),)
+            refusals.append(Refusal(kind, self._value_of(ra), self._value_of(rb), detail))
+        return refusals
+
+    def _value_of(self, root: int) -> Value:
+        """A value the group of ``root`` makes, which names it once fused: an output if it has one."""
+        return next(iter(self.group[root].out), self.nodes[root].outputs[0])
+
     # ------------------------------------------------------------------ one merge
-    def _try_merge(self, a: int, b: int) -> bool:
-        """Merge group ``a`` into its consumer ``b`` if the union is a legal, acyclic kernel."""
+    def _try_merge(self, a: int, b: int) -> Declined | None:
+        """Merge group ``a`` into its consumer ``b`` if the union is a legal, acyclic kernel; else
+        return why not (a kind of ``fusion_refusals.WORDING`` and its details, built only here)."""
         ga, gb = self.group[a], self.group[b]
-        if ga.space is None or gb.space is None or len(ga.members) + len(gb.members) > MAX_KERNEL_NODES:
-            return False
+        if ga.space is None or gb.space is None:
+            return "no domain", (0 if ga.space is None else 1,)
+        if len(ga.members) + len(gb.members) > MAX_KERNEL_NODES:
+            return "size", (len(ga.members) + len(gb.members), MAX_KERNEL_NODES)
         small, large = (a, b) if len(ga.members) <= len(gb.members) else (b, a)
         gs, gl = self.group[small], self.group[large]
         # The interface: values one group makes and the other reads (edges that become internal).
@@ -144,19 +197,22 @@ class Grouping:
         signature = join_signatures(ga.signature, gb.signature)
         space = kernel_space(signature, shapes.keys())
         if space is None:
-            return False
+            if signature is False:
+                return "reductions", (ga.signature, gb.signature)
+            return ("outputs", (tuple(shapes),)) if signature is None else ("row outputs", (signature, tuple(shapes)))
         misfits = self._misfits(large, small, space)
-        if not self._remaps(misfits, (a, b), gone):
-            return False
+        stray = self._unremapped(misfits, (a, b), gone)
+        if stray is not None:
+            return "remap", (stray, space[0])
         derived: set[Value] = set()
         if signature is not None:  # walk what the merge joins: the interface's values computed from a reduction
             starts = [v for v, _, _ in interface if v in gs.derived or v in gl.derived]
             known = _Union(gs.derived, gl.derived)
             misread, derived = misread_row(starts, self._inside((a, b)), self.users, space, known)
             if misread is not None:
-                return False
+                return "row read", (misread,)
         if not self._reorder(a, b, large):
-            return False
+            return "cycle", ()  # the group on the path is found for the refusals that remain (_final_refusals)
         for v, n in gs.out.items():
             gl.out[v] = n
         for v, n in gs.reads.items():
@@ -173,7 +229,7 @@ class Grouping:
         gl.shapes, gl.signature, gl.space, gl.misfits = shapes, signature, space, misfits
         self.parent[small] = large
         del self.group[small]
-        return True
+        return None
 
     def _misfits(self, large: int, small: int, space: Space) -> set[Value]:
         gl, gs = self.group[large], self.group[small]
@@ -182,17 +238,18 @@ class Grouping:
         values = {v for g in (gl, gs) for node in g.members for v in (*node.inputs, *node.outputs)}
         return {v for v in values if not fits(v, space)}
 
-    def _remaps(self, misfits: set[Value], roots: tuple[int, int], gone: set[Value]) -> bool:
-        """The misfits of the union, readers before what they read, reach the domain by remapping."""
+    def _unremapped(self, misfits: set[Value], roots: tuple[int, int], gone: set[Value]) -> Value | None:
+        """The first misfit of the union (readers before what they read) that does not reach the
+        domain by remapping; None when each one does."""
         if not misfits:
-            return True
+            return None
 
         def order(v: Value) -> tuple[int, int]:
             p = self.producer.get(v)
             return (0, -p) if p is not None and self.find(p) in roots else (1, 0)
 
         outputs = {v for v in misfits if v not in gone and any(v in self.group[r].out for r in roots)}
-        return unremapped(sorted(misfits, key=order), self._inside(roots), self.users, outputs) is None
+        return unremapped(sorted(misfits, key=order), self._inside(roots), self.users, outputs)
 
     def _inside(self, roots: tuple[int, int]):
         """Membership in the union of the groups of ``roots``."""
@@ -236,14 +293,14 @@ class Grouping:
             forward.append(r)
             stack.extend(self._successors(r))
         backward, seen = [], {a, b}
-        stack = [r for r in self._predecessors(b) if r != a]
-        while stack:
-            r = stack.pop()
+        pending = [r for r in self._predecessors(b) if r != a]
+        while pending:
+            r = pending.pop()
             if r in seen or key[r] < low:
                 continue
             seen.add(r)
             backward.append(r)
-            stack.extend(self._predecessors(r))
+            pending.extend(self._predecessors(r))
         # The region's keys, handed out again: ancestors of b first, then the union, then the
         # descendants of a (each keeps its relative order; one key is left over).
         pool = sorted([low, high] + [key[r] for r in forward + backward])
@@ -255,6 +312,21 @@ class Grouping:
         for r, k in zip(forward, pool[len(pool) - len(forward) :], strict=True):
             key[r] = k
         return True
+
+    def _first_on_path(self, a: int, b: int) -> int | None:
+        """A group right after ``a`` on a path from ``a`` to ``b`` through other groups (None: none)."""
+        for first in self._successors(a):
+            if first in (a, b):
+                continue
+            seen, stack = set(), [first]
+            while stack:
+                r = stack.pop()
+                if r == b:
+                    return first
+                if r not in seen and self.key[r] <= self.key[b]:
+                    seen.add(r)
+                    stack.extend(self._successors(r))
+        return None
 
 
 class _Union:

@@ -18,7 +18,8 @@ generation (the LLVM backend kills the worker compiling for it), the program run
 interpreter, ``kiln.explain`` says why, and nothing is cached, so a later compile tries again.
 
 ``compiled.stages`` holds what each stage made (a graph, or the text of an analysis), which
-``dump_dir`` writes, one file per stage. Should a backend fail -- a bug, never the user's -- the
+``dump_dir`` writes, one file per stage, and ``not_fused`` after ``fuse`` when fusion declined
+merges (why, ``kiln.passes.fusion_refusals``; the report shows the same lines). Should a backend fail -- a bug, never the user's -- the
 call still runs: on the interpreter, with a warning saying why (``KILN_JIT_STRICT=1``, set by the
 test suite, raises instead).
 """
@@ -38,6 +39,7 @@ from ...ir.graph import CONSTANT, KERNEL, Graph, Value
 from ...ir.primitives import ELEMENTWISE, PRIMITIVES
 from ...passes import DEFAULT_PIPELINE, PassError
 from ...passes.fusion import fuse
+from ...passes.fusion_refusals import Refusal, summarize
 from ...passes.layouts import describe_layouts, infer_layouts
 from ...passes.memory_plan import plan_memory
 from ...passes.write_backs import choose_write_backs, describe_write_backs
@@ -83,16 +85,19 @@ class Compilation:
     layouts: dict[Value, tuple] = field(default_factory=dict)
     write_backs: dict[int, int] = field(default_factory=dict)
     plan: Any = None
+    not_fused: tuple[str, ...] = ()  # why fusion declined merges, worded (``fusion_refusals.summarize``)
 
 
 @dataclass(frozen=True)
 class Stage:
     """A named step of the pipeline: ``run`` makes the next ``Compilation``, ``show`` what ``dump_dir``
-    writes after it (a graph, or text)."""
+    writes after it (a graph, or text); ``notes``, if given, a second text (named ``notes[0]``),
+    written only when there is one."""
 
     name: str
     run: Callable[[Compilation], Compilation]
     show: Callable[[Compilation], Any]
+    notes: tuple[str, Callable[[Compilation], str]] | None = None
 
 
 def graph_stage(graph_pass: Callable[[Graph], Graph]) -> Stage:
@@ -103,14 +108,20 @@ def graph_stage(graph_pass: Callable[[Graph], Graph]) -> Stage:
 
 def _fuse(c: Compilation) -> Compilation:
     backend = c.backend
-    graph = fuse(c.graph, lambda node: backend.declines(node) is None, getattr(backend, "takes_epilogue", None))
-    return replace(c, graph=graph, unfused=c.graph)
+    refusals: list[Refusal] = []
+    graph = fuse(c.graph, lambda node: backend.declines(node) is None, getattr(backend, "takes_epilogue", None),
+                 refusals)  # fmt: skip
+    return replace(c, graph=graph, unfused=c.graph, not_fused=tuple(summarize(refusals, graph)))
+
+
+def _not_fused(c: Compilation) -> str:
+    return "".join(f"{line}\n" for line in c.not_fused)
 
 
 #: The stages after the graph passes; a backend runs those it names in ``Backend.stages``. Fusion
 #: comes first so that a cache hit, which stores the fused graph, resumes right after it.
 LOWERING_STAGES: tuple[Stage, ...] = (
-    Stage("fuse", _fuse, lambda c: c.graph),
+    Stage("fuse", _fuse, lambda c: c.graph, ("not_fused", _not_fused)),
     Stage("infer_layouts", lambda c: replace(c, layouts=infer_layouts(c.graph, c.input_strides)),
           lambda c: describe_layouts(c.layouts)),
     Stage("choose_write_backs", lambda c: replace(c, write_backs=choose_write_backs(c.graph, c.requested, c.layouts)),
@@ -211,7 +222,7 @@ def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested
     state = _run(state, stages[lowering:], options, record, seconds)
     if not backend.stages:  # the graph runs as it is: no code, nothing to report
         return Compiled(state.graph, backend.load(_lowered(state), None), None, record)
-    report = LoweringReport(cache="off" if key is None else "miss")
+    report = LoweringReport(cache="off" if key is None else "miss", not_fused=list(state.not_fused))
     generating = time.perf_counter()
     code = backend.generate(_lowered(state, deadline), report)
     loading = time.perf_counter()
@@ -220,7 +231,8 @@ def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested
     report.stage_seconds = seconds
     report.compile_seconds = time.perf_counter() - start
     if key is not None and not report.abandoned:  # abandoned code would be the next process's too
-        entry = program_cache.to_entry(state.graph, backend.encode(code), report.kernels, report.declined, traced)
+        entry = program_cache.to_entry(state.graph, backend.encode(code), report.kernels, report.declined, traced,
+                                       report.not_fused)  # fmt: skip
         cache.put(key, entry)
     _report_externs(state.graph, backend, report, program)
     return Compiled(state.graph, program, report, record)
@@ -231,11 +243,13 @@ def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequenc
     """The program of a cache entry: the stored fused graph goes through the stages after fusion
     (``stages[0]`` is fusion, which the entry replaces), and the stored code is loaded."""
     start = time.perf_counter()
-    graph, code, kernels, declined = program_cache.from_entry(payload, traced)
+    graph, code, kernels, declined, not_fused = program_cache.from_entry(payload, traced)
     record: list = [(stages[0].name, graph)]
+    if not_fused:
+        record.append(("not_fused", "".join(f"{line}\n" for line in not_fused)))
     seconds: list = [("read the cache entry", time.perf_counter() - start)]
     state = _run(Compilation(graph, backend, strides, requested), stages[1:], options, record, seconds)
-    report = LoweringReport(kernels=kernels, declined=declined, cache="hit")
+    report = LoweringReport(kernels=kernels, declined=declined, cache="hit", not_fused=not_fused)
     loading = time.perf_counter()
     program = _load(state, backend, backend.decode(code, graph), report)
     seconds.append(("load", time.perf_counter() - loading))
@@ -262,6 +276,8 @@ def _run(state: Compilation, stages: Sequence[Stage], options, record: list,
             except verifier.VerificationError as error:
                 raise PassError(f"the graph after pass {stage.name} does not verify: {error}") from error
         record.append((stage.name, stage.show(state)))
+        if stage.notes is not None and (text := stage.notes[1](state)):
+            record.append((stage.notes[0], text))
     return state
 
 

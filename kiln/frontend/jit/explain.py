@@ -2,7 +2,8 @@
 
 ``report.summary()`` is the readable part: per specialization the inputs and outputs by kind with
 their shapes, the compiled kernels (one line each: what it fuses, the bytes it reads and writes,
-the user's line), the nodes left to eager kernels, the memory plan's figures, the guards and why
+the user's line), the nodes left to eager kernels, the memory plan's figures, why fusion kept
+kernels apart (``not fused:`` lines, ``kiln.passes.fusion_refusals``), the guards and why
 the specialization was made; then the trace breaks with their reasons and source lines and the
 reasons for each retrace. ``str(report)`` is the summary followed by every specialization's full
 IR (``report.full_ir()``); ``report.to_dot()`` draws the specializations as Graphviz DOT, kernels

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import json
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ from ...ir.serialize import graph_from_json, graph_to_json
 from ...runtime.cache import DiskCache, cache_key
 
 #: Bump when the layout of a cache entry changes.
-ENTRY_FORMAT = 3
+ENTRY_FORMAT = 4
 
 
 @functools.cache
@@ -70,9 +71,11 @@ def _constant_parts(graph: Graph) -> list[bytes]:
     return parts
 
 
-def to_entry(graph: Graph, code: bytes, kernels: int, declined: list, traced: Graph) -> bytes:
+def to_entry(graph: Graph, code: bytes, kernels: int, declined: list, traced: Graph,
+             not_fused: Sequence[str] = ()) -> bytes:  # fmt: skip
     """An entry: the fused ``graph`` with its constants, the backend's ``code``, how many kernels
-    it compiled and which it declined, and the locations of the ``traced`` graph it came from."""
+    it compiled and which it declined, the locations of the ``traced`` graph it came from and the
+    merges fusion declined (``not_fused``, worded)."""
     constants = qualified_constants(graph)
     tensors = {f"constant/{k}": np.ascontiguousarray(v) for k, v in constants.items()}
     tensors["code"] = np.frombuffer(code, np.uint8)
@@ -80,15 +83,16 @@ def to_entry(graph: Graph, code: bytes, kernels: int, declined: list, traced: Gr
         "graph": json.dumps(graph_to_json(graph)),
         "kernels": str(kernels),
         "declined": json.dumps(declined),
+        "not_fused": json.dumps(list(not_fused)),
         "shapes": json.dumps({k: list(v.shape) for k, v in constants.items()}),  # safetensors loads 0-d as (1,)
         "locations": json.dumps(_locations(traced)),
     }
     return safetensors.numpy.save(tensors, metadata=meta)
 
 
-def from_entry(payload: bytes, traced: Graph) -> tuple[Graph, bytes, int, list[tuple[str, str]]]:
-    """``(fused graph, the backend's code, kernels compiled, kernels declined)`` of an entry, its
-    locations those of ``traced``; raises when the entry cannot be used."""
+def from_entry(payload: bytes, traced: Graph) -> tuple[Graph, bytes, int, list[tuple[str, str]], list[str]]:
+    """``(fused graph, the backend's code, kernels compiled, kernels declined, merges not fused)`` of
+    an entry, its locations those of ``traced``; raises when the entry cannot be used."""
     (size,) = struct.unpack("<Q", payload[:8])
     meta = json.loads(payload[8 : 8 + size])["__metadata__"]
     moved = _relocation(json.loads(meta["locations"]), _locations(traced))
@@ -101,7 +105,7 @@ def from_entry(payload: bytes, traced: Graph) -> tuple[Graph, bytes, int, list[t
     _relocate(graph_json, moved)
     graph = graph_from_json(graph_json, constants, check=False)  # kiln wrote and signed it; verified if it was
     declined = [(name, why) for name, why in json.loads(meta["declined"])]
-    return graph, tensors["code"].tobytes(), int(meta["kernels"]), declined
+    return graph, tensors["code"].tobytes(), int(meta["kernels"]), declined, list(json.loads(meta["not_fused"]))
 
 
 # ----------------------------------------------------------------------------- source locations
