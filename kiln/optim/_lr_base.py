@@ -91,8 +91,9 @@ class LRScheduler:
         self.__dict__.update(state_dict)
 
 
-class LambdaLR(LRScheduler):
-    """``lr = base_lr * lr_lambda(epoch)``, one function per group or one for all."""
+class _Lambdas(LRScheduler):
+    """A schedule of functions of the epoch, one per group or one for all (their state is not saved,
+    as PyTorch saves no functions)."""
 
     def __init__(self, optimizer: Optimizer, lr_lambda: Callable | Sequence[Callable], last_epoch: int = -1) -> None:
         n = len(optimizer.param_groups)
@@ -106,6 +107,10 @@ class LambdaLR(LRScheduler):
 
     def state_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
+
+
+class LambdaLR(_Lambdas):
+    """``lr = base_lr * lr_lambda(epoch)``, one function per group or one for all."""
 
     def get_lr(self) -> list[float]:
         return [base * f(self.last_epoch) for f, base in zip(self.lr_lambdas, self.base_lrs, strict=True)]
@@ -242,21 +247,8 @@ class ConstantLR(LRScheduler):
         return [base * (self.factor + done * (1 - self.factor)) for base in self.base_lrs]
 
 
-class MultiplicativeLR(LRScheduler):
+class MultiplicativeLR(_Lambdas):
     """Each epoch multiplies the lr by ``lr_lambda(epoch)`` (one function per group or one for all)."""
-
-    def __init__(self, optimizer: Optimizer, lr_lambda: Callable | Sequence[Callable], last_epoch: int = -1) -> None:
-        n = len(optimizer.param_groups)
-        if isinstance(lr_lambda, list | tuple):
-            if len(lr_lambda) != n:
-                raise ValueError(f"Expected {n} lr_lambdas, but got {len(lr_lambda)}")
-            self.lr_lambdas = list(lr_lambda)
-        else:
-            self.lr_lambdas = [lr_lambda] * n
-        super().__init__(optimizer, last_epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "lr_lambdas")}
 
     def get_lr(self) -> list[float]:
         if self.last_epoch > 0:
