@@ -441,14 +441,25 @@ _PLAIN = (int, float, bool, str, bytes, complex, type(None))
 
 def call_key(tree, leaves: list) -> tuple:
     roots: dict[int, int] = {}
-    memory = MemoryIndex()  # arguments sharing memory with no root in common (from_numpy of one array)
+    # Arguments sharing memory with no root in common (from_numpy of one array): compared from the
+    # second tensor argument on (a call with one, the usual compiled step's input, pays nothing).
+    memory: MemoryIndex | None = None
+    first: tuple | None = None
     parts = []
     for i, leaf in enumerate(leaves):
         if isinstance(leaf, Tensor):
             data = leaf._data
             root = leaf._base if leaf._base is not None else leaf
             alias: Any = roots.setdefault(id(root), i)
-            overlapped = memory.share(data, alias)
+            overlapped: tuple = ()
+            if memory is not None:
+                overlapped = memory.share(data, alias)
+            elif first is None:
+                first = (data, alias)
+            else:
+                memory = MemoryIndex()
+                memory.share(*first)
+                overlapped = memory.share(data, alias)
             if overlapped:  # explain() shows the one argument it shares memory with, or all of them
                 alias = overlapped[0] if alias == i and len(overlapped) == 1 else (alias, *overlapped)
             parts.append(
