@@ -68,7 +68,7 @@ class Tensor(_Base):
         """PyTorch's legacy constructor, which real programs still use: ``Tensor(2, 3)`` is a tensor
         of the default float dtype and that shape (zero-filled where PyTorch leaves it uninitialized),
         ``Tensor()`` an empty one, ``Tensor([1, 2])`` (a sequence or array) that data in the default
-        float dtype, ``Tensor(t)`` ``t`` itself where it has that dtype. Prefer ``kiln.tensor``,
+        float dtype, ``Tensor(t)`` ``t`` itself. Prefer ``kiln.tensor``,
         ``kiln.empty``. Subclasses (``nn.Parameter``) construct themselves.
 
         >>> Tensor(2, 3).shape, Tensor([1, 2]).tolist(), Tensor().shape
@@ -82,9 +82,7 @@ class Tensor(_Base):
         if not args:
             return creation.empty(0, dtype=dtype, device=device)
         if len(args) == 1 and isinstance(args[0], Tensor):
-            if args[0]._dtype is not dtype:
-                raise TypeError(f"Tensor(t) expected a tensor of the default dtype {dtype}, got {args[0]._dtype}")
-            return args[0]
+            return args[0]  # PyTorch's Tensor(t) is t, whatever its dtype
         if len(args) == 1 and isinstance(args[0], Size):
             return creation.empty(*args[0], dtype=dtype, device=device)
         if len(args) == 1 and isinstance(args[0], list | tuple | np.ndarray):

@@ -10,7 +10,8 @@ from __future__ import annotations
 from ..tensor import Tensor, method
 from .creation import clone, zeros
 from .reductions import sum
-from .shape import diagonal, flatten, movedim, reshape, strided_pad
+from .shape import diagonal as _diagonal
+from .shape import flatten, movedim, reshape, strided_pad
 
 __all__ = ["diag", "diag_embed", "diagflat", "trace"]
 
@@ -59,9 +60,6 @@ def diag(input: Tensor, diagonal: int = 0) -> Tensor:
     if input.ndim == 2:
         return clone(_diagonal(input, diagonal))
     raise RuntimeError(f"diag(): Supports 1D or 2D tensors. Got {input.ndim}D")
-
-
-_diagonal = diagonal
 
 
 @method("trace")

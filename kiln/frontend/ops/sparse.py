@@ -22,8 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir import dtypes as dt
+from ...ir.types import Device
 from ..tensor import Size, Tensor, method
 from ._util import cast
+from .checks import check_range
 from .creation import tensor as _tensor
 from .creation import zeros
 from .indexing import index_add, index_put, index_select, nonzero
@@ -182,7 +184,7 @@ def _device_only(args):
     """The device among ``to``'s arguments (indices keep their int64 dtype)."""
     if isinstance(args, dict):
         return {k: v for k, v in args.items() if k == "device"}
-    return tuple(a for a in args if isinstance(a, str) or type(a).__name__ == "Device")
+    return tuple(a for a in args if isinstance(a, str | Device))
 
 
 def _linear_positions(indices: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -215,8 +217,6 @@ def sparse_coo_tensor(indices, values, size=None, *, dtype=None, device=None, re
         raise RuntimeError(f"sparse_coo_tensor: size {list(size)} does not fit {sparse_dims} sparse dims and values "
                            f"of shape {list(values.shape)}")  # fmt: skip
     if nnz and sparse_dims:
-        from .checks import check_range  # noqa: PLC0415  (checks import indexing's module late)
-
         for d in range(sparse_dims):
             check_range(indices[d], 0, size[d], RuntimeError,
                         f"sparse_coo_tensor: index {{value}} is out of bounds for sparse dim {d} of size {size[d]}")  # fmt: skip
@@ -267,10 +267,3 @@ def to_sparse(input: Tensor, sparse_dim: int | None = None) -> SparseTensor:
     where = tuple(positions[:, d] for d in range(sparse_dim))
     values = input[where] if where else input
     return SparseTensor(positions.t().contiguous(), values, tuple(input.shape), True)
-
-
-def _is_sparse(self: Tensor) -> bool:
-    return False
-
-
-Tensor.is_sparse = property(_is_sparse)  # type: ignore[attr-defined]
