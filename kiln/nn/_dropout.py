@@ -45,21 +45,15 @@ def _apply(input, p: float, training: bool, inplace: bool, per_channel: bool, al
     return input.copy_(out) if inplace else out
 
 
-def _feature_dropout(input, p, training, inplace, d: int, name: str, alpha: bool = False):
-    """Dropout of whole channels of a (N, C, *spatial) or unbatched (C, *spatial) input with ``d`` spatial dims."""
-    if input.ndim not in (d + 1, d + 2):
-        raise RuntimeError(f"{name}: Expected {d + 1}D or {d + 2}D input, but received a {input.ndim}D input. "
-                           f"Note that {name} exists to provide channel-wise dropout on inputs with {d} spatial "
-                           "dimension(s), a channel dimension, and an optional batch dimension")  # fmt: skip
-    if input.ndim == d + 1:  # unbatched: a batch of one
-        out = _apply(input.unsqueeze(0), p, training, False, True, alpha).squeeze(0)
-        return input.copy_(out) if inplace and out is not input else out
-    return _apply(input, p, training, inplace, True, alpha)
-
-
 def dropout1d(input, p: float = 0.5, training: bool = True, inplace: bool = False) -> kiln.Tensor:
     """Zero whole channels of a (N, C, L) or (C, L) input with probability ``p``; scale the rest by 1/(1-p)."""
-    return _feature_dropout(input, p, training, inplace, 1, "dropout1d")
+    if input.ndim not in (2, 3):
+        raise RuntimeError(f"dropout1d: Expected 2D or 3D input, but received a {input.ndim}D input. Note that "
+                           "dropout1d exists to provide channel-wise dropout on inputs with 1 spatial dimension(s), "
+                           "a channel dimension, and an optional batch dimension")  # fmt: skip
+    if input.ndim == 3:
+        return _channels_dropout(input, p, training, inplace, "dropout1d")
+    return _unbatched(input, p, training, inplace, "dropout1d")
 
 
 def dropout2d(input, p: float = 0.5, training: bool = True, inplace: bool = False) -> kiln.Tensor:
@@ -84,7 +78,12 @@ def dropout3d(input, p: float = 0.5, training: bool = True, inplace: bool = Fals
                       "use dropout instead (dropout3d is channel-wise dropout of 4D or 5D inputs)", stacklevel=2)  # fmt: skip
     if input.ndim == 5:
         return _channels_dropout(input, p, training, inplace, "dropout3d")
-    out = _channels_dropout(input.unsqueeze(0), p, training, False, "dropout3d").squeeze(0)
+    return _unbatched(input, p, training, inplace, "dropout3d")
+
+
+def _unbatched(input, p: float, training: bool, inplace: bool, name: str) -> kiln.Tensor:
+    """Channel dropout of an input without its batch dim, as a batch of one."""
+    out = _channels_dropout(input.unsqueeze(0), p, training, False, name).squeeze(0)
     return input.copy_(out) if inplace and out is not input else out
 
 
