@@ -85,9 +85,7 @@ class Optimizer:
         self.defaults = defaults
         self.state: defaultdict = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
-        # One dict of 0-d tensors per group, parallel to param_groups; not part of the state dict.
-        self._scalars: list[dict[str, kiln.Tensor]] = []
-        self._written: list[dict[str, float]] = []  # the value each of those tensors was last given
+        self._per_call = _PerCall()
         if isinstance(params, kiln.Tensor):
             raise TypeError(
                 "params argument given to the optimizer should be an iterable of Tensors or dicts, "
@@ -115,8 +113,7 @@ class Optimizer:
         """An unpickled optimizer (``copy.deepcopy``, ``pickle``): its hyperparameter tensors are made
         again from ``param_groups`` by the next ``sync_hyperparameters``."""
         self.__dict__.update(state)
-        self._scalars = [{} for _ in self.param_groups]
-        self._written = [{} for _ in self.param_groups]
+        self._per_call = _PerCall(len(self.param_groups))
 
     # -- parameter groups ---------------------------------------------------------------------
 
@@ -152,10 +149,15 @@ class Optimizer:
         if any(id(p) in existing for p in params):
             raise ValueError("some parameters appear in more than one parameter group")
         self.param_groups.append(group)
-        self._scalars.append({})
-        self._written.append({})
+        self._per_call.scalars.append({})
+        self._per_call.written.append({})
 
     # -- stepping -----------------------------------------------------------------------------
+
+    @property
+    def _scalars(self) -> list[dict[str, Any]]:
+        """Each group's hyperparameter tensors (``kiln.explain`` names them after ``param_groups``)."""
+        return self._per_call.scalars
 
     def sync_hyperparameters(self) -> list[dict[str, Any]]:
         """Refresh each group's 0-d tensors of ``numbers`` from ``param_groups`` (in place).
@@ -166,7 +168,8 @@ class Optimizer:
         with the caches cold from the step before.
         """
         with kiln.no_grad():
-            for group, scalars, written in zip(self.param_groups, self._scalars, self._written, strict=True):
+            per_call = self._per_call
+            for group, scalars, written in zip(self.param_groups, per_call.scalars, per_call.written, strict=True):
                 for name in self.numbers:
                     value, old = group[name], written.get(name)
                     if old == value:  # the usual call: nothing changed (NaN never equals: rewritten)
@@ -390,3 +393,17 @@ def _restore(name: str, value: Any, param: kiln.Tensor) -> Any:
     if name != "step" and value.dtype.is_floating_point:
         return value.to(param.dtype).clone()
     return value.clone()
+
+
+class _PerCall:
+    """Each group's hyperparameters as 0-d tensors (``scalars``: dicts parallel to ``param_groups``, not
+    part of the state dict) and the numbers they were last given (``written``). An object of kiln's
+    own without a ``__dict__``: the tracer's walks of Python state do not enter it, so that refreshing
+    it before each call is no store into the state of a user's optimizer subclass (whose own
+    attributes are watched and guarded as any object of the user's)."""
+
+    __slots__ = ("scalars", "written")
+
+    def __init__(self, groups: int = 0) -> None:
+        self.scalars: list[dict[str, Any]] = [{} for _ in range(groups)]
+        self.written: list[dict[str, Any]] = [{} for _ in range(groups)]

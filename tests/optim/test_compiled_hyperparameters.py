@@ -440,3 +440,45 @@ def test_a_scheduler_stepped_inside_the_compiled_step_stops_the_trace():
             assert "StepLR.step() changes the learning rate" in kiln.explain(fn, kiln.ones(4, 3)).summary()
     assert epochs[0][:2] == epochs[1][:2] == (5, 0.025)
     assert_close(epochs[1][2], epochs[0][2], rtol=1e-6, atol=1e-7)
+
+
+class _UsersSGD(optim.Optimizer):
+    """An optimizer written in the user's program, as research code subclasses torch.optim.Optimizer."""
+
+    numbers = ("lr",)
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr, "maximize": False})
+
+    def _update_group(self, group, scalars):
+        for p in group["params"]:
+            if p.grad is not None:
+                p.sub_(p.grad * scalars["lr"])
+
+
+def test_a_users_optimizer_with_a_schedule_compiles_and_follows_it():
+    """The refresh of the hyperparameter tensors before each call is no store into the user's object
+    (a user's subclass is watched as the user's): the step compiles and follows the schedule."""
+    weights = []
+    for compile_it in (False, True):
+        kiln.manual_seed(0)
+        model = kiln.nn.Linear(3, 2)
+        opt = _UsersSGD(model.parameters())
+        sched = optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+        def step(x, model=model, opt=opt):
+            loss = model(x).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        fn = kiln.compile(step) if compile_it else step
+        for _ in range(6):
+            fn(kiln.ones(2, 3))
+            sched.step()
+        weights.append(model.weight.detach().clone())
+        if compile_it:
+            assert "0 trace break(s)" in kiln.explain(fn, kiln.ones(2, 3)).summary()
+            assert sum(e.kind == "compiled" for e in fn.state.events) <= 2  # the first .grad is one retrace
+    assert_close(weights[1], weights[0], rtol=1e-6, atol=1e-7)
