@@ -82,7 +82,10 @@ class LoweringReport:
 
 
 class Backend(Protocol):
-    """A code generator and the loader of what it generates (see the module docstring)."""
+    """A code generator and the loader of what it generates (see the module docstring). A backend
+    may also have ``prepare(deadline)``, which the driver calls when a compile is sure to come (a
+    cache miss, before the passes) so that the backend can start what it needs meanwhile (the LLVM
+    backend starts its compile worker); the others need not have it."""
 
     name: str
     stages: tuple[str, ...]
