@@ -102,8 +102,8 @@ def runner(program, compiled: bool):
 
     run = program._interpreted
     if compiled:
-        from .frontend.jit.compiler import CompileOptions  # noqa: PLC0415
-        from .frontend.jit.driver import compile_graph  # noqa: PLC0415
+        from .compiler.driver import compile_graph  # noqa: PLC0415
+        from .compiler.options import CompileOptions  # noqa: PLC0415
 
         run = compile_graph(program.graph, CompileOptions()).program
     positions = [i for i, _, _ in tensor_specs(program)]
@@ -121,8 +121,8 @@ def runner(program, compiled: bool):
 # ---------------------------------------------------------------------- commands
 def fused_graph(program):
     """The exported graph after the compile driver's fusion (kernel nodes with their bodies)."""
-    from .frontend.jit.compiler import CompileOptions  # noqa: PLC0415
-    from .frontend.jit.driver import compile_graph  # noqa: PLC0415
+    from .compiler.driver import compile_graph  # noqa: PLC0415
+    from .compiler.options import CompileOptions  # noqa: PLC0415
 
     return compile_graph(program.graph, CompileOptions()).graph
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import functools
 
+from .compiler.options import CompileOptions
+from .frontend.jit.call_cache import CompiledFunction
 from .frontend.jit.check import CompileCheckError
-from .frontend.jit.compiler import CompiledFunction, CompileOptions
 from .frontend.jit.explain import ExplainReport, explain
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
 from .frontend.jit.regions import Region, composite

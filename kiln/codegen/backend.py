@@ -1,6 +1,6 @@
 """The seam between the compiler and its code generators: the ``Backend`` protocol and its registry.
 
-The compile driver (``kiln.frontend.jit.driver``) asks a backend three things, in this order:
+The compile driver (``kiln.compiler.driver``) asks a backend three things, in this order:
 
 1. ``declines(node)``: why this node may not be part of a kernel (None: it may). Fusion consults
    it, so it never forms a kernel that the backend then declines (the LLVM backend compiles no
@@ -31,7 +31,7 @@ picks the one for the graph's device, ``backend_named(name)`` an explicit one (t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -81,6 +81,46 @@ class LoweringReport:
         return lines
 
 
+class Program(Protocol):
+    """What a backend's ``load`` returns: the lowered graph, runnable.
+
+    ``program(inputs)`` runs it on a list of arrays (the graph's inputs, in order) and returns its
+    outputs, checking each input's shape, dtype and layout; ``run_checked_inputs`` does the same for
+    inputs the caller has checked already. ``fresh_outputs`` are the positions of the outputs that are
+    always new memory (never an input's, a constant's or another output's), ``plan`` the memory plan
+    it runs with (None: none), ``kernel_calls`` its steps that run compiled code (each has its
+    ``node``) -- what ``kiln.explain`` and the call path read."""
+
+    @property
+    def plan(self) -> Any: ...
+
+    @property
+    def fresh_outputs(self) -> frozenset[int]: ...
+
+    @property
+    def kernel_calls(self) -> Sequence[Any]: ...
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]: ...
+
+    def run_checked_inputs(self, inputs: Sequence[Any]) -> list[Any]: ...
+
+
+class InterpretedProgram:
+    """The interpreter backend's ``Program``: every node runs its eager kernel."""
+
+    plan = None
+    fresh_outputs: frozenset[int] = frozenset()
+    kernel_calls: tuple = ()
+
+    def __init__(self, graph: Graph) -> None:
+        self._run = prepare(graph).run
+
+    def __call__(self, inputs: Sequence[Any]) -> list[Any]:
+        return self._run(inputs)
+
+    run_checked_inputs = __call__
+
+
 class Backend(Protocol):
     """A code generator and the loader of what it generates (see the module docstring). A backend
     may also have ``prepare(deadline)``, which the driver calls when a compile is sure to come (a
@@ -96,7 +136,7 @@ class Backend(Protocol):
 
     def generate(self, lowered: Lowered, report: LoweringReport) -> Any: ...
 
-    def load(self, lowered: Lowered, code: Any) -> Callable[[list], list]: ...
+    def load(self, lowered: Lowered, code: Any) -> Program: ...
 
     def encode(self, code: Any) -> bytes: ...
 
@@ -119,8 +159,8 @@ class InterpreterBackend:
     def generate(self, lowered: Lowered, report: LoweringReport) -> None:
         return None
 
-    def load(self, lowered: Lowered, code: None) -> Callable[[list], list]:
-        return prepare(lowered.graph)
+    def load(self, lowered: Lowered, code: None) -> InterpretedProgram:
+        return InterpretedProgram(lowered.graph)
 
     def encode(self, code: None) -> bytes:
         return b""

@@ -10,7 +10,7 @@ input; unchanged nodes and values are shared between the two, as they are immuta
 - ``run_pipeline(graph, passes=DEFAULT_PIPELINE, verify=False, record=None)`` runs a tuple of
   passes, optionally verifying and recording the graph after each.
 
-The compile driver (``kiln.frontend.jit.driver``) runs these, then the lowering stages a backend
+The compile driver (``kiln.compiler.driver``) runs these, then the lowering stages a backend
 asks for: ``fusion.fuse``, ``layouts.infer_layouts``, ``write_backs.choose_write_backs`` and
 ``memory_plan.plan_memory``.
 """

@@ -145,6 +145,8 @@ class CudaProgram:
     interpreted); ``config``: the launch geometry; ``simulated``: numpy arrays under the simulator.
     """
 
+    fresh_outputs: frozenset[int] = frozenset()  # outputs are not tracked as fresh on the GPU yet
+
     def __init__(self, graph: Graph, launches: Mapping[Node, list], plan: Any, layouts: Mapping[Value, tuple],
                  write_backs: Mapping[int, int], config: Any, simulated: bool) -> None:  # fmt: skip
         self.graph, self.plan, self.simulated = graph, plan, simulated
@@ -179,6 +181,7 @@ class CudaProgram:
                 steps.append(_Extern(node, position, dead, slots, node.output in planned))
         self._steps = tuple(steps)
         self._local = threading.local()
+        self.kernel_calls = tuple(step for step in steps if isinstance(step, _Launch))
 
     def stream(self) -> Any:
         """The numba view of the stream cupy is using (kernels queue behind cupy's work), made once
@@ -235,6 +238,7 @@ class CudaProgram:
         return outputs
 
     __call__ = run
+    run_checked_inputs = run  # the layout check also moves inputs into the kernels' layouts: always run it
 
     def _check(self, inputs: Sequence[Any]) -> list[Any]:
         if len(inputs) != len(self._checks):

@@ -1,6 +1,6 @@
 """Run a lowered program: compiled kernels through ctypes, other nodes through their eager kernels.
 
-The executor decides nothing: the compile driver (``kiln.frontend.jit.driver``) fused the graph,
+The executor decides nothing: the compile driver (``kiln.compiler.driver``) fused the graph,
 inferred its layouts, chose the write-backs and planned the memory; a backend generated and loaded
 the kernels. ``CompiledProgram(graph, kernels, plan, layouts, write_backs)`` turns that into a list
 of steps once, and runs like the interpreter's ``Program``: ``program.run(arrays) -> list of arrays``.

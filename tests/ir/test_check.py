@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from kiln.frontend.jit.compiler import CompileOptions
-from kiln.frontend.jit.driver import compile_graph
+from kiln.compiler.driver import compile_graph
+from kiln.compiler.options import CompileOptions
 from kiln.ir.dtypes import bool_, float32, int64
 from kiln.ir.graph import Graph, GraphBuilder, SourceLocation
 from kiln.ir.interpreter import interpret

@@ -19,9 +19,9 @@ from kiln.codegen.core import Unsupported
 from kiln.codegen.cuda import kernels as cuda_kernels
 from kiln.codegen.cuda.core import CudaModule
 from kiln.codegen.llvm import kinds as llvm_kinds
-from kiln.frontend.jit import program_cache
-from kiln.frontend.jit.compiler import CompileOptions
-from kiln.frontend.jit.driver import compile_graph
+from kiln.compiler import program_cache
+from kiln.compiler.driver import compile_graph
+from kiln.compiler.options import CompileOptions
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import KERNEL, Graph, GraphBuilder
 from kiln.ir.interpreter import interpret

@@ -260,8 +260,8 @@ def test_explain_shows_what_was_not_fused_and_dump_dir_writes_it(tmp_path):
 
 
 def test_a_program_from_the_disk_cache_keeps_its_refusals(tmp_path, monkeypatch):
-    from kiln.frontend.jit import program_cache
-    from kiln.frontend.jit.driver import compile_graph
+    from kiln.compiler import program_cache
+    from kiln.compiler.driver import compile_graph
     from kiln.runtime.cache import DiskCache
 
     cache = DiskCache(tmp_path / "cache")

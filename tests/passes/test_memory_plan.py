@@ -246,7 +246,7 @@ def test_eager_peak_counts_intermediates_freed_after_their_last_use():
 
 def test_traced_mlp_forward_eager_peak_and_a_fused_plan():
     kiln = pytest.importorskip("kiln")
-    from kiln.frontend.jit.compiler import CompileOptions
+    from kiln.compiler.options import CompileOptions
 
     def forward(x, w1, b1, w2):
         return kiln.relu(x @ w1 + b1) @ w2

@@ -22,7 +22,7 @@ import pytest
 
 import kiln
 from kiln.codegen.llvm import host
-from kiln.frontend.jit import program_cache
+from kiln.compiler import program_cache
 from kiln.runtime import elf
 
 from ..conftest import assert_close

@@ -11,7 +11,7 @@ import pytest
 import kiln
 from benchmarks.long_programs import chain_program, specialization
 from kiln.codegen.llvm import engine, kernels
-from kiln.frontend.jit import program_cache
+from kiln.compiler import program_cache
 from kiln.ir.graph import KERNEL, GraphBuilder
 from kiln.ir.types import TensorType
 from kiln.passes.fusion import fuse

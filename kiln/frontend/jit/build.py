@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...compiler.driver import compile_graph
 from ...ir.analysis import Liveness
 from ...ir.graph import Graph, Node, Value
 from ...passes.partition import partition
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
-from . import driver
 from .backward import BackwardPlan, ConsumedPlan
 from .hazards import reachable_tensors
 from .pytree import flatten
@@ -81,10 +81,10 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
             return None, why
     mutated = {i for i, _ in writebacks}
     graph, backward = _partition(compiled.options, backward, traced.builder.build(outputs), sources, mutated)
-    record: list = []
     strides = [e.tensor._data.strides for e in traced.externals]
     # mutated externals updated in place where that is safe, as eager does
-    optimized, program, report = lower(graph, compiled.options, record, strides, [(o, i) for i, o in writebacks])
+    lowered = compile_graph(graph, compiled.options, strides, [(o, i) for i, o in writebacks])
+    optimized, program, report, record = lowered.graph, lowered.program, lowered.report, lowered.stages
     arg_aliases = _arguments_that_are_state(traced, leaves, list(closure_values.values()) +
                                             [value for _, value in compiled.guarded_names({})])  # fmt: skip
     spec = Specialization(
@@ -119,19 +119,6 @@ def _source(external) -> Argument | Captured:
     if external.kind == "arg":
         return Argument(external.arg_index)
     return Captured(weakref.ref(t), external.state, name=f"{t._dtype.short}{list(t._data.shape)}")
-
-
-def optimize(graph: Graph, options, record: list) -> Graph:
-    """The graph passes alone (``options.passes``): what export runs."""
-    return driver.optimize(graph, options, record)
-
-
-def lower(graph: Graph, options, record: list, input_strides: list | None = None, write_backs=()):
-    """``(graph the program runs, program, report)`` for a traced graph, through the compile driver;
-    ``record`` receives each stage's ``(name, result)``."""
-    compiled = driver.compile_graph(graph, options, input_strides, write_backs)
-    record.extend(compiled.stages)
-    return compiled.graph, compiled.program, compiled.report
 
 
 def _dump(compiled, spec: Specialization) -> None:
@@ -248,7 +235,8 @@ def _partition(
               for i, kind in enumerate(pending.inputs) if not isinstance(kind, Saved) or i in still_saved]  # fmt: skip
     inputs += [Saved(len(part.kept) + k) for k in range(part.promoted)]
     signature, _ = number_outputs(inputs, pending.results)
-    backward_graph, program, _ = lower(part.backward, options, [])
+    lowered = compile_graph(part.backward, options)
+    backward_graph, program = lowered.graph, lowered.program
     forward = _own_copies_of_mutated(part.forward, part.saved, mutated)
     # Saved values that are views of the call's inputs (a weight's transpose): their memory is the
     # input's, so an in-place change of it before the backward must raise, as eager's would.

@@ -24,7 +24,7 @@ from ...ir.printer import format_type
 from ...passes.memory_picture import memory_plan_dot
 from ...passes.memory_plan import format_bytes
 from .backward import BackwardPlan, ConsumedPlan
-from .compiler import CompiledFunction
+from .call_cache import CompiledFunction
 from .signature import (
     Argument,
     BornView,
@@ -128,7 +128,7 @@ class ExplainReport:
             raise ValueError(f"kiln.explain({self.name}): no specialization was compiled, so there is no memory plan")
         index = range(len(self.specializations))[specialization]
         spec = self.specializations[index]
-        plan = getattr(spec.program, "plan", None)
+        plan = spec.program.plan
         if plan is None:
             raise ValueError(f"specialization {index + 1} runs on a backend that plans no memory (the interpreter)")
         return memory_plan_dot(spec.graph, plan, name=f"memory plan of specialization {index + 1}")
@@ -376,7 +376,7 @@ def _memory_lines(spec) -> list[str]:
     out_bytes = sum(map(_nbytes, graph.outputs))
     text += f", {format_bytes(out_bytes)} of outputs"
     lines = [text]
-    plan = getattr(spec.program, "plan", None)
+    plan = spec.program.plan
     if plan is not None:
         lines.extend("    " + line.strip() for line in plan.describe().splitlines())
         lines.append("    (report.memory_to_dot() draws the plan over time; kiln.ir.dot.render makes it SVG)")

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...compiler.driver import compile_graph, optimize
+from ...compiler.options import CompileOptions
 from ...ir import dtypes as dt
 from ...ir.graph import CONSTANT, Graph
 from ...ir.primitives import PRIMITIVES
@@ -29,9 +31,6 @@ from ..autograd.grad_mode import no_grad
 from ..dispatch import apply as dispatch_apply
 from ..tensor import Tensor, make_tensor
 from . import state
-from .build import optimize
-from .compiler import CompileOptions
-from .driver import compile_graph
 from .pytree import LEAF, flatten, unflatten
 from .region_check import check_regions
 from .regions import regions_from_json, regions_to_json

@@ -11,7 +11,6 @@ externals' autograd edges.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter, is_, is_not
@@ -24,6 +23,7 @@ from .pytree import unflatten
 from .signature import Argument, Captured, Signature, apply, bind, call
 
 if TYPE_CHECKING:
+    from ...codegen.backend import Program
     from .backward import BackwardPlan
     from .guards import Guards
 
@@ -60,7 +60,7 @@ class Specialization:
     """A traced call, ready to run on calls whose guards match."""
 
     graph: Graph
-    program: Callable[[list], list]  # runs the graph: program(list of arrays) -> list of arrays
+    program: Program  # runs the graph: program(list of arrays) -> list of arrays
     signature: Signature  # its inputs are Argument and Captured kinds, one per external of the trace
     out_tree: object
     modules: list[tuple[weakref.ref, bool, str]]
@@ -87,7 +87,7 @@ class Specialization:
         self._matched_arrays: list | None = None  # weak references to the arrays of the last matching call
         # the positions of the captured arrays of the last matching call by the id of their memory's owner
         self._owners: dict[int, list[int]] | None = None
-        self._fresh_results = _fresh_results(self.signature, getattr(self.program, "fresh_outputs", frozenset()))
+        self._fresh_results = _fresh_results(self.signature, self.program.fresh_outputs)
         # Every input an argument or a captured tensor: the call's key holds each argument's shape,
         # strides and dtype, and the guards compared every captured tensor's (``_captures_match``)
         # before each run, so the program need not check them again.
@@ -191,7 +191,7 @@ class Specialization:
             fn(*args, **kwargs)
         arrays = bind(self.signature, leaves)
         program = self.program
-        outputs = getattr(program, "run_checked_inputs", program)(arrays) if self._inputs_checked else program(arrays)
+        outputs = program.run_checked_inputs(arrays) if self._inputs_checked else program(arrays)
         if self._fresh_results is not None:  # every result is new memory of its own: wrap it
             results = [make_tensor(outputs[output], device) for output, device in self._fresh_results]
         else:

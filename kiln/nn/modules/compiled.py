@@ -7,7 +7,7 @@ objects; other attributes are read from the original module.
 
 from __future__ import annotations
 
-from kiln.frontend.jit.compiler import CompiledFunction
+from kiln.frontend.jit.call_cache import CompiledFunction
 
 from .module import Module
 

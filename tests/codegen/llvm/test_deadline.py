@@ -21,7 +21,7 @@ import pytest
 
 import kiln
 from kiln.codegen.llvm import engine, worker
-from kiln.frontend.jit import driver, program_cache
+from kiln.compiler import options, program_cache
 from kiln.runtime.executor import CompiledProgram
 
 SMALL_IR = """
@@ -225,7 +225,7 @@ def test_compile_timeout_must_be_positive_seconds(bad):
 @pytest.mark.parametrize(("text", "seconds"), [("", 60.0), ("2.5", 2.5), ("0", None), ("off", None), ("none", None)])
 def test_the_default_comes_from_kiln_compile_timeout(monkeypatch, text, seconds):
     monkeypatch.setenv("KILN_COMPILE_TIMEOUT", text)
-    assert driver.default_compile_timeout() == seconds
+    assert options.default_compile_timeout() == seconds
     assert kiln.CompileOptions().compile_timeout == seconds
 
 

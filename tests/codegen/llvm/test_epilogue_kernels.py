@@ -13,7 +13,7 @@ import pytest
 import kiln
 import kiln.nn.functional as F
 from kiln.codegen.llvm.backend import LLVMBackend
-from kiln.frontend.jit import program_cache
+from kiln.compiler import program_cache
 from kiln.ir.dtypes import float32
 from kiln.ir.graph import KERNEL, Graph, Node, Value
 from kiln.ir.types import TensorType

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.frontend.jit.compiler import CompileOptions
-from kiln.frontend.jit.driver import compile_graph
+from kiln.compiler.driver import compile_graph
+from kiln.compiler.options import CompileOptions
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import GraphBuilder
 from kiln.ir.interpreter import interpret

@@ -52,13 +52,25 @@ def test_check_passes_on_a_step_with_backward_and_dropout():
     assert compiled_calls(f) == [0, 2]  # w.grad is None only on entry to the first call: two specializations
 
 
+class Miscompiled:
+    """A compiled program whose outputs ``change(i, output)`` alters: a stand-in for a code generator bug."""
+
+    def __init__(self, program, change):
+        self.program, self.change = program, change
+        self.plan, self.fresh_outputs, self.kernel_calls = program.plan, program.fresh_outputs, program.kernel_calls
+
+    def __call__(self, arrays):
+        return [self.change(i, o) for i, o in enumerate(self.program(arrays))]
+
+    run_checked_inputs = __call__
+
+
 def test_check_detects_a_wrong_compiled_result():
     f = kiln.compile(lambda x: x * 2, check=True)
     x = kiln.ones(3)
     f(x)
     spec = f.state.specializations[0]
-    program = spec.program
-    spec.program = lambda arrays: [a + 1 for a in program(arrays)]  # a miscompiled program
+    spec.program = Miscompiled(spec.program, lambda i, o: o + 1)
     with pytest.raises(CompileCheckError, match="result 0"):
         f(x)
 
@@ -72,8 +84,7 @@ def test_check_detects_a_wrong_write_back():
     x = kiln.zeros(3)
     f(x)
     spec = f.state.specializations[0]
-    program = spec.program
-    spec.program = lambda arrays: [o * 3 if i == 1 else o for i, o in enumerate(program(arrays))]
+    spec.program = Miscompiled(spec.program, lambda i, o: o * 3 if i == 1 else o)
     with pytest.raises(CompileCheckError, match="after the call"):
         f(x)
 

@@ -48,7 +48,7 @@ def test_the_warning_is_silenced_as_any_warning():
 
 
 def test_a_compile_that_takes_long_says_so(monkeypatch):
-    from kiln.frontend.jit import compiler
+    from kiln.frontend.jit import call_cache as compiler
 
     build = compiler.build_specialization
 

@@ -22,9 +22,9 @@ from kiln.codegen.backend import (
     register_backend,
     unregister_backend,
 )
-from kiln.frontend.jit import program_cache
-from kiln.frontend.jit.compiler import CompileOptions
-from kiln.frontend.jit.driver import LOWERING_STAGES, compile_graph, pipeline
+from kiln.compiler import program_cache
+from kiln.compiler.driver import LOWERING_STAGES, compile_graph, pipeline
+from kiln.compiler.options import CompileOptions
 from kiln.ir.dtypes import float32
 from kiln.ir.graph import KERNEL, GraphBuilder
 from kiln.ir.interpreter import interpret

@@ -34,43 +34,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...codegen.backend import Backend, Lowered, LoweringReport, backend_for, backend_named
-from ...ir.graph import CONSTANT, KERNEL, Graph, Value
-from ...ir.primitives import ELEMENTWISE, PRIMITIVES
-from ...passes import DEFAULT_PIPELINE, PassError
-from ...passes.fusion import fuse
-from ...passes.fusion_refusals import Refusal, summarize
-from ...passes.layouts import describe_layouts, infer_layouts
-from ...passes.memory_plan import plan_memory
-from ...passes.write_backs import choose_write_backs, describe_write_backs
+from ..codegen.backend import Backend, Lowered, LoweringReport, Program, backend_for, backend_named
+from ..ir.graph import CONSTANT, KERNEL, Graph, Value
+from ..ir.primitives import ELEMENTWISE, PRIMITIVES
+from ..passes import DEFAULT_PIPELINE, PassError
+from ..passes.fusion import fuse
+from ..passes.fusion_refusals import Refusal, summarize
+from ..passes.layouts import describe_layouts, infer_layouts
+from ..passes.memory_plan import plan_memory
+from ..passes.write_backs import choose_write_backs, describe_write_backs
 from . import program_cache
+from .options import CompileOptions, options_text
 
 logger = logging.getLogger("kiln")
-
-DEFAULT_COMPILE_TIMEOUT = 60.0  # seconds; LLVM takes well under one for most programs
-
-
-def check_compile_timeout(seconds: object) -> None:
-    """``ValueError`` unless ``seconds`` is None or a number of seconds > 0 (``CompileOptions``)."""
-    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0):
-        raise ValueError(f"CompileOptions: compile_timeout must be a number of seconds > 0 or None, got {seconds!r}")
-
-
-def default_compile_timeout() -> float | None:
-    """``$KILN_COMPILE_TIMEOUT`` (seconds; ``0``, ``none`` or ``off``: no deadline), else
-    ``DEFAULT_COMPILE_TIMEOUT``: the default of ``CompileOptions.compile_timeout``."""
-    text = os.environ.get("KILN_COMPILE_TIMEOUT", "").strip()
-    if not text:
-        return DEFAULT_COMPILE_TIMEOUT
-    if text.lower() in ("0", "none", "off"):
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:  # also nan
-        raise ValueError(f"KILN_COMPILE_TIMEOUT must be a number of seconds > 0 (or 0/none/off), got {text!r}")
-    return seconds
 
 
 @dataclass(frozen=True)
@@ -131,12 +107,12 @@ LOWERING_STAGES: tuple[Stage, ...] = (
 )  # fmt: skip
 
 
-def graph_stages(options) -> tuple[Stage, ...]:
+def graph_stages(options: CompileOptions) -> tuple[Stage, ...]:
     """The graph passes of ``options`` (None: ``DEFAULT_PIPELINE``) as stages."""
     return tuple(graph_stage(p) for p in (DEFAULT_PIPELINE if options.passes is None else options.passes))
 
 
-def pipeline(options, backend: Backend) -> tuple[Stage, ...]:
+def pipeline(options: CompileOptions, backend: Backend) -> tuple[Stage, ...]:
     """The stages that compile for ``backend`` with ``options``, in order."""
     return graph_stages(options) + tuple(s for s in LOWERING_STAGES if s.name in backend.stages)
 
@@ -146,16 +122,16 @@ class Compiled:
     """A compiled graph: the graph its program runs, the program, the report and every stage's result."""
 
     graph: Graph
-    program: Callable[[list], list]
+    program: Program
     report: LoweringReport | None
     stages: list[tuple[str, Any]]
 
 
-def choose_backend(graph: Graph, options) -> Backend:
+def choose_backend(graph: Graph, options: CompileOptions) -> Backend:
     return backend_for(graph) if options.backend is None else backend_named(options.backend)
 
 
-def compile_graph(traced: Graph, options, input_strides: Sequence[tuple | None] | None = None,
+def compile_graph(traced: Graph, options: CompileOptions, input_strides: Sequence[tuple | None] | None = None,
                   write_backs: Sequence[tuple[int, int]] = ()) -> Compiled:  # fmt: skip
     """Compile ``traced`` for inputs with ``input_strides`` (byte strides per graph input; None: C
     order), writing graph output ``o`` into input ``i``'s memory for the pairs ``(o, i)`` of
@@ -165,7 +141,7 @@ def compile_graph(traced: Graph, options, input_strides: Sequence[tuple | None] 
     >>> from kiln.ir.graph import GraphBuilder
     >>> from kiln.ir.types import TensorType
     >>> from kiln.ir.dtypes import float32
-    >>> from kiln.frontend.jit.compiler import CompileOptions
+    >>> from kiln.compiler.options import CompileOptions
     >>> b = GraphBuilder()
     >>> x = b.input(TensorType((3,), float32))
     >>> compiled = compile_graph(b.build([b.node("neg", [b.node("neg", [x])])]), CompileOptions(backend="interpreter"))
@@ -178,7 +154,7 @@ def compile_graph(traced: Graph, options, input_strides: Sequence[tuple | None] 
     """
     strides = tuple(input_strides) if input_strides is not None else (None,) * len(traced.inputs)
     backend = choose_backend(traced, options)
-    timeout = getattr(options, "compile_timeout", None)
+    timeout = options.compile_timeout
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         return _compile(traced, options, backend, strides, tuple(write_backs), deadline)
@@ -190,13 +166,13 @@ def compile_graph(traced: Graph, options, input_strides: Sequence[tuple | None] 
         return _compile(traced, options, backend_named("interpreter"), strides, (), None)
 
 
-def optimize(graph: Graph, options, record: list | None = None) -> Graph:
+def optimize(graph: Graph, options: CompileOptions, record: list | None = None) -> Graph:
     """The graph passes alone (no backend): what export runs."""
     start = Compilation(graph, backend_named("interpreter"))
     return _run(start, graph_stages(options), options, [] if record is None else record).graph
 
 
-def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested: tuple,
+def _compile(traced: Graph, options: CompileOptions, backend: Backend, strides: tuple, requested: tuple,
              deadline: float | None) -> Compiled:  # fmt: skip
     stages = pipeline(options, backend)
     lowering = next((i for i, s in enumerate(stages) if s in LOWERING_STAGES), len(stages))
@@ -238,7 +214,7 @@ def _compile(traced: Graph, options, backend: Backend, strides: tuple, requested
     return Compiled(state.graph, program, report, record)
 
 
-def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequence[Stage], options, strides: tuple,
+def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequence[Stage], options: CompileOptions, strides: tuple,
                 requested: tuple) -> Compiled:  # fmt: skip
     """The program of a cache entry: the stored fused graph goes through the stages after fusion
     (``stages[0]`` is fusion, which the entry replaces), and the stored code is loaded."""
@@ -259,11 +235,11 @@ def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequenc
     return Compiled(graph, program, report, record)
 
 
-def _run(state: Compilation, stages: Sequence[Stage], options, record: list,
+def _run(state: Compilation, stages: Sequence[Stage], options: CompileOptions, record: list,
          seconds: list | None = None) -> Compilation:  # fmt: skip
     """Run ``stages`` in order; ``record`` gets each one's result, ``seconds`` its ``(name, time)``."""
     if options.verify:
-        from ...ir import verifier  # noqa: PLC0415 - only needed when verifying
+        from ..ir import verifier  # noqa: PLC0415 - only needed when verifying
     for stage in stages:
         before = state.graph
         start = time.perf_counter()
@@ -291,9 +267,9 @@ def _load(state: Compilation, backend: Backend, code: Any, report: LoweringRepor
     return backend.load(_lowered(state), code)
 
 
-def _report_externs(graph: Graph, backend: Backend, report: LoweringReport, program: Any) -> None:
+def _report_externs(graph: Graph, backend: Backend, report: LoweringReport, program: Program) -> None:
     """The nodes left to their eager kernels, and the elementwise ones among them the backend declined."""
-    compiled = {id(call.node) for call in getattr(program, "kernel_calls", ())}  # unfold/fold, for one
+    compiled = {id(call.node) for call in program.kernel_calls}  # unfold/fold, for one
     externs: Counter = Counter()
     unfused: dict[str, Counter] = {}
     for node in graph.nodes:
@@ -307,9 +283,3 @@ def _report_externs(graph: Graph, backend: Backend, report: LoweringReport, prog
     for why, ops in unfused.items():
         listed = ", ".join(f"{op} x{n}" for op, n in sorted(ops.items()))
         report.declined.append(("(not fused)", f"{why}; {listed} run on their eager kernels"))
-
-
-def options_text(options) -> str:
-    """The compile options that change the compiled program, as text for the cache key."""
-    passes = "default" if options.passes is None else ",".join(getattr(p, "__name__", repr(p)) for p in options.passes)
-    return f"backend={options.backend}; passes={passes}"

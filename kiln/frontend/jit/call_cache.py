@@ -34,7 +34,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...codegen.backend import backend_names
+from ...compiler.options import CompileOptions
 from ...ir import dtypes as _dtypes
 from ...runtime import profiling
 from ..autocast import key as _autocast_key
@@ -42,48 +42,12 @@ from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
 from . import hazards, reads, state
 from .build import build_specialization
-from .driver import check_compile_timeout, default_compile_timeout
 from .guards import build_guards
 from .layouts import MemoryIndex
 from .pytree import flatten_call
 from .trace import _KILN_DIR, CompileWarning, Trace, TraceBreak, TraceBreakError
 
 logger = logging.getLogger("kiln")
-
-
-@dataclass
-class CompileOptions:
-    """Options of ``kiln.compile``.
-
-    - ``recompile_limit``: new specializations per function; later unmatched calls run eagerly.
-    - ``backend``: None (the default) chooses the backend from the graph's device: ``"llvm"`` for
-      the CPU (fused kernels compiled for the host through llvmlite; nodes without a kernel run
-      their eager kernels), the interpreter elsewhere. A name overrides it (tests):
-      ``"interpreter"`` (the IR interpreter: every node runs its eager kernel), ``"llvm"``, or any
-      backend registered with ``kiln.codegen.backend.register_backend``.
-    - ``passes``: the pass pipeline (None: ``kiln.passes.DEFAULT_PIPELINE``).
-    - ``dump_dir``: write each specialization's traced IR and the result of every compile stage
-      there (the IR after each pass and after fusion, the layouts, write-backs and memory plan).
-    - ``verify``: run the IR verifier after each pass (tests and debugging).
-    - ``compile_timeout``: seconds a compile may take (None: no limit); past it the call runs on
-      the interpreter, saying why (``kiln.frontend.jit.driver``). Default: ``$KILN_COMPILE_TIMEOUT``
-      or 60.
-    """
-
-    recompile_limit: int = 8
-    backend: str | None = None
-    passes: tuple | None = None
-    dump_dir: str | None = None
-    verify: bool = False
-    compile_timeout: float | None = field(default_factory=default_compile_timeout)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:
-            raise ValueError(f"CompileOptions: recompile_limit must be an int >= 0, got {self.recompile_limit!r}")
-        check_compile_timeout(self.compile_timeout)
-        if self.backend is not None and self.backend not in backend_names():
-            raise ValueError(f"CompileOptions: unknown backend {self.backend!r}; expected None (chosen from the "
-                             f"device) or one of {', '.join(backend_names())}")  # fmt: skip
 
 
 @dataclass

@@ -1,0 +1,75 @@
+"""``CompileOptions``, what ``kiln.compile`` and the compile driver are told, and the compile deadline's
+default."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..codegen.backend import backend_names
+
+DEFAULT_COMPILE_TIMEOUT = 60.0  # seconds; LLVM takes well under one for most programs
+
+
+def check_compile_timeout(seconds: object) -> None:
+    """``ValueError`` unless ``seconds`` is None or a number of seconds > 0 (``CompileOptions``)."""
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0):
+        raise ValueError(f"CompileOptions: compile_timeout must be a number of seconds > 0 or None, got {seconds!r}")
+
+
+def default_compile_timeout() -> float | None:
+    """``$KILN_COMPILE_TIMEOUT`` (seconds; ``0``, ``none`` or ``off``: no deadline), else
+    ``DEFAULT_COMPILE_TIMEOUT``: the default of ``CompileOptions.compile_timeout``."""
+    text = os.environ.get("KILN_COMPILE_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_COMPILE_TIMEOUT
+    if text.lower() in ("0", "none", "off"):
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:  # also nan
+        raise ValueError(f"KILN_COMPILE_TIMEOUT must be a number of seconds > 0 (or 0/none/off), got {text!r}")
+    return seconds
+
+
+@dataclass
+class CompileOptions:
+    """Options of ``kiln.compile``.
+
+    - ``recompile_limit``: new specializations per function; later unmatched calls run eagerly.
+    - ``backend``: None (the default) chooses the backend from the graph's device: ``"llvm"`` for
+      the CPU (fused kernels compiled for the host through llvmlite; nodes without a kernel run
+      their eager kernels), the interpreter elsewhere. A name overrides it (tests):
+      ``"interpreter"`` (the IR interpreter: every node runs its eager kernel), ``"llvm"``, or any
+      backend registered with ``kiln.codegen.backend.register_backend``.
+    - ``passes``: the pass pipeline (None: ``kiln.passes.DEFAULT_PIPELINE``).
+    - ``dump_dir``: write each specialization's traced IR and the result of every compile stage
+      there (the IR after each pass and after fusion, the layouts, write-backs and memory plan).
+    - ``verify``: run the IR verifier after each pass (tests and debugging).
+    - ``compile_timeout``: seconds a compile may take (None: no limit); past it the call runs on
+      the interpreter, saying why (``kiln.compiler.driver``). Default: ``$KILN_COMPILE_TIMEOUT``
+      or 60.
+    """
+
+    recompile_limit: int = 8
+    backend: str | None = None
+    passes: tuple | None = None
+    dump_dir: str | None = None
+    verify: bool = False
+    compile_timeout: float | None = field(default_factory=default_compile_timeout)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:
+            raise ValueError(f"CompileOptions: recompile_limit must be an int >= 0, got {self.recompile_limit!r}")
+        check_compile_timeout(self.compile_timeout)
+        if self.backend is not None and self.backend not in backend_names():
+            raise ValueError(f"CompileOptions: unknown backend {self.backend!r}; expected None (chosen from the "
+                             f"device) or one of {', '.join(backend_names())}")  # fmt: skip
+
+
+def options_text(options: CompileOptions) -> str:
+    """The compile options that change the compiled program, as text for the cache key."""
+    passes = "default" if options.passes is None else ",".join(getattr(p, "__name__", repr(p)) for p in options.passes)
+    return f"backend={options.backend}; passes={passes}"
