@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import kiln
@@ -11,7 +12,17 @@ from .. import init
 from ..parameter import Parameter
 from .module import Module
 
-__all__ = ["RNNCellBase", "RNNCell", "LSTMCell", "GRUCell", "rnn_step", "lstm_step", "gru_step"]
+__all__ = [
+    "RNNCellBase",
+    "RNNCell",
+    "LSTMCell",
+    "GRUCell",
+    "rnn_step",
+    "lstm_step",
+    "gru_step",
+    "step_function",
+    "decomposed_direction",
+]
 
 
 def rnn_step(gx, state, w_hh, b_hh, nonlinearity):
@@ -35,6 +46,31 @@ def gru_step(gx, state, w_hh, b_hh):
     z = kiln.sigmoid(xz + hz)
     n = kiln.tanh(xn + r * hn)
     return ((1 - z) * n + z * h,)
+
+
+def step_function(mode: str):
+    """The step of a layer's ``mode`` (``RNNBase.mode``): ``step(gx, state, w_hh, b_hh) -> state``."""
+    if mode == "LSTM":
+        return lstm_step
+    if mode == "GRU":
+        return gru_step
+    return functools.partial(rnn_step, nonlinearity=kiln.tanh if mode == "RNN_TANH" else kiln.relu)
+
+
+def decomposed_direction(step, x, state, weights, reverse: bool):
+    """One direction of one layer as per-step ops (what traces record): ``x`` (T, B, in), ``state``
+    a tuple of (B, H) tensors, ``weights`` (w_ih, w_hh, b_ih, b_hh). Returns (output (T, B, H), state)."""
+    w_ih, w_hh, b_ih, b_hh = weights
+    # The input projection for all time steps at once; only the recurrence is sequential.
+    gates_x = F.linear(x, w_ih, b_ih)
+    steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
+    outs = [None] * x.shape[0]
+    for t in steps:
+        state = step(gates_x[t], state, w_hh, b_hh)
+        outs[t] = state[0]
+    if not outs:
+        return kiln.zeros(0, x.shape[1], w_hh.shape[1], dtype=x.dtype, device=x.device), state
+    return kiln.stack(outs, dim=0), state
 
 
 class RNNCellBase(Module):
