@@ -46,7 +46,7 @@ _CELLS = {"LSTM": _Cell(4, (3, 0, 1, 2), 3), "GRU": _Cell(3, None, 2), "RNN_TANH
 
 def fusable(x, tensors) -> bool:
     """Whether a layer over ``x`` with these weights and states may run fused (see the module docs)."""
-    if (_jit.tracing and _jit.current.get() is not None) or autocast.state.any:
+    if _tracing() or autocast.state.any:
         return False
     dtype = x.dtype
     if x.device.type != "cpu" or x.dim() != 3 or x.shape[0] == 0 or x.shape[1] == 0:
@@ -54,6 +54,10 @@ def fusable(x, tensors) -> bool:
     if dtype not in (kiln.float32, kiln.float64):
         return False
     return all(t.dtype == dtype and t.device.type == "cpu" for t in tensors if t is not None)
+
+
+def _tracing() -> bool:
+    return bool(_jit.tracing) and _jit.current.get() is not None
 
 
 def fused_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
@@ -125,6 +129,15 @@ class _Saved:
 
     def __init__(self, gates, hs, cs, extra) -> None:
         self.gates, self.hs, self.cs, self.extra = gates, hs, cs, extra
+
+    def tensors(self) -> tuple:
+        """As tensors for ``save_for_backward``, which drops them after a backward without retain_graph."""
+        return tuple(None if a is None else kiln.from_numpy(a) for a in (self.gates, self.hs, self.cs, self.extra))
+
+    @classmethod
+    def unpack(cls, tensors: tuple) -> list[_Saved]:
+        arrays = [_array(t) for t in tensors]
+        return [cls(*arrays[k : k + 4]) for k in range(0, len(arrays), 4)]
 
 
 def _forward_direction(cell: _Cell, mode: str, x2, shape, state, weights, reverse: bool) -> _Saved:
@@ -199,22 +212,24 @@ class _FusedLayer(kiln.autograd.Function):
             finals += final
         # The output is new memory, not the saved states: an in-place change of it cannot reach the backward.
         y = ys[0].copy() if len(ys) == 1 else np.concatenate(ys, axis=-1)
-        if keep:
-            ctx.save_for_backward(x, *flat)  # their version counters guard against in-place changes
-            ctx.spec, ctx.arrays = spec, saved
+        if keep:  # the inputs' version counters guard against in-place changes before the backward
+            ctx.save_for_backward(x, *flat, *(t for direction in saved for t in direction.tensors()))
+            ctx.spec = spec
         return (kiln.from_numpy(y), *(kiln.from_numpy(f) for f in finals))
 
     @staticmethod
     def backward(ctx, dy, *dfinals):
         spec = ctx.spec
-        inputs = ctx.saved_tensors
         needs = ctx.needs_input_grad[2:]
-        if kiln.is_grad_enabled() or _jit.tracing:
+        saved_tensors = ctx.saved_tensors
+        inputs, arrays = saved_tensors[: len(needs)], saved_tensors[len(needs) :]
+        if kiln.is_grad_enabled() or _tracing():
             return (None, None, *_decomposed_grads(spec, inputs, (dy, *dfinals), needs))
-        return (None, None, *_numpy_grads(ctx, spec, inputs, _array(dy), [_array(g) for g in dfinals], needs))
+        saved = _Saved.unpack(arrays)
+        return (None, None, *_numpy_grads(spec, inputs, saved, _array(dy), [_array(g) for g in dfinals], needs))
 
 
-def _numpy_grads(ctx, spec: _Spec, inputs: tuple, dy, dfinals: list, needs: tuple) -> list:
+def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: list, needs: tuple) -> list:
     cell = _CELLS[spec.mode]
     x, flat = inputs[0], inputs[1:]
     xa = _array(x)
@@ -222,7 +237,7 @@ def _numpy_grads(ctx, spec: _Spec, inputs: tuple, dy, dfinals: list, needs: tupl
     x2 = xa.reshape(steps * batch, xa.shape[2])
     dx2 = None
     grads: list = []
-    for d, ((_, weights), saved) in enumerate(zip(spec.split(flat), ctx.arrays, strict=True)):
+    for d, ((_, weights), saved) in enumerate(zip(spec.split(flat), saved_arrays, strict=True)):
         w_ih, w_hh = _rows(cell, _array(weights[0]), False), _rows(cell, _array(weights[1]), False)
         hidden = w_hh.shape[1]
         dfinal = dfinals[d * spec.states : (d + 1) * spec.states]

@@ -237,6 +237,34 @@ def test_in_place_change_of_the_output_leaves_the_gradient_alone():
             assert_close(p.grad, w, rtol=1e-12, atol=1e-12)
 
 
+def test_retain_graph_and_a_second_backward():
+    m = _module("GRU", dict(num_layers=2, bidirectional=True))
+    out, h = m(kiln.randn(5, 2, 3, dtype=kiln.float64))
+    loss = out.sum() + h.sum()
+    loss.backward(retain_graph=True)
+    once = [p.grad.clone() for p in m.parameters()]
+    loss.backward()
+    for p, g in zip(m.parameters(), once, strict=True):
+        assert_close(p.grad, 2 * g.numpy(), rtol=1e-12, atol=1e-12)
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
+
+
+def test_autocast_keeps_the_per_step_ops(decomposed):
+    """Autocast lowers each product's inputs to bfloat16; the fused layer computes in the input's dtype,
+    so it stays out of autocast regions and the result is the per-step path's."""
+    m = nn.LSTM(3, 4, num_layers=2)
+    x = kiln.randn(5, 2, 3)
+    with kiln.autocast(device_type="cpu", dtype=kiln.bfloat16):
+        out, _ = m(x)
+    assert out.grad_fn.name() != "_FusedLayerBackward"
+    decomposed(True)
+    with kiln.autocast(device_type="cpu", dtype=kiln.bfloat16):
+        want, _ = m(x)
+    assert out.dtype == want.dtype
+    assert_close(out, want, rtol=0, atol=0)
+
+
 def test_no_grad_and_empty_sequences():
     m = nn.LSTM(3, 4, num_layers=2)
     with kiln.no_grad():
