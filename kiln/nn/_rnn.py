@@ -27,8 +27,6 @@ from .modules.rnn_cells import decomposed_direction, step_function
 
 __all__ = ["fusable", "fused_layer"]
 
-_FLOATS = (np.float32, np.float64)
-
 
 @dataclass(frozen=True)
 class _Cell:
@@ -123,7 +121,9 @@ def _kernel_order(a, reverse: bool):
 
 
 class _Saved:
-    """One direction's arrays kept for the backward (all in natural time order)."""
+    """One direction's arrays kept for the backward, in natural time order: the gate activations
+    (T, B, G, H), the states h (T + 1, B, H; the initial one first in the direction's own order), an
+    LSTM's cell states c (like h) and ``extra``: an LSTM's tanh(c), a GRU's h W_hn^T + b_hn (T, B, H)."""
 
     __slots__ = ("gates", "hs", "cs", "extra")
 
