@@ -23,7 +23,7 @@ from kiln.frontend import autocast
 from kiln.frontend.jit import state as _jit
 
 from . import _rnn_kernels as kernels
-from .modules.rnn_cells import decomposed_direction, step_function
+from .modules import rnn_cells  # a module, not its names: the cells import this module too
 
 __all__ = ["fusable", "fused_layer"]
 
@@ -47,7 +47,7 @@ def fusable(x, tensors) -> bool:
     if _tracing() or autocast.state.any:
         return False
     dtype = x.dtype
-    if x.device.type != "cpu" or x.dim() != 3 or x.shape[0] == 0 or x.shape[1] == 0:
+    if x.device.type != "cpu" or x.shape[0] == 0 or x.shape[1] == 0:
         return False
     if dtype not in (kiln.float32, kiln.float64):
         return False
@@ -274,7 +274,9 @@ def _decomposed_layer(spec: _Spec, x, flat: tuple):
     """The layer with the per-step ops the module uses while traced: (output, final states)."""
     outs, finals = [], []
     for d, (state, weights) in enumerate(spec.split(flat)):
-        out, final = decomposed_direction(step_function(spec.mode), x, tuple(state), weights, d == 1)
+        out, final = rnn_cells.decomposed_direction(
+            rnn_cells.step_function(spec.mode), x, tuple(state), weights, d == 1
+        )
         outs.append(out)
         finals += list(final)
     return (outs[0] if len(outs) == 1 else kiln.cat(outs, dim=-1)), finals

@@ -320,3 +320,41 @@ def test_compiled_lm_step_traces_the_per_step_ops_and_matches_fused_eager():
     summary = kiln.explain(fn).summary()
     assert "0 trace break(s)" in summary, summary
     assert sum(e.kind == "compiled" for e in fn.state.events) >= 1
+
+
+CELLS = [("LSTMCell", {}), ("GRUCell", {}), ("GRUCell", {"bias": False}), ("RNNCell", {}),
+         ("RNNCell", {"nonlinearity": "relu", "bias": False})]  # fmt: skip
+
+
+def _cell_loop(cell, name: str, xs, state):
+    """Three steps of ``cell`` from ``state``; the gradients of a weighted sum of every step's state."""
+    for t in [xs, *cell.parameters(), *state]:
+        t.grad = None
+    states, loss = tuple(state), 0
+    for t in range(xs.shape[0]):
+        states = cell(xs[t], states if name == "LSTMCell" else states[0])
+        states = states if name == "LSTMCell" else (states,)
+        loss = loss + sum((s * (k + 1)).sum() for k, s in enumerate(states)) * (t + 1)
+    loss.backward()
+    return [s.detach().clone() for s in states], [t.grad.clone() for t in [xs, *cell.parameters(), *state]]
+
+
+@pytest.mark.parametrize("unbatched", [False, True])
+@pytest.mark.parametrize(("name", "kwargs"), CELLS)
+def test_cells_step_fused_and_equal_the_per_step_ops(decomposed, name, kwargs, unbatched):
+    kiln.manual_seed(1)
+    cell = getattr(nn, name)(3, 4, **kwargs, dtype=kiln.float64)
+    rng = np.random.default_rng(8)
+    lead = (3,) if unbatched else (3, 2)
+    xs = kiln.from_numpy(rng.standard_normal((*lead, 3))).requires_grad_()
+    state = [kiln.from_numpy(rng.standard_normal(lead[1:] + (4,))).requires_grad_()
+             for _ in range(2 if name == "LSTMCell" else 1)]  # fmt: skip
+    out = cell(xs[0], tuple(state) if name == "LSTMCell" else state[0])
+    node = (out[0] if name == "LSTMCell" else out).grad_fn
+    node = node.next_edges[0][0] if unbatched else node  # through the squeeze
+    assert node.name() == "_FusedLayerBackward"
+    fused = _cell_loop(cell, name, xs, state)
+    decomposed(True)
+    reference = _cell_loop(cell, name, xs, state)
+    for got, want in zip(fused[0] + fused[1], reference[0] + reference[1], strict=True):
+        assert_close(got, want, rtol=1e-10, atol=1e-12)

@@ -1,4 +1,8 @@
-"""One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share."""
+"""One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share.
+
+Eagerly on the CPU a cell's step is the fused layer (``nn/_rnn.py``) over one time step: one autograd
+node instead of a dozen; traces, autocast and other devices run the step functions below.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ import math
 
 import kiln
 
+from .. import _rnn, init
 from .. import functional as F
-from .. import init
 from ..parameter import Parameter
 from .module import Module
 
@@ -120,6 +124,15 @@ class RNNCellBase(Module):
     def _project(self, x):
         return F.linear(x, self.weight_ih, self.bias_ih)
 
+    def _fused_step(self, mode: str, x, states: list):
+        """The new state tuple from the fused layer over one step, or None where it does not apply."""
+        weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
+        steps = x.unsqueeze(0)
+        if not _rnn.fusable(steps, [*states, *weights]):
+            return None
+        _, (state,) = _rnn.fused_layer(mode, steps, [tuple(states)], [weights])
+        return state
+
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
         if not self.bias:
@@ -140,8 +153,11 @@ class RNNCell(RNNCellBase):
 
     def forward(self, input, hx=None):
         x, states, batched = self._prepare(input, hx, 1)
-        act = kiln.tanh if self.nonlinearity == "tanh" else kiln.relu
-        (h,) = rnn_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh, act)
+        mode = "RNN_TANH" if self.nonlinearity == "tanh" else "RNN_RELU"
+        state = self._fused_step(mode, x, states)
+        if state is None:
+            state = step_function(mode)(self._project(x), tuple(states), self.weight_hh, self.bias_hh)
+        (h,) = state
         return h if batched else h.squeeze(0)
 
 
@@ -153,7 +169,8 @@ class LSTMCell(RNNCellBase):
 
     def forward(self, input, hx=None):
         x, states, batched = self._prepare(input, hx, 2)
-        h, c = lstm_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh)
+        state = self._fused_step("LSTM", x, states)
+        h, c = lstm_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh) if state is None else state
         return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
 
 
@@ -165,5 +182,6 @@ class GRUCell(RNNCellBase):
 
     def forward(self, input, hx=None):
         x, states, batched = self._prepare(input, hx, 1)
-        (h,) = gru_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh)
+        state = self._fused_step("GRU", x, states)
+        (h,) = gru_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh) if state is None else state
         return h if batched else h.squeeze(0)
