@@ -28,18 +28,9 @@ from .modules import rnn_cells  # a module, not its names: the cells import this
 __all__ = ["fusable", "fused_layer"]
 
 
-@dataclass(frozen=True)
-class _Cell:
-    """A cell's gate layout: ``order`` permutes the stacked gate blocks into the kernels' order,
-    whose first ``sigmoid`` blocks are sigmoid gates (their weight rows are halved, see the kernels)."""
-
-    gates: int
-    order: tuple[int, ...] | None
-    sigmoid: int
-
-
-_CELLS = {"LSTM": _Cell(4, (3, 0, 1, 2), 3), "GRU": _Cell(3, None, 2), "RNN_TANH": _Cell(1, None, 0),
-          "RNN_RELU": _Cell(1, None, 0)}  # fmt: skip
+#: How many leading gate blocks are sigmoids whose weight rows ``_rows`` halves (see the kernels).
+_HALVED = {"LSTM": 0, "GRU": 2, "RNN_TANH": 0, "RNN_RELU": 0}
+_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
 
 
 def fusable(x, tensors) -> bool:
@@ -95,25 +86,13 @@ def _array(t):
     return None if t is None else t.numpy(force=True)
 
 
-def _rows(cell: _Cell, w, halve: bool):
-    """``w``'s gate blocks (stacked along dim 0) in the kernels' order, sigmoid blocks halved if asked."""
-    blocks = w.reshape(cell.gates, -1, *w.shape[1:])
-    if cell.order is not None:
-        blocks = blocks[list(cell.order)]
-    if halve and cell.sigmoid:
-        blocks = blocks.copy() if cell.order is None else blocks
-        blocks[: cell.sigmoid] *= 0.5
-    return blocks.reshape(w.shape)
-
-
-def _unorder(cell: _Cell, grad):
-    """The inverse of ``_rows`` (without halving) for a gradient of a weight or bias."""
-    if cell.order is None:
-        return grad
-    blocks = grad.reshape(cell.gates, -1, *grad.shape[1:])
-    out = np.empty_like(blocks)
-    out[list(cell.order)] = blocks
-    return out.reshape(grad.shape)
+def _rows(mode: str, w, halve: bool):
+    """``w`` (gate blocks stacked along dim 0) with the rows of a GRU's sigmoid gates halved if asked."""
+    if not (halve and _HALVED[mode]):
+        return w
+    w = w.copy()
+    w[: _HALVED[mode] * (w.shape[0] // _GATES[mode])] *= 0.5
+    return w
 
 
 def _kernel_order(a, reverse: bool):
@@ -140,20 +119,20 @@ class _Saved:
         return [cls(*arrays[k : k + 4]) for k in range(0, len(arrays), 4)]
 
 
-def _forward_direction(cell: _Cell, mode: str, x2, shape, state, weights, reverse: bool) -> _Saved:
+def _forward_direction(mode: str, x2, shape, state, weights, reverse: bool) -> _Saved:
     steps, batch = shape
     w_ih, w_hh, b_ih, b_hh = (_array(w) for w in weights)
     hidden = w_hh.shape[1]
-    gates = x2 @ _rows(cell, w_ih, halve=True).T
+    gates = x2 @ _rows(mode, w_ih, halve=True).T
     if b_ih is not None:
         bias = b_ih + b_hh if mode != "GRU" else np.concatenate([b_ih[: 2 * hidden] + b_hh[: 2 * hidden],
                                                                  b_ih[2 * hidden :]])  # fmt: skip
-        gates += _rows(cell, bias, halve=True)
-    gates = gates.reshape(steps, batch, cell.gates, hidden)
+        gates += _rows(mode, bias, halve=True)
+    gates = gates.reshape(steps, batch, _GATES[mode], hidden)
     hs = np.empty((steps + 1, batch, hidden), dtype=x2.dtype)
     hk, ak = _kernel_order(hs, reverse), _kernel_order(gates, reverse)
     hk[0] = _array(state[0])
-    w_hh_t = _rows(cell, w_hh, halve=True).T
+    w_hh_t = _rows(mode, w_hh, halve=True).T
     cs = extra = None
     if mode == "LSTM":
         cs, extra = np.empty_like(hs), np.empty((steps, batch, hidden), dtype=x2.dtype)
@@ -180,7 +159,7 @@ def _outputs(saved: _Saved, reverse: bool) -> tuple:
 
 
 def _backward_direction(mode: str, saved: _Saved, w_hh, dy, dfinal: list, reverse: bool):
-    """(dz, dz_hh, gradients of the initial states) for one direction, ``w_hh`` in the kernels' order."""
+    """(dz, dz_hh, gradients of the initial states) for one direction (``w_hh`` as given, unscaled)."""
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     dz = np.empty_like(saved.gates)
     if mode == "LSTM":
@@ -199,13 +178,12 @@ class _FusedLayer(kiln.autograd.Function):
 
     @staticmethod
     def forward(ctx, spec: _Spec, keep: bool, x, *flat):
-        cell = _CELLS[spec.mode]
         xa = _array(x)
         steps, batch = xa.shape[:2]
         x2 = xa.reshape(steps * batch, xa.shape[2])
         saved, ys, finals = [], [], []
         for d, (state, weights) in enumerate(spec.split(flat)):
-            direction = _forward_direction(cell, spec.mode, x2, (steps, batch), state, weights, reverse=d == 1)
+            direction = _forward_direction(spec.mode, x2, (steps, batch), state, weights, reverse=d == 1)
             y, final = _outputs(direction, reverse=d == 1)
             saved.append(direction)
             ys.append(y)
@@ -230,7 +208,6 @@ class _FusedLayer(kiln.autograd.Function):
 
 
 def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: list, needs: tuple) -> list:
-    cell = _CELLS[spec.mode]
     x, flat = inputs[0], inputs[1:]
     xa = _array(x)
     steps, batch = xa.shape[:2]
@@ -238,7 +215,7 @@ def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: li
     dx2 = None
     grads: list = []
     for d, ((_, weights), saved) in enumerate(zip(spec.split(flat), saved_arrays, strict=True)):
-        w_ih, w_hh = _rows(cell, _array(weights[0]), False), _rows(cell, _array(weights[1]), False)
+        w_ih, w_hh = _array(weights[0]), _array(weights[1])
         hidden = w_hh.shape[1]
         dfinal = dfinals[d * spec.states : (d + 1) * spec.states]
         dz, dz_hh, dstates = _backward_direction(spec.mode, saved, w_hh, dy[:, :, d * hidden : (d + 1) * hidden],
@@ -248,9 +225,9 @@ def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: li
             part = dz2 @ w_ih
             dx2 = part if dx2 is None else dx2 + part
         h_prev = (saved.hs[1:] if d == 1 else saved.hs[:-1]).reshape(steps * batch, hidden)
-        grads += [*dstates, _unorder(cell, dz2.T @ x2), _unorder(cell, dz_hh2.T @ h_prev)]
+        grads += [*dstates, dz2.T @ x2, dz_hh2.T @ h_prev]
         if spec.bias:
-            grads += [_unorder(cell, dz2.sum(0)), _unorder(cell, dz_hh2.sum(0))]
+            grads += [dz2.sum(0), dz_hh2.sum(0)]
     dx = None if dx2 is None else kiln.from_numpy(dx2.reshape(xa.shape))
     return [dx, *(kiln.from_numpy(g) if need else None for g, need in zip(grads, needs[1:], strict=True))]
 
