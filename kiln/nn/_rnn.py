@@ -9,7 +9,13 @@ layer is one autograd node whose backward runs through time on numpy arrays and 
 ``kiln.compile`` trace (which records the decomposed per-step ops, so that compiled programs and the
 ONNX exporter see primitives) and outside autocast. A backward with ``create_graph`` (double
 backward, ``kiln.func`` transforms) or inside a trace recomputes the layer with the decomposed ops
-and differentiates that instead, so higher-order gradients stay exact.
+and differentiates that instead, so higher-order gradients stay exact. The cells (``rnn_cells.py``)
+run one step as this layer over one time step.
+
+Measured (2-layer LSTM LM step, V=500, E=128, H=128, B=16, T=35, SGD, one thread, against PyTorch
+eager in one process on a busy 2-core machine): 4.9x PyTorch's time with the per-step ops, 1.5x fused
+(PyTorch runs its LSTM on oneDNN; the rest is mostly OpenBLAS's 16 x 128 @ 128 x 512 products); a
+1-layer GRU LM step 2.6x -> 0.8x.
 """
 
 from __future__ import annotations
