@@ -65,9 +65,14 @@ def _flat(result) -> list:
     return [out, *(state if isinstance(state, tuple) else (state,))]
 
 
+def _state_leaves(states) -> list:
+    return [] if states is None else list(states) if isinstance(states, tuple) else [states]
+
+
 def _run(module, x, states, seed=None):
     """Outputs, and the gradients of one weighted sum of them for x, the states and every parameter."""
-    for t in [x, *module.parameters(), *(_flat((None, states))[1:] if states is not None else [])]:
+    leaves = [x, *module.parameters(), *_state_leaves(states)]
+    for t in leaves:
         t.grad = None
     if seed is not None:
         kiln.manual_seed(seed)
@@ -75,23 +80,7 @@ def _run(module, x, states, seed=None):
     weights = np.random.default_rng(7)
     loss = sum((o * kiln.from_numpy(weights.standard_normal(tuple(o.shape)))).sum() for o in outs)
     loss.backward()
-    leaves = [x, *module.parameters(), *(_flat((None, states))[1:] if states is not None else [])]
     return [o.detach().clone() for o in outs], [t.grad.clone() for t in leaves]
-
-
-@pytest.mark.parametrize("options", OPTIONS)
-@pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("case", ["state", "no_state", "unbatched"])
-def test_fused_equals_the_per_step_ops(decomposed, mode, options, case):
-    module = _module(mode, options)
-    x, states = _inputs(mode, options, np.random.default_rng(1), unbatched=case == "unbatched",
-                        with_state=case != "no_state")  # fmt: skip
-    fused = _run(module, x, states)
-    assert _flat(module(x, states) if states is not None else module(x))[0].grad_fn.name() != "StackBackward"
-    decomposed(True)
-    reference = _run(module, x, states)
-    for got, want in zip(fused[0] + fused[1], reference[0] + reference[1], strict=True):
-        assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 def _node_names(root) -> list[str]:
@@ -104,6 +93,22 @@ def _node_names(root) -> list[str]:
         names.append(node.name())
         todo += [edge[0] for edge in node.next_edges if edge is not None]
     return names
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("case", ["state", "no_state", "unbatched"])
+def test_fused_equals_the_per_step_ops(decomposed, mode, options, case):
+    module = _module(mode, options)
+    x, states = _inputs(mode, options, np.random.default_rng(1), unbatched=case == "unbatched",
+                        with_state=case != "no_state")  # fmt: skip
+    fused = _run(module, x, states)
+    out = _flat(module(x, states) if states is not None else module(x))[0]
+    assert _node_names(out.grad_fn).count("_FusedLayerBackward") == options["num_layers"]
+    decomposed(True)
+    reference = _run(module, x, states)
+    for got, want in zip(fused[0] + fused[1], reference[0] + reference[1], strict=True):
+        assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 def test_a_layer_is_one_autograd_node():
