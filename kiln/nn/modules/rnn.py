@@ -7,6 +7,11 @@ along dim 0 in PyTorch's order: LSTM (i, f, g, o), GRU (r, z, n). The one-step c
 A ``PackedSequence`` input (from ``nn.utils.rnn.pack_padded_sequence``) runs each time step on the
 sequences still active at that step (they are sorted by length, longest first), so padding never
 enters the state; the output is packed the same way.
+
+Eagerly on the CPU (float32/float64) each layer of a padded batch runs as one fused computation with
+one autograd node (``nn/_rnn.py``); a ``kiln.compile`` trace, autocast, other devices and packed input
+run the per-step ops below, which is also what the fused layer's backward differentiates under
+``create_graph``.
 """
 
 from __future__ import annotations
@@ -16,12 +21,12 @@ import warnings
 
 import kiln
 
+from .. import _rnn, init
 from .. import functional as F
-from .. import init
 from ..parameter import Parameter
 from ..utils.rnn import PackedSequence
 from .module import Module
-from .rnn_cells import GRUCell, LSTMCell, RNNCell, RNNCellBase, gru_step, lstm_step, rnn_step
+from .rnn_cells import GRUCell, LSTMCell, RNNCell, RNNCellBase, decomposed_direction, step_function
 
 __all__ = ["RNNBase", "RNN", "LSTM", "GRU", "RNNCellBase", "RNNCell", "LSTMCell", "GRUCell"]
 
@@ -94,11 +99,7 @@ class RNNBase(Module):
         return tuple(params) if self.bias else (params[0], params[1], None, None)
 
     def _step(self, gx, state, w_hh, b_hh):
-        if self.mode == "LSTM":
-            return lstm_step(gx, state, w_hh, b_hh)
-        if self.mode == "GRU":
-            return gru_step(gx, state, w_hh, b_hh)
-        return rnn_step(gx, state, w_hh, b_hh, kiln.tanh if self.mode == "RNN_TANH" else kiln.relu)
+        return step_function(self.mode)(gx, state, w_hh, b_hh)
 
     def _initial(self, x, hx, batch: int, batched: bool, sorted_indices):
         """Zero or user-given initial state as a (num_layers * directions, batch, hidden) tensor."""
@@ -126,42 +127,44 @@ class RNNBase(Module):
         if batched and self.batch_first:
             x = x.transpose(0, 1)
         states = [self._initial(x, s, x.shape[1], batched, None) for s in states]
-        x, finals = self._layers(x, states, lambda layer_x, state, weights, reverse: self._direction(
-            layer_x, state, weights, reverse))  # fmt: skip
+        if _rnn.fusable(x, [*states, *self._flat_weights]):
+            x, finals = self._layers(x, states, lambda *args: _rnn.fused_layer(self.mode, *args))
+        else:
+            x, finals = self._layers(x, states, self._per_direction(self._direction))
         if not batched:
             return x.squeeze(1), [f.squeeze(1) for f in finals]
         return (x.transpose(0, 1) if self.batch_first else x), finals
 
-    def _layers(self, x, states, run_direction):
+    def _layers(self, x, states, run_layer):
+        """Every layer in turn: ``run_layer(x, states, weights)``, with a state tuple and the weights
+        per direction, returns the layer's output and the final state tuple per direction."""
         directions = 2 if self.bidirectional else 1
         finals: list[list] = [[] for _ in states]
         for layer in range(self.num_layers):
-            outs = []
-            for direction in range(directions):
-                row = layer * directions + direction
-                state = tuple(s[row] for s in states)
-                out, state = run_direction(x, state, self._weights(layer, direction), bool(direction))
-                outs.append(out)
+            rows = range(layer * directions, (layer + 1) * directions)
+            weights = [self._weights(layer, direction) for direction in range(directions)]
+            x, layer_finals = run_layer(x, [tuple(s[row] for s in states) for row in rows], weights)
+            for state in layer_finals:
                 for f, s in zip(finals, state, strict=True):
                     f.append(s)
-            x = outs[0] if directions == 1 else kiln.cat(outs, dim=-1)
             if self.dropout > 0 and self.training and layer < self.num_layers - 1:
                 x = F.dropout(x, self.dropout, training=True)
         return x, [kiln.stack(f, dim=0) for f in finals]
 
+    @staticmethod
+    def _per_direction(run_direction):
+        """A ``run_layer`` for ``_layers`` that runs ``run_direction(x, state, weights, reverse)`` per direction."""
+
+        def run_layer(x, states, weights):
+            runs = [run_direction(x, s, w, bool(d)) for d, (s, w) in enumerate(zip(states, weights, strict=True))]
+            out = runs[0][0] if len(runs) == 1 else kiln.cat([out for out, _ in runs], dim=-1)
+            return out, [state for _, state in runs]
+
+        return run_layer
+
     @kiln.jit.composite("rnn_direction")  # kiln.onnx writes an LSTM's as ONNX's LSTM operator
     def _direction(self, x, state, weights, reverse: bool):
-        w_ih, w_hh, b_ih, b_hh = weights
-        # The input projection for all time steps at once; only the recurrence is sequential.
-        gates_x = F.linear(x, w_ih, b_ih)
-        steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
-        outs = [None] * x.shape[0]
-        for t in steps:
-            state = self._step(gates_x[t], state, w_hh, b_hh)
-            outs[t] = state[0]
-        if not outs:
-            return kiln.zeros(0, x.shape[1], self.hidden_size, dtype=x.dtype, device=x.device), state
-        return kiln.stack(outs, dim=0), state
+        return decomposed_direction(self._step, x, state, weights, reverse)
 
     def _run_packed(self, packed: PackedSequence, states):
         data, batch_sizes = packed.data, [int(b) for b in packed.batch_sizes.tolist()]
@@ -173,7 +176,7 @@ class RNNBase(Module):
         def run_direction(x, state, weights, reverse):
             return self._direction_packed(x, batch_sizes, state, weights, reverse)
 
-        data, finals = self._layers(data, states, run_direction)
+        data, finals = self._layers(data, states, self._per_direction(run_direction))
         if packed.unsorted_indices is not None:
             finals = [kiln.index_select(f, 1, packed.unsorted_indices) for f in finals]
         return PackedSequence(data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices), finals

@@ -1,17 +1,32 @@
-"""One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share."""
+"""One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share.
+
+Eagerly on the CPU a cell's step is the fused layer (``nn/_rnn.py``) over one time step: one autograd
+node instead of a dozen; traces, autocast and other devices run the step functions below.
+"""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import kiln
 
+from .. import _rnn, init
 from .. import functional as F
-from .. import init
 from ..parameter import Parameter
 from .module import Module
 
-__all__ = ["RNNCellBase", "RNNCell", "LSTMCell", "GRUCell", "rnn_step", "lstm_step", "gru_step"]
+__all__ = [
+    "RNNCellBase",
+    "RNNCell",
+    "LSTMCell",
+    "GRUCell",
+    "rnn_step",
+    "lstm_step",
+    "gru_step",
+    "step_function",
+    "decomposed_direction",
+]
 
 
 def rnn_step(gx, state, w_hh, b_hh, nonlinearity):
@@ -35,6 +50,31 @@ def gru_step(gx, state, w_hh, b_hh):
     z = kiln.sigmoid(xz + hz)
     n = kiln.tanh(xn + r * hn)
     return ((1 - z) * n + z * h,)
+
+
+def step_function(mode: str):
+    """The step of a layer's ``mode`` (``RNNBase.mode``): ``step(gx, state, w_hh, b_hh) -> state``."""
+    if mode == "LSTM":
+        return lstm_step
+    if mode == "GRU":
+        return gru_step
+    return functools.partial(rnn_step, nonlinearity=kiln.tanh if mode == "RNN_TANH" else kiln.relu)
+
+
+def decomposed_direction(step, x, state, weights, reverse: bool):
+    """One direction of one layer as per-step ops (what traces record): ``x`` (T, B, in), ``state``
+    a tuple of (B, H) tensors, ``weights`` (w_ih, w_hh, b_ih, b_hh). Returns (output (T, B, H), state)."""
+    w_ih, w_hh, b_ih, b_hh = weights
+    # The input projection for all time steps at once; only the recurrence is sequential.
+    gates_x = F.linear(x, w_ih, b_ih)
+    steps = range(x.shape[0] - 1, -1, -1) if reverse else range(x.shape[0])
+    outs = [None] * x.shape[0]
+    for t in steps:
+        state = step(gates_x[t], state, w_hh, b_hh)
+        outs[t] = state[0]
+    if not outs:
+        return kiln.zeros(0, x.shape[1], w_hh.shape[1], dtype=x.dtype, device=x.device), state
+    return kiln.stack(outs, dim=0), state
 
 
 class RNNCellBase(Module):
@@ -84,6 +124,15 @@ class RNNCellBase(Module):
     def _project(self, x):
         return F.linear(x, self.weight_ih, self.bias_ih)
 
+    def _fused_step(self, mode: str, x, states: list):
+        """The new state tuple from the fused layer over one step, or None where it does not apply."""
+        weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
+        steps = x.unsqueeze(0)
+        if not _rnn.fusable(steps, [*states, *weights]):
+            return None
+        _, (state,) = _rnn.fused_layer(mode, steps, [tuple(states)], [weights])
+        return state
+
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
         if not self.bias:
@@ -104,8 +153,11 @@ class RNNCell(RNNCellBase):
 
     def forward(self, input, hx=None):
         x, states, batched = self._prepare(input, hx, 1)
-        act = kiln.tanh if self.nonlinearity == "tanh" else kiln.relu
-        (h,) = rnn_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh, act)
+        mode = "RNN_TANH" if self.nonlinearity == "tanh" else "RNN_RELU"
+        state = self._fused_step(mode, x, states)
+        if state is None:
+            state = step_function(mode)(self._project(x), tuple(states), self.weight_hh, self.bias_hh)
+        (h,) = state
         return h if batched else h.squeeze(0)
 
 
@@ -117,7 +169,8 @@ class LSTMCell(RNNCellBase):
 
     def forward(self, input, hx=None):
         x, states, batched = self._prepare(input, hx, 2)
-        h, c = lstm_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh)
+        state = self._fused_step("LSTM", x, states)
+        h, c = lstm_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh) if state is None else state
         return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
 
 
@@ -129,5 +182,6 @@ class GRUCell(RNNCellBase):
 
     def forward(self, input, hx=None):
         x, states, batched = self._prepare(input, hx, 1)
-        (h,) = gru_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh)
+        state = self._fused_step("GRU", x, states)
+        (h,) = gru_step(self._project(x), tuple(states), self.weight_hh, self.bias_hh) if state is None else state
         return h if batched else h.squeeze(0)
