@@ -62,7 +62,7 @@ class LLVMBackend:
         return None
 
     def takes_epilogue(self, node: Node) -> bool:
-        from .kernels_epilogue import takes_epilogue  # noqa: PLC0415 - a cache hit loads code without the generator
+        from .conv_epilogue import takes_epilogue  # noqa: PLC0415 - a cache hit loads code without the generator
 
         return takes_epilogue(node)
 

@@ -1,10 +1,17 @@
-"""Emitting a scalar DAG (kiln/codegen/kernel_dag.py) as LLVM IR: element offsets, loads, formulas, accumulators.
+"""The core every LLVM kernel generator builds on: a kernel body's scalar DAG emitted as LLVM IR.
+
+A kernel function is ``void @sym(ptr args, i64 begin, i64 end)`` (kiln/codegen/llvm/kernels.py);
+``operand_pointers`` reads its operands' data pointers from ``args`` and ``element_pointer``
+addresses an element. ``KernelBody`` emits a body's outputs (``plans.KernelOutput``: an operand,
+a DAG root of kiln/codegen/kernel_dag.py, a store offset) at the builder's position, every load of
+an element before its stores; ``DagEmitter`` emits the DAG nodes themselves through the scalar
+formulas of the primitives, and ``Accumulator`` holds a reduction's running value.
 
 A ``Scope`` holds what is already emitted where it dominates the current position: the row scope
 of a reduction kernel holds each finished reduction's value, and every loop body opens a child
 scope (values emitted in one loop do not dominate the next loop). Offsets are materialized from
-``Lin`` expressions through ``VarEnv``, which maps each domain variable to its loop value -- or to
-nothing when collapsing folded it into the next variable's loop (see kiln/codegen/index.py: collapse).
+``Lin`` expressions through ``loops.VarEnv``, which maps each domain variable to its loop value --
+or to nothing when collapsing folded it into the next variable's loop (kiln/codegen/index.py: collapse).
 """
 
 from __future__ import annotations
@@ -13,51 +20,15 @@ from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
-from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ...ir.primitives import PRIMITIVES
-from ...ir.types import is_static
-from ..index import Div, Lin
+from ..core import Unsupported
 from ..kernel_dag import Apply, Const, Load, Node, Reduce
-from . import Unsupported
-from .emitter import LLVMEmitter, Scalar, load, memory_type, register_type
-from .loops import for_range, i64
+from ..plans import KernelOutput
+from .emitter import LLVMEmitter, Scalar, load, memory_type, register_type, store
+from .loops import VarEnv, i64
 
-_NSW = ("nsw",)
-
-
-class VarEnv:
-    """Domain variable -> its i64 value; ``None`` marks a variable folded into a collapsed loop."""
-
-    def __init__(self) -> None:
-        self.values: dict[int, ir.Value | None] = {}
-
-    def bind_group(self, group: Sequence[int], value: ir.Value) -> None:
-        """A collapsed loop over ``group``'s variables: the loop value stands in for the last one,
-        whose coefficient every leaf scales the loop value by (the collapse condition)."""
-        for var in group[:-1]:
-            self.values[var] = None
-        self.values[group[-1]] = value
-
-    def materialize(self, builder: ir.IRBuilder, e: Lin) -> ir.Value:
-        """``e`` as an i64 value."""
-        total: ir.Value | None = None
-        for atom, coef in e.terms:
-            if isinstance(atom, int):
-                value = self.values.get(atom)
-                if value is None:
-                    if atom not in self.values:
-                        raise AssertionError(f"domain variable {atom} has no loop here")
-                    continue
-            else:
-                inner = self.materialize(builder, atom.expr)
-                op = builder.sdiv if isinstance(atom, Div) else builder.srem  # indices are never negative
-                value = op(inner, i64(atom.divisor))
-            term = value if coef == 1 else builder.mul(value, i64(coef), flags=_NSW)
-            total = term if total is None else builder.add(total, term, flags=_NSW)
-        if total is None:
-            return i64(e.const)
-        return total if e.const == 0 else builder.add(total, i64(e.const), flags=_NSW)
+__all__ = ["POINTER", "Accumulator", "DagEmitter", "KernelBody", "Scope", "element_pointer", "operand_pointers"]
 
 
 class Scope:
@@ -88,7 +59,7 @@ class DagEmitter:
         self.em = LLVMEmitter(builder)
         self.pointer = pointer
         # divisor node id -> its reciprocal: a division by it is a multiplication (see
-        # ``kernels._with_reciprocals``, which sets these for one pass)
+        # ``reduction.with_reciprocals``, which sets these for one pass)
         self.reciprocals: dict[int, Scalar] = {}
 
     def emit(self, node: Node, scope: Scope) -> Scalar:
@@ -133,17 +104,6 @@ class DagEmitter:
         raise AssertionError(f"{node.op}'s row value is used before its pass over the row")
 
 
-def float_static(node) -> str | None:
-    """Why a native float op's node (a window op, a direct convolution, a sum of rows) runs on its
-    eager kernel for its dtype or its shapes (None: float32 or float64, static shapes)."""
-    dtype = node.output.type.dtype
-    if dtype not in (dt.float32, dt.float64):
-        return f"{node.op} of {dtype.name} runs on its eager kernel"
-    if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
-        return f"{node.op} over a symbolic dimension runs on its eager kernel"
-    return None
-
-
 #: An opaque pointer: what a kernel's pointer table holds.
 POINTER = ir.PointerType()
 
@@ -163,45 +123,35 @@ def element_pointer(builder: ir.IRBuilder, base: ir.Value, index: ir.Value, dtyp
     return builder.gep(base, [index], inbounds=True, source_etype=memory_type(dtype))
 
 
-#: An element of an array: its base pointer and the element offset from it (an i64).
-Pointer = tuple[ir.Value, ir.Value]
+class KernelBody:
+    """Emits one body's outputs through the kernel's data ``pointers``, offsets from ``env``.
 
+    A generator whose loads are not addressed by ``Lin`` offsets over ``env`` (a horizontal
+    kernel's tables, a convolution's stack slab) overrides ``load_pointer``."""
 
-def transfer_row(
-    builder: ir.IRBuilder, count: int, src: Pointer, dst: Pointer, src_step: int, dst_step: int, dtype: DType, add: bool
-) -> None:
-    """dst[i * dst_step] (+)= src[i * src_step] for i < count, ``src`` and ``dst`` each a (base
-    pointer, element offset) pair. A short row of unit steps (both contiguous, under 64 elements:
-    convolution rows are 4 to 32 wide, an embedding's 8 to 64) is a few explicit vectors of
-    descending widths (28 = 16 + 8 + 4 floats). The loop vectorizer's own choice on AVX-512, 4
-    vectors of 16 lanes an iteration, runs such a row in its scalar remainder, and once the row is
-    unrolled the SLP vectorizer cannot prove the input and output apart. Longer or strided rows
-    are a loop."""
-    kind = memory_type(dtype)
-    combine = builder.fadd if dtype.is_floating_point else builder.add
-    if src_step == dst_step == 1 and count < 64:
-        lanes, done = 64 // dtype.itemsize, 0
-        while done < count:
-            while lanes > count - done:
-                lanes //= 2
-            vector = ir.VectorType(kind, lanes) if lanes > 1 else kind
-            offset = i64(done)
-            source = element_pointer(builder, src[0], builder.add(src[1], offset, flags=("nsw",)), dtype)
-            target = element_pointer(builder, dst[0], builder.add(dst[1], offset, flags=("nsw",)), dtype)
-            value = builder.load(source, typ=vector, align=dtype.itemsize)
-            if add:
-                value = combine(builder.load(target, typ=vector, align=dtype.itemsize), value)
-            builder.store(value, target, align=dtype.itemsize)
-            done += lanes
-        return
-    with for_range(builder, 0, count, name="o", parallel=True) as o:
-        at_src = builder.add(src[1], builder.mul(o, i64(src_step), flags=("nsw",)), flags=("nsw",))
-        at_dst = builder.add(dst[1], builder.mul(o, i64(dst_step), flags=("nsw",)), flags=("nsw",))
-        target = element_pointer(builder, dst[0], at_dst, dtype)
-        value = builder.load(element_pointer(builder, src[0], at_src, dtype), typ=kind)
-        if add:
-            value = combine(builder.load(target, typ=kind), value)
-        builder.store(value, target)
+    def __init__(self, builder: ir.IRBuilder, pointers: list[ir.Value], env: VarEnv) -> None:
+        self.builder, self.pointers, self.env = builder, pointers, env
+        self.emitter = DagEmitter(builder, self.load_pointer)
+
+    def load_pointer(self, node: Load) -> ir.Value:
+        """The address that DAG load ``node`` reads at the current position."""
+        offset = self.env.materialize(self.builder, node.offset)
+        return element_pointer(self.builder, self.pointers[node.operand], offset, node.dtype)
+
+    def store_pointer(self, out: KernelOutput, k: int) -> ir.Value:
+        """The address output ``out`` (the ``k``-th stored together) is written at."""
+        offset = self.env.materialize(self.builder, out.at)
+        return element_pointer(self.builder, self.pointers[out.operand], offset, out.root.dtype)
+
+    def load_output(self, out: KernelOutput) -> Scalar:
+        """The value already stored for ``out`` (a node kept there by an earlier pass)."""
+        return load(self.builder, self.store_pointer(out, 0), out.root.dtype)
+
+    def compute_then_store(self, outputs: Sequence[KernelOutput], scope: Scope) -> None:
+        """Every output's value first (so every load of this element precedes its stores), then the stores."""
+        values = [self.emitter.emit(out.root, scope) for out in outputs]
+        for k, (out, value) in enumerate(zip(outputs, values, strict=True)):
+            store(self.builder, value, self.store_pointer(out, k))
 
 
 # ----------------------------------------------------------------------------- reduction accumulators
