@@ -34,6 +34,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import prod as product
 from typing import NamedTuple
 
 from ..ir.graph import Graph, Node
@@ -55,18 +56,9 @@ __all__ = [
     "elementwise_plan",
     "group_size",
     "horizontal_plan",
-    "product",
     "reduction_plan",
     "same_size",
 ]
-
-
-def product(values) -> int:
-    """The product of ints (1 for none)."""
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 def same_size(a: Sequence[Dim], b: Sequence[Dim]) -> bool:

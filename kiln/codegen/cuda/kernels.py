@@ -28,14 +28,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from math import prod as product
 
 from ...ir.graph import Graph, Node
 from ...ir.kernel_kinds import ELEMENTWISE, HORIZONTAL, REDUCTION
 from ...ir.primitives import PRIMITIVES
 from ...ir.types import Sym
 from ..core import Scalar, Unsupported
-from ..index import Div, Lin
-from ..kernel_dag import Apply, Const, Load
+from ..index import Div, Lin, static
+from ..kernel_dag import Apply, Const, Load, evaluate
 from ..kernel_dag import Node as DagNode
 from ..plans import (
     HorizontalMember,
@@ -44,7 +45,6 @@ from ..plans import (
     checked_bodies,
     elementwise_plan,
     horizontal_plan,
-    product,
     reduction_plan,
 )
 from ..semantics import Semantics
@@ -84,19 +84,12 @@ class _Body:
         self.offset = offset
 
     def emit(self, node: DagNode, scope: dict) -> Scalar:
-        pending = [node]
-        while pending:
-            top = pending[-1]
-            if id(top) in scope:
-                pending.pop()
-                continue
-            if isinstance(top, Apply):
-                missing = [a for a in top.args if id(a) not in scope]
-                if missing:
-                    pending.extend(reversed(missing))
-                    continue
-            pending.pop()
+        """``node``'s scalar, emitting what it needs first (operands left to right)."""
+
+        def compute(top: DagNode) -> None:
             scope[id(top)] = self._one(top, scope)
+
+        evaluate(node, lambda n: id(n) in scope, compute)
         return scope[id(node)]
 
     def _one(self, node: DagNode, scope: dict) -> Scalar:
@@ -217,7 +210,7 @@ def _header(source: Source, name: str, count: int) -> None:
 # ----------------------------------------------------------------------------- elementwise
 def _elementwise(module: CudaModule, name: str, body: Graph, layouts) -> Launch:
     plan = elementwise_plan(body, layouts)
-    sizes = plan.sizes
+    sizes = [static(n) for n in plan.sizes]  # ``_check`` declined symbolic shapes
     total = product(sizes)
     source = Source()
     with source.block(f"for i in range(cuda.grid(1), {total}, cuda.gridsize(1))"):
@@ -352,17 +345,10 @@ def _member_function(module: CudaModule, name: str, first: HorizontalMember, dep
     source = Source()
     sizes = [f"s{k}" for k in range(depth)]
     coefs = [[f"c{leaf}_{k}" for k in range(depth + 1)] for leaf in range(len(leaves))]
-    rest = "i"
-    for k in range(depth - 1, -1, -1):
-        if k:
-            source.emit(f"v{k} = {rest} % {sizes[k]}")
-            source.emit(f"r{k} = {rest} // {sizes[k]}")
-            rest = f"r{k}"
-        else:
-            source.emit(f"v0 = {rest}")
+    index = bind(source, "i", [[k] for k in range(depth)], sizes)
 
     def at(leaf: int) -> str:
-        return " + ".join([coefs[leaf][0]] + [f"{coefs[leaf][k + 1]} * v{k}" for k in range(depth)])
+        return " + ".join([coefs[leaf][0]] + [f"{coefs[leaf][k + 1]} * {index[k]}" for k in range(depth)])
 
     position = {id(load): k for k, load in enumerate(first.loads)}
     target = _Body(source, module, lambda load: at(position[id(load)]))

@@ -23,7 +23,7 @@ from llvmlite import ir
 from ...ir.dtypes import DType
 from ...ir.primitives import PRIMITIVES
 from ..core import Unsupported
-from ..kernel_dag import Apply, Const, Load, Node, Reduce
+from ..kernel_dag import Apply, Const, Load, Node, Reduce, evaluate
 from ..plans import KernelOutput
 from .emitter import LLVMEmitter, Scalar, load, memory_type, register_type, store
 from .loops import VarEnv, i64
@@ -65,19 +65,11 @@ class DagEmitter:
     def emit(self, node: Node, scope: Scope) -> Scalar:
         """``node``'s scalar, emitting what it needs first (operands left to right, no recursion:
         a fused chain may be thousands of nodes deep)."""
-        pending = [node]
-        while pending:
-            top = pending[-1]
-            if scope.get(top) is not None:
-                pending.pop()
-                continue
-            if isinstance(top, Apply):
-                missing = [a for a in top.args if scope.get(a) is None]
-                if missing:
-                    pending.extend(reversed(missing))
-                    continue
-            pending.pop()
+
+        def compute(top: Node) -> None:
             scope.values[id(top)] = self._emit_one(top, scope)
+
+        evaluate(node, lambda n: scope.get(n) is not None, compute)
         found = scope.get(node)
         assert found is not None
         return found

@@ -11,15 +11,17 @@ pieces of a long row, or chunks of the symbolic loop when it is the only one.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import prod as product
 from typing import cast
 
 from llvmlite import ir
 
 from ...ir.graph import Node
 from ...ir.types import Dim
+from ..index import static
 from ..plans import ElementwisePlan, checked_bodies, elementwise_plan
 from .body import KernelBody, Scope, operand_pointers
-from .loops import CHUNK, VarEnv, bind_rows, for_range, i64, minimum, product
+from .loops import CHUNK, VarEnv, bind_rows, for_range, i64, minimum
 from .symbolic import symbol_size
 
 __all__ = ["emit_elementwise", "unit_loops"]
@@ -33,7 +35,7 @@ def emit_elementwise(builder: ir.IRBuilder, args, node: Node, layouts) -> int | 
     operands = len(body.inputs) + len(body.outputs)
     if plan.symbolic:
         return _symbolic(builder, args, plan, operands)
-    if product(plan.domain) == 0:
+    if product(static(n) for n in plan.domain) == 0:
         builder.ret_void()
         return 0
     groups, sizes = plan.groups, cast(list[int], plan.sizes)

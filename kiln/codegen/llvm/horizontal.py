@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import prod as product
 
 from llvmlite import ir
 
@@ -29,7 +30,7 @@ from ...ir.graph import Node
 from ..kernel_dag import Load
 from ..plans import HorizontalMember, KernelOutput, checked_bodies, horizontal_plan
 from .body import KernelBody, Scope, element_pointer, operand_pointers
-from .loops import CHUNK, I64, for_range, i64, minimum, product
+from .loops import CHUNK, I64, for_range, i64, minimum
 
 __all__ = ["emit_horizontal"]
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from math import prod as product
 from typing import cast
 
 from llvmlite import ir
@@ -148,14 +149,6 @@ def for_range(
 def minimum(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
     """Signed i64 minimum."""
     return builder.select(builder.icmp_signed("<", a, b), a, b)
-
-
-def product(values) -> int:
-    """The product of ints (1 for none)."""
-    out = 1
-    for v in values:
-        out *= v
-    return out
 
 
 def static_shape(value) -> tuple[int, ...]:

@@ -13,6 +13,7 @@ size (kiln/codegen/llvm/symbolic.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import prod as product
 
 import numpy as np
 from llvmlite import ir
@@ -21,11 +22,12 @@ from ...ir import dtypes as dt
 from ...ir.graph import Node
 from ...ir.primitives import Cost, ops_of_cost
 from ...ir.types import Dim, Sym
+from ..index import static
 from ..kernel_dag import Apply, Const, Load, Reduce, walk
 from ..kernel_dag import Node as DagNode
 from ..plans import KernelOutput, ReductionPlan, checked_bodies, reduction_plan
 from .body import Accumulator, DagEmitter, KernelBody, Scope, operand_pointers
-from .loops import VarEnv, bind_rows, for_range, nest, product
+from .loops import VarEnv, bind_rows, for_range, nest
 
 __all__ = ["COSTLY", "emit_reduction", "with_reciprocals"]
 
@@ -125,7 +127,7 @@ def emit_reduction(builder: ir.IRBuilder, args, node: Node, layouts) -> int | tu
     plan = reduction_plan(body, layouts)
     symbolic = isinstance(plan.domain[0], Sym)
     # Rows are the outer index flattened; the symbolic leading size only counts them (units).
-    extent = product(plan.outer_shape[1:] if symbolic else plan.outer_shape)
+    extent = product(static(n) for n in (plan.outer_shape[1:] if symbolic else plan.outer_shape))
     if extent == 0:
         builder.ret_void()
         return (0, 1) if symbolic else 0

@@ -15,14 +15,16 @@ take a symbolic dimension (``KindGenerator.symbolic``: horizontal, for one) is d
 from __future__ import annotations
 
 from collections.abc import Sequence
+from math import prod as product
 
 from llvmlite import ir
 
 from ...ir.graph import Node, kernel_bodies
 from ...ir.types import Sym
 from ..core import Unsupported
+from ..index import static
 from .body import POINTER
-from .loops import I64, i64, product
+from .loops import I64, i64
 
 __all__ = ["symbol_size", "symbolic_dimension", "symbolic_work_bytes"]
 
@@ -54,7 +56,7 @@ def symbolic_work_bytes(node: Node, sym: Sym) -> tuple[int, int]:
     for v in (*node.inputs, *node.outputs):
         shape, itemsize = v.type.shape, v.type.dtype.itemsize
         if shape and shape[0] == sym:
-            per_size += product(shape[1:]) * itemsize
+            per_size += product(static(n) for n in shape[1:]) * itemsize
         else:
             fixed += v.type.numel * itemsize
     return fixed, per_size
