@@ -127,6 +127,7 @@ class ElementwisePlan:
 
     @property
     def roots(self) -> list[DagNode]:
+        """The outputs' DAG roots, in output order."""
         return [out.root for out in self.outputs]
 
     @property
@@ -175,6 +176,7 @@ class ReductionPlan:
 
     @property
     def outer_shape(self) -> tuple[Dim, ...]:
+        """The shape of the rows (the kept dims)."""
         return self.domain[: self.rows.outer]
 
     @property
@@ -266,6 +268,7 @@ class HorizontalMember:
 
     @property
     def elements(self) -> int:
+        """The member's number of elements (0: it runs no unit)."""
         return product(ix.static(n) for n in self.plan.domain)
 
     def padded(self, depth: int) -> tuple[list[int], list[int]]:
