@@ -33,11 +33,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod as product
 from typing import NamedTuple
 
-from ..ir.graph import Graph, Node
+from ..ir.graph import Graph, Node, Value
 from ..ir.kernel_kinds import kernel_kind
 from ..ir.types import Dim, Sym
 from . import index as ix
@@ -56,6 +56,7 @@ __all__ = [
     "elementwise_plan",
     "group_size",
     "horizontal_plan",
+    "outputs_plan",
     "reduction_plan",
     "same_size",
 ]
@@ -144,15 +145,24 @@ def elementwise_plan(body: Graph, layouts: Sequence[Sequence[int]]) -> Elementwi
     for v in body.outputs:
         if v.type.shape != domain:
             raise Unsupported(f"elementwise outputs of shapes {list(domain)} and {list(v.type.shape)}")
-    space = ix.Space(domain)
-    dag = DagBuilder(body, space, layouts)
-    store_at = ix.offset(space.identity(), ix.contiguous_strides(domain))
-    n_in = len(body.inputs)
-    outputs = [KernelOutput(n_in + j, dag.element(v, space.identity()), store_at) for j, v in enumerate(body.outputs)]
-    leaves = [load.offset for load in loads([out.root for out in outputs])] + [store_at]
+    dag = DagBuilder(body, ix.Space(domain), layouts)
+    values = [(len(body.inputs) + j, v) for j, v in enumerate(body.outputs)]
     if domain and isinstance(domain[0], Sym):  # the symbolic dimension is a loop of its own
-        return ElementwisePlan(domain, outputs, [[0], *ix.collapse(domain, range(1, len(domain)), leaves)])
-    return ElementwisePlan(domain, outputs, ix.collapse(domain, range(len(domain)), leaves))
+        plan = outputs_plan(dag, values, loops_from=1)
+        return replace(plan, groups=[[0], *plan.groups])
+    return outputs_plan(dag, values)
+
+
+def outputs_plan(dag: DagBuilder, values: Sequence[tuple[int, Value]], loops_from: int = 0) -> ElementwisePlan:
+    """The plan of body ``values`` (each a kernel operand and a body value of ``dag``'s domain's
+    shape), stored C-contiguous: each computed at its own index, over collapsed loops of the
+    domain's dims from ``loops_from`` on (the dims before are bound by the generator: a conv
+    kernel's sample and channel)."""
+    domain = tuple(dag.space.sizes)
+    store_at = ix.offset(dag.space.identity(), ix.contiguous_strides(domain))
+    outputs = [KernelOutput(operand, dag.element(v, dag.space.identity()), store_at) for operand, v in values]
+    leaves = [load.offset for load in loads([out.root for out in outputs])] + [store_at]
+    return ElementwisePlan(domain, outputs, ix.collapse(domain, range(loops_from, len(domain)), leaves))
 
 
 # ----------------------------------------------------------------------------- reduction

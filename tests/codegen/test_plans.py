@@ -13,6 +13,8 @@ from kiln.codegen import plans
 from kiln.codegen.core import Unsupported
 from kiln.codegen.cuda import kernels as cuda_kernels
 from kiln.codegen.cuda.core import CudaModule
+from kiln.codegen.index import Space
+from kiln.codegen.kernel_dag import DagBuilder
 from kiln.codegen.plans import checked_bodies, elementwise_plan, horizontal_plan, reduction_plan
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import Graph, GraphBuilder, Node
@@ -61,6 +63,16 @@ def test_a_symbolic_leading_dimension_is_a_loop_of_its_own():
     B = Sym("B")
     plan = elementwise_plan(_add_body((B, 4, 8)), [(32, 8, 1), (32, 8, 1)])
     assert plan.symbolic and plan.groups == [[0], [1, 2]] and plan.sizes == [B, 32]
+
+
+def test_an_outputs_plan_loops_over_the_dims_its_generator_does_not_bind():
+    """A conv kernel binds the sample and channel itself: its epilogue's loops start at dim 2."""
+    body = _add_body((2, 3, 4, 5))
+    dag = DagBuilder(body, Space((2, 3, 4, 5)), [(60, 20, 5, 1)] * 2)
+    plan = plans.outputs_plan(dag, [(7, body.outputs[1])], loops_from=2)
+    assert plan.groups == [[2, 3]] and plan.sizes == [20]
+    assert [out.operand for out in plan.outputs] == [7]
+    assert plans.outputs_plan(dag, [(7, body.outputs[1])]).groups == [[0, 1, 2, 3]]
 
 
 def test_elementwise_outputs_of_different_shapes_are_declined():

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from llvmlite import ir
 
@@ -27,27 +26,16 @@ from ...ir.graph import Node, conv_epilogue
 from .. import index as ix
 from ..core import Unsupported
 from ..kernel_dag import DagBuilder, Load, loads
-from ..plans import KernelOutput, checked_bodies
+from ..plans import ElementwisePlan, checked_bodies, outputs_plan
 from .body import POINTER, KernelBody, Scope, element_pointer, operand_pointers
 from .conv import channel_block, compilable, forward
 from .emitter import memory_type
 from .loops import VarEnv, for_range, i64, nest, static_shape
 
-__all__ = ["SLAB_BYTES", "Domain", "emit_conv_kernel", "plan", "takes_epilogue"]
+__all__ = ["SLAB_BYTES", "emit_conv_kernel", "plan", "takes_epilogue"]
 
 #: The largest stack slab (a unit's block of output channels) an epilogue runs on.
 SLAB_BYTES = 128 << 10
-
-
-@dataclass
-class Domain:
-    """The epilogue outputs of one shape, and the collapsed loops over the dims after the sample
-    and channel dims."""
-
-    shape: tuple[int, ...]
-    outputs: list[KernelOutput]
-    groups: list[list[int]]
-    sizes: list[int]
 
 
 def takes_epilogue(node: Node) -> bool:
@@ -59,8 +47,9 @@ def takes_epilogue(node: Node) -> bool:
     return True
 
 
-def plan(node: Node, layouts: Sequence[Sequence[int]]) -> tuple[Node, list[Domain]]:
-    """The convolution of conv kernel ``node`` and its epilogue's outputs by domain; ``Unsupported``
+def plan(node: Node, layouts: Sequence[Sequence[int]]) -> tuple[Node, list[ElementwisePlan]]:
+    """The convolution of conv kernel ``node`` and its epilogue's outputs by domain (each a plan
+    whose loops run over the dims after the sample and channel dims); ``Unsupported``
     when the convolution is not compiled, the slab is too large, or an output is not made from the
     slab of its own sample and channel."""
     (body,) = checked_bodies(node)
@@ -83,18 +72,12 @@ def plan(node: Node, layouts: Sequence[Sequence[int]]) -> tuple[Node, list[Domai
     for shape, members in by_shape.items():
         if len(shape) != len(result) or shape[:2] != (n_size, o_size):
             raise Unsupported(f"an epilogue output of shape {list(shape)}; the convolution's is {list(result)}")
-        space = ix.Space(shape)
-        dag = DagBuilder(epilogue, space, strides)
-        store_at = ix.offset(space.identity(), ix.contiguous_strides(shape))
-        outputs = [
-            KernelOutput(n_in + j, dag.element(epilogue.outputs[j], space.identity()), store_at) for j in members
-        ]
-        found = loads([out.root for out in outputs])
-        for load in found:
-            if load.operand == 0 and not _in_slab(space, load.offset, result):
+        dag = DagBuilder(epilogue, ix.Space(shape), strides)
+        domain = outputs_plan(dag, [(n_in + j, epilogue.outputs[j]) for j in members], loops_from=2)
+        for load in loads(domain.roots):
+            if load.operand == 0 and not _in_slab(dag.space, load.offset, result):
                 raise Unsupported("an epilogue output reads the convolution's result outside its sample and channel")
-        groups = ix.collapse(shape, range(2, len(shape)), [load.offset for load in found] + [store_at])
-        domains.append(Domain(shape, outputs, groups, [math.prod(shape[j] for j in g) for g in groups]))
+        domains.append(domain)
     return conv, domains
 
 
@@ -138,7 +121,9 @@ class _Epilogue:
     """The epilogue's code for one unit; ``pointers``: the kernel's data pointers after the
     convolution's two operands (its other inputs, then its outputs)."""
 
-    def __init__(self, builder: ir.IRBuilder, conv: Node, domains: list[Domain], pointers: list[ir.Value]) -> None:
+    def __init__(
+        self, builder: ir.IRBuilder, conv: Node, domains: list[ElementwisePlan], pointers: list[ir.Value]
+    ) -> None:
         shape = static_shape(conv.output)
         self.builder, self.domains = builder, domains
         self.channels, self.block, self.plane = shape[1], channel_block(shape[1]), math.prod(shape[2:])
