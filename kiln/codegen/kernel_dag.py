@@ -11,7 +11,7 @@ subexpression is computed once per element.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,6 +197,26 @@ def walk(roots: Sequence[Node]) -> list[Node]:
                 seen.add(id(child))
                 pending.append((child, iter(_children(child))))
     return order
+
+
+def evaluate(root: Node, known: Callable[[Node], bool], compute: Callable[[Node], None]) -> None:
+    """Call ``compute(node)`` on every node under ``root`` (and ``root``) that is not ``known``,
+    each after its operands, left to right: the order a code generator emits a DAG in. No
+    recursion: a fused chain may be thousands of nodes deep. ``compute`` makes its node known; a
+    known node's operands are not visited (a reduction's value, once computed, stands for its row)."""
+    pending = [root]
+    while pending:
+        top = pending[-1]
+        if known(top):
+            pending.pop()
+            continue
+        if isinstance(top, Apply):
+            missing = [a for a in top.args if not known(a)]
+            if missing:
+                pending.extend(reversed(missing))
+                continue
+        pending.pop()
+        compute(top)
 
 
 def _children(n: Node) -> tuple:

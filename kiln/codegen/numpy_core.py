@@ -33,7 +33,7 @@ def _scalar(value: Any, dtype: DType) -> Scalar:
     return Scalar(np.asarray(value).astype(dtype.np, copy=False), dtype)
 
 
-def _fma(a: float, b: float, c: float, single: bool) -> float:
+def fused_multiply_add(a: float, b: float, c: float, single: bool) -> float:
     """a * b + c rounded once (to float32 when ``single``)."""
     if not all(np.isfinite((a, b, c))):
         return a * b + c  # inf/nan: the product and the sum give what fma gives
@@ -90,7 +90,7 @@ class NumpyCore(ModeMixin):
 
     def fma(self, a: Scalar, b: Scalar, c: Scalar) -> Scalar:
         single = a.dtype is dt.float32
-        fn = np.frompyfunc(lambda x, y, z: _fma(float(x), float(y), float(z), single), 3, 1)
+        fn = np.frompyfunc(lambda x, y, z: fused_multiply_add(float(x), float(y), float(z), single), 3, 1)
         return _scalar(fn(a.value, b.value, c.value), a.dtype)
 
     def compare(self, op: str, a: Scalar, b: Scalar, *, unordered: bool = False) -> Scalar:

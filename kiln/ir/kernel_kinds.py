@@ -4,7 +4,7 @@ A kind is one ``KernelKind`` record: its name, how many bodies its nodes hold, w
 element reads only the same element of its inputs (what in-place buffers need), and the verifier's
 rule for its bodies. The verifier, the memory planner and the fusion passes read the records; each
 backend keeps its own table of generators, filled by registration as JAX's ``register_lowering``
-(``kiln.codegen.llvm.kernels.register_kernel_generator``, ``kiln.codegen.cuda.kernels``), and
+(``kiln.codegen.llvm.kinds.register_kernel_generator``, ``kiln.codegen.cuda.kernels``), and
 declines a kernel whose kind it has no generator for (the node then runs on the interpreter, which
 runs any kind's bodies as ordinary graphs).
 

@@ -10,7 +10,7 @@ import pytest
 
 import kiln
 from benchmarks.long_programs import chain_program, specialization
-from kiln.codegen.llvm import engine, kernels
+from kiln.codegen.llvm import engine, kernels, reduction
 from kiln.compiler import program_cache
 from kiln.ir.graph import KERNEL, GraphBuilder
 from kiln.ir.types import TensorType
@@ -129,7 +129,7 @@ def test_a_kernel_the_code_generator_fails_on_runs_on_the_interpreter(private_ca
         raise TypeError("an injected bug")
 
     monkeypatch.delenv("KILN_JIT_STRICT", raising=False)
-    monkeypatch.setattr(kernels, "_reduction", broken)
+    monkeypatch.setattr(reduction, "emit_reduction", broken)
     _check_one_kernel_on_the_interpreter("the LLVM code generator failed (TypeError: an injected bug)")
 
 
@@ -150,7 +150,7 @@ def test_a_kernel_llvm_fails_on_runs_on_the_interpreter(private_cache, monkeypat
 
 def test_a_failing_kernel_still_raises_under_strict_mode(private_cache, monkeypatch):
     monkeypatch.setenv("KILN_JIT_STRICT", "1")
-    monkeypatch.setattr(kernels, "_reduction", lambda *a, **k: 1 / 0)
+    monkeypatch.setattr(reduction, "emit_reduction", lambda *a, **k: 1 / 0)
     fn, args = _two_kernel_function()
     with pytest.raises(ZeroDivisionError):
         kiln.compile(fn)(*args)

@@ -28,17 +28,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from math import prod as product
 
 from ...ir.graph import Graph, Node
-from ...ir.kernel_kinds import ELEMENTWISE, HORIZONTAL, REDUCTION, kernel_kind
+from ...ir.kernel_kinds import ELEMENTWISE, HORIZONTAL, REDUCTION
 from ...ir.primitives import PRIMITIVES
 from ...ir.types import Sym
-from .. import index as ix
 from ..core import Scalar, Unsupported
-from ..index import Div, Lin
-from ..kernel_dag import Apply, Const, DagBuilder, Load, loads, signature
+from ..index import Div, Lin, static
+from ..kernel_dag import Apply, Const, Load, evaluate
 from ..kernel_dag import Node as DagNode
-from ..kernel_plan import check_row_values, elementwise_plan, reduction_rows, same_size
+from ..plans import (
+    HorizontalMember,
+    KernelOutput,
+    check_layouts,
+    checked_bodies,
+    elementwise_plan,
+    horizontal_plan,
+    reduction_plan,
+)
 from ..semantics import Semantics
 from .core import CudaModule, Source, SourceCore, literal, np_type
 
@@ -76,19 +84,12 @@ class _Body:
         self.offset = offset
 
     def emit(self, node: DagNode, scope: dict) -> Scalar:
-        pending = [node]
-        while pending:
-            top = pending[-1]
-            if id(top) in scope:
-                pending.pop()
-                continue
-            if isinstance(top, Apply):
-                missing = [a for a in top.args if id(a) not in scope]
-                if missing:
-                    pending.extend(reversed(missing))
-                    continue
-            pending.pop()
+        """``node``'s scalar, emitting what it needs first (operands left to right)."""
+
+        def compute(top: DagNode) -> None:
             scope[id(top)] = self._one(top, scope)
+
+        evaluate(node, lambda n: id(n) in scope, compute)
         return scope[id(node)]
 
     def _one(self, node: DagNode, scope: dict) -> Scalar:
@@ -105,11 +106,12 @@ class _Body:
             return result if result.dtype is node.dtype else self.em.cast(result, node.dtype)
         raise AssertionError(f"{node.op}'s row value is used before its pass over the row")
 
-    def store(self, outputs, scope: dict, where) -> None:
-        """Every output's value first (the element's loads precede its stores), then the stores."""
-        values = [self.emit(root, scope) for _, root, _ in outputs]
-        for (operand, _, at), value in zip(outputs, values, strict=True):
-            self.source.emit(f"p{operand}[{where(at)}] = {value.value}")
+    def store(self, outputs: Sequence[KernelOutput], scope: dict, where) -> None:
+        """Every output's value first (the element's loads precede its stores), then the stores;
+        ``where(k, out)``: the index expression output ``out``, the ``k``-th, is stored at."""
+        values = [self.emit(out.root, scope) for out in outputs]
+        for k, (out, value) in enumerate(zip(outputs, values, strict=True)):
+            self.source.emit(f"p{out.operand}[{where(k, out)}] = {value.value}")
 
 
 def materialize(e: Lin, names: dict[int, str | None]) -> str:
@@ -152,6 +154,7 @@ def _static(shape) -> None:
 
 
 def _check(node: Node, layouts) -> None:
+    check_layouts(node, layouts)
     for value, strides in zip(node.inputs, layouts, strict=True):
         _static(value.type.shape)
         if any(s < 0 for s in strides):
@@ -163,14 +166,12 @@ def _check(node: Node, layouts) -> None:
 def generate(module: CudaModule, name: str, node: Node, layouts, config: Config) -> list[Launch]:
     """Write kernel ``node`` (inputs with element strides ``layouts``) into ``module`` with its kind's
     generator; ``Unsupported`` for a kind this backend has none for."""
-    kind, bodies = node.attrs.get("kind"), tuple(node.attrs.get("bodies", ()))
+    kind = node.attrs.get("kind")
     _check(node, layouts)
     emit = cuda_kernel_generator(kind)
     if emit is None:
         raise Unsupported(f"the CUDA backend has no generator for kernel kind {kind!r}")
-    rule = kernel_kind(kind)
-    if not bodies or ((rule is None or not rule.members) and len(bodies) != 1):
-        raise Unsupported(f"a {kind} kernel with {len(bodies)} bodies")
+    checked_bodies(node)
     return emit(module, name, node, layouts, config)
 
 
@@ -208,62 +209,35 @@ def _header(source: Source, name: str, count: int) -> None:
 
 # ----------------------------------------------------------------------------- elementwise
 def _elementwise(module: CudaModule, name: str, body: Graph, layouts) -> Launch:
-    domain, outputs, groups = elementwise_plan(body, layouts)
-    sizes = [_prod(domain[j] for j in g) for g in groups]
-    total = _prod(sizes)
+    plan = elementwise_plan(body, layouts)
+    sizes = [static(n) for n in plan.sizes]  # ``_check`` declined symbolic shapes
+    total = product(sizes)
     source = Source()
     with source.block(f"for i in range(cuda.grid(1), {total}, cuda.gridsize(1))"):
-        names = bind(source, "i", groups, sizes)
+        names = bind(source, "i", plan.groups, sizes)
         target = _Body(source, module, lambda load: materialize(load.offset, names))
-        target.store(outputs, {}, lambda at: materialize(at, names))
+        target.store(plan.outputs, {}, lambda _, out: materialize(out.at, names))
     _header(source, name, len(body.inputs) + len(body.outputs))
     module.kernels.append("\n".join(source.lines))
     return Launch(name, _operands(body), ("elements", total))
 
 
-def _prod(values) -> int:
-    out = 1
-    for v in values:
-        out *= int(v)
-    return out
-
-
 # ----------------------------------------------------------------------------- reduction
 def _reduction(module: CudaModule, name: str, body: Graph, layouts, config: Config) -> Launch:
-    domain, rows = reduction_rows(body)
-    space = ix.Space(domain)
-    dag = DagBuilder(body, space, layouts, rows)
-    outer_shape = domain[: rows.outer]
-    row_index = tuple(space.var(j) for j in range(rows.outer))
-    row_at = ix.offset(row_index, ix.contiguous_strides(outer_shape))
-    full_at = ix.offset(space.identity(), ix.contiguous_strides(domain))
-    n_in = len(body.inputs)
-    full, per_row = [], []
-    for j, v in enumerate(body.outputs):
-        if v.type.shape == domain:
-            full.append((n_in + j, dag.element(v, space.identity()), full_at))
-        elif same_size(v.type.shape, outer_shape):
-            per_row.append((n_in + j, dag.element(v, ix.reshape(space, row_index, outer_shape, v.type.shape)), row_at))
-        else:
-            raise Unsupported(f"an output of shape {list(v.type.shape)} is neither full {list(domain)} nor one per row")
-    check_row_values([root for _, root, _ in per_row], rows.outer)
-    leaves = [load.offset for load in loads([root for _, root, _ in full + per_row])] + [full_at]
-    groups = ix.collapse(domain, range(rows.outer, len(domain)), leaves)
-    sizes = [_prod(domain[j] for j in g) for g in groups]
-    inner = _prod(sizes)
+    plan = reduction_plan(body, layouts)
+    groups, sizes, inner = plan.groups, plan.sizes, plan.row_elements
     source = Source()
     block = config.block
-    dtypes = sorted({r.dtype.name: r.dtype for r in dag.reduces}.items())
+    dtypes = sorted({r.dtype.name: r.dtype for r in plan.reduces}.items())
     for dname, dtype in dtypes:
         if dtype.itemsize < 4 or dname == "bool":
             raise Unsupported(f"a {dname} reduction (warp shuffles move 32- and 64-bit values)")
         source.emit(f"scratch_{dname} = cuda.shared.array({block}, {np_type(dtype)})")
     source.emit("tid = cuda.threadIdx.x")
     source.emit("row = cuda.blockIdx.x")
-    row_names = bind(source, "row", [[j] for j in range(rows.outer)], outer_shape)
+    row_names = bind(source, "row", [[j] for j in range(plan.rows.outer)], plan.outer_shape)
     row_scope: dict = {}
-    for level in sorted({r.level for r in dag.reduces}):
-        members = [r for r in dag.reduces if r.level == level]
+    for members in plan.levels:
         accumulators = []
         for r in members:
             prim = PRIMITIVES[r.op]
@@ -284,18 +258,18 @@ def _reduction(module: CudaModule, name: str, body: Graph, layouts, config: Conf
             reducer = _block_reducer(module, r.op, combine, r.dtype, block)
             source.emit(f"{acc} = {reducer}({acc}, scratch_{r.dtype.name})")
             row_scope[id(r)] = Scalar(acc, r.dtype)
-    if per_row:
+    if plan.per_row:
         with source.block("if tid == 0"):
             target = _Body(source, module, lambda load: materialize(load.offset, row_names))
-            target.store(per_row, dict(row_scope), lambda at: materialize(at, row_names))
-    if full:
+            target.store(plan.per_row, dict(row_scope), lambda _, out: materialize(out.at, row_names))
+    if plan.full:
         with source.block(f"for e in range(tid, {inner}, {block})"):
             names = {**row_names, **bind(source, "e", groups, sizes)}
             target = _Body(source, module, lambda load: materialize(load.offset, names))
-            target.store(full, dict(row_scope), lambda at: materialize(at, names))
-    _header(source, name, n_in + len(body.outputs))
+            target.store(plan.full, dict(row_scope), lambda _, out: materialize(out.at, names))
+    _header(source, name, len(body.inputs) + len(body.outputs))
     module.kernels.append("\n".join(source.lines))
-    return Launch(name, _operands(body), ("rows", _prod(outer_shape)))
+    return Launch(name, _operands(body), ("rows", product(plan.outer_shape)))
 
 
 def _block_reducer(module: CudaModule, op: str, combine: str, dtype, block: int) -> str:
@@ -340,23 +314,8 @@ def _block_reducer(module: CudaModule, op: str, combine: str, dtype, block: int)
 
 # ----------------------------------------------------------------------------- horizontal
 def _horizontal(module: CudaModule, name: str, bodies: Sequence[Graph], layouts) -> list[Launch]:
-    n_in, n_out = len(bodies[0].inputs), len(bodies[0].outputs)
-    plans, sig = [], None
-    for m, body in enumerate(bodies):
-        if (len(body.inputs), len(body.outputs)) != (n_in, n_out):
-            raise Unsupported("horizontal members with different numbers of inputs or outputs")
-        domain, outputs, groups = elementwise_plan(body, layouts[m * n_in : (m + 1) * n_in])
-        roots = [root for _, root, _ in outputs]
-        this = signature(roots)
-        if sig is not None and this != sig:
-            raise Unsupported("horizontal members of different structure")
-        sig = this
-        leaves = [load.offset for load in loads(roots)] + [at for _, _, at in outputs]
-        if not all(leaf.is_affine for leaf in leaves):
-            raise Unsupported("a horizontal member whose reshapes need division")
-        plans.append((domain, outputs, groups, leaves))
-    depth = max(1, *(len(p[2]) for p in plans))
-    member = _member_function(module, name, plans[0], depth, n_in + n_out)
+    plan = horizontal_plan(bodies, layouts)
+    member = _member_function(module, name, plan.members[0], plan.depth, plan.n_in + plan.n_out)
     launches = []
     for start in range(0, len(bodies), MEMBERS_PER_LAUNCH):
         chunk = range(start, min(start + MEMBERS_PER_LAUNCH, len(bodies)))
@@ -365,18 +324,13 @@ def _horizontal(module: CudaModule, name: str, bodies: Sequence[Graph], layouts)
         params: list[int] = []
         counts: list[int] = []
         for k, m in enumerate(chunk):
-            domain, _, groups, leaves = plans[m]
-            pad = depth - len(groups)
-            sizes = [1] * pad + [_prod(domain[j] for j in g) for g in groups]
-            numbers = list(sizes)
-            for leaf in leaves:
-                numbers += [leaf.const] + [0] * pad + [leaf.coef(g[-1]) for g in groups]
-            operands = [f"p{len(params) + j}" for j in range(n_in + n_out)]
-            params += [m * n_in + j for j in range(n_in)] + [len(bodies) * n_in + m * n_out + j for j in range(n_out)]
-            counts.append(_prod(sizes))
+            sizes, coefs = plan.members[m].padded(plan.depth)
+            operands = [f"p{len(params) + j}" for j in range(plan.n_in + plan.n_out)]
+            params += plan.operands(m)
+            counts.append(product(sizes))
             with source.block(f"{'if' if k == 0 else 'elif'} m == {k}"):
                 with source.block(f"for i in range(cuda.grid(1), {counts[-1]}, cuda.gridsize(1))"):
-                    source.emit(f"{member}(i, {', '.join(map(str, numbers))}, {', '.join(operands)})")
+                    source.emit(f"{member}(i, {', '.join(map(str, sizes + coefs))}, {', '.join(operands)})")
         function = f"{name}_{start // MEMBERS_PER_LAUNCH}"
         _header(source, function, len(params))
         module.kernels.append("\n".join(source.lines))
@@ -384,32 +338,21 @@ def _horizontal(module: CudaModule, name: str, bodies: Sequence[Graph], layouts)
     return launches
 
 
-def _member_function(module: CudaModule, name: str, plan, depth: int, operands: int) -> str:
-    """The device function of one element of a member: its loop sizes and leaf coefficients are
-    arguments, so every member of one structure shares it."""
-    _, outputs, _, leaves = plan
+def _member_function(module: CudaModule, name: str, first: HorizontalMember, depth: int, operands: int) -> str:
+    """The device function of one element of a member (``first``'s DAG, every member's): its loop
+    sizes and leaf coefficients are arguments, so every member of one structure shares it."""
+    outputs, leaves = first.plan.outputs, first.leaves
     source = Source()
     sizes = [f"s{k}" for k in range(depth)]
     coefs = [[f"c{leaf}_{k}" for k in range(depth + 1)] for leaf in range(len(leaves))]
-    rest = "i"
-    for k in range(depth - 1, -1, -1):
-        if k:
-            source.emit(f"v{k} = {rest} % {sizes[k]}")
-            source.emit(f"r{k} = {rest} // {sizes[k]}")
-            rest = f"r{k}"
-        else:
-            source.emit(f"v0 = {rest}")
+    index = bind(source, "i", [[k] for k in range(depth)], sizes)
 
     def at(leaf: int) -> str:
-        return " + ".join([coefs[leaf][0]] + [f"{coefs[leaf][k + 1]} * v{k}" for k in range(depth)])
+        return " + ".join([coefs[leaf][0]] + [f"{coefs[leaf][k + 1]} * {index[k]}" for k in range(depth)])
 
-    roots = [root for _, root, _ in outputs]
-    position = {id(load): k for k, load in enumerate(loads(roots))}
+    position = {id(load): k for k, load in enumerate(first.loads)}
     target = _Body(source, module, lambda load: at(position[id(load)]))
-    scope: dict = {}
-    values = [target.emit(root, scope) for root in roots]
-    for j, ((operand, _, _), value) in enumerate(zip(outputs, values, strict=True)):
-        source.emit(f"p{operand}[{at(len(position) + j)}] = {value.value}")
+    target.store(outputs, {}, lambda k, _: at(len(position) + k))
     function = f"{name}_member"
     params = ["i", *sizes, *(c for row in coefs for c in row), *(f"p{k}" for k in range(operands))]
     source.lines.insert(0, f"def {function}({', '.join(params)}):")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..numpy_core import _fma
+from ..numpy_core import fused_multiply_add
 
 _FLOATS = ("float32", "float64")
 
@@ -72,7 +72,7 @@ def _simulated_math() -> dict[str, Any]:
         t = getattr(np, name)
 
         def fma(a, b, c, t=t, single=name == "float32"):
-            return t(_fma(float(a), float(b), float(c), single))
+            return t(fused_multiply_add(float(a), float(b), float(c), single))
 
         out[f"fma_{name}"] = fma
         ufuncs: dict[str, Any] = {"floor": np.floor, "ceil": np.ceil, "rint": np.rint, "sqrt": np.sqrt,

@@ -2,9 +2,12 @@
 
 ``engine`` (target machine, optimization, object code, loaded libraries), ``core`` (the scalar
 core of kiln/codegen/core.py over an IRBuilder), ``flags`` (fast-math flags per float mode),
-``emitter`` (kiln's semantics over that core, loads and stores), ``loops`` and ``kernels`` (loop
-nests and the kernel ABI), ``pool`` (the native thread pool that splits kernels over cores,
-installed into ``runtime.threads`` here).
+``emitter`` (kiln's semantics over that core, loads and stores), ``kernels`` (``KernelModule``:
+the kernel ABI and the table of kernel kinds' generators, ``kinds``), the kernel-building core the
+kinds' modules share (``body``: a body's DAG as IR; ``loops``: loop nests and index arithmetic),
+one module per kind (``elementwise``, ``reduction``, ``horizontal``, ``conv_epilogue``) and per
+family of natively compiled primitives (``kernel_info.NATIVE_FAMILIES``), ``pool`` (the native
+thread pool that splits kernels over cores, installed into ``runtime.threads`` here).
 """
 
 import os

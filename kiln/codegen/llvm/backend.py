@@ -1,10 +1,10 @@
 """The LLVM backend: kernel nodes compiled for the host CPU through llvmlite, loaded with ctypes.
 
 ``generate`` puts every kernel of a program into one LLVM module, so LLVM is invoked once; the
-window nodes of convolution (``unfold``, ``fold``: ``kernels_window``), direct convolutions
-(``conv``, ``conv_weight``: ``kernels_conv``), the gathers and scatters of embeddings
-(``take``, ``index_put``: ``kernels_index``) and sums over leading axes (``reduce_sum`` keeping the
-last axis: ``kernels_reduce``) are compiled there too. A kernel
+window nodes of convolution (``unfold``, ``fold``: ``window``), direct convolutions
+(``conv``, ``conv_weight``: ``conv``), the gathers and scatters of embeddings
+(``take``, ``index_put``: ``gather_scatter``) and sums over leading axes (``reduce_sum`` keeping the
+last axis: ``leading_sums``) are compiled there too. A kernel
 the code generator declines (``Unsupported``) or fails on -- an exception from the generator, or
 LLVM rejecting its code -- runs on the interpreter and the others stay compiled (``report.declined``
 says which and why; ``KILN_JIT_STRICT=1`` raises instead, for tests). LLVM runs within the
@@ -62,7 +62,7 @@ class LLVMBackend:
         return None
 
     def takes_epilogue(self, node: Node) -> bool:
-        from .kernels_epilogue import takes_epilogue  # noqa: PLC0415 - a cache hit loads code without the generator
+        from .conv_epilogue import takes_epilogue  # noqa: PLC0415 - a cache hit loads code without the generator
 
         return takes_epilogue(node)
 

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-from ...ir.types import Sym, SymbolicShapeError
+from ...ir import dtypes as dt
+from ...ir.types import Sym, SymbolicShapeError, is_static
 
 #: Primitives the LLVM backend compiles as functions of their own, outside fused kernels, by family:
 #: a stored program's code may name these nodes.
@@ -40,10 +41,10 @@ class NativeFamily:
 
 
 NATIVE_FAMILIES = (
-    NativeFamily(WINDOW_OPS, "kernels_window"),  # and kernels_tiles, which it calls
-    NativeFamily(INDEX_OPS, "kernels_index", status=True),
-    NativeFamily(CONV_OPS, "kernels_conv"),
-    NativeFamily(REDUCE_OPS, "kernels_reduce"),
+    NativeFamily(WINDOW_OPS, "window"),  # and tiles, which it calls
+    NativeFamily(INDEX_OPS, "gather_scatter", status=True),
+    NativeFamily(CONV_OPS, "conv"),
+    NativeFamily(REDUCE_OPS, "leading_sums"),
 )
 _FAMILY = {op: family for family in NATIVE_FAMILIES for op in family.ops}
 NATIVE_OPS = frozenset(_FAMILY)
@@ -53,6 +54,17 @@ STATUS_OPS = frozenset(op for family in NATIVE_FAMILIES if family.status for op 
 def moved_bytes(node) -> int:
     """Bytes of every input and output of the node ``node``, once each."""
     return sum(v.type.numel * v.type.dtype.itemsize for v in (*node.inputs, *node.outputs))
+
+
+def float_static(node) -> str | None:
+    """Why a native float op's node (a window op, a direct convolution, a sum of rows) runs on its
+    eager kernel for its dtype or its shapes (None: float32 or float64, static shapes)."""
+    dtype = node.output.type.dtype
+    if dtype not in (dt.float32, dt.float64):
+        return f"{node.op} of {dtype.name} runs on its eager kernel"
+    if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
+        return f"{node.op} over a symbolic dimension runs on its eager kernel"
+    return None
 
 
 def native_code(op: str) -> ModuleType:

@@ -2,9 +2,9 @@
 
 ``KernelModule.add`` looks a kernel node's kind up here; a kind with no generator is declined
 (``Unsupported``), so the node runs on the interpreter and ``kiln.explain`` says why. The built-in
-kinds' generators are registered below (their code lives in ``kernels``, ``kernels_epilogue`` and
-``kernels_horizontal``, imported when a kernel is generated); a new kind (``kiln.ir.kernel_kinds``)
-registers its own.
+kinds' generators are registered below (their code lives in ``elementwise``, ``reduction``,
+``conv_epilogue`` and ``horizontal``, imported when a kernel is generated); a new kind
+(``kiln.ir.kernel_kinds``) registers its own.
 """
 
 from __future__ import annotations
@@ -60,34 +60,34 @@ def kind_generator(kind: object) -> KindGenerator | None:
 # ----------------------------------------------------------------------------- the built-in kinds
 # (the emitters import the code generator when called: loading a cached program needs none of it)
 def _elementwise(builder, args, node: Node, layouts) -> int | tuple[int, int]:
-    from .kernels import emit_elementwise  # noqa: PLC0415
+    from .elementwise import emit_elementwise  # noqa: PLC0415
 
     return emit_elementwise(builder, args, node, layouts)
 
 
 def _reduction(builder, args, node: Node, layouts) -> int | tuple[int, int]:
-    from .kernels import emit_reduction  # noqa: PLC0415
+    from .reduction import emit_reduction  # noqa: PLC0415
 
     return emit_reduction(builder, args, node, layouts)
 
 
 def _conv(builder, args, node: Node, layouts) -> int | tuple[int, int]:
-    from .kernels_epilogue import epilogue_kernel  # noqa: PLC0415
+    from .conv_epilogue import emit_conv_kernel  # noqa: PLC0415
 
-    return epilogue_kernel(builder, args, node, layouts)
+    return emit_conv_kernel(builder, args, node, layouts)
 
 
 def _conv_arithmetic(node: Node) -> int:
     """The convolution's multiply-adds, each as the time of moving 2 bytes (as for a conv node)."""
-    from .kernels_conv import multiply_adds  # noqa: PLC0415
+    from .conv import multiply_adds  # noqa: PLC0415
 
     return 2 * multiply_adds(conv_epilogue(node.attrs["bodies"][0])[0])
 
 
 def _horizontal(builder, args, node: Node, layouts) -> int | tuple[int, int]:
-    from .kernels_horizontal import horizontal  # noqa: PLC0415
+    from .horizontal import emit_horizontal  # noqa: PLC0415
 
-    return horizontal(builder, args, tuple(node.attrs["bodies"]), layouts)
+    return emit_horizontal(builder, args, node, layouts)
 
 
 register_kernel_generator(ELEMENTWISE.name, KindGenerator(_elementwise))

@@ -11,16 +11,32 @@ stores (``llvm.loop.parallel_accesses`` over an access group). The vectorizer th
 runtime alias checks, which matters for in-place kernels: an output that is the same buffer as
 an input read at the same index would fail LLVM's overlap check and run the scalar loop, yet it
 carries no dependency from one iteration to the next.
+
+Beside the loops, the i64 index arithmetic that every kernel generator shares: ``VarEnv`` (each
+domain variable's loop value, and ``Lin`` offsets materialized from them), ``nest`` (loops over
+collapsed groups of the domain), ``bind_rows`` and ``row_major_indices`` (a flat index split into
+dims), ``dot`` (an offset from indices and strides), and ``CHUNK``, the size of a parallel unit.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from math import prod as product
+from typing import cast
 
 from llvmlite import ir
 
+from ...ir.types import Dim
+from ..index import Div, Lin, static
+
 I64 = ir.IntType(64)
+_NSW = ("nsw",)
+
+#: Elements per parallel unit (of an elementwise kernel, a horizontal member, a window or index
+#: node): big enough that a unit's loop amortizes its setup and a thread's dispatch, small enough
+#: that a few million elements split evenly.
+CHUNK = 16384
 
 
 def i64(value: int) -> ir.Constant:
@@ -135,9 +151,94 @@ def minimum(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
     return builder.select(builder.icmp_signed("<", a, b), a, b)
 
 
-def product(values) -> int:
-    """The product of ints (1 for none)."""
-    out = 1
-    for v in values:
-        out *= v
+def static_shape(value) -> tuple[int, ...]:
+    """The shape of IR value ``value``, which the caller has checked is static."""
+    return cast(tuple[int, ...], tuple(value.type.shape))
+
+
+# ----------------------------------------------------------------------------- index arithmetic
+
+
+class VarEnv:
+    """Domain variable -> its i64 value; ``None`` marks a variable folded into a collapsed loop."""
+
+    def __init__(self) -> None:
+        self.values: dict[int, ir.Value | None] = {}
+
+    def bind_group(self, group: Sequence[int], value: ir.Value) -> None:
+        """A collapsed loop over ``group``'s variables: the loop value stands in for the last one,
+        whose coefficient every leaf scales the loop value by (the collapse condition)."""
+        for var in group[:-1]:
+            self.values[var] = None
+        self.values[group[-1]] = value
+
+    def materialize(self, builder: ir.IRBuilder, e: Lin) -> ir.Value:
+        """``e`` as an i64 value."""
+        total: ir.Value | None = None
+        for atom, coef in e.terms:
+            if isinstance(atom, int):
+                value = self.values.get(atom)
+                if value is None:
+                    if atom not in self.values:
+                        raise AssertionError(f"domain variable {atom} has no loop here")
+                    continue
+            else:
+                inner = self.materialize(builder, atom.expr)
+                op = builder.sdiv if isinstance(atom, Div) else builder.srem  # indices are never negative
+                value = op(inner, i64(atom.divisor))
+            term = value if coef == 1 else builder.mul(value, i64(coef), flags=_NSW)
+            total = term if total is None else builder.add(total, term, flags=_NSW)
+        if total is None:
+            return i64(e.const)
+        return total if e.const == 0 else builder.add(total, i64(e.const), flags=_NSW)
+
+
+@contextlib.contextmanager
+def nest(
+    builder: ir.IRBuilder,
+    env: VarEnv,
+    groups: Sequence[Sequence[int]],
+    sizes: Sequence,
+    interleave: int | None = None,
+) -> Iterator[None]:
+    """Nested loops over collapsed groups (outermost first), each binding its group in ``env``; the
+    innermost is declared parallel, and vectorized ``interleave`` vectors an iteration where that
+    is given (``for_range``)."""
+    with contextlib.ExitStack() as stack:
+        for k, (group, size) in enumerate(zip(groups, sizes, strict=True)):
+            innermost = k == len(groups) - 1
+            loop = for_range(
+                builder, 0, size, name=f"j{k}", parallel=innermost, interleave=interleave if innermost else None
+            )
+            env.bind_group(group, stack.enter_context(loop))
+        yield
+
+
+def bind_rows(builder: ir.IRBuilder, env: VarEnv, groups: Sequence[Sequence[int]], sizes: Sequence[Dim], row) -> None:
+    """Bind the loop values of ``groups`` from a flat row index over them (row-major; only the first
+    size may be symbolic)."""
+    for k, group in enumerate(groups):
+        divisor = product(static(n) for n in sizes[k + 1 :])
+        value = builder.sdiv(row, i64(divisor)) if divisor > 1 else row
+        if k:  # the first group's quotient is already in range
+            value = builder.srem(value, i64(static(sizes[k])))
+        env.bind_group(group, value)
+
+
+def row_major_indices(builder: ir.IRBuilder, flat: ir.Value, sizes: Sequence[int]) -> list[ir.Value]:
+    """The row-major indices of the non-negative flat index ``flat`` over ``sizes``."""
+    out = []
+    for k in range(len(sizes)):
+        inner = product(sizes[k + 1 :])
+        value = builder.udiv(flat, i64(inner)) if inner > 1 else flat
+        out.append(builder.urem(value, i64(sizes[k])) if k else value)
     return out
+
+
+def dot(builder: ir.IRBuilder, terms: Sequence[tuple[ir.Value, int]]) -> ir.Value:
+    """``sum(index * coefficient)`` in i64 over ``(index, coefficient)`` pairs; 0 for none."""
+    total: ir.Value = i64(0)
+    for value, coefficient in terms:
+        if coefficient:
+            total = builder.add(total, builder.mul(value, i64(coefficient), flags=_NSW), flags=_NSW)
+    return total

@@ -5,7 +5,7 @@ filter is small: C * prod(kernel) at most ``DIRECT_MAX_INNER`` (LeNet's two conv
 network's stem). BLAS runs such products slowly -- a (6, 25) @ (25, 50176) product at a fifth of
 its peak -- and the windows it needs are written out first (5 MB for LeNet's first convolution).
 A compiled program runs each as a loop nest that reads the input where it lies
-(``kiln/codegen/llvm/kernels_conv.py``); the eager kernels here are im2col and BLAS, as before.
+(``kiln/codegen/llvm/conv.py``); the eager kernels here are im2col and BLAS, as before.
 
 - ``conv(x, w)``: ``x`` (N, C, *S), already padded, ``w`` (O, C, *K) -> (N, O, *OS) with
   ``out[n, o, *p] = sum over c, k of w[o, c, *k] * x[n, c, *(p * stride + k * dilation)]``;

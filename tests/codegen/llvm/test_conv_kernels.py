@@ -1,4 +1,4 @@
-"""Direct convolution compiled by the LLVM backend (``kernels_conv``): ``conv`` and ``conv_weight``
+"""Direct convolution compiled by the LLVM backend (``kiln.codegen.llvm.conv``): ``conv`` and ``conv_weight``
 against their eager kernels (im2col and BLAS) over several calls, float32 and float64, rows
 shorter and longer than a vector (masked tails), dilations, inputs with padded rows and filters of
 any strides; the same bits on one thread as on two; declined to the eager kernel, with the reason,

@@ -1,4 +1,4 @@
-"""Conv kernels (``kernels_epilogue``, fused by ``kiln.passes.epilogues``): a direct convolution with
+"""Conv kernels (``kiln.codegen.llvm.conv_epilogue``, fused by ``kiln.passes.epilogues``): a direct convolution with
 its bias, activation and max pooling computed in one kernel, against eager and against the same
 program compiled without them (the same formulas in kernels of their own: the same bits), over
 several calls; what fusion leaves apart (a reader outside a sample's block of channels, a result

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kiln.codegen.llvm import engine
-from kiln.codegen.llvm.kernels import CHUNK, KernelModule
+from kiln.codegen.llvm.kernels import KernelModule
+from kiln.codegen.llvm.loops import CHUNK
 from kiln.ir.interpreter import interpret
 from tests.codegen.llvm.test_kernels import _adam_like, compile_kernel, kernel, run
 from tests.conftest import assert_close

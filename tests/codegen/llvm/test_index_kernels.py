@@ -1,4 +1,4 @@
-"""take and index_put compiled by the LLVM backend as functions of their own (``kernels_index``): bit
+"""take and index_put compiled by the LLVM backend as functions of their own (``kiln.codegen.llvm.gather_scatter``): bit
 for bit the eager kernels' results (duplicate and negative indices, accumulate or not, broadcast
 values, strided inputs, float and integer dtypes, enough work for the thread pool), over several
 calls; an index out of range raises the eager kernel's error; other keys stay on the eager kernel."""

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from kiln.codegen import index as ix
-from kiln.codegen.llvm import Unsupported, engine, kernels
-from kiln.codegen.llvm.kernels import CHUNK, KernelModule
+from kiln.codegen.llvm import Unsupported, engine, reduction
+from kiln.codegen.llvm.kernels import KernelModule
+from kiln.codegen.llvm.loops import CHUNK
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import GraphBuilder, Node
 from kiln.ir.interpreter import interpret
@@ -522,7 +523,7 @@ def test_layer_norm_keeps_its_centered_values_in_the_output(monkeypatch):
     # ((x - mean) - drift) into the output, and the output pass scales it (LayerNorm 4096x1024 on
     # 2 threads: 0.85x the time). The weight, of the row's shape, cannot share the output's memory.
     kept = _subtractions(_centered_body(64))
-    monkeypatch.setattr(kernels, "_KEEP_OPS", 10**9)
+    monkeypatch.setattr(reduction, "KEEP_OPS", 10**9)
     assert kept < _subtractions(_centered_body(64))
     monkeypatch.undo()
     x, w = rng.standard_normal((16, 64)).astype(np.float32) + 100, rng.standard_normal(64).astype(np.float32)
@@ -538,7 +539,7 @@ def test_a_centered_output_that_reads_an_input_of_its_shape_is_not_kept_early(mo
     # (here it does), so nothing is stored into the output before that pass.
     body = _centered_body(64, plus_input=True)
     kept = _subtractions(body)
-    monkeypatch.setattr(kernels, "_KEEP_OPS", 10**9)
+    monkeypatch.setattr(reduction, "KEEP_OPS", 10**9)
     assert kept == _subtractions(body)
     monkeypatch.undo()
     x, w, y = (rng.standard_normal(s).astype(np.float32) for s in ((16, 64), (64,), (16, 64)))

@@ -1,4 +1,4 @@
-"""Sums over leading or middle axes compiled by the LLVM backend (``kernels_reduce``): ``reduce_sum``
+"""Sums over leading or middle axes compiled by the LLVM backend (``kiln.codegen.llvm.leading_sums``): ``reduce_sum``
 keeping the last axis against its eager kernel (a BLAS matrix-vector product or numpy's sum) over
 several calls, float32 and float64; rows shorter and longer than a block of vectors (masked
 tails), reduced axes around kept ones, runs of rows with a remainder, inputs of any strides; the

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from kiln.codegen.llvm import Unsupported, engine
-from kiln.codegen.llvm.kernels import CHUNK, KernelModule
+from kiln.codegen.llvm.kernels import KernelModule
+from kiln.codegen.llvm.loops import CHUNK
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import GraphBuilder, Node
 from kiln.ir.interpreter import interpret

@@ -1,4 +1,4 @@
-"""tile_transform and untile_transform compiled by the LLVM backend (``kernels_tiles``): equal to the
+"""tile_transform and untile_transform compiled by the LLVM backend (``kiln.codegen.llvm.tiles``): equal to the
 eager kernels (to rounding: the eager kernel sums in another order) for Winograd's three matrices
 and a dense one, overlapping tiles and planes no tile covers to the edge, float32 and float64,
 inputs of any strides, over several calls. (The convolution compiled: ``tests/nn/test_winograd.py``.)"""

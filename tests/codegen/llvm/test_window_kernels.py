@@ -1,4 +1,4 @@
-"""unfold and fold compiled by the LLVM backend as functions of their own (``kernels_window``): bit
+"""unfold and fold compiled by the LLVM backend as functions of their own (``kiln.codegen.llvm.window``): bit
 for bit the eager kernels' results, in both window layouts, 1-3 spatial dims, strides, dilations,
 float32 and float64, inputs of any strides, over several calls; and declined to the eager kernel
 where the code generator does not go (integers)."""

@@ -1,11 +1,12 @@
-"""Horizontal kernels: several elementwise members of one structure in one function.
+"""The ``horizontal`` kernel kind compiled: several elementwise members of one structure in one function.
 
 The members (an optimizer's per-parameter updates...) compute the same DAG over different shapes
 and strides. One loop nest serves them all; the loop sizes, leaf strides and offsets of a member
 come from constant tables in the module (a number that is the same for every member is an
 immediate instead, so a unit stride stays visible to the vectorizer). Each member's dimensions are
-collapsed on their own, then padded in front with size-1 loops to a common depth: a member is
-``rows`` rows (the outer loops, flattened) of ``inner`` elements (the innermost loop).
+collapsed on their own, then padded in front with size-1 loops to a common depth
+(kiln/codegen/plans.py: ``horizontal_plan``): a member is ``rows`` rows (the outer loops,
+flattened) of ``inner`` elements (the innermost loop).
 
 A parallel unit is a chunk of about ``CHUNK`` elements of one member, as in an elementwise kernel:
 a piece of one long row, or a block of short rows. Members of very different sizes then split
@@ -21,16 +22,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import prod as product
 
 from llvmlite import ir
 
-from ...ir.graph import Graph
-from ..kernel_dag import Load, loads, signature
-from . import Unsupported
-from .emitter import store
-from .kernels import CHUNK, _Body, elementwise_plan
-from .kernels_emit import Scope, element_pointer, operand_pointers
-from .loops import I64, for_range, i64, minimum, product
+from ...ir.graph import Node
+from ..kernel_dag import Load
+from ..plans import HorizontalMember, KernelOutput, checked_bodies, horizontal_plan
+from .body import KernelBody, Scope, element_pointer, operand_pointers
+from .loops import CHUNK, I64, for_range, i64, minimum
+
+__all__ = ["emit_horizontal"]
 
 
 def _constant_array(builder: ir.IRBuilder, name: str, values: list[int]) -> ir.GlobalVariable:
@@ -87,60 +89,33 @@ class _Split:
         return self.pieces * -(-self.rows // self.rows_per_unit)
 
 
-def _member_rows(domain, groups, leaves, depth: int) -> tuple[list[int], list[int]]:
-    """One non-empty member's loop sizes and, per leaf, its constant then one coefficient per loop."""
-    pad = depth - len(groups)
-    sizes = [1] * pad + [product(domain[j] for j in g) for g in groups]
-    coefs: list[int] = []
-    for leaf in leaves:
-        coefs += [leaf.const] + [0] * pad + [leaf.coef(g[-1]) for g in groups]
-    return sizes, coefs
-
-
-def horizontal(builder: ir.IRBuilder, args, bodies: Sequence[Graph], layouts) -> int:
-    """Emit the unit loop; returns the extent (the number of units over all members)."""
-    if not bodies:
-        raise Unsupported("a horizontal kernel with no members")
-    n_in, n_out = len(bodies[0].inputs), len(bodies[0].outputs)
-    plans, leaf_lists, sig = [], [], None
-    for m, body in enumerate(bodies):
-        if (len(body.inputs), len(body.outputs)) != (n_in, n_out):
-            raise Unsupported("horizontal members with different numbers of inputs or outputs")
-        domain, outputs, groups = elementwise_plan(body, layouts[m * n_in : (m + 1) * n_in])
-        roots = [root for _, root, _ in outputs]
-        this = signature(roots)
-        if sig is not None and this != sig:
-            raise Unsupported("horizontal members of different structure")
-        sig = this
-        member_loads = loads(roots)
-        leaves = [load.offset for load in member_loads] + [where for _, _, where in outputs]
-        if not all(leaf.is_affine for leaf in leaves):
-            raise Unsupported("a horizontal member whose reshapes need division")
-        plans.append((domain, outputs, groups, member_loads))
-        leaf_lists.append(leaves)
-    nonempty = [m for m, p in enumerate(plans) if product(p[0]) > 0]
+def emit_horizontal(builder: ir.IRBuilder, args, node: Node, layouts) -> int:
+    """A horizontal kernel's function body: the unit loop; returns the extent (the number of units
+    over all members)."""
+    plan = horizontal_plan(checked_bodies(node), layouts)
+    members = plan.members
+    nonempty = [m for m, member in enumerate(members) if member.elements > 0]
     if not nonempty:
         builder.ret_void()
         return 0
-    depth = max(1, *(len(p[2]) for p in plans))
-    rows = {m: _member_rows(plans[m][0], plans[m][2], leaf_lists[m], depth) for m in nonempty}
+    rows = {m: members[m].padded(plan.depth) for m in nonempty}
     splits = {m: _Split.of(rows[m][0]) for m in nonempty}
     # An empty member runs no unit: it copies a non-empty member's rows, so that a column which is
     # the same for every member that runs stays an immediate.
     stand_in = nonempty[0]
-    row_of = [rows.get(m, rows[stand_in]) for m in range(len(plans))]
-    split_of = [splits.get(m, splits[stand_in]) for m in range(len(plans))]
+    row_of = [rows.get(m, rows[stand_in]) for m in range(len(members))]
+    split_of = [splits.get(m, splits[stand_in]) for m in range(len(members))]
     first = [0]
-    for m in range(len(plans)):
+    for m in range(len(members)):
         first.append(first[-1] + (splits[m].units if m in splits else 0))
     tables = _Tables(
         sizes=_Table(builder, "sizes", [r[0] for r in row_of]),
         coefs=_Table(builder, "strides", [r[1] for r in row_of]),
         split=_Table(builder, "split", [[s.rows, s.inner, s.pieces, s.rows_per_unit] for s in split_of]),
         first=first,
-        depth=depth,
+        depth=plan.depth,
     )
-    _emit(builder, args, plans[0], tables, n_in, n_out)
+    _emit(builder, args, members[0], tables, plan.n_in, plan.n_out)
     builder.ret_void()
     return first[-1]
 
@@ -184,8 +159,10 @@ def _divide(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> tuple[ir.Value, 
     return builder.sdiv(a, b), builder.srem(a, b)
 
 
-def _emit(builder, args, plan, tables: _Tables, n_in: int, n_out: int) -> None:
-    _, outputs, _, member_loads = plan
+def _emit(builder, args, member: HorizontalMember, tables: _Tables, n_in: int, n_out: int) -> None:
+    """The unit loop: each unit finds its member, then its rows and elements, and runs ``member``'s
+    DAG (every member's) with that member's pointers and offsets."""
+    outputs, member_loads = member.plan.outputs, member.loads
     depth, members = tables.depth, len(tables.first) - 1
     leaf_of = {id(load): k for k, load in enumerate(member_loads)}
     n_leaves = len(member_loads) + len(outputs)
@@ -221,7 +198,7 @@ def _emit(builder, args, plan, tables: _Tables, n_in: int, n_out: int) -> None:
                 def offset(k: int, i=i) -> ir.Value:
                     return _affine(builder, bases[k], [(coefs[k][-1], i)])
 
-                _TableBody(builder, pointers, offset, leaf_of).store_all(outputs, len(member_loads))
+                _TableBody(builder, pointers, offset, leaf_of, len(member_loads)).compute_then_store(outputs, Scope())
 
 
 def _affine(builder: ir.IRBuilder, total: ir.Value, terms) -> ir.Value:
@@ -235,21 +212,18 @@ def _affine(builder: ir.IRBuilder, total: ir.Value, terms) -> ir.Value:
     return total
 
 
-class _TableBody(_Body):
-    """A member body whose element offsets come from the tables rather than from ``Lin``s."""
+class _TableBody(KernelBody):
+    """A member body whose element offsets come from the tables rather than from ``Lin``s:
+    ``offset(k)`` is leaf ``k``'s (the loads', then the stores' from ``first_store_leaf``)."""
 
-    def __init__(self, builder, pointers, offset, leaf_of) -> None:
+    def __init__(self, builder, pointers, offset, leaf_of, first_store_leaf: int) -> None:
         super().__init__(builder, pointers, env=None)  # type: ignore[arg-type]
-        self.offset, self.leaf_of = offset, leaf_of
+        self.offset, self.leaf_of, self.first_store_leaf = offset, leaf_of, first_store_leaf
 
-    def _load_pointer(self, node: Load) -> ir.Value:
+    def load_pointer(self, node: Load) -> ir.Value:
         where = self.offset(self.leaf_of[id(node)])
         return element_pointer(self.builder, self.pointers[node.operand], where, node.dtype)
 
-    def store_all(self, outputs, first_store_leaf: int) -> None:
-        """Every output's value, then the stores (each element's loads precede its stores)."""
-        scope = Scope()
-        values = [self.emitter.emit(root, scope) for _, root, _ in outputs]
-        for k, ((operand, _, _), value) in enumerate(zip(outputs, values, strict=True)):
-            where = self.offset(first_store_leaf + k)
-            store(self.builder, value, element_pointer(self.builder, self.pointers[operand], where, value.dtype))
+    def store_pointer(self, out: KernelOutput, k: int) -> ir.Value:
+        where = self.offset(self.first_store_leaf + k)
+        return element_pointer(self.builder, self.pointers[out.operand], where, out.root.dtype)

@@ -21,20 +21,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
 
 from llvmlite import ir
 
 from ...ir.graph import Node
 from ...ir.primitives.tiles import one_tile_a_plane
-from . import Unsupported
+from ..core import Unsupported
+from .body import element_pointer, operand_pointers
 from .emitter import memory_type
-from .kernel_info import WINDOW_OPS
-from .kernels_emit import element_pointer, float_static, operand_pointers, transfer_row
-from .loops import for_range, i64, minimum
+from .kernel_info import WINDOW_OPS, float_static
+from .loops import CHUNK, dot, for_range, i64, minimum, row_major_indices, static_shape
+from .tiles import tile, untile
+from .vectors import transfer_row
 
-#: Output elements per parallel unit of an unfold (whole rows; at least one row).
-CHUNK = 16384
+# A unit of an unfold: whole rows of about ``CHUNK`` output elements (at least one row).
 #: Output elements of a fold unit's block of planes (at least one plane): 64 KB of float32, in L2.
 FOLD_BLOCK = 16384
 
@@ -67,35 +67,10 @@ def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts:
         raise Unsupported(why)
     args, begin, end = params
     pointers = operand_pointers(builder, args, 2)
-    from .kernels_tiles import tile, untile  # noqa: PLC0415 - it imports this module's index helpers
-
     write = {"unfold": _unfold, "fold": _fold, "tile_transform": tile, "untile_transform": untile}[node.op]
     extent = write(builder, pointers, begin, end, node, tuple(layouts[0]))
     builder.ret_void()
     return extent
-
-
-def _split(builder: ir.IRBuilder, flat: ir.Value, sizes: Sequence[int]) -> list[ir.Value]:
-    """Row-major indices of ``flat`` over ``sizes``."""
-    out = []
-    for k in range(len(sizes)):
-        inner = math.prod(sizes[k + 1 :])
-        value = builder.udiv(flat, i64(inner)) if inner > 1 else flat
-        out.append(builder.urem(value, i64(sizes[k])) if k else value)
-    return out
-
-
-def _dot(builder: ir.IRBuilder, terms: Sequence[tuple[ir.Value, int]]) -> ir.Value:
-    """sum(index * coefficient) in i64."""
-    total: ir.Value = i64(0)
-    for value, coefficient in terms:
-        if coefficient:
-            total = builder.add(total, builder.mul(value, i64(coefficient), flags=("nsw",)), flags=("nsw",))
-    return total
-
-
-def _shape(value) -> tuple[int, ...]:
-    return cast(tuple[int, ...], tuple(value.type.shape))  # static: ``compilable`` checked it
 
 
 def _geometry(node: Node):
@@ -107,7 +82,7 @@ def _geometry(node: Node):
 def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
     kernel, stride, dilation, batch_inner = _geometry(node)
     d = len(kernel)
-    out_shape = _shape(node.output)
+    out_shape = static_shape(node.output)
     dtype = node.output.type.dtype
     # memory-order dims of the output, and for each its meaning: ("n"|"c", None) or ("k"|"o", i)
     names: list[tuple[str, int | None]] = [("n", None), ("c", None), *(("k", i) for i in range(d))]
@@ -131,8 +106,8 @@ def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...])
     first = builder.mul(begin, i64(per_unit), flags=("nsw",))
     last = minimum(builder, builder.mul(end, i64(per_unit), flags=("nsw",)), i64(planes))
     with for_range(builder, first, last, name="plane") as plane:
-        indices = _split(builder, plane, out_shape[:-plane_dims])
-        base = _dot(builder, [(v, coefficient[name]) for v, name in zip(indices, names[:-plane_dims], strict=True)])
+        indices = row_major_indices(builder, plane, out_shape[:-plane_dims])
+        base = dot(builder, [(v, coefficient[name]) for v, name in zip(indices, names[:-plane_dims], strict=True)])
         with for_range(builder, 0, rows_per_plane, name="row", vectorize=False) as row:
             src_row = builder.add(base, builder.mul(row, i64(row_step), flags=("nsw",)), flags=("nsw",))
             flat_row = builder.add(builder.mul(plane, i64(rows_per_plane), flags=("nsw",)), row, flags=("nsw",))
@@ -145,9 +120,9 @@ def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...])
 def _fold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
     kernel, stride, dilation, batch_inner = _geometry(node)
     d = len(kernel)
-    out_shape = _shape(node.output)  # (N, C, *S), C order
+    out_shape = static_shape(node.output)  # (N, C, *S), C order
     n_size, c_size, size = out_shape[0], out_shape[1], out_shape[2:]
-    out_spatial = _shape(node.inputs[0])[-d:]
+    out_spatial = static_shape(node.inputs[0])[-d:]
     dtype = node.output.type.dtype
     plane = math.prod(size)
     # the windows' strides by meaning (the input is (C, *K, N, *O) when batch_inner)
@@ -176,18 +151,18 @@ def _fold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -
             with for_range(builder, 0, plane, name="z", parallel=True) as z:
                 builder.store(zero, element_pointer(builder, pointers[1], builder.add(base, z), dtype))
         with for_range(builder, 0, math.prod(kernel), name="k", vectorize=False) as k_flat:
-            k = _split(builder, k_flat, kernel)
-            k_src = _dot(builder, [(c, c_stride), *zip(k, k_strides)])
-            k_dst = _dot(builder, [(k[i], dilation[i] * size_strides[i]) for i in range(d)])
+            k = row_major_indices(builder, k_flat, kernel)
+            k_src = dot(builder, [(c, c_stride), *zip(k, k_strides)])
+            k_dst = dot(builder, [(k[i], dilation[i] * size_strides[i]) for i in range(d)])
             with for_range(builder, first_n, last_n, name="n", vectorize=False) as n:
                 n_src = builder.add(k_src, builder.mul(n, i64(n_stride), flags=("nsw",)), flags=("nsw",))
                 n_dst = builder.add(out_base(n), k_dst, flags=("nsw",))
                 # one pass per output row of windows: a row adds out_spatial[-1] elements at stride[-1]
                 with for_range(builder, 0, math.prod(out_spatial[:-1]), name="r", vectorize=False) as r_flat:
-                    o = _split(builder, r_flat, out_spatial[:-1])
-                    src = builder.add(n_src, _dot(builder, list(zip(o, o_strides[:-1]))), flags=("nsw",))
+                    o = row_major_indices(builder, r_flat, out_spatial[:-1])
+                    src = builder.add(n_src, dot(builder, list(zip(o, o_strides[:-1]))), flags=("nsw",))
                     row = [(o[i], stride[i] * size_strides[i]) for i in range(d - 1)]
-                    dst = builder.add(n_dst, _dot(builder, row), flags=("nsw",))
+                    dst = builder.add(n_dst, dot(builder, row), flags=("nsw",))
                     windows, plane_row = (pointers[0], src), (pointers[1], dst)
                     transfer_row(
                         builder, out_spatial[-1], windows, plane_row, o_strides[-1], stride[-1], dtype, add=True

@@ -24,21 +24,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
 
 from llvmlite import ir
 
 from ...ir import dtypes as dt
 from ...ir.graph import Node
 from ...ir.types import is_static
-from . import Unsupported
+from ..core import Unsupported
+from .body import element_pointer, operand_pointers
 from .emitter import memory_type
 from .kernel_info import INDEX_OPS, moved_bytes
-from .kernels_emit import element_pointer, operand_pointers, transfer_row
-from .loops import I64, for_range, i64, minimum
+from .loops import CHUNK, I64, for_range, i64, minimum, static_shape
+from .vectors import transfer_row
 
-#: Elements per parallel unit: rows of a take, columns (times the rows they span) of an index_put.
-CHUNK = 16384
+# A unit: about ``CHUNK`` elements, rows of a take, columns (times the rows they span) of an index_put.
 _VALUE_DTYPES = (dt.float32, dt.float64, dt.int32, dt.int64)
 _INDEX_DTYPES = (dt.int32, dt.int64)
 
@@ -107,15 +106,11 @@ class _Geometry:
         self.v_row, self.v_column = v_row, v_column  # values' strides: per position, per column
 
 
-def _shape(value) -> tuple[int, ...]:
-    return cast(tuple[int, ...], tuple(value.type.shape))  # static: ``compilable`` checked it
-
-
 def _geometry(node: Node, layouts: Sequence[tuple[int, ...]]) -> _Geometry | None:
-    x_shape = _shape(node.inputs[0])
+    x_shape = static_shape(node.inputs[0])
     x_strides = layouts[0]
     idx_pos = 1 if node.op == "take" else 2
-    idx_shape = _shape(node.inputs[idx_pos])
+    idx_shape = static_shape(node.inputs[idx_pos])
     positions, columns = math.prod(idx_shape), math.prod(x_shape[1:])
     idx_stride = _flat(idx_shape, layouts[idx_pos])
     x_column = _flat(x_shape[1:], x_strides[1:])
@@ -124,7 +119,7 @@ def _geometry(node: Node, layouts: Sequence[tuple[int, ...]]) -> _Geometry | Non
     if node.op == "take":
         return _Geometry(x_shape, positions, columns, idx_stride, x_strides[0], x_column)
     indexed = idx_shape + x_shape[1:]
-    v_strides = _broadcast_strides(_shape(node.inputs[1]), layouts[1], indexed)
+    v_strides = _broadcast_strides(static_shape(node.inputs[1]), layouts[1], indexed)
     v_row = _flat(idx_shape, v_strides[: len(idx_shape)])
     v_column = _flat(x_shape[1:], v_strides[len(idx_shape) :])
     if v_row is None or v_column is None:

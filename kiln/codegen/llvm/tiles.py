@@ -1,6 +1,6 @@
 """The tile transforms compiled (``tile_transform``, ``untile_transform``: the Winograd convolution's
 steps, ``kiln/ir/primitives/tiles.py``), with the window kernels' calling convention
-(``kernels_window``): ``void @sym(ptr args, i64 begin, i64 end)`` over blocks of planes.
+(``window``): ``void @sym(ptr args, i64 begin, i64 end)`` over blocks of planes.
 
 The matrix L is a compile-time constant: its zeros drop their terms and its ones their
 multiplies, so Winograd's B^T and A^T become the adds and subtracts of the paper's formulas.
@@ -31,14 +31,12 @@ from collections.abc import Sequence
 from llvmlite import ir
 
 from ...ir.graph import Node
-from . import Unsupported
+from ..core import Unsupported
+from .body import element_pointer
 from .emitter import memory_type
-from .kernels_emit import element_pointer
-from .kernels_window import _dot, _shape, _split
-from .loops import for_range, i64, minimum
+from .loops import CHUNK, dot, for_range, i64, minimum, row_major_indices, static_shape
 
-#: Output elements per parallel unit (at least one plane).
-CHUNK = 16384
+# A unit: blocks of planes of about ``CHUNK`` output elements (at least one plane).
 #: The most stack an untile kernel's tile results take: rows of up to ~150 F(4x4, 3x3) tiles (600
 #: pixels); a wider plane runs on the eager kernel.
 STACK_BYTES = 64 * 1024
@@ -91,7 +89,7 @@ def _offset(builder: ir.IRBuilder, *terms: tuple[ir.Value, int] | ir.Value) -> i
 
 def _plane_base(builder: ir.IRBuilder, plane: ir.Value, sizes: Sequence[int], strides: Sequence[int]) -> ir.Value:
     """The element offset of flat plane ``plane`` over the batch dims ``sizes`` with ``strides``."""
-    return _dot(builder, list(zip(_split(builder, plane, sizes), strides, strict=True)))
+    return dot(builder, list(zip(row_major_indices(builder, plane, sizes), strides, strict=True)))
 
 
 def _transform(node: Node):
@@ -103,7 +101,7 @@ def _transform(node: Node):
 
 def tile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
     matrix, s, alpha, t, dtype, ftype = _transform(node)
-    x_shape, out_shape = _shape(node.inputs[0]), _shape(node.output)
+    x_shape, out_shape = static_shape(node.inputs[0]), static_shape(node.output)
     batch, (th, tw) = x_shape[:-2], out_shape[-2:]
     planes = math.prod(batch)
     element = planes * th * tw  # the output's stride between transform elements
@@ -187,7 +185,7 @@ def _transform_tile(builder: ir.IRBuilder, out, matrix, x: list[list[ir.Value]],
 
 def untile(builder: ir.IRBuilder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:
     matrix, s, alpha, t, dtype, ftype = _transform(node)
-    v_shape, out_shape = _shape(node.inputs[0]), _shape(node.output)
+    v_shape, out_shape = static_shape(node.inputs[0]), static_shape(node.output)
     batch, (th, tw), (h, w) = v_shape[1:-2], v_shape[-2:], out_shape[-2:]
     planes = math.prod(batch)
     s_element, s_batch, s_ty, s_tx = strides[0], strides[1:-2], strides[-2], strides[-1]

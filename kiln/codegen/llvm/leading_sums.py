@@ -24,10 +24,11 @@ from typing import cast
 from llvmlite import ir
 
 from ...ir.graph import Node
-from . import Unsupported
-from .kernels_emit import float_static, operand_pointers
-from .kernels_vector import Rows
+from ..core import Unsupported
+from .body import operand_pointers
+from .kernel_info import float_static
 from .loops import for_range, i64
+from .vectors import Rows
 
 #: Vectors of output columns a unit sums at once: independent accumulators (registers), each row's
 #: loads one contiguous run of 8 vectors.

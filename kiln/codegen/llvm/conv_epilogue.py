@@ -1,4 +1,4 @@
-"""Kernels of kind ``conv`` compiled: a direct convolution (``kernels_conv.forward``) and its
+"""The ``conv`` kernel kind compiled: a direct convolution (``conv.forward``) and its
 elementwise epilogue (``kiln.ir.graph.conv_epilogue``: bias, activation, pooling) in one function.
 
 A unit of the convolution is one sample and a block of output channels. It writes that block,
@@ -19,34 +19,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from llvmlite import ir
 
 from ...ir.graph import Node, conv_epilogue
 from .. import index as ix
+from ..core import Unsupported
 from ..kernel_dag import DagBuilder, Load, loads
-from ..kernel_dag import Node as DagNode
-from . import Unsupported
+from ..plans import ElementwisePlan, checked_bodies, outputs_plan
+from .body import POINTER, KernelBody, Scope, element_pointer, operand_pointers
+from .conv import channel_block, compilable, forward
 from .emitter import memory_type
-from .kernels import _Body, _variables, nest
-from .kernels_conv import channel_block, compilable, forward, shape_of
-from .kernels_emit import POINTER, Scope, VarEnv, element_pointer, operand_pointers
-from .loops import for_range, i64
+from .loops import VarEnv, for_range, i64, nest, static_shape
+
+__all__ = ["SLAB_BYTES", "emit_conv_kernel", "plan", "takes_epilogue"]
 
 #: The largest stack slab (a unit's block of output channels) an epilogue runs on.
 SLAB_BYTES = 128 << 10
-
-
-@dataclass
-class Domain:
-    """The epilogue outputs of one shape: ``(operand, DAG root, store offset)`` each, and the
-    collapsed loops over the dims after the sample and channel dims."""
-
-    shape: tuple[int, ...]
-    outputs: list[tuple[int, DagNode, ix.Lin]]
-    groups: list[list[int]]
-    sizes: list[int]
 
 
 def takes_epilogue(node: Node) -> bool:
@@ -58,16 +47,17 @@ def takes_epilogue(node: Node) -> bool:
     return True
 
 
-def plan(node: Node, layouts: Sequence[Sequence[int]]) -> tuple[Node, list[Domain]]:
-    """The convolution of conv kernel ``node`` and its epilogue's outputs by domain; ``Unsupported``
+def plan(node: Node, layouts: Sequence[Sequence[int]]) -> tuple[Node, list[ElementwisePlan]]:
+    """The convolution of conv kernel ``node`` and its epilogue's outputs by domain (each a plan
+    whose loops run over the dims after the sample and channel dims); ``Unsupported``
     when the convolution is not compiled, the slab is too large, or an output is not made from the
     slab of its own sample and channel."""
-    (body,) = node.attrs["bodies"]
+    (body,) = checked_bodies(node)
     conv, epilogue = conv_epilogue(body)
     why = compilable(conv)
     if why is not None:
         raise Unsupported(why)
-    result = shape_of(conv.output)
+    result = static_shape(conv.output)
     n_size, o_size, *spatial = result
     if channel_block(o_size) * math.prod(spatial) * conv.output.type.dtype.itemsize > SLAB_BYTES:
         raise Unsupported(
@@ -77,21 +67,17 @@ def plan(node: Node, layouts: Sequence[Sequence[int]]) -> tuple[Node, list[Domai
     n_in = len(epilogue.inputs)
     by_shape: dict[tuple[int, ...], list[int]] = {}
     for j, v in enumerate(epilogue.outputs):
-        by_shape.setdefault(shape_of(v), []).append(j)
+        by_shape.setdefault(static_shape(v), []).append(j)
     domains = []
     for shape, members in by_shape.items():
         if len(shape) != len(result) or shape[:2] != (n_size, o_size):
             raise Unsupported(f"an epilogue output of shape {list(shape)}; the convolution's is {list(result)}")
-        space = ix.Space(shape)
-        dag = DagBuilder(epilogue, space, strides)
-        store_at = ix.offset(space.identity(), ix.contiguous_strides(shape))
-        outputs = [(n_in + j, dag.element(epilogue.outputs[j], space.identity()), store_at) for j in members]
-        found = loads([root for _, root, _ in outputs])
-        for load in found:
-            if load.operand == 0 and not _in_slab(space, load.offset, result):
+        dag = DagBuilder(epilogue, ix.Space(shape), strides)
+        domain = outputs_plan(dag, [(n_in + j, epilogue.outputs[j]) for j in members], loops_from=2)
+        for load in loads(domain.roots):
+            if load.operand == 0 and not _in_slab(dag.space, load.offset, result):
                 raise Unsupported("an epilogue output reads the convolution's result outside its sample and channel")
-        groups = ix.collapse(shape, range(2, len(shape)), [load.offset for load in found] + [store_at])
-        domains.append(Domain(shape, outputs, groups, [math.prod(shape[j] for j in g) for g in groups]))
+        domains.append(domain)
     return conv, domains
 
 
@@ -108,7 +94,7 @@ def _in_slab(space: ix.Space, offset: ix.Lin, result: Sequence[int]) -> bool:
         if isinstance(atom, int):
             if atom not in found:
                 rest.append((atom, coefficient))
-        elif not {0, 1}.isdisjoint(_variables(atom.expr)):
+        elif not {0, 1}.isdisjoint(atom.expr.variables()):
             return False
         else:
             rest.append((atom, coefficient))
@@ -116,7 +102,7 @@ def _in_slab(space: ix.Space, offset: ix.Lin, result: Sequence[int]) -> bool:
     return 0 <= lo and hi < plane
 
 
-def epilogue_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int:
+def emit_conv_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int:
     """Emit the function body of conv kernel ``node``; return its number of parallel units (the
     convolution's)."""
     conv, domains = plan(node, layouts)
@@ -135,8 +121,10 @@ class _Epilogue:
     """The epilogue's code for one unit; ``pointers``: the kernel's data pointers after the
     convolution's two operands (its other inputs, then its outputs)."""
 
-    def __init__(self, builder: ir.IRBuilder, conv: Node, domains: list[Domain], pointers: list[ir.Value]) -> None:
-        shape = shape_of(conv.output)
+    def __init__(
+        self, builder: ir.IRBuilder, conv: Node, domains: list[ElementwisePlan], pointers: list[ir.Value]
+    ) -> None:
+        shape = static_shape(conv.output)
         self.builder, self.domains = builder, domains
         self.channels, self.block, self.plane = shape[1], channel_block(shape[1]), math.prod(shape[2:])
         with builder.goto_entry_block():
@@ -164,14 +152,14 @@ class _Epilogue:
                     target.compute_then_store(domain.outputs, Scope())
 
 
-class _SlabBody(_Body):
+class _SlabBody(KernelBody):
     """Loads of operand 0, the convolution's result, read the slab, which holds the result's
     elements from ``slab_at`` on."""
 
     slab_at: ir.Value
 
-    def _load_pointer(self, node: Load) -> ir.Value:
+    def load_pointer(self, node: Load) -> ir.Value:
         if node.operand != 0:
-            return super()._load_pointer(node)
+            return super().load_pointer(node)
         offset = self.builder.sub(self.env.materialize(self.builder, node.offset), self.slab_at)
         return element_pointer(self.builder, self.pointers[0], offset, node.dtype)

@@ -22,16 +22,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import cast
 
 from llvmlite import ir
 
 from ...ir.graph import Node
-from . import Unsupported
-from .kernel_info import CONV_OPS, moved_bytes
-from .kernels_emit import element_pointer, float_static, operand_pointers
-from .kernels_vector import Rows
-from .loops import for_range, i64
+from ..core import Unsupported
+from .body import element_pointer, operand_pointers
+from .kernel_info import CONV_OPS, float_static, moved_bytes
+from .loops import for_range, i64, static_shape
+from .vectors import Rows
 
 #: Tap accumulators of ``conv_weight`` held at once (each a vector register).
 TAP_GROUP = 12
@@ -57,7 +56,7 @@ def compilable(node: Node) -> str | None:
 def multiply_adds(node: Node) -> int:
     """The multiply-adds of a ``conv`` or ``conv_weight`` node: each output element sums over the
     filter (conv) or over every sample's output positions (conv_weight)."""
-    first, second = shape_of(node.inputs[0]), shape_of(node.inputs[1])  # static: ``compilable`` checked it
+    first, second = static_shape(node.inputs[0]), static_shape(node.inputs[1])  # static: ``compilable`` checked it
     inner = math.prod(second[1:]) if node.op == "conv" else first[0] * math.prod(first[2:])
     return node.output.type.numel * inner
 
@@ -84,10 +83,6 @@ def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts)
     return extent
 
 
-def shape_of(value) -> tuple[int, ...]:
-    return cast(tuple[int, ...], tuple(value.type.shape))
-
-
 def _add(builder, *terms):
     total = terms[0]
     for term in terms[1:]:
@@ -106,7 +101,7 @@ def channel_block(channels: int) -> int:
 def _unit_columns(node: Node, operand: int, what: str, strides) -> None:
     """The kernels read rows as contiguous vectors: an input of several columns needs unit column
     steps (an empty one, or one of single columns, reads none)."""
-    shape = shape_of(node.inputs[operand])
+    shape = static_shape(node.inputs[operand])
     if strides[3] != 1 and shape[3] > 1 and math.prod(shape):
         raise Unsupported(f"{node.op} of a {what} whose rows are not contiguous runs on its eager kernel")
 
@@ -118,11 +113,11 @@ def _taps(node: Node, kernel, row_stride: int) -> list[int]:
 
 
 def forward(builder, pointers, begin, end, node: Node, layouts, epilogue=None) -> int:
-    """``conv``'s loops; with an ``epilogue`` (``kernels_epilogue``), each unit's block of output
+    """``conv``'s loops; with an ``epilogue`` (``conv_epilogue``), each unit's block of output
     channels goes to the epilogue's stack slab instead, and the epilogue then runs on it."""
     x_ptr, w_ptr, out_ptr = pointers
-    (n_size, c_size, *_), (o_size, _, kh, kw) = shape_of(node.inputs[0]), shape_of(node.inputs[1])
-    oh_size, ow_size = shape_of(node.output)[2:]
+    (n_size, c_size, *_), (o_size, _, kh, kw) = static_shape(node.inputs[0]), static_shape(node.inputs[1])
+    oh_size, ow_size = static_shape(node.output)[2:]
     _unit_columns(node, 0, "input", layouts[0])
     xn, xc, xr, _ = layouts[0]
     wo, wc, wkh, wkw = layouts[1]
@@ -171,7 +166,7 @@ def forward(builder, pointers, begin, end, node: Node, layouts, epilogue=None) -
 
 def _weight(builder, pointers, begin, end, node: Node, layouts) -> int:
     g_ptr, x_ptr, out_ptr = pointers
-    (n_size, o_size, oh_size, ow_size), (_, c_size, *_) = shape_of(node.inputs[0]), shape_of(node.inputs[1])
+    (n_size, o_size, oh_size, ow_size), (_, c_size, *_) = static_shape(node.inputs[0]), static_shape(node.inputs[1])
     _unit_columns(node, 0, "output gradient", layouts[0])
     _unit_columns(node, 1, "input", layouts[1])
     gn, go, goh, _ = layouts[0]

@@ -1,14 +1,16 @@
-"""Vector code along contiguous rows, shared by the native ops that run over them (``kernels_conv``,
-``kernels_reduce``): explicit vector loads at any element offset, the last partial vector of a
-row loaded and stored under a lane mask, ``llvm.fmuladd`` and stack-slot accumulators.
+"""Vector code along contiguous rows, shared by the native ops that run over them (``conv``,
+``leading_sums``, ``window``, ``gather_scatter``): explicit vector loads at any element offset, the
+last partial vector of a row loaded and stored under a lane mask, ``llvm.fmuladd``, stack-slot
+accumulators (``Rows``), and a row copied or added elsewhere (``transfer_row``).
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
 
+from ...ir.dtypes import DType
+from .body import element_pointer
 from .emitter import memory_type
-from .kernels_emit import element_pointer
 from .loops import for_range, i64
 
 #: Bytes of a vector of row positions (an AVX-512 register; two on AVX2).
@@ -79,3 +81,44 @@ class Rows:
                 body(builder.mul(k, i64(self.lanes), flags=("nsw",)), False)
         if self.tail:
             body(i64(self.full * self.lanes), True)
+
+
+#: An element of an array: its base pointer and the element offset from it (an i64).
+Pointer = tuple[ir.Value, ir.Value]
+
+
+def transfer_row(
+    builder: ir.IRBuilder, count: int, src: Pointer, dst: Pointer, src_step: int, dst_step: int, dtype: DType, add: bool
+) -> None:
+    """dst[i * dst_step] (+)= src[i * src_step] for i < count, ``src`` and ``dst`` each a (base
+    pointer, element offset) pair. A short row of unit steps (both contiguous, under 64 elements:
+    convolution rows are 4 to 32 wide, an embedding's 8 to 64) is a few explicit vectors of
+    descending widths (28 = 16 + 8 + 4 floats). The loop vectorizer's own choice on AVX-512, 4
+    vectors of 16 lanes an iteration, runs such a row in its scalar remainder, and once the row is
+    unrolled the SLP vectorizer cannot prove the input and output apart. Longer or strided rows
+    are a loop."""
+    kind = memory_type(dtype)
+    combine = builder.fadd if dtype.is_floating_point else builder.add
+    if src_step == dst_step == 1 and count < 64:
+        lanes, done = 64 // dtype.itemsize, 0
+        while done < count:
+            while lanes > count - done:
+                lanes //= 2
+            vector = ir.VectorType(kind, lanes) if lanes > 1 else kind
+            offset = i64(done)
+            source = element_pointer(builder, src[0], builder.add(src[1], offset, flags=("nsw",)), dtype)
+            target = element_pointer(builder, dst[0], builder.add(dst[1], offset, flags=("nsw",)), dtype)
+            value = builder.load(source, typ=vector, align=dtype.itemsize)
+            if add:
+                value = combine(builder.load(target, typ=vector, align=dtype.itemsize), value)
+            builder.store(value, target, align=dtype.itemsize)
+            done += lanes
+        return
+    with for_range(builder, 0, count, name="o", parallel=True) as o:
+        at_src = builder.add(src[1], builder.mul(o, i64(src_step), flags=("nsw",)), flags=("nsw",))
+        at_dst = builder.add(dst[1], builder.mul(o, i64(dst_step), flags=("nsw",)), flags=("nsw",))
+        target = element_pointer(builder, dst[0], at_dst, dtype)
+        value = builder.load(element_pointer(builder, src[0], at_src, dtype), typ=kind)
+        if add:
+            value = combine(builder.load(target, typ=kind), value)
+        builder.store(value, target)
