@@ -170,7 +170,10 @@ def _backward_direction(mode: str, saved: _Saved, w_hh, dy, dfinal: list, revers
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     dz = np.empty_like(saved.gates)
     if mode == "LSTM":
-        dh, dc = kernels.lstm_backward(k(saved.gates), k(saved.cs), k(saved.extra), w_hh, k(dy), *dfinal, k(dz))
+        dh_last, dc_last = dfinal
+        dh, dc = kernels.lstm_backward(
+            k(saved.gates), k(saved.cs), k(saved.extra), w_hh, k(dy), dh_last, dc_last, k(dz)
+        )
         return dz, dz, (dh, dc)
     if mode == "GRU":
         dz_hh = np.empty_like(dz)
