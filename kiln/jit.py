@@ -26,7 +26,7 @@ from .frontend.jit.compiler import CompiledFunction, CompileOptions
 from .frontend.jit.explain import ExplainReport, explain
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
 from .frontend.jit.regions import Region, composite
-from .frontend.jit.state import before_each_call, guard
+from .frontend.jit.state import before_each_call, guard, make_state
 from .frontend.jit.state import unsafe as _unsafe
 from .frontend.jit.trace import CompileWarning, TraceBreakError
 from .frontend.ops.checks import check as _check
@@ -34,7 +34,7 @@ from .frontend.ops.checks import check_range as _check_range
 
 __all__ = [
     "compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "CompileCheckError", "before_each_call",
-    "stop_trace", "CompileWarning",
+    "stop_trace", "CompileWarning", "make_state",
     "guard", "check_values", "check_range", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError",
     "load_exported", "composite", "Region",
 ]  # fmt: skip

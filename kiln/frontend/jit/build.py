@@ -66,11 +66,11 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         if ext.tensor.grad_fn is not ext.grad_fn or ext.tensor._requires_grad != ext.state[3]:
             trace.release()  # the same on every call with this key: such calls run eagerly
             return None, TraceBreak(
-                f"an in-place change gives {_source(ext).name} autograd history inside the call (a compiled call "
+                f"an in-place change gives {_source(ext, trace.grad_reads).name} autograd history inside the call (a compiled call "
                 "writes values back, not history)",
                 None,
             )
-    sources = [_source(e) for e in traced.externals]
+    sources = [_source(e, trace.grad_reads) for e in traced.externals]
     signature, outputs = number_outputs(sources, traced.outputs, traced.writebacks, traced.grads)
     writebacks = [(w.input, w.output) for w in signature.writebacks]
     backward = None
@@ -114,11 +114,15 @@ def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[i
     return aliases
 
 
-def _source(external) -> Argument | Captured:
+def _source(external, grad_reads: set[int]) -> Argument | Captured:
+    """The input kind of an external. A captured tensor's snapshot holds None for whether its
+    ``.grad`` is set unless the call read that (``Trace.grad_reads``): a model's forward reads no
+    ``.grad``, so the first ``backward`` setting them makes no new trace."""
     t = external.tensor
     if external.kind == "arg":
         return Argument(external.arg_index)
-    return Captured(weakref.ref(t), external.state, name=f"{t._dtype.short}{list(t._data.shape)}")
+    snapshot = external.state if id(t) in grad_reads else (*external.state[:4], None)
+    return Captured(weakref.ref(t), snapshot, name=f"{t._dtype.short}{list(t._data.shape)}")
 
 
 def optimize(graph: Graph, options, record: list) -> Graph:
