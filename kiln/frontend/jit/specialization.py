@@ -76,6 +76,7 @@ class Specialization:
     checks: list = field(default_factory=list)  # state.guard's checks: None while they hold, else why not
     python_reads: list[PythonRead] = field(default_factory=list)  # the Python values it reads per call or guards
     calls: int = 0
+    background_seconds: float | None = None  # from the trace to ready, when compiled in the background
 
     def __post_init__(self) -> None:
         self._captured = [s for s in self.signature.inputs if isinstance(s, Captured)]
