@@ -28,6 +28,19 @@ def test_a_trace_break_warns_once_at_the_users_call():
     assert record[0].filename == __file__ and record[0].lineno == call
 
 
+def test_a_branch_on_a_tensor_warns_once():
+    @kiln.compile
+    def f(x):
+        if x.sum() > 0:  # if tensor: the trace stops, the call finishes eagerly
+            return x * 2
+        return -x
+
+    with pytest.warns(kiln.CompileWarning, match=r"running eagerly: the trace stopped: bool\(Tensor\)") as record:
+        for sign in (1, -1, 1):
+            assert f(kiln.ones(2) * sign).tolist() == ([2.0, 2.0] if sign > 0 else [1.0, 1.0])
+    assert sum("bool(Tensor)" in str(w.message) for w in record) == 1
+
+
 def test_the_recompile_limit_says_calls_now_run_eagerly():
     g = kiln.compile(lambda x: x + 1.0, options=kiln.CompileOptions(recompile_limit=1))
     with pytest.warns(kiln.CompileWarning, match="now run eagerly") as record:
