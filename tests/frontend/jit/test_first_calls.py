@@ -33,13 +33,13 @@ def traces(monkeypatch) -> list:
     return started
 
 
-def _training(opt_name: str):
+def _training(opt_name: str, zero_grad_of: str = "opt"):
     kiln.manual_seed(7)
     model = kiln.nn.Sequential(kiln.nn.Linear(4, 8), kiln.nn.ReLU(), kiln.nn.Linear(8, 2))
     opt = getattr(kiln.optim, opt_name)(model.parameters(), lr=0.02)
 
     def step(x, y):
-        opt.zero_grad()
+        (opt if zero_grad_of == "opt" else model).zero_grad()
         loss = ((model(x) - y) ** 2).mean()
         loss.backward()
         opt.step()
@@ -75,6 +75,18 @@ def test_a_fresh_optimizers_first_step_is_the_only_trace(traces, opt_name):
         for key, value in opt_e.state[pe].items():
             np.testing.assert_allclose(array(opt_c.state[pc][key]), array(value), rtol=RTOL, atol=ATOL, err_msg=key)
     assert len(traces) == 1 and compiled_calls(f) == [4], [e.detail for e in state_of(f).events]
+
+
+def test_model_zero_grad_in_the_step_costs_no_second_trace(traces):
+    model_c, _, step_c = _training("Adam", zero_grad_of="model")
+    model_e, _, step_e = _training("Adam", zero_grad_of="model")
+    f = kiln.compile(step_c)
+    for x, y in _batches(4):
+        np.testing.assert_allclose(array(f(x, y)), array(step_e(x, y)), rtol=RTOL, atol=ATOL)
+    for pc, pe in zip(model_c.parameters(), model_e.parameters(), strict=True):
+        np.testing.assert_allclose(array(pc), array(pe), rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(array(pc.grad), array(pe.grad), rtol=RTOL, atol=ATOL)
+    assert len(traces) == 1 and compiled_calls(f) == [3]
 
 
 def test_a_compiled_model_does_not_trace_again_when_grad_is_first_set(traces):
