@@ -30,14 +30,19 @@ WORKERS = 2
 class Job:
     """One compile handed to the pool: ``done`` is set when ``run`` has returned or raised."""
 
-    __slots__ = ("run", "done")
+    __slots__ = ("run", "done", "pid")
 
     def __init__(self, run: Callable[[], None]) -> None:
         self.run = run
         self.done = threading.Event()
+        self.pid = os.getpid()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Whether the compile finished within ``timeout`` seconds (None: wait as long as it takes)."""
+        """Whether the compile finished within ``timeout`` seconds (None: wait as long as it takes).
+        In a forked child a compile of its parent's never finishes (no thread runs it): False at once
+        (its calls run eagerly there)."""
+        if self.pid != os.getpid():
+            return self.done.is_set()
         return self.done.wait(timeout)
 
 
@@ -77,7 +82,7 @@ _pool = _Pool()
 
 def _forget_after_fork() -> None:
     """A forked child has none of its parent's threads: it starts a pool of its own (the parent's
-    pending compiles are the parent's)."""
+    pending compiles stay pending there: such calls run eagerly in the child)."""
     global _pool
     _pool = _Pool()
 

@@ -289,3 +289,22 @@ def test_the_process_exits_while_a_compile_is_pending(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[2.0, 2.0]"
     assert time.perf_counter() - start < 60
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_runs_a_pending_key_eagerly_and_does_not_wait_for_it(hold):
+    g = background(lambda x: x * 3)
+    assert g(kiln.ones(2)).tolist() == [3.0, 3.0]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's compile never finishes here
+        try:
+            ok = g.wait_compiled(None) is False and g(kiln.ones(2)).tolist() == [3.0, 3.0]
+            os.write(write, b"ok" if ok else b"no")
+        finally:
+            os._exit(0)
+    os.close(write)
+    assert os.read(read, 2) == b"ok"
+    os.waitpid(pid, 0)
+    hold.set()
+    assert g.wait_compiled(60) and g(kiln.ones(2)).tolist() == [3.0, 3.0] and compiled_calls(g) == [1]
