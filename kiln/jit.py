@@ -5,7 +5,8 @@
         ...
 
 The function runs eagerly on the first call of each specialization while it is traced into
-kiln's IR; later calls whose guards match run the compiled program. See DESIGN.md, "Tracing and
+kiln's IR; its program compiles in the background meanwhile (``wait=True`` waits for it), and
+later calls whose guards match run the compiled program once it is ready. See DESIGN.md, "Tracing and
 compile", for the rules: what is guarded, what is read at each call, what stops a trace.
 
 What a trace cannot see: Python side effects (``print``, appending to a list) happen only on
@@ -19,15 +20,17 @@ flag traces again; ``kiln.explain`` lists which. ``KILN_JIT=0`` in the environme
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from .compiler.options import CompileOptions
+from .frontend.jit import background as _background
 from .frontend.jit.call_cache import CompiledFunction
 from .frontend.jit.check import CompileCheckError
 from .frontend.jit.explain import ExplainReport, explain
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
 from .frontend.jit.regions import Region, composite
-from .frontend.jit.state import before_each_call, guard
+from .frontend.jit.state import before_each_call, guard, make_state
 from .frontend.jit.state import unsafe as _unsafe
 from .frontend.jit.trace import CompileWarning, TraceBreakError
 from .frontend.ops.checks import check as _check
@@ -35,10 +38,26 @@ from .frontend.ops.checks import check_range as _check_range
 
 __all__ = [
     "compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "CompileCheckError", "before_each_call",
-    "stop_trace", "CompileWarning",
+    "stop_trace", "CompileWarning", "make_state",
     "guard", "check_values", "check_range", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError",
-    "load_exported", "composite", "Region",
+    "load_exported", "composite", "Region", "wait_compiled",
 ]  # fmt: skip
+
+
+def wait_compiled(timeout: float | None = None) -> bool:
+    """Wait for every compile running in the background (``kiln.compile`` compiles a traced call's
+    program there while calls run eagerly); whether they all finished within ``timeout`` seconds
+    (None: as long as they take). ``fn.wait_compiled()`` waits for one compiled function's.
+
+    >>> import kiln
+    >>> f = kiln.compile(lambda x: x + 1)
+    >>> _ = f(kiln.ones(2))  # traced while it ran eagerly; its program compiles in the background
+    >>> wait_compiled()
+    True
+    >>> f(kiln.ones(2)).tolist()  # the compiled program
+    [2.0, 2.0]
+    """
+    return _background.wait(timeout=timeout)
 
 
 def stop_trace(reason: str) -> None:
@@ -88,16 +107,25 @@ def check_range(index, low: int | None, high: int | None, error: type[Exception]
     _check_range(index, low, high, error, message)
 
 
-def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None):  # noqa: A001
+def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None,  # noqa: A001
+            wait: bool | None = None):  # fmt: skip
     """Compile ``fn`` (a function, a method or an ``nn.Module``) by tracing it.
 
     Usable as ``@kiln.compile`` or ``@kiln.compile(fullgraph=True, ...)``. ``fullgraph=True``
     raises ``TraceBreakError`` where the trace would stop; ``check=True`` runs each compiled
     call eagerly as well and raises on the first difference; ``options`` is a ``CompileOptions``.
-    A compiled module behaves like the module (same parameters, state dict, train/eval).
+    ``wait=True`` makes a traced call wait for its program (``CompileOptions.wait``; by default
+    it compiles in the background while calls run eagerly). A compiled module behaves like the
+    module (same parameters, state dict, train/eval).
     """
     if fn is None:
-        return functools.partial(compile, fullgraph=fullgraph, check=check, options=options)
+        return functools.partial(compile, fullgraph=fullgraph, check=check, options=options, wait=wait)
+    if wait is not None:
+        if not isinstance(wait, bool):
+            raise TypeError(f"kiln.compile: wait must be True or False, got {wait!r}")
+        if options is not None and not isinstance(options, CompileOptions):
+            raise TypeError(f"kiln.compile: options must be a kiln.CompileOptions, got {type(options).__name__}")
+        options = dataclasses.replace(options or CompileOptions(), wait=wait)
     from .nn.modules.module import Module  # noqa: PLC0415 - nn imports kiln
 
     if isinstance(fn, Module):

@@ -14,6 +14,9 @@ import pytest
 # A compiled function whose backend fails falls back to the interpreter with a warning; the tests
 # must see such failures instead.
 os.environ.setdefault("KILN_JIT_STRICT", "1")
+# Tests assume a compiled function runs its program from the second call on: each traced call waits
+# for its compile. The background mode (kiln.compile's default) has tests of its own that ask for it.
+os.environ.setdefault("KILN_COMPILE_WAIT", "1")
 # Compiled programs are cached in a directory of this test session's own.
 os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-test-cache-"))
 

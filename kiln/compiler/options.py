@@ -34,6 +34,19 @@ def default_compile_timeout() -> float | None:
     return seconds
 
 
+def default_wait() -> bool:
+    """``$KILN_COMPILE_WAIT``: ``1`` (or true/yes/on) waits for each compile, ``0`` (or empty) compiles in
+    the background: the default of ``CompileOptions.wait``."""
+    text = os.environ.get("KILN_COMPILE_WAIT", "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(
+        f"KILN_COMPILE_WAIT must be 1 (wait for each compile) or 0 (compile in the background), got {text!r}"
+    )
+
+
 @dataclass
 class CompileOptions:
     """Options of ``kiln.compile``.
@@ -51,6 +64,9 @@ class CompileOptions:
     - ``compile_timeout``: seconds a compile may take (None: no limit); past it the call runs on
       the interpreter, saying why (``kiln.compiler.driver``). Default: ``$KILN_COMPILE_TIMEOUT``
       or 60.
+    - ``wait``: whether a traced call waits for its program to compile (True), or returns its eager
+      result at once while the program compiles in the background, later calls switching to it
+      when it is ready (False). Default: ``$KILN_COMPILE_WAIT`` (``1``: wait), else False.
     """
 
     recompile_limit: int = 8
@@ -59,8 +75,11 @@ class CompileOptions:
     dump_dir: str | None = None
     verify: bool = False
     compile_timeout: float | None = field(default_factory=default_compile_timeout)
+    wait: bool = field(default_factory=default_wait)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.wait, bool):
+            raise ValueError(f"CompileOptions: wait must be True or False, got {self.wait!r}")
         if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:
             raise ValueError(f"CompileOptions: recompile_limit must be an int >= 0, got {self.recompile_limit!r}")
         check_compile_timeout(self.compile_timeout)

@@ -186,6 +186,8 @@ class Tensor(_Base):
 
     @property
     def grad(self) -> Tensor | None:
+        if _jit.tracing:  # whether .grad is set becomes a guard of the trace (unless the call set it first)
+            _jit.grad_read(self)
         return self._grad
 
     @grad.setter
@@ -201,7 +203,7 @@ class Tensor(_Base):
                     f"{self._dtype.name} on {self._device}"
                 )
         if _jit.tracing:
-            _jit.grad_change(self)
+            _jit.grad_change(self, overwrite=True)
         self._grad = value
 
     @property

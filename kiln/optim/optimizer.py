@@ -262,8 +262,8 @@ class Optimizer:
             state = None
             if self._counts_steps:
                 state = self.state[p]
-                if not state:
-                    state.update(self._fresh_state(p, group))
+                if not state:  # made outside a trace: state the compiled step reads, not a value it makes
+                    state.update(kiln.jit.make_state(self._fresh_state, p, group))
                 state["step"].add_(1)
             if shrink is not None:
                 p.mul_(shrink)
@@ -275,11 +275,9 @@ class Optimizer:
         """Reset the gradients of all parameters: to ``None`` by default, else to zeros in place."""
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if set_to_none:
+                if set_to_none:  # without reading .grad: a compiled step then holds whether it was set or not
                     p.grad = None
-                else:
+                elif p.grad is not None:
                     if p.grad.grad_fn is not None:
                         p.grad = p.grad.detach()
                     with kiln.no_grad():

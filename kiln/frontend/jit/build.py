@@ -1,5 +1,10 @@
 """From a finished trace to a ``Specialization``: its signature, the backward, passes.
 
+Two steps, so that the second can run in the background (``kiln.compile(wait=False)``):
+``trace_specialization`` does what needs the call's tensors and autograd graph (the signature,
+the backward's trace) and leaves a ``PendingSpecialization`` of graphs alone; its ``compile()``
+runs the partition pass, the pass pipeline, code generation and loading (``kiln.compiler.driver``).
+
 The forward graph's outputs are, in order: the call's tensor results, the final values of the
 externals it mutated, the new ``.grad`` values (``signature.number_outputs``), and (when the
 results need gradients) the forward values the backward graph reads.
@@ -13,7 +18,8 @@ import logging
 import os
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +43,53 @@ logger = logging.getLogger("kiln")
 def build_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict):
     """``(Specialization, None)``, or ``(None, why)`` when this trace must not be reused: ``why`` is a
     ``TraceBreak`` when calls with this key can never be compiled (they run eagerly from then on)."""
+    pending, why = trace_specialization(compiled, trace, result, leaves, key, closure_values)
+    return (None, why) if pending is None else (pending.compile(), None)
+
+
+@dataclass(eq=False)
+class PendingSpecialization:
+    """A traced call whose graphs are not compiled yet: everything it holds is graphs and Python
+    values, never the call's tensors' autograd graph, so ``compile()`` may run on any thread. The
+    compiler sets its guards (``guards``, ``checks``, ``python_reads``) before it compiles."""
+
+    compiled: Any  # the CompiledFunction (its options, name and dump directory)
+    forward: Graph
+    backward: Any  # a _PendingBackward, a ConsumedPlan or None
+    sources: list
+    mutated: set[int]
+    strides: list
+    writebacks: list[tuple[int, int]]
+    fields: dict  # the Specialization's other fields
+    trace_seconds: float
+    nodes: int  # traced nodes, for the notices
+    guards: Any = None
+    checks: list = field(default_factory=list)
+    python_reads: list = field(default_factory=list)
+
+    @property
+    def modules(self) -> list:
+        return self.fields["modules"]
+
+    def compile(self) -> Specialization:
+        """The passes, code generation and loading: the ``Specialization``, ready to run."""
+        options = self.compiled.options
+        graph, backward = _partition(options, self.backward, self.forward, self.sources, self.mutated)
+        # mutated externals updated in place where that is safe, as eager does
+        lowered = compile_graph(graph, options, self.strides, [(o, i) for i, o in self.writebacks])
+        optimized, program, report, record = lowered.graph, lowered.program, lowered.report, lowered.stages
+        spec = Specialization(graph=optimized, program=program, backward=backward, passes_record=record,
+                              traced_graph=graph, report=report, guards=self.guards, checks=self.checks,
+                              python_reads=self.python_reads, **self.fields)  # fmt: skip
+        if report is not None:  # the traced call is the compile's first stage
+            report.stage_seconds.insert(0, ("trace (the eager call)", self.trace_seconds))
+        _dump(self.compiled, spec)
+        return spec
+
+
+def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict):
+    """``(PendingSpecialization, None)``, or ``(None, why)`` as ``build_specialization``: the steps that
+    read the call's tensors, run on the calling thread right after the traced call."""
     out_leaves, out_tree = flatten(result)
     traced = trace.finish(out_leaves)
     if trace.broken is not None:
@@ -66,11 +119,11 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         if ext.tensor.grad_fn is not ext.grad_fn or ext.tensor._requires_grad != ext.state[3]:
             trace.release()  # the same on every call with this key: such calls run eagerly
             return None, TraceBreak(
-                f"an in-place change gives {_source(ext).name} autograd history inside the call (a compiled call "
+                f"an in-place change gives {_source(ext, trace.grad_reads).name} autograd history inside the call (a compiled call "
                 "writes values back, not history)",
                 None,
             )
-    sources = [_source(e) for e in traced.externals]
+    sources = [_source(e, trace.grad_reads) for e in traced.externals]
     signature, outputs = number_outputs(sources, traced.outputs, traced.writebacks, traced.grads)
     writebacks = [(w.input, w.output) for w in signature.writebacks]
     backward = None
@@ -79,25 +132,21 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         if why is not None:
             trace.release()
             return None, why
-    mutated = {i for i, _ in writebacks}
-    graph, backward = _partition(compiled.options, backward, traced.builder.build(outputs), sources, mutated)
-    strides = [e.tensor._data.strides for e in traced.externals]
-    # mutated externals updated in place where that is safe, as eager does
-    lowered = compile_graph(graph, compiled.options, strides, [(o, i) for i, o in writebacks])
-    optimized, program, report, record = lowered.graph, lowered.program, lowered.report, lowered.stages
     arg_aliases = _arguments_that_are_state(traced, leaves, list(closure_values.values()) +
                                             [value for _, value in compiled.guarded_names({})])  # fmt: skip
-    spec = Specialization(
-        graph=optimized, program=program, signature=signature, out_tree=out_tree,
+    fields = dict(
+        signature=signature, out_tree=out_tree,
         modules=[(ref, training, type(ref()).__name__) for ref, training in traced.modules],
-        prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), backward=backward,
-        key=key, passes_record=record, traced_graph=graph, report=report, arg_aliases=arg_aliases,
+        prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), key=key,
+        arg_aliases=arg_aliases,
     )  # fmt: skip
-    if report is not None:  # the traced call is the compile's first stage
-        report.stage_seconds.insert(0, ("trace (the eager call)", trace.seconds))
-    _dump(compiled, spec)
+    pending = PendingSpecialization(
+        compiled, traced.builder.build(outputs), backward, sources, {i for i, _ in writebacks},
+        [e.tensor._data.strides for e in traced.externals], writebacks, fields, trace.seconds,
+        len(traced.builder.nodes),
+    )  # fmt: skip
     trace.release()
-    return spec, None
+    return pending, None
 
 
 def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[int, weakref.ref]]:
@@ -114,11 +163,15 @@ def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[i
     return aliases
 
 
-def _source(external) -> Argument | Captured:
+def _source(external, grad_reads: set[int]) -> Argument | Captured:
+    """The input kind of an external. A captured tensor's snapshot holds None for whether its
+    ``.grad`` is set unless the call read that (``Trace.grad_reads``): a model's forward reads no
+    ``.grad``, so the first ``backward`` setting them makes no new trace."""
     t = external.tensor
     if external.kind == "arg":
         return Argument(external.arg_index)
-    return Captured(weakref.ref(t), external.state, name=f"{t._dtype.short}{list(t._data.shape)}")
+    snapshot = external.state if id(t) in grad_reads else (*external.state[:4], None)
+    return Captured(weakref.ref(t), snapshot, name=f"{t._dtype.short}{list(t._data.shape)}")
 
 
 def _dump(compiled, spec: Specialization) -> None:

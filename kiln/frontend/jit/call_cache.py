@@ -15,6 +15,15 @@ Per call (DESIGN.md, "Tracing and compile"):
    pass pipeline runs, and the specialization is cached; at most ``recompile_limit`` per
    function, after which unmatched calls run eagerly and say why.
 
+The pass pipeline, code generation and loading run **in the background** by default
+(``background.py``): the traced call returns its eager result at once, calls of that key run
+eagerly until the program is ready, then run it. So decorating a function never makes a run
+slower than eager (PyTorch users expect that of ``torch.compile``). ``CompileOptions(wait=True)``,
+``kiln.compile(fn, wait=True)`` or ``KILN_COMPILE_WAIT=1`` compile before the traced call returns
+(benchmarks, the test suite); ``fn.wait_compiled()`` and ``kiln.jit.wait_compiled()`` wait for
+pending compiles. A compile that fails in the background leaves its key running eagerly, with
+the reason said (``kiln.explain`` lists it; ``KILN_JIT_STRICT=1`` raises it at the next call).
+
 A trace that stops (``.item()``, a data-dependent shape...) leaves that key running eagerly, with
 the reason logged once; ``fullgraph=True`` raises instead. ``KILN_JIT=0`` makes every compiled
 function plain eager code.
@@ -40,8 +49,8 @@ from ...runtime import profiling
 from ..autocast import key as _autocast_key
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
-from . import hazards, reads, state
-from .build import build_specialization
+from . import background, hazards, reads, state
+from .build import PendingSpecialization, build_specialization, trace_specialization
 from .guards import build_guards
 from .layouts import MemoryIndex
 from .pytree import flatten_call
@@ -56,6 +65,20 @@ class EagerEntry:
 
     reason: TraceBreak
     key: tuple = ()
+
+
+@dataclass(eq=False)
+class PendingEntry:
+    """A key whose program compiles in the background: such calls run eagerly until it is ready."""
+
+    key: tuple
+    reason: str  # why it was traced (a "compiled" event's words once ready)
+    nodes: int  # traced nodes
+    started: float = field(default_factory=time.perf_counter)
+    job: Any = None  # the background.Job
+
+
+_NOT_COMPILED = (EagerEntry, PendingEntry)  # a tuple: isinstance on it takes half the time a union takes
 
 
 @dataclass
@@ -95,6 +118,8 @@ class CompileState:
     numpy_shadows: dict = field(default_factory=dict)  # id(array) -> (array, tensor on it): see Trace.on_numpy
     escapes_survived_young_collection: bool = False  # see build_specialization
     state_changes: dict = field(default_factory=dict)  # key -> calls whose trace stopped on a Python state change
+    pending: list = field(default_factory=list)  # PendingEntry per compile running in the background
+    background_error: BaseException | None = None  # raised at the next call under KILN_JIT_STRICT=1
 
 
 class CompiledFunction:
@@ -117,6 +142,7 @@ class CompiledFunction:
         self._code = getattr(code_fn, "__code__", None)
         self._closure = getattr(code_fn, "__closure__", None)
         self._lock = threading.RLock()  # held while a miss traces (see _compile_miss)
+        self._install_lock = threading.Lock()  # held while a background compile's outcome enters the cache
         functools.update_wrapper(self, fn, updated=())
 
     def __get__(self, obj, objtype=None):
@@ -140,8 +166,11 @@ class CompiledFunction:
         closure_values = self._closure_values()
         miss = "first call"
         for entry in self.state.cache.get(key, ()):
-            if isinstance(entry, EagerEntry):
-                self._log_once(("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}")
+            if isinstance(entry, _NOT_COMPILED):  # eagerly (a PendingEntry: until its program is ready)
+                if self.state.background_error is not None:
+                    self._raise_background_error()
+                if isinstance(entry, EagerEntry):
+                    self._log_once(("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}")
                 return self.fn(*args, **kwargs)
             miss = entry.state_miss(self._globals, closure_values, leaves)
             if miss is None:
@@ -164,6 +193,8 @@ class CompiledFunction:
         is set); a thread that already holds another compiled function's lock (a call after a
         trace break) never blocks on this one, so two functions cannot deadlock each other.
         """
+        if self.state.background_error is not None:
+            self._raise_background_error()
         if not _acquire(self._lock):
             self._log_once(("busy",), "another thread is compiling this function; this call runs eagerly")
             return self.fn(*args, **kwargs)
@@ -173,8 +204,8 @@ class CompiledFunction:
                 return self._trace_new(args, kwargs, leaves, key, miss)
         finally:
             _release(self._lock)
-        # Another thread compiled this key while this one waited.
-        if isinstance(found, EagerEntry):
+        # Another thread compiled this key (or is compiling it in the background) while this one waited.
+        if isinstance(found, EagerEntry | PendingEntry):
             return self.fn(*args, **kwargs)
         if self.check:
             from .check import run_checked  # noqa: PLC0415
@@ -186,7 +217,7 @@ class CompiledFunction:
         """Trace a miss unless the recompile limit is reached (then the call runs eagerly)."""
         if key not in self.state.cache and self.state.last_key is not None:
             miss = describe_key_change(self.state.last_key, key) if key != self.state.last_key else "traced again"
-        if len(self.state.specializations) >= self.options.recompile_limit:
+        if len(self.state.specializations) + len(self.state.pending) >= self.options.recompile_limit:
             limit = self.options.recompile_limit
             self._event("recompile limit", f"{miss}; the limit of {limit} specializations is reached, so calls that "
                         "match none of them now run eagerly (CompileOptions(recompile_limit=...) sets it)", once=True)  # fmt: skip
@@ -228,23 +259,96 @@ class CompiledFunction:
         if trace.broken is not None:
             trace.abandon()
             return self._run_eagerly_from_now_on(key, trace.broken, result)
-        notice = self._slow_compile_notice(len(trace.builder.nodes))
-        try:
-            spec, why_not = build_specialization(
+        if self.options.wait:
+            notice = self._slow_compile_notice(len(trace.builder.nodes), _user_frame(sys._getframe(1)))
+            try:
+                spec, why_not = build_specialization(
+                    self, trace, result, leaves, key, closure_values=self._closure_values()
+                )
+            finally:
+                notice.cancel()
+        else:
+            spec, why_not = trace_specialization(
                 self, trace, result, leaves, key, closure_values=self._closure_values()
             )
-        finally:
-            notice.cancel()
         if isinstance(why_not, TraceBreak):
             return self._run_eagerly_from_now_on(key, why_not, result)
         if spec is None:
             self._event("not cached", why_not, once=False)
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)
+        if isinstance(spec, PendingSpecialization):
+            self._compile_in_background(spec, key, reason)
+            return result
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
         return result
+
+    # ------------------------------------------------------------------ compiling in the background
+    def _compile_in_background(self, pending: PendingSpecialization, key, reason: str) -> None:
+        """Cache a ``PendingEntry`` for ``key`` (its calls run eagerly) and hand the compile to the pool."""
+        entry = PendingEntry(key, reason, pending.nodes)
+        where = _user_frame(sys._getframe(2))
+        with self._install_lock:
+            self.state.pending.append(entry)
+            self.state.cache.setdefault(key, []).append(entry)
+        entry.job = background.submit(lambda: self._finish_background(pending, entry, where))
+
+    def _finish_background(self, pending: PendingSpecialization, entry: PendingEntry, where) -> None:
+        """On a compile thread: compile, then put the specialization in place of ``entry``; a compile
+        that raises leaves its key running eagerly, saying why."""
+        notice = self._slow_compile_notice(entry.nodes, where, background=True)
+        try:
+            spec = pending.compile()
+        except Exception as error:  # noqa: BLE001 - said, and raised at the next call under KILN_JIT_STRICT=1
+            why = TraceBreak(f"the compile failed in the background ({type(error).__name__}: {error})", None)
+            self._settle(entry, EagerEntry(why, entry.key))
+            self._event("break", str(why), once=False)
+            self._log_once(("break", str(why)), f"running eagerly: {why}", where)
+            if os.environ.get("KILN_JIT_STRICT") == "1":
+                self.state.background_error = error
+            return
+        finally:
+            notice.cancel()
+        spec.background_seconds = time.perf_counter() - entry.started
+        number = self._settle(entry, spec)
+        self._event("compiled", f"specialization {number}: {entry.reason}")
+
+    def _settle(self, entry: PendingEntry, outcome) -> int:
+        """Put ``outcome`` (a Specialization or an EagerEntry) in ``entry``'s place; the number of
+        specializations then."""
+        with self._install_lock:
+            entries = self.state.cache.get(entry.key, [])
+            position = next((i for i, e in enumerate(entries) if e is entry), None)
+            if isinstance(outcome, EagerEntry) or position is None:
+                if position is not None:
+                    entries[position] = outcome
+            else:
+                self.state.specializations.append(outcome)
+                entries[position] = outcome  # one store: a racing call sees the entry or the specialization
+            self.state.pending.remove(entry)
+            return len(self.state.specializations)
+
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Wait for this function's compiles running in the background; whether they all finished
+        within ``timeout`` seconds (None: as long as they take). Under ``KILN_JIT_STRICT=1`` a
+        compile that failed raises here.
+
+        >>> import kiln
+        >>> f = kiln.compile(lambda x: x * 2)
+        >>> _ = f(kiln.ones(3))
+        >>> f.wait_compiled()
+        True
+        """
+        done = background.wait([e.job for e in list(self.state.pending) if e.job is not None], timeout)
+        if self.state.background_error is not None:
+            self._raise_background_error()
+        return done
+
+    def _raise_background_error(self) -> None:
+        error, self.state.background_error = self.state.background_error, None
+        raise RuntimeError(f"kiln.compile({self._name()}): a compile failed in the background") from error
 
     def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
         """Set a new specialization's guards (``guards.py``) and its table of Python values read."""
@@ -265,16 +369,17 @@ class CompiledFunction:
         spec.python_reads.extend(reads.records(reached, watch.codes, attr_names))
         spec.python_reads.extend(reads.global_records(helper_roots, watch.codes))
 
-    def _slow_compile_notice(self, nodes: int) -> threading.Timer:
+    def _slow_compile_notice(self, nodes: int, where: tuple, background: bool = False) -> threading.Timer:
         """A timer that says, once the compile after a trace has taken ``SLOW_COMPILE_SECONDS``, that it
-        is compiling (a CompileWarning at the user's call, from the timer's thread: passes release the
-        interpreter between bytecodes, and LLVM runs in the worker, waited for without it)."""
-        where = _user_frame(sys._getframe(1))
+        is compiling (a CompileWarning at the user's call ``where``, from the timer's thread: passes
+        release the interpreter between bytecodes, and LLVM runs in the worker, waited for without it)."""
         name = self._name()
+        then = ("calls run eagerly until it is ready" if background else
+                "this call finishes when it is done, later calls run the compiled program")  # fmt: skip
 
         def say() -> None:
-            text = (f"kiln.compile({name}): compiling {nodes} traced nodes has taken over {SLOW_COMPILE_SECONDS:g} s; "
-                    "this call finishes when it is done, later calls run the compiled program")  # fmt: skip
+            text = (f"kiln.compile: compiling {name} ({nodes} nodes)... over {SLOW_COMPILE_SECONDS:g} s "
+                    f"so far{' in the background' if background else ''}; {then}")  # fmt: skip
             warnings.warn_explicit(text, CompileWarning, *where)
 
         timer = threading.Timer(SLOW_COMPILE_SECONDS, say)
@@ -339,16 +444,17 @@ class CompiledFunction:
         elif kind != "break":  # breaks are logged once per reason by the caller
             logger.info("kiln.compile(%s): %s", self._name(), detail)
 
-    def _log_once(self, key, message: str) -> None:
+    def _log_once(self, key, message: str, where: tuple | None = None) -> None:
         """Say ``message`` once per function and ``key``: to the ``kiln`` logger, and as a
-        ``CompileWarning`` at the user's line that called the function (kiln's logger has no handler
-        of its own, so by default only the warning reaches the user, as torch.compile's do)."""
+        ``CompileWarning`` at the user's line that called the function (``where``, if given; kiln's
+        logger has no handler of its own, so by default only the warning reaches the user, as
+        torch.compile's do)."""
         if key in self.state.logged:
             return
         self.state.logged.add(key)
         text = f"kiln.compile({self._name()}): {message}"
         logger.warning("%s", text)
-        warnings.warn_explicit(text, CompileWarning, *_user_frame(sys._getframe(1)))
+        warnings.warn_explicit(text, CompileWarning, *(where or _user_frame(sys._getframe(1))))
 
     def _name(self) -> str:
         return getattr(self.fn, "__qualname__", None) or type(self.fn).__name__
@@ -377,9 +483,10 @@ def _release(lock) -> None:
 
 
 def _match(entries, fn_globals: dict | None, closure_values: dict, leaves: list):
-    """The first entry of a key that applies now (an ``EagerEntry`` or a matching specialization)."""
+    """The first entry of a key that applies now (an ``EagerEntry``, a ``PendingEntry`` or a matching
+    specialization)."""
     for entry in entries:
-        if isinstance(entry, EagerEntry) or entry.state_miss(fn_globals, closure_values, leaves) is None:
+        if isinstance(entry, EagerEntry | PendingEntry) or entry.state_miss(fn_globals, closure_values, leaves) is None:
             return entry
     return None
 

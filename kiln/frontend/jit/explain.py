@@ -5,7 +5,8 @@ their shapes, the compiled kernels (one line each: what it fuses, the bytes it r
 the user's line), the nodes left to eager kernels, the memory plan's figures, why fusion kept
 kernels apart (``not fused:`` lines, ``kiln.passes.fusion_refusals``), the guards and why
 the specialization was made; then the trace breaks with their reasons and source lines and the
-reasons for each retrace. ``str(report)`` is the summary followed by every specialization's full
+reasons for each retrace, and the compiles still running in the background (their calls run
+eagerly until they are ready). ``str(report)`` is the summary followed by every specialization's full
 IR (``report.full_ir()``); ``report.to_dot()`` draws the specializations as Graphviz DOT, kernels
 as clusters and trace breaks as red notes (``kiln.ir.dot``).
 """
@@ -13,6 +14,7 @@ as clusters and trace breaks as red notes (``kiln.ir.dot``).
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -51,6 +53,7 @@ class ExplainReport:
     recompiles: list[str] = field(default_factory=list)
     not_cached: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)  # per specialization: why it was made
+    compiling: list[str] = field(default_factory=list)  # the compiles running in the background, in words
 
     @property
     def graphs(self) -> list:
@@ -86,12 +89,14 @@ class ExplainReport:
         """The readable part: one block per specialization, then trace breaks and retraces."""
         n = len(self.specializations)
         out = [f"kiln.explain({self.name}): {n} specialization(s), {len(self.breaks)} trace break(s), "
-               f"{len(self.recompiles)} recompilation(s)"]  # fmt: skip
+               f"{len(self.recompiles)} recompilation(s)"
+               f"{f', {len(self.compiling)} compiling in the background' if self.compiling else ''}"]  # fmt: skip
         for i, spec in enumerate(self.specializations, 1):
             reason = self.reasons[i - 1] if i - 1 < len(self.reasons) else ""
             out.append("")
             out.extend(_describe_specialization(i, spec, reason, self.guards(spec)))
-        for title, items in (("Trace breaks (those calls run eagerly):", self.breaks),
+        for title, items in (("Compiling in the background (those calls run eagerly until it is ready):",
+                              self.compiling), ("Trace breaks (those calls run eagerly):", self.breaks),
                              ("Recompilations:", self.recompiles), ("Calls not cached:", self.not_cached)):  # fmt: skip
             if items:
                 out.append("\n" + title)
@@ -321,6 +326,8 @@ def _describe_specialization(i: int, spec, reason: str, guards: list[str]) -> li
     names, _ = signature_labels(signature, graph, spec.backward, captured_names(spec))
     traced = len(spec.traced_graph.nodes) if spec.traced_graph is not None else len(graph.nodes)
     lines = [f"Specialization {i} ({spec.calls} compiled call(s){'; made because ' + reason if reason else ''})"]
+    if spec.background_seconds is not None:
+        lines.append(f"  compiled in the background: ready {spec.background_seconds:.3g} s after its trace")
     lines.append(f"  inputs:  {_grouped(names, graph.inputs)}")
     results = result_words(signature, graph, names)
     lines.append(f"  outputs: {', '.join(results) or 'none'}")
@@ -390,7 +397,9 @@ def _shorten(items: list[str], limit: int = 6) -> str:
 def explain(fn, *args, **kwargs) -> ExplainReport:
     """Compile ``fn`` (or take the compiled ``fn``), call it with ``args`` if given, and report.
 
-    The call runs for real (it is traced while it runs eagerly), side effects included.
+    The call runs for real (it is traced while it runs eagerly), side effects included, and the
+    report waits for the compile it started (``fn.wait_compiled()``); without arguments it reports
+    what is there now, compiles still running in the background included.
     ``print(report)`` shows the summary then the full IR; ``report.summary()`` the summary alone.
     """
     compiled = getattr(fn, "_compiled", fn)  # a compiled module holds its CompiledFunction
@@ -398,7 +407,11 @@ def explain(fn, *args, **kwargs) -> ExplainReport:
         compiled = CompiledFunction(fn)
     if args or kwargs:
         compiled(*args, **kwargs)
+        compiled.wait_compiled()
     report = ExplainReport(compiled._name(), list(compiled.state.specializations))
+    now = time.perf_counter()
+    report.compiling = [f"{e.nodes} traced nodes, for {now - e.started:.3g} s so far (made because {e.reason})"
+                        for e in list(compiled.state.pending)]  # fmt: skip
     compiled_events = [e for e in compiled.state.events if e.kind == "compiled"]
     for e in compiled.state.events:
         if e.kind == "break":

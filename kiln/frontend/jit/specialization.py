@@ -76,13 +76,17 @@ class Specialization:
     checks: list = field(default_factory=list)  # state.guard's checks: None while they hold, else why not
     python_reads: list[PythonRead] = field(default_factory=list)  # the Python values it reads per call or guards
     calls: int = 0
+    background_seconds: float | None = None  # from the trace to ready, when compiled in the background
 
     def __post_init__(self) -> None:
         self._captured = [s for s in self.signature.inputs if isinstance(s, Captured)]
         self._refs = [s.ref for s in self._captured]
         self._layouts = [s.snapshot[:4] for s in self._captured]
         self._requires_grad = [s.snapshot[3] for s in self._captured]
-        self._grads = [s.snapshot[4] for s in self._captured]
+        # whether .grad is set, for the captured tensors whose .grad the call read (None: not guarded)
+        self._grad_positions = [k for k, s in enumerate(self._captured) if s.snapshot[4] is not None]
+        self._grads = [self._captured[k].snapshot[4] for k in self._grad_positions]
+        self._all_grads = len(self._grads) == len(self._captured)
         self._nones = [None] * len(self._captured)
         self._matched_arrays: list | None = None  # weak references to the arrays of the last matching call
         # the positions of the captured arrays of the last matching call by the id of their memory's owner
@@ -151,7 +155,8 @@ class Specialization:
                 self._matched_arrays = None
         elif list(map(_REQUIRES_GRAD, tensors)) != self._requires_grad:
             return False
-        if list(map(_NOT_NONE, map(_GRAD, tensors))) != self._grads:
+        grads = tensors if self._all_grads else [tensors[k] for k in self._grad_positions]
+        if list(map(_NOT_NONE, map(_GRAD, grads))) != self._grads:
             return False
         arg_roots = {id(a._base if a._base is not None else a) for a in leaves if isinstance(a, Tensor)}
         if arg_roots and not (arg_roots.isdisjoint(map(id, tensors))
@@ -175,6 +180,8 @@ class Specialization:
             if t is None:
                 return f"captured tensor {source.name} was freed"
             now = tensor_state(t)
+            if source.snapshot[4] is None:  # whether .grad is set is no guard here
+                now = (*now[:4], None)
             if now != source.snapshot:
                 return f"captured tensor {source.name} changed: {_describe_state(source.snapshot, now)}"
             if id(t._base if t._base is not None else t) in arg_roots:

@@ -30,11 +30,22 @@ def value_access(tensor, what: str) -> None:
         trace.on_value_access(tensor, what)
 
 
-def grad_change(tensor) -> None:
-    """``tensor.grad`` is about to be replaced (assignment, accumulation, zero_grad)."""
+def grad_change(tensor, overwrite: bool = False) -> None:
+    """``tensor.grad`` is about to be replaced: by an assignment (``overwrite``, which does not depend
+    on the ``.grad`` before it) or an accumulation (which reads it first)."""
     trace = current.get()
     if trace is not None:
+        if not overwrite:
+            trace.on_grad_read(tensor)
         trace.on_grad_change(tensor)
+
+
+def grad_read(tensor) -> None:
+    """Python reads ``tensor.grad`` (``if p.grad is None``): unless the traced call set it before,
+    whether it was set at the call's start becomes a guard."""
+    trace = current.get()
+    if trace is not None:
+        trace.on_grad_read(tensor)
 
 
 def module_call(module) -> None:
@@ -116,3 +127,21 @@ def touch(tensor) -> None:
     trace = current.get()
     if trace is not None:
         trace.value_of(tensor)
+
+
+def make_state(fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` eagerly, outside any ``kiln.compile`` trace, and return what it
+    returns: for state made lazily on a first call (an optimizer's moments, a cache). The tensors it
+    makes are then state from outside the call, which the compiled program reads and writes back at
+    each call, rather than values the traced call made and stored away (which would make that call
+    run eagerly, and cost the next one a second trace). ``fn`` must not read the call's tensors'
+    values: it runs once, when the state is missing.
+
+    >>> make_state(dict, step=0)
+    {'step': 0}
+    """
+    token = current.set(None)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        current.reset(token)

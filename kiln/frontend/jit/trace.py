@@ -145,6 +145,7 @@ class Trace:
         self._foreign_index: dict[Value, Value] = {}
         self.born: list[weakref.ref] = []
         self.grads: dict[int, tuple] = {}  # id(tensor) -> (tensor, .grad before the trace touched it)
+        self.grad_reads: set[int] = set()  # ids of the tensors whose .grad the call read before changing it
         self.modules: dict[int, tuple[weakref.ref, bool]] = {}
         self.seconds = 0.0  # how long the traced call ran (set by the compiler: the compile's first stage)
         self.made_modules: set[int] = set()  # ids of the modules constructed during the trace (state.module_made)
@@ -213,6 +214,10 @@ class Trace:
         key = id(t)
         if key not in self.grads:
             self.grads[key] = (t, t._grad)
+
+    def on_grad_read(self, t) -> None:
+        if id(t) not in self.grads:  # a read of what the call itself set is no read of the state before it
+            self.grad_reads.add(id(t))
 
     def on_module_call(self, module) -> None:
         if id(module) not in self.made_modules:  # a module made by the call itself is no state
@@ -420,7 +425,9 @@ class Trace:
         new_grads: dict[int, int] = {}  # id(new .grad tensor) -> index of the external it belongs to
         for t, before in list(self.grads.values()):
             after = t._grad
-            if after is before:
+            # Unchanged: nothing to do, unless the call set it to None without reading it first (then
+            # that .grad is no guard, and a later call may start with one set: it is cleared).
+            if after is before and (after is not None or id(t) in self.grad_reads):
                 continue
             index = self._external_index.get(id(t))
             if index is None:

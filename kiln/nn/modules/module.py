@@ -341,11 +341,9 @@ class Module:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.parameters():
-            if p.grad is None:
-                continue
-            if set_to_none:
+            if set_to_none:  # without reading .grad: a compiled step then holds whether it was set or not
                 p.grad = None
-            else:
+            elif p.grad is not None:
                 p._grad = kiln.zeros_like(p.grad)
 
     def apply(self, fn: Callable[[Module], None]) -> Module:

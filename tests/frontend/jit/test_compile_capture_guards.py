@@ -48,11 +48,11 @@ def _changes(ws: list) -> dict:
         "strides": (lambda: setattr(ws[5], "data", ws[5].detach().T), "strides"),
         "dtype": (lambda: setattr(ws[5], "data", ws[5].detach().double()), "dtype"),
         "requires_grad": (lambda: ws[5].requires_grad_(), "requires_grad"),
-        "grad set": (lambda: setattr(ws[5], "grad", kiln.ones(3, 3)), ".grad is set"),
     }
 
 
-@pytest.mark.parametrize("change", ["shape", "strides", "dtype", "requires_grad", "grad set"])
+# (whether .grad is set is guarded only where the call reads it: tests/frontend/jit/test_first_calls.py)
+@pytest.mark.parametrize("change", ["shape", "strides", "dtype", "requires_grad"])
 def test_each_change_of_one_captured_tensor_misses(change):
     ws = _weights()
 

@@ -28,6 +28,19 @@ def test_a_trace_break_warns_once_at_the_users_call():
     assert record[0].filename == __file__ and record[0].lineno == call
 
 
+def test_a_branch_on_a_tensor_warns_once():
+    @kiln.compile
+    def f(x):
+        if x.sum() > 0:  # if tensor: the trace stops, the call finishes eagerly
+            return x * 2
+        return -x
+
+    with pytest.warns(kiln.CompileWarning, match=r"running eagerly: the trace stopped: bool\(Tensor\)") as record:
+        for sign in (1, -1, 1):
+            assert f(kiln.ones(2) * sign).tolist() == ([2.0, 2.0] if sign > 0 else [1.0, 1.0])
+    assert sum("bool(Tensor)" in str(w.message) for w in record) == 1
+
+
 def test_the_recompile_limit_says_calls_now_run_eagerly():
     g = kiln.compile(lambda x: x + 1.0, options=kiln.CompileOptions(recompile_limit=1))
     with pytest.warns(kiln.CompileWarning, match="now run eagerly") as record:
@@ -63,7 +76,9 @@ def test_a_compile_that_takes_long_says_so(monkeypatch):
     def f(x):
         return (x.exp() + 1).log().sum()
 
-    with pytest.warns(kiln.CompileWarning, match=r"compiling \d+ traced nodes has taken over 0.05 s") as record:
+    with pytest.warns(
+        kiln.CompileWarning, match=r"compiling \S*f \(\d+ nodes\)\.\.\. over 0.05 s so far; this call"
+    ) as record:
         assert f(kiln.ones(64)).item() == pytest.approx(64 * float(np.log(np.e + 1)), rel=1e-5)
     assert record[0].filename == __file__
 
