@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from . import cuda as _cuda
+from .frontend import eager_kernels as _eager_kernels
 
 cudnn = SimpleNamespace(enabled=True, benchmark=False, deterministic=False, allow_tf32=True,
                         is_available=lambda: False, version=lambda: None)  # fmt: skip
@@ -24,7 +25,24 @@ mkldnn = SimpleNamespace(enabled=True, is_available=lambda: False)
 #: ``direct_conv``: 2-d unit-stride convolutions with a window and a small filter (C * kh * kw up to
 #: 256, groups 1) by the ``conv`` primitive, which a compiled program runs as a loop nest over the
 #: input in place; off, im2col.
-cpu = SimpleNamespace(winograd=True, winograd_f4=True, direct_conv=True, get_cpu_capability=lambda: "default")
+
+
+class _CPU(SimpleNamespace):
+    """``kiln.backends.cpu``: kiln's own switches of its CPU kernels (see above), and
+    ``eager_kernels``: whether heavy eager ops (convolutions and their gradients, the windows of
+    pooling, fused optimizer steps) run kiln's compiled kernels for them (default on, or
+    ``$KILN_EAGER_KERNELS=0`` off; ``kiln.frontend.eager_kernels``)."""
+
+    @property
+    def eager_kernels(self) -> bool:
+        return _eager_kernels.enabled()
+
+    @eager_kernels.setter
+    def eager_kernels(self, enabled: bool) -> None:
+        _eager_kernels.set_enabled(enabled)
+
+
+cpu = _CPU(winograd=True, winograd_f4=True, direct_conv=True, get_cpu_capability=lambda: "default")
 mps = SimpleNamespace(is_available=lambda: False, is_built=lambda: False)
 opt_einsum = SimpleNamespace(enabled=False, strategy=None, is_available=lambda: False)
 cuda = SimpleNamespace(

@@ -14,6 +14,10 @@ import pytest
 # A compiled function whose backend fails falls back to the interpreter with a warning; the tests
 # must see such failures instead.
 os.environ.setdefault("KILN_JIT_STRICT", "1")
+# Eager ops run their numpy kernels unless a test turns compiled eager kernels on
+# (tests/frontend/test_eager_kernels.py): a background compile per shape would make results
+# depend on timing.
+os.environ.setdefault("KILN_EAGER_KERNELS", "0")
 # Compiled programs are cached in a directory of this test session's own.
 os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-test-cache-"))
 

@@ -1,0 +1,253 @@
+"""Eager ops on kiln's own compiled kernels (DESIGN.md, "Eager on compiled kernels").
+
+A heavy eager op asks ``compiled_outputs(name, arrays, attrs_key, build)`` for its results. The
+key is the op's name, each input's shape, dtype and byte strides, and its attributes. On a miss,
+``build()`` makes the op's graph (one primitive node, or a small decomposition such as a fused
+optimizer step) and a background thread compiles it through ``kiln.compile``'s driver
+(``frontend/jit/driver.compile_graph``, whose disk cache makes the compile almost free in the
+next process); the caller runs its numpy kernel meanwhile (``compiled_outputs`` returns None).
+Later calls with the key run the compiled program.
+
+A compile that fails leaves the key on numpy: the reason is said once per op, at the next call of
+that op (a ``kiln.CompileWarning`` and the ``kiln`` logger). A graph whose node the backend does
+not compile as a kernel of its own (an unsupported stride, float16) stays on numpy too, logged
+at debug level: the program would only call the same numpy kernel.
+
+Primitives reach this module through ``ROUTES``, which ``dispatch.apply`` consults for each op:
+``route(prim)`` is a kernel with the primitive's eager signature that runs the compiled program
+where there is one, so every caller of the primitive -- the ops and their VJPs alike -- benefits.
+Only ``PRIMITIVES_ON`` are routed: those measured faster compiled than numpy
+(``benchmarks``-style numbers in the commit that chose them).
+
+Off: ``KILN_EAGER_KERNELS=0`` in the environment, or ``kiln.backends.cpu.eager_kernels = False``
+(``set_enabled``). The in-memory cache keeps the ``CAPACITY`` most recently used keys (LRU).
+``wait()`` blocks until the pending compiles are done (tests).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir.dtypes import from_numpy_dtype
+from ..ir.graph import Graph, GraphBuilder
+from ..ir.primitives import PRIMITIVES, Primitive
+from ..ir.types import CPU, TensorType
+from ..runtime import profiling as _profiling
+
+logger = logging.getLogger("kiln")
+
+ENV = "KILN_EAGER_KERNELS"
+#: How many keys the in-memory cache keeps (least recently used first out).
+CAPACITY = 256
+#: Inputs smaller than this (bytes, all together) stay on numpy: a compiled call's fixed cost
+#: (a few microseconds) is then a large part of the op.
+MIN_BYTES = 1 << 14
+#: The primitives whose eager calls run compiled kernels: each measured faster compiled.
+PRIMITIVES_ON = ("conv", "conv_weight", "unfold", "fold", "tile_transform", "untile_transform")
+_FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+
+#: Each input's (shape, dtype character, byte strides): what a key says of the inputs.
+Layouts = tuple[tuple[tuple[int, ...], str, tuple[int, ...]], ...]
+
+
+#: What ``build`` returns: the graph, its inputs' byte strides, and the (output, input) pairs whose
+#: output the program may write into that input's memory (``compile_graph``'s ``write_backs``).
+Built = tuple[Graph, list[tuple[int, ...]], tuple[tuple[int, int], ...]]
+
+
+@dataclass
+class Entry:
+    """One key's state: compiling (``program`` and ``reason`` None), compiled, or on numpy (``reason``)."""
+
+    program: Callable[[list], list] | None = None
+    write_backs: tuple[tuple[int, int], ...] = ()  # (output, input) pairs: the input takes the output
+    reason: str | None = None
+    failed: bool = False  # the reason is a failure (said once per op), not a decline (logged)
+    cache: str = ""  # the driver's disk cache: "hit", "miss" or "off"
+    seconds: float = 0.0  # how long the compile took
+
+
+class KernelCache:
+    """The keys met so far, least recently used first, and the thread that compiles the misses."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.capacity = capacity
+        self.entries: OrderedDict[tuple, Entry] = OrderedDict()
+        self.said: set[str] = set()  # ops whose failure was said
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
+
+    def lookup(self, key: tuple, build: Callable[[Layouts], Built]) -> Entry | None:
+        """The entry of ``key``; None on a miss, which queues the compile of ``build(key[1])``."""
+        entries = self.entries
+        with self._lock:
+            entry = entries.get(key)
+            if entry is not None:
+                entries.move_to_end(key)
+                return entry
+            entries[key] = Entry()
+            while len(entries) > self.capacity:
+                entries.popitem(last=False)
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._compile_loop, name="kiln-eager-kernels", daemon=True)
+                self._worker.start()
+        self._queue.put((key, build))
+        return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every queued compile is done (True), or ``timeout`` seconds pass (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def clear(self) -> None:
+        """Forget every key and what was said (the disk cache stays)."""
+        self.wait()
+        with self._lock:
+            self.entries.clear()
+            self.said.clear()
+
+    def _compile_loop(self) -> None:
+        while True:
+            key, build = self._queue.get()
+            try:
+                entry = _compile(key[0], build, key[1])
+                with self._lock:
+                    if key in self.entries:  # not evicted meanwhile
+                        self.entries[key] = entry
+            finally:
+                self._queue.task_done()
+
+
+def _compile(name: str, build: Callable[[Layouts], Built], layouts: Layouts) -> Entry:
+    """Compile the graph of ``build(layouts)``; an ``Entry`` on numpy (with the reason) should anything fail."""
+    from .jit.compiler import CompileOptions  # noqa: PLC0415 - the compiler loads only when first needed
+    from .jit.driver import compile_graph  # noqa: PLC0415
+
+    start = time.perf_counter()
+    try:
+        graph, strides, write_backs = build(layouts)
+        compiled = compile_graph(graph, CompileOptions(), strides, write_backs)
+    except Exception as error:  # noqa: BLE001 - any failure leaves the op on numpy, said once
+        return Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
+    report = compiled.report
+    seconds = time.perf_counter() - start
+    if report is None or report.externs or report.abandoned:
+        why = "; ".join(f"{what}: {text}" for what, text in (report.declined if report else ())) or "no kernel"
+        logger.debug("kiln: eager %s stays on numpy: the backend runs it on its eager kernel (%s)", name, why)
+        return Entry(reason=f"not compiled by the backend ({why})", seconds=seconds)
+    logger.debug("kiln: eager %s compiled in %.3f s (disk cache: %s)", name, seconds, report.cache)
+    return Entry(program=compiled.program, write_backs=tuple(write_backs), cache=report.cache, seconds=seconds)
+
+
+CACHE = KernelCache()
+_state = {"enabled": os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")}
+
+
+def key_of(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple) -> tuple:
+    """The cache key of an op: its name, each input's shape, dtype and byte strides, its attributes."""
+    return (name, tuple((a.shape, a.dtype.char, a.strides) for a in arrays), attrs_key)
+
+
+def input_types(layouts: Layouts) -> list[TensorType]:
+    """The graph input types of inputs laid out as ``layouts`` say."""
+    return [TensorType(shape, from_numpy_dtype(np.dtype(char)), CPU) for shape, char, _ in layouts]
+
+
+def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
+                build: Callable[[Layouts], Built]) -> Entry | None:  # fmt: skip
+    """The compiled entry of the op for these inputs, or None: run its numpy kernel (a miss, which
+    queues the compile of ``build(layouts)``; a compile still running; an op left on numpy, whose
+    failure is said at its first such call)."""
+    entry = CACHE.lookup(key_of(name, arrays, attrs_key), build)
+    if entry is None or entry.program is None:
+        if entry is not None and entry.failed and name not in CACHE.said:
+            _say(name, entry.reason)
+        return None
+    if _profiling.active:
+        _profiling.note_compiled_kernel()
+    return entry
+
+
+def compiled_outputs(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
+                     build: Callable[[Layouts], Built]) -> list | None:  # fmt: skip
+    """The outputs of the op's compiled program for these inputs, or None (``ready_entry``)."""
+    entry = ready_entry(name, arrays, attrs_key, build)
+    return None if entry is None else entry.program(list(arrays))
+
+
+def _say(name: str, reason: str | None) -> None:
+    from .jit.trace import CompileWarning  # noqa: PLC0415 - the tracer loads only when first needed
+
+    CACHE.said.add(name)
+    text = f"kiln: eager {name} runs its numpy kernel: {reason}"
+    logger.warning(text)
+    warnings.warn(text, CompileWarning, stacklevel=4)
+
+
+def primitive_graph(prim: Primitive, attrs: dict, layouts: Layouts) -> Built:
+    """``build`` for one primitive: a graph of one node over inputs laid out as ``layouts`` say."""
+    b = GraphBuilder()
+    inputs = [b.input(t) for t in input_types(layouts)]
+    return b.build([b.node(prim.name, inputs, attrs)]), [strides for _, _, strides in layouts], ()
+
+
+def route(prim: Primitive) -> Callable:
+    """A kernel with ``prim.eager``'s signature that runs the compiled program when there is one."""
+    eager = prim.eager
+
+    def kernel(xp, *arrays, **attrs):
+        if xp is not np or sum(a.nbytes for a in arrays) < MIN_BYTES or any(a.dtype not in _FLOATS for a in arrays):
+            return eager(xp, *arrays, **attrs)
+        try:
+            attrs_key = tuple(sorted(attrs.items()))
+            hash(attrs_key)
+        except TypeError:  # an attribute that cannot be a key: numpy
+            return eager(xp, *arrays, **attrs)
+        outputs = compiled_outputs(prim.name, arrays, attrs_key, functools.partial(primitive_graph, prim, attrs))
+        return eager(xp, *arrays, **attrs) if outputs is None else outputs[0]
+
+    kernel.__qualname__ = f"compiled {prim.name}"
+    return kernel
+
+
+#: Primitive -> the kernel ``dispatch.apply`` runs instead of ``prim.eager`` (empty when off).
+ROUTES: dict[Primitive, Callable] = {}
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn eager compiled kernels on or off (``kiln.backends.cpu.eager_kernels``)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"eager_kernels: expected True or False, got {enabled!r}")
+    _state["enabled"] = enabled
+    ROUTES.clear()
+    if enabled:
+        ROUTES.update({PRIMITIVES[name]: route(PRIMITIVES[name]) for name in PRIMITIVES_ON})
+
+
+def enabled() -> bool:
+    """Whether eager heavy ops run compiled kernels."""
+    return _state["enabled"]
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until the pending compiles are done (True), or ``timeout`` seconds pass (False)."""
+    return CACHE.wait(timeout)
+
+
+set_enabled(_state["enabled"])
