@@ -30,6 +30,7 @@ import functools
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -48,6 +49,7 @@ from ..runtime import profiling as _profiling
 logger = logging.getLogger("kiln")
 
 ENV = "KILN_EAGER_KERNELS"
+_KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: How many keys the in-memory cache keeps (least recently used first out).
 CAPACITY = 256
 #: Inputs smaller than this (bytes, all together) stay on numpy: a compiled call's fixed cost
@@ -197,7 +199,15 @@ def _say(name: str, reason: str | None) -> None:
     CACHE.said.add(name)
     text = f"kiln: eager {name} runs its numpy kernel: {reason}"
     logger.warning(text)
-    warnings.warn(text, CompileWarning, stacklevel=4)
+    warnings.warn(text, CompileWarning, stacklevel=_user_level())
+
+
+def _user_level() -> int:
+    """``warnings.warn``'s stacklevel, called from the caller of this, of the first frame outside kiln."""
+    frame, level = sys._getframe(1), 1  # the caller, whose level is 1
+    while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def primitive_graph(prim: Primitive, attrs: dict, layouts: Layouts) -> Built:

@@ -11,7 +11,8 @@ dtype (``cast``), as eager kiln does. New values are written into the row's tens
 counters move, as an in-place op's do.
 
 ``run_fused`` returns False where the caller must run its eager loop instead: a compile still
-running or failed, eager kernels off, a tensor not on the CPU or not float32/float64.
+running or failed, eager kernels off, a tensor not on the CPU or not float32/float64, or a
+``kiln.compile`` trace running (it must see the loop's ops).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..ir.dtypes import DType
 from ..ir.graph import GraphBuilder, Value
 from ..ir.types import CPU, TensorType
 from . import eager_kernels
+from .jit import state as _jit
 from .tensor import Tensor
 
 _FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
@@ -43,13 +45,16 @@ class GraphOps:
         return self.b.constant(np.asarray(number, dtype=dtype.np), TensorType((), dtype, CPU))
 
     def binary(self, op: str, x: Value | float, y: Value | float) -> Value:
-        """``op(x, y)``; a Python number takes the other's dtype, a 0-d operand the other's dtype
-        when the other is not 0-d (eager's rule for a 0-d tensor of the same category)."""
+        """``op(x, y)`` of floats; a Python number takes the other's dtype, a 0-d operand the other's
+        dtype when the other is not 0-d, else the wider dtype wins (eager's rules in one category)."""
         x, y = self._value(x, y), self._value(y, x)
         if x.type.shape and not y.type.shape:
             y = self.cast(y, x.type.dtype)
         elif y.type.shape and not x.type.shape:
             x = self.cast(x, y.type.dtype)
+        elif x.type.dtype.itemsize != y.type.dtype.itemsize:
+            wider = max(x.type.dtype, y.type.dtype, key=lambda d: d.itemsize)
+            x, y = self.cast(x, wider), self.cast(y, wider)
         return self.b.node(op, [x, y])
 
     def _value(self, x: Value | float, other: Value | float) -> Value:
@@ -108,8 +113,8 @@ def run_fused(name: str, update: Update, shared: Sequence[Tensor], rows: Sequenc
               attrs_key: tuple = ()) -> bool:  # fmt: skip
     """Apply ``update`` to every row in place as one compiled program; False: the caller runs its
     eager loop (see the module docstring). ``attrs_key`` names what else decides the graph."""
-    if not eager_kernels.enabled() or not rows:
-        return False
+    if not eager_kernels.enabled() or not rows or (_jit.tracing and _jit.current.get() is not None):
+        return False  # a trace records the caller's loop, op by op: the program would hide the update
     tensors = [*shared, *(t for row in rows for t in row)]
     if any(t._device is not CPU or t._data.dtype not in _FLOATS for t in tensors):
         return False
