@@ -14,7 +14,8 @@ ranges. Each event has its wall time, the bytes its work read and wrote and, wit
 ``profile_memory=True``, the bytes it allocated; ``record_shapes`` keeps input shapes,
 ``with_stack`` the user's source lines. An eager op's event says which kernel ran it
 (``args["kernel"]``: ``"compiled"``, kiln's compiled kernel for it, or ``"numpy"``;
-``kiln.frontend.eager_kernels``), and the table's Kernel column counts them. Times are host (CPU) times; kernels split across kiln's
+``kiln.frontend.eager_kernels``), and the table's Kernel column counts them; a composite op run
+as a compiled program (softmax, layer_norm...) is a ``kiln.compile(<op>)`` call with its kernels. Times are host (CPU) times; kernels split across kiln's
 thread pool count once, in the calling thread. Off, the profiler costs one flag check per eager
 op and per compiled call.
 """

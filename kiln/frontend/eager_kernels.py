@@ -13,11 +13,14 @@ that op (a ``kiln.CompileWarning`` and the ``kiln`` logger). A graph whose node 
 not compile as a kernel of its own (an unsupported stride, float16) stays on numpy too, logged
 at debug level: the program would only call the same numpy kernel.
 
-Primitives reach this module through ``ROUTES``, which ``dispatch.apply`` consults for each op:
-``route(prim)`` is a kernel with the primitive's eager signature that runs the compiled program
-where there is one, so every caller of the primitive -- the ops and their VJPs alike -- benefits.
-Only ``PRIMITIVES_ON`` are routed: those measured faster compiled than numpy
-(``benchmarks``-style numbers in the commit that chose them).
+Three kinds of op use it, all measured faster compiled than on numpy (numbers in the commits):
+
+- primitives, through ``ROUTES``, which ``dispatch.apply`` consults for each op: ``route(prim)``
+  is a kernel with the primitive's eager signature, so every caller of ``PRIMITIVES_ON`` -- the
+  ops and their VJPs alike -- benefits;
+- composite ops with their gradients (``COMPOSITES_ON``: softmax, normalizations, pooling...),
+  decorated with ``eager_composites.compiled_composite``;
+- horizontal in-place steps over many tensors (``fused_steps``: ``Adam(fused=True)``).
 
 Off: ``KILN_EAGER_KERNELS=0`` in the environment, or ``kiln.backends.cpu.eager_kernels = False``
 (``set_enabled``). The in-memory cache keeps the ``CAPACITY`` most recently used keys (LRU).
@@ -57,6 +60,10 @@ CAPACITY = 256
 MIN_BYTES = 1 << 14
 #: The primitives whose eager calls run compiled kernels: each measured faster compiled.
 PRIMITIVES_ON = ("conv", "conv_weight", "unfold", "fold", "tile_transform", "untile_transform")
+#: The composite ops whose eager calls run compiled programs (``eager_composites``): each measured
+#: faster compiled, forward and backward.
+COMPOSITES_ON = ("softmax", "log_softmax", "layer_norm", "batch_norm", "group_norm", "cross_entropy", "max_pool2d",
+                 "avg_pool2d")  # fmt: skip
 _FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
 
 #: Each input's (shape, dtype character, byte strides): what a key says of the inputs.
@@ -91,8 +98,8 @@ class KernelCache:
         self._queue: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
 
-    def lookup(self, key: tuple, build: Callable[[Layouts], Built]) -> Entry | None:
-        """The entry of ``key``; None on a miss, which queues the compile of ``build(key[1])``."""
+    def lookup(self, key: tuple, make: Callable[[], Entry]) -> Entry | None:
+        """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker."""
         entries = self.entries
         with self._lock:
             entry = entries.get(key)
@@ -105,7 +112,7 @@ class KernelCache:
             if self._worker is None or not self._worker.is_alive():
                 self._worker = threading.Thread(target=self._compile_loop, name="kiln-eager-kernels", daemon=True)
                 self._worker.start()
-        self._queue.put((key, build))
+        self._queue.put((key, make))
         return None
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -126,9 +133,9 @@ class KernelCache:
 
     def _compile_loop(self) -> None:
         while True:
-            key, build = self._queue.get()
+            key, make = self._queue.get()
             try:
-                entry = _compile(key[0], build, key[1])
+                entry = make()
                 with self._lock:
                     if key in self.entries:  # not evicted meanwhile
                         self.entries[key] = entry
@@ -176,7 +183,13 @@ def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
     """The compiled entry of the op for these inputs, or None: run its numpy kernel (a miss, which
     queues the compile of ``build(layouts)``; a compile still running; an op left on numpy, whose
     failure is said at its first such call)."""
-    entry = CACHE.lookup(key_of(name, arrays, attrs_key), build)
+    key = key_of(name, arrays, attrs_key)
+    return ready(name, key, functools.partial(_compile, name, build, key[1]))
+
+
+def ready(name: str, key: tuple, make: Callable[[], Entry]) -> Entry | None:
+    """The compiled entry of ``key``, or None (a miss queues ``make``; see ``ready_entry``)."""
+    entry = CACHE.lookup(key, make)
     if entry is None or entry.program is None:
         if entry is not None and entry.failed and name not in CACHE.said:
             _say(name, entry.reason)
@@ -238,6 +251,8 @@ def route(prim: Primitive) -> Callable:
 
 #: Primitive -> the kernel ``dispatch.apply`` runs instead of ``prim.eager`` (empty when off).
 ROUTES: dict[Primitive, Callable] = {}
+#: The composite ops that run compiled programs now (``COMPOSITES_ON``; empty when off).
+ROUTED_COMPOSITES: set[str] = set()
 
 
 def set_enabled(enabled: bool) -> None:
@@ -246,8 +261,10 @@ def set_enabled(enabled: bool) -> None:
         raise TypeError(f"eager_kernels: expected True or False, got {enabled!r}")
     _state["enabled"] = enabled
     ROUTES.clear()
+    ROUTED_COMPOSITES.clear()
     if enabled:
         ROUTES.update({PRIMITIVES[name]: route(PRIMITIVES[name]) for name in PRIMITIVES_ON})
+        ROUTED_COMPOSITES.update(COMPOSITES_ON)
 
 
 def enabled() -> bool:

@@ -238,3 +238,70 @@ def test_a_fused_step_under_kiln_compile_is_traced_as_the_loop(on):
         step(kiln.ones(3000))
     np.testing.assert_allclose(w.detach().numpy(), np.full(3000, -0.3, np.float32), rtol=1e-5)
     assert not eager_kernels.CACHE.entries  # the compiled step holds the update; no eager program
+
+
+def _composite_cases(rng):
+    f = lambda *shape: rng.normal(size=shape).astype(np.float32)  # noqa: E731
+    F = kiln.nn.functional
+    return {
+        "softmax": (lambda x: F.softmax(x, -1), [f(16, 300)]),
+        "log_softmax": (lambda x: F.log_softmax(x, 1), [f(8, 50, 12)]),
+        "cross_entropy": (lambda x, t: F.cross_entropy(x, t, label_smoothing=0.1), [f(64, 100), rng.integers(0, 100, 64)]),
+        "layer_norm": (lambda x, w, b: F.layer_norm(x, (64,), w, b), [f(96, 64), f(64), f(64)]),
+        "batch_norm": (lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b, training=True), [f(8, 6, 10, 10), f(6), f(6), f(6), np.ones(6, np.float32)]),
+        "group_norm": (lambda x, w, b: F.group_norm(x, 3, w, b), [f(4, 6, 16, 16), f(6), f(6)]),
+        "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2, 1), [f(4, 5, 18, 18)]),
+        "avg_pool2d": (lambda x: F.avg_pool2d(x, 2), [f(4, 5, 18, 18)]),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", eager_kernels.COMPOSITES_ON)
+def test_every_compiled_composite_equals_its_eager_op_forward_and_backward(on, name):
+    """The compiled program of each composite op against the eager op, outputs, gradients and
+    in-place updates (batch_norm's running statistics) alike, over three calls."""
+    fn, arrays = _composite_cases(np.random.default_rng(5))[name]
+
+    def run():
+        tensors = [kiln.tensor(a.copy(), requires_grad=a.dtype == np.float32 and i < 3) for i, a in enumerate(arrays)]
+        y = fn(*tensors)
+        y.backward(kiln.tensor(np.linspace(-1, 1, y.numel(), dtype=np.float32).reshape(y.shape)))
+        return [y.detach().numpy(), *(t.grad.numpy() if t.grad is not None else t.detach().numpy() for t in tensors)]
+
+    eager_kernels.set_enabled(False)
+    expected = run()
+    eager_kernels.set_enabled(True)
+    for call in range(3):
+        got = run()
+        if call == 0:
+            assert eager_kernels.wait(120)
+            assert _entry(name).program is not None, _entry(name).reason
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_composite_call_that_cannot_match_a_specialization_stays_eager(on):
+    x = kiln.tensor(np.random.default_rng(6).normal(size=(300, 64)).astype(np.float32))
+    kiln.nn.functional.softmax(x.t(), -1)  # not C-contiguous: a clone would not match it
+    kiln.nn.functional.softmax(x[:2], -1)  # too small to gain
+    assert not eager_kernels.CACHE.entries
+    kiln.nn.functional.softmax(x, -1)
+    assert [key[0] for key in eager_kernels.CACHE.entries] == ["softmax"]
+
+
+def test_a_composite_whose_trace_breaks_stays_eager_and_says_why_once(on, monkeypatch):
+    from kiln.frontend.eager_composites import compiled_composite
+
+    monkeypatch.setattr(eager_kernels, "ROUTED_COMPOSITES", {"scaled_by_max"})
+
+    @compiled_composite("scaled_by_max")
+    def scaled_by_max(x):
+        return x / float(x.max())  # a Python float: the trace breaks
+
+    x = kiln.tensor(np.arange(1, 5001, dtype=np.float32))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            np.testing.assert_allclose(scaled_by_max(x).numpy(), np.arange(1, 5001) / 5000, rtol=1e-6)
+            eager_kernels.wait(120)
+    said = [w for w in caught if issubclass(w.category, kiln.CompileWarning)]
+    assert len(said) == 1 and "scaled_by_max" in str(said[0].message) and "TraceBreakError" in str(said[0].message)

@@ -1,0 +1,134 @@
+"""Composite eager ops (softmax, layer_norm, pooling...) on compiled programs, with their gradients.
+
+A composite op is Python over primitives: eager runs each primitive's numpy kernel, one pass over
+memory each, and so does its backward. ``@compiled_composite(name)`` on the op's function makes
+its eager calls use ``eager_kernels``' cache: the key is the op's name, each tensor argument's
+shape, dtype, strides and ``requires_grad``, the other arguments' values and the grad mode. On a
+miss the call runs as before while the worker thread compiles the op for that key: it calls
+``kiln.compile(fn, fullgraph=True)`` -- the tracer, the same driver (and its disk cache), the
+compiled backward -- once with clones of the arguments, running the backward too when an argument
+requires grad, so that neither the forward nor the backward compiles in the caller's thread.
+Later calls with the key run that compiled function: fused kernels forward and backward (softmax
+and its gradient each one pass per row), one autograd node for the whole op.
+
+Calls stay eager where a compiled function would not match the key's specialization: arguments
+that are not C-contiguous float32/float64 CPU tensors or plain values (numbers, strings, tuples,
+None), inputs under ``MIN_BYTES``, or a ``kiln.compile`` trace running (it records the op itself).
+A trace that breaks (``fullgraph``) or a compile that fails leaves the key eager, said once.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..ir.types import CPU
+from . import eager_kernels
+from .autograd.grad_mode import state as _grad_state
+from .jit import state as _jit
+from .tensor import Tensor, make_tensor
+
+#: Tensor dtypes a call may have (integer ones: class indices, as cross_entropy's target).
+_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.bool_))
+_PLAIN = (bool, int, float, str)
+
+
+def compiled_composite(name: str) -> Callable:
+    """Decorate the composite op ``name``'s function (see the module docstring)."""
+
+    def decorate(fn: Callable) -> Callable:
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if _jit.tracing or name not in eager_kernels.ROUTED_COMPOSITES:
+                return fn(*args, **kwargs)
+            key = _key(name, args, kwargs)
+            if key is None:
+                return fn(*args, **kwargs)
+            make = functools.partial(_compile, name, fn, args, kwargs, key[-1])
+            entry = eager_kernels.ready(name, key, make)
+            if entry is None:
+                return fn(*args, **kwargs)
+            assert entry.program is not None
+            return entry.program(*args, **kwargs)
+
+        wrapper.eager_fn = fn  # the op itself, for tests that compare
+        return wrapper
+
+    return decorate
+
+
+def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
+    """The cache key of a call, or None where it stays eager (see the module docstring)."""
+    parts: list = []
+    nbytes = 0
+    for arg in (*args, *kwargs.values()):
+        if isinstance(arg, Tensor):
+            data = arg._data
+            if arg._device is not CPU or data.dtype not in _DTYPES or not data.flags.c_contiguous:
+                return None
+            parts.append((data.shape, data.dtype.char, data.strides, arg._requires_grad))
+            nbytes += data.nbytes
+        elif (
+            arg is None
+            or isinstance(arg, _PLAIN)
+            or (isinstance(arg, tuple) and all(isinstance(a, _PLAIN) for a in arg))
+        ):
+            parts.append((type(arg), arg))
+        else:
+            return None
+    if nbytes < eager_kernels.MIN_BYTES:
+        return None
+    return (name, tuple(parts), tuple(kwargs), _grad_state.grad_enabled)
+
+
+def _clone(arg):
+    """A tensor argument's copy (its own memory, same layout and ``requires_grad``); others as they are."""
+    if not isinstance(arg, Tensor):
+        return arg
+    copy = make_tensor(arg._data.copy(), arg._device)
+    return copy.requires_grad_() if arg._requires_grad else copy
+
+
+@functools.cache
+def _background_compile() -> type:
+    """``kiln.compile``'s class, quiet about slow compiles: nobody waits for this one (the caller runs eagerly)."""
+    from .jit.compiler import CompiledFunction  # noqa: PLC0415 - the compiler loads only when first needed
+
+    class BackgroundCompiledFunction(CompiledFunction):
+        def _slow_compile_notice(self, nodes: int):
+            return _NoNotice()
+
+    return BackgroundCompiledFunction
+
+
+class _NoNotice:
+    def cancel(self) -> None:
+        pass
+
+
+def _compile(name: str, fn: Callable, args: tuple, kwargs: dict, grad_enabled: bool) -> eager_kernels.Entry:
+    """Compile ``fn`` for calls like this one by calling ``kiln.compile(fn)`` on clones, in the
+    caller's grad mode, and its backward when an output requires grad; an entry that stays eager,
+    with the reason, if that fails."""
+    from .autograd.api import backward  # noqa: PLC0415 - autograd's API imports the ops
+
+    start = time.perf_counter()
+    compiled = _background_compile()(fn, fullgraph=True)
+    before = _grad_state.grad_enabled
+    _grad_state.grad_enabled = grad_enabled  # thread-local: this worker's
+    try:
+        result = compiled(*map(_clone, args), **{k: _clone(v) for k, v in kwargs.items()})
+        outputs = result if isinstance(result, tuple) else (result,)
+        differentiable = [t for t in outputs if isinstance(t, Tensor) and t.requires_grad]
+        if differentiable:
+            backward(differentiable, [make_tensor(np.ones_like(t._data), t._device) for t in differentiable])
+    except Exception as error:  # noqa: BLE001 - any failure leaves the op eager, said once
+        return eager_kernels.Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
+    finally:
+        _grad_state.grad_enabled = before
+    if len(compiled.state.specializations) != 1:
+        return eager_kernels.Entry(reason="kiln.compile made no program for it", failed=True)
+    return eager_kernels.Entry(program=compiled, seconds=time.perf_counter() - start)
