@@ -27,6 +27,9 @@ import numpy as np
 
 from ..ir.types import CPU
 from . import eager_kernels
+from .autograd.api import backward, grad
+from .autograd.function import Function
+from .autograd.grad_mode import enable_grad
 from .autograd.grad_mode import state as _grad_state
 from .jit import state as _jit
 from .tensor import Tensor, make_tensor
@@ -42,7 +45,7 @@ def compiled_composite(name: str) -> Callable:
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if _jit.tracing or name not in eager_kernels.ROUTED_COMPOSITES:
+            if name not in eager_kernels.ROUTED_COMPOSITES or (_jit.tracing and _jit.current.get() is not None):
                 return fn(*args, **kwargs)
             key = _key(name, args, kwargs)
             if key is None:
@@ -52,12 +55,46 @@ def compiled_composite(name: str) -> Callable:
             if entry is None:
                 return fn(*args, **kwargs)
             assert entry.program is not None
-            return entry.program(*args, **kwargs)
+            if not key[-1] or not any(isinstance(a, Tensor) and a._requires_grad for a in (*args, *kwargs.values())):
+                return entry.program(*args, **kwargs)
+            return _CompiledCall.apply(entry.program, fn, len(args), tuple(kwargs), *args, *kwargs.values())
 
         wrapper.eager_fn = fn  # the op itself, for tests that compare
         return wrapper
 
     return decorate
+
+
+class _CompiledCall(Function):
+    """A composite op's compiled call with its compiled backward -- or, when the backward is itself
+    differentiated (``create_graph=True``, which a compiled backward is not), the eager op's."""
+
+    @staticmethod
+    def forward(ctx, program, fn, n_args: int, names: tuple, *values):
+        inner = [v.detach().requires_grad_() if isinstance(v, Tensor) and v._requires_grad else v for v in values]
+        with enable_grad():  # Function.apply runs forward without grad: the compiled call records its backward node
+            result = program(*inner[:n_args], **dict(zip(names, inner[n_args:], strict=True)))
+        ctx.fn, ctx.n_args, ctx.names, ctx.values, ctx.inner = fn, n_args, names, values, inner
+        ctx.outputs = result if isinstance(result, tuple) else (result,)
+        ctx.save_for_backward(*(v for v in values if isinstance(v, Tensor)))  # in-place changes since are errors
+        detached = tuple(o.detach() if isinstance(o, Tensor) else o for o in ctx.outputs)
+        return detached if isinstance(result, tuple) else detached[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.saved_tensors  # noqa: B018 - raises if an input changed in place since the forward
+        wrt = [i for i, v in enumerate(ctx.values) if isinstance(v, Tensor) and v._requires_grad]
+        if _grad_state.grad_enabled:  # create_graph: the eager op's backward, differentiable again
+            values = [v if i in wrt else _clone(v) for i, v in enumerate(ctx.values)]  # no second running-stat update
+            result = ctx.fn(*values[: ctx.n_args], **dict(zip(ctx.names, values[ctx.n_args :], strict=True)))
+            outputs, inputs = result if isinstance(result, tuple) else (result,), [ctx.values[i] for i in wrt]
+        else:
+            outputs, inputs = ctx.outputs, [ctx.inner[i] for i in wrt]
+        pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if isinstance(o, Tensor) and o.requires_grad]
+        found = grad([o for o, _ in pairs], inputs, [g for _, g in pairs], retain_graph=True,
+                     create_graph=_grad_state.grad_enabled, allow_unused=True)  # fmt: skip
+        by_position = dict(zip(wrt, found, strict=True))
+        return (None, None, None, None, *(by_position.get(i) for i in range(len(ctx.values))))
 
 
 def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
@@ -113,7 +150,6 @@ def _compile(name: str, fn: Callable, args: tuple, kwargs: dict, grad_enabled: b
     """Compile ``fn`` for calls like this one by calling ``kiln.compile(fn)`` on clones, in the
     caller's grad mode, and its backward when an output requires grad; an entry that stays eager,
     with the reason, if that fails."""
-    from .autograd.api import backward  # noqa: PLC0415 - autograd's API imports the ops
 
     start = time.perf_counter()
     compiled = _background_compile()(fn, fullgraph=True)

@@ -305,3 +305,27 @@ def test_a_composite_whose_trace_breaks_stays_eager_and_says_why_once(on, monkey
             eager_kernels.wait(120)
     said = [w for w in caught if issubclass(w.category, kiln.CompileWarning)]
     assert len(said) == 1 and "scaled_by_max" in str(said[0].message) and "TraceBreakError" in str(said[0].message)
+
+
+@pytest.mark.parametrize("name", ["softmax", "batch_norm"])
+def test_a_compiled_composites_gradient_is_differentiable_again(on, name):
+    """create_graph=True through a compiled composite (a gradient penalty): the backward runs the
+    eager op's, which is differentiable again; batch_norm's running statistics move once per call."""
+    fn, arrays = _composite_cases(np.random.default_rng(7))[name]
+
+    def penalty():
+        tensors = [kiln.tensor(a.copy(), requires_grad=a.dtype == np.float32 and i < 3) for i, a in enumerate(arrays)]
+        y = fn(*tensors)
+        (g,) = kiln.autograd.grad((y * y).sum(), tensors[0], create_graph=True)
+        (g * g).sum().backward()
+        return [tensors[0].grad.numpy(), *(t.detach().numpy() for t in tensors[3:])]
+
+    eager_kernels.set_enabled(False)
+    expected = penalty()
+    eager_kernels.set_enabled(True)
+    for call in range(2):
+        got = penalty()
+        if call == 0:
+            assert eager_kernels.wait(120) and _entry(name).program is not None
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
