@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import queue
 import sys
@@ -58,13 +59,20 @@ CAPACITY = 256
 #: Inputs smaller than this (bytes, all together) stay on numpy: a compiled call's fixed cost
 #: (a few microseconds) is then a large part of the op.
 MIN_BYTES = 1 << 14
-#: The primitives whose eager calls run compiled kernels: each measured faster compiled.
-PRIMITIVES_ON = ("conv", "conv_weight", "unfold", "fold", "tile_transform", "untile_transform")
+#: The primitives whose eager calls may run compiled kernels: each measured faster compiled for
+#: large inputs (numpy's ``where`` and ``maximum`` with a 0-d operand take a slow path: ReLU's
+#: backward; ``sigmoid`` and ``erf`` are several numpy passes). Each key keeps the compiled kernel
+#: only if its first ``TRIALS`` compiled runs beat the numpy runs timed while it compiled.
+PRIMITIVES_ON = ("conv", "conv_weight", "unfold", "fold", "tile_transform", "untile_transform", "where", "maximum",
+                 "minimum", "exp", "tanh", "sigmoid", "erf", "sqrt")  # fmt: skip
+#: Compiled runs of a primitive's key timed against numpy before it settles (``route``).
+TRIALS = 3
 #: The composite ops whose eager calls run compiled programs (``eager_composites``): each measured
 #: faster compiled, forward and backward.
 COMPOSITES_ON = ("softmax", "log_softmax", "layer_norm", "batch_norm", "group_norm", "cross_entropy", "max_pool2d",
                  "avg_pool2d")  # fmt: skip
-_FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float64)})
+#: The dtypes of the arrays a routed primitive compiles for (others, float16 for one, stay on numpy).
+_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.bool_))
 
 #: Each input's (shape, dtype character, byte strides): what a key says of the inputs.
 Layouts = tuple[tuple[tuple[int, ...], str, tuple[int, ...]], ...]
@@ -85,6 +93,10 @@ class Entry:
     failed: bool = False  # the reason is a failure (said once per op), not a decline (logged)
     cache: str = ""  # the driver's disk cache: "hit", "miss" or "off"
     seconds: float = 0.0  # how long the compile took
+    # a primitive's trial (``route``): the fastest numpy and compiled runs of this key, compiled runs timed
+    numpy_seconds: float = math.inf
+    compiled_seconds: float = math.inf
+    trials: int = 0
 
 
 class KernelCache:
@@ -137,7 +149,9 @@ class KernelCache:
             try:
                 entry = make()
                 with self._lock:
-                    if key in self.entries:  # not evicted meanwhile
+                    compiling = self.entries.get(key)
+                    if compiling is not None:  # not evicted meanwhile
+                        entry.numpy_seconds = compiling.numpy_seconds
                         self.entries[key] = entry
             finally:
                 self._queue.task_done()
@@ -235,18 +249,51 @@ def route(prim: Primitive) -> Callable:
     eager = prim.eager
 
     def kernel(xp, *arrays, **attrs):
-        if xp is not np or sum(a.nbytes for a in arrays) < MIN_BYTES or any(a.dtype not in _FLOATS for a in arrays):
+        if xp is not np or sum(a.nbytes for a in arrays) < MIN_BYTES or any(a.dtype not in _DTYPES for a in arrays):
             return eager(xp, *arrays, **attrs)
         try:
             attrs_key = tuple(sorted(attrs.items()))
             hash(attrs_key)
         except TypeError:  # an attribute that cannot be a key: numpy
             return eager(xp, *arrays, **attrs)
-        outputs = compiled_outputs(prim.name, arrays, attrs_key, functools.partial(primitive_graph, prim, attrs))
-        return eager(xp, *arrays, **attrs) if outputs is None else outputs[0]
+        key = key_of(prim.name, arrays, attrs_key)
+        build = functools.partial(primitive_graph, prim, attrs)
+        entry = ready(prim.name, key, functools.partial(_compile, prim.name, build, key[1]))
+        if entry is None:
+            return _timed_numpy(key, eager, xp, arrays, attrs)
+        assert entry.program is not None
+        if entry.trials >= TRIALS:
+            return entry.program(list(arrays))[0]
+        return _trial(prim.name, entry, arrays)
 
     kernel.__qualname__ = f"compiled {prim.name}"
     return kernel
+
+
+def _timed_numpy(key: tuple, eager: Callable, xp, arrays: Sequence[np.ndarray], attrs: dict):
+    """The numpy kernel's result; its time is noted while the key compiles (``_trial`` compares)."""
+    start = time.perf_counter()
+    out = eager(xp, *arrays, **attrs)
+    entry = CACHE.entries.get(key)
+    if entry is not None and entry.reason is None:
+        entry.numpy_seconds = min(entry.numpy_seconds, time.perf_counter() - start)
+    return out
+
+
+def _trial(name: str, entry: Entry, arrays: Sequence[np.ndarray]):
+    """A timed compiled run; after ``TRIALS`` of them the key keeps the faster kernel (numpy: said
+    at debug level). A size the compiled call's fixed cost dominates thus stays on numpy."""
+    assert entry.program is not None
+    start = time.perf_counter()
+    out = entry.program(list(arrays))[0]
+    entry.compiled_seconds = min(entry.compiled_seconds, time.perf_counter() - start)
+    entry.trials += 1
+    if entry.trials == TRIALS and entry.compiled_seconds >= entry.numpy_seconds:
+        entry.program = None
+        entry.reason = (f"numpy is faster ({entry.numpy_seconds * 1e6:.0f} us against "
+                        f"{entry.compiled_seconds * 1e6:.0f} us compiled)")  # fmt: skip
+        logger.debug("kiln: eager %s of %s stays on numpy: %s", name, [a.shape for a in arrays], entry.reason)
+    return out
 
 
 #: Primitive -> the kernel ``dispatch.apply`` runs instead of ``prim.eager`` (empty when off).
