@@ -23,7 +23,8 @@ Three kinds of op use it, all measured faster compiled than on numpy (numbers in
 - horizontal in-place steps over many tensors (``fused_steps``: ``Adam(fused=True)``).
 
 Off: ``KILN_EAGER_KERNELS=0`` in the environment, or ``kiln.backends.cpu.eager_kernels = False``
-(``set_enabled``). The in-memory cache keeps the ``CAPACITY`` most recently used keys (LRU).
+(``set_enabled``); ``KILN_EAGER_KERNELS=sync`` compiles in the caller's thread at a key's first
+call (tests and debugging: every eligible call runs compiled). The in-memory cache keeps the ``CAPACITY`` most recently used keys (LRU).
 ``wait()`` blocks until the pending compiles are done (tests).
 """
 
@@ -109,6 +110,7 @@ class KernelCache:
         self._lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
+        self.synchronous = False  # compile in the caller's thread, at the miss (KILN_EAGER_KERNELS=sync)
 
     def lookup(self, key: tuple, make: Callable[[], Entry]) -> Entry | None:
         """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker."""
@@ -121,9 +123,14 @@ class KernelCache:
             entries[key] = Entry()
             while len(entries) > self.capacity:
                 entries.popitem(last=False)
-            if self._worker is None or not self._worker.is_alive():
+            if not self.synchronous and (self._worker is None or not self._worker.is_alive()):
                 self._worker = threading.Thread(target=self._compile_loop, name="kiln-eager-kernels", daemon=True)
                 self._worker.start()
+        if self.synchronous:  # outside the lock: a compile may run ops that look up keys of their own
+            entry = make()
+            with self._lock:
+                entries[key] = entry
+            return entry
         self._queue.put((key, make))
         return None
 
@@ -180,6 +187,7 @@ def _compile(name: str, build: Callable[[Layouts], Built], layouts: Layouts) -> 
 
 CACHE = KernelCache()
 _state = {"enabled": os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")}
+CACHE.synchronous = os.environ.get(ENV, "").strip().lower() == "sync"
 
 
 def key_of(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple) -> tuple:

@@ -29,7 +29,7 @@ class Adam(Optimizer):
     """
 
     numbers = ("lr", "betas", "eps", "weight_decay")
-    flags = ("amsgrad", "maximize", "decoupled_weight_decay")
+    flags = ("amsgrad", "maximize", "decoupled_weight_decay", "fused", "foreach")  # the last two: the eager path
     zero_skips = ("weight_decay",)
 
     def __init__(

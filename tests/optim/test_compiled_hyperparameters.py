@@ -34,6 +34,8 @@ SCHEDULES = [
       6: {"decoupled_weight_decay": True}, 7: {"maximize": True}, 8: {"lr": 0.01}}),
     ("Adam", {"lr": 0.05, "amsgrad": True}, {3: {"amsgrad": False}, 6: {"amsgrad": True, "eps": 0.1}}),
     ("Adam", {"lr": 0.05}, {4: {"amsgrad": True}}),  # KeyError: the state has no max_exp_avg_sq
+    ("Adam", {"lr": 0.05, "fused": True}, {3: {"fused": False}, 5: {"foreach": True}, 7: {"amsgrad": True}}),
+    ("AdamW", {"lr": 0.05, "foreach": True}, {3: {"foreach": False}, 5: {"fused": True}, 6: {"weight_decay": 0.0}}),
     ("AdamW", {"lr": 0.05, "weight_decay": 0.1},
      {2: {"weight_decay": 0.3}, 4: {"weight_decay": 0.0}, 6: {"weight_decay": 0.05}, 7: {"eps": 0.01},
       8: {"betas": (0.5, 0.99)}}),
