@@ -24,8 +24,8 @@ Three kinds of op use it, all measured faster compiled than on numpy (numbers in
 
 Off: ``KILN_EAGER_KERNELS=0`` in the environment, or ``kiln.backends.cpu.eager_kernels = False``
 (``set_enabled``); ``KILN_EAGER_KERNELS=sync`` compiles in the caller's thread at a key's first
-call (tests and debugging: every eligible call runs compiled). The in-memory cache keeps the ``CAPACITY`` most recently used keys (LRU).
-``wait()`` blocks until the pending compiles are done (tests).
+call (tests and debugging: every eligible call runs compiled). The in-memory cache keeps the
+``CAPACITY`` most recently used keys (LRU). ``wait()`` blocks until the pending compiles are done.
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ from kiln.ir.primitives import PRIMITIVES
 
 @pytest.fixture
 def on(monkeypatch):
-    """Eager kernels on (the suite runs with them off) with an empty cache, off again afterwards."""
+    """Eager kernels on (the suite runs with them off), compiling in the background, with an empty
+    cache; off again afterwards."""
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
     eager_kernels.CACHE.clear()
     eager_kernels.set_enabled(True)
     yield eager_kernels
