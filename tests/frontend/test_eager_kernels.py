@@ -351,3 +351,28 @@ def test_a_primitive_key_keeps_the_faster_kernel_after_its_trials(on, numpy_fast
     assert entry.trials == eager_kernels.TRIALS
     assert (entry.program is None) == numpy_faster
     assert (entry.reason or "").startswith("numpy is faster") == numpy_faster and not entry.failed
+
+
+@pytest.mark.parametrize("kwargs", [{"momentum": 0.0}, {"momentum": 0.9, "dampening": 0.1, "maximize": True},
+                                    {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01}])  # fmt: skip
+def test_sgds_fused_step_equals_its_per_parameter_loop(on, kwargs):
+    rng = np.random.default_rng(9)
+    shapes = [(300, 40), (5000,), ()]
+    values = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    loops = [kiln.tensor(v.copy(), requires_grad=True) for v in values]
+    fused = [kiln.tensor(v.copy(), requires_grad=True) for v in values]
+    loop_opt = kiln.optim.SGD(loops, lr=0.05, **kwargs)
+    fused_opt = kiln.optim.SGD(fused, lr=0.05, fused=True, **kwargs)
+    for _ in range(4):
+        grads = [rng.normal(size=s).astype(np.float32) for s in shapes]
+        for params in (loops, fused):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = kiln.tensor(g)
+        loop_opt.step()
+        fused_opt.step()
+        eager_kernels.wait(120)
+        for a, b in zip(loops, fused, strict=True):  # within an ulp of the buffer's terms (|buf| ~ 3: 2.4e-7)
+            np.testing.assert_allclose(b.detach().numpy(), a.detach().numpy(), rtol=1e-6, atol=1e-6)
+            for key, value in loop_opt.state[a].items():
+                np.testing.assert_allclose(fused_opt.state[b][key].numpy(), value.numpy(), rtol=1e-6, atol=1e-6)
+    assert _entry("sgd_step").program is not None  # (with momentum the first step made the buffers eagerly)
