@@ -57,8 +57,8 @@ ENV = "KILN_EAGER_KERNELS"
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: How many keys the in-memory cache keeps (least recently used first out).
 CAPACITY = 256
-#: Inputs smaller than this (bytes, all together) stay on numpy: a compiled call's fixed cost
-#: (a few microseconds) is then a large part of the op.
+#: Inputs smaller than this (bytes: a primitive's first input, a composite's tensors together) stay
+#: on numpy: a compiled call's fixed cost (a few microseconds) is then a large part of the op.
 MIN_BYTES = 1 << 14
 #: The primitives whose eager calls may run compiled kernels: each measured faster compiled for
 #: large inputs (numpy's ``where`` and ``maximum`` with a 0-d operand take a slow path: ReLU's
@@ -257,7 +257,8 @@ def route(prim: Primitive) -> Callable:
     eager = prim.eager
 
     def kernel(xp, *arrays, **attrs):
-        if xp is not np or sum(a.nbytes for a in arrays) < MIN_BYTES or any(a.dtype not in _DTYPES for a in arrays):
+        # the first input is the large one of every routed primitive: one check for the many small calls
+        if arrays[0].nbytes < MIN_BYTES or xp is not np or any(a.dtype not in _DTYPES for a in arrays):
             return eager(xp, *arrays, **attrs)
         try:
             attrs_key = tuple(sorted(attrs.items()))
