@@ -12,8 +12,13 @@ Later calls with the key run that compiled function: fused kernels forward and b
 and its gradient each one pass per row), one autograd node for the whole op.
 
 Calls stay eager where a compiled function would not match the key's specialization: arguments
-that are not C-contiguous float32/float64 CPU tensors or plain values (numbers, strings, tuples,
-None), inputs under ``MIN_BYTES``, or a ``kiln.compile`` trace running (it records the op itself).
+that are not C-contiguous CPU tensors (float32/64, int32/64, bool) or plain values (numbers,
+strings, tuples of them, None), tensors under ``MIN_BYTES`` together, or a ``kiln.compile``
+trace running in this thread (it records the op itself).
+
+A call whose inputs require grad runs inside ``_CompiledCall`` (an autograd ``Function``): its
+backward runs the compiled backward, or the eager op's where the gradient is itself
+differentiated (``create_graph=True``), which a compiled backward is not.
 A trace that breaks (``fullgraph``) or a compile that fails leaves the key eager, said once.
 """
 
@@ -50,7 +55,7 @@ def compiled_composite(name: str) -> Callable:
             key = _key(name, args, kwargs)
             if key is None:
                 return fn(*args, **kwargs)
-            make = functools.partial(_compile, name, fn, args, kwargs, key[-1])
+            make = functools.partial(_compile, fn, args, kwargs, key[-1])
             entry = eager_kernels.ready(name, key, make)
             if entry is None:
                 return fn(*args, **kwargs)
@@ -59,7 +64,6 @@ def compiled_composite(name: str) -> Callable:
                 return entry.program(*args, **kwargs)
             return _CompiledCall.apply(entry.program, fn, len(args), tuple(kwargs), *args, *kwargs.values())
 
-        wrapper.eager_fn = fn  # the op itself, for tests that compare
         return wrapper
 
     return decorate
@@ -146,11 +150,10 @@ class _NoNotice:
         pass
 
 
-def _compile(name: str, fn: Callable, args: tuple, kwargs: dict, grad_enabled: bool) -> eager_kernels.Entry:
+def _compile(fn: Callable, args: tuple, kwargs: dict, grad_enabled: bool) -> eager_kernels.Entry:
     """Compile ``fn`` for calls like this one by calling ``kiln.compile(fn)`` on clones, in the
     caller's grad mode, and its backward when an output requires grad; an entry that stays eager,
     with the reason, if that fails."""
-
     start = time.perf_counter()
     compiled = _background_compile()(fn, fullgraph=True)
     before = _grad_state.grad_enabled
