@@ -3,7 +3,8 @@
 kiln has no cuDNN, MKL-DNN or MPS: those flags are plain attributes a program may read and set, and
 setting them changes nothing kiln computes (``cudnn.deterministic``: kiln's kernels already give
 the same results from run to run). ``cpu.winograd``, ``cpu.winograd_f4`` and ``cpu.direct_conv`` are
-kiln's own: how ``conv2d`` computes convolutions.
+kiln's own: how ``conv2d`` computes convolutions; ``cpu.eager_kernels`` too: whether eager heavy ops
+run kiln's compiled kernels.
 """
 
 from __future__ import annotations
@@ -16,22 +17,13 @@ from .frontend import eager_kernels as _eager_kernels
 cudnn = SimpleNamespace(enabled=True, benchmark=False, deterministic=False, allow_tf32=True,
                         is_available=lambda: False, version=lambda: None)  # fmt: skip
 mkldnn = SimpleNamespace(enabled=True, is_available=lambda: False)
-#: kiln's own: how ``conv2d`` computes 3x3 stride-1 convolutions on the CPU, read when a call runs
-#: (a compiled function reads them when it traces). ``winograd``: by Winograd's minimal filtering
-#: (batched matmuls of 2.25x-4x fewer multiplications than im2col's) where it pays, else im2col;
-#: ``winograd_f4``: F(4x4, 3x3) on planes of 16 and more, 4x fewer multiplications at a float32
-#: error of about 1e-5 relative to the output's largest value, where F(2x2, 3x3) and im2col are
-#: within a few roundings (as ``cudnn.allow_tf32`` in PyTorch trades precision for speed).
-#: ``direct_conv``: 2-d unit-stride convolutions with a window and a small filter (C * kh * kw up to
-#: 256, groups 1) by the ``conv`` primitive, which a compiled program runs as a loop nest over the
-#: input in place; off, im2col.
 
 
 class _CPU(SimpleNamespace):
-    """``kiln.backends.cpu``: kiln's own switches of its CPU kernels (see above), and
-    ``eager_kernels``: whether heavy eager ops (convolutions and their gradients, the windows of
-    pooling, fused optimizer steps) run kiln's compiled kernels for them (default on, or
-    ``$KILN_EAGER_KERNELS=0`` off; ``kiln.frontend.eager_kernels``)."""
+    """``kiln.backends.cpu``: kiln's own switches of its CPU kernels (see below), and
+    ``eager_kernels``: whether heavy eager ops (convolutions and their gradients, pooling,
+    normalizations, softmax, fused optimizer steps) run kiln's compiled kernels for them (default
+    on; ``$KILN_EAGER_KERNELS=0`` off; ``kiln.frontend.eager_kernels``)."""
 
     @property
     def eager_kernels(self) -> bool:
@@ -42,6 +34,15 @@ class _CPU(SimpleNamespace):
         _eager_kernels.set_enabled(enabled)
 
 
+#: kiln's own: how ``conv2d`` computes 3x3 stride-1 convolutions on the CPU, read when a call runs
+#: (a compiled function reads them when it traces). ``winograd``: by Winograd's minimal filtering
+#: (batched matmuls of 2.25x-4x fewer multiplications than im2col's) where it pays, else im2col;
+#: ``winograd_f4``: F(4x4, 3x3) on planes of 16 and more, 4x fewer multiplications at a float32
+#: error of about 1e-5 relative to the output's largest value, where F(2x2, 3x3) and im2col are
+#: within a few roundings (as ``cudnn.allow_tf32`` in PyTorch trades precision for speed).
+#: ``direct_conv``: 2-d unit-stride convolutions with a window and a small filter (C * kh * kw up to
+#: 256, groups 1) by the ``conv`` primitive, which a compiled program runs as a loop nest over the
+#: input in place; off, im2col.
 cpu = _CPU(winograd=True, winograd_f4=True, direct_conv=True, get_cpu_capability=lambda: "default")
 mps = SimpleNamespace(is_available=lambda: False, is_built=lambda: False)
 opt_einsum = SimpleNamespace(enabled=False, strategy=None, is_available=lambda: False)

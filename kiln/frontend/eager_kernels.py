@@ -154,7 +154,10 @@ class KernelCache:
         while True:
             key, make = self._queue.get()
             try:
-                entry = make()
+                try:
+                    entry = make()
+                except Exception as error:  # noqa: BLE001 - a bug of kiln's: the op stays on numpy, said once
+                    entry = Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
                 with self._lock:
                     compiling = self.entries.get(key)
                     if compiling is not None:  # not evicted meanwhile

@@ -376,3 +376,26 @@ def test_sgds_fused_step_equals_its_per_parameter_loop(on, kwargs):
             for key, value in loop_opt.state[a].items():
                 np.testing.assert_allclose(fused_opt.state[b][key].numpy(), value.numpy(), rtol=1e-6, atol=1e-6)
     assert _entry("sgd_step").program is not None  # (with momentum the first step made the buffers eagerly)
+
+
+def test_a_compile_that_raises_past_its_own_handling_leaves_the_worker_alive(on, monkeypatch):
+    """A bug that escapes a compile function is that op's failure, said once; the worker lives on."""
+
+    def crash(*args):
+        raise AssertionError("a bug in kiln")
+
+    monkeypatch.setattr(eager_kernels, "_compile", crash)
+    x = np.random.default_rng(10).normal(size=(64, 256)).astype(np.float32)
+    exp = eager_kernels.route(PRIMITIVES["exp"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            np.testing.assert_allclose(exp(np, x), np.exp(x), rtol=1e-6)
+            assert eager_kernels.wait(120)
+    said = [w for w in caught if issubclass(w.category, kiln.CompileWarning)]
+    assert len(said) == 1 and "AssertionError: a bug in kiln" in str(said[0].message)
+    monkeypatch.undo()
+    eager_kernels.set_enabled(True)
+    sqrt = eager_kernels.route(PRIMITIVES["sqrt"])
+    sqrt(np, np.abs(x))
+    assert eager_kernels.wait(120) and _entry("sqrt").program is not None  # the worker still compiles
