@@ -42,6 +42,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,7 @@ MIN_BYTES = 1 << 14
 #: only if its first ``TRIALS`` compiled runs beat the numpy runs timed while it compiled.
 PRIMITIVES_ON = ("conv", "conv_weight", "unfold", "fold", "tile_transform", "untile_transform", "where", "maximum",
                  "minimum", "exp", "tanh", "sigmoid", "erf", "sqrt")  # fmt: skip
-#: Compiled runs of a primitive's key timed against numpy before it settles (``route``).
+#: Compiled runs of a key timed against its numpy runs before it settles (``trial``).
 TRIALS = 3
 #: The composite ops whose eager calls run compiled programs (``eager_composites``): each measured
 #: faster compiled, forward and backward.
@@ -94,7 +95,7 @@ class Entry:
     failed: bool = False  # the reason is a failure (said once per op), not a decline (logged)
     cache: str = ""  # the driver's disk cache: "hit", "miss" or "off"
     seconds: float = 0.0  # how long the compile took
-    # a primitive's trial (``route``): the fastest numpy and compiled runs of this key, compiled runs timed
+    # the key's ``trial``: its fastest numpy and compiled runs, and how many compiled runs were timed
     numpy_seconds: float = math.inf
     compiled_seconds: float = math.inf
     trials: int = 0
@@ -272,39 +273,40 @@ def route(prim: Primitive) -> Callable:
         build = functools.partial(primitive_graph, prim, attrs)
         entry = ready(prim.name, key, functools.partial(_compile, prim.name, build, key[1]))
         if entry is None:
-            return _timed_numpy(key, eager, xp, arrays, attrs)
-        assert entry.program is not None
+            return timed_eager(key, lambda: eager(xp, *arrays, **attrs))
+        program = entry.program
+        assert program is not None
         if entry.trials >= TRIALS:
-            return entry.program(list(arrays))[0]
-        return _trial(prim.name, entry, arrays)
+            return program(list(arrays))[0]
+        return trial(prim.name, entry, lambda: program(list(arrays))[0])
 
     kernel.__qualname__ = f"compiled {prim.name}"
     return kernel
 
 
-def _timed_numpy(key: tuple, eager: Callable, xp, arrays: Sequence[np.ndarray], attrs: dict):
-    """The numpy kernel's result; its time is noted while the key compiles (``_trial`` compares)."""
+def timed_eager(key: tuple, run: Callable[[], Any]):
+    """``run()`` (the op's eager kernel); its time is noted while the key compiles (``trial`` compares)."""
     start = time.perf_counter()
-    out = eager(xp, *arrays, **attrs)
+    out = run()
     entry = CACHE.entries.get(key)
     if entry is not None and entry.reason is None:
         entry.numpy_seconds = min(entry.numpy_seconds, time.perf_counter() - start)
     return out
 
 
-def _trial(name: str, entry: Entry, arrays: Sequence[np.ndarray]):
-    """A timed compiled run; after ``TRIALS`` of them the key keeps the faster kernel (numpy: said
-    at debug level). A size the compiled call's fixed cost dominates thus stays on numpy."""
-    assert entry.program is not None
+def trial(name: str, entry: Entry, run: Callable[[], Any]):
+    """``run()`` (the compiled program), timed; after ``TRIALS`` of them the key keeps the faster
+    kernel (numpy: said at debug level), so that a size the compiled call's fixed cost dominates
+    stays on numpy."""
     start = time.perf_counter()
-    out = entry.program(list(arrays))[0]
+    out = run()
     entry.compiled_seconds = min(entry.compiled_seconds, time.perf_counter() - start)
     entry.trials += 1
     if entry.trials == TRIALS and entry.compiled_seconds >= entry.numpy_seconds:
         entry.program = None
         entry.reason = (f"numpy is faster ({entry.numpy_seconds * 1e6:.0f} us against "
                         f"{entry.compiled_seconds * 1e6:.0f} us compiled)")  # fmt: skip
-        logger.debug("kiln: eager %s of %s stays on numpy: %s", name, [a.shape for a in arrays], entry.reason)
+        logger.debug("kiln: eager %s stays on numpy for this key: %s", name, entry.reason)
     return out
 
 
