@@ -3,7 +3,8 @@
 kiln has no cuDNN, MKL-DNN or MPS: those flags are plain attributes a program may read and set, and
 setting them changes nothing kiln computes (``cudnn.deterministic``: kiln's kernels already give
 the same results from run to run). ``cpu.winograd``, ``cpu.winograd_f4`` and ``cpu.direct_conv`` are
-kiln's own: how ``conv2d`` computes convolutions.
+kiln's own: how ``conv2d`` computes convolutions; ``cpu.eager_kernels`` too: whether eager heavy ops
+run kiln's compiled kernels.
 """
 
 from __future__ import annotations
@@ -11,10 +12,28 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from . import cuda as _cuda
+from .frontend import eager_kernels as _eager_kernels
 
 cudnn = SimpleNamespace(enabled=True, benchmark=False, deterministic=False, allow_tf32=True,
                         is_available=lambda: False, version=lambda: None)  # fmt: skip
 mkldnn = SimpleNamespace(enabled=True, is_available=lambda: False)
+
+
+class _CPU(SimpleNamespace):
+    """``kiln.backends.cpu``: kiln's own switches of its CPU kernels (see below), and
+    ``eager_kernels``: whether heavy eager ops (convolutions and their gradients, pooling,
+    normalizations, softmax, fused optimizer steps) run kiln's compiled kernels for them (default
+    on; ``$KILN_EAGER_KERNELS=0`` off; ``kiln.frontend.eager_kernels``)."""
+
+    @property
+    def eager_kernels(self) -> bool:
+        return _eager_kernels.enabled()
+
+    @eager_kernels.setter
+    def eager_kernels(self, enabled: bool) -> None:
+        _eager_kernels.set_enabled(enabled)
+
+
 #: kiln's own: how ``conv2d`` computes 3x3 stride-1 convolutions on the CPU, read when a call runs
 #: (a compiled function reads them when it traces). ``winograd``: by Winograd's minimal filtering
 #: (batched matmuls of 2.25x-4x fewer multiplications than im2col's) where it pays, else im2col;
@@ -24,7 +43,7 @@ mkldnn = SimpleNamespace(enabled=True, is_available=lambda: False)
 #: ``direct_conv``: 2-d unit-stride convolutions with a window and a small filter (C * kh * kw up to
 #: 256, groups 1) by the ``conv`` primitive, which a compiled program runs as a loop nest over the
 #: input in place; off, im2col.
-cpu = SimpleNamespace(winograd=True, winograd_f4=True, direct_conv=True, get_cpu_capability=lambda: "default")
+cpu = _CPU(winograd=True, winograd_f4=True, direct_conv=True, get_cpu_capability=lambda: "default")
 mps = SimpleNamespace(is_available=lambda: False, is_built=lambda: False)
 opt_einsum = SimpleNamespace(enabled=False, strategy=None, is_available=lambda: False)
 cuda = SimpleNamespace(

@@ -12,7 +12,10 @@ reduction (add+reduce_max+sub+exp+...)`` for a fused kernel, ``extern matmul`` f
 its eager kernel), each trace-and-compile of a new specialization, and the ``record_function``
 ranges. Each event has its wall time, the bytes its work read and wrote and, with
 ``profile_memory=True``, the bytes it allocated; ``record_shapes`` keeps input shapes,
-``with_stack`` the user's source lines. Times are host (CPU) times; kernels split across kiln's
+``with_stack`` the user's source lines. An eager op's event says which kernel ran it
+(``args["kernel"]``: ``"compiled"``, kiln's compiled kernel for it, or ``"numpy"``;
+``kiln.frontend.eager_kernels``), and the table's Kernel column counts them; a composite op run
+as a compiled program (softmax, layer_norm...) is a ``kiln.compile(<op>)`` call with its kernels. Times are host (CPU) times; kernels split across kiln's
 thread pool count once, in the calling thread. Off, the profiler costs one flag check per eager
 op and per compiled call.
 """
@@ -112,11 +115,14 @@ class profile:  # noqa: N801 - torch.profiler.profile's name
             if avg is None:
                 avg = groups[key] = EventAverage(event.name, input_shapes=key[1], stack=key[2])
             avg.count += 1
+            avg.is_op = avg.is_op or event.cat == "op"
             avg.cpu_time_total += (event.end - event.start) / 1e3
             avg.self_cpu_time_total += self_ns / 1e3
             avg.bytes += moved
             avg.cpu_memory_usage += allocated
             avg.self_cpu_memory_usage += event.allocated
+            if event.cat == "op" and event.args:
+                avg.compiled_calls += event.args.get("kernel") == "compiled"
         return EventList(groups.values(), profile_memory=self.profile_memory, shapes=group_by_input_shape,
                          stack=group_by_stack_n > 0)  # fmt: skip
 
@@ -182,6 +188,18 @@ class EventAverage:
     self_cpu_memory_usage: int = 0
     input_shapes: tuple = ()
     stack: tuple = ()
+    compiled_calls: int = 0  # eager ops that ran kiln's compiled kernel (the others ran numpy)
+    is_op: bool = False  # an eager op's events (they say which kernel ran)
+
+    @property
+    def kernel(self) -> str:
+        """Which kernel ran an eager op's calls: ``compiled``, ``numpy``, ``compiled 3/5`` when both;
+        ``-`` for other events."""
+        if not self.is_op:
+            return "-"
+        if self.compiled_calls in (0, self.count):
+            return "compiled" if self.compiled_calls else "numpy"
+        return f"compiled {self.compiled_calls}/{self.count}"
 
     @property
     def cpu_time(self) -> float:
@@ -217,7 +235,7 @@ class EventList:
 
     def table(self, sort_by: str | None = None, row_limit: int = 100, max_name_column_width: int = 55) -> str:
         """A text table like torch's: name, self and total time with percentages, average, bytes
-        moved (and allocated with ``profile_memory``), calls; sorted by ``sort_by`` (descending)."""
+        moved (and allocated with ``profile_memory``), calls, which kernel ran each eager op; sorted by ``sort_by`` (descending)."""
         if sort_by is not None and sort_by not in _SORT_KEYS:
             raise ValueError(f"table: sort_by must be one of {', '.join(_SORT_KEYS)}; got {sort_by!r}")
         rows = sorted(self.averages, key=lambda a: -getattr(a, sort_by)) if sort_by else list(self.averages)
@@ -228,6 +246,9 @@ class EventList:
         if self.profile_memory:
             header += ["CPU Mem", "Self CPU Mem"]
         header.append("# of Calls")
+        kernels = any(a.is_op for a in rows)
+        if kernels:
+            header.append("Kernel")
         if self.shapes:
             header.append("Input Shapes")
         if self.stack:
@@ -240,6 +261,8 @@ class EventList:
             if self.profile_memory:
                 row += [_bytes(a.cpu_memory_usage), _bytes(a.self_cpu_memory_usage)]
             row.append(str(a.count))
+            if kernels:
+                row.append(a.kernel)
             if self.shapes:
                 row.append(str([list(s) for s in a.input_shapes]))
             if self.stack:

@@ -17,6 +17,10 @@ os.environ.setdefault("KILN_JIT_STRICT", "1")
 # Tests assume a compiled function runs its program from the second call on: each traced call waits
 # for its compile. The background mode (kiln.compile's default) has tests of its own that ask for it.
 os.environ.setdefault("KILN_COMPILE_WAIT", "1")
+# Eager ops run their numpy kernels unless a test turns compiled eager kernels on
+# (tests/frontend/test_eager_kernels.py): a background compile per shape would make results
+# depend on timing.
+os.environ.setdefault("KILN_EAGER_KERNELS", "0")
 # Compiled programs are cached in a directory of this test session's own.
 os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-test-cache-"))
 

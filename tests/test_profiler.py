@@ -159,7 +159,7 @@ def test_key_averages_table_sorts_limits_and_counts():
     assert [r.split()[0] for r in rows] == [x.key for x in ordered]
     assert lines[-1].startswith("Self CPU time total:")
     by_count = averages.table(sort_by="count", row_limit=1).splitlines()[3]
-    assert by_count.split()[-1] == str(max(counts.values()))
+    assert by_count.split()[-2:] == [str(max(counts.values())), "numpy"]  # calls, then the kernel
     shaped = prof.key_averages(group_by_input_shape=True)
     assert {tuple(x.input_shapes) for x in shaped if x.key == "add"} == {((3,), (3,))}
     assert "Input Shapes" in shaped.table()
@@ -256,3 +256,33 @@ def test_with_stack_gives_compiled_kernels_the_line_that_made_them():
     (kernel,) = [e for e in prof.events() if e.cat == "kernel"]
     assert kernel.name == "kernel elementwise (mul+exp)"
     assert len(kernel.stack) == 1 and kernel.stack[0].endswith(f"test_profiler.py:{_line_of(f, '# KERNEL')} in f")
+
+
+def test_the_table_says_which_kernel_ran_each_eager_op(monkeypatch):
+    """An eager op that ran kiln's compiled kernel (eager_kernels) is counted as such, per call."""
+    from kiln.frontend import eager_kernels
+
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)  # the first call runs numpy
+
+    x = kiln.tensor(np.random.default_rng(0).normal(size=(8, 3, 16, 16)).astype(np.float32))
+    w = kiln.tensor(np.random.default_rng(1).normal(size=(5, 3, 5, 5)).astype(np.float32))
+    eager_kernels.set_enabled(True)
+    try:
+        with profile() as prof:
+            with record_function("convolutions"):
+                kiln.nn.functional.conv2d(x, w)  # numpy: its compile starts now
+                eager_kernels.wait()
+                kiln.nn.functional.conv2d(x, w)
+                kiln.nn.functional.conv2d(x, w)
+            kiln.ones(3) + 1
+    finally:
+        eager_kernels.set_enabled(False)
+        eager_kernels.CACHE.clear()
+    ops = [e for e in prof.events() if e.cat == "op"]
+    assert [e.args["kernel"] for e in ops if e.name == "conv"] == ["numpy", "compiled", "compiled"]
+    averages = {a.key: a for a in prof.key_averages()}
+    assert averages["conv"].kernel == "compiled 2/3"
+    assert averages["add"].kernel == "numpy" and averages["convolutions"].kernel == "-"
+    table = prof.key_averages().table()
+    assert "Kernel" in table.splitlines()[1]
+    assert next(line for line in table.splitlines() if line.startswith("conv ")).endswith("compiled 2/3")

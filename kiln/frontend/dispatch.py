@@ -21,6 +21,7 @@ from ..runtime import profiling as _profiling
 from ..runtime.devices import array_namespace
 from .autograd import graph as _graph
 from .autograd.grad_mode import state as _grad_state
+from .eager_kernels import ROUTES as _compiled_routes
 from .jit import state as _jit
 from .tensor import Tensor, make_tensor
 
@@ -51,8 +52,10 @@ def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
             first, device = inputs[0], inputs[0]._device
             break
     xp = _NAMESPACES.get(device) or _namespace(device)
+    # a heavy op may run kiln's compiled kernel for it (eager_kernels.py); every other op its numpy kernel
+    kernel = _compiled_routes.get(prim) or prim.eager
     try:
-        out = prim.eager(xp, *[t._data for t in inputs], **attrs)
+        out = kernel(xp, *[t._data for t in inputs], **attrs)
     except (RuntimeWarning, FloatingPointError):
         # The caller made floating-point warnings errors (warnings.simplefilter("error") or
         # numpy.seterr(all="raise")); inf and nan are values in kiln, so run again without them.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import kiln
 from kiln.frontend.autocast import FLOAT32, autocast_op
+from kiln.frontend.eager_composites import compiled_composite
 
 from ._loss_reduction import _check_reduction, _reduce, legacy_reduction
 from ._utils import check_tensor
@@ -86,6 +87,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index: int = 
 
 
 @autocast_op(FLOAT32)
+@compiled_composite("cross_entropy")
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                   reduction: str = "mean", label_smoothing: float = 0.0) -> kiln.Tensor:  # fmt: skip
     """Cross-entropy of logits ``input`` (C,), (N, C) or (N, C, d1, ...) against class indices or

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 import kiln
+from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.opmath import in_float32
 
 from ._utils import check_tensor
@@ -45,6 +46,7 @@ def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor
 
 
 @in_float32  # bfloat16 normalizes in float32, as PyTorch does
+@compiled_composite("layer_norm")
 @kiln.jit.composite("layer_norm")
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> kiln.Tensor:
     """Normalize over the trailing ``normalized_shape`` dims, as ``torch.nn.functional.layer_norm``.
@@ -73,6 +75,7 @@ def _channel_shape(x: kiln.Tensor) -> tuple[int, ...]:
 
 
 @in_float32  # mixed dtypes (bfloat16 input, float32 statistics) give the input dtype, as in PyTorch
+@compiled_composite("batch_norm")
 @kiln.jit.composite("batch_norm")
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> kiln.Tensor:  # fmt: skip
@@ -110,6 +113,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
 
 
 @in_float32  # bfloat16 normalizes in float32, as PyTorch does
+@compiled_composite("group_norm")
 def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5) -> kiln.Tensor:
     """Normalize each of ``num_groups`` channel groups per sample, as ``torch.nn.functional.group_norm``."""
     check_tensor(input, "input", "group_norm")

@@ -17,6 +17,7 @@ import itertools
 import math
 
 import kiln
+from kiln.frontend.eager_composites import compiled_composite
 
 from ._utils import batched, check_tensor, ntuple, pad_spec
 
@@ -168,6 +169,7 @@ def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode
     return _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices, 1, "max_pool1d")
 
 
+@compiled_composite("max_pool2d")
 @kiln.jit.composite("max_pool2d")
 def max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     """Max over windows of (N, C, H, W), as ``torch.nn.functional.max_pool2d``.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import kiln
+from kiln.frontend.eager_composites import compiled_composite
 
 from ._pooling import _pool_args, _pool_geometry
 from ._utils import batched, pad_spec
@@ -53,6 +54,7 @@ def avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, coun
     return _avg_pool(input, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1, "avg_pool1d")
 
 
+@compiled_composite("avg_pool2d")
 @kiln.jit.composite("avg_pool2d")
 def avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):  # fmt: skip

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
 import kiln
+from kiln.frontend import fused_steps
 
 from .optimizer import Optimizer, check_range, step_count
 
@@ -27,7 +29,7 @@ class Adam(Optimizer):
     """
 
     numbers = ("lr", "betas", "eps", "weight_decay")
-    flags = ("amsgrad", "maximize", "decoupled_weight_decay")
+    flags = ("amsgrad", "maximize", "decoupled_weight_decay", "fused", "foreach")  # the last two: the eager path
     zero_skips = ("weight_decay",)
 
     def __init__(
@@ -46,8 +48,8 @@ class Adam(Optimizer):
         fused: bool | None = None,
         decoupled_weight_decay: bool = False,
     ) -> None:
-        # foreach / capturable / differentiable / fused choose PyTorch kernels; kiln has one (compiled by
-        # kiln.compile), so they are accepted and kept in the groups as PyTorch keeps them.
+        # fused / foreach: an eager step updates every parameter of a group in one compiled program
+        # (_fused_step); capturable and differentiable are accepted and kept as PyTorch keeps them.
         _check_adam_args(lr, betas, eps, weight_decay)
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
@@ -63,6 +65,8 @@ class Adam(Optimizer):
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        if (group["fused"] or group["foreach"]) and self._fused_step(group, scalars):
+            return
         lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
         amsgrad, gradients = group["amsgrad"], self._gradients(group, scalars)
         # Per group, not per parameter: eager runs these 0-d ops once (a trace's CSE would merge them anyway).
@@ -82,6 +86,49 @@ class Adam(Optimizer):
                 second = exp_avg_sq
             denom = second.sqrt() / correction2_sqrt + eps
             p.sub_(exp_avg / denom * step_size)
+
+    def _fused_step(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> bool:
+        """The group's step as one compiled program over all its parameters (``fused_steps``), the
+        same arithmetic as ``_update_group``'s loop; False when the loop must run (see ``run_fused``)."""
+        params = [p for p in group["params"] if p.grad is not None]
+        if any(p.grad.is_sparse or p.grad.dtype != p.dtype or p.grad.shape != p.shape for p in params):
+            return False
+        for p in params:
+            if not self.state[p]:
+                self.state[p].update(self._fresh_state(p, group))
+        decoupled = group["decoupled_weight_decay"]
+        shared = [scalars["lr"], *scalars["betas"], scalars["eps"], scalars["weight_decay"]]
+        keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())
+        rows = [(p, p.grad, *(self.state[p][k] for k in keys)) for p in params]
+        flags = (group["amsgrad"], group["maximize"], group["weight_decay"] != 0, decoupled)
+        return fused_steps.run_fused("adam_step", functools.partial(_adam_update, *flags), shared, rows, flags)
+
+
+def _adam_update(amsgrad: bool, maximize: bool, decay: bool, decoupled: bool, ops, shared, row) -> list:
+    """One parameter's Adam step as graph values (``fused_steps.GraphOps``): the arithmetic of
+    ``Adam._update_group`` and ``Optimizer._each_gradient``, op for op, in the same dtypes."""
+    lr, beta1, beta2, eps, weight_decay = shared
+    p, grad, step, exp_avg, exp_avg_sq = row[:5]
+    step = ops.add(step, 1.0)
+    new_p = p
+    if maximize:
+        grad = ops.neg(grad)
+    if decay and decoupled:
+        new_p = ops.mul(p, ops.sub(1.0, ops.mul(lr, weight_decay)))
+    elif decay:
+        grad = ops.add(grad, ops.mul(p, weight_decay))
+    exp_avg = ops.add(ops.mul(exp_avg, beta1), ops.mul(grad, ops.sub(1.0, beta1)))
+    exp_avg_sq = ops.add(ops.mul(exp_avg_sq, beta2), ops.mul(ops.mul(grad, grad), ops.sub(1.0, beta2)))
+    step64 = ops.cast(step, beta1.type.dtype)
+    step_size = ops.div(lr, ops.sub(1.0, ops.pow(beta1, step64)))
+    correction2_sqrt = ops.sqrt(ops.sub(1.0, ops.pow(beta2, step64)))
+    second = exp_avg_sq
+    new_max = None
+    if amsgrad:
+        second = new_max = ops.maximum(row[5], exp_avg_sq)
+    denom = ops.add(ops.div(ops.sqrt(second), correction2_sqrt), eps)
+    new_p = ops.sub(new_p, ops.mul(ops.div(exp_avg, denom), step_size))
+    return [new_p, None, step, exp_avg, exp_avg_sq, *([new_max] if amsgrad else [])]
 
 
 class AdamW(Adam):

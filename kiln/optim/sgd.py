@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
 import kiln
+from kiln.frontend import fused_steps
 
 from .optimizer import Optimizer, check_range
 
@@ -18,7 +20,7 @@ class SGD(Optimizer):
     """
 
     numbers = ("lr", "momentum", "dampening", "weight_decay")
-    flags = ("nesterov", "maximize")
+    flags = ("nesterov", "maximize", "fused", "foreach")  # the last two choose the eager path
     zero_skips = ("momentum", "weight_decay")
     _counts_steps = False  # the state is the momentum buffer alone
 
@@ -55,6 +57,8 @@ class SGD(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
+        if (group["fused"] or group["foreach"]) and self._fused_step(group, scalars):
+            return
         lr = scalars["lr"]
         momentum = scalars["momentum"] if group["momentum"] != 0 else None  # 0: no buffer, as in PyTorch
         undamped = 1 - scalars["dampening"] if momentum is not None else None
@@ -68,3 +72,34 @@ class SGD(Optimizer):
                     buf.mul_(momentum).add_(grad * undamped)
                 grad = grad + buf * momentum if group["nesterov"] else buf
             p.sub_(grad * lr)
+
+    def _fused_step(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> bool:
+        """The group's step as one compiled program over all its parameters (``fused_steps``), the
+        loop's arithmetic; False when the loop must run (``run_fused``; the first step with momentum,
+        which makes the buffers)."""
+        params = [p for p in group["params"] if p.grad is not None]
+        if any(p.grad.is_sparse or p.grad.dtype != p.dtype or p.grad.shape != p.shape for p in params):
+            return False
+        momentum = group["momentum"] != 0
+        if momentum and any(self.state[p].get("momentum_buffer") is None for p in params):
+            return False
+        shared = [scalars["lr"], scalars["momentum"], scalars["dampening"], scalars["weight_decay"]]
+        rows = [(p, p.grad, *([self.state[p]["momentum_buffer"]] if momentum else [])) for p in params]
+        flags = (momentum, group["nesterov"], group["maximize"], group["weight_decay"] != 0)
+        return fused_steps.run_fused("sgd_step", functools.partial(_sgd_update, *flags), shared, rows, flags)
+
+
+def _sgd_update(momentum: bool, nesterov: bool, maximize: bool, decay: bool, ops, shared, row) -> list:
+    """One parameter's SGD step as graph values (``fused_steps.GraphOps``): ``SGD._update_group``'s
+    arithmetic and ``Optimizer._each_gradient``'s, op for op, in the same dtypes."""
+    lr, momentum_value, dampening, weight_decay = shared
+    p, grad = row[0], row[1]
+    if maximize:
+        grad = ops.neg(grad)
+    if decay:
+        grad = ops.add(grad, ops.mul(p, weight_decay))
+    buf = None
+    if momentum:
+        buf = ops.add(ops.mul(row[2], momentum_value), ops.mul(grad, ops.sub(1.0, dampening)))
+        grad = ops.add(grad, ops.mul(buf, momentum_value)) if nesterov else buf
+    return [ops.sub(p, ops.mul(grad, lr)), None, *([buf] if momentum else [])]

@@ -60,20 +60,26 @@ def eager_op(apply, prim, inputs: tuple, attrs: dict):
     rec = recorder
     if rec is None or getattr(_local, "inside", False):
         return None
-    _local.inside = True
+    _local.inside, _local.compiled = True, False
     start = _clock()
     try:
         result = apply(prim, *inputs, **attrs)
     finally:
         _local.inside = False
     end = _clock()
+    kernel = {"kernel": "compiled" if _local.compiled else "numpy"}
     data = result._data
     moved = sum(t._data.nbytes for t in inputs) + data.nbytes
     allocated = 0 if prim.is_view else data.nbytes
     shapes = tuple(tuple(t._data.shape) for t in inputs) if rec.record_shapes else ()
     stack = user_stack() if rec.with_stack else ()
-    rec.recorded.append((prim.name, "op", start, end, threading.get_ident(), moved, allocated, shapes, stack, None))
+    rec.recorded.append((prim.name, "op", start, end, threading.get_ident(), moved, allocated, shapes, stack, kernel))
     return result
+
+
+def note_compiled_kernel() -> None:
+    """The eager op being timed ran a compiled kernel (``kiln.frontend.eager_kernels``), not numpy."""
+    _local.compiled = True
 
 
 def timed(name: str, cat: str, fn, *args, **info):

@@ -29,11 +29,14 @@ SCHEDULES = [
       6: {"weight_decay": 0.05}, 7: {"maximize": True}, 8: {"momentum": 0.0}, 9: {"momentum": 0.8}}),
     ("SGD", {"lr": 0.05, "momentum": 0.9}, {3: {"nesterov": True}, 6: {"nesterov": False, "momentum": 0.6}}),
     ("SGD", {"lr": 0.05}, {3: {"momentum": 0.9}, 6: {"dampening": 0.5}}),  # momentum 0 -> not 0: a buffer
+    ("SGD", {"lr": 0.05, "momentum": 0.9, "fused": True}, {3: {"fused": False}, 5: {"foreach": True}, 6: {"nesterov": True, "dampening": 0.0}}),
     ("Adam", {"lr": 0.05, "betas": (0.8, 0.9), "eps": 1e-3, "weight_decay": 0.1},
      {2: {"eps": 1e-6}, 3: {"betas": (0.7, 0.95)}, 4: {"weight_decay": 0.0}, 5: {"weight_decay": 0.2},
       6: {"decoupled_weight_decay": True}, 7: {"maximize": True}, 8: {"lr": 0.01}}),
     ("Adam", {"lr": 0.05, "amsgrad": True}, {3: {"amsgrad": False}, 6: {"amsgrad": True, "eps": 0.1}}),
     ("Adam", {"lr": 0.05}, {4: {"amsgrad": True}}),  # KeyError: the state has no max_exp_avg_sq
+    ("Adam", {"lr": 0.05, "fused": True}, {3: {"fused": False}, 5: {"foreach": True}, 7: {"amsgrad": True}}),
+    ("AdamW", {"lr": 0.05, "foreach": True}, {3: {"foreach": False}, 5: {"fused": True}, 6: {"weight_decay": 0.0}}),
     ("AdamW", {"lr": 0.05, "weight_decay": 0.1},
      {2: {"weight_decay": 0.3}, 4: {"weight_decay": 0.0}, 6: {"weight_decay": 0.05}, 7: {"eps": 0.01},
       8: {"betas": (0.5, 0.99)}}),

@@ -14,6 +14,7 @@ from ...ir.primitives import P
 from ...ir.shapes import normalize_axes, normalize_axis, reduced_shape
 from ..autocast import FLOAT32, autocast_op
 from ..dispatch import apply
+from ..eager_composites import compiled_composite
 from ..jit.regions import composite
 from ..opmath import in_float32
 from ..tensor import Tensor, method
@@ -330,6 +331,7 @@ def _softmax_dim(dim) -> int:
 
 @method("softmax")
 @in_float32
+@compiled_composite("softmax")
 @composite("softmax")
 def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     """exp(x) / sum(exp(x)) along ``dim``, shifted by the row maximum so exp never overflows.
@@ -348,6 +350,7 @@ def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
 
 @method("log_softmax")
 @in_float32
+@compiled_composite("log_softmax")
 @composite("log_softmax")
 def log_softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     """x - logsumexp(x) along ``dim``, shifted by the row maximum (stable for large |x|)."""

@@ -1,0 +1,343 @@
+"""Eager ops on kiln's own compiled kernels (DESIGN.md, "Eager on compiled kernels").
+
+A heavy eager op asks ``compiled_outputs(name, arrays, attrs_key, build)`` for its results. The
+key is the op's name, each input's shape, dtype and byte strides, and its attributes. On a miss,
+``build()`` makes the op's graph (one primitive node, or a small decomposition such as a fused
+optimizer step) and a background thread compiles it through ``kiln.compile``'s driver
+(``kiln.compiler.driver.compile_graph``, whose disk cache makes the compile almost free in the
+next process); the caller runs its numpy kernel meanwhile (``compiled_outputs`` returns None).
+Later calls with the key run the compiled program.
+
+A compile that fails leaves the key on numpy: the reason is said once per op, at the next call of
+that op (a ``kiln.CompileWarning`` and the ``kiln`` logger). A graph whose node the backend does
+not compile as a kernel of its own (an unsupported stride, float16) stays on numpy too, logged
+at debug level: the program would only call the same numpy kernel.
+
+Three kinds of op use it, all measured faster compiled than on numpy (numbers in the commits):
+
+- primitives, through ``ROUTES``, which ``dispatch.apply`` consults for each op: ``route(prim)``
+  is a kernel with the primitive's eager signature, so every caller of ``PRIMITIVES_ON`` -- the
+  ops and their VJPs alike -- benefits;
+- composite ops with their gradients (``COMPOSITES_ON``: softmax, normalizations, pooling...),
+  decorated with ``eager_composites.compiled_composite``;
+- horizontal in-place steps over many tensors (``fused_steps``: ``Adam(fused=True)``).
+
+Off: ``KILN_EAGER_KERNELS=0`` in the environment, or ``kiln.backends.cpu.eager_kernels = False``
+(``set_enabled``); ``KILN_EAGER_KERNELS=sync`` compiles in the caller's thread at a key's first
+call (tests and debugging: every eligible call runs compiled). The in-memory cache keeps the
+``CAPACITY`` most recently used keys (LRU). ``wait()`` blocks until the pending compiles are done.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import queue
+import sys
+import types
+import threading
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..ir.dtypes import from_numpy_dtype
+from ..ir.graph import Graph, GraphBuilder
+from ..ir.primitives import PRIMITIVES, Primitive
+from ..ir.types import CPU, TensorType
+from ..runtime import profiling as _profiling
+
+logger = logging.getLogger("kiln")
+
+ENV = "KILN_EAGER_KERNELS"
+_KILN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: How many keys the in-memory cache keeps (least recently used first out).
+CAPACITY = 256
+#: Inputs smaller than this (bytes: a primitive's first input, a composite's tensors together) stay
+#: on numpy: a compiled call's fixed cost (a few microseconds) is then a large part of the op.
+MIN_BYTES = 1 << 14
+#: The primitives whose eager calls may run compiled kernels: each measured faster compiled for
+#: large inputs (numpy's ``where`` and ``maximum`` with a 0-d operand take a slow path: ReLU's
+#: backward; ``sigmoid`` and ``erf`` are several numpy passes). Each key keeps the compiled kernel
+#: only if its first ``TRIALS`` compiled runs beat the numpy runs timed while it compiled.
+PRIMITIVES_ON = ("conv", "conv_weight", "unfold", "fold", "tile_transform", "untile_transform", "where", "maximum",
+                 "minimum", "exp", "tanh", "sigmoid", "erf", "sqrt")  # fmt: skip
+#: Compiled runs of a key timed against its numpy runs before it settles (``trial``).
+TRIALS = 3
+#: The composite ops whose eager calls run compiled programs (``eager_composites``): each measured
+#: faster compiled, forward and backward.
+COMPOSITES_ON = ("softmax", "log_softmax", "layer_norm", "batch_norm", "group_norm", "cross_entropy", "max_pool2d",
+                 "avg_pool2d")  # fmt: skip
+#: The dtypes of the arrays a routed primitive compiles for (others, float16 for one, stay on numpy).
+_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.bool_))
+
+#: Each input's (shape, dtype character, byte strides): what a key says of the inputs.
+Layouts = tuple[tuple[tuple[int, ...], str, tuple[int, ...]], ...]
+
+
+#: What ``build`` returns: the graph, its inputs' byte strides, and the (output, input) pairs whose
+#: output the program may write into that input's memory (``compile_graph``'s ``write_backs``).
+Built = tuple[Graph, list[tuple[int, ...]], tuple[tuple[int, int], ...]]
+
+
+@dataclass
+class Entry:
+    """One key's state: compiling (``program`` and ``reason`` None), compiled, or on numpy (``reason``)."""
+
+    program: Callable[[list], list] | None = None
+    write_backs: tuple[tuple[int, int], ...] = ()  # (output, input) pairs: the input takes the output
+    reason: str | None = None
+    failed: bool = False  # the reason is a failure (said once per op), not a decline (logged)
+    cache: str = ""  # the driver's disk cache: "hit", "miss" or "off"
+    seconds: float = 0.0  # how long the compile took
+    # the key's ``trial``: its fastest numpy and compiled runs, and how many compiled runs were timed
+    numpy_seconds: float = math.inf
+    compiled_seconds: float = math.inf
+    trials: int = 0
+
+
+class KernelCache:
+    """The keys met so far, least recently used first, and the thread that compiles the misses."""
+
+    def __init__(self, capacity: int = CAPACITY) -> None:
+        self.capacity = capacity
+        self.entries: OrderedDict[tuple, Entry] = OrderedDict()
+        self.said: set[str] = set()  # ops whose failure was said
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self.synchronous = False  # compile in the caller's thread, at the miss (KILN_EAGER_KERNELS=sync)
+
+    def lookup(self, key: tuple, make: Callable[[], Entry]) -> Entry | None:
+        """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker."""
+        entries = self.entries
+        with self._lock:
+            entry = entries.get(key)
+            if entry is not None:
+                entries.move_to_end(key)
+                return entry
+            entries[key] = Entry()
+            while len(entries) > self.capacity:
+                entries.popitem(last=False)
+            if not self.synchronous and (self._worker is None or not self._worker.is_alive()):
+                self._worker = threading.Thread(target=self._compile_loop, name="kiln-eager-kernels", daemon=True)
+                self._worker.start()
+        if self.synchronous:  # outside the lock: a compile may run ops that look up keys of their own
+            entry = make()
+            with self._lock:
+                entries[key] = entry
+            return entry
+        self._queue.put((key, make))
+        return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every queued compile is done (True), or ``timeout`` seconds pass (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def clear(self) -> None:
+        """Forget every key and what was said (the disk cache stays)."""
+        self.wait()
+        with self._lock:
+            self.entries.clear()
+            self.said.clear()
+
+    def _compile_loop(self) -> None:
+        while True:
+            key, make = self._queue.get()
+            try:
+                try:
+                    entry = make()
+                except Exception as error:  # noqa: BLE001 - a bug of kiln's: the op stays on numpy, said once
+                    entry = Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
+                with self._lock:
+                    compiling = self.entries.get(key)
+                    if compiling is not None:  # not evicted meanwhile
+                        entry.numpy_seconds = compiling.numpy_seconds
+                        self.entries[key] = entry
+            finally:
+                self._queue.task_done()
+
+
+def _compile(name: str, build: Callable[[Layouts], Built], layouts: Layouts) -> Entry:
+    """Compile the graph of ``build(layouts)``; an ``Entry`` on numpy (with the reason) should anything fail."""
+    from ..compiler.driver import compile_graph  # noqa: PLC0415 - the compiler loads only when first needed
+    from ..compiler.options import CompileOptions  # noqa: PLC0415
+
+    start = time.perf_counter()
+    try:
+        graph, strides, write_backs = build(layouts)
+        compiled = compile_graph(graph, CompileOptions(), strides, write_backs)
+    except Exception as error:  # noqa: BLE001 - any failure leaves the op on numpy, said once
+        return Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
+    report = compiled.report
+    seconds = time.perf_counter() - start
+    if report is None or report.externs or report.abandoned:
+        why = "; ".join(f"{what}: {text}" for what, text in (report.declined if report else ())) or "no kernel"
+        logger.debug("kiln: eager %s stays on numpy: the backend runs it on its eager kernel (%s)", name, why)
+        return Entry(reason=f"not compiled by the backend ({why})", seconds=seconds)
+    logger.debug("kiln: eager %s compiled in %.3f s (disk cache: %s)", name, seconds, report.cache)
+    return Entry(program=compiled.program, write_backs=tuple(write_backs), cache=report.cache, seconds=seconds)
+
+
+CACHE = KernelCache()
+_state = {"enabled": os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")}
+CACHE.synchronous = os.environ.get(ENV, "").strip().lower() == "sync"
+
+
+def key_of(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple) -> tuple:
+    """The cache key of an op: its name, each input's shape, dtype and byte strides, its attributes."""
+    return (name, tuple((a.shape, a.dtype.char, a.strides) for a in arrays), attrs_key)
+
+
+def input_types(layouts: Layouts) -> list[TensorType]:
+    """The graph input types of inputs laid out as ``layouts`` say."""
+    return [TensorType(shape, from_numpy_dtype(np.dtype(char)), CPU) for shape, char, _ in layouts]
+
+
+def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
+                build: Callable[[Layouts], Built]) -> Entry | None:  # fmt: skip
+    """The compiled entry of the op for these inputs, or None: run its numpy kernel (a miss, which
+    queues the compile of ``build(layouts)``; a compile still running; an op left on numpy, whose
+    failure is said at its first such call)."""
+    key = key_of(name, arrays, attrs_key)
+    return ready(name, key, functools.partial(_compile, name, build, key[1]))
+
+
+def ready(name: str, key: tuple, make: Callable[[], Entry]) -> Entry | None:
+    """The compiled entry of ``key``, or None (a miss queues ``make``; see ``ready_entry``)."""
+    entry = CACHE.lookup(key, make)
+    if entry is None or entry.program is None:
+        if entry is not None and entry.failed and name not in CACHE.said:
+            _say(name, entry.reason)
+        return None
+    if _profiling.active:
+        _profiling.note_compiled_kernel()
+    return entry
+
+
+def compiled_outputs(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
+                     build: Callable[[Layouts], Built]) -> list | None:  # fmt: skip
+    """The outputs of the op's compiled program for these inputs, or None (``ready_entry``)."""
+    entry = ready_entry(name, arrays, attrs_key, build)
+    return None if entry is None or entry.program is None else entry.program(list(arrays))
+
+
+def _say(name: str, reason: str | None) -> None:
+    from .jit.trace import CompileWarning  # noqa: PLC0415 - the tracer loads only when first needed
+
+    CACHE.said.add(name)
+    text = f"kiln: eager {name} runs its numpy kernel: {reason}"
+    logger.warning(text)
+    warnings.warn(text, CompileWarning, stacklevel=_user_level())
+
+
+def _user_level() -> int:
+    """``warnings.warn``'s stacklevel, called from the caller of this, of the first frame outside kiln."""
+    frame: types.FrameType | None = sys._getframe(1)  # the caller, whose level is 1
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def primitive_graph(prim: Primitive, attrs: dict, layouts: Layouts) -> Built:
+    """``build`` for one primitive: a graph of one node over inputs laid out as ``layouts`` say."""
+    b = GraphBuilder()
+    inputs = [b.input(t) for t in input_types(layouts)]
+    return b.build([b.node(prim.name, inputs, attrs)]), [strides for _, _, strides in layouts], ()
+
+
+def route(prim: Primitive) -> Callable:
+    """A kernel with ``prim.eager``'s signature that runs the compiled program when there is one."""
+    eager = prim.eager
+
+    def kernel(xp, *arrays, **attrs):
+        # the first input is the large one of every routed primitive: one check for the many small calls
+        if arrays[0].nbytes < MIN_BYTES or xp is not np or any(a.dtype not in _DTYPES for a in arrays):
+            return eager(xp, *arrays, **attrs)
+        try:
+            attrs_key = tuple(sorted(attrs.items()))
+            hash(attrs_key)
+        except TypeError:  # an attribute that cannot be a key: numpy
+            return eager(xp, *arrays, **attrs)
+        key = key_of(prim.name, arrays, attrs_key)
+        build = functools.partial(primitive_graph, prim, attrs)
+        entry = ready(prim.name, key, functools.partial(_compile, prim.name, build, key[1]))
+        if entry is None:
+            return timed_eager(key, lambda: eager(xp, *arrays, **attrs))
+        program = entry.program
+        assert program is not None
+        if entry.trials >= TRIALS:
+            return program(list(arrays))[0]
+        return trial(prim.name, entry, lambda: program(list(arrays))[0])
+
+    kernel.__qualname__ = f"compiled {prim.name}"
+    return kernel
+
+
+def timed_eager(key: tuple, run: Callable[[], Any]):
+    """``run()`` (the op's eager kernel); its time is noted while the key compiles (``trial`` compares)."""
+    start = time.perf_counter()
+    out = run()
+    entry = CACHE.entries.get(key)
+    if entry is not None and entry.reason is None:
+        entry.numpy_seconds = min(entry.numpy_seconds, time.perf_counter() - start)
+    return out
+
+
+def trial(name: str, entry: Entry, run: Callable[[], Any]):
+    """``run()`` (the compiled program), timed; after ``TRIALS`` of them the key keeps the faster
+    kernel (numpy: said at debug level), so that a size the compiled call's fixed cost dominates
+    stays on numpy."""
+    start = time.perf_counter()
+    out = run()
+    entry.compiled_seconds = min(entry.compiled_seconds, time.perf_counter() - start)
+    entry.trials += 1
+    if entry.trials == TRIALS and entry.compiled_seconds >= entry.numpy_seconds:
+        entry.program = None
+        entry.reason = (f"numpy is faster ({entry.numpy_seconds * 1e6:.0f} us against "
+                        f"{entry.compiled_seconds * 1e6:.0f} us compiled)")  # fmt: skip
+        logger.debug("kiln: eager %s stays on numpy for this key: %s", name, entry.reason)
+    return out
+
+
+#: Primitive -> the kernel ``dispatch.apply`` runs instead of ``prim.eager`` (empty when off).
+ROUTES: dict[Primitive, Callable] = {}
+#: The composite ops that run compiled programs now (``COMPOSITES_ON``; empty when off).
+ROUTED_COMPOSITES: set[str] = set()
+
+
+def set_enabled(enabled: bool) -> None:
+    """Turn eager compiled kernels on or off (``kiln.backends.cpu.eager_kernels``)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"eager_kernels: expected True or False, got {enabled!r}")
+    _state["enabled"] = enabled
+    ROUTES.clear()
+    ROUTED_COMPOSITES.clear()
+    if enabled:
+        ROUTES.update({PRIMITIVES[name]: route(PRIMITIVES[name]) for name in PRIMITIVES_ON})
+        ROUTED_COMPOSITES.update(COMPOSITES_ON)
+
+
+def enabled() -> bool:
+    """Whether eager heavy ops run compiled kernels."""
+    return _state["enabled"]
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Block until the pending compiles are done (True), or ``timeout`` seconds pass (False)."""
+    return CACHE.wait(timeout)
+
+
+set_enabled(_state["enabled"])
