@@ -36,9 +36,9 @@ import math
 import os
 import queue
 import sys
-import types
 import threading
 import time
+import types
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
