@@ -19,10 +19,12 @@ flag traces again; ``kiln.explain`` lists which. ``KILN_JIT=0`` in the environme
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 from .frontend.jit.check import CompileCheckError
 from .frontend.jit.compiler import CompiledFunction, CompileOptions
+from .frontend.jit.dynamic import mark_dynamic
 from .frontend.jit.explain import ExplainReport, explain
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
 from .frontend.jit.regions import Region, composite
@@ -36,7 +38,7 @@ __all__ = [
     "compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "CompileCheckError", "before_each_call",
     "stop_trace", "CompileWarning",
     "guard", "check_values", "check_range", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError",
-    "load_exported", "composite", "Region",
+    "load_exported", "composite", "Region", "mark_dynamic",
 ]  # fmt: skip
 
 
@@ -87,14 +89,21 @@ def check_range(index, low: int | None, high: int | None, error: type[Exception]
     _check_range(index, low, high, error, message)
 
 
-def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None):  # noqa: A001
+def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None,  # noqa: A001
+            dynamic: bool | None = None):  # fmt: skip
     """Compile ``fn`` (a function, a method or an ``nn.Module``) by tracing it.
 
     Usable as ``@kiln.compile`` or ``@kiln.compile(fullgraph=True, ...)``. ``fullgraph=True``
     raises ``TraceBreakError`` where the trace would stop; ``check=True`` runs each compiled
     call eagerly as well and raises on the first difference; ``options`` is a ``CompileOptions``.
+    ``dynamic`` (as in ``torch.compile``): None makes an argument's leading size dynamic once a
+    second size is seen, True from the first call, False never (``CompileOptions.dynamic``).
     A compiled module behaves like the module (same parameters, state dict, train/eval).
     """
+    if dynamic is not None:
+        if options is not None and options.dynamic is not None and options.dynamic != dynamic:
+            raise ValueError(f"kiln.compile: dynamic={dynamic} and options.dynamic={options.dynamic} disagree")
+        options = dataclasses.replace(options or CompileOptions(), dynamic=dynamic)
     if fn is None:
         return functools.partial(compile, fullgraph=fullgraph, check=check, options=options)
     from .nn.modules.module import Module  # noqa: PLC0415 - nn imports kiln

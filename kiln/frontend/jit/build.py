@@ -7,6 +7,7 @@ results need gradients) the forward values the backward graph reads.
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import logging
@@ -19,12 +20,14 @@ import numpy as np
 
 from ...ir.analysis import Liveness
 from ...ir.graph import Graph, Node, Value
+from ...ir.verifier import VerificationError, verify
 from ...passes.partition import partition
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
 from . import driver
 from .backward import BackwardPlan, ConsumedPlan
+from .dynamic import NotDynamic, Pending, SizedProgram, size_symbols, symbolize
 from .hazards import reachable_tensors
 from .pytree import flatten
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
@@ -34,9 +37,11 @@ from .trace import Trace, TraceBreak
 logger = logging.getLogger("kiln")
 
 
-def build_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict):
+def build_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict,
+                         dynamic=None):  # fmt: skip
     """``(Specialization, None)``, or ``(None, why)`` when this trace must not be reused: ``why`` is a
-    ``TraceBreak`` when calls with this key can never be compiled (they run eagerly from then on)."""
+    ``TraceBreak`` when calls with this key can never be compiled (they run eagerly from then on), a
+    ``dynamic.Pending`` when it waits for another size. ``dynamic``: see ``CompiledFunction._dynamic_partner``."""
     out_leaves, out_tree = flatten(result)
     traced = trace.finish(out_leaves)
     if trace.broken is not None:
@@ -81,23 +86,55 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
             return None, why
     mutated = {i for i, _ in writebacks}
     graph, backward = _partition(compiled.options, backward, traced.builder.build(outputs), sources, mutated)
+    sizes_source = None if isinstance(backward, BackwardPlan) else graph  # what a later trace is compared with
+    if dynamic is not None and dynamic[0] == "defer" and sizes_source is not None:
+        trace.release()
+        return None, Pending(key, sizes_source)
     record: list = []
     strides = [e.tensor._data.strides for e in traced.externals]
+    symbolic, not_dynamic = _symbolic(graph, backward, dynamic)
     # mutated externals updated in place where that is safe, as eager does
     optimized, program, report = lower(graph, compiled.options, record, strides, [(o, i) for i, o in writebacks])
+    if symbolic is not None:  # the same lowering, for the sizes of each call
+        lowering = functools.partial(_lower_program, compiled.options, strides, [(o, i) for i, o in writebacks])
+        program = SizedProgram(symbolic, lowering, first=(graph, program))
     arg_aliases = _arguments_that_are_state(traced, leaves, list(closure_values.values()) +
                                             [value for _, value in compiled.guarded_names({})])  # fmt: skip
     spec = Specialization(
         graph=optimized, program=program, signature=signature, out_tree=out_tree,
         modules=[(ref, training, type(ref()).__name__) for ref, training in traced.modules],
         prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), backward=backward,
-        key=key, passes_record=record, traced_graph=graph, report=report, arg_aliases=arg_aliases,
+        key=key, passes_record=record, traced_graph=graph if symbolic is None else symbolic, report=report,
+        arg_aliases=arg_aliases, sizes_source=sizes_source, not_dynamic=not_dynamic,
+        dynamic=None if symbolic is None else dynamic[3],
     )  # fmt: skip
     if report is not None:  # the traced call is the compile's first stage
         report.stage_seconds.insert(0, ("trace (the eager call)", trace.seconds))
     _dump(compiled, spec)
     trace.release()
     return spec, None
+
+
+def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None]:
+    """``(symbolic graph, None)`` when this trace and the earlier one of ``dynamic`` (``("compare",
+    graph, size pairs, positions)``) make one program over symbolic sizes, else ``(None, why not)``."""
+    if dynamic is None or dynamic[0] != "compare":
+        return None, None
+    if isinstance(backward, BackwardPlan):
+        return None, "a result needs gradients outside the call (a compiled backward over symbolic sizes is not built yet)"
+    _, earlier, pairs, _ = dynamic
+    sizes = size_symbols(pairs)
+    try:
+        symbolic = symbolize(graph, earlier, {s: (b, a) for s, (a, b) in sizes.items()})
+        verify(symbolic)
+    except (NotDynamic, VerificationError) as why:
+        return None, str(why)
+    return symbolic, None
+
+
+def _lower_program(options, strides: list, write_backs: list, graph: Graph):
+    """The program of ``graph`` (a dynamic specialization bound to one call's sizes)."""
+    return lower(graph, options, [], strides, write_backs)[1]
 
 
 def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[int, weakref.ref]]:

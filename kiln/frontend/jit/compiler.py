@@ -43,6 +43,7 @@ from ..tensor import Tensor
 from . import hazards, reads, state
 from .build import build_specialization
 from .driver import check_compile_timeout, default_compile_timeout
+from .dynamic import Pending, SizeClass, is_marked, leading_sizes_differ
 from .guards import build_guards
 from .layouts import MemoryIndex
 from .pytree import flatten_call
@@ -68,6 +69,9 @@ class CompileOptions:
     - ``compile_timeout``: seconds a compile may take (None: no limit); past it the call runs on
       the interpreter, saying why (``kiln.frontend.jit.driver``). Default: ``$KILN_COMPILE_TIMEOUT``
       or 60.
+    - ``dynamic``: None (the default) makes an argument's leading size dynamic once a second size
+      is seen for it; True makes every tensor argument's leading size dynamic from the first call
+      (which is traced, then compiled when a call brings another size); False never (``dynamic.py``).
     """
 
     recompile_limit: int = 8
@@ -76,8 +80,11 @@ class CompileOptions:
     dump_dir: str | None = None
     verify: bool = False
     compile_timeout: float | None = field(default_factory=default_compile_timeout)
+    dynamic: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.dynamic not in (None, True, False):
+            raise ValueError(f"CompileOptions: dynamic must be None, True or False, got {self.dynamic!r}")
         if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:
             raise ValueError(f"CompileOptions: recompile_limit must be an int >= 0, got {self.recompile_limit!r}")
         check_compile_timeout(self.compile_timeout)
@@ -131,6 +138,9 @@ class CompileState:
     numpy_shadows: dict = field(default_factory=dict)  # id(array) -> (array, tensor on it): see Trace.on_numpy
     escapes_survived_young_collection: bool = False  # see build_specialization
     state_changes: dict = field(default_factory=dict)  # key -> calls whose trace stopped on a Python state change
+    dynamic: dict = field(default_factory=dict)  # argument structure -> positions of dynamic leading sizes
+    not_dynamic: dict = field(default_factory=dict)  # argument structure -> why its sizes stay static
+    pending: list = field(default_factory=list)  # traces kept, not compiled, until another size comes
 
 
 class CompiledFunction:
@@ -172,7 +182,10 @@ class CompiledFunction:
         if not self.enabled or state.current.get() is not None:
             return self.fn(*args, **kwargs)  # disabled, or inside another trace: trace through
         leaves, tree = flatten_call(args, kwargs)
-        key = call_key(tree, leaves)
+        dynamic = self.state.dynamic.get(tree) if self.state.dynamic else None
+        key = call_key(tree, leaves, dynamic)
+        if dynamic is not None and key not in self.state.cache:
+            key = call_key(tree, leaves)  # a call a dynamic key does not serve traces under its own
         closure_values = self._closure_values()
         miss = "first call"
         for entry in self.state.cache.get(key, ()):
@@ -265,22 +278,61 @@ class CompiledFunction:
             trace.abandon()
             return self._run_eagerly_from_now_on(key, trace.broken, result)
         notice = self._slow_compile_notice(len(trace.builder.nodes))
+        partner = self._dynamic_partner(key, leaves)
         try:
             spec, why_not = build_specialization(
-                self, trace, result, leaves, key, closure_values=self._closure_values()
+                self, trace, result, leaves, key, closure_values=self._closure_values(), dynamic=partner
             )
         finally:
             notice.cancel()
         if isinstance(why_not, TraceBreak):
             return self._run_eagerly_from_now_on(key, why_not, result)
         if spec is None:
-            self._event("not cached", why_not, once=False)
+            if isinstance(why_not, Pending):
+                self.state.pending.append(why_not)
+            self._event("not cached", str(why_not), once=False)
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)
+        if partner is not None:
+            key = self._dynamic_key(spec, key, leaves, partner)
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
         return result
+
+    # ------------------------------------------------------------------ dynamic sizes (dynamic.py)
+    def _dynamic_partner(self, key: tuple, leaves: list):
+        """How this call's trace becomes a dynamic specialization: ``("compare", graph, pairs,
+        positions)`` with an earlier trace whose key differs only in leading sizes >= 2, ``("defer",)``
+        to keep the trace until another size comes (``dynamic=True``, ``mark_dynamic``), or None."""
+        if self.options.dynamic is False or key[0] in self.state.not_dynamic:
+            return None
+        earlier = [*reversed(self.state.pending), *reversed(self.state.specializations)]
+        for other in earlier:
+            source = getattr(other, "sizes_source", None)
+            positions = leading_sizes_differ(other.key, key) if source is not None else None
+            if positions is not None:
+                pairs = [(other.key[1][p][1][0], key[1][p][1][0]) for p in positions]
+                return ("compare", source, pairs, positions)
+        if any(other.key == key for other in earlier):
+            return None
+        up_front = self.options.dynamic is True or any(isinstance(leaf, Tensor) and is_marked(leaf) for leaf in leaves)
+        if up_front and any(isinstance(leaf, Tensor) and leaf.ndim and leaf.shape[0] >= 2 for leaf in leaves):
+            return ("defer",)
+        return None
+
+    def _dynamic_key(self, spec, key: tuple, leaves: list, partner) -> tuple:
+        """The key a new specialization is cached under: with its dynamic sizes as size classes when
+        it is one (``spec.dynamic``), else ``key``; a refusal is said once (``kiln.explain``)."""
+        if spec.dynamic is None:
+            if spec.not_dynamic is not None:
+                self.state.not_dynamic[key[0]] = spec.not_dynamic
+                self._event("static", f"sizes stay static: {spec.not_dynamic}", once=True)
+            return key
+        positions = frozenset(self.state.dynamic.get(key[0], frozenset()) | set(spec.dynamic))
+        self.state.dynamic[key[0]] = positions
+        spec.key = call_key(key[0], leaves, positions)
+        return spec.key
 
     def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
         """Set a new specialization's guards (``guards.py``) and its table of Python values read."""
@@ -439,8 +491,12 @@ def _names(code) -> list[str]:
 _PLAIN = (int, float, bool, str, bytes, complex, type(None))
 
 
-def call_key(tree, leaves: list) -> tuple:
+def call_key(tree, leaves: list, dynamic: frozenset[int] | None = None) -> tuple:
+    """The key of a call (see the module docstring). ``dynamic``: the leaf positions whose leading
+    size is dynamic (``dynamic.py``): a size >= 2 there is keyed by which of the call's distinct
+    dynamic sizes it is, so one key serves every size."""
     roots: dict[int, int] = {}
+    classes: dict[int, SizeClass] = {}
     # Arguments sharing memory with no root in common (from_numpy of one array): compared from the
     # second tensor argument on (a call with one, the usual compiled step's input, pays nothing).
     memory: MemoryIndex | None = None
@@ -462,8 +518,11 @@ def call_key(tree, leaves: list) -> tuple:
                 overlapped = memory.share(data, alias)
             if overlapped:  # explain() shows the one argument it shares memory with, or all of them
                 alias = overlapped[0] if alias == i and len(overlapped) == 1 else (alias, *overlapped)
+            shape = data.shape
+            if dynamic is not None and i in dynamic and shape and shape[0] >= 2:
+                shape = (classes.setdefault(shape[0], SizeClass(len(classes))), *shape[1:])
             parts.append(
-                ("tensor", data.shape, data.strides, leaf._dtype, leaf._device, leaf._requires_grad,
+                ("tensor", shape, data.strides, leaf._dtype, leaf._device, leaf._requires_grad,
                  leaf._grad is not None, alias)
             )  # fmt: skip
         elif type(leaf) is float:
