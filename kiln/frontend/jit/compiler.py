@@ -293,11 +293,12 @@ class CompiledFunction:
             self._event("not cached", str(why_not), once=False)
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)
+        note = ""
         if partner is not None:
-            key = self._dynamic_key(spec, key, leaves, partner)
+            key, note = self._dynamic_key(spec, key, leaves)
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
-        self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
+        self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}{note}")
         return result
 
     # ------------------------------------------------------------------ dynamic sizes (dynamic.py)
@@ -321,18 +322,19 @@ class CompiledFunction:
             return ("defer",)
         return None
 
-    def _dynamic_key(self, spec, key: tuple, leaves: list, partner) -> tuple:
-        """The key a new specialization is cached under: with its dynamic sizes as size classes when
-        it is one (``spec.dynamic``), else ``key``; a refusal is said once (``kiln.explain``)."""
+    def _dynamic_key(self, spec, key: tuple, leaves: list) -> tuple[tuple, str]:
+        """The key a new specialization is cached under (with its dynamic sizes as size classes when
+        it is dynamic, ``spec.dynamic``), and what to add to its reason for ``kiln.explain``."""
         if spec.dynamic is None:
-            if spec.not_dynamic is not None:
-                self.state.not_dynamic[key[0]] = spec.not_dynamic
-                self._event("static", f"sizes stay static: {spec.not_dynamic}", once=True)
-            return key
+            if spec.not_dynamic is None:
+                return key, ""
+            self.state.not_dynamic[key[0]] = spec.not_dynamic  # not tried again: later sizes specialize
+            return key, f"; its sizes stay static: {spec.not_dynamic}"
         positions = frozenset(self.state.dynamic.get(key[0], frozenset()) | set(spec.dynamic))
         self.state.dynamic[key[0]] = positions
         spec.key = call_key(key[0], leaves, positions)
-        return spec.key
+        named = ", ".join(map(str, sorted(spec.dynamic)))
+        return spec.key, f"; dynamic: the leading size of argument(s) {named} (one program for every size >= 2)"
 
     def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
         """Set a new specialization's guards (``guards.py``) and its table of Python values read."""

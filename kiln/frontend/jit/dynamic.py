@@ -89,7 +89,7 @@ class SizeClass(int):
     it has (0 for the first): calls that differ only in those sizes share a key."""
 
     def __repr__(self) -> str:
-        return f"<dynamic size {int(self)}>"
+        return f"dynamic{int(self)}"
 
 
 def leading_sizes_differ(old: tuple, new: tuple) -> list[int] | None:
@@ -121,11 +121,12 @@ def symbolize(graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int
     """``graph_a`` with every size that follows a symbol written as the symbol (``sizes``: each
     symbol's size in ``graph_a`` and in ``graph_b``); ``NotDynamic`` says where they differ otherwise."""
     by_pair = {pair: sym for sym, pair in sizes.items()}
-    values_a, values_b = list(graph_a.values()), list(graph_b.values())
-    if len(graph_a.nodes) != len(graph_b.nodes) or len(values_a) != len(values_b):
+    if len(graph_a.nodes) != len(graph_b.nodes) or len(graph_a.inputs) != len(graph_b.inputs):
         raise NotDynamic(
             f"the program has {len(graph_a.nodes)} nodes at one size and {len(graph_b.nodes)} at the other"
         )
+    graph_b = _aligned(graph_a, graph_b)
+    values_a, values_b = list(graph_a.values()), list(graph_b.values())
     index_a = {v: i for i, v in enumerate(values_a)}
     index_b = {v: i for i, v in enumerate(values_b)}
     types = [_type(a, b, by_pair) for a, b in zip(values_a, values_b, strict=True)]
@@ -156,6 +157,56 @@ def symbolize(graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int
     if [index_a[v] for v in graph_a.outputs] != [index_b[v] for v in graph_b.outputs]:
         raise NotDynamic("the outputs are other values at the other size")
     return builder.build([new[v] for v in graph_a.outputs])
+
+
+def _aligned(graph_a: Graph, graph_b: Graph) -> Graph:
+    """``graph_b`` with its nodes in the order of their counterparts in ``graph_a``: two traces of one
+    program may record independent ops in another order (gradients accumulated in another order).
+    Nodes are matched by structure (op, attributes with their ints left out, and the structure of
+    their inputs); identical computations are interchangeable."""
+    table: dict = {}
+    keys_a, keys_b = _structure(graph_a, table), _structure(graph_b, table)
+    waiting: dict[int, list] = {}
+    for node in reversed(graph_b.nodes):
+        waiting.setdefault(keys_b[node.outputs[0]], []).append(node)
+    order = []
+    for node in graph_a.nodes:
+        matches = waiting.get(keys_a[node.outputs[0]])
+        if not matches:
+            where = f" (at {node.loc})" if node.loc else ""
+            raise NotDynamic(f"{node.op} has no counterpart in the program traced at the other size{where}")
+        order.append(matches.pop())
+    defined = set(graph_b.inputs)
+    for node in order:
+        if not defined.issuperset(node.inputs):
+            raise NotDynamic("the program traced at the other size computes the same values in another order")
+        defined.update(node.outputs)
+    return Graph(graph_b.inputs, tuple(order), graph_b.outputs, graph_b.constants)
+
+
+def _structure(graph: Graph, table: dict) -> dict[Value, int]:
+    """A number per value of ``graph`` that only values computed alike share (``table`` interns them)."""
+    keys: dict[Value, int] = {v: table.setdefault(("input", i), len(table)) for i, v in enumerate(graph.inputs)}
+    for node in graph.nodes:
+        if node.op == CONSTANT:
+            base: tuple = (CONSTANT, node.output.type.dtype.name, node.output.type.ndim)
+        else:
+            base = (node.op, _without_ints(tuple(sorted(node.attrs.items()))), *(keys[v] for v in node.inputs))
+        for k, v in enumerate(node.outputs):
+            keys[v] = table.setdefault((*base, k), len(table))
+    return keys
+
+
+def _without_ints(value):
+    if isinstance(value, tuple):
+        return tuple(_without_ints(v) for v in value)
+    if type(value) is int:
+        return "#"
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
 
 
 def _type(a: Value, b: Value, by_pair) -> TensorType:
