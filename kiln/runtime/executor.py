@@ -60,6 +60,7 @@ class Kernel:
     extent: int
     work_bytes: int
     status: bool = False
+    sizes: tuple[int, ...] = ()  # symbolic sizes the kernel reads from its table, after the pointers
 
 
 def _c_order(value: Value, strides: tuple) -> bool:
@@ -312,7 +313,7 @@ class CompiledProgram:
                 allocate.append((slots[v], empty, v.type.shape, v.type.dtype.np))
             elif p < len(node.inputs) and v.type.shape and _c_order(v, layouts[v]):
                 conform.append(slots[v])
-        self._tables.append((len(values), tuple(static), kernel.status))
+        self._tables.append((len(values), tuple(static), kernel.status, kernel.sizes))
         return KernelCall(node, position, dead, kernel, len(self._tables) - 1, tuple(dynamic), tuple(allocate),
                           tuple(conform), slots, inputs)  # fmt: skip
 

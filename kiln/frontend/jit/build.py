@@ -32,6 +32,7 @@ from .hazards import reachable_tensors
 from .pytree import flatten
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
 from .specialization import Specialization
+from .symbolic_program import Unlowered, lower_symbolic
 from .trace import Trace, TraceBreak
 
 logger = logging.getLogger("kiln")
@@ -94,10 +95,11 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     strides = [e.tensor._data.strides for e in traced.externals]
     symbolic, not_dynamic = _symbolic(graph, backward, dynamic)
     # mutated externals updated in place where that is safe, as eager does
-    optimized, program, report = lower(graph, compiled.options, record, strides, [(o, i) for i, o in writebacks])
-    if symbolic is not None:  # the same lowering, for the sizes of each call
-        lowering = functools.partial(_lower_program, compiled.options, strides, [(o, i) for i, o in writebacks])
-        program = SizedProgram(symbolic, lowering, first=(graph, program))
+    in_place = [(o, i) for i, o in writebacks]
+    if symbolic is not None:
+        optimized, program, report = _lower_symbolic(compiled.options, symbolic, graph, strides, in_place, record)
+    else:
+        optimized, program, report = lower(graph, compiled.options, record, strides, in_place)
     arg_aliases = _arguments_that_are_state(traced, leaves, list(closure_values.values()) +
                                             [value for _, value in compiled.guarded_names({})])  # fmt: skip
     spec = Specialization(
@@ -130,6 +132,23 @@ def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None
     except (NotDynamic, VerificationError) as why:
         return None, str(why)
     return symbolic, None
+
+
+def _lower_symbolic(options, symbolic: Graph, traced: Graph, strides: list, write_backs: list, record: list):
+    """``lower`` for a dynamic specialization: its kernels generated once for every size
+    (``symbolic_program``), or, where the backend cannot, the graph lowered per call's sizes
+    (``dynamic.SizedProgram``; ``traced`` is the call's own graph, lowered now)."""
+    try:
+        fused, program, report = lower_symbolic(symbolic, options, strides, write_backs)
+    except Unlowered as why:
+        optimized, first, report = lower(traced, options, record, strides, write_backs)
+        logger.info("kiln.compile: a dynamic specialization is lowered per size: %s", why)
+        if report is not None:
+            report.declined.append(("(dynamic sizes)", f"lowered again for each new size: {why}"))
+        lowering = functools.partial(_lower_program, options, strides, write_backs)
+        return optimized, SizedProgram(symbolic, lowering, first=(traced, first)), report
+    record.append(("symbolic", fused))
+    return fused, program, report
 
 
 def _lower_program(options, strides: list, write_backs: list, graph: Graph):

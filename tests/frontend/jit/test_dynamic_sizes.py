@@ -13,6 +13,7 @@ import kiln
 import kiln.nn as nn
 import kiln.nn.functional as F
 from kiln.frontend.jit.dynamic import NotDynamic, bind_graph, size_symbols, symbolize
+from kiln.frontend.jit.symbolic_program import SymbolicProgram
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import GraphBuilder
 from kiln.ir.types import Sym, TensorType
@@ -55,6 +56,11 @@ def test_a_second_size_makes_the_leading_size_dynamic_and_later_sizes_reuse_it()
     check_sizes(softmax_rows, lambda n: [f32(n, 5), W], [2, 9, 31, 8, 13, 100], compiled)
     assert specs(compiled) == 2  # no trace after the dynamic one
     assert "dynamic: the leading size of argument(s) 0" in kiln.explain(compiled).reasons[1]
+    program = compiled.state.specializations[1].program
+    assert isinstance(program, SymbolicProgram)  # its kernels generated once, loaded per size
+    assert (
+        program.report.kernels >= 1 and program.lowerings == 6
+    )  # 2, 9, 31, 8, 13, 100 (the 13 that traced ran eagerly)
 
 
 def test_sizes_zero_and_one_specialize():

@@ -1,0 +1,163 @@
+"""A dynamic specialization's program: code generated once for symbolic sizes, loaded per size.
+
+The symbolic graph (``dynamic.py``) goes through the graph passes and fusion once, and its kernels
+are generated once: a kernel over the symbolic leading dimension reads the size from its argument
+table (``codegen/llvm/kernels_symbolic.py``), a kernel without one is the static kernel it always
+was. What depends on the sizes -- the layouts, the write-backs, the memory plan, each kernel's
+number of parallel units -- is computed per set of sizes when a call first brings it, from the
+fused graph bound to those sizes, and kept: a size seen before costs a dictionary lookup.
+
+A kernel is compiled symbolically only when its values' layouts do not depend on the sizes (they
+are the same at two probe sizes); any other kernel runs on its eager kernels at every size, and
+``report.declined`` says so. The interpreter backend runs the symbolic graph as it is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from ...codegen.backend import Lowered, LoweringReport
+from ...ir.graph import Graph, GraphBuilder, Node, Value
+from ...ir.types import Sym
+from ...passes.layouts import infer_layouts
+from ...passes.memory_plan import plan_memory
+from ...passes.write_backs import choose_write_backs
+from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
+from . import driver
+from .dynamic import symbol_positions
+
+#: Sizes the layouts are inferred at to learn which do not depend on the size (any two >= 2 do).
+PROBES = (2, 3)
+
+
+class Unlowered(Exception):
+    """The symbolic graph cannot be compiled once for every size (the message says why)."""
+
+
+def bind_fused(graph: Graph, sizes: Mapping[Sym, int]) -> Graph:
+    """``graph`` (fused or not) with each symbol replaced by its size; kernel bodies too. The
+    nodes keep their positions, so the same index names a node in either graph."""
+    builder = GraphBuilder()
+    new: dict[Value, Value] = {v: builder.input(v.type.bind(sizes)) for v in graph.inputs}
+    for node in graph.nodes:
+        outputs = tuple(builder.value(v.type.bind(sizes)) for v in node.outputs)
+        new.update(zip(node.outputs, outputs, strict=True))
+        attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
+        builder.nodes.append(Node(node.op, tuple(new[v] for v in node.inputs), attrs, outputs, node.loc))
+    builder.constants.update(graph.constants)
+    return builder.build([new[v] for v in graph.outputs])
+
+
+def _bind_attr(value, sizes: Mapping[Sym, int]):
+    if isinstance(value, Sym):
+        return int(sizes[value])
+    if isinstance(value, Graph):
+        return bind_fused(value, sizes)
+    if isinstance(value, tuple):
+        return tuple(_bind_attr(v, sizes) for v in value)
+    return value
+
+
+class SymbolicProgram:
+    """Runs a fused symbolic graph whose kernels are compiled once (see the module docstring)."""
+
+    def __init__(self, fused: Graph, backend, code, report: LoweringReport, strides: tuple, requested: tuple,
+                 layouts: dict[int, tuple], limit: int = 64) -> None:  # fmt: skip
+        self.graph = fused
+        self.report = report
+        self._backend = backend
+        self._code = code
+        self._library = None
+        self._strides = strides
+        self._requested = requested
+        self._layouts = layouts  # value position -> the layout its kernels were generated for
+        self._positions = symbol_positions(fused)
+        self._programs: dict[tuple[int, ...], CompiledProgram] = {}
+        self._limit = limit
+        self.lowerings = 0  # programs made for a set of sizes (no code generated for them)
+
+    def program_for(self, arrays: Sequence) -> CompiledProgram:
+        key = tuple(arrays[i].shape[axis] for _, i, axis in self._positions)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._load(dict(zip((s for s, _, _ in self._positions), key, strict=True)))
+            if len(self._programs) >= self._limit:
+                del self._programs[next(iter(self._programs))]
+            self._programs[key] = program
+        return program
+
+    def __call__(self, arrays: Sequence) -> list:
+        return self.program_for(arrays)(arrays)
+
+    def run_checked_inputs(self, arrays: Sequence) -> list:
+        return self.program_for(arrays).run_checked_inputs(arrays)
+
+    def _load(self, sizes: dict[Sym, int]) -> CompiledProgram:
+        """The runtime program for ``sizes``: layouts, write-backs and memory plan of the bound graph,
+        and the kernels generated once, each told its number of units (and the size, in its table)."""
+        self.lowerings += 1
+        bound = bind_fused(self.graph, sizes)
+        layouts = infer_layouts(bound, self._strides)
+        write_backs = choose_write_backs(bound, self._requested, layouts)
+        plan = plan_memory(bound)
+        if self._library is None and self._code.objects:
+            from ...codegen.llvm.backend import load_objects  # noqa: PLC0415 - the LLVM backend only
+
+            self._library = load_objects(self._code.objects)
+        position = {v: k for k, v in enumerate(bound.values())}
+        kernels = {}
+        for index, info in self._code.kernels.items():
+            node = bound.nodes[index]
+            if any(layouts[v] != self._layouts.get(position[v]) for v in (*node.inputs, *node.outputs)):
+                continue  # laid out otherwise at these sizes than the code assumes: its eager kernels run
+            function = KERNEL_TYPE(self._library.address(info.symbol))
+            slots = tuple(int(sizes[s]) for s in info.symbols)
+            kernels[node] = Kernel(function, info.units(sizes), info.work(sizes), status=_status(node), sizes=slots)
+        return CompiledProgram(bound, kernels, plan, layouts, write_backs, self._library)
+
+
+def _status(node: Node) -> bool:
+    from ...codegen.llvm.kernel_info import STATUS_OPS  # noqa: PLC0415
+
+    return node.op in STATUS_OPS
+
+
+def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write_backs: Sequence[tuple[int, int]]):
+    """``(fused graph, program, report)`` for a symbolic graph: see the module docstring.
+    ``Unlowered`` when the backend does not generate code once for every size (then the caller
+    lowers the graph per size)."""
+    backend = driver.choose_backend(graph, options)
+    strides, requested = tuple(strides), tuple(write_backs)
+    if not backend.stages:  # the interpreter runs symbolic graphs as they are
+        compiled = driver.compile_graph(graph, options, strides, requested)
+        return compiled.graph, compiled.program, compiled.report
+    if backend.name != "llvm":
+        raise Unlowered(f"the {backend.name} backend generates code for static sizes only")
+    start = time.perf_counter()
+    record: list = []
+    seconds: list = []
+    stages = [*driver.graph_stages(options), *(s for s in driver.LOWERING_STAGES if s.name == "fuse")]
+    state = driver._run(driver.Compilation(graph, backend, strides, requested), stages, options, record, seconds)
+    fused = state.graph
+    probes = [bind_fused(fused, {s: n for s, _, _ in symbol_positions(fused)}) for n in PROBES]
+    layouts = [infer_layouts(g, strides) for g in probes]
+    values = [list(g.values()) for g in probes]
+    same = {k: layouts[0][a] for k, (a, b) in enumerate(zip(*values, strict=True)) if layouts[0][a] == layouts[1][b]}
+    # The code is generated for the first probe's layouts; ``SymbolicProgram._load`` uses a kernel
+    # only at sizes where its values are laid out as they were then (``same``).
+    by_value = {v: layouts[0][values[0][k]] for k, v in enumerate(fused.values())}
+    report = LoweringReport(cache="off", not_fused=list(state.not_fused))
+    generating = time.perf_counter()
+    code = backend.generate(Lowered(fused, by_value, {}, None, None), report)
+    position = {v: k for k, v in enumerate(fused.values())}
+    for index in list(code.kernels):
+        node = fused.nodes[index]
+        if any(position[v] not in same for v in (*node.inputs, *node.outputs)):
+            report.declined.append((node.attrs.get("name", node.op), "its layouts depend on the symbolic size"))
+            del code.kernels[index]
+    seconds.append((f"generate ({backend.name})", time.perf_counter() - generating))
+    report.stage_seconds = seconds
+    report.compile_seconds = time.perf_counter() - start
+    report.kernels = len(code.kernels)
+    return fused, SymbolicProgram(fused, backend, code, report, strides, requested, same), report
