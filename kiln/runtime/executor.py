@@ -265,8 +265,8 @@ class CompiledProgram:
         self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in constants)
         self._constants = [(slots[n.output], graph.constants[n.attrs["name"]]) for n in graph.nodes if n.op == CONSTANT]
         into = {graph.outputs[o]: slots[graph.inputs[i]] for o, i in write_backs.items()}
-        # per kernel call: (table size, static (position, slot) pairs, a status word after them)
-        self._tables: list[tuple[int, tuple, bool]] = []
+        # per kernel call: (table size, static (position, slot) pairs, a status word after them, sizes)
+        self._tables: list[tuple[int, tuple, bool, tuple[int, ...]]] = []
         steps: list[Step] = []
         for position, (node, dead) in enumerate(zip(graph.nodes, _dead_after(graph, planned, slots), strict=True)):
             if node.op == CONSTANT:
