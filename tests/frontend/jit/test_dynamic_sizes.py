@@ -252,3 +252,40 @@ def test_symbolize_refuses_what_a_whole_symbol_cannot_say():
         x = b.input(TensorType((9, 4), dt.float32))
         symbolize(_scale_graph(6, 6.0), b.build([b.node("neg", [x])]), {s: (6, 9)})
     assert size_symbols([(6, 9), (6, 10), (6, 9)]) == {Sym("s0"): (6, 9), Sym("s1"): (6, 10)}
+
+
+# ---------------------------------------------------------------------- export with a dynamic batch
+def _classifier():
+    kiln.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4), nn.Softmax(-1)).eval()
+
+
+def test_an_exported_program_with_a_dynamic_batch_runs_compiled_at_any_batch(tmp_path):
+    model = _classifier()
+    program = kiln.export(model, kiln.randn(8, 16), dynamic_shapes=[{0: "batch"}])
+    assert program.graph.inputs[0].type.shape == (Sym("batch"), 16)
+    program.save(tmp_path / "m.kiln")
+    loaded = kiln.load_exported(tmp_path / "m.kiln")
+    for n in (1, 3, 8, 50, 3):
+        x = kiln.randn(n, 16)
+        assert_close(loaded(x).numpy(), model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+    assert isinstance(loaded._program, SymbolicProgram) and loaded._program.report.kernels >= 1
+    assert loaded._program.lowerings == 4  # 1, 3, 8, 50: code generated once
+    with pytest.raises(ValueError, match=r"must be f32\[batch, 16\], got f32\[3, 15\]"):
+        loaded(kiln.randn(3, 15))
+
+
+def test_export_dynamic_shapes_one_size_per_name_and_bad_specs():
+    def f(x, y):
+        return x * 2.0 + y
+
+    program = kiln.export(f, kiln.ones(4, 3), kiln.ones(4, 3), dynamic_shapes=[{0: "n"}, {0: "n"}])
+    assert_close(program(kiln.ones(6, 3), kiln.ones(6, 3)).numpy(), np.full((6, 3), 3.0, np.float32), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="dynamic dimension n is 6 in one argument and 5 in argument 1"):
+        program(kiln.ones(6, 3), kiln.ones(5, 3))
+    with pytest.raises(kiln.jit.ExportError, match="one entry per positional argument"):
+        kiln.export(f, kiln.ones(4, 3), kiln.ones(4, 3), dynamic_shapes=[{0: "n"}])
+    with pytest.raises(kiln.jit.ExportError, match="leading dimension dynamic only"):
+        kiln.export(f, kiln.ones(4, 3), kiln.ones(4, 3), dynamic_shapes=[{1: "n"}, None])
+    with pytest.raises(kiln.jit.ExportError, match="two sizes"):  # half the batch: no whole symbol
+        kiln.export(lambda x: x[: x.shape[0] // 2], kiln.ones(4, 3), dynamic_shapes=[{0: "n"}])
