@@ -88,6 +88,10 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     mutated = {i for i, _ in writebacks}
     graph, backward = _partition(compiled.options, backward, traced.builder.build(outputs), sources, mutated)
     sizes_source = None if isinstance(backward, BackwardPlan) else graph  # what a later trace is compared with
+    if trace.size_compared is not None:  # a branch on a size: the program holds for this size alone
+        sizes_source = None
+        if dynamic is not None:
+            dynamic = ("static", f"Python branches on a size that would be dynamic ({trace.size_compared})")
     if dynamic is not None and dynamic[0] == "defer" and sizes_source is not None:
         trace.release()
         return None, Pending(key, sizes_source)
@@ -120,10 +124,15 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
 def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None]:
     """``(symbolic graph, None)`` when this trace and the earlier one of ``dynamic`` (``("compare",
     graph, size pairs, positions)``) make one program over symbolic sizes, else ``(None, why not)``."""
-    if dynamic is None or dynamic[0] != "compare":
+    if dynamic is None or dynamic[0] == "defer":
         return None, None
+    if dynamic[0] == "static":
+        return None, dynamic[1]
     if isinstance(backward, BackwardPlan):
-        return None, "a result needs gradients outside the call (a compiled backward over symbolic sizes is not built yet)"
+        return (
+            None,
+            "a result needs gradients outside the call (a compiled backward over symbolic sizes is not built yet)",
+        )
     _, earlier, pairs, _ = dynamic
     sizes = size_symbols(pairs)
     try:

@@ -250,8 +250,11 @@ class CompiledFunction:
         objects = hazards.watched_objects(self, leaves, closure_values)
         roots = reads.roots(self, args, kwargs, closure_values)
         started = time.perf_counter()
+        partner = self._dynamic_partner(key, leaves)
         trace = Trace(fullgraph=self.fullgraph).start()
         trace.numpy_shadows = self.state.numpy_shadows
+        if partner is not None:  # Python's reads of the sizes that may become dynamic are watched
+            trace.watched_sizes = frozenset(_leading_sizes(leaves, partner))
         watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code, roots)
         try:
             for i, leaf in enumerate(leaves):
@@ -278,7 +281,6 @@ class CompiledFunction:
             trace.abandon()
             return self._run_eagerly_from_now_on(key, trace.broken, result)
         notice = self._slow_compile_notice(len(trace.builder.nodes))
-        partner = self._dynamic_partner(key, leaves)
         try:
             spec, why_not = build_specialization(
                 self, trace, result, leaves, key, closure_values=self._closure_values(), dynamic=partner
@@ -445,6 +447,14 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"<compiled {self._name()}: {len(self.state.specializations)} specialization(s)>"
+
+
+def _leading_sizes(leaves: list, partner: tuple) -> list[int]:
+    """The call's sizes that may become dynamic: those that differ from the earlier trace's, or (to
+    be compared later) every tensor argument's leading size >= 2."""
+    if partner[0] == "compare":
+        return [new for _, new in partner[2]]
+    return [leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.ndim and leaf.shape[0] >= 2]
 
 
 # ---------------------------------------------------------------------- the miss path's lock

@@ -116,6 +116,19 @@ def test_a_size_computed_from_the_dynamic_one_keeps_the_call_static_and_says_why
     assert "its sizes stay static" in kiln.explain(compiled).reasons[1]
 
 
+def test_a_branch_on_a_size_keeps_the_call_static_where_two_sizes_alone_could_not_tell():
+    def f(x):
+        n = x.shape[0]
+        return x * 2.0 if n - 1 > 8 else x * 3.0  # 16 and 12 take one branch, 4 the other
+
+    compiled = check_sizes(f, lambda n: [f32(n, 3)], [16, 12, 4, 5])
+    assert all(s.dynamic is None for s in compiled.state.specializations)
+    assert (
+        "Python branches on a size that would be dynamic (a comparison of the dynamic size 11"
+        in (kiln.explain(compiled).reasons[1])
+    )
+
+
 def test_dynamic_false_never_makes_sizes_dynamic():
     compiled = kiln.compile(softmax_rows, dynamic=False)
     check_sizes(softmax_rows, lambda n: [f32(n, 5), W], [4, 6, 9], compiled)
