@@ -148,7 +148,7 @@ def _lower_symbolic(options, symbolic: Graph, traced: Graph, strides: list, writ
     (``symbolic_program``), or, where the backend cannot, the graph lowered per call's sizes
     (``dynamic.SizedProgram``; ``traced`` is the call's own graph, lowered now)."""
     try:
-        fused, program, report = lower_symbolic(symbolic, options, strides, write_backs)
+        fused, program, report = lower_symbolic(symbolic, options, strides, write_backs, first=traced)
     except Unlowered as why:
         optimized, first, report = lower(traced, options, record, strides, write_backs)
         logger.info("kiln.compile: a dynamic specialization is lowered per size: %s", why)

@@ -532,7 +532,10 @@ def call_key(tree, leaves: list, dynamic: frozenset[int] | None = None) -> tuple
                 alias = overlapped[0] if alias == i and len(overlapped) == 1 else (alias, *overlapped)
             shape = data.shape
             if dynamic is not None and i in dynamic and shape and shape[0] >= 2:
-                shape = (classes.setdefault(shape[0], SizeClass(len(classes))), *shape[1:])
+                size = classes.get(shape[0])
+                if size is None:
+                    size = classes[shape[0]] = SizeClass(len(classes))
+                shape = (size, *shape[1:])
             parts.append(
                 ("tensor", shape, data.strides, leaf._dtype, leaf._device, leaf._requires_grad,
                  leaf._grad is not None, alias)

@@ -75,13 +75,34 @@ class SymbolicProgram:
         self._positions = symbol_positions(fused)
         self._programs: dict[tuple[int, ...], CompiledProgram] = {}
         self._limit = limit
+        self._last: tuple = ((), None)  # the sizes of the last call and their program
         self.lowerings = 0  # programs made for a set of sizes (no code generated for them)
+        self.fresh_outputs: frozenset[int] = frozenset()  # see ``prime``
+
+    def prime(self, first: Graph) -> None:
+        """Load the program for the sizes of ``first`` (the graph bound to them) now, and take its
+        ``fresh_outputs`` (which outputs are new memory: a matter of the graph's structure, the same
+        at every size, and checked for each size loaded later)."""
+        key = tuple(first.inputs[i].type.shape[axis] for _, i, axis in self._positions)
+        self.fresh_outputs = self._program(key).fresh_outputs  # type: ignore[arg-type]  # a bound graph
 
     def program_for(self, arrays: Sequence) -> CompiledProgram:
-        key = tuple(arrays[i].shape[axis] for _, i, axis in self._positions)
+        key = tuple([arrays[i].shape[axis] for _, i, axis in self._positions])
+        last_key, program = self._last
+        if key == last_key:
+            return program
+        program = self._program(key)
+        self._last = (key, program)
+        return program
+
+    def _program(self, key: tuple[int, ...]) -> CompiledProgram:
         program = self._programs.get(key)
         if program is None:
             program = self._load(dict(zip((s for s, _, _ in self._positions), key, strict=True)))
+            assert program.fresh_outputs >= self.fresh_outputs, (
+                f"outputs {sorted(self.fresh_outputs - program.fresh_outputs)} of a dynamic program are new memory "
+                f"at other sizes but not at {key}"
+            )
             if len(self._programs) >= self._limit:
                 del self._programs[next(iter(self._programs))]
             self._programs[key] = program
@@ -123,10 +144,12 @@ def _status(node: Node) -> bool:
     return node.op in STATUS_OPS
 
 
-def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write_backs: Sequence[tuple[int, int]]):
+def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write_backs: Sequence[tuple[int, int]],
+                   first: Graph | None = None):  # fmt: skip
     """``(fused graph, program, report)`` for a symbolic graph: see the module docstring.
     ``Unlowered`` when the backend does not generate code once for every size (then the caller
-    lowers the graph per size)."""
+    lowers the graph per size). ``first``: the graph bound to the sizes of the first call, whose
+    program is loaded now (``SymbolicProgram.prime``)."""
     backend = driver.choose_backend(graph, options)
     strides, requested = tuple(strides), tuple(write_backs)
     if not backend.stages:  # the interpreter runs symbolic graphs as they are
@@ -160,4 +183,7 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     report.stage_seconds = seconds
     report.compile_seconds = time.perf_counter() - start
     report.kernels = len(code.kernels)
-    return fused, SymbolicProgram(fused, backend, code, report, strides, requested, same), report
+    program = SymbolicProgram(fused, backend, code, report, strides, requested, same)
+    if first is not None:
+        program.prime(first)
+    return fused, program, report
