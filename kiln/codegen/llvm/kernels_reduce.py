@@ -75,7 +75,7 @@ def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts)
     shape, strides = cast(tuple[int, ...], tuple(x.type.shape)), tuple(layouts[0])
     axes = sorted(node.attrs["axes"])
     columns = shape[-1]
-    if strides[-1] != 1 and columns > 1 and math.prod(shape[1:]):
+    if strides[-1] != 1 and columns > 1 and math.prod(shape[1:] if isinstance(shape[0], Sym) else shape):
         raise Unsupported("reduce_sum of an input whose last axis is not contiguous runs on its eager kernel")
     if node.output.type.numel == 0:
         builder.ret_void()
