@@ -314,16 +314,21 @@ def _attr(op: str, key: str, a, b, by_pair, where: str):
 
 def _constant(builder: GraphBuilder, a, b, out_type, by_pair, size_values: dict, loc, where: str) -> Value:
     """A constant of the symbolic graph: ``a`` itself when both traces hold the same array, the size
-    when a scalar equals it in both, one value expanded to a shape that follows the size."""
+    (times a whole number: a mean's count of elements) when a scalar is that in both, one value
+    expanded to a shape that follows the size."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"):
         return builder.constant(a, out_type, loc)
-    if a.shape == b.shape == () and (a.item(), b.item()) in by_pair:
-        sym = by_pair[(a.item(), b.item())]
+    multiple = _multiple_of_size(a, b, by_pair) if a.shape == b.shape == () else None
+    if multiple is not None:
+        sym, times = multiple
         key = (sym, out_type)
         if key not in size_values:
             size_values[key] = _size_of(builder, sym, out_type, loc)
-        return size_values[key]
+        if times == 1:
+            return size_values[key]
+        factor = builder.constant(np.array(times, out_type.dtype.np), TensorType((), out_type.dtype, out_type.device))
+        return builder.node("mul", [size_values[key], factor], loc=loc)
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     if a.ndim == b.ndim and flat_a.size and flat_b.size and (flat_a == flat_a[0]).all() and (flat_b == flat_a[0]).all():
         one = builder.constant(flat_a[:1].reshape((1,) * a.ndim).copy(), TensorType((1,) * a.ndim, out_type.dtype,
@@ -331,6 +336,18 @@ def _constant(builder: GraphBuilder, a, b, out_type, by_pair, size_values: dict,
         return builder.node("expand", [one], {"shape": out_type.shape}, loc=loc)
     raise NotDynamic(f"a constant of shape {list(a.shape)} holds other values at the other size ({list(b.shape)}): "
                      f"a number computed from the size{where}")  # fmt: skip
+
+
+def _multiple_of_size(a: np.ndarray, b: np.ndarray, by_pair) -> tuple[Sym, int] | None:
+    """``(symbol, k)`` when the scalars ``a`` and ``b`` are ``k`` times the symbol's size in each trace."""
+    x, y = a.item(), b.item()
+    if isinstance(x, bool) or not isinstance(x, int | float) or not isinstance(y, int | float):
+        return None
+    for (size_a, size_b), sym in by_pair.items():
+        times = x / size_a
+        if times >= 1 and times == int(times) and x == int(times) * size_a and y == int(times) * size_b:
+            return sym, int(times)
+    return None
 
 
 def _size_of(builder: GraphBuilder, sym: Sym, out_type: TensorType, loc) -> Value:

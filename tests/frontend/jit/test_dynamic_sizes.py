@@ -254,6 +254,10 @@ def test_symbolize_turns_sizes_constants_and_fills_into_the_symbol():
     assert_close(out, (x / 5.0).reshape(5, 2, 2), rtol=1e-6, atol=0)
     bound = bind_graph(graph, {s: 3})
     assert bound.inputs[0].type.shape == (3, 4) and bound.outputs[0].type.shape == (3, 2, 2)
+    # a whole multiple of the size (a mean over every element: batch * 4 of them)
+    graph = symbolize(_scale_graph(6, 24.0), _scale_graph(9, 36.0), {s: (6, 9)})
+    (out,) = kiln.ir.interpreter.interpret(graph, [x])
+    assert_close(out, (x / 20.0).reshape(5, 2, 2), rtol=1e-6, atol=0)
 
 
 def test_symbolize_refuses_what_a_whole_symbol_cannot_say():
