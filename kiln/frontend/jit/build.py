@@ -27,12 +27,12 @@ from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
 from . import driver
 from .backward import BackwardPlan, ConsumedPlan
-from .dynamic import NotDynamic, Pending, SizedProgram, size_symbols, symbolize
+from .dynamic import NotDynamic, Pending, size_symbols, symbolize
 from .hazards import reachable_tensors
 from .pytree import flatten
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
 from .specialization import Specialization
-from .symbolic_program import Unlowered, lower_symbolic
+from .symbolic_program import SizedProgram, Unlowered, lower_symbolic
 from .trace import Trace, TraceBreak
 
 logger = logging.getLogger("kiln")

@@ -25,8 +25,6 @@ sizes it has, so a call where they differ misses and traces again.
 
 from __future__ import annotations
 
-import os
-import sys
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,10 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from ...ir.graph import CONSTANT, Graph, GraphBuilder, Value
+from ...ir.graph import CONSTANT, Graph, GraphBuilder, Node, Value
 from ...ir.types import Sym, TensorType
-
-_KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 class NotDynamic(Exception):
@@ -67,7 +63,11 @@ def mark_dynamic(t, dim: int) -> None:
     if dim != 0:
         raise ValueError(f"mark_dynamic: kiln compiles a dynamic leading dimension only (dim 0), got dim {dim}")
     key = id(t)
-    _MARKED[key] = (weakref.ref(t, lambda _, key=key: _MARKED.pop(key, None)), frozenset({dim}))
+
+    def forget(_) -> None:
+        _MARKED.pop(key, None)
+
+    _MARKED[key] = (weakref.ref(t, forget), frozenset({dim}))
 
 
 def is_marked(t) -> bool:
@@ -85,80 +85,6 @@ class Pending:
 
     def __str__(self) -> str:
         return "traced with dynamic sizes; compiled once a call brings another size (or the same one again)"
-
-
-# ---------------------------------------------------------------------- sizes Python reads
-def watched_shape(shape: tuple, trace) -> tuple:
-    """``shape`` with each size the trace watches (``trace.watched_sizes``) as a ``WatchedSize``."""
-    watched = trace.watched_sizes
-    return tuple(WatchedSize(d, trace) if d in watched else d for d in shape)
-
-
-class WatchedSize(int):
-    """A size Python read from a tensor during a trace that learns dynamic sizes. It is the int it
-    says; what Python computes from it stays watched, and a comparison or truth test in the user's
-    code (``if x.shape[0] > 8``) is told to the trace, which then keeps the call static: a branch
-    taken alike at the two traced sizes could go the other way at a third."""
-
-    def __new__(cls, value: int, trace) -> WatchedSize:
-        self = super().__new__(cls, value)
-        self.trace = trace
-        return self
-
-    def _told(self, what: str) -> None:
-        frame = sys._getframe(2)
-        if not frame.f_code.co_filename.startswith(_KILN_DIR):  # kiln's own checks of shapes are no branch
-            self.trace.on_size_compared(f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}")
-
-    def _same(self, value):
-        return WatchedSize(value, self.trace) if type(value) is int else value
-
-    __hash__ = int.__hash__
-
-
-def _comparison(name: str):
-    method = getattr(int, name)
-
-    def compare(self, other):
-        self._told(f"a comparison of the dynamic size {int(self)}")
-        return method(self, other)
-
-    return compare
-
-
-def _arithmetic(name: str):
-    method = getattr(int, name)
-
-    def compute(self, *other):
-        return self._same(method(self, *other))
-
-    return compute
-
-
-def _truth(self) -> bool:
-    self._told(f"a truth test of the dynamic size {int(self)}")
-    return int(self) != 0
-
-
-for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"):
-    setattr(WatchedSize, _name, _comparison(_name))
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__", "__rfloordiv__",
-              "__mod__", "__rmod__", "__neg__", "__pow__"):  # fmt: skip
-    setattr(WatchedSize, _name, _arithmetic(_name))
-WatchedSize.__bool__ = _truth  # type: ignore[method-assign]
-
-
-def plain_ints(value):
-    """``value`` (an op's attributes) with every ``WatchedSize`` an int again."""
-    if isinstance(value, WatchedSize):
-        return int(value)
-    if isinstance(value, tuple):
-        return tuple(plain_ints(v) for v in value)
-    if isinstance(value, list):
-        return [plain_ints(v) for v in value]
-    if isinstance(value, dict):
-        return {k: plain_ints(v) for k, v in value.items()}
-    return value
 
 
 # ---------------------------------------------------------------------- keys
@@ -359,22 +285,24 @@ def _size_of(builder: GraphBuilder, sym: Sym, out_type: TensorType, loc) -> Valu
 
 
 def bind_graph(graph: Graph, sizes: Mapping[Sym, int]) -> Graph:
-    """``graph`` with each symbol replaced by its size in ``sizes`` (types and attributes)."""
+    """``graph`` (fused or not) with each symbol replaced by its size in ``sizes``: types, attributes
+    and kernel bodies. The nodes keep their positions, so one index names a node in either graph."""
     builder = GraphBuilder()
     new: dict[Value, Value] = {v: builder.input(v.type.bind(sizes)) for v in graph.inputs}
     for node in graph.nodes:
-        if node.op == CONSTANT:
-            out = builder.constant(graph.constants[node.attrs["name"]], node.output.type.bind(sizes), node.loc)
-        else:
-            attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
-            out = builder.node(node.op, [new[v] for v in node.inputs], attrs, node.output.type.bind(sizes), node.loc)
-        new[node.output] = out
+        outputs = tuple(builder.value(v.type.bind(sizes)) for v in node.outputs)
+        new.update(zip(node.outputs, outputs, strict=True))
+        attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
+        builder.nodes.append(Node(node.op, tuple(new[v] for v in node.inputs), attrs, outputs, node.loc))
+    builder.constants.update(graph.constants)
     return builder.build([new[v] for v in graph.outputs])
 
 
 def _bind_attr(value, sizes: Mapping[Sym, int]):
     if isinstance(value, Sym):
         return int(sizes[value])
+    if isinstance(value, Graph):
+        return bind_graph(value, sizes)
     if isinstance(value, tuple):
         return tuple(_bind_attr(v, sizes) for v in value)
     return value
@@ -388,42 +316,3 @@ def symbol_positions(graph: Graph) -> tuple[tuple[Sym, int, int], ...]:
             if isinstance(d, Sym) and d not in found:
                 found[d] = (d, i, axis)
     return tuple(found.values())
-
-
-class SizedProgram:
-    """The program of a dynamic specialization: ``graph`` (symbolic) lowered for the sizes of each
-    call. The sizes are read off the inputs (``symbol_positions``); the lowered program of each
-    set of sizes is kept (``lower(concrete graph) -> program``), so a size seen before costs a
-    dictionary lookup. ``lowerings`` counts how many there were."""
-
-    def __init__(self, graph: Graph, lower, first: tuple[Graph, Any] | None = None, limit: int = 64) -> None:
-        self.graph = graph
-        self._lower = lower
-        self._positions = symbol_positions(graph)
-        self._programs: dict[tuple[int, ...], Any] = {}
-        if first is not None:  # the program already lowered for the traced call's sizes
-            concrete, program = first
-            self._programs[tuple(concrete.inputs[i].type.shape[axis] for _, i, axis in self._positions)] = program
-        self._limit = limit  # programs kept at most (the oldest is dropped first)
-        self.lowerings = 0
-
-    def sizes(self, arrays: Sequence) -> dict[Sym, int]:
-        return {sym: arrays[i].shape[axis] for sym, i, axis in self._positions}
-
-    def program_for(self, arrays: Sequence):
-        key = tuple(arrays[i].shape[axis] for _, i, axis in self._positions)
-        program = self._programs.get(key)
-        if program is None:
-            program = self._lower(bind_graph(self.graph, dict(zip((s for s, _, _ in self._positions), key))))
-            self.lowerings += 1
-            if len(self._programs) >= self._limit:
-                del self._programs[next(iter(self._programs))]
-            self._programs[key] = program
-        return program
-
-    def __call__(self, arrays: Sequence) -> list:
-        return self.program_for(arrays)(arrays)
-
-    def run_checked_inputs(self, arrays: Sequence) -> list:
-        program = self.program_for(arrays)
-        return getattr(program, "run_checked_inputs", program)(arrays)

@@ -30,7 +30,7 @@ def shape_of(tensor) -> tuple:
     shape = tensor._data.shape
     if trace is None or not getattr(trace, "watched_sizes", None):
         return shape
-    from .dynamic import watched_shape  # noqa: PLC0415
+    from .watched_sizes import watched_shape  # noqa: PLC0415
 
     return watched_shape(shape, trace)
 

@@ -15,17 +15,18 @@ are the same at two probe sizes); any other kernel runs on its eager kernels at 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ...codegen.backend import Lowered, LoweringReport
-from ...ir.graph import Graph, GraphBuilder, Node, Value
+from ...ir.graph import Graph, Node
 from ...ir.types import Sym
 from ...passes.layouts import infer_layouts
 from ...passes.memory_plan import plan_memory
 from ...passes.write_backs import choose_write_backs
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from . import driver
-from .dynamic import symbol_positions
+from .dynamic import bind_graph, symbol_positions
 
 #: Sizes the layouts are inferred at to learn which do not depend on the size (any two >= 2 do).
 PROBES = (2, 3)
@@ -33,30 +34,6 @@ PROBES = (2, 3)
 
 class Unlowered(Exception):
     """The symbolic graph cannot be compiled once for every size (the message says why)."""
-
-
-def bind_fused(graph: Graph, sizes: Mapping[Sym, int]) -> Graph:
-    """``graph`` (fused or not) with each symbol replaced by its size; kernel bodies too. The
-    nodes keep their positions, so the same index names a node in either graph."""
-    builder = GraphBuilder()
-    new: dict[Value, Value] = {v: builder.input(v.type.bind(sizes)) for v in graph.inputs}
-    for node in graph.nodes:
-        outputs = tuple(builder.value(v.type.bind(sizes)) for v in node.outputs)
-        new.update(zip(node.outputs, outputs, strict=True))
-        attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
-        builder.nodes.append(Node(node.op, tuple(new[v] for v in node.inputs), attrs, outputs, node.loc))
-    builder.constants.update(graph.constants)
-    return builder.build([new[v] for v in graph.outputs])
-
-
-def _bind_attr(value, sizes: Mapping[Sym, int]):
-    if isinstance(value, Sym):
-        return int(sizes[value])
-    if isinstance(value, Graph):
-        return bind_fused(value, sizes)
-    if isinstance(value, tuple):
-        return tuple(_bind_attr(v, sizes) for v in value)
-    return value
 
 
 class SymbolicProgram:
@@ -118,7 +95,7 @@ class SymbolicProgram:
         """The runtime program for ``sizes``: layouts, write-backs and memory plan of the bound graph,
         and the kernels generated once, each told its number of units (and the size, in its table)."""
         self.lowerings += 1
-        bound = bind_fused(self.graph, sizes)
+        bound = bind_graph(self.graph, sizes)
         layouts = infer_layouts(bound, self._strides)
         write_backs = choose_write_backs(bound, self._requested, layouts)
         plan = plan_memory(bound)
@@ -127,11 +104,12 @@ class SymbolicProgram:
 
             self._library = load_objects(self._code.objects)
         position = {v: k for k, v in enumerate(bound.values())}
-        kernels = {}
+        kernels: dict[Node, Kernel] = {}
         for index, info in self._code.kernels.items():
             node = bound.nodes[index]
             if any(layouts[v] != self._layouts.get(position[v]) for v in (*node.inputs, *node.outputs)):
                 continue  # laid out otherwise at these sizes than the code assumes: its eager kernels run
+            assert self._library is not None, "kernels without object code"
             function = KERNEL_TYPE(self._library.address(info.symbol))
             slots = tuple(int(sizes[s]) for s in info.symbols)
             kernels[node] = Kernel(function, info.units(sizes), info.work(sizes), status=_status(node), sizes=slots)
@@ -163,7 +141,7 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     stages = [*driver.graph_stages(options), *(s for s in driver.LOWERING_STAGES if s.name == "fuse")]
     state = driver._run(driver.Compilation(graph, backend, strides, requested), stages, options, record, seconds)
     fused = state.graph
-    probes = [bind_fused(fused, {s: n for s, _, _ in symbol_positions(fused)}) for n in PROBES]
+    probes = [bind_graph(fused, {s: n for s, _, _ in symbol_positions(fused)}) for n in PROBES]
     layouts = [infer_layouts(g, strides) for g in probes]
     values = [list(g.values()) for g in probes]
     same = {k: layouts[0][a] for k, (a, b) in enumerate(zip(*values, strict=True)) if layouts[0][a] == layouts[1][b]}
@@ -172,7 +150,9 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     by_value = {v: layouts[0][values[0][k]] for k, v in enumerate(fused.values())}
     report = LoweringReport(cache="off", not_fused=list(state.not_fused))
     generating = time.perf_counter()
-    code = backend.generate(Lowered(fused, by_value, {}, None, None), report)
+    timeout = getattr(options, "compile_timeout", None)  # the same deadline as a static compile's
+    deadline = None if timeout is None else start + timeout - time.perf_counter() + time.monotonic()
+    code = backend.generate(Lowered(fused, by_value, {}, None, deadline), report)
     position = {v: k for k, v in enumerate(fused.values())}
     for index in list(code.kernels):
         node = fused.nodes[index]
@@ -187,3 +167,42 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     if first is not None:
         program.prime(first)
     return fused, program, report
+
+
+class SizedProgram:
+    """The program of a dynamic specialization: ``graph`` (symbolic) lowered for the sizes of each
+    call. The sizes are read off the inputs (``symbol_positions``); the lowered program of each
+    set of sizes is kept (``lower(concrete graph) -> program``), so a size seen before costs a
+    dictionary lookup. ``lowerings`` counts how many there were."""
+
+    def __init__(self, graph: Graph, lower, first: tuple[Graph, Any] | None = None, limit: int = 64) -> None:
+        self.graph = graph
+        self._lower = lower
+        self._positions = symbol_positions(graph)
+        self._programs: dict[tuple[int, ...], Any] = {}
+        if first is not None:  # the program already lowered for the traced call's sizes
+            concrete, program = first
+            self._programs[tuple(concrete.inputs[i].type.shape[axis] for _, i, axis in self._positions)] = program  # type: ignore[misc]  # bound: ints
+        self._limit = limit  # programs kept at most (the oldest is dropped first)
+        self.lowerings = 0
+
+    def sizes(self, arrays: Sequence) -> dict[Sym, int]:
+        return {sym: arrays[i].shape[axis] for sym, i, axis in self._positions}
+
+    def program_for(self, arrays: Sequence):
+        key = tuple(arrays[i].shape[axis] for _, i, axis in self._positions)
+        program = self._programs.get(key)
+        if program is None:
+            program = self._lower(bind_graph(self.graph, dict(zip((s for s, _, _ in self._positions), key))))
+            self.lowerings += 1
+            if len(self._programs) >= self._limit:
+                del self._programs[next(iter(self._programs))]
+            self._programs[key] = program
+        return program
+
+    def __call__(self, arrays: Sequence) -> list:
+        return self.program_for(arrays)(arrays)
+
+    def run_checked_inputs(self, arrays: Sequence) -> list:
+        program = self.program_for(arrays)
+        return getattr(program, "run_checked_inputs", program)(arrays)

@@ -254,7 +254,7 @@ class Trace:
         if state.current.get() is not self:  # reading an input broke the trace
             return
         if self.watched_sizes:  # sizes Python computed stay ints in the graph
-            from .dynamic import plain_ints  # noqa: PLC0415
+            from .watched_sizes import plain_ints  # noqa: PLC0415
 
             attrs = plain_ints(attrs)
         out = self.builder.node(prim.name, values, attrs, type=type_of(result), loc=user_location(3))
