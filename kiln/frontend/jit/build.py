@@ -98,6 +98,10 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     record: list = []
     strides = [e.tensor._data.strides for e in traced.externals]
     symbolic, not_dynamic = _symbolic(graph, backward, dynamic)
+    if isinstance(backward, BackwardPlan):  # what a trace at another size is told (_dynamic_partner)
+        not_dynamic = not_dynamic or _NEEDS_BACKWARD
+    elif trace.size_compared is not None:
+        not_dynamic = not_dynamic or f"Python branches on a size that would be dynamic ({trace.size_compared})"
     # mutated externals updated in place where that is safe, as eager does
     in_place = [(o, i) for i, o in writebacks]
     if symbolic is not None:
@@ -121,6 +125,9 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     return spec, None
 
 
+_NEEDS_BACKWARD = "a result needs gradients outside the call (a compiled backward over symbolic sizes is not built yet)"
+
+
 def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None]:
     """``(symbolic graph, None)`` when this trace and the earlier one of ``dynamic`` (``("compare",
     graph, size pairs, positions)``) make one program over symbolic sizes, else ``(None, why not)``."""
@@ -129,10 +136,7 @@ def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None
     if dynamic[0] == "static":
         return None, dynamic[1]
     if isinstance(backward, BackwardPlan):
-        return (
-            None,
-            "a result needs gradients outside the call (a compiled backward over symbolic sizes is not built yet)",
-        )
+        return None, _NEEDS_BACKWARD
     _, earlier, pairs, _ = dynamic
     sizes = size_symbols(pairs)
     try:

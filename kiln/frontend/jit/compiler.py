@@ -312,11 +312,13 @@ class CompiledFunction:
             return None
         earlier = [*reversed(self.state.pending), *reversed(self.state.specializations)]
         for other in earlier:
+            positions = leading_sizes_differ(other.key, key)
             source = getattr(other, "sizes_source", None)
-            positions = leading_sizes_differ(other.key, key) if source is not None else None
-            if positions is not None:
+            if positions is not None and source is not None:
                 pairs = [(other.key[1][p][1][0], key[1][p][1][0]) for p in positions]
                 return ("compare", source, pairs, positions)
+            if positions is not None and getattr(other, "not_dynamic", None):  # say why it stays static
+                return ("static", other.not_dynamic)
         if any(other.key == key for other in earlier):
             return None
         up_front = self.options.dynamic is True or any(isinstance(leaf, Tensor) and is_marked(leaf) for leaf in leaves)

@@ -38,7 +38,7 @@ def check_sizes(fn, make_args, sizes, compiled=None, rtol=1e-5, atol=1e-6):
         expected = fn(*[kiln.tensor(a) for a in args])
         actual = compiled(*[kiln.tensor(a) for a in args])
         assert tuple(actual.shape) == tuple(expected.shape), n
-        assert_close(actual.numpy(), expected.numpy(), rtol=rtol, atol=atol)
+        assert_close(actual.detach().numpy(), expected.detach().numpy(), rtol=rtol, atol=atol)
     return compiled
 
 
@@ -306,3 +306,32 @@ def test_export_dynamic_shapes_one_size_per_name_and_bad_specs():
         kiln.export(f, kiln.ones(4, 3), kiln.ones(4, 3), dynamic_shapes=[{1: "n"}, None])
     with pytest.raises(kiln.jit.ExportError, match="two sizes"):  # half the batch: no whole symbol
         kiln.export(lambda x: x[: x.shape[0] // 2], kiln.ones(4, 3), dynamic_shapes=[{0: "n"}])
+
+
+def test_a_size_times_another_stays_static_and_says_why():
+    # a time-major language model flattens (length, batch) into length * batch rows: no whole symbol
+    vocab, batch = 7, 3
+    kiln.manual_seed(0)
+    emb, out = nn.Embedding(vocab, 4), nn.Linear(4, vocab)
+
+    def f(tokens):
+        with kiln.no_grad():
+            return F.log_softmax(out(emb(tokens)).view(-1, vocab), dim=-1)
+
+    compiled = check_sizes(f, lambda t: [rng.integers(0, vocab, (t, batch))], [5, 8, 6])
+    assert specs(compiled) == 3 and all(s.dynamic is None for s in compiled.state.specializations)
+    assert "kiln's symbolic dimensions are whole sizes" in kiln.explain(compiled).reasons[1]
+
+
+def test_results_that_need_gradients_outside_the_call_stay_static_and_say_why():
+    w = kiln.tensor(W, requires_grad=True)
+    compiled = kiln.compile(softmax_rows)
+    for n in (4, 6, 9):
+        x = kiln.tensor(f32(n, 5))
+        actual, expected = compiled(x, w), softmax_rows(x, w)
+        assert_close(actual.detach().numpy(), expected.detach().numpy(), rtol=1e-5, atol=1e-6)
+        (grad,) = kiln.autograd.grad(actual.sum(), [w])
+        (expected_grad,) = kiln.autograd.grad(expected.sum(), [w])
+        assert_close(grad.numpy(), expected_grad.numpy(), rtol=1e-5, atol=1e-5)
+    assert specs(compiled) == 3 and all(s.dynamic is None for s in compiled.state.specializations)
+    assert "needs gradients outside the call" in kiln.explain(compiled).reasons[1]
