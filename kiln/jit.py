@@ -13,7 +13,9 @@ the traced call; Python values computed from shapes or read from globals are bak
 objects the function's globals and closure name are guarded, module attributes other than
 parameters, buffers and ``training`` are not). kiln's optimizers read the numbers in ``param_groups``
 at each call and guard their flags (``kiln.jit.guard``), so schedules never retrace and a changed
-flag traces again; ``kiln.explain`` lists which. ``KILN_JIT=0`` in the environment turns every
+flag traces again; ``kiln.explain`` lists which. A second size of an argument's leading dimension
+makes that size dynamic: one program then serves every size >= 2 (``frontend/jit/dynamic.py``:
+two traces compared; a branch on the size keeps the call static). ``KILN_JIT=0`` in the environment turns every
 ``kiln.compile`` into plain eager execution: debug eagerly, then compile.
 """
 
