@@ -74,6 +74,7 @@ def is_tensor(obj) -> _builtins.bool:  # plain `bool` is kiln.bool, the dtype, i
 # isort: off
 from . import data, jit, multiprocessing, nn, onnx, optim  # noqa: E402  (onnx imports the onnx package only when used)
 from .jit import CompileOptions, CompileWarning, ExportedProgram, compile, explain, export, load_exported  # noqa: E402
+from .jit import mark_dynamic  # noqa: E402
 from .serialization import load, save  # noqa: E402
 from . import distributed, profiler  # noqa: E402  (mpi4py is imported by init_process_group only)
 from . import distributions, fft, func, linalg, special  # noqa: E402

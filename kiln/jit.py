@@ -14,7 +14,9 @@ the traced call; Python values computed from shapes or read from globals are bak
 objects the function's globals and closure name are guarded, module attributes other than
 parameters, buffers and ``training`` are not). kiln's optimizers read the numbers in ``param_groups``
 at each call and guard their flags (``kiln.jit.guard``), so schedules never retrace and a changed
-flag traces again; ``kiln.explain`` lists which. ``KILN_JIT=0`` in the environment turns every
+flag traces again; ``kiln.explain`` lists which. A second size of an argument's leading dimension
+makes that size dynamic: one program then serves every size >= 2 (``frontend/jit/dynamic.py``:
+two traces compared; a branch on the size keeps the call static). ``KILN_JIT=0`` in the environment turns every
 ``kiln.compile`` into plain eager execution: debug eagerly, then compile.
 """
 
@@ -27,6 +29,7 @@ from .compiler.options import CompileOptions
 from .frontend.jit import background as _background
 from .frontend.jit.call_cache import CompiledFunction
 from .frontend.jit.check import CompileCheckError
+from .frontend.jit.dynamic import mark_dynamic
 from .frontend.jit.explain import ExplainReport, explain
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
 from .frontend.jit.regions import Region, composite
@@ -40,7 +43,7 @@ __all__ = [
     "compile", "CompileOptions", "CompiledFunction", "TraceBreakError", "CompileCheckError", "before_each_call",
     "stop_trace", "CompileWarning", "make_state",
     "guard", "check_values", "check_range", "explain", "ExplainReport", "export", "ExportedProgram", "ExportError",
-    "load_exported", "composite", "Region", "wait_compiled",
+    "load_exported", "composite", "Region", "wait_compiled", "mark_dynamic",
 ]  # fmt: skip
 
 
@@ -108,24 +111,30 @@ def check_range(index, low: int | None, high: int | None, error: type[Exception]
 
 
 def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None,  # noqa: A001
-            wait: bool | None = None):  # fmt: skip
+            wait: bool | None = None, dynamic: bool | None = None):  # fmt: skip
     """Compile ``fn`` (a function, a method or an ``nn.Module``) by tracing it.
 
     Usable as ``@kiln.compile`` or ``@kiln.compile(fullgraph=True, ...)``. ``fullgraph=True``
     raises ``TraceBreakError`` where the trace would stop; ``check=True`` runs each compiled
     call eagerly as well and raises on the first difference; ``options`` is a ``CompileOptions``.
     ``wait=True`` makes a traced call wait for its program (``CompileOptions.wait``; by default
-    it compiles in the background while calls run eagerly). A compiled module behaves like the
-    module (same parameters, state dict, train/eval).
+    it compiles in the background while calls run eagerly). ``dynamic`` (as in ``torch.compile``):
+    None makes an argument's leading size dynamic once a second size is seen, True from the first
+    call, False never (``CompileOptions.dynamic``). A compiled module behaves like the module (same
+    parameters, state dict, train/eval).
     """
-    if fn is None:
-        return functools.partial(compile, fullgraph=fullgraph, check=check, options=options, wait=wait)
+    if options is not None and not isinstance(options, CompileOptions):
+        raise TypeError(f"kiln.compile: options must be a kiln.CompileOptions, got {type(options).__name__}")
     if wait is not None:
         if not isinstance(wait, bool):
             raise TypeError(f"kiln.compile: wait must be True or False, got {wait!r}")
-        if options is not None and not isinstance(options, CompileOptions):
-            raise TypeError(f"kiln.compile: options must be a kiln.CompileOptions, got {type(options).__name__}")
         options = dataclasses.replace(options or CompileOptions(), wait=wait)
+    if dynamic is not None:
+        if options is not None and options.dynamic is not None and options.dynamic != dynamic:
+            raise ValueError(f"kiln.compile: dynamic={dynamic} and options.dynamic={options.dynamic} disagree")
+        options = dataclasses.replace(options or CompileOptions(), dynamic=dynamic)
+    if fn is None:
+        return functools.partial(compile, fullgraph=fullgraph, check=check, options=options)
     from .nn.modules.module import Module  # noqa: PLC0415 - nn imports kiln
 
     if isinstance(fn, Module):

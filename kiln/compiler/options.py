@@ -67,6 +67,10 @@ class CompileOptions:
     - ``wait``: whether a traced call waits for its program to compile (True), or returns its eager
       result at once while the program compiles in the background, later calls switching to it
       when it is ready (False). Default: ``$KILN_COMPILE_WAIT`` (``1``: wait), else False.
+    - ``dynamic``: None (the default) makes an argument's leading size dynamic once a second size
+      is seen for it; True makes every tensor argument's leading size dynamic from the first call
+      (which is traced, then compiled when a call brings another size); False never
+      (``kiln.frontend.jit.dynamic``).
     """
 
     recompile_limit: int = 8
@@ -76,8 +80,11 @@ class CompileOptions:
     verify: bool = False
     compile_timeout: float | None = field(default_factory=default_compile_timeout)
     wait: bool = field(default_factory=default_wait)
+    dynamic: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.dynamic not in (None, True, False):
+            raise ValueError(f"CompileOptions: dynamic must be None, True or False, got {self.dynamic!r}")
         if not isinstance(self.wait, bool):
             raise ValueError(f"CompileOptions: wait must be True or False, got {self.wait!r}")
         if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:

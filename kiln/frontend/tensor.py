@@ -98,14 +98,17 @@ class Tensor(_Base):
     # ------------------------------------------------------------------ metadata
     @property
     def shape(self) -> Size:
+        if _jit.tracing:  # a trace learning dynamic sizes watches what Python does with them
+            return Size(_jit.shape_of(self))
         return Size(self._data.shape)
 
     def size(self, dim: int | None = None):
+        shape = _jit.shape_of(self) if _jit.tracing else self._data.shape
         if dim is None:
-            return Size(self._data.shape)
+            return Size(shape)
         from ..ir.shapes import normalize_axis  # noqa: PLC0415
 
-        return self._data.shape[normalize_axis(dim, self._data.ndim)]
+        return shape[normalize_axis(dim, self._data.ndim)]
 
     @property
     def dtype(self) -> dt.DType:

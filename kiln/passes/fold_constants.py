@@ -59,8 +59,10 @@ def _evaluate(node: Node, arrays: dict[Value, np.ndarray]) -> np.ndarray | None:
         return None
     prim = PRIMITIVES[node.op]
     out = node.output.type
-    if prim.kind in (Kind.RANDOM, Kind.COLLECTIVE) or out.numel > max(
-        FOLD_LIMIT, sum(v.type.numel for v in node.inputs)
+    if (
+        prim.kind in (Kind.RANDOM, Kind.COLLECTIVE)
+        or not out.is_static
+        or out.numel > max(FOLD_LIMIT, sum(v.type.numel for v in node.inputs))
     ):
         return None
     try:

@@ -416,8 +416,9 @@ def _one_hot_scatter(node: Node, context: _Context) -> Node | None:
     base, index, src = node.inputs
     axis = node.attrs["axis"]
     out = node.output.type
-    constant = context.constant(base)
-    if constant is None or out.ndim == 0 or out.dtype is dt.bool_ or not out.is_static or not index.type.is_static:
+    spread = context.producer(base, "expand")  # a fill over a symbolic size is a constant expanded
+    constant = context.constant(base if spread is None else spread.inputs[0])
+    if constant is None or out.ndim == 0 or out.dtype is dt.bool_ or not isinstance(out.shape[axis], int):
         return None
     expected = tuple(1 if d == axis else n for d, n in enumerate(out.shape))
     fill = _one_value(constant)
@@ -429,7 +430,7 @@ def _one_hot_scatter(node: Node, context: _Context) -> Node | None:
         starts, steps = (0,) * out.ndim, (1,) * out.ndim
         src = context.emit("slice", (src,), {"starts": starts, "stops": expected, "steps": steps}, part, loc)
     line = tuple(n if d == axis else 1 for d, n in enumerate(out.shape))
-    positions = context.emit_constant(np.arange(out.shape[axis], dtype=np.int64).reshape(line), loc)  # type: ignore[arg-type]  # static sizes here
+    positions = context.emit_constant(np.arange(out.shape[axis], dtype=np.int64).reshape(line), loc)  # type: ignore[arg-type]  # static along axis
     hit = context.emit("eq", (positions, index), {}, TensorType(out.shape, dt.bool_, out.device), loc)
     z = context.emit_constant(fill, loc)
     added = context.emit("add", (src, z), {}, TensorType(expected, out.dtype, out.device), loc)

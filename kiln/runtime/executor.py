@@ -60,6 +60,7 @@ class Kernel:
     extent: int
     work_bytes: int
     status: bool = False
+    sizes: tuple[int, ...] = ()  # symbolic sizes the kernel reads from its table, after the pointers
 
 
 def _c_order(value: Value, strides: tuple) -> bool:
@@ -264,8 +265,8 @@ class CompiledProgram:
         self._copy_outputs = tuple(i for i, v in enumerate(graph.outputs) if v in constants)
         self._constants = [(slots[n.output], graph.constants[n.attrs["name"]]) for n in graph.nodes if n.op == CONSTANT]
         into = {graph.outputs[o]: slots[graph.inputs[i]] for o, i in write_backs.items()}
-        # per kernel call: (table size, static (position, slot) pairs, a status word after them)
-        self._tables: list[tuple[int, tuple, bool]] = []
+        # per kernel call: (table size, static (position, slot) pairs, a status word after them, sizes)
+        self._tables: list[tuple[int, tuple, bool, tuple[int, ...]]] = []
         steps: list[Step] = []
         for position, (node, dead) in enumerate(zip(graph.nodes, _dead_after(graph, planned, slots), strict=True)):
             if node.op == CONSTANT:
@@ -312,7 +313,7 @@ class CompiledProgram:
                 allocate.append((slots[v], empty, v.type.shape, v.type.dtype.np))
             elif p < len(node.inputs) and v.type.shape and _c_order(v, layouts[v]):
                 conform.append(slots[v])
-        self._tables.append((len(values), tuple(static), kernel.status))
+        self._tables.append((len(values), tuple(static), kernel.status, kernel.sizes))
         return KernelCall(node, position, dead, kernel, len(self._tables) - 1, tuple(dynamic), tuple(allocate),
                           tuple(conform), slots, inputs)  # fmt: skip
 

@@ -42,10 +42,11 @@ class Frame:
     """One thread's arena, its views and the kernels' pointer tables with arena addresses filled in."""
 
     def __init__(self, plan: Any, slots: Mapping[Value, int], constants: Sequence[tuple[int, np.ndarray]],
-                 tables: Sequence[tuple[int, tuple, bool]]) -> None:  # fmt: skip
+                 tables: Sequence[tuple[int, tuple, bool, tuple[int, ...]]]) -> None:  # fmt: skip
         """``plan``: the memory plan (None: no arena); ``slots``: each value's slot in a call's
-        environment; ``constants``: (slot, array) pairs; ``tables``: per kernel, its table's size,
-        the (position, slot) pairs of its arena values, and whether a status word follows."""
+        environment; ``constants``: (slot, array) pairs; ``tables``: per kernel, its number of
+        pointers, the (position, slot) pairs of its arena values, whether a status word follows,
+        and the symbolic sizes written after the pointers (before the status word)."""
         template: list[Any] = [None] * len(slots)
         for slot, array in constants:
             template[slot] = array
@@ -60,12 +61,14 @@ class Frame:
                 template[slots[value]] = self.arena[offset : offset + nbytes].view(t.dtype.np).reshape(t.shape)
         self.template = template
         self.tables = PointerTables()
-        for size, static, status in tables:
-            table = PointerTable((ctypes.c_void_p * (size + status))())
+        for size, static, status, sizes in tables:
+            table = PointerTable((ctypes.c_void_p * (size + len(sizes) + status))())
             for position, slot in static:
                 table.pointers[position] = data_pointer(template[slot])
+            for k, n in enumerate(sizes):  # an i64 where a pointer would be (symbolic.symbol_size)
+                table.pointers[size + k] = n
             if status:
-                table.pointers[size] = ctypes.addressof(table.status)
+                table.pointers[size + len(sizes)] = ctypes.addressof(table.status)
             self.tables.append(table)
 
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from ...ir.dtypes import float16
 from ...ir.graph import KERNEL, Graph, Node
+from ...ir.types import Sym
 from ...runtime import elf
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
@@ -59,6 +60,11 @@ class LLVMBackend:
         for v in (*node.inputs, *node.outputs):
             if v.type.dtype is float16 or v.type.dtype.short == "bf16":  # bfloat16 exists only once ml_dtypes is in
                 return f"{v.type.dtype.name} has no LLVM kernels"
+        axes = node.attrs.get("axes") if node.op.startswith("reduce_") else None
+        if axes is not None and any(isinstance(node.inputs[0].type.shape[a], Sym) for a in axes):
+            # symbolic compiles rows over the symbol, not a sum across it: fused, the whole
+            # kernel would run on the interpreter; alone, the reduction runs on its eager kernel
+            return "a reduction over a symbolic dimension has no LLVM kernel"
         return None
 
     def takes_epilogue(self, node: Node) -> bool:

@@ -106,8 +106,8 @@ class KernelInfo:
         """The number of parallel units for the symbols bound to ``sizes``."""
         if not self.symbols:
             return self.fixed_extent
-        size = self._size(sizes)
-        return -(-size * self.rows_per_size // self.rows_per_unit)
+        size = self._size(sizes)  # (a kernel whose units do not depend on it has rows_per_size 0)
+        return self.fixed_extent + -(-size * self.rows_per_size // self.rows_per_unit)
 
     def work(self, sizes: Mapping[Sym, int] | None = None) -> int:
         """Bytes read and written for the symbols bound to ``sizes``."""

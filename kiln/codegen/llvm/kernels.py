@@ -94,6 +94,8 @@ class KernelModule:
         ``gather_scatter``), a direct convolution (conv, conv_weight: ``conv``) or a sum of
         rows (reduce_sum keeping the last axis: ``leading_sums``)."""
         check_layouts(node, layouts)
+        if node.op != "reduce_sum" and any(v.type.symbols for v in (*node.inputs, *node.outputs)):
+            raise Unsupported(f"{node.op} over a symbolic dimension runs on its eager kernel")
         emit = native_code(node.op).emit
         key = ("native", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
                tuple(map(tuple, layouts)))  # fmt: skip
@@ -107,6 +109,11 @@ class KernelModule:
         except BaseException:
             self._drop_new_functions(existing)
             raise
+        symbols = node.inputs[0].type.symbols if node.inputs else ()
+        if symbols:  # a sum over a symbolic leading size (leading_sums): its units do not depend on it
+            fixed, per_size = symbolic_work_bytes(node, symbols[0])
+            info = self._known[key] = KernelInfo(symbol, extent, fixed, symbols[:1], 0, 1, per_size)
+            return info
         info = self._known[key] = KernelInfo(symbol, extent, _work_bytes(node))
         return info
 

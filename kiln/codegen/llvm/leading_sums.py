@@ -23,11 +23,14 @@ from typing import cast
 
 from llvmlite import ir
 
+from ...ir import dtypes as dt
 from ...ir.graph import Node
+from ...ir.types import Sym, is_static
 from ..core import Unsupported
 from .body import operand_pointers
 from .kernel_info import float_static
 from .loops import for_range, i64
+from .symbolic import symbol_size
 from .vectors import Rows
 
 #: Vectors of output columns a unit sums at once: independent accumulators (registers), each row's
@@ -44,15 +47,24 @@ def compilable(node: Node) -> str | None:
     input is checked when the kernel is built."""
     if node.op != "reduce_sum":
         return f"{node.op} is not a sum"
-    why = float_static(node)
+    (x,) = node.inputs
+    why = float_static(node) if not _sums_the_symbol(node) else None
     if why is not None:
         return why
-    (x,) = node.inputs
     if not node.attrs["axes"]:
         return "reduce_sum over no axes is a copy, not a sum of rows"
     if x.type.ndim - 1 in node.attrs["axes"]:
         return "reduce_sum over the last axis is fused into a kernel, not compiled on its own"
     return None
+
+
+def _sums_the_symbol(node: Node) -> bool:
+    """A float sum whose input's only symbolic size is its leading one, summed away (a bias gradient
+    over a dynamic batch): the size is read from the table, after the two pointers."""
+    (x,) = node.inputs
+    shape = x.type.shape
+    return (bool(shape) and isinstance(shape[0], Sym) and 0 in node.attrs["axes"] and is_static(shape[1:])
+            and node.output.type.is_static and x.type.dtype in (dt.float32, dt.float64))  # fmt: skip
 
 
 def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int:
@@ -65,13 +77,15 @@ def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts)
     shape, strides = cast(tuple[int, ...], tuple(x.type.shape)), tuple(layouts[0])
     axes = sorted(node.attrs["axes"])
     columns = shape[-1]
-    if strides[-1] != 1 and columns > 1 and math.prod(shape):
+    if strides[-1] != 1 and columns > 1 and math.prod(shape[1:] if isinstance(shape[0], Sym) else shape):
         raise Unsupported("reduce_sum of an input whose last axis is not contiguous runs on its eager kernel")
     if node.output.type.numel == 0:
         builder.ret_void()
         return 0
     args, begin, end = params
     x_ptr, out_ptr = operand_pointers(builder, args, 2)
+    if _sums_the_symbol(node):  # its size follows the two pointers (symbolic.symbol_size)
+        shape = cast(tuple[int, ...], (symbol_size(builder, args, 2), *shape[1:]))
     rows = Rows(x.type.dtype, columns)
     width = rows.lanes * BLOCK_VECTORS
     full_blocks, tail = divmod(columns, width)
@@ -120,11 +134,11 @@ def _block(builder, rows: Rows, x_ptr, out_ptr, x_at, out_at, reduced, totals, p
     for slot in totals:
         builder.store(rows.zero(), slot)
 
-    def run(at, first: int, count: int, stride: int) -> None:
-        """Add rows ``first .. first + count`` of the innermost reduced axis to the totals."""
+    def run(at, first, stop, stride: int) -> None:
+        """Add rows ``first .. stop`` of the innermost reduced axis to the totals."""
         for slot in partials[: len(totals)]:
             builder.store(rows.zero(), slot)
-        with for_range(builder, first, first + count, name="row", vectorize=False, interleave=1) as row:
+        with for_range(builder, first, stop, name="row", vectorize=False, interleave=1) as row:
             row_at = builder.add(at, builder.mul(row, i64(stride), flags=_NSW), flags=_NSW)
             for k, slot in enumerate(partials[: len(totals)]):
                 offset = builder.add(row_at, i64(k * rows.lanes), flags=_NSW)
@@ -141,15 +155,22 @@ def _block(builder, rows: Rows, x_ptr, out_ptr, x_at, out_at, reduced, totals, p
             with for_range(builder, 0, size, name="outer_row", vectorize=False, interleave=1) as index:
                 nest(builder.add(at, builder.mul(index, i64(stride), flags=_NSW), flags=_NSW), rest)
             return
+        if not isinstance(size, int):  # a symbolic size, read at run time: the same runs, counted there
+            runs = builder.udiv(size, i64(RUN_ROWS))
+            with for_range(builder, 0, runs, name="run", vectorize=False, interleave=1) as index:
+                run(builder.add(at, builder.mul(index, i64(RUN_ROWS * stride), flags=_NSW), flags=_NSW),
+                    0, RUN_ROWS, stride)  # fmt: skip
+            run(at, builder.mul(runs, i64(RUN_ROWS), flags=_NSW), size, stride)
+            return
         runs, remainder = divmod(size, RUN_ROWS)
         if runs:
             with for_range(builder, 0, runs, name="run", vectorize=False, interleave=1) as index:
                 run(builder.add(at, builder.mul(index, i64(RUN_ROWS * stride), flags=_NSW), flags=_NSW),
                     0, RUN_ROWS, stride)  # fmt: skip
         if remainder:
-            run(at, runs * RUN_ROWS, remainder, stride)
+            run(at, runs * RUN_ROWS, size, stride)
 
-    if all(size for size, _ in reduced):
+    if all(not isinstance(size, int) or size for size, _ in reduced):
         nest(x_at, reduced)
     for k, slot in enumerate(totals):
         offset = builder.add(out_at, i64(k * rows.lanes), flags=_NSW)

@@ -12,6 +12,7 @@ results need gradients) the forward values the backward graph reads.
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
 import logging
@@ -26,24 +27,29 @@ import numpy as np
 from ...compiler.driver import compile_graph
 from ...ir.analysis import Liveness
 from ...ir.graph import Graph, Node, Value
+from ...ir.verifier import VerificationError, verify
 from ...passes.partition import partition
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
 from .backward import BackwardPlan, ConsumedPlan
+from .dynamic import NotDynamic, Pending, size_symbols, symbolize
 from .hazards import reachable_tensors
 from .pytree import flatten
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
 from .specialization import Specialization
+from .symbolic_program import SizedProgram, Unlowered, lower_symbolic
 from .trace import Trace, TraceBreak
 
 logger = logging.getLogger("kiln")
 
 
-def build_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict):
+def build_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict,
+                         dynamic=None):  # fmt: skip
     """``(Specialization, None)``, or ``(None, why)`` when this trace must not be reused: ``why`` is a
-    ``TraceBreak`` when calls with this key can never be compiled (they run eagerly from then on)."""
-    pending, why = trace_specialization(compiled, trace, result, leaves, key, closure_values)
+    ``TraceBreak`` when calls with this key can never be compiled (they run eagerly from then on), a
+    ``dynamic.Pending`` when it waits for another size. ``dynamic``: see ``CompiledFunction._dynamic_partner``."""
+    pending, why = trace_specialization(compiled, trace, result, leaves, key, closure_values, dynamic)
     return (None, why) if pending is None else (pending.compile(), None)
 
 
@@ -63,6 +69,9 @@ class PendingSpecialization:
     fields: dict  # the Specialization's other fields
     trace_seconds: float
     nodes: int  # traced nodes, for the notices
+    dynamic: Any = None  # CompiledFunction._dynamic_partner's answer for this trace
+    size_compared: str | None = None  # the trace's branch on a size (Trace.size_compared)
+    partitioned: tuple | None = None  # (forward, backward) when the partition ran already
     guards: Any = None
     checks: list = field(default_factory=list)
     python_reads: list = field(default_factory=list)
@@ -71,23 +80,43 @@ class PendingSpecialization:
     def modules(self) -> list:
         return self.fields["modules"]
 
+    def partition(self) -> tuple[Graph, Any]:
+        if self.partitioned is None:
+            self.partitioned = _partition(self.compiled.options, self.backward, self.forward, self.sources,
+                                          self.mutated)  # fmt: skip
+        return self.partitioned
+
     def compile(self) -> Specialization:
         """The passes, code generation and loading: the ``Specialization``, ready to run."""
         options = self.compiled.options
-        graph, backward = _partition(options, self.backward, self.forward, self.sources, self.mutated)
+        graph, backward = self.partition()
+        # what a trace at other sizes is compared with; a branch on a size holds for this size alone
+        sizes_source = None if isinstance(backward, BackwardPlan) or self.size_compared is not None else graph
+        symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic)
+        if isinstance(backward, BackwardPlan):  # what a trace at another size is told (_dynamic_partner)
+            not_dynamic = not_dynamic or _NEEDS_BACKWARD
+        elif self.size_compared is not None:
+            not_dynamic = not_dynamic or f"Python branches on a size that would be dynamic ({self.size_compared})"
         # mutated externals updated in place where that is safe, as eager does
-        lowered = compile_graph(graph, options, self.strides, [(o, i) for i, o in self.writebacks])
-        optimized, program, report, record = lowered.graph, lowered.program, lowered.report, lowered.stages
+        in_place = [(o, i) for i, o in self.writebacks]
+        record: list = []
+        if symbolic is not None:
+            optimized, program, report = _lower_symbolic(options, symbolic, graph, self.strides, in_place, record)
+        else:
+            optimized, program, report, record = _lower(graph, options, self.strides, in_place)
         spec = Specialization(graph=optimized, program=program, backward=backward, passes_record=record,
-                              traced_graph=graph, report=report, guards=self.guards, checks=self.checks,
-                              python_reads=self.python_reads, **self.fields)  # fmt: skip
+                              traced_graph=graph if symbolic is None else symbolic, report=report,
+                              guards=self.guards, checks=self.checks, python_reads=self.python_reads,
+                              sizes_source=sizes_source, not_dynamic=not_dynamic,
+                              dynamic=None if symbolic is None else self.dynamic[3], **self.fields)  # fmt: skip
         if report is not None:  # the traced call is the compile's first stage
             report.stage_seconds.insert(0, ("trace (the eager call)", self.trace_seconds))
         _dump(self.compiled, spec)
         return spec
 
 
-def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict):
+def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tuple, closure_values: dict,
+                         dynamic=None):  # fmt: skip
     """``(PendingSpecialization, None)``, or ``(None, why)`` as ``build_specialization``: the steps that
     read the call's tensors, run on the calling thread right after the traced call."""
     out_leaves, out_tree = flatten(result)
@@ -132,6 +161,9 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         if why is not None:
             trace.release()
             return None, why
+    size_compared = trace.size_compared
+    if size_compared is not None and dynamic is not None:
+        dynamic = ("static", f"Python branches on a size that would be dynamic ({size_compared})")
     arg_aliases = _arguments_that_are_state(traced, leaves, list(closure_values.values()) +
                                             [value for _, value in compiled.guarded_names({})])  # fmt: skip
     fields = dict(
@@ -143,10 +175,66 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     pending = PendingSpecialization(
         compiled, traced.builder.build(outputs), backward, sources, {i for i, _ in writebacks},
         [e.tensor._data.strides for e in traced.externals], writebacks, fields, trace.seconds,
-        len(traced.builder.nodes),
+        len(traced.builder.nodes), dynamic, size_compared,
     )  # fmt: skip
+    if dynamic is not None and dynamic[0] == "defer":  # kept, not compiled, until another size comes
+        graph, partitioned_backward = pending.partition()
+        if not isinstance(partitioned_backward, BackwardPlan):
+            trace.release()
+            return None, Pending(key, graph)
     trace.release()
     return pending, None
+
+
+_NEEDS_BACKWARD = "a result needs gradients outside the call (a compiled backward over symbolic sizes is not built yet)"
+
+
+def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None]:
+    """``(symbolic graph, None)`` when this trace and the earlier one of ``dynamic`` (``("compare",
+    graph, size pairs, positions)``) make one program over symbolic sizes, else ``(None, why not)``."""
+    if dynamic is None or dynamic[0] == "defer":
+        return None, None
+    if dynamic[0] == "static":
+        return None, dynamic[1]
+    if isinstance(backward, BackwardPlan):
+        return None, _NEEDS_BACKWARD
+    _, earlier, pairs, _ = dynamic
+    sizes = size_symbols(pairs)
+    try:
+        symbolic = symbolize(graph, earlier, {s: (b, a) for s, (a, b) in sizes.items()})
+        verify(symbolic)
+    except (NotDynamic, VerificationError) as why:
+        return None, str(why)
+    return symbolic, None
+
+
+def _lower_symbolic(options, symbolic: Graph, traced: Graph, strides: list, write_backs: list, record: list):
+    """``lower`` for a dynamic specialization: its kernels generated once for every size
+    (``symbolic_program``), or, where the backend cannot, the graph lowered per call's sizes
+    (``dynamic.SizedProgram``; ``traced`` is the call's own graph, lowered now)."""
+    try:
+        fused, program, report = lower_symbolic(symbolic, options, strides, write_backs, first=traced)
+    except Unlowered as why:
+        optimized, first, report, stages = _lower(traced, options, strides, write_backs)
+        record.extend(stages)
+        logger.info("kiln.compile: a dynamic specialization is lowered per size: %s", why)
+        if report is not None:
+            report.declined.append(("(dynamic sizes)", f"lowered again for each new size: {why}"))
+        lowering = functools.partial(_lower_program, options, strides, write_backs)
+        return optimized, SizedProgram(symbolic, lowering, first=(traced, first)), report
+    record.append(("symbolic", fused))
+    return fused, program, report
+
+
+def _lower_program(options, strides: list, write_backs: list, graph: Graph):
+    """The program of ``graph`` (a dynamic specialization bound to one call's sizes)."""
+    return _lower(graph, options, strides, write_backs)[1]
+
+
+def _lower(graph: Graph, options, strides: list, write_backs: list):
+    """``(graph the program runs, program, report, each stage's (name, result))`` for ``graph``."""
+    lowered = compile_graph(graph, options, strides, write_backs)
+    return lowered.graph, lowered.program, lowered.report, lowered.stages
 
 
 def _arguments_that_are_state(traced, leaves: list, named: list) -> list[tuple[int, weakref.ref]]:

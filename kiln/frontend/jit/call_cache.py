@@ -51,6 +51,7 @@ from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
 from . import background, hazards, reads, state
 from .build import PendingSpecialization, build_specialization, trace_specialization
+from .dynamic import Pending, SizeClass, is_marked, leading_sizes_differ
 from .guards import build_guards
 from .layouts import MemoryIndex
 from .pytree import flatten_call
@@ -120,6 +121,9 @@ class CompileState:
     state_changes: dict = field(default_factory=dict)  # key -> calls whose trace stopped on a Python state change
     pending: list = field(default_factory=list)  # PendingEntry per compile running in the background
     background_error: BaseException | None = None  # raised at the next call under KILN_JIT_STRICT=1
+    dynamic: dict = field(default_factory=dict)  # argument structure -> positions of dynamic leading sizes
+    not_dynamic: dict = field(default_factory=dict)  # argument structure -> why its sizes stay static
+    deferred: list = field(default_factory=list)  # traces kept, not compiled, until another size comes
 
 
 class CompiledFunction:
@@ -162,7 +166,10 @@ class CompiledFunction:
         if not self.enabled or state.current.get() is not None:
             return self.fn(*args, **kwargs)  # disabled, or inside another trace: trace through
         leaves, tree = flatten_call(args, kwargs)
-        key = call_key(tree, leaves)
+        dynamic = self.state.dynamic.get(tree) if self.state.dynamic else None
+        key = call_key(tree, leaves, dynamic)
+        if dynamic is not None and key not in self.state.cache:
+            key = call_key(tree, leaves)  # a call a dynamic key does not serve traces under its own
         closure_values = self._closure_values()
         miss = "first call"
         for entry in self.state.cache.get(key, ()):
@@ -232,8 +239,11 @@ class CompiledFunction:
         objects = hazards.watched_objects(self, leaves, closure_values)
         roots = reads.roots(self, args, kwargs, closure_values)
         started = time.perf_counter()
+        partner = self._dynamic_partner(key, leaves)
         trace = Trace(fullgraph=self.fullgraph).start()
         trace.numpy_shadows = self.state.numpy_shadows
+        if partner is not None:  # Python's reads of the sizes that may become dynamic are watched
+            trace.watched_sizes = frozenset(_leading_sizes(leaves, partner))
         watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code, roots)
         try:
             for i, leaf in enumerate(leaves):
@@ -259,11 +269,11 @@ class CompiledFunction:
         if trace.broken is not None:
             trace.abandon()
             return self._run_eagerly_from_now_on(key, trace.broken, result)
-        if self.options.wait:
+        if self.options.wait or partner is not None:  # a dynamic specialization is compiled while the call waits
             notice = self._slow_compile_notice(len(trace.builder.nodes), _user_frame(sys._getframe(1)))
             try:
                 spec, why_not = build_specialization(
-                    self, trace, result, leaves, key, closure_values=self._closure_values()
+                    self, trace, result, leaves, key, closure_values=self._closure_values(), dynamic=partner
                 )
             finally:
                 notice.cancel()
@@ -274,15 +284,20 @@ class CompiledFunction:
         if isinstance(why_not, TraceBreak):
             return self._run_eagerly_from_now_on(key, why_not, result)
         if spec is None:
-            self._event("not cached", why_not, once=False)
+            if isinstance(why_not, Pending):
+                self.state.deferred.append(why_not)
+            self._event("not cached", str(why_not), once=False)
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)
         if isinstance(spec, PendingSpecialization):
             self._compile_in_background(spec, key, reason)
             return result
+        note = ""
+        if partner is not None:
+            key, note = self._dynamic_key(spec, key, leaves)
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
-        self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}")
+        self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}{note}")
         return result
 
     # ------------------------------------------------------------------ compiling in the background
@@ -349,6 +364,43 @@ class CompiledFunction:
     def _raise_background_error(self) -> None:
         error, self.state.background_error = self.state.background_error, None
         raise RuntimeError(f"kiln.compile({self._name()}): a compile failed in the background") from error
+
+    # ------------------------------------------------------------------ dynamic sizes (dynamic.py)
+    def _dynamic_partner(self, key: tuple, leaves: list):
+        """How this call's trace becomes a dynamic specialization: ``("compare", graph, pairs,
+        positions)`` with an earlier trace whose key differs only in leading sizes >= 2, ``("defer",)``
+        to keep the trace until another size comes (``dynamic=True``, ``mark_dynamic``), or None."""
+        if self.options.dynamic is False or key[0] in self.state.not_dynamic:
+            return None
+        earlier = [*reversed(self.state.deferred), *reversed(self.state.specializations)]
+        for other in earlier:
+            positions = leading_sizes_differ(other.key, key)
+            source = getattr(other, "sizes_source", None)
+            if positions is not None and source is not None:
+                pairs = [(other.key[1][p][1][0], key[1][p][1][0]) for p in positions]
+                return ("compare", source, pairs, positions)
+            if positions is not None and getattr(other, "not_dynamic", None):  # say why it stays static
+                return ("static", other.not_dynamic)
+        if any(other.key == key for other in earlier):
+            return None
+        up_front = self.options.dynamic is True or any(isinstance(leaf, Tensor) and is_marked(leaf) for leaf in leaves)
+        if up_front and any(isinstance(leaf, Tensor) and leaf.ndim and leaf.shape[0] >= 2 for leaf in leaves):
+            return ("defer",)
+        return None
+
+    def _dynamic_key(self, spec, key: tuple, leaves: list) -> tuple[tuple, str]:
+        """The key a new specialization is cached under (with its dynamic sizes as size classes when
+        it is dynamic, ``spec.dynamic``), and what to add to its reason for ``kiln.explain``."""
+        if spec.dynamic is None:
+            if spec.not_dynamic is None:
+                return key, ""
+            self.state.not_dynamic[key[0]] = spec.not_dynamic  # not tried again: later sizes specialize
+            return key, f"; its sizes stay static: {spec.not_dynamic}"
+        positions = frozenset(self.state.dynamic.get(key[0], frozenset()) | set(spec.dynamic))
+        self.state.dynamic[key[0]] = positions
+        spec.key = call_key(key[0], leaves, positions)
+        named = ", ".join(map(str, sorted(spec.dynamic)))
+        return spec.key, f"; dynamic: the leading size of argument(s) {named} (one program for every size >= 2)"
 
     def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
         """Set a new specialization's guards (``guards.py``) and its table of Python values read."""
@@ -463,6 +515,14 @@ class CompiledFunction:
         return f"<compiled {self._name()}: {len(self.state.specializations)} specialization(s)>"
 
 
+def _leading_sizes(leaves: list, partner: tuple) -> list[int]:
+    """The call's sizes that may become dynamic: those that differ from the earlier trace's, or (to
+    be compared later) every tensor argument's leading size >= 2."""
+    if partner[0] == "compare":
+        return [new for _, new in partner[2]]
+    return [leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.ndim and leaf.shape[0] >= 2]
+
+
 # ---------------------------------------------------------------------- the miss path's lock
 _held = threading.local()  # .count: compile locks this thread holds
 
@@ -510,8 +570,12 @@ def _names(code) -> list[str]:
 _PLAIN = (int, float, bool, str, bytes, complex, type(None))
 
 
-def call_key(tree, leaves: list) -> tuple:
+def call_key(tree, leaves: list, dynamic: frozenset[int] | None = None) -> tuple:
+    """The key of a call (see the module docstring). ``dynamic``: the leaf positions whose leading
+    size is dynamic (``dynamic.py``): a size >= 2 there is keyed by which of the call's distinct
+    dynamic sizes it is, so one key serves every size."""
     roots: dict[int, int] = {}
+    classes: dict[int, SizeClass] = {}
     # Arguments sharing memory with no root in common (from_numpy of one array): compared from the
     # second tensor argument on (a call with one, the usual compiled step's input, pays nothing).
     memory: MemoryIndex | None = None
@@ -533,8 +597,14 @@ def call_key(tree, leaves: list) -> tuple:
                 overlapped = memory.share(data, alias)
             if overlapped:  # explain() shows the one argument it shares memory with, or all of them
                 alias = overlapped[0] if alias == i and len(overlapped) == 1 else (alias, *overlapped)
+            shape = data.shape
+            if dynamic is not None and i in dynamic and shape and shape[0] >= 2:
+                size = classes.get(shape[0])
+                if size is None:
+                    size = classes[shape[0]] = SizeClass(len(classes))
+                shape = (size, *shape[1:])
             parts.append(
-                ("tensor", data.shape, data.strides, leaf._dtype, leaf._device, leaf._requires_grad,
+                ("tensor", shape, data.strides, leaf._dtype, leaf._device, leaf._requires_grad,
                  leaf._grad is not None, alias)
             )  # fmt: skip
         elif type(leaf) is float:

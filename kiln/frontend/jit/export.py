@@ -9,7 +9,9 @@ back, checking the format version, the signature's structure and the graph (the 
 re-infers every type), and never executing code from the file.
 
 Calls must match the example's structure, shapes and dtypes (export specializes, as a trace
-does). In-place changes the traced call made to its arguments or parameters (BatchNorm's
+does), except along the dynamic dimensions ``dynamic_shapes`` names: ``export(fn, x,
+dynamic_shapes=[{0: "batch"}])`` traces the call at two batch sizes (``dynamic.py`` compares the
+two programs) and the program then runs at any batch size >= 1, compiled once. In-place changes the traced call made to its arguments or parameters (BatchNorm's
 running statistics in training mode, the generator state of dropout) are applied on each call.
 """
 
@@ -27,10 +29,13 @@ from ...compiler.options import CompileOptions
 from ...ir import dtypes as dt
 from ...ir.graph import CONSTANT, Graph
 from ...ir.primitives import PRIMITIVES
+from ...ir.types import Sym
+from ...ir.types import is_static as _is_static
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply as dispatch_apply
 from ..tensor import Tensor, make_tensor
 from . import state
+from .dynamic import NotDynamic, symbolize
 from .pytree import LEAF, flatten, unflatten
 from .region_check import check_regions
 from .regions import regions_from_json, regions_to_json
@@ -48,6 +53,7 @@ from .signature import (
     bind,
     number_outputs,
 )
+from .symbolic_program import Unlowered, lower_symbolic
 from .trace import Trace
 
 EXPORT_FORMAT_VERSION = 1
@@ -91,9 +97,17 @@ class ExportedProgram:
         if program is None:
             with self._compiling:
                 if self._program is None:
-                    self._program = compile_graph(self.graph, CompileOptions()).program
+                    self._program = self._compile()
                 program = self._program
         return program(arrays)
+
+    def _compile(self) -> Callable[[list], list]:
+        if is_static_graph(self.graph):
+            return compile_graph(self.graph, CompileOptions()).program
+        try:  # a dynamic batch: the kernels generated once, loaded per size
+            return lower_symbolic(self.graph, CompileOptions(), [None] * len(self.graph.inputs), ())[1]
+        except Unlowered:
+            return self._interpreted
 
     # ------------------------------------------------------------------ calling
     def __call__(self, *args, **kwargs):
@@ -139,12 +153,14 @@ class ExportedProgram:
         if tree != self.in_tree:
             raise TypeError(f"exported program: the arguments' structure differs from the example's "
                             f"(expected {_describe_tree(self.in_tree)}, got {_describe_tree(tree)})")  # fmt: skip
+        sizes: dict = {}  # a dynamic dimension's size in this call
         for i, (spec, leaf) in enumerate(zip(self.in_specs, leaves, strict=True)):
             if spec[0] == "tensor":
                 if not isinstance(leaf, Tensor):
                     raise TypeError(f"exported program: argument {i} must be a tensor, got {type(leaf).__name__}")
-                if tuple(leaf.shape) != tuple(spec[1]) or leaf.dtype.short != spec[2]:
-                    raise ValueError(f"exported program: argument {i} must be {spec[2]}{list(spec[1])}, got "
+                shape = tuple(_dynamic_size(d, n, sizes, i) for d, n in zip(spec[1], leaf.shape))
+                if len(leaf.shape) != len(spec[1]) or shape != tuple(leaf.shape) or leaf.dtype.short != spec[2]:
+                    raise ValueError(f"exported program: argument {i} must be {spec[2]}[{', '.join(map(str, spec[1]))}], got "
                                      f"{leaf.dtype.short}{list(leaf.shape)} (export specializes on shapes and dtypes)")  # fmt: skip
             elif isinstance(leaf, Tensor) or leaf != spec[1]:
                 raise ValueError(f"exported program: argument {i} must be {spec[1]!r} as in the example, got {leaf!r}")
@@ -179,8 +195,29 @@ class ExportedProgram:
                 f"inputs {self.in_specs})")  # fmt: skip
 
 
-def export(fn, *args, **kwargs) -> ExportedProgram:
-    """Trace ``fn(*args, **kwargs)`` into an ``ExportedProgram`` (the call runs for real once)."""
+def is_static_graph(graph: Graph) -> bool:
+    return all(_is_static(v.type.shape) for v in graph.inputs)
+
+
+def _dynamic_size(dim, size: int, sizes: dict, position: int):
+    """``size`` where the spec's ``dim`` is a symbol that takes it (one size per symbol, >= 1 in a call),
+    else ``dim`` (the comparison with the call's shape then says what was expected)."""
+    if not isinstance(dim, Sym):
+        return dim
+    bound = sizes.setdefault(dim, size)
+    if bound != size:
+        raise ValueError(f"exported program: the dynamic dimension {dim} is {bound} in one argument and {size} in "
+                         f"argument {position}; it must be one size")  # fmt: skip
+    return size if size >= 1 else dim
+
+
+def export(fn, *args, dynamic_shapes=None, **kwargs) -> ExportedProgram:
+    """Trace ``fn(*args, **kwargs)`` into an ``ExportedProgram`` (the call runs for real once; with
+    ``dynamic_shapes``, twice). ``dynamic_shapes``: per positional argument, None or ``{0: "name"}``
+    to make its leading dimension a dynamic size called ``name`` (as ``torch.export``'s, with names
+    for ``Dim``s); the program then runs at any size >= 1 there."""
+    if dynamic_shapes is not None:
+        return _export_dynamic(fn, args, kwargs, dynamic_shapes)
     names = _parameter_names(fn)
     leaves, tree = flatten((args, kwargs))
     trace = Trace(fullgraph=True).start()
@@ -217,6 +254,56 @@ def export(fn, *args, **kwargs) -> ExportedProgram:
              for x in leaves]  # fmt: skip
     trace.release()
     return ExportedProgram(graph, parameters, tree, specs, signature, out_tree, tuple(trace.regions), built)
+
+
+def _export_dynamic(fn, args: tuple, kwargs: dict, dynamic_shapes) -> ExportedProgram:
+    """``export`` with dynamic leading sizes: traced at two sizes, the programs compared."""
+    axes = _dynamic_axes(args, dynamic_shapes)
+    example: dict[str, int] = {}
+    for position, name in axes.items():
+        size = args[position].shape[0]
+        if example.setdefault(name, size) != size:
+            raise ExportError(f"export: the dynamic size {name} is {example[name]} and {size} in the example")
+    pairs = {name: (max(size, 2), max(size, 2) + 1) for name, size in example.items()}  # a size 1 broadcasts
+    programs = []
+    for which in (0, 1):
+        resized = [_resized(a, pairs[axes[k]][which]) if k in axes else a for k, a in enumerate(args)]
+        programs.append(export(fn, *resized, **kwargs))
+    first, second = programs
+    assert first.traced is not None and second.traced is not None, "export keeps the traced graph"
+    try:
+        symbolic = symbolize(first.traced, second.traced, {Sym(name): pair for name, pair in pairs.items()})
+    except NotDynamic as why:
+        raise ExportError(f"export: with dynamic_shapes the call is traced at two sizes, which must make one program "
+                          f"up to those sizes; they do not: {why}") from None  # fmt: skip
+    graph = optimize(symbolic, CompileOptions(), [])
+    specs = [(s[0], (Sym(axes[k]), *s[1][1:]), s[2]) if k in axes else s for k, s in enumerate(first.in_specs)]
+    return ExportedProgram(graph, first.parameters, first.in_tree, specs, first.signature, first.out_tree, (), symbolic)
+
+
+def _dynamic_axes(args: tuple, dynamic_shapes) -> dict[int, str]:
+    """Positional argument -> the name of its dynamic leading size, checked."""
+    if not isinstance(dynamic_shapes, list | tuple) or len(dynamic_shapes) != len(args):
+        raise ExportError(f"export: dynamic_shapes must be a list with one entry per positional argument "
+                          f"({len(args)}), each None or {{0: 'name'}}; got {dynamic_shapes!r:.80}")  # fmt: skip
+    axes = {}
+    for k, entry in enumerate(dynamic_shapes):
+        if entry is None:
+            continue
+        if not isinstance(args[k], Tensor) or not isinstance(entry, dict) or set(entry) != {0} or args[k].ndim < 1:
+            raise ExportError(f"export: dynamic_shapes[{k}] must be None or {{0: 'name'}} for a tensor argument "
+                              f"(kiln makes the leading dimension dynamic only); got {entry!r:.80}")  # fmt: skip
+        try:
+            axes[k] = Sym(entry[0]).name
+        except ValueError as error:
+            raise ExportError(f"export: dynamic_shapes[{k}]: {error}") from None
+    return axes
+
+
+def _resized(t: Tensor, size: int) -> Tensor:
+    """``t`` with ``size`` rows, repeating its own (indices it holds stay valid)."""
+    array = t.detach().numpy()
+    return make_tensor(np.take(array, np.arange(size) % max(array.shape[0], 1), axis=0), t._device)
 
 
 def _run_node(graph: Graph, node, inputs: list) -> Tensor:
@@ -452,13 +539,13 @@ def _tree_from_json(obj):
 
 def _spec_to_json(spec):
     if spec[0] == "tensor":
-        return ["tensor", list(spec[1]), spec[2]]
+        return ["tensor", [d.name if isinstance(d, Sym) else d for d in spec[1]], spec[2]]
     return ["python", _plain_to_json(spec[1])]
 
 
 def _spec_from_json(obj):
     if obj[0] == "tensor":
-        shape = tuple(_index(d, 1 << 62) if d else 0 for d in obj[1])
+        shape = tuple(Sym(d) if isinstance(d, str) else _index(d, 1 << 62) if d else 0 for d in obj[1])
         if obj[2] not in dt.BY_NAME:
             raise ValueError(
                 f"unknown dtype {str(obj[2])[:20]!r} (kiln's are {', '.join(d.short for d in dt.ALL_DTYPES)})"

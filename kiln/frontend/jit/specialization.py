@@ -77,6 +77,9 @@ class Specialization:
     python_reads: list[PythonRead] = field(default_factory=list)  # the Python values it reads per call or guards
     calls: int = 0
     background_seconds: float | None = None  # from the trace to ready, when compiled in the background
+    sizes_source: Graph | None = None  # the traced graph a trace at other sizes is compared with (dynamic.py)
+    dynamic: list[int] | None = None  # the argument positions whose leading size is symbolic, if any
+    not_dynamic: str | None = None  # why a trace at other sizes did not make it dynamic
 
     def __post_init__(self) -> None:
         self._captured = [s for s in self.signature.inputs if isinstance(s, Captured)]

@@ -23,6 +23,18 @@ def stamp(tensor) -> None:
         trace.on_new_tensor(tensor)
 
 
+def shape_of(tensor) -> tuple:
+    """``tensor``'s shape as Python code reads it while tracing: the sizes a trace learning dynamic
+    sizes watches come as ``dynamic.WatchedSize`` (comparing one makes the call specialize)."""
+    trace = current.get()
+    shape = tensor._data.shape
+    if trace is None or not getattr(trace, "watched_sizes", None):
+        return shape
+    from .watched_sizes import watched_shape  # noqa: PLC0415
+
+    return watched_shape(shape, trace)
+
+
 def value_access(tensor, what: str) -> None:
     """Python is about to read ``tensor``'s values (``bool``, ``.item()``...): the trace stops here."""
     trace = current.get()

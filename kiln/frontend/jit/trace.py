@@ -155,6 +155,9 @@ class Trace:
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
         self.broken: TraceBreak | None = None
         self._token: contextvars.Token | None = None
+        # Dynamic sizes (dynamic.py): the sizes Python reads as WatchedSize, and the first comparison of one
+        self.watched_sizes: frozenset[int] = frozenset()
+        self.size_compared: str | None = None
 
     # ------------------------------------------------------------------ entering and leaving
     def start(self) -> Trace:
@@ -237,6 +240,11 @@ class Trace:
         assert kind in ("input", "guard"), f"a Python read is an input or a guard, not {kind!r}"
         self.python_reads.append(PythonRead(what, kind, user_location(2)))
 
+    def on_size_compared(self, what: str) -> None:
+        """Python compared a watched size (``dynamic.WatchedSize``): this call's sizes stay static."""
+        if self.size_compared is None:
+            self.size_compared = what
+
     def on_guard(self, check, reads) -> None:
         """``state.guard``: keep ``check`` for the specialization, note ``reads`` ((what, kind) pairs)."""
         if check is not None:
@@ -250,6 +258,10 @@ class Trace:
         values = [self.value_of(t) for t in inputs]
         if state.current.get() is not self:  # reading an input broke the trace
             return
+        if self.watched_sizes:  # sizes Python computed stay ints in the graph
+            from .watched_sizes import plain_ints  # noqa: PLC0415
+
+            attrs = plain_ints(attrs)
         out = self.builder.node(prim.name, values, attrs, type=type_of(result), loc=user_location(3))
         result._trace = (self, out, result._version[0])
 

@@ -209,3 +209,18 @@ def test_the_inner_loop_vectorizes_as_in_the_static_kernel():
         module.add(kernel("elementwise", body), [(1024, 1), (1,)])
         counts.append(len(re.findall(r"%[yz]mm\d+", engine.assembly(module.ir()))))  # 256/512-bit vectors
     assert counts[0] > 0 and counts[0] == counts[1]
+
+
+@pytest.mark.parametrize(("shape", "axes"), [((B, 37), (0,)), ((B, 5, 300), (0, 1)), ((B, 4, 9), (0,))])
+def test_a_sum_over_the_symbolic_leading_axis_is_compiled_once(shape, axes):
+    b = GraphBuilder()
+    x = b.input(T(*shape))
+    node = b.build([b.node("reduce_sum", [x], {"axes": axes, "keepdim": False})]).nodes[0]
+    info, fn = compile_symbolic(node)
+    assert info.symbols == (B,) and info.units({B: 5}) == info.units({B: 500}) > 0  # units: output columns
+    for n in (0, 1, 63, 64, 65, 200):  # RUN_ROWS = 64: a partial run, one, one and a row, several
+        a = f32(n, *shape[1:])
+        out = np.full(node.output.type.shape, np.nan, np.float32)
+        table = (ctypes.c_void_p * 3)(a.ctypes.data, out.ctypes.data, n)
+        fn(table, 0, info.units({B: n}))
+        assert_close(out, a.astype(np.float64).sum(axis=axes), rtol=1e-5, atol=1e-4)  # float32 rounding of 1000 terms

@@ -41,7 +41,7 @@ def _compiled_details(f) -> list[str]:
     ids=["shape", "dtype", "requires_grad", "strides", "plain-int"],
 )
 def test_changed_guard_makes_a_new_specialization_and_says_which(second, word):
-    f = kiln.compile(_f)
+    f = kiln.compile(_f, dynamic=False)  # static sizes: a new size is a new key (test_dynamic_sizes.py: dynamic ones)
     first = (_x(4, 3), 1)
     for _ in range(3):
         assert_tree_close(f(*first), _f(*first), rtol=RTOL, atol=ATOL)
@@ -111,7 +111,7 @@ def test_aliasing_between_arguments_is_guarded():
 
 def test_recompile_limit_runs_new_shapes_eagerly_and_cached_ones_compiled(caplog):
     caplog.set_level(logging.WARNING, logger="kiln")
-    f = kiln.compile(_f, options=kiln.CompileOptions(recompile_limit=2))
+    f = kiln.compile(_f, options=kiln.CompileOptions(recompile_limit=2, dynamic=False))
     shapes = [(2, 3), (3, 3), (4, 3)]
     for shape in shapes:
         for _ in range(3):

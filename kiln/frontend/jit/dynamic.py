@@ -1,0 +1,318 @@
+"""Dynamic sizes: one specialization for every size of an argument's leading dimension.
+
+A trace runs the function for real, so it sees concrete sizes only. Which sizes of a program follow
+an argument's size is learned by comparing two traces of the same call at two sizes (as kiln.onnx's
+``dynamic_axes`` does): they must have the same nodes, wiring and attributes, and wherever a size
+differs it must be the argument's size in both traces (it becomes a ``Sym``). A constant whose shape
+follows the size and holds one value (``zeros(batch, 10)``) becomes that value expanded; a scalar
+constant equal to the size (a mean's divisor, ``x.sum() / x.shape[0]``) becomes the size, counted
+in the graph. Anything else (``x.shape[0] // 2`` in an attribute, a constant computed from the size,
+a different program at the other size) keeps the call static, and ``kiln.explain`` says why.
+
+Python code reading a dynamic size (``x.shape[0]``) gets the concrete int of the traced call: what
+it computes lands in the graph as an attribute or a constant, where the comparison of the two
+traces sees it follow the size (a symbol) or not (the call stays specialized on its sizes). A size
+read by a branch the two traces took alike (``if x.shape[0] > 8``) cannot be seen this way, which
+``kiln.compile``'s docs say.
+
+Which dimensions are dynamic: the leading one of a tensor argument, once a second size >= 2 is seen
+for it (PyTorch's "automatic dynamic"), marked up front by ``mark_dynamic(t, 0)`` or by
+``kiln.compile(dynamic=True)``. Sizes 0 and 1 specialize, as in PyTorch (broadcasting and empty
+tensors behave differently there). Arguments whose sizes were equal in both traces share one symbol
+(PyTorch's "duck sizing"): the call key holds, per dynamic dimension, which of the call's distinct
+sizes it has, so a call where they differ misses and traces again.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...ir.graph import CONSTANT, Graph, GraphBuilder, Node, Value
+from ...ir.types import Sym, TensorType
+
+
+class NotDynamic(Exception):
+    """The two traces differ in a way a symbolic size cannot express: the call stays static."""
+
+
+# ---------------------------------------------------------------------- marking
+_MARKED: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
+
+
+def mark_dynamic(t, dim: int) -> None:
+    """Mark dimension ``dim`` of tensor ``t`` dynamic for the ``kiln.compile`` calls it is passed to:
+    such a call is traced once and compiled for every size of that dimension (see ``dynamic.py``)
+    when the next call brings another size. kiln compiles a dynamic leading dimension only.
+
+    >>> import kiln
+    >>> x = kiln.ones(8, 3)
+    >>> kiln.mark_dynamic(x, 0)
+    """
+    from ..tensor import Tensor  # noqa: PLC0415
+
+    if not isinstance(t, Tensor):
+        raise TypeError(f"mark_dynamic expected a tensor, got {type(t).__name__}")
+    if not isinstance(dim, int) or not -t.ndim <= dim < t.ndim:
+        raise IndexError(f"mark_dynamic: dim {dim!r} is out of range for a tensor of {t.ndim} dims")
+    dim %= t.ndim
+    if dim != 0:
+        raise ValueError(f"mark_dynamic: kiln compiles a dynamic leading dimension only (dim 0), got dim {dim}")
+    key = id(t)
+
+    def forget(_) -> None:
+        _MARKED.pop(key, None)
+
+    _MARKED[key] = (weakref.ref(t, forget), frozenset({dim}))
+
+
+def is_marked(t) -> bool:
+    entry = _MARKED.get(id(t))
+    return entry is not None and entry[0]() is t
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A trace kept uncompiled (``dynamic=True``, ``mark_dynamic``) until a call brings another size:
+    the two traces then make one dynamic specialization."""
+
+    key: tuple
+    sizes_source: Graph
+
+    def __str__(self) -> str:
+        return "traced with dynamic sizes; compiled once a call brings another size (or the same one again)"
+
+
+# ---------------------------------------------------------------------- keys
+class SizeClass(int):
+    """In a call key, a dynamic dimension's size stands as which of the call's distinct dynamic sizes
+    it has (0 for the first): calls that differ only in those sizes share a key."""
+
+    def __repr__(self) -> str:
+        return f"dynamic{int(self)}"
+
+
+def leading_sizes_differ(old: tuple, new: tuple) -> list[int] | None:
+    """The positions of the tensor parts of two call keys' argument parts that differ only in the
+    leading size, both >= 2 (None when anything else differs or nothing does)."""
+    if old[0] != new[0] or old[2:] != new[2:] or len(old[1]) != len(new[1]):
+        return None
+    positions = []
+    for i, (a, b) in enumerate(zip(old[1], new[1], strict=True)):
+        if a == b:
+            continue
+        if a[0] != "tensor" or b[0] != "tensor" or a[2:] != b[2:] or len(a[1]) != len(b[1]) or not a[1]:
+            return None
+        if a[1][1:] != b[1][1:] or isinstance(a[1][0], SizeClass) or isinstance(b[1][0], SizeClass):
+            return None
+        if a[1][0] < 2 or b[1][0] < 2:
+            return None
+        positions.append(i)
+    return positions or None
+
+
+# ---------------------------------------------------------------------- two traces -> one symbolic graph
+def size_symbols(pairs: Sequence[tuple[int, int]]) -> dict[Sym, tuple[int, int]]:
+    """A symbol per distinct pair of sizes (the size in the first trace, in the second)."""
+    return {Sym(f"s{k}"): pair for k, pair in enumerate(dict.fromkeys(pairs))}
+
+
+def symbolize(graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int]]) -> Graph:
+    """``graph_a`` with every size that follows a symbol written as the symbol (``sizes``: each
+    symbol's size in ``graph_a`` and in ``graph_b``); ``NotDynamic`` says where they differ otherwise."""
+    by_pair = {pair: sym for sym, pair in sizes.items()}
+    if len(graph_a.nodes) != len(graph_b.nodes) or len(graph_a.inputs) != len(graph_b.inputs):
+        raise NotDynamic(
+            f"the program has {len(graph_a.nodes)} nodes at one size and {len(graph_b.nodes)} at the other"
+        )
+    graph_b = _aligned(graph_a, graph_b)
+    values_a, values_b = list(graph_a.values()), list(graph_b.values())
+    index_a = {v: i for i, v in enumerate(values_a)}
+    index_b = {v: i for i, v in enumerate(values_b)}
+    types = [_type(a, b, by_pair) for a, b in zip(values_a, values_b, strict=True)]
+    builder = GraphBuilder()
+    new: dict[Value, Value] = {}
+    for v in graph_a.inputs:
+        new[v] = builder.input(types[index_a[v]])
+    size_values: dict[tuple[Sym, Any], Value] = {}
+    for na, nb in zip(graph_a.nodes, graph_b.nodes, strict=True):
+        where = f" (at {na.loc})" if na.loc else ""
+        if na.op != nb.op or [index_a[v] for v in na.inputs] != [index_b[v] for v in nb.inputs]:
+            raise NotDynamic(f"{na.op} at one size is {nb.op} at the other (or reads other values){where}")
+        out_type = types[index_a[na.output]] if len(na.outputs) == 1 else None
+        if na.op == CONSTANT:
+            a, b = graph_a.constants[na.attrs["name"]], graph_b.constants[nb.attrs["name"]]
+            new[na.output] = _constant(builder, a, b, out_type, by_pair, size_values, na.loc, where)
+            continue
+        if set(na.attrs) != set(nb.attrs):
+            raise NotDynamic(f"{na.op} has other attributes at the other size{where}")
+        attrs = {k: _attr(na.op, k, na.attrs[k], nb.attrs[k], by_pair, where) for k in na.attrs}
+        try:
+            out = builder.node(na.op, [new[v] for v in na.inputs], attrs, loc=na.loc)
+        except (TypeError, ValueError, IndexError) as error:  # a shape rule that takes no symbol (yet)
+            raise NotDynamic(f"{na.op} over a symbolic size: {error}{where}") from None
+        if out.type != out_type:
+            raise NotDynamic(f"{na.op}'s result is {out.type} by its shape rule, {out_type} by the traces{where}")
+        new[na.output] = out
+    if [index_a[v] for v in graph_a.outputs] != [index_b[v] for v in graph_b.outputs]:
+        raise NotDynamic("the outputs are other values at the other size")
+    return builder.build([new[v] for v in graph_a.outputs])
+
+
+def _aligned(graph_a: Graph, graph_b: Graph) -> Graph:
+    """``graph_b`` with its nodes in the order of their counterparts in ``graph_a``: two traces of one
+    program may record independent ops in another order (gradients accumulated in another order).
+    Nodes are matched by structure (op, attributes with their ints left out, and the structure of
+    their inputs); identical computations are interchangeable."""
+    table: dict = {}
+    keys_a, keys_b = _structure(graph_a, table), _structure(graph_b, table)
+    waiting: dict[int, list] = {}
+    for node in reversed(graph_b.nodes):
+        waiting.setdefault(keys_b[node.outputs[0]], []).append(node)
+    order = []
+    for node in graph_a.nodes:
+        matches = waiting.get(keys_a[node.outputs[0]])
+        if not matches:
+            where = f" (at {node.loc})" if node.loc else ""
+            raise NotDynamic(f"{node.op} has no counterpart in the program traced at the other size{where}")
+        order.append(matches.pop())
+    defined = set(graph_b.inputs)
+    for node in order:
+        if not defined.issuperset(node.inputs):
+            raise NotDynamic("the program traced at the other size computes the same values in another order")
+        defined.update(node.outputs)
+    return Graph(graph_b.inputs, tuple(order), graph_b.outputs, graph_b.constants)
+
+
+def _structure(graph: Graph, table: dict) -> dict[Value, int]:
+    """A number per value of ``graph`` that only values computed alike share (``table`` interns them)."""
+    keys: dict[Value, int] = {v: table.setdefault(("input", i), len(table)) for i, v in enumerate(graph.inputs)}
+    for node in graph.nodes:
+        if node.op == CONSTANT:
+            base: tuple = (CONSTANT, node.output.type.dtype.name, node.output.type.ndim)
+        else:
+            base = (node.op, _without_ints(tuple(sorted(node.attrs.items()))), *(keys[v] for v in node.inputs))
+        for k, v in enumerate(node.outputs):
+            keys[v] = table.setdefault((*base, k), len(table))
+    return keys
+
+
+def _without_ints(value):
+    if isinstance(value, tuple):
+        return tuple(_without_ints(v) for v in value)
+    if type(value) is int:
+        return "#"
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def _type(a: Value, b: Value, by_pair) -> TensorType:
+    if a.type.dtype is not b.type.dtype or a.type.ndim != b.type.ndim or a.type.device is not b.type.device:
+        raise NotDynamic(f"value %{a.id} is {a.type} at one size and {b.type} at the other")
+    shape = []
+    for x, y in zip(a.type.shape, b.type.shape, strict=True):
+        if x == y:
+            shape.append(x)
+        elif (x, y) in by_pair:
+            shape.append(by_pair[(x, y)])
+        else:
+            raise NotDynamic(f"value %{a.id} has a size that follows the dynamic size but is not it ({x} at one "
+                             f"size, {y} at the other: kiln's symbolic dimensions are whole sizes)")  # fmt: skip
+    return TensorType(tuple(shape), a.type.dtype, a.type.device)
+
+
+def _attr(op: str, key: str, a, b, by_pair, where: str):
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return tuple(_attr(op, key, x, y, by_pair, where) for x, y in zip(a, b, strict=True))
+    if type(a) is type(b) and (a == b or (a != a and b != b)):
+        return a
+    if type(a) is int and type(b) is int and (a, b) in by_pair:
+        return by_pair[(a, b)]
+    raise NotDynamic(f"{op}'s attribute {key} is {a!r} at one size and {b!r} at the other{where}")
+
+
+def _constant(builder: GraphBuilder, a, b, out_type, by_pair, size_values: dict, loc, where: str) -> Value:
+    """A constant of the symbolic graph: ``a`` itself when both traces hold the same array, the size
+    (times a whole number: a mean's count of elements) when a scalar is that in both, one value
+    expanded to a shape that follows the size."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"):
+        return builder.constant(a, out_type, loc)
+    multiple = _multiple_of_size(a, b, by_pair) if a.shape == b.shape == () else None
+    if multiple is not None:
+        sym, times = multiple
+        key = (sym, out_type)
+        if key not in size_values:
+            size_values[key] = _size_of(builder, sym, out_type, loc)
+        if times == 1:
+            return size_values[key]
+        factor = builder.constant(np.array(times, out_type.dtype.np), TensorType((), out_type.dtype, out_type.device))
+        return builder.node("mul", [size_values[key], factor], loc=loc)
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    if a.ndim == b.ndim and flat_a.size and flat_b.size and (flat_a == flat_a[0]).all() and (flat_b == flat_a[0]).all():
+        one = builder.constant(flat_a[:1].reshape((1,) * a.ndim).copy(), TensorType((1,) * a.ndim, out_type.dtype,
+                                                                                   out_type.device), loc)  # fmt: skip
+        return builder.node("expand", [one], {"shape": out_type.shape}, loc=loc)
+    raise NotDynamic(f"a constant of shape {list(a.shape)} holds other values at the other size ({list(b.shape)}): "
+                     f"a number computed from the size{where}")  # fmt: skip
+
+
+def _multiple_of_size(a: np.ndarray, b: np.ndarray, by_pair) -> tuple[Sym, int] | None:
+    """``(symbol, k)`` when the scalars ``a`` and ``b`` are ``k`` times the symbol's size in each trace."""
+    x, y = a.item(), b.item()
+    if isinstance(x, bool) or not isinstance(x, int | float) or not isinstance(y, int | float):
+        return None
+    for (size_a, size_b), sym in by_pair.items():
+        times = x / size_a
+        if times >= 1 and times == int(times) and x == int(times) * size_a and y == int(times) * size_b:
+            return sym, int(times)
+    return None
+
+
+def _size_of(builder: GraphBuilder, sym: Sym, out_type: TensorType, loc) -> Value:
+    """The size ``sym`` as a scalar of ``out_type``'s dtype: ones expanded to ``(sym,)`` and summed
+    (exact: an int sums exactly, a float below 2**24 too)."""
+    one = builder.constant(np.ones((1,), out_type.dtype.np), TensorType((1,), out_type.dtype, out_type.device), loc)
+    ones = builder.node("expand", [one], {"shape": (sym,)}, loc=loc)
+    return builder.node("reduce_sum", [ones], {"axes": (0,), "keepdim": False}, loc=loc)
+
+
+def bind_graph(graph: Graph, sizes: Mapping[Sym, int]) -> Graph:
+    """``graph`` (fused or not) with each symbol replaced by its size in ``sizes``: types, attributes
+    and kernel bodies. The nodes keep their positions, so one index names a node in either graph."""
+    builder = GraphBuilder()
+    new: dict[Value, Value] = {v: builder.input(v.type.bind(sizes)) for v in graph.inputs}
+    for node in graph.nodes:
+        outputs = tuple(builder.value(v.type.bind(sizes)) for v in node.outputs)
+        new.update(zip(node.outputs, outputs, strict=True))
+        attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
+        builder.nodes.append(Node(node.op, tuple(new[v] for v in node.inputs), attrs, outputs, node.loc))
+    builder.constants.update(graph.constants)
+    return builder.build([new[v] for v in graph.outputs])
+
+
+def _bind_attr(value, sizes: Mapping[Sym, int]):
+    if isinstance(value, Sym):
+        return int(sizes[value])
+    if isinstance(value, Graph):
+        return bind_graph(value, sizes)
+    if isinstance(value, tuple):
+        return tuple(_bind_attr(v, sizes) for v in value)
+    return value
+
+
+def symbol_positions(graph: Graph) -> tuple[tuple[Sym, int, int], ...]:
+    """``(symbol, input, axis)`` for the first input dimension that binds each symbol."""
+    found: dict[Sym, tuple[Sym, int, int]] = {}
+    for i, v in enumerate(graph.inputs):
+        for axis, d in enumerate(v.type.shape):
+            if isinstance(d, Sym) and d not in found:
+                found[d] = (d, i, axis)
+    return tuple(found.values())

@@ -1,0 +1,109 @@
+"""Random programs called with varying batch sizes, compiled against eager (``frontend/jit/dynamic.py``).
+
+Each program is a random chain of batch-preserving ops over an input of shape ``(batch, F)`` (and
+integer targets of ``(batch,)``): elementwise ops with captured weights, linear layers, softmax and
+log_softmax, sums over the features, views with ``-1`` and with ``x.shape[0]``, means over the
+batch, cross-entropy, and optionally a backward pass and an SGD step. It is called at batch sizes
+that repeat and change (with a size 1 among them, which specializes) and compared with the same
+program run eagerly at every call: values, and the parameters after each step. Most programs
+become dynamic at their second size; none may differ from eager, and none may trace again for a
+size >= 2 once dynamic.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.nn.functional as F
+from tests.conftest import assert_close
+
+SIZES = (6, 6, 11, 3, 1, 17, 6, 2, 11)
+PROGRAMS = 24
+
+
+def _program(seed: int):
+    """``(make, description)``: ``make()`` builds the program's parameters and its step function."""
+    r = random.Random(seed)
+    features = r.choice((3, 4, 8))
+    ops = [r.choice(("unary", "binary", "linear", "softmax", "sum", "view", "view_n", "scale"))
+           for _ in range(r.randint(2, 6))]  # fmt: skip
+    loss = r.choice(("mean", "cross_entropy", "sum_over_batch", "none"))
+    train = loss != "none" and r.random() < 0.6 and any(op in ("binary", "linear") for op in ops)  # has parameters
+
+    def make():
+        rng = np.random.default_rng(seed)
+        weights = [kiln.tensor(rng.normal(size=(features, features)).astype(np.float32) * 0.5, requires_grad=train)
+                   for _ in ops]  # fmt: skip
+        bias = kiln.tensor(rng.normal(size=(features,)).astype(np.float32), requires_grad=train)
+        opt = kiln.optim.SGD([*weights, bias], lr=0.05) if train else None
+
+        def step(x, target):
+            h = x
+            for op, w in zip(ops, weights, strict=True):
+                if op == "unary":
+                    h = kiln.tanh(h) if seed % 2 else F.relu(h)
+                elif op == "binary":
+                    h = h * bias + h
+                elif op == "linear":
+                    h = h @ w + bias
+                elif op == "softmax":
+                    h = F.log_softmax(h, dim=-1) if seed % 3 else F.softmax(h, dim=-1)
+                elif op == "sum":
+                    h = h - h.sum(-1, keepdim=True) / features
+                elif op == "view":
+                    h = (
+                        h.view(-1, 2, features // 2 if features % 2 == 0 else features).reshape(-1, features)
+                        if features % 2 == 0
+                        else h.view(-1, features)
+                    )
+                elif op == "view_n":
+                    h = h.reshape(x.shape[0], -1) * 1.5
+                else:
+                    h = h * 0.5 + 1.0
+            if loss == "mean":
+                out = (h * h).mean()
+            elif loss == "cross_entropy":
+                out = F.cross_entropy(h, target)
+            elif loss == "sum_over_batch":
+                out = h.sum(0).sum() / x.shape[0]
+            else:
+                return h
+            if train:
+                opt.zero_grad()
+                out.backward()
+                opt.step()
+            return out.detach() if train else out
+
+        return step, [*weights, bias]
+
+    return make, f"seed {seed}: features {features}, ops {ops}, loss {loss}, train {train}"
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("seed", range(PROGRAMS))
+def test_random_programs_at_varying_sizes_match_eager(seed):
+    make, description = _program(seed)
+    eager, eager_params = make()
+    step, params = make()
+    compiled = kiln.compile(step)
+    rng = np.random.default_rng(1000 + seed)
+    features = params[-1].shape[0]
+    made_after_dynamic = None
+    for call, n in enumerate(SIZES):
+        x = rng.normal(size=(n, features)).astype(np.float32)
+        target = rng.integers(0, features, n)
+        expected = eager(kiln.tensor(x), kiln.tensor(target))
+        actual = compiled(kiln.tensor(x), kiln.tensor(target))
+        where = f"{description}; call {call} at batch {n}"
+        assert_close(actual.detach().numpy(), expected.detach().numpy(), rtol=1e-4, atol=1e-5), where
+        for p, q in zip(params, eager_params, strict=True):
+            assert_close(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-5)
+        specs = compiled.state.specializations
+        if made_after_dynamic is not None and n >= 2:
+            assert len(specs) == made_after_dynamic, f"{description}: traced again at {n} after becoming dynamic"
+        if any(s.dynamic for s in specs):
+            made_after_dynamic = len(specs)  # (a size 1 is a static specialization of its own)
