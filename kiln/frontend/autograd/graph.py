@@ -16,9 +16,12 @@ from typing import Any
 
 from ...ir.types import TensorType
 from ..jit import state as _jit
+from . import grad_mode
 from .grad_mode import enable_grad, state
 
 _sequence = itertools.count()
+_new_object = object.__new__
+_weak_reference = weakref.ref
 Edge = tuple["Node", int] | None
 
 
@@ -33,8 +36,8 @@ class Node:
         self.seq = next(_sequence)  # later nodes run first when several are ready
         self.pre_hooks: dict[int, list] | None = None  # output_nr -> hooks on that gradient
         self.hooks: list | None = None
-        # Anomaly mode keeps the user's stack at the forward op, to name it if backward fails.
-        self.forward_stack = traceback.format_stack()[:-3] if state.anomaly else None
+        # anomaly mode: the stack at the forward op (less Node's and its subclass's __init__ and their caller)
+        self.forward_stack = _forward_stack(3) if grad_mode.anomaly_used and state.anomaly else None
 
     def name(self) -> str:
         return type(self).__name__
@@ -58,6 +61,12 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<{self.name()} object>"
+
+
+def _forward_stack(frames_of_kiln: int) -> list[str]:
+    """The stack at the forward op that makes a node, less the last ``frames_of_kiln`` frames below
+    this call (the node's construction): anomaly mode names it if the node's backward fails."""
+    return traceback.format_stack()[: -1 - frames_of_kiln]
 
 
 class RemovableHandle:
@@ -195,27 +204,13 @@ def _freed_error(node: Node) -> FreedGraphError:
 
 
 class PrimBackward(Node):
-    """The backward of one primitive call: runs the primitive's VJP rule."""
+    """The backward of one primitive call: runs the primitive's VJP rule. Made by ``record``."""
 
     __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_output",
                  "view_version")  # fmt: skip
-
-    def __init__(self, prim, attrs: dict, inputs: tuple, result) -> None:
-        edges, shapes, dtypes = [], [], []
-        for t in inputs:  # one pass: this runs for every recorded op
-            edges.append(_edge_of(t))
-            shapes.append(t._data.shape)
-            dtypes.append(t._dtype)
-        super().__init__(tuple(edges))
-        self.prim, self.attrs = prim, attrs
-        self.input_shapes, self.input_dtypes = tuple(shapes), tuple(dtypes)
-        self.device = result._device
-        self.saved_inputs: tuple[SavedTensor, ...] | None  # None once released
-        self.saved_inputs = tuple(SavedTensor(t) for t in inputs) if prim.save_inputs else ()
-        self.saved_output: SavedTensor | bool | None  # False: not saved; None: released
-        self.saved_output = SavedTensor(result, self) if prim.save_output else False
-        # the version of a view's memory when this node became its history (-1: not a view's)
-        self.view_version = result._version[0] if prim.is_view else -1
+    saved_inputs: tuple[SavedTensor, ...] | None  # None once released
+    saved_output: SavedTensor | bool | None  # False: not saved; None: released
+    view_version: int  # the version of a view's memory when this node became its history (-1: not a view's)
 
     def name(self) -> str:
         return "".join(part.capitalize() for part in self.prim.name.split("_")) + "Backward"
@@ -233,11 +228,7 @@ class PrimBackward(Node):
 class AccumulateGrad(Node):
     """The sink of a leaf tensor: adds the incoming gradient into ``leaf.grad``."""
 
-    __slots__ = ("variable",)
-
-    def __init__(self, variable) -> None:
-        super().__init__(())
-        self.variable = variable
+    __slots__ = ("variable",)  # the leaf; made by ``grad_accumulator``
 
     def apply(self, grads: list) -> tuple:
         accumulate_into_grad(self.variable, grads[0])
@@ -278,7 +269,9 @@ def _edge_of(t) -> Edge:
             refresh_view_history(t)
         return (t.grad_fn, t._output_nr)
     if t._requires_grad:
-        return (grad_accumulator(t), 0)
+        ref = t._grad_acc  # grad_accumulator's common case, inlined
+        acc = ref() if ref is not None else None
+        return (acc if acc is not None else grad_accumulator(t), 0)
     return None
 
 
@@ -315,8 +308,13 @@ def grad_accumulator(leaf) -> AccumulateGrad:
     """The leaf's AccumulateGrad, shared by every node that uses the leaf (held weakly)."""
     acc = leaf._grad_acc() if leaf._grad_acc is not None else None
     if acc is None:
-        acc = AccumulateGrad(leaf)
-        leaf._grad_acc = weakref.ref(acc)
+        # Made without a constructor's call (~0.1 us): a leaf whose graph is dropped after each op
+        # (``y = x + 1`` with x requiring grad) makes a new accumulator every time.
+        acc = _new_object(AccumulateGrad)
+        acc.next_edges, acc.seq, acc.pre_hooks, acc.hooks = (), next(_sequence), None, None
+        acc.forward_stack = _forward_stack(1) if grad_mode.anomaly_used and state.anomaly else None
+        acc.variable = leaf
+        leaf._grad_acc = _weak_reference(acc)
     return acc
 
 
@@ -324,7 +322,26 @@ def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
     """Attach ``prim``'s backward to ``result`` (called by dispatch when a gradient may flow)."""
     if not result._dtype.is_floating_point:
         return  # integer and bool results carry no gradient
-    node = PrimBackward(prim, attrs, inputs, result)
+    # The node's fields written here, without a constructor's call, and binary ops unrolled: this
+    # runs for every recorded op, where each call, loop or generator is a visible part of its time.
+    node = _new_object(PrimBackward)
+    if len(inputs) == 2:
+        a, b = inputs
+        node.next_edges = (_edge_of(a), _edge_of(b))
+        node.input_shapes = (a._data.shape, b._data.shape)
+        node.input_dtypes = (a._dtype, b._dtype)
+    else:
+        node.next_edges = tuple([_edge_of(t) for t in inputs])
+        node.input_shapes = tuple([t._data.shape for t in inputs])
+        node.input_dtypes = tuple([t._dtype for t in inputs])
+    node.seq = next(_sequence)
+    node.pre_hooks = node.hooks = None
+    node.forward_stack = _forward_stack(1) if grad_mode.anomaly_used and state.anomaly else None  # less record
+    node.prim, node.attrs = prim, attrs
+    node.device = result._device
+    node.saved_inputs = tuple([SavedTensor(t) for t in inputs]) if prim.save_inputs else ()
+    node.saved_output = SavedTensor(result, node) if prim.save_output else False
+    node.view_version = result._version[0] if prim.is_view else -1
     result.grad_fn = node
     result._output_nr = 0
     result._requires_grad = True

@@ -47,6 +47,13 @@ def _binary(prim, a, b, name: str) -> Tensor:
 
 
 def _float_binary(prim, a, b, name: str) -> Tensor:
+    # Fast path: floats of one dtype, or a float tensor and a number (which never widens it).
+    if isinstance(a, Tensor) and a._dtype.category == _FLOAT_CATEGORY:
+        if isinstance(b, Tensor):
+            if a._dtype is b._dtype:
+                return apply(prim, a, b)
+        elif b.__class__ is float or b.__class__ is int:
+            return apply(prim, a, scalar_tensor(b, a._dtype, a._device))
     return apply(prim, *promote(a, b, op=name, floating=True))
 
 
@@ -405,6 +412,18 @@ def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- Python operators
+def _operator(prim, name: str):
+    """``self + other`` and the like: ``_binary``'s fast path inlined, one Python call fewer than
+    ``add(self, other)`` on the most common ops (~0.04 us of a ~0.9 us one-element add)."""
+
+    def op(self: Tensor, other) -> Tensor:
+        if isinstance(other, Tensor) and self._dtype is other._dtype:
+            return apply(prim, self, other)
+        return _binary(prim, self, other, name)
+
+    return op
+
+
 def _bool_only(name: str, logical):
     def op(a, b):
         if isinstance(a, Tensor) and a._dtype is not dt.bool_ or isinstance(b, Tensor) and b._dtype is not dt.bool_:
@@ -417,9 +436,9 @@ def _bool_only(name: str, logical):
 
 
 _OPERATORS = {
-    "__add__": add, "__radd__": lambda a, b: add(b, a),
-    "__sub__": sub, "__rsub__": lambda a, b: sub(b, a),
-    "__mul__": mul, "__rmul__": lambda a, b: mul(b, a),
+    "__add__": _operator(_add, "add"), "__radd__": lambda a, b: add(b, a),
+    "__sub__": _operator(_sub, "sub"), "__rsub__": lambda a, b: sub(b, a),
+    "__mul__": _operator(_mul, "mul"), "__rmul__": lambda a, b: mul(b, a),
     "__truediv__": div, "__rtruediv__": lambda a, b: div(b, a),
     "__floordiv__": floor_divide, "__rfloordiv__": lambda a, b: floor_divide(b, a),
     "__mod__": remainder, "__rmod__": lambda a, b: remainder(b, a),
