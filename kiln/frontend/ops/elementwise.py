@@ -59,7 +59,7 @@ def _float_binary(prim, a, b, name: str) -> Tensor:
 
 def _unary_float(prim, x: Tensor) -> Tensor:
     """A float-valued function: integer and bool inputs compute in the default float dtype."""
-    if not x._dtype.is_floating_point:
+    if x._dtype.category != _FLOAT_CATEGORY:
         x = cast(x, dt.get_default_dtype())
     return apply(prim, x)
 
