@@ -222,7 +222,9 @@ class PrimBackward(Node):
         would, and a graph dropped unused (``y = w * x`` in a loop) makes no accumulator at all.
         PyTorch makes one per op there, which is ~0.15 us of a one-element op's ~1.3 us."""
         if self._leaves_pending:  # (the leaf's edge whatever became of it since, as if made at once)
-            self._edges = tuple([e if e is None or e.__class__ is tuple else (grad_accumulator(e), 0) for e in self._edges])
+            self._edges = tuple(
+                [e if e is None or e.__class__ is tuple else (grad_accumulator(e), 0) for e in self._edges]
+            )
             self._leaves_pending = False
         return self._edges
 
