@@ -86,15 +86,15 @@ def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
         trace = _jit.current.get()
         if trace is not None:
             trace.record(prim, inputs, attrs, result)
-    if _grad_state.grad_enabled and prim.vjp is not NOT_DIFFERENTIABLE:
-        if arity == 2:
-            if first._requires_grad or inputs[1]._requires_grad:
-                _graph.record(prim, inputs, attrs, result)
-        else:
-            for t in inputs:
-                if t._requires_grad:
-                    _graph.record(prim, inputs, attrs, result)
-                    break
+    # Whether an input requires grad first: grad mode is thread-local state, slower to read (~20 ns).
+    if arity == 2:
+        needs_grad = first._requires_grad or inputs[1]._requires_grad
+    elif arity == 1:
+        needs_grad = first._requires_grad
+    else:
+        needs_grad = any([t._requires_grad for t in inputs])
+    if needs_grad and _grad_state.grad_enabled and prim.vjp is not NOT_DIFFERENTIABLE:
+        _graph.record(prim, inputs, attrs, result)
     return result
 
 

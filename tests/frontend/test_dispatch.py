@@ -157,3 +157,11 @@ def test_float_division_by_a_number_keeps_the_dtype_and_the_gradient():
     y.sum().backward()
     assert x.grad.tolist() == [0.5, 0.5]
     assert (kiln.tensor([3, 4]) / 2).tolist() == [1.5, 2.0]  # integers divide as floats
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int32", "int64"])
+def test_relu_keeps_the_dtype_as_pytorch_does(torch, dtype):
+    values = [-2, 0, 3]
+    ours = kiln.relu(kiln.tensor(values, dtype=getattr(kiln, dtype)))
+    theirs = torch.relu(torch.tensor(values, dtype=getattr(torch, dtype)))
+    assert ours.dtype.name == dtype and ours.tolist() == theirs.tolist() == [0, 0, 3]
