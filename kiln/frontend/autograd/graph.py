@@ -22,7 +22,6 @@ from .grad_mode import enable_grad, state
 
 _next_seq = itertools.count().__next__  # a bound method: cheaper than next(counter)
 _new_object = object.__new__
-_weak_reference = weakref.ref
 Edge = tuple["Node", int] | None
 
 
@@ -244,7 +243,11 @@ class PrimBackward(Node):
 class AccumulateGrad(Node):
     """The sink of a leaf tensor: adds the incoming gradient into ``leaf.grad``."""
 
-    __slots__ = ("variable",)  # the leaf; made by ``grad_accumulator``
+    __slots__ = ("variable",)
+
+    def __init__(self, variable) -> None:
+        super().__init__(())
+        self.variable = variable
 
     def apply(self, grads: list) -> tuple:
         accumulate_into_grad(self.variable, grads[0])
@@ -285,9 +288,7 @@ def _edge_of(t) -> Edge:
             refresh_view_history(t)
         return (t.grad_fn, t._output_nr)
     if t._requires_grad:
-        ref = t._grad_acc  # grad_accumulator, inlined
-        acc = ref() if ref is not None else None
-        return (acc if acc is not None else _new_accumulator(t), 0)
+        return (grad_accumulator(t), 0)
     return None
 
 
@@ -322,21 +323,10 @@ def _regenerate_view_history(view) -> None:
 
 def grad_accumulator(leaf) -> AccumulateGrad:
     """The leaf's AccumulateGrad, shared by every node that uses the leaf (held weakly)."""
-    ref = leaf._grad_acc
-    acc = ref() if ref is not None else None
-    return acc if acc is not None else _new_accumulator(leaf)
-
-
-def _new_accumulator(leaf) -> AccumulateGrad:
-    # Made without a constructor's call (~0.1 us): a leaf whose graph is dropped after each op
-    # (``y = x + 1`` with x requiring grad) makes a new accumulator every time, as in PyTorch.
-    acc = _new_object(AccumulateGrad)
-    acc.next_edges = ()
-    acc.seq = _next_seq()
-    acc.pre_hooks = acc.hooks = None
-    acc.forward_stack = _forward_stack(2) if grad_mode.anomaly_used and state.anomaly else None
-    acc.variable = leaf
-    leaf._grad_acc = _weak_reference(acc)
+    acc = leaf._grad_acc() if leaf._grad_acc is not None else None
+    if acc is None:
+        acc = AccumulateGrad(leaf)
+        leaf._grad_acc = weakref.ref(acc)
     return acc
 
 
