@@ -313,10 +313,11 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spi
 #   32x256 @ 256x1024   8M        153  / 85-107      (1.4-1.8x)
 #   64x512 @ 512x512    16M       270  / 145-165     (1.6-1.9x)
 # A second thread gains a few microseconds below 4M and costs a scheduler time slice whenever another
-# process holds the other core: 16x128 @ 128x512 next to two busy-looping processes took 1.0-6.9 ms
-# a call on average on 2 threads (median 21 us: most calls are fine, a few wait 30-300 ms for the
-# second thread), 0.09-0.21 ms on one. Setting OpenBLAS's thread count costs 0.15 us (ctypes), and a
-# small product sets it twice: about 1% of the 24 us product.
+# process holds the other core: 16x128 @ 128x512 with other processes busy took 0.4-15 ms a call on
+# average on 2 threads (median 14-22 us: most calls are fine, a few wait 30-300 ms for the second
+# thread; PyTorch's MKL on 2 threads 1-15 ms), 0.09-0.29 ms on one (median 24 us, p99 41-70 us).
+# Reading and setting OpenBLAS's thread count around a small product costs 0.4 us (ctypes): under
+# 2% of the 24 us product.
 BLAS_MIN_PARALLEL_MACS = 4 << 20
 
 
@@ -350,7 +351,11 @@ def _find_blas() -> None:
     ours = [path for path in libraries if path.startswith(home)] or libraries[:1]
     if not ours:
         return
-    library = ctypes.CDLL(ours[0])
+    try:
+        library = ctypes.CDLL(ours[0])  # already loaded by numpy: this only finds it
+    except OSError as error:
+        logger.debug("kiln: numpy's OpenBLAS could not be opened (%s); products keep its thread count", error)
+        return
     for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
         get = getattr(library, f"{prefix}openblas_get_num_threads{suffix}", None)
         set_ = getattr(library, f"{prefix}openblas_set_num_threads{suffix}", None)
