@@ -249,10 +249,10 @@ def relu(input: Tensor) -> Tensor:
     # where(x <= 0, 0, x), not maximum(x, 0): maximum splits the gradient at 0 (PyTorch gives 0
     # there), and `x > 0` as the condition would turn nan into 0 (PyTorch keeps nan).
     if isinstance(input, Tensor) and input._dtype.category != dt.BOOL:
-        # what le() and where() would promote 0 to: one zero of x's dtype, made once (a third of
-        # the eager time of a small relu went to making and promoting the two)
-        zero = scalar_tensor(0, input._dtype, input._device)
-        return apply(_where, apply(_le, input, zero), zero, input)
+        # le() and where() without their promotion: 0 is a zero of x's dtype for both (two of them,
+        # made in the order le() and where() make them, so a traced graph is the same as theirs)
+        below = apply(_le, input, scalar_tensor(0, input._dtype, input._device))
+        return apply(_where, below, scalar_tensor(0, input._dtype, input._device), input)
     return where(le(input, 0), 0, input)
 
 
