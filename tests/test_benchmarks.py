@@ -194,7 +194,7 @@ def test_eager_overhead_quick_run(tiny, tmp_path, capsys):
     out = tmp_path / "latest.json"
     assert run.main(["--quick", "--in-process", "--json", str(out), "eager_overhead"]) == 0
     data = json.loads(out.read_text())
-    cases = [eager_overhead.ADD_TINY, eager_overhead.ADD_TINY_GRAD, eager_overhead.ADD_LARGE, eager_overhead.MATMUL]
+    cases = eager_overhead.CASES
     by_key = {(r["case"], r["impl"]): r for r in data["results"]}
     for case in cases:
         kiln_result = by_key[(case, "kiln")]
@@ -218,7 +218,7 @@ def test_eager_overhead_cases_compute_the_same_values():
 
     import kiln
 
-    for case in (eager_overhead.ADD_TINY, eager_overhead.ADD_LARGE, eager_overhead.MATMUL):
+    for case in (c for c in eager_overhead.CASES if c != eager_overhead.ADD_TINY_GRAD):
         x, y, stmt = eager_overhead._inputs(case)
         expected = eval(stmt, {"x": x, "y": y})
         actual = eval(stmt, {"x": kiln.from_numpy(x), "y": kiln.from_numpy(y)})
@@ -418,7 +418,10 @@ def test_paper_workloads_compiled_eager_and_torch_take_the_same_steps(torch, nam
     """ResNet-18, the LSTM LM and NCF at quick sizes: kiln compiled (the default backend) agrees with
     kiln eager step after step, and both with PyTorch eager from the same weights and batch. Against
     torch only the first steps: ResNet-18 fits its 4 images within 3 steps (loss 2.6 -> 0.03), which
-    amplifies float32 rounding differences to 2e-3 relative; compiled and eager stay within 1e-5."""
+    amplifies float32 rounding differences to 2e-3 relative; compiled and eager stay within 1e-5.
+    The order in which BLAS sums a product differs with its thread count, and kiln runs small
+    products on one thread (``runtime.threads.run_blas_product``): ResNet-18's second loss is
+    1.1e-4 from PyTorch's with numpy's BLAS on 2 threads, 2.1e-4 with its small products on one."""
     workload = paper_models.WORKLOADS[name]
     compiled, _ = paper_models.kiln_step(workload, quick=True)
     eager, _ = paper_models.kiln_step(workload, quick=True, compiled=False)
@@ -427,4 +430,4 @@ def test_paper_workloads_compiled_eager_and_torch_take_the_same_steps(torch, nam
         ours, expected = eager().item(), reference().item()
         np.testing.assert_allclose(compiled().item(), ours, rtol=1e-4, atol=1e-6)
         if step < 2:
-            np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(ours, expected, rtol=5e-4, atol=1e-5)

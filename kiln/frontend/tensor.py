@@ -15,6 +15,7 @@ import numpy as np
 
 from ..ir import dtypes as dt
 from ..ir.types import CPU, Device
+from .autograd import grad_mode as _grad_mode
 from .autograd.grad_mode import state as _grad_state
 from .jit import state as _jit
 
@@ -417,7 +418,7 @@ def make_tensor(array, device: Device = CPU, dtype: dt.DType | None = None) -> T
     t._hooks = None
     t._retains_grad = False
     t._grad_acc = None
-    t._inference = _grad_state.inference
+    t._inference = _grad_mode.inference_used and _grad_state.inference
     t._trace = None
     t._post_accumulate_hooks = None
     if _jit.tracing:

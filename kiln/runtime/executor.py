@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from operator import attrgetter, itemgetter
 from typing import Any, cast
 
@@ -39,7 +40,7 @@ import numpy as np
 from ..ir.analysis import Liveness, constant_views
 from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
 from ..ir.interpreter import kernel_runner, node_error
-from ..ir.primitives import PRIMITIVES
+from ..ir.primitives import PRIMITIVES, Kind
 from . import allocator, profiling, threads
 from .frames import Frame, PointerTables, data_pointer
 
@@ -154,7 +155,7 @@ class ExternCall:
     """A primitive's eager kernel; its result copied into C order unless it is a view."""
 
     __slots__ = ("node", "position", "dead", "eager", "eager_into", "args", "attrs", "out", "dtype", "into",
-                 "normalize")  # fmt: skip
+                 "normalize", "product")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], planned: bool) -> None:
         self.node, self.position, self.dead = node, position, dead
@@ -166,15 +167,21 @@ class ExternCall:
         self.dtype = node.output.type.dtype.np
         self.into = self.out if (prim.eager_into is not None and planned) else -1  # out= into the arena
         self.normalize = not prim.is_view  # a view's layout is derived from its input's
+        self.product = prim.kind is Kind.MATMUL  # a BLAS product: a small one runs on one BLAS thread
 
     def run(self, env: list, tables: PointerTables) -> None:
         if self.normalize:  # not a view: BLAS's threads (a matmul) may want the cores workers spin on
             threads.park()
         args = [env[slot] for slot in self.args]
+        eager_into, eager = self.eager_into, self.eager
+        if self.product:  # too small to gain from a second BLAS thread: on one (threads.run_blas_product)
+            macs = threads.matmul_macs(args[0].shape, args[1].shape)
+            kernel = eager_into if self.into >= 0 else eager
+            eager_into = eager = partial(threads.run_blas_product, kernel, macs)  # type: ignore[arg-type]  # set when into >= 0
         if self.into >= 0:
-            self.eager_into(np, *args, out=env[self.into], **self.attrs)  # type: ignore[misc]  # set when into >= 0
+            eager_into(np, *args, out=env[self.into], **self.attrs)  # type: ignore[misc]  # set when into >= 0
         else:
-            result = self.eager(np, *args, **self.attrs)
+            result = eager(np, *args, **self.attrs)
             if result.__class__ is not np.ndarray:
                 result = np.asarray(result, dtype=self.dtype)
             elif self.normalize and (not result.flags.c_contiguous or _aliases_an_argument(result, self.args, env)):

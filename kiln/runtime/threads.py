@@ -36,13 +36,17 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
+import math
 import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PARALLEL_MIN_WORK_BYTES", "get_num_threads", "parallel_for", "park", "set_num_threads"]
+__all__ = [
+    "BLAS_MIN_PARALLEL_MACS", "PARALLEL_MIN_WORK_BYTES", "get_num_threads", "matmul_macs", "parallel_for", "park",
+    "run_blas_product", "set_num_threads",
+]  # fmt: skip
 
 # Below this many bytes read + written, a kernel runs on the calling thread alone.
 # Measured on this project's 2-core x86-64 (AMD EPYC, AVX-512, 2 MiB L2 per core, a Firecracker
@@ -296,3 +300,87 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spi
     task.done.acquire()  # the workers write into the caller's buffers: wait for them even on error
     if task.errors:
         raise task.errors[0]
+
+
+# ----------------------------------------------------------------------------- BLAS threads per product
+# A matrix product of fewer multiply-adds (per BLAS call) than this runs on one BLAS thread, eager or
+# compiled, as PyTorch's grain sizes keep small work on one thread. numpy's OpenBLAS splits every
+# product over 256K multiply-adds over all its threads. On this project's 2-core VM (shared, so
+# the gains vary), min of medians in us, 1 thread / 2 threads:
+#   16x128 @ 128x512    1M MACs   23.7 / 20.0-22.0   (1.08-1.18x)
+#   128x128 @ 128x128   2M        33   / 21-40       (0.8-1.6x)
+#   64x256 @ 256x256    4M        69   / 37-52       (1.3-1.9x)
+#   32x256 @ 256x1024   8M        153  / 85-107      (1.4-1.8x)
+#   64x512 @ 512x512    16M       270  / 145-165     (1.6-1.9x)
+# A second thread gains a few microseconds below 4M and costs a scheduler time slice whenever another
+# process holds the other core: 16x128 @ 128x512 with other processes busy took 0.4-15 ms a call on
+# average on 2 threads (median 14-22 us: most calls are fine, a few wait 30-300 ms for the second
+# thread; PyTorch's MKL on 2 threads 1-15 ms), 0.09-0.29 ms on one (median 24 us, p99 41-70 us).
+# Reading and setting OpenBLAS's thread count around a small product costs 0.4 us (ctypes): under
+# 2% of the 24 us product.
+BLAS_MIN_PARALLEL_MACS = 4 << 20
+
+
+def matmul_macs(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
+    """The multiply-adds of one BLAS call of the matmul primitive on operands of these shapes (the
+    batch of a stack times a matrix is one product there, other batches one product per matrix)."""
+    m, k, n = a_shape[-2], a_shape[-1], b_shape[-1]
+    rows = m if len(b_shape) > 2 else math.prod(a_shape[:-1])
+    return rows * k * n
+
+
+class _Blas:
+    """numpy's OpenBLAS thread-count functions (ctypes), found on first use; None where numpy's BLAS
+    is not an OpenBLAS that threadpoolctl finds (products then keep the BLAS's own choice)."""
+
+    found = False
+    get_threads: Callable[[], int] | None = None
+    set_threads: Callable[[int], None] | None = None
+
+
+_blas = _Blas()
+
+
+def _find_blas() -> None:
+    _blas.found = True
+    import numpy  # noqa: PLC0415 - this layer imports numpy only when it needs its BLAS
+    from threadpoolctl import ThreadpoolController  # noqa: PLC0415 - scans the loaded libraries (~3 ms)
+
+    libraries = [c.filepath for c in ThreadpoolController().select(internal_api="openblas").lib_controllers]
+    home = os.path.dirname(numpy.__file__)  # numpy's own copy lives in numpy/ or numpy.libs/ (wheels)
+    ours = [path for path in libraries if path.startswith(home)] or libraries[:1]
+    if not ours:
+        return
+    try:
+        library = ctypes.CDLL(ours[0])  # already loaded by numpy: this only finds it
+    except OSError as error:
+        logger.debug("kiln: numpy's OpenBLAS could not be opened (%s); products keep its thread count", error)
+        return
+    for prefix, suffix in itertools.product(("", "scipy_"), ("", "64_", "_64")):
+        get = getattr(library, f"{prefix}openblas_get_num_threads{suffix}", None)
+        set_ = getattr(library, f"{prefix}openblas_set_num_threads{suffix}", None)
+        if get is not None and set_ is not None:
+            get.restype, get.argtypes = ctypes.c_int, []
+            set_.restype, set_.argtypes = None, [ctypes.c_int]
+            _blas.get_threads, _blas.set_threads = get, set_
+            return
+
+
+def run_blas_product(kernel: Callable[..., Any], macs: int, *args: Any, **kwargs: Any) -> Any:
+    """``kernel(*args, **kwargs)``, a BLAS matrix product of ``macs`` multiply-adds per BLAS call, on
+    one BLAS thread when it is too small to gain from more (``BLAS_MIN_PARALLEL_MACS``); OpenBLAS's
+    thread count is restored after. (The count is the process's: a product another Python thread
+    runs meanwhile gets one thread too, which costs it time, never a wrong result.)"""
+    if macs >= BLAS_MIN_PARALLEL_MACS:
+        return kernel(*args, **kwargs)
+    if not _blas.found:
+        _find_blas()
+    get, set_ = _blas.get_threads, _blas.set_threads
+    threads = get() if get is not None else 1
+    if threads < 2 or set_ is None:
+        return kernel(*args, **kwargs)
+    set_(1)
+    try:
+        return kernel(*args, **kwargs)
+    finally:
+        set_(threads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import grad_mode
 from .grad_mode import state
 
 
@@ -16,6 +17,7 @@ class set_detect_anomaly:
     def __init__(self, mode: bool) -> None:
         self._prev = state.anomaly
         state.anomaly = bool(mode)
+        grad_mode.anomaly_used = grad_mode.anomaly_used or state.anomaly
 
     def __enter__(self) -> None:
         pass
@@ -31,4 +33,4 @@ class detect_anomaly(set_detect_anomaly):
         self._prev = state.anomaly
 
     def __enter__(self) -> None:
-        state.anomaly = True
+        state.anomaly = grad_mode.anomaly_used = True

@@ -28,6 +28,7 @@ __all__ = [
 ]  # fmt: skip
 
 _add, _sub, _mul, _div = P["add"], P["sub"], P["mul"], P["div"]
+_le, _where = P["le"], P["where"]
 _FLOAT_CATEGORY = dt.FLOATING
 
 
@@ -47,12 +48,19 @@ def _binary(prim, a, b, name: str) -> Tensor:
 
 
 def _float_binary(prim, a, b, name: str) -> Tensor:
+    # Fast path: floats of one dtype, or a float tensor and a number (which never widens it).
+    if isinstance(a, Tensor) and a._dtype.category == _FLOAT_CATEGORY:
+        if isinstance(b, Tensor):
+            if a._dtype is b._dtype:
+                return apply(prim, a, b)
+        elif b.__class__ is float or b.__class__ is int:
+            return apply(prim, a, scalar_tensor(b, a._dtype, a._device))
     return apply(prim, *promote(a, b, op=name, floating=True))
 
 
 def _unary_float(prim, x: Tensor) -> Tensor:
     """A float-valued function: integer and bool inputs compute in the default float dtype."""
-    if not x._dtype.is_floating_point:
+    if x._dtype.category != _FLOAT_CATEGORY:
         x = cast(x, dt.get_default_dtype())
     return apply(prim, x)
 
@@ -240,6 +248,11 @@ def round(input: Tensor, *, decimals: int = 0) -> Tensor:
 def relu(input: Tensor) -> Tensor:
     # where(x <= 0, 0, x), not maximum(x, 0): maximum splits the gradient at 0 (PyTorch gives 0
     # there), and `x > 0` as the condition would turn nan into 0 (PyTorch keeps nan).
+    if isinstance(input, Tensor) and input._dtype.category != dt.BOOL:
+        # le() and where() without their promotion: 0 is a zero of x's dtype for both (two of them,
+        # made in the order le() and where() make them, so a traced graph is the same as theirs)
+        below = apply(_le, input, scalar_tensor(0, input._dtype, input._device))
+        return apply(_where, below, scalar_tensor(0, input._dtype, input._device), input)
     return where(le(input, 0), 0, input)
 
 
@@ -405,6 +418,18 @@ def lerp(input: Tensor, end: Tensor, weight) -> Tensor:
 
 
 # ----------------------------------------------------------------------------- Python operators
+def _operator(prim, name: str):
+    """``self + other`` and the like: ``_binary``'s fast path inlined, one Python call fewer than
+    ``add(self, other)`` on the most common ops (~0.04 us of a ~0.9 us one-element add)."""
+
+    def op(self: Tensor, other) -> Tensor:
+        if isinstance(other, Tensor) and self._dtype is other._dtype:
+            return apply(prim, self, other)
+        return _binary(prim, self, other, name)
+
+    return op
+
+
 def _bool_only(name: str, logical):
     def op(a, b):
         if isinstance(a, Tensor) and a._dtype is not dt.bool_ or isinstance(b, Tensor) and b._dtype is not dt.bool_:
@@ -417,9 +442,9 @@ def _bool_only(name: str, logical):
 
 
 _OPERATORS = {
-    "__add__": add, "__radd__": lambda a, b: add(b, a),
-    "__sub__": sub, "__rsub__": lambda a, b: sub(b, a),
-    "__mul__": mul, "__rmul__": lambda a, b: mul(b, a),
+    "__add__": _operator(_add, "add"), "__radd__": lambda a, b: add(b, a),
+    "__sub__": _operator(_sub, "sub"), "__rsub__": lambda a, b: sub(b, a),
+    "__mul__": _operator(_mul, "mul"), "__rmul__": lambda a, b: mul(b, a),
     "__truediv__": div, "__rtruediv__": lambda a, b: div(b, a),
     "__floordiv__": floor_divide, "__rfloordiv__": lambda a, b: floor_divide(b, a),
     "__mod__": remainder, "__rmod__": lambda a, b: remainder(b, a),

@@ -12,6 +12,7 @@ import math
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes
+from ...runtime.threads import matmul_macs, run_blas_product
 from ..autocast import LOWER, autocast_op
 from ..dispatch import apply
 from ..tensor import Tensor, method
@@ -35,6 +36,12 @@ def _same_dtype(a: Tensor, b: Tensor, op: str) -> None:
 def _sparse(x) -> bool:
     """Whether ``x`` is a COO sparse tensor (``ops.sparse``), which takes its own products."""
     return x.__class__ is not Tensor and getattr(x, "is_sparse", False)
+
+
+def _product(a: Tensor, b: Tensor) -> Tensor:
+    """The matmul primitive on ``a`` and ``b``: a product too small to gain from a second BLAS
+    thread runs on one (``runtime.threads.run_blas_product``)."""
+    return run_blas_product(apply, matmul_macs(a._data.shape, b._data.shape), _matmul, a, b)
 
 
 def _with_shape(x: Tensor, shape: tuple[int, ...]) -> Tensor:
@@ -62,7 +69,7 @@ def matmul(input: Tensor, other: Tensor) -> Tensor:
         )
     a_nd, b_nd = input._data.ndim, other._data.ndim
     if a_nd >= 2 and b_nd >= 2:
-        return apply(_matmul, input, other)
+        return _product(input, other)
     if a_nd == 0 or b_nd == 0:
         raise RuntimeError(f"both arguments to matmul need to be at least 1D, but they are {a_nd}D and {b_nd}D")
     a_shape, b_shape = input._data.shape, other._data.shape
@@ -73,11 +80,11 @@ def matmul(input: Tensor, other: Tensor) -> Tensor:
                 f"first ({a_shape[-1]}) must equal the length of the vector ({b_shape[0]})"
             )
         if a_nd == 1:  # vector @ vector: the dot product, a 0-d tensor
-            out = apply(_matmul, _with_shape(input, (1, a_shape[0])), _with_shape(other, (b_shape[0], 1)))
+            out = _product(_with_shape(input, (1, a_shape[0])), _with_shape(other, (b_shape[0], 1)))
             return _with_shape(out, ())
-        out = apply(_matmul, input, _with_shape(other, (b_shape[0], 1)))
+        out = _product(input, _with_shape(other, (b_shape[0], 1)))
         return _with_shape(out, out._data.shape[:-1])
-    out = apply(_matmul, _with_shape(input, (1, a_shape[0])), other)  # vector @ matrix (batched)
+    out = _product(_with_shape(input, (1, a_shape[0])), other)  # vector @ matrix (batched)
     return _with_shape(out, out._data.shape[:-2] + out._data.shape[-1:])
 
 
@@ -97,7 +104,7 @@ def mm(input: Tensor, mat2: Tensor) -> Tensor:
     if mat2.ndim != 2:
         raise RuntimeError(f"mm: mat2 must be a matrix, got a {mat2.ndim}-D tensor of shape {list(mat2.shape)}")
     _same_dtype(input, mat2, "mm")
-    return apply(_matmul, input, mat2)
+    return _product(input, mat2)
 
 
 @method("bmm")
@@ -114,7 +121,7 @@ def bmm(input: Tensor, mat2: Tensor) -> Tensor:
             f"{[mat2.shape[0], mat2.shape[1]]} (shapes {list(input.shape)} and {list(mat2.shape)})."
         )
     _same_dtype(input, mat2, "bmm")
-    return apply(_matmul, input, mat2)
+    return _product(input, mat2)
 
 
 def _vectors(input: Tensor, other: Tensor, op: str) -> None:
@@ -353,6 +360,6 @@ def _contract(a: Tensor, la: list, b: Tensor, lb: list, keep: set) -> tuple[Tens
     k = math.prod(a.shape[nb + len(left) :])
     a = a.reshape(tuple(a.shape[:nb]) + (math.prod(left_shape), k))
     b = b.reshape(tuple(b.shape[:nb]) + (k, math.prod(right_shape)))
-    out = apply(_matmul, a, b)
+    out = _product(a, b)
     out = out.reshape(tuple(out.shape[:nb]) + left_shape + right_shape)
     return out, batch + left + right
