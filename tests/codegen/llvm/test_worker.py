@@ -73,8 +73,10 @@ def test_many_compiles_keep_memory_bounded(tmp_path):
             return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
         def compile_many(count, start):
             for i in range(start, start + count):
-                f = kiln.compile(lambda x: (x * 2 + 1).exp().sum())
-                f(kiln.ones(i)), f(kiln.ones(i))
+                f = kiln.compile(lambda x: (x * 2 + 1).exp().sum())  # compiled in the background
+                f(kiln.ones(i))
+                assert f.wait_compiled(60)
+                f(kiln.ones(i))
         compile_many(60, 2)
         before = rss()
         compile_many(200, 100)
