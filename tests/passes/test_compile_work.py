@@ -3,10 +3,13 @@ and of 4n steps, counted in operations (groups visited, conflicts placed), never
 
 from __future__ import annotations
 
+import itertools
+import random
+
 from kiln.ir.dtypes import float32
 from kiln.ir.graph import KERNEL, Graph, GraphBuilder
 from kiln.ir.types import TensorType
-from kiln.passes import fusion_groups
+from kiln.passes import fusion_groups, memory_plan
 from kiln.passes.fusion import fuse
 from kiln.passes.fusion_order import GroupOrder
 
@@ -75,3 +78,46 @@ def test_group_order_moves_past_a_floats_precision_by_numbering_again():
     order.move_before([3], 0)
     order.join(0, 0, 1, 1)  # 0 and 1 merged, standing where 1 stood
     assert [order.root[k] for k in order.keys] == [3, 2, 0]  # before: 3, 0, 2, 1
+
+
+def test_placing_buffers_of_an_unrolled_loop_looks_at_a_linear_number_of_pairs(monkeypatch):
+    """Each step's activation lives until its backward step (nested lifetimes, all alive at the
+    middle): n^2/2 pairs alive at once, which the greedy placements walked one by one."""
+    examined = [0]
+    conflicts = memory_plan._conflicts
+
+    def counted(starts, ends):
+        found = conflicts(starts, ends)
+        examined[0] += sum(map(len, found))
+        return found
+
+    monkeypatch.setattr(memory_plan, "_conflicts", counted)
+    for n in (50, 800):
+        examined[0] = 0
+        sizes = [64 * (1 + i % 3) for i in range(n)]
+        starts, ends = list(range(n)), [2 * n - i for i in range(n)]
+        offsets, arena = memory_plan.place(sizes, starts, ends)
+        assert examined[0] <= 2 * memory_plan.MAX_PAIRS_PER_BUFFER * n
+        assert arena == memory_plan.peak(sizes, starts, ends)  # nested lifetimes stack with no gap
+        spans = sorted((offsets[b], offsets[b] + sizes[b]) for b in range(n))  # all alive at step n
+        assert all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:], strict=False))
+
+
+def test_the_sweep_places_like_the_greedy_in_schedule_order():
+    rng = random.Random(0)
+    for _ in range(200):
+        n = rng.randint(1, 40)
+        sizes = [64 * rng.randint(0, 6) for _ in range(n)]
+        starts = [rng.randint(0, 30) for _ in range(n)]
+        ends = [s + rng.randint(0, 20) for s in starts]
+        overlapping = [
+            (a, b) for a, b in itertools.combinations(range(n), 2) if starts[a] <= ends[b] and starts[b] <= ends[a]
+        ]
+        assert memory_plan.overlapping_pairs(starts, ends) == len(overlapping)
+        offsets, arena = memory_plan._sweep(sizes, starts, ends)
+        for a, b in overlapping:
+            assert (
+                offsets[a] + sizes[a] <= offsets[b] or offsets[b] + sizes[b] <= offsets[a] or 0 in (sizes[a], sizes[b])
+            )
+        in_order = sorted(range(n), key=lambda b: (starts[b], -sizes[b]))
+        assert arena == memory_plan._greedy(in_order, sizes, memory_plan._conflicts(starts, ends))[1]
