@@ -131,3 +131,30 @@ def test_a_kernel_entry_round_trips_and_refuses_what_is_not_one():
             kernel_cache.from_entry(bad)
     with pytest.raises(ValueError, match="not kiln_k"):  # stored under another kernel's key
         kernel_cache.from_entry(kernel_cache.to_entry(info, b"\x7fELF..."), "f" * 64)
+
+
+def _over_a_sequence(xs, w, u, b):
+    """An RNN over ``xs`` [T, B, H]: the bias is added to the whole input projection, each step
+    reads its row (``proj[t]``: a slice that would otherwise be part of each step's kernel)."""
+    proj = xs @ w + b
+    h = kiln.zeros(xs.shape[1], xs.shape[2])
+    for t in range(xs.shape[0]):
+        h = (proj[t] + h @ u).tanh()
+    return h.sum()
+
+
+def test_the_steps_of_a_loop_over_a_sequence_share_their_kernels(caches, tmp_path, monkeypatch):
+    _, compiled = caches
+    rng = np.random.default_rng(0)
+    modules = []
+    for steps in (4, 16):
+        empty = DiskCache(tmp_path / f"kernels-{steps}")
+        monkeypatch.setattr(kernel_cache, "kernel_cache", lambda empty=empty: empty)
+        compiled.clear()
+        program = kiln.compile(_over_a_sequence)
+        for _ in range(3):
+            args = [kiln.from_numpy(rng.standard_normal(s).astype(np.float32) * 0.3)
+                    for s in ((steps, 3, 8), (8, 8), (8, 8), (8,))]  # fmt: skip
+            np.testing.assert_allclose(program(*args).numpy(), _over_a_sequence(*args).numpy(), rtol=1e-5, atol=1e-5)
+        modules.append(len(compiled))
+    assert modules[0] == modules[1] > 0
