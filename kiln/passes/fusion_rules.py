@@ -88,6 +88,8 @@ def _one_leading_index(node: Node) -> bool:
     (of two axes or more: one element of a vector is not a loop's step)."""
     shape = node.inputs[0].type.shape
     starts, stops, steps = node.attrs["starts"], node.attrs["stops"], node.attrs["steps"]
+    if not all(isinstance(n, int) for n in (*shape, *starts, *stops, *steps)):  # a symbolic size: not a loop's
+        return False
     if len(shape) < 2 or stops[0] - starts[0] != 1 or any(step != 1 for step in steps):  # a row, not an element
         return False
     return all(lo == 0 and hi == size for lo, hi, size in zip(starts[1:], stops[1:], shape[1:], strict=True))
