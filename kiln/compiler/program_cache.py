@@ -31,15 +31,14 @@ import safetensors.numpy
 from ..ir.graph import KERNEL, Graph, kernel_bodies, qualified_constants
 from ..ir.printer import print_graph
 from ..ir.serialize import graph_from_json, graph_to_json
-from ..runtime.cache import DiskCache, cache_key
+from ..runtime.cache import cache_key, default_cache
 
 #: Bump when the layout of a cache entry changes.
 ENTRY_FORMAT = 4
 
 
-@functools.cache
-def disk_cache() -> DiskCache:
-    return DiskCache()
+#: The process's cache (``kiln.runtime.cache.default_cache``, shared with the LLVM backend's kernels).
+disk_cache = default_cache
 
 
 @functools.cache

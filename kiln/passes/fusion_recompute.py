@@ -75,7 +75,7 @@ def recomputed(
     """Per group (``groups``: kernels' nodes in graph order, ``spaces``: each kernel's space), the
     nodes of other groups it computes again (graph order), by the rules above; ``constants``: the
     0-d constants a kernel copies into its body."""
-    home = {node: i for i, group in enumerate(groups) for node in group}
+    home = _Homes((node, i) for i, group in enumerate(groups) for node in group)
     producer = {v: node for group in groups for node in group for v in node.outputs}
     order = {node: k for k, node in enumerate(n for group in groups for n in group)}
     readers = {i: _Reader(group, space) for i, (group, space) in enumerate(zip(groups, spaces, strict=True)) if space}
@@ -121,7 +121,7 @@ def recomputed(
     return copies
 
 
-def _chain(v: Value, reader: _Reader, producer: Mapping[Value, Node], home: Mapping[Node, int],
+def _chain(v: Value, reader: _Reader, producer: Mapping[Value, Node], home: _Homes,
            classes: Mapping[Node, str], constants: Collection[Value], outputs: Collection[Value], unmade: set[Value],
            users: Mapping[Value, list[Node]], dies: bool) -> tuple[list[Node], set[Value]] | None:  # fmt: skip
     """``(nodes, new reads)``: the nodes that compute ``v`` in ``reader`` (what they read before the
@@ -171,14 +171,30 @@ def _chain(v: Value, reader: _Reader, producer: Mapping[Value, Node], home: Mapp
     return chain, new
 
 
-def _in_memory(w: Value, producer: Mapping[Value, Node], home: Mapping[Node, int], users: Mapping[Value, list[Node]],
+def _in_memory(w: Value, producer: Mapping[Value, Node], home: _Homes, users: Mapping[Value, list[Node]],
                outputs: Collection[Value], unmade: set[Value]) -> bool:  # fmt: skip
     """Whether ``w`` is in memory at run time: no kernel's value (an input, an extern node's result),
     or a kernel's output (read outside its kernel) that is still written."""
     node = producer.get(w)
     if node is None:
         return True
-    return w not in unmade and (w in outputs or any(home.get(u) != home[node] for u in users.get(w, ())))
+    return w not in unmade and (w in outputs or home.read_elsewhere(w, node, users))
+
+
+class _Homes(dict):
+    """Each node's group, and whether a value is read outside the group that makes it (asked for
+    the same value by every chain that reads it, so remembered: a value that each step of an
+    unrolled loop reads has as many readers as the loop has steps)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self._elsewhere: dict[Value, bool] = {}
+
+    def read_elsewhere(self, w: Value, node: Node, users: Mapping[Value, list[Node]]) -> bool:
+        known = self._elsewhere.get(w)
+        if known is None:
+            known = self._elsewhere[w] = any(self.get(u) != self[node] for u in users.get(w, ()))
+        return known
 
 
 def _reaches_the_domain(chain: list[Node], reader: _Reader, users: Mapping[Value, list[Node]]) -> bool:

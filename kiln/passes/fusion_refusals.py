@@ -78,6 +78,10 @@ WORDING: dict[str, Callable[[str, str, tuple], str]] = {
     "remap": _remap,
     "row read": lambda a, b, d: f"%{d[0].id}, computed from a reduction, would be read at another row's index",
     "cycle": lambda a, b, d: f"a path leaves {a} and comes back through {d[0] if d else 'another node'}",
+    "far": lambda a, b, d: (
+        f"too far apart to search for a path that leaves {a} and comes back (more than {d[0]} kernels or nodes "
+        "on each side: fusion_groups.MAX_ORDER_SEARCH)"
+    ),
     "conv reader": lambda a, b, d: "a conv kernel takes elementwise kernels only",
     "conv result": lambda a, b, d: (
         "the convolution's result is also read elsewhere (a conv kernel keeps it on the stack)"

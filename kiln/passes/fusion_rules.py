@@ -6,7 +6,9 @@
 - ``ELEMENTWISE``: a UNARY/BINARY/TERNARY/CAST primitive;
 - ``VIEW``: ``reshape``/``expand``/``permute``/``slice`` that only fused nodes read (inside a
   kernel it is index remapping); a view that an extern node or the graph's outputs read stays
-  extern, since numpy views are free and kernels read strided inputs anyway;
+  extern, since numpy views are free and kernels read strided inputs anyway, and so does a
+  ``slice`` that would make the kernels of an unrolled loop's steps differ by its start
+  (``_hoist_slices_of_extern_values``);
 - ``REDUCE``: ``reduce_sum``/``max``/``min``/``prod`` of one or more *trailing* axes;
 - ``EXTERN``: everything else (matmul, gather/scatter/take/index_put, random bits, cumsum,
   pad, concatenate, flip, copy, unfold/fold, argmax/argmin, reductions of other axes -- ``fuse``
@@ -50,6 +52,7 @@ def classify(
     backend does not compile in a kernel (None: every node it could). A view is fusable only if
     every node that reads it is fusable (looked at from the last node back, so chains of views agree)."""
     classes = {node: _base_class(node, supports) for node in nodes}
+    _hoist_slices_of_extern_values(nodes, classes)
     for node in reversed(nodes):
         if classes[node] != VIEW:
             continue
@@ -57,3 +60,36 @@ def classify(
         if out in outputs or any(classes[u] == EXTERN for u in users.get(out, ())):
             classes[node] = EXTERN
     return classes
+
+
+def _hoist_slices_of_extern_values(nodes: Sequence[Node], classes: dict[Node, str]) -> None:
+    """A ``slice`` stays extern (a numpy view, which kernels read as a strided input) when it reads
+    a value no kernel makes (an input, an extern node's result, a view of those) or when it takes
+    one index of the leading axis whole (``x[t]``). Inside a kernel its start would be part of the
+    code, so the steps of an unrolled loop (``x[t]`` of a sequence, an LSTM's input projection at
+    step ``t``) would each compile a kernel of their own; outside, they share one (and a cheap
+    value sliced at each step, a bias added to the whole projection, is computed once)."""
+    outside: set[Value] = set()  # values no kernel makes
+    made = {v for node in nodes for v in node.outputs}
+    for node in nodes:
+        if classes[node] == EXTERN:
+            outside.update(node.outputs)
+        elif classes[node] == VIEW:
+            reads_outside = all(v in outside or v not in made for v in node.inputs)
+            if reads_outside:
+                outside.update(node.outputs)  # a view of such a value: not made by a kernel either
+            if node.op == "slice" and (reads_outside or _one_leading_index(node)):
+                classes[node] = EXTERN
+                outside.update(node.outputs)
+
+
+def _one_leading_index(node: Node) -> bool:
+    """Whether the slice ``node`` takes one index of its input's leading axis and all of the others
+    (of two axes or more: one element of a vector is not a loop's step)."""
+    shape = node.inputs[0].type.shape
+    starts, stops, steps = node.attrs["starts"], node.attrs["stops"], node.attrs["steps"]
+    if not all(isinstance(n, int) for n in (*shape, *starts, *stops, *steps)):  # a symbolic size: not a loop's
+        return False
+    if len(shape) < 2 or stops[0] - starts[0] != 1 or any(step != 1 for step in steps):  # a row, not an element
+        return False
+    return all(lo == 0 and hi == size for lo, hi, size in zip(starts[1:], stops[1:], shape[1:], strict=True))

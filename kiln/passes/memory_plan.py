@@ -20,7 +20,11 @@ and is not planned.
 Placement is offline and greedy by size (as in TFLite's arena planner): buffers in decreasing
 size each take the tightest gap between the already-placed buffers whose lifetimes overlap theirs,
 or the top of them; offsets and sizes are multiples of 64 bytes. The same greedy in schedule order
-is tried as well and the smaller arena kept (it wins now and then on small graphs).
+is tried as well and the smaller arena kept (it wins now and then on small graphs). Both look at
+every pair of buffers alive at once, which grows with the square of a long program (an unrolled
+RNN keeps each step's activations for its backward): past ``MAX_PAIRS_PER_BUFFER`` pairs per
+buffer, the greedy in schedule order runs alone, as an allocator that frees each buffer after its
+last use and takes the tightest free block (``_sweep``: n log n).
 
 In place: an elementwise kernel's output takes the buffer of an input that dies at that kernel
 when the input is planned (never the caller's), has the same size, and the kernel reads it only at
@@ -42,6 +46,8 @@ nodes (no view, no broadcast, no reduction) before reaching the outputs.
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -221,9 +227,17 @@ def _members(node: Node) -> list[tuple[Sequence[Value], Sequence[Value], frozens
 
 
 # ----------------------------------------------------------------------------- placement
+#: Above this many pairs of buffers alive at once per buffer, placement sweeps in schedule order
+#: alone (``_sweep``) instead of comparing two greedy orders over every pair.
+MAX_PAIRS_PER_BUFFER = 64
+
+
 def place(sizes: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> tuple[list[int], int]:
     """Offsets for buffers of ``sizes`` alive over ``[start, end]`` such that no two alive at once
-    overlap, and the arena size: the better of greedy by size and greedy in schedule order."""
+    overlap, and the arena size: the better of greedy by size and greedy in schedule order (the
+    latter alone past ``MAX_PAIRS_PER_BUFFER`` pairs alive at once per buffer)."""
+    if overlapping_pairs(starts, ends) > MAX_PAIRS_PER_BUFFER * len(sizes):
+        return _sweep(sizes, starts, ends)
     conflicts = _conflicts(starts, ends)
     n = range(len(sizes))
     by_size = sorted(n, key=lambda b: (-sizes[b], starts[b] - ends[b], starts[b]))
@@ -247,6 +261,81 @@ def _conflicts(starts: Sequence[int], ends: Sequence[int]) -> list[list[int]]:
             conflicts[c].append(b)
         active.append(b)
     return conflicts
+
+
+def overlapping_pairs(starts: Sequence[int], ends: Sequence[int]) -> int:
+    """How many pairs of intervals ``[start, end]`` overlap (n log n: each interval counts those
+    that started before it, or with it and before it in the list, and have not ended)."""
+    ordered_ends = sorted(ends)
+    pairs = 0
+    for rank, b in enumerate(sorted(range(len(starts)), key=starts.__getitem__)):
+        pairs += rank - bisect.bisect_left(ordered_ends, starts[b])  # those that end before it starts began earlier
+    return pairs
+
+
+def _sweep(sizes: Sequence[int], starts: Sequence[int], ends: Sequence[int]) -> tuple[list[int], int]:
+    """The greedy in schedule order as an allocator: buffers freed after their last use (their
+    neighbouring free blocks joined), each new one placed in the tightest free block that holds it,
+    or on top of the live ones."""
+    offsets = [0] * len(sizes)
+    free = _FreeBlocks()
+    dying: list[tuple[int, int]] = []  # (end, buffer) of the live buffers
+    arena = 0
+    for b in sorted(range(len(sizes)), key=lambda b: (starts[b], -sizes[b])):
+        while dying and dying[0][0] < starts[b]:
+            c = heapq.heappop(dying)[1]
+            free.release(offsets[c], sizes[c])
+        if sizes[b] == 0:
+            continue
+        offsets[b] = free.take(sizes[b])
+        heapq.heappush(dying, (ends[b], b))
+        arena = max(arena, offsets[b] + sizes[b])
+    return offsets, arena
+
+
+class _FreeBlocks:
+    """The free byte ranges below the top of the live buffers, best fit first, joined when adjacent."""
+
+    def __init__(self) -> None:
+        self.top = 0
+        self.by_size: list[tuple[int, int]] = []  # (size, offset), sorted
+        self.end_at: dict[int, int] = {}  # offset -> end of the free block starting there
+        self.start_at: dict[int, int] = {}  # end -> offset of the free block ending there
+
+    def take(self, size: int) -> int:
+        at = bisect.bisect_left(self.by_size, (size, -1))
+        if at == len(self.by_size):
+            self.top += size
+            return self.top - size
+        gap, offset = self.by_size.pop(at)
+        self._forget(offset, offset + gap, listed=False)
+        if gap > size:
+            self._add(offset + size, offset + gap)
+        return offset
+
+    def release(self, offset: int, size: int) -> None:
+        lo, hi = offset, offset + size
+        if hi in self.end_at:  # the free block after it
+            after = self.end_at[hi]
+            self._forget(hi, after)
+            hi = after
+        if lo in self.start_at:  # the free block before it
+            before = self.start_at[lo]
+            self._forget(before, lo)
+            lo = before
+        if hi == self.top:
+            self.top = lo
+        else:
+            self._add(lo, hi)
+
+    def _add(self, lo: int, hi: int) -> None:
+        bisect.insort(self.by_size, (hi - lo, lo))
+        self.end_at[lo], self.start_at[hi] = hi, lo
+
+    def _forget(self, lo: int, hi: int, listed: bool = True) -> None:
+        if listed:
+            del self.by_size[bisect.bisect_left(self.by_size, (hi - lo, lo))]
+        del self.end_at[lo], self.start_at[hi]
 
 
 def _greedy(order: Sequence[int], sizes: Sequence[int], conflicts: list[list[int]]) -> tuple[list[int], int]:

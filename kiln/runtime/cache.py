@@ -36,6 +36,7 @@ goes on without it.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import hmac
 import logging
@@ -46,7 +47,7 @@ import struct
 import tempfile
 from pathlib import Path
 
-__all__ = ["DiskCache", "cache_key", "default_directory"]
+__all__ = ["DiskCache", "cache_key", "default_cache", "default_directory", "kernels_of"]
 
 logger = logging.getLogger("kiln")
 _REFUSALS_WARNED: set[Path] = set()  # cache directories whose refusal was said (a warning once, then debug)
@@ -77,6 +78,19 @@ def cache_key(*parts: str | bytes) -> str:
         digest.update(tag + len(data).to_bytes(8, "little"))
         digest.update(data)
     return digest.hexdigest()
+
+
+@functools.cache
+def default_cache() -> DiskCache:
+    """The process's cache in ``default_directory()``, made (and its path made absolute) at first use:
+    the driver's programs are stored here and the LLVM backend's kernels in ``kernels_of`` it."""
+    return DiskCache()
+
+
+@functools.cache
+def kernels_of(cache: DiskCache) -> DiskCache:
+    """The cache of compiled kernels kept beside ``cache``'s programs, in its folder ``kernels``."""
+    return DiskCache(cache.directory / "kernels")
 
 
 def default_directory() -> Path:

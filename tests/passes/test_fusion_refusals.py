@@ -190,13 +190,14 @@ def test_every_kind_of_refusal_has_words():
     graph = b.build([e, n])
     details = {"size": (300, 256), "no domain": (1,), "outputs": (((4, 6), (6,)),), "reductions": (((4, 6), (1,)), ((4,), (0,))),
                "row outputs": (((4, 6), (1,)), ((2, 2),)), "remap": (x, (6, 4)), "row read": (x,), "cycle": (x,),
-               "axes": ((0,), (4, 6)), "check": (3,)}  # fmt: skip
+               "far": (256,), "axes": ((0,), (4, 6)), "check": (3,)}  # fmt: skip
     words = {kind: word(Refusal(kind, e, n, details.get(kind, ())), SideNames(graph)) for kind in WORDING}
     assert set(words) == set(WORDING)
     assert words["no domain"] == "exp %1 + neg %2: neg %2 has no single domain (its outputs have several shapes)"
     assert (
         words["remap"] == "exp %1 + neg %2: %0 of shape [4,6] reaches no element of the domain [6,4] by index remapping"
     )
+    assert "more than 256 kernels or nodes on each side" in words["far"]
 
 
 # ----------------------------------------------------------------------------- bounds and moot refusals

@@ -10,7 +10,7 @@ import pytest
 
 import kiln
 from benchmarks.long_programs import chain_program, specialization
-from kiln.codegen.llvm import engine, kernels, reduction
+from kiln.codegen.llvm import engine, kernel_cache, kernels, reduction
 from kiln.compiler import program_cache
 from kiln.ir.graph import KERNEL, GraphBuilder
 from kiln.ir.types import TensorType
@@ -22,9 +22,11 @@ from kiln.runtime.executor import CompiledProgram
 
 @pytest.fixture
 def private_cache(tmp_path, monkeypatch):
-    """A compile cache of this test's own: a program compiled with an injected failure is never shared."""
-    cache = DiskCache(tmp_path / "cache")
+    """Compile caches of this test's own (programs and kernels): code compiled with an injected failure
+    is never shared, and no kernel compiled before skips the failure injected here."""
+    cache, kernels = DiskCache(tmp_path / "cache"), DiskCache(tmp_path / "kernels")
     monkeypatch.setattr(program_cache, "disk_cache", lambda: cache)
+    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: kernels)
     return cache
 
 
@@ -134,18 +136,25 @@ def test_a_kernel_the_code_generator_fails_on_runs_on_the_interpreter(private_ca
 
 
 def test_a_kernel_llvm_fails_on_runs_on_the_interpreter(private_cache, monkeypatch):
-    compile_ir, texts = engine.compile_ir, []
+    compile_ir, compile_many, requests = engine.compile_ir, engine.compile_many, []
 
     def failing(text: str, timeout: float | None = None) -> bytes:
-        texts.append(text)
+        requests.append(1)
         if "llvm.maximum" in text:  # only the softmax kernel reduces with a maximum
             raise RuntimeError("LLVM ERROR: an injected failure")
         return compile_ir(text, timeout)
 
+    def failing_many(texts: list[str], timeout: float | None = None) -> list[bytes]:
+        requests.append(len(texts))
+        if any("llvm.maximum" in text for text in texts):
+            raise RuntimeError("LLVM ERROR: an injected failure")
+        return compile_many(texts, timeout)
+
     monkeypatch.delenv("KILN_JIT_STRICT", raising=False)
     monkeypatch.setattr(engine, "compile_ir", failing)
+    monkeypatch.setattr(engine, "compile_many", failing_many)
     _check_one_kernel_on_the_interpreter("LLVM failed on its code (RuntimeError: LLVM ERROR: an injected failure)")
-    assert len(texts) == 3  # the whole module once, then each kernel alone
+    assert requests == [2, 1, 1]  # both kernels' modules in one request, then each kernel alone
 
 
 def test_a_failing_kernel_still_raises_under_strict_mode(private_cache, monkeypatch):

@@ -1,7 +1,10 @@
 """The LLVM backend: kernel nodes compiled for the host CPU through llvmlite, loaded with ctypes.
 
-``generate`` puts every kernel of a program into one LLVM module, so LLVM is invoked once; the
-window nodes of convolution (``unfold``, ``fold``: ``window``), direct convolutions
+``generate`` makes each distinct kernel of a program once (the steps of an unrolled loop share
+one function), takes those the kernel cache holds from it (``kernel_cache``: one entry per kernel,
+so a second specialization, another length of a loop or another process compiles only the kernels
+it has not seen), and compiles the others in one request to LLVM, a module each, which go to the
+cache; the window nodes of convolution (``unfold``, ``fold``: ``window``), direct convolutions
 (``conv``, ``conv_weight``: ``conv``), the gathers and scatters of embeddings
 (``take``, ``index_put``: ``gather_scatter``) and sums over leading axes (``reduce_sum`` keeping the
 last axis: ``leading_sums``) are compiled there too. A kernel
@@ -23,7 +26,6 @@ import os
 import struct
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ...ir.dtypes import float16
 from ...ir.graph import KERNEL, Graph, Node
@@ -31,11 +33,8 @@ from ...ir.types import Sym
 from ...runtime import elf
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
-from . import Unsupported, host
+from . import Unsupported, host, kernel_cache
 from .kernel_info import NATIVE_OPS, STATUS_OPS, KernelInfo, native_code
-
-if TYPE_CHECKING:
-    from .kernels import KernelModule
 
 logger = logging.getLogger("kiln")
 
@@ -84,11 +83,8 @@ class LLVMBackend:
             engine.start_worker()
 
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
-        from .kernels import KernelModule  # noqa: PLC0415 - a cache hit loads code without the generator
-
-        module = KernelModule()
         kernels: dict[int, KernelInfo] = {}
-        strides: dict[int, list] = {}
+        batch = _Batch(kernel_cache.kernel_cache())
         for position, node in enumerate(lowered.graph.nodes):
             if node.op in NATIVE_OPS:
                 why = _native(node)
@@ -98,14 +94,18 @@ class LLVMBackend:
                     continue
             elif node.op != KERNEL:
                 continue
-            strides[position] = [_element_strides(v, lowered.layouts[v]) for v in node.inputs]
             try:
-                kernels[position] = module.add(node, strides[position])
+                info = batch.add(node, [_element_strides(v, lowered.layouts[v]) for v in node.inputs])
             except Unsupported as why:
                 report.declined.append((_name(node), str(why)))
             except Exception as error:  # noqa: BLE001 - a code generator bug costs this kernel only
                 _failed(report, node, "the LLVM code generator failed", error)
-        objects = _compile(module, lowered.graph, kernels, strides, report, lowered.deadline) if kernels else []
+            else:
+                kernels[position] = info
+        objects = batch.compile(report, lowered.deadline)
+        if report.abandoned:
+            kernels.clear()
+        kernels = {p: info for p, info in kernels.items() if info.symbol not in batch.failed}
         report.kernels = len(kernels)
         return LLVMCode(kernels, objects)
 
@@ -170,49 +170,96 @@ def _element_strides(value, strides: tuple) -> tuple[int, ...]:
     return tuple(s // size for s in strides)
 
 
-def _compile(module: KernelModule, graph: Graph, kernels: dict, strides: dict, report: LoweringReport,
-             deadline: float | None) -> list[bytes]:  # fmt: skip
-    """Object code for ``kernels``: one LLVM compile of the whole module. Should LLVM fail on it, each
-    kernel is compiled in a module of its own, to find the kernels it fails on; those leave
-    ``kernels`` (they run on the interpreter) and the others keep their own object code. Past the
-    ``deadline`` every kernel left runs on the interpreter (``_abandon``)."""
-    from . import engine, worker  # noqa: PLC0415 - a cache hit loads code without LLVM
+class _Batch:
+    """A program's kernels, each generated once (an unrolled loop's steps share one function) and
+    taken from the kernel cache where it holds them; ``compile`` makes the object code of the rest,
+    one module per kernel, in one LLVM request, and stores each in the cache."""
 
-    try:
-        return [engine.compile_ir(module.ir(), _seconds_left(deadline))]
-    except worker.CompileTimeout as error:
-        _abandon(report, kernels, error)
-        return []
-    except Exception as error:  # noqa: BLE001 - attributed to its kernels below
-        if os.environ.get("KILN_JIT_STRICT") == "1":
-            raise
-        logger.debug("kiln: LLVM failed on the module (%s); compiling its kernels one by one", error)
-    from .kernels import KernelModule  # noqa: PLC0415 - see ``generate``
+    def __init__(self, cache) -> None:
+        self.cache = cache
+        self.known: dict[str, KernelInfo] = {}  # kernel text -> its function
+        self.cached: list[bytes] = []  # object code from the cache
+        self.pending: list[tuple[str, KernelInfo, str, Node]] = []  # (key, info, LLVM IR, node) to compile
+        self.failed: set[str] = set()  # symbols of kernels LLVM failed on
 
-    objects = []
-    for position in list(kernels):
-        node, alone = graph.nodes[position], KernelModule()
+    def add(self, node: Node, layouts: list) -> KernelInfo:
+        """The kernel's function: already made, from the cache, or generated (``Unsupported`` when declined)."""
+        text = kernel_cache.kernel_text(node, layouts)
+        if text in self.known:
+            return self.known[text]
+        key = kernel_cache.kernel_key(text)
+        payload = self.cache.get(key) if self.cache.enabled else None
+        if payload is not None:
+            try:
+                info, code = kernel_cache.from_entry(payload, key)
+            except ValueError as error:  # a bad entry is rebuilt, never trusted
+                logger.debug("kiln: kernel cache entry did not load (%s); compiling the kernel again", error)
+            else:
+                self.cached.append(code)
+                self.known[text] = info
+                return info
+        from .kernels import KernelModule  # noqa: PLC0415 - a cache hit loads code without the generator
+
+        module = KernelModule()
+        info = module.add(node, layouts)
+        ir, info = kernel_cache.renamed(module.ir(), info, kernel_cache.symbol(key))
+        self.pending.append((key, info, ir, node))
+        self.known[text] = info
+        return info
+
+    def compile(self, report: LoweringReport, deadline: float | None) -> list[bytes]:
+        """The object code of every kernel: the cached ones' and the new ones' (stored in the cache).
+        Should LLVM fail on the request, each kernel is compiled alone, to find the kernels it fails on
+        (they go to ``failed`` and run on the interpreter); past the ``deadline`` every kernel runs
+        on the interpreter (``_abandon``)."""
+        from . import engine, worker  # noqa: PLC0415 - a cache hit loads code without LLVM
+
+        if not self.pending:
+            return self.cached
+        compiled: list[bytes | None] | None
         try:
-            kernels[position] = alone.add(node, strides[position])
-            objects.append(engine.compile_ir(alone.ir(), _seconds_left(deadline)))
+            compiled = list(engine.compile_many([ir for _, _, ir, _ in self.pending], _seconds_left(deadline)))
         except worker.CompileTimeout as error:
-            _abandon(report, kernels, error)
+            _abandon(report, len(self.known), error)
             return []
-        except Exception as error:  # noqa: BLE001 - this kernel runs on the interpreter
-            _failed(report, node, "LLVM failed on its code", error)
-            del kernels[position]
-    return objects
+        except Exception as error:  # noqa: BLE001 - attributed to its kernels below
+            if os.environ.get("KILN_JIT_STRICT") == "1":
+                raise
+            logger.debug("kiln: LLVM failed on the kernels (%s); compiling them one by one", error)
+            compiled = self._one_by_one(report, deadline)
+            if compiled is None:
+                return []
+        for (key, info, _, _), code in zip(self.pending, compiled, strict=True):
+            if code is not None and self.cache.enabled and not info.symbols:
+                self.cache.put(key, kernel_cache.to_entry(info, code))
+        return self.cached + [code for code in compiled if code is not None]
+
+    def _one_by_one(self, report: LoweringReport, deadline: float | None) -> list[bytes | None] | None:
+        from . import engine, worker  # noqa: PLC0415
+
+        compiled: list[bytes | None] = []
+        for _, info, ir, node in self.pending:
+            try:
+                compiled.append(engine.compile_ir(ir, _seconds_left(deadline)))
+            except worker.CompileTimeout as error:
+                _abandon(report, len(self.known), error)
+                return None
+            except Exception as error:  # noqa: BLE001 - this kernel runs on the interpreter
+                _failed(report, node, "LLVM failed on its code", error)
+                self.failed.add(info.symbol)
+                compiled.append(None)
+        return compiled
 
 
 def _seconds_left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
 
 
-def _abandon(report: LoweringReport, kernels: dict, error: Exception) -> None:
+def _abandon(report: LoweringReport, kernels: int, error: Exception) -> None:
     """The compile deadline passed: every kernel runs on the interpreter, and the driver caches
     nothing (the next compile, in this process or another, tries again). ``KILN_JIT_STRICT=1``
     raises instead: in tests, a compile that long is a bug to see."""
-    why = (f"code generation passed its deadline ({error}); the program's {len(kernels)} kernel(s) run on the "
+    why = (f"code generation passed its deadline ({error}); the program's {kernels} kernel(s) run on the "
            "interpreter and nothing is cached. The limit is kiln.CompileOptions(compile_timeout=seconds), by default "
            "$KILN_COMPILE_TIMEOUT or 60 s")  # fmt: skip
     if os.environ.get("KILN_JIT_STRICT") == "1":
@@ -220,7 +267,6 @@ def _abandon(report: LoweringReport, kernels: dict, error: Exception) -> None:
     logger.warning("kiln.compile: %s", why)
     report.abandoned = why
     report.declined.append(("(compile deadline)", why))
-    kernels.clear()
 
 
 def _failed(report: LoweringReport, node: Node, what: str, error: Exception) -> None:

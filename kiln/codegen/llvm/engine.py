@@ -123,6 +123,28 @@ def compile_ir(ir_text: str, timeout: float | None = None) -> bytes:
         return target_machine().emit_object(_optimized(ir_text))
 
 
+def compile_many(ir_texts: list[str], timeout: float | None = None) -> list[bytes]:
+    """``compile_ir`` for several modules at once (one object each), in one request to the worker:
+    each module counts as one compile, towards ``IN_PROCESS_COMPILES`` and the worker's
+    ``WORKER_COMPILES``. ``RuntimeError`` when LLVM fails on any of them."""
+    global _compiles
+    from . import worker  # noqa: PLC0415
+
+    if not ir_texts:
+        return []
+    if timeout is not None and timeout <= 0:
+        raise worker.CompileTimeout("the compile's time was spent before LLVM started")
+    with _lock:
+        _compiles += len(ir_texts)
+        if (timeout is not None or _compiles > worker.IN_PROCESS_COMPILES) and not worker.WORKER.broken:
+            try:
+                return worker.WORKER.compile_many(ir_texts, timeout)
+            except OSError as error:
+                worker.WORKER.broken = True
+                logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
+        return [target_machine().emit_object(_optimized(text)) for text in ir_texts]
+
+
 def start_worker() -> None:
     """Start the compile worker process if it is not running (it loads in the background); the
     next ``compile_ir`` with a time limit then finds it ready."""

@@ -13,7 +13,9 @@ it would have ended the caller's process.
 The worker is ``python .../kiln/codegen/llvm/worker.py PARENT_PID [pdeathsig]``; it loads ``engine.py``
 and llvmlite only (not the kiln package, nor the caller's ``__main__``). Messages on its stdin and stdout are an 8-byte
 little-endian length and a payload: a request is the compile's time limit (a little-endian double,
-seconds; 0: none) and IR text, a reply ``b"ok"`` + object code or ``b"er"`` + the error's text.
+seconds; 0: none) and IR text, a reply ``b"ok"`` + object code or ``b"er"`` + the error's text. A
+request of several modules (``compile_many``) separates their texts by NUL; its reply holds each
+object after its 8-byte length. Each module counts as a compile.
 
 A compile with a limit (``Worker.compile(text, timeout)``) that has not answered by then is
 abandoned: the worker is killed (LLVM cannot be stopped any other way) and ``CompileTimeout`` is
@@ -44,6 +46,7 @@ WATCH_SECONDS = 0.25  # how often the worker's watchdog looks at its parent and 
 
 _HEADER = struct.Struct("<Q")
 _LIMIT = struct.Struct("<d")
+_SEPARATOR = "\0"  # between the modules of one request (LLVM IR text never holds a NUL)
 
 
 class WorkerDied(RuntimeError):
@@ -82,13 +85,22 @@ class Worker:
     def compile(self, ir_text: str, timeout: float | None = None) -> bytes:
         """Object code for ``ir_text`` (``RuntimeError`` with LLVM's message when it fails);
         ``CompileTimeout`` when no reply came within ``timeout`` seconds (None: no limit)."""
+        return self._request(ir_text, 1, timeout)
+
+    def compile_many(self, ir_texts: list[str], timeout: float | None = None) -> list[bytes]:
+        """``compile`` for several modules in one request: an object for each, in order."""
+        assert all(_SEPARATOR not in text for text in ir_texts), "LLVM IR text holds no NUL"
+        reply = self._request(_SEPARATOR.join(ir_texts), len(ir_texts), timeout)
+        return [reply] if len(ir_texts) == 1 else unpack(reply)  # one module: a plain reply
+
+    def _request(self, text: str, modules: int, timeout: float | None) -> bytes:
         process = self._running()
-        request = _LIMIT.pack(timeout or 0.0) + ir_text.encode()
+        request = _LIMIT.pack(timeout or 0.0) + text.encode()
         if timeout is None:
             reply = self._exchange(process, request)
         else:
             reply = self._exchange_within(process, request, timeout)
-        self._compiles += 1
+        self._compiles += modules
         if reply is None:
             self.close()
             if not self._answered:  # it never worked here (it could not import llvmlite, say)
@@ -207,12 +219,26 @@ def serve(requests, replies, compile_here, watchdog: _Watchdog | None = None) ->
         if watchdog is not None:
             watchdog.deadline = time.monotonic() + limit + GRACE_SECONDS if limit > 0 else None
         try:
-            reply = b"ok" + compile_here(request[_LIMIT.size :].decode())
+            texts = request[_LIMIT.size :].decode().split(_SEPARATOR)
+            if len(texts) == 1:
+                reply = b"ok" + compile_here(texts[0])
+            else:
+                reply = b"ok" + b"".join(_HEADER.pack(len(code)) + code for code in map(compile_here, texts))
         except Exception as error:  # noqa: BLE001 - the caller re-raises it with LLVM's message
             reply = b"er" + f"{type(error).__name__}: {error}".encode()
         if watchdog is not None:
             watchdog.deadline = None
         _write(replies, reply)
+
+
+def unpack(payload: bytes) -> list[bytes]:
+    """The objects of a reply to several modules: each an 8-byte length and the object code."""
+    objects, offset = [], 0
+    while offset < len(payload):
+        (size,) = _HEADER.unpack_from(payload, offset)
+        objects.append(payload[offset + _HEADER.size : offset + _HEADER.size + size])
+        offset += _HEADER.size + size
+    return objects
 
 
 def _standalone_engine():

@@ -1,0 +1,112 @@
+"""Compiled kernels in the on-disk cache, one entry per kernel: a kernel compiles once per machine.
+
+The program cache (``kiln.compiler.program_cache``) stores whole programs; a program that differs
+anywhere (a second specialization, another length of an unrolled loop, another model reusing a
+block) misses it, though most of its kernels were compiled before. So the LLVM backend also keeps
+each kernel's object code under a key of what decides that code -- the kernel's canonical
+structure (``kernel_text``: its kind, its bodies' ops, how they connect, dtypes, shapes and
+attributes, but not its name nor its values' numbers), the inputs' layouts, the host signature
+(LLVM, CPU, features), the optimization level, and a digest of kiln's code generator, IR and
+runtime -- and looks there before it generates a kernel.
+
+A kernel's function is named after its key (``symbol``, ``renamed``), so kernels from different
+entries load side by side in one program. An entry holds the kernel's ``KernelInfo`` and its object code; one
+that does not decode is a miss, and the kernel is compiled and stored again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import re
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+
+from ...ir.graph import KERNEL, Node, structure_key
+from ...runtime.cache import DiskCache, cache_key, default_cache, kernels_of
+from ..kernel_dag import VIEWS
+from . import host
+from .kernel_info import KernelInfo
+
+#: Bump when the layout of an entry changes.
+ENTRY_FORMAT = 1
+
+_LENGTH = struct.Struct("<Q")
+
+
+def kernel_cache() -> DiskCache:
+    """The cache of compiled kernels: the folder ``kernels`` of the process's cache directory."""
+    return kernels_of(default_cache())
+
+
+@functools.cache
+def code_digest() -> str:
+    """A digest of the source that decides a kernel's machine code: kiln's version, the IR and its
+    primitives' formulas, the code generators and the runtime's calling convention."""
+    import kiln  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256(kiln.__version__.encode())
+    for path in [p for folder in ("ir", "codegen", "runtime") for p in sorted((root / folder).rglob("*.py"))]:
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def kernel_text(node: Node, layouts: Sequence[tuple[int, ...]]) -> str:
+    """What decides the code of kernel (or compiled primitive) ``node`` for inputs with element
+    strides ``layouts``, as text: equal for the steps of an unrolled loop, whose values differ."""
+    attrs = tuple((k, v) for k, v in node.attr_key() if k not in ("name", "bodies"))
+    parts: list = [node.op, attrs, [tuple(s) for s in layouts]]
+    parts.append([(v.type.shape, v.type.dtype.name) for v in (*node.inputs, *node.outputs)])
+    if node.op == KERNEL:
+        for body in node.attrs.get("bodies", ()):
+            views = [n.attr_key() for n in body.nodes if n.op in VIEWS]  # structure_key leaves their attributes out
+            parts.append((structure_key(body), [v.type.shape for v in body.values()], views))
+    return repr(parts)
+
+
+def kernel_key(text: str) -> str:
+    """The cache key of a kernel of ``kernel_text`` ``text`` on this host."""
+    from . import engine  # noqa: PLC0415 - the optimization level; LLVM is loaded to compile anyway
+
+    return cache_key("kiln kernel", str(ENTRY_FORMAT), code_digest(), host.signature(), f"O{engine.OPT_LEVEL}", text)
+
+
+def symbol(key: str) -> str:
+    """The name of the kernel's function: unique per key, so entries load side by side."""
+    return f"kiln_k{key[:24]}"
+
+
+def renamed(ir_text: str, info: KernelInfo, name: str) -> tuple[str, KernelInfo]:
+    """The module of one kernel with its function named ``name`` (the generator names a kernel
+    after its node, a compiled primitive after its op: the same name in many modules)."""
+    pattern = re.compile(rf'@"?{re.escape(info.symbol)}"?(?![\w.$"])')
+    text, count = pattern.subn(f"@{name}", ir_text)
+    assert count >= 1, f"the kernel's function {info.symbol} is not in its module"
+    return text, dataclasses.replace(info, symbol=name)
+
+
+def to_entry(info: KernelInfo, code: bytes) -> bytes:
+    record = json.dumps([info.symbol, info.fixed_extent, info.fixed_work_bytes]).encode()
+    return _LENGTH.pack(len(record)) + record + code
+
+
+def from_entry(payload: bytes, key: str | None = None) -> tuple[KernelInfo, bytes]:
+    """The kernel's ``KernelInfo`` and object code (``ValueError`` for an entry that does not decode,
+    or whose function is not the one named after ``key``)."""
+    if len(payload) < _LENGTH.size:
+        raise ValueError("truncated kernel entry")
+    (size,) = _LENGTH.unpack_from(payload)
+    end = _LENGTH.size + size
+    symbol_name, extent, work = json.loads(payload[_LENGTH.size : end])
+    if not isinstance(symbol_name, str) or not isinstance(extent, int) or not isinstance(work, int):
+        raise ValueError("a kernel entry's record is not (symbol, extent, work bytes)")
+    if len(payload) <= end:
+        raise ValueError("a kernel entry without object code")
+    if key is not None and symbol_name != symbol(key):
+        raise ValueError(f"a kernel entry for {symbol_name}, not {symbol(key)}")
+    return KernelInfo(symbol_name, extent, work), payload[end:]

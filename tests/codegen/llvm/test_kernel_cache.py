@@ -1,0 +1,160 @@
+"""Identical kernels compile once: within a program (an unrolled loop's steps share one function),
+and across specializations and processes (the kernel cache, one entry per kernel). Compiled
+results are compared with eager over several calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.codegen.llvm import engine, kernel_cache
+from kiln.compiler import program_cache
+from kiln.runtime.cache import DiskCache
+
+
+@pytest.fixture
+def caches(tmp_path, monkeypatch):
+    """Program and kernel caches of this test's own; the program cache off, so each compile
+    reaches the backend, and a counter of the modules LLVM compiles."""
+    programs, kernels = DiskCache(tmp_path / "programs"), DiskCache(tmp_path / "kernels")
+    programs.enabled = False
+    monkeypatch.setattr(program_cache, "disk_cache", lambda: programs)
+    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: kernels)
+    compile_many, compiled = engine.compile_many, []
+
+    def counted(texts, timeout=None):
+        compiled.extend(texts)
+        return compile_many(texts, timeout)
+
+    monkeypatch.setattr(engine, "compile_many", counted)
+    return kernels, compiled
+
+
+def _unrolled(steps: int):
+    def step(h, w, b):
+        for _ in range(steps):
+            h = (h @ w + b).tanh() * 0.5 + h  # the same kernels at every step
+        return h.sum(-1)
+
+    return step
+
+
+def _args(seed: int = 0, rows: int = 4):
+    rng = np.random.default_rng(seed)
+    return [kiln.from_numpy(rng.standard_normal(s).astype(np.float32) * 0.3) for s in ((rows, 8), (8, 8), (8,))]
+
+
+def _matches_eager(fn, compiled, calls: int = 3, rows: int = 4) -> None:
+    for call in range(calls):
+        args = _args(call, rows)
+        np.testing.assert_allclose(compiled(*args).numpy(), fn(*args).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_unrolled_loop_compiles_as_many_kernels_for_4_steps_as_for_16(caches, tmp_path, monkeypatch):
+    _, compiled = caches
+    modules = []
+    for steps in (4, 16):
+        empty = DiskCache(tmp_path / f"kernels-{steps}")  # else the second loop finds every kernel cached
+        monkeypatch.setattr(kernel_cache, "kernel_cache", lambda empty=empty: empty)
+        compiled.clear()
+        fn = _unrolled(steps)
+        program = kiln.compile(fn)
+        _matches_eager(fn, program)
+        report = program.state.specializations[-1].report
+        modules.append(len(compiled))
+        assert report.kernels >= steps  # a kernel per step, all calling one function
+    assert modules[0] == modules[1] > 0
+    assert modules[1] <= 3  # the steps' kernel, the last step's (its result is also summed), the sum
+
+
+def test_a_second_specialization_takes_the_kernels_it_shares_from_the_cache(caches):
+    kernels, compiled = caches
+    fn = _unrolled(3)
+    program = kiln.compile(fn)
+    _matches_eager(fn, program)
+    first, hits = len(compiled), kernels.hits
+    assert first > 0
+    program(*_args(rows=4, seed=5)[:1], *(t * 2 for t in _args()[1:]))  # same shapes: no new specialization
+    assert len(compiled) == first
+    compiled.clear()
+    # a new kiln.compile of the same code: every kernel from the kernel cache, none compiled
+    again = kiln.compile(_unrolled(3))
+    _matches_eager(fn, again)
+    assert compiled == [] and kernels.hits > hits
+
+
+def test_a_new_batch_size_compiles_only_its_new_kernels(caches):
+    kernels, compiled = caches
+
+    def two_parts(x, y):
+        return (x * 2.0 + 1.0).exp(), (y - 1.0).tanh() * 3.0  # two kernels: x's does not change below
+
+    rng = np.random.default_rng(0)
+    x = kiln.from_numpy(rng.standard_normal((5, 7)).astype(np.float32))
+    program = kiln.compile(two_parts)
+    for rows in (3, 4):  # the second size of y is a second specialization, sharing x's kernel
+        compiled.clear()
+        y = kiln.from_numpy(rng.standard_normal((rows, 2)).astype(np.float32))
+        for _ in range(3):
+            for ours, theirs in zip(program(x, y), two_parts(x, y), strict=True):
+                np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+        assert len(compiled) == (2 if rows == 3 else 1)
+    assert len(program.state.specializations) == 2 and kernels.hits >= 1
+
+
+def test_corrupt_kernel_entries_are_compiled_again(caches, monkeypatch):
+    kernels, compiled = caches
+    fn = _unrolled(2)
+    _matches_eager(fn, kiln.compile(fn))
+    entries = [p for p in kernels.directory.glob("??/*") if p.is_file()]
+    assert entries and len(entries) == len(compiled)
+    for path in entries:  # flipped bytes: the entry's MAC fails, it is a miss, deleted and rebuilt
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0xFF
+        path.write_bytes(bytes(data))
+    compiled.clear()
+    _matches_eager(fn, kiln.compile(_unrolled(2)))  # a new function: compiled again, not reused
+    assert len(compiled) == len(entries)
+    # entries that verify (this user's) but hold no kernel: rebuilt too, never loaded
+    monkeypatch.setattr(kernels, "get", lambda key: b"\x03\x00\x00\x00\x00\x00\x00\x00[1]")
+    compiled.clear()
+    _matches_eager(fn, kiln.compile(_unrolled(2)))
+    assert len(compiled) == len(entries)
+
+
+def test_a_kernel_entry_round_trips_and_refuses_what_is_not_one():
+    info = kernel_cache.KernelInfo("kiln_kabc", 12, 3456)
+    assert kernel_cache.from_entry(kernel_cache.to_entry(info, b"\x7fELF...")) == (info, b"\x7fELF...")
+    for bad in (b"", b"\x02\x00\x00\x00\x00\x00\x00\x00[]", kernel_cache.to_entry(info, b"")):
+        with pytest.raises(ValueError):
+            kernel_cache.from_entry(bad)
+    with pytest.raises(ValueError, match="not kiln_k"):  # stored under another kernel's key
+        kernel_cache.from_entry(kernel_cache.to_entry(info, b"\x7fELF..."), "f" * 64)
+
+
+def _over_a_sequence(xs, w, u, b):
+    """An RNN over ``xs`` [T, B, H]: the bias is added to the whole input projection, each step
+    reads its row (``proj[t]``: a slice that would otherwise be part of each step's kernel)."""
+    proj = xs @ w + b
+    h = kiln.zeros(xs.shape[1], xs.shape[2])
+    for t in range(xs.shape[0]):
+        h = (proj[t] + h @ u).tanh()
+    return h.sum()
+
+
+def test_the_steps_of_a_loop_over_a_sequence_share_their_kernels(caches, tmp_path, monkeypatch):
+    _, compiled = caches
+    rng = np.random.default_rng(0)
+    modules = []
+    for steps in (4, 16):
+        empty = DiskCache(tmp_path / f"kernels-{steps}")
+        monkeypatch.setattr(kernel_cache, "kernel_cache", lambda empty=empty: empty)
+        compiled.clear()
+        program = kiln.compile(_over_a_sequence)
+        for _ in range(3):
+            args = [kiln.from_numpy(rng.standard_normal(s).astype(np.float32) * 0.3)
+                    for s in ((steps, 3, 8), (8, 8), (8, 8), (8,))]  # fmt: skip
+            np.testing.assert_allclose(program(*args).numpy(), _over_a_sequence(*args).numpy(), rtol=1e-5, atol=1e-5)
+        modules.append(len(compiled))
+    assert modules[0] == modules[1] > 0
