@@ -88,11 +88,11 @@ def _case(case: str, quick: bool, torch, threads: int) -> list[Result]:
     return results
 
 
-def run(quick: bool = False) -> list[Result]:
-    """Every case, kiln first, then PyTorch (same thread count as kiln) and numpy."""
+def run(quick: bool = False, cases: tuple[str, ...] = (ADD_TINY, ADD_TINY_GRAD, ADD_LARGE, MATMUL)) -> list[Result]:
+    """Every case (or those named), kiln first, then PyTorch (same thread count as kiln) and numpy."""
     with torch_with_kiln_threads() as (torch, threads):
         results = []
-        for case in (ADD_TINY, ADD_TINY_GRAD, ADD_LARGE, MATMUL):
+        for case in cases:
             results.extend(_case(case, quick, torch, threads))
         return results
 
