@@ -5,10 +5,10 @@ step, a 2-layer LSTM LM, a CNN (whose epochs end with a smaller batch), a GPT --
 processes (``CHILD_LIMIT_S`` each, so a pathological compile cannot hang the run):
 
 - cold compile: an empty ``KILN_CACHE_DIR``, the time from the first call of the compiled step to
-  the end of the call after which it has a compiled specialization (the first call creates the
-  optimizer's state, so this is usually calls 1 and 2);
+  the first call that runs compiled (the first call creates the optimizer's state or the first
+  gradients, so this is usually calls 1 and 2);
 - warm compile: the same in a second process on the same cache directory;
-- the LSTM LM's cold compile at 10x the sequence length (T=350 against T=35);
+- the LSTM LM's cold compile at ``LENGTH_FACTOR`` times the sequence length (T=350 against T=35);
 - compiles over two epochs whose last batch is smaller (the compiled function's specializations);
 - the wall time of a run of ``RUN_STEPS`` steps compiled (its compile included) against kiln eager
   and PyTorch eager; the compiled run's first losses are checked against kiln eager's.
@@ -43,10 +43,10 @@ CHILD_LIMIT_S = 600  # each fresh process
 CHILD_TIMEOUT_S = {True: 600, False: 4 * 3600}  # the whole workload, when benchmarks.run runs it
 RUN_STEPS = {False: 200, True: 6}
 LONG_STEPS = {False: 1000, True: 20}  # the LSTMCell loop's length
-LENGTHS = {False: (35, 350), True: (4, 40)}  # the LSTM LM's two sequence lengths
+LENGTH_FACTOR = 10  # the LSTM LM compiled again at this many times its length (T=35: T=350)
 EPOCH_BATCHES = {False: 8, True: 3}  # full batches per epoch, then one smaller
 CHECK_STEPS = 3
-MAX_CALLS_TO_COMPILE = 5  # calls made waiting for a first specialization before giving up
+MAX_CALLS_TO_COMPILE = 6  # calls made waiting for one that runs compiled before giving up
 COLD_MAX_S, WARM_MAX_S, MAX_COMPILES, LENGTH_MAX = 3.0, 0.3, 2, 1.5
 EAGER, TORCH, SHORT = "kiln eager", "torch", "kiln, 1x length"
 
@@ -92,19 +92,21 @@ def compiles(fn) -> int:
 
 
 def _compiled_run(name: str, sizes: dict, steps: int | None) -> dict:
-    """Call a fresh compiled step until it has compiled, then up to ``steps`` calls in all."""
+    """Call a fresh compiled step until a call runs compiled, then on to ``steps`` calls in all
+    (None: stop there). The compile time runs from the first call to the start of the first call
+    that ran compiled: one that added no specialization and no event (a trace break, a call not
+    cached), after one at least was made -- so a second trace (once ``.grad`` is set) counts too."""
     program = PROGRAMS[name]
     fn = kiln_compile(setup(program, kiln, sizes).step)
     call = cycling(fn, on(kiln, batches(program, sizes, 4)))
     start = time.perf_counter()
     compile_s, calls, losses = None, 0, []
-    while calls < (steps or MAX_CALLS_TO_COMPILE):
+    while calls < (steps or MAX_CALLS_TO_COMPILE) and (steps or compile_s is None):
+        before, history, called = compiles(fn), len(fn.state.events), time.perf_counter()
         losses.append(np.asarray(call().numpy(), dtype=np.float64).ravel().tolist())
+        if compile_s is None and before and compiles(fn) == before and len(fn.state.events) == history:
+            compile_s, compile_calls = called - start, calls
         calls += 1
-        if compile_s is None and compiles(fn):
-            compile_s, compile_calls = time.perf_counter() - start, calls
-            if steps is None:
-                break
     out = {"run_s": time.perf_counter() - start, "calls": calls, "losses": losses[:CHECK_STEPS]}
     out["events"] = [f"{e.kind}: {e.detail}" for e in fn.state.events][:6]
     out["compiles"] = compiles(fn)
@@ -184,7 +186,10 @@ def _spawn(mode: str, name: str, quick: bool, cache: str, steps: int | None = No
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": f"error: {mode} process exited with status {done.returncode}: {last[:200]}"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        return json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"error": f"error: {mode} process printed no result: {done.stdout[-200:]!r}"}
 
 
 # ----------------------------------------------------------------------------- the parent: rows of the table
@@ -197,8 +202,9 @@ def measure(name: str, quick: bool) -> dict[str, dict]:
             found[mode] = _spawn(mode, name, quick, cache)
     if name == "lstm_lm":
         with tempfile.TemporaryDirectory(prefix="kiln-cache-") as cache:
-            common.progress(f"compile_cost: {name}, T={LENGTHS[quick][1]}")
-            found["length"] = _spawn("length", name, quick, cache, steps=LENGTHS[quick][1])
+            long = sizes_for(name, quick)["steps"] * LENGTH_FACTOR
+            common.progress(f"compile_cost: {name}, T={long}")
+            found["length"] = _spawn("length", name, quick, cache, steps=long)
     return found
 
 
@@ -206,9 +212,9 @@ def _compile_row(case: str, out: dict, params: dict) -> Result:
     if "error" in out:
         return skipped(WORKLOAD, case, KILN, out["error"])
     if "compile_s" not in out:
-        why = f"error: no specialization after {out['calls']} calls: {'; '.join(out['events'])[:300]}"
+        why = f"error: no call ran compiled within {out['calls']} calls: {'; '.join(out['events'])[:300]}"
         return skipped(WORKLOAD, case, KILN, why)
-    note = f"{out['compile_calls']} calls, {out['nodes']} traced nodes"
+    note = f"{out['compile_calls']} calls, {out['compiles']} compile(s), {out['nodes']} traced nodes (first)"
     return Result(WORKLOAD, case, KILN, one_shot([out["compile_s"] * 1e9]), note, {**params, "events": out["events"]})
 
 
@@ -218,7 +224,8 @@ def rows(name: str, quick: bool, found: dict[str, dict]) -> list[Result]:
     cold, warm, eager = found["cold"], found["warm"], found["eager"]
     results = [_compile_row(names["cold"], cold, sizes), _compile_row(names["warm"], warm, sizes)]
     if "length" in found:
-        short, long = LENGTHS[quick]
+        short = sizes["steps"]
+        long = short * LENGTH_FACTOR
         at_long = _compile_row(names["length"], found["length"], {**sizes, "steps": long})
         at_short = _compile_row(names["length"], cold, sizes)
         results.append(replace(at_long, note=f"T={long}; " + at_long.note))

@@ -9,7 +9,8 @@ compiled) must equal PyTorch's within float32 tolerance: a mismatch is a ``FAIL`
 line under the table. The timed copies keep their dropout. Then the per-op overhead cases of
 ``eager_overhead`` (a one-element add, autograd off and on).
 
-The summary gives the median over programs of kiln's eager ratio to PyTorch's. With ``--busy``
+In the table, kiln's ratio on the "kiln compiled" row is kiln eager's time over the compiled
+step's. The summary gives the median over programs of kiln's eager ratio to PyTorch's. With ``--busy``
 every program is timed again while a second process keeps one core busy (as a DataLoader worker
 does), and the summary compares each implementation's busy time with its quiet one.
 
