@@ -5,6 +5,7 @@ depends on how fast anything is."""
 from __future__ import annotations
 
 import json
+import types
 from dataclasses import replace
 
 import numpy as np
@@ -182,3 +183,34 @@ def test_compile_cost_quick_run(tmp_path, capsys, monkeypatch):
     assert by_key[(names["run"], "kiln")]["check"].startswith("ok"), by_key[(names["run"], "kiln")]["check"]
     printed = capsys.readouterr().out
     assert "compiles (epoch 1, 2)" in printed and programs.PROGRAMS["mlp"].title in printed
+
+
+class TracesTwice:
+    """A stand-in for a compiled function whose first two calls each trace (a specialization and
+    an event), as a step does when its first call creates the gradients; later calls run compiled."""
+
+    def __init__(self, fn, traces: int = 2):
+        self.fn, self.traces, self.calls = fn, traces, 0
+        self.state = types.SimpleNamespace(specializations=[], events=[])
+
+    def __call__(self, *args):
+        self.calls += 1
+        if self.calls <= self.traces:
+            self.state.specializations.append(types.SimpleNamespace(traced_graph=types.SimpleNamespace(nodes=[1, 2])))
+            self.state.events.append(types.SimpleNamespace(kind="compiled", detail=f"specialization {self.calls}"))
+        return self.fn(*args)
+
+
+def test_compile_time_runs_to_the_first_call_that_runs_compiled(monkeypatch):
+    sizes = programs.PROGRAMS["mlp"].sizes[True]
+    monkeypatch.setattr(compile_cost, "kiln_compile", TracesTwice)
+    out = compile_cost._compiled_run("mlp", sizes, None)
+    assert (out["compile_calls"], out["compiles"], out["calls"], out["nodes"]) == (2, 2, 3, 2)
+    assert 0 < out["compile_s"] <= out["run_s"]
+    out = compile_cost._compiled_run("mlp", sizes, 5)  # a run goes on to its steps
+    assert (out["compile_calls"], out["calls"], len(out["losses"])) == (2, 5, compile_cost.CHECK_STEPS)
+    monkeypatch.setattr(compile_cost, "kiln_compile", lambda fn: TracesTwice(fn, traces=99))
+    out = compile_cost._compiled_run("mlp", sizes, None)  # never runs compiled: no compile time, said so
+    assert "compile_s" not in out and out["calls"] == compile_cost.MAX_CALLS_TO_COMPILE
+    row = compile_cost._compile_row("c", out, {})
+    assert row.timing is None and row.note.startswith("error: no call ran compiled within 6 calls: compiled: ")
