@@ -100,19 +100,28 @@ def _compiled_run(name: str, sizes: dict, steps: int | None) -> dict:
     fn = kiln_compile(setup(program, kiln, sizes).step)
     call = cycling(fn, on(kiln, batches(program, sizes, 4)))
     start = time.perf_counter()
-    compile_s, calls, losses = None, 0, []
-    while calls < (steps or MAX_CALLS_TO_COMPILE) and (steps or compile_s is None):
+    out: dict = {}
+    calls, losses = 0, []
+    while calls < (steps or MAX_CALLS_TO_COMPILE) and (steps or "compile_s" not in out):
         before, history, called = compiles(fn), len(fn.state.events), time.perf_counter()
         losses.append(np.asarray(call().numpy(), dtype=np.float64).ravel().tolist())
-        if compile_s is None and before and compiles(fn) == before and len(fn.state.events) == history:
-            compile_s, compile_calls = called - start, calls
+        if "compile_s" not in out and before and compiles(fn) == before and len(fn.state.events) == history:
+            out.update(compile_s=called - start, compile_calls=calls, nodes=_nodes(fn), compiles=compiles(fn))
+            out["events"] = _events(fn)
+            _emit(out)  # kept if the rest of the run overruns its time
         calls += 1
-    out = {"run_s": time.perf_counter() - start, "calls": calls, "losses": losses[:CHECK_STEPS]}
-    out["events"] = [f"{e.kind}: {e.detail}" for e in fn.state.events][:6]
-    out["compiles"] = compiles(fn)
-    if compile_s is not None:
-        out.update(compile_s=compile_s, compile_calls=compile_calls, nodes=_nodes(fn))
+    out.update(run_s=time.perf_counter() - start, calls=calls, losses=losses[:CHECK_STEPS])
+    out.update(events=_events(fn), compiles=compiles(fn))
     return out
+
+
+def _events(fn) -> list[str]:
+    return [f"{e.kind}: {e.detail}" for e in fn.state.events][:8]
+
+
+def _emit(partial: dict) -> None:
+    """Print a partial result now: a process that overruns its limit still reports what it measured."""
+    print(json.dumps(partial), flush=True)
 
 
 def _nodes(fn) -> int | None:
@@ -133,8 +142,7 @@ def _ragged_epochs(name: str, sizes: dict, quick: bool) -> dict:
             fn(*batch)
         seconds.append(time.perf_counter() - start)
         counts.append(compiles(fn))
-    return {"compiles": counts, "epoch_s": seconds, "rows": [len(b[0]) for b in epoch],
-            "events": [f"{e.kind}: {e.detail}" for e in fn.state.events][:8]}  # fmt: skip
+    return {"compiles": counts, "epoch_s": seconds, "rows": [len(b[0]) for b in epoch], "events": _events(fn)}
 
 
 def _eager_runs(name: str, sizes: dict, steps: int) -> dict:
@@ -147,6 +155,7 @@ def _eager_runs(name: str, sizes: dict, steps: int) -> dict:
     start = time.perf_counter()
     out["losses"] = [np.asarray(call().numpy(), dtype=np.float64).ravel().tolist() for _ in range(steps)][:CHECK_STEPS]
     out["kiln_s"] = time.perf_counter() - start
+    _emit(out)
     torch = common.optional_import("torch")
     if torch is not None:
         call = cycling(setup(program, torch, sizes, reference=setup(program, kiln, sizes)).step, on(torch, batch_list))
@@ -165,12 +174,15 @@ def child(mode: str, name: str, quick: bool, steps: int | None) -> dict:
     if mode == "length":
         return _compiled_run(name, sizes, None)
     if mode == "warm":
-        return {**_compiled_run(name, sizes, None), "ragged": _ragged_epochs(name, sizes, quick)}
+        out = _compiled_run(name, sizes, None)
+        _emit(out)
+        return {**out, "ragged": _ragged_epochs(name, sizes, quick)}
     return _eager_runs(name, sizes, RUN_STEPS[quick])
 
 
 def _spawn(mode: str, name: str, quick: bool, cache: str, steps: int | None = None) -> dict:
-    """``child(...)`` in a fresh process on ``cache``; ``{"error": why}`` when it fails or overruns."""
+    """``child(...)`` in a fresh process on ``cache``: its last JSON line (a partial one when it failed
+    or overran), with ``"error": why`` added when it did not finish."""
     env = {**os.environ, "KILN_CACHE_DIR": cache}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "benchmarks.compile_cost", "--child", mode, name]
@@ -179,17 +191,25 @@ def _spawn(mode: str, name: str, quick: bool, cache: str, steps: int | None = No
     command += ["--threads", str(common.OPTIONS.threads)] if common.OPTIONS.threads else []
     command += ["--kiln-backend", common.OPTIONS.kiln_backend] if common.OPTIONS.kiln_backend else []
     try:
-        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=CHILD_LIMIT_S,
-                              check=False)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {"error": f"error: {mode} process timed out after {CHILD_LIMIT_S} s"}
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, timeout=CHILD_LIMIT_S, check=False)
+    except subprocess.TimeoutExpired as overran:
+        return {**_last_json(overran.stdout), "error": f"error: {mode} process timed out after {CHILD_LIMIT_S} s"}
+    found = _last_json(done.stdout)
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"error": f"error: {mode} process exited with status {done.returncode}: {last[:200]}"}
-    try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        return {"error": f"error: {mode} process printed no result: {done.stdout[-200:]!r}"}
+        last = (done.stderr.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        return {**found, "error": f"error: {mode} process exited with status {done.returncode}: {last[:200]}"}
+    return found or {"error": f"error: {mode} process printed no result: {done.stdout[-200:]!r}"}
+
+
+def _last_json(stdout: bytes | None) -> dict:
+    """The last line of ``stdout`` that is a JSON object, or {}."""
+    for line in reversed((stdout or b"").decode(errors="replace").splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    return {}
 
 
 # ----------------------------------------------------------------------------- the parent: rows of the table
@@ -198,6 +218,9 @@ def measure(name: str, quick: bool) -> dict[str, dict]:
     found: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-cache-") as cache:
         for mode in ("cold", "warm", "eager"):
+            if mode == "warm" and "compile_s" not in found["cold"]:  # it would only repeat the cold compile
+                found[mode] = {"error": "error: not run: no call of the cold process ran compiled"}
+                continue
             common.progress(f"compile_cost: {name}, {mode}")
             found[mode] = _spawn(mode, name, quick, cache)
     if name == "lstm_lm":
@@ -209,11 +232,9 @@ def measure(name: str, quick: bool) -> dict[str, dict]:
 
 
 def _compile_row(case: str, out: dict, params: dict) -> Result:
-    if "error" in out:
-        return skipped(WORKLOAD, case, KILN, out["error"])
     if "compile_s" not in out:
-        why = f"error: no call ran compiled within {out['calls']} calls: {'; '.join(out['events'])[:300]}"
-        return skipped(WORKLOAD, case, KILN, why)
+        why = out.get("error") or f"error: no call ran compiled within {out['calls']} calls: "
+        return skipped(WORKLOAD, case, KILN, why + "; ".join(out.get("events", []))[:300])
     note = f"{out['compile_calls']} calls, {out['compiles']} compile(s), {out['nodes']} traced nodes (first)"
     return Result(WORKLOAD, case, KILN, one_shot([out["compile_s"] * 1e9]), note, {**params, "events": out["events"]})
 
@@ -235,8 +256,8 @@ def rows(name: str, quick: bool, found: dict[str, dict]) -> list[Result]:
 
 
 def _ragged_row(case: str, warm: dict) -> Result:
-    if "error" in warm:
-        return skipped(WORKLOAD, case, KILN, warm["error"])
+    if "ragged" not in warm:
+        return skipped(WORKLOAD, case, KILN, warm.get("error", "error: no epochs measured"))
     ragged = warm["ragged"]
     first, second = ragged["compiles"]
     verdict = "met" if first <= MAX_COMPILES and second == first else "MISSED"
@@ -249,20 +270,22 @@ def _ragged_row(case: str, warm: dict) -> Result:
 def _run_rows(case: str, cold: dict, eager: dict, params: dict) -> list[Result]:
     """The compiled run (from the cold process: its compile included), kiln eager's and PyTorch's."""
     steps = params["steps_run"]
-    compiled = skipped(WORKLOAD, case, KILN, cold.get("error", ""))
-    if "error" not in cold:
+    why_not = {"cold": cold.get("error", "error: not measured"), "eager": eager.get("error", "error: not measured")}
+    compiled = skipped(WORKLOAD, case, KILN, why_not["cold"])
+    if "run_s" in cold:
         check = "unchecked: kiln eager did not run"
         if "losses" in eager:
             check = close(cold["losses"], eager["losses"], rtol=1e-4, atol=1e-6) + " on losses vs kiln eager"
         note = f"{steps} steps from the first call, {cold['compiles']} compile(s) included"
         compiled = Result(WORKLOAD, case, KILN, one_shot([cold["run_s"] * 1e9]), note, params, check)
-    if "error" in eager:
-        return [compiled, skipped(WORKLOAD, case, EAGER, eager["error"]), skipped(WORKLOAD, case, TORCH, "")]
-    torch_row = skipped(WORKLOAD, case, TORCH, "torch is not installed")
-    if "torch_s" in eager:
-        torch_row = Result(WORKLOAD, case, TORCH, one_shot([eager["torch_s"] * 1e9]), f"{steps} steps", params)
-    return [compiled, Result(WORKLOAD, case, EAGER, one_shot([eager["kiln_s"] * 1e9]), f"{steps} steps", params),
-            torch_row]  # fmt: skip
+    rows_ = [compiled]
+    for impl, key in ((EAGER, "kiln_s"), (TORCH, "torch_s")):
+        if key in eager:
+            rows_.append(Result(WORKLOAD, case, impl, one_shot([eager[key] * 1e9]), f"{steps} steps", params))
+        else:
+            missing = "torch is not installed" if impl == TORCH and "error" not in eager else why_not["eager"]
+            rows_.append(skipped(WORKLOAD, case, impl, missing))
+    return rows_
 
 
 def run(quick: bool = False, programs: tuple[str, ...] | None = None) -> list[Result]:

@@ -214,3 +214,21 @@ def test_compile_time_runs_to_the_first_call_that_runs_compiled(monkeypatch):
     assert "compile_s" not in out and out["calls"] == compile_cost.MAX_CALLS_TO_COMPILE
     row = compile_cost._compile_row("c", out, {})
     assert row.timing is None and row.note.startswith("error: no call ran compiled within 6 calls: compiled: ")
+
+
+def test_a_process_that_overran_keeps_what_it_measured():
+    """A cold process that compiled but did not finish its run: its compile is a row, its run an error."""
+    printed = b'CompileWarning...\n{"compile_s": 1.5}\n{"compile_s": 2.0, "compile_calls": 2, "compiles": 1, '
+    printed += b'"nodes": 9, "events": []}\nnot json {\n'
+    partial = compile_cost._last_json(printed)
+    assert partial["compile_s"] == 2.0 and compile_cost._last_json(b"") == {} and compile_cost._last_json(None) == {}
+    cold = {**partial, "error": "error: cold process timed out after 600 s"}
+    eager = {"kiln_s": 5.0, "losses": [[1.0]], "error": "error: eager process timed out after 600 s"}
+    results = compile_cost.rows("cnn", True, {"cold": cold, "warm": cold, "eager": eager})
+    names = compile_cost.cases("cnn")
+    by_key = {(r.case, r.impl): r for r in results}
+    assert by_key[(names["cold"], "kiln")].median_ns == 2e9
+    assert by_key[(names["ragged"], "kiln")].note == cold["error"]
+    assert by_key[(names["run"], "kiln")].timing is None and by_key[(names["run"], "kiln")].note == cold["error"]
+    assert by_key[(names["run"], "kiln eager")].median_ns == 5e9  # measured before the process overran
+    assert by_key[(names["run"], "torch")].note == eager["error"]
