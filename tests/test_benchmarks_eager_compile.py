@@ -131,7 +131,8 @@ def test_compile_cost_rows_targets_and_summary_by_hand():
     found = {
         "cold": fake_child(2.0, run_s=3.0),
         "warm": fake_child(0.5, compiles=(2, 3)),
-        "eager": {"kiln_s": 4.0, "torch_s": 2.0, "losses": [[1.0]]},
+        "eager": {"run_s": 4.0, "losses": [[1.0]]},
+        "torch": {"run_s": 2.0, "losses": [[1.0]]},
         "length": fake_child(2.5),
     }
     results = compile_cost.rows("lstm_lm", True, found)
@@ -159,7 +160,7 @@ def test_compile_cost_reports_a_failed_or_hung_process(monkeypatch, tmp_path):
     monkeypatch.setattr(compile_cost, "ORDER", ("mlp",))
     out = compile_cost._spawn("cold", "mlp", True, str(tmp_path))
     assert out == {"error": "error: cold process timed out after 0.01 s"}
-    results = compile_cost.rows("mlp", True, {"cold": out, "warm": out, "eager": out})
+    results = compile_cost.rows("mlp", True, {"cold": out, "warm": out, "eager": out, "torch": out})
     assert all(r.timing is None for r in results)
     assert results[0].note == out["error"]  # the table shows why
     summary_row = compile_cost.summary(results).splitlines()[1]
@@ -223,12 +224,13 @@ def test_a_process_that_overran_keeps_what_it_measured():
     partial = compile_cost._last_json(printed)
     assert partial["compile_s"] == 2.0 and compile_cost._last_json(b"") == {} and compile_cost._last_json(None) == {}
     cold = {**partial, "error": "error: cold process timed out after 600 s"}
-    eager = {"kiln_s": 5.0, "losses": [[1.0]], "error": "error: eager process timed out after 600 s"}
-    results = compile_cost.rows("cnn", True, {"cold": cold, "warm": cold, "eager": eager})
+    eager = {"run_s": 5.0, "losses": [[1.0]]}
+    torch = {"error": "error: torch process timed out after 600 s"}
+    results = compile_cost.rows("cnn", True, {"cold": cold, "warm": cold, "eager": eager, "torch": torch})
     names = compile_cost.cases("cnn")
     by_key = {(r.case, r.impl): r for r in results}
     assert by_key[(names["cold"], "kiln")].median_ns == 2e9
     assert by_key[(names["ragged"], "kiln")].note == cold["error"]
     assert by_key[(names["run"], "kiln")].timing is None and by_key[(names["run"], "kiln")].note == cold["error"]
-    assert by_key[(names["run"], "kiln eager")].median_ns == 5e9  # measured before the process overran
-    assert by_key[(names["run"], "torch")].note == eager["error"]
+    assert by_key[(names["run"], "kiln eager")].median_ns == 5e9
+    assert by_key[(names["run"], "torch")].note == torch["error"]
