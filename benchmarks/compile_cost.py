@@ -110,6 +110,8 @@ def _compiled_run(name: str, sizes: dict, steps: int | None) -> dict:
             out.update(compile_s=called - start, compile_calls=calls, nodes=_nodes(fn), compiles=compiles(fn))
             out["events"] = _events(fn)
             _emit(out)  # kept if the rest of the run overruns its time
+        elif "compile_s" not in out:  # where a compile that overruns had got to
+            _emit({"calls_done": calls + 1, "elapsed_s": time.perf_counter() - start, "events": _events(fn)})
         calls += 1
     out.update(run_s=time.perf_counter() - start, calls=calls, losses=losses[:CHECK_STEPS])
     out.update(events=_events(fn), compiles=compiles(fn))
@@ -230,8 +232,10 @@ def measure(name: str, quick: bool) -> dict[str, dict]:
 
 def _compile_row(case: str, out: dict, params: dict) -> Result:
     if "compile_s" not in out:
-        why = out.get("error") or f"error: no call ran compiled within {out['calls']} calls: "
-        return skipped(WORKLOAD, case, KILN, why + "; ".join(out.get("events", []))[:300])
+        why = out.get("error") or f"error: no call ran compiled within {out['calls']} calls"
+        if "calls_done" in out:
+            why += f"; {out['calls_done']} call(s) had finished after {out['elapsed_s']:.1f} s"
+        return skipped(WORKLOAD, case, KILN, "; ".join([why, *out.get("events", [])])[:400])
     note = f"{out['compile_calls']} calls, {out['compiles']} compile(s), {out['nodes']} traced nodes (first)"
     return Result(WORKLOAD, case, KILN, one_shot([out["compile_s"] * 1e9]), note, {**params, "events": out["events"]})
 

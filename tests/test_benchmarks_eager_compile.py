@@ -214,7 +214,11 @@ def test_compile_time_runs_to_the_first_call_that_runs_compiled(monkeypatch):
     out = compile_cost._compiled_run("mlp", sizes, None)  # never runs compiled: no compile time, said so
     assert "compile_s" not in out and out["calls"] == compile_cost.MAX_CALLS_TO_COMPILE
     row = compile_cost._compile_row("c", out, {})
-    assert row.timing is None and row.note.startswith("error: no call ran compiled within 6 calls: compiled: ")
+    assert row.timing is None and row.note.startswith("error: no call ran compiled within 6 calls; compiled: ")
+    overran = {"error": "error: cold process timed out after 600 s", "calls_done": 1, "elapsed_s": 12.0, "events": []}
+    assert compile_cost._compile_row("c", overran, {}).note == (
+        "error: cold process timed out after 600 s; 1 call(s) had finished after 12.0 s"
+    )
 
 
 def test_a_process_that_overran_keeps_what_it_measured():
