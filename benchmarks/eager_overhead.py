@@ -118,11 +118,11 @@ def _busy_cores(processes: int) -> Iterator[None]:
             loop.wait()
 
 
-def run(quick: bool = False) -> list[Result]:
-    """Every case, kiln first, then PyTorch (same thread count as kiln) and numpy."""
+def run(quick: bool = False, cases: tuple[str, ...] = CASES) -> list[Result]:
+    """Every case (or those named), kiln first, then PyTorch (same thread count as kiln) and numpy."""
     with torch_with_kiln_threads() as (torch, threads):
         results = []
-        for case in CASES:
+        for case in cases:
             results.extend(_case(case, quick, torch, threads))
         return results
 

@@ -7,7 +7,9 @@ Without workload names every registered workload runs. Each workload runs in its
 process (so that one workload's thread pools, caches and allocations do not disturb the next),
 and inside it every implementation runs side by side; ``--in-process`` runs them all here.
 A workload is a function ``run(quick: bool) -> list[Result]``, registered below as
-``"module"`` (its ``run``) or ``"module:function"``; the module's ``TARGETS`` are checked.
+``"module"`` (its ``run``) or ``"module:function"``; the module's ``TARGETS`` are checked, its
+``summary(results) -> str`` (if any) is printed after the tables, and its ``CHILD_TIMEOUT_S``
+(by ``quick``, if any) replaces the default limit on its child process.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ WORKLOADS = {
     "train_steps": "benchmarks.train_steps",
     "checks": "benchmarks.check_cost",
     "long_programs": "benchmarks.long_programs",
+    "eager": "benchmarks.eager_steps",
+    "compile_cost": "benchmarks.compile_cost",
 }
 
 # the GPU workloads, run by ``--device cuda`` (each reports itself skipped without a GPU)
@@ -105,11 +109,12 @@ def run_in_subprocesses(names: list[str], args: argparse.Namespace) -> tuple[lis
             command += ["--threads", str(args.threads), *_flags(args), name]
             common.progress(f"{name}: running in a child process")
             start = time.perf_counter()
+            limit = getattr(_load(name)[1], "CHILD_TIMEOUT_S", CHILD_TIMEOUT_S)[args.quick]
             try:
-                proc = subprocess.run(command, env=env, cwd=ROOT, timeout=CHILD_TIMEOUT_S[args.quick], check=False)
+                proc = subprocess.run(command, env=env, cwd=ROOT, timeout=limit, check=False)
                 why = f"error: workload process exited with status {proc.returncode}" if proc.returncode else ""
             except subprocess.TimeoutExpired:
-                why = f"error: workload process timed out after {CHILD_TIMEOUT_S[args.quick]} s"
+                why = f"error: workload process timed out after {limit} s"
             if why or not out.exists():
                 results.append(skipped(name, "(whole workload)", KILN, why or "error: no results written"))
                 continue
@@ -123,9 +128,20 @@ def run_in_subprocesses(names: list[str], args: argparse.Namespace) -> tuple[lis
     return results, checks, env_info
 
 
+def summaries(names: list[str], results: list[Result]) -> list[str]:
+    """Each named workload's module ``summary`` of the results, where it has one and says something."""
+    texts = []
+    for module in dict.fromkeys(_load(name)[1] for name in names):
+        summary = getattr(module, "summary", None)
+        text = summary(results) if summary is not None else ""
+        if text:
+            texts.append(text)
+    return texts
+
+
 def _flags(args: argparse.Namespace) -> list[str]:
     flags = (["--quick"] if args.quick else []) + ([] if args.torch_compile else ["--no-torch-compile"])
-    flags += ["--device", args.device]
+    flags += ["--device", args.device] + (["--busy"] if args.busy else [])
     return flags + (["--kiln-backend", args.kiln_backend] if args.kiln_backend else [])
 
 
@@ -148,6 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help=f"cpu (default) or cuda: the GPU workloads {', '.join(CUDA_WORKLOADS)}")  # fmt: skip
     parser.add_argument("--in-process", action="store_true", help="run every workload in this process")
+    parser.add_argument("--busy", action="store_true",
+                        help="eager: time every program again while another process keeps one core busy")  # fmt: skip
     parser.add_argument("--strict", action="store_true", help="exit with status 1 when a target is missed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one workload, JSON only
     return parser
@@ -164,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown workload(s) {', '.join(unknown)}; expected any of{device}: {', '.join(known)}")
     common.OPTIONS.torch_compile = args.torch_compile
     common.OPTIONS.kiln_backend = args.kiln_backend
+    common.OPTIONS.busy = args.busy
     if args.child or args.in_process:
         common.configure_threads(args.threads)
         results, checks = run_in_process(names, args.quick)
@@ -177,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     if checks:
         print()
         print(format_targets(checks))
+    for text in summaries(names, results):
+        print()
+        print(text)
     for line in failures(results):
         print(line)
     print(f"\nwrote {path}")
