@@ -80,6 +80,18 @@ class PendingSpecialization:
     def modules(self) -> list:
         return self.fields["modules"]
 
+    @property
+    def sizes_source(self) -> Graph | None:
+        """The graph a trace at other sizes is compared with (``dynamic.py``), known before the compile:
+        the forward graph, unless the results need gradients outside the call (a ``BackwardPlan``, not
+        made dynamic yet) or Python branched on a size (the program holds for this size alone)."""
+        if self.size_compared is not None:
+            return None
+        if self.partitioned is not None:
+            graph, backward = self.partitioned
+            return None if isinstance(backward, BackwardPlan) else graph
+        return None if isinstance(self.backward, _PendingBackward) else self.forward
+
     def partition(self) -> tuple[Graph, Any]:
         if self.partitioned is None:
             self.partitioned = _partition(self.compiled.options, self.backward, self.forward, self.sources,
@@ -90,8 +102,7 @@ class PendingSpecialization:
         """The passes, code generation and loading: the ``Specialization``, ready to run."""
         options = self.compiled.options
         graph, backward = self.partition()
-        # what a trace at other sizes is compared with; a branch on a size holds for this size alone
-        sizes_source = None if isinstance(backward, BackwardPlan) or self.size_compared is not None else graph
+        sizes_source = self.sizes_source
         symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic)
         if isinstance(backward, BackwardPlan):  # what a trace at another size is told (_dynamic_partner)
             not_dynamic = not_dynamic or _NEEDS_BACKWARD

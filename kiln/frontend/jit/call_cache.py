@@ -77,6 +77,7 @@ class PendingEntry:
     nodes: int  # traced nodes
     started: float = field(default_factory=time.perf_counter)
     job: Any = None  # the background.Job
+    sizes_source: Any = None  # the traced graph a call at other sizes is compared with (dynamic.py)
 
 
 _NOT_COMPILED = (EagerEntry, PendingEntry)  # a tuple: isinstance on it takes half the time a union takes
@@ -303,7 +304,7 @@ class CompiledFunction:
     # ------------------------------------------------------------------ compiling in the background
     def _compile_in_background(self, pending: PendingSpecialization, key, reason: str) -> None:
         """Cache a ``PendingEntry`` for ``key`` (its calls run eagerly) and hand the compile to the pool."""
-        entry = PendingEntry(key, reason, pending.nodes)
+        entry = PendingEntry(key, reason, pending.nodes, sizes_source=pending.sizes_source)
         where = _user_frame(sys._getframe(2))
         with self._install_lock:
             self.state.pending.append(entry)
@@ -372,7 +373,8 @@ class CompiledFunction:
         to keep the trace until another size comes (``dynamic=True``, ``mark_dynamic``), or None."""
         if self.options.dynamic is False or key[0] in self.state.not_dynamic:
             return None
-        earlier = [*reversed(self.state.deferred), *reversed(self.state.specializations)]
+        # the traces kept for another size, those compiling in the background, then the compiled ones
+        earlier = [*reversed(self.state.deferred), *reversed(self.state.pending), *reversed(self.state.specializations)]
         for other in earlier:
             positions = leading_sizes_differ(other.key, key)
             source = getattr(other, "sizes_source", None)

@@ -308,3 +308,48 @@ def test_a_forked_child_runs_a_pending_key_eagerly_and_does_not_wait_for_it(hold
     os.waitpid(pid, 0)
     hold.set()
     assert g.wait_compiled(60) and g(kiln.ones(2)).tolist() == [3.0, 3.0] and compiled_calls(g) == [1]
+
+
+def test_a_ragged_epoch_compiling_in_the_background_makes_its_batch_dynamic(monkeypatch):
+    """Calls at new sizes arrive while the first program still compiles: the trace at the second
+    size is compared with the pending one (and compiled while its call waits), so the epoch makes
+    the static and the dynamic program, not one per size; every step equals eager's."""
+    hold, original = threading.Event(), build.PendingSpecialization.compile
+
+    def held(self):  # background compiles wait for the test; the call that compiles in front does not
+        if threading.current_thread() is not threading.main_thread():
+            assert hold.wait(60), "the test never released the compile"
+        return original(self)
+
+    monkeypatch.setattr(build.PendingSpecialization, "compile", held)
+
+    def make():
+        rng = np.random.default_rng(0)
+        w = kiln.tensor(rng.standard_normal((6, 3)).astype(np.float32), requires_grad=True)
+
+        def step(x):
+            loss = (x @ w).tanh().square().mean()
+            loss.backward()
+            with kiln.no_grad():
+                w.sub_(0.1 * w.grad)
+                w.grad = None
+            return loss
+
+        return step, w
+
+    eager, w_eager = make()
+    fn, w = make()
+    compiled = background(fn)
+    rng = np.random.default_rng(1)
+    for n in (8, 8, 5, 8, 3, 8, 7, 8):
+        x = rng.standard_normal((n, 6)).astype(np.float32)
+        np.testing.assert_allclose(array(compiled(kiln.tensor(x))), array(eager(kiln.tensor(x))), rtol=RTOL, atol=ATOL)
+        if n == 5:
+            hold.set()  # the static program finishes only after the call at a second size was traced
+    assert compiled.wait_compiled(60)
+    for n in (4, 9):
+        x = rng.standard_normal((n, 6)).astype(np.float32)
+        np.testing.assert_allclose(array(compiled(kiln.tensor(x))), array(eager(kiln.tensor(x))), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(array(w), array(w_eager), rtol=RTOL, atol=ATOL)
+    specs = state_of(compiled).specializations
+    assert len(specs) == 2 and sorted(str(s.dynamic) for s in specs) == ["None", "[0]"]  # static, then dynamic
