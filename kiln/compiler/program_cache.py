@@ -18,12 +18,9 @@ cannot say which, and it is rebuilt.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import struct
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import safetensors.numpy
@@ -31,7 +28,7 @@ import safetensors.numpy
 from ..ir.graph import KERNEL, Graph, kernel_bodies, qualified_constants
 from ..ir.printer import print_graph
 from ..ir.serialize import graph_from_json, graph_to_json
-from ..runtime.cache import cache_key, default_cache
+from ..runtime.cache import cache_key, default_cache, source_digest
 
 #: Bump when the layout of a cache entry changes.
 ENTRY_FORMAT = 4
@@ -41,22 +38,8 @@ ENTRY_FORMAT = 4
 disk_cache = default_cache
 
 
-@functools.cache
-def compiler_digest() -> str:
-    """A digest of the source of everything that decides the machine code: the IR and its
-    primitives' formulas, the passes, the code generators, the runtime and the compiler's stages
-    (the source says more than a version number would)."""
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256()
-    folders = ("ir", "passes", "codegen", "runtime", "compiler")
-    for path in [p for folder in folders for p in sorted((root / folder).rglob("*.py"))]:
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def program_key(traced: Graph, backend_text: str, options: str, input_strides) -> str:
-    return cache_key("kiln program", str(ENTRY_FORMAT), compiler_digest(), backend_text, options,
+    return cache_key("kiln program", str(ENTRY_FORMAT), source_digest("ir", "passes", "codegen", "runtime", "compiler"), backend_text, options,
                      repr([tuple(s) if s is not None else None for s in input_strides]),
                      print_graph(traced, locations=False), *_constant_parts(traced))  # fmt: skip
 

@@ -81,6 +81,19 @@ def cache_key(*parts: str | bytes) -> str:
 
 
 @functools.cache
+def source_digest(*folders: str) -> str:
+    """A digest of the Python source under those folders of the kiln package (``"ir"``,
+    ``"codegen"``, ...): what a cache key needs to change whenever the code deciding an entry does
+    (the source says more than a version number would)."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in [p for folder in folders for p in sorted((root / folder).rglob("*.py"))]:
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
 def default_cache() -> DiskCache:
     """The process's cache in ``default_directory()``, made (and its path made absolute) at first use:
     the driver's programs are stored here and the LLVM backend's kernels in ``kernels_of`` it."""

@@ -17,16 +17,13 @@ that does not decode is a miss, and the kernel is compiled and stored again.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import json
 import re
 import struct
 from collections.abc import Sequence
-from pathlib import Path
 
 from ...ir.graph import KERNEL, Node, structure_key
-from ...runtime.cache import DiskCache, cache_key, default_cache, kernels_of
+from ...runtime.cache import DiskCache, cache_key, default_cache, kernels_of, source_digest
 from ..kernel_dag import VIEWS
 from . import host
 from .kernel_info import KernelInfo
@@ -40,20 +37,6 @@ _LENGTH = struct.Struct("<Q")
 def kernel_cache() -> DiskCache:
     """The cache of compiled kernels: the folder ``kernels`` of the process's cache directory."""
     return kernels_of(default_cache())
-
-
-@functools.cache
-def code_digest() -> str:
-    """A digest of the source that decides a kernel's machine code: kiln's version, the IR and its
-    primitives' formulas, the code generators and the runtime's calling convention."""
-    import kiln  # noqa: PLC0415
-
-    root = Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256(kiln.__version__.encode())
-    for path in [p for folder in ("ir", "codegen", "runtime") for p in sorted((root / folder).rglob("*.py"))]:
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
 
 
 def kernel_text(node: Node, layouts: Sequence[tuple[int, ...]]) -> str:
@@ -73,7 +56,14 @@ def kernel_key(text: str) -> str:
     """The cache key of a kernel of ``kernel_text`` ``text`` on this host."""
     from . import engine  # noqa: PLC0415 - the optimization level; LLVM is loaded to compile anyway
 
-    return cache_key("kiln kernel", str(ENTRY_FORMAT), code_digest(), host.signature(), f"O{engine.OPT_LEVEL}", text)
+    return cache_key(
+        "kiln kernel",
+        str(ENTRY_FORMAT),
+        source_digest("ir", "codegen", "runtime"),
+        host.signature(),
+        f"O{engine.OPT_LEVEL}",
+        text,
+    )
 
 
 def symbol(key: str) -> str:
