@@ -58,7 +58,7 @@ class Side:
         self.ns, self.program, self.compiled = namespace, program, compiled
         self.captures = namespace["make_captures"](np.random.default_rng(program.seed))
         fn = namespace["build"](*self.captures)
-        self.fn = kiln.compile(fn, options=kiln.CompileOptions(backend=backend)) if compiled else fn
+        self.fn = kiln.compile(fn, options=kiln.CompileOptions(backend=backend, wait=True)) if compiled else fn
         self.inputs: list = []
         self.limits: list[float] = []  # per input and capture: its largest magnitude when made
 

@@ -100,7 +100,7 @@ class Copy:
         self.program, self.ns = program, {"__name__": f"fuzz_scenario_{'compiled' if compiled else 'eager'}"}
         exec(compile(program.source, filename, "exec"), self.ns)  # noqa: S102 - our own generated program
         fn, self.between, self.state = self.ns["build"]()
-        self.fn = kiln.compile(fn, options=kiln.CompileOptions(backend=backend)) if compiled else fn
+        self.fn = kiln.compile(fn, options=kiln.CompileOptions(backend=backend, wait=True)) if compiled else fn
         self.inputs: list = []
         self.last = None
 
