@@ -65,7 +65,7 @@ class Adam(Optimizer):
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        if (group["fused"] or group["foreach"]) and self._fused_step(group, scalars):
+        if self._wants_compiled_step(group) and self._fused_step(group, scalars):
             return
         lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
         amsgrad, gradients = group["amsgrad"], self._gradients(group, scalars)

@@ -231,6 +231,16 @@ class Optimizer:
         """The state ``p`` starts with at its first step, in PyTorch's order of keys: ``step`` first."""
         raise NotImplementedError
 
+    @staticmethod
+    def _wants_compiled_step(group: dict[str, Any]) -> bool:
+        """Whether an eager step tries the group as one compiled program (``kiln.frontend.fused_steps``,
+        where an optimizer has one): asked for with ``fused=True`` or ``foreach=True``, and by default
+        (both None), as PyTorch takes its faster multi-tensor path by default where it has one;
+        ``fused=False`` or ``foreach=False`` keeps the per-parameter loop. The program runs only when
+        eager kernels are on (``kiln.backends.cpu.eager_kernels``) and compiled; the loop otherwise."""
+        fused, foreach = group.get("fused"), group.get("foreach")
+        return bool(fused or foreach) or (fused is None and foreach is None)
+
     def _gradients(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> Iterator[tuple]:
         """``(p, grad, state)`` for each parameter of ``group`` that has a gradient, after the work
         every optimizer starts with, in this order:

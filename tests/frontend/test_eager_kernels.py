@@ -399,3 +399,22 @@ def test_a_compile_that_raises_past_its_own_handling_leaves_the_worker_alive(on,
     sqrt = eager_kernels.route(PRIMITIVES["sqrt"])
     sqrt(np, np.abs(x))
     assert eager_kernels.wait(120) and _entry("sqrt").program is not None  # the worker still compiles
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "SGD"])
+def test_optimizers_step_compiled_by_default_and_loop_when_told_not_to(on, optimizer):
+    """As PyTorch takes its multi-tensor path by default where it has one: fused and foreach None
+    (the default) or True run the compiled step; either False keeps the per-parameter loop."""
+    cases = [({}, True), ({"foreach": True}, True), ({"fused": False, "foreach": True}, True),
+             ({"foreach": False}, False), ({"fused": False}, False)]  # fmt: skip
+    for kwargs, compiled in cases:
+        eager_kernels.CACHE.clear()
+        p = kiln.zeros(5000, requires_grad=True)
+        opt = getattr(kiln.optim, optimizer)([p], lr=0.01, momentum=0.9, **kwargs) if optimizer == "SGD" else \
+            kiln.optim.Adam([p], lr=0.01, **kwargs)  # fmt: skip
+        for _ in range(3):  # SGD's first step with momentum is the loop's (its buffer starts as the gradient)
+            p.grad = kiln.ones(5000)
+            opt.step()
+            eager_kernels.wait(120)
+        steps = [key[0] for key in eager_kernels.CACHE.entries if key[0].endswith("_step")]
+        assert bool(steps) == compiled, (kwargs, steps)
