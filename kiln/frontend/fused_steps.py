@@ -109,12 +109,19 @@ def _build(update: Update, n_shared: int, row_length: int, layouts: eager_kernel
     return b.build(outputs), [strides for _, _, strides in layouts], tuple(write_backs)
 
 
+def may_run() -> bool:
+    """Whether ``run_fused`` may run a program now: eager kernels on and no trace recording (a trace
+    records the caller's loop, op by op: the program would hide the update). An optimizer asks
+    before it makes state for the program, so a traced step makes its state as the loop does."""
+    return eager_kernels.enabled() and not (_jit.tracing and _jit.current.get() is not None)
+
+
 def run_fused(name: str, update: Update, shared: Sequence[Tensor], rows: Sequence[Sequence[Tensor]],
               attrs_key: tuple = ()) -> bool:  # fmt: skip
     """Apply ``update`` to every row in place as one compiled program; False: the caller runs its
     eager loop (see the module docstring). ``attrs_key`` names what else decides the graph."""
-    if not eager_kernels.enabled() or not rows or (_jit.tracing and _jit.current.get() is not None):
-        return False  # a trace records the caller's loop, op by op: the program would hide the update
+    if not rows or not may_run():
+        return False
     tensors = [*shared, *(t for row in rows for t in row)]
     if any(t._device is not CPU or t._data.dtype not in _FLOATS for t in tensors):
         return False

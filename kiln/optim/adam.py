@@ -65,7 +65,7 @@ class Adam(Optimizer):
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        if self._wants_compiled_step(group) and self._fused_step(group, scalars):
+        if self._wants_compiled_step(group) and fused_steps.may_run() and self._fused_step(group, scalars):
             return
         lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
         amsgrad, gradients = group["amsgrad"], self._gradients(group, scalars)
@@ -95,7 +95,7 @@ class Adam(Optimizer):
             return False
         for p in params:
             if not self.state[p]:
-                self.state[p].update(self._fresh_state(p, group))
+                self.state[p].update(kiln.jit.make_state(self._fresh_state, p, group))
         decoupled = group["decoupled_weight_decay"]
         shared = [scalars["lr"], *scalars["betas"], scalars["eps"], scalars["weight_decay"]]
         keys = ("step", "exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if group["amsgrad"] else ())

@@ -57,7 +57,7 @@ class SGD(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        if self._wants_compiled_step(group) and self._fused_step(group, scalars):
+        if self._wants_compiled_step(group) and fused_steps.may_run() and self._fused_step(group, scalars):
             return
         lr = scalars["lr"]
         momentum = scalars["momentum"] if group["momentum"] != 0 else None  # 0: no buffer, as in PyTorch
