@@ -44,7 +44,21 @@ def _binary(prim, a, b, name: str) -> Tensor:
             or (isinstance(b, int) and not isinstance(b, bool) and a._dtype.category != dt.BOOL)
         ):
             return apply(prim, a, scalar_tensor(b, a._dtype, a._device))
+    if prim is _sub:
+        _no_bool_operand(a, b)
     return apply(prim, *promote(a, b, op=name))
+
+
+def _no_bool_operand(a, b) -> None:
+    """PyTorch refuses a subtraction with a bool operand (a bool tensor, True or False), and so
+    does kiln rather than compute it as 0/1 (two tensors of one dtype never come here: numpy
+    refuses bool - bool itself)."""
+    for x in (a, b):
+        if x.__class__ is bool or isinstance(x, Tensor) and x._dtype is dt.bool_:
+            raise RuntimeError(
+                "sub: a bool operand cannot be subtracted or subtracted from (PyTorch refuses it too); "
+                "to invert a mask use ~mask or logical_not(mask), to compare two masks use ^ or logical_xor"
+            )
 
 
 def _float_binary(prim, a, b, name: str) -> Tensor:
