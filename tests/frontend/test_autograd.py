@@ -375,3 +375,16 @@ def test_copy_of_a_leaf_into_a_tensor_with_history_carries_the_leaf_s_gradient(t
     expected = run(torch, lambda v: torch.tensor(v, dtype=torch.float64, requires_grad=True))
     assert got is not None
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_a_leaf_that_stopped_requiring_grad_gets_no_gradient(torch):
+    """``requires_grad_(False)`` between the forward and the backward: the leaf's ``.grad`` stays
+    None (its post-accumulate hooks still run), as in PyTorch; the graph's other leaves get theirs."""
+    for lib in (kiln, torch):
+        x, w = lib.ones(2, requires_grad=True), lib.ones(2, requires_grad=True)
+        ran = []
+        x.register_post_accumulate_grad_hook(ran.append)
+        y = (x * w * 2).sum()
+        x.requires_grad_(False)
+        y.backward()
+        assert x.grad is None and len(ran) == 1 and w.grad.tolist() == [2.0, 2.0], lib.__name__

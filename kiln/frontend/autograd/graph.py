@@ -255,7 +255,8 @@ class AccumulateGrad(Node):
         self.variable = variable
 
     def apply(self, grads: list) -> tuple:
-        accumulate_into_grad(self.variable, grads[0])
+        if self.variable._requires_grad:  # requires_grad_(False) since the forward: no .grad, as in PyTorch
+            accumulate_into_grad(self.variable, grads[0])
         hooks = self.variable._post_accumulate_hooks
         if hooks and grads[0] is not None:
             for hook in list(hooks):
