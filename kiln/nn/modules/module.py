@@ -343,8 +343,11 @@ class Module:
         for p in self.parameters():
             if set_to_none:  # without reading .grad: a compiled step then holds whether it was set or not
                 p.grad = None
-            elif p.grad is not None:
-                p._grad = kiln.zeros_like(p.grad)
+            elif p.grad is not None:  # zeros in place, through the public API, so that a trace sees it
+                if p.grad.grad_fn is not None:
+                    p.grad = p.grad.detach()
+                with kiln.no_grad():
+                    p.grad.zero_()
 
     def apply(self, fn: Callable[[Module], None]) -> Module:
         for mod in self.children():

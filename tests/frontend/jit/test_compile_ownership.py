@@ -146,6 +146,7 @@ def test_a_capture_whose_first_use_is_a_write_is_written_back(backend, write):
 
 
 def test_zero_grad_without_set_to_none_inside_a_step_clears_the_stale_grad():
+
     def run(compile_it):
         kiln.manual_seed(0)
         model = kiln.nn.Linear(3, 2)
@@ -169,6 +170,32 @@ def test_zero_grad_without_set_to_none_inside_a_step_clears_the_stale_grad():
     for p, e in zip(params, eager_params, strict=True):
         np.testing.assert_allclose(p, e, rtol=1e-6, atol=1e-7)
     assert sum(compiled_calls(compiled)) >= 2
+
+
+def test_a_modules_zero_grad_without_set_to_none_zeroes_where_a_trace_sees_it():
+    """Module.zero_grad(set_to_none=False) once replaced each .grad behind the trace's back: from
+    the call that found the gradients set, compiled gradients accumulated across calls."""
+
+    def run(compile_it):
+        kiln.manual_seed(0)
+        model = kiln.nn.Linear(3, 2)
+
+        def step(x):
+            model.zero_grad(set_to_none=False)
+            loss = model(x).square().sum()
+            loss.backward()
+            return loss.detach()
+
+        fn = kiln.compile(step) if compile_it else step
+        grads = []
+        for i in range(4):
+            fn(kiln.full((4, 3), 0.5 + i))
+            grads.append([p.grad.numpy().copy() for p in model.parameters()])
+        return grads
+
+    for ours, eager in zip(run(True), run(False), strict=True):
+        for a, b in zip(ours, eager, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
 # ---------------------------------------------------------------------- gradients through compiled calls
