@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 
-from .optimizers import CLOSURE, SPECS, optimizer, scheduler, step_line
+from .optimizers import CLOSURE, SPECS, optimizer, scheduler, step_line, zero_grad_line
 from .scenario import Builder, Scenario
 
 SMOOTH = ("nn.Tanh()", "nn.GELU()", "nn.SiLU()", "nn.Sigmoid()", "nn.GELU(approximate='tanh')")
@@ -144,7 +144,7 @@ def training_step(b: Builder, r: random.Random, net: Net, name: str, y: str) -> 
     if name == "LBFGS":
         b.preamble += CLOSURE  # its step evaluates the model again, through a closure
     else:
-        b.stmt("opt.zero_grad()", "zero_grad")
+        b.stmt(zero_grad_line(r), "zero_grad")
     if r.random() < 0.3:
         b.stmt(f"h = model({x})", "model")
     else:

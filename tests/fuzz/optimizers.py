@@ -72,6 +72,17 @@ SCHEDULERS = {
     "ReduceLROnPlateau": "lr_scheduler.ReduceLROnPlateau({opt}, patience=0, factor=0.5)",
 }
 # LBFGS's step takes a closure that evaluates the model again (a module-level helper of the program)
+#: The ways a step clears its gradients: each must leave what eager leaves (Module.zero_grad with
+#: set_to_none=False once replaced .grad behind the trace: compiled gradients then accumulated).
+ZERO_GRADS = ("opt.zero_grad()", "opt.zero_grad(set_to_none=False)", "model.zero_grad()",
+              "model.zero_grad(set_to_none=False)")  # fmt: skip
+
+
+def zero_grad_line(r: random.Random) -> str:
+    """One of ``ZERO_GRADS``, the optimizer's default most often."""
+    return "opt.zero_grad()" if r.random() < 0.5 else r.choice(ZERO_GRADS)
+
+
 CLOSURE = ["def closure_of(opt, model, x, y, loss_fn):", "    def closure():", "        opt.zero_grad()",
            "        loss = loss_fn(model(x), y)", "        loss.backward()", "        return loss",
            "    return closure"]  # fmt: skip
@@ -156,7 +167,7 @@ def generate(seed: int) -> Scenario:
         b.preamble += CLOSURE
         b.stmt(f"loss = {step_line(name, 'model', x, y, 'F.mse_loss')}", f"step:{name}")
     else:
-        b.stmt("opt.zero_grad()", "zero_grad")
+        b.stmt(zero_grad_line(r), "zero_grad")
         b.stmt(f"loss = F.mse_loss(model({x}), {y})", "mse_loss")
         b.stmt("loss.backward()", "backward")
         b.stmt("opt.step()", f"step:{name}")
