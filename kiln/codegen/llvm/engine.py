@@ -107,20 +107,7 @@ def compile_ir(ir_text: str, timeout: float | None = None) -> bytes:
     keeps memory for good per compile). With a ``timeout`` (seconds) the compile always runs in
     the worker, where it can be stopped: ``worker.CompileTimeout`` when it does not finish in time
     (at once for a timeout <= 0). Where no worker can start, compiles run here, without a limit."""
-    global _compiles
-    from . import worker  # noqa: PLC0415 - subprocess and friends: not needed to load a cached program
-
-    if timeout is not None and timeout <= 0:
-        raise worker.CompileTimeout("the compile's time was spent before LLVM started")
-    with _lock:
-        _compiles += 1
-        if (timeout is not None or _compiles > worker.IN_PROCESS_COMPILES) and not worker.WORKER.broken:
-            try:
-                return worker.WORKER.compile(ir_text, timeout)
-            except OSError as error:
-                worker.WORKER.broken = True
-                logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
-        return target_machine().emit_object(_optimized(ir_text))
+    return compile_many([ir_text], timeout)[0]
 
 
 def compile_many(ir_texts: list[str], timeout: float | None = None) -> list[bytes]:
