@@ -36,7 +36,39 @@ class Unlowered(Exception):
     """The symbolic graph cannot be compiled once for every size (the message says why)."""
 
 
-class SymbolicProgram:
+class _ProgramPerSizes:
+    """A dynamic specialization's program: each call runs the program of its sizes
+    (``program_for``), kept per set of sizes, at most ``_limit`` of them (the oldest is dropped)."""
+
+    _programs: dict[tuple[int, ...], Any]
+    _limit: int
+    _last: tuple  # the sizes of the last call and their program
+
+    def program_for(self, arrays: Sequence) -> Any:
+        raise NotImplementedError
+
+    def _keep(self, key: tuple[int, ...], program: Any) -> None:
+        if len(self._programs) >= self._limit:
+            del self._programs[next(iter(self._programs))]
+        self._programs[key] = program
+
+    def __call__(self, arrays: Sequence) -> list:
+        return self.program_for(arrays)(arrays)
+
+    def run_checked_inputs(self, arrays: Sequence) -> list:
+        return self.program_for(arrays).run_checked_inputs(arrays)
+
+    # what kiln.explain shows: the program of the sizes run last
+    @property
+    def plan(self) -> Any:
+        return None if self._last[1] is None else self._last[1].plan
+
+    @property
+    def kernel_calls(self) -> Sequence[Any]:
+        return () if self._last[1] is None else self._last[1].kernel_calls
+
+
+class SymbolicProgram(_ProgramPerSizes):
     """Runs a fused symbolic graph whose kernels are compiled once (see the module docstring)."""
 
     def __init__(self, fused: Graph, backend, code, report: LoweringReport, strides: tuple, requested: tuple,
@@ -80,25 +112,8 @@ class SymbolicProgram:
                 f"outputs {sorted(self.fresh_outputs - program.fresh_outputs)} of a dynamic program are new memory "
                 f"at other sizes but not at {key}"
             )
-            if len(self._programs) >= self._limit:
-                del self._programs[next(iter(self._programs))]
-            self._programs[key] = program
+            self._keep(key, program)
         return program
-
-    def __call__(self, arrays: Sequence) -> list:
-        return self.program_for(arrays)(arrays)
-
-    def run_checked_inputs(self, arrays: Sequence) -> list:
-        return self.program_for(arrays).run_checked_inputs(arrays)
-
-    # what kiln.explain shows: the program of the sizes run last
-    @property
-    def plan(self) -> Any:
-        return None if self._last[1] is None else self._last[1].plan
-
-    @property
-    def kernel_calls(self) -> Sequence[Any]:
-        return () if self._last[1] is None else self._last[1].kernel_calls
 
     def _load(self, sizes: dict[Sym, int]) -> CompiledProgram:
         """The runtime program for ``sizes``: layouts, write-backs and memory plan of the bound graph,
@@ -178,7 +193,7 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     return fused, program, report
 
 
-class SizedProgram:
+class SizedProgram(_ProgramPerSizes):
     """The program of a dynamic specialization: ``graph`` (symbolic) lowered for the sizes of each
     call. The sizes are read off the inputs (``symbol_positions``); the lowered program of each
     set of sizes is kept (``lower(concrete graph) -> program``), so a size seen before costs a
@@ -193,6 +208,7 @@ class SizedProgram:
             concrete, program = first
             self._programs[tuple(concrete.inputs[i].type.shape[axis] for _, i, axis in self._positions)] = program  # type: ignore[misc]  # bound: ints
         self._limit = limit  # programs kept at most (the oldest is dropped first)
+        self._last: tuple = ((), None)
         self.lowerings = 0
 
     def sizes(self, arrays: Sequence) -> dict[Sym, int]:
@@ -204,24 +220,8 @@ class SizedProgram:
         if program is None:
             program = self._lower(bind_graph(self.graph, dict(zip((s for s, _, _ in self._positions), key))))
             self.lowerings += 1
-            if len(self._programs) >= self._limit:
-                del self._programs[next(iter(self._programs))]
-            self._programs[key] = program
+            self._keep(key, program)
+        self._last = (key, program)
         return program
 
     fresh_outputs: frozenset[int] = frozenset()  # not tracked across sizes: results are checked for aliasing
-
-    def __call__(self, arrays: Sequence) -> list:
-        return self.program_for(arrays)(arrays)
-
-    def run_checked_inputs(self, arrays: Sequence) -> list:
-        return self.program_for(arrays).run_checked_inputs(arrays)
-
-    # what kiln.explain shows: the program of the sizes lowered last
-    @property
-    def plan(self) -> Any:
-        return next(reversed(self._programs.values())).plan if self._programs else None
-
-    @property
-    def kernel_calls(self) -> Sequence[Any]:
-        return next(reversed(self._programs.values())).kernel_calls if self._programs else ()
