@@ -27,6 +27,7 @@ import functools
 
 from .compiler.options import CompileOptions
 from .frontend.jit import background as _background
+from .frontend.jit import state as _state
 from .frontend.jit.call_cache import CompiledFunction
 from .frontend.jit.check import CompileCheckError
 from .frontend.jit.dynamic import mark_dynamic
@@ -164,7 +165,9 @@ def is_scripting() -> bool:
 
 
 def is_tracing() -> bool:
-    return False
+    """``torch.jit.is_tracing``: whether this code runs inside a trace (``kiln.jit.trace`` is
+    ``kiln.compile``, so inside either), for code that must take another path while traced."""
+    return _state.active()
 
 
 def script(obj, *args, **kwargs):

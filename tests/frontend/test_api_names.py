@@ -165,3 +165,19 @@ def test_compiled_calls_of_the_new_names_equal_eager():
     topk = kiln.compile(lambda t: kiln.topk(t, 2).values * 2)  # reads the values: that call runs eagerly
     for _ in range(2):
         np.testing.assert_array_equal(topk(x).numpy(), kiln.topk(x, 2).values.numpy() * 2)
+
+
+def test_jit_is_tracing_inside_a_trace_only():
+    """``kiln.jit.is_tracing()`` is True while ``kiln.compile`` (or ``kiln.jit.trace``) traces, so code
+    written for torch.jit can take its traced path; eagerly it is False."""
+    seen = []
+
+    @kiln.compile
+    def f(x):
+        seen.append(kiln.jit.is_tracing())
+        return x * 2
+
+    assert not kiln.jit.is_tracing()
+    np.testing.assert_array_equal(f(kiln.ones(2)).numpy(), [2.0, 2.0])
+    assert seen == [True]
+    assert not kiln.jit.is_tracing()

@@ -16,6 +16,11 @@ tracing = 0
 current: ContextVar[Any] = ContextVar("kiln_trace", default=None)
 
 
+def active() -> bool:
+    """Whether a trace is running in this thread or task."""
+    return bool(tracing) and current.get() is not None
+
+
 def stamp(tensor) -> None:
     """``make_tensor`` calls this while tracing: mark ``tensor`` as born inside the trace."""
     trace = current.get()
