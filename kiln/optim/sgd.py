@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -67,6 +68,8 @@ class SGD(Optimizer):
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
                 if buf is None:
+                    buf = _zero_buffer(state, p, group)
+                if buf is None:  # the first step with dampening: PyTorch's buffer is the gradient itself
                     buf = state["momentum_buffer"] = grad.detach().clone()
                 else:
                     buf.mul_(momentum).add_(grad * undamped)
@@ -81,12 +84,28 @@ class SGD(Optimizer):
         if any(p.grad.is_sparse or p.grad.dtype != p.dtype or p.grad.shape != p.shape for p in params):
             return False
         momentum = group["momentum"] != 0
-        if momentum and any(self.state[p].get("momentum_buffer") is None for p in params):
+        if momentum and any(
+            self.state[p].get("momentum_buffer") is None and _zero_buffer(self.state[p], p, group) is None
+            for p in params
+        ):
             return False
         shared = [scalars["lr"], scalars["momentum"], scalars["dampening"], scalars["weight_decay"]]
         rows = [(p, p.grad, *([self.state[p]["momentum_buffer"]] if momentum else [])) for p in params]
         flags = (momentum, group["nesterov"], group["maximize"], group["weight_decay"] != 0)
         return fused_steps.run_fused("sgd_step", functools.partial(_sgd_update, *flags), shared, rows, flags)
+
+
+def _zero_buffer(state: dict, p: kiln.Tensor, group: dict[str, Any]) -> kiln.Tensor | None:
+    """A first step's momentum buffer made as zeros (stored in ``state``), or None where that would
+    change the result. PyTorch's first buffer is the gradient; ``0 * momentum + grad * (1 - 0)`` is
+    that gradient exactly when dampening is 0 (the default), so the first step runs the arithmetic of
+    every later one: a compiled step traced at the first call serves the later calls, and the buffer,
+    made outside the trace (``make_state``), is state it reads, not a tensor it made and stored away
+    (which would run that call eagerly and cost a second trace)."""
+    if group["dampening"] != 0 or not math.isfinite(group["momentum"]):  # 0 * inf is nan, not 0
+        return None
+    buffer = state["momentum_buffer"] = kiln.jit.make_state(kiln.zeros_like, p)
+    return buffer
 
 
 def _sgd_update(momentum: bool, nesterov: bool, maximize: bool, decay: bool, ops, shared, row) -> list:
