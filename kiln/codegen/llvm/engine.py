@@ -20,9 +20,9 @@ import threading
 import llvmlite
 import llvmlite.binding as llvm
 
-logger = logging.getLogger("kiln")
+from .host import OPT_LEVEL
 
-OPT_LEVEL = 3
+logger = logging.getLogger("kiln")
 
 _lock = threading.Lock()  # LLVM's global state (targets, contexts) is not thread safe
 
