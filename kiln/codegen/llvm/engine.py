@@ -20,9 +20,9 @@ import threading
 import llvmlite
 import llvmlite.binding as llvm
 
-from .host import OPT_LEVEL
-
 logger = logging.getLogger("kiln")
+
+OPT_LEVEL = 3
 
 _lock = threading.Lock()  # LLVM's global state (targets, contexts) is not thread safe
 

@@ -21,10 +21,6 @@ import llvmlite  # the package alone: its version, not the LLVM library
 
 from ...runtime.cache import DiskCache, cache_key
 
-#: LLVM's optimization level for kernels: part of what decides their code (here, not in ``engine``,
-#: so that cache keys are made without loading LLVM)
-OPT_LEVEL = 3
-
 # cpuinfo fields that change from one read or one core to the next, not with the CPU
 _VOLATILE = frozenset({"processor", "cpu MHz", "bogomips", "BogoMIPS", "core id", "apicid", "initial apicid",
                        "physical id", "siblings", "cpu cores"})  # fmt: skip

@@ -54,12 +54,14 @@ def kernel_text(node: Node, layouts: Sequence[tuple[int, ...]]) -> str:
 
 def kernel_key(text: str) -> str:
     """The cache key of a kernel of ``kernel_text`` ``text`` on this host."""
+    from . import engine  # noqa: PLC0415 - the optimization level; LLVM is loaded to compile anyway
+
     return cache_key(
         "kiln kernel",
         str(ENTRY_FORMAT),
         source_digest("ir", "codegen", "runtime"),
         host.signature(),
-        f"O{host.OPT_LEVEL}",
+        f"O{engine.OPT_LEVEL}",
         text,
     )
 

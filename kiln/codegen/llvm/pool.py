@@ -322,12 +322,13 @@ def _object_code() -> bytes:
     here (LLVM imported at the first split kernel, not with the backend) and stored. A warm process
     then loads no LLVM for the pool: importing llvmlite and compiling the pool took 70-150 ms of
     the LSTM LM's first call, whose program came from the cache."""
-    from ...runtime.cache import cache_key  # noqa: PLC0415 - needed at the first split kernel only
+    from ...runtime.cache import cache_key, source_digest  # noqa: PLC0415 - at the first split kernel only
     from . import host, kernel_cache  # noqa: PLC0415
 
     ir = _ir()
     cache = kernel_cache.kernel_cache()
-    key = cache_key("kiln native pool", host.signature(), f"O{host.OPT_LEVEL}", ir) if cache.enabled else None
+    # the code generator's source (the optimization level and passes LLVM runs) and the host decide the code
+    key = cache_key("kiln native pool", source_digest("codegen"), host.signature(), ir) if cache.enabled else None
     code = cache.get(key) if key is not None else None
     if code is None:
         from . import engine  # noqa: PLC0415 - loads LLVM
