@@ -109,3 +109,28 @@ def test_a_compiled_module_is_not_traced_again_when_grad_is_first_set():
     assert [e.kind for e in compiled._compiled.state.events] == ["compiled"]
     for i, grad in enumerate(grads):  # .grad accumulates: call i holds i + 1 times the first
         np.testing.assert_allclose(grad, grads[0] * (i + 1), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam"])
+def test_a_compiled_module_trained_by_an_optimizer_outside_is_traced_once(name):
+    """The backward and the optimizer run outside the compiled module: the first ``.grad`` and the
+    optimizer's state appear after the first call, and no later call traces again."""
+    x = kiln.tensor(np.random.default_rng(2).standard_normal((5, 6)).astype(np.float32))
+    y = kiln.tensor(np.array([0, 1, 2, 1, 0]))
+    losses = {}
+    for compiled in (True, False):
+        kiln.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+        opt = OPTIMIZERS[name](model.parameters())
+        forward = kiln.compile(model) if compiled else model
+        losses[compiled] = []
+        for _ in range(CALLS):
+            loss = F.cross_entropy(forward(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses[compiled].append(float(loss))
+        if compiled:
+            assert len(forward._compiled.state.specializations) == 1
+            assert [e.kind for e in forward._compiled.state.events] == ["compiled"]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5, atol=1e-6)
