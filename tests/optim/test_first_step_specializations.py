@@ -81,10 +81,11 @@ def test_sgds_first_momentum_buffer_is_the_gradient_as_in_pytorch():
         np.testing.assert_allclose(w.detach().numpy(), np.array([1.0, -2.0, 3.0], np.float32) - 0.1 * grad, rtol=1e-6)
 
 
-def test_explain_on_a_fresh_optimizer_reports_one_specialization():
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "adamw", "rmsprop"])
+def test_explain_on_a_fresh_optimizer_reports_one_specialization(name):
     kiln.manual_seed(0)
     model = nn.Linear(4, 2)
-    opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = OPTIMIZERS[name](model.parameters())
 
     def step(x):
         model(x).sum().backward()
