@@ -4,8 +4,9 @@ The compile driver consults the cache (``kiln.runtime.cache``, a plain key -> by
 it runs the passes. The key holds the traced graph's canonical text without source locations and
 its constants, the input layouts, the compile options, the backend and what decides its code
 (LLVM, CPU name and features), kiln's version and a digest of the compiler's own source. An entry
-holds the fused graph, its constants, the backend's code and the kernels it declined, so a hit
-skips the passes, fusion and code generation. One that does not load is rebuilt.
+holds the fused graph (``kiln.ir.compact``'s bytes: a warm start reads it several times faster than
+JSON), its constants, the backend's code and the kernels it declined, so a hit skips the passes,
+fusion and code generation. One that does not load is rebuilt.
 
 Source locations stay out of the key (a comment added above a compiled function must not
 recompile it), yet a program's nodes must name the lines of *this* trace, which errors and
@@ -25,13 +26,13 @@ from collections.abc import Sequence
 import numpy as np
 import safetensors.numpy
 
-from ..ir.graph import KERNEL, Graph, kernel_bodies, qualified_constants
+from ..ir.compact import graph_from_bytes, graph_to_bytes
+from ..ir.graph import Graph, SourceLocation, kernel_bodies, qualified_constants
 from ..ir.printer import print_graph
-from ..ir.serialize import graph_from_json, graph_to_json
 from ..runtime.cache import cache_key, default_cache, source_digest
 
-#: Bump when the layout of a cache entry changes.
-ENTRY_FORMAT = 4
+#: Bump when the layout of a cache entry changes (5: the graph in ``kiln.ir.compact``'s bytes, not JSON).
+ENTRY_FORMAT = 5
 
 
 #: The process's cache (``kiln.runtime.cache.default_cache``, shared with the LLVM backend's kernels).
@@ -60,8 +61,8 @@ def to_entry(graph: Graph, code: bytes, kernels: int, declined: list, traced: Gr
     constants = qualified_constants(graph)
     tensors = {f"constant/{k}": np.ascontiguousarray(v) for k, v in constants.items()}
     tensors["code"] = np.frombuffer(code, np.uint8)
+    tensors["graph"] = np.frombuffer(graph_to_bytes(graph), np.uint8)
     meta = {
-        "graph": json.dumps(graph_to_json(graph)),
         "kernels": str(kernels),
         "declined": json.dumps(declined),
         "not_fused": json.dumps(list(not_fused)),
@@ -82,9 +83,8 @@ def from_entry(payload: bytes, traced: Graph) -> tuple[Graph, bytes, int, list[t
     tensors = safetensors.numpy.load(payload)
     shapes = json.loads(meta["shapes"])
     constants = {k: tensors[f"constant/{k}"].reshape(shape) for k, shape in shapes.items()}
-    graph_json = json.loads(meta["graph"])
-    _relocate(graph_json, moved)
-    graph = graph_from_json(graph_json, constants, check=False)  # kiln wrote and signed it; verified if it was
+    # kiln wrote and signed it: read with the format's checks, not verified again (nor was it on a miss)
+    graph = graph_from_bytes(tensors["graph"].tobytes(), constants, relocate=_relocator(moved))
     declined = [(name, why) for name, why in json.loads(meta["declined"])]
     return graph, tensors["code"].tobytes(), int(meta["kernels"]), declined, list(json.loads(meta["not_fused"]))
 
@@ -113,14 +113,12 @@ def _relocation(stored: list, current: list) -> dict | None:
     return moved
 
 
-def _relocate(graph_json: dict, moved: dict) -> None:
-    """Replace the locations of a graph's JSON form (``graph_to_json``) in place, bodies included;
-    a location no traced node had is dropped rather than guessed."""
-    for node in graph_json["nodes"]:
-        loc = node["loc"]
-        if loc is not None:
-            new = moved.get((loc["file"], loc["line"], loc["function"]))
-            node["loc"] = None if new is None else {"file": new[0], "line": new[1], "function": new[2]}
-        if node["op"] == KERNEL:
-            for body in node["attrs"]["bodies"]["graphs"]:
-                _relocate(body, moved)
+def _relocator(moved: dict):
+    """The stored location -> the one the loaded graph gets; a location no traced node had is
+    dropped rather than guessed."""
+
+    def relocate(loc: SourceLocation) -> SourceLocation | None:
+        new = moved.get((loc.filename, loc.line, loc.function))
+        return None if new is None else SourceLocation(*new)
+
+    return relocate

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -66,7 +67,9 @@ class SGD(Optimizer):
             if momentum is not None:
                 state = self.state[p]
                 buf = state.get("momentum_buffer")
-                if buf is None:
+                if buf is None and _starts_from_zero(group):
+                    buf = _zero_buffer(state, p)
+                if buf is None:  # the first step with dampening: PyTorch's buffer is the gradient itself
                     buf = state["momentum_buffer"] = grad.detach().clone()
                 else:
                     buf.mul_(momentum).add_(grad * undamped)
@@ -81,12 +84,32 @@ class SGD(Optimizer):
         if any(p.grad.is_sparse or p.grad.dtype != p.dtype or p.grad.shape != p.shape for p in params):
             return False
         momentum = group["momentum"] != 0
-        if momentum and any(self.state[p].get("momentum_buffer") is None for p in params):
+        missing = [p for p in params if momentum and self.state[p].get("momentum_buffer") is None]
+        if missing and not _starts_from_zero(group):
             return False
+        for p in missing:
+            _zero_buffer(self.state[p], p)
         shared = [scalars["lr"], scalars["momentum"], scalars["dampening"], scalars["weight_decay"]]
         rows = [(p, p.grad, *([self.state[p]["momentum_buffer"]] if momentum else [])) for p in params]
         flags = (momentum, group["nesterov"], group["maximize"], group["weight_decay"] != 0)
         return fused_steps.run_fused("sgd_step", functools.partial(_sgd_update, *flags), shared, rows, flags)
+
+
+def _starts_from_zero(group: dict[str, Any]) -> bool:
+    """Whether a first step may start from a zero momentum buffer. PyTorch's first buffer is the
+    gradient; ``0 * momentum + grad * (1 - 0)`` is that gradient exactly when dampening is 0 (the
+    default), so the first step then runs the arithmetic of every later one: a compiled step traced
+    at the first call serves the later calls. With dampening it would be scaled, and the first
+    step stores a clone of the gradient (a second trace, for a compiled step)."""
+    return group["dampening"] == 0 and math.isfinite(group["momentum"])  # 0 * inf is nan, not 0
+
+
+def _zero_buffer(state: dict, p: kiln.Tensor) -> kiln.Tensor:
+    """``p``'s momentum buffer made as zeros outside any trace (``make_state``): state a compiled
+    step reads, not a tensor the traced call made and stored away, which would run that call
+    eagerly and cost the next one a second trace."""
+    buffer = state["momentum_buffer"] = kiln.jit.make_state(kiln.zeros_like, p)
+    return buffer
 
 
 def _sgd_update(momentum: bool, nesterov: bool, maximize: bool, decay: bool, ops, shared, row) -> list:

@@ -330,3 +330,36 @@ def test_a_relative_cache_directory_does_not_follow_chdir(tmp_path):
     assert state == "miss"
     assert len(_entries(start / "rel" / "cache")) == 2 and list(elsewhere.iterdir()) == []
     assert _run_module(tmp_path, folder, "rel/cache", str(elsewhere), cwd=start)[:2] == ("hit", result)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "newer format"])
+def test_a_signed_entry_whose_graph_does_not_read_is_rebuilt(tmp_path, monkeypatch, fresh_disk_cache, damage):
+    """The signature proves who wrote an entry, not that it reads: graph bytes that do not read
+    (cut short, or of a compact format this kiln does not know) are a miss, rebuilt, never run."""
+    from kiln.ir import compact
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "cache"))
+    written = compact.graph_to_bytes
+
+    def damaged(graph):
+        data = written(graph)
+        if damage == "truncated":
+            return data[: len(data) - 5]
+        return data[:8] + (compact.COMPACT_VERSION + 1).to_bytes(4, "little") + data[12:]
+
+    def f(x, w):
+        return (kiln.softmax(x, -1) @ w).tanh() * 0.5
+
+    rng = np.random.default_rng(0)
+    x = kiln.tensor(rng.standard_normal((8, 12)).astype(np.float32))
+    w = kiln.tensor(rng.standard_normal((12, 4)).astype(np.float32))
+    expected = f(x, w).numpy()
+    states = []
+    for writer in (damaged, written, written):
+        monkeypatch.setattr(program_cache, "graph_to_bytes", writer)
+        compiled = kiln.compile(f)
+        for _ in range(2):
+            out = compiled(x, w)
+        assert_close(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+        states.append(compiled.state.specializations[-1].report.cache)
+    assert states == ["miss", "miss", "hit"]  # the damaged entry was rebuilt (and stored whole)

@@ -317,6 +317,28 @@ entry:
 """
 
 
+def _object_code() -> bytes:
+    """The pool's object code: from the disk cache where this host compiled it before, else compiled
+    here (LLVM imported at the first split kernel, not with the backend) and stored. A warm process
+    then loads no LLVM for the pool: importing llvmlite and compiling the pool took 70-150 ms of
+    the LSTM LM's first call, whose program came from the cache."""
+    from ...runtime.cache import cache_key, source_digest  # noqa: PLC0415 - at the first split kernel only
+    from . import host, kernel_cache  # noqa: PLC0415
+
+    ir = _ir()
+    cache = kernel_cache.kernel_cache()
+    # the code generator's source (the optimization level and passes LLVM runs) and the host decide the code
+    key = cache_key("kiln native pool", source_digest("codegen"), host.signature(), ir) if cache.enabled else None
+    code = cache.get(key) if key is not None else None
+    if code is None:
+        from . import engine  # noqa: PLC0415 - loads LLVM
+
+        code = engine.compile_here(ir)
+        if key is not None:
+            cache.put(key, code)
+    return code
+
+
 _RUN = ctypes.CFUNCTYPE(
     None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32
 )
@@ -330,12 +352,9 @@ class NativePool:
     """The compiled pool and its worker threads (started on demand, stopped at exit)."""
 
     def __init__(self) -> None:
-        # LLVM is imported here, at the first split kernel, not with the backend: a program loaded
-        # from the disk cache runs without LLVM until then (the object loads like a program's)
-        from . import engine  # noqa: PLC0415
-        from .backend import load_objects  # noqa: PLC0415
+        from .backend import load_objects  # noqa: PLC0415 - the backend imports this module
 
-        self._library = load_objects([engine.compile_here(_ir())])
+        self._library = load_objects([_object_code()])
         self.run = _RUN(self._library.address("kiln_pool_run"))
         self._worker = _WORKER(self._library.address("kiln_pool_worker"))
         self._stop = _VOID(self._library.address("kiln_pool_stop"))

@@ -43,6 +43,11 @@ IN_PROCESS_COMPILES = 48  # ~5 MB of llvmlite's leak before compiles move out
 WORKER_COMPILES = 256  # compiles per worker process before it is replaced
 GRACE_SECONDS = 2.0  # a worker still compiling this long past its limit exits by itself
 WATCH_SECONDS = 0.25  # how often the worker's watchdog looks at its parent and its deadline
+# How much lower the worker's CPU priority is than its parent's (os.nice): a compile in the
+# background (kiln.compile's default) then leaves a contended core to the eager calls that run
+# meanwhile, rather than slowing them down; a compile the caller waits for still takes a free core
+# (the caller is blocked). A priority, not a thread: the interpreter's lock is not involved.
+WORKER_NICE = 5
 
 _HEADER = struct.Struct("<Q")
 _LIMIT = struct.Struct("<d")
@@ -254,9 +259,18 @@ def _standalone_engine():
     return engine
 
 
+def _lower_priority() -> None:
+    """This process's priority ``WORKER_NICE`` below its parent's (where processes have one)."""
+    try:
+        os.nice(WORKER_NICE)
+    except (AttributeError, OSError):  # no os.nice (Windows), or refused: compile at the parent's priority
+        pass
+
+
 def main(argv: list[str]) -> None:
     """``python .../worker.py PARENT_PID [pdeathsig]``: serve stdin until it closes."""
     parent = int(argv[0])
+    _lower_priority()
     if "pdeathsig" in argv[1:]:
         _die_with_parent(parent)
     watchdog = _Watchdog(parent)

@@ -4,11 +4,16 @@ results are compared with eager over several calls."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import kiln
-from kiln.codegen.llvm import engine, kernel_cache
+from kiln.codegen.llvm import engine, kernel_cache, pool
 from kiln.compiler import program_cache
 from kiln.runtime.cache import DiskCache
 
@@ -158,3 +163,30 @@ def test_the_steps_of_a_loop_over_a_sequence_share_their_kernels(caches, tmp_pat
             np.testing.assert_allclose(program(*args).numpy(), _over_a_sequence(*args).numpy(), rtol=1e-5, atol=1e-5)
         modules.append(len(compiled))
     assert modules[0] == modules[1] > 0
+
+
+POOL_SCRIPT = """
+import sys
+from kiln.codegen.llvm import pool
+native = pool.NativePool()
+native.ensure(2)
+native.stop()
+print("llvm" if "llvmlite.binding" in sys.modules else "no llvm")
+"""
+
+
+@pytest.mark.skipif(not pool.supported(), reason="no native pool on this platform")
+def test_the_native_pool_loads_from_the_cache_without_llvm_in_a_second_process(tmp_path):
+    """The native thread pool's object code is compiled once per host: a warm process (its programs
+    from the cache) then loads no LLVM at its first split kernel."""
+    root = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", POOL_SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=120
+        )
+        for _ in range(2)
+    ]
+    assert [run.returncode for run in runs] == [0, 0], [run.stderr[-2000:] for run in runs]
+    assert [run.stdout.strip() for run in runs] == ["llvm", "no llvm"]

@@ -4,6 +4,7 @@ many programs keeps a bounded amount of memory (llvmlite keeps ~100 KB per in-pr
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -104,3 +105,26 @@ def test_a_forked_child_starts_a_worker_of_its_own(fresh_worker):
     assert os.WEXITSTATUS(status) == 0
     assert engine.compile_ir(IR) == engine.compile_here(IR)  # the parent's worker is untouched
     assert fresh_worker._process is parent_worker
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no process priorities here")
+def test_the_worker_runs_at_a_lower_priority_than_its_parent(fresh_worker):
+    """A background compile's LLVM work yields a contended core to the eager calls of the parent."""
+    parent = os.getpriority(os.PRIO_PROCESS, 0)
+    if parent + worker.WORKER_NICE > 19:
+        pytest.skip(f"this process runs at nice {parent}: no lower priority is left for the worker")
+    engine.compile_ir(IR)  # the worker has started and served a request
+    assert os.getpriority(os.PRIO_PROCESS, fresh_worker._process.pid) == parent + worker.WORKER_NICE
+
+
+def test_lowering_the_priority_asks_for_worker_nice_and_never_fails(monkeypatch):
+    asked = []
+    monkeypatch.setattr(os, "nice", lambda increment: asked.append(increment) or 0)
+    worker._lower_priority()
+    assert asked == [worker.WORKER_NICE]
+
+    def refused(increment):
+        raise PermissionError("not allowed")
+
+    monkeypatch.setattr(os, "nice", refused)
+    worker._lower_priority()  # the compile goes on at the parent's priority

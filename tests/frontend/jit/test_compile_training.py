@@ -124,12 +124,15 @@ def test_scheduler_stepping_between_calls_does_not_recompile(opt_name, sched):
     assert opt.param_groups[0]["lr"] < 0.05
 
 
-def test_first_optimizer_step_is_compiled():
-    """Adam's first step makes its state (kiln.jit.make_state) and compiles; SGD's momentum buffer is
-    the first gradient itself, a value of the call, so that first step is not cached."""
-    _, _, f, _ = _train("plain", "adam", True)
-    assert [e.kind for e in f.state.events] == ["compiled"]
-    _, _, f, _ = _train("plain", "sgd_momentum", True)
+def test_first_optimizer_step_is_compiled(monkeypatch):
+    """Adam's first step makes its state (kiln.jit.make_state) and compiles, and so does SGD's with
+    momentum (a zero buffer, made the same way, updated as at every later step). With dampening
+    SGD's first buffer is the gradient itself, a value of the call, so that first step is not cached."""
+    for name in ("adam", "sgd_momentum", "sgd_nesterov_wd"):
+        _, _, f, _ = _train("plain", name, True)
+        assert [e.kind for e in f.state.events] == ["compiled"], name
+    monkeypatch.setitem(OPTIMIZERS, "sgd_dampening", lambda p: optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1))
+    _, _, f, _ = _train("plain", "sgd_dampening", True)
     kinds = [e.kind for e in f.state.events]
     assert kinds[0] == "not cached" and "compiled" in kinds
     assert "optimizer" in f.state.events[0].detail or "new tensor" in f.state.events[0].detail
