@@ -28,6 +28,7 @@ from ...compiler.driver import compile_graph
 from ...ir.analysis import Liveness
 from ...ir.graph import Graph, Node, Value
 from ...ir.verifier import VerificationError, verify
+from ...passes.layouts import c_strides
 from ...passes.partition import partition
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
@@ -223,6 +224,7 @@ def _lower_symbolic(options, symbolic: Graph, traced: Graph, strides: list, writ
     """``lower`` for a dynamic specialization: its kernels generated once for every size
     (``symbolic_program``), or, where the backend cannot, the graph lowered per call's sizes
     (``dynamic.SizedProgram``; ``traced`` is the call's own graph, lowered now)."""
+    strides = _dynamic_strides(symbolic, traced, strides)
     try:
         fused, program, report = lower_symbolic(symbolic, options, strides, write_backs, first=traced)
     except Unlowered as why:
@@ -235,6 +237,19 @@ def _lower_symbolic(options, symbolic: Graph, traced: Graph, strides: list, writ
         return optimized, SizedProgram(symbolic, lowering, first=(traced, first)), report
     record.append(("symbolic", fused))
     return fused, program, report
+
+
+def _dynamic_strides(symbolic: Graph, traced: Graph, strides: list) -> list:
+    """The input strides of a dynamic program: None (C order at every size) for a symbolic input the
+    traced call passed in C order, whose strides change with an inner size; others as traced (the
+    call key keeps their strides, so a call with others traces again)."""
+    out = []
+    for sym_input, input, given in zip(symbolic.inputs, traced.inputs, strides, strict=True):
+        shape = input.type.shape
+        expected = c_strides(shape, input.type.dtype.itemsize)  # type: ignore[arg-type]  # traced: static
+        c_order = given is not None and all(a == b for n, a, b in zip(shape, given, expected, strict=True) if n != 1)
+        out.append(None if not sym_input.type.is_static and c_order else given)
+    return out
 
 
 def _lower_program(options, strides: list, write_backs: list, graph: Graph):

@@ -78,7 +78,7 @@ class Specialization:
     calls: int = 0
     background_seconds: float | None = None  # from the trace to ready, when compiled in the background
     sizes_source: Graph | None = None  # the traced graph a trace at other sizes is compared with (dynamic.py)
-    dynamic: list[int] | None = None  # the argument positions whose leading size is symbolic, if any
+    dynamic: list[tuple[int, int]] | None = None  # (argument position, dim) of each symbolic size, if any
     not_dynamic: str | None = None  # why a trace at other sizes did not make it dynamic
 
     def __post_init__(self) -> None:

@@ -1,0 +1,201 @@
+"""Kernels over symbolic sizes after the first dimension, made kernels over one leading symbolic size.
+
+The LLVM kernels take a symbolic LEADING dimension (kiln/codegen/llvm/symbolic.py): its size comes
+from the argument table, every other size and stride stays a static immediate, so the inner loops
+vectorize as before. A language model's length ``T`` in ``(B, T, C)``, or two symbols at once in
+``(T, B, C)``, is not leading; but a kernel that treats its leading dims ``(B, T)`` alike -- every
+value either has exactly those leading dims or broadcasts over them -- computes the same over the
+flattened ``(B*T, C)``, whose leading size is the product ``B*T`` (``kiln.ir.types.SymProduct``).
+
+``collapse_symbolic_prefixes`` rewrites each such kernel node of a fused symbolic graph: its body
+over the flattened shapes, ``reshape`` views of its inputs before it and of its outputs after it
+(C-order values: no copies). A kernel it cannot rewrite (a reduction or a view across the leading
+dims, an input laid out per leading index) is left as it is; the code generator then runs it on its
+eager kernels and says why.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from ...ir.graph import CONSTANT, KERNEL, Graph, Node, Value
+from ...ir.primitives import PRIMITIVES
+from ...ir.types import Dim, Sym, TensorType, sym_product
+
+__all__ = ["collapse_symbolic_prefixes"]
+
+TypeMap = Callable[[TensorType], TensorType]
+
+#: Kernel kinds whose bodies are elementwise ops and row reductions over the trailing dims.
+_KINDS = ("elementwise", "reduction")
+
+
+def collapse_symbolic_prefixes(graph: Graph) -> Graph:
+    """``graph`` with each kernel whose symbolic sizes lie in leading dims it treats alike running over
+    their product (see the module docstring). Needs: a fused graph. Establishes: the same values."""
+    ids = itertools.count(max((v.id for v in graph.values()), default=-1) + 1)
+    new: dict[Value, Value] = {v: v for v in graph.inputs}
+    nodes: list[Node] = []
+    changed = False
+    for node in _members_apart(graph.nodes):
+        inputs = tuple(new[v] for v in node.inputs)
+        if node.op == "reduce_sum" and _leading_sum(nodes, node, inputs, new, ids):
+            changed = True
+            continue
+        collapsed = _collapsed(node) if node.op == KERNEL and node.attrs.get("kind") in _KINDS else None
+        if collapsed is None:
+            nodes.append(node if inputs == node.inputs else Node(node.op, inputs, node.attrs, node.outputs, node.loc))
+            new.update((v, v) for v in node.outputs)
+            continue
+        body, flat, widen = collapsed
+        changed = True
+        kernel_inputs = tuple(_reshaped(nodes, _widened(nodes, v, widen(v.type), ids, node.loc), flat(widen(v.type)), ids,
+                                        node.loc) for v in inputs)  # fmt: skip
+        outputs = tuple(Value(v.id, flat(v.type)) for v in node.outputs)
+        nodes.append(Node(KERNEL, kernel_inputs, {**node.attrs, "bodies": (body,)}, outputs, node.loc))
+        for v, out in zip(node.outputs, outputs, strict=True):
+            new[v] = _reshaped(nodes, out, v.type, ids, node.loc)
+    if not changed:
+        return graph
+    return Graph(graph.inputs, tuple(nodes), tuple(new[v] for v in graph.outputs), graph.constants)
+
+
+def _members_apart(nodes) -> list[Node]:
+    """``nodes`` with each horizontal kernel over a symbolic size split into one elementwise kernel per
+    member (a horizontal kernel is generated for static sizes only; its members alone are not)."""
+    out = []
+    for node in nodes:
+        if node.op != KERNEL or node.attrs.get("kind") != "horizontal" or not _symbolic(node):
+            out.append(node)
+            continue
+        inputs, outputs = iter(node.inputs), iter(node.outputs)
+        for k, body in enumerate(node.attrs["bodies"]):
+            attrs = {**node.attrs, "name": f"{node.attrs['name']}_{k}", "kind": "elementwise", "bodies": (body,)}
+            member_inputs = tuple(next(inputs) for _ in body.inputs)
+            out.append(Node(KERNEL, member_inputs, attrs, tuple(next(outputs) for _ in body.outputs), node.loc))
+    return out
+
+
+def _symbolic(node: Node) -> bool:
+    return any(v.type.symbols for v in (*node.inputs, *node.outputs))
+
+
+def _leading_sum(nodes: list[Node], node: Node, inputs: tuple[Value, ...], new: dict, ids) -> bool:
+    """Append ``node`` (a reduce_sum over the leading dims up to the last symbolic one, or more) as a
+    sum over the flattened leading size, which the LLVM backend compiles; False when it is not one."""
+    (x,), (out,) = inputs, node.outputs
+    shape, axes = x.type.shape, node.attrs["axes"]
+    last = max((k for k, d in enumerate(shape) if isinstance(d, Sym)), default=0)
+    if last == 0 or tuple(axes) != tuple(range(len(axes))) or len(axes) <= last:
+        return False
+    flat = TensorType((sym_product(1, shape[: last + 1]), *shape[last + 1 :]), x.type.dtype, x.type.device)
+    summed = Value(next(ids), TensorType(shape[len(axes) :], out.type.dtype, out.type.device))
+    attrs = {**node.attrs, "axes": tuple(range(len(axes) - last)), "keepdim": False}
+    nodes.append(Node("reduce_sum", (_reshaped(nodes, x, flat, ids, node.loc),), attrs, (summed,), node.loc))
+    new[out] = _reshaped(nodes, summed, out.type, ids, node.loc)
+    return True
+
+
+def _widened(nodes: list[Node], v: Value, type: TensorType, ids, loc) -> Value:
+    """``v`` broadcast to ``type`` and copied into memory of its own (C order: a reshape then views it)."""
+    if v.type.shape == type.shape:
+        return v
+    expanded, copied = Value(next(ids), type), Value(next(ids), type)
+    nodes.append(Node("expand", (v,), {"shape": type.shape}, (expanded,), loc))
+    nodes.append(Node("copy", (expanded,), {}, (copied,), loc))
+    return copied
+
+
+def _reshaped(nodes: list[Node], v: Value, type: TensorType, ids, loc) -> Value:
+    """``v`` as ``type`` (a reshape node appended to ``nodes`` when the shapes differ)."""
+    if v.type.shape == type.shape:
+        return v
+    out = Value(next(ids), type)
+    nodes.append(Node("reshape", (v,), {"shape": type.shape}, (out,), loc))
+    return out
+
+
+def _collapsed(node: Node) -> tuple[Graph, TypeMap, TypeMap] | None:
+    """The body of kernel ``node`` over its flattened leading dims, the map of types to their flattened
+    types and the map of input types to the types they are broadcast to first (an input that spans
+    part of the leading dims: ``(T, C)`` positions added to ``(B, T, C)``), or None when the kernel has
+    no symbol after its first dim or cannot be flattened."""
+    (body,) = node.attrs["bodies"]
+    values = [*body.inputs, *(v for n in body.nodes for v in n.outputs)]
+    domain = max((v.type.shape for v in values), key=len)
+    last = max((k for v in values for k, d in enumerate(v.type.shape) if isinstance(d, Sym)), default=0)
+    if last == 0:  # static, or symbolic in the leading dim alone: the generators take it as it is
+        return None
+    prefix = domain[: last + 1]
+    product = sym_product(1, prefix)
+
+    def flat(type: TensorType) -> TensorType:
+        shape = type.shape
+        if shape[: len(prefix)] == prefix:
+            return TensorType((product, *shape[len(prefix) :]), type.dtype, type.device)
+        if len(shape) >= len(prefix) and all(d == 1 for d in shape[: len(prefix)]):
+            return TensorType((1, *shape[len(prefix) :]), type.dtype, type.device)
+        return type
+
+    def widen(type: TensorType) -> TensorType:
+        shape, offset = type.shape, len(domain) - type.ndim
+        if not type.symbols or shape[: len(prefix)] == prefix or shape[0] == product or not 0 < offset < len(prefix):
+            return type
+        if shape[: len(prefix) - offset] != prefix[offset:]:
+            return type
+        return TensorType((*prefix, *shape[len(prefix) - offset :]), type.dtype, type.device)
+
+    inputs = set(body.inputs)
+    for v in values:
+        v_type = widen(v.type) if v in inputs else v.type
+        if v_type.symbols and flat(v_type).shape[1:] and any(isinstance(d, Sym) for d in flat(v_type).shape[1:]):
+            return None
+        if v_type.symbols and flat(v_type) == v_type and v_type.shape[0] != product:
+            return None  # a symbol outside the prefix's place (a broadcast over part of it)
+    rewritten = _rewritten_body(body, flat, widen, len(prefix))
+    return None if rewritten is None else (rewritten, flat, widen)
+
+
+def _rewritten_body(body: Graph, flat: TypeMap, widen: TypeMap, prefix_dims: int) -> Graph | None:
+    """``body`` over flattened types, each node's type checked by its shape rule; None when a node's
+    attributes address the leading dims (a reduction across them, an expand or reshape into them)."""
+    new: dict[Value, Value] = {v: Value(v.id, flat(widen(v.type))) for v in body.inputs}
+    nodes = []
+    for node in body.nodes:
+        inputs = tuple(new[v] for v in node.inputs)
+        outputs = tuple(Value(v.id, flat(v.type)) for v in node.outputs)
+        attrs = node.attrs if node.op == CONSTANT else _attrs(node, flat, prefix_dims)
+        if attrs is None:
+            return None
+        if node.op != CONSTANT:
+            try:
+                inferred = PRIMITIVES[node.op].infer(*(v.type for v in inputs), **attrs)
+            except (TypeError, ValueError, IndexError, RuntimeError):
+                return None
+            if len(outputs) != 1 or inferred != outputs[0].type:
+                return None
+        nodes.append(Node(node.op, inputs, attrs, outputs, node.loc))
+        new.update(zip(node.outputs, outputs, strict=True))
+    return Graph(tuple(new[v] for v in body.inputs), tuple(nodes), tuple(new[v] for v in body.outputs),
+                 body.constants)  # fmt: skip
+
+
+def _attrs(node: Node, flat, prefix_dims: int) -> dict | None:
+    """``node``'s attributes over the flattened types (axes after the prefix move down), or None."""
+    attrs = dict(node.attrs)
+    (out,) = node.outputs
+    if "axes" in attrs:
+        x = node.inputs[0].type
+        shift = x.ndim - flat(x).ndim
+        if shift and any(a < prefix_dims for a in attrs["axes"]):
+            return None  # a reduction across the leading dims
+        attrs["axes"] = tuple(a - shift for a in attrs["axes"])
+    if "shape" in attrs:
+        shape: tuple[Dim, ...] = attrs["shape"]
+        if tuple(shape) != out.type.shape:
+            return None
+        attrs["shape"] = flat(out.type).shape
+    if "axis" in attrs or "perm" in attrs or "starts" in attrs:
+        return None  # a scan, a permutation or a slice: not rewritten
+    return attrs
