@@ -104,7 +104,7 @@ class PendingSpecialization:
         options = self.compiled.options
         graph, backward = self.partition()
         sizes_source = self.sizes_source
-        symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic)
+        symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic, self.sources)
         if isinstance(backward, BackwardPlan):  # what a trace at another size is told (_dynamic_partner)
             not_dynamic = not_dynamic or _NEEDS_BACKWARD
         elif self.size_compared is not None:
@@ -201,9 +201,11 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
 _NEEDS_BACKWARD = "a result needs gradients outside the call (a compiled backward over symbolic sizes is not built yet)"
 
 
-def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None]:
+def _symbolic(graph: Graph, backward, dynamic, sources: list) -> tuple[Graph | None, str | None]:
     """``(symbolic graph, None)`` when this trace and the earlier one of ``dynamic`` (``("compare",
-    graph, size pairs, positions)``) make one program over symbolic sizes, else ``(None, why not)``."""
+    graph, size pairs, positions)``) make one program over symbolic sizes, else ``(None, why not)``.
+    ``sources``: the kind of each input of ``graph``; only arguments may have symbolic sizes (any
+    other input, a tensor made from numpy inside the call, is read at its traced size)."""
     if dynamic is None or dynamic[0] == "defer":
         return None, None
     if dynamic[0] == "static":
@@ -217,6 +219,10 @@ def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None
         verify(symbolic)
     except (NotDynamic, VerificationError) as why:
         return None, str(why)
+    for value, source in zip(symbolic.inputs, sources, strict=True):
+        if value.type.symbols and not isinstance(source, Argument):
+            return None, (f"a tensor the call reads besides its arguments ({getattr(source, 'name', None) or source}) "
+                          f"has a size that follows the dynamic size ({value.type}): it is read as traced")  # fmt: skip
     return symbolic, None
 
 

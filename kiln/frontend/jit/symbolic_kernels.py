@@ -34,31 +34,73 @@ _KINDS = ("elementwise", "reduction")
 def collapse_symbolic_prefixes(graph: Graph) -> Graph:
     """``graph`` with each kernel whose symbolic sizes lie in leading dims it treats alike running over
     their product (see the module docstring). Needs: a fused graph. Establishes: the same values."""
-    ids = itertools.count(max((v.id for v in graph.values()), default=-1) + 1)
+    out = _Nodes(graph)
     new: dict[Value, Value] = {v: v for v in graph.inputs}
-    nodes: list[Node] = []
-    changed = False
     for node in _members_apart(graph.nodes):
         inputs = tuple(new[v] for v in node.inputs)
-        if node.op == "reduce_sum" and _leading_sum(nodes, node, inputs, new, ids):
-            changed = True
+        if node.op == "reduce_sum" and _leading_sum(out, node, inputs, new):
             continue
         collapsed = _collapsed(node) if node.op == KERNEL and node.attrs.get("kind") in _KINDS else None
         if collapsed is None:
-            nodes.append(node if inputs == node.inputs else Node(node.op, inputs, node.attrs, node.outputs, node.loc))
+            out.keep(node if inputs == node.inputs else Node(node.op, inputs, node.attrs, node.outputs, node.loc))
             new.update((v, v) for v in node.outputs)
             continue
         body, flat, widen = collapsed
-        changed = True
-        kernel_inputs = tuple(_reshaped(nodes, _widened(nodes, v, widen(v.type), ids, node.loc), flat(widen(v.type)), ids,
-                                        node.loc) for v in inputs)  # fmt: skip
+        kernel_inputs = tuple(out.reshaped(out.widened(v, widen(v.type), node.loc), flat(widen(v.type)), node.loc)
+                              for v in inputs)  # fmt: skip
         outputs = tuple(Value(v.id, flat(v.type)) for v in node.outputs)
-        nodes.append(Node(KERNEL, kernel_inputs, {**node.attrs, "bodies": (body,)}, outputs, node.loc))
-        for v, out in zip(node.outputs, outputs, strict=True):
-            new[v] = _reshaped(nodes, out, v.type, ids, node.loc)
-    if not changed:
-        return graph
-    return Graph(graph.inputs, tuple(nodes), tuple(new[v] for v in graph.outputs), graph.constants)
+        out.add(Node(KERNEL, kernel_inputs, {**node.attrs, "bodies": (body,)}, outputs, node.loc))
+        for v, flat_value in zip(node.outputs, outputs, strict=True):
+            new[v] = out.reshaped(flat_value, v.type, node.loc)
+    outputs = tuple(new[v] for v in graph.outputs)
+    return graph if not out.changed else Graph(graph.inputs, out.used(outputs), outputs, graph.constants)
+
+
+class _Nodes:
+    """The nodes of the rewritten graph, and the reshape views this module adds between them: a
+    value reshaped back and forth between two flattened kernels is read as it was (no view)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.nodes: list[Node] = []
+        self.changed = False
+        self._ids = itertools.count(max((v.id for v in graph.values()), default=-1) + 1)
+        self._source: dict[Value, Value] = {}  # the output of an added reshape -> its input
+
+    def keep(self, node: Node) -> None:
+        self.nodes.append(node)
+
+    def add(self, node: Node) -> None:
+        self.nodes.append(node)
+        self.changed = True
+
+    def value(self, type: TensorType) -> Value:
+        return Value(next(self._ids), type)
+
+    def reshaped(self, v: Value, type: TensorType, loc) -> Value:
+        """``v`` as ``type`` (a reshape view when the shapes differ)."""
+        if v.type.shape == type.shape:
+            return v
+        source = self._source.get(v)
+        if source is not None and source.type.shape == type.shape:
+            return source
+        out = self.value(type)
+        self.add(Node("reshape", (v,), {"shape": type.shape}, (out,), loc))
+        self._source[out] = v
+        return out
+
+    def widened(self, v: Value, type: TensorType, loc) -> Value:
+        """``v`` broadcast to ``type`` and copied into memory of its own (C order: a reshape views it)."""
+        if v.type.shape == type.shape:
+            return v
+        expanded, copied = self.value(type), self.value(type)
+        self.add(Node("expand", (v,), {"shape": type.shape}, (expanded,), loc))
+        self.add(Node("copy", (expanded,), {}, (copied,), loc))
+        return copied
+
+    def used(self, outputs: tuple[Value, ...]) -> tuple[Node, ...]:
+        """The nodes without the added reshapes that nothing reads (a view read back as it was)."""
+        read = set(outputs).union(*(node.inputs for node in self.nodes))
+        return tuple(n for n in self.nodes if not n.outputs or n.outputs[0] in read or n.outputs[0] not in self._source)
 
 
 def _members_apart(nodes) -> list[Node]:
@@ -81,39 +123,20 @@ def _symbolic(node: Node) -> bool:
     return any(v.type.symbols for v in (*node.inputs, *node.outputs))
 
 
-def _leading_sum(nodes: list[Node], node: Node, inputs: tuple[Value, ...], new: dict, ids) -> bool:
+def _leading_sum(out: _Nodes, node: Node, inputs: tuple[Value, ...], new: dict) -> bool:
     """Append ``node`` (a reduce_sum over the leading dims up to the last symbolic one, or more) as a
     sum over the flattened leading size, which the LLVM backend compiles; False when it is not one."""
-    (x,), (out,) = inputs, node.outputs
+    (x,), (result,) = inputs, node.outputs
     shape, axes = x.type.shape, node.attrs["axes"]
     last = max((k for k, d in enumerate(shape) if isinstance(d, Sym)), default=0)
     if last == 0 or tuple(axes) != tuple(range(len(axes))) or len(axes) <= last:
         return False
     flat = TensorType((sym_product(1, shape[: last + 1]), *shape[last + 1 :]), x.type.dtype, x.type.device)
-    summed = Value(next(ids), TensorType(shape[len(axes) :], out.type.dtype, out.type.device))
+    summed = out.value(TensorType(shape[len(axes) :], result.type.dtype, result.type.device))
     attrs = {**node.attrs, "axes": tuple(range(len(axes) - last)), "keepdim": False}
-    nodes.append(Node("reduce_sum", (_reshaped(nodes, x, flat, ids, node.loc),), attrs, (summed,), node.loc))
-    new[out] = _reshaped(nodes, summed, out.type, ids, node.loc)
+    out.add(Node("reduce_sum", (out.reshaped(x, flat, node.loc),), attrs, (summed,), node.loc))
+    new[result] = out.reshaped(summed, result.type, node.loc)
     return True
-
-
-def _widened(nodes: list[Node], v: Value, type: TensorType, ids, loc) -> Value:
-    """``v`` broadcast to ``type`` and copied into memory of its own (C order: a reshape then views it)."""
-    if v.type.shape == type.shape:
-        return v
-    expanded, copied = Value(next(ids), type), Value(next(ids), type)
-    nodes.append(Node("expand", (v,), {"shape": type.shape}, (expanded,), loc))
-    nodes.append(Node("copy", (expanded,), {}, (copied,), loc))
-    return copied
-
-
-def _reshaped(nodes: list[Node], v: Value, type: TensorType, ids, loc) -> Value:
-    """``v`` as ``type`` (a reshape node appended to ``nodes`` when the shapes differ)."""
-    if v.type.shape == type.shape:
-        return v
-    out = Value(next(ids), type)
-    nodes.append(Node("reshape", (v,), {"shape": type.shape}, (out,), loc))
-    return out
 
 
 def _collapsed(node: Node) -> tuple[Graph, TypeMap, TypeMap] | None:

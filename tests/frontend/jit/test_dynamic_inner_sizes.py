@@ -13,7 +13,12 @@ import pytest
 import kiln
 import kiln.nn as nn
 import kiln.nn.functional as F
+from kiln.frontend.jit.dynamic import NotDynamic, symbolize
 from kiln.frontend.jit.symbolic_program import SymbolicProgram
+from kiln.ir import dtypes as dt
+from kiln.ir.graph import GraphBuilder
+from kiln.ir.interpreter import interpret
+from kiln.ir.types import Sym, TensorType, sym_product
 from tests.conftest import assert_close
 
 rng = np.random.default_rng(1)
@@ -215,3 +220,44 @@ def test_a_mask_and_positions_built_from_the_size_follow_it(mask):
 
     compiled = check_sizes(f, lambda t: [f32(2, t, 3)], [4, 6, 9, 5])
     assert specs(compiled) == 2 and compiled.state.specializations[1].dynamic == [(0, 1)]
+
+
+# ---------------------------------------------------------------------- the graph comparison itself
+def _rows_graph(b: int, t: int):
+    """(b, t, 4) flattened to b*t rows, a mean over every element, a range and a causal mask of t."""
+    g = GraphBuilder()
+    x = g.input(TensorType((b, t, 4), dt.float32))
+    rows = g.node("reshape", [x], {"shape": (b * t, 4)})
+    count = g.constant(np.array(b * t * 4, np.float32), TensorType((), dt.float32))
+    mean = g.node("div", [g.node("reduce_sum", [rows], {"axes": (0, 1), "keepdim": False}), count])
+    positions = g.constant(np.arange(t, dtype=np.int64) * 2 + 1, TensorType((t,), dt.int64))
+    keep = g.constant(np.tril(np.ones((t, t), bool)), TensorType((t, t), dt.bool_))
+    return g.build([rows, mean, positions, keep])
+
+
+def test_symbolize_writes_products_ranges_and_masks_with_the_symbols():
+    b, t = Sym("s0"), Sym("s1")
+    graph = symbolize(_rows_graph(3, 5), _rows_graph(4, 7), {b: (3, 4), t: (5, 7)})
+    assert graph.outputs[0].type.shape == (sym_product(1, [b, t]), 4)
+    x = f32(2, 6, 4)
+    rows, mean, positions, keep = interpret(graph, [x])
+    assert_close(rows, x.reshape(12, 4), rtol=0, atol=0)
+    assert_close(mean, x.mean(), rtol=1e-6, atol=1e-7)
+    assert_close(positions, np.arange(6) * 2 + 1, rtol=0, atol=0)
+    assert_close(keep, np.tril(np.ones((6, 6), bool)), rtol=0, atol=0)
+    # a size the symbols make no product of: 3 * 5 + 1 rows at one size, 4 * 7 + 1 at the other
+    with pytest.raises(NotDynamic, match="not a product of them"):
+        symbolize(_rows_graph(3, 5), _rows_graph(4, 7), {b: (3, 4)})
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_a_tensor_made_from_numpy_at_the_size_keeps_the_call_static(dim):
+    # kiln.tensor(array) inside the call is read as traced at every call (a numpy shadow): had its size
+    # become the symbol, a later size would read the traced array (once a broadcasting error)
+    def f(x):
+        n = int(x.shape[dim])
+        return x + kiln.tensor(np.arange(n) ** 2).view(*((n, 1) if dim == 0 else (1, n)))
+
+    compiled = check_sizes(f, lambda t: [f32(t, 2) if dim == 0 else f32(2, t)], [4, 6, 9])
+    assert specs(compiled) == 3 and all(s.dynamic is None for s in compiled.state.specializations)
+    assert "a tensor the call reads besides its arguments" in kiln.explain(compiled).reasons[1]
