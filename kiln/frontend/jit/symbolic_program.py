@@ -3,7 +3,9 @@
 The symbolic graph (``dynamic.py``) goes through the graph passes and fusion once, and its kernels
 are generated once: a kernel over the symbolic leading dimension reads the size from its argument
 table (``codegen/llvm/symbolic.py``), a kernel without one is the static kernel it always
-was. What depends on the sizes -- the layouts, the write-backs, the memory plan, each kernel's
+was. A kernel whose symbols lie in leading dims it treats alike (``(B, T, C)`` with a symbolic
+``T``) runs over their product as one leading size (``symbolic_kernels.py``); one with two
+symbolic dims no leading size flattens (attention's ``(T, T)`` scores) runs on its eager kernels. What depends on the sizes -- the layouts, the write-backs, the memory plan, each kernel's
 number of parallel units -- is computed per set of sizes when a call first brings it, from the
 fused graph bound to those sizes, and kept: a size seen before costs a dictionary lookup.
 
