@@ -179,6 +179,9 @@ def test_movement_rules_carry_the_symbol_through():
     assert infer("slice", T(B, 10), starts=(0, 2), stops=(B, 10), steps=(1, 2)) == T(B, 4)
     with pytest.raises(SymbolicShapeError, match="only all of it"):
         infer("slice", T(B, 10), starts=(1, 0), stops=(B, 10), steps=(1, 1))
+    assert infer("slice", T(B, 10), starts=(0, 0), stops=(B, N), steps=(1, 1)) == T(B, N)  # x[:, :N]
+    with pytest.raises(SymbolicShapeError, match="only all of it"):
+        infer("slice", T(B, 10), starts=(0, 1), stops=(B, N), steps=(1, 1))
     assert infer("pad", T(B, 3), low=(0, 1), high=(0, 1), interior=(0, 0), value=0.0) == T(B, 5)
     with pytest.raises(SymbolicShapeError, match="padding it"):
         infer("pad", T(B, 3), low=(1, 0), high=(0, 0), interior=(0, 0), value=0.0)

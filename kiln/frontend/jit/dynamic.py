@@ -350,9 +350,23 @@ def bind_graph(graph: Graph, sizes: Mapping[Sym, int]) -> Graph:
         outputs = tuple(builder.value(v.type.bind(sizes)) for v in node.outputs)
         new.update(zip(node.outputs, outputs, strict=True))
         attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
+        if node.op == "slice" and node.attrs["stops"] != attrs["stops"]:
+            _check_slice(node, attrs["stops"], new[node.inputs[0]].type.shape)
         builder.nodes.append(Node(node.op, tuple(new[v] for v in node.inputs), attrs, outputs, node.loc))
     builder.constants.update(graph.constants)
     return builder.build([new[v] for v in graph.outputs])
+
+
+def _check_slice(node: Node, stops: tuple[int, ...], shape: tuple) -> None:
+    """A slice to a dynamic size (``mask[:T]``) must stay within the dim it slices: eager slicing
+    would stop at its end, and the program's later ops expect the size (ValueError says so)."""
+    for axis, (stop, n) in enumerate(zip(stops, shape, strict=True)):
+        if stop > n:
+            where = f" at {node.loc}" if node.loc else ""
+            raise ValueError(
+                f"kiln.compile: this call's dynamic size {stop} slices past the end of a dimension of size {n} "
+                f"(dim {axis}{where}); eager slicing would stop at {n}: call the function with sizes up to {n}"
+            )
 
 
 def _bind_attr(value, sizes: Mapping[Sym, int]):

@@ -208,17 +208,19 @@ def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
         )
     for axis, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape, strict=True)):
         if isinstance(n, Sym) or isinstance(b, Sym):
-            if (a, b, s) != (0, n, 1):
+            # all of a symbolic dim, or the first ``b`` of a static one (``mask[:T]``: running the graph
+            # checks that the size ``b`` binds to is at most ``n``, see ``frontend/jit/dynamic.bind_graph``)
+            if (a, s) != (0, 1) or (isinstance(n, Sym) and b != n):
                 raise SymbolicShapeError(
-                    f"slice: dim {axis} of size {n} is symbolic (or sliced to a symbol): only all of it (0:{n}:1) is "
-                    f"supported yet, got {a}:{b}:{s}"
+                    f"slice: dim {axis} of size {n} is symbolic (or sliced to a symbol): only all of it (0:{n}:1) or "
+                    f"the first symbolic size of a static dim (0:B:1) is supported yet, got {a}:{b}:{s}"
                 )
             continue
         if s < 1 or not 0 <= a <= n or not 0 <= b <= n:
             raise IndexError(
                 f"slice: dim {axis} of size {n} needs 0 <= start, stop <= {n} and step > 0, got {a}:{b}:{s}"
             )
-    shape = tuple(n if isinstance(n, Sym) else sliced_size(a, b, s)
+    shape = tuple(n if isinstance(n, Sym) else b if isinstance(b, Sym) else sliced_size(a, b, s)
                   for a, b, s, n in zip(starts, stops, steps, x.shape))  # fmt: skip
     return TensorType(shape, x.dtype, x.device)
 

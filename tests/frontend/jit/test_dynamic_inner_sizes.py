@@ -261,3 +261,33 @@ def test_a_tensor_made_from_numpy_at_the_size_keeps_the_call_static(dim):
     compiled = check_sizes(f, lambda t: [f32(t, 2) if dim == 0 else f32(2, t)], [4, 6, 9])
     assert specs(compiled) == 3 and all(s.dynamic is None for s in compiled.state.specializations)
     assert "a tensor the call reads besides its arguments" in kiln.explain(compiled).reasons[1]
+
+
+class BufferMaskAttention(nn.Module):
+    """nanoGPT's way: a causal mask buffer and a position table of ``block`` rows, sliced to T."""
+
+    def __init__(self, c: int = 8, block: int = 16) -> None:
+        super().__init__()
+        self.qkv, self.pos = nn.Linear(c, 3 * c), nn.Parameter(kiln.randn(block, c) * 0.1)
+        self.register_buffer("bias", kiln.tril(kiln.ones(block, block)).view(1, 1, block, block))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x + self.pos[:T]).split(C, dim=2)
+        att = q.unsqueeze(1) @ k.unsqueeze(1).transpose(-2, -1)
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        return (F.softmax(att, dim=-1) @ v.unsqueeze(1)).squeeze(1)
+
+
+def test_a_buffer_sliced_to_the_length_follows_it_and_a_length_past_its_end_raises():
+    kiln.manual_seed(0)
+    model = BufferMaskAttention()
+
+    def f(x):
+        with kiln.no_grad():
+            return model(x)
+
+    compiled = check_sizes(f, lambda t: [f32(2, t, 8)], [5, 8, 3, 12, 16])
+    assert specs(compiled) == 2 and compiled.state.specializations[1].dynamic == [(0, 1)]
+    with pytest.raises(ValueError, match="dynamic size 20 slices past the end of a dimension of size 16"):
+        compiled(kiln.tensor(f32(2, 20, 8)))
