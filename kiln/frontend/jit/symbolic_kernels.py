@@ -20,12 +20,15 @@ import itertools
 from collections.abc import Callable
 
 from ...ir.graph import CONSTANT, KERNEL, Graph, Node, Value
-from ...ir.primitives import PRIMITIVES
+from ...ir.primitives import PRIMITIVES, Kind
 from ...ir.types import Dim, Sym, TensorType, sym_product
 
 __all__ = ["collapse_symbolic_prefixes"]
 
 TypeMap = Callable[[TensorType], TensorType]
+
+#: The primitive kinds whose result is the same over an input broadcast first (numpy's rule).
+_BROADCASTING = frozenset({Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST})
 
 #: Kernel kinds whose bodies are elementwise ops and row reductions over the trailing dims.
 _KINDS = ("elementwise", "reduction")
@@ -176,6 +179,9 @@ def _collapsed(node: Node) -> tuple[Graph, TypeMap, TypeMap] | None:
             return None
         if v_type.symbols and flat(v_type) == v_type and v_type.shape[0] != product:
             return None  # a symbol outside the prefix's place (a broadcast over part of it)
+    widened = {v for v in body.inputs if widen(v.type) != v.type}
+    if any(PRIMITIVES[n.op].kind not in _BROADCASTING for n in body.nodes if widened.intersection(n.inputs)):
+        return None  # a widened input read by a reduction or a view would be read over the wrong dims
     rewritten = _rewritten_body(body, flat, widen, len(prefix))
     return None if rewritten is None else (rewritten, flat, widen)
 
