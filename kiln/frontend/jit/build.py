@@ -41,6 +41,7 @@ from .signature import Argument, BornView, Captured, ExternalView, Result, Saved
 from .specialization import Specialization
 from .symbolic_program import SizedProgram, Unlowered, lower_symbolic
 from .trace import Trace, TraceBreak
+from .watched_sizes import guards_of
 
 logger = logging.getLogger("kiln")
 
@@ -72,6 +73,7 @@ class PendingSpecialization:
     nodes: int  # traced nodes, for the notices
     dynamic: Any = None  # CompiledFunction._dynamic_partner's answer for this trace
     size_compared: str | None = None  # the trace's branch on a size (Trace.size_compared)
+    size_guards: list = field(default_factory=list)  # the trace's comparisons of sizes (Trace.size_guards)
     partitioned: tuple | None = None  # (forward, backward) when the partition ran already
     guards: Any = None
     checks: list = field(default_factory=list)
@@ -105,6 +107,9 @@ class PendingSpecialization:
         graph, backward = self.partition()
         sizes_source = self.sizes_source
         symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic, self.sources)
+        size_guards, why_not = ([], None) if symbolic is None else guards_of(self.size_guards, self.dynamic)
+        if why_not is not None:
+            symbolic, not_dynamic = None, why_not
         if isinstance(backward, BackwardPlan):  # what a trace at another size is told (_dynamic_partner)
             not_dynamic = not_dynamic or _NEEDS_BACKWARD
         elif self.size_compared is not None:
@@ -120,7 +125,8 @@ class PendingSpecialization:
                               traced_graph=graph if symbolic is None else symbolic, report=report,
                               guards=self.guards, checks=self.checks, python_reads=self.python_reads,
                               sizes_source=sizes_source, not_dynamic=not_dynamic,
-                              dynamic=None if symbolic is None else self.dynamic[3], **self.fields)  # fmt: skip
+                              dynamic=None if symbolic is None else self.dynamic[3], size_guards=size_guards,
+                              **self.fields)  # fmt: skip
         if report is not None:  # the traced call is the compile's first stage
             report.stage_seconds.insert(0, ("trace (the eager call)", self.trace_seconds))
         _dump(self.compiled, spec)
@@ -187,7 +193,7 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     pending = PendingSpecialization(
         compiled, traced.builder.build(outputs), backward, sources, {i for i, _ in writebacks},
         [e.tensor._data.strides for e in traced.externals], writebacks, fields, trace.seconds,
-        len(traced.builder.nodes), dynamic, size_compared,
+        len(traced.builder.nodes), dynamic, size_compared, list(trace.size_guards),
     )  # fmt: skip
     if dynamic is not None and dynamic[0] == "defer":  # kept, not compiled, until another size comes
         graph, partitioned_backward = pending.partition()

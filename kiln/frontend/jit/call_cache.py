@@ -164,26 +164,32 @@ class CompiledFunction:
         leaves, tree = flatten_call(args, kwargs)
         dynamic = self.state.dynamic.get(tree) if self.state.dynamic else None
         key = call_key(tree, leaves, dynamic)
-        if dynamic is not None and key not in self.state.cache:
-            key = call_key(tree, leaves)  # a call a dynamic key does not serve traces under its own
         closure_values = self._closure_values()
         miss = "first call"
-        for entry in self.state.cache.get(key, ()):
-            if isinstance(entry, _NOT_COMPILED):  # eagerly (a PendingEntry: until its program is ready)
-                if self.state.background_error is not None:
-                    self._raise_background_error()
-                if isinstance(entry, EagerEntry):
-                    self._log_once(("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}")
-                return self.fn(*args, **kwargs)
-            miss = entry.state_miss(self._globals, closure_values, leaves)
-            if miss is None:
-                if self.check:
-                    from .check import run_checked  # noqa: PLC0415
+        while True:
+            for entry in self.state.cache.get(key, ()):
+                if isinstance(entry, _NOT_COMPILED):  # eagerly (a PendingEntry: until its program is ready)
+                    if self.state.background_error is not None:
+                        self._raise_background_error()
+                    if isinstance(entry, EagerEntry):
+                        self._log_once(
+                            ("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}"
+                        )
+                    return self.fn(*args, **kwargs)
+                miss = entry.state_miss(self._globals, closure_values, leaves)
+                if miss is None:
+                    if self.check:
+                        from .check import run_checked  # noqa: PLC0415
 
-                    return run_checked(self, entry, args, kwargs, leaves)
-                if profiling.active:  # kiln.profiler records the call around its kernels
-                    return profiling.timed(f"kiln.compile({self._name()})", "compiled", entry.run, leaves)
-                return entry.run(leaves)
+                        return run_checked(self, entry, args, kwargs, leaves)
+                    if profiling.active:  # kiln.profiler records the call around its kernels
+                        return profiling.timed(f"kiln.compile({self._name()})", "compiled", entry.run, leaves)
+                    return entry.run(leaves)
+            if dynamic is None:
+                break
+            # A call the dynamic programs do not serve (a size guard, changed state) looks up, and
+            # traces under, its own sizes: a static program must never serve other sizes.
+            dynamic, key = None, call_key(tree, leaves)
         return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
 
     def _compile_miss(self, args, kwargs, leaves, key, miss: str, closure_values: dict):
@@ -399,7 +405,12 @@ class CompiledFunction:
         self.state.dynamic[key[0]] = dims
         spec.key = call_key(key[0], leaves, dims)
         named = ", ".join(f"argument {p} dim {d}" for p, d in sorted(spec.dynamic))
-        return spec.key, f"; dynamic: {named} (one program for every size >= 2)"
+        guards = ", ".join(f"argument {g.argument} dim {g.dim} {g}{'' if g.result else ' is False'}"
+                           for g in spec.size_guards)  # fmt: skip
+        return (
+            spec.key,
+            f"; dynamic: {named} (one program for every size >= 2{'; guards: ' + guards if guards else ''})",
+        )
 
     def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
         """Set a new specialization's guards (``guards.py``) and its table of Python values read."""

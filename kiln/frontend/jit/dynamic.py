@@ -15,7 +15,9 @@ different program at the other size) keeps the call static, and ``kiln.explain``
 Python code reading a dynamic size (``x.shape[1]``) gets the concrete int of the traced call: what
 it computes lands in the graph as an attribute or a constant, where the comparison of the two
 traces sees it follow the size (a symbol) or not (the call stays specialized on its sizes). A size
-read by a branch (``if x.shape[1] > 8``) is watched (``watched_sizes.py``) and keeps the call static.
+Python compares is watched (``watched_sizes.py``): a size as read compared with an int (``assert T
+<= block_size``, ``if T > 8``) guards the dynamic program (a size that compares otherwise traces
+again, under its own sizes); a size computed from one, or two sizes, compared keeps the call static.
 
 Which dimensions are dynamic: any dimension of a tensor argument, once a second size >= 2 is seen
 for it (PyTorch's "automatic dynamic": every dimension that differs between the two traces becomes

@@ -91,13 +91,57 @@ def test_mark_dynamic_on_an_inner_dimension_compiles_once_when_the_second_size_c
     assert compiled.state.specializations[0].dynamic == [(0, 1)]
 
 
-def test_a_branch_on_an_inner_size_keeps_the_call_static_and_says_why():
+def test_a_branch_on_an_inner_size_becomes_a_guard_and_the_other_side_traces_again():
     def f(x):
-        return x * 2.0 if x.shape[1] > 8 else x * 3.0  # 12 and 16 take one branch, 4 the other
+        return x * 2.0 if x.shape[1] > 8 else x * 3.0  # 12 and 16 take one branch, 4 and 5 the other
+
+    compiled = check_sizes(f, lambda t: [f32(2, t)], [12, 16, 4, 5, 30, 5, 3])
+    dynamic = [s for s in compiled.state.specializations if s.dynamic]
+    assert len(dynamic) == 1 and [str(g) for g in dynamic[0].size_guards] == ["size > 8"]
+    assert "guards: argument 0 dim 1 size > 8" in kiln.explain(compiled).reasons[1]
+    # 4 traced again (the guard is False there) and 5, 3 got the other branch's program
+    assert len(compiled.state.specializations) <= 5
+
+
+def test_a_branch_on_a_size_computed_from_an_inner_one_keeps_the_call_static_and_says_why():
+    def f(x):
+        return x * 2.0 if x.shape[1] - 1 > 8 else x * 3.0  # a computed size: no guard
 
     compiled = check_sizes(f, lambda t: [f32(2, t)], [12, 16, 4, 5])
     assert all(s.dynamic is None for s in compiled.state.specializations)
     assert "Python branches on a size that would be dynamic" in kiln.explain(compiled).reasons[1]
+
+
+def test_an_assert_on_the_length_guards_the_dynamic_program_and_raises_past_it():
+    def f(x):
+        B, T, C = x.shape
+        assert T <= 16, "Cannot forward, sequence too long"  # nanoGPT's check
+        return x.softmax(-1) * 2.0
+
+    compiled = check_sizes(f, lambda t: [f32(2, t, 3)], [5, 8, 3, 16, 11])
+    assert specs(compiled) == 2 and compiled.state.specializations[1].dynamic == [(0, 1)]
+    with pytest.raises(AssertionError, match="sequence too long"):
+        compiled(kiln.tensor(f32(2, 17, 3)))
+    check_sizes(f, lambda t: [f32(2, t, 3)], [9], compiled)
+    assert specs(compiled) == 2
+
+
+def test_a_dynamic_program_missed_on_state_traces_under_the_calls_own_sizes():
+    kiln.manual_seed(0)
+    layer = nn.Linear(3, 3)
+
+    def f(x):
+        with kiln.no_grad():
+            return layer(x) * (2.0 if layer.training else 3.0)
+
+    compiled = kiln.compile(f)
+    layer.eval()
+    check_sizes(f, lambda t: [f32(2, t, 3)], [4, 6], compiled)
+    layer.train()  # the dynamic program misses on the training flag: 8 traces again
+    # a static program traced then must not serve 10 or 12 (it was cached under the dynamic key)
+    check_sizes(f, lambda t: [f32(2, t, 3)], [8, 10, 12, 8], compiled)
+    layer.eval()
+    check_sizes(f, lambda t: [f32(2, t, 3)], [5], compiled)
 
 
 def test_an_input_not_in_c_order_with_a_varying_inner_size_stays_correct():
