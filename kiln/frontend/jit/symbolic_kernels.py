@@ -43,6 +43,8 @@ def collapse_symbolic_prefixes(graph: Graph) -> Graph:
         inputs = tuple(new[v] for v in node.inputs)
         if node.op == "reduce_sum" and _leading_sum(out, node, inputs, new):
             continue
+        if node.op == "matmul" and _flat_matmul(out, node, inputs, new):
+            continue
         collapsed = _collapsed(node) if node.op == KERNEL and node.attrs.get("kind") in _KINDS else None
         if collapsed is None:
             out.keep(node if inputs == node.inputs else Node(node.op, inputs, node.attrs, node.outputs, node.loc))
@@ -124,6 +126,22 @@ def _members_apart(nodes) -> list[Node]:
 
 def _symbolic(node: Node) -> bool:
     return any(v.type.symbols for v in (*node.inputs, *node.outputs))
+
+
+def _flat_matmul(out: _Nodes, node: Node, inputs: tuple[Value, ...], new: dict) -> bool:
+    """Append ``node`` (a matmul of ``(B, T, K)`` by a ``(K, N)`` matrix, with symbols in the leading
+    dims) as one of the flattened rows ``(B*T, K)``: the rows a flattened kernel wrote are read as
+    they are, and those it reads next need no view. False when it is not one."""
+    (x, w), (result,) = inputs, node.outputs
+    lead = x.type.shape[:-1]
+    if len(lead) < 2 or w.type.ndim != 2 or not w.type.is_static or not any(isinstance(d, Sym) for d in lead):
+        return False
+    rows = sym_product(1, lead)
+    flat_x = TensorType((rows, x.type.shape[-1]), x.type.dtype, x.type.device)
+    product = out.value(TensorType((rows, result.type.shape[-1]), result.type.dtype, result.type.device))
+    out.add(Node("matmul", (out.reshaped(x, flat_x, node.loc), w), node.attrs, (product,), node.loc))
+    new[result] = out.reshaped(product, result.type, node.loc)
+    return True
 
 
 def _leading_sum(out: _Nodes, node: Node, inputs: tuple[Value, ...], new: dict) -> bool:
