@@ -7,7 +7,8 @@ ratios compare like with like on a shared machine:
 
 - ``speed``: a GPT-like training step (2 blocks, causal attention, AdamW) at one length, run by the
   static program of that length and by the dynamic program (made by a call at another length),
-  calls interleaved; the ratio of the fastest and of the median calls.
+  calls interleaved, each timed by the process's CPU time; the ratio of the fastest and of the
+  median calls.
 - ``epoch``: 40 batches of 25 distinct lengths through the same step, compiled (``dynamic=None``,
   the default; and ``dynamic=False``, every length its own program up to the recompile limit, as
   before) and eagerly on the same data: compiles made, process CPU time of the epoch and of a
@@ -93,9 +94,9 @@ def speed(b: int, t: int, rounds: int) -> str:
     times: list[list[float]] = [[], []]
     for _ in range(rounds):
         for k, fn in enumerate((static, dynamic)):
-            start = time.perf_counter()
+            start = time.process_time()  # CPU time: one thread, and robust to a machine shared with others
             fn(*x)
-            times[k].append(time.perf_counter() - start)
+            times[k].append(time.process_time() - start)
     (s_min, d_min), (s_med, d_med) = (min(t) for t in times), (float(np.median(t)) for t in times)
     return (f"GPT step B={b} T={t}: static {s_min * 1e3:.2f} ms, dynamic {d_min * 1e3:.2f} ms (fastest calls: "
             f"dynamic/static {d_min / s_min:.3f}; median calls {d_med / s_med:.3f})")  # fmt: skip
