@@ -14,9 +14,9 @@ the traced call; Python values computed from shapes or read from globals are bak
 objects the function's globals and closure name are guarded, module attributes other than
 parameters, buffers and ``training`` are not). kiln's optimizers read the numbers in ``param_groups``
 at each call and guard their flags (``kiln.jit.guard``), so schedules never retrace and a changed
-flag traces again; ``kiln.explain`` lists which. A second size of an argument's leading dimension
-makes that size dynamic: one program then serves every size >= 2 (``frontend/jit/dynamic.py``:
-two traces compared; a branch on the size keeps the call static). ``KILN_JIT=0`` in the environment turns every
+flag traces again; ``kiln.explain`` lists which. A second size of any dimension of an argument (a
+batch, a sequence length, both) makes that size dynamic: one program then serves every size >= 2
+(``frontend/jit/dynamic.py``: two traces compared; a branch on the size keeps the call static). ``KILN_JIT=0`` in the environment turns every
 ``kiln.compile`` into plain eager execution: debug eagerly, then compile.
 """
 
@@ -120,9 +120,10 @@ def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: C
     call eagerly as well and raises on the first difference; ``options`` is a ``CompileOptions``.
     ``wait=True`` makes a traced call wait for its program (``CompileOptions.wait``; by default
     it compiles in the background while calls run eagerly). ``dynamic`` (as in ``torch.compile``):
-    None makes an argument's leading size dynamic once a second size is seen, True from the first
-    call, False never (``CompileOptions.dynamic``). A compiled module behaves like the module (same
-    parameters, state dict, train/eval).
+    None makes an argument's size dynamic once a second size is seen (any dimension), True makes the
+    leading sizes dynamic from the first call (``kiln.mark_dynamic(t, dim)`` marks any one), False
+    never (``CompileOptions.dynamic``). A compiled module behaves like the module (same parameters,
+    state dict, train/eval).
     """
     if options is not None and not isinstance(options, CompileOptions):
         raise TypeError(f"kiln.compile: options must be a kiln.CompileOptions, got {type(options).__name__}")

@@ -42,7 +42,7 @@ import numpy as np
 from .analysis import Liveness
 from .graph import CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
 from .primitives import PRIMITIVES
-from .types import Sym
+from .types import Sym, dim_size
 
 
 class Program:
@@ -212,9 +212,12 @@ def _has_symbol(value: Any) -> bool:
 def _bind(value: Any, sizes: dict[Sym, int]) -> Any:
     """An attribute value with each symbol replaced by its size."""
     if isinstance(value, Sym):
-        if value not in sizes:  # the verifier rejects such a graph; say so when running one anyway
-            raise ValueError(f"symbolic dimension {value} is not the size of any dimension of the graph's inputs")
-        return sizes[value]
+        try:
+            return dim_size(value, sizes)
+        except KeyError:  # the verifier rejects such a graph; say so when running one anyway
+            raise ValueError(
+                f"symbolic dimension {value} is not the size of any dimension of the graph's inputs"
+            ) from None
     if isinstance(value, tuple):
         return tuple(_bind(v, sizes) for v in value)
     return value

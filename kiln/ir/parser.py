@@ -23,7 +23,7 @@ import numpy as np
 
 from .dtypes import BY_NAME
 from .graph import CONSTANT, KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants
-from .types import RESERVED_NAMES, Dim, Sym, TensorType, device
+from .types import RESERVED_NAMES, Dim, Sym, TensorType, device, sym_product
 
 __all__ = ["ParseError", "parse_graph"]
 
@@ -57,7 +57,7 @@ _TOKEN = re.compile(
       | (?P<float>-?(?:\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)|-inf(?![\w<>.]))
       | (?P<int>-?\d+)
       | (?P<name>[A-Za-z_<][\w.<>]*)
-      | (?P<punct>[(){}\[\],:=@\#])
+      | (?P<punct>[(){}\[\],:=@\#*])
       | (?P<string>")""",
     re.VERBOSE,
 )
@@ -319,12 +319,7 @@ class _GraphParser:
         shape: list[Dim] = []
         if not self._accept("]"):
             while True:
-                dim = self._advance()
-                if dim.kind == "int" and dim.value >= 0:
-                    shape.append(dim.value)
-                else:
-                    shape.append(self._symbol(dim, "a dimension (a non-negative integer or a symbol such as B)"))
-                    self.symbols.add(shape[-1])  # type: ignore[arg-type]
+                shape.append(self._parse_dim())
                 if self._accept("]"):
                     break
                 self._expect("punct", ",", "',' or ']' in the shape")
@@ -356,6 +351,8 @@ class _GraphParser:
 
     def _parse_attr_value(self) -> Any:
         token = self._advance()
+        if token.kind == "int" and token.value >= 0 and self._peek().text == "*":
+            return self._product(token.value)
         if token.kind in ("int", "float", "string"):
             return token.value
         if token.kind == "name":
@@ -364,11 +361,37 @@ class _GraphParser:
             if token.text in BY_NAME:
                 return BY_NAME[token.text]
             if _SYMBOL.match(token.text) and Sym(token.text) in self.symbols:
-                return Sym(token.text)
+                return self._product(Sym(token.text))
         if token.text == "(":
             return self._parse_tuple()
         self._fail(token, 'an attribute value (int, float, "string", dtype, None, True, False, a tuple, or a symbol '
                           "that a type before it names)")  # fmt: skip
+
+    def _product(self, first: Dim) -> Dim:
+        """``first`` times the factors after it (``3*T`` in an attribute), each a size or a known symbol."""
+        factors = [first]
+        while self._accept("*"):
+            token = self._advance()
+            if token.kind == "int" and token.value >= 0:
+                factors.append(token.value)
+            elif token.kind == "name" and _SYMBOL.match(token.text) and Sym(token.text) in self.symbols:
+                factors.append(Sym(token.text))
+            else:
+                self._fail(token, "a size or a symbol that a type before it names after '*'")
+        return factors[0] if len(factors) == 1 else sym_product(1, factors)
+
+    def _parse_dim(self) -> Dim:
+        """A dimension: a size, a symbol, or a product of them (``3*T``, ``B*T``)."""
+        factors: list[Dim] = []
+        while True:
+            dim = self._advance()
+            if dim.kind == "int" and dim.value >= 0:
+                factors.append(dim.value)
+            else:
+                factors.append(self._symbol(dim, "a dimension (a non-negative integer or a symbol such as B)"))
+                self.symbols.add(factors[-1])  # type: ignore[arg-type]
+            if not self._accept("*"):
+                return factors[0] if len(factors) == 1 else sym_product(1, factors)
 
     def _symbol(self, token: _Token, expected: str) -> Sym:
         """The symbolic dimension named by ``token``, or a ParseError saying ``expected``."""

@@ -185,7 +185,7 @@ def format_attr(value: Any) -> str:
     if isinstance(value, DType):
         return value.short
     if isinstance(value, Sym):
-        return value.name
+        return str(value)  # a name, or a product such as 3*T
     if isinstance(value, tuple):
         if len(value) == 1:
             return f"({format_attr(value[0])},)"

@@ -7,7 +7,8 @@ JSON form (``graph_to_json``; plain dicts, lists, str, int, float, bool and None
                 "outputs": [{"id": 1, "type": ...}], "loc": {"file": "m.py", "line": 3, "function": "f"}}],
      "outputs": [1]}
 
-A dimension is an int, or a symbolic dimension's name as a string (``"shape": ["B", 128]``).
+A dimension is an int, or a symbolic dimension's name as a string (``"shape": ["B", 128]``), or a
+product of them as its text (``"3*T"``, ``"B*T"``).
 Attribute values: ints, finite floats, bools, strings and null as themselves; the rest as
 one-key objects: ``{"float": "nan" | "inf" | "-inf"}``, ``{"dtype": "f32"}``, ``{"sym": "B"}``,
 ``{"tuple": [...]}``.
@@ -38,7 +39,7 @@ import numpy as np
 from .dtypes import ALL_DTYPES, DType
 from .graph import KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants, qualified_constants
 from .tensor_file import TensorFileError, read_tensor_file
-from .types import Dim, Sym, TensorType, device
+from .types import Dim, Sym, TensorType, device, sym_product
 from .verifier import VerificationError, verify
 
 __all__ = ["FORMAT_VERSION", "FormatError", "graph_from_json", "graph_to_json", "load_graph_file", "save_graph_file"]
@@ -69,7 +70,7 @@ def graph_to_json(graph: Graph) -> dict:
 
 
 def _type_to_json(t: TensorType) -> dict:
-    shape = [d.name if isinstance(d, Sym) else int(d) for d in t.shape]
+    shape = [str(d) if isinstance(d, Sym) else int(d) for d in t.shape]  # a name, or a product: 3*T
     return {"shape": shape, "dtype": t.dtype.short, "device": str(t.device)}
 
 
@@ -104,7 +105,7 @@ def _attr_to_json(value: Any) -> Any:
     if isinstance(value, DType):
         return {"dtype": value.short}
     if isinstance(value, Sym):
-        return {"sym": value.name}
+        return {"sym": str(value)}
     if isinstance(value, tuple):
         return {"tuple": [_attr_to_json(v) for v in value]}
     raise TypeError(f"cannot serialize attribute value {value!r} of type {type(value).__name__}")
@@ -214,6 +215,12 @@ def _dim_from_json(obj: Any, path: str) -> Dim:
 
 def _sym_from_json(obj: Any, path: str) -> Sym:
     try:
+        if isinstance(obj, str) and "*" in obj:  # a product of symbols (SymProduct): 3*T, B*T
+            factors = [int(f) if f.isdigit() else Sym(f) for f in obj.split("*")]
+            product = sym_product(1, factors)
+            if not isinstance(product, Sym):
+                raise ValueError(f"a product of symbols names one, got {obj!r}")
+            return product
         return Sym(obj)
     except ValueError as error:
         raise FormatError(f"graph JSON: {path}: {error}") from None

@@ -57,7 +57,77 @@ class Sym:
         return f"Sym({self.name!r})"
 
 
+@dataclass(frozen=True)
+class SymProduct(Sym):
+    """A size that is a product of symbols times a whole number (``3*T``, ``B*T``): what flattening a
+    symbolic dimension with others makes (``x.view(-1, C)`` of a ``(3, T, C)`` tensor). It is a
+    symbol of its own to everything that treats sizes as opaque (a kernel's size slot, a loop
+    bound), and binds from its factors (``dim_size``). Make one with ``sym_product``.
+
+    >>> p = sym_product(3, [Sym("T")])
+    >>> str(p), dim_size(p, {Sym("T"): 5})
+    ('3*T', 15)
+    """
+
+    factors: tuple[Sym, ...] = ()
+    scale: int = 1
+
+    def __post_init__(self) -> None:
+        if len(self.factors) + (self.scale != 1) < 2 or self.scale < 1:
+            raise ValueError(f"a symbolic product needs two factors or more, got {self.scale} and {self.factors}")
+        if any(type(f) is not Sym for f in self.factors):
+            raise ValueError(f"a symbolic product's factors are plain symbols, got {self.factors}")
+
+    def __str__(self) -> str:
+        return "*".join([*([str(self.scale)] if self.scale != 1 else []), *map(str, self.factors)])
+
+    def __repr__(self) -> str:
+        return f"sym_product({self.scale}, {list(self.factors)!r})"
+
+
 Dim = int | Sym
+
+
+def sym_product(scale: int, factors) -> Dim:
+    """``scale`` times the product of ``factors`` (symbols or products of them) as one dimension: an
+    int when there is no symbol, the symbol itself when it is one symbol times 1, else a
+    ``SymProduct`` (its factors sorted by name, so one product has one spelling)."""
+    plain: list[Sym] = []
+    for f in factors:
+        if isinstance(f, SymProduct):
+            scale *= f.scale
+            plain.extend(f.factors)
+        elif isinstance(f, Sym):
+            plain.append(f)
+        else:
+            scale *= int(f)
+    if not plain or scale == 0:
+        return scale
+    if scale == 1 and len(plain) == 1:
+        return plain[0]
+    ordered = tuple(sorted(plain, key=lambda f: f.name))
+    return SymProduct("_".join(["p", str(scale), *(f.name for f in ordered)]), ordered, scale)
+
+
+def dim_factors(d: Dim) -> tuple[int, tuple[Sym, ...]]:
+    """``(scale, symbols)`` whose product is ``d`` (a plain symbol is ``(1, (d,))``)."""
+    if isinstance(d, SymProduct):
+        return d.scale, d.factors
+    if isinstance(d, Sym):
+        return 1, (d,)
+    return d, ()
+
+
+def dim_size(d: Dim, sizes: Mapping[Sym, int]) -> int:
+    """The size of dimension ``d`` when each symbol has its size in ``sizes`` (KeyError names a
+    missing one)."""
+    if isinstance(d, SymProduct):
+        return d.scale * math.prod(dim_size(f, sizes) for f in d.factors)
+    if isinstance(d, Sym):
+        if d not in sizes:
+            raise KeyError(f"symbolic dimension {d} has no size (bound: {_bound_text(sizes)})")
+        return int(sizes[d])
+    return d
 
 
 def is_static(shape: Iterable[Dim]) -> bool:
@@ -72,15 +142,7 @@ def shape_symbols(shape: Iterable[Dim]) -> tuple[Sym, ...]:
 
 def bind_shape(shape: Iterable[Dim], sizes: Mapping[Sym, int]) -> tuple[int, ...]:
     """``shape`` with each symbol replaced by its size in ``sizes`` (KeyError names a missing one)."""
-    out = []
-    for d in shape:
-        if isinstance(d, Sym):
-            if d not in sizes:
-                raise KeyError(f"symbolic dimension {d} has no size (bound: {_bound_text(sizes)})")
-            out.append(int(sizes[d]))
-        else:
-            out.append(d)
-    return tuple(out)
+    return tuple(dim_size(d, sizes) for d in shape)
 
 
 def _bound_text(sizes: Mapping[Sym, int]) -> str:

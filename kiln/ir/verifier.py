@@ -37,11 +37,11 @@ from .graph import (
 from .kernel_kinds import BodyRuleError, kernel_kind, kernel_kind_names
 from .primitives import PRIMITIVES
 from .printer import format_type
-from .types import Device, Sym, TensorType
+from .types import Device, Sym, SymProduct, TensorType, dim_factors
 
 __all__ = ["VerificationError", "verify"]
 
-_PLAIN_ATTRS = (bool, int, float, str, type(None), DType, Sym)
+_PLAIN_ATTRS = (bool, int, float, str, type(None), DType, Sym, SymProduct)
 
 
 class VerificationError(ValueError):
@@ -87,7 +87,7 @@ def _verify_graph(graph: Graph, body_kind: str | None) -> None:
 def _symbols_of(value: Any) -> set[Sym]:
     """The Syms in an attribute value (tuples searched)."""
     if isinstance(value, Sym):
-        return {value}
+        return set(dim_factors(value)[1])  # a product is bound when its factors are
     if isinstance(value, tuple):
         return set().union(*map(_symbols_of, value)) if value else set()
     return set()
@@ -98,7 +98,7 @@ def _check_symbols_bound(graph: Graph) -> None:
     binds it from there (a symbol only an attribute or a node's output names has no size)."""
     bound = {d for v in graph.inputs for d in v.type.shape if isinstance(d, Sym)}
     for index, node in enumerate(graph.nodes):
-        used = {d for v in node.outputs for d in v.type.shape if isinstance(d, Sym)}
+        used = {s for v in node.outputs for d in v.type.shape for s in dim_factors(d)[1]}
         if node.op != KERNEL:
             for value in node.attrs.values():
                 used |= _symbols_of(value)

@@ -1,7 +1,8 @@
-"""Random programs called with varying batch sizes, compiled against eager (``frontend/jit/dynamic.py``).
+"""Random programs called with varying sizes, compiled against eager (``frontend/jit/dynamic.py``).
 
 Each program is a random chain of batch-preserving ops over an input of shape ``(batch, F)`` (and
-integer targets of ``(batch,)``): elementwise ops with captured weights, linear layers, softmax and
+integer targets of ``(batch,)``), or of ``(2, length, F)`` or ``(batch, batch + 1, F)`` (a sequence
+length varying, or two sizes at once, flattened to rows and back by the views): elementwise ops with captured weights, linear layers, softmax and
 log_softmax, sums over the features, views with ``-1`` and with ``x.shape[0]``, means over the
 batch, cross-entropy, and optionally a backward pass and an SGD step. It is called at batch sizes
 that repeat and change (with a size 1 among them, which specializes) and compared with the same
@@ -25,7 +26,11 @@ SIZES = (6, 6, 11, 3, 1, 17, 6, 2, 11)
 PROGRAMS = 24
 
 
-def _program(seed: int):
+def _shape(layout: str, n: int, features: int) -> tuple[int, ...]:
+    return {"batch": (n, features), "length": (2, n, features), "both": (n, n + 1, features)}[layout]
+
+
+def _program(seed: int, layout: str = "batch"):
     """``(make, description)``: ``make()`` builds the program's parameters and its step function."""
     r = random.Random(seed)
     features = r.choice((3, 4, 8))
@@ -54,6 +59,10 @@ def _program(seed: int):
                     h = F.log_softmax(h, dim=-1) if seed % 3 else F.softmax(h, dim=-1)
                 elif op == "sum":
                     h = h - h.sum(-1, keepdim=True) / features
+                elif op == "view" and layout != "batch":  # rows of every leading size, and back
+                    h = h.reshape(-1, features).view(h.shape)
+                elif op == "view_n" and layout != "batch":
+                    h = h.reshape(x.shape[0], -1).view(h.shape) * 1.5
                 elif op == "view":
                     h = (
                         h.view(-1, 2, features // 2 if features % 2 == 0 else features).reshape(-1, features)
@@ -67,7 +76,7 @@ def _program(seed: int):
             if loss == "mean":
                 out = (h * h).mean()
             elif loss == "cross_entropy":
-                out = F.cross_entropy(h, target)
+                out = F.cross_entropy(h.reshape(-1, features), target.reshape(-1))
             elif loss == "sum_over_batch":
                 out = h.sum(0).sum() / x.shape[0]
             else:
@@ -80,13 +89,14 @@ def _program(seed: int):
 
         return step, [*weights, bias]
 
-    return make, f"seed {seed}: features {features}, ops {ops}, loss {loss}, train {train}"
+    return make, f"seed {seed}, {layout}: features {features}, ops {ops}, loss {loss}, train {train}"
 
 
 @pytest.mark.fuzz
+@pytest.mark.parametrize("layout", ["batch", "length", "both"])
 @pytest.mark.parametrize("seed", range(PROGRAMS))
-def test_random_programs_at_varying_sizes_match_eager(seed):
-    make, description = _program(seed)
+def test_random_programs_at_varying_sizes_match_eager(seed, layout):
+    make, description = _program(seed, layout)
     eager, eager_params = make()
     step, params = make()
     compiled = kiln.compile(step)
@@ -94,8 +104,8 @@ def test_random_programs_at_varying_sizes_match_eager(seed):
     features = params[-1].shape[0]
     made_after_dynamic = None
     for call, n in enumerate(SIZES):
-        x = rng.normal(size=(n, features)).astype(np.float32)
-        target = rng.integers(0, features, n)
+        x = rng.normal(size=_shape(layout, n, features)).astype(np.float32)
+        target = rng.integers(0, features, x.shape[:-1])
         expected = eager(kiln.tensor(x), kiln.tensor(target))
         actual = compiled(kiln.tensor(x), kiln.tensor(target))
         where = f"{description}; call {call} at batch {n}"

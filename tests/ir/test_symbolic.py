@@ -17,7 +17,7 @@ from kiln.ir.primitives import PRIMITIVES
 from kiln.ir.printer import print_graph
 from kiln.ir.serialize import FormatError, graph_from_json, graph_to_json, load_graph_file, save_graph_file
 from kiln.ir.shapes import broadcast_shapes, numel
-from kiln.ir.types import Sym, SymbolicShapeError, TensorType
+from kiln.ir.types import Sym, SymbolicShapeError, SymProduct, TensorType, dim_size, sym_product
 from kiln.ir.verifier import VerificationError, verify
 from tests.conftest import assert_close
 
@@ -179,6 +179,9 @@ def test_movement_rules_carry_the_symbol_through():
     assert infer("slice", T(B, 10), starts=(0, 2), stops=(B, 10), steps=(1, 2)) == T(B, 4)
     with pytest.raises(SymbolicShapeError, match="only all of it"):
         infer("slice", T(B, 10), starts=(1, 0), stops=(B, 10), steps=(1, 1))
+    assert infer("slice", T(B, 10), starts=(0, 0), stops=(B, N), steps=(1, 1)) == T(B, N)  # x[:, :N]
+    with pytest.raises(SymbolicShapeError, match="only all of it"):
+        infer("slice", T(B, 10), starts=(0, 1), stops=(B, N), steps=(1, 1))
     assert infer("pad", T(B, 3), low=(0, 1), high=(0, 1), interior=(0, 0), value=0.0) == T(B, 5)
     with pytest.raises(SymbolicShapeError, match="padding it"):
         infer("pad", T(B, 3), low=(1, 0), high=(0, 0), interior=(0, 0), value=0.0)
@@ -283,3 +286,57 @@ def test_a_symbol_binds_one_size_across_inputs():
         interpret(graph, [ones, np.ones((4, 2), np.float32)])
     with pytest.raises(TypeError, match=r"expected float32 of shape \(B, 3\)"):
         interpret(graph, [ones, np.ones((4, 3), np.float64)])
+
+
+# ----------------------------------------------------------------------------- products of symbols
+
+
+def _flatten_graph():
+    """A (B, N, 4) input flattened to (B*N, 4) rows and to (3*B*N*4 / 3 ...) and back: products of
+    symbols in types and in reshape attributes."""
+    b = GraphBuilder()
+    x = b.input(T(B, N, 4))
+    rows = b.node("reshape", [x], {"shape": (sym_product(1, [B, N]), 4)})
+    doubled = b.node("reshape", [b.node("mul", [rows, rows])], {"shape": (sym_product(2, [B, N]), 2)})
+    back = b.node("reshape", [doubled], {"shape": (B, N, 4)})
+    return b.build([rows, doubled, back])
+
+
+def test_a_product_of_symbols_has_one_spelling_and_binds_from_its_factors():
+    p = sym_product(2, [N, B])
+    assert p == sym_product(1, [2, B, N]) == sym_product(2, [sym_product(1, [B, N])]) and str(p) == "2*B*N"
+    assert isinstance(p, SymProduct) and isinstance(p, Sym) and p.factors == (B, N) and p.scale == 2
+    assert sym_product(1, [B]) == B and sym_product(3, []) == 3
+    assert dim_size(p, {B: 5, N: 7}) == 70 and TensorType((p, 4), float32).bind({B: 2, N: 3}).shape == (12, 4)
+    with pytest.raises(KeyError, match="symbolic dimension N has no size"):
+        dim_size(p, {B: 5})
+
+
+def test_products_round_trip_through_the_text_form_and_files(tmp_path):
+    g = _flatten_graph()
+    text = print_graph(g)
+    assert "f32[B*N,4] = reshape(%0) {shape=(B*N, 4)}" in text and "f32[2*B*N,2]" in text
+    assert print_graph(parse_graph(text)) == text
+    obj = graph_to_json(g)
+    assert obj["nodes"][0]["attrs"]["shape"] == {"tuple": [{"sym": "B*N"}, 4]}
+    assert print_graph(graph_from_json(obj, {})) == text
+    save_graph_file(tmp_path / "g.kiln", g)
+    assert print_graph(load_graph_file(tmp_path / "g.kiln")[0]) == text
+
+
+def test_reshape_counts_a_products_factors_and_the_verifier_binds_it_through_them():
+    verify(_flatten_graph())
+    x = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    rows, doubled, back = interpret(_flatten_graph(), [x])
+    assert_close(rows, x.reshape(6, 4), rtol=0, atol=0)
+    assert_close(doubled, (x * x).reshape(12, 2), rtol=0, atol=0)
+    assert_close(back, x * x, rtol=0, atol=0)
+    assert PRIMITIVES["reshape"].infer(T(B, N, 4), shape=(sym_product(4, [B]), N)).shape == (sym_product(4, [B]), N)
+    for wrong in ((sym_product(2, [B]), N), (sym_product(4, [B]), 1)):  # 2*B*N elements; no N
+        with pytest.raises(RuntimeError, match="the same symbols on both sides"):
+            PRIMITIVES["reshape"].infer(T(B, N, 4), shape=wrong)
+    b = GraphBuilder()  # a product whose factor no input binds
+    b.input(T(B, 4))
+    z = b.node("expand", [b.constant(np.ones((1, 4), np.float32), T(1, 4))], {"shape": (sym_product(2, [B, N]), 4)})
+    with pytest.raises(VerificationError, match="symbolic dimension N is not the size of any dimension"):
+        verify(b.build([z]))

@@ -28,6 +28,7 @@ from ...compiler.driver import compile_graph
 from ...ir.analysis import Liveness
 from ...ir.graph import Graph, Node, Value
 from ...ir.verifier import VerificationError, verify
+from ...passes.layouts import c_strides
 from ...passes.partition import partition
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
@@ -40,6 +41,7 @@ from .signature import Argument, BornView, Captured, ExternalView, Result, Saved
 from .specialization import Specialization
 from .symbolic_program import SizedProgram, Unlowered, lower_symbolic
 from .trace import Trace, TraceBreak
+from .watched_sizes import guards_of
 
 logger = logging.getLogger("kiln")
 
@@ -71,6 +73,7 @@ class PendingSpecialization:
     nodes: int  # traced nodes, for the notices
     dynamic: Any = None  # CompiledFunction._dynamic_partner's answer for this trace
     size_compared: str | None = None  # the trace's branch on a size (Trace.size_compared)
+    size_guards: list = field(default_factory=list)  # the trace's comparisons of sizes (Trace.size_guards)
     partitioned: tuple | None = None  # (forward, backward) when the partition ran already
     guards: Any = None
     checks: list = field(default_factory=list)
@@ -103,7 +106,10 @@ class PendingSpecialization:
         options = self.compiled.options
         graph, backward = self.partition()
         sizes_source = self.sizes_source
-        symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic)
+        symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic, self.sources)
+        size_guards, why_not = ([], None) if symbolic is None else guards_of(self.size_guards, self.dynamic)
+        if why_not is not None:
+            symbolic, not_dynamic = None, why_not
         if isinstance(backward, BackwardPlan):  # what a trace at another size is told (_dynamic_partner)
             not_dynamic = not_dynamic or _NEEDS_BACKWARD
         elif self.size_compared is not None:
@@ -119,7 +125,8 @@ class PendingSpecialization:
                               traced_graph=graph if symbolic is None else symbolic, report=report,
                               guards=self.guards, checks=self.checks, python_reads=self.python_reads,
                               sizes_source=sizes_source, not_dynamic=not_dynamic,
-                              dynamic=None if symbolic is None else self.dynamic[3], **self.fields)  # fmt: skip
+                              dynamic=None if symbolic is None else self.dynamic[3], size_guards=size_guards,
+                              **self.fields)  # fmt: skip
         if report is not None:  # the traced call is the compile's first stage
             report.stage_seconds.insert(0, ("trace (the eager call)", self.trace_seconds))
         _dump(self.compiled, spec)
@@ -186,7 +193,7 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     pending = PendingSpecialization(
         compiled, traced.builder.build(outputs), backward, sources, {i for i, _ in writebacks},
         [e.tensor._data.strides for e in traced.externals], writebacks, fields, trace.seconds,
-        len(traced.builder.nodes), dynamic, size_compared,
+        len(traced.builder.nodes), dynamic, size_compared, list(trace.size_guards),
     )  # fmt: skip
     if dynamic is not None and dynamic[0] == "defer":  # kept, not compiled, until another size comes
         graph, partitioned_backward = pending.partition()
@@ -200,9 +207,11 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
 _NEEDS_BACKWARD = "a result needs gradients outside the call (a compiled backward over symbolic sizes is not built yet)"
 
 
-def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None]:
+def _symbolic(graph: Graph, backward, dynamic, sources: list) -> tuple[Graph | None, str | None]:
     """``(symbolic graph, None)`` when this trace and the earlier one of ``dynamic`` (``("compare",
-    graph, size pairs, positions)``) make one program over symbolic sizes, else ``(None, why not)``."""
+    graph, size pairs, positions)``) make one program over symbolic sizes, else ``(None, why not)``.
+    ``sources``: the kind of each input of ``graph``; only arguments may have symbolic sizes (any
+    other input, a tensor made from numpy inside the call, is read at its traced size)."""
     if dynamic is None or dynamic[0] == "defer":
         return None, None
     if dynamic[0] == "static":
@@ -216,6 +225,10 @@ def _symbolic(graph: Graph, backward, dynamic) -> tuple[Graph | None, str | None
         verify(symbolic)
     except (NotDynamic, VerificationError) as why:
         return None, str(why)
+    for value, source in zip(symbolic.inputs, sources, strict=True):
+        if value.type.symbols and not isinstance(source, Argument):
+            return None, (f"a tensor the call reads besides its arguments ({getattr(source, 'name', None) or source}) "
+                          f"has a size that follows the dynamic size ({value.type}): it is read as traced")  # fmt: skip
     return symbolic, None
 
 
@@ -223,6 +236,7 @@ def _lower_symbolic(options, symbolic: Graph, traced: Graph, strides: list, writ
     """``lower`` for a dynamic specialization: its kernels generated once for every size
     (``symbolic_program``), or, where the backend cannot, the graph lowered per call's sizes
     (``dynamic.SizedProgram``; ``traced`` is the call's own graph, lowered now)."""
+    strides = _dynamic_strides(symbolic, traced, strides)
     try:
         fused, program, report = lower_symbolic(symbolic, options, strides, write_backs, first=traced)
     except Unlowered as why:
@@ -235,6 +249,19 @@ def _lower_symbolic(options, symbolic: Graph, traced: Graph, strides: list, writ
         return optimized, SizedProgram(symbolic, lowering, first=(traced, first)), report
     record.append(("symbolic", fused))
     return fused, program, report
+
+
+def _dynamic_strides(symbolic: Graph, traced: Graph, strides: list) -> list:
+    """The input strides of a dynamic program: None (C order at every size) for a symbolic input the
+    traced call passed in C order, whose strides change with an inner size; others as traced (the
+    call key keeps their strides, so a call with others traces again)."""
+    out = []
+    for sym_input, input, given in zip(symbolic.inputs, traced.inputs, strides, strict=True):
+        shape = input.type.shape
+        expected = c_strides(shape, input.type.dtype.itemsize)  # type: ignore[arg-type]  # traced: static
+        c_order = given is not None and all(a == b for n, a, b in zip(shape, given, expected, strict=True) if n != 1)
+        out.append(None if not sym_input.type.is_static and c_order else given)
+    return out
 
 
 def _lower_program(options, strides: list, write_backs: list, graph: Graph):

@@ -46,7 +46,7 @@ from ...runtime import profiling
 from ..tensor import Tensor
 from . import background, hazards, reads, state
 from .build import PendingSpecialization, build_specialization, trace_specialization
-from .dynamic import Pending, is_marked, leading_sizes_differ
+from .dynamic import Pending, marked_dims, sizes_differ
 from .guards import build_guards
 from .keys import call_key, describe_key_change
 from .pytree import flatten_call
@@ -117,7 +117,7 @@ class CompileState:
     state_changes: dict = field(default_factory=dict)  # key -> calls whose trace stopped on a Python state change
     pending: list = field(default_factory=list)  # PendingEntry per compile running in the background
     background_error: BaseException | None = None  # raised at the next call under KILN_JIT_STRICT=1
-    dynamic: dict = field(default_factory=dict)  # argument structure -> positions of dynamic leading sizes
+    dynamic: dict = field(default_factory=dict)  # argument structure -> {leaf position: its dynamic dims}
     not_dynamic: dict = field(default_factory=dict)  # argument structure -> why its sizes stay static
     deferred: list = field(default_factory=list)  # traces kept, not compiled, until another size comes
 
@@ -164,26 +164,32 @@ class CompiledFunction:
         leaves, tree = flatten_call(args, kwargs)
         dynamic = self.state.dynamic.get(tree) if self.state.dynamic else None
         key = call_key(tree, leaves, dynamic)
-        if dynamic is not None and key not in self.state.cache:
-            key = call_key(tree, leaves)  # a call a dynamic key does not serve traces under its own
         closure_values = self._closure_values()
         miss = "first call"
-        for entry in self.state.cache.get(key, ()):
-            if isinstance(entry, _NOT_COMPILED):  # eagerly (a PendingEntry: until its program is ready)
-                if self.state.background_error is not None:
-                    self._raise_background_error()
-                if isinstance(entry, EagerEntry):
-                    self._log_once(("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}")
-                return self.fn(*args, **kwargs)
-            miss = entry.state_miss(self._globals, closure_values, leaves)
-            if miss is None:
-                if self.check:
-                    from .check import run_checked  # noqa: PLC0415
+        while True:
+            for entry in self.state.cache.get(key, ()):
+                if isinstance(entry, _NOT_COMPILED):  # eagerly (a PendingEntry: until its program is ready)
+                    if self.state.background_error is not None:
+                        self._raise_background_error()
+                    if isinstance(entry, EagerEntry):
+                        self._log_once(
+                            ("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}"
+                        )
+                    return self.fn(*args, **kwargs)
+                miss = entry.state_miss(self._globals, closure_values, leaves)
+                if miss is None:
+                    if self.check:
+                        from .check import run_checked  # noqa: PLC0415
 
-                    return run_checked(self, entry, args, kwargs, leaves)
-                if profiling.active:  # kiln.profiler records the call around its kernels
-                    return profiling.timed(f"kiln.compile({self._name()})", "compiled", entry.run, leaves)
-                return entry.run(leaves)
+                        return run_checked(self, entry, args, kwargs, leaves)
+                    if profiling.active:  # kiln.profiler records the call around its kernels
+                        return profiling.timed(f"kiln.compile({self._name()})", "compiled", entry.run, leaves)
+                    return entry.run(leaves)
+            if dynamic is None:
+                break
+            # A call the dynamic programs do not serve (a size guard, changed state) looks up, and
+            # traces under, its own sizes: a static program must never serve other sizes.
+            dynamic, key = None, call_key(tree, leaves)
         return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
 
     def _compile_miss(self, args, kwargs, leaves, key, miss: str, closure_values: dict):
@@ -239,7 +245,7 @@ class CompiledFunction:
         trace = Trace(fullgraph=self.fullgraph).start()
         trace.numpy_shadows = self.state.numpy_shadows
         if partner is not None:  # Python's reads of the sizes that may become dynamic are watched
-            trace.watched_sizes = frozenset(_leading_sizes(leaves, partner))
+            trace.watched_sizes = frozenset(_watched_sizes(leaves, partner, self.options.dynamic is True))
         watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code, roots)
         try:
             for i, leaf in enumerate(leaves):
@@ -364,24 +370,24 @@ class CompiledFunction:
     # ------------------------------------------------------------------ dynamic sizes (dynamic.py)
     def _dynamic_partner(self, key: tuple, leaves: list):
         """How this call's trace becomes a dynamic specialization: ``("compare", graph, pairs,
-        positions)`` with an earlier trace whose key differs only in leading sizes >= 2, ``("defer",)``
-        to keep the trace until another size comes (``dynamic=True``, ``mark_dynamic``), or None."""
+        positions)`` with an earlier trace whose key differs only in sizes >= 2 (``positions``: the
+        ``(leaf, dim)`` of each, ``pairs``: its size then and now), ``("defer",)`` to keep the trace
+        until another size comes (``dynamic=True``, ``mark_dynamic``), or None."""
         if self.options.dynamic is False or key[0] in self.state.not_dynamic:
             return None
         # the traces kept for another size, those compiling in the background, then the compiled ones
         earlier = [*reversed(self.state.deferred), *reversed(self.state.pending), *reversed(self.state.specializations)]
         for other in earlier:
-            positions = leading_sizes_differ(other.key, key)
+            positions = sizes_differ(other.key, key)
             source = getattr(other, "sizes_source", None)
             if positions is not None and source is not None:
-                pairs = [(other.key[1][p][1][0], key[1][p][1][0]) for p in positions]
+                pairs = [(other.key[1][p][1][d], key[1][p][1][d]) for p, d in positions]
                 return ("compare", source, pairs, positions)
             if positions is not None and getattr(other, "not_dynamic", None):  # say why it stays static
                 return ("static", other.not_dynamic)
         if any(other.key == key for other in earlier):
             return None
-        up_front = self.options.dynamic is True or any(isinstance(leaf, Tensor) and is_marked(leaf) for leaf in leaves)
-        if up_front and any(isinstance(leaf, Tensor) and leaf.ndim and leaf.shape[0] >= 2 for leaf in leaves):
+        if _watched_sizes(leaves, ("defer",), self.options.dynamic is True):
             return ("defer",)
         return None
 
@@ -393,11 +399,18 @@ class CompiledFunction:
                 return key, ""
             self.state.not_dynamic[key[0]] = spec.not_dynamic  # not tried again: later sizes specialize
             return key, f"; its sizes stay static: {spec.not_dynamic}"
-        positions = frozenset(self.state.dynamic.get(key[0], frozenset()) | set(spec.dynamic))
-        self.state.dynamic[key[0]] = positions
-        spec.key = call_key(key[0], leaves, positions)
-        named = ", ".join(map(str, sorted(spec.dynamic)))
-        return spec.key, f"; dynamic: the leading size of argument(s) {named} (one program for every size >= 2)"
+        dims = dict(self.state.dynamic.get(key[0], {}))
+        for p, d in spec.dynamic:
+            dims[p] = tuple(sorted({*dims.get(p, ()), d}))
+        self.state.dynamic[key[0]] = dims
+        spec.key = call_key(key[0], leaves, dims)
+        named = ", ".join(f"argument {p} dim {d}" for p, d in sorted(spec.dynamic))
+        guards = ", ".join(f"argument {g.argument} dim {g.dim} {g}{'' if g.result else ' is False'}"
+                           for g in spec.size_guards)  # fmt: skip
+        return (
+            spec.key,
+            f"; dynamic: {named} (one program for every size >= 2{'; guards: ' + guards if guards else ''})",
+        )
 
     def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
         """Set a new specialization's guards (``guards.py``) and its table of Python values read."""
@@ -512,12 +525,20 @@ class CompiledFunction:
         return f"<compiled {self._name()}: {len(self.state.specializations)} specialization(s)>"
 
 
-def _leading_sizes(leaves: list, partner: tuple) -> list[int]:
-    """The call's sizes that may become dynamic: those that differ from the earlier trace's, or (to
-    be compared later) every tensor argument's leading size >= 2."""
+def _watched_sizes(leaves: list, partner: tuple, up_front: bool) -> list[int]:
+    """The call's sizes that may become dynamic: those that differ from the earlier trace's, or (a
+    trace kept to be compared later) each size >= 2 of a dimension ``mark_dynamic`` marked, and of
+    the leading one under ``dynamic=True`` (``up_front``; the trace at the next size watches
+    whichever sizes then differ)."""
     if partner[0] == "compare":
         return [new for _, new in partner[2]]
-    return [leaf.shape[0] for leaf in leaves if isinstance(leaf, Tensor) and leaf.ndim and leaf.shape[0] >= 2]
+    sizes: list[int] = []
+    for leaf in leaves:
+        if isinstance(leaf, Tensor) and leaf.ndim:
+            shape = leaf.shape
+            dims = marked_dims(leaf) | {0} if up_front else marked_dims(leaf)
+            sizes.extend(shape[d] for d in dims if shape[d] >= 2)
+    return sizes
 
 
 # ---------------------------------------------------------------------- the miss path's lock

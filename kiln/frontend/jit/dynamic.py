@@ -1,30 +1,38 @@
-"""Dynamic sizes: one specialization for every size of an argument's leading dimension.
+"""Dynamic sizes: one specialization for every size of an argument's dimensions.
 
 A trace runs the function for real, so it sees concrete sizes only. Which sizes of a program follow
-an argument's size is learned by comparing two traces of the same call at two sizes (as kiln.onnx's
+an argument's sizes is learned by comparing two traces of the same call at two sizes (as kiln.onnx's
 ``dynamic_axes`` does): they must have the same nodes, wiring and attributes, and wherever a size
-differs it must be the argument's size in both traces (it becomes a ``Sym``). A constant whose shape
-follows the size and holds one value (``zeros(batch, 10)``) becomes that value expanded; a scalar
-constant equal to the size (a mean's divisor, ``x.sum() / x.shape[0]``) becomes the size, counted
-in the graph. Anything else (``x.shape[0] // 2`` in an attribute, a constant computed from the size,
-a different program at the other size) keeps the call static, and ``kiln.explain`` says why.
+differs it must be one of the arguments' sizes that differ, or a product of them and a whole number,
+in both traces (it becomes a ``Sym``, or a ``SymProduct`` such as ``3*T`` where a ``(3, T, C)``
+tensor is flattened to rows). A constant whose shape follows the size and holds one value
+(``zeros(batch, 10)``) becomes that value expanded; a range or a causal mask built from the size
+becomes the ops that compute it (``symbolic_constants.py``); a scalar constant equal to a size or a
+product of sizes (a mean's divisor, ``x.sum() / x.shape[0]``) becomes that size, counted in the
+graph. Anything else (``x.shape[0] // 2`` in an attribute, a constant computed from the size, a
+different program at the other size) keeps the call static, and ``kiln.explain`` says why.
 
-Python code reading a dynamic size (``x.shape[0]``) gets the concrete int of the traced call: what
+Python code reading a dynamic size (``x.shape[1]``) gets the concrete int of the traced call: what
 it computes lands in the graph as an attribute or a constant, where the comparison of the two
 traces sees it follow the size (a symbol) or not (the call stays specialized on its sizes). A size
-read by a branch the two traces took alike (``if x.shape[0] > 8``) cannot be seen this way, which
-``kiln.compile``'s docs say.
+Python compares is watched (``watched_sizes.py``): a size as read compared with an int (``assert T
+<= block_size``, ``if T > 8``) guards the dynamic program (a size that compares otherwise traces
+again, under its own sizes); a size computed from one, or two sizes, compared keeps the call static.
 
-Which dimensions are dynamic: the leading one of a tensor argument, once a second size >= 2 is seen
-for it (PyTorch's "automatic dynamic"), marked up front by ``mark_dynamic(t, 0)`` or by
-``kiln.compile(dynamic=True)``. Sizes 0 and 1 specialize, as in PyTorch (broadcasting and empty
+Which dimensions are dynamic: any dimension of a tensor argument, once a second size >= 2 is seen
+for it (PyTorch's "automatic dynamic": every dimension that differs between the two traces becomes
+a symbol, several at once), marked up front by ``mark_dynamic(t, dim)`` or, for the leading ones,
+by ``kiln.compile(dynamic=True)``. Sizes 0 and 1 specialize, as in PyTorch (broadcasting and empty
 tensors behave differently there). Arguments whose sizes were equal in both traces share one symbol
 (PyTorch's "duck sizing"): the call key holds, per dynamic dimension, which of the call's distinct
-sizes it has, so a call where they differ misses and traces again.
+sizes it has, so a call where they differ misses and traces again. A tensor whose inner size is
+dynamic shares the program only while it is in C order (its strides then follow its sizes).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from ...ir.graph import CONSTANT, Graph, GraphBuilder, Node, Value
-from ...ir.types import Sym, TensorType
+from ...ir.types import Dim, Sym, TensorType, dim_factors, dim_size, sym_product
+from .symbolic_constants import pattern_constant
 
 
 class NotDynamic(Exception):
@@ -47,32 +56,34 @@ _MARKED: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
 def mark_dynamic(t, dim: int) -> None:
     """Mark dimension ``dim`` of tensor ``t`` dynamic for the ``kiln.compile`` calls it is passed to:
     such a call is traced once and compiled for every size of that dimension (see ``dynamic.py``)
-    when the next call brings another size. kiln compiles a dynamic leading dimension only.
+    when the next call brings another size. Marking several dimensions (one call each) makes each
+    of them a symbol of its own.
 
     >>> import kiln
     >>> x = kiln.ones(8, 3)
     >>> kiln.mark_dynamic(x, 0)
+    >>> kiln.mark_dynamic(x, -1)
+    >>> sorted(kiln.frontend.jit.dynamic.marked_dims(x))
+    [0, 1]
     """
     from ..tensor import Tensor  # noqa: PLC0415
 
     if not isinstance(t, Tensor):
         raise TypeError(f"mark_dynamic expected a tensor, got {type(t).__name__}")
-    if not isinstance(dim, int) or not -t.ndim <= dim < t.ndim:
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -t.ndim <= dim < t.ndim:
         raise IndexError(f"mark_dynamic: dim {dim!r} is out of range for a tensor of {t.ndim} dims")
-    dim %= t.ndim
-    if dim != 0:
-        raise ValueError(f"mark_dynamic: kiln compiles a dynamic leading dimension only (dim 0), got dim {dim}")
     key = id(t)
 
     def forget(_) -> None:
         _MARKED.pop(key, None)
 
-    _MARKED[key] = (weakref.ref(t, forget), frozenset({dim}))
+    _MARKED[key] = (weakref.ref(t, forget), marked_dims(t) | {dim % t.ndim})
 
 
-def is_marked(t) -> bool:
+def marked_dims(t) -> frozenset[int]:
+    """The dimensions of ``t`` that ``mark_dynamic`` marked (empty when none)."""
     entry = _MARKED.get(id(t))
-    return entry is not None and entry[0]() is t
+    return entry[1] if entry is not None and entry[0]() is t else frozenset()
 
 
 @dataclass(frozen=True)
@@ -96,23 +107,44 @@ class SizeClass(int):
         return f"dynamic{int(self)}"
 
 
-def leading_sizes_differ(old: tuple, new: tuple) -> list[int] | None:
-    """The positions of the tensor parts of two call keys' argument parts that differ only in the
-    leading size, both >= 2 (None when anything else differs or nothing does)."""
+def sizes_differ(old: tuple, new: tuple) -> list[tuple[int, int]] | None:
+    """``(argument part, dimension)`` for each size in which two call keys' tensor parts differ, both
+    >= 2; None when anything else differs (a dtype, a rank, a plain argument) or nothing does. Strides
+    may differ only where both tensors are in C order (a dynamic inner size changes the outer strides)."""
     if old[0] != new[0] or old[2:] != new[2:] or len(old[1]) != len(new[1]):
         return None
     positions = []
     for i, (a, b) in enumerate(zip(old[1], new[1], strict=True)):
         if a == b:
             continue
-        if a[0] != "tensor" or b[0] != "tensor" or a[2:] != b[2:] or len(a[1]) != len(b[1]) or not a[1]:
+        if a[0] != "tensor" or b[0] != "tensor" or a[3:] != b[3:] or len(a[1]) != len(b[1]) or not a[1]:
             return None
-        if a[1][1:] != b[1][1:] or isinstance(a[1][0], SizeClass) or isinstance(b[1][0], SizeClass):
+        if a[2] != b[2] and not (_c_order(a[1], a[2], a[3]) and _c_order(b[1], b[2], b[3])):
             return None
-        if a[1][0] < 2 or b[1][0] < 2:
-            return None
-        positions.append(i)
+        for dim, (x, y) in enumerate(zip(a[1], b[1], strict=True)):
+            if x == y:
+                continue
+            if isinstance(x, SizeClass) or isinstance(y, SizeClass) or x < 2 or y < 2:
+                return None
+            positions.append((i, dim))
     return positions or None
+
+
+def _c_order(shape: tuple, strides, dtype) -> bool:
+    """Whether a key's ``strides`` (bytes, or ``C_ORDER``) lay ``shape`` out in C order."""
+    if strides == C_ORDER:
+        return True
+    expected = dtype.itemsize
+    for n, stride in zip(reversed(shape), reversed(strides), strict=True):
+        if n != 1 and stride != expected:
+            return False
+        expected *= n
+    return True
+
+
+#: A call key's strides for a tensor with dynamic sizes laid out in C order: its byte strides
+#: change with an inner dynamic size, its layout does not.
+C_ORDER = "C order"
 
 
 # ---------------------------------------------------------------------- two traces -> one symbolic graph
@@ -218,14 +250,34 @@ def _type(a: Value, b: Value, by_pair) -> TensorType:
         raise NotDynamic(f"value %{a.id} is {a.type} at one size and {b.type} at the other")
     shape = []
     for x, y in zip(a.type.shape, b.type.shape, strict=True):
-        if x == y:
-            shape.append(x)
-        elif (x, y) in by_pair:
-            shape.append(by_pair[(x, y)])
-        else:
-            raise NotDynamic(f"value %{a.id} has a size that follows the dynamic size but is not it ({x} at one "
-                             f"size, {y} at the other: kiln's symbolic dimensions are whole sizes)")  # fmt: skip
+        d = x if x == y else _size_expression(x, y, by_pair)
+        if d is None:
+            raise NotDynamic(f"value %{a.id} has a size that follows the dynamic sizes but is not a product of "
+                             f"them ({x} at one size, {y} at the other: kiln's symbolic dimensions are whole "
+                             "sizes and their products)")  # fmt: skip
+        shape.append(d)
     return TensorType(tuple(shape), a.type.dtype, a.type.device)
+
+
+#: The most symbols one size is searched as a product of (``B*T*T``: 3).
+_MOST_FACTORS = 3
+
+
+def _size_expression(x: Dim, y: Dim, by_pair) -> Sym | None:
+    """The symbol, or the product of a whole number >= 1 and the fewest symbols, that is ``x`` in the
+    first trace and ``y`` in the second (``3*T`` for a ``(3, T)`` tensor flattened); None if none is."""
+    if (x, y) in by_pair:
+        return by_pair[(x, y)]
+    if isinstance(x, bool) or not isinstance(x, int) or not isinstance(y, int) or x < 2 or y < 2:
+        return None
+    symbols = list(by_pair.items())
+    for count in range(1, _MOST_FACTORS + 1):
+        for chosen in itertools.combinations_with_replacement(symbols, count):
+            in_a = math.prod(size_a for (size_a, _), _ in chosen)
+            in_b = math.prod(size_b for (_, size_b), _ in chosen)
+            if x % in_a == 0 and y == x // in_a * in_b:
+                return sym_product(x // in_a, [sym for _, sym in chosen])  # type: ignore[return-value]
+    return None
 
 
 def _attr(op: str, key: str, a, b, by_pair, where: str):
@@ -233,8 +285,9 @@ def _attr(op: str, key: str, a, b, by_pair, where: str):
         return tuple(_attr(op, key, x, y, by_pair, where) for x, y in zip(a, b, strict=True))
     if type(a) is type(b) and (a == b or (a != a and b != b)):
         return a
-    if type(a) is int and type(b) is int and (a, b) in by_pair:
-        return by_pair[(a, b)]
+    size = _size_expression(a, b, by_pair) if type(a) is int and type(b) is int else None
+    if size is not None:
+        return size
     raise NotDynamic(f"{op}'s attribute {key} is {a!r} at one size and {b!r} at the other{where}")
 
 
@@ -260,20 +313,26 @@ def _constant(builder: GraphBuilder, a, b, out_type, by_pair, size_values: dict,
         one = builder.constant(flat_a[:1].reshape((1,) * a.ndim).copy(), TensorType((1,) * a.ndim, out_type.dtype,
                                                                                    out_type.device), loc)  # fmt: skip
         return builder.node("expand", [one], {"shape": out_type.shape}, loc=loc)
+    pattern = pattern_constant(builder, a, b, out_type, loc)  # a range, a causal mask
+    if pattern is not None:
+        return pattern
     raise NotDynamic(f"a constant of shape {list(a.shape)} holds other values at the other size ({list(b.shape)}): "
                      f"a number computed from the size{where}")  # fmt: skip
 
 
 def _multiple_of_size(a: np.ndarray, b: np.ndarray, by_pair) -> tuple[Sym, int] | None:
-    """``(symbol, k)`` when the scalars ``a`` and ``b`` are ``k`` times the symbol's size in each trace."""
+    """``(symbol, k)`` when the scalars ``a`` and ``b`` are ``k`` times the symbol's size (or a product
+    of symbols) in each trace: a mean's count of elements."""
     x, y = a.item(), b.item()
     if isinstance(x, bool) or not isinstance(x, int | float) or not isinstance(y, int | float):
         return None
-    for (size_a, size_b), sym in by_pair.items():
-        times = x / size_a
-        if times >= 1 and times == int(times) and x == int(times) * size_a and y == int(times) * size_b:
-            return sym, int(times)
-    return None
+    if x != int(x) or y != int(y):
+        return None
+    size = _size_expression(int(x), int(y), by_pair)
+    if size is None:
+        return None
+    scale, factors = dim_factors(size)
+    return sym_product(1, factors), scale  # type: ignore[return-value]  # factors: at least one symbol
 
 
 def _size_of(builder: GraphBuilder, sym: Sym, out_type: TensorType, loc) -> Value:
@@ -293,14 +352,28 @@ def bind_graph(graph: Graph, sizes: Mapping[Sym, int]) -> Graph:
         outputs = tuple(builder.value(v.type.bind(sizes)) for v in node.outputs)
         new.update(zip(node.outputs, outputs, strict=True))
         attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
+        if node.op == "slice" and node.attrs["stops"] != attrs["stops"]:
+            _check_slice(node, attrs["stops"], new[node.inputs[0]].type.shape)
         builder.nodes.append(Node(node.op, tuple(new[v] for v in node.inputs), attrs, outputs, node.loc))
     builder.constants.update(graph.constants)
     return builder.build([new[v] for v in graph.outputs])
 
 
+def _check_slice(node: Node, stops: tuple[int, ...], shape: tuple) -> None:
+    """A slice to a dynamic size (``mask[:T]``) must stay within the dim it slices: eager slicing
+    would stop at its end, and the program's later ops expect the size (ValueError says so)."""
+    for axis, (stop, n) in enumerate(zip(stops, shape, strict=True)):
+        if stop > n:
+            where = f" at {node.loc}" if node.loc else ""
+            raise ValueError(
+                f"kiln.compile: this call's dynamic size {stop} slices past the end of a dimension of size {n} "
+                f"(dim {axis}{where}); eager slicing would stop at {n}: call the function with sizes up to {n}"
+            )
+
+
 def _bind_attr(value, sizes: Mapping[Sym, int]):
     if isinstance(value, Sym):
-        return int(sizes[value])
+        return dim_size(value, sizes)
     if isinstance(value, Graph):
         return bind_graph(value, sizes)
     if isinstance(value, tuple):

@@ -5,22 +5,23 @@ and autocast; and, for ``kiln.explain``, what changed between two keys."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ...ir import dtypes as _dtypes
 from ..autocast import key as _autocast_key
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
-from .dynamic import SizeClass
+from .dynamic import C_ORDER, SizeClass
 from .layouts import MemoryIndex
 
 _PLAIN = (int, float, bool, str, bytes, complex, type(None))
 
 
-def call_key(tree, leaves: list, dynamic: frozenset[int] | None = None) -> tuple:
-    """The key of a call (see the module docstring). ``dynamic``: the leaf positions whose leading
-    size is dynamic (``dynamic.py``): a size >= 2 there is keyed by which of the call's distinct
-    dynamic sizes it is, so one key serves every size."""
+def call_key(tree, leaves: list, dynamic: Mapping[int, tuple[int, ...]] | None = None) -> tuple:
+    """The key of a call (see the module docstring). ``dynamic``: the dynamic dimensions of each leaf
+    position that has some (``dynamic.py``): a size >= 2 there is keyed by which of the call's
+    distinct dynamic sizes it is, and C-order strides as ``C_ORDER``, so one key serves every size."""
     roots: dict[int, int] = {}
     classes: dict[int, SizeClass] = {}
     # Arguments sharing memory with no root in common (from_numpy of one array): compared from the
@@ -44,15 +45,12 @@ def call_key(tree, leaves: list, dynamic: frozenset[int] | None = None) -> tuple
                 overlapped = memory.share(data, alias)
             if overlapped:  # explain() shows the one argument it shares memory with, or all of them
                 alias = overlapped[0] if alias == i and len(overlapped) == 1 else (alias, *overlapped)
-            shape = data.shape
-            if dynamic is not None and i in dynamic and shape and shape[0] >= 2:
-                size = classes.get(shape[0])
-                if size is None:
-                    size = classes[shape[0]] = SizeClass(len(classes))
-                shape = (size, *shape[1:])
+            shape, strides = data.shape, data.strides
+            if dynamic is not None and i in dynamic:
+                shape, strides = _dynamic_shape(shape, strides, dynamic[i], classes, data.flags.c_contiguous)
             parts.append(
-                ("tensor", shape, data.strides, leaf._dtype, leaf._device, leaf._requires_grad,
-                 leaf._grad is not None, alias)
+                ("tensor", shape, strides, leaf._dtype, leaf._device, leaf._requires_grad, leaf._grad is not None,
+                 alias)
             )  # fmt: skip
         elif type(leaf) is float:
             parts.append((float, leaf.hex()))  # -0.0 and nan are values of their own
@@ -66,6 +64,20 @@ def call_key(tree, leaves: list, dynamic: frozenset[int] | None = None) -> tuple
                 parts.append(("object", type(leaf), id(leaf), None))
     # Global modes that change what ops produce are part of the key (the default dtype, autocast regions).
     return (tree, tuple(parts), grad_state.grad_enabled, _dtypes._default_dtype, _autocast_key())
+
+
+def _dynamic_shape(shape: tuple, strides: tuple, dims: tuple[int, ...], classes: dict, c_order: bool):
+    """A tensor's shape and strides in a dynamic key: each size >= 2 of ``dims`` as its ``SizeClass``
+    (``classes``: the call's sizes met so far), strides as ``C_ORDER`` when they are."""
+    sizes = list(shape)
+    for d in dims:
+        n = shape[d] if d < len(shape) else 0
+        if n >= 2:
+            size = classes.get(n)
+            if size is None:
+                size = classes[n] = SizeClass(len(classes))
+            sizes[d] = size
+    return tuple(sizes), (C_ORDER if c_order else strides)
 
 
 def _autocast_text(regions) -> str:

@@ -78,7 +78,8 @@ class Specialization:
     calls: int = 0
     background_seconds: float | None = None  # from the trace to ready, when compiled in the background
     sizes_source: Graph | None = None  # the traced graph a trace at other sizes is compared with (dynamic.py)
-    dynamic: list[int] | None = None  # the argument positions whose leading size is symbolic, if any
+    dynamic: list[tuple[int, int]] | None = None  # (argument position, dim) of each symbolic size, if any
+    size_guards: list = field(default_factory=list)  # watched_sizes.SizeGuard: comparisons its sizes keep
     not_dynamic: str | None = None  # why a trace at other sizes did not make it dynamic
 
     def __post_init__(self) -> None:
@@ -132,6 +133,10 @@ class Specialization:
                 return f"{name.removeprefix('closure:')} now refers to a different object ({_short(now)})"
         for check in self.checks:
             miss = check()
+            if miss is not None:
+                return miss
+        for guard in self.size_guards:
+            miss = guard.miss(leaves)
             if miss is not None:
                 return miss
         if self.guards is not None:

@@ -3,7 +3,9 @@
 The symbolic graph (``dynamic.py``) goes through the graph passes and fusion once, and its kernels
 are generated once: a kernel over the symbolic leading dimension reads the size from its argument
 table (``codegen/llvm/symbolic.py``), a kernel without one is the static kernel it always
-was. What depends on the sizes -- the layouts, the write-backs, the memory plan, each kernel's
+was. A kernel whose symbols lie in leading dims it treats alike (``(B, T, C)`` with a symbolic
+``T``) runs over their product as one leading size (``symbolic_kernels.py``); one with two
+symbolic dims no leading size flattens (attention's ``(T, T)`` scores) runs on its eager kernels. What depends on the sizes -- the layouts, the write-backs, the memory plan, each kernel's
 number of parallel units -- is computed per set of sizes when a call first brings it, from the
 fused graph bound to those sizes, and kept: a size seen before costs a dictionary lookup.
 
@@ -21,12 +23,13 @@ from typing import Any
 from ...codegen.backend import Lowered, LoweringReport
 from ...compiler import driver
 from ...ir.graph import Graph, Node
-from ...ir.types import Sym
+from ...ir.types import Sym, dim_size
 from ...passes.layouts import infer_layouts
 from ...passes.memory_plan import plan_memory
 from ...passes.write_backs import choose_write_backs
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from .dynamic import bind_graph, symbol_positions
+from .symbolic_kernels import collapse_symbolic_prefixes
 
 #: Sizes the layouts are inferred at to learn which do not depend on the size (any two >= 2 do).
 PROBES = (2, 3)
@@ -134,6 +137,8 @@ class SymbolicProgram(_ProgramPerSizes):
             if any(layouts[v] != self._layouts.get(position[v]) for v in (*node.inputs, *node.outputs)):
                 continue  # laid out otherwise at these sizes than the code assumes: its eager kernels run
             assert self._library is not None, "kernels without object code"
+            for product in info.symbols:  # a kernel over a flattened symbolic size (3*T) reads the product
+                sizes.setdefault(product, dim_size(product, sizes))
             function = KERNEL_TYPE(self._library.address(info.symbol))
             slots = tuple(int(sizes[s]) for s in info.symbols)
             kernels[node] = Kernel(function, info.units(sizes), info.work(sizes), status=_status(node), sizes=slots)
@@ -164,7 +169,7 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     seconds: list = []
     stages = [*driver.graph_stages(options), *(s for s in driver.LOWERING_STAGES if s.name == "fuse")]
     state = driver._run(driver.Compilation(graph, backend, strides, requested), stages, options, record, seconds)
-    fused = state.graph
+    fused = collapse_symbolic_prefixes(state.graph)  # a symbol after the first dim: flattened where it can be
     probes = [bind_graph(fused, {s: n for s, _, _ in symbol_positions(fused)}) for n in PROBES]
     layouts = [infer_layouts(g, strides) for g in probes]
     values = [list(g.values()) for g in probes]

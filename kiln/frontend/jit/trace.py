@@ -158,6 +158,7 @@ class Trace:
         # Dynamic sizes (dynamic.py): the sizes Python reads as WatchedSize, and the first comparison of one
         self.watched_sizes: frozenset[int] = frozenset()
         self.size_compared: str | None = None
+        self.size_guards: list[tuple] = []  # (size, comparison, int, result, where): on_size_guard
 
     # ------------------------------------------------------------------ entering and leaving
     def start(self) -> Trace:
@@ -239,6 +240,10 @@ class Trace:
         each call) or a guard (``"guard"``); ``kiln.explain`` lists it with the user's line."""
         assert kind in ("input", "guard"), f"a Python read is an input or a guard, not {kind!r}"
         self.python_reads.append(PythonRead(what, kind, user_location(2)))
+
+    def on_size_guard(self, size: int, comparison: str, other: int, result: bool, where: str) -> None:
+        """Python compared a size as read (``T <= 16``) with an int: a guard of a dynamic program."""
+        self.size_guards.append((size, comparison, other, result, where))
 
     def on_size_compared(self, what: str) -> None:
         """Python compared a watched size (``dynamic.WatchedSize``): this call's sizes stay static."""

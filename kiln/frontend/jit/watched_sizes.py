@@ -3,14 +3,18 @@
 A trace learns which sizes are dynamic by comparing two traces at two sizes; a branch Python takes
 on a size (``if x.shape[0] > 8``) is invisible there when both sizes take it alike. So while such a
 trace runs, ``Tensor.shape`` and ``Tensor.size()`` hand out the sizes that may become dynamic as
-``WatchedSize`` ints, and a comparison or truth test of one in the user's code keeps the call static.
-``len(t)`` gives a plain int (Python converts what ``__len__`` returns), so it is not watched.
+``WatchedSize`` ints. A comparison of a size as read with a plain int (``assert T <= block_size``,
+``if T > 8``) becomes a guard of the dynamic program (it serves the sizes for which the comparison
+comes out as traced; another size traces again); any other comparison or truth test of a watched
+size (of a size computed from it, of two sizes) keeps the call static. ``len(t)`` gives a plain int
+(Python converts what ``__len__`` returns), so it is not watched.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
@@ -19,7 +23,7 @@ _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 def watched_shape(shape: tuple, trace) -> tuple:
     """``shape`` with each size the trace watches (``trace.watched_sizes``) as a ``WatchedSize``."""
     watched = trace.watched_sizes
-    return tuple(WatchedSize(d, trace) if d in watched else d for d in shape)
+    return tuple(WatchedSize(d, trace, read=True) if d in watched else d for d in shape)
 
 
 class WatchedSize(int):
@@ -29,16 +33,25 @@ class WatchedSize(int):
     taken alike at the two traced sizes could go the other way at a third."""
 
     trace: Any  # the trace told of a comparison
+    read: bool  # the size as read from a tensor (not computed from one)
 
-    def __new__(cls, value: int, trace) -> WatchedSize:
+    def __new__(cls, value: int, trace, read: bool = False) -> WatchedSize:
         self = super().__new__(cls, value)
         self.trace = trace
+        self.read = read
         return self
 
-    def _told(self, what: str) -> None:
+    def _told(self, what: str, guard: tuple | None = None) -> None:
+        """Tell the trace of a comparison in the user's code: a guard ``(size, op, other, result)``
+        where it can be one, else a reason to keep the call static."""
         frame = sys._getframe(2)
-        if not frame.f_code.co_filename.startswith(_KILN_DIR):  # kiln's own checks of shapes are no branch
-            self.trace.on_size_compared(f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}")
+        if frame.f_code.co_filename.startswith(_KILN_DIR):  # kiln's own checks of shapes are no branch
+            return
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        if guard is not None and self.read:
+            self.trace.on_size_guard(*guard, where)
+        else:
+            self.trace.on_size_compared(f"{what} at {where}")
 
     def _same(self, value):
         return WatchedSize(value, self.trace) if type(value) is int else value
@@ -50,8 +63,10 @@ def _comparison(name: str):
     method = getattr(int, name)
 
     def compare(self, other):
-        self._told(f"a comparison of the dynamic size {int(self)}")
-        return method(self, other)
+        result = method(self, other)
+        guard = (int(self), name, other, result) if type(other) is int else None  # a plain int, not a size
+        self._told(f"a comparison of the dynamic size {int(self)}", guard)
+        return result
 
     return compare
 
@@ -89,3 +104,47 @@ def plain_ints(value):
     if isinstance(value, dict):
         return {k: plain_ints(v) for k, v in value.items()}
     return value
+
+
+# ---------------------------------------------------------------------- guards of a dynamic program
+_SIGNS = {"__eq__": "==", "__ne__": "!=", "__lt__": "<", "__le__": "<=", "__gt__": ">", "__ge__": ">="}
+
+
+@dataclass(frozen=True)
+class SizeGuard:
+    """A comparison Python made of a dynamic size during the trace (``T <= 16``, True): the dynamic
+    program serves only calls whose size compares alike; another call traces again."""
+
+    argument: int  # the leaf position of the tensor whose size it is
+    dim: int
+    comparison: str  # an int method: "__le__"
+    other: int
+    result: bool
+    where: str  # the user's line
+
+    def miss(self, leaves: list) -> str | None:
+        """Why this call's size does not keep the guard (None when it does)."""
+        size = leaves[self.argument].shape[self.dim]
+        if getattr(int, self.comparison)(int(size), self.other) == self.result:
+            return None
+        return f"argument {self.argument} dim {self.dim}: {self} is not {self.result} at size {size} ({self.where})"
+
+    def __str__(self) -> str:
+        return f"size {_SIGNS[self.comparison]} {self.other}"
+
+
+def guards_of(compared: list[tuple], dynamic: tuple) -> tuple[list[SizeGuard], str | None]:
+    """The guards of a dynamic program from a trace's comparisons ``(size, comparison, int, result,
+    where)`` (``Trace.size_guards``) and the trace's partner ``("compare", graph, pairs, positions)``:
+    each size is the size of the dynamic dimension it equals (None and why, when it equals two)."""
+    if not compared:
+        return [], None
+    _, _, pairs, positions = dynamic
+    guards = []
+    for size, comparison, other, result, where in compared:
+        found = {pair: position for pair, position in zip(pairs, positions, strict=True) if pair[1] == size}
+        if len(found) != 1:  # two dynamic sizes of this value (sizes of other values were not watched)
+            return [], f"Python compares a size that two dynamic sizes have ({size}, at {where})"
+        ((argument, dim),) = found.values()
+        guards.append(SizeGuard(argument, dim, comparison, other, bool(result), where))
+    return list(dict.fromkeys(guards)), None

@@ -17,7 +17,7 @@ from collections import Counter
 import numpy as np
 
 from ..shapes import numel
-from ..types import Dim, Sym, SymbolicShapeError, TensorType, is_static
+from ..types import Dim, Sym, SymbolicShapeError, TensorType, dim_factors, is_static
 from . import Kind, Primitive, Sample, register
 
 # ----------------------------------------------------------------------------- index maps of the views
@@ -96,6 +96,17 @@ def _listed(shape) -> str:
     return "[" + ", ".join(map(str, shape)) + "]"
 
 
+def _symbols_and_rest(shape) -> tuple[Counter, int]:
+    """The symbols of ``shape`` (a product's factors counted each) and the product of the rest."""
+    symbols: Counter = Counter()
+    rest = 1
+    for d in shape:
+        scale, factors = dim_factors(d)
+        symbols.update(factors)
+        rest *= scale
+    return symbols, rest
+
+
 def _reshape_infer(x: TensorType, *, shape: tuple[Dim, ...]) -> TensorType:
     if x.is_static and is_static(shape):
         if numel(shape) != x.numel or any(isinstance(d, int) and d < 0 for d in shape):
@@ -105,8 +116,8 @@ def _reshape_infer(x: TensorType, *, shape: tuple[Dim, ...]) -> TensorType:
     # exactly when both sides hold the same symbols and the same product of the other dims.
     if any(not isinstance(d, Sym) and (not isinstance(d, int) or d < 0) for d in shape):
         raise RuntimeError(f"reshape: expected a shape of non-negative ints and symbols, got {shape!r}")
-    given, wanted = Counter(d for d in x.shape if isinstance(d, Sym)), Counter(d for d in shape if isinstance(d, Sym))
-    rest = [numel([d for d in s if isinstance(d, int)]) for s in (x.shape, shape)]
+    (given, rest_given), (wanted, rest_wanted) = _symbols_and_rest(x.shape), _symbols_and_rest(shape)
+    rest = [rest_given, rest_wanted]
     if given != wanted or rest[0] != rest[1]:
         raise RuntimeError(
             f"shape {_listed(shape)} is invalid for input of shape {_listed(x.shape)}: a reshape keeps each symbolic "
@@ -197,17 +208,19 @@ def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
         )
     for axis, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape, strict=True)):
         if isinstance(n, Sym) or isinstance(b, Sym):
-            if (a, b, s) != (0, n, 1):
+            # all of a symbolic dim, or the first ``b`` of a static one (``mask[:T]``: running the graph
+            # checks that the size ``b`` binds to is at most ``n``, see ``frontend/jit/dynamic.bind_graph``)
+            if (a, s) != (0, 1) or (isinstance(n, Sym) and b != n):
                 raise SymbolicShapeError(
-                    f"slice: dim {axis} of size {n} is symbolic (or sliced to a symbol): only all of it (0:{n}:1) is "
-                    f"supported yet, got {a}:{b}:{s}"
+                    f"slice: dim {axis} of size {n} is symbolic (or sliced to a symbol): only all of it (0:{n}:1) or "
+                    f"the first symbolic size of a static dim (0:B:1) is supported yet, got {a}:{b}:{s}"
                 )
             continue
         if s < 1 or not 0 <= a <= n or not 0 <= b <= n:
             raise IndexError(
                 f"slice: dim {axis} of size {n} needs 0 <= start, stop <= {n} and step > 0, got {a}:{b}:{s}"
             )
-    shape = tuple(n if isinstance(n, Sym) else sliced_size(a, b, s)
+    shape = tuple(n if isinstance(n, Sym) else b if isinstance(b, Sym) else sliced_size(a, b, s)
                   for a, b, s, n in zip(starts, stops, steps, x.shape))  # fmt: skip
     return TensorType(shape, x.dtype, x.device)
 

@@ -352,4 +352,4 @@ def test_a_ragged_epoch_compiling_in_the_background_makes_its_batch_dynamic(monk
         np.testing.assert_allclose(array(compiled(kiln.tensor(x))), array(eager(kiln.tensor(x))), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(array(w), array(w_eager), rtol=RTOL, atol=ATOL)
     specs = state_of(compiled).specializations
-    assert len(specs) == 2 and sorted(str(s.dynamic) for s in specs) == ["None", "[0]"]  # static, then dynamic
+    assert len(specs) == 2 and sorted(str(s.dynamic) for s in specs) == ["None", "[(0, 0)]"]  # static, then dynamic
