@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 import safetensors.numpy
 
-from ..ir.graph import KERNEL, Graph, kernel_bodies, qualified_constants
+from ..ir.graph import NESTING_OPS, Graph, nested_bodies, qualified_constants
 from ..ir.printer import print_graph
 from ..ir.serialize import graph_from_json, graph_to_json
 from ..runtime.cache import cache_key, default_cache, source_digest
@@ -96,7 +96,7 @@ def _locations(graph: Graph) -> list:
     for node in graph.nodes:
         loc = node.loc
         found.append(None if loc is None else [loc.filename, loc.line, loc.function])
-        for body in kernel_bodies(node):
+        for body in nested_bodies(node):
             found.extend(_locations(body))
     return found
 
@@ -121,6 +121,6 @@ def _relocate(graph_json: dict, moved: dict) -> None:
         if loc is not None:
             new = moved.get((loc["file"], loc["line"], loc["function"]))
             node["loc"] = None if new is None else {"file": new[0], "line": new[1], "function": new[2]}
-        if node["op"] == KERNEL:
+        if node["op"] in NESTING_OPS:
             for body in node["attrs"]["bodies"]["graphs"]:
                 _relocate(body, moved)
