@@ -156,10 +156,10 @@ def compile_graph(traced: Graph, options: CompileOptions, input_strides: Sequenc
     >>> x = b.input(TensorType((3,), float32))
     >>> compiled = compile_graph(b.build([b.node("neg", [b.node("neg", [x])])]), CompileOptions(backend="interpreter"))
     >>> [name for name, _ in compiled.stages]
-    ['fold_constants', 'simplify', 'eliminate_common_subexpressions', 'eliminate_dead_code']
+    ['fold_constants', 'simplify', 'eliminate_common_subexpressions', 'eliminate_dead_code', 'roll_loops']
     >>> compiled.program([np.arange(3, dtype=np.float32)])
     [array([0., 1., 2.], dtype=float32)]
-    >>> [stage.name for stage in pipeline(CompileOptions(), backend_named("llvm"))][4:]
+    >>> [stage.name for stage in pipeline(CompileOptions(), backend_named("llvm"))][5:]
     ['fuse', 'infer_layouts', 'choose_write_backs', 'plan_memory']
     """
     strides = tuple(input_strides) if input_strides is not None else (None,) * len(traced.inputs)
@@ -281,9 +281,12 @@ def _compile_loops(graph: Graph, options: CompileOptions, report: LoweringReport
     """The program of each loop node's body, compiled by this driver (the body is a graph of its own:
     its own passes, kernels and cache entry), for the executor to run ``trips`` times."""
     programs: dict[Node, Program] = {}
+    # A body is not rolled again: the loops found inside one iteration are short runs of small nodes
+    # (a cell's gates), which cost a call per trip and gain little compile time.
+    flat = replace(options, loops=False)
     for node in graph.nodes:
         if node.op == LOOP:
-            body = compile_graph(loop_of(node).body, options)
+            body = compile_graph(loop_of(node).body, flat)
             programs[node] = body.program
             report.loops.append(describe_loop(node))
             if body.report is not None:

@@ -2,7 +2,8 @@
 
 Needs: a graph in topological order (after CSE, so that the iterations share their invariants: a
 weight's transpose, the constant 1). Establishes: every maximal run of ``MIN_TRIPS`` or more
-consecutive blocks of nodes that are the same computation is one ``loop`` node (``kiln.ir.loops``)
+consecutive blocks of nodes (``MIN_ROLLED_NODES`` at least) that are the same computation is one
+``loop`` node (``kiln.ir.loops``)
 whose body is one block; the graph computes what it computed.
 
 Finding the runs, in time near-linear in the node count (a 1,000-step loop of two LSTM cells with
@@ -42,6 +43,9 @@ logger = logging.getLogger("kiln")
 
 #: Fewer repetitions than this stay unrolled: a loop of 2 or 3 saves little and costs a call per trip.
 MIN_TRIPS = 4
+#: Runs covering fewer nodes stay unrolled: rolling them saves little compile time, and each trip
+#: costs a call of the body's program (tens of microseconds) that fusion across the steps would not.
+MIN_ROLLED_NODES = 64
 #: Candidate periods tried (the most promising first); each costs one pass over the signatures.
 MAX_CANDIDATES = 16
 #: Phases tried for a run whose blocks do not check at the phase it was found at.
@@ -62,8 +66,9 @@ class Run:
         return self.start + self.period * self.trips
 
 
-def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS) -> Graph:
-    """``graph`` with each repeated run of nodes rolled into a loop node (see the module docstring)."""
+def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_nodes: int = MIN_ROLLED_NODES) -> Graph:
+    """``graph`` with each repeated run of at least ``min_trips`` blocks and ``min_nodes`` nodes rolled
+    into a loop node (see the module docstring)."""
     nodes = graph.nodes
     order, ids = _signatures(nodes)
     if len(order) < 2 * min_trips:
@@ -71,7 +76,7 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS) -> Graph:
     plans = []
     taken = np.zeros(len(order), dtype=bool)
     for run in _runs(ids, min_trips):
-        if taken[run.start : run.stop].any():
+        if run.period * run.trips < min_nodes or taken[run.start : run.stop].any():
             continue
         plan = _first_plan(graph, order, run, min_trips)
         if plan is not None:

@@ -34,14 +34,17 @@ class LoopCall:
         self.outs = tuple(slots[v] for v in node.outputs)
 
     def _body(self, inputs: list[Any]) -> Sequence[Any]:
-        outputs = self.program(inputs)  # checked: inputs in another layout are conformed
+        # every input is in C order (``run`` conformed the node's inputs; the carried values are
+        # the body's outputs, fresh or copied below) and of the types the verifier checked
+        outputs = self.program.run_checked_inputs(inputs)
         for j in self.copied:
             outputs[j] = np.array(outputs[j], order="C", copy=True)
         return outputs
 
     def run(self, env: list, tables: Any) -> None:
         threads.park()  # the body's own steps choose their pools
-        results = run_loop(self.loop, self._body, [env[slot] for slot in self.args])
+        arrays = [_c_order(env[slot]) for slot in self.args]  # the body was compiled for C order
+        results = run_loop(self.loop, self._body, arrays)
         for slot, array in zip(self.outs, results, strict=True):
             env[slot] = array
         for slot in self.dead:
@@ -49,3 +52,8 @@ class LoopCall:
 
     def describe(self) -> str:
         return f"loop {self.node.attrs['name']} ({self.loop.trips} trips of {len(self.loop.body.nodes)} nodes)"
+
+
+def _c_order(array: Any) -> Any:
+    """``array``, or a copy of it in C order (the layout the body's program was compiled for)."""
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
