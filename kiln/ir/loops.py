@@ -43,7 +43,16 @@ from typing import Any
 from .graph import LOOP, Graph, Node
 from .types import TensorType
 
-__all__ = ["LOOP_ATTRS", "Loop", "LoopRuleError", "check_loop", "describe_loop", "loop_of", "loop_output_types", "run_loop"]
+__all__ = [
+    "LOOP_ATTRS",
+    "Loop",
+    "LoopRuleError",
+    "check_loop",
+    "describe_loop",
+    "loop_of",
+    "loop_output_types",
+    "run_loop",
+]
 
 #: The attributes of every loop node.
 LOOP_ATTRS = frozenset({"name", "bodies", "trips", "carried", "invariant", "per_iteration", "last", "stacked"})
@@ -102,7 +111,9 @@ def check_loop(node: Node, verify_body: Callable[[Graph], None]) -> None:
         raise LoopRuleError(f"trips >= 1, invariant >= 0 and per_iteration >= 0 are ints, got {counts}")
     body = loop.body
     for what, indices in (("carried", loop.carried), ("last", loop.last), ("stacked", loop.stacked)):
-        if not isinstance(indices, tuple) or not all(isinstance(j, int) and 0 <= j < len(body.outputs) for j in indices):
+        if not isinstance(indices, tuple) or not all(
+            isinstance(j, int) and 0 <= j < len(body.outputs) for j in indices
+        ):
             raise LoopRuleError(f"{what} names body outputs (0..{len(body.outputs) - 1}), got {indices!r}")
     verify_body(body)
     carried = len(loop.carried)

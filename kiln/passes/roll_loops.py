@@ -38,6 +38,7 @@ import numpy as np
 
 from ..ir.graph import CONSTANT, NESTING_OPS, Graph, Node, Value
 from ..ir.loops import LOOP, Loop
+from ..ir.types import Sym
 
 logger = logging.getLogger("kiln")
 
@@ -69,6 +70,8 @@ class Run:
 def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_nodes: int = MIN_ROLLED_NODES) -> Graph:
     """``graph`` with each repeated run of at least ``min_trips`` blocks and ``min_nodes`` nodes rolled
     into a loop node (see the module docstring)."""
+    if any(isinstance(d, Sym) for v in graph.inputs for d in v.type.shape):
+        return graph  # a program over symbolic sizes is lowered by its own path, which runs no loops yet
     nodes = graph.nodes
     order, ids = _signatures(nodes)
     if len(order) < 2 * min_trips:
@@ -245,56 +248,85 @@ def _rewrite(graph: Graph, order: list[int], plans: list[Plan]) -> Graph:
     return Graph(graph.inputs, tuple(new_nodes), graph.outputs, graph.constants)
 
 
-def _loop_node(graph: Graph, order: list[int], plan: Plan, name: str, outer_constants: dict[Value, Node]) -> Node:
-    """The loop node of a plan: its body built from block 0, its outputs the outer values they replace."""
-    run = plan.run
-    block = [graph.nodes[order[run.start + k * run.period + j]] for k in (0, run.trips - 1) for j in range(run.period)]
-    template, last_block = block[: run.period], block[run.period :]
-    carried: dict[tuple, int] = {}
-    invariant: dict[Value, int] = {}
-    per_iteration: dict[tuple, int] = {}
+@dataclass
+class _Inputs:
+    """The loop's inputs by kind, each numbered in its kind: carried values by ``(j, o, initial)``,
+    invariants by value (outer constants aside: the body holds those), per-iteration ones by values."""
+
+    carried: dict[tuple, int]
+    invariant: dict[Value, int]
+    per_iteration: dict[tuple, int]
+
+    def outer(self) -> list[Value]:
+        """The loop node's inputs: initial values, invariants, then each per-iteration input's values."""
+        return [key[2] for key in self.carried] + list(self.invariant) + [v for vs in self.per_iteration for v in vs]
+
+    def body(self) -> list[Value]:
+        """The body's inputs, numbered from 0 in the same order (one per per-iteration input)."""
+        types = [key[2].type for key in self.carried] + [v.type for v in self.invariant]
+        types += [values[0].type for values in self.per_iteration]
+        return [Value(i, t) for i, t in enumerate(types)]
+
+
+def _classify(plan: Plan, outer_constants: dict[Value, Node]) -> _Inputs:
+    inputs = _Inputs({}, {}, {})
     for row in plan.sources:
         for source in row:
             if source[0] == "carried":
-                carried.setdefault(source[1:], len(carried))
+                inputs.carried.setdefault(source[1:], len(inputs.carried))
             elif source[0] == "invariant" and source[1] not in outer_constants:
-                invariant.setdefault(source[1], len(invariant))
+                inputs.invariant.setdefault(source[1], len(inputs.invariant))
             elif source[0] == "per_iteration":
-                per_iteration.setdefault(source[1], len(per_iteration))
-    body_inputs = [Value(i, key[2].type) for i, key in enumerate(carried)]
-    body_inputs += [Value(len(body_inputs) + i, v.type) for i, v in enumerate(invariant)]
-    body_inputs += [Value(len(body_inputs) + i, vs[0].type) for i, vs in enumerate(per_iteration)]
+                inputs.per_iteration.setdefault(source[1], len(inputs.per_iteration))
+    return inputs
+
+
+def _loop_node(graph: Graph, order: list[int], plan: Plan, name: str, outer_constants: dict[Value, Node]) -> Node:
+    """The loop node of a plan: its body built from block 0, its outputs the outer values they replace."""
+    run = plan.run
+    blocks = [[graph.nodes[order[run.start + k * run.period + j]] for j in range(run.period)] for k in range(run.trips)]
+    inputs = _classify(plan, outer_constants)
+    body, made = _body(graph, blocks[0], plan, inputs, outer_constants)
+    wanted = list(dict.fromkeys([key[:2] for key in inputs.carried] + plan.last + plan.stacked))
+    index = {key: i for i, key in enumerate(wanted)}
+    body = Graph(body.inputs, body.nodes, tuple(made[key] for key in wanted), body.constants)
+    loop = Loop(body, run.trips, tuple(index[key[:2]] for key in inputs.carried), len(inputs.invariant),
+                len(inputs.per_iteration), tuple(index[key] for key in plan.last),
+                tuple(index[key] for key in plan.stacked))  # fmt: skip
+    results = [blocks[-1][j].outputs[o] for j, o in plan.last]
+    results += [blocks[k][j].outputs[o] for j, o in plan.stacked for k in range(run.trips)]
+    return Node(LOOP, tuple(inputs.outer()), loop.attrs(name), tuple(results), blocks[0][0].loc)
+
+
+def _body(graph: Graph, template: list[Node], plan: Plan, inputs: _Inputs,
+          outer_constants: dict[Value, Node]) -> tuple[Graph, dict[tuple[int, int], Value]]:  # fmt: skip
+    """The body's graph (no outputs yet) made of the template block's nodes, and its value of each
+    ``(node, output)`` position."""
+    body_inputs = inputs.body()
+    invariants = len(inputs.carried)
+    per_iteration = invariants + len(inputs.invariant)
     ids = iter(range(len(body_inputs), 1 << 62))
-    body_nodes: list[Node] = []
+    nodes: list[Node] = []
     constants: dict[str, np.ndarray] = {}
     made: dict[tuple[int, int], Value] = {}
     for j, (node, row) in enumerate(zip(template, plan.sources, strict=True)):
-        inputs = []
+        args = []
         for source in row:
             kind = source[0]
             if kind == "local":
-                inputs.append(made[source[1:3]])
+                args.append(made[source[1:3]])
             elif kind == "carried":
-                inputs.append(body_inputs[carried[source[1:]]])
+                args.append(body_inputs[inputs.carried[source[1:]]])
             elif kind == "per_iteration":
-                inputs.append(body_inputs[len(carried) + len(invariant) + per_iteration[source[1]]])
-            elif source[1] in invariant:
-                inputs.append(body_inputs[len(carried) + invariant[source[1]]])
+                args.append(body_inputs[per_iteration + inputs.per_iteration[source[1]]])
+            elif source[1] in inputs.invariant:
+                args.append(body_inputs[invariants + inputs.invariant[source[1]]])
             else:  # an outer constant: the body holds it
-                inputs.append(_body_constant(graph, outer_constants[source[1]], constants, body_nodes, ids))
+                args.append(_body_constant(graph, outer_constants[source[1]], constants, nodes, ids))
         outputs = tuple(Value(next(ids), v.type) for v in node.outputs)
         made.update(((j, o), v) for o, v in enumerate(outputs))
-        body_nodes.append(Node(node.op, tuple(inputs), node.attrs, outputs, node.loc))
-    wanted = list(dict.fromkeys([key[:2] for key in carried] + plan.last + plan.stacked))
-    index = {key: i for i, key in enumerate(wanted)}
-    body = Graph(tuple(body_inputs), tuple(body_nodes), tuple(made[key] for key in wanted), constants)
-    loop = Loop(body, run.trips, tuple(index[key[:2]] for key in carried), len(invariant), len(per_iteration),
-                tuple(index[key] for key in plan.last), tuple(index[key] for key in plan.stacked))  # fmt: skip
-    inputs = [key[2] for key in carried] + list(invariant) + [v for values in per_iteration for v in values]
-    blocks = [[graph.nodes[order[run.start + k * run.period + j]] for j in range(run.period)] for k in range(run.trips)]
-    outputs = [last_block[j].outputs[o] for j, o in plan.last]
-    outputs += [blocks[k][j].outputs[o] for j, o in plan.stacked for k in range(run.trips)]
-    return Node(LOOP, tuple(inputs), loop.attrs(name), tuple(outputs), template[0].loc)
+        nodes.append(Node(node.op, tuple(args), node.attrs, outputs, node.loc))
+    return Graph(tuple(body_inputs), tuple(nodes), (), constants), made
 
 
 def _body_constant(graph: Graph, node: Node, constants: dict, body_nodes: list[Node], ids) -> Value:

@@ -25,6 +25,7 @@ def roll_loops(graph, min_trips=roll_loops_module.MIN_TRIPS, min_nodes=0):
     """The pass, also on graphs smaller than it rolls by default (``MIN_ROLLED_NODES``)."""
     return roll_loops_module.roll_loops(graph, min_trips, min_nodes)
 
+
 H = TensorType((3, 4), float64)
 W = TensorType((4, 4), float64)
 
