@@ -20,7 +20,9 @@ its backward is about 100k nodes):
    from outside), one outside value (an invariant: a weight) or one outside value per block (a
    per-iteration input: a time step's slice, the forward loop's saved activations that the
    backward loop reads in reverse). A run that fails is tried without its first or last block,
-   and from a later phase, before it is given up.
+   and from a later phase, before it is given up. A run of elementwise work (no matmul, convolution,
+   gather... in a block) stays unrolled: fusion merges it across the blocks into a few passes over
+   memory, where a loop would make one per trip.
 
 A block's values used after the run become the loop's outputs: only the last block's value (a
 final carried value, say) or every block's (per-iteration outputs). The outer graph keeps those
@@ -38,6 +40,7 @@ import numpy as np
 
 from ..ir.graph import CONSTANT, NESTING_OPS, Graph, Node, Value
 from ..ir.loops import LOOP, Loop
+from ..ir.primitives import ELEMENTWISE, PRIMITIVES, Kind
 from ..ir.types import Sym
 
 logger = logging.getLogger("kiln")
@@ -176,6 +179,8 @@ def _plan(graph: Graph, order: list[int], run: Run) -> Plan | str:
     """The plan of ``run``, or why its blocks are not one computation's iterations."""
     nodes, period, trips = graph.nodes, run.period, run.trips
     blocks = [[nodes[order[run.start + k * period + j]] for j in range(period)] for k in range(trips)]
+    if not any(map(_bounds_kernels, blocks[0])):
+        return "the blocks are elementwise work, which fusion merges across them into fewer passes over memory"
     where: dict[Value, tuple[int, int, int]] = {}
     for k, block in enumerate(blocks):
         for j, node in enumerate(block):
@@ -202,6 +207,13 @@ def _plan(graph: Graph, order: list[int], run: Run) -> Plan | str:
             elif used:
                 stacked.append((j, o))
     return Plan(run, sources, last, stacked)
+
+
+def _bounds_kernels(node: Node) -> bool:
+    """Whether ``node`` ends the kernels fusion makes (a matmul, a convolution, a gather...): the
+    unrolled program then runs at least one kernel per block too, and rolling costs no fusion."""
+    prim = PRIMITIVES.get(node.op)
+    return prim is not None and prim.kind not in ELEMENTWISE and prim.kind is not Kind.REDUCE and not prim.is_view
 
 
 def _source(values: list[Value], places: list) -> tuple | None:

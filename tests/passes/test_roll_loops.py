@@ -109,9 +109,9 @@ def test_a_step_that_differs_is_left_out_of_the_loops():
 
 def test_a_value_read_two_steps_later_still_computes_the_same():
     b = GraphBuilder()
-    a, c = b.input(H), b.input(H)
+    a, c, w = b.input(H), b.input(H), b.input(W)
     for _ in range(8):  # Fibonacci-like: each step reads the last two
-        a, c = c, b.node("tanh", [b.node("add", [a, c])])
+        a, c = c, b.node("tanh", [b.node("add", [b.node("matmul", [a, w]), c])])
     graph = b.build([c])
     rolled = roll_loops(graph)
     assert _loops(rolled)
@@ -122,6 +122,15 @@ def test_small_runs_stay_unrolled_by_default():
     graph = _rnn(8)  # 8 blocks of 4 nodes
     assert roll_loops_module.roll_loops(graph) is graph
     assert _loops(roll_loops_module.roll_loops(_rnn(20)))
+
+
+def test_elementwise_runs_stay_unrolled_for_fusion():
+    b = GraphBuilder()
+    x = b.input(H)
+    for _ in range(40):
+        x = b.node("tanh", [b.node("add", [x, x])])
+    graph = b.build([x])
+    assert roll_loops(graph) is graph
 
 
 def test_nothing_repeats_nothing_changes():

@@ -194,3 +194,12 @@ def test_explain_reports_the_loops():
     compiled = _against_eager("tanh", np.float32, None)
     text = str(kiln.explain(compiled))
     assert "trips of a" in text
+
+
+def test_kiln_loops_0_switches_rolling_off(monkeypatch):
+    monkeypatch.setenv("KILN_LOOPS", "0")
+    assert kiln.CompileOptions().loops is False
+    monkeypatch.setenv("KILN_LOOPS", "1")
+    assert kiln.CompileOptions().loops is True
+    with pytest.raises(ValueError, match="loops must be True or False"):
+        kiln.CompileOptions(loops="yes")
