@@ -203,3 +203,22 @@ def test_kiln_loops_0_switches_rolling_off(monkeypatch):
     assert kiln.CompileOptions().loops is True
     with pytest.raises(ValueError, match="loops must be True or False"):
         kiln.CompileOptions(loops="yes")
+
+
+def test_a_cache_hit_loads_the_loops_and_their_bodies(tmp_path, monkeypatch):
+    """The program cache stores the graph with its loop nodes; a hit compiles each body again
+    (itself a hit) and runs as the first compile did."""
+    from kiln.codegen.llvm import kernel_cache
+    from kiln.compiler import program_cache
+    from kiln.runtime.cache import DiskCache
+
+    cache = DiskCache(tmp_path / "programs")
+    monkeypatch.setattr(program_cache, "disk_cache", lambda: cache)
+    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: DiskCache(tmp_path / "kernels"))
+    first = _against_eager("gru", np.float64, "sgd")
+    second = _against_eager("gru", np.float64, "sgd")
+    reports = [state_of(c).specializations[-1].report for c in (first, second)]
+    assert [r.cache for r in reports] == ["miss", "hit"]
+    described = [[line for line in r.loops if not line.startswith(" ")] for r in reports]
+    assert _loop_nodes(second) and described[0] == described[1] and "trips of a" in described[0][0]
+    assert "compile cache: hit" in "\n".join(reports[1].loops)  # the bodies' own entries
