@@ -350,13 +350,17 @@ class CompiledProgram:
     def run_checked_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         """``run`` for inputs the caller has already checked: in the traced shapes, dtypes and
         strides (a compiled call whose guards compared every captured tensor's layout)."""
-        frame = self._frame()
-        env = self._environment(frame, inputs)
         if self._needs_errstate:  # numpy kernels: inf and nan are values, not warnings
             with np.errstate(all="ignore"):
-                self._run_steps(env, frame.tables)
-        else:
-            self._run_steps(env, frame.tables)
+                return self.run_in_errstate(inputs)
+        return self.run_in_errstate(inputs)
+
+    def run_in_errstate(self, inputs: Sequence[Any]) -> list[Any]:
+        """``run_checked_inputs`` for a caller that has set numpy's error state to ignore everything
+        already (a loop's trips, inside the outer program's call)."""
+        frame = self._frame()
+        env = self._environment(frame, inputs)
+        self._run_steps(env, frame.tables)
         gather = self._gather_outputs
         outputs = list(gather(env)) if gather is not None else [env[slot] for slot in self._output_slots]
         for i in self._copy_outputs:

@@ -22,12 +22,15 @@ from . import threads
 class LoopCall:
     """A loop node: ``program`` (its body, compiled) run ``trips`` times."""
 
-    __slots__ = ("node", "position", "dead", "loop", "program", "copied", "args", "outs")
+    __slots__ = ("node", "position", "dead", "loop", "program", "run_body", "copied", "args", "outs")
 
     def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], program: Any) -> None:
         self.node, self.position, self.dead = node, position, dead
         self.loop = loop_of(node)
         self.program = program
+        # the outer program runs its steps with numpy's errors ignored (a loop is no compiled kernel):
+        # the trips need not set that state again
+        self.run_body = getattr(program, "run_in_errstate", program.run_checked_inputs)
         body_outputs = len(self.loop.body.outputs)
         self.copied = tuple(j for j in range(body_outputs) if j not in program.fresh_outputs)
         self.args = tuple(slots[v] for v in node.inputs)
@@ -36,7 +39,7 @@ class LoopCall:
     def _body(self, inputs: list[Any]) -> Sequence[Any]:
         # every input is in C order (``run`` conformed the node's inputs; the carried values are
         # the body's outputs, fresh or copied below) and of the types the verifier checked
-        outputs = self.program.run_checked_inputs(inputs)
+        outputs = self.run_body(inputs)
         for j in self.copied:
             outputs[j] = np.array(outputs[j], order="C", copy=True)
         return outputs
