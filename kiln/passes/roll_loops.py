@@ -9,8 +9,10 @@ whose body is one block; the graph computes what it computed.
 Finding the runs, in time near-linear in the node count (a 1,000-step loop of two LSTM cells with
 its backward is about 100k nodes):
 
-1. each node that is not a constant gets a signature: op, attributes, input and output types
-   (constants have no inputs: they stay outside, hoisted before the loop);
+1. the views of the graph's inputs move to the front (a step's ``xs[t]`` names its step in its
+   attributes; in front it is a per-iteration input), then each node that is not a constant gets
+   a signature: op, attributes, input and output types (constants have no inputs: they stay
+   outside, hoisted before the loop);
 2. candidate periods P are the distances between occurrences of one signature that recur most
    often (weighted by the distance: what they could cover); for each, the positions where
    ``sig[i] == sig[i + P]`` form runs, and a run of length L covers ``L // P + 1`` blocks;
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ir.analysis import is_view
 from ..ir.graph import CONSTANT, NESTING_OPS, Graph, Node, Value
 from ..ir.loops import LOOP, Loop
 from ..ir.primitives import ELEMENTWISE, PRIMITIVES, Kind
@@ -75,10 +78,11 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_nodes: int = MIN_RO
     into a loop node (see the module docstring)."""
     if any(isinstance(d, Sym) for v in graph.inputs for d in v.type.shape):
         return graph  # a program over symbolic sizes is lowered by its own path, which runs no loops yet
+    given, graph = graph, _hoist_input_views(graph)
     nodes = graph.nodes
     order, ids = _signatures(nodes)
     if len(order) < 2 * min_trips:
-        return graph
+        return given
     plans = []
     taken = np.zeros(len(order), dtype=bool)
     for run in _runs(ids, min_trips):
@@ -89,8 +93,25 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_nodes: int = MIN_RO
             taken[plan.run.start : plan.run.stop] = True
             plans.append(plan)
     if not plans:
-        return graph
+        return given
     return _rewrite(graph, order, sorted(plans, key=lambda p: p.run.start))
+
+
+def _hoist_input_views(graph: Graph) -> Graph:
+    """``graph`` with the views of its inputs (and views of those) moved to the front: a step's
+    ``xs[t]`` differs from the next step's in its attributes, which would break the run; in front,
+    it is a per-iteration input of the loop. Views compute nothing, so the order costs nothing."""
+    rooted = set(graph.inputs)
+    front, rest = [], []
+    for node in graph.nodes:
+        if is_view(node) and all(v in rooted for v in node.inputs):
+            front.append(node)
+            rooted.update(node.outputs)
+        else:
+            rest.append(node)
+    if all(a is b for a, b in zip(front + rest, graph.nodes, strict=True)):
+        return graph
+    return Graph(graph.inputs, tuple(front + rest), graph.outputs, graph.constants)
 
 
 # ----------------------------------------------------------------------------- finding runs

@@ -148,3 +148,19 @@ def test_the_verifier_names_a_loop_whose_carried_types_disagree():
                                                 else n for n in rolled.nodes), rolled.outputs, rolled.constants)  # fmt: skip
     with pytest.raises(VerificationError, match="loop"):
         verify(broken)
+
+
+def test_a_step_that_slices_its_input_inside_the_step_still_rolls():
+    """``xs[t]`` names its step in its attributes: the views of inputs move in front of the loop."""
+    b = GraphBuilder()
+    h, w = b.input(H), b.input(W)
+    xs = b.input(TensorType((8, 3, 4), float64))
+    for t in range(8):
+        x = b.node("reshape", [b.node("slice", [xs], {"starts": (t, 0, 0), "stops": (t + 1, 3, 4), "steps": (1, 1, 1)})],
+                   {"shape": (3, 4)})  # fmt: skip
+        h = b.node("tanh", [b.node("add", [b.node("matmul", [h, w]), x])])
+    graph = b.build([h])
+    rolled = roll_loops(graph)
+    (node,) = _loops(rolled)
+    assert loop_of(node).per_iteration == 1 and "slice" not in [n.op for n in loop_of(node).body.nodes]
+    _same_everywhere(graph, rolled)

@@ -222,3 +222,22 @@ def test_a_cache_hit_loads_the_loops_and_their_bodies(tmp_path, monkeypatch):
     described = [[line for line in r.loops if not line.startswith(" ")] for r in reports]
     assert _loop_nodes(second) and described[0] == described[1] and "trips of a" in described[0][0]
     assert "compile cache: hit" in "\n".join(reports[1].loops)  # the bodies' own entries
+
+
+def test_a_loop_that_mutates_its_argument_in_place_writes_it_back():
+    def f(state, xs, w):
+        for t in range(xs.shape[0]):
+            state.mul_(0.5).add_(kiln.tanh(xs[t] @ w))
+        return state.sum()
+
+    rng = np.random.default_rng(3)
+    w = kiln.tensor(rng.standard_normal((4, 4)))
+    compiled = kiln.compile(f)
+    for _ in range(4):
+        xs = kiln.tensor(rng.standard_normal((24, 3, 4)))
+        state = kiln.tensor(rng.standard_normal((3, 4)))
+        eager_state = state.clone()
+        np.testing.assert_allclose(compiled(state, xs, w).numpy(), f(eager_state, xs, w).numpy(), rtol=1e-12)
+        np.testing.assert_allclose(state.numpy(), eager_state.numpy(), rtol=1e-12, atol=1e-14)
+    assert sum(compiled_calls(compiled)) >= 2
+    assert _loop_nodes(compiled)
