@@ -3,8 +3,8 @@ read-out per step) or over layers of one shape -- the traces ``kiln.passes.roll_
 loop nodes -- as training steps (forward, loss, backward, an optimizer's step) or forward only,
 compiled against eager over several calls.
 
-The loops live in helper functions of the module's preamble, so each statement of ``f`` stays one
-line the shrinker can delete. How a step's input is taken varies (``unbind``, ``split`` and
+The loops live in helper functions of the module's preamble (no blank lines: a printed program's
+preamble ends at its first), so each statement of ``f`` stays one line the shrinker can delete. How a step's input is taken varies (``unbind``, ``split`` and
 ``squeeze``, indexing), and so does the first state (None, or zeros made in the call). Kinked
 activations (relu) run in float64 only, where a tie decided by rounding is out of reach.
 """
@@ -23,8 +23,6 @@ HELPERS = [
     "    if how == 'split':",
     "        return [s.squeeze(1) for s in x.split(1, dim=1)]",
     "    return [x[:, t] for t in range(x.shape[1])]",
-    "",
-    "",
     "def run_time(cells, head, x, how, zeros, lstm):",
     "    states = [None] * len(cells)",
     "    if zeros:",
@@ -38,11 +36,9 @@ HELPERS = [
     "            h = states[c][0] if lstm else states[c]",
     "        outs.append(head(h))",
     "    return kiln.stack(outs, 1)",
-    "",
-    "",
     "def run_layers(layers, x, act):",
     "    for layer in layers:",
-    "        x = act(layer(x))",
+    "        x = x + act(layer(x)) / len(layers)",
     "    return x",
 ]
 CELLS = {"lstm": "nn.LSTMCell", "gru": "nn.GRUCell", "rnn": "nn.RNNCell"}
@@ -64,7 +60,10 @@ def _over_time(b: Builder, r: random.Random, dtype: str) -> str:
 
 
 def _over_layers(b: Builder, r: random.Random, dtype: str) -> str:
-    """Layers of one shape applied in turn; returns the expression of the model's output."""
+    """Residual layers of one shape applied in turn (without the residual, a deep stack of squashing
+    activations forgets its input, and a compiled copy that ignored it would pass; each step is
+    divided by the depth, which bounds the growth); returns the
+    expression of the model's output."""
     n, width, count = r.randint(1, 6), r.randint(2, 10), r.randint(6, 24)
     x = b.float_input((n, width), dtype)
     act = r.choice(SMOOTH + (("F.relu",) if dtype == "float64" else ()))
