@@ -85,10 +85,11 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_nodes: int = MIN_RO
         return given
     plans = []
     taken = np.zeros(len(order), dtype=bool)
+    last_use = _last_uses(graph)
     for run in _runs(ids, min_trips):
         if run.period * run.trips < min_nodes or taken[run.start : run.stop].any():
             continue
-        plan = _first_plan(graph, order, run, min_trips)
+        plan = _first_plan(graph, order, run, min_trips, last_use)
         if plan is not None:
             taken[plan.run.start : plan.run.stop] = True
             plans.append(plan)
@@ -179,7 +180,7 @@ class Plan:
     stacked: list[tuple[int, int]]  # (j, o) whose every block's value is an output
 
 
-def _first_plan(graph: Graph, order: list[int], run: Run, min_trips: int) -> Plan | None:
+def _first_plan(graph: Graph, order: list[int], run: Run, min_trips: int, last_use: dict[Value, int]) -> Plan | None:
     """The plan of ``run``, or of the first variant of it that checks (without the first or last
     block, from a later phase); None when none does."""
     variants = [run, Run(run.start + run.period, run.period, run.trips - 1), Run(run.start, run.period, run.trips - 1)]
@@ -188,7 +189,7 @@ def _first_plan(graph: Graph, order: list[int], run: Run, min_trips: int) -> Pla
     for variant in variants:
         if variant.trips < min_trips:
             continue
-        plan = _plan(graph, order, variant)
+        plan = _plan(graph, order, variant, last_use)
         if isinstance(plan, Plan):
             return plan
         why = why or plan
@@ -196,7 +197,7 @@ def _first_plan(graph: Graph, order: list[int], run: Run, min_trips: int) -> Pla
     return None
 
 
-def _plan(graph: Graph, order: list[int], run: Run) -> Plan | str:
+def _plan(graph: Graph, order: list[int], run: Run, last_use: dict[Value, int]) -> Plan | str:
     """The plan of ``run``, or why its blocks are not one computation's iterations."""
     nodes, period, trips = graph.nodes, run.period, run.trips
     blocks = [[nodes[order[run.start + k * period + j]] for j in range(period)] for k in range(trips)]
@@ -218,11 +219,10 @@ def _plan(graph: Graph, order: list[int], run: Run) -> Plan | str:
             row.append(source)
         sources.append(row)
     last_node = order[run.stop - 1]
-    used_after = _used_after(graph, where, last_node)
     last, stacked = [], []
     for j in range(period):
         for o in range(len(blocks[0][j].outputs)):
-            used = [k for k in range(trips) if blocks[k][j].outputs[o] in used_after]
+            used = [k for k in range(trips) if last_use.get(blocks[k][j].outputs[o], -1) > last_node]
             if used == [trips - 1]:
                 last.append((j, o))
             elif used:
@@ -253,12 +253,11 @@ def _source(values: list[Value], places: list) -> tuple | None:
     return None
 
 
-def _used_after(graph: Graph, where: dict[Value, tuple[int, int, int]], last_node: int) -> set[Value]:
-    """The values of the run that a node after it or a graph output reads."""
-    used = {v for v in graph.outputs if v in where}
-    for node in graph.nodes[last_node + 1 :]:
-        used.update(v for v in node.inputs if v in where)
-    return used
+def _last_uses(graph: Graph) -> dict[Value, int]:
+    """The index of the last node reading each value (past the last node for a graph output)."""
+    last = {v: i for i, node in enumerate(graph.nodes) for v in node.inputs}
+    last.update(dict.fromkeys(graph.outputs, len(graph.nodes)))
+    return last
 
 
 # ----------------------------------------------------------------------------- rewriting
