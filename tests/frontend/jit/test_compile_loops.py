@@ -241,3 +241,36 @@ def test_a_loop_that_mutates_its_argument_in_place_writes_it_back():
         np.testing.assert_allclose(state.numpy(), eager_state.numpy(), rtol=1e-12, atol=1e-14)
     assert sum(compiled_calls(compiled)) >= 2
     assert _loop_nodes(compiled)
+
+
+def test_dropout_inside_the_steps_draws_what_eager_draws():
+    """Random bits inside a rolled loop: each step's mask is eager's (the generator's counter per step)."""
+
+    def make():
+        kiln.manual_seed(0)
+        cell, head, drop = nn.GRUCell(3, 6), nn.Linear(6, 1), nn.Dropout(0.3)
+        opt = kiln.optim.SGD([*cell.parameters(), *head.parameters()], lr=0.1)
+
+        def step(x):
+            h, outs = None, []
+            for xt in x.unbind(1):
+                h = cell(drop(xt), h)
+                outs.append(head(h))
+            loss = (kiln.stack(outs, 1) ** 2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        return step
+
+    eager, compiled = make(), kiln.compile(make())
+    rng = np.random.default_rng(0)
+    for call in range(4):
+        x = kiln.tensor(rng.standard_normal((2, 16, 3)).astype(np.float32))
+        kiln.manual_seed(100 + call)
+        want = eager(x)
+        kiln.manual_seed(100 + call)
+        np.testing.assert_allclose(compiled(x).numpy(), want.numpy(), rtol=2e-5)
+    assert sum(compiled_calls(compiled)) >= 2
+    assert _loop_nodes(compiled)
