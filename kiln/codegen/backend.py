@@ -16,6 +16,10 @@ A backend that computes a convolution's elementwise consumers inside the convolu
 also gives ``takes_epilogue(node)``: whether it compiles ``node``, a kernel of kind ``conv`` that
 fusion proposes (``kiln.passes.epilogues``); the others leave it out, and fusion makes none.
 
+A backend whose programs run loop nodes (``kiln.ir.loops``) says so with ``runs_loops = True``: the
+driver then rolls repeated computations into loops and gives ``load`` each loop body's compiled
+program (``Lowered.loops``); the others get the unrolled graph.
+
 ``stages`` names the lowering stages it needs after the graph passes (``fuse``, ``infer_layouts``,
 ``choose_write_backs``, ``plan_memory``); the interpreter needs none. For the on-disk cache a
 backend gives ``signature()`` (what decides its code besides the IR, such as the host CPU; None:
@@ -48,6 +52,7 @@ class Lowered:
     write_backs: Mapping[int, int] = field(default_factory=dict)  # graph output -> input it is written into
     plan: Any = None  # the MemoryPlan of the intermediates (kiln.passes.memory_plan)
     deadline: float | None = None  # time.monotonic() by which code generation gives up (None: never)
+    loops: Mapping[Node, Any] = field(default_factory=dict)  # each loop node's body, compiled (a Program)
 
 
 @dataclass
@@ -63,6 +68,7 @@ class LoweringReport:
     stage_seconds: list[tuple[str, float]] = field(default_factory=list)  # every stage of the driver, timed
     cache: str = "off"  # "hit" | "miss" | "off"
     abandoned: str = ""  # why code generation gave up (its deadline passed): such code is never cached
+    loops: list[str] = field(default_factory=list)  # each loop node (trips, body size) and its body's report
 
     def describe(self) -> list[str]:
         lines = [f"{self.kernels} compiled kernel(s); compile cache: {self.cache}; "
@@ -76,6 +82,7 @@ class LoweringReport:
         lines.extend(f"kernel {name} runs on the interpreter: {why}" if name[0] != "(" else f"{name[1:-1]}: {why}"
                      for name, why in self.declined)  # fmt: skip
         lines.extend(f"not fused: {line}" for line in self.not_fused)
+        lines.extend(self.loops)
         if self.memory:
             lines.extend(self.memory.splitlines())
         return lines
@@ -149,6 +156,7 @@ class InterpreterBackend:
 
     name = "interpreter"
     stages: tuple[str, ...] = ()
+    runs_loops = True  # the interpreter runs a loop node's body graph as it is
 
     def declines(self, node: Node) -> str | None:
         return "the interpreter runs every node by its eager kernel"

@@ -7,7 +7,9 @@
    compile option overrides it, for tests);
 2. the disk cache is consulted (``program_cache``); a hit resumes after fusion;
 3. the pipeline, a tuple of named ``Stage``s: the graph passes (``options.passes``, by default
-   fold, simplify, CSE, DCE), then the lowering stages the backend asks for: ``fuse`` (with the
+   fold, simplify, CSE, DCE), ``roll_loops`` (with ``options.loops``, for a backend that runs loop
+   nodes: ``runs_loops``; each loop's body is compiled on its own by this same driver when the
+   program is loaded, so its cache entry and its kernels are the body's, made once), then the lowering stages the backend asks for: ``fuse`` (with the
    backend's ``declines``, so no kernel is formed that it cannot compile), ``infer_layouts``,
    ``choose_write_backs`` (which mutated inputs the program writes in place) and ``plan_memory``;
 4. the backend generates code for the lowered program and loads it into a runtime program.
@@ -35,13 +37,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..codegen.backend import Backend, Lowered, LoweringReport, Program, backend_for, backend_named
-from ..ir.graph import CONSTANT, KERNEL, Graph, Value
+from ..ir.graph import CONSTANT, KERNEL, LOOP, Graph, Node, Value
+from ..ir.loops import describe_loop, loop_of
 from ..ir.primitives import ELEMENTWISE, PRIMITIVES
 from ..passes import DEFAULT_PIPELINE, PassError
 from ..passes.fusion import fuse
 from ..passes.fusion_refusals import Refusal, summarize
 from ..passes.layouts import describe_layouts, infer_layouts
 from ..passes.memory_plan import plan_memory
+from ..passes.roll_loops import roll_loops
 from ..passes.write_backs import choose_write_backs, describe_write_backs
 from . import program_cache
 from .options import CompileOptions, options_text
@@ -112,9 +116,15 @@ def graph_stages(options: CompileOptions) -> tuple[Stage, ...]:
     return tuple(graph_stage(p) for p in (DEFAULT_PIPELINE if options.passes is None else options.passes))
 
 
+#: Rolls repeated computations into loop nodes, after the graph passes (CSE has made the iterations
+#: share their invariants) and before fusion (which then sees a loop node as one opaque node).
+LOOP_STAGE = graph_stage(roll_loops)
+
+
 def pipeline(options: CompileOptions, backend: Backend) -> tuple[Stage, ...]:
     """The stages that compile for ``backend`` with ``options``, in order."""
-    return graph_stages(options) + tuple(s for s in LOWERING_STAGES if s.name in backend.stages)
+    loops = (LOOP_STAGE,) if options.loops and getattr(backend, "runs_loops", False) else ()
+    return graph_stages(options) + loops + tuple(s for s in LOWERING_STAGES if s.name in backend.stages)
 
 
 @dataclass
@@ -146,10 +156,10 @@ def compile_graph(traced: Graph, options: CompileOptions, input_strides: Sequenc
     >>> x = b.input(TensorType((3,), float32))
     >>> compiled = compile_graph(b.build([b.node("neg", [b.node("neg", [x])])]), CompileOptions(backend="interpreter"))
     >>> [name for name, _ in compiled.stages]
-    ['fold_constants', 'simplify', 'eliminate_common_subexpressions', 'eliminate_dead_code']
+    ['fold_constants', 'simplify', 'eliminate_common_subexpressions', 'eliminate_dead_code', 'roll_loops']
     >>> compiled.program([np.arange(3, dtype=np.float32)])
     [array([0., 1., 2.], dtype=float32)]
-    >>> [stage.name for stage in pipeline(CompileOptions(), backend_named("llvm"))][4:]
+    >>> [stage.name for stage in pipeline(CompileOptions(), backend_named("llvm"))][5:]
     ['fuse', 'infer_layouts', 'choose_write_backs', 'plan_memory']
     """
     strides = tuple(input_strides) if input_strides is not None else (None,) * len(traced.inputs)
@@ -202,7 +212,7 @@ def _compile(traced: Graph, options: CompileOptions, backend: Backend, strides: 
     generating = time.perf_counter()
     code = backend.generate(_lowered(state, deadline), report)
     loading = time.perf_counter()
-    program = _load(state, backend, code, report)
+    program = _load(state, backend, code, report, options)
     seconds += [(f"generate ({backend.name})", loading - generating), ("load", time.perf_counter() - loading)]
     report.stage_seconds = seconds
     report.compile_seconds = time.perf_counter() - start
@@ -227,7 +237,7 @@ def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequenc
     state = _run(Compilation(graph, backend, strides, requested), stages[1:], options, record, seconds)
     report = LoweringReport(kernels=kernels, declined=declined, cache="hit", not_fused=not_fused)
     loading = time.perf_counter()
-    program = _load(state, backend, backend.decode(code, graph), report)
+    program = _load(state, backend, backend.decode(code, graph), report, options)
     seconds.append(("load", time.perf_counter() - loading))
     report.stage_seconds = seconds
     report.compile_seconds = time.perf_counter() - start
@@ -257,14 +267,31 @@ def _run(state: Compilation, stages: Sequence[Stage], options: CompileOptions, r
     return state
 
 
-def _lowered(state: Compilation, deadline: float | None = None) -> Lowered:
-    return Lowered(state.graph, state.layouts, state.write_backs, state.plan, deadline)
+def _lowered(state: Compilation, deadline: float | None = None, loops: dict | None = None) -> Lowered:
+    return Lowered(state.graph, state.layouts, state.write_backs, state.plan, deadline, loops or {})
 
 
-def _load(state: Compilation, backend: Backend, code: Any, report: LoweringReport):
+def _load(state: Compilation, backend: Backend, code: Any, report: LoweringReport, options: CompileOptions):
     if state.plan is not None:
         report.memory = state.plan.describe()
-    return backend.load(_lowered(state), code)
+    return backend.load(_lowered(state, loops=_compile_loops(state.graph, options, report)), code)
+
+
+def _compile_loops(graph: Graph, options: CompileOptions, report: LoweringReport) -> dict[Node, Program]:
+    """The program of each loop node's body, compiled by this driver (the body is a graph of its own:
+    its own passes, kernels and cache entry), for the executor to run ``trips`` times."""
+    programs: dict[Node, Program] = {}
+    # A body is not rolled again: the loops found inside one iteration are short runs of small nodes
+    # (a cell's gates), which cost a call per trip and gain little compile time.
+    flat = replace(options, loops=False)
+    for node in graph.nodes:
+        if node.op == LOOP:
+            body = compile_graph(loop_of(node).body, flat)
+            programs[node] = body.program
+            report.loops.append(describe_loop(node))
+            if body.report is not None:
+                report.loops.extend(f"  {line}" for line in body.report.describe())
+    return programs
 
 
 def _report_externs(graph: Graph, backend: Backend, report: LoweringReport, program: Program) -> None:
@@ -273,7 +300,7 @@ def _report_externs(graph: Graph, backend: Backend, report: LoweringReport, prog
     externs: Counter = Counter()
     unfused: dict[str, Counter] = {}
     for node in graph.nodes:
-        if node.op in (CONSTANT, KERNEL) or id(node) in compiled:
+        if node.op in (CONSTANT, KERNEL, LOOP) or id(node) in compiled:
             continue
         externs[node.op] += 1
         why = backend.declines(node)

@@ -47,6 +47,12 @@ def default_wait() -> bool:
     )
 
 
+def default_loops() -> bool:
+    """``$KILN_LOOPS``: ``0`` (or false/no/off) leaves repeated computations unrolled; anything else, or
+    unset, rolls them into loops: the default of ``CompileOptions.loops``."""
+    return os.environ.get("KILN_LOOPS", "").strip().lower() not in ("0", "false", "no", "off")
+
+
 @dataclass
 class CompileOptions:
     """Options of ``kiln.compile``.
@@ -71,6 +77,10 @@ class CompileOptions:
       is seen for it; True makes every tensor argument's leading size dynamic from the first call
       (which is traced, then compiled when a call brings another size); False never
       (``kiln.frontend.jit.dynamic``).
+    - ``loops``: whether a trace that repeats one computation (a Python loop over time steps or
+      layers) is rolled into a loop node whose body is compiled once (``kiln.passes.roll_loops``;
+      backends that run no loop nodes get the unrolled graph). Default: ``$KILN_LOOPS`` (``0``: off),
+      else True.
     """
 
     recompile_limit: int = 8
@@ -81,10 +91,13 @@ class CompileOptions:
     compile_timeout: float | None = field(default_factory=default_compile_timeout)
     wait: bool = field(default_factory=default_wait)
     dynamic: bool | None = None
+    loops: bool = field(default_factory=default_loops)
 
     def __post_init__(self) -> None:
         if self.dynamic not in (None, True, False):
             raise ValueError(f"CompileOptions: dynamic must be None, True or False, got {self.dynamic!r}")
+        if not isinstance(self.loops, bool):
+            raise ValueError(f"CompileOptions: loops must be True or False, got {self.loops!r}")
         if not isinstance(self.wait, bool):
             raise ValueError(f"CompileOptions: wait must be True or False, got {self.wait!r}")
         if not isinstance(self.recompile_limit, int) or self.recompile_limit < 0:
@@ -98,4 +111,4 @@ class CompileOptions:
 def options_text(options: CompileOptions) -> str:
     """The compile options that change the compiled program, as text for the cache key."""
     passes = "default" if options.passes is None else ",".join(getattr(p, "__name__", repr(p)) for p in options.passes)
-    return f"backend={options.backend}; passes={passes}"
+    return f"backend={options.backend}; passes={passes}; loops={options.loops}"

@@ -27,7 +27,7 @@ import numpy as np
 import safetensors.numpy
 
 from ..ir.compact import graph_from_bytes, graph_to_bytes
-from ..ir.graph import Graph, SourceLocation, kernel_bodies, qualified_constants
+from ..ir.graph import Graph, SourceLocation, nested_bodies, qualified_constants
 from ..ir.printer import print_graph
 from ..runtime.cache import cache_key, default_cache, source_digest
 
@@ -96,7 +96,7 @@ def _locations(graph: Graph) -> list:
     for node in graph.nodes:
         loc = node.loc
         found.append(None if loc is None else [loc.filename, loc.line, loc.function])
-        for body in kernel_bodies(node):
+        for body in nested_bodies(node):
             found.extend(_locations(body))
     return found
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .graph import KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value
+from .graph import NESTING_OPS, QUALIFIER, Graph, Node, SourceLocation, Value
 from .serialize import FormatError, _attr_from_json, _attr_to_json, _loc_from_json, _type_from_json, _type_to_json
 from .types import TensorType
 from .verifier import verify
@@ -100,7 +100,7 @@ class _Writer:
         out.extend(v.id for v in graph.outputs)
 
     def node(self, node: Node) -> None:
-        bodies = node.attrs["bodies"] if node.op == KERNEL and isinstance(node.attrs.get("bodies"), tuple) else None
+        bodies = node.attrs["bodies"] if node.op in NESTING_OPS and isinstance(node.attrs.get("bodies"), tuple) else None
         # the bodies follow the node as graphs of their own; null keeps their place among the attributes
         attrs = {k: None if bodies is not None and k == "bodies" else _attr_to_json(v) for k, v in node.attrs.items()}
         attrs_text = json.dumps(attrs, allow_nan=False, separators=(",", ":"))
@@ -212,7 +212,7 @@ class _Reader:
             bodies = next_int()
             if bodies:
                 name = attrs.get("name")
-                if op != KERNEL or not isinstance(name, str):
+                if op not in NESTING_OPS or not isinstance(name, str):
                     raise FormatError(f"compact graph: bodies on a {op!r} node without a kernel's name")
                 if by_kernel is None:
                     by_kernel = _by_kernel(constants)

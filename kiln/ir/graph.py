@@ -17,6 +17,11 @@ body inputs 0 and 1, and the rest are elementwise and view nodes that read the c
 result as an input (``conv_epilogue``); its outputs have the sample and channel dims of the
 convolution's result, and may differ in the others (a pooled output).
 
+A ``loop`` node (``LOOP``) runs one body graph a number of times, carrying values from one iteration
+to the next (``kiln.ir.loops`` defines its attributes and semantics). Its body sits in ``attrs["bodies"]``
+as a kernel's does, so the text form, the graph files and ``qualified_constants`` treat both alike
+(``nested_bodies``).
+
 Graphs are immutable: passes build new ones with a ``GraphBuilder`` rather than editing. Value
 identity is object identity; the integer ``id`` only names a value in the text form.
 """
@@ -36,6 +41,10 @@ from .types import TensorType
 CONSTANT = "constant"
 #: The op name of fused kernel nodes (``attrs = {"name", "kind", "bodies"}``; see the module docstring).
 KERNEL = "kernel"
+#: The op name of loop nodes (``attrs = {"name", "bodies", "trips", ...}``; see ``kiln.ir.loops``).
+LOOP = "loop"
+#: The ops whose nodes hold graphs in ``attrs["bodies"]``.
+NESTING_OPS = frozenset({KERNEL, LOOP})
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,6 +107,13 @@ def kernel_bodies(node: Node) -> tuple[Graph, ...]:
     return node.attrs.get("bodies", ())
 
 
+def nested_bodies(node: Node) -> tuple[Graph, ...]:
+    """The bodies of a kernel or loop node, or ``()`` for any other node."""
+    if node.op not in NESTING_OPS:
+        return ()
+    return node.attrs.get("bodies", ())
+
+
 def body_inputs_outputs(node: Node) -> list[tuple[Graph, tuple[Value, ...], tuple[Value, ...]]]:
     """For each body of a kernel node: ``(body, the node's inputs it reads, the node's outputs it makes)``
     (one body takes them all; the members of a horizontal kernel take consecutive slices)."""
@@ -130,7 +146,7 @@ def qualified_constants(graph: Graph) -> dict[str, np.ndarray]:
     """
     table = dict(graph.constants)
     for node in graph.nodes:
-        for index, body in enumerate(kernel_bodies(node)):
+        for index, body in enumerate(nested_bodies(node)):
             prefix = f"{node.attrs['name']}{QUALIFIER}{index}{QUALIFIER}"
             table.update((prefix + key, value) for key, value in qualified_constants(body).items())
     return table

@@ -19,7 +19,8 @@ must have that size, and attributes naming it (a reshape's shape) read the bound
 Kernel nodes (made by fusion) run by interpreting their bodies, each prepared once as a
 ``Program`` of its own; a horizontal kernel runs each member on its slice of the node's inputs.
 A kernel's outputs are always fresh arrays (as compiled kernels write them), never views of its
-inputs.
+inputs. Loop nodes run their body's program ``trips`` times (``kiln.ir.loops.run_loop``), its
+outputs fresh arrays too.
 
 >>> from kiln.ir.graph import GraphBuilder
 >>> from kiln.ir.types import TensorType
@@ -40,7 +41,8 @@ from typing import Any
 import numpy as np
 
 from .analysis import Liveness
-from .graph import CONSTANT, KERNEL, Graph, Node, Value, body_inputs_outputs
+from .graph import CONSTANT, KERNEL, LOOP, Graph, Node, Value, body_inputs_outputs
+from .loops import loop_of, run_loop
 from .primitives import PRIMITIVES
 from .types import Sym, dim_size
 
@@ -229,9 +231,10 @@ def _shape_text(shape: tuple) -> str:
 
 def _step(position: int, node: Node, slots: dict[Value, int], frees: tuple[int, ...]) -> tuple:
     args = tuple(slots[v] for v in node.inputs)
-    if node.op == KERNEL:
+    if node.op in (KERNEL, LOOP):
         outs = tuple(slots[v] for v in node.outputs)
-        return (kernel_runner(node), args, {}, outs, frees, None, position)
+        runner = kernel_runner(node) if node.op == KERNEL else loop_runner(node)
+        return (runner, args, {}, outs, frees, None, position)
     assert len(node.outputs) == 1, f"{node.op} has {len(node.outputs)} outputs; the interpreter expects one"
     out = node.outputs[0]
     eager = PRIMITIVES[node.op].eager
@@ -255,6 +258,18 @@ def kernel_runner(node: Node):
         return results
 
     return run_members
+
+
+def loop_runner(node: Node):
+    """The step function of a loop node, ``runner(xp, *arrays) -> list of outputs``: its body's
+    program (prepared once, outputs always fresh arrays) run ``trips`` times (``kiln.ir.loops``)."""
+    loop = loop_of(node)
+    execute = Program(loop.body, fresh_outputs=True)._execute
+
+    def run(xp: Any, *arrays: Any) -> list[Any]:
+        return run_loop(loop, lambda inputs: execute(inputs, xp), arrays)
+
+    return run
 
 
 # ----------------------------------------------------------------------------- errors

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import BY_NAME
-from .graph import CONSTANT, KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants
+from .graph import CONSTANT, NESTING_OPS, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants
 from .types import RESERVED_NAMES, Dim, Sym, TensorType, device, sym_product
 
 __all__ = ["ParseError", "parse_graph"]
@@ -83,7 +83,7 @@ def _own_constants(table: Mapping[str, np.ndarray] | None, nodes: list[Node]) ->
     """The entries of a flat constant table that are not qualified names of the kernels' bodies."""
     if table is None:
         return {}
-    kernels = {node.attrs.get("name") for node in nodes if node.op == KERNEL}
+    kernels = {node.attrs.get("name") for node in nodes if node.op in NESTING_OPS}
     return {key: value for key, value in table.items() if key.partition(QUALIFIER)[0] not in kernels}
 
 
@@ -230,7 +230,7 @@ class _GraphParser:
             self._fail(op, "an op name ([A-Za-z_][A-Za-z0-9_.]*)")
         self._expect("punct", "(", f"after the op name {op.text!r}")
         inputs = [] if self._accept(")") else self._parse_uses(f"the inputs of {op.text}")
-        if op.text == KERNEL:
+        if op.text in NESTING_OPS:
             attrs, loc = self._parse_kernel()
         else:
             attrs = self._parse_attrs() if self._accept("{") else {}

@@ -38,7 +38,7 @@ are free, but each statement is one line; blank lines are ignored)::
                   symbol that a type on an earlier line or earlier on the line names
     FUNCTION   := [A-Za-z_<][A-Za-z0-9_.<>]*        -- other function names are printed as a STRING
 
-A kernel node (``kiln.ir.graph.KERNEL``) prints its attributes other than ``bodies`` on its line,
+A kernel node (``kiln.ir.graph.KERNEL``), and a loop node (``LOOP``) alike, prints its attributes other than ``bodies`` on its line,
 which ends with ``{``; each body follows, nested and indented, then ``}`` closes the node and
 carries its location::
 
@@ -73,7 +73,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import DType
-from .graph import KERNEL, Graph, Node, SourceLocation, Value
+from .graph import NESTING_OPS, Graph, Node, SourceLocation, Value
 from .types import CPU, Sym, TensorType
 
 _FUNCTION = re.compile(r"[A-Za-z_<][A-Za-z0-9_.<>]*\Z")  # plain names and <lambda>, <module>...
@@ -104,7 +104,7 @@ def _print_block(lines: list[str], keyword: str, graph: Graph, indent: str, loca
     inner = indent + "  "
     for node in graph.nodes:
         lines.append(inner + format_node(node, locations=locations))
-        if node.op == KERNEL:
+        if node.op in NESTING_OPS:
             for body in node.attrs.get("bodies", ()):
                 _print_block(lines, "body", body, inner + "  ", locations)
             closing = inner + "}"
@@ -134,7 +134,7 @@ def format_node(node: Node, *, locations: bool = True) -> str:
     the line that opens its bodies (ending with ``{``; its location goes on the closing line)."""
     outputs = ", ".join(map(format_definition, node.outputs)) if node.outputs else "()"
     text = f"{outputs} = {node.op}({', '.join(map(format_use, node.inputs))})"
-    kernel = node.op == KERNEL
+    kernel = node.op in NESTING_OPS
     attrs = [(key, value) for key, value in node.attrs.items() if not (kernel and key == "bodies")]
     if attrs:
         text += " {" + ", ".join(f"{key}={format_attr(value)}" for key, value in attrs) + "}"

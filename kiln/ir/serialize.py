@@ -12,8 +12,8 @@ product of them as its text (``"3*T"``, ``"B*T"``).
 Attribute values: ints, finite floats, bools, strings and null as themselves; the rest as
 one-key objects: ``{"float": "nan" | "inf" | "-inf"}``, ``{"dtype": "f32"}``, ``{"sym": "B"}``,
 ``{"tuple": [...]}``.
-Constant arrays are not in the JSON; ``graph_from_json`` takes them as an argument. A kernel
-node's ``bodies`` attribute is ``{"graphs": [<graph JSON>, ...]}``, each body in this same form
+Constant arrays are not in the JSON; ``graph_from_json`` takes them as an argument. A kernel (or
+loop) node's ``bodies`` attribute is ``{"graphs": [<graph JSON>, ...]}``, each body in this same form
 with its own value ids; the bodies' constants travel in the same table as the graph's, under
 qualified names (``k0/0/c1``: constant ``c1`` of body 0 of kernel ``k0``; see
 ``kiln.ir.graph.qualified_constants``).
@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from .dtypes import ALL_DTYPES, DType
-from .graph import KERNEL, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants, qualified_constants
+from .graph import NESTING_OPS, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants, qualified_constants
 from .tensor_file import TensorFileError, read_tensor_file
 from .types import Dim, Sym, TensorType, device, sym_product
 from .verifier import VerificationError, verify
@@ -92,7 +92,7 @@ def _node_to_json(node: Node) -> dict:
 
 
 def _node_attr_to_json(node: Node, key: str, value: Any) -> Any:
-    if node.op == KERNEL and key == "bodies" and isinstance(value, tuple):
+    if node.op in NESTING_OPS and key == "bodies" and isinstance(value, tuple):
         return {"graphs": [graph_to_json(body) for body in value]}
     return _attr_to_json(value)
 
@@ -144,7 +144,7 @@ class _JsonReader:
         inputs = [self.define(v, f"{p}inputs[{i}]") for i, v in enumerate(_check_list(obj["inputs"], p + "inputs"))]
         nodes = [self.node(n, f"{p}nodes[{i}]") for i, n in enumerate(_check_list(obj["nodes"], p + "nodes"))]
         outputs = [self.use(v, f"{p}outputs[{i}]") for i, v in enumerate(_check_list(obj["outputs"], p + "outputs"))]
-        kernels = {node.attrs.get("name") for node in nodes if node.op == KERNEL}
+        kernels = {node.attrs.get("name") for node in nodes if node.op in NESTING_OPS}
         own = {key: value for key, value in constants.items() if key.partition(QUALIFIER)[0] not in kernels}
         return Graph(tuple(inputs), tuple(nodes), tuple(outputs), own)
 
@@ -181,9 +181,9 @@ class _JsonReader:
         attrs = {
             key: _attr_from_json(value, f"{path}.attrs.{key}")
             for key, value in attrs_obj.items()
-            if not (op == KERNEL and key == "bodies")
+            if not (op in NESTING_OPS and key == "bodies")
         }
-        if op == KERNEL and "bodies" in attrs_obj:
+        if op in NESTING_OPS and "bodies" in attrs_obj:
             attrs["bodies"] = self.bodies(attrs_obj["bodies"], f"{path}.attrs.bodies", attrs.get("name"))
         loc = None if obj["loc"] is None else _loc_from_json(obj["loc"], f"{path}.loc")
         out_list = _check_list(obj["outputs"], f"{path}.outputs")

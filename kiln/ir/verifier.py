@@ -26,6 +26,8 @@ from .dtypes import DType
 from .graph import (
     CONSTANT,
     KERNEL,
+    LOOP,
+    NESTING_OPS,
     QUALIFIER,
     Graph,
     Node,
@@ -35,6 +37,7 @@ from .graph import (
     structure_key,
 )
 from .kernel_kinds import BodyRuleError, kernel_kind, kernel_kind_names
+from .loops import LoopRuleError, check_loop
 from .primitives import PRIMITIVES
 from .printer import format_type
 from .types import Device, Sym, SymProduct, TensorType, dim_factors
@@ -76,6 +79,8 @@ def _verify_graph(graph: Graph, body_kind: str | None) -> None:
             _check_body_op(index, node, body_kind)
         if node.op == KERNEL:
             _check_kernel_node(index, node, defined, producers, kernels)
+        elif node.op == LOOP:
+            _check_loop_node(index, node, defined, producers, kernels)
         else:
             _check_node(graph, index, node, defined, producers)
     for i, value in enumerate(graph.outputs):
@@ -99,7 +104,7 @@ def _check_symbols_bound(graph: Graph) -> None:
     bound = {d for v in graph.inputs for d in v.type.shape if isinstance(d, Sym)}
     for index, node in enumerate(graph.nodes):
         used = {s for v in node.outputs for d in v.type.shape for s in dim_factors(d)[1]}
-        if node.op != KERNEL:
+        if node.op not in NESTING_OPS:
             for value in node.attrs.values():
                 used |= _symbols_of(value)
         unbound = used - bound
@@ -313,6 +318,28 @@ def _check_kernel_node(
                     f"{where}: member {member} of the {kind} kernel is not structurally identical to member 0 "
                     "(same ops, connections, attributes, dtypes and constants; only shapes may differ)"
                 )
+    for value in node.outputs:
+        _check_value(value, where)
+        _define(defined, value, where)
+
+
+def _check_loop_node(
+    index: int, node: Node, defined: dict[int, Value], producers: dict[int, int], names: dict[str, int]
+) -> None:
+    """A loop node: its inputs defined, its name unique, its body a graph of its own, the rules of
+    ``kiln.ir.loops`` (types of the carried values, inputs and outputs)."""
+    where = _where(index, node)
+    _check_inputs(where, node, defined, producers)
+    name = node.attrs.get("name")
+    if not isinstance(name, str) or not name or QUALIFIER in name:
+        raise VerificationError(f"{where}: a loop's name is a non-empty string without {QUALIFIER!r}, got {name!r}")
+    if name in names:
+        raise VerificationError(f"{where}: name {name!r} is already used by node {names[name]}")
+    names[name] = index
+    try:
+        check_loop(node, lambda body: _verify_graph(body, None))
+    except (VerificationError, LoopRuleError) as error:
+        raise VerificationError(f"{where}: {error}") from error
     for value in node.outputs:
         _check_value(value, where)
         _define(defined, value, where)

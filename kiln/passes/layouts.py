@@ -12,7 +12,7 @@ from typing import cast
 
 import numpy as np
 
-from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
+from ..ir.graph import CONSTANT, NESTING_OPS, Graph, Node, Value
 from ..ir.primitives import PRIMITIVES
 from ..ir.primitives.movement import reshape_view
 
@@ -72,7 +72,7 @@ def infer_layouts(graph: Graph, input_strides: Sequence[tuple | None]) -> Layout
             layouts[node.output] = graph.constants[node.attrs["name"]].strides
             continue
         derived = None
-        if node.op != KERNEL and PRIMITIVES[node.op].is_view:
+        if node.op not in NESTING_OPS and PRIMITIVES[node.op].is_view:
             derived = view_strides(node, layouts[node.inputs[0]])
         for out in node.outputs:
             layouts[out] = derived if derived is not None else c_strides(static_shape(out), out.type.dtype.itemsize)

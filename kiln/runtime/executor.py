@@ -16,7 +16,8 @@ At run time a step is one of:
   that numpy gave in another layout than C order (it keeps its inputs' order), or that shares
   memory with an argument, is copied: the kernels were compiled for C order, and the memory plan
   and the in-place write-back count on only view nodes aliasing;
-- ``InterpretedKernel``: a kernel the code generator declined: its body, interpreted.
+- ``InterpretedKernel``: a kernel the code generator declined: its body, interpreted;
+- ``LoopCall``: a loop node, its body's compiled program run once per trip (``loop_call``).
 
 Intermediates live in an arena allocated once per thread (``frames.Frame``: two threads calling
 one compiled function never share one); outputs handed to the caller come from the caching host
@@ -38,11 +39,12 @@ from typing import Any, cast
 import numpy as np
 
 from ..ir.analysis import Liveness, constant_views
-from ..ir.graph import CONSTANT, KERNEL, Graph, Node, Value
+from ..ir.graph import CONSTANT, KERNEL, LOOP, Graph, Node, Value
 from ..ir.interpreter import kernel_runner, node_error
 from ..ir.primitives import PRIMITIVES, Kind
 from . import allocator, profiling, threads
 from .frames import Frame, PointerTables, data_pointer
+from .loop_call import LoopCall
 
 #: The kernel ABI: ``void kernel(void **args, int64 begin, int64 end)``.
 KERNEL_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -231,7 +233,7 @@ class InterpretedKernel:
         return f"interpreted kernel {self.node.attrs['name']}"
 
 
-Step = KernelCall | ExternCall | InterpretedKernel
+Step = KernelCall | ExternCall | InterpretedKernel | LoopCall
 
 
 # ----------------------------------------------------------------------------- the program
@@ -241,11 +243,11 @@ class CompiledProgram:
     ``kernels``: the compiled kernel nodes (others run interpreted); ``plan``: the memory plan
     (offsets of the intermediates in the arena); ``layouts``: each value's byte strides;
     ``write_backs``: graph output -> graph input whose memory it is written into; ``keep``: what
-    keeps the kernels' machine code alive.
+    keeps the kernels' machine code alive; ``loops``: each loop node's body, compiled (a program).
     """
 
     def __init__(self, graph: Graph, kernels: Mapping[Node, Kernel], plan: Any, layouts: Mapping[Value, tuple],
-                 write_backs: Mapping[int, int], keep: Any = None) -> None:  # fmt: skip
+                 write_backs: Mapping[int, int], keep: Any = None, loops: Mapping[Node, Any] | None = None) -> None:  # fmt: skip
         self.graph = graph
         self.plan = plan
         self.write_backs = dict(write_backs)
@@ -282,6 +284,9 @@ class CompiledProgram:
                 steps.append(self._kernel_call(node, position, dead, kernels[node], planned, layouts))
             elif node.op == KERNEL:
                 steps.append(InterpretedKernel(node, position, dead, slots, planned, into))
+            elif node.op == LOOP:
+                assert loops is not None and node in loops, f"loop {node.attrs['name']} has no compiled body"
+                steps.append(LoopCall(node, position, dead, slots, loops[node]))
             else:
                 steps.append(ExternCall(node, position, dead, slots, node.output in planned))
         self._steps = tuple(steps)
@@ -345,13 +350,17 @@ class CompiledProgram:
     def run_checked_inputs(self, inputs: Sequence[Any]) -> list[Any]:
         """``run`` for inputs the caller has already checked: in the traced shapes, dtypes and
         strides (a compiled call whose guards compared every captured tensor's layout)."""
-        frame = self._frame()
-        env = self._environment(frame, inputs)
         if self._needs_errstate:  # numpy kernels: inf and nan are values, not warnings
             with np.errstate(all="ignore"):
-                self._run_steps(env, frame.tables)
-        else:
-            self._run_steps(env, frame.tables)
+                return self.run_in_errstate(inputs)
+        return self.run_in_errstate(inputs)
+
+    def run_in_errstate(self, inputs: Sequence[Any]) -> list[Any]:
+        """``run_checked_inputs`` for a caller that has set numpy's error state to ignore everything
+        already (a loop's trips, inside the outer program's call)."""
+        frame = self._frame()
+        env = self._environment(frame, inputs)
+        self._run_steps(env, frame.tables)
         gather = self._gather_outputs
         outputs = list(gather(env)) if gather is not None else [env[slot] for slot in self._output_slots]
         for i in self._copy_outputs:
@@ -461,6 +470,8 @@ def _step_name(step: Step) -> tuple[str, str, int, int, tuple]:
     if isinstance(step, ExternCall):
         allocated = 0 if step.into >= 0 or not step.normalize else _nbytes(node.output)
         return f"extern {node.op}", "extern", moved, allocated, shapes
+    if isinstance(step, LoopCall):
+        return step.describe(), "loop", moved, sum(map(_nbytes, node.outputs)), shapes
     ops = list(dict.fromkeys(n.op for body in node.bodies for n in body.nodes if n.op != CONSTANT))
     fused = "+".join(ops[:4]) + ("+..." if len(ops) > 4 else "")
     if isinstance(step, KernelCall):

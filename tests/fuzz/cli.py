@@ -118,7 +118,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "--kinds",
         default="all",
         help="comma-separated kinds of programs: ops, models, optim, "
-        "pystate (tests/fuzz/kinds.py), or all (the default, mixed)",
+        "pystate, loops (tests/fuzz/kinds.py), or all (the default, mixed)",
     )
     parser.add_argument("--backend", choices=("llvm", "interpreter"), default="llvm")
     parser.add_argument("--no-shrink", action="store_true", help="report findings without shrinking them")

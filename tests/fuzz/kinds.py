@@ -3,22 +3,23 @@
 ``ops``: random op chains (generator.py, ops.py); ``layers``: the same with pooling,
 normalization, embedding and conv-epilogue ops among them (layers.py); ``models``: whole training steps (models.py);
 ``optim``: optimizers and schedulers with hyperparameters changed between calls (optimizers.py);
-``pystate``: reads and mutations of Python containers and configs (pystate.py).
+``pystate``: reads and mutations of Python containers and configs (pystate.py); ``loops``: Python
+loops over time steps and layers, which the compiler rolls into loop nodes (loops.py).
 """
 
 from __future__ import annotations
 
 import random
 
-from . import layers, models, optimizers, pystate
+from . import layers, loops, models, optimizers, pystate
 from .generator import Program
 from .generator import generate as generate_ops
 from .scenario import Scenario
 
 GENERATORS = {"ops": generate_ops, "layers": layers.generate, "models": models.generate, "optim": optimizers.generate,
-              "pystate": pystate.generate}  # fmt: skip
+              "pystate": pystate.generate, "loops": loops.generate}  # fmt: skip
 # the default mix: op programs are the cheapest and cover the most ops
-WEIGHTS = {"ops": 2, "layers": 2, "models": 1, "optim": 1, "pystate": 1}
+WEIGHTS = {"ops": 2, "layers": 2, "models": 1, "optim": 1, "pystate": 1, "loops": 1}
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:

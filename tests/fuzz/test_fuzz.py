@@ -2,7 +2,7 @@
 
 The op programs' profile size comes from ``KILN_FUZZ_PROGRAMS`` (default 300 under CI=true, 100
 otherwise; 0 skips it and the other kinds' profiles); ``-m "not fuzz"`` deselects them. The other
-kinds (layers, models, optim, pystate) run ``NEW_KINDS`` programs each. The large profile runs from
+kinds (layers, models, optim, pystate, loops) run ``NEW_KINDS`` programs each. The large profile runs from
 the command line: ``python -m tests.fuzz --programs 10000``.
 """
 
@@ -15,7 +15,7 @@ import pytest
 from .cli import fuzz, program_seeds
 
 # programs per kind in CI: about 30 s together on 2 cores (measured: see the commit)
-NEW_KINDS = {"layers": 30, "models": 8, "optim": 24, "pystate": 40}
+NEW_KINDS = {"layers": 30, "models": 8, "optim": 24, "pystate": 40, "loops": 10}  # loops: about 3 s each
 # Classes of findings that other branches of issue 35 fix. A new kind's test whose findings are all
 # of these classes calls pytest.xfail (as xfail(strict=False) would, but a finding of any other
 # class still fails it, and a clean run passes). Remove an entry when its fix is merged.
@@ -46,7 +46,7 @@ def known_bug(key: str) -> str | None:
 @pytest.mark.skipif(profile_size() == 0, reason="KILN_FUZZ_PROGRAMS=0")
 @pytest.mark.parametrize("kind", sorted(NEW_KINDS))
 def test_new_kinds_match_eager(kind):
-    """Layers, whole models, optimizers and Python state: no finding but the known bugs' (xfail)."""
+    """Layers, whole models, optimizers, Python state and loops: no finding but the known bugs' (xfail)."""
     summary = fuzz(program_seeds(NEW_KINDS[kind], 0, "0/1"), kinds=(kind,), shrink_per_kind=2, shrink_budget=8)
     unknown = [key for key in summary.classes if known_bug(key) is None]
     if unknown:

@@ -11,7 +11,7 @@ from .kinds import GENERATORS, from_source, generate, parse_kinds
 from .runner import run
 from .stateful import differences, view
 
-SCENARIO_KINDS = ("models", "optim", "pystate")
+SCENARIO_KINDS = ("models", "optim", "pystate", "loops")
 
 
 @pytest.mark.parametrize("kind", sorted(GENERATORS))

@@ -54,6 +54,7 @@ class LLVMBackend:
 
     name = "llvm"
     stages: tuple[str, ...] = ("fuse", "infer_layouts", "choose_write_backs", "plan_memory")
+    runs_loops = True  # loop nodes run their bodies' programs (``kiln.runtime.loop_call``)
 
     def declines(self, node: Node) -> str | None:
         for v in (*node.inputs, *node.outputs):
@@ -118,7 +119,8 @@ class LLVMBackend:
             node = nodes[position]
             function = KERNEL_TYPE(library.address(info.symbol))
             kernels[node] = Kernel(function, info.extent, info.work_bytes, status=node.op in STATUS_OPS)
-        return CompiledProgram(lowered.graph, kernels, lowered.plan, lowered.layouts, lowered.write_backs, library)
+        return CompiledProgram(lowered.graph, kernels, lowered.plan, lowered.layouts, lowered.write_backs, library,
+                               loops=lowered.loops)  # fmt: skip
 
     def encode(self, code: LLVMCode) -> bytes:
         kernels = [[p, k.symbol, k.extent, k.work_bytes] for p, k in code.kernels.items()]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...ir.dot import BREAK_COLOR, digraph, dot_statements, quote
-from ...ir.graph import CONSTANT, KERNEL, Graph, Node, Value
+from ...ir.graph import CONSTANT, KERNEL, LOOP, Graph, Node, Value
 from ...ir.printer import format_type
 from ...passes.memory_picture import memory_plan_dot
 from ...passes.memory_plan import format_bytes
@@ -338,13 +338,15 @@ def _describe_specialization(i: int, spec, reason: str, guards: list[str]) -> li
     if grads:
         lines.append(f"  sets .grad of {len(grads)} input(s)")
     kernels = [node for node in graph.nodes if node.op == KERNEL]
-    primitives = Counter(node.op for node in graph.nodes if node.op not in (KERNEL, CONSTANT))
+    primitives = Counter(node.op for node in graph.nodes if node.op not in (KERNEL, CONSTANT, LOOP))
+    loops = sum(node.op == LOOP for node in graph.nodes)  # each body's kernels: the report's loop lines
     # what the backend left to eager kernels; the rest it compiled as functions of their own (unfold, take...)
     eager = Counter(spec.report.externs) if spec.report is not None else primitives
     native = primitives - eager
     compiled = f"{sum(native.values())} compiled primitive(s), " if native else ""
+    rolled = f"{loops} loop(s), " if loops else ""
     lines.append(f"  nodes:   {traced} traced -> {len(graph.nodes)} after the passes: {len(kernels)} kernel(s), "
-                 f"{compiled}{sum(eager.values())} node(s) on eager kernels")  # fmt: skip
+                 f"{rolled}{compiled}{sum(eager.values())} node(s) on eager kernels")  # fmt: skip
     lines.extend(f"    {line}" for line in _runs_of_kernels(kernels))
     if native:
         lines.append("    compiled primitives: " + ", ".join(f"{op} x{c}" for op, c in sorted(native.items())))
