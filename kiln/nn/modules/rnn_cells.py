@@ -1,7 +1,7 @@
 """One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share.
 
-Eagerly on the CPU a cell's step is the fused layer (``nn/_rnn.py``) over one time step: one autograd
-node instead of a dozen; traces, autocast and other devices run the step functions below.
+A cell's step is the ``rnn_scan`` primitive over one time step (``nn/_rnn.py``), eagerly and traced:
+one autograd node instead of a dozen; autocast and other dtypes run the step functions below.
 """
 
 from __future__ import annotations
@@ -125,13 +125,12 @@ class RNNCellBase(Module):
         return F.linear(x, self.weight_ih, self.bias_ih)
 
     def _fused_step(self, mode: str, x, states: list):
-        """The new state tuple from the fused layer over one step, or None where it does not apply."""
+        """The new state tuple from ``rnn_scan`` over one step, or None where it does not apply."""
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         steps = x.unsqueeze(0)
         if not _rnn.fusable(steps, [*states, *weights]):
             return None
-        _, (state,) = _rnn.fused_layer(mode, steps, [tuple(states)], [weights])
-        return state
+        return _rnn.scan_direction(mode, steps, tuple(states), weights, reverse=False)[1]
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
