@@ -59,18 +59,20 @@ def scan_direction(mode: str, x, state: tuple, weights: tuple, reverse: bool):
     """One direction: (its output (T, B, H), its final state tuple)."""
     w_ih, w_hh, b_ih, b_hh = weights
     hidden = w_hh.shape[1]
-    extra = []
-    if mode == "GRU":  # b_hh's n block is added after the reset gate, inside the recurrence
-        b_hn = b_hh[2 * hidden :] if b_hh is not None else kiln.zeros(hidden, dtype=x.dtype, device=x.device)
-        bias = None if b_ih is None else b_ih + F.pad(b_hh[: 2 * hidden], (0, hidden))
-        extra = [b_hn]
+    gates = w_hh.shape[0]
+    zeros = lambda n: kiln.zeros(n, dtype=x.dtype, device=x.device)  # noqa: E731
+    if b_ih is None:
+        bias, b_hn = zeros(gates), zeros(hidden)
+    elif mode == "GRU":  # b_hh's n block is added after the reset gate, inside the recurrence
+        bias, b_hn = b_ih + F.pad(b_hh[: 2 * hidden], (0, hidden)), b_hh[2 * hidden :]
     else:
-        bias = None if b_ih is None else b_ih + b_hh
-    gx = F.linear(x, w_ih, bias)
-    packed = apply(_SCAN, gx, *state, w_hh, *extra, mode=mode, reverse=reverse)
+        bias, b_hn = b_ih + b_hh, None
+    gx = kiln.matmul(x, w_ih.transpose(0, 1))
+    extra = [b_hn] if mode == "GRU" else []
+    packed = apply(_SCAN, gx, bias, *state, w_hh, *extra, mode=mode, reverse=reverse)
     layout = ScanLayout(mode, hidden)
-    visible = packed.narrow(-1, *layout.visible)  # one view: its gradient is padded to the full width once
     # new memory, not a view of what the backward reads: changing it in place leaves the gradient alone
-    out = visible.narrow(-1, *layout.out(0)).contiguous()
-    final = tuple(visible.narrow(-1, *layout.final(s)).sum(0) for s in range(layout.states))
+    out = packed.narrow(-1, *layout.out(0)).contiguous()
+    # each a view of its own: a final state that no loss reads pads no gradient to the packed width
+    final = tuple(packed.narrow(-1, *layout.final(s)).sum(0) for s in range(layout.states))
     return out, final

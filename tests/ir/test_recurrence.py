@@ -11,7 +11,7 @@ import kiln
 from kiln.frontend.dispatch import apply
 from kiln.ir.dtypes import float32, float64
 from kiln.ir.primitives import P
-from kiln.ir.primitives.recurrence import _scan_args
+from kiln.ir.primitives.recurrence import _INPUTS, _scan_args
 from kiln.ir.primitives.recurrence_layout import MODES, ScanLayout
 from kiln.ir.types import Sym, TensorType
 from tests.conftest import assert_close
@@ -31,7 +31,7 @@ class _OtherNamespace:
 def test_step_code_equals_numpy_kernels(mode, reverse):
     rng = np.random.default_rng(0)
     args = _scan_args(rng, mode, 6, 3, 5)
-    w_hh = args[2 if mode == "GRU" else len(args) - 1]
+    w_hh = args[_INPUTS[mode].index("w_hh")]
     fast = SCAN.eager(np, *args, mode=mode, reverse=reverse)
     steps = SCAN.eager(_OtherNamespace(), *args, mode=mode, reverse=reverse)
     np.testing.assert_allclose(steps, fast, rtol=1e-12, atol=1e-14)
@@ -46,7 +46,7 @@ def test_no_steps_give_empty_results():
         args = _scan_args(np.random.default_rng(1), "LSTM", 0, 2, 3)
         out = SCAN.eager(xp, *args, mode="LSTM", reverse=False)
         assert out.shape == (0, 2, ScanLayout("LSTM", 3).width)
-        back = BACKWARD.eager(xp, out, args[3], out, mode="LSTM", reverse=True)
+        back = BACKWARD.eager(xp, out, args[_INPUTS["LSTM"].index("w_hh")], out, mode="LSTM", reverse=True)
         assert back.shape == (0, 2, ScanLayout("LSTM", 3).grad_width)
 
 
@@ -55,7 +55,7 @@ def test_layout_by_hand_for_a_two_step_elman_rnn():
     rng = np.random.default_rng(2)
     gx, h0, w = rng.normal(size=(2, 1, 2)), rng.normal(size=(1, 2)), rng.normal(size=(2, 2))
     for reverse in (False, True):
-        packed = SCAN.eager(np, gx, h0, w, mode="RNN_TANH", reverse=reverse)
+        packed = SCAN.eager(np, gx, np.zeros(2), h0, w, mode="RNN_TANH", reverse=reverse)
         first, second = (1, 0) if reverse else (0, 1)
         h1 = np.tanh(gx[first] + h0 @ w.T)
         h2 = np.tanh(gx[second] + h1 @ w.T)
@@ -69,29 +69,30 @@ def test_layout_by_hand_for_a_two_step_elman_rnn():
 def test_shape_rules_keep_symbolic_steps_and_batch(mode):
     steps, batch = Sym("T"), Sym("B")
     hidden, gates = 3, {"LSTM": 12, "GRU": 9}.get(mode, 3)
-    types = [TensorType((steps, batch, gates), float32), TensorType((batch, hidden), float32)]
-    types += {"LSTM": [TensorType((batch, hidden), float32), TensorType((gates, hidden), float32)],
-              "GRU": [TensorType((gates, hidden), float32), TensorType((hidden,), float32)]}.get(
-        mode, [TensorType((gates, hidden), float32)])  # fmt: skip
+    shapes = {"gx": (steps, batch, gates), "bias": (gates,), "h0": (batch, hidden), "c0": (batch, hidden),
+              "w_hh": (gates, hidden), "b_hn": (hidden,)}  # fmt: skip
+    types = [TensorType(shapes[name], float32) for name in _INPUTS[mode]]
     layout = ScanLayout(mode, hidden)
     out = SCAN.infer(*types, mode=mode, reverse=True)
     assert out.shape == (steps, batch, layout.width)
-    back = BACKWARD.infer(out, types[3 if mode == "LSTM" else 2], out, mode=mode, reverse=True)
+    back = BACKWARD.infer(out, types[_INPUTS[mode].index("w_hh")], out, mode=mode, reverse=True)
     assert back.shape == (steps, batch, layout.grad_width)
 
 
 def test_shape_rule_errors_say_what_was_expected():
     f32 = lambda *shape: TensorType(shape, float32)  # noqa: E731
     with pytest.raises(RuntimeError, match=r"expected w_hh of shape \[4 \* hidden, hidden\], got \[8, 3\]"):
-        SCAN.infer(f32(5, 2, 12), f32(2, 3), f32(2, 3), f32(8, 3), mode="LSTM", reverse=False)
+        SCAN.infer(f32(5, 2, 12), f32(12), f32(2, 3), f32(2, 3), f32(8, 3), mode="LSTM", reverse=False)
     with pytest.raises(RuntimeError, match=r"expected h0 of shape \[2, 3\], got \[4, 3\]"):
-        SCAN.infer(f32(5, 2, 3), f32(4, 3), f32(3, 3), mode="RNN_TANH", reverse=False)
-    with pytest.raises(TypeError, match=r"takes 4 inputs \(gx, h0, w_hh, b_hn\), got 3"):
-        SCAN.infer(f32(5, 2, 9), f32(2, 3), f32(9, 3), mode="GRU", reverse=False)
+        SCAN.infer(f32(5, 2, 3), f32(3), f32(4, 3), f32(3, 3), mode="RNN_TANH", reverse=False)
+    with pytest.raises(RuntimeError, match=r"expected bias of shape \[9\], got \[3\]"):
+        SCAN.infer(f32(5, 2, 9), f32(3), f32(2, 3), f32(9, 3), f32(3), mode="GRU", reverse=False)
+    with pytest.raises(TypeError, match=r"takes 5 inputs \(gx, bias, h0, w_hh, b_hn\), got 4"):
+        SCAN.infer(f32(5, 2, 9), f32(9), f32(2, 3), f32(9, 3), mode="GRU", reverse=False)
     with pytest.raises(TypeError, match="one dtype on one device.*h0: float64"):
-        SCAN.infer(f32(5, 2, 3), TensorType((2, 3), float64), f32(3, 3), mode="RNN_RELU", reverse=False)
+        SCAN.infer(f32(5, 2, 3), f32(3), TensorType((2, 3), float64), f32(3, 3), mode="RNN_RELU", reverse=False)
     with pytest.raises(ValueError, match="mode must be one of LSTM, GRU, RNN_TANH, RNN_RELU, got 'gru'"):
-        SCAN.infer(f32(5, 2, 9), f32(2, 3), f32(9, 3), f32(3), mode="gru", reverse=False)
+        SCAN.infer(f32(5, 2, 9), f32(9), f32(2, 3), f32(9, 3), f32(3), mode="gru", reverse=False)
     with pytest.raises(RuntimeError, match=r"expected g of shape \[5, 2, 4\]"):
         BACKWARD.infer(f32(5, 2, 4), f32(1, 1), f32(5, 2, 3), mode="RNN_TANH", reverse=False)
 

@@ -1,12 +1,13 @@
 """The recurrence of one direction of one RNN layer: ``rnn_scan`` and its backward, ``rnn_scan_backward``.
 
-``rnn_scan(gx, h0[, c0], w_hh[, b_hn], mode=, reverse=)`` runs ``mode``'s cell (``LSTM``, ``GRU``,
-``RNN_TANH``, ``RNN_RELU``) over the time steps of ``gx`` (T, B, G H), the input projection
-``x W_ih^T`` plus the biases that add to it (an LSTM's and an RNN's ``b_ih + b_hh``, a GRU's ``b_ih``
-plus ``b_hh``'s r and z blocks), from the initial states ``h0`` (and an LSTM's ``c0``), (B, H), with
-the recurrent weight ``w_hh`` (G H, H) and a GRU's ``b_hn`` (H), the n block of ``b_hh`` that the
-reset gate scales. ``reverse`` runs from the last step to the first. The frontend computes ``gx``
-with ordinary ops (one product over all steps), so a traced layer is a few nodes whatever T.
+``rnn_scan(gx, bias, h0[, c0], w_hh[, b_hn], mode=, reverse=)`` runs ``mode``'s cell (``LSTM``,
+``GRU``, ``RNN_TANH``, ``RNN_RELU``) over the time steps of ``gx`` (T, B, G H), the input projection
+``x W_ih^T``, plus ``bias`` (G H: the biases that add to it, an LSTM's and an RNN's ``b_ih + b_hh``, a
+GRU's ``b_ih`` plus ``b_hh``'s r and z blocks), from the initial states ``h0`` (and an LSTM's ``c0``),
+(B, H), with the recurrent weight ``w_hh`` (G H, H) and a GRU's ``b_hn`` (H), the n block of ``b_hh``
+that the reset gate scales. ``reverse`` runs from the last step to the first. The frontend computes
+``gx`` with one traced product over all steps, so a traced layer is a few nodes whatever T; the
+bias is added as the kernel copies ``gx`` into its output, which costs no pass of its own.
 
 A primitive has one output: ``rnn_scan``'s packs, per step, the states after and before it, the
 final states, the gate activations and what the backward needs besides (``recurrence_layout.py``);
@@ -34,8 +35,13 @@ from . import recurrence_numpy as fast
 from . import recurrence_steps as steps
 from .recurrence_layout import GATES, MODES, ScanLayout
 
-#: The inputs of ``rnn_scan`` by mode, after ``gx`` and ``h0``.
-_INPUTS = {"LSTM": ("c0", "w_hh"), "GRU": ("w_hh", "b_hn"), "RNN_TANH": ("w_hh",), "RNN_RELU": ("w_hh",)}
+#: The inputs of ``rnn_scan`` by mode.
+_INPUTS = {
+    "LSTM": ("gx", "bias", "h0", "c0", "w_hh"),
+    "GRU": ("gx", "bias", "h0", "w_hh", "b_hn"),
+    "RNN_TANH": ("gx", "bias", "h0", "w_hh"),
+    "RNN_RELU": ("gx", "bias", "h0", "w_hh"),
+}
 
 
 def _check_mode(op: str, mode) -> None:
@@ -44,7 +50,7 @@ def _check_mode(op: str, mode) -> None:
 
 
 def _named(op: str, mode: str, types: tuple) -> dict:
-    names = ("gx", "h0", *_INPUTS[mode])
+    names = _INPUTS[mode]
     if len(types) != len(names):
         raise TypeError(f"{op}[mode={mode}] takes {len(names)} inputs ({', '.join(names)}), got {len(types)}")
     return dict(zip(names, types, strict=True))
@@ -83,24 +89,25 @@ def _scan_infer(*types: TensorType, mode: str, reverse: bool) -> TensorType:
     for name in ("h0", "c0"):
         if name in named:
             _expect("rnn_scan", name, named[name], (batch, hidden))
+    _expect("rnn_scan", "bias", named["bias"], (GATES[mode] * hidden,))
     if "b_hn" in named:
         _expect("rnn_scan", "b_hn", named["b_hn"], (hidden,))
     return TensorType((steps_, batch, ScanLayout(mode, hidden).width), first.dtype, first.device)
 
 
-def _scan_eager(xp, gx, h0, *rest, mode: str, reverse: bool):
-    named = dict(zip(_INPUTS[mode], rest, strict=True))
-    c0, w_hh, b_hn = named.get("c0"), named["w_hh"], named.get("b_hn")
+def _scan_eager(xp, *arrays, mode: str, reverse: bool):
+    a = dict(zip(_INPUTS[mode], arrays, strict=True))
+    args = (a["gx"], a["bias"], a["h0"], a.get("c0"), a["w_hh"], a.get("b_hn"))
     if xp is np:
-        return fast.scan(gx, h0, c0, w_hh, b_hn, mode=mode, reverse=reverse)
-    if gx.shape[0] == 0:
-        return xp.zeros((0, gx.shape[1], ScanLayout(mode, w_hh.shape[1]).width), dtype=gx.dtype)
-    return steps.scan(steps.xp_ops(xp), gx, h0, c0, w_hh, b_hn, mode=mode, reverse=reverse)
+        return fast.scan(*args, mode=mode, reverse=reverse)
+    if a["gx"].shape[0] == 0:
+        return xp.zeros((0, a["gx"].shape[1], ScanLayout(mode, a["w_hh"].shape[1]).width), dtype=a["gx"].dtype)
+    return steps.scan(steps.xp_ops(xp), *args, mode=mode, reverse=reverse)
 
 
 def _scan_vjp(ops, c, g):
     mode, reverse = c.attrs["mode"], c.attrs["reverse"]
-    named = dict(zip(("gx", "h0", *_INPUTS[mode]), range(len(c.input_types)), strict=True))
+    named = dict(zip(_INPUTS[mode], range(len(c.input_types)), strict=True))
     w_hh, packed = c.inputs[named["w_hh"]], c.output
     layout = ScanLayout(mode, w_hh.shape[1])
     if ops.is_grad_enabled():  # create_graph: a backward that autograd can differentiate again
@@ -110,7 +117,7 @@ def _scan_vjp(ops, c, g):
     # contiguous once: the products of the frontend's projection (dx, dW_ih) and dW_hh's read it whole
     dz = ops.contiguous(ops.narrow(back, -1, *layout.dz))
     dz_hh = ops.contiguous(ops.narrow(back, -1, *layout.dz_hh)) if mode == "GRU" else dz
-    grads = {"gx": dz}
+    grads = {"gx": dz, "bias": ops.sum(dz, (0, 1)) if c.needs_input_grad[1] else None}
     for s, name in enumerate(("h0", "c0")[: layout.states]):
         grads[name] = ops.sum(ops.narrow(back, -1, *layout.initial(s)), 0)
     # dW_hh = sum over steps and batch of dz_hh^T h_prev: one product with both folded into its rows
@@ -123,20 +130,18 @@ def _scan_vjp(ops, c, g):
     return tuple(grads[name] if needs[k] else None for name, k in named.items())
 
 
-def _scan_reference(torch, gx, h0, *rest, mode: str, reverse: bool):
-    named = dict(zip(_INPUTS[mode], rest, strict=True))
-    return steps.scan(steps.torch_ops(torch), gx, h0, named.get("c0"), named["w_hh"], named.get("b_hn"),
-                      mode=mode, reverse=reverse)  # fmt: skip
+def _scan_reference(torch, *tensors, mode: str, reverse: bool):
+    a = dict(zip(_INPUTS[mode], tensors, strict=True))
+    args = (a["gx"], a["bias"], a["h0"], a.get("c0"), a["w_hh"], a.get("b_hn"))
+    return steps.scan(steps.torch_ops(torch), *args, mode=mode, reverse=reverse)
 
 
 def _scan_args(rng, mode: str, steps_: int, batch: int, hidden: int) -> tuple:
+    """Arguments of ``rnn_scan`` in ``_INPUTS[mode]``'s order, small enough that no gate saturates."""
     gates = GATES[mode] * hidden
-    n = lambda *shape: rng.normal(size=shape) * 0.6  # noqa: E731 - small: no saturated gates
-    args = [n(steps_, batch, gates), n(batch, hidden)]
-    args += {"LSTM": [n(batch, hidden), n(gates, hidden)], "GRU": [n(gates, hidden), n(hidden)]}.get(
-        mode, [n(gates, hidden)]
-    )
-    return tuple(args)
+    shapes = {"gx": (steps_, batch, gates), "bias": (gates,), "h0": (batch, hidden), "c0": (batch, hidden),
+              "w_hh": (gates, hidden), "b_hn": (hidden,)}  # fmt: skip
+    return tuple(rng.normal(size=shapes[name]) * 0.6 for name in _INPUTS[mode])
 
 
 def _scan_samples(rng):
@@ -189,7 +194,7 @@ def _backward_samples(rng):
         for reverse in (False, True):
             args = _scan_args(rng, mode, 3, 2, 2)
             packed = _scan_eager(np, *args, mode=mode, reverse=reverse)
-            w_hh = args[len(args) - 1 if mode != "GRU" else 2]
+            w_hh = args[_INPUTS[mode].index("w_hh")]
             samples.append(Sample((packed, w_hh, rng.normal(size=packed.shape)), {"mode": mode, "reverse": reverse}))
     return samples
 

@@ -12,9 +12,6 @@ along the last axis, for step t:
 - ``gates``: the gate activations (G H: an LSTM's i, f, g, o; a GRU's r, z, n; an RNN's output);
 - ``extra`` (LSTM and GRU, H): an LSTM's tanh(c), a GRU's h W_hn^T + b_hn.
 
-``out`` and ``final`` come first, so that the frontend reads everything it returns through one
-view, whose gradient is padded to the full width once.
-
 ``rnn_scan_backward``'s output is (T, B, ``grad_width``): ``dz``, the gradient of each step's gate
 pre-activations (G H); a GRU's ``dz_hh`` (G H), that of h W_hh^T + b_hh, which differs from ``dz`` in
 the n block (the reset gate scales it); then ``initial``: the gradients of the initial states, in the
@@ -60,11 +57,6 @@ class ScanLayout:
 
     def prev(self, k: int) -> Span:
         return self._state(2, k)
-
-    @property
-    def visible(self) -> Span:
-        """``out`` and ``final``: what the frontend returns."""
-        return (0, 2 * self.states * self.hidden)
 
     @property
     def gate_span(self) -> Span:

@@ -38,7 +38,7 @@ def _blocks(a, layout: ScanLayout):
 
 
 # ----------------------------------------------------------------------------- the forward
-def scan(gx, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
+def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
     """The packed output of ``rnn_scan`` (``c0`` for an LSTM, ``b_hn`` for a GRU, else None)."""
     steps, batch, _ = gx.shape
     layout = ScanLayout(mode, w_hh.shape[1])
@@ -47,7 +47,7 @@ def scan(gx, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     gates = _blocks(_part(out, layout.gate_span), layout)
-    gates[...] = gx.reshape(gates.shape)
+    np.add(gx.reshape(gates.shape), bias.reshape(gates.shape[2:]), out=gates)
     hs = _part(out, layout.out(0))
     if mode == "LSTM":
         lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T)

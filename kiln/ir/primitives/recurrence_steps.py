@@ -63,7 +63,7 @@ def _order(steps: int, reverse: bool) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- the forward
-def scan(ns: ArrayOps, gx, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
+def scan(ns: ArrayOps, gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
     """``rnn_scan``'s packed output (T >= 1)."""
     layout = ScanLayout(mode, w_hh.shape[1])
     order = _order(gx.shape[0], reverse)
@@ -72,7 +72,7 @@ def scan(ns: ArrayOps, gx, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
     state = (h0, c0)[: layout.states]
     rows: list = [None] * len(order)
     for t in order:
-        gates, extra, new = step(ns, gx[t], state, w_t, b_hn, layout)
+        gates, extra, new = step(ns, gx[t] + bias, state, w_t, b_hn, layout)
         rows[t] = (new, state, gates, extra)
         state = new
     last = order[-1]
