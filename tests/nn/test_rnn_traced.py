@@ -186,3 +186,26 @@ def test_onnx_export_of_an_elman_rnn_records_per_step_ops(tmp_path):
         want = model(x)
     assert_close(kiln.from_numpy(got[0]), want[0], rtol=1e-5, atol=1e-6)
     assert "rnn_scan" in [node.op for node in kiln.export(model, x).graph.nodes]
+
+
+def test_a_subclass_with_its_own_step_runs_that_step():
+    """``RNNBase._step`` overridden: the layer runs the subclass's step (the per-step ops), not rnn_scan,
+    eagerly and compiled (the fused path before ignored an override)."""
+
+    class HalvedRNN(nn.RNN):
+        def _step(self, gx, state, w_hh, b_hh):
+            (h,) = super()._step(gx, state, w_hh, b_hh)
+            return (h * 0.5,)
+
+    kiln.manual_seed(6)
+    model = HalvedRNN(3, 4, dtype=kiln.float64)
+    x = kiln.from_numpy(np.random.default_rng(7).standard_normal((5, 2, 3)))
+    w_ih, w_hh, b_ih, b_hh = (p.detach().numpy() for p in model.parameters())
+    h, want = np.zeros((2, 4)), []
+    for t in range(5):
+        h = 0.5 * np.tanh(x.numpy()[t] @ w_ih.T + b_ih + h @ w_hh.T + b_hh)
+        want.append(h)
+    compiled = kiln.compile(lambda x: model(x)[0])
+    for run in (lambda x: model(x)[0], compiled, compiled):
+        assert_close(run(x), np.stack(want), rtol=1e-12, atol=1e-12)
+    assert "rnn_scan" not in _traced_ops(compiled)

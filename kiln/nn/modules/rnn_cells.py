@@ -62,8 +62,9 @@ def step_function(mode: str):
 
 
 def decomposed_direction(step, x, state, weights, reverse: bool):
-    """One direction of one layer as per-step ops (what traces record): ``x`` (T, B, in), ``state``
-    a tuple of (B, H) tensors, ``weights`` (w_ih, w_hh, b_ih, b_hh). Returns (output (T, B, H), state)."""
+    """One direction of one layer as per-step ops (under autocast, in ONNX export's trace, for a custom
+    step): ``x`` (T, B, in), ``state`` a tuple of (B, H) tensors, ``weights`` (w_ih, w_hh, b_ih, b_hh).
+    Returns (output (T, B, H), state)."""
     w_ih, w_hh, b_ih, b_hh = weights
     # The input projection for all time steps at once; only the recurrence is sequential.
     gates_x = F.linear(x, w_ih, b_ih)
