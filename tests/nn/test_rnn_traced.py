@@ -23,27 +23,29 @@ OPTIONS = {
     "2 layers, bidirectional, states": dict(num_layers=2, bidirectional=True, states=True),
     "batch_first, no bias": dict(num_layers=1, batch_first=True, bias=False, states=True),
     "2 layers, batch_first": dict(num_layers=2, batch_first=True),
+    "unbatched, bidirectional, states": dict(num_layers=1, bidirectional=True, states=True, unbatched=True),
 }
 
 
 def _module(mode: str, options: dict, dtype):
     cls, extra = MODES[mode]
     kiln.manual_seed(0)
-    options = {k: v for k, v in options.items() if k != "states"}
+    options = {k: v for k, v in options.items() if k not in ("states", "unbatched")}
     return cls(3, 4, **extra, **options, dtype=dtype)
 
 
 def _batches(mode: str, options: dict, dtype, calls: int, steps: int = 5) -> list:
     """Per call: (x, states or None), fresh leaves requiring grad."""
     rng = np.random.default_rng(1)
-    lead = (2, steps) if options.get("batch_first") else (steps, 2)
+    batch = () if options.get("unbatched") else (2,)
+    lead = (*batch, steps) if options.get("batch_first") else (steps, *batch)
     rows = options["num_layers"] * (2 if options.get("bidirectional") else 1)
     out = []
     for _ in range(calls):
         x = kiln.from_numpy(rng.standard_normal((*lead, 3)).astype(dtype)).requires_grad_()
         states = None
         if options.get("states"):
-            states = [kiln.from_numpy(rng.standard_normal((rows, 2, 4)).astype(dtype)).requires_grad_()
+            states = [kiln.from_numpy(rng.standard_normal((rows, *batch, 4)).astype(dtype)).requires_grad_()
                       for _ in range(2 if mode == "LSTM" else 1)]  # fmt: skip
         out.append((x, states))
     return out
