@@ -1,47 +1,56 @@
-"""One direction of one layer of ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (or one step of a cell) as the
-``rnn_scan`` primitive (``kiln/ir/primitives/recurrence.py``), eagerly and traced alike.
+"""One layer of ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (one or both directions, or one step of a cell) as
+one fused computation per direction, on the recurrence kernels of ``kiln/ir/primitives``.
 
 As PyTorch's native RNN kernels do: the input projection of all time steps is one matmul (biases
-added once), the recurrence runs as one node (numpy's in-place kernels on the CPU), and its
-backward runs through time in one node too, then computes ``dW_hh`` as one product over all steps
-(``dW_ih`` and ``dx`` are the projection's own gradients, one product each). A traced layer is a few
-nodes whatever the sequence's length, so its compile time does not grow with it.
+added once), the recurrence runs the gate math in place (``recurrence_numpy.py``), and its backward
+runs through time and then computes ``dW_ih``, ``dW_hh`` and ``dx`` as one matmul each over all steps.
+Two wrappers share those kernels:
 
-``fusable`` says when a module may take this path: float32/float64 inputs of one dtype and device,
-at least one step and one sequence, outside autocast (which lowers each product's inputs to
-bfloat16: the per-step ops do that) and outside ``kiln.onnx.export``'s trace (which writes the
-per-step ops, or ONNX's own LSTM and GRU operators, for ONNX has no ``rnn_scan``). Under
-``create_graph`` the primitive's VJP differentiates kiln ops, so higher-order gradients stay exact.
+- traced (``kiln.compile``, ``kiln.export``) and on devices other than the CPU: the ``rnn_scan``
+  primitive (``scan_direction``), so a traced layer is a few nodes whatever the sequence's length;
+- eagerly on the CPU: ``_FusedLayer``, one autograd node per layer over plain contiguous arrays. The
+  primitive's one packed output costs an eager call more (its copies, the padding of its gradient
+  to the packed width, a few more autograd nodes: about 25% of an LSTM LM step), which this avoids.
+  Its backward under ``create_graph`` (or when traced) differentiates the primitive's path instead,
+  whose VJP is exact to any order.
+
+``fusable`` says when a module may take either: float32/float64 inputs of one dtype and device, at
+least one step and one sequence, outside autocast (which lowers each product's inputs to bfloat16:
+the per-step ops do that) and outside ``kiln.onnx.export``'s trace (which writes the per-step ops,
+or ONNX's own LSTM and GRU operators, for ONNX has no ``rnn_scan``).
 
 Measured (compile_cost's 2-layer LSTM LM step, V=500, H=128, B=16, T=35, SGD + clipping, one
 thread, on a busy shared 2-core machine): a traced step is 284 nodes at T=35 and at T=350 (the
-per-step ops: 5,062 and 48,532); a cold compile took 0.4-2.5 s (per-step ops: 8.8 s) and its
-passes and code generation the same time at T=350 (1.2-1.4 s), what grows being the traced first
-call's own run of the step. Per step (CPU time), against the fused layer and per-step traces this
-replaced: eager 22-24 ms (was 16-20 ms), compiled 20-21 ms (was 13-17 ms): numpy's step kernels,
-the packed output's copies and its gradient's padding cost more than the per-step kernels that
-LLVM fused; a compiled step kernel for the recurrence is what would win that back.
+per-step ops: 5,062 and 48,532); a cold compile took 0.4-2.5 s (per-step ops: 8.8 s), its passes
+and code generation the same time at T=350 (1.2-1.4 s), what grows being the traced first call's
+own run of the step. The compiled step (20-21 ms of CPU) is slower than the per-step program LLVM
+fused (13-17 ms): numpy's step kernels and the packed output's copies cost more than LLVM's fused
+per-step kernels; a compiled step kernel for the recurrence is what would win that back.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
 
 import kiln
 from kiln.frontend import autocast
 from kiln.frontend.dispatch import apply
 from kiln.frontend.jit import state as _jit
 from kiln.ir.primitives import P
-from kiln.ir.primitives.recurrence_layout import ScanLayout
+from kiln.ir.primitives import recurrence_numpy as kernels
+from kiln.ir.primitives.recurrence_layout import GATES, ScanLayout
 
 from . import functional as F
 
-__all__ = ["fusable", "fused_layer", "scan_direction"]
+__all__ = ["fusable", "eager_on_cpu", "fused_layer", "scan_direction"]
 
 _SCAN = P["rnn_scan"]
 
 
 def fusable(x, tensors) -> bool:
-    """Whether a layer over ``x`` (T, B, in) with these weights and states may run as ``rnn_scan``
-    (see the module docs)."""
+    """Whether a layer over ``x`` (T, B, in) with these weights and states may run fused (see the module docs)."""
     if autocast.state.any or _jit.per_step_recurrences.get():
         return False
     dtype, device = x.dtype, x.device
@@ -50,10 +59,33 @@ def fusable(x, tensors) -> bool:
     return all(t.dtype == dtype and t.device == device for t in tensors if t is not None)
 
 
+def _tracing() -> bool:
+    return bool(_jit.tracing) and _jit.current.get() is not None
+
+
+def eager_on_cpu(x) -> bool:
+    """Whether a fusable layer over ``x`` runs as ``_FusedLayer`` (else as ``rnn_scan``)."""
+    return x.device.type == "cpu" and not _tracing()
+
+
 def fused_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
     """One layer: ``x`` (T, B, in); per direction its state tuple ((h,) or (h, c), each (B, H)) and
     weights (w_ih, w_hh, b_ih, b_hh; biases may be None). Returns the output (T, B, D H) and the
     final state tuple of each direction."""
+    if not eager_on_cpu(x):
+        return _scanned_layer(mode, x, states, weights)
+    has_bias = weights[0][2] is not None
+    flat = []
+    for state, (w_ih, w_hh, b_ih, b_hh) in zip(states, weights, strict=True):
+        flat += [*state, w_ih, w_hh] + ([b_ih, b_hh] if has_bias else [])
+    spec = _Spec(mode, len(states), len(states[0]), has_bias)
+    keep = kiln.is_grad_enabled() and any(t.requires_grad for t in (x, *flat))
+    y, *finals = _FusedLayer.apply(spec, keep, x, *flat)
+    per_direction = spec.states
+    return y, [tuple(finals[d * per_direction : (d + 1) * per_direction]) for d in range(spec.directions)]
+
+
+def _scanned_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
     runs = [scan_direction(mode, x, state, w, reverse=d == 1)
             for d, (state, w) in enumerate(zip(states, weights, strict=True))]  # fmt: skip
     out = runs[0][0] if len(runs) == 1 else kiln.cat([out for out, _ in runs], dim=-1)
@@ -61,10 +93,9 @@ def fused_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
 
 
 def scan_direction(mode: str, x, state: tuple, weights: tuple, reverse: bool):
-    """One direction: (its output (T, B, H), its final state tuple)."""
+    """One direction as the ``rnn_scan`` primitive: (its output (T, B, H), its final state tuple)."""
     w_ih, w_hh, b_ih, b_hh = weights
-    hidden = w_hh.shape[1]
-    gates = w_hh.shape[0]
+    hidden, gates = w_hh.shape[1], w_hh.shape[0]
     zeros = lambda n: kiln.zeros(n, dtype=x.dtype, device=x.device)  # noqa: E731
     if b_ih is None:
         bias, b_hn = zeros(gates), zeros(hidden)
@@ -81,3 +112,185 @@ def scan_direction(mode: str, x, state: tuple, weights: tuple, reverse: bool):
     # each a view of its own: a final state that no loss reads pads no gradient to the packed width
     final = tuple(packed.narrow(-1, *layout.final(s)).sum(0) for s in range(layout.states))
     return out, final
+
+
+# ----------------------------------------------------------------------------- eagerly on the CPU
+@dataclass(frozen=True)
+class _Spec:
+    mode: str
+    directions: int
+    states: int  # 2 for an LSTM's (h, c), else 1
+    bias: bool
+
+    def split(self, flat: tuple) -> list[tuple[tuple, tuple]]:
+        """The flat tensor arguments as (states, (w_ih, w_hh, b_ih, b_hh)) per direction."""
+        size = self.states + (4 if self.bias else 2)
+        out = []
+        for d in range(self.directions):
+            group = flat[d * size : (d + 1) * size]
+            state, w = group[: self.states], group[self.states :]
+            out.append((state, tuple(w) if self.bias else (w[0], w[1], None, None)))
+        return out
+
+
+def _array(t):
+    return None if t is None else t.numpy(force=True)
+
+
+def _kernel_order(a, reverse: bool):
+    return a[::-1] if reverse else a
+
+
+def _previous(states, first, reverse: bool):
+    """The state before each step (T, B, H), natural order, from the states after them and the initial one."""
+    first = first[None]
+    return np.concatenate([states[1:], first] if reverse else [first, states[:-1]])
+
+
+class _Saved:
+    """One direction's arrays kept for the backward, natural time order: the gate activations
+    (T, B, G, H), the states after each step (T, B, H), an LSTM's cell states c (like them) and
+    ``extra``: an LSTM's tanh(c), a GRU's h W_hn^T + b_hn (T, B, H)."""
+
+    __slots__ = ("gates", "hs", "cs", "extra")
+
+    def __init__(self, gates, hs, cs, extra) -> None:
+        self.gates, self.hs, self.cs, self.extra = gates, hs, cs, extra
+
+    def tensors(self) -> tuple:
+        """As tensors for ``save_for_backward``, which drops them after a backward without retain_graph."""
+        return tuple(None if a is None else kiln.from_numpy(a) for a in (self.gates, self.hs, self.cs, self.extra))
+
+    @classmethod
+    def unpack(cls, tensors: tuple) -> list[_Saved]:
+        arrays = [_array(t) for t in tensors]
+        return [cls(*arrays[k : k + 4]) for k in range(0, len(arrays), 4)]
+
+
+def _forward_direction(mode: str, x2, shape, state, weights, reverse: bool) -> _Saved:
+    steps, batch = shape
+    w_ih, w_hh, b_ih, b_hh = (_array(w) for w in weights)
+    hidden = w_hh.shape[1]
+    gates = x2 @ w_ih.T
+    if b_ih is not None:
+        gates += b_ih + b_hh if mode != "GRU" else np.concatenate([b_ih[: 2 * hidden] + b_hh[: 2 * hidden],
+                                                                   b_ih[2 * hidden :]])  # fmt: skip
+    gates = gates.reshape(steps, batch, GATES[mode], hidden)
+    k = lambda a: _kernel_order(a, reverse)  # noqa: E731
+    h0 = _array(state[0])
+    hs = np.empty((steps, batch, hidden), dtype=x2.dtype)
+    cs = extra = None
+    if mode == "LSTM":
+        cs, extra = np.empty_like(hs), np.empty_like(hs)
+        kernels.lstm_forward(k(gates), h0, _array(state[1]), k(hs), k(cs), k(extra), w_hh.T)
+    elif mode == "GRU":
+        extra = np.empty_like(hs)
+        b_hn = np.zeros(hidden, dtype=x2.dtype) if b_hh is None else b_hh[2 * hidden :]
+        kernels.gru_forward(k(gates), h0, k(hs), k(extra), w_hh.T, b_hn)
+    else:
+        kernels.rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
+    return _Saved(gates, hs, cs, extra)
+
+
+def _finals(saved: _Saved, reverse: bool) -> list:
+    last = 0 if reverse else -1
+    return [saved.hs[last].copy()] + ([] if saved.cs is None else [saved.cs[last].copy()])
+
+
+def _backward_direction(mode: str, saved: _Saved, initial: list, w_hh, dy, dfinal: list, reverse: bool):
+    """(dz, dz_hh, gradients of the initial states) for one direction: ``dy`` (T, B, H) and
+    ``dfinal`` the gradients of its output and final states, ``initial`` its initial states."""
+    k = lambda a: _kernel_order(a, reverse)  # noqa: E731
+    dH = k(dy).copy()  # the gradient of each step's state from outside the recurrence
+    dH[-1] += dfinal[0]
+    dz = np.empty_like(saved.gates)
+    if mode == "LSTM":
+        dC = np.zeros_like(dH)
+        dC[-1] = dfinal[1]
+        c_prev = k(_previous(saved.cs, initial[1], reverse))
+        dh, dc = kernels.lstm_backward(k(saved.gates), c_prev, k(saved.extra), w_hh, dH, dC, None, k(dz))
+        return dz, dz, (dh, dc)
+    if mode == "GRU":
+        dz_hh = np.empty_like(dz)
+        h_prev = k(_previous(saved.hs, initial[0], reverse))
+        dh = kernels.gru_backward(k(saved.gates), h_prev, k(saved.extra), w_hh, dH, None, None, k(dz), k(dz_hh))
+        return dz, dz_hh, (dh,)
+    dh = kernels.rnn_backward(k(saved.gates), w_hh, dH, None, mode == "RNN_RELU", k(dz))
+    return dz, dz, (dh,)
+
+
+class _FusedLayer(kiln.autograd.Function):
+    """``apply(spec, keep, x, *flat)`` -> ``(y, *final states)``; ``keep``: save what the backward needs."""
+
+    @staticmethod
+    def forward(ctx, spec: _Spec, keep: bool, x, *flat):
+        xa = _array(x)
+        steps, batch = xa.shape[:2]
+        x2 = xa.reshape(steps * batch, xa.shape[2])
+        saved, ys, finals = [], [], []
+        for d, (state, weights) in enumerate(spec.split(flat)):
+            direction = _forward_direction(spec.mode, x2, (steps, batch), state, weights, reverse=d == 1)
+            saved.append(direction)
+            ys.append(direction.hs)
+            finals += _finals(direction, reverse=d == 1)
+        # The output is new memory, not the saved states: an in-place change of it cannot reach the backward.
+        y = ys[0].copy() if len(ys) == 1 else np.concatenate(ys, axis=-1)
+        if keep:  # the inputs' version counters guard against in-place changes before the backward
+            ctx.save_for_backward(x, *flat, *(t for direction in saved for t in direction.tensors()))
+            ctx.spec = spec
+        return (kiln.from_numpy(y), *(kiln.from_numpy(f) for f in finals))
+
+    @staticmethod
+    def backward(ctx, dy, *dfinals):
+        spec = ctx.spec
+        needs = ctx.needs_input_grad[2:]
+        saved_tensors = ctx.saved_tensors
+        inputs, arrays = saved_tensors[: len(needs)], saved_tensors[len(needs) :]
+        if kiln.is_grad_enabled() or _tracing():
+            return (None, None, *_recomputed_grads(spec, inputs, (dy, *dfinals), needs))
+        saved = _Saved.unpack(arrays)
+        return (None, None, *_numpy_grads(spec, inputs, saved, _array(dy), [_array(g) for g in dfinals], needs))
+
+
+def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: list, needs: tuple) -> list:
+    x, flat = inputs[0], inputs[1:]
+    xa = _array(x)
+    steps, batch = xa.shape[:2]
+    x2 = xa.reshape(steps * batch, xa.shape[2])
+    dx2 = None
+    grads: list = []
+    for d, ((state, weights), saved) in enumerate(zip(spec.split(flat), saved_arrays, strict=True)):
+        w_ih, w_hh = _array(weights[0]), _array(weights[1])
+        hidden = w_hh.shape[1]
+        initial = [_array(s) for s in state]
+        dfinal = dfinals[d * spec.states : (d + 1) * spec.states]
+        dz, dz_hh, dstates = _backward_direction(spec.mode, saved, initial, w_hh, dy[:, :, d * hidden : (d + 1) * hidden],
+                                                 dfinal, reverse=d == 1)  # fmt: skip
+        dz2, dz_hh2 = dz.reshape(steps * batch, -1), dz_hh.reshape(steps * batch, -1)
+        if needs[0]:
+            part = dz2 @ w_ih
+            dx2 = part if dx2 is None else dx2 + part
+        h_prev = _previous(saved.hs, initial[0], reverse=d == 1).reshape(steps * batch, hidden)
+        grads += [*dstates, dz2.T @ x2, dz_hh2.T @ h_prev]
+        if spec.bias:
+            grads += [dz2.sum(0), dz_hh2.sum(0)]
+    dx = None if dx2 is None else kiln.from_numpy(dx2.reshape(xa.shape))
+    return [dx, *(kiln.from_numpy(g) if need else None for g, need in zip(grads, needs[1:], strict=True))]
+
+
+def _recomputed_grads(spec: _Spec, inputs: tuple, grads: tuple, needs: tuple) -> list:
+    """The layer's input gradients through ``rnn_scan`` (whose VJP is differentiable under
+    ``create_graph``, and which a trace records), recomputed from ``inputs``.
+
+    Each input that needs a gradient enters through a new view of itself, so the gradients asked
+    of autograd are this layer's own (partial) ones even where inputs depend on each other."""
+    create_graph = kiln.is_grad_enabled()
+    with kiln.enable_grad():
+        entries = [t.view_as(t) if need else t for t, need in zip(inputs, needs, strict=True)]
+        x, flat = entries[0], tuple(entries[1:])
+        pairs = spec.split(flat)
+        y, finals = _scanned_layer(spec.mode, x, [tuple(s) for s, _ in pairs], [w for _, w in pairs])
+        outputs = [y, *(s for state in finals for s in state)]
+        wanted = [e for e, need in zip(entries, needs, strict=True) if need]
+        found = iter(kiln.autograd.grad(outputs, wanted, list(grads), create_graph=create_graph, allow_unused=True))
+    return [next(found) if need else None for need in needs]

@@ -8,10 +8,11 @@ A ``PackedSequence`` input (from ``nn.utils.rnn.pack_padded_sequence``) runs eac
 sequences still active at that step (they are sorted by length, longest first), so padding never
 enters the state; the output is packed the same way.
 
-Each direction of each layer of a padded float32/float64 batch runs as one ``rnn_scan`` primitive
-(``nn/_rnn.py``), eagerly and in ``kiln.compile`` traces alike: one autograd node, and a traced layer
-of a few nodes whatever the sequence's length. Autocast, ``kiln.onnx.export``'s trace, other dtypes,
-packed input and subclasses with their own ``_step`` run the per-step ops below.
+Each layer of a padded float32/float64 batch runs fused (``nn/_rnn.py``): eagerly on the CPU as one
+autograd node, in ``kiln.compile`` traces (and on other devices) as one ``rnn_scan`` primitive per
+direction, so a traced layer is a few nodes whatever the sequence's length. Autocast,
+``kiln.onnx.export``'s trace, other dtypes, packed input and subclasses with their own ``_step`` run
+the per-step ops below.
 """
 
 from __future__ import annotations
@@ -130,8 +131,10 @@ class RNNBase(Module):
         states = [self._initial(x, s, x.shape[1], batched, None) for s in states]
         # a subclass's own step runs as it is written
         scan = type(self)._step is RNNBase._step and _rnn.fusable(x, [*states, *self._flat_weights])
-        run_direction = functools.partial(self._direction, scan=scan)
-        x, finals = self._layers(x, states, self._per_direction(run_direction))
+        if scan and _rnn.eager_on_cpu(x):
+            x, finals = self._layers(x, states, functools.partial(_rnn.fused_layer, self.mode))
+        else:  # per direction, a composite region for kiln.onnx (rnn_scan in traces when ``scan``)
+            x, finals = self._layers(x, states, self._per_direction(functools.partial(self._direction, scan=scan)))
         if not batched:
             return x.squeeze(1), [f.squeeze(1) for f in finals]
         return (x.transpose(0, 1) if self.batch_first else x), finals

@@ -1,7 +1,7 @@
 """One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share.
 
-A cell's step is the ``rnn_scan`` primitive over one time step (``nn/_rnn.py``), eagerly and traced:
-one autograd node instead of a dozen; autocast and other dtypes run the step functions below.
+A cell's step is the fused layer over one time step (``nn/_rnn.py``; ``rnn_scan`` when traced): one
+autograd node instead of a dozen; autocast and other dtypes run the step functions below.
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ class RNNCellBase(Module):
         steps = x.unsqueeze(0)
         if not _rnn.fusable(steps, [*states, *weights]):
             return None
-        return _rnn.scan_direction(mode, steps, tuple(states), weights, reverse=False)[1]
+        _, (state,) = _rnn.fused_layer(mode, steps, [tuple(states)], [weights])
+        return state
 
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}"
