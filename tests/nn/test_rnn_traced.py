@@ -136,6 +136,19 @@ def test_dynamic_length_compiles_one_program(mode):
     assert "rnn_scan" in _traced_ops(fn)
 
 
+def test_dynamic_batch_of_a_batch_first_lstm_compiles_one_program():
+    module = _module("LSTM", dict(num_layers=2, bidirectional=True, batch_first=True), np.float32)
+    fn = kiln.compile(lambda x: module(x), dynamic=True)
+    rng = np.random.default_rng(3)
+    with kiln.no_grad():
+        for batch in (3, 5, 8):
+            x = kiln.from_numpy(rng.standard_normal((batch, 6, 3)).astype(np.float32))
+            (out, (h, c)), (want, (want_h, want_c)) = fn(x), module(x)
+            for got, expected in ((out, want), (h, want_h), (c, want_c)):
+                assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert len(fn.state.specializations) == 1 and fn.state.specializations[0].dynamic == [0]
+
+
 CELLS = {"LSTMCell": {}, "GRUCell": {"bias": False}, "RNNCell": {"nonlinearity": "relu"}}
 
 
