@@ -1,7 +1,8 @@
 """``rnn_scan`` and ``rnn_scan_backward`` on numpy arrays, in place: the fast kernels.
 
 Each recurrence walks time in *kernel order* (reversed views for a reverse direction) and writes
-into views of the packed output (``recurrence_layout.py``), so a time step is one ``h @ W_hh^T``
+into the arrays it is given -- views of the packed output (``recurrence_layout.py``) here, its own
+contiguous arrays in ``kiln/nn/_rnn.py``'s eager layer -- so a time step is one ``h @ W_hh^T``
 product and a few in-place ufuncs on (batch, hidden) blocks, with no allocation.
 
 Shapes, in kernel order: ``A`` (T, B, G, H) holds the input projection on entry and the gate
@@ -144,8 +145,8 @@ def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool):
     cot = lambda span: k(_part(g, span))  # noqa: E731
     A, tangents = _blocks(saved(layout.gate_span), layout), _blocks(cot(layout.gate_span), layout)
     eA = _through_activations(mode, A, tangents) if tangents.any() else None
-    dH, dC = (_state_cotangent(layout, cot, s) for s in range(layout.states)) if mode == "LSTM" else (
-        _state_cotangent(layout, cot, 0), None)  # fmt: skip
+    dH = _state_cotangent(layout, cot, 0)
+    dC = _state_cotangent(layout, cot, 1) if mode == "LSTM" else None
     dz = _blocks(k(_part(out, layout.dz)), layout)
     if mode == "LSTM":
         tanh_c, g_tanh_c = saved(layout.extra), cot(layout.extra)
@@ -156,7 +157,8 @@ def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool):
         g_hn = cot(layout.extra)
         dz_hh = _blocks(k(_part(out, layout.dz_hh)), layout)
         hn = saved(layout.extra)
-        initial = (gru_backward(A, saved(layout.prev(0)), hn, w_hh, dH, eA, g_hn if g_hn.any() else None, dz, dz_hh),)
+        g_hn = g_hn if g_hn.any() else None
+        initial = (gru_backward(A, saved(layout.prev(0)), hn, w_hh, dH, eA, g_hn, dz, dz_hh),)
     else:
         initial = (rnn_backward(A, w_hh, dH, eA, mode == "RNN_RELU", dz),)
     for s, grad in enumerate(initial):

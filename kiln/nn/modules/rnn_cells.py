@@ -126,7 +126,8 @@ class RNNCellBase(Module):
         return F.linear(x, self.weight_ih, self.bias_ih)
 
     def _fused_step(self, mode: str, x, states: list):
-        """The new state tuple from ``rnn_scan`` over one step, or None where it does not apply."""
+        """The new state tuple from the fused layer over one step (``rnn_scan`` when traced), or None where
+        it does not apply."""
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         steps = x.unsqueeze(0)
         if not _rnn.fusable(steps, [*states, *weights]):
