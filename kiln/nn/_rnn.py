@@ -1,22 +1,32 @@
-"""One layer of ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (one or both directions) as one fused computation.
+"""One layer of ``nn.LSTM``/``nn.GRU``/``nn.RNN`` (one or both directions, or one step of a cell) as
+one fused computation per direction, on the recurrence kernels of ``kiln/ir/primitives``.
 
-As PyTorch's native RNN kernels do: the input projection of all time steps is one matmul (bias
-added once), the recurrence runs the gate math on numpy arrays in place (``_rnn_kernels.py``), and the
-layer is one autograd node whose backward runs through time on numpy arrays and then computes
-``dW_ih``, ``dW_hh`` and ``dx`` as one matmul each over all steps.
+As PyTorch's native RNN kernels do: the input projection of all time steps is one matmul (biases
+added once), the recurrence runs the gate math in place (``recurrence_numpy.py``), and its backward
+runs through time and then computes ``dW_ih``, ``dW_hh`` and ``dx`` as one matmul each over all steps.
+Two wrappers share those kernels:
 
-``fusable`` says when the module may take this path: eager CPU float32/float64, outside a
-``kiln.compile`` trace (which records the decomposed per-step ops, so that compiled programs and the
-ONNX exporter see primitives) and outside autocast. A backward with ``create_graph`` (double
-backward, ``kiln.func`` transforms) or inside a trace recomputes the layer with the decomposed ops
-and differentiates that instead, so higher-order gradients stay exact. The cells (``rnn_cells.py``)
-run one step as this layer over one time step.
+- traced (``kiln.compile``, ``kiln.export``) and on devices other than the CPU: the ``rnn_scan``
+  primitive (``scan_direction``), so a traced layer is a few nodes whatever the sequence's length;
+- eagerly on the CPU: ``_FusedLayer``, one autograd node per layer over plain contiguous arrays. The
+  primitive's one packed output costs an eager call more (its copies, the padding of its gradient
+  to the packed width, a few more autograd nodes: about 25% of an LSTM LM step), which this avoids.
+  Its backward under ``create_graph`` (or when traced) differentiates the primitive's path instead,
+  whose VJP is exact to any order.
 
-Measured (2-layer LSTM LM step, V=500, E=128, H=128, B=16, T=35, SGD, one thread, against PyTorch
-eager in one process on a busy 2-core machine): 4.9x PyTorch's time with the per-step ops, 1.5x fused.
-PyTorch runs its LSTM on oneDNN; here the step's 16 x 128 @ 128 x 512 product alone is about two
-thirds of a fused step (numpy's OpenBLAS runs its Haswell kernels on this AVX-512 CPU). A 1-layer GRU
-LM step: 2.6x -> 0.8x.
+``fusable`` says when a module may take either: float32/float64 inputs of one dtype and device, at
+least one step and one sequence, outside autocast (which lowers each product's inputs to bfloat16:
+the per-step ops do that) and outside ``kiln.onnx.export``'s trace (which writes the per-step ops,
+or ONNX's own LSTM and GRU operators, for ONNX has no ``rnn_scan``).
+
+Measured (compile_cost's 2-layer LSTM LM step, V=500, H=128, B=16, T=35, SGD + clipping, one
+thread, on a busy shared 2-core machine): a traced step is 284 nodes at T=35 and at T=350 (the
+per-step ops: 5,062 and 48,532); a cold compile took 0.4-2.5 s (per-step ops: 8.8 s), its passes
+and code generation the same time at T=350 (1.2-1.4 s), what grows being the traced first call's
+own run of the step. Per step (CPU time): eager 16-20 ms, as before; compiled 20-23 ms, slower than
+the per-step program LLVM fused (13-17 ms) and than eager: numpy's step kernels, the packed output's
+copies and its gradient's padding cost more than LLVM's fused per-step kernels; a compiled step
+kernel for the recurrence is what would win that back.
 """
 
 from __future__ import annotations
@@ -27,39 +37,44 @@ import numpy as np
 
 import kiln
 from kiln.frontend import autocast
+from kiln.frontend.dispatch import apply
 from kiln.frontend.jit import state as _jit
+from kiln.ir.primitives import P
+from kiln.ir.primitives import recurrence_numpy as kernels
+from kiln.ir.primitives.recurrence_layout import GATES, ScanLayout
 
-from . import _rnn_kernels as kernels
-from .modules import rnn_cells  # a module, not its names: the cells import this module too
+from . import functional as F
 
-__all__ = ["fusable", "fused_layer"]
+__all__ = ["fusable", "eager_on_cpu", "fused_layer", "scan_direction"]
 
-
-#: How many leading gate blocks are sigmoids whose weight rows ``_rows`` halves (see the kernels).
-_HALVED = {"LSTM": 0, "GRU": 2, "RNN_TANH": 0, "RNN_RELU": 0}
-_GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+_SCAN = P["rnn_scan"]
 
 
 def fusable(x, tensors) -> bool:
-    """Whether a layer over ``x`` with these weights and states may run fused (see the module docs)."""
-    if _tracing() or autocast.state.any:
+    """Whether a layer over ``x`` (T, B, in) with these weights and states may run fused (see the module docs)."""
+    if autocast.state.any or _jit.per_step_recurrences.get():
         return False
-    dtype = x.dtype
-    if x.device.type != "cpu" or x.shape[0] == 0 or x.shape[1] == 0:
+    dtype, device = x.dtype, x.device
+    if x.shape[0] == 0 or x.shape[1] == 0 or dtype not in (kiln.float32, kiln.float64):
         return False
-    if dtype not in (kiln.float32, kiln.float64):
-        return False
-    return all(t.dtype == dtype and t.device.type == "cpu" for t in tensors if t is not None)
+    return all(t.dtype == dtype and t.device == device for t in tensors if t is not None)
 
 
 def _tracing() -> bool:
     return bool(_jit.tracing) and _jit.current.get() is not None
 
 
+def eager_on_cpu(x) -> bool:
+    """Whether a fusable layer over ``x`` runs as ``_FusedLayer`` (else as ``rnn_scan``)."""
+    return x.device.type == "cpu" and not _tracing()
+
+
 def fused_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
     """One layer: ``x`` (T, B, in); per direction its state tuple ((h,) or (h, c), each (B, H)) and
     weights (w_ih, w_hh, b_ih, b_hh; biases may be None). Returns the output (T, B, D H) and the
     final state tuple of each direction."""
+    if not eager_on_cpu(x):
+        return _scanned_layer(mode, x, states, weights)
     has_bias = weights[0][2] is not None
     flat = []
     for state, (w_ih, w_hh, b_ih, b_hh) in zip(states, weights, strict=True):
@@ -71,6 +86,36 @@ def fused_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
     return y, [tuple(finals[d * per_direction : (d + 1) * per_direction]) for d in range(spec.directions)]
 
 
+def _scanned_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
+    runs = [scan_direction(mode, x, state, w, reverse=d == 1)
+            for d, (state, w) in enumerate(zip(states, weights, strict=True))]  # fmt: skip
+    out = runs[0][0] if len(runs) == 1 else kiln.cat([out for out, _ in runs], dim=-1)
+    return out, [state for _, state in runs]
+
+
+def scan_direction(mode: str, x, state: tuple, weights: tuple, reverse: bool):
+    """One direction as the ``rnn_scan`` primitive: (its output (T, B, H), its final state tuple)."""
+    w_ih, w_hh, b_ih, b_hh = weights
+    hidden, gates = w_hh.shape[1], w_hh.shape[0]
+    zeros = lambda n: kiln.zeros(n, dtype=x.dtype, device=x.device)  # noqa: E731
+    if b_ih is None:
+        bias, b_hn = zeros(gates), zeros(hidden)
+    elif mode == "GRU":  # b_hh's n block is added after the reset gate, inside the recurrence
+        bias, b_hn = b_ih + F.pad(b_hh[: 2 * hidden], (0, hidden)), b_hh[2 * hidden :]
+    else:
+        bias, b_hn = b_ih + b_hh, None
+    gx = kiln.matmul(x, w_ih.transpose(0, 1))
+    extra = [b_hn] if mode == "GRU" else []
+    packed = apply(_SCAN, gx, bias, *state, w_hh, *extra, mode=mode, reverse=reverse)
+    layout = ScanLayout(mode, hidden)
+    # new memory, not a view of what the backward reads: changing it in place leaves the gradient alone
+    out = packed.narrow(-1, *layout.out(0)).contiguous()
+    # each a view of its own: a final state that no loss reads pads no gradient to the packed width
+    final = tuple(packed.narrow(-1, *layout.final(s)).sum(0) for s in range(layout.states))
+    return out, final
+
+
+# ----------------------------------------------------------------------------- eagerly on the CPU
 @dataclass(frozen=True)
 class _Spec:
     mode: str
@@ -93,23 +138,20 @@ def _array(t):
     return None if t is None else t.numpy(force=True)
 
 
-def _rows(mode: str, w, halve: bool):
-    """``w`` (gate blocks stacked along dim 0) with the rows of a GRU's sigmoid gates halved if asked."""
-    if not (halve and _HALVED[mode]):
-        return w
-    w = w.copy()
-    w[: _HALVED[mode] * (w.shape[0] // _GATES[mode])] *= 0.5
-    return w
-
-
 def _kernel_order(a, reverse: bool):
     return a[::-1] if reverse else a
 
 
+def _previous(states, first, reverse: bool):
+    """The state before each step (T, B, H), natural order, from the states after them and the initial one."""
+    first = first[None]
+    return np.concatenate([states[1:], first] if reverse else [first, states[:-1]])
+
+
 class _Saved:
-    """One direction's arrays kept for the backward, in natural time order: the gate activations
-    (T, B, G, H), the states h (T + 1, B, H; the initial one first in the direction's own order), an
-    LSTM's cell states c (like h) and ``extra``: an LSTM's tanh(c), a GRU's h W_hn^T + b_hn (T, B, H)."""
+    """One direction's arrays kept for the backward, natural time order: the gate activations
+    (T, B, G, H), the states after each step (T, B, H), an LSTM's cell states c (like them) and
+    ``extra``: an LSTM's tanh(c), a GRU's h W_hn^T + b_hn (T, B, H)."""
 
     __slots__ = ("gates", "hs", "cs", "extra")
 
@@ -130,56 +172,51 @@ def _forward_direction(mode: str, x2, shape, state, weights, reverse: bool) -> _
     steps, batch = shape
     w_ih, w_hh, b_ih, b_hh = (_array(w) for w in weights)
     hidden = w_hh.shape[1]
-    gates = x2 @ _rows(mode, w_ih, halve=True).T
+    gates = x2 @ w_ih.T
     if b_ih is not None:
-        bias = b_ih + b_hh if mode != "GRU" else np.concatenate([b_ih[: 2 * hidden] + b_hh[: 2 * hidden],
-                                                                 b_ih[2 * hidden :]])  # fmt: skip
-        gates += _rows(mode, bias, halve=True)
-    gates = gates.reshape(steps, batch, _GATES[mode], hidden)
-    hs = np.empty((steps + 1, batch, hidden), dtype=x2.dtype)
-    hk, ak = _kernel_order(hs, reverse), _kernel_order(gates, reverse)
-    hk[0] = _array(state[0])
-    w_hh_t = _rows(mode, w_hh, halve=True).T
+        gates += b_ih + b_hh if mode != "GRU" else np.concatenate([b_ih[: 2 * hidden] + b_hh[: 2 * hidden],
+                                                                   b_ih[2 * hidden :]])  # fmt: skip
+    gates = gates.reshape(steps, batch, GATES[mode], hidden)
+    k = lambda a: _kernel_order(a, reverse)  # noqa: E731
+    h0 = _array(state[0])
+    hs = np.empty((steps, batch, hidden), dtype=x2.dtype)
     cs = extra = None
     if mode == "LSTM":
-        cs, extra = np.empty_like(hs), np.empty((steps, batch, hidden), dtype=x2.dtype)
-        ck = _kernel_order(cs, reverse)
-        ck[0] = _array(state[1])
-        kernels.lstm_forward(ak, hk, ck, _kernel_order(extra, reverse), w_hh_t)
+        cs, extra = np.empty_like(hs), np.empty_like(hs)
+        kernels.lstm_forward(k(gates), h0, _array(state[1]), k(hs), k(cs), k(extra), w_hh.T)
     elif mode == "GRU":
-        extra = np.empty((steps, batch, hidden), dtype=x2.dtype)
-        b_hn = None if b_hh is None else b_hh[2 * hidden :]
-        kernels.gru_forward(ak, hk, _kernel_order(extra, reverse), w_hh_t, b_hn)
+        extra = np.empty_like(hs)
+        b_hn = np.zeros(hidden, dtype=x2.dtype) if b_hh is None else b_hh[2 * hidden :]
+        kernels.gru_forward(k(gates), h0, k(hs), k(extra), w_hh.T, b_hn)
     else:
-        kernels.rnn_forward(ak, hk, w_hh_t, mode == "RNN_RELU")
+        kernels.rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
     return _Saved(gates, hs, cs, extra)
 
 
-def _outputs(saved: _Saved, reverse: bool) -> tuple:
-    """(the direction's per-step outputs (T, B, H) view, its final states as copies)."""
-    hs = saved.hs
-    y = hs[:-1] if reverse else hs[1:]
-    finals = [(hs[0] if reverse else hs[-1]).copy()]
-    if saved.cs is not None:
-        finals.append((saved.cs[0] if reverse else saved.cs[-1]).copy())
-    return y, finals
+def _finals(saved: _Saved, reverse: bool) -> list:
+    last = 0 if reverse else -1
+    return [saved.hs[last].copy()] + ([] if saved.cs is None else [saved.cs[last].copy()])
 
 
-def _backward_direction(mode: str, saved: _Saved, w_hh, dy, dfinal: list, reverse: bool):
-    """(dz, dz_hh, gradients of the initial states) for one direction (``w_hh`` as given, unscaled)."""
+def _backward_direction(mode: str, saved: _Saved, initial: list, w_hh, dy, dfinal: list, reverse: bool):
+    """(dz, dz_hh, gradients of the initial states) for one direction: ``dy`` (T, B, H) and
+    ``dfinal`` the gradients of its output and final states, ``initial`` its initial states."""
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
+    dH = k(dy).copy()  # the gradient of each step's state from outside the recurrence
+    dH[-1] += dfinal[0]
     dz = np.empty_like(saved.gates)
     if mode == "LSTM":
-        dh_last, dc_last = dfinal
-        dh, dc = kernels.lstm_backward(
-            k(saved.gates), k(saved.cs), k(saved.extra), w_hh, k(dy), dh_last, dc_last, k(dz)
-        )
+        dC = np.zeros_like(dH)
+        dC[-1] = dfinal[1]
+        c_prev = k(_previous(saved.cs, initial[1], reverse))
+        dh, dc = kernels.lstm_backward(k(saved.gates), c_prev, k(saved.extra), w_hh, dH, dC, None, k(dz))
         return dz, dz, (dh, dc)
     if mode == "GRU":
         dz_hh = np.empty_like(dz)
-        dh = kernels.gru_backward(k(saved.gates), k(saved.hs), k(saved.extra), w_hh, k(dy), dfinal[0], k(dz), k(dz_hh))
+        h_prev = k(_previous(saved.hs, initial[0], reverse))
+        dh = kernels.gru_backward(k(saved.gates), h_prev, k(saved.extra), w_hh, dH, None, None, k(dz), k(dz_hh))
         return dz, dz_hh, (dh,)
-    dh = kernels.rnn_backward(k(saved.gates), w_hh, k(dy), dfinal[0], mode == "RNN_RELU", k(dz))
+    dh = kernels.rnn_backward(k(saved.gates), w_hh, dH, None, mode == "RNN_RELU", k(dz))
     return dz, dz, (dh,)
 
 
@@ -194,10 +231,9 @@ class _FusedLayer(kiln.autograd.Function):
         saved, ys, finals = [], [], []
         for d, (state, weights) in enumerate(spec.split(flat)):
             direction = _forward_direction(spec.mode, x2, (steps, batch), state, weights, reverse=d == 1)
-            y, final = _outputs(direction, reverse=d == 1)
             saved.append(direction)
-            ys.append(y)
-            finals += final
+            ys.append(direction.hs)
+            finals += _finals(direction, reverse=d == 1)
         # The output is new memory, not the saved states: an in-place change of it cannot reach the backward.
         y = ys[0].copy() if len(ys) == 1 else np.concatenate(ys, axis=-1)
         if keep:  # the inputs' version counters guard against in-place changes before the backward
@@ -212,7 +248,7 @@ class _FusedLayer(kiln.autograd.Function):
         saved_tensors = ctx.saved_tensors
         inputs, arrays = saved_tensors[: len(needs)], saved_tensors[len(needs) :]
         if kiln.is_grad_enabled() or _tracing():
-            return (None, None, *_decomposed_grads(spec, inputs, (dy, *dfinals), needs))
+            return (None, None, *_recomputed_grads(spec, inputs, (dy, *dfinals), needs))
         saved = _Saved.unpack(arrays)
         return (None, None, *_numpy_grads(spec, inputs, saved, _array(dy), [_array(g) for g in dfinals], needs))
 
@@ -224,17 +260,18 @@ def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: li
     x2 = xa.reshape(steps * batch, xa.shape[2])
     dx2 = None
     grads: list = []
-    for d, ((_, weights), saved) in enumerate(zip(spec.split(flat), saved_arrays, strict=True)):
+    for d, ((state, weights), saved) in enumerate(zip(spec.split(flat), saved_arrays, strict=True)):
         w_ih, w_hh = _array(weights[0]), _array(weights[1])
         hidden = w_hh.shape[1]
+        initial = [_array(s) for s in state]
         dfinal = dfinals[d * spec.states : (d + 1) * spec.states]
-        dz, dz_hh, dstates = _backward_direction(spec.mode, saved, w_hh, dy[:, :, d * hidden : (d + 1) * hidden],
+        dz, dz_hh, dstates = _backward_direction(spec.mode, saved, initial, w_hh, dy[:, :, d * hidden : (d + 1) * hidden],
                                                  dfinal, reverse=d == 1)  # fmt: skip
         dz2, dz_hh2 = dz.reshape(steps * batch, -1), dz_hh.reshape(steps * batch, -1)
         if needs[0]:
             part = dz2 @ w_ih
             dx2 = part if dx2 is None else dx2 + part
-        h_prev = (saved.hs[1:] if d == 1 else saved.hs[:-1]).reshape(steps * batch, hidden)
+        h_prev = _previous(saved.hs, initial[0], reverse=d == 1).reshape(steps * batch, hidden)
         grads += [*dstates, dz2.T @ x2, dz_hh2.T @ h_prev]
         if spec.bias:
             grads += [dz2.sum(0), dz_hh2.sum(0)]
@@ -242,28 +279,19 @@ def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: li
     return [dx, *(kiln.from_numpy(g) if need else None for g, need in zip(grads, needs[1:], strict=True))]
 
 
-def _decomposed_grads(spec: _Spec, inputs: tuple, grads: tuple, needs: tuple) -> list:
-    """The layer's input gradients through the decomposed per-step ops, recomputed from ``inputs``.
+def _recomputed_grads(spec: _Spec, inputs: tuple, grads: tuple, needs: tuple) -> list:
+    """The layer's input gradients through ``rnn_scan`` (whose VJP is differentiable under
+    ``create_graph``, and which a trace records), recomputed from ``inputs``.
 
     Each input that needs a gradient enters through a new view of itself, so the gradients asked
     of autograd are this layer's own (partial) ones even where inputs depend on each other."""
     create_graph = kiln.is_grad_enabled()
     with kiln.enable_grad():
         entries = [t.view_as(t) if need else t for t, need in zip(inputs, needs, strict=True)]
-        y, finals = _decomposed_layer(spec, entries[0], tuple(entries[1:]))
+        x, flat = entries[0], tuple(entries[1:])
+        pairs = spec.split(flat)
+        y, finals = _scanned_layer(spec.mode, x, [tuple(s) for s, _ in pairs], [w for _, w in pairs])
+        outputs = [y, *(s for state in finals for s in state)]
         wanted = [e for e, need in zip(entries, needs, strict=True) if need]
-        found = iter(kiln.autograd.grad([y, *finals], wanted, list(grads), create_graph=create_graph,
-                                        allow_unused=True))  # fmt: skip
+        found = iter(kiln.autograd.grad(outputs, wanted, list(grads), create_graph=create_graph, allow_unused=True))
     return [next(found) if need else None for need in needs]
-
-
-def _decomposed_layer(spec: _Spec, x, flat: tuple):
-    """The layer with the per-step ops the module uses while traced: (output, final states)."""
-    outs, finals = [], []
-    for d, (state, weights) in enumerate(spec.split(flat)):
-        out, final = rnn_cells.decomposed_direction(
-            rnn_cells.step_function(spec.mode), x, tuple(state), weights, d == 1
-        )
-        outs.append(out)
-        finals += list(final)
-    return (outs[0] if len(outs) == 1 else kiln.cat(outs, dim=-1)), finals

@@ -49,15 +49,20 @@ def export(model, args, f: str | os.PathLike, *, opset_version: int | None = Non
     ``torch.onnx.export``). Returns the ``onnx.ModelProto`` written; ``onnx.checker`` has passed.
     """
     from ..frontend.jit.export import export as trace_export  # noqa: PLC0415
+    from ..frontend.jit.state import per_step_recurrences  # noqa: PLC0415
 
     args, kwargs = _split_args(args)
     names = _input_names(model, args, kwargs, input_names)
     axes = _dynamic_axes(dynamic_axes)
     symbolic = None
-    if not any(name in names.values() for name in axes):
-        program = trace_export(model, *args, **kwargs)
-    else:
-        program, symbolic = _export_dynamic(trace_export, model, args, kwargs, names, axes)
+    token = per_step_recurrences.set(True)  # RNN layers as per-step ops: ONNX has no rnn_scan
+    try:
+        if not any(name in names.values() for name in axes):
+            program = trace_export(model, *args, **kwargs)
+        else:
+            program, symbolic = _export_dynamic(trace_export, model, args, kwargs, names, axes)
+    finally:
+        per_step_recurrences.reset(token)
     return _write(program, f, opset_version, names, output_names, axes, symbolic)
 
 

@@ -21,6 +21,12 @@ UNMAPPABLE = {
     "random_bits": "kiln's random numbers are Philox-4x32-10 counter-based bits; ONNX's random operators "
     "follow no specified generator, so the exported model could not reproduce them (export in eval mode, "
     "where dropout draws nothing)",
+    **{
+        name: "ONNX has no operator for kiln's packed recurrence; kiln.onnx.export traces RNN layers as per-step ops "
+        "(or ONNX's LSTM and GRU), and a program from kiln.export has its LSTM and GRU layers written as those: "
+        "export other recurrences with kiln.onnx.export"
+        for name in ("rnn_scan", "rnn_scan_backward")
+    },
     "all_reduce": "a collective communicates with the other processes of a job; an ONNX model is one process "
     "(export the model outside its DistributedDataParallel wrapper)",
     **{

@@ -1,5 +1,6 @@
 """Model scenarios: whole training steps (forward, loss, backward, optimizer step) of small conv
-nets, MLPs and embedding models, compiled against eager over several calls.
+nets, MLPs, embedding models and recurrent ones (LSTM, GRU, RNN), compiled against eager over
+several calls.
 
 The conv nets take kiln's direct-convolution paths (unit stride, filters with C*kh*kw at most 256
 and above it) with fused bias and activation epilogues, and strided, dilated and grouped ones;
@@ -134,7 +135,36 @@ def embedding(b: Builder, r: random.Random, dtype: str, smooth: bool) -> Net:
     return net
 
 
-FAMILIES = {"conv": conv_net, "mlp": mlp, "embedding": embedding}
+#: The module that puts a recurrent layer in an ``nn.Sequential``: its output, not its final states.
+RECURRENT_PREAMBLE = [
+    "class LastOutput(nn.Module):",
+    "    def __init__(self, rnn):",
+    "        super().__init__()",
+    "        self.rnn = rnn",
+    "    def forward(self, x):",  # no blank line: a scenario's preamble is read back up to one
+    "        return self.rnn(x)[0]",
+]
+
+
+def recurrent(b: Builder, r: random.Random, dtype: str, smooth: bool) -> Net:
+    """nn.LSTM/GRU/RNN over (batch, time, features), batch_first (traced: rnn_scan per direction)."""
+    n, length, d, hidden = r.randint(1, 3), r.randint(1, 6), r.randint(1, 5), r.randint(1, 6)
+    b.float_input((n, length, d), dtype)
+    net = Net(r, smooth, (n, length, d))
+    kind = r.choice(("LSTM", "GRU", "RNN"))
+    layers, directions = r.choice((1, 1, 2)), r.choice((1, 2))
+    extra = ", bidirectional=True" if directions == 2 else ""
+    extra += ", bias=False" if r.random() < 0.2 else ""
+    extra += ", nonlinearity='relu'" if kind == "RNN" and not smooth and r.random() < 0.5 else ""
+    b.preamble += RECURRENT_PREAMBLE
+    rnn = f"nn.{kind}({d}, {hidden}, num_layers={layers}, batch_first=True{extra})"
+    net.add(f"LastOutput({rnn})", kind.lower(), (n, length, directions * hidden))
+    net.activation()
+    net.add("nn.Flatten()", "flatten", (n, length * directions * hidden))
+    return net
+
+
+FAMILIES = {"conv": conv_net, "mlp": mlp, "embedding": embedding, "recurrent": recurrent}
 
 
 def training_step(b: Builder, r: random.Random, net: Net, name: str, y: str) -> None:
@@ -162,6 +192,8 @@ def generate(seed: int) -> Scenario:
     r = random.Random(seed)
     b = Builder(seed)
     family = r.choice(("conv", "conv", "mlp", "embedding"))
+    if random.Random(seed * 7919 + 1).random() < 0.15:  # its own stream: the other seeds' programs stay as they were
+        family = "recurrent"
     name = r.choice(sorted(set(SPECS) - {"Rprop"}))
     dtype = "float64" if name == "LBFGS" or r.random() < 0.6 else "float32"
     net = FAMILIES[family](b, r, dtype, smooth=dtype == "float32")

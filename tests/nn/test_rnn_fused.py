@@ -1,6 +1,6 @@
-"""The fused RNN layers (kiln/nn/_rnn.py): one autograd node per layer, equal to the per-step ops they
-replace (values and gradients, every option), to PyTorch, and to finite differences; the compiled
-path traces the per-step ops and agrees with the fused eager one."""
+"""The fused RNN layers (kiln/nn/_rnn.py): eagerly one autograd node per layer, equal to the per-step ops
+they replace (values and gradients, every option), to PyTorch, and to finite differences; the compiled
+path (the rnn_scan primitive, more in test_rnn_traced.py) agrees with the fused eager one."""
 
 from __future__ import annotations
 
@@ -193,9 +193,9 @@ def test_fused_layer_gradcheck(mode, directions, bias):
     assert kiln.autograd.gradcheck(fn, (x, *flat))
 
 
-def test_double_backward_falls_back_to_the_per_step_ops(decomposed):
-    """create_graph: the fused node's backward differentiates the per-step ops, so second derivatives
-    (a gradient penalty) equal the per-step path's."""
+def test_double_backward_differentiates_the_scan_primitive(decomposed):
+    """create_graph: the fused node's backward differentiates rnn_scan, whose VJP is differentiable, so
+    second derivatives (a gradient penalty) equal the per-step path's."""
     module = _module("LSTM", dict(num_layers=2, bidirectional=True))
     x, states = _inputs("LSTM", dict(num_layers=2, bidirectional=True), np.random.default_rng(5))
 
@@ -316,7 +316,7 @@ def _lm_steps(compiled: bool, calls: int = 3):
     return fn, seen
 
 
-def test_compiled_lm_step_traces_the_per_step_ops_and_matches_fused_eager():
+def test_compiled_lm_step_matches_fused_eager():
     fn, compiled = _lm_steps(compiled=True)
     _, eager = _lm_steps(compiled=False)
     for got, want in zip(compiled, eager, strict=True):

@@ -14,6 +14,8 @@ from typing import Any
 
 tracing = 0
 current: ContextVar[Any] = ContextVar("kiln_trace", default=None)
+#: Set while ``kiln.onnx.export`` traces: RNN layers record their per-step ops (ONNX has no ``rnn_scan``).
+per_step_recurrences: ContextVar[bool] = ContextVar("kiln_per_step_recurrences", default=False)
 
 
 def active() -> bool:

@@ -4,6 +4,7 @@ Each module binds its Tensor methods with ``@method``; this package is also the 
 namespace that the primitives' VJP rules are written against.
 """
 
+from ..autograd.grad_mode import is_grad_enabled  # VJP rules: whether the gradient is differentiated again
 from ..dispatch import apply  # VJP rules may call a primitive directly: ops.apply(P["fold"], g, ...)
 from . import (
     compat,

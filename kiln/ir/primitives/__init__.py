@@ -62,6 +62,7 @@ class Kind(enum.Enum):
     CHECK = "check"  # raises unless a condition holds on values (index ranges, division by zero)
     COLLECTIVE = "collective"  # communicates with the other processes of a job (all_reduce)
     DECOMPOSITION = "decomposition"  # a matrix decomposition through numpy.linalg: never fused, run as an extern
+    RECURRENCE = "recurrence"  # an RNN layer's loop over time steps (rnn_scan): never fused, run as an extern
 
 
 ELEMENTWISE = frozenset({Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST})
@@ -180,6 +181,7 @@ from . import (  # noqa: E402,F401
     linalg,
     movement,
     random,
+    recurrence,
     reductions,
     tiles,
     windows,

@@ -8,14 +8,16 @@ A ``PackedSequence`` input (from ``nn.utils.rnn.pack_padded_sequence``) runs eac
 sequences still active at that step (they are sorted by length, longest first), so padding never
 enters the state; the output is packed the same way.
 
-Eagerly on the CPU (float32/float64) each layer of a padded batch runs as one fused computation with
-one autograd node (``nn/_rnn.py``); a ``kiln.compile`` trace, autocast, other devices and packed input
-run the per-step ops below, which is also what the fused layer's backward differentiates under
-``create_graph``.
+Each layer of a padded float32/float64 batch runs fused (``nn/_rnn.py``): eagerly on the CPU as one
+autograd node, in ``kiln.compile`` traces (and on other devices) as one ``rnn_scan`` primitive per
+direction, so a traced layer is a few nodes whatever the sequence's length. Autocast,
+``kiln.onnx.export``'s trace, other dtypes, packed input and subclasses with their own ``_step`` run
+the per-step ops below.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -127,10 +129,12 @@ class RNNBase(Module):
         if batched and self.batch_first:
             x = x.transpose(0, 1)
         states = [self._initial(x, s, x.shape[1], batched, None) for s in states]
-        if _rnn.fusable(x, [*states, *self._flat_weights]):
-            x, finals = self._layers(x, states, lambda *args: _rnn.fused_layer(self.mode, *args))
-        else:
-            x, finals = self._layers(x, states, self._per_direction(self._direction))
+        # a subclass's own step runs as it is written
+        scan = type(self)._step is RNNBase._step and _rnn.fusable(x, [*states, *self._flat_weights])
+        if scan and _rnn.eager_on_cpu(x):
+            x, finals = self._layers(x, states, functools.partial(_rnn.fused_layer, self.mode))
+        else:  # per direction, a composite region for kiln.onnx (rnn_scan in traces when ``scan``)
+            x, finals = self._layers(x, states, self._per_direction(functools.partial(self._direction, scan=scan)))
         if not batched:
             return x.squeeze(1), [f.squeeze(1) for f in finals]
         return (x.transpose(0, 1) if self.batch_first else x), finals
@@ -163,7 +167,10 @@ class RNNBase(Module):
         return run_layer
 
     @kiln.jit.composite("rnn_direction")  # kiln.onnx writes an LSTM's as ONNX's LSTM operator
-    def _direction(self, x, state, weights, reverse: bool):
+    def _direction(self, x, state, weights, reverse: bool, scan: bool = False):
+        """One direction of one layer: as the ``rnn_scan`` primitive (``scan``) or as per-step ops."""
+        if scan:
+            return _rnn.scan_direction(self.mode, x, state, weights, reverse)
         return decomposed_direction(self._step, x, state, weights, reverse)
 
     def _run_packed(self, packed: PackedSequence, states):

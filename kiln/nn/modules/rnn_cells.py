@@ -1,7 +1,7 @@
 """One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share.
 
-Eagerly on the CPU a cell's step is the fused layer (``nn/_rnn.py``) over one time step: one autograd
-node instead of a dozen; traces, autocast and other devices run the step functions below.
+A cell's step is the fused layer over one time step (``nn/_rnn.py``; ``rnn_scan`` when traced): one
+autograd node instead of a dozen; autocast and other dtypes run the step functions below.
 """
 
 from __future__ import annotations
@@ -62,8 +62,9 @@ def step_function(mode: str):
 
 
 def decomposed_direction(step, x, state, weights, reverse: bool):
-    """One direction of one layer as per-step ops (what traces record): ``x`` (T, B, in), ``state``
-    a tuple of (B, H) tensors, ``weights`` (w_ih, w_hh, b_ih, b_hh). Returns (output (T, B, H), state)."""
+    """One direction of one layer as per-step ops (under autocast, in ONNX export's trace, for a custom
+    step): ``x`` (T, B, in), ``state`` a tuple of (B, H) tensors, ``weights`` (w_ih, w_hh, b_ih, b_hh).
+    Returns (output (T, B, H), state)."""
     w_ih, w_hh, b_ih, b_hh = weights
     # The input projection for all time steps at once; only the recurrence is sequential.
     gates_x = F.linear(x, w_ih, b_ih)
@@ -125,7 +126,8 @@ class RNNCellBase(Module):
         return F.linear(x, self.weight_ih, self.bias_ih)
 
     def _fused_step(self, mode: str, x, states: list):
-        """The new state tuple from the fused layer over one step, or None where it does not apply."""
+        """The new state tuple from the fused layer over one step (``rnn_scan`` when traced), or None where
+        it does not apply."""
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         steps = x.unsqueeze(0)
         if not _rnn.fusable(steps, [*states, *weights]):

@@ -199,6 +199,37 @@ def case_training_step():
     assert len(LAUNCHES) > before, "no CUDA kernel was launched"
 
 
+def case_lstm_step_runs_the_scan_as_an_extern():
+    """nn.LSTM's rnn_scan and rnn_scan_backward: extern nodes whose eager kernels run on the device's
+    arrays, between CUDA kernels (the gradient's padding, the optimizer)."""
+    models = []
+    for _ in range(2):
+        kiln.manual_seed(0)
+        model = nn.LSTM(2, 3, bidirectional=True)
+        models.append((model, kiln.optim.SGD(model.parameters(), lr=0.1)))
+
+    def make_step(model, opt):
+        def step(x):
+            opt.zero_grad()
+            out, (h, c) = model(x)
+            loss = (out * out).sum() + (h * c).sum()
+            loss.backward()
+            opt.step()
+            return loss
+
+        return step
+
+    compiled = kiln.compile(make_step(*models[0]), options=CUDA, wait=True)
+    eager = make_step(*models[1])
+    before = len(LAUNCHES)
+    for _ in range(3):
+        x = _t(3, 2, 2)
+        _close(compiled(x), eager(x), rtol=1e-4, atol=1e-5)
+    for p, q in zip(models[0][0].parameters(), models[1][0].parameters(), strict=True):
+        _close(p, q, rtol=1e-4, atol=1e-5)
+    assert len(LAUNCHES) > before, "no CUDA kernel was launched"
+
+
 def case_disk_cache_round_trip():
     from kiln.codegen.backend import Lowered, LoweringReport, backend_named
     from kiln.ir import dtypes as dt

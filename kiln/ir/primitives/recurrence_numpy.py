@@ -1,0 +1,263 @@
+"""``rnn_scan`` and ``rnn_scan_backward`` on numpy arrays, in place: the fast kernels.
+
+Each recurrence walks time in *kernel order* (reversed views for a reverse direction) and writes
+into the arrays it is given -- views of the packed output (``recurrence_layout.py``) here, its own
+contiguous arrays in ``kiln/nn/_rnn.py``'s eager layer -- so a time step is one ``h @ W_hh^T``
+product and a few in-place ufuncs on (batch, hidden) blocks, with no allocation.
+
+Shapes, in kernel order: ``A`` (T, B, G, H) holds the input projection on entry and the gate
+activations on exit; ``hs`` (T, B, H) the state after each step (the one before step 0 is ``h0``);
+``w_hh_t`` (H, G H) is the recurrent weight, transposed. A backward kernel takes ``dH`` (T, B, H),
+the gradient of each step's state h from everything but the recurrence (an LSTM's ``dC`` likewise),
+and ``eA`` (T, B, G, H) or None: what the gate activations' own cotangent adds to each gate's
+pre-activation gradient. It fills ``dz`` (T, B, G, H) and returns the gradients of the initial states.
+
+Sigmoid gates are computed as ``0.5 * tanh(z / 2) + 0.5``, so that one ``tanh`` covers several gates:
+an LSTM scales whole rows of its (i, f, g, o) pre-activations before and after the ``tanh`` (1 for g),
+as numpy passes over whole rows cost several times less than passes over strided gate blocks; a GRU
+halves its r and z blocks and the matching columns of ``w_hh_t`` instead (exact, a power of two).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .recurrence_layout import ScanLayout
+
+
+def _part(a, span):
+    return a[..., span[0] : span[0] + span[1]]
+
+
+def _kernel_order(a, reverse: bool):
+    return a[::-1] if reverse else a
+
+
+def _blocks(a, layout: ScanLayout):
+    """``a`` (..., G H) as a view (..., G, H)."""
+    return a.reshape(*a.shape[:-1], layout.gates, layout.hidden, copy=False)
+
+
+# ----------------------------------------------------------------------------- the forward
+def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
+    """The packed output of ``rnn_scan`` (``c0`` for an LSTM, ``b_hn`` for a GRU, else None)."""
+    steps, batch, _ = gx.shape
+    layout = ScanLayout(mode, w_hh.shape[1])
+    out = np.empty((steps, batch, layout.width), dtype=gx.dtype)
+    if steps == 0:
+        return out
+    k = lambda a: _kernel_order(a, reverse)  # noqa: E731
+    gates = _blocks(_part(out, layout.gate_span), layout)
+    np.add(gx.reshape(gates.shape), bias.reshape(gates.shape[2:]), out=gates)
+    hs = _part(out, layout.out(0))
+    if mode == "LSTM":
+        lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T)
+    elif mode == "GRU":
+        gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn)
+    else:
+        rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
+    for s, first in enumerate((h0, c0)[: layout.states]):
+        after, before = k(_part(out, layout.out(s))), k(_part(out, layout.prev(s)))
+        before[0], before[1:] = first, after[:-1]
+        final = k(_part(out, layout.final(s)))
+        final[:-1], final[-1] = 0, after[-1]
+    return out
+
+
+def rnn_forward(A, h0, hs, w_hh_t, relu: bool) -> None:
+    """``h' = act(A[t] + h W_hh^T)``; ``A`` (T, B, 1, H) ends holding the outputs."""
+    step = np.empty(h0.shape, dtype=A.dtype)
+    for t in range(A.shape[0]):
+        a = A[t, :, 0]
+        np.matmul(h0 if t == 0 else hs[t - 1], w_hh_t, out=step)
+        a += step
+        if relu:
+            np.maximum(a, 0, out=a)
+        else:
+            np.tanh(a, out=a)
+        hs[t] = a
+
+
+def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
+    """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``."""
+    batch, hidden = h0.shape
+    step = np.empty((batch, 4 * hidden), dtype=A.dtype)
+    product = np.empty((batch, hidden), dtype=A.dtype)
+    scale = np.full((4, hidden), 0.5, dtype=A.dtype)
+    scale[2] = 1  # g is a tanh
+    scale, shift = scale.reshape(-1), (1 - scale).reshape(-1)
+    for t in range(A.shape[0]):
+        gates = A[t]
+        flat = gates.reshape(batch, 4 * hidden, copy=False)
+        h, c = (h0, c0) if t == 0 else (hs[t - 1], cs[t - 1])
+        np.matmul(h, w_hh_t, out=step)
+        flat += step
+        flat *= scale
+        np.tanh(flat, out=flat)
+        flat *= scale
+        flat += shift
+        i, f, g, o = gates[:, 0], gates[:, 1], gates[:, 2], gates[:, 3]
+        np.multiply(f, c, out=cs[t])
+        np.multiply(i, g, out=product)
+        cs[t] += product
+        np.tanh(cs[t], out=tanh_c[t])
+        np.multiply(o, tanh_c[t], out=hs[t])
+
+
+def gru_forward(A, h0, hs, hn, w_hh_t, b_hn) -> None:
+    """``n = tanh(A_n + r (h W_hn^T + b_hn))``, ``h' = n + z (h - n)``, gates (r, z, n); fills ``hs``
+    and ``hn`` with ``h W_hn^T + b_hn``."""
+    batch, hidden = h0.shape
+    halves = np.ones(3 * hidden, dtype=A.dtype)
+    halves[: 2 * hidden] = 0.5
+    w_hh_t = w_hh_t * halves
+    A[:, :, :2] *= 0.5
+    step = np.empty((batch, 3, hidden), dtype=A.dtype)
+    scratch = np.empty((batch, hidden), dtype=A.dtype)
+    for t in range(A.shape[0]):
+        gates, h = A[t], (h0 if t == 0 else hs[t - 1])
+        np.matmul(h, w_hh_t, out=step.reshape(batch, 3 * hidden))
+        rz = gates[:, :2]
+        rz += step[:, :2]
+        np.tanh(rz, out=rz)
+        rz *= 0.5
+        rz += 0.5
+        r, z, n = gates[:, 0], gates[:, 1], gates[:, 2]
+        np.add(step[:, 2], b_hn, out=hn[t])
+        np.multiply(r, hn[t], out=scratch)
+        n += scratch
+        np.tanh(n, out=n)
+        np.subtract(h, n, out=scratch)
+        scratch *= z
+        np.add(n, scratch, out=hs[t])
+
+
+# ----------------------------------------------------------------------------- the backward
+def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool):
+    """The packed output of ``rnn_scan_backward``: ``g`` is the cotangent of ``packed``, every part of it."""
+    steps, batch, _ = packed.shape
+    layout = ScanLayout(mode, w_hh.shape[1])
+    out = np.empty((steps, batch, layout.grad_width), dtype=packed.dtype)
+    if steps == 0:
+        return out
+    k = lambda a: _kernel_order(a, reverse)  # noqa: E731
+    saved = lambda span: k(_part(packed, span))  # noqa: E731
+    cot = lambda span: k(_part(g, span))  # noqa: E731
+    A, tangents = _blocks(saved(layout.gate_span), layout), _blocks(cot(layout.gate_span), layout)
+    eA = _through_activations(mode, A, tangents) if tangents.any() else None
+    dH = _state_cotangent(layout, cot, 0)
+    dC = _state_cotangent(layout, cot, 1) if mode == "LSTM" else None
+    dz = _blocks(k(_part(out, layout.dz)), layout)
+    if mode == "LSTM":
+        tanh_c, g_tanh_c = saved(layout.extra), cot(layout.extra)
+        if g_tanh_c.any():
+            dC += g_tanh_c * (1 - tanh_c * tanh_c)
+        initial = lstm_backward(A, saved(layout.prev(1)), tanh_c, w_hh, dH, dC, eA, dz)
+    elif mode == "GRU":
+        g_hn = cot(layout.extra)
+        dz_hh = _blocks(k(_part(out, layout.dz_hh)), layout)
+        hn = saved(layout.extra)
+        g_hn = g_hn if g_hn.any() else None
+        initial = (gru_backward(A, saved(layout.prev(0)), hn, w_hh, dH, eA, g_hn, dz, dz_hh),)
+    else:
+        initial = (rnn_backward(A, w_hh, dH, eA, mode == "RNN_RELU", dz),)
+    for s, grad in enumerate(initial):
+        row = k(_part(out, layout.initial(s)))
+        row[0], row[1:] = grad + cot(layout.prev(s))[0], 0
+    return out
+
+
+def _state_cotangent(layout: ScanLayout, cot, s: int):
+    """The gradient of state ``s`` after each step (kernel order) from the output's cotangent alone:
+    its ``out`` part, the next step's ``prev`` part and, after the last step, its ``final`` part."""
+    d = cot(layout.out(s)).copy()
+    d[:-1] += cot(layout.prev(s))[1:]
+    d[-1] += cot(layout.final(s))[-1]
+    return d
+
+
+def _through_activations(mode: str, A, tangents):
+    """The gate activations' cotangent times each activation's derivative (tanh for an LSTM's g, a
+    GRU's n and an Elman RNN, relu for RNN_RELU, else sigmoid)."""
+    slope = A * (1 - A)
+    tanh_block = {"LSTM": 2, "GRU": 2}.get(mode, 0)
+    a = A[:, :, tanh_block]
+    slope[:, :, tanh_block] = (a > 0) if mode == "RNN_RELU" else 1 - a * a
+    return tangents * slope
+
+
+def rnn_backward(A, w_hh, dH, eA, relu: bool, dz):
+    """Backward through time of ``rnn_forward`` (``A`` holding its outputs); returns dh0."""
+    y = A[:, :, 0]
+    slope = (y > 0).astype(y.dtype) if relu else 1 - y * y
+    dh = dH[-1].copy()
+    for t in range(A.shape[0] - 1, -1, -1):
+        np.multiply(dh, slope[t], out=dz[t, :, 0])
+        if eA is not None:
+            dz[t] += eA[t]
+        np.matmul(dz[t, :, 0], w_hh, out=dh)
+        if t:
+            dh += dH[t - 1]
+    return dh
+
+
+def lstm_backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
+    """Backward through time of ``lstm_forward``; returns (dh0, dc0)."""
+    steps, batch, _, hidden = A.shape
+    i, f, g, o = A[:, :, 0], A[:, :, 1], A[:, :, 2], A[:, :, 3]
+    # What each step multiplies the incoming gradients by, for all steps at once:
+    # dz_o = dh * by_h, dc += dh * to_c, dz_(i, f, g) = dc * by_c.
+    slope = A * (1 - A)  # sigmoid' of i, f and o (the g block is unused)
+    by_h = tanh_c * slope[:, :, 3]
+    to_c = o * (1 - tanh_c * tanh_c)
+    by_c = np.empty((steps, batch, 3, hidden), dtype=A.dtype)
+    np.multiply(g, slope[:, :, 0], out=by_c[:, :, 0])
+    np.multiply(c_prev, slope[:, :, 1], out=by_c[:, :, 1])
+    np.multiply(i, 1 - g * g, out=by_c[:, :, 2])
+    dh, dc = dH[-1].copy(), dC[-1].copy()
+    product = np.empty_like(dc)
+    for t in range(steps - 1, -1, -1):
+        np.multiply(dh, by_h[t], out=dz[t, :, 3])
+        np.multiply(dh, to_c[t], out=product)
+        dc += product
+        np.multiply(dc[:, None, :], by_c[t], out=dz[t, :, :3])
+        if eA is not None:
+            dz[t] += eA[t]
+        dc *= f[t]
+        np.matmul(dz[t].reshape(batch, 4 * hidden, copy=False), w_hh, out=dh)
+        if t:
+            dh += dH[t - 1]
+            dc += dC[t - 1]
+    return dh, dc
+
+
+def gru_backward(A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh):
+    """Backward through time of ``gru_forward``: fills ``dz`` and ``dz_hh`` (they differ in the n
+    block, which r scales); ``g_hn``: the cotangent of ``hn`` or None. Returns dh0."""
+    steps, batch, _, hidden = A.shape
+    r, z, n = A[:, :, 0], A[:, :, 1], A[:, :, 2]
+    by_n = (1 - z) * (1 - n * n)  # dz_n = dh * by_n
+    by_z = (h_prev - n) * z * (1 - z)  # dz_z = dh * by_z
+    by_r = hn * r * (1 - r)  # dz_r = dz_n * by_r
+    dz_n = dz[:, :, 2]
+    dh = dH[-1].copy()
+    recurrent = np.empty_like(dh)
+    for t in range(steps - 1, -1, -1):
+        np.multiply(dh, by_n[t], out=dz_n[t])
+        np.multiply(dh, by_z[t], out=dz_hh[t, :, 1])
+        if eA is not None:
+            dz_n[t] += eA[t, :, 2]
+            dz_hh[t, :, 1] += eA[t, :, 1]
+        np.multiply(dz_n[t], by_r[t], out=dz_hh[t, :, 0])
+        if eA is not None:
+            dz_hh[t, :, 0] += eA[t, :, 0]
+        np.multiply(dz_n[t], r[t], out=dz_hh[t, :, 2])
+        if g_hn is not None:
+            dz_hh[t, :, 2] += g_hn[t]
+        np.matmul(dz_hh[t].reshape(batch, 3 * hidden, copy=False), w_hh, out=recurrent)
+        dh *= z[t]
+        dh += recurrent
+        if t:
+            dh += dH[t - 1]
+    dz[:, :, :2] = dz_hh[:, :, :2]
+    return dh

@@ -1,0 +1,226 @@
+"""nn.LSTM/GRU/RNN and the cells traced by kiln.compile: each direction of each layer is one ``rnn_scan``
+node (and its backward one ``rnn_scan_backward``), so the traced program has the same nodes at any
+sequence length; compiled training steps equal eager ones over several calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+import kiln.nn as nn
+import kiln.optim as optim
+from tests.conftest import assert_close
+
+MODES = {
+    "LSTM": (nn.LSTM, {}),
+    "GRU": (nn.GRU, {}),
+    "RNN": (nn.RNN, {}),
+    "RNN_RELU": (nn.RNN, {"nonlinearity": "relu"}),
+}
+OPTIONS = {
+    "1 layer": dict(num_layers=1),
+    "2 layers, bidirectional, states": dict(num_layers=2, bidirectional=True, states=True),
+    "batch_first, no bias": dict(num_layers=1, batch_first=True, bias=False, states=True),
+    "2 layers, batch_first": dict(num_layers=2, batch_first=True),
+    "unbatched, bidirectional, states": dict(num_layers=1, bidirectional=True, states=True, unbatched=True),
+}
+
+
+def _module(mode: str, options: dict, dtype):
+    cls, extra = MODES[mode]
+    kiln.manual_seed(0)
+    options = {k: v for k, v in options.items() if k not in ("states", "unbatched")}
+    return cls(3, 4, **extra, **options, dtype=dtype)
+
+
+def _batches(mode: str, options: dict, dtype, calls: int, steps: int = 5) -> list:
+    """Per call: (x, states or None), fresh leaves requiring grad."""
+    rng = np.random.default_rng(1)
+    batch = () if options.get("unbatched") else (2,)
+    lead = (*batch, steps) if options.get("batch_first") else (steps, *batch)
+    rows = options["num_layers"] * (2 if options.get("bidirectional") else 1)
+    out = []
+    for _ in range(calls):
+        x = kiln.from_numpy(rng.standard_normal((*lead, 3)).astype(dtype)).requires_grad_()
+        states = None
+        if options.get("states"):
+            states = [kiln.from_numpy(rng.standard_normal((rows, *batch, 4)).astype(dtype)).requires_grad_()
+                      for _ in range(2 if mode == "LSTM" else 1)]  # fmt: skip
+        out.append((x, states))
+    return out
+
+
+def _training_step(module, mode: str):
+    """A whole training step: forward, a loss over the output and the final states, backward, SGD."""
+    opt = optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
+
+    def step(x, states):
+        opt.zero_grad()
+        hx = None if states is None else (tuple(states) if mode == "LSTM" else states[0])
+        out, state = module(x, hx)
+        finals = state if isinstance(state, tuple) else (state,)
+        loss = (out * out).sum() + sum((f * (k + 2.0)).sum() for k, f in enumerate(finals)) + out.mean()
+        loss.backward()
+        opt.step()
+        return loss.detach(), out.detach(), *(f.detach() for f in finals)
+
+    return step
+
+
+def _run(mode: str, options: dict, dtype, compiled: bool, calls: int = 3):
+    module = _module(mode, options, dtype)
+    step = _training_step(module, mode)
+    fn = kiln.compile(step) if compiled else step
+    seen = []
+    for x, states in _batches(mode, options, dtype, calls):
+        results = fn(x, states)
+        grads = [x.grad, *(s.grad for s in states or ())]
+        seen.append([*results, *grads, *(p.detach().clone() for p in module.parameters())])
+    return fn, seen
+
+
+def _traced_ops(fn) -> list[str]:
+    return [node.op for spec in fn.state.specializations for node in spec.traced_graph.nodes]
+
+
+CASES = [(mode, name, np.float64) for mode in MODES for name in OPTIONS] + [
+    ("LSTM", "2 layers, bidirectional, states", np.float32),
+    ("GRU", "batch_first, no bias", np.float32),
+    ("RNN", "1 layer", np.float32),
+]
+
+
+@pytest.mark.parametrize(("mode", "options", "dtype"), CASES)
+def test_compiled_training_step_equals_eager(mode, options, dtype):
+    fn, compiled = _run(mode, OPTIONS[options], dtype, compiled=True)
+    _, eager = _run(mode, OPTIONS[options], dtype, compiled=False)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-10, atol=1e-12)
+    for got, want in zip(compiled, eager, strict=True):
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert_close(a, b, **tol)
+    ops = _traced_ops(fn)
+    scans = OPTIONS[options]["num_layers"] * (2 if OPTIONS[options].get("bidirectional") else 1)
+    assert fn.state.specializations and ops.count("rnn_scan") == scans * len(fn.state.specializations)
+    assert ops.count("rnn_scan_backward") == ops.count("rnn_scan")
+    assert "tanh" not in ops and "sigmoid" not in ops  # no per-step gate math outside the primitive
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_traced_program_has_the_same_nodes_at_any_length(mode):
+    options = OPTIONS["2 layers, bidirectional, states"]
+    counts = []
+    for steps in (5, 50):
+        module = _module(mode, options, np.float32)
+        fn = kiln.compile(_training_step(module, mode))
+        for x, states in _batches(mode, options, np.float32, 2, steps=steps):
+            fn(x, states)
+        assert fn.state.specializations
+        counts.append(sorted(_traced_ops(fn)))
+        assert counts[-1].count("rnn_scan") == 4 * len(fn.state.specializations)
+    assert counts[0] == counts[1]  # the per-step ops would make ten times more nodes at T=50
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_dynamic_length_compiles_one_program(mode):
+    module = _module(mode, OPTIONS["2 layers, bidirectional, states"], np.float32)
+    fn = kiln.compile(lambda x: module(x)[0], dynamic=True)
+    rng = np.random.default_rng(2)
+    with kiln.no_grad():
+        for steps in (5, 7, 11):
+            x = kiln.from_numpy(rng.standard_normal((steps, 2, 3)).astype(np.float32))
+            assert_close(fn(x), module(x)[0], rtol=1e-5, atol=1e-6)
+    assert len(fn.state.specializations) == 1
+    assert fn.state.specializations[0].dynamic == [0]
+    assert "rnn_scan" in _traced_ops(fn)
+
+
+def test_dynamic_batch_of_a_batch_first_lstm_compiles_one_program():
+    module = _module("LSTM", dict(num_layers=2, bidirectional=True, batch_first=True), np.float32)
+    fn = kiln.compile(lambda x: module(x), dynamic=True)
+    rng = np.random.default_rng(3)
+    with kiln.no_grad():
+        for batch in (3, 5, 8):
+            x = kiln.from_numpy(rng.standard_normal((batch, 6, 3)).astype(np.float32))
+            (out, (h, c)), (want, (want_h, want_c)) = fn(x), module(x)
+            for got, expected in ((out, want), (h, want_h), (c, want_c)):
+                assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert len(fn.state.specializations) == 1 and fn.state.specializations[0].dynamic == [0]
+
+
+CELLS = {"LSTMCell": {}, "GRUCell": {"bias": False}, "RNNCell": {"nonlinearity": "relu"}}
+
+
+def _cell_run(name: str, compiled: bool, calls: int = 3):
+    kiln.manual_seed(3)
+    cell = getattr(nn, name)(3, 4, **CELLS[name], dtype=kiln.float64)
+    opt = optim.SGD(cell.parameters(), lr=0.1)
+
+    def step(xs, h):
+        opt.zero_grad()
+        state, loss = ((h, h * 0.5) if name == "LSTMCell" else h), 0
+        for t in range(xs.shape[0]):
+            state = cell(xs[t], state)
+            loss = loss + ((state[0] if name == "LSTMCell" else state) ** 2).sum() * (t + 1)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    fn = kiln.compile(step) if compiled else step
+    rng = np.random.default_rng(4)
+    seen = []
+    for _ in range(calls):
+        xs = kiln.from_numpy(rng.standard_normal((4, 2, 3))).requires_grad_()
+        h = kiln.from_numpy(rng.standard_normal((2, 4))).requires_grad_()
+        seen.append([fn(xs, h), xs.grad, h.grad, *(p.detach().clone() for p in cell.parameters())])
+    return fn, seen
+
+
+@pytest.mark.parametrize("name", list(CELLS))
+def test_compiled_cell_loop_equals_eager(name):
+    fn, compiled = _cell_run(name, compiled=True)
+    _, eager = _cell_run(name, compiled=False)
+    for got, want in zip(compiled, eager, strict=True):
+        for a, b in zip(got, want, strict=True):
+            assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert _traced_ops(fn).count("rnn_scan") == 4  # one per step of the Python loop
+
+
+def test_onnx_export_of_an_elman_rnn_records_per_step_ops(tmp_path):
+    """ONNX has no rnn_scan: kiln.onnx.export traces RNN layers as per-step ops, even those (an Elman
+    RNN) that no ONNX recurrence operator replaces; kiln.export keeps the primitive."""
+    ort = pytest.importorskip("onnxruntime")
+    kiln.manual_seed(5)
+    model = nn.RNN(3, 4, num_layers=2, nonlinearity="relu").eval()
+    x = kiln.randn(6, 2, 3)
+    kiln.onnx.export(model, (x,), tmp_path / "rnn.onnx", input_names=["x"])
+    session = ort.InferenceSession(str(tmp_path / "rnn.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(None, {"x": x.numpy()})
+    with kiln.no_grad():
+        want = model(x)
+    assert_close(kiln.from_numpy(got[0]), want[0], rtol=1e-5, atol=1e-6)
+    assert "rnn_scan" in [node.op for node in kiln.export(model, x).graph.nodes]
+
+
+def test_a_subclass_with_its_own_step_runs_that_step():
+    """``RNNBase._step`` overridden: the layer runs the subclass's step (the per-step ops), not rnn_scan,
+    eagerly and compiled (the fused path before ignored an override)."""
+
+    class HalvedRNN(nn.RNN):
+        def _step(self, gx, state, w_hh, b_hh):
+            (h,) = super()._step(gx, state, w_hh, b_hh)
+            return (h * 0.5,)
+
+    kiln.manual_seed(6)
+    model = HalvedRNN(3, 4, dtype=kiln.float64)
+    x = kiln.from_numpy(np.random.default_rng(7).standard_normal((5, 2, 3)))
+    w_ih, w_hh, b_ih, b_hh = (p.detach().numpy() for p in model.parameters())
+    h, want = np.zeros((2, 4)), []
+    for t in range(5):
+        h = 0.5 * np.tanh(x.numpy()[t] @ w_ih.T + b_ih + h @ w_hh.T + b_hh)
+        want.append(h)
+    compiled = kiln.compile(lambda x: model(x)[0])
+    for run in (lambda x: model(x)[0], compiled, compiled):
+        assert_close(run(x), np.stack(want), rtol=1e-12, atol=1e-12)
+    assert "rnn_scan" not in _traced_ops(compiled)
