@@ -100,7 +100,9 @@ class _Writer:
         out.extend(v.id for v in graph.outputs)
 
     def node(self, node: Node) -> None:
-        bodies = node.attrs["bodies"] if node.op in NESTING_OPS and isinstance(node.attrs.get("bodies"), tuple) else None
+        bodies = (
+            node.attrs["bodies"] if node.op in NESTING_OPS and isinstance(node.attrs.get("bodies"), tuple) else None
+        )
         # the bodies follow the node as graphs of their own; null keeps their place among the attributes
         attrs = {k: None if bodies is not None and k == "bodies" else _attr_to_json(v) for k, v in node.attrs.items()}
         attrs_text = json.dumps(attrs, allow_nan=False, separators=(",", ":"))
