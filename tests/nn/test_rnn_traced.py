@@ -132,7 +132,7 @@ def test_dynamic_length_compiles_one_program(mode):
             x = kiln.from_numpy(rng.standard_normal((steps, 2, 3)).astype(np.float32))
             assert_close(fn(x), module(x)[0], rtol=1e-5, atol=1e-6)
     assert len(fn.state.specializations) == 1
-    assert fn.state.specializations[0].dynamic == [0]
+    assert fn.state.specializations[0].dynamic == [(0, 0)]
     assert "rnn_scan" in _traced_ops(fn)
 
 
@@ -146,7 +146,7 @@ def test_dynamic_batch_of_a_batch_first_lstm_compiles_one_program():
             (out, (h, c)), (want, (want_h, want_c)) = fn(x), module(x)
             for got, expected in ((out, want), (h, want_h), (c, want_c)):
                 assert_close(got, expected, rtol=1e-5, atol=1e-6)
-    assert len(fn.state.specializations) == 1 and fn.state.specializations[0].dynamic == [0]
+    assert len(fn.state.specializations) == 1 and fn.state.specializations[0].dynamic == [(0, 0)]
 
 
 CELLS = {"LSTMCell": {}, "GRUCell": {"bias": False}, "RNNCell": {"nonlinearity": "relu"}}
