@@ -29,8 +29,10 @@ function plain eager code.
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import functools
+import gc
 import logging
 import os
 import sys
@@ -231,10 +233,11 @@ class CompiledFunction:
             self._event("recompile limit", f"{miss}; the limit of {limit} specializations is reached, so calls that "
                         "match none of them now run eagerly (CompileOptions(recompile_limit=...) sets it)", once=True)  # fmt: skip
             return self.fn(*args, **kwargs)
-        if profiling.active:
-            name = f"kiln.compile({self._name()}): trace and compile"
-            return profiling.timed(name, "compile", self._trace, args, kwargs, leaves, key, miss, reason=miss)
-        return self._trace(args, kwargs, leaves, key, miss)
+        with _collector_paused():
+            if profiling.active:
+                name = f"kiln.compile({self._name()}): trace and compile"
+                return profiling.timed(name, "compile", self._trace, args, kwargs, leaves, key, miss, reason=miss)
+            return self._trace(args, kwargs, leaves, key, miss)
 
     def _trace(self, args, kwargs, leaves, key, reason: str):
         closure_values = self._closure_values()
@@ -582,3 +585,20 @@ def _names(code) -> list[str]:
         if hasattr(const, "co_names"):
             names.extend(_names(const))
     return list(dict.fromkeys(names))
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """Python's cycle collector paused while this thread traces (and, waiting, compiles) a call.
+
+    A trace makes tens of thousands of long-lived objects (nodes, values, types); each full
+    collection walks all of them, so collections during a long trace grow with its square. Two
+    LSTMCells over 600 steps: 4.9 -> 3.6 s of CPU for the first call. The cycles a trace leaves are
+    collected after it, as ever. A collector the user turned off stays off."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
