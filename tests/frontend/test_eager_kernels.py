@@ -256,6 +256,7 @@ def _composite_cases(rng):
         "group_norm": (lambda x, w, b: F.group_norm(x, 3, w, b), [f(4, 6, 16, 16), f(6), f(6)]),
         "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2, 1), [f(4, 5, 18, 18)]),
         "avg_pool2d": (lambda x: F.avg_pool2d(x, 2), [f(4, 5, 18, 18)]),
+        "gelu": (lambda x: F.gelu(x, approximate="tanh"), [f(8, 16, 64)]),
     }  # fmt: skip
 
 

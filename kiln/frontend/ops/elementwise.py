@@ -11,6 +11,7 @@ import math
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ..dispatch import apply
+from ..eager_composites import compiled_composite
 from ..jit.regions import composite
 from ..opmath import in_float32
 from ..tensor import Tensor, method
@@ -274,6 +275,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 @in_float32
+@compiled_composite("gelu")
 @composite("gelu")
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x); ``approximate="tanh"`` uses the tanh formula, as ``torch.nn.functional.gelu``.
