@@ -66,12 +66,12 @@ def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
     try:
         # Called with the arrays spelled out where it can be: a call with *args and **kwargs
         # (and the list of arrays it needs) costs ~0.15 us of the ~0.8 us a one-element add takes.
-        if attrs or arity > 2:
-            out = kernel(xp, *[t._data for t in inputs], **attrs)
+        if arity == 1:
+            out = kernel(xp, first._data, **attrs) if attrs else kernel(xp, first._data)
         elif arity == 2:
-            out = kernel(xp, first._data, inputs[1]._data)
+            out = kernel(xp, first._data, inputs[1]._data, **attrs) if attrs else kernel(xp, first._data, inputs[1]._data)
         else:
-            out = kernel(xp, first._data)
+            out = kernel(xp, *[t._data for t in inputs], **attrs)
     except (RuntimeWarning, FloatingPointError):
         # The caller made floating-point warnings errors (warnings.simplefilter("error") or
         # numpy.seterr(all="raise")); inf and nan are values in kiln, so run again without them.

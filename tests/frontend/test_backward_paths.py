@@ -93,3 +93,41 @@ def test_hooks_and_a_gradient_that_never_arrives_on_the_inlined_loop():
     y.register_hook(lambda g: g * 2)
     y.backward()
     assert seen == [[12.0, 0.0]] and x.grad.tolist() == [120.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- sums of fanned-out gradients
+def test_a_weight_used_at_every_step_sums_its_gradients_in_place():
+    """The engine adds each later arrival into the sum it made (one op for the first sum, none after)."""
+    w = kiln.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    h = kiln.zeros(3)
+    for step in range(1, 41):
+        h = h * 0.5 + w * float(step)
+    loss = h.sum()
+    backward_ops = _ops_of(loss.backward)
+    expected = sum(step * 0.5 ** (40 - step) for step in range(1, 41))
+    np.testing.assert_allclose(w.grad.numpy(), np.full(3, expected), rtol=1e-5)
+    assert backward_ops.count("add") <= 1, backward_ops.count("add")
+
+
+def test_a_gradient_passed_on_to_two_consumers_is_never_changed_in_place():
+    """add's VJP hands one tensor to both inputs: summing into it would change the other's gradient."""
+    w = kiln.tensor([1.0, 2.0], requires_grad=True)
+    u, v, z = w + 0.0, w + 0.0, w * 1.0
+    for t in (u, v, z):
+        t.retain_grad()
+    ((u + v) + z).sum().backward()
+    assert u.grad.tolist() == v.grad.tolist() == z.grad.tolist() == [1.0, 1.0]
+    assert w.grad.tolist() == [3.0, 3.0]
+
+
+def test_sums_stay_differentiable_with_create_graph(torch):
+    def run(lib):
+        w = lib.tensor([0.5, -1.5], dtype=lib.float64, requires_grad=True)
+        h = w
+        for _ in range(4):
+            h = h * w + w
+        (g,) = lib.autograd.grad(h.sum(), w, create_graph=True)
+        (g * g).sum().backward()
+        return w.grad.detach().numpy()
+
+    np.testing.assert_allclose(run(kiln), run(torch), rtol=1e-10)

@@ -108,6 +108,10 @@ def run_backward(
     ready = [(-n.seq, id(n), n) for n in root_nodes if dependencies[n] == 0]
     heapq.heapify(ready)
     pop, push = heapq.heappop, heapq.heappush
+    # The buffer slots holding a sum this backward made: the next gradient to arrive there is added
+    # in place (a weight used at each step of a loop: no new array and no op per arrival). Not where
+    # the sums are themselves differentiated (create_graph) or recorded (a trace).
+    summed: set | None = None if create_graph or _jit.tracing else set()
 
     # The loop runs once per node of the graph: its common case (one output, no hooks, no capture)
     # is written out without helper calls or generators, each of which is a visible part of a
@@ -141,12 +145,28 @@ def run_backward(
                     if buffer is None:
                         buffer = buffers[nxt] = [None] * nxt.num_outputs
                     current = buffer[nr]
-                    buffer[nr] = g if current is None else current + g
+                    if current is None:
+                        buffer[nr] = g
+                    elif summed is not None and (nxt, nr) in summed and _add_into(current, g):
+                        pass
+                    else:
+                        buffer[nr] = current + g
+                        if summed is not None:
+                            summed.add((nxt, nr))
                 waiting = dependencies[nxt] - 1
                 dependencies[nxt] = waiting
                 if waiting == 0:
                     push(ready, (-nxt.seq, id(nxt), nxt))
     return results if capture is not None else None
+
+
+def _add_into(total, grad) -> bool:
+    """Add ``grad`` into ``total`` (a sum the engine made and nothing else holds) in place; False,
+    changing nothing, where the two differ in shape, dtype or device (``total + grad`` then)."""
+    if total._data.shape != grad._data.shape or total._dtype is not grad._dtype or total._device is not grad._device:
+        return False
+    total._data += grad._data
+    return True
 
 
 def _run_pre_hooks(node: Node, grads: list) -> None:
