@@ -88,11 +88,16 @@ class _CompiledCall(Function):
     @staticmethod
     def forward(ctx, program, fn, n_args: int, names: tuple, *values):
         inner = [v.detach().requires_grad_() if isinstance(v, Tensor) and v._requires_grad else v for v in values]
+        tensors = [v for v in values if isinstance(v, Tensor)]
+        versions = [t._version[0] for t in tensors]
         with enable_grad():  # Function.apply runs forward without grad: the compiled call records its backward node
             result = program(*inner[:n_args], **dict(zip(names, inner[n_args:], strict=True)))
         ctx.fn, ctx.n_args, ctx.names, ctx.values, ctx.inner = fn, n_args, names, values, inner
         ctx.outputs = result if isinstance(result, tuple) else (result,)
-        ctx.save_for_backward(*(v for v in values if isinstance(v, Tensor)))  # in-place changes since are errors
+        # In-place changes since are errors -- but for the state the op itself updates (batch_norm's
+        # running statistics), which its backward does not read: a second call before the backward
+        # updates it again, as in PyTorch, where saving it made that backward fail.
+        ctx.save_for_backward(*(t for t, v in zip(tensors, versions, strict=True) if t._version[0] == v))
         detached = tuple(o.detach() if isinstance(o, Tensor) else o for o in ctx.outputs)
         return detached if isinstance(result, tuple) else detached[0]
 
@@ -120,7 +125,7 @@ def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
     for arg in (*args, *kwargs.values()):
         if isinstance(arg, Tensor):
             data = arg._data
-            if arg._device is not CPU or data.dtype not in _DTYPES or not data.flags.c_contiguous:
+            if arg._device is not CPU or data.dtype not in _DTYPES or not (data.flags.c_contiguous or _dense(data)):
                 return None
             parts.append((data.shape, data.dtype.char, data.strides, arg._requires_grad))
             nbytes += data.nbytes
@@ -137,11 +142,17 @@ def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
     return (name, tuple(parts), tuple(kwargs), _grad_state.grad_enabled)
 
 
+def _dense(data: np.ndarray) -> bool:
+    """Whether ``data`` fills its memory without gaps in some order of its dims (a conv's output in
+    channel-major memory) with the strides a copy in that order has: its clone then has its layout."""
+    return data.ndim > 1 and data.strides == np.empty_like(data).strides and data.flags.writeable
+
+
 def _clone(arg):
     """A tensor argument's copy (its own memory, same layout and ``requires_grad``); others as they are."""
     if not isinstance(arg, Tensor):
         return arg
-    copy = make_tensor(arg._data.copy(), arg._device)
+    copy = make_tensor(arg._data.copy(order="K"), arg._device)
     return copy.requires_grad_() if arg._requires_grad else copy
 
 
