@@ -95,3 +95,49 @@ def test_an_input_changed_in_place_before_the_backward_is_still_an_error(on):
         base.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+def _softmax_ready(x):
+    kiln.nn.functional.softmax(x, -1).sum().backward()
+    eager_kernels.wait(120)
+    assert [p for p in _programs("softmax") if p is not None]
+
+
+def test_a_compiled_composites_backward_runs_its_node_without_a_nested_engine_run(on, monkeypatch):
+    from kiln.frontend.autograd import api
+
+    rng = np.random.default_rng(4)
+    x = kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32), requires_grad=True)
+    _softmax_ready(x)
+    runs = []
+    original = api.run_backward
+    monkeypatch.setattr(api, "run_backward", lambda *a, **k: runs.append(1) or original(*a, **k))
+    weights = kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32))
+    x.grad = None
+    (kiln.nn.functional.softmax(x, -1) * weights).sum().backward()
+    assert len(runs) == 1
+    s = np.exp(x.detach().numpy()) / np.exp(x.detach().numpy()).sum(-1, keepdims=True)
+    w = weights.numpy()
+    np.testing.assert_allclose(x.grad.numpy(), s * (w - (s * w).sum(-1, keepdims=True)), rtol=1e-4, atol=1e-6)
+
+
+def test_a_compiled_composites_backward_keeps_retain_graph_hooks_and_anomaly_mode(on):
+    rng = np.random.default_rng(5)
+    x = kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32), requires_grad=True)
+    _softmax_ready(x)
+    x.grad = None
+    y = kiln.nn.functional.softmax(x * 1.0, -1)
+    seen = []
+    y.register_hook(lambda g: seen.append(g.shape) or g * 2)
+    loss = (y * kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32))).sum()
+    loss.backward(retain_graph=True)
+    first = x.grad.numpy().copy()
+    loss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * first, rtol=1e-5, atol=1e-7)
+    assert len(seen) == 2
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
+    with kiln.autograd.detect_anomaly():
+        x.grad = None
+        kiln.nn.functional.softmax(x, -1).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), np.zeros((64, 40)), atol=1e-5)
