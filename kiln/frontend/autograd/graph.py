@@ -9,6 +9,7 @@ saved; using one that was modified in place since raises an error naming the op.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import traceback
 import weakref
@@ -135,6 +136,13 @@ class SavedTensor:
         return t
 
 
+@functools.lru_cache(maxsize=4096)
+def _tensor_type(shape: tuple, dtype, device) -> TensorType:
+    """A ``TensorType`` (frozen, so shared): ~75 ns from the cache against ~300 ns to construct, and
+    a binary op's VJP reads two."""
+    return TensorType(shape, dtype, device)
+
+
 class _VjpContext:
     """What a primitive's VJP rule sees as ``ctx``: its node (a ``PrimBackward``) read through these
     properties, with no object of its own per call."""
@@ -164,7 +172,7 @@ class _VjpContext:
     @property
     def input_types(self) -> tuple[TensorType, ...]:
         device = self.device
-        return tuple([TensorType(s, d, device) for s, d in zip(self.input_shapes, self.input_dtypes, strict=True)])
+        return tuple([_tensor_type(s, d, device) for s, d in zip(self.input_shapes, self.input_dtypes, strict=True)])
 
     @property
     def needs_input_grad(self) -> tuple[bool, ...]:
