@@ -256,6 +256,7 @@ def _composite_cases(rng):
         "group_norm": (lambda x, w, b: F.group_norm(x, 3, w, b), [f(4, 6, 16, 16), f(6), f(6)]),
         "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2, 1), [f(4, 5, 18, 18)]),
         "avg_pool2d": (lambda x: F.avg_pool2d(x, 2), [f(4, 5, 18, 18)]),
+        "gelu": (lambda x: F.gelu(x, approximate="tanh"), [f(8, 16, 64)]),
     }  # fmt: skip
 
 
@@ -285,11 +286,25 @@ def test_every_compiled_composite_equals_its_eager_op_forward_and_backward(on, n
 
 def test_a_composite_call_that_cannot_match_a_specialization_stays_eager(on):
     x = kiln.tensor(np.random.default_rng(6).normal(size=(300, 64)).astype(np.float32))
-    kiln.nn.functional.softmax(x.t(), -1)  # not C-contiguous: a clone would not match it
+    kiln.nn.functional.softmax(x[:, ::2], -1)  # with gaps: a clone would not have its layout
     kiln.nn.functional.softmax(x[:2], -1)  # too small to gain
     assert "softmax" not in {key[0] for key in eager_kernels.CACHE.entries}  # (its exp may be compiled)
     kiln.nn.functional.softmax(x, -1)
     assert "softmax" in {key[0] for key in eager_kernels.CACHE.entries}
+
+
+def test_a_composite_call_on_a_transposed_input_compiles_for_that_layout(on):
+    """A dense layout other than C order (a transpose, a conv's channel-major output) is cloned in
+    its own order, so the compiled program's specialization matches the calls."""
+    x = kiln.tensor(np.random.default_rng(7).normal(size=(300, 64)).astype(np.float32))
+    expected = np.exp(x.numpy().T) / np.exp(x.numpy().T).sum(-1, keepdims=True)
+    for _ in range(3):
+        found = kiln.nn.functional.softmax(x.t(), -1)
+        eager_kernels.wait(120)
+        np.testing.assert_allclose(found.numpy(), expected, rtol=1e-5, atol=1e-7)
+    (entry,) = [e for key, e in eager_kernels.CACHE.entries.items() if key[0] == "softmax"]
+    assert entry.program is not None, entry.reason
+    assert len(entry.program.state.specializations) == 1  # the calls ran the background's program
 
 
 def test_a_composite_whose_trace_breaks_stays_eager_and_says_why_once(on, monkeypatch):

@@ -107,12 +107,20 @@ def run_backward(
         _accumulate(buffers.setdefault(node, [None] * node.num_outputs), nr, g)
     ready = [(-n.seq, id(n), n) for n in root_nodes if dependencies[n] == 0]
     heapq.heapify(ready)
+    pop, push = heapq.heappop, heapq.heappush
+    # The buffer slots holding a sum this backward made: the next gradient to arrive there is added
+    # in place (a weight used at each step of a loop: no new array and no op per arrival). Not where
+    # the sums are themselves differentiated (create_graph) or recorded (a trace).
+    summed: set | None = None if create_graph or _jit.tracing else set()
 
+    # The loop runs once per node of the graph: its common case (one output, no hooks, no capture)
+    # is written out without helper calls or generators, each of which is a visible part of a
+    # small node's time.
     with set_grad_enabled(create_graph):
         while ready:
-            node = heapq.heappop(ready)[2]
+            node = pop(ready)[2]
             grads = buffers.pop(node, None) or [None] * node.num_outputs
-            if node not in own_hooks:
+            if (node.pre_hooks or node.__class__ is AccumulateGrad) and node not in own_hooks:
                 _run_pre_hooks(node, grads)
             if captured:
                 for nr, g in enumerate(grads):
@@ -121,23 +129,49 @@ def run_backward(
                         results[index] = g if results[index] is None else results[index] + g
                         if stop_at_capture:
                             grads[nr] = None
-            runs = (needed is None or node in needed) and not (capture is not None and isinstance(node, AccumulateGrad))
-            outputs = _apply(node, grads, retain_graph) if runs and any(g is not None for g in grads) else ()
+            runs = (needed is None or node in needed) and not (capture is not None and node.__class__ is AccumulateGrad)
+            if runs and (grads[0] is not None if len(grads) == 1 else any([g is not None for g in grads])):
+                outputs = _apply(node, grads, retain_graph)
+            else:
+                outputs = ()
+            n_outputs = len(outputs)
             for i, edge in enumerate(node.next_edges):
                 if edge is None:
                     continue
                 nxt, nr = edge
-                if i < len(outputs) and outputs[i] is not None:
-                    _accumulate(buffers.setdefault(nxt, [None] * nxt.num_outputs), nr, outputs[i])
-                dependencies[nxt] -= 1
-                if dependencies[nxt] == 0:
-                    heapq.heappush(ready, (-nxt.seq, id(nxt), nxt))
+                g = outputs[i] if i < n_outputs else None
+                if g is not None:
+                    buffer = buffers.get(nxt)
+                    if buffer is None:
+                        buffer = buffers[nxt] = [None] * nxt.num_outputs
+                    current = buffer[nr]
+                    if current is None:
+                        buffer[nr] = g
+                    elif summed is not None and (nxt, nr) in summed and _add_into(current, g):
+                        pass
+                    else:
+                        buffer[nr] = current + g
+                        if summed is not None:
+                            summed.add((nxt, nr))
+                waiting = dependencies[nxt] - 1
+                dependencies[nxt] = waiting
+                if waiting == 0:
+                    push(ready, (-nxt.seq, id(nxt), nxt))
     return results if capture is not None else None
+
+
+def _add_into(total, grad) -> bool:
+    """Add ``grad`` into ``total`` (a sum the engine made and nothing else holds) in place; False,
+    changing nothing, where the two differ in shape, dtype or device (``total + grad`` then)."""
+    if total._data.shape != grad._data.shape or total._dtype is not grad._dtype or total._device is not grad._device:
+        return False
+    total._data += grad._data
+    return True
 
 
 def _run_pre_hooks(node: Node, grads: list) -> None:
     # A leaf's hooks live on the tensor (its AccumulateGrad is held weakly and may be rebuilt).
-    table = {0: node.variable._hooks} if isinstance(node, AccumulateGrad) and node.variable._hooks else node.pre_hooks
+    table = {0: node.variable._hooks} if node.__class__ is AccumulateGrad and node.variable._hooks else node.pre_hooks
     if not table:
         return
     for nr, hooks in table.items():
@@ -150,10 +184,11 @@ def _run_pre_hooks(node: Node, grads: list) -> None:
 
 
 def _apply(node: Node, grads: list, retain_graph: bool) -> tuple:
-    if isinstance(node, AccumulateGrad):
+    if node.__class__ is AccumulateGrad:
         node.apply(grads)
         return ()
-    grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]
+    if len(grads) > 1:  # (a single gradient is not None: the node would not run)
+        grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]
     try:
         outputs = tuple(node.apply(grads))
     except Exception as error:

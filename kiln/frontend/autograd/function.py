@@ -20,7 +20,7 @@ from __future__ import annotations
 import weakref
 
 from ..tensor import Tensor, make_tensor
-from .grad_mode import no_grad, state
+from .grad_mode import state
 from .graph import FreedGraphError, Node, SavedTensor, _edge_of
 
 
@@ -67,7 +67,7 @@ class FunctionBackward(Node):
     __slots__ = ("cls", "ctx", "output_meta")
 
     def __init__(self, cls, ctx: FunctionCtx, args: tuple, outputs: tuple) -> None:
-        super().__init__(tuple(_edge_of(a) if isinstance(a, Tensor) else None for a in args))
+        super().__init__(tuple([_edge_of(a) if isinstance(a, Tensor) else None for a in args]))
         self.cls, self.ctx = cls, ctx
         self.output_meta = [(tuple(o.shape), o._dtype, o._device) if isinstance(o, Tensor) else None for o in outputs]
 
@@ -105,13 +105,17 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        needs = tuple(isinstance(a, Tensor) and a._requires_grad for a in args)
+        needs = tuple([isinstance(a, Tensor) and a._requires_grad for a in args])
         ctx = FunctionCtx(needs)
-        with no_grad():
+        grad_enabled = state.grad_enabled
+        state.grad_enabled = False  # forward runs without grad (no_grad's effect, without its object)
+        try:
             outputs = cls.forward(ctx, *args, **kwargs)
+        finally:
+            state.grad_enabled = grad_enabled
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
-        if not (state.grad_enabled and any(needs)):
+        if not (grad_enabled and True in needs):
             return outputs
         inputs_by_id = {id(a) for a in args if isinstance(a, Tensor)}
         outs = tuple(_alias(o) if isinstance(o, Tensor) and id(o) in inputs_by_id else o for o in outs)
@@ -122,9 +126,9 @@ class Function:
         ctx._node_ref = weakref.ref(node)
         out_index = {id(o): i for i, o in enumerate(outs) if isinstance(o, Tensor)}
         ctx._saved = tuple(
-            None if t is None else SavedTensor(t, node, out_index[id(t)]) if id(t) in out_index else SavedTensor(t)
-            for t in ctx._to_save
-        )
+            [None if t is None else SavedTensor(t, node, out_index[id(t)]) if id(t) in out_index else SavedTensor(t)
+             for t in ctx._to_save]
+        )  # fmt: skip
         ctx._to_save = ()
         return outs[0] if single else outs
 

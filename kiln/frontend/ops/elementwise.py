@@ -11,6 +11,7 @@ import math
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ..dispatch import apply
+from ..eager_composites import compiled_composite
 from ..jit.regions import composite
 from ..opmath import in_float32
 from ..tensor import Tensor, method
@@ -44,6 +45,10 @@ def _binary(prim, a, b, name: str) -> Tensor:
             or (isinstance(b, int) and not isinstance(b, bool) and a._dtype.category != dt.BOOL)
         ):
             return apply(prim, a, scalar_tensor(b, a._dtype, a._device))
+    elif (
+        (a.__class__ is float or a.__class__ is int) and isinstance(b, Tensor) and b._dtype.category == _FLOAT_CATEGORY
+    ):
+        return apply(prim, scalar_tensor(a, b._dtype, b._device), b)  # a number first (1 - y*y, a VJP's)
     if prim is _sub:
         _no_bool_operand(a, b)
     return apply(prim, *promote(a, b, op=name))
@@ -274,6 +279,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 @in_float32
+@compiled_composite("gelu")
 @composite("gelu")
 def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     """x * Phi(x); ``approximate="tanh"`` uses the tanh formula, as ``torch.nn.functional.gelu``.

@@ -19,6 +19,7 @@ __all__ = [
 ]  # fmt: skip
 
 _reshape, _permute, _slice, _pad = P["reshape"], P["permute"], P["slice"], P["pad"]
+_reduce_sum = P["reduce_sum"]
 
 
 def _shape_arg(shape) -> tuple[int, ...]:
@@ -84,14 +85,15 @@ def broadcast_to(input: Tensor, shape) -> Tensor:
 def sum_to(input: Tensor, shape) -> Tensor:
     """Sum ``input`` down to ``shape`` (the reverse of broadcasting): the VJP of every broadcast."""
     shape = tuple(shape)
-    if tuple(input._data.shape) == shape:
+    given = input._data.shape
+    if given == shape:
         return input
-    lead = input.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        lead + i for i, d in enumerate(shape) if d == 1 and input._data.shape[lead + i] != 1
-    )
-    out = apply(P["reduce_sum"], input, axes=axes, keepdim=True)
-    return reshape(out, shape)
+    lead = len(given) - len(shape)
+    kept = tuple(lead + i for i, d in enumerate(shape) if d == 1 and given[lead + i] != 1)
+    if not kept:  # only leading dims go (a bias's gradient): one reduction, no reshape
+        return apply(_reduce_sum, input, axes=tuple(range(lead)), keepdim=False)
+    out = apply(_reduce_sum, input, axes=tuple(range(lead)) + kept, keepdim=True)
+    return out if lead == 0 else reshape(out, shape)
 
 
 @method("contiguous")

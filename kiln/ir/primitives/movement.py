@@ -185,7 +185,7 @@ def inverse_permutation(perm: tuple[int, ...]) -> tuple[int, ...]:
 
 
 permute = register(Primitive(
-    "permute", Kind.MOVEMENT, _permute_infer, lambda xp, x, *, perm: xp.transpose(x, perm),
+    "permute", Kind.MOVEMENT, _permute_infer, lambda xp, x, *, perm: x.transpose(perm),  # (xp.transpose: +0.6 us)
     lambda ops, c, g: (ops.permute(g, inverse_permutation(c.attrs["perm"])),),
     reference=lambda torch, x, *, perm: x.permute(perm),
     samples=lambda rng: [Sample((rng.normal(size=(2, 3, 4)),), {"perm": (2, 0, 1)}),

@@ -8,6 +8,7 @@ are Python over these in ``kiln.frontend.ops.reductions``.
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -72,7 +73,7 @@ def _rows(x, axes) -> int | None:
         or not x.flags.c_contiguous
     ):
         return None
-    return int(np.prod(x.shape[: len(axes)]))
+    return math.prod(x.shape[: len(axes)])  # (numpy.prod of a tuple costs ~1.5 us)
 
 
 _CACHED_ONES = 1 << 16  # longer vectors of ones are made per call (the cache holds 16 at most)

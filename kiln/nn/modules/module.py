@@ -67,15 +67,17 @@ class Module:
     def __call__(self, *args, **kwargs):
         if _jit.tracing:
             _jit.module_call(self)  # the training flag becomes a guard of kiln.compile
-        for hook in tuple(self._forward_pre_hooks.values()):
-            result = hook(self, args)
-            if result is not None:
-                args = result if isinstance(result, tuple) else (result,)
+        if self._forward_pre_hooks:  # (tested first: a call without hooks copies no hook tuples)
+            for hook in tuple(self._forward_pre_hooks.values()):
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
         out = self.forward(*args, **kwargs)
-        for hook in tuple(self._forward_hooks.values()):
-            result = hook(self, args, out)
-            if result is not None:
-                out = result
+        if self._forward_hooks:
+            for hook in tuple(self._forward_hooks.values()):
+                result = hook(self, args, out)
+                if result is not None:
+                    out = result
         return out
 
     def register_forward_pre_hook(self, hook: Callable) -> RemovableHandle:
@@ -92,10 +94,16 @@ class Module:
 
     # ------------------------------------------------------------------ registration
     def __getattr__(self, name: str):
+        # Every forward reads its parameters here (``self.weight``): the stores are read once each,
+        # without a loop over their names (~0.3 us of ~0.7 a read).
         d = self.__dict__
-        for store in ("_parameters", "_buffers", "_modules"):
-            if store in d and name in d[store]:
-                return d[store][name]
+        parameters, buffers, modules = d.get("_parameters"), d.get("_buffers"), d.get("_modules")
+        if parameters is not None and name in parameters:
+            return parameters[name]
+        if buffers is not None and name in buffers:
+            return buffers[name]
+        if modules is not None and name in modules:
+            return modules[name]
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def _remove_from(self, name: str, *stores: str) -> None:

@@ -1,0 +1,143 @@
+"""Compiled composite calls (``eager_composites``) on the layouts and call patterns of real training
+steps: a conv's channel-major output, and a batch_norm module called twice before its backward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.frontend import eager_kernels
+
+
+@pytest.fixture
+def on(monkeypatch):
+    """Eager kernels on (the suite runs with them off), compiling in the background, with an empty
+    cache; off again afterwards."""
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
+    eager_kernels.CACHE.clear()
+    eager_kernels.set_enabled(True)
+    yield eager_kernels
+    eager_kernels.set_enabled(False)
+    eager_kernels.CACHE.clear()
+
+
+def _programs(name: str) -> list:
+    return [e.program for key, e in eager_kernels.CACHE.entries.items() if key[0] == name]
+
+
+def _channel_major(x: np.ndarray) -> np.ndarray:
+    """``x`` (N, C, H, W) in memory ordered C, N, H, W: a transposed conv's output layout."""
+    return np.ascontiguousarray(x.transpose(1, 0, 2, 3)).transpose(1, 0, 2, 3)
+
+
+def _two_calls_then_backward(arrays: list, calls: int = 3):
+    """A BatchNorm2d module called on ``x`` and ``2 x`` before each backward (a GAN's discriminator
+    on real and fake images): losses, the input's gradient and the running statistics."""
+    kiln.manual_seed(0)
+    bn = kiln.nn.BatchNorm2d(arrays[0].shape[1])
+    found = []
+    for array in arrays[:calls]:
+        x = kiln.from_numpy(array.copy(order="K")).requires_grad_()
+        assert x._data.strides == array.strides
+        loss = (bn(x) * bn(x * 2.0)).sum()
+        eager_kernels.wait(120)
+        loss.backward()
+        found.append(
+            [loss.item(), x.grad.numpy().copy(), bn.running_mean.numpy().copy(), bn.running_var.numpy().copy()]
+        )
+    return found
+
+
+@pytest.mark.parametrize("layout", ["C order", "channel-major"])
+def test_batch_norm_called_twice_before_its_backward_compiles_and_equals_eager(on, layout):
+    """The running statistics a call updates are not saved for its backward (the second call updates
+    them again): this raised an in-place error once the program was compiled. A conv's channel-major
+    output compiles too (its key was refused, so the op ran eagerly)."""
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((4, 6, 5, 5)).astype(np.float32) for _ in range(3)]
+    if layout == "channel-major":
+        arrays = [_channel_major(a) for a in arrays]
+    eager_kernels.set_enabled(False)
+    expected = _two_calls_then_backward(arrays)
+    eager_kernels.set_enabled(True)
+    found = _two_calls_then_backward(arrays)
+    programs = [p for p in _programs("batch_norm") if p is not None]
+    assert programs and all(len(p.state.specializations) == 1 for p in programs)  # no compile in the caller
+    for got, want in zip(found, expected, strict=True):
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-5)
+
+
+def test_batch_norm_twice_before_backward_matches_torch(on, torch):
+    rng = np.random.default_rng(1)
+    array = rng.standard_normal((4, 6, 5, 5)).astype(np.float32)
+    (loss, grad, mean, var) = _two_calls_then_backward([array, array, array])[-1]
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(6)
+    for _ in range(3):
+        x = torch.tensor(array, requires_grad=True)
+        (bn(x) * bn(x * 2.0)).sum().backward()
+    np.testing.assert_allclose(grad, x.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(mean, bn.running_mean.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(var, bn.running_var.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_an_input_changed_in_place_before_the_backward_is_still_an_error(on):
+    x = kiln.tensor(np.random.default_rng(2).standard_normal((64, 40)).astype(np.float32), requires_grad=True)
+    kiln.nn.functional.softmax(x, -1)
+    eager_kernels.wait(120)
+    w = kiln.tensor(np.random.default_rng(3).standard_normal((64, 40)).astype(np.float32), requires_grad=True)
+    base = w * 1.0
+    y = kiln.nn.functional.softmax(base, -1)
+    assert _programs("softmax")
+    with kiln.no_grad():
+        base.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+def _softmax_ready(x):
+    kiln.nn.functional.softmax(x, -1).sum().backward()
+    eager_kernels.wait(120)
+    assert [p for p in _programs("softmax") if p is not None]
+
+
+def test_a_compiled_composites_backward_runs_its_node_without_a_nested_engine_run(on, monkeypatch):
+    from kiln.frontend.autograd import api
+
+    rng = np.random.default_rng(4)
+    x = kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32), requires_grad=True)
+    _softmax_ready(x)
+    runs = []
+    original = api.run_backward
+    monkeypatch.setattr(api, "run_backward", lambda *a, **k: runs.append(1) or original(*a, **k))
+    weights = kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32))
+    x.grad = None
+    (kiln.nn.functional.softmax(x, -1) * weights).sum().backward()
+    assert len(runs) == 1
+    s = np.exp(x.detach().numpy()) / np.exp(x.detach().numpy()).sum(-1, keepdims=True)
+    w = weights.numpy()
+    np.testing.assert_allclose(x.grad.numpy(), s * (w - (s * w).sum(-1, keepdims=True)), rtol=1e-4, atol=1e-6)
+
+
+def test_a_compiled_composites_backward_keeps_retain_graph_hooks_and_anomaly_mode(on):
+    rng = np.random.default_rng(5)
+    x = kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32), requires_grad=True)
+    _softmax_ready(x)
+    x.grad = None
+    y = kiln.nn.functional.softmax(x * 1.0, -1)
+    seen = []
+    y.register_hook(lambda g: seen.append(g.shape) or g * 2)
+    loss = (y * kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32))).sum()
+    loss.backward(retain_graph=True)
+    first = x.grad.numpy().copy()
+    loss.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * first, rtol=1e-5, atol=1e-7)
+    assert len(seen) == 2
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
+    with kiln.autograd.detect_anomaly():
+        x.grad = None
+        kiln.nn.functional.softmax(x, -1).sum().backward()
+        np.testing.assert_allclose(x.grad.numpy(), np.zeros((64, 40)), atol=1e-5)
