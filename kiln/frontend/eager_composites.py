@@ -12,8 +12,8 @@ Later calls with the key run that compiled function: fused kernels forward and b
 and its gradient each one pass per row), one autograd node for the whole op.
 
 Calls stay eager where a compiled function would not match the key's specialization: arguments
-that are not C-contiguous CPU tensors (float32/64, int32/64, bool) or plain values (numbers,
-strings, tuples of them, None), tensors under ``MIN_BYTES`` together, or a ``kiln.compile``
+that are not dense CPU tensors (C order or a permutation of it; float32/64, int32/64, bool) or
+plain values (numbers, strings, tuples of them, None), tensors under ``MIN_BYTES`` together, or a ``kiln.compile``
 trace running in this thread (it records the op itself). Like a primitive's, a key of calls
 without grad keeps the compiled program only if its first ``eager_kernels.TRIALS`` calls beat the
 eager calls timed while it compiled; calls with grad are not timed (their backward, which gains
@@ -88,11 +88,15 @@ class _CompiledCall(Function):
     @staticmethod
     def forward(ctx, program, fn, n_args: int, names: tuple, *values):
         inner = [v.detach().requires_grad_() if isinstance(v, Tensor) and v._requires_grad else v for v in values]
+        versions = [v._version[0] if isinstance(v, Tensor) else None for v in values]
         with enable_grad():  # Function.apply runs forward without grad: the compiled call records its backward node
             result = program(*inner[:n_args], **dict(zip(names, inner[n_args:], strict=True)))
         ctx.fn, ctx.n_args, ctx.names, ctx.values, ctx.inner = fn, n_args, names, values, inner
         ctx.outputs = result if isinstance(result, tuple) else (result,)
-        ctx.save_for_backward(*(v for v in values if isinstance(v, Tensor)))  # in-place changes since are errors
+        # in-place changes since are errors, except to what the op changes itself (batch_norm's
+        # running statistics, which the next call of the same module changes before this backward)
+        ctx.save_for_backward(*(v for v, version in zip(values, versions, strict=True)
+                                if isinstance(v, Tensor) and v._version[0] == version))  # fmt: skip
         detached = tuple(o.detach() if isinstance(o, Tensor) else o for o in ctx.outputs)
         return detached if isinstance(result, tuple) else detached[0]
 
@@ -120,7 +124,7 @@ def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
     for arg in (*args, *kwargs.values()):
         if isinstance(arg, Tensor):
             data = arg._data
-            if arg._device is not CPU or data.dtype not in _DTYPES or not data.flags.c_contiguous:
+            if arg._device is not CPU or data.dtype not in _DTYPES or not _dense(data):
                 return None
             parts.append((data.shape, data.dtype.char, data.strides, arg._requires_grad))
             nbytes += data.nbytes
@@ -137,11 +141,18 @@ def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
     return (name, tuple(parts), tuple(kwargs), _grad_state.grad_enabled)
 
 
+def _dense(data: np.ndarray) -> bool:
+    """Whether ``data`` fills its memory in some order of its dims (C order, or a permutation of
+    it such as an im2col convolution's (N, O, H, W) view of its (O, N, H, W) product), so that
+    ``_clone`` lays a copy out with the same strides."""
+    return data.flags.c_contiguous or np.empty_like(data).strides == data.strides
+
+
 def _clone(arg):
     """A tensor argument's copy (its own memory, same layout and ``requires_grad``); others as they are."""
     if not isinstance(arg, Tensor):
         return arg
-    copy = make_tensor(arg._data.copy(), arg._device)
+    copy = make_tensor(arg._data.copy(order="K"), arg._device)
     return copy.requires_grad_() if arg._requires_grad else copy
 
 
