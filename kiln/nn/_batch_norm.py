@@ -24,7 +24,13 @@ import kiln
 
 def moments(x: kiln.Tensor, dims: tuple[int, ...], eps: float):
     """(centered, r, mean, var): the deviations from the mean over ``dims``, ``1 / sqrt(var + eps)``,
-    the mean and the biased variance (the three last keepdim).
+    the mean and the biased variance (the three last keepdim)."""
+    mean, drift, centered, var = _statistics(x, dims)
+    return centered, kiln.rsqrt(var + eps), mean + drift, var
+
+
+def _statistics(x: kiln.Tensor, dims: tuple[int, ...]):
+    """(mean, drift, centered, var) over ``dims``: ``centered`` is ``(x - mean) - drift``.
 
     The deviations are centered twice (the corrected two-pass algorithm): the mean rounded to the
     dtype leaves deviations that sum to about n * eps * |mean| rather than 0, and the gradient
@@ -36,8 +42,7 @@ def moments(x: kiln.Tensor, dims: tuple[int, ...], eps: float):
     deviation = x - mean
     drift = deviation.mean(dim=dims, keepdim=True)
     centered = deviation - drift
-    var = (centered * centered).mean(dim=dims, keepdim=True)
-    return centered, kiln.rsqrt(var + eps), mean + drift, var
+    return mean, drift, centered, (centered * centered).mean(dim=dims, keepdim=True)
 
 
 def _layout(x: kiln.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
@@ -57,22 +62,27 @@ class _TrainingBatchNorm(kiln.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps: float):
         dims, shape, _ = _layout(x)
-        centered, r, mean, var = moments(x, dims, eps)
+        mean, drift, centered, var = _statistics(x, dims)
+        r = kiln.rsqrt(var + eps)
         scale = r if weight is None else r * weight.reshape(shape)
         y = centered * scale
         if bias is not None:
             y = y + bias.reshape(shape)
-        ctx.save_for_backward(x, weight, bias, centered, r)
+        # the deviations are computed again from x (bit for bit): a compiled forward then writes
+        # one full-size tensor, y, and the backward's kernels read x where they read the deviations
+        ctx.save_for_backward(x, weight, bias, mean, drift, r)
         ctx.eps = eps
+        mean = mean + drift
         ctx.mark_non_differentiable(mean, var)
         return y, mean, var
 
     @staticmethod
     def backward(ctx, g, _mean_grad, _var_grad):
-        x, weight, bias, centered, r = ctx.saved_tensors
+        x, weight, bias, mean, drift, r = ctx.saved_tensors
         if kiln.is_grad_enabled():  # create_graph: a gradient autograd can differentiate again
             return (*_differentiable_gradients(ctx.needs_input_grad[:3], x, weight, bias, ctx.eps, g), None)
         dims, shape, count = _layout(x)
+        centered = (x - mean) - drift
         g_sum = g.sum(dim=dims, keepdim=True)
         gc_sum = (g * centered).sum(dim=dims, keepdim=True)  # sum(g xhat) / r
         gx = gw = gb = None
