@@ -1,8 +1,12 @@
 """Transposed convolutions: ``conv_transpose1d``, ``conv_transpose2d``, ``conv_transpose3d``.
 
-The math is the adjoint of convolution written with kiln ops: spread the input apart by ``stride``
-(zeros between pixels), pad by ``dilation * (kernel - 1) - padding`` (plus ``output_padding``
-at the end), then a stride-1 convolution with the kernel flipped and its in/out channels swapped.
+A transposed convolution is the adjoint of a convolution, written two ways with kiln ops:
+
+- strided, or from an input much smaller than its output (``_as_adjoint``): im2col's adjoint,
+  each input pixel times the filter (one product) summed into place by ``fold_windows``;
+- otherwise: spread the input apart by ``stride`` (zeros between pixels), pad by
+  ``dilation * (kernel - 1) - padding`` (plus ``output_padding`` at the end), then a stride-1
+  convolution (direct, Winograd or im2col) with the kernel flipped and its in/out channels swapped.
 """
 
 from __future__ import annotations
