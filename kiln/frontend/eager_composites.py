@@ -12,8 +12,8 @@ Later calls with the key run that compiled function: fused kernels forward and b
 and its gradient each one pass per row), one autograd node for the whole op.
 
 Calls stay eager where a compiled function would not match the key's specialization: arguments
-that are not C-contiguous CPU tensors (float32/64, int32/64, bool) or plain values (numbers,
-strings, tuples of them, None), tensors under ``MIN_BYTES`` together, or a ``kiln.compile``
+that are not dense CPU tensors (C order or a permutation of it; float32/64, int32/64, bool) or
+plain values (numbers, strings, tuples of them, None), tensors under ``MIN_BYTES`` together, or a ``kiln.compile``
 trace running in this thread (it records the op itself). Like a primitive's, a key of calls
 without grad keeps the compiled program only if its first ``eager_kernels.TRIALS`` calls beat the
 eager calls timed while it compiled; calls with grad are not timed (their backward, which gains

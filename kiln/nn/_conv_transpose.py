@@ -1,11 +1,17 @@
 """Transposed convolutions: ``conv_transpose1d``, ``conv_transpose2d``, ``conv_transpose3d``.
 
-The math is the adjoint of convolution written with kiln ops: spread the input apart by ``stride``
-(zeros between pixels), pad by ``dilation * (kernel - 1) - padding`` (plus ``output_padding``
-at the end), then a stride-1 convolution with the kernel flipped and its in/out channels swapped.
+A transposed convolution is the adjoint of a convolution, written two ways with kiln ops:
+
+- strided, or from an input much smaller than its output (``_as_adjoint``): im2col's adjoint,
+  each input pixel times the filter (one product) summed into place by ``fold_windows``;
+- otherwise: spread the input apart by ``stride`` (zeros between pixels), pad by
+  ``dilation * (kernel - 1) - padding`` (plus ``output_padding`` at the end), then a stride-1
+  convolution (direct, Winograd or im2col) with the kernel flipped and its in/out channels swapped.
 """
 
 from __future__ import annotations
+
+import math
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
@@ -72,6 +78,9 @@ def _conv_transpose(input, weight, bias, stride, padding, output_padding, groups
             raise RuntimeError(f"{op}: output padding must be smaller than either stride or dilation, got "
                                f"output_padding={output_padding}, stride={stride}, dilation={dilation}")  # fmt: skip
     kernel = tuple(weight.shape[2:])
+    if _as_adjoint(x, kernel, stride, padding, output_padding, dilation):
+        out = _adjoint(x, weight, bias, stride, padding, output_padding, groups, dilation)
+        return out if batched else out.squeeze(0)
     c_out_g = weight.shape[1]
     # (C_in, C_out/g, *k) -> (C_out, C_in/g, *k), kernel flipped.
     w = weight.reshape(groups, c_in // groups, c_out_g, *kernel).transpose(1, 2)
@@ -81,6 +90,44 @@ def _conv_transpose(input, weight, bias, stride, padding, output_padding, groups
     x = _pad_or_crop(_spread(x, stride), before, after)
     out = _CONVS[d](x, w, bias, 1, 0, dilation, groups)
     return out if batched else out.squeeze(0)
+
+
+def _as_adjoint(x, kernel, stride, padding, output_padding, dilation) -> bool:
+    """Whether the transposed convolution runs as the adjoint of im2col (``_adjoint``): for strides
+    above 1, whose spread input is mostly zeros (3/4 of a stride-2 2-d one: DCGAN's generator
+    multiplied 4x what it needed), and for inputs much smaller than their output (a 1x1 noise
+    vector to a 4x4 plane); not for ``output_padding`` of a stride or more (allowed with a larger
+    dilation), which leaves trailing windows of no input."""
+    spatial = tuple(x.shape[2:])
+    out = tuple((i - 1) * s - 2 * p + dl * (k - 1) + o + 1
+                for i, s, p, dl, k, o in zip(spatial, stride, padding, dilation, kernel, output_padding, strict=True))  # fmt: skip
+    return (
+        all(o < s for o, s in zip(output_padding, stride, strict=True)) and min(out, default=1) > 0
+        and (any(s > 1 for s in stride) or 2 * math.prod(spatial) <= math.prod(out))
+    )  # fmt: skip
+
+
+def _adjoint(x, weight, bias, stride, padding, output_padding, groups: int, dilation):
+    """The transposed convolution as what it is, the input gradient of a convolution by ``weight``:
+    each input pixel times the filter, (C_out/g * prod(k), C_in/g) @ (C_in/g, N * prod(in)) per
+    group, the products summed into place by ``fold_windows`` (im2col's adjoint, compiled), and
+    ``padding`` cropped. Its gradients are an unfold and two products."""
+    d = len(stride)
+    n, c_in, spatial = x.shape[0], x.shape[1], tuple(x.shape[2:])
+    kernel, c_out_g = tuple(weight.shape[2:]), weight.shape[1]
+    w = weight.reshape(groups, c_in // groups, c_out_g * math.prod(kernel)).transpose(1, 2)
+    pixels = x.transpose(0, 1).reshape(groups, c_in // groups, n * math.prod(spatial))
+    windows = kiln.matmul(w, pixels).reshape(groups * c_out_g, *kernel, n, *spatial)
+    size = tuple((i - 1) * s + dl * (k - 1) + 1 + o
+                 for i, s, dl, k, o in zip(spatial, stride, dilation, kernel, output_padding, strict=True))  # fmt: skip
+    out = kiln.fold_windows(windows, size, kernel, stride, dilation, batch_inner=True)
+    if any(padding):
+        for k, (p, s) in enumerate(zip(padding, size, strict=True)):
+            out = kiln.narrow(out, 2 + k, p, s - 2 * p)
+        out = out.contiguous()  # a crop of rows: the next op (a BatchNorm's compiled program) wants it dense
+    if bias is not None:
+        out = out + bias.reshape(bias.shape[0], *(1,) * d)
+    return out
 
 
 @autocast_op(LOWER)

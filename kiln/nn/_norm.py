@@ -14,27 +14,17 @@ import kiln
 from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.opmath import in_float32
 
+from ._batch_norm import moments, training_batch_norm
 from ._utils import check_tensor
 
 __all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm"]
 
 
 def _normalize(x: kiln.Tensor, dims: tuple[int, ...], eps: float) -> tuple[kiln.Tensor, kiln.Tensor, kiln.Tensor]:
-    """(x - mean) / sqrt(var + eps) over ``dims``, with the mean and biased variance (keepdim).
-
-    The deviations are centered twice (the corrected two-pass algorithm): the mean rounded to the
-    dtype leaves deviations that sum to about n * eps * |mean| rather than 0, and the gradient
-    scales that sum by 1 / sigma^3, so for a nearly constant row (sigma << |mean|) it was all
-    rounding noise. Their own mean, ``drift``, is computed exactly enough (the deviations are
-    exact differences there) to take that sum to rounding in the deviations' size, which both
-    the value and its gradients then inherit: one more pass over data already in cache, and the
-    backward keeps the same tensors."""
-    mean = x.mean(dim=dims, keepdim=True)
-    deviation = x - mean
-    drift = deviation.mean(dim=dims, keepdim=True)
-    centered = deviation - drift
-    var = (centered * centered).mean(dim=dims, keepdim=True)
-    return centered * kiln.rsqrt(var + eps), mean + drift, var
+    """(x - mean) / sqrt(var + eps) over ``dims``, with the mean and biased variance (keepdim),
+    from ``moments`` (which says how the deviations are centered)."""
+    centered, r, mean, var = moments(x, dims, eps)
+    return centered * r, mean, var
 
 
 def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor:
@@ -93,14 +83,13 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         if t is not None and tuple(t.shape) != (c,):
             raise RuntimeError(f"batch_norm: {name} should contain {c} elements not {t.numel()}")
     shape = _channel_shape(input)
-    dims = (0, *range(2, input.ndim))
     if training:
         count = input.numel() // c
         if count <= 1:
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got input size {list(input.shape)}"
             )
-        y, mean, var = _normalize(input, dims, eps)
+        y, mean, var = training_batch_norm(input, weight, bias, eps)
         if running_mean is not None and running_var is not None:
             with kiln.no_grad():
                 running_mean.mul_(1 - momentum).add_(mean.reshape(c) * momentum)
@@ -109,7 +98,8 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         if running_mean is None or running_var is None:
             raise RuntimeError("batch_norm: running_mean and running_var must be given when training=False")
         y = (input - running_mean.reshape(shape)) * kiln.rsqrt(running_var.reshape(shape) + eps)
-    return _affine(y, weight, bias, shape)
+        y = _affine(y, weight, bias, shape)
+    return y
 
 
 @in_float32  # bfloat16 normalizes in float32, as PyTorch does

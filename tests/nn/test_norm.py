@@ -47,6 +47,42 @@ def test_batch_norm_training_matches_torch_and_updates_running_stats(torch, shap
     assert k_mean.grad_fn is None and not k_mean.requires_grad
 
 
+def _full_size_ops(x, fn) -> list[str]:
+    """The eager ops ``fn()`` runs with an input of ``x``'s shape (one pass over memory each)."""
+    with kiln.profiler.profile(record_shapes=True) as prof:
+        fn()
+    return [e.name for e in prof.events() if any(tuple(s) == tuple(x.shape) for s in e.shapes)]
+
+
+def test_batch_norm_training_backward_is_the_closed_form():
+    """The gradient in closed form, dx = w r (g - mean(g) - xhat mean(g xhat)) with dw and db from
+    the same two sums: 9 passes over the input's size eagerly (2 compute the deviations again from
+    x, which a compiled backward fuses into its kernels) and the copy into ``x.grad``. Autograd
+    through the forward's means took 18 (each mean's gradient a sum and a broadcast, twice for the
+    drift's correction)."""
+    x, w, b = leaves(rng.normal(size=(4, 3, 5, 5)), rng.normal(size=3), rng.normal(size=3))
+    y = F.batch_norm(x, None, None, w, b, training=True)
+    g = kiln.tensor(rng.normal(size=(4, 3, 5, 5)))
+    assert len(_full_size_ops(x, lambda: y.backward(g))) <= 10
+    # and the gradients are the composite's own, which autograd gave before
+    found = [t.grad.numpy() for t in (x, w, b)]
+    x2, w2, b2 = leaves(*(t.detach().numpy() for t in (x, w, b)))
+    mean = x2.mean(dim=(0, 2, 3), keepdim=True)
+    centered = x2 - mean
+    var = (centered * centered).mean(dim=(0, 2, 3), keepdim=True)
+    reference = centered * kiln.rsqrt(var + 1e-5) * w2.reshape(1, 3, 1, 1) + b2.reshape(1, 3, 1, 1)
+    reference.backward(g)
+    for got, expected in zip(found, (x2.grad, w2.grad, b2.grad), strict=True):
+        np.testing.assert_allclose(got, expected.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_batch_norm_training_gradgrad():
+    """A gradient of the gradient (create_graph) goes through the composite's formula again."""
+    x, w, b = leaves(rng.normal(size=(4, 2, 3)), rng.normal(size=2), rng.normal(size=2))
+    assert kiln.autograd.gradgradcheck(lambda *a: F.batch_norm(a[0], None, None, *a[1:], training=True), (x, w, b))
+    assert kiln.autograd.gradgradcheck(lambda a: F.batch_norm(a, None, None, training=True), (x,))
+
+
 def test_batch_norm_eval_uses_running_stats(torch):
     x = rng.normal(size=(4, 3, 2))
     mean, var, w, b = rng.normal(size=3), rng.uniform(0.5, 2, size=3), rng.normal(size=3), rng.normal(size=3)

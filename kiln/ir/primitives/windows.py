@@ -237,6 +237,10 @@ def _fold_samples(rng):
                {"size": (4, 3, 3), "kernel_size": (2, 1, 2), "stride": (1, 1, 1), "dilation": (1, 1, 1)}),
         Sample((rng.normal(size=(3, 2, 3, 2, 2, 2)),),
                {"size": (4, 4), "kernel_size": (2, 3), "stride": (2, 1), "dilation": (1, 1), "batch_inner": True}),
+        # a transposed convolution's (conv_transpose2d, stride 2, output_padding 1): overlapping
+        # windows, and a last row no window reaches
+        Sample((rng.normal(size=(2, 4, 4, 2, 3, 3)),),
+               {"size": (9, 8), "kernel_size": (4, 4), "stride": (2, 2), "dilation": (1, 1), "batch_inner": True}),
     ]  # fmt: skip
 
 
