@@ -224,3 +224,13 @@ def test_a_subclass_with_its_own_step_runs_that_step():
     for run in (lambda x: model(x)[0], compiled, compiled):
         assert_close(run(x), np.stack(want), rtol=1e-12, atol=1e-12)
     assert "rnn_scan" not in _traced_ops(compiled)
+
+
+def test_recurrences_write_into_the_programs_arena():
+    """rnn_scan's packed output and its backward's (3 MiB and 1.7 MiB at the LSTM LM's sizes) are
+    memory of the program's arena, reused by each call, not fresh arrays whose pages fault every call."""
+    fn, _ = _run("LSTM", OPTIONS["2 layers, batch_first"], np.float32, compiled=True, calls=2)
+    (spec,) = fn.state.specializations
+    recurrences = [n.output for n in spec.graph.nodes if n.op in ("rnn_scan", "rnn_scan_backward")]
+    assert len(recurrences) == 4
+    assert all(v in spec.program.plan.offsets for v in recurrences)

@@ -39,11 +39,13 @@ def _blocks(a, layout: ScanLayout):
 
 
 # ----------------------------------------------------------------------------- the forward
-def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
-    """The packed output of ``rnn_scan`` (``c0`` for an LSTM, ``b_hn`` for a GRU, else None)."""
+def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool, out=None):
+    """The packed output of ``rnn_scan`` (``c0`` for an LSTM, ``b_hn`` for a GRU, else None), written
+    into ``out`` when given (every element of it)."""
     steps, batch, _ = gx.shape
     layout = ScanLayout(mode, w_hh.shape[1])
-    out = np.empty((steps, batch, layout.width), dtype=gx.dtype)
+    if out is None:
+        out = np.empty((steps, batch, layout.width), dtype=gx.dtype)
     if steps == 0:
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
@@ -133,11 +135,13 @@ def gru_forward(A, h0, hs, hn, w_hh_t, b_hn) -> None:
 
 
 # ----------------------------------------------------------------------------- the backward
-def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool):
-    """The packed output of ``rnn_scan_backward``: ``g`` is the cotangent of ``packed``, every part of it."""
+def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool, out=None):
+    """The packed output of ``rnn_scan_backward``: ``g`` is the cotangent of ``packed``, every part of it;
+    written into ``out`` when given (every element of it)."""
     steps, batch, _ = packed.shape
     layout = ScanLayout(mode, w_hh.shape[1])
-    out = np.empty((steps, batch, layout.grad_width), dtype=packed.dtype)
+    if out is None:
+        out = np.empty((steps, batch, layout.grad_width), dtype=packed.dtype)
     if steps == 0:
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
