@@ -234,3 +234,30 @@ def test_recurrences_write_into_the_programs_arena():
     recurrences = [n.output for n in spec.graph.nodes if n.op in ("rnn_scan", "rnn_scan_backward")]
     assert len(recurrences) == 4
     assert all(v in spec.program.plan.offsets for v in recurrences)
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
+def test_cotangent_of_the_packed_output_is_one_pad(mode):
+    """The output h and the final states, whose gradients the loss gives, lie side by side in the
+    packed output, so the simplifier joins their gradients into one pad of the packed width; apart,
+    each was a pad of the full width and the pads were added (an LSTM: three 3 MiB arrays written
+    and two read back again, at the LM's sizes)."""
+    module = _module(mode, OPTIONS["1 layer"], np.float32)
+
+    def step(x):
+        module.zero_grad()
+        out, state = module(x)
+        finals = state if isinstance(state, tuple) else (state,)
+        loss = (out * out).sum() + sum((f * f * (k + 2.0)).sum() for k, f in enumerate(finals))
+        loss.backward()
+        return loss.detach()
+
+    fn = kiln.compile(step)
+    for x, _ in _batches(mode, OPTIONS["1 layer"], np.float32, 2):
+        assert_close(fn(x), step(x), rtol=1e-5, atol=1e-6)
+    (spec,) = fn.state.specializations
+    (scan,) = [n for n in spec.graph.nodes if n.op == "rnn_scan"]
+    # the nodes writing arrays of the packed shape: the forward and its gradient's one pad
+    packed_shaped = [n.op for n in spec.graph.nodes if n.op != "rnn_scan_backward"
+                     and any(v.type.shape == scan.output.type.shape for v in n.outputs)]  # fmt: skip
+    assert sorted(packed_shaped) == ["pad", "rnn_scan"]
