@@ -163,7 +163,7 @@ copy = register(Primitive(
     "copy", Kind.MOVEMENT, lambda x: x, lambda xp, x: xp.array(x, copy=True, order="C"),
     lambda ops, c, g: (g,), reference=lambda torch, x: x.clone(),
     samples=lambda rng: [Sample((rng.normal(size=(2, 3)).T,)), Sample((rng.normal(size=()),))],
-    doc="A fresh row-major copy (clone, contiguous).",
+    eager_into=lambda xp, x, *, out: xp.copyto(out, x), doc="A fresh row-major copy (clone, contiguous).",
 ))  # fmt: skip
 
 
