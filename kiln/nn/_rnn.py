@@ -23,10 +23,11 @@ Measured (compile_cost's 2-layer LSTM LM step, V=500, H=128, B=16, T=35, SGD + c
 thread, on a busy shared 2-core machine): a traced step is 284 nodes at T=35 and at T=350 (the
 per-step ops: 5,062 and 48,532); a cold compile took 0.4-2.5 s (per-step ops: 8.8 s), its passes
 and code generation the same time at T=350 (1.2-1.4 s), what grows being the traced first call's
-own run of the step. Per step (CPU time): eager 16-20 ms, as before; compiled 20-23 ms, slower than
-the per-step program LLVM fused (13-17 ms) and than eager: numpy's step kernels, the packed output's
-copies and its gradient's padding cost more than LLVM's fused per-step kernels; a compiled step
-kernel for the recurrence is what would win that back.
+own run of the step. Per step (CPU time, alternating calls in one process, medians): compiled/eager
+0.94-0.96 (13.7-15.3 ms against 14.4-16.3 ms). It was 1.12-1.21 while the recurrences' packed outputs
+were fresh numpy arrays, whose pages faulted in on every call; they are now the program's arena
+(``eager_into``), and the LSTM step's gate math runs on a contiguous buffer rather than the packed
+output's strided rows.
 """
 
 from __future__ import annotations

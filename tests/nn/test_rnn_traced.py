@@ -224,3 +224,48 @@ def test_a_subclass_with_its_own_step_runs_that_step():
     for run in (lambda x: model(x)[0], compiled, compiled):
         assert_close(run(x), np.stack(want), rtol=1e-12, atol=1e-12)
     assert "rnn_scan" not in _traced_ops(compiled)
+
+
+def test_recurrences_write_into_the_programs_arena():
+    """rnn_scan's packed output, the pad that makes its cotangent, rnn_scan_backward's output and the
+    copy of its dz (3, 3, 1.7 and 1.1 MiB at the LSTM LM's sizes) are memory of the program's arena, reused by each call, not
+    fresh arrays whose pages fault in every call (the pad's: 0.58 -> 0.09 ms, and the backward
+    reading it 2.6 -> 1.6 ms, in a 2-layer LSTM whose loss reads the final states)."""
+    fn, _ = _run("LSTM", OPTIONS["2 layers, batch_first"], np.float32, compiled=True, calls=2)
+    (spec,) = fn.state.specializations
+    ops = ("rnn_scan", "rnn_scan_backward", "pad")
+    found = [n for n in spec.graph.nodes if n.op in ops]
+    assert sorted(n.op for n in found) == sorted(ops * 2)
+    # and the contiguous copy of each backward's dz (1.1 MiB), which the weight gradients' products read
+    producer = {v: n for n in spec.graph.nodes for v in n.outputs}
+    found += [n for n in spec.graph.nodes if n.op == "copy" and producer[n.inputs[0]].op == "slice"
+              and producer[producer[n.inputs[0]].inputs[0]].op == "rnn_scan_backward"]  # fmt: skip
+    assert len(found) == 8
+    assert all(n.output in spec.program.plan.offsets for n in found)
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
+def test_cotangent_of_the_packed_output_is_one_pad(mode):
+    """The output h and the final states, whose gradients the loss gives, lie side by side in the
+    packed output, so the simplifier joins their gradients into one pad of the packed width; apart,
+    each was a pad of the full width and the pads were added (an LSTM: three 3 MiB arrays written
+    and two read back again, at the LM's sizes)."""
+    module = _module(mode, OPTIONS["1 layer"], np.float32)
+
+    def step(x):
+        module.zero_grad()
+        out, state = module(x)
+        finals = state if isinstance(state, tuple) else (state,)
+        loss = (out * out).sum() + sum((f * f * (k + 2.0)).sum() for k, f in enumerate(finals))
+        loss.backward()
+        return loss.detach()
+
+    fn = kiln.compile(step)
+    for x, _ in _batches(mode, OPTIONS["1 layer"], np.float32, 2):
+        assert_close(fn(x), step(x), rtol=1e-5, atol=1e-6)
+    (spec,) = fn.state.specializations
+    (scan,) = [n for n in spec.graph.nodes if n.op == "rnn_scan"]
+    # the nodes writing arrays of the packed shape: the forward and its gradient's one pad
+    packed_shaped = [n.op for n in spec.graph.nodes if n.op != "rnn_scan_backward"
+                     and any(v.type.shape == scan.output.type.shape for v in n.outputs)]  # fmt: skip
+    assert sorted(packed_shaped) == ["pad", "rnn_scan"]

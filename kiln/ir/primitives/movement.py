@@ -163,7 +163,7 @@ copy = register(Primitive(
     "copy", Kind.MOVEMENT, lambda x: x, lambda xp, x: xp.array(x, copy=True, order="C"),
     lambda ops, c, g: (g,), reference=lambda torch, x: x.clone(),
     samples=lambda rng: [Sample((rng.normal(size=(2, 3)).T,)), Sample((rng.normal(size=()),))],
-    doc="A fresh row-major copy (clone, contiguous).",
+    eager_into=lambda xp, x, *, out: xp.copyto(out, x), doc="A fresh row-major copy (clone, contiguous).",
 ))  # fmt: skip
 
 
@@ -284,7 +284,12 @@ def _interior_slices(shape, low, interior) -> tuple[slice, ...]:
 
 
 def _pad_eager(xp, x, *, low, high, interior, value):
-    out = xp.full(tuple(map(padded_size, x.shape, low, high, interior)), value, dtype=x.dtype)
+    out = xp.empty(tuple(map(padded_size, x.shape, low, high, interior)), dtype=x.dtype)
+    return _pad_into(xp, x, low=low, high=high, interior=interior, value=value, out=out)
+
+
+def _pad_into(xp, x, *, low, high, interior, value, out):
+    out[...] = value
     out[_interior_slices(x.shape, low, interior)] = x
     return out
 
@@ -313,6 +318,7 @@ def _pad_samples(rng):
 
 pad = register(Primitive(
     "pad", Kind.MOVEMENT, _pad_infer, _pad_eager, _pad_vjp, reference=_pad_reference, samples=_pad_samples,
+    eager_into=_pad_into,
     doc="Constant padding: `low`/`high` elements before/after each dim and `interior` between elements "
         "(XLA's pad); the VJP of a strided slice.",
 ))  # fmt: skip

@@ -105,6 +105,18 @@ def _scan_eager(xp, *arrays, mode: str, reverse: bool):
     return steps.scan(steps.xp_ops(xp), *args, mode=mode, reverse=reverse)
 
 
+def _scan_into(xp, *arrays, mode: str, reverse: bool, out):
+    """``_scan_eager`` into ``out``: a compiled program's arena, which its calls reuse (a fresh 3 MiB
+    output per call cost an LSTM LM step its page faults)."""
+    if xp is np:
+        a = dict(zip(_INPUTS[mode], arrays, strict=True))
+        fast.scan(a["gx"], a["bias"], a["h0"], a.get("c0"), a["w_hh"], a.get("b_hn"), mode=mode, reverse=reverse,
+                  out=out)  # fmt: skip
+    else:
+        xp.copyto(out, _scan_eager(xp, *arrays, mode=mode, reverse=reverse))
+    return out
+
+
 def _scan_vjp(ops, c, g):
     mode, reverse = c.attrs["mode"], c.attrs["reverse"]
     named = dict(zip(_INPUTS[mode], range(len(c.input_types)), strict=True))
@@ -153,7 +165,7 @@ def _scan_samples(rng):
 
 P_SCAN = register(Primitive(
     "rnn_scan", Kind.RECURRENCE, _scan_infer, _scan_eager, _scan_vjp, save_inputs=True, save_output=True,
-    reference=_scan_reference, samples=_scan_samples,
+    reference=_scan_reference, samples=_scan_samples, eager_into=_scan_into,
     doc="one direction of an RNN layer over the steps of its input projection, packed (recurrence_layout.py)",
 ))  # fmt: skip
 
@@ -182,6 +194,15 @@ def _backward_eager(xp, packed, w_hh, g, *, mode: str, reverse: bool):
     return steps.scan_backward(steps.xp_ops(xp), packed, w_hh, g, mode=mode, reverse=reverse)
 
 
+def _backward_into(xp, packed, w_hh, g, *, mode: str, reverse: bool, out):
+    """``_backward_eager`` into ``out`` (a compiled program's arena)."""
+    if xp is np:
+        fast.scan_backward(packed, w_hh, g, mode=mode, reverse=reverse, out=out)
+    else:
+        xp.copyto(out, _backward_eager(xp, packed, w_hh, g, mode=mode, reverse=reverse))
+    return out
+
+
 def _backward_reference(torch, packed, w_hh, g, *, mode: str, reverse: bool):
     return steps.scan_backward(steps.torch_ops(torch), packed, w_hh, g, mode=mode, reverse=reverse)
 
@@ -201,7 +222,7 @@ def _backward_samples(rng):
 
 P_SCAN_BACKWARD = register(Primitive(
     "rnn_scan_backward", Kind.RECURRENCE, _backward_infer, _backward_eager, NOT_DIFFERENTIABLE,
-    reference=_backward_reference, samples=_backward_samples,
+    reference=_backward_reference, samples=_backward_samples, eager_into=_backward_into,
     doc="rnn_scan's backward through time: the gate pre-activations' and initial states' gradients, packed "
         "(recurrence_layout.py); run with grad mode off only (rnn_scan's VJP differentiates kiln ops otherwise)",
 ))  # fmt: skip

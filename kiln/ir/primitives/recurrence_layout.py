@@ -4,7 +4,8 @@
 ``rnn_scan``'s output is (T, B, ``width``); row t (natural time order, whatever the direction) holds,
 along the last axis, for step t:
 
-- ``out``: the states after the step (h, and an LSTM's c), each H wide; h is the step's output;
+- ``out``: the states after the step (h, and an LSTM's c, after the final states), each H wide; h is
+  the step's output;
 - ``final``: the direction's final states in the row of its last step (t = T - 1 forward, 0 in
   reverse) and zeros in every other row, so that a sum over time reads them with ops that keep T
   whole (a symbolic T cannot be sliced, nor can T + 1 be a size);
@@ -45,18 +46,18 @@ class ScanLayout:
         """2 for an LSTM's (h, c), else 1."""
         return 2 if self.mode == "LSTM" else 1
 
-    def _state(self, block: int, k: int) -> Span:
-        return ((block * self.states + k) * self.hidden, self.hidden)
-
+    # The blocks the frontend reads, the output h and the final states, come first and side by side
+    # (h, final h[, final c][, c]): their gradients are then one zero pad of adjacent pieces (the
+    # simplifier joins pads that touch), not pads of the full width added together.
     def out(self, k: int) -> Span:
         """State ``k`` (0: h, 1: c) after each step."""
-        return self._state(0, k)
+        return (0 if k == 0 else (1 + self.states) * self.hidden, self.hidden)
 
     def final(self, k: int) -> Span:
-        return self._state(1, k)
+        return ((1 + k) * self.hidden, self.hidden)
 
     def prev(self, k: int) -> Span:
-        return self._state(2, k)
+        return ((2 * self.states + k) * self.hidden, self.hidden)
 
     @property
     def gate_span(self) -> Span:

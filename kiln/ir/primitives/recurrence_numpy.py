@@ -39,11 +39,13 @@ def _blocks(a, layout: ScanLayout):
 
 
 # ----------------------------------------------------------------------------- the forward
-def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
-    """The packed output of ``rnn_scan`` (``c0`` for an LSTM, ``b_hn`` for a GRU, else None)."""
+def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool, out=None):
+    """The packed output of ``rnn_scan`` (``c0`` for an LSTM, ``b_hn`` for a GRU, else None), written
+    into ``out`` when given (every element of it)."""
     steps, batch, _ = gx.shape
     layout = ScanLayout(mode, w_hh.shape[1])
-    out = np.empty((steps, batch, layout.width), dtype=gx.dtype)
+    if out is None:
+        out = np.empty((steps, batch, layout.width), dtype=gx.dtype)
     if steps == 0:
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
@@ -67,15 +69,14 @@ def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool):
 def rnn_forward(A, h0, hs, w_hh_t, relu: bool) -> None:
     """``h' = act(A[t] + h W_hh^T)``; ``A`` (T, B, 1, H) ends holding the outputs."""
     step = np.empty(h0.shape, dtype=A.dtype)
-    for t in range(A.shape[0]):
-        a = A[t, :, 0]
+    for t in range(A.shape[0]):  # on ``step``, contiguous, as ``lstm_forward``
         np.matmul(h0 if t == 0 else hs[t - 1], w_hh_t, out=step)
-        a += step
+        step += A[t, :, 0]
         if relu:
-            np.maximum(a, 0, out=a)
+            np.maximum(step, 0, out=step)
         else:
-            np.tanh(a, out=a)
-        hs[t] = a
+            np.tanh(step, out=step)
+        A[t, :, 0] = hs[t] = step
 
 
 def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
@@ -86,17 +87,19 @@ def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
     scale = np.full((4, hidden), 0.5, dtype=A.dtype)
     scale[2] = 1  # g is a tanh
     scale, shift = scale.reshape(-1), (1 - scale).reshape(-1)
+    # The gate math runs on ``step``, contiguous, and is copied into A[t] once: A's rows are strided in
+    # rnn_scan's packed output, where each whole-row pass costs about twice as much.
+    i, f, g, o = (step.reshape(batch, 4, hidden)[:, k] for k in range(4))
     for t in range(A.shape[0]):
-        gates = A[t]
-        flat = gates.reshape(batch, 4 * hidden, copy=False)
+        flat = A[t].reshape(batch, 4 * hidden, copy=False)
         h, c = (h0, c0) if t == 0 else (hs[t - 1], cs[t - 1])
         np.matmul(h, w_hh_t, out=step)
-        flat += step
-        flat *= scale
-        np.tanh(flat, out=flat)
-        flat *= scale
-        flat += shift
-        i, f, g, o = gates[:, 0], gates[:, 1], gates[:, 2], gates[:, 3]
+        step += flat
+        step *= scale
+        np.tanh(step, out=step)
+        step *= scale
+        step += shift
+        flat[...] = step
         np.multiply(f, c, out=cs[t])
         np.multiply(i, g, out=product)
         cs[t] += product
@@ -133,11 +136,13 @@ def gru_forward(A, h0, hs, hn, w_hh_t, b_hn) -> None:
 
 
 # ----------------------------------------------------------------------------- the backward
-def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool):
-    """The packed output of ``rnn_scan_backward``: ``g`` is the cotangent of ``packed``, every part of it."""
+def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool, out=None):
+    """The packed output of ``rnn_scan_backward``: ``g`` is the cotangent of ``packed``, every part of it;
+    written into ``out`` when given (every element of it)."""
     steps, batch, _ = packed.shape
     layout = ScanLayout(mode, w_hh.shape[1])
-    out = np.empty((steps, batch, layout.grad_width), dtype=packed.dtype)
+    if out is None:
+        out = np.empty((steps, batch, layout.grad_width), dtype=packed.dtype)
     if steps == 0:
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731

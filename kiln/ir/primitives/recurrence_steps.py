@@ -79,7 +79,10 @@ def scan(ns: ArrayOps, gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool
     packed = []
     for t, (new, prev, gates, extra) in enumerate(rows):
         final = new if t == last else [ns.zeros_like(s) for s in new]
-        packed.append(ns.cat([*new, *final, *prev, gates, *([] if extra is None else [extra])]))
+        parts = [(layout.gate_span, gates)] + ([] if layout.extra is None else [(layout.extra, extra)])
+        for s in range(layout.states):
+            parts += [(layout.out(s), new[s]), (layout.final(s), final[s]), (layout.prev(s), prev[s])]
+        packed.append(ns.cat([part for _, part in sorted(parts, key=lambda span_part: span_part[0][0])]))
     return ns.stack(packed)
 
 
