@@ -134,6 +134,7 @@ def test_compile_cost_rows_targets_and_summary_by_hand():
         "eager": {"run_s": 4.0, "losses": [[1.0]]},
         "torch": {"run_s": 2.0, "losses": [[1.0]]},
         "length": fake_child(2.5),
+        "background": {"run_s": 3.5, "losses": [[1.0]], "compiles": 1, "events": []},
     }
     results = compile_cost.rows("lstm_lm", True, found)
     names = compile_cost.cases("lstm_lm")
@@ -143,6 +144,8 @@ def test_compile_cost_rows_targets_and_summary_by_hand():
     assert by_key[(names["length"], compile_cost.SHORT)].median_ns == 2e9  # T short: the cold compile
     assert by_key[(names["ragged"], "kiln")].params["compiles"] == [2, 3]
     assert by_key[(names["run"], "kiln")].check.startswith("ok")
+    assert by_key[(names["run"], compile_cost.BACKGROUND)].median_ns == 3.5e9
+    assert by_key[(names["run"], compile_cost.BACKGROUND)].check.startswith("ok")
     checks = {(c.target.case, c.target.reference): c for c in common.check_targets(results, compile_cost.TARGETS)}
     assert checks[(names["cold"], None)].status == "met"  # 2 s < 3 s
     assert checks[(names["warm"], None)].status == "MISSED"  # 0.5 s > 0.3 s
@@ -152,7 +155,7 @@ def test_compile_cost_rows_targets_and_summary_by_hand():
     row = compile_cost.summary(results).splitlines()[1].split("  ")
     cells = [c.strip() for c in row if c.strip()]
     assert cells == [programs.PROGRAMS["lstm_lm"].title, "2 s", "met", "500 ms", "MISSED", "2, +1", "MISSED",
-                     "1.25x", "met", "3 s / 4 s / 2 s", "MISSED"]  # fmt: skip
+                     "1.25x", "met", "3 s / 4 s / 2 s", "MISSED", "3.5 s", "MISSED"]  # fmt: skip
 
 
 def test_compile_cost_reports_a_failed_or_hung_process(monkeypatch, tmp_path):
