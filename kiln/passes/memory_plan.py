@@ -7,7 +7,8 @@ kernel and ``matmul`` (``np.matmul(..., out=view)``) into views of it, so a stea
 allocates nothing but the outputs it hands to the caller.
 
 What is planned: outputs of kernel nodes and of the extern nodes whose primitive can write into a
-given array (``eager_into``: ``matmul``, ``reduce_sum``) that are not graph outputs. Graph
+given array (those with ``eager_into``: ``matmul``, ``reduce_sum``, ``copy``, ``pad``, the tile
+transforms, ``rnn_scan`` and its backward) that are not graph outputs. Graph
 inputs (the caller's), constants (the graph's), graph outputs (the caller's, from the caching
 allocator), outputs of other extern nodes (numpy allocates them) and views are not.
 
