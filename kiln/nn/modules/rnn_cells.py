@@ -132,7 +132,7 @@ class RNNCellBase(Module):
         steps = x.unsqueeze(0)
         if not _rnn.fusable(steps, [*states, *weights]):
             return None
-        _, (state,) = _rnn.fused_layer(mode, steps, [tuple(states)], [weights])
+        _, (state,) = _rnn.fused_layer(mode, steps, [tuple(states)], [weights], output=False)
         return state
 
     def extra_repr(self) -> str:
