@@ -52,11 +52,12 @@ _SCAN = P["rnn_scan"]
 
 
 def fusable(x, tensors) -> bool:
-    """Whether a layer over ``x`` (T, B, in) with these weights and states may run fused (see the module docs)."""
+    """Whether a layer over ``x`` (T, B, in), or one step (B, in), with these weights and states may run
+    fused (see the module docs)."""
     if autocast.state.any or _jit.per_step_recurrences.get():
         return False
     dtype, device = x.dtype, x.device
-    if x.shape[0] == 0 or x.shape[1] == 0 or dtype not in (kiln.float32, kiln.float64):
+    if 0 in x.shape[:-1] or dtype not in (kiln.float32, kiln.float64):
         return False
     return all(t.dtype == dtype and t.device == device for t in tensors if t is not None)
 
@@ -71,12 +72,12 @@ def eager_on_cpu(x) -> bool:
 
 
 def fused_layer(mode: str, x, states: list[tuple], weights: list[tuple], output: bool = True):
-    """One layer: ``x`` (T, B, in); per direction its state tuple ((h,) or (h, c), each (B, H)) and
+    """One layer: ``x`` (T, B, in), or (B, in) for one step; per direction its state tuple ((h,) or (h, c), each (B, H)) and
     weights (w_ih, w_hh, b_ih, b_hh; biases may be None). Returns the output (T, B, D H) and the
     final state tuple of each direction; with ``output=False`` (a cell's step, whose output is its
     final h) the output is None and costs nothing eagerly: no copy, no zero gradient for it."""
     if not eager_on_cpu(x):
-        y, finals = _scanned_layer(mode, x, states, weights)
+        y, finals = _scanned_layer(mode, _sequence(x), states, weights)
         return (y if output else None), finals
     has_bias = weights[0][2] is not None
     flat = []
@@ -88,6 +89,17 @@ def fused_layer(mode: str, x, states: list[tuple], weights: list[tuple], output:
     y, finals = (results[0], results[1:]) if output else (None, results)
     per_direction = spec.states
     return y, [tuple(finals[d * per_direction : (d + 1) * per_direction]) for d in range(spec.directions)]
+
+
+def _sequence(x):
+    """``x`` as (T, B, in): a step's (B, in) as one time step. (Eagerly, ``_FusedLayer`` takes a step as
+    it is: an ``unsqueeze`` would cost a cell's step an op and an autograd node more.)"""
+    return x.unsqueeze(0) if x.dim() == 2 else x
+
+
+def _steps_batch(xa) -> tuple[int, int]:
+    """(T, B) of an input array (T, B, in) or of one step (B, in)."""
+    return (1, xa.shape[0]) if xa.ndim == 2 else xa.shape[:2]
 
 
 def _scanned_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
@@ -243,8 +255,8 @@ class _FusedLayer(kiln.autograd.Function):
     @staticmethod
     def forward(ctx, spec: _Spec, keep: bool, x, *flat):
         xa = _array(x)
-        steps, batch = xa.shape[:2]
-        x2 = xa.reshape(steps * batch, xa.shape[2])
+        steps, batch = _steps_batch(xa)
+        x2 = xa.reshape(steps * batch, xa.shape[-1])
         saved, ys, finals = [], [], []
         for d, (state, weights) in enumerate(spec.split(flat)):
             direction = _forward_direction(spec.mode, x2, (steps, batch), state, weights, reverse=d == 1)
@@ -277,8 +289,8 @@ class _FusedLayer(kiln.autograd.Function):
 def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: list, needs: tuple) -> list:
     x, flat = inputs[0], inputs[1:]
     xa = _array(x)
-    steps, batch = xa.shape[:2]
-    x2 = xa.reshape(steps * batch, xa.shape[2])
+    steps, batch = _steps_batch(xa)
+    x2 = xa.reshape(steps * batch, xa.shape[-1])
     dx2 = None
     grads: list = []
     for d, ((state, weights), saved) in enumerate(zip(spec.split(flat), saved_arrays, strict=True)):
@@ -294,8 +306,9 @@ def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: li
             dx2 = part if dx2 is None else dx2 + part
         h_prev = _previous(saved.hs, initial[0], d == 1, "rnn.h_prev").reshape(steps * batch, hidden)
         grads += [*dstates, dz2.T @ x2, dz_hh2.T @ h_prev]
-        if spec.bias:
-            grads += [dz2.sum(0), dz_hh2.sum(0)]
+        if spec.bias:  # an LSTM's and an Elman RNN's dz_hh is dz: one sum, two arrays
+            db = dz2.sum(0)
+            grads += [db, db.copy() if dz_hh is dz else dz_hh2.sum(0)]
     dx = None if dx2 is None else kiln.from_numpy(dx2.reshape(xa.shape))
     return [dx, *(kiln.from_numpy(g) if need else None for g, need in zip(grads, needs[1:], strict=True))]
 
@@ -311,7 +324,7 @@ def _recomputed_grads(spec: _Spec, inputs: tuple, grads: tuple, needs: tuple) ->
         entries = [t.view_as(t) if need else t for t, need in zip(inputs, needs, strict=True)]
         x, flat = entries[0], tuple(entries[1:])
         pairs = spec.split(flat)
-        y, finals = _scanned_layer(spec.mode, x, [tuple(s) for s, _ in pairs], [w for _, w in pairs])
+        y, finals = _scanned_layer(spec.mode, _sequence(x), [tuple(s) for s, _ in pairs], [w for _, w in pairs])
         outputs = [y, *(s for state in finals for s in state)][0 if spec.output else 1 :]
         wanted = [e for e, need in zip(entries, needs, strict=True) if need]
         found = iter(kiln.autograd.grad(outputs, wanted, list(grads), create_graph=create_graph, allow_unused=True))

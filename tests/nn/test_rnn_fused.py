@@ -382,10 +382,13 @@ def test_cells_step_fused_and_equal_the_per_step_ops(decomposed, name, kwargs, u
     xs = kiln.from_numpy(rng.standard_normal((*lead, 3))).requires_grad_()
     state = [kiln.from_numpy(rng.standard_normal(lead[1:] + (4,))).requires_grad_()
              for _ in range(2 if name == "LSTMCell" else 1)]  # fmt: skip
-    out = cell(xs[0], tuple(state) if name == "LSTMCell" else state[0])
+    step = xs[0]
+    out = cell(step, tuple(state) if name == "LSTMCell" else state[0])
     node = (out[0] if name == "LSTMCell" else out).grad_fn
     node = node.next_edges[0][0] if unbatched else node  # through the squeeze
     assert node.name() == "_FusedLayerBackward"
+    if not unbatched:  # a batched step enters the node as it is, with no unsqueeze (an op and a node more)
+        assert node.next_edges[2][0] is step.grad_fn  # (edges 0 and 1: the spec and keep arguments)
     # its outputs are the new state alone: no (1, B, H) sequence output copied, nor a zero gradient for it
     assert node.num_outputs == len(state)
     fused = _cell_loop(cell, name, xs, state)

@@ -24,6 +24,7 @@ on every training step, whose faults cost more than the arithmetic on them.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -103,14 +104,23 @@ def rnn_forward(A, h0, hs, w_hh_t, relu: bool) -> None:
         A[t, :, 0] = hs[t] = step
 
 
+@functools.lru_cache(maxsize=16)
+def _lstm_scale_shift(hidden: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """An LSTM row's (i, f, g, o) scale before and after its one ``tanh``, and the shift after it (read-only,
+    shared: a cell's step would spend a fifth of ``lstm_forward`` building them)."""
+    scale = np.full((4, hidden), 0.5, dtype=dtype)
+    scale[2] = 1  # g is a tanh
+    scale, shift = scale.reshape(-1), (1 - scale).reshape(-1)
+    scale.flags.writeable = shift.flags.writeable = False
+    return scale, shift
+
+
 def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
     """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``."""
     batch, hidden = h0.shape
     step = np.empty((batch, 4 * hidden), dtype=A.dtype)
     product = np.empty((batch, hidden), dtype=A.dtype)
-    scale = np.full((4, hidden), 0.5, dtype=A.dtype)
-    scale[2] = 1  # g is a tanh
-    scale, shift = scale.reshape(-1), (1 - scale).reshape(-1)
+    scale, shift = _lstm_scale_shift(hidden, A.dtype)
     # The gate math runs on ``step``, contiguous, and is copied into A[t] once: A's rows are strided in
     # rnn_scan's packed output, where each whole-row pass costs about twice as much.
     i, f, g, o = (step.reshape(batch, 4, hidden)[:, k] for k in range(4))
