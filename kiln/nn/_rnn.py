@@ -172,22 +172,30 @@ def _previous(states, first, reverse: bool, name: str):
 
 class _Saved:
     """One direction's arrays kept for the backward, natural time order: the gate activations
-    (T, B, G, H), the states after each step (T, B, H), an LSTM's cell states c (like them) and
-    ``extra``: an LSTM's tanh(c), a GRU's h W_hn^T + b_hn (T, B, H)."""
+    (T, B, G, H) and ``block`` (n, T, B, H), one array for fewer allocations and saved tensors (a
+    cell's step pays for each): the states after each step ``hs``, an LSTM's cell states ``cs``
+    and ``extra``: an LSTM's tanh(c), a GRU's h W_hn^T + b_hn."""
 
-    __slots__ = ("gates", "hs", "cs", "extra")
+    __slots__ = ("gates", "block", "hs", "cs", "extra")
 
-    def __init__(self, gates, hs, cs, extra) -> None:
-        self.gates, self.hs, self.cs, self.extra = gates, hs, cs, extra
+    def __init__(self, gates, block) -> None:
+        self.gates, self.block = gates, block
+        self.hs = block[0]
+        self.cs = block[1] if len(block) == 3 else None
+        self.extra = block[-1] if len(block) > 1 else None
+
+    @staticmethod
+    def empty(mode: str, steps: int, batch: int, hidden: int, dtype) -> np.ndarray:
+        """An uninitialised ``block`` for ``mode``."""
+        return np.empty(({"LSTM": 3, "GRU": 2}.get(mode, 1), steps, batch, hidden), dtype=dtype)
 
     def tensors(self) -> tuple:
         """As tensors for ``save_for_backward``, which drops them after a backward without retain_graph."""
-        return tuple(None if a is None else kiln.from_numpy(a) for a in (self.gates, self.hs, self.cs, self.extra))
+        return kiln.from_numpy(self.gates), kiln.from_numpy(self.block)
 
     @classmethod
     def unpack(cls, tensors: tuple) -> list[_Saved]:
-        arrays = [_array(t) for t in tensors]
-        return [cls(*arrays[k : k + 4]) for k in range(0, len(arrays), 4)]
+        return [cls(_array(tensors[k]), _array(tensors[k + 1])) for k in range(0, len(tensors), 2)]
 
 
 def _forward_direction(mode: str, x2, shape, state, weights, reverse: bool) -> _Saved:
@@ -201,18 +209,16 @@ def _forward_direction(mode: str, x2, shape, state, weights, reverse: bool) -> _
     gates = gates.reshape(steps, batch, GATES[mode], hidden)
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     h0 = _array(state[0])
-    hs = np.empty((steps, batch, hidden), dtype=x2.dtype)
-    cs = extra = None
+    saved = _Saved(gates, _Saved.empty(mode, steps, batch, hidden, x2.dtype))
+    hs, cs, extra = saved.hs, saved.cs, saved.extra
     if mode == "LSTM":
-        cs, extra = np.empty_like(hs), np.empty_like(hs)
         kernels.lstm_forward(k(gates), h0, _array(state[1]), k(hs), k(cs), k(extra), w_hh.T)
     elif mode == "GRU":
-        extra = np.empty_like(hs)
         b_hn = np.zeros(hidden, dtype=x2.dtype) if b_hh is None else b_hh[2 * hidden :]
         kernels.gru_forward(k(gates), h0, k(hs), k(extra), w_hh.T, b_hn)
     else:
         kernels.rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
-    return _Saved(gates, hs, cs, extra)
+    return saved
 
 
 def _finals(saved: _Saved, reverse: bool) -> list:
