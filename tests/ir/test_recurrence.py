@@ -12,7 +12,7 @@ import pytest
 import kiln
 from kiln.frontend.dispatch import apply
 from kiln.ir.dtypes import float32, float64
-from kiln.ir.primitives import P
+from kiln.ir.primitives import P, recurrence_numpy
 from kiln.ir.primitives.recurrence import _INPUTS, _scan_args
 from kiln.ir.primitives.recurrence_layout import MODES, ScanLayout
 from kiln.ir.primitives.recurrence_numpy import scratch
@@ -136,3 +136,12 @@ def test_scratch_reuses_memory_by_name_dtype_and_thread():
     thread.start()
     thread.join()
     assert not np.shares_memory(larger, other[0])  # each thread its own
+
+
+def test_scratch_keeps_no_large_arrays(monkeypatch):
+    monkeypatch.setattr(recurrence_numpy, "SCRATCH_KEEP_BYTES", 64)
+    kept = scratch("test.c", (16,), np.float32)  # 64 bytes: kept
+    assert np.shares_memory(kept, scratch("test.c", (16,), np.float32))
+    big = scratch("test.c", (17,), np.float32)
+    assert big.shape == (17,) and not np.shares_memory(big, scratch("test.c", (17,), np.float32))
+    assert np.shares_memory(kept, scratch("test.c", (4, 4), np.float32))  # the kept one is still there

@@ -47,16 +47,21 @@ def _blocks(a, layout: ScanLayout):
 
 
 _scratch = threading.local()
+# Larger temporaries are fresh arrays, not kept: a layer run once on a long sequence must not hold
+# gigabytes of scratch for the rest of the process (its page faults cost little beside its arithmetic).
+SCRATCH_KEEP_BYTES = 16 << 20
 
 
 def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
     """An uninitialised array of ``shape`` and ``dtype`` for a temporary that does not outlive its
-    caller's call: the same memory as the last ``name`` of this thread when that one fits. Each
-    thread has its own, so that the kernels may run on several at once; a caller must not hand it
-    out, nor use one ``name`` for two arrays alive at once."""
-    arrays = _scratch.__dict__.setdefault("arrays", {})
+    caller's call: the same memory as the last ``name`` of this thread when that one fits (and
+    up to ``SCRATCH_KEEP_BYTES``). Each thread has its own, so that the kernels may run on several
+    at once; a caller must not hand it out, nor use one ``name`` for two arrays alive at once."""
     dtype = np.dtype(dtype)
     size = math.prod(shape)  # np.prod costs microseconds: a cell's step calls this a dozen times
+    if size * dtype.itemsize > SCRATCH_KEEP_BYTES:
+        return np.empty(shape, dtype=dtype)
+    arrays = _scratch.__dict__.setdefault("arrays", {})
     found = arrays.get(name)
     if found is None or found.dtype != dtype or found.size < size:
         found = arrays[name] = np.empty(size, dtype=dtype)
