@@ -272,12 +272,12 @@ class _FusedLayer(kiln.autograd.Function):
         if keep:  # the inputs' version counters guard against in-place changes before the backward
             ctx.save_for_backward(x, *flat, *(t for direction in saved for t in direction.tensors()))
             ctx.spec = spec
-        finals = tuple(kiln.from_numpy(f) for f in finals)
+        states = tuple(kiln.from_numpy(f) for f in finals)
         if not spec.output:
-            return finals
+            return states
         # The output is new memory, not the saved states: an in-place change of it cannot reach the backward.
         y = ys[0].copy() if len(ys) == 1 else np.concatenate(ys, axis=-1)
-        return (kiln.from_numpy(y), *finals)
+        return (kiln.from_numpy(y), *states)
 
     @staticmethod
     def backward(ctx, *grads):
