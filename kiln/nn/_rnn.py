@@ -52,11 +52,12 @@ _SCAN = P["rnn_scan"]
 
 
 def fusable(x, tensors) -> bool:
-    """Whether a layer over ``x`` (T, B, in) with these weights and states may run fused (see the module docs)."""
+    """Whether a layer over ``x`` (T, B, in), or one step (B, in), with these weights and states may run
+    fused (see the module docs)."""
     if autocast.state.any or _jit.per_step_recurrences.get():
         return False
     dtype, device = x.dtype, x.device
-    if x.shape[0] == 0 or x.shape[1] == 0 or dtype not in (kiln.float32, kiln.float64):
+    if 0 in x.shape[:-1] or dtype not in (kiln.float32, kiln.float64):
         return False
     return all(t.dtype == dtype and t.device == device for t in tensors if t is not None)
 
@@ -70,21 +71,35 @@ def eager_on_cpu(x) -> bool:
     return x.device.type == "cpu" and not _tracing()
 
 
-def fused_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
-    """One layer: ``x`` (T, B, in); per direction its state tuple ((h,) or (h, c), each (B, H)) and
+def fused_layer(mode: str, x, states: list[tuple], weights: list[tuple], output: bool = True):
+    """One layer: ``x`` (T, B, in), or (B, in) for one step; per direction its state tuple ((h,) or (h, c), each (B, H)) and
     weights (w_ih, w_hh, b_ih, b_hh; biases may be None). Returns the output (T, B, D H) and the
-    final state tuple of each direction."""
+    final state tuple of each direction; with ``output=False`` (a cell's step, whose output is its
+    final h) the output is None and costs nothing eagerly: no copy, no zero gradient for it."""
     if not eager_on_cpu(x):
-        return _scanned_layer(mode, x, states, weights)
+        y, finals = _scanned_layer(mode, _sequence(x), states, weights)
+        return (y if output else None), finals
     has_bias = weights[0][2] is not None
     flat = []
     for state, (w_ih, w_hh, b_ih, b_hh) in zip(states, weights, strict=True):
         flat += [*state, w_ih, w_hh] + ([b_ih, b_hh] if has_bias else [])
-    spec = _Spec(mode, len(states), len(states[0]), has_bias)
+    spec = _Spec(mode, len(states), len(states[0]), has_bias, output)
     keep = kiln.is_grad_enabled() and any(t.requires_grad for t in (x, *flat))
-    y, *finals = _FusedLayer.apply(spec, keep, x, *flat)
+    results = _FusedLayer.apply(spec, keep, x, *flat)
+    y, finals = (results[0], results[1:]) if output else (None, results)
     per_direction = spec.states
     return y, [tuple(finals[d * per_direction : (d + 1) * per_direction]) for d in range(spec.directions)]
+
+
+def _sequence(x):
+    """``x`` as (T, B, in): a step's (B, in) as one time step. (Eagerly, ``_FusedLayer`` takes a step as
+    it is: an ``unsqueeze`` would cost a cell's step an op and an autograd node more.)"""
+    return x.unsqueeze(0) if x.dim() == 2 else x
+
+
+def _steps_batch(xa) -> tuple[int, int]:
+    """(T, B) of an input array (T, B, in) or of one step (B, in)."""
+    return (1, xa.shape[0]) if xa.ndim == 2 else xa.shape[:2]
 
 
 def _scanned_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
@@ -123,6 +138,7 @@ class _Spec:
     directions: int
     states: int  # 2 for an LSTM's (h, c), else 1
     bias: bool
+    output: bool  # whether the layer returns its output (T, B, D H) before the final states
 
     def split(self, flat: tuple) -> list[tuple[tuple, tuple]]:
         """The flat tensor arguments as (states, (w_ih, w_hh, b_ih, b_hh)) per direction."""
@@ -143,30 +159,43 @@ def _kernel_order(a, reverse: bool):
     return a[::-1] if reverse else a
 
 
-def _previous(states, first, reverse: bool):
-    """The state before each step (T, B, H), natural order, from the states after them and the initial one."""
-    first = first[None]
-    return np.concatenate([states[1:], first] if reverse else [first, states[:-1]])
+def _previous(states, first, reverse: bool, name: str):
+    """The state before each step (T, B, H), natural order, from the states after them and the
+    initial one: in the scratch array ``name`` (``recurrence_numpy.scratch``)."""
+    out = kernels.scratch(name, states.shape, states.dtype)
+    if reverse:
+        out[:-1], out[-1] = states[1:], first
+    else:
+        out[0], out[1:] = first, states[:-1]
+    return out
 
 
 class _Saved:
     """One direction's arrays kept for the backward, natural time order: the gate activations
-    (T, B, G, H), the states after each step (T, B, H), an LSTM's cell states c (like them) and
-    ``extra``: an LSTM's tanh(c), a GRU's h W_hn^T + b_hn (T, B, H)."""
+    (T, B, G, H) and ``block`` (n, T, B, H), one array for fewer allocations and saved tensors (a
+    cell's step pays for each): the states after each step ``hs``, an LSTM's cell states ``cs``
+    and ``extra``: an LSTM's tanh(c), a GRU's h W_hn^T + b_hn."""
 
-    __slots__ = ("gates", "hs", "cs", "extra")
+    __slots__ = ("gates", "block", "hs", "cs", "extra")
 
-    def __init__(self, gates, hs, cs, extra) -> None:
-        self.gates, self.hs, self.cs, self.extra = gates, hs, cs, extra
+    def __init__(self, gates, block) -> None:
+        self.gates, self.block = gates, block
+        self.hs = block[0]
+        self.cs = block[1] if len(block) == 3 else None
+        self.extra = block[-1] if len(block) > 1 else None
+
+    @staticmethod
+    def empty(mode: str, steps: int, batch: int, hidden: int, dtype) -> np.ndarray:
+        """An uninitialised ``block`` for ``mode``."""
+        return np.empty(({"LSTM": 3, "GRU": 2}.get(mode, 1), steps, batch, hidden), dtype=dtype)
 
     def tensors(self) -> tuple:
         """As tensors for ``save_for_backward``, which drops them after a backward without retain_graph."""
-        return tuple(None if a is None else kiln.from_numpy(a) for a in (self.gates, self.hs, self.cs, self.extra))
+        return kiln.from_numpy(self.gates), kiln.from_numpy(self.block)
 
     @classmethod
     def unpack(cls, tensors: tuple) -> list[_Saved]:
-        arrays = [_array(t) for t in tensors]
-        return [cls(*arrays[k : k + 4]) for k in range(0, len(arrays), 4)]
+        return [cls(_array(tensors[k]), _array(tensors[k + 1])) for k in range(0, len(tensors), 2)]
 
 
 def _forward_direction(mode: str, x2, shape, state, weights, reverse: bool) -> _Saved:
@@ -180,18 +209,16 @@ def _forward_direction(mode: str, x2, shape, state, weights, reverse: bool) -> _
     gates = gates.reshape(steps, batch, GATES[mode], hidden)
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     h0 = _array(state[0])
-    hs = np.empty((steps, batch, hidden), dtype=x2.dtype)
-    cs = extra = None
+    saved = _Saved(gates, _Saved.empty(mode, steps, batch, hidden, x2.dtype))
+    hs, cs, extra = saved.hs, saved.cs, saved.extra
     if mode == "LSTM":
-        cs, extra = np.empty_like(hs), np.empty_like(hs)
         kernels.lstm_forward(k(gates), h0, _array(state[1]), k(hs), k(cs), k(extra), w_hh.T)
     elif mode == "GRU":
-        extra = np.empty_like(hs)
         b_hn = np.zeros(hidden, dtype=x2.dtype) if b_hh is None else b_hh[2 * hidden :]
         kernels.gru_forward(k(gates), h0, k(hs), k(extra), w_hh.T, b_hn)
     else:
         kernels.rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
-    return _Saved(gates, hs, cs, extra)
+    return saved
 
 
 def _finals(saved: _Saved, reverse: bool) -> list:
@@ -203,18 +230,24 @@ def _backward_direction(mode: str, saved: _Saved, initial: list, w_hh, dy, dfina
     """(dz, dz_hh, gradients of the initial states) for one direction: ``dy`` (T, B, H) and
     ``dfinal`` the gradients of its output and final states, ``initial`` its initial states."""
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
-    dH = k(dy).copy()  # the gradient of each step's state from outside the recurrence
+    # Every array here but the returned states' gradients is scratch: the caller uses dz and dz_hh
+    # up before it asks for the next direction's.
+    dH = kernels.scratch("rnn.dH", saved.hs.shape, saved.hs.dtype)  # each step's state's gradient from outside
+    if dy is None:  # no output: only the final state's gradient
+        dH.fill(0)
+    else:
+        np.copyto(dH, k(dy))
     dH[-1] += dfinal[0]
-    dz = np.empty_like(saved.gates)
+    dz = kernels.scratch("rnn.dz", saved.gates.shape, saved.gates.dtype)
     if mode == "LSTM":
-        dC = np.zeros_like(dH)
-        dC[-1] = dfinal[1]
-        c_prev = k(_previous(saved.cs, initial[1], reverse))
+        dC = kernels.scratch("rnn.dC", dH.shape, dH.dtype)
+        dC[:-1], dC[-1] = 0, dfinal[1]
+        c_prev = k(_previous(saved.cs, initial[1], reverse, "rnn.c_prev"))
         dh, dc = kernels.lstm_backward(k(saved.gates), c_prev, k(saved.extra), w_hh, dH, dC, None, k(dz))
         return dz, dz, (dh, dc)
     if mode == "GRU":
-        dz_hh = np.empty_like(dz)
-        h_prev = k(_previous(saved.hs, initial[0], reverse))
+        dz_hh = kernels.scratch("rnn.dz_hh", dz.shape, dz.dtype)
+        h_prev = k(_previous(saved.hs, initial[0], reverse, "rnn.h_prev"))
         dh = kernels.gru_backward(k(saved.gates), h_prev, k(saved.extra), w_hh, dH, None, None, k(dz), k(dz_hh))
         return dz, dz_hh, (dh,)
     dh = kernels.rnn_backward(k(saved.gates), w_hh, dH, None, mode == "RNN_RELU", k(dz))
@@ -222,34 +255,39 @@ def _backward_direction(mode: str, saved: _Saved, initial: list, w_hh, dy, dfina
 
 
 class _FusedLayer(kiln.autograd.Function):
-    """``apply(spec, keep, x, *flat)`` -> ``(y, *final states)``; ``keep``: save what the backward needs."""
+    """``apply(spec, keep, x, *flat)`` -> ``(y, *final states)`` (without y unless ``spec.output``);
+    ``keep``: save what the backward needs."""
 
     @staticmethod
     def forward(ctx, spec: _Spec, keep: bool, x, *flat):
         xa = _array(x)
-        steps, batch = xa.shape[:2]
-        x2 = xa.reshape(steps * batch, xa.shape[2])
+        steps, batch = _steps_batch(xa)
+        x2 = xa.reshape(steps * batch, xa.shape[-1])
         saved, ys, finals = [], [], []
         for d, (state, weights) in enumerate(spec.split(flat)):
             direction = _forward_direction(spec.mode, x2, (steps, batch), state, weights, reverse=d == 1)
             saved.append(direction)
             ys.append(direction.hs)
             finals += _finals(direction, reverse=d == 1)
-        # The output is new memory, not the saved states: an in-place change of it cannot reach the backward.
-        y = ys[0].copy() if len(ys) == 1 else np.concatenate(ys, axis=-1)
         if keep:  # the inputs' version counters guard against in-place changes before the backward
             ctx.save_for_backward(x, *flat, *(t for direction in saved for t in direction.tensors()))
             ctx.spec = spec
-        return (kiln.from_numpy(y), *(kiln.from_numpy(f) for f in finals))
+        states = tuple(kiln.from_numpy(f) for f in finals)
+        if not spec.output:
+            return states
+        # The output is new memory, not the saved states: an in-place change of it cannot reach the backward.
+        y = ys[0].copy() if len(ys) == 1 else np.concatenate(ys, axis=-1)
+        return (kiln.from_numpy(y), *states)
 
     @staticmethod
-    def backward(ctx, dy, *dfinals):
+    def backward(ctx, *grads):
         spec = ctx.spec
+        dy, dfinals = (grads[0], grads[1:]) if spec.output else (None, grads)
         needs = ctx.needs_input_grad[2:]
         saved_tensors = ctx.saved_tensors
         inputs, arrays = saved_tensors[: len(needs)], saved_tensors[len(needs) :]
         if kiln.is_grad_enabled() or _tracing():
-            return (None, None, *_recomputed_grads(spec, inputs, (dy, *dfinals), needs))
+            return (None, None, *_recomputed_grads(spec, inputs, grads, needs))
         saved = _Saved.unpack(arrays)
         return (None, None, *_numpy_grads(spec, inputs, saved, _array(dy), [_array(g) for g in dfinals], needs))
 
@@ -257,8 +295,8 @@ class _FusedLayer(kiln.autograd.Function):
 def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: list, needs: tuple) -> list:
     x, flat = inputs[0], inputs[1:]
     xa = _array(x)
-    steps, batch = xa.shape[:2]
-    x2 = xa.reshape(steps * batch, xa.shape[2])
+    steps, batch = _steps_batch(xa)
+    x2 = xa.reshape(steps * batch, xa.shape[-1])
     dx2 = None
     grads: list = []
     for d, ((state, weights), saved) in enumerate(zip(spec.split(flat), saved_arrays, strict=True)):
@@ -266,16 +304,17 @@ def _numpy_grads(spec: _Spec, inputs: tuple, saved_arrays: list, dy, dfinals: li
         hidden = w_hh.shape[1]
         initial = [_array(s) for s in state]
         dfinal = dfinals[d * spec.states : (d + 1) * spec.states]
-        dz, dz_hh, dstates = _backward_direction(spec.mode, saved, initial, w_hh, dy[:, :, d * hidden : (d + 1) * hidden],
-                                                 dfinal, reverse=d == 1)  # fmt: skip
+        dy_d = None if dy is None else dy[:, :, d * hidden : (d + 1) * hidden]
+        dz, dz_hh, dstates = _backward_direction(spec.mode, saved, initial, w_hh, dy_d, dfinal, reverse=d == 1)
         dz2, dz_hh2 = dz.reshape(steps * batch, -1), dz_hh.reshape(steps * batch, -1)
         if needs[0]:
             part = dz2 @ w_ih
             dx2 = part if dx2 is None else dx2 + part
-        h_prev = _previous(saved.hs, initial[0], reverse=d == 1).reshape(steps * batch, hidden)
+        h_prev = _previous(saved.hs, initial[0], d == 1, "rnn.h_prev").reshape(steps * batch, hidden)
         grads += [*dstates, dz2.T @ x2, dz_hh2.T @ h_prev]
-        if spec.bias:
-            grads += [dz2.sum(0), dz_hh2.sum(0)]
+        if spec.bias:  # an LSTM's and an Elman RNN's dz_hh is dz: one sum, two arrays
+            db = dz2.sum(0)
+            grads += [db, db.copy() if dz_hh is dz else dz_hh2.sum(0)]
     dx = None if dx2 is None else kiln.from_numpy(dx2.reshape(xa.shape))
     return [dx, *(kiln.from_numpy(g) if need else None for g, need in zip(grads, needs[1:], strict=True))]
 
@@ -291,8 +330,8 @@ def _recomputed_grads(spec: _Spec, inputs: tuple, grads: tuple, needs: tuple) ->
         entries = [t.view_as(t) if need else t for t, need in zip(inputs, needs, strict=True)]
         x, flat = entries[0], tuple(entries[1:])
         pairs = spec.split(flat)
-        y, finals = _scanned_layer(spec.mode, x, [tuple(s) for s, _ in pairs], [w for _, w in pairs])
-        outputs = [y, *(s for state in finals for s in state)]
+        y, finals = _scanned_layer(spec.mode, _sequence(x), [tuple(s) for s, _ in pairs], [w for _, w in pairs])
+        outputs = [y, *(s for state in finals for s in state)][0 if spec.output else 1 :]
         wanted = [e for e, need in zip(entries, needs, strict=True) if need]
         found = iter(kiln.autograd.grad(outputs, wanted, list(grads), create_graph=create_graph, allow_unused=True))
     return [next(found) if need else None for need in needs]

@@ -4,15 +4,18 @@ rules over symbolic sizes and their errors, the packed layout by hand, and secon
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 import kiln
 from kiln.frontend.dispatch import apply
 from kiln.ir.dtypes import float32, float64
-from kiln.ir.primitives import P
+from kiln.ir.primitives import P, recurrence_numpy
 from kiln.ir.primitives.recurrence import _INPUTS, _scan_args
 from kiln.ir.primitives.recurrence_layout import MODES, ScanLayout
+from kiln.ir.primitives.recurrence_numpy import scratch
 from kiln.ir.types import Sym, TensorType
 from tests.conftest import assert_close
 
@@ -117,3 +120,28 @@ def test_first_order_gradients_agree_with_and_without_create_graph():
         assert all(t.requires_grad for t in graph)
         for a, b in zip(plain, graph, strict=True):
             assert_close(a, b.detach(), rtol=1e-12, atol=1e-13)
+
+
+def test_scratch_reuses_memory_by_name_dtype_and_thread():
+    a = scratch("test.a", (4, 5), np.float32)
+    assert a.shape == (4, 5) and a.dtype == np.float32 and a.flags.c_contiguous
+    smaller = scratch("test.a", (3, 2), np.float32)
+    assert smaller.shape == (3, 2) and np.shares_memory(a, smaller)  # fits: the same memory
+    assert not np.shares_memory(a, scratch("test.b", (4, 5), np.float32))  # another name
+    assert not np.shares_memory(a, scratch("test.a", (4, 5), np.float64))  # another dtype
+    larger = scratch("test.a", (6, 5), np.float64)
+    assert larger.shape == (6, 5) and np.shares_memory(larger, scratch("test.a", (2,), np.float64))
+    other = []
+    thread = threading.Thread(target=lambda: other.append(scratch("test.a", (2,), np.float64)))
+    thread.start()
+    thread.join()
+    assert not np.shares_memory(larger, other[0])  # each thread its own
+
+
+def test_scratch_keeps_no_large_arrays(monkeypatch):
+    monkeypatch.setattr(recurrence_numpy, "SCRATCH_KEEP_BYTES", 64)
+    kept = scratch("test.c", (16,), np.float32)  # 64 bytes: kept
+    assert np.shares_memory(kept, scratch("test.c", (16,), np.float32))
+    big = scratch("test.c", (17,), np.float32)
+    assert big.shape == (17,) and not np.shares_memory(big, scratch("test.c", (17,), np.float32))
+    assert np.shares_memory(kept, scratch("test.c", (4, 4), np.float32))  # the kept one is still there

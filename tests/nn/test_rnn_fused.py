@@ -111,6 +111,34 @@ def test_fused_equals_the_per_step_ops(decomposed, mode, options, case):
         assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_graphs_of_other_lengths_backward_in_any_order(decomposed, mode):
+    """The backward's temporaries are scratch memory shared across calls (``recurrence_numpy.scratch``):
+    graphs of a long and a short sequence, built first and run backward in turn, each get their own
+    exact gradients."""
+    options = dict(num_layers=2, bidirectional=True)
+    module = _module(mode, options)
+    rng = np.random.default_rng(3)
+    xs = [kiln.from_numpy(rng.standard_normal((steps, 2, 3))).requires_grad_() for steps in (7, 3)]
+    weights = [kiln.from_numpy(rng.standard_normal((steps, 2, 8))) for steps in (7, 3)]
+
+    def grads(order):
+        losses = [(module(x)[0] * w).sum() for x, w in zip(xs, weights, strict=True)]
+        found = {}
+        for k in order:
+            found[k] = kiln.autograd.grad(losses[k], [xs[k], *module.parameters()])
+        return [found[k] for k in range(2)]
+
+    fused = grads([1, 0])
+    again = grads([0, 1])
+    decomposed(True)
+    reference = grads([0, 1])
+    for got, other, want in zip(fused, again, reference, strict=True):
+        for a, b, c in zip(got, other, want, strict=True):
+            assert_close(a, c, rtol=1e-10, atol=1e-12)
+            assert_close(b, c, rtol=1e-10, atol=1e-12)
+
+
 def test_a_layer_is_one_autograd_node():
     m = nn.LSTM(3, 4, num_layers=2, bidirectional=True)
     out, (h, c) = m(kiln.randn(6, 2, 3))
@@ -354,10 +382,15 @@ def test_cells_step_fused_and_equal_the_per_step_ops(decomposed, name, kwargs, u
     xs = kiln.from_numpy(rng.standard_normal((*lead, 3))).requires_grad_()
     state = [kiln.from_numpy(rng.standard_normal(lead[1:] + (4,))).requires_grad_()
              for _ in range(2 if name == "LSTMCell" else 1)]  # fmt: skip
-    out = cell(xs[0], tuple(state) if name == "LSTMCell" else state[0])
+    step = xs[0]
+    out = cell(step, tuple(state) if name == "LSTMCell" else state[0])
     node = (out[0] if name == "LSTMCell" else out).grad_fn
     node = node.next_edges[0][0] if unbatched else node  # through the squeeze
     assert node.name() == "_FusedLayerBackward"
+    if not unbatched:  # a batched step enters the node as it is, with no unsqueeze (an op and a node more)
+        assert node.next_edges[2][0] is step.grad_fn  # (edges 0 and 1: the spec and keep arguments)
+    # its outputs are the new state alone: no (1, B, H) sequence output copied, nor a zero gradient for it
+    assert node.num_outputs == len(state)
     fused = _cell_loop(cell, name, xs, state)
     decomposed(True)
     reference = _cell_loop(cell, name, xs, state)

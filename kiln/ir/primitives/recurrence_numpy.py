@@ -16,9 +16,17 @@ Sigmoid gates are computed as ``0.5 * tanh(z / 2) + 0.5``, so that one ``tanh`` 
 an LSTM scales whole rows of its (i, f, g, o) pre-activations before and after the ``tanh`` (1 for g),
 as numpy passes over whole rows cost several times less than passes over strided gate blocks; a GRU
 halves its r and z blocks and the matching columns of ``w_hh_t`` instead (exact, a power of two).
+
+Temporaries that do not outlive a call come from ``scratch``: one array per name and thread, kept
+between calls. Fresh arrays of this size (an LSTM LM's backward: several of 1 MiB) were fresh pages
+on every training step, whose faults cost more than the arithmetic on them.
 """
 
 from __future__ import annotations
+
+import functools
+import math
+import threading
 
 import numpy as np
 
@@ -36,6 +44,28 @@ def _kernel_order(a, reverse: bool):
 def _blocks(a, layout: ScanLayout):
     """``a`` (..., G H) as a view (..., G, H)."""
     return a.reshape(*a.shape[:-1], layout.gates, layout.hidden, copy=False)
+
+
+_scratch = threading.local()
+# Larger temporaries are fresh arrays, not kept: a layer run once on a long sequence must not hold
+# gigabytes of scratch for the rest of the process (its page faults cost little beside its arithmetic).
+SCRATCH_KEEP_BYTES = 16 << 20
+
+
+def scratch(name: str, shape: tuple, dtype) -> np.ndarray:
+    """An uninitialised array of ``shape`` and ``dtype`` for a temporary that does not outlive its
+    caller's call: the same memory as the last ``name`` of this thread when that one fits (and
+    up to ``SCRATCH_KEEP_BYTES``). Each thread has its own, so that the kernels may run on several
+    at once; a caller must not hand it out, nor use one ``name`` for two arrays alive at once."""
+    dtype = np.dtype(dtype)
+    size = math.prod(shape)  # np.prod costs microseconds: a cell's step calls this a dozen times
+    if size * dtype.itemsize > SCRATCH_KEEP_BYTES:
+        return np.empty(shape, dtype=dtype)
+    arrays = _scratch.__dict__.setdefault("arrays", {})
+    found = arrays.get(name)
+    if found is None or found.dtype != dtype or found.size < size:
+        found = arrays[name] = np.empty(size, dtype=dtype)
+    return found[:size].reshape(shape)
 
 
 # ----------------------------------------------------------------------------- the forward
@@ -79,14 +109,23 @@ def rnn_forward(A, h0, hs, w_hh_t, relu: bool) -> None:
         A[t, :, 0] = hs[t] = step
 
 
+@functools.lru_cache(maxsize=16)
+def _lstm_scale_shift(hidden: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """An LSTM row's (i, f, g, o) scale before and after its one ``tanh``, and the shift after it (read-only,
+    shared: a cell's step would spend a fifth of ``lstm_forward`` building them)."""
+    scale = np.full((4, hidden), 0.5, dtype=dtype)
+    scale[2] = 1  # g is a tanh
+    scale, shift = scale.reshape(-1), (1 - scale).reshape(-1)
+    scale.flags.writeable = shift.flags.writeable = False
+    return scale, shift
+
+
 def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
     """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``."""
     batch, hidden = h0.shape
     step = np.empty((batch, 4 * hidden), dtype=A.dtype)
     product = np.empty((batch, hidden), dtype=A.dtype)
-    scale = np.full((4, hidden), 0.5, dtype=A.dtype)
-    scale[2] = 1  # g is a tanh
-    scale, shift = scale.reshape(-1), (1 - scale).reshape(-1)
+    scale, shift = _lstm_scale_shift(hidden, A.dtype)
     # The gate math runs on ``step``, contiguous, and is copied into A[t] once: A's rows are strided in
     # rnn_scan's packed output, where each whole-row pass costs about twice as much.
     i, f, g, o = (step.reshape(batch, 4, hidden)[:, k] for k in range(4))
@@ -212,13 +251,23 @@ def lstm_backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
     i, f, g, o = A[:, :, 0], A[:, :, 1], A[:, :, 2], A[:, :, 3]
     # What each step multiplies the incoming gradients by, for all steps at once:
     # dz_o = dh * by_h, dc += dh * to_c, dz_(i, f, g) = dc * by_c.
-    slope = A * (1 - A)  # sigmoid' of i, f and o (the g block is unused)
-    by_h = tanh_c * slope[:, :, 3]
-    to_c = o * (1 - tanh_c * tanh_c)
-    by_c = np.empty((steps, batch, 3, hidden), dtype=A.dtype)
+    # (Each product is written as ``a * b`` was, operands swapped at most: the same rounding.)
+    slope = scratch("lstm.slope", A.shape, A.dtype)  # sigmoid' of i, f and o (the g block is unused)
+    np.subtract(1, A, out=slope)
+    slope *= A
+    by_h = scratch("lstm.by_h", tanh_c.shape, A.dtype)
+    np.multiply(tanh_c, slope[:, :, 3], out=by_h)
+    to_c = scratch("lstm.to_c", tanh_c.shape, A.dtype)
+    np.multiply(tanh_c, tanh_c, out=to_c)
+    np.subtract(1, to_c, out=to_c)
+    to_c *= o
+    by_c = scratch("lstm.by_c", (steps, batch, 3, hidden), A.dtype)
     np.multiply(g, slope[:, :, 0], out=by_c[:, :, 0])
     np.multiply(c_prev, slope[:, :, 1], out=by_c[:, :, 1])
-    np.multiply(i, 1 - g * g, out=by_c[:, :, 2])
+    by_g = by_c[:, :, 2]
+    np.multiply(g, g, out=by_g)
+    np.subtract(1, by_g, out=by_g)
+    by_g *= i
     dh, dc = dH[-1].copy(), dC[-1].copy()
     product = np.empty_like(dc)
     for t in range(steps - 1, -1, -1):

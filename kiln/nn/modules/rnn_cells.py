@@ -129,10 +129,9 @@ class RNNCellBase(Module):
         """The new state tuple from the fused layer over one step (``rnn_scan`` when traced), or None where
         it does not apply."""
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
-        steps = x.unsqueeze(0)
-        if not _rnn.fusable(steps, [*states, *weights]):
+        if not _rnn.fusable(x, [*states, *weights]):
             return None
-        _, (state,) = _rnn.fused_layer(mode, steps, [tuple(states)], [weights])
+        _, (state,) = _rnn.fused_layer(mode, x, [tuple(states)], [weights], output=False)
         return state
 
     def extra_repr(self) -> str:
