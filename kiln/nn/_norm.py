@@ -14,7 +14,7 @@ import kiln
 from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.opmath import in_float32
 
-from ._batch_norm import moments, training_batch_norm
+from ._batch_norm import ARRAYS_BELOW, moments, training_batch_norm
 from ._utils import check_tensor
 
 __all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm"]
@@ -65,7 +65,7 @@ def _channel_shape(x: kiln.Tensor) -> tuple[int, ...]:
 
 
 @in_float32  # mixed dtypes (bfloat16 input, float32 statistics) give the input dtype, as in PyTorch
-@compiled_composite("batch_norm")
+@compiled_composite("batch_norm", eager_below=ARRAYS_BELOW)  # smaller: on the arrays, faster
 @kiln.jit.composite("batch_norm")
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> kiln.Tensor:  # fmt: skip
