@@ -114,3 +114,14 @@ def test_a_compiled_batch_norm_equals_eager_over_calls():
         step(xc).backward()
         np.testing.assert_allclose(xc.grad.numpy(), xe.grad.numpy(), rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(bn_compiled.running_var.numpy(), bn_eager.running_var.numpy(), rtol=1e-6)
+
+
+def test_running_statistics_updated_on_the_arrays_count_as_in_place_changes():
+    bn = kiln.nn.BatchNorm2d(3)
+    w = kiln.ones(3, requires_grad=True)
+    saved = w * bn.running_mean  # the product saves running_mean for its backward
+    before = bn.running_mean._version[0]
+    bn(kiln.randn(4, 3, 2, 2))
+    assert bn.running_mean._version[0] == before + 1 and bn.running_var._version[0] == 1
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        saved.sum().backward()
