@@ -51,17 +51,23 @@ _PLAIN = (bool, int, float, str)
 #: (cross_entropy of 64x10 logits: 218 us eager, 102 us compiled, forward and backward), so even
 #: small calls may gain; each key's ``eager_kernels.trial`` keeps eager where it is faster.
 MIN_BYTES = 1 << 10
+#: Ops whose eager form is faster on small tensors, and the bytes below which their calls stay eager.
+EAGER_BELOW: dict[str, int] = {}
 
 
-def compiled_composite(name: str) -> Callable:
-    """Decorate the composite op ``name``'s function (see the module docstring)."""
+def compiled_composite(name: str, eager_below: int = MIN_BYTES) -> Callable:
+    """Decorate the composite op ``name``'s function (see the module docstring); calls whose
+    tensors hold fewer than ``eager_below`` bytes together stay eager (an op whose eager form is
+    faster on small tensors raises it: ``EAGER_BELOW``)."""
+    if eager_below != MIN_BYTES:
+        EAGER_BELOW[name] = eager_below
 
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             if name not in eager_kernels.ROUTED_COMPOSITES or (_jit.tracing and _jit.current.get() is not None):
                 return fn(*args, **kwargs)
-            key = _key(name, args, kwargs)
+            key = _key(name, args, kwargs, EAGER_BELOW.get(name, MIN_BYTES))
             if key is None:
                 return fn(*args, **kwargs)
             make = functools.partial(_compile, fn, args, kwargs, key[-1])
@@ -160,7 +166,7 @@ def _one_node_backward(outputs: tuple, grads: tuple, inputs: list) -> list | Non
     return found
 
 
-def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
+def _key(name: str, args: tuple, kwargs: dict, eager_below: int = MIN_BYTES) -> tuple | None:
     """The cache key of a call, or None where it stays eager (see the module docstring)."""
     parts: list = []
     nbytes = 0
@@ -179,7 +185,7 @@ def _key(name: str, args: tuple, kwargs: dict) -> tuple | None:
             parts.append((type(arg), arg))
         else:
             return None
-    if nbytes < MIN_BYTES:
+    if nbytes < eager_below:
         return None
     return (name, tuple(parts), tuple(kwargs), _grad_state.grad_enabled)
 

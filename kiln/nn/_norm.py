@@ -14,7 +14,7 @@ import kiln
 from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.opmath import in_float32
 
-from ._batch_norm import moments, training_batch_norm
+from ._batch_norm import ARRAYS_BELOW, moments, training_batch_norm, update_running_statistics
 from ._utils import check_tensor
 
 __all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm"]
@@ -65,7 +65,7 @@ def _channel_shape(x: kiln.Tensor) -> tuple[int, ...]:
 
 
 @in_float32  # mixed dtypes (bfloat16 input, float32 statistics) give the input dtype, as in PyTorch
-@compiled_composite("batch_norm")
+@compiled_composite("batch_norm", eager_below=ARRAYS_BELOW)  # smaller: on the arrays, faster
 @kiln.jit.composite("batch_norm")
 def batch_norm(input, running_mean, running_var, weight=None, bias=None, training: bool = False,
                momentum: float = 0.1, eps: float = 1e-5) -> kiln.Tensor:  # fmt: skip
@@ -91,9 +91,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             )
         y, mean, var = training_batch_norm(input, weight, bias, eps)
         if running_mean is not None and running_var is not None:
-            with kiln.no_grad():
-                running_mean.mul_(1 - momentum).add_(mean.reshape(c) * momentum)
-                running_var.mul_(1 - momentum).add_(var.reshape(c) * (momentum * count / (count - 1)))
+            update_running_statistics(running_mean, running_var, mean, var, momentum, count)
     else:
         if running_mean is None or running_var is None:
             raise RuntimeError("batch_norm: running_mean and running_var must be given when training=False")

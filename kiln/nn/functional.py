@@ -16,6 +16,7 @@ import math
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
+from kiln.frontend.ops.leaky_relu import leaky_relu_eager
 from kiln.frontend.ops.linear import linear_eager
 
 from ._activation import (
@@ -151,7 +152,9 @@ def tanh(input) -> kiln.Tensor:
 
 def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False) -> kiln.Tensor:
     # `x > 0` as the condition: the gradient at 0 is negative_slope (PyTorch's) and nan stays nan.
-    out = kiln.where(input > 0, input, input * negative_slope)
+    out = leaky_relu_eager(input, negative_slope)  # one autograd node on plain CPU tensors, eagerly
+    if out is None:
+        out = kiln.where(input > 0, input, input * negative_slope)
     return input.copy_(out) if inplace else out
 
 
