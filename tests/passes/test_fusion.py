@@ -391,9 +391,9 @@ def test_adam_step_over_five_parameters_is_horizontal():
     assert all(kind == "horizontal" for kind in kernels(fused))
 
 
-def test_mlp_training_step_fuses_quickly():
-    import time
-
+def test_mlp_training_step_fuses_into_horizontal_kernels_and_eight_products():
+    # How fast fusion runs is the compile_cost benchmark's to say (a timed test here failed under a
+    # loaded CI run at 204 ms against a 200 ms bound, for a few milliseconds' work when quiet).
     kiln.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     opt = optim.Adam(model.parameters(), lr=1e-3)
@@ -410,9 +410,7 @@ def test_mlp_training_step_fuses_quickly():
     compiled(x, y)
     compiled(x, y)
     graph = compiled.graph
-    start = time.perf_counter()
     fused = fuse(graph)
-    assert time.perf_counter() - start < 0.2  # a few ms in practice; generous for slow machines
     verify(fused)
     assert "horizontal" in kernels(fused) and externs(fused).count("matmul") == 8
     assert_same_results(graph, fused, random_inputs(graph))
