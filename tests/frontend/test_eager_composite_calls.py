@@ -7,20 +7,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.frontend import eager_composites, eager_kernels
-
-
-@pytest.fixture
-def on(monkeypatch):
-    """Eager kernels on (the suite runs with them off), compiling in the background, with an empty
-    cache, small batch_norm calls compiled too (these tests' sizes); off again afterwards."""
-    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
-    monkeypatch.setitem(eager_composites.EAGER_BELOW, "batch_norm", eager_composites.MIN_BYTES)
-    eager_kernels.CACHE.clear()
-    eager_kernels.set_enabled(True)
-    yield eager_kernels
-    eager_kernels.set_enabled(False)
-    eager_kernels.CACHE.clear()
+from kiln.frontend import eager_kernels
 
 
 def _programs(name: str) -> list:
@@ -34,7 +21,8 @@ def _channel_major(x: np.ndarray) -> np.ndarray:
 
 def _two_calls_then_backward(arrays: list, calls: int = 3):
     """A BatchNorm2d module called on ``x`` and ``2 x`` before each backward (a GAN's discriminator
-    on real and fake images): losses, the input's gradient and the running statistics."""
+    on real and fake images): losses, the input's gradient, the running statistics and the weight's
+    and bias's gradients."""
     kiln.manual_seed(0)
     bn = kiln.nn.BatchNorm2d(arrays[0].shape[1])
     found = []
@@ -44,9 +32,9 @@ def _two_calls_then_backward(arrays: list, calls: int = 3):
         loss = (bn(x) * bn(x * 2.0)).sum()
         eager_kernels.wait(120)
         loss.backward()
-        found.append(
-            [loss.item(), x.grad.numpy().copy(), bn.running_mean.numpy().copy(), bn.running_var.numpy().copy()]
-        )
+        statistics = [bn.running_mean.numpy().copy(), bn.running_var.numpy().copy()]
+        found.append([loss.item(), x.grad.numpy().copy(), *statistics, bn.weight.grad.numpy().copy(),
+                      bn.bias.grad.numpy().copy()])  # fmt: skip
     return found
 
 
@@ -73,7 +61,7 @@ def test_batch_norm_called_twice_before_its_backward_compiles_and_equals_eager(o
 def test_batch_norm_twice_before_backward_matches_torch(on, torch):
     rng = np.random.default_rng(1)
     array = rng.standard_normal((4, 6, 5, 5)).astype(np.float32)
-    (loss, grad, mean, var) = _two_calls_then_backward([array, array, array])[-1]
+    (loss, grad, mean, var, *_) = _two_calls_then_backward([array, array, array])[-1]
     torch.manual_seed(0)
     bn = torch.nn.BatchNorm2d(6)
     for _ in range(3):

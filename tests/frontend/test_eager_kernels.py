@@ -18,21 +18,8 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.frontend import eager_composites, eager_kernels
+from kiln.frontend import eager_kernels
 from kiln.ir.primitives import PRIMITIVES
-
-
-@pytest.fixture
-def on(monkeypatch):
-    """Eager kernels on (the suite runs with them off), compiling in the background, with an empty
-    cache, small batch_norm calls compiled too (these tests' sizes); off again afterwards."""
-    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
-    monkeypatch.setitem(eager_composites.EAGER_BELOW, "batch_norm", eager_composites.MIN_BYTES)
-    eager_kernels.CACHE.clear()
-    eager_kernels.set_enabled(True)
-    yield eager_kernels
-    eager_kernels.set_enabled(False)
-    eager_kernels.CACHE.clear()
 
 
 def _entry(name: str):
@@ -306,58 +293,6 @@ def test_a_composite_call_on_a_transposed_input_compiles_for_that_layout(on):
     (entry,) = [e for key, e in eager_kernels.CACHE.entries.items() if key[0] == "softmax"]
     assert entry.program is not None, entry.reason
     assert len(entry.program.state.specializations) == 1  # the calls ran the background's program
-
-
-def test_a_composite_call_on_a_permuted_dense_tensor_runs_compiled(on):
-    """An im2col convolution's output is an (N, O, H, W) view of its (O, N, H, W) product: dense in
-    another order of its dims. BatchNorm's compiled program takes it (a clone keeps its strides)."""
-    rng = np.random.default_rng(9)
-    product = rng.normal(size=(6, 8, 10, 10)).astype(np.float32)
-    fn, gy = lambda x, w, b: kiln.nn.functional.batch_norm(x, None, None, w, b, training=True), product[::-1].copy()
-
-    def run():
-        x = kiln.tensor(product.copy()).transpose(0, 1).requires_grad_()
-        w, b = kiln.ones(6, requires_grad=True), kiln.zeros(6, requires_grad=True)
-        assert not x.is_contiguous()
-        y = fn(x, w, b)
-        y.backward(kiln.tensor(gy).transpose(0, 1))
-        return [y.detach().numpy(), x.grad.numpy(), w.grad.numpy(), b.grad.numpy()]
-
-    eager_kernels.set_enabled(False)
-    expected = run()
-    eager_kernels.set_enabled(True)
-    for call in range(3):
-        got = run()
-        if call == 0:
-            assert eager_kernels.wait(120) and _entry("batch_norm").program is not None
-        for a, b in zip(got, expected, strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-
-
-def test_a_batch_norm_module_called_twice_before_its_backward(on):
-    """Each compiled call updates the running statistics in place, and the next call of the module
-    does so again before the first call's backward (DCGAN's discriminator, on real then generated
-    images): that is the op's own change, not an in-place change of something its backward reads."""
-    rng = np.random.default_rng(10)
-    batches = [rng.normal(size=(8, 6, 10, 10)).astype(np.float32) for _ in range(2)]
-
-    def run():
-        kiln.manual_seed(0)
-        bn = kiln.nn.BatchNorm2d(6)
-        xs = [kiln.tensor(b.copy(), requires_grad=True) for b in batches]
-        loss = sum(((bn(x) - 0.5) ** 2).mean() for x in xs)
-        loss.backward()
-        return [*(x.grad.numpy() for x in xs), bn.weight.grad.numpy(), bn.running_mean.numpy(), bn.running_var.numpy()]
-
-    eager_kernels.set_enabled(False)
-    expected = run()
-    eager_kernels.set_enabled(True)
-    for call in range(3):
-        got = run()
-        if call == 0:
-            assert eager_kernels.wait(120) and _entry("batch_norm").program is not None
-        for a, b in zip(got, expected, strict=True):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_a_composite_whose_trace_breaks_stays_eager_and_says_why_once(on, monkeypatch):

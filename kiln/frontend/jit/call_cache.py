@@ -48,11 +48,12 @@ from ...runtime import profiling
 from ..tensor import Tensor
 from . import background, hazards, reads, state
 from .build import PendingSpecialization, build_specialization, trace_specialization
-from .dynamic import Pending, marked_dims, sizes_differ
+from .dynamic import Pending, sizes_differ
 from .guards import build_guards
 from .keys import call_key, describe_key_change
 from .pytree import flatten_call
 from .trace import _KILN_DIR, CompileWarning, Trace, TraceBreak, TraceBreakError
+from .watched_sizes import sizes_to_watch
 
 logger = logging.getLogger("kiln")
 
@@ -248,7 +249,7 @@ class CompiledFunction:
         trace = Trace(fullgraph=self.fullgraph).start()
         trace.numpy_shadows = self.state.numpy_shadows
         if partner is not None:  # Python's reads of the sizes that may become dynamic are watched
-            trace.watched_sizes = frozenset(_watched_sizes(leaves, partner, self.options.dynamic is True))
+            trace.watched_sizes = frozenset(sizes_to_watch(leaves, partner, self.options.dynamic is True))
         watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code, roots)
         try:
             for i, leaf in enumerate(leaves):
@@ -390,7 +391,7 @@ class CompiledFunction:
                 return ("static", other.not_dynamic)
         if any(other.key == key for other in earlier):
             return None
-        if _watched_sizes(leaves, ("defer",), self.options.dynamic is True):
+        if sizes_to_watch(leaves, ("defer",), self.options.dynamic is True):
             return ("defer",)
         return None
 
@@ -526,22 +527,6 @@ class CompiledFunction:
 
     def __repr__(self) -> str:
         return f"<compiled {self._name()}: {len(self.state.specializations)} specialization(s)>"
-
-
-def _watched_sizes(leaves: list, partner: tuple, up_front: bool) -> list[int]:
-    """The call's sizes that may become dynamic: those that differ from the earlier trace's, or (a
-    trace kept to be compared later) each size >= 2 of a dimension ``mark_dynamic`` marked, and of
-    the leading one under ``dynamic=True`` (``up_front``; the trace at the next size watches
-    whichever sizes then differ)."""
-    if partner[0] == "compare":
-        return [new for _, new in partner[2]]
-    sizes: list[int] = []
-    for leaf in leaves:
-        if isinstance(leaf, Tensor) and leaf.ndim:
-            shape = leaf.shape
-            dims = marked_dims(leaf) | {0} if up_front else marked_dims(leaf)
-            sizes.extend(shape[d] for d in dims if shape[d] >= 2)
-    return sizes
 
 
 # ---------------------------------------------------------------------- the miss path's lock

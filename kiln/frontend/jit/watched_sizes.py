@@ -17,6 +17,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..tensor import Tensor
+from .dynamic import marked_dims
+
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
@@ -148,3 +151,19 @@ def guards_of(compared: list[tuple], dynamic: tuple) -> tuple[list[SizeGuard], s
         ((argument, dim),) = found.values()
         guards.append(SizeGuard(argument, dim, comparison, other, bool(result), where))
     return list(dict.fromkeys(guards)), None
+
+
+def sizes_to_watch(leaves: list, partner: tuple, up_front: bool) -> list[int]:
+    """The call's sizes that may become dynamic: those that differ from the earlier trace's, or (a
+    trace kept to be compared later) each size >= 2 of a dimension ``mark_dynamic`` marked, and of
+    the leading one under ``dynamic=True`` (``up_front``; the trace at the next size watches
+    whichever sizes then differ)."""
+    if partner[0] == "compare":
+        return [new for _, new in partner[2]]
+    sizes: list[int] = []
+    for leaf in leaves:
+        if isinstance(leaf, Tensor) and leaf.ndim:
+            shape = leaf.shape
+            dims = marked_dims(leaf) | {0} if up_front else marked_dims(leaf)
+            sizes.extend(shape[d] for d in dims if shape[d] >= 2)
+    return sizes

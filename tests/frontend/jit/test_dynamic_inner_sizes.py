@@ -20,28 +20,13 @@ from kiln.ir.graph import GraphBuilder
 from kiln.ir.interpreter import interpret
 from kiln.ir.types import Sym, TensorType, sym_product
 from tests.conftest import assert_close
+from tests.frontend.jit.test_dynamic_sizes import check_sizes, specs
 
 rng = np.random.default_rng(1)
 
 
 def f32(*shape) -> np.ndarray:
     return rng.normal(size=shape).astype(np.float32)
-
-
-def specs(compiled) -> int:
-    return len(compiled.state.specializations)
-
-
-def check_sizes(fn, make_args, sizes, compiled=None, rtol=1e-5, atol=1e-6):
-    """Call ``fn`` eagerly and compiled at each size; the results must agree."""
-    compiled = compiled or kiln.compile(fn)
-    for n in sizes:
-        args = make_args(n)
-        expected = fn(*[kiln.tensor(a) for a in args])
-        actual = compiled(*[kiln.tensor(a) for a in args])
-        assert tuple(actual.shape) == tuple(expected.shape), n
-        assert_close(actual.detach().numpy(), expected.detach().numpy(), rtol=rtol, atol=atol)
-    return compiled
 
 
 def dynamic_program(compiled) -> SymbolicProgram:
