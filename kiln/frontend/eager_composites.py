@@ -101,19 +101,21 @@ class _CompiledCall(Function):
             result = program(*inner[:n_args], **dict(zip(names, inner[n_args:], strict=True)))
         ctx.fn, ctx.n_args, ctx.names, ctx.values, ctx.inner = fn, n_args, names, values, inner
         ctx.outputs = result if isinstance(result, tuple) else (result,)
-        # In-place changes since are errors -- but for the state the op itself updates (batch_norm's
-        # running statistics), which its backward does not read: a second call before the backward
-        # updates it again, as in PyTorch, where saving it made that backward fail.
-        ctx.save_for_backward(*(t for t, v in zip(tensors, versions, strict=True) if t._version[0] == v))
+        # The compiled backward checks the versions of what it reads itself (``CompiledBackward``),
+        # so an in-place change of what it does not read (eval batch_norm's running statistics,
+        # whose normalized input it saved) is no error, as in the numpy op. The eager op's backward
+        # (create_graph) recomputes from every input: those changed since are errors there -- but for
+        # the state the op itself updates, which a second call before the backward updates again.
+        ctx.versions = [(t._version, v) for t, v in zip(tensors, versions, strict=True) if t._version[0] == v]
         detached = tuple(o.detach() if isinstance(o, Tensor) else o for o in ctx.outputs)
         return detached if isinstance(result, tuple) else detached[0]
 
     @staticmethod
     def backward(ctx, *grads):
-        ctx.saved_tensors  # noqa: B018 - raises if an input changed in place since the forward
         wrt = [i for i, v in enumerate(ctx.values) if isinstance(v, Tensor) and v._requires_grad]
         found = None
         if _grad_state.grad_enabled:  # create_graph: the eager op's backward, differentiable again
+            _check_unchanged(ctx.versions)
             values = [v if i in wrt else _clone(v) for i, v in enumerate(ctx.values)]  # no second running-stat update
             result = ctx.fn(*values[: ctx.n_args], **dict(zip(ctx.names, values[ctx.n_args :], strict=True)))
             outputs, inputs = result if isinstance(result, tuple) else (result,), [ctx.values[i] for i in wrt]
@@ -126,6 +128,16 @@ class _CompiledCall(Function):
                          create_graph=_grad_state.grad_enabled, allow_unused=True)  # fmt: skip
         by_position = dict(zip(wrt, found, strict=True))
         return (None, None, None, None, *(by_position.get(i) for i in range(len(ctx.values))))
+
+
+def _check_unchanged(versions: list) -> None:
+    for counter, version in versions:
+        if counter[0] != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"a compiled composite op read it at version {version} and it is now at version {counter[0]}. "
+                "Hint: clone it before the inplace operation."
+            )
 
 
 def _one_node_backward(outputs: tuple, grads: tuple, inputs: list) -> list | None:

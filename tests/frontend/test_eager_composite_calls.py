@@ -72,18 +72,77 @@ def test_batch_norm_twice_before_backward_matches_torch(on, torch):
     np.testing.assert_allclose(var, bn.running_var.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_an_input_changed_in_place_before_the_backward_is_still_an_error(on):
-    x = kiln.tensor(np.random.default_rng(2).standard_normal((64, 40)).astype(np.float32), requires_grad=True)
-    kiln.nn.functional.softmax(x, -1)
+def _changed_before_backward(op, arrays: list, change: int | None):
+    """``op(*tensors)``'s backward after tensor ``change`` (None: none) was changed in place: the
+    first input's gradient, or the error raised."""
+    leaves = [kiln.tensor(a, requires_grad=True) for a in arrays]
+    tensors = [leaf * 1.0 for leaf in leaves]
+    y = op(*tensors)
+    if change is not None:
+        with kiln.no_grad():
+            tensors[change].add_(1.0)
+    try:
+        y.sum().backward()
+    except RuntimeError as error:
+        return error
+    return leaves[0].grad.numpy()
+
+
+def _both_ways(op, arrays: list, change: int | None) -> list:
+    """``_changed_before_backward`` on the numpy op, then on its compiled call (made ready first)."""
+    eager_kernels.set_enabled(False)
+    try:
+        numpy_way = _changed_before_backward(op, arrays, change)
+    finally:
+        eager_kernels.set_enabled(True)
+    op(*[kiln.tensor(a, requires_grad=True) for a in arrays]).sum().backward()
     eager_kernels.wait(120)
-    w = kiln.tensor(np.random.default_rng(3).standard_normal((64, 40)).astype(np.float32), requires_grad=True)
-    base = w * 1.0
+    return [numpy_way, _changed_before_backward(op, arrays, change)]
+
+
+def test_an_input_its_backward_reads_changed_in_place_is_an_error_as_in_the_numpy_op(on):
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal((64, 40)).astype(np.float32), rng.standard_normal(40).astype(np.float32)]
+    found = _both_ways(lambda x, w: kiln.nn.functional.layer_norm(x, (40,), w), arrays, change=1)
+    assert _programs("layer_norm")
+    for error in found:  # x's gradient reads the weight, as PyTorch's does
+        assert isinstance(error, RuntimeError) and "modified by an inplace operation" in str(error)
+
+
+def test_an_input_its_backward_does_not_read_may_change_in_place_as_in_the_numpy_op(on):
+    # softmax's backward reads its output, not its input (as in PyTorch); an eval batch_norm's reads
+    # the normalized input, not the running statistics the caller may then change (a fuzzer finding:
+    # the compiled call raised where the numpy op and a compiled program did not)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 40)).astype(np.float32)
+    expected = _changed_before_backward(lambda x: kiln.nn.functional.softmax(x, -1), [x], change=None)
+    for found in _both_ways(lambda x: kiln.nn.functional.softmax(x, -1), [x], change=0):
+        np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-7)
+    images = rng.standard_normal((8, 32, 4, 8)).astype(np.float32)
+    stats = [rng.standard_normal(32).astype(np.float32), rng.uniform(0.5, 2, 32).astype(np.float32)]
+
+    def eval_batch_norm(x, mean):
+        return kiln.nn.functional.batch_norm(x, mean, kiln.tensor(stats[1]), training=False)
+
+    expected = _changed_before_backward(eval_batch_norm, [images, stats[0]], change=None)
+    for found in _both_ways(eval_batch_norm, [images, stats[0]], change=1):
+        np.testing.assert_allclose(found, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_an_input_changed_in_place_is_an_error_where_the_backward_recomputes_the_op(on):
+    # create_graph: the compiled call's backward runs the eager op again on its inputs, which must be
+    # as they were
+    rng = np.random.default_rng(5)
+    x = kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32), requires_grad=True)
+    kiln.nn.functional.softmax(x * 1.0, -1).sum().backward()
+    eager_kernels.wait(120)
+    base = x * 1.0
     y = kiln.nn.functional.softmax(base, -1)
     assert _programs("softmax")
     with kiln.no_grad():
         base.add_(1.0)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
-        y.sum().backward()
+        kiln.autograd.grad((y * y).sum(), x, create_graph=True)
 
 
 def _softmax_ready(x):
