@@ -1,0 +1,169 @@
+"""One step of ``nn.LSTMCell``/``nn.GRUCell``/``nn.RNNCell`` eagerly on the CPU: one lean autograd node.
+
+A cell's step runs the fused layer's kernels over one time step (``_rnn._forward_direction`` and
+``_rnn._numpy_grads``) but records its own node, ``CellStepBackward``, instead of the layer's
+``autograd.Function``: a loop over 1,000 time steps builds a graph of thousands of these, and every
+Python object a node keeps alive is one the cyclic garbage collector walks again at each of its full
+collections -- whose number grows with the graph, so their cost grew with the square of the loop's
+length (1,000 steps of two cells: 34 tracked objects per step, 260 ms of a 1.1 s training step in the
+collector). The node keeps its inputs (one tuple), their versions, and two plain arrays; its edges are
+made from the inputs when the backward first reads them, as ``PrimBackward``'s leaf edges are.
+
+The new state tensors are the forward's own arrays, not copies: the backward of one step reads the
+gate activations (and an LSTM's ``tanh(c')``), never the new states, so an in-place change of them
+leaves the gradient alone. Under ``create_graph`` (or when a trace records the backward) the node
+differentiates the ``rnn_scan`` primitive's path instead, as the layer's node does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kiln.frontend.autograd import grad_mode
+from kiln.frontend.autograd.graph import Node, _edge_of, _forward_stack, _freed_error, _next_seq, version_error
+from kiln.frontend.jit import state as _jit
+from kiln.frontend.tensor import make_tensor
+from kiln.ir.primitives import recurrence_numpy as kernels
+
+from . import _rnn
+
+__all__ = ["CellStepBackward", "cell_step", "lean"]
+
+_NAMES = {"LSTM": "LSTMCell", "GRU": "GRUCell", "RNN_TANH": "RNNTanhCell", "RNN_RELU": "RNNReluCell"}
+_grad_state = grad_mode.state
+
+
+def lean(x, tensors) -> bool:
+    """Whether a step over ``x`` (B, in) with these states and weights may take ``cell_step``: where the
+    fused layer may run eagerly on the CPU, outside any trace and on no inference tensor (whose saving
+    the layer's node refuses with its own error)."""
+    return (
+        not _jit.tracing
+        and x._device.type == "cpu"
+        and not x._inference
+        and _rnn.fusable(x, tensors)
+        and not any(t._inference for t in tensors if t is not None)
+    )
+
+
+def cell_step(mode: str, x, states: list, weights: tuple) -> tuple:
+    """The new state tuple ((h,), or an LSTM's (h, c)) of one step: ``x`` (B, in), ``states`` (B, H)
+    tensors, ``weights`` (w_ih, w_hh, b_ih, b_hh; biases may be None)."""
+    inputs = (x, *states, *(w for w in weights if w is not None))
+    if mode == "LSTM":
+        gates, block = _lstm_forward(*[t._data for t in inputs])
+    else:
+        saved = _rnn._forward_direction(mode, x._data, (1, x._data.shape[0]), states, weights, reverse=False)
+        gates, block = saved.gates, saved.block
+    device, dtype = x._device, x._dtype
+    count = 2 if mode == "LSTM" else 1
+    outputs = tuple([make_tensor(block[s, 0], device, dtype) for s in range(count)])
+    if not _grad_state.grad_enabled:
+        return outputs
+    wants = 0
+    for i, t in enumerate(inputs):
+        if t._requires_grad:
+            wants |= 1 << i
+    if wants:
+        CellStepBackward.record(mode, inputs, wants, gates, block, outputs)
+    return outputs
+
+
+class CellStepBackward(Node):
+    """The backward of one cell step. ``inputs``: (x, *states, w_ih, w_hh[, b_ih, b_hh]), held as the
+    tensors (a create_graph backward differentiates through them); ``versions``: theirs at the step;
+    ``wants``: a bit per input that required grad; ``gates``/``block``: the step's ``_rnn._Saved``."""
+
+    __slots__ = ("mode", "inputs", "versions", "wants", "gates", "block", "num_outputs", "_edges")
+    mode: str
+    inputs: tuple | None  # None once released
+    versions: tuple[int, ...]
+    wants: int
+    gates: np.ndarray | None
+    block: np.ndarray | None
+    num_outputs: int  # type: ignore[misc]  # Node's class attribute, a slot here
+    _edges: tuple | None  # None until first read
+
+    @classmethod
+    def record(cls, mode: str, inputs: tuple, wants: int, gates, block, outputs: tuple) -> None:
+        """Make the node of a step and attach it to the step's ``outputs``."""
+        node = object.__new__(cls)
+        node.seq = _next_seq()
+        node.pre_hooks = node.hooks = None
+        node.forward_stack = _forward_stack(2) if grad_mode.anomaly_used and _grad_state.anomaly else None
+        node.mode, node.inputs, node.wants = mode, inputs, wants
+        node.versions = tuple([t._version[0] for t in inputs])
+        node.gates, node.block = gates, block
+        node.num_outputs = len(outputs)
+        node._edges = None
+        for i, out in enumerate(outputs):
+            out.grad_fn, out._output_nr, out._requires_grad = node, i, True
+
+    @property
+    def next_edges(self) -> tuple:  # type: ignore[override]  # Node's slot, made lazy here
+        """One edge per input, made at the first read (by the backward): no edge tuples per step while
+        the graph is built. (An input changed in place since the step fails the version check first.)"""
+        edges = self._edges
+        if edges is None:
+            inputs, wants = self.inputs, self.wants
+            if inputs is None:
+                raise _freed_error(self)
+            edges = self._edges = tuple([_edge_of(t) if wants >> i & 1 else None for i, t in enumerate(inputs)])
+        return edges
+
+    def name(self) -> str:
+        return _NAMES[self.mode] + "Backward"
+
+    def release(self) -> None:
+        self.inputs = self.gates = self.block = None
+
+    def apply(self, grads: list) -> tuple:
+        inputs = self.inputs
+        if inputs is None:
+            raise _freed_error(self)
+        for t, version in zip(inputs, self.versions, strict=True):
+            if t._version[0] != version:
+                raise version_error(self, version, t._version[0])
+        wants, gates, block = self.wants, self.gates, self.block
+        assert gates is not None and block is not None  # (released with inputs)
+        needs = tuple([bool(wants >> i & 1) for i in range(len(inputs))])
+        spec = _rnn._Spec(self.mode, 1, self.num_outputs, len(inputs) == self.num_outputs + 5, False)
+        if _grad_state.grad_enabled or _rnn._tracing():  # create_graph: a differentiable backward
+            zeros = lambda: inputs[1].new_zeros(inputs[1].shape)  # noqa: E731
+            grads = [zeros() if g is None else g for g in grads]
+            return tuple(_rnn._recomputed_grads(spec, inputs, tuple(grads), needs))
+        # (a step output that no loss reads, as the last c of a loop, gets no gradient: zeros)
+        dfinals = [np.zeros(block.shape[-2:], block.dtype) if g is None else g._data for g in grads]
+        if self.mode != "LSTM":
+            return tuple(_rnn._numpy_grads(spec, inputs, [_rnn._Saved(gates, block)], None, dfinals, needs))
+        found = _lstm_grads(gates, block, [t._data for t in inputs], dfinals, needs)
+        device, dtype = inputs[0]._device, inputs[0]._dtype
+        return tuple([None if g is None else make_tensor(g, device, dtype) for g in found])
+
+
+def _lstm_forward(x, h, c, w_ih, w_hh, b_ih=None, b_hh=None) -> tuple[np.ndarray, np.ndarray]:
+    """One LSTM step on arrays: (the gate activations (1, B, 4, H), the block (3, 1, B, H) of h', c' and
+    tanh(c')), as ``_rnn._forward_direction`` computes them for one step."""
+    batch, hidden = h.shape
+    gates = x @ w_ih.T
+    if b_ih is not None:
+        gates += b_ih + b_hh
+    gates = gates.reshape(1, batch, 4, hidden)
+    block = np.empty((3, 1, batch, hidden), dtype=gates.dtype)
+    kernels.lstm_forward(gates, h, c, block[0], block[1], block[2], w_hh.T)
+    return gates, block
+
+
+def _lstm_grads(gates, block, arrays: list, dfinals: list, needs: tuple) -> list:
+    """The gradients (arrays, None where not needed) of one LSTM step's inputs ``arrays`` (x, h, c, w_ih,
+    w_hh[, b_ih, b_hh]) from those of its outputs ``dfinals`` (dh', dc')."""
+    x, h, c, w_ih, w_hh = arrays[:5]
+    batch, hidden = h.shape
+    dz = np.empty_like(gates)
+    dh, dc = kernels.lstm_backward(gates, c[None], block[2], w_hh, dfinals[0][None], dfinals[1][None], None, dz)
+    dz = dz.reshape(batch, 4 * hidden)
+    found = [dz @ w_ih if needs[0] else None, dh, dc, dz.T @ x if needs[3] else None, dz.T @ h if needs[4] else None]
+    if len(arrays) == 7:  # the biases: one sum, two arrays
+        db = dz.sum(0)
+        found += [db, db.copy()]
+    return [g if need else None for g, need in zip(found, needs, strict=True)]
