@@ -1,17 +1,20 @@
 """One step of ``nn.LSTMCell``/``nn.GRUCell``/``nn.RNNCell`` eagerly on the CPU: one lean autograd node.
 
-A cell's step runs the fused layer's kernels over one time step (``_rnn._forward_direction`` and
-``_rnn._numpy_grads``) but records its own node, ``CellStepBackward``, instead of the layer's
-``autograd.Function``: a loop over 1,000 time steps builds a graph of thousands of these, and every
-Python object a node keeps alive is one the cyclic garbage collector walks again at each of its full
-collections -- whose number grows with the graph, so their cost grew with the square of the loop's
-length (1,000 steps of two cells: 34 tracked objects per step, 260 ms of a 1.1 s training step in the
-collector). The node keeps its inputs (one tuple), their versions, and two plain arrays; its edges are
-made from the inputs when the backward first reads them, as ``PrimBackward``'s leaf edges are.
+A cell's step runs the recurrence kernels of the fused layer (``kiln/ir/primitives/recurrence_numpy.py``;
+an LSTM's step calls ``lstm_forward``/``lstm_backward`` itself, a GRU's or an Elman RNN's goes through
+``_rnn._forward_direction``/``_rnn._numpy_grads``) but records its own node, ``CellStepBackward``, not
+the layer's ``autograd.Function``. A loop over 1,000 time steps builds thousands of these, and every
+Python object a node keeps alive is walked again by each full collection of the cyclic garbage
+collector, whose number per training step grows with the graph: the work grew with the square of the
+loop's length. With the layer's node a step kept 34 tracked objects (its context, nine saved tensors,
+a spec, output metadata, edge tuples), and a 1,000-step loop of two cells spent 260 ms of a 1.1 s
+training step in the collector; this node keeps its inputs' tuple and their versions (and two arrays,
+which the collector does not track), and makes its edges when the backward first reads them, as
+``PrimBackward`` does for leaves.
 
-The new state tensors are the forward's own arrays, not copies: the backward of one step reads the
-gate activations (and an LSTM's ``tanh(c')``), never the new states, so an in-place change of them
-leaves the gradient alone. Under ``create_graph`` (or when a trace records the backward) the node
+The new state tensors are the forward's own arrays, not copies: one step's backward reads the gate
+activations (and an LSTM's ``tanh(c')``), never the new states, so an in-place change of them leaves
+the gradient alone. Under ``create_graph`` (or when a trace records the backward) the node
 differentiates the ``rnn_scan`` primitive's path instead, as the layer's node does.
 """
 

@@ -201,3 +201,13 @@ def test_no_grad_and_unbatched_steps():
     assert tuple(h.shape) == (4,) and tuple(c.shape) == (4,)
     h.sum().backward()
     assert tuple(x.grad.shape) == (3,)
+
+
+def test_anomaly_mode_names_the_step_that_made_a_nan():
+    cell = _cell("LSTMCell", {})
+    x = kiln.randn(2, 3, dtype=kiln.float64)
+    h = kiln.zeros(2, 4, dtype=kiln.float64).requires_grad_()
+    with kiln.autograd.detect_anomaly():
+        h2, _ = cell(x, (h, h))  # the line anomaly mode names
+        with pytest.raises(RuntimeError, match=r"(?s)'LSTMCellBackward' returned nan values.*test_rnn_step.py"):
+            h2.backward(kiln.full((2, 4), float("nan"), dtype=kiln.float64))

@@ -1,7 +1,8 @@
 """One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share.
 
-A cell's step is the fused layer over one time step (``nn/_rnn.py``; ``rnn_scan`` when traced): one
-autograd node instead of a dozen; autocast and other dtypes run the step functions below.
+A cell's step runs the fused layer's kernels over one time step: eagerly on the CPU as one lean autograd
+node (``nn/_rnn_step.py``), traced as ``rnn_scan`` (``nn/_rnn.py``); autocast and other dtypes run the
+step functions below.
 """
 
 from __future__ import annotations
