@@ -1,8 +1,8 @@
 """One step of ``nn.LSTMCell``/``nn.GRUCell``/``nn.RNNCell`` eagerly on the CPU: one lean autograd node.
 
 A cell's step runs the recurrence kernels of the fused layer (``kiln/ir/primitives/recurrence_numpy.py``;
-an LSTM's step calls ``lstm_forward``/``lstm_backward`` itself, a GRU's or an Elman RNN's goes through
-``_rnn._forward_direction``/``_rnn._numpy_grads``) but records its own node, ``CellStepBackward``, not
+a step's backward calls them itself, as does an LSTM's forward; a GRU's or an Elman RNN's forward goes
+through ``_rnn._forward_direction``) but records its own node, ``CellStepBackward``, not
 the layer's ``autograd.Function``. A loop over 1,000 time steps builds thousands of these, and every
 Python object a node keeps alive is walked again by each full collection of the cyclic garbage
 collector, whose number per training step grows with the graph: the work grew with the square of the
@@ -137,9 +137,7 @@ class CellStepBackward(Node):
             return tuple(_rnn._recomputed_grads(spec, inputs, tuple(grads), needs))
         # (a step output that no loss reads, as the last c of a loop, gets no gradient: zeros)
         dfinals = [np.zeros(block.shape[-2:], block.dtype) if g is None else g._data for g in grads]
-        if self.mode != "LSTM":
-            return tuple(_rnn._numpy_grads(spec, inputs, [_rnn._Saved(gates, block)], None, dfinals, needs))
-        found = _lstm_grads(gates, block, [t._data for t in inputs], dfinals, needs)
+        found = _step_grads(self.mode, gates, block, [t._data for t in inputs], dfinals, needs)
         device, dtype = inputs[0]._device, inputs[0]._dtype
         return tuple([None if g is None else make_tensor(g, device, dtype) for g in found])
 
@@ -157,16 +155,29 @@ def _lstm_forward(x, h, c, w_ih, w_hh, b_ih=None, b_hh=None) -> tuple[np.ndarray
     return gates, block
 
 
-def _lstm_grads(gates, block, arrays: list, dfinals: list, needs: tuple) -> list:
-    """The gradients (arrays, None where not needed) of one LSTM step's inputs ``arrays`` (x, h, c, w_ih,
-    w_hh[, b_ih, b_hh]) from those of its outputs ``dfinals`` (dh', dc')."""
-    x, h, c, w_ih, w_hh = arrays[:5]
-    batch, hidden = h.shape
+def _step_grads(mode: str, gates, block, arrays: list, dfinals: list, needs: tuple) -> list:
+    """The gradients (arrays, None where not needed) of one step's inputs ``arrays`` (x, *states, w_ih,
+    w_hh[, b_ih, b_hh]) from those of its outputs ``dfinals`` (dh'[, dc']): the recurrence kernel's
+    backward over one step, then one product per weight (``_rnn._numpy_grads`` for T = 1, without the
+    copies its reverse directions and sequence outputs need)."""
+    states = len(dfinals)
+    x, h = arrays[0], arrays[1]
+    w_ih, w_hh = arrays[1 + states], arrays[2 + states]
+    dh = dfinals[0][None]
     dz = np.empty_like(gates)
-    dh, dc = kernels.lstm_backward(gates, c[None], block[2], w_hh, dfinals[0][None], dfinals[1][None], None, dz)
-    dz = dz.reshape(batch, 4 * hidden)
-    found = [dz @ w_ih if needs[0] else None, dh, dc, dz.T @ x if needs[3] else None, dz.T @ h if needs[4] else None]
-    if len(arrays) == 7:  # the biases: one sum, two arrays
+    dz_hh = dz  # the pre-activations' gradient through W_hh: a GRU's n block differs (r scales it)
+    if mode == "LSTM":
+        dstates = kernels.lstm_backward(gates, arrays[2][None], block[2], w_hh, dh, dfinals[1][None], None, dz)
+    elif mode == "GRU":
+        dz_hh = np.empty_like(gates)
+        dstates = (kernels.gru_backward(gates, h[None], block[1], w_hh, dh, None, None, dz, dz_hh),)
+    else:
+        dstates = (kernels.rnn_backward(gates, w_hh, dh, None, mode == "RNN_RELU", dz),)
+    batch = h.shape[0]
+    dz, dz_hh = dz.reshape(batch, -1), dz_hh.reshape(batch, -1)
+    found = [dz @ w_ih if needs[0] else None, *dstates]
+    found += [dz.T @ x if needs[1 + states] else None, dz_hh.T @ h if needs[2 + states] else None]
+    if len(arrays) == 5 + states:  # the biases (an LSTM's and an Elman RNN's: one sum, two arrays)
         db = dz.sum(0)
-        found += [db, db.copy()]
+        found += [db, db.copy() if dz_hh is dz else dz_hh.sum(0)]
     return [g if need else None for g, need in zip(found, needs, strict=True)]
