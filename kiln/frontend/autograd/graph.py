@@ -117,12 +117,7 @@ class SavedTensor:
 
     def unpack(self, node: Node):
         if self.counter[0] != self.version:
-            raise RuntimeError(
-                "one of the variables needed for gradient computation has been modified by an "
-                f"inplace operation: it was saved by {node.name()} at version {self.version} and "
-                f"is now at version {self.counter[0]}. Hint: clone it before the inplace "
-                "operation, or run with kiln.autograd.set_detect_anomaly(True) to see the forward op."
-            )
+            raise version_error(node, self.version, self.counter[0])
         if self.tensor is not None:
             return self.tensor
         from ..tensor import make_tensor  # noqa: PLC0415 - tensor imports this module
@@ -134,6 +129,16 @@ class SavedTensor:
         if self.trace is not None:
             t._trace = self.trace
         return t
+
+
+def version_error(node: Node, saved: int, now: int) -> RuntimeError:
+    """The error for a tensor that ``node`` saved at version ``saved`` and finds at ``now``."""
+    return RuntimeError(
+        "one of the variables needed for gradient computation has been modified by an "
+        f"inplace operation: it was saved by {node.name()} at version {saved} and "
+        f"is now at version {now}. Hint: clone it before the inplace "
+        "operation, or run with kiln.autograd.set_detect_anomaly(True) to see the forward op."
+    )
 
 
 @functools.lru_cache(maxsize=4096)

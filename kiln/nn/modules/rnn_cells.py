@@ -1,7 +1,8 @@
 """One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share.
 
-A cell's step is the fused layer over one time step (``nn/_rnn.py``; ``rnn_scan`` when traced): one
-autograd node instead of a dozen; autocast and other dtypes run the step functions below.
+A cell's step runs the fused layer's kernels over one time step: eagerly on the CPU as one lean autograd
+node (``nn/_rnn_step.py``), traced as ``rnn_scan`` (``nn/_rnn.py``); autocast and other dtypes run the
+step functions below.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 
 import kiln
 
-from .. import _rnn, init
+from .. import _rnn, _rnn_step, init
 from .. import functional as F
 from ..parameter import Parameter
 from .module import Module
@@ -126,10 +127,13 @@ class RNNCellBase(Module):
         return F.linear(x, self.weight_ih, self.bias_ih)
 
     def _fused_step(self, mode: str, x, states: list):
-        """The new state tuple from the fused layer over one step (``rnn_scan`` when traced), or None where
-        it does not apply."""
+        """The new state tuple from the fused layer's kernels over one step (eagerly on the CPU one lean
+        autograd node, ``_rnn_step``; ``rnn_scan`` when traced), or None where they do not apply."""
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
-        if not _rnn.fusable(x, [*states, *weights]):
+        tensors = [*states, *weights]
+        if _rnn_step.lean(x, tensors):
+            return _rnn_step.cell_step(mode, x, states, weights)
+        if not _rnn.fusable(x, tensors):
             return None
         _, (state,) = _rnn.fused_layer(mode, x, [tuple(states)], [weights], output=False)
         return state
