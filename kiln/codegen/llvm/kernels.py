@@ -39,6 +39,7 @@ from .kernel_info import NATIVE_OPS, KernelInfo, moved_bytes, native_code
 from .kinds import kind_generator
 from .loops import I64
 from .symbolic import symbolic_dimension, symbolic_work_bytes
+from .symbolic_rows import emit_rows, row_domain, row_work_terms
 
 __all__ = ["KernelInfo", "KernelModule", "Unsupported"]
 
@@ -67,7 +68,8 @@ class KernelModule:
         for body in bodies:
             for value in body.values():
                 register_type(value.type.dtype)  # raises Unsupported for float16 and friends
-        sym = symbolic_dimension(node, layouts, None if generator.symbolic else kind)
+        rows = row_domain(node)
+        sym = None if rows is not None else symbolic_dimension(node, layouts, None if generator.symbolic else kind)
         key = _kernel_key(kind, bodies, layouts)
         if key in self._known:  # the same code (an unrolled loop's steps, repeated blocks): one function
             return self._known[key]
@@ -75,11 +77,14 @@ class KernelModule:
         existing = set(self.module.globals)
         try:
             builder, args = self._function(symbol)
-            extent = generator.emit(builder, args, node, layouts)
+            extent = (emit_rows if rows is not None else generator.emit)(builder, args, node, layouts)
         except BaseException:
             self._drop_new_functions(existing)
             raise
-        if isinstance(extent, int):
+        if rows is not None:  # rows of a symbolic length: the size slots hold R, then n
+            assert isinstance(extent, tuple)
+            info = KernelInfo(symbol, 0, 0, rows, extent[0], extent[1], work_terms=row_work_terms(node))
+        elif isinstance(extent, int):
             info = KernelInfo(symbol, extent, _work_bytes(node))
         else:  # (rows per unit of the size, rows per unit) of a kernel over ``sym``
             assert sym is not None
