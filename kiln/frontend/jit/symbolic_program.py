@@ -158,6 +158,12 @@ def _c_order(value: Value, strides: tuple) -> bool:
     return tuple(strides) == tuple(value.type.dtype.itemsize * prod(shape[k + 1 :]) for k in range(len(shape)))
 
 
+def _strides_follow_sizes(value: Value) -> bool:
+    """Whether ``value``'s C-order strides depend on a symbolic size (one after its first non-1 dim)."""
+    dims = [d for d in value.type.shape if d != 1]
+    return any(isinstance(d, Sym) for d in dims[1:])
+
+
 def _laid_out(value: Value, strides: tuple, expected) -> bool:
     """Whether ``value`` (bound), of byte ``strides``, is laid out as its kernels' code assumes."""
     return _c_order(value, strides) if expected == C_ORDER else strides == expected
@@ -209,8 +215,13 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     position = {v: k for k, v in enumerate(fused.values())}
     for index in list(code.kernels):
         node = fused.nodes[index]
-        if any(position[v] not in same for v in (*node.inputs, *node.outputs)):
+        operands = (*node.inputs, *node.outputs)
+        if any(position[v] not in same for v in operands):
             report.declined.append((node.attrs.get("name", node.op), "its layouts depend on the symbolic size"))
+            del code.kernels[index]
+        elif any(same[position[v]] != C_ORDER for v in operands if _strides_follow_sizes(v)):
+            # the code addresses such a value at row * n (symbolic_rows.py): C order at every size
+            report.declined.append((node.attrs.get("name", node.op), "a value of a symbolic row length not in C order"))
             del code.kernels[index]
     seconds.append((f"generate ({backend.name})", time.perf_counter() - generating))
     report.stage_seconds = seconds

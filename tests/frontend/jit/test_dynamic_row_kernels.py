@@ -98,3 +98,21 @@ def test_a_transposed_view_of_the_scores_stays_correct():
         y = kiln.tensor(f32(3, t, t))
         assert_close(compiled(y).numpy(), f(y).numpy(), rtol=1e-5, atol=1e-6)
     assert specs(compiled) == 2
+
+
+def test_a_buffer_sliced_to_the_length_is_not_read_as_rows_of_that_length():
+    """``buf[:t, :t]`` of a (16, 16) buffer has the row stride 16 at every length: a kernel over rows
+    of length ``t`` must not take it for C order (it did: wrong values from the third size on)."""
+    buf = kiln.tensor(f32(16, 16))
+
+    def f(x):
+        t = x.shape[0]
+        return (x - x.amax(-1, keepdim=True)) * buf[:t, :t]
+
+    compiled = kiln.compile(f)
+    for t in [4, 7, 11, 7, 5]:
+        x = kiln.tensor(f32(t, t))
+        assert_close(compiled(x).numpy(), f(x).numpy(), rtol=1e-5, atol=1e-6)
+    assert specs(compiled) == 2
+    declined = compiled.state.specializations[-1].report.declined
+    assert any("not in C order" in why for _, why in declined), declined
