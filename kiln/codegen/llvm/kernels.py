@@ -35,7 +35,7 @@ from ..kernel_dag import VIEWS
 from ..plans import check_layouts, checked_bodies
 from .body import POINTER
 from .emitter import register_type
-from .kernel_info import NATIVE_OPS, KernelInfo, moved_bytes, native_code
+from .kernel_info import INDEX_OPS, NATIVE_OPS, KernelInfo, moved_bytes, native_code
 from .kinds import kind_generator
 from .loops import I64
 from .symbolic import symbolic_dimension, symbolic_work_bytes
@@ -99,7 +99,8 @@ class KernelModule:
         ``gather_scatter``), a direct convolution (conv, conv_weight: ``conv``) or a sum of
         rows (reduce_sum keeping the last axis: ``leading_sums``)."""
         check_layouts(node, layouts)
-        if node.op != "reduce_sum" and any(v.type.symbols for v in (*node.inputs, *node.outputs)):
+        symbolic = any(v.type.symbols for v in (*node.inputs, *node.outputs))
+        if symbolic and node.op not in ("reduce_sum", *INDEX_OPS):
             raise Unsupported(f"{node.op} over a symbolic dimension runs on its eager kernel")
         emit = native_code(node.op).emit
         key = ("native", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
@@ -114,6 +115,13 @@ class KernelModule:
         except BaseException:
             self._drop_new_functions(existing)
             raise
+        if symbolic and node.op in INDEX_OPS:  # over symbolic index positions (gather_scatter.py)
+            symbols, fixed_extent, per_size, per_unit, fixed, bytes_per_size = native_code(node.op).symbolic_info(
+                node, extent
+            )
+            info = KernelInfo(symbol, fixed_extent, fixed, symbols, per_size, per_unit, bytes_per_size)
+            self._known[key] = info
+            return info
         symbols = node.inputs[0].type.symbols if node.inputs else ()
         if symbols:  # a sum over a symbolic leading size (leading_sums): its units do not depend on it
             fixed, per_size = symbolic_work_bytes(node, symbols[0])
