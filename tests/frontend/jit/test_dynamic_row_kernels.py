@@ -116,3 +116,21 @@ def test_a_buffer_sliced_to_the_length_is_not_read_as_rows_of_that_length():
     assert specs(compiled) == 2
     declined = compiled.state.specializations[-1].report.declined
     assert any("not in C order" in why for _, why in declined), declined
+
+
+def test_attention_compiled_alone_with_its_backward_outside_is_one_program_for_every_length():
+    """``kiln.compile`` of the forward alone, ``backward()`` outside it: the compiled backward over the
+    symbolic length too (symbolic_backward.py), so one specialization serves every length."""
+    compiled = kiln.compile(attention)
+    for t in [5, 8, 3, 12, 8]:
+        arrays = [f32(2, 2, t, 4) for _ in range(3)]
+        grads = []
+        for fn in (attention, compiled):
+            inputs = [kiln.tensor(a, requires_grad=True) for a in arrays]
+            out = fn(*inputs)
+            (out * out).sum().backward()
+            grads.append([out.detach().numpy(), *(x.grad.numpy() for x in inputs)])
+        for actual, expected in zip(grads[1], grads[0], strict=True):
+            assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+    assert specs(compiled) == 2, compiled.state.events
+    assert isinstance(compiled.state.specializations[1].backward.program, SymbolicProgram)
