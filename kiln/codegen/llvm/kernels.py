@@ -81,9 +81,13 @@ class KernelModule:
         except BaseException:
             self._drop_new_functions(existing)
             raise
-        if rows is not None:  # rows of a symbolic length: the size slots hold R, then n
+        if rows is not None:  # rows of a symbolic length: the size slots hold R (if symbolic), then n
             assert isinstance(extent, tuple)
-            info = KernelInfo(symbol, 0, 0, rows, extent[0], extent[1], work_terms=row_work_terms(node))
+            count, n = rows
+            if isinstance(count, int):  # a unit a row, R of them whatever n
+                info = KernelInfo(symbol, count, 0, (n,), 0, 1, work_terms=row_work_terms(node))
+            else:
+                info = KernelInfo(symbol, 0, 0, (count, n), extent[0], extent[1], work_terms=row_work_terms(node))
         elif isinstance(extent, int):
             info = KernelInfo(symbol, extent, _work_bytes(node))
         else:  # (rows per unit of the size, rows per unit) of a kernel over ``sym``

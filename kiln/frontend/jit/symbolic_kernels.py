@@ -166,9 +166,10 @@ def _collapsed(node: Node, kind: object) -> tuple[Graph, TypeMap, TypeMap] | Non
     """The body of kernel ``node`` over its flattened leading dims, the map of types to their flattened
     types and the map of input types to the types they are broadcast to first (an input that spans
     part of the leading dims: ``(T, C)`` positions added to ``(B, T, C)``), or None when the kernel has
-    no symbol after its first dim or cannot be flattened. An elementwise kernel that cannot be
-    flattened through its last, symbolic dim keeps that dim: ``(B, H, T, T)`` with a ``(B, H, T, 1)``
-    row value becomes ``(B*H*T, T)``, rows of a symbolic length (kiln/codegen/llvm/symbolic_rows.py)."""
+    no symbol after its first dim or cannot be flattened. A kernel that cannot be flattened through
+    its last, symbolic dim keeps that dim: ``(B, H, T, T)`` with a ``(B, H, T, 1)`` row value (or a
+    softmax reducing its rows) becomes ``(B*H*T, T)``, rows of a symbolic length
+    (kiln/codegen/llvm/symbolic_rows.py)."""
     (body,) = node.attrs["bodies"]
     values = [*body.inputs, *(v for n in body.nodes for v in n.outputs)]
     # the longest shape, and of those one without broadcast dims (an expanded (1, 1, 1, 1) is not it)
@@ -177,7 +178,7 @@ def _collapsed(node: Node, kind: object) -> tuple[Graph, TypeMap, TypeMap] | Non
     if last == 0:  # static, or symbolic in the leading dim alone: the generators take it as it is
         return None
     collapsed = _collapsed_over(body, values, domain, domain[: last + 1], ())
-    if collapsed is None and kind == "elementwise" and last == len(domain) - 1:
+    if collapsed is None and kind in _KINDS and last == len(domain) - 1:
         collapsed = _collapsed_over(body, values, domain, domain[:last], domain[last:])
     return collapsed
 

@@ -1,7 +1,7 @@
 """Two kinds of kernel over symbolic sizes, compiled once and called through ctypes at several sizes:
 
-- rows of a symbolic length (``kiln.codegen.llvm.symbolic_rows``): an elementwise ``(R, N)`` domain
-  whose row length ``N`` is read from the table after ``R``;
+- rows of a symbolic length (``kiln.codegen.llvm.symbolic_rows``): an elementwise or row-reducing
+  ``(R, N)`` domain whose row length ``N`` is read from the table after ``R``;
 - take and index_put over symbolic index positions (``kiln.codegen.llvm.gather_scatter``): ``P``
   read from the table after the pointers, the status word after it.
 
@@ -71,6 +71,26 @@ def test_a_kernel_over_rows_of_a_symbolic_length_runs_at_every_size():
         assert info.work({R: rows, N: n}) == 4 * (2 * rows * n + rows + n)  # x and the output, a row value, a column
 
 
+def test_a_softmax_over_rows_of_a_symbolic_length_with_its_row_max_runs_at_every_size():
+    b = GraphBuilder()
+    x, column = b.input(T(R, N)), b.input(T(N))
+    scaled = b.node("mul", [x, column])
+    top = b.node("reduce_max", [scaled], {"axes": (1,), "keepdim": True})
+    e = b.node("exp", [b.node("sub", [scaled, top])])
+    total = b.node("reduce_sum", [e], {"axes": (1,), "keepdim": True})
+    node = kernel("reduction", b.build([b.node("div", [e, total]), top]))
+    info, fn = compiled(node, [(2, 1), (1,)])
+    assert info.symbols == (R, N)
+    for rows, n in [(1, 1), (5, 3), (7, 40), (3, 3000), (0, 4)]:
+        x, column = rng.normal(size=(rows, n)).astype(np.float32), rng.normal(size=n).astype(np.float32)
+        out, row_max = np.full((rows, n), np.nan, np.float32), np.full((rows, 1), np.nan, np.float32)
+        call(fn, info, [x, column, out, row_max], {R: rows, N: n})
+        s = (x * column).astype(np.float64)
+        expected = np.exp(s - s.max(1, keepdims=True))
+        assert_close(out, expected / expected.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+        assert_close(row_max, s.max(1, keepdims=True), rtol=1e-6, atol=1e-6)
+
+
 def test_a_row_input_not_walked_with_stride_1_is_declined():
     with pytest.raises(Unsupported, match="element strides"):
         KernelModule().add(kernel("elementwise", _rows_body()), [(2, 1), (1, 1), (2,)])
@@ -109,3 +129,16 @@ def test_index_put_accumulating_over_symbolic_positions_runs_at_every_size():
         expected = base.copy()
         np.add.at(expected, i, v)
         assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_static_number_of_rows_of_a_symbolic_length_reads_only_the_length():
+    b = GraphBuilder()
+    x = b.input(T(4, N))
+    node = kernel("reduction", b.build([b.node("reduce_sum", [b.node("exp", [x])], {"axes": (1,), "keepdim": True})]))
+    info, fn = compiled(node, [(2, 1)])
+    assert info.symbols == (N,) and info.units({N: 3}) == info.units({N: 300}) == 4  # a unit a row
+    for n in (1, 7, 500):
+        x = rng.normal(size=(4, n)).astype(np.float32)
+        out = np.full((4, 1), np.nan, np.float32)
+        call(fn, info, [x, out], {N: n})
+        assert_close(out, np.exp(x.astype(np.float64)).sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
