@@ -8,6 +8,8 @@ gradients), and checks that the row kernels were generated (a kernel reading two
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 import kiln
@@ -136,3 +138,32 @@ def test_attention_compiled_alone_with_its_backward_outside_is_one_program_for_e
             assert_close(actual, expected, rtol=1e-4, atol=1e-5)
     assert specs(compiled) == 2, compiled.state.events
     assert isinstance(compiled.state.specializations[1].backward.program, SymbolicProgram)
+
+
+def test_a_length_that_comes_while_the_first_compiles_in_the_background_makes_the_dynamic_program(monkeypatch):
+    """The first call's program compiles in the background; its backward graph, which a trace at
+    another length is compared with, exists once the partition ran (``PendingEntry.sizes_source``)."""
+    from kiln.frontend.jit.build import PendingSpecialization  # noqa: PLC0415
+
+    partitioned, release = threading.Event(), threading.Event()
+    compile_pending = PendingSpecialization.compile
+
+    def held(self):
+        if not partitioned.is_set():  # the first compile: partitioned, then held until released
+            self.partition()
+            partitioned.set()
+            assert release.wait(60)
+        return compile_pending(self)
+
+    monkeypatch.setattr(PendingSpecialization, "compile", held)
+    compiled = kiln.compile(attention, wait=False)
+    try:
+        for t in (5, 8):
+            inputs = [kiln.tensor(f32(2, 2, t, 4), requires_grad=True) for _ in range(3)]
+            compiled(*inputs).sum().backward()
+            assert partitioned.wait(60)
+            jobs = [entry.job for entry in compiled.state.pending]
+    finally:
+        release.set()
+    assert all(job.wait(60) for job in jobs)  # the first program too, before the test ends
+    assert [s.dynamic for s in compiled.state.specializations] == [[(0, 2), (1, 2), (2, 2)], None]
