@@ -225,7 +225,7 @@ def reduction_plan(body: Graph, layouts: Sequence[Sequence[int]]) -> ReductionPl
             per_row.append(KernelOutput(n_in + j, root, row_at))
         else:
             raise Unsupported(f"an output of shape {list(v.type.shape)} is neither full {list(domain)} nor one per row")
-    _check_row_values([out.root for out in per_row], rows.outer)
+    check_row_values([out.root for out in per_row], rows.outer)
     leaves = [load.offset for load in loads([out.root for out in full + per_row])] + [full_at]
     groups = ix.collapse(domain, range(rows.outer, len(domain)), leaves)
     sizes = [product(ix.static(domain[j]) for j in g) for g in groups]
@@ -249,7 +249,7 @@ def _reduction_rows(body: Graph) -> tuple[tuple[Dim, ...], Rows]:
     return domain, Rows(outer, axes)
 
 
-def _check_row_values(roots: Sequence[DagNode], outer: int) -> None:
+def check_row_values(roots: Sequence[DagNode], outer: int) -> None:
     """A row-valued output may read only row values and elements at the row's own index."""
     pending, seen = list(roots), set()
     while pending:

@@ -61,9 +61,12 @@ class LLVMBackend:
             if v.type.dtype is float16 or v.type.dtype.short == "bf16":  # bfloat16 exists only once ml_dtypes is in
                 return f"{v.type.dtype.name} has no LLVM kernels"
         axes = node.attrs.get("axes") if node.op.startswith("reduce_") else None
-        if axes is not None and any(isinstance(node.inputs[0].type.shape[a], Sym) for a in axes):
-            # symbolic compiles rows over the symbol, not a sum across it: fused, the whole
-            # kernel would run on the interpreter; alone, the reduction runs on its eager kernel
+        shape = node.inputs[0].type.shape if axes is not None else ()
+        rows = len(shape) >= 2 and tuple(axes or ()) == (len(shape) - 1,)  # each row of a symbolic length
+        if axes is not None and any(isinstance(shape[a], Sym) for a in axes) and not rows:
+            # symbolic compiles rows over the symbol, and rows of a symbolic length (symbolic_rows),
+            # not a sum across other dims: fused, the whole kernel would run on the interpreter;
+            # alone, the reduction runs on its eager kernel
             return "a reduction over a symbolic dimension has no LLVM kernel"
         return None
 

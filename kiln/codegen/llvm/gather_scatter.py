@@ -5,7 +5,9 @@ accumulate=True)``; their eager kernels are numpy's fancy indexing and a sorted 
 (hundreds of microseconds for an NCF table). Here each is one function ``void @sym(ptr args, i64
 begin, i64 end)`` like a fused kernel (``kernels.py``), specialized on the node's static shapes and
 its inputs' strides, for one index tensor over the leading dim (``x[idx]``): other keys stay on
-the eager kernel.
+the eager kernel. Over a dynamic batch the index positions may be symbolic (``(B, T)`` token ids):
+their number is read from the table after the pointers (the status word follows it), the table
+``x`` stays static (``symbolic_info``).
 
 An index is read once per use, wrapped when negative and checked against the dim: an index out
 of range writes nothing for it and sets the status word, the table slot after the outputs. The
@@ -29,12 +31,13 @@ from llvmlite import ir
 
 from ...ir import dtypes as dt
 from ...ir.graph import Node
-from ...ir.types import is_static
+from ...ir.types import Dim, Sym, is_static, sym_product
 from ..core import Unsupported
 from .body import element_pointer, operand_pointers
 from .emitter import memory_type
 from .kernel_info import INDEX_OPS, moved_bytes
 from .loops import CHUNK, I64, for_range, i64, minimum, static_shape
+from .symbolic import symbol_size
 from .vectors import transfer_row
 
 # A unit: about ``CHUNK`` elements, rows of a take, columns (times the rows they span) of an index_put.
@@ -87,11 +90,30 @@ def compilable(node: Node, layouts: Sequence[tuple[int, ...]] | None = None) -> 
         return f"{node.op} of empty rows runs on its eager kernel"
     if indices[0].type.dtype not in _INDEX_DTYPES:
         return f"{node.op} with {indices[0].type.dtype.name} indices runs on its eager kernel"
-    if not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
+    if not is_static(x.type.shape) or not is_static(indices[0].type.shape) and not _symbolic_positions(node):
         return f"{node.op} over a symbolic dimension runs on its eager kernel"
     if layouts is not None and _geometry(node, layouts) is None:
         return f"{node.op} of inputs with these strides runs on its eager kernel"
     return None
+
+
+def _symbolic_positions(node: Node) -> bool:
+    """Whether only the index positions are symbolic (an embedding over a batch of dynamic lengths),
+    the values of an index_put having the indexed shape (no broadcast)."""
+    idx = node.inputs[1 if node.op == "take" else 2]
+    if node.op == "index_put" and node.inputs[1].type.shape != idx.type.shape + node.inputs[0].type.shape[1:]:
+        return False
+    return bool(idx.type.symbols)
+
+
+def _walk_stride(shape: Sequence[Dim], strides: Sequence[int]) -> int | None:
+    """``_flat`` for a shape that may be symbolic. A value whose C-order strides follow a symbolic
+    size is C order (``SymbolicProgram`` loads the code only at sizes where it is): its stride is 1;
+    a symbolic leading size alone leaves the strides static, which merge as they are given."""
+    dims = [d for d in shape if d != 1]
+    if any(isinstance(d, Sym) for d in dims[1:]):
+        return 1
+    return _flat([2 if isinstance(d, Sym) else d for d in shape], strides)  # the leading size merges nothing
 
 
 class _Geometry:
@@ -107,24 +129,46 @@ class _Geometry:
 
 
 def _geometry(node: Node, layouts: Sequence[tuple[int, ...]]) -> _Geometry | None:
+    """The parts of ``node``; ``positions`` is None when they are symbolic (read at run time)."""
     x_shape = static_shape(node.inputs[0])
     x_strides = layouts[0]
     idx_pos = 1 if node.op == "take" else 2
-    idx_shape = static_shape(node.inputs[idx_pos])
-    positions, columns = math.prod(idx_shape), math.prod(x_shape[1:])
-    idx_stride = _flat(idx_shape, layouts[idx_pos])
+    idx_shape = node.inputs[idx_pos].type.shape
+    positions = math.prod(idx_shape) if is_static(idx_shape) else None  # type: ignore[arg-type]  # static
+    columns = math.prod(x_shape[1:])
+    idx_stride = _walk_stride(idx_shape, layouts[idx_pos])
     x_column = _flat(x_shape[1:], x_strides[1:])
     if idx_stride is None or x_column is None:
         return None
     if node.op == "take":
         return _Geometry(x_shape, positions, columns, idx_stride, x_strides[0], x_column)
     indexed = idx_shape + x_shape[1:]
-    v_strides = _broadcast_strides(static_shape(node.inputs[1]), layouts[1], indexed)
-    v_row = _flat(idx_shape, v_strides[: len(idx_shape)])
+    if positions is None:  # the values have the indexed shape (``_symbolic_positions``)
+        v_row, v_column = _symbolic_values(node.inputs[1].type.shape, layouts[1], len(idx_shape), columns)
+        if v_row is None or v_column is None:
+            return None
+        return _Geometry(x_shape, None, columns, idx_stride, x_strides[0], x_column, v_row, v_column)
+    v_strides = _broadcast_strides(static_shape(node.inputs[1]), layouts[1], static_shape_of(indexed))
+    v_row = _flat(static_shape_of(idx_shape), v_strides[: len(idx_shape)])
     v_column = _flat(x_shape[1:], v_strides[len(idx_shape) :])
     if v_row is None or v_column is None:
         return None
     return _Geometry(x_shape, positions, columns, idx_stride, x_strides[0], x_column, v_row, v_column)
+
+
+def _symbolic_values(shape: Sequence[Dim], strides: Sequence[int], n_idx: int, columns: int):
+    """``(v_row, v_column)`` of an index_put's values of symbolic ``shape`` (positions, then a row of
+    ``columns``), None where one stride does not walk them."""
+    dims = [d for d in shape if d != 1]
+    if any(isinstance(d, Sym) for d in dims[1:]):  # C order (see ``_walk_stride``)
+        return columns, 1
+    return _walk_stride(shape[:n_idx], strides[:n_idx]), _flat(static_shape_of(shape[n_idx:]), strides[n_idx:])
+
+
+def static_shape_of(shape: Sequence[Dim]) -> list[int]:
+    """``shape``, whose sizes must all be static."""
+    assert is_static(shape), f"a symbolic size in {list(map(str, shape))}"
+    return [int(d) for d in shape]  # type: ignore[arg-type]  # static
 
 
 def work_bytes(node: Node) -> int:
@@ -135,20 +179,38 @@ def work_bytes(node: Node) -> int:
     return moved_bytes(node)
 
 
-def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts: Sequence[tuple[int, ...]]) -> int:
+def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts: Sequence[tuple[int, ...]]
+         ) -> int | tuple[int, int]:  # fmt: skip
     """Emit ``node``'s function body at ``builder``, the entry block of ``(args, begin, end)`` =
-    ``params``; return its extent."""
+    ``params``; return its extent (over symbolic positions, a take's ``(1, positions per unit)``)."""
     why = compilable(node, layouts)
     if why is not None:
         raise Unsupported(why)
     geometry = _geometry(node, layouts)
     assert geometry is not None  # compilable checked it
     args, begin, end = params
-    pointers = operand_pointers(builder, args, len(node.inputs) + 2)  # the inputs, the output, the status word
+    operands = len(node.inputs) + 1  # the inputs, the output; then the size, if symbolic; the status word
+    symbolic = geometry.positions is None
+    if symbolic:
+        geometry.positions = symbol_size(builder, args, operands)
+    pointers = [*operand_pointers(builder, args, operands), *operand_pointers(builder, args, 1, operands + symbolic)]
     write = _take if node.op == "take" else _index_put
     extent = write(builder, pointers, begin, end, node, geometry)
     builder.ret_void()
     return extent
+
+
+def symbolic_info(node: Node, extent: int | tuple[int, int]) -> tuple:
+    """``(symbols, fixed_extent, rows_per_size, rows_per_unit, fixed_bytes, bytes_per_size)`` of an index
+    node over symbolic positions (``KernelInfo``): a take's units are blocks of positions, an
+    index_put's are its columns (static)."""
+    x, idx = node.inputs[0], node.inputs[1 if node.op == "take" else 2]
+    itemsize, columns = x.type.dtype.itemsize, math.prod(static_shape(x)[1:])
+    per_position = idx.type.dtype.itemsize + columns * itemsize
+    symbols = (sym_product(1, idx.type.shape),)
+    if isinstance(extent, tuple):  # take: reads a row and writes it per position
+        return symbols, 0, extent[0], extent[1], 0, per_position + columns * itemsize
+    return symbols, extent, 0, 1, 2 * x.type.numel * itemsize, per_position
 
 
 def _row(builder: ir.IRBuilder, idx: ir.Value, idx_dtype: dt.DType, position: ir.Value, g: _Geometry,
@@ -166,13 +228,17 @@ def _row(builder: ir.IRBuilder, idx: ir.Value, idx_dtype: dt.DType, position: ir
     return wrapped, ok
 
 
-def _take(builder, pointers, begin, end, node: Node, g: _Geometry) -> int:
+def _take(builder, pointers, begin, end, node: Node, g: _Geometry) -> int | tuple[int, int]:
     x, idx, out, status = pointers
     dtype, idx_dtype = node.output.type.dtype, node.inputs[1].type.dtype
     per_unit = max(1, CHUNK // max(1, g.columns))
-    extent = -(-g.positions // per_unit) if g.positions and g.columns else 0
+    positions = g.positions if isinstance(g.positions, ir.Value) else i64(g.positions)
+    if isinstance(g.positions, ir.Value):  # symbolic: (rows per position, positions per unit)
+        extent: int | tuple[int, int] = (1, per_unit)
+    else:
+        extent = -(-g.positions // per_unit) if g.positions and g.columns else 0
     first = builder.mul(begin, i64(per_unit), flags=("nsw",))
-    last = minimum(builder, builder.mul(end, i64(per_unit), flags=("nsw",)), i64(g.positions))
+    last = minimum(builder, builder.mul(end, i64(per_unit), flags=("nsw",)), positions)
     with for_range(builder, first, last, name="p", vectorize=False) as position:
         row, ok = _row(builder, idx, idx_dtype, position, g, status)
         with builder.if_then(ok, likely=True):
@@ -187,7 +253,8 @@ def _index_put(builder, pointers, begin, end, node: Node, g: _Geometry) -> int:
     dtype, idx_dtype = node.output.type.dtype, node.inputs[2].type.dtype
     accumulate = bool(node.attrs["accumulate"])
     # a unit: ``width`` columns over every row of x (the copy) and every index position (the writes)
-    width = min(g.columns, max(1, CHUNK // max(1, g.rows + g.positions)))
+    positions = g.positions if isinstance(g.positions, int) else g.rows  # symbolic: a guess at their number
+    width = min(g.columns, max(1, CHUNK // max(1, g.rows + positions)))
     extent = -(-g.columns // width) if g.columns else 0
     first = builder.mul(begin, i64(width), flags=("nsw",))
     last = minimum(builder, builder.mul(end, i64(width), flags=("nsw",)), i64(g.columns))

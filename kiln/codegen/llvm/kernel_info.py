@@ -9,10 +9,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from math import prod
 from types import ModuleType
 
 from ...ir import dtypes as dt
-from ...ir.types import Sym, SymbolicShapeError, is_static
+from ...ir.types import Dim, Sym, SymbolicShapeError, dim_size, is_static
 
 #: Primitives the LLVM backend compiles as functions of their own, outside fused kernels, by family:
 #: a stored program's code may name these nodes.
@@ -89,6 +90,9 @@ class KernelInfo:
     rows_per_size: int = 0
     rows_per_unit: int = 1
     bytes_per_size: int = 0
+    #: ``(dims, itemsize)`` per value of a kernel over several symbols (``symbolic_rows``): its work
+    #: is their bytes at the bound sizes (``bytes_per_size`` does not apply)
+    work_terms: tuple[tuple[tuple[Dim, ...], int], ...] = ()
 
     @property
     def extent(self) -> int:
@@ -113,10 +117,14 @@ class KernelInfo:
         """Bytes read and written for the symbols bound to ``sizes``."""
         if not self.symbols:
             return self.fixed_work_bytes
+        if self.work_terms:
+            self._size(sizes)  # says which size is missing
+            assert sizes is not None
+            return sum(itemsize * prod(dim_size(d, sizes) for d in dims) for dims, itemsize in self.work_terms)
         return self.fixed_work_bytes + self._size(sizes) * self.bytes_per_size
 
     def _size(self, sizes: Mapping[Sym, int] | None) -> int:
-        (sym,) = self.symbols
+        sym = self.symbols[0]  # the units' size (a kernel over rows of a symbolic length reads a second)
         if sizes is None or sym not in sizes:
             raise KeyError(f"kernel {self.symbol} runs over the symbolic dimension {sym}: give its size")
         return int(sizes[sym])

@@ -35,10 +35,11 @@ from ..kernel_dag import VIEWS
 from ..plans import check_layouts, checked_bodies
 from .body import POINTER
 from .emitter import register_type
-from .kernel_info import NATIVE_OPS, KernelInfo, moved_bytes, native_code
+from .kernel_info import INDEX_OPS, NATIVE_OPS, KernelInfo, moved_bytes, native_code
 from .kinds import kind_generator
 from .loops import I64
 from .symbolic import symbolic_dimension, symbolic_work_bytes
+from .symbolic_rows import emit_rows, row_domain, row_work_terms
 
 __all__ = ["KernelInfo", "KernelModule", "Unsupported"]
 
@@ -67,7 +68,8 @@ class KernelModule:
         for body in bodies:
             for value in body.values():
                 register_type(value.type.dtype)  # raises Unsupported for float16 and friends
-        sym = symbolic_dimension(node, layouts, None if generator.symbolic else kind)
+        rows = row_domain(node)
+        sym = None if rows is not None else symbolic_dimension(node, layouts, None if generator.symbolic else kind)
         key = _kernel_key(kind, bodies, layouts)
         if key in self._known:  # the same code (an unrolled loop's steps, repeated blocks): one function
             return self._known[key]
@@ -75,11 +77,18 @@ class KernelModule:
         existing = set(self.module.globals)
         try:
             builder, args = self._function(symbol)
-            extent = generator.emit(builder, args, node, layouts)
+            extent = (emit_rows if rows is not None else generator.emit)(builder, args, node, layouts)
         except BaseException:
             self._drop_new_functions(existing)
             raise
-        if isinstance(extent, int):
+        if rows is not None:  # rows of a symbolic length: the size slots hold R (if symbolic), then n
+            assert isinstance(extent, tuple)
+            count, n = rows
+            if isinstance(count, int):  # a unit a row, R of them whatever n
+                info = KernelInfo(symbol, count, 0, (n,), 0, 1, work_terms=row_work_terms(node))
+            else:
+                info = KernelInfo(symbol, 0, 0, (count, n), extent[0], extent[1], work_terms=row_work_terms(node))
+        elif isinstance(extent, int):
             info = KernelInfo(symbol, extent, _work_bytes(node))
         else:  # (rows per unit of the size, rows per unit) of a kernel over ``sym``
             assert sym is not None
@@ -94,7 +103,8 @@ class KernelModule:
         ``gather_scatter``), a direct convolution (conv, conv_weight: ``conv``) or a sum of
         rows (reduce_sum keeping the last axis: ``leading_sums``)."""
         check_layouts(node, layouts)
-        if node.op != "reduce_sum" and any(v.type.symbols for v in (*node.inputs, *node.outputs)):
+        symbolic = any(v.type.symbols for v in (*node.inputs, *node.outputs))
+        if symbolic and node.op not in ("reduce_sum", *INDEX_OPS):
             raise Unsupported(f"{node.op} over a symbolic dimension runs on its eager kernel")
         emit = native_code(node.op).emit
         key = ("native", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
@@ -109,6 +119,13 @@ class KernelModule:
         except BaseException:
             self._drop_new_functions(existing)
             raise
+        if symbolic and node.op in INDEX_OPS:  # over symbolic index positions (gather_scatter.py)
+            symbols, fixed_extent, per_size, per_unit, fixed, bytes_per_size = native_code(node.op).symbolic_info(
+                node, extent
+            )
+            info = KernelInfo(symbol, fixed_extent, fixed, symbols, per_size, per_unit, bytes_per_size)
+            self._known[key] = info
+            return info
         symbols = node.inputs[0].type.symbols if node.inputs else ()
         if symbols:  # a sum over a symbolic leading size (leading_sums): its units do not depend on it
             fixed, per_size = symbolic_work_bytes(node, symbols[0])

@@ -29,7 +29,7 @@ from ..plans import KernelOutput, ReductionPlan, checked_bodies, reduction_plan
 from .body import Accumulator, DagEmitter, KernelBody, Scope, operand_pointers
 from .loops import VarEnv, bind_rows, for_range, nest
 
-__all__ = ["COSTLY", "emit_reduction", "with_reciprocals"]
+__all__ = ["COSTLY", "accumulate", "emit_reduction", "kept_in_output", "output_pass", "with_reciprocals"]
 
 
 def _row_interleave(inner: Dim) -> int | None:
@@ -57,7 +57,7 @@ KEEP_OPS = 2
 KEEP_ROW_BYTES = 256 << 10
 
 
-def _kept_in_output(plan: ReductionPlan, aliased: frozenset[int]) -> KernelOutput | None:
+def kept_in_output(plan: ReductionPlan, aliased: frozenset[int]) -> KernelOutput | None:
     """The output ``(operand, node, offset)`` of a value the last accumulation pass computes anyway,
     stored into the single full output during that pass and loaded back by the output pass, instead
     of being computed again -- softmax's ``exp(x - max)``, which its sum needs and its output
@@ -72,8 +72,8 @@ def _kept_in_output(plan: ReductionPlan, aliased: frozenset[int]) -> KernelOutpu
     if len(full) != 1 or not reduces:
         return None
     operand, root, at = full[0]
-    if plan.row_elements * root.dtype.itemsize > KEEP_ROW_BYTES:
-        return None
+    if all(isinstance(n, int) for n in plan.sizes) and plan.row_elements * root.dtype.itemsize > KEEP_ROW_BYTES:
+        return None  # (a row of a symbolic length is kept: attention's rows are short)
     last = max(r.level for r in reduces)
     computed = {id(n) for n in walk([r.arg for r in reduces if r.level == last])}
     varies = _varying(root, outer)
@@ -135,22 +135,22 @@ def emit_reduction(builder: ir.IRBuilder, args, node: Node, layouts) -> int | tu
     env = VarEnv()
     target = KernelBody(builder, operand_pointers(builder, args_ptr, len(body.inputs) + len(body.outputs)), env)
     same_shape = frozenset(i for i, v in enumerate(body.inputs) if v.type.shape == plan.domain)
-    kept = _kept_in_output(plan, same_shape)
+    kept = kept_in_output(plan, same_shape)
     # The row loop is never vectorized: its lanes would be rows, and it is innermost only when the
     # reduction is one element long, where LLVM's loop vectorizer spent minutes on a row body it
     # could not hoist (a broadcast input read at one address, outputs that may alias it).
     with for_range(builder, begin, end, name="row", vectorize=False) as row:
         bind_rows(builder, env, [[j] for j in range(plan.rows.outer)], plan.outer_shape, row)
-        row_scope = _accumulate(builder, env, target, plan, kept)
+        row_scope = accumulate(builder, env, target, plan, kept)
         if plan.per_row:
             target.compute_then_store(plan.per_row, row_scope)
         if plan.full:
-            _output_pass(builder, env, target, plan, kept, row_scope)
+            output_pass(builder, env, target, plan, kept, row_scope)
     builder.ret_void()
     return (extent, 1) if symbolic else extent
 
 
-def _accumulate(builder: ir.IRBuilder, env: VarEnv, target: KernelBody, plan: ReductionPlan,
+def accumulate(builder: ir.IRBuilder, env: VarEnv, target: KernelBody, plan: ReductionPlan,
                 kept: KernelOutput | None) -> Scope:  # fmt: skip
     """One pass over the row per level, computing that level's reductions together; the last pass
     also stores ``kept``. Returns the row's scope, holding every reduction's value."""
@@ -172,7 +172,7 @@ def _accumulate(builder: ir.IRBuilder, env: VarEnv, target: KernelBody, plan: Re
     return row_scope
 
 
-def _output_pass(builder: ir.IRBuilder, env: VarEnv, target: KernelBody, plan: ReductionPlan,
+def output_pass(builder: ir.IRBuilder, env: VarEnv, target: KernelBody, plan: ReductionPlan,
                  kept: KernelOutput | None, row_scope: Scope) -> None:  # fmt: skip
     """The pass over the row that stores the full outputs, reading ``kept`` back where there is
     one; its divisions by row values by reciprocals where that is exact enough."""

@@ -34,6 +34,9 @@ class BackwardPlan:
     saved_bytes_before: int = 0  # what it would keep without the partition pass
     recomputed: int = 0  # saved values the backward recomputes instead
     saved_views_of: list[int] = field(default_factory=list)  # externals whose memory a saved value views
+    # the backward graph as the partition made it: lowered by ``symbolic_backward.lower_plan``, and
+    # compared with a trace's at another size (a dynamic specialization)
+    traced: Graph | None = None
 
     def attach(self, spec, results: list, outputs: list, leaves: list) -> None:
         saved = [outputs[i] for i in self.saved_outputs]

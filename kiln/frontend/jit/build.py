@@ -39,6 +39,7 @@ from .hazards import reachable_tensors
 from .pytree import flatten
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
 from .specialization import Specialization
+from .symbolic_backward import lower_plan, symbolic_backward
 from .symbolic_program import SizedProgram, Unlowered, lower_symbolic
 from .trace import Trace, TraceBreak
 from .watched_sizes import guards_of
@@ -84,15 +85,16 @@ class PendingSpecialization:
         return self.fields["modules"]
 
     @property
-    def sizes_source(self) -> Graph | None:
-        """The graph a trace at other sizes is compared with (``dynamic.py``), known before the compile:
-        the forward graph, unless the results need gradients outside the call (a ``BackwardPlan``, not
-        made dynamic yet) or Python branched on a size (the program holds for this size alone)."""
+    def sizes_source(self) -> Graph | tuple[Graph, Graph | None] | None:
+        """What a trace at other sizes is compared with (``dynamic.py``): the forward graph, and the
+        backward graph when the results need gradients outside the call (``(forward, backward)``,
+        known once the partition ran); None when Python branched on a size (the program holds for
+        this size alone)."""
         if self.size_compared is not None:
             return None
         if self.partitioned is not None:
             graph, backward = self.partitioned
-            return None if isinstance(backward, BackwardPlan) else graph
+            return (graph, backward.traced) if isinstance(backward, BackwardPlan) else graph
         return None if isinstance(self.backward, _PendingBackward) else self.forward
 
     def partition(self) -> tuple[Graph, Any]:
@@ -110,9 +112,15 @@ class PendingSpecialization:
         size_guards, why_not = ([], None) if symbolic is None else guards_of(self.size_guards, self.dynamic)
         if why_not is not None:
             symbolic, not_dynamic = None, why_not
-        if isinstance(backward, BackwardPlan):  # what a trace at another size is told (_dynamic_partner)
-            not_dynamic = not_dynamic or _NEEDS_BACKWARD
-        elif self.size_compared is not None:
+        if isinstance(backward, BackwardPlan):  # lowered with the forward: for these sizes, or all
+            symbolic_bwd = None
+            if symbolic is not None:
+                sizes = {s: (b, a) for s, (a, b) in size_symbols(self.dynamic[2]).items()}
+                symbolic_bwd, why_not = symbolic_backward(backward, self.dynamic[1], sizes)
+            backward, why_lowered = lower_plan(options, backward, symbolic_bwd)
+            if symbolic is not None and (symbolic_bwd is None or why_lowered is not None):
+                symbolic, not_dynamic = None, why_not or why_lowered
+        if self.size_compared is not None:
             not_dynamic = not_dynamic or f"Python branches on a size that would be dynamic ({self.size_compared})"
         # mutated externals updated in place where that is safe, as eager does
         in_place = [(o, i) for i, o in self.writebacks]
@@ -204,7 +212,7 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     return pending, None
 
 
-_NEEDS_BACKWARD = "a result needs gradients outside the call (a compiled backward over symbolic sizes is not built yet)"
+_NEEDS_BACKWARD = "the results need gradients outside the call at one of the two sizes only"
 
 
 def _symbolic(graph: Graph, backward, dynamic, sources: list) -> tuple[Graph | None, str | None]:
@@ -216,9 +224,11 @@ def _symbolic(graph: Graph, backward, dynamic, sources: list) -> tuple[Graph | N
         return None, None
     if dynamic[0] == "static":
         return None, dynamic[1]
-    if isinstance(backward, BackwardPlan):
-        return None, _NEEDS_BACKWARD
     _, earlier, pairs, _ = dynamic
+    if isinstance(earlier, tuple) != isinstance(backward, BackwardPlan):
+        return None, _NEEDS_BACKWARD
+    if isinstance(earlier, tuple):  # (forward, backward): the backward is compared by the caller
+        earlier = earlier[0]
     sizes = size_symbols(pairs)
     try:
         symbolic = symbolize(graph, earlier, {s: (b, a) for s, (a, b) in sizes.items()})
@@ -399,7 +409,7 @@ class _PendingBackward:
 def _partition(
     options, pending: _PendingBackward | ConsumedPlan | None, forward: Graph, sources: list, mutated: set[int]
 ):
-    """The forward graph without what the backward now recomputes, and the lowered ``BackwardPlan``.
+    """The forward graph without what the backward now recomputes, and the ``BackwardPlan`` (not lowered yet).
     ``mutated``: the forward inputs the call writes back into (changed in place): the backward
     would read their new values, so nothing is recomputed from them."""
     if not isinstance(pending, _PendingBackward):
@@ -414,17 +424,20 @@ def _partition(
               for i, kind in enumerate(pending.inputs) if not isinstance(kind, Saved) or i in still_saved]  # fmt: skip
     inputs += [Saved(len(part.kept) + k) for k in range(part.promoted)]
     signature, _ = number_outputs(inputs, pending.results)
-    lowered = compile_graph(part.backward, options)
-    backward_graph, program = lowered.graph, lowered.program
     forward = _own_copies_of_mutated(part.forward, part.saved, mutated)
     # Saved values that are views of the call's inputs (a weight's transpose): their memory is the
     # input's, so an in-place change of it before the backward must raise, as eager's would.
     root, position = Liveness(forward).root, {v: k for k, v in enumerate(forward.inputs)}
     views = sorted({position[root[v]] for v in (forward.outputs[i] for i in part.saved) if root[v] in position})
-    plan = BackwardPlan(backward_graph, program, signature, pending.diff, list(part.saved), pending.wrt,
+    # lowered when the specialization is compiled (``symbolic_backward.lower_plan``): for its sizes, or all
+    plan = BackwardPlan(part.backward, _not_lowered, signature, pending.diff, list(part.saved), pending.wrt,
                         saved_bytes=part.saved_bytes, saved_bytes_before=part.saved_bytes_before,
-                        recomputed=len(part.recomputed), saved_views_of=views)  # fmt: skip
+                        recomputed=len(part.recomputed), saved_views_of=views, traced=part.backward)  # fmt: skip
     return forward, plan
+
+
+def _not_lowered(arrays: list) -> list:
+    raise AssertionError("a backward plan run before its specialization was compiled")
 
 
 def _own_copies_of_mutated(forward: Graph, saved: Sequence[int], mutated: set[int]) -> Graph:

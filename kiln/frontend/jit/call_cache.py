@@ -75,7 +75,16 @@ class PendingEntry:
     nodes: int  # traced nodes
     started: float = field(default_factory=time.perf_counter)
     job: Any = None  # the background.Job
-    sizes_source: Any = None  # the traced graph a call at other sizes is compared with (dynamic.py)
+    source: Any = None  # the traced graph a call at other sizes is compared with (dynamic.py), if known
+    pending: Any = None  # the PendingSpecialization compiling
+
+    @property
+    def sizes_source(self) -> Any:
+        """``source``, or once the background compile has partitioned a call whose results need
+        gradients outside it, its (forward, backward) graphs (``PendingSpecialization.sizes_source``)."""
+        if self.source is not None or self.pending is None:
+            return self.source
+        return self.pending.sizes_source
 
 
 _NOT_COMPILED = (EagerEntry, PendingEntry)  # a tuple: isinstance on it takes half the time a union takes
@@ -309,7 +318,7 @@ class CompiledFunction:
     # ------------------------------------------------------------------ compiling in the background
     def _compile_in_background(self, pending: PendingSpecialization, key, reason: str) -> None:
         """Cache a ``PendingEntry`` for ``key`` (its calls run eagerly) and hand the compile to the pool."""
-        entry = PendingEntry(key, reason, pending.nodes, sizes_source=pending.sizes_source)
+        entry = PendingEntry(key, reason, pending.nodes, source=pending.sizes_source, pending=pending)
         where = _user_frame(sys._getframe(2))
         with self._install_lock:
             self.state.pending.append(entry)

@@ -10,9 +10,11 @@ re-infers every type), and never executing code from the file.
 
 Calls must match the example's structure, shapes and dtypes (export specializes, as a trace
 does), except along the dynamic dimensions ``dynamic_shapes`` names: ``export(fn, x,
-dynamic_shapes=[{0: "batch"}])`` traces the call at two batch sizes (``dynamic.py`` compares the
-two programs) and the program then runs at any batch size >= 1, compiled once. In-place changes the traced call made to its arguments or parameters (BatchNorm's
-running statistics in training mode, the generator state of dropout) are applied on each call.
+dynamic_shapes=[{0: "batch", 1: "seq"}])`` traces the call at two sizes of each
+(``export_dynamic.py``) and the program then runs at any size >= 1 there, compiled once, refusing
+with a clear error the sizes its guards do not take (``assert T <= block_size`` as traced). In-place
+changes the traced call made to its arguments or parameters (BatchNorm's running statistics in
+training mode, the generator state of dropout) are applied on each call.
 """
 
 from __future__ import annotations
@@ -35,7 +37,6 @@ from ..autograd.grad_mode import no_grad
 from ..dispatch import apply as dispatch_apply
 from ..tensor import Tensor, make_tensor
 from . import state
-from .dynamic import NotDynamic, symbolize
 from .pytree import LEAF, flatten, unflatten
 from .region_check import check_regions
 from .regions import regions_from_json, regions_to_json
@@ -55,8 +56,11 @@ from .signature import (
 )
 from .symbolic_program import Unlowered, lower_symbolic
 from .trace import Trace
+from .watched_sizes import GUARD_COMPARISONS, SizeGuard
 
-EXPORT_FORMAT_VERSION = 1
+#: The newest format this kiln reads and writes: 2 adds the size guards of a dynamic program (a file
+#: without guards is written as version 1, which older kilns read).
+EXPORT_FORMAT_VERSION = 2
 
 
 class ExportError(ValueError):
@@ -81,6 +85,7 @@ class ExportedProgram:
     # before the passes (which may merge or replace the values the regions name).
     regions: tuple = ()
     traced: Graph | None = None
+    size_guards: tuple = ()  # watched_sizes.SizeGuard: the dynamic sizes' comparisons each call must keep
 
     def __post_init__(self) -> None:
         from ...ir.interpreter import prepare  # noqa: PLC0415
@@ -164,6 +169,10 @@ class ExportedProgram:
                                      f"{leaf.dtype.short}{list(leaf.shape)} (export specializes on shapes and dtypes)")  # fmt: skip
             elif isinstance(leaf, Tensor) or leaf != spec[1]:
                 raise ValueError(f"exported program: argument {i} must be {spec[1]!r} as in the example, got {leaf!r}")
+        for guard in self.size_guards:
+            miss = guard.miss(leaves)
+            if miss is not None:
+                raise ValueError(f"exported program: {miss}: the program was traced for sizes that keep it")
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | os.PathLike) -> None:
@@ -171,7 +180,8 @@ class ExportedProgram:
         from ...ir.serialize import save_graph_file  # noqa: PLC0415
 
         meta = {
-            "export_format_version": EXPORT_FORMAT_VERSION,
+            "export_format_version": 2 if self.size_guards else 1,
+            "size_guards": [_guard_to_json(g) for g in self.size_guards],
             "in_tree": _tree_to_json(self.in_tree),
             "in_specs": [_spec_to_json(s) for s in self.in_specs],
             **signature_to_json(self.signature),
@@ -213,14 +223,25 @@ def _dynamic_size(dim, size: int, sizes: dict, position: int):
 
 def export(fn, *args, dynamic_shapes=None, **kwargs) -> ExportedProgram:
     """Trace ``fn(*args, **kwargs)`` into an ``ExportedProgram`` (the call runs for real once; with
-    ``dynamic_shapes``, twice). ``dynamic_shapes``: per positional argument, None or ``{0: "name"}``
-    to make its leading dimension a dynamic size called ``name`` (as ``torch.export``'s, with names
-    for ``Dim``s); the program then runs at any size >= 1 there."""
+    ``dynamic_shapes``, twice). ``dynamic_shapes``: per positional argument, None or ``{dim: "name",
+    ...}`` to make those dimensions dynamic sizes called ``name`` (as ``torch.export``'s, with names
+    for ``Dim``s); the program then runs at any size >= 1 there (``export_dynamic.py``)."""
     if dynamic_shapes is not None:
-        return _export_dynamic(fn, args, kwargs, dynamic_shapes)
+        from .export_dynamic import export_dynamic  # noqa: PLC0415 - it builds on this module
+
+        return export_dynamic(fn, args, kwargs, dynamic_shapes)
+    return traced_export(fn, args, kwargs)[0]
+
+
+def traced_export(
+    fn, args: tuple, kwargs: dict, watched: frozenset[int] = frozenset()
+) -> tuple[ExportedProgram, Trace]:
+    """The program of one traced call, and its trace (released), whose Python reads of the sizes in
+    ``watched`` were watched (``watched_sizes.py``: what it compared is in ``size_guards``)."""
     names = _parameter_names(fn)
     leaves, tree = flatten((args, kwargs))
     trace = Trace(fullgraph=True).start()
+    trace.watched_sizes = watched
     try:
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, Tensor) and not trace.is_bound(leaf):
@@ -253,57 +274,7 @@ def export(fn, *args, dynamic_shapes=None, **kwargs) -> ExportedProgram:
     specs = [("tensor", tuple(x.shape), x.dtype.short) if isinstance(x, Tensor) else ("python", _check_plain(x))
              for x in leaves]  # fmt: skip
     trace.release()
-    return ExportedProgram(graph, parameters, tree, specs, signature, out_tree, tuple(trace.regions), built)
-
-
-def _export_dynamic(fn, args: tuple, kwargs: dict, dynamic_shapes) -> ExportedProgram:
-    """``export`` with dynamic leading sizes: traced at two sizes, the programs compared."""
-    axes = _dynamic_axes(args, dynamic_shapes)
-    example: dict[str, int] = {}
-    for position, name in axes.items():
-        size = args[position].shape[0]
-        if example.setdefault(name, size) != size:
-            raise ExportError(f"export: the dynamic size {name} is {example[name]} and {size} in the example")
-    pairs = {name: (max(size, 2), max(size, 2) + 1) for name, size in example.items()}  # a size 1 broadcasts
-    programs = []
-    for which in (0, 1):
-        resized = [_resized(a, pairs[axes[k]][which]) if k in axes else a for k, a in enumerate(args)]
-        programs.append(export(fn, *resized, **kwargs))
-    first, second = programs
-    assert first.traced is not None and second.traced is not None, "export keeps the traced graph"
-    try:
-        symbolic = symbolize(first.traced, second.traced, {Sym(name): pair for name, pair in pairs.items()})
-    except NotDynamic as why:
-        raise ExportError(f"export: with dynamic_shapes the call is traced at two sizes, which must make one program "
-                          f"up to those sizes; they do not: {why}") from None  # fmt: skip
-    graph = optimize(symbolic, CompileOptions(), [])
-    specs = [(s[0], (Sym(axes[k]), *s[1][1:]), s[2]) if k in axes else s for k, s in enumerate(first.in_specs)]
-    return ExportedProgram(graph, first.parameters, first.in_tree, specs, first.signature, first.out_tree, (), symbolic)
-
-
-def _dynamic_axes(args: tuple, dynamic_shapes) -> dict[int, str]:
-    """Positional argument -> the name of its dynamic leading size, checked."""
-    if not isinstance(dynamic_shapes, list | tuple) or len(dynamic_shapes) != len(args):
-        raise ExportError(f"export: dynamic_shapes must be a list with one entry per positional argument "
-                          f"({len(args)}), each None or {{0: 'name'}}; got {dynamic_shapes!r:.80}")  # fmt: skip
-    axes = {}
-    for k, entry in enumerate(dynamic_shapes):
-        if entry is None:
-            continue
-        if not isinstance(args[k], Tensor) or not isinstance(entry, dict) or set(entry) != {0} or args[k].ndim < 1:
-            raise ExportError(f"export: dynamic_shapes[{k}] must be None or {{0: 'name'}} for a tensor argument "
-                              f"(kiln makes the leading dimension dynamic only); got {entry!r:.80}")  # fmt: skip
-        try:
-            axes[k] = Sym(entry[0]).name
-        except ValueError as error:
-            raise ExportError(f"export: dynamic_shapes[{k}]: {error}") from None
-    return axes
-
-
-def _resized(t: Tensor, size: int) -> Tensor:
-    """``t`` with ``size`` rows, repeating its own (indices it holds stay valid)."""
-    array = t.detach().numpy()
-    return make_tensor(np.take(array, np.arange(size) % max(array.shape[0], 1), axis=0), t._device)
+    return ExportedProgram(graph, parameters, tree, specs, signature, out_tree, tuple(trace.regions), built), trace
 
 
 def _run_node(graph: Graph, node, inputs: list) -> Tensor:
@@ -353,13 +324,14 @@ def load_exported(path: str | os.PathLike) -> ExportedProgram:
         signature = signature_from_json(meta, graph, in_specs, parameters)
         regions = regions_from_json(meta.get("regions", []), graph)  # files of older kilns have none
         regions = check_regions(regions, graph)  # an exporter writes a region as one op: it must be the graph's
+        guards = tuple(_guard_from_json(g, in_specs) for g in meta.get("size_guards", []))  # version 2
     except ExportError:
         raise
     except RecursionError:
         raise ExportError(f"{path}: not a valid exported program (its signature is nested too deeply)") from None
     except (KeyError, TypeError, ValueError, IndexError) as error:
         raise ExportError(f"{path}: not a valid exported program ({type(error).__name__}: {error})") from None
-    program = ExportedProgram(graph, parameters, in_tree, in_specs, signature, out_tree, regions)
+    program = ExportedProgram(graph, parameters, in_tree, in_specs, signature, out_tree, regions, None, guards)
     problem = _signature_problem(program)
     if problem:
         raise ExportError(f"{path}: not a valid exported program: {problem}")
@@ -401,6 +373,28 @@ def _source_type(in_specs: list, parameters: dict, source) -> tuple[str, str, tu
     if spec[0] != "tensor":
         return f"argument {position}, which is {spec[1]!r} in the signature, not a tensor"
     return f"argument {position}", spec[2], tuple(spec[1])
+
+
+def _guard_to_json(guard: SizeGuard) -> list:
+    return [guard.argument, guard.dim, guard.comparison, guard.other, guard.result, guard.where]
+
+
+def _guard_from_json(item, in_specs: list) -> SizeGuard:
+    """A size guard from its JSON form, checked: a dynamic dimension of a tensor argument, a comparison
+    of ints."""
+    argument, dim, comparison, other, result, where = item
+    _index(argument, len(in_specs))
+    spec = in_specs[argument]
+    if spec[0] != "tensor" or not isinstance(spec[1][_index(dim, len(spec[1]))], Sym):
+        raise ValueError(f"a size guard on argument {argument} dim {dim}, which is not a dynamic size")
+    if (
+        comparison not in GUARD_COMPARISONS
+        or type(other) is not int
+        or type(result) is not bool
+        or type(where) is not str
+    ):
+        raise ValueError(f"a size guard {item!r:.80} is not a comparison of a size with an int")
+    return SizeGuard(argument, dim, comparison, other, result, where)
 
 
 def _count_leaves(tree) -> int:

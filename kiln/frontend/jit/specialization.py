@@ -77,7 +77,9 @@ class Specialization:
     python_reads: list[PythonRead] = field(default_factory=list)  # the Python values it reads per call or guards
     calls: int = 0
     background_seconds: float | None = None  # from the trace to ready, when compiled in the background
-    sizes_source: Graph | None = None  # the traced graph a trace at other sizes is compared with (dynamic.py)
+    sizes_source: Graph | tuple | None = (
+        None  # the traced graph(s) a trace at other sizes is compared with (dynamic.py)
+    )
     dynamic: list[tuple[int, int]] | None = None  # (argument position, dim) of each symbolic size, if any
     size_guards: list = field(default_factory=list)  # watched_sizes.SizeGuard: comparisons its sizes keep
     not_dynamic: str | None = None  # why a trace at other sizes did not make it dynamic

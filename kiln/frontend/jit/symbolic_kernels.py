@@ -45,7 +45,9 @@ def collapse_symbolic_prefixes(graph: Graph) -> Graph:
             continue
         if node.op == "matmul" and _flat_matmul(out, node, inputs, new):
             continue
-        collapsed = _collapsed(node) if node.op == KERNEL and node.attrs.get("kind") in _KINDS else None
+        collapsed = (
+            _collapsed(node, node.attrs.get("kind")) if node.op == KERNEL and node.attrs.get("kind") in _KINDS else None
+        )
         if collapsed is None:
             out.keep(node if inputs == node.inputs else Node(node.op, inputs, node.attrs, node.outputs, node.loc))
             new.update((v, v) for v in node.outputs)
@@ -160,18 +162,30 @@ def _leading_sum(out: _Nodes, node: Node, inputs: tuple[Value, ...], new: dict) 
     return True
 
 
-def _collapsed(node: Node) -> tuple[Graph, TypeMap, TypeMap] | None:
+def _collapsed(node: Node, kind: object) -> tuple[Graph, TypeMap, TypeMap] | None:
     """The body of kernel ``node`` over its flattened leading dims, the map of types to their flattened
     types and the map of input types to the types they are broadcast to first (an input that spans
     part of the leading dims: ``(T, C)`` positions added to ``(B, T, C)``), or None when the kernel has
-    no symbol after its first dim or cannot be flattened."""
+    no symbol after its first dim or cannot be flattened. A kernel that cannot be flattened through
+    its last, symbolic dim keeps that dim: ``(B, H, T, T)`` with a ``(B, H, T, 1)`` row value (or a
+    softmax reducing its rows) becomes ``(B*H*T, T)``, rows of a symbolic length
+    (kiln/codegen/llvm/symbolic_rows.py)."""
     (body,) = node.attrs["bodies"]
     values = [*body.inputs, *(v for n in body.nodes for v in n.outputs)]
-    domain = max((v.type.shape for v in values), key=len)
+    # the longest shape, and of those one without broadcast dims (an expanded (1, 1, 1, 1) is not it)
+    domain = max((v.type.shape for v in values), key=lambda shape: (len(shape), sum(d != 1 for d in shape)))
     last = max((k for v in values for k, d in enumerate(v.type.shape) if isinstance(d, Sym)), default=0)
     if last == 0:  # static, or symbolic in the leading dim alone: the generators take it as it is
         return None
-    prefix = domain[: last + 1]
+    collapsed = _collapsed_over(body, values, domain, domain[: last + 1], ())
+    if collapsed is None and kind in _KINDS and last == len(domain) - 1:
+        collapsed = _collapsed_over(body, values, domain, domain[:last], domain[last:])
+    return collapsed
+
+
+def _collapsed_over(body: Graph, values: list[Value], domain: tuple, prefix: tuple, row: tuple):
+    """``_collapsed`` with the leading dims ``prefix`` flattened; ``row``: the trailing symbolic dims a
+    flattened value may keep (none, or the row length of a kernel of rows)."""
     product = sym_product(1, prefix)
 
     def flat(type: TensorType) -> TensorType:
@@ -193,15 +207,26 @@ def _collapsed(node: Node) -> tuple[Graph, TypeMap, TypeMap] | None:
     inputs = set(body.inputs)
     for v in values:
         v_type = widen(v.type) if v in inputs else v.type
-        if v_type.symbols and flat(v_type).shape[1:] and any(isinstance(d, Sym) for d in flat(v_type).shape[1:]):
+        inner = flat(v_type).shape[1:]
+        if v_type.symbols and inner and inner != row and any(isinstance(d, Sym) for d in inner):
             return None
-        if v_type.symbols and flat(v_type) == v_type and v_type.shape[0] != product:
+        if v_type.symbols and flat(v_type) == v_type and v_type.shape[0] != product and not _a_row(v_type.shape, row):
             return None  # a symbol outside the prefix's place (a broadcast over part of it)
     widened = {v for v in body.inputs if widen(v.type) != v.type}
     if any(PRIMITIVES[n.op].kind not in _BROADCASTING for n in body.nodes if widened.intersection(n.inputs)):
         return None  # a widened input read by a reduction or a view would be read over the wrong dims
     rewritten = _rewritten_body(body, flat, widen, len(prefix))
     return None if rewritten is None else (rewritten, flat, widen)
+
+
+def _a_row(shape: tuple, row: tuple) -> bool:
+    """Whether ``shape`` is one row of length ``row`` broadcast to every row (``(T,)``, ``(1, T)``)."""
+    return (
+        bool(row)
+        and len(shape) >= len(row)
+        and tuple(shape[len(shape) - len(row) :]) == row
+        and all(d == 1 for d in shape[: len(shape) - len(row)])
+    )
 
 
 def _rewritten_body(body: Graph, flat: TypeMap, widen: TypeMap, prefix_dims: int) -> Graph | None:

@@ -5,7 +5,9 @@ are generated once: a kernel over the symbolic leading dimension reads the size 
 table (``codegen/llvm/symbolic.py``), a kernel without one is the static kernel it always
 was. A kernel whose symbols lie in leading dims it treats alike (``(B, T, C)`` with a symbolic
 ``T``) runs over their product as one leading size (``symbolic_kernels.py``); one with two
-symbolic dims no leading size flattens (attention's ``(T, T)`` scores) runs on its eager kernels. What depends on the sizes -- the layouts, the write-backs, the memory plan, each kernel's
+symbolic dims no leading size flattens (attention's ``(B, H, T, T)`` scores) runs over rows of a
+symbolic length, ``(B*H*T, T)``, when it is elementwise (``codegen/llvm/symbolic_rows.py``), and on
+its eager kernels otherwise. What depends on the sizes -- the layouts, the write-backs, the memory plan, each kernel's
 number of parallel units -- is computed per set of sizes when a call first brings it, from the
 fused graph bound to those sizes, and kept: a size seen before costs a dictionary lookup.
 
@@ -18,11 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from math import prod
+from typing import Any, cast
 
 from ...codegen.backend import Lowered, LoweringReport
 from ...compiler import driver
-from ...ir.graph import Graph, Node
+from ...ir.graph import Graph, Node, Value
 from ...ir.types import Sym, dim_size
 from ...passes.layouts import infer_layouts
 from ...passes.memory_plan import plan_memory
@@ -75,7 +78,7 @@ class SymbolicProgram(_ProgramPerSizes):
     """Runs a fused symbolic graph whose kernels are compiled once (see the module docstring)."""
 
     def __init__(self, fused: Graph, backend, code, report: LoweringReport, strides: tuple, requested: tuple,
-                 layouts: dict[int, tuple], limit: int = 64) -> None:  # fmt: skip
+                 layouts: dict[int, tuple | str], limit: int = 64) -> None:  # fmt: skip
         self.graph = fused
         self.report = report
         self._backend = backend
@@ -83,7 +86,7 @@ class SymbolicProgram(_ProgramPerSizes):
         self._library = None
         self._strides = strides
         self._requested = requested
-        self._layouts = layouts  # value position -> the layout its kernels were generated for
+        self._layouts = layouts  # value position -> the layout its kernels were generated for, or C_ORDER
         self._positions = symbol_positions(fused)
         self._programs: dict[tuple[int, ...], CompiledProgram] = {}
         self._limit = limit
@@ -134,7 +137,7 @@ class SymbolicProgram(_ProgramPerSizes):
         kernels: dict[Node, Kernel] = {}
         for index, info in self._code.kernels.items():
             node = bound.nodes[index]
-            if any(layouts[v] != self._layouts.get(position[v]) for v in (*node.inputs, *node.outputs)):
+            if not all(_laid_out(v, layouts[v], self._layouts.get(position[v])) for v in (*node.inputs, *node.outputs)):
                 continue  # laid out otherwise at these sizes than the code assumes: its eager kernels run
             assert self._library is not None, "kernels without object code"
             for product in info.symbols:  # a kernel over a flattened symbolic size (3*T) reads the product
@@ -143,6 +146,27 @@ class SymbolicProgram(_ProgramPerSizes):
             slots = tuple(int(sizes[s]) for s in info.symbols)
             kernels[node] = Kernel(function, info.units(sizes), info.work(sizes), status=_status(node), sizes=slots)
         return CompiledProgram(bound, kernels, plan, layouts, write_backs, self._library)
+
+
+#: The layout of a value its kernels take C-contiguous at every size (its strides follow the sizes).
+C_ORDER = "C order"
+
+
+def _c_order(value: Value, strides: tuple) -> bool:
+    """Whether ``strides`` (bytes) are C order for ``value``'s (bound) shape."""
+    shape = cast(list[int], list(value.type.shape))  # bound: ints
+    return tuple(strides) == tuple(value.type.dtype.itemsize * prod(shape[k + 1 :]) for k in range(len(shape)))
+
+
+def _strides_follow_sizes(value: Value) -> bool:
+    """Whether ``value``'s C-order strides depend on a symbolic size (one after its first non-1 dim)."""
+    dims = [d for d in value.type.shape if d != 1]
+    return any(isinstance(d, Sym) for d in dims[1:])
+
+
+def _laid_out(value: Value, strides: tuple, expected) -> bool:
+    """Whether ``value`` (bound), of byte ``strides``, is laid out as its kernels' code assumes."""
+    return _c_order(value, strides) if expected == C_ORDER else strides == expected
 
 
 def _status(node: Node) -> bool:
@@ -173,7 +197,13 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     probes = [bind_graph(fused, {s: n for s, _, _ in symbol_positions(fused)}) for n in PROBES]
     layouts = [infer_layouts(g, strides) for g in probes]
     values = [list(g.values()) for g in probes]
-    same = {k: layouts[0][a] for k, (a, b) in enumerate(zip(*values, strict=True)) if layouts[0][a] == layouts[1][b]}
+    same: dict[int, tuple | str] = {
+        k: layouts[0][a] for k, (a, b) in enumerate(zip(*values, strict=True)) if layouts[0][a] == layouts[1][b]
+    }
+    # A value C-contiguous at both probes whose strides follow its size ((B*H*T, T) scores) is
+    # addressed by code that reads its row length at run time (codegen/llvm/symbolic_rows.py).
+    same.update((k, C_ORDER) for k, (a, b) in enumerate(zip(*values, strict=True))
+                if k not in same and _c_order(a, layouts[0][a]) and _c_order(b, layouts[1][b]))  # fmt: skip
     # The code is generated for the first probe's layouts; ``SymbolicProgram._load`` uses a kernel
     # only at sizes where its values are laid out as they were then (``same``).
     by_value = {v: layouts[0][values[0][k]] for k, v in enumerate(fused.values())}
@@ -185,8 +215,13 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     position = {v: k for k, v in enumerate(fused.values())}
     for index in list(code.kernels):
         node = fused.nodes[index]
-        if any(position[v] not in same for v in (*node.inputs, *node.outputs)):
+        operands = (*node.inputs, *node.outputs)
+        if any(position[v] not in same for v in operands):
             report.declined.append((node.attrs.get("name", node.op), "its layouts depend on the symbolic size"))
+            del code.kernels[index]
+        elif any(same[position[v]] != C_ORDER for v in operands if _strides_follow_sizes(v)):
+            # the code addresses such a value at row * n (symbolic_rows.py): C order at every size
+            report.declined.append((node.attrs.get("name", node.op), "a value of a symbolic row length not in C order"))
             del code.kernels[index]
     seconds.append((f"generate ({backend.name})", time.perf_counter() - generating))
     report.stage_seconds = seconds

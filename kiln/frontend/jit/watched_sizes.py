@@ -111,6 +111,7 @@ def plain_ints(value):
 
 # ---------------------------------------------------------------------- guards of a dynamic program
 _SIGNS = {"__eq__": "==", "__ne__": "!=", "__lt__": "<", "__le__": "<=", "__gt__": ">", "__ge__": ">="}
+GUARD_COMPARISONS = frozenset(_SIGNS)  # the int methods a size guard may call
 
 
 @dataclass(frozen=True)

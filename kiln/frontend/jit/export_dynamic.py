@@ -1,0 +1,128 @@
+"""``kiln.export`` with ``dynamic_shapes``: one exported program for every size of the named dimensions.
+
+``export(fn, x, dynamic_shapes=[{0: "batch", 1: "seq"}])`` names dimensions of the positional tensor
+arguments (as ``torch.export``'s ``Dim``s, by name; one name is one size, in every argument that
+has it). The call is traced at two sizes of each name (``dynamic.py``'s ``symbolize`` compares the
+two graphs and writes the sizes as symbols), and the program runs at any size >= 1 there, its
+kernels generated once (``symbolic_program.py``).
+
+A comparison Python makes of a named size while it is traced (``assert T <= block_size``) becomes a
+guard of the program (``watched_sizes.SizeGuard``): a call whose size compares otherwise is refused
+with the comparison and the user's line, instead of running a program traced for other sizes. Any
+other use of a named size in a Python branch is an ``ExportError``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...compiler.driver import optimize
+from ...compiler.options import CompileOptions
+from ...ir.types import Sym
+from ..tensor import Tensor, make_tensor
+from .dynamic import NotDynamic, symbolize
+from .export import ExportedProgram, ExportError, traced_export
+from .pytree import flatten
+from .watched_sizes import guards_of
+
+__all__ = ["export_dynamic"]
+
+
+def export_dynamic(fn, args: tuple, kwargs: dict, dynamic_shapes) -> ExportedProgram:
+    """``export`` with the dynamic sizes ``dynamic_shapes`` names: traced at two sizes, the programs compared."""
+    axes = dynamic_axes(args, dynamic_shapes)
+    pairs = _size_pairs(args, axes)
+    programs, traces = [], []
+    for which in (0, 1):
+        resized = [_resized(a, {d: pairs[n][which] for d, n in axes[k].items()}) if k in axes else a
+                   for k, a in enumerate(args)]  # fmt: skip
+        program, trace = traced_export(fn, tuple(resized), kwargs, frozenset(p[which] for p in pairs.values()))
+        if trace.size_compared is not None:
+            raise ExportError(f"export: with dynamic_shapes, Python uses a dynamic size in a way the exported program "
+                              f"cannot check at each call: {trace.size_compared}")  # fmt: skip
+        programs.append(program)
+        traces.append(trace)
+    first, second = programs
+    assert first.traced is not None and second.traced is not None, "export keeps the traced graph"
+    try:
+        symbolic = symbolize(first.traced, second.traced, {Sym(name): pair for name, pair in pairs.items()})
+    except NotDynamic as why:
+        raise ExportError(f"export: with dynamic_shapes the call is traced at two sizes, which must make one program "
+                          f"up to those sizes; they do not: {why}") from None  # fmt: skip
+    guards = _guards(args, axes, pairs, traces[1].size_guards)
+    graph = optimize(symbolic, CompileOptions(), [])
+    specs = list(first.in_specs)
+    for k, dims in axes.items():
+        kind, shape, dtype = specs[_leaf(args, k)]
+        specs[_leaf(args, k)] = (kind, tuple(Sym(dims[d]) if d in dims else n for d, n in enumerate(shape)), dtype)
+    return ExportedProgram(graph, first.parameters, first.in_tree, specs, first.signature, first.out_tree, (),
+                           symbolic, tuple(guards))  # fmt: skip
+
+
+def dynamic_axes(args: tuple, dynamic_shapes) -> dict[int, dict[int, str]]:
+    """Positional argument -> {dimension: the name of its dynamic size}, checked."""
+    if not isinstance(dynamic_shapes, list | tuple) or len(dynamic_shapes) != len(args):
+        raise ExportError(f"export: dynamic_shapes must be a list with one entry per positional argument "
+                          f"({len(args)}), each None or {{dim: 'name'}}; got {dynamic_shapes!r:.80}")  # fmt: skip
+    axes: dict[int, dict[int, str]] = {}
+    for k, entry in enumerate(dynamic_shapes):
+        if entry is None:
+            continue
+        arg = args[k]
+        if not isinstance(arg, Tensor) or not isinstance(entry, dict) or not entry:
+            raise ExportError(f"export: dynamic_shapes[{k}] must be None or {{dim: 'name', ...}} for a tensor "
+                              f"argument; got {entry!r:.80} for a {type(arg).__name__}")  # fmt: skip
+        dims = {}
+        for dim, name in entry.items():
+            if not isinstance(dim, int) or isinstance(dim, bool) or not -arg.ndim <= dim < arg.ndim:
+                raise ExportError(f"export: dynamic_shapes[{k}] names dimension {dim!r} of a tensor of shape "
+                                  f"{list(arg.shape)}")  # fmt: skip
+            try:
+                dims[dim % arg.ndim] = Sym(name).name
+            except ValueError as error:
+                raise ExportError(f"export: dynamic_shapes[{k}][{dim}]: {error}") from None
+        axes[k] = dims
+    return axes
+
+
+def _size_pairs(args: tuple, axes: dict[int, dict[int, str]]) -> dict[str, tuple[int, int]]:
+    """The two sizes each name is traced at: the example's (at least 2: a size 1 broadcasts) and a
+    larger one, no two names at the same pair (``symbolize`` tells the symbols apart by their pair)."""
+    example: dict[str, int] = {}
+    for k, dims in axes.items():
+        for dim, name in dims.items():
+            size = args[k].shape[dim]
+            if example.setdefault(name, size) != size:
+                raise ExportError(f"export: the dynamic size {name} is {example[name]} and {size} in the example")
+    pairs: dict[str, tuple[int, int]] = {}
+    for name, size in example.items():
+        first = max(size, 2)
+        second = first + 1
+        while second in {b for _, b in pairs.values()}:  # (a guard names its size by the second)
+            second += 1
+        pairs[name] = (first, second)
+    return pairs
+
+
+def _guards(args: tuple, axes: dict, pairs: dict, compared: list) -> list:
+    """The program's size guards from the second trace's comparisons of sizes (``Trace.size_guards``)."""
+    positions = [(_leaf(args, k), d) for k, dims in axes.items() for d in dims]
+    size_pairs = [pairs[axes[k][d]] for k, dims in axes.items() for d in dims]
+    guards, why = guards_of(compared, ("compare", None, size_pairs, positions))
+    if why is not None:
+        raise ExportError(f"export: with dynamic_shapes, {why}")
+    return guards
+
+
+def _leaf(args: tuple, position: int) -> int:
+    """The flattened leaf index of the tensor that is positional argument ``position``."""
+    return len(flatten(tuple(args[:position]))[0])
+
+
+def _resized(t: Tensor, sizes: dict[int, int]) -> Tensor:
+    """``t`` with ``sizes[d]`` elements along each dimension ``d``, repeating its own (indices it holds
+    stay valid; a causal mask stays one where its pattern repeats)."""
+    array = t.detach().numpy()
+    for dim, size in sizes.items():
+        array = np.take(array, np.arange(size) % max(array.shape[dim], 1), axis=dim)
+    return make_tensor(np.ascontiguousarray(array), t._device)
