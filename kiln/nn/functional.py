@@ -52,7 +52,8 @@ from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_al
 from ._embedding_bag import embedding_bag
 from ._grid import affine_grid, grid_sample
 from ._interpolate import interpolate, upsample, upsample_bilinear, upsample_nearest
-from ._loss import binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, kl_div, nll_loss
+from ._loss import binary_cross_entropy, cross_entropy, kl_div, nll_loss
+from ._loss_logits import binary_cross_entropy_with_logits
 from ._loss_margin import (
     cosine_embedding_loss,
     hinge_embedding_loss,
