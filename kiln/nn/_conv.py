@@ -9,7 +9,8 @@ matmul with the weight reshaped to (groups, O/groups, C/groups * prod(K)) gives 
 than each sample) matters most for the backward: the weight's gradient is then one matmul whose
 inner dimension is N * prod(O) (every sample's positions), not N matmuls of prod(O) each (as
 small as 16 in ResNet's last stage) whose (N, O, C*K) results are summed afterwards.
-Gradients, and gradients of gradients, come from the primitives.
+Gradients, and gradients of gradients, come from the primitives. On plain eager CPU tensors (one
+group) the im2col path runs as one autograd node on the arrays (``frontend/ops/conv_arrays.py``).
 """
 
 from __future__ import annotations

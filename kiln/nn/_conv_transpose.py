@@ -7,6 +7,9 @@ A transposed convolution is the adjoint of a convolution, written two ways with 
 - otherwise: spread the input apart by ``stride`` (zeros between pixels), pad by
   ``dilation * (kernel - 1) - padding`` (plus ``output_padding`` at the end), then a stride-1
   convolution (direct, Winograd or im2col) with the kernel flipped and its in/out channels swapped.
+
+On plain eager CPU tensors (one group) the adjoint runs as one autograd node on the arrays
+(``frontend/ops/conv_arrays.py``).
 """
 
 from __future__ import annotations
