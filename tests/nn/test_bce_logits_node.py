@@ -50,7 +50,7 @@ def test_the_composite_gives_sigmoid_minus_target_at_a_zero_logit(reduction):
 
 
 def test_finite_differences_and_double_backward(torch):
-    x = kiln.tensor(LOGITS[:, 1:], requires_grad=True)  # (away from the kink of max(-x, 0) at 0)
+    x = kiln.tensor(LOGITS[:, 1:], requires_grad=True)  # 0 among them: the loss is smooth there, the composite was not
     t = kiln.tensor(TARGETS[:, 1:], requires_grad=True)
     assert kiln.autograd.gradcheck(F.binary_cross_entropy_with_logits, (x, t))
     assert kiln.autograd.gradgradcheck(F.binary_cross_entropy_with_logits, (x, t))
