@@ -17,12 +17,14 @@ A backward that is itself differentiated (``create_graph=True``) recomputes the 
 with autograd and differentiates that instead: its gradient is then differentiable again.
 
 Below ``ARRAYS_BELOW`` bytes of input, on plain float32/64 CPU tensors outside traces and profiles,
-the Function runs the same formulas on the arrays (``_forward_arrays``, ``_backward_arrays``): each
-op's dispatch cost more than its pass over a few thousand values. Per-channel sums are ``einsum``
-over an (N, C, S) view, a third of the cost of numpy's multi-axis ``sum`` there. fwd+bwd of a
-(16, 32, 4, 4) BatchNorm2d took 230 us through the ops and 164 us through the compiled composite
-(PyTorch: 42 us); the composite stays compiled above the same size (``nn._norm.batch_norm``), where
-it measured faster (155 vs 178 us at (16, 32, 8, 8)).
+the same formulas run on the arrays as one autograd node (``batch_norm_on_arrays``,
+``BatchNormBackward``), the running statistics updated on the arrays too: each op's dispatch cost
+more than its pass over a few thousand values, and an autograd ``Function`` with the statistics as
+outputs cost ~40 us a call more (its context, and the zero gradients the engine made for them).
+Per-channel sums are ``einsum`` over an (N, C, S) view, a third of the cost of numpy's multi-axis
+``sum`` there. fwd+bwd of a BatchNorm2d, 1 thread, against the compiled composite and PyTorch:
+(16, 16, 8, 8) 104 / 146 / 69 us, (16, 32, 8, 8) 135 / 170 / 102, (32, 32, 8, 8) 200 / 211 / 171,
+(16, 64, 16, 16) 704 / 560 / 1003: the composite stays compiled from 256 KiB (``nn._norm.batch_norm``).
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ import numpy as np
 
 import kiln
 from kiln.frontend import dispatch
+from kiln.frontend.autograd import grad_mode
+from kiln.frontend.autograd.graph import Node, SavedTensor, _edge_of
 from kiln.frontend.jit import state as _jit
+from kiln.frontend.ops._util import plain_arrays
+from kiln.frontend.tensor import make_tensor
 
 #: Inputs of fewer bytes than this run on the arrays; above it, as ops (or the compiled composite).
-ARRAYS_BELOW = 1 << 16
-_FLOATS = (kiln.float32, kiln.float64)
+ARRAYS_BELOW = 1 << 18
 
 
 def moments(x: kiln.Tensor, dims: tuple[int, ...], eps: float):
@@ -78,12 +83,6 @@ class _TrainingBatchNorm(kiln.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, eps: float):
         ctx.eps = eps
-        if _on_arrays(x, weight, bias):
-            y, mean, var, ctx.arrays = _forward_arrays(x, weight, bias, eps)
-            ctx.save_for_backward(x, weight, bias)  # for the in-place checks and create_graph
-            ctx.mark_non_differentiable(mean, var)
-            return y, mean, var
-        ctx.arrays = None
         dims, shape, _ = _layout(x)
         mean, drift, centered, var = _statistics(x, dims)
         r = kiln.rsqrt(var + eps)
@@ -103,25 +102,27 @@ class _TrainingBatchNorm(kiln.autograd.Function):
         x, weight, bias, *moments = ctx.saved_tensors
         if kiln.is_grad_enabled():  # create_graph: a gradient autograd can differentiate again
             return (*_differentiable_gradients(ctx.needs_input_grad[:3], x, weight, bias, ctx.eps, g), None)
-        if ctx.arrays is not None:
-            if not (_jit.tracing or dispatch.profiling_ops) and _plain(g) and g.dtype == x.dtype:
-                return (*_backward_arrays(ctx.needs_input_grad[:3], ctx.arrays, weight, bias, g), None)
-            moments = _moments_of(x, ctx.arrays)
-        mean, drift, r = moments
-        dims, shape, count = _layout(x)
-        centered = (x - mean) - drift
-        g_sum = g.sum(dim=dims, keepdim=True)
-        gc_sum = (g * centered).sum(dim=dims, keepdim=True)  # sum(g xhat) / r
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            scale = r if weight is None else r * weight.reshape(shape)
-            # w r (g - sum(g)/M - xhat sum(g xhat)/M) as g a - b - centered c, a b c per channel
-            gx = g * scale - g_sum * (scale / count) - centered * (scale * r * r * gc_sum / count)
-        if weight is not None and ctx.needs_input_grad[1]:
-            gw = (gc_sum * r).reshape(weight.shape)
-        if bias is not None and ctx.needs_input_grad[2]:
-            gb = g_sum.reshape(bias.shape)
-        return gx, gw, gb, None
+        return (*_closed_form(ctx.needs_input_grad[:3], x, weight, bias, moments, g), None)
+
+
+def _closed_form(needs: tuple[bool, ...], x, weight, bias, moments, g) -> list:
+    """The closed-form gradients (see the module docstring) with ops, from the forward's ``moments``
+    (the mean, the drift and r, keepdim) and ``x``."""
+    mean, drift, r = moments
+    dims, shape, count = _layout(x)
+    centered = (x - mean) - drift
+    g_sum = g.sum(dim=dims, keepdim=True)
+    gc_sum = (g * centered).sum(dim=dims, keepdim=True)  # sum(g xhat) / r
+    gx = gw = gb = None
+    if needs[0]:
+        scale = r if weight is None else r * weight.reshape(shape)
+        # w r (g - sum(g)/M - xhat sum(g xhat)/M) as g a - b - centered c, a b c per channel
+        gx = g * scale - g_sum * (scale / count) - centered * (scale * r * r * gc_sum / count)
+    if weight is not None and needs[1]:
+        gw = (gc_sum * r).reshape(weight.shape)
+    if bias is not None and needs[2]:
+        gb = g_sum.reshape(bias.shape)
+    return [gx, gw, gb]
 
 
 def _differentiable_gradients(needs: tuple[bool, ...], x, weight, bias, eps: float, g) -> list:
@@ -131,7 +132,7 @@ def _differentiable_gradients(needs: tuple[bool, ...], x, weight, bias, eps: flo
         centered, r, _, _ = moments(x, dims, eps)
         y = _affine(centered * r, weight, bias, shape)
     wrt = [t for t, need in zip((x, weight, bias), needs, strict=True) if need and t is not None]
-    found = iter(kiln.autograd.grad([y], wrt, [g], create_graph=True, allow_unused=True))
+    found = iter(kiln.autograd.grad([y], wrt, [g], create_graph=kiln.is_grad_enabled(), allow_unused=True))
     return [next(found) if need and t is not None else None for t, need in zip((x, weight, bias), needs, strict=True)]
 
 
@@ -143,46 +144,62 @@ def training_batch_norm(x: kiln.Tensor, weight, bias, eps: float):
 
 
 # ----------------------------------------------------------------------------- on the arrays
-def _plain(t) -> bool:
-    return t is None or (type(t) in (kiln.Tensor, kiln.nn.Parameter) and t.device.type == "cpu" and t.dtype in _FLOATS)
+def _on_arrays(x, weight, bias, *state) -> bool:
+    """Whether training batch norm runs on the arrays: small plain tensors of one dtype (the running
+    statistics too, where given), no trace or profile."""
+    return x.element_size() * x.numel() < ARRAYS_BELOW and plain_arrays(x, weight, bias, *state)
 
 
-def _on_arrays(x, weight, bias) -> bool:
-    """Whether the Function runs on the arrays: small plain tensors of one dtype, no trace or profile."""
-    return (
-        not (_jit.tracing or dispatch.profiling_ops)
-        and x.element_size() * x.numel() < ARRAYS_BELOW
-        and all(_plain(t) and (t is None or t.dtype == x.dtype) for t in (x, weight, bias))
-    )
-
-
-def _array(t) -> np.ndarray:
-    return t.detach().numpy()
+def batch_norm_on_arrays(x, weight, bias, eps: float, running_mean, running_var, momentum):
+    """Training batch norm of ``x`` (N, C, *S) as one autograd node on the arrays, the running
+    statistics (where both are given) updated in place as ``update_running_statistics`` says; None
+    where the ops must run (``_on_arrays``, and running statistics that numpy may not write in place
+    or a momentum that is not a number)."""
+    track = running_mean is not None and running_var is not None
+    if track and not (type(momentum) in (float, int) and _writable(running_mean) and _writable(running_var)):
+        return None
+    if not _on_arrays(x, weight, bias, *((running_mean, running_var) if track else ())):
+        return None
+    y, mean, var, arrays = _forward_arrays(x, weight, bias, eps)
+    if track:
+        count = x.numel() // x.shape[1]
+        for t, stat, factor in ((running_mean, mean, momentum), (running_var, var, momentum * count / (count - 1))):
+            a = t._data
+            a *= 1 - momentum
+            a += stat * factor
+            t._version[0] += 1  # an in-place change, as mul_ and add_ count it (saved copies then raise)
+    result = make_tensor(y.reshape(x.shape), x._device, x._dtype)
+    if grad_mode.state.grad_enabled and any(t is not None and t._requires_grad for t in (x, weight, bias)):
+        BatchNormBackward.attach(result, (x, weight, bias), arrays, eps)
+    return result
 
 
 def update_running_statistics(running_mean, running_var, mean, var, momentum, count: int) -> None:
     """``r = (1 - momentum) * r + momentum * stat`` for the mean and the unbiased variance, in place
-    without gradient: on the arrays for small plain buffers outside traces and profiles (the same
-    products and sums as the ops, about a fifth of their 27 us at C=32), else as ops."""
+    without gradient (the ops' path; ``batch_norm_on_arrays`` does the same on the arrays)."""
     c = running_mean.shape[0]
-    if not (_on_arrays(mean, running_mean, running_var) and type(momentum) in (float, int) and _writable(running_mean)
-            and _writable(running_var) and not (mean.requires_grad or var.requires_grad)):  # fmt: skip
+    with kiln.no_grad():
+        running_mean.mul_(1 - momentum).add_(mean.reshape(c) * momentum)
+        running_var.mul_(1 - momentum).add_(var.reshape(c) * (momentum * count / (count - 1)))
+
+
+def count_batch(counter) -> None:
+    """``counter.add_(1)`` without gradient (a BatchNorm's ``num_batches_tracked``): on the array for
+    a plain writable buffer outside traces and profiles (the op's dispatch and its in-place checks
+    were ~10 us of a (16, 32, 4, 4) BatchNorm2d call's ~60)."""
+    if _jit.tracing or dispatch.profiling_ops or type(counter) is not kiln.Tensor or not _writable(counter):
         with kiln.no_grad():
-            running_mean.mul_(1 - momentum).add_(mean.reshape(c) * momentum)
-            running_var.mul_(1 - momentum).add_(var.reshape(c) * (momentum * count / (count - 1)))
+            counter.add_(1)
         return
-    for t, stat, factor in ((running_mean, mean, momentum), (running_var, var, momentum * count / (count - 1))):
-        a = _array(t)
-        a *= 1 - momentum
-        a += _array(stat).reshape(c) * factor
-        t._version[0] += 1  # an in-place change, as mul_ and add_ count it (saved copies then raise)
+    counter._data += 1
+    counter._version[0] += 1
 
 
 def _writable(t) -> bool:
-    """A buffer numpy may write in place: a plain tensor of its own contiguous memory, no gradient."""
-    if t.requires_grad or t._inference or t._base is not None:  # (an inference tensor's in-place error: the ops')
-        return False
-    flags = _array(t).flags
+    """A buffer numpy may write in place: a plain CPU tensor of its own contiguous memory, no gradient."""
+    if t.requires_grad or t._inference or t._base is not None or t._device.type != "cpu":
+        return False  # (an inference tensor's in-place error: the ops')
+    flags = t._data.flags
     return flags.c_contiguous and flags.writeable
 
 
@@ -192,9 +209,10 @@ def _channel_sums(a: np.ndarray) -> np.ndarray:
 
 
 def _forward_arrays(x, weight, bias, eps: float):
-    """(y, mean, var, arrays) of the forward's formulas on the arrays; ``arrays`` (the deviations,
-    (N, C, S), then ``r``, ``drift`` and the first mean, (C,)) are what the backward reads."""
-    a = _array(x)
+    """(y, mean, var, arrays) of the forward's formulas on the arrays, y as (N, C, S) and the
+    statistics (C,); ``arrays`` (the deviations, (N, C, S), then ``r``, the first mean and its drift,
+    (C,)) are what the backward reads."""
+    a = x._data
     n, c, count = a.shape[0], a.shape[1], a.size // (a.shape[0] * a.shape[1])
     a = a.reshape(n, c, count)
     mean = _channel_sums(a) / (n * count)
@@ -203,38 +221,68 @@ def _forward_arrays(x, weight, bias, eps: float):
     centered -= drift[:, None]
     var = _channel_sums(centered * centered) / (n * count)
     r = 1 / np.sqrt(var + a.dtype.type(eps))
-    scale = r if weight is None else r * _array(weight)
+    scale = r if weight is None else r * weight._data
     y = centered * scale[:, None]
     if bias is not None:
-        y += _array(bias)[:, None]
-    shape = (1, c) + (1,) * (x.ndim - 2)
-    stats = (kiln.from_numpy((mean + drift).reshape(shape)), kiln.from_numpy(var.reshape(shape)))
-    return kiln.from_numpy(y.reshape(x.shape)), *stats, (centered, r, drift, mean)
+        y += bias._data[:, None]
+    return y, mean + drift, var, (centered, r, mean, drift)
+
+
+class BatchNormBackward(Node):
+    """The closed-form gradients (see the module docstring) of ``batch_norm_on_arrays``'s output on
+    the arrays; under create_graph, a trace or a profile, the composite's recomputed with ops."""
+
+    __slots__ = ("saved", "arrays", "eps")
+    saved: tuple | None  # the input, weight and bias as SavedTensor (or None); None once released
+    arrays: tuple
+    eps: float
+
+    @classmethod
+    def attach(cls, result, inputs: tuple, arrays: tuple, eps: float) -> None:
+        node = cls(tuple(None if t is None else _edge_of(t) for t in inputs))
+        node.saved = tuple(None if t is None else SavedTensor(t) for t in inputs)  # checked when read
+        node.arrays, node.eps = arrays, eps
+        result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
+
+    def apply(self, grads: list) -> tuple:
+        g = grads[0]
+        if self.saved is None:
+            raise RuntimeError(
+                "Trying to backward through the graph a second time (through BatchNormBackward): its saved tensors "
+                "were freed after the first backward. Pass retain_graph=True to the first backward()."
+            )
+        x, weight, bias = (None if s is None else s.unpack(self) for s in self.saved)
+        assert x is not None  # (saved by attach; the weight and bias may be None)
+        needs = tuple(edge is not None for edge in self.next_edges)
+        if grad_mode.state.grad_enabled:  # create_graph: a gradient autograd can differentiate again
+            return tuple(_differentiable_gradients(needs, x, weight, bias, self.eps, g))
+        if not plain_arrays(g, x) or g._data.shape != x._data.shape:  # a trace or a profile records ops
+            shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+            r, mean, drift = (kiln.from_numpy(a.reshape(shape)) for a in self.arrays[1:])
+            return tuple(_closed_form(needs, x, weight, bias, (mean, drift, r), g))
+        return tuple(_backward_arrays(needs, self.arrays, weight, bias, g))
+
+    def release(self) -> None:
+        self.saved = None
+        self.arrays = ()
 
 
 def _backward_arrays(needs: tuple[bool, ...], arrays: tuple, weight, bias, g) -> list:
     """The closed-form gradients (see the module docstring) on the arrays."""
     centered, r = arrays[:2]
     count = centered.shape[0] * centered.shape[2]
-    g3 = _array(g).reshape(centered.shape)
+    g3 = g._data.reshape(centered.shape)
     g_sum = _channel_sums(g3)
     gc_sum = _channel_sums(g3 * centered)  # sum(g xhat) / r
     gx = gw = gb = None
     if needs[0]:
-        scale = r if weight is None else r * _array(weight)
+        scale = r if weight is None else r * weight._data
         gx = g3 * scale[:, None]
         gx -= (g_sum * (scale / count))[:, None]
         gx -= centered * (scale * r * r * gc_sum / count)[:, None]
-        gx = kiln.from_numpy(gx.reshape(g.shape))
+        gx = make_tensor(gx.reshape(g.shape), g._device, g._dtype)
     if weight is not None and needs[1]:
-        gw = kiln.from_numpy(gc_sum * r)
+        gw = make_tensor(gc_sum * r, g._device, g._dtype)
     if bias is not None and needs[2]:
-        gb = kiln.from_numpy(g_sum)
+        gb = make_tensor(g_sum, g._device, g._dtype)
     return [gx, gw, gb]
-
-
-def _moments_of(x, arrays: tuple) -> list:
-    """(mean, drift, r) as the ops' backward reads them, from the arrays' forward (for a trace or a
-    profile running the backward of a forward that ran on the arrays)."""
-    shape = (1, arrays[0].shape[1]) + (1,) * (x.ndim - 2)
-    return [kiln.from_numpy(a.reshape(shape)) for a in (arrays[3], arrays[2], arrays[1])]

@@ -9,16 +9,19 @@ matmul with the weight reshaped to (groups, O/groups, C/groups * prod(K)) gives 
 than each sample) matters most for the backward: the weight's gradient is then one matmul whose
 inner dimension is N * prod(O) (every sample's positions), not N matmuls of prod(O) each (as
 small as 16 in ResNet's last stage) whose (N, O, C*K) results are summed afterwards.
-Gradients, and gradients of gradients, come from the primitives.
+Gradients, and gradients of gradients, come from the primitives. On plain eager CPU tensors (one
+group) the im2col path runs as one autograd node on the arrays (``frontend/ops/conv_arrays.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
+from kiln.frontend.ops.conv_arrays import conv_eager
 from kiln.frontend.ops.windows import convolve
 from kiln.ir.primitives.convolution import DIRECT_MAX_INNER
 
@@ -86,19 +89,31 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     winograd = _winograd_variant(x, weight, pads, stride, dilation, groups)
     if winograd is not None:
         return _finish(_winograd(x, weight, pads, winograd), bias, unbatched)
+    _check_fits(tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads, strict=True)), kernel, dilation, op)
+    im2col = functools.partial(_im2col, pads=pads, stride=stride, dilation=dilation, groups=groups)
+    if not _direct(x, weight, stride, groups):
+        # one autograd node on plain eager CPU tensors (None: the ops must run)
+        out = conv_eager(x, weight, bias, kernel, stride, dilation, pads, im2col) if groups == 1 else None
+        return _finish(im2col(x, weight, bias) if out is None else out, None, unbatched)
     if any(p for pair in pads for p in pair):
         x = kiln.pad(x, pad_spec(pads))
-    _check_fits(x.shape[2:], kernel, dilation, op)
-    if _direct(x, weight, stride, groups):
-        return _finish(convolve(x, weight, stride, dilation), bias, unbatched)
+    return _finish(convolve(x, weight, stride, dilation), bias, unbatched)
+
+
+def _im2col(x, weight, bias, *, pads, stride, dilation, groups: int):
+    """The convolution of (N, C, *S) ``x``, padded by ``pads``, by ``weight`` as one matmul of the
+    windows (see the module docstring); plus ``bias`` if given."""
+    if any(p for pair in pads for p in pair):
+        x = kiln.pad(x, pad_spec(pads))
+    kernel = tuple(weight.shape[2:])
     cols = kiln.unfold_windows(x, kernel, stride, dilation, batch_inner=True)  # (C, *K, N, *O)
     n, c = x.shape[0], x.shape[1]
-    out_spatial = tuple(cols.shape[2 + d :])
+    out_spatial = tuple(cols.shape[2 + len(kernel) :])
     out_channels = weight.shape[0]
     cols = cols.reshape(groups, (c // groups) * math.prod(kernel), n * math.prod(out_spatial))
     w = weight.reshape(groups, out_channels // groups, -1)
     out = kiln.matmul(w, cols).reshape(out_channels, n, *out_spatial).transpose(0, 1)
-    return _finish(out, bias, unbatched)
+    return _finish(out, bias, False)
 
 
 def _finish(out, bias, unbatched: bool):

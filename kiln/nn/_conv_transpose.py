@@ -7,14 +7,19 @@ A transposed convolution is the adjoint of a convolution, written two ways with 
 - otherwise: spread the input apart by ``stride`` (zeros between pixels), pad by
   ``dilation * (kernel - 1) - padding`` (plus ``output_padding`` at the end), then a stride-1
   convolution (direct, Winograd or im2col) with the kernel flipped and its in/out channels swapped.
+
+On plain eager CPU tensors (one group) the adjoint runs as one autograd node on the arrays
+(``frontend/ops/conv_arrays.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
+from kiln.frontend.ops.conv_arrays import conv_transpose_eager
 
 from ._conv import conv1d, conv2d, conv3d
 
@@ -79,7 +84,14 @@ def _conv_transpose(input, weight, bias, stride, padding, output_padding, groups
                                f"output_padding={output_padding}, stride={stride}, dilation={dilation}")  # fmt: skip
     kernel = tuple(weight.shape[2:])
     if _as_adjoint(x, kernel, stride, padding, output_padding, dilation):
-        out = _adjoint(x, weight, bias, stride, padding, output_padding, groups, dilation)
+        adjoint = functools.partial(_adjoint, stride=stride, padding=padding, output_padding=output_padding,
+                                    groups=groups, dilation=dilation)  # fmt: skip
+        out = None
+        if groups == 1:  # one autograd node on plain eager CPU tensors (None: the ops must run)
+            size = _adjoint_size(x, kernel, stride, output_padding, dilation)
+            pads = tuple((p, p) for p in padding)
+            out = conv_transpose_eager(x, weight, bias, size, kernel, stride, dilation, pads, adjoint)
+        out = adjoint(x, weight, bias) if out is None else out
         return out if batched else out.squeeze(0)
     c_out_g = weight.shape[1]
     # (C_in, C_out/g, *k) -> (C_out, C_in/g, *k), kernel flipped.
@@ -107,6 +119,12 @@ def _as_adjoint(x, kernel, stride, padding, output_padding, dilation) -> bool:
     )  # fmt: skip
 
 
+def _adjoint_size(x, kernel, stride, output_padding, dilation) -> tuple[int, ...]:
+    """The spatial size of the folded windows of ``_adjoint``: the output's before its crop."""
+    return tuple((i - 1) * s + dl * (k - 1) + 1 + o
+                 for i, s, dl, k, o in zip(x.shape[2:], stride, dilation, kernel, output_padding, strict=True))  # fmt: skip
+
+
 def _adjoint(x, weight, bias, stride, padding, output_padding, groups: int, dilation):
     """The transposed convolution as what it is, the input gradient of a convolution by ``weight``:
     each input pixel times the filter, (C_out/g * prod(k), C_in/g) @ (C_in/g, N * prod(in)) per
@@ -118,8 +136,7 @@ def _adjoint(x, weight, bias, stride, padding, output_padding, groups: int, dila
     w = weight.reshape(groups, c_in // groups, c_out_g * math.prod(kernel)).transpose(1, 2)
     pixels = x.transpose(0, 1).reshape(groups, c_in // groups, n * math.prod(spatial))
     windows = kiln.matmul(w, pixels).reshape(groups * c_out_g, *kernel, n, *spatial)
-    size = tuple((i - 1) * s + dl * (k - 1) + 1 + o
-                 for i, s, dl, k, o in zip(spatial, stride, dilation, kernel, output_padding, strict=True))  # fmt: skip
+    size = _adjoint_size(x, kernel, stride, output_padding, dilation)
     out = kiln.fold_windows(windows, size, kernel, stride, dilation, batch_inner=True)
     if any(padding):
         for k, (p, s) in enumerate(zip(padding, size, strict=True)):

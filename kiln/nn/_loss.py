@@ -1,5 +1,5 @@
 """Classification losses, against classes or class probabilities: nll_loss, cross_entropy,
-binary_cross_entropy (with logits) and kl_div.
+binary_cross_entropy and kl_div (binary_cross_entropy_with_logits: ``_loss_logits``).
 
 ``reduction`` is ``"mean"``, ``"sum"`` or ``"none"``, as in PyTorch; for class-index targets
 ``"mean"`` divides by the summed weights of the targets that are not ``ignore_index``.
@@ -11,10 +11,11 @@ import kiln
 from kiln.frontend.autocast import FLOAT32, autocast_op
 from kiln.frontend.eager_composites import compiled_composite
 
+from ._loss_logits import check_same_size
 from ._loss_reduction import _check_reduction, _reduce, legacy_reduction
 from ._utils import check_tensor
 
-__all__ = ["nll_loss", "cross_entropy", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"]
+__all__ = ["nll_loss", "cross_entropy", "binary_cross_entropy", "kl_div"]
 
 # PyTorch's names of the dtypes a class-index target must not have, for its error message
 _TORCH_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "bool": "Bool",
@@ -139,14 +140,6 @@ def _soft_cross_entropy(logp, target, weight, reduction: str, label_smoothing: f
     return losses.sum() if reduction == "sum" else losses
 
 
-def _check_same_size(input, target, op: str) -> None:
-    if tuple(target.shape) != tuple(input.shape):
-        raise ValueError(
-            f"{op}: using a target size ({list(target.shape)}) that is different to the input size "
-            f"({list(input.shape)}) is not supported. Please ensure they have the same size."
-        )
-
-
 def _clamped_logs(x):
     return kiln.clamp(kiln.log(x), min=-100.0), kiln.clamp(kiln.log(1 - x), min=-100.0)
 
@@ -178,30 +171,13 @@ def binary_cross_entropy(input, target, weight=None, size_average=None, reduce=N
     """-(t log x + (1 - t) log(1 - x)) for probabilities ``input``; each log clamped to >= -100 as in PyTorch."""
     reduction = legacy_reduction(size_average, reduce, reduction)
     check_tensor(input, "input", "binary_cross_entropy")
-    _check_same_size(input, target, "binary_cross_entropy")
+    check_same_size(input, target, "binary_cross_entropy")
     # not (x < 0 or x > 1) rather than 0 <= x <= 1: a nan passes, as in PyTorch
     outside = (input < 0) | (input > 1)
     kiln.jit.check_values(
         ~outside, RuntimeError, "binary_cross_entropy: all elements of input should be between 0 and 1"
     )
     loss = _BinaryCrossEntropy.apply(input, target)
-    if weight is not None:
-        loss = loss * weight
-    return _reduce(loss, reduction)
-
-
-@autocast_op(FLOAT32)
-def binary_cross_entropy_with_logits(input, target, weight=None, size_average=None, reduce=None,
-                                     reduction: str = "mean", pos_weight=None) -> kiln.Tensor:  # fmt: skip
-    """BCE of sigmoid(input), computed stably: (1 - t) x + (1 + (pos_weight - 1) t) softplus(-x)."""
-    reduction = legacy_reduction(size_average, reduce, reduction)
-    check_tensor(input, "input", "binary_cross_entropy_with_logits")
-    _check_same_size(input, target, "binary_cross_entropy_with_logits")
-    # softplus(-x) = log1p(exp(-|x|)) + max(-x, 0): exp never overflows.
-    softplus_neg = kiln.log1p(kiln.exp(-kiln.abs(input))) + kiln.relu(-input)
-    if pos_weight is not None:
-        softplus_neg = softplus_neg * ((pos_weight - 1) * target + 1)
-    loss = (1 - target) * input + softplus_neg
     if weight is not None:
         loss = loss * weight
     return _reduce(loss, reduction)

@@ -14,7 +14,7 @@ import kiln
 from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.opmath import in_float32
 
-from ._batch_norm import ARRAYS_BELOW, moments, training_batch_norm, update_running_statistics
+from ._batch_norm import ARRAYS_BELOW, batch_norm_on_arrays, moments, training_batch_norm, update_running_statistics
 from ._utils import check_tensor
 
 __all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm"]
@@ -89,6 +89,9 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
             raise ValueError(
                 f"Expected more than 1 value per channel when training, got input size {list(input.shape)}"
             )
+        y = batch_norm_on_arrays(input, weight, bias, eps, running_mean, running_var, momentum)
+        if y is not None:  # small plain tensors: one autograd node on the arrays
+            return y
         y, mean, var = training_batch_norm(input, weight, bias, eps)
         if running_mean is not None and running_var is not None:
             update_running_statistics(running_mean, running_var, mean, var, momentum, count)

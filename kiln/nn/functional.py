@@ -16,7 +16,7 @@ import math
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
-from kiln.frontend.ops.leaky_relu import leaky_relu_eager
+from kiln.frontend.ops.leaky_relu import leaky_relu_eager, relu_eager
 from kiln.frontend.ops.linear import linear_eager
 
 from ._activation import (
@@ -52,7 +52,8 @@ from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_al
 from ._embedding_bag import embedding_bag
 from ._grid import affine_grid, grid_sample
 from ._interpolate import interpolate, upsample, upsample_bilinear, upsample_nearest
-from ._loss import binary_cross_entropy, binary_cross_entropy_with_logits, cross_entropy, kl_div, nll_loss
+from ._loss import binary_cross_entropy, cross_entropy, kl_div, nll_loss
+from ._loss_logits import binary_cross_entropy_with_logits
 from ._loss_margin import (
     cosine_embedding_loss,
     hinge_embedding_loss,
@@ -126,7 +127,10 @@ __all__ = [
 
 # ----------------------------------------------------------------------------- activations
 def relu(input, inplace: bool = False) -> kiln.Tensor:
-    return input.relu_() if inplace else kiln.relu(input)
+    if inplace:
+        return input.relu_()
+    out = relu_eager(input)  # one autograd node on plain CPU tensors, eagerly
+    return kiln.relu(input) if out is None else out
 
 
 def gelu(input, approximate: str = "none") -> kiln.Tensor:

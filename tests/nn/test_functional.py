@@ -151,7 +151,8 @@ def test_one_hot_and_pad(torch):
 
 # kiln.nn.functional's losses and poolings, by the module of their kind (kiln issue 37: modules by idea).
 _BY_KIND = {
-    "_loss": "nll_loss cross_entropy binary_cross_entropy binary_cross_entropy_with_logits kl_div",
+    "_loss": "nll_loss cross_entropy binary_cross_entropy kl_div",
+    "_loss_logits": "binary_cross_entropy_with_logits",
     "_loss_regression": "mse_loss l1_loss smooth_l1_loss huber_loss poisson_nll_loss gaussian_nll_loss",
     "_loss_margin": "soft_margin_loss margin_ranking_loss hinge_embedding_loss cosine_embedding_loss "
     "triplet_margin_loss triplet_margin_with_distance_loss multilabel_soft_margin_loss multi_margin_loss "

@@ -8,10 +8,14 @@ from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.types import CPU, Device
 from ...runtime.devices import to_device
+from .. import dispatch
+from ..autograd import grad_mode
 from ..dispatch import apply
+from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 
 Number = bool | int | float
+_FLOATS = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
 
 def scalar_tensor(value, dtype: dt.DType, device: Device = CPU) -> Tensor:
@@ -64,3 +68,25 @@ def as_tensor_arg(x, like: Tensor) -> Tensor:
     if isinstance(x, Tensor):
         return x
     return scalar_tensor(x, like._dtype, like._device)
+
+
+def plain_arrays(*tensors) -> bool:
+    """Whether an op may run on the arrays of ``tensors`` (None skipped) as one autograd node of its
+    own: plain float32/64 CPU tensors of one dtype (Parameters included; no sparse or other kind),
+    outside traces and profiles (which record the ops), none an inference tensor (whose saving the
+    ops refuse with their error)."""
+    if _jit.tracing or dispatch.profiling_ops:
+        return False
+    dtype = None
+    for t in tensors:
+        if t is None:
+            continue
+        if not isinstance(t, Tensor) or t._device is not CPU or getattr(t, "is_sparse", False):
+            return False
+        if dtype is None:
+            dtype = t._dtype
+        elif t._dtype is not dtype:
+            return False
+        if grad_mode.inference_used and t._inference:
+            return False
+    return dtype is not None and dtype.np in _FLOATS

@@ -6,6 +6,7 @@ import kiln
 
 from .. import functional as F
 from .. import init
+from .._batch_norm import count_batch
 from ..parameter import Parameter
 from .module import Module
 
@@ -61,8 +62,7 @@ class _BatchNorm(Module):
         self._check_input_dim(input)
         factor = 0.0 if self.momentum is None else self.momentum
         if self.training and self.track_running_stats and self.num_batches_tracked is not None:
-            with kiln.no_grad():
-                self.num_batches_tracked.add_(1)
+            count_batch(self.num_batches_tracked)
             if self.momentum is None:  # a cumulative moving average: weight 1/n for the n-th batch,
                 # read from the counter as a tensor, so a compiled step reads it on every call
                 factor = 1.0 / self.num_batches_tracked.to(self.running_mean.dtype)
