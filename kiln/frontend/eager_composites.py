@@ -111,15 +111,18 @@ def _run(program, fn: Callable, args: tuple, kwargs: dict, differentiable: bool 
         return fn(*args, **kwargs)
     if not differentiable:
         return _run_spec(fn, spec, leaves)
-    tensors = [t for t in leaves if isinstance(t, Tensor)]
-    versions = [t._version[0] for t in tensors]
+    versions = [(t._version, t._version[0]) for t in leaves if isinstance(t, Tensor)]
     result = _run_spec(fn, spec, leaves)
-    node = next((o.grad_fn for o in flatten(result)[0] if isinstance(o, Tensor) and o.grad_fn is not None), None)
+    node = None
+    for output in result if isinstance(result, tuple) else (result,):
+        if isinstance(output, Tensor) and output.grad_fn is not None:
+            node = output.grad_fn
+            break
     if isinstance(node, CompiledBackward):
         # In-place changes since are errors -- but for the state the op itself updates (batch_norm's
         # running statistics), which its backward does not read: a second call before the backward
         # updates it again, as in PyTorch, where saving it made that backward fail.
-        node.versions += [(t._version, v) for t, v in zip(tensors, versions, strict=True) if t._version[0] == v]
+        node.versions += [(counter, v) for counter, v in versions if counter[0] == v]
         node.eager = functools.partial(_eager_gradients, fn, args, kwargs, spec, leaves)
     return result
 
