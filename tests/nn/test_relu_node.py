@@ -5,6 +5,8 @@ in place) and the ops where it must run."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -112,3 +114,28 @@ def test_a_compiled_relu_traces_the_ops():
         step(x).backward()
         xw = (a + i) * a
         np.testing.assert_allclose(w.grad.numpy(), np.where(xw > 0, 2.0, 0.0).astype(np.float32) * (a + i), rtol=1e-6)
+
+
+def test_large_tensors_take_the_ops_where_eager_kernels_are_on(monkeypatch):
+    """From ``COMPILED_FROM`` elements the where's compiled kernel (on the kernel threads) selects,
+    when eager kernels are on; the values and gradients are the node's."""
+    from kiln.frontend import eager_kernels
+
+    monkeypatch.setattr(sys.modules[relu_eager.__module__], "COMPILED_FROM", 60)
+    a = _array((3, 4, 5))
+    small = kiln.tensor(a[:2], requires_grad=True)
+    assert relu_eager(kiln.tensor(a)) is not None  # eager kernels off (the suite's default)
+    eager_kernels.set_enabled(True)
+    try:
+        assert relu_eager(kiln.tensor(a)) is None
+        x = kiln.tensor(a, requires_grad=True)
+        y = kiln.relu(x)
+        assert y.grad_fn.name() != "ReluBackward0"
+        y.backward(kiln.tensor(_array(seed=1)))
+        assert kiln.relu(small).grad_fn.name() == "ReluBackward0"  # 40 elements: the node
+    finally:
+        eager_kernels.set_enabled(False)
+    expected = kiln.tensor(a, requires_grad=True)
+    _ops(expected).backward(kiln.tensor(_array(seed=1)))
+    np.testing.assert_array_equal(y.detach().numpy(), _ops(kiln.tensor(a)).numpy())
+    np.testing.assert_array_equal(x.grad.numpy(), expected.grad.numpy())
