@@ -3,7 +3,8 @@
 A composite op is Python over primitives: eager runs each primitive's numpy kernel, one pass over
 memory each, and so does its backward. ``@compiled_composite(name)`` on the op's function makes
 its eager calls use ``eager_kernels``' cache: the key is the op's name, each tensor argument's
-shape, dtype, strides and ``requires_grad``, the other arguments' values and the grad mode. On a
+shape, dtype, strides and ``requires_grad``, the other arguments' values, the default dtype and
+the grad mode. On a
 miss the call runs as before while the worker thread compiles the op for that key: it calls
 ``kiln.compile(fn, fullgraph=True)`` -- the tracer, the same driver (and its disk cache), the
 compiled backward -- once with clones of the arguments, running the backward too when an argument
@@ -13,15 +14,17 @@ and its gradient each one pass per row), one autograd node for the whole op.
 
 Calls stay eager where a compiled function would not match the key's specialization: arguments
 that are not dense CPU tensors (C order or a permutation of it; float32/64, int32/64, bool) or
-plain values (numbers, strings, tuples of them, None), tensors under ``MIN_BYTES`` together, or a ``kiln.compile``
-trace running in this thread (it records the op itself). Like a primitive's, a key of calls
+plain values (numbers, strings, tuples of them, None), tensors under ``MIN_BYTES`` together, a
+``kiln.compile`` trace running in this thread (it records the op itself), or an autocast region
+(the worker compiles outside it). Like a primitive's, a key of calls
 without grad keeps the compiled program only if its first ``eager_kernels.TRIALS`` calls beat the
 eager calls timed while it compiled; calls with grad are not timed (their backward, which gains
 most, runs later), and each op gained forward and backward at every size measured.
 
-A call whose inputs require grad runs inside ``_CompiledCall`` (an autograd ``Function``): its
-backward runs the compiled backward, or the eager op's where the gradient is itself
-differentiated (``create_graph=True``), which a compiled backward is not.
+A compiled call runs the program on the caller's own tensors (``_run``: the key above stands for
+``kiln.compile``'s own, which is not computed again), so its one ``CompiledBackward`` node has the
+arguments' history as its edges. Where that gradient is itself differentiated
+(``create_graph=True``, which a compiled backward is not) the node takes it from the eager op.
 A trace that breaks (``fullgraph``) or a compile that fails leaves the key eager, said once.
 """
 
@@ -34,14 +37,17 @@ from collections.abc import Callable
 import numpy as np
 
 from ..compiler.options import CompileOptions
+from ..ir import dtypes as _dtypes
 from ..ir.types import CPU
+from ..runtime import profiling as _profiling
 from . import eager_kernels
+from .autocast import state as _autocast
 from .autograd.api import backward, grad
-from .autograd.function import Function
-from .autograd.grad_mode import enable_grad
 from .autograd.grad_mode import state as _grad_state
-from .autograd.graph import AccumulateGrad
 from .jit import state as _jit
+from .jit.backward import CompiledBackward
+from .jit.layouts import memory_owner
+from .jit.pytree import flatten, flatten_call
 from .tensor import Tensor, make_tensor
 
 #: Tensor dtypes a call may have (integer ones: class indices, as cross_entropy's target).
@@ -65,7 +71,11 @@ def compiled_composite(name: str, eager_below: int = MIN_BYTES) -> Callable:
     def decorate(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            if name not in eager_kernels.ROUTED_COMPOSITES or (_jit.tracing and _jit.current.get() is not None):
+            if (
+                name not in eager_kernels.ROUTED_COMPOSITES
+                or (_jit.tracing and _jit.current.get() is not None)
+                or _autocast.any  # the worker thread compiles outside the caller's autocast region
+            ):
                 return fn(*args, **kwargs)
             key = _key(name, args, kwargs, EAGER_BELOW.get(name, MIN_BYTES))
             if key is None:
@@ -78,59 +88,65 @@ def compiled_composite(name: str, eager_below: int = MIN_BYTES) -> Callable:
             assert program is not None
             if key[-1] and any(isinstance(a, Tensor) and a._requires_grad for a in (*args, *kwargs.values())):
                 # not timed: the backward, where the compiled program gains most, runs later
-                return _CompiledCall.apply(program, fn, len(args), tuple(kwargs), *args, *kwargs.values())
-            if entry.trials >= eager_kernels.TRIALS:
-                return program(*args, **kwargs)
-            return eager_kernels.trial(name, entry, functools.partial(program, *args, **kwargs))
+                return _run(program, fn, args, kwargs, differentiable=True)
+            run = functools.partial(_run, program, fn, args, kwargs)
+            return run() if entry.trials >= eager_kernels.TRIALS else eager_kernels.trial(name, entry, run)
 
         return wrapper
 
     return decorate
 
 
-class _CompiledCall(Function):
-    """A composite op's compiled call with its compiled backward -- or, when the backward is itself
-    differentiated (``create_graph=True``, which a compiled backward is not), the eager op's."""
-
-    @staticmethod
-    def forward(ctx, program, fn, n_args: int, names: tuple, *values):
-        inner = [v.detach().requires_grad_() if isinstance(v, Tensor) and v._requires_grad else v for v in values]
-        tensors = [v for v in values if isinstance(v, Tensor)]
-        versions = [t._version[0] for t in tensors]
-        with enable_grad():  # Function.apply runs forward without grad: the compiled call records its backward node
-            result = program(*inner[:n_args], **dict(zip(names, inner[n_args:], strict=True)))
-        ctx.fn, ctx.n_args, ctx.names, ctx.values, ctx.inner = fn, n_args, names, values, inner
-        ctx.outputs = result if isinstance(result, tuple) else (result,)
-        # The compiled backward checks the versions of what it reads itself (``CompiledBackward``),
-        # so an in-place change of what it does not read (eval batch_norm's running statistics,
-        # whose normalized input it saved) is no error, as in the numpy op. The eager op's backward
-        # (create_graph) recomputes from every input: those changed since are errors there -- but for
+def _run(program, fn: Callable, args: tuple, kwargs: dict, differentiable: bool = False):
+    """The call on ``program``'s one specialization (``kiln.compile``'s cached program), run on the
+    call's own tensors: ``_key`` has checked what its key checks, so the compiled function's own
+    key is not computed again; its guards on globals are. Where the program cannot serve the call
+    (tensors sharing memory, a changed global, ``KILN_JIT=0``) the eager op runs."""
+    leaves, _ = flatten_call(args, kwargs)
+    specs = program.state.specializations
+    if len(specs) != 1 or not program.enabled or not _apart(leaves):
+        return fn(*args, **kwargs)
+    spec = specs[0]
+    if spec.state_miss(program._globals, program._closure_values(), leaves) is not None:
+        return fn(*args, **kwargs)
+    if not differentiable:
+        return _run_spec(fn, spec, leaves)
+    versions = [(t._version, t._version[0]) for t in leaves if isinstance(t, Tensor)]
+    result = _run_spec(fn, spec, leaves)
+    node = None
+    for output in result if isinstance(result, tuple) else (result,):
+        if isinstance(output, Tensor) and output.grad_fn is not None:
+            node = output.grad_fn
+            break
+    if isinstance(node, CompiledBackward):
+        # The compiled backward checks the versions of what it reads itself, so an in-place change
+        # of what it does not read (eval batch_norm's running statistics, whose normalized input it
+        # saved; softmax's input) is no error, as in the numpy op. The eager op's backward
+        # (create_graph) reruns it on every input: those changed since are errors there -- but for
         # the state the op itself updates, which a second call before the backward updates again.
-        ctx.versions = [(t._version, v) for t, v in zip(tensors, versions, strict=True) if t._version[0] == v]
-        detached = tuple(o.detach() if isinstance(o, Tensor) else o for o in ctx.outputs)
-        return detached if isinstance(result, tuple) else detached[0]
-
-    @staticmethod
-    def backward(ctx, *grads):
-        wrt = [i for i, v in enumerate(ctx.values) if isinstance(v, Tensor) and v._requires_grad]
-        found = None
-        if _grad_state.grad_enabled:  # create_graph: the eager op's backward, differentiable again
-            _check_unchanged(ctx.versions)
-            values = [v if i in wrt else _clone(v) for i, v in enumerate(ctx.values)]  # no second running-stat update
-            result = ctx.fn(*values[: ctx.n_args], **dict(zip(ctx.names, values[ctx.n_args :], strict=True)))
-            outputs, inputs = result if isinstance(result, tuple) else (result,), [ctx.values[i] for i in wrt]
-        else:
-            outputs, inputs = ctx.outputs, [ctx.inner[i] for i in wrt]
-            found = _one_node_backward(outputs, grads, inputs)
-        if found is None:
-            pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if isinstance(o, Tensor) and o.requires_grad]
-            found = grad([o for o, _ in pairs], inputs, [g for _, g in pairs], retain_graph=True,
-                         create_graph=_grad_state.grad_enabled, allow_unused=True)  # fmt: skip
-        by_position = dict(zip(wrt, found, strict=True))
-        return (None, None, None, None, *(by_position.get(i) for i in range(len(ctx.values))))
+        unchanged = [(counter, v) for counter, v in versions if counter[0] == v]
+        node.eager = functools.partial(_eager_gradients, fn, args, kwargs, spec, leaves, unchanged)
+    return result
 
 
-def _check_unchanged(versions: list) -> None:
+def _run_spec(fn: Callable, spec, leaves: list):
+    if _profiling.active:  # kiln.profiler records the call around its kernels
+        return _profiling.timed(f"compiled {getattr(fn, '__name__', 'composite')}", "compiled", spec.run, leaves)
+    return spec.run(leaves)
+
+
+def _apart(leaves: list) -> bool:
+    """Whether no two tensors of the call share memory (the program was compiled for tensors apart)."""
+    owners = [id(memory_owner(t._data)) for t in leaves if isinstance(t, Tensor)]
+    return len(owners) < 2 or len(set(owners)) == len(owners)
+
+
+def _eager_gradients(fn: Callable, args: tuple, kwargs: dict, spec, leaves: list, versions: list,
+                     grads: list) -> tuple:  # fmt: skip
+    """The compiled call's gradients where they must be differentiable again (``create_graph=True``,
+    which a compiled backward is not): the eager op run again on its inputs (which must be as they
+    were: ``versions``) and differentiated, one gradient per tensor the compiled backward returns one
+    for (``CompiledBackward.eager``)."""
     for counter, version in versions:
         if counter[0] != version:
             raise RuntimeError(
@@ -138,44 +154,21 @@ def _check_unchanged(versions: list) -> None:
                 f"a compiled composite op read it at version {version} and it is now at version {counter[0]}. "
                 "Hint: clone it before the inplace operation."
             )
+    plan = spec.backward
+    externals = [spec.external(k, leaves) for k in plan.wrt]
+    flat = flatten(fn(*map(_clone_state, args), **{k: _clone_state(v) for k, v in kwargs.items()}))[0]
+    pairs = [(flat[p], g) for p, g in zip(plan.diff_results, grads, strict=True) if g is not None]
+    pairs = [(o, g) for o, g in pairs if o.requires_grad]
+    if not pairs:
+        return (None,) * len(externals)
+    return tuple(grad([o for o, _ in pairs], externals, [g for _, g in pairs], retain_graph=True,
+                      create_graph=True, allow_unused=True))  # fmt: skip
 
 
-def _one_node_backward(outputs: tuple, grads: tuple, inputs: list) -> list | None:
-    """What ``autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)`` returns,
-    found by applying the compiled call's one backward node directly: the outputs' common
-    ``grad_fn``, whose edges lead straight to the ``inputs`` (the detached leaves the call ran on).
-    None where the graph is not that (then ``grad`` runs the engine), or in anomaly mode (whose
-    checks the engine makes). A nested engine run costs ~25 us of a small composite's backward."""
-    if _grad_state.anomaly:
-        return None
-    node = seeds = None
-    for output, g in zip(outputs, grads, strict=True):
-        if not isinstance(output, Tensor) or not output._requires_grad:
-            continue
-        if node is None:
-            node = output.grad_fn
-            seeds = [None] * node.num_outputs
-        elif output.grad_fn is not node:
-            return None
-        seeds[output._output_nr] = g  # type: ignore[index]
-    position = {id(t): i for i, t in enumerate(inputs)}
-    if (
-        node is None
-        or node.pre_hooks
-        or node.hooks
-        or not all(
-            e is None or (e[0].__class__ is AccumulateGrad and id(e[0].variable) in position) for e in node.next_edges
-        )
-    ):
-        return None
-    found: list = [None] * len(inputs)
-    if all(s is None for s in seeds):  # type: ignore[union-attr]
-        return found
-    for edge, g in zip(node.next_edges, node.apply(seeds), strict=True):
-        if edge is not None and g is not None:
-            i = position[id(edge[0].variable)]
-            found[i] = g if found[i] is None else found[i] + g
-    return found
+def _clone_state(arg):
+    """A tensor argument that does not require grad as a copy (the eager op run again must not
+    update batch_norm's running statistics a second time); others as they are."""
+    return _clone(arg) if isinstance(arg, Tensor) and not arg._requires_grad else arg
 
 
 def _key(name: str, args: tuple, kwargs: dict, eager_below: int = MIN_BYTES) -> tuple | None:
@@ -199,7 +192,7 @@ def _key(name: str, args: tuple, kwargs: dict, eager_below: int = MIN_BYTES) -> 
             return None
     if nbytes < eager_below:
         return None
-    return (name, tuple(parts), tuple(kwargs), _grad_state.grad_enabled)
+    return (name, tuple(parts), tuple(kwargs), _dtypes.get_default_dtype(), _grad_state.grad_enabled)
 
 
 def _dense(data: np.ndarray) -> bool:

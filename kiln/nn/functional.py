@@ -16,7 +16,7 @@ import math
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
-from kiln.frontend.ops.leaky_relu import leaky_relu_eager, relu_eager
+from kiln.frontend.ops.leaky_relu import leaky_relu_eager
 from kiln.frontend.ops.linear import linear_eager
 
 from ._activation import (
@@ -129,8 +129,7 @@ __all__ = [
 def relu(input, inplace: bool = False) -> kiln.Tensor:
     if inplace:
         return input.relu_()
-    out = relu_eager(input)  # one autograd node on plain CPU tensors, eagerly
-    return kiln.relu(input) if out is None else out
+    return kiln.relu(input)  # one autograd node on plain CPU tensors, eagerly (frontend/ops/relu.py)
 
 
 def gelu(input, approximate: str = "none") -> kiln.Tensor:

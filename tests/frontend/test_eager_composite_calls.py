@@ -189,3 +189,88 @@ def test_a_compiled_composites_backward_keeps_retain_graph_hooks_and_anomaly_mod
         x.grad = None
         kiln.nn.functional.softmax(x, -1).sum().backward()
         np.testing.assert_allclose(x.grad.numpy(), np.zeros((64, 40)), atol=1e-5)
+
+
+def _ready(name: str, call, *tensors) -> None:
+    """Call ``call()`` until the composite ``name`` has a compiled program (the worker compiles it)."""
+    call().sum().backward()
+    eager_kernels.wait(120)
+    assert [p for p in _programs(name) if p is not None]
+    for t in tensors:
+        t.grad = None
+
+
+def test_a_compiled_composite_call_is_one_node_on_its_arguments_history(on):
+    """The call runs the compiled program on the caller's tensors: one backward node whose edges are
+    the arguments' own (no wrapper node around a call on detached copies), and a weight whose
+    ``.grad`` is set runs the same program (no second specialization traced in the caller)."""
+    from kiln.frontend.jit.backward import CompiledBackward
+
+    rng = np.random.default_rng(6)
+    x = kiln.tensor(rng.standard_normal((64, 40)).astype(np.float32), requires_grad=True)
+    w = kiln.tensor(rng.standard_normal(40).astype(np.float32), requires_grad=True)
+    b = kiln.tensor(rng.standard_normal(40).astype(np.float32), requires_grad=True)
+    _ready("layer_norm", lambda: kiln.nn.functional.layer_norm(x * 1.0, (40,), w, b), x, w, b)
+    w.grad = kiln.zeros(40)  # as after an optimizer step without zero_grad
+    h = x * 2.0
+    y = kiln.nn.functional.layer_norm(h, (40,), w, b)
+    assert isinstance(y.grad_fn, CompiledBackward)
+    assert y.grad_fn.next_edges[0][0] is h.grad_fn
+    (y * y).sum().backward()
+    [program] = [p for p in _programs("layer_norm") if p is not None]
+    assert len(program.state.specializations) == 1
+    eager_kernels.set_enabled(False)
+    x2, w2, b2 = (kiln.tensor(t.detach().numpy(), requires_grad=True) for t in (x, w, b))
+    y2 = kiln.nn.functional.layer_norm(x2 * 2.0, (40,), w2, b2)
+    (y2 * y2).sum().backward()
+    np.testing.assert_allclose(y.detach().numpy(), y2.detach().numpy(), rtol=1e-5, atol=1e-5)
+    for got, want in ((x, x2), (w, w2), (b, b2)):
+        np.testing.assert_allclose(got.grad.numpy(), want.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _second_derivative(x_array: np.ndarray, t_array: np.ndarray) -> list:
+    x = kiln.tensor(x_array, requires_grad=True)
+    loss = kiln.nn.functional.cross_entropy(x * 1.5, kiln.tensor(t_array))
+    (g,) = kiln.autograd.grad(loss, [x], create_graph=True)
+    (g * g).sum().backward()
+    return [loss.item(), g.detach().numpy().copy(), x.grad.numpy().copy()]
+
+
+def test_a_compiled_composites_gradient_differentiates_again_by_the_eager_op(on, torch):
+    rng = np.random.default_rng(7)
+    x_array, t_array = rng.standard_normal((64, 10)).astype(np.float32), rng.integers(0, 10, 64)
+    x = kiln.tensor(x_array, requires_grad=True)
+    _ready("cross_entropy", lambda: kiln.nn.functional.cross_entropy(x, kiln.tensor(t_array)))
+    found = _second_derivative(x_array, t_array)
+    tx = torch.tensor(x_array, requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(tx * 1.5, torch.tensor(t_array))
+    (g,) = torch.autograd.grad(loss, [tx], create_graph=True)
+    (g * g).sum().backward()
+    for got, want in zip(found, [loss.item(), g.detach().numpy(), tx.grad.numpy()], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_composite_calls_on_tensors_sharing_memory_or_under_autocast_run_eagerly(on):
+    """Arguments sharing memory (the program was compiled for tensors apart) and autocast regions (the
+    worker compiles outside them) run the eager op: values and gradients as with the kernels off."""
+    rng = np.random.default_rng(8)
+    array = rng.standard_normal((64, 40)).astype(np.float32)
+
+    def run():
+        x = kiln.tensor(array, requires_grad=True)
+        h = x * 1.0
+        y = kiln.nn.functional.layer_norm(h, (40,), h[0], h[1])
+        with kiln.autocast("cpu"):
+            z = kiln.nn.functional.softmax(h, -1)
+        (y * z).sum().backward()
+        return [y.detach().numpy(), z.detach().numpy(), x.grad.numpy()]
+
+    x = kiln.tensor(array, requires_grad=True)
+    w = kiln.tensor(array[0], requires_grad=True)
+    _ready("layer_norm", lambda: kiln.nn.functional.layer_norm(x, (40,), w, w * 2.0))
+    _ready("softmax", lambda: kiln.nn.functional.softmax(x * 1.0, -1))
+    found = run()
+    assert all(len(p.state.specializations) == 1 for p in _programs("layer_norm") + _programs("softmax") if p)
+    eager_kernels.set_enabled(False)
+    for got, want in zip(found, run(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

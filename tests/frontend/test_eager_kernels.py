@@ -217,6 +217,35 @@ def test_adams_fused_step_matches_pytorchs(on, torch):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_adams_default_step_is_the_program_and_follows_pytorch_through_changes(on, torch):
+    """Adam with neither flag takes the compiled step (as PyTorch its multi-tensor one): parameters
+    and state equal PyTorch's over several steps while lr, betas and weight_decay change between
+    steps and one parameter has no gradient on some of them."""
+    rng = np.random.default_rng(5)
+    values = [rng.normal(size=s).astype(np.float32) for s in [(128, 64), (128,), (10, 128), (10,)]]
+    ours = [kiln.tensor(v.copy(), requires_grad=True) for v in values]
+    theirs = [torch.tensor(v.copy(), requires_grad=True) for v in values]
+    opt, reference = kiln.optim.Adam(ours, lr=1e-3), torch.optim.Adam(theirs, lr=1e-3)
+    changes = [{}, {"lr": 0.02}, {"betas": (0.8, 0.99)}, {"weight_decay": 0.1}, {"lr": 0.005, "betas": (0.9, 0.9)}, {}]
+    for step, change in enumerate(changes):
+        for o in (opt, reference):
+            o.param_groups[0].update(change)
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            skip = i == 3 and step % 2 == 1
+            g = rng.normal(size=a.shape).astype(np.float32)
+            a.grad, b.grad = (None, None) if skip else (kiln.tensor(g), torch.tensor(g))
+        opt.step()
+        reference.step()
+        assert eager_kernels.wait(120)  # (a step with three gradients is a program of its own)
+    programs = [e.program for key, e in eager_kernels.CACHE.entries.items() if key[0] == "adam_step"]
+    assert len(programs) >= 2 and all(p is not None for p in programs)  # (and one per weight_decay flag)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            np.testing.assert_allclose(opt.state[a][key].numpy(), reference.state[b][key].numpy(), rtol=1e-5,
+                                       atol=1e-7)  # fmt: skip
+
+
 def test_a_fused_step_under_kiln_compile_is_traced_as_the_loop(on):
     w = kiln.zeros(3000, requires_grad=True)
     opt = kiln.optim.Adam([w], lr=0.1, fused=True)

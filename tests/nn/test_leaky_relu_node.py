@@ -126,25 +126,6 @@ def test_a_compiled_leaky_relu_traces_the_ops():
 
 
 # ----------------------------------------------------------------------------- relu
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_relu_equals_its_composite_to_the_bit_forward_and_backward(dtype):
-    """``F.relu`` / ``nn.ReLU`` as one ``ReluBackward`` node: kiln.relu's values and gradients, with a
-    gradient of exactly 0 below 0 even where the incoming gradient is inf or nan."""
-    a = _array(dtype=dtype)
-    seed = np.random.default_rng(1).standard_normal(a.shape).astype(dtype)
-    seed.reshape(-1)[5:10] = [np.inf, -np.inf, np.nan, np.inf, np.nan]
-    found = []
-    for fn in (F.relu, kiln.nn.ReLU(), kiln.relu):
-        x = kiln.tensor(a, requires_grad=True)
-        y = fn(x)
-        y.backward(kiln.tensor(seed))
-        found.append((y.detach().numpy(), x.grad.numpy(), type(y.grad_fn).__name__))
-    assert [names for *_, names in found] == ["ReluBackward", "ReluBackward", "PrimBackward"]  # kiln.relu: ops
-    for node in found[:2]:
-        for got, expected in zip(node[:2], found[2][:2], strict=True):
-            np.testing.assert_array_equal(got, expected)
-
-
 def test_relu_gradcheck_double_backward_and_torch(torch):
     x = kiln.tensor(np.random.default_rng(2).standard_normal((4, 6)) + 0.05, requires_grad=True)
     assert kiln.autograd.gradcheck(F.relu, (x,))
@@ -166,13 +147,13 @@ def test_relu_runs_the_ops_in_profiles_and_traces_and_retains_graphs():
     with kiln.profiler.profile() as prof:
         F.relu(x)
     assert [e.name for e in prof.events()] == ["le", "where"] and not dispatch.profiling_ops
+    assert type(F.relu(x).grad_fn).__name__ == type(kiln.nn.ReLU()(x).grad_fn).__name__ == "ReluBackward"
     y = F.relu(x)
     y.sum().backward(retain_graph=True)
     y.sum().backward()
     assert x.grad.tolist() == [[0.0, 0.0, 2.0]]
     with pytest.raises(RuntimeError, match="second time"):
         y.sum().backward()
-    assert type(F.relu(kiln.ones(1 << 16, requires_grad=True)).grad_fn).__name__ == "PrimBackward"  # large: ops
     step = kiln.compile(lambda x: (F.relu(x) * 2.0).sum())
     for i in range(3):
         np.testing.assert_allclose(step(kiln.tensor([[-2.0, i, 3.0]])).item(), 2.0 * (3 + i), rtol=1e-6)

@@ -55,15 +55,19 @@ class BackwardPlan:
 
 
 class CompiledBackward(Node):
-    """The backward of one compiled call: runs the compiled backward graph."""
+    """The backward of one compiled call: runs the compiled backward graph. ``eager``, when set
+    (a compiled composite op's call, ``eager_composites``), takes the gradients where they must be
+    differentiable again (``create_graph=True``), which the compiled backward graph is not."""
 
-    __slots__ = ("plan", "saved", "seed_types", "versions")
+    __slots__ = ("plan", "saved", "seed_types", "versions", "eager")
     saved: list | None  # None once released
+    eager: Callable[[list], tuple] | None
 
     def __init__(self, plan: BackwardPlan, saved: list, externals: list, results: list, versions: list) -> None:
         super().__init__(tuple(_edge_of(t) for t in externals))
         self.plan, self.saved, self.versions = plan, saved, versions
         self.seed_types = [(r._data.shape, r._data.dtype, r._device) for r in results]
+        self.eager = None
 
     @property
     def num_outputs(self) -> int:  # type: ignore[override]
@@ -78,11 +82,6 @@ class CompiledBackward(Node):
                 "Trying to backward through a compiled function a second time: its saved values were "
                 "freed. Pass retain_graph=True to the first backward() if you need to run it again."
             )
-        if grad_state.grad_enabled:
-            raise RuntimeError(
-                "a compiled function's backward is not differentiable again (create_graph=True): compile the "
-                "function that also takes the second derivative, or run it eagerly (KILN_JIT=0)"
-            )
         for counter, version in self.versions:
             if counter[0] != version:
                 raise RuntimeError(
@@ -90,13 +89,20 @@ class CompiledBackward(Node):
                     f"operation: it was read by {self.name()} at version {version} and is now at version "
                     f"{counter[0]}. Hint: clone it before the inplace operation."
                 )
+        if grad_state.grad_enabled:
+            if self.eager is not None:
+                return self.eager(grads)
+            raise RuntimeError(
+                "a compiled function's backward is not differentiable again (create_graph=True): compile the "
+                "function that also takes the second derivative, or run it eagerly (KILN_JIT=0)"
+            )
         seeds = [np.zeros(shape, dtype) if g is None else g._data
                  for g, (shape, dtype, _) in zip(grads, self.seed_types, strict=True)]  # fmt: skip
         arrays = bind(self.plan.signature, seeds=seeds, saved=self.saved)
         return tuple(apply(self.plan.signature, self.plan.program(arrays), arrays))
 
     def release(self) -> None:
-        self.saved = None
+        self.saved = self.eager = None
 
 
 @dataclass

@@ -18,6 +18,7 @@ from ..tensor import Tensor, method
 from ._util import as_tensor_arg, cast, promote, scalar_tensor
 from .checks import check_nonzero, check_range
 from .inplace import commit_inplace
+from .relu import relu_eager
 
 __all__ = [
     "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "floor_divide",
@@ -267,6 +268,9 @@ def round(input: Tensor, *, decimals: int = 0) -> Tensor:
 def relu(input: Tensor) -> Tensor:
     # where(x <= 0, 0, x), not maximum(x, 0): maximum splits the gradient at 0 (PyTorch gives 0
     # there), and `x > 0` as the condition would turn nan into 0 (PyTorch keeps nan).
+    out = relu_eager(input)  # one autograd node on plain float CPU tensors, eagerly
+    if out is not None:
+        return out
     if isinstance(input, Tensor) and input._dtype.category != dt.BOOL:
         # le() and where() without their promotion: 0 is a zero of x's dtype for both (two of them,
         # made in the order le() and where() make them, so a traced graph is the same as theirs)

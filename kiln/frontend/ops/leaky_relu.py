@@ -1,12 +1,11 @@
-"""``leaky_relu`` and ``relu`` on eager CPU tensors as one autograd node each, as PyTorch's
-LeakyReluBackward and ReluBackward.
+"""``leaky_relu`` on eager CPU tensors as one autograd node, as PyTorch's LeakyReluBackward (``relu``'s
+node is ``relu.py``'s).
 
 Composed of ops, ``where(x > 0, x, x * slope)`` is three dispatches forward and, backward, the
 where's and the product's nodes with a zero-filled branch each: about 100 us a step on a
 (16, 16, 8, 8) tensor where PyTorch takes 20. ``leaky_relu_eager`` runs the same expression on the
 arrays and attaches one ``LeakyReluBackward`` that keeps the mask ``x > 0`` and returns
-``where(mask, g, g * slope)``, the sum the two nodes returned (the zero branches add exactly);
-``relu_eager`` likewise for ``kiln.relu``'s ``where(x <= 0, 0, x)`` (``ReluBackward``). Each
+``where(mask, g, g * slope)``, the sum the two nodes returned (the zero branches add exactly). It
 declines (returns None) wherever the composite must run: a trace records the ops, a profile records
 them, and every other device, dtype or argument takes the ops' own checks and errors.
 """
@@ -25,9 +24,6 @@ from ..tensor import Tensor, make_tensor
 from .elementwise import where
 
 _FLOATS = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
-#: relu runs as one node on inputs of fewer bytes than this; larger, the ops' compiled kernels are
-#: faster (fwd+bwd, 1 thread, node/ops/PyTorch: 128 KiB 45/62/30 us, 512 KiB 111/94/59).
-RELU_BELOW = 1 << 18
 
 
 def leaky_relu_eager(input, negative_slope) -> Tensor | None:
@@ -46,22 +42,6 @@ def leaky_relu_eager(input, negative_slope) -> Tensor | None:
             return None  # the ops raise the error of saving an inference tensor
         # `x > 0`, as PyTorch's backward compares: the gradient at 0 (and at nan) is the slope.
         LeakyReluBackward.attach(result, input, x > 0, negative_slope)
-    return result
-
-
-def relu_eager(input) -> Tensor | None:
-    """``kiln.relu``'s ``where(input <= 0, 0, input)`` as one node (``ReluBackward``), or None where
-    the ops must run. (The ops: le and where forward, where's node and a zero-filled branch backward,
-    ~20 us more than PyTorch's 21 a step of a (16, 32, 4, 4) tensor.)"""
-    if _jit.tracing or dispatch.profiling_ops or not _plain(input, 0) or input._data.nbytes >= RELU_BELOW:
-        return None
-    x = input._data
-    # the maximum with 0 is where(x <= 0, 0, x) to the bit: 0 for -0.0 and -inf, nan for nan
-    result = make_tensor(np.maximum(x, x.dtype.type(0)), CPU, input._dtype)
-    if input._requires_grad and grad_mode.state.grad_enabled:
-        if grad_mode.inference_used and input._inference:
-            return None  # the ops raise the error of saving an inference tensor
-        ReluBackward.attach(result, input, ~(x <= 0), 0.0)  # where the gradient passes (nan included)
     return result
 
 
@@ -126,22 +106,3 @@ def _factor(mask: np.ndarray, slope: float, dtype: np.dtype) -> np.ndarray:
         return np.where(mask, dtype.type(1), dtype.type(slope))
     factor = mask.astype(dtype)
     return np.maximum(factor, np.full_like(factor, slope), out=factor)  # (a scalar operand is slower)
-
-
-class ReluBackward(LeakyReluBackward):
-    """The backward of ``relu_eager``: ``g`` where the input was not ``<= 0`` (its mask; nan inputs
-    included), 0 elsewhere -- exactly 0, as where's gradient, even where ``g`` is inf or nan."""
-
-    __slots__ = ()
-
-    def name(self) -> str:
-        return "ReluBackward"
-
-    def _through_ops(self, mask: Tensor, g: Tensor) -> Tensor:
-        return where(mask, g, 0.0)
-
-    def _on_arrays(self, mask: np.ndarray, g: np.ndarray) -> np.ndarray:
-        out = g * mask  # a product by a boolean: 5 us where numpy's where with a 0 took 84 (32K values)
-        if not np.isfinite(out).all():  # inf * 0 is nan, where where gives 0
-            out = np.where(mask, g, g.dtype.type(0))
-        return out
