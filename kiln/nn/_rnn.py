@@ -37,7 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 
 import kiln
-from kiln.frontend import autocast
+from kiln.frontend import (
+    autocast,
+    eager_recurrence,  # noqa: F401 - installs the native LSTM recurrence
+)
 from kiln.frontend.dispatch import apply
 from kiln.frontend.jit import state as _jit
 from kiln.ir.primitives import P

@@ -31,6 +31,7 @@ import threading
 import numpy as np
 
 from .recurrence_layout import ScanLayout
+from .recurrence_native import lstm_kernels
 
 
 def _part(a, span):
@@ -121,8 +122,12 @@ def _lstm_scale_shift(hidden: int, dtype) -> tuple[np.ndarray, np.ndarray]:
 
 
 def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
-    """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``."""
+    """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``
+    (in one native call where ``recurrence_native`` has the kernels)."""
     batch, hidden = h0.shape
+    native = lstm_kernels(A.dtype, hidden)
+    if native is not None and native.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t):
+        return
     step = np.empty((batch, 4 * hidden), dtype=A.dtype)
     product = np.empty((batch, hidden), dtype=A.dtype)
     scale, shift = _lstm_scale_shift(hidden, A.dtype)
@@ -246,8 +251,13 @@ def rnn_backward(A, w_hh, dH, eA, relu: bool, dz):
 
 
 def lstm_backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
-    """Backward through time of ``lstm_forward``; returns (dh0, dc0)."""
+    """Backward through time of ``lstm_forward``; returns (dh0, dc0) (in one native call where
+    ``recurrence_native`` has the kernels)."""
     steps, batch, _, hidden = A.shape
+    native = lstm_kernels(A.dtype, hidden)
+    initial = None if native is None else native.backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz)
+    if initial is not None:
+        return initial
     i, f, g, o = A[:, :, 0], A[:, :, 1], A[:, :, 2], A[:, :, 3]
     # What each step multiplies the incoming gradients by, for all steps at once:
     # dz_o = dh * by_h, dc += dh * to_c, dz_(i, f, g) = dc * by_c.
