@@ -43,7 +43,7 @@ from kiln.frontend import (
 )
 from kiln.frontend.dispatch import apply
 from kiln.frontend.jit import state as _jit
-from kiln.ir.primitives import P
+from kiln.ir.primitives import P, recurrence_native
 from kiln.ir.primitives import recurrence_numpy as kernels
 from kiln.ir.primitives.recurrence_layout import GATES, ScanLayout
 
@@ -214,13 +214,14 @@ def _forward_direction(mode: str, x2, shape, state, weights, reverse: bool) -> _
     h0 = _array(state[0])
     saved = _Saved(gates, _Saved.empty(mode, steps, batch, hidden, x2.dtype))
     hs, cs, extra = saved.hs, saved.cs, saved.extra
-    if mode == "LSTM":
-        kernels.lstm_forward(k(gates), h0, _array(state[1]), k(hs), k(cs), k(extra), w_hh.T)
-    elif mode == "GRU":
-        b_hn = np.zeros(hidden, dtype=x2.dtype) if b_hh is None else b_hh[2 * hidden :]
-        kernels.gru_forward(k(gates), h0, k(hs), k(extra), w_hh.T, b_hn)
-    else:
-        kernels.rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
+    with recurrence_native.small_products(recurrence_native.step_macs(batch, w_hh)):
+        if mode == "LSTM":
+            kernels.lstm_forward(k(gates), h0, _array(state[1]), k(hs), k(cs), k(extra), w_hh.T)
+        elif mode == "GRU":
+            b_hn = np.zeros(hidden, dtype=x2.dtype) if b_hh is None else b_hh[2 * hidden :]
+            kernels.gru_forward(k(gates), h0, k(hs), k(extra), w_hh.T, b_hn)
+        else:
+            kernels.rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
     return saved
 
 
@@ -242,19 +243,20 @@ def _backward_direction(mode: str, saved: _Saved, initial: list, w_hh, dy, dfina
         np.copyto(dH, k(dy))
     dH[-1] += dfinal[0]
     dz = kernels.scratch("rnn.dz", saved.gates.shape, saved.gates.dtype)
-    if mode == "LSTM":
-        dC = kernels.scratch("rnn.dC", dH.shape, dH.dtype)
-        dC[:-1], dC[-1] = 0, dfinal[1]
-        c_prev = k(_previous(saved.cs, initial[1], reverse, "rnn.c_prev"))
-        dh, dc = kernels.lstm_backward(k(saved.gates), c_prev, k(saved.extra), w_hh, dH, dC, None, k(dz))
-        return dz, dz, (dh, dc)
-    if mode == "GRU":
-        dz_hh = kernels.scratch("rnn.dz_hh", dz.shape, dz.dtype)
-        h_prev = k(_previous(saved.hs, initial[0], reverse, "rnn.h_prev"))
-        dh = kernels.gru_backward(k(saved.gates), h_prev, k(saved.extra), w_hh, dH, None, None, k(dz), k(dz_hh))
-        return dz, dz_hh, (dh,)
-    dh = kernels.rnn_backward(k(saved.gates), w_hh, dH, None, mode == "RNN_RELU", k(dz))
-    return dz, dz, (dh,)
+    with recurrence_native.small_products(recurrence_native.step_macs(dH.shape[1], w_hh)):
+        if mode == "LSTM":
+            dC = kernels.scratch("rnn.dC", dH.shape, dH.dtype)
+            dC[:-1], dC[-1] = 0, dfinal[1]
+            c_prev = k(_previous(saved.cs, initial[1], reverse, "rnn.c_prev"))
+            dh, dc = kernels.lstm_backward(k(saved.gates), c_prev, k(saved.extra), w_hh, dH, dC, None, k(dz))
+            return dz, dz, (dh, dc)
+        if mode == "GRU":
+            dz_hh = kernels.scratch("rnn.dz_hh", dz.shape, dz.dtype)
+            h_prev = k(_previous(saved.hs, initial[0], reverse, "rnn.h_prev"))
+            dh = kernels.gru_backward(k(saved.gates), h_prev, k(saved.extra), w_hh, dH, None, None, k(dz), k(dz_hh))
+            return dz, dz_hh, (dh,)
+        dh = kernels.rnn_backward(k(saved.gates), w_hh, dH, None, mode == "RNN_RELU", k(dz))
+        return dz, dz, (dh,)
 
 
 class _FusedLayer(kiln.autograd.Function):

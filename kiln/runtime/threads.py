@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "BLAS_MIN_PARALLEL_MACS", "PARALLEL_MIN_WORK_BYTES", "blas_gemm", "get_num_threads", "matmul_macs", "parallel_for", "park",
+    "BLAS_MIN_PARALLEL_MACS", "PARALLEL_MIN_WORK_BYTES", "SmallProducts", "blas_gemm", "get_num_threads", "matmul_macs", "parallel_for", "park",
     "run_blas_product", "set_num_threads",
 ]  # fmt: skip
 
@@ -384,6 +384,32 @@ def blas_gemm(char: str) -> tuple[int, int] | None:
         return None
     address = ctypes.cast(function, ctypes.c_void_p).value
     return (address, 64 if _blas.suffix else 32) if address else None
+
+
+class SmallProducts:
+    """``with SmallProducts(macs): ...``: ``run_blas_product``'s rule for a block of code whose BLAS
+    products (a recurrence's per-step ones) have ``macs`` multiply-adds each."""
+
+    __slots__ = ("macs", "restore")
+
+    def __init__(self, macs: int) -> None:
+        self.macs, self.restore = macs, 0
+
+    def __enter__(self) -> SmallProducts:
+        if self.macs < BLAS_MIN_PARALLEL_MACS:
+            if not _blas.found:
+                _find_blas()
+            get, set_ = _blas.get_threads, _blas.set_threads
+            threads = get() if get is not None else 1
+            if threads >= 2 and set_ is not None:
+                set_(1)
+                self.restore = threads
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.restore and _blas.set_threads is not None:
+            _blas.set_threads(self.restore)
+        self.restore = 0
 
 
 def run_blas_product(kernel: Callable[..., Any], macs: int, *args: Any, **kwargs: Any) -> Any:

@@ -20,6 +20,8 @@ from kiln.ir.primitives import P, recurrence_native, recurrence_numpy
 from kiln.ir.primitives.recurrence import _scan_args
 from kiln.ir.primitives.recurrence_layout import ScanLayout
 from kiln.nn import _rnn
+from kiln.runtime import threads
+from kiln.runtime.threads import SmallProducts
 from tests.conftest import assert_close
 
 SCAN, BACKWARD = P["rnn_scan"], P["rnn_scan_backward"]
@@ -62,7 +64,7 @@ def direct():
         recurrence_native.install((lambda dtype, hidden: _built(dtype, hidden)) if on else None)
 
     yield use
-    recurrence_native.install(eager_recurrence.lstm_kernels)
+    recurrence_native.install(eager_recurrence.lstm_kernels, SmallProducts)
 
 
 @pytest.fixture
@@ -272,3 +274,36 @@ def test_a_second_build_loads_from_the_disk_cache(monkeypatch):
     monkeypatch.setattr(engine, "compile_many", no_compile)
     kernels = LSTMKernels.build(np.float32, 11)
     assert kernels.hidden == 11 and native.FORMAT >= 1
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_numpy_kernels_run_their_small_products_on_one_blas_thread(monkeypatch, compiled):
+    """A GRU's per-step products (numpy's kernels: no native GRU) run on one BLAS thread, eager and in a
+    compiled program, and the count is restored after; a large product keeps every thread."""
+    threads._find_blas()
+    if threads._blas.get_threads is None:
+        pytest.skip("numpy's BLAS is not an OpenBLAS that threadpoolctl finds")
+    seen = []
+    for name in ("gru_forward", "gru_backward"):
+        kernel = getattr(recurrence_numpy, name)
+
+        def counted(*args, _kernel=kernel):
+            seen.append(threads._blas.get_threads())
+            return _kernel(*args)
+
+        monkeypatch.setattr(recurrence_numpy, name, counted)
+    before = threads.get_num_threads()
+    kiln.set_num_threads(2)
+    try:
+        gru = nn.GRU(3, 5)
+        run = kiln.compile(lambda x: gru(x)[0].sum()) if compiled else (lambda x: gru(x)[0].sum())
+        x = kiln.randn(4, 2, 3)
+        for _ in range(2):
+            gru.zero_grad()
+            run(x).backward()
+        assert seen and set(seen) == {1}, seen
+        assert threads._blas.get_threads() == 2
+        with SmallProducts(threads.BLAS_MIN_PARALLEL_MACS):
+            assert threads._blas.get_threads() == 2
+    finally:
+        kiln.set_num_threads(before)

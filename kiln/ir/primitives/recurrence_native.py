@@ -1,4 +1,4 @@
-"""Where the numpy recurrence kernels find native ones: a slot that a layer above fills.
+"""What the layers above lend the numpy recurrence kernels: native kernels, and the BLAS thread rule.
 
 ``recurrence_numpy.lstm_forward``/``lstm_backward`` ask ``lstm_kernels(dtype, hidden)`` first; what
 it returns (the code generator's ``LSTMKernels``, compiled for that dtype and hidden size) runs
@@ -6,11 +6,18 @@ the whole recurrence in one native call and says whether it took the arrays. ``N
 installed, native kernels off, a compile still running or failed -- leaves the numpy kernel to
 run. The frontend installs the provider (``kiln/frontend/eager_recurrence.py``), which compiles
 in the background and caches; this layer imports nothing above it, so it only holds the slot.
+
+``small_products(macs)`` is a context in which the per-step products (``macs`` multiply-adds each)
+run on as many BLAS threads as they gain from: one for a product as small as an LSTM LM's
+(``runtime.threads.SmallProducts``, which the frontend installs), where numpy's OpenBLAS would
+split each step's product over every core and wait for a busy one. Without it, a plain block.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
@@ -29,9 +36,25 @@ Provider = Callable[[np.dtype, int], LSTMKernels | None]
 _provider: list[Provider] = []
 
 
-def install(provider: Provider | None) -> None:
-    """Let the numpy kernels ask ``provider(dtype, hidden)`` for native kernels (None: none)."""
+Rule = Callable[[int], AbstractContextManager]
+_rule: list[Rule] = []
+
+
+def install(provider: Provider | None, rule: Rule | None = None) -> None:
+    """Let the numpy kernels ask ``provider(dtype, hidden)`` for native kernels (None: none) and run
+    their per-step products in ``rule(macs)`` (None: as they are)."""
     _provider[:] = [] if provider is None else [provider]
+    _rule[:] = [] if rule is None else [rule]
+
+
+def small_products(macs: int) -> AbstractContextManager:
+    """The context for a recurrence whose per-step products have ``macs`` multiply-adds each."""
+    return _rule[0](macs) if _rule else contextlib.nullcontext()
+
+
+def step_macs(batch: int, w_hh) -> int:
+    """The multiply-adds of one step's product ``h @ W_hh^T`` (or ``dz @ W_hh``): batch x gates x hidden x hidden."""
+    return batch * w_hh.shape[0] * w_hh.shape[1]
 
 
 def lstm_kernels(dtype: np.dtype, hidden: int) -> LSTMKernels | None:

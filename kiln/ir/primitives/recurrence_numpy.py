@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 from .recurrence_layout import ScanLayout
-from .recurrence_native import lstm_kernels
+from .recurrence_native import lstm_kernels, small_products, step_macs
 
 
 def _part(a, span):
@@ -83,12 +83,13 @@ def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool, out=None):
     gates = _blocks(_part(out, layout.gate_span), layout)
     np.add(gx.reshape(gates.shape), bias.reshape(gates.shape[2:]), out=gates)
     hs = _part(out, layout.out(0))
-    if mode == "LSTM":
-        lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T)
-    elif mode == "GRU":
-        gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn)
-    else:
-        rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
+    with small_products(step_macs(batch, w_hh)):
+        if mode == "LSTM":
+            lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T)
+        elif mode == "GRU":
+            gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn)
+        else:
+            rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
     for s, first in enumerate((h0, c0)[: layout.states]):
         after, before = k(_part(out, layout.out(s))), k(_part(out, layout.prev(s)))
         before[0], before[1:] = first, after[:-1]
@@ -197,19 +198,20 @@ def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool, out=None):
     dH = _state_cotangent(layout, cot, 0)
     dC = _state_cotangent(layout, cot, 1) if mode == "LSTM" else None
     dz = _blocks(k(_part(out, layout.dz)), layout)
-    if mode == "LSTM":
-        tanh_c, g_tanh_c = saved(layout.extra), cot(layout.extra)
-        if g_tanh_c.any():
-            dC += g_tanh_c * (1 - tanh_c * tanh_c)
-        initial = lstm_backward(A, saved(layout.prev(1)), tanh_c, w_hh, dH, dC, eA, dz)
-    elif mode == "GRU":
-        g_hn = cot(layout.extra)
-        dz_hh = _blocks(k(_part(out, layout.dz_hh)), layout)
-        hn = saved(layout.extra)
-        g_hn = g_hn if g_hn.any() else None
-        initial = (gru_backward(A, saved(layout.prev(0)), hn, w_hh, dH, eA, g_hn, dz, dz_hh),)
-    else:
-        initial = (rnn_backward(A, w_hh, dH, eA, mode == "RNN_RELU", dz),)
+    with small_products(step_macs(batch, w_hh)):
+        if mode == "LSTM":
+            tanh_c, g_tanh_c = saved(layout.extra), cot(layout.extra)
+            if g_tanh_c.any():
+                dC += g_tanh_c * (1 - tanh_c * tanh_c)
+            initial = lstm_backward(A, saved(layout.prev(1)), tanh_c, w_hh, dH, dC, eA, dz)
+        elif mode == "GRU":
+            g_hn = cot(layout.extra)
+            dz_hh = _blocks(k(_part(out, layout.dz_hh)), layout)
+            hn = saved(layout.extra)
+            g_hn = g_hn if g_hn.any() else None
+            initial = (gru_backward(A, saved(layout.prev(0)), hn, w_hh, dH, eA, g_hn, dz, dz_hh),)
+        else:
+            initial = (rnn_backward(A, w_hh, dH, eA, mode == "RNN_RELU", dz),)
     for s, grad in enumerate(initial):
         row = k(_part(out, layout.initial(s)))
         row[0], row[1:] = grad + cot(layout.prev(s))[0], 0
