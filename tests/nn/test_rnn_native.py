@@ -1,4 +1,4 @@
-"""The native LSTM recurrence (kiln/codegen/llvm/recurrence.py, behind recurrence_numpy's lstm kernels):
+"""The native LSTM and GRU recurrences (kiln/codegen/llvm/recurrence*.py, behind recurrence_numpy's kernels):
 equal to the numpy kernels it replaces -- the kernels alone on rnn_scan's packed layout, eager
 layers, compiled programs, finite differences -- and actually run (counted); arrays it does not
 take, a compile still running and a compile that fails all leave numpy to run."""
@@ -14,10 +14,10 @@ import kiln
 import kiln.nn as nn
 from kiln.codegen.llvm import engine
 from kiln.codegen.llvm import recurrence_call as native
-from kiln.codegen.llvm.recurrence_call import LSTMKernels
+from kiln.codegen.llvm.recurrence_call import GRUKernels, LSTMKernels
 from kiln.frontend import eager_kernels, eager_recurrence
 from kiln.ir.primitives import P, recurrence_native, recurrence_numpy
-from kiln.ir.primitives.recurrence import _scan_args
+from kiln.ir.primitives.recurrence import _INPUTS, _scan_args
 from kiln.ir.primitives.recurrence_layout import ScanLayout
 from kiln.nn import _rnn
 from kiln.runtime import threads
@@ -28,31 +28,32 @@ SCAN, BACKWARD = P["rnn_scan"], P["rnn_scan_backward"]
 _BUILT: dict = {}
 
 
+CLASSES = {"LSTM": LSTMKernels, "GRU": GRUKernels}
+
+
 @pytest.fixture
 def runs(monkeypatch):
-    """Counts of native forward and backward runs that took their arrays."""
+    """Counts of native forward and backward runs (either mode) that took their arrays."""
     counts = {"forward": 0, "backward": 0}
-    forward, backward = LSTMKernels.forward, LSTMKernels.backward
 
-    def counted_forward(self, *args):
-        took = forward(self, *args)
-        counts["forward"] += bool(took)
-        return took
+    def counted(method, took):
+        def run(self, *args):
+            result = method(self, *args)
+            counts[method.__name__] += took(result)
+            return result
 
-    def counted_backward(self, *args):
-        grads = backward(self, *args)
-        counts["backward"] += grads is not None
-        return grads
+        return run
 
-    monkeypatch.setattr(LSTMKernels, "forward", counted_forward)
-    monkeypatch.setattr(LSTMKernels, "backward", counted_backward)
+    for cls in CLASSES.values():
+        monkeypatch.setattr(cls, "forward", counted(cls.forward, bool))
+        monkeypatch.setattr(cls, "backward", counted(cls.backward, lambda grads: grads is not None))
     return counts
 
 
-def _built(dtype, hidden: int) -> LSTMKernels:
-    key = (np.dtype(dtype), hidden)
+def _built(mode: str, dtype, hidden: int):
+    key = (mode, np.dtype(dtype), hidden)
     if key not in _BUILT:
-        _BUILT[key] = LSTMKernels.build(dtype, hidden)
+        _BUILT[key] = CLASSES[mode].build(dtype, hidden)
     return _BUILT[key]
 
 
@@ -61,10 +62,10 @@ def direct():
     """Native kernels installed straight from the code generator (no eager-kernel cache); use(False) removes them."""
 
     def use(on: bool) -> None:
-        recurrence_native.install((lambda dtype, hidden: _built(dtype, hidden)) if on else None)
+        recurrence_native.install((lambda mode, dtype, hidden: _built(mode, dtype, hidden)) if on else None)
 
     yield use
-    recurrence_native.install(eager_recurrence.lstm_kernels, SmallProducts)
+    recurrence_native.install(eager_recurrence.native, SmallProducts)
 
 
 @pytest.fixture
@@ -78,35 +79,32 @@ def eager_on(monkeypatch):
     eager_kernels.CACHE.clear()
 
 
-def _scan_both(direct, args, reverse, cotangent):
+def _scan_both(direct, mode, args, reverse, g):
+    w_hh = args[_INPUTS[mode].index("w_hh")]
     out = {}
     for on in (False, True):
         direct(on)
-        packed = SCAN.eager(np, *args, mode="LSTM", reverse=reverse)
-        back = BACKWARD.eager(np, packed, args[4], cotangent(packed), mode="LSTM", reverse=reverse)
-        out[on] = (packed, back)
+        packed = SCAN.eager(np, *args, mode=mode, reverse=reverse)
+        out[on] = (packed, BACKWARD.eager(np, packed, w_hh, g, mode=mode, reverse=reverse))
     return out
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize(("steps", "batch", "hidden"), [(6, 3, 5), (1, 1, 4), (3, 2, 1), (5, 4, 19)])
-@pytest.mark.parametrize("gate_cotangent", [False, True])
-def test_kernels_equal_numpy_on_the_packed_layout(direct, runs, dtype, reverse, steps, batch, hidden, gate_cotangent):
+@pytest.mark.parametrize("cotangent", ["all", "no gates", "states only"])
+def test_kernels_equal_numpy_on_the_packed_layout(direct, runs, mode, dtype, reverse, steps, batch, hidden, cotangent):
     """rnn_scan and its backward (strided rows of the packed output, reversed views) with and without
-    a cotangent on the gate activations (the backward's ``eA``)."""
+    a cotangent on the gate activations (the backward's ``eA``) and on the extra block (an LSTM's
+    tanh(c), a GRU's ``hn``: its ``g_hn``)."""
     rng = np.random.default_rng(steps * 100 + hidden)
-    args = tuple(a.astype(dtype) for a in _scan_args(rng, "LSTM", steps, batch, hidden))
-    layout = ScanLayout("LSTM", hidden)
+    args = tuple(a.astype(dtype) for a in _scan_args(rng, mode, steps, batch, hidden))
+    layout = ScanLayout(mode, hidden)
     g = rng.normal(size=(steps, batch, layout.width)).astype(dtype)
-    if not gate_cotangent:
-        start, size = layout.gate_span
-        g[..., start : start + size] = 0
-
-    def cotangent(packed):
-        return g
-
-    out = _scan_both(direct, args, reverse, cotangent)
+    for span in {"all": [], "no gates": [layout.gate_span], "states only": [layout.gate_span, layout.extra]}[cotangent]:
+        g[..., span[0] : span[0] + span[1]] = 0
+    out = _scan_both(direct, mode, args, reverse, g)
     tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(out[True][0], out[False][0], **tol)
     np.testing.assert_allclose(out[True][1], out[False][1], **tol)
@@ -118,21 +116,21 @@ def test_no_steps_write_nothing(direct, runs):
     args = _scan_args(np.random.default_rng(0), "LSTM", 0, 2, 3)
     assert SCAN.eager(np, *args, mode="LSTM", reverse=False).shape == (0, 2, ScanLayout("LSTM", 3).width)
     A, hs = np.zeros((0, 2, 4, 3)), np.zeros((0, 2, 3))
-    assert _built(np.float64, 3).forward(A, args[2], args[3], hs, hs, hs, args[4].T)
-    assert _built(np.float64, 3).backward(A, hs, hs, args[4], hs, hs, None, A) is None
+    assert _built("LSTM", np.float64, 3).forward(A, args[2], args[3], hs, hs, hs, args[4].T)
+    assert _built("LSTM", np.float64, 3).backward(A, hs, hs, args[4], hs, hs, None, A) is None
 
 
 def test_arrays_it_does_not_take_run_numpy(direct, runs):
     """Rows that are not contiguous blocks, another dtype, another hidden size: False/None, nothing written."""
     rng = np.random.default_rng(1)
-    kernels = _built(np.float64, 3)
+    kernels = _built("LSTM", np.float64, 3)
     h0, c0, w_hh = rng.normal(size=(2, 3)), rng.normal(size=(2, 3)), rng.normal(size=(12, 3))
     gates = rng.normal(size=(4, 2, 4, 3))
     hs, cs, tanh_c = (np.full((4, 2, 6), 7.0)[..., ::2] for _ in range(3))  # rows of strided elements
     assert not kernels.forward(gates, h0, c0, hs, cs, tanh_c, w_hh.T)
     contiguous = [np.full((4, 2, 3), 7.0) for _ in range(3)]
     assert not kernels.forward(gates.astype(np.float32), h0, c0, *contiguous, w_hh.T)
-    assert not _built(np.float64, 4).forward(gates, h0, c0, *contiguous, w_hh.T)
+    assert not _built("LSTM", np.float64, 4).forward(gates, h0, c0, *contiguous, w_hh.T)
     assert (hs == 7).all() and all((a == 7).all() for a in contiguous)
     assert runs["forward"] == 0
     # through lstm_forward: numpy runs, with the native kernels installed
@@ -150,66 +148,73 @@ def test_arrays_it_does_not_take_run_numpy(direct, runs):
 OPTIONS = [dict(num_layers=2, bidirectional=True), dict(num_layers=1, batch_first=True), dict(num_layers=2, bias=False)]
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 @pytest.mark.parametrize("dtype", [kiln.float32, kiln.float64])
 @pytest.mark.parametrize("options", OPTIONS)
 @pytest.mark.parametrize(("steps", "batch", "with_state"), [(5, 3, True), (1, 1, False), (4, 1, True), (6, 2, False)])
-def test_eager_lstm_runs_native_and_equals_numpy(eager_on, runs, dtype, options, steps, batch, with_state):
+def test_eager_layers_run_native_and_equal_numpy(eager_on, runs, mode, dtype, options, steps, batch, with_state):
     kiln.manual_seed(0)
-    lstm = nn.LSTM(3, 6, **options, dtype=dtype)
+    module = (nn.LSTM if mode == "LSTM" else nn.GRU)(3, 6, **options, dtype=dtype)
     rng = np.random.default_rng(steps)
     lead = (batch, steps) if options.get("batch_first") else (steps, batch)
     x = kiln.from_numpy(rng.normal(size=(*lead, 3)).astype(dtype.name)).requires_grad_()
     rows = options["num_layers"] * (2 if options.get("bidirectional") else 1)
-    states = tuple(kiln.from_numpy(rng.normal(size=(rows, batch, 6)).astype(dtype.name)).requires_grad_()
-                   for _ in range(2)) if with_state else None  # fmt: skip
+    states = [kiln.from_numpy(rng.normal(size=(rows, batch, 6)).astype(dtype.name)).requires_grad_()
+              for _ in range(2 if mode == "LSTM" else 1)] if with_state else []  # fmt: skip
     results = []
     for on in (False, True):
         eager_kernels.set_enabled(on)
-        leaves = [x, *lstm.parameters(), *(states or ())]
+        leaves = [x, *module.parameters(), *states]
         for t in leaves:
             t.grad = None
-        y, (h, c) = lstm(x, states)
-        (y.sum() + (h * h).sum() + (c * 3).sum()).backward()
-        results.append([y.detach(), h.detach(), c.detach(), *(t.grad for t in leaves)])
+        given = (tuple(states) if mode == "LSTM" else states[0]) if states else None
+        y, finals = module(x, given)
+        finals = finals if mode == "LSTM" else (finals,)
+        (y.sum() + sum(((s * s) * (k + 1)).sum() for k, s in enumerate(finals))).backward()
+        results.append([y.detach(), *(s.detach() for s in finals), *(t.grad for t in leaves)])
     tol = dict(rtol=1e-4, atol=1e-5) if dtype is kiln.float32 else dict(rtol=1e-11, atol=1e-12)
     for got, want in zip(*reversed(results), strict=True):
         assert_close(got, want, **tol)
-    layers = options["num_layers"] * (2 if options.get("bidirectional") else 1)
-    assert runs == {"forward": layers, "backward": layers}
+    assert runs == {"forward": rows, "backward": rows}
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 @pytest.mark.parametrize("directions", [1, 2])
-def test_gradcheck_through_the_native_kernels(eager_on, runs, directions):
+def test_gradcheck_through_the_native_kernels(eager_on, runs, mode, directions):
     rng = np.random.default_rng(4)
 
     def leaf(*shape):
         return kiln.from_numpy(rng.standard_normal(shape) * 0.6).requires_grad_()
 
     x = leaf(4, 2, 3)
-    per_direction = [((leaf(2, 3), leaf(2, 3)), [leaf(12, 3), leaf(12, 3), leaf(12), leaf(12)])
+    states, gates = (2, 12) if mode == "LSTM" else (1, 9)
+    per_direction = [([leaf(2, 3) for _ in range(states)], [leaf(gates, 3), leaf(gates, 3), leaf(gates), leaf(gates)])
                      for _ in range(directions)]  # fmt: skip
     flat = [t for state, weights in per_direction for t in (*state, *weights)]
+    size = states + 4
 
     def fn(x, *flat):
-        groups = [flat[d * 6 : (d + 1) * 6] for d in range(directions)]
-        y, finals = _rnn.fused_layer("LSTM", x, [tuple(g[:2]) for g in groups], [tuple(g[2:]) for g in groups])
+        groups = [flat[d * size : (d + 1) * size] for d in range(directions)]
+        y, finals = _rnn.fused_layer(mode, x, [tuple(g[:states]) for g in groups], [tuple(g[states:]) for g in groups])
         return (y, *(s for state in finals for s in state))
 
     assert kiln.autograd.gradcheck(fn, (x, *flat))
     assert runs["forward"] > 0 and runs["backward"] > 0
 
 
-def _compiled_steps(calls: int = 3) -> list:
-    """A compiled training step of a bidirectional 2-layer LSTM: its loss, final c and gradients per call."""
+def _compiled_steps(mode: str, calls: int = 3) -> list:
+    """A compiled training step of a bidirectional 2-layer LSTM (GRU): its loss, final state and
+    gradients per call."""
     kiln.manual_seed(0)
-    lstm, head = nn.LSTM(4, 8, num_layers=2, bidirectional=True), nn.Linear(16, 1)
-    params = [*lstm.parameters(), *head.parameters()]
+    layer, head = (nn.LSTM if mode == "LSTM" else nn.GRU)(4, 8, num_layers=2, bidirectional=True), nn.Linear(16, 1)
+    params = [*layer.parameters(), *head.parameters()]
 
     @kiln.compile
     def step(x, h, c):
-        y, (h2, c2) = lstm(x, (h, c))
-        loss = head(y).pow(2).mean() + h2.sum() * 0.1
-        return loss, c2, kiln.autograd.grad(loss, params)
+        y, finals = layer(x, (h, c) if mode == "LSTM" else h)
+        last = finals[1] if mode == "LSTM" else finals
+        loss = head(y).pow(2).mean() + last.sum() * 0.1
+        return loss, last, kiln.autograd.grad(loss, params)
 
     rng = np.random.default_rng(0)
     got = []
@@ -220,13 +225,14 @@ def _compiled_steps(calls: int = 3) -> list:
     return got
 
 
-def test_compiled_lstm_step_runs_native_and_equals_numpy(eager_on, runs):
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_compiled_step_runs_native_and_equals_numpy(eager_on, runs, mode):
     """rnn_scan and rnn_scan_backward in a compiled training step (their packed layout, the
     program's arena), over several calls."""
     eager_kernels.set_enabled(False)
-    on_numpy = _compiled_steps()
+    on_numpy = _compiled_steps(mode)
     eager_kernels.set_enabled(True)
-    on_native = _compiled_steps()
+    on_native = _compiled_steps(mode)
     for native_call, numpy_call in zip(on_native, on_numpy, strict=True):
         for a, b in zip(native_call, numpy_call, strict=True):
             assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -236,13 +242,13 @@ def test_compiled_lstm_step_runs_native_and_equals_numpy(eager_on, runs):
 def test_background_compile_runs_numpy_meanwhile(eager_on, runs, monkeypatch):
     monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
     dtype = np.dtype(np.float64)
-    assert eager_recurrence.lstm_kernels(dtype, 7) is None  # the miss queues the compile
+    assert eager_recurrence.native("LSTM", dtype, 7) is None  # the miss queues the compile
     assert eager_kernels.wait(60)
-    kernels = eager_recurrence.lstm_kernels(dtype, 7)
+    kernels = eager_recurrence.native("LSTM", dtype, 7)
     assert isinstance(kernels, LSTMKernels) and kernels.hidden == 7
-    assert eager_recurrence.lstm_kernels(np.dtype(np.float16), 7) is None  # numpy's dtypes only
+    assert eager_recurrence.native("LSTM", np.dtype(np.float16), 7) is None  # numpy's dtypes only
     eager_kernels.set_enabled(False)
-    assert eager_recurrence.lstm_kernels(dtype, 7) is None
+    assert eager_recurrence.native("LSTM", dtype, 7) is None
 
 
 def test_a_failed_compile_is_said_once_and_numpy_runs(eager_on, runs, monkeypatch):
@@ -278,13 +284,13 @@ def test_a_second_build_loads_from_the_disk_cache(monkeypatch):
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_numpy_kernels_run_their_small_products_on_one_blas_thread(monkeypatch, compiled):
-    """A GRU's per-step products (numpy's kernels: no native GRU) run on one BLAS thread, eager and in a
+    """An Elman RNN's per-step products (numpy's kernels: no native one) run on one BLAS thread, eager and in a
     compiled program, and the count is restored after; a large product keeps every thread."""
     threads._find_blas()
     if threads._blas.get_threads is None:
         pytest.skip("numpy's BLAS is not an OpenBLAS that threadpoolctl finds")
     seen = []
-    for name in ("gru_forward", "gru_backward"):
+    for name in ("rnn_forward", "rnn_backward"):
         kernel = getattr(recurrence_numpy, name)
 
         def counted(*args, _kernel=kernel):
@@ -295,11 +301,11 @@ def test_numpy_kernels_run_their_small_products_on_one_blas_thread(monkeypatch, 
     before = threads.get_num_threads()
     kiln.set_num_threads(2)
     try:
-        gru = nn.GRU(3, 5)
-        run = kiln.compile(lambda x: gru(x)[0].sum()) if compiled else (lambda x: gru(x)[0].sum())
+        rnn = nn.RNN(3, 5)
+        run = kiln.compile(lambda x: rnn(x)[0].sum()) if compiled else (lambda x: rnn(x)[0].sum())
         x = kiln.randn(4, 2, 3)
         for _ in range(2):
-            gru.zero_grad()
+            rnn.zero_grad()
             run(x).backward()
         assert seen and set(seen) == {1}, seen
         assert threads._blas.get_threads() == 2

@@ -44,8 +44,8 @@ _POINTER = ir.PointerType()
 
 
 def symbol(direction: str, dtype: DType, hidden: int, index_bits: int) -> str:
-    """The function's name."""
-    return f"kiln_lstm_{direction}_{dtype.name}_h{hidden}_i{index_bits}"
+    """The function's name (``direction``: ``lstm_forward``, ``gru_backward_tangents``...)."""
+    return f"kiln_{direction}_{dtype.name}_h{hidden}_i{index_bits}"
 
 
 class _Callee:
@@ -63,7 +63,7 @@ class _Kernel:
     """One function being emitted: its builder, core, parameter slots and the gemm call."""
 
     def __init__(self, direction: str, slots: tuple[str, ...], dtype: DType, hidden: int, index_bits: int) -> None:
-        self.module = ir.Module(name=f"kiln_lstm_{direction}")
+        self.module = ir.Module(name=f"kiln_{direction}")
         self.fn = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [_POINTER, _POINTER]),
                               symbol(direction, dtype, hidden, index_bits))  # fmt: skip
         self.fn.attributes.add("nounwind")
@@ -153,7 +153,7 @@ def _check(dtype: DType, hidden: int, index_bits: int) -> None:
 def forward_ir(dtype: DType, hidden: int, index_bits: int) -> str:
     """LLVM IR of the forward recurrence (``FORWARD``'s slots)."""
     _check(dtype, hidden, index_bits)
-    k = _Kernel("forward", FORWARD, dtype, hidden, index_bits)
+    k = _Kernel("lstm_forward", FORWARD, dtype, hidden, index_bits)
     bld, width = k.builder, 4 * hidden
     step = k.pointer("step")
     with for_range(bld, 0, k["steps"], name="t", vectorize=False) as t:
@@ -190,7 +190,7 @@ def backward_ir(dtype: DType, hidden: int, index_bits: int, with_tangents: bool)
     ``with_tangents``). ``dh`` and ``dc`` (B, H, contiguous) hold the last step's ``dH``/``dC`` on
     entry and the initial states' gradients on exit."""
     _check(dtype, hidden, index_bits)
-    k = _Kernel("backward_tangents" if with_tangents else "backward", BACKWARD, dtype, hidden, index_bits)
+    k = _Kernel("lstm_backward_tangents" if with_tangents else "lstm_backward", BACKWARD, dtype, hidden, index_bits)
     bld, core, width = k.builder, k.core, 4 * hidden
     one = k.constant(1.0)
     dh, dc = k.pointer("dh"), k.pointer("dc")

@@ -1,8 +1,9 @@
 """What the layers above lend the numpy recurrence kernels: native kernels, and the BLAS thread rule.
 
-``recurrence_numpy.lstm_forward``/``lstm_backward`` ask ``lstm_kernels(dtype, hidden)`` first; what
-it returns (the code generator's ``LSTMKernels``, compiled for that dtype and hidden size) runs
-the whole recurrence in one native call and says whether it took the arrays. ``None`` -- nothing
+``recurrence_numpy.lstm_forward``/``lstm_backward`` (``gru_*``) ask ``native(mode, dtype, hidden)``
+first; what it returns (the code generator's ``LSTMKernels``/``GRUKernels``, compiled for that
+dtype and hidden size) runs the whole recurrence in one native call and says whether it took the
+arrays. ``None`` -- nothing
 installed, native kernels off, a compile still running or failed -- leaves the numpy kernel to
 run. The frontend installs the provider (``kiln/frontend/eager_recurrence.py``), which compiles
 in the background and caches; this layer imports nothing above it, so it only holds the slot.
@@ -23,16 +24,17 @@ from typing import Any, Protocol
 import numpy as np
 
 
-class LSTMKernels(Protocol):
-    """What a provider hands out: ``lstm_forward``'s and ``lstm_backward``'s work, or False/None
-    for arrays it does not take (the numpy kernel then runs)."""
+class Kernels(Protocol):
+    """What a provider hands out: the numpy kernel's work (``lstm_forward``'s arguments for an LSTM's
+    ``forward``, ``gru_backward``'s for a GRU's ``backward``...), or False/None for arrays it does
+    not take (the numpy kernel then runs)."""
 
-    def forward(self, A, h0, c0, hs, cs, tanh_c, w_hh_t) -> bool: ...
+    def forward(self, *arrays) -> bool: ...
 
-    def backward(self, A, c_prev, tanh_c, w_hh, dH, dC, eA, dz) -> Any: ...
+    def backward(self, *arrays) -> Any: ...
 
 
-Provider = Callable[[np.dtype, int], LSTMKernels | None]
+Provider = Callable[[str, np.dtype, int], Kernels | None]
 _provider: list[Provider] = []
 
 
@@ -41,7 +43,7 @@ _rule: list[Rule] = []
 
 
 def install(provider: Provider | None, rule: Rule | None = None) -> None:
-    """Let the numpy kernels ask ``provider(dtype, hidden)`` for native kernels (None: none) and run
+    """Let the numpy kernels ask ``provider(mode, dtype, hidden)`` for native kernels (None: none) and run
     their per-step products in ``rule(macs)`` (None: as they are)."""
     _provider[:] = [] if provider is None else [provider]
     _rule[:] = [] if rule is None else [rule]
@@ -57,6 +59,6 @@ def step_macs(batch: int, w_hh) -> int:
     return batch * w_hh.shape[0] * w_hh.shape[1]
 
 
-def lstm_kernels(dtype: np.dtype, hidden: int) -> LSTMKernels | None:
-    """The native LSTM kernels of ``dtype`` and ``hidden`` ready now, or None."""
-    return _provider[0](dtype, hidden) if _provider else None
+def native(mode: str, dtype: np.dtype, hidden: int) -> Kernels | None:
+    """The native kernels of ``mode`` ("LSTM", "GRU"), ``dtype`` and ``hidden`` ready now, or None."""
+    return _provider[0](mode, dtype, hidden) if _provider else None

@@ -31,7 +31,7 @@ import threading
 import numpy as np
 
 from .recurrence_layout import ScanLayout
-from .recurrence_native import lstm_kernels, small_products, step_macs
+from .recurrence_native import native, small_products, step_macs
 
 
 def _part(a, span):
@@ -126,8 +126,8 @@ def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
     """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``
     (in one native call where ``recurrence_native`` has the kernels)."""
     batch, hidden = h0.shape
-    native = lstm_kernels(A.dtype, hidden)
-    if native is not None and native.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t):
+    kernels = native("LSTM", A.dtype, hidden)
+    if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t):
         return
     step = np.empty((batch, 4 * hidden), dtype=A.dtype)
     product = np.empty((batch, hidden), dtype=A.dtype)
@@ -154,8 +154,11 @@ def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
 
 def gru_forward(A, h0, hs, hn, w_hh_t, b_hn) -> None:
     """``n = tanh(A_n + r (h W_hn^T + b_hn))``, ``h' = n + z (h - n)``, gates (r, z, n); fills ``hs``
-    and ``hn`` with ``h W_hn^T + b_hn``."""
+    and ``hn`` with ``h W_hn^T + b_hn`` (in one native call where ``recurrence_native`` has the kernels)."""
     batch, hidden = h0.shape
+    kernels = native("GRU", A.dtype, hidden)
+    if kernels is not None and kernels.forward(A, h0, hs, hn, w_hh_t, b_hn):
+        return
     halves = np.ones(3 * hidden, dtype=A.dtype)
     halves[: 2 * hidden] = 0.5
     w_hh_t = w_hh_t * halves
@@ -256,8 +259,8 @@ def lstm_backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
     """Backward through time of ``lstm_forward``; returns (dh0, dc0) (in one native call where
     ``recurrence_native`` has the kernels)."""
     steps, batch, _, hidden = A.shape
-    native = lstm_kernels(A.dtype, hidden)
-    initial = None if native is None else native.backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz)
+    kernels = native("LSTM", A.dtype, hidden)
+    initial = None if kernels is None else kernels.backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz)
     if initial is not None:
         return initial
     i, f, g, o = A[:, :, 0], A[:, :, 1], A[:, :, 2], A[:, :, 3]
@@ -299,8 +302,13 @@ def lstm_backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
 
 def gru_backward(A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh):
     """Backward through time of ``gru_forward``: fills ``dz`` and ``dz_hh`` (they differ in the n
-    block, which r scales); ``g_hn``: the cotangent of ``hn`` or None. Returns dh0."""
+    block, which r scales); ``g_hn``: the cotangent of ``hn`` or None. Returns dh0 (in one native call
+    where ``recurrence_native`` has the kernels)."""
     steps, batch, _, hidden = A.shape
+    kernels = native("GRU", A.dtype, hidden)
+    dh = None if kernels is None else kernels.backward(A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh)
+    if dh is not None:
+        return dh
     r, z, n = A[:, :, 0], A[:, :, 1], A[:, :, 2]
     by_n = (1 - z) * (1 - n * n)  # dz_n = dh * by_n
     by_z = (h_prev - n) * z * (1 - z)  # dz_z = dh * by_z
