@@ -2,8 +2,10 @@
 one fused computation per direction, on the recurrence kernels of ``kiln/ir/primitives``.
 
 As PyTorch's native RNN kernels do: the input projection of all time steps is one matmul (biases
-added once), the recurrence runs the gate math in place (``recurrence_numpy.py``), and its backward
-runs through time and then computes ``dW_ih``, ``dW_hh`` and ``dx`` as one matmul each over all steps.
+added once), the recurrence runs the gate math in place (``recurrence_numpy.py``; an LSTM's and a
+GRU's as one native call per direction once ``frontend/eager_recurrence.py`` has compiled it, the
+per-step products on one BLAS thread either way), and its backward runs through time and then
+computes ``dW_ih``, ``dW_hh`` and ``dx`` as one matmul each over all steps.
 Two wrappers share those kernels:
 
 - traced (``kiln.compile``, ``kiln.export``) and on devices other than the CPU: the ``rnn_scan``

@@ -17,6 +17,11 @@ an LSTM scales whole rows of its (i, f, g, o) pre-activations before and after t
 as numpy passes over whole rows cost several times less than passes over strided gate blocks; a GRU
 halves its r and z blocks and the matching columns of ``w_hh_t`` instead (exact, a power of two).
 
+The LSTM and GRU kernels first ask ``recurrence_native`` for native kernels of their dtype and hidden
+size (the code generator's, which the frontend compiles): where those take the arrays, the whole
+recurrence is one native call and the numpy loop does not run. Callers run the kernels inside
+``recurrence_native.small_products``, which keeps each step's small product on one BLAS thread.
+
 Temporaries that do not outlive a call come from ``scratch``: one array per name and thread, kept
 between calls. Fresh arrays of this size (an LSTM LM's backward: several of 1 MiB) were fresh pages
 on every training step, whose faults cost more than the arithmetic on them.
