@@ -94,10 +94,13 @@ def _scan_both(direct, mode, args, reverse, g):
 @pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize(("steps", "batch", "hidden"), [(6, 3, 5), (1, 1, 4), (3, 2, 1), (5, 4, 19)])
 @pytest.mark.parametrize("cotangent", ["all", "no gates", "states only"])
-def test_kernels_equal_numpy_on_the_packed_layout(direct, runs, mode, dtype, reverse, steps, batch, hidden, cotangent):
+def test_kernels_equal_numpy_on_the_packed_layout(
+    direct, runs, monkeypatch, mode, dtype, reverse, steps, batch, hidden, cotangent
+):
     """rnn_scan and its backward (strided rows of the packed output, reversed views) with and without
     a cotangent on the gate activations (the backward's ``eA``) and on the extra block (an LSTM's
-    tanh(c), a GRU's ``hn``: its ``g_hn``)."""
+    tanh(c), a GRU's ``hn``: its ``g_hn``); one step too, which runs on numpy by default."""
+    monkeypatch.setattr(recurrence_native, "MIN_STEPS", 1)
     rng = np.random.default_rng(steps * 100 + hidden)
     args = tuple(a.astype(dtype) for a in _scan_args(rng, mode, steps, batch, hidden))
     layout = ScanLayout(mode, hidden)
@@ -175,7 +178,21 @@ def test_eager_layers_run_native_and_equal_numpy(eager_on, runs, mode, dtype, op
     tol = dict(rtol=1e-4, atol=1e-5) if dtype is kiln.float32 else dict(rtol=1e-11, atol=1e-12)
     for got, want in zip(*reversed(results), strict=True):
         assert_close(got, want, **tol)
-    assert runs == {"forward": rows, "backward": rows}
+    expected = rows if steps >= recurrence_native.MIN_STEPS else 0
+    assert runs == {"forward": expected, "backward": expected}
+
+
+def test_one_step_runs_numpy(eager_on, runs):
+    """A cell's step (one time step) stays on numpy, whose few ufuncs cost less than the native call."""
+    kiln.manual_seed(0)
+    cell = nn.LSTMCell(3, 5)
+    h, c = cell(kiln.randn(2, 3, requires_grad=True))
+    (h.sum() + c.sum()).backward()
+    lstm = nn.LSTM(3, 5)
+    lstm(kiln.randn(1, 2, 3, requires_grad=True))[0].sum().backward()
+    assert runs == {"forward": 0, "backward": 0}
+    lstm(kiln.randn(2, 2, 3, requires_grad=True))[0].sum().backward()
+    assert runs == {"forward": 1, "backward": 1}
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])

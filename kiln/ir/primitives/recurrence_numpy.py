@@ -131,7 +131,7 @@ def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
     """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``
     (in one native call where ``recurrence_native`` has the kernels)."""
     batch, hidden = h0.shape
-    kernels = native("LSTM", A.dtype, hidden)
+    kernels = native("LSTM", A.dtype, hidden, A.shape[0])
     if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t):
         return
     step = np.empty((batch, 4 * hidden), dtype=A.dtype)
@@ -161,7 +161,7 @@ def gru_forward(A, h0, hs, hn, w_hh_t, b_hn) -> None:
     """``n = tanh(A_n + r (h W_hn^T + b_hn))``, ``h' = n + z (h - n)``, gates (r, z, n); fills ``hs``
     and ``hn`` with ``h W_hn^T + b_hn`` (in one native call where ``recurrence_native`` has the kernels)."""
     batch, hidden = h0.shape
-    kernels = native("GRU", A.dtype, hidden)
+    kernels = native("GRU", A.dtype, hidden, A.shape[0])
     if kernels is not None and kernels.forward(A, h0, hs, hn, w_hh_t, b_hn):
         return
     halves = np.ones(3 * hidden, dtype=A.dtype)
@@ -264,7 +264,7 @@ def lstm_backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
     """Backward through time of ``lstm_forward``; returns (dh0, dc0) (in one native call where
     ``recurrence_native`` has the kernels)."""
     steps, batch, _, hidden = A.shape
-    kernels = native("LSTM", A.dtype, hidden)
+    kernels = native("LSTM", A.dtype, hidden, A.shape[0])
     initial = None if kernels is None else kernels.backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz)
     if initial is not None:
         return initial
@@ -310,7 +310,7 @@ def gru_backward(A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh):
     block, which r scales); ``g_hn``: the cotangent of ``hn`` or None. Returns dh0 (in one native call
     where ``recurrence_native`` has the kernels)."""
     steps, batch, _, hidden = A.shape
-    kernels = native("GRU", A.dtype, hidden)
+    kernels = native("GRU", A.dtype, hidden, A.shape[0])
     dh = None if kernels is None else kernels.backward(A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh)
     if dh is not None:
         return dh
