@@ -38,7 +38,7 @@ BACKWARD = ("steps", "batch", "a", "a_t", "a_b", "c_prev", "c_prev_t", "c_prev_b
             "dz_b", "w_hh", "dh", "dc")  # fmt: skip
 
 # cblas's enums
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 _I32 = ir.IntType(32)
 _POINTER = ir.PointerType()
 
@@ -59,7 +59,7 @@ class _Callee:
         return self.value.get_reference()
 
 
-class _Kernel:
+class Emitter:
     """One function being emitted: its builder, core, parameter slots and the gemm call."""
 
     def __init__(self, direction: str, slots: tuple[str, ...], dtype: DType, hidden: int, index_bits: int) -> None:
@@ -126,7 +126,7 @@ class _Kernel:
         """``C = A @ op(B) + beta C``, row-major, all on the BLAS given at call time."""
         index = self.blas_index
         beta_value = ir.Constant(self.float, beta) if isinstance(beta, float) else beta
-        args = [ir.Constant(_I32, _ROW_MAJOR), ir.Constant(_I32, _NO_TRANS), ir.Constant(_I32, trans_b), index(m),
+        args = [ir.Constant(_I32, ROW_MAJOR), ir.Constant(_I32, NO_TRANS), ir.Constant(_I32, trans_b), index(m),
                 index(n), index(k), ir.Constant(self.float, 1.0), a, index(lda), b, index(ldb), beta_value, c,
                 index(ldc)]  # fmt: skip
         self.builder.call(_Callee(self.gemm, self.gemm_type), args)
@@ -136,24 +136,27 @@ class _Kernel:
         return str(self.module)
 
 
-def _sigmoid(k: _Kernel, x: Scalar) -> Scalar:
+def sigmoid(k: Emitter, x: Scalar) -> Scalar:
+    """mathlib's sigmoid of ``x`` (inlined: the pass over a step's block vectorizes)."""
     return math_call(k.core, "sigmoid", x)
 
 
-def _tanh(k: _Kernel, x: Scalar) -> Scalar:
+def tanh(k: Emitter, x: Scalar) -> Scalar:
+    """mathlib's tanh of ``x``."""
     return math_call(k.core, "tanh", x)
 
 
-def _check(dtype: DType, hidden: int, index_bits: int) -> None:
+def check_sizes(dtype: DType, hidden: int, index_bits: int) -> None:
+    """``ValueError`` for what no recurrence kernel is generated for."""
     if dtype not in (dt.float32, dt.float64) or hidden < 1 or index_bits not in (32, 64):
-        raise ValueError(f"the native LSTM kernel takes float32/float64, hidden >= 1 and 32/64-bit BLAS "
+        raise ValueError(f"a native recurrence kernel takes float32/float64, hidden >= 1 and 32/64-bit BLAS "
                          f"integers, got {dtype.name}, hidden {hidden}, {index_bits} bits")  # fmt: skip
 
 
 def forward_ir(dtype: DType, hidden: int, index_bits: int) -> str:
     """LLVM IR of the forward recurrence (``FORWARD``'s slots)."""
-    _check(dtype, hidden, index_bits)
-    k = _Kernel("lstm_forward", FORWARD, dtype, hidden, index_bits)
+    check_sizes(dtype, hidden, index_bits)
+    k = Emitter("lstm_forward", FORWARD, dtype, hidden, index_bits)
     bld, width = k.builder, 4 * hidden
     step = k.pointer("step")
     with for_range(bld, 0, k["steps"], name="t", vectorize=False) as t:
@@ -163,7 +166,7 @@ def forward_ir(dtype: DType, hidden: int, index_bits: int) -> str:
         h_stride = bld.select(first, k["h0_b"], k["hs_b"])
         c_prev = bld.select(first, k.pointer("c0"), k.row("cs", previous, i64(0)))
         c_stride = bld.select(first, k["c0_b"], k["cs_b"])
-        k.call_gemm(_TRANS, k["batch"], width, hidden, h_prev, h_stride, k.pointer("w_hh"), hidden, 0.0, step, width)
+        k.call_gemm(TRANS, k["batch"], width, hidden, h_prev, h_stride, k.pointer("w_hh"), hidden, 0.0, step, width)
         with for_range(bld, 0, k["batch"], name="b", vectorize=False) as b:
             a_row = k.row("a", t, b)
             step_row = k.element(step, k.mul(b, width))
@@ -174,12 +177,12 @@ def forward_ir(dtype: DType, hidden: int, index_bits: int) -> str:
                 for g in range(4):
                     at = k.add(j, g * hidden)
                     z = k.core.add(k.load(step_row, at), k.load(a_row, at))
-                    gates.append(_tanh(k, z) if g == 2 else _sigmoid(k, z))
+                    gates.append(tanh(k, z) if g == 2 else sigmoid(k, z))
                     k.store(gates[-1], a_row, at)
                 i, f, g_, o = gates
                 c = k.core.add(k.core.mul(f, k.load(c_row, j)), k.core.mul(i, g_))
                 k.store(c, out["cs"], j)
-                tanh_c = _tanh(k, c)
+                tanh_c = tanh(k, c)
                 k.store(tanh_c, out["tanh_c"], j)
                 k.store(k.core.mul(o, tanh_c), out["hs"], j)
     return k.finish()
@@ -189,8 +192,8 @@ def backward_ir(dtype: DType, hidden: int, index_bits: int, with_tangents: bool)
     """LLVM IR of the backward recurrence (``BACKWARD``'s slots; ``e_a`` is read only when
     ``with_tangents``). ``dh`` and ``dc`` (B, H, contiguous) hold the last step's ``dH``/``dC`` on
     entry and the initial states' gradients on exit."""
-    _check(dtype, hidden, index_bits)
-    k = _Kernel("lstm_backward_tangents" if with_tangents else "lstm_backward", BACKWARD, dtype, hidden, index_bits)
+    check_sizes(dtype, hidden, index_bits)
+    k = Emitter("lstm_backward_tangents" if with_tangents else "lstm_backward", BACKWARD, dtype, hidden, index_bits)
     bld, core, width = k.builder, k.core, 4 * hidden
     one = k.constant(1.0)
     dh, dc = k.pointer("dh"), k.pointer("dc")
@@ -227,6 +230,6 @@ def backward_ir(dtype: DType, hidden: int, index_bits: int, with_tangents: bool)
                 k.store(core.add(d_c, core.select(Scalar(later, dt.bool_), k.load(next_dc, j), zero)), dc, at)
                 k.store(core.select(Scalar(later, dt.bool_), k.load(next_dh, j), zero), dh, at)
         beta = bld.select(later, ir.Constant(k.float, 1.0), ir.Constant(k.float, 0.0))
-        k.call_gemm(_NO_TRANS, k["batch"], hidden, width, k.row("dz", t, i64(0)), k["dz_b"], k.pointer("w_hh"),
+        k.call_gemm(NO_TRANS, k["batch"], hidden, width, k.row("dz", t, i64(0)), k["dz_b"], k.pointer("w_hh"),
                     hidden, beta, dh, hidden)  # fmt: skip
     return k.finish()

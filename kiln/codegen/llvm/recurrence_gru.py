@@ -15,7 +15,7 @@ from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ..core import Scalar
 from .loops import for_range, i64
-from .recurrence import _NO_TRANS, _TRANS, _check, _Kernel, _sigmoid, _tanh
+from .recurrence import NO_TRANS, TRANS, Emitter, check_sizes, sigmoid, tanh
 
 GRU_FORWARD = ("steps", "batch", "a", "a_t", "a_b", "h0", "h0_t", "h0_b", "hs", "hs_t", "hs_b", "hn", "hn_t", "hn_b",
                "w_hh", "b_hn", "step")  # fmt: skip
@@ -26,25 +26,25 @@ GRU_BACKWARD = ("steps", "batch", "a", "a_t", "a_b", "h_prev", "h_prev_t", "h_pr
 
 def gru_forward_ir(dtype: DType, hidden: int, index_bits: int) -> str:
     """LLVM IR of the GRU's forward recurrence (``GRU_FORWARD``'s slots; ``b_hn``: H elements)."""
-    _check(dtype, hidden, index_bits)
-    k = _Kernel("gru_forward", GRU_FORWARD, dtype, hidden, index_bits)
+    check_sizes(dtype, hidden, index_bits)
+    k = Emitter("gru_forward", GRU_FORWARD, dtype, hidden, index_bits)
     bld, core, width = k.builder, k.core, 3 * hidden
     step, b_hn = k.pointer("step"), k.pointer("b_hn")
     with for_range(bld, 0, k["steps"], name="t", vectorize=False) as t:
         first = bld.icmp_signed("==", t, i64(0))
         h_prev = bld.select(first, k.pointer("h0"), k.row("hs", bld.sub(t, i64(1)), i64(0)))
         h_stride = bld.select(first, k["h0_b"], k["hs_b"])
-        k.call_gemm(_TRANS, k["batch"], width, hidden, h_prev, h_stride, k.pointer("w_hh"), hidden, 0.0, step, width)
+        k.call_gemm(TRANS, k["batch"], width, hidden, h_prev, h_stride, k.pointer("w_hh"), hidden, 0.0, step, width)
         with for_range(bld, 0, k["batch"], name="b", vectorize=False) as b:
             a_row, hs_row, hn_row = k.row("a", t, b), k.row("hs", t, b), k.row("hn", t, b)
             step_row = k.element(step, k.mul(b, width))
             h_row = k.element(h_prev, k.mul(b, h_stride))
             with for_range(bld, 0, hidden, name="j", parallel=True) as j:
                 at = [k.add(j, g * hidden) for g in range(3)]
-                r = _sigmoid(k, core.add(k.load(a_row, at[0]), k.load(step_row, at[0])))
-                z = _sigmoid(k, core.add(k.load(a_row, at[1]), k.load(step_row, at[1])))
+                r = sigmoid(k, core.add(k.load(a_row, at[0]), k.load(step_row, at[0])))
+                z = sigmoid(k, core.add(k.load(a_row, at[1]), k.load(step_row, at[1])))
                 hn = core.add(k.load(step_row, at[2]), k.load(b_hn, j))
-                n = _tanh(k, core.add(k.load(a_row, at[2]), core.mul(r, hn)))
+                n = tanh(k, core.add(k.load(a_row, at[2]), core.mul(r, hn)))
                 for value, where in zip((r, z, n), at, strict=True):
                     k.store(value, a_row, where)
                 k.store(hn, hn_row, j)
@@ -56,9 +56,9 @@ def gru_backward_ir(dtype: DType, hidden: int, index_bits: int, with_tangents: b
     """LLVM IR of the GRU's backward recurrence (``GRU_BACKWARD``'s slots; ``e_a`` read only
     ``with_tangents``, ``g_hn`` only ``with_g_hn``). ``dh`` (B, H, contiguous) holds the last step's
     ``dH`` on entry and the initial state's gradient on exit."""
-    _check(dtype, hidden, index_bits)
+    check_sizes(dtype, hidden, index_bits)
     name = "gru_backward" + ("_tangents" if with_tangents else "") + ("_g_hn" if with_g_hn else "")
-    k = _Kernel(name, GRU_BACKWARD, dtype, hidden, index_bits)
+    k = Emitter(name, GRU_BACKWARD, dtype, hidden, index_bits)
     bld, core, width = k.builder, k.core, 3 * hidden
     one, zero = k.constant(1.0), k.constant(0.0)
     dh = k.pointer("dh")
@@ -93,6 +93,6 @@ def gru_backward_ir(dtype: DType, hidden: int, index_bits: int, with_tangents: b
                     k.store(value, dz_row, where)
                 carried = core.add(core.mul(d_h, z), core.select(later, k.load(next_dh, j), zero))
                 k.store(carried, dh, k.add(state, j))
-        k.call_gemm(_NO_TRANS, k["batch"], hidden, width, k.row("dz_hh", t, i64(0)), k["dz_hh_b"],
+        k.call_gemm(NO_TRANS, k["batch"], hidden, width, k.row("dz_hh", t, i64(0)), k["dz_hh_b"],
                     k.pointer("w_hh"), hidden, 1.0, dh, hidden)  # fmt: skip
     return k.finish()
