@@ -2,8 +2,10 @@
 one fused computation per direction, on the recurrence kernels of ``kiln/ir/primitives``.
 
 As PyTorch's native RNN kernels do: the input projection of all time steps is one matmul (biases
-added once), the recurrence runs the gate math in place (``recurrence_numpy.py``), and its backward
-runs through time and then computes ``dW_ih``, ``dW_hh`` and ``dx`` as one matmul each over all steps.
+added once), the recurrence runs the gate math in place (``recurrence_numpy.py``; an LSTM's and a
+GRU's as one native call per direction once ``frontend/eager_recurrence.py`` has compiled it, the
+per-step products on one BLAS thread either way), and its backward runs through time and then
+computes ``dW_ih``, ``dW_hh`` and ``dx`` as one matmul each over all steps.
 Two wrappers share those kernels:
 
 - traced (``kiln.compile``, ``kiln.export``) and on devices other than the CPU: the ``rnn_scan``
@@ -37,10 +39,13 @@ from dataclasses import dataclass
 import numpy as np
 
 import kiln
-from kiln.frontend import autocast
+from kiln.frontend import (
+    autocast,
+    eager_recurrence,  # noqa: F401 - installs the native LSTM recurrence
+)
 from kiln.frontend.dispatch import apply
 from kiln.frontend.jit import state as _jit
-from kiln.ir.primitives import P
+from kiln.ir.primitives import P, recurrence_native
 from kiln.ir.primitives import recurrence_numpy as kernels
 from kiln.ir.primitives.recurrence_layout import GATES, ScanLayout
 
@@ -211,13 +216,14 @@ def _forward_direction(mode: str, x2, shape, state, weights, reverse: bool) -> _
     h0 = _array(state[0])
     saved = _Saved(gates, _Saved.empty(mode, steps, batch, hidden, x2.dtype))
     hs, cs, extra = saved.hs, saved.cs, saved.extra
-    if mode == "LSTM":
-        kernels.lstm_forward(k(gates), h0, _array(state[1]), k(hs), k(cs), k(extra), w_hh.T)
-    elif mode == "GRU":
-        b_hn = np.zeros(hidden, dtype=x2.dtype) if b_hh is None else b_hh[2 * hidden :]
-        kernels.gru_forward(k(gates), h0, k(hs), k(extra), w_hh.T, b_hn)
-    else:
-        kernels.rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
+    with recurrence_native.small_products(recurrence_native.step_macs(batch, w_hh)):
+        if mode == "LSTM":
+            kernels.lstm_forward(k(gates), h0, _array(state[1]), k(hs), k(cs), k(extra), w_hh.T)
+        elif mode == "GRU":
+            b_hn = np.zeros(hidden, dtype=x2.dtype) if b_hh is None else b_hh[2 * hidden :]
+            kernels.gru_forward(k(gates), h0, k(hs), k(extra), w_hh.T, b_hn)
+        else:
+            kernels.rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
     return saved
 
 
@@ -239,19 +245,20 @@ def _backward_direction(mode: str, saved: _Saved, initial: list, w_hh, dy, dfina
         np.copyto(dH, k(dy))
     dH[-1] += dfinal[0]
     dz = kernels.scratch("rnn.dz", saved.gates.shape, saved.gates.dtype)
-    if mode == "LSTM":
-        dC = kernels.scratch("rnn.dC", dH.shape, dH.dtype)
-        dC[:-1], dC[-1] = 0, dfinal[1]
-        c_prev = k(_previous(saved.cs, initial[1], reverse, "rnn.c_prev"))
-        dh, dc = kernels.lstm_backward(k(saved.gates), c_prev, k(saved.extra), w_hh, dH, dC, None, k(dz))
-        return dz, dz, (dh, dc)
-    if mode == "GRU":
-        dz_hh = kernels.scratch("rnn.dz_hh", dz.shape, dz.dtype)
-        h_prev = k(_previous(saved.hs, initial[0], reverse, "rnn.h_prev"))
-        dh = kernels.gru_backward(k(saved.gates), h_prev, k(saved.extra), w_hh, dH, None, None, k(dz), k(dz_hh))
-        return dz, dz_hh, (dh,)
-    dh = kernels.rnn_backward(k(saved.gates), w_hh, dH, None, mode == "RNN_RELU", k(dz))
-    return dz, dz, (dh,)
+    with recurrence_native.small_products(recurrence_native.step_macs(dH.shape[1], w_hh)):
+        if mode == "LSTM":
+            dC = kernels.scratch("rnn.dC", dH.shape, dH.dtype)
+            dC[:-1], dC[-1] = 0, dfinal[1]
+            c_prev = k(_previous(saved.cs, initial[1], reverse, "rnn.c_prev"))
+            dh, dc = kernels.lstm_backward(k(saved.gates), c_prev, k(saved.extra), w_hh, dH, dC, None, k(dz))
+            return dz, dz, (dh, dc)
+        if mode == "GRU":
+            dz_hh = kernels.scratch("rnn.dz_hh", dz.shape, dz.dtype)
+            h_prev = k(_previous(saved.hs, initial[0], reverse, "rnn.h_prev"))
+            dh = kernels.gru_backward(k(saved.gates), h_prev, k(saved.extra), w_hh, dH, None, None, k(dz), k(dz_hh))
+            return dz, dz_hh, (dh,)
+        dh = kernels.rnn_backward(k(saved.gates), w_hh, dH, None, mode == "RNN_RELU", k(dz))
+        return dz, dz, (dh,)
 
 
 class _FusedLayer(kiln.autograd.Function):

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "BLAS_MIN_PARALLEL_MACS", "PARALLEL_MIN_WORK_BYTES", "get_num_threads", "matmul_macs", "parallel_for", "park",
+    "BLAS_MIN_PARALLEL_MACS", "PARALLEL_MIN_WORK_BYTES", "SmallProducts", "blas_gemm", "get_num_threads", "matmul_macs", "parallel_for", "park",
     "run_blas_product", "set_num_threads",
 ]  # fmt: skip
 
@@ -336,6 +336,8 @@ class _Blas:
     found = False
     get_threads: Callable[[], int] | None = None
     set_threads: Callable[[int], None] | None = None
+    library: ctypes.CDLL | None = None
+    prefix, suffix = "", ""  # of its symbols: numpy 2's scipy-openblas has scipy_cblas_sgemm64_
 
 
 _blas = _Blas()
@@ -363,7 +365,51 @@ def _find_blas() -> None:
             get.restype, get.argtypes = ctypes.c_int, []
             set_.restype, set_.argtypes = None, [ctypes.c_int]
             _blas.get_threads, _blas.set_threads = get, set_
+            _blas.library, _blas.prefix, _blas.suffix = library, prefix, suffix
             return
+
+
+def blas_gemm(char: str) -> tuple[int, int] | None:
+    """The address of numpy's OpenBLAS ``cblas_sgemm`` (``char`` "f") or ``cblas_dgemm`` ("d") and the
+    bits of its integers (64 for an ILP64 build, whose symbols end in ``64_``), or None where there
+    is none. The address is this process's: a caller passes it to native code at each call."""
+    if not _blas.found:
+        _find_blas()
+    library = _blas.library
+    if library is None or char not in ("f", "d"):
+        return None
+    name = f"{_blas.prefix}cblas_{'s' if char == 'f' else 'd'}gemm{_blas.suffix}"
+    function = getattr(library, name, None)
+    if function is None:
+        return None
+    address = ctypes.cast(function, ctypes.c_void_p).value
+    return (address, 64 if _blas.suffix else 32) if address else None
+
+
+class SmallProducts:
+    """``with SmallProducts(macs): ...``: ``run_blas_product``'s rule for a block of code whose BLAS
+    products (a recurrence's per-step ones) have ``macs`` multiply-adds each."""
+
+    __slots__ = ("macs", "restore")
+
+    def __init__(self, macs: int) -> None:
+        self.macs, self.restore = macs, 0
+
+    def __enter__(self) -> SmallProducts:
+        if self.macs < BLAS_MIN_PARALLEL_MACS:
+            if not _blas.found:
+                _find_blas()
+            get, set_ = _blas.get_threads, _blas.set_threads
+            threads = get() if get is not None else 1
+            if threads >= 2 and set_ is not None:
+                set_(1)
+                self.restore = threads
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.restore and _blas.set_threads is not None:
+            _blas.set_threads(self.restore)
+        self.restore = 0
 
 
 def run_blas_product(kernel: Callable[..., Any], macs: int, *args: Any, **kwargs: Any) -> Any:

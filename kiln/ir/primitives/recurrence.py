@@ -21,8 +21,9 @@ Under ``create_graph`` the VJP runs the backward through time as kiln ops instea
 ``rnn_scan_backward`` is therefore only ever run with grad mode off, and is not differentiable.
 
 Both are of kind ``RECURRENCE``: never fused, each runs as an extern with its eager kernel -- numpy's
-in-place kernels (``recurrence_numpy``) on the CPU, the step-by-step array code (``recurrence_steps``)
-on another namespace (cupy).
+in-place kernels (``recurrence_numpy``) on the CPU, which hand an LSTM's or a GRU's recurrence to the
+native kernels that ``recurrence_native`` lends them once compiled, the step-by-step array code
+(``recurrence_steps``) on another namespace (cupy).
 """
 
 from __future__ import annotations

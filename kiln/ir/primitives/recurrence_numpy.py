@@ -17,6 +17,11 @@ an LSTM scales whole rows of its (i, f, g, o) pre-activations before and after t
 as numpy passes over whole rows cost several times less than passes over strided gate blocks; a GRU
 halves its r and z blocks and the matching columns of ``w_hh_t`` instead (exact, a power of two).
 
+The LSTM and GRU kernels first ask ``recurrence_native`` for native kernels of their dtype and hidden
+size (the code generator's, which the frontend compiles): where those take the arrays, the whole
+recurrence is one native call and the numpy loop does not run. Callers run the kernels inside
+``recurrence_native.small_products``, which keeps each step's small product on one BLAS thread.
+
 Temporaries that do not outlive a call come from ``scratch``: one array per name and thread, kept
 between calls. Fresh arrays of this size (an LSTM LM's backward: several of 1 MiB) were fresh pages
 on every training step, whose faults cost more than the arithmetic on them.
@@ -31,6 +36,7 @@ import threading
 import numpy as np
 
 from .recurrence_layout import ScanLayout
+from .recurrence_native import native, small_products, step_macs
 
 
 def _part(a, span):
@@ -82,12 +88,13 @@ def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool, out=None):
     gates = _blocks(_part(out, layout.gate_span), layout)
     np.add(gx.reshape(gates.shape), bias.reshape(gates.shape[2:]), out=gates)
     hs = _part(out, layout.out(0))
-    if mode == "LSTM":
-        lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T)
-    elif mode == "GRU":
-        gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn)
-    else:
-        rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
+    with small_products(step_macs(batch, w_hh)):
+        if mode == "LSTM":
+            lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T)
+        elif mode == "GRU":
+            gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn)
+        else:
+            rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
     for s, first in enumerate((h0, c0)[: layout.states]):
         after, before = k(_part(out, layout.out(s))), k(_part(out, layout.prev(s)))
         before[0], before[1:] = first, after[:-1]
@@ -121,8 +128,12 @@ def _lstm_scale_shift(hidden: int, dtype) -> tuple[np.ndarray, np.ndarray]:
 
 
 def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
-    """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``."""
+    """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``
+    (in one native call where ``recurrence_native`` has the kernels)."""
     batch, hidden = h0.shape
+    kernels = native("LSTM", A.dtype, hidden, A.shape[0])
+    if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t):
+        return
     step = np.empty((batch, 4 * hidden), dtype=A.dtype)
     product = np.empty((batch, hidden), dtype=A.dtype)
     scale, shift = _lstm_scale_shift(hidden, A.dtype)
@@ -148,8 +159,11 @@ def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
 
 def gru_forward(A, h0, hs, hn, w_hh_t, b_hn) -> None:
     """``n = tanh(A_n + r (h W_hn^T + b_hn))``, ``h' = n + z (h - n)``, gates (r, z, n); fills ``hs``
-    and ``hn`` with ``h W_hn^T + b_hn``."""
+    and ``hn`` with ``h W_hn^T + b_hn`` (in one native call where ``recurrence_native`` has the kernels)."""
     batch, hidden = h0.shape
+    kernels = native("GRU", A.dtype, hidden, A.shape[0])
+    if kernels is not None and kernels.forward(A, h0, hs, hn, w_hh_t, b_hn):
+        return
     halves = np.ones(3 * hidden, dtype=A.dtype)
     halves[: 2 * hidden] = 0.5
     w_hh_t = w_hh_t * halves
@@ -192,19 +206,20 @@ def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool, out=None):
     dH = _state_cotangent(layout, cot, 0)
     dC = _state_cotangent(layout, cot, 1) if mode == "LSTM" else None
     dz = _blocks(k(_part(out, layout.dz)), layout)
-    if mode == "LSTM":
-        tanh_c, g_tanh_c = saved(layout.extra), cot(layout.extra)
-        if g_tanh_c.any():
-            dC += g_tanh_c * (1 - tanh_c * tanh_c)
-        initial = lstm_backward(A, saved(layout.prev(1)), tanh_c, w_hh, dH, dC, eA, dz)
-    elif mode == "GRU":
-        g_hn = cot(layout.extra)
-        dz_hh = _blocks(k(_part(out, layout.dz_hh)), layout)
-        hn = saved(layout.extra)
-        g_hn = g_hn if g_hn.any() else None
-        initial = (gru_backward(A, saved(layout.prev(0)), hn, w_hh, dH, eA, g_hn, dz, dz_hh),)
-    else:
-        initial = (rnn_backward(A, w_hh, dH, eA, mode == "RNN_RELU", dz),)
+    with small_products(step_macs(batch, w_hh)):
+        if mode == "LSTM":
+            tanh_c, g_tanh_c = saved(layout.extra), cot(layout.extra)
+            if g_tanh_c.any():
+                dC += g_tanh_c * (1 - tanh_c * tanh_c)
+            initial = lstm_backward(A, saved(layout.prev(1)), tanh_c, w_hh, dH, dC, eA, dz)
+        elif mode == "GRU":
+            g_hn = cot(layout.extra)
+            dz_hh = _blocks(k(_part(out, layout.dz_hh)), layout)
+            hn = saved(layout.extra)
+            g_hn = g_hn if g_hn.any() else None
+            initial = (gru_backward(A, saved(layout.prev(0)), hn, w_hh, dH, eA, g_hn, dz, dz_hh),)
+        else:
+            initial = (rnn_backward(A, w_hh, dH, eA, mode == "RNN_RELU", dz),)
     for s, grad in enumerate(initial):
         row = k(_part(out, layout.initial(s)))
         row[0], row[1:] = grad + cot(layout.prev(s))[0], 0
@@ -246,8 +261,13 @@ def rnn_backward(A, w_hh, dH, eA, relu: bool, dz):
 
 
 def lstm_backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
-    """Backward through time of ``lstm_forward``; returns (dh0, dc0)."""
+    """Backward through time of ``lstm_forward``; returns (dh0, dc0) (in one native call where
+    ``recurrence_native`` has the kernels)."""
     steps, batch, _, hidden = A.shape
+    kernels = native("LSTM", A.dtype, hidden, A.shape[0])
+    initial = None if kernels is None else kernels.backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz)
+    if initial is not None:
+        return initial
     i, f, g, o = A[:, :, 0], A[:, :, 1], A[:, :, 2], A[:, :, 3]
     # What each step multiplies the incoming gradients by, for all steps at once:
     # dz_o = dh * by_h, dc += dh * to_c, dz_(i, f, g) = dc * by_c.
@@ -287,8 +307,13 @@ def lstm_backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
 
 def gru_backward(A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh):
     """Backward through time of ``gru_forward``: fills ``dz`` and ``dz_hh`` (they differ in the n
-    block, which r scales); ``g_hn``: the cotangent of ``hn`` or None. Returns dh0."""
+    block, which r scales); ``g_hn``: the cotangent of ``hn`` or None. Returns dh0 (in one native call
+    where ``recurrence_native`` has the kernels)."""
     steps, batch, _, hidden = A.shape
+    kernels = native("GRU", A.dtype, hidden, A.shape[0])
+    dh = None if kernels is None else kernels.backward(A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh)
+    if dh is not None:
+        return dh
     r, z, n = A[:, :, 0], A[:, :, 1], A[:, :, 2]
     by_n = (1 - z) * (1 - n * n)  # dz_n = dh * by_n
     by_z = (h_prev - n) * z * (1 - z)  # dz_z = dh * by_z

@@ -1,0 +1,206 @@
+"""The native LSTM and GRU recurrences (``recurrence.py``, ``recurrence_gru.py``) compiled, cached
+and called on numpy arrays.
+
+``LSTMKernels.build(dtype, hidden)`` (``GRUKernels``) compiles the forward and backward functions
+for one dtype and hidden size -- or loads them from the disk cache of compiled kernels, keyed on
+their IR, the host and kiln's code generator -- and its ``forward``/``backward`` take the arrays
+of ``recurrence_numpy.lstm_forward``/``lstm_backward`` (``gru_forward``/``gru_backward``). They
+return False/None (and write nothing) for arrays they do not take: another dtype or hidden size,
+a row that is not one contiguous block, rows that overlap; the caller runs numpy then.
+
+Each call hands the native function this process's ``cblas_?gemm`` and runs on one BLAS thread
+(``threads.run_blas_product``): a step's product (16 x 128 @ 128 x 512 in an LSTM LM) is too small
+to gain from a second.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable
+
+import numpy as np
+
+from ...ir.dtypes import DType, from_numpy_dtype
+from ...ir.primitives.recurrence_numpy import scratch
+from ...runtime import threads
+from ...runtime.cache import cache_key, source_digest
+from ..core import Unsupported
+from . import engine, host, kernel_cache
+from .recurrence import BACKWARD, FORWARD, backward_ir, forward_ir, symbol
+from .recurrence_gru import GRU_BACKWARD, GRU_FORWARD, gru_backward_ir, gru_forward_ir
+
+_KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+#: Bump when the functions' signature or slots change.
+FORMAT = 1
+
+
+def _objects(texts: list[str]) -> list[bytes]:
+    """Object code of each LLVM module, from the disk cache of compiled kernels where it is there."""
+    cache = kernel_cache.kernel_cache()
+    keys = [cache_key("kiln lstm", str(FORMAT), source_digest("ir", "codegen", "runtime"), host.signature(),
+                      f"O{engine.OPT_LEVEL}", text) for text in texts]  # fmt: skip
+    found = [cache.get(key) if cache.enabled else None for key in keys]
+    missing = [k for k, code in enumerate(found) if code is None]
+    compiled = engine.compile_many([texts[k] for k in missing]) if missing else []
+    for k, code in zip(missing, compiled, strict=True):
+        found[k] = code
+        if cache.enabled:
+            cache.put(keys[k], code)
+    return [code for code in found if code is not None]
+
+
+def _rows(a: np.ndarray, lead: int, width: int) -> tuple[int, int, int] | None:
+    """(address, step stride, row stride) in elements of ``a``, whose first ``lead`` axes (1: rows;
+    2: steps and rows) index rows of ``width`` contiguous elements; None where they are not, or
+    where rows overlap (a product reads a row block with the row stride as its leading dimension)."""
+    item = a.itemsize
+    expected = item
+    for size, stride in zip(reversed(a.shape[lead:]), reversed(a.strides[lead:]), strict=True):
+        if size != 1 and stride != expected:
+            return None
+        expected *= size
+    if a.ctypes.data % item or any(s % item for s in a.strides[:lead]):
+        return None
+    rows = a.shape[lead - 1]
+    row_stride = a.strides[lead - 1] // item if rows > 1 else width
+    if row_stride < width:
+        return None
+    step_stride = a.strides[0] // item if lead == 2 and a.shape[0] > 1 else 0
+    return a.ctypes.data, step_stride, row_stride
+
+
+class _Kernels:
+    """The functions of one recurrence, dtype and hidden size, loaded (see the module docs)."""
+
+    GATES = 4
+    #: function name (``symbol``'s direction) -> its IR generator over (dtype, hidden, index bits)
+    FUNCTIONS: dict[str, Callable[[DType, int, int], str]] = {}
+
+    def __init__(self, dtype: np.dtype, hidden: int, library: engine.Library, gemm: int, bits: int) -> None:
+        self.dtype, self.hidden, self.gemm = dtype, hidden, gemm
+        self._library = library  # the functions live while it does
+        kiln_dtype = from_numpy_dtype(dtype)
+        self.functions = {name: _KERNEL(library.address(symbol(name, kiln_dtype, hidden, bits)))
+                          for name in self.FUNCTIONS}  # fmt: skip
+
+    @classmethod
+    def build(cls, dtype, hidden: int):
+        """Compile (or load) the functions; ``Unsupported`` where numpy's BLAS is not an OpenBLAS kiln finds."""
+        dtype = np.dtype(dtype)
+        found = threads.blas_gemm(dtype.char)
+        if found is None:
+            raise Unsupported(f"no cblas gemm for {dtype} in numpy's BLAS (the numpy kernel runs)")
+        gemm, bits = found
+        kiln_dtype = from_numpy_dtype(dtype)
+        texts = [make(kiln_dtype, hidden, bits) for make in cls.FUNCTIONS.values()]
+        return cls(dtype, hidden, engine.Library(_objects(texts)), gemm, bits)
+
+    def _takes(self, hidden: int, *arrays: np.ndarray | None) -> bool:
+        return hidden == self.hidden and all(a is None or a.dtype == self.dtype for a in arrays)
+
+    def _run(self, name: str, slots: list[int], batch: int) -> None:
+        params = np.array(slots, dtype=np.int64)
+        macs = batch * self.GATES * self.hidden * self.hidden  # of each step's product
+        threads.run_blas_product(self.functions[name], macs, params.ctypes.data, self.gemm)
+
+
+def _found(*rows: tuple[int, int, int] | None) -> list[int] | None:
+    """The slots of ``_rows``' results, or None where any array was not taken."""
+    if any(r is None for r in rows):
+        return None
+    return [value for r in rows for value in r]  # type: ignore[union-attr]
+
+
+class LSTMKernels(_Kernels):
+    """``lstm_forward`` and ``lstm_backward`` (``recurrence.py``)."""
+
+    GATES = 4
+    FUNCTIONS = {
+        "lstm_forward": forward_ir,
+        "lstm_backward": functools.partial(backward_ir, with_tangents=False),
+        "lstm_backward_tangents": functools.partial(backward_ir, with_tangents=True),
+    }
+
+    def forward(self, A, h0, c0, hs, cs, tanh_c, w_hh_t) -> bool:
+        """``lstm_forward``'s work (True), or nothing (False: arrays this kernel does not take)."""
+        steps, batch, _, hidden = A.shape
+        if not self._takes(hidden, A, h0, c0, hs, cs, tanh_c, w_hh_t):
+            return False
+        if steps == 0:
+            return True
+        found = _found(_rows(A, 2, 4 * hidden), _rows(h0, 1, hidden), _rows(c0, 1, hidden), _rows(hs, 2, hidden),
+                       _rows(cs, 2, hidden), _rows(tanh_c, 2, hidden))  # fmt: skip
+        if found is None:
+            return False
+        w_hh = np.ascontiguousarray(w_hh_t.T)  # a view of the weight, as the callers pass it
+        step = scratch("rnn.native_step", (batch, 4 * hidden), A.dtype)
+        slots = [steps, batch, *found, w_hh.ctypes.data, step.ctypes.data]
+        assert len(slots) == len(FORWARD)
+        self._run("lstm_forward", slots, batch)
+        return True
+
+    def backward(self, A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
+        """``lstm_backward``'s (dh0, dc0) with ``dz`` filled, or None (arrays this kernel does not take)."""
+        steps, batch, _, hidden = A.shape
+        if steps == 0 or not self._takes(hidden, A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
+            return None
+        width = 4 * hidden
+        found = _found(_rows(A, 2, width), _rows(c_prev, 2, hidden), _rows(tanh_c, 2, hidden), _rows(dH, 2, hidden),
+                       _rows(dC, 2, hidden), _rows(A if eA is None else eA, 2, width), _rows(dz, 2, width))  # fmt: skip
+        if found is None:
+            return None
+        w_hh = np.ascontiguousarray(w_hh)
+        dh, dc = np.array(dH[-1], order="C"), np.array(dC[-1], order="C")
+        slots = [steps, batch, *found, w_hh.ctypes.data, dh.ctypes.data, dc.ctypes.data]
+        assert len(slots) == len(BACKWARD)
+        self._run("lstm_backward" if eA is None else "lstm_backward_tangents", slots, batch)
+        return dh, dc
+
+
+class GRUKernels(_Kernels):
+    """``gru_forward`` and ``gru_backward`` (``recurrence_gru.py``)."""
+
+    GATES = 3
+    FUNCTIONS = {
+        "gru_forward": gru_forward_ir,
+        **{"gru_backward" + ("_tangents" if tangents else "") + ("_g_hn" if g_hn else ""):
+           functools.partial(gru_backward_ir, with_tangents=tangents, with_g_hn=g_hn)
+           for tangents in (False, True) for g_hn in (False, True)},
+    }  # fmt: skip
+
+    def forward(self, A, h0, hs, hn, w_hh_t, b_hn) -> bool:
+        """``gru_forward``'s work (True), or nothing (False: arrays this kernel does not take)."""
+        steps, batch, _, hidden = A.shape
+        if not self._takes(hidden, A, h0, hs, hn, w_hh_t, b_hn):
+            return False
+        if steps == 0:
+            return True
+        found = _found(_rows(A, 2, 3 * hidden), _rows(h0, 1, hidden), _rows(hs, 2, hidden), _rows(hn, 2, hidden))
+        if found is None:
+            return False
+        w_hh, b_hn = np.ascontiguousarray(w_hh_t.T), np.ascontiguousarray(b_hn)
+        step = scratch("rnn.native_step", (batch, 3 * hidden), A.dtype)
+        slots = [steps, batch, *found, w_hh.ctypes.data, b_hn.ctypes.data, step.ctypes.data]
+        assert len(slots) == len(GRU_FORWARD)
+        self._run("gru_forward", slots, batch)
+        return True
+
+    def backward(self, A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh):
+        """``gru_backward``'s dh0 with ``dz`` and ``dz_hh`` filled, or None (arrays this kernel does not take)."""
+        steps, batch, _, hidden = A.shape
+        if steps == 0 or not self._takes(hidden, A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh):
+            return None
+        width = 3 * hidden
+        found = _found(_rows(A, 2, width), _rows(h_prev, 2, hidden), _rows(hn, 2, hidden), _rows(dH, 2, hidden),
+                       _rows(A if eA is None else eA, 2, width), _rows(hn if g_hn is None else g_hn, 2, hidden),
+                       _rows(dz, 2, width), _rows(dz_hh, 2, width))  # fmt: skip
+        if found is None:
+            return None
+        w_hh = np.ascontiguousarray(w_hh)
+        dh = np.array(dH[-1], order="C")
+        slots = [steps, batch, *found, w_hh.ctypes.data, dh.ctypes.data]
+        assert len(slots) == len(GRU_BACKWARD)
+        name = "gru_backward" + ("_tangents" if eA is not None else "") + ("_g_hn" if g_hn is not None else "")
+        self._run(name, slots, batch)
+        return dh

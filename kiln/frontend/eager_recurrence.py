@@ -1,0 +1,62 @@
+"""The native LSTM and GRU recurrences (``kiln/codegen/llvm/recurrence*.py``) behind the numpy kernels.
+
+Importing this installs the provider of ``kiln.ir.primitives.recurrence_native``: the eager layers
+(``nn/_rnn.py``) and compiled programs' ``rnn_scan``/``rnn_scan_backward`` call
+``recurrence_numpy``'s ``lstm_*``/``gru_*`` kernels, which ask it for the native kernels of their
+mode, dtype and hidden size. It compiles them once per (mode, dtype, hidden) -- the steps and the
+batch are arguments -- in ``eager_kernels``' background thread (so under its switch:
+``KILN_EAGER_KERNELS=0`` keeps numpy, ``=sync`` compiles in the caller's thread), kept in its
+in-memory cache and in the disk cache of compiled kernels; numpy runs until they are ready. A
+compile that fails leaves that key on numpy, said once (``eager_kernels``). It also lends the numpy
+kernels (an Elman RNN's; an LSTM's or GRU's while theirs compile) ``threads.SmallProducts``: their
+per-step products on one BLAS thread.
+
+Measured (LSTM, H=128, B=16, T=35, float32, one BLAS thread, medians over 200 alternating calls
+on the shared 2-core machine): forward 0.96 ms against numpy's 1.39 ms, backward 0.93 ms against
+1.49 ms.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import cast
+
+import numpy as np
+
+from ..ir.primitives import recurrence_native
+from ..runtime.threads import SmallProducts
+from . import eager_kernels
+
+#: The eager-kernel cache's name of each mode's kernels (its warnings say it).
+NAMES = {"LSTM": "lstm recurrence", "GRU": "gru recurrence"}
+
+
+def _compile(mode: str, dtype: np.dtype, hidden: int) -> eager_kernels.Entry:
+    from ..codegen.core import Unsupported  # noqa: PLC0415 - the code generator loads only when first needed
+    from ..codegen.llvm.recurrence_call import GRUKernels, LSTMKernels  # noqa: PLC0415
+
+    start = time.perf_counter()
+    try:
+        kernels = (LSTMKernels if mode == "LSTM" else GRUKernels).build(dtype, hidden)
+    except Unsupported as error:
+        return eager_kernels.Entry(reason=str(error))
+    except Exception as error:  # noqa: BLE001 - any failure leaves the recurrence on numpy, said once
+        return eager_kernels.Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
+    # The cache's entries hold programs; this one holds the kernels object (``native`` reads it back).
+    return eager_kernels.Entry(program=cast(Callable[[list], list], kernels), seconds=time.perf_counter() - start)
+
+
+def native(mode: str, dtype: np.dtype, hidden: int) -> recurrence_native.Kernels | None:
+    """The native kernels of ``mode``, ``dtype`` and ``hidden`` when ready; None (numpy runs) while they
+    compile, when they failed, for another mode or dtype, or with eager kernels off."""
+    name = NAMES.get(mode)
+    if name is None or not eager_kernels.enabled() or dtype.char not in "fd":
+        return None
+    entry = eager_kernels.ready(name, (name, dtype.char, hidden), functools.partial(_compile, mode, dtype, hidden))
+    return None if entry is None else cast(recurrence_native.Kernels, entry.program)
+
+
+# with the BLAS thread rule for the numpy kernels' per-step products (eager kernels on or off)
+recurrence_native.install(native, SmallProducts)
