@@ -16,8 +16,10 @@ import math
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
+from kiln.frontend.dispatch import apply
 from kiln.frontend.ops.leaky_relu import leaky_relu_eager
 from kiln.frontend.ops.linear import linear_eager
+from kiln.ir.primitives import P
 
 from ._activation import (
     celu,
@@ -276,12 +278,16 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float =
         raise NotImplementedError("embedding: max_norm, scale_grad_by_freq and sparse are not supported")
     if input.dtype.is_floating_point or input.dtype == kiln.bool:
         raise RuntimeError(f"embedding: expected integer indices (int64 or int32), got {input.dtype}")
+    if weight.ndim != 2:
+        raise RuntimeError(f"embedding: 'weight' must be 2-D (num_embeddings, dim), got shape {list(weight.shape)}")
     num, dim = weight.shape
     index = input.reshape(-1).to(kiln.int64)
-    # index_select checks the same index with the same bounds: compiled, one check remains (this one).
     message = f"embedding: index out of range in self (got {{value}}; indices must be in [0, {num - 1}])"
     kiln.jit.check_range(index, 0, num, IndexError, message)
-    rows = kiln.index_select(weight, 0, index).reshape(*input.shape, dim)
+    # The rows by the take primitive itself: index_select would check the index again and move
+    # dim 0 to the front and back (views, but an autograd node each), 31 -> 18 us of a GPT's
+    # token lookup, (8, 64) ids into (256, 128), forward only.
+    rows = apply(P["take"], weight, index).reshape(*input.shape, dim)
     if padding_idx is None:
         return rows
     if not -num <= padding_idx < num:
