@@ -75,7 +75,7 @@ TRIALS = 3
 #: The composite ops whose eager calls run compiled programs (``eager_composites``): each measured
 #: faster compiled, forward and backward.
 COMPOSITES_ON = ("softmax", "log_softmax", "layer_norm", "batch_norm", "group_norm", "cross_entropy", "max_pool2d",
-                 "avg_pool2d", "gelu")  # fmt: skip
+                 "avg_pool2d", "gelu", "scaled_dot_product_attention")  # fmt: skip
 #: The dtypes of the arrays a routed primitive compiles for (others, float16 for one, stay on numpy).
 _DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.int64, np.int32, np.bool_))
 

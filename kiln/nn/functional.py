@@ -17,6 +17,7 @@ import math
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
 from kiln.frontend.dispatch import apply
+from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.ops.leaky_relu import leaky_relu_eager
 from kiln.frontend.ops.linear import linear_eager
 from kiln.ir.primitives import P
@@ -331,6 +332,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             f"{list(query.shape)}, {list(key.shape)} and {list(value.shape)}"
         )
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    if dropout_p > 0.0:  # random: eager, on the generator's stream
+        weights = dropout(_attention_weights(query, key, attn_mask, is_causal, scale), dropout_p, generator=generator)
+        return kiln.matmul(weights, value)
+    return _attention(query, key, value, attn_mask, is_causal, scale)
+
+
+@compiled_composite("scaled_dot_product_attention")
+def _attention(query, key, value, attn_mask, is_causal: bool, scale: float) -> kiln.Tensor:
+    """Attention without dropout: eager calls run one compiled program (``eager_composites``), the
+    scale, mask and softmax one kernel between the two products, and its compiled backward (a GPT's
+    (8, 4, 64, 32) causal heads, forward and backward, one thread: 1.8 -> 1.1 ms; PyTorch 1.0 ms)."""
+    return kiln.matmul(_attention_weights(query, key, attn_mask, is_causal, scale), value)
+
+
+def _attention_weights(query, key, attn_mask, is_causal: bool, scale: float) -> kiln.Tensor:
+    """softmax(q k^T * scale + mask) over the keys."""
     scores = kiln.matmul(query, key.transpose(-2, -1)) * scale
     if is_causal:
         length, source = query.shape[-2], key.shape[-2]
@@ -341,10 +358,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
             scores = kiln.where(attn_mask, scores, -math.inf)
         else:
             scores = scores + attn_mask
-    weights = kiln.softmax(scores, dim=-1)
-    if dropout_p > 0.0:
-        weights = dropout(weights, dropout_p, generator=generator)
-    return kiln.matmul(weights, value)
+    return kiln.softmax(scores, dim=-1)
 
 
 def one_hot(tensor, num_classes: int = -1) -> kiln.Tensor:
