@@ -14,18 +14,26 @@ import kiln
 from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.opmath import in_float32
 
-from ._batch_norm import ARRAYS_BELOW, training_batch_norm, update_running_statistics
+from ._batch_norm import ARRAYS_BELOW, moments, training_batch_norm, update_running_statistics
 from ._utils import check_tensor
 
 __all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm"]
 
 
 def _normalize(x: kiln.Tensor, dims: tuple[int, ...], eps: float) -> tuple[kiln.Tensor, kiln.Tensor, kiln.Tensor]:
-    """(x - mean) / sqrt(var + eps) over ``dims``, with the mean and biased variance (keepdim).
+    """(x - mean) / sqrt(var + eps) over ``dims``, with the mean and biased variance (keepdim), the
+    deviations centered twice (``_batch_norm.moments`` says why). Eagerly, ``moments``' fewest
+    ops (each a pass over memory; the traced form's took 0.88 -> 1.07 ms forward and backward on
+    (512, 128) rows); traced, the form whose compiled backward sums its rows in one pass."""
+    if kiln.jit.is_tracing():
+        return _normalize_traced(x, dims, eps)
+    centered, r, mean, var = moments(x, dims, eps)
+    return centered * r, mean, var
 
-    The deviations are centered twice, as ``_batch_norm.moments`` says why. The values are those
-    of ``moments``; the form is chosen for the backward (see ``_zero_mean_terms``).
-    """
+
+def _normalize_traced(x: kiln.Tensor, dims: tuple[int, ...], eps: float):
+    """``_normalize``'s values (those of ``moments``) in the form chosen for the compiled backward:
+    see ``_zero_mean_terms``."""
     mean = x.mean(dim=dims, keepdim=True)
     fixed = mean.detach()
     deviation = x - fixed
