@@ -21,10 +21,41 @@ __all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm"
 
 
 def _normalize(x: kiln.Tensor, dims: tuple[int, ...], eps: float) -> tuple[kiln.Tensor, kiln.Tensor, kiln.Tensor]:
-    """(x - mean) / sqrt(var + eps) over ``dims``, with the mean and biased variance (keepdim),
-    from ``moments`` (which says how the deviations are centered)."""
+    """(x - mean) / sqrt(var + eps) over ``dims``, with the mean and biased variance (keepdim), the
+    deviations centered twice (``_batch_norm.moments`` says why). Eagerly, ``moments``' fewest
+    ops (each a pass over memory; the traced form's took 0.88 -> 1.07 ms forward and backward on
+    (512, 128) rows); traced, the form whose compiled backward sums its rows in one pass."""
+    if kiln.jit.is_tracing():
+        return _normalize_traced(x, dims, eps)
     centered, r, mean, var = moments(x, dims, eps)
     return centered * r, mean, var
+
+
+def _normalize_traced(x: kiln.Tensor, dims: tuple[int, ...], eps: float):
+    """``_normalize``'s values (those of ``moments``) in the form chosen for the compiled backward:
+    see ``_zero_mean_terms``."""
+    mean = x.mean(dim=dims, keepdim=True)
+    fixed = mean.detach()
+    deviation = x - fixed
+    drift = deviation.mean(dim=dims, keepdim=True).detach()
+    centered = deviation - drift
+    zero = mean - fixed
+    var = (centered * centered).mean(dim=dims, keepdim=True) + _zero_mean_terms(centered, zero, dims)
+    return (centered - zero) * kiln.rsqrt(var + eps), mean + drift, var
+
+
+def _zero_mean_terms(centered: kiln.Tensor, zero: kiln.Tensor, dims: tuple[int, ...]) -> kiln.Tensor:
+    """``mean((centered - zero)^2) - mean(centered^2)``: zero in value, where ``zero = mean - mean.detach()``.
+
+    ``centered`` is taken from the mean and drift held constant, so its gradient is the identity;
+    ``zero`` carries the mean's. Autograd through ``centered = x - mean`` gave a backward of three
+    row sums, each waiting for the one before (the mean's gradient removes the mean of a gradient
+    that the variance's sum made). Here its two row sums -- of the gradient, and of the gradient
+    times the deviations -- read only saved values, one pass together, as a hand-written
+    LayerNorm backward's do (layer_norm of (512, 128) rows, forward and backward compiled, one
+    thread: 165 -> 145 us). These terms keep the gradient of the gradient exact too: without them
+    the variance's second derivative missed the mean's part."""
+    return zero * zero - 2 * zero * centered.mean(dim=dims, keepdim=True)
 
 
 def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor:

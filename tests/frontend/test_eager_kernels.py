@@ -274,6 +274,7 @@ def _composite_cases(rng):
         "max_pool2d": (lambda x: F.max_pool2d(x, 3, 2, 1), [f(4, 5, 18, 18)]),
         "avg_pool2d": (lambda x: F.avg_pool2d(x, 2), [f(4, 5, 18, 18)]),
         "gelu": (lambda x: F.gelu(x, approximate="tanh"), [f(8, 16, 64)]),
+        "scaled_dot_product_attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), [f(2, 3, 16, 8), f(2, 3, 16, 8), f(2, 3, 16, 8)]),
     }  # fmt: skip
 
 

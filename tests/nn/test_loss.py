@@ -156,3 +156,28 @@ def test_binary_cross_entropy_compiled_gradient_equals_eager():
         x = kiln.tensor(np.array([-120.0, 120.0, 0.5 * i, -1.0], dtype=np.float32))
         t = kiln.tensor(np.array([1.0, 0.0, 1.0, 0.5], dtype=np.float32))
         assert_close(f(x, t), grad_of(x, t), rtol=1e-6, atol=1e-6)
+
+
+def test_cross_entropy_compiled_writes_no_log_softmax_and_its_backward_sums_nothing(torch):
+    """Against class indices only the targets' log-probabilities count: compiled, the forward
+    writes one array of the logits' size (the exponentials the backward reads; the log_softmax
+    was a second) and the backward is softmax minus the one-hot, with no sum over the classes."""
+    x = kiln.tensor(rng.normal(size=(16, 10)).astype(np.float32) * 300.0, requires_grad=True)  # exp would overflow
+    target = kiln.tensor(rng.integers(0, 10, size=16))
+
+    def fn(x, t):
+        return F.cross_entropy(x, t)
+
+    (spec,) = kiln.explain(fn, x, target).specializations
+    full = [v for n in spec.graph.nodes for v in n.outputs if tuple(v.type.shape) == (16, 10)]
+    assert len(full) == 1, full
+    assert not [n for n in spec.backward.graph.nodes for b in n.bodies for m in b.nodes if m.op == "reduce_sum"]
+    compiled = kiln.compile(fn)
+    (eager_grad,) = kiln.autograd.grad(fn(x, target), (x,))
+    (compiled_grad,) = kiln.autograd.grad(compiled(x, target), (x,))
+    t = torch.tensor(x.detach().numpy(), requires_grad=True)
+    loss = torch.nn.functional.cross_entropy(t, torch.tensor(target.numpy()))
+    loss.backward()
+    assert compiled(x, target).item() == pytest.approx(loss.item(), rel=1e-6)
+    for grad in (eager_grad, compiled_grad):
+        np.testing.assert_allclose(grad.numpy(), t.grad.numpy(), rtol=1e-5, atol=1e-7)

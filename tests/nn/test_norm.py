@@ -128,3 +128,67 @@ def test_norms_gradcheck():
     (w2,) = leaves(rng.normal(size=(4, 2)))
     assert kiln.autograd.gradcheck(lambda a, c: F.layer_norm(a, (4, 2), c), (x, w2))
     assert kiln.autograd.gradgradcheck(lambda a: F.layer_norm(a, (2,)), (x,))
+
+
+def _longest_chain_of_sums(graph, depth: dict | None = None) -> int:
+    """The most ``reduce_sum`` nodes on one path through ``graph`` (kernel bodies included): each
+    sum waits for the one before it, so a kernel runs one pass over its rows per link."""
+    depth = {} if depth is None else depth
+    for node in graph.nodes:
+        for body in node.bodies:
+            _longest_chain_of_sums(body, depth)
+        if not node.bodies:
+            links = max((depth.get(v.id, 0) for v in node.inputs), default=0) + (node.op == "reduce_sum")
+            for out in node.outputs:
+                depth[out.id] = links
+    return max((depth.get(v.id, 0) for v in graph.outputs), default=0)
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "group_norm"])
+def test_the_compiled_norm_backward_sums_its_rows_in_one_pass(norm):
+    """The backward's two row sums (of the gradient, and of the gradient times the deviations) read
+    only saved values, as a hand-written backward's do; autograd through the twice-centered
+    deviations chained three, each waiting for the last (layer_norm on (512, 128): 165 -> 145 us)."""
+    x, w, b = leaves(rng.normal(size=(4, 6, 8)), rng.normal(size=6), rng.normal(size=6), dtype=np.float32)
+
+    def fn(x, w, b):
+        if norm == "layer_norm":
+            return F.layer_norm(x.transpose(1, 2), (6,), w, b)
+        return F.group_norm(x, 2, w, b)
+
+    (spec,) = kiln.explain(fn, x, w, b).specializations
+    assert _longest_chain_of_sums(spec.backward.graph) == 1
+    compiled = kiln.compile(fn)
+    g = kiln.tensor(rng.normal(size=tuple(fn(x, w, b).shape)).astype(np.float32))
+    found = [kiln.autograd.grad(f(x, w, b), (x, w, b), g) for f in (compiled, fn)]
+    for got, expected in zip(*found, strict=True):
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_the_traced_form_has_the_eager_values_and_exact_second_derivatives():
+    """The form a trace takes (``_normalize_traced``), run eagerly: the eager form's values and
+    gradients, and gradients of gradients (its zero terms restore the mean's part there). Eagerly
+    ``_normalize`` keeps ``moments``' form: 13 ops against the traced form's 22, each a pass."""
+    from kiln.nn._norm import _normalize, _normalize_traced
+
+    x, w = leaves(rng.normal(size=(3, 4, 5)), rng.normal(size=5))
+    for got, want in zip(_normalize_traced(x, (2,), 1e-3), _normalize(x, (2,), 1e-3), strict=True):
+        np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-12, atol=1e-12)
+    assert kiln.autograd.gradcheck(lambda a, b: _normalize_traced(a, (2,), 1e-3)[0] * b, (x, w))
+    assert kiln.autograd.gradgradcheck(lambda a, b: _normalize_traced(a, (1, 2), 1e-3)[0] * b, (x, w))
+    with kiln.profiler.profile() as prof:
+        _normalize(x, (2,), 1e-3)
+    assert len([e for e in prof.events() if e.cat == "op"]) <= 13
+
+
+def test_layer_norm_gradient_of_nearly_constant_rows_in_float32(torch):
+    """Rows whose spread is 1e-6 of their mean: the float32 gradient still matches float64's, the
+    deviations centered twice (``_batch_norm.moments``) while the drift is held constant."""
+    x = (1000.0 + 1e-3 * rng.normal(size=(6, 16))).astype(np.float32).astype(np.float64)  # float32's values
+    w, g = rng.normal(size=16), rng.normal(size=(6, 16))
+    (k,) = leaves(x, dtype=np.float32)
+    F.layer_norm(k, (16,), kiln.tensor(w.astype(np.float32)), eps=0.0).backward(kiln.tensor(g.astype(np.float32)))
+    t = torch.tensor(x, requires_grad=True)
+    torch.nn.functional.layer_norm(t, (16,), torch.tensor(w), eps=0.0).backward(torch.tensor(g))
+    scale = np.abs(t.grad.numpy()).max()
+    np.testing.assert_allclose(k.grad.numpy(), t.grad.numpy(), rtol=0, atol=2e-3 * scale)
