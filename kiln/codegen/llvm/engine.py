@@ -122,7 +122,7 @@ def compile_many(ir_texts: list[str], timeout: float | None = None) -> list[byte
     each module counts as one compile, towards ``IN_PROCESS_COMPILES`` and the worker's
     ``WORKER_COMPILES``. ``RuntimeError`` when LLVM fails on any of them."""
     global _compiles
-    from . import worker  # noqa: PLC0415
+    from . import worker, worker_pool  # noqa: PLC0415
 
     if not ir_texts:
         return []
@@ -130,24 +130,26 @@ def compile_many(ir_texts: list[str], timeout: float | None = None) -> list[byte
         raise worker.CompileTimeout("the compile's time was spent before LLVM started")
     with _lock:
         _compiles += len(ir_texts)
-        if (timeout is not None or _compiles > worker.IN_PROCESS_COMPILES) and not worker.WORKER.broken:
-            try:
-                return worker.WORKER.compile_many(ir_texts, timeout)
-            except OSError as error:
-                worker.WORKER.broken = True
-                logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
+        outside = (timeout is not None or _compiles > worker.IN_PROCESS_COMPILES) and not worker.WORKER.broken
+    if outside:  # the workers serve one thread each: no lock here, so two threads compile at once
+        try:
+            return worker_pool.compile_in_workers(ir_texts, timeout)
+        except OSError as error:
+            worker.WORKER.broken = True
+            logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
+    with _lock:
         return [target_machine().emit_object(_optimized(text)) for text in ir_texts]
 
 
 def start_worker() -> None:
-    """Start the compile worker process if it is not running (it loads in the background); the
-    next ``compile_ir`` with a time limit then finds it ready."""
-    from . import worker  # noqa: PLC0415
+    """Start the compile worker processes that are not running (they load in the background); the
+    next ``compile_ir`` with a time limit then finds them ready."""
+    from . import worker, worker_pool  # noqa: PLC0415
 
     with _lock:
         if not worker.WORKER.broken:
             try:
-                worker.WORKER.start()
+                worker_pool.start_all()
             except OSError as error:
                 worker.WORKER.broken = True
                 logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
