@@ -93,6 +93,7 @@ class LLVMBackend:
             engine.start_worker()
 
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
+        start = time.perf_counter()
         kernels: dict[int, KernelInfo] = {}
         batch = _Batch(kernel_cache.kernel_cache())
         for position, node in enumerate(lowered.graph.nodes):
@@ -112,7 +113,16 @@ class LLVMBackend:
                 _failed(report, node, "the LLVM code generator failed", error)
             else:
                 kernels[position] = info
+        generated = time.perf_counter()
         objects = batch.compile(report, lowered.deadline)
+        light_modules = sum(light(info) for _, info, _, _ in batch.pending)
+        report.generate_seconds = [
+            (
+                f"kernel code ({len(batch.known)} distinct, {len(batch.cached)} from the kernel cache)",
+                generated - start,
+            ),
+            (f"LLVM ({len(batch.pending)} modules, {light_modules} light)", time.perf_counter() - generated),
+        ]
         if report.abandoned:
             kernels.clear()
         kernels = {p: info for p, info in kernels.items() if info.symbol not in batch.failed}

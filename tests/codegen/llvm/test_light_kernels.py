@@ -116,4 +116,11 @@ def test_compiled_results_equal_eager_whichever_kernels_are_light(modules, monke
     assert modules, "nothing was compiled"
     light = [text.startswith(engine.LIGHT) for text in modules]
     assert all(light) if below else not any(light)
-    assert program.state.specializations[-1].report.kernels == len(modules)
+    report = program.state.specializations[-1].report
+    assert report.kernels == len(modules)
+    # kiln.explain's timings split code generation: kiln's kernel code, then LLVM (and how many light)
+    (code, code_s), (llvm, llvm_s) = report.generate_seconds
+    assert code.startswith(f"kernel code ({len(modules)} distinct, 0 from the kernel cache)")
+    assert llvm == f"LLVM ({len(modules)} modules, {len(modules) if below else 0} light)"
+    assert 0 < code_s + llvm_s <= dict(report.stage_seconds)["generate (llvm)"]
+    assert any(line.startswith("code generation: kernel code") for line in report.describe())
