@@ -7,9 +7,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from kiln.codegen.llvm import engine, worker, worker_pool
+import kiln
+from kiln.codegen.llvm import engine, kernel_cache, worker, worker_pool
+from kiln.compiler import program_cache
+from kiln.runtime.cache import DiskCache
 
 
 def _module(i: int) -> str:
@@ -116,3 +120,29 @@ def test_a_pipe_closed_while_waiting_reads_as_a_dead_worker():
     finally:
         process.kill()
         process.wait()
+
+
+def test_background_compiles_through_the_two_workers_match_eager_across_the_switch(pair, tmp_path, monkeypatch):
+    off = DiskCache(tmp_path / "programs")
+    off.enabled = False
+    monkeypatch.setattr(program_cache, "disk_cache", lambda: off)
+    kernels = DiskCache(tmp_path / "kernels")
+    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: kernels)
+
+    def f(x):
+        return (x * 2.0).exp().sum(-1), (x - 1.0).tanh()
+
+    def g(x):
+        return (x.sin() + 3.0).log().mean(0), x.abs().amax(-1)
+
+    rng = np.random.default_rng(0)
+    inputs = [kiln.from_numpy(rng.standard_normal((6, 5)).astype(np.float32)) for _ in range(4)]
+    compiled = {fn: kiln.compile(fn, options=kiln.CompileOptions(wait=False)) for fn in (f, g)}
+    for i, x in enumerate(inputs):
+        if i == 2:  # the switch: both programs ready
+            assert all(c.wait_compiled(60) for c in compiled.values())
+        for fn, c in compiled.items():
+            for ours, theirs in zip(c(x), fn(x), strict=True):
+                np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+    assert all(c.state.specializations[0].calls == 2 for c in compiled.values())  # calls 3 and 4 ran compiled
+    assert sum(w._compiles for w in pair) >= 4 and not any(w.busy for w in pair)  # LLVM ran in the workers
