@@ -1,6 +1,7 @@
-"""Kernels of little work are optimized lightly (no loop unrolling: about half LLVM's time), larger
-ones and symbolic ones fully; either way the compiled results equal eager's over several calls, in
-this process and in the compile worker."""
+"""What LLVM is spared: kernels of little work are optimized lightly (no loop unrolling: about half
+LLVM's time), larger ones and symbolic ones fully, and no loop around a long loop is unrolled;
+either way the compiled code computes the same, and compiled results equal eager's over several
+calls, in this process and in the compile worker."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import ctypes
 
 import numpy as np
 import pytest
+from llvmlite import ir
 
 import kiln
-from kiln.codegen.llvm import backend, engine, kernel_cache, worker
+from kiln.codegen.llvm import backend, engine, kernel_cache, loops, worker
 from kiln.codegen.llvm.kernel_info import KernelInfo
 from kiln.compiler import program_cache
 from kiln.ir.types import Sym
@@ -124,3 +126,45 @@ def test_compiled_results_equal_eager_whichever_kernels_are_light(modules, monke
     assert llvm == f"LLVM ({len(modules)} modules, {len(modules) if below else 0} light)"
     assert 0 < code_s + llvm_s <= dict(report.stage_seconds)["generate (llvm)"]
     assert any(line.startswith("code generation: kernel code") for line in report.describe())
+
+
+def _row_sums(rows: int, length: int) -> str:
+    """LLVM IR of ``row_sums(p, out)``: out[i] = sum of p[i * length : (i + 1) * length], two loops
+    (the shape of a CNN's sum over a tensor's first and last axes, which LLVM unrolled 32 times over)."""
+    module = ir.Module("row_sums")
+    f32, ptr = ir.FloatType(), ir.PointerType()
+    function = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr, ptr]), "row_sums")
+    builder = ir.IRBuilder(function.append_basic_block("entry"))
+    acc = builder.alloca(f32)
+    p, out = function.args
+    with loops.for_range(builder, 0, rows, name="i") as i:
+        builder.store(f32(0.0), acc)
+        with loops.for_range(builder, 0, length, name="j", parallel=True, interleave=4) as j:  # as reductions do
+            at = builder.add(builder.mul(i, loops.i64(length)), j)
+            value = builder.load(builder.gep(p, [at], inbounds=True, source_etype=f32), typ=f32)
+            builder.store(builder.fadd(builder.load(acc, typ=f32), value, flags=("reassoc", "contract")), acc)
+        builder.store(builder.load(acc, typ=f32), builder.gep(out, [i], inbounds=True, source_etype=f32))
+    builder.ret_void()
+    return str(module)
+
+
+@pytest.mark.parametrize("length", [784, 8])
+def test_a_loop_around_a_long_loop_is_not_unrolled_and_sums_the_same(monkeypatch, length):
+    rows, long = 32, length >= loops.LONG_INNER
+    text = _row_sums(rows, length)
+    # loop properties on the inner loop's back edge (interleave, no unroll), and on the outer's when long
+    assert text.count("!llvm.loop !") == (2 if long else 1)
+    kept = engine.compile_here(text)
+    monkeypatch.setattr(loops, "LONG_INNER", 1 << 40)  # as before: every outer loop unrollable
+    unrollable = engine.compile_here(_row_sums(rows, length))
+    if long:
+        assert len(kept) < len(unrollable)  # not 32 copies of the inner loop
+    else:
+        assert kept == unrollable
+    values = np.random.default_rng(0).standard_normal(rows * length).astype(np.float32)
+    for objects in (kept, unrollable):
+        library = engine.Library([objects])
+        sums = np.zeros(rows, dtype=np.float32)
+        call = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(library.address("row_sums"))
+        call(values.ctypes.data, sums.ctypes.data)
+        np.testing.assert_allclose(sums, values.reshape(rows, length).sum(1), rtol=1e-5, atol=1e-5)
