@@ -66,6 +66,7 @@ class LoweringReport:
     memory: str = ""
     compile_seconds: float = 0.0
     stage_seconds: list[tuple[str, float]] = field(default_factory=list)  # every stage of the driver, timed
+    generate_seconds: list[tuple[str, float]] = field(default_factory=list)  # the parts of code generation, timed
     cache: str = "off"  # "hit" | "miss" | "off"
     abandoned: str = ""  # why code generation gave up (its deadline passed): such code is never cached
     loops: list[str] = field(default_factory=list)  # each loop node (trips, body size) and its body's report
@@ -75,6 +76,10 @@ class LoweringReport:
                  f"code generation {self.compile_seconds * 1e3:.1f} ms"]  # fmt: skip
         if self.stage_seconds:
             lines.append("stages: " + ", ".join(f"{name} {s * 1e3:.1f} ms" for name, s in self.stage_seconds))
+        if self.generate_seconds:
+            lines.append(
+                "code generation: " + ", ".join(f"{name} {s * 1e3:.1f} ms" for name, s in self.generate_seconds)
+            )
         if self.externs:
             lines.append(
                 "extern nodes (eager kernels): " + ", ".join(f"{k} x{v}" for k, v in sorted(self.externs.items()))

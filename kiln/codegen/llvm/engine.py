@@ -23,6 +23,13 @@ import llvmlite.binding as llvm
 logger = logging.getLogger("kiln")
 
 OPT_LEVEL = 3
+#: The first line of a module to optimize lightly: O3 without loop unrolling (vectorization and the
+#: vectorizer's interleaving stay). Unrolling roughly doubles LLVM's time on kiln's kernels (the
+#: optimizer and the code generator then work on several copies of each vectorized loop: DCGAN's
+#: 63 kernels 2.5 s -> 1.4 s, the CNN's 1.9 -> 1.1 s) and pays only on kernels with much work per
+#: call; the backend chooses per kernel (``backend.LIGHT_BELOW_BYTES``). A comment, so the module
+#: stays valid LLVM IR and the worker's protocol needs nothing new.
+LIGHT = "; kiln: light\n"
 
 _lock = threading.Lock()  # LLVM's global state (targets, contexts) is not thread safe
 
@@ -68,7 +75,7 @@ def data_layout() -> str:
     return str(target_machine().target_data)
 
 
-def _optimize(module: llvm.ModuleRef) -> None:
+def _optimize(module: llvm.ModuleRef, light: bool = False) -> None:
     # A pass builder per compile, on purpose. llvmlite (0.50) gives each pass builder a
     # PassInstrumentationCallbacks that nothing frees (about 70 KB: the names of every pass), so
     # each compile keeps that much; but a builder must not be reused: each run registers the
@@ -77,7 +84,7 @@ def _optimize(module: llvm.ModuleRef) -> None:
     options = llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL)
     options.loop_vectorization = True
     options.slp_vectorization = True
-    options.loop_unrolling = True
+    options.loop_unrolling = not light
     builder = llvm.create_pass_builder(target_machine(), options)
     builder.getModulePassManager().run(module, builder)
 
@@ -94,7 +101,7 @@ def _optimized(ir_text: str) -> llvm.ModuleRef:
     module = parse(ir_text)
     module.triple = triple()
     module.data_layout = data_layout()
-    _optimize(module)
+    _optimize(module, light=ir_text.startswith(LIGHT))
     return module
 
 
@@ -115,7 +122,7 @@ def compile_many(ir_texts: list[str], timeout: float | None = None) -> list[byte
     each module counts as one compile, towards ``IN_PROCESS_COMPILES`` and the worker's
     ``WORKER_COMPILES``. ``RuntimeError`` when LLVM fails on any of them."""
     global _compiles
-    from . import worker  # noqa: PLC0415
+    from . import worker, worker_pool  # noqa: PLC0415
 
     if not ir_texts:
         return []
@@ -123,24 +130,26 @@ def compile_many(ir_texts: list[str], timeout: float | None = None) -> list[byte
         raise worker.CompileTimeout("the compile's time was spent before LLVM started")
     with _lock:
         _compiles += len(ir_texts)
-        if (timeout is not None or _compiles > worker.IN_PROCESS_COMPILES) and not worker.WORKER.broken:
-            try:
-                return worker.WORKER.compile_many(ir_texts, timeout)
-            except OSError as error:
-                worker.WORKER.broken = True
-                logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
+        outside = (timeout is not None or _compiles > worker.IN_PROCESS_COMPILES) and not worker.WORKER.broken
+    if outside:  # the workers serve one thread each: no lock here, so two threads compile at once
+        try:
+            return worker_pool.compile_in_workers(ir_texts, timeout)
+        except OSError as error:
+            worker.WORKER.broken = True
+            logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
+    with _lock:
         return [target_machine().emit_object(_optimized(text)) for text in ir_texts]
 
 
 def start_worker() -> None:
-    """Start the compile worker process if it is not running (it loads in the background); the
-    next ``compile_ir`` with a time limit then finds it ready."""
-    from . import worker  # noqa: PLC0415
+    """Start the compile worker processes that are not running (they load in the background); the
+    next ``compile_ir`` with a time limit then finds them ready."""
+    from . import worker, worker_pool  # noqa: PLC0415
 
     with _lock:
         if not worker.WORKER.broken:
             try:
-                worker.WORKER.start()
+                worker_pool.start_all()
             except OSError as error:
                 worker.WORKER.broken = True
                 logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)

@@ -8,7 +8,8 @@ programs would grow without bound. So ``engine.compile_ir`` compiles its first
 process -- every compile with a time limit too, since only there can it be stopped -- which is replaced after ``WORKER_COMPILES`` compiles: its memory goes
 back to the system when it exits. A worker that cannot start is said once, and compiles go on in
 this process. A module that kills the worker (an LLVM abort) raises ``RuntimeError`` here, where
-it would have ended the caller's process.
+it would have ended the caller's process. There are two workers, ``WORKER`` and ``SPARE``, which
+``worker_pool`` shares between the threads that compile (``SPARE`` only where a core is idle).
 
 The worker is ``python .../kiln/codegen/llvm/worker.py PARENT_PID [pdeathsig]``; it loads ``engine.py``
 and llvmlite only (not the kiln package, nor the caller's ``__main__``). Messages on its stdin and stdout are an 8-byte
@@ -78,9 +79,11 @@ def _read(stream) -> bytes | None:
 
 
 class Worker:
-    """One worker process (started on first use, replaced after ``WORKER_COMPILES`` compiles)."""
+    """One worker process (started on first use, replaced after ``WORKER_COMPILES`` compiles). One
+    thread at a time uses it: the one that claimed it (``worker_pool``)."""
 
     def __init__(self) -> None:
+        self.busy = False  # claimed by a thread (``worker_pool``)
         self._process: subprocess.Popen | None = None
         self._compiles = 0
         self._answered = False  # a worker has replied at least once in this process
@@ -121,7 +124,7 @@ class Worker:
         try:
             _write(process.stdin, request)
             return _read(process.stdout)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: the pipe was closed meanwhile (the process exits)
             return None
 
     def _exchange_within(self, process: subprocess.Popen, request: bytes, timeout: float) -> bytes | None:
@@ -184,7 +187,11 @@ class Worker:
 
 
 WORKER = Worker()
+# A second worker, where a core is idle: a request of many modules is shared between the two, and a
+# second thread is served meanwhile (``worker_pool``).
+SPARE = Worker()
 atexit.register(WORKER.close)
+atexit.register(lambda: SPARE.close())
 
 
 # ---------------------------------------------------------------------- the worker process's side

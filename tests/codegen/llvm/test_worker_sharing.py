@@ -1,0 +1,148 @@
+"""The two compile workers: a request of many modules is shared between them where a core is idle
+(the objects in order, the same as in-process compiles), a second thread is served by the second
+worker meanwhile, and a second worker that cannot start, or an LLVM error, never loses a compile."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.codegen.llvm import engine, kernel_cache, worker, worker_pool
+from kiln.compiler import program_cache
+from kiln.runtime.cache import DiskCache
+
+
+def _module(i: int) -> str:
+    return f"""
+define double @f{i}(double %x) {{
+entry:
+  %y = fmul double %x, {i + 1}.0
+  ret double %y
+}}
+"""
+
+
+TEXTS = [_module(i) for i in range(6)]
+
+
+@pytest.fixture
+def pair(monkeypatch):
+    """Fresh WORKER and SPARE, and a machine with an idle core."""
+    first, spare = worker.Worker(), worker.Worker()
+    monkeypatch.setattr(worker, "WORKER", first)
+    monkeypatch.setattr(worker, "SPARE", spare)
+    monkeypatch.setattr(worker_pool, "_idle_core", lambda: True)
+    yield first, spare
+    first.close()
+    spare.close()
+
+
+def test_a_large_request_is_shared_and_its_objects_come_back_in_order(pair):
+    first, spare = pair
+    objects = worker_pool.compile_in_workers(TEXTS, timeout=60.0)
+    assert objects == [engine.compile_here(text) for text in TEXTS]
+    assert first._answered and spare._answered  # both compiled a part
+    assert first._compiles + spare._compiles == len(TEXTS)
+    assert not first.busy and not spare.busy
+
+
+def test_a_small_request_or_a_busy_machine_uses_one_worker(pair, monkeypatch):
+    first, spare = pair
+    assert worker_pool.compile_in_workers(TEXTS[: worker_pool.SHARE_FROM - 1]) == [
+        engine.compile_here(t) for t in TEXTS[:3]
+    ]
+    assert first._answered and spare._process is None
+    monkeypatch.setattr(worker_pool, "_idle_core", lambda: False)
+    worker_pool.start_all()
+    assert worker_pool.compile_in_workers(TEXTS) == [engine.compile_here(text) for text in TEXTS]
+    assert spare._process is None  # never started: it would only take CPU from other work
+
+
+def test_a_second_thread_is_served_by_the_spare_while_the_first_worker_is_busy(pair):
+    first, spare = pair
+    claimed = worker_pool._claim(share=False)
+    assert claimed == [first]
+    try:
+        assert worker_pool.compile_in_workers(TEXTS[:1]) == [engine.compile_here(TEXTS[0])]  # did not wait
+        assert spare._answered and not first._answered
+    finally:
+        worker_pool._release(claimed)
+
+
+def test_a_spare_that_cannot_start_leaves_its_part_to_the_first_worker(pair, monkeypatch):
+    first, spare = pair
+
+    def cannot_start():
+        raise OSError("no such program")
+
+    monkeypatch.setattr(spare, "_start", cannot_start)
+    assert worker_pool.compile_in_workers(TEXTS) == [engine.compile_here(text) for text in TEXTS]
+    assert spare.broken and first._compiles == len(TEXTS)
+    assert worker_pool._usable() == [first]
+
+
+def test_an_llvm_error_in_a_shared_request_is_raised_and_releases_both(pair):
+    first, spare = pair
+    bad = [*TEXTS[:5], TEXTS[5].replace("ret double %y", "ret double %undefined_f5")]
+    with pytest.raises(RuntimeError, match="undefined_f5"):
+        worker_pool.compile_in_workers(bad)
+    assert not first.busy and not spare.busy
+    assert worker_pool.compile_in_workers(TEXTS) == [engine.compile_here(text) for text in TEXTS]
+
+
+def test_engine_compiles_through_the_shared_workers(pair, monkeypatch):
+    monkeypatch.setattr(engine, "_compiles", worker.IN_PROCESS_COMPILES)  # the next compiles go out
+    assert engine.compile_many(TEXTS) == [engine.compile_here(text) for text in TEXTS]
+    assert all(w._answered for w in pair)
+
+
+def test_the_halves_are_balanced_by_length_and_in_order():
+    texts = ["a" * 10, "b" * 1, "c" * 9, "d" * 2, "e" * 8]
+    ours, theirs = worker_pool._halves(texts)
+    assert sorted(ours + theirs) == list(range(5)) and ours == sorted(ours) and theirs == sorted(theirs)
+    # longest first, each to the lighter group: the groups differ by less than the longest text
+    assert [sum(len(texts[i]) for i in group) for group in (ours, theirs)] == [13, 17]
+    assert worker_pool._halves(["x" * 5] * 4) == ([0, 2], [1, 3])
+
+
+def test_a_pipe_closed_while_waiting_reads_as_a_dead_worker():
+    """At exit the worker is closed while a compile thread may still wait on its reply: that thread
+    ends quietly (it used to die with 'I/O operation on closed file')."""
+    process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE)  # fmt: skip
+    process.stdout.close()
+    try:
+        assert worker.Worker._exchange(process, b"request") is None
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_background_compiles_through_the_two_workers_match_eager_across_the_switch(pair, tmp_path, monkeypatch):
+    off = DiskCache(tmp_path / "programs")
+    off.enabled = False
+    monkeypatch.setattr(program_cache, "disk_cache", lambda: off)
+    kernels = DiskCache(tmp_path / "kernels")
+    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: kernels)
+
+    def f(x):
+        return (x * 2.0).exp().sum(-1), (x - 1.0).tanh()
+
+    def g(x):
+        return (x.sin() + 3.0).log().mean(0), x.abs().amax(-1)
+
+    rng = np.random.default_rng(0)
+    inputs = [kiln.from_numpy(rng.standard_normal((6, 5)).astype(np.float32)) for _ in range(4)]
+    compiled = {fn: kiln.compile(fn, options=kiln.CompileOptions(wait=False)) for fn in (f, g)}
+    for i, x in enumerate(inputs):
+        if i == 2:  # the switch: both programs ready
+            assert all(c.wait_compiled(60) for c in compiled.values())
+        for fn, c in compiled.items():
+            for ours, theirs in zip(c(x), fn(x), strict=True):
+                np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+    assert all(c.state.specializations[0].calls == 2 for c in compiled.values())  # calls 3 and 4 ran compiled
+    assert sum(w._compiles for w in pair) >= 4 and not any(w.busy for w in pair)  # LLVM ran in the workers
