@@ -30,6 +30,7 @@ call (tests and debugging: every eligible call runs compiled). The in-memory cac
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -117,13 +118,16 @@ class KernelCache:
         self.synchronous = False  # compile in the caller's thread, at the miss (KILN_EAGER_KERNELS=sync)
 
     def lookup(self, key: tuple, make: Callable[[], Entry]) -> Entry | None:
-        """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker."""
+        """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker
+        -- but not while ``deferred()``."""
         entries = self.entries
         with self._lock:
             entry = entries.get(key)
             if entry is not None:
                 entries.move_to_end(key)
                 return entry
+            if getattr(_deferring, "on", False):
+                return None
             entries[key] = Entry()
             while len(entries) > self.capacity:
                 entries.popitem(last=False)
@@ -205,6 +209,23 @@ def key_of(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple) -> tuple:
 def input_types(layouts: Layouts) -> list[TensorType]:
     """The graph input types of inputs laid out as ``layouts`` say."""
     return [TensorType(shape, from_numpy_dtype(np.dtype(char)), CPU) for shape, char, _ in layouts]
+
+
+_deferring = threading.local()
+
+
+@contextlib.contextmanager
+def deferred():
+    """In this thread, eager ops whose kernel is not compiled yet run their numpy kernels without
+    queueing its compile (those compiled run as ever): the eager calls of a ``kiln.compile``'d
+    function while its program compiles in the background, which that program replaces. Their
+    compiles would only compete with it for the compile worker and the cores, delaying the switch."""
+    before = getattr(_deferring, "on", False)
+    _deferring.on = True
+    try:
+        yield
+    finally:
+        _deferring.on = before
 
 
 def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,

@@ -45,6 +45,7 @@ from typing import Any
 
 from ...compiler.options import CompileOptions
 from ...runtime import profiling
+from .. import eager_kernels
 from ..tensor import Tensor
 from . import background, hazards, reads, state
 from .build import PendingSpecialization, build_specialization, trace_specialization
@@ -187,7 +188,9 @@ class CompiledFunction:
                         self._log_once(
                             ("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}"
                         )
-                    return self.fn(*args, **kwargs)
+                        return self.fn(*args, **kwargs)
+                    with eager_kernels.deferred():  # the program compiling replaces the eager ops' kernels
+                        return self.fn(*args, **kwargs)
                 miss = entry.state_miss(self._globals, closure_values, leaves)
                 if miss is None:
                     if self.check:
