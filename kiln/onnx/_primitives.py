@@ -24,8 +24,7 @@ UNMAPPABLE = {
     **{
         name: "ONNX has no operator for kiln's packed recurrence; kiln.onnx.export traces RNN layers as per-step ops "
         "(or ONNX's LSTM and GRU), and a program from kiln.export has its LSTM and GRU layers written as those: "
-        "export other recurrences with kiln.onnx.export (a program with dynamic sizes read back from its file keeps "
-        "no LSTM or GRU regions: write the program kiln.export returned)"
+        "export other recurrences with kiln.onnx.export"
         for name in ("rnn_scan", "rnn_scan_backward")
     },
     "all_reduce": "a collective communicates with the other processes of a job; an ONNX model is one process "
