@@ -20,12 +20,13 @@ What is written:
   ``BatchNormalization``, ``softmax``/``log_softmax`` as ``Softmax``/``LogSoftmax``, ``gelu`` as
   ``Gelu`` from opset 20 (its erf or tanh formula before), ``embedding`` as ``Gather``, each
   direction of each layer of ``nn.LSTM``/``nn.GRU`` as ``LSTM``/``GRU``; everything else primitive
-  by primitive (``_primitives.RULES``);
+  by primitive (``_primitives.RULES``; a recurrence outside such a region, ``rnn_scan``, as ONNX's
+  ``LSTM``, ``GRU`` or ``RNN``: ``_recurrence``);
 - ``dynamic_axes`` as PyTorch spells it (``{"x": {0: "batch"}}`` or ``{"x": [0]}``): the function
   is traced at two sizes of each axis and the programs compared, so the model runs at any size of
   them, or the error says which op depends on the size in another way. Axes of positional tensor
   arguments go through ``kiln.export(..., dynamic_shapes=...)`` (a mean's divisor, ``arange(T)``
-  and a causal mask follow the size; an LSTM or GRU over a dynamic length is ONNX's operator);
+  and a causal mask follow the size; a recurrence over a dynamic length is ONNX's operator);
   others (a tensor in a structure or a keyword argument) through ``_dynamic``'s own comparison;
 - a program of ``kiln.export(..., dynamic_shapes=...)`` (``ExportedProgram.to_onnx``) with its sizes
   as ``dim_param``s: a symbol is named after it, and a size that is a product (``2*seq``,
@@ -206,25 +207,15 @@ def _dynamic_shapes(args: tuple, names: dict[int, str], axes: dict) -> list | No
 
 
 def _export_symbolic(model, args, kwargs, dynamic_shapes):
-    """``kiln.export`` with ``dynamic_shapes``: one program whose sizes are symbols. RNN layers are traced
-    per step first (ONNX has no ``rnn_scan``; a plain ``nn.RNN`` is written that way), and again as
-    ``rnn_scan`` when that makes a program of another length (a dynamic sequence length): kiln's LSTM and
-    GRU layers are then written as ONNX's LSTM and GRU."""
+    """``kiln.export`` with ``dynamic_shapes``: one program whose sizes are symbols. Its RNN layers run as
+    ``rnn_scan`` (one op for any length; written as ONNX's LSTM, GRU or RNN), not per step."""
     from ..frontend.jit.export import ExportError  # noqa: PLC0415
     from ..frontend.jit.export_dynamic import export_dynamic  # noqa: PLC0415
-    from ..frontend.jit.state import per_step_recurrences  # noqa: PLC0415
 
-    token = per_step_recurrences.set(True)
     try:
         return export_dynamic(model, args, kwargs, dynamic_shapes)
     except ExportError as error:
-        first = error
-    finally:
-        per_step_recurrences.reset(token)
-    try:
-        return export_dynamic(model, args, kwargs, dynamic_shapes)
-    except ExportError:
-        raise OnnxExportError(f"kiln.onnx: {first}") from None
+        raise OnnxExportError(f"kiln.onnx: {error}") from None
 
 
 def _export_dynamic(trace_export, model, args, kwargs, names, axes):

@@ -13,8 +13,10 @@ onnx = pytest.importorskip("onnx")
 import kiln  # noqa: E402
 import kiln.nn as nn  # noqa: E402
 import kiln.onnx  # noqa: E402
-from kiln.ir.graph import Graph  # noqa: E402
-from kiln.ir.types import Sym, sym_product  # noqa: E402
+from kiln.ir import dtypes as dt  # noqa: E402
+from kiln.ir.graph import Graph, GraphBuilder  # noqa: E402
+from kiln.ir.types import Sym, TensorType, sym_product  # noqa: E402
+from kiln.onnx import RULES  # noqa: E402
 from kiln.onnx._builder import ModelBuilder  # noqa: E402
 from tests.frontend.jit.test_dynamic_inner_sizes import TinyGPT  # noqa: E402
 from tests.frontend.jit.test_export_dynamic import GuardedGPT  # noqa: E402
@@ -187,3 +189,88 @@ def test_a_size_no_input_binds_is_a_clear_error_not_a_key_error():
         builder.dim(sym_product(2, [Sym("batch"), Sym("seq")]))
     with pytest.raises(kiln.onnx.OnnxExportError, match=r"sizes \['seq', '4'\] where this op's ONNX form needs"):
         builder.ints([Sym("seq"), 4])
+
+
+# ----------------------------------------------------------------------------- rnn_scan without a region
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN"])
+def test_rnn_scan_without_its_layers_region_is_onnxs_recurrence(tmp_path, kind):
+    kiln.manual_seed(4)
+    layer = getattr(nn, kind)(4, 6, num_layers=2, bidirectional=True, batch_first=True).eval()
+
+    def f(x):
+        out, state = layer(x)
+        return (out, *state) if isinstance(state, tuple) else (out, state)
+
+    with kiln.no_grad():
+        program = kiln.export(f, kiln.randn(3, 7, 4), dynamic_shapes=[{0: "batch", 1: "seq"}])
+    program.regions = ()  # as a region the writer does not take leaves it: rnn_scan written by its own rule
+    program.to_onnx(tmp_path / "scan.onnx", input_names=["x"])
+    ops = [node.op_type for node in onnx.load(tmp_path / "scan.onnx").graph.node]
+    assert ops.count(kind) == 4 and "MatMul" in ops  # one per layer and direction, after the input projection
+    _agrees(_session(tmp_path / "scan.onnx"), f, ["x"], lambda b, t: (kiln.randn(b, t, 4),), [(3, 7), (1, 1), (2, 12)])
+
+
+def test_an_lstm_cell_looped_in_python_runs_in_onnxruntime_at_other_batch_sizes(tmp_path):
+    kiln.manual_seed(5)
+    cell = nn.LSTMCell(4, 5).eval()
+
+    def steps(x):
+        h, c = kiln.zeros(x.shape[0], 5), kiln.zeros(x.shape[0], 5)
+        for t in range(x.shape[1]):
+            h, c = cell(x[:, t], (h, c))
+        return h, c
+
+    with kiln.no_grad():
+        program = kiln.export(steps, kiln.randn(3, 4, 4), dynamic_shapes=[{0: "batch"}])
+    program.to_onnx(tmp_path / "cells.onnx", input_names=["x"])
+    assert [node.op_type for node in onnx.load(tmp_path / "cells.onnx").graph.node].count("LSTM") == 4
+    _agrees(
+        _session(tmp_path / "cells.onnx"), steps, ["x"], lambda b, _: (kiln.randn(b, 4, 4),), [(3, 0), (1, 0), (6, 0)]
+    )
+
+
+def test_onnx_export_of_a_plain_rnn_over_a_dynamic_length(tmp_path):
+    kiln.manual_seed(6)
+    layer = nn.RNN(3, 4, nonlinearity="relu").eval()  # no composite rule: written by rnn_scan's
+
+    def f(x):
+        out, h = layer(x)
+        return out, h
+
+    proto = kiln.onnx.export(f, (kiln.randn(5, 2, 3),), tmp_path / "rnn.onnx", input_names=["x"],
+                             dynamic_axes={"x": {0: "seq", 1: "batch"}})  # fmt: skip
+    assert [node.op_type for node in proto.graph.node].count("RNN") == 1
+    _agrees(_session(tmp_path / "rnn.onnx"), f, ["x"], lambda b, t: (kiln.randn(t, b, 3),), [(2, 5), (1, 1), (3, 8)])
+
+
+def _scan(mode: str, hidden: int, readers):
+    """A graph of one ``rnn_scan`` over (T, B) = (5, 2) and what ``readers(graph_builder, scan)`` reads of
+    it; the ModelBuilder over it (inputs named in0...) and the scan node."""
+    gates = {"LSTM": 4, "GRU": 3}[mode]
+    types = [(5, 2, gates * hidden), (gates * hidden,), (2, hidden)]
+    types += [(2, hidden), (4 * hidden, hidden)] if mode == "LSTM" else [(3 * hidden, hidden), (hidden,)]
+    g = GraphBuilder()
+    inputs = [g.input(TensorType(shape, dt.float32)) for shape in types]
+    scan = g.node("rnn_scan", inputs, {"mode": mode, "reverse": mode == "GRU"})
+    builder = ModelBuilder(g.build(readers(g, scan)), 17)
+    for k, v in enumerate(inputs):
+        builder.bind(v, f"in{k}")
+    return builder, builder.graph.nodes[0]
+
+
+def test_rnn_scan_read_beyond_h_and_the_final_states_is_refused():
+    def gates(g, scan):
+        width = scan.type.shape[-1]
+        return [g.node("slice", [scan], {"starts": (0, 0, width - 15), "stops": (5, 2, width - 3), "steps": (1, 1, 1)})]
+
+    builder, node = _scan("LSTM", 3, gates)
+    with pytest.raises(kiln.onnx.OnnxExportError, match=r"LSTM recurrence \(rnn_scan\) whose packed result is read by "
+                                                         r"slice of \[\d+:\d+\]: ONNX's LSTM gives each step's h and "
+                                                         r"the final states \(the first 9 of"):  # fmt: skip
+        RULES["rnn_scan"](builder, node, *(f"in{k}" for k in range(5)))
+
+
+def test_rnn_scan_whose_whole_result_is_an_output_is_refused():
+    builder, node = _scan("GRU", 3, lambda g, scan: [scan])
+    with pytest.raises(kiln.onnx.OnnxExportError, match=r"GRU recurrence \(rnn_scan\) whose whole packed result is"):
+        RULES["rnn_scan"](builder, node, *(f"in{k}" for k in range(5)))
