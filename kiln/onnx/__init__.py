@@ -44,6 +44,7 @@ from __future__ import annotations
 import inspect
 import os
 
+from ..ir.types import Sym
 from ._builder import OnnxExportError
 from ._primitives import DROPPED, RULES, UNMAPPABLE
 
@@ -81,18 +82,27 @@ def export(model, args, f: str | os.PathLike, *, opset_version: int | None = Non
 
 def program_to_onnx(program, path, *, opset_version=None, input_names=None, output_names=None, dynamic_axes=None):
     """``ExportedProgram.to_onnx``: write an exported program as ONNX, its dynamic sizes (``kiln.export``'s
-    ``dynamic_shapes``) as symbolic dims; ``dynamic_axes`` is refused (the program's sizes are fixed by then)."""
+    ``dynamic_shapes``) as symbolic dims. ``dynamic_axes`` may rename those dims (``{"x": {0: "N"}}``); a
+    static dim cannot be made dynamic here (the program's sizes are fixed by then)."""
     axes = _dynamic_axes(dynamic_axes)
-    if axes:
-        raise OnnxExportError(
-            "ExportedProgram.to_onnx: dynamic_axes needs the function itself (it is traced again at another size "
-            "to learn which sizes follow the axis); export it with kiln.export(fn, *args, dynamic_shapes=[...]) and "
-            "write that program, or use kiln.onnx.export(fn, args, path, dynamic_axes=...)"
-        )
     positions = [i for i, spec in enumerate(program.in_specs) if spec[0] == "tensor"]
     given = list(input_names or [])
     names = {p: (given[k] if k < len(given) else f"input_{k}") for k, p in enumerate(positions)}
+    shapes = {names[p]: program.in_specs[p][1] for p in positions}
+    for name, entries in axes.items():
+        static = [a for a in entries if name in shapes and not isinstance(_at(shapes[name], a), Sym)]
+        if static:
+            raise OnnxExportError(
+                f"ExportedProgram.to_onnx: dynamic_axes makes axis {static[0]} of input {name!r} dynamic, but the "
+                f"program was exported for its size (shape [{', '.join(map(str, shapes[name]))}]): export the function with "
+                "kiln.export(fn, *args, dynamic_shapes=[...]) and write that program, or use "
+                "kiln.onnx.export(fn, args, path, dynamic_axes=...), which traces it again at another size"
+            )
     return _write(program, path, opset_version, names, output_names, axes, None)
+
+
+def _at(shape: tuple, axis: int):
+    return shape[axis] if -len(shape) <= axis < len(shape) else None
 
 
 def load(path):

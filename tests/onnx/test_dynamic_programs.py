@@ -93,6 +93,21 @@ def test_reshapes_to_products_of_dynamic_sizes_compute_them_at_run_time(tmp_path
     _agrees(_session(tmp_path / "p.onnx"), f, ["idx", "x"], inputs, PAIRS)
 
 
+def test_to_onnx_dynamic_axes_rename_the_programs_dynamic_dims_only(tmp_path):
+    kiln.manual_seed(0)
+    model = TinyGPT().eval()
+    with kiln.no_grad():
+        program = kiln.export(model, *_tokens(2, 8), dynamic_shapes=[{1: "seq"}])
+    axes = {"idx": {1: "T"}, "logits": {1: "T"}}
+    program.to_onnx(tmp_path / "g.onnx", input_names=["idx"], output_names=["logits"], dynamic_axes=axes)
+    proto = onnx.load(tmp_path / "g.onnx")
+    assert _dims(proto.graph.input[0]) == [2, "T"] and _dims(proto.graph.output[0]) == [2, "T", 13]
+    _agrees(_session(tmp_path / "g.onnx"), model, ["idx"], _tokens, [(2, 8), (2, 3)])
+    with pytest.raises(kiln.onnx.OnnxExportError, match=r"axis 0 of input 'idx' dynamic, but the program was "
+                                                         r"exported for its size \(shape \[2, seq\]\)"):  # fmt: skip
+        program.to_onnx(tmp_path / "h.onnx", input_names=["idx"], dynamic_axes={"idx": {0: "batch"}})
+
+
 def test_a_gpt_read_back_from_its_file_exports_with_dynamic_sizes(tmp_path):
     kiln.manual_seed(0)
     model = TinyGPT().eval()

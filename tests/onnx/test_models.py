@@ -166,7 +166,7 @@ def test_exported_program_to_onnx(tmp_path):
     np.testing.assert_allclose(got, _eager(model, x).numpy(), rtol=RTOL, atol=ATOL)
     np.testing.assert_allclose(kiln.onnx.load(tmp_path / "p.onnx")(x).numpy(), got, rtol=RTOL, atol=ATOL)
     with pytest.raises(kiln.onnx.OnnxExportError, match="kiln.onnx.export"):
-        program.to_onnx(tmp_path / "q.onnx", dynamic_axes={"x": {0: "batch"}})
+        program.to_onnx(tmp_path / "q.onnx", input_names=["x"], dynamic_axes={"x": {0: "batch"}})
     # a program read back from its file keeps its composite ops
     program.save(tmp_path / "p.kiln")
     again = kiln.load_exported(tmp_path / "p.kiln")
