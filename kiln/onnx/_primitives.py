@@ -229,24 +229,23 @@ def _permute(b, node, x):
 
 
 def _slice(b, node, x):
+    """``Slice``; a bound that is a dynamic size (``mask[:T, :T]`` of a block-sized buffer) is read at run time."""
     a = b.attrs(node)
     shape = b.shape(node.inputs[0])
     axes, starts, ends, steps = [], [], [], []
     for axis, (start, stop, step, size) in enumerate(zip(a["starts"], a["stops"], a["steps"], shape, strict=True)):
-        if not isinstance(stop, int) or not isinstance(start, int):
-            if not isinstance(start, int) or (stop is not size and not (isinstance(stop, Sym) and stop == size)):
-                raise OnnxExportError(b.context("a slice whose bounds depend on the dynamic axes other than "
-                                                "'to the end'"))  # fmt: skip
-            stop = INT64_MAX
-        elif start == 0 and step == 1 and stop == size:
+        if start is None or stop is None:  # a size that follows the axes but is none of them (kiln.onnx._dynamic)
+            raise OnnxExportError(b.context("a slice whose bounds depend on the dynamic axes other than as one "
+                                            "of their sizes"))  # fmt: skip
+        if start == 0 and step == 1 and stop == size:
             continue
         axes.append(axis)
         starts.append(start)
-        ends.append(stop)
+        ends.append(INT64_MAX if isinstance(stop, Sym) and stop == size else stop)  # to the end: no size to read
         steps.append(step)
     if not axes:
         return b.op("Identity", [x])
-    return b.op("Slice", [x, b.ints(starts), b.ints(ends), b.ints(axes), b.ints(steps)])
+    return b.op("Slice", [x, b.shape_tensor(starts), b.shape_tensor(ends), b.ints(axes), b.ints(steps)])
 
 
 def _interior(b, x, shape, axis: int, gap: int, value):

@@ -156,6 +156,36 @@ def test_onnx_export_with_a_dynamic_sequence_axis_of_a_gpt(tmp_path):
     _agrees(_session(tmp_path / "gpt.onnx"), model, ["idx"], _tokens, PAIRS)
 
 
+class NanoBlock(nn.Module):
+    """Attention as nanoGPT writes it: a block-sized position table and causal mask, sliced to T."""
+
+    def __init__(self, vocab: int = 13, c: int = 16, block: int = 32) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, c), nn.Parameter(kiln.randn(block, c) * 0.1)
+        self.qkv, self.head = nn.Linear(c, 3 * c), nn.Linear(c, vocab)
+        self.register_buffer("bias", kiln.tril(kiln.ones(block, block)).view(1, 1, block, block))
+
+    def forward(self, idx):
+        B, T = idx.shape
+        x = self.tok(idx) + self.pos[:T]
+        q, k, v = (t.view(B, T, 2, 8).transpose(1, 2) for t in self.qkv(x).split(16, dim=2))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / 8**0.5)
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        y = kiln.softmax(att, dim=-1) @ v
+        return self.head(y.transpose(1, 2).contiguous().view(B, T, 16))
+
+
+def test_onnx_export_of_a_nanogpt_block_slicing_its_buffers_to_the_length(tmp_path):
+    kiln.manual_seed(8)
+    model = NanoBlock().eval()
+    proto = kiln.onnx.export(model, _tokens(2, 8), tmp_path / "nano.onnx", input_names=["idx"],
+                             dynamic_axes={"idx": {0: "batch", 1: "seq"}})  # fmt: skip
+    constants = {t.name for t in proto.graph.initializer}
+    ends = [node.input[2] for node in proto.graph.node if node.op_type == "Slice"]
+    assert sum(end not in constants for end in ends) >= 2  # pos[:T] and bias[..., :T, :T]: T read at run time
+    _agrees(_session(tmp_path / "nano.onnx"), model, ["idx"], _tokens, PAIRS)
+
+
 def test_onnx_export_of_an_lstm_over_a_dynamic_length(tmp_path):
     kiln.manual_seed(3)
     layer = nn.LSTM(5, 7, batch_first=True).eval()
