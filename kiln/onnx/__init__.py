@@ -20,10 +20,19 @@ What is written:
   ``BatchNormalization``, ``softmax``/``log_softmax`` as ``Softmax``/``LogSoftmax``, ``gelu`` as
   ``Gelu`` from opset 20 (its erf or tanh formula before), ``embedding`` as ``Gather``, each
   direction of each layer of ``nn.LSTM``/``nn.GRU`` as ``LSTM``/``GRU``; everything else primitive
-  by primitive (``_primitives.RULES``);
+  by primitive (``_primitives.RULES``; a recurrence outside such a region, ``rnn_scan``, as ONNX's
+  ``LSTM``, ``GRU`` or ``RNN``: ``_recurrence``);
 - ``dynamic_axes`` as PyTorch spells it (``{"x": {0: "batch"}}`` or ``{"x": [0]}``): the function
-  is traced at two sizes of each axis and the programs compared (``_dynamic``), so the model
-  runs at any size of them, or the error says which op depends on the size in another way.
+  is traced at two sizes of each axis and the programs compared, so the model runs at any size of
+  them, or the error says which op depends on the size in another way. Axes of positional tensor
+  arguments go through ``kiln.export(..., dynamic_shapes=...)`` (a mean's divisor, ``arange(T)``
+  and a causal mask follow the size; a recurrence over a dynamic length is ONNX's operator);
+  others (a tensor in a structure or a keyword argument) through ``_dynamic``'s own comparison;
+- a program of ``kiln.export(..., dynamic_shapes=...)`` (``ExportedProgram.to_onnx``) with its sizes
+  as ``dim_param``s: a symbol is named after it, and a size that is a product (``2*seq``,
+  ``batch*seq`` after a flatten) is computed at run time from the inputs' shapes (``Shape``, ``Mul``,
+  ``Concat``). A comparison the program guards (``assert T <= block_size``) cannot be checked by
+  an ONNX model: the export warns of it.
 
 Not written: ``check`` nodes (kiln's index-range checks: ONNX has no operator that raises; the
 runtime's own bounds checks apply), and programs that draw random numbers (``random_bits``) or
@@ -35,6 +44,7 @@ from __future__ import annotations
 import inspect
 import os
 
+from ..ir.types import Sym
 from ._builder import OnnxExportError
 from ._primitives import DROPPED, RULES, UNMAPPABLE
 
@@ -55,11 +65,15 @@ def export(model, args, f: str | os.PathLike, *, opset_version: int | None = Non
     names = _input_names(model, args, kwargs, input_names)
     axes = _dynamic_axes(dynamic_axes)
     symbolic = None
+    dynamic_shapes = _dynamic_shapes(args, names, axes)
+    if dynamic_shapes is not None:
+        program = _export_symbolic(model, args, kwargs, dynamic_shapes)
+        return _write(program, f, opset_version, names, output_names, axes, None)
     token = per_step_recurrences.set(True)  # RNN layers as per-step ops: ONNX has no rnn_scan
     try:
         if not any(name in names.values() for name in axes):
             program = trace_export(model, *args, **kwargs)
-        else:
+        else:  # an axis of a tensor inside a structure or a keyword argument
             program, symbolic = _export_dynamic(trace_export, model, args, kwargs, names, axes)
     finally:
         per_step_recurrences.reset(token)
@@ -67,17 +81,28 @@ def export(model, args, f: str | os.PathLike, *, opset_version: int | None = Non
 
 
 def program_to_onnx(program, path, *, opset_version=None, input_names=None, output_names=None, dynamic_axes=None):
-    """``ExportedProgram.to_onnx``: write an exported program as ONNX (its sizes as traced)."""
+    """``ExportedProgram.to_onnx``: write an exported program as ONNX, its dynamic sizes (``kiln.export``'s
+    ``dynamic_shapes``) as symbolic dims. ``dynamic_axes`` may rename those dims (``{"x": {0: "N"}}``); a
+    static dim cannot be made dynamic here (the program's sizes are fixed by then)."""
     axes = _dynamic_axes(dynamic_axes)
-    if axes:
-        raise OnnxExportError(
-            "ExportedProgram.to_onnx: dynamic_axes needs the function itself (it is traced again at another size "
-            "to learn which sizes follow the axis); use kiln.onnx.export(fn, args, path, dynamic_axes=...)"
-        )
     positions = [i for i, spec in enumerate(program.in_specs) if spec[0] == "tensor"]
     given = list(input_names or [])
     names = {p: (given[k] if k < len(given) else f"input_{k}") for k, p in enumerate(positions)}
+    shapes = {names[p]: program.in_specs[p][1] for p in positions}
+    for name, entries in axes.items():
+        static = [a for a in entries if name in shapes and not isinstance(_at(shapes[name], a), Sym)]
+        if static:
+            raise OnnxExportError(
+                f"ExportedProgram.to_onnx: dynamic_axes makes axis {static[0]} of input {name!r} dynamic, but the "
+                f"program was exported for its size (shape [{', '.join(map(str, shapes[name]))}]): export the function with "
+                "kiln.export(fn, *args, dynamic_shapes=[...]) and write that program, or use "
+                "kiln.onnx.export(fn, args, path, dynamic_axes=...), which traces it again at another size"
+            )
     return _write(program, path, opset_version, names, output_names, axes, None)
+
+
+def _at(shape: tuple, axis: int):
+    return shape[axis] if -len(shape) <= axis < len(shape) else None
 
 
 def load(path):
@@ -100,9 +125,25 @@ def _write(program, f, opset_version, names, output_names, axes, symbolic):
                               f"{sorted(names.values())} nor output names {list(output_names or [])}")  # fmt: skip
     model = build_model(program, opset=opset_version or DEFAULT_OPSET, arg_names=names, output_names=output_names,
                         dim_names=dim_names, symbolic=symbolic)  # fmt: skip
+    _warn_of_guards(program, names)
     onnx.checker.check_model(model, full_check=True)
     onnx.save(model, os.fspath(f)) if not hasattr(f, "write") else f.write(model.SerializeToString())
     return model
+
+
+def _warn_of_guards(program, names: dict[int, str]) -> None:
+    """A dynamic program that holds only for some sizes (``assert T <= block_size``) says so: ONNX has no
+    operator that refuses a call, so the written model does not check them."""
+    guards = getattr(program, "size_guards", ())
+    if not guards:
+        return
+    import warnings  # noqa: PLC0415
+
+    held = "; ".join(f"{names.get(g.argument, f'input {g.argument}')} dim {g.dim}: {g} is {g.result} ({g.where})"
+                     for g in guards)  # fmt: skip
+    warnings.warn(f"kiln.onnx: the program was traced for sizes where {held}; ONNX has no operator that refuses a "
+                  "call, so the model does not check it: other sizes may fail in the runtime or compute other "
+                  "values", stacklevel=4)  # fmt: skip
 
 
 def _split_args(args):
@@ -152,6 +193,39 @@ def _dynamic_axes(dynamic_axes) -> dict[str, dict[int, str]]:
         else:  # a list of axes: PyTorch names them itself
             axes[name] = {int(a): f"{name}_dynamic_axes_{int(a) + 1}" for a in entries}
     return axes
+
+
+def _dynamic_shapes(args: tuple, names: dict[int, str], axes: dict) -> list | None:
+    """``kiln.export``'s ``dynamic_shapes`` for the inputs' dynamic axes when each names a positional
+    tensor argument (None when there is none, or one is in a structure or a keyword argument)."""
+    from ..frontend.jit.pytree import flatten  # noqa: PLC0415
+    from ..frontend.tensor import Tensor  # noqa: PLC0415
+
+    leaf_of = {len(flatten(tuple(args[:k]))[0]): k for k, a in enumerate(args) if isinstance(a, Tensor)}
+    named = {names[p]: k for p, k in leaf_of.items() if p in names}
+    inputs = [name for name in axes if name in names.values()]
+    if not inputs or any(name not in named for name in inputs):
+        return None
+    shapes: list = [None] * len(args)
+    for name in inputs:
+        arg = args[named[name]]
+        for axis in axes[name]:
+            if not -arg.ndim <= axis < arg.ndim:
+                raise OnnxExportError(f"kiln.onnx: dynamic axis {axis} of input {name!r}, which has {arg.ndim} dims")
+        shapes[named[name]] = {axis % arg.ndim: _symbol(dim).name for axis, dim in axes[name].items()}
+    return shapes
+
+
+def _export_symbolic(model, args, kwargs, dynamic_shapes):
+    """``kiln.export`` with ``dynamic_shapes``: one program whose sizes are symbols. Its RNN layers run as
+    ``rnn_scan`` (one op for any length; written as ONNX's LSTM, GRU or RNN), not per step."""
+    from ..frontend.jit.export import ExportError  # noqa: PLC0415
+    from ..frontend.jit.export_dynamic import export_dynamic  # noqa: PLC0415
+
+    try:
+        return export_dynamic(model, args, kwargs, dynamic_shapes)
+    except ExportError as error:
+        raise OnnxExportError(f"kiln.onnx: {error}") from None
 
 
 def _export_dynamic(trace_export, model, args, kwargs, names, axes):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node, SourceLocation, Value
-from ..ir.types import Sym
+from ..ir.types import Sym, SymProduct
 
 #: ONNX's Slice reads an end beyond the dimension as "to the end".
 INT64_MAX = np.iinfo(np.int64).max
@@ -109,6 +109,10 @@ class ModelBuilder:
 
     def ints(self, values) -> str:
         """A 1-D int64 initializer (shared between nodes that use the same values)."""
+        values = tuple(values)
+        if not all(isinstance(v, int | np.integer) for v in values):
+            raise OnnxExportError(self.context(f"sizes {[str(v) for v in values]} where this op's ONNX form needs "
+                                               "static ones (a dynamic size there is not supported yet)"))  # fmt: skip
         key = tuple(int(v) for v in values)
         if key not in self._ints:
             self._ints[key] = self.const(np.array(key, dtype=np.int64), "ints")
@@ -118,15 +122,32 @@ class ModelBuilder:
         return self.const(np.array(value, dtype=dtype), "scalar")
 
     def dim(self, d) -> str:
-        """A 1-element int64 tensor holding the size ``d`` (an int or a symbol) at run time."""
+        """A 1-element int64 tensor holding the size ``d`` at run time: an int, a symbol (read from the
+        graph input that binds it) or a product of symbols (``2*seq``, ``batch*seq``: their sizes
+        multiplied at run time)."""
         if isinstance(d, int):
             return self.ints([d])
         if not isinstance(d, Sym):
             raise OnnxExportError(self.context("a size that changes with the dynamic axes but is no named axis"))
         if d not in self._dim_tensors:
-            source, axis = self._symbols[d]
-            self._dim_tensors[d] = self.op("Shape", [source], hint=f"size_{d.name}", start=axis, end=axis + 1)
+            self._dim_tensors[d] = self._product(d) if isinstance(d, SymProduct) else self._symbol_size(d)
         return self._dim_tensors[d]
+
+    def _symbol_size(self, d: Sym) -> str:
+        if d not in self._symbols:
+            bound = ", ".join(f"{s} (input {name!r} axis {axis})" for s, (name, axis) in self._symbols.items())
+            raise OnnxExportError(self.context(f"the size {d} is no dimension of any graph input (the inputs' "
+                                               f"dynamic sizes: {bound or 'none'}), so ONNX cannot compute it"))  # fmt: skip
+        source, axis = self._symbols[d]
+        return self.op("Shape", [source], hint=f"size_{d.name}", start=axis, end=axis + 1)
+
+    def _product(self, d: SymProduct) -> str:
+        if d in self._symbols:  # an input's own dimension is this product: read it there
+            return self._symbol_size(d)
+        size = self.dim(d.factors[0])
+        for factor in d.factors[1:]:
+            size = self.op("Mul", [size, self.dim(factor)], hint=f"size_{d.name}")
+        return size if d.scale == 1 else self.op("Mul", [size, self.ints([d.scale])], hint=f"size_{d.name}")
 
     def shape_tensor(self, dims) -> str:
         """A 1-D int64 tensor of the sizes ``dims`` (ints and symbols)."""

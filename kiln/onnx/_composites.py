@@ -146,7 +146,7 @@ def _batch_norm_emit(b, args, name):
 
 def _softmax(op_type: str):
     def accepts(b, args) -> bool:
-        return isinstance(args["dim"], int) and _ndim(args) > 0 and math.prod(args["input"].type.shape or (1,)) != 0
+        return isinstance(args["dim"], int) and _ndim(args) > 0 and 0 not in args["input"].type.shape
 
     def emit(b, args, name):
         x = name("input")
@@ -203,8 +203,9 @@ def _rnn_accepts(b, args) -> bool:
     if found is None or not isinstance(weights, tuple) or len(weights) != 4 or weights[0] is None or weights[1] is None:
         return False
     w_hh = weights[1].type.shape
-    return (len(w_hh) == 2 and w_hh[0] == found[1] * w_hh[1] and x.type.ndim == 3 and isinstance(x.type.shape[0], int)
-            and x.type.shape[0] > 0 and (weights[2] is None) == (weights[3] is None))  # fmt: skip
+    steps = x.type.shape[0] if x.type.ndim == 3 else 0  # a symbol (a dynamic length) is >= 1 in every call
+    return (len(w_hh) == 2 and w_hh[0] == found[1] * w_hh[1] and steps != 0
+            and (weights[2] is None) == (weights[3] is None))  # fmt: skip
 
 
 def _reordered(b, name: str, hidden: int, order) -> str:

@@ -119,7 +119,7 @@ def _value_info(helper, name: str, value: Value, shape, dim_names: dict):
         if isinstance(d, int) and given is None:
             dims.append(d)
         elif isinstance(d, Sym):
-            dims.append(given or d.name)
+            dims.append(given or str(d))  # a product reads as one: "2*seq", "batch*seq"
         else:
             dims.append(given)  # None: a size ONNX leaves unnamed
     return helper.make_tensor_value_info(name, onnx_dtype(value.type.dtype), dims)

@@ -23,10 +23,8 @@ def _cut(b, x, x_shape, shape, skip_axis=None):
     axes = [d for d, (n, m) in enumerate(zip(x_shape, shape, strict=True)) if d != skip_axis and n != m]
     if not axes:
         return x
-    ends = [shape[d] for d in axes]
-    if not all(isinstance(e, int) for e in ends):
-        raise OnnxExportError(b.context("gather/scatter with an index smaller than its input along a dynamic axis"))
-    return b.op("Slice", [x, b.ints([0] * len(axes)), b.ints(ends), b.ints(axes)])
+    ends = b.shape_tensor([shape[d] for d in axes])  # a dynamic size read at run time
+    return b.op("Slice", [x, b.ints([0] * len(axes)), ends, b.ints(axes)])
 
 
 def gather(b, node, x, index):

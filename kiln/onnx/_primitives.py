@@ -15,18 +15,14 @@ from ..ir import dtypes as dt
 from ..ir.types import Sym
 from . import _indexing as ix
 from ._builder import INT64_MAX, INT64_MIN, OnnxExportError, onnx_dtype
+from ._recurrence import rnn_scan
 
 #: Primitives ONNX cannot express, with the reason (the exporter's error says it).
 UNMAPPABLE = {
     "random_bits": "kiln's random numbers are Philox-4x32-10 counter-based bits; ONNX's random operators "
     "follow no specified generator, so the exported model could not reproduce them (export in eval mode, "
     "where dropout draws nothing)",
-    **{
-        name: "ONNX has no operator for kiln's packed recurrence; kiln.onnx.export traces RNN layers as per-step ops "
-        "(or ONNX's LSTM and GRU), and a program from kiln.export has its LSTM and GRU layers written as those: "
-        "export other recurrences with kiln.onnx.export"
-        for name in ("rnn_scan", "rnn_scan_backward")
-    },
+    "rnn_scan_backward": "the backward pass of a recurrence has no ONNX operator: export the forward call",
     "all_reduce": "a collective communicates with the other processes of a job; an ONNX model is one process "
     "(export the model outside its DistributedDataParallel wrapper)",
     **{
@@ -46,6 +42,10 @@ UNMAPPABLE = {
 #: Primitives written as nothing: ``check`` raises on bad values (an index out of range) in kiln; ONNX has
 #: no operator that raises, and the runtime's own bounds checks (Gather) take its place.
 DROPPED = {"check"}
+
+#: Primitives written only when the program reads part of their result, with what ONNX gives of it.
+PARTIAL = {"rnn_scan": "ONNX's LSTM, GRU and RNN give each step's h and the final states, not the gates "
+                        "and cell states rnn_scan also packs (what its backward reads)"}  # fmt: skip
 
 
 def _in(node, k: int = 0):
@@ -229,24 +229,23 @@ def _permute(b, node, x):
 
 
 def _slice(b, node, x):
+    """``Slice``; a bound that is a dynamic size (``mask[:T, :T]`` of a block-sized buffer) is read at run time."""
     a = b.attrs(node)
     shape = b.shape(node.inputs[0])
     axes, starts, ends, steps = [], [], [], []
     for axis, (start, stop, step, size) in enumerate(zip(a["starts"], a["stops"], a["steps"], shape, strict=True)):
-        if not isinstance(stop, int) or not isinstance(start, int):
-            if not isinstance(start, int) or (stop is not size and not (isinstance(stop, Sym) and stop == size)):
-                raise OnnxExportError(b.context("a slice whose bounds depend on the dynamic axes other than "
-                                                "'to the end'"))  # fmt: skip
-            stop = INT64_MAX
-        elif start == 0 and step == 1 and stop == size:
+        if start is None or stop is None:  # a size that follows the axes but is none of them (kiln.onnx._dynamic)
+            raise OnnxExportError(b.context("a slice whose bounds depend on the dynamic axes other than as one "
+                                            "of their sizes"))  # fmt: skip
+        if start == 0 and step == 1 and stop == size:
             continue
         axes.append(axis)
         starts.append(start)
-        ends.append(stop)
+        ends.append(INT64_MAX if isinstance(stop, Sym) and stop == size else stop)  # to the end: no size to read
         steps.append(step)
     if not axes:
         return b.op("Identity", [x])
-    return b.op("Slice", [x, b.ints(starts), b.ints(ends), b.ints(axes), b.ints(steps)])
+    return b.op("Slice", [x, b.shape_tensor(starts), b.shape_tensor(ends), b.ints(axes), b.ints(steps)])
 
 
 def _interior(b, x, shape, axis: int, gap: int, value):
@@ -365,4 +364,5 @@ RULES = {
     "argmax": _arg("ArgMax"), "argmin": _arg("ArgMin"), "cumsum": _cumsum,
     "unfold": ix.unfold, "fold": ix.fold, "tile_transform": ix.tile_transform,
     "untile_transform": ix.untile_transform, "conv": ix.conv, "conv_weight": ix.conv_weight, "check": _check,
+    "rnn_scan": rnn_scan,
 }  # fmt: skip

@@ -115,3 +115,18 @@ def test_a_region_that_disagrees_with_the_graph_is_refused(tmp_path):
     _tamper(tmp_path / "p.kiln", tmp_path / "bad2.kiln", other_input)
     with pytest.raises(kiln.jit.ExportError, match=r"region 0 \(softmax\) does not match the graph"):
         kiln.load_exported(tmp_path / "bad2.kiln")
+
+
+def test_a_region_over_dynamic_sizes_is_checked_at_sample_sizes(tmp_path):
+    x = kiln.randn(3, 4)
+    kiln.export(_scaled_softmax, x, dynamic_shapes=[{0: "batch", 1: "n"}]).save(tmp_path / "p.kiln")
+    loaded = kiln.load_exported(tmp_path / "p.kiln")
+    assert [r.name for r in loaded.regions] == ["softmax"]  # an honest region over symbolic sizes is kept
+
+    def other_dim(regions):
+        (region,) = [r for r in regions if r["name"] == "softmax"]
+        region["arguments"]["dim"] = 0
+
+    _tamper(tmp_path / "p.kiln", tmp_path / "bad.kiln", other_dim)
+    with pytest.raises(kiln.jit.ExportError, match=r"region 0 \(softmax\) does not match the graph: result 0 "):
+        kiln.load_exported(tmp_path / "bad.kiln")

@@ -156,6 +156,14 @@ def size_symbols(pairs: Sequence[tuple[int, int]]) -> dict[Sym, tuple[int, int]]
 def symbolize(graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int]]) -> Graph:
     """``graph_a`` with every size that follows a symbol written as the symbol (``sizes``: each
     symbol's size in ``graph_a`` and in ``graph_b``); ``NotDynamic`` says where they differ otherwise."""
+    return symbolize_values(graph_a, graph_b, sizes)[0]
+
+
+def symbolize_values(
+    graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int]]
+) -> tuple[Graph, dict[Value, Value]]:
+    """``symbolize``, and each value of ``graph_a`` -> its symbolic counterpart (what carries the
+    composite regions a trace recorded over to the symbolic graph)."""
     by_pair = {pair: sym for sym, pair in sizes.items()}
     if len(graph_a.nodes) != len(graph_b.nodes) or len(graph_a.inputs) != len(graph_b.inputs):
         raise NotDynamic(
@@ -192,7 +200,7 @@ def symbolize(graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int
         new[na.output] = out
     if [index_a[v] for v in graph_a.outputs] != [index_b[v] for v in graph_b.outputs]:
         raise NotDynamic("the outputs are other values at the other size")
-    return builder.build([new[v] for v in graph_a.outputs])
+    return builder.build([new[v] for v in graph_a.outputs]), new
 
 
 def _aligned(graph_a: Graph, graph_b: Graph) -> Graph:

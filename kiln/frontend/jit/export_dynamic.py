@@ -18,11 +18,13 @@ import numpy as np
 
 from ...compiler.driver import optimize
 from ...compiler.options import CompileOptions
+from ...ir.graph import Value
 from ...ir.types import Sym
 from ..tensor import Tensor, make_tensor
-from .dynamic import NotDynamic, symbolize
+from .dynamic import NotDynamic, symbolize_values
 from .export import ExportedProgram, ExportError, traced_export
 from .pytree import flatten
+from .regions import Region
 from .watched_sizes import guards_of
 
 __all__ = ["export_dynamic"]
@@ -45,7 +47,7 @@ def export_dynamic(fn, args: tuple, kwargs: dict, dynamic_shapes) -> ExportedPro
     first, second = programs
     assert first.traced is not None and second.traced is not None, "export keeps the traced graph"
     try:
-        symbolic = symbolize(first.traced, second.traced, {Sym(name): pair for name, pair in pairs.items()})
+        symbolic, values = symbolize_values(first.traced, second.traced, {Sym(n): p for n, p in pairs.items()})
     except NotDynamic as why:
         raise ExportError(f"export: with dynamic_shapes the call is traced at two sizes, which must make one program "
                           f"up to those sizes; they do not: {why}") from None  # fmt: skip
@@ -55,8 +57,41 @@ def export_dynamic(fn, args: tuple, kwargs: dict, dynamic_shapes) -> ExportedPro
     for k, dims in axes.items():
         kind, shape, dtype = specs[_leaf(args, k)]
         specs[_leaf(args, k)] = (kind, tuple(Sym(dims[d]) if d in dims else n for d, n in enumerate(shape)), dtype)
-    return ExportedProgram(graph, first.parameters, first.in_tree, specs, first.signature, first.out_tree, (),
+    regions = _symbolic_regions(first.regions, second.regions, values)
+    return ExportedProgram(graph, first.parameters, first.in_tree, specs, first.signature, first.out_tree, regions,
                            symbolic, tuple(guards))  # fmt: skip
+
+
+def _symbolic_regions(first: tuple, second: tuple, values: dict) -> tuple[Region, ...]:
+    """The first trace's composite regions over the symbolic graph (for exporters: kiln.onnx writes an LSTM
+    layer as ONNX's LSTM). A region whose other arguments differ between the traces (a size passed as
+    an int) names no one op at every size and is left out: its nodes are written one by one."""
+    if [r.name for r in first] != [r.name for r in second]:
+        return ()
+    kept = []
+    for a, b in zip(first, second, strict=True):
+        arguments = {key: _symbolic_argument(arg, b.arguments.get(key), values) for key, arg in a.arguments.items()}
+        if any(arg is _DIFFERS for arg in arguments.values()) or any(v not in values for v in a.outputs):
+            continue
+        kept.append(Region(a.name, arguments, tuple(values[v] for v in a.outputs), a.loc))
+    return tuple(kept)
+
+
+_DIFFERS = object()
+
+
+def _symbolic_argument(a, b, values: dict):
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        items = tuple(_symbolic_argument(x, y, values) for x, y in zip(a, b, strict=True))
+        return _DIFFERS if any(x is _DIFFERS for x in items) else items
+    if isinstance(a, Value):
+        return values.get(a, _DIFFERS) if isinstance(b, Value) else _DIFFERS
+    if a is None or b is None:
+        return a if a is b else _DIFFERS
+    try:
+        return a if type(a) is type(b) and bool(a == b) else _DIFFERS
+    except Exception:  # noqa: BLE001 - an object with no plain equality: the same object in both traces
+        return a if a is b else _DIFFERS
 
 
 def dynamic_axes(args: tuple, dynamic_shapes) -> dict[int, dict[int, str]]:

@@ -33,19 +33,50 @@ _RECURRENCES = {"kiln.nn.modules.rnn.LSTM": "LSTM", "kiln.nn.modules.rnn.GRU": "
 
 
 def check_regions(regions: tuple[Region, ...], graph: Graph) -> tuple[Region, ...]:
-    """The regions that agree with ``graph``; ``ValueError`` names the first that does not."""
+    """The regions that agree with ``graph``; ``ValueError`` names the first that does not. A region
+    over dynamic sizes is checked on the graph at sample sizes (``_at_sample_sizes``)."""
     producers = graph.producers()
+    sampled = None if all(_static(r) for r in regions) else _at_sample_sizes(graph)
     kept = []
     for k, region in enumerate(regions):
         fn = IMPLEMENTATIONS.get(region.name)
-        arguments = _stand_in(region.arguments)
-        if fn is None or arguments is None or not _static(region):
+        checked, on, by = region, graph, producers
+        if not _static(region):
+            if sampled is None:
+                continue  # the graph does not bind at sample sizes: not checked, so dropped
+            checked, on, by = _mapped(region, sampled[1]), sampled[0], sampled[2]
+        arguments = _stand_in(checked.arguments)
+        if fn is None or arguments is None:
             continue
-        problem = _disagreement(fn, region, arguments, graph, producers)
+        problem = _disagreement(fn, checked, arguments, on, by)
         if problem:
             raise ValueError(f"region {k} ({region.name}) does not match the graph: {problem}")
         kept.append(region)
     return tuple(kept)
+
+
+def _at_sample_sizes(graph: Graph) -> tuple[Graph, dict[Value, Value], dict] | None:
+    """``graph`` with its symbols bound to small, distinct sizes (3, 4, ...), each of its values -> its
+    counterpart there, and the bound graph's producers; None when the graph does not bind."""
+    from .dynamic import bind_graph, symbol_positions  # noqa: PLC0415 - dynamic imports the tracer
+
+    sizes = {sym: 3 + k for k, (sym, _, _) in enumerate(symbol_positions(graph))}
+    try:
+        bound = bind_graph(graph, sizes)
+    except (KeyError, ValueError):  # a symbol no input binds; a slice past its dim at these sizes
+        return None
+    values = dict(zip(graph.values(), bound.values(), strict=True))
+    return bound, values, bound.producers()
+
+
+def _mapped(region: Region, values: dict[Value, Value]) -> Region:
+    def value(arg: Any) -> Any:
+        if isinstance(arg, tuple):
+            return tuple(value(a) for a in arg)
+        return values.get(arg, arg) if isinstance(arg, Value) else arg
+
+    arguments = {key: value(arg) for key, arg in region.arguments.items()}
+    return Region(region.name, arguments, tuple(values.get(v, v) for v in region.outputs), region.loc)
 
 
 def _static(region: Region) -> bool:

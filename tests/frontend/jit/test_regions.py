@@ -25,7 +25,9 @@ def test_a_region_names_arguments_and_results():
     mul = next(n for n in program.traced.nodes if n.op == "mul" and out in n.inputs)  # the * 3 reads the result
     assert mul.output.type.shape == (3,)
     assert "test_regions.py" in region.loc.filename
-    np.testing.assert_allclose(program(x, shift).numpy(), (scaled_tanh(x, 0.5, shift=shift) * 3).numpy())
+    # compiled tanh may differ from eager's by an ulp (seen at 4.5e-8 for some inputs)
+    want = (scaled_tanh(x, 0.5, shift=shift) * 3).numpy()
+    np.testing.assert_allclose(program(x, shift).numpy(), want, rtol=1e-6, atol=1e-7)
 
 
 def test_nested_regions_are_recorded_inner_first():
