@@ -30,7 +30,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter, itemgetter
@@ -84,7 +84,7 @@ class KernelCall:
                  "extent", "work_bytes", "work", "spin", "status", "args", "out")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, kernel: Kernel, table: int, dynamic: tuple,
-                 allocate: tuple, conform: tuple, slots: Mapping[Value, int], inputs: Collection[int]) -> None:  # fmt: skip
+                 allocate: tuple, conform: tuple, slots: Mapping[Value, int], inputs: Mapping[int, int]) -> None:  # fmt: skip
         self.node, self.position, self.dead = node, position, dead
         self.status = kernel.status
         self.args = tuple(slots[v] for v in node.inputs)  # for the eager kernel, when the status says so
@@ -92,14 +92,14 @@ class KernelCall:
         self.function, self.extent, self.work_bytes = kernel.function, kernel.extent, kernel.work_bytes
         self.table = table  # this kernel's pointer table in each thread's frame
         # (position in the table, slot) of the arrays not in the arena: ``stable`` are the program's
-        # inputs (an output written into an input has that input's slot), refilled only when the
-        # call's inputs are not those of the table's last fill (``PointerTables.token``); ``dynamic`` the
+        # inputs (an output written into an input has that input's slot), filled when the call's
+        # input is another array than the last call's (``PointerTables.see``); ``dynamic`` the
         # others (new outputs, extern results), filled every call
         self.stable = tuple((p, slot) for p, slot in dynamic if slot in inputs)
         self.dynamic = tuple(entry for entry in dynamic if entry not in self.stable)
         self.allocate = allocate  # (slot, allocate, shape, dtype) of the new outputs
-        # (slot, whether it is an input's) of the arrays read that the kernel was compiled for in C order
-        self.conform = tuple((slot, slot in inputs) for slot in conform)
+        # (slot, its input's index or -1) of the arrays read that the kernel was compiled for in C order
+        self.conform = tuple((slot, inputs.get(slot, -1)) for slot in conform)
         self.pool(spin=False)
 
     def pool(self, spin: bool) -> None:
@@ -112,20 +112,14 @@ class KernelCall:
     def run(self, env: list, tables: PointerTables) -> None:
         for slot, empty, shape, dtype in self.allocate:
             env[slot] = empty(shape, dtype)
-        for slot, stable in self.conform:
+        for slot, index in self.conform:
             array = env[slot]
             if not array.flags.c_contiguous:
-                env[slot] = np.ascontiguousarray(array)
-                if stable:
-                    tables.forget()  # an input's slot holds another array now: every table refills
+                array = env[slot] = np.ascontiguousarray(array)
+                if index >= 0:  # an input's slot holds another array now: its users point at it
+                    tables.replaced(index, array)
         frame_table = tables[self.table]
-        table = frame_table.pointers
-        if self.stable and frame_table.seen is not tables.token:
-            # An array's data pointer is fixed for its life (numpy's ``.data`` cannot be set): the
-            # same inputs as at the last fill need no new pointers.
-            for position, slot in self.stable:
-                table[position] = data_pointer(env[slot])
-            frame_table.seen = tables.token
+        table = frame_table.pointers  # the inputs' pointers (``stable``) are the call's (``PointerTables.see``)
         for position, slot in self.dynamic:
             table[position] = data_pointer(env[slot])
         if self.work:
@@ -262,6 +256,7 @@ class CompiledProgram:
                 slots[graph.outputs[o]] = slots[graph.inputs[i]]
         self._slots = slots
         self._input_slots = tuple(slots[v] for v in graph.inputs)
+        self._input_index = {slot: i for i, slot in enumerate(self._input_slots)}  # each input slot's input
         n = len(graph.inputs)
         self._inputs_first = self._input_slots == tuple(range(n))  # placed by one slice assignment
         self._input_checks = tuple((v.type.shape, v.type.dtype.np, layouts[v], v.type) for v in graph.inputs)
@@ -307,6 +302,11 @@ class CompiledProgram:
         )  # fmt: skip
         self._needs_errstate = len(self.kernel_calls) != len(steps)
         self._watch_inputs = any(call.stable for call in self.kernel_calls)
+        users: list[list[tuple[int, int]]] = [[] for _ in self._input_slots]  # per input: its pointers' places
+        for call in self.kernel_calls:
+            for p, slot in call.stable:
+                users[self._input_index[slot]].append((call.table, p))
+        self._users = tuple(map(tuple, users))
         self._local = threading.local()
 
     def _kernel_call(self, node, position, dead, kernel, planned, layouts) -> KernelCall:
@@ -327,7 +327,7 @@ class CompiledProgram:
                 conform.append(slots[v])
         self._tables.append((len(values), tuple(static), kernel.status, kernel.sizes))
         return KernelCall(node, position, dead, kernel, len(self._tables) - 1, tuple(dynamic), tuple(allocate),
-                          tuple(conform), slots, inputs)  # fmt: skip
+                          tuple(conform), slots, self._input_index)  # fmt: skip
 
     def written_in_place(self) -> list[Value]:
         """The kernels' outputs written straight into an input's memory (write-backs with no copy)."""
@@ -338,7 +338,7 @@ class CompiledProgram:
     def _frame(self) -> Frame:
         frame = getattr(self._local, "frame", None)
         if frame is None:
-            frame = self._local.frame = Frame(self.plan, self._slots, self._constants, self._tables)
+            frame = self._local.frame = Frame(self.plan, self._slots, self._constants, self._tables, self._users)
         return frame
 
     # ------------------------------------------------------------------ running
