@@ -20,7 +20,7 @@ from ...ir.graph import Graph, SourceLocation
 from ..tensor import Tensor, make_tensor
 from .layouts import memory_owner, overlaps
 from .pytree import unflatten
-from .signature import Argument, Captured, Signature, apply, bind, call
+from .signature import Argument, Captured, Signature, apply, bind, call, made_fresh
 
 if TYPE_CHECKING:
     from ...codegen.backend import Program
@@ -98,6 +98,9 @@ class Specialization:
         # the positions of the captured arrays of the last matching call by the id of their memory's owner
         self._owners: dict[int, list[int]] | None = None
         self._fresh_results = _fresh_results(self.signature, self.program.fresh_outputs)
+        # every result the program makes is new memory (a training step's loss): ``apply`` need not
+        # find the inputs' memory owners to tell whether one of them is an input's
+        self._made_fresh = made_fresh(self.signature, self.program.fresh_outputs)
         # Every input an argument or a captured tensor: the call's key holds each argument's shape,
         # strides and dtype, and the guards compared every captured tensor's (``_captures_match``)
         # before each run, so the program need not check them again.
@@ -212,7 +215,7 @@ class Specialization:
         if self._fresh_results is not None:  # every result is new memory of its own: wrap it
             results = [make_tensor(outputs[output], device) for output, device in self._fresh_results]
         else:
-            results = apply(self.signature, outputs, arrays, leaves)
+            results = apply(self.signature, outputs, arrays, leaves, fresh=self._made_fresh)
         if self.backward is not None:
             self.backward.attach(self, results, outputs, leaves)
         self.calls += 1
