@@ -48,7 +48,7 @@ class BackwardPlan:
         (``signature.made_fresh``): none can be memory of a seed or a saved value."""
         cached = self._fresh
         if not cached or cached[0] is not self.program:  # lowered after the plan was made
-            fresh = getattr(self.program, "fresh_outputs", frozenset())
+            fresh: frozenset = getattr(self.program, "fresh_outputs", frozenset())
             cached = self._fresh = (self.program, made_fresh(self.signature, fresh))
         return cached[1]
 
