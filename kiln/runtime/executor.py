@@ -98,8 +98,10 @@ class KernelCall:
         self.stable = tuple((p, slot) for p, slot in dynamic if slot in inputs)
         self.dynamic = tuple(entry for entry in dynamic if entry not in self.stable)
         self.allocate = allocate  # (slot, allocate, shape, dtype) of the new outputs
-        # (slot, its input's index or -1) of the arrays read that the kernel was compiled for in C order
-        self.conform = tuple((slot, inputs.get(slot, -1)) for slot in conform)
+        # the slots of the arrays read that the kernel was compiled for in C order, but for the
+        # program's inputs: those are in their traced layout at every run (``_check`` copies them
+        # into it; ``run_checked_inputs``' callers compared their strides), C order here
+        self.conform = tuple(slot for slot in conform if slot not in inputs)
         self.pool(spin=False)
 
     def pool(self, spin: bool) -> None:
@@ -112,12 +114,10 @@ class KernelCall:
     def run(self, env: list, tables: PointerTables) -> None:
         for slot, empty, shape, dtype in self.allocate:
             env[slot] = empty(shape, dtype)
-        for slot, index in self.conform:
+        for slot in self.conform:
             array = env[slot]
             if not array.flags.c_contiguous:
-                array = env[slot] = np.ascontiguousarray(array)
-                if index >= 0:  # an input's slot holds another array now: its users point at it
-                    tables.replaced(index, array)
+                env[slot] = np.ascontiguousarray(array)
         frame_table = tables[self.table]
         table = frame_table.pointers  # the inputs' pointers (``stable``) are the call's (``PointerTables.see``)
         for position, slot in self.dynamic:

@@ -127,13 +127,5 @@ class PointerTables(list):
                 remembered = False
         self._ids = ids if remembered else None
 
-    def replaced(self, index: int, array: Any) -> None:
-        """Input ``index``'s slot holds ``array`` for the rest of this call (a copy in the layout the
-        kernels were compiled for): its users point at it now, and every pointer refills next call."""
-        pointer = data_pointer(array)
-        for table, position in self.users[index]:
-            self[table].pointers[position] = pointer
-        self._ids = None
-
     def _died(self, _ref) -> None:
         self._ids = None
