@@ -163,14 +163,23 @@ class ExternCall:
         self.dtype = node.output.type.dtype.np
         self.into = self.out if (prim.eager_into is not None and planned) else -1  # out= into the arena
         self.normalize = not prim.is_view  # a view's layout is derived from its input's
-        self.product = prim.kind is Kind.MATMUL  # a BLAS product: a small one runs on one BLAS thread
+        # A BLAS product: a small one runs on one BLAS thread (``threads.run_blas_product``), chosen
+        # once where its operands' shapes are static, at each run where they are symbolic (``product``).
+        shapes = [v.type.shape for v in node.inputs[:2]]
+        static = all(isinstance(d, int) for shape in shapes for d in shape)
+        self.product = prim.kind is Kind.MATMUL and not static
+        if prim.kind is Kind.MATMUL and static:
+            macs = threads.matmul_macs(*cast(list[tuple[int, ...]], shapes))
+            self.eager = partial(threads.run_blas_product, prim.eager, macs)
+            if prim.eager_into is not None:
+                self.eager_into = partial(threads.run_blas_product, prim.eager_into, macs)
 
     def run(self, env: list, tables: PointerTables) -> None:
         if self.normalize:  # not a view: BLAS's threads (a matmul) may want the cores workers spin on
             threads.park()
         args = [env[slot] for slot in self.args]
         eager_into, eager = self.eager_into, self.eager
-        if self.product:  # too small to gain from a second BLAS thread: on one (threads.run_blas_product)
+        if self.product:  # symbolic shapes: the product's size is this run's
             macs = threads.matmul_macs(args[0].shape, args[1].shape)
             kernel = eager_into if self.into >= 0 else eager
             eager_into = eager = partial(threads.run_blas_product, kernel, macs)  # type: ignore[arg-type]  # set when into >= 0
