@@ -28,12 +28,14 @@ Every array a kernel reads stays referenced by the call's environment until the 
 from __future__ import annotations
 
 import ctypes
+import operator
 import threading
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter, methodcaller
 from typing import Any, cast
 
 import numpy as np
@@ -151,7 +153,7 @@ class ExternCall:
     """A primitive's eager kernel; its result copied into C order unless it is a view."""
 
     __slots__ = ("node", "position", "dead", "eager", "eager_into", "args", "attrs", "out", "dtype", "into",
-                 "normalize", "product")  # fmt: skip
+                 "normalize", "product", "last")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], planned: bool) -> None:
         self.node, self.position, self.dead = node, position, dead
@@ -168,6 +170,7 @@ class ExternCall:
         shapes = [v.type.shape for v in node.inputs[:2]]
         static = all(isinstance(d, int) for shape in shapes for d in shape)
         self.product = prim.kind is Kind.MATMUL and not static
+        self.last: tuple | None = None  # a view's last arguments (weakly) and the view kept of them: see ``_view``
         if prim.kind is Kind.MATMUL and static:
             macs = threads.matmul_macs(*cast(list[tuple[int, ...]], shapes))
             self.eager = partial(threads.run_blas_product, prim.eager, macs)
@@ -178,6 +181,11 @@ class ExternCall:
         if self.normalize:  # not a view: BLAS's threads (a matmul) may want the cores workers spin on
             threads.park()
         args = [env[slot] for slot in self.args]
+        if not self.normalize and self.into < 0:
+            env[self.out] = self._view(args)
+            for slot in self.dead:
+                env[slot] = None
+            return
         eager_into, eager = self.eager_into, self.eager
         if self.product:  # symbolic shapes: the product's size is this run's
             macs = threads.matmul_macs(args[0].shape, args[1].shape)
@@ -197,6 +205,33 @@ class ExternCall:
             env[self.out] = result
         for slot in self.dead:
             env[slot] = None
+
+    def _view(self, args: list) -> Any:
+        """The view primitive's result on ``args``: the last run's view when they are the same arrays.
+
+        An array's memory, shape and strides are fixed for its life, so a view of the same arrays
+        with the same attributes is the same window onto memory (a weight's transpose, every call).
+        A view is kept only of arrays met at two runs in a row and held weakly until then: a view
+        holds its base, and arrays new at every run (a batch, a backward's saved values) must not
+        live on until the next. Only a result that is a view of ``args[0]`` is kept (never a copy)."""
+        last = self.last
+        if last is not None and all(map(is_, map(_dereference, last[0]), args)):
+            if last[1] is not None:
+                return last[1]
+            result = self._eager_view(args)
+            if result.__class__ is np.ndarray and _owner(result) is _owner(args[0]):  # a view, not a copy
+                self.last = (last[0], result)
+            return result
+        result = self._eager_view(args)
+        try:
+            self.last = (tuple(weakref.ref(a) for a in args), None)  # met once: held weakly
+        except TypeError:  # an array without weak references: a new view each run
+            self.last = None
+        return result
+
+    def _eager_view(self, args: list) -> Any:
+        result = self.eager(np, *args, **self.attrs)
+        return result if result.__class__ is np.ndarray else np.asarray(result, dtype=self.dtype)
 
     def describe(self) -> str:
         node = self.node
@@ -512,6 +547,16 @@ def same_layout(shape: tuple, strides: tuple, expected: tuple) -> bool:
 
 
 _SHAPE, _STRIDES, _DTYPE = attrgetter("shape"), attrgetter("strides"), attrgetter("dtype")
+_dereference = getattr(operator, "call", None) or methodcaller("__call__")  # a weak reference -> its object, in C
+
+
+def _owner(array: Any) -> Any:
+    """The object at the end of ``array``'s chain of bases: what holds its memory (an array, or the
+    foreign object an array over other memory keeps)."""
+    base = array.base
+    while base is not None:
+        array, base = base, getattr(base, "base", None)
+    return array
 
 
 class LayoutError(RuntimeError):
