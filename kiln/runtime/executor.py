@@ -28,12 +28,14 @@ Every array a kernel reads stays referenced by the call's environment until the 
 from __future__ import annotations
 
 import ctypes
+import operator
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from operator import attrgetter, itemgetter
+from operator import attrgetter, is_, itemgetter, methodcaller
 from typing import Any, cast
 
 import numpy as np
@@ -84,7 +86,7 @@ class KernelCall:
                  "extent", "work_bytes", "work", "spin", "status", "args", "out")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, kernel: Kernel, table: int, dynamic: tuple,
-                 allocate: tuple, conform: tuple, slots: Mapping[Value, int], inputs: Collection[int]) -> None:  # fmt: skip
+                 allocate: tuple, conform: tuple, slots: Mapping[Value, int], inputs: Mapping[int, int]) -> None:  # fmt: skip
         self.node, self.position, self.dead = node, position, dead
         self.status = kernel.status
         self.args = tuple(slots[v] for v in node.inputs)  # for the eager kernel, when the status says so
@@ -92,14 +94,16 @@ class KernelCall:
         self.function, self.extent, self.work_bytes = kernel.function, kernel.extent, kernel.work_bytes
         self.table = table  # this kernel's pointer table in each thread's frame
         # (position in the table, slot) of the arrays not in the arena: ``stable`` are the program's
-        # inputs (an output written into an input has that input's slot), refilled only when the
-        # call's inputs are not those of the table's last fill (``PointerTables.token``); ``dynamic`` the
+        # inputs (an output written into an input has that input's slot), filled when the call's
+        # input is another array than the last call's (``PointerTables.see``); ``dynamic`` the
         # others (new outputs, extern results), filled every call
         self.stable = tuple((p, slot) for p, slot in dynamic if slot in inputs)
         self.dynamic = tuple(entry for entry in dynamic if entry not in self.stable)
         self.allocate = allocate  # (slot, allocate, shape, dtype) of the new outputs
-        # (slot, whether it is an input's) of the arrays read that the kernel was compiled for in C order
-        self.conform = tuple((slot, slot in inputs) for slot in conform)
+        # the slots of the arrays read that the kernel was compiled for in C order, but for the
+        # program's inputs: those are in their traced layout at every run (``_check`` copies them
+        # into it; ``run_checked_inputs``' callers compared their strides), C order here
+        self.conform = tuple(slot for slot in conform if slot not in inputs)
         self.pool(spin=False)
 
     def pool(self, spin: bool) -> None:
@@ -112,20 +116,12 @@ class KernelCall:
     def run(self, env: list, tables: PointerTables) -> None:
         for slot, empty, shape, dtype in self.allocate:
             env[slot] = empty(shape, dtype)
-        for slot, stable in self.conform:
+        for slot in self.conform:
             array = env[slot]
             if not array.flags.c_contiguous:
                 env[slot] = np.ascontiguousarray(array)
-                if stable:
-                    tables.forget()  # an input's slot holds another array now: every table refills
         frame_table = tables[self.table]
-        table = frame_table.pointers
-        if self.stable and frame_table.seen is not tables.token:
-            # An array's data pointer is fixed for its life (numpy's ``.data`` cannot be set): the
-            # same inputs as at the last fill need no new pointers.
-            for position, slot in self.stable:
-                table[position] = data_pointer(env[slot])
-            frame_table.seen = tables.token
+        table = frame_table.pointers  # the inputs' pointers (``stable``) are the call's (``PointerTables.see``)
         for position, slot in self.dynamic:
             table[position] = data_pointer(env[slot])
         if self.work:
@@ -157,7 +153,7 @@ class ExternCall:
     """A primitive's eager kernel; its result copied into C order unless it is a view."""
 
     __slots__ = ("node", "position", "dead", "eager", "eager_into", "args", "attrs", "out", "dtype", "into",
-                 "normalize", "product")  # fmt: skip
+                 "normalize", "product", "last")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], planned: bool) -> None:
         self.node, self.position, self.dead = node, position, dead
@@ -169,14 +165,29 @@ class ExternCall:
         self.dtype = node.output.type.dtype.np
         self.into = self.out if (prim.eager_into is not None and planned) else -1  # out= into the arena
         self.normalize = not prim.is_view  # a view's layout is derived from its input's
-        self.product = prim.kind is Kind.MATMUL  # a BLAS product: a small one runs on one BLAS thread
+        # A BLAS product: a small one runs on one BLAS thread (``threads.run_blas_product``), chosen
+        # once where its operands' shapes are static, at each run where they are symbolic (``product``).
+        shapes = [v.type.shape for v in node.inputs[:2]]
+        static = all(isinstance(d, int) for shape in shapes for d in shape)
+        self.product = prim.kind is Kind.MATMUL and not static
+        self.last: tuple | None = None  # a view's last arguments (weakly) and the view kept of them: see ``_view``
+        if prim.kind is Kind.MATMUL and static:
+            macs = threads.matmul_macs(*cast(list[tuple[int, ...]], shapes))
+            self.eager = partial(threads.run_blas_product, prim.eager, macs)
+            if prim.eager_into is not None:
+                self.eager_into = partial(threads.run_blas_product, prim.eager_into, macs)
 
     def run(self, env: list, tables: PointerTables) -> None:
         if self.normalize:  # not a view: BLAS's threads (a matmul) may want the cores workers spin on
             threads.park()
         args = [env[slot] for slot in self.args]
+        if not self.normalize and self.into < 0:
+            env[self.out] = self._view(args)
+            for slot in self.dead:
+                env[slot] = None
+            return
         eager_into, eager = self.eager_into, self.eager
-        if self.product:  # too small to gain from a second BLAS thread: on one (threads.run_blas_product)
+        if self.product:  # symbolic shapes: the product's size is this run's
             macs = threads.matmul_macs(args[0].shape, args[1].shape)
             kernel = eager_into if self.into >= 0 else eager
             eager_into = eager = partial(threads.run_blas_product, kernel, macs)  # type: ignore[arg-type]  # set when into >= 0
@@ -194,6 +205,33 @@ class ExternCall:
             env[self.out] = result
         for slot in self.dead:
             env[slot] = None
+
+    def _view(self, args: list) -> Any:
+        """The view primitive's result on ``args``: the last run's view when they are the same arrays.
+
+        An array's memory, shape and strides are fixed for its life, so a view of the same arrays
+        with the same attributes is the same window onto memory (a weight's transpose, every call).
+        A view is kept only of arrays met at two runs in a row and held weakly until then: a view
+        holds its base, and arrays new at every run (a batch, a backward's saved values) must not
+        live on until the next. Only a result that is a view of ``args[0]`` is kept (never a copy)."""
+        last = self.last
+        if last is not None and all(map(is_, map(_dereference, last[0]), args)):
+            if last[1] is not None:
+                return last[1]
+            result = self._eager_view(args)
+            if result.__class__ is np.ndarray and _owner(result) is _owner(args[0]):  # a view, not a copy
+                self.last = (last[0], result)
+            return result
+        result = self._eager_view(args)
+        try:
+            self.last = (tuple(weakref.ref(a) for a in args), None)  # met once: held weakly
+        except TypeError:  # an array without weak references: a new view each run
+            self.last = None
+        return result
+
+    def _eager_view(self, args: list) -> Any:
+        result = self.eager(np, *args, **self.attrs)
+        return result if result.__class__ is np.ndarray else np.asarray(result, dtype=self.dtype)
 
     def describe(self) -> str:
         node = self.node
@@ -262,6 +300,7 @@ class CompiledProgram:
                 slots[graph.outputs[o]] = slots[graph.inputs[i]]
         self._slots = slots
         self._input_slots = tuple(slots[v] for v in graph.inputs)
+        self._input_index = {slot: i for i, slot in enumerate(self._input_slots)}  # each input slot's input
         n = len(graph.inputs)
         self._inputs_first = self._input_slots == tuple(range(n))  # placed by one slice assignment
         self._input_checks = tuple((v.type.shape, v.type.dtype.np, layouts[v], v.type) for v in graph.inputs)
@@ -307,6 +346,11 @@ class CompiledProgram:
         )  # fmt: skip
         self._needs_errstate = len(self.kernel_calls) != len(steps)
         self._watch_inputs = any(call.stable for call in self.kernel_calls)
+        users: list[list[tuple[int, int]]] = [[] for _ in self._input_slots]  # per input: its pointers' places
+        for call in self.kernel_calls:
+            for p, slot in call.stable:
+                users[self._input_index[slot]].append((call.table, p))
+        self._users = tuple(map(tuple, users))
         self._local = threading.local()
 
     def _kernel_call(self, node, position, dead, kernel, planned, layouts) -> KernelCall:
@@ -327,7 +371,7 @@ class CompiledProgram:
                 conform.append(slots[v])
         self._tables.append((len(values), tuple(static), kernel.status, kernel.sizes))
         return KernelCall(node, position, dead, kernel, len(self._tables) - 1, tuple(dynamic), tuple(allocate),
-                          tuple(conform), slots, inputs)  # fmt: skip
+                          tuple(conform), slots, self._input_index)  # fmt: skip
 
     def written_in_place(self) -> list[Value]:
         """The kernels' outputs written straight into an input's memory (write-backs with no copy)."""
@@ -338,7 +382,7 @@ class CompiledProgram:
     def _frame(self) -> Frame:
         frame = getattr(self._local, "frame", None)
         if frame is None:
-            frame = self._local.frame = Frame(self.plan, self._slots, self._constants, self._tables)
+            frame = self._local.frame = Frame(self.plan, self._slots, self._constants, self._tables, self._users)
         return frame
 
     # ------------------------------------------------------------------ running
@@ -503,6 +547,16 @@ def same_layout(shape: tuple, strides: tuple, expected: tuple) -> bool:
 
 
 _SHAPE, _STRIDES, _DTYPE = attrgetter("shape"), attrgetter("strides"), attrgetter("dtype")
+_dereference = getattr(operator, "call", None) or methodcaller("__call__")  # a weak reference -> its object, in C
+
+
+def _owner(array: Any) -> Any:
+    """The object at the end of ``array``'s chain of bases: what holds its memory (an array, or the
+    foreign object an array over other memory keeps)."""
+    base = array.base
+    while base is not None:
+        array, base = base, getattr(base, "base", None)
+    return array
 
 
 class LayoutError(RuntimeError):

@@ -3,14 +3,16 @@
 Two threads calling one compiled function never share a ``Frame``: each has its arena (the memory
 plan's intermediates), the arena's views in a template environment, and a pointer table per
 kernel with the arena addresses filled in once. ``PointerTables`` also remembers the program's
-input arrays of the last call, so a kernel refills its inputs' pointers only when they changed.
+input arrays of the last call, so a call refills the pointers of the inputs that changed alone.
 """
 
 from __future__ import annotations
 
 import ctypes
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress, count
+from operator import ne
 from typing import Any
 
 import numpy as np
@@ -42,11 +44,13 @@ class Frame:
     """One thread's arena, its views and the kernels' pointer tables with arena addresses filled in."""
 
     def __init__(self, plan: Any, slots: Mapping[Value, int], constants: Sequence[tuple[int, np.ndarray]],
-                 tables: Sequence[tuple[int, tuple, bool, tuple[int, ...]]]) -> None:  # fmt: skip
+                 tables: Sequence[tuple[int, tuple, bool, tuple[int, ...]]],
+                 users: Sequence[tuple[tuple[int, int], ...]] = ()) -> None:  # fmt: skip
         """``plan``: the memory plan (None: no arena); ``slots``: each value's slot in a call's
         environment; ``constants``: (slot, array) pairs; ``tables``: per kernel, its number of
         pointers, the (position, slot) pairs of its arena values, whether a status word follows,
-        and the symbolic sizes written after the pointers (before the status word)."""
+        and the symbolic sizes written after the pointers (before the status word); ``users``: per
+        program input, the (table, position) pairs of its pointer (``PointerTables``)."""
         template: list[Any] = [None] * len(slots)
         for slot, array in constants:
             template[slot] = array
@@ -60,7 +64,7 @@ class Frame:
                 nbytes = t.dtype.itemsize * int(np.prod(t.shape, dtype=np.int64))
                 template[slots[value]] = self.arena[offset : offset + nbytes].view(t.dtype.np).reshape(t.shape)
         self.template = template
-        self.tables = PointerTables()
+        self.tables = PointerTables(users)
         for size, static, status, sizes in tables:
             table = PointerTable((ctypes.c_void_p * (size + len(sizes) + status))())
             for position, slot in static:
@@ -73,47 +77,55 @@ class Frame:
 
 
 class PointerTable:
-    """A kernel's pointer table in one thread, and the token of the inputs whose pointers it holds
-    (``KernelCall.stable``; see ``PointerTables``)."""
+    """A kernel's pointer table in one thread, and its status word (``Kernel.status``)."""
 
-    __slots__ = ("pointers", "seen", "status")
+    __slots__ = ("pointers", "status")
 
     def __init__(self, pointers) -> None:
         self.pointers = pointers
-        self.seen: object = None
-        self.status = ctypes.c_int64(0)  # the kernel's status word (``Kernel.status``)
+        self.status = ctypes.c_int64(0)
 
 
 class PointerTables(list):
-    """One thread's pointer tables, and a token that stands for the program's input arrays: the
-    same object while the inputs are the same arrays as at the last call, a new one otherwise.
+    """One thread's pointer tables, and the program's input arrays whose pointers they hold.
 
-    ``see(inputs)`` keeps the inputs' ids until one of those arrays dies: while they all live, no
-    other object has one of their ids, so the same ids at the next call are the same arrays. One
-    comparison of a tuple of ints a call for the whole program (an Adam step over 100 parameters
-    reads 500 arrays), where each kernel gathered and compared the ids of its own."""
+    ``users[i]``: the ``(table, position)`` pairs that hold input ``i``'s data pointer (the kernels'
+    ``KernelCall.stable``). ``see(inputs)`` refills those of the inputs that are other arrays than
+    at the last call, and keeps the inputs' ids until one of those arrays dies: while they all live,
+    no other object has one of their ids, so the same id at the next call is the same array, whose
+    data pointer is fixed for its life. A training step whose batch is new every call refills the
+    batch's pointers alone, not those of its parameters and optimizer state (an MLP step: 4 of 52)."""
 
-    def __init__(self) -> None:
+    def __init__(self, users: Sequence[tuple[tuple[int, int], ...]] = ()) -> None:
         super().__init__()
-        self.token: object = object()
+        self.users = users
         self._ids: tuple | None = None
         self._refs: list = []
 
     def see(self, inputs: Sequence[Any]) -> None:
         ids = tuple(map(id, inputs))
-        if ids == self._ids:
+        last = self._ids
+        if ids == last:
             return
-        self.forget()
-        try:
-            self._refs = [weakref.ref(a, self._died) for a in inputs]
-        except TypeError:  # an input without weak references: new pointers every call
-            return
-        self._ids = ids
-
-    def forget(self) -> None:
-        """The inputs' arrays are not those of the last fill: every table refills its pointers."""
-        self._ids = None
-        self.token = object()
+        if last is None or len(last) != len(ids):
+            changed: Iterable[int] = range(len(ids))
+            self._refs = [None] * len(ids)
+        else:  # the positions whose id differs, in C loops
+            changed = compress(count(), map(ne, ids, last))
+        remembered, refs, users = True, self._refs, self.users
+        for i in changed:
+            pairs = users[i]
+            if not pairs:
+                continue
+            array = inputs[i]
+            pointer = data_pointer(array)
+            for table, position in pairs:
+                self[table].pointers[position] = pointer
+            try:
+                refs[i] = weakref.ref(array, self._died)
+            except TypeError:  # an input without weak references: new pointers every call
+                remembered = False
+        self._ids = ids if remembered else None
 
     def _died(self, _ref) -> None:
         self._ids = None

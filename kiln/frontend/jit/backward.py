@@ -19,7 +19,7 @@ import numpy as np
 from ...ir.graph import Graph
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError, Node, _edge_of, _freed_error
-from .signature import Captured, Signature, apply, bind
+from .signature import Captured, Signature, apply, bind, made_fresh
 
 
 @dataclass
@@ -37,6 +37,20 @@ class BackwardPlan:
     # the backward graph as the partition made it: lowered by ``symbolic_backward.lower_plan``, and
     # compared with a trace's at another size (a dynamic specialization)
     traced: Graph | None = None
+    _fresh: tuple = field(default=(), repr=False)  # (program, made_fresh for it): see ``made_fresh``
+
+    def __post_init__(self) -> None:
+        # the captured tensors the backward reads (see ``attach``), by their weak references
+        self._captured_refs = [k.ref for k in self.signature.inputs if isinstance(k, Captured)]
+
+    def made_fresh(self) -> bool:
+        """Whether every gradient the program it runs now makes is new memory of its own
+        (``signature.made_fresh``): none can be memory of a seed or a saved value."""
+        cached = self._fresh
+        if not cached or cached[0] is not self.program:  # lowered after the plan was made
+            fresh: frozenset = getattr(self.program, "fresh_outputs", frozenset())
+            cached = self._fresh = (self.program, made_fresh(self.signature, fresh))
+        return cached[1]
 
     def attach(self, spec, results: list, outputs: list, leaves: list) -> None:
         saved = [outputs[i] for i in self.saved_outputs]
@@ -45,8 +59,9 @@ class BackwardPlan:
         # gradient) and those a saved value is a view of (the weight's transpose). Eager autograd
         # saved them and raises if one changes in place before the backward; their version
         # counters let the compiled backward raise the same.
-        read = [k.ref() for k in self.signature.inputs if isinstance(k, Captured)]
-        read += [spec.external(k, leaves) for k in self.saved_views_of]
+        read = [ref() for ref in self._captured_refs]
+        if self.saved_views_of:
+            read += [spec.external(k, leaves) for k in self.saved_views_of]
         versions = [(t._version, t._version[0]) for t in read if t is not None]
         node = CompiledBackward(self, saved, externals, [results[i] for i in self.diff_results], versions)
         for nr, position in enumerate(self.diff_results):
@@ -99,7 +114,8 @@ class CompiledBackward(Node):
         seeds = [np.zeros(shape, dtype) if g is None else g._data
                  for g, (shape, dtype, _) in zip(grads, self.seed_types, strict=True)]  # fmt: skip
         arrays = bind(self.plan.signature, seeds=seeds, saved=self.saved)
-        return tuple(apply(self.plan.signature, self.plan.program(arrays), arrays))
+        plan = self.plan
+        return tuple(apply(plan.signature, plan.program(arrays), arrays, fresh=plan.made_fresh()))
 
     def release(self) -> None:
         self.saved = self.eager = None

@@ -51,6 +51,8 @@ def flatten_call(args: tuple, kwargs: dict) -> tuple[list, Any]:
 
 
 def unflatten(tree: Any, leaves: list) -> Any:
+    if tree is LEAF:  # one tensor returned (a compiled call's usual result)
+        return leaves[0]
     it = iter(leaves)
     return _build(tree, it)
 

@@ -310,25 +310,29 @@ def _reads_outside_ops() -> None:
         trace.break_here("a compiled program reads its tensors' memory outside kiln's ops")
 
 
-def apply(signature: Signature, outputs: list, arrays: list, arguments=(), parameters=None) -> list:
+def apply(signature: Signature, outputs: list, arrays: list, arguments=(), parameters=None, *,
+          fresh: bool = False) -> list:  # fmt: skip
     """The flattened results of a call whose program read ``arrays`` and returned ``outputs``, after
     writing mutated inputs back and setting the ``.grad`` values the call sets (see the module's
-    docstring for who owns which memory)."""
+    docstring for who owns which memory). ``fresh``: every result and new ``.grad`` the program
+    makes is new memory of its own (``made_fresh``), so none is an input's."""
     sig = signature
     # the memory owners are read only when something could be an input's memory (results, new grads)
-    owned = owned_memory(arrays) if sig._made or sig._new_grads else None
+    owned = owned_memory(arrays) if (sig._made or sig._new_grads) and not fresh else None
     claimed = set(owned) if sig.writebacks and owned is not None else owned  # the write-backs read the inputs' alone
+    if claimed is None:
+        claimed = set()  # what this call hands out (a fresh output's views must be copies)
     results: list = [None] * len(sig.results)
     roots: dict[int, object] = {}  # output index -> the tensor that results sharing its memory view
     for position, output, device, view in sig._made:
         if view is None:
-            results[position] = claim(outputs[output], claimed, device)  # type: ignore[arg-type]  # owned is set whenever _made is not empty
+            results[position] = claim(outputs[output], claimed, device)
             continue
         root = roots.get(output)
         if root is None:
-            root = roots[output] = claim(in_layout(outputs[output], view[0]), claimed, device)  # type: ignore[arg-type]
+            root = roots[output] = claim(in_layout(outputs[output], view[0]), claimed, device)
         results[position] = view_of(root, *view[1:])
-    new_grads = [claim(outputs[output], claimed, device) for output, device in sig._new_grads]  # type: ignore[arg-type]
+    new_grads = [claim(outputs[output], claimed, device) for output, device in sig._new_grads]
     if sig.writebacks:
         _write_back(sig, outputs, arrays, owned, arguments, parameters)
     if sig.grads:
@@ -336,6 +340,13 @@ def apply(signature: Signature, outputs: list, arrays: list, arguments=(), param
     for position, r in sig._late:
         results[position] = r.rebuild(sig, results, arguments, parameters)
     return results
+
+
+def made_fresh(signature: Signature, fresh_outputs: frozenset) -> bool:
+    """Whether every result and new ``.grad`` the program makes is one of its ``fresh_outputs``
+    (memory it allocated in the call and hands out once): ``apply``'s ``fresh``."""
+    made = [output for _, output, _, _ in signature._made] + [output for output, _ in signature._new_grads]
+    return bool(made) and all(output in fresh_outputs for output in made)
 
 
 def _write_back(sig: Signature, outputs: list, arrays: list, owned: set[int] | None, arguments, parameters) -> None:

@@ -20,7 +20,7 @@ from ...ir.graph import Graph, SourceLocation
 from ..tensor import Tensor, make_tensor
 from .layouts import memory_owner, overlaps
 from .pytree import unflatten
-from .signature import Argument, Captured, Signature, apply, bind, call
+from .signature import Argument, Captured, Signature, apply, bind, call, made_fresh
 
 if TYPE_CHECKING:
     from ...codegen.backend import Program
@@ -95,9 +95,13 @@ class Specialization:
         self._all_grads = len(self._grads) == len(self._captured)
         self._nones = [None] * len(self._captured)
         self._matched_arrays: list | None = None  # weak references to the arrays of the last matching call
+        self._captured_ids: frozenset[int] | None = None  # see ``_ids_of``
         # the positions of the captured arrays of the last matching call by the id of their memory's owner
         self._owners: dict[int, list[int]] | None = None
         self._fresh_results = _fresh_results(self.signature, self.program.fresh_outputs)
+        # every result the program makes is new memory (a training step's loss): ``apply`` need not
+        # find the inputs' memory owners to tell whether one of them is an input's
+        self._made_fresh = made_fresh(self.signature, self.program.fresh_outputs)
         # Every input an argument or a captured tensor: the call's key holds each argument's shape,
         # strides and dtype, and the guards compared every captured tensor's (``_captures_match``)
         # before each run, so the program need not check them again.
@@ -169,10 +173,18 @@ class Specialization:
         if list(map(_NOT_NONE, map(_GRAD, grads))) != self._grads:
             return False
         arg_roots = {id(a._base if a._base is not None else a) for a in leaves if isinstance(a, Tensor)}
-        if arg_roots and not (arg_roots.isdisjoint(map(id, tensors))
-                              and arg_roots.isdisjoint(map(id, filter(_NOT_NONE, map(_BASE, tensors))))):  # fmt: skip
+        if not arg_roots:
+            return True
+        if not arg_roots.isdisjoint(self._captured_ids or self._ids_of(tensors)):
             return False  # (a captured view's own id is never a root: roots have no _base)
-        return arg_roots == set() or self._memory_shared_with(leaves, arrays) is None
+        return self._memory_shared_with(leaves, arrays) is None
+
+    def _ids_of(self, tensors: list) -> frozenset[int]:
+        """The ids of the captured tensors and of the tensors they view, kept: the same at every call
+        while they live (a weak reference gives the same object or None, checked first, and a
+        tensor's ``_base`` is set when it is made), and no other object has them meanwhile."""
+        self._captured_ids = frozenset(map(id, tensors)) | frozenset(map(id, filter(_NOT_NONE, map(_BASE, tensors))))
+        return self._captured_ids
 
     def _memory_shared_with(self, leaves: list, arrays: list) -> int | None:
         """The position of a captured tensor whose memory an argument's overlaps with no kiln view
@@ -212,7 +224,7 @@ class Specialization:
         if self._fresh_results is not None:  # every result is new memory of its own: wrap it
             results = [make_tensor(outputs[output], device) for output, device in self._fresh_results]
         else:
-            results = apply(self.signature, outputs, arrays, leaves)
+            results = apply(self.signature, outputs, arrays, leaves, fresh=self._made_fresh)
         if self.backward is not None:
             self.backward.attach(self, results, outputs, leaves)
         self.calls += 1
