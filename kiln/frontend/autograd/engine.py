@@ -118,6 +118,8 @@ def run_backward(
     # small node's time.
     with set_grad_enabled(create_graph):
         while ready:
+            # (the last node's gradients dropped: an AccumulateGrad takes a gradient no one else holds)
+            outputs = g = current = None
             node = pop(ready)[2]
             grads = buffers.pop(node, None) or [None] * node.num_outputs
             if (node.pre_hooks or node.__class__ is AccumulateGrad) and node not in own_hooks:

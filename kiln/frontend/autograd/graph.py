@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 import traceback
 import weakref
 from typing import Any
+
+import numpy as np
 
 from ...ir.dtypes import FLOATING
 from ...ir.types import TensorType
@@ -21,8 +24,11 @@ from ..jit import state as _jit
 from . import grad_mode
 from .grad_mode import enable_grad, state
 
+_shared: dict[tuple, tuple] = {}  # record's shared shape and dtype tuples
 _next_seq = itertools.count().__next__  # a bound method: cheaper than next(counter)
 _new_object = object.__new__
+_getrefcount = sys.getrefcount
+_ndarray = np.ndarray
 Edge = tuple["Node", int] | None
 
 
@@ -101,10 +107,7 @@ class SavedTensor:
 
     def __init__(self, tensor, node: Node | None = None, output_nr: int = 0) -> None:
         if tensor._inference:
-            raise RuntimeError(
-                "Inference tensors cannot be saved for backward. Make a normal tensor from it "
-                "(x.clone() outside kiln.inference_mode()) before using it in autograd."
-            )
+            raise inference_error()
         self.counter = tensor._version
         self.version = tensor._version[0]
         if node is None:
@@ -131,6 +134,13 @@ class SavedTensor:
         return t
 
 
+def inference_error() -> RuntimeError:
+    return RuntimeError(
+        "Inference tensors cannot be saved for backward. Make a normal tensor from it "
+        "(x.clone() outside kiln.inference_mode()) before using it in autograd."
+    )
+
+
 def version_error(node: Node, saved: int, now: int) -> RuntimeError:
     """The error for a tensor that ``node`` saved at version ``saved`` and finds at ``now``."""
     return RuntimeError(
@@ -153,7 +163,8 @@ class _VjpContext:
     properties, with no object of its own per call."""
 
     __slots__ = ()
-    saved_inputs: tuple[SavedTensor, ...] | None
+    saved_inputs: tuple | None
+    saved_versions: tuple[int, ...]
     saved_output: SavedTensor | bool | None
     input_shapes: tuple
     input_dtypes: tuple
@@ -186,22 +197,26 @@ class _VjpContext:
 
 
 class _SavedInputs:
-    """The saved inputs, unpacked (and version-checked) one at a time as the VJP reads them: a
-    rule that does not read an input is not stopped by an in-place change to it, as in PyTorch."""
+    """The saved inputs, version-checked one at a time as the VJP reads them: a rule that does not
+    read an input is not stopped by an in-place change to it, as in PyTorch."""
 
     __slots__ = ("saved", "node")
 
-    def __init__(self, saved: tuple, node: Node) -> None:
+    def __init__(self, saved: tuple, node: PrimBackward) -> None:
         self.saved, self.node = saved, node
 
     def __getitem__(self, i: int):
-        return self.saved[i].unpack(self.node)
+        t = self.saved[i]
+        saved_version = self.node.saved_versions[i]
+        if t._version[0] != saved_version:
+            raise version_error(self.node, saved_version, t._version[0])
+        return t
 
     def __len__(self) -> int:
         return len(self.saved)
 
     def __iter__(self):
-        return (s.unpack(self.node) for s in self.saved)
+        return (self[i] for i in range(len(self.saved)))
 
 
 class FreedGraphError(RuntimeError):
@@ -217,20 +232,11 @@ def _freed_error(node: Node) -> FreedGraphError:
     )
 
 
-class PrimBackward(Node, _VjpContext):
-    """The backward of one primitive call: runs the primitive's VJP rule (which reads the node as its
-    ``ctx``: saved inputs and output, attributes, input types). Made by ``record``."""
+class LazyEdgesNode(Node):
+    """A node whose leaf inputs stand for their edges until the edges are read (see next_edges):
+    ``_edges`` holds ``pending_edge(input)`` per input."""
 
-    __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_output",
-                 "view_version", "_edges", "_leaves_pending")  # fmt: skip
-    prim: Any  # the Primitive
-    attrs: dict
-    input_shapes: tuple
-    input_dtypes: tuple
-    device: Any
-    saved_inputs: tuple[SavedTensor, ...] | None  # None once released
-    saved_output: SavedTensor | bool | None  # False: not saved; None: released
-    view_version: int  # the version of a view's memory when this node became its history (-1: not a view's)
+    __slots__ = ("_edges", "_leaves_pending")
     _edges: tuple  # the next edges, where a leaf input stands for its own edge until they are read
     _leaves_pending: bool  # whether _edges may hold leaf tensors
 
@@ -246,6 +252,39 @@ class PrimBackward(Node, _VjpContext):
             )
             self._leaves_pending = False
         return self._edges
+
+    @next_edges.setter
+    def next_edges(self, pending: tuple) -> None:
+        """Node's constructor sets the pending edges: ``pending_edge(input)`` per input."""
+        self._edges, self._leaves_pending = pending, True
+
+
+def pending_edge(t):
+    """What a ``LazyEdgesNode`` holds for input ``t`` in ``_edges``: None where no gradient flows to
+    it, the leaf itself where it is a leaf that requires grad, else its edge."""
+    return (t if t.grad_fn is None else _edge_of(t)) if t._requires_grad else None
+
+
+class PrimBackward(LazyEdgesNode, _VjpContext):
+    """The backward of one primitive call: runs the primitive's VJP rule (which reads the node as its
+    ``ctx``: saved inputs and output, attributes, input types). Made by ``record``.
+
+    Every object a node keeps is walked by each full collection of Python's cyclic collector (whose
+    number grows with the graph), so a node keeps few: its inputs' tuple as its saved inputs (with
+    their versions as ints, which the collector does not track), input shapes and dtypes as shared
+    tuples, and leaf inputs in place of their edges."""
+
+    __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_versions",
+                 "saved_output", "view_version")  # fmt: skip
+    prim: Any  # the Primitive
+    attrs: dict
+    input_shapes: tuple
+    input_dtypes: tuple
+    device: Any
+    saved_inputs: tuple | None  # the input tensors (checked against saved_versions when read); None once released
+    saved_versions: tuple[int, ...]  # each saved input's version when saved
+    saved_output: SavedTensor | bool | None  # False: not saved; None: released
+    view_version: int  # the version of a view's memory when this node became its history (-1: not a view's)
 
     def name(self) -> str:
         return "".join(part.capitalize() for part in self.prim.name.split("_")) + "Backward"
@@ -299,9 +338,13 @@ def accumulate_into_grad(leaf, grad) -> None:
     if _jit.tracing:
         _jit.grad_change(leaf)
     if leaf._grad is None:
-        # Copy unless the graph is being kept for a higher order: the incoming gradient may be
-        # the same tensor as another leaf's (add passes its gradient through unchanged).
-        leaf._grad = grad if state.grad_enabled else grad.detach().clone()
+        # Under create_graph the gradient itself, to stay differentiable. Otherwise it may be the
+        # same tensor as another leaf's (add passes its gradient through unchanged) or memory the
+        # graph or the user still holds: copied unless nothing else can see it.
+        if state.grad_enabled:
+            leaf._grad = grad
+        else:
+            leaf._grad = grad if _stealable(grad) else grad.detach().clone()
     elif state.grad_enabled:
         leaf._grad = leaf._grad + grad  # create_graph: keep the sum differentiable
     elif _jit.tracing:  # a trace sees the accumulation as an op
@@ -311,6 +354,29 @@ def accumulate_into_grad(leaf, grad) -> None:
     else:
         leaf._grad._data += grad._data
         leaf._grad._version[0] += 1
+
+
+# The references to the incoming gradient while ``_stealable`` reads its count: the engine's buffer
+# (the list passed to AccumulateGrad.apply), accumulate_into_grad's and _stealable's parameters,
+# and getrefcount's own argument. Any other holder (another node's buffer, a saved tensor, the
+# user, a hook's closure) raises the count, and the gradient is copied.
+_GRAD_REFS = 4
+_ARRAY_REFS = 3  # the tensor's _data, the local below, getrefcount's argument
+
+
+def _stealable(grad) -> bool:
+    """Whether ``grad`` may become a leaf's ``.grad`` as it is, with no copy (PyTorch's AccumulateGrad
+    rule): a plain tensor whose array owns its memory, which nothing but the engine's buffer holds."""
+    data = grad._data
+    return (
+        _getrefcount(grad) <= _GRAD_REFS
+        and grad._base is None
+        and grad.grad_fn is None
+        and not grad._requires_grad
+        and data.__class__ is _ndarray
+        and data.base is None
+        and _getrefcount(data) <= _ARRAY_REFS
+    )
 
 
 def _edge_of(t) -> Edge:
@@ -380,19 +446,29 @@ def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
             (a if a.grad_fn is None else _edge_of(a)) if a._requires_grad else None,
             (b if b.grad_fn is None else _edge_of(b)) if b._requires_grad else None,
         )
-        node.input_shapes = (a._data.shape, b._data.shape)
-        node.input_dtypes = (a._dtype, b._dtype)
+        shapes, dtypes = (a._data.shape, b._data.shape), (a._dtype, b._dtype)
     else:
         node._edges = tuple([(t if t.grad_fn is None else _edge_of(t)) if t._requires_grad else None for t in inputs])
-        node.input_shapes = tuple([t._data.shape for t in inputs])
-        node.input_dtypes = tuple([t._dtype for t in inputs])
+        shapes, dtypes = tuple([t._data.shape for t in inputs]), tuple([t._dtype for t in inputs])
+    # One shared tuple for each value (a shape or dtype tuple kept per node is an object the
+    # collector walks); bounded, for programs whose shapes keep changing.
+    if len(_shared) > 4096:
+        _shared.clear()
+    node.input_shapes = _shared.setdefault(shapes, shapes)
+    node.input_dtypes = _shared.setdefault(dtypes, dtypes)
     node._leaves_pending = True
     node.seq = _next_seq()
     node.pre_hooks = node.hooks = None
     node.forward_stack = _forward_stack(1) if grad_mode.anomaly_used and state.anomaly else None  # less record
     node.prim, node.attrs = prim, attrs
     node.device = result._device
-    node.saved_inputs = tuple([SavedTensor(t) for t in inputs]) if prim.save_inputs else ()
+    if prim.save_inputs:
+        if grad_mode.inference_used and any([t._inference for t in inputs]):
+            raise inference_error()
+        node.saved_inputs = inputs if inputs.__class__ is tuple else tuple(inputs)
+        node.saved_versions = tuple([t._version[0] for t in inputs])
+    else:
+        node.saved_inputs, node.saved_versions = (), ()
     node.saved_output = SavedTensor(result, node) if prim.save_output else False
     node.view_version = result._version[0] if prim.is_view else -1
     result.grad_fn = node
