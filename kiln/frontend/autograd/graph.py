@@ -23,6 +23,15 @@ from ...ir.types import TensorType
 from ..jit import state as _jit
 from . import grad_mode
 from .grad_mode import enable_grad, state
+from .saved import (  # noqa: F401 - re-exported: nodes elsewhere import these from graph
+    FreedGraphError,
+    SavedTensor,
+    _freed_error,
+    inference_error,
+    save_tensors,
+    unpack_tensors,
+    version_error,
+)
 
 _shared: dict[tuple, tuple] = {}  # record's shared shape and dtype tuples
 _next_seq = itertools.count().__next__  # a bound method: cheaper than next(counter)
@@ -95,62 +104,6 @@ class RemovableHandle:
         self.remove()
 
 
-class SavedTensor:
-    """A tensor saved for backward, with the version it had then.
-
-    An output is saved as its array and version counter, not as the tensor, so that the
-    tensor -> grad_fn -> saved tensor path is no reference cycle; unpacking rebuilds a tensor
-    whose ``grad_fn`` is the saving node (needed for higher-order gradients).
-    """
-
-    __slots__ = ("tensor", "data", "device", "counter", "version", "node_ref", "output_nr", "trace")
-
-    def __init__(self, tensor, node: Node | None = None, output_nr: int = 0) -> None:
-        if tensor._inference:
-            raise inference_error()
-        self.counter = tensor._version
-        self.version = tensor._version[0]
-        if node is None:
-            self.tensor = tensor
-        else:
-            self.tensor = None
-            self.data, self.device = tensor._data, tensor._device
-            self.node_ref, self.output_nr = weakref.ref(node), output_nr
-            self.trace = tensor._trace  # a traced output keeps its IR value when unpacked
-
-    def unpack(self, node: Node):
-        if self.counter[0] != self.version:
-            raise version_error(node, self.version, self.counter[0])
-        if self.tensor is not None:
-            return self.tensor
-        from ..tensor import make_tensor  # noqa: PLC0415 - tensor imports this module
-
-        t = make_tensor(self.data, self.device)
-        t._version = self.counter
-        t._requires_grad = True
-        t.grad_fn, t._output_nr = self.node_ref(), self.output_nr
-        if self.trace is not None:
-            t._trace = self.trace
-        return t
-
-
-def inference_error() -> RuntimeError:
-    return RuntimeError(
-        "Inference tensors cannot be saved for backward. Make a normal tensor from it "
-        "(x.clone() outside kiln.inference_mode()) before using it in autograd."
-    )
-
-
-def version_error(node: Node, saved: int, now: int) -> RuntimeError:
-    """The error for a tensor that ``node`` saved at version ``saved`` and finds at ``now``."""
-    return RuntimeError(
-        "one of the variables needed for gradient computation has been modified by an "
-        f"inplace operation: it was saved by {node.name()} at version {saved} and "
-        f"is now at version {now}. Hint: clone it before the inplace "
-        "operation, or run with kiln.autograd.set_detect_anomaly(True) to see the forward op."
-    )
-
-
 @functools.lru_cache(maxsize=4096)
 def _tensor_type(shape: tuple, dtype, device) -> TensorType:
     """A ``TensorType`` (frozen, so shared): ~75 ns from the cache against ~300 ns to construct, and
@@ -165,7 +118,11 @@ class _VjpContext:
     __slots__ = ()
     saved_inputs: tuple | None
     saved_versions: tuple[int, ...]
-    saved_output: SavedTensor | bool | None
+    saved_output: bool | None
+    out_data: Any
+    out_counter: list
+    out_version: int
+    out_trace: Any
     input_shapes: tuple
     input_dtypes: tuple
     device: Any
@@ -180,10 +137,21 @@ class _VjpContext:
 
     @property
     def output(self):
-        saved = self.saved_output
-        if saved is None:
+        """The saved output, as a tensor whose ``grad_fn`` is this node (for higher-order gradients)."""
+        if not self.saved_output:
             raise _freed_error(self)  # type: ignore[arg-type]
-        return saved.unpack(self)  # type: ignore[union-attr,arg-type]
+        counter = self.out_counter
+        if counter[0] != self.out_version:
+            raise version_error(self, self.out_version, counter[0])  # type: ignore[arg-type]
+        from ..tensor import make_tensor  # noqa: PLC0415 - tensor imports this module
+
+        t = make_tensor(self.out_data, self.device)
+        t._version = counter
+        t._requires_grad = True
+        t.grad_fn, t._output_nr = self, 0
+        if self.out_trace is not None:
+            t._trace = self.out_trace  # a traced output keeps its IR value
+        return t
 
     @property
     def input_types(self) -> tuple[TensorType, ...]:
@@ -217,19 +185,6 @@ class _SavedInputs:
 
     def __iter__(self):
         return (self[i] for i in range(len(self.saved)))
-
-
-class FreedGraphError(RuntimeError):
-    """A backward reached a node whose saved values were freed by an earlier backward (run the
-    first one with ``retain_graph=True`` to keep them). A ``RuntimeError``, as PyTorch raises."""
-
-
-def _freed_error(node: Node) -> FreedGraphError:
-    return FreedGraphError(
-        f"Trying to backward through the graph a second time (through {node.name()}): its saved "
-        "tensors were freed after the first backward. Pass retain_graph=True to the first "
-        "backward() or autograd.grad() call if you need to backward through it again."
-    )
 
 
 class LazyEdgesNode(Node):
@@ -272,10 +227,11 @@ class PrimBackward(LazyEdgesNode, _VjpContext):
     Every object a node keeps is walked by each full collection of Python's cyclic collector (whose
     number grows with the graph), so a node keeps few: its inputs' tuple as its saved inputs (with
     their versions as ints, which the collector does not track), input shapes and dtypes as shared
-    tuples, and leaf inputs in place of their edges."""
+    tuples, leaf inputs in place of their edges, and a saved output as its array, version counter and
+    version (a ``SavedTensor`` and its weak reference to the node were two more objects)."""
 
     __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_versions",
-                 "saved_output", "view_version")  # fmt: skip
+                 "saved_output", "out_data", "out_counter", "out_version", "out_trace", "view_version")  # fmt: skip
     prim: Any  # the Primitive
     attrs: dict
     input_shapes: tuple
@@ -283,7 +239,7 @@ class PrimBackward(LazyEdgesNode, _VjpContext):
     device: Any
     saved_inputs: tuple | None  # the input tensors (checked against saved_versions when read); None once released
     saved_versions: tuple[int, ...]  # each saved input's version when saved
-    saved_output: SavedTensor | bool | None  # False: not saved; None: released
+    saved_output: bool | None  # whether the output is saved (out_*; see keep_output); None: released
     view_version: int  # the version of a view's memory when this node became its history (-1: not a view's)
 
     def name(self) -> str:
@@ -294,7 +250,14 @@ class PrimBackward(LazyEdgesNode, _VjpContext):
 
     def release(self) -> None:
         self.saved_inputs = None
-        self.saved_output = None
+        self.saved_output = self.out_data = None
+
+    def keep_output(self, t) -> None:
+        """Save ``t`` as this node's output (read back by ``output``), at its present version."""
+        if t._inference:
+            raise inference_error()
+        self.out_data, self.out_counter, self.out_version, self.out_trace = t._data, t._version, t._version[0], t._trace
+        self.saved_output = True
 
 
 class _Ops:
@@ -469,7 +432,10 @@ def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
         node.saved_versions = tuple([t._version[0] for t in inputs])
     else:
         node.saved_inputs, node.saved_versions = (), ()
-    node.saved_output = SavedTensor(result, node) if prim.save_output else False
+    if prim.save_output:
+        node.keep_output(result)
+    else:
+        node.saved_output = False
     node.view_version = result._version[0] if prim.is_view else -1
     result.grad_fn = node
     result._output_nr = 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.grad_mode import state
-from ..autograd.graph import PrimBackward, SavedTensor, refresh_view_history, stamp_view
+from ..autograd.graph import PrimBackward, refresh_view_history, stamp_view
 from ..jit import state as _jit
 from ..jit.layouts import writable
 from ..tensor import Tensor, make_tensor
@@ -147,7 +147,7 @@ def _take_history(target: Tensor, value: Tensor) -> None:
     if isinstance(node, PrimBackward) and node.saved_output:
         # The node saved `value` as its output; the saved copy is now `target`, so a later
         # in-place change of `target` is caught by the version check, as in PyTorch.
-        node.saved_output = SavedTensor(target, node)
+        node.keep_output(target)
 
 
 def _rebase_view(view: Tensor, value: Tensor) -> None:
