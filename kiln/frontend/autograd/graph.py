@@ -188,36 +188,53 @@ class _SavedInputs:
 
 
 class LazyEdgesNode(Node):
-    """A node whose leaf inputs stand for their edges until the edges are read (see next_edges):
-    ``_edges`` holds ``pending_edge(input)`` per input."""
+    """A node whose edges are made when first read (see next_edges): until then ``_edges`` holds
+    ``pending_edge(input)`` per input, which is no new object for most inputs."""
 
-    __slots__ = ("_edges", "_leaves_pending")
-    _edges: tuple  # the next edges, where a leaf input stands for its own edge until they are read
-    _leaves_pending: bool  # whether _edges may hold leaf tensors
+    __slots__ = ("_edges", "_edges_pending")
+    _edges: tuple  # the next edges, or what stands for them until they are read (see pending_edge)
+    _edges_pending: bool  # whether _edges may hold what stands for an edge
 
     @property
     def next_edges(self) -> tuple[Edge, ...]:  # type: ignore[override]  # Node's slot, made lazy here
         """One edge per input. A leaf input's edge, to its AccumulateGrad, is made when the edges are
         first read (by backward): the node holds the leaf itself until then, as the accumulator
         would, and a graph dropped unused (``y = w * x`` in a loop) makes no accumulator at all.
-        PyTorch makes one per op there, which is ~0.15 us of a one-element op's ~1.3 us."""
-        if self._leaves_pending:  # (the leaf's edge whatever became of it since, as if made at once)
+        PyTorch makes one per op there, which is ~0.15 us of a one-element op's ~1.3 us. Likewise an
+        input that is its node's first output stands for its edge as that node: no edge tuple kept
+        per input while the graph lives, for the cyclic collector to walk."""
+        if self._edges_pending:  # (the leaf's edge whatever became of it since, as if made at once)
             self._edges = tuple(
-                [e if e is None or e.__class__ is tuple else (grad_accumulator(e), 0) for e in self._edges]
+                [
+                    e
+                    if e is None or e.__class__ is tuple
+                    else (e, 0)
+                    if isinstance(e, Node)
+                    else (grad_accumulator(e), 0)
+                    for e in self._edges
+                ]
             )
-            self._leaves_pending = False
+            self._edges_pending = False
         return self._edges
 
     @next_edges.setter
     def next_edges(self, pending: tuple) -> None:
         """Node's constructor sets the pending edges: ``pending_edge(input)`` per input."""
-        self._edges, self._leaves_pending = pending, True
+        self._edges, self._edges_pending = pending, True
 
 
 def pending_edge(t):
     """What a ``LazyEdgesNode`` holds for input ``t`` in ``_edges``: None where no gradient flows to
-    it, the leaf itself where it is a leaf that requires grad, else its edge."""
-    return (t if t.grad_fn is None else _edge_of(t)) if t._requires_grad else None
+    it, the leaf itself where it is a leaf that requires grad, else ``_pending_history(t)``."""
+    return (t if t.grad_fn is None else _pending_history(t)) if t._requires_grad else None
+
+
+def _pending_history(t):
+    """What stands for the edge of ``t``, which has a ``grad_fn``: that node where ``t`` is its first
+    output, else the edge itself."""
+    if t._base is not None:
+        refresh_view_history(t)  # (see _edge_of)
+    return t.grad_fn if t._output_nr == 0 else (t.grad_fn, t._output_nr)
 
 
 class PrimBackward(LazyEdgesNode, _VjpContext):
@@ -324,21 +341,35 @@ def accumulate_into_grad(leaf, grad) -> None:
 # and getrefcount's own argument. Any other holder (another node's buffer, a saved tensor, the
 # user, a hook's closure) raises the count, and the gradient is copied.
 _GRAD_REFS = 4
-_ARRAY_REFS = 3  # the tensor's _data, the local below, getrefcount's argument
+# To an array while _sole_memory reads its count: the tensor's _data (or the view's .base), the
+# parameter or local, and getrefcount's argument.
+_ARRAY_REFS = 3
 
 
 def _stealable(grad) -> bool:
     """Whether ``grad`` may become a leaf's ``.grad`` as it is, with no copy (PyTorch's AccumulateGrad
-    rule): a plain tensor whose array owns its memory, which nothing but the engine's buffer holds."""
-    data = grad._data
+    rule): a plain tensor, which nothing but the engine's buffer holds, on memory nothing else reaches."""
     return (
         _getrefcount(grad) <= _GRAD_REFS
         and grad._base is None
         and grad.grad_fn is None
         and not grad._requires_grad
-        and data.__class__ is _ndarray
-        and data.base is None
-        and _getrefcount(data) <= _ARRAY_REFS
+        and _sole_memory(grad._data)
+    )
+
+
+def _sole_memory(data) -> bool:
+    """Whether ``data`` is a C-contiguous array (as a cloned gradient is) that only its tensor holds,
+    owning its memory or a view of all of an array's memory that only ``data`` holds (a product's
+    result taken through a transpose)."""
+    if data.__class__ is not _ndarray or _getrefcount(data) > _ARRAY_REFS or not data.flags.c_contiguous:
+        return False
+    base = data.base
+    return base is None or (
+        base.__class__ is _ndarray
+        and base.base is None
+        and _getrefcount(base) <= _ARRAY_REFS
+        and base.nbytes == data.nbytes
     )
 
 
@@ -404,14 +435,17 @@ def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
     if len(inputs) == 2:
         a, b = inputs
         # An input that does not require grad has no edge (a tensor with a grad_fn requires grad);
-        # a leaf that does stands for its edge until the edges are read (see next_edges).
+        # a leaf that does, or its node for a first output, stands for its edge until the edges
+        # are read (see next_edges).
         node._edges = (
-            (a if a.grad_fn is None else _edge_of(a)) if a._requires_grad else None,
-            (b if b.grad_fn is None else _edge_of(b)) if b._requires_grad else None,
+            (a if a.grad_fn is None else _pending_history(a)) if a._requires_grad else None,
+            (b if b.grad_fn is None else _pending_history(b)) if b._requires_grad else None,
         )
         shapes, dtypes = (a._data.shape, b._data.shape), (a._dtype, b._dtype)
     else:
-        node._edges = tuple([(t if t.grad_fn is None else _edge_of(t)) if t._requires_grad else None for t in inputs])
+        node._edges = tuple(
+            [(t if t.grad_fn is None else _pending_history(t)) if t._requires_grad else None for t in inputs]
+        )
         shapes, dtypes = tuple([t._data.shape for t in inputs]), tuple([t._dtype for t in inputs])
     # One shared tuple for each value (a shape or dtype tuple kept per node is an object the
     # collector walks); bounded, for programs whose shapes keep changing.
@@ -419,7 +453,7 @@ def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
         _shared.clear()
     node.input_shapes = _shared.setdefault(shapes, shapes)
     node.input_dtypes = _shared.setdefault(dtypes, dtypes)
-    node._leaves_pending = True
+    node._edges_pending = True
     node.seq = _next_seq()
     node.pre_hooks = node.hooks = None
     node.forward_stack = _forward_stack(1) if grad_mode.anomaly_used and state.anomaly else None  # less record
