@@ -6,6 +6,7 @@ holds becomes ``.grad`` as it is, as in PyTorch's AccumulateGrad)."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import numpy as np
 import pytest
@@ -240,3 +241,23 @@ def test_which_gradient_arrays_are_taken(make, taken):
     assert (_address(w.grad) == arrived[0]) is taken
     assert w.grad._data.flags.c_contiguous
     assert w.grad.tolist() == [[2.0] * 3] * 2
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_a_dropped_graph_is_freed_without_the_collector(backward):
+    """What a node keeps makes no reference cycle: the graph goes when its last tensor does, by
+    reference counting alone (before or after a backward that made its edges)."""
+    lin, bn = nn.Linear(3, 4, dtype=kiln.float64), nn.BatchNorm1d(4, dtype=kiln.float64)
+    x = kiln.randn(5, 3, dtype=kiln.float64, requires_grad=True)
+    gc.disable()
+    try:
+        h = lin(x)
+        y = bn(h).tanh() * 2.0
+        z = (y.reshape(20) @ kiln.ones(20, dtype=kiln.float64)).exp()
+        nodes = [weakref.ref(t.grad_fn) for t in (h, y, z)]
+        if backward:
+            z.backward(retain_graph=True)
+        del h, y, z
+        assert [ref() for ref in nodes] == [None, None, None]
+    finally:
+        gc.enable()

@@ -320,11 +320,12 @@ def accumulate_into_grad(leaf, grad) -> None:
     if leaf._grad is None:
         # Under create_graph the gradient itself, to stay differentiable. Otherwise it may be the
         # same tensor as another leaf's (add passes its gradient through unchanged) or memory the
-        # graph or the user still holds: copied unless nothing else can see it.
+        # graph or the user still holds: copied unless nothing else can see it. A trace records the
+        # copy as before (its values' aliasing is the compiled program's, not Python's references).
         if state.grad_enabled:
             leaf._grad = grad
         else:
-            leaf._grad = grad if _stealable(grad) else grad.detach().clone()
+            leaf._grad = grad if not _jit.tracing and _stealable(grad) else grad.detach().clone()
     elif state.grad_enabled:
         leaf._grad = leaf._grad + grad  # create_graph: keep the sum differentiable
     elif _jit.tracing:  # a trace sees the accumulation as an op
