@@ -304,7 +304,7 @@ class AccumulateGrad(Node):
 
     def apply(self, grads: list) -> tuple:
         if self.variable._requires_grad:  # requires_grad_(False) since the forward: no .grad, as in PyTorch
-            accumulate_into_grad(self.variable, grads[0])
+            accumulate_into_grad(self.variable, grads[0], from_buffer=True)
         hooks = self.variable._post_accumulate_hooks
         if hooks and grads[0] is not None:
             for hook in list(hooks):
@@ -312,7 +312,10 @@ class AccumulateGrad(Node):
         return ()
 
 
-def accumulate_into_grad(leaf, grad) -> None:
+def accumulate_into_grad(leaf, grad, from_buffer: bool = False) -> None:
+    """Add ``grad`` into ``leaf.grad``. ``from_buffer``: the caller (AccumulateGrad, run by the engine)
+    holds ``grad`` only in its list of gradients, so that a reference count shows whether anything
+    else does (see _stealable)."""
     if grad is None:
         return
     if _jit.tracing:
@@ -325,7 +328,7 @@ def accumulate_into_grad(leaf, grad) -> None:
         if state.grad_enabled:
             leaf._grad = grad
         else:
-            leaf._grad = grad if not _jit.tracing and _stealable(grad) else grad.detach().clone()
+            leaf._grad = grad if from_buffer and not _jit.tracing and _stealable(grad) else grad.detach().clone()
     elif state.grad_enabled:
         leaf._grad = leaf._grad + grad  # create_graph: keep the sum differentiable
     elif _jit.tracing:  # a trace sees the accumulation as an op
