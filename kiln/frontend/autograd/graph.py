@@ -5,24 +5,22 @@ Every differentiable op run in grad mode on an input that requires grad attaches
 to that input's own ``grad_fn`` (with the output number) or, for a leaf, to an
 ``AccumulateGrad`` that adds into ``leaf.grad``. Saved tensors carry the version they had when
 saved; using one that was modified in place since raises an error naming the op.
+
+The node base class is in ``node.py``, the leaves' sinks in ``accumulate.py`` and what nodes save
+in ``saved.py`` (all re-exported here).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-import sys
-import traceback
-import weakref
 from typing import Any
-
-import numpy as np
 
 from ...ir.dtypes import FLOATING
 from ...ir.types import TensorType
-from ..jit import state as _jit
 from . import grad_mode
+from .accumulate import AccumulateGrad, accumulate_into_grad, grad_accumulator  # noqa: F401 - re-exported
 from .grad_mode import enable_grad, state
+from .node import Edge, Node, RemovableHandle, _forward_stack, _next_seq  # noqa: F401 - re-exported
 from .saved import (  # noqa: F401 - re-exported: nodes elsewhere import these from graph
     FreedGraphError,
     SavedTensor,
@@ -34,74 +32,7 @@ from .saved import (  # noqa: F401 - re-exported: nodes elsewhere import these f
 )
 
 _shared: dict[tuple, tuple] = {}  # record's shared shape and dtype tuples
-_next_seq = itertools.count().__next__  # a bound method: cheaper than next(counter)
 _new_object = object.__new__
-_getrefcount = sys.getrefcount
-_ndarray = np.ndarray
-Edge = tuple["Node", int] | None
-
-
-class Node:
-    """A backward function in the graph. ``apply(grads) -> grads``, one per next edge."""
-
-    __slots__ = ("next_edges", "seq", "pre_hooks", "hooks", "forward_stack", "__weakref__")
-    num_outputs = 1
-
-    def __init__(self, next_edges: tuple[Edge, ...]) -> None:
-        self.next_edges = next_edges
-        self.seq = _next_seq()  # later nodes run first when several are ready
-        self.pre_hooks: dict[int, list] | None = None  # output_nr -> hooks on that gradient
-        self.hooks: list | None = None
-        # anomaly mode: the stack at the forward op (less Node's and its subclass's __init__ and their caller)
-        self.forward_stack = _forward_stack(3) if grad_mode.anomaly_used and state.anomaly else None
-
-    def name(self) -> str:
-        return type(self).__name__
-
-    def apply(self, grads: list) -> tuple:
-        raise NotImplementedError
-
-    def release(self) -> None:
-        """Drop what was saved for backward (after a backward without retain_graph)."""
-
-    def register_hook(self, fn) -> RemovableHandle:
-        """``fn(grad_inputs, grad_outputs)`` runs after this node; it may return new grad_inputs."""
-        if self.hooks is None:
-            self.hooks = []
-        return RemovableHandle(self.hooks, fn)
-
-    def register_prehook(self, fn, output_nr: int = 0) -> RemovableHandle:
-        if self.pre_hooks is None:
-            self.pre_hooks = {}
-        return RemovableHandle(self.pre_hooks.setdefault(output_nr, []), fn)
-
-    def __repr__(self) -> str:
-        return f"<{self.name()} object>"
-
-
-def _forward_stack(frames_of_kiln: int) -> list[str]:
-    """The stack at the forward op that makes a node, less the last ``frames_of_kiln`` frames below
-    this call (the node's construction): anomaly mode names it if the node's backward fails."""
-    return traceback.format_stack()[: -1 - frames_of_kiln]
-
-
-class RemovableHandle:
-    __slots__ = ("_hooks", "_fn")
-
-    def __init__(self, hooks: list, fn) -> None:
-        self._hooks = hooks
-        self._fn = fn
-        hooks.append(fn)
-
-    def remove(self) -> None:
-        if self._fn in self._hooks:
-            self._hooks.remove(self._fn)
-
-    def __enter__(self) -> RemovableHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -293,90 +224,6 @@ class _Ops:
 _ops = _Ops()
 
 
-class AccumulateGrad(Node):
-    """The sink of a leaf tensor: adds the incoming gradient into ``leaf.grad``."""
-
-    __slots__ = ("variable",)
-
-    def __init__(self, variable) -> None:
-        super().__init__(())
-        self.variable = variable
-
-    def apply(self, grads: list) -> tuple:
-        if self.variable._requires_grad:  # requires_grad_(False) since the forward: no .grad, as in PyTorch
-            accumulate_into_grad(self.variable, grads[0], from_buffer=True)
-        hooks = self.variable._post_accumulate_hooks
-        if hooks and grads[0] is not None:
-            for hook in list(hooks):
-                hook(self.variable)
-        return ()
-
-
-def accumulate_into_grad(leaf, grad, from_buffer: bool = False) -> None:
-    """Add ``grad`` into ``leaf.grad``. ``from_buffer``: the caller (AccumulateGrad, run by the engine)
-    holds ``grad`` only in its list of gradients, so that a reference count shows whether anything
-    else does (see _stealable)."""
-    if grad is None:
-        return
-    if _jit.tracing:
-        _jit.grad_change(leaf)
-    if leaf._grad is None:
-        # Under create_graph the gradient itself, to stay differentiable. Otherwise it may be the
-        # same tensor as another leaf's (add passes its gradient through unchanged) or memory the
-        # graph or the user still holds: copied unless nothing else can see it. A trace records the
-        # copy as before (its values' aliasing is the compiled program's, not Python's references).
-        if state.grad_enabled:
-            leaf._grad = grad
-        else:
-            leaf._grad = grad if from_buffer and not _jit.tracing and _stealable(grad) else grad.detach().clone()
-    elif state.grad_enabled:
-        leaf._grad = leaf._grad + grad  # create_graph: keep the sum differentiable
-    elif _jit.tracing:  # a trace sees the accumulation as an op
-        from ..ops import add, commit_inplace  # noqa: PLC0415
-
-        commit_inplace(leaf._grad, add(leaf._grad, grad), op="gradient accumulation")
-    else:
-        leaf._grad._data += grad._data
-        leaf._grad._version[0] += 1
-
-
-# The references to the incoming gradient while ``_stealable`` reads its count: the engine's buffer
-# (the list passed to AccumulateGrad.apply), accumulate_into_grad's and _stealable's parameters,
-# and getrefcount's own argument. Any other holder (another node's buffer, a saved tensor, the
-# user, a hook's closure) raises the count, and the gradient is copied.
-_GRAD_REFS = 4
-# To an array while _sole_memory reads its count: the tensor's _data (or the view's .base), the
-# parameter or local, and getrefcount's argument.
-_ARRAY_REFS = 3
-
-
-def _stealable(grad) -> bool:
-    """Whether ``grad`` may become a leaf's ``.grad`` as it is, with no copy (PyTorch's AccumulateGrad
-    rule): a plain tensor, which nothing but the engine's buffer holds, on memory nothing else reaches."""
-    return (
-        _getrefcount(grad) <= _GRAD_REFS
-        and grad._base is None
-        and grad.grad_fn is None
-        and not grad._requires_grad
-        and _sole_memory(grad._data)
-    )
-
-
-def _sole_memory(data) -> bool:
-    """Whether ``data`` is a C-contiguous array (as a cloned gradient is) that only its tensor holds,
-    owning its memory or a view of all of an array's memory that only ``data`` holds (a product's
-    result taken through a transpose)."""
-    if data.__class__ is not _ndarray or _getrefcount(data) > _ARRAY_REFS or not data.flags.c_contiguous:
-        return False
-    base = data.base
-    return base is None or (
-        base.__class__ is _ndarray
-        and base.base is None
-        and _getrefcount(base) <= _ARRAY_REFS
-        and base.nbytes == data.nbytes
-    )
-
-
 def _edge_of(t) -> Edge:
     if t.grad_fn is not None:
         # A view's history is stale when its memory was written through the base or another
@@ -418,15 +265,6 @@ def _regenerate_view_history(view) -> None:
         fresh = take_flat(base, positions)
     view.grad_fn, view._output_nr = fresh.grad_fn, 0
     stamp_view(view)
-
-
-def grad_accumulator(leaf) -> AccumulateGrad:
-    """The leaf's AccumulateGrad, shared by every node that uses the leaf (held weakly)."""
-    acc = leaf._grad_acc() if leaf._grad_acc is not None else None
-    if acc is None:
-        acc = AccumulateGrad(leaf)
-        leaf._grad_acc = weakref.ref(acc)
-    return acc
 
 
 def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
