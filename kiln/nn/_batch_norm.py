@@ -34,7 +34,7 @@ import numpy as np
 import kiln
 from kiln.frontend import dispatch
 from kiln.frontend.autograd import grad_mode
-from kiln.frontend.autograd.graph import Node, SavedTensor, _edge_of
+from kiln.frontend.autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
 from kiln.frontend.jit import state as _jit
 from kiln.frontend.ops._util import plain_arrays
 from kiln.frontend.tensor import make_tensor
@@ -228,30 +228,26 @@ def _forward_arrays(x, weight, bias, eps: float):
     return y, mean + drift, var, (centered, r, mean, drift)
 
 
-class BatchNormBackward(Node):
+class BatchNormBackward(LazyEdgesNode):
     """The closed-form gradients (see the module docstring) of ``batch_norm_on_arrays``'s output on
     the arrays; under create_graph, a trace or a profile, the composite's recomputed with ops."""
 
-    __slots__ = ("saved", "arrays", "eps")
-    saved: tuple | None  # the input, weight and bias as SavedTensor (or None); None once released
+    __slots__ = ("saved", "versions", "arrays", "eps")
+    saved: tuple | None  # the input, weight and bias (or None); None once released
+    versions: tuple  # theirs when saved (checked when read)
     arrays: tuple
     eps: float
 
     @classmethod
     def attach(cls, result, inputs: tuple, arrays: tuple, eps: float) -> None:
-        node = cls(tuple(None if t is None else _edge_of(t) for t in inputs))
-        node.saved = tuple(None if t is None else SavedTensor(t) for t in inputs)  # checked when read
+        node = cls(tuple([None if t is None else pending_edge(t) for t in inputs]))
+        node.saved, node.versions = inputs, save_tensors(inputs)
         node.arrays, node.eps = arrays, eps
         result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
 
     def apply(self, grads: list) -> tuple:
         g = grads[0]
-        if self.saved is None:
-            raise RuntimeError(
-                "Trying to backward through the graph a second time (through BatchNormBackward): its saved tensors "
-                "were freed after the first backward. Pass retain_graph=True to the first backward()."
-            )
-        x, weight, bias = (None if s is None else s.unpack(self) for s in self.saved)
+        x, weight, bias = unpack_tensors(self, self.saved, self.versions)
         assert x is not None  # (saved by attach; the weight and bias may be None)
         needs = tuple(edge is not None for edge in self.next_edges)
         if grad_mode.state.grad_enabled:  # create_graph: a gradient autograd can differentiate again

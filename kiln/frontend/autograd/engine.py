@@ -118,6 +118,8 @@ def run_backward(
     # small node's time.
     with set_grad_enabled(create_graph):
         while ready:
+            # (the last node's gradients dropped: an AccumulateGrad takes a gradient no one else holds)
+            outputs = g = current = None
             node = pop(ready)[2]
             grads = buffers.pop(node, None) or [None] * node.num_outputs
             if (node.pre_hooks or node.__class__ is AccumulateGrad) and node not in own_hooks:
@@ -130,12 +132,15 @@ def run_backward(
                         if stop_at_capture:
                             grads[nr] = None
             runs = (needed is None or node in needed) and not (capture is not None and node.__class__ is AccumulateGrad)
+            edges = node.next_edges  # (a property on most nodes: read once)
             if runs and (grads[0] is not None if len(grads) == 1 else any([g is not None for g in grads])):
                 outputs = _apply(node, grads, retain_graph)
+                if len(outputs) != len(edges):
+                    raise AssertionError(f"{node.name()} returned {len(outputs)} gradients for {len(edges)} inputs")
             else:
                 outputs = ()
             n_outputs = len(outputs)
-            for i, edge in enumerate(node.next_edges):
+            for i, edge in enumerate(edges):
                 if edge is None:
                     continue
                 nxt, nr = edge
@@ -207,9 +212,7 @@ def _apply(node: Node, grads: list, retain_graph: bool) -> tuple:
         _check_anomaly(node, outputs)
     if not retain_graph:
         node.release()
-    n_edges = len(node.next_edges)
-    assert len(outputs) == n_edges, f"{node.name()} returned {len(outputs)} gradients for {n_edges} inputs"
-    return outputs
+    return outputs  # (as many as the node's edges: checked by the caller)
 
 
 def _zeros_for(node: Node, output_nr: int):

@@ -5,140 +5,34 @@ Every differentiable op run in grad mode on an input that requires grad attaches
 to that input's own ``grad_fn`` (with the output number) or, for a leaf, to an
 ``AccumulateGrad`` that adds into ``leaf.grad``. Saved tensors carry the version they had when
 saved; using one that was modified in place since raises an error naming the op.
+
+The node base class is in ``node.py``, the leaves' sinks in ``accumulate.py`` and what nodes save
+in ``saved.py`` (all re-exported here).
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
-import traceback
-import weakref
 from typing import Any
 
 from ...ir.dtypes import FLOATING
 from ...ir.types import TensorType
-from ..jit import state as _jit
 from . import grad_mode
+from .accumulate import AccumulateGrad, accumulate_into_grad, grad_accumulator  # noqa: F401 - re-exported
 from .grad_mode import enable_grad, state
+from .node import Edge, Node, RemovableHandle, _forward_stack, _next_seq  # noqa: F401 - re-exported
+from .saved import (  # noqa: F401 - re-exported: nodes elsewhere import these from graph
+    FreedGraphError,
+    SavedTensor,
+    _freed_error,
+    inference_error,
+    save_tensors,
+    unpack_tensors,
+    version_error,
+)
 
-_next_seq = itertools.count().__next__  # a bound method: cheaper than next(counter)
+_shared: dict[tuple, tuple] = {}  # record's shared shape and dtype tuples
 _new_object = object.__new__
-Edge = tuple["Node", int] | None
-
-
-class Node:
-    """A backward function in the graph. ``apply(grads) -> grads``, one per next edge."""
-
-    __slots__ = ("next_edges", "seq", "pre_hooks", "hooks", "forward_stack", "__weakref__")
-    num_outputs = 1
-
-    def __init__(self, next_edges: tuple[Edge, ...]) -> None:
-        self.next_edges = next_edges
-        self.seq = _next_seq()  # later nodes run first when several are ready
-        self.pre_hooks: dict[int, list] | None = None  # output_nr -> hooks on that gradient
-        self.hooks: list | None = None
-        # anomaly mode: the stack at the forward op (less Node's and its subclass's __init__ and their caller)
-        self.forward_stack = _forward_stack(3) if grad_mode.anomaly_used and state.anomaly else None
-
-    def name(self) -> str:
-        return type(self).__name__
-
-    def apply(self, grads: list) -> tuple:
-        raise NotImplementedError
-
-    def release(self) -> None:
-        """Drop what was saved for backward (after a backward without retain_graph)."""
-
-    def register_hook(self, fn) -> RemovableHandle:
-        """``fn(grad_inputs, grad_outputs)`` runs after this node; it may return new grad_inputs."""
-        if self.hooks is None:
-            self.hooks = []
-        return RemovableHandle(self.hooks, fn)
-
-    def register_prehook(self, fn, output_nr: int = 0) -> RemovableHandle:
-        if self.pre_hooks is None:
-            self.pre_hooks = {}
-        return RemovableHandle(self.pre_hooks.setdefault(output_nr, []), fn)
-
-    def __repr__(self) -> str:
-        return f"<{self.name()} object>"
-
-
-def _forward_stack(frames_of_kiln: int) -> list[str]:
-    """The stack at the forward op that makes a node, less the last ``frames_of_kiln`` frames below
-    this call (the node's construction): anomaly mode names it if the node's backward fails."""
-    return traceback.format_stack()[: -1 - frames_of_kiln]
-
-
-class RemovableHandle:
-    __slots__ = ("_hooks", "_fn")
-
-    def __init__(self, hooks: list, fn) -> None:
-        self._hooks = hooks
-        self._fn = fn
-        hooks.append(fn)
-
-    def remove(self) -> None:
-        if self._fn in self._hooks:
-            self._hooks.remove(self._fn)
-
-    def __enter__(self) -> RemovableHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-
-class SavedTensor:
-    """A tensor saved for backward, with the version it had then.
-
-    An output is saved as its array and version counter, not as the tensor, so that the
-    tensor -> grad_fn -> saved tensor path is no reference cycle; unpacking rebuilds a tensor
-    whose ``grad_fn`` is the saving node (needed for higher-order gradients).
-    """
-
-    __slots__ = ("tensor", "data", "device", "counter", "version", "node_ref", "output_nr", "trace")
-
-    def __init__(self, tensor, node: Node | None = None, output_nr: int = 0) -> None:
-        if tensor._inference:
-            raise RuntimeError(
-                "Inference tensors cannot be saved for backward. Make a normal tensor from it "
-                "(x.clone() outside kiln.inference_mode()) before using it in autograd."
-            )
-        self.counter = tensor._version
-        self.version = tensor._version[0]
-        if node is None:
-            self.tensor = tensor
-        else:
-            self.tensor = None
-            self.data, self.device = tensor._data, tensor._device
-            self.node_ref, self.output_nr = weakref.ref(node), output_nr
-            self.trace = tensor._trace  # a traced output keeps its IR value when unpacked
-
-    def unpack(self, node: Node):
-        if self.counter[0] != self.version:
-            raise version_error(node, self.version, self.counter[0])
-        if self.tensor is not None:
-            return self.tensor
-        from ..tensor import make_tensor  # noqa: PLC0415 - tensor imports this module
-
-        t = make_tensor(self.data, self.device)
-        t._version = self.counter
-        t._requires_grad = True
-        t.grad_fn, t._output_nr = self.node_ref(), self.output_nr
-        if self.trace is not None:
-            t._trace = self.trace
-        return t
-
-
-def version_error(node: Node, saved: int, now: int) -> RuntimeError:
-    """The error for a tensor that ``node`` saved at version ``saved`` and finds at ``now``."""
-    return RuntimeError(
-        "one of the variables needed for gradient computation has been modified by an "
-        f"inplace operation: it was saved by {node.name()} at version {saved} and "
-        f"is now at version {now}. Hint: clone it before the inplace "
-        "operation, or run with kiln.autograd.set_detect_anomaly(True) to see the forward op."
-    )
 
 
 @functools.lru_cache(maxsize=4096)
@@ -153,8 +47,13 @@ class _VjpContext:
     properties, with no object of its own per call."""
 
     __slots__ = ()
-    saved_inputs: tuple[SavedTensor, ...] | None
-    saved_output: SavedTensor | bool | None
+    saved_inputs: tuple | None
+    saved_versions: tuple[int, ...]
+    saved_output: bool | None
+    out_data: Any
+    out_counter: list
+    out_version: int
+    out_trace: Any
     input_shapes: tuple
     input_dtypes: tuple
     device: Any
@@ -169,10 +68,21 @@ class _VjpContext:
 
     @property
     def output(self):
-        saved = self.saved_output
-        if saved is None:
+        """The saved output, as a tensor whose ``grad_fn`` is this node (for higher-order gradients)."""
+        if not self.saved_output:
             raise _freed_error(self)  # type: ignore[arg-type]
-        return saved.unpack(self)  # type: ignore[union-attr,arg-type]
+        counter = self.out_counter
+        if counter[0] != self.out_version:
+            raise version_error(self, self.out_version, counter[0])  # type: ignore[arg-type]
+        from ..tensor import make_tensor  # noqa: PLC0415 - tensor imports this module
+
+        t = make_tensor(self.out_data, self.device)
+        t._version = counter
+        t._requires_grad = True
+        t.grad_fn, t._output_nr = self, 0
+        if self.out_trace is not None:
+            t._trace = self.out_trace  # a traced output keeps its IR value
+        return t
 
     @property
     def input_types(self) -> tuple[TensorType, ...]:
@@ -186,66 +96,99 @@ class _VjpContext:
 
 
 class _SavedInputs:
-    """The saved inputs, unpacked (and version-checked) one at a time as the VJP reads them: a
-    rule that does not read an input is not stopped by an in-place change to it, as in PyTorch."""
+    """The saved inputs, version-checked one at a time as the VJP reads them: a rule that does not
+    read an input is not stopped by an in-place change to it, as in PyTorch."""
 
     __slots__ = ("saved", "node")
 
-    def __init__(self, saved: tuple, node: Node) -> None:
+    def __init__(self, saved: tuple, node: PrimBackward) -> None:
         self.saved, self.node = saved, node
 
     def __getitem__(self, i: int):
-        return self.saved[i].unpack(self.node)
+        t = self.saved[i]
+        saved_version = self.node.saved_versions[i]
+        if t._version[0] != saved_version:
+            raise version_error(self.node, saved_version, t._version[0])
+        return t
 
     def __len__(self) -> int:
         return len(self.saved)
 
     def __iter__(self):
-        return (s.unpack(self.node) for s in self.saved)
+        return (self[i] for i in range(len(self.saved)))
 
 
-class FreedGraphError(RuntimeError):
-    """A backward reached a node whose saved values were freed by an earlier backward (run the
-    first one with ``retain_graph=True`` to keep them). A ``RuntimeError``, as PyTorch raises."""
+class LazyEdgesNode(Node):
+    """A node whose edges are made when first read (see next_edges): until then ``_edges`` holds
+    ``pending_edge(input)`` per input, which is no new object for most inputs."""
 
-
-def _freed_error(node: Node) -> FreedGraphError:
-    return FreedGraphError(
-        f"Trying to backward through the graph a second time (through {node.name()}): its saved "
-        "tensors were freed after the first backward. Pass retain_graph=True to the first "
-        "backward() or autograd.grad() call if you need to backward through it again."
-    )
-
-
-class PrimBackward(Node, _VjpContext):
-    """The backward of one primitive call: runs the primitive's VJP rule (which reads the node as its
-    ``ctx``: saved inputs and output, attributes, input types). Made by ``record``."""
-
-    __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_output",
-                 "view_version", "_edges", "_leaves_pending")  # fmt: skip
-    prim: Any  # the Primitive
-    attrs: dict
-    input_shapes: tuple
-    input_dtypes: tuple
-    device: Any
-    saved_inputs: tuple[SavedTensor, ...] | None  # None once released
-    saved_output: SavedTensor | bool | None  # False: not saved; None: released
-    view_version: int  # the version of a view's memory when this node became its history (-1: not a view's)
-    _edges: tuple  # the next edges, where a leaf input stands for its own edge until they are read
-    _leaves_pending: bool  # whether _edges may hold leaf tensors
+    __slots__ = ("_edges", "_edges_pending")
+    _edges: tuple  # the next edges, or what stands for them until they are read (see pending_edge)
+    _edges_pending: bool  # whether _edges may hold what stands for an edge
 
     @property
     def next_edges(self) -> tuple[Edge, ...]:  # type: ignore[override]  # Node's slot, made lazy here
         """One edge per input. A leaf input's edge, to its AccumulateGrad, is made when the edges are
         first read (by backward): the node holds the leaf itself until then, as the accumulator
         would, and a graph dropped unused (``y = w * x`` in a loop) makes no accumulator at all.
-        PyTorch makes one per op there, which is ~0.15 us of a one-element op's ~1.3 us."""
-        if self._leaves_pending:  # (the leaf's edge whatever became of it since, as if made at once)
+        PyTorch makes one per op there, which is ~0.15 us of a one-element op's ~1.3 us. Likewise an
+        input that is its node's first output stands for its edge as that node: no edge tuple kept
+        per input while the graph lives, for the cyclic collector to walk."""
+        if self._edges_pending:  # (the leaf's edge whatever became of it since, as if made at once)
             self._edges = tuple(
-                [e if e is None or e.__class__ is tuple else (grad_accumulator(e), 0) for e in self._edges]
+                [
+                    e
+                    if e is None or e.__class__ is tuple
+                    else (e, 0)
+                    if isinstance(e, Node)
+                    else (grad_accumulator(e), 0)
+                    for e in self._edges
+                ]
             )
-            self._leaves_pending = False
+            self._edges_pending = False
         return self._edges
+
+    @next_edges.setter
+    def next_edges(self, pending: tuple) -> None:
+        """Node's constructor sets the pending edges: ``pending_edge(input)`` per input."""
+        self._edges, self._edges_pending = pending, True
+
+
+def pending_edge(t):
+    """What a ``LazyEdgesNode`` holds for input ``t`` in ``_edges``: None where no gradient flows to
+    it, the leaf itself where it is a leaf that requires grad, else ``_pending_history(t)``."""
+    return (t if t.grad_fn is None else _pending_history(t)) if t._requires_grad else None
+
+
+def _pending_history(t):
+    """What stands for the edge of ``t``, which has a ``grad_fn``: that node where ``t`` is its first
+    output, else the edge itself."""
+    if t._base is not None:
+        refresh_view_history(t)  # (see _edge_of)
+    return t.grad_fn if t._output_nr == 0 else (t.grad_fn, t._output_nr)
+
+
+class PrimBackward(LazyEdgesNode, _VjpContext):
+    """The backward of one primitive call: runs the primitive's VJP rule (which reads the node as its
+    ``ctx``: saved inputs and output, attributes, input types). Made by ``record``.
+
+    Every object a node keeps is walked by each full collection of Python's cyclic collector (whose
+    number grows with the graph), so a node keeps few: its inputs' tuple as its saved inputs (with
+    their versions as ints, which the collector does not track), input shapes and dtypes as shared
+    tuples, leaf inputs in place of their edges, and a saved output as its array, version counter and
+    version (a ``SavedTensor`` and its weak reference to the node were two more objects)."""
+
+    __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_versions",
+                 "saved_output", "out_data", "out_counter", "out_version", "out_trace", "view_version")  # fmt: skip
+    prim: Any  # the Primitive
+    attrs: dict
+    input_shapes: tuple
+    input_dtypes: tuple
+    device: Any
+    saved_inputs: tuple | None  # the input tensors (checked against saved_versions when read); None once released
+    saved_versions: tuple[int, ...]  # each saved input's version when saved
+    saved_output: bool | None  # whether the output is saved (out_*; see keep_output); None: released
+    view_version: int  # the version of a view's memory when this node became its history (-1: not a view's)
 
     def name(self) -> str:
         return "".join(part.capitalize() for part in self.prim.name.split("_")) + "Backward"
@@ -255,7 +198,14 @@ class PrimBackward(Node, _VjpContext):
 
     def release(self) -> None:
         self.saved_inputs = None
-        self.saved_output = None
+        self.saved_output = self.out_data = None
+
+    def keep_output(self, t) -> None:
+        """Save ``t`` as this node's output (read back by ``output``), at its present version."""
+        if t._inference:
+            raise inference_error()
+        self.out_data, self.out_counter, self.out_version, self.out_trace = t._data, t._version, t._version[0], t._trace
+        self.saved_output = True
 
 
 class _Ops:
@@ -272,45 +222,6 @@ class _Ops:
 
 
 _ops = _Ops()
-
-
-class AccumulateGrad(Node):
-    """The sink of a leaf tensor: adds the incoming gradient into ``leaf.grad``."""
-
-    __slots__ = ("variable",)
-
-    def __init__(self, variable) -> None:
-        super().__init__(())
-        self.variable = variable
-
-    def apply(self, grads: list) -> tuple:
-        if self.variable._requires_grad:  # requires_grad_(False) since the forward: no .grad, as in PyTorch
-            accumulate_into_grad(self.variable, grads[0])
-        hooks = self.variable._post_accumulate_hooks
-        if hooks and grads[0] is not None:
-            for hook in list(hooks):
-                hook(self.variable)
-        return ()
-
-
-def accumulate_into_grad(leaf, grad) -> None:
-    if grad is None:
-        return
-    if _jit.tracing:
-        _jit.grad_change(leaf)
-    if leaf._grad is None:
-        # Copy unless the graph is being kept for a higher order: the incoming gradient may be
-        # the same tensor as another leaf's (add passes its gradient through unchanged).
-        leaf._grad = grad if state.grad_enabled else grad.detach().clone()
-    elif state.grad_enabled:
-        leaf._grad = leaf._grad + grad  # create_graph: keep the sum differentiable
-    elif _jit.tracing:  # a trace sees the accumulation as an op
-        from ..ops import add, commit_inplace  # noqa: PLC0415
-
-        commit_inplace(leaf._grad, add(leaf._grad, grad), op="gradient accumulation")
-    else:
-        leaf._grad._data += grad._data
-        leaf._grad._version[0] += 1
 
 
 def _edge_of(t) -> Edge:
@@ -356,15 +267,6 @@ def _regenerate_view_history(view) -> None:
     stamp_view(view)
 
 
-def grad_accumulator(leaf) -> AccumulateGrad:
-    """The leaf's AccumulateGrad, shared by every node that uses the leaf (held weakly)."""
-    acc = leaf._grad_acc() if leaf._grad_acc is not None else None
-    if acc is None:
-        acc = AccumulateGrad(leaf)
-        leaf._grad_acc = weakref.ref(acc)
-    return acc
-
-
 def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
     """Attach ``prim``'s backward to ``result`` (called by dispatch when a gradient may flow)."""
     if result._dtype.category != FLOATING:  # (the is_floating_point property costs a call)
@@ -375,25 +277,41 @@ def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
     if len(inputs) == 2:
         a, b = inputs
         # An input that does not require grad has no edge (a tensor with a grad_fn requires grad);
-        # a leaf that does stands for its edge until the edges are read (see next_edges).
+        # a leaf that does, or its node for a first output, stands for its edge until the edges
+        # are read (see next_edges).
         node._edges = (
-            (a if a.grad_fn is None else _edge_of(a)) if a._requires_grad else None,
-            (b if b.grad_fn is None else _edge_of(b)) if b._requires_grad else None,
+            (a if a.grad_fn is None else _pending_history(a)) if a._requires_grad else None,
+            (b if b.grad_fn is None else _pending_history(b)) if b._requires_grad else None,
         )
-        node.input_shapes = (a._data.shape, b._data.shape)
-        node.input_dtypes = (a._dtype, b._dtype)
+        shapes, dtypes = (a._data.shape, b._data.shape), (a._dtype, b._dtype)
     else:
-        node._edges = tuple([(t if t.grad_fn is None else _edge_of(t)) if t._requires_grad else None for t in inputs])
-        node.input_shapes = tuple([t._data.shape for t in inputs])
-        node.input_dtypes = tuple([t._dtype for t in inputs])
-    node._leaves_pending = True
+        node._edges = tuple(
+            [(t if t.grad_fn is None else _pending_history(t)) if t._requires_grad else None for t in inputs]
+        )
+        shapes, dtypes = tuple([t._data.shape for t in inputs]), tuple([t._dtype for t in inputs])
+    # One shared tuple for each value (a shape or dtype tuple kept per node is an object the
+    # collector walks); bounded, for programs whose shapes keep changing.
+    if len(_shared) > 4096:
+        _shared.clear()
+    node.input_shapes = _shared.setdefault(shapes, shapes)
+    node.input_dtypes = _shared.setdefault(dtypes, dtypes)
+    node._edges_pending = True
     node.seq = _next_seq()
     node.pre_hooks = node.hooks = None
     node.forward_stack = _forward_stack(1) if grad_mode.anomaly_used and state.anomaly else None  # less record
     node.prim, node.attrs = prim, attrs
     node.device = result._device
-    node.saved_inputs = tuple([SavedTensor(t) for t in inputs]) if prim.save_inputs else ()
-    node.saved_output = SavedTensor(result, node) if prim.save_output else False
+    if prim.save_inputs:
+        if grad_mode.inference_used and any([t._inference for t in inputs]):
+            raise inference_error()
+        node.saved_inputs = inputs if inputs.__class__ is tuple else tuple(inputs)
+        node.saved_versions = tuple([t._version[0] for t in inputs])
+    else:
+        node.saved_inputs, node.saved_versions = (), ()
+    if prim.save_output:
+        node.keep_output(result)
+    else:
+        node.saved_output = False
     node.view_version = result._version[0] if prim.is_view else -1
     result.grad_fn = node
     result._output_nr = 0

@@ -569,8 +569,7 @@ def _reachable(roots: list) -> set[int]:
             if id(node) in nodes_seen:
                 continue
             nodes_seen.add(id(node))
-            for saved in getattr(node, "saved_inputs", None) or ():
-                stack.append(getattr(saved, "tensor", None))
+            stack.extend(getattr(node, "saved_inputs", None) or ())  # (a PrimBackward's: the input tensors)
             for saved in getattr(getattr(node, "ctx", None), "_saved", None) or ():
                 stack.append(getattr(saved, "tensor", None))
             for edge in node.next_edges:

@@ -28,7 +28,7 @@ from ...runtime.threads import matmul_macs, run_blas_product
 from .. import dispatch
 from ..autograd import grad_mode
 from ..autograd.api import grad
-from ..autograd.graph import Node, SavedTensor, _edge_of
+from ..autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 from ._util import plain_arrays
@@ -139,34 +139,31 @@ def conv_transpose_eager(x, weight, bias, size, kernel, stride, dilation, pads, 
     return result
 
 
-class _ArraysBackward(Node):
+class _ArraysBackward(LazyEdgesNode):
     """The backward of one convolution node: gradients of (input, weight, bias) from the arrays it
     kept (``cols``: what the weight's gradient multiplies by), or from the ops (``_through_ops``)."""
 
-    __slots__ = ("saved", "composite", "cols", "geometry")
-    saved: tuple[SavedTensor | None, ...] | None  # input, weight, bias; None once released
+    __slots__ = ("saved", "versions", "composite", "cols", "geometry")
+    saved: tuple | None  # input, weight, bias (or None); None once released
+    versions: tuple  # theirs when saved (checked when read)
     composite: Composite
     cols: np.ndarray | None
     geometry: tuple
 
     @classmethod
     def attach(cls, result: Tensor, x: Tensor, weight: Tensor, bias, composite: Composite):
-        node = cls((_edge_of(x), _edge_of(weight), None if bias is None else _edge_of(bias)))
+        node = cls((pending_edge(x), pending_edge(weight), None if bias is None else pending_edge(bias)))
         # saved (and checked for in-place changes when read) as the ops' nodes saved them: the
         # arrays' backward reads the weight, and the input for its version only (``cols`` is a copy)
-        node.saved = (SavedTensor(x), SavedTensor(weight), None if bias is None else SavedTensor(bias))
+        node.saved = (x, weight, bias)
+        node.versions = save_tensors(node.saved)
         node.composite = composite
         result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
         return node
 
     def apply(self, grads: list) -> tuple:
         g = grads[0]
-        if self.saved is None:
-            raise RuntimeError(
-                f"Trying to backward through the graph a second time (through {self.name()}): its saved tensors "
-                "were freed after the first backward. Pass retain_graph=True to the first backward()."
-            )
-        x, weight, bias = (None if s is None else s.unpack(self) for s in self.saved)
+        x, weight, bias = unpack_tensors(self, self.saved, self.versions)
         assert x is not None and weight is not None  # (saved by attach; only the bias may be None)
         if (
             grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops

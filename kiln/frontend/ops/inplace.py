@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd.grad_mode import state
-from ..autograd.graph import PrimBackward, SavedTensor, refresh_view_history, stamp_view
+from ..autograd.graph import PrimBackward, refresh_view_history, stamp_view
 from ..jit import state as _jit
 from ..jit.layouts import writable
 from ..tensor import Tensor, make_tensor
@@ -113,12 +113,18 @@ def _snapshot_saved_inputs(value: Tensor, target: Tensor) -> None:
     node = value.grad_fn
     if not isinstance(node, PrimBackward) or not node.saved_inputs:
         return
-    if any(s.counter is target._version for s in node.saved_inputs):
+    counter = target._version
+    if any([t._version is counter for t in node.saved_inputs]):
         from .creation import clone  # noqa: PLC0415
 
-        node.saved_inputs = tuple(
-            SavedTensor(clone(s.tensor)) if s.counter is target._version else s for s in node.saved_inputs
+        saved = [clone(t) if t._version is counter else t for t in node.saved_inputs]
+        node.saved_versions = tuple(
+            [
+                t._version[0] if t is not old else v
+                for t, old, v in zip(saved, node.saved_inputs, node.saved_versions, strict=True)
+            ]
         )
+        node.saved_inputs = tuple(saved)
 
 
 def _check_leaf(target: Tensor, op: str) -> None:
@@ -141,7 +147,7 @@ def _take_history(target: Tensor, value: Tensor) -> None:
     if isinstance(node, PrimBackward) and node.saved_output:
         # The node saved `value` as its output; the saved copy is now `target`, so a later
         # in-place change of `target` is caught by the version check, as in PyTorch.
-        node.saved_output = SavedTensor(target, node)
+        node.keep_output(target)
 
 
 def _rebase_view(view: Tensor, value: Tensor) -> None:

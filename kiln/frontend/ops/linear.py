@@ -18,7 +18,7 @@ from ...ir.types import CPU
 from ...runtime.threads import matmul_macs, run_blas_product
 from .. import dispatch
 from ..autograd import grad_mode
-from ..autograd.graph import Node, SavedTensor, _edge_of
+from ..autograd.graph import LazyEdgesNode, _freed_error, pending_edge, version_error
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 from .linalg import matmul
@@ -67,21 +67,28 @@ def _plain(input, weight, bias) -> bool:
     return True
 
 
-class LinearBackward(Node):
-    """The backward of ``linear_eager``: the product's two gradients and the bias's sum."""
+class LinearBackward(LazyEdgesNode):
+    """The backward of ``linear_eager``: the product's two gradients and the bias's sum.
 
-    __slots__ = ("saved_input", "saved_weight", "input_shape")
-    saved_input: SavedTensor | None
-    saved_weight: SavedTensor | None
+    It keeps few objects for the cyclic collector to walk: the saved tensors themselves with their
+    versions as ints (no saved-tensor objects), and the parameters (leaves) in place of their edges
+    until backward reads them (no edge tuple per call)."""
+
+    __slots__ = ("saved_input", "input_version", "saved_weight", "weight_version", "input_shape")
+    saved_input: Tensor | None  # None: not needed (the weight needs no gradient), or released
+    input_version: int
+    saved_weight: Tensor | None
+    weight_version: int
     input_shape: tuple[int, ...]
 
     @classmethod
     def attach(cls, result: Tensor, input: Tensor, weight: Tensor, bias: Tensor | None) -> None:
-        node = cls((_edge_of(input), _edge_of(weight), None if bias is None else _edge_of(bias)))
+        node = cls((pending_edge(input), pending_edge(weight), None if bias is None else pending_edge(bias)))
         # Each saved tensor is checked for in-place changes when read: the input for the weight's
         # gradient, the weight for the input's (as the product's node read them).
-        node.saved_input = SavedTensor(input) if weight._requires_grad else None
-        node.saved_weight = SavedTensor(weight) if input._requires_grad else None
+        node.saved_input = input if weight._requires_grad else None
+        node.saved_weight = weight if input._requires_grad else None
+        node.input_version, node.weight_version = input._version[0], weight._version[0]
         node.input_shape = input._data.shape
         result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
 
@@ -98,10 +105,13 @@ class LinearBackward(Node):
         edge_x, edge_w, edge_b = self.next_edges
         grad_x = grad_w = grad_b = None
         if edge_x is not None:
-            grad_x = matmul(g, self._unpack(self.saved_weight))
+            grad_x = matmul(g, self._unpack(self.saved_weight, self.weight_version))
         if edge_w is not None:
             rows = reshape(g, (-1, g._data.shape[-1]))
-            grad_w = matmul(transpose(rows, 0, 1), reshape(self._unpack(self.saved_input), (-1, self.input_shape[-1])))
+            grad_w = matmul(
+                transpose(rows, 0, 1),
+                reshape(self._unpack(self.saved_input, self.input_version), (-1, self.input_shape[-1])),
+            )
         if edge_b is not None:
             grad_b = sum_to(g, (g._data.shape[-1],))
         return grad_x, grad_w, grad_b
@@ -113,10 +123,10 @@ class LinearBackward(Node):
         dtype, out = g._dtype, g._data
         grad_x = grad_w = grad_b = None
         if edge_x is not None:
-            w = self._unpack(self.saved_weight)._data
+            w = self._unpack(self.saved_weight, self.weight_version)._data
             grad_x = make_tensor(_product(kernel, out, w), CPU, dtype)
         if edge_w is not None:
-            x = self._unpack(self.saved_input)._data
+            x = self._unpack(self.saved_input, self.input_version)._data
             rows = out.reshape(-1, out.shape[-1])
             grad_w = make_tensor(_product(kernel, rows.T, x.reshape(-1, x.shape[-1])), CPU, dtype)
         if edge_b is not None:
@@ -126,13 +136,12 @@ class LinearBackward(Node):
             grad_b = make_tensor(np.asarray(summed), CPU, dtype)
         return grad_x, grad_w, grad_b
 
-    def _unpack(self, saved: SavedTensor | None) -> Tensor:
-        if saved is None:
-            raise RuntimeError(
-                "Trying to backward through the graph a second time (through LinearBackward): its saved tensors "
-                "were freed after the first backward. Pass retain_graph=True to the first backward()."
-            )
-        return saved.unpack(self)
+    def _unpack(self, saved: Tensor | None, version: int) -> Tensor:
+        if saved is None:  # (read only for a gradient that needs it: it was saved, then released)
+            raise _freed_error(self)
+        if saved._version[0] != version:
+            raise version_error(self, version, saved._version[0])
+        return saved
 
     def release(self) -> None:
         self.saved_input = self.saved_weight = None
