@@ -15,7 +15,7 @@ from ..tensor import Tensor, method
 __all__ = [
     "reshape", "view", "expand", "broadcast_to", "sum_to", "contiguous", "flatten", "unflatten", "squeeze",
     "unsqueeze", "permute", "transpose", "swapaxes", "swapdims", "t", "movedim", "moveaxis", "expand_as", "narrow",
-    "select", "unbind", "split", "chunk", "diagonal", "strided_slice", "strided_pad",
+    "select", "diagonal", "strided_slice", "strided_pad",
 ]  # fmt: skip
 
 _reshape, _permute, _slice, _pad = P["reshape"], P["permute"], P["slice"], P["pad"]
@@ -278,46 +278,6 @@ def select(input: Tensor, dim: int, index: int) -> Tensor:
     if not -n <= index < n:
         raise IndexError(f"select(): index {index} out of range for tensor of size {list(shape)} at dimension {dim}")
     return _view_as(narrow(input, dim, index % n, 1), shape[:dim] + shape[dim + 1 :])
-
-
-@method("unbind")
-def unbind(input: Tensor, dim: int = 0) -> tuple[Tensor, ...]:
-    dim = normalize_axis(dim, input._data.ndim)
-    return tuple(select(input, dim, i) for i in range(input._data.shape[dim]))
-
-
-@method("split")
-def split(tensor: Tensor, split_size_or_sections, dim: int = 0) -> tuple[Tensor, ...]:
-    """Views of consecutive pieces: of ``split_size`` each (the last may be smaller) or of the listed sizes."""
-    dim = normalize_axis(dim, tensor._data.ndim)
-    n = tensor._data.shape[dim]
-    if isinstance(split_size_or_sections, int):
-        size = split_size_or_sections
-        if size < 0 or (size == 0 and n):
-            raise RuntimeError(f"split expects split_size be non-negative (and positive for a non-empty dim), "
-                               f"but got split_size={size}")  # fmt: skip
-        sizes = [min(size, n - i) for i in range(0, n, size)] if size and n else [0]
-    else:
-        sizes = [int(s) for s in split_size_or_sections]
-        if sum(sizes) != n or any(s < 0 for s in sizes):
-            raise RuntimeError(f"split_with_sizes expects split_sizes to sum exactly to {n} (input tensor's size at "
-                               f"dimension {dim}), but got split_sizes={sizes}")  # fmt: skip
-    out, offset = [], 0
-    for size in sizes:
-        out.append(narrow(tensor, dim, offset, size))
-        offset += size
-    return tuple(out)
-
-
-@method("chunk")
-def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
-    if chunks <= 0:
-        raise RuntimeError(f"chunk expects `chunks` to be greater than 0, got: {chunks}")
-    dim = normalize_axis(dim, input._data.ndim)
-    n = input._data.shape[dim]
-    if n == 0:  # PyTorch gives `chunks` empty pieces
-        return tuple(narrow(input, dim, 0, 0) for _ in range(chunks))
-    return split(input, -(-n // chunks), dim)
 
 
 @method("diagonal")
