@@ -6,11 +6,14 @@ base). The shape ops that copy (flip, roll, repeat, cat, pad...) are in ``copies
 
 from __future__ import annotations
 
+import numpy as np
+
 from ...ir.primitives import P
 from ...ir.primitives.movement import reshape_view
 from ...ir.shapes import normalize_axis, numel
 from ..dispatch import apply
 from ..tensor import Tensor, method
+from ._views import lean, wrap_view
 
 __all__ = [
     "reshape", "view", "expand", "broadcast_to", "sum_to", "contiguous", "flatten", "unflatten", "squeeze",
@@ -18,14 +21,14 @@ __all__ = [
     "select", "diagonal", "strided_slice", "strided_pad",
 ]  # fmt: skip
 
-_reshape, _permute, _slice, _pad = P["reshape"], P["permute"], P["slice"], P["pad"]
+_reshape, _permute, _slice, _pad, _expand = P["reshape"], P["permute"], P["slice"], P["pad"], P["expand"]
 _reduce_sum = P["reduce_sum"]
 
 
 def _shape_arg(shape) -> tuple[int, ...]:
     if len(shape) == 1 and isinstance(shape[0], tuple | list):
         shape = shape[0]
-    return tuple(int(d) for d in shape)
+    return tuple(map(int, shape))  # (map: 0.3 us less than a generator for 4 dims)
 
 
 def _infer_minus_one(shape: tuple[int, ...], size: int) -> tuple[int, ...]:
@@ -45,13 +48,23 @@ def _viewable(x: Tensor, shape: tuple[int, ...]) -> bool:
     return reshape_view(x._data, shape) is not None
 
 
+def _reshaped(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """The reshape primitive's view (``x``'s strides allow it)."""
+    if lean(x):
+        try:
+            return wrap_view(x, x._data.reshape(shape), _reshape, {"shape": shape})
+        except ValueError:
+            pass  # a size that does not fit: the primitive raises its shape rule's error
+    return apply(_reshape, x, shape=shape)
+
+
 @method("reshape")
 def reshape(input: Tensor, *shape) -> Tensor:
     """A view when the strides allow it, else a copy (as ``torch.reshape``)."""
     shape = _infer_minus_one(_shape_arg(shape), input._data.size)
     if not _viewable(input, shape):
         input = contiguous(input)
-    return apply(P["reshape"], input, shape=shape)
+    return _reshaped(input, shape)
 
 
 @method("view")
@@ -64,7 +77,7 @@ def view(input: Tensor, *shape) -> Tensor:
             f"stride {list(input.stride())} (at least one dimension spans across two contiguous subspaces). "
             "Use .reshape(...) instead."
         )
-    return apply(P["reshape"], input, shape=shape)
+    return _reshaped(input, shape)
 
 
 @method("expand")
@@ -74,7 +87,12 @@ def expand(input: Tensor, *shape) -> Tensor:
     shape = tuple(input._data.shape[i - lead] if d == -1 and i >= lead else d for i, d in enumerate(shape))
     if shape == input._data.shape:
         return input
-    return apply(P["expand"], input, shape=shape)
+    if lean(input):
+        try:
+            return wrap_view(input, np.broadcast_to(input._data, shape), _expand, {"shape": shape})
+        except ValueError:
+            pass  # sizes that do not broadcast: the primitive raises its shape rule's error
+    return apply(_expand, input, shape=shape)
 
 
 @method("broadcast_to")
@@ -113,7 +131,14 @@ def _dims_arg(dims) -> tuple:
 
 def _view_as(input: Tensor, shape: tuple[int, ...]) -> Tensor:
     """A view with size-1 dims dropped or added: always possible without a copy."""
-    return apply(_reshape, input, shape=shape)
+    return _reshaped(input, shape)
+
+
+def _permuted(x: Tensor, perm: tuple[int, ...]) -> Tensor:
+    """The permute primitive's view (``perm`` checked)."""
+    if lean(x):
+        return wrap_view(x, x._data.transpose(perm), _permute, {"perm": perm})
+    return apply(_permute, x, perm=perm)
 
 
 # ----------------------------------------------------------------------------- reshaping views
@@ -177,7 +202,7 @@ def permute(input: Tensor, *dims) -> Tensor:
     perm = tuple(normalize_axis(d, ndim) for d in dims)
     if len(set(perm)) != ndim:
         raise RuntimeError(f"permute(): duplicate dims are not allowed, got {list(dims)}")
-    return apply(_permute, input, perm=perm)
+    return _permuted(input, perm)
 
 
 @method("transpose", "swapaxes", "swapdims")
@@ -186,7 +211,7 @@ def transpose(input: Tensor, dim0: int, dim1: int) -> Tensor:
     perm = list(range(ndim))
     a, b = normalize_axis(dim0, ndim), normalize_axis(dim1, ndim)
     perm[a], perm[b] = perm[b], perm[a]
-    return apply(_permute, input, perm=tuple(perm))
+    return _permuted(input, tuple(perm))
 
 
 swapaxes = swapdims = transpose
@@ -196,12 +221,12 @@ swapaxes = swapdims = transpose
 def t(input: Tensor) -> Tensor:
     if input._data.ndim > 2:
         raise RuntimeError(f"t() expects a tensor with <= 2 dimensions, but self is {input._data.ndim}D")
-    return apply(_permute, input, perm=tuple(reversed(range(input._data.ndim))))
+    return _permuted(input, tuple(reversed(range(input._data.ndim))))
 
 
 def _reversed_dims(self: Tensor) -> Tensor:
     """``x.T``: the dims in reverse order (a view)."""
-    return apply(_permute, self, perm=tuple(reversed(range(self._data.ndim))))
+    return _permuted(self, tuple(reversed(range(self._data.ndim))))
 
 
 def _matrix_transpose(self: Tensor) -> Tensor:
@@ -231,7 +256,7 @@ def movedim(input: Tensor, source, destination) -> Tensor:
     for s, d in zip(src, dst, strict=True):
         perm[d] = s
     rest = iter(i for i in range(ndim) if i not in src)
-    return apply(_permute, input, perm=tuple(p if p >= 0 else next(rest) for p in perm))
+    return _permuted(input, tuple(p if p >= 0 else next(rest) for p in perm))
 
 
 moveaxis = movedim
@@ -240,7 +265,19 @@ moveaxis = movedim
 # ----------------------------------------------------------------------------- slicing views
 def strided_slice(input: Tensor, starts, stops, steps) -> Tensor:
     """``input[a0:b0:s0, a1:b1:s1, ...]`` with normalized bounds per dim (a view); the slice primitive."""
-    return apply(_slice, input, starts=tuple(starts), stops=tuple(stops), steps=tuple(steps))
+    starts, stops, steps = tuple(starts), tuple(stops), tuple(steps)
+    if lean(input) and _slice_in_bounds(input._data.shape, starts, stops, steps):
+        array = input._data[tuple(map(slice, starts, stops, steps))]
+        return wrap_view(input, array, _slice, {"starts": starts, "stops": stops, "steps": steps})
+    return apply(_slice, input, starts=starts, stops=stops, steps=steps)
+
+
+def _slice_in_bounds(shape: tuple[int, ...], starts: tuple, stops: tuple, steps: tuple) -> bool:
+    """Whether the slice rule accepts these bounds (numpy would clamp them instead). A 0-d array is left
+    to the primitive: its empty index gives a numpy scalar."""
+    if not shape or not len(starts) == len(stops) == len(steps) == len(shape):
+        return False
+    return all([0 <= a <= n and 0 <= b <= n and s > 0 for a, b, s, n in zip(starts, stops, steps, shape)])
 
 
 def strided_pad(input: Tensor, low, high, interior, value=0) -> Tensor:
@@ -265,7 +302,11 @@ def narrow(input: Tensor, dim: int, start: int, length: int) -> Tensor:
         raise RuntimeError(f"start ({start}) + length ({length}) exceeds dimension size ({n}).")
     starts, stops = [0] * len(shape), list(shape)
     starts[dim], stops[dim] = start, start + length
-    return apply(_slice, input, starts=tuple(starts), stops=tuple(stops), steps=(1,) * len(shape))
+    steps = (1,) * len(shape)
+    if lean(input):  # (bounds checked above)
+        array = input._data[(slice(None),) * dim + (slice(start, start + length),)]
+        return wrap_view(input, array, _slice, {"starts": tuple(starts), "stops": tuple(stops), "steps": steps})
+    return apply(_slice, input, starts=tuple(starts), stops=tuple(stops), steps=steps)
 
 
 @method("select")
