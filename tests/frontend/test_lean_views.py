@@ -5,7 +5,7 @@ import pytest
 
 import kiln
 from kiln.frontend import dispatch
-from kiln.frontend.ops import indexing, shape
+from kiln.frontend.ops import _views, indexing, shape
 
 RNG = np.random.default_rng(1)
 
@@ -102,3 +102,25 @@ def test_traces_and_profiles_record_the_primitives():
     for _ in range(3):
         x = kiln.tensor(RNG.normal(size=(4, 6)))
         np.testing.assert_array_equal(compiled(x).numpy(), fn(x).numpy())
+
+
+@pytest.mark.parametrize(
+    ("given", "shape"),
+    [
+        ((), (4, 5)),
+        ((3, 1), (2, 3, 4)),
+        ((1,), (0,)),
+        ((3, 1), (3, 0)),
+        ((1, 1, 4, 4), (2, 3, 4, 4)),
+        ((0, 2), (3, 0, 2)),
+    ],
+)
+def test_broadcast_view_is_broadcast_to(given, shape):
+    array = RNG.normal(size=given)
+    for a in (array, np.asfortranarray(array)[..., :]):  # contiguous, and maybe not
+        got, expected = _views.broadcast_view(a, shape), np.broadcast_to(a, shape)
+        assert got.shape == expected.shape and got.strides == expected.strides and not got.flags.writeable
+        np.testing.assert_array_equal(got, expected)
+        assert got.size == 0 or np.shares_memory(got, a)
+    with pytest.raises(ValueError):
+        _views.broadcast_view(RNG.normal(size=(3, 2)), (3, 4))

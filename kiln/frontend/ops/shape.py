@@ -6,14 +6,12 @@ base). The shape ops that copy (flip, roll, repeat, cat, pad...) are in ``copies
 
 from __future__ import annotations
 
-import numpy as np
-
 from ...ir.primitives import P
 from ...ir.primitives.movement import reshape_view
 from ...ir.shapes import normalize_axis, numel
 from ..dispatch import apply
 from ..tensor import Tensor, method
-from ._views import lean, wrap_view
+from ._views import broadcast_view, lean, wrap_view
 
 __all__ = [
     "reshape", "view", "expand", "broadcast_to", "sum_to", "contiguous", "flatten", "unflatten", "squeeze",
@@ -89,7 +87,7 @@ def expand(input: Tensor, *shape) -> Tensor:
         return input
     if lean(input):
         try:
-            return wrap_view(input, np.broadcast_to(input._data, shape), _expand, {"shape": shape})
+            return wrap_view(input, broadcast_view(input._data, shape), _expand, {"shape": shape})
         except ValueError:
             pass  # sizes that do not broadcast: the primitive raises its shape rule's error
     return apply(_expand, input, shape=shape)
