@@ -124,3 +124,33 @@ def test_broadcast_view_is_broadcast_to(given, shape):
         assert got.size == 0 or np.shares_memory(got, a)
     with pytest.raises(ValueError):
         _views.broadcast_view(RNG.normal(size=(3, 2)), (3, 4))
+
+
+def _bound(rng, n):
+    return None if rng.random() < 0.3 else int(rng.integers(-n - 2, n + 3))
+
+
+def _random_key(rng, ndim):
+    items = []
+    for n in (4, 5, 3)[: rng.integers(1, ndim + 1)]:
+        if rng.random() < 0.3:
+            items.append(int(rng.integers(-n, n)))
+        else:
+            step = None if rng.random() < 0.5 else int(rng.integers(1, 4))
+            items.append(slice(_bound(rng, n), _bound(rng, n), step))
+    return tuple(items) if len(items) > 1 or rng.random() < 0.5 else items[0]
+
+
+def test_int_and_slice_keys_parse_as_the_general_parser(monkeypatch):
+    x_np = RNG.normal(size=(4, 5, 3))
+    x = kiln.tensor(x_np)
+    rng = np.random.default_rng(5)
+    keys = [_random_key(rng, 3) for _ in range(300)]
+    fast = [indexing._parse(x, k) for k in keys]
+    assert all(indexing._parse_slices(x.shape, k) is not None for k in keys)
+    monkeypatch.setattr(indexing, "_parse_slices", lambda shape, key: None)
+    for key, got in zip(keys, fast, strict=True):
+        assert got == indexing._parse(x, key), key
+        np.testing.assert_array_equal(x[key].numpy(), x_np[key])
+    with pytest.raises(IndexError, match="index 5 is out of bounds for dimension 1 with size 5"):
+        x[:, 5]

@@ -97,6 +97,9 @@ def _consumed(item) -> int:
 
 
 def _parse(x: Tensor, key) -> _Key:
+    simple = _parse_slices(x._data.shape, key)
+    if simple is not None:
+        return simple
     items = [_classify(k, x._device) for k in (key if isinstance(key, tuple) else (key,))]
     shape = x._data.shape
     ndim = len(shape)
@@ -138,6 +141,35 @@ def _parse(x: Tensor, key) -> _Key:
     out.extend(shape[d:])
     sliced = starts != [0] * ndim or stops != list(shape) or steps != [1] * ndim
     return _Key(tuple(starts), tuple(stops), tuple(steps), sliced, tuple(out), tuple(advanced))
+
+
+def _parse_slices(shape: tuple[int, ...], key) -> _Key | None:
+    """``_parse`` of a key of in-range ints and slices with positive steps only (``mask[:t, :t]``,
+    ``x[:, -1]``), without classifying each item; None for any other key (``_parse`` takes it)."""
+    items = key if key.__class__ is tuple else (key,)
+    if len(items) > len(shape):
+        return None
+    starts, stops, steps, out = [], [], [], []
+    for k, n in zip(items, shape):
+        if k.__class__ is slice:
+            if k.step is not None and k.step <= 0:
+                return None
+            start, stop, step = k.indices(n)
+            stop = max(stop, start)
+            out.append(-(-(stop - start) // step))
+        elif k.__class__ is int and -n <= k < n:
+            start, stop, step = k % n, k % n + 1, 1
+        else:
+            return None
+        starts.append(start)
+        stops.append(stop)
+        steps.append(step)
+    rest = shape[len(items) :]
+    sliced = any([a != 0 or b != n or s != 1 for a, b, s, n in zip(starts, stops, steps, shape)])
+    return _Key(
+        tuple(starts) + (0,) * len(rest), tuple(stops) + rest, tuple(steps) + (1,) * len(rest), sliced,
+        tuple(out) + rest, (),
+    )  # fmt: skip
 
 
 def _parse_mask(mask: Tensor, shape, d: int, out: list, advanced: list) -> int:
