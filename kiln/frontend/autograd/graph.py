@@ -241,8 +241,9 @@ def _edge_of(t) -> Edge:
 # ----------------------------------------------------------------------------- views
 def refresh_view_history(view) -> None:
     """Rebuild ``view``'s history from its base if its memory was written since it was set."""
-    node = view.grad_fn
-    if node.__class__ is PrimBackward and node.view_version not in (-1, view._version[0]):
+    # a view op's node (PrimBackward, the ops' SplitBackward) notes the version; any other node has none
+    version = getattr(view.grad_fn, "view_version", -1)
+    if version != -1 and version != view._version[0]:
         _regenerate_view_history(view)
 
 

@@ -20,14 +20,16 @@ import numpy as np
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import broadcast_shapes, normalize_axis
+from ..autograd import grad_mode
 from ..dispatch import apply
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast, scalar_tensor
+from ._views import lean, wrap_view
 from .checks import check_range
 from .copies import constant
 from .elementwise import eq, where
 from .inplace import commit_inplace
-from .shape import expand, movedim, reshape
+from .shape import _reshaped, expand, movedim, reshape, strided_slice
 
 __all__ = [
     "index", "index_put", "index_put_", "take", "take_flat", "gather", "scatter", "scatter_add", "index_select",
@@ -95,6 +97,9 @@ def _consumed(item) -> int:
 
 
 def _parse(x: Tensor, key) -> _Key:
+    simple = _parse_slices(x._data.shape, key)
+    if simple is not None:
+        return simple
     items = [_classify(k, x._device) for k in (key if isinstance(key, tuple) else (key,))]
     shape = x._data.shape
     ndim = len(shape)
@@ -138,6 +143,35 @@ def _parse(x: Tensor, key) -> _Key:
     return _Key(tuple(starts), tuple(stops), tuple(steps), sliced, tuple(out), tuple(advanced))
 
 
+def _parse_slices(shape: tuple[int, ...], key) -> _Key | None:
+    """``_parse`` of a key of in-range ints and slices with positive steps only (``mask[:t, :t]``,
+    ``x[:, -1]``), without classifying each item; None for any other key (``_parse`` takes it)."""
+    items = key if key.__class__ is tuple else (key,)
+    if len(items) > len(shape):
+        return None
+    starts, stops, steps, out = [], [], [], []
+    for k, n in zip(items, shape):
+        if k.__class__ is slice:
+            if k.step is not None and k.step <= 0:
+                return None
+            start, stop, step = k.indices(n)
+            stop = max(stop, start)
+            out.append(-(-(stop - start) // step))
+        elif k.__class__ is int and -n <= k < n:
+            start, stop, step = k % n, k % n + 1, 1
+        else:
+            return None
+        starts.append(start)
+        stops.append(stop)
+        steps.append(step)
+    rest = shape[len(items) :]
+    sliced = any([a != 0 or b != n or s != 1 for a, b, s, n in zip(starts, stops, steps, shape)])
+    return _Key(
+        tuple(starts) + (0,) * len(rest), tuple(stops) + rest, tuple(steps) + (1,) * len(rest), sliced,
+        tuple(out) + rest, (),
+    )  # fmt: skip
+
+
 def _parse_mask(mask: Tensor, shape, d: int, out: list, advanced: list) -> int:
     """Append a bool mask's dims and its nonzero positions; return the next input dim."""
     k = mask._data.ndim
@@ -160,11 +194,15 @@ def _parse_mask(mask: Tensor, shape, d: int, out: list, advanced: list) -> int:
 # ----------------------------------------------------------------------------- applying a key
 def _basic(x: Tensor, key: _Key) -> Tensor:
     """The view for the basic part of ``key`` (always a new tensor sharing ``x``'s memory)."""
+    if key.sliced and lean(x) and not (x._requires_grad and grad_mode.state.grad_enabled):
+        # no node to record: one view of the slice reshaped (_parse checked the bounds)
+        array = x._data[tuple(map(slice, key.starts, key.stops, key.steps))].reshape(key.shape)
+        return wrap_view(x, array, _reshape, {})
     y = x
     if key.sliced:
-        y = apply(_slice, x, starts=key.starts, stops=key.stops, steps=key.steps)
+        y = strided_slice(x, key.starts, key.stops, key.steps)
     if y is x or y._data.shape != key.shape:
-        y = apply(_reshape, y, shape=key.shape)
+        y = _reshaped(y, key.shape)
     return y
 
 
@@ -191,9 +229,10 @@ def getitem(self: Tensor, key) -> Tensor:
             raise IndexError(f"index {key} is out of bounds for dimension 0 with size {n}")
         key %= n
         shape = self._data.shape
-        y = apply(_slice, self, starts=(key,) + (0,) * (len(shape) - 1), stops=(key + 1,) + shape[1:],
-                  steps=(1,) * len(shape))  # fmt: skip
-        return apply(_reshape, y, shape=shape[1:])
+        if lean(self) and not (self._requires_grad and grad_mode.state.grad_enabled):
+            return wrap_view(self, self._data[key, ...], _reshape, {})  # (no node to record: one view)
+        y = strided_slice(self, (key,) + (0,) * (len(shape) - 1), (key + 1,) + shape[1:], (1,) * len(shape))
+        return _reshaped(y, shape[1:])
     parsed = _parse(self, key)
     y = _basic(self, parsed)
     return _advanced(y, parsed.advanced) if parsed.advanced else y
