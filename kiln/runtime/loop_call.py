@@ -31,6 +31,11 @@ class LoopCall:
         # the outer program runs its steps with numpy's errors ignored (a loop is no compiled kernel):
         # the trips need not set that state again
         self.run_body = getattr(program, "run_in_errstate", program.run_checked_inputs)
+        loop = self.loop
+        vary = getattr(program, "vary_inputs", None)
+        if vary is not None:  # every trip's carried and per-iteration inputs are new arrays
+            carried, invariant = len(loop.carried), loop.invariant
+            vary([*range(carried), *range(carried + invariant, carried + invariant + loop.per_iteration)])
         body_outputs = len(self.loop.body.outputs)
         self.copied = tuple(j for j in range(body_outputs) if j not in program.fresh_outputs)
         self.args = tuple(slots[v] for v in node.inputs)
