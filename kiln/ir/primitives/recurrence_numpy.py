@@ -79,13 +79,12 @@ def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool, out=None):
     """The packed output of ``rnn_scan`` (``c0`` for an LSTM, ``b_hn`` for a GRU, else None), written
     into ``out`` when given (every element of it)."""
     steps, batch, _ = gx.shape
+    if steps == 1 and mode == "LSTM":  # a cell's step, one per trip of a compiled loop: the lean path
+        return _lstm_scan_step(gx, bias, h0, c0, w_hh, out)
     layout = ScanLayout(mode, w_hh.shape[1])
     if out is None:
         out = np.empty((steps, batch, layout.width), dtype=gx.dtype)
     if steps == 0:
-        return out
-    if steps == 1 and mode == "LSTM":  # a cell's step, one per trip of a compiled loop: the lean path
-        _lstm_scan_step(gx, bias, h0, c0, w_hh, out)
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     gates = _blocks(_part(out, layout.gate_span), layout)
@@ -196,13 +195,12 @@ def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool, out=None):
     """The packed output of ``rnn_scan_backward``: ``g`` is the cotangent of ``packed``, every part of it;
     written into ``out`` when given (every element of it)."""
     steps, batch, _ = packed.shape
+    if steps == 1 and mode == "LSTM":  # a cell's step's backward: the lean path
+        return _lstm_backward_step(packed, w_hh, g, out)
     layout = ScanLayout(mode, w_hh.shape[1])
     if out is None:
         out = np.empty((steps, batch, layout.grad_width), dtype=packed.dtype)
     if steps == 0:
-        return out
-    if steps == 1 and mode == "LSTM":  # a cell's step's backward: the lean path
-        _lstm_backward_step(packed, w_hh, g, out)
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     saved = lambda span: k(_part(packed, span))  # noqa: E731
@@ -246,40 +244,45 @@ def _lstm_slices(hidden: int) -> tuple[slice, ...]:
 # ``scan``/``scan_backward``'s general path (direction views, spans, state cotangents summed over time) cost
 # as much again as the step's arithmetic there; for one step, where direction and time shifts vanish, these
 # compute the same values with the same operations (so the same rounding) as the general path.
-def _lstm_scan_step(gx, bias, h0, c0, w_hh, out) -> None:
-    """``scan`` of one LSTM step into ``out`` (1, B, width)."""
+def _lstm_scan_step(gx, bias, h0, c0, w_hh, out):
+    """``scan`` of one LSTM step, into ``out`` (1, B, width) when given."""
     batch, hidden = h0.shape
     h, final_h, final_c, c, prev_h, prev_c, gate_span, tanh_c = _lstm_slices(hidden)[:8]
+    if out is None:
+        out = np.empty((1, batch, tanh_c.stop), dtype=gx.dtype)
     row = out[0]
     gates = row[:, gate_span]
     np.add(gx[0], bias, out=gates)
     with small_products(step_macs(batch, w_hh)):
-        lstm_forward(_blocks(gates[None], ScanLayout("LSTM", hidden)), h0, c0, row[None, :, h], row[None, :, c],
+        lstm_forward(gates.reshape(1, batch, 4, hidden, copy=False), h0, c0, row[None, :, h], row[None, :, c],
                      row[None, :, tanh_c], w_hh.T)  # fmt: skip
     row[:, prev_h], row[:, prev_c] = h0, c0
     row[:, final_h], row[:, final_c] = row[:, h], row[:, c]
+    return out
 
 
-def _lstm_backward_step(packed, w_hh, g, out) -> None:
-    """``scan_backward`` of one LSTM step into ``out`` (1, B, grad_width)."""
+def _lstm_backward_step(packed, w_hh, g, out):
+    """``scan_backward`` of one LSTM step, into ``out`` (1, B, grad_width) when given."""
     _, batch, _ = packed.shape
     hidden = w_hh.shape[1]
-    layout = ScanLayout("LSTM", hidden)
     h, final_h, final_c, c, prev_h, prev_c, gate_span, tanh_span, dz_span, initial_h, initial_c = _lstm_slices(hidden)
+    if out is None:
+        out = np.empty((1, batch, initial_c.stop), dtype=packed.dtype)
     saved, cot, row = packed[0], g[0], out[0]
-    A = _blocks(saved[None, :, gate_span], layout)
-    tangents = cot[None, :, gate_span]
-    eA = _through_activations("LSTM", A, _blocks(tangents, layout)) if tangents.any() else None
+    A = saved[:, gate_span].reshape(1, batch, 4, hidden, copy=False)
+    tangents = cot[:, gate_span]
+    eA = _through_activations("LSTM", A, tangents.reshape(A.shape, copy=False)) if tangents.any() else None
     dH = np.add(cot[:, h], cot[:, final_h])[None]
     dC = np.add(cot[:, c], cot[:, final_c])[None]
     tanh_c, g_tanh_c = saved[None, :, tanh_span], cot[None, :, tanh_span]
     if g_tanh_c.any():
         dC += g_tanh_c * (1 - tanh_c * tanh_c)
-    dz = _blocks(row[None, :, dz_span], layout)
+    dz = row[:, dz_span].reshape(A.shape, copy=False)
     with small_products(step_macs(batch, w_hh)):
         dh, dc = lstm_backward(A, saved[None, :, prev_c], tanh_c, w_hh, dH, dC, eA, dz)
     np.add(dh, cot[:, prev_h], out=row[:, initial_h])
     np.add(dc, cot[:, prev_c], out=row[:, initial_c])
+    return out
 
 
 def _state_cotangent(layout: ScanLayout, cot, s: int):
