@@ -346,6 +346,13 @@ class CompiledProgram:
             i for i, slot in enumerate(out_slots)
             if slot in fresh and out_slots.count(slot) == 1 and i not in self._copy_outputs
         )  # fmt: skip
+        # ... and an extern's result of its own (not a view, not in the arena: ``ExternCall.run`` copies
+        # one that aliases an argument): new at every call, though not from the caching allocator
+        owned = fresh | {s.out for s in steps if isinstance(s, ExternCall) and s.normalize and s.into < 0}
+        self.new_outputs = self.fresh_outputs | {
+            i for i, slot in enumerate(out_slots)
+            if slot in owned and out_slots.count(slot) == 1 and i not in self._copy_outputs
+        }  # fmt: skip
         self._needs_errstate = len(self.kernel_calls) != len(steps)
         self._find_users()
         self._local = threading.local()

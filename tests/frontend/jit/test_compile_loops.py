@@ -165,6 +165,23 @@ def test_each_trips_new_arrays_are_read_not_remembered():
     assert read and views, "no kernel or view reads a trip's input: the test tests nothing"
 
 
+def test_a_trips_extern_results_are_not_copied():
+    """An extern's result (``rnn_scan``'s packed states, stacked for the backward) is new memory at every trip:
+    the loop hands it on as it is; a view among the body's outputs is still copied. Results match eager."""
+    compiled = _against_eager("lstm", np.float32, "sgd")
+    program = state_of(compiled).specializations[-1].program
+    seen = set()
+    for call in (s for s in program._steps if isinstance(s, LoopCall)):
+        producers = {v: n.op for n in call.loop.body.nodes for v in n.outputs}
+        for j, v in enumerate(call.loop.body.outputs):
+            seen.add(producers.get(v))
+            if producers.get(v) == "rnn_scan":
+                assert j not in call.copied
+            if producers.get(v) == "reshape":
+                assert j in call.copied
+    assert "rnn_scan" in seen, "no rnn_scan among the loops' outputs: the test tests nothing"
+
+
 def test_the_interpreter_runs_the_loops():
     compiled = _against_eager("gru", np.float64, "sgd", options=kiln.CompileOptions(backend="interpreter"))
     assert _loop_nodes(compiled)
