@@ -45,6 +45,7 @@ from ..ir.graph import CONSTANT, KERNEL, LOOP, Graph, Node, Value
 from ..ir.interpreter import kernel_runner, node_error
 from ..ir.primitives import PRIMITIVES, Kind
 from . import allocator, profiling, threads
+from .direct_views import direct_view
 from .frames import Frame, PointerTables, data_pointer
 from .loop_call import LoopCall
 from .step_labels import step_label
@@ -154,7 +155,7 @@ class ExternCall:
     """A primitive's eager kernel; its result copied into C order unless it is a view."""
 
     __slots__ = ("node", "position", "dead", "eager", "eager_into", "args", "attrs", "out", "dtype", "into",
-                 "normalize", "product", "last", "keep_views")  # fmt: skip
+                 "normalize", "product", "last", "keep_views", "direct")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], planned: bool) -> None:
         self.node, self.position, self.dead = node, position, dead
@@ -173,6 +174,7 @@ class ExternCall:
         self.product = prim.kind is Kind.MATMUL and not static
         self.last: tuple | None = None  # a view's last arguments (weakly) and the view kept of them: see ``_view``
         self.keep_views = True  # False: the arguments are new arrays at every run (``CompiledProgram.vary_inputs``)
+        self.direct = direct_view(node)
         if prim.kind is Kind.MATMUL and static:
             macs = threads.matmul_macs(*cast(list[tuple[int, ...]], shapes))
             self.eager = partial(threads.run_blas_product, prim.eager, macs)
@@ -232,6 +234,8 @@ class ExternCall:
         return result
 
     def _eager_view(self, args: list) -> Any:
+        if self.direct is not None:
+            return self.direct(args[0])
         result = self.eager(np, *args, **self.attrs)
         return result if result.__class__ is np.ndarray else np.asarray(result, dtype=self.dtype)
 
