@@ -45,8 +45,10 @@ from ..ir.graph import CONSTANT, KERNEL, LOOP, Graph, Node, Value
 from ..ir.interpreter import kernel_runner, node_error
 from ..ir.primitives import PRIMITIVES, Kind
 from . import allocator, profiling, threads
+from .direct_views import direct_view
 from .frames import Frame, PointerTables, data_pointer
 from .loop_call import LoopCall
+from .step_labels import step_label
 
 #: The kernel ABI: ``void kernel(void **args, int64 begin, int64 end)``.
 KERNEL_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
@@ -153,7 +155,7 @@ class ExternCall:
     """A primitive's eager kernel; its result copied into C order unless it is a view."""
 
     __slots__ = ("node", "position", "dead", "eager", "eager_into", "args", "attrs", "out", "dtype", "into",
-                 "normalize", "product", "last")  # fmt: skip
+                 "normalize", "product", "last", "keep_views", "direct")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], planned: bool) -> None:
         self.node, self.position, self.dead = node, position, dead
@@ -171,6 +173,8 @@ class ExternCall:
         static = all(isinstance(d, int) for shape in shapes for d in shape)
         self.product = prim.kind is Kind.MATMUL and not static
         self.last: tuple | None = None  # a view's last arguments (weakly) and the view kept of them: see ``_view``
+        self.keep_views = True  # False: the arguments are new arrays at every run (``CompiledProgram.vary_inputs``)
+        self.direct = direct_view(node)
         if prim.kind is Kind.MATMUL and static:
             macs = threads.matmul_macs(*cast(list[tuple[int, ...]], shapes))
             self.eager = partial(threads.run_blas_product, prim.eager, macs)
@@ -182,7 +186,7 @@ class ExternCall:
             threads.park()
         args = [env[slot] for slot in self.args]
         if not self.normalize and self.into < 0:
-            env[self.out] = self._view(args)
+            env[self.out] = self._view(args) if self.keep_views else self._eager_view(args)
             for slot in self.dead:
                 env[slot] = None
             return
@@ -230,6 +234,8 @@ class ExternCall:
         return result
 
     def _eager_view(self, args: list) -> Any:
+        if self.direct is not None:
+            return self.direct(args[0])
         result = self.eager(np, *args, **self.attrs)
         return result if result.__class__ is np.ndarray else np.asarray(result, dtype=self.dtype)
 
@@ -344,14 +350,46 @@ class CompiledProgram:
             i for i, slot in enumerate(out_slots)
             if slot in fresh and out_slots.count(slot) == 1 and i not in self._copy_outputs
         )  # fmt: skip
+        # ... and an extern's result of its own (not a view, not in the arena: ``ExternCall.run`` copies
+        # one that aliases an argument): new at every call, though not from the caching allocator
+        owned = fresh | {s.out for s in steps if isinstance(s, ExternCall) and s.normalize and s.into < 0}
+        self.new_outputs = self.fresh_outputs | {
+            i for i, slot in enumerate(out_slots)
+            if slot in owned and out_slots.count(slot) == 1 and i not in self._copy_outputs
+        }  # fmt: skip
         self._needs_errstate = len(self.kernel_calls) != len(steps)
+        self._find_users()
+        self._local = threading.local()
+
+    def _find_users(self) -> None:
+        """Per input, the places of its pointer in the kernels' tables (filled by ``PointerTables.see``)."""
         self._watch_inputs = any(call.stable for call in self.kernel_calls)
-        users: list[list[tuple[int, int]]] = [[] for _ in self._input_slots]  # per input: its pointers' places
+        users: list[list[tuple[int, int]]] = [[] for _ in self._input_slots]
         for call in self.kernel_calls:
             for p, slot in call.stable:
                 users[self._input_index[slot]].append((call.table, p))
         self._users = tuple(map(tuple, users))
-        self._local = threading.local()
+
+    def vary_inputs(self, indices: Sequence[int]) -> None:
+        """Say that the inputs at ``indices`` are other arrays at every call (a loop body's carried and
+        per-iteration inputs; ``loop_call``), before the first call: the kernels read their pointers from
+        each call's environment (0.1 us each) instead of remembering them by identity (a weak reference
+        with a callback per input and call), and a view of them is made anew, not compared with the
+        last call's arguments (``ExternCall._view``) first."""
+        varying = {self._input_slots[i] for i in indices}
+        for call in self.kernel_calls:
+            moved = tuple(entry for entry in call.stable if entry[1] in varying)
+            call.stable = tuple(entry for entry in call.stable if entry not in moved)
+            call.dynamic += moved
+        self._find_users()
+        self._local = threading.local()  # frames made before this hold the old users
+        values = {v for v in self.graph.inputs if self._slots[v] in varying}
+        for node in self.graph.nodes:  # what is computed from a varying input varies too
+            if any(v in values for v in node.inputs):
+                values.update(node.outputs)
+        for step in self._steps:
+            if isinstance(step, ExternCall) and any(v in values for v in step.node.inputs):
+                step.keep_views = False
 
     def _kernel_call(self, node, position, dead, kernel, planned, layouts) -> KernelCall:
         slots = self._slots
@@ -436,7 +474,7 @@ class CompiledProgram:
 
     def _run_steps_timed(self, env: list, tables: PointerTables) -> None:
         """``_run_steps`` with each step reported to ``kiln.profiler`` (name, time, bytes moved and allocated)."""
-        labels = self._labels = getattr(self, "_labels", None) or [_step_label(s) for s in self._steps]
+        labels = self._labels = getattr(self, "_labels", None) or [step_label(s) for s in self._steps]
         clock, record = profiling.clock, profiling.step
         index = 0
         try:
@@ -490,44 +528,6 @@ class CompiledProgram:
                 conformed = conformed or list(inputs)
                 conformed[i] = _into_layout(array, strides)
         return conformed or inputs
-
-
-def _nbytes(value: Value) -> int:
-    """The bytes of a value (0 for a symbolic size: the profiler's figures are per program, not per call)."""
-    shape = value.type.shape
-    if not all(isinstance(d, int) for d in shape):
-        return 0
-    return value.type.dtype.itemsize * int(np.prod(cast(tuple[int, ...], shape), dtype=np.int64))
-
-
-def _step_label(step: Step) -> tuple[str, str, int, int, tuple, tuple]:
-    """What the profiler shows of a step: name, category, bytes read + written, bytes allocated
-    per run (outputs outside the arena), input shapes, and the user's line that made it."""
-    label = _step_name(step)
-    return (*label, (str(step.node.loc),) if step.node.loc is not None else ())
-
-
-def _step_name(step: Step) -> tuple[str, str, int, int, tuple]:
-    node = step.node
-    shapes = tuple(tuple(v.type.shape) for v in node.inputs)
-    moved = sum(map(_nbytes, node.inputs)) + sum(map(_nbytes, node.outputs))
-    if isinstance(step, ExternCall):
-        allocated = 0 if step.into >= 0 or not step.normalize else _nbytes(node.output)
-        return f"extern {node.op}", "extern", moved, allocated, shapes
-    if isinstance(step, LoopCall):
-        return step.describe(), "loop", moved, sum(map(_nbytes, node.outputs)), shapes
-    ops = list(dict.fromkeys(n.op for body in node.bodies for n in body.nodes if n.op != CONSTANT))
-    fused = "+".join(ops[:4]) + ("+..." if len(ops) > 4 else "")
-    if isinstance(step, KernelCall):
-        allocated = sum(_nbytes_of(shape, dtype) for _, _, shape, dtype in step.allocate)
-        name = f"kernel {node.attrs['kind']} ({fused})" if node.op == KERNEL else f"compiled {node.op}"
-        return name, "kernel", step.work_bytes or moved, allocated, shapes
-    allocated = sum(_nbytes(v) for (_, in_arena, into), v in zip(step.outs, node.outputs) if not in_arena and into < 0)
-    return f"interpreted kernel ({fused})", "kernel", moved, allocated, shapes
-
-
-def _nbytes_of(shape: tuple, dtype) -> int:
-    return np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64))
 
 
 def _into_layout(array: np.ndarray, strides: tuple) -> np.ndarray:

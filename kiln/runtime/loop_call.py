@@ -3,8 +3,8 @@
 The compile driver compiled the body on its own (``kiln.compiler.driver``); this step feeds it the
 carried values, the invariants and each iteration's inputs (``kiln.ir.loops.run_loop``). The outer
 program sees a loop's outputs as the results of an extern node, so each must be memory of its own
-in C order: a body output the body program does not promise to be fresh (a view, an extern's
-result, an input passed through) is copied.
+in C order: a body output the body program does not promise to be new memory (a view, an input
+passed through) is copied.
 """
 
 from __future__ import annotations
@@ -31,8 +31,14 @@ class LoopCall:
         # the outer program runs its steps with numpy's errors ignored (a loop is no compiled kernel):
         # the trips need not set that state again
         self.run_body = getattr(program, "run_in_errstate", program.run_checked_inputs)
+        loop = self.loop
+        vary = getattr(program, "vary_inputs", None)
+        if vary is not None:  # every trip's carried and per-iteration inputs are new arrays
+            carried, invariant = len(loop.carried), loop.invariant
+            vary([*range(carried), *range(carried + invariant, carried + invariant + loop.per_iteration)])
         body_outputs = len(self.loop.body.outputs)
-        self.copied = tuple(j for j in range(body_outputs) if j not in program.fresh_outputs)
+        new = getattr(program, "new_outputs", program.fresh_outputs)
+        self.copied = tuple(j for j in range(body_outputs) if j not in new)
         self.args = tuple(slots[v] for v in node.inputs)
         self.outs = tuple(slots[v] for v in node.outputs)
 

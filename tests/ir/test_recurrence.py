@@ -44,6 +44,30 @@ def test_step_code_equals_numpy_kernels(mode, reverse):
     np.testing.assert_allclose(steps_back, fast_back, rtol=1e-11, atol=1e-13)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("cotangent", ["every part", "states only"])
+def test_one_lstm_step_into_an_arena_equals_step_code(reverse, cotangent):
+    """One step (an LSTMCell's, a compiled loop's trip) takes its own lean path: the same values, every
+    element of ``out`` written, with and without cotangents on the gates and tanh(c)."""
+    rng = np.random.default_rng(2)
+    args = _scan_args(rng, "LSTM", 1, 3, 5)
+    w_hh, layout = args[_INPUTS["LSTM"].index("w_hh")], ScanLayout("LSTM", 5)
+    out = np.full((1, 3, layout.width), np.nan)
+    SCAN.eager_into(np, *args, mode="LSTM", reverse=reverse, out=out)
+    steps = SCAN.eager(_OtherNamespace(), *args, mode="LSTM", reverse=reverse)
+    np.testing.assert_allclose(out, steps, rtol=1e-12, atol=1e-14)
+    g = rng.normal(size=out.shape)
+    if cotangent == "states only":  # as a loop body's backward gets it: h and c padded into zeros
+        keep = np.zeros(layout.width, bool)
+        for start, size in (layout.out(0), layout.out(1), layout.final(0), layout.prev(1)):
+            keep[start : start + size] = True
+        g[..., ~keep] = 0
+    back = np.full((1, 3, layout.grad_width), np.nan)
+    BACKWARD.eager_into(np, out, w_hh, g, mode="LSTM", reverse=reverse, out=back)
+    steps_back = BACKWARD.eager(_OtherNamespace(), out, w_hh, g, mode="LSTM", reverse=reverse)
+    np.testing.assert_allclose(back, steps_back, rtol=1e-11, atol=1e-13)
+
+
 def test_no_steps_give_empty_results():
     for xp in (np, _OtherNamespace()):
         args = _scan_args(np.random.default_rng(1), "LSTM", 0, 2, 3)

@@ -12,6 +12,11 @@ import weakref
 import numpy as np
 
 import kiln
+from kiln.ir.dtypes import float32
+from kiln.ir.graph import GraphBuilder
+from kiln.ir.primitives import PRIMITIVES
+from kiln.ir.types import TensorType
+from kiln.runtime.direct_views import direct_view
 from kiln.runtime.executor import ExternCall
 
 from ..conftest import assert_close
@@ -64,3 +69,25 @@ def test_views_of_new_arrays_each_call_are_right_and_not_kept_alive():
     del x, array
     gc.collect()
     assert alive() is None, "a view step keeps the last call's argument alive"
+
+
+def test_direct_views_equal_the_eager_kernels_on_strided_arrays():
+    """A static slice, reshape or permute runs as one numpy call (``direct_views``): the same view (shape,
+    strides, memory) as its primitive's eager kernel, on a strided input too; none for a 0-d input."""
+    base = np.arange(2 * 6 * 10, dtype=np.float32).reshape(2, 6, 10)
+    x = base[:, :, 2:7]  # rows of 5 in rows of 10
+    b = GraphBuilder()
+    v = b.input(TensorType(x.shape, float32))
+    cases = [("slice", {"starts": (0, 1, 0), "stops": (2, 6, 5), "steps": (1, 2, 1)}),
+             ("reshape", {"shape": (12, 5)}), ("permute", {"perm": (2, 0, 1)})]  # fmt: skip
+    for op, attrs in cases:
+        b.node(op, [v], attrs)
+        view = direct_view(b.nodes[-1])
+        assert view is not None, op
+        got, want = view(x), PRIMITIVES[op].eager(np, x, **attrs)
+        assert got.shape == want.shape and got.strides == want.strides, op
+        assert np.shares_memory(got, base) == np.shares_memory(want, base), op
+        np.testing.assert_array_equal(got, want)
+    scalar = b.input(TensorType((), float32))
+    b.node("reshape", [scalar], {"shape": (1,)})
+    assert direct_view(b.nodes[-1]) is None

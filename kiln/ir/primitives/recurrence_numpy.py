@@ -79,6 +79,8 @@ def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool, out=None):
     """The packed output of ``rnn_scan`` (``c0`` for an LSTM, ``b_hn`` for a GRU, else None), written
     into ``out`` when given (every element of it)."""
     steps, batch, _ = gx.shape
+    if steps == 1 and mode == "LSTM":  # a cell's step, one per trip of a compiled loop: the lean path
+        return _lstm_scan_step(gx, bias, h0, c0, w_hh, out)
     layout = ScanLayout(mode, w_hh.shape[1])
     if out is None:
         out = np.empty((steps, batch, layout.width), dtype=gx.dtype)
@@ -193,6 +195,8 @@ def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool, out=None):
     """The packed output of ``rnn_scan_backward``: ``g`` is the cotangent of ``packed``, every part of it;
     written into ``out`` when given (every element of it)."""
     steps, batch, _ = packed.shape
+    if steps == 1 and mode == "LSTM":  # a cell's step's backward: the lean path
+        return _lstm_backward_step(packed, w_hh, g, out)
     layout = ScanLayout(mode, w_hh.shape[1])
     if out is None:
         out = np.empty((steps, batch, layout.grad_width), dtype=packed.dtype)
@@ -223,6 +227,61 @@ def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool, out=None):
     for s, grad in enumerate(initial):
         row = k(_part(out, layout.initial(s)))
         row[0], row[1:] = grad + cot(layout.prev(s))[0], 0
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def _lstm_slices(hidden: int) -> tuple[slice, ...]:
+    """The packed LSTM layout's parts as slices of the last axis: the forward's h, final h, final c, c,
+    prev h, prev c, gates and tanh(c), then the backward's dz and initial h and c."""
+    layout = ScanLayout("LSTM", hidden)
+    spans = (layout.out(0), layout.final(0), layout.final(1), layout.out(1), layout.prev(0), layout.prev(1),
+             layout.gate_span, layout.extra, layout.dz, layout.initial(0), layout.initial(1))  # fmt: skip
+    return tuple(slice(start, start + size) for start, size in spans)  # type: ignore[misc]  # an LSTM has extra
+
+
+# A compiled loop over an ``nn.LSTMCell`` runs ``rnn_scan`` and ``rnn_scan_backward`` over one step per trip.
+# ``scan``/``scan_backward``'s general path (direction views, spans, state cotangents summed over time) cost
+# as much again as the step's arithmetic there; for one step, where direction and time shifts vanish, these
+# compute the same values with the same operations (so the same rounding) as the general path.
+def _lstm_scan_step(gx, bias, h0, c0, w_hh, out):
+    """``scan`` of one LSTM step, into ``out`` (1, B, width) when given."""
+    batch, hidden = h0.shape
+    h, final_h, final_c, c, prev_h, prev_c, gate_span, tanh_c = _lstm_slices(hidden)[:8]
+    if out is None:
+        out = np.empty((1, batch, tanh_c.stop), dtype=gx.dtype)
+    row = out[0]
+    gates = row[:, gate_span]
+    np.add(gx[0], bias, out=gates)
+    with small_products(step_macs(batch, w_hh)):
+        lstm_forward(gates.reshape(1, batch, 4, hidden, copy=False), h0, c0, row[None, :, h], row[None, :, c],
+                     row[None, :, tanh_c], w_hh.T)  # fmt: skip
+    row[:, prev_h], row[:, prev_c] = h0, c0
+    row[:, final_h], row[:, final_c] = row[:, h], row[:, c]
+    return out
+
+
+def _lstm_backward_step(packed, w_hh, g, out):
+    """``scan_backward`` of one LSTM step, into ``out`` (1, B, grad_width) when given."""
+    _, batch, _ = packed.shape
+    hidden = w_hh.shape[1]
+    h, final_h, final_c, c, prev_h, prev_c, gate_span, tanh_span, dz_span, initial_h, initial_c = _lstm_slices(hidden)
+    if out is None:
+        out = np.empty((1, batch, initial_c.stop), dtype=packed.dtype)
+    saved, cot, row = packed[0], g[0], out[0]
+    A = saved[:, gate_span].reshape(1, batch, 4, hidden, copy=False)
+    tangents = cot[:, gate_span]
+    eA = _through_activations("LSTM", A, tangents.reshape(A.shape, copy=False)) if tangents.any() else None
+    dH = np.add(cot[:, h], cot[:, final_h])[None]
+    dC = np.add(cot[:, c], cot[:, final_c])[None]
+    tanh_c, g_tanh_c = saved[None, :, tanh_span], cot[None, :, tanh_span]
+    if g_tanh_c.any():
+        dC += g_tanh_c * (1 - tanh_c * tanh_c)
+    dz = row[:, dz_span].reshape(A.shape, copy=False)
+    with small_products(step_macs(batch, w_hh)):
+        dh, dc = lstm_backward(A, saved[None, :, prev_c], tanh_c, w_hh, dH, dC, eA, dz)
+    np.add(dh, cot[:, prev_h], out=row[:, initial_h])
+    np.add(dc, cot[:, prev_c], out=row[:, initial_c])
     return out
 
 

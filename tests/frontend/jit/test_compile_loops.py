@@ -12,6 +12,8 @@ import pytest
 
 import kiln
 from kiln.ir.graph import LOOP
+from kiln.runtime.executor import ExternCall
+from kiln.runtime.loop_call import LoopCall
 
 from .helpers import compiled_calls, state_of
 
@@ -134,6 +136,50 @@ def test_forward_then_backward_outside_the_call_matches_eager(dtype):
     compiled = _against_eager("lstm", dtype, None)
     (loop,) = _loop_nodes(compiled)  # the forward graph's
     assert loop.attrs["trips"] >= 10
+
+
+def test_each_trips_new_arrays_are_read_not_remembered():
+    """A trip's carried and per-iteration inputs are new arrays every trip: the body's kernels read their
+    pointers from the trip's environment, with no weak reference per input and trip, and views of them
+    are made anew (``CompiledProgram.vary_inputs``); the invariants (the weights) are still remembered.
+    The results match eager over several calls (``_against_eager``)."""
+    compiled = _against_eager("lstm", np.float32, "sgd")
+    program = state_of(compiled).specializations[-1].program
+    calls = [s for s in program._steps if isinstance(s, LoopCall)]
+    assert len(calls) >= 2, "the forward steps and their backward each roll into a loop"
+    read = views = 0
+    for call in calls:
+        body, loop = call.program, call.loop
+        first = len(loop.carried) + loop.invariant
+        varying = [*range(len(loop.carried)), *range(first, first + loop.per_iteration)]
+        slots = {body._input_slots[i] for i in varying}
+        for kernel in body.kernel_calls:
+            assert not [slot for _, slot in kernel.stable if slot in slots], kernel.describe()
+            read += sum(slot in slots for _, slot in kernel.dynamic)
+        refs = body._frame().tables._refs
+        assert all(refs[i] is None for i in varying if i < len(refs))
+        for step in body._steps:
+            if isinstance(step, ExternCall) and not step.normalize and set(step.args) & slots:
+                assert not step.keep_views and step.last is None, step.describe()
+                views += 1
+    assert read and views, "no kernel or view reads a trip's input: the test tests nothing"
+
+
+def test_a_trips_extern_results_are_not_copied():
+    """An extern's result (``rnn_scan``'s packed states, stacked for the backward) is new memory at every trip:
+    the loop hands it on as it is; a view among the body's outputs is still copied. Results match eager."""
+    compiled = _against_eager("lstm", np.float32, "sgd")
+    program = state_of(compiled).specializations[-1].program
+    seen = set()
+    for call in (s for s in program._steps if isinstance(s, LoopCall)):
+        producers = {v: n.op for n in call.loop.body.nodes for v in n.outputs}
+        for j, v in enumerate(call.loop.body.outputs):
+            seen.add(producers.get(v))
+            if producers.get(v) == "rnn_scan":
+                assert j not in call.copied
+            if producers.get(v) == "reshape":
+                assert j in call.copied
+    assert "rnn_scan" in seen, "no rnn_scan among the loops' outputs: the test tests nothing"
 
 
 def test_the_interpreter_runs_the_loops():
