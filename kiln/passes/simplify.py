@@ -39,7 +39,8 @@ textbook identities are not here: ``x + 0 -> x`` is wrong for ``x = -0.0`` (``-0
   range (the primitive's contract: the frontend checks them).
 
 - ``matmul(a, b)`` over an inner dim of size 1 (an outer product: the input gradient of a layer
-  with one output) -> ``a * b + 0.0``, which fuses, where BLAS ran one call for it.
+  with one output) -> ``a * b + 0.0``, which fuses, where BLAS ran one call for it; and
+  ``reduce_sum`` over axes of size 1 only -> ``reshape(x) + 0.0``.
 
 ``copy`` of an input, a constant or a view stays: it is how a program says its output must not
 share memory with them.
@@ -455,6 +456,22 @@ def _outer_product(node: Node, context: _Context) -> Node | None:
     return Node("add", (product, zero), {}, node.outputs, node.loc)
 
 
+def _sum_of_one(node: Node, context: _Context) -> Node | None:
+    """``reduce_sum`` over axes of size 1 only -> ``reshape(x) + 0.0`` (``copy(reshape(x))`` for
+    integers and bools): each sum has one term, folded onto the identity (-0.0 comes out +0.0, as
+    ``+ 0.0`` gives). Elementwise, it fuses into what reads it (a cell's final states,
+    ``packed.sum(0)`` over one time step: 8 reduction kernels a step of an LSTMCell loop), and the
+    result stays memory of its own, not a view of ``x``."""
+    x, out = node.inputs[0], node.output.type
+    if not out.is_static or x.type.dtype != out.dtype or any(x.type.shape[axis] != 1 for axis in node.attrs["axes"]):
+        return None
+    shaped = context.emit("reshape", (x,), {"shape": tuple(out.shape)}, out, node.loc)
+    if not out.dtype.is_floating_point:
+        return Node("copy", (shaped,), {}, node.outputs, node.loc)
+    zero = context.emit_constant(np.zeros((), out.dtype.np), node.loc)
+    return Node("add", (shaped, zero), {}, node.outputs, node.loc)
+
+
 _RULES: dict[str, Rule] = {
     "mul": _identity_operand(_is_one, left=True),
     "div": _identity_operand(_is_one, left=False),
@@ -474,4 +491,5 @@ _RULES: dict[str, Rule] = {
     "pad": _pad,
     "scatter_add": _one_hot_scatter,
     "matmul": _outer_product,
+    "reduce_sum": _sum_of_one,
 }

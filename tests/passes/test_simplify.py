@@ -490,3 +490,32 @@ def test_a_product_over_one_term_is_an_elementwise_product(a_shape, b_shape, dty
 def test_products_over_more_terms_or_of_bools_stay():
     assert simplify(g := outer_product((6, 2), (2, 5))) is g
     assert simplify(g := outer_product((6, 1), (1, 5), bool_)) is g
+
+
+# ----------------------------------------------------------------------------- sums of one term
+def one_term_sum(shape, axes, keepdim=False, dtype=float32):
+    b = GraphBuilder()
+    x = b.input(TensorType(shape, dtype))
+    return b.build([b.node("reduce_sum", [x], {"axes": axes, "keepdim": keepdim})])
+
+
+@pytest.mark.parametrize(
+    "shape, axes, keepdim, dtype",
+    [((1, 4, 3), (0,), False, float32), ((2, 1, 3, 1), (1, 3), True, float64), ((1, 5), (0,), False, int32),
+     ((3, 1), (1,), False, float16), ((1, 2), (0,), False, bool_)],
+)  # fmt: skip
+def test_a_sum_of_one_term_is_elementwise(shape, axes, keepdim, dtype):
+    """Bit for bit the eager sum (-0.0 becomes +0.0; inf and nan included); no reduction left, and
+    memory of its own (an add, or a copy for integers and bools), not a view of the input."""
+    graph = one_term_sum(shape, axes, keepdim, dtype)
+    after = eliminate_dead_code(simplify(graph))
+    ops = [node.op for node in after.nodes if node.op not in ("constant", "reshape")]  # (keepdim: no reshape)
+    assert ops == ["add" if dtype.is_floating_point else "copy"], ops
+    assert after.outputs[0].type == graph.outputs[0].type
+    for inputs in several_inputs(graph):
+        assert_same_results(graph, after, inputs)
+
+
+def test_sums_over_more_terms_stay():
+    assert simplify(g := one_term_sum((2, 1, 3), (0, 1))) is g
+    assert simplify(g := one_term_sum((2, 3), ())) is not g  # a sum over no axes has one term each
