@@ -34,7 +34,8 @@ from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
 from .backward import BackwardPlan, ConsumedPlan
-from .dynamic import NotDynamic, Pending, size_symbols, symbolize, with_derived
+from .dynamic import NotDynamic, Pending, size_symbols, symbolize
+from .dynamic_binding import with_derived
 from .hazards import reachable_tensors
 from .pytree import flatten
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs

@@ -38,9 +38,7 @@ dynamic shares the program only while it is in C order (its strides then follow 
 from __future__ import annotations
 
 import itertools
-import math
 import weakref
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,24 +47,23 @@ import numpy as np
 
 from ...ir.graph import CONSTANT, Graph, GraphBuilder, Node, Value
 from ...ir.types import (
-    Dim,
     Sym,
-    SymSum,
     TensorType,
-    base_symbols,
     bind_shape,
     dim_factors,
-    dim_size,
-    plain_symbol,
     sym_product,
-    sym_sum,
+)
+from .size_spelling import (
+    MOST_SPELLINGS,
+    NotDynamic,
+    Pairs,
+    ambiguous,
+    attr_choices,
+    signature,
+    size_expression,
+    size_expressions,
 )
 from .symbolic_constants import pattern_constant
-
-
-class NotDynamic(Exception):
-    """The two traces differ in a way a symbolic size cannot express: the call stays static."""
-
 
 # ---------------------------------------------------------------------- marking
 _MARKED: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
@@ -185,7 +182,7 @@ def symbolize_values(
 ) -> tuple[Graph, dict[Value, Value]]:
     """``symbolize``, and each value of ``graph_a`` -> its symbolic counterpart (what carries the
     composite regions a trace recorded over to the symbolic graph)."""
-    by_pair = _Pairs()
+    by_pair = Pairs()
     for sym, pair in sizes.items():  # the first spelling of two sizes wins: the plain symbols come first
         by_pair.setdefault(pair, sym)
     bound = ({s: a for s, (a, _) in sizes.items()}, {s: b for s, (_, b) in sizes.items()})
@@ -278,8 +275,8 @@ def _without_ints(value):
 def _node(builder: GraphBuilder, na: Node, inputs: list[Value], nb: Node, b: Value, bound, by_pair, where) -> Value:
     """The symbolic counterpart of node ``na`` (``nb`` in the other trace, ``b`` its output there): its
     attributes spelled over the symbols, the first spelling whose shape rule gives the traced types."""
-    choices = {k: _attr_choices(na.op, k, na.attrs[k], nb.attrs[k], by_pair, where) for k in na.attrs}
-    spellings = itertools.islice(itertools.product(*choices.values()), _MOST_SPELLINGS)
+    choices = {k: attr_choices(na.op, k, na.attrs[k], nb.attrs[k], by_pair, where) for k in na.attrs}
+    spellings = itertools.islice(itertools.product(*choices.values()), MOST_SPELLINGS)
     why = ""
     for spelling in spellings:
         attrs = dict(zip(choices, spelling, strict=True))
@@ -312,106 +309,13 @@ def _type(a: Value, b: Value, by_pair) -> TensorType:
         raise NotDynamic(f"value %{a.id} is {a.type} at one size and {b.type} at the other")
     shape = []
     for x, y in zip(a.type.shape, b.type.shape, strict=True):
-        d = x if x == y else _size_expression(x, y, by_pair)
+        d = x if x == y else size_expression(x, y, by_pair)
         if d is None:
             raise NotDynamic(f"value %{a.id} has a size that follows the dynamic sizes but is not a product of "
                              f"them ({x} at one size, {y} at the other: kiln's symbolic dimensions are whole "
                              "sizes, their products and the sums shape rules derive)")  # fmt: skip
         shape.append(d)
     return TensorType(tuple(shape), a.type.dtype, a.type.device)
-
-
-#: The most symbols one size is searched as a product of (``B*T*T``: 3).
-_MOST_FACTORS = 3
-
-
-class _Pairs(dict):
-    """``(size in one trace, in the other)`` -> the symbol (or derived size) it is, and the sizes the
-    symbolic graph has so far (``known``: every dim and element count of its values, as
-    ``_signature``s). Derived sizes make two numbers spellable several ways (``s0`` and
-    ``2*((s0+1)//2)`` agree at even sizes); a spelling the graph already has is the likeliest."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.known: set[tuple[int, ...]] = set()
-
-    def learn(self, t: TensorType) -> None:
-        if not t.is_static:
-            self.known.update(_signature(d) for d in t.shape if isinstance(d, Sym))
-            self.known.add(_signature(sym_product(1, t.shape)))
-
-
-#: Sizes each symbol takes in the probes that tell two spellings of a size apart (``_signature``).
-_PROBES = 3
-
-
-def _signature(d: Dim) -> tuple[int, ...]:
-    """``d`` evaluated where each symbol has a few arbitrary large sizes: two spellings of one size
-    agree there, two that only coincide at the traced sizes almost never do."""
-    out = []
-    for k in range(_PROBES):
-        sizes = {s: 61 + zlib.crc32(s.name.encode()) % 1009 * (k + 2) + k for s in base_symbols(d)}
-        out.append(dim_size(d, sizes))
-    return tuple(out)
-
-
-def _size_expression(x: Dim, y: Dim, by_pair) -> Sym | None:
-    """The symbol, or the product of a whole number >= 1 and the fewest symbols, that is ``x`` in the
-    first trace and ``y`` in the second (``3*T`` for a ``(3, T)`` tensor flattened); None if none is."""
-    return next(_size_expressions(x, y, by_pair), None)
-
-
-def _size_expressions(x: Dim, y: Dim, by_pair):
-    """Every size ``_size_expression`` could answer, the likeliest first: sizes derived from the
-    dynamic ones (a conv's ``(s0-2)``) may make the same two numbers in several ways; those the
-    graph already has come first."""
-    found = list(itertools.islice(_spellings(x, y, by_pair), _MOST_SIZES))
-    known: set = getattr(by_pair, "known", set())
-    return iter(sorted(found, key=lambda d: _signature(d) not in known))
-
-
-def ambiguous(spellings: list) -> bool:
-    """Whether the first of ``spellings`` is one of several different sizes none of which the graph has."""
-    return len({_signature(d) for d in spellings}) > 1
-
-
-def _spellings(x: Dim, y: Dim, by_pair):
-    if (x, y) in by_pair:
-        yield by_pair[(x, y)]
-    if isinstance(x, bool) or not isinstance(x, int) or not isinstance(y, int) or x < 2 or y < 2:
-        return
-    symbols = list(by_pair.items())
-    for count in range(1, _MOST_FACTORS + 1):
-        for chosen in itertools.combinations_with_replacement(symbols, count):
-            in_a = math.prod(size_a for (size_a, _), _ in chosen)
-            in_b = math.prod(size_b for (_, size_b), _ in chosen)
-            if x % in_a == 0 and y == x // in_a * in_b and (count > 1 or x != in_a):
-                yield sym_product(x // in_a, [sym for _, sym in chosen])
-    # a size plus a whole number: where a padded image's inside ends (``(s0+1)``), the fewest added
-    offsets = sorted(((x - a, sym) for (a, b), sym in symbols if x - a == y - b), key=lambda o: abs(o[0]))
-    for offset, sym in offsets:
-        yield sym_sum([sym], offset)
-
-
-#: The most ways of spelling one size, and a node's attributes, tried before the call stays static.
-_MOST_SIZES, _MOST_SPELLINGS = 8, 64
-
-
-def _attr_choices(op: str, key: str, a, b, by_pair, where: str) -> list:
-    """The spellings of attribute ``key`` over the symbols, the likeliest first (see ``_attr``)."""
-    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        parts = [_attr_choices(op, key, x, y, by_pair, where) for x, y in zip(a, b, strict=True)]
-        return list(itertools.islice(itertools.product(*parts), _MOST_SPELLINGS))
-    if type(a) is type(b) and (a == b or (a != a and b != b)):
-        return [a]
-    sizes = list(itertools.islice(_size_expressions(a, b, by_pair), _MOST_SIZES)) if type(a) is type(b) is int else []
-    if sizes:
-        return sizes
-    raise NotDynamic(f"{op}'s attribute {key} is {a!r} at one size and {b!r} at the other{where}")
-
-
-def _attr(op: str, key: str, a, b, by_pair, where: str):
-    return _attr_choices(op, key, a, b, by_pair, where)[0]
 
 
 def _constant(builder: GraphBuilder, a, b, out_type, by_pair, size_values: dict, loc, where: str) -> Value:
@@ -451,11 +355,11 @@ def _multiple_of_size(a: np.ndarray, b: np.ndarray, by_pair) -> tuple[Sym, int] 
         return None
     if x != int(x) or y != int(y):
         return None
-    spellings = list(_size_expressions(int(x), int(y), by_pair))
+    spellings = list(size_expressions(int(x), int(y), by_pair))
     if not spellings:
         return None
     size = spellings[0]
-    if _signature(size) not in by_pair.known and ambiguous(spellings):
+    if signature(size) not in by_pair.known and ambiguous(spellings):
         return None  # a number that several sizes make at both traced sizes: not taken for any
     scale, factors = dim_factors(size)
     return sym_product(1, factors), scale  # type: ignore[return-value]  # factors: at least one symbol
@@ -467,97 +371,3 @@ def _size_of(builder: GraphBuilder, sym: Sym, out_type: TensorType, loc) -> Valu
     one = builder.constant(np.ones((1,), out_type.dtype.np), TensorType((1,), out_type.dtype, out_type.device), loc)
     ones = builder.node("expand", [one], {"shape": (sym,)}, loc=loc)
     return builder.node("reduce_sum", [ones], {"axes": (0,), "keepdim": False}, loc=loc)
-
-
-def bind_graph(graph: Graph, sizes: Mapping[Sym, int]) -> Graph:
-    """``graph`` (fused or not) with each symbol replaced by its size in ``sizes``: types, attributes
-    and kernel bodies. The nodes keep their positions, so one index names a node in either graph."""
-    builder = GraphBuilder()
-    new: dict[Value, Value] = {v: builder.input(v.type.bind(sizes)) for v in graph.inputs}
-    for node in graph.nodes:
-        outputs = tuple(builder.value(v.type.bind(sizes)) for v in node.outputs)
-        new.update(zip(node.outputs, outputs, strict=True))
-        attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
-        if node.op == "slice" and node.attrs["stops"] != attrs["stops"]:
-            _check_slice(node, attrs["stops"], new[node.inputs[0]].type.shape)
-        if any(isinstance(d, SymSum) for v in node.outputs for d in v.type.shape):
-            _check_derived(node, [new[v].type for v in node.inputs], attrs)
-        builder.nodes.append(Node(node.op, tuple(new[v] for v in node.inputs), attrs, outputs, node.loc))
-    builder.constants.update(graph.constants)
-    return builder.build([new[v] for v in graph.outputs])
-
-
-def _check_derived(node: Node, types: list[TensorType], attrs: dict) -> None:
-    """A size the shape rule derived from the dynamic ones (a conv's ``(H-2)``) holds only for sizes
-    the op takes: the rule runs again on the bound types, so a call with an image smaller than the
-    kernel fails as eagerly, naming the op and where, rather than running with a negative size."""
-    from ...ir.primitives import PRIMITIVES  # noqa: PLC0415
-
-    primitive = PRIMITIVES.get(node.op)
-    if primitive is None:  # a fused kernel: its nodes were checked before fusion bound them
-        return
-    try:
-        primitive.infer(*types, **attrs)
-    except (RuntimeError, ValueError, IndexError) as error:
-        where = f" at {node.loc}" if node.loc else ""
-        raise ValueError(f"kiln.compile: this call's dynamic sizes do not fit {node.op}{where}: {error}") from None
-
-
-def _check_slice(node: Node, stops: tuple[int, ...], shape: tuple) -> None:
-    """A slice to a dynamic size (``mask[:T]``) must stay within the dim it slices: eager slicing
-    would stop at its end, and the program's later ops expect the size (ValueError says so)."""
-    for axis, (stop, n) in enumerate(zip(stops, shape, strict=True)):
-        if stop > n:
-            where = f" at {node.loc}" if node.loc else ""
-            raise ValueError(
-                f"kiln.compile: this call's dynamic size {stop} slices past the end of a dimension of size {n} "
-                f"(dim {axis}{where}); eager slicing would stop at {n}: call the function with sizes up to {n}"
-            )
-
-
-def _bind_attr(value, sizes: Mapping[Sym, int]):
-    if isinstance(value, Sym):
-        return dim_size(value, sizes)
-    if isinstance(value, Graph):
-        return bind_graph(value, sizes)
-    if isinstance(value, tuple):
-        return tuple(_bind_attr(v, sizes) for v in value)
-    return value
-
-
-def with_derived(graph: Graph, sizes: Mapping[Sym, tuple[int, int]]) -> dict[Sym, tuple[int, int]]:
-    """``sizes`` (each symbol's size in two traces) and each size ``graph`` derives from them (a
-    conv's ``(s0-2)``, a product) with its two sizes: what symbolizing a backward graph, whose
-    inputs have the forward's derived sizes, reads them as."""
-    out = dict(sizes)
-    at = ({s: a for s, (a, _) in sizes.items()}, {s: b for s, (_, b) in sizes.items()})
-    for v in graph.values():
-        for d in v.type.shape:
-            if isinstance(d, Sym) and d not in out:
-                pair = (dim_size(d, at[0]), dim_size(d, at[1]))
-                if pair[0] != pair[1] and min(pair) >= 2:
-                    out[d] = pair
-    return out
-
-
-def symbol_positions(graph: Graph) -> tuple[tuple[Dim, int, int], ...]:
-    """``(dimension, input, axis)`` for the first input dimension that binds each symbol: the symbol
-    itself, else a symbol plus a whole number (a backward graph may see an image only padded)."""
-    found: dict[Sym, tuple[Dim, int, int]] = {}
-    for exact in (True, False):
-        for i, v in enumerate(graph.inputs):
-            for axis, d in enumerate(v.type.shape):
-                solved = plain_symbol(d)
-                if solved is not None and solved[0] not in found and (solved[1] == 0) == exact:
-                    found[solved[0]] = (d, i, axis)
-    return tuple(found.values())
-
-
-def position_sizes(positions, key: Sequence[int]) -> dict[Sym, int]:
-    """Each symbol's size from the sizes ``key`` of the input dimensions at ``positions``
-    (``symbol_positions``)."""
-    sizes = {}
-    for (d, _, _), n in zip(positions, key, strict=True):
-        sym, offset = plain_symbol(d)  # type: ignore[misc]  # positions hold solvable dims only
-        sizes[sym] = int(n) - offset
-    return sizes

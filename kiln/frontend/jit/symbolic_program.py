@@ -26,12 +26,12 @@ from typing import Any, cast
 from ...codegen.backend import Lowered, LoweringReport
 from ...compiler import driver
 from ...ir.graph import Graph, Node, Value
-from ...ir.types import Sym, SymProduct, SymSum, dim_size
+from ...ir.types import Sym, SymProduct, SymSum, dim_size, plain_symbol
 from ...passes.layouts import infer_layouts
 from ...passes.memory_plan import plan_memory
 from ...passes.write_backs import choose_write_backs
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
-from .dynamic import bind_graph, plain_symbol, position_sizes, symbol_positions
+from .dynamic_binding import bind_graph, position_sizes, symbol_positions
 from .symbolic_kernels import collapse_symbolic_prefixes
 
 #: Sizes the layouts are inferred at to learn which do not depend on the size (any two >= 2 do).

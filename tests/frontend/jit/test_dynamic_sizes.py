@@ -12,7 +12,8 @@ import pytest
 import kiln
 import kiln.nn as nn
 import kiln.nn.functional as F
-from kiln.frontend.jit.dynamic import NotDynamic, bind_graph, size_symbols, symbolize
+from kiln.frontend.jit.dynamic import NotDynamic, size_symbols, symbolize
+from kiln.frontend.jit.dynamic_binding import bind_graph
 from kiln.frontend.jit.symbolic_program import SymbolicProgram
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import GraphBuilder
