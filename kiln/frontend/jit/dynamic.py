@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from ...ir.dtypes import float32
 from ...ir.graph import CONSTANT, Graph, GraphBuilder, Node, Value
 from ...ir.types import (
     Sym,
@@ -185,6 +186,7 @@ def symbolize_values(
     by_pair = Pairs()
     for sym, pair in sizes.items():  # the first spelling of two sizes wins: the plain symbols come first
         by_pair.setdefault(pair, sym)
+        by_pair.learn(TensorType((sym,), float32))  # a size another graph derived (the forward's)
     bound = ({s: a for s, (a, _) in sizes.items()}, {s: b for s, (_, b) in sizes.items()})
     if len(graph_a.nodes) != len(graph_b.nodes) or len(graph_a.inputs) != len(graph_b.inputs):
         raise NotDynamic(

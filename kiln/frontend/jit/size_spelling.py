@@ -14,7 +14,18 @@ import itertools
 import math
 import zlib
 
-from ...ir.types import Dim, Sym, TensorType, base_symbols, dim_size, sym_product, sym_sum
+from ...ir.types import (
+    Dim,
+    Sym,
+    SymProduct,
+    SymSum,
+    TensorType,
+    base_symbols,
+    dim_size,
+    is_static,
+    sym_product,
+    sym_sum,
+)
 
 
 class NotDynamic(Exception):
@@ -34,11 +45,16 @@ class Pairs(dict):
     def __init__(self) -> None:
         super().__init__()
         self.known: set[tuple[int, ...]] = set()
+        self.floors: set[tuple] = set()  # the floor divisions of its sizes, up to a whole number added
 
     def learn(self, t: TensorType) -> None:
+        """Know the sizes of a value of type ``t``: each run of its dims flattened (a dim alone, the
+        rows a reshape makes of several, all of them: its element count)."""
         if not t.is_static:
-            self.known.update(signature(d) for d in t.shape if isinstance(d, Sym))
-            self.known.add(signature(sym_product(1, t.shape)))
+            self.floors.update(_floor_key(f) for d in t.shape for f in floors(d))
+            n = t.ndim
+            runs = (t.shape[i:j] for i in range(n) for j in range(i + 1, n + 1))
+            self.known.update(signature(sym_product(1, run)) for run in runs if not is_static(run))
 
 
 #: Sizes each symbol takes in the probes that tell two spellings of a size apart (``signature``).
@@ -65,9 +81,31 @@ def size_expressions(x: Dim, y: Dim, by_pair):
     """Every size ``size_expression`` could answer, the likeliest first: sizes derived from the
     dynamic ones (a conv's ``(s0-2)``) may make the same two numbers in several ways; those the
     graph already has come first."""
-    found = list(itertools.islice(_spellings(x, y, by_pair), MOST_SIZES))
     known: set = getattr(by_pair, "known", set())
-    return iter(sorted(found, key=lambda d: signature(d) not in known))
+    # A floor division (a stride's window count) is taken only where the graph has it (plus a whole
+    # number): Python that rounds up makes a floor's numbers at two sizes of one remainder only.
+    have: set = getattr(by_pair, "floors", set())
+    found = [d for d in itertools.islice(_spellings(x, y, by_pair), MOST_SIZES)
+             if all(_floor_key(f) in have for f in floors(d))]  # fmt: skip
+    # the graph's own sizes first, then those with the fewest floor divisions (a padded (W+2) before
+    # 2*((W+1)//2)+1, which is the same at odd sizes only)
+    return iter(sorted(found, key=lambda d: (signature(d) not in known, len(floors(d)))))
+
+
+def _floor_key(f) -> tuple:
+    """What ``(H+1)//2`` and ``(H+3)//2`` (that plus 1) share."""
+    return (f.terms, f.divisor, f.offset % f.divisor)
+
+
+def floors(d: Dim) -> list[SymSum]:
+    """The floor divisions in size ``d`` (``(H-1)//2`` in ``2*((H-1)//2)+1``), outermost first."""
+    if isinstance(d, SymSum) and d.divisor > 1:
+        return [d]
+    if isinstance(d, SymSum):
+        return [f for t in d.terms for f in floors(t)]
+    if isinstance(d, SymProduct):
+        return [f for t in d.factors for f in floors(t)]
+    return []
 
 
 def ambiguous(spellings: list) -> bool:

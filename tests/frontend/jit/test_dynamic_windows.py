@@ -179,3 +179,17 @@ def test_a_graph_with_derived_sizes_round_trips_through_text_and_json():
     constants = dict(graph.constants)
     assert print_graph(parse_graph(text, constants), locations=False) == text
     assert print_graph(graph_from_json(graph_to_json(graph), constants), locations=False) == text
+
+
+def test_a_winograd_conv_traced_at_sizes_of_one_remainder_stays_right_at_the_others():
+    # conv2d pads a plane to whole Winograd tiles by a number Python computes from its size: widths
+    # 27 and 43 (both 3 mod 4) trace alike, and a program made from them would leave 26's last
+    # columns zero. tile_transform takes no symbolic size, so such a conv keeps its call static.
+    kiln.manual_seed(3)
+    net = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3))
+    compiled = kiln.compile(lambda x: net(x))
+    with kiln.no_grad():
+        for h, w in [(20, 27), (36, 43), (21, 26), (22, 28), (12, 9)]:
+            x = kiln.randn(2, 16, h, w)
+            assert_close(compiled(x).numpy(), net(x).numpy(), rtol=1e-4, atol=1e-4)
+    assert "tile_transform does not take a symbolic spatial dimension" in kiln.explain(compiled).reasons[1]
