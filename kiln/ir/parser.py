@@ -23,7 +23,7 @@ import numpy as np
 
 from .dtypes import BY_NAME
 from .graph import CONSTANT, NESTING_OPS, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants
-from .types import RESERVED_NAMES, Dim, Sym, TensorType, device, sym_product
+from .types import RESERVED_NAMES, Dim, Sym, TensorType, device, parse_dim, sym_product
 
 __all__ = ["ParseError", "parse_graph"]
 
@@ -57,6 +57,8 @@ _TOKEN = re.compile(
       | (?P<float>-?(?:\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)|-inf(?![\w<>.]))
       | (?P<int>-?\d+)
       | (?P<name>[A-Za-z_<][\w.<>]*)
+      | (?P<symsum>\((?:[\w*]|\([\w*+\-]+\)(?://\d+)?)+[+\-](?:[\w*+\-]|\([\w*+\-]+\)(?://\d+)?)*\)(?://\d+)?
+                  |\([\w*+\-]+\)//\d+)
       | (?P<punct>[(){}\[\],:=@\#*])
       | (?P<string>")""",
     re.VERBOSE,
@@ -362,6 +364,8 @@ class _GraphParser:
                 return BY_NAME[token.text]
             if _SYMBOL.match(token.text) and Sym(token.text) in self.symbols:
                 return self._product(Sym(token.text))
+        if token.kind == "symsum":
+            return self._product(self._sum(token))
         if token.text == "(":
             return self._parse_tuple()
         self._fail(token, 'an attribute value (int, float, "string", dtype, None, True, False, a tuple, or a symbol '
@@ -374,6 +378,8 @@ class _GraphParser:
             token = self._advance()
             if token.kind == "int" and token.value >= 0:
                 factors.append(token.value)
+            elif token.kind == "symsum":
+                factors.append(self._sum(token))
             elif token.kind == "name" and _SYMBOL.match(token.text) and Sym(token.text) in self.symbols:
                 factors.append(Sym(token.text))
             else:
@@ -387,11 +393,27 @@ class _GraphParser:
             dim = self._advance()
             if dim.kind == "int" and dim.value >= 0:
                 factors.append(dim.value)
+            elif dim.kind == "symsum":
+                factors.append(self._sum(dim, define=True))
             else:
                 factors.append(self._symbol(dim, "a dimension (a non-negative integer or a symbol such as B)"))
                 self.symbols.add(factors[-1])  # type: ignore[arg-type]
             if not self._accept("*"):
                 return factors[0] if len(factors) == 1 else sym_product(1, factors)
+
+    def _sum(self, token: _Token, define: bool = False) -> Dim:
+        """The symbolic sum a ``symsum`` token spells (``(H-2)//2``); its symbols are defined by it in a
+        type (``define``), else they must be symbols a type before it names."""
+        try:
+            dim = parse_dim(token.text)
+        except (ValueError, TypeError) as error:
+            return self._fail(token, f"a symbolic sum such as (H-2)//2 ({error})")
+        names = set(re.findall(r"[A-Za-z_]\w*", token.text))
+        if define:
+            self.symbols.update(Sym(n) for n in names)
+        elif not all(Sym(n) in self.symbols for n in names):
+            self._fail(token, "a symbolic sum of symbols that a type before it names")
+        return dim
 
     def _symbol(self, token: _Token, expected: str) -> Sym:
         """The symbolic dimension named by ``token``, or a ParseError saying ``expected``."""

@@ -39,7 +39,7 @@ import numpy as np
 from .dtypes import ALL_DTYPES, DType
 from .graph import NESTING_OPS, QUALIFIER, Graph, Node, SourceLocation, Value, body_constants, qualified_constants
 from .tensor_file import TensorFileError, read_tensor_file
-from .types import Dim, Sym, TensorType, device, sym_product
+from .types import Dim, Sym, TensorType, device, parse_dim
 from .verifier import VerificationError, verify
 
 __all__ = ["FORMAT_VERSION", "FormatError", "graph_from_json", "graph_to_json", "load_graph_file", "save_graph_file"]
@@ -215,12 +215,11 @@ def _dim_from_json(obj: Any, path: str) -> Dim:
 
 def _sym_from_json(obj: Any, path: str) -> Sym:
     try:
-        if isinstance(obj, str) and "*" in obj:  # a product of symbols (SymProduct): 3*T, B*T
-            factors = [int(f) if f.isdigit() else Sym(f) for f in obj.split("*")]
-            product = sym_product(1, factors)
-            if not isinstance(product, Sym):
-                raise ValueError(f"a product of symbols names one, got {obj!r}")
-            return product
+        if isinstance(obj, str) and ("*" in obj or "(" in obj):  # a product (3*T) or a sum ((H-2)//2)
+            dim = parse_dim(obj)
+            if not isinstance(dim, Sym):
+                raise ValueError(f"a product or sum of symbols names one, got {obj!r}")
+            return dim
         return Sym(obj)
     except ValueError as error:
         raise FormatError(f"graph JSON: {path}: {error}") from None

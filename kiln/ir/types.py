@@ -75,8 +75,8 @@ class SymProduct(Sym):
     def __post_init__(self) -> None:
         if len(self.factors) + (self.scale != 1) < 2 or self.scale < 1:
             raise ValueError(f"a symbolic product needs two factors or more, got {self.scale} and {self.factors}")
-        if any(type(f) is not Sym for f in self.factors):
-            raise ValueError(f"a symbolic product's factors are plain symbols, got {self.factors}")
+        if any(isinstance(f, SymProduct) for f in self.factors):
+            raise ValueError(f"a symbolic product's factors are symbols or sums, got {self.factors}")
 
     def __str__(self) -> str:
         return "*".join([*([str(self.scale)] if self.scale != 1 else []), *map(str, self.factors)])
@@ -85,7 +85,118 @@ class SymProduct(Sym):
         return f"sym_product({self.scale}, {list(self.factors)!r})"
 
 
+@dataclass(frozen=True)
+class SymSum(Sym):
+    """A size that is a sum of symbols (or products of them) and a whole number, floor-divided by a
+    whole number: ``(terms + offset) // divisor``. What joining along a dynamic axis makes (``T+1``
+    for a KV cache grown by one step) and what a window makes of a dynamic image size (a conv's
+    ``(H-3)//1+1`` is ``(H-2)``, a stride-2 pool's ``(H-2)//2``). Like ``SymProduct`` it is a symbol
+    of its own to everything that treats sizes as opaque and binds from its terms (``dim_size``). Make
+    one with ``sym_sum``; ``str`` gives its text form, always parenthesized.
+
+    >>> h = sym_sum([Sym("H")], -2)
+    >>> str(h), dim_size(h, {Sym("H"): 10}), str(sym_sum([h], 1, 2))
+    ('(H-2)', 8, '(H-1)//2')
+    """
+
+    terms: tuple[Sym, ...] = ()
+    offset: int = 0
+    divisor: int = 1
+
+    def __post_init__(self) -> None:
+        if not self.terms or self.divisor < 1 or any(isinstance(t, SymSum) for t in self.terms):
+            raise ValueError(f"a symbolic sum needs terms that are symbols or products, got {self.terms}")
+        if len(self.terms) == 1 and self.offset == 0 and self.divisor == 1:
+            raise ValueError(f"a symbolic sum of one term and nothing else is that term ({self.terms[0]})")
+
+    def __str__(self) -> str:
+        inner = "+".join(map(str, self.terms)) + (f"{self.offset:+d}" if self.offset else "")
+        return f"({inner})" + (f"//{self.divisor}" if self.divisor != 1 else "")
+
+    def __repr__(self) -> str:
+        return f"sym_sum({list(self.terms)!r}, {self.offset}, {self.divisor})"
+
+
 Dim = int | Sym
+
+
+def sym_sum(terms: Iterable[Dim], offset: int = 0, divisor: int = 1) -> Dim:
+    """``(sum of terms + offset) // divisor`` as one dimension: an int when no term is symbolic, the
+    term itself when it is one term plus nothing, else a ``SymSum`` (terms sorted by name). A term
+    that is a sum itself is flattened into this one; a sum with a divisor may be a term only alone
+    (``((H-1)//2 + c) // n`` is ``(H-1+c*2)//(2*n)``), else ``SymbolicShapeError``."""
+    terms = list(terms)
+    plain: list[Sym] = []
+    for t in terms:
+        if isinstance(t, SymSum) and t.divisor == 1:
+            plain.extend(t.terms)
+            offset += t.offset
+        elif isinstance(t, SymSum):
+            if len(terms) != 1:
+                raise SymbolicShapeError(f"a sum of the floor-divided size {t} and other sizes is not supported")
+            return sym_sum(t.terms, t.offset + offset * t.divisor, t.divisor * divisor)
+        elif isinstance(t, Sym):
+            plain.append(t)
+        else:
+            offset += int(t)
+    if divisor < 1:
+        raise ValueError(f"a symbolic sum's divisor is a whole number >= 1, got {divisor}")
+    if divisor > 1 and plain and all(dim_factors(t)[0] % divisor == 0 for t in plain):
+        # (d*m + c) // d is m + c // d: a stride-2 window over a size twice another is that size
+        divided = [sym_product(dim_factors(t)[0] // divisor, dim_factors(t)[1]) for t in plain]
+        return sym_sum(divided, offset // divisor)
+    if not plain:
+        return offset // divisor
+    if len(plain) == 1 and offset == 0 and divisor == 1:
+        return plain[0]
+    ordered = tuple(sorted(plain, key=lambda t: t.name))
+    sign = "m" if offset < 0 else ""
+    name = "_".join(["a", *(t.name for t in ordered), f"{sign}{abs(offset)}", f"d{divisor}"])
+    return SymSum(name, ordered, offset, divisor)
+
+
+def parse_dim(text: str) -> Dim:
+    """The dimension whose text form (``str``) is ``text``: a size, a symbol, a product (``3*T``), a
+    sum (``(H-2)//2``, ``(B+T+1)``) or a product of these; ValueError when ``text`` is none of them."""
+    factors: list[Dim] = []
+    for part in _split_top(text, "*"):
+        if part.isdigit():
+            factors.append(int(part))
+        elif part.startswith("("):
+            inner, _, divisor = part[1:].rpartition(")")
+            if divisor and not (divisor.startswith("//") and divisor[2:].isdigit()):
+                raise ValueError(f"a symbolic sum is '(terms)' or '(terms)//n', got {part!r}")
+            terms: list[Dim] = []
+            for sign, term in _signed_terms(inner):
+                if sign < 0 and not term.isdigit():
+                    raise ValueError(f"a symbolic sum subtracts whole numbers only, got {inner!r}")
+                terms.append(sign * int(term) if term.isdigit() else parse_dim(term))
+            factors.append(sym_sum(terms, 0, int(divisor[2:]) if divisor else 1))
+        else:
+            factors.append(Sym(part))
+    return factors[0] if len(factors) == 1 else sym_product(1, factors)
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """``text`` split at ``sep`` outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for k, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if ch == sep and depth == 0:
+            parts.append(text[start:k])
+            start = k + 1
+    return [*parts, text[start:]]
+
+
+def _signed_terms(text: str) -> list[tuple[int, str]]:
+    """``(sign, term)`` for each term of ``a+b-3``."""
+    out, sign, start, depth = [], 1, 0, 0
+    for k, ch in enumerate(text + "+"):
+        depth += (ch == "(") - (ch == ")")
+        if ch in "+-" and k > start and depth == 0:
+            out.append((sign, text[start:k]))
+            sign, start = (1 if ch == "+" else -1), k + 1
+    return out
 
 
 def sym_product(scale: int, factors) -> Dim:
@@ -118,11 +229,33 @@ def dim_factors(d: Dim) -> tuple[int, tuple[Sym, ...]]:
     return d, ()
 
 
+def plain_symbol(d: Dim) -> tuple[Sym, int] | None:
+    """``(symbol, offset)`` when a dimension of size ``n`` binds ``symbol`` to ``n - offset``: a plain
+    symbol (offset 0) or a symbol plus a whole number (``(s0+2)``, a padded image); else None."""
+    if isinstance(d, SymSum):
+        term = d.terms[0]
+        if len(d.terms) == 1 and d.divisor == 1 and type(term) is Sym:
+            return term, d.offset
+        return None
+    return (d, 0) if type(d) is Sym else None
+
+
+def base_symbols(d: Dim) -> set[Sym]:
+    """The plain symbols ``d`` binds from: itself, or the symbols of a product's factors or a sum's terms."""
+    if isinstance(d, SymProduct):
+        return set().union(*map(base_symbols, d.factors))
+    if isinstance(d, SymSum):
+        return set().union(*map(base_symbols, d.terms))
+    return {d} if isinstance(d, Sym) else set()
+
+
 def dim_size(d: Dim, sizes: Mapping[Sym, int]) -> int:
     """The size of dimension ``d`` when each symbol has its size in ``sizes`` (KeyError names a
     missing one)."""
     if isinstance(d, SymProduct):
         return d.scale * math.prod(dim_size(f, sizes) for f in d.factors)
+    if isinstance(d, SymSum):
+        return (sum(dim_size(t, sizes) for t in d.terms) + d.offset) // d.divisor
     if isinstance(d, Sym):
         if d not in sizes:
             raise KeyError(f"symbolic dimension {d} has no size (bound: {_bound_text(sizes)})")

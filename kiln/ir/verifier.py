@@ -40,11 +40,11 @@ from .kernel_kinds import BodyRuleError, kernel_kind, kernel_kind_names
 from .loops import LoopRuleError, check_loop
 from .primitives import PRIMITIVES
 from .printer import format_type
-from .types import Device, Sym, SymProduct, TensorType, dim_factors
+from .types import Device, Sym, SymProduct, SymSum, TensorType, base_symbols, plain_symbol
 
 __all__ = ["VerificationError", "verify"]
 
-_PLAIN_ATTRS = (bool, int, float, str, type(None), DType, Sym, SymProduct)
+_PLAIN_ATTRS = (bool, int, float, str, type(None), DType, Sym, SymProduct, SymSum)
 
 
 class VerificationError(ValueError):
@@ -92,7 +92,7 @@ def _verify_graph(graph: Graph, body_kind: str | None) -> None:
 def _symbols_of(value: Any) -> set[Sym]:
     """The Syms in an attribute value (tuples searched)."""
     if isinstance(value, Sym):
-        return set(dim_factors(value)[1])  # a product is bound when its factors are
+        return base_symbols(value)  # a product or a sum is bound when its symbols are
     if isinstance(value, tuple):
         return set().union(*map(_symbols_of, value)) if value else set()
     return set()
@@ -101,9 +101,9 @@ def _symbols_of(value: Any) -> set[Sym]:
 def _check_symbols_bound(graph: Graph) -> None:
     """Every symbolic dimension of a graph is the size of some input's dimension: running the graph
     binds it from there (a symbol only an attribute or a node's output names has no size)."""
-    bound = {d for v in graph.inputs for d in v.type.shape if isinstance(d, Sym)}
+    bound = {p[0] for v in graph.inputs for d in v.type.shape if (p := plain_symbol(d))}  # what binding reads
     for index, node in enumerate(graph.nodes):
-        used = {s for v in node.outputs for d in v.type.shape for s in dim_factors(d)[1]}
+        used = {s for v in node.outputs for d in v.type.shape for s in base_symbols(d)}
         if node.op not in NESTING_OPS:
             for value in node.attrs.values():
                 used |= _symbols_of(value)

@@ -36,7 +36,11 @@ def _adaptive_avg_pool(input, output_size, d: int, op: str):
     sizes = tuple(s if o is None else o for s, o in zip(spatial, sizes, strict=True))
     if any(o <= 0 for o in sizes):
         raise RuntimeError(f"{op}: output_size must be positive, got {sizes}")
-    if all(s % o == 0 for s, o in zip(spatial, sizes, strict=True)):
+    if all(o == 1 for o in sizes):
+        # one bin: the mean over the spatial dims, whose program holds no window the size of the input
+        # (so a compiled call over images of any size has one program: ``frontend/jit/dynamic.py``)
+        out = x.mean(tuple(range(2, 2 + d)), keepdim=True)
+    elif all(s % o == 0 for s, o in zip(spatial, sizes, strict=True)):
         kernel = tuple(s // o for s, o in zip(spatial, sizes, strict=True))
         out = _avg_pool(x, kernel, kernel, 0, False, True, None, d, op)
     else:

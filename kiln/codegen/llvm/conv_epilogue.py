@@ -39,7 +39,10 @@ SLAB_BYTES = 128 << 10
 
 
 def takes_epilogue(node: Node) -> bool:
-    """Whether the conv kernel ``node`` that fusion proposes compiles (``plan``, for inputs in C order)."""
+    """Whether the conv kernel ``node`` that fusion proposes compiles (``plan``, for inputs in C order).
+    Not over symbolic sizes (an image of any size): its conv runs on the eager kernel there."""
+    if not all(v.type.is_static for v in node.inputs):
+        return False
     try:
         plan(node, [ix.contiguous_strides(v.type.shape) for v in node.inputs])
     except Unsupported:

@@ -35,6 +35,7 @@ from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
 from .backward import BackwardPlan, ConsumedPlan
 from .dynamic import NotDynamic, Pending, size_symbols, symbolize
+from .dynamic_binding import with_derived
 from .hazards import reachable_tensors
 from .pytree import flatten
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
@@ -115,8 +116,8 @@ class PendingSpecialization:
         if isinstance(backward, BackwardPlan):  # lowered with the forward: for these sizes, or all
             symbolic_bwd = None
             if symbolic is not None:
-                sizes = {s: (b, a) for s, (a, b) in size_symbols(self.dynamic[2]).items()}
-                symbolic_bwd, why_not = symbolic_backward(backward, self.dynamic[1], sizes)
+                sizes = with_derived(symbolic, {s: (b, a) for s, (a, b) in size_symbols(self.dynamic[2]).items()})
+                symbolic_bwd, why_not = symbolic_backward(backward, self.dynamic[1], sizes, symbolic)
             backward, why_lowered = lower_plan(options, backward, symbolic_bwd)
             if symbolic is not None and (symbolic_bwd is None or why_lowered is not None):
                 symbolic, not_dynamic = None, why_not or why_lowered

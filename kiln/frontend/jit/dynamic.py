@@ -9,7 +9,13 @@ tensor is flattened to rows). A constant whose shape follows the size and holds 
 (``zeros(batch, 10)``) becomes that value expanded; a range or a causal mask built from the size
 becomes the ops that compute it (``symbolic_constants.py``); a scalar constant equal to a size or a
 product of sizes (a mean's divisor, ``x.sum() / x.shape[0]``) becomes that size, counted in the
-graph. Anything else (``x.shape[0] // 2`` in an attribute, a constant computed from the size, a
+graph. A size a shape rule derives from the symbols (a conv's ``(H-2)``, a stride-2 window count
+``(H-1)//2``, a cat's ``(T+1)``: ``kiln.ir.types.SymSum``) is taken from the rule where it gives
+the traced sizes in both traces, and is then a size later ones are spelled with; where two numbers
+could be spelled several ways (``s0`` and ``2*((s0+1)//2)`` agree at even sizes) the spelling the
+graph already has wins, and a constant no such spelling settles keeps the call static. Running the
+graph checks each derived size again (``bind_graph``): an image smaller than a kernel fails as
+eagerly. Anything else (``x.shape[0] // 2`` in an attribute, a constant computed from the size, a
 different program at the other size) keeps the call static, and ``kiln.explain`` says why.
 
 Python code reading a dynamic size (``x.shape[1]``) gets the concrete int of the traced call: what
@@ -32,7 +38,6 @@ dynamic shares the program only while it is in C order (its strides then follow 
 from __future__ import annotations
 
 import itertools
-import math
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,14 +45,26 @@ from typing import Any
 
 import numpy as np
 
+from ...ir.dtypes import float32
 from ...ir.graph import CONSTANT, Graph, GraphBuilder, Node, Value
-from ...ir.types import Dim, Sym, TensorType, dim_factors, dim_size, sym_product
+from ...ir.types import (
+    Sym,
+    TensorType,
+    bind_shape,
+    dim_factors,
+    sym_product,
+)
+from .size_spelling import (
+    MOST_SPELLINGS,
+    NotDynamic,
+    Pairs,
+    ambiguous,
+    attr_choices,
+    signature,
+    size_expression,
+    size_expressions,
+)
 from .symbolic_constants import pattern_constant
-
-
-class NotDynamic(Exception):
-    """The two traces differ in a way a symbolic size cannot express: the call stays static."""
-
 
 # ---------------------------------------------------------------------- marking
 _MARKED: dict[int, tuple[weakref.ref, frozenset[int]]] = {}
@@ -153,18 +170,24 @@ def size_symbols(pairs: Sequence[tuple[int, int]]) -> dict[Sym, tuple[int, int]]
     return {Sym(f"s{k}"): pair for k, pair in enumerate(dict.fromkeys(pairs))}
 
 
-def symbolize(graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int]]) -> Graph:
+def symbolize(graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int]], known=None) -> Graph:
     """``graph_a`` with every size that follows a symbol written as the symbol (``sizes``: each
-    symbol's size in ``graph_a`` and in ``graph_b``); ``NotDynamic`` says where they differ otherwise."""
-    return symbolize_values(graph_a, graph_b, sizes)[0]
+    symbol's size in ``graph_a`` and in ``graph_b``); ``NotDynamic`` says where they differ otherwise.
+    ``known``: input index -> its symbolic type where another graph says it (a backward's saved
+    values are the forward's), rather than spelled from the two sizes."""
+    return symbolize_values(graph_a, graph_b, sizes, known)[0]
 
 
 def symbolize_values(
-    graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int]]
+    graph_a: Graph, graph_b: Graph, sizes: Mapping[Sym, tuple[int, int]], known=None
 ) -> tuple[Graph, dict[Value, Value]]:
     """``symbolize``, and each value of ``graph_a`` -> its symbolic counterpart (what carries the
     composite regions a trace recorded over to the symbolic graph)."""
-    by_pair = {pair: sym for sym, pair in sizes.items()}
+    by_pair = Pairs()
+    for sym, pair in sizes.items():  # the first spelling of two sizes wins: the plain symbols come first
+        by_pair.setdefault(pair, sym)
+        by_pair.learn(TensorType((sym,), float32))  # a size another graph derived (the forward's)
+    bound = ({s: a for s, (a, _) in sizes.items()}, {s: b for s, (_, b) in sizes.items()})
     if len(graph_a.nodes) != len(graph_b.nodes) or len(graph_a.inputs) != len(graph_b.inputs):
         raise NotDynamic(
             f"the program has {len(graph_a.nodes)} nodes at one size and {len(graph_b.nodes)} at the other"
@@ -173,31 +196,29 @@ def symbolize_values(
     values_a, values_b = list(graph_a.values()), list(graph_b.values())
     index_a = {v: i for i, v in enumerate(values_a)}
     index_b = {v: i for i, v in enumerate(values_b)}
-    types = [_type(a, b, by_pair) for a, b in zip(values_a, values_b, strict=True)]
     builder = GraphBuilder()
     new: dict[Value, Value] = {}
-    for v in graph_a.inputs:
-        new[v] = builder.input(types[index_a[v]])
+    for k, v in enumerate(graph_a.inputs):
+        given = (known or {}).get(k)
+        if given is not None:
+            _check_rule_type("an input", given, v, values_b[index_a[v]], bound, by_pair, "")
+        new[v] = builder.input(given or _type(v, values_b[index_a[v]], by_pair))
+        by_pair.learn(new[v].type)
     size_values: dict[tuple[Sym, Any], Value] = {}
     for na, nb in zip(graph_a.nodes, graph_b.nodes, strict=True):
         where = f" (at {na.loc})" if na.loc else ""
         if na.op != nb.op or [index_a[v] for v in na.inputs] != [index_b[v] for v in nb.inputs]:
             raise NotDynamic(f"{na.op} at one size is {nb.op} at the other (or reads other values){where}")
-        out_type = types[index_a[na.output]] if len(na.outputs) == 1 else None
         if na.op == CONSTANT:
+            out_type = _type(na.output, values_b[index_a[na.output]], by_pair)
             a, b = graph_a.constants[na.attrs["name"]], graph_b.constants[nb.attrs["name"]]
             new[na.output] = _constant(builder, a, b, out_type, by_pair, size_values, na.loc, where)
             continue
         if set(na.attrs) != set(nb.attrs):
             raise NotDynamic(f"{na.op} has other attributes at the other size{where}")
-        attrs = {k: _attr(na.op, k, na.attrs[k], nb.attrs[k], by_pair, where) for k in na.attrs}
-        try:
-            out = builder.node(na.op, [new[v] for v in na.inputs], attrs, loc=na.loc)
-        except (TypeError, ValueError, IndexError) as error:  # a shape rule that takes no symbol (yet)
-            raise NotDynamic(f"{na.op} over a symbolic size: {error}{where}") from None
-        if out.type != out_type:
-            raise NotDynamic(f"{na.op}'s result is {out.type} by its shape rule, {out_type} by the traces{where}")
-        new[na.output] = out
+        new[na.output] = _node(builder, na, [new[v] for v in na.inputs], nb, values_b[index_a[na.output]],
+                               bound, by_pair, where)  # fmt: skip
+        by_pair.learn(new[na.output].type)
     if [index_a[v] for v in graph_a.outputs] != [index_b[v] for v in graph_b.outputs]:
         raise NotDynamic("the outputs are other values at the other size")
     return builder.build([new[v] for v in graph_a.outputs]), new
@@ -253,50 +274,50 @@ def _without_ints(value):
     return value
 
 
+def _node(builder: GraphBuilder, na: Node, inputs: list[Value], nb: Node, b: Value, bound, by_pair, where) -> Value:
+    """The symbolic counterpart of node ``na`` (``nb`` in the other trace, ``b`` its output there): its
+    attributes spelled over the symbols, the first spelling whose shape rule gives the traced types."""
+    choices = {k: attr_choices(na.op, k, na.attrs[k], nb.attrs[k], by_pair, where) for k in na.attrs}
+    spellings = itertools.islice(itertools.product(*choices.values()), MOST_SPELLINGS)
+    why = ""
+    for spelling in spellings:
+        attrs = dict(zip(choices, spelling, strict=True))
+        mark = len(builder.nodes)
+        try:
+            out = builder.node(na.op, inputs, attrs, loc=na.loc)
+            if len(na.outputs) == 1:
+                _check_rule_type(na.op, out.type, na.output, b, bound, by_pair, where)
+            return out
+        except (NotDynamic, TypeError, ValueError, IndexError, RuntimeError) as error:  # a rule takes no symbol
+            del builder.nodes[mark:]
+            why = str(error) if isinstance(error, NotDynamic) else f"{na.op} over a symbolic size: {error}{where}"
+    raise NotDynamic(why)
+
+
+def _check_rule_type(op: str, rule: TensorType, a: Value, b: Value, bound, by_pair, where: str) -> None:
+    """Check that the type the shape rule gave a node over symbolic sizes is the type both traces
+    recorded when bound to their sizes; a size the rule derives (``(H-2)``, ``(T+1)``) is learned
+    (``by_pair``), so a later size that is a product of it (a flattened conv output) is found."""
+    for types, sizes in ((a.type, bound[0]), (b.type, bound[1])):
+        if rule.dtype is not types.dtype or rule.ndim != types.ndim or bind_shape(rule.shape, sizes) != types.shape:
+            raise NotDynamic(f"{op}'s result is {rule} by its shape rule, {types} in a trace{where}")
+    for d, x, y in zip(rule.shape, a.type.shape, b.type.shape, strict=True):
+        if isinstance(d, Sym) and isinstance(x, int) and isinstance(y, int) and x != y and min(x, y) >= 2:
+            by_pair.setdefault((x, y), d)
+
+
 def _type(a: Value, b: Value, by_pair) -> TensorType:
     if a.type.dtype is not b.type.dtype or a.type.ndim != b.type.ndim or a.type.device is not b.type.device:
         raise NotDynamic(f"value %{a.id} is {a.type} at one size and {b.type} at the other")
     shape = []
     for x, y in zip(a.type.shape, b.type.shape, strict=True):
-        d = x if x == y else _size_expression(x, y, by_pair)
+        d = x if x == y else size_expression(x, y, by_pair)
         if d is None:
             raise NotDynamic(f"value %{a.id} has a size that follows the dynamic sizes but is not a product of "
                              f"them ({x} at one size, {y} at the other: kiln's symbolic dimensions are whole "
-                             "sizes and their products)")  # fmt: skip
+                             "sizes, their products and the sums shape rules derive)")  # fmt: skip
         shape.append(d)
     return TensorType(tuple(shape), a.type.dtype, a.type.device)
-
-
-#: The most symbols one size is searched as a product of (``B*T*T``: 3).
-_MOST_FACTORS = 3
-
-
-def _size_expression(x: Dim, y: Dim, by_pair) -> Sym | None:
-    """The symbol, or the product of a whole number >= 1 and the fewest symbols, that is ``x`` in the
-    first trace and ``y`` in the second (``3*T`` for a ``(3, T)`` tensor flattened); None if none is."""
-    if (x, y) in by_pair:
-        return by_pair[(x, y)]
-    if isinstance(x, bool) or not isinstance(x, int) or not isinstance(y, int) or x < 2 or y < 2:
-        return None
-    symbols = list(by_pair.items())
-    for count in range(1, _MOST_FACTORS + 1):
-        for chosen in itertools.combinations_with_replacement(symbols, count):
-            in_a = math.prod(size_a for (size_a, _), _ in chosen)
-            in_b = math.prod(size_b for (_, size_b), _ in chosen)
-            if x % in_a == 0 and y == x // in_a * in_b:
-                return sym_product(x // in_a, [sym for _, sym in chosen])  # type: ignore[return-value]
-    return None
-
-
-def _attr(op: str, key: str, a, b, by_pair, where: str):
-    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
-        return tuple(_attr(op, key, x, y, by_pair, where) for x, y in zip(a, b, strict=True))
-    if type(a) is type(b) and (a == b or (a != a and b != b)):
-        return a
-    size = _size_expression(a, b, by_pair) if type(a) is int and type(b) is int else None
-    if size is not None:
-        return size
-    raise NotDynamic(f"{op}'s attribute {key} is {a!r} at one size and {b!r} at the other{where}")
 
 
 def _constant(builder: GraphBuilder, a, b, out_type, by_pair, size_values: dict, loc, where: str) -> Value:
@@ -336,9 +357,12 @@ def _multiple_of_size(a: np.ndarray, b: np.ndarray, by_pair) -> tuple[Sym, int] 
         return None
     if x != int(x) or y != int(y):
         return None
-    size = _size_expression(int(x), int(y), by_pair)
-    if size is None:
+    spellings = list(size_expressions(int(x), int(y), by_pair))
+    if not spellings:
         return None
+    size = spellings[0]
+    if signature(size) not in by_pair.known and ambiguous(spellings):
+        return None  # a number that several sizes make at both traced sizes: not taken for any
     scale, factors = dim_factors(size)
     return sym_product(1, factors), scale  # type: ignore[return-value]  # factors: at least one symbol
 
@@ -349,51 +373,3 @@ def _size_of(builder: GraphBuilder, sym: Sym, out_type: TensorType, loc) -> Valu
     one = builder.constant(np.ones((1,), out_type.dtype.np), TensorType((1,), out_type.dtype, out_type.device), loc)
     ones = builder.node("expand", [one], {"shape": (sym,)}, loc=loc)
     return builder.node("reduce_sum", [ones], {"axes": (0,), "keepdim": False}, loc=loc)
-
-
-def bind_graph(graph: Graph, sizes: Mapping[Sym, int]) -> Graph:
-    """``graph`` (fused or not) with each symbol replaced by its size in ``sizes``: types, attributes
-    and kernel bodies. The nodes keep their positions, so one index names a node in either graph."""
-    builder = GraphBuilder()
-    new: dict[Value, Value] = {v: builder.input(v.type.bind(sizes)) for v in graph.inputs}
-    for node in graph.nodes:
-        outputs = tuple(builder.value(v.type.bind(sizes)) for v in node.outputs)
-        new.update(zip(node.outputs, outputs, strict=True))
-        attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
-        if node.op == "slice" and node.attrs["stops"] != attrs["stops"]:
-            _check_slice(node, attrs["stops"], new[node.inputs[0]].type.shape)
-        builder.nodes.append(Node(node.op, tuple(new[v] for v in node.inputs), attrs, outputs, node.loc))
-    builder.constants.update(graph.constants)
-    return builder.build([new[v] for v in graph.outputs])
-
-
-def _check_slice(node: Node, stops: tuple[int, ...], shape: tuple) -> None:
-    """A slice to a dynamic size (``mask[:T]``) must stay within the dim it slices: eager slicing
-    would stop at its end, and the program's later ops expect the size (ValueError says so)."""
-    for axis, (stop, n) in enumerate(zip(stops, shape, strict=True)):
-        if stop > n:
-            where = f" at {node.loc}" if node.loc else ""
-            raise ValueError(
-                f"kiln.compile: this call's dynamic size {stop} slices past the end of a dimension of size {n} "
-                f"(dim {axis}{where}); eager slicing would stop at {n}: call the function with sizes up to {n}"
-            )
-
-
-def _bind_attr(value, sizes: Mapping[Sym, int]):
-    if isinstance(value, Sym):
-        return dim_size(value, sizes)
-    if isinstance(value, Graph):
-        return bind_graph(value, sizes)
-    if isinstance(value, tuple):
-        return tuple(_bind_attr(v, sizes) for v in value)
-    return value
-
-
-def symbol_positions(graph: Graph) -> tuple[tuple[Sym, int, int], ...]:
-    """``(symbol, input, axis)`` for the first input dimension that binds each symbol."""
-    found: dict[Sym, tuple[Sym, int, int]] = {}
-    for i, v in enumerate(graph.inputs):
-        for axis, d in enumerate(v.type.shape):
-            if isinstance(d, Sym) and d not in found:
-                found[d] = (d, i, axis)
-    return tuple(found.values())

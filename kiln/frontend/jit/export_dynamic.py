@@ -121,8 +121,8 @@ def dynamic_axes(args: tuple, dynamic_shapes) -> dict[int, dict[int, str]]:
 
 
 def _size_pairs(args: tuple, axes: dict[int, dict[int, str]]) -> dict[str, tuple[int, int]]:
-    """The two sizes each name is traced at: the example's (at least 2: a size 1 broadcasts) and a
-    larger one, no two names at the same pair (``symbolize`` tells the symbols apart by their pair)."""
+    """The two sizes each name is traced at: the example's (at least 2: a size 1 broadcasts) and
+    twice it and one, no two names at the same pair (``symbolize`` tells the symbols apart by their pair)."""
     example: dict[str, int] = {}
     for k, dims in axes.items():
         for dim, name in dims.items():
@@ -132,7 +132,8 @@ def _size_pairs(args: tuple, axes: dict[int, dict[int, str]]) -> dict[str, tuple
     pairs: dict[str, tuple[int, int]] = {}
     for name, size in example.items():
         first = max(size, 2)
-        second = first + 1
+        # far from the first, so that a size a stride divides (a stride-2 conv's (H-1)//2) differs too
+        second = 2 * first + 1
         while second in {b for _, b in pairs.values()}:  # (a guard names its size by the second)
             second += 1
         pairs[name] = (first, second)

@@ -58,9 +58,10 @@ def check_regions(regions: tuple[Region, ...], graph: Graph) -> tuple[Region, ..
 def _at_sample_sizes(graph: Graph) -> tuple[Graph, dict[Value, Value], dict] | None:
     """``graph`` with its symbols bound to small, distinct sizes (3, 4, ...), each of its values -> its
     counterpart there, and the bound graph's producers; None when the graph does not bind."""
-    from .dynamic import bind_graph, symbol_positions  # noqa: PLC0415 - dynamic imports the tracer
+    from ...ir.types import plain_symbol  # noqa: PLC0415
+    from .dynamic_binding import bind_graph, symbol_positions  # noqa: PLC0415 - dynamic imports the tracer
 
-    sizes = {sym: 3 + k for k, (sym, _, _) in enumerate(symbol_positions(graph))}
+    sizes = {plain_symbol(d)[0]: 3 + k for k, (d, _, _) in enumerate(symbol_positions(graph))}  # type: ignore[index]
     try:
         bound = bind_graph(graph, sizes)
     except (KeyError, ValueError):  # a symbol no input binds; a slice past its dim at these sizes

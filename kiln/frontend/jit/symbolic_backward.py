@@ -22,22 +22,28 @@ from ...ir.types import Sym
 from ...ir.verifier import VerificationError, verify
 from .backward import BackwardPlan
 from .dynamic import NotDynamic, symbolize
-from .signature import Captured
+from .signature import Captured, Saved
 from .symbolic_program import Unlowered, lower_symbolic
 
 __all__ = ["symbolic_backward", "lower_plan"]
 
 
 def symbolic_backward(
-    plan: BackwardPlan, earlier, sizes: dict[Sym, tuple[int, int]]
+    plan: BackwardPlan, earlier, sizes: dict[Sym, tuple[int, int]], forward: Graph | None = None
 ) -> tuple[Graph | None, str | None]:
     """``(the backward graph over symbolic sizes, None)``, or ``(None, why not)``. ``earlier``: the
     earlier trace's ``sizes_source``, ``(forward, backward)`` when it had a backward; ``sizes``: each
-    symbol's ``(size now, size then)``."""
+    symbol's ``(size now, size then)``; ``forward``: the symbolic forward graph, whose outputs give
+    the saved values their types (a size two traces alone could spell two ways: ``s0`` and
+    ``2*((s0+1)//2)`` agree at even sizes)."""
     if not isinstance(earlier, tuple) or plan.traced is None:
         return None, "a result needs gradients outside the call and the earlier trace's did not"
+    known = {}
+    if forward is not None:
+        known = {k: forward.outputs[plan.saved_outputs[kind.index]].type
+                 for k, kind in enumerate(plan.signature.inputs) if isinstance(kind, Saved)}  # fmt: skip
     try:
-        graph = symbolize(plan.traced, earlier[1], sizes)
+        graph = symbolize(plan.traced, earlier[1], sizes, known)
         verify(graph)
     except (NotDynamic, VerificationError) as why:
         return None, f"the backward graphs at the two sizes differ otherwise: {why}"

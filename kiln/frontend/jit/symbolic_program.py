@@ -26,12 +26,12 @@ from typing import Any, cast
 from ...codegen.backend import Lowered, LoweringReport
 from ...compiler import driver
 from ...ir.graph import Graph, Node, Value
-from ...ir.types import Sym, dim_size
+from ...ir.types import Sym, SymProduct, SymSum, dim_size, plain_symbol
 from ...passes.layouts import infer_layouts
 from ...passes.memory_plan import plan_memory
 from ...passes.write_backs import choose_write_backs
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
-from .dynamic import bind_graph, symbol_positions
+from .dynamic_binding import bind_graph, position_sizes, symbol_positions
 from .symbolic_kernels import collapse_symbolic_prefixes
 
 #: Sizes the layouts are inferred at to learn which do not depend on the size (any two >= 2 do).
@@ -113,7 +113,7 @@ class SymbolicProgram(_ProgramPerSizes):
     def _program(self, key: tuple[int, ...]) -> CompiledProgram:
         program = self._programs.get(key)
         if program is None:
-            program = self._load(dict(zip((s for s, _, _ in self._positions), key, strict=True)))
+            program = self._load(position_sizes(self._positions, key))
             assert program.fresh_outputs >= self.fresh_outputs, (
                 f"outputs {sorted(self.fresh_outputs - program.fresh_outputs)} of a dynamic program are new memory "
                 f"at other sizes but not at {key}"
@@ -175,6 +175,23 @@ def _status(node: Node) -> bool:
     return node.op in STATUS_OPS
 
 
+def _probe_base(graph: Graph) -> int:
+    """What the probe sizes are raised by so that every size ``graph`` derives from its symbols (a
+    conv's ``(H-4)//2``) is at least 2 there: a window larger than the probe fits nowhere."""
+    most = 0
+    for v in graph.values():
+        for d in v.type.shape:
+            for term in _sums(d):
+                most = max(most, 2 * term.divisor - term.offset)
+    return max(0, most)
+
+
+def _sums(d) -> list[SymSum]:
+    if isinstance(d, SymProduct):
+        return [s for f in d.factors for s in _sums(f)]
+    return [d] if isinstance(d, SymSum) else []
+
+
 def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write_backs: Sequence[tuple[int, int]],
                    first: Graph | None = None):  # fmt: skip
     """``(fused graph, program, report)`` for a symbolic graph: see the module docstring.
@@ -194,7 +211,9 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     stages = [*driver.graph_stages(options), *(s for s in driver.LOWERING_STAGES if s.name == "fuse")]
     state = driver._run(driver.Compilation(graph, backend, strides, requested), stages, options, record, seconds)
     fused = collapse_symbolic_prefixes(state.graph)  # a symbol after the first dim: flattened where it can be
-    probes = [bind_graph(fused, {s: n for s, _, _ in symbol_positions(fused)}) for n in PROBES]
+    base = _probe_base(fused)
+    probes = [bind_graph(fused, {plain_symbol(d)[0]: base + n for d, _, _ in symbol_positions(fused)})  # type: ignore[index]
+              for n in PROBES]  # fmt: skip
     layouts = [infer_layouts(g, strides) for g in probes]
     values = [list(g.values()) for g in probes]
     same: dict[int, tuple | str] = {
@@ -252,13 +271,13 @@ class SizedProgram(_ProgramPerSizes):
         self.lowerings = 0
 
     def sizes(self, arrays: Sequence) -> dict[Sym, int]:
-        return {sym: arrays[i].shape[axis] for sym, i, axis in self._positions}
+        return position_sizes(self._positions, [arrays[i].shape[axis] for _, i, axis in self._positions])
 
     def program_for(self, arrays: Sequence):
         key = tuple(arrays[i].shape[axis] for _, i, axis in self._positions)
         program = self._programs.get(key)
         if program is None:
-            program = self._lower(bind_graph(self.graph, dict(zip((s for s, _, _ in self._positions), key))))
+            program = self._lower(bind_graph(self.graph, position_sizes(self._positions, key)))
             self.lowerings += 1
             self._keep(key, program)
         self._last = (key, program)

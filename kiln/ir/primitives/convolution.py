@@ -26,7 +26,7 @@ import math
 from ..types import TensorType
 from . import Kind, Primitive, Sample, register
 from .linalg import _matmul_eager
-from .windows import _check_window_attrs, _out_spatial, _static_spatial, _unfold_eager
+from .windows import _check_window_attrs, _out_spatial, _unfold_eager
 
 #: The longest filter, C * prod(kernel), that ``conv2d`` computes directly (longer ones go to im2col
 #: and BLAS, which then runs near its peak).
@@ -51,7 +51,6 @@ def _conv_infer(x: TensorType, w: TensorType, *, stride, dilation) -> TensorType
         raise RuntimeError(f"conv: expected a {x.ndim}-d filter for input {list(x.shape)}, got {list(w.shape)}")
     _check_dtypes("conv", x, w)
     _check_channels("conv", x, w.shape[1], f"the filter's dim 1, filter {list(w.shape)}")
-    _static_spatial("conv", x.shape[2:])
     out = _out_spatial("conv", x.shape[2:], kernel, stride, dilation)
     return TensorType((x.shape[0], w.shape[0], *out), x.dtype, x.device)
 
@@ -124,7 +123,6 @@ conv = register(Primitive(
 def _conv_weight_infer(g: TensorType, x: TensorType, *, kernel_size, stride, dilation) -> TensorType:
     _check_window_attrs("conv_weight", x, kernel_size, stride, dilation, 2)
     _check_dtypes("conv_weight", g, x)
-    _static_spatial("conv_weight", x.shape[2:])
     out = _out_spatial("conv_weight", x.shape[2:], kernel_size, stride, dilation)
     expected = (x.shape[0], g.shape[1] if g.ndim == x.ndim else "O", *out)
     if g.ndim != x.ndim or g.shape[0] != x.shape[0] or tuple(g.shape[2:]) != out:

@@ -17,7 +17,17 @@ from collections import Counter
 import numpy as np
 
 from ..shapes import numel
-from ..types import Dim, Sym, SymbolicShapeError, TensorType, dim_factors, is_static
+from ..types import (
+    Dim,
+    Sym,
+    SymbolicShapeError,
+    SymSum,
+    TensorType,
+    dim_factors,
+    is_static,
+    sym_product,
+    sym_sum,
+)
 from . import Kind, Primitive, Sample, register
 
 # ----------------------------------------------------------------------------- index maps of the views
@@ -208,21 +218,40 @@ def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
         )
     for axis, (a, b, s, n) in enumerate(zip(starts, stops, steps, x.shape, strict=True)):
         if isinstance(n, Sym) or isinstance(b, Sym):
-            # all of a symbolic dim, or the first ``b`` of a static one (``mask[:T]``: running the graph
-            # checks that the size ``b`` binds to is at most ``n``, see ``frontend/jit/dynamic.bind_graph``)
-            if (a, s) != (0, 1) or (isinstance(n, Sym) and b != n):
+            # a:b:1 to a symbolic stop (all of a symbolic dim, ``mask[:T]``, a padded image's inside): running
+            # the graph checks that the size ``b`` binds to is at most ``n`` and at least ``a``
+            # (``frontend/jit/dynamic.bind_graph``). A whole stop on a symbolic dim is refused: two traces
+            # cannot tell ``x[:2]`` from ``x[:n // 2]`` at sizes 4 and 5.
+            if s != 1 or not isinstance(b, Sym) or _difference(b, a) is None or (isinstance(a, int) and a < 0):
                 raise SymbolicShapeError(
-                    f"slice: dim {axis} of size {n} is symbolic (or sliced to a symbol): only all of it (0:{n}:1) or "
-                    f"the first symbolic size of a static dim (0:B:1) is supported yet, got {a}:{b}:{s}"
+                    f"slice: dim {axis} of size {n} is symbolic (or sliced to a symbol): only start:stop:1 with a "
+                    f"symbolic stop and a start it exceeds by a known size is supported yet, got {a}:{b}:{s}"
                 )
             continue
         if s < 1 or not 0 <= a <= n or not 0 <= b <= n:
             raise IndexError(
                 f"slice: dim {axis} of size {n} needs 0 <= start, stop <= {n} and step > 0, got {a}:{b}:{s}"
             )
-    shape = tuple(n if isinstance(n, Sym) else b if isinstance(b, Sym) else sliced_size(a, b, s)
-                  for a, b, s, n in zip(starts, stops, steps, x.shape))  # fmt: skip
-    return TensorType(shape, x.dtype, x.device)
+    shape: list[Dim] = []
+    for a, b, s, n in zip(starts, stops, steps, x.shape, strict=True):
+        size = _difference(b, a) if isinstance(n, Sym) or isinstance(b, Sym) else sliced_size(a, b, s)
+        assert size is not None, "checked above"
+        shape.append(size)
+    return TensorType(tuple(shape), x.dtype, x.device)
+
+
+def _difference(stop: Dim, start: Dim) -> Dim | None:
+    """``stop - start`` as a size: a whole start taken off (``(H+1) - 1``), or a symbolic start that
+    is a term of the stop (``(T+1) - T``: the gradient of a cat's last part); None otherwise."""
+    if isinstance(start, int):
+        return sym_sum([stop], -start)
+    if stop == start:
+        return 0
+    if isinstance(stop, SymSum) and stop.divisor == 1 and start in stop.terms:
+        rest = list(stop.terms)
+        rest.remove(start)
+        return sym_sum(rest, stop.offset)
+    return None
 
 
 def _slice_eager(xp, x, *, starts, stops, steps):
@@ -268,11 +297,9 @@ def _pad_infer(x: TensorType, *, low, high, interior, value) -> TensorType:
     if any(p < 0 for p in (*low, *high, *interior)):
         raise ValueError(f"pad: padding must be non-negative, got low {low}, high {high}, interior {interior}")
     shape: list[Dim] = []
-    for axis, (n, lo, hi, i) in enumerate(zip(x.shape, low, high, interior)):
-        if isinstance(n, Sym):
-            if (lo, hi, i) != (0, 0, 0):
-                raise SymbolicShapeError(f"pad: dim {axis} of size {n} is symbolic; padding it is not supported yet")
-            shape.append(n)
+    for n, lo, hi, i in zip(x.shape, low, high, interior, strict=True):
+        if isinstance(n, Sym):  # taken as >= 1: an empty dim specializes (dynamic.py)
+            shape.append(sym_sum([sym_product(1 + i, [n])], lo + hi - i))
         else:
             shape.append(padded_size(n, lo, hi, i))
     return TensorType(tuple(shape), x.dtype, x.device)
@@ -344,12 +371,7 @@ def _concatenate_infer(*xs: TensorType, axis: int) -> TensorType:
                     f"for tensor number {i} in the list (shapes {list(first.shape)} and {list(t.shape)})."
                 )
     shape = list(first.shape)
-    sizes = [t.shape[axis] for t in xs]
-    if not is_static(sizes):
-        raise SymbolicShapeError(
-            f"concatenate does not take a symbolic dimension along the joined axis yet (sizes {_listed(sizes)})"
-        )
-    shape[axis] = sum(d for d in sizes if isinstance(d, int))  # all ints: checked above
+    shape[axis] = sym_sum([t.shape[axis] for t in xs])  # a symbolic size joined gives a sum: (T+1)
     return TensorType(tuple(shape), first.dtype, first.device)
 
 

@@ -45,6 +45,9 @@ def _check(name: str, matrix, stride) -> tuple[int, int]:
 
 
 def _tiles(name: str, spatial, t: int, stride: int) -> tuple[int, int]:
+    # Not over symbolic sizes: conv2d pads a plane to whole tiles by a number Python computes from
+    # its size, so two traces at sizes of one remainder mod the tile make one program that is wrong
+    # at the others. A Winograd conv keeps its call static (an image of another size traces again).
     _static_spatial(name, spatial)
     tiles = tuple(window_output_size(s, t, stride, 1) for s in spatial)
     if any(n < 1 for n in tiles):

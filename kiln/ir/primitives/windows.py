@@ -27,13 +27,19 @@ import itertools
 
 import numpy as np
 
-from ..types import SymbolicShapeError, TensorType, is_static
+from ..types import Dim, Sym, SymbolicShapeError, TensorType, is_static, sym_sum
 from . import Kind, Primitive, Sample, register
 
 
 def window_output_size(size: int, kernel: int, stride: int, dilation: int) -> int:
     """How many windows of span ``dilation * (kernel - 1) + 1`` fit in ``size`` with ``stride``."""
     return (size - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _window_count(size: Dim, kernel: int, stride: int, dilation: int) -> Dim:
+    if isinstance(size, Sym):
+        return sym_sum([size], stride - dilation * (kernel - 1) - 1, stride)
+    return window_output_size(size, kernel, stride, dilation)
 
 
 def _check_window_attrs(name: str, x: TensorType, kernel_size, stride, dilation, lead: int) -> int:
@@ -50,14 +56,21 @@ def _check_window_attrs(name: str, x: TensorType, kernel_size, stride, dilation,
             f"got shape {list(x.shape)}"
         )
     for what, values in (("kernel_size", kernel_size), ("stride", stride), ("dilation", dilation)):
+        if not is_static(values):
+            raise SymbolicShapeError(
+                f"{name}: a {what} that follows a dynamic size ({tuple(map(str, values))}: a window the size of "
+                "the input, as adaptive pooling makes) is not supported over dynamic sizes"
+            )
         if any(v <= 0 for v in values):
             raise ValueError(f"{name}: {what} must be positive, got {tuple(values)}")
     return d
 
 
-def _out_spatial(name: str, spatial, kernel_size, stride, dilation) -> tuple[int, ...]:
-    out = tuple(map(window_output_size, spatial, kernel_size, stride, dilation))
-    if any(o < 1 for o in out):
+def _out_spatial(name: str, spatial, kernel_size, stride, dilation) -> tuple[Dim, ...]:
+    """The number of windows along each spatial dim. A symbolic size (an image's height) gives the
+    symbolic ``(H - span)//stride + 1``; that it is at least 1 is checked when the graph is bound."""
+    out = tuple(map(_window_count, spatial, kernel_size, stride, dilation))
+    if any(isinstance(o, int) and o < 1 for o in out):
         raise RuntimeError(
             f"{name}: the (padded) input size {tuple(spatial)} is smaller than the dilated kernel size "
             f"{tuple(dilation[i] * (k - 1) + 1 for i, k in enumerate(kernel_size))}"
@@ -82,7 +95,6 @@ def _windows_shape(n, c, kernel_size, out, batch_inner: bool) -> tuple:
 
 def _unfold_infer(x: TensorType, *, kernel_size, stride, dilation, batch_inner=False) -> TensorType:
     _check_window_attrs("unfold", x, kernel_size, stride, dilation, 2)
-    _static_spatial("unfold", x.shape[2:])
     out = _out_spatial("unfold", x.shape[2:], kernel_size, stride, dilation)
     return TensorType(_windows_shape(x.shape[0], x.shape[1], kernel_size, out, batch_inner), x.dtype, x.device)
 
@@ -175,7 +187,6 @@ def _fold_infer(cols: TensorType, *, size, kernel_size, stride, dilation, batch_
     d = _check_window_attrs("fold", cols, kernel_size, stride, dilation, 2 + len(kernel_size))
     if len(size) != d:
         raise ValueError(f"fold: size {tuple(size)} must have one entry per spatial dim ({d})")
-    _static_spatial("fold", size)
     out = _out_spatial("fold", size, kernel_size, stride, dilation)
     n, c = _batch_channels(cols.shape, d, batch_inner)
     expected = _windows_shape(n, c, kernel_size, out, batch_inner)
