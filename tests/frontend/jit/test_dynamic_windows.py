@@ -193,3 +193,17 @@ def test_a_winograd_conv_traced_at_sizes_of_one_remainder_stays_right_at_the_oth
             x = kiln.randn(2, 16, h, w)
             assert_close(compiled(x).numpy(), net(x).numpy(), rtol=1e-4, atol=1e-4)
     assert "tile_transform does not take a symbolic spatial dimension" in kiln.explain(compiled).reasons[1]
+
+
+def test_a_means_count_is_the_element_count_not_a_size_that_coincides_at_the_traced_sizes():
+    """Traced at (3, 3, 14, 25) and (2, 3, 21, 26), a mean's count of elements (3150, then 3276) is also
+    126 times the last size (25, then 26): the count was taken for that, and the program then divided
+    by the wrong number at every other height (a silent error in 8edb180). The count of the reduced
+    value's elements, which the graph has, is the spelling to take."""
+    rng = np.random.default_rng(0)
+    step = kiln.compile(lambda x: (kiln.relu(x) ** 2).mean())
+    for shape in [(3, 3, 14, 25), (2, 3, 21, 26), (3, 3, 13, 24), (2, 3, 5, 7), (3, 3, 9, 30)]:
+        a = rng.standard_normal(shape).astype(np.float32)
+        expected = (np.maximum(a.astype(np.float64), 0) ** 2).mean()
+        np.testing.assert_allclose(step(kiln.tensor(a)).item(), expected, rtol=1e-5, atol=1e-6)
+    assert len(step.state.specializations) == 2
