@@ -54,7 +54,7 @@ from .guards import build_guards
 from .keys import call_key, describe_key_change
 from .pytree import flatten_call
 from .trace import _KILN_DIR, CompileWarning, Trace, TraceBreak, TraceBreakError
-from .watched_sizes import sizes_to_watch
+from .watched_sizes import SizeGuard, sizes_to_watch
 
 logger = logging.getLogger("kiln")
 
@@ -420,6 +420,11 @@ class CompiledFunction:
             dims[p] = tuple(sorted({*dims.get(p, ()), d}))
         self.state.dynamic[key[0]] = dims
         spec.key = call_key(key[0], leaves, dims)
+        # The key leaves out the sizes of every dim any specialization made dynamic; those this one
+        # keeps static (an earlier program's dynamic batch, this one's dynamic image) are guarded.
+        own = set(spec.dynamic)
+        spec.size_guards += [SizeGuard(p, d, "__eq__", int(leaves[p].shape[d]), True, "the size its program was traced at")
+                             for p, ds in dims.items() for d in ds if (p, d) not in own]  # fmt: skip
         named = ", ".join(f"argument {p} dim {d}" for p, d in sorted(spec.dynamic))
         guards = ", ".join(f"argument {g.argument} dim {g.dim} {g}{'' if g.result else ' is False'}"
                            for g in spec.size_guards)  # fmt: skip

@@ -207,3 +207,29 @@ def test_a_means_count_is_the_element_count_not_a_size_that_coincides_at_the_tra
         expected = (np.maximum(a.astype(np.float64), 0) ** 2).mean()
         np.testing.assert_allclose(step(kiln.tensor(a)).item(), expected, rtol=1e-5, atol=1e-6)
     assert len(step.state.specializations) == 2
+
+
+def test_a_program_dynamic_in_other_dims_than_an_earlier_one_guards_the_dims_it_keeps_static():
+    """Batch 3 then 2 made one program dynamic in the batch; heights and widths then made another,
+    whose batch stayed 3. The call key leaves out every dim some program made dynamic, so a batch of 2
+    found the second program and ran it with a batch of 3 (broadcast errors; a silent wrong result
+    where shapes happen to broadcast). The dims it keeps static are guarded now."""
+    rng = np.random.default_rng(3)
+    kiln.manual_seed(0)
+    net = nn.Sequential(nn.AvgPool2d(2, stride=1), nn.ConvTranspose2d(3, 1, 2), nn.ConvTranspose2d(1, 4, 1))
+
+    def f(x):
+        y = net(x)
+        return (y * y).mean() + y.sum(dim=(2, 3)).mean()
+
+    step = kiln.compile(f)
+    for shape in [(3, 3, 13, 22), (2, 3, 22, 22), (3, 3, 28, 17), (2, 3, 21, 23), (3, 3, 15, 19)]:
+        a = rng.standard_normal(shape).astype(np.float32)
+        found, expected = [], []
+        for fn, out in ((f, expected), (step, found)):
+            x = kiln.tensor(a, requires_grad=True)
+            loss = fn(x)
+            loss.backward()
+            out += [loss.item(), x.grad.numpy()]
+        assert_close(found[0], expected[0], rtol=1e-5, atol=1e-6)
+        assert_close(found[1], expected[1], rtol=1e-4, atol=1e-6)
