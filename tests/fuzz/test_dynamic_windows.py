@@ -1,0 +1,74 @@
+"""Random conv/pool nets called at varying image sizes and batches, compiled against eager.
+
+Each program is a random stack of convolutions, transposed convolutions, max and average pools and
+ReLUs over a ``(batch, C, H, W)`` input, with a loss that reads every element (a mean of squares)
+and one that sums over the image (a per-channel sum, meaned), and a backward. It is called at
+random heights, widths and batches: programs become dynamic in some dims, later ones in others
+(``frontend/jit/size_spelling.py``, ``call_cache._dynamic_key``). Values and the input's gradient
+must equal eager's at every call. (Two silent errors this kind of program found: a mean's count
+taken for a size that coincided with it at both traced sizes, and a program dynamic in the image
+run at another batch than the one it kept static.)
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import nn
+
+PROGRAMS = 24
+CALLS = 6
+
+
+def _net(r: random.Random, channels: int) -> nn.Module:
+    layers: list[nn.Module] = []
+    c = channels
+    for _ in range(r.randint(1, 3)):
+        kind = r.choice(("conv", "conv_transpose", "max_pool", "avg_pool", "relu"))
+        if kind == "conv":
+            out = r.randint(1, 4)
+            layers.append(nn.Conv2d(c, out, r.randint(1, 3), stride=r.randint(1, 2), padding=r.randint(0, 1)))
+            c = out
+        elif kind == "conv_transpose":
+            out = r.randint(1, 4)
+            layers.append(nn.ConvTranspose2d(c, out, r.randint(1, 3), stride=r.randint(1, 2)))
+            c = out
+        elif kind == "max_pool":
+            layers.append(nn.MaxPool2d(r.randint(2, 3), stride=r.randint(1, 2), ceil_mode=r.random() < 0.5))
+        elif kind == "avg_pool":
+            layers.append(nn.AvgPool2d(r.randint(2, 3), stride=r.randint(1, 2), padding=r.randint(0, 1)))
+        else:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("seed", range(PROGRAMS))
+def test_random_conv_nets_at_varying_image_sizes_match_eager(seed):
+    r = random.Random(seed)
+    channels = r.randint(1, 3)
+    kiln.manual_seed(seed)
+    net = _net(r, channels)
+
+    def loss(x):
+        y = net(x)
+        return (y * y).mean() + y.sum(dim=(2, 3)).mean()
+
+    compiled = kiln.compile(loss)
+    rng = np.random.default_rng(seed)
+    for call in range(CALLS):
+        shape = (r.randint(1, 3), channels, r.randint(9, 29), r.randint(9, 29))
+        a = rng.standard_normal(shape).astype(np.float32)
+        found = []
+        for fn in (loss, compiled):
+            x = kiln.tensor(a, requires_grad=True)
+            value = fn(x)
+            value.backward()
+            found.append((value.item(), x.grad.numpy()))
+        where = f"seed {seed}: {net}; call {call} at {shape}"
+        np.testing.assert_allclose(found[1][0], found[0][0], rtol=1e-4, atol=1e-5, err_msg=where)
+        np.testing.assert_allclose(found[1][1], found[0][1], rtol=1e-3, atol=1e-5, err_msg=where)
