@@ -71,7 +71,8 @@ def _layout(x: kiln.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
     return (0, *range(2, x.ndim)), (1, x.shape[1]) + (1,) * (x.ndim - 2), x.numel() // x.shape[1]
 
 
-def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor:
+def affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor:
+    """``y * weight + bias``, each broadcast to ``shape`` (either may be None)."""
     if weight is not None:
         y = y * weight.reshape(shape)
     if bias is not None:
@@ -130,7 +131,7 @@ def _differentiable_gradients(needs: tuple[bool, ...], x, weight, bias, eps: flo
     dims, shape, _ = _layout(x)
     with kiln.enable_grad():
         centered, r, _, _ = moments(x, dims, eps)
-        y = _affine(centered * r, weight, bias, shape)
+        y = affine(centered * r, weight, bias, shape)
     wrt = [t for t, need in zip((x, weight, bias), needs, strict=True) if need and t is not None]
     found = iter(kiln.autograd.grad([y], wrt, [g], create_graph=kiln.is_grad_enabled(), allow_unused=True))
     return [next(found) if need and t is not None else None for t, need in zip((x, weight, bias), needs, strict=True)]

@@ -14,7 +14,14 @@ import kiln
 from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.opmath import in_float32
 
-from ._batch_norm import ARRAYS_BELOW, batch_norm_on_arrays, moments, training_batch_norm, update_running_statistics
+from ._batch_norm import (
+    ARRAYS_BELOW,
+    affine,
+    batch_norm_on_arrays,
+    moments,
+    training_batch_norm,
+    update_running_statistics,
+)
 from ._utils import check_tensor
 
 __all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm"]
@@ -58,14 +65,6 @@ def _zero_mean_terms(centered: kiln.Tensor, zero: kiln.Tensor, dims: tuple[int, 
     return zero * zero - 2 * zero * centered.mean(dim=dims, keepdim=True)
 
 
-def _affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor:
-    if weight is not None:
-        y = y * weight.reshape(shape)
-    if bias is not None:
-        y = y + bias.reshape(shape)
-    return y
-
-
 @in_float32  # bfloat16 normalizes in float32, as PyTorch does
 @compiled_composite("layer_norm")
 @kiln.jit.composite("layer_norm")
@@ -88,7 +87,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
         if t is not None and tuple(t.shape) != shape:
             raise RuntimeError(f"layer_norm: expected {name} of shape {list(shape)}, got {list(t.shape)}")
     y, _, _ = _normalize(input, tuple(range(input.ndim - k, input.ndim)), eps)
-    return _affine(y, weight, bias, shape)
+    return affine(y, weight, bias, shape)
 
 
 def _channel_shape(x: kiln.Tensor) -> tuple[int, ...]:
@@ -130,7 +129,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
         if running_mean is None or running_var is None:
             raise RuntimeError("batch_norm: running_mean and running_var must be given when training=False")
         y = (input - running_mean.reshape(shape)) * kiln.rsqrt(running_var.reshape(shape) + eps)
-        y = _affine(y, weight, bias, shape)
+        y = affine(y, weight, bias, shape)
     return y
 
 
@@ -149,7 +148,7 @@ def group_norm(input, num_groups: int, weight=None, bias=None, eps: float = 1e-5
         )
     grouped = input.reshape(n, num_groups, c // num_groups * math.prod(input.shape[2:]))
     y, _, _ = _normalize(grouped, (2,), eps)
-    return _affine(y.reshape(input.shape), weight, bias, _channel_shape(input))
+    return affine(y.reshape(input.shape), weight, bias, _channel_shape(input))
 
 
 def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats: bool = True,
@@ -172,7 +171,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
         if running_mean is None or running_var is None:
             raise RuntimeError("Expected running_mean and running_var to be defined when use_input_stats is false")
         y = (input - running_mean.reshape(shape)) * kiln.rsqrt(running_var.reshape(shape) + eps)
-        return _affine(y, weight, bias, shape)
+        return affine(y, weight, bias, shape)
     count = math.prod(input.shape[2:])
     if count <= 1:
         raise ValueError(f"Expected more than 1 spatial element when training, got input size {list(input.shape)}")
@@ -183,7 +182,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
         if running_var is not None:
             unbiased = var.reshape(input.shape[0], c).mean(dim=0) * (count / (count - 1))
             running_var.mul_(1 - momentum).add_(unbiased * momentum)
-    return _affine(y, weight, bias, shape)
+    return affine(y, weight, bias, shape)
 
 
 def rms_norm(input, normalized_shape, weight=None, eps=None) -> kiln.Tensor:

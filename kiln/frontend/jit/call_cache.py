@@ -51,10 +51,10 @@ from . import background, hazards, reads, state
 from .build import PendingSpecialization, build_specialization, trace_specialization
 from .dynamic import Pending, sizes_differ
 from .guards import build_guards
-from .keys import call_key, describe_key_change
+from .keys import call_key, describe_key_change, dynamic_key
 from .pytree import flatten_call
 from .trace import _KILN_DIR, CompileWarning, Trace, TraceBreak, TraceBreakError
-from .watched_sizes import SizeGuard, sizes_to_watch
+from .watched_sizes import sizes_to_watch
 
 logger = logging.getLogger("kiln")
 
@@ -415,23 +415,7 @@ class CompiledFunction:
                 return key, ""
             self.state.not_dynamic[key[0]] = spec.not_dynamic  # not tried again: later sizes specialize
             return key, f"; its sizes stay static: {spec.not_dynamic}"
-        dims = dict(self.state.dynamic.get(key[0], {}))
-        for p, d in spec.dynamic:
-            dims[p] = tuple(sorted({*dims.get(p, ()), d}))
-        self.state.dynamic[key[0]] = dims
-        spec.key = call_key(key[0], leaves, dims)
-        # The key leaves out the sizes of every dim any specialization made dynamic; those this one
-        # keeps static (an earlier program's dynamic batch, this one's dynamic image) are guarded.
-        own = set(spec.dynamic)
-        spec.size_guards += [SizeGuard(p, d, "__eq__", int(leaves[p].shape[d]), True, "the size its program was traced at")
-                             for p, ds in dims.items() for d in ds if (p, d) not in own]  # fmt: skip
-        named = ", ".join(f"argument {p} dim {d}" for p, d in sorted(spec.dynamic))
-        guards = ", ".join(f"argument {g.argument} dim {g.dim} {g}{'' if g.result else ' is False'}"
-                           for g in spec.size_guards)  # fmt: skip
-        return (
-            spec.key,
-            f"; dynamic: {named} (one program for every size >= 2{'; guards: ' + guards if guards else ''})",
-        )
+        return dynamic_key(self.state.dynamic, key, spec, leaves)
 
     def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
         """Set a new specialization's guards (``guards.py``) and its table of Python values read."""

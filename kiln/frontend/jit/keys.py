@@ -14,6 +14,7 @@ from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
 from .dynamic import C_ORDER, SizeClass
 from .layouts import MemoryIndex
+from .watched_sizes import SizeGuard
 
 _PLAIN = (int, float, bool, str, bytes, complex, type(None))
 
@@ -112,3 +113,23 @@ def describe_key_change(old: tuple, new: tuple) -> str:
             return f"argument {i}: a different object"
         return f"argument {i}: {a[1]!r} -> {b[1]!r}" if a[0] is b[0] else f"argument {i}: type changed"
     return "the arguments changed"
+
+
+def dynamic_key(dims_by_tree: dict, key: tuple, spec, leaves: list) -> tuple[tuple, str]:
+    """The key a new dynamic specialization (``spec.dynamic``: its (argument, dim) pairs) is cached
+    under, its dynamic sizes as size classes, and what to add to its reason for ``kiln.explain``.
+    ``dims_by_tree`` (the compiled function's, per call tree) gains its dims: the key leaves out the
+    sizes of every dim any specialization made dynamic, so those this one keeps static (an earlier
+    program's dynamic batch beside this one's dynamic image) become ``==`` size guards of it."""
+    dims = dict(dims_by_tree.get(key[0], {}))
+    for p, d in spec.dynamic:
+        dims[p] = tuple(sorted({*dims.get(p, ()), d}))
+    dims_by_tree[key[0]] = dims
+    spec.key = call_key(key[0], leaves, dims)
+    own = set(spec.dynamic)
+    spec.size_guards += [SizeGuard(p, d, "__eq__", int(leaves[p].shape[d]), True, "the size its program was traced at")
+                         for p, ds in dims.items() for d in ds if (p, d) not in own]  # fmt: skip
+    named = ", ".join(f"argument {p} dim {d}" for p, d in sorted(spec.dynamic))
+    guards = ", ".join(f"argument {g.argument} dim {g.dim} {g}{'' if g.result else ' is False'}"
+                       for g in spec.size_guards)  # fmt: skip
+    return spec.key, f"; dynamic: {named} (one program for every size >= 2{'; guards: ' + guards if guards else ''})"

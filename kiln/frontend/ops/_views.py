@@ -19,9 +19,8 @@ from .. import dispatch
 from ..autograd import grad_mode
 from ..autograd import graph as _graph
 from ..jit import state as _jit
-from ..tensor import Tensor
+from ..tensor import Tensor, make_tensor
 
-_new_tensor = object.__new__
 _ndarray = np.ndarray
 _grad_state = grad_mode.state
 
@@ -34,22 +33,9 @@ def lean(x: Tensor) -> bool:
 def wrap_view(x: Tensor, array: np.ndarray, prim: Primitive, attrs: dict) -> Tensor:
     """``array`` (a view of ``x``'s array made by ``prim`` with ``attrs``) as ``apply(prim, x, **attrs)``
     would return it: a tensor viewing ``x``'s base, sharing its version counter, with ``prim``'s node."""
-    result = _new_tensor(Tensor)  # dispatch.apply's fields (keep the three alike)
-    result._data = array
-    result._device = CPU
-    result._dtype = x._dtype
-    result._requires_grad = False
-    result.grad_fn = None
-    result._output_nr = 0
-    result._grad = None
+    result = make_tensor(array, CPU, x._dtype)  # (outside traces: nothing to stamp)
     result._version = x._version
     result._base = x._base if x._base is not None else x
-    result._hooks = None
-    result._retains_grad = False
-    result._grad_acc = None
-    result._inference = grad_mode.inference_used and _grad_state.inference
-    result._trace = None
-    result._post_accumulate_hooks = None
     if x._requires_grad and _grad_state.grad_enabled:
         _graph.record(prim, (x,), attrs, result)
     return result

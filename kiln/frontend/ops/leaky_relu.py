@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir import dtypes as dt
 from ...ir.types import CPU
 from .. import dispatch
 from ..autograd import grad_mode
-from ..autograd.graph import Node, _edge_of
+from ..autograd.graph import _edge_of
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 from .elementwise import where
+from .relu import MaskBackward
 
 _FLOATS = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
@@ -55,48 +55,26 @@ def _plain(input, negative_slope) -> bool:
     )
 
 
-class LeakyReluBackward(Node):
+class LeakyReluBackward(MaskBackward):
     """The backward of ``leaky_relu_eager``: ``g`` where the input was positive, ``g * slope`` elsewhere."""
 
-    __slots__ = ("mask", "slope")
-    mask: np.ndarray | None
+    __slots__ = ("slope",)
     slope: float
 
     @classmethod
     def attach(cls, result: Tensor, input: Tensor, mask: np.ndarray, slope: float) -> None:
         node = cls((_edge_of(input),))
-        # The mask, not the input, is kept (as the where's node kept its condition), so writing
-        # into the input afterwards (``inplace=True`` does) leaves the gradient well defined.
-        node.mask, node.slope = mask, slope
+        node.mask, node.slope = mask, slope  # the mask as the where's node kept its condition
         result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
 
     def name(self) -> str:
         return "LeakyReluBackward"
-
-    def apply(self, grads: list) -> tuple:
-        g = grads[0]
-        mask = self.mask
-        if mask is None:
-            raise RuntimeError(
-                f"Trying to backward through the graph a second time (through {self.name()}): its saved "
-                "tensors were freed after the first backward. Pass retain_graph=True to the first backward()."
-            )
-        if (
-            grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops
-            or g._device is not CPU or g._data.dtype not in _FLOATS or g._data.shape != mask.shape
-        ):  # fmt: skip
-            # a graph (create_graph), a trace or a profile records each op
-            return (self._through_ops(make_tensor(mask, CPU, dt.bool_), g),)
-        return (make_tensor(self._on_arrays(mask, g._data), CPU, g._dtype),)
 
     def _through_ops(self, mask: Tensor, g: Tensor) -> Tensor:
         return where(mask, g, g * self.slope)
 
     def _on_arrays(self, mask: np.ndarray, g: np.ndarray) -> np.ndarray:
         return g * _factor(mask, self.slope, g.dtype)
-
-    def release(self) -> None:
-        self.mask = None
 
 
 def _factor(mask: np.ndarray, slope: float, dtype: np.dtype) -> np.ndarray:

@@ -60,39 +60,56 @@ def _select(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return np.multiply(values.view(bits), keep, dtype=bits).view(values.dtype)
 
 
-class ReluBackward(Node):
+class MaskBackward(Node):
+    """The backward of an activation that keeps a boolean mask of its input (relu's, leaky_relu's):
+    the gradient on the arrays (``_on_arrays``), or through the ops where a graph (create_graph), a
+    trace or a profile records them (``_through_ops``). The mask, not the input, is kept, so writing
+    into the input afterwards (``inplace=True`` does) leaves the gradient well defined."""
+
+    __slots__ = ("mask",)
+    mask: np.ndarray | None
+
+    def apply(self, grads: list) -> tuple:
+        g = grads[0]
+        mask = self.mask
+        if mask is None:
+            raise RuntimeError(
+                f"Trying to backward through the graph a second time (through {self.name()}): its saved "
+                "tensors were freed after the first backward. Pass retain_graph=True to the first backward()."
+            )
+        if (
+            grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops
+            or g._device is not CPU or g._data.dtype not in _BITS or g._data.shape != mask.shape
+        ):  # fmt: skip
+            return (self._through_ops(make_tensor(mask, CPU, dt.bool_), g),)
+        return (make_tensor(self._on_arrays(mask, g._data), CPU, g._dtype),)
+
+    def _through_ops(self, mask: Tensor, g: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _on_arrays(self, mask: np.ndarray, g: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        self.mask = None
+
+
+class ReluBackward(MaskBackward):
     """The backward of ``relu_eager``: ``g`` where the input was kept, 0 elsewhere."""
 
-    __slots__ = ("keep",)
-    keep: np.ndarray | None
+    __slots__ = ()
 
     @classmethod
     def attach(cls, result: Tensor, input: Tensor, keep: np.ndarray) -> None:
         node = cls((_edge_of(input),))
-        # The mask, not the input, is kept, so writing into the input afterwards (``inplace=True``
-        # does) leaves the gradient well defined.
-        node.keep = keep
+        node.mask = keep
         result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
 
     def name(self) -> str:
         return "ReluBackward0"
 
-    def apply(self, grads: list) -> tuple:
-        g = grads[0]
-        keep = self.keep
-        if keep is None:
-            raise RuntimeError(
-                "Trying to backward through the graph a second time (through ReluBackward0): its saved "
-                "tensors were freed after the first backward. Pass retain_graph=True to the first backward()."
-            )
-        if (
-            grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops
-            or g._device is not CPU or g._data.dtype not in _BITS or g._data.shape != keep.shape
-        ):  # fmt: skip
-            # a graph (create_graph), a trace or a profile records the where's op
-            zero = scalar_tensor(0, g._dtype, g._device)
-            return (dispatch.apply(_where, make_tensor(keep, CPU, dt.bool_), g, zero),)
-        return (make_tensor(_select(g._data, keep), CPU, g._dtype),)
+    def _through_ops(self, mask: Tensor, g: Tensor) -> Tensor:
+        return dispatch.apply(_where, mask, g, scalar_tensor(0, g._dtype, g._device))
 
-    def release(self) -> None:
-        self.keep = None
+    def _on_arrays(self, mask: np.ndarray, g: np.ndarray) -> np.ndarray:
+        return _select(g, mask)
