@@ -268,6 +268,15 @@ def _regenerate_view_history(view) -> None:
     stamp_view(view)
 
 
+def _share(value: tuple) -> tuple:
+    """``value`` as record's shared tuple from now on; the table is bounded, for programs whose
+    shapes keep changing."""
+    if len(_shared) > 4096:
+        _shared.clear()
+    _shared[value] = value
+    return value
+
+
 def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
     """Attach ``prim``'s backward to ``result`` (called by dispatch when a gradient may flow)."""
     if result._dtype.category != FLOATING:  # (the is_floating_point property costs a call)
@@ -291,11 +300,9 @@ def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
         )
         shapes, dtypes = tuple([t._data.shape for t in inputs]), tuple([t._dtype for t in inputs])
     # One shared tuple for each value (a shape or dtype tuple kept per node is an object the
-    # collector walks); bounded, for programs whose shapes keep changing.
-    if len(_shared) > 4096:
-        _shared.clear()
-    node.input_shapes = _shared.setdefault(shapes, shapes)
-    node.input_dtypes = _shared.setdefault(dtypes, dtypes)
+    # collector walks); a lookup first, as most ops meet shapes seen before.
+    node.input_shapes = _shared.get(shapes) or _share(shapes)
+    node.input_dtypes = _shared.get(dtypes) or _share(dtypes)
     node._edges_pending = True
     node.seq = _next_seq()
     node.pre_hooks = node.hooks = None
