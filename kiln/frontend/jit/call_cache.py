@@ -269,7 +269,11 @@ class CompiledFunction:
                     trace.add_external(leaf, "arg", i)
             watch.start()
             try:
-                result = self.fn(*args, **kwargs)
+                # The eager ops of a traced call compile no kernels of their own: the program being
+                # traced replaces them (DCGAN's trace compiled 15 of them, 0.66 s of its 0.72 s, with
+                # KILN_EAGER_KERNELS=sync). Kernels compiled before still run.
+                with eager_kernels.deferred():
+                    result = self.fn(*args, **kwargs)
             finally:
                 hazard = watch.stop()
         except BaseException:
