@@ -135,3 +135,42 @@ def test_hazards_are_seen_while_a_debugger_holds_settrace():
     assert len(outside) == 3 and compiled_calls(g) == []
     assert "outside (list.append)" in [e.detail for e in events(g, "break")][0]
     assert compiled_calls(h) == [] and "random generator" in [e.detail for e in events(h, "break")][0]
+
+
+def test_a_traced_lstm_compiles_the_native_recurrence_its_program_runs(on, monkeypatch):
+    """The compiled program's ``rnn_scan`` runs the eager native recurrence kernels (``eager_recurrence``):
+    a trace compiles those, which its program would compile at its first call otherwise (and the
+    trace itself runs them, where an LSTM's numpy steps at T=350 cost 0.2 s)."""
+    monkeypatch.setattr(on.CACHE, "synchronous", True)
+    kiln.manual_seed(0)
+    lstm = kiln.nn.LSTM(8, 16)
+    x = kiln.tensor(np.random.default_rng(5).normal(size=(6, 3, 8)).astype(np.float32))
+
+    def step(x):
+        out, _ = lstm(x)
+        loss = (out * out).mean()
+        return (loss, *kiln.autograd.grad(loss, list(lstm.parameters())))
+
+    g = kiln.compile(step, wait=True)
+    traced = [g(x)]
+    assert {key[0] for key in on.CACHE.entries} == {"lstm recurrence"}, "the trace compiled no native recurrence"
+    (entry,) = on.CACHE.entries.values()
+    assert entry.program is not None, entry.reason
+    traced += [g(x), g(x)]
+    assert compiled_calls(g) == [2]
+    eager = step(x)
+    for results in traced:
+        for actual, expected in zip(results, eager, strict=True):
+            np.testing.assert_allclose(array(actual), array(expected), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 0, 2.5])
+def test_pad_with_zero_fills_like_any_value(value):
+    """``pad``'s eager kernel takes zeroed memory for a zero pad (a gradient padded back to its
+    output's width), and fills any other value, -0.0 included, as ever."""
+    x = kiln.tensor(np.arange(6, dtype=np.float32).reshape(2, 3) + 1)
+    y = kiln.nn.functional.pad(x, (1, 2, 0, 1), value=value).numpy()
+    expected = np.full((3, 6), value, dtype=np.float32)
+    expected[:2, 1:4] = x.numpy()
+    np.testing.assert_array_equal(y, expected)
+    assert np.array_equal(np.signbit(y), np.signbit(expected))
