@@ -30,7 +30,6 @@ function plain eager code.
 from __future__ import annotations
 
 import contextlib
-import dis
 import functools
 import gc
 import logging
@@ -570,7 +569,7 @@ def _names(code) -> list[str]:
     Only names loaded as globals: ``co_names`` also holds attribute names, so a function reading
     ``opt.step`` would otherwise be guarded on a global ``step`` (a training loop's counter: a
     retrace every call)."""
-    names = [ins.argval for ins in dis.get_instructions(code) if ins.opname in _GLOBAL_READS]
+    names = [arg for _, op, arg in reads.instructions(code) if op in _GLOBAL_READS]
     for const in code.co_consts:
         if hasattr(const, "co_names"):
             names.extend(_names(const))
