@@ -220,7 +220,7 @@ class Watch:
         self._location = SourceLocation
         self._hooked = self._hooks.start()
         if not self._hooked and self.code is not None and user_code(self.code):
-            # A profiler (cProfile, a debugger) holds the hook: leave it in place and read the
+            # A profiler (cProfile) holds sys.setprofile: leave it in place and read the
             # function's own code for stores instead (the functions it calls go unwatched).
             stores = _STORES.get(self.code)
             if stores is None:

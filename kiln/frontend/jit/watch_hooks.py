@@ -5,8 +5,9 @@ The watch needs two kinds of event: the start of each user function (to scan its
 container's ``append``, a random draw). A ``sys.setprofile`` hook alone sees them, but it sees every
 call and return of every function as well, C functions included: about 130,000 events in the trace
 of a DCGAN step, nearly all inside kiln's own ops, each a Python call, and a hook keeps the
-interpreter off its specialized instructions meanwhile (that trace took 40 ms of CPU; 15 ms with no
-hook). So ``Hooks`` runs
+interpreter off its specialized instructions meanwhile (that trace took 40 ms of CPU, 15 ms with no
+hook; 28 ms with these, most of it the cost of any ``sys.settrace`` function: a no-op one costs as
+much). So ``Hooks`` runs
 
 - a ``sys.settrace`` function, called once as each Python frame starts (not at C calls, nor at
   returns), which reports user functions and, in a frame that is not kiln's own, turns on
@@ -14,7 +15,9 @@ hook). So ``Hooks`` runs
   frame turns it back on at its next opcode after a call into kiln returns; a frame the profile
   hook serves turns it off as it returns into kiln. (A library frame, whose opcodes are not
   followed, leaves C calls made after a call into kiln returned unwatched until the next frame
-  starts: library code run for the user that calls kiln, then draws from a random generator.)
+  starts: library code run for the user that calls kiln, then draws from a random generator.
+  kiln's own frames' C calls go unwatched: kiln draws from no Python or numpy generator of the
+  user's, and the global generators' states are compared after the call anyway.)
 
 Where a debugger or a coverage tool holds ``sys.settrace``, the profile hook alone runs everywhere
 (``whole``), as it did before. Where one holds ``sys.setprofile``, nothing is installed.
@@ -33,7 +36,9 @@ KILN, USER, LIBRARY = "kiln", "user", "library"
 #: kiln's layers below the frontend (DESIGN.md): their code never calls the user's (kiln.nn, the
 #: autograd and the frontend do: a module's forward, a hook, a custom Function)
 _KILN_LOWER = tuple(_KILN_DIR + layer + os.sep for layer in ("ir", "passes", "codegen", "runtime"))
-_LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set by first_use)
+#: The standard library's and installed packages' folders (set by first_use): their module-level
+#: caches and registries are not the user's state.
+_LIBRARIES: tuple = ()
 _KINDS: dict[str, str] = {}  # a code object's file -> its kind
 
 
