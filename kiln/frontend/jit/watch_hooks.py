@@ -68,8 +68,11 @@ def kind_of(frame) -> str:
     kind = _KINDS.get(filename)
     if kind is None:
         if filename.startswith("<") and not filename.startswith("<frozen"):
-            return _kind(frame.f_globals.get("__file__") or filename)
-        kind = _KINDS[filename] = _kind(filename)
+            module_file = frame.f_globals.get("__file__")
+            if module_file is None:
+                return USER
+            filename = module_file
+        kind = _KINDS.get(filename) or _KINDS.setdefault(filename, _kind(filename))
     return kind
 
 
@@ -133,14 +136,14 @@ class Hooks:
         kinds, started = _KINDS, self._frame_started
 
         def frame_started(frame, event: str, arg):
-            if kinds.get(frame.f_code.co_filename) is KILN and not self._profiling:
+            kind = kinds.get(frame.f_code.co_filename) or kind_of(frame)
+            if kind is KILN and not self._profiling:
                 return None
-            return started(frame)
+            return started(frame, kind)
 
         return frame_started
 
-    def _frame_started(self, frame):
-        kind = kind_of(frame)
+    def _frame_started(self, frame, kind: str):
         if kind is KILN or (kind is LIBRARY and not for_the_user(frame)):
             if self._profiling:
                 sys.setprofile(None)
