@@ -101,6 +101,8 @@ class Hooks:
         self._on_c_call = on_c_call
         self._profiling = False
         self.whole = False  # the profile hook alone, everywhere
+        self._profile_hook: Callable = self._c_calls  # the objects installed, to remove only those
+        self._tracer_hook: Callable | None = None
 
     def start(self) -> bool:
         """Install the hooks in this thread; False (nothing installed) when a profiler holds ``sys.setprofile``."""
@@ -109,15 +111,20 @@ class Hooks:
             return False
         if sys.gettrace() is not None:
             self.whole = True
-            sys.setprofile(self._whole)
+            self._profile_hook = self._whole
+            sys.setprofile(self._profile_hook)
         else:
-            sys.settrace(self._tracer())
+            self._tracer_hook = self._tracer()
+            sys.settrace(self._tracer_hook)
         return True
 
     def stop(self) -> None:
-        if not self.whole:
+        """Remove the hooks -- those still installed: a debugger the call started (``breakpoint()``)
+        keeps its own."""
+        if self._tracer_hook is not None and sys.gettrace() is self._tracer_hook:
             sys.settrace(None)
-        sys.setprofile(None)
+        if sys.getprofile() is self._profile_hook:
+            sys.setprofile(None)
         self._profiling = False
 
     def _whole(self, frame, event: str, arg) -> None:
@@ -155,7 +162,7 @@ class Hooks:
         else:  # library code run for the user (kiln's frontend calls contextlib, numpy...): its return alone
             frame.f_trace_lines = False
         if not self._profiling:
-            sys.setprofile(self._c_calls)
+            sys.setprofile(self._profile_hook)
             self._profiling = True
         return self._frame_event
 
@@ -168,6 +175,6 @@ class Hooks:
                 sys.setprofile(None)
                 self._profiling = False
         elif not self._profiling:
-            sys.setprofile(self._c_calls)
+            sys.setprofile(self._profile_hook)
             self._profiling = True
         return self._frame_event

@@ -174,3 +174,24 @@ def test_pad_with_zero_fills_like_any_value(value):
     expected[:2, 1:4] = x.numpy()
     np.testing.assert_array_equal(y, expected)
     assert np.array_equal(np.signbit(y), np.signbit(expected))
+
+
+def test_a_debugger_started_inside_a_traced_call_keeps_running_after_it():
+    """The watch removes only its own hooks: ``breakpoint()`` in a compiled function installs a
+    debugger's ``sys.settrace`` function, which must outlive the traced call."""
+    events_seen: list = []
+
+    def debugger(frame, event, arg):
+        events_seen.append(event)
+        return None
+
+    def starts_a_debugger(x):
+        sys.settrace(debugger)
+        return x * 2
+
+    g = kiln.compile(starts_a_debugger)
+    try:
+        np.testing.assert_array_equal(array(g(kiln.ones(2))), [2.0, 2.0])
+        assert sys.gettrace() is debugger, "the traced call removed the debugger's hook"
+    finally:
+        sys.settrace(None)
