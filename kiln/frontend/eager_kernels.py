@@ -117,16 +117,16 @@ class KernelCache:
         self._worker: threading.Thread | None = None
         self.synchronous = False  # compile in the caller's thread, at the miss (KILN_EAGER_KERNELS=sync)
 
-    def lookup(self, key: tuple, make: Callable[[], Entry]) -> Entry | None:
+    def lookup(self, key: tuple, make: Callable[[], Entry], shared: bool = False) -> Entry | None:
         """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker
-        -- but not while ``deferred()``."""
+        -- but not while ``deferred()``, unless the kernel is ``shared`` with compiled programs."""
         entries = self.entries
         with self._lock:
             entry = entries.get(key)
             if entry is not None:
                 entries.move_to_end(key)
                 return entry
-            if getattr(_deferring, "on", False):
+            if not shared and getattr(_deferring, "on", False):
                 return None
             entries[key] = Entry()
             while len(entries) > self.capacity:
@@ -217,9 +217,11 @@ _deferring = threading.local()
 @contextlib.contextmanager
 def deferred():
     """In this thread, eager ops whose kernel is not compiled yet run their numpy kernels without
-    queueing its compile (those compiled run as ever): the eager calls of a ``kiln.compile``'d
-    function while its program compiles in the background, which that program replaces. Their
-    compiles would only compete with it for the compile worker and the cores, delaying the switch."""
+    queueing its compile (those compiled run as ever): a ``kiln.compile``'d function's traced call,
+    and its eager calls while its program compiles in the background, which that program replaces.
+    Their compiles would only cost time the program does not get back (and compete with its compile
+    for the compile worker and the cores, delaying the switch). Kernels ``shared`` with compiled
+    programs (``ready``) are compiled as ever: the program would compile them at its first call."""
     before = getattr(_deferring, "on", False)
     _deferring.on = True
     try:
@@ -237,9 +239,11 @@ def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
     return ready(name, key, functools.partial(_compile, name, build, key[1]))
 
 
-def ready(name: str, key: tuple, make: Callable[[], Entry]) -> Entry | None:
-    """The compiled entry of ``key``, or None (a miss queues ``make``; see ``ready_entry``)."""
-    entry = CACHE.lookup(key, make)
+def ready(name: str, key: tuple, make: Callable[[], Entry], shared: bool = False) -> Entry | None:
+    """The compiled entry of ``key``, or None (a miss queues ``make``; see ``ready_entry``).
+    ``shared``: compiled programs call the kernel too (the native recurrences), so it compiles even
+    while ``deferred()``."""
+    entry = CACHE.lookup(key, make, shared)
     if entry is None or entry.program is None:
         if entry is not None and entry.failed and name not in CACHE.said:
             _say(name, entry.reason)

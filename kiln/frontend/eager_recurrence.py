@@ -54,7 +54,9 @@ def native(mode: str, dtype: np.dtype, hidden: int) -> recurrence_native.Kernels
     name = NAMES.get(mode)
     if name is None or not eager_kernels.enabled() or dtype.char not in "fd":
         return None
-    entry = eager_kernels.ready(name, (name, dtype.char, hidden), functools.partial(_compile, mode, dtype, hidden))
+    make = functools.partial(_compile, mode, dtype, hidden)
+    # shared: compiled programs' rnn_scan runs these kernels too, so a trace compiles them as well
+    entry = eager_kernels.ready(name, (name, dtype.char, hidden), make, shared=True)
     return None if entry is None else cast(recurrence_native.Kernels, entry.program)
 
 

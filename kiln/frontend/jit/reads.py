@@ -206,7 +206,7 @@ def _defaults(fn) -> list[tuple[str, object]]:
 
 def global_names(code, fn_globals: dict) -> list[str]:
     """The globals of ``fn_globals`` that ``code`` (not its nested functions) reads."""
-    loads = dict.fromkeys(arg for _, op, arg in _instructions(code) if op in ("LOAD_GLOBAL", "LOAD_NAME"))
+    loads = dict.fromkeys(arg for _, op, arg in instructions(code) if op in ("LOAD_GLOBAL", "LOAD_NAME"))
     return [name for name in loads if name in fn_globals]
 
 
@@ -294,7 +294,8 @@ def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> li
 _INSTRUCTIONS: dict = {}  # code object -> tuple of (line, opname, argval)
 
 
-def _instructions(code) -> tuple:
+def instructions(code) -> tuple:
+    """``code``'s instructions as (line, opname, argval), disassembled once per code object."""
     found = _INSTRUCTIONS.get(code)
     if found is None:
         line, out = code.co_firstlineno, []
@@ -314,7 +315,7 @@ def attribute_names(codes: list) -> frozenset | None:
     """The attribute names that the code objects load (None when none ran: every name counts)."""
     if not codes:
         return None
-    return frozenset(arg for code in codes for _, op, arg in _instructions(code) if op in _LOADS)
+    return frozenset(arg for code in codes for _, op, arg in instructions(code) if op in _LOADS)
 
 
 def _root_name(path: str) -> str:
@@ -323,7 +324,7 @@ def _root_name(path: str) -> str:
 
 def _find(codes: list, match) -> SourceLocation | None:
     for code in codes:
-        ins = _instructions(code)
+        ins = instructions(code)
         for i, (line, op, arg) in enumerate(ins):
             if match(ins, i, op, arg):
                 return SourceLocation(code.co_filename, line, code.co_name)
@@ -352,10 +353,10 @@ def store_line(codes: list, path: str, key) -> SourceLocation | None:
     root = _root_name(path)
     first = None
     for code in codes:
-        instructions = _instructions(code)
-        named = {line for line, op, arg in instructions
+        found = instructions(code)
+        named = {line for line, op, arg in found
                  if (op == "LOAD_CONST" and key is not None and _same_key(arg, key)) or (op in _NAME_LOADS and arg == root)}  # fmt: skip
-        for line, op, _ in instructions:
+        for line, op, _ in found:
             if op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
                 loc = SourceLocation(code.co_filename, line, code.co_name)
                 if line in named:

@@ -1,0 +1,197 @@
+"""What a traced call costs beyond the eager call it is (issue 33, item 7).
+
+The traced call runs the function eagerly while it records the graph; the program compiled from
+that graph replaces every eager op of the call, so the call compiles none of their kernels (eager
+kernels already compiled still run), and the hooks that watch it for hazards (``hazards.py``) stay
+out of kiln's own code. Each test compares the traced call with an eager one.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.frontend.jit import hazards, watch_hooks
+
+from .helpers import array, compiled_calls, events
+
+RTOL, ATOL = 1e-4, 1e-4
+
+
+def _conv_step(x, w, g):
+    """A convolution and its gradients: ops large enough for eager kernels (``eager_kernels.MIN_BYTES``)."""
+    y = kiln.nn.functional.conv2d(x, w)
+    y.backward(g)
+    return y.tanh().sum()
+
+
+def _inputs():
+    rng = np.random.default_rng(3)
+    x = kiln.tensor(rng.normal(size=(8, 3, 20, 20)).astype(np.float32), requires_grad=True)
+    w = kiln.tensor(rng.normal(size=(6, 3, 5, 5)).astype(np.float32), requires_grad=True)
+    g = kiln.tensor(rng.normal(size=(8, 6, 16, 16)).astype(np.float32))
+    return x, w, g
+
+
+@pytest.mark.parametrize("synchronous", [True, False], ids=["sync", "background"])
+def test_a_traced_call_compiles_no_eager_kernel(on, monkeypatch, synchronous):
+    monkeypatch.setattr(on.CACHE, "synchronous", synchronous)
+    x, w, g = _inputs()
+    step = kiln.compile(_conv_step, wait=True)
+    traced = step(x, w, g)
+    assert on.wait(120)
+    assert list(on.CACHE.entries) == [], "the traced call compiled eager kernels the program replaces"
+    grads = (array(x.grad).copy(), array(w.grad).copy())
+    x.grad = w.grad = None
+    eager = _conv_step(x, w, g)  # the same ops outside a trace compile theirs
+    assert {key[0] for key in on.CACHE.entries} >= {"conv", "conv_weight"}
+    np.testing.assert_allclose(array(traced), array(eager), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(grads[0], array(x.grad), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(grads[1], array(w.grad), rtol=RTOL, atol=ATOL)
+    x.grad = w.grad = None
+    np.testing.assert_allclose(array(step(x, w, g)), array(eager), rtol=RTOL, atol=ATOL)
+    assert compiled_calls(step) == [1]
+
+
+def test_a_traced_call_still_runs_the_eager_kernels_compiled_before(on, monkeypatch):
+    monkeypatch.setattr(on.CACHE, "synchronous", True)
+    x, w, g = _inputs()
+    eager = _conv_step(x, w, g)  # compiles the conv kernels
+    expected = (array(eager), array(x.grad).copy(), array(w.grad).copy())
+    before = dict(on.CACHE.entries)
+    assert all(entry.program is not None for entry in before.values())
+    x.grad = w.grad = None
+    with kiln.profiler.profile() as prof:
+        traced = kiln.compile(_conv_step, wait=True)(x, w, g)
+    ran = {e.name: e.args["kernel"] for e in prof.events() if e.cat == "op" and e.name.startswith("conv")}
+    assert ran == {"conv": "compiled", "conv_weight": "compiled"}
+    assert on.CACHE.entries.keys() == before.keys()
+    for actual, wanted in zip((array(traced), array(x.grad), array(w.grad)), expected, strict=True):
+        np.testing.assert_allclose(actual, wanted, rtol=RTOL, atol=ATOL)
+
+
+# ---------------------------------------------------------------------- the watch's hooks (watch_hooks.py)
+def _kiln_c_calls(monkeypatch) -> list:
+    """The files of the frames whose C calls the watch is shown that are kiln's own."""
+    seen: list = []
+    original = hazards.Watch._c_call
+
+    def counted(self, frame, function):
+        if frame.f_code.co_filename.startswith(watch_hooks._KILN_DIR):
+            seen.append(frame.f_code.co_filename)
+        return original(self, frame, function)
+
+    monkeypatch.setattr(hazards.Watch, "_c_call", counted)
+    return seen
+
+
+def test_the_watch_is_shown_no_c_call_of_kilns_own_ops(monkeypatch):
+    """Each op's C calls inside kiln (thousands in a model's step) reached a Python hook: a trace's
+    largest cost beyond the eager call (DCGAN: 25 of its 40 ms of CPU)."""
+    kiln_calls = _kiln_c_calls(monkeypatch)
+
+    def f(x):
+        for _ in range(40):
+            x = (x * 1.01 + 0.5).tanh()
+        return x.sum()
+
+    g = kiln.compile(f)
+    x = kiln.tensor(np.linspace(-1, 1, 6, dtype=np.float32))
+    for _ in range(3):
+        np.testing.assert_allclose(array(g(x)), array(f(x)), rtol=1e-5, atol=1e-6)
+    assert compiled_calls(g) == [2]
+    assert len(kiln_calls) <= 5, f"{len(kiln_calls)} C calls of kiln's frames watched"
+
+
+def test_hazards_are_seen_while_a_debugger_holds_settrace():
+    """With ``sys.settrace`` taken (a debugger, coverage), the profile hook watches every frame, as before."""
+    outside: list = []
+
+    def appends(x):
+        outside.append(1)
+        return x + 1
+
+    def draws(x):
+        return x * random.random()
+
+    lines: list = []
+
+    def debugger(frame, event, arg):
+        lines.append(event)
+
+    sys.settrace(debugger)
+    try:
+        g, h = kiln.compile(appends), kiln.compile(draws)
+        for _ in range(3):
+            g(kiln.ones(2))
+            h(kiln.ones(2))
+    finally:
+        sys.settrace(None)
+    assert lines, "the debugger's hook kept running"
+    assert len(outside) == 3 and compiled_calls(g) == []
+    assert "outside (list.append)" in [e.detail for e in events(g, "break")][0]
+    assert compiled_calls(h) == [] and "random generator" in [e.detail for e in events(h, "break")][0]
+
+
+def test_a_traced_lstm_compiles_the_native_recurrence_its_program_runs(on, monkeypatch):
+    """The compiled program's ``rnn_scan`` runs the eager native recurrence kernels (``eager_recurrence``):
+    a trace compiles those, which its program would compile at its first call otherwise (and the
+    trace itself runs them, where an LSTM's numpy steps at T=350 cost 0.2 s)."""
+    monkeypatch.setattr(on.CACHE, "synchronous", True)
+    kiln.manual_seed(0)
+    lstm = kiln.nn.LSTM(8, 16)
+    x = kiln.tensor(np.random.default_rng(5).normal(size=(6, 3, 8)).astype(np.float32))
+
+    def step(x):
+        out, _ = lstm(x)
+        loss = (out * out).mean()
+        return (loss, *kiln.autograd.grad(loss, list(lstm.parameters())))
+
+    g = kiln.compile(step, wait=True)
+    traced = [g(x)]
+    assert {key[0] for key in on.CACHE.entries} == {"lstm recurrence"}, "the trace compiled no native recurrence"
+    (entry,) = on.CACHE.entries.values()
+    assert entry.program is not None, entry.reason
+    traced += [g(x), g(x)]
+    assert compiled_calls(g) == [2]
+    eager = step(x)
+    for results in traced:
+        for actual, expected in zip(results, eager, strict=True):
+            np.testing.assert_allclose(array(actual), array(expected), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 0, 2.5])
+def test_pad_with_zero_fills_like_any_value(value):
+    """``pad``'s eager kernel takes zeroed memory for a zero pad (a gradient padded back to its
+    output's width), and fills any other value, -0.0 included, as ever."""
+    x = kiln.tensor(np.arange(6, dtype=np.float32).reshape(2, 3) + 1)
+    y = kiln.nn.functional.pad(x, (1, 2, 0, 1), value=value).numpy()
+    expected = np.full((3, 6), value, dtype=np.float32)
+    expected[:2, 1:4] = x.numpy()
+    np.testing.assert_array_equal(y, expected)
+    assert np.array_equal(np.signbit(y), np.signbit(expected))
+
+
+def test_a_debugger_started_inside_a_traced_call_keeps_running_after_it():
+    """The watch removes only its own hooks: ``breakpoint()`` in a compiled function installs a
+    debugger's ``sys.settrace`` function, which must outlive the traced call."""
+    events_seen: list = []
+
+    def debugger(frame, event, arg):
+        events_seen.append(event)
+        return None
+
+    def starts_a_debugger(x):
+        sys.settrace(debugger)
+        return x * 2
+
+    g = kiln.compile(starts_a_debugger)
+    try:
+        np.testing.assert_array_equal(array(g(kiln.ones(2))), [2.0, 2.0])
+        assert sys.gettrace() is debugger, "the traced call removed the debugger's hook"
+    finally:
+        sys.settrace(None)
