@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -100,13 +101,30 @@ def test_engine_compiles_through_the_shared_workers(pair, monkeypatch):
     assert all(w._answered for w in pair)
 
 
-def test_the_halves_are_balanced_by_length_and_in_order():
-    texts = ["a" * 10, "b" * 1, "c" * 9, "d" * 2, "e" * 8]
-    ours, theirs = worker_pool._halves(texts)
-    assert sorted(ours + theirs) == list(range(5)) and ours == sorted(ours) and theirs == sorted(theirs)
-    # longest first, each to the lighter group: the groups differ by less than the longest text
-    assert [sum(len(texts[i]) for i in group) for group in (ours, theirs)] == [13, 17]
-    assert worker_pool._halves(["x" * 5] * 4) == ([0, 2], [1, 3])
+def test_the_chunks_take_the_costliest_modules_first_each_in_order():
+    texts = ["a" * 10, "b" * 1, "c" * 9, "d" * 2, "e" * 8, engine.TINY + "f" * 30]
+    chunks = worker_pool._chunks(texts)
+    assert sorted(i for chunk in chunks for i in chunk) == list(range(6)) and all(c == sorted(c) for c in chunks)
+    assert chunks == [[0], [2], [4], [5], [3], [1]]  # a tiny module costs a tenth of its length
+    many = worker_pool._chunks(["x" * (100 - i) for i in range(20)])
+    assert len(many) == 2 * worker_pool.CHUNKS_PER_WORKER - 1 and many[0] == [0, 1, 2]
+
+
+def test_the_worker_done_first_takes_the_chunks_left(pair, monkeypatch):
+    """One worker slowed down: the other compiles more than half of the modules, in order."""
+    first, spare = pair
+    compile_many = worker.Worker.compile_many
+
+    def slow_spare(self, texts, timeout=None):
+        if self is spare:
+            time.sleep(0.5)
+        return compile_many(self, texts, timeout)
+
+    monkeypatch.setattr(worker.Worker, "compile_many", slow_spare)
+    texts = [_module(i) for i in range(16)]
+    assert worker_pool.compile_in_workers(texts) == [engine.compile_here(text) for text in texts]
+    assert first._compiles > len(texts) // 2 and spare._compiles >= 1
+    assert first._compiles + spare._compiles == len(texts)
 
 
 def test_a_pipe_closed_while_waiting_reads_as_a_dead_worker():
