@@ -1,10 +1,11 @@
 """The two compile workers (``worker.WORKER`` and ``worker.SPARE``), shared by the threads that compile.
 
 A request of ``SHARE_FROM`` modules or more is split between the two workers where both are free
-and a core is idle (``_idle_core``): LLVM compiles each module on its own, so two processes take
-about half the time -- a caller waiting for its compile leaves a core free. A second thread (a
-compile in the background beside an eager kernel's) is served by the other worker meanwhile
-instead of waiting. On a busy machine only ``WORKER`` serves: a second process would take CPU time
+and a core is idle (``_idle_core``: by the CPU's idle time since the compile's passes began, else
+by the load average), costliest modules first, in chunks that the worker done first takes over
+(``_shared``). LLVM compiles each module on its own, so two processes take about half the time --
+a caller waiting for its compile leaves a core free. A second thread (a compile in the background
+beside an eager kernel's) is served by the other worker meanwhile instead of waiting. On a busy machine only ``WORKER`` serves: a second process would take CPU time
 from other work and finish no sooner. A ``SPARE`` that cannot start is marked broken and
 ``WORKER`` does its part; ``OSError`` says that ``WORKER`` cannot start (the caller then compiles
 in its own process).
@@ -46,14 +47,60 @@ def _cores() -> int:
 
 
 def _idle_core() -> bool:
-    """Whether a core is left idle here (the last minute's load average): only then does a second
-    worker make a compile sooner. On a busy machine it would take CPU time from other work -- the
-    eager calls running meanwhile, or other processes -- and finish no sooner."""
+    """Whether a core is left idle here: only then does a second worker make a compile sooner. On a
+    busy machine it would take CPU time from other work -- the eager calls running meanwhile, or
+    other processes -- and finish no sooner. Judged by the idle time since the last look
+    (``_idle_cores_since``: a compile looks when its passes start, in ``start_all``, and again when
+    its code goes to LLVM), else by the last minute's load average -- which counts this process's
+    own work of that minute as well (a training loop, a trace), though it waits for its compile now."""
+    idle = _idle_cores_since()
+    if idle is not None:
+        return idle >= IDLE_CORES
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average (Windows): judge by the cores alone
         load = 0.0
     return load <= _cores() - 1
+
+
+#: Cores idle on average since the last look (``_idle_cores_since``) for a second worker to be worth
+#: starting: the looking thread is busy (its passes, its code generator), so on a quiet machine of
+#: two cores one is idle, and with another process running none.
+IDLE_CORES = 0.5
+
+_CPU_WINDOW = (0.02, 10.0)  # seconds between two looks that say something about now
+_last_look: tuple[float, int, int] | None = None  # (_clock(), idle, total) of /proc/stat
+_clock = time.monotonic
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """Linux's idle and total CPU time over every core (``/proc/stat``, in clock ticks), or None."""
+    try:
+        with open("/proc/stat", "rb") as stat:
+            fields = stat.readline().split()
+        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    if fields[:1] != [b"cpu"] or len(ticks) < 5:
+        return None
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def _idle_cores_since() -> float | None:
+    """The cores idle on average since the last look (None: no /proc/stat, no earlier look, or one
+    too old to tell, ``_CPU_WINDOW``). A look too soon after the last one (a thread that waited for a
+    worker, an eager kernel's compile) says nothing and keeps the last look for the next."""
+    global _last_look
+    now, times = _clock(), _cpu_times()
+    if times is None:
+        return None
+    last = _last_look
+    if last is not None and now - last[0] < _CPU_WINDOW[0]:
+        return None
+    _last_look = (now, *times)
+    if last is None or now - last[0] > _CPU_WINDOW[1] or times[1] <= last[2]:
+        return None
+    return (times[0] - last[1]) / (times[1] - last[2]) * (os.cpu_count() or 1)
 
 
 def _usable() -> list[Worker]:

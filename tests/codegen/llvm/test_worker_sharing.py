@@ -164,3 +164,47 @@ def test_background_compiles_through_the_two_workers_match_eager_across_the_swit
                 np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
     assert all(c.state.specializations[0].calls == 2 for c in compiled.values())  # calls 3 and 4 ran compiled
     assert sum(w._compiles for w in pair) >= 4 and not any(w.busy for w in pair)  # LLVM ran in the workers
+
+
+@pytest.fixture
+def looks(monkeypatch):
+    """A machine of two cores whose clock and CPU times the test sets: ``looks.append((seconds,
+    idle ticks, total ticks))`` is what the next look finds; the load average says busy."""
+    found: list[tuple[float, int, int]] = []
+    monkeypatch.setattr(worker_pool, "_last_look", None)
+    monkeypatch.setattr(worker_pool, "_clock", lambda: found[0][0])
+    monkeypatch.setattr(worker_pool, "_cpu_times", lambda: found.pop(0)[1:])
+    monkeypatch.setattr(worker_pool.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(worker_pool, "_cores", lambda: 2)
+    monkeypatch.setattr(worker_pool.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    return found
+
+
+def test_a_core_idle_since_the_last_look_is_idle_whatever_the_load_average(looks):
+    """The passes and the code generator keep one core of two busy: the other was idle, though the
+    last minute's load average (this process's own training, say) says 3."""
+    looks += [(10.0, 1000, 4000), (10.2, 1020, 4040)]  # 20 of 40 ticks idle: one core of two
+    assert not worker_pool._idle_core()  # no earlier look: the load average decides
+    assert worker_pool._idle_core()
+    looks.append((10.4, 1021, 4080))  # another process took the idle core
+    assert not worker_pool._idle_core()
+
+
+def test_a_look_too_soon_or_too_late_leaves_it_to_the_load_average(looks, monkeypatch):
+    looks += [(10.0, 1000, 4000), (10.005, 1001, 4001), (10.2, 1020, 4040)]
+    assert worker_pool._idle_cores_since() is None  # the first look
+    assert worker_pool._idle_cores_since() is None  # 5 ms later: says nothing, keeps the first look
+    assert worker_pool._idle_cores_since() == pytest.approx(1.0)  # measured from the first look
+    looks.append((100.0, 9000, 40000))  # minutes later: says nothing about now
+    assert worker_pool._idle_cores_since() is None
+    monkeypatch.setattr(worker_pool.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    looks.append((300.0, 9000, 40000))
+    assert worker_pool._idle_core()  # the load average: a core is idle
+
+
+def test_the_cpu_times_are_read_from_proc_stat_where_there_is_one():
+    times = worker_pool._cpu_times()
+    if sys.platform.startswith("linux"):
+        assert times is not None and 0 <= times[0] <= times[1]
+    else:
+        assert times is None
