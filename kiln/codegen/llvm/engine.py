@@ -22,8 +22,15 @@ import llvmlite.binding as llvm
 
 logger = logging.getLogger("kiln")
 
-OPT_LEVEL = 3
-#: The first line of a module to optimize lightly: O3 without loop unrolling (vectorization and the
+OPT_LEVEL = 3  # the code generator's (instruction selection, scheduling, register allocation)
+#: The optimization pipeline's level (``PassBuilder``'s O2 with loop and SLP vectorization on): O3's
+#: extra passes (more aggressive unswitching and instcombine, a higher inline threshold) change 13 of
+#: the 143 kernels of DCGAN, the CNN, the GPT and the LSTM LM, the CNN's six largest 2-4x smaller,
+#: and cost LLVM 8% more time (the CNN's 15%). Measured (one process, interleaved blocks of steps,
+#: a busy machine), the O2 step time over O3's: DCGAN 1.011x and 1.002x, CNN 0.995x and 0.971x, GPT
+#: 0.991x and 1.010x, LSTM LM 0.920x and 1.003x (its blocks spread 0.77-1.23): no slower.
+PIPELINE_LEVEL = 2
+#: The first line of a module to optimize lightly: no loop unrolling (vectorization and the
 #: vectorizer's interleaving stay). Unrolling roughly doubles LLVM's time on kiln's kernels (the
 #: optimizer and the code generator then work on several copies of each vectorized loop: DCGAN's
 #: 63 kernels 2.5 s -> 1.4 s, the CNN's 1.9 -> 1.1 s) and pays only on kernels with much work per
@@ -33,7 +40,7 @@ LIGHT = "; kiln: light\n"
 #: The first line of a module to compile as cheaply as LLVM can (a kernel of almost no work: the
 #: optimizer scalars, a bias's few elements): two cleanup passes, then LLVM's fast instruction
 #: selector and register allocator (the code generator's level 0). Its time is spent in the call,
-#: not in the loop: measured on DCGAN's 23 such kernels, LLVM's time 0.27 s -> 0.03 s and the step
+#: not in the loop: measured on DCGAN's 23 smallest kernels, LLVM's time 0.27 s -> 0.03 s and the step
 #: runs as fast (``backend.TINY_BELOW_BYTES``).
 TINY = "; kiln: tiny\n"
 
@@ -88,7 +95,7 @@ def _optimize(module: llvm.ModuleRef, light: bool = False) -> None:
     # each compile keeps that much; but a builder must not be reused: each run registers the
     # callbacks of a StandardInstrumentations that lives on the C++ stack of that run only, and
     # later runs through the same builder call them (reusing one aborted on an LLVM assertion).
-    options = llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL)
+    options = llvm.create_pipeline_tuning_options(speed_level=PIPELINE_LEVEL)
     options.loop_vectorization = True
     options.slp_vectorization = True
     options.loop_unrolling = not light
