@@ -53,6 +53,8 @@ def _idle_core() -> bool:
     (``_idle_cores_since``: a compile looks when its passes start, in ``start_all``, and again when
     its code goes to LLVM), else by the last minute's load average -- which counts this process's
     own work of that minute as well (a training loop, a trace), though it waits for its compile now."""
+    if _cores() < 2:  # this process may run on one core only: a second worker would share it
+        return False
     idle = _idle_cores_since()
     if idle is not None:
         return idle >= IDLE_CORES

@@ -208,3 +208,9 @@ def test_the_cpu_times_are_read_from_proc_stat_where_there_is_one():
         assert times is not None and 0 <= times[0] <= times[1]
     else:
         assert times is None
+
+
+def test_a_process_on_one_core_never_uses_the_second_worker(looks, monkeypatch):
+    monkeypatch.setattr(worker_pool, "_cores", lambda: 1)  # the other cores idle, but not this process's
+    looks += [(10.0, 1000, 4000), (10.2, 1040, 4040)]
+    assert not worker_pool._idle_core() and not worker_pool._idle_core()
