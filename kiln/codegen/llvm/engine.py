@@ -22,14 +22,27 @@ import llvmlite.binding as llvm
 
 logger = logging.getLogger("kiln")
 
-OPT_LEVEL = 3
-#: The first line of a module to optimize lightly: O3 without loop unrolling (vectorization and the
+OPT_LEVEL = 3  # the code generator's (instruction selection, scheduling, register allocation)
+#: The optimization pipeline's level (``PassBuilder``'s O2 with loop and SLP vectorization on): O3's
+#: extra passes (more aggressive unswitching and instcombine, a higher inline threshold) change 13 of
+#: the 143 kernels of DCGAN, the CNN, the GPT and the LSTM LM, the CNN's six largest 2-4x smaller,
+#: and cost LLVM 8% more time (the CNN's 15%). Measured (one process, interleaved blocks of steps,
+#: a busy machine), the O2 step time over O3's: DCGAN 1.011x and 1.002x, CNN 0.995x and 0.971x, GPT
+#: 0.991x and 1.010x, LSTM LM 0.920x and 1.003x (its blocks spread 0.77-1.23): no slower.
+PIPELINE_LEVEL = 2
+#: The first line of a module to optimize lightly: no loop unrolling (vectorization and the
 #: vectorizer's interleaving stay). Unrolling roughly doubles LLVM's time on kiln's kernels (the
 #: optimizer and the code generator then work on several copies of each vectorized loop: DCGAN's
 #: 63 kernels 2.5 s -> 1.4 s, the CNN's 1.9 -> 1.1 s) and pays only on kernels with much work per
 #: call; the backend chooses per kernel (``backend.LIGHT_BELOW_BYTES``). A comment, so the module
 #: stays valid LLVM IR and the worker's protocol needs nothing new.
 LIGHT = "; kiln: light\n"
+#: The first line of a module to compile as cheaply as LLVM can (a kernel of almost no work: the
+#: optimizer scalars, a bias's few elements): two cleanup passes, then LLVM's fast instruction
+#: selector and register allocator (the code generator's level 0). Its time is spent in the call,
+#: not in the loop: measured on DCGAN's 23 smallest kernels, LLVM's time 0.27 s -> 0.03 s and the step
+#: runs as fast (``backend.TINY_BELOW_BYTES``).
+TINY = "; kiln: tiny\n"
 
 _lock = threading.Lock()  # LLVM's global state (targets, contexts) is not thread safe
 
@@ -42,16 +55,17 @@ def _initialized() -> bool:
 
 
 @functools.cache
-def target_machine() -> llvm.TargetMachine:
-    """The host's target machine: its CPU and features, position-independent code."""
-    return _new_target_machine()
+def target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
+    """The host's target machine: its CPU and features, position-independent code, its code
+    generator at level ``opt`` (0 for ``TINY`` modules)."""
+    return _new_target_machine(opt)
 
 
-def _new_target_machine() -> llvm.TargetMachine:
+def _new_target_machine(opt: int = OPT_LEVEL) -> llvm.TargetMachine:
     _initialized()
     target = llvm.Target.from_default_triple()
     return target.create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=OPT_LEVEL,
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=opt,
         reloc="pic", codemodel="default",
     )  # fmt: skip
 
@@ -81,12 +95,21 @@ def _optimize(module: llvm.ModuleRef, light: bool = False) -> None:
     # each compile keeps that much; but a builder must not be reused: each run registers the
     # callbacks of a StandardInstrumentations that lives on the C++ stack of that run only, and
     # later runs through the same builder call them (reusing one aborted on an LLVM assertion).
-    options = llvm.create_pipeline_tuning_options(speed_level=OPT_LEVEL)
+    options = llvm.create_pipeline_tuning_options(speed_level=PIPELINE_LEVEL)
     options.loop_vectorization = True
     options.slp_vectorization = True
     options.loop_unrolling = not light
     builder = llvm.create_pass_builder(target_machine(), options)
     builder.getModulePassManager().run(module, builder)
+
+
+def _clean_up(module: llvm.ModuleRef) -> None:
+    """A ``TINY`` module's passes: fold the generator's redundant index arithmetic and branches."""
+    builder = llvm.create_pass_builder(target_machine(0), llvm.create_pipeline_tuning_options(speed_level=1))
+    passes = llvm.create_new_module_pass_manager()
+    passes.add_instruction_combine_pass()
+    passes.add_simplify_cfg_pass()
+    passes.run(module, builder)
 
 
 def parse(ir_text: str) -> llvm.ModuleRef:
@@ -101,8 +124,20 @@ def _optimized(ir_text: str) -> llvm.ModuleRef:
     module = parse(ir_text)
     module.triple = triple()
     module.data_layout = data_layout()
-    _optimize(module, light=ir_text.startswith(LIGHT))
+    if ir_text.startswith(TINY):
+        _clean_up(module)
+    else:
+        _optimize(module, light=ir_text.startswith(LIGHT))
     return module
+
+
+def _machine(ir_text: str) -> llvm.TargetMachine:
+    """The target machine that makes the machine code of ``ir_text`` (by its first line)."""
+    return target_machine(0 if ir_text.startswith(TINY) else OPT_LEVEL)
+
+
+def _object(ir_text: str) -> bytes:
+    return _machine(ir_text).emit_object(_optimized(ir_text))
 
 
 _compiles = 0
@@ -138,7 +173,7 @@ def compile_many(ir_texts: list[str], timeout: float | None = None) -> list[byte
             worker.WORKER.broken = True
             logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
     with _lock:
-        return [target_machine().emit_object(_optimized(text)) for text in ir_texts]
+        return [_object(text) for text in ir_texts]
 
 
 def start_worker() -> None:
@@ -158,13 +193,13 @@ def start_worker() -> None:
 def compile_here(ir_text: str) -> bytes:
     """``compile_ir`` in this process, whatever the count (the worker's own compiles)."""
     with _lock:
-        return target_machine().emit_object(_optimized(ir_text))
+        return _object(ir_text)
 
 
 def assembly(ir_text: str) -> str:
     """The optimized host assembly of LLVM IR text (tests look for vector registers in it)."""
     with _lock:
-        return target_machine().emit_assembly(_optimized(ir_text))
+        return _machine(ir_text).emit_assembly(_optimized(ir_text))
 
 
 class Library:

@@ -61,7 +61,7 @@ def kernel_key(text: str) -> str:
         str(ENTRY_FORMAT),
         source_digest("ir", "codegen", "runtime"),
         host.signature(),
-        f"O{engine.OPT_LEVEL}",
+        f"O{engine.OPT_LEVEL}, pipeline O{engine.PIPELINE_LEVEL}",
         text,
     )
 

@@ -1,10 +1,11 @@
 """The two compile workers (``worker.WORKER`` and ``worker.SPARE``), shared by the threads that compile.
 
 A request of ``SHARE_FROM`` modules or more is split between the two workers where both are free
-and a core is idle (``_idle_core``): LLVM compiles each module on its own, so two processes take
-about half the time -- a caller waiting for its compile leaves a core free. A second thread (a
-compile in the background beside an eager kernel's) is served by the other worker meanwhile
-instead of waiting. On a busy machine only ``WORKER`` serves: a second process would take CPU time
+and a core is idle (``_idle_core``: by the CPU's idle time since the compile's passes began, else
+by the load average), costliest modules first, in chunks that the worker done first takes over
+(``_shared``). LLVM compiles each module on its own, so two processes take about half the time --
+a caller waiting for its compile leaves a core free. A second thread (a compile in the background
+beside an eager kernel's) is served by the other worker meanwhile instead of waiting. On a busy machine only ``WORKER`` serves: a second process would take CPU time
 from other work and finish no sooner. A ``SPARE`` that cannot start is marked broken and
 ``WORKER`` does its part; ``OSError`` says that ``WORKER`` cannot start (the caller then compiles
 in its own process).
@@ -17,6 +18,7 @@ import threading
 import time
 
 from . import worker
+from .engine import TINY
 from .worker import Worker
 
 #: Modules in one request from which it is shared between the two workers: below, waiting for two
@@ -45,14 +47,62 @@ def _cores() -> int:
 
 
 def _idle_core() -> bool:
-    """Whether a core is left idle here (the last minute's load average): only then does a second
-    worker make a compile sooner. On a busy machine it would take CPU time from other work -- the
-    eager calls running meanwhile, or other processes -- and finish no sooner."""
+    """Whether a core is left idle here: only then does a second worker make a compile sooner. On a
+    busy machine it would take CPU time from other work -- the eager calls running meanwhile, or
+    other processes -- and finish no sooner. Judged by the idle time since the last look
+    (``_idle_cores_since``: a compile looks when its passes start, in ``start_all``, and again when
+    its code goes to LLVM), else by the last minute's load average -- which counts this process's
+    own work of that minute as well (a training loop, a trace), though it waits for its compile now."""
+    if _cores() < 2:  # this process may run on one core only: a second worker would share it
+        return False
+    idle = _idle_cores_since()
+    if idle is not None:
+        return idle >= IDLE_CORES
     try:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average (Windows): judge by the cores alone
         load = 0.0
     return load <= _cores() - 1
+
+
+#: Cores idle on average since the last look (``_idle_cores_since``) for a second worker to be worth
+#: starting: the looking thread is busy (its passes, its code generator), so on a quiet machine of
+#: two cores one is idle, and with another process running none.
+IDLE_CORES = 0.5
+
+_CPU_WINDOW = (0.02, 10.0)  # seconds between two looks that say something about now
+_last_look: tuple[float, int, int] | None = None  # (_clock(), idle, total) of /proc/stat
+_clock = time.monotonic
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """Linux's idle and total CPU time over every core (``/proc/stat``, in clock ticks), or None."""
+    try:
+        with open("/proc/stat", "rb") as stat:
+            fields = stat.readline().split()
+        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+    except (OSError, ValueError):
+        return None
+    if fields[:1] != [b"cpu"] or len(ticks) < 5:
+        return None
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def _idle_cores_since() -> float | None:
+    """The cores idle on average since the last look (None: no /proc/stat, no earlier look, or one
+    too old to tell, ``_CPU_WINDOW``). A look too soon after the last one (a thread that waited for a
+    worker, an eager kernel's compile) says nothing and keeps the last look for the next."""
+    global _last_look
+    now, times = _clock(), _cpu_times()
+    if times is None:
+        return None
+    last = _last_look
+    if last is not None and now - last[0] < _CPU_WINDOW[0]:
+        return None
+    _last_look = (now, *times)
+    if last is None or now - last[0] > _CPU_WINDOW[1] or times[1] <= last[2]:
+        return None
+    return (times[0] - last[1]) / (times[1] - last[2]) * (os.cpu_count() or 1)
 
 
 def _usable() -> list[Worker]:
@@ -127,39 +177,66 @@ def _on(chosen: Worker, texts: list[str], deadline: float | None) -> list[bytes]
 
 
 def _shared(first: Worker, second: Worker, texts: list[str], deadline: float | None) -> list[bytes]:
-    """The modules split in two of about equal length, compiled at once by the two workers."""
-    ours, theirs = _halves(texts)
-    got: dict[str, object] = {}
+    """The modules compiled by the two workers at once, each taking the next chunk (``_chunks``: the
+    costliest first) when it is done with its last: the one that finishes early takes more, instead
+    of waiting for the other's fixed half (the two halves of a DCGAN finished 10% apart). A
+    ``SPARE`` that cannot start puts its chunk back for the first worker."""
+    chunks = _chunks(texts)
+    objects: dict[int, bytes] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
 
-    def other() -> None:
-        try:
-            got["objects"] = second.compile_many([texts[i] for i in theirs], _left(deadline))
-        except BaseException as error:  # noqa: BLE001 - raised in the calling thread below
-            got["error"] = error
+    def serve(chosen: Worker) -> None:
+        while True:
+            with lock:
+                if errors or not chunks:
+                    return
+                chunk = chunks.pop(0)
+            try:
+                compiled = chosen.compile_many([texts[i] for i in chunk], _left(deadline))
+            except OSError as error:
+                with lock:
+                    if chosen is worker.SPARE:  # it did not start: WORKER serves alone from now on
+                        worker.SPARE.broken = True
+                        chunks.insert(0, chunk)
+                    else:
+                        errors.append(error)
+                return
+            except BaseException as error:  # noqa: BLE001 - raised in the calling thread below
+                with lock:
+                    errors.append(error)
+                return
+            with lock:
+                objects.update(zip(chunk, compiled, strict=True))
 
-    thread = threading.Thread(target=other, daemon=True, name="kiln-compile-share")
+    thread = threading.Thread(target=serve, args=(second,), daemon=True, name="kiln-compile-share")
     thread.start()
     try:
-        objects = dict(zip(ours, first.compile_many([texts[i] for i in ours], _left(deadline)), strict=True))
+        serve(first)
     finally:
         thread.join()
-    error = got.get("error")
-    if isinstance(error, OSError) and second is worker.SPARE:  # SPARE did not start: the first worker does its part
-        worker.SPARE.broken = True
-        got["objects"] = first.compile_many([texts[i] for i in theirs], _left(deadline))
-    elif isinstance(error, BaseException):
-        raise error
-    objects.update(zip(theirs, got["objects"], strict=True))  # type: ignore[call-overload]
+    if errors:
+        raise errors[0]
+    if chunks:  # what a SPARE that could not start put back after the first worker was done
+        serve(first)
+        if errors:
+            raise errors[0]
     return [objects[i] for i in range(len(texts))]
 
 
-def _halves(texts: list[str]) -> tuple[list[int], list[int]]:
-    """The modules' positions in two groups of about equal text length (longest first, each to the
-    lighter group), each in order."""
-    groups: tuple[list[int], list[int]] = ([], [])
-    sizes = [0, 0]
-    for i in sorted(range(len(texts)), key=lambda i: -len(texts[i])):
-        lighter = 0 if sizes[0] <= sizes[1] else 1
-        groups[lighter].append(i)
-        sizes[lighter] += len(texts[i])
-    return sorted(groups[0]), sorted(groups[1])
+#: Chunks a shared request is cut into per worker: a few, so that the worker that finishes first
+#: takes over the rest, each holding several modules, so that the round trips stay few.
+CHUNKS_PER_WORKER = 4
+
+
+def _chunks(texts: list[str]) -> list[list[int]]:
+    """The modules' positions in ``2 * CHUNKS_PER_WORKER`` chunks (or fewer), costliest first by
+    ``_cost``: each chunk takes the next modules in that order, each in order."""
+    order = sorted(range(len(texts)), key=lambda i: -_cost(texts[i]))
+    size = -(-len(texts) // (2 * CHUNKS_PER_WORKER))
+    return [sorted(order[k : k + size]) for k in range(0, len(order), size)]
+
+
+def _cost(text: str) -> float:
+    """A module's LLVM time, roughly: its length, a tenth of it for a ``TINY`` one (LLVM's fast path)."""
+    return len(text) / 10 if text.startswith(TINY) else len(text)

@@ -190,3 +190,15 @@ def test_the_native_pool_loads_from_the_cache_without_llvm_in_a_second_process(t
     ]
     assert [run.returncode for run in runs] == [0, 0], [run.stderr[-2000:] for run in runs]
     assert [run.stdout.strip() for run in runs] == ["llvm", "no llvm"]
+
+
+def test_an_entry_made_at_another_optimization_level_is_not_taken(monkeypatch):
+    """The key names both levels: the code generator's and the optimization pipeline's."""
+    text = "a kernel's canonical text"
+    key = kernel_cache.kernel_key(text)
+    assert kernel_cache.kernel_key(text) == key
+    monkeypatch.setattr(engine, "PIPELINE_LEVEL", engine.PIPELINE_LEVEL + 1)
+    assert kernel_cache.kernel_key(text) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(engine, "OPT_LEVEL", engine.OPT_LEVEL - 1)
+    assert kernel_cache.kernel_key(text) != key

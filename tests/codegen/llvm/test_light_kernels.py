@@ -108,6 +108,7 @@ def _step(x, w):
 @pytest.mark.parametrize("below", [0, 1 << 40])
 def test_compiled_results_equal_eager_whichever_kernels_are_light(modules, monkeypatch, below):
     monkeypatch.setattr(backend, "LIGHT_BELOW_BYTES", below)
+    monkeypatch.setattr(backend, "TINY_BELOW_BYTES", 0)  # tiny kernels: see test_tiny_kernels.py
     program = kiln.compile(_step)
     rng = np.random.default_rng(1)
     w = kiln.from_numpy(rng.standard_normal((16, 16)).astype(np.float32) * 0.2)
@@ -123,7 +124,7 @@ def test_compiled_results_equal_eager_whichever_kernels_are_light(modules, monke
     # kiln.explain's timings split code generation: kiln's kernel code, then LLVM (and how many light)
     (code, code_s), (llvm, llvm_s) = report.generate_seconds
     assert code.startswith(f"kernel code ({len(modules)} distinct, 0 from the kernel cache)")
-    assert llvm == f"LLVM ({len(modules)} modules, {len(modules) if below else 0} light)"
+    assert llvm == f"LLVM ({len(modules)} modules, {len(modules) if below else 0} light, 0 tiny)"
     assert 0 < code_s + llvm_s <= dict(report.stage_seconds)["generate (llvm)"]
     assert any(line.startswith("code generation: kernel code") for line in report.describe())
 

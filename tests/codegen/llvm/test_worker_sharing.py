@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -100,13 +101,30 @@ def test_engine_compiles_through_the_shared_workers(pair, monkeypatch):
     assert all(w._answered for w in pair)
 
 
-def test_the_halves_are_balanced_by_length_and_in_order():
-    texts = ["a" * 10, "b" * 1, "c" * 9, "d" * 2, "e" * 8]
-    ours, theirs = worker_pool._halves(texts)
-    assert sorted(ours + theirs) == list(range(5)) and ours == sorted(ours) and theirs == sorted(theirs)
-    # longest first, each to the lighter group: the groups differ by less than the longest text
-    assert [sum(len(texts[i]) for i in group) for group in (ours, theirs)] == [13, 17]
-    assert worker_pool._halves(["x" * 5] * 4) == ([0, 2], [1, 3])
+def test_the_chunks_take_the_costliest_modules_first_each_in_order():
+    texts = ["a" * 10, "b" * 1, "c" * 9, "d" * 2, "e" * 8, engine.TINY + "f" * 30]
+    chunks = worker_pool._chunks(texts)
+    assert sorted(i for chunk in chunks for i in chunk) == list(range(6)) and all(c == sorted(c) for c in chunks)
+    assert chunks == [[0], [2], [4], [5], [3], [1]]  # a tiny module costs a tenth of its length
+    many = worker_pool._chunks(["x" * (100 - i) for i in range(20)])
+    assert len(many) == 2 * worker_pool.CHUNKS_PER_WORKER - 1 and many[0] == [0, 1, 2]
+
+
+def test_the_worker_done_first_takes_the_chunks_left(pair, monkeypatch):
+    """One worker slowed down: the other compiles more than half of the modules, in order."""
+    first, spare = pair
+    compile_many = worker.Worker.compile_many
+
+    def slow_spare(self, texts, timeout=None):
+        if self is spare:
+            time.sleep(0.5)
+        return compile_many(self, texts, timeout)
+
+    monkeypatch.setattr(worker.Worker, "compile_many", slow_spare)
+    texts = [_module(i) for i in range(16)]
+    assert worker_pool.compile_in_workers(texts) == [engine.compile_here(text) for text in texts]
+    assert first._compiles > len(texts) // 2 and spare._compiles >= 1
+    assert first._compiles + spare._compiles == len(texts)
 
 
 def test_a_pipe_closed_while_waiting_reads_as_a_dead_worker():
@@ -146,3 +164,53 @@ def test_background_compiles_through_the_two_workers_match_eager_across_the_swit
                 np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
     assert all(c.state.specializations[0].calls == 2 for c in compiled.values())  # calls 3 and 4 ran compiled
     assert sum(w._compiles for w in pair) >= 4 and not any(w.busy for w in pair)  # LLVM ran in the workers
+
+
+@pytest.fixture
+def looks(monkeypatch):
+    """A machine of two cores whose clock and CPU times the test sets: ``looks.append((seconds,
+    idle ticks, total ticks))`` is what the next look finds; the load average says busy."""
+    found: list[tuple[float, int, int]] = []
+    monkeypatch.setattr(worker_pool, "_last_look", None)
+    monkeypatch.setattr(worker_pool, "_clock", lambda: found[0][0])
+    monkeypatch.setattr(worker_pool, "_cpu_times", lambda: found.pop(0)[1:])
+    monkeypatch.setattr(worker_pool.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(worker_pool, "_cores", lambda: 2)
+    monkeypatch.setattr(worker_pool.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
+    return found
+
+
+def test_a_core_idle_since_the_last_look_is_idle_whatever_the_load_average(looks):
+    """The passes and the code generator keep one core of two busy: the other was idle, though the
+    last minute's load average (this process's own training, say) says 3."""
+    looks += [(10.0, 1000, 4000), (10.2, 1020, 4040)]  # 20 of 40 ticks idle: one core of two
+    assert not worker_pool._idle_core()  # no earlier look: the load average decides
+    assert worker_pool._idle_core()
+    looks.append((10.4, 1021, 4080))  # another process took the idle core
+    assert not worker_pool._idle_core()
+
+
+def test_a_look_too_soon_or_too_late_leaves_it_to_the_load_average(looks, monkeypatch):
+    looks += [(10.0, 1000, 4000), (10.005, 1001, 4001), (10.2, 1020, 4040)]
+    assert worker_pool._idle_cores_since() is None  # the first look
+    assert worker_pool._idle_cores_since() is None  # 5 ms later: says nothing, keeps the first look
+    assert worker_pool._idle_cores_since() == pytest.approx(1.0)  # measured from the first look
+    looks.append((100.0, 9000, 40000))  # minutes later: says nothing about now
+    assert worker_pool._idle_cores_since() is None
+    monkeypatch.setattr(worker_pool.os, "getloadavg", lambda: (0.5, 0.5, 0.5))
+    looks.append((300.0, 9000, 40000))
+    assert worker_pool._idle_core()  # the load average: a core is idle
+
+
+def test_the_cpu_times_are_read_from_proc_stat_where_there_is_one():
+    times = worker_pool._cpu_times()
+    if sys.platform.startswith("linux"):
+        assert times is not None and 0 <= times[0] <= times[1]
+    else:
+        assert times is None
+
+
+def test_a_process_on_one_core_never_uses_the_second_worker(looks, monkeypatch):
+    monkeypatch.setattr(worker_pool, "_cores", lambda: 1)  # the other cores idle, but not this process's
+    looks += [(10.0, 1000, 4000), (10.2, 1040, 4040)]
+    assert not worker_pool._idle_core() and not worker_pool._idle_core()
