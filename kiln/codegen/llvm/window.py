@@ -15,22 +15,30 @@ kernel is (``kernels.py``): the executor runs it on the thread pool and reads it
   it zeroes and then sums every window element of those planes into: threads own disjoint planes,
   so there are no races, and the result does not depend on how units are split (each element's
   sum runs in the same order).
+
+A ``fold`` over a symbolic batch (the output's leading dim; every other size static: a
+convolution's input gradient over a dynamic batch) reads the batch from the argument table, after
+the pointers: a unit is then one ``(n, c)`` plane, ``C * N`` of them (``symbolic_info``), and the
+windows, C order, are addressed at strides that follow the batch where it is inner.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import cast
 
 from llvmlite import ir
 
 from ...ir.graph import Node
 from ...ir.primitives.tiles import one_tile_a_plane
+from ...ir.types import Sym, is_static
 from ..core import Unsupported
 from .body import element_pointer, operand_pointers
 from .emitter import memory_type
 from .kernel_info import WINDOW_OPS, float_static
 from .loops import CHUNK, dot, for_range, i64, minimum, row_major_indices, static_shape
+from .symbolic import symbol_size
 from .tiles import tile, untile
 from .vectors import transfer_row
 
@@ -43,6 +51,8 @@ def compilable(node: Node) -> str | None:
     """Why the window node ``node`` is not compiled (None: it is)."""
     if node.op not in WINDOW_OPS:
         return f"{node.op} is not a window op"
+    if _fold_batch(node) is not None:
+        return None if node.output.type.dtype.name in ("float32", "float64") else float_static(node)
     why = float_static(node)
     if why is not None:
         return why
@@ -59,18 +69,44 @@ def eager_by_choice(node: Node) -> str | None:
     return None
 
 
-def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts: Sequence[tuple[int, ...]]) -> int:
+def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node,
+         layouts: Sequence[tuple[int, ...]]) -> int | tuple[int, int]:  # fmt: skip
     """Emit ``node``'s function body at ``builder``, the entry block of ``(args, begin, end)`` =
-    ``params``; return its extent."""
+    ``params``; return its extent (over a symbolic batch: units per sample, 1)."""
     why = compilable(node)
     if why is not None:
         raise Unsupported(why)
     args, begin, end = params
     pointers = operand_pointers(builder, args, 2)
+    if _fold_batch(node) is not None:
+        _fold_over_batch(builder, pointers, begin, end, node, tuple(layouts[0]), symbol_size(builder, args, 2))
+        builder.ret_void()
+        return static_shape(node.output)[1], 1
     write = {"unfold": _unfold, "fold": _fold, "tile_transform": tile, "untile_transform": untile}[node.op]
     extent = write(builder, pointers, begin, end, node, tuple(layouts[0]))
     builder.ret_void()
     return extent
+
+
+def _fold_batch(node: Node) -> Sym | None:
+    """The symbolic batch of a ``fold`` node: its output's leading dim, the windows' batch dim (first,
+    or after the channel and kernel dims when ``batch_inner``), every other size static; else None."""
+    if node.op != "fold" or not node.output.type.shape or not isinstance(node.output.type.shape[0], Sym):
+        return None
+    windows, sym = node.inputs[0].type.shape, node.output.type.shape[0]
+    at = 1 + len(node.attrs["kernel_size"]) if node.attrs.get("batch_inner", False) else 0
+    rest = (*windows[:at], *windows[at + 1 :], *node.output.type.shape[1:])
+    return sym if windows[at] == sym and is_static(rest) else None
+
+
+def symbolic_info(node: Node, extent: int | tuple[int, int]) -> tuple:
+    """``(symbols, fixed_extent, rows_per_size, rows_per_unit, fixed_bytes, bytes_per_size)`` of a
+    ``fold`` over a symbolic batch (``KernelInfo``): a unit a plane, ``C`` of them a sample."""
+    sym = _fold_batch(node)
+    assert sym is not None and isinstance(extent, tuple), f"{node.op} over symbolic sizes other than a batch"
+    per_sample = sum(math.prod([d for d in v.type.shape if isinstance(d, int)]) * v.type.dtype.itemsize
+                     for v in (*node.inputs, *node.outputs))  # fmt: skip
+    return (sym,), 0, extent[0], extent[1], 0, per_sample
 
 
 def _geometry(node: Node):
@@ -115,6 +151,77 @@ def _unfold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...])
             source_row, output_row = (pointers[0], src_row), (pointers[1], out_base)
             transfer_row(builder, inner, source_row, output_row, coefficient["o", d - 1], 1, dtype, add=False)
     return extent
+
+
+def _fold_over_batch(builder, pointers, begin, end, node: Node, strides: tuple[int, ...], samples: ir.Value) -> None:
+    """``fold`` over a symbolic batch of ``samples`` (an i64): a unit is the ``(n, c)`` plane
+    ``unit = c * samples + n``, zeroed and then summed into from every kernel offset's windows, in
+    offset order as ``_fold``. The windows are C order (a layout that follows the batch is taken by
+    the program only so): where the batch is inner, the channel's and kernel offsets' strides are
+    the batch times their static part."""
+    kernel, stride, dilation, batch_inner = _geometry(node)
+    d = len(kernel)
+    windows_shape = node.inputs[0].type.shape
+    out_shape = static_shape(node.output)[1:]  # (C, *S); the batch is ``samples``
+    c_size, size = out_shape[0], out_shape[1:]
+    out_spatial = cast(tuple[int, ...], windows_shape[-d:])
+    plane = math.prod(size)
+    positions = math.prod(out_spatial)
+    o_strides = tuple(math.prod(out_spatial[i + 1 :]) for i in range(d))
+    # each stride as (static part, whether times the batch)
+    if batch_inner:  # (C, *K, N, *O)
+        k_parts = [(math.prod(kernel[i + 1 :]) * positions, True) for i in range(d)]
+        c_part, n_part = (math.prod(kernel) * positions, True), (positions, False)
+    else:  # (N, C, *K, *O): nothing follows the batch
+        k_parts = [(math.prod(kernel[i + 1 :]) * positions, False) for i in range(d)]
+        c_part, n_part = (math.prod(kernel) * positions, False), (c_size * math.prod(kernel) * positions, False)
+    _check_c_order(node, strides, 1 + d if batch_inner else 0)
+
+    def times(value, part):
+        step, by_batch = part
+        scaled = builder.mul(value, i64(step), flags=("nsw",))
+        return builder.mul(scaled, samples, flags=("nsw",)) if by_batch else scaled
+
+    size_strides = [math.prod(size[i + 1 :]) for i in range(d)]
+    zero = ir.Constant(memory_type(node.output.type.dtype), 0.0)
+    with for_range(builder, begin, end, name="unit") as unit:
+        c, n = builder.udiv(unit, samples), builder.urem(unit, samples)
+        base = builder.mul(builder.add(builder.mul(n, i64(c_size)), c), i64(plane), flags=("nsw",))
+        with for_range(builder, 0, plane, name="z", parallel=True) as z:
+            builder.store(zero, element_pointer(builder, pointers[1], builder.add(base, z), node.output.type.dtype))
+        n_src = builder.add(times(c, c_part), times(n, n_part), flags=("nsw",))
+        with for_range(builder, 0, math.prod(kernel), name="k", vectorize=False) as k_flat:
+            k = row_major_indices(builder, k_flat, kernel)
+            k_src = n_src
+            for index, part in zip(k, k_parts, strict=True):
+                k_src = builder.add(k_src, times(index, part), flags=("nsw",))
+            k_dst = builder.add(base, dot(builder, [(k[i], dilation[i] * size_strides[i]) for i in range(d)]))
+            _fold_rows(builder, pointers, node, k_src, k_dst, out_spatial, o_strides, size_strides)
+
+
+def _check_c_order(node: Node, strides: tuple[int, ...], at: int) -> None:
+    """``Unsupported`` unless the windows' element ``strides`` (at the batch the code is generated
+    for: where the batch is inner, the first stride says which) are C order; ``at``: the batch dim."""
+    shape = list(node.inputs[0].type.shape)
+    static_part = math.prod(shape[1:at] + shape[at + 1 :])  # type: ignore[arg-type]  # static but the batch
+    shape[at] = strides[0] // static_part if at and static_part else 1
+    expected = tuple(math.prod(shape[k + 1 :]) for k in range(len(shape)))  # type: ignore[arg-type]
+    if tuple(strides) != expected:
+        raise Unsupported("a fold over a symbolic batch whose windows are not in C order runs on its eager kernel")
+
+
+def _fold_rows(builder, pointers, node: Node, src, dst, out_spatial, o_strides, size_strides) -> None:
+    """Add one kernel offset's windows of one plane (at ``src``) into its output plane (at ``dst``):
+    one pass per output row of windows, ``out_spatial[-1]`` elements at the stride."""
+    _, stride, _, _ = _geometry(node)
+    d = len(out_spatial)
+    with for_range(builder, 0, math.prod(out_spatial[:-1]), name="r", vectorize=False) as r_flat:
+        o = row_major_indices(builder, r_flat, out_spatial[:-1])
+        row_src = builder.add(src, dot(builder, list(zip(o, o_strides[:-1]))), flags=("nsw",))
+        row = [(o[i], stride[i] * size_strides[i]) for i in range(d - 1)]
+        row_dst = builder.add(dst, dot(builder, row), flags=("nsw",))
+        transfer_row(builder, out_spatial[-1], (pointers[0], row_src), (pointers[1], row_dst), o_strides[-1],
+                     stride[-1], node.output.type.dtype, add=True)  # fmt: skip
 
 
 def _fold(builder, pointers, begin, end, node: Node, strides: tuple[int, ...]) -> int:

@@ -65,6 +65,35 @@ def test_convolutions_and_their_gradients_over_a_dynamic_batch_equal_eager_with_
     assert not any(name in ("(conv)", "(conv_weight)") for name, _ in program.report.declined)
 
 
+def test_an_input_gradient_by_fold_over_a_dynamic_batch_equals_eager_with_a_compiled_fold(monkeypatch):
+    # 32 output channels: the transposed filter is too long for a direct convolution (32 * 9 >
+    # DIRECT_MAX_INNER), so the input gradient is its product with the output gradient folded back
+    # into the image (windows laid out batch inner, whose strides follow the batch); Winograd, which
+    # such a conv would take, is off
+    monkeypatch.setattr(kiln.backends.cpu, "winograd", False)
+    kiln.manual_seed(4)
+    w = kiln.randn(32, 4, 3, 3, requires_grad=True)
+
+    def step(x):
+        y = F.conv2d(x, w, padding=1)
+        (y * y).sum().backward()
+        return y
+
+    compiled = kiln.compile(step)
+    for n in BATCHES:
+        a = rng.standard_normal((n, 4, 6, 7)).astype(np.float32)
+        found = []
+        for fn in (step, compiled):
+            x = kiln.tensor(a, requires_grad=True)
+            w.grad = None
+            found.append((fn(x).detach().numpy(), x.grad.numpy(), w.grad.numpy()))
+        for actual, expected in zip(found[1], found[0], strict=True):
+            assert_close(actual, expected, rtol=1e-4, atol=1e-3)
+    assert specs(compiled) == 2
+    program = _program(compiled)
+    assert "fold" in _compiled_ops(program), (_compiled_ops(program), program.report.declined)
+
+
 def test_a_call_that_sets_its_arguments_grad_is_served_by_its_dynamic_program_at_later_sizes():
     # The dynamic program's key was taken from the arguments after its traced call, whose ``.grad``
     # the backward inside had set: calls (which come without one) missed it, and each new batch
