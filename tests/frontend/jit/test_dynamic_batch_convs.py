@@ -14,6 +14,8 @@ import numpy as np
 import kiln
 import kiln.nn as nn
 import kiln.nn.functional as F
+from kiln.codegen.llvm import engine, kernel_cache
+from kiln.compiler import program_cache
 from kiln.frontend.jit.dynamic_binding import bind_graph
 from kiln.frontend.jit.symbolic_program import SymbolicProgram
 from kiln.frontend.jit.symbolic_reductions import split_batch_sums
@@ -21,6 +23,7 @@ from kiln.ir.dtypes import float32
 from kiln.ir.graph import GraphBuilder
 from kiln.ir.interpreter import interpret
 from kiln.ir.types import Sym, TensorType
+from kiln.runtime.cache import DiskCache
 from tests.conftest import assert_close
 from tests.frontend.jit.test_dynamic_sizes import specs
 
@@ -92,6 +95,40 @@ def test_an_input_gradient_by_fold_over_a_dynamic_batch_equals_eager_with_a_comp
     assert specs(compiled) == 2
     program = _program(compiled)
     assert "fold" in _compiled_ops(program), (_compiled_ops(program), program.report.declined)
+
+
+def test_a_dynamic_programs_kernels_are_taken_from_the_kernel_cache_the_second_time(tmp_path, monkeypatch):
+    programs, kernels = DiskCache(tmp_path / "programs"), DiskCache(tmp_path / "kernels")
+    programs.enabled = False  # each compile reaches the backend
+    monkeypatch.setattr(program_cache, "disk_cache", lambda: programs)
+    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: kernels)
+    compile_many, modules = engine.compile_many, []
+
+    def counted(texts, timeout=None):
+        modules.append(len(texts))
+        return compile_many(texts, timeout)
+
+    monkeypatch.setattr(engine, "compile_many", counted)
+    kiln.manual_seed(5)
+    w = kiln.randn(4, 3, 3, 3, requires_grad=True)
+
+    def step(x):
+        (F.conv2d(x, w, padding=1).relu() ** 2).sum().backward()
+        return w.grad.clone()
+
+    compiled_modules = []
+    for _ in range(2):
+        compiled = kiln.compile(step)
+        for n in (3, 5, 4):
+            x = kiln.tensor(rng.standard_normal((n, 3, 6, 6)).astype(np.float32))
+            w.grad = None
+            expected = step(x).numpy()
+            w.grad = None
+            assert_close(compiled(x), expected, rtol=1e-4, atol=1e-4)
+        assert specs(compiled) == 2
+        compiled_modules.append(sum(modules))
+        modules.clear()
+    assert compiled_modules[0] > 0 and compiled_modules[1] == 0, compiled_modules
 
 
 def test_a_call_that_sets_its_arguments_grad_is_served_by_its_dynamic_program_at_later_sizes():
