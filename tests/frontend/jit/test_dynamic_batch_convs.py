@@ -97,6 +97,36 @@ def test_an_input_gradient_by_fold_over_a_dynamic_batch_equals_eager_with_a_comp
     assert "fold" in _compiled_ops(program), (_compiled_ops(program), program.report.declined)
 
 
+def test_strided_convs_and_pools_over_a_dynamic_batch_equal_eager_with_compiled_window_kernels():
+    # a stride-2 convolution goes through windows (unfold, batch inner; its input gradient a fold),
+    # a 3x3/2 max pool through windows led by the batch, a 2x2 average pool's gradient is a fold of
+    # windows broadcast over the kernel offsets (stride 0)
+    kiln.manual_seed(6)
+    conv = nn.Conv2d(3, 5, 3, stride=2, padding=1)
+    net = nn.Sequential(conv, nn.ReLU(), nn.MaxPool2d(3, 2, 1), nn.AvgPool2d(2))
+
+    def step(x):
+        y = net(x)
+        (y * y).sum().backward()
+        return y
+
+    compiled = kiln.compile(step)
+    for n in BATCHES:
+        a = rng.standard_normal((n, 3, 17, 18)).astype(np.float32)
+        found = []
+        for fn in (step, compiled):
+            x = kiln.tensor(a, requires_grad=True)
+            conv.weight.grad = conv.bias.grad = None
+            found.append((fn(x).detach().numpy(), x.grad.numpy(), conv.weight.grad.numpy(), conv.bias.grad.numpy()))
+        for actual, expected in zip(found[1], found[0], strict=True):
+            assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+    assert specs(compiled) == 2
+    program = _program(compiled)
+    ops = _compiled_ops(program)
+    assert ops.count("unfold") >= 2 and ops.count("fold") >= 2, (ops, program.report.declined)
+    assert not any(name in ("(unfold)", "(fold)") for name, _ in program.report.declined), program.report.declined
+
+
 def test_a_dynamic_programs_kernels_are_taken_from_the_kernel_cache_the_second_time(tmp_path, monkeypatch):
     programs, kernels = DiskCache(tmp_path / "programs"), DiskCache(tmp_path / "kernels")
     programs.enabled = False  # each compile reaches the backend
