@@ -183,6 +183,30 @@ def test_a_call_that_sets_its_arguments_grad_is_served_by_its_dynamic_program_at
     assert specs(compiled) == 2, compiled.state.events
 
 
+def test_a_static_program_runs_the_sizes_it_was_made_for_after_a_dynamic_one_exists():
+    # A dynamic program may run slower than the static one at its sizes (Winograd's tile transforms
+    # over a symbolic batch run on numpy): a DataLoader's last, smaller batch made the dynamic
+    # program, which then ran every full batch too.
+    kiln.manual_seed(3)
+    w = kiln.randn(4, 3)
+
+    def f(x):
+        return (x @ w).relu()
+
+    compiled = kiln.compile(f)
+    full, last = kiln.randn(8, 4), kiln.randn(5, 4)
+    compiled(full)
+    compiled(last)
+    static, dynamic = compiled.state.specializations
+    assert static.dynamic is None and dynamic.dynamic is not None, compiled.state.events
+    ran = []
+    for spec in (static, dynamic):
+        spec.run = lambda leaves, run=spec.run, spec=spec: (ran.append(spec), run(leaves))[1]
+    for x in (full, last, full, kiln.randn(6, 4)):
+        assert_close(compiled(x), f(x), rtol=1e-6, atol=1e-6)
+    assert ran == [static, dynamic, static, dynamic]
+
+
 def _cnn():
     # (no conv bias before a BatchNorm: its gradient is zero up to rounding, which Adam would scale
     # up to steps of the learning rate in directions rounding picks)
