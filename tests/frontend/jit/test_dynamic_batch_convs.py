@@ -207,6 +207,22 @@ def test_a_static_program_runs_the_sizes_it_was_made_for_after_a_dynamic_one_exi
     assert ran == [static, dynamic, static, dynamic]
 
 
+def test_a_trace_that_reads_a_grad_the_other_did_not_stays_static_and_says_so():
+    # The first call finds no .grad, the second one (w.grad accumulates) reads it: the traces read
+    # other tensors, which the reason said as "18 nodes at one size and 18 at the other".
+    kiln.manual_seed(7)
+    w = kiln.randn(4, 3, requires_grad=True)
+
+    def step(x):
+        (x @ w).tanh().sum().backward()
+
+    compiled = kiln.compile(step)
+    compiled(kiln.randn(5, 4))
+    compiled(kiln.randn(7, 4))
+    assert compiled.state.specializations[-1].dynamic is None
+    assert "the program reads 3 tensors at one size and 2 at the other" in compiled.state.events[-1].detail
+
+
 def _cnn():
     # (no conv bias before a BatchNorm: its gradient is zero up to rounding, which Adam would scale
     # up to steps of the learning rate in directions rounding picks)
