@@ -1,6 +1,6 @@
-"""Dynamic sequence lengths (issue 33, items 2 and 5): one compile for every length.
+"""Dynamic sequence lengths, batches and image sizes (issue 33, items 2 and 5): one compile for every size.
 
-    OPENBLAS_NUM_THREADS=1 python -m benchmarks.dynamic_sizes [--quick]
+    OPENBLAS_NUM_THREADS=1 python -m benchmarks.dynamic_sizes [--quick] [--only cnn_speed]
 
 Two measurements, each in this one process, on one thread (kiln's pool and BLAS), so that the
 ratios compare like with like on a shared machine:
@@ -9,6 +9,11 @@ ratios compare like with like on a shared machine:
   static program of that length and by the dynamic program (made by a call at another length),
   calls interleaved, each timed by the process's CPU time; the ratio of the fastest and of the
   median calls.
+- ``cnn_speed``: the same for a CNN training step (conv, BatchNorm, ReLU, max_pool, a global mean,
+  Linear, Adam) at one batch and image size, its dynamic program made by a call at another batch
+  (``batch``), at another height and width (``image``), or both (``batch and image``). Where the
+  calls at two sizes make no dynamic program the line says why (then two static programs are compared).
+  Its second convolution (16 -> 32 channels, 3x3) takes Winograd unless ``--no-winograd``.
 - ``epoch``: 40 batches of 25 distinct lengths through the same step, compiled (``dynamic=None``,
   the default; and ``dynamic=False``, every length its own program up to the recompile limit, as
   before) and eagerly on the same data: compiles made, process CPU time of the epoch and of a
@@ -87,8 +92,9 @@ def speed(b: int, t: int, rounds: int) -> str:
     x = batch(rng, b, t)
     for _ in range(2):
         static(*x)
+    # first another length (a static program runs the sizes it was made for), then t: the dynamic program
+    dynamic(*batch(rng, b, t // 2 + 3))
     dynamic(*x)
-    dynamic(*batch(rng, b, t // 2 + 3))  # another length: the dynamic program, which then runs at t
     dynamic(*x)
     assert [s.dynamic is not None for s in dynamic.state.specializations] == [False, True], dynamic.state.events
     times: list[list[float]] = [[], []]
@@ -100,6 +106,64 @@ def speed(b: int, t: int, rounds: int) -> str:
     (s_min, d_min), (s_med, d_med) = (min(t) for t in times), (float(np.median(t)) for t in times)
     return (f"GPT step B={b} T={t}: static {s_min * 1e3:.2f} ms, dynamic {d_min * 1e3:.2f} ms (fastest calls: "
             f"dynamic/static {d_min / s_min:.3f}; median calls {d_med / s_med:.3f})")  # fmt: skip
+
+
+def make_cnn_step(pool: tuple[int, int, int]):
+    """A CNN training step; ``pool``: the max pools' (kernel, stride, padding)."""
+    kiln.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(*pool),
+        nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(*pool),
+    )  # fmt: skip
+    head = nn.Linear(32, 10)
+    opt = kiln.optim.Adam([*model.parameters(), *head.parameters()], lr=1e-3)
+
+    def step(x, y):
+        loss = F.cross_entropy(head(model(x).mean(dim=(2, 3))), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    return step
+
+
+def images(rng, b: int, h: int, w: int):
+    return kiln.tensor(rng.standard_normal((b, 3, h, w)).astype(np.float32)), kiln.tensor(rng.integers(0, 10, b))
+
+
+#: The other sizes (batch, height, width) that make the dynamic program of ``cnn_speed``, by name.
+CNN_OTHER = {"batch": (20, 32, 32), "image": (32, 24, 20), "batch and image": (20, 24, 20)}
+
+
+def cnn_speed(dims: str, pool: tuple[int, int, int], rounds: int) -> str:
+    """The CNN step at (32, 3, 32, 32): static program against the dynamic one made by a call at
+    ``CNN_OTHER[dims]``, interleaved, one thread."""
+    rng = np.random.default_rng(0)
+    static, dynamic = (
+        kiln.compile(make_cnn_step(pool), dynamic=False, wait=True),
+        kiln.compile(make_cnn_step(pool), wait=True),
+    )
+    x = images(rng, 32, 32, 32)
+    for _ in range(2):
+        static(*x)
+    dynamic(*images(rng, *CNN_OTHER[dims]))  # (as in ``speed``: the other size first)
+    dynamic(*x)
+    dynamic(*x)
+    made = dynamic.state.specializations[-1]
+    what = f"CNN step (32, 3, 32, 32), max_pool{pool}, dynamic in {dims}"
+    if made.dynamic is None:
+        why = getattr(made, "not_dynamic", None) or dynamic.state.events[-1].detail
+        what += f" -- NOT DYNAMIC ({why}); static against static"
+    times: list[list[float]] = [[], []]
+    for _ in range(rounds):
+        for k, fn in enumerate((static, dynamic)):
+            start = time.process_time()
+            fn(*x)
+            times[k].append(time.process_time() - start)
+    (s_min, d_min), (s_med, d_med) = (min(t) for t in times), (float(np.median(t)) for t in times)
+    return (f"{what}: static {s_min * 1e3:.2f} ms, dynamic {d_min * 1e3:.2f} ms (fastest calls: dynamic/static "
+            f"{d_min / s_min:.3f}; median calls {d_med / s_med:.3f})")  # fmt: skip
 
 
 def epoch(b: int, quick: bool) -> str:
@@ -135,10 +199,20 @@ def epoch(b: int, quick: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    quick = parser.parse_args().quick
+    parser.add_argument("--only", choices=("speed", "cnn_speed", "epoch"), help="one of the measurements")
+    parser.add_argument("--no-winograd", action="store_true", help="convolutions without Winograd (cpu.winograd)")
+    args = parser.parse_args()
+    kiln.backends.cpu.winograd = not args.no_winograd
+    rounds = 10 if args.quick else 40
     kiln.runtime.threads.set_num_threads(1)
-    print(speed(8, 64, 10 if quick else 40))
-    print(epoch(8, quick))
+    if args.only in (None, "speed"):
+        print(speed(8, 64, rounds))
+    if args.only in (None, "cnn_speed"):
+        for pool in ((2, 2, 0), (3, 2, 1)):
+            for dims in CNN_OTHER:
+                print(cnn_speed(dims, pool, rounds))
+    if args.only in (None, "epoch"):
+        print(epoch(8, args.quick))
 
 
 if __name__ == "__main__":

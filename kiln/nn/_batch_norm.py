@@ -181,7 +181,16 @@ def update_running_statistics(running_mean, running_var, mean, var, momentum, co
     c = running_mean.shape[0]
     with kiln.no_grad():
         running_mean.mul_(1 - momentum).add_(mean.reshape(c) * momentum)
-        running_var.mul_(1 - momentum).add_(var.reshape(c) * (momentum * count / (count - 1)))
+        running_var.mul_(1 - momentum).add_(var.reshape(c) * (unbiased_factor(var, count) * momentum))
+
+
+def unbiased_factor(like: kiln.Tensor, count: int) -> kiln.Tensor:
+    """``count / (count - 1)`` (Bessel's correction) as a scalar tensor of ``like``'s dtype, computed
+    by ops from ``count`` itself: a trace then records the count, which a dynamic program reads as
+    its sizes' product (``frontend/jit/dynamic.py``); the Python number ``count / (count - 1)``
+    would be a constant that holds another value at every size and keep the program static."""
+    one = kiln.ones((), dtype=like.dtype, device=like.device)
+    return one / (one - one / count)
 
 
 def count_batch(counter) -> None:

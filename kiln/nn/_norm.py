@@ -20,6 +20,7 @@ from ._batch_norm import (
     batch_norm_on_arrays,
     moments,
     training_batch_norm,
+    unbiased_factor,
     update_running_statistics,
 )
 from ._utils import check_tensor
@@ -180,7 +181,7 @@ def instance_norm(input, running_mean=None, running_var=None, weight=None, bias=
         if running_mean is not None:
             running_mean.mul_(1 - momentum).add_(mean.reshape(input.shape[0], c).mean(dim=0) * momentum)
         if running_var is not None:
-            unbiased = var.reshape(input.shape[0], c).mean(dim=0) * (count / (count - 1))
+            unbiased = var.reshape(input.shape[0], c).mean(dim=0) * unbiased_factor(var, count)
             running_var.mul_(1 - momentum).add_(unbiased * momentum)
     return affine(y, weight, bias, shape)
 

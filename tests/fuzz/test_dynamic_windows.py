@@ -22,13 +22,14 @@ from kiln import nn
 
 PROGRAMS = 24
 CALLS = 6
+KINDS = ("conv", "conv_transpose", "max_pool", "avg_pool", "relu")
 
 
-def _net(r: random.Random, channels: int) -> nn.Module:
+def _net(r: random.Random, channels: int, kinds=KINDS) -> nn.Module:
     layers: list[nn.Module] = []
     c = channels
     for _ in range(r.randint(1, 3)):
-        kind = r.choice(("conv", "conv_transpose", "max_pool", "avg_pool", "relu"))
+        kind = r.choice(kinds)
         if kind == "conv":
             out = r.randint(1, 4)
             layers.append(nn.Conv2d(c, out, r.randint(1, 3), stride=r.randint(1, 2), padding=r.randint(0, 1)))
@@ -41,6 +42,8 @@ def _net(r: random.Random, channels: int) -> nn.Module:
             layers.append(nn.MaxPool2d(r.randint(2, 3), stride=r.randint(1, 2), ceil_mode=r.random() < 0.5))
         elif kind == "avg_pool":
             layers.append(nn.AvgPool2d(r.randint(2, 3), stride=r.randint(1, 2), padding=r.randint(0, 1)))
+        elif kind == "batch_norm":
+            layers.append(nn.BatchNorm2d(c))
         else:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
@@ -72,3 +75,42 @@ def test_random_conv_nets_at_varying_image_sizes_match_eager(seed):
         where = f"seed {seed}: {net}; call {call} at {shape}"
         np.testing.assert_allclose(found[1][0], found[0][0], rtol=1e-4, atol=1e-5, err_msg=where)
         np.testing.assert_allclose(found[1][1], found[0][1], rtol=1e-3, atol=1e-5, err_msg=where)
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("seed", range(PROGRAMS // 2))
+def test_random_conv_nets_with_batch_norm_over_varying_batches_match_eager(seed):
+    """One image size, batches of 2 to 6: programs dynamic in the batch alone, whose convolutions,
+    filter gradients and sums across the batch are compiled over a symbolic batch."""
+    r = random.Random(1000 + seed)
+    channels = r.randint(1, 3)
+    kiln.manual_seed(seed)
+    kinds, twin_r = (*KINDS, "batch_norm", "batch_norm"), random.Random()
+    twin_r.setstate(r.getstate())
+    net, twin = _net(r, channels, kinds), _net(twin_r, channels, kinds)
+    twin.load_state_dict(net.state_dict())  # the running statistics advance in each: one per function
+    image = (r.randint(9, 20), r.randint(9, 20))
+
+    def loss_of(model):
+        def loss(x):
+            y = model(x)
+            return (y * y).mean() + y.sum(dim=(2, 3)).mean()
+
+        return loss
+
+    eager, compiled = loss_of(net), kiln.compile(loss_of(twin))
+    rng = np.random.default_rng(seed)
+    for call in range(CALLS):
+        shape = (r.randint(2, 6), channels, *image)
+        a = rng.standard_normal(shape).astype(np.float32)
+        found = []
+        for fn in (eager, compiled):
+            x = kiln.tensor(a, requires_grad=True)
+            value = fn(x)
+            value.backward()
+            found.append((value.item(), x.grad.numpy()))
+        where = f"seed {seed}: {net}; call {call} at {shape}"
+        np.testing.assert_allclose(found[1][0], found[0][0], rtol=1e-4, atol=1e-5, err_msg=where)
+        np.testing.assert_allclose(found[1][1], found[0][1], rtol=1e-3, atol=1e-5, err_msg=where)
+    for a, b in zip(twin.state_dict().values(), net.state_dict().values(), strict=True):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"seed {seed}: {net}")

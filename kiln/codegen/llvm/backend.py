@@ -278,7 +278,7 @@ class _Batch:
             if compiled is None:
                 return []
         for (key, info, _, _), code in zip(self.pending, compiled, strict=True):
-            if code is not None and self.cache.enabled and not info.symbols:
+            if code is not None and self.cache.enabled:
                 self.cache.put(key, kernel_cache.to_entry(info, code))
         return self.cached + [code for code in compiled if code is not None]
 

@@ -16,6 +16,12 @@ no access leaves its row and masked lanes read zeros.
   the taps go in groups of ``TAP_GROUP`` (their accumulators in registers) and each tap's lanes
   are added up once at the end. Units own disjoint outputs and sum in one fixed order, so results
   do not depend on how units are split over threads.
+
+Over a symbolic batch (the leading dim of ``conv``'s input and result, of both of ``conv_weight``'s
+inputs; every other size static) the code is the same: ``conv``'s units are ``batch * blocks``, so
+only their number follows the size (``symbolic_info``); ``conv_weight`` sums over the samples in
+each unit and reads their number from the argument table, the slot after the pointers
+(``symbolic.symbol_size``).
 """
 
 from __future__ import annotations
@@ -25,11 +31,14 @@ from collections.abc import Sequence
 
 from llvmlite import ir
 
+from ...ir import dtypes as dt
 from ...ir.graph import Node
+from ...ir.types import Sym, is_static
 from ..core import Unsupported
 from .body import element_pointer, operand_pointers
-from .kernel_info import CONV_OPS, float_static, moved_bytes
+from .kernel_info import CONV_OPS, moved_bytes
 from .loops import for_range, i64, static_shape
+from .symbolic import symbol_size
 from .vectors import Rows
 
 #: Tap accumulators of ``conv_weight`` held at once (each a vector register).
@@ -43,9 +52,11 @@ def compilable(node: Node) -> str | None:
     when the kernel is built."""
     if node.op not in CONV_OPS:
         return f"{node.op} is not a direct convolution"
-    why = float_static(node)
-    if why is not None:
-        return why
+    dtype = node.output.type.dtype
+    if dtype not in (dt.float32, dt.float64):
+        return f"{node.op} of {dtype.name} runs on its eager kernel"
+    if batch_symbol(node) is None and not all(is_static(v.type.shape) for v in (*node.inputs, *node.outputs)):
+        return f"{node.op} over symbolic sizes other than one batch size runs on its eager kernel"
     if len(node.attrs["stride"]) != 2:
         return f"{node.op} of {len(node.attrs['stride'])} spatial dims runs on its eager kernel (2-d only)"
     if tuple(node.attrs["stride"]) != (1, 1):
@@ -53,12 +64,28 @@ def compilable(node: Node) -> str | None:
     return None
 
 
+def batch_symbol(node: Node) -> Sym | None:
+    """The symbolic batch size of a ``conv``/``conv_weight`` node: one symbol that leads ``conv``'s
+    input and result (both of ``conv_weight``'s inputs), every other size static; None otherwise."""
+    batched = (node.inputs[0], node.output) if node.op == "conv" else node.inputs
+    lead = {v.type.shape[0] for v in batched}
+    sym = lead.pop() if len(lead) == 1 else None
+    if not isinstance(sym, Sym):
+        return None
+    others = [v for v in (*node.inputs, *node.outputs) if all(v is not b for b in batched)]
+    shapes = [*(v.type.shape[1:] for v in batched), *(v.type.shape for v in others)]
+    return sym if all(is_static(shape) for shape in shapes) else None
+
+
 def multiply_adds(node: Node) -> int:
     """The multiply-adds of a ``conv`` or ``conv_weight`` node: each output element sums over the
-    filter (conv) or over every sample's output positions (conv_weight)."""
-    first, second = static_shape(node.inputs[0]), static_shape(node.inputs[1])  # static: ``compilable`` checked it
-    inner = math.prod(second[1:]) if node.op == "conv" else first[0] * math.prod(first[2:])
-    return node.output.type.numel * inner
+    filter (conv) or over every sample's output positions (conv_weight). Per sample over a symbolic
+    batch (``batch_symbol``)."""
+    first, second = node.inputs[0].type.shape, static_shape(node.inputs[1])
+    samples = first[0] if isinstance(first[0], int) else 1
+    if node.op == "conv":
+        return samples * math.prod(static_shape(node.output)[1:]) * math.prod(second[1:])
+    return node.output.type.numel * samples * math.prod(static_shape(node.inputs[0])[2:])
 
 
 def work_bytes(node: Node) -> int:
@@ -66,19 +93,43 @@ def work_bytes(node: Node) -> int:
     return moved_bytes(node) + 2 * multiply_adds(node)
 
 
-def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int:
+def symbolic_info(node: Node, extent: int | tuple[int, int]) -> tuple:
+    """``(symbols, fixed_extent, rows_per_size, rows_per_unit, fixed_bytes, bytes_per_size)`` of a node
+    over a symbolic batch (``KernelInfo``): a ``conv``'s units are samples times channel blocks, a
+    ``conv_weight``'s are its filter's (static); the work of a sample is its share of the bytes and
+    of the multiply-adds."""
+    sym = batch_symbol(node)
+    assert sym is not None, f"{node.op} over symbolic sizes other than a batch"
+    fixed = per_sample = 0
+    for v in (*node.inputs, *node.outputs):
+        itemsize = v.type.dtype.itemsize
+        if v.type.shape[0] == sym:
+            per_sample += math.prod(static_shape(v)[1:]) * itemsize
+        else:
+            fixed += math.prod(static_shape(v)) * itemsize
+    per_sample += 2 * multiply_adds(node)
+    if isinstance(extent, tuple):
+        return (sym,), 0, extent[0], extent[1], fixed, per_sample
+    return (sym,), extent, 0, 1, fixed, per_sample
+
+
+def emit(builder: ir.IRBuilder, params: Sequence[ir.Value], node: Node, layouts) -> int | tuple[int, int]:
     """Emit ``node``'s function body at ``builder`` (the entry block of ``(args, begin, end)``);
-    return its number of parallel units."""
+    return its number of parallel units (over a symbolic batch: units per sample, 1)."""
     why = compilable(node)
     if why is not None:
         raise Unsupported(why)
-    if node.output.type.numel == 0:  # no output channels (or input channels of a filter gradient)
-        builder.ret_void()
-        return 0
+    if 0 in (node.output.type.shape[1:] if node.op == "conv" else node.output.type.shape):
+        builder.ret_void()  # no output channels (or input channels of a filter gradient)
+        return 0 if batch_symbol(node) is None else (0, 1)
     args, begin, end = params
     pointers = operand_pointers(builder, args, 3)
-    write = forward if node.op == "conv" else _weight
-    extent = write(builder, pointers, begin, end, node, [tuple(s) for s in layouts])
+    if node.op == "conv":
+        extent = forward(builder, pointers, begin, end, node, [tuple(s) for s in layouts])
+    else:
+        first = node.inputs[0].type.shape[0]
+        samples = i64(first) if isinstance(first, int) else symbol_size(builder, args, 3)
+        extent = _weight(builder, pointers, begin, end, node, [tuple(s) for s in layouts], samples)
     builder.ret_void()
     return extent
 
@@ -101,8 +152,8 @@ def channel_block(channels: int) -> int:
 def _unit_columns(node: Node, operand: int, what: str, strides) -> None:
     """The kernels read rows as contiguous vectors: an input of several columns needs unit column
     steps (an empty one, or one of single columns, reads none)."""
-    shape = static_shape(node.inputs[operand])
-    if strides[3] != 1 and shape[3] > 1 and math.prod(shape):
+    shape = node.inputs[operand].type.shape  # its batch may be symbolic (never 0 then)
+    if strides[3] != 1 and shape[3] != 1 and 0 not in shape:
         raise Unsupported(f"{node.op} of a {what} whose rows are not contiguous runs on its eager kernel")
 
 
@@ -112,11 +163,13 @@ def _taps(node: Node, kernel, row_stride: int) -> list[int]:
     return [i * dh * row_stride + j * dw for i in range(kernel[0]) for j in range(kernel[1])]
 
 
-def forward(builder, pointers, begin, end, node: Node, layouts, epilogue=None) -> int:
+def forward(builder, pointers, begin, end, node: Node, layouts, epilogue=None) -> int | tuple[int, int]:
     """``conv``'s loops; with an ``epilogue`` (``conv_epilogue``), each unit's block of output
-    channels goes to the epilogue's stack slab instead, and the epilogue then runs on it."""
+    channels goes to the epilogue's stack slab instead, and the epilogue then runs on it. Returns the
+    number of units (over a symbolic batch: units per sample, 1)."""
     x_ptr, w_ptr, out_ptr = pointers
-    (n_size, c_size, *_), (o_size, _, kh, kw) = static_shape(node.inputs[0]), static_shape(node.inputs[1])
+    n_size, (_, c_size, *_) = node.inputs[0].type.shape[0], static_shape(node.inputs[0])  # n_size: maybe a Sym
+    o_size, _, kh, kw = static_shape(node.inputs[1])
     oh_size, ow_size = static_shape(node.output)[2:]
     _unit_columns(node, 0, "input", layouts[0])
     xn, xc, xr, _ = layouts[0]
@@ -161,12 +214,13 @@ def forward(builder, pointers, begin, end, node: Node, layouts, epilogue=None) -
             rows.chunks(builder, chunk)
         if epilogue is not None:
             epilogue.emit(n, o0)
-    return n_size * blocks
+    return n_size * blocks if isinstance(n_size, int) else (blocks, 1)
 
 
-def _weight(builder, pointers, begin, end, node: Node, layouts) -> int:
+def _weight(builder, pointers, begin, end, node: Node, layouts, samples: ir.Value) -> int:
+    """``conv_weight``'s loops, over ``samples`` samples (an i64: the batch size)."""
     g_ptr, x_ptr, out_ptr = pointers
-    (n_size, o_size, oh_size, ow_size), (_, c_size, *_) = static_shape(node.inputs[0]), static_shape(node.inputs[1])
+    (_, o_size, oh_size, ow_size), (_, c_size, *_) = static_shape(node.inputs[0]), static_shape(node.inputs[1])
     _unit_columns(node, 0, "output gradient", layouts[0])
     _unit_columns(node, 1, "input", layouts[1])
     gn, go, goh, _ = layouts[0]
@@ -186,7 +240,7 @@ def _weight(builder, pointers, begin, end, node: Node, layouts) -> int:
             group_slots = slots[: len(group_shifts)]
             for slot in group_slots:
                 builder.store(rows.zero(), slot)
-            with for_range(builder, 0, n_size, name="n", vectorize=False) as n:
+            with for_range(builder, 0, samples, name="n", vectorize=False) as n:
                 g_at = _add(builder, _mul(builder, n, gn), _mul(builder, o, go))
                 x_at = _add(builder, _mul(builder, n, xn), _mul(builder, c, xc))
                 with for_range(builder, 0, oh_size, name="oh", vectorize=False) as oh:

@@ -117,6 +117,7 @@ def emit_conv_kernel(builder: ir.IRBuilder, params: Sequence[ir.Value], node: No
     epilogue = _Epilogue(builder, conv, domains, pointers[2:])
     extent = forward(builder, (*pointers[:2], None), begin, end, conv, [tuple(s) for s in layouts], epilogue)
     builder.ret_void()
+    assert isinstance(extent, int), "a conv kernel over a symbolic batch (takes_epilogue declines it)"
     return extent
 
 

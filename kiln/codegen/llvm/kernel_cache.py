@@ -23,6 +23,7 @@ import struct
 from collections.abc import Sequence
 
 from ...ir.graph import KERNEL, Node, structure_key
+from ...ir.types import Sym, parse_dim
 from ...runtime.cache import DiskCache, cache_key, default_cache, kernels_of, source_digest
 from ..kernel_dag import VIEWS
 from . import host
@@ -81,8 +82,14 @@ def renamed(ir_text: str, info: KernelInfo, name: str) -> tuple[str, KernelInfo]
 
 
 def to_entry(info: KernelInfo, code: bytes) -> bytes:
-    record = json.dumps([info.symbol, info.fixed_extent, info.fixed_work_bytes]).encode()
-    return _LENGTH.pack(len(record)) + record + code
+    """The entry of a kernel: its ``KernelInfo`` (over symbolic sizes, the sizes it reads and how its
+    units and work follow them, each size as its text) and its object code."""
+    record: list = [info.symbol, info.fixed_extent, info.fixed_work_bytes]
+    if info.symbols:
+        terms = [[[str(d) for d in dims], itemsize] for dims, itemsize in info.work_terms]
+        record += [[str(s) for s in info.symbols], info.rows_per_size, info.rows_per_unit, info.bytes_per_size, terms]
+    data = json.dumps(record).encode()
+    return _LENGTH.pack(len(data)) + data + code
 
 
 def from_entry(payload: bytes, key: str | None = None) -> tuple[KernelInfo, bytes]:
@@ -92,11 +99,31 @@ def from_entry(payload: bytes, key: str | None = None) -> tuple[KernelInfo, byte
         raise ValueError("truncated kernel entry")
     (size,) = _LENGTH.unpack_from(payload)
     end = _LENGTH.size + size
-    symbol_name, extent, work = json.loads(payload[_LENGTH.size : end])
+    record = json.loads(payload[_LENGTH.size : end])
+    if not isinstance(record, list) or len(record) not in (3, 8):
+        raise ValueError("a kernel entry's record is not (symbol, extent, work bytes[, its symbolic sizes])")
+    symbol_name, extent, work = record[:3]
     if not isinstance(symbol_name, str) or not isinstance(extent, int) or not isinstance(work, int):
         raise ValueError("a kernel entry's record is not (symbol, extent, work bytes)")
     if len(payload) <= end:
         raise ValueError("a kernel entry without object code")
     if key is not None and symbol_name != symbol(key):
         raise ValueError(f"a kernel entry for {symbol_name}, not {symbol(key)}")
-    return KernelInfo(symbol_name, extent, work), payload[end:]
+    return KernelInfo(symbol_name, extent, work, *_symbolic_fields(record[3:])), payload[end:]
+
+
+def _symbolic_fields(fields: list) -> tuple:
+    """``KernelInfo``'s fields after the first three, from an entry's record (none for a static kernel)."""
+    if not fields:
+        return ()
+    names, per_size, per_unit, bytes_per_size, terms = fields
+    try:
+        symbols = tuple(parse_dim(name) for name in names)
+        work_terms = tuple((tuple(parse_dim(str(d)) for d in dims), int(itemsize)) for dims, itemsize in terms)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"a kernel entry's symbolic sizes do not parse: {error}") from error
+    if not symbols or not all(isinstance(s, Sym) for s in symbols):
+        raise ValueError(f"a kernel entry's symbolic sizes are not symbols: {names!r}")
+    if not all(isinstance(n, int) for n in (per_size, per_unit, bytes_per_size)) or per_unit < 1:
+        raise ValueError("a kernel entry's units per size are not whole numbers")
+    return symbols, per_size, per_unit, bytes_per_size, work_terms

@@ -35,7 +35,7 @@ from ..kernel_dag import VIEWS
 from ..plans import check_layouts, checked_bodies
 from .body import POINTER
 from .emitter import register_type
-from .kernel_info import INDEX_OPS, NATIVE_OPS, KernelInfo, moved_bytes, native_code
+from .kernel_info import NATIVE_OPS, KernelInfo, moved_bytes, native_code
 from .kinds import kind_generator
 from .loops import I64
 from .symbolic import symbolic_dimension, symbolic_work_bytes
@@ -104,9 +104,11 @@ class KernelModule:
         rows (reduce_sum keeping the last axis: ``leading_sums``)."""
         check_layouts(node, layouts)
         symbolic = any(v.type.symbols for v in (*node.inputs, *node.outputs))
-        if symbolic and node.op not in ("reduce_sum", *INDEX_OPS):
+        family = native_code(node.op)
+        symbolic_info = getattr(family, "symbolic_info", None)  # a family's units over symbolic sizes
+        if symbolic and symbolic_info is None and node.op != "reduce_sum":
             raise Unsupported(f"{node.op} over a symbolic dimension runs on its eager kernel")
-        emit = native_code(node.op).emit
+        emit = family.emit
         key = ("native", node.op, node.attr_key(), tuple(v.type for v in (*node.inputs, *node.outputs)),
                tuple(map(tuple, layouts)))  # fmt: skip
         if key in self._known:
@@ -119,10 +121,8 @@ class KernelModule:
         except BaseException:
             self._drop_new_functions(existing)
             raise
-        if symbolic and node.op in INDEX_OPS:  # over symbolic index positions (gather_scatter.py)
-            symbols, fixed_extent, per_size, per_unit, fixed, bytes_per_size = native_code(node.op).symbolic_info(
-                node, extent
-            )
+        if symbolic and symbolic_info is not None:  # index positions (gather_scatter.py), a batch (conv.py)
+            symbols, fixed_extent, per_size, per_unit, fixed, bytes_per_size = symbolic_info(node, extent)
             info = KernelInfo(symbol, fixed_extent, fixed, symbols, per_size, per_unit, bytes_per_size)
             self._known[key] = info
             return info

@@ -175,8 +175,15 @@ class CompiledFunction:
             return self.fn(*args, **kwargs)  # disabled, or inside another trace: trace through
         leaves, tree = flatten_call(args, kwargs)
         dynamic = self.state.dynamic.get(tree) if self.state.dynamic else None
-        key = call_key(tree, leaves, dynamic)
         closure_values = self._closure_values()
+        if dynamic is not None:  # a static program runs the sizes it was made for: never slower than a dynamic one
+            for entry in self.state.cache.get(call_key(tree, leaves), ()):
+                if (
+                    not isinstance(entry, _NOT_COMPILED)
+                    and entry.state_miss(self._globals, closure_values, leaves) is None
+                ):
+                    return self._run_compiled(entry, args, kwargs, leaves)
+        key = call_key(tree, leaves, dynamic)
         miss = "first call"
         while True:
             for entry in self.state.cache.get(key, ()):
@@ -192,19 +199,23 @@ class CompiledFunction:
                         return self.fn(*args, **kwargs)
                 miss = entry.state_miss(self._globals, closure_values, leaves)
                 if miss is None:
-                    if self.check:
-                        from .check import run_checked  # noqa: PLC0415
-
-                        return run_checked(self, entry, args, kwargs, leaves)
-                    if profiling.active:  # kiln.profiler records the call around its kernels
-                        return profiling.timed(f"kiln.compile({self._name()})", "compiled", entry.run, leaves)
-                    return entry.run(leaves)
+                    return self._run_compiled(entry, args, kwargs, leaves)
             if dynamic is None:
                 break
             # A call the dynamic programs do not serve (a size guard, changed state) looks up, and
             # traces under, its own sizes: a static program must never serve other sizes.
             dynamic, key = None, call_key(tree, leaves)
         return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
+
+    def _run_compiled(self, entry, args, kwargs, leaves):
+        """Run the compiled specialization ``entry``, whose guards the call passed."""
+        if self.check:
+            from .check import run_checked  # noqa: PLC0415
+
+            return run_checked(self, entry, args, kwargs, leaves)
+        if profiling.active:  # kiln.profiler records the call around its kernels
+            return profiling.timed(f"kiln.compile({self._name()})", "compiled", entry.run, leaves)
+        return entry.run(leaves)
 
     def _compile_miss(self, args, kwargs, leaves, key, miss: str, closure_values: dict):
         """A call no specialization matched: trace it, one thread at a time.

@@ -125,7 +125,12 @@ def dynamic_key(dims_by_tree: dict, key: tuple, spec, leaves: list) -> tuple[tup
     for p, d in spec.dynamic:
         dims[p] = tuple(sorted({*dims.get(p, ()), d}))
     dims_by_tree[key[0]] = dims
-    spec.key = call_key(key[0], leaves, dims)
+    # ``leaves`` are the arguments after the traced call: their ``.grad`` (a backward inside the call)
+    # and requires_grad are taken from ``key``, the arguments as they came, as every call looks up
+    fresh = call_key(key[0], leaves, dims)
+    parts = tuple((*new[:5], *old[5:7], *new[7:]) if new[0] == "tensor" else new
+                  for new, old in zip(fresh[1], key[1], strict=True))  # fmt: skip
+    spec.key = (fresh[0], parts, *key[2:])
     own = set(spec.dynamic)
     spec.size_guards += [SizeGuard(p, d, "__eq__", int(leaves[p].shape[d]), True, "the size its program was traced at")
                          for p, ds in dims.items() for d in ds if (p, d) not in own]  # fmt: skip

@@ -33,6 +33,7 @@ from ...passes.write_backs import choose_write_backs
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from .dynamic_binding import bind_graph, position_sizes, symbol_positions
 from .symbolic_kernels import collapse_symbolic_prefixes
+from .symbolic_reductions import split_batch_sums
 
 #: Sizes the layouts are inferred at to learn which do not depend on the size (any two >= 2 do).
 PROBES = (2, 3)
@@ -206,6 +207,7 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     if backend.name != "llvm":
         raise Unlowered(f"the {backend.name} backend generates code for static sizes only")
     start = time.perf_counter()
+    graph = split_batch_sums(graph)  # BatchNorm's sums across the batch: two sums compiled over any batch
     record: list = []
     seconds: list = []
     stages = [*driver.graph_stages(options), *(s for s in driver.LOWERING_STAGES if s.name == "fuse")]
