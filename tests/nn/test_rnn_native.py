@@ -108,7 +108,9 @@ def test_kernels_equal_numpy_on_the_packed_layout(
     for span in {"all": [], "no gates": [layout.gate_span], "states only": [layout.gate_span, layout.extra]}[cotangent]:
         g[..., span[0] : span[0] + span[1]] = 0
     out = _scan_both(direct, mode, args, reverse, g)
-    tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
+    # float32: the native step product sums in its own order, not the BLAS's (one GRU gradient element
+    # of ~0.03 differed by 3.5e-6 after five steps); float64 shows the formulas are the same
+    tol = dict(rtol=2e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(out[True][0], out[False][0], **tol)
     np.testing.assert_allclose(out[True][1], out[False][1], **tol)
     assert runs == {"forward": 1, "backward": 1}
