@@ -284,7 +284,8 @@ def test_a_failed_compile_is_said_once_and_numpy_runs(eager_on, runs, monkeypatc
     said = [str(w.message) for w in caught if issubclass(w.category, kiln.CompileWarning)]
     assert len(said) == 1 and "lstm recurrence" in said[0] and "LLVM said no" in said[0], said
     eager_kernels.set_enabled(False)
-    assert_close(y1, lstm(x)[0], rtol=0, atol=0)
+    # (to rounding: the input projection still ran on kiln's product kernel, whose compile did not fail)
+    assert_close(y1, lstm(x)[0], rtol=1e-5, atol=1e-6)
     assert_close(y2, y1, rtol=0, atol=0)
     assert runs["forward"] == 0
 

@@ -34,7 +34,7 @@ _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 FORMAT = 2
 
 
-def _objects(texts: list[str]) -> list[bytes]:
+def cached_objects(texts: list[str]) -> list[bytes]:
     """Object code of each LLVM module, from the disk cache of compiled kernels where it is there."""
     cache = kernel_cache.kernel_cache()
     keys = [cache_key("kiln lstm", str(FORMAT), source_digest("ir", "codegen", "runtime"), host.signature(),
@@ -98,7 +98,7 @@ class _Kernels:
             raise Unsupported(f"no native recurrence for {dtype} (the numpy kernel runs)")
         kiln_dtype = from_numpy_dtype(dtype)
         texts = [make(kiln_dtype, hidden) for make in cls.FUNCTIONS.values()]
-        return cls(dtype, hidden, engine.Library(_objects(texts)))
+        return cls(dtype, hidden, engine.Library(cached_objects(texts)))
 
     def _takes(self, hidden: int, *arrays: np.ndarray | None) -> bool:
         return hidden == self.hidden and all(a is None or a.dtype == self.dtype for a in arrays)
