@@ -11,7 +11,7 @@ import pytest
 import kiln
 from kiln.codegen.llvm import product_call
 from kiln.codegen.llvm.product_call import Product
-from kiln.frontend import eager_kernels, eager_recurrence
+from kiln.frontend import eager_kernels, eager_products
 from kiln.runtime import threads
 
 _BUILT: dict = {}
@@ -89,28 +89,57 @@ def eager_on(monkeypatch):
     eager_kernels.CACHE.clear()
 
 
-def test_matmul_runs_the_kernel_with_eager_kernels_on(eager_on, monkeypatch):
-    calls = []
+@pytest.fixture
+def counted(monkeypatch):
+    """The kernel's calls: whether each took its arrays."""
+    calls: list[bool] = []
     original = Product.__call__
 
-    def counted(self, *arrays):
+    def count(self, *arrays):
         calls.append(original(self, *arrays))
         return calls[-1]
 
-    monkeypatch.setattr(Product, "__call__", counted)
+    monkeypatch.setattr(Product, "__call__", count)
+    return calls
+
+
+def test_matmul_runs_the_kernel_with_eager_kernels_on(eager_on, counted):
     rng = np.random.default_rng(0)
-    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((35, 16), (24, 16), (24,)))
-    y = eager_recurrence.matmul(x, w.T, bias)  # a transposed weight: copied C-contiguous for the kernel
-    assert calls == [True]
+    x, w, bias = (rng.standard_normal(s).astype(np.float32) for s in ((560, 128), (512, 128), (512,)))
+    y = eager_products.matmul(x, w.T, bias)  # a transposed weight: copied C-contiguous for the kernel
+    assert counted == [True]
     _check(y - bias, x, w.T)  # (bias added first: within the same bound)
     eager_kernels.set_enabled(False)
-    np.testing.assert_array_equal(eager_recurrence.matmul(x, w.T, bias), x @ w.T + bias)  # numpy's, exactly
-    assert calls == [True]
+    np.testing.assert_array_equal(eager_products.matmul(x, w.T, bias), x @ w.T + bias)  # numpy's, exactly
+    assert counted == [True]
 
 
-def test_matmul_falls_back_to_numpy_for_what_the_kernel_declines(eager_on):
-    x = np.arange(12, dtype=np.float32).reshape(4, 3)[:, ::-1]  # negative column stride: declined
-    w = np.ones((3, 5), np.float32)
-    np.testing.assert_array_equal(eager_recurrence.matmul(x, w), x @ w)
+def test_small_products_and_what_the_kernel_declines_stay_on_numpy(eager_on, counted):
+    x, w = np.ones((8, 16), np.float32), np.ones((16, 8), np.float32)  # under MIN_MACS
+    np.testing.assert_array_equal(eager_products.matmul(x, w), x @ w)
+    big = (np.arange(600 * 128, dtype=np.float32).reshape(600, 128) / 1e4)[:, ::-1]  # negative strides: declined
+    w = np.ones((128, 512), np.float32)
+    np.testing.assert_array_equal(eager_products.matmul(big, w), big @ w)
     ints = np.ones((2, 2), np.int64)
-    np.testing.assert_array_equal(eager_recurrence.matmul(ints, ints), ints @ ints)
+    np.testing.assert_array_equal(eager_products.matmul(ints, ints), ints @ ints)
+    assert counted == [False]
+
+
+@pytest.mark.parametrize("stack", ["C order", "transposed (batch_first)"])
+def test_the_matmul_primitive_runs_the_kernel_eager_and_compiled(eager_on, counted, stack):
+    """The primitive's eager kernel (kiln.matmul, a Linear's product) and a compiled program's call of
+    it ask the installed product first: a stack of rows times a weight's transpose, as a decoder."""
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((35, 16, 64)).astype(np.float32)
+    x = kiln.from_numpy(rows if stack == "C order" else rows.transpose(1, 0, 2).copy()).transpose(0, 1)
+    if stack == "C order":
+        x = kiln.from_numpy(rows)
+    w = kiln.from_numpy(rng.standard_normal((300, 64)).astype(np.float32))
+    expected = x.numpy() @ w.numpy().T
+    eager = kiln.matmul(x, w.T)
+    assert counted == [True]
+    compiled = kiln.compile(lambda a, b: kiln.matmul(a, b.T) * 2)
+    for _ in range(2):
+        np.testing.assert_allclose(compiled(x, w).numpy(), 2 * expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(eager.numpy(), expected, rtol=1e-4, atol=1e-4)
+    assert counted == [True] * 3
