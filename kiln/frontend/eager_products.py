@@ -2,8 +2,8 @@
 
 Importing this installs ``product`` as the matmul primitive's faster product
 (``ir/primitives/linalg.install_product``): eager matmuls and compiled programs' matmul calls of
-2-D float operands (or a C-contiguous stack of rows times a matrix, a linear layer's) with at
-least ``MIN_MACS`` multiply-adds run on it, as do the eager RNN layers' large products
+2-D float operands (or a C-contiguous stack of rows times a matrix, a linear layer's) of the
+sizes it is measured faster at (``_kernel``) run on it, as do the eager RNN layers' large products
 (``matmul``). The kernel compiles once per dtype, column count and accumulation, in
 ``eager_kernels``' background thread and cache (``KILN_EAGER_KERNELS=0`` keeps numpy; ``=sync``
 compiles in the caller's thread), and into the disk cache of compiled kernels; numpy runs until it
@@ -33,6 +33,15 @@ from . import eager_kernels
 NAME = "matrix product"
 #: Smaller products stay on numpy: the kernel's lookup and call cost a few microseconds.
 MIN_MACS = 1 << 18
+#: Fewer columns stay on numpy: the kernel's column tile is 32 float32s wide, so a narrow product
+#: wastes most of its lanes (64x128 @ 128x10: 4.8 us against numpy's 3.0).
+MIN_COLUMNS = 32
+#: Fewer rows of A stay on numpy: less than one register tile of rows.
+MIN_ROWS = 8
+#: A larger B (bytes) stays on numpy: every row tile reads all of B, which then no longer stays in the
+#: core's cache (128x784 @ 784x512, B 1.6 MB, still took 0.67x numpy's time; a convolution's weight
+#: gradient, B of megabytes, is numpy's blocked product's case).
+MAX_B_BYTES = 2 << 20
 #: A product whose B must be copied C-contiguous (a transposed weight) runs on the kernel from this
 #: many rows of A on: the copy reads and writes B once, the product reads it once per row tile.
 MIN_ROWS_WITH_COPY = 16
@@ -57,7 +66,9 @@ def _kernel(a: np.ndarray, b: np.ndarray, accumulate: bool) -> Callable[..., boo
     if not eager_kernels.enabled() or a.dtype.char not in "fd" or a.dtype != b.dtype or a.ndim != 2 or b.ndim != 2:
         return None
     (m, k), n = a.shape, b.shape[1]
-    if m * k * n < MIN_MACS or (m < MIN_ROWS_WITH_COPY and not b.flags.c_contiguous):
+    if m * k * n < MIN_MACS or n < MIN_COLUMNS or m < MIN_ROWS or b.nbytes > MAX_B_BYTES:
+        return None
+    if m < MIN_ROWS_WITH_COPY and not b.flags.c_contiguous:
         return None
     entry = eager_kernels.ready(NAME, (NAME, a.dtype.char, n, accumulate),
                                 functools.partial(_compile, a.dtype, n, accumulate))  # fmt: skip

@@ -105,7 +105,8 @@ class Product:
         args = np.array([m, k, data_pointer(a) or 0, lda, a_step, data_pointer(b) or 0, data_pointer(out) or 0, ldc],
                         dtype=np.int64)  # fmt: skip
         units = -(-m // self._rows)
-        # work "bytes" for parallel_for's threshold, which is calibrated in streamed bytes (4 MiB, about
-        # 45 us on one core): one a multiply-add, this kernel's rate within a factor of two
-        threads.parallel_for(self._kernel, args.ctypes.data, units, m * k * self.n)
+        # work "bytes" for parallel_for's threshold, calibrated in streamed bytes (4 MiB, about 45 us on
+        # one core): a quarter per multiply-add, so that products from 16M of them (about 130 us on one
+        # core here) split (512x128 @ 128x65, 8.5M, took 42 us serial and 62 us split on the busy machine)
+        threads.parallel_for(self._kernel, args.ctypes.data, units, m * k * self.n // 4)
         return True
