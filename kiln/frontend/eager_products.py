@@ -31,8 +31,9 @@ from . import eager_kernels
 
 #: The eager-kernel cache's name of the kernels (its warnings say it).
 NAME = "matrix product"
-#: Smaller products stay on numpy: the kernel's lookup and call cost a few microseconds.
-MIN_MACS = 1 << 18
+#: Smaller products stay on numpy: the kernel's lookup and call cost a few microseconds (an MLP's
+#: 64x64 @ 64x128 products, 0.5M multiply-adds, gained nothing: its step 0.95 -> 1.00x PyTorch's).
+MIN_MACS = 1 << 22
 #: Fewer columns stay on numpy: the kernel's column tile is 32 float32s wide, so a narrow product
 #: wastes most of its lanes (64x128 @ 128x10: 4.8 us against numpy's 3.0).
 MIN_COLUMNS = 32
@@ -42,9 +43,11 @@ MIN_ROWS = 8
 #: core's cache (128x784 @ 784x512, B 1.6 MB, still took 0.67x numpy's time; a convolution's weight
 #: gradient, B of megabytes, is numpy's blocked product's case).
 MAX_B_BYTES = 2 << 20
-#: A product whose B must be copied C-contiguous (a transposed weight) runs on the kernel from this
-#: many rows of A on: the copy reads and writes B once, the product reads it once per row tile.
-MIN_ROWS_WITH_COPY = 16
+#: A product whose B must be copied C-contiguous (a transposed weight: a Linear's forward) runs on the
+#: kernel from this many rows of A on: numpy's transposing copy takes about 0.6 ns an element of B
+#: here, the kernel about 0.008 ns per row and element, so the copy costs 72/rows of the product (an
+#: MLP's 64-row batch: its step went 0.95 -> 1.02x PyTorch's with the copy at 16 rows).
+MIN_ROWS_WITH_COPY = 256
 
 
 def _compile(dtype: np.dtype, n: int, accumulate: bool) -> eager_kernels.Entry:
