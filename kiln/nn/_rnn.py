@@ -7,9 +7,10 @@ GRU's as one native call per direction once ``frontend/eager_recurrence.py`` has
 per-step products on kiln's own kernel there and on one BLAS thread in numpy's), and its backward
 runs through time and then computes ``dW_ih``, ``dW_hh`` and ``dx`` as one matmul each over all
 steps. Eagerly, those large products run on kiln's own product kernel once compiled
-(``eager_products.matmul``): 2-layer LSTM LM training step (H=128, B=16, T=35, V=500), kiln /
-PyTorch eager in one process, alternating, medians of 60 steps, 3 rounds, one thread, on the busy
-shared 2-core machine: 1.23-1.29 before the native step product and these, 0.81-0.84 after.
+(``eager_products.matmul``), as the decoder's do through the matmul primitive: 2-layer LSTM LM
+training step (H=128, B=16, T=35, V=500), kiln / PyTorch eager in one process, alternating,
+medians of 60 steps, 3 rounds, one thread, on the busy shared 2-core machine: 1.23-1.29 before
+the native step product and these, 0.81-0.84 with the layer's, 0.71-0.77 with the decoder's too.
 Two wrappers share those kernels:
 
 - traced (``kiln.compile``, ``kiln.export``) and on devices other than the CPU: the ``rnn_scan``
