@@ -187,6 +187,8 @@ def _installed(a, b, out=None):
     """``a @ b`` by the installed product (see ``_product``), or None."""
     if not _product or b.ndim != 2 or a.ndim < 2 or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
         return None
+    if a.size == 0 or b.size == 0:  # (numpy's: nothing to gain, and -1 reshapes of empty arrays are ambiguous)
+        return None
     if a.ndim == 2:
         return _product[0](a, b, out)
     if out is not None and not out.flags.c_contiguous:
