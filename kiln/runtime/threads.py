@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "BLAS_MIN_PARALLEL_MACS", "PARALLEL_MIN_WORK_BYTES", "SmallProducts", "blas_gemm", "get_num_threads", "matmul_macs", "parallel_for", "park",
+    "BLAS_MIN_PARALLEL_MACS", "PARALLEL_MIN_WORK_BYTES", "SmallProducts", "get_num_threads", "matmul_macs", "parallel_for", "park",
     "run_blas_product", "set_num_threads",
 ]  # fmt: skip
 
@@ -337,7 +337,6 @@ class _Blas:
     get_threads: Callable[[], int] | None = None
     set_threads: Callable[[int], None] | None = None
     library: ctypes.CDLL | None = None
-    prefix, suffix = "", ""  # of its symbols: numpy 2's scipy-openblas has scipy_cblas_sgemm64_
 
 
 _blas = _Blas()
@@ -365,25 +364,8 @@ def _find_blas() -> None:
             get.restype, get.argtypes = ctypes.c_int, []
             set_.restype, set_.argtypes = None, [ctypes.c_int]
             _blas.get_threads, _blas.set_threads = get, set_
-            _blas.library, _blas.prefix, _blas.suffix = library, prefix, suffix
+            _blas.library = library
             return
-
-
-def blas_gemm(char: str) -> tuple[int, int] | None:
-    """The address of numpy's OpenBLAS ``cblas_sgemm`` (``char`` "f") or ``cblas_dgemm`` ("d") and the
-    bits of its integers (64 for an ILP64 build, whose symbols end in ``64_``), or None where there
-    is none. The address is this process's: a caller passes it to native code at each call."""
-    if not _blas.found:
-        _find_blas()
-    library = _blas.library
-    if library is None or char not in ("f", "d"):
-        return None
-    name = f"{_blas.prefix}cblas_{'s' if char == 'f' else 'd'}gemm{_blas.suffix}"
-    function = getattr(library, name, None)
-    if function is None:
-        return None
-    address = ctypes.cast(function, ctypes.c_void_p).value
-    return (address, 64 if _blas.suffix else 32) if address else None
 
 
 class SmallProducts:

@@ -276,3 +276,44 @@ def test_hook_spectral_norm_matches_torch(torch, module, args, shape):
     torch.nn.utils.remove_spectral_norm(tmod)
     assert sorted(kmod.state_dict()) == sorted(tmod.state_dict())
     assert_close(kmod.weight, tmod.weight, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("max_norm", [0.25, 1e6])
+def test_clip_grad_norm_eager_2_norm_equals_the_op_path(monkeypatch, dtype, max_norm):
+    """The eager 2-norm on the gradients' arrays (one dot and one in-place scale each) gives the op
+    path's norm and gradients: contiguous, transposed and empty gradients, clipping or not."""
+    from kiln.nn.utils import clip_grad
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal((4, 3)).astype(dtype), rng.standard_normal((5, 6)).astype(dtype).T,
+              np.zeros((0, 2), dtype), rng.standard_normal(7).astype(dtype)]  # fmt: skip
+    runs = []
+    fast = clip_grad._clip_2_eager
+    monkeypatch.setattr(clip_grad, "_clip_2_eager", lambda *a: runs.append(1) or fast(*a))
+
+    def clipped(eager: bool):
+        params = [nn.Parameter(kiln.zeros(*a.shape, dtype=kiln.float64 if dtype == np.float64 else kiln.float32))
+                  for a in arrays]  # fmt: skip
+        for p, a in zip(params, arrays, strict=True):
+            p.grad = kiln.from_numpy(np.array(a, order="C"))  # a copy: the clip scales it in place
+        if eager:
+            params[1].grad = kiln.from_numpy(arrays[1].T.copy()).T  # a transposed view
+        versions = [p.grad._version[0] for p in params]  # (the counter is a shared cell)
+        with monkeypatch.context() as m:
+            if not eager:
+                m.setattr(clip_grad, "_plain", lambda grads: False)
+            total = nn.utils.clip_grad_norm_(params, max_norm)
+        assert all(p.grad._version[0] > v for p, v in zip(params, versions, strict=True))
+        return total, [p.grad.numpy() for p in params]
+
+    total, grads = clipped(eager=True)
+    assert runs == [1]
+    expected_total, expected = clipped(eager=False)
+    assert runs == [1] and total.dtype == expected_total.dtype
+    tol = dict(rtol=1e-6, atol=1e-7) if dtype == np.float32 else dict(rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(total.numpy(), expected_total.numpy(), **tol)
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_allclose(got, want, **tol)
+    norm = np.sqrt(sum(float((a.astype(np.float64) ** 2).sum()) for a in arrays))
+    np.testing.assert_allclose(float(total), norm, rtol=1e-6)

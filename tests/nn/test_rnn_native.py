@@ -108,7 +108,9 @@ def test_kernels_equal_numpy_on_the_packed_layout(
     for span in {"all": [], "no gates": [layout.gate_span], "states only": [layout.gate_span, layout.extra]}[cotangent]:
         g[..., span[0] : span[0] + span[1]] = 0
     out = _scan_both(direct, mode, args, reverse, g)
-    tol = dict(rtol=2e-5, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
+    # float32: the native step product sums in its own order, not the BLAS's (one GRU gradient element
+    # of ~0.03 differed by 3.5e-6 after five steps); float64 shows the formulas are the same
+    tol = dict(rtol=2e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(out[True][0], out[False][0], **tol)
     np.testing.assert_allclose(out[True][1], out[False][1], **tol)
     assert runs == {"forward": 1, "backward": 1}
@@ -282,7 +284,8 @@ def test_a_failed_compile_is_said_once_and_numpy_runs(eager_on, runs, monkeypatc
     said = [str(w.message) for w in caught if issubclass(w.category, kiln.CompileWarning)]
     assert len(said) == 1 and "lstm recurrence" in said[0] and "LLVM said no" in said[0], said
     eager_kernels.set_enabled(False)
-    assert_close(y1, lstm(x)[0], rtol=0, atol=0)
+    # (to rounding: the input projection still ran on kiln's product kernel, whose compile did not fail)
+    assert_close(y1, lstm(x)[0], rtol=1e-5, atol=1e-6)
     assert_close(y2, y1, rtol=0, atol=0)
     assert runs["forward"] == 0
 

@@ -8,9 +8,8 @@ of ``recurrence_numpy.lstm_forward``/``lstm_backward`` (``gru_forward``/``gru_ba
 return False/None (and write nothing) for arrays they do not take: another dtype or hidden size,
 a row that is not one contiguous block, rows that overlap; the caller runs numpy then.
 
-Each call hands the native function this process's ``cblas_?gemm`` and runs on one BLAS thread
-(``threads.run_blas_product``): a step's product (16 x 128 @ 128 x 512 in an LSTM LM) is too small
-to gain from a second.
+Each call runs on the calling thread: a step's product (16 x 128 @ 128 x 512 in an LSTM LM) is
+too small to gain from a second, and it is kiln's own kernel (``small_gemm.py``), not the BLAS's.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import numpy as np
 
 from ...ir.dtypes import DType, from_numpy_dtype
 from ...ir.primitives.recurrence_numpy import scratch
-from ...runtime import threads
 from ...runtime.cache import cache_key, source_digest
 from ...runtime.frames import data_pointer
 from ..core import Unsupported
@@ -31,12 +29,12 @@ from . import engine, host, kernel_cache
 from .recurrence import BACKWARD, FORWARD, backward_ir, forward_ir, symbol
 from .recurrence_gru import GRU_BACKWARD, GRU_FORWARD, gru_backward_ir, gru_forward_ir
 
-_KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+_KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 #: Bump when the functions' signature or slots change.
-FORMAT = 1
+FORMAT = 2
 
 
-def _objects(texts: list[str]) -> list[bytes]:
+def cached_objects(texts: list[str]) -> list[bytes]:
     """Object code of each LLVM module, from the disk cache of compiled kernels where it is there."""
     cache = kernel_cache.kernel_cache()
     keys = [cache_key("kiln lstm", str(FORMAT), source_digest("ir", "codegen", "runtime"), host.signature(),
@@ -82,35 +80,32 @@ class _Kernels:
     """The functions of one recurrence, dtype and hidden size, loaded (see the module docs)."""
 
     GATES = 4
-    #: function name (``symbol``'s direction) -> its IR generator over (dtype, hidden, index bits)
-    FUNCTIONS: dict[str, Callable[[DType, int, int], str]] = {}
+    #: function name (``symbol``'s direction) -> its IR generator over (dtype, hidden)
+    FUNCTIONS: dict[str, Callable[[DType, int], str]] = {}
 
-    def __init__(self, dtype: np.dtype, hidden: int, library: engine.Library, gemm: int, bits: int) -> None:
-        self.dtype, self.hidden, self.gemm = dtype, hidden, gemm
+    def __init__(self, dtype: np.dtype, hidden: int, library: engine.Library) -> None:
+        self.dtype, self.hidden = dtype, hidden
         self._library = library  # the functions live while it does
         kiln_dtype = from_numpy_dtype(dtype)
-        self.functions = {name: _KERNEL(library.address(symbol(name, kiln_dtype, hidden, bits)))
+        self.functions = {name: _KERNEL(library.address(symbol(name, kiln_dtype, hidden)))
                           for name in self.FUNCTIONS}  # fmt: skip
 
     @classmethod
     def build(cls, dtype, hidden: int):
-        """Compile (or load) the functions; ``Unsupported`` where numpy's BLAS is not an OpenBLAS kiln finds."""
+        """Compile (or load) the functions; ``Unsupported`` for a dtype other than float32/float64."""
         dtype = np.dtype(dtype)
-        found = threads.blas_gemm(dtype.char)
-        if found is None:
-            raise Unsupported(f"no cblas gemm for {dtype} in numpy's BLAS (the numpy kernel runs)")
-        gemm, bits = found
+        if dtype.char not in "fd":
+            raise Unsupported(f"no native recurrence for {dtype} (the numpy kernel runs)")
         kiln_dtype = from_numpy_dtype(dtype)
-        texts = [make(kiln_dtype, hidden, bits) for make in cls.FUNCTIONS.values()]
-        return cls(dtype, hidden, engine.Library(_objects(texts)), gemm, bits)
+        texts = [make(kiln_dtype, hidden) for make in cls.FUNCTIONS.values()]
+        return cls(dtype, hidden, engine.Library(cached_objects(texts)))
 
     def _takes(self, hidden: int, *arrays: np.ndarray | None) -> bool:
         return hidden == self.hidden and all(a is None or a.dtype == self.dtype for a in arrays)
 
-    def _run(self, name: str, slots: list[int], batch: int) -> None:
+    def _run(self, name: str, slots: list[int]) -> None:
         params = np.array(slots, dtype=np.int64)
-        macs = batch * self.GATES * self.hidden * self.hidden  # of each step's product
-        threads.run_blas_product(self.functions[name], macs, _address(params), self.gemm)
+        self.functions[name](_address(params))
 
 
 def _found(*rows: tuple[int, int, int] | None) -> list[int] | None:
@@ -141,11 +136,11 @@ class LSTMKernels(_Kernels):
                        _rows(cs, 2, hidden), _rows(tanh_c, 2, hidden))  # fmt: skip
         if found is None:
             return False
-        w_hh = np.ascontiguousarray(w_hh_t.T)  # a view of the weight, as the callers pass it
+        w_hh_t = np.ascontiguousarray(w_hh_t)  # the callers pass a view of the weight: (H, 4H) row-major
         step = scratch("rnn.native_step", (batch, 4 * hidden), A.dtype)
-        slots = [steps, batch, *found, _address(w_hh), _address(step)]
+        slots = [steps, batch, *found, _address(w_hh_t), _address(step)]
         assert len(slots) == len(FORWARD)
-        self._run("lstm_forward", slots, batch)
+        self._run("lstm_forward", slots)
         return True
 
     def backward(self, A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
@@ -162,7 +157,7 @@ class LSTMKernels(_Kernels):
         dh, dc = np.array(dH[-1], order="C"), np.array(dC[-1], order="C")
         slots = [steps, batch, *found, _address(w_hh), _address(dh), _address(dc)]
         assert len(slots) == len(BACKWARD)
-        self._run("lstm_backward" if eA is None else "lstm_backward_tangents", slots, batch)
+        self._run("lstm_backward" if eA is None else "lstm_backward_tangents", slots)
         return dh, dc
 
 
@@ -187,11 +182,11 @@ class GRUKernels(_Kernels):
         found = _found(_rows(A, 2, 3 * hidden), _rows(h0, 1, hidden), _rows(hs, 2, hidden), _rows(hn, 2, hidden))
         if found is None:
             return False
-        w_hh, b_hn = np.ascontiguousarray(w_hh_t.T), np.ascontiguousarray(b_hn)
+        w_hh_t, b_hn = np.ascontiguousarray(w_hh_t), np.ascontiguousarray(b_hn)  # (H, 3H) row-major
         step = scratch("rnn.native_step", (batch, 3 * hidden), A.dtype)
-        slots = [steps, batch, *found, _address(w_hh), _address(b_hn), _address(step)]
+        slots = [steps, batch, *found, _address(w_hh_t), _address(b_hn), _address(step)]
         assert len(slots) == len(GRU_FORWARD)
-        self._run("gru_forward", slots, batch)
+        self._run("gru_forward", slots)
         return True
 
     def backward(self, A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh):
@@ -210,5 +205,5 @@ class GRUKernels(_Kernels):
         slots = [steps, batch, *found, _address(w_hh), _address(dh)]
         assert len(slots) == len(GRU_BACKWARD)
         name = "gru_backward" + ("_tangents" if eA is not None else "") + ("_g_hn" if g_hn is not None else "")
-        self._run(name, slots, batch)
+        self._run(name, slots)
         return dh

@@ -1,12 +1,12 @@
 """The GRU recurrence of one direction as one native function, as ``recurrence.py`` builds the LSTM's.
 
 ``gru_forward_ir``/``gru_backward_ir`` generate the functions of ``recurrence_numpy.gru_forward`` and
-``gru_backward`` for one dtype and hidden size (``void f(i64 *params, ptr gemm)``, the slots named
-by ``GRU_FORWARD``/``GRU_BACKWARD``). Per step, forward: ``step = h @ W_hh^T`` (one gemm), then per
+``gru_backward`` for one dtype and hidden size (``void f(i64 *params)``, the slots named
+by ``GRU_FORWARD``/``GRU_BACKWARD``). Per step, forward: ``step = h @ W_hh^T`` (``small_gemm``'s kernel), then per
 element ``r``, ``z`` (sigmoids), ``hn = step_n + b_hn``, ``n = tanh(A_n + r hn)`` and
-``h' = n + z (h - n)``. Backward, from the last step: one pass gives ``dz_hh[t]`` (the gradient of
+``h' = n + z (h - n)`` (``W_hh^T`` comes row-major, (H, 3H)). Backward, from the last step: one pass gives ``dz_hh[t]`` (the gradient of
 ``h W_hh^T``'s blocks), ``dz[t]`` (that of ``A``'s: the n block before r scales it) and
-``dh = dh z + dH[t-1]``, then ``dh += dz_hh[t] @ W_hh`` (one gemm with beta 1).
+``dh = dh z + dH[t-1]``, then ``dh += dz_hh[t] @ W_hh`` .
 """
 
 from __future__ import annotations
@@ -15,26 +15,26 @@ from ...ir import dtypes as dt
 from ...ir.dtypes import DType
 from ..core import Scalar
 from .loops import for_range, i64
-from .recurrence import NO_TRANS, TRANS, Emitter, check_sizes, sigmoid, tanh
+from .recurrence import Emitter, check_sizes, sigmoid, tanh
 
 GRU_FORWARD = ("steps", "batch", "a", "a_t", "a_b", "h0", "h0_t", "h0_b", "hs", "hs_t", "hs_b", "hn", "hn_t", "hn_b",
-               "w_hh", "b_hn", "step")  # fmt: skip
+               "w_hh_t", "b_hn", "step")  # fmt: skip
 GRU_BACKWARD = ("steps", "batch", "a", "a_t", "a_b", "h_prev", "h_prev_t", "h_prev_b", "hn", "hn_t", "hn_b", "d_h",
                 "d_h_t", "d_h_b", "e_a", "e_a_t", "e_a_b", "g_hn", "g_hn_t", "g_hn_b", "dz", "dz_t", "dz_b",
                 "dz_hh", "dz_hh_t", "dz_hh_b", "w_hh", "dh")  # fmt: skip
 
 
-def gru_forward_ir(dtype: DType, hidden: int, index_bits: int) -> str:
+def gru_forward_ir(dtype: DType, hidden: int) -> str:
     """LLVM IR of the GRU's forward recurrence (``GRU_FORWARD``'s slots; ``b_hn``: H elements)."""
-    check_sizes(dtype, hidden, index_bits)
-    k = Emitter("gru_forward", GRU_FORWARD, dtype, hidden, index_bits)
+    check_sizes(dtype, hidden)
+    k = Emitter("gru_forward", GRU_FORWARD, dtype, hidden)
     bld, core, width = k.builder, k.core, 3 * hidden
     step, b_hn = k.pointer("step"), k.pointer("b_hn")
     with for_range(bld, 0, k["steps"], name="t", vectorize=False) as t:
         first = bld.icmp_signed("==", t, i64(0))
         h_prev = bld.select(first, k.pointer("h0"), k.row("hs", bld.sub(t, i64(1)), i64(0)))
         h_stride = bld.select(first, k["h0_b"], k["hs_b"])
-        k.call_gemm(TRANS, k["batch"], width, hidden, h_prev, h_stride, k.pointer("w_hh"), hidden, 0.0, step, width)
+        k.product(k["batch"], width, hidden, h_prev, h_stride, k.pointer("w_hh_t"), step, width, accumulate=False)
         with for_range(bld, 0, k["batch"], name="b", vectorize=False) as b:
             a_row, hs_row, hn_row = k.row("a", t, b), k.row("hs", t, b), k.row("hn", t, b)
             step_row = k.element(step, k.mul(b, width))
@@ -52,13 +52,13 @@ def gru_forward_ir(dtype: DType, hidden: int, index_bits: int) -> str:
     return k.finish()
 
 
-def gru_backward_ir(dtype: DType, hidden: int, index_bits: int, with_tangents: bool, with_g_hn: bool) -> str:
+def gru_backward_ir(dtype: DType, hidden: int, with_tangents: bool, with_g_hn: bool) -> str:
     """LLVM IR of the GRU's backward recurrence (``GRU_BACKWARD``'s slots; ``e_a`` read only
     ``with_tangents``, ``g_hn`` only ``with_g_hn``). ``dh`` (B, H, contiguous) holds the last step's
     ``dH`` on entry and the initial state's gradient on exit."""
-    check_sizes(dtype, hidden, index_bits)
+    check_sizes(dtype, hidden)
     name = "gru_backward" + ("_tangents" if with_tangents else "") + ("_g_hn" if with_g_hn else "")
-    k = Emitter(name, GRU_BACKWARD, dtype, hidden, index_bits)
+    k = Emitter(name, GRU_BACKWARD, dtype, hidden)
     bld, core, width = k.builder, k.core, 3 * hidden
     one, zero = k.constant(1.0), k.constant(0.0)
     dh = k.pointer("dh")
@@ -93,6 +93,6 @@ def gru_backward_ir(dtype: DType, hidden: int, index_bits: int, with_tangents: b
                     k.store(value, dz_row, where)
                 carried = core.add(core.mul(d_h, z), core.select(later, k.load(next_dh, j), zero))
                 k.store(carried, dh, k.add(state, j))
-        k.call_gemm(NO_TRANS, k["batch"], hidden, width, k.row("dz_hh", t, i64(0)), k["dz_hh_b"],
-                    k.pointer("w_hh"), hidden, 1.0, dh, hidden)  # fmt: skip
+        k.product(k["batch"], hidden, width, k.row("dz_hh", t, i64(0)), k["dz_hh_b"], k.pointer("w_hh"), dh, hidden,
+                  accumulate=True)  # fmt: skip
     return k.finish()

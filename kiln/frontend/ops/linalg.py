@@ -13,6 +13,7 @@ from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes
 from ...runtime.threads import matmul_macs, run_blas_product
+from .. import eager_products  # noqa: F401 - installs kiln's own product kernel behind the matmul primitive
 from ..autocast import LOWER, autocast_op
 from ..dispatch import apply
 from ..tensor import Tensor, method

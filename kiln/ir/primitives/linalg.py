@@ -7,12 +7,15 @@ stack of matrices times one matrix (a linear layer over (batch, time, features))
 over the stacked rows: numpy's matmul would run one small GEMM per matrix of the stack (2.2x
 slower for (32, 35, 256) @ (256, 10000) here). A product with a tiny output and a long inner
 dim (a first convolution's weight gradient) is a sum of products over blocks of that dim
-(``_inner_blocks``).
+(``_inner_blocks``). Where a faster product is installed (``install_product``: the frontend's
+``eager_products``, kiln's own product kernel), a 2-d product or a C-contiguous stack of rows
+times a matrix asks it first.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -170,7 +173,40 @@ def _rows_in_order(xp, a, b):
     return a, order
 
 
+#: ``provider(a, b, out=None)``: ``a @ b`` of 2-d arrays into ``out`` (or a new array), or None where
+#: it declines (numpy's product runs); installed by a layer above (``install_product``).
+_product: list[Callable[..., np.ndarray | None]] = []
+
+
+def install_product(provider: Callable[..., np.ndarray | None] | None) -> None:
+    """Let the matmul kernels ask ``provider`` first (None: numpy's products only)."""
+    _product[:] = [] if provider is None else [provider]
+
+
+def _installed(a, b, out=None):
+    """``a @ b`` by the installed product (see ``_product``), or None."""
+    if not _product or b.ndim != 2 or a.ndim < 2 or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+        return None
+    if a.size == 0 or b.size == 0:  # (numpy's: nothing to gain, and -1 reshapes of empty arrays are ambiguous)
+        return None
+    if a.ndim == 2:
+        return _product[0](a, b, out)
+    if out is not None and not out.flags.c_contiguous:
+        return None
+    if not a.flags.c_contiguous:  # a transposed stack (an RNN's batch_first output): as _rows_in_order
+        if a.shape[-1] > b.shape[-1]:
+            return None
+        a = np.ascontiguousarray(a)
+    rows = a.reshape(-1, a.shape[-1])  # a stack of rows times one matrix: one product
+    result = _product[0](rows, b, None if out is None else out.reshape(-1, out.shape[-1]))
+    if result is None:
+        return None
+    return result.reshape(*a.shape[:-1], b.shape[-1]) if out is None else out
+
+
 def _matmul_eager(xp, a, b):
+    if _product and (result := _installed(a, b)) is not None:
+        return result
     blocks = _inner_blocks(a, b)
     if blocks > 1:
         return _blocked_product(xp, a, b, blocks)
@@ -184,6 +220,8 @@ def _matmul_eager(xp, a, b):
 
 
 def _matmul_into(xp, a, b, *, out):
+    if _product and _installed(a, b, out) is not None:
+        return out
     blocks = _inner_blocks(a, b)
     if blocks > 1:
         return _blocked_product(xp, a, b, blocks, out=out)

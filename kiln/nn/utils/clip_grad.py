@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 import kiln
+from kiln.frontend import dispatch
+from kiln.frontend.jit import state as _jit
 from kiln.frontend.tensor import Tensor
+from kiln.ir.types import CPU
 
 __all__ = ["clip_grad_norm_", "clip_grad_norm", "clip_grad_value_", "get_total_norm", "clip_grads_with_norm_",
            "parameters_to_vector", "vector_to_parameters"]  # fmt: skip
@@ -22,6 +27,8 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
     if not grads:
         return kiln.tensor(0.0)
     norm_type = float(norm_type)
+    if norm_type == 2.0 and not error_if_nonfinite and _plain(grads):
+        return _clip_2_eager(grads, max_norm)
     with kiln.no_grad():
         if norm_type == math.inf:
             norms = [g.abs().max() for g in grads]
@@ -39,6 +46,35 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0, error_i
         for g in grads:
             g.mul_(coef.to(g.dtype))
     return total
+
+
+def _plain(grads: list[Tensor]) -> bool:
+    """Eager, plain CPU float32/float64 gradients of one dtype (not traced, not profiled per op)."""
+    if _jit.tracing or dispatch.profiling_ops:
+        return False
+    dtype = grads[0]._data.dtype if isinstance(grads[0], Tensor) else None
+    return (
+        dtype is not None
+        and dtype.char in "fd"
+        and all(
+            type(g) is Tensor and g._device is CPU and isinstance(g._data, np.ndarray) and g._data.dtype == dtype
+            for g in grads
+        )
+    )
+
+
+def _clip_2_eager(grads: list[Tensor], max_norm: float) -> Tensor:
+    """``clip_grad_norm_``'s 2-norm on the gradients' arrays: one BLAS dot per gradient and one in-place
+    scale each, where the op-by-op path dispatches about six ops a gradient (abs, pow, sum, stack, ...):
+    an LSTM LM's 11 gradients 0.38-0.45 -> 0.20-0.22 ms (PyTorch: 0.27-0.42), one thread, busy machine."""
+    dtype = grads[0]._data.dtype
+    squares = [np.dot(a, a) for a in (np.ravel(g._data) for g in grads)]
+    total = np.sqrt(np.sum(np.array(squares, dtype=dtype)), dtype=dtype)
+    coef = min(float(max_norm) / (float(total) + 1e-6), 1.0)
+    with kiln.no_grad():
+        for g in grads:
+            g.mul_(coef)  # (in place through the op: version counters and views as ever)
+    return kiln.from_numpy(np.asarray(total, dtype=dtype))
 
 
 def clip_grad_value_(parameters, clip_value: float, foreach=None) -> None:

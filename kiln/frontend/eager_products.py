@@ -1,0 +1,106 @@
+"""Matrix products on kiln's own product kernel (``codegen/llvm/product_call.py``) rather than numpy's BLAS.
+
+Importing this installs ``product`` as the matmul primitive's faster product
+(``ir/primitives/linalg.install_product``): eager matmuls and compiled programs' matmul calls of
+2-D float operands (or a C-contiguous stack of rows times a matrix, a linear layer's) of the
+sizes it is measured faster at (``_kernel``) run on it, as do the eager RNN layers' large products
+(``matmul``). The kernel compiles once per dtype, column count and accumulation, in
+``eager_kernels``' background thread and cache (``KILN_EAGER_KERNELS=0`` keeps numpy; ``=sync``
+compiles in the caller's thread), and into the disk cache of compiled kernels; numpy runs until it
+is ready, and for what it declines (``Product.__call__``).
+
+Why: numpy's OpenBLAS runs its AVX2 kernels here (``OPENBLAS_CORETYPE=Haswell``), LLVM targets the
+host's AVX-512; and OpenBLAS splits a product statically over its threads, so a product waits for a
+core another process holds, where kiln's pool hands out row tiles as threads come. float32, one
+thread, medians: 560x128 @ 128x512 289 us against OpenBLAS's 570 us; 512x560 @ 560x128 (A
+transposed) 285-291 us against 560-572 us. On 2 threads OpenBLAS took 275-300 us with both cores
+free and 16 ms medians in runs where another process held one.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import cast
+
+import numpy as np
+
+from ..ir.primitives import linalg
+from . import eager_kernels
+
+#: The eager-kernel cache's name of the kernels (its warnings say it).
+NAME = "matrix product"
+#: Smaller products stay on numpy: the kernel's lookup and call cost a few microseconds (an MLP's
+#: 64x64 @ 64x128 products, 0.5M multiply-adds, gained nothing: its step 0.95 -> 1.00x PyTorch's).
+MIN_MACS = 1 << 22
+#: Fewer columns stay on numpy: the kernel's column tile is 32 float32s wide, so a narrow product
+#: wastes most of its lanes (64x128 @ 128x10: 4.8 us against numpy's 3.0).
+MIN_COLUMNS = 32
+#: Fewer rows of A stay on numpy: less than one register tile of rows.
+MIN_ROWS = 8
+#: A larger B (bytes) stays on numpy: every row tile reads all of B, which then no longer stays in the
+#: core's cache (128x784 @ 784x512, B 1.6 MB, still took 0.67x numpy's time; a convolution's weight
+#: gradient, B of megabytes, is numpy's blocked product's case).
+MAX_B_BYTES = 2 << 20
+#: A product whose B must be copied C-contiguous (a transposed weight: a Linear's forward) runs on the
+#: kernel from this many rows of A on: numpy's transposing copy takes about 0.6 ns an element of B
+#: here, the kernel about 0.008 ns per row and element, so the copy costs 72/rows of the product (an
+#: MLP's 64-row batch: its step went 0.95 -> 1.02x PyTorch's with the copy at 16 rows).
+MIN_ROWS_WITH_COPY = 256
+
+
+def _compile(dtype: np.dtype, n: int, accumulate: bool) -> eager_kernels.Entry:
+    from ..codegen.core import Unsupported  # noqa: PLC0415 - the code generator loads only when first needed
+    from ..codegen.llvm.product_call import Product  # noqa: PLC0415
+
+    start = time.perf_counter()
+    try:
+        kernel = Product.build(dtype, n, accumulate)
+    except Unsupported as error:
+        return eager_kernels.Entry(reason=str(error))
+    except Exception as error:  # noqa: BLE001 - any failure leaves the products on numpy, said once
+        return eager_kernels.Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
+    return eager_kernels.Entry(program=cast(Callable[[list], list], kernel), seconds=time.perf_counter() - start)
+
+
+def _kernel(a: np.ndarray, b: np.ndarray, accumulate: bool) -> Callable[..., bool] | None:
+    """The compiled kernel for ``a @ b`` when ready; None (numpy runs) otherwise."""
+    if not eager_kernels.enabled() or a.dtype.char not in "fd" or a.dtype != b.dtype or a.ndim != 2 or b.ndim != 2:
+        return None
+    (m, k), n = a.shape, b.shape[1]
+    if m * k * n < MIN_MACS or n < MIN_COLUMNS or m < MIN_ROWS or b.nbytes > MAX_B_BYTES:
+        return None
+    if m < MIN_ROWS_WITH_COPY and not b.flags.c_contiguous:
+        return None
+    entry = eager_kernels.ready(NAME, (NAME, a.dtype.char, n, accumulate),
+                                functools.partial(_compile, a.dtype, n, accumulate))  # fmt: skip
+    return None if entry is None else cast(Callable[..., bool], entry.program)
+
+
+def product(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
+    """``a @ b`` (2-d) into ``out`` (or a new array) on the kernel, or None: numpy's to run (``out`` untouched)."""
+    kernel = _kernel(a, b, False)
+    if kernel is None:
+        return None
+    result = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype) if out is None else out
+    return result if kernel(a, np.ascontiguousarray(b), result) else None
+
+
+def matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """``a @ b`` (plus ``bias``, broadcast over its rows) as a new array, 2-d operands: on the kernel
+    where it is ready and takes them, else numpy's."""
+    kernel = _kernel(a, b, bias is not None)
+    if kernel is not None:
+        out = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
+        if bias is not None:
+            out[...] = bias
+        if kernel(a, np.ascontiguousarray(b), out):
+            return out
+    out = a @ b
+    if bias is not None:
+        out += bias
+    return out
+
+
+linalg.install_product(product)
