@@ -53,6 +53,7 @@ from ..ir.graph import Graph, GraphBuilder
 from ..ir.primitives import PRIMITIVES, Primitive
 from ..ir.types import CPU, TensorType
 from ..runtime import profiling as _profiling
+from .jit import background
 
 logger = logging.getLogger("kiln")
 
@@ -163,7 +164,8 @@ class KernelCache:
             key, make = self._queue.get()
             try:
                 try:
-                    entry = make()
+                    with background.sharing():  # the caller's thread waits less for the interpreter
+                        entry = make()
                 except Exception as error:  # noqa: BLE001 - a bug of kiln's: the op stays on numpy, said once
                     entry = Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
                 with self._lock:
