@@ -30,7 +30,6 @@ call (tests and debugging: every eligible call runs compiled). The in-memory cac
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -117,18 +116,17 @@ class KernelCache:
         self._queue: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         self.synchronous = False  # compile in the caller's thread, at the miss (KILN_EAGER_KERNELS=sync)
+        self.queued = 0  # compiles queued so far, and those done: ``wait_for``
+        self.finished = 0
 
     def lookup(self, key: tuple, make: Callable[[], Entry]) -> Entry | None:
-        """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker
-        -- but not while ``deferred()``."""
+        """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker."""
         entries = self.entries
         with self._lock:
             entry = entries.get(key)
             if entry is not None:
                 entries.move_to_end(key)
                 return entry
-            if getattr(_deferring, "on", False):
-                return None
             entries[key] = Entry()
             while len(entries) > self.capacity:
                 entries.popitem(last=False)
@@ -140,6 +138,8 @@ class KernelCache:
             with self._lock:
                 entries[key] = entry
             return entry
+        with self._lock:
+            self.queued += 1
         self._queue.put((key, make))
         return None
 
@@ -148,6 +148,15 @@ class KernelCache:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._queue.unfinished_tasks:
             if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def wait_for(self, mark: int, give_up: Callable[[], bool]) -> bool:
+        """Block until the first ``mark`` compiles queued (``queued`` then) are done (True), or
+        ``give_up()`` is true (False)."""
+        while self.finished < mark:
+            if give_up():
                 return False
             time.sleep(0.005)
         return True
@@ -174,6 +183,8 @@ class KernelCache:
                         entry.numpy_seconds = compiling.numpy_seconds
                         self.entries[key] = entry
             finally:
+                with self._lock:
+                    self.finished += 1
                 self._queue.task_done()
 
 
@@ -211,23 +222,6 @@ def key_of(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple) -> tuple:
 def input_types(layouts: Layouts) -> list[TensorType]:
     """The graph input types of inputs laid out as ``layouts`` say."""
     return [TensorType(shape, from_numpy_dtype(np.dtype(char)), CPU) for shape, char, _ in layouts]
-
-
-_deferring = threading.local()
-
-
-@contextlib.contextmanager
-def deferred():
-    """In this thread, eager ops whose kernel is not compiled yet run their numpy kernels without
-    queueing its compile (those compiled run as ever): the eager calls of a ``kiln.compile``'d
-    function while its program compiles in the background, which that program replaces. Their
-    compiles would only compete with it for the compile worker and the cores, delaying the switch."""
-    before = getattr(_deferring, "on", False)
-    _deferring.on = True
-    try:
-        yield
-    finally:
-        _deferring.on = before
 
 
 def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,

@@ -45,7 +45,6 @@ from typing import Any
 
 from ...compiler.options import CompileOptions
 from ...runtime import profiling
-from .. import eager_kernels
 from ..tensor import Tensor
 from . import background, hazards, reads, state
 from .build import PendingSpecialization, build_specialization, trace_specialization
@@ -189,8 +188,11 @@ class CompiledFunction:
                             ("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}"
                         )
                         return self.fn(*args, **kwargs)
-                    with eager_kernels.deferred():  # the program compiling replaces the eager ops' kernels
+                    try:
                         return self.fn(*args, **kwargs)
+                    finally:  # its ops' eager kernels are queued: the program's compile may start after them
+                        if entry.job is not None:
+                            entry.job.eager_call_done()
                 miss = entry.state_miss(self._globals, closure_values, leaves)
                 if miss is None:
                     if self.check:
@@ -326,12 +328,12 @@ class CompiledFunction:
         with self._install_lock:
             self.state.pending.append(entry)
             self.state.cache.setdefault(key, []).append(entry)
-        entry.job = background.submit(lambda: self._finish_background(pending, entry, where))
+        notice = self._slow_compile_notice(entry.nodes, where, background=True)  # from the trace: the calls wait
+        entry.job = background.submit(lambda: self._finish_background(pending, entry, where, notice))
 
-    def _finish_background(self, pending: PendingSpecialization, entry: PendingEntry, where) -> None:
+    def _finish_background(self, pending: PendingSpecialization, entry: PendingEntry, where, notice) -> None:
         """On a compile thread: compile, then put the specialization in place of ``entry``; a compile
         that raises leaves its key running eagerly, saying why."""
-        notice = self._slow_compile_notice(entry.nodes, where, background=True)
         try:
             spec = pending.compile()
         except Exception as error:  # noqa: BLE001 - said, and raised at the next call under KILN_JIT_STRICT=1

@@ -1,9 +1,14 @@
-"""A compile in the background shares the interpreter with the caller's thread (``background.sharing``).
+"""A compile in the background shares the process with the calls that run meanwhile.
 
-A compile thread running Python holds the interpreter's lock; the caller's thread, back from a
-BLAS call or a numpy loop (each releases the lock), waits for it up to the switch interval. While
-any background compile runs -- a ``kiln.compile`` program's or an eager kernel's -- the interval
-is ``background.SWITCH_INTERVAL``; it is put back after the last one, unless changed meanwhile.
+The interpreter (``background.sharing``): a compile thread running Python holds the interpreter's
+lock; the caller's thread, back from a BLAS call or a numpy loop (each releases the lock), waits
+for it up to the switch interval. While any background compile runs -- a ``kiln.compile``
+program's or an eager kernel's -- the interval is ``background.SWITCH_INTERVAL``; it is put back
+after the last one, unless changed meanwhile.
+
+The compiles (``background._kernels_first``): the eager calls made while a program compiles queue
+their ops' kernels as undecorated calls do, and the program's compile starts after them -- at
+once when a caller waits for it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import pytest
 import kiln
 from kiln.frontend.jit import background, build
 
-from .helpers import array, state_of
+from .helpers import array, compiled_calls, state_of
 
 DEFAULT = 0.005  # Python's own switch interval
 
@@ -161,3 +166,76 @@ def test_the_callers_thread_is_not_held_a_switch_interval_per_release(interval):
         stop.set()
         assert job.wait(10)
     assert took < releases * DEFAULT / 2, f"{releases} releases took {took * 1e3:.1f} ms beside the compile"
+
+
+def _until(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def order(on, monkeypatch):
+    """Eager kernels on; each primitive kernel's compile notes its start and end and waits for
+    ``release`` between them, each program's compile notes its start: ``(notes, release)``."""
+    notes, release = [], threading.Event()
+    kernel, program = on._compile, build.PendingSpecialization.compile
+
+    def held_kernel(name, *args):
+        notes.append(f"kernel {name}")
+        assert release.wait(60), "the test never released the kernel"
+        entry = kernel(name, *args)
+        notes.append("kernel done")
+        return entry
+
+    def noted_program(self):
+        notes.append("program")
+        return program(self)
+
+    monkeypatch.setattr(on, "_compile", held_kernel)
+    monkeypatch.setattr(build.PendingSpecialization, "compile", noted_program)
+    yield notes, release
+    release.set()
+
+
+def test_eager_calls_meanwhile_queue_their_kernels_and_the_program_compiles_after_them(order):
+    notes, release = order
+    g = _background(lambda x: x.tanh() * 2.0)
+    x = kiln.tensor(np.random.default_rng(2).standard_normal((64, 128)).astype(np.float32))
+    expected = np.tanh(x.numpy()) * 2.0
+    for _ in range(2):  # the traced call, then one that runs eagerly: its tanh's kernel is queued
+        np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)
+    _until(lambda: notes, "the kernel's compile")
+    time.sleep(0.2)
+    assert notes == ["kernel tanh"], "the program's compile waits for the kernel"
+    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)  # eagerly meanwhile
+    release.set()
+    _until(lambda: state_of(g).specializations, "the program")
+    assert notes == ["kernel tanh", "kernel done", "program"]
+    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)
+    assert compiled_calls(g) == [1], "the program ran the call after it was ready"
+
+
+def test_a_caller_that_waits_for_the_program_does_not_wait_for_the_kernels(order):
+    notes, release = order
+    g = _background(lambda x: x.tanh() + 1.0)
+    x = kiln.tensor(np.random.default_rng(3).standard_normal((64, 128)).astype(np.float32))
+    g(x)
+    g(x)
+    _until(lambda: notes, "the kernel's compile")
+    assert g.wait_compiled(60), "compiled while the kernel is still held"
+    assert notes == ["kernel tanh", "program"]
+    np.testing.assert_allclose(array(g(x)), np.tanh(x.numpy()) + 1.0, rtol=1e-5, atol=1e-6)
+    release.set()
+
+
+def test_a_function_called_once_compiles_without_waiting_for_a_next_call(order, monkeypatch):
+    notes, _ = order
+    monkeypatch.setattr(background, "NEXT_CALL_S", 0.05)
+    g = _background(lambda x: x * 3.0 - 1.0)
+    x = kiln.tensor(np.arange(6, dtype=np.float32))
+    np.testing.assert_allclose(array(g(x)), x.numpy() * 3.0 - 1.0)
+    _until(lambda: state_of(g).specializations, "the program")  # nobody waits for it, nobody calls
+    assert notes == ["program"]
+    np.testing.assert_allclose(array(g(x)), x.numpy() * 3.0 - 1.0)
