@@ -21,10 +21,10 @@ eagerly meanwhile queue their heavy ops' kernels (``eager_kernels``), small comp
 1.2-4.5x on those calls at once (a CNN step on numpy's convolutions took 4.5x its time on kiln's).
 The program's compile waits for the next call (which queues them) and for those kernels, then
 starts: the calls run as an undecorated function's would (its eager kernels compile in the
-background too), then compiled -- decorating costs them only the trace. Until this, the kernels
-were not queued at all while the program compiled, and a CNN ran on numpy's kernels until its
-program was ready, slower than undecorated eager code. A caller that waits (``wait``) has its
-compiles start at once.
+background too), then compiled -- decorating costs them the trace and the share of the interpreter
+and the cores the program's compile takes. (Kernels not queued while a program compiled left a CNN
+on numpy's convolutions until its program was ready: slower than not decorating it.) A caller
+that waits (``wait``) has its compile start at once.
 """
 
 from __future__ import annotations
