@@ -22,6 +22,7 @@ import pytest
 
 import kiln
 from kiln.frontend.jit import background, build
+from kiln.runtime import threads
 
 from .helpers import array, compiled_calls, state_of
 
@@ -239,3 +240,37 @@ def test_a_function_called_once_compiles_without_waiting_for_a_next_call(order, 
     _until(lambda: state_of(g).specializations, "the program")  # nobody waits for it, nobody calls
     assert notes == ["program"]
     np.testing.assert_allclose(array(g(x)), x.numpy() * 3.0 - 1.0)
+
+
+@pytest.fixture
+def two_blas_threads():
+    """BLAS on two threads for the test (where the BLAS lets kiln set its threads), put back after."""
+    blas = threads._blas
+    if not blas.found:
+        threads._find_blas()
+    if blas.get_threads is None or blas.set_threads is None:
+        pytest.skip("no BLAS whose threads kiln sets (OpenBLAS)")
+    before = blas.get_threads()
+    blas.set_threads(2)
+    yield blas.get_threads
+    blas.set_threads(before)
+
+
+def test_blas_runs_on_one_thread_while_a_program_compiles_in_the_background(interval, inside, two_blas_threads):
+    """The compile's LLVM worker then has a core the caller's second BLAS thread took."""
+    release, seen = inside
+    blas_threads = two_blas_threads
+    f = _background(lambda a, b: (a @ b).relu())
+    rng = np.random.default_rng(4)
+    a = kiln.tensor(rng.standard_normal((96, 64)).astype(np.float32))
+    b = kiln.tensor(rng.standard_normal((64, 80)).astype(np.float32))
+    expected = np.maximum(a.numpy() @ b.numpy(), 0)
+    np.testing.assert_allclose(array(f(a, b)), expected, rtol=1e-4, atol=1e-5)
+    _until(lambda: seen, "the compile to start")
+    assert blas_threads() == 1, "while it compiles"
+    np.testing.assert_allclose(array(f(a, b)), expected, rtol=1e-4, atol=1e-5)  # eagerly, on one thread
+    release.set()
+    assert f.wait_compiled(60)
+    _settled()
+    assert blas_threads() == 2, "the count it found is back"
+    np.testing.assert_allclose(array(f(a, b)), expected, rtol=1e-4, atol=1e-5)
