@@ -70,9 +70,10 @@ class _Sharing:
     limits BLAS to one thread, the last puts back the interval it found (unless someone set another
     meanwhile, which stays) and BLAS's threads.
 
-    CNN, 200 steps in fresh processes, a loaded 2-core machine, three rounds: eager (kernels
-    compiled at their first call) 6.2 / 6.0 / 4.2 s; decorated, 2 BLAS threads while compiling 8.4 /
-    8.6 / 6.6 s; one BLAS thread 5.1 / 5.4 / 3.6 s (DCGAN: 2.7 / 1.5 against 2.4 / 2.7 s, noise)."""
+    CNN, 200 steps in fresh processes, a loaded 2-core machine, rounds interleaved: eager (kernels
+    compiled at their first call) 3.4 / 3.0 / 1.9 s; decorated, before (kernels deferred, 5 ms,
+    2 BLAS threads) 7.6 / 8.0 / 7.2 s; now 2.2 / 2.8 / 2.6 s. DCGAN: 2.0 / 1.9 / 1.9; 2.8 / 2.7 /
+    2.8; 2.4 / 1.8 / 1.9 s."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
