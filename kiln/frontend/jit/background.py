@@ -183,6 +183,8 @@ def _kernels_first(job: Job) -> None:
     queued until then -- unless a caller waits for ``job`` meanwhile (see the module's docstring)."""
     from .. import eager_kernels  # noqa: PLC0415 - eager_kernels imports this module
 
+    if not eager_kernels.enabled() or eager_kernels.CACHE.synchronous:
+        return  # no call queues kernels (they are off, or compile in the calls)
     job.called.wait(NEXT_CALL_S)
     eager_kernels.CACHE.wait_for(eager_kernels.CACHE.queued, give_up=lambda: job.hurried)
 

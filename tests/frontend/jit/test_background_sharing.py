@@ -274,3 +274,14 @@ def test_blas_runs_on_one_thread_while_a_program_compiles_in_the_background(inte
     _settled()
     assert blas_threads() == 2, "the count it found is back"
     np.testing.assert_allclose(array(f(a, b)), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_with_eager_kernels_off_the_compile_starts_without_waiting_for_a_next_call(monkeypatch):
+    """Nothing queues kernels then (the suite runs with them off), so nothing is worth waiting for."""
+    monkeypatch.setattr(background, "NEXT_CALL_S", 60.0)
+    g = _background(lambda x: x * 2.0 + 1.0)
+    x = kiln.tensor(np.arange(5, dtype=np.float32))
+    np.testing.assert_allclose(array(g(x)), x.numpy() * 2.0 + 1.0)
+    _until(lambda: state_of(g).specializations, "the program", timeout=30.0)  # not NEXT_CALL_S
+    np.testing.assert_allclose(array(g(x)), x.numpy() * 2.0 + 1.0)
+    assert compiled_calls(g) == [1]
