@@ -53,6 +53,7 @@ from ..ir.graph import Graph, GraphBuilder
 from ..ir.primitives import PRIMITIVES, Primitive
 from ..ir.types import CPU, TensorType
 from ..runtime import profiling as _profiling
+from .jit import background
 
 logger = logging.getLogger("kiln")
 
@@ -116,6 +117,8 @@ class KernelCache:
         self._queue: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         self.synchronous = False  # compile in the caller's thread, at the miss (KILN_EAGER_KERNELS=sync)
+        self.queued = 0  # compiles queued so far, and those done: ``wait_for``
+        self.finished = 0
 
     def lookup(self, key: tuple, make: Callable[[], Entry], shared: bool = False) -> Entry | None:
         """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker
@@ -139,6 +142,8 @@ class KernelCache:
             with self._lock:
                 entries[key] = entry
             return entry
+        with self._lock:
+            self.queued += 1
         self._queue.put((key, make))
         return None
 
@@ -147,6 +152,15 @@ class KernelCache:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._queue.unfinished_tasks:
             if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def wait_for(self, mark: int, give_up: Callable[[], bool]) -> bool:
+        """Block until the first ``mark`` compiles queued (``queued`` then) are done (True), or
+        ``give_up()`` is true (False)."""
+        while self.finished < mark:
+            if give_up():
                 return False
             time.sleep(0.005)
         return True
@@ -163,7 +177,8 @@ class KernelCache:
             key, make = self._queue.get()
             try:
                 try:
-                    entry = make()
+                    with background.sharing():  # the caller's thread waits less for the interpreter
+                        entry = make()
                 except Exception as error:  # noqa: BLE001 - a bug of kiln's: the op stays on numpy, said once
                     entry = Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
                 with self._lock:
@@ -172,6 +187,8 @@ class KernelCache:
                         entry.numpy_seconds = compiling.numpy_seconds
                         self.entries[key] = entry
             finally:
+                with self._lock:
+                    self.finished += 1
                 self._queue.task_done()
 
 
@@ -217,11 +234,12 @@ _deferring = threading.local()
 @contextlib.contextmanager
 def deferred():
     """In this thread, eager ops whose kernel is not compiled yet run their numpy kernels without
-    queueing its compile (those compiled run as ever): a ``kiln.compile``'d function's traced call,
-    and its eager calls while its program compiles in the background, which that program replaces.
-    Their compiles would only cost time the program does not get back (and compete with its compile
-    for the compile worker and the cores, delaying the switch). Kernels ``shared`` with compiled
-    programs (``ready``) are compiled as ever: the program would compile them at its first call."""
+    queueing its compile (those compiled run as ever): the traced call of a ``kiln.compile``'d
+    function whose caller waits for its program, which replaces every op of the call -- their
+    compiles would only delay the program. (Where the program compiles in the background, the calls
+    meanwhile run eagerly, so their kernels are worth having: those calls queue them; see
+    ``jit/background.py``.) Kernels ``shared`` with compiled programs (``ready``) are compiled as
+    ever: the program would compile them at its first call."""
     before = getattr(_deferring, "on", False)
     _deferring.on = True
     try:

@@ -8,6 +8,27 @@ specialization is installed when its compile is done, and later calls run it.
 The threads are daemons and LLVM's compile worker dies with its parent (``codegen/llvm/worker.py``),
 so a process may exit with compiles pending: they are dropped. ``wait(timeout)`` waits for the
 compiles pending now (``kiln.jit.wait_compiled``, as ``jax.block_until_ready`` waits for results).
+
+A compile thread holds the interpreter's lock for its Python work (the passes, building LLVM IR).
+The caller's thread releases that lock in every BLAS call and numpy loop, and waits for it after:
+at Python's default switch interval (5 ms) it waits up to 5 ms each time, and an eager step of a
+few hundred such calls ran 3-6x slower while a compile held the lock. ``sharing()`` (around each
+background compile here and in ``eager_kernels``) lowers the interval to ``SWITCH_INTERVAL`` while
+any runs, so the caller waits a fraction of a millisecond instead, and restores it after. It
+also runs BLAS on one thread meanwhile: LLVM compiles in a worker process, a priority below the
+caller's (``codegen/llvm/worker.py``), and a second BLAS thread took the core it needs, starving
+it (a CNN's eager kernels, LLVM-bound, compiled for most of a 200-step run); one BLAS thread
+leaves it that core (the run 1.6x faster, loaded 2-core machine: ``_Sharing``).
+
+A program's compile lets the eager kernels go first (``_kernels_first``): the calls that run
+eagerly meanwhile queue their heavy ops' kernels (``eager_kernels``), small compiles each worth
+1.2-4.5x on those calls at once (a CNN step on numpy's convolutions took 4.5x its time on kiln's).
+The program's compile waits for the next call (which queues them) and for those kernels, then
+starts: the calls run as an undecorated function's would (its eager kernels compile in the
+background too), then compiled -- decorating costs them the trace and the share of the interpreter
+and the cores the program's compile takes. (Kernels not queued while a program compiled left a CNN
+on numpy's convolutions until its program was ready: slower than not decorating it.) A caller
+that waits (``wait``) has its compile start at once.
 """
 
 from __future__ import annotations
@@ -15,9 +36,12 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
+
+from ...runtime import threads
 
 logger = logging.getLogger("kiln")
 
@@ -25,17 +49,87 @@ logger = logging.getLogger("kiln")
 #: a second thread can run the passes of another function meanwhile; more would only take cores
 #: from the eager calls running in the foreground.
 WORKERS = 2
+#: How long a program's compile waits for the function's next call (``Job.eager_call_done``) before
+#: it starts anyway (seconds): a loop calls again at once; a function called once needs no kernels.
+NEXT_CALL_S = 1.0
+#: The interpreter's switch interval (seconds) while a compile runs in the background: an eager
+#: DCGAN step beside a thread running Python took 3.7 ms alone, 22.5 at the default 5 ms, 8.2 at
+#: 0.5 ms and 7.8 at 0.1 ms (a CNN step 3.5-7.5 alone, 17-20, 8.5-12, 7.7-7.8). Shorter makes
+#: each switch's cost (a few microseconds) show.
+SWITCH_INTERVAL = 0.0002
+
+
+def _set_switch_interval(seconds: float) -> None:
+    """Put back an interval ``sys.getswitchinterval`` gave: Python keeps whole microseconds and
+    truncates, so the value read back (5000 us as 0.004999...) would lose a microsecond each time."""
+    sys.setswitchinterval(seconds + 1e-7)
+
+
+class _Sharing:
+    """Counts the compiles running in the background; the first lowers the switch interval and
+    limits BLAS to one thread, the last puts back the interval it found (unless someone set another
+    meanwhile, which stays) and BLAS's threads.
+
+    CNN, 200 steps in fresh processes, a loaded 2-core machine, rounds interleaved: eager (kernels
+    compiled at their first call) 3.4 / 3.0 / 1.9 s; decorated, before (kernels deferred, 5 ms,
+    2 BLAS threads) 7.6 / 8.0 / 7.2 s; now 2.2 / 2.8 / 2.6 s. DCGAN: 2.0 / 1.9 / 1.9; 2.8 / 2.7 /
+    2.8; 2.4 / 1.8 / 1.9 s."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = 0
+        self.before: float | None = None  # the interval found, while lowered
+        self.lowered = 0.0
+        self.blas = threads.SmallProducts(0)  # one BLAS thread, the count found put back after
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.running += 1
+            if self.running > 1:
+                return
+            self.blas.__enter__()
+            if sys.getswitchinterval() > SWITCH_INTERVAL:
+                self.before = sys.getswitchinterval()
+                sys.setswitchinterval(SWITCH_INTERVAL)
+                self.lowered = sys.getswitchinterval()  # as Python keeps it (whole microseconds)
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.running -= 1
+            if self.running > 0:
+                return
+            self.blas.__exit__()
+            if self.before is not None:
+                if sys.getswitchinterval() == self.lowered:
+                    _set_switch_interval(self.before)
+                self.before = None
+
+
+_sharing = _Sharing()
+
+
+def sharing() -> _Sharing:
+    """A context for a compile running beside the caller's thread: while any such compile runs, the
+    interpreter switches threads every ``SWITCH_INTERVAL`` seconds (see the module's docstring)."""
+    return _sharing
 
 
 class Job:
     """One compile handed to the pool: ``done`` is set when ``run`` has returned or raised."""
 
-    __slots__ = ("run", "done", "pid")
+    __slots__ = ("run", "done", "pid", "called", "hurried")
 
     def __init__(self, run: Callable[[], None]) -> None:
         self.run = run
         self.done = threading.Event()
         self.pid = os.getpid()
+        self.called = threading.Event()  # a call ran eagerly since the trace (or a caller waits)
+        self.hurried = False  # a caller waits for the compile: it starts at once
+
+    def eager_call_done(self) -> None:
+        """Say that a call of the function ran eagerly while this compile waited: the kernels of its
+        ops are queued, and the compile may start once they are done."""
+        self.called.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the compile finished within ``timeout`` seconds (None: wait as long as it takes).
@@ -43,6 +137,8 @@ class Job:
         (its calls run eagerly there)."""
         if self.pid != os.getpid():
             return self.done.is_set()
+        self.hurried = True
+        self.called.set()
         return self.done.wait(timeout)
 
 
@@ -68,7 +164,9 @@ class _Pool:
         while True:
             job = self.queue.get()
             try:
-                job.run()
+                _kernels_first(job)
+                with _sharing:
+                    job.run()
             except BaseException:  # a job says its own errors; this keeps the thread serving
                 logger.exception("kiln: a background compile raised")
             finally:
@@ -80,11 +178,28 @@ class _Pool:
 _pool = _Pool()
 
 
+def _kernels_first(job: Job) -> None:
+    """Wait for the next call of the function (``NEXT_CALL_S`` at most), then for the eager kernels
+    queued until then -- unless a caller waits for ``job`` meanwhile (see the module's docstring)."""
+    from .. import eager_kernels  # noqa: PLC0415 - eager_kernels imports this module
+
+    if not eager_kernels.enabled() or eager_kernels.CACHE.synchronous:
+        return  # no call queues kernels (they are off, or compile in the calls)
+    job.called.wait(NEXT_CALL_S)
+    eager_kernels.CACHE.wait_for(eager_kernels.CACHE.queued, give_up=lambda: job.hurried)
+
+
 def _forget_after_fork() -> None:
     """A forked child has none of its parent's threads: it starts a pool of its own (the parent's
-    pending compiles stay pending there: such calls run eagerly in the child)."""
-    global _pool
+    pending compiles stay pending there: such calls run eagerly in the child), and the switch
+    interval and BLAS threads its parent had before its compiles changed them."""
+    global _pool, _sharing
     _pool = _Pool()
+    if _sharing.running:
+        _sharing.blas.__exit__()
+    if _sharing.before is not None and sys.getswitchinterval() == _sharing.lowered:
+        _set_switch_interval(_sharing.before)
+    _sharing = _Sharing()
 
 
 if hasattr(os, "register_at_fork"):

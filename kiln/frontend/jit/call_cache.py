@@ -195,8 +195,11 @@ class CompiledFunction:
                             ("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}"
                         )
                         return self.fn(*args, **kwargs)
-                    with eager_kernels.deferred():  # the program compiling replaces the eager ops' kernels
+                    try:
                         return self.fn(*args, **kwargs)
+                    finally:  # its ops' eager kernels are queued: the program's compile may start after them
+                        if entry.job is not None:
+                            entry.job.eager_call_done()
                 miss = entry.state_miss(self._globals, closure_values, leaves)
                 if miss is None:
                     return self._run_compiled(entry, args, kwargs, leaves)
@@ -279,10 +282,10 @@ class CompiledFunction:
                     trace.add_external(leaf, "arg", i)
             watch.start()
             try:
-                # The eager ops of a traced call compile no kernels of their own: the program being
-                # traced replaces them (DCGAN's trace compiled 15 of them, 0.66 s of its 0.72 s, with
-                # KILN_EAGER_KERNELS=sync). Kernels compiled before still run.
-                with eager_kernels.deferred():
+                # A traced call whose caller waits for its program compiles no eager kernels: the
+                # program replaces its ops (DCGAN's trace compiled 15, 0.66 s of its 0.72 s, with
+                # KILN_EAGER_KERNELS=sync). In the background the calls meanwhile run eagerly: queued.
+                with eager_kernels.deferred() if self.options.wait else contextlib.nullcontext():
                     result = self.fn(*args, **kwargs)
             finally:
                 hazard = watch.stop()
@@ -340,12 +343,12 @@ class CompiledFunction:
         with self._install_lock:
             self.state.pending.append(entry)
             self.state.cache.setdefault(key, []).append(entry)
-        entry.job = background.submit(lambda: self._finish_background(pending, entry, where))
+        notice = self._slow_compile_notice(entry.nodes, where, background=True)  # from the trace: the calls wait
+        entry.job = background.submit(lambda: self._finish_background(pending, entry, where, notice))
 
-    def _finish_background(self, pending: PendingSpecialization, entry: PendingEntry, where) -> None:
+    def _finish_background(self, pending: PendingSpecialization, entry: PendingEntry, where, notice) -> None:
         """On a compile thread: compile, then put the specialization in place of ``entry``; a compile
         that raises leaves its key running eagerly, saying why."""
-        notice = self._slow_compile_notice(entry.nodes, where, background=True)
         try:
             spec = pending.compile()
         except Exception as error:  # noqa: BLE001 - said, and raised at the next call under KILN_JIT_STRICT=1

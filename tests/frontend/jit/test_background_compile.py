@@ -79,28 +79,6 @@ def test_calls_run_eagerly_until_the_program_is_ready_then_run_it(hold):
     assert [e.kind for e in state_of(g).events] == ["compiled"]
 
 
-def test_eager_calls_queue_no_kernel_compiles_while_the_program_compiles(hold, on):
-    """The eager calls made while the program compiles run their ops' numpy kernels without queueing
-    the ops' own compiles, which would compete with the program's; the same op outside queues its."""
-    g = background(lambda x: kiln.nn.functional.softmax(x, -1) * 2.0)
-    x = kiln.tensor(np.random.default_rng(1).standard_normal((64, 40)).astype(np.float32))
-    z = x.numpy() - x.numpy().max(-1, keepdims=True)
-    expected = 2.0 * np.exp(z) / np.exp(z).sum(-1, keepdims=True)
-
-    def softmax_keys():
-        return [key for key in on.CACHE.entries if key[0] == "softmax"]
-
-    for _ in range(3):  # the traced call, then calls while the compile is held back
-        np.testing.assert_allclose(array(g(x)), expected, rtol=RTOL, atol=ATOL)
-    assert len(state_of(g).pending) == 1 and softmax_keys() == []
-    kiln.nn.functional.softmax(x, -1)  # outside the compiled function: the op's compile is queued
-    assert len(softmax_keys()) == 1
-    hold.set()
-    assert g.wait_compiled(60)
-    np.testing.assert_allclose(array(g(x)), expected, rtol=RTOL, atol=ATOL)
-    assert compiled_calls(g) == [1]  # the program ran the call after it was ready
-
-
 def test_mutated_arguments_and_captured_state_match_eager_across_the_switch(hold):
     def make():
         state = {"total": kiln.zeros(5), "calls": kiln.zeros(())}
