@@ -12,13 +12,14 @@ processes (``CHILD_LIMIT_S`` each, so a pathological compile cannot hang the run
   the step's own work (the calls before the first compiled one, at the steady eager step's time);
 - compiles over two epochs whose last batch is smaller (the compiled function's specializations);
 - the wall time of a run of ``RUN_STEPS`` steps compiled (its compile included, in the cold
-  process) against kiln eager and PyTorch eager (a process each); the compiled run's first losses
-  are checked against kiln eager's;
+  process) against kiln eager and PyTorch eager (a process each); kiln eager's process starts on an
+  empty cache directory of its own, as the cold one does (its eager kernels compile in it); the
+  compiled run's first losses are checked against kiln eager's;
 - the same run as a user's program runs it by default (a process of its own, on an empty cache):
   ``kiln.compile(step)`` compiles in the background while the first calls run eagerly, and eager
   ops compile their kernels in the background too;
 - the compiled run again in the warm process (a user's program run a second time: the compile from the
-  disk cache).
+  disk cache), against kiln eager run a second time on its cache directory (its kernels from it).
 
 The summary prints each number beside the issue's target, marked met or MISSED; a missed target
 never fails the run. ``python -m benchmarks.run compile_cost [--quick]``.
@@ -59,6 +60,7 @@ MAX_CALLS_TO_COMPILE = 6  # calls made waiting for one that runs compiled before
 COLD_MAX_S, WARM_MAX_S, MAX_COMPILES, LENGTH_MAX = 3.0, 0.3, 2, 1.5
 EAGER, TORCH, SHORT, BACKGROUND = "kiln eager", "torch", "kiln, 1x length", "kiln, background"
 WARM_RUN = "kiln, warm cache"
+EAGER_WARM = "kiln eager, warm cache"
 
 
 def cases(name: str) -> dict[str, str]:
@@ -259,12 +261,18 @@ def measure(name: str, quick: bool) -> dict[str, dict]:
     """Every fresh process of one program: ``{mode: its JSON, or {"error": why}}``."""
     found: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="kiln-cache-") as cache:
-        for mode in ("cold", "warm", "eager", "torch"):
+        for mode in ("cold", "warm", "torch"):
             if mode == "warm" and "compile_s" not in found["cold"]:  # it would only repeat the cold compile
                 found[mode] = {"error": "error: not run: no call of the cold process ran compiled"}
                 continue
             common.progress(f"compile_cost: {name}, {mode}")
             found[mode] = _spawn(mode, name, quick, cache)
+    # kiln eager on a cache of its own: the cold process's, filled by its compile, would hand it
+    # kernels no eager run of a user's would find the first time
+    with tempfile.TemporaryDirectory(prefix="kiln-cache-") as cache:
+        for key, label in (("eager", "eager"), ("eager_warm", "eager, warm cache")):
+            common.progress(f"compile_cost: {name}, {label}")
+            found[key] = _spawn("eager", name, quick, cache)
     with tempfile.TemporaryDirectory(prefix="kiln-cache-") as cache:
         common.progress(f"compile_cost: {name}, background")
         found["background"] = _spawn("background", name, quick, cache)
@@ -315,6 +323,7 @@ def rows(name: str, quick: bool, found: dict[str, dict]) -> list[Result]:
     eager = {EAGER: found["eager"], TORCH: found["torch"]}
     params = {**sizes, "steps_run": RUN_STEPS[quick]}
     extra = [_background_row(names["run"], found, params), _warm_run_row(names["run"], warm, params)]
+    extra.append(_eager_row(names["run"], EAGER_WARM, found["eager_warm"], params))
     return results + _run_rows(names["run"], cold, eager, params) + extra
 
 
@@ -362,13 +371,14 @@ def _run_rows(case: str, cold: dict, eager: dict[str, dict], params: dict) -> li
             check = close(cold["losses"], eager[EAGER]["losses"], rtol=1e-4, atol=1e-6) + " on losses vs kiln eager"
         note = f"{steps} steps from the first call, {cold['compiles']} compile(s) included"
         compiled = Result(WORKLOAD, case, KILN, one_shot([cold["run_s"] * 1e9]), note, params, check)
-    rows_ = [compiled]
-    for impl, out in eager.items():
-        if "run_s" in out:
-            rows_.append(Result(WORKLOAD, case, impl, one_shot([out["run_s"] * 1e9]), f"{steps} steps", params))
-        else:
-            rows_.append(skipped(WORKLOAD, case, impl, out.get("error", "error: not measured")))
-    return rows_
+    return [compiled] + [_eager_row(case, impl, out, params) for impl, out in eager.items()]
+
+
+def _eager_row(case: str, impl: str, out: dict, params: dict) -> Result:
+    """An eager run's row (kiln's or PyTorch's process)."""
+    if "run_s" not in out:
+        return skipped(WORKLOAD, case, impl, out.get("error", "error: not measured"))
+    return Result(WORKLOAD, case, impl, one_shot([out["run_s"] * 1e9]), f"{params['steps_run']} steps", params)
 
 
 def run(quick: bool = False, programs: tuple[str, ...] | None = None) -> list[Result]:
@@ -389,7 +399,7 @@ def summary(results: list[Result]) -> str:
     rows_ = [("program", "cold", f"< {COLD_MAX_S:g} s", "warm", f"< {WARM_MAX_S:g} s", "compiles (epoch 1, 2)",
               f"<= {MAX_COMPILES}, then 0", "10x length (beyond the step)", f"<= {LENGTH_MAX:g}x", "run: compiled/eager/torch",
               "compiled fastest", "run: background", "background fastest", "run: warm cache",
-              "warm fastest")]  # fmt: skip
+              "eager warm/torch", "warm fastest")]  # fmt: skip
     by_key = {(r.case, r.impl): r for r in results if r.workload == WORKLOAD}
     for name in ORDER:
         names = cases(name)
@@ -403,6 +413,7 @@ def summary(results: list[Result]) -> str:
         run = [_seconds(by_key.get((names["run"], impl))) for impl in (KILN, EAGER, TORCH)]
         background = _seconds(by_key.get((names["run"], BACKGROUND)))
         warm_run = _seconds(by_key.get((names["run"], WARM_RUN)))
+        warm_others = [_seconds(by_key.get((names["run"], impl))) for impl in (EAGER_WARM, TORCH)]
         rows_.append((
             PROGRAMS[name].title,
             _cell(seconds["cold"], "s"), _verdict(seconds["cold"], COLD_MAX_S),
@@ -412,7 +423,8 @@ def summary(results: list[Result]) -> str:
             _cell(growth, "x"), _verdict(growth, LENGTH_MAX),
             " / ".join(_cell(v, "s") or "-" for v in run), _fastest(run[0], run[1:]),
             _cell(background, "s"), _fastest(background, run[1:]),
-            _cell(warm_run, "s"), _fastest(warm_run, run[1:]),
+            _cell(warm_run, "s"), " / ".join(_cell(v, "s") or "-" for v in warm_others),
+            _fastest(warm_run, warm_others),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows_) for i in range(len(rows_[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows_)

@@ -132,6 +132,7 @@ def test_compile_cost_rows_targets_and_summary_by_hand():
         "cold": {**fake_child(2.0, run_s=3.0), "eager_step_s": 0.1},  # 2 calls before the compiled one
         "warm": fake_child(0.5, compiles=(2, 3), run_s=1.5),
         "eager": {"run_s": 4.0, "losses": [[1.0]]},
+        "eager_warm": {"run_s": 1.6, "losses": [[1.0]]},  # its kernels from its cache directory
         "torch": {"run_s": 2.0, "losses": [[1.0]]},
         "length": {**fake_child(2.5), "eager_step_s": 0.4},
         "background": {"run_s": 3.5, "losses": [[1.0]], "compiles": 1, "events": []},
@@ -144,6 +145,7 @@ def test_compile_cost_rows_targets_and_summary_by_hand():
     assert by_key[(names["length"], "kiln")].median_ns == pytest.approx(1.7e9)
     assert by_key[(names["length"], compile_cost.SHORT)].median_ns == pytest.approx(1.8e9)  # the cold compile
     assert by_key[(names["run"], compile_cost.WARM_RUN)].median_ns == 1.5e9
+    assert by_key[(names["run"], compile_cost.EAGER_WARM)].median_ns == 1.6e9
     assert by_key[(names["ragged"], "kiln")].params["compiles"] == [2, 3]
     assert by_key[(names["run"], "kiln")].check.startswith("ok")
     assert by_key[(names["run"], compile_cost.BACKGROUND)].median_ns == 3.5e9
@@ -157,7 +159,7 @@ def test_compile_cost_rows_targets_and_summary_by_hand():
     row = compile_cost.summary(results).splitlines()[1].split("  ")
     cells = [c.strip() for c in row if c.strip()]
     assert cells == [programs.PROGRAMS["lstm_lm"].title, "2 s", "met", "500 ms", "MISSED", "2, +1", "MISSED",
-                     "0.94x", "met", "3 s / 4 s / 2 s", "MISSED", "3.5 s", "MISSED", "1.5 s", "met"]  # fmt: skip
+                     "0.94x", "met", "3 s / 4 s / 2 s", "MISSED", "3.5 s", "MISSED", "1.5 s", "1.6 s / 2 s", "met"]  # fmt: skip
 
 
 def test_compile_cost_reports_a_failed_or_hung_process(monkeypatch, tmp_path):
@@ -165,7 +167,7 @@ def test_compile_cost_reports_a_failed_or_hung_process(monkeypatch, tmp_path):
     monkeypatch.setattr(compile_cost, "ORDER", ("mlp",))
     out = compile_cost._spawn("cold", "mlp", True, str(tmp_path))
     assert out == {"error": "error: cold process timed out after 0.01 s"}
-    results = compile_cost.rows("mlp", True, {"cold": out, "warm": out, "eager": out, "torch": out})
+    results = compile_cost.rows("mlp", True, {"cold": out, "warm": out, "eager": out, "eager_warm": out, "torch": out})
     assert all(r.timing is None for r in results)
     assert results[0].note == out["error"]  # the table shows why
     summary_row = compile_cost.summary(results).splitlines()[1]
