@@ -207,3 +207,23 @@ def test_the_graph_passes_run_over_a_rolled_graph():
     unread = b.build([w])
     unread_rolled = roll_loops(unread)
     assert len(_loops(run_pipeline(unread_rolled, DEFAULT_PIPELINE, verify=True))) == 1
+
+
+@pytest.mark.parametrize("odd", [1, 1.0, True])
+def test_steps_that_differ_only_in_an_attribute_value_are_not_one_computation(odd):
+    """A step whose attribute is another value, or the same number of another type (0 and 1.0 and
+    True are not 0), is left out of the loop, which computes what the steps computed."""
+    b = GraphBuilder()
+    h, w = b.input(H), b.input(W)
+    xs = [b.input(H) for _ in range(12)]
+    for t, x in enumerate(xs):
+        padded = b.node("pad", [b.node("matmul", [h, w])], {"low": (0, 1), "high": (0, 0), "interior": (0, 0),
+                                                             "value": odd if t == 6 else 0})  # fmt: skip
+        h = b.node(
+            "tanh",
+            [b.node("add", [b.node("slice", [padded], {"starts": (0, 0), "stops": (3, 4), "steps": (1, 1)}), x])],
+        )
+    graph = b.build([h])
+    rolled = roll_loops(graph)
+    assert all(loop_of(node).trips < 12 for node in _loops(rolled))
+    _same_everywhere(graph, rolled)
