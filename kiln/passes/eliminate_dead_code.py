@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..ir.graph import CONSTANT, Graph, Node, Value
+from ..ir.graph import CONSTANT, Graph, Node, Value, nested_bodies
 from ..ir.primitives import has_effect
 
 
@@ -23,7 +23,7 @@ def eliminate_dead_code(graph: Graph) -> Graph:
     live: set[Value] = set(graph.outputs)
     kept: list[Node] = []
     for node in reversed(graph.nodes):
-        if any(v in live for v in node.outputs) or has_effect(node.op):
+        if any(v in live for v in node.outputs) or _has_effect(node):
             kept.append(node)
             live.update(node.inputs)
     kept.reverse()
@@ -32,3 +32,9 @@ def eliminate_dead_code(graph: Graph) -> Graph:
         return graph  # nothing to drop; the same (immutable) graph keeps its interpreter cache
     constants = {name: array for name, array in graph.constants.items() if name in names}
     return Graph(graph.inputs, tuple(kept), graph.outputs, constants)
+
+
+def _has_effect(node: Node) -> bool:
+    """Whether ``node`` must run though nothing reads it: a node with an effect, or a loop whose body
+    holds one (a check in a rolled step raises at its trip, read or not)."""
+    return has_effect(node.op) or any(_has_effect(n) for body in nested_bodies(node) for n in body.nodes)

@@ -57,7 +57,9 @@ def _evaluate(node: Node, arrays: dict[Value, np.ndarray]) -> np.ndarray | None:
     """The eager result of ``node`` if every input is a known constant and folding is worth it."""
     if not node.inputs or len(node.outputs) != 1 or any(v not in arrays for v in node.inputs):
         return None
-    prim = PRIMITIVES[node.op]
+    prim = PRIMITIVES.get(node.op)
+    if prim is None:  # a loop or kernel node: a program of its own, never folded
+        return None
     out = node.output.type
     if (
         prim.kind in (Kind.RANDOM, Kind.COLLECTIVE)

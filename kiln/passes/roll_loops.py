@@ -1,10 +1,11 @@
 """``roll_loops``: a trace whose middle repeats one computation becomes a loop node running it once per trip.
 
-Needs: a graph in topological order (after CSE, so that the iterations share their invariants: a
-weight's transpose, the constant 1). Establishes: every maximal run of ``MIN_TRIPS`` or more
-consecutive blocks of nodes (``MIN_ROLLED_NODES`` at least) that are the same computation is one
-``loop`` node (``kiln.ir.loops``)
-whose body is one block; the graph computes what it computed.
+Needs: a graph in topological order, as traced (the driver rolls first, so that the other graph
+passes run over the rolled graph, not the unrolled one; the iterations' copies of one view of an
+input, a weight's transpose, become one value here, as CSE would make them). Establishes: every
+maximal run of ``MIN_TRIPS`` or more consecutive blocks of nodes (``MIN_ROLLED_NODES`` at least)
+that are the same computation is one ``loop`` node (``kiln.ir.loops``) whose body is one block;
+the graph computes what it computed.
 
 Finding the runs, in time near-linear in the node count (a 1,000-step loop of two LSTM cells with
 its backward is about 100k nodes):
@@ -45,6 +46,7 @@ from ..ir.graph import CONSTANT, NESTING_OPS, Graph, Node, Value
 from ..ir.loops import LOOP, Loop
 from ..ir.primitives import ELEMENTWISE, PRIMITIVES, Kind
 from ..ir.types import Sym
+from .eliminate_common_subexpressions import substitute
 
 logger = logging.getLogger("kiln")
 
@@ -99,26 +101,46 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_nodes: int = MIN_RO
 
 
 def _hoist_input_views(graph: Graph) -> Graph:
-    """``graph`` with the views of its inputs (and views of those) moved to the front: a step's
-    ``xs[t]`` differs from the next step's in its attributes, which would break the run; in front,
-    it is a per-iteration input of the loop. Views compute nothing, so the order costs nothing."""
+    """``graph`` with the views of its inputs (and views of those) moved to the front, one node per
+    distinct view: a step's ``xs[t]`` differs from the next step's in its attributes, which would
+    break the run; in front, it is a per-iteration input of the loop. The same view taken at every
+    step (a weight's transpose, which the tracer records anew each time) becomes one value, an
+    invariant of the loop, as CSE would make it. Views compute nothing, so the order costs nothing."""
     rooted = set(graph.inputs)
     front, rest = [], []
+    seen: dict[tuple, Node] = {}
+    replace: dict[Value, Value] = {}
     for node in graph.nodes:
+        if replace and not replace.keys().isdisjoint(node.inputs):
+            node = substitute(node, replace)
         if is_view(node) and all(v in rooted for v in node.inputs):
-            front.append(node)
-            rooted.update(node.outputs)
+            key = (node.op, node.attr_key(), node.inputs)
+            first = seen.get(key)
+            if first is None:
+                seen[key] = node
+                front.append(node)
+                rooted.update(node.outputs)
+            else:
+                replace.update(zip(node.outputs, first.outputs, strict=True))
         else:
             rest.append(node)
-    if all(a is b for a, b in zip(front + rest, graph.nodes, strict=True)):
+    if not replace and all(a is b for a, b in zip(front + rest, graph.nodes, strict=True)):
         return graph
-    return Graph(graph.inputs, tuple(front + rest), graph.outputs, graph.constants)
+    outputs = tuple(replace.get(v, v) for v in graph.outputs)
+    return Graph(graph.inputs, tuple(front + rest), outputs, graph.constants)
 
 
 # ----------------------------------------------------------------------------- finding runs
 def _signatures(nodes: Sequence[Node]) -> tuple[list[int], np.ndarray]:
     """The node indices of the non-constant nodes, and each one's signature as a small int
-    (nodes holding bodies get one of their own: they never repeat)."""
+    (nodes holding bodies get one of their own: they never repeat).
+
+    Equal signatures must mean the same computation (the body is built from the first block's
+    nodes). The attributes are compared by their ``repr``, which tells apart every value an
+    attribute may hold (1, 1.0 and True too), and types by their fields, whose hashes are C's:
+    a trace of 100k nodes is signed in a fraction of the time ``Node.attr_key`` and
+    ``TensorType.__hash__`` take. Two equal attribute dicts written in another order get two
+    signatures: a run missed, never a wrong one."""
     table: dict[tuple, int] = {}
     order, ids = [], []
     for i, node in enumerate(nodes):
@@ -127,7 +149,8 @@ def _signatures(nodes: Sequence[Node]) -> tuple[list[int], np.ndarray]:
         if node.op in NESTING_OPS:
             key: tuple = ("unique", i)
         else:
-            key = (node.op, node.attr_key(), tuple(v.type for v in node.inputs), tuple(v.type for v in node.outputs))
+            key = (node.op, repr(node.attrs), tuple([(v.type.shape, v.type.dtype, v.type.device) for v in node.inputs]),
+                   tuple([(v.type.shape, v.type.dtype, v.type.device) for v in node.outputs]))  # fmt: skip
         order.append(i)
         ids.append(table.setdefault(key, len(table)))
     return order, np.asarray(ids, dtype=np.int64)

@@ -75,7 +75,8 @@ def simplify(graph: Graph) -> Graph:
         nodes += context.emitted  # nodes a rule made for the operands of its rewrite
         context.emitted = []
         if simplified is not None:
-            context.producers[simplified.output] = simplified
+            if len(simplified.outputs) == 1:  # (a loop node has many: no rule reads those)
+                context.producers[simplified.output] = simplified
             nodes.append(simplified)
     if not context.replace and len(nodes) == len(graph.nodes) and all(a is b for a, b in zip(nodes, graph.nodes)):
         return graph

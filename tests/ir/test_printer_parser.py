@@ -404,3 +404,19 @@ def test_kernel_body_constant_must_be_given():
     text = print_graph(kernel_graph())
     with pytest.raises(ParseError, match="'c0' is not among the constants given"):
         parse_graph(text, {})
+
+
+def test_tuples_of_ints_print_as_their_mixed_and_numpy_kin_do():
+    """``format_attr`` prints a tuple of plain ints by ``repr`` (a 100k-node trace prints for its cache
+    key); bools in a tuple, numpy ints and other mixes take the general path, and read back the same."""
+    b = GraphBuilder()
+    x = b.input(TensorType((4,), float64))
+    attrs = {"ints": (3, -1, 2**70), "mixed": (True, 1), "numpy": (np.int64(2), 3), "scalar": np.int64(5), "n": 0}
+    b.node("custom_op", [x], attrs, type=TensorType((4,), float64))
+    graph = b.build([x])
+    line = print_graph(graph).splitlines()[1]
+    assert line.endswith("{ints=(3, -1, 1180591620717411303424), mixed=(True, 1), numpy=(2, 3), scalar=5, n=0}")
+    parsed = parse_graph(print_graph(graph), graph.constants)
+    assert print_graph(parsed) == print_graph(graph)
+    attrs_back = parsed.nodes[0].attrs
+    assert attrs_back["mixed"][0] is True and type(attrs_back["numpy"][0]) is int

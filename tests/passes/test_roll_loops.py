@@ -164,3 +164,66 @@ def test_a_step_that_slices_its_input_inside_the_step_still_rolls():
     (node,) = _loops(rolled)
     assert loop_of(node).per_iteration == 1 and "slice" not in [n.op for n in loop_of(node).body.nodes]
     _same_everywhere(graph, rolled)
+
+
+def test_the_same_view_of_an_input_at_every_step_is_one_invariant():
+    """The tracer records a weight's transpose anew at each step; in front of the loop, the copies are
+    one value (the loop reads it as an invariant, not as a per-iteration input of N equal values)."""
+    b = GraphBuilder()
+    h, w = b.input(H), b.input(W)
+    xs = [b.input(H) for _ in range(8)]
+    for x in xs:
+        h = b.node("tanh", [b.node("add", [b.node("matmul", [h, b.node("permute", [w], {"perm": (1, 0)})]), x])])
+    graph = b.build([h])
+    rolled = roll_loops(graph)
+    (node,) = _loops(rolled)
+    loop = loop_of(node)
+    assert (loop.invariant, loop.per_iteration) == (1, 1)
+    assert [n.op for n in rolled.nodes].count("permute") == 1
+    _same_everywhere(graph, rolled)
+
+
+def test_the_graph_passes_run_over_a_rolled_graph():
+    """The driver rolls first, then folds, simplifies, merges and drops over the rolled graph: a loop
+    node is never folded nor merged, and is kept, though nothing reads it, when its body checks."""
+    from kiln.passes import DEFAULT_PIPELINE, run_pipeline
+
+    b = GraphBuilder()
+    h, w = b.input(H), b.input(W)
+    xs = [b.input(H) for _ in range(8)]
+    limit = b.constant(np.full((), 10.0), TensorType((), float64))
+    for x in xs:
+        h = b.node("tanh", [b.node("add", [b.node("matmul", [h, w]), x])])
+        ok = b.node("lt", [b.node("reduce_sum", [h], {"axes": (0, 1), "keepdim": False}), limit])
+        b.node("check", [ok], {"error": "ValueError", "message": "too large"})
+    graph = b.build([h])
+    rolled = roll_loops(graph)
+    (node,) = _loops(rolled)
+    assert "check" in [n.op for n in loop_of(node).body.nodes]
+    passed = run_pipeline(rolled, DEFAULT_PIPELINE, verify=True)
+    assert len(_loops(passed)) == 1
+    _same_everywhere(graph, passed)
+    # the same loop, its outputs unread: the checks still run, so the loop stays
+    unread = b.build([w])
+    unread_rolled = roll_loops(unread)
+    assert len(_loops(run_pipeline(unread_rolled, DEFAULT_PIPELINE, verify=True))) == 1
+
+
+@pytest.mark.parametrize("odd", [1, 1.0, True])
+def test_steps_that_differ_only_in_an_attribute_value_are_not_one_computation(odd):
+    """A step whose attribute is another value, or the same number of another type (0 and 1.0 and
+    True are not 0), is left out of the loop, which computes what the steps computed."""
+    b = GraphBuilder()
+    h, w = b.input(H), b.input(W)
+    xs = [b.input(H) for _ in range(12)]
+    for t, x in enumerate(xs):
+        padded = b.node("pad", [b.node("matmul", [h, w])], {"low": (0, 1), "high": (0, 0), "interior": (0, 0),
+                                                             "value": odd if t == 6 else 0})  # fmt: skip
+        h = b.node(
+            "tanh",
+            [b.node("add", [b.node("slice", [padded], {"starts": (0, 0), "stops": (3, 4), "steps": (1, 1)}), x])],
+        )
+    graph = b.build([h])
+    rolled = roll_loops(graph)
+    assert all(loop_of(node).trips < 12 for node in _loops(rolled))
+    _same_everywhere(graph, rolled)

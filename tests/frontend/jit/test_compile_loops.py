@@ -194,9 +194,10 @@ def test_loops_off_leaves_the_steps_unrolled():
 
 def test_the_compiled_graph_does_not_grow_with_the_trip_count():
     """Only views outside the loops grow with T (the time steps' slices of the input and of its
-    gradient, and their reshapes: their attributes name the step), at most three a step; kernels,
-    externs and the loops' bodies do not."""
-    views = ("slice", "reshape")
+    gradient, and the views of those: their attributes name the step, or they are views of a graph
+    input that ``roll_loops`` moves in front), at most four a step; kernels, externs and the loops'
+    bodies do not."""
+    views = ("slice", "reshape", "permute")
     sizes, grown = [], []
     for steps in (10, 40):
         compiled = _against_eager("lstm", np.float32, "sgd", steps=steps)
@@ -207,7 +208,7 @@ def test_the_compiled_graph_does_not_grow_with_the_trip_count():
         sizes.append((sorted(op for op in ops if op not in views), bodies, spec.report.kernels))
         grown.append(sum(ops.count(v) for v in views))
     assert sizes[0] == sizes[1]
-    assert grown[1] - grown[0] <= 3 * (40 - 10)
+    assert grown[1] - grown[0] <= 4 * (40 - 10)
 
 
 def test_a_loop_over_layers_of_one_shape_trains_as_eager_does():

@@ -73,12 +73,12 @@ def _inputs(seed=0):
 # ----------------------------------------------------------------------------- the pipeline is data
 def test_the_stages_are_a_tuple_of_named_steps_chosen_by_the_backend():
     llvm, interpreter = backend_named("llvm"), backend_named("interpreter")
-    assert [s.name for s in pipeline(CompileOptions(), llvm)] == GRAPH_PASSES + ["roll_loops"] + LOWERING
-    assert [s.name for s in pipeline(CompileOptions(), interpreter)] == GRAPH_PASSES + ["roll_loops"]
+    assert [s.name for s in pipeline(CompileOptions(), llvm)] == ["roll_loops"] + GRAPH_PASSES + LOWERING
+    assert [s.name for s in pipeline(CompileOptions(), interpreter)] == ["roll_loops"] + GRAPH_PASSES
     assert [s.name for s in pipeline(CompileOptions(loops=False), llvm)] == GRAPH_PASSES + LOWERING
     assert [s.name for s in LOWERING_STAGES] == LOWERING
     custom = CompileOptions(passes=(kiln.passes.eliminate_dead_code,))
-    assert [s.name for s in pipeline(custom, llvm)] == ["eliminate_dead_code", "roll_loops", *LOWERING]
+    assert [s.name for s in pipeline(custom, llvm)] == ["roll_loops", "eliminate_dead_code", *LOWERING]
 
 
 def test_dump_dir_holds_one_file_per_stage_with_the_fused_graph_and_the_memory_plan(tmp_path):
@@ -92,7 +92,7 @@ def test_dump_dir_holds_one_file_per_stage_with_the_fused_graph_and_the_memory_p
     # in the order of their numbers (``.9-`` before ``.10-``)
     names = sorted((p.name for p in tmp_path.iterdir()), key=lambda n: int(n.split("-", 1)[0].rsplit(".", 1)[1]))
     stages = [n.split("-", 1)[1].rsplit(".", 1)[0] for n in names]
-    assert stages == ["traced", *GRAPH_PASSES, "roll_loops", *LOWERING, "timings"], names
+    assert stages == ["traced", "roll_loops", *GRAPH_PASSES, *LOWERING, "timings"], names
     text = {n.split("-", 1)[1].rsplit(".", 1)[0]: (tmp_path / n).read_text() for n in names}
     assert "= mul(" in text["traced"] and "= mul(" not in text["simplify"]  # x * 1 simplified away
     assert "kernel(" in text["fuse"] and "kernel(" not in text["eliminate_dead_code"]
