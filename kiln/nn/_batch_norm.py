@@ -244,14 +244,14 @@ class BatchNormBackward(LazyEdgesNode):
 
     __slots__ = ("saved", "versions", "arrays", "eps")
     saved: tuple | None  # the input, weight and bias (or None); None once released
-    versions: tuple  # theirs when saved (checked when read)
+    versions: tuple  # theirs when saved (checked when read; None: the bias, unchecked)
     arrays: tuple
     eps: float
 
     @classmethod
     def attach(cls, result, inputs: tuple, arrays: tuple, eps: float) -> None:
         node = cls(tuple([None if t is None else pending_edge(t) for t in inputs]))
-        node.saved, node.versions = inputs, save_tensors(inputs)
+        node.saved, node.versions = inputs, save_tensors(inputs, unchecked=(2,))  # (no gradient reads the bias)
         node.arrays, node.eps = arrays, eps
         result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
 

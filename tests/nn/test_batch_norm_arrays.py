@@ -103,6 +103,23 @@ def test_in_place_change_retain_graph_and_no_grad():
         assert F.batch_norm(x, None, None, training=True).grad_fn is None
 
 
+def test_a_bias_changed_in_place_before_the_backward_is_no_error_as_in_pytorch():
+    # PyTorch's batch norm node saves the weight, not the bias: no gradient reads its value
+    grads = []
+    for change in (False, True):
+        kiln.manual_seed(0)
+        x = kiln.randn(4, 3, 2, 2, requires_grad=True)
+        w, b = kiln.randn(3, requires_grad=True), kiln.randn(3, requires_grad=True)
+        y = F.batch_norm(x, None, None, w, b, training=True)
+        if change:
+            with kiln.no_grad():
+                b.add_(1.0)
+        (y * y.detach()).sum().backward()
+        grads.append([t.grad.numpy().copy() for t in (x, w, b)])
+    for got, want in zip(*grads, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_a_compiled_batch_norm_equals_eager_over_calls():
     bn_eager, bn_compiled = kiln.nn.BatchNorm2d(3), kiln.nn.BatchNorm2d(3)
     step = kiln.compile(lambda x: (bn_compiled(x) ** 3).sum())

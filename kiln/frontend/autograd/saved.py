@@ -49,15 +49,17 @@ class SavedTensor:
         return t
 
 
-def save_tensors(tensors: tuple) -> tuple[int | None, ...]:
+def save_tensors(tensors: tuple, unchecked: tuple[int, ...] = ()) -> tuple[int | None, ...]:
     """The versions ``tensors`` (None for an absent one) have now, for ``unpack_tensors`` to check
     later. A node keeps the tensors themselves and these ints (no object per saved tensor, and ints
     are not walked by the cyclic collector); for inputs only, whose tensors hold no path back to
-    the node (an output's does: ``SavedTensor``)."""
+    the node (an output's does: ``SavedTensor``). The tensors at the positions ``unchecked`` are kept
+    for a recomputation whose gradients do not read their values (a bias, which PyTorch's nodes do not
+    save): their version is None, and an in-place change of them is no error."""
     for t in tensors:
         if t is not None and t._inference:
             raise inference_error()
-    return tuple([None if t is None else t._version[0] for t in tensors])
+    return tuple([None if t is None or i in unchecked else t._version[0] for i, t in enumerate(tensors)])
 
 
 def unpack_tensors(node: Node, tensors: tuple | None, versions: tuple) -> tuple:
@@ -65,7 +67,7 @@ def unpack_tensors(node: Node, tensors: tuple | None, versions: tuple) -> tuple:
     if tensors is None:
         raise _freed_error(node)
     for t, version in zip(tensors, versions, strict=True):
-        if t is not None and t._version[0] != version:
+        if version is not None and t._version[0] != version:
             raise version_error(node, version, t._version[0])
     return tensors
 

@@ -145,7 +145,7 @@ class _ArraysBackward(LazyEdgesNode):
 
     __slots__ = ("saved", "versions", "composite", "cols", "geometry")
     saved: tuple | None  # input, weight, bias (or None); None once released
-    versions: tuple  # theirs when saved (checked when read)
+    versions: tuple  # theirs when saved (checked when read; None: the bias, unchecked)
     composite: Composite
     cols: np.ndarray | None
     geometry: tuple
@@ -154,9 +154,10 @@ class _ArraysBackward(LazyEdgesNode):
     def attach(cls, result: Tensor, x: Tensor, weight: Tensor, bias, composite: Composite):
         node = cls((pending_edge(x), pending_edge(weight), None if bias is None else pending_edge(bias)))
         # saved (and checked for in-place changes when read) as the ops' nodes saved them: the
-        # arrays' backward reads the weight, and the input for its version only (``cols`` is a copy)
+        # arrays' backward reads the weight, and the input for its version only (``cols`` is a copy);
+        # the bias only for a recomputation through ops, unchecked: no gradient reads its value
         node.saved = (x, weight, bias)
-        node.versions = save_tensors(node.saved)
+        node.versions = save_tensors(node.saved, unchecked=(2,))
         node.composite = composite
         result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
         return node
