@@ -39,7 +39,6 @@ import threading
 import time
 import types
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 from ...compiler.options import CompileOptions
@@ -49,6 +48,7 @@ from ..tensor import Tensor
 from . import background, hazards, reads, state
 from .build import PendingSpecialization, build_specialization, trace_specialization
 from .dynamic import Pending, sizes_differ
+from .entries import _NOT_COMPILED, CompileState, EagerEntry, Event, PendingEntry, _match
 from .guards import build_guards
 from .keys import call_key, describe_key_change, dynamic_key
 from .pytree import flatten_call
@@ -56,46 +56,6 @@ from .trace import _KILN_DIR, CompileWarning, Trace, TraceBreak, TraceBreakError
 from .watched_sizes import sizes_to_watch
 
 logger = logging.getLogger("kiln")
-
-
-@dataclass
-class EagerEntry:
-    """A key whose trace stopped: such calls run eagerly."""
-
-    reason: TraceBreak
-    key: tuple = ()
-
-
-@dataclass(eq=False)
-class PendingEntry:
-    """A key whose program compiles in the background: such calls run eagerly until it is ready."""
-
-    key: tuple
-    reason: str  # why it was traced (a "compiled" event's words once ready)
-    nodes: int  # traced nodes
-    started: float = field(default_factory=time.perf_counter)
-    job: Any = None  # the background.Job
-    source: Any = None  # the traced graph a call at other sizes is compared with (dynamic.py), if known
-    pending: Any = None  # the PendingSpecialization compiling
-
-    @property
-    def sizes_source(self) -> Any:
-        """``source``, or once the background compile has partitioned a call whose results need
-        gradients outside it, its (forward, backward) graphs (``PendingSpecialization.sizes_source``)."""
-        if self.source is not None or self.pending is None:
-            return self.source
-        return self.pending.sizes_source
-
-
-_NOT_COMPILED = (EagerEntry, PendingEntry)  # a tuple: isinstance on it takes half the time a union takes
-
-
-@dataclass
-class Event:
-    """One entry of a compiled function's history (shown by ``kiln.explain``)."""
-
-    kind: str  # "compiled" | "break" | "not cached" | "recompile limit"
-    detail: str
 
 
 #: How long the compile after a trace runs before kiln says it is compiling (a CompileWarning).
@@ -115,23 +75,6 @@ def _user_frame(frame: types.FrameType | None) -> tuple[str, int, str]:
 #: good (see CompiledFunction._changes_once_more): two, since a first call that initializes lazily
 #: may be followed by one that creates optimizer state.
 STATE_CHANGE_RETRIES = 2
-
-
-@dataclass
-class CompileState:
-    specializations: list = field(default_factory=list)
-    cache: dict = field(default_factory=dict)  # key -> list of Specialization | EagerEntry
-    events: list[Event] = field(default_factory=list)
-    logged: set = field(default_factory=set)
-    last_key: tuple | None = None
-    numpy_shadows: dict = field(default_factory=dict)  # id(array) -> (array, tensor on it): see Trace.on_numpy
-    escapes_survived_young_collection: bool = False  # see build_specialization
-    state_changes: dict = field(default_factory=dict)  # key -> calls whose trace stopped on a Python state change
-    pending: list = field(default_factory=list)  # PendingEntry per compile running in the background
-    background_error: BaseException | None = None  # raised at the next call under KILN_JIT_STRICT=1
-    dynamic: dict = field(default_factory=dict)  # argument structure -> {leaf position: its dynamic dims}
-    not_dynamic: dict = field(default_factory=dict)  # argument structure -> why its sizes stay static
-    deferred: list = field(default_factory=list)  # traces kept, not compiled, until another size comes
 
 
 class CompiledFunction:
@@ -564,15 +507,6 @@ def _acquire(lock) -> bool:
 def _release(lock) -> None:
     _held.count -= 1
     lock.release()
-
-
-def _match(entries, fn_globals: dict | None, closure_values: dict, leaves: list):
-    """The first entry of a key that applies now (an ``EagerEntry``, a ``PendingEntry`` or a matching
-    specialization)."""
-    for entry in entries:
-        if isinstance(entry, EagerEntry | PendingEntry) or entry.state_miss(fn_globals, closure_values, leaves) is None:
-            return entry
-    return None
 
 
 _GLOBAL_READS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})

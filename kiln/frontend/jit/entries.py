@@ -1,0 +1,76 @@
+"""What a compiled function keeps per call key (``call_cache.CompiledFunction``): its specializations,
+the keys whose calls run eagerly (a stopped trace, a compile in the background), and its history."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .trace import TraceBreak
+
+
+@dataclass
+class EagerEntry:
+    """A key whose trace stopped: such calls run eagerly."""
+
+    reason: TraceBreak
+    key: tuple = ()
+
+
+@dataclass(eq=False)
+class PendingEntry:
+    """A key whose program compiles in the background: such calls run eagerly until it is ready."""
+
+    key: tuple
+    reason: str  # why it was traced (a "compiled" event's words once ready)
+    nodes: int  # traced nodes
+    started: float = field(default_factory=time.perf_counter)
+    job: Any = None  # the background.Job
+    source: Any = None  # the traced graph a call at other sizes is compared with (dynamic.py), if known
+    pending: Any = None  # the PendingSpecialization compiling
+
+    @property
+    def sizes_source(self) -> Any:
+        """``source``, or once the background compile has partitioned a call whose results need
+        gradients outside it, its (forward, backward) graphs (``PendingSpecialization.sizes_source``)."""
+        if self.source is not None or self.pending is None:
+            return self.source
+        return self.pending.sizes_source
+
+
+_NOT_COMPILED = (EagerEntry, PendingEntry)  # a tuple: isinstance on it takes half the time a union takes
+
+
+@dataclass
+class Event:
+    """One entry of a compiled function's history (shown by ``kiln.explain``)."""
+
+    kind: str  # "compiled" | "break" | "not cached" | "recompile limit"
+    detail: str
+
+
+@dataclass
+class CompileState:
+    specializations: list = field(default_factory=list)
+    cache: dict = field(default_factory=dict)  # key -> list of Specialization | EagerEntry
+    events: list[Event] = field(default_factory=list)
+    logged: set = field(default_factory=set)
+    last_key: tuple | None = None
+    numpy_shadows: dict = field(default_factory=dict)  # id(array) -> (array, tensor on it): see Trace.on_numpy
+    escapes_survived_young_collection: bool = False  # see build_specialization
+    state_changes: dict = field(default_factory=dict)  # key -> calls whose trace stopped on a Python state change
+    pending: list = field(default_factory=list)  # PendingEntry per compile running in the background
+    background_error: BaseException | None = None  # raised at the next call under KILN_JIT_STRICT=1
+    dynamic: dict = field(default_factory=dict)  # argument structure -> {leaf position: its dynamic dims}
+    not_dynamic: dict = field(default_factory=dict)  # argument structure -> why its sizes stay static
+    deferred: list = field(default_factory=list)  # traces kept, not compiled, until another size comes
+
+
+def _match(entries, fn_globals: dict | None, closure_values: dict, leaves: list):
+    """The first entry of a key that applies now (an ``EagerEntry``, a ``PendingEntry`` or a matching
+    specialization)."""
+    for entry in entries:
+        if isinstance(entry, EagerEntry | PendingEntry) or entry.state_miss(fn_globals, closure_values, leaves) is None:
+            return entry
+    return None
