@@ -42,6 +42,25 @@ def _compiled_ops(program: SymbolicProgram) -> list[str]:
     return [call.node.op for call in program.kernel_calls]
 
 
+def _equals_eager_over_batches(step, params: list, image: tuple, atol: float = 1e-4):
+    """``kiln.compile(step)`` against ``step`` at every batch of ``BATCHES`` (``image``: the input's
+    other dims): its result, the input's and ``params``' gradients. Two programs made: the first
+    batch's, then one dynamic program for every other batch. Returns the compiled function."""
+    compiled = kiln.compile(step)
+    for n in BATCHES:
+        a = rng.standard_normal((n, *image)).astype(np.float32)
+        found = []
+        for fn in (step, compiled):
+            x = kiln.tensor(a, requires_grad=True)
+            for p in params:
+                p.grad = None
+            found.append((fn(x).detach().numpy(), x.grad.numpy(), *(p.grad.numpy() for p in params)))
+        for actual, expected in zip(found[1], found[0], strict=True):
+            assert_close(actual, expected, rtol=1e-4, atol=atol)
+    assert specs(compiled) == 2
+    return compiled
+
+
 def test_convolutions_and_their_gradients_over_a_dynamic_batch_equal_eager_with_compiled_kernels():
     kiln.manual_seed(0)
     w = kiln.randn(5, 3, 3, 3, requires_grad=True)
@@ -51,17 +70,7 @@ def test_convolutions_and_their_gradients_over_a_dynamic_batch_equal_eager_with_
         (y * y).sum().backward()
         return y
 
-    compiled = kiln.compile(step)
-    for n in BATCHES:
-        a = rng.standard_normal((n, 3, 9, 11)).astype(np.float32)
-        found = []
-        for fn in (step, compiled):
-            x = kiln.tensor(a, requires_grad=True)
-            w.grad = None
-            found.append((fn(x).detach().numpy(), x.grad.numpy(), w.grad.numpy()))
-        for actual, expected in zip(found[1], found[0], strict=True):
-            assert_close(actual, expected, rtol=1e-4, atol=1e-4)
-    assert specs(compiled) == 2
+    compiled = _equals_eager_over_batches(step, [w], (3, 9, 11))
     program = _program(compiled)
     ops = _compiled_ops(program)
     assert "conv" in ops and "conv_weight" in ops, (ops, program.report.declined)
@@ -82,17 +91,7 @@ def test_an_input_gradient_by_fold_over_a_dynamic_batch_equals_eager_with_a_comp
         (y * y).sum().backward()
         return y
 
-    compiled = kiln.compile(step)
-    for n in BATCHES:
-        a = rng.standard_normal((n, 4, 6, 7)).astype(np.float32)
-        found = []
-        for fn in (step, compiled):
-            x = kiln.tensor(a, requires_grad=True)
-            w.grad = None
-            found.append((fn(x).detach().numpy(), x.grad.numpy(), w.grad.numpy()))
-        for actual, expected in zip(found[1], found[0], strict=True):
-            assert_close(actual, expected, rtol=1e-4, atol=1e-3)
-    assert specs(compiled) == 2
+    compiled = _equals_eager_over_batches(step, [w], (4, 6, 7), atol=1e-3)
     program = _program(compiled)
     assert "fold" in _compiled_ops(program), (_compiled_ops(program), program.report.declined)
 
@@ -110,17 +109,7 @@ def test_strided_convs_and_pools_over_a_dynamic_batch_equal_eager_with_compiled_
         (y * y).sum().backward()
         return y
 
-    compiled = kiln.compile(step)
-    for n in BATCHES:
-        a = rng.standard_normal((n, 3, 17, 18)).astype(np.float32)
-        found = []
-        for fn in (step, compiled):
-            x = kiln.tensor(a, requires_grad=True)
-            conv.weight.grad = conv.bias.grad = None
-            found.append((fn(x).detach().numpy(), x.grad.numpy(), conv.weight.grad.numpy(), conv.bias.grad.numpy()))
-        for actual, expected in zip(found[1], found[0], strict=True):
-            assert_close(actual, expected, rtol=1e-4, atol=1e-4)
-    assert specs(compiled) == 2
+    compiled = _equals_eager_over_batches(step, [conv.weight, conv.bias], (3, 17, 18))
     program = _program(compiled)
     ops = _compiled_ops(program)
     assert ops.count("unfold") >= 2 and ops.count("fold") >= 2, (ops, program.report.declined)
