@@ -323,7 +323,7 @@ def rows(name: str, quick: bool, found: dict[str, dict]) -> list[Result]:
     eager = {EAGER: found["eager"], TORCH: found["torch"]}
     params = {**sizes, "steps_run": RUN_STEPS[quick]}
     extra = [_background_row(names["run"], found, params), _warm_run_row(names["run"], warm, params)]
-    extra.append(_eager_row(names["run"], EAGER_WARM, found["eager_warm"], params))
+    extra.append(_eager_row(names["run"], EAGER_WARM, found.get("eager_warm", {}), params))
     return results + _run_rows(names["run"], cold, eager, params) + extra
 
 
