@@ -4,10 +4,10 @@ A compiled call replays tensor operations only. Whatever else the traced call di
 call run eagerly with the reason said; what it read is guarded (``guards.py``). ``Watch`` follows
 the traced call:
 
-- hooks (``watch_hooks.py``), active only in the tracing thread and only while the call is traced,
-  scan the bytecode of each user code object that runs (once per code object) for stores into
-  globals (``STORE_GLOBAL``) and closures (``STORE_DEREF`` on a free variable), see calls into
-  Python's and numpy's random generators, and see the user's code call a mutating method
+- a ``sys.setprofile`` hook, active only in the tracing thread and only while the call is traced,
+  scans the bytecode of each user code object that runs (once per code object) for stores into
+  globals (``STORE_GLOBAL``) and closures (``STORE_DEREF`` on a free variable), sees calls into
+  Python's and numpy's random generators, and sees the user's code call a mutating method
   (``append``, ``update``, ``add``...) of a dict, list or set from outside the call;
 - the attributes of the objects the call reads, and the dicts, lists and sets reachable from its
   globals, closure and arguments (``reads.reach``), are compared before and after: a store into
@@ -20,33 +20,40 @@ Each is a trace break.
 from __future__ import annotations
 
 import operator
+import os
 import random
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from ..tensor import Tensor
 from . import reads
 from .reads import _SCALARS, _is_module_dict
-from .trace import TraceBreak
-from .watch_hooks import Hooks, first_use, for_the_user, user_code
+from .trace import _KILN_DIR, TraceBreak
 
+_LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set on first use)
 _MISSING = object()
 _SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, Tensor)
 _RANDOM_OWNERS: tuple = ()  # Python's and numpy's generator types (set on first use: numpy.random imports slowly)
 
 
 def _first_use() -> None:
-    global _RANDOM_OWNERS
-    first_use()
+    global _LIBRARIES, _RANDOM_OWNERS
     if not _RANDOM_OWNERS:
+        # Their module-level caches and registries are not the user's state.
+        _LIBRARIES = reads.library_folders()
         _RANDOM_OWNERS = (random.Random, np.random.RandomState, np.random.Generator, np.random.BitGenerator)
 
 
 # code object -> tuple of (what, line) stores it makes into globals or enclosing functions' variables
 _STORES: dict = {}
+
+
+def _user_code(code) -> bool:
+    name = code.co_filename
+    return not name.startswith(_KILN_DIR) and not name.startswith(_LIBRARIES) and not name.startswith("<frozen")
 
 
 def _importing(frame, outer: frozenset) -> bool:
@@ -70,6 +77,27 @@ def _stack(frame) -> list:
         frames.append(frame)
         frame = frame.f_back
     return frames
+
+
+#: kiln's layers below the frontend (DESIGN.md): their code never calls the user's (kiln.nn, the
+#: autograd and the frontend do: a module's forward, a hook, a custom Function)
+_KILN_LOWER = tuple(_KILN_DIR + layer + os.sep for layer in ("ir", "passes", "codegen", "runtime"))
+
+
+def _for_the_user(frame) -> bool:
+    """Whether the code running ``frame`` was called for the user's program rather than for kiln's
+    own work: the nearest caller that is not library code is user code or kiln's frontend (the
+    user's program calls ``random.randint``; ``Module.__call__`` calls a forward from an installed
+    package), not kiln's lower layers (an eager kernel or a code generator whose library names a
+    temporary file with a generator of its own)."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_KILN_DIR):
+            return not name.startswith(_KILN_LOWER)
+        if _user_code(frame.f_code):
+            return True
+        frame = frame.f_back
+    return True
 
 
 def _scan(code) -> tuple:
@@ -195,8 +223,7 @@ class Watch:
         self.codes: list = []  # user code objects that ran (for the line of an attribute store)
         self.globals_read: list = []  # (globals, the names read there) per other user function that ran
         self._seen: set = set()
-        self._hooks = Hooks(self._user_call, self._c_call)
-        self._hooked = False
+        self._previous: Callable | None = None
         self._before: list = []
         self._outer: frozenset = frozenset()  # ids of the frames below the traced call (set by start)
 
@@ -218,9 +245,11 @@ class Watch:
         self._positions = [_iterator_position(it) for it in self.iterators]
         self._rng = _rng_states()
         self._location = SourceLocation
-        self._hooked = self._hooks.start()
-        if not self._hooked and self.code is not None and user_code(self.code):
-            # A profiler (cProfile) holds sys.setprofile: leave it in place and read the
+        self._previous = sys.getprofile()
+        if self._previous is None:
+            sys.setprofile(self._profile)
+        elif self.code is not None and _user_code(self.code):
+            # A profiler (cProfile, a debugger) holds the hook: leave it in place and read the
             # function's own code for stores instead (the functions it calls go unwatched).
             stores = _STORES.get(self.code)
             if stores is None:
@@ -232,36 +261,34 @@ class Watch:
                 )
         return self
 
-    def _user_call(self, frame) -> None:
-        """A user function starts (``watch_hooks.Hooks``): scan its code, once per code object."""
-        code = frame.f_code
-        if self.hazard is not None or code in self._seen:
-            return
-        if _importing(frame, self._outer):
-            return  # not marked seen: a call of the same code after the import is scanned
-        self._seen.add(code)
-        self.codes.append(code)
-        if code is not self.code:
-            self._helper_globals(code, frame.f_globals)
-        stores = _STORES.get(code)
-        if stores is None:
-            stores = _STORES[code] = _scan(code)
-        if stores:
-            what, line = stores[0]
-            self.hazard = TraceBreak(f"the call {what}", self._location(code.co_filename, line, code.co_name))
-
-    def _c_call(self, frame, function) -> None:
-        """``frame`` calls the C function ``function`` (``watch_hooks.Hooks``)."""
+    def _profile(self, frame, event, arg) -> None:
         if self.hazard is not None:
             return
-        owner = getattr(function, "__self__", None)
-        if self._outside and id(owner) in self._outside:
-            self._container_call(frame, function)
-        elif isinstance(owner, _RANDOM_OWNERS) and for_the_user(frame):
-            which = "numpy's" if type(owner).__module__.startswith("numpy") else "Python's"
+        if event == "call":
+            code = frame.f_code
+            if code in self._seen:
+                return
+            if _user_code(code) and _importing(frame, self._outer):
+                return  # not marked seen: a call of the same code after the import is scanned
+            self._seen.add(code)
+            if not _user_code(code):
+                return
+            self.codes.append(code)
+            if code is not self.code:
+                self._helper_globals(code, frame.f_globals)
+            stores = _STORES.get(code)
+            if stores is None:
+                stores = _STORES[code] = _scan(code)
+            if stores:
+                what, line = stores[0]
+                self.hazard = TraceBreak(f"the call {what}", self._location(code.co_filename, line, code.co_name))
+        elif event == "c_call" and self._outside and id(getattr(arg, "__self__", None)) in self._outside:
+            self._container_call(frame, arg)
+        elif event == "c_call" and isinstance(getattr(arg, "__self__", None), _RANDOM_OWNERS) and _for_the_user(frame):
+            owner = "numpy's" if type(arg.__self__).__module__.startswith("numpy") else "Python's"
             caller = frame.f_code
-            where = self._location(caller.co_filename, frame.f_lineno, caller.co_name) if user_code(caller) else None
-            self.hazard = TraceBreak(f"the call draws from {which} random generator ({function.__name__})", where)
+            where = self._location(caller.co_filename, frame.f_lineno, caller.co_name) if _user_code(caller) else None
+            self.hazard = TraceBreak(f"the call draws from {owner} random generator ({arg.__name__})", where)
 
     def _helper_globals(self, code, fn_globals: dict) -> None:
         """A function the call runs reads globals of its own (``x * SCALE``, ``CFG["k"]`` in a helper):
@@ -280,7 +307,7 @@ class Watch:
     def _container_call(self, frame, method) -> None:
         """``method`` (a builtin method of a container from outside the call) is called from ``frame``."""
         path, live = self._outside[id(method.__self__)]
-        if live is method.__self__ and method.__name__ in reads.MUTATORS and user_code(frame.f_code):
+        if live is method.__self__ and method.__name__ in reads.MUTATORS and _user_code(frame.f_code):
             code = frame.f_code
             self.hazard = TraceBreak(
                 f"the call changes {path} ({type(live).__name__}.{method.__name__}), a {type(live).__name__} from "
@@ -308,8 +335,8 @@ class Watch:
         return None
 
     def stop(self) -> TraceBreak | None:
-        if self._hooked:
-            self._hooks.stop()
+        if self._previous is None:
+            sys.setprofile(None)
         if self.hazard is not None:
             return self.hazard
         for it, before in zip(self.iterators, self._positions, strict=True):

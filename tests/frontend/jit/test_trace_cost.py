@@ -2,22 +2,17 @@
 
 The traced call runs the function eagerly while it records the graph; the program compiled from
 that graph replaces every eager op of the call, so the call compiles none of their kernels (eager
-kernels already compiled still run), and the hooks that watch it for hazards (``hazards.py``) stay
-out of kiln's own code. Each test compares the traced call with an eager one.
+kernels already compiled still run). Each test compares the traced call with an eager one.
 """
 
 from __future__ import annotations
-
-import random
-import sys
 
 import numpy as np
 import pytest
 
 import kiln
-from kiln.frontend.jit import hazards, watch_hooks
 
-from .helpers import array, compiled_calls, events
+from .helpers import array, compiled_calls
 
 RTOL, ATOL = 1e-4, 1e-4
 
@@ -86,69 +81,6 @@ def test_a_traced_call_still_runs_the_eager_kernels_compiled_before(on, monkeypa
         np.testing.assert_allclose(actual, wanted, rtol=RTOL, atol=ATOL)
 
 
-# ---------------------------------------------------------------------- the watch's hooks (watch_hooks.py)
-def _kiln_c_calls(monkeypatch) -> list:
-    """The files of the frames whose C calls the watch is shown that are kiln's own."""
-    seen: list = []
-    original = hazards.Watch._c_call
-
-    def counted(self, frame, function):
-        if frame.f_code.co_filename.startswith(watch_hooks._KILN_DIR):
-            seen.append(frame.f_code.co_filename)
-        return original(self, frame, function)
-
-    monkeypatch.setattr(hazards.Watch, "_c_call", counted)
-    return seen
-
-
-def test_the_watch_is_shown_no_c_call_of_kilns_own_ops(monkeypatch):
-    """Each op's C calls inside kiln (thousands in a model's step) reached a Python hook: a trace's
-    largest cost beyond the eager call (DCGAN: 25 of its 40 ms of CPU)."""
-    kiln_calls = _kiln_c_calls(monkeypatch)
-
-    def f(x):
-        for _ in range(40):
-            x = (x * 1.01 + 0.5).tanh()
-        return x.sum()
-
-    g = kiln.compile(f)
-    x = kiln.tensor(np.linspace(-1, 1, 6, dtype=np.float32))
-    for _ in range(3):
-        np.testing.assert_allclose(array(g(x)), array(f(x)), rtol=1e-5, atol=1e-6)
-    assert compiled_calls(g) == [2]
-    assert len(kiln_calls) <= 5, f"{len(kiln_calls)} C calls of kiln's frames watched"
-
-
-def test_hazards_are_seen_while_a_debugger_holds_settrace():
-    """With ``sys.settrace`` taken (a debugger, coverage), the profile hook watches every frame, as before."""
-    outside: list = []
-
-    def appends(x):
-        outside.append(1)
-        return x + 1
-
-    def draws(x):
-        return x * random.random()
-
-    lines: list = []
-
-    def debugger(frame, event, arg):
-        lines.append(event)
-
-    sys.settrace(debugger)
-    try:
-        g, h = kiln.compile(appends), kiln.compile(draws)
-        for _ in range(3):
-            g(kiln.ones(2))
-            h(kiln.ones(2))
-    finally:
-        sys.settrace(None)
-    assert lines, "the debugger's hook kept running"
-    assert len(outside) == 3 and compiled_calls(g) == []
-    assert "outside (list.append)" in [e.detail for e in events(g, "break")][0]
-    assert compiled_calls(h) == [] and "random generator" in [e.detail for e in events(h, "break")][0]
-
-
 def test_a_traced_lstm_compiles_the_native_recurrence_its_program_runs(on, monkeypatch):
     """The compiled program's ``rnn_scan`` runs the eager native recurrence kernels (``eager_recurrence``):
     a trace compiles those, which its program would compile at its first call otherwise (and the
@@ -186,24 +118,3 @@ def test_pad_with_zero_fills_like_any_value(value):
     expected[:2, 1:4] = x.numpy()
     np.testing.assert_array_equal(y, expected)
     assert np.array_equal(np.signbit(y), np.signbit(expected))
-
-
-def test_a_debugger_started_inside_a_traced_call_keeps_running_after_it():
-    """The watch removes only its own hooks: ``breakpoint()`` in a compiled function installs a
-    debugger's ``sys.settrace`` function, which must outlive the traced call."""
-    events_seen: list = []
-
-    def debugger(frame, event, arg):
-        events_seen.append(event)
-        return None
-
-    def starts_a_debugger(x):
-        sys.settrace(debugger)
-        return x * 2
-
-    g = kiln.compile(starts_a_debugger)
-    try:
-        np.testing.assert_array_equal(array(g(kiln.ones(2))), [2.0, 2.0])
-        assert sys.gettrace() is debugger, "the traced call removed the debugger's hook"
-    finally:
-        sys.settrace(None)
