@@ -14,26 +14,7 @@ import pytest
 
 import kiln
 from kiln.codegen.llvm import engine, kernel_cache, pool
-from kiln.compiler import program_cache
 from kiln.runtime.cache import DiskCache
-
-
-@pytest.fixture
-def caches(tmp_path, monkeypatch):
-    """Program and kernel caches of this test's own; the program cache off, so each compile
-    reaches the backend, and a counter of the modules LLVM compiles."""
-    programs, kernels = DiskCache(tmp_path / "programs"), DiskCache(tmp_path / "kernels")
-    programs.enabled = False
-    monkeypatch.setattr(program_cache, "disk_cache", lambda: programs)
-    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: kernels)
-    compile_many, compiled = engine.compile_many, []
-
-    def counted(texts, timeout=None):
-        compiled.extend(texts)
-        return compile_many(texts, timeout)
-
-    monkeypatch.setattr(engine, "compile_many", counted)
-    return kernels, compiled
 
 
 def _unrolled(steps: int):

@@ -12,11 +12,9 @@ import pytest
 from llvmlite import ir
 
 import kiln
-from kiln.codegen.llvm import backend, engine, kernel_cache, loops, worker
+from kiln.codegen.llvm import backend, engine, loops, worker
 from kiln.codegen.llvm.kernel_info import KernelInfo
-from kiln.compiler import program_cache
 from kiln.ir.types import Sym
-from kiln.runtime.cache import DiskCache
 
 # A loop of 8 trips with a dependence from one trip to the next: the vectorizer cannot widen it,
 # so only the unroller changes it (it unrolls it fully).
@@ -80,24 +78,6 @@ def test_which_kernels_are_light():
     assert not backend.light(KernelInfo("k", 4, large))
     # over a symbolic size the work is not known: the whole pipeline
     assert not backend.light(KernelInfo("k", 4, 0, symbols=(Sym("n"),), rows_per_size=1, bytes_per_size=8))
-
-
-@pytest.fixture
-def modules(tmp_path, monkeypatch):
-    """Caches of this test's own (the program cache off) and the modules LLVM is asked to compile."""
-    programs = DiskCache(tmp_path / "programs")
-    programs.enabled = False
-    kernels = DiskCache(tmp_path / "kernels")
-    monkeypatch.setattr(program_cache, "disk_cache", lambda: programs)
-    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: kernels)
-    compile_many, compiled = engine.compile_many, []
-
-    def counted(texts, timeout=None):
-        compiled.extend(texts)
-        return compile_many(texts, timeout)
-
-    monkeypatch.setattr(engine, "compile_many", counted)
-    return compiled
 
 
 def _step(x, w):

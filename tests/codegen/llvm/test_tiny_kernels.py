@@ -10,12 +10,10 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.codegen.llvm import backend, engine, kernel_cache, worker
+from kiln.codegen.llvm import backend, engine, worker
 from kiln.codegen.llvm.kernel_info import KernelInfo
-from kiln.compiler import program_cache
 from kiln.ir.types import Sym
 from kiln.runtime import elf
-from kiln.runtime.cache import DiskCache
 
 # y[i] = x[i] * 3 + 1 over 8 doubles, with the redundant index arithmetic kiln's generator emits
 SCALE = """
@@ -76,24 +74,6 @@ def test_which_kernels_are_tiny():
     # over a symbolic size the work is not known: the whole pipeline
     assert not backend.tiny(KernelInfo("k", 4, 0, symbols=(Sym("n"),), rows_per_size=1, bytes_per_size=8))
     assert backend.TINY_BELOW_BYTES <= backend.LIGHT_BELOW_BYTES
-
-
-@pytest.fixture
-def modules(tmp_path, monkeypatch):
-    """Caches of this test's own (the program cache off) and the modules LLVM is asked to compile."""
-    programs = DiskCache(tmp_path / "programs")
-    programs.enabled = False
-    kernels = DiskCache(tmp_path / "kernels")
-    monkeypatch.setattr(program_cache, "disk_cache", lambda: programs)
-    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: kernels)
-    compile_many, compiled = engine.compile_many, []
-
-    def counted(texts, timeout=None):
-        compiled.extend(texts)
-        return compile_many(texts, timeout)
-
-    monkeypatch.setattr(engine, "compile_many", counted)
-    return compiled
 
 
 def _step(x, w, b):
