@@ -49,6 +49,18 @@ def _net(r: random.Random, channels: int, kinds=KINDS) -> nn.Module:
     return nn.Sequential(*layers)
 
 
+def _equal_at(a: np.ndarray, eager, compiled, where: str) -> None:
+    """The compiled loss and its input's gradient at ``a`` against eager's."""
+    found = []
+    for fn in (eager, compiled):
+        x = kiln.tensor(a, requires_grad=True)
+        value = fn(x)
+        value.backward()
+        found.append((value.item(), x.grad.numpy()))
+    np.testing.assert_allclose(found[1][0], found[0][0], rtol=1e-4, atol=1e-5, err_msg=where)
+    np.testing.assert_allclose(found[1][1], found[0][1], rtol=1e-3, atol=1e-5, err_msg=where)
+
+
 @pytest.mark.fuzz
 @pytest.mark.parametrize("seed", range(PROGRAMS))
 def test_random_conv_nets_at_varying_image_sizes_match_eager(seed):
@@ -65,16 +77,9 @@ def test_random_conv_nets_at_varying_image_sizes_match_eager(seed):
     rng = np.random.default_rng(seed)
     for call in range(CALLS):
         shape = (r.randint(1, 3), channels, r.randint(9, 29), r.randint(9, 29))
-        a = rng.standard_normal(shape).astype(np.float32)
-        found = []
-        for fn in (loss, compiled):
-            x = kiln.tensor(a, requires_grad=True)
-            value = fn(x)
-            value.backward()
-            found.append((value.item(), x.grad.numpy()))
-        where = f"seed {seed}: {net}; call {call} at {shape}"
-        np.testing.assert_allclose(found[1][0], found[0][0], rtol=1e-4, atol=1e-5, err_msg=where)
-        np.testing.assert_allclose(found[1][1], found[0][1], rtol=1e-3, atol=1e-5, err_msg=where)
+        _equal_at(
+            rng.standard_normal(shape).astype(np.float32), loss, compiled, f"seed {seed}: {net}; call {call} at {shape}"
+        )
 
 
 @pytest.mark.fuzz
@@ -102,15 +107,11 @@ def test_random_conv_nets_with_batch_norm_over_varying_batches_match_eager(seed)
     rng = np.random.default_rng(seed)
     for call in range(CALLS):
         shape = (r.randint(2, 6), channels, *image)
-        a = rng.standard_normal(shape).astype(np.float32)
-        found = []
-        for fn in (eager, compiled):
-            x = kiln.tensor(a, requires_grad=True)
-            value = fn(x)
-            value.backward()
-            found.append((value.item(), x.grad.numpy()))
-        where = f"seed {seed}: {net}; call {call} at {shape}"
-        np.testing.assert_allclose(found[1][0], found[0][0], rtol=1e-4, atol=1e-5, err_msg=where)
-        np.testing.assert_allclose(found[1][1], found[0][1], rtol=1e-3, atol=1e-5, err_msg=where)
+        _equal_at(
+            rng.standard_normal(shape).astype(np.float32),
+            eager,
+            compiled,
+            f"seed {seed}: {net}; call {call} at {shape}",
+        )
     for a, b in zip(twin.state_dict().values(), net.state_dict().values(), strict=True):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"seed {seed}: {net}")
