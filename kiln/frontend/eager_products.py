@@ -66,10 +66,13 @@ def _compile(dtype: np.dtype, n: int, accumulate: bool) -> eager_kernels.Entry:
 
 def _kernel(a: np.ndarray, b: np.ndarray, accumulate: bool) -> Callable[..., bool] | None:
     """The compiled kernel for ``a @ b`` when ready; None (numpy runs) otherwise."""
-    if not eager_kernels.enabled() or a.dtype.char not in "fd" or a.dtype != b.dtype or a.ndim != 2 or b.ndim != 2:
+    # the size first: most products an eager step makes are declined by it (an MLP's), at every call
+    if a.ndim != 2 or b.ndim != 2:
         return None
     (m, k), n = a.shape, b.shape[1]
     if m * k * n < MIN_MACS or n < MIN_COLUMNS or m < MIN_ROWS or b.nbytes > MAX_B_BYTES:
+        return None
+    if a.dtype.char not in "fd" or a.dtype != b.dtype or not eager_kernels.enabled():
         return None
     if m < MIN_ROWS_WITH_COPY and not b.flags.c_contiguous:
         return None
