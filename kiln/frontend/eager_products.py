@@ -76,8 +76,10 @@ def _kernel(a: np.ndarray, b: np.ndarray, accumulate: bool) -> Callable[..., boo
         return None
     if m < MIN_ROWS_WITH_COPY and not b.flags.c_contiguous:
         return None
+    # shared: compiled programs' matmuls run these kernels too, so a trace compiles them as well (the
+    # program's first call compiled them otherwise, one after another: 0.24 s of an LSTM LM's first run)
     entry = eager_kernels.ready(NAME, (NAME, a.dtype.char, n, accumulate),
-                                functools.partial(_compile, a.dtype, n, accumulate))  # fmt: skip
+                                functools.partial(_compile, a.dtype, n, accumulate), shared=True)  # fmt: skip
     return None if entry is None else cast(Callable[..., bool], entry.program)
 
 

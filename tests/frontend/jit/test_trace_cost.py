@@ -118,3 +118,29 @@ def test_pad_with_zero_fills_like_any_value(value):
     expected[:2, 1:4] = x.numpy()
     np.testing.assert_array_equal(y, expected)
     assert np.array_equal(np.signbit(y), np.signbit(expected))
+
+
+def test_a_traced_matmul_compiles_the_product_kernel_its_program_runs(on, monkeypatch):
+    """A compiled program's large products run the eager product kernel (``eager_products``): a trace
+    compiles it, as it does the recurrences, so the program's first call does not."""
+    monkeypatch.setattr(on.CACHE, "synchronous", True)
+    rng = np.random.default_rng(6)
+    x = kiln.tensor(rng.normal(size=(256, 128)).astype(np.float32))
+    w = kiln.tensor(rng.normal(size=(128, 128)).astype(np.float32), requires_grad=True)
+
+    def step(x, w):
+        y = (x @ w).tanh()
+        return (y, *kiln.autograd.grad(y.sum(), [w]))
+
+    g = kiln.compile(step, wait=True)
+    traced = [g(x, w)]
+    assert {key[0] for key in on.CACHE.entries} == {"matrix product"}, "the trace compiled no product kernel"
+    keys = set(on.CACHE.entries)
+    assert all(entry.program is not None for entry in on.CACHE.entries.values())
+    traced += [g(x, w), g(x, w)]
+    assert compiled_calls(g) == [2]
+    assert set(on.CACHE.entries) == keys, "the program's calls compiled product kernels the trace had not"
+    eager = step(x, w)
+    for results in traced:
+        for actual, expected in zip(results, eager, strict=True):
+            np.testing.assert_allclose(array(actual), array(expected), rtol=RTOL, atol=ATOL)
