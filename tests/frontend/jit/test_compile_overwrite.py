@@ -164,3 +164,20 @@ def test_a_training_step_with_weight_decay_moves_a_parameter_whose_output_is_ove
         np.testing.assert_allclose(w.detach().numpy(), w_eager.detach().numpy(), rtol=1e-12)
         np.testing.assert_array_equal(w.grad.numpy(), [0.0, 0.0])
     assert not np.allclose(w.detach().numpy(), [1.0, -2.0])  # weight decay moved it, with zero gradients
+
+
+def test_an_overwrite_under_dynamic_batch_sizes():
+    def zero_then_add(a, w, s):
+        v = (a @ w).zero_()
+        return v + s
+
+    compiled = kiln.compile(zero_then_add, dynamic=True)
+    for n in (2, 3, 5, 4):
+        runs = []
+        for h in (zero_then_add, compiled):
+            a, w, s = _args(n, (n, 3), (3, 4), (n, 4))
+            h(a, w, s).sum().backward()
+            runs.append(_grads([a, w, s]))
+        _assert_same(runs[1], runs[0], f"batch {n}")
+        np.testing.assert_array_equal(runs[1][1], np.zeros((3, 4)))
+    assert sum(compiled_calls(compiled)) >= 2  # sizes after the first ran a compiled program
