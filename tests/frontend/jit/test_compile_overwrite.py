@@ -181,3 +181,19 @@ def test_an_overwrite_under_dynamic_batch_sizes():
         _assert_same(runs[1], runs[0], f"batch {n}")
         np.testing.assert_array_equal(runs[1][1], np.zeros((3, 4)))
     assert sum(compiled_calls(compiled)) >= 2  # sizes after the first ran a compiled program
+
+
+def test_an_overwritten_output_that_its_own_backward_reads_raises_compiled_as_eager():
+    # exp saves its output; copy_ overwrites it and the zeros sent to exp's backward read it: PyTorch
+    # raises there, so eager does, and a compiled call must not return gradients instead
+    def exp_then_copy(a, b, s):
+        v = (a * b).exp()
+        v.copy_(s)
+        return v
+
+    compiled = kiln.compile(exp_then_copy)
+    for call in range(3):
+        for h in (exp_then_copy, compiled):
+            out = h(*_args(call, (2, 3), (2, 3), (2, 3)))
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                out.sum().backward()
