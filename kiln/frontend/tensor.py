@@ -222,17 +222,10 @@ class Tensor(_Base):
             return
         if self._retains_grad:
             return
-        import weakref  # noqa: PLC0415
+        from .autograd.inplace_history import RetainGrad  # noqa: PLC0415
 
-        ref = weakref.ref(self)
-
-        def keep(grad):
-            t = ref()
-            if t is not None:
-                g = grad.detach()
-                t._grad = g.clone() if t._grad is None else t._grad + g
-
-        self.grad_fn.register_prehook(keep, self._output_nr)
+        # (an in-place write moves the hook to the tensor's new history: see move_retained_grad)
+        self.grad_fn.register_prehook(RetainGrad(self), self._output_nr)
         self._retains_grad = True
 
     def register_hook(self, hook: Callable):

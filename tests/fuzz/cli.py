@@ -7,7 +7,8 @@
     python -m tests.fuzz --repro repro.py               # a printed (shrunk) program, run again
 
 Findings (silent differences, error mismatches and compiled-only crashes) are grouped by signature; each class
-prints one shrunk repro. The exit status is 1 when there is any finding.
+prints one shrunk repro. The exit status is 1 when there is any finding. A float32 value difference that the
+same program does not show in float64 is a conditioning artefact (tests/fuzz/recheck.py): listed apart, no finding.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class KindStats:
 
     programs: int = 0
     silent: int = 0  # the compiled copy's result or state differs, without an error
+    artefacts: int = 0  # float32 value differences that the program in float64 does not show
     errors: int = 0  # a different exception, no exception, or a compiled-only crash
     calls: Counter = field(default_factory=Counter)
     specializations: int = 0
@@ -43,7 +45,7 @@ class KindStats:
     def line(self, kind: str) -> str:
         total = sum(self.calls.values()) or 1
         return (f"  {kind}: {self.programs} programs, {self.silent} silent differences, {self.errors} error "
-                f"mismatches; fallback rate {self.calls.get('fallback', 0) / total:.2%} of {total} calls; "
+                f"mismatches, {self.artefacts} float32 artefacts; fallback rate {self.calls.get('fallback', 0) / total:.2%} of {total} calls; "
                 f"{self.specializations / max(self.programs, 1):.2f} specializations and "
                 f"{self.breaks / max(self.programs, 1):.2f} trace breaks per program")  # fmt: skip
 
@@ -59,8 +61,10 @@ class Summary:
     mismatches: int = 0  # silent differences
     crashes: int = 0  # error mismatches (compiled-only crashes included)
     kinds: dict = field(default_factory=dict)  # kind -> KindStats
+    artefacts: list = field(default_factory=list)  # outcomes whose difference is gone in float64
 
-    def add(self, outcome, shrunk=None) -> None:
+    def add(self, outcome, shrunk=None, artefact: bool = False) -> None:
+        """Count ``outcome`` (``artefact``: its finding is a float32 conditioning artefact, no finding)."""
         from .shrink import signature  # noqa: PLC0415
 
         self.programs += 1
@@ -72,6 +76,10 @@ class Summary:
         stats.calls.update(outcome.calls)
         stats.specializations += outcome.specializations
         stats.breaks += outcome.breaks
+        if artefact:
+            self.artefacts.append(outcome)
+            stats.artefacts += 1
+            return
         if not outcome.finding:
             return
         silent = outcome.difference is not None and outcome.difference.check not in ERROR_CHECKS
@@ -100,6 +108,10 @@ class Summary:
         lines += [stats.line(kind) for kind, stats in sorted(self.kinds.items())]
         for reason, n in self.fallbacks.most_common(8):
             lines.append(f"  fallback x{n}: {reason}")
+        if self.artefacts:
+            lines.append(f"float32 conditioning artefacts (not counted above: gone when the program runs in "
+                         f"float64): {len(self.artefacts)} programs")  # fmt: skip
+            lines += [f"  seed {o.program.seed}, call {o.call}: {o.difference}" for o in self.artefacts[:8]]
         for key, (count, outcome) in sorted(self.classes.items(), key=lambda kv: -kv[1][0]):
             lines.append(f"\n[{count}] {key}")
             finding = outcome.crash or outcome.difference
@@ -152,6 +164,7 @@ def fuzz(
     kinds: tuple[str, ...] = ("ops",),
 ) -> Summary:
     from .kinds import generate  # noqa: PLC0415
+    from .recheck import is_conditioning_artefact  # noqa: PLC0415
     from .runner import run  # noqa: PLC0415
     from .shrink import kind
     from .shrink import shrink as shrink_outcome  # noqa: PLC0415
@@ -168,6 +181,9 @@ def fuzz(
             outcome = run(program, backend)
         finally:
             watchdog.cancel()
+        if outcome.finding and is_conditioning_artefact(outcome, backend):
+            summary.add(outcome, artefact=True)
+            continue
         shrunk = None
         timed_out = outcome.crash is not None and "TimeoutError" in outcome.crash
         if outcome.finding and shrink and not timed_out and shrunk_kinds[kind(outcome)] < shrink_per_kind:
@@ -198,10 +214,15 @@ def main(argv: list[str] | None = None) -> int:
                     program = from_source(file.read())
             else:
                 program = generate(args.replay, parse_kinds(args.kinds))
+            from .recheck import is_conditioning_artefact  # noqa: PLC0415
+
             outcome = run(program, args.backend)
             print(outcome.program.source)
             print(f"finding: {outcome.crash or outcome.difference or 'none'} (call {outcome.call}); "
                   f"calls {dict(outcome.calls)}; eager error: {outcome.eager_error}")  # fmt: skip
+            if outcome.finding and is_conditioning_artefact(outcome, args.backend):
+                print("a float32 conditioning artefact, not a finding: the program in float64 shows no difference")
+                return 0
             return int(outcome.finding)
         seeds = program_seeds(args.programs, args.seed, args.shard)
         summary = fuzz(

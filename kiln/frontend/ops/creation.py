@@ -378,8 +378,19 @@ def copy_(input: Tensor, src: Tensor) -> Tensor:
 
 @method("fill_")
 def fill_(input: Tensor, value) -> Tensor:
+    """Write ``value`` (a number, or a 0-d tensor, whose gradient is then the sum of the filled
+    tensor's) into every element of ``input``."""
+    if isinstance(value, Tensor):
+        if value.ndim != 0:
+            raise RuntimeError(
+                f"fill_ only supports 0-dimension value tensor but got tensor with {value.ndim} dimensions "
+                f"(shape {tuple(value.shape)})"
+            )
+        if value._device is not input._device:
+            value = to(value, input._device)
+        return commit_inplace(input, cast(value, input._dtype), op="fill_", uniform=True)
     with no_grad():
-        filled = full_like(input, value.item() if isinstance(value, Tensor) else value)
+        filled = full_like(input, value)
     return commit_inplace(input, filled, op="fill_", uniform=True)
 
 

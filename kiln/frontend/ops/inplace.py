@@ -3,7 +3,9 @@
 ``commit_inplace(target, value)`` writes ``value`` into ``target``'s memory, bumps the version
 counter shared by the target and its views, and rebases autograd history:
 
-- on a tensor that owns its memory, the target simply takes over ``value``'s history;
+- on a tensor that owns its memory, the target takes over ``value``'s history, where that
+  history already leads to the target's own (``x.mul_(2)``); otherwise (``x.copy_(s)``) the old
+  history is kept as an edge that receives zeros (``autograd.inplace_history``), as in PyTorch;
 - on a view, the base's new history is "base with the view's elements replaced by value",
   expressed as a scatter at the view's positions in the base, and the view's history becomes a
   gather from that. Any view op works the same way, because the positions are read off the
@@ -17,6 +19,7 @@ import numpy as np
 
 from ..autograd.grad_mode import state
 from ..autograd.graph import PrimBackward, refresh_view_history, stamp_view
+from ..autograd.inplace_history import OverwriteBackward, move_retained_grad, reaches_directly
 from ..jit import state as _jit
 from ..jit.layouts import writable
 from ..tensor import Tensor, make_tensor
@@ -71,11 +74,23 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op", unifo
         writable(target._data)[...] = value._data
     target._version[0] += 1
     if track:
-        if target._base is None:
-            _take_history(target, value)
-        else:
-            _rebase_view(target, value)
+        _rebase_history(target, value, op)
     return target
+
+
+def _rebase_history(target: Tensor, value: Tensor, op: str) -> None:
+    """``target``'s history after ``value`` was written into it (see the module docstring)."""
+    base = target._base
+    old, old_nr = target.grad_fn, target._output_nr
+    if base is not None:
+        old_base, old_base_nr = base.grad_fn, base._output_nr
+        _rebase_view(target, value)
+        move_retained_grad(base, old_base, old_base_nr)
+    elif old is not None and not reaches_directly(value.grad_fn, old, old_nr):
+        OverwriteBackward.attach(target, value, op)  # the old history gets zeros, as in PyTorch
+    else:
+        _take_history(target, value)
+    move_retained_grad(target, old, old_nr)
 
 
 def _same_memory(a, b) -> bool:

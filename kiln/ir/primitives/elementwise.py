@@ -277,20 +277,27 @@ pow_ = binary("pow", Cost.ROUTINE, lambda xp, a, b: xp.power(a, b), _pow_vjp, la
               samples=binary_samples(low=0.5, high=2.0))  # fmt: skip
 
 
-def _minmax_vjp(ops, c, g):
-    # Ties split the gradient in half, as PyTorch does.
-    a, b = c.inputs
-    half = ops.mul(g, 0.5)
-    ga = ops.where(ops.eq(a, b), half, ops.where(ops.eq(a, c.output), g, 0.0))
-    gb = ops.where(ops.eq(a, b), half, ops.where(ops.eq(b, c.output), g, 0.0))
-    return _sum_to_inputs(ops, c, ga, gb)
+def _minmax_vjp(loses: str):
+    """maximum's (``loses="lt"``) or minimum's (``"gt"``) VJP, PyTorch's formula: ties split the
+    gradient in half, the input that loses gets 0, and a nan (no comparison holds) passes it to
+    both. Only the inputs are read, as in PyTorch: overwriting the result in place
+    (``v = maximum(x, y); v.copy_(s)``) leaves the gradient of its old history well defined."""
+
+    def vjp(ops, c, g):
+        a, b = c.inputs
+        half = ops.mul(g, 0.5)
+        ga = ops.where(ops.eq(a, b), half, ops.where(getattr(ops, loses)(a, b), 0.0, g))
+        gb = ops.where(ops.eq(a, b), half, ops.where(getattr(ops, loses)(b, a), 0.0, g))
+        return _sum_to_inputs(ops, c, ga, gb)
+
+    return vjp
 
 
-maximum = binary("maximum", Cost.CHEAP, lambda xp, a, b: xp.maximum(a, b), _minmax_vjp, lambda em, a, b: em.max(a, b),
-                 lambda torch, a, b: torch.maximum(a, b), save_inputs=True, save_output=True,
+maximum = binary("maximum", Cost.CHEAP, lambda xp, a, b: xp.maximum(a, b), _minmax_vjp("lt"),
+                 lambda em, a, b: em.max(a, b), lambda torch, a, b: torch.maximum(a, b), save_inputs=True,
                  doc="Propagates nan, like PyTorch (numpy's fmax would not).")  # fmt: skip
-minimum = binary("minimum", Cost.CHEAP, lambda xp, a, b: xp.minimum(a, b), _minmax_vjp, lambda em, a, b: em.min(a, b),
-                 lambda torch, a, b: torch.minimum(a, b), save_inputs=True, save_output=True)  # fmt: skip
+minimum = binary("minimum", Cost.CHEAP, lambda xp, a, b: xp.minimum(a, b), _minmax_vjp("gt"),
+                 lambda em, a, b: em.min(a, b), lambda torch, a, b: torch.minimum(a, b), save_inputs=True)  # fmt: skip
 
 
 def comparison(name, ufunc):
