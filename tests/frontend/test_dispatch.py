@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln.frontend.autograd import grad_mode
 from kiln.frontend.autograd.graph import AccumulateGrad
 from kiln.frontend.tensor import make_tensor
 
@@ -96,6 +97,46 @@ def test_inference_mode_in_another_thread_leaves_this_threads_tensors_normal():
         worker.join()
     with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
         kiln.tensor([1.0, 2.0], requires_grad=True) * made[0]
+
+
+def test_grad_mode_off_in_one_thread_leaves_the_others_recording():
+    """Ops read grad mode from one module count of threads with it off while that count is 0; each
+    thread still records exactly as its own mode says, and the count follows every switch."""
+    start = grad_mode.threads_without_grad
+    entered, release, seen = threading.Event(), threading.Event(), {}
+    x = leaf(1.0, 2.0)
+
+    def without_grad():
+        with kiln.no_grad():
+            seen["off"] = [(x * 2.0).requires_grad, x.reshape(2, 1).requires_grad]
+            entered.set()
+            release.wait(10)
+            seen["still off"] = (x + 1.0).requires_grad
+
+    worker = threading.Thread(target=without_grad)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        assert grad_mode.threads_without_grad == start + 1
+        assert (x * 2.0).requires_grad and x.reshape(2, 1).requires_grad  # this thread's mode is on
+        with kiln.no_grad():
+            assert grad_mode.threads_without_grad == start + 2
+            assert not (x * 2.0).requires_grad
+            with kiln.enable_grad():
+                assert grad_mode.threads_without_grad == start + 1 and (x * 2.0).requires_grad
+    finally:
+        release.set()
+        worker.join()
+    assert seen == {"off": [False, False], "still off": False}
+    assert grad_mode.threads_without_grad == start
+    kiln.set_grad_enabled(False)
+    try:
+        assert grad_mode.threads_without_grad == start + 1 and not (x * 2.0).requires_grad
+        kiln.set_grad_enabled(False)  # the same mode again: counted once
+        assert grad_mode.threads_without_grad == start + 1
+    finally:
+        kiln.set_grad_enabled(True)
+    assert grad_mode.threads_without_grad == start and (x * 2.0).requires_grad
 
 
 def test_anomaly_mode_records_the_forward_stack_only_while_on():
