@@ -125,7 +125,7 @@ def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
         needs_grad = any([t._requires_grad for t in inputs])
     if (
         needs_grad
-        and (_grad_mode.threads_without_grad == 0 or _grad_state.grad_enabled)
+        and (not _grad_mode.threads_without_grad or _grad_state.grad_enabled)
         and prim.vjp is not NOT_DIFFERENTIABLE
     ):
         _graph.record(prim, inputs, attrs, result)

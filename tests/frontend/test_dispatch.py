@@ -7,6 +7,7 @@ import ast
 import gc
 import importlib
 import inspect
+import pathlib
 import threading
 import types
 import weakref
@@ -104,9 +105,9 @@ def test_inference_mode_in_another_thread_leaves_this_threads_tensors_normal():
 
 
 def test_grad_mode_off_in_one_thread_leaves_the_others_recording():
-    """Ops read grad mode from one module count of threads with it off while that count is 0; each
-    thread still records exactly as its own mode says, and the count follows every switch."""
-    start = grad_mode.threads_without_grad
+    """Ops read grad mode from one module set of the threads with it off while that set is empty;
+    each thread still records exactly as its own mode says, and the set follows every switch."""
+    start = len(grad_mode.threads_without_grad)
     entered, release, seen = threading.Event(), threading.Event(), {}
     x = leaf(1.0, 2.0)
 
@@ -121,26 +122,44 @@ def test_grad_mode_off_in_one_thread_leaves_the_others_recording():
     worker.start()
     try:
         assert entered.wait(10)
-        assert grad_mode.threads_without_grad == start + 1
+        assert len(grad_mode.threads_without_grad) == start + 1
         assert (x * 2.0).requires_grad and x.reshape(2, 1).requires_grad  # this thread's mode is on
         with kiln.no_grad():
-            assert grad_mode.threads_without_grad == start + 2
+            assert len(grad_mode.threads_without_grad) == start + 2
             assert not (x * 2.0).requires_grad
             with kiln.enable_grad():
-                assert grad_mode.threads_without_grad == start + 1 and (x * 2.0).requires_grad
+                assert len(grad_mode.threads_without_grad) == start + 1 and (x * 2.0).requires_grad
     finally:
         release.set()
         worker.join()
     assert seen == {"off": [False, False], "still off": False}
-    assert grad_mode.threads_without_grad == start
+    assert threading.get_ident() not in grad_mode.threads_without_grad
+    assert len(grad_mode.threads_without_grad) == start
     kiln.set_grad_enabled(False)
     try:
-        assert grad_mode.threads_without_grad == start + 1 and not (x * 2.0).requires_grad
+        assert len(grad_mode.threads_without_grad) == start + 1 and not (x * 2.0).requires_grad
         kiln.set_grad_enabled(False)  # the same mode again: counted once
-        assert grad_mode.threads_without_grad == start + 1
+        assert len(grad_mode.threads_without_grad) == start + 1
     finally:
         kiln.set_grad_enabled(True)
-    assert grad_mode.threads_without_grad == start and (x * 2.0).requires_grad
+    assert len(grad_mode.threads_without_grad) == start and (x * 2.0).requires_grad
+
+
+def test_grad_mode_is_switched_only_through_set_mode():
+    """A write of ``state.grad_enabled`` that bypassed ``grad_mode.set_mode`` would leave a thread with
+    grad mode off out of ``threads_without_grad``, and ops there would record graphs: none in kiln."""
+    root = pathlib.Path(kiln.__file__).parent
+    writes = [
+        f"{path.relative_to(root)}:{node.lineno}"
+        for path in root.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and target.attr == "grad_enabled"
+    ]
+    lines, first = inspect.getsourcelines(grad_mode.set_mode)
+    assert writes == [f"frontend/autograd/grad_mode.py:{first + 3}"], writes  # set_mode's own
+    assert "state.grad_enabled = enabled" in lines[3]
 
 
 def test_anomaly_mode_records_the_forward_stack_only_while_on():
