@@ -298,6 +298,7 @@ def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
     # of an op on an input with history).
     node = _new_object(PrimBackward)
     arity = len(inputs)
+    shapes: tuple
     if arity == 2:
         a, b = inputs
         node._edges = (
