@@ -43,6 +43,7 @@ from ..runtime import profiling as _profiling
 from . import eager_kernels
 from .autocast import state as _autocast
 from .autograd.api import backward, grad
+from .autograd.grad_mode import set_mode as set_grad_mode
 from .autograd.grad_mode import state as _grad_state
 from .jit import state as _jit
 from .jit.backward import CompiledBackward
@@ -234,7 +235,7 @@ def _compile(fn: Callable, args: tuple, kwargs: dict, grad_enabled: bool) -> eag
     # this thread is the background: it waits for its own compile
     compiled = _background_compile()(fn, fullgraph=True, options=CompileOptions(wait=True))
     before = _grad_state.grad_enabled
-    _grad_state.grad_enabled = grad_enabled  # thread-local: this worker's
+    set_grad_mode(grad_enabled)  # thread-local: this worker's
     try:
         result = compiled(*map(_clone, args), **{k: _clone(v) for k, v in kwargs.items()})
         outputs = result if isinstance(result, tuple) else (result,)
@@ -244,7 +245,7 @@ def _compile(fn: Callable, args: tuple, kwargs: dict, grad_enabled: bool) -> eag
     except Exception as error:  # noqa: BLE001 - any failure leaves the op eager, said once
         return eager_kernels.Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
     finally:
-        _grad_state.grad_enabled = before
+        set_grad_mode(before)
     if len(compiled.state.specializations) != 1:
         return eager_kernels.Entry(reason="kiln.compile made no program for it", failed=True)
     return eager_kernels.Entry(program=compiled, seconds=time.perf_counter() - start)

@@ -14,6 +14,7 @@ import pytest
 import kiln
 import kiln.nn as nn
 import kiln.nn.functional as F
+from kiln.ir.types import CPU, TensorType
 from tests.conftest import assert_close
 
 
@@ -88,9 +89,23 @@ def test_a_convolution_node_keeps_few_objects_for_the_collector():
 
 def test_nodes_share_their_shape_and_dtype_tuples():
     x = kiln.randn(3, 4, requires_grad=True)
-    a, b = x * 2.0, x * 3.0
-    assert a.grad_fn.input_shapes is b.grad_fn.input_shapes
-    assert a.grad_fn.input_dtypes is b.grad_fn.input_dtypes
+    z = kiln.randn(5, dtype=kiln.float64, requires_grad=True)
+    a, b, c, d = x * 2.0, z * 3.0, z * 4.0, x * 5.0  # shapes met in turn (the last one's kept at hand)
+    assert a.grad_fn.input_shapes is d.grad_fn.input_shapes and b.grad_fn.input_shapes is c.grad_fn.input_shapes
+    assert a.grad_fn.input_shapes == ((3, 4), ()) and b.grad_fn.input_shapes == ((5,), ())
+    # inputs of one dtype: that dtype, no tuple; mixed ones: a shared tuple
+    assert a.grad_fn.input_dtypes is kiln.float32 and b.grad_fn.input_dtypes is kiln.float64
+    i, j = (z[kiln.tensor([0, 2])] for _ in range(2))
+    assert i.grad_fn.input_dtypes == (kiln.float64, kiln.int64) and i.grad_fn.input_dtypes is j.grad_fn.input_dtypes
+
+
+def test_the_input_types_a_vjp_reads_with_one_and_with_mixed_input_dtypes():
+    x = kiln.randn(3, 4, dtype=kiln.float64, requires_grad=True)
+    one, mixed = x * kiln.ones(4, dtype=kiln.float64), x[kiln.tensor([0, 2])]
+    assert one.grad_fn.input_types == (TensorType((3, 4), kiln.float64, CPU), TensorType((4,), kiln.float64, CPU))
+    assert mixed.grad_fn.input_types[1].dtype is kiln.int64
+    (one.sum() + mixed.sum()).backward()
+    assert_close(x.grad.numpy(), np.array([[2.0] * 4, [1.0] * 4, [2.0] * 4]), rtol=0, atol=0)
 
 
 # ----------------------------------------------------------------------------- saved inputs

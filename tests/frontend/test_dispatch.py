@@ -3,14 +3,20 @@ flags read from thread-local state only once used, unrolled device checks, opera
 
 from __future__ import annotations
 
+import ast
 import gc
+import importlib
+import inspect
+import pathlib
 import threading
+import types
 import weakref
 
 import numpy as np
 import pytest
 
 import kiln
+from kiln.frontend.autograd import grad_mode
 from kiln.frontend.autograd.graph import AccumulateGrad
 from kiln.frontend.tensor import make_tensor
 
@@ -96,6 +102,64 @@ def test_inference_mode_in_another_thread_leaves_this_threads_tensors_normal():
         worker.join()
     with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
         kiln.tensor([1.0, 2.0], requires_grad=True) * made[0]
+
+
+def test_grad_mode_off_in_one_thread_leaves_the_others_recording():
+    """Ops read grad mode from one module set of the threads with it off while that set is empty;
+    each thread still records exactly as its own mode says, and the set follows every switch."""
+    start = len(grad_mode.threads_without_grad)
+    entered, release, seen = threading.Event(), threading.Event(), {}
+    x = leaf(1.0, 2.0)
+
+    def without_grad():
+        with kiln.no_grad():
+            seen["off"] = [(x * 2.0).requires_grad, x.reshape(2, 1).requires_grad]
+            entered.set()
+            release.wait(10)
+            seen["still off"] = (x + 1.0).requires_grad
+
+    worker = threading.Thread(target=without_grad)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        assert len(grad_mode.threads_without_grad) == start + 1
+        assert (x * 2.0).requires_grad and x.reshape(2, 1).requires_grad  # this thread's mode is on
+        with kiln.no_grad():
+            assert len(grad_mode.threads_without_grad) == start + 2
+            assert not (x * 2.0).requires_grad
+            with kiln.enable_grad():
+                assert len(grad_mode.threads_without_grad) == start + 1 and (x * 2.0).requires_grad
+    finally:
+        release.set()
+        worker.join()
+    assert seen == {"off": [False, False], "still off": False}
+    assert threading.get_ident() not in grad_mode.threads_without_grad
+    assert len(grad_mode.threads_without_grad) == start
+    kiln.set_grad_enabled(False)
+    try:
+        assert len(grad_mode.threads_without_grad) == start + 1 and not (x * 2.0).requires_grad
+        kiln.set_grad_enabled(False)  # the same mode again: counted once
+        assert len(grad_mode.threads_without_grad) == start + 1
+    finally:
+        kiln.set_grad_enabled(True)
+    assert len(grad_mode.threads_without_grad) == start and (x * 2.0).requires_grad
+
+
+def test_grad_mode_is_switched_only_through_set_mode():
+    """A write of ``state.grad_enabled`` that bypassed ``grad_mode.set_mode`` would leave a thread with
+    grad mode off out of ``threads_without_grad``, and ops there would record graphs: none in kiln."""
+    root = pathlib.Path(kiln.__file__).parent
+    writes = [
+        f"{path.relative_to(root)}:{node.lineno}"
+        for path in root.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute) and target.attr == "grad_enabled"
+    ]
+    lines, first = inspect.getsourcelines(grad_mode.set_mode)
+    assert writes == [f"frontend/autograd/grad_mode.py:{first + 3}"], writes  # set_mode's own
+    assert "state.grad_enabled = enabled" in lines[3]
 
 
 def test_anomaly_mode_records_the_forward_stack_only_while_on():
@@ -188,3 +252,26 @@ def test_a_dispatched_result_is_made_as_make_tensor_makes_one():
             found = x + x
         assert slots(found) == slots(made)
         assert found._version == made._version == [0] and found._version is not x._version
+
+
+# ----------------------------------------------------------------------------- the per-op path's code
+PER_OP_MODULES = ("kiln.frontend.dispatch", "kiln.frontend.autograd.graph", "kiln.frontend.autograd.node",
+                  "kiln.frontend.ops._views", "kiln.frontend.tensor")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PER_OP_MODULES)
+def test_the_per_op_path_calls_no_method_of_an_imported_object(name):
+    """Python 3.11 compiles ``name.method(...)`` on a name an import bound as an attribute load and a
+    call of the bound method it makes (meant for modules); on a dict or another object that load does
+    not specialize (``ROUTES.get`` in dispatch cost ~30 ns of each op): bind such a method once."""
+    module = importlib.import_module(name)
+    tree = ast.parse(inspect.getsource(module))
+    imported = {a.asname or a.name.split(".")[0] for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)
+                for a in n.names}  # fmt: skip
+    calls = [
+        f"line {n.lineno}: {n.func.value.id}.{n.func.attr}()"
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name)
+        and n.func.value.id in imported and not isinstance(getattr(module, n.func.value.id, None), types.ModuleType | type)
+    ]  # fmt: skip
+    assert calls == [], f"{name}: {calls}"

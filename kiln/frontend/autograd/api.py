@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ..tensor import Tensor
 from .engine import run_backward
-from .grad_mode import state
+from .grad_mode import set_mode, state
 from .graph import _edge_of
 
 
@@ -66,11 +66,11 @@ def backward(
     for t, g in zip(inputs, captured, strict=True):
         if g is not None:
             with_state = state.grad_enabled
-            state.grad_enabled = create_graph
+            set_mode(create_graph)
             try:
                 accumulate_into_grad(t, g)
             finally:
-                state.grad_enabled = with_state
+                set_mode(with_state)
 
 
 def grad(outputs, inputs, grad_outputs=None, retain_graph: bool | None = None, create_graph: bool = False,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import weakref
 
 from ..tensor import Tensor, make_tensor
-from .grad_mode import state
+from .grad_mode import set_mode, state
 from .graph import FreedGraphError, Node, SavedTensor, _edge_of
 
 
@@ -108,11 +108,11 @@ class Function:
         needs = tuple([isinstance(a, Tensor) and a._requires_grad for a in args])
         ctx = FunctionCtx(needs)
         grad_enabled = state.grad_enabled
-        state.grad_enabled = False  # forward runs without grad (no_grad's effect, without its object)
+        set_mode(False)  # forward runs without grad (no_grad's effect, without its object)
         try:
             outputs = cls.forward(ctx, *args, **kwargs)
         finally:
-            state.grad_enabled = grad_enabled
+            set_mode(grad_enabled)
         single = not isinstance(outputs, tuple)
         outs = (outputs,) if single else outputs
         if not (grad_enabled and True in needs):

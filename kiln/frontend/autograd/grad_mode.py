@@ -7,9 +7,28 @@ import threading
 
 
 class _State(threading.local):
-    grad_enabled = True
+    grad_enabled = True  # written only by set_mode (see threads_without_grad)
     inference = False
     anomaly = False
+
+
+# The threads whose grad mode is off. While there are none, grad mode is on in the thread asking,
+# and the check each recorded op makes is this module attribute (~5 ns) rather than the thread-local
+# state (~35 ns): ``not threads_without_grad or state.grad_enabled``. A thread is in the set whenever
+# its mode is off (set_mode adds it before anything reads), so the check never answers on for it; a
+# thread that ends with its mode off stays in the set, which costs the slower check and nothing else.
+threads_without_grad: set[int] = set()
+_get_ident = threading.get_ident
+
+
+def set_mode(enabled: bool) -> None:
+    """Switch this thread's grad mode: every switch goes through here, to keep threads_without_grad
+    (set.add and set.discard are single steps: no lock needed)."""
+    state.grad_enabled = enabled
+    if enabled:
+        threads_without_grad.discard(_get_ident())
+    else:
+        threads_without_grad.add(_get_ident())
 
 
 state = _State()
@@ -37,10 +56,10 @@ class _GradModeContext:
 
     def __enter__(self) -> None:
         self._prev = state.grad_enabled
-        state.grad_enabled = self._enter_value()
+        set_mode(self._enter_value())
 
     def __exit__(self, *exc: object) -> None:
-        state.grad_enabled = self._prev
+        set_mode(self._prev)
 
     def __call__(self, fn):
         @functools.wraps(fn)
@@ -72,7 +91,7 @@ class set_grad_enabled(_GradModeContext):
     def __init__(self, mode: bool) -> None:
         self._mode = bool(mode)
         self._prev = state.grad_enabled
-        state.grad_enabled = self._mode
+        set_mode(self._mode)
 
     def _enter_value(self) -> bool:
         return self._mode
@@ -84,7 +103,7 @@ class set_grad_enabled(_GradModeContext):
         return (self._mode,)
 
     def __call__(self, fn):
-        state.grad_enabled = self._prev  # used as a decorator: the mode applies inside fn only
+        set_mode(self._prev)  # used as a decorator: the mode applies inside fn only
         return super().__call__(fn)
 
 

@@ -32,6 +32,7 @@ from .saved import (  # noqa: F401 - re-exported: nodes elsewhere import these f
 )
 
 _shared: dict[tuple, tuple] = {}  # record's shared shape and dtype tuples
+_last_shapes: tuple = ()  # the shapes tuple of the last node record made (shared)
 _new_object = object.__new__
 
 
@@ -55,7 +56,7 @@ class _VjpContext:
     out_version: int
     out_trace: Any
     input_shapes: tuple
-    input_dtypes: tuple
+    input_dtypes: Any  # a DType shared by every input, or a tuple of them (see record)
     device: Any
     _edges: tuple
 
@@ -86,8 +87,10 @@ class _VjpContext:
 
     @property
     def input_types(self) -> tuple[TensorType, ...]:
-        device = self.device
-        return tuple([_tensor_type(s, d, device) for s, d in zip(self.input_shapes, self.input_dtypes, strict=True)])
+        device, shapes, dtypes = self.device, self.input_shapes, self.input_dtypes
+        if dtypes.__class__ is not tuple:  # one dtype shared by every input (see record)
+            return tuple([_tensor_type(s, dtypes, device) for s in shapes])
+        return tuple([_tensor_type(s, d, device) for s, d in zip(shapes, dtypes, strict=True)])
 
     @property
     def needs_input_grad(self) -> tuple[bool, ...]:
@@ -182,8 +185,8 @@ class PrimBackward(LazyEdgesNode, _VjpContext):
                  "saved_output", "out_data", "out_counter", "out_version", "out_trace", "view_version")  # fmt: skip
     prim: Any  # the Primitive
     attrs: dict
-    input_shapes: tuple
-    input_dtypes: tuple
+    input_shapes: tuple  # a shared tuple: each input's shape
+    input_dtypes: Any  # the inputs' dtype where they all have one (most ops), else a shared tuple of them
     device: Any
     saved_inputs: tuple | None  # the input tensors (checked against saved_versions when read); None once released
     saved_versions: tuple[int, ...]  # each saved input's version when saved
@@ -268,6 +271,11 @@ def _regenerate_view_history(view) -> None:
     stamp_view(view)
 
 
+def _shared_tuple(value: tuple) -> tuple:
+    """``value``, or the equal tuple record shared before."""
+    return _shared.get(value) or _share(value)
+
+
 def _share(value: tuple) -> tuple:
     """``value`` as record's shared tuple from now on; the table is bounded, for programs whose
     shapes keep changing."""
@@ -281,28 +289,56 @@ def record(prim, inputs: tuple, attrs: dict, result: Any) -> None:
     """Attach ``prim``'s backward to ``result`` (called by dispatch when a gradient may flow)."""
     if result._dtype.category != FLOATING:  # (the is_floating_point property costs a call)
         return  # integer and bool results carry no gradient
-    # The node's fields written here, without a constructor's call, and binary ops unrolled: this
-    # runs for every recorded op, where each call, loop or generator is a visible part of its time.
+    # The node's fields written here, without a constructor's call, and unary and binary ops
+    # unrolled: this runs for every recorded op, where each call, loop or generator is a visible
+    # part of its time. An input that does not require grad has no edge (a tensor with a grad_fn
+    # requires grad); a leaf that does, or its node for a first output, stands for its edge until
+    # the edges are read (see next_edges): the node itself where the input is no view (whose
+    # history may need a refresh) and no later output, without _pending_history's call (~40 ns
+    # of an op on an input with history).
     node = _new_object(PrimBackward)
-    if len(inputs) == 2:
+    arity = len(inputs)
+    shapes: tuple
+    if arity == 2:
         a, b = inputs
-        # An input that does not require grad has no edge (a tensor with a grad_fn requires grad);
-        # a leaf that does, or its node for a first output, stands for its edge until the edges
-        # are read (see next_edges).
         node._edges = (
-            (a if a.grad_fn is None else _pending_history(a)) if a._requires_grad else None,
-            (b if b.grad_fn is None else _pending_history(b)) if b._requires_grad else None,
+            (a if a.grad_fn is None else a.grad_fn if a._output_nr == 0 and a._base is None else _pending_history(a))
+            if a._requires_grad
+            else None,
+            (b if b.grad_fn is None else b.grad_fn if b._output_nr == 0 and b._base is None else _pending_history(b))
+            if b._requires_grad
+            else None,
         )
-        shapes, dtypes = (a._data.shape, b._data.shape), (a._dtype, b._dtype)
+        shapes = (a._data.shape, b._data.shape)
+        # Most ops' inputs have one dtype: kept as that dtype, with no tuple to build and share
+        # (~50 ns of a one-element add's node).
+        dtype = a._dtype
+        node.input_dtypes = dtype if b._dtype is dtype else _shared_tuple((dtype, b._dtype))
+    elif arity == 1:
+        a = inputs[0]
+        node._edges = (
+            (a if a.grad_fn is None else a.grad_fn if a._output_nr == 0 and a._base is None else _pending_history(a))
+            if a._requires_grad
+            else None,
+        )
+        shapes = (a._data.shape,)
+        node.input_dtypes = a._dtype
     else:
         node._edges = tuple(
             [(t if t.grad_fn is None else _pending_history(t)) if t._requires_grad else None for t in inputs]
         )
-        shapes, dtypes = tuple([t._data.shape for t in inputs]), tuple([t._dtype for t in inputs])
-    # One shared tuple for each value (a shape or dtype tuple kept per node is an object the
-    # collector walks); a lookup first, as most ops meet shapes seen before.
-    node.input_shapes = _shared.get(shapes) or _share(shapes)
-    node.input_dtypes = _shared.get(dtypes) or _share(dtypes)
+        shapes = tuple([t._data.shape for t in inputs])
+        dtypes = tuple([t._dtype for t in inputs])
+        node.input_dtypes = dtypes[0] if dtypes.count(dtypes[0]) == arity else _shared_tuple(dtypes)
+    # One shared tuple of shapes (a tuple kept per node is an object the collector walks): the last
+    # node's where equal (consecutive ops mostly meet one shape: ~40 ns less than hashing the
+    # nested tuple for the table), else the table's, as most ops meet shapes seen before.
+    global _last_shapes
+    last = _last_shapes
+    if shapes == last:
+        node.input_shapes = last
+    else:
+        node.input_shapes = _last_shapes = _shared.get(shapes) or _share(shapes)
     node._edges_pending = True
     node.seq = _next_seq()
     node.pre_hooks = node.hooks = None

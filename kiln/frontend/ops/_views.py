@@ -36,7 +36,7 @@ def wrap_view(x: Tensor, array: np.ndarray, prim: Primitive, attrs: dict) -> Ten
     result = make_tensor(array, CPU, x._dtype)  # (outside traces: nothing to stamp)
     result._version = x._version
     result._base = x._base if x._base is not None else x
-    if x._requires_grad and _grad_state.grad_enabled:
+    if x._requires_grad and (not grad_mode.threads_without_grad or _grad_state.grad_enabled):
         _graph.record(prim, (x,), attrs, result)
     return result
 
