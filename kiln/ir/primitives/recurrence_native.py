@@ -1,7 +1,8 @@
 """What the layers above lend the numpy recurrence kernels: native kernels, and the BLAS thread rule.
 
 ``recurrence_numpy.lstm_forward``/``lstm_backward`` (``gru_*``) ask ``native(mode, dtype, hidden)``
-first; what it returns (the code generator's ``LSTMKernels``/``GRUKernels``, compiled for that
+first (one LSTM step on the packed layout asks for mode "LSTM_STEP": ``_lstm_scan_step``'s and
+``_lstm_backward_step``'s arrays); what it returns (the code generator's ``LSTMKernels``/``GRUKernels``, compiled for that
 dtype and hidden size) runs the whole recurrence in one native call and says whether it took the
 arrays. ``None`` -- nothing
 installed, native kernels off, a compile still running or failed -- leaves the numpy kernel to
