@@ -154,3 +154,23 @@ def test_a_compiled_lstm_cell_loop_runs_the_step_kernels_and_equals_eager(eager_
     _against_eager("lstm", dtype, "sgd")
     # two cells' steps per trip, forward and backward, in the calls that ran compiled
     assert runs["forward"] >= 2 * 11 and runs["backward"] >= 2 * 11
+
+
+def test_a_weights_transpose_is_kept_only_while_it_is_held_unchanging():
+    """``transposed`` makes w.T in C order once per ``unchanging`` context holding w (a compiled loop's
+    invariants), for w itself only; outside one (or after it) each call copies again, so an in-place
+    update of the weight between loop calls (an optimizer's) is read."""
+    w, other = np.arange(12.0).reshape(4, 3), np.ones((4, 3))
+    with recurrence_native.unchanging([w]):
+        first = recurrence_native.transposed(w)
+        assert recurrence_native.transposed(w) is first and first.flags.c_contiguous
+        np.testing.assert_array_equal(first, w.T)
+        assert recurrence_native.transposed(other) is not recurrence_native.transposed(other)
+        view = w[:, :]  # another array over the same memory: not the one held
+        assert recurrence_native.transposed(view) is not first
+    w += 1
+    after = recurrence_native.transposed(w)
+    assert after is not first
+    np.testing.assert_array_equal(after, w.T)
+    with recurrence_native.unchanging([w]):
+        np.testing.assert_array_equal(recurrence_native.transposed(w), w.T)

@@ -26,6 +26,7 @@ import numpy as np
 
 from ...ir.dtypes import DType, from_numpy_dtype
 from ...ir.primitives.recurrence_layout import ScanLayout
+from ...ir.primitives.recurrence_native import transposed
 from ...ir.primitives.recurrence_numpy import scratch
 from ...runtime.cache import cache_key, source_digest
 from ...runtime.frames import data_pointer
@@ -252,7 +253,7 @@ class LSTMStepKernels(_Kernels):
         if any(r is None for r in found):
             return False
         (gx_at, gx_b), (h0_at, h0_b), (c0_at, c0_b), (out_at, out_b) = found  # type: ignore[misc]
-        w_hh_t = np.ascontiguousarray(w_hh.T)  # (H, 4H) row-major: the product's B
+        w_hh_t = transposed(w_hh)  # (H, 4H) row-major: the product's B (kept over a compiled loop's trips)
         step = scratch("rnn.native_step", (batch, 4 * hidden), out.dtype)
         slots = [batch, gx_at, gx_b, _address(bias), h0_at, h0_b, c0_at, c0_b, _address(w_hh_t), _address(step),
                  out_at, out_b]  # fmt: skip
