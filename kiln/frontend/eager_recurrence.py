@@ -29,16 +29,18 @@ from ..runtime.threads import SmallProducts
 from . import eager_kernels
 
 #: The eager-kernel cache's name of each mode's kernels (its warnings say it).
-NAMES = {"LSTM": "lstm recurrence", "GRU": "gru recurrence"}
+#: "LSTM_STEP": one LSTM step on rnn_scan's packed layout (a compiled loop's trip over an ``nn.LSTMCell``),
+#: its own functions, compiled only where such a step runs.
+NAMES = {"LSTM": "lstm recurrence", "GRU": "gru recurrence", "LSTM_STEP": "lstm step"}
 
 
 def _compile(mode: str, dtype: np.dtype, hidden: int) -> eager_kernels.Entry:
     from ..codegen.core import Unsupported  # noqa: PLC0415 - the code generator loads only when first needed
-    from ..codegen.llvm.recurrence_call import GRUKernels, LSTMKernels  # noqa: PLC0415
+    from ..codegen.llvm.recurrence_call import GRUKernels, LSTMKernels, LSTMStepKernels  # noqa: PLC0415
 
     start = time.perf_counter()
     try:
-        kernels = (LSTMKernels if mode == "LSTM" else GRUKernels).build(dtype, hidden)
+        kernels = {"LSTM": LSTMKernels, "GRU": GRUKernels, "LSTM_STEP": LSTMStepKernels}[mode].build(dtype, hidden)
     except Unsupported as error:
         return eager_kernels.Entry(reason=str(error))
     except Exception as error:  # noqa: BLE001 - any failure leaves the recurrence on numpy, said once

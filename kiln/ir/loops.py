@@ -143,15 +143,18 @@ def run_loop(loop: Loop, call: Callable[[list[Any]], Sequence[Any]], arrays: Seq
     """The node's outputs for its input ``arrays``, where ``call(body inputs) -> body outputs`` runs the
     body once (the interpreter's program of it, or the compiled one)."""
     n, carried = loop.trips, len(loop.carried)
-    values = list(arrays[:carried])
-    invariant = list(arrays[carried : carried + loop.invariant])
-    per = arrays[carried + loop.invariant :]
+    # A trip's inputs: the carried values and the invariants (``head``, its first ``carried`` replaced
+    # after each trip), then per-iteration input s of trip k, node input ``C + I + s * N + k``: every
+    # N-th of ``per`` from k. (Plain list operations: a trip of an LSTM cell loop is some 100 us.)
+    head = list(arrays[: carried + loop.invariant])
+    per = list(arrays[carried + loop.invariant :])
     columns: list[list[Any]] = [[] for _ in loop.stacked]
+    stacked = list(zip(columns, loop.stacked, strict=True))
     outputs: Sequence[Any] = ()
     for k in range(n):
-        outputs = call([*values, *invariant, *(per[s * n + k] for s in range(loop.per_iteration))])
-        values = [outputs[j] for j in loop.carried]
-        for column, j in zip(columns, loop.stacked, strict=True):
+        outputs = call(head + per[k::n] if per else head.copy())
+        head[:carried] = [outputs[j] for j in loop.carried]
+        for column, j in stacked:
             column.append(outputs[j])
     return [outputs[j] for j in loop.last] + [array for column in columns for array in column]
 

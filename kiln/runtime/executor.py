@@ -168,14 +168,15 @@ class ExternCall:
         self.into = self.out if (prim.eager_into is not None and planned) else -1  # out= into the arena
         self.normalize = not prim.is_view  # a view's layout is derived from its input's
         # A BLAS product: a small one runs on one BLAS thread (``threads.run_blas_product``), chosen
-        # once where its operands' shapes are static, at each run where they are symbolic (``product``).
+        # once where its operands' shapes are static, at each run where they are symbolic (``product``);
+        # one the BLAS runs on one thread by itself is called as it is (``threads.blas_splits``).
         shapes = [v.type.shape for v in node.inputs[:2]]
         static = all(isinstance(d, int) for shape in shapes for d in shape)
         self.product = prim.kind is Kind.MATMUL and not static
         self.last: tuple | None = None  # a view's last arguments (weakly) and the view kept of them: see ``_view``
         self.keep_views = True  # False: the arguments are new arrays at every run (``CompiledProgram.vary_inputs``)
         self.direct = direct_view(node)
-        if prim.kind is Kind.MATMUL and static:
+        if prim.kind is Kind.MATMUL and static and threads.blas_splits(*cast(list[tuple[int, ...]], shapes)):
             macs = threads.matmul_macs(*cast(list[tuple[int, ...]], shapes))
             self.eager = partial(threads.run_blas_product, prim.eager, macs)
             if prim.eager_into is not None:
@@ -191,7 +192,7 @@ class ExternCall:
                 env[slot] = None
             return
         eager_into, eager = self.eager_into, self.eager
-        if self.product:  # symbolic shapes: the product's size is this run's
+        if self.product and threads.blas_splits(args[0].shape, args[1].shape):  # symbolic shapes: this run's
             macs = threads.matmul_macs(args[0].shape, args[1].shape)
             kernel = eager_into if self.into >= 0 else eager
             eager_into = eager = partial(threads.run_blas_product, kernel, macs)  # type: ignore[arg-type]  # set when into >= 0

@@ -12,7 +12,7 @@ import ctypes
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress, count
-from operator import ne
+from operator import itemgetter, ne
 from typing import Any
 
 import numpy as np
@@ -91,7 +91,7 @@ class PointerTables(list):
 
     ``users[i]``: the ``(table, position)`` pairs that hold input ``i``'s data pointer (the kernels'
     ``KernelCall.stable``). ``see(inputs)`` refills those of the inputs that are other arrays than
-    at the last call, and keeps the inputs' ids until one of those arrays dies: while they all live,
+    at the last call, and keeps those inputs' ids (of the inputs some table holds) until one of those arrays dies: while they all live,
     no other object has one of their ids, so the same id at the next call is the same array, whose
     data pointer is fixed for its life. A training step whose batch is new every call refills the
     batch's pointers alone, not those of its parameters and optimizer state (an MLP step: 4 of 52)."""
@@ -99,11 +99,23 @@ class PointerTables(list):
     def __init__(self, users: Sequence[tuple[tuple[int, int], ...]] = ()) -> None:
         super().__init__()
         self.users = users
+        # Only the inputs some table holds are compared: a loop body's carried and per-iteration
+        # inputs are new arrays at every trip, and its kernels read them from the environment
+        # (``CompiledProgram.vary_inputs``); comparing them made every trip refill and re-remember.
+        self._watched = tuple(i for i, pairs in enumerate(users) if pairs)
+        self._pick = itemgetter(*self._watched) if len(self._watched) > 1 else None
         self._ids: tuple | None = None
         self._refs: list = []
 
     def see(self, inputs: Sequence[Any]) -> None:
-        ids = tuple(map(id, inputs))
+        watched, pick = self._watched, self._pick
+        if pick is not None:
+            picked = pick(inputs)
+        elif watched:
+            picked = (inputs[watched[0]],)
+        else:
+            return
+        ids = tuple(map(id, picked))
         last = self._ids
         if ids == last:
             return
@@ -113,16 +125,15 @@ class PointerTables(list):
         else:  # the positions whose id differs, in C loops
             changed = compress(count(), map(ne, ids, last))
         remembered, refs, users = True, self._refs, self.users
-        for i in changed:
+        for k in changed:
+            i = watched[k]
             pairs = users[i]
-            if not pairs:
-                continue
             array = inputs[i]
             pointer = data_pointer(array)
             for table, position in pairs:
                 self[table].pointers[position] = pointer
             try:
-                refs[i] = weakref.ref(array, self._died)
+                refs[k] = weakref.ref(array, self._died)
             except TypeError:  # an input without weak references: new pointers every call
                 remembered = False
         self._ids = ids if remembered else None

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..ir.graph import Node, Value
 from ..ir.loops import loop_of, run_loop
+from ..ir.primitives import recurrence_native
 from . import threads
 
 
@@ -53,7 +54,11 @@ class LoopCall:
     def run(self, env: list, tables: Any) -> None:
         threads.park()  # the body's own steps choose their pools
         arrays = [_c_order(env[slot]) for slot in self.args]  # the body was compiled for C order
-        results = run_loop(self.loop, self._body, arrays)
+        carried = len(self.loop.carried)
+        # a loop writes none of its inputs: the invariants stay as they are over the trips (an LSTM
+        # cell's step keeps its weight's transposed copy)
+        with recurrence_native.unchanging(arrays[carried : carried + self.loop.invariant]):
+            results = run_loop(self.loop, self._body, arrays)
         for slot, array in zip(self.outs, results, strict=True):
             env[slot] = array
         for slot in self.dead:

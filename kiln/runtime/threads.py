@@ -321,6 +321,24 @@ def parallel_for(kernel: Kernel, args: object, extent: int, work_bytes: int, spi
 BLAS_MIN_PARALLEL_MACS = 4 << 20
 
 
+#: numpy's OpenBLAS runs a matrix product (gemm) of at most this many multiply-adds on one thread by
+#: itself (interface/gemm.c: SMP_THRESHOLD_MIN 65536 x GEMM_MULTITHREAD_THRESHOLD 4), and a
+#: matrix-vector product (gemv: a product with one row or one column) over a matrix of fewer than
+#: ``BLAS_SERIAL_GEMV`` elements (2304 x 4): around those, reading and setting its thread count only
+#: costs time. 16x51 @ 51x204 on 2 threads, medians: 4.04 us as it is, 4.88 us set to one thread.
+BLAS_SERIAL_GEMM = 1 << 18
+BLAS_SERIAL_GEMV = 9216
+
+
+def blas_splits(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> bool:
+    """Whether numpy's OpenBLAS may split one BLAS call of the matmul primitive on operands of these
+    shapes over its threads (``run_blas_product`` then has a thread count to choose; else the product
+    runs on one thread anyway)."""
+    macs = matmul_macs(a_shape, b_shape)
+    vector = (a_shape[-2] if len(a_shape) > 1 else 1) == 1 or b_shape[-1] == 1
+    return macs >= BLAS_SERIAL_GEMV if vector else macs > BLAS_SERIAL_GEMM
+
+
 def matmul_macs(a_shape: tuple[int, ...], b_shape: tuple[int, ...]) -> int:
     """The multiply-adds of one BLAS call of the matmul primitive on operands of these shapes (the
     batch of a stack times a matrix is one product there, other batches one product per matrix)."""

@@ -340,3 +340,29 @@ def test_compiled_products_with_no_columns_or_rows():
     for _ in range(3):
         out, _ = f(a, b)
         assert tuple(out.shape) == (4, 3, 0)
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"), [((16, 204), (204, 51)), ((1, 16, 204), (204, 51)), ((1, 16), (16, 51))]
+)
+def test_a_small_c_ordered_product_is_one_blas_call_of_its_rows(monkeypatch, a_shape, b_shape):
+    """A product of at most SMALL_PRODUCT multiply-adds of C-ordered rows (an LSTMCell step's) is one
+    np.matmul of the rows as they lie, into ``out`` where given: no swap (16x204 @ 204x51 would be
+    swapped, at the cost of a copy), no block count, no row order to find."""
+    from kiln.ir.primitives import linalg  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(a_shape, dtype=np.float32), rng.standard_normal(b_shape, dtype=np.float32)
+    want = np.matmul(a.astype(np.float64), b)
+
+    def chosen(*args):
+        raise AssertionError("a small product of C-ordered rows has nothing to choose")
+
+    for name in ("_swapped", "_inner_blocks", "_rows_in_order"):
+        monkeypatch.setattr(linalg, name, chosen)
+    got = linalg._matmul_eager(np, a, b)
+    assert got.flags.c_contiguous and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    out = np.full(want.shape, np.nan, np.float32)
+    assert linalg._matmul_into(np, a, b, out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)

@@ -14,7 +14,7 @@ import kiln
 import kiln.nn as nn
 from kiln.codegen.llvm import engine
 from kiln.codegen.llvm import recurrence_call as native
-from kiln.codegen.llvm.recurrence_call import GRUKernels, LSTMKernels
+from kiln.codegen.llvm.recurrence_call import GRUKernels, LSTMKernels, LSTMStepKernels
 from kiln.frontend import eager_kernels, eager_recurrence
 from kiln.ir.primitives import P, recurrence_native, recurrence_numpy
 from kiln.ir.primitives.recurrence import _INPUTS, _scan_args
@@ -28,7 +28,7 @@ SCAN, BACKWARD = P["rnn_scan"], P["rnn_scan_backward"]
 _BUILT: dict = {}
 
 
-CLASSES = {"LSTM": LSTMKernels, "GRU": GRUKernels}
+CLASSES = {"LSTM": LSTMKernels, "GRU": GRUKernels, "LSTM_STEP": LSTMStepKernels}
 
 
 @pytest.fixture

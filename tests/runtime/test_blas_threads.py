@@ -112,7 +112,27 @@ def test_eager_matmul_mm_and_bmm(fake_blas, shapes, sets):
     assert fake_blas.sets == sets * 2
 
 
-@pytest.mark.parametrize(("shapes", "sets"), [(SMALL, [1, 2]), (LARGE, [])])
+TINY = ((16, 51), (51, 204))  # 166K multiply-adds: an LSTMCell step's product, which OpenBLAS keeps on one thread
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "splits"),
+    [
+        (*TINY, False),
+        ((64, 64), (64, 64), False),  # 256K: OpenBLAS's own limit, included
+        ((64, 64), (64, 65), True),
+        ((4, 16, 51), (51, 204), True),  # a stack times a matrix: one product of 663K
+        ((4, 16, 51), (4, 51, 204), False),  # a batch: four products of 166K
+        ((16, 51), (51, 1), False),  # matrix-vector: a 16x51 matrix
+        ((1, 100), (100, 100), True),  # a 100x100 matrix: gemv splits from 9216 elements
+        ((96, 96), (96, 1), True),
+    ],
+)
+def test_blas_splits_follows_openblas_own_one_thread_rule(a, b, splits):
+    assert threads.blas_splits(a, b) is splits
+
+
+@pytest.mark.parametrize(("shapes", "sets"), [(SMALL, [1, 2]), (LARGE, []), (TINY, [])])
 def test_compiled_matmul(fake_blas, shapes, sets):
     a, b = (kiln.from_numpy(x) for x in _operands(shapes))
     product = kiln.compile(lambda x, y: (x @ y) * 2.0)

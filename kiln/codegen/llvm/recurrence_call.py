@@ -8,6 +8,10 @@ of ``recurrence_numpy.lstm_forward``/``lstm_backward`` (``gru_forward``/``gru_ba
 return False/None (and write nothing) for arrays they do not take: another dtype or hidden size,
 a row that is not one contiguous block, rows that overlap; the caller runs numpy then.
 
+``LSTMStepKernels`` (``recurrence_step.py``) take one LSTM step on ``rnn_scan``'s packed layout
+(``recurrence_numpy._lstm_scan_step``/``_lstm_backward_step``'s arrays): a compiled loop's trip over
+an ``nn.LSTMCell``, built only where such a step runs.
+
 Each call runs on the calling thread: a step's product (16 x 128 @ 128 x 512 in an LSTM LM) is
 too small to gain from a second, and it is kiln's own kernel (``small_gemm.py``), not the BLAS's.
 """
@@ -21,6 +25,8 @@ from collections.abc import Callable
 import numpy as np
 
 from ...ir.dtypes import DType, from_numpy_dtype
+from ...ir.primitives.recurrence_layout import ScanLayout
+from ...ir.primitives.recurrence_native import transposed
 from ...ir.primitives.recurrence_numpy import scratch
 from ...runtime.cache import cache_key, source_digest
 from ...runtime.frames import data_pointer
@@ -28,6 +34,7 @@ from ..core import Unsupported
 from . import engine, host, kernel_cache
 from .recurrence import BACKWARD, FORWARD, backward_ir, forward_ir, symbol
 from .recurrence_gru import GRU_BACKWARD, GRU_FORWARD, gru_backward_ir, gru_forward_ir
+from .recurrence_step import STEP_BACKWARD, STEP_FORWARD, step_backward_ir, step_forward_ir
 
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 #: Bump when the functions' signature or slots change.
@@ -207,3 +214,75 @@ class GRUKernels(_Kernels):
         name = "gru_backward" + ("_tangents" if eA is not None else "") + ("_g_hn" if g_hn is not None else "")
         self._run(name, slots)
         return dh
+
+
+def _block_rows(a: np.ndarray, width: int) -> tuple[int, int] | None:
+    """(address, row stride in elements) of ``a`` (1, B, ``width``) or (B, ``width``), whose rows are
+    ``width`` contiguous elements; None where they are not (``_rows``, with C order's answer first:
+    a compiled loop's arrays are, and a trip reads five)."""
+    if a.flags.c_contiguous:
+        return _address(a), width
+    found = _rows(a, a.ndim - 1, width)
+    return None if found is None else (found[0], found[-1])
+
+
+class LSTMStepKernels(_Kernels):
+    """One LSTM step on ``rnn_scan``'s packed layout (``recurrence_step.py``): ``forward`` and
+    ``backward`` take ``recurrence_numpy._lstm_scan_step``'s and ``_lstm_backward_step``'s arrays."""
+
+    GATES = 4
+    FUNCTIONS = {"lstm_step_forward": step_forward_ir, "lstm_step_backward": step_backward_ir}
+
+    def __init__(self, dtype: np.dtype, hidden: int, library: engine.Library) -> None:
+        super().__init__(dtype, hidden, library)
+        layout = ScanLayout("LSTM", hidden)
+        self.width, self.grad_width = layout.width, layout.grad_width
+
+    def forward(self, gx, bias, h0, c0, w_hh, out) -> bool:
+        """``out`` (1, B, width) filled (True), or nothing (False: arrays these kernels do not take)."""
+        batch, hidden = h0.shape
+        if not self._takes(hidden, gx, bias, h0, c0, w_hh, out) or bias.strides[0] != bias.itemsize:
+            return False
+        width = 4 * hidden
+        shapes = (gx.shape, bias.shape, c0.shape, w_hh.shape, out.shape)
+        if shapes != ((1, batch, width), (width,), (batch, hidden), (width, hidden), (1, batch, self.width)):
+            return False
+        if batch == 0:
+            return True
+        found = [_block_rows(gx, width), _block_rows(h0, hidden), _block_rows(c0, hidden), _block_rows(out, self.width)]
+        if any(r is None for r in found):
+            return False
+        (gx_at, gx_b), (h0_at, h0_b), (c0_at, c0_b), (out_at, out_b) = found  # type: ignore[misc]
+        w_hh_t = transposed(w_hh)  # (H, 4H) row-major: the product's B (kept over a compiled loop's trips)
+        step = scratch("rnn.native_step", (batch, 4 * hidden), out.dtype)
+        slots = [batch, gx_at, gx_b, _address(bias), h0_at, h0_b, c0_at, c0_b, _address(w_hh_t), _address(step),
+                 out_at, out_b]  # fmt: skip
+        assert len(slots) == len(STEP_FORWARD)
+        self._run("lstm_step_forward", slots)
+        return True
+
+    def backward(self, packed, w_hh, g, out) -> np.ndarray | None:
+        """``out`` (1, B, grad_width), filled, or None (arrays these kernels do not take; nothing written)."""
+        _, batch, width = packed.shape
+        hidden = w_hh.shape[1]
+        if not self._takes(hidden, packed, w_hh, g, out):
+            return None
+        shapes = (packed.shape, g.shape, w_hh.shape, out.shape)
+        if shapes != (
+            (1, batch, self.width),
+            (1, batch, self.width),
+            (4 * hidden, hidden),
+            (1, batch, self.grad_width),
+        ):
+            return None
+        if batch == 0:
+            return out
+        found = [_block_rows(packed, width), _block_rows(g, width), _block_rows(out, self.grad_width)]
+        if any(r is None for r in found):
+            return None
+        (packed_at, packed_b), (g_at, g_b), (out_at, out_b) = found  # type: ignore[misc]
+        w_hh = np.ascontiguousarray(w_hh)
+        slots = [batch, packed_at, packed_b, g_at, g_b, _address(w_hh), out_at, out_b]
+        assert len(slots) == len(STEP_BACKWARD)
+        self._run("lstm_step_backward", slots)
+        return out

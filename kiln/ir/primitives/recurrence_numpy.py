@@ -244,12 +244,16 @@ def _lstm_slices(hidden: int) -> tuple[slice, ...]:
 # ``scan``/``scan_backward``'s general path (direction views, spans, state cotangents summed over time) cost
 # as much again as the step's arithmetic there; for one step, where direction and time shifts vanish, these
 # compute the same values with the same operations (so the same rounding) as the general path.
+# Where ``recurrence_native`` has them ("LSTM_STEP"), one native function does either step's whole work.
 def _lstm_scan_step(gx, bias, h0, c0, w_hh, out):
     """``scan`` of one LSTM step, into ``out`` (1, B, width) when given."""
     batch, hidden = h0.shape
     h, final_h, final_c, c, prev_h, prev_c, gate_span, tanh_c = _lstm_slices(hidden)[:8]
     if out is None:
         out = np.empty((1, batch, tanh_c.stop), dtype=gx.dtype)
+    kernels = native("LSTM_STEP", gx.dtype, hidden, 1)
+    if kernels is not None and kernels.forward(gx, bias, h0, c0, w_hh, out):
+        return out
     row = out[0]
     gates = row[:, gate_span]
     np.add(gx[0], bias, out=gates)
@@ -268,6 +272,9 @@ def _lstm_backward_step(packed, w_hh, g, out):
     h, final_h, final_c, c, prev_h, prev_c, gate_span, tanh_span, dz_span, initial_h, initial_c = _lstm_slices(hidden)
     if out is None:
         out = np.empty((1, batch, initial_c.stop), dtype=packed.dtype)
+    kernels = native("LSTM_STEP", packed.dtype, hidden, 1)
+    if kernels is not None and kernels.backward(packed, w_hh, g, out) is not None:
+        return out
     saved, cot, row = packed[0], g[0], out[0]
     A = saved[:, gate_span].reshape(1, batch, 4, hidden, copy=False)
     tangents = cot[:, gate_span]
