@@ -235,11 +235,10 @@ _deferring = threading.local()
 def deferred():
     """In this thread, eager ops whose kernel is not compiled yet run their numpy kernels without
     queueing its compile (those compiled run as ever): the traced call of a ``kiln.compile``'d
-    function whose caller waits for its program, which replaces every op of the call -- their
-    compiles would only delay the program. (Where the program compiles in the background, the calls
-    meanwhile run eagerly, so their kernels are worth having: those calls queue them; see
-    ``jit/background.py``.) Kernels ``shared`` with compiled programs (``ready``) are compiled as
-    ever: the program would compile them at its first call."""
+    function, and the calls that run eagerly while its program compiles in the background (for a
+    while: ``jit/background.py``) -- the program replaces every op of those calls, and their
+    compiles would only delay it. Kernels ``shared`` with compiled programs (``ready``) are compiled
+    as ever: the program would compile them at its first call."""
     before = getattr(_deferring, "on", False)
     _deferring.on = True
     try:
