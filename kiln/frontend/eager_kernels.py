@@ -144,7 +144,7 @@ class KernelCache:
             return entry
         with self._lock:
             self.queued += 1
-        self._queue.put((key, make))
+        self._queue.put((key, make, getattr(_deferring, "moot", None)))
         return None
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -165,6 +165,13 @@ class KernelCache:
             time.sleep(0.005)
         return True
 
+    def _forget(self, key: tuple) -> None:
+        """Drop ``key`` if its compile has not been made (its next call queues it again)."""
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is not None and entry.program is None and entry.reason is None:
+                del self.entries[key]
+
     def clear(self) -> None:
         """Forget every key and what was said (the disk cache stays)."""
         self.wait()
@@ -174,8 +181,11 @@ class KernelCache:
 
     def _compile_loop(self) -> None:
         while True:
-            key, make = self._queue.get()
+            key, make, moot = self._queue.get()
             try:
+                if moot is not None and moot():
+                    self._forget(key)
+                    continue
                 try:
                     with background.sharing():  # the caller's thread waits less for the interpreter
                         entry = make()
@@ -245,6 +255,22 @@ def deferred():
         yield
     finally:
         _deferring.on = before
+
+
+@contextlib.contextmanager
+def moot_once(moot: Callable[[], bool]):
+    """In this thread, kernels queued meanwhile are dropped rather than compiled if ``moot()`` is true
+    when their compile would start: the calls of a ``kiln.compile``'d function whose program was
+    still compiling, once it is ready (``jit/background.py``) -- nothing runs them then, and their
+    compiles would take the cores and the interpreter from the compiled calls (a GPT's 20 kernels,
+    1.4 s on a loaded machine after its program was ready). The key is forgotten: a later eager call
+    queues it again."""
+    before = getattr(_deferring, "moot", None)
+    _deferring.moot = moot
+    try:
+        yield
+    finally:
+        _deferring.moot = before
 
 
 def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,

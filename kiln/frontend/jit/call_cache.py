@@ -151,11 +151,13 @@ class CompiledFunction:
 
     def _run_pending(self, entry: PendingEntry, args, kwargs):
         """A call of a key whose program compiles in the background: eagerly, queueing no eager
-        kernels while the program's compile goes first (``background.Job.defers_kernels``)."""
+        kernels while the program's compile goes first (``background.Job.defers_kernels``), and
+        after that none that would compile once the program is ready (``eager_kernels.moot_once``)."""
         if entry.job is not None and entry.job.defers_kernels():
             with eager_kernels.deferred():
                 return self.fn(*args, **kwargs)
-        return self.fn(*args, **kwargs)
+        with eager_kernels.moot_once(lambda: entry.ready):
+            return self.fn(*args, **kwargs)
 
     def _run_compiled(self, entry, args, kwargs, leaves):
         """Run the compiled specialization ``entry``, whose guards the call passed."""
@@ -313,6 +315,7 @@ class CompiledFunction:
             notice.cancel()
         spec.background_seconds = time.perf_counter() - entry.started
         number = self._settle(entry, spec)
+        entry.ready = True
         self._event("compiled", f"specialization {number}: {entry.reason}")
 
     def _settle(self, entry: PendingEntry, outcome) -> int:

@@ -242,6 +242,32 @@ def test_a_program_still_compiling_after_kernels_after_s_lets_its_calls_queue_ke
     np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_kernels_its_calls_queued_are_dropped_once_the_program_is_ready(inside, order, monkeypatch):
+    """Past ``KERNELS_AFTER_S`` a call queues its kernels; those whose compile has not started when
+    the program is ready are not compiled (nothing would run them), and their keys are forgotten."""
+    notes, release_kernels = order
+    release, _ = inside
+    monkeypatch.setattr(background, "KERNELS_AFTER_S", 0.0)
+    g = _background(lambda x: x.tanh().exp())
+    x = _tanh_input(5)
+    expected = np.exp(np.tanh(x.numpy()))
+    g(x)  # traced
+    _until(lambda: notes, "the program's compile")
+    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5)  # eagerly: queues tanh, then exp
+    _until(lambda: len(notes) > 1, "the tanh kernel's compile")
+    release.set()
+    _until(lambda: state_of(g).specializations, "the program")
+    release_kernels.set()
+    assert eager_kernels.wait(60)
+    assert notes == ["program", "kernel tanh", "kernel done"], "exp's compile was dropped"
+    assert [key[0] for key in eager_kernels.CACHE.entries] == ["tanh"]
+    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5)
+    assert compiled_calls(g) == [1]
+    np.testing.assert_allclose(array(x.exp()), np.exp(x.numpy()), rtol=1e-5)  # an eager call queues it again
+    assert eager_kernels.wait(60)
+    assert notes[3:] == ["kernel exp", "kernel done"]
+
+
 def test_kernels_queued_by_other_calls_do_not_hold_the_program_back(order):
     notes, release = order
     x = _tanh_input(4)
