@@ -117,8 +117,7 @@ class KernelCache:
         self._queue: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         self.synchronous = False  # compile in the caller's thread, at the miss (KILN_EAGER_KERNELS=sync)
-        self.queued = 0  # compiles queued so far, and those done: ``wait_for``
-        self.finished = 0
+        self.queued = 0  # compiles queued so far
 
     def lookup(self, key: tuple, make: Callable[[], Entry], shared: bool = False) -> Entry | None:
         """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker
@@ -156,15 +155,6 @@ class KernelCache:
             time.sleep(0.005)
         return True
 
-    def wait_for(self, mark: int, give_up: Callable[[], bool]) -> bool:
-        """Block until the first ``mark`` compiles queued (``queued`` then) are done (True), or
-        ``give_up()`` is true (False)."""
-        while self.finished < mark:
-            if give_up():
-                return False
-            time.sleep(0.005)
-        return True
-
     def _forget(self, key: tuple) -> None:
         """Drop ``key`` if its compile has not been made (its next call queues it again)."""
         with self._lock:
@@ -197,8 +187,6 @@ class KernelCache:
                         entry.numpy_seconds = compiling.numpy_seconds
                         self.entries[key] = entry
             finally:
-                with self._lock:
-                    self.finished += 1
                 self._queue.task_done()
 
 
