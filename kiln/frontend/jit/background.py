@@ -28,7 +28,8 @@ first (the order before) put the program behind 17-25 kernel compiles (0.5 s and
 machine): DCGAN's program was ready at step 131 of 200, the CNN's not within the run, and both
 runs were slower than not decorating the step. A program that is not ready after
 ``KERNELS_AFTER_S`` (a long compile, a busy machine) lets the calls queue their kernels again: they
-then run as an undecorated function's would until it is ready.
+then run as an undecorated function's would until it is ready, and the kernels whose compile has
+not started by then are dropped (``eager_kernels.moot_once``).
 """
 
 from __future__ import annotations
