@@ -117,8 +117,7 @@ class KernelCache:
         self._queue: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         self.synchronous = False  # compile in the caller's thread, at the miss (KILN_EAGER_KERNELS=sync)
-        self.queued = 0  # compiles queued so far, and those done: ``wait_for``
-        self.finished = 0
+        self.queued = 0  # compiles queued so far
 
     def lookup(self, key: tuple, make: Callable[[], Entry], shared: bool = False) -> Entry | None:
         """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker
@@ -144,7 +143,7 @@ class KernelCache:
             return entry
         with self._lock:
             self.queued += 1
-        self._queue.put((key, make))
+        self._queue.put((key, make, getattr(_deferring, "moot", None)))
         return None
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -156,14 +155,12 @@ class KernelCache:
             time.sleep(0.005)
         return True
 
-    def wait_for(self, mark: int, give_up: Callable[[], bool]) -> bool:
-        """Block until the first ``mark`` compiles queued (``queued`` then) are done (True), or
-        ``give_up()`` is true (False)."""
-        while self.finished < mark:
-            if give_up():
-                return False
-            time.sleep(0.005)
-        return True
+    def _forget(self, key: tuple) -> None:
+        """Drop ``key`` if its compile has not been made (its next call queues it again)."""
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is not None and entry.program is None and entry.reason is None:
+                del self.entries[key]
 
     def clear(self) -> None:
         """Forget every key and what was said (the disk cache stays)."""
@@ -174,8 +171,11 @@ class KernelCache:
 
     def _compile_loop(self) -> None:
         while True:
-            key, make = self._queue.get()
+            key, make, moot = self._queue.get()
             try:
+                if moot is not None and moot():
+                    self._forget(key)
+                    continue
                 try:
                     with background.sharing():  # the caller's thread waits less for the interpreter
                         entry = make()
@@ -187,8 +187,6 @@ class KernelCache:
                         entry.numpy_seconds = compiling.numpy_seconds
                         self.entries[key] = entry
             finally:
-                with self._lock:
-                    self.finished += 1
                 self._queue.task_done()
 
 
@@ -235,17 +233,32 @@ _deferring = threading.local()
 def deferred():
     """In this thread, eager ops whose kernel is not compiled yet run their numpy kernels without
     queueing its compile (those compiled run as ever): the traced call of a ``kiln.compile``'d
-    function whose caller waits for its program, which replaces every op of the call -- their
-    compiles would only delay the program. (Where the program compiles in the background, the calls
-    meanwhile run eagerly, so their kernels are worth having: those calls queue them; see
-    ``jit/background.py``.) Kernels ``shared`` with compiled programs (``ready``) are compiled as
-    ever: the program would compile them at its first call."""
+    function, and the calls that run eagerly while its program compiles in the background (for a
+    while: ``jit/background.py``) -- the program replaces every op of those calls, and their
+    compiles would only delay it. Kernels ``shared`` with compiled programs (``ready``) are compiled
+    as ever: the program would compile them at its first call."""
     before = getattr(_deferring, "on", False)
     _deferring.on = True
     try:
         yield
     finally:
         _deferring.on = before
+
+
+@contextlib.contextmanager
+def moot_once(moot: Callable[[], bool]):
+    """In this thread, kernels queued meanwhile are dropped rather than compiled if ``moot()`` is true
+    when their compile would start: the calls of a ``kiln.compile``'d function whose program was
+    still compiling, once it is ready (``jit/background.py``) -- nothing runs them then, and their
+    compiles would take the cores and the interpreter from the compiled calls (a GPT's 20 kernels,
+    1.4 s on a loaded machine after its program was ready). The key is forgotten: a later eager call
+    queues it again."""
+    before = getattr(_deferring, "moot", None)
+    _deferring.moot = moot
+    try:
+        yield
+    finally:
+        _deferring.moot = before
 
 
 def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,

@@ -4,9 +4,10 @@ A request of ``SHARE_FROM`` modules or more is split between the two workers whe
 and a core is idle (``_idle_core``: by the CPU's idle time since the compile's passes began, else
 by the load average), costliest modules first, in chunks that the worker done first takes over
 (``_shared``). LLVM compiles each module on its own, so two processes take about half the time --
-a caller waiting for its compile leaves a core free. A second thread (a compile in the background
-beside an eager kernel's) is served by the other worker meanwhile instead of waiting. On a busy machine only ``WORKER`` serves: a second process would take CPU time
-from other work and finish no sooner. A ``SPARE`` that cannot start is marked broken and
+a caller waiting for its compile leaves a core free. On a busy machine one request is not shared:
+a second process would take CPU time from other work and finish no sooner. A second thread (a
+compile in the background beside an eager kernel's) is served by ``SPARE`` while ``WORKER`` serves
+the first, idle core or not (``_second``). A ``SPARE`` that cannot start is marked broken and
 ``WORKER`` does its part; ``OSError`` says that ``WORKER`` cannot start (the caller then compiles
 in its own process).
 """
@@ -112,16 +113,29 @@ def _usable() -> list[Worker]:
 
 def _claim(share: bool, wait: bool = True) -> list[Worker]:
     """The free workers: one (waiting for one to be free, unless not ``wait``: then maybe none), or
-    every free one when ``share``."""
+    every free one when ``share``. A request not shared takes ``SPARE`` while ``WORKER`` serves
+    another thread, however busy the machine (``_second``)."""
     with _released:
         while True:
-            free = [w for w in _usable() if not w.busy]
+            free = [w for w in _usable() if not w.busy] or _second(share)
             if free or not wait:
                 taken = free if share else free[:1]
                 for w in taken:
                     w.busy = True
                 return taken
             _released.wait()
+
+
+def _second(share: bool) -> list[Worker]:
+    """``[SPARE]`` for a request not ``share``d while ``WORKER`` serves another thread, where it
+    works and is free. On a busy machine too: the two requests are different compiles, and waiting
+    would put a small one (an eager kernel's module, 10-40 ms of LLVM) behind a whole program's
+    (DCGAN's 63 modules, 2-3 s on a loaded 2-core machine) -- its kernel then came no sooner than the
+    program did. Sharing the cores, the small one is done in a fraction of that time."""
+    spare = worker.SPARE
+    if share or spare.broken or spare.busy or not worker.WORKER.busy:
+        return []
+    return [spare]
 
 
 def _release(workers: list[Worker]) -> None:

@@ -20,15 +20,16 @@ caller's (``codegen/llvm/worker.py``), and a second BLAS thread took the core it
 it (a CNN's eager kernels, LLVM-bound, compiled for most of a 200-step run); one BLAS thread
 leaves it that core (the run 1.6x faster, loaded 2-core machine: ``_Sharing``).
 
-A program's compile lets the eager kernels go first (``_kernels_first``): the calls that run
-eagerly meanwhile queue their heavy ops' kernels (``eager_kernels``), small compiles each worth
-1.2-4.5x on those calls at once (a CNN step on numpy's convolutions took 4.5x its time on kiln's).
-The program's compile waits for the next call (which queues them) and for those kernels, then
-starts: the calls run as an undecorated function's would (its eager kernels compile in the
-background too), then compiled -- decorating costs them the trace and the share of the interpreter
-and the cores the program's compile takes. (Kernels not queued while a program compiled left a CNN
-on numpy's convolutions until its program was ready: slower than not decorating it.) A caller
-that waits (``wait``) has its compile start at once.
+A program's compile goes first (``Job.defers_kernels``): the traced call and the calls that run
+eagerly while the program compiles queue no eager kernels (``eager_kernels.deferred``), for
+``KERNELS_AFTER_S`` at most -- the program replaces every op of those calls, and a kernel compiled
+meanwhile takes the interpreter and the cores from the program's compile. Letting the kernels go
+first (the order before) put the program behind 17-25 kernel compiles (0.5 s and more on a quiet
+machine): DCGAN's program was ready at step 131 of 200, the CNN's not within the run, and both
+runs were slower than not decorating the step. A program that is not ready after
+``KERNELS_AFTER_S`` (a long compile, a busy machine) lets the calls queue their kernels again: they
+then run as an undecorated function's would until it is ready, and the kernels whose compile has
+not started by then are dropped (``eager_kernels.moot_once``).
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ logger = logging.getLogger("kiln")
 #: a second thread can run the passes of another function meanwhile; more would only take cores
 #: from the eager calls running in the foreground.
 WORKERS = 2
-#: How long a program's compile waits for the function's next call (``Job.eager_call_done``) before
-#: it starts anyway (seconds): a loop calls again at once; a function called once needs no kernels.
-NEXT_CALL_S = 1.0
+#: How long (seconds from the trace) the calls made while their program compiles run eagerly without
+#: queueing eager kernels (``Job.defers_kernels``): DCGAN's and the CNN's programs compile in 0.5-0.6 s
+#: on a quiet 2-core machine; a longer compile lets the calls have their kernels meanwhile.
+KERNELS_AFTER_S = 1.0
 #: The interpreter's switch interval (seconds) while a compile runs in the background: an eager
 #: DCGAN step beside a thread running Python took 3.7 ms alone, 22.5 at the default 5 ms, 8.2 at
 #: 0.5 ms and 7.8 at 0.1 ms (a CNN step 3.5-7.5 alone, 17-20, 8.5-12, 7.7-7.8). Shorter makes
@@ -117,19 +119,22 @@ def sharing() -> _Sharing:
 class Job:
     """One compile handed to the pool: ``done`` is set when ``run`` has returned or raised."""
 
-    __slots__ = ("run", "done", "pid", "called", "hurried")
+    __slots__ = ("run", "done", "pid", "submitted")
 
     def __init__(self, run: Callable[[], None]) -> None:
         self.run = run
         self.done = threading.Event()
         self.pid = os.getpid()
-        self.called = threading.Event()  # a call ran eagerly since the trace (or a caller waits)
-        self.hurried = False  # a caller waits for the compile: it starts at once
+        self.submitted = time.monotonic()
 
-    def eager_call_done(self) -> None:
-        """Say that a call of the function ran eagerly while this compile waited: the kernels of its
-        ops are queued, and the compile may start once they are done."""
-        self.called.set()
+    def defers_kernels(self) -> bool:
+        """Whether the calls that run eagerly while this compile is pending should queue no eager
+        kernels (``eager_kernels.deferred``): until it is done, or ``KERNELS_AFTER_S`` have passed
+        since it was submitted (see the module's docstring). Never in a forked child, where it never
+        finishes."""
+        if self.done.is_set() or self.pid != os.getpid():
+            return False
+        return time.monotonic() - self.submitted < KERNELS_AFTER_S
 
     def wait(self, timeout: float | None = None) -> bool:
         """Whether the compile finished within ``timeout`` seconds (None: wait as long as it takes).
@@ -137,8 +142,6 @@ class Job:
         (its calls run eagerly there)."""
         if self.pid != os.getpid():
             return self.done.is_set()
-        self.hurried = True
-        self.called.set()
         return self.done.wait(timeout)
 
 
@@ -164,7 +167,6 @@ class _Pool:
         while True:
             job = self.queue.get()
             try:
-                _kernels_first(job)
                 with _sharing:
                     job.run()
             except BaseException:  # a job says its own errors; this keeps the thread serving
@@ -176,17 +178,6 @@ class _Pool:
 
 
 _pool = _Pool()
-
-
-def _kernels_first(job: Job) -> None:
-    """Wait for the next call of the function (``NEXT_CALL_S`` at most), then for the eager kernels
-    queued until then -- unless a caller waits for ``job`` meanwhile (see the module's docstring)."""
-    from .. import eager_kernels  # noqa: PLC0415 - eager_kernels imports this module
-
-    if not eager_kernels.enabled() or eager_kernels.CACHE.synchronous:
-        return  # no call queues kernels (they are off, or compile in the calls)
-    job.called.wait(NEXT_CALL_S)
-    eager_kernels.CACHE.wait_for(eager_kernels.CACHE.queued, give_up=lambda: job.hurried)
 
 
 def _forget_after_fork() -> None:

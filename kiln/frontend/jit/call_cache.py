@@ -138,11 +138,7 @@ class CompiledFunction:
                             ("break", str(entry.reason)), f"running eagerly: the trace stopped: {entry.reason}"
                         )
                         return self.fn(*args, **kwargs)
-                    try:
-                        return self.fn(*args, **kwargs)
-                    finally:  # its ops' eager kernels are queued: the program's compile may start after them
-                        if entry.job is not None:
-                            entry.job.eager_call_done()
+                    return self._run_pending(entry, args, kwargs)
                 miss = entry.state_miss(self._globals, closure_values, leaves)
                 if miss is None:
                     return self._run_compiled(entry, args, kwargs, leaves)
@@ -152,6 +148,16 @@ class CompiledFunction:
             # traces under, its own sizes: a static program must never serve other sizes.
             dynamic, key = None, call_key(tree, leaves)
         return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
+
+    def _run_pending(self, entry: PendingEntry, args, kwargs):
+        """A call of a key whose program compiles in the background: eagerly, queueing no eager
+        kernels while the program's compile goes first (``background.Job.defers_kernels``), and
+        after that none that would compile once the program is ready (``eager_kernels.moot_once``)."""
+        if entry.job is not None and entry.job.defers_kernels():
+            with eager_kernels.deferred():
+                return self.fn(*args, **kwargs)
+        with eager_kernels.moot_once(lambda: entry.ready):
+            return self.fn(*args, **kwargs)
 
     def _run_compiled(self, entry, args, kwargs, leaves):
         """Run the compiled specialization ``entry``, whose guards the call passed."""
@@ -185,7 +191,9 @@ class CompiledFunction:
         finally:
             _release(self._lock)
         # Another thread compiled this key (or is compiling it in the background) while this one waited.
-        if isinstance(found, EagerEntry | PendingEntry):
+        if isinstance(found, PendingEntry):
+            return self._run_pending(found, args, kwargs)
+        if isinstance(found, EagerEntry):
             return self.fn(*args, **kwargs)
         if self.check:
             from .check import run_checked  # noqa: PLC0415
@@ -225,10 +233,11 @@ class CompiledFunction:
                     trace.add_external(leaf, "arg", i)
             watch.start()
             try:
-                # A traced call whose caller waits for its program compiles no eager kernels: the
-                # program replaces its ops (DCGAN's trace compiled 15, 0.66 s of its 0.72 s, with
-                # KILN_EAGER_KERNELS=sync). In the background the calls meanwhile run eagerly: queued.
-                with eager_kernels.deferred() if self.options.wait else contextlib.nullcontext():
+                # A traced call compiles no eager kernels: the program replaces its ops (DCGAN's trace
+                # compiled 15, 0.66 s of its 0.72 s, with KILN_EAGER_KERNELS=sync), and in the
+                # background its compile goes first (``background.Job.defers_kernels``). A trace
+                # records composite ops as their primitives: kernels no eager call would run.
+                with eager_kernels.deferred():
                     result = self.fn(*args, **kwargs)
             finally:
                 hazard = watch.stop()
@@ -306,6 +315,7 @@ class CompiledFunction:
             notice.cancel()
         spec.background_seconds = time.perf_counter() - entry.started
         number = self._settle(entry, spec)
+        entry.ready = True
         self._event("compiled", f"specialization {number}: {entry.reason}")
 
     def _settle(self, entry: PendingEntry, outcome) -> int:

@@ -29,6 +29,7 @@ class PendingEntry:
     job: Any = None  # the background.Job
     source: Any = None  # the traced graph a call at other sizes is compared with (dynamic.py), if known
     pending: Any = None  # the PendingSpecialization compiling
+    ready: bool = False  # its program is in place of this entry: the calls that ran eagerly are done with
 
     @property
     def sizes_source(self) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -72,6 +73,27 @@ def test_a_second_thread_is_served_by_the_spare_while_the_first_worker_is_busy(p
         assert spare._answered and not first._answered
     finally:
         worker_pool._release(claimed)
+
+
+def test_on_a_busy_machine_too_a_second_thread_takes_the_spare_and_one_request_is_not_shared(pair, monkeypatch):
+    """A small request (an eager kernel's) must not wait for a program's whole request on the other
+    worker; one request is still compiled by one worker (a second would take CPU from other work)."""
+    first, spare = pair
+    monkeypatch.setattr(worker_pool, "_idle_core", lambda: False)
+    claimed = worker_pool._claim(share=False)
+    assert claimed == [first]
+    objects: list = []
+    second = threading.Thread(target=lambda: objects.extend(worker_pool.compile_in_workers(TEXTS[:1])), daemon=True)
+    try:
+        second.start()
+        second.join(30)
+        assert not second.is_alive(), "the second thread waited for the busy first worker"
+        assert objects == [engine.compile_here(TEXTS[0])]
+        assert spare._answered and not first._answered
+    finally:
+        worker_pool._release(claimed)
+    assert worker_pool.compile_in_workers(TEXTS) == [engine.compile_here(text) for text in TEXTS]
+    assert first._compiles == len(TEXTS) and spare._compiles == 1, "the large request: on the first worker alone"
 
 
 def test_a_spare_that_cannot_start_leaves_its_part_to_the_first_worker(pair, monkeypatch):

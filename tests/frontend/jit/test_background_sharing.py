@@ -6,9 +6,9 @@ for it up to the switch interval. While any background compile runs -- a ``kiln.
 program's or an eager kernel's -- the interval is ``background.SWITCH_INTERVAL``; it is put back
 after the last one, unless changed meanwhile.
 
-The compiles (``background._kernels_first``): the eager calls made while a program compiles queue
-their ops' kernels as undecorated calls do, and the program's compile starts after them -- at
-once when a caller waits for it.
+The compiles (``background.Job.defers_kernels``): a program's compile goes first -- the traced
+call and the calls made while the program compiles queue no eager kernels, for
+``background.KERNELS_AFTER_S`` at most; kernels queued by other code do not hold it back.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import kiln
+from kiln.frontend import eager_kernels
 from kiln.frontend.jit import background, build
 from kiln.runtime import threads
 
@@ -200,46 +201,85 @@ def order(on, monkeypatch):
     release.set()
 
 
-def test_eager_calls_meanwhile_queue_their_kernels_and_the_program_compiles_after_them(order):
-    notes, release = order
+def _tanh_input(seed: int):
+    return kiln.tensor(np.random.default_rng(seed).standard_normal((64, 128)).astype(np.float32))
+
+
+def test_the_program_compiles_first_and_the_calls_meanwhile_queue_no_kernels(inside, order):
+    notes, _ = order
+    release, _ = inside
     g = _background(lambda x: x.tanh() * 2.0)
-    x = kiln.tensor(np.random.default_rng(2).standard_normal((64, 128)).astype(np.float32))
+    x = _tanh_input(2)
     expected = np.tanh(x.numpy()) * 2.0
-    for _ in range(2):  # the traced call, then one that runs eagerly: its tanh's kernel is queued
+    queued = eager_kernels.CACHE.queued
+    for _ in range(3):  # the traced call, then two that run eagerly while the program compiles
         np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)
-    _until(lambda: notes, "the kernel's compile")
-    time.sleep(0.2)
-    assert notes == ["kernel tanh"], "the program's compile waits for the kernel"
-    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)  # eagerly meanwhile
+    _until(lambda: notes, "the program's compile")
+    assert notes == ["program"], "no kernel compiled before the program"
+    assert eager_kernels.CACHE.queued == queued, "none queued meanwhile"
     release.set()
-    _until(lambda: state_of(g).specializations, "the program")
-    assert notes == ["kernel tanh", "kernel done", "program"]
+    assert g.wait_compiled(60)
     np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)
     assert compiled_calls(g) == [1], "the program ran the call after it was ready"
+    assert notes == ["program"]
 
 
-def test_a_caller_that_waits_for_the_program_does_not_wait_for_the_kernels(order):
+def test_a_program_still_compiling_after_kernels_after_s_lets_its_calls_queue_kernels(inside, order, monkeypatch):
+    notes, release_kernel = order
+    release, _ = inside
+    monkeypatch.setattr(background, "KERNELS_AFTER_S", 0.0)
+    g = _background(lambda x: x.tanh() - 1.0)
+    x = _tanh_input(3)
+    expected = np.tanh(x.numpy()) - 1.0
+    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)  # traced: never queues
+    _until(lambda: notes, "the program's compile")
+    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)  # eagerly, queueing its tanh
+    _until(lambda: len(notes) > 1, "the kernel's compile")
+    assert notes == ["program", "kernel tanh"]
+    release_kernel.set()
+    release.set()
+    assert g.wait_compiled(60) and eager_kernels.wait(60)
+    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_kernels_its_calls_queued_are_dropped_once_the_program_is_ready(inside, order, monkeypatch):
+    """Past ``KERNELS_AFTER_S`` a call queues its kernels; those whose compile has not started when
+    the program is ready are not compiled (nothing would run them), and their keys are forgotten."""
+    notes, release_kernels = order
+    release, _ = inside
+    monkeypatch.setattr(background, "KERNELS_AFTER_S", 0.0)
+    g = _background(lambda x: x.tanh().exp())
+    x = _tanh_input(5)
+    expected = np.exp(np.tanh(x.numpy()))
+    g(x)  # traced
+    _until(lambda: notes, "the program's compile")
+    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5)  # eagerly: queues tanh, then exp
+    _until(lambda: len(notes) > 1, "the tanh kernel's compile")
+    release.set()
+    _until(lambda: state_of(g).specializations, "the program")
+    release_kernels.set()
+    assert eager_kernels.wait(60)
+    assert notes == ["program", "kernel tanh", "kernel done"], "exp's compile was dropped"
+    assert [key[0] for key in eager_kernels.CACHE.entries] == ["tanh"]
+    np.testing.assert_allclose(array(g(x)), expected, rtol=1e-5)
+    assert compiled_calls(g) == [1]
+    np.testing.assert_allclose(array(x.exp()), np.exp(x.numpy()), rtol=1e-5)  # an eager call queues it again
+    assert eager_kernels.wait(60)
+    assert notes[3:] == ["kernel exp", "kernel done"]
+
+
+def test_kernels_queued_by_other_calls_do_not_hold_the_program_back(order):
     notes, release = order
-    g = _background(lambda x: x.tanh() + 1.0)
-    x = kiln.tensor(np.random.default_rng(3).standard_normal((64, 128)).astype(np.float32))
-    g(x)
-    g(x)
+    x = _tanh_input(4)
+    np.testing.assert_allclose(array(x.tanh()), np.tanh(x.numpy()), rtol=1e-5)  # undecorated: queues its kernel
     _until(lambda: notes, "the kernel's compile")
-    assert g.wait_compiled(60), "compiled while the kernel is still held"
+    g = _background(lambda x: x.tanh() + 1.0)
+    g(x)
+    _until(lambda: state_of(g).specializations, "the program, while the kernel is still held", timeout=30.0)
     assert notes == ["kernel tanh", "program"]
     np.testing.assert_allclose(array(g(x)), np.tanh(x.numpy()) + 1.0, rtol=1e-5, atol=1e-6)
+    assert compiled_calls(g) == [1]
     release.set()
-
-
-def test_a_function_called_once_compiles_without_waiting_for_a_next_call(order, monkeypatch):
-    notes, _ = order
-    monkeypatch.setattr(background, "NEXT_CALL_S", 0.05)
-    g = _background(lambda x: x * 3.0 - 1.0)
-    x = kiln.tensor(np.arange(6, dtype=np.float32))
-    np.testing.assert_allclose(array(g(x)), x.numpy() * 3.0 - 1.0)
-    _until(lambda: state_of(g).specializations, "the program")  # nobody waits for it, nobody calls
-    assert notes == ["program"]
-    np.testing.assert_allclose(array(g(x)), x.numpy() * 3.0 - 1.0)
 
 
 @pytest.fixture
@@ -276,12 +316,11 @@ def test_blas_runs_on_one_thread_while_a_program_compiles_in_the_background(inte
     np.testing.assert_allclose(array(f(a, b)), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_with_eager_kernels_off_the_compile_starts_without_waiting_for_a_next_call(monkeypatch):
-    """Nothing queues kernels then (the suite runs with them off), so nothing is worth waiting for."""
-    monkeypatch.setattr(background, "NEXT_CALL_S", 60.0)
+def test_with_eager_kernels_off_the_program_compiles_at_once():
+    """The suite runs with them off."""
     g = _background(lambda x: x * 2.0 + 1.0)
     x = kiln.tensor(np.arange(5, dtype=np.float32))
     np.testing.assert_allclose(array(g(x)), x.numpy() * 2.0 + 1.0)
-    _until(lambda: state_of(g).specializations, "the program", timeout=30.0)  # not NEXT_CALL_S
+    _until(lambda: state_of(g).specializations, "the program", timeout=30.0)
     np.testing.assert_allclose(array(g(x)), x.numpy() * 2.0 + 1.0)
     assert compiled_calls(g) == [1]
