@@ -8,6 +8,7 @@ from kiln.runtime import threads
 
 SMALL = ((16, 128), (128, 512))  # 1M multiply-adds: the LSTM-sized product
 LARGE = ((64, 512), (512, 512))  # 16M: worth a second thread
+TINY = ((16, 51), (51, 204))  # 166K multiply-adds: an LSTMCell step's product, which OpenBLAS keeps on one thread
 
 
 class FakeBlas:
@@ -100,7 +101,7 @@ def test_numpys_openblas_runs_a_small_product_on_one_thread():
         set_(before)
 
 
-@pytest.mark.parametrize(("shapes", "sets"), [(SMALL, [1, 2]), (LARGE, [])])
+@pytest.mark.parametrize(("shapes", "sets"), [(SMALL, [1, 2]), (LARGE, []), (TINY, [])])
 def test_eager_matmul_mm_and_bmm(fake_blas, shapes, sets):
     a, b = _operands(shapes)
     out = kiln.from_numpy(a) @ kiln.from_numpy(b)
@@ -110,9 +111,6 @@ def test_eager_matmul_mm_and_bmm(fake_blas, shapes, sets):
     kiln.mm(kiln.from_numpy(a), kiln.from_numpy(b))
     kiln.bmm(kiln.from_numpy(a[None]), kiln.from_numpy(b[None]))
     assert fake_blas.sets == sets * 2
-
-
-TINY = ((16, 51), (51, 204))  # 166K multiply-adds: an LSTMCell step's product, which OpenBLAS keeps on one thread
 
 
 @pytest.mark.parametrize(
@@ -142,3 +140,12 @@ def test_compiled_matmul(fake_blas, shapes, sets):
         out = product(a, b)
         np.testing.assert_allclose(out.numpy(), (a.numpy() @ b.numpy()) * 2.0, rtol=1e-5, atol=1e-5)
     assert fake_blas.sets == sets * 2
+
+
+@pytest.mark.parametrize(("shapes", "sets"), [(SMALL, [1, 2]), (LARGE, []), (TINY, [])])
+def test_eager_linear(fake_blas, shapes, sets):
+    # (F.linear's own product path: the weight is (out, in), its transpose the product's B)
+    a, b = _operands(shapes)
+    out = kiln.nn.functional.linear(kiln.from_numpy(a), kiln.from_numpy(np.ascontiguousarray(b.T)))
+    np.testing.assert_allclose(out.numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    assert fake_blas.sets == sets

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...ir.primitives import P
 from ...ir.types import CPU
-from ...runtime.threads import matmul_macs, run_blas_product
+from ...runtime.threads import blas_product
 from .. import dispatch
 from ..autograd import grad_mode
 from ..autograd.api import grad
@@ -47,7 +47,7 @@ def _kernel(prim):
 
 def _product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` by the matmul primitive's kernel, on the BLAS threads dispatch's product would use."""
-    return run_blas_product(_kernel(_MATMUL), matmul_macs(a.shape, b.shape), np, a, b)
+    return blas_product(_kernel(_MATMUL), a.shape, b.shape, np, a, b)
 
 
 def _windows(x: np.ndarray, kernel, stride, dilation) -> np.ndarray:

@@ -12,7 +12,7 @@ import math
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes
-from ...runtime.threads import matmul_macs, run_blas_product
+from ...runtime.threads import blas_product
 from .. import eager_products  # noqa: F401 - installs kiln's own product kernel behind the matmul primitive
 from ..autocast import LOWER, autocast_op
 from ..dispatch import apply
@@ -41,8 +41,8 @@ def _sparse(x) -> bool:
 
 def _product(a: Tensor, b: Tensor) -> Tensor:
     """The matmul primitive on ``a`` and ``b``: a product too small to gain from a second BLAS
-    thread runs on one (``runtime.threads.run_blas_product``)."""
-    return run_blas_product(apply, matmul_macs(a._data.shape, b._data.shape), _matmul, a, b)
+    thread runs on one (``runtime.threads.blas_product``)."""
+    return blas_product(apply, a._data.shape, b._data.shape, _matmul, a, b)
 
 
 def _with_shape(x: Tensor, shape: tuple[int, ...]) -> Tensor:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...ir.primitives import P
 from ...ir.types import CPU
-from ...runtime.threads import matmul_macs, run_blas_product
+from ...runtime.threads import blas_product
 from .. import dispatch
 from ..autograd import grad_mode
 from ..autograd.graph import LazyEdgesNode, _freed_error, pending_edge, version_error
@@ -54,7 +54,7 @@ def linear_eager(input, weight, bias=None) -> Tensor | None:
 
 def _product(kernel, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``a @ b`` by the matmul primitive's kernel, on the BLAS threads dispatch's product would use."""
-    return run_blas_product(kernel, matmul_macs(a.shape, b.shape), np, a, b)
+    return blas_product(kernel, a.shape, b.shape, np, a, b)
 
 
 def _plain(input, weight, bias) -> bool:
