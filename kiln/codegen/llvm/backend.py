@@ -239,6 +239,7 @@ class _Batch:
         self.known: dict[str, KernelInfo] = {}  # kernel text -> its function
         self.cached: dict[bytes, None] = {}  # object code from the cache (a module's once, in order)
         self.from_cache = 0  # kernels taken from the cache
+        self.modules_read: dict[str, bytes | None] = {}  # module key -> its object code from the cache
         self.modules = 0  # modules the pending kernels were compiled in
         self.pending: list[tuple[str, KernelInfo, str, Node]] = []  # (key, info, LLVM IR, node) to compile
         self.failed: set[str] = set()  # symbols of kernels LLVM failed on
@@ -252,14 +253,16 @@ class _Batch:
         payload = self.cache.get(key) if self.cache.enabled else None
         if payload is not None:
             try:
-                info, code = kernel_cache.from_entry(payload, key)
+                info, its_module = kernel_cache.from_entry(payload, key)
             except ValueError as error:  # a bad entry is rebuilt, never trusted
                 logger.debug("kiln: kernel cache entry did not load (%s); compiling the kernel again", error)
             else:
-                self.cached[code] = None  # the kernels of one module share its object code
-                self.from_cache += 1
-                self.known[text] = info
-                return info
+                code = self._module(its_module)
+                if code is not None:
+                    self.cached[code] = None  # the kernels of one module share its object code
+                    self.from_cache += 1
+                    self.known[text] = info
+                    return info
         from . import engine  # noqa: PLC0415 - a cache hit loads code without LLVM
         from .kernels import KernelModule  # noqa: PLC0415 - a cache hit loads code without the generator
 
@@ -272,6 +275,14 @@ class _Batch:
         self.pending.append((key, info, ir, node))
         self.known[text] = info
         return info
+
+    def _module(self, key: str) -> bytes | None:
+        """The object code of the module entry ``key`` (read once a program; None: missing or wrong)."""
+        if key not in self.modules_read:
+            self.modules_read[key] = kernel_cache.module_of(self.cache.get(key), key)
+            if self.modules_read[key] is None:
+                logger.debug("kiln: a kernel's module is not in the kernel cache; compiling the kernel again")
+        return self.modules_read[key]
 
     def compile(self, report: LoweringReport, deadline: float | None) -> list[bytes]:
         """The object code of every kernel: the cached ones' and the new ones' (stored in the cache),
@@ -295,10 +306,18 @@ class _Batch:
             compiled = self._one_by_one(report, deadline)
             if compiled is None:
                 return []
-        for (key, info, _, _), code in zip(self.pending, compiled, strict=True):
-            if code is not None and self.cache.enabled:  # a module's object in each of its kernels' entries
-                self.cache.put(key, kernel_cache.to_entry(info, code))
+        if self.cache.enabled:
+            self._store(compiled)
         return list(dict.fromkeys([*self.cached, *(code for code in compiled if code is not None)]))
+
+    def _store(self, compiled: list[bytes | None]) -> None:
+        """Each module's object code in the cache once, then the entries of its kernels, naming it."""
+        modules = {code: kernel_cache.module_key(code) for code in compiled if code is not None}
+        for code, key in modules.items():
+            self.cache.put(key, code)
+        for (key, info, _, _), obj in zip(self.pending, compiled, strict=True):
+            if obj is not None:
+                self.cache.put(key, kernel_cache.to_entry(info, modules[obj]))
 
     def _in_modules(self, deadline: float | None) -> list[bytes | None]:
         """Each pending kernel's object code: its module's, several kernels to a module (``kernel_modules``)."""
