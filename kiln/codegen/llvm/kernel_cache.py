@@ -10,8 +10,11 @@ attributes, but not its name nor its values' numbers), the inputs' layouts, the 
 runtime -- and looks there before it generates a kernel.
 
 A kernel's function is named after its key (``symbol``, ``renamed``), so kernels from different
-entries load side by side in one program. An entry holds the kernel's ``KernelInfo`` and its object code; one
-that does not decode is a miss, and the kernel is compiled and stored again.
+entries load side by side in one program. LLVM compiles several kernels to a module
+(``kernel_modules``): the module's object code is an entry of its own, under a digest of its bytes
+(``module_key``), and a kernel's entry holds its ``KernelInfo`` and that key. An entry that does not
+decode, or whose module's object is missing or not the one named, is a miss: the kernel is compiled
+and stored again.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from . import host
 from .kernel_info import KernelInfo
 
 #: Bump when the layout of an entry changes.
-ENTRY_FORMAT = 1
+ENTRY_FORMAT = 2
 
 _LENGTH = struct.Struct("<Q")
+_MODULE_KEY = re.compile(r"[0-9a-f]{64}")  # a module's key in a kernel's entry (``module_key``)
 
 
 def kernel_cache() -> DiskCache:
@@ -81,20 +85,32 @@ def renamed(ir_text: str, info: KernelInfo, name: str) -> tuple[str, KernelInfo]
     return text, dataclasses.replace(info, symbol=name)
 
 
-def to_entry(info: KernelInfo, code: bytes) -> bytes:
+def module_key(code: bytes) -> str:
+    """The cache key of a module's object code ``code``: a digest of the bytes themselves, so an entry
+    read back under it is checked against it (``module_of``)."""
+    return cache_key("kiln kernel module", str(ENTRY_FORMAT), code)
+
+
+def module_of(payload: bytes | None, key: str) -> bytes | None:
+    """The object code of the module entry ``payload`` read under ``key`` (None when it is missing or
+    holds other bytes)."""
+    return payload if payload is not None and module_key(payload) == key else None
+
+
+def to_entry(info: KernelInfo, module: str) -> bytes:
     """The entry of a kernel: its ``KernelInfo`` (over symbolic sizes, the sizes it reads and how its
-    units and work follow them, each size as its text) and its object code."""
+    units and work follow them, each size as its text) and the key of its module's object code."""
     record: list = [info.symbol, info.fixed_extent, info.fixed_work_bytes]
     if info.symbols:
         terms = [[[str(d) for d in dims], itemsize] for dims, itemsize in info.work_terms]
         record += [[str(s) for s in info.symbols], info.rows_per_size, info.rows_per_unit, info.bytes_per_size, terms]
     data = json.dumps(record).encode()
-    return _LENGTH.pack(len(data)) + data + code
+    return _LENGTH.pack(len(data)) + data + module.encode()
 
 
-def from_entry(payload: bytes, key: str | None = None) -> tuple[KernelInfo, bytes]:
-    """The kernel's ``KernelInfo`` and object code (``ValueError`` for an entry that does not decode,
-    or whose function is not the one named after ``key``)."""
+def from_entry(payload: bytes, key: str | None = None) -> tuple[KernelInfo, str]:
+    """The kernel's ``KernelInfo`` and its module's key (``ValueError`` for an entry that does not
+    decode, or whose function is not the one named after ``key``)."""
     if len(payload) < _LENGTH.size:
         raise ValueError("truncated kernel entry")
     (size,) = _LENGTH.unpack_from(payload)
@@ -105,11 +121,12 @@ def from_entry(payload: bytes, key: str | None = None) -> tuple[KernelInfo, byte
     symbol_name, extent, work = record[:3]
     if not isinstance(symbol_name, str) or not isinstance(extent, int) or not isinstance(work, int):
         raise ValueError("a kernel entry's record is not (symbol, extent, work bytes)")
-    if len(payload) <= end:
-        raise ValueError("a kernel entry without object code")
+    module = payload[end:].decode("ascii", errors="replace")
+    if not _MODULE_KEY.fullmatch(module):
+        raise ValueError("a kernel entry without its module's key")
     if key is not None and symbol_name != symbol(key):
         raise ValueError(f"a kernel entry for {symbol_name}, not {symbol(key)}")
-    return KernelInfo(symbol_name, extent, work, *_symbolic_fields(record[3:])), payload[end:]
+    return KernelInfo(symbol_name, extent, work, *_symbolic_fields(record[3:])), module
 
 
 def _symbolic_fields(fields: list) -> tuple:

@@ -12,7 +12,8 @@ from kiln.runtime.cache import DiskCache
 @pytest.fixture
 def caches(tmp_path, monkeypatch):
     """Program and kernel caches of this test's own; the program cache off, so each compile
-    reaches the backend. ``(the kernel cache, the module texts LLVM is asked to compile)``."""
+    reaches the backend. ``(the kernel cache, the module texts LLVM is asked to compile)``: each
+    kernel's, also where several are compiled as one module (``engine.join_modules``)."""
     programs, kernels = DiskCache(tmp_path / "programs"), DiskCache(tmp_path / "kernels")
     programs.enabled = False
     monkeypatch.setattr(program_cache, "disk_cache", lambda: programs)
@@ -20,7 +21,8 @@ def caches(tmp_path, monkeypatch):
     compile_many, compiled = engine.compile_many, []
 
     def counted(texts, timeout=None):
-        compiled.extend(texts)
+        for text in texts:  # each kernel's module, also where several are compiled as one
+            compiled.extend(text.split(engine.NEXT_MODULE))
         return compile_many(texts, timeout)
 
     monkeypatch.setattr(engine, "compile_many", counted)

@@ -89,34 +89,84 @@ def test_a_new_batch_size_compiles_only_its_new_kernels(caches):
     assert len(program.state.specializations) == 2 and kernels.hits >= 1
 
 
+def _entries(kernels: DiskCache) -> list[Path]:
+    return [p for p in kernels.directory.glob("??/*") if p.is_file()]
+
+
+def _module_texts(monkeypatch) -> list[str]:
+    """The module texts LLVM is asked to compile, several kernels' each (``engine.join_modules``)."""
+    texts: list[str] = []
+    compile_many = engine.compile_many
+    monkeypatch.setattr(
+        engine, "compile_many", lambda some, timeout=None: texts.extend(some) or compile_many(some, timeout)
+    )
+    return texts
+
+
 def test_corrupt_kernel_entries_are_compiled_again(caches, monkeypatch):
     kernels, compiled = caches
+    modules = _module_texts(monkeypatch)
     fn = _unrolled(2)
     _matches_eager(fn, kiln.compile(fn))
-    entries = [p for p in kernels.directory.glob("??/*") if p.is_file()]
-    assert entries and len(entries) == len(compiled)
+    entries = _entries(kernels)
+    assert entries and len(entries) == len(compiled) + len(modules)  # a kernel's entry each, a module's each
     for path in entries:  # flipped bytes: the entry's MAC fails, it is a miss, deleted and rebuilt
         data = bytearray(path.read_bytes())
         data[-1] ^= 0xFF
         path.write_bytes(bytes(data))
+    kernel_count = len(compiled)
     compiled.clear()
     _matches_eager(fn, kiln.compile(_unrolled(2)))  # a new function: compiled again, not reused
-    assert len(compiled) == len(entries)
+    assert len(compiled) == kernel_count
     # entries that verify (this user's) but hold no kernel: rebuilt too, never loaded
     monkeypatch.setattr(kernels, "get", lambda key: b"\x03\x00\x00\x00\x00\x00\x00\x00[1]")
     compiled.clear()
     _matches_eager(fn, kiln.compile(_unrolled(2)))
-    assert len(compiled) == len(entries)
+    assert len(compiled) == kernel_count
+
+
+def _several_kernels(x, w):
+    h = (x @ w).relu() + x.tanh()
+    return h.sum(-1), (h * h).mean(0), (x - 1.0).exp().max(-1).values
+
+
+def test_a_modules_object_is_stored_once_and_its_kernels_need_it(caches, monkeypatch):
+    kernels, compiled = caches
+    modules = _module_texts(monkeypatch)
+    stored: dict[str, bytes] = {}
+    put = kernels.put
+    monkeypatch.setattr(kernels, "put", lambda key, payload: stored.setdefault(key, payload) and put(key, payload))
+    rng = np.random.default_rng(3)
+    x, w = (kiln.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in ((6, 8), (8, 8)))
+    expected = [t.numpy() for t in _several_kernels(x, w)]
+    for _ in kiln.compile(_several_kernels)(x, w):
+        pass
+    assert len(modules) < len(compiled)  # several kernels to a module
+    assert len(_entries(kernels)) == len(compiled) + len(modules)  # each module's object once, not per kernel
+    # every module entry gone: the kernel entries naming them are misses, and every kernel is compiled again
+    module_keys = [key for key, payload in stored.items() if kernel_cache.module_of(payload, key) is not None]
+    assert len(module_keys) == len(modules)
+    for key in module_keys:
+        kernels.path(key).unlink()
+    kernel_count, compiled[:] = len(compiled), []
+    results = kiln.compile(_several_kernels)(x, w)
+    assert len(compiled) == kernel_count
+    for ours, theirs in zip(results, expected, strict=True):
+        np.testing.assert_allclose(ours.numpy(), theirs, rtol=1e-5, atol=1e-6)
 
 
 def test_a_kernel_entry_round_trips_and_refuses_what_is_not_one():
-    info = kernel_cache.KernelInfo("kiln_kabc", 12, 3456)
-    assert kernel_cache.from_entry(kernel_cache.to_entry(info, b"\x7fELF...")) == (info, b"\x7fELF...")
-    for bad in (b"", b"\x02\x00\x00\x00\x00\x00\x00\x00[]", kernel_cache.to_entry(info, b"")):
+    info, module = kernel_cache.KernelInfo("kiln_kabc", 12, 3456), kernel_cache.module_key(b"\x7fELF...")
+    assert kernel_cache.from_entry(kernel_cache.to_entry(info, module)) == (info, module)
+    for bad in (b"", b"\x02\x00\x00\x00\x00\x00\x00\x00[]", kernel_cache.to_entry(info, ""),
+                kernel_cache.to_entry(info, module[:-1]), kernel_cache.to_entry(info, module) + b"\x7fELF"):  # fmt: skip
         with pytest.raises(ValueError):
             kernel_cache.from_entry(bad)
     with pytest.raises(ValueError, match="not kiln_k"):  # stored under another kernel's key
-        kernel_cache.from_entry(kernel_cache.to_entry(info, b"\x7fELF..."), "f" * 64)
+        kernel_cache.from_entry(kernel_cache.to_entry(info, module), "f" * 64)
+    # a module's entry is its object code, taken only under the digest of those bytes
+    assert kernel_cache.module_of(b"\x7fELF...", module) == b"\x7fELF..."
+    assert kernel_cache.module_of(b"\x7fELF..!", module) is None and kernel_cache.module_of(None, module) is None
 
 
 def _over_a_sequence(xs, w, u, b):

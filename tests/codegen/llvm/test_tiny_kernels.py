@@ -107,9 +107,26 @@ def test_compiled_results_equal_eager_whichever_kernels_are_tiny(modules, monkey
     assert llvm.endswith(f", {tiny} tiny)")
 
 
-def test_a_kernel_calling_a_math_routine_is_never_tiny():
-    small = KernelInfo("k", 4, backend.TINY_BELOW_BYTES - 1)
-    assert backend._tier_line(small, "define void @k() {...}") == engine.TINY
+def test_a_kernel_calling_a_math_routine_is_tiny_only_over_a_few_elements():
+    small, few, many = KernelInfo("k", 4, backend.TINY_BELOW_BYTES - 1), backend.TINY_MATH_ELEMENTS, 64
+    assert backend._tier_line(small, "define void @k() {...}", many) == engine.TINY
     calls_exp = 'define void @k() {... call float @"kiln.math.exp.f32"(float %x) ...}'
-    assert backend._tier_line(small, calls_exp) == engine.LIGHT  # unoptimized, each call costs much more
-    assert backend._tier_line(KernelInfo("k", 4, backend.LIGHT_BELOW_BYTES), calls_exp) == ""
+    assert backend._tier_line(small, calls_exp, many) == engine.LIGHT  # unoptimized, each call costs much more
+    assert backend._tier_line(small, calls_exp, few) == engine.TINY  # a scalar's pow: LLVM's time is the cost
+    assert backend._tier_line(KernelInfo("k", 4, backend.LIGHT_BELOW_BYTES), calls_exp, 1) == ""
+
+
+def _scalars(step, b):
+    loss = (b * b).sum()
+    return b * step.pow(0.9), loss.exp() + 1.0  # Adam's bias correction, a loss's exp: one element each
+
+
+def test_a_scalar_kernel_calling_a_math_routine_is_tiny_and_computes_the_same(modules):
+    program = kiln.compile(_scalars)
+    rng = np.random.default_rng(4)
+    b = kiln.from_numpy(rng.standard_normal(8).astype(np.float32) * 0.3)
+    for k in range(1, 4):
+        step = kiln.from_numpy(np.array(k + 0.5, dtype=np.float32))
+        for ours, theirs in zip(program(step, b), _scalars(step, b), strict=True):
+            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-6, atol=1e-6)
+    assert any(text.startswith(engine.TINY) and "kiln.math." in text for text in modules)
