@@ -166,6 +166,10 @@ class Trace:
         self.checks: list = []  # callables checked before each call of the specialization (state.guard)
         self.python_reads: list[PythonRead] = []  # the Python values read: on_python_read
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
+        # values that library code derives from tensors once per call rather than once per use (a
+        # cell's biases and weight transpose: nn/_rnn_scan_step.py); dropped when the call returns,
+        # so that they count as no tensors the call stored
+        self.derived: dict = {}
         self.broken: TraceBreak | None = None
         self._token: contextvars.Token | None = None
         # Dynamic sizes (dynamic.py): the sizes Python reads as WatchedSize, and the first comparison of one
@@ -205,7 +209,7 @@ class Trace:
             t = ref()
             if t is not None and t._trace is not None and t._trace[0] is self:
                 t._trace = None
-        self.externals, self.born, self.grads = [], [], {}
+        self.externals, self.born, self.grads, self.derived = [], [], {}, {}
         self._external_index, self._roots = {}, SharedMemory()
 
     # ------------------------------------------------------------------ hooks from eager code
@@ -456,6 +460,7 @@ class Trace:
         """Close the trace over the call's flattened results (``values_only``: every tensor result
         is a ``Result`` of its own value, even an external or a tensor returned twice, as the
         gradients a backward returns must be)."""
+        self.derived.clear()
         grads: list[ClearGrad | ShareGrad | SetGrad] = []
         new_grads: dict[int, int] = {}  # id(new .grad tensor) -> index of the external it belongs to
         for t, before in list(self.grads.values()):
