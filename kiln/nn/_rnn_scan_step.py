@@ -1,6 +1,5 @@
 """One step of ``nn.LSTMCell``/``nn.GRUCell``/``nn.RNNCell`` as the ``rnn_scan`` primitive over one time
-step, with a backward written for one step: what a trace records of a cell (and what a step runs off
-the CPU).
+step, with a backward written for one step: what a trace records of a cell.
 
 A cell looped in Python over T time steps is traced T times, so every node of its step is recorded,
 printed into the cache key, rolled into a loop and kept alive T times over. Through the layer's path

@@ -128,15 +128,15 @@ class RNNCellBase(Module):
 
     def _fused_step(self, mode: str, x, states: list):
         """The new state tuple from the fused layer's kernels over one step (eagerly on the CPU one lean
-        autograd node, ``_rnn_step``; traced or on another device ``rnn_scan`` over the one step,
-        ``_rnn_scan_step``), or None where they do not apply."""
+        autograd node, ``_rnn_step``; traced ``rnn_scan`` over the one step, ``_rnn_scan_step``; eagerly on
+        another device the layer's ``rnn_scan``), or None where they do not apply."""
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         tensors = [*states, *weights]
         if _rnn_step.lean(x, tensors):
             return _rnn_step.cell_step(mode, x, states, weights)
         if not _rnn.fusable(x, tensors):
             return None
-        if not _rnn.eager_on_cpu(x):
+        if _rnn._tracing():
             return _rnn_scan_step.scan_step(mode, x, states, weights)
         _, (state,) = _rnn.fused_layer(mode, x, [tuple(states)], [weights], output=False)
         return state
