@@ -37,7 +37,8 @@ def scan_step(mode: str, x, states: list, weights: tuple) -> tuple:
     (B, H) with ``weights`` (w_ih, w_hh, b_ih, b_hh; biases may be None)."""
     w_ih, w_hh, b_ih, b_hh = weights
     layout = ScanLayout(mode, w_hh.shape[1])
-    biases = _derived(("rnn_scan biases", mode), (x, b_ih, b_hh), lambda: _scan_biases(layout, x, b_ih, b_hh))
+    # (keyed by the sizes too: two bias-free cells of one hidden size may share their zeros, no others)
+    biases = _derived(("rnn_scan biases", layout), (x, b_ih, b_hh), lambda: _scan_biases(layout, x, b_ih, b_hh))
     return _ScanStep.apply(layout, x, *states, w_ih, w_hh, *biases)
 
 

@@ -153,3 +153,39 @@ def test_a_bias_changed_in_place_between_steps_is_read_anew():
 
     for got, want in zip(run(True), run(False), strict=True):
         assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["LSTMCell", "GRUCell"])
+def test_two_cells_without_biases_of_other_sizes_in_one_trace(name):
+    """The zero biases a bias-free cell scans with are made once per call for each size, never
+    shared with a cell of another hidden size."""
+
+    def run(compiled: bool):
+        kiln.manual_seed(2)
+        first = getattr(nn, name)(3, 5, bias=False, dtype=kiln.float64)
+        second = getattr(nn, name)(5, 2, bias=False, dtype=kiln.float64)
+        lstm = name == "LSTMCell"
+
+        def step(xs):
+            a = kiln.zeros(2, 5, dtype=kiln.float64)
+            b = kiln.zeros(2, 2, dtype=kiln.float64)
+            a, b = ((a, a), (b, b)) if lstm else (a, b)
+            for t in range(xs.shape[0]):
+                a = first(xs[t], a)
+                b = second(a[0] if lstm else a, b)
+            loss = ((b[0] if lstm else b) ** 2).sum()
+            loss.backward()
+            return loss.detach()
+
+        fn = kiln.compile(step) if compiled else step
+        rng = np.random.default_rng(8)
+        out = []
+        for _ in range(2):
+            out.append([fn(kiln.from_numpy(rng.standard_normal((3, 2, 3)))), first.weight_hh.grad.clone()])
+            first.zero_grad()
+            second.zero_grad()
+        return out
+
+    for got, want in zip(run(True), run(False), strict=True):
+        for a, b in zip(got, want, strict=True):
+            assert_close(a, b, rtol=1e-10, atol=1e-12)
