@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ...ir.graph import GraphBuilder, SourceLocation, Value
+from ...ir.graph import GraphBuilder, Node, SourceLocation, Value
 from ...ir.types import TensorType
 from ..tensor import Tensor
 from . import state
@@ -125,8 +125,21 @@ def user_location(depth: int = 2) -> SourceLocation | None:
     return loc
 
 
+#: One ``TensorType`` per distinct type met by ``type_of``: a trace of 70k nodes makes a few dozen
+#: types, not 70k objects that the collector walks while the specialization keeps its traced graph.
+_TYPES: dict[tuple, TensorType] = {}
+_MAX_TYPES = 4096  # past this many (a process seeing ever new shapes), the table starts again
+
+
 def type_of(t) -> TensorType:
-    return TensorType(tuple(t._data.shape), t._dtype, t._device)
+    """``t``'s IR type (equal types are one object)."""
+    key = (t._data.shape, t._dtype, t._device)
+    found = _TYPES.get(key)
+    if found is None:
+        if len(_TYPES) >= _MAX_TYPES:
+            _TYPES.clear()
+        found = _TYPES[key] = TensorType(tuple(key[0]), key[1], key[2])
+    return found
 
 
 class Trace:
@@ -153,6 +166,10 @@ class Trace:
         self.checks: list = []  # callables checked before each call of the specialization (state.guard)
         self.python_reads: list[PythonRead] = []  # the Python values read: on_python_read
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
+        # values that library code derives from tensors once per call rather than once per use (a
+        # cell's biases and weight transpose: nn/_rnn_scan_step.py); dropped when the call returns,
+        # so that they count as no tensors the call stored
+        self.derived: dict = {}
         self.broken: TraceBreak | None = None
         self._token: contextvars.Token | None = None
         # Dynamic sizes (dynamic.py): the sizes Python reads as WatchedSize, and the first comparison of one
@@ -192,7 +209,7 @@ class Trace:
             t = ref()
             if t is not None and t._trace is not None and t._trace[0] is self:
                 t._trace = None
-        self.externals, self.born, self.grads = [], [], {}
+        self.externals, self.born, self.grads, self.derived = [], [], {}, {}
         self._external_index, self._roots = {}, SharedMemory()
 
     # ------------------------------------------------------------------ hooks from eager code
@@ -267,7 +284,12 @@ class Trace:
             from .watched_sizes import plain_ints  # noqa: PLC0415
 
             attrs = plain_ints(attrs)
-        out = self.builder.node(prim.name, values, attrs, type=type_of(result), loc=user_location(3))
+        # GraphBuilder.node's work without its copy of ``attrs`` (dispatch's own dict, which the
+        # autograd node shares and nobody changes) and its type rule: a few us of each traced op
+        builder = self.builder
+        out = Value(builder._next_id, type_of(result))
+        builder._next_id += 1
+        builder.nodes.append(Node(prim.name, tuple(values), attrs, (out,), user_location(3)))
         result._trace = (self, out, result._version[0])
 
     def value_of(self, t) -> Value:
@@ -438,6 +460,7 @@ class Trace:
         """Close the trace over the call's flattened results (``values_only``: every tensor result
         is a ``Result`` of its own value, even an external or a tensor returned twice, as the
         gradients a backward returns must be)."""
+        self.derived.clear()
         grads: list[ClearGrad | ShareGrad | SetGrad] = []
         new_grads: dict[int, int] = {}  # id(new .grad tensor) -> index of the external it belongs to
         for t, before in list(self.grads.values()):

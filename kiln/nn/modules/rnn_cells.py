@@ -1,8 +1,8 @@
 """One-step recurrent cells (``RNNCell``, ``LSTMCell``, ``GRUCell``) and the step functions the layers share.
 
 A cell's step runs the fused layer's kernels over one time step: eagerly on the CPU as one lean autograd
-node (``nn/_rnn_step.py``), traced as ``rnn_scan`` (``nn/_rnn.py``); autocast and other dtypes run the
-step functions below.
+node (``nn/_rnn_step.py``), traced as ``rnn_scan`` over the one step (``nn/_rnn_scan_step.py``); autocast
+and other dtypes run the step functions below.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import math
 
 import kiln
 
-from .. import _rnn, _rnn_step, init
+from .. import _rnn, _rnn_scan_step, _rnn_step, init
 from .. import functional as F
 from ..parameter import Parameter
 from .module import Module
@@ -128,13 +128,16 @@ class RNNCellBase(Module):
 
     def _fused_step(self, mode: str, x, states: list):
         """The new state tuple from the fused layer's kernels over one step (eagerly on the CPU one lean
-        autograd node, ``_rnn_step``; ``rnn_scan`` when traced), or None where they do not apply."""
+        autograd node, ``_rnn_step``; traced ``rnn_scan`` over the one step, ``_rnn_scan_step``; eagerly on
+        another device the layer's ``rnn_scan``), or None where they do not apply."""
         weights = (self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh)
         tensors = [*states, *weights]
         if _rnn_step.lean(x, tensors):
             return _rnn_step.cell_step(mode, x, states, weights)
         if not _rnn.fusable(x, tensors):
             return None
+        if _rnn._tracing():
+            return _rnn_scan_step.scan_step(mode, x, states, weights)
         _, (state,) = _rnn.fused_layer(mode, x, [tuple(states)], [weights], output=False)
         return state
 

@@ -26,6 +26,13 @@ class _RecordingCollector:
         self.calls.append("enable")
         gc.enable()
 
+    def get_count(self) -> tuple[int, int, int]:
+        return gc.get_count()
+
+    def collect(self, generation: int = 2) -> int:
+        self.calls.append(f"collect({generation})")
+        return gc.collect(generation)
+
 
 @pytest.fixture
 def collector(monkeypatch):
@@ -54,6 +61,21 @@ def test_a_collector_the_user_turned_off_stays_off(collector):
     gc.disable()
     g(kiln.ones(2))
     assert collector.calls == ["disable"] and not gc.isenabled()
+
+
+def test_a_trace_that_leaves_many_young_objects_collects_them_before_the_collector_resumes(collector, monkeypatch):
+    """Once, in the young generations only: left to the collector, its first young collection and
+    then a collection of the middle generation would walk them twice (an LSTMCell loop over 1,000
+    steps: GC over its first 9 calls 1.3-1.5 s -> 0.4-0.6 s of CPU)."""
+    monkeypatch.setattr(call_cache, "_MANY_YOUNG_OBJECTS", -1)  # any trace's objects count as many here
+
+    @kiln.compile
+    def h(x):
+        return x - 1
+
+    for _ in range(2):
+        np.testing.assert_array_equal(h(kiln.ones(2)).numpy(), [0.0, 0.0])
+    assert collector.calls == ["disable", "collect(1)", "enable"] and gc.isenabled()
 
 
 def test_a_trace_that_raises_restores_the_collector(collector):

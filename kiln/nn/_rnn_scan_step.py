@@ -1,0 +1,157 @@
+"""One step of ``nn.LSTMCell``/``nn.GRUCell``/``nn.RNNCell`` as the ``rnn_scan`` primitive over one time
+step, with a backward written for one step: what a trace records of a cell.
+
+A cell looped in Python over T time steps is traced T times, so every node of its step is recorded,
+printed into the cache key, rolled into a loop and kept alive T times over. Through the layer's path
+(``_rnn.scan_direction`` and the ``rnn_scan`` VJP, written for T steps) a traced LSTM cell step was
+about 40 nodes: the layer's output (sliced and copied, and dead), the input projection over a (1, B,
+in) sequence and its gradients through reshapes of it, the packed cotangent as a pad per state and
+their sum, the gradients of the gate pre-activations copied contiguous, ``dW_hh`` from the previous
+states sliced out of the packed output. Here, with T = 1 known: the previous state is the step's input
+``h``, the gradients are products of 2-D arrays (``dW = dz^T x``, no transposes of the result), the
+cotangent of both new states is one pad of their concatenation, and nothing is copied; the biases'
+sum and ``W_ih``'s transpose are recorded once per call (``_derived``), not once per step. Two LSTM
+cells and a Linear head looped over time (benchmarks' lstm_cells): 94 traced nodes per step before,
+64 now.
+
+Its backward under ``create_graph`` (or wherever grad mode is on while it runs) recomputes the step
+with grad on and differentiates that (``rnn_scan``'s VJP is exact to any order then), as
+``_rnn._recomputed_grads`` does for a layer.
+"""
+
+from __future__ import annotations
+
+import kiln
+from kiln.frontend.dispatch import apply
+from kiln.frontend.jit import state as _jit
+from kiln.ir.primitives import P
+from kiln.ir.primitives.recurrence_layout import ScanLayout
+
+__all__ = ["scan_step"]
+
+_SCAN, _SCAN_BACKWARD, _PAD = P["rnn_scan"], P["rnn_scan_backward"], P["pad"]
+
+
+def scan_step(mode: str, x, states: list, weights: tuple) -> tuple:
+    """The new state tuple ((h,), or an LSTM's (h, c)) of one step over ``x`` (B, in) from ``states``
+    (B, H) with ``weights`` (w_ih, w_hh, b_ih, b_hh; biases may be None)."""
+    w_ih, w_hh, b_ih, b_hh = weights
+    layout = ScanLayout(mode, w_hh.shape[1])
+    # (keyed by the sizes too: two bias-free cells of one hidden size may share their zeros, no others)
+    biases = _derived(("rnn_scan biases", layout), (x, b_ih, b_hh), lambda: _scan_biases(layout, x, b_ih, b_hh))
+    return _ScanStep.apply(layout, x, *states, w_ih, w_hh, *biases)
+
+
+def _derived(kind: tuple, sources: tuple, make):
+    """``make()`` -- or, within one trace, what it made for the same ``sources`` at the same
+    versions in the same grad mode: the biases a cell adds, or a weight's transpose, recorded once
+    per call rather than once per step of a loop (and their gradients summed over the steps before
+    they reach the parameters, not added into each parameter's at every step). ``sources[0]`` only
+    tells the device and dtype apart (its version is not part of the key)."""
+    trace = _jit.current.get() if _jit.tracing else None
+    if trace is None:
+        return make()
+    key = (*kind, *[id(t) for t in sources[1:]], sources[0].dtype, sources[0].device)
+    stamp = (kiln.is_grad_enabled(), *[None if t is None else t._version[0] for t in sources[1:]])
+    found = trace.derived.get(key)
+    if found is not None and found[0] == stamp and all(a is b for a, b in zip(found[1], sources[1:], strict=True)):
+        return found[2]
+    made = make()
+    trace.derived[key] = (stamp, sources[1:], made)  # the sources kept: their ids stay theirs
+    return made
+
+
+def _scan_biases(layout: ScanLayout, x, b_ih, b_hh) -> tuple:
+    """``rnn_scan``'s bias (G H), and a GRU's ``b_hn`` (H) after it."""
+    hidden, gru = layout.hidden, layout.mode == "GRU"
+    if b_ih is None:
+        zeros = lambda n: kiln.zeros(n, dtype=x.dtype, device=x.device)  # noqa: E731
+        return (zeros(layout.gates * hidden), zeros(hidden)) if gru else (zeros(layout.gates * hidden),)
+    if gru:  # b_hh's n block is added after the reset gate, inside the recurrence
+        return b_ih + kiln.nn.functional.pad(b_hh[: 2 * hidden], (0, hidden)), b_hh[2 * hidden :]
+    return (b_ih + b_hh,)
+
+
+def _forward(layout: ScanLayout, x, states: tuple, w_ih_t, w_hh, biases: tuple) -> tuple:
+    """(the packed output of ``rnn_scan`` over the one step, the new states)."""
+    gx = kiln.matmul(x, w_ih_t).unsqueeze(0)
+    packed = apply(_SCAN, gx, biases[0], *states, w_hh, *biases[1:], mode=layout.mode, reverse=False)
+    # new memory (a sum over the one step), not views of the packed output the backward reads
+    return packed, tuple(packed.narrow(-1, *layout.final(s)).sum(0) for s in range(layout.states))
+
+
+class _ScanStep(kiln.autograd.Function):
+    """``apply(layout, x, *states, w_ih, w_hh, bias[, b_hn])`` -> the new states."""
+
+    @staticmethod
+    def forward(ctx, layout: ScanLayout, x, *flat):
+        count = layout.states
+        states, w_ih, w_hh, biases = flat[:count], flat[count], flat[count + 1], flat[count + 2 :]
+        w_ih_t = _derived(("rnn_scan w_ih^T",), (x, w_ih), lambda: w_ih.transpose(0, 1))
+        packed, new_states = _forward(layout, x, states, w_ih_t, w_hh, biases)
+        ctx.save_for_backward(x, *flat, packed)
+        ctx.layout = layout
+        return new_states
+
+    @staticmethod
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+        inputs, packed = saved[:-1], saved[-1]
+        needs = ctx.needs_input_grad[1:]
+        if kiln.is_grad_enabled():  # create_graph: a backward that autograd can differentiate again
+            return (None, *_differentiable_grads(ctx.layout, inputs, grads, needs))
+        return (None, *_step_grads(ctx.layout, inputs, packed, grads, needs))
+
+
+def _step_grads(layout: ScanLayout, inputs: tuple, packed, grads: tuple, needs: tuple) -> list:
+    """The gradients of ``inputs`` (x, *states, w_ih, w_hh, bias[, b_hn]) from those of the new states."""
+    count = layout.states
+    x, states, w_ih, w_hh = inputs[0], inputs[1 : 1 + count], inputs[1 + count], inputs[2 + count]
+    cotangent = _cotangent(layout, grads)
+    if cotangent is None:  # no new state reaches a loss
+        return [None] * len(needs)
+    back = apply(_SCAN_BACKWARD, packed, w_hh, cotangent, mode=layout.mode, reverse=False)
+    batch, width = x.shape[0], layout.gates * layout.hidden
+    dz = back.narrow(-1, *layout.dz).reshape(batch, width)
+    gru = layout.mode == "GRU"
+    dz_hh = back.narrow(-1, *layout.dz_hh).reshape(batch, width) if gru else dz
+    w_ih_needed, w_hh_needed = needs[1 + count], needs[2 + count]
+    dz_t = dz.transpose(0, 1) if w_ih_needed or (w_hh_needed and not gru) else None
+    found: list = [dz @ w_ih if needs[0] else None]
+    found += [back.narrow(-1, *layout.initial(s)).sum(0) if needs[1 + s] else None for s in range(count)]
+    found += [dz_t @ x if w_ih_needed else None]
+    found += [(dz_hh.transpose(0, 1) if gru else dz_t) @ states[0] if w_hh_needed else None]
+    found += [dz.sum(0) if needs[3 + count] else None]
+    if gru:  # b_hn's gradient: the n block of dz_hh (the reset gate scales it)
+        found += [dz_hh.narrow(-1, 2 * layout.hidden, layout.hidden).sum(0) if needs[4 + count] else None]
+    return found
+
+
+def _differentiable_grads(layout: ScanLayout, inputs: tuple, grads: tuple, needs: tuple) -> list:
+    """The gradients of ``inputs`` through the step recomputed with grad on (``rnn_scan``'s VJP is
+    differentiable to any order then). Each input that needs one enters through a new view of
+    itself, so the gradients asked of autograd are this step's own."""
+    count = layout.states
+    zeros = lambda: kiln.zeros_like(inputs[1])  # noqa: E731 - a new state that no loss reads
+    grads = tuple(zeros() if g is None else g for g in grads)
+    with kiln.enable_grad():
+        entries = [t.view_as(t) if need else t for t, need in zip(inputs, needs, strict=True)]
+        x, states, w_ih, w_hh, biases = (entries[0], tuple(entries[1 : 1 + count]), entries[1 + count],
+                                         entries[2 + count], tuple(entries[3 + count :]))  # fmt: skip
+        _, new_states = _forward(layout, x, states, w_ih.transpose(0, 1), w_hh, biases)
+        wanted = [e for e, need in zip(entries, needs, strict=True) if need]
+        found = iter(kiln.autograd.grad(new_states, wanted, list(grads), create_graph=True, allow_unused=True))
+    return [next(found) if need else None for need in needs]
+
+
+def _cotangent(layout: ScanLayout, grads: tuple):
+    """The packed output's gradient: the new states' gradients at their ``final`` spans, zeros
+    elsewhere; one pad of their concatenation (an LSTM's h and c spans are adjacent), None when no
+    state has one."""
+    present = [g for g in grads if g is not None]
+    if not present:
+        return None
+    joined = present[0] if len(present) == 1 else kiln.cat(present, dim=-1)
+    low = layout.final(0 if grads[0] is not None else 1)[0]
+    high = layout.width - low - joined.shape[-1]
+    return apply(_PAD, joined.unsqueeze(0), low=(0, 0, low), high=(0, 0, high), interior=(0, 0, 0), value=0)
