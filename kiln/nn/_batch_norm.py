@@ -92,23 +92,27 @@ class _TrainingBatchNorm(kiln.autograd.Function):
         if bias is not None:
             y = y + bias.reshape(shape)
         # the deviations are computed again from x (bit for bit): a compiled forward then writes
-        # one full-size tensor, y, and the backward's kernels read x where they read the deviations
-        ctx.save_for_backward(x, weight, bias, mean, drift, r)
+        # one full-size tensor, y, and the backward's kernels read x where they read the deviations.
+        # The bias's value enters no gradient, so it is not saved (as in PyTorch, a bias changed in
+        # place before the backward is no error): only its shape is kept.
+        ctx.save_for_backward(x, weight, mean, drift, r)
+        ctx.bias_shape = None if bias is None else tuple(bias.shape)
         mean = mean + drift
         ctx.mark_non_differentiable(mean, var)
         return y, mean, var
 
     @staticmethod
     def backward(ctx, g, _mean_grad, _var_grad):
-        x, weight, bias, *moments = ctx.saved_tensors
+        x, weight, *moments = ctx.saved_tensors
+        needs, bias_shape = ctx.needs_input_grad[:3], ctx.bias_shape
         if kiln.is_grad_enabled():  # create_graph: a gradient autograd can differentiate again
-            return (*_differentiable_gradients(ctx.needs_input_grad[:3], x, weight, bias, ctx.eps, g), None)
-        return (*_closed_form(ctx.needs_input_grad[:3], x, weight, bias, moments, g), None)
+            return (*_differentiable_gradients(needs, x, weight, bias_shape, ctx.eps, g), None)
+        return (*_closed_form(needs, x, weight, bias_shape, moments, g), None)
 
 
-def _closed_form(needs: tuple[bool, ...], x, weight, bias, moments, g) -> list:
+def _closed_form(needs: tuple[bool, ...], x, weight, bias_shape, moments, g) -> list:
     """The closed-form gradients (see the module docstring) with ops, from the forward's ``moments``
-    (the mean, the drift and r, keepdim) and ``x``."""
+    (the mean, the drift and r, keepdim) and ``x``; ``bias_shape`` None where there is no bias."""
     mean, drift, r = moments
     dims, shape, count = _layout(x)
     centered = (x - mean) - drift
@@ -121,20 +125,24 @@ def _closed_form(needs: tuple[bool, ...], x, weight, bias, moments, g) -> list:
         gx = g * scale - g_sum * (scale / count) - centered * (scale * r * r * gc_sum / count)
     if weight is not None and needs[1]:
         gw = (gc_sum * r).reshape(weight.shape)
-    if bias is not None and needs[2]:
-        gb = g_sum.reshape(bias.shape)
+    if bias_shape is not None and needs[2]:
+        gb = g_sum.reshape(bias_shape)
     return [gx, gw, gb]
 
 
-def _differentiable_gradients(needs: tuple[bool, ...], x, weight, bias, eps: float, g) -> list:
-    """The gradients of the composite's formula, recomputed with autograd (create_graph)."""
+def _differentiable_gradients(needs: tuple[bool, ...], x, weight, bias_shape, eps: float, g) -> list:
+    """The gradients of the composite's formula, recomputed with autograd (create_graph); the bias's,
+    the sum of ``g`` per channel, needs no recomputation (nor the bias's value)."""
     dims, shape, _ = _layout(x)
     with kiln.enable_grad():
         centered, r, _, _ = moments(x, dims, eps)
-        y = affine(centered * r, weight, bias, shape)
-    wrt = [t for t, need in zip((x, weight, bias), needs, strict=True) if need and t is not None]
+        y = affine(centered * r, weight, None, shape)
+    inputs = (x, weight)
+    wrt = [t for t, need in zip(inputs, needs[:2], strict=True) if need and t is not None]
     found = iter(kiln.autograd.grad([y], wrt, [g], create_graph=kiln.is_grad_enabled(), allow_unused=True))
-    return [next(found) if need and t is not None else None for t, need in zip((x, weight, bias), needs, strict=True)]
+    grads = [next(found) if need and t is not None else None for t, need in zip(inputs, needs[:2], strict=True)]
+    gb = g.sum(dim=dims).reshape(bias_shape) if bias_shape is not None and needs[2] else None
+    return [*grads, gb]
 
 
 def training_batch_norm(x: kiln.Tensor, weight, bias, eps: float):
@@ -260,12 +268,13 @@ class BatchNormBackward(LazyEdgesNode):
         x, weight, bias = unpack_tensors(self, self.saved, self.versions)
         assert x is not None  # (saved by attach; the weight and bias may be None)
         needs = tuple(edge is not None for edge in self.next_edges)
+        bias_shape = None if bias is None else tuple(bias.shape)
         if grad_mode.state.grad_enabled:  # create_graph: a gradient autograd can differentiate again
-            return tuple(_differentiable_gradients(needs, x, weight, bias, self.eps, g))
+            return tuple(_differentiable_gradients(needs, x, weight, bias_shape, self.eps, g))
         if not plain_arrays(g, x) or g._data.shape != x._data.shape:  # a trace or a profile records ops
             shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
             r, mean, drift = (kiln.from_numpy(a.reshape(shape)) for a in self.arrays[1:])
-            return tuple(_closed_form(needs, x, weight, bias, (mean, drift, r), g))
+            return tuple(_closed_form(needs, x, weight, bias_shape, (mean, drift, r), g))
         return tuple(_backward_arrays(needs, self.arrays, weight, bias, g))
 
     def release(self) -> None:
