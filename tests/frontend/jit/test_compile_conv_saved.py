@@ -96,3 +96,31 @@ def test_matches_pytorch(torch):
     for case, stride in (("direct", 1), ("strided", 2)):
         g = kiln.compile(_conv(CASES[case][2], True), wait=True)
         assert _outcome(g, case, 0, False)[0] == torch_outcome(stride) == "raised"
+
+
+TRANSPOSED = {
+    "convolution of copies": ((2, 3, 5, 5), (3, 4, 3, 3), {"padding": 1}),
+    "adjoint": ((2, 3, 4, 4), (3, 4, 3, 3), {"padding": 1, "stride": 2}),
+    "adjoint, groups": ((2, 4, 4, 4), (4, 2, 3, 3), {"padding": 1, "stride": 2, "groups": 2}),
+}
+
+
+@pytest.mark.parametrize("case", TRANSPOSED)
+@pytest.mark.parametrize("changed", ["input", "weight"])
+def test_compiled_conv_transpose_checks_what_eager_checks(case, changed):
+    x_shape, w_shape, kw = TRANSPOSED[case]
+
+    def f(x, w):
+        return F.conv_transpose2d(x, w, **kw)
+
+    g = kiln.compile(f, wait=True)
+    for seed, fn in enumerate((f, g, g, g)):
+        rng = np.random.default_rng(seed)
+        x = kiln.tensor(rng.standard_normal(x_shape).astype(np.float32), requires_grad=changed == "weight")
+        w = kiln.tensor(rng.standard_normal(w_shape).astype(np.float32), requires_grad=changed == "input")
+        y = fn(x, w)
+        with kiln.no_grad():
+            (x if changed == "input" else w).add_(1.0)
+        with pytest.raises(RuntimeError, match=MESSAGE):
+            y.sum().backward()
+    assert len(g.state.specializations) == 1  # the last calls ran the compiled backward
