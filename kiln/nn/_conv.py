@@ -11,16 +11,23 @@ inner dimension is N * prod(O) (every sample's positions), not N matmuls of prod
 small as 16 in ResNet's last stage) whose (N, O, C*K) results are summed afterwards.
 Gradients, and gradients of gradients, come from the primitives. On plain eager CPU tensors (one
 group) the im2col path runs as one autograd node on the arrays (``frontend/ops/conv_arrays.py``).
+
+PyTorch's convolution node saves the input and the weight whenever it exists (whichever of input,
+weight and bias requires grad), and its backward raises if either changed in place since. The
+primitives here save copies (the padded input, its windows), so each path puts a check of the two
+on its history (``conv_checked``; eager and traced alike, and a compiled backward checks them too).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
+from kiln.frontend.autograd.checked import check_saved
 from kiln.frontend.ops.conv_arrays import conv_eager
 from kiln.frontend.ops.windows import convolve
 from kiln.ir.primitives.convolution import DIRECT_MAX_INNER
@@ -28,6 +35,10 @@ from kiln.ir.primitives.convolution import DIRECT_MAX_INNER
 from ._utils import batched, check_tensor, ntuple, pad_spec
 
 __all__ = ["conv1d", "conv2d", "conv3d", "unfold", "fold"]
+
+#: Tensors a convolution checks besides its own input and weight: a transposed convolution's input
+#: and weight, which it computes as a convolution of copies of them (``_conv_transpose.py``).
+also_saved: ContextVar[tuple] = ContextVar("kiln_conv_also_saved", default=())
 
 
 def _same_padding(kernel, dilation, stride, op: str) -> tuple[tuple[int, int], ...]:
@@ -86,23 +97,31 @@ def _conv(input, weight, bias, stride, padding, dilation, groups, d: int, op: st
     stride = ntuple(stride, d, "stride", op)
     dilation = ntuple(dilation, d, "dilation", op)
     pads = _padding(padding, kernel, dilation, stride, op)
+    saved = (x, weight, *also_saved.get())
     winograd = _winograd_variant(x, weight, pads, stride, dilation, groups)
     if winograd is not None:
-        return _finish(_winograd(x, weight, pads, winograd), bias, unbatched)
+        return _finish(_winograd(x, weight, pads, winograd, saved), bias, unbatched, saved)
     _check_fits(tuple(s + lo + hi for s, (lo, hi) in zip(x.shape[2:], pads, strict=True)), kernel, dilation, op)
-    im2col = functools.partial(_im2col, pads=pads, stride=stride, dilation=dilation, groups=groups)
+    im2col = functools.partial(_im2col, pads=pads, stride=stride, dilation=dilation, groups=groups, saved=saved[2:])
     if not _direct(x, weight, stride, groups):
-        # one autograd node on plain eager CPU tensors (None: the ops must run)
+        # one autograd node on plain eager CPU tensors (None: the ops must run); it checks x and weight
         out = conv_eager(x, weight, bias, kernel, stride, dilation, pads, im2col) if groups == 1 else None
-        return _finish(im2col(x, weight, bias) if out is None else out, None, unbatched)
-    if any(p for pair in pads for p in pair):
-        x = kiln.pad(x, pad_spec(pads))
-    return _finish(convolve(x, weight, stride, dilation), bias, unbatched)
+        out = im2col(x, weight, bias) if out is None else conv_checked(out, saved[2:])
+        return _finish(out, None, unbatched, saved)
+    padded = kiln.pad(x, pad_spec(pads)) if any(p for pair in pads for p in pair) else x
+    return _finish(conv_checked(convolve(padded, weight, stride, dilation), saved), bias, unbatched, saved)
 
 
-def _im2col(x, weight, bias, *, pads, stride, dilation, groups: int):
+def conv_checked(out, saved: tuple):
+    """``out`` (new memory) whose backward first checks that ``saved`` did not change in place."""
+    return check_saved(out, saved, "ConvolutionBackward") if saved else out
+
+
+def _im2col(x, weight, bias, *, pads, stride, dilation, groups: int, saved: tuple = ()):
     """The convolution of (N, C, *S) ``x``, padded by ``pads``, by ``weight`` as one matmul of the
-    windows (see the module docstring); plus ``bias`` if given."""
+    windows (see the module docstring); plus ``bias`` if given. Its backward checks ``x``, ``weight``
+    and ``saved`` for in-place changes."""
+    saved = (x, weight, *saved)
     if any(p for pair in pads for p in pair):
         x = kiln.pad(x, pad_spec(pads))
     kernel = tuple(weight.shape[2:])
@@ -112,14 +131,17 @@ def _im2col(x, weight, bias, *, pads, stride, dilation, groups: int):
     out_channels = weight.shape[0]
     cols = cols.reshape(groups, (c // groups) * math.prod(kernel), n * math.prod(out_spatial))
     w = weight.reshape(groups, out_channels // groups, -1)
-    out = kiln.matmul(w, cols).reshape(out_channels, n, *out_spatial).transpose(0, 1)
-    return _finish(out, bias, False)
+    out = conv_checked(kiln.matmul(w, cols), saved).reshape(out_channels, n, *out_spatial).transpose(0, 1)
+    return _finish(out, bias, False, saved)
 
 
-def _finish(out, bias, unbatched: bool):
-    """The convolution ``out`` (N, O, *S) plus ``bias`` (O,) if given; unbatched again if the input was."""
+def _finish(out, bias, unbatched: bool, saved: tuple):
+    """The convolution ``out`` (N, O, *S) plus ``bias`` (O,) if given; unbatched again if the input was.
+    Where only the bias requires grad, the sum's backward checks ``saved`` (``out``'s checks it otherwise)."""
     if bias is not None:
+        checked = out.grad_fn is not None
         out = out + bias.reshape(bias.shape[0], *(1,) * (out.ndim - 2))
+        out = out if checked else conv_checked(out, saved)
     return out.squeeze(0) if unbatched else out
 
 
@@ -197,12 +219,13 @@ def _winograd_variant(x, weight, pads, stride, dilation, groups: int) -> Winogra
     return F4 if cpu.winograd_f4 and min(_out_size_3x3(x, pads)) >= F4_MIN_SIDE else F2
 
 
-def _winograd(x, weight, pads, w: Winograd):
+def _winograd(x, weight, pads, w: Winograd, saved: tuple):
     """``conv2d(x, weight)`` (3x3, stride 1) by Winograd's F(m x m, 3 x 3): the input's tiles of m + 2
     at stride m and the filters transformed, alpha^2 batched matmuls (one per transform element) of
     the filters (K, C) by the tiles (C, N * tiles), and the products' m x m output tiles transformed
     back. The output is laid out (K, N, H, W) in memory, as im2col's. Its gradients are the same
-    steps' adjoints: the tiles' VJPs are each other (``kiln/ir/primitives/tiles.py``)."""
+    steps' adjoints: the tiles' VJPs are each other (``kiln/ir/primitives/tiles.py``). Its backward
+    checks ``saved`` for in-place changes."""
     n, c = x.shape[:2]
     k = weight.shape[0]
     elements = w.alpha * w.alpha
@@ -214,7 +237,7 @@ def _winograd(x, weight, pads, w: Winograd):
         x = kiln.pad(x, pad_spec(pads))
     v = kiln.tile_transform(x.transpose(0, 1), w.input, w.m)  # (alpha^2, C, N, th, tw)
     u = kiln.tile_transform(weight, w.filter, 1).reshape(elements, k, c)
-    m = kiln.matmul(u, v.reshape(elements, c, -1)).reshape(elements, k, n, *tiles)
+    m = conv_checked(kiln.matmul(u, v.reshape(elements, c, -1)), saved).reshape(elements, k, n, *tiles)
     out = kiln.untile_transform(m, tuple(w.m * t for t in tiles), w.output, w.m)  # (K, N, m th, m tw)
     if tuple(out.shape[2:]) != out_size:
         out = out[:, :, : out_size[0], : out_size[1]]

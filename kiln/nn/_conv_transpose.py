@@ -9,7 +9,9 @@ A transposed convolution is the adjoint of a convolution, written two ways with 
   convolution (direct, Winograd or im2col) with the kernel flipped and its in/out channels swapped.
 
 On plain eager CPU tensors (one group) the adjoint runs as one autograd node on the arrays
-(``frontend/ops/conv_arrays.py``).
+(``frontend/ops/conv_arrays.py``). As PyTorch's, the backward raises if the input or the weight
+changed in place since (``_conv.py``'s module docstring): the products' copies are checked by the
+adjoint itself, by the convolution of copies through ``also_saved``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
 from kiln.frontend.ops.conv_arrays import conv_transpose_eager
 
-from ._conv import conv1d, conv2d, conv3d
+from ._conv import also_saved, conv1d, conv2d, conv3d, conv_checked
 
 __all__ = ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d"]
 
@@ -99,8 +101,11 @@ def _conv_transpose(input, weight, bias, stride, padding, output_padding, groups
     w = kiln.flip(w.reshape(groups * c_out_g, c_in // groups, *kernel), tuple(range(2, 2 + d)))
     before = tuple(dl * (k - 1) - p for dl, k, p in zip(dilation, kernel, padding, strict=True))
     after = tuple(b + o for b, o in zip(before, output_padding, strict=True))
-    x = _pad_or_crop(_spread(x, stride), before, after)
-    out = _CONVS[d](x, w, bias, 1, 0, dilation, groups)
+    token = also_saved.set((x, weight))  # the convolution of copies checks the originals too
+    try:
+        out = _CONVS[d](_pad_or_crop(_spread(x, stride), before, after), w, bias, 1, 0, dilation, groups)
+    finally:
+        also_saved.reset(token)
     return out if batched else out.squeeze(0)
 
 
@@ -135,7 +140,7 @@ def _adjoint(x, weight, bias, stride, padding, output_padding, groups: int, dila
     kernel, c_out_g = tuple(weight.shape[2:]), weight.shape[1]
     w = weight.reshape(groups, c_in // groups, c_out_g * math.prod(kernel)).transpose(1, 2)
     pixels = x.transpose(0, 1).reshape(groups, c_in // groups, n * math.prod(spatial))
-    windows = kiln.matmul(w, pixels).reshape(groups * c_out_g, *kernel, n, *spatial)
+    windows = conv_checked(kiln.matmul(w, pixels), (x, weight)).reshape(groups * c_out_g, *kernel, n, *spatial)
     size = _adjoint_size(x, kernel, stride, output_padding, dilation)
     out = kiln.fold_windows(windows, size, kernel, stride, dilation, batch_inner=True)
     if any(padding):
@@ -143,7 +148,9 @@ def _adjoint(x, weight, bias, stride, padding, output_padding, groups: int, dila
             out = kiln.narrow(out, 2 + k, p, s - 2 * p)
         out = out.contiguous()  # a crop of rows: the next op (a BatchNorm's compiled program) wants it dense
     if bias is not None:
+        checked = out.grad_fn is not None
         out = out + bias.reshape(bias.shape[0], *(1,) * d)
+        out = out if checked else conv_checked(out, (x, weight))  # only the bias requires grad
     return out
 
 

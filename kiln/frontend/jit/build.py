@@ -30,6 +30,7 @@ from ...ir.graph import Graph, Node, Value
 from ...ir.verifier import VerificationError, verify
 from ...passes.layouts import c_strides
 from ...passes.partition import partition
+from ..autograd.checked import collect_checked
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
@@ -355,9 +356,10 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             bwd.add_external(seed, "seed")
             seeds.append(seed)
         try:
-            grads = partial_grad(
-                [out_leaves[i] for i in diff], [traced.externals[k].tensor for k in wrt], seeds, retain_graph=True
-            )
+            with collect_checked() as checked:  # what a composite's backward checks but reads copies of
+                grads = partial_grad(
+                    [out_leaves[i] for i in diff], [traced.externals[k].tensor for k in wrt], seeds, retain_graph=True
+                )
         except FreedGraphError:  # the call already ran backward through them (a training step)
             bwd.abandon()
             return ConsumedPlan(diff), None
@@ -392,7 +394,8 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             inputs.append(Saved(next(saved)))
     graph = result.builder.build(number_outputs(inputs, result.outputs)[1])
     bwd.release()
-    return _PendingBackward(graph, inputs, result.outputs, diff, saved_outputs, wrt), None
+    checked_values = [t._trace[1] for t in checked if t._trace is not None and t._trace[0] is trace]
+    return _PendingBackward(graph, inputs, result.outputs, diff, saved_outputs, wrt, checked_values), None
 
 
 @dataclass
@@ -405,6 +408,7 @@ class _PendingBackward:
     diff: list[int]
     saved_outputs: list[int]  # forward output indices of the saved values, one per Saved input
     wrt: list[int]
+    checked: list[Value]  # forward values the eager backward checked for in-place changes (``check_saved``)
 
 
 def _partition(
@@ -415,6 +419,7 @@ def _partition(
     would read their new values, so nothing is recomputed from them."""
     if not isinstance(pending, _PendingBackward):
         return forward, pending  # None or a ConsumedPlan
+    traced_forward = forward
     saved_inputs = [i for i, kind in enumerate(pending.inputs) if isinstance(kind, Saved)]
     read_by_backward = {id(kind.ref()): i for i, kind in enumerate(pending.inputs) if isinstance(kind, Captured)}
     readable = {f: read_by_backward[id(s.ref())] for f, s in enumerate(sources)
@@ -427,13 +432,18 @@ def _partition(
     signature, _ = number_outputs(inputs, pending.results)
     forward = _own_copies_of_mutated(part.forward, part.saved, mutated)
     # Saved values that are views of the call's inputs (a weight's transpose): their memory is the
-    # input's, so an in-place change of it before the backward must raise, as eager's would.
+    # input's, so an in-place change of it before the backward must raise, as eager's would; so must
+    # one of an input the eager backward checked though it read a copy (a convolution's, padded).
     root, position = Liveness(forward).root, {v: k for k, v in enumerate(forward.inputs)}
-    views = sorted({position[root[v]] for v in (forward.outputs[i] for i in part.saved) if root[v] in position})
+    views = {position[root[v]] for v in (forward.outputs[i] for i in part.saved) if root[v] in position}
+    if pending.checked:
+        traced_root = Liveness(traced_forward).root
+        checked = {traced_root.get(v) for v in pending.checked}
+        views |= {k for k, v in enumerate(traced_forward.inputs) if v in checked}
     # lowered when the specialization is compiled (``symbolic_backward.lower_plan``): for its sizes, or all
     plan = BackwardPlan(part.backward, _not_lowered, signature, pending.diff, list(part.saved), pending.wrt,
                         saved_bytes=part.saved_bytes, saved_bytes_before=part.saved_bytes_before,
-                        recomputed=len(part.recomputed), saved_views_of=views, traced=part.backward)  # fmt: skip
+                        recomputed=len(part.recomputed), saved_views_of=sorted(views), traced=part.backward)  # fmt: skip
     return forward, plan
 
 

@@ -1,0 +1,86 @@
+"""Tensors a composite op's backward depends on only through copies, checked as if saved.
+
+PyTorch's convolution node saves its input and weight, and its backward raises if either was
+changed in place since. kiln's convolutions are composites of primitives whose nodes save what
+the primitives read: the direct path the padded copy of the input, im2col its windows, so an
+in-place change of the input itself went unnoticed (the gradient was the old input's).
+``check_saved(t, sources, op)`` puts one node in front of ``t``'s history that checks ``sources``
+are still at the versions they had and passes the gradient through unchanged: the composite raises
+where PyTorch's op does, with the same message as any saved tensor.
+
+A compiled call's backward is traced by running the autograd graph of its trace, these nodes
+included (``jit/build.py``): ``collect_checked`` gathers the tensors they checked, and the compiled
+backward checks the call's inputs among them at its own time, as the eager node would.
+
+>>> import kiln
+>>> x, w = kiln.ones(3), kiln.ones(3, requires_grad=True)
+>>> y = check_saved(x.clone() * w, (x,), "ExampleBackward")
+>>> _ = x.add_(1)
+>>> y.sum().backward()
+Traceback (most recent call last):
+...
+RuntimeError: one of the variables needed for gradient computation has been modified by an inplace operation: it was saved by ExampleBackward at version 0 and is now at version 1. Hint: clone it before the inplace operation, or run with kiln.autograd.set_detect_anomaly(True) to see the forward op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+from .node import Node
+from .saved import save_tensors, unpack_tensors
+
+__all__ = ["check_saved", "collect_checked"]
+
+#: The list ``collect_checked`` gathers checked tensors into (None: no one collects).
+_collecting: ContextVar[list | None] = ContextVar("kiln_checked_sources", default=None)
+
+
+class CheckedBackward(Node):
+    """The identity on the gradient, after checking that ``sources`` are unchanged since saved."""
+
+    # named as a PrimBackward's, which the tracer walks for the tensors the autograd graph holds
+    __slots__ = ("op", "saved_inputs", "saved_versions")
+    saved_inputs: tuple | None  # None once released
+
+    def __init__(self, op: str, edge: tuple, sources: tuple) -> None:
+        super().__init__((edge,))
+        self.op, self.saved_inputs, self.saved_versions = op, sources, save_tensors(sources)
+
+    def name(self) -> str:
+        return self.op
+
+    def apply(self, grads: list) -> tuple:
+        sources = unpack_tensors(self, self.saved_inputs, self.saved_versions)
+        sink = _collecting.get()
+        if sink is not None:
+            sink.extend(sources)
+        return (grads[0],)
+
+    def release(self) -> None:
+        self.saved_inputs = None
+
+
+def check_saved(t, sources, op: str):
+    """``t``, whose backward now first checks that no tensor of ``sources`` changed in place since
+    this call (``op`` names the node in the error). ``t`` is new memory, not a view, just made by
+    the composite (an in-place op on a view of it rebuilds the view's history from it). Without
+    history (nothing requires grad) ``t`` is left as it is: no node, no check, as in PyTorch."""
+    node = t.grad_fn
+    if node is None:
+        return t
+    assert t._base is None, f"{op}: check_saved takes new memory, not a view"
+    t.grad_fn, t._output_nr = CheckedBackward(op, (node, t._output_nr), tuple(sources)), 0
+    return t
+
+
+@contextmanager
+def collect_checked() -> Iterator[list]:
+    """A list of the tensors ``CheckedBackward`` nodes check while the block runs (a backward)."""
+    sink: list = []
+    token = _collecting.set(sink)
+    try:
+        yield sink
+    finally:
+        _collecting.reset(token)
