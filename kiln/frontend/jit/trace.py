@@ -279,9 +279,12 @@ class Trace:
 
     # ------------------------------------------------------------------ recording ops
     def record(self, prim, inputs, attrs: dict, result) -> None:
-        """Dispatch ran ``prim`` eagerly; record the node and bind the result to its output."""
+        """Dispatch ran ``prim`` eagerly; record the node and bind the result to its output (the
+        result is born in this trace: ``on_new_tensor``'s work, done here once for both)."""
+        self.born.append(weakref.ref(result))
         values = [self.value_of(t) for t in inputs]
         if state.current.get() is not self:  # reading an input broke the trace
+            result._trace = (self, None, -1)
             return
         if self.watched_sizes:  # sizes Python computed stay ints in the graph
             from .watched_sizes import plain_ints  # noqa: PLC0415
