@@ -169,7 +169,7 @@ class Trace:
         self.python_reads: list[PythonRead] = []  # the Python values read: on_python_read
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
         # values that library code derives from tensors once per call rather than once per use (a
-        # cell's biases and weight transpose: nn/_rnn_scan_step.py); dropped when the call returns,
+        # cell's biases, a weight's transpose: nn/_derived.py); dropped when the call returns,
         # so that they count as no tensors the call stored
         self.derived: dict = {}
         self._permuted: dict[Value, tuple] = {}  # a permute's output -> (its perm, the value it read)
