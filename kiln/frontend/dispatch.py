@@ -106,15 +106,13 @@ def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
     result._inference = _grad_mode.inference_used and _grad_state.inference
     result._trace = None
     result._post_accumulate_hooks = None
-    if _jit.tracing:
-        _jit.stamp(result)
     if prim.is_view:
         result._base = first._base if first._base is not None else first
         result._version = first._version
     if _jit.tracing:  # first: a backward node that saves the result saves its IR value too
         trace = _jit.current.get()
         if trace is not None:
-            trace.record(prim, inputs, attrs, result)
+            trace.record(prim, inputs, attrs, result)  # (which also marks the result born in the trace)
     # Whether an input requires grad first, then grad mode: on in every thread while no thread has
     # turned it off (one module attribute), else the thread-local state (~35 ns to read).
     if arity == 2:

@@ -10,7 +10,7 @@ their sum, the gradients of the gate pre-activations copied contiguous, ``dW_hh`
 states sliced out of the packed output. Here, with T = 1 known: the previous state is the step's input
 ``h``, the gradients are products of 2-D arrays (``dW = dz^T x``, no transposes of the result), the
 cotangent of both new states is one pad of their concatenation, and nothing is copied; the biases'
-sum and ``W_ih``'s transpose are recorded once per call (``_derived``), not once per step. Two LSTM
+sum and ``W_ih``'s transpose are recorded once per call (``derived``), not once per step. Two LSTM
 cells and a Linear head looped over time (benchmarks' lstm_cells): 94 traced nodes per step before,
 64 now.
 
@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import kiln
 from kiln.frontend.dispatch import apply
-from kiln.frontend.jit import state as _jit
 from kiln.ir.primitives import P
 from kiln.ir.primitives.recurrence_layout import ScanLayout
+
+from ._derived import derived
 
 __all__ = ["scan_step"]
 
@@ -38,27 +39,8 @@ def scan_step(mode: str, x, states: list, weights: tuple) -> tuple:
     w_ih, w_hh, b_ih, b_hh = weights
     layout = ScanLayout(mode, w_hh.shape[1])
     # (keyed by the sizes too: two bias-free cells of one hidden size may share their zeros, no others)
-    biases = _derived(("rnn_scan biases", layout), (x, b_ih, b_hh), lambda: _scan_biases(layout, x, b_ih, b_hh))
+    biases = derived(("rnn_scan biases", layout), (x, b_ih, b_hh), lambda: _scan_biases(layout, x, b_ih, b_hh))
     return _ScanStep.apply(layout, x, *states, w_ih, w_hh, *biases)
-
-
-def _derived(kind: tuple, sources: tuple, make):
-    """``make()`` -- or, within one trace, what it made for the same ``sources`` at the same
-    versions in the same grad mode: the biases a cell adds, or a weight's transpose, recorded once
-    per call rather than once per step of a loop (and their gradients summed over the steps before
-    they reach the parameters, not added into each parameter's at every step). ``sources[0]`` only
-    tells the device and dtype apart (its version is not part of the key)."""
-    trace = _jit.current.get() if _jit.tracing else None
-    if trace is None:
-        return make()
-    key = (*kind, *[id(t) for t in sources[1:]], sources[0].dtype, sources[0].device)
-    stamp = (kiln.is_grad_enabled(), *[None if t is None else t._version[0] for t in sources[1:]])
-    found = trace.derived.get(key)
-    if found is not None and found[0] == stamp and all(a is b for a, b in zip(found[1], sources[1:], strict=True)):
-        return found[2]
-    made = make()
-    trace.derived[key] = (stamp, sources[1:], made)  # the sources kept: their ids stay theirs
-    return made
 
 
 def _scan_biases(layout: ScanLayout, x, b_ih, b_hh) -> tuple:
@@ -87,7 +69,7 @@ class _ScanStep(kiln.autograd.Function):
     def forward(ctx, layout: ScanLayout, x, *flat):
         count = layout.states
         states, w_ih, w_hh, biases = flat[:count], flat[count], flat[count + 1], flat[count + 2 :]
-        w_ih_t = _derived(("rnn_scan w_ih^T",), (x, w_ih), lambda: w_ih.transpose(0, 1))
+        w_ih_t = derived(("rnn_scan w_ih^T",), (x, w_ih), lambda: w_ih.transpose(0, 1))
         packed, new_states = _forward(layout, x, states, w_ih_t, w_hh, biases)
         ctx.save_for_backward(x, *flat, packed)
         ctx.layout = layout

@@ -42,6 +42,7 @@ from ._activation import (
 from ._conv import conv1d, conv2d, conv3d, fold, unfold
 from ._conv_transpose import conv_transpose1d, conv_transpose2d, conv_transpose3d
 from ._ctc import ctc_loss
+from ._derived import derived
 from ._distance import (
     channel_shuffle,
     cosine_similarity,
@@ -254,7 +255,11 @@ def linear(input, weight, bias=None) -> kiln.Tensor:
             f"linear: input's last dimension must equal in_features={weight.shape[-1]} (weight of size "
             f"{list(weight.shape)}), got input of size {list(input.shape)}"
         )
-    out = kiln.matmul(input, weight.transpose(0, 1) if weight.ndim == 2 else weight)
+    # (a Linear looped over time steps: its weight's transpose is recorded once per trace)
+    transposed = (
+        derived(("linear weight^T",), (input, weight), lambda: weight.transpose(0, 1)) if weight.ndim == 2 else weight
+    )
+    out = kiln.matmul(input, transposed)
     return out if bias is None else out + bias
 
 

@@ -420,3 +420,27 @@ def test_tuples_of_ints_print_as_their_mixed_and_numpy_kin_do():
     assert print_graph(parsed) == print_graph(graph)
     attrs_back = parsed.nodes[0].attrs
     assert attrs_back["mixed"][0] is True and type(attrs_back["numpy"][0]) is int
+
+
+def test_attribute_sets_types_and_locations_that_repeat_print_as_each_node_alone():
+    """``print_graph`` formats each distinct type, attribute set and location once per graph (the
+    cache key of an unrolled loop prints 60k nodes); every line must still read as ``format_node``
+    prints its node alone, with attributes equal as values yet not alike (1, 1.0, True, a dtype)
+    kept apart, and with the locations of nodes that repeat."""
+    from kiln.ir.printer import format_node  # noqa: PLC0415
+
+    b = GraphBuilder()
+    x = b.input(TensorType((2, 3), float32))
+    here, there = SourceLocation("a.py", 3, "f"), SourceLocation("b.py", 3, "f")
+    values = [x]
+    for value in (1, 1.0, True, 1, np.int64(1), 1.0, True):
+        for loc in (here, there, here):
+            values.append(b.node("pad", [values[-1]], {"low": (0, 0), "high": (0, value), "interior": (0, 0),
+                                                        "value": value}, loc=loc))  # fmt: skip
+    values.append(b.node("cast", [values[-1]], {"dtype": float64}, loc=here))
+    values.append(b.node("cast", [values[-1]], {"dtype": float32}, loc=None))
+    graph = b.build([values[-1]])
+    for locations in (True, False):
+        lines = print_graph(graph, locations=locations).splitlines()[1:-2]
+        assert lines == ["  " + format_node(node, locations=locations) for node in graph.nodes]
+    assert len({line.split(" = ", 1)[1] for line in print_graph(graph, locations=False).splitlines()[1:-2]}) > 5

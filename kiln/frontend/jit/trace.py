@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ...ir.graph import GraphBuilder, Node, SourceLocation, Value
+from ...ir.primitives import P
 from ...ir.types import TensorType
 from ..tensor import Tensor
 from . import state
@@ -52,6 +53,7 @@ from .signature import (
 )
 from .specialization import PythonRead
 
+_PERMUTE = P["permute"]
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
@@ -167,9 +169,10 @@ class Trace:
         self.python_reads: list[PythonRead] = []  # the Python values read: on_python_read
         self.regions: list = []  # composite ops called during the trace (regions.py; kiln.onnx reads them)
         # values that library code derives from tensors once per call rather than once per use (a
-        # cell's biases and weight transpose: nn/_rnn_scan_step.py); dropped when the call returns,
+        # cell's biases, a weight's transpose: nn/_derived.py); dropped when the call returns,
         # so that they count as no tensors the call stored
         self.derived: dict = {}
+        self._permuted: dict[Value, tuple] = {}  # a permute's output -> (its perm, the value it read)
         self.broken: TraceBreak | None = None
         self._token: contextvars.Token | None = None
         # Dynamic sizes (dynamic.py): the sizes Python reads as WatchedSize, and the first comparison of one
@@ -209,7 +212,7 @@ class Trace:
             t = ref()
             if t is not None and t._trace is not None and t._trace[0] is self:
                 t._trace = None
-        self.externals, self.born, self.grads, self.derived = [], [], {}, {}
+        self.externals, self.born, self.grads, self.derived, self._permuted = [], [], {}, {}, {}
         self._external_index, self._roots = {}, SharedMemory()
 
     # ------------------------------------------------------------------ hooks from eager code
@@ -276,14 +279,19 @@ class Trace:
 
     # ------------------------------------------------------------------ recording ops
     def record(self, prim, inputs, attrs: dict, result) -> None:
-        """Dispatch ran ``prim`` eagerly; record the node and bind the result to its output."""
+        """Dispatch ran ``prim`` eagerly; record the node and bind the result to its output (the
+        result is born in this trace: ``on_new_tensor``'s work, done here once for both)."""
+        self.born.append(weakref.ref(result))
         values = [self.value_of(t) for t in inputs]
         if state.current.get() is not self:  # reading an input broke the trace
+            result._trace = (self, None, -1)
             return
         if self.watched_sizes:  # sizes Python computed stay ints in the graph
             from .watched_sizes import plain_ints  # noqa: PLC0415
 
             attrs = plain_ints(attrs)
+        if prim is _PERMUTE and self._undone(values[0], attrs["perm"], result):
+            return
         # GraphBuilder.node's work without its copy of ``attrs`` (dispatch's own dict, which the
         # autograd node shares and nobody changes) and its type rule: a few us of each traced op
         builder = self.builder
@@ -291,6 +299,18 @@ class Trace:
         builder._next_id += 1
         builder.nodes.append(Node(prim.name, tuple(values), attrs, (out,), user_location(3)))
         result._trace = (self, out, result._version[0])
+        if prim is _PERMUTE:
+            self._permuted[out] = (attrs["perm"], values[0])
+
+    def _undone(self, value: Value, perm: tuple, result) -> bool:
+        """Whether a permute by ``perm`` of ``value`` undoes the permute that made ``value``; then it
+        records no node and ``result`` is bound to the value that permute read. (The backward of
+        ``x @ W^T`` transposes ``W^T`` back: a Linear looped over T time steps made T such pairs.)"""
+        found = self._permuted.get(value)
+        if found is None or len(found[0]) != len(perm) or any(found[0][p] != i for i, p in enumerate(perm)):
+            return False
+        result._trace = (self, found[1], result._version[0])
+        return True
 
     def value_of(self, t) -> Value:
         """The IR value holding ``t``'s current contents (making it an input or constant if new)."""

@@ -164,3 +164,63 @@ def test_a_traced_graph_holds_one_type_object_per_distinct_type():
     assert len(values) >= 60
     assert {(v.type.shape, v.type.dtype) for v in values} == {((3, 4), kiln.float32), ((), kiln.float32)}
     assert len({id(v.type) for v in values}) == 2
+
+
+def _traced_ops(g) -> list[str]:
+    (spec,) = g.state.specializations
+    return [node.op for node in spec.traced_graph.nodes]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "permutes"),
+    [((1, 0), (1, 0), 1), ((1, 2, 0), (2, 0, 1), 1), ((1, 2, 0), (1, 2, 0), 2), ((0, 2, 1), (1, 0, 2), 2)],
+    ids=["transpose twice", "a cycle and its inverse", "a cycle twice", "two different swaps"],
+)
+def test_a_permute_that_undoes_the_last_records_no_node(first, second, permutes):
+    """The backward of ``x @ W^T`` transposes ``W^T`` back; such a pair is the value it started from
+    in the trace (no node), where any other pair stays two permutes. Values equal eager's."""
+
+    def step(x):
+        y = x.permute(*first)
+        return y * 2.0, (y.permute(*second) + 1.0).sum(0)
+
+    g = kiln.compile(step, wait=True)
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        x = kiln.tensor(rng.normal(size=(2, 3, 4)[: len(first)]).astype(np.float32))
+        for actual, expected in zip(g(x), step(x), strict=True):
+            np.testing.assert_allclose(array(actual), array(expected), rtol=RTOL, atol=ATOL)
+    assert _traced_ops(g).count("permute") == permutes
+    assert compiled_calls(g) == [2]
+
+
+def test_a_linear_looped_over_time_records_its_weight_transposes_once():
+    """A Linear head called at every step of a Python loop: its weight's transpose is recorded once
+    per call, its backward's transpose of that transpose is no node and the weight's gradient is
+    transposed once; one permute a step is left (the input's, for the weight's gradient). Three
+    permutes a step before. Results and gradients equal eager's over several calls."""
+    kiln.manual_seed(2)
+    head = kiln.nn.Linear(5, 3)
+    opt = kiln.optim.SGD(head.parameters(), lr=0.1)
+
+    def step(xs):
+        opt.zero_grad()
+        loss = sum((head(xs[t]) ** 2).sum() for t in range(xs.shape[0]))
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    rng = np.random.default_rng(6)
+    counts = {}
+    for steps in (3, 4):
+        g = kiln.compile(step, wait=True)
+        batches = [kiln.tensor(rng.normal(size=(steps, 2, 5)).astype(np.float32)) for _ in range(3)]
+        state = {k: array(v).copy() for k, v in head.state_dict().items()}
+        eager = [array(step(xs)).copy() for xs in batches] + [array(p).copy() for p in head.parameters()]
+        head.load_state_dict({k: kiln.tensor(v) for k, v in state.items()})
+        compiled = [array(g(xs)).copy() for xs in batches] + [array(p).copy() for p in head.parameters()]
+        for actual, expected in zip(compiled, eager, strict=True):
+            np.testing.assert_allclose(actual, expected, rtol=RTOL, atol=ATOL)
+        assert compiled_calls(g) == [2]
+        counts[steps] = _traced_ops(g).count("permute")
+    assert counts[4] - counts[3] == 1, counts
