@@ -51,3 +51,17 @@ def check_parity(torch, kfn, tfn, arrays, grad=(), *, rtol=1e-10, atol=1e-12, dt
 def leaves(*arrays, dtype=np.float64):
     """kiln leaf tensors requiring grad (for gradcheck)."""
     return [kiln.from_numpy(np.asarray(a, dtype=dtype).copy()).requires_grad_() for a in arrays]
+
+
+def cell_loop_calls(step, parameters, compiled: bool, calls: int = 3) -> tuple:
+    """``step(xs, h)`` (a cell looped over the 4 steps of ``xs``, (4, 2, 3); ``h`` (2, 4)), compiled or
+    not, called ``calls`` times on seeded leaves: (the function called, per call its result, the
+    leaves' gradients and ``parameters``' values after it) -- the same seeds compiled and eager."""
+    fn = kiln.compile(step) if compiled else step
+    rng = np.random.default_rng(4)
+    seen = []
+    for _ in range(calls):
+        xs = kiln.from_numpy(rng.standard_normal((4, 2, 3))).requires_grad_()
+        h = kiln.from_numpy(rng.standard_normal((2, 4))).requires_grad_()
+        seen.append([fn(xs, h), xs.grad, h.grad, *(p.detach().clone() for p in parameters)])
+    return fn, seen

@@ -13,6 +13,7 @@ import kiln
 import kiln.nn as nn
 import kiln.optim as optim
 from tests.conftest import assert_close
+from tests.nn.helpers import cell_loop_calls
 
 CASES = {
     "LSTMCell, loss on h": ("LSTMCell", {}, "h"),
@@ -48,14 +49,7 @@ def _loop(name: str, kwargs: dict, reads: str):
 
 def _run(case: str, compiled: bool, calls: int = 3):
     cell, step = _loop(*CASES[case])
-    fn = kiln.compile(step) if compiled else step
-    rng = np.random.default_rng(4)
-    seen = []
-    for _ in range(calls):
-        xs = kiln.from_numpy(rng.standard_normal((4, 2, 3))).requires_grad_()
-        h = kiln.from_numpy(rng.standard_normal((2, 4))).requires_grad_()
-        seen.append([fn(xs, h), xs.grad, h.grad, *(p.detach().clone() for p in cell.parameters())])
-    return fn, seen
+    return cell_loop_calls(step, list(cell.parameters()), compiled, calls)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -11,6 +11,7 @@ import kiln
 import kiln.nn as nn
 import kiln.optim as optim
 from tests.conftest import assert_close
+from tests.nn.helpers import cell_loop_calls
 
 MODES = {
     "LSTM": (nn.LSTM, {}),
@@ -167,14 +168,7 @@ def _cell_run(name: str, compiled: bool, calls: int = 3):
         opt.step()
         return loss.detach()
 
-    fn = kiln.compile(step) if compiled else step
-    rng = np.random.default_rng(4)
-    seen = []
-    for _ in range(calls):
-        xs = kiln.from_numpy(rng.standard_normal((4, 2, 3))).requires_grad_()
-        h = kiln.from_numpy(rng.standard_normal((2, 4))).requires_grad_()
-        seen.append([fn(xs, h), xs.grad, h.grad, *(p.detach().clone() for p in cell.parameters())])
-    return fn, seen
+    return cell_loop_calls(step, list(cell.parameters()), compiled, calls)
 
 
 @pytest.mark.parametrize("name", list(CELLS))
