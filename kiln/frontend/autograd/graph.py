@@ -264,11 +264,15 @@ def _regenerate_view_history(view) -> None:
     base = view._base
     if base.grad_fn is None and not base._requires_grad:
         return  # the base's memory carries no history to follow
+    from .inplace_history import move_retained_grad  # noqa: PLC0415 - it imports this module
+
     positions = make_tensor(view_positions(base._data, view._data), base._device)
     with enable_grad():
         fresh = take_flat(base, positions)
+    old, old_nr = view.grad_fn, view._output_nr
     view.grad_fn, view._output_nr = fresh.grad_fn, 0
     stamp_view(view)
+    move_retained_grad(view, old, old_nr)  # ``view.grad`` is its present value's gradient
 
 
 def _shared_tuple(value: tuple) -> tuple:
