@@ -133,3 +133,17 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"{n:6d}  {reason}")
     if len(counts) > 12:
         terminalreporter.write_line(f"        ... and {len(counts) - 12} other reasons (pytest -rs lists each test)")
+
+
+@pytest.fixture
+def eager_on(monkeypatch):
+    """Eager kernels on, compiling in the caller's thread (the suite runs with them off); off again
+    and their cache emptied afterwards."""
+    from kiln.frontend import eager_kernels  # noqa: PLC0415 - kiln loads once a test needs it
+
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", True)
+    eager_kernels.CACHE.clear()
+    eager_kernels.set_enabled(True)
+    yield eager_kernels
+    eager_kernels.set_enabled(False)
+    eager_kernels.CACHE.clear()

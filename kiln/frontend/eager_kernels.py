@@ -237,12 +237,8 @@ def deferred():
     while: ``jit/background.py``) -- the program replaces every op of those calls, and their
     compiles would only delay it. Kernels ``shared`` with compiled programs (``ready``) are compiled
     as ever: the program would compile them at its first call."""
-    before = getattr(_deferring, "on", False)
-    _deferring.on = True
-    try:
+    with _in_this_thread("on", True):
         yield
-    finally:
-        _deferring.on = before
 
 
 @contextlib.contextmanager
@@ -253,12 +249,19 @@ def moot_once(moot: Callable[[], bool]):
     compiles would take the cores and the interpreter from the compiled calls (a GPT's 20 kernels,
     1.4 s on a loaded machine after its program was ready). The key is forgotten: a later eager call
     queues it again."""
-    before = getattr(_deferring, "moot", None)
-    _deferring.moot = moot
+    with _in_this_thread("moot", moot):
+        yield
+
+
+@contextlib.contextmanager
+def _in_this_thread(name: str, value):
+    """``_deferring.<name>`` set to ``value`` in this thread, and what it was put back after."""
+    before = getattr(_deferring, name, None)
+    setattr(_deferring, name, value)
     try:
         yield
     finally:
-        _deferring.moot = before
+        setattr(_deferring, name, before)
 
 
 def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,

@@ -17,13 +17,15 @@ __all__ = ["derived"]
 
 def derived(kind: tuple, sources: tuple, make):
     """``make()`` -- or, within one trace, what it made for the same ``sources`` at the same
-    versions in the same grad mode. ``sources[0]`` only tells the device and dtype apart (its
-    version is not part of the key); the others are the tensors (or None) ``make`` reads."""
+    versions, requiring grad or not alike, in the same grad mode. ``sources[0]`` only tells the
+    device and dtype apart (its version is not part of the key); the others are the tensors (or
+    None) ``make`` reads."""
     trace = _jit.current.get() if _jit.tracing else None
     if trace is None:
         return make()
     key = (*kind, *[id(t) for t in sources[1:]], sources[0].dtype, sources[0].device)
-    stamp = (kiln.is_grad_enabled(), *[None if t is None else t._version[0] for t in sources[1:]])
+    # (whether a source requires grad too: one made before ``w.requires_grad_()`` has no history)
+    stamp = (kiln.is_grad_enabled(), *[None if t is None else (t._version[0], t._requires_grad) for t in sources[1:]])
     found = trace.derived.get(key)
     if found is not None and found[0] == stamp and all(a is b for a, b in zip(found[1], sources[1:], strict=True)):
         return found[2]

@@ -68,17 +68,6 @@ def direct():
     recurrence_native.install(eager_recurrence.native, SmallProducts)
 
 
-@pytest.fixture
-def eager_on(monkeypatch):
-    """Eager kernels on, compiling in the caller's thread (the suite runs with them off)."""
-    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", True)
-    eager_kernels.CACHE.clear()
-    eager_kernels.set_enabled(True)
-    yield eager_kernels
-    eager_kernels.set_enabled(False)
-    eager_kernels.CACHE.clear()
-
-
 def _scan_both(direct, mode, args, reverse, g):
     w_hh = args[_INPUTS[mode].index("w_hh")]
     out = {}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kiln.codegen.llvm.recurrence_call import LSTMKernels, LSTMStepKernels
-from kiln.frontend import eager_kernels, eager_recurrence
+from kiln.frontend import eager_recurrence
 from kiln.ir.primitives import recurrence_native
 from kiln.ir.primitives import recurrence_numpy as kernels
 from kiln.ir.primitives.recurrence_layout import ScanLayout
@@ -134,17 +134,6 @@ def test_arrays_it_does_not_take_run_numpy(provide, runs):
     got = _step_both_ways((gapped, spread, *inputs[2:]), g, out, grad_out)
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-5)
-
-
-@pytest.fixture
-def eager_on(monkeypatch):
-    """Eager kernels on, compiling in the caller's thread (the suite runs with them off)."""
-    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", True)
-    eager_kernels.CACHE.clear()
-    eager_kernels.set_enabled(True)
-    yield eager_kernels
-    eager_kernels.set_enabled(False)
-    eager_kernels.CACHE.clear()
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -37,6 +37,7 @@ from ..tensor import Tensor, make_tensor
 from .backward import BackwardPlan, ConsumedPlan
 from .dynamic import NotDynamic, Pending, size_symbols, symbolize
 from .dynamic_binding import with_derived
+from .escapes import escaped_tensors
 from .hazards import reachable_tensors
 from .pytree import flatten
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
@@ -154,7 +155,7 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     new_grads = [t._grad for t, _ in trace.grads.values() if t._grad is not None]
     tensors = [leaf for leaf in out_leaves if isinstance(leaf, Tensor)]
     keep = tensors + new_grads + [e.tensor for e in traced.externals]
-    escaped = trace.escaped_tensors(keep)
+    escaped = escaped_tensors(trace.born, keep)
     if escaped:  # or only kept alive by a reference cycle (a tensor and the autograd node saving it)
         # Cycles this call made are young: collecting the young generations frees them for a
         # fraction of a full collection, which walks every object of the process (~100 ms once
@@ -163,7 +164,7 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         # mid-trace then costs one eager call, not every call).
         state = compiled.state
         gc.collect() if state.escapes_survived_young_collection else gc.collect(1)
-        escaped = trace.escaped_tensors(keep)
+        escaped = escaped_tensors(trace.born, keep)
         state.escapes_survived_young_collection = bool(escaped)
     if escaped:
         trace.release()

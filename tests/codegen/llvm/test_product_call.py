@@ -79,17 +79,6 @@ def test_arrays_it_does_not_take_are_left_to_numpy():
 
 
 @pytest.fixture
-def eager_on(monkeypatch):
-    """Eager kernels on, compiling in the caller's thread (the suite runs with them off)."""
-    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", True)
-    eager_kernels.CACHE.clear()
-    eager_kernels.set_enabled(True)
-    yield
-    eager_kernels.set_enabled(False)
-    eager_kernels.CACHE.clear()
-
-
-@pytest.fixture
 def counted(monkeypatch):
     """The kernel's calls: whether each took its arrays."""
     calls: list[bool] = []

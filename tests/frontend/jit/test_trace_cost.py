@@ -224,3 +224,25 @@ def test_a_linear_looped_over_time_records_its_weight_transposes_once():
         assert compiled_calls(g) == [2]
         counts[steps] = _traced_ops(g).count("permute")
     assert counts[4] - counts[3] == 1, counts
+
+
+def test_a_weight_transpose_recorded_before_requires_grad_is_made_again_after():
+    """``F.linear``'s traced weight transpose is kept per call only while the weight's version and
+    whether it requires grad are unchanged: one made before ``w.requires_grad_()`` has no history."""
+    w = kiln.tensor(np.arange(12.0).reshape(3, 4).astype(np.float32))
+
+    def f(x):
+        a = kiln.nn.functional.linear(x, w)
+        w.requires_grad_(True)
+        b = kiln.nn.functional.linear(x, w)
+        (a + b).sum().backward()
+        grad = w.grad.clone()
+        w.grad = None
+        w.requires_grad_(False)
+        return grad
+
+    g = kiln.compile(f, wait=True)
+    x = kiln.ones(2, 4)
+    for _ in range(3):
+        np.testing.assert_allclose(array(g(x)), np.full((3, 4), 2.0), rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(array(f(x)), np.full((3, 4), 2.0), rtol=RTOL, atol=ATOL)
