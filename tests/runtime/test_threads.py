@@ -359,6 +359,14 @@ def _wait_until_asleep(native, timeout: float) -> float:
     return time.monotonic() - start
 
 
+def _wait_until_awake(native, timeout: float) -> None:
+    """Wait until no native worker sleeps (one woken counts as asleep until it has run)."""
+    start = time.monotonic()
+    while native.sleepers():
+        assert time.monotonic() - start < timeout, "woken native workers never ran"
+        time.sleep(0.0005)
+
+
 @needs_native
 def test_idle_native_workers_spin_for_a_time_not_a_count_of_rounds(always_split):
     """An idle worker sleeps once it has spun for the time set, not after a count of pause rounds
@@ -388,8 +396,10 @@ def test_native_pool_keeps_small_work_on_the_caller_while_workers_sleep(workers_
     assert threads.NATIVE_MIN_WORK_BYTES < threads.WAKE_MIN_WORK_BYTES <= threads.PARALLEL_MIN_WORK_BYTES
     kiln.set_num_threads(2)
     small = threads.NATIVE_MIN_WORK_BYTES
-    # the worker runs a chunk of a task that wakes it, so it is awake when the call returns
+    # a task that wakes them; every worker (the pool may hold more than this task uses, from an
+    # earlier test's thread count) is awake once the OS has run it, which a loaded machine delays
     threads.parallel_for(native_recorder(meet=2)[1], None, 10, threads.WAKE_MIN_WORK_BYTES, spin=True)
+    _wait_until_awake(threads._native, 10)
     record, kernel = native_recorder()
     threads.parallel_for(kernel, None, 10, small, spin=True)  # the workers still spin
     assert sorted((b, e) for b, e, _ in record.calls) == chunks_of(10, 2)
