@@ -29,6 +29,13 @@ class Node:
     def name(self) -> str:
         return type(self).__name__
 
+    @property
+    def next_functions(self) -> tuple[tuple[Node | None, int], ...]:
+        """PyTorch's view of the edges: per input of the forward op, the node its gradient goes to
+        and which of that node's outputs it is, ``(None, 0)`` for an input that needs no gradient
+        (a leaf's node is its ``AccumulateGrad``, whose ``variable`` is the leaf)."""
+        return tuple(edge if edge is not None else (None, 0) for edge in self.next_edges)
+
     def apply(self, grads: list) -> tuple:
         raise NotImplementedError
 
