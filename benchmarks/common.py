@@ -109,6 +109,8 @@ def compare(
     had slowed PyTorch's next block: its NCF step read 3.6 ms after kiln's blocks, 1.9 ms when kiln's
     BLAS threads no longer spun, medians of 4 runs) and a repeat thrown
     away (it warms the caches), so each candidate's repeats still spread over the whole run.
+    Either way each round starts with the next candidate (``_rotated``): none always runs right
+    after the same other one, whose caches, spinning threads or heat it would inherit.
     """
     settings = QUICK if quick else FULL
     timers = {
@@ -123,18 +125,24 @@ def compare(
 
     if interleave:
         for round_ in range(settings.warmup + settings.repeats):
-            for name in names:
+            for name in _rotated(names, round_):
                 elapsed = repeat(name)
                 if round_ >= settings.warmup:
                     per_call[name].append(elapsed)
     else:
-        for size in _blocks(settings.repeats, settings.blocks):
-            for name in names:
+        for round_, size in enumerate(_blocks(settings.repeats, settings.blocks)):
+            for name in _rotated(names, round_):
                 time.sleep(settings.idle_s)
                 for _ in range(settings.warmup if len(per_call[name]) == 0 else 1):
                     repeat(name)
                 per_call[name] += [repeat(name) for _ in range(size)]
     return {name: _summarize(sorted(times), inner[name]) for name, times in per_call.items()}
+
+
+def _rotated(names: list[str], round_: int) -> list[str]:
+    """``names`` starting at the ``round_``-th (round-robin over rounds)."""
+    start = round_ % len(names)
+    return names[start:] + names[:start]
 
 
 def _blocks(repeats: int, blocks: int) -> list[int]:

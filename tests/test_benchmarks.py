@@ -78,9 +78,16 @@ def test_candidates_not_interleaved_take_turns_by_blocks(monkeypatch):
     timings = common.compare({k: (lambda k=k: order.append(k), None) for k in "ab"}, quick=True, interleave=False)
     assert all(t.repeats == 5 and t.inner == 1 for t in timings.values())
     calibration = ["a", "b"]
-    turns = ["a"] * (2 + 3) + ["b"] * (2 + 3) + ["a"] * (1 + 2) + ["b"] * (1 + 2)
+    turns = ["a"] * (2 + 3) + ["b"] * (2 + 3) + ["b"] * (1 + 2) + ["a"] * (1 + 2)  # the 2nd round starts with b
     assert order == calibration + turns
     assert common._blocks(15, 3) == [5, 5, 5] and common._blocks(5, 3) == [2, 2, 1] and common._blocks(2, 3) == [1, 1]
+
+
+def test_interleaved_rounds_start_with_each_candidate_in_turn(monkeypatch):
+    monkeypatch.setattr(common, "QUICK", Settings(repeats=2, min_repeat_ns=1, warmup=1))
+    order: list[str] = []
+    common.compare({k: (lambda k=k: order.append(k), None) for k in "abc"}, quick=True)
+    assert order[3:] == list("abcbcacab")  # after the calibration: warm-up round, then two rounds
 
 
 def test_summarize_median_and_quartiles_by_hand():
