@@ -62,3 +62,10 @@ def test_equality_is_no_check():
     with watched_versions([x]) as checked:
         assert x._version[0] == 0 and 0 == x._version[0]  # how the tracer binds values
     assert not checked
+
+
+def test_a_watched_value_kept_after_the_block_records_nothing():
+    x = kiln.ones(3)
+    with watched_versions([x]) as checked:
+        kept = x._version[0]  # (the tracer keeps versions in its bindings)
+    assert kept != 1 and not checked
