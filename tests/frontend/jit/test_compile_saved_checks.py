@@ -112,7 +112,8 @@ CASES = {
     "view_mutated_inside_saved": Case(_view_mutated_then_saved, None, False),
     "copy_saved_changed_after": Case(_copy_saved, _bump_x, False),
     # eager saved memory of its own where the compiled program saved the caller's (fail on the old
-    # code: the gradient of the changed value, and a version error eager does not raise)
+    # code: the gradient of the changed value, silently; for the copy into new memory a version
+    # error eager does not raise)
     "simplified_copy_saved_changed_after": Case(_simplified_copy_saved, _bump_x, False),
     "copied_into_new_memory_changed_after": Case(_copied_into_new_memory, _bump_x, False),
     "result_and_its_copy_saved_changed_after": Case(_result_and_its_copy_saved, _bump_result, False),
@@ -187,9 +188,9 @@ def test_dynamic_batch_sizes(name):
 
 @pytest.mark.parametrize("name", [n for n, case in CASES.items() if case.raises])
 def test_create_graph_raises_the_same(name):
-    """With ``create_graph=True`` the version check comes first, as in eager (the mutated argument's
-    and the result's cases fail on the old code: the compiled backward raised that it is not
-    differentiable again instead)."""
+    """With ``create_graph=True`` the version check comes first, as in eager (the mutated argument's,
+    the mutated view's and the result's cases fail on the old code: the compiled backward raised that
+    it is not differentiable again instead)."""
     _compare(name, create_graph=True)
 
 
