@@ -63,16 +63,23 @@ class BackwardPlan:
         """The saved values (positions in ``saved_outputs``) that the forward program of ``spec`` may
         return as memory the caller can reach and eager's backward did not check: an unchecked input's
         or a result's. The passes may make them so after the partition (``x * 1.0`` is ``x``). Not
-        those the program makes new at every call, nor views of an input the backward checks."""
+        those the program makes new at every call, nor those over memory of its own that it hands
+        out as no other output (an intermediate), nor views of an input the backward checks."""
         cached = self._shared
         if not cached or cached[0] is not spec.program:
             program, graph = spec.program, spec.graph
             # (an executor's new outputs: its fresh ones and extern results of their own)
             new: frozenset = getattr(program, "new_outputs", getattr(program, "fresh_outputs", frozenset()))
             root, position = Liveness(graph).root, {v: k for k, v in enumerate(graph.inputs)}
+            saved = set(self.saved_outputs)
+            handed_out = {root[v] for i, v in enumerate(graph.outputs) if i not in saved}
             checked = set(self.checked_inputs)
-            shared = [k for k, i in enumerate(self.saved_outputs)
-                      if i not in new and position.get(root[graph.outputs[i]]) not in checked]  # fmt: skip
+
+            def reachable(i: int) -> bool:
+                r = root[graph.outputs[i]]
+                return r in handed_out or (r in position and position[r] not in checked)
+
+            shared = [k for k, i in enumerate(self.saved_outputs) if i not in new and reachable(i)]
             cached = self._shared = (program, shared)
         return cached[1]
 
