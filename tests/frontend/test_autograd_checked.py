@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.frontend.autograd.checked import check_saved, collect_checked
+from kiln.frontend.autograd.checked import check_saved
 
 MESSAGE = "one of the variables needed for gradient computation has been modified by an inplace operation"
 
@@ -45,11 +45,3 @@ def test_retain_graph_keeps_it_and_a_second_backward_without_raises_as_freed():
     np.testing.assert_allclose(w.grad.numpy(), [2.0, 2.0, 2.0])
     with pytest.raises(RuntimeError, match="second time"):
         y.backward()
-
-
-def test_collect_checked_gathers_what_the_backward_checked():
-    x, w = kiln.ones(3), kiln.ones(3, requires_grad=True)
-    y = _product(x, w)
-    with collect_checked() as checked:
-        y.sum().backward()
-    assert [t is x for t in checked] == [True]

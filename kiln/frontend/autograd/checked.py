@@ -9,8 +9,8 @@ are still at the versions they had and passes the gradient through unchanged: th
 where PyTorch's op does, with the same message as any saved tensor.
 
 A compiled call's backward is traced by running the autograd graph of its trace, these nodes
-included (``jit/build.py``): ``collect_checked`` gathers the tensors they checked, and the compiled
-backward checks the call's inputs among them at its own time, as the eager node would.
+included (``jit/build.py``): the compiled backward checks the call's tensors that any node checked
+(``jit/eager_checks.py``) at its own time, as the eager node would.
 
 >>> import kiln
 >>> x, w = kiln.ones(3), kiln.ones(3, requires_grad=True)
@@ -24,17 +24,10 @@ RuntimeError: one of the variables needed for gradient computation has been modi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-
 from .node import Node
 from .saved import save_tensors, unpack_tensors
 
-__all__ = ["check_saved", "collect_checked"]
-
-#: The list ``collect_checked`` gathers checked tensors into (None: no one collects).
-_collecting: ContextVar[list | None] = ContextVar("kiln_checked_sources", default=None)
+__all__ = ["check_saved"]
 
 
 class CheckedBackward(Node):
@@ -52,10 +45,7 @@ class CheckedBackward(Node):
         return self.op
 
     def apply(self, grads: list) -> tuple:
-        sources = unpack_tensors(self, self.saved_inputs, self.saved_versions)
-        sink = _collecting.get()
-        if sink is not None:
-            sink.extend(sources)
+        unpack_tensors(self, self.saved_inputs, self.saved_versions)
         return (grads[0],)
 
     def release(self) -> None:
@@ -73,14 +63,3 @@ def check_saved(t, sources, op: str):
     assert t._base is None, f"{op}: check_saved takes new memory, not a view"
     t.grad_fn, t._output_nr = CheckedBackward(op, (node, t._output_nr), tuple(sources)), 0
     return t
-
-
-@contextmanager
-def collect_checked() -> Iterator[list]:
-    """A list of the tensors ``CheckedBackward`` nodes check while the block runs (a backward)."""
-    sink: list = []
-    token = _collecting.set(sink)
-    try:
-        yield sink
-    finally:
-        _collecting.reset(token)

@@ -246,8 +246,9 @@ def refresh_view_history(view) -> None:
     """Rebuild ``view``'s history from its base if its memory was written since it was set."""
     # a view op's node (PrimBackward, the ops' SplitBackward) notes the version; any other node has none
     version = getattr(view.grad_fn, "view_version", -1)
-    if version != -1 and version != view._version[0]:
-        _regenerate_view_history(view)
+    if version == -1 or version == view._version[0]:
+        return  # (``==``: a comparison by ``!=`` is a saved tensor's check, ``jit/eager_checks.py``)
+    _regenerate_view_history(view)
 
 
 def stamp_view(view) -> None:

@@ -16,9 +16,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ...ir.analysis import Liveness
 from ...ir.graph import Graph
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError, Node, _edge_of, _freed_error
+from ..tensor import Tensor
+from .layouts import memory_owner
 from .signature import Captured, Signature, apply, bind, made_fresh
 
 
@@ -33,11 +36,15 @@ class BackwardPlan:
     saved_bytes: int = 0  # what each call's forward keeps for it (after the partition pass)
     saved_bytes_before: int = 0  # what it would keep without the partition pass
     recomputed: int = 0  # saved values the backward recomputes instead
-    saved_views_of: list[int] = field(default_factory=list)  # externals whose memory a saved value views
+    # what eager's backward checks for in-place changes (``eager_checks``), so this one checks too:
+    # externals (the forward's inputs: arguments, captured tensors) and results (flattened positions)
+    checked_inputs: list[int] = field(default_factory=list)
+    checked_results: list[int] = field(default_factory=list)
     # the backward graph as the partition made it: lowered by ``symbolic_backward.lower_plan``, and
     # compared with a trace's at another size (a dynamic specialization)
     traced: Graph | None = None
     _fresh: tuple = field(default=(), repr=False)  # (program, made_fresh for it): see ``made_fresh``
+    _shared: tuple = field(default=(), repr=False)  # (forward program, its saved values): ``_maybe_shared``
 
     def __post_init__(self) -> None:
         # the captured tensors the backward reads (see ``attach``), by their weak references
@@ -52,21 +59,64 @@ class BackwardPlan:
             cached = self._fresh = (self.program, made_fresh(self.signature, fresh))
         return cached[1]
 
+    def _maybe_shared(self, spec) -> list[int]:
+        """The saved values (positions in ``saved_outputs``) that the forward program of ``spec`` may
+        return as memory the caller can reach and eager's backward did not check: an unchecked input's
+        or a result's. The passes may make them so after the partition (``x * 1.0`` is ``x``). Not
+        those the program makes new at every call, nor those over memory of its own that it hands
+        out as no other output (an intermediate), nor views of an input the backward checks."""
+        cached = self._shared
+        if not cached or cached[0] is not spec.program:
+            program, graph = spec.program, spec.graph
+            # (an executor's new outputs: its fresh ones and extern results of their own)
+            new: frozenset = getattr(program, "new_outputs", getattr(program, "fresh_outputs", frozenset()))
+            root, position = Liveness(graph).root, {v: k for k, v in enumerate(graph.inputs)}
+            saved = set(self.saved_outputs)
+            handed_out = {root[v] for i, v in enumerate(graph.outputs) if i not in saved}
+            checked = set(self.checked_inputs)
+
+            def reachable(i: int) -> bool:
+                r = root[graph.outputs[i]]
+                return r in handed_out or (r in position and position[r] not in checked)
+
+            shared = [k for k, i in enumerate(self.saved_outputs) if i not in new and reachable(i)]
+            cached = self._shared = (program, shared)
+        return cached[1]
+
     def attach(self, spec, results: list, outputs: list, leaves: list) -> None:
         saved = [outputs[i] for i in self.saved_outputs]
         externals = [spec.external(k, leaves) for k in self.wrt]
-        # The tensors the backward reads at its own time: captured ones (a weight for the input's
-        # gradient) and those a saved value is a view of (the weight's transpose). Eager autograd
-        # saved them and raises if one changes in place before the backward; their version
-        # counters let the compiled backward raise the same.
+        # The tensors eager's backward would find changed in place and raise: those it saved (an
+        # argument changed inside the call, then saved; a weight's transpose; a result, as exp saves
+        # its own) and those it checked though it read copies (a convolution's input). Their version
+        # counters, read now that the call wrote its inputs back, let the compiled backward raise the
+        # same. Captured tensors the backward graph reads at its own time are checked as well.
         read = [ref() for ref in self._captured_refs]
-        if self.saved_views_of:
-            read += [spec.external(k, leaves) for k in self.saved_views_of]
-        versions = [(t._version, t._version[0]) for t in read if t is not None]
+        read += [spec.external(k, leaves) for k in self.checked_inputs]
+        read += [results[i] for i in self.checked_results]
+        counters = {id(t._version): t._version for t in read if t is not None}
+        versions = [(counter, counter[0]) for counter in counters.values()]
+        shared = self._maybe_shared(spec)
+        if shared:
+            reachable = [spec.external(k, leaves) for k in range(len(spec.sources))] + results
+            saved = _own_copies(saved, shared, counters, [t for t in reachable if isinstance(t, Tensor)])
         node = CompiledBackward(self, saved, externals, [results[i] for i in self.diff_results], versions)
         for nr, position in enumerate(self.diff_results):
             t = results[position]
             t.grad_fn, t._output_nr, t._requires_grad = node, nr, True
+
+
+def _own_copies(saved: list, positions: list[int], checked: dict, reachable: list) -> list:
+    """``saved`` with the arrays at ``positions`` copied where they are memory of a tensor of
+    ``reachable`` (the call's inputs and results) whose version counter is not in ``checked``: the
+    caller may change it before the backward, and eager's backward, which saved memory of its own
+    there, would not see that."""
+    owners = {id(memory_owner(t._data)) for t in reachable if id(t._version) not in checked}
+    saved = list(saved)
+    for k in positions:
+        if id(memory_owner(saved[k])) in owners:
+            saved[k] = saved[k].copy()
+    return saved
 
 
 class CompiledBackward(Node):

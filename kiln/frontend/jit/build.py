@@ -30,13 +30,13 @@ from ...ir.graph import Graph, Node, Value
 from ...ir.verifier import VerificationError, verify
 from ...passes.layouts import c_strides
 from ...passes.partition import partition
-from ..autograd.checked import collect_checked
 from ..autograd.grad_mode import state as grad_state
 from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
 from .backward import BackwardPlan, ConsumedPlan
 from .dynamic import NotDynamic, Pending, size_symbols, symbolize
 from .dynamic_binding import with_derived
+from .eager_checks import watched_versions
 from .escapes import escaped_tensors
 from .hazards import reachable_tensors
 from .pytree import flatten
@@ -356,8 +356,10 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             seed = make_tensor(np.ones_like(out_leaves[i]._data), out_leaves[i]._device)
             bwd.add_external(seed, "seed")
             seeds.append(seed)
+        # the tensors the user can still reach and change whose versions eager's backward checks
+        reachable = [e.tensor for e in traced.externals] + [t for t in out_leaves if isinstance(t, Tensor)]
         try:
-            with collect_checked() as checked:  # what a composite's backward checks but reads copies of
+            with watched_versions(reachable) as checked:
                 grads = partial_grad(
                     [out_leaves[i] for i in diff], [traced.externals[k].tensor for k in wrt], seeds, retain_graph=True
                 )
@@ -395,8 +397,12 @@ def _trace_backward(options, trace: Trace, traced, out_leaves: list, fwd_outputs
             inputs.append(Saved(next(saved)))
     graph = result.builder.build(number_outputs(inputs, result.outputs)[1])
     bwd.release()
-    checked_values = [t._trace[1] for t in checked if t._trace is not None and t._trace[0] is trace]
-    return _PendingBackward(graph, inputs, result.outputs, diff, saved_outputs, wrt, checked_values), None
+    external_counters = {id(e.tensor._version) for e in traced.externals}
+    checked_inputs = [k for k, e in enumerate(traced.externals) if id(e.tensor._version) in checked]
+    checked_results = [i for i, t in enumerate(out_leaves) if made[i] and isinstance(t, Tensor)
+                       and id(t._version) in checked and id(t._version) not in external_counters]  # fmt: skip
+    pending = _PendingBackward(graph, inputs, result.outputs, diff, saved_outputs, wrt, checked_inputs, checked_results)
+    return pending, None
 
 
 @dataclass
@@ -409,7 +415,10 @@ class _PendingBackward:
     diff: list[int]
     saved_outputs: list[int]  # forward output indices of the saved values, one per Saved input
     wrt: list[int]
-    checked: list[Value]  # forward values the eager backward checked for in-place changes (``check_saved``)
+    # what eager's backward checked for in-place changes (``eager_checks``): the externals (forward
+    # inputs) by index, and the results (besides views of externals) by their flattened position
+    checked_inputs: list[int]
+    checked_results: list[int]
 
 
 def _partition(
@@ -420,7 +429,6 @@ def _partition(
     would read their new values, so nothing is recomputed from them."""
     if not isinstance(pending, _PendingBackward):
         return forward, pending  # None or a ConsumedPlan
-    traced_forward = forward
     saved_inputs = [i for i, kind in enumerate(pending.inputs) if isinstance(kind, Saved)]
     read_by_backward = {id(kind.ref()): i for i, kind in enumerate(pending.inputs) if isinstance(kind, Captured)}
     readable = {f: read_by_backward[id(s.ref())] for f, s in enumerate(sources)
@@ -431,20 +439,15 @@ def _partition(
               for i, kind in enumerate(pending.inputs) if not isinstance(kind, Saved) or i in still_saved]  # fmt: skip
     inputs += [Saved(len(part.kept) + k) for k in range(part.promoted)]
     signature, _ = number_outputs(inputs, pending.results)
-    forward = _own_copies_of_mutated(part.forward, part.saved, mutated)
-    # Saved values that are views of the call's inputs (a weight's transpose): their memory is the
-    # input's, so an in-place change of it before the backward must raise, as eager's would; so must
-    # one of an input the eager backward checked though it read a copy (a convolution's, padded).
-    root, position = Liveness(forward).root, {v: k for k, v in enumerate(forward.inputs)}
-    views = {position[root[v]] for v in (forward.outputs[i] for i in part.saved) if root[v] in position}
-    if pending.checked:
-        traced_root = Liveness(traced_forward).root
-        checked = {traced_root.get(v) for v in pending.checked}
-        views |= {k for k, v in enumerate(traced_forward.inputs) if v in checked}
+    # A saved value over memory the user can change before the backward (an input's) is read there
+    # only if eager's backward checked that input (the check then raises first); else it is copied.
+    unchecked = set(range(len(forward.inputs))) - set(pending.checked_inputs)
+    forward = _own_copies(part.forward, part.saved, mutated | unchecked)
     # lowered when the specialization is compiled (``symbolic_backward.lower_plan``): for its sizes, or all
     plan = BackwardPlan(part.backward, _not_lowered, signature, pending.diff, list(part.saved), pending.wrt,
                         saved_bytes=part.saved_bytes, saved_bytes_before=part.saved_bytes_before,
-                        recomputed=len(part.recomputed), saved_views_of=sorted(views), traced=part.backward)  # fmt: skip
+                        recomputed=len(part.recomputed), checked_inputs=pending.checked_inputs,
+                        checked_results=pending.checked_results, traced=part.backward)  # fmt: skip
     return forward, plan
 
 
@@ -452,18 +455,19 @@ def _not_lowered(arrays: list) -> list:
     raise AssertionError("a backward plan run before its specialization was compiled")
 
 
-def _own_copies_of_mutated(forward: Graph, saved: Sequence[int], mutated: set[int]) -> Graph:
-    """``forward`` with each saved value that is a view of an input the call writes back replaced
-    by a copy of it. Tracing succeeded, so eager's backward did not read that input's memory (it
-    would have raised on the in-place change): the value was memory of its own there
-    (``v.copy_(a)`` then ``a.add_(2)``), and only the graph, which knows values and not memory, made
-    it a view (``expand(a)``). Saved as a view, the write-back would change it under the backward."""
+def _own_copies(forward: Graph, saved: Sequence[int], inputs: set[int]) -> Graph:
+    """``forward`` with each saved value that is a view of one of ``inputs`` replaced by a copy of it.
+    Those are the inputs whose memory eager's backward did not read at its own time: the call writes
+    them back, or eager's backward did not check them (``eager_checks``). Tracing succeeded, so the
+    value eager saved was memory of its own (``v.copy_(a)`` then ``a.add_(2)``), and only the graph,
+    which knows values and not memory, made it a view (``expand(a)``). Saved as a view, a write-back
+    or the user's in-place change would change it under the backward."""
     root, position = Liveness(forward).root, {v: k for k, v in enumerate(forward.inputs)}
     outputs, nodes = list(forward.outputs), list(forward.nodes)
     ids = itertools.count(max((v.id for v in forward.values()), default=-1) + 1)
     for i in saved:
         v = outputs[i]
-        if root[v] in position and position[root[v]] in mutated:
+        if root[v] in position and position[root[v]] in inputs:
             copied = Value(next(ids), v.type)
             nodes.append(Node("copy", (v,), {}, (copied,)))
             outputs[i] = copied

@@ -75,7 +75,7 @@ def test_the_compiled_backward_checks_the_input_it_reads_a_copy_of():
     for seed in range(3):
         _outcome(g, "direct", seed, False)
     (spec,) = g.state.specializations
-    assert spec.backward.saved_views_of == [0]  # the argument x (the weight's copy w * 0.5 is not checked)
+    assert spec.backward.checked_inputs == [0]  # the argument x (the weight w * 0.5 is made in the call)
     assert _outcome(g, "direct", 5, True)[0] == "raised"
     assert _outcome(g, "direct", 6, False)[0] == "ok"
 
