@@ -528,7 +528,8 @@ class Trace:
         writebacks = []
         for index, ext in enumerate(self.externals):
             binding = ext.tensor._trace
-            if binding is None or binding[0] is not self or binding[2] != ext.tensor._version[0]:
+            current = binding is not None and binding[0] is self and binding[2] == ext.tensor._version[0]
+            if not current:  # (``==``: a ``!=`` on a version is a saved tensor's check, ``eager_checks``)
                 if ext.tensor._base is not None:
                     continue  # a view of an anchor that is written back
                 self.break_here("a tensor's memory was changed outside kiln's ops")

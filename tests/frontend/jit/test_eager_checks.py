@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import pathlib
+import re
+
 import pytest
 
 import kiln
@@ -69,3 +72,20 @@ def test_a_watched_value_kept_after_the_block_records_nothing():
     with watched_versions([x]) as checked:
         kept = x._version[0]  # (the tracer keeps versions in its bindings)
     assert kept != 1 and not checked
+
+
+def test_every_comparison_of_a_version_by_not_equal_in_kiln_is_a_check_that_raises():
+    """The watcher counts each ``!=`` on a watched version as a check (``eager_checks``'s rule), so
+    kiln compares versions by ``!=`` only where it raises when they differ; anything else (a
+    binding, a view's history) compares by ``==``. A ``!=`` added elsewhere fails here."""
+    root = pathlib.Path(kiln.__file__).parent
+    version = r"(_version\[0\]|\bcounter\[0\])"  # a tensor's version (``counter``: its ``_version``)
+    compares = re.compile(rf"{version}\s*!=|!=\s*[\w.]*{version}")
+    others = []
+    for path in sorted(root.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for n, line in enumerate(lines):
+            code = line.split("#")[0]
+            if compares.search(code) and not any("raise" in after for after in lines[n + 1 : n + 3]):
+                others.append(f"{path.relative_to(root)}:{n + 1}: {line.strip()}")
+    assert others == []
