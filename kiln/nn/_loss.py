@@ -13,7 +13,7 @@ from kiln.frontend.eager_composites import compiled_composite
 
 from ._loss_logits import check_same_size
 from ._loss_reduction import _check_reduction, _reduce, legacy_reduction
-from ._utils import check_tensor
+from ._utils import check_tensor, saves_target
 
 __all__ = ["nll_loss", "cross_entropy", "binary_cross_entropy", "kl_div"]
 
@@ -62,14 +62,14 @@ def _picked_log_probs(logp, target, weight, ignore_index: int, op: str, normaliz
             f"got {list(target.shape)}"
         )
     _check_class_weight(weight, classes, op)
-    target = target.to(kiln.int64)
-    valid = target != ignore_index
-    safe = kiln.where(valid, target, 0)
+    indices = target.to(kiln.int64)
+    valid = indices != ignore_index
+    safe = kiln.where(valid, indices, 0)
     index = safe.unsqueeze(cdim)
     # The gather below checks the same index with the same bounds: compiled, one check remains (this one).
     message = f"{op}: Target {{value}} is out of bounds (expected class indices in [0, {classes - 1}])"
     kiln.jit.check_range(index, 0, classes, IndexError, message)
-    picked = kiln.gather(logp, cdim, index)
+    picked = saves_target(kiln.gather(logp, cdim, index), target, "nll_loss")  # PyTorch's nll_loss keeps it
     if normalizer is not None:
         peak, log_total = normalizer
         picked = (picked - peak) - log_total

@@ -12,6 +12,7 @@ import kiln
 from kiln.frontend.autocast import FLOAT32, autocast_op
 
 from ._loss_reduction import _check_reduction, _reduce, legacy_reduction
+from ._utils import saves_target
 
 __all__ = ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "poisson_nll_loss", "gaussian_nll_loss"]
 
@@ -21,7 +22,7 @@ def mse_loss(input, target, size_average=None, reduce=None, reduction: str = "me
     """Mean squared error; ``input`` and ``target`` broadcast against each other."""
     reduction = legacy_reduction(size_average, reduce, reduction)
     diff = input - target
-    return _reduce(diff * diff, reduction)
+    return saves_target(_reduce(diff * diff, reduction), target, "mse_loss")
 
 
 @autocast_op(FLOAT32)
@@ -41,7 +42,8 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str
     if beta == 0.0:
         return _reduce(kiln.abs(diff), reduction)
     magnitude = kiln.abs(diff)
-    return _reduce(kiln.where(magnitude < beta, 0.5 * diff * diff / beta, magnitude - 0.5 * beta), reduction)
+    loss = _reduce(kiln.where(magnitude < beta, 0.5 * diff * diff / beta, magnitude - 0.5 * beta), reduction)
+    return saves_target(loss, target, "smooth_l1_loss")  # PyTorch's keeps it (its beta=0 form, l1_loss, not)
 
 
 def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0, weight=None) -> kiln.Tensor:
@@ -53,7 +55,7 @@ def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0, weigh
     loss = kiln.where(magnitude < delta, 0.5 * diff * diff, delta * (magnitude - 0.5 * delta))
     if weight is not None:
         loss = loss * weight
-    return _reduce(loss, reduction)
+    return saves_target(_reduce(loss, reduction), target, "huber_loss")
 
 
 def poisson_nll_loss(input, target, log_input: bool = True, full: bool = False, size_average=None,

@@ -15,6 +15,16 @@ in-place change between forward and backward that eager would not raise on), con
 elementwise work, and nothing expensive (a matmul, a reduction, random bits, a check) is ever
 done twice. Random nodes are extern, never elementwise, so a recomputation never draws new numbers.
 
+A recomputed value may differ from the forward's in its last bit: the backward's kernel is another
+kernel, and LLVM may contract ``a * b + c`` into one FMA in one of them only. That is harmless for
+arithmetic, not for a decision (a comparison, ``where``'s condition, amax's tie mask, relu's mask,
+a sign or a floor): the backward must decide as the forward did -- amax's column whose recomputed
+input no longer equals the saved max had no tie at all and divided 0 by 0. So a decision never
+reads a rounded recomputation: a saved value that a backward decision reads is recomputed only
+through ops that never differ between kernels (views, selections, comparisons: ``NON_ROUNDING``),
+and a decision inside a recomputation reads only such values. Relu's mask and output are still
+recomputed from its saved input; a fused ``x * w + b`` that amax compares is saved.
+
 The pass is pure: ``partition`` returns the new forward and backward graphs and which saved
 values remain (the frontend renumbers the backward's saved inputs after it).
 """
@@ -30,6 +40,17 @@ from ..ir.types import is_static
 
 #: The most nodes recomputed for one saved value: beyond it the backward would redo real work.
 MAX_RECOMPUTE = 8
+
+#: Elementwise ops that two kernels always compute alike from the same input bits: they select,
+#: compare or convert (a cast rounds once, correctly), and LLVM fuses none into a neighbour's result.
+#: Arithmetic may differ: LLVM may contract ``a * b + c`` into one FMA in one kernel and not in
+#: another (codegen/llvm/flags.py), and a routine may take another path when vectorized.
+NON_ROUNDING = frozenset({
+    "neg", "abs", "sign", "floor", "ceil", "round", "maximum", "minimum", "where", "cast",
+    "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "logical_xor",
+})  # fmt: skip
+#: Float ops whose result jumps where the input crosses a point, as a comparison's does: decisions too.
+STEP_OPS = frozenset({"sign", "floor", "ceil", "round", "floor_divide", "remainder"})
 
 
 @dataclass(frozen=True)
@@ -54,13 +75,39 @@ def _recomputable(node: Node | None) -> bool:
     return node is not None and (node.op == CONSTANT or body_role(node.op) in (ELEMENTWISE_ROLE, VIEW_ROLE))
 
 
-def _walk(value: Value, available, producers: dict[Value, Node]) -> tuple[list[Node], set[Value]] | None:
+def decides(node: Node) -> bool:
+    """Whether ``node`` makes a discrete decision from float values (a comparison, a cast to an
+    integer, an argmax, a floor...): a last-bit change of its input may change its result wholly."""
+    floats = any(u.type.dtype.is_floating_point for u in node.inputs)
+    return floats and (node.op in STEP_OPS or any(not v.type.dtype.is_floating_point for v in node.outputs))
+
+
+def _decided(backward: Graph) -> set[Value]:
+    """The backward's inputs that a decision of the backward reads, directly or through any nodes."""
+    producers = backward.producers()
+    stack = [u for node in backward.nodes if decides(node) for u in node.inputs]
+    seen: set[Value] = set()
+    while stack:
+        v = stack.pop()
+        if v not in seen:
+            seen.add(v)
+            stack.extend(producers[v].inputs if v in producers else ())
+    return seen.intersection(backward.inputs)
+
+
+def _walk(
+    value: Value, available, producers: dict[Value, Node], exact: bool = False, decisions: bool = True
+) -> tuple[list[Node], set[Value]] | None:
     """The recomputable nodes (topological order) between ``value`` and what it is made from, and
     the values it needs that are not ``available`` (made by real work, or arguments); None when the
-    walk takes more than MAX_RECOMPUTE nodes, or ``value`` itself is not cheap to make."""
+    walk takes more than MAX_RECOMPUTE nodes, or ``value`` itself is not cheap to make, or a
+    decision in it reads a rounded value (the recomputation could decide otherwise than the
+    forward did; unless not ``decisions``), or ``exact`` and ``value`` is rounded (a backward
+    decision reads it)."""
     order: list[Node] = []
     seen: set[Node] = set()
     missing: set[Value] = set()
+    rounded: set[Value] = set()  # made by the walk's nodes with a rounding: maybe not the forward's bits
 
     def visit(v: Value, root: bool = False) -> bool:
         node = producers.get(v)
@@ -74,30 +121,38 @@ def _walk(value: Value, available, producers: dict[Value, Node]) -> tuple[list[N
         seen.add(node)
         if len(seen) > MAX_RECOMPUTE or not all(visit(u) for u in node.inputs):
             return False
+        inexact = rounded.intersection(node.inputs)
+        if inexact and decisions and decides(node):
+            return False
+        if inexact or (body_role(node.op) == ELEMENTWISE_ROLE and node.op not in NON_ROUNDING):
+            rounded.update(node.outputs)
         order.append(node)
         return True
 
     producer = producers.get(value)
     if producer is None or not _recomputable(producer) or producer.op == CONSTANT:  # constants: saved as is
         return None
-    return (order, missing) if visit(value, root=True) else None
+    if not visit(value, root=True) or (exact and value in rounded):
+        return None
+    return order, missing
 
 
-def _promote(saved_values: list[Value], available, producers, changed: set[Value]) -> list[Value]:
+def _promote(saved_values: list[Value], available, producers, changed: set[Value], decided: set[Value]) -> list[Value]:
     """Values worth saving instead of several saved ones: a value that saved values are cheap
     functions of, smaller than those it replaces (GELU's input instead of the intermediates its
     gradient reads). Greedy: the best gain first, until no value gains. Never one of ``changed``
-    (memory the call itself writes into later: the backward would read the new values)."""
+    (memory the call itself writes into later: the backward would read the new values). A value
+    of ``decided`` only where its recomputation is exact."""
     covers: dict[Value, set[Value]] = {}
     for v in set(saved_values):
-        walk = _walk(v, available, producers)
+        walk = _walk(v, available, producers, decisions=False)  # what v is made from; checked below
         if walk is None:
             continue
         ancestors = {u for node in walk[0] for u in node.inputs if not available(u)} | walk[1]
         ancestors = {u for u in ancestors if getattr(producers.get(u), "op", None) != CONSTANT}  # recomputed anyway
         ancestors -= changed
         for u in ancestors - {v}:
-            again = _walk(v, lambda w, u=u: w is u or available(w), producers)
+            again = _walk(v, lambda w, u=u: w is u or available(w), producers, v in decided)
             if again is not None and not again[1]:
                 covers.setdefault(u, set()).add(v)
     promoted: list[Value] = []
@@ -134,13 +189,19 @@ def partition(
     def can_read(v: Value) -> bool:
         return input_index.get(v, -1) in readable
 
-    promoted = _promote(original, lambda v: v in set(original) or can_read(v), producers, changed)
+    # A saved value a backward decision reads (amax's input and result, which its ties compare) is
+    # recomputed only bitwise: the backward must decide as the forward did (a tie mask with no tie
+    # in a column divided 0 by 0 there).
+    read_by_decisions = _decided(backward)
+    decided = {original[j] for j, i in enumerate(saved_inputs) if backward.inputs[i] in read_by_decisions}
+    promoted = _promote(original, lambda v: v in set(original) or can_read(v), producers, changed, decided)
     candidates = original + promoted  # j < len(original): saved before; the rest: promoted
     kept = set(range(len(candidates)))
     chains: dict[int, list[Node]] = {}
     for j in sorted(range(len(original)), key=lambda j: order[original[j]]):
         still_saved = {candidates[i] for i in kept if i != j}
-        walk = _walk(original[j], lambda v, still=still_saved: v in still or can_read(v), producers)
+        available = lambda v, still=still_saved: v in still or can_read(v)  # noqa: E731
+        walk = _walk(original[j], available, producers, original[j] in decided)
         if walk is not None and not walk[1]:
             chains[j] = walk[0]
             kept.discard(j)

@@ -17,7 +17,10 @@ from ..core import FloatMode
 
 #: Elementwise arithmetic: ``a * b + c`` may become one fused multiply-add. FMA rounds once
 #: instead of twice, so results may differ from numpy's by at most the rounding of the product;
-#: it never changes inf/nan propagation or the discrete ops (floor, casts, comparisons).
+#: it never changes inf/nan propagation. Whether LLVM contracts depends on the kernel around the
+#: expression, so two kernels computing one value may disagree in its last bit, and a comparison
+#: of the two may not hold: the backward never decides on a recomputed rounded value for that
+#: reason (passes/partition.py, ``NON_ROUNDING``).
 ELEMENTWISE: tuple[str, ...] = ("contract",)
 
 #: Accumulations of reductions (sum, prod, the running max's partner sums): reassociation lets
