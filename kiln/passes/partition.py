@@ -21,7 +21,7 @@ arithmetic, not for a decision (a comparison, ``where``'s condition, amax's tie 
 a sign or a floor): the backward must decide as the forward did -- amax's column whose recomputed
 input no longer equals the saved max had no tie at all and divided 0 by 0. So a decision never
 reads a rounded recomputation: a saved value that a backward decision reads is recomputed only
-through ops that never differ between kernels (views, selections, comparisons: ``NON_ROUNDING``),
+through ops that never differ between kernels (views, selections, comparisons: ``Primitive.exact``),
 and a decision inside a recomputation reads only such values. Relu's mask and output are still
 recomputed from its saved input; a fused ``x * w + b`` that amax compares is saved.
 
@@ -36,21 +36,24 @@ from dataclasses import dataclass
 
 from ..ir.analysis import ELEMENTWISE_ROLE, VIEW_ROLE, Liveness, body_role
 from ..ir.graph import CONSTANT, Graph, GraphBuilder, Node, Value
+from ..ir.primitives import PRIMITIVES
 from ..ir.types import is_static
 
 #: The most nodes recomputed for one saved value: beyond it the backward would redo real work.
 MAX_RECOMPUTE = 8
 
-#: Elementwise ops that two kernels always compute alike from the same input bits: they select,
-#: compare or convert (a cast rounds once, correctly), and LLVM fuses none into a neighbour's result.
-#: Arithmetic may differ: LLVM may contract ``a * b + c`` into one FMA in one kernel and not in
-#: another (codegen/llvm/flags.py), and a routine may take another path when vectorized.
-NON_ROUNDING = frozenset({
-    "neg", "abs", "sign", "floor", "ceil", "round", "maximum", "minimum", "where", "cast",
-    "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "logical_xor",
-})  # fmt: skip
-#: Float ops whose result jumps where the input crosses a point, as a comparison's does: decisions too.
-STEP_OPS = frozenset({"sign", "floor", "ceil", "round", "floor_divide", "remainder"})
+
+def _exact(op: str) -> bool:
+    """Whether two kernels always compute ``op`` alike from the same input bits (``Primitive.exact``:
+    it selects, compares or converts). Arithmetic may differ: LLVM may contract ``a * b + c`` into
+    one FMA in one kernel and not in another (codegen/llvm/flags.py)."""
+    prim = PRIMITIVES.get(op)
+    return prim is not None and prim.exact
+
+
+def _step(op: str) -> bool:
+    prim = PRIMITIVES.get(op)
+    return prim is not None and prim.step
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ def decides(node: Node) -> bool:
     """Whether ``node`` makes a discrete decision from float values (a comparison, a cast to an
     integer, an argmax, a floor...): a last-bit change of its input may change its result wholly."""
     floats = any(u.type.dtype.is_floating_point for u in node.inputs)
-    return floats and (node.op in STEP_OPS or any(not v.type.dtype.is_floating_point for v in node.outputs))
+    return floats and (_step(node.op) or any(not v.type.dtype.is_floating_point for v in node.outputs))
 
 
 def _decided(backward: Graph) -> set[Value]:
@@ -124,7 +127,7 @@ def _walk(
         inexact = rounded.intersection(node.inputs)
         if inexact and decisions and decides(node):
             return False
-        if inexact or (body_role(node.op) == ELEMENTWISE_ROLE and node.op not in NON_ROUNDING):
+        if inexact or (body_role(node.op) == ELEMENTWISE_ROLE and not _exact(node.op)):
             rounded.update(node.outputs)
         order.append(node)
         return True

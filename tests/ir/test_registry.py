@@ -157,3 +157,14 @@ def test_only_planned_externs_write_into_the_arena():
     from kiln.passes.memory_plan import PLANNED_EXTERNS
 
     assert PLANNED_EXTERNS == {p.name for p in PRIMS if p.eager_into is not None} and "matmul" in PLANNED_EXTERNS
+
+
+def test_exact_and_step_mark_elementwise_primitives_and_every_comparison_is_exact():
+    """``Primitive.exact``/``step`` (the partition's rule for values a backward decision reads) are
+    elementwise properties; a comparison (bool result) selects nothing rounded, so it is exact."""
+    for prim in PRIMITIVES.values():
+        if prim.exact or prim.step:
+            assert prim.kind in ELEMENTWISE, prim.name
+    comparisons = {"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "logical_not"}
+    assert all(PRIMITIVES[name].exact for name in comparisons)
+    assert not any(PRIMITIVES[name].exact for name in ("add", "mul", "exp", "div", "floor_divide"))

@@ -20,7 +20,7 @@ from ..core import FloatMode
 #: it never changes inf/nan propagation. Whether LLVM contracts depends on the kernel around the
 #: expression, so two kernels computing one value may disagree in its last bit, and a comparison
 #: of the two may not hold: the backward never decides on a recomputed rounded value for that
-#: reason (passes/partition.py, ``NON_ROUNDING``).
+#: reason (passes/partition.py, ``Primitive.exact``).
 ELEMENTWISE: tuple[str, ...] = ("contract",)
 
 #: Accumulations of reductions (sum, prod, the running max's partner sums): reassociation lets

@@ -119,6 +119,12 @@ class Primitive:
     index_map: Callable[..., tuple] | None = None  # views: output index -> the input index it reads
     effect: bool = False  # the node runs even when nothing reads its output (a check that raises)
     cost: Cost | None = None  # elementwise: what an element costs against a store and a load (see Cost)
+    # elementwise: any two kernels compute it alike from the same input bits -- it selects, compares or
+    # converts, and has no rounding LLVM could contract with a neighbour's (``passes/partition``)
+    exact: bool = False
+    # elementwise: its result jumps where a float input crosses a point (floor, sign): a decision, as
+    # a comparison's is (``passes/partition``)
+    step: bool = False
     doc: str = ""
 
     @property

@@ -103,32 +103,32 @@ def int_binary_samples(rng):
 
 
 def unary(name, cost, eager, vjp, scalar, reference, *, save_inputs=False, save_output=False,
-          float_only=True, out_dtype=None, samples=None, doc=""):  # fmt: skip
+          float_only=True, out_dtype=None, samples=None, doc="", exact=False, step=False):  # fmt: skip
     return register(Primitive(
         name, Kind.UNARY, _unary_infer(name, float_only, out_dtype), eager, vjp,
         save_inputs=save_inputs, save_output=save_output, scalar=scalar, reference=reference,
-        samples=samples or unary_samples(), doc=doc, cost=cost,
+        samples=samples or unary_samples(), doc=doc, cost=cost, exact=exact, step=step,
     ))  # fmt: skip
 
 
 def binary(name, cost, eager, vjp, scalar, reference, *, save_inputs=False, save_output=False,
-           out_dtype=None, samples=None, doc=""):  # fmt: skip
+           out_dtype=None, samples=None, doc="", exact=False, step=False):  # fmt: skip
     return register(Primitive(
         name, Kind.BINARY, _nary_infer(name, out_dtype), eager, vjp,
         save_inputs=save_inputs, save_output=save_output, scalar=scalar, reference=reference,
-        samples=samples or binary_samples(), doc=doc, cost=cost,
+        samples=samples or binary_samples(), doc=doc, cost=cost, exact=exact, step=step,
     ))  # fmt: skip
 
 
 # Unary math. `ctx.inputs[0]` is x, `ctx.output` is the result.
 neg = unary("neg", Cost.CHEAP, lambda xp, x: xp.negative(x), lambda ops, c, g: (ops.neg(g),),
-            lambda em, x: em.neg(x), lambda torch, x: torch.neg(x), float_only=False)  # fmt: skip
+            lambda em, x: em.neg(x), lambda torch, x: torch.neg(x), float_only=False, exact=True)  # fmt: skip
 abs_ = unary("abs", Cost.CHEAP, lambda xp, x: xp.abs(x), lambda ops, c, g: (ops.mul(g, ops.sign(c.inputs[0])),),
              lambda em, x: em.abs(x), lambda torch, x: torch.abs(x), save_inputs=True, float_only=False,
-             samples=unary_samples(smooth=True))  # fmt: skip
+             samples=unary_samples(smooth=True), exact=True)  # fmt: skip
 sign = unary("sign", Cost.CHEAP, lambda xp, x: xp.where(x != x, 0, xp.sign(x)).astype(x.dtype, copy=False), lambda ops, c, g: (ops.zeros_like(g),),
              lambda em, x: em.sign(x), lambda torch, x: torch.sign(x),
-             float_only=False, doc="-1, 0 or 1; 0 for nan, as PyTorch.")  # fmt: skip
+             float_only=False, doc="-1, 0 or 1; 0 for nan, as PyTorch.", exact=True, step=True)  # fmt: skip
 exp = unary("exp", Cost.ROUTINE, lambda xp, x: xp.exp(x), lambda ops, c, g: (ops.mul(g, c.output),),
             lambda em, x: em.exp(x), lambda torch, x: torch.exp(x), save_output=True)  # fmt: skip
 expm1 = unary("expm1", Cost.ROUTINE, lambda xp, x: xp.expm1(x), lambda ops, c, g: (ops.mul(g, ops.add(c.output, 1.0)),),
@@ -180,15 +180,15 @@ erf = unary("erf", Cost.ROUTINE, _erf_eager,
                                                   _TWO_OVER_SQRT_PI)),),
             lambda em, x: em.erf(x), lambda torch, x: torch.erf(x), save_inputs=True)  # fmt: skip
 floor = unary("floor", Cost.CHEAP, lambda xp, x: xp.floor(x), lambda ops, c, g: (ops.zeros_like(g),),
-              lambda em, x: em.floor(x), lambda torch, x: torch.floor(x), float_only=False)  # fmt: skip
+              lambda em, x: em.floor(x), lambda torch, x: torch.floor(x), float_only=False, exact=True, step=True)  # fmt: skip
 ceil = unary("ceil", Cost.CHEAP, lambda xp, x: xp.ceil(x), lambda ops, c, g: (ops.zeros_like(g),),
-             lambda em, x: em.ceil(x), lambda torch, x: torch.ceil(x), float_only=False)  # fmt: skip
+             lambda em, x: em.ceil(x), lambda torch, x: torch.ceil(x), float_only=False, exact=True, step=True)  # fmt: skip
 round_ = unary("round", Cost.CHEAP, lambda xp, x: xp.round(x), lambda ops, c, g: (ops.zeros_like(g),),
                lambda em, x: em.round_half_even(x), lambda torch, x: torch.round(x), float_only=False,
-               doc="Round half to even, as PyTorch and numpy do.")  # fmt: skip
+               doc="Round half to even, as PyTorch and numpy do.", exact=True, step=True)  # fmt: skip
 logical_not = unary("logical_not", Cost.CHEAP, lambda xp, x: xp.logical_not(x), NOT_DIFFERENTIABLE,
                     lambda em, x: em.logical_not(x), lambda torch, x: torch.logical_not(x),
-                    float_only=False, out_dtype=dt.bool_)  # fmt: skip
+                    float_only=False, out_dtype=dt.bool_, exact=True)  # fmt: skip
 
 
 # Binary arithmetic. `c.inputs` is (a, b); gradients are reduced back to each input's shape.
@@ -248,7 +248,7 @@ floor_divide = binary("floor_divide", Cost.DIVISION, _floored("floor_divide", 0)
                       lambda em, a, b: em.floordiv(a, b), lambda torch, a, b: torch.floor_divide(a, b),
                       samples=lambda rng: int_binary_samples(rng) + binary_samples(rhs_low=0.5)(rng),
                       doc="Rounds toward negative infinity (Python's //), for ints and floats; an integer "
-                          "divided by zero gives 0 (numpy's result: the frontend checks the divisor first).")  # fmt: skip
+                          "divided by zero gives 0 (numpy's result: the frontend checks the divisor first).", step=True)  # fmt: skip
 # PyTorch's float32 kernel gives nan for 1e30 % 1e-30 (its quotient overflows); numpy's is exact.
 _REMAINDER_SPECIAL = _SPECIAL[_SPECIAL != 1e-30]
 remainder = binary("remainder", Cost.DIVISION, _floored("remainder", 1),
@@ -257,7 +257,7 @@ remainder = binary("remainder", Cost.DIVISION, _floored("remainder", 1),
                    lambda em, a, b: em.mod(a, b), lambda torch, a, b: torch.remainder(a, b), save_inputs=True,
                    samples=lambda rng: int_binary_samples(rng)
                    + binary_samples(rhs_low=0.5, special=_REMAINDER_SPECIAL)(rng),
-                   doc="Python's %: the result takes the divisor's sign; an integer remainder by zero is 0.")  # fmt: skip
+                   doc="Python's %: the result takes the divisor's sign; an integer remainder by zero is 0.", step=True)  # fmt: skip
 
 
 def _pow_vjp(ops, c, g):
@@ -295,15 +295,15 @@ def _minmax_vjp(loses: str):
 
 maximum = binary("maximum", Cost.CHEAP, lambda xp, a, b: xp.maximum(a, b), _minmax_vjp("lt"),
                  lambda em, a, b: em.max(a, b), lambda torch, a, b: torch.maximum(a, b), save_inputs=True,
-                 doc="Propagates nan, like PyTorch (numpy's fmax would not).")  # fmt: skip
+                 doc="Propagates nan, like PyTorch (numpy's fmax would not).", exact=True)  # fmt: skip
 minimum = binary("minimum", Cost.CHEAP, lambda xp, a, b: xp.minimum(a, b), _minmax_vjp("gt"),
-                 lambda em, a, b: em.min(a, b), lambda torch, a, b: torch.minimum(a, b), save_inputs=True)  # fmt: skip
+                 lambda em, a, b: em.min(a, b), lambda torch, a, b: torch.minimum(a, b), save_inputs=True, exact=True)  # fmt: skip
 
 
 def comparison(name, ufunc):
     return binary(name, Cost.CHEAP, lambda xp, a, b: getattr(xp, ufunc)(a, b), NOT_DIFFERENTIABLE,
                   lambda em, a, b: getattr(em, name)(a, b), lambda torch, a, b: getattr(torch, name)(a, b),
-                  out_dtype=dt.bool_)  # fmt: skip
+                  out_dtype=dt.bool_, exact=True)  # fmt: skip
 
 
 eq = comparison("eq", "equal")
@@ -363,7 +363,7 @@ def _where_eager(xp, c, a, b):
 where = register(Primitive(
     "where", Kind.TERNARY, _where_infer, _where_eager, _where_vjp, save_inputs=True,
     scalar=lambda em, c, a, b: em.select(c, a, b), reference=lambda torch, c, a, b: torch.where(c, a, b),
-    samples=_where_samples, cost=Cost.CHEAP,
+    samples=_where_samples, cost=Cost.CHEAP, exact=True,
 ))  # fmt: skip
 
 
@@ -388,4 +388,5 @@ cast = register(Primitive(
     "cast", Kind.CAST, lambda x, *, dtype: TensorType(x.shape, dtype, x.device), _cast_eager, _cast_vjp,
     scalar=lambda em, x, *, dtype: em.cast(x, dtype), reference=lambda torch, x, *, dtype: x.to(getattr(torch, dtype.name)),
     samples=_cast_samples, doc="Convert to `dtype`; float -> int truncates toward zero and saturates.", cost=Cost.CHEAP,
+    exact=True,  # one correct rounding, whichever kernel
 ))  # fmt: skip
