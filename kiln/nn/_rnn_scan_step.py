@@ -65,6 +65,8 @@ def _forward(layout: ScanLayout, x, states: tuple, w_ih_t, w_hh, biases: tuple) 
 class _ScanStep(kiln.autograd.Function):
     """``apply(layout, x, *states, w_ih, w_hh, bias[, b_hn])`` -> the new states."""
 
+    kiln_only = True
+
     @staticmethod
     def forward(ctx, layout: ScanLayout, x, *flat):
         count = layout.states

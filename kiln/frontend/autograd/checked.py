@@ -40,6 +40,8 @@ _collecting: ContextVar[list | None] = ContextVar("kiln_checked_sources", defaul
 class CheckedBackward(Node):
     """The identity on the gradient, after checking that ``sources`` are unchanged since saved."""
 
+    kiln_only = True
+
     # named as a PrimBackward's, which the tracer walks for the tensors the autograd graph holds
     __slots__ = ("op", "saved_inputs", "saved_versions")
     saved_inputs: tuple | None  # None once released
