@@ -9,10 +9,11 @@ in) sequence and its gradients through reshapes of it, the packed cotangent as a
 their sum, the gradients of the gate pre-activations copied contiguous, ``dW_hh`` from the previous
 states sliced out of the packed output. Here, with T = 1 known: the previous state is the step's input
 ``h``, the gradients are products of 2-D arrays (``dW = dz^T x``, no transposes of the result), the
-cotangent of both new states is one pad of their concatenation, and nothing is copied; the biases'
-sum and ``W_ih``'s transpose are recorded once per call (``derived``), not once per step. Two LSTM
-cells and a Linear head looped over time (benchmarks' lstm_cells): 94 traced nodes per step before,
-64 now.
+cotangent of both new states is one concatenation of them between zeros, the backward's pieces are
+views of its one row (a gradient may be a view: no copy, no sum over the one step), and nothing is
+copied; the biases' sum, ``W_ih``'s transpose and the cotangent's zeros are recorded once per call
+(``derived``), not once per step. Two LSTM cells and a Linear head looped over time (benchmarks'
+lstm_cells): 94 traced nodes per step before, 55 now.
 
 Its backward under ``create_graph`` (or wherever grad mode is on while it runs) recomputes the step
 with grad on and differentiates that (``rnn_scan``'s VJP is exact to any order then), as
@@ -30,7 +31,7 @@ from ._derived import derived
 
 __all__ = ["scan_step"]
 
-_SCAN, _SCAN_BACKWARD, _PAD = P["rnn_scan"], P["rnn_scan_backward"], P["pad"]
+_SCAN, _SCAN_BACKWARD = P["rnn_scan"], P["rnn_scan_backward"]
 
 
 def scan_step(mode: str, x, states: list, weights: tuple) -> tuple:
@@ -94,15 +95,16 @@ def _step_grads(layout: ScanLayout, inputs: tuple, packed, grads: tuple, needs: 
     cotangent = _cotangent(layout, grads)
     if cotangent is None:  # no new state reaches a loss
         return [None] * len(needs)
+    # (the one step's row: its pieces are views of it, as a gradient may be -- no copy, no node each)
     back = apply(_SCAN_BACKWARD, packed, w_hh, cotangent, mode=layout.mode, reverse=False)
-    batch, width = x.shape[0], layout.gates * layout.hidden
-    dz = back.narrow(-1, *layout.dz).reshape(batch, width)
+    back = back.reshape(back.shape[1:])
+    dz = back.narrow(-1, *layout.dz)
     gru = layout.mode == "GRU"
-    dz_hh = back.narrow(-1, *layout.dz_hh).reshape(batch, width) if gru else dz
+    dz_hh = back.narrow(-1, *layout.dz_hh) if gru else dz
     w_ih_needed, w_hh_needed = needs[1 + count], needs[2 + count]
     dz_t = dz.transpose(0, 1) if w_ih_needed or (w_hh_needed and not gru) else None
     found: list = [dz @ w_ih if needs[0] else None]
-    found += [back.narrow(-1, *layout.initial(s)).sum(0) if needs[1 + s] else None for s in range(count)]
+    found += [back.narrow(-1, *layout.initial(s)) if needs[1 + s] else None for s in range(count)]
     found += [dz_t @ x if w_ih_needed else None]
     found += [(dz_hh.transpose(0, 1) if gru else dz_t) @ states[0] if w_hh_needed else None]
     found += [dz.sum(0) if needs[3 + count] else None]
@@ -130,12 +132,19 @@ def _differentiable_grads(layout: ScanLayout, inputs: tuple, grads: tuple, needs
 
 def _cotangent(layout: ScanLayout, grads: tuple):
     """The packed output's gradient: the new states' gradients at their ``final`` spans, zeros
-    elsewhere; one pad of their concatenation (an LSTM's h and c spans are adjacent), None when no
-    state has one."""
+    elsewhere; one concatenation of zeros, the states' gradients (an LSTM's h and c spans are
+    adjacent) and zeros, its zeros made once per traced call (``derived``; a pad of the states'
+    concatenation was a node more a step). None when no state has a gradient."""
     present = [g for g in grads if g is not None]
     if not present:
         return None
-    joined = present[0] if len(present) == 1 else kiln.cat(present, dim=-1)
+    first = present[0]
     low = layout.final(0 if grads[0] is not None else 1)[0]
-    high = layout.width - low - joined.shape[-1]
-    return apply(_PAD, joined.unsqueeze(0), low=(0, 0, low), high=(0, 0, high), interior=(0, 0, 0), value=0)
+    high = layout.width - low - sum(g.shape[-1] for g in present)
+
+    def zeros(width: int) -> list:
+        shape = (first.shape[0], width)
+        make = lambda: kiln.zeros(shape, dtype=first.dtype, device=first.device)  # noqa: E731
+        return [derived(("rnn_scan cotangent zeros", shape), (first,), make)] if width else []
+
+    return kiln.cat([*zeros(low), *present, *zeros(high)], dim=-1).unsqueeze(0)
