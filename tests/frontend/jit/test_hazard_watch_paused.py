@@ -139,3 +139,49 @@ def test_a_function_marked_kiln_only_runs_unwatched(kiln_only):
         assert traced == [None, None]
     else:
         assert all(callable(p) for p in traced), traced
+
+
+@pytest.mark.parametrize("kind", ["Linear", "a subclass", "with a forward hook", "a forward set on it"])
+def test_a_kiln_only_modules_forward_runs_unwatched_unless_the_user_may_run(kind, monkeypatch):
+    profiles = []
+    linear = kiln.nn.functional.linear
+
+    def recording_linear(*args):  # what Linear.forward calls, seen from inside it
+        profiles.append(sys.getprofile())
+        return linear(*args)
+
+    monkeypatch.setattr(kiln.nn.functional, "linear", recording_linear)
+
+    class Sub(kiln.nn.Linear):
+        pass
+
+    kiln.manual_seed(0)
+    layer = (Sub if kind == "a subclass" else kiln.nn.Linear)(3, 2)
+    if kind == "with a forward hook":
+        layer.register_forward_hook(lambda module, args, out: None)
+    if kind == "a forward set on it":
+        layer.forward = lambda x: kiln.nn.Linear.forward(layer, x)
+
+    def f(x):
+        return layer(x)
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2, 3))
+    assert sum(compiled_calls(g)) == 2
+    assert (profiles[0] is None) == (kind == "Linear"), profiles[0]
+
+
+def test_a_forward_hook_on_a_kiln_only_module_is_watched():
+    def hook(module, args, out):
+        global counter
+        counter += 1
+
+    layer = kiln.nn.Linear(3, 2)
+    layer.register_forward_hook(hook)
+
+    def f(x):
+        return layer(x)
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2, 3))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
