@@ -11,9 +11,10 @@ states sliced out of the packed output. Here, with T = 1 known: the previous sta
 ``h``, the gradients are products of 2-D arrays (``dW = dz^T x``, no transposes of the result), the
 cotangent of both new states is one concatenation of them between zeros, the backward's pieces are
 views of its one row (a gradient may be a view: no copy, no sum over the one step), and nothing is
-copied; the biases' sum, ``W_ih``'s transpose and the cotangent's zeros are recorded once per call
-(``derived``), not once per step. Two LSTM cells and a Linear head looped over time (benchmarks'
-lstm_cells): 94 traced nodes per step before, 55 now.
+copied; the weights' gradients are one product a step (``_joined``); the biases' sum, ``W_ih``'s
+transpose, the joined weights and the cotangent's zeros are recorded once per call (``derived``), not
+once per step. Two LSTM cells and a Linear head looped over time (benchmarks' lstm_cells): 94 traced
+nodes per step before, 49 now.
 
 Its backward under ``create_graph`` (or wherever grad mode is on while it runs) recomputes the step
 with grad on and differentiates that (``rnn_scan``'s VJP is exact to any order then), as
@@ -41,7 +42,21 @@ def scan_step(mode: str, x, states: list, weights: tuple) -> tuple:
     layout = ScanLayout(mode, w_hh.shape[1])
     # (keyed by the sizes too: two bias-free cells of one hidden size may share their zeros, no others)
     biases = derived(("rnn_scan biases", layout), (x, b_ih, b_hh), lambda: _scan_biases(layout, x, b_ih, b_hh))
-    return _ScanStep.apply(layout, x, *states, w_ih, w_hh, *biases)
+    joined = None
+    if layout.mode != "GRU":  # (a GRU's dW_hh is another product than dW_ih's: dz_hh^T h)
+        joined = derived(
+            ("rnn_scan joined weights",), (x, w_ih, w_hh, biases[0]), lambda: _joined(w_ih, w_hh, biases[0])
+        )
+    return _ScanStep.apply(layout, x, *states, w_ih, w_hh, *biases, joined)
+
+
+def _joined(w_ih, w_hh, bias):
+    """``[W_ih | W_hh | bias]`` (G H, in + H + 1), made once per traced call: the one input through
+    which a step's backward gives the three their gradients, ``dz^T [x | h | 1]``. Per step that is
+    one concatenation and one product, and one sum with the earlier steps' -- not two products, a
+    sum over the batch and three sums with the earlier steps' (3 nodes a step of a cell fewer); the
+    concatenation's backward splits the total once."""
+    return kiln.cat([w_ih, w_hh, bias.unsqueeze(1)], dim=1)
 
 
 def _scan_biases(layout: ScanLayout, x, b_ih, b_hh) -> tuple:
@@ -64,17 +79,18 @@ def _forward(layout: ScanLayout, x, states: tuple, w_ih_t, w_hh, biases: tuple) 
 
 
 class _ScanStep(kiln.autograd.Function):
-    """``apply(layout, x, *states, w_ih, w_hh, bias[, b_hn])`` -> the new states."""
+    """``apply(layout, x, *states, w_ih, w_hh, bias[, b_hn], joined)`` -> the new states. ``joined``
+    (``_joined``, None for a GRU) only carries the weights' gradients: the forward reads the weights."""
 
     kiln_only = True
 
     @staticmethod
     def forward(ctx, layout: ScanLayout, x, *flat):
         count = layout.states
-        states, w_ih, w_hh, biases = flat[:count], flat[count], flat[count + 1], flat[count + 2 :]
+        states, w_ih, w_hh, biases = flat[:count], flat[count], flat[count + 1], flat[count + 2 : -1]
         w_ih_t = derived(("rnn_scan w_ih^T",), (x, w_ih), lambda: w_ih.transpose(0, 1))
         packed, new_states = _forward(layout, x, states, w_ih_t, w_hh, biases)
-        ctx.save_for_backward(x, *flat, packed)
+        ctx.save_for_backward(x, *flat[:-1], packed)
         ctx.layout = layout
         return new_states
 
@@ -84,25 +100,29 @@ class _ScanStep(kiln.autograd.Function):
         inputs, packed = saved[:-1], saved[-1]
         needs = ctx.needs_input_grad[1:]
         if kiln.is_grad_enabled():  # create_graph: a backward that autograd can differentiate again
-            return (None, *_differentiable_grads(ctx.layout, inputs, grads, needs))
+            # (the weights' own gradients, none through ``joined``: the sum reaching the parameters is one)
+            return (None, *_differentiable_grads(ctx.layout, inputs, grads, needs[:-1]), None)
         return (None, *_step_grads(ctx.layout, inputs, packed, grads, needs))
 
 
 def _step_grads(layout: ScanLayout, inputs: tuple, packed, grads: tuple, needs: tuple) -> list:
-    """The gradients of ``inputs`` (x, *states, w_ih, w_hh, bias[, b_hn]) from those of the new states."""
+    """The gradients of ``inputs`` (x, *states, w_ih, w_hh, bias[, b_hn]) and of ``joined`` (the weights'
+    where it is given, see ``_joined``) from those of the new states."""
     count = layout.states
     x, states, w_ih, w_hh = inputs[0], inputs[1 : 1 + count], inputs[1 + count], inputs[2 + count]
     cotangent = _cotangent(layout, grads)
     if cotangent is None:  # no new state reaches a loss
         return [None] * len(needs)
+    gru = layout.mode == "GRU"
+    if not gru:  # the weights' gradients through ``joined`` alone
+        needs = (*needs[: 1 + count], False, False, False, needs[-1])
     # (the one step's row: its pieces are views of it, as a gradient may be -- no copy, no node each)
     back = apply(_SCAN_BACKWARD, packed, w_hh, cotangent, mode=layout.mode, reverse=False)
     back = back.reshape(back.shape[1:])
     dz = back.narrow(-1, *layout.dz)
-    gru = layout.mode == "GRU"
     dz_hh = back.narrow(-1, *layout.dz_hh) if gru else dz
     w_ih_needed, w_hh_needed = needs[1 + count], needs[2 + count]
-    dz_t = dz.transpose(0, 1) if w_ih_needed or (w_hh_needed and not gru) else None
+    dz_t = dz.transpose(0, 1) if w_ih_needed or (w_hh_needed and not gru) or needs[-1] else None
     found: list = [dz @ w_ih if needs[0] else None]
     found += [back.narrow(-1, *layout.initial(s)) if needs[1 + s] else None for s in range(count)]
     found += [dz_t @ x if w_ih_needed else None]
@@ -110,7 +130,14 @@ def _step_grads(layout: ScanLayout, inputs: tuple, packed, grads: tuple, needs: 
     found += [dz.sum(0) if needs[3 + count] else None]
     if gru:  # b_hn's gradient: the n block of dz_hh (the reset gate scales it)
         found += [dz_hh.narrow(-1, 2 * layout.hidden, layout.hidden).sum(0) if needs[4 + count] else None]
-    return found
+        return [*found, None]
+    return [*found, dz_t @ kiln.cat([x, states[0], _ones(x)], dim=1) if needs[-1] else None]
+
+
+def _ones(x):
+    """A column of ones, one per row of ``x``: the bias's factor in ``dz^T [x | h | 1]``."""
+    shape = (x.shape[0], 1)
+    return derived(("rnn_scan ones", shape), (x,), lambda: kiln.ones(shape, dtype=x.dtype, device=x.device))
 
 
 def _differentiable_grads(layout: ScanLayout, inputs: tuple, grads: tuple, needs: tuple) -> list:
