@@ -50,6 +50,10 @@ def apply(prim: Primitive, *inputs: Tensor, **attrs) -> Tensor:
         recorded = _profiling.eager_op(apply, prim, inputs, attrs)
         if recorded is not None:
             return recorded
+    if _jit.watch_hooks:  # a traced call's hazard watch is on: an op runs kiln's code only, unwatched
+        hook = _jit.watch_here()
+        if hook is not None:
+            return _jit.unwatched(hook, apply, prim, *inputs, **attrs)
     first = inputs[0]
     device = first._device
     arity = len(inputs)

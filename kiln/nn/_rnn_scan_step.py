@@ -9,10 +9,12 @@ in) sequence and its gradients through reshapes of it, the packed cotangent as a
 their sum, the gradients of the gate pre-activations copied contiguous, ``dW_hh`` from the previous
 states sliced out of the packed output. Here, with T = 1 known: the previous state is the step's input
 ``h``, the gradients are products of 2-D arrays (``dW = dz^T x``, no transposes of the result), the
-cotangent of both new states is one pad of their concatenation, and nothing is copied; the biases'
-sum and ``W_ih``'s transpose are recorded once per call (``derived``), not once per step. Two LSTM
-cells and a Linear head looped over time (benchmarks' lstm_cells): 94 traced nodes per step before,
-64 now.
+cotangent of both new states is one concatenation of them between zeros, the backward's pieces are
+views of its one row (a gradient may be a view: no copy, no sum over the one step), and nothing is
+copied; the weights' gradients are one product a step (``_joined``); the biases' sum, ``W_ih``'s
+transpose, the joined weights and the cotangent's zeros are recorded once per call (``derived``), not
+once per step. Two LSTM cells and a Linear head looped over time (benchmarks' lstm_cells): 94 traced
+nodes per step before, 49 now.
 
 Its backward under ``create_graph`` (or wherever grad mode is on while it runs) recomputes the step
 with grad on and differentiates that (``rnn_scan``'s VJP is exact to any order then), as
@@ -30,7 +32,7 @@ from ._derived import derived
 
 __all__ = ["scan_step"]
 
-_SCAN, _SCAN_BACKWARD, _PAD = P["rnn_scan"], P["rnn_scan_backward"], P["pad"]
+_SCAN, _SCAN_BACKWARD = P["rnn_scan"], P["rnn_scan_backward"]
 
 
 def scan_step(mode: str, x, states: list, weights: tuple) -> tuple:
@@ -40,7 +42,21 @@ def scan_step(mode: str, x, states: list, weights: tuple) -> tuple:
     layout = ScanLayout(mode, w_hh.shape[1])
     # (keyed by the sizes too: two bias-free cells of one hidden size may share their zeros, no others)
     biases = derived(("rnn_scan biases", layout), (x, b_ih, b_hh), lambda: _scan_biases(layout, x, b_ih, b_hh))
-    return _ScanStep.apply(layout, x, *states, w_ih, w_hh, *biases)
+    joined = None
+    if layout.mode != "GRU":  # (a GRU's dW_hh is another product than dW_ih's: dz_hh^T h)
+        joined = derived(
+            ("rnn_scan joined weights",), (x, w_ih, w_hh, biases[0]), lambda: _joined(w_ih, w_hh, biases[0])
+        )
+    return _ScanStep.apply(layout, x, *states, w_ih, w_hh, *biases, joined)
+
+
+def _joined(w_ih, w_hh, bias):
+    """``[W_ih | W_hh | bias]`` (G H, in + H + 1), made once per traced call: the one input through
+    which a step's backward gives the three their gradients, ``dz^T [x | h | 1]``. Per step that is
+    one concatenation and one product, and one sum with the earlier steps' -- not two products, a
+    sum over the batch and three sums with the earlier steps' (3 nodes a step of a cell fewer); the
+    concatenation's backward splits the total once."""
+    return kiln.cat([w_ih, w_hh, bias.unsqueeze(1)], dim=1)
 
 
 def _scan_biases(layout: ScanLayout, x, b_ih, b_hh) -> tuple:
@@ -63,15 +79,18 @@ def _forward(layout: ScanLayout, x, states: tuple, w_ih_t, w_hh, biases: tuple) 
 
 
 class _ScanStep(kiln.autograd.Function):
-    """``apply(layout, x, *states, w_ih, w_hh, bias[, b_hn])`` -> the new states."""
+    """``apply(layout, x, *states, w_ih, w_hh, bias[, b_hn], joined)`` -> the new states. ``joined``
+    (``_joined``, None for a GRU) only carries the weights' gradients: the forward reads the weights."""
+
+    kiln_only = True
 
     @staticmethod
     def forward(ctx, layout: ScanLayout, x, *flat):
         count = layout.states
-        states, w_ih, w_hh, biases = flat[:count], flat[count], flat[count + 1], flat[count + 2 :]
+        states, w_ih, w_hh, biases = flat[:count], flat[count], flat[count + 1], flat[count + 2 : -1]
         w_ih_t = derived(("rnn_scan w_ih^T",), (x, w_ih), lambda: w_ih.transpose(0, 1))
         packed, new_states = _forward(layout, x, states, w_ih_t, w_hh, biases)
-        ctx.save_for_backward(x, *flat, packed)
+        ctx.save_for_backward(x, *flat[:-1], packed)
         ctx.layout = layout
         return new_states
 
@@ -81,32 +100,44 @@ class _ScanStep(kiln.autograd.Function):
         inputs, packed = saved[:-1], saved[-1]
         needs = ctx.needs_input_grad[1:]
         if kiln.is_grad_enabled():  # create_graph: a backward that autograd can differentiate again
-            return (None, *_differentiable_grads(ctx.layout, inputs, grads, needs))
+            # (the weights' own gradients, none through ``joined``: the sum reaching the parameters is one)
+            return (None, *_differentiable_grads(ctx.layout, inputs, grads, needs[:-1]), None)
         return (None, *_step_grads(ctx.layout, inputs, packed, grads, needs))
 
 
 def _step_grads(layout: ScanLayout, inputs: tuple, packed, grads: tuple, needs: tuple) -> list:
-    """The gradients of ``inputs`` (x, *states, w_ih, w_hh, bias[, b_hn]) from those of the new states."""
+    """The gradients of ``inputs`` (x, *states, w_ih, w_hh, bias[, b_hn]) and of ``joined`` (the weights'
+    where it is given, see ``_joined``) from those of the new states."""
     count = layout.states
     x, states, w_ih, w_hh = inputs[0], inputs[1 : 1 + count], inputs[1 + count], inputs[2 + count]
     cotangent = _cotangent(layout, grads)
     if cotangent is None:  # no new state reaches a loss
         return [None] * len(needs)
-    back = apply(_SCAN_BACKWARD, packed, w_hh, cotangent, mode=layout.mode, reverse=False)
-    batch, width = x.shape[0], layout.gates * layout.hidden
-    dz = back.narrow(-1, *layout.dz).reshape(batch, width)
     gru = layout.mode == "GRU"
-    dz_hh = back.narrow(-1, *layout.dz_hh).reshape(batch, width) if gru else dz
+    if not gru:  # the weights' gradients through ``joined`` alone
+        needs = (*needs[: 1 + count], False, False, False, needs[-1])
+    # (the one step's row: its pieces are views of it, as a gradient may be -- no copy, no node each)
+    back = apply(_SCAN_BACKWARD, packed, w_hh, cotangent, mode=layout.mode, reverse=False)
+    back = back.reshape(back.shape[1:])
+    dz = back.narrow(-1, *layout.dz)
+    dz_hh = back.narrow(-1, *layout.dz_hh) if gru else dz
     w_ih_needed, w_hh_needed = needs[1 + count], needs[2 + count]
-    dz_t = dz.transpose(0, 1) if w_ih_needed or (w_hh_needed and not gru) else None
+    dz_t = dz.transpose(0, 1) if w_ih_needed or (w_hh_needed and not gru) or needs[-1] else None
     found: list = [dz @ w_ih if needs[0] else None]
-    found += [back.narrow(-1, *layout.initial(s)).sum(0) if needs[1 + s] else None for s in range(count)]
+    found += [back.narrow(-1, *layout.initial(s)) if needs[1 + s] else None for s in range(count)]
     found += [dz_t @ x if w_ih_needed else None]
     found += [(dz_hh.transpose(0, 1) if gru else dz_t) @ states[0] if w_hh_needed else None]
     found += [dz.sum(0) if needs[3 + count] else None]
     if gru:  # b_hn's gradient: the n block of dz_hh (the reset gate scales it)
         found += [dz_hh.narrow(-1, 2 * layout.hidden, layout.hidden).sum(0) if needs[4 + count] else None]
-    return found
+        return [*found, None]
+    return [*found, dz_t @ kiln.cat([x, states[0], _ones(x)], dim=1) if needs[-1] else None]
+
+
+def _ones(x):
+    """A column of ones, one per row of ``x``: the bias's factor in ``dz^T [x | h | 1]``."""
+    shape = (x.shape[0], 1)
+    return derived(("rnn_scan ones", shape), (x,), lambda: kiln.ones(shape, dtype=x.dtype, device=x.device))
 
 
 def _differentiable_grads(layout: ScanLayout, inputs: tuple, grads: tuple, needs: tuple) -> list:
@@ -128,12 +159,19 @@ def _differentiable_grads(layout: ScanLayout, inputs: tuple, grads: tuple, needs
 
 def _cotangent(layout: ScanLayout, grads: tuple):
     """The packed output's gradient: the new states' gradients at their ``final`` spans, zeros
-    elsewhere; one pad of their concatenation (an LSTM's h and c spans are adjacent), None when no
-    state has one."""
+    elsewhere; one concatenation of zeros, the states' gradients (an LSTM's h and c spans are
+    adjacent) and zeros, its zeros made once per traced call (``derived``; a pad of the states'
+    concatenation was a node more a step). None when no state has a gradient."""
     present = [g for g in grads if g is not None]
     if not present:
         return None
-    joined = present[0] if len(present) == 1 else kiln.cat(present, dim=-1)
+    first = present[0]
     low = layout.final(0 if grads[0] is not None else 1)[0]
-    high = layout.width - low - joined.shape[-1]
-    return apply(_PAD, joined.unsqueeze(0), low=(0, 0, low), high=(0, 0, high), interior=(0, 0, 0), value=0)
+    high = layout.width - low - sum(g.shape[-1] for g in present)
+
+    def zeros(width: int) -> list:
+        shape = (first.shape[0], width)
+        make = lambda: kiln.zeros(shape, dtype=first.dtype, device=first.device)  # noqa: E731
+        return [derived(("rnn_scan cotangent zeros", shape), (first,), make)] if width else []
+
+    return kiln.cat([*zeros(low), *present, *zeros(high)], dim=-1).unsqueeze(0)

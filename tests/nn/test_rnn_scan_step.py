@@ -75,9 +75,11 @@ def _traced_ops(case: str, steps: int) -> Counter:
 
 # The nodes one more step of the loop adds to the trace, forward and backward: the cell's own and
 # the loss's (about 15: the square, sum, scale and add and their gradients). Through the layer's path
-# (rnn_scan and its VJP as written for T steps) they were 58, 62 and 51; 42, 43 and 37 now (the
-# biases' sum and W_ih's transpose recorded once per call, not per step).
-PER_STEP = {"LSTMCell, loss on h": 43, "GRUCell": 44, "RNNCell": 38}
+# (rnn_scan and its VJP as written for T steps) they were 58, 62 and 51; 42, 43 and 37 with the
+# biases' sum and W_ih's transpose recorded once per call, not per step; 39, 41 and 36 with the
+# backward's pieces views of its one row and the cotangent one concatenation with zeros; 36, 41 and
+# 33 now (the weights' gradients one product a step, dz^T [x | h | 1], and one sum over the steps).
+PER_STEP = {"LSTMCell, loss on h": 36, "GRUCell": 41, "RNNCell": 33}
 
 
 @pytest.mark.parametrize("case", list(PER_STEP))
@@ -87,6 +89,9 @@ def test_a_traced_step_is_few_nodes(case):
     assert sum(added.values()) <= PER_STEP[case], added
     assert added["rnn_scan"] == added["rnn_scan_backward"] == 1
     assert added["copy"] == 0  # nothing made contiguous: the products read the slices as they are
+    assert added["pad"] == 1  # xs[t]'s gradient's: the cotangent is no pad
+    # x W_ih^T, dz W_ih (xs requires grad) and the weights' gradients: one product (a GRU's dW_hh another)
+    assert added["matmul"] == (4 if case == "GRUCell" else 3)
 
 
 def test_double_backward_through_a_traced_cell():
@@ -183,3 +188,35 @@ def test_two_cells_without_biases_of_other_sizes_in_one_trace(name):
     for got, want in zip(run(True), run(False), strict=True):
         for a, b in zip(got, want, strict=True):
             assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("frozen", ["weight_ih", "weight_hh", "bias_ih and bias_hh", "every weight"])
+@pytest.mark.parametrize("name", ["LSTMCell", "RNNCell"])
+def test_some_weights_frozen(name, frozen):
+    """The weights' gradients come through one joined input (``_joined``): a frozen weight gets none,
+    the others theirs, and with every weight frozen the inputs still get theirs."""
+
+    def run(compiled: bool):
+        kiln.manual_seed(4)
+        cell = getattr(nn, name)(3, 4, dtype=kiln.float64)
+        for part in frozen.split(" and "):
+            for p in cell.parameters() if part == "every weight" else [getattr(cell, part)]:
+                p.requires_grad_(False)
+        lstm = name == "LSTMCell"
+
+        def step(xs, h):
+            state = (h, h * 0.5) if lstm else h
+            for t in range(xs.shape[0]):
+                state = cell(xs[t], state)
+            loss = ((state[0] if lstm else state) ** 2).sum()
+            loss.backward()
+            return loss.detach()
+
+        _, seen = cell_loop_calls(step, [], compiled)
+        grads = [p.grad for p in cell.parameters()]
+        return [*(x for call in seen for x in call), *(g if g is None else g.clone() for g in grads)]
+
+    for got, want in zip(run(True), run(False), strict=True):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert_close(got, want, rtol=1e-10, atol=1e-12)

@@ -33,6 +33,8 @@ __all__ = ["check_saved"]
 class CheckedBackward(Node):
     """The identity on the gradient, after checking that ``sources`` are unchanged since saved."""
 
+    kiln_only = True
+
     # named as a PrimBackward's, which the tracer walks for the tensors the autograd graph holds
     __slots__ = ("op", "saved_inputs", "saved_versions")
     saved_inputs: tuple | None  # None once released

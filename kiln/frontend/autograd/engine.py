@@ -11,6 +11,7 @@ import heapq
 from collections.abc import Sequence
 
 from ..jit import state as _jit
+from .function import FunctionBackward
 from .grad_mode import set_grad_enabled, state
 from .graph import AccumulateGrad, Node
 
@@ -88,6 +89,16 @@ def run_backward(
     that tensor alone, as if the captured tensors were independent leaves (a compiled function's
     backward: the caller's graph carries a gradient on from each of its inputs).
     """
+    args = (roots, grad_roots, retain_graph, create_graph, capture, stop_at_capture)
+    if _jit.watch_hooks:  # a traced call's hazard watch is on: it sees the user's code only
+        watch = _jit.watch_here()
+        if watch is not None:
+            return _jit.unwatched(watch, _run, *args, watch)
+    return _run(*args, None)
+
+
+def _run(roots, grad_roots, retain_graph, create_graph, capture, stop_at_capture, watch) -> list | None:
+    """``run_backward``'s body; ``watch``: the hazard watch paused around it (see ``_calls_user_code``)."""
     root_nodes = list(dict.fromkeys(node for node, _ in roots))
     dependencies = _collect(root_nodes)
     captured: dict[tuple[Node, int], int] = {}
@@ -123,7 +134,10 @@ def run_backward(
             node = pop(ready)[2]
             grads = buffers.pop(node, None) or [None] * node.num_outputs
             if (node.pre_hooks or node.__class__ is AccumulateGrad) and node not in own_hooks:
-                _run_pre_hooks(node, grads)
+                if watch is None:
+                    _run_pre_hooks(node, grads)
+                else:
+                    _jit.watched(watch, _run_pre_hooks, node, grads)
             if captured:
                 for nr, g in enumerate(grads):
                     index = captured.get((node, nr))
@@ -134,7 +148,10 @@ def run_backward(
             runs = (needed is None or node in needed) and not (capture is not None and node.__class__ is AccumulateGrad)
             edges = node.next_edges  # (a property on most nodes: read once)
             if runs and (grads[0] is not None if len(grads) == 1 else any([g is not None for g in grads])):
-                outputs = _apply(node, grads, retain_graph)
+                if watch is None or not _calls_user_code(node):
+                    outputs = _apply(node, grads, retain_graph)
+                else:
+                    outputs = _jit.watched(watch, _apply, node, grads, retain_graph)
                 if len(outputs) != len(edges):
                     raise AssertionError(f"{node.name()} returned {len(outputs)} gradients for {len(edges)} inputs")
             else:
@@ -163,6 +180,13 @@ def run_backward(
                 if waiting == 0:
                     push(ready, (-nxt.seq, id(nxt), nxt))
     return results if capture is not None else None
+
+
+def _calls_user_code(node: Node) -> bool:
+    """Whether running ``node`` may run user code: its hooks, a backward not marked ``kiln_only``."""
+    if node.hooks:
+        return True
+    return not (node.cls.kiln_only if node.__class__ is FunctionBackward else node.kiln_only)
 
 
 def _add_into(total, grad) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import weakref
 
+from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
 from .grad_mode import set_mode, state
 from .graph import FreedGraphError, Node, SavedTensor, _edge_of
@@ -95,6 +96,10 @@ class FunctionBackward(Node):
 class Function:
     """Base class of custom autograd ops; call them with ``MyFunction.apply(*args)``."""
 
+    #: Whether ``forward`` and ``backward`` run kiln's code only (set by kiln's own Functions that call
+    #: no callable from the user): a traced call's hazard watch is paused around them.
+    kiln_only = False
+
     @staticmethod
     def forward(ctx, *args, **kwargs):
         raise NotImplementedError("a Function subclass must define a static forward(ctx, *args)")
@@ -105,6 +110,10 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
+        if cls.kiln_only and _jit.watch_hooks:
+            watch = _jit.watch_here()
+            if watch is not None:
+                return _jit.unwatched(watch, cls.apply, *args, **kwargs)
         needs = tuple([isinstance(a, Tensor) and a._requires_grad for a in args])
         ctx = FunctionCtx(needs)
         grad_enabled = state.grad_enabled

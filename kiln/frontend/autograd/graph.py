@@ -181,6 +181,8 @@ class PrimBackward(LazyEdgesNode, _VjpContext):
     tuples, leaf inputs in place of their edges, and a saved output as its array, version counter and
     version (a ``SavedTensor`` and its weak reference to the node were two more objects)."""
 
+    kiln_only = True
+
     __slots__ = ("prim", "attrs", "input_shapes", "input_dtypes", "device", "saved_inputs", "saved_versions",
                  "saved_output", "out_data", "out_counter", "out_version", "out_trace", "view_version")  # fmt: skip
     prim: Any  # the Primitive

@@ -24,6 +24,8 @@ class OverwriteBackward(Node):
     """The history of a tensor overwritten in place: the gradient goes on to the written value, and
     zeros go to the tensor's old history (edges: the value's, the old history's)."""
 
+    kiln_only = True
+
     __slots__ = ("op",)
     op: str  # the in-place op, for the node's name
 

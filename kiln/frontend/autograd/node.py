@@ -17,6 +17,9 @@ class Node:
 
     __slots__ = ("next_edges", "seq", "pre_hooks", "hooks", "forward_stack", "__weakref__")
     num_outputs = 1
+    #: Whether ``apply`` runs kiln's code only, never a callable from the user (its hooks run apart):
+    #: a traced call's hazard watch is paused around it (``jit.state.unwatched``).
+    kiln_only = False
 
     def __init__(self, next_edges: tuple[Edge, ...]) -> None:
         self.next_edges = next_edges

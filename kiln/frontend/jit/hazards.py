@@ -8,7 +8,10 @@ the traced call:
   scans the bytecode of each user code object that runs (once per code object) for stores into
   globals (``STORE_GLOBAL``) and closures (``STORE_DEREF`` on a free variable), sees calls into
   Python's and numpy's random generators, and sees the user's code call a mutating method
-  (``append``, ``update``, ``add``...) of a dict, list or set from outside the call;
+  (``append``, ``update``, ``add``...) of a dict, list or set from outside the call. It is paused
+  while kiln's own work runs (an op, the backward engine, a ``kiln_only`` Function or node:
+  ``state.unwatched``): a profile function makes every Python call slower, and a traced op took
+  about twice as long under it;
 - the attributes of the objects the call reads, and the dicts, lists and sets reachable from its
   globals, closure and arguments (``reads.reach``), are compared before and after: a store into
   ``self.count`` or ``counter["step"]``, with the path and the user's line;
@@ -30,6 +33,7 @@ import numpy as np
 
 from ..tensor import Tensor
 from . import reads
+from . import state as _state
 from .reads import _SCALARS, _is_module_dict
 from .trace import _KILN_DIR, TraceBreak
 
@@ -224,6 +228,7 @@ class Watch:
         self.globals_read: list = []  # (globals, the names read there) per other user function that ran
         self._seen: set = set()
         self._previous: Callable | None = None
+        self._hook: Callable | None = None
         self._before: list = []
         self._outer: frozenset = frozenset()  # ids of the frames below the traced call (set by start)
 
@@ -247,7 +252,9 @@ class Watch:
         self._location = SourceLocation
         self._previous = sys.getprofile()
         if self._previous is None:
-            sys.setprofile(self._profile)
+            self._hook = self._profile  # (one bound method: kiln's own work pauses it by identity)
+            _state.watch_hooks.add(self._hook)
+            sys.setprofile(self._hook)
         elif self.code is not None and _user_code(self.code):
             # A profiler (cProfile, a debugger) holds the hook: leave it in place and read the
             # function's own code for stores instead (the functions it calls go unwatched).
@@ -337,6 +344,7 @@ class Watch:
     def stop(self) -> TraceBreak | None:
         if self._previous is None:
             sys.setprofile(None)
+            _state.watch_hooks.discard(self._hook)
         if self.hazard is not None:
             return self.hazard
         for it, before in zip(self.iterators, self._positions, strict=True):

@@ -9,13 +9,47 @@ when there is none.
 
 from __future__ import annotations
 
+import sys
 from contextvars import ContextVar
 from typing import Any
 
 tracing = 0
 current: ContextVar[Any] = ContextVar("kiln_trace", default=None)
+#: The profile functions of the hazard watches on now, in any thread (``hazards.Watch``). A profile
+#: function makes the interpreter report every call and run unspecialized code, more than half of a
+#: traced op's time: kiln's own work that calls no user code runs with its thread's watch paused.
+watch_hooks: set = set()
 #: Set while ``kiln.onnx.export`` traces: RNN layers record their per-step ops (ONNX has no ``rnn_scan``).
 per_step_recurrences: ContextVar[bool] = ContextVar("kiln_per_step_recurrences", default=False)
+
+
+def watch_here():
+    """The hazard watch's profile function when one is on in this thread and not paused, else None."""
+    if watch_hooks:
+        hook = sys.getprofile()
+        if hook in watch_hooks:
+            return hook
+    return None
+
+
+def unwatched(hook, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with this thread's watch ``hook`` (``watch_here()``) paused: for kiln's
+    own work, which calls no user code."""
+    sys.setprofile(None)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        sys.setprofile(hook)
+
+
+def watched(hook, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with the watch ``hook`` on again, from inside ``unwatched``: a call of
+    user code (a hook, a custom Function's backward)."""
+    sys.setprofile(hook)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        sys.setprofile(None)
 
 
 def active() -> bool:

@@ -111,6 +111,8 @@ class SplitBackward(Node):
     """The backward of a split (or an unbind, ``squeeze``: its pieces lost the split dim): the pieces'
     gradients side by side along ``dim``, zeros for a piece that got none."""
 
+    kiln_only = True
+
     __slots__ = ("dim", "sizes", "squeeze", "shape", "dtype", "num_outputs", "view_version")
     dim: int
     sizes: tuple[int, ...]

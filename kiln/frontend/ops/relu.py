@@ -66,6 +66,8 @@ class MaskBackward(Node):
     trace or a profile records them (``_through_ops``). The mask, not the input, is kept, so writing
     into the input afterwards (``inplace=True`` does) leaves the gradient well defined."""
 
+    kiln_only = True
+
     __slots__ = ("mask",)
     mask: np.ndarray | None
 

@@ -47,6 +47,8 @@ class Identity(Module):
 class Linear(Module):
     """``y = x W^T + b`` with ``weight`` (out_features, in_features) and ``bias`` (out_features)."""
 
+    kiln_only = True
+
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None) -> None:
         super().__init__()
         self.in_features = in_features

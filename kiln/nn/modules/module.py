@@ -63,10 +63,19 @@ class Module:
     def forward(self, *args, **kwargs):
         raise NotImplementedError(f'Module [{type(self).__name__}] is missing the required "forward" function')
 
+    #: Set on kiln's own modules whose ``forward`` calls nothing of the user's (no submodule, no
+    #: callable it was given): a traced call runs it with its hazard watch paused (``jit.hazards``).
+    #: Read from the module's own class only: a subclass's methods may be the user's.
+    kiln_only = False
+
     # ------------------------------------------------------------------ calling and hooks
     def __call__(self, *args, **kwargs):
         if _jit.tracing:
             _jit.module_call(self)  # the training flag becomes a guard of kiln.compile
+            if _jit.watch_hooks and type(self).__dict__.get("kiln_only"):
+                watch = self._watch_to_pause()
+                if watch is not None:
+                    return _jit.unwatched(watch, self.forward, *args, **kwargs)
         if self._forward_pre_hooks:  # (tested first: a call without hooks copies no hook tuples)
             for hook in tuple(self._forward_pre_hooks.values()):
                 result = hook(self, args)
@@ -79,6 +88,13 @@ class Module:
                 if result is not None:
                     out = result
         return out
+
+    def _watch_to_pause(self):
+        """This thread's hazard watch, when this call of a ``kiln_only`` module runs no hook and no
+        ``forward`` the user set on the instance; else None."""
+        if self._forward_pre_hooks or self._forward_hooks or "forward" in self.__dict__:
+            return None
+        return _jit.watch_here()
 
     def register_forward_pre_hook(self, hook: Callable) -> RemovableHandle:
         """``hook(module, args)`` runs before ``forward``; it may return replacement args."""

@@ -152,6 +152,8 @@ class RNNCellBase(Module):
 class RNNCell(RNNCellBase):
     """``h' = tanh(x W_ih^T + b_ih + h W_hh^T + b_hh)`` (or relu)."""
 
+    kiln_only = True
+
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, nonlinearity: str = "tanh", device=None,
                  dtype=None) -> None:  # fmt: skip
         if nonlinearity not in ("tanh", "relu"):
@@ -172,6 +174,8 @@ class RNNCell(RNNCellBase):
 class LSTMCell(RNNCellBase):
     """One LSTM step: ``forward(input, (h, c))`` returns ``(h', c')``."""
 
+    kiln_only = True
+
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None, dtype=None) -> None:
         super().__init__(input_size, hidden_size, bias, 4, device, dtype)
 
@@ -184,6 +188,8 @@ class LSTMCell(RNNCellBase):
 
 class GRUCell(RNNCellBase):
     """One GRU step: ``forward(input, h)`` returns ``h'``."""
+
+    kiln_only = True
 
     def __init__(self, input_size: int, hidden_size: int, bias: bool = True, device=None, dtype=None) -> None:
         super().__init__(input_size, hidden_size, bias, 3, device, dtype)

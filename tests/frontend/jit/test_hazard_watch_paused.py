@@ -1,0 +1,187 @@
+"""The hazard watch (a ``sys.setprofile`` hook, ``hazards.Watch``) is paused while kiln's own work runs
+in a traced call -- an op, the backward engine, a Function marked ``kiln_only`` -- and on again for
+the user's code, which it must still see: a hook or custom Function's backward that kiln's engine
+calls, the user's line after an op (even one that raised)."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln.frontend import eager_kernels
+from kiln.ir.primitives import P
+
+from .helpers import compiled_calls, events
+
+counter = 0
+
+
+def _breaks(f) -> list[str]:
+    return [e.detail for e in events(f, "break")]
+
+
+def _calls(g, f, make) -> None:
+    """Three calls of ``g`` and of ``f``, each on its own copy of ``make()``: equal results and gradients."""
+    for _ in range(3):
+        x, xe = make(), make()
+        out, expected = g(x), f(xe)
+        np.testing.assert_allclose(out.detach().numpy(), expected.detach().numpy(), rtol=1e-6)
+        if x.requires_grad:
+            np.testing.assert_allclose(x.grad.numpy(), xe.grad.numpy(), rtol=1e-6)
+
+
+def test_an_op_runs_unwatched_and_the_users_code_after_it_is_watched(monkeypatch):
+    profiles = []
+
+    def add(xp, a, b):  # kiln's kernel for add, as a routed compiled kernel is called
+        profiles.append(sys.getprofile())
+        return P["add"].eager(xp, a, b)
+
+    monkeypatch.setitem(eager_kernels.ROUTES, P["add"], add)
+
+    def f(x):
+        global counter
+        y = x + 1
+        counter += 1  # after the op: seen
+        return y
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2))
+    assert profiles[0] is None  # the traced call's op (the eager calls run no watch either)
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+def test_the_watch_is_on_again_after_an_op_that_raised():
+    def f(x):
+        global counter
+        try:
+            x + kiln.ones(3)  # a shape error, raised inside the op
+        except RuntimeError:
+            counter += 1
+        return x * 2
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+class _Triple(kiln.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        global counter
+        counter += 1  # the user's code that the backward engine calls: seen
+        return grad * 3
+
+
+def test_a_custom_functions_backward_that_the_engine_runs_is_watched():
+    def f(x):
+        loss = _Triple.apply(x).sum()
+        loss.backward()
+        return loss.detach()
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2, requires_grad=True))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+    assert "_Triple" not in _breaks(g)[0] and "backward" in _breaks(g)[0]  # the user's function and line
+
+
+def test_a_hook_on_a_node_that_the_engine_runs_is_watched():
+    def hook(grad_inputs, grad_outputs):
+        global counter
+        counter += 1
+
+    def f(x):
+        y = x * 2
+        y.grad_fn.register_hook(hook)
+        loss = y.sum()
+        loss.backward()
+        return loss.detach()
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2, requires_grad=True))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+@pytest.mark.parametrize("kiln_only", [True, False])
+def test_a_function_marked_kiln_only_runs_unwatched(kiln_only):
+    profiles = []
+
+    class Double(kiln.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            profiles.append(sys.getprofile())
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            profiles.append(sys.getprofile())
+            return grad * 2
+
+    Double.kiln_only = kiln_only
+
+    def f(x):
+        loss = Double.apply(x).sum()
+        loss.backward()
+        return loss.detach()
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2, requires_grad=True))
+    assert sum(compiled_calls(g)) == 2  # (the list is not reached from the function: no hazard)
+    traced = profiles[:2]  # the forward's and the backward's in the traced call
+    if kiln_only:  # as kiln's own Functions (its one-step cell scan) are
+        assert traced == [None, None]
+    else:
+        assert all(callable(p) for p in traced), traced
+
+
+@pytest.mark.parametrize("kind", ["Linear", "a subclass", "with a forward hook", "a forward set on it"])
+def test_a_kiln_only_modules_forward_runs_unwatched_unless_the_user_may_run(kind, monkeypatch):
+    profiles = []
+    linear = kiln.nn.functional.linear
+
+    def recording_linear(*args):  # what Linear.forward calls, seen from inside it
+        profiles.append(sys.getprofile())
+        return linear(*args)
+
+    monkeypatch.setattr(kiln.nn.functional, "linear", recording_linear)
+
+    class Sub(kiln.nn.Linear):
+        pass
+
+    kiln.manual_seed(0)
+    layer = (Sub if kind == "a subclass" else kiln.nn.Linear)(3, 2)
+    if kind == "with a forward hook":
+        layer.register_forward_hook(lambda module, args, out: None)
+    if kind == "a forward set on it":
+        layer.forward = lambda x: kiln.nn.Linear.forward(layer, x)
+
+    def f(x):
+        return layer(x)
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2, 3))
+    assert sum(compiled_calls(g)) == 2
+    assert (profiles[0] is None) == (kind == "Linear"), profiles[0]
+
+
+def test_a_forward_hook_on_a_kiln_only_module_is_watched():
+    def hook(module, args, out):
+        global counter
+        counter += 1
+
+    layer = kiln.nn.Linear(3, 2)
+    layer.register_forward_hook(hook)
+
+    def f(x):
+        return layer(x)
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2, 3))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
