@@ -146,6 +146,25 @@ class KernelCache:
         self._queue.put((key, make, getattr(_deferring, "moot", None)))
         return None
 
+    def now(self, key: tuple, make: Callable[[], Entry]) -> Entry:
+        """The entry of ``key`` compiled by the time this returns: made in the caller's thread on a miss
+        (or when the worker dropped it: evicted, or moot), waited for while the worker compiles it."""
+        while True:
+            with self._lock:
+                entry = self.entries.get(key)
+                if entry is None:
+                    self.entries[key] = entry = Entry()
+                    break
+                self.entries.move_to_end(key)
+            if entry.program is not None or entry.reason is not None:
+                return entry
+            time.sleep(0.001)  # the worker takes its queue in order: this key may wait behind others
+        made = make()
+        with self._lock:
+            made.numpy_seconds = entry.numpy_seconds
+            self.entries[key] = made
+        return made
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every queued compile is done (True), or ``timeout`` seconds pass (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -273,11 +292,12 @@ def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
     return ready(name, key, functools.partial(_compile, name, build, key[1]))
 
 
-def ready(name: str, key: tuple, make: Callable[[], Entry], shared: bool = False) -> Entry | None:
+def ready(name: str, key: tuple, make: Callable[[], Entry], shared: bool = False, now: bool = False) -> Entry | None:
     """The compiled entry of ``key``, or None (a miss queues ``make``; see ``ready_entry``).
     ``shared``: compiled programs call the kernel too (the native recurrences), so it compiles even
-    while ``deferred()``."""
-    entry = CACHE.lookup(key, make, shared)
+    while ``deferred()``. ``now``: compile it in this thread on a miss, or wait for its compile, rather
+    than run numpy meanwhile (None then only for a kernel that failed or was declined)."""
+    entry = CACHE.now(key, make) if now else CACHE.lookup(key, make, shared)
     if entry is None or entry.program is None:
         if entry is not None and entry.failed and name not in CACHE.said:
             _say(name, entry.reason)

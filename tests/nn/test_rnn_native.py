@@ -62,7 +62,7 @@ def direct():
     """Native kernels installed straight from the code generator (no eager-kernel cache); use(False) removes them."""
 
     def use(on: bool) -> None:
-        recurrence_native.install((lambda mode, dtype, hidden: _built(mode, dtype, hidden)) if on else None)
+        recurrence_native.install((lambda mode, dtype, hidden, steps: _built(mode, dtype, hidden)) if on else None)
 
     yield use
     recurrence_native.install(eager_recurrence.native, SmallProducts)
@@ -249,13 +249,32 @@ def test_compiled_step_runs_native_and_equals_numpy(eager_on, runs, mode):
 def test_background_compile_runs_numpy_meanwhile(eager_on, runs, monkeypatch):
     monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
     dtype = np.dtype(np.float64)
-    assert eager_recurrence.native("LSTM", dtype, 7) is None  # the miss queues the compile
+    assert eager_recurrence.native("LSTM", dtype, 7, 5) is None  # the miss queues the compile
     assert eager_kernels.wait(60)
-    kernels = eager_recurrence.native("LSTM", dtype, 7)
+    kernels = eager_recurrence.native("LSTM", dtype, 7, 5)
     assert isinstance(kernels, LSTMKernels) and kernels.hidden == 7
-    assert eager_recurrence.native("LSTM", np.dtype(np.float16), 7) is None  # numpy's dtypes only
+    assert eager_recurrence.native("LSTM", np.dtype(np.float16), 7, 5) is None  # numpy's dtypes only
     eager_kernels.set_enabled(False)
-    assert eager_recurrence.native("LSTM", dtype, 7) is None
+    assert eager_recurrence.native("LSTM", dtype, 7, 5) is None
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_long_recurrence_waits_for_its_native_kernels(eager_on, runs, monkeypatch, queued):
+    """A recurrence of WAIT_STEPS steps or more runs native at its first call: compiled in the caller's
+    thread on a miss, or waited for while the worker compiles it (a numpy loop over hundreds of steps,
+    beside a compile in another thread, cost an LSTM LM's first call at T=350 a quarter of a second)."""
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
+    dtype, steps = np.dtype(np.float64), eager_recurrence.WAIT_STEPS
+    if queued:  # a short one's miss queued the compile first: the long one waits for the worker's
+        assert eager_recurrence.native("GRU", dtype, 6, steps - 1) is None
+    kernels = eager_recurrence.native("GRU", dtype, 6, steps)
+    assert isinstance(kernels, GRUKernels) and kernels.hidden == 6
+    assert eager_recurrence.native("GRU", dtype, 6, 1) is kernels
+    kiln.manual_seed(0)
+    lstm = nn.LSTM(2, 9, dtype=kiln.float64)
+    before = runs["forward"]
+    lstm(kiln.randn(steps, 2, 2, dtype=kiln.float64))  # its first call, no compile made for H=9 before
+    assert runs["forward"] == before + 1
 
 
 def test_a_failed_compile_is_said_once_and_numpy_runs(eager_on, runs, monkeypatch):
