@@ -105,6 +105,25 @@ def test_kernels_equal_numpy_on_the_packed_layout(
     assert runs == {"forward": 1, "backward": 1}
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_backward_variants_for_gate_cotangents_compile_at_their_first_call(direct, mode):
+    """``build`` compiles the forward and the plain backward only: the variants for a cotangent of the
+    gate activations (a GRU's ``hn`` too), which the layers never give, compile when first run."""
+    kernels = CLASSES[mode].build(np.float64, 6)
+    assert set(kernels.functions) == set(kernels.FUNCTIONS) - kernels.LAZY and kernels.LAZY
+    rng = np.random.default_rng(3)
+    args = _scan_args(rng, mode, 4, 2, 6)
+    direct(False)
+    packed = SCAN.eager(np, *args, mode=mode, reverse=False)
+    g = rng.normal(size=packed.shape)  # on every part, the gates' among them
+    expected = BACKWARD.eager(np, packed, args[_INPUTS[mode].index("w_hh")], g, mode=mode, reverse=False)
+    recurrence_native.install(lambda *_: kernels)
+    got = BACKWARD.eager(np, packed, args[_INPUTS[mode].index("w_hh")], g, mode=mode, reverse=False)
+    loaded = {name for name in kernels.LAZY if name in kernels.functions}
+    assert loaded == {"LSTM": {"lstm_backward_tangents"}, "GRU": {"gru_backward_tangents_g_hn"}}[mode]
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-13)
+
+
 def test_no_steps_write_nothing(direct, runs):
     direct(True)
     args = _scan_args(np.random.default_rng(0), "LSTM", 0, 2, 3)
