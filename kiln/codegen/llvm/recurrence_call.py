@@ -26,6 +26,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...ir.dtypes import DType, from_numpy_dtype
+from ...ir.primitives.linalg import c_order
 from ...ir.primitives.recurrence_layout import ScanLayout
 from ...ir.primitives.recurrence_native import transposed
 from ...ir.primitives.recurrence_numpy import scratch
@@ -164,7 +165,7 @@ class LSTMKernels(_Kernels):
                        _rows(cs, 2, hidden), _rows(tanh_c, 2, hidden))  # fmt: skip
         if found is None:
             return False
-        w_hh_t = np.ascontiguousarray(w_hh_t)  # the callers pass a view of the weight: (H, 4H) row-major
+        w_hh_t = c_order(w_hh_t)  # the callers pass a view of the weight: (H, 4H) row-major
         step = scratch("rnn.native_step", (batch, 4 * hidden), A.dtype)
         slots = [steps, batch, *found, _address(w_hh_t), _address(step)]
         assert len(slots) == len(FORWARD)
@@ -211,7 +212,7 @@ class GRUKernels(_Kernels):
         found = _found(_rows(A, 2, 3 * hidden), _rows(h0, 1, hidden), _rows(hs, 2, hidden), _rows(hn, 2, hidden))
         if found is None:
             return False
-        w_hh_t, b_hn = np.ascontiguousarray(w_hh_t), np.ascontiguousarray(b_hn)  # (H, 3H) row-major
+        w_hh_t, b_hn = c_order(w_hh_t), np.ascontiguousarray(b_hn)  # (H, 3H) row-major
         step = scratch("rnn.native_step", (batch, 3 * hidden), A.dtype)
         slots = [steps, batch, *found, _address(w_hh_t), _address(b_hn), _address(step)]
         assert len(slots) == len(GRU_FORWARD)

@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .linalg import c_order
+
 
 class Kernels(Protocol):
     """What a provider hands out: the numpy kernel's work (``lstm_forward``'s arguments for an LSTM's
@@ -81,9 +83,9 @@ def transposed(w: np.ndarray) -> np.ndarray:
     held = getattr(_held, "arrays", None)
     entry = held.get(id(w)) if held else None
     if entry is None or entry[0] is not w:
-        return np.ascontiguousarray(w.T)
+        return c_order(w.T)
     if entry[1] is None:
-        entry[1] = np.ascontiguousarray(w.T)
+        entry[1] = c_order(w.T)
     return entry[1]
 
 
