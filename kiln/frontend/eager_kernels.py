@@ -104,6 +104,7 @@ class Entry:
     numpy_seconds: float = math.inf
     compiled_seconds: float = math.inf
     trials: int = 0
+    started: bool = False  # its compile has begun (the worker's, or a caller's: ``KernelCache.now``)
 
 
 class KernelCache:
@@ -130,7 +131,7 @@ class KernelCache:
                 return entry
             if not shared and getattr(_deferring, "on", False):
                 return None
-            entries[key] = Entry()
+            entries[key] = Entry(started=self.synchronous)
             while len(entries) > self.capacity:
                 entries.popitem(last=False)
             if not self.synchronous and (self._worker is None or not self._worker.is_alive()):
@@ -148,20 +149,24 @@ class KernelCache:
 
     def now(self, key: tuple, make: Callable[[], Entry]) -> Entry:
         """The entry of ``key`` compiled by the time this returns: made in the caller's thread on a miss
-        (or when the worker dropped it: evicted, or moot), waited for while the worker compiles it."""
+        or while it waits in the worker's queue (behind other keys, maybe many), waited for while the
+        worker compiles it."""
         while True:
             with self._lock:
                 entry = self.entries.get(key)
                 if entry is None:
-                    self.entries[key] = entry = Entry()
+                    self.entries[key] = entry = Entry(started=True)
                     break
                 self.entries.move_to_end(key)
-            if entry.program is not None or entry.reason is not None:
-                return entry
-            time.sleep(0.001)  # the worker takes its queue in order: this key may wait behind others
+                if entry.program is not None or entry.reason is not None:
+                    return entry
+                if not entry.started:  # queued: the worker skips it once this has made it
+                    entry.started = True
+                    break
+            time.sleep(0.001)
         made = make()
         with self._lock:
-            made.numpy_seconds = entry.numpy_seconds
+            made.numpy_seconds, made.started = entry.numpy_seconds, True
             self.entries[key] = made
         return made
 
@@ -192,6 +197,14 @@ class KernelCache:
         while True:
             key, make, moot = self._queue.get()
             try:
+                with self._lock:
+                    queued = self.entries.get(key)
+                    taken = queued is not None and (queued.started or queued.program is not None
+                                                    or queued.reason is not None)  # fmt: skip
+                    if taken:  # made (or being made) by a caller that would not wait: ``now``
+                        continue
+                    if queued is not None:
+                        queued.started = True
                 if moot is not None and moot():
                     self._forget(key)
                     continue

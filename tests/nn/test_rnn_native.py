@@ -5,6 +5,7 @@ take, a compile still running and a compile that fails all leave numpy to run.""
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -294,6 +295,37 @@ def test_a_long_recurrence_waits_for_its_native_kernels(eager_on, runs, monkeypa
     before = runs["forward"]
     lstm(kiln.randn(steps, 2, 2, dtype=kiln.float64))  # its first call, no compile made for H=9 before
     assert runs["forward"] == before + 1
+
+
+def test_a_long_recurrence_compiles_its_kernels_itself_while_they_wait_in_the_queue(eager_on, monkeypatch):
+    """A compile queued behind others (here one that never ends until released) is taken over by the long
+    recurrence that needs it, and the worker then skips it."""
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
+    release, built, ended = threading.Event(), [], []
+
+    def blocking() -> eager_kernels.Entry:
+        release.wait(20)
+        ended.append(True)
+        return eager_kernels.Entry(reason="a test's key")
+
+    original = GRUKernels.build
+
+    def build(cls, dtype, hidden):
+        built.append(hidden)
+        return original(dtype, hidden)
+
+    monkeypatch.setattr(GRUKernels, "build", classmethod(build))
+    try:
+        assert eager_kernels.ready("test", ("test",), blocking) is None  # the worker is held by it
+        dtype, steps = np.dtype(np.float64), eager_recurrence.WAIT_STEPS
+        assert eager_recurrence.native("GRU", dtype, 6, 2) is None  # queued behind the held key
+        kernels = eager_recurrence.native("GRU", dtype, 6, steps)
+        assert not ended  # it did not wait for the keys ahead of its own
+        assert isinstance(kernels, GRUKernels) and built == [6]
+    finally:
+        release.set()
+    assert eager_kernels.wait(60)
+    assert built == [6] and eager_recurrence.native("GRU", dtype, 6, 2) is kernels
 
 
 def test_a_failed_compile_is_said_once_and_numpy_runs(eager_on, runs, monkeypatch):
