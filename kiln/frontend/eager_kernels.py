@@ -26,6 +26,8 @@ Off: ``KILN_EAGER_KERNELS=0`` in the environment, or ``kiln.backends.cpu.eager_k
 (``set_enabled``); ``KILN_EAGER_KERNELS=sync`` compiles in the caller's thread at a key's first
 call (tests and debugging: every eligible call runs compiled). The in-memory cache keeps the
 ``CAPACITY`` most recently used keys (LRU). ``wait()`` blocks until the pending compiles are done.
+A caller for which numpy would cost more than the compile (a long recurrence: ``eager_recurrence``)
+asks ``ready(..., now=True)``: the key compiles in its thread, or its running compile is waited for.
 """
 
 from __future__ import annotations
@@ -164,7 +166,10 @@ class KernelCache:
                     entry.started = True
                     break
             time.sleep(0.001)
-        made = make()
+        try:
+            made = make()
+        except Exception as error:  # noqa: BLE001 - as in the worker: the op stays on numpy, said once
+            made = Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
         with self._lock:
             made.numpy_seconds, made.started = entry.numpy_seconds, True
             self.entries[key] = made
