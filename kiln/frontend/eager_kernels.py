@@ -26,6 +26,8 @@ Off: ``KILN_EAGER_KERNELS=0`` in the environment, or ``kiln.backends.cpu.eager_k
 (``set_enabled``); ``KILN_EAGER_KERNELS=sync`` compiles in the caller's thread at a key's first
 call (tests and debugging: every eligible call runs compiled). The in-memory cache keeps the
 ``CAPACITY`` most recently used keys (LRU). ``wait()`` blocks until the pending compiles are done.
+A caller for which numpy would cost more than the compile (a long recurrence: ``eager_recurrence``)
+asks ``ready(..., now=True)``: the key compiles in its thread, or its running compile is waited for.
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class Entry:
     numpy_seconds: float = math.inf
     compiled_seconds: float = math.inf
     trials: int = 0
+    started: bool = False  # its compile has begun (the worker's, or a caller's: ``KernelCache.now``)
 
 
 class KernelCache:
@@ -130,7 +133,7 @@ class KernelCache:
                 return entry
             if not shared and getattr(_deferring, "on", False):
                 return None
-            entries[key] = Entry()
+            entries[key] = Entry(started=self.synchronous)
             while len(entries) > self.capacity:
                 entries.popitem(last=False)
             if not self.synchronous and (self._worker is None or not self._worker.is_alive()):
@@ -145,6 +148,32 @@ class KernelCache:
             self.queued += 1
         self._queue.put((key, make, getattr(_deferring, "moot", None)))
         return None
+
+    def now(self, key: tuple, make: Callable[[], Entry]) -> Entry:
+        """The entry of ``key`` compiled by the time this returns: made in the caller's thread on a miss
+        or while it waits in the worker's queue (behind other keys, maybe many), waited for while the
+        worker compiles it."""
+        while True:
+            with self._lock:
+                entry = self.entries.get(key)
+                if entry is None:
+                    self.entries[key] = entry = Entry(started=True)
+                    break
+                self.entries.move_to_end(key)
+                if entry.program is not None or entry.reason is not None:
+                    return entry
+                if not entry.started:  # queued: the worker skips it once this has made it
+                    entry.started = True
+                    break
+            time.sleep(0.001)
+        try:
+            made = make()
+        except Exception as error:  # noqa: BLE001 - as in the worker: the op stays on numpy, said once
+            made = Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
+        with self._lock:
+            made.numpy_seconds, made.started = entry.numpy_seconds, True
+            self.entries[key] = made
+        return made
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every queued compile is done (True), or ``timeout`` seconds pass (False)."""
@@ -173,6 +202,14 @@ class KernelCache:
         while True:
             key, make, moot = self._queue.get()
             try:
+                with self._lock:
+                    queued = self.entries.get(key)
+                    taken = queued is not None and (queued.started or queued.program is not None
+                                                    or queued.reason is not None)  # fmt: skip
+                    if taken:  # made (or being made) by a caller that would not wait: ``now``
+                        continue
+                    if queued is not None:
+                        queued.started = True
                 if moot is not None and moot():
                     self._forget(key)
                     continue
@@ -273,11 +310,12 @@ def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
     return ready(name, key, functools.partial(_compile, name, build, key[1]))
 
 
-def ready(name: str, key: tuple, make: Callable[[], Entry], shared: bool = False) -> Entry | None:
+def ready(name: str, key: tuple, make: Callable[[], Entry], shared: bool = False, now: bool = False) -> Entry | None:
     """The compiled entry of ``key``, or None (a miss queues ``make``; see ``ready_entry``).
     ``shared``: compiled programs call the kernel too (the native recurrences), so it compiles even
-    while ``deferred()``."""
-    entry = CACHE.lookup(key, make, shared)
+    while ``deferred()``. ``now``: compile it in this thread on a miss, or wait for its compile, rather
+    than run numpy meanwhile (None then only for a kernel that failed or was declined)."""
+    entry = CACHE.now(key, make) if now else CACHE.lookup(key, make, shared)
     if entry is None or entry.program is None:
         if entry is not None and entry.failed and name not in CACHE.said:
             _say(name, entry.reason)

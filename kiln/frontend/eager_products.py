@@ -89,7 +89,7 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.n
     if kernel is None:
         return None
     result = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype) if out is None else out
-    return result if kernel(a, np.ascontiguousarray(b), result) else None
+    return result if kernel(a, linalg.c_order(b), result) else None
 
 
 def matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -100,7 +100,7 @@ def matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.n
         out = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
         if bias is not None:
             out[...] = bias
-        if kernel(a, np.ascontiguousarray(b), out):
+        if kernel(a, linalg.c_order(b), out):
             return out
     out = a @ b
     if bias is not None:

@@ -6,7 +6,8 @@ Importing this installs the provider of ``kiln.ir.primitives.recurrence_native``
 mode, dtype and hidden size. It compiles them once per (mode, dtype, hidden) -- the steps and the
 batch are arguments -- in ``eager_kernels``' background thread (so under its switch:
 ``KILN_EAGER_KERNELS=0`` keeps numpy, ``=sync`` compiles in the caller's thread), kept in its
-in-memory cache and in the disk cache of compiled kernels; numpy runs until they are ready. A
+in-memory cache and in the disk cache of compiled kernels; numpy runs until they are ready (a
+recurrence of ``WAIT_STEPS`` steps or more waits for them instead). A
 compile that fails leaves that key on numpy, said once (``eager_kernels``). It also lends the numpy
 kernels (an Elman RNN's; an LSTM's or GRU's while theirs compile) ``threads.SmallProducts``: their
 per-step products on one BLAS thread.
@@ -49,15 +50,26 @@ def _compile(mode: str, dtype: np.dtype, hidden: int) -> eager_kernels.Entry:
     return eager_kernels.Entry(program=cast(Callable[[list], list], kernels), seconds=time.perf_counter() - start)
 
 
-def native(mode: str, dtype: np.dtype, hidden: int) -> recurrence_native.Kernels | None:
-    """The native kernels of ``mode``, ``dtype`` and ``hidden`` when ready; None (numpy runs) while they
-    compile, when they failed, for another mode or dtype, or with eager kernels off."""
+#: A recurrence of this many steps or more waits for its native kernels (compiles them in the caller's
+#: thread, or waits for the worker's compile) rather than run numpy meanwhile. The first call of a
+#: ``kiln.compile``'d LSTM LM (2 layers, H=128, B=16) at T=350 ran three of its four recurrences on
+#: numpy: 41, 35 and 179 ms, against 4-10 ms native, its Python loops slowed several times by the
+#: compile that the worker thread ran beside them (the interpreter's lock); the compile (0.1-0.2 s,
+#: once per process and hidden size, then from the disk cache) is paid before the program's first
+#: call in any case. At T=35 the loops cost a few ms: numpy runs while the kernels compile.
+WAIT_STEPS = 128
+
+
+def native(mode: str, dtype: np.dtype, hidden: int, steps: int) -> recurrence_native.Kernels | None:
+    """The native kernels of ``mode``, ``dtype`` and ``hidden`` when ready -- or, for a recurrence of
+    ``WAIT_STEPS`` steps or more, once compiled; None (numpy runs) while they compile, when they failed,
+    for another mode or dtype, or with eager kernels off."""
     name = NAMES.get(mode)
     if name is None or not eager_kernels.enabled() or dtype.char not in "fd":
         return None
     make = functools.partial(_compile, mode, dtype, hidden)
     # shared: compiled programs' rnn_scan runs these kernels too, so a trace compiles them as well
-    entry = eager_kernels.ready(name, (name, dtype.char, hidden), make, shared=True)
+    entry = eager_kernels.ready(name, (name, dtype.char, hidden), make, shared=True, now=steps >= WAIT_STEPS)
     return None if entry is None else cast(recurrence_native.Kernels, entry.program)
 
 

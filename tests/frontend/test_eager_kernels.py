@@ -112,6 +112,25 @@ def test_the_in_memory_cache_keeps_the_most_recently_used_keys(on, monkeypatch):
     assert shapes == [(16, 2, 20, 12), (16, 2, 22, 12)]
 
 
+def test_a_compile_asked_for_now_that_raises_leaves_its_key_on_numpy_said_once(on, monkeypatch):
+    """``ready(now=True)`` compiles in the caller: an exception there is the op's failure, said once,
+    not an entry left compiling forever (every later ``now`` would wait for it)."""
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
+    calls = []
+
+    def raising():
+        calls.append(1)
+        raise RuntimeError("LLVM said no")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert eager_kernels.ready("test op", ("test op", 1), raising, now=True) is None
+        assert eager_kernels.ready("test op", ("test op", 1), raising, now=True) is None
+    assert calls == [1]
+    said = [str(w.message) for w in caught if issubclass(w.category, kiln.CompileWarning)]
+    assert len(said) == 1 and "LLVM said no" in said[0], said
+
+
 def test_off_switches_leave_every_op_on_numpy(on):
     x = kiln.tensor(np.ones((8, 2, 24, 24), np.float32))
     w = kiln.tensor(np.ones((3, 2, 5, 5), np.float32))

@@ -5,6 +5,7 @@ take, a compile still running and a compile that fails all leave numpy to run.""
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
@@ -62,7 +63,7 @@ def direct():
     """Native kernels installed straight from the code generator (no eager-kernel cache); use(False) removes them."""
 
     def use(on: bool) -> None:
-        recurrence_native.install((lambda mode, dtype, hidden: _built(mode, dtype, hidden)) if on else None)
+        recurrence_native.install((lambda mode, dtype, hidden, steps: _built(mode, dtype, hidden)) if on else None)
 
     yield use
     recurrence_native.install(eager_recurrence.native, SmallProducts)
@@ -103,6 +104,25 @@ def test_kernels_equal_numpy_on_the_packed_layout(
     np.testing.assert_allclose(out[True][0], out[False][0], **tol)
     np.testing.assert_allclose(out[True][1], out[False][1], **tol)
     assert runs == {"forward": 1, "backward": 1}
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_backward_variants_for_gate_cotangents_compile_at_their_first_call(direct, mode):
+    """``build`` compiles the forward and the plain backward only: the variants for a cotangent of the
+    gate activations (a GRU's ``hn`` too), which the layers never give, compile when first run."""
+    kernels = CLASSES[mode].build(np.float64, 6)
+    assert set(kernels.functions) == set(kernels.FUNCTIONS) - kernels.LAZY and kernels.LAZY
+    rng = np.random.default_rng(3)
+    args = _scan_args(rng, mode, 4, 2, 6)
+    direct(False)
+    packed = SCAN.eager(np, *args, mode=mode, reverse=False)
+    g = rng.normal(size=packed.shape)  # on every part, the gates' among them
+    expected = BACKWARD.eager(np, packed, args[_INPUTS[mode].index("w_hh")], g, mode=mode, reverse=False)
+    recurrence_native.install(lambda *_: kernels)
+    got = BACKWARD.eager(np, packed, args[_INPUTS[mode].index("w_hh")], g, mode=mode, reverse=False)
+    loaded = {name for name in kernels.LAZY if name in kernels.functions}
+    assert loaded == {"LSTM": {"lstm_backward_tangents"}, "GRU": {"gru_backward_tangents_g_hn"}}[mode]
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-13)
 
 
 def test_no_steps_write_nothing(direct, runs):
@@ -249,13 +269,63 @@ def test_compiled_step_runs_native_and_equals_numpy(eager_on, runs, mode):
 def test_background_compile_runs_numpy_meanwhile(eager_on, runs, monkeypatch):
     monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
     dtype = np.dtype(np.float64)
-    assert eager_recurrence.native("LSTM", dtype, 7) is None  # the miss queues the compile
+    assert eager_recurrence.native("LSTM", dtype, 7, 5) is None  # the miss queues the compile
     assert eager_kernels.wait(60)
-    kernels = eager_recurrence.native("LSTM", dtype, 7)
+    kernels = eager_recurrence.native("LSTM", dtype, 7, 5)
     assert isinstance(kernels, LSTMKernels) and kernels.hidden == 7
-    assert eager_recurrence.native("LSTM", np.dtype(np.float16), 7) is None  # numpy's dtypes only
+    assert eager_recurrence.native("LSTM", np.dtype(np.float16), 7, 5) is None  # numpy's dtypes only
     eager_kernels.set_enabled(False)
-    assert eager_recurrence.native("LSTM", dtype, 7) is None
+    assert eager_recurrence.native("LSTM", dtype, 7, 5) is None
+
+
+@pytest.mark.parametrize("queued", [False, True])
+def test_a_long_recurrence_waits_for_its_native_kernels(eager_on, runs, monkeypatch, queued):
+    """A recurrence of WAIT_STEPS steps or more runs native at its first call: compiled in the caller's
+    thread on a miss, or waited for while the worker compiles it (a numpy loop over hundreds of steps,
+    beside a compile in another thread, cost an LSTM LM's first call at T=350 a quarter of a second)."""
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
+    dtype, steps = np.dtype(np.float64), eager_recurrence.WAIT_STEPS
+    if queued:  # a short one's miss queued the compile first: the long one waits for the worker's
+        assert eager_recurrence.native("GRU", dtype, 6, steps - 1) is None
+    kernels = eager_recurrence.native("GRU", dtype, 6, steps)
+    assert isinstance(kernels, GRUKernels) and kernels.hidden == 6
+    assert eager_recurrence.native("GRU", dtype, 6, 1) is kernels
+    kiln.manual_seed(0)
+    lstm = nn.LSTM(2, 9, dtype=kiln.float64)
+    before = runs["forward"]
+    lstm(kiln.randn(steps, 2, 2, dtype=kiln.float64))  # its first call, no compile made for H=9 before
+    assert runs["forward"] == before + 1
+
+
+def test_a_long_recurrence_compiles_its_kernels_itself_while_they_wait_in_the_queue(eager_on, monkeypatch):
+    """A compile queued behind others (here one that never ends until released) is taken over by the long
+    recurrence that needs it, and the worker then skips it."""
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
+    release, built, ended = threading.Event(), [], []
+
+    def blocking() -> eager_kernels.Entry:
+        release.wait(20)
+        ended.append(True)
+        return eager_kernels.Entry(reason="a test's key")
+
+    original = GRUKernels.build
+
+    def build(cls, dtype, hidden):
+        built.append(hidden)
+        return original(dtype, hidden)
+
+    monkeypatch.setattr(GRUKernels, "build", classmethod(build))
+    try:
+        assert eager_kernels.ready("test", ("test",), blocking) is None  # the worker is held by it
+        dtype, steps = np.dtype(np.float64), eager_recurrence.WAIT_STEPS
+        assert eager_recurrence.native("GRU", dtype, 6, 2) is None  # queued behind the held key
+        kernels = eager_recurrence.native("GRU", dtype, 6, steps)
+        assert not ended  # it did not wait for the keys ahead of its own
+        assert isinstance(kernels, GRUKernels) and built == [6]
+    finally:
+        release.set()
+    assert eager_kernels.wait(60)
+    assert built == [6] and eager_recurrence.native("GRU", dtype, 6, 2) is kernels
 
 
 def test_a_failed_compile_is_said_once_and_numpy_runs(eager_on, runs, monkeypatch):

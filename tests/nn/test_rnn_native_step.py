@@ -55,7 +55,7 @@ def provide():
 
     def use(step: bool) -> None:
         classes = {"LSTM": LSTMKernels, **({"LSTM_STEP": LSTMStepKernels} if step else {})}
-        recurrence_native.install(lambda mode, dtype, hidden: _built(classes[mode], dtype, hidden)
+        recurrence_native.install(lambda mode, dtype, hidden, steps: _built(classes[mode], dtype, hidden)
                                   if mode in classes else None)  # fmt: skip
 
     yield use

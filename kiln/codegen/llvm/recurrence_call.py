@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import threading
 from collections.abc import Callable
 
 import numpy as np
 
 from ...ir.dtypes import DType, from_numpy_dtype
+from ...ir.primitives.linalg import c_order
 from ...ir.primitives.recurrence_layout import ScanLayout
 from ...ir.primitives.recurrence_native import transposed
 from ...ir.primitives.recurrence_numpy import scratch
@@ -89,30 +91,49 @@ class _Kernels:
     GATES = 4
     #: function name (``symbol``'s direction) -> its IR generator over (dtype, hidden)
     FUNCTIONS: dict[str, Callable[[DType, int], str]] = {}
+    #: Functions compiled at their first call rather than by ``build``: the backward variants for a
+    #: cotangent of the gate activations (or a GRU's ``hn``), which the layers never give (only a
+    #: caller of ``rnn_scan`` that reads its packed gates does). Each costs LLVM 40-60 ms (an LSTM's
+    #: three functions took 142 ms), which a long recurrence's first call waits for.
+    LAZY: frozenset[str] = frozenset()
 
     def __init__(self, dtype: np.dtype, hidden: int, library: engine.Library) -> None:
         self.dtype, self.hidden = dtype, hidden
-        self._library = library  # the functions live while it does
-        kiln_dtype = from_numpy_dtype(dtype)
-        self.functions = {name: _KERNEL(library.address(symbol(name, kiln_dtype, hidden)))
-                          for name in self.FUNCTIONS}  # fmt: skip
+        self._libraries = [library]  # the functions live while they do
+        self._lock = threading.Lock()
+        self.functions = {name: self._function(library, name) for name in self.FUNCTIONS if name not in self.LAZY}
+
+    def _function(self, library: engine.Library, name: str):
+        return _KERNEL(library.address(symbol(name, from_numpy_dtype(self.dtype), self.hidden)))
 
     @classmethod
     def build(cls, dtype, hidden: int):
-        """Compile (or load) the functions; ``Unsupported`` for a dtype other than float32/float64."""
+        """Compile (or load) the functions but the lazy ones; ``Unsupported`` for a dtype other than
+        float32/float64."""
         dtype = np.dtype(dtype)
         if dtype.char not in "fd":
             raise Unsupported(f"no native recurrence for {dtype} (the numpy kernel runs)")
         kiln_dtype = from_numpy_dtype(dtype)
-        texts = [make(kiln_dtype, hidden) for make in cls.FUNCTIONS.values()]
+        texts = [make(kiln_dtype, hidden) for name, make in cls.FUNCTIONS.items() if name not in cls.LAZY]
         return cls(dtype, hidden, engine.Library(cached_objects(texts)))
 
     def _takes(self, hidden: int, *arrays: np.ndarray | None) -> bool:
         return hidden == self.hidden and all(a is None or a.dtype == self.dtype for a in arrays)
 
+    def _load(self, name: str):
+        """The lazy function ``name``, compiled (or loaded from the disk cache) now."""
+        with self._lock:
+            if name not in self.functions:
+                text = self.FUNCTIONS[name](from_numpy_dtype(self.dtype), self.hidden)
+                library = engine.Library(cached_objects([text]))
+                self.functions[name] = self._function(library, name)
+                self._libraries.append(library)
+            return self.functions[name]
+
     def _run(self, name: str, slots: list[int]) -> None:
         params = np.array(slots, dtype=np.int64)
-        self.functions[name](_address(params))
+        function = self.functions.get(name) or self._load(name)
+        function(_address(params))
 
 
 def _found(*rows: tuple[int, int, int] | None) -> list[int] | None:
@@ -131,6 +152,7 @@ class LSTMKernels(_Kernels):
         "lstm_backward": functools.partial(backward_ir, with_tangents=False),
         "lstm_backward_tangents": functools.partial(backward_ir, with_tangents=True),
     }
+    LAZY = frozenset({"lstm_backward_tangents"})
 
     def forward(self, A, h0, c0, hs, cs, tanh_c, w_hh_t) -> bool:
         """``lstm_forward``'s work (True), or nothing (False: arrays this kernel does not take)."""
@@ -143,7 +165,7 @@ class LSTMKernels(_Kernels):
                        _rows(cs, 2, hidden), _rows(tanh_c, 2, hidden))  # fmt: skip
         if found is None:
             return False
-        w_hh_t = np.ascontiguousarray(w_hh_t)  # the callers pass a view of the weight: (H, 4H) row-major
+        w_hh_t = c_order(w_hh_t)  # the callers pass a view of the weight: (H, 4H) row-major
         step = scratch("rnn.native_step", (batch, 4 * hidden), A.dtype)
         slots = [steps, batch, *found, _address(w_hh_t), _address(step)]
         assert len(slots) == len(FORWARD)
@@ -178,6 +200,7 @@ class GRUKernels(_Kernels):
            functools.partial(gru_backward_ir, with_tangents=tangents, with_g_hn=g_hn)
            for tangents in (False, True) for g_hn in (False, True)},
     }  # fmt: skip
+    LAZY = frozenset({"gru_backward_tangents", "gru_backward_g_hn", "gru_backward_tangents_g_hn"})
 
     def forward(self, A, h0, hs, hn, w_hh_t, b_hn) -> bool:
         """``gru_forward``'s work (True), or nothing (False: arrays this kernel does not take)."""
@@ -189,7 +212,7 @@ class GRUKernels(_Kernels):
         found = _found(_rows(A, 2, 3 * hidden), _rows(h0, 1, hidden), _rows(hs, 2, hidden), _rows(hn, 2, hidden))
         if found is None:
             return False
-        w_hh_t, b_hn = np.ascontiguousarray(w_hh_t), np.ascontiguousarray(b_hn)  # (H, 3H) row-major
+        w_hh_t, b_hn = c_order(w_hh_t), np.ascontiguousarray(b_hn)  # (H, 3H) row-major
         step = scratch("rnn.native_step", (batch, 3 * hidden), A.dtype)
         slots = [steps, batch, *found, _address(w_hh_t), _address(b_hn), _address(step)]
         assert len(slots) == len(GRU_FORWARD)

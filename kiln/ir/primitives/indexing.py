@@ -108,9 +108,16 @@ def _gather_eager(xp, x, index, *, axis):
     return xp.take_along_axis(_cut(x, index.shape, axis), index, axis=axis)
 
 
+def _zeros_like_input(ops, x: TensorType, g):
+    """Zeros of ``x``'s shape and ``g``'s dtype for a gradient to be scattered into: a scalar broadcast,
+    so that a trace records a 0-d constant and an ``expand`` rather than the whole zero array (the
+    cross-entropy's gradient of an LSTM LM's (B T, V) logits: an 11 MiB constant at T=350, copied,
+    hashed and read by every call); eagerly the scatter's own copy of it is the same fresh zeros."""
+    return ops.expand(ops.zeros((), dtype=g.dtype, device=g.device), tuple(x.shape))
+
+
 def _gather_vjp(ops, c, g):
-    x = c.input_types[0]
-    zeros = ops.zeros(x.shape, dtype=g.dtype, device=g.device)
+    zeros = _zeros_like_input(ops, c.input_types[0], g)
     return ops.apply(scatter_add, zeros, c.inputs[1], g, axis=c.attrs["axis"]), None
 
 
@@ -219,8 +226,7 @@ def _take_infer(x: TensorType, *indices: TensorType) -> TensorType:
 
 
 def _take_vjp(ops, c, g):
-    x = c.input_types[0]
-    zeros = ops.zeros(x.shape, dtype=g.dtype, device=g.device)
+    zeros = _zeros_like_input(ops, c.input_types[0], g)
     indices = tuple(c.inputs[i] for i in range(1, len(c.input_types)))
     return (ops.apply(index_put, zeros, g, *indices, accumulate=True),) + (None,) * (len(c.input_types) - 1)
 

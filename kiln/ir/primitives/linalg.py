@@ -158,6 +158,35 @@ def _transposed(x):
     return x.swapaxes(-1, -2)
 
 
+#: A transposed matrix of at least this many elements is laid out in C order block by block
+#: (``c_order``); below it numpy's one pass is as fast.
+BLOCKED_TRANSPOSE_MIN = 1 << 14
+#: Rows of the matrix transposed per block: 64 rows of 128 float32 (32 KiB) read, written as 64
+#: columns, stay in the cache between the two.
+TRANSPOSE_BLOCK = 64
+
+
+def c_order(a: np.ndarray) -> np.ndarray:
+    """``a`` in C order: ``a`` itself when it is, else a copy. The transpose of a C-order matrix (a
+    weight's ``W.T`` as a product's B: an LSTM's ``W_ih.T`` and ``W_hh.T``, a decoder's, at every eager
+    step) is copied in blocks of ``TRANSPOSE_BLOCK`` of its rows: numpy's one pass writes each output
+    row across the whole input, (512, 128) float32 in 44 us where the blocks take 19 (one thread).
+
+    >>> w = np.arange(6.0).reshape(2, 3)
+    >>> c_order(w.T).tolist(), c_order(w) is w
+    ([[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]], True)
+    """
+    if a.flags.c_contiguous:
+        return a
+    if a.ndim != 2 or not a.T.flags.c_contiguous or a.size < BLOCKED_TRANSPOSE_MIN:
+        return np.ascontiguousarray(a)
+    out = np.empty(a.shape, dtype=a.dtype)
+    rows = a.T  # the C-order matrix
+    for start in range(0, rows.shape[0], TRANSPOSE_BLOCK):
+        out[:, start : start + TRANSPOSE_BLOCK] = rows[start : start + TRANSPOSE_BLOCK].T
+    return out
+
+
 def _rows_in_order(xp, a, b):
     """``(a, order)``: ``a`` with its rows stacked in ``order`` (``_row_order``), or None. A
     transposed stack (an RNN's batch_first output) is copied into C order first when it is

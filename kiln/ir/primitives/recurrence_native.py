@@ -1,6 +1,6 @@
 """What the layers above lend the numpy recurrence kernels: native kernels, and the BLAS thread rule.
 
-``recurrence_numpy.lstm_forward``/``lstm_backward`` (``gru_*``) ask ``native(mode, dtype, hidden)``
+``recurrence_numpy.lstm_forward``/``lstm_backward`` (``gru_*``) ask ``native(mode, dtype, hidden, steps)``
 first (one LSTM step on the packed layout asks for mode "LSTM_STEP": ``_lstm_scan_step``'s and
 ``_lstm_backward_step``'s arrays); what it returns (the code generator's ``LSTMKernels``/``GRUKernels``, compiled for that
 dtype and hidden size) runs the whole recurrence in one native call and says whether it took the
@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .linalg import c_order
+
 
 class Kernels(Protocol):
     """What a provider hands out: the numpy kernel's work (``lstm_forward``'s arguments for an LSTM's
@@ -36,7 +38,9 @@ class Kernels(Protocol):
     def backward(self, *arrays) -> Any: ...
 
 
-Provider = Callable[[str, np.dtype, int], Kernels | None]
+#: ``provider(mode, dtype, hidden, steps)``: the kernels for a recurrence of ``steps`` steps (a long one
+#: may be worth waiting for while they compile).
+Provider = Callable[[str, np.dtype, int, int], Kernels | None]
 _provider: list[Provider] = []
 
 
@@ -45,7 +49,7 @@ _rule: list[Rule] = []
 
 
 def install(provider: Provider | None, rule: Rule | None = None) -> None:
-    """Let the numpy kernels ask ``provider(mode, dtype, hidden)`` for native kernels (None: none) and run
+    """Let the numpy kernels ask ``provider(mode, dtype, hidden, steps)`` for native kernels (None: none) and run
     their per-step products in ``rule(macs)`` (None: as they are)."""
     _provider[:] = [] if provider is None else [provider]
     _rule[:] = [] if rule is None else [rule]
@@ -79,9 +83,9 @@ def transposed(w: np.ndarray) -> np.ndarray:
     held = getattr(_held, "arrays", None)
     entry = held.get(id(w)) if held else None
     if entry is None or entry[0] is not w:
-        return np.ascontiguousarray(w.T)
+        return c_order(w.T)
     if entry[1] is None:
-        entry[1] = np.ascontiguousarray(w.T)
+        entry[1] = c_order(w.T)
     return entry[1]
 
 
@@ -100,4 +104,4 @@ MIN_STEPS = 1
 def native(mode: str, dtype: np.dtype, hidden: int, steps: int) -> Kernels | None:
     """The native kernels of ``mode`` ("LSTM", "GRU"), ``dtype`` and ``hidden`` ready now for a
     recurrence of ``steps`` steps, or None."""
-    return _provider[0](mode, dtype, hidden) if _provider and steps >= MIN_STEPS else None
+    return _provider[0](mode, dtype, hidden, steps) if _provider and steps >= MIN_STEPS else None
