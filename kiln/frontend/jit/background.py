@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ...compiler import program_worker
 from ...runtime import threads
 
 logger = logging.getLogger("kiln")
@@ -167,7 +168,7 @@ class _Pool:
         while True:
             job = self.queue.get()
             try:
-                with _sharing:
+                with _sharing, program_worker.on_this_thread():
                     job.run()
             except BaseException:  # a job says its own errors; this keeps the thread serving
                 logger.exception("kiln: a background compile raised")
