@@ -182,7 +182,11 @@ def test_a_worker_that_cannot_start_leaves_compiles_to_the_thread_said_once(fres
 
 
 def test_the_entry_a_background_compile_writes_is_hit_by_a_second_process(tmp_path):
-    script = tmp_path / "second.py"
+    # The working directory holds a module named as one the compiler imports: the worker must not
+    # import the user's files (its path starts at kiln's folder, not the working directory).
+    (tmp_path / "safetensors.py").write_text("raise ImportError('the user's safetensors.py was imported')\n")
+    (tmp_path / "user").mkdir()
+    script = tmp_path / "user" / "second.py"
     script.write_text(
         textwrap.dedent("""
         import sys
