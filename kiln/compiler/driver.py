@@ -246,13 +246,17 @@ def _entry(state: Compilation, backend: Backend, code: Any, report: LoweringRepo
                                   report.not_fused)  # fmt: skip
 
 
-def compile_entry(traced: Graph, options: CompileOptions, strides: tuple, requested: tuple) -> tuple[bytes, list]:
+def compile_entry(traced: Graph, options: CompileOptions, strides: tuple, requested: tuple,
+                  deadline: float | None) -> tuple[bytes, list]:  # fmt: skip
     """What the program worker runs: ``(the cache entry of traced's program, each stage's (name,
-    seconds))``, its passes and code generated here, with no deadline (its caller keeps it);
-    ``RuntimeError`` where the backend abandoned code generation."""
+    seconds))``, its passes and code generated here; ``RuntimeError`` where the backend abandoned
+    code generation at ``deadline`` (its caller then compiles it, past the deadline: as abandoned)."""
     backend = choose_backend(traced, options)
-    state, code, report, _ = _generate(traced, options, backend, pipeline(options, backend), strides, requested, None,
-                                       None)  # fmt: skip
+    prepare = getattr(backend, "prepare", None)
+    if prepare is not None:
+        prepare(deadline)
+    state, code, report, _ = _generate(traced, options, backend, pipeline(options, backend), strides, requested,
+                                       deadline, None)  # fmt: skip
     if report.abandoned:
         raise RuntimeError(f"code generation was abandoned: {report.abandoned}")
     return _entry(state, backend, code, report, traced), report.stage_seconds

@@ -17,17 +17,21 @@ worker that cannot start, dies, errs or runs past the compile's deadline, compil
 before (the same program), with the reason logged at debug level.
 
 The worker is ``python -c ... PARENT_PID [pdeathsig]`` with kiln's own folder first on its path (so
-nothing of the user's ``__main__`` or working directory is imported), a priority below its parent's
-and the LLVM worker's guards against outliving its parent (``codegen/llvm/worker.py``); unlike the LLVM
-worker, at its parent's priority: it does the work of a thread that had it, and five steps lower it
-starved behind the eager calls and other processes (DCGAN's compile 3.7 s rather than 0.7-1.2 s
-beside the eager calls, a loaded 2-core machine). It is started
-when ``kiln.compile`` decorates a function that compiles in the background (its start-up, the
-compiler's imports, takes about 0.35 s: ``_BOOT``), and replaced when it has died or served ``WORKER_COMPILES`` programs. Messages are an
-8-byte little-endian length and a payload, never pickles: first the worker's ``b"ok"`` when it is
-ready; a request is ``program_cache.pack_graph``'s bytes (the traced graph, its constants, and the
-options, input strides and write-backs as JSON metadata); a reply is ``b"ok"`` + an 8-byte length +
-the stage timings as JSON + the cache entry, or ``b"er"`` + the error's text.
+nothing of the user's ``__main__`` or working directory is imported) and the LLVM worker's guards
+against outliving its parent (``codegen/llvm/worker.py``). Unlike the LLVM worker it runs at its
+parent's priority, and LLVM runs in it, not in the LLVM workers: it does the work of a thread that
+had the caller's priority, and five steps lower it starved behind the eager calls and the other
+processes of a loaded 2-core machine (DCGAN's compile 3.7 s rather than 0.7-1.2 s; with LLVM in the
+niced LLVM workers, not ready within a 200-step run). It is started when ``kiln.compile`` decorates
+a function that compiles in the background (its start-up, the compiler's imports, takes about
+0.35 s: ``_BOOT``), and replaced when it has died or asks to be (``_retires``: LLVM keeps memory for
+good per module a process compiles).
+
+Messages are an 8-byte little-endian length and a payload, never pickles: first the worker's
+``b"ok"`` when it is ready; a request is ``program_cache.pack_graph``'s bytes (the traced graph,
+its constants, and the options, input strides and write-backs as JSON metadata); a reply is
+``b"ok"`` + an 8-byte length + JSON (the stage timings, whether the worker retires) + the cache
+entry, or ``b"er"`` + the error's text.
 """
 
 from __future__ import annotations
@@ -46,8 +50,6 @@ import time
 
 logger = logging.getLogger("kiln")
 
-#: Programs a worker compiles before it is replaced (LLVM keeps memory per compile; see codegen/llvm/worker.py).
-WORKER_COMPILES = 256
 #: ``KILN_PROGRAM_WORKER=0`` compiles in the background on the thread, as before the worker existed.
 ENV = "KILN_PROGRAM_WORKER"
 
@@ -138,17 +140,16 @@ class Worker:
         self.process: subprocess.Popen | None = None
         self.pid = os.getpid()  # the process whose worker this is
         self.ready = False  # its ``ok`` came: it imported kiln
-        self.compiles = 0
         self.broken = False  # could not start: compile on the thread from then on
         self.started = 0  # processes started, for tests
 
     def running(self) -> subprocess.Popen:
         if self.pid != os.getpid():  # a forked child: its parent's worker is not its own
             self.process, self.pid, self.ready = None, os.getpid(), False
-        if self.process is not None and (self.compiles >= WORKER_COMPILES or self.process.poll() is not None):
+        if self.process is not None and self.process.poll() is not None:
             self.close()
         if self.process is None:
-            self.process, self.ready, self.compiles = _start(), False, 0
+            self.process, self.ready = _start(), False
             self.started += 1
         return self.process
 
@@ -176,7 +177,6 @@ class Worker:
             return None
         except (OSError, ValueError):  # the pipe broke: the worker died meanwhile
             reply = None
-        self.compiles += 1
         if reply is None:
             self.close(kill=True)
             logger.debug("kiln: the program worker ended while compiling; compiling on the thread")
@@ -187,8 +187,11 @@ class Worker:
             )
             return None
         (size,) = _HEADER.unpack_from(reply, 2)
-        seconds = [(name, s) for name, s in json.loads(reply[2 + _HEADER.size : 2 + _HEADER.size + size])]
-        return reply[2 + _HEADER.size + size :], seconds
+        told = json.loads(reply[2 + _HEADER.size : 2 + _HEADER.size + size])
+        if told["retire"]:  # replaced now, so that the next compile finds its successor started
+            self.close()
+            self.running()
+        return reply[2 + _HEADER.size + size :], [(name, s) for name, s in told["seconds"]]
 
     def give_up(self, why: str) -> None:
         """No worker in this process from now on (said once, at debug level: the thread compiles)."""
@@ -273,12 +276,25 @@ def serve(requests, replies) -> None:
                                      compile_timeout=None, wait=True)  # fmt: skip
             strides = tuple(None if s is None else tuple(s) for s in asked["strides"])
             requested = tuple(tuple(pair) for pair in asked["requested"])
-            entry, seconds = driver.compile_entry(traced, options, strides, requested)
-            timings = json.dumps(seconds).encode()
+            # No deadline here: its caller keeps it (and kills this process past it), and LLVM then
+            # runs in this process, at its priority -- given one, it would run in the LLVM workers
+            # five steps lower, where beside the eager calls on a loaded machine DCGAN's program was
+            # not ready within a 200-step run (here: after 140-160 steps).
+            entry, seconds = driver.compile_entry(traced, options, strides, requested, None)
+            timings = json.dumps({"seconds": seconds, "retire": _retires()}).encode()
             reply = b"ok" + _HEADER.pack(len(timings)) + timings + entry
         except Exception as error:  # noqa: BLE001 - the caller compiles it itself, and says why at debug level
             reply = b"er" + f"{type(error).__name__}: {error}".encode()
         _write(replies, reply)
+
+
+def _retires() -> bool:
+    """Whether this worker should be replaced: LLVM keeps memory for good per module compiled in a
+    process, and past ``IN_PROCESS_COMPILES`` modules the engine would move them to its (lower
+    priority) workers; a fresh worker compiles them here again."""
+    from ..codegen.llvm import engine, worker  # noqa: PLC0415
+
+    return engine._compiles >= worker.IN_PROCESS_COMPILES
 
 
 def main(argv: list[str]) -> None:

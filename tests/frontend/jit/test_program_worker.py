@@ -239,3 +239,30 @@ def test_eager_kernels_compile_in_the_worker_once_one_runs(fresh_cache, fused_he
         finally:
             eager_kernels.set_enabled(False)
             eager_kernels.CACHE.clear()
+
+
+def test_a_worker_past_the_deadline_is_stopped_and_the_compile_ends_as_one_past_it_here(fresh_cache, monkeypatch,
+                                                                                       caplog):  # fmt: skip
+    import signal
+
+    monkeypatch.setenv("KILN_JIT_STRICT", "0")  # fall back, as outside the test suite
+    program_worker.start_soon()
+    started = program_worker.WORKER.started
+    monkeypatch.setattr(program_worker, "_sent", lambda process: process.send_signal(signal.SIGSTOP))
+    caplog.set_level(logging.DEBUG, logger="kiln")
+
+    def f(x):
+        return (x * 2 + 1).exp().sum(-1)
+
+    g = kiln.compile(f, options=kiln.CompileOptions(wait=False, compile_timeout=0.5))
+    x = kiln.tensor(np.random.default_rng(4).standard_normal((3, 5)).astype(np.float32))
+    g(x)
+    assert g.wait_compiled(120)
+    for _ in range(2):
+        np.testing.assert_allclose(array(g(x)), array(f(x)), rtol=1e-6)
+    report = state_of(g).specializations[0].report
+    assert report.abandoned and not report.worker, "past its deadline, as a compile here would be"
+    assert "ran past the compile's deadline" in caplog.text
+    monkeypatch.setattr(program_worker, "_sent", lambda process: None)
+    program_worker.start_soon()
+    assert program_worker.WORKER.started == started + 1, "the stopped worker was replaced"
