@@ -18,14 +18,18 @@ before (the same program), with the reason logged at debug level.
 
 The worker is ``python -c ... PARENT_PID [pdeathsig]`` with kiln's own folder first on its path (so
 nothing of the user's ``__main__`` or working directory is imported) and the LLVM worker's guards
-against outliving its parent (``codegen/llvm/worker.py``). Unlike the LLVM worker it runs at its
-parent's priority, and LLVM runs in it, not in the LLVM workers: it does the work of a thread that
-had the caller's priority, and five steps lower it starved behind the eager calls and the other
-processes of a loaded 2-core machine (DCGAN's compile 3.7 s rather than 0.7-1.2 s; with LLVM in the
-niced LLVM workers, not ready within a 200-step run). It is started when ``kiln.compile`` decorates
-a function that compiles in the background (its start-up, the compiler's imports, takes about
-0.35 s: ``_BOOT``), and replaced when it has died or asks to be (``_retires``: LLVM keeps memory for
-good per module a process compiles).
+against outliving its parent (``codegen/llvm/worker.py``). Like the LLVM worker, it runs a priority
+below its parent's once it has imported the compiler (``WORKER_NICE``), and LLVM runs in it: on a
+quiet machine it has a core of its own whatever its priority, and on a busy one it leaves a
+contended core to the eager calls rather than slow them down. Measured beside a DCGAN run's eager
+steps on a 2-core machine loaded by other processes (load 4-5), the steps ran 1.4-1.5x slower
+during the compile at the parent's priority, and the compile's window took 2.0-2.9 s; lower, the
+window took longer and the steps' slowdown was as noisy as the thread's (0.8-1.5x): under that load
+the other processes, not the interpreter's lock, set the pace.
+
+It is started when ``kiln.compile`` decorates a function that compiles in the background (its
+start-up, the compiler's imports, takes about 0.35 s: ``_BOOT``), and replaced when it has died or
+asks to be (``_retires``: LLVM keeps memory for good per module a process compiles).
 
 Messages are an 8-byte little-endian length and a payload, never pickles: first the worker's
 ``b"ok"`` when it is ready; a request is ``program_cache.pack_graph``'s bytes (the traced graph,
@@ -264,9 +268,11 @@ def _at_exit() -> None:
 # ---------------------------------------------------------------------- the worker process's side
 def serve(requests, replies) -> None:
     """The worker's loop: compile each request read from ``requests`` until it closes."""
+    from ..codegen.llvm import backend, worker  # noqa: F401, PLC0415 - imported before the first request asks
     from . import driver, program_cache  # noqa: PLC0415
     from .options import CompileOptions  # noqa: PLC0415
 
+    worker._lower_priority()  # after the imports, which the first request waits for: see the module's docstring
     _write(replies, b"ok")
     while (request := _read(requests)) is not None:
         try:
@@ -277,9 +283,8 @@ def serve(requests, replies) -> None:
             strides = tuple(None if s is None else tuple(s) for s in asked["strides"])
             requested = tuple(tuple(pair) for pair in asked["requested"])
             # No deadline here: its caller keeps it (and kills this process past it), and LLVM then
-            # runs in this process, at its priority -- given one, it would run in the LLVM workers
-            # five steps lower, where beside the eager calls on a loaded machine DCGAN's program was
-            # not ready within a 200-step run (here: after 140-160 steps).
+            # runs in this process -- given one, it would run in the LLVM workers, a process more
+            # to start and its IR text to pipe there.
             entry, seconds = driver.compile_entry(traced, options, strides, requested, None)
             timings = json.dumps({"seconds": seconds, "retire": _retires()}).encode()
             reply = b"ok" + _HEADER.pack(len(timings)) + timings + entry
