@@ -109,12 +109,15 @@ def compile_entry(traced, options, strides: tuple, requested: tuple, deadline: f
 def start_soon() -> None:
     """Start the worker now, if none runs, without waiting for it to load (``kiln.compile`` calls
     this when it decorates a function that compiles in the background)."""
-    if enabled() and not WORKER.broken:
-        with WORKER.lock:
-            try:
-                WORKER.running()
-            except OSError as error:
-                WORKER.give_up(f"it could not start ({error})")
+    worker = WORKER
+    if not enabled() or worker.broken or not worker.lock.acquire(blocking=False):
+        return  # a compile holding the lock has a worker running: decorating never waits for it
+    try:
+        worker.running()
+    except OSError as error:
+        worker.give_up(f"it could not start ({error})")
+    finally:
+        worker.lock.release()
 
 
 def _write(stream, payload: bytes) -> None:
@@ -256,6 +259,17 @@ def _start() -> subprocess.Popen:
 
 
 WORKER = Worker()
+
+
+def _forget_after_fork() -> None:
+    """A forked child has its parent's worker object, whose lock a compile thread of the parent may
+    have held at the fork (no thread of the child releases it): it gets a worker of its own."""
+    global WORKER
+    WORKER = Worker()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @atexit.register

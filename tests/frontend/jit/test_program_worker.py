@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -266,3 +267,17 @@ def test_a_worker_past_the_deadline_is_stopped_and_the_compile_ends_as_one_past_
     monkeypatch.setattr(program_worker, "_sent", lambda process: None)
     program_worker.start_soon()
     assert program_worker.WORKER.started == started + 1, "the stopped worker was replaced"
+
+
+def test_decorating_never_waits_for_a_compile_in_the_worker_and_a_forked_child_has_a_worker_of_its_own():
+    worker = program_worker.WORKER
+    with worker.lock:  # as a compile in the worker holds it
+        done = threading.Event()
+        threading.Thread(target=lambda: (kiln.compile(lambda x: x + 1, wait=False), done.set()), daemon=True).start()
+        assert done.wait(10), "kiln.compile waited for the worker's lock"
+        pid = os.fork()
+        if pid == 0:  # the child: the lock its parent holds is not its worker's
+            ok = program_worker.WORKER is not worker and program_worker.WORKER.lock.acquire(timeout=5)
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
