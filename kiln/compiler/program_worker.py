@@ -18,14 +18,15 @@ before (the same program), with the reason logged at debug level.
 
 The worker is ``python -c ... PARENT_PID [pdeathsig]`` with kiln's own folder first on its path (so
 nothing of the user's ``__main__`` or working directory is imported) and the LLVM worker's guards
-against outliving its parent (``codegen/llvm/worker.py``). Like the LLVM worker, it runs a priority
-below its parent's once it has imported the compiler (``WORKER_NICE``), and LLVM runs in it: on a
-quiet machine it has a core of its own whatever its priority, and on a busy one it leaves a
-contended core to the eager calls rather than slow them down. Measured beside a DCGAN run's eager
-steps on a 2-core machine loaded by other processes (load 4-5), the steps ran 1.4-1.5x slower
-during the compile at the parent's priority, and the compile's window took 2.0-2.9 s; lower, the
-window took longer and the steps' slowdown was as noisy as the thread's (0.8-1.5x): under that load
-the other processes, not the interpreter's lock, set the pace.
+against outliving its parent (``codegen/llvm/worker.py``). Unlike the LLVM worker it runs at its
+parent's priority -- the priority of the thread whose work it does -- and LLVM runs in it. On a
+quiet machine it has a core of its own whatever its priority; on a busy one (a 2-core machine at
+load 4-5, 200-step runs in fresh processes, this tree and the one before alternated, ratio of the
+background run to the eager run), five steps lower its compile was ready so late that the LSTM LM's
+run lost to the tree before (1.05-1.55 against 0.71-1.11, 8 of 10 pairs worse), where at the
+parent's priority it won every pair (0.72-1.11 against 0.85-1.39). DCGAN's program was ready within
+the run in 6 of 6 runs at the parent's priority, in 0 of 6 five steps lower and 1 of 12 in the tree
+before, its ratio as noisy in all three (medians 1.52, 1.48, 1.44).
 
 It is started when ``kiln.compile`` decorates a function that compiles in the background (its
 start-up, the compiler's imports, takes about 0.35 s: ``_BOOT``), and replaced when it has died or
@@ -146,7 +147,8 @@ class Worker:
         self.lock = threading.Lock()
         self.process: subprocess.Popen | None = None
         self.pid = os.getpid()  # the process whose worker this is
-        self.ready = False  # its ``ok`` came: it imported kiln
+        self.ready = False  # its ``ok`` came: it imported the compiler
+        self.answered = False  # a worker of this process has been ready once
         self.broken = False  # could not start: compile on the thread from then on
         self.started = 0  # processes started, for tests
 
@@ -170,9 +172,11 @@ class Worker:
             start = time.perf_counter()
             if not self.ready:
                 if _read_by(process, deadline) is None:
-                    self.give_up("it ended before it was ready")
-                    return None
-                self.ready = True
+                    if not self.answered:  # it never worked here: it will not next time either
+                        self.give_up("it ended before it was ready")
+                        return None
+                    raise OSError("a new worker ended before it was ready")
+                self.ready = self.answered = True
                 logger.debug("kiln: waited %.3f s for the program worker to start", time.perf_counter() - start)
             _write(process.stdin, request)
             _sent(process)
@@ -286,7 +290,7 @@ def serve(requests, replies) -> None:
     from . import driver, program_cache  # noqa: PLC0415
     from .options import CompileOptions  # noqa: PLC0415
 
-    worker._lower_priority()  # after the imports, which the first request waits for: see the module's docstring
+    # at its parent's priority (see the module's docstring)
     _write(replies, b"ok")
     while (request := _read(requests)) is not None:
         try:
@@ -309,8 +313,8 @@ def serve(requests, replies) -> None:
 
 def _retires() -> bool:
     """Whether this worker should be replaced: LLVM keeps memory for good per module compiled in a
-    process, and past ``IN_PROCESS_COMPILES`` modules the engine would move them to its (lower
-    priority) workers; a fresh worker compiles them here again."""
+    process, and past ``IN_PROCESS_COMPILES`` modules the engine would move them to its workers (a
+    process more, the IR piped there); a fresh worker compiles them in itself again."""
     from ..codegen.llvm import engine, worker  # noqa: PLC0415
 
     return engine._compiles >= worker.IN_PROCESS_COMPILES
@@ -320,7 +324,7 @@ def main(argv: list[str]) -> None:
     """``PARENT_PID [pdeathsig]``: serve stdin until it closes."""
     from ..codegen.llvm import worker  # noqa: PLC0415 - its guards against outliving the parent
 
-    parent = int(argv[0])  # no lower priority: see the module's docstring
+    parent = int(argv[0])
     if "pdeathsig" in argv[1:]:
         worker._die_with_parent(parent)
     threading.Thread(target=worker._Watchdog(parent).run, daemon=True, name="kiln-program-worker-watchdog").start()
