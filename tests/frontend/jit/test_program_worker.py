@@ -220,26 +220,44 @@ def test_the_entry_a_background_compile_writes_is_hit_by_a_second_process(tmp_pa
     assert first[2] == second[2]
 
 
-def test_eager_kernels_compile_in_the_worker_once_one_runs(fresh_cache, fused_here):
-    from kiln.frontend import eager_composites, eager_kernels
+@pytest.fixture
+def eager_kernels_on(monkeypatch):
+    """Eager kernels on, compiling in the background (the suite runs with them off), an empty cache."""
+    from kiln.frontend import eager_kernels
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(eager_kernels.CACHE, "synchronous", False)
-        patch.setitem(eager_composites.EAGER_BELOW, "batch_norm", eager_composites.MIN_BYTES)
-        eager_kernels.CACHE.clear()
-        eager_kernels.set_enabled(True)
-        try:
-            program_worker.start_soon()
-            x = kiln.tensor(np.random.default_rng(3).standard_normal((64, 128)).astype(np.float32))
-            np.testing.assert_allclose(array(x.tanh() * 2), np.tanh(x.numpy()) * 2, rtol=1e-5, atol=1e-6)
-            assert eager_kernels.CACHE.wait(120)
-            entries = [e for e in eager_kernels.CACHE.entries.values() if e.program is not None]
-            assert entries, "a kernel was compiled"
-            assert fused_here == [], "in the worker"
-            np.testing.assert_allclose(array(x.tanh() * 2), np.tanh(x.numpy()) * 2, rtol=1e-5, atol=1e-6)
-        finally:
-            eager_kernels.set_enabled(False)
-            eager_kernels.CACHE.clear()
+    monkeypatch.setattr(eager_kernels.CACHE, "synchronous", False)
+    eager_kernels.CACHE.clear()
+    eager_kernels.set_enabled(True)
+    yield eager_kernels
+    eager_kernels.set_enabled(False)
+    eager_kernels.CACHE.clear()
+
+
+def _ready_worker() -> None:
+    """A program compiled in the background: the worker is ready (its ``ok`` was read)."""
+    g = kiln.compile(lambda x: x * 3 - 1, wait=False)
+    g(kiln.ones(2, 3))
+    assert g.wait_compiled(120) and state_of(g).specializations[0].report.worker
+    assert program_worker.WORKER.ready
+
+
+def _compiled_kernels(eager_kernels) -> int:
+    assert eager_kernels.CACHE.wait(120)
+    return sum(e.program is not None for e in eager_kernels.CACHE.entries.values())
+
+
+def test_eager_kernels_compile_in_a_ready_worker_and_never_wait_for_a_busy_one(fresh_cache, eager_kernels_on,
+                                                                              fused_here):  # fmt: skip
+    _ready_worker()
+    x = kiln.tensor(np.random.default_rng(3).standard_normal((64, 128)).astype(np.float32))
+    np.testing.assert_allclose(array(x.tanh() * 2), np.tanh(x.numpy()) * 2, rtol=1e-5, atol=1e-6)
+    assert _compiled_kernels(eager_kernels_on) > 0 and fused_here == [], "compiled in the worker"
+    np.testing.assert_allclose(array(x.tanh() * 2), np.tanh(x.numpy()) * 2, rtol=1e-5, atol=1e-6)
+    before = _compiled_kernels(eager_kernels_on)
+    with program_worker.WORKER.lock:  # as a program's compile holds it
+        np.testing.assert_allclose(array(x.exp() + 1), np.exp(x.numpy()) + 1, rtol=1e-5, atol=1e-6)
+        assert _compiled_kernels(eager_kernels_on) > before, "compiled meanwhile, not after the program"
+    assert fused_here, "on its thread"
 
 
 def test_a_worker_past_the_deadline_is_stopped_and_the_compile_ends_as_one_past_it_here(fresh_cache, monkeypatch,
