@@ -70,10 +70,13 @@ class LoweringReport:
     cache: str = "off"  # "hit" | "miss" | "off"
     abandoned: str = ""  # why code generation gave up (its deadline passed): such code is never cached
     loops: list[str] = field(default_factory=list)  # each loop node (trips, body size) and its body's report
+    worker: bool = False  # the passes and code generation ran in the program worker (``compiler.program_worker``)
 
     def describe(self) -> list[str]:
         lines = [f"{self.kernels} compiled kernel(s); compile cache: {self.cache}; "
                  f"code generation {self.compile_seconds * 1e3:.1f} ms"]  # fmt: skip
+        if self.worker:
+            lines.append("compiled in the program worker (a process of its own), loaded here")
         if self.stage_seconds:
             lines.append("stages: " + ", ".join(f"{name} {s * 1e3:.1f} ms" for name, s in self.stage_seconds))
         if self.generate_seconds:

@@ -4,7 +4,8 @@
 - ``driver``: ``compile_graph`` calls the layers below in order -- the graph passes
   (``kiln.passes``), the backend's lowering stages, its code generator (``kiln.codegen``) and
   loader (``kiln.runtime``);
-- ``program_cache``: the driver's entries in the disk cache (``kiln.runtime.cache``).
+- ``program_cache``: the driver's entries in the disk cache (``kiln.runtime.cache``);
+- ``program_worker``: the process that runs a background compile's passes and code generation.
 
 The frontend (``kiln.frontend.jit``: the tracer, the call cache and its guards) calls the compiler;
 the compiler never imports the frontend.

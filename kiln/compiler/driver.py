@@ -48,7 +48,7 @@ from ..passes.layouts import describe_layouts, infer_layouts
 from ..passes.memory_plan import plan_memory
 from ..passes.roll_loops import roll_loops
 from ..passes.write_backs import choose_write_backs, describe_write_backs
-from . import program_cache
+from . import program_cache, program_worker
 from .options import CompileOptions, options_text
 
 logger = logging.getLogger("kiln")
@@ -188,7 +188,6 @@ def optimize(graph: Graph, options: CompileOptions, record: list | None = None) 
 def _compile(traced: Graph, options: CompileOptions, backend: Backend, strides: tuple, requested: tuple,
              deadline: float | None) -> Compiled:  # fmt: skip
     stages = pipeline(options, backend)
-    lowering = next((i for i, s in enumerate(stages) if s in LOWERING_STAGES), len(stages))
     resume = next((i + 1 for i, s in enumerate(stages) if s.name == "fuse"), None)
     cache = program_cache.disk_cache()
     key = None
@@ -201,30 +200,83 @@ def _compile(traced: Graph, options: CompileOptions, backend: Backend, strides: 
                 return _from_cache(payload, traced, backend, stages[resume - 1 :], options, strides, requested)
             except Exception as error:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
                 logger.debug("kiln: compile cache entry did not load (%s); rebuilding", error)
+    if resume is not None and program_worker.takes(backend, options):
+        sent = program_worker.compile_entry(traced, options, strides, requested, deadline)
+        if sent is not None:  # else it is compiled here, as if no worker were asked
+            return _from_worker(sent, traced, backend, stages[resume - 1 :], options, strides, requested, key)
     prepare = getattr(backend, "prepare", None)
     if prepare is not None:  # a compile is coming: let the backend start what it needs meanwhile
         prepare(deadline)
+    if not backend.stages:  # the graph runs as it is: no code, nothing to report
+        record: list = []
+        state = _run(Compilation(traced, backend, strides, requested), stages, options, record)
+        return Compiled(state.graph, backend.load(_lowered(state), None), None, record)
+    state, code, report, record = _generate(traced, options, backend, stages, strides, requested, deadline, key)
+    loading = time.perf_counter()
+    program = _load(state, backend, code, report, options)
+    report.stage_seconds.append(("load", time.perf_counter() - loading))
+    report.compile_seconds += report.stage_seconds[-1][1]
+    if key is not None and not report.abandoned:  # abandoned code would be the next process's too
+        cache.put(key, _entry(state, backend, code, report, traced))
+    _report_externs(state.graph, backend, report, program)
+    return Compiled(state.graph, program, report, record)
+
+
+def _generate(traced: Graph, options: CompileOptions, backend: Backend, stages: Sequence[Stage], strides: tuple,
+              requested: tuple, deadline: float | None, key: str | None):  # fmt: skip
+    """``(the final Compilation, the backend's code, its report, each stage's result)``: the pass
+    pipeline and code generation, without loading -- all a program worker does."""
+    lowering = next((i for i, s in enumerate(stages) if s in LOWERING_STAGES), len(stages))
     record: list = []
     seconds: list = []
     state = _run(Compilation(traced, backend, strides, requested), stages[:lowering], options, record, seconds)
     start = time.perf_counter()
     state = _run(state, stages[lowering:], options, record, seconds)
-    if not backend.stages:  # the graph runs as it is: no code, nothing to report
-        return Compiled(state.graph, backend.load(_lowered(state), None), None, record)
     report = LoweringReport(cache="off" if key is None else "miss", not_fused=list(state.not_fused))
     generating = time.perf_counter()
     code = backend.generate(_lowered(state, deadline), report)
-    loading = time.perf_counter()
-    program = _load(state, backend, code, report, options)
-    seconds += [(f"generate ({backend.name})", loading - generating), ("load", time.perf_counter() - loading)]
+    seconds.append((f"generate ({backend.name})", time.perf_counter() - generating))
     report.stage_seconds = seconds
     report.compile_seconds = time.perf_counter() - start
-    if key is not None and not report.abandoned:  # abandoned code would be the next process's too
-        entry = program_cache.to_entry(state.graph, backend.encode(code), report.kernels, report.declined, traced,
-                                       report.not_fused)  # fmt: skip
-        cache.put(key, entry)
-    _report_externs(state.graph, backend, report, program)
-    return Compiled(state.graph, program, report, record)
+    return state, code, report, record
+
+
+def _entry(state: Compilation, backend: Backend, code: Any, report: LoweringReport, traced: Graph) -> bytes:
+    return program_cache.to_entry(state.graph, backend.encode(code), report.kernels, report.declined, traced,
+                                  report.not_fused)  # fmt: skip
+
+
+def compile_entry(traced: Graph, options: CompileOptions, strides: tuple, requested: tuple,
+                  deadline: float | None) -> tuple[bytes, list]:  # fmt: skip
+    """What the program worker runs: ``(the cache entry of traced's program, each stage's (name,
+    seconds))``, its passes and code generated here; ``RuntimeError`` where the backend abandoned
+    code generation at ``deadline`` (its caller then compiles it, past the deadline: as abandoned)."""
+    backend = choose_backend(traced, options)
+    prepare = getattr(backend, "prepare", None)
+    if prepare is not None:
+        prepare(deadline)
+    state, code, report, _ = _generate(traced, options, backend, pipeline(options, backend), strides, requested,
+                                       deadline, None)  # fmt: skip
+    if report.abandoned:
+        raise RuntimeError(f"code generation was abandoned: {report.abandoned}")
+    return _entry(state, backend, code, report, traced), report.stage_seconds
+
+
+def _from_worker(sent: tuple[bytes, list], traced: Graph, backend: Backend, stages: Sequence[Stage],
+                 options: CompileOptions, strides: tuple, requested: tuple, key: str | None) -> Compiled:  # fmt: skip
+    """The program of the cache entry the program worker made (``sent``: the entry and the worker's
+    stage timings), loaded as a disk-cache hit is, and stored in the disk cache under ``key``."""
+    payload, seconds = sent
+    compiled = _from_cache(payload, traced, backend, stages, options, strides, requested)
+    if key is not None:
+        program_cache.disk_cache().put(key, payload)
+    report = compiled.report
+    assert report is not None, "a cache entry has a report"
+    report.cache = "miss" if key is not None else "off"
+    report.worker = True
+    report.stage_seconds[:0] = [(f"{name} (program worker)", s) for name, s in seconds]
+    report.compile_seconds += sum(s for _, s in seconds)
+    return compiled
 
 
 def _from_cache(payload: bytes, traced: Graph, backend: Backend, stages: Sequence[Stage], options: CompileOptions, strides: tuple,

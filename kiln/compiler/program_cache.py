@@ -58,35 +58,52 @@ def to_entry(graph: Graph, code: bytes, kernels: int, declined: list, traced: Gr
     """An entry: the fused ``graph`` with its constants, the backend's ``code``, how many kernels
     it compiled and which it declined, the locations of the ``traced`` graph it came from and the
     merges fusion declined (``not_fused``, worded)."""
-    constants = qualified_constants(graph)
-    tensors = {f"constant/{k}": np.ascontiguousarray(v) for k, v in constants.items()}
-    tensors["code"] = np.frombuffer(code, np.uint8)
-    tensors["graph"] = np.frombuffer(graph_to_bytes(graph), np.uint8)
     meta = {
         "kernels": str(kernels),
         "declined": json.dumps(declined),
         "not_fused": json.dumps(list(not_fused)),
-        "shapes": json.dumps({k: list(v.shape) for k, v in constants.items()}),  # safetensors loads 0-d as (1,)
         "locations": json.dumps(_locations(traced)),
     }
-    return safetensors.numpy.save(tensors, metadata=meta)
+    return pack_graph(graph, meta, {"code": np.frombuffer(code, np.uint8)})
 
 
 def from_entry(payload: bytes, traced: Graph) -> tuple[Graph, bytes, int, list[tuple[str, str]], list[str]]:
     """``(fused graph, the backend's code, kernels compiled, kernels declined, merges not fused)`` of
     an entry, its locations those of ``traced``; raises when the entry cannot be used."""
-    (size,) = struct.unpack("<Q", payload[:8])
-    meta = json.loads(payload[8 : 8 + size])["__metadata__"]
+    meta = _metadata(payload)
     moved = _relocation(json.loads(meta["locations"]), _locations(traced))
     if moved is None:
         raise ValueError("the source lines moved in a way the stored program cannot follow")
+    # kiln wrote and signed it: read with the format's checks, not verified again (nor was it on a miss)
+    graph, _, tensors = unpack_graph(payload, _relocator(moved))
+    declined = [(name, why) for name, why in json.loads(meta["declined"])]
+    return graph, tensors["code"].tobytes(), int(meta["kernels"]), declined, list(json.loads(meta["not_fused"]))
+
+
+def pack_graph(graph: Graph, meta: dict[str, str], tensors: dict[str, np.ndarray] | None = None) -> bytes:
+    """``graph`` (``kiln.ir.compact``'s bytes, its source locations kept) with its constants, the text
+    fields ``meta`` and other named ``tensors``, in safetensors' format: what a cache entry holds,
+    and what a background compile sends to the program worker (``program_worker``)."""
+    constants = qualified_constants(graph)
+    packed = {f"constant/{k}": np.ascontiguousarray(v) for k, v in constants.items()}
+    packed.update(tensors or {})
+    packed["graph"] = np.frombuffer(graph_to_bytes(graph), np.uint8)
+    shapes = json.dumps({k: list(v.shape) for k, v in constants.items()})  # safetensors loads 0-d as (1,)
+    return safetensors.numpy.save(packed, metadata={**meta, "shapes": shapes})
+
+
+def unpack_graph(payload: bytes, relocate=None) -> tuple[Graph, dict[str, str], dict[str, np.ndarray]]:
+    """``(graph, meta, tensors)`` of ``pack_graph``'s bytes; raises when they cannot be read."""
+    meta = _metadata(payload)
     tensors = safetensors.numpy.load(payload)
     shapes = json.loads(meta["shapes"])
     constants = {k: tensors[f"constant/{k}"].reshape(shape) for k, shape in shapes.items()}
-    # kiln wrote and signed it: read with the format's checks, not verified again (nor was it on a miss)
-    graph = graph_from_bytes(tensors["graph"].tobytes(), constants, relocate=_relocator(moved))
-    declined = [(name, why) for name, why in json.loads(meta["declined"])]
-    return graph, tensors["code"].tobytes(), int(meta["kernels"]), declined, list(json.loads(meta["not_fused"]))
+    return graph_from_bytes(tensors["graph"].tobytes(), constants, relocate=relocate), meta, tensors
+
+
+def _metadata(payload: bytes) -> dict[str, str]:
+    (size,) = struct.unpack("<Q", payload[:8])
+    return json.loads(payload[8 : 8 + size])["__metadata__"]
 
 
 # ----------------------------------------------------------------------------- source locations

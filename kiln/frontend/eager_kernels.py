@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from ..compiler import program_worker
 from ..ir.dtypes import from_numpy_dtype
 from ..ir.graph import Graph, GraphBuilder
 from ..ir.primitives import PRIMITIVES, Primitive
@@ -214,7 +215,10 @@ class KernelCache:
                     self._forget(key)
                     continue
                 try:
-                    with background.sharing():  # the caller's thread waits less for the interpreter
+                    # the caller's thread waits less for the interpreter; a kernel's passes and code
+                    # generation run in the program worker where one runs (12 ms of this thread each,
+                    # DCGAN's kernels, 2-core machine)
+                    with background.sharing(), program_worker.on_this_thread(if_started=True):
                         entry = make()
                 except Exception as error:  # noqa: BLE001 - a bug of kiln's: the op stays on numpy, said once
                     entry = Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)

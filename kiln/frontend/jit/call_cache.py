@@ -41,6 +41,7 @@ import types
 import warnings
 from typing import Any
 
+from ...compiler import program_worker
 from ...compiler.options import CompileOptions
 from ...runtime import profiling
 from .. import eager_kernels
@@ -92,6 +93,8 @@ class CompiledFunction:
         self.options = options or CompileOptions()
         self.state = CompileState()
         self.enabled = os.environ.get("KILN_JIT", "1") != "0"
+        if self.enabled and not self.options.wait:  # its process imports kiln meanwhile (~0.25 s)
+            program_worker.start_soon()
         code_fn = guard_code or getattr(fn, "__func__", fn)  # whose globals and closure are guarded
         self._globals = getattr(code_fn, "__globals__", None)
         self._code = getattr(code_fn, "__code__", None)

@@ -163,6 +163,9 @@ def test_a_pipe_closed_while_waiting_reads_as_a_dead_worker():
 
 
 def test_background_compiles_through_the_two_workers_match_eager_across_the_switch(pair, tmp_path, monkeypatch):
+    # compiles on the background threads, as where the program worker cannot take them
+    # (kiln.compiler.program_worker, whose own test file covers the compiles it takes)
+    monkeypatch.setenv("KILN_PROGRAM_WORKER", "0")
     off = DiskCache(tmp_path / "programs")
     off.enabled = False
     monkeypatch.setattr(program_cache, "disk_cache", lambda: off)
