@@ -289,14 +289,17 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float =
         raise RuntimeError(f"embedding: expected integer indices (int64 or int32), got {input.dtype}")
     if weight.ndim != 2:
         raise RuntimeError(f"embedding: 'weight' must be 2-D (num_embeddings, dim), got shape {list(weight.shape)}")
-    num, dim = weight.shape
-    index = input.reshape(-1).to(kiln.int64)
+    num = weight.shape[0]
+    # int64 in C order: a compiled gradient scatter walks the ids with one stride (ids.t() would
+    # leave the backward on numpy's far slower kernel)
+    index = (input if input.dtype is kiln.int64 else input.to(kiln.int64)).contiguous()
     message = f"embedding: index out of range in self (got {{value}}; indices must be in [0, {num - 1}])"
     kiln.jit.check_range(index, 0, num, IndexError, message)
-    # The rows by the take primitive itself: index_select would check the index again and move
-    # dim 0 to the front and back (views, but an autograd node each), 31 -> 14 us of a GPT's
-    # token lookup, (8, 64) ids into (256, 128), forward only.
-    rows = apply(P["take"], weight, index).reshape(*input.shape, dim)
+    # The rows by the take primitive itself, over the ids of any shape: index_select would check
+    # the index again and move dim 0 to the front and back (views, but an autograd node each),
+    # 31 -> 14 us of a GPT's token lookup, (8, 64) ids into (256, 128), forward only; flattening the
+    # ids and reshaping the rows back cost two more nodes (forward and backward).
+    rows = apply(P["take"], weight, index)
     if padding_idx is None:
         return rows
     if not -num <= padding_idx < num:
