@@ -164,3 +164,21 @@ def test_gradcheck_float64():
     ids = kiln.tensor(np.array([[1, 3, 1], [0, 3, 3]]))
     weight = kiln.tensor(rng.normal(size=(5, 4)), requires_grad=True)
     assert kiln.autograd.gradcheck(lambda w: F.embedding(ids, w), (weight,))
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8])
+def test_the_bounds_check_of_ids_at_its_edges(dtype):
+    """``check_range`` with low 0 reads signed ids as unsigned (one pass): a negative id is out of
+    range, as are ``high`` and above; other bounds take min and max."""
+    for values, low, high in [([0, 4], 0, 5), ([0, 5], 0, 5), ([-1, 2], 0, 5), ([-128 + 1, 3], 0, 5), ([3], 0, 0),
+                              ([2, 4], 2, 5), ([1, 4], 2, 5), ([-7, 4], None, 5), ([0, 4], 0, None)]:  # fmt: skip
+        if np.dtype(dtype).kind == "u" and min(values) < 0:
+            continue
+        ids = kiln.tensor(np.array(values, dtype=dtype))
+        inside = all((low is None or v >= low) and (high is None or v < high) for v in values)
+        if inside:
+            kiln.jit.check_range(ids, low, high, IndexError, "id {value} out of range")
+        else:
+            bad = next(v for v in values if not ((low is None or v >= low) and (high is None or v < high)))
+            with pytest.raises(IndexError, match=f"id {bad} out of range"):
+                kiln.jit.check_range(ids, low, high, IndexError, "id {value} out of range")
