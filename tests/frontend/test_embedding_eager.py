@@ -145,6 +145,19 @@ def test_an_id_out_of_range_says_the_range_and_the_id(bad):
         F.embedding(ids, weight)
 
 
+def test_a_padding_row_costs_no_pass_over_the_rows():
+    """The padding row's zero gradient is made by zeroing that row of the scattered gradient: a
+    ``where`` choosing detached rows cost a pass over all of them, forward and backward (and an
+    ``eq`` over the ids), 200 us where PyTorch took 58 for (16, 35) ids into (500, 128)."""
+    weight = kiln.tensor(rng.normal(size=(10, 4)), requires_grad=True)
+    ids = kiln.tensor(np.array([[0, 2, 0], [1, 0, 3]]))
+    assert _ops(lambda: F.embedding(ids, weight, padding_idx=0)) == ["take"]
+    out = F.embedding(ids, weight, padding_idx=0)
+    backward = _ops(lambda: out.backward(kiln.ones(2, 3, 4)))
+    assert backward.count("index_put") == 1 and "where" not in backward, backward
+    assert weight.grad.numpy()[0].tolist() == [0.0] * 4 and weight.grad.numpy()[2].tolist() == [1.0] * 4
+
+
 def test_the_padding_row_gets_a_zero_gradient_however_often_it_is_looked_up(torch):
     ids = rng.integers(0, 12, size=(6, 30))
     ids[:, :20] = 2  # the padding token, 120 times
@@ -182,3 +195,31 @@ def test_the_bounds_check_of_ids_at_its_edges(dtype):
             bad = next(v for v in values if not ((low is None or v >= low) and (high is None or v < high)))
             with pytest.raises(IndexError, match=f"id {bad} out of range"):
                 kiln.jit.check_range(ids, low, high, IndexError, "id {value} out of range")
+
+
+def test_a_compiled_training_step_with_a_padding_row_equals_eager():
+    """The padding lookup's own backward (scatter, then the padding row zeroed) traced: several calls
+    of (batch, time) ids with many padding tokens, losses and tables equal to eager."""
+
+    def run(compiled: bool) -> list[np.ndarray]:
+        kiln.manual_seed(0)
+        table, head = kiln.nn.Embedding(30, 8, padding_idx=0), kiln.nn.Linear(8, 1)
+        optimizer = kiln.optim.SGD([*table.parameters(), *head.parameters()], lr=0.5)
+        ids = np.random.default_rng(5).integers(0, 30, size=(4, 6, 10))
+        ids[:, :, 6:] = 0
+
+        def step(idx):
+            loss = head(table(idx)).square().mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss.detach()
+
+        fn = kiln.compile(step) if compiled else step
+        losses = [fn(kiln.tensor(batch)).numpy() for batch in ids]
+        return [*losses, table.weight.detach().numpy().copy()]
+
+    ours, theirs = run(True), run(False)
+    for a, b in zip(ours, theirs, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert not ours[-1][0].any()  # the padding row: zero at the start, no gradient since
