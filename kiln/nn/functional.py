@@ -16,11 +16,9 @@ import math
 
 import kiln
 from kiln.frontend.autocast import LOWER, autocast_op
-from kiln.frontend.dispatch import apply
 from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.ops.leaky_relu import leaky_relu_eager
 from kiln.frontend.ops.linear import linear_eager
-from kiln.ir.primitives import P
 
 from ._activation import (
     celu,
@@ -53,6 +51,7 @@ from ._distance import (
     pixel_unshuffle,
 )
 from ._dropout import alpha_dropout, dropout1d, dropout2d, dropout3d, feature_alpha_dropout
+from ._embedding import embedding
 from ._embedding_bag import embedding_bag
 from ._grid import affine_grid, grid_sample
 from ._interpolate import interpolate, upsample, upsample_bilinear, upsample_nearest
@@ -276,34 +275,6 @@ def bilinear(input1, input2, weight, bias=None) -> kiln.Tensor:
     mixed = kiln.matmul(x1, weight.permute(1, 0, 2).reshape(in1, out_features * in2))
     out = (mixed.reshape(-1, out_features, in2) * x2.unsqueeze(1)).sum(dim=-1).reshape(*lead, out_features)
     return out if bias is None else out + bias
-
-
-@kiln.jit.composite("embedding")
-def embedding(input, weight, padding_idx=None, max_norm=None, norm_type: float = 2.0, scale_grad_by_freq=False,
-              sparse: bool = False) -> kiln.Tensor:  # fmt: skip
-    """Rows of ``weight`` (num_embeddings, dim) at integer ``input``; the ``padding_idx`` row gets no gradient."""
-    check_tensor(input, "input", "embedding")
-    if max_norm is not None or scale_grad_by_freq or sparse:
-        raise NotImplementedError("embedding: max_norm, scale_grad_by_freq and sparse are not supported")
-    if input.dtype.is_floating_point or input.dtype == kiln.bool:
-        raise RuntimeError(f"embedding: expected integer indices (int64 or int32), got {input.dtype}")
-    if weight.ndim != 2:
-        raise RuntimeError(f"embedding: 'weight' must be 2-D (num_embeddings, dim), got shape {list(weight.shape)}")
-    num, dim = weight.shape
-    index = input.reshape(-1).to(kiln.int64)
-    message = f"embedding: index out of range in self (got {{value}}; indices must be in [0, {num - 1}])"
-    kiln.jit.check_range(index, 0, num, IndexError, message)
-    # The rows by the take primitive itself: index_select would check the index again and move
-    # dim 0 to the front and back (views, but an autograd node each), 31 -> 14 us of a GPT's
-    # token lookup, (8, 64) ids into (256, 128), forward only.
-    rows = apply(P["take"], weight, index).reshape(*input.shape, dim)
-    if padding_idx is None:
-        return rows
-    if not -num <= padding_idx < num:
-        raise ValueError(f"embedding: padding_idx must be within num_embeddings ({num}), got {padding_idx}")
-    # Same values, but the padding row's lookups are detached, so its gradient stays zero.
-    is_pad = (input == padding_idx % num).unsqueeze(-1)
-    return kiln.where(is_pad, rows.detach(), rows)
 
 
 def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False, *, generator=None) -> kiln.Tensor:

@@ -1,8 +1,8 @@
 """Index nodes compiled: ``take`` (a gather of rows) and ``index_put`` (a scatter, or scatter-add).
 
 An embedding's forward is ``take(table, idx)`` and its gradient ``index_put(zeros, g, idx,
-accumulate=True)``; their eager kernels are numpy's fancy indexing and a sorted ``add.reduceat``
-(hundreds of microseconds for an NCF table). Here each is one function ``void @sym(ptr args, i64
+accumulate=True)``; their eager kernels are numpy's ``take`` and rows added in rounds of distinct
+rows (``indexing._add_rows``: hundreds of microseconds for an NCF table's gradient). Here each is one function ``void @sym(ptr args, i64
 begin, i64 end)`` like a fused kernel (``kernels.py``), specialized on the node's static shapes and
 its inputs' strides, for one index tensor over the leading dim (``x[idx]``): other keys stay on
 the eager kernel. Over a dynamic batch the index positions may be symbolic (``(B, T)`` token ids):
