@@ -185,3 +185,82 @@ def test_a_forward_hook_on_a_kiln_only_module_is_watched():
     g = kiln.compile(f)
     _calls(g, f, lambda: kiln.ones(2, 3))
     assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+@pytest.mark.parametrize("kind", ["SGD", "a subclass", "with a closure"])
+def test_a_kiln_optimizers_step_runs_unwatched_unless_the_user_may_run(kind, monkeypatch):
+    profiles = []
+    update = kiln.optim.SGD._update_group
+
+    def recording_update(self, group, scalars):  # what SGD.step calls, seen from inside it
+        profiles.append(sys.getprofile())
+        update(self, group, scalars)
+
+    monkeypatch.setattr(kiln.optim.SGD, "_update_group", recording_update)
+
+    class Sub(kiln.optim.SGD):
+        pass
+
+    w = kiln.ones(3, requires_grad=True)
+    opt = (Sub if kind == "a subclass" else kiln.optim.SGD)([w], lr=0.1)
+    we = kiln.ones(3, requires_grad=True)
+    opt_e = kiln.optim.SGD([we], lr=0.1)
+
+    def step(x, w, opt):
+        opt.zero_grad()
+        loss = (w * x).sum()
+        loss.backward()
+        opt.step((lambda: loss) if kind == "with a closure" else None)
+        return loss.detach()
+
+    g = kiln.compile(lambda x: step(x, w, opt))
+    for _ in range(3):
+        x = kiln.arange(3.0)
+        np.testing.assert_allclose(g(x).numpy(), step(x, we, opt_e).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(w.detach().numpy(), we.detach().numpy(), rtol=1e-6)
+    assert sum(compiled_calls(g)) == 2
+    assert (profiles[0] is None) == (kind == "SGD"), profiles[0]
+
+
+def test_a_users_optimizer_subclass_is_watched():
+    class Counting(kiln.optim.SGD):
+        def _update_group(self, group, scalars):
+            global counter
+            counter += 1  # the user's code inside a kiln optimizer's step: seen
+            super()._update_group(group, scalars)
+
+    w = kiln.ones(3, requires_grad=True)
+    opt = Counting([w], lr=0.1)
+
+    def f(x):
+        opt.zero_grad()
+        loss = (w * x).sum()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        g(kiln.arange(3.0))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+def test_an_optimizers_closure_is_watched():
+    w = kiln.ones(3, requires_grad=True)
+    opt = kiln.optim.SGD([w], lr=0.1)
+
+    def f(x):
+        def closure():
+            global counter
+            counter += 1
+            opt.zero_grad()
+            loss = (w * x).sum()
+            loss.backward()
+            return loss
+
+        return opt.step(closure).detach()
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        g(kiln.arange(3.0))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
