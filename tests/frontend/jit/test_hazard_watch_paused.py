@@ -264,3 +264,46 @@ def test_an_optimizers_closure_is_watched():
     for _ in range(3):
         g(kiln.arange(3.0))
     assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+def _ones(*shape):
+    return lambda: kiln.ones(*shape)
+
+
+_KILN_ONLY_MODULES = {  # kiln's modules whose forward runs unwatched: (the module, an input it takes)
+    "Conv2d": (lambda: kiln.nn.Conv2d(2, 3, 3, padding=1), _ones(1, 2, 5, 5)),
+    "ConvTranspose2d": (lambda: kiln.nn.ConvTranspose2d(2, 3, 3), _ones(1, 2, 4, 4)),
+    "BatchNorm2d": (lambda: kiln.nn.BatchNorm2d(2), lambda: kiln.arange(96.0).reshape(3, 2, 4, 4)),
+    "LayerNorm": (lambda: kiln.nn.LayerNorm(4), lambda: kiln.arange(8.0).reshape(2, 4)),
+    "MaxPool2d": (lambda: kiln.nn.MaxPool2d(2), lambda: kiln.arange(32.0).reshape(1, 2, 4, 4)),
+    "Embedding": (lambda: kiln.nn.Embedding(5, 3), lambda: kiln.tensor([0, 2, 4])),
+    "Dropout": (lambda: kiln.nn.Dropout(0.0), _ones(2, 4)),
+    "GELU": (lambda: kiln.nn.GELU(), _ones(2, 4)),
+}
+
+
+@pytest.mark.parametrize("subclassed", [False, True])
+@pytest.mark.parametrize("name", list(_KILN_ONLY_MODULES))
+def test_kiln_modules_run_unwatched_and_a_subclass_is_watched(name, subclassed, monkeypatch):
+    make, make_input = _KILN_ONLY_MODULES[name]
+    cls = getattr(kiln.nn, name)
+    profiles = []
+    forward = cls.forward
+
+    def recording_forward(self, *args):  # the module's forward, seen from inside it
+        profiles.append(sys.getprofile())
+        return forward(self, *args)
+
+    monkeypatch.setattr(cls, "forward", recording_forward)
+    kiln.manual_seed(0)
+    module = make()
+    if subclassed:  # the same module as an instance of a user's subclass
+        module.__class__ = type("Sub", (cls,), {})
+
+    def f(x):
+        return module(x)
+
+    g = kiln.compile(f)
+    _calls(g, f, make_input)
+    assert sum(compiled_calls(g)) == 2
+    assert (profiles[0] is None) != subclassed, profiles[0]
