@@ -307,3 +307,89 @@ def test_kiln_modules_run_unwatched_and_a_subclass_is_watched(name, subclassed, 
     _calls(g, f, make_input)
     assert sum(compiled_calls(g)) == 2
     assert (profiles[0] is None) != subclassed, profiles[0]
+
+
+@pytest.mark.parametrize("hook", [None, "tensor hook", "post-accumulate hook"])
+def test_a_leafs_gradient_is_accumulated_unwatched_and_its_hooks_watched(hook, monkeypatch):
+    profiles, in_hook = [], []
+    accumulate = kiln.frontend.autograd.accumulate.accumulate_into_grad
+
+    def recording_accumulate(*args, **kwargs):  # what a leaf's AccumulateGrad calls, seen from inside it
+        profiles.append(sys.getprofile())
+        return accumulate(*args, **kwargs)
+
+    monkeypatch.setattr(kiln.frontend.autograd.accumulate, "accumulate_into_grad", recording_accumulate)
+    w = kiln.ones(3, requires_grad=True)
+    if hook == "tensor hook":
+        w.register_hook(lambda grad: in_hook.append(sys.getprofile()))
+    elif hook == "post-accumulate hook":
+        w.register_post_accumulate_grad_hook(lambda leaf: in_hook.append(sys.getprofile()))
+
+    def f(x):
+        w.grad = None
+        (w * x).sum().backward()
+        return w.grad
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        np.testing.assert_allclose(g(kiln.arange(3.0)).numpy(), [0.0, 1.0, 2.0])
+    # the sum into .grad runs unwatched but where a hook runs after it in the same node
+    assert (profiles[0] is None) == (hook != "post-accumulate hook"), profiles[0]
+    assert (len(in_hook) > 0) == (hook is not None) and all(callable(p) for p in in_hook[:1])  # the traced call's
+
+
+def test_a_leafs_hooks_are_watched():
+    w = kiln.ones(3, requires_grad=True)
+
+    def hook(leaf):
+        global counter
+        counter += 1
+
+    w.register_post_accumulate_grad_hook(hook)
+
+    def f(x):
+        w.grad = None
+        (w * x).sum().backward()
+        return w.grad
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        g(kiln.arange(3.0))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "make", "shape"),
+    [("_batch_norm", "_TrainingBatchNorm", lambda: kiln.nn.BatchNorm2d(2), (3, 2, 4, 4)),
+     ("_pooling", "_MaxOfWindows", lambda: kiln.nn.MaxPool2d(2), (1, 2, 4, 4))],
+)  # fmt: skip
+def test_kilns_own_functions_run_their_backward_unwatched(module, function, make, shape, monkeypatch):
+    cls = vars(sys.modules[f"kiln.nn.{module}"])[function]
+    profiles = []
+    backward = cls.backward
+
+    def recording_backward(ctx, *grads):  # the Function's backward, seen from inside it
+        profiles.append(sys.getprofile())
+        return backward(ctx, *grads)
+
+    monkeypatch.setattr(cls, "backward", staticmethod(recording_backward))
+    layer = make()
+
+    def f(x):
+        (layer(x) * layer(x).detach().cos()).sum().backward()
+        return x.grad
+
+    def make_input():
+        return kiln.arange(float(np.prod(shape))).reshape(*shape).sin().requires_grad_()
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        x, xe = make_input(), make_input()
+        np.testing.assert_allclose(g(x).numpy(), f(xe).numpy(), rtol=1e-5, atol=1e-6)
+    assert sum(compiled_calls(g)) >= 1 and profiles[0] is None, profiles[:1]  # (BatchNorm: traced twice)
+
+
+@pytest.mark.parametrize("where", ["kiln.nn._loss._BinaryCrossEntropy", "kiln.nn._rnn._FusedLayer"])
+def test_kilns_other_functions_are_kiln_only(where):
+    module, name = where.rsplit(".", 1)
+    assert vars(sys.modules[module])[name].__dict__.get("kiln_only") is True
