@@ -81,6 +81,8 @@ def affine(y: kiln.Tensor, weight, bias, shape: tuple[int, ...]) -> kiln.Tensor:
 
 
 class _TrainingBatchNorm(kiln.autograd.Function):
+    kiln_only = True  # calls no user code: a traced call runs it unwatched (``jit.hazards``)
+
     @staticmethod
     def forward(ctx, x, weight, bias, eps: float):
         ctx.eps = eps

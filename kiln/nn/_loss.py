@@ -174,6 +174,8 @@ class _BinaryCrossEntropy(kiln.autograd.Function):
     sigmoid); PyTorch's formula stays finite there, and so does this one.
     """
 
+    kiln_only = True  # calls no user code: a traced call runs it unwatched (``jit.hazards``)
+
     @staticmethod
     def forward(ctx, input, target):
         ctx.save_for_backward(input, target)

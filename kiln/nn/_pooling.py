@@ -106,6 +106,8 @@ class _MaxOfWindows(kiln.autograd.Function):
     first offset that equals it or is NaN): a fused kernel, where a reduction over the kernel
     axes (not trailing) would run on numpy."""
 
+    kiln_only = True  # calls no user code: a traced call runs it unwatched (``jit.hazards``)
+
     @staticmethod
     def forward(ctx, windows, kernel_axes):
         kernel = [windows.shape[a] for a in kernel_axes]

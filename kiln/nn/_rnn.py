@@ -271,6 +271,8 @@ class _FusedLayer(kiln.autograd.Function):
     """``apply(spec, keep, x, *flat)`` -> ``(y, *final states)`` (without y unless ``spec.output``);
     ``keep``: save what the backward needs."""
 
+    kiln_only = True  # calls no user code: a traced call runs it unwatched (``jit.hazards``)
+
     @staticmethod
     def forward(ctx, spec: _Spec, keep: bool, x, *flat):
         xa = _array(x)

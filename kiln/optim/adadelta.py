@@ -17,6 +17,7 @@ class Adadelta(Optimizer):
     >>> opt = Adadelta([w], rho=0.95)
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     numbers = ("lr", "rho", "eps", "weight_decay")
     zero_skips = ("weight_decay",)
 

@@ -17,6 +17,7 @@ class Adagrad(Optimizer):
     >>> opt = Adagrad([w], lr=0.1, lr_decay=0.01)
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     numbers = ("lr", "lr_decay", "weight_decay", "eps")  # initial_accumulator_value: read once, here
     zero_skips = ("weight_decay",)
 

@@ -28,6 +28,7 @@ class Adam(Optimizer):
     >>> opt = Adam([w], lr=1e-2, betas=(0.9, 0.99))
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     numbers = ("lr", "betas", "eps", "weight_decay")
     flags = ("amsgrad", "maximize", "decoupled_weight_decay", "fused", "foreach")  # the last two: the eager path
     zero_skips = ("weight_decay",)
@@ -144,6 +145,7 @@ class AdamW(Adam):
     >>> opt = AdamW([w], lr=1e-2, weight_decay=0.1)
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     _decoupled = True
 
     def __init__(

@@ -18,6 +18,7 @@ class Adamax(Optimizer):
     >>> opt = Adamax([w], lr=2e-3)
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     numbers = ("lr", "betas", "eps", "weight_decay")
     zero_skips = ("weight_decay",)
 

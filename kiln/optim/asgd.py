@@ -19,6 +19,7 @@ class ASGD(Optimizer):
     >>> opt = ASGD([w], lr=1e-2, t0=10)
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     numbers = ("lr", "lambd", "alpha", "t0", "weight_decay")
     zero_skips = ("weight_decay",)
 
@@ -68,6 +69,7 @@ class Rprop(Optimizer):
     >>> opt = Rprop([w], lr=1e-2, etas=(0.5, 1.2))
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     numbers = ("etas", "step_sizes")  # lr only sets each parameter's first step size, as in PyTorch
     # no weight decay: it is not one of zero_skips, so _gradients adds none (PyTorch's Rprop has none)
 

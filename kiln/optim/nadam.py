@@ -42,6 +42,7 @@ class NAdam(_AdamFamily):
     >>> opt = NAdam([w], lr=2e-3, momentum_decay=4e-3)
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     numbers = (*_AdamFamily.numbers, "momentum_decay")
 
     def __init__(
@@ -93,6 +94,8 @@ class RAdam(_AdamFamily):
     >>> w = kiln.tensor([1.0], requires_grad=True)
     >>> opt = RAdam([w], lr=1e-3)
     """
+
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
 
     def __init__(
         self,

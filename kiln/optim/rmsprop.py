@@ -17,6 +17,7 @@ class RMSprop(Optimizer):
     >>> opt = RMSprop([w], lr=1e-2, centered=True)
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     numbers = ("lr", "alpha", "eps", "weight_decay", "momentum")
     flags = ("centered", "maximize")
     zero_skips = ("momentum", "weight_decay")  # momentum <= 0: no buffer, as in PyTorch

@@ -20,6 +20,7 @@ class SGD(Optimizer):
     >>> opt = SGD([w], lr=0.1, momentum=0.9)
     """
 
+    kiln_only = True  # its step calls no user code but a closure (``Optimizer.step``)
     numbers = ("lr", "momentum", "dampening", "weight_decay")
     flags = ("nesterov", "maximize", "fused", "foreach")  # the last two choose the eager path
     zero_skips = ("momentum", "weight_decay")

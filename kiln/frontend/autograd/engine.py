@@ -134,7 +134,8 @@ def _run(roots, grad_roots, retain_graph, create_graph, capture, stop_at_capture
             node = pop(ready)[2]
             grads = buffers.pop(node, None) or [None] * node.num_outputs
             if (node.pre_hooks or node.__class__ is AccumulateGrad) and node not in own_hooks:
-                if watch is None:
+                # (a leaf's AccumulateGrad without tensor hooks runs none: no user code to watch)
+                if watch is None or not (node.pre_hooks or node.variable._hooks):
                     _run_pre_hooks(node, grads)
                 else:
                     _jit.watched(watch, _run_pre_hooks, node, grads)
@@ -186,6 +187,8 @@ def _calls_user_code(node: Node) -> bool:
     """Whether running ``node`` may run user code: its hooks, a backward not marked ``kiln_only``."""
     if node.hooks:
         return True
+    if node.__class__ is AccumulateGrad:  # kiln's sum into ``.grad``; the leaf's hooks after it are the user's
+        return bool(node.variable._post_accumulate_hooks)
     return not (node.cls.kiln_only if node.__class__ is FunctionBackward else node.kiln_only)
 
 

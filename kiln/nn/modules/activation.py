@@ -16,6 +16,8 @@ __all__ = ["ReLU", "LeakyReLU", "GELU", "SiLU", "Tanh", "Sigmoid", "Softmax", "L
 
 
 class ReLU(Module):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def __init__(self, inplace: bool = False) -> None:
         super().__init__()
         self.inplace = inplace
@@ -28,6 +30,8 @@ class ReLU(Module):
 
 
 class LeakyReLU(Module):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def __init__(self, negative_slope: float = 0.01, inplace: bool = False) -> None:
         super().__init__()
         self.negative_slope, self.inplace = negative_slope, inplace
@@ -40,6 +44,8 @@ class LeakyReLU(Module):
 
 
 class GELU(Module):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
         self.approximate = approximate
@@ -64,11 +70,15 @@ class SiLU(Module):
 
 
 class Tanh(Module):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def forward(self, input):
         return F.tanh(input)
 
 
 class Sigmoid(Module):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def forward(self, input):
         return F.sigmoid(input)
 

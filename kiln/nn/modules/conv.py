@@ -77,6 +77,8 @@ class _ConvNd(Module):
 class Conv1d(_ConvNd):
     """1-D convolution: input (N, C_in, L), ``weight`` (C_out, C_in / groups, k)."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     _d = 1
 
     def forward(self, input):
@@ -86,6 +88,8 @@ class Conv1d(_ConvNd):
 class Conv2d(_ConvNd):
     """2-D convolution: input (N, C_in, H, W), ``weight`` (C_out, C_in / groups, kH, kW)."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     _d = 2
 
     def forward(self, input):
@@ -94,6 +98,8 @@ class Conv2d(_ConvNd):
 
 class Conv3d(_ConvNd):
     """3-D convolution: input (N, C_in, D, H, W), ``weight`` (C_out, C_in / groups, kD, kH, kW)."""
+
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
 
     _d = 3
 

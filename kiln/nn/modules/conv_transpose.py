@@ -58,16 +58,22 @@ class _ConvTransposeNd(Module):
 class ConvTranspose1d(_ConvTransposeNd):
     """Transposed 1-D convolution: ``weight`` (C_in, C_out / groups, k), ``bias`` (C_out)."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     _d = 1
 
 
 class ConvTranspose2d(_ConvTransposeNd):
     """Transposed 2-D convolution: ``weight`` (C_in, C_out / groups, kH, kW), ``bias`` (C_out)."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     _d = 2
 
 
 class ConvTranspose3d(_ConvTransposeNd):
     """Transposed 3-D convolution: ``weight`` (C_in, C_out / groups, kD, kH, kW), ``bias`` (C_out)."""
+
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
 
     _d = 3

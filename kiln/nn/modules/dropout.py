@@ -23,11 +23,13 @@ class _DropoutNd(Module):
 
 
 class Dropout(_DropoutNd):
-    pass
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
 
 
 class Dropout1d(_DropoutNd):
     """Zero whole channels of (N, C, L) or (C, L) input."""
+
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
 
     def forward(self, input):
         return F.dropout1d(input, self.p, self.training, self.inplace)
@@ -36,12 +38,16 @@ class Dropout1d(_DropoutNd):
 class Dropout2d(_DropoutNd):
     """Zero whole channels of (N, C, H, W) or (C, H, W) input."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def forward(self, input):
         return F.dropout2d(input, self.p, self.training, self.inplace)
 
 
 class Dropout3d(_DropoutNd):
     """Zero whole channels of (N, C, D, H, W) or (C, D, H, W) input."""
+
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
 
     def forward(self, input):
         return F.dropout3d(input, self.p, self.training, self.inplace)

@@ -11,6 +11,8 @@ __all__ = ["Flatten", "Unflatten", "Identity"]
 class Flatten(Module):
     """Flatten dims ``start_dim`` .. ``end_dim`` into one."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def __init__(self, start_dim: int = 1, end_dim: int = -1) -> None:
         super().__init__()
         self.start_dim, self.end_dim = start_dim, end_dim

@@ -89,17 +89,23 @@ class _BatchNorm(Module):
 class BatchNorm1d(_BatchNorm):
     """Batch norm over (N, C) or (N, C, L) input."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     _dims = (2, 3)
 
 
 class BatchNorm2d(_BatchNorm):
     """Batch norm over (N, C, H, W) input."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     _dims = (4,)
 
 
 class BatchNorm3d(_BatchNorm):
     """Batch norm over (N, C, D, H, W) input."""
+
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
 
     _dims = (5,)
 
@@ -159,6 +165,8 @@ class LocalResponseNorm(Module):
 class LayerNorm(Module):
     """Normalise over the trailing ``normalized_shape`` dims, with elementwise ``weight`` and ``bias``."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
                  device=None, dtype=None) -> None:  # fmt: skip
         super().__init__()
@@ -180,6 +188,8 @@ class LayerNorm(Module):
 
 class GroupNorm(Module):
     """Normalise each of ``num_groups`` groups of channels, with per-channel ``weight`` and ``bias``."""
+
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
 
     def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True, device=None,
                  dtype=None, *, bias: bool = True) -> None:  # fmt: skip

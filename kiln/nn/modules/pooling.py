@@ -29,24 +29,32 @@ class _MaxPoolNd(Module):
 
 
 class MaxPool1d(_MaxPoolNd):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def forward(self, input):
         return F.max_pool1d(input, self.kernel_size, self.stride, self.padding, self.dilation,
                             ceil_mode=self.ceil_mode, return_indices=self.return_indices)  # fmt: skip
 
 
 class MaxPool2d(_MaxPoolNd):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def forward(self, input):
         return F.max_pool2d(input, self.kernel_size, self.stride, self.padding, self.dilation,
                             ceil_mode=self.ceil_mode, return_indices=self.return_indices)  # fmt: skip
 
 
 class MaxPool3d(_MaxPoolNd):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def forward(self, input):
         return F.max_pool3d(input, self.kernel_size, self.stride, self.padding, self.dilation,
                             ceil_mode=self.ceil_mode, return_indices=self.return_indices)  # fmt: skip
 
 
 class AvgPool1d(Module):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
                  count_include_pad: bool = True) -> None:  # fmt: skip
         super().__init__()
@@ -62,6 +70,8 @@ class AvgPool1d(Module):
 
 
 class AvgPool2d(Module):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True,
                  divisor_override=None) -> None:  # fmt: skip
         super().__init__()
@@ -96,6 +106,8 @@ class AdaptiveAvgPool2d(AdaptiveAvgPool1d):
 
 
 class AvgPool3d(AvgPool2d):
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def forward(self, input):
         return F.avg_pool3d(input, self.kernel_size, self.stride, self.padding, self.ceil_mode, self.count_include_pad,
                             self.divisor_override)  # fmt: skip

@@ -15,6 +15,8 @@ __all__ = ["Embedding", "EmbeddingBag"]
 class Embedding(Module):
     """``weight`` (num_embeddings, embedding_dim) drawn from N(0, 1); the ``padding_idx`` row is zero."""
 
+    kiln_only = True  # its forward calls no user code (``Module.kiln_only``)
+
     def __init__(self, num_embeddings: int, embedding_dim: int, padding_idx: int | None = None, max_norm=None,
                  norm_type: float = 2.0, scale_grad_by_freq: bool = False, sparse: bool = False, _weight=None,
                  _freeze: bool = False, device=None, dtype=None) -> None:  # fmt: skip

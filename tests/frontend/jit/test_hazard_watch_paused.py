@@ -185,3 +185,211 @@ def test_a_forward_hook_on_a_kiln_only_module_is_watched():
     g = kiln.compile(f)
     _calls(g, f, lambda: kiln.ones(2, 3))
     assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+@pytest.mark.parametrize("kind", ["SGD", "a subclass", "with a closure"])
+def test_a_kiln_optimizers_step_runs_unwatched_unless_the_user_may_run(kind, monkeypatch):
+    profiles = []
+    update = kiln.optim.SGD._update_group
+
+    def recording_update(self, group, scalars):  # what SGD.step calls, seen from inside it
+        profiles.append(sys.getprofile())
+        update(self, group, scalars)
+
+    monkeypatch.setattr(kiln.optim.SGD, "_update_group", recording_update)
+
+    class Sub(kiln.optim.SGD):
+        pass
+
+    w = kiln.ones(3, requires_grad=True)
+    opt = (Sub if kind == "a subclass" else kiln.optim.SGD)([w], lr=0.1)
+    we = kiln.ones(3, requires_grad=True)
+    opt_e = kiln.optim.SGD([we], lr=0.1)
+
+    def step(x, w, opt):
+        opt.zero_grad()
+        loss = (w * x).sum()
+        loss.backward()
+        opt.step((lambda: loss) if kind == "with a closure" else None)
+        return loss.detach()
+
+    g = kiln.compile(lambda x: step(x, w, opt))
+    for _ in range(3):
+        x = kiln.arange(3.0)
+        np.testing.assert_allclose(g(x).numpy(), step(x, we, opt_e).numpy(), rtol=1e-6)
+        np.testing.assert_allclose(w.detach().numpy(), we.detach().numpy(), rtol=1e-6)
+    assert sum(compiled_calls(g)) == 2
+    assert (profiles[0] is None) == (kind == "SGD"), profiles[0]
+
+
+def test_a_users_optimizer_subclass_is_watched():
+    class Counting(kiln.optim.SGD):
+        def _update_group(self, group, scalars):
+            global counter
+            counter += 1  # the user's code inside a kiln optimizer's step: seen
+            super()._update_group(group, scalars)
+
+    w = kiln.ones(3, requires_grad=True)
+    opt = Counting([w], lr=0.1)
+
+    def f(x):
+        opt.zero_grad()
+        loss = (w * x).sum()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        g(kiln.arange(3.0))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+def test_an_optimizers_closure_is_watched():
+    w = kiln.ones(3, requires_grad=True)
+    opt = kiln.optim.SGD([w], lr=0.1)
+
+    def f(x):
+        def closure():
+            global counter
+            counter += 1
+            opt.zero_grad()
+            loss = (w * x).sum()
+            loss.backward()
+            return loss
+
+        return opt.step(closure).detach()
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        g(kiln.arange(3.0))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+def _ones(*shape):
+    return lambda: kiln.ones(*shape)
+
+
+_KILN_ONLY_MODULES = {  # kiln's modules whose forward runs unwatched: (the module, an input it takes)
+    "Conv2d": (lambda: kiln.nn.Conv2d(2, 3, 3, padding=1), _ones(1, 2, 5, 5)),
+    "ConvTranspose2d": (lambda: kiln.nn.ConvTranspose2d(2, 3, 3), _ones(1, 2, 4, 4)),
+    "BatchNorm2d": (lambda: kiln.nn.BatchNorm2d(2), lambda: kiln.arange(96.0).reshape(3, 2, 4, 4)),
+    "LayerNorm": (lambda: kiln.nn.LayerNorm(4), lambda: kiln.arange(8.0).reshape(2, 4)),
+    "MaxPool2d": (lambda: kiln.nn.MaxPool2d(2), lambda: kiln.arange(32.0).reshape(1, 2, 4, 4)),
+    "Embedding": (lambda: kiln.nn.Embedding(5, 3), lambda: kiln.tensor([0, 2, 4])),
+    "Dropout": (lambda: kiln.nn.Dropout(0.0), _ones(2, 4)),
+    "GELU": (lambda: kiln.nn.GELU(), _ones(2, 4)),
+}
+
+
+@pytest.mark.parametrize("subclassed", [False, True])
+@pytest.mark.parametrize("name", list(_KILN_ONLY_MODULES))
+def test_kiln_modules_run_unwatched_and_a_subclass_is_watched(name, subclassed, monkeypatch):
+    make, make_input = _KILN_ONLY_MODULES[name]
+    cls = getattr(kiln.nn, name)
+    profiles = []
+    forward = cls.forward
+
+    def recording_forward(self, *args):  # the module's forward, seen from inside it
+        profiles.append(sys.getprofile())
+        return forward(self, *args)
+
+    monkeypatch.setattr(cls, "forward", recording_forward)
+    kiln.manual_seed(0)
+    module = make()
+    if subclassed:  # the same module as an instance of a user's subclass
+        module.__class__ = type("Sub", (cls,), {})
+
+    def f(x):
+        return module(x)
+
+    g = kiln.compile(f)
+    _calls(g, f, make_input)
+    assert sum(compiled_calls(g)) == 2
+    assert (profiles[0] is None) != subclassed, profiles[0]
+
+
+@pytest.mark.parametrize("hook", [None, "tensor hook", "post-accumulate hook"])
+def test_a_leafs_gradient_is_accumulated_unwatched_and_its_hooks_watched(hook, monkeypatch):
+    profiles, in_hook = [], []
+    accumulate = kiln.frontend.autograd.accumulate.accumulate_into_grad
+
+    def recording_accumulate(*args, **kwargs):  # what a leaf's AccumulateGrad calls, seen from inside it
+        profiles.append(sys.getprofile())
+        return accumulate(*args, **kwargs)
+
+    monkeypatch.setattr(kiln.frontend.autograd.accumulate, "accumulate_into_grad", recording_accumulate)
+    w = kiln.ones(3, requires_grad=True)
+    if hook == "tensor hook":
+        w.register_hook(lambda grad: in_hook.append(sys.getprofile()))
+    elif hook == "post-accumulate hook":
+        w.register_post_accumulate_grad_hook(lambda leaf: in_hook.append(sys.getprofile()))
+
+    def f(x):
+        w.grad = None
+        (w * x).sum().backward()
+        return w.grad
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        np.testing.assert_allclose(g(kiln.arange(3.0)).numpy(), [0.0, 1.0, 2.0])
+    # the sum into .grad runs unwatched but where a hook runs after it in the same node
+    assert (profiles[0] is None) == (hook != "post-accumulate hook"), profiles[0]
+    assert (len(in_hook) > 0) == (hook is not None) and all(callable(p) for p in in_hook[:1])  # the traced call's
+
+
+def test_a_leafs_hooks_are_watched():
+    w = kiln.ones(3, requires_grad=True)
+
+    def hook(leaf):
+        global counter
+        counter += 1
+
+    w.register_post_accumulate_grad_hook(hook)
+
+    def f(x):
+        w.grad = None
+        (w * x).sum().backward()
+        return w.grad
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        g(kiln.arange(3.0))
+    assert compiled_calls(g) == [] and "global variable 'counter'" in _breaks(g)[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "function", "make", "shape"),
+    [("_batch_norm", "_TrainingBatchNorm", lambda: kiln.nn.BatchNorm2d(2), (3, 2, 4, 4)),
+     ("_pooling", "_MaxOfWindows", lambda: kiln.nn.MaxPool2d(2), (1, 2, 4, 4))],
+)  # fmt: skip
+def test_kilns_own_functions_run_their_backward_unwatched(module, function, make, shape, monkeypatch):
+    cls = vars(sys.modules[f"kiln.nn.{module}"])[function]
+    profiles = []
+    backward = cls.backward
+
+    def recording_backward(ctx, *grads):  # the Function's backward, seen from inside it
+        profiles.append(sys.getprofile())
+        return backward(ctx, *grads)
+
+    monkeypatch.setattr(cls, "backward", staticmethod(recording_backward))
+    layer = make()
+
+    def f(x):
+        (layer(x) * layer(x).detach().cos()).sum().backward()
+        return x.grad
+
+    def make_input():
+        return kiln.arange(float(np.prod(shape))).reshape(*shape).sin().requires_grad_()
+
+    g = kiln.compile(f)
+    for _ in range(3):
+        x, xe = make_input(), make_input()
+        np.testing.assert_allclose(g(x).numpy(), f(xe).numpy(), rtol=1e-5, atol=1e-6)
+    assert sum(compiled_calls(g)) >= 1 and profiles[0] is None, profiles[:1]  # (BatchNorm: traced twice)
+
+
+@pytest.mark.parametrize("where", ["kiln.nn._loss._BinaryCrossEntropy", "kiln.nn._rnn._FusedLayer"])
+def test_kilns_other_functions_are_kiln_only(where):
+    module, name = where.rsplit(".", 1)
+    assert vars(sys.modules[module])[name].__dict__.get("kiln_only") is True
