@@ -160,7 +160,41 @@ def _is_module_dict(d: dict) -> bool:
 def _entered(v) -> bool:
     if isinstance(v, type):
         return _users_class(v)  # the user's class: its attributes (``Config.scale``)
+    if isinstance(v, types.FunctionType):
+        return _users_closure(v)
+    if isinstance(v, Tensor):
+        return bool(v._hooks or v._post_accumulate_hooks)
     return isinstance(v, (*_CONTAINERS, tuple)) or (not isinstance(v, _NOT_ENTERED) and hasattr(v, "__dict__"))
+
+
+def _users_closure(fn: types.FunctionType) -> bool:
+    """Whether ``fn`` is the user's function with a closure: what it changes there (a list it
+    appends to) is Python state from outside the call, though the compiled function names only
+    ``fn``."""
+    return fn.__closure__ is not None and not fn.__code__.co_filename.startswith((_KILN_DIR, *library_folders()))
+
+
+#: A module's tables of the functions it calls on the user's behalf (``register_forward_hook``...).
+_MODULE_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _called_for(path: str, obj) -> list:
+    """The user's functions kiln calls on ``obj``'s behalf (a function's own closure values, a
+    tensor's hooks), as children to follow: whatever they change is reached from the call too."""
+    if isinstance(obj, types.FunctionType):
+        cells = zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=True)
+        return [(f"{path}.<closure>.{name}", cell.cell_contents) for name, cell in cells
+                if _filled(cell) and _entered(cell.cell_contents)]  # fmt: skip
+    hooks = [*(obj._hooks or ()), *(obj._post_accumulate_hooks or ())]
+    return [(f"{path}.<hook {i}>", hook) for i, hook in enumerate(hooks) if _entered(hook)]
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell (a variable not yet assigned) raises
+    except ValueError:
+        return False
+    return True
 
 
 # ---------------------------------------------------------------------- the walk
@@ -251,6 +285,8 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                 following += [(f"{path}[{i}]", v) for i, v in enumerate(list(obj)) if _entered(v)]
             elif isinstance(obj, set):
                 found.append((path, obj, "item"))
+            elif isinstance(obj, types.FunctionType | Tensor):
+                following += _called_for(path, obj)
             elif isinstance(obj, type):
                 found.append((path, obj.__dict__, "attr"))
                 following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
@@ -279,6 +315,9 @@ def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> li
         # A module's own tables are guarded and watched by ``hazards``; followed are its submodules
         # and, for the user's modules, their public attributes (``self.cfg``).
         children = dict(table.get("_modules") or {})
+        for name in _MODULE_HOOKS:  # the user's hooks: what they change is reached from the call
+            children.update((f"{name}[{k!r}]", v) for k, v in (table.get(name) or {}).items())
+        children.update((k, p) for k, p in (table.get("_parameters") or {}).items() if _entered(p))  # hooked
         if users:
             children.update((k, v) for k, v in table.items() if not k.startswith("_"))
     elif users:
