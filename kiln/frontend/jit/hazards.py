@@ -13,7 +13,8 @@ the traced call:
   ``state.unwatched``): a profile function makes every Python call slower, and a traced op took
   about twice as long under it;
 - the attributes of the objects the call reads, and the dicts, lists and sets reachable from its
-  globals, closure and arguments (``reads.reach``), are compared before and after: a store into
+  globals, closure and arguments -- through the user's functions' closures and the tensors' and
+  modules' hooks too (``reads.reach``) -- are compared before and after: a store into
   ``self.count`` or ``counter["step"]``, with the path and the user's line;
 - an iterator or generator among the arguments is consumed by the call.
 
