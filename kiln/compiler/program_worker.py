@@ -53,8 +53,6 @@ import sys
 import threading
 import time
 
-from ..codegen.llvm.worker import read_message, write_message
-
 logger = logging.getLogger("kiln")
 
 #: ``KILN_PROGRAM_WORKER=0`` compiles in the background on the thread, as before the worker existed.
@@ -130,6 +128,21 @@ def start_soon() -> None:
         worker.lock.release()
 
 
+def _write(stream, payload: bytes) -> None:
+    stream.write(_HEADER.pack(len(payload)))
+    stream.write(payload)
+    stream.flush()
+
+
+def _read(stream) -> bytes | None:
+    header = stream.read(_HEADER.size)
+    if len(header) < _HEADER.size:
+        return None
+    (size,) = _HEADER.unpack(header)
+    payload = stream.read(size)
+    return payload if len(payload) == size else None
+
+
 class _TimedOut(Exception):
     pass
 
@@ -172,7 +185,7 @@ class Worker:
                     raise OSError("a new worker ended before it was ready")
                 self.ready = self.answered = True
                 logger.debug("kiln: waited %.3f s for the program worker to start", time.perf_counter() - start)
-            write_message(process.stdin, request)
+            _write(process.stdin, request)
             _sent(process)
             reply = _read_by(process, deadline)
             logger.debug("kiln: the program worker replied in %.3f s", time.perf_counter() - start)
@@ -233,7 +246,7 @@ def _read_by(process: subprocess.Popen, deadline: float | None) -> bytes | None:
         ready, _, _ = select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))
         if not ready:
             raise _TimedOut
-    return read_message(process.stdout)
+    return _read(process.stdout)
 
 
 #: The worker's first lines: kiln's folder replaces the working directory on the path, and the
@@ -285,8 +298,8 @@ def serve(requests, replies) -> None:
     from .options import CompileOptions  # noqa: PLC0415
 
     # at its parent's priority (see the module's docstring)
-    write_message(replies, b"ok")
-    while (request := read_message(requests)) is not None:
+    _write(replies, b"ok")
+    while (request := _read(requests)) is not None:
         try:
             traced, meta, _ = program_cache.unpack_graph(request)
             asked = json.loads(meta["request"])
@@ -302,7 +315,7 @@ def serve(requests, replies) -> None:
             reply = b"ok" + _HEADER.pack(len(timings)) + timings + entry
         except Exception as error:  # noqa: BLE001 - the caller compiles it itself, and says why at debug level
             reply = b"er" + f"{type(error).__name__}: {error}".encode()
-        write_message(replies, reply)
+        _write(replies, reply)
 
 
 def _retires() -> bool:

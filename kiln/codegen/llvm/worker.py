@@ -63,15 +63,13 @@ class CompileTimeout(RuntimeError):
     """LLVM did not finish compiling a module within its time limit; the worker was stopped."""
 
 
-def write_message(stream, payload: bytes) -> None:
-    """One message: an 8-byte little-endian length, then ``payload`` (the program worker's framing too)."""
+def _write(stream, payload: bytes) -> None:
     stream.write(_HEADER.pack(len(payload)))
     stream.write(payload)
     stream.flush()
 
 
-def read_message(stream) -> bytes | None:
-    """The next message's payload (``write_message``), or None at the end of ``stream``."""
+def _read(stream) -> bytes | None:
     header = stream.read(_HEADER.size)
     if len(header) < _HEADER.size:
         return None
@@ -124,8 +122,8 @@ class Worker:
     @staticmethod
     def _exchange(process: subprocess.Popen, request: bytes) -> bytes | None:
         try:
-            write_message(process.stdin, request)
-            return read_message(process.stdout)
+            _write(process.stdin, request)
+            return _read(process.stdout)
         except (OSError, ValueError):  # ValueError: the pipe was closed meanwhile (the process exits)
             return None
 
@@ -228,7 +226,7 @@ def _die_with_parent(parent: int) -> None:
 
 def serve(requests, replies, compile_here, watchdog: _Watchdog | None = None) -> None:
     """The worker's loop: ``compile_here`` each IR text read from ``requests`` until it closes."""
-    while (request := read_message(requests)) is not None:
+    while (request := _read(requests)) is not None:
         (limit,) = _LIMIT.unpack_from(request)
         if watchdog is not None:
             watchdog.deadline = time.monotonic() + limit + GRACE_SECONDS if limit > 0 else None
@@ -242,7 +240,7 @@ def serve(requests, replies, compile_here, watchdog: _Watchdog | None = None) ->
             reply = b"er" + f"{type(error).__name__}: {error}".encode()
         if watchdog is not None:
             watchdog.deadline = None
-        write_message(replies, reply)
+        _write(replies, reply)
 
 
 def unpack(payload: bytes) -> list[bytes]:
