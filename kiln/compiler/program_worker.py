@@ -128,6 +128,8 @@ def start_soon() -> None:
         worker.lock.release()
 
 
+# The LLVM worker's framing (codegen/llvm/worker.py), written again: that module runs as a script
+# that imports no kiln package, and a disk-cache hit must load without importing the code generator.
 def _write(stream, payload: bytes) -> None:
     stream.write(_HEADER.pack(len(payload)))
     stream.write(payload)
