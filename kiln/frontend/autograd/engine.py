@@ -189,7 +189,7 @@ def _calls_user_code(node: Node) -> bool:
         return True
     if node.__class__ is AccumulateGrad:  # kiln's sum into ``.grad``; the leaf's hooks after it are the user's
         return bool(node.variable._post_accumulate_hooks)
-    return not (node.cls.kiln_only if node.__class__ is FunctionBackward else node.kiln_only)
+    return not (node.cls.__dict__.get("kiln_only") if node.__class__ is FunctionBackward else node.kiln_only)
 
 
 def _add_into(total, grad) -> bool:

@@ -97,7 +97,8 @@ class Function:
     """Base class of custom autograd ops; call them with ``MyFunction.apply(*args)``."""
 
     #: Whether ``forward`` and ``backward`` run kiln's code only (set by kiln's own Functions that call
-    #: no callable from the user): a traced call's hazard watch is paused around them.
+    #: no callable from the user): a traced call's hazard watch is paused around them. Read from the
+    #: Function's own class only, as ``Module.kiln_only``: a subclass's methods may be the user's.
     kiln_only = False
 
     @staticmethod
@@ -110,7 +111,7 @@ class Function:
 
     @classmethod
     def apply(cls, *args, **kwargs):
-        if cls.kiln_only and _jit.watch_hooks:
+        if _jit.watch_hooks and cls.__dict__.get("kiln_only"):
             watch = _jit.watch_here()
             if watch is not None:
                 return _jit.unwatched(watch, cls.apply, *args, **kwargs)

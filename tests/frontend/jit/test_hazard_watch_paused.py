@@ -393,3 +393,35 @@ def test_kilns_own_functions_run_their_backward_unwatched(module, function, make
 def test_kilns_other_functions_are_kiln_only(where):
     module, name = where.rsplit(".", 1)
     assert vars(sys.modules[module])[name].__dict__.get("kiln_only") is True
+
+
+def test_a_users_subclass_of_a_kiln_only_function_is_watched():
+    """``kiln_only`` is read from a Function's own class, as a Module's is: the subclass's backward
+    is the user's (on the old code it inherited the flag and ran unwatched)."""
+    profiles = []
+
+    class Double(kiln.autograd.Function):
+        kiln_only = True
+
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2
+
+    class Logged(Double):
+        @staticmethod
+        def backward(ctx, grad):
+            profiles.append(sys.getprofile())
+            return grad * 2
+
+    def f(x):
+        loss = Logged.apply(x).sum()
+        loss.backward()
+        return loss.detach()
+
+    g = kiln.compile(f)
+    _calls(g, f, lambda: kiln.ones(2, requires_grad=True))
+    assert profiles[0] is not None  # the traced call's backward ran under the watch
