@@ -30,6 +30,8 @@ class AccumulateGrad(Node):
             accumulate_into_grad(self.variable, grads[0], from_buffer=True)
         hooks = self.variable._post_accumulate_hooks
         if hooks and grads[0] is not None:
+            if _jit.tracing:
+                _jit.ran_hooks(self.variable)
             for hook in list(hooks):
                 hook(self.variable)
         return ()

@@ -206,6 +206,8 @@ def _run_pre_hooks(node: Node, grads: list) -> None:
     table = {0: node.variable._hooks} if node.__class__ is AccumulateGrad and node.variable._hooks else node.pre_hooks
     if not table:
         return
+    if _jit.tracing and node.__class__ is AccumulateGrad:
+        _jit.ran_hooks(node.variable)
     for nr, hooks in table.items():
         for hook in list(hooks):
             if grads[nr] is None:

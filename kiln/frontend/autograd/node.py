@@ -67,19 +67,31 @@ def _forward_stack(frames_of_kiln: int) -> list[str]:
 
 
 class RemovableHandle:
+    """A registered tensor or node hook; ``remove()`` unregisters it. ``changes`` counts every
+    registration and removal: a compiled call compares its captured tensors' hooks with those they
+    were traced with only when it moved (``jit/specialization.py``)."""
+
     __slots__ = ("_hooks", "_fn")
+    changes = 0
 
     def __init__(self, hooks: list, fn) -> None:
         self._hooks = hooks
         self._fn = fn
         hooks.append(fn)
+        RemovableHandle.changes += 1
 
     def remove(self) -> None:
         if self._fn in self._hooks:
             self._hooks.remove(self._fn)
+            RemovableHandle.changes += 1
 
     def __enter__(self) -> RemovableHandle:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+
+def hook_state(t) -> tuple:
+    """A tensor's hooks as a compiled call's guards compare them: (gradient hooks, post-accumulate hooks)."""
+    return (tuple(t._hooks or ()), tuple(t._post_accumulate_hooks or ()))

@@ -200,6 +200,7 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         modules=[(ref, training, type(ref()).__name__) for ref, training in traced.modules],
         prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), key=key,
         arg_aliases=arg_aliases,
+        arg_hooks=[(e.arg_index, e.state[5]) for e in traced.externals if e.kind == "arg" and e.hooks_ran],
     )  # fmt: skip
     pending = PendingSpecialization(
         compiled, traced.builder.build(outputs), backward, sources, {i for i, _ in writebacks},
@@ -309,7 +310,7 @@ def _source(external, grad_reads: set[int]) -> Argument | Captured:
     t = external.tensor
     if external.kind == "arg":
         return Argument(external.arg_index)
-    snapshot = external.state if id(t) in grad_reads else (*external.state[:4], None)
+    snapshot = external.state if id(t) in grad_reads else (*external.state[:4], None, external.state[5])
     return Captured(weakref.ref(t), snapshot, name=f"{t._dtype.short}{list(t._data.shape)}")
 
 

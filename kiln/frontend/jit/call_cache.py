@@ -3,10 +3,10 @@
 Per call (DESIGN.md, "Tracing and compile"):
 
 1. the **key**: the arguments' structure, each tensor's shape, strides, dtype, device,
-   requires_grad and whether ``.grad`` is set, which arguments share memory, plain arguments by
+   requires_grad, whether ``.grad`` is set and its hooks, which arguments share memory, plain arguments by
    type and value (other objects by identity), and the grad mode;
 2. each specialization cached under that key also checks the **captured state** it was traced
-   with: captured tensors alive and unchanged in shape/dtype/requires_grad/``.grad`` presence,
+   with: captured tensors alive and unchanged in shape/dtype/requires_grad/``.grad`` presence/hooks,
    module ``training`` flags, the objects the function's globals and closure name, and the Python
    values held in the containers and objects it reached from them (``guards.py``);
 3. on a miss the call is **traced while it runs eagerly** (its result is the eager result), the

@@ -64,10 +64,11 @@ class ExplainReport:
         lines = []
         for i, part in enumerate(spec.key[1]):
             if part[0] == "tensor":
-                shape, strides, dtype, device, requires_grad, has_grad, alias = part[1:]
+                shape, strides, dtype, device, requires_grad, has_grad, alias, hooks = part[1:]
                 shared = f", shares memory with argument {alias}" if alias != i else ""
+                hooked = f", {hooks[0]} hook(s) and {hooks[1]} post-accumulate hook(s)" if hooks is not None else ""
                 lines.append(f"argument {i}: {dtype.short}{list(shape)} strides {strides} on {device}, "
-                             f"requires_grad={requires_grad}, .grad {'set' if has_grad else 'None'}{shared}")  # fmt: skip
+                             f"requires_grad={requires_grad}, .grad {'set' if has_grad else 'None'}{shared}{hooked}")  # fmt: skip
             elif part[0] == "object":
                 lines.append(f"argument {i}: this {part[1].__name__} object (identity)")
             else:
@@ -76,7 +77,7 @@ class ExplainReport:
         captured = [s for s in spec.sources if s.kind == "capture"]
         if captured:
             lines.append(f"{len(captured)} captured tensor(s) alive, with the same shape, strides, dtype, "
-                         f"requires_grad and .grad presence: {', '.join(s.name for s in captured)}")  # fmt: skip
+                         f"requires_grad, .grad presence and hooks: {', '.join(s.name for s in captured)}")  # fmt: skip
         for _, training, name in spec.modules:
             lines.append(f"{name}.training == {training}")
         names = [name.removeprefix("closure:") for name, _ in spec.globals_guard]

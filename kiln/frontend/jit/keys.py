@@ -1,5 +1,5 @@
 """A compiled call's key (``call_cache``'s step 1): the arguments' structure, each tensor's shape,
-strides, dtype, device, requires_grad and whether ``.grad`` is set, which arguments share memory,
+strides, dtype, device, requires_grad, whether ``.grad`` is set and its hooks, which arguments share memory,
 plain arguments by type and value (other objects by identity), the grad mode, the default dtype
 and autocast; and, for ``kiln.explain``, what changed between two keys."""
 
@@ -49,9 +49,12 @@ def call_key(tree, leaves: list, dynamic: Mapping[int, tuple[int, ...]] | None =
             shape, strides = data.shape, data.strides
             if dynamic is not None and i in dynamic:
                 shape, strides = _dynamic_shape(shape, strides, dynamic[i], classes, data.flags.c_contiguous)
+            # how many hooks it has (a backward the call runs runs them: then ``Specialization.arg_hooks``
+            # holds them by identity; one outside the call runs each call's own)
+            hooks = _hook_counts(leaf) if leaf._hooks or leaf._post_accumulate_hooks else None
             parts.append(
                 ("tensor", shape, strides, leaf._dtype, leaf._device, leaf._requires_grad, leaf._grad is not None,
-                 alias)
+                 alias, hooks)
             )  # fmt: skip
         elif type(leaf) is float:
             parts.append((float, leaf.hex()))  # -0.0 and nan are values of their own
@@ -102,17 +105,38 @@ def describe_key_change(old: tuple, new: tuple) -> str:
         return f"autocast changed from {_autocast_text(old[4])} to {_autocast_text(new[4])}"
     if old[0] != new[0]:
         return "the structure of the arguments changed"
-    names = ("shape", "strides", "dtype", "device", "requires_grad", ".grad is set", "memory shared with argument")
+    names = (
+        "shape",
+        "strides",
+        "dtype",
+        "device",
+        "requires_grad",
+        ".grad is set",
+        "memory shared with argument",
+        "hooks",
+    )
     for i, (a, b) in enumerate(zip(old[1], new[1], strict=True)):
         if a == b:
             continue
         if a[0] == "tensor" and b[0] == "tensor":
-            changes = [f"{n} {x} -> {y}" for n, x, y in zip(names, a[1:], b[1:], strict=True) if x != y]
+            changes = [f"{n} {_count(x) if n == 'hooks' else x} -> {_count(y) if n == 'hooks' else y}"
+                       for n, x, y in zip(names, a[1:], b[1:], strict=True) if x != y]  # fmt: skip
             return f"argument {i}: " + ", ".join(changes)
         if a[0] == "object" or b[0] == "object":
             return f"argument {i}: a different object"
         return f"argument {i}: {a[1]!r} -> {b[1]!r}" if a[0] is b[0] else f"argument {i}: type changed"
     return "the arguments changed"
+
+
+def _hook_counts(t) -> tuple[int, int]:
+    return (len(t._hooks or ()), len(t._post_accumulate_hooks or ()))
+
+
+def _count(hooks: tuple | None) -> str:
+    """A tensor argument's hooks in a key, in words."""
+    if hooks is None:
+        return "none"
+    return " and ".join(f"{n} {kind}" for kind, n in zip(("hooks", "post-accumulate hooks"), hooks, strict=True) if n)
 
 
 def dynamic_key(dims_by_tree: dict, key: tuple, spec, leaves: list) -> tuple[tuple, str]:

@@ -72,7 +72,7 @@ class Argument:
 class Captured:
     """A tensor the function reads from outside its arguments (a module's parameter, a tensor in a
     closure, optimizer state), held weakly; ``snapshot`` is its (shape, strides, dtype,
-    requires_grad, .grad is set) when traced, which the guards compare."""
+    requires_grad, .grad is set, hooks) when traced, which the guards compare."""
 
     ref: weakref.ref
     snapshot: tuple = ()

@@ -17,6 +17,7 @@ from operator import attrgetter, is_, is_not
 from typing import TYPE_CHECKING
 
 from ...ir.graph import Graph, SourceLocation
+from ..autograd.node import RemovableHandle, hook_state
 from ..tensor import Tensor, make_tensor
 from .layouts import memory_owner, overlaps
 from .pytree import unflatten
@@ -45,7 +46,7 @@ class PythonRead:
 
 
 def tensor_state(t) -> tuple:
-    return (t._data.shape, t._data.strides, t._dtype, t._requires_grad, t._grad is not None)
+    return (t._data.shape, t._data.strides, t._dtype, t._requires_grad, t._grad is not None, hook_state(t))
 
 
 # ``tensor_state`` over many tensors in C: the first four fields, then whether ``.grad`` is set
@@ -72,6 +73,9 @@ class Specialization:
     traced_graph: Graph | None = None
     report: object = None  # the backend's LoweringReport (kernels, declined kernels, memory plan)
     arg_aliases: list = field(default_factory=list)  # (argument position, weakref): arguments that are state
+    # (argument position, hook_state): arguments whose hooks a backward inside the call ran (the key
+    # holds how many hooks an argument has; these must be the very ones)
+    arg_hooks: list = field(default_factory=list)
     guards: Guards | None = None  # the Python containers and attributes read, paths to captured tensors
     checks: list = field(default_factory=list)  # state.guard's checks: None while they hold, else why not
     python_reads: list[PythonRead] = field(default_factory=list)  # the Python values it reads per call or guards
@@ -92,6 +96,10 @@ class Specialization:
         # whether .grad is set, for the captured tensors whose .grad the call read (None: not guarded)
         self._grad_positions = [k for k, s in enumerate(self._captured) if s.snapshot[4] is not None]
         self._grads = [self._captured[k].snapshot[4] for k in self._grad_positions]
+        # Their hooks (a compiled call would not run one registered later): compared whenever a hook
+        # was registered or removed anywhere since the last matching call (-1: at the first call)
+        self._hooks = [s.snapshot[5] for s in self._captured]
+        self._hooks_seen = -1
         self._all_grads = len(self._grads) == len(self._captured)
         self._nones = [None] * len(self._captured)
         self._matched_arrays: list | None = None  # weak references to the arrays of the last matching call
@@ -122,6 +130,9 @@ class Specialization:
         for position, ref in self.arg_aliases:
             if leaves[position] is not ref():
                 return f"argument {position} is no longer the tensor that the function also reads as state"
+        for position, hooks in self.arg_hooks:
+            if hook_state(leaves[position]) != hooks:
+                return f"argument {position} has other hooks than those the traced backward ran"
         if self._refs and not self._captures_match(leaves):
             miss = self._capture_miss(leaves)
             if miss is not None:
@@ -172,6 +183,11 @@ class Specialization:
         grads = tensors if self._all_grads else [tensors[k] for k in self._grad_positions]
         if list(map(_NOT_NONE, map(_GRAD, grads))) != self._grads:
             return False
+        changes = RemovableHandle.changes
+        if changes != self._hooks_seen:
+            if list(map(hook_state, tensors)) != self._hooks:
+                return False
+            self._hooks_seen = changes
         arg_roots = {id(a._base if a._base is not None else a) for a in leaves if isinstance(a, Tensor)}
         if not arg_roots:
             return True
@@ -203,7 +219,7 @@ class Specialization:
                 return f"captured tensor {source.name} was freed"
             now = tensor_state(t)
             if source.snapshot[4] is None:  # whether .grad is set is no guard here
-                now = (*now[:4], None)
+                now = (*now[:4], None, now[5])
             if now != source.snapshot:
                 return f"captured tensor {source.name} changed: {_describe_state(source.snapshot, now)}"
             if id(t._base if t._base is not None else t) in arg_roots:
@@ -287,5 +303,8 @@ def _short(value) -> str:
 
 def _describe_state(before: tuple, after: tuple) -> str:
     names = ("shape", "strides", "dtype", "requires_grad", ".grad is set")
-    parts = [f"{n} {b} -> {a}" for n, b, a in zip(names, before, after, strict=True) if b != a]
+    parts = [f"{n} {b} -> {a}" for n, b, a in zip(names, before[:5], after[:5], strict=True) if b != a]
+    for kind, b, a in zip(("hooks", "post-accumulate hooks"), before[5], after[5], strict=True):
+        if b != a:
+            parts.append(f"{kind} {len(b)} -> {len(a)}" if len(b) != len(a) else f"{kind} replaced")
     return ", ".join(parts)

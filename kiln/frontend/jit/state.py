@@ -83,6 +83,16 @@ def value_access(tensor, what: str) -> None:
         trace.on_value_access(tensor, what)
 
 
+def ran_hooks(tensor) -> None:
+    """The engine ran ``tensor``'s hooks in a traced call (a backward inside the compiled function):
+    its compiled calls run them as traced, so an argument's must be the same at later calls."""
+    trace = current.get()
+    if trace is not None and trace.parent is None:
+        index = trace._external_index.get(id(tensor))
+        if index is not None:
+            trace.externals[index].hooks_ran = True
+
+
 def grad_change(tensor, overwrite: bool = False) -> None:
     """``tensor.grad`` is about to be replaced: by an assignment (``overwrite``, which does not depend
     on the ``.grad`` before it) or an accumulation (which reads it first)."""

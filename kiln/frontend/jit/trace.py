@@ -35,6 +35,7 @@ import numpy as np
 from ...ir.graph import GraphBuilder, Node, SourceLocation, Value
 from ...ir.primitives import P
 from ...ir.types import TensorType
+from ..autograd.node import hook_state
 from ..tensor import Tensor
 from . import state
 from .layouts import SharedMemory, contains, dense_order, is_identity
@@ -87,8 +88,9 @@ class External:
     value: Value
     kind: str  # "arg" (position in the flattened arguments) or "capture"
     arg_index: int | None = None
-    state: tuple = ()  # (shape, strides, dtype, requires_grad, has .grad) before the call touched it
+    state: tuple = ()  # (shape, strides, dtype, requires_grad, has .grad, hooks) before the call touched it
     grad_fn: object = None  # its autograd history before the call
+    hooks_ran: bool = False  # a backward inside the call ran its hooks (``state.ran_hooks``)
 
 
 @dataclass
@@ -379,7 +381,7 @@ class Trace:
         index = len(self.externals)
         touched = self.grads.get(id(t))
         grad = touched[1] if touched is not None else t._grad  # .grad as it was before this call changed it
-        state = (t._data.shape, t._data.strides, t._dtype, t._requires_grad, grad is not None)
+        state = (t._data.shape, t._data.strides, t._dtype, t._requires_grad, grad is not None, hook_state(t))
         self.externals.append(External(t, value, kind, arg_index, state, t.grad_fn))
         self._external_index[id(t)] = index
         root = t._base if t._base is not None else t
