@@ -149,6 +149,18 @@ def scheduler(b: Builder, r: random.Random, name: str, values: dict, inside: boo
     return kind
 
 
+# Between calls: the optimizer's state replaced, and hooks registered on the parameters (a compiled step
+# reads the state as captured tensors and runs the hooks it was traced with: each must be seen)
+STATE_CHANGES = [
+    ("opt.state.clear()", "state:clear"),
+    ("opt.state.pop(model[2].weight)", "state:pop"),
+    ("opt.load_state_dict(copy.deepcopy(opt.state_dict()))", "state:load"),
+    ("model[0].weight.register_hook(halve)", "hook:grad"),
+    ("model[2].bias.register_post_accumulate_grad_hook(double_grad)", "hook:post-accumulate"),
+]
+HOOKS = ["import copy", "def halve(g):", "    return g * 0.5", "def double_grad(p):", "    p.grad.mul_(2.0)"]
+
+
 def generate(seed: int) -> Scenario:
     """A small model trained by a random optimizer whose hyperparameters change between calls."""
     r = random.Random(seed)
@@ -172,6 +184,10 @@ def generate(seed: int) -> Scenario:
         b.stmt("loss.backward()", "backward")
         b.stmt("opt.step()", f"step:{name}")
     changes(b, r, name, values, groups, r.randint(1, 4))
+    if r.random() < 0.3:
+        line, tag = r.choice(STATE_CHANGES)
+        b.preamble += HOOKS
+        b.action(r.randint(1, 5), f"({line}) if model[2].weight in opt.state or 'hook' in {tag!r} else None", tag)
     if r.random() < 0.5 and name != "LBFGS":
         scheduler(b, r, name, values, inside=r.random() < 0.2)
     rtol = 1e-8 if dtype == "float64" else 1e-4

@@ -10,9 +10,10 @@ trace depended on is as it was. ``build_guards`` collects, when a trace ends:
   whose reason names the entry;
 - the plain attributes (and the parameter, buffer, submodule and hook tables) of the modules called
   and of the objects the function names (``hazards.watched_objects``);
-- the dicts and lists that hold a captured tensor: a captured tensor is found by identity, so the
-  *path* by which the function reached it is guarded (``model.w = Parameter(...)``,
-  ``d["w"] = other``), and ``t.grad`` where it held a captured tensor.
+- the dicts and lists that hold a captured tensor, and those holding them: a captured tensor is
+  found by identity, so the *path* by which the function reached it is guarded
+  (``model.w = Parameter(...)``, ``d["w"] = other``, ``opt.state.clear()``), and ``t.grad`` where
+  it held a captured tensor.
 
 ``Guards.miss()`` is the per-call check: identity and value comparisons in C loops.
 """
@@ -39,7 +40,7 @@ class Guards:
 
     __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
                  "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
-                 "global_reads")  # fmt: skip
+                 "global_reads", "path_entries")  # fmt: skip
 
     def __init__(self) -> None:
         # (snapshot, live container, weakref to the owner or None, description, how entries are named:
@@ -65,6 +66,8 @@ class Guards:
         # Globals that the other functions the call ran read (a helper's ``SCALE``): per module,
         # (itemgetter of the names, the module's globals, snapshot tuple, names, module name)
         self.global_reads: list = []
+        # (dict or list, key, object): entries on the paths to captured tensors (``_holders``)
+        self.path_entries: list = []
 
     def add_globals(self, fn_globals: dict, names: list[str], module: str) -> None:
         """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``."""
@@ -121,8 +124,12 @@ class Guards:
             and all(map(dict.__eq__, self.class_snaps, map(dict, self.classes)))
             and self._same_grads()
             and (not self.global_reads or self._same_globals())
+            and all(_holds(*entry) for entry in self.path_entries)
         ):
             return None
+        for container, key, _ in (e for e in self.path_entries if not _holds(*e)):
+            what = "a dict" if isinstance(container, dict) else "a list"
+            return f"{what} on the way to a captured tensor changed ({short(key)})"
         for owner, grad in zip(self.grad_owners, self.grads, strict=True):
             t = owner()
             if t is not None and t._grad is not grad():
@@ -166,7 +173,7 @@ def _difference(name: str, style: str | None, live, snap) -> str:
         return f"{name} changed" + (f" ({len(snap)} -> {len(live)} entries)" if len(snap) != len(live) else "")
     key, before, after = change
     if style is None:
-        return f"{name} changed ({key!r})"
+        return f"{name} changed ({short(key)})"
     where = f"{name}{selector(style, key)}"
     if before is not MISSING and after is not MISSING and not isinstance(before, _PLAIN):
         return f"{where} changed: another {type(after).__name__} object now"
@@ -177,13 +184,53 @@ def _difference(name: str, style: str | None, live, snap) -> str:
 _PLAIN = (int, float, str, bytes, complex, type(None), tuple, frozenset, list, dict, set)
 
 
-def _holders(refs: dict, roots: list) -> list:
-    """The dicts and lists that hold one of the tensors ``refs`` (id -> tensor)."""
+def _holders(refs: dict, roots: list) -> tuple[list, list]:
+    """The dicts and lists that hold one of the tensors ``refs`` (id -> tensor), and the paths to them
+    through other dicts, lists and objects' attributes (``opt.state[p]['exp_avg']``: ``opt.state.clear()``
+    and ``load_state_dict``'s new ``opt.state`` leave the per-parameter dicts as they were). A list or
+    dict on such a path that holds only containers and objects is among the first list (guarded whole,
+    by identity); one that holds plain values too (a ``param_groups`` dict: its learning rate is read
+    per call, not guarded), and an object's attribute table, give ``(table, key, value)`` entries for
+    the keys on the paths."""
     if not refs:
-        return []
+        return [], []
+    walked = []  # (object, the dict or list of its entries, its values)
+    for obj, values in _walk(roots):
+        table = obj if isinstance(obj, dict | list) else _attrs(obj)
+        if table:
+            walked.append((obj, table, values))
     # `v is not None`: refs.get() answers None for a missing id, which would match a None value.
-    return [obj for obj, values in _walk(roots)
-            if isinstance(obj, dict | list) and any(v is not None and refs.get(id(v)) is v for v in values)]  # fmt: skip
+    holding = {id(obj) for obj, _, values in walked if any(v is not None and refs.get(id(v)) is v for v in values)}
+    holders = [obj for obj, table, _ in walked if id(obj) in holding and table is obj]
+    on_paths = set(holding)
+    while True:  # up the paths, a level a round (the walk goes 5 levels down)
+        more = {
+            id(obj) for obj, _, values in walked if id(obj) not in on_paths and any(id(v) in on_paths for v in values)
+        }
+        if not more:
+            break
+        on_paths |= more
+    entries = []
+    guarded_whole = {id(h) for h in holders}
+    for obj, table, values in walked:
+        if id(obj) not in on_paths or id(obj) in guarded_whole:
+            continue
+        if table is obj and not any(isinstance(v, _PLAIN_VALUES) for v in values):
+            holders.append(obj)
+            continue
+        items = table.items() if isinstance(table, dict) else enumerate(table)
+        entries += [(table, k, v) for k, v in items if id(v) in on_paths or (v is not None and refs.get(id(v)) is v)]
+    return holders, entries
+
+
+_PLAIN_VALUES = (int, float, str, bytes, complex, type(None), tuple, frozenset)
+_ABSENT = object()
+
+
+def _holds(table, key, value) -> bool:
+    if isinstance(table, dict):
+        return table.get(key, _ABSENT) is value
+    return key < len(table) and table[key] is value
 
 
 def build_guards(objects: list, modules: list, captured: list, named: Sequence = (), reached: Sequence = ()) -> Guards:
@@ -213,9 +260,11 @@ def build_guards(objects: list, modules: list, captured: list, named: Sequence =
     refs = {id(t): t for t in captured if t is not None}
     reachable = [v for _, values in _walk([*roots, *named]) for v in values if isinstance(v, Tensor)]
     guards.add_grad_paths([*refs.values(), *(v for v in named if isinstance(v, Tensor)), *reachable], refs)
-    for holder in _holders(refs, [*roots, *named]):
+    holders, entries = _holders(refs, [*roots, *named])
+    guards.path_entries = [e for e in entries if id(e[0]) not in seen]  # not in a table guarded whole
+    for holder in holders:
         if id(holder) not in seen:
             seen.add(id(holder))
             what = "a dict" if isinstance(holder, dict) else "a list"
-            guards.add(None, f"{what} holding a captured tensor", holder)
+            guards.add(None, f"{what} on the way to a captured tensor", holder)
     return guards

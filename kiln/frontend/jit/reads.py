@@ -73,15 +73,17 @@ def _entry(v):
     """How a snapshot holds ``v`` so that ``==`` against the live value is right and cheap: the
     object itself where ``==`` is identity or a value comparison that cannot mislead (the C
     identity shortcut makes the usual case free), a copy of a container of plain values (changed
-    in place), and an identity check for the rest (tensors and arrays compare elementwise)."""
+    in place), and an identity check for the rest: tensors and arrays compare elementwise, and a
+    container of other objects replaced by an equal one is not the container the guards watch (an
+    optimizer's per-parameter state made again after ``opt.state.clear()``)."""
     if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor):
         return v
     if type(v) in (list, dict, set):
         items = v.values() if type(v) is dict else v
         if all(isinstance(x, _BY_VALUE) for x in items):
             return type(v)(v)
-        return v
-    if isinstance(v, _CONTAINERS) or type(v).__eq__ is object.__eq__:
+        return _Is(v)
+    if not isinstance(v, _CONTAINERS) and type(v).__eq__ is object.__eq__:
         return v
     return _Is(v)
 
