@@ -330,13 +330,6 @@ class Trace:
                 return self._constant(t)
             if owner is self.parent and owner is not None and value is not None and version == t._version[0]:
                 return self._from_parent(value, t)
-        if t._base is not None and self.parent is None:
-            # A view from outside the call (a row of a buffer a module holds): its base is the graph
-            # input, so a write through the view and a read of the base (or another view of it) see
-            # each other, whichever the call meets first -- as two inputs, each read its memory as
-            # it was when the call began
-            self.value_of(t._base)
-            return self._derive_view(t)
         return self.add_external(t, "capture")
 
     def is_bound(self, t) -> bool:
