@@ -158,6 +158,7 @@ class Trace:
         self.externals: list[External] = []
         self._external_index: dict[int, int] = {}  # id(tensor) -> index in externals
         self._roots = SharedMemory()  # the externals by the memory they share
+        self._written: set[int] = set()  # ids of the roots of the externals the call changed in place
         self.foreign: list[Value] = []  # parent values read by this trace, parallel to their inputs here
         self._foreign_index: dict[Value, Value] = {}
         self.born: list[weakref.ref] = []
@@ -215,7 +216,7 @@ class Trace:
             if t is not None and t._trace is not None and t._trace[0] is self:
                 t._trace = None
         self.externals, self.born, self.grads, self.derived, self._permuted = [], [], {}, {}, {}
-        self._external_index, self._roots = {}, SharedMemory()
+        self._external_index, self._roots, self._written = {}, SharedMemory(), set()
 
     # ------------------------------------------------------------------ hooks from eager code
     def on_new_tensor(self, t) -> None:
@@ -385,6 +386,8 @@ class Trace:
         self.externals.append(External(t, value, kind, arg_index, state, t.grad_fn))
         self._external_index[id(t)] = index
         root = t._base if t._base is not None else t
+        if id(root) in self._written:  # (an input reads the memory as it was when the call began)
+            self.break_here("a tensor read after the call changed another tensor sharing its memory in place")
         self._roots.add(root, t._data, index)
         t._trace = (self, value, t._version[0])
         return value
@@ -451,6 +454,7 @@ class Trace:
             what = "an input" if index is not None else "a view of an input"
             self.break_here(f"an in-place change of {what} that shares memory with another input")
             return
+        self._written.add(id(target._base if target._base is not None else target))
         if index is not None or target._base is None:
             target._trace = (self, new_value, version)
             return
