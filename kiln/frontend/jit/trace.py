@@ -450,11 +450,14 @@ class Trace:
         # Inputs sharing the written memory would each need the write (a view of a common base
         # that is no input of the trace, as ``a = base.detach()`` and ``b = a.t()`` are, has no
         # input to write back to): the call finishes eagerly.
-        if len(self._roots.members(target._base if target._base is not None else target)) > 1:
+        root = target._base if target._base is not None else target
+        sharing = self._roots.members(root)
+        if len(sharing) > 1:
             what = "an input" if index is not None else "a view of an input"
             self.break_here(f"an in-place change of {what} that shares memory with another input")
             return
-        self._written.add(id(target._base if target._base is not None else target))
+        if sharing:  # an input's memory (kept alive by the trace: its id stays its own)
+            self._written.add(id(root))
         if index is not None or target._base is None:
             target._trace = (self, new_value, version)
             return
