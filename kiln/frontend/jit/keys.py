@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...ir import dtypes as _dtypes
+from ...ir.types import Device
 from ..autocast import key as _autocast_key
 from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
@@ -17,6 +18,7 @@ from .layouts import MemoryIndex
 from .watched_sizes import SizeGuard
 
 _PLAIN = (int, float, bool, str, bytes, complex, type(None))
+_BY_VALUE = (_dtypes.DType, Device)  # other objects keyed by value (others by identity)
 
 
 def call_key(tree, leaves: list, dynamic: Mapping[int, tuple[int, ...]] | None = None) -> tuple:
@@ -89,10 +91,7 @@ def _autocast_text(regions) -> str:
 
 
 def _hashable_by_value(leaf) -> bool:
-    from ...ir.dtypes import DType  # noqa: PLC0415
-    from ...ir.types import Device  # noqa: PLC0415
-
-    return isinstance(leaf, DType | Device)
+    return isinstance(leaf, _BY_VALUE)
 
 
 def describe_key_change(old: tuple, new: tuple) -> str:
