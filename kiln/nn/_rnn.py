@@ -131,7 +131,9 @@ def scan_direction(mode: str, x, state: tuple, weights: tuple, reverse: bool):
         bias, b_hn = b_ih + F.pad(b_hh[: 2 * hidden], (0, hidden)), b_hh[2 * hidden :]
     else:
         bias, b_hn = b_ih + b_hh, None
-    gx = kiln.matmul(x, w_ih.transpose(0, 1))
+    # One product over the rows of all steps, 2-d: its gradient's products then read rnn_scan_backward's
+    # dz where it lies (rows strided by the packed gradient's width), which the 3-d product copied first.
+    gx = kiln.matmul(x.reshape(-1, x.shape[-1]), w_ih.transpose(0, 1)).reshape(x.shape[0], x.shape[1], gates)
     extra = [b_hn] if mode == "GRU" else []
     packed = apply(_SCAN, gx, bias, *state, w_hh, *extra, mode=mode, reverse=reverse)
     layout = ScanLayout(mode, hidden)

@@ -107,6 +107,25 @@ def test_kernels_equal_numpy_on_the_packed_layout(
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_kernels_take_a_cotangent_in_parts(direct, runs, mode, reverse):
+    """A compiled program's cotangent, one array per part of a row (h's gradient a transposed view, the
+    others broadcast zeros), runs native too, h's gradient read where it lies: the numpy kernels' result."""
+    rng = np.random.default_rng(5)
+    args = _scan_args(rng, mode, 7, 3, 6)
+    w_hh, layout = args[_INPUTS[mode].index("w_hh")], ScanLayout(mode, 6)
+    parts = [np.broadcast_to(np.zeros(()), (7, 3, size)) for _, size in layout.parts]
+    parts[0] = rng.normal(size=(3, 7, 6)).transpose(1, 0, 2)  # h's: rows of 6 contiguous, strided steps
+    out = {}
+    for on in (False, True):
+        direct(on)
+        packed = SCAN.eager(np, *args, mode=mode, reverse=reverse)
+        out[on] = BACKWARD.eager(np, packed, w_hh, *parts, mode=mode, reverse=reverse)
+    np.testing.assert_allclose(out[True], out[False], rtol=1e-12, atol=1e-13)
+    assert runs == {"forward": 1, "backward": 1}
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 def test_backward_variants_for_gate_cotangents_compile_at_their_first_call(direct, mode):
     """``build`` compiles the forward and the plain backward only: the variants for a cotangent of the
     gate activations (a GRU's ``hn`` too), which the layers never give, compile when first run."""
