@@ -153,6 +153,35 @@ def test_no_steps_write_nothing(direct, runs):
     assert _built("LSTM", np.float64, 3).backward(A, hs, hs, args[4], hs, hs, None, A) is None
 
 
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("gx_rows", ["plain", "strided elements"])
+def test_native_forward_reads_the_input_projection_where_it_lies(direct, runs, mode, reverse, gx_rows):
+    """A forward given ``gx`` and ``bias`` (rnn_scan's) reads ``gx + bias`` as its pre-activations: ``A``
+    (NaN on entry here) is only written, with the gate activations. ``gx`` whose rows the kernel does
+    not take is added into ``A`` first; either way the numpy kernel's result."""
+    rng = np.random.default_rng(6)
+    steps, batch, hidden, gates = 5, 3, 4, 4 if mode == "LSTM" else 3
+    h0, c0, w_hh = rng.normal(size=(batch, hidden)), rng.normal(size=(batch, hidden)), rng.normal(size=(gates * 4, 4))
+    width = gates * hidden
+    gx = rng.normal(size=(steps, batch, 2 * width))[..., ::2] if gx_rows == "strided elements" else \
+        rng.normal(size=(steps, batch, width))  # fmt: skip
+    gx, bias, b_hn = (gx[::-1] if reverse else gx), rng.normal(size=width), rng.normal(size=hidden)
+    results = {}
+    for on in (False, True):
+        direct(on)
+        A = np.full((steps, batch, gates, hidden), np.nan)
+        states = [np.empty((steps, batch, hidden)) for _ in range(3 if mode == "LSTM" else 2)]
+        if mode == "LSTM":
+            recurrence_numpy.lstm_forward(A, h0, c0, *states, w_hh.T, gx, bias)
+        else:
+            recurrence_numpy.gru_forward(A, h0, *states, w_hh.T, b_hn, gx, bias)
+        results[on] = [A, *states]
+    for got, want in zip(results[True], results[False], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+    assert runs["forward"] == 1
+
+
 def test_arrays_it_does_not_take_run_numpy(direct, runs):
     """Rows that are not contiguous blocks, another dtype, another hidden size: False/None, nothing written."""
     rng = np.random.default_rng(1)

@@ -10,8 +10,10 @@ has the signature ``void f(i64 *params)``: ``params`` holds the sizes, the array
 their strides in elements (``FORWARD``/``BACKWARD`` name the slots).
 
 Per step, forward: ``step = h @ W_hh^T`` (into a contiguous scratch row block; ``W_hh^T`` comes
-row-major, (H, 4H)), then for each element the four gates' pre-activations ``step + A[t]``, their
-activations (written back into ``A[t]``), ``c``, ``tanh(c)`` and ``h``. Backward, from the last
+row-major, (H, 4H)), then for each element the four gates' pre-activations ``step + (gx[t] + bias)``,
+their activations (written into ``A[t]``), ``c``, ``tanh(c)`` and ``h``. ``gx`` is the input
+projection where it lies (``rnn_scan``'s, which the kernel would otherwise copy into ``A`` with the
+bias added first: a strided pass over (T, B, 4H)), or ``A`` itself and a zero bias. Backward, from the last
 step: one pass gives ``dz[t]`` and carries ``dc`` (and copies ``dH[t-1]`` into ``dh``, zeros at
 step 0), then ``dh += dz[t] @ W_hh``.
 
@@ -36,7 +38,7 @@ from .small_gemm import emit_product
 
 #: The i64 slots of ``params``: sizes, then per array its address and its step (t) and row (b)
 #: strides in elements; the inner (G, H) or (H,) block of a row is contiguous.
-FORWARD = ("steps", "batch", "a", "a_t", "a_b", "h0", "h0_t", "h0_b", "c0", "c0_t", "c0_b", "hs", "hs_t", "hs_b",
+FORWARD = ("steps", "batch", "gx", "gx_t", "gx_b", "bias", "a", "a_t", "a_b", "h0", "h0_t", "h0_b", "c0", "c0_t", "c0_b", "hs", "hs_t", "hs_b",
            "cs", "cs_t", "cs_b", "tanh_c", "tanh_c_t", "tanh_c_b", "w_hh_t", "step")  # fmt: skip
 BACKWARD = ("steps", "batch", "a", "a_t", "a_b", "c_prev", "c_prev_t", "c_prev_b", "tanh_c", "tanh_c_t",
             "tanh_c_b", "d_h", "d_h_t", "d_h_b", "d_c", "d_c_t", "d_c_b", "e_a", "e_a_t", "e_a_b", "dz", "dz_t",
@@ -134,7 +136,7 @@ def forward_ir(dtype: DType, hidden: int) -> str:
     check_sizes(dtype, hidden)
     k = Emitter("lstm_forward", FORWARD, dtype, hidden)
     bld, width = k.builder, 4 * hidden
-    step = k.pointer("step")
+    step, bias = k.pointer("step"), k.pointer("bias")
     with for_range(bld, 0, k["steps"], name="t", vectorize=False) as t:
         first = bld.icmp_signed("==", t, i64(0))
         previous = bld.sub(t, i64(1))
@@ -144,7 +146,7 @@ def forward_ir(dtype: DType, hidden: int) -> str:
         c_stride = bld.select(first, k["c0_b"], k["cs_b"])
         k.product(k["batch"], width, hidden, h_prev, h_stride, k.pointer("w_hh_t"), step, width, accumulate=False)
         with for_range(bld, 0, k["batch"], name="b", vectorize=False) as b:
-            a_row = k.row("a", t, b)
+            a_row, gx_row = k.row("a", t, b), k.row("gx", t, b)
             step_row = k.element(step, k.mul(b, width))
             c_row = k.element(c_prev, k.mul(b, c_stride))
             out = {name: k.row(name, t, b) for name in ("hs", "cs", "tanh_c")}
@@ -152,7 +154,8 @@ def forward_ir(dtype: DType, hidden: int) -> str:
                 gates = []
                 for g in range(4):
                     at = k.add(j, g * hidden)
-                    z = k.core.add(k.load(step_row, at), k.load(a_row, at))
+                    # (gx + bias) first: the rounding of the pre-activations the numpy kernel adds up
+                    z = k.core.add(k.load(step_row, at), k.core.add(k.load(gx_row, at), k.load(bias, at)))
                     gates.append(tanh(k, z) if g == 2 else sigmoid(k, z))
                     k.store(gates[-1], a_row, at)
                 i, f, g_, o = gates

@@ -40,7 +40,7 @@ from .recurrence_step import STEP_BACKWARD, STEP_FORWARD, step_backward_ir, step
 
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 #: Bump when the functions' signature or slots change.
-FORMAT = 2
+FORMAT = 3
 
 
 def cached_objects(texts: list[str]) -> list[bytes]:
@@ -136,6 +136,28 @@ class _Kernels:
         function(_address(params))
 
 
+@functools.lru_cache(maxsize=16)
+def _zeros(dtype: np.dtype, size: int) -> np.ndarray:
+    """A read-only zero bias (shared: an eager layer's pre-activations come with theirs added)."""
+    zeros = np.zeros(size, dtype=dtype)
+    zeros.flags.writeable = False
+    return zeros
+
+
+def _inputs(A: np.ndarray, gx, bias, width: int) -> tuple[tuple[int, int, int], np.ndarray]:
+    """The forward's pre-activations ``gx + bias``: (``gx``'s rows, ``bias`` contiguous), or ``A``'s rows
+    and a zero bias where ``A`` holds them -- ``gx`` None, or ``gx`` whose rows the kernel does not
+    take, added into ``A`` here."""
+    rows = None if gx is None else _rows(gx, 2, width)
+    if rows is not None:
+        return rows, np.ascontiguousarray(bias)
+    if gx is not None:
+        np.add(gx.reshape(A.shape), bias.reshape(A.shape[2:]), out=A)
+    rows = _rows(A, 2, width)
+    assert rows is not None, "the caller checked A's rows"
+    return rows, _zeros(A.dtype, width)
+
+
 def _found(*rows: tuple[int, int, int] | None) -> list[int] | None:
     """The slots of ``_rows``' results, or None where any array was not taken."""
     if any(r is None for r in rows):
@@ -154,10 +176,11 @@ class LSTMKernels(_Kernels):
     }
     LAZY = frozenset({"lstm_backward_tangents"})
 
-    def forward(self, A, h0, c0, hs, cs, tanh_c, w_hh_t) -> bool:
-        """``lstm_forward``'s work (True), or nothing (False: arrays this kernel does not take)."""
+    def forward(self, A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None) -> bool:
+        """``lstm_forward``'s work (True), or nothing (False: arrays this kernel does not take). ``gx``
+        (T, B, 4H) and ``bias`` (4H): the pre-activations are ``gx + bias``, not ``A``'s."""
         steps, batch, _, hidden = A.shape
-        if not self._takes(hidden, A, h0, c0, hs, cs, tanh_c, w_hh_t):
+        if not self._takes(hidden, A, h0, c0, hs, cs, tanh_c, w_hh_t, gx, bias):
             return False
         if steps == 0:
             return True
@@ -165,9 +188,10 @@ class LSTMKernels(_Kernels):
                        _rows(cs, 2, hidden), _rows(tanh_c, 2, hidden))  # fmt: skip
         if found is None:
             return False
+        inputs, bias = _inputs(A, gx, bias, 4 * hidden)
         w_hh_t = c_order(w_hh_t)  # the callers pass a view of the weight: (H, 4H) row-major
         step = scratch("rnn.native_step", (batch, 4 * hidden), A.dtype)
-        slots = [steps, batch, *found, _address(w_hh_t), _address(step)]
+        slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(step)]
         assert len(slots) == len(FORWARD)
         self._run("lstm_forward", slots)
         return True
@@ -202,19 +226,21 @@ class GRUKernels(_Kernels):
     }  # fmt: skip
     LAZY = frozenset({"gru_backward_tangents", "gru_backward_g_hn", "gru_backward_tangents_g_hn"})
 
-    def forward(self, A, h0, hs, hn, w_hh_t, b_hn) -> bool:
-        """``gru_forward``'s work (True), or nothing (False: arrays this kernel does not take)."""
+    def forward(self, A, h0, hs, hn, w_hh_t, b_hn, gx=None, bias=None) -> bool:
+        """``gru_forward``'s work (True), or nothing (False: arrays this kernel does not take); ``gx`` and
+        ``bias`` as ``LSTMKernels.forward``'s."""
         steps, batch, _, hidden = A.shape
-        if not self._takes(hidden, A, h0, hs, hn, w_hh_t, b_hn):
+        if not self._takes(hidden, A, h0, hs, hn, w_hh_t, b_hn, gx, bias):
             return False
         if steps == 0:
             return True
         found = _found(_rows(A, 2, 3 * hidden), _rows(h0, 1, hidden), _rows(hs, 2, hidden), _rows(hn, 2, hidden))
         if found is None:
             return False
+        inputs, bias = _inputs(A, gx, bias, 3 * hidden)
         w_hh_t, b_hn = c_order(w_hh_t), np.ascontiguousarray(b_hn)  # (H, 3H) row-major
         step = scratch("rnn.native_step", (batch, 3 * hidden), A.dtype)
-        slots = [steps, batch, *found, _address(w_hh_t), _address(b_hn), _address(step)]
+        slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(b_hn), _address(step)]
         assert len(slots) == len(GRU_FORWARD)
         self._run("gru_forward", slots)
         return True

@@ -7,7 +7,8 @@ GRU's ``b_ih`` plus ``b_hh``'s r and z blocks), from the initial states ``h0`` (
 (B, H), with the recurrent weight ``w_hh`` (G H, H) and a GRU's ``b_hn`` (H), the n block of ``b_hh``
 that the reset gate scales. ``reverse`` runs from the last step to the first. The frontend computes
 ``gx`` with one traced product over all steps, so a traced layer is a few nodes whatever T; the
-bias is added as the kernel copies ``gx`` into its output, which costs no pass of its own.
+bias is added as the kernel reads ``gx`` (an LSTM's and a GRU's native kernels read it where it
+lies and write the gate activations into the output; numpy adds it into the output first).
 
 A primitive has one output: ``rnn_scan``'s packs, per step, the states after and before it, the
 final states, the gate activations and what the backward needs besides (``recurrence_layout.py``);

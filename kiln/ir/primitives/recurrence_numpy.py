@@ -88,13 +88,15 @@ def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool, out=None):
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     gates = _blocks(_part(out, layout.gate_span), layout)
-    np.add(gx.reshape(gates.shape), bias.reshape(gates.shape[2:]), out=gates)
+    if mode.startswith("RNN"):  # (an LSTM's and a GRU's kernels add the bias as they read gx)
+        np.add(gx.reshape(gates.shape), bias.reshape(gates.shape[2:]), out=gates)
     hs = _part(out, layout.out(0))
     with small_products(step_macs(batch, w_hh)):
         if mode == "LSTM":
-            lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T)
+            lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T,
+                         k(gx), bias)  # fmt: skip
         elif mode == "GRU":
-            gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn)
+            gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn, k(gx), bias)
         else:
             rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
     for s, first in enumerate((h0, c0)[: layout.states]):
@@ -129,13 +131,17 @@ def _lstm_scale_shift(hidden: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     return scale, shift
 
 
-def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
+def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None) -> None:
     """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``
-    (in one native call where ``recurrence_native`` has the kernels)."""
+    (in one native call where ``recurrence_native`` has the kernels). ``A`` holds the pre-activations on
+    entry, or ``gx + bias`` are them (``gx`` (T, B, 4H) and ``bias`` (4H), the native kernel reading
+    ``gx`` where it lies); ``A`` holds the gate activations on exit."""
     batch, hidden = h0.shape
     kernels = native("LSTM", A.dtype, hidden, A.shape[0])
-    if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t):
+    if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx, bias):
         return
+    if gx is not None:
+        np.add(gx.reshape(A.shape), bias.reshape(4, hidden), out=A)
     step = np.empty((batch, 4 * hidden), dtype=A.dtype)
     product = np.empty((batch, hidden), dtype=A.dtype)
     scale, shift = _lstm_scale_shift(hidden, A.dtype)
@@ -159,13 +165,16 @@ def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
         np.multiply(o, tanh_c[t], out=hs[t])
 
 
-def gru_forward(A, h0, hs, hn, w_hh_t, b_hn) -> None:
+def gru_forward(A, h0, hs, hn, w_hh_t, b_hn, gx=None, bias=None) -> None:
     """``n = tanh(A_n + r (h W_hn^T + b_hn))``, ``h' = n + z (h - n)``, gates (r, z, n); fills ``hs``
-    and ``hn`` with ``h W_hn^T + b_hn`` (in one native call where ``recurrence_native`` has the kernels)."""
+    and ``hn`` with ``h W_hn^T + b_hn`` (in one native call where ``recurrence_native`` has the kernels).
+    ``gx`` and ``bias`` as ``lstm_forward``'s."""
     batch, hidden = h0.shape
     kernels = native("GRU", A.dtype, hidden, A.shape[0])
-    if kernels is not None and kernels.forward(A, h0, hs, hn, w_hh_t, b_hn):
+    if kernels is not None and kernels.forward(A, h0, hs, hn, w_hh_t, b_hn, gx, bias):
         return
+    if gx is not None:
+        np.add(gx.reshape(A.shape), bias.reshape(3, hidden), out=A)
     halves = np.ones(3 * hidden, dtype=A.dtype)
     halves[: 2 * hidden] = 0.5
     w_hh_t = w_hh_t * halves
