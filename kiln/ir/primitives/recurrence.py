@@ -126,17 +126,23 @@ def _scan_into(xp, *arrays, mode: str, reverse: bool, out):
 
 def _scan_vjp(ops, c, g):
     mode, reverse = c.attrs["mode"], c.attrs["reverse"]
-    named = dict(zip(_INPUTS[mode], range(len(c.input_types)), strict=True))
-    w_hh, packed = c.inputs[named["w_hh"]], c.output
-    layout = ScanLayout(mode, w_hh.shape[1])
+    w_hh, packed = c.inputs[_INPUTS[mode].index("w_hh")], c.output
     if ops.is_grad_enabled():  # create_graph: a backward that autograd can differentiate again
         back = steps.scan_backward(steps.kiln_ops(ops), packed, w_hh, g, mode=mode, reverse=reverse)
     else:
-        back = ops.apply(P_SCAN_BACKWARD, packed, w_hh, *_cotangent_parts(ops, g, layout), mode=mode, reverse=reverse)
-    # contiguous once: the products of the frontend's projection (dx, dW_ih) and dW_hh's read it whole
+        parts = _cotangent_parts(ops, g, ScanLayout(mode, w_hh.shape[1]))
+        back = ops.apply(P_SCAN_BACKWARD, packed, w_hh, *parts, mode=mode, reverse=reverse)
+    return scan_gradients(ops, mode, packed, w_hh, back, c.needs_input_grad)
+
+
+def scan_gradients(ops, mode: str, packed, w_hh, back, needs: tuple) -> tuple:
+    """The gradients of ``rnn_scan``'s inputs (``_INPUTS[mode]``'s order; None where ``needs`` says
+    none is needed) from its output ``packed`` and ``back``, ``rnn_scan_backward``'s output."""
+    layout = ScanLayout(mode, w_hh.shape[1])
+    # views: the products of the frontend's projection (dx, dW_ih) and dW_hh's read dz's rows where they lie
     dz = ops.narrow(back, -1, *layout.dz)
     dz_hh = ops.narrow(back, -1, *layout.dz_hh) if mode == "GRU" else dz
-    grads = {"gx": dz, "bias": ops.sum(dz, (0, 1)) if c.needs_input_grad[1] else None}
+    grads = {"gx": dz, "bias": ops.sum(dz, (0, 1)) if needs[1] else None}
     for s, name in enumerate(("h0", "c0")[: layout.states]):
         grads[name] = ops.sum(ops.narrow(back, -1, *layout.initial(s)), 0)
     # dW_hh = sum over steps and batch of dz_hh^T h_prev: one product with both folded into its rows
@@ -145,19 +151,14 @@ def _scan_vjp(ops, c, g):
     grads["w_hh"] = ops.matmul(ops.transpose(ops.reshape(dz_hh, (rows, layout.gates * layout.hidden)), 0, 1), h_prev)
     if mode == "GRU":
         grads["b_hn"] = ops.sum(ops.narrow(dz_hh, -1, 2 * layout.hidden, layout.hidden), (0, 1))
-    needs = c.needs_input_grad
-    return tuple(grads[name] if needs[k] else None for name, k in named.items())
+    return tuple(grads[name] if need else None for name, need in zip(_INPUTS[mode], needs, strict=True))
 
 
 def _cotangent_parts(ops, g, layout: ScanLayout) -> tuple:
-    """``g`` a part of a row at a time (``ScanLayout.parts``), or whole for one step. Traced, the
-    cotangent is a zero pad of the parts the frontend read (an LSTM LM's h): ``simplify`` turns each
-    slice of it into that part itself or a broadcast zero, so no full-width pad is written (3 MiB a
-    layer at T=35, H=128) and the kernel skips the parts it knows are zero. One step (a compiled
-    loop's trip over a cell) takes it whole: there the slices would cost more executor steps than
-    the pad's small write."""
-    if g.shape[0] == 1:
-        return (g,)
+    """``g`` a part of a row at a time (``ScanLayout.parts``). Traced, the cotangent of a packed output
+    read by views is a zero pad of the parts read: ``simplify`` turns each slice of it into that part
+    itself or a broadcast zero, which the kernel skips. (The layers read theirs through
+    ``nn/_rnn_scan.py``, whose backward gives the parts themselves, with no pad at all.)"""
     return tuple(ops.narrow(g, -1, start, size) for start, size in layout.parts)
 
 
