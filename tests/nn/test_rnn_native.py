@@ -408,6 +408,20 @@ def test_a_second_build_loads_from_the_disk_cache(monkeypatch):
     assert kernels.hidden == 11 and native.FORMAT >= 1
 
 
+@pytest.mark.parametrize("cls", [LSTMKernels, GRUKernels])
+def test_a_disk_cache_hit_generates_no_ir(monkeypatch, cls):
+    """The cache keys name the functions (the code generating them is in the key), so a hit does not
+    generate their IR to hash it (20 ms of an LSTM's, at each process's first call)."""
+    cls.build(np.float64, 13)
+
+    def no_ir(*args, **kwargs):
+        raise AssertionError("generated IR for a cached function")
+
+    monkeypatch.setattr(cls, "FUNCTIONS", {name: no_ir for name in cls.FUNCTIONS})
+    kernels = cls.build(np.float64, 13)
+    assert set(kernels.functions) == set(cls.FUNCTIONS) - cls.LAZY
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_numpy_kernels_run_their_small_products_on_one_blas_thread(monkeypatch, compiled):
     """An Elman RNN's per-step products (numpy's kernels: no native one) run on one BLAS thread, eager and in a

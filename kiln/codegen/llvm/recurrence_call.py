@@ -3,7 +3,8 @@ and called on numpy arrays.
 
 ``LSTMKernels.build(dtype, hidden)`` (``GRUKernels``) compiles the forward and backward functions
 for one dtype and hidden size -- or loads them from the disk cache of compiled kernels, keyed on
-their IR, the host and kiln's code generator -- and its ``forward``/``backward`` take the arrays
+their names (function, dtype, hidden size), the host and kiln's code generator's source, so that a
+hit generates no IR -- and its ``forward``/``backward`` take the arrays
 of ``recurrence_numpy.lstm_forward``/``lstm_backward`` (``gru_forward``/``gru_backward``). They
 return False/None (and write nothing) for arrays they do not take: another dtype or hidden size,
 a row that is not one contiguous block, rows that overlap; the caller runs numpy then.
@@ -45,12 +46,18 @@ FORMAT = 3
 
 def cached_objects(texts: list[str]) -> list[bytes]:
     """Object code of each LLVM module, from the disk cache of compiled kernels where it is there."""
+    return _cached([(text, functools.partial(str, text)) for text in texts])
+
+
+def _cached(entries: list[tuple[str, Callable[[], str]]]) -> list[bytes]:
+    """Object code of each ``(name, make)``: keyed on ``name`` (with kiln's code generator's source, the
+    host and the optimization level), compiled from ``make()``'s LLVM IR where the cache misses."""
     cache = kernel_cache.kernel_cache()
     keys = [cache_key("kiln lstm", str(FORMAT), source_digest("ir", "codegen", "runtime"), host.signature(),
-                      f"O{engine.OPT_LEVEL}", text) for text in texts]  # fmt: skip
+                      f"O{engine.OPT_LEVEL}", name) for name, _ in entries]  # fmt: skip
     found = [cache.get(key) if cache.enabled else None for key in keys]
     missing = [k for k, code in enumerate(found) if code is None]
-    compiled = engine.compile_many([texts[k] for k in missing]) if missing else []
+    compiled = engine.compile_many([entries[k][1]() for k in missing]) if missing else []
     for k, code in zip(missing, compiled, strict=True):
         found[k] = code
         if cache.enabled:
@@ -113,9 +120,16 @@ class _Kernels:
         dtype = np.dtype(dtype)
         if dtype.char not in "fd":
             raise Unsupported(f"no native recurrence for {dtype} (the numpy kernel runs)")
+        names = [name for name in cls.FUNCTIONS if name not in cls.LAZY]
+        return cls(dtype, hidden, engine.Library(_cached([cls._entry(name, dtype, hidden) for name in names])))
+
+    @classmethod
+    def _entry(cls, name: str, dtype: np.dtype, hidden: int) -> tuple[str, Callable[[], str]]:
+        """``_cached``'s entry of the function ``name``: its symbol, which names it with its dtype and
+        hidden size (the code that generates it is in the key), and its IR, generated only when not
+        cached -- 20 ms of a warm process's first LSTM call went into generating IR to hash it."""
         kiln_dtype = from_numpy_dtype(dtype)
-        texts = [make(kiln_dtype, hidden) for name, make in cls.FUNCTIONS.items() if name not in cls.LAZY]
-        return cls(dtype, hidden, engine.Library(cached_objects(texts)))
+        return symbol(name, kiln_dtype, hidden), functools.partial(cls.FUNCTIONS[name], kiln_dtype, hidden)
 
     def _takes(self, hidden: int, *arrays: np.ndarray | None) -> bool:
         return hidden == self.hidden and all(a is None or a.dtype == self.dtype for a in arrays)
@@ -124,8 +138,7 @@ class _Kernels:
         """The lazy function ``name``, compiled (or loaded from the disk cache) now."""
         with self._lock:
             if name not in self.functions:
-                text = self.FUNCTIONS[name](from_numpy_dtype(self.dtype), self.hidden)
-                library = engine.Library(cached_objects([text]))
+                library = engine.Library(_cached([self._entry(name, self.dtype, self.hidden)]))
                 self.functions[name] = self._function(library, name)
                 self._libraries.append(library)
             return self.functions[name]
