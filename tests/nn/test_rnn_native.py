@@ -182,6 +182,43 @@ def test_native_forward_reads_the_input_projection_where_it_lies(direct, runs, m
     assert runs["forward"] == 1
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+def test_native_lstm_scan_writes_every_element_of_an_arena(direct, runs, reverse):
+    """rnn_scan into a NaN-filled arena: the native LSTM kernel writes the packed output's prev and final
+    rows itself, as the steps go; every element is written, the numpy kernels' values."""
+    rng = np.random.default_rng(7)
+    args = _scan_args(rng, "LSTM", 6, 3, 5)
+    out = {}
+    for on in (False, True):
+        direct(on)
+        out[on] = np.full((6, 3, ScanLayout("LSTM", 5).width), np.nan)
+        SCAN.eager_into(np, *args, mode="LSTM", reverse=reverse, out=out[on])
+    assert not np.isnan(out[True]).any()
+    np.testing.assert_allclose(out[True], out[False], rtol=1e-12, atol=1e-13)
+    assert runs["forward"] == 1
+
+
+def test_packed_rows_the_kernel_does_not_take_are_filled_by_numpy(direct, runs):
+    """prev/final views whose rows are not plain (strided elements): the native forward runs, and numpy
+    fills them after it."""
+    rng = np.random.default_rng(8)
+    steps, batch, hidden = 4, 2, 3
+    h0, c0, w_hh = rng.normal(size=(batch, hidden)), rng.normal(size=(batch, hidden)), rng.normal(size=(12, 3))
+    gates = rng.normal(size=(steps, batch, 4, hidden))
+    results = {}
+    for on in (False, True):
+        direct(on)
+        A, states = gates.copy(), [np.empty((steps, batch, hidden)) for _ in range(3)]
+        packed = tuple(np.full((steps, batch, 2 * hidden), np.nan)[..., ::2] for _ in range(4))
+        recurrence_numpy.lstm_forward(A, h0, c0, *states, w_hh.T, packed=packed)
+        results[on] = [A, *states, *packed]
+    for got, want in zip(results[True], results[False], strict=True):
+        assert not np.isnan(got).any()
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+    np.testing.assert_array_equal(results[True][4][0], h0)  # prev h's first row: the initial state
+    assert runs["forward"] == 1
+
+
 def test_arrays_it_does_not_take_run_numpy(direct, runs):
     """Rows that are not contiguous blocks, another dtype, another hidden size: False/None, nothing written."""
     rng = np.random.default_rng(1)

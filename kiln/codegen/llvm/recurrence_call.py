@@ -30,18 +30,18 @@ from ...ir.dtypes import DType, from_numpy_dtype
 from ...ir.primitives.linalg import c_order
 from ...ir.primitives.recurrence_layout import ScanLayout
 from ...ir.primitives.recurrence_native import transposed
-from ...ir.primitives.recurrence_numpy import scratch
+from ...ir.primitives.recurrence_numpy import packed_rows, scratch
 from ...runtime.cache import cache_key, source_digest
 from ...runtime.frames import data_pointer
 from ..core import Unsupported
 from . import engine, host, kernel_cache
-from .recurrence import BACKWARD, FORWARD, backward_ir, forward_ir, symbol
+from .recurrence import BACKWARD, FORWARD, PACKED, backward_ir, forward_ir, symbol
 from .recurrence_gru import GRU_BACKWARD, GRU_FORWARD, gru_backward_ir, gru_forward_ir
 from .recurrence_step import STEP_BACKWARD, STEP_FORWARD, step_backward_ir, step_forward_ir
 
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 #: Bump when the functions' signature or slots change.
-FORMAT = 3
+FORMAT = 4
 
 
 def cached_objects(texts: list[str]) -> list[bytes]:
@@ -189,9 +189,11 @@ class LSTMKernels(_Kernels):
     }
     LAZY = frozenset({"lstm_backward_tangents"})
 
-    def forward(self, A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None) -> bool:
+    def forward(self, A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None, packed=None) -> bool:
         """``lstm_forward``'s work (True), or nothing (False: arrays this kernel does not take). ``gx``
-        (T, B, 4H) and ``bias`` (4H): the pre-activations are ``gx + bias``, not ``A``'s."""
+        (T, B, 4H) and ``bias`` (4H): the pre-activations are ``gx + bias``, not ``A``'s; ``packed``:
+        rnn_scan's prev and final rows, filled as the steps go (by numpy after them where their rows
+        are not plain)."""
         steps, batch, _, hidden = A.shape
         if not self._takes(hidden, A, h0, c0, hs, cs, tanh_c, w_hh_t, gx, bias):
             return False
@@ -204,9 +206,13 @@ class LSTMKernels(_Kernels):
         inputs, bias = _inputs(A, gx, bias, 4 * hidden)
         w_hh_t = c_order(w_hh_t)  # the callers pass a view of the weight: (H, 4H) row-major
         step = scratch("rnn.native_step", (batch, 4 * hidden), A.dtype)
-        slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(step)]
+        rows = None if packed is None else _found(*(_rows(a, 2, hidden) for a in packed))
+        slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(step), int(rows is not None),
+                 *(rows or [0] * 3 * len(PACKED))]  # fmt: skip
         assert len(slots) == len(FORWARD)
         self._run("lstm_forward", slots)
+        if packed is not None and rows is None:
+            packed_rows(packed, (h0, c0), (hs, cs))
         return True
 
     def backward(self, A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):

@@ -92,18 +92,17 @@ def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool, out=None):
         np.add(gx.reshape(gates.shape), bias.reshape(gates.shape[2:]), out=gates)
     hs = _part(out, layout.out(0))
     with small_products(step_macs(batch, w_hh)):
-        if mode == "LSTM":
-            lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T,
-                         k(gx), bias)  # fmt: skip
-        elif mode == "GRU":
+        packed = tuple(k(_part(out, span)) for span in (*map(layout.prev, range(layout.states)),
+                                                         *map(layout.final, range(layout.states))))  # fmt: skip
+        if mode == "LSTM":  # (its kernel writes the prev and final rows as it goes)
+            cs = k(_part(out, layout.out(1)))
+            lstm_forward(k(gates), h0, c0, k(hs), cs, k(_part(out, layout.extra)), w_hh.T, k(gx), bias, packed)
+            return out
+        if mode == "GRU":
             gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn, k(gx), bias)
         else:
             rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
-    for s, first in enumerate((h0, c0)[: layout.states]):
-        after, before = k(_part(out, layout.out(s))), k(_part(out, layout.prev(s)))
-        before[0], before[1:] = first, after[:-1]
-        final = k(_part(out, layout.final(s)))
-        final[:-1], final[-1] = 0, after[-1]
+    packed_rows(packed, (h0,), (k(hs),))
     return out
 
 
@@ -131,17 +130,36 @@ def _lstm_scale_shift(hidden: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     return scale, shift
 
 
-def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None) -> None:
+def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None, packed=None) -> None:
     """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``
     (in one native call where ``recurrence_native`` has the kernels). ``A`` holds the pre-activations on
     entry, or ``gx + bias`` are them (``gx`` (T, B, 4H) and ``bias`` (4H), the native kernel reading
-    ``gx`` where it lies); ``A`` holds the gate activations on exit."""
+    ``gx`` where it lies); ``A`` holds the gate activations on exit. ``packed``: rnn_scan's (prev h,
+    prev c, final h, final c) views, filled too (``packed_rows``)."""
     batch, hidden = h0.shape
     kernels = native("LSTM", A.dtype, hidden, A.shape[0])
-    if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx, bias):
+    if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx, bias, packed):
         return
     if gx is not None:
         np.add(gx.reshape(A.shape), bias.reshape(4, hidden), out=A)
+    _lstm_steps(A, h0, c0, hs, cs, tanh_c, w_hh_t)
+    if packed is not None:
+        packed_rows(packed, (h0, c0), (hs, cs))
+
+
+def packed_rows(packed: tuple, first: tuple, after: tuple) -> None:
+    """Fill rnn_scan's ``packed`` views (kernel order), the states before each step (prev, for each
+    state) and the final states (in the last step's row, zeros before it), from the ``first`` states
+    and those ``after`` each step."""
+    count = len(first)
+    for before, final, initial, states in zip(packed[:count], packed[count:], first, after, strict=True):
+        before[0], before[1:] = initial, states[:-1]
+        final[:-1], final[-1] = 0, states[-1]
+
+
+def _lstm_steps(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
+    """``lstm_forward``'s numpy loop over the steps."""
+    batch, hidden = h0.shape
     step = np.empty((batch, 4 * hidden), dtype=A.dtype)
     product = np.empty((batch, hidden), dtype=A.dtype)
     scale, shift = _lstm_scale_shift(hidden, A.dtype)
