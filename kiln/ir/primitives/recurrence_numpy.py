@@ -221,8 +221,8 @@ def gru_forward(A, h0, hs, hn, w_hh_t, b_hn, gx=None, bias=None) -> None:
 class _Cotangent:
     """The cotangent of ``rnn_scan``'s packed output -- one array (T, B, width), or one per part of a
     row (``ScanLayout.parts``) -- read a part at a time in kernel order. A part given as a broadcast
-    zero (what a compiled program passes for the parts no one reads: ``simplify``'s slice of a pad)
-    is known to be zero without reading it."""
+    zero (what a layer's backward, ``nn/_rnn_scan.py``, and a compiled program pass for the parts no
+    one reads) is known to be zero without reading it."""
 
     def __init__(self, layout: ScanLayout, arrays: tuple, reverse: bool) -> None:
         if len(arrays) == 1:
@@ -240,7 +240,7 @@ class _Cotangent:
         return a.size == 0 or (not any(a.strides) and not a.flat[0])
 
 
-def packed_cotangent(layout: ScanLayout, arrays: tuple):
+def _packed_cotangent(arrays: tuple):
     """``rnn_scan_backward``'s cotangent as one packed array (its parts joined along the last axis)."""
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
 
@@ -251,7 +251,7 @@ def scan_backward(packed, w_hh, *g, mode: str, reverse: bool, out=None):
     steps, batch, _ = packed.shape
     layout = ScanLayout(mode, w_hh.shape[1])
     if steps == 1 and mode == "LSTM":  # a cell's step's backward: the lean path
-        return _lstm_backward_step(packed, w_hh, packed_cotangent(layout, g), out)
+        return _lstm_backward_step(packed, w_hh, _packed_cotangent(g), out)
     if out is None:
         out = np.empty((steps, batch, layout.grad_width), dtype=packed.dtype)
     if steps == 0:
