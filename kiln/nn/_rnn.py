@@ -14,10 +14,11 @@ the native step product and these, 0.81-0.84 with the layer's, 0.71-0.77 with th
 Two wrappers share those kernels:
 
 - traced (``kiln.compile``, ``kiln.export``) and on devices other than the CPU: the ``rnn_scan``
-  primitive (``scan_direction``), so a traced layer is a few nodes whatever the sequence's length;
+  primitive (``_rnn_scan.scan_direction``), so a traced layer is a few nodes whatever the sequence's
+  length;
 - eagerly on the CPU: ``_FusedLayer``, one autograd node per layer over plain contiguous arrays. The
-  primitive's one packed output costs an eager call more (its copies, the padding of its gradient
-  to the packed width, a few more autograd nodes: about 25% of an LSTM LM step), which this avoids.
+  primitive's one packed output costs an eager call more (its copies, a few more autograd nodes),
+  which this avoids.
   Its backward under ``create_graph`` (or when traced) differentiates the primitive's path instead,
   whose VJP is exact to any order.
 
@@ -34,7 +35,11 @@ own run of the step. Per step (CPU time, alternating calls in one process, media
 0.94-0.96 (13.7-15.3 ms against 14.4-16.3 ms). It was 1.12-1.21 while the recurrences' packed outputs
 were fresh numpy arrays, whose pages faulted in on every call; they are now the program's arena
 (``eager_into``), and the LSTM step's gate math runs on a contiguous buffer rather than the packed
-output's strided rows.
+output's strided rows. Since then the compiled step no longer pads the cotangent to the packed width
+nor copies dz (``_rnn_scan.py``, ``simplify``), and the native forward reads gx where it lies and
+writes the prev/final rows itself: eager step / compiled step, one thread, CPU time, interleaved, 2
+runs of 4-5 rounds, 1f7a7ae -> now: T=35 1.15-1.18 -> 1.25, T=350 0.88-0.89 -> 1.01-1.02; two
+threads, wall, load 1.6: T=35 1.23-1.24 -> 1.28-1.40.
 """
 
 from __future__ import annotations
@@ -49,17 +54,14 @@ from kiln.frontend import (
     eager_products,
     eager_recurrence,  # noqa: F401 - installs the native LSTM and GRU recurrences
 )
-from kiln.frontend.dispatch import apply
 from kiln.frontend.jit import state as _jit
-from kiln.ir.primitives import P, recurrence_native
+from kiln.ir.primitives import recurrence_native
 from kiln.ir.primitives import recurrence_numpy as kernels
-from kiln.ir.primitives.recurrence_layout import GATES, ScanLayout
+from kiln.ir.primitives.recurrence_layout import GATES
 
-from . import functional as F
+from ._rnn_scan import scan_direction
 
 __all__ = ["fusable", "eager_on_cpu", "fused_layer", "scan_direction"]
-
-_SCAN = P["rnn_scan"]
 
 
 def fusable(x, tensors) -> bool:
@@ -118,28 +120,6 @@ def _scanned_layer(mode: str, x, states: list[tuple], weights: list[tuple]):
             for d, (state, w) in enumerate(zip(states, weights, strict=True))]  # fmt: skip
     out = runs[0][0] if len(runs) == 1 else kiln.cat([out for out, _ in runs], dim=-1)
     return out, [state for _, state in runs]
-
-
-def scan_direction(mode: str, x, state: tuple, weights: tuple, reverse: bool):
-    """One direction as the ``rnn_scan`` primitive: (its output (T, B, H), its final state tuple)."""
-    w_ih, w_hh, b_ih, b_hh = weights
-    hidden, gates = w_hh.shape[1], w_hh.shape[0]
-    zeros = lambda n: kiln.zeros(n, dtype=x.dtype, device=x.device)  # noqa: E731
-    if b_ih is None:
-        bias, b_hn = zeros(gates), zeros(hidden)
-    elif mode == "GRU":  # b_hh's n block is added after the reset gate, inside the recurrence
-        bias, b_hn = b_ih + F.pad(b_hh[: 2 * hidden], (0, hidden)), b_hh[2 * hidden :]
-    else:
-        bias, b_hn = b_ih + b_hh, None
-    gx = kiln.matmul(x, w_ih.transpose(0, 1))
-    extra = [b_hn] if mode == "GRU" else []
-    packed = apply(_SCAN, gx, bias, *state, w_hh, *extra, mode=mode, reverse=reverse)
-    layout = ScanLayout(mode, hidden)
-    # new memory, not a view of what the backward reads: changing it in place leaves the gradient alone
-    out = packed.narrow(-1, *layout.out(0)).contiguous()
-    # each a view of its own: a final state that no loss reads pads no gradient to the packed width
-    final = tuple(packed.narrow(-1, *layout.final(s)).sum(0) for s in range(layout.states))
-    return out, final
 
 
 # ----------------------------------------------------------------------------- eagerly on the CPU

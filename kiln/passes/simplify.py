@@ -29,6 +29,9 @@ textbook identities are not here: ``x + 0 -> x`` is wrong for ``x = -0.0`` (``-0
   along one axis of zeros (``+ 0`` turns -0.0 into +0.0 as the sum with the pads' zeros did), and a
   pad of nothing -> its input: the gradient of ``chunk`` (an LSTM's gates) was a pad and an add per
   chunk, four full-size arrays written to assemble one.
+- ``slice(pad(x))`` of a zero pad -> ``x`` where the slice is exactly ``x``'s region, a slice of ``x``
+  within it, a broadcast zero where it lies in the padding only (a recurrence's VJP reads its
+  cotangent per part); ``slice(concatenate(...))`` of exactly one piece -> that piece.
 
 - ``scatter_add(full(z), index, src, axis)`` with one index per line along ``axis`` (index of
   extent 1 there, the base's extent elsewhere) -> ``where(arange == index, src + z, z)``, with
@@ -402,6 +405,63 @@ def _slice(node: Node, context: _Context) -> Value | None:
     return None
 
 
+def _sliced_along(node: Node) -> tuple[int, int, int] | None:
+    """(axis, first, last) of a ``slice`` with unit steps that takes all of every axis but one
+    (None: not such a slice)."""
+    a, shape = node.attrs, node.inputs[0].type.shape
+    if any(step != 1 for step in a["steps"]):
+        return None
+    cut = [k for k in range(len(shape)) if not (a["starts"][k] == 0 and a["stops"][k] == shape[k])]
+    if len(cut) != 1:
+        return None
+    return cut[0], a["starts"][cut[0]], a["stops"][cut[0]]
+
+
+def _slice_of_pad(node: Node, context: _Context) -> Value | Node | None:
+    """``slice(pad(x))`` of a zero pad along the one axis both act on -> ``x`` where the slice is
+    exactly the data, a slice of ``x`` where it lies within it, a zero broadcast (``expand`` of a
+    scalar 0) where it lies in the padding only. (A recurrence's VJP reads its packed cotangent a part
+    at a time: the parts the loss gave are then themselves and the others zeros no one writes, where
+    each was a slice of a full-width pad that an LSTM LM step wrote per layer.)"""
+    pad = context.producer(node.inputs[0], "pad")
+    region, sliced = _padded_region(pad), _sliced_along(node)
+    if pad is None or region is None or sliced is None or sliced[0] != region[0]:
+        return None
+    axis, start, stop = region
+    _, first, last = sliced
+    if (first, last) == (start, stop):
+        return pad.inputs[0]
+    if start <= first and last <= stop:
+        a = node.attrs
+        starts = tuple(b - start if k == axis else b for k, b in enumerate(a["starts"]))
+        stops = tuple(b - start if k == axis else b for k, b in enumerate(a["stops"]))
+        return Node("slice", pad.inputs, {**a, "starts": starts, "stops": stops}, node.outputs, node.loc)
+    if last <= start or first >= stop:
+        out = node.output.type
+        zero = context.emit_constant(np.zeros((), out.dtype.np), node.loc)
+        return Node("expand", (zero,), {"shape": out.shape}, node.outputs, node.loc)
+    return None
+
+
+def _slice_of_concatenate(node: Node, context: _Context) -> Value | None:
+    """``slice(concatenate(..., p, ...))`` that takes exactly the piece ``p`` -> ``p``."""
+    joined, sliced = context.producer(node.inputs[0], "concatenate"), _sliced_along(node)
+    if joined is None or sliced is None:
+        return None
+    axis, first, last = sliced
+    if axis != joined.attrs["axis"] % node.output.type.ndim:
+        return None
+    offset = 0
+    for piece in joined.inputs:
+        size = piece.type.shape[axis]
+        if not isinstance(size, int):
+            return None
+        if (offset, offset + size) == (first, last):
+            return piece
+        offset += size
+    return None
+
+
 def _one_value(c: np.ndarray) -> np.ndarray | None:
     """The one value every element of ``c`` holds, bit for bit (nan with nan, -0.0 apart from 0.0)."""
     if c.size == 0:
@@ -487,7 +547,7 @@ _RULES: dict[str, Rule] = {
     "reshape": _merge_or_drop,
     "expand": _merge_or_drop,
     "permute": _permute,
-    "slice": _slice,
+    "slice": _first_of(_slice, _slice_of_pad, _slice_of_concatenate),
     "copy": _copy,
     "pad": _pad,
     "scatter_add": _one_hot_scatter,

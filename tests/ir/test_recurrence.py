@@ -68,6 +68,34 @@ def test_one_lstm_step_into_an_arena_equals_step_code(reverse, cotangent):
     np.testing.assert_allclose(back, steps_back, rtol=1e-11, atol=1e-13)
 
 
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("steps", [5, 1])
+def test_backward_of_a_cotangent_in_parts_equals_the_packed_one(mode, reverse, steps):
+    """rnn_scan_backward takes its cotangent one array per part of a row too (what a compiled program
+    passes), the parts nobody reads as broadcast zeros, which the kernel skips: the same result as the
+    whole cotangent with those parts zero. Given parts of any layout: h's as the transposed view a
+    batch_first loss gives, a final state's broadcast over time as its sum's gradient is."""
+    rng = np.random.default_rng(4)
+    args = _scan_args(rng, mode, steps, 3, 5)
+    w_hh, layout = args[_INPUTS[mode].index("w_hh")], ScanLayout(mode, 5)
+    packed = SCAN.eager(np, *args, mode=mode, reverse=reverse)
+    zero = lambda size: np.broadcast_to(np.zeros(()), (steps, 3, size))  # noqa: E731
+    parts = [zero(size) for _, size in layout.parts]
+    given = {layout.parts.index(layout.out(0)): rng.normal(size=(3, steps, 5)).transpose(1, 0, 2),
+             layout.parts.index(layout.final(0)): np.broadcast_to(rng.normal(size=(3, 5)), (steps, 3, 5))}  # fmt: skip
+    for k, part in given.items():
+        parts[k] = part
+    whole = np.concatenate([np.broadcast_to(p, p.shape) for p in parts], axis=-1)
+    want = BACKWARD.eager(_OtherNamespace(), packed, w_hh, whole, mode=mode, reverse=reverse)
+    for run in (BACKWARD.eager, BACKWARD.eager):  # twice: the scratch zeros are filled again
+        got = run(np, packed, w_hh, *parts, mode=mode, reverse=reverse)
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(BACKWARD.eager(np, packed, w_hh, whole, mode=mode, reverse=reverse), want,
+                               rtol=1e-11, atol=1e-13)  # fmt: skip
+    assert not any(np.any(p) for k, p in enumerate(parts) if k not in given)  # the parts were only read
+
+
 def test_no_steps_give_empty_results():
     for xp in (np, _OtherNamespace()):
         args = _scan_args(np.random.default_rng(1), "LSTM", 0, 2, 3)
@@ -122,6 +150,10 @@ def test_shape_rule_errors_say_what_was_expected():
         SCAN.infer(f32(5, 2, 9), f32(9), f32(2, 3), f32(9, 3), f32(3), mode="gru", reverse=False)
     with pytest.raises(RuntimeError, match=r"expected g of shape \[5, 2, 4\]"):
         BACKWARD.infer(f32(5, 2, 4), f32(1, 1), f32(5, 2, 3), mode="RNN_TANH", reverse=False)
+    with pytest.raises(RuntimeError, match=r"expected g's part 3 of shape \[5, 2, 1\], got \[5, 2, 2\]"):
+        BACKWARD.infer(f32(5, 2, 4), f32(1, 1), *[f32(5, 2, 1)] * 3, f32(5, 2, 2), mode="RNN_TANH", reverse=False)
+    with pytest.raises(TypeError, match=r"the cotangent whole or in 4 parts, got 2 arrays"):
+        BACKWARD.infer(f32(5, 2, 4), f32(1, 1), f32(5, 2, 1), f32(5, 2, 3), mode="RNN_TANH", reverse=False)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -107,6 +107,25 @@ def test_kernels_equal_numpy_on_the_packed_layout(
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_kernels_take_a_cotangent_in_parts(direct, runs, mode, reverse):
+    """A compiled program's cotangent, one array per part of a row (h's gradient a transposed view, the
+    others broadcast zeros), runs native too, h's gradient read where it lies: the numpy kernels' result."""
+    rng = np.random.default_rng(5)
+    args = _scan_args(rng, mode, 7, 3, 6)
+    w_hh, layout = args[_INPUTS[mode].index("w_hh")], ScanLayout(mode, 6)
+    parts = [np.broadcast_to(np.zeros(()), (7, 3, size)) for _, size in layout.parts]
+    parts[0] = rng.normal(size=(3, 7, 6)).transpose(1, 0, 2)  # h's: rows of 6 contiguous, strided steps
+    out = {}
+    for on in (False, True):
+        direct(on)
+        packed = SCAN.eager(np, *args, mode=mode, reverse=reverse)
+        out[on] = BACKWARD.eager(np, packed, w_hh, *parts, mode=mode, reverse=reverse)
+    np.testing.assert_allclose(out[True], out[False], rtol=1e-12, atol=1e-13)
+    assert runs == {"forward": 1, "backward": 1}
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 def test_backward_variants_for_gate_cotangents_compile_at_their_first_call(direct, mode):
     """``build`` compiles the forward and the plain backward only: the variants for a cotangent of the
     gate activations (a GRU's ``hn`` too), which the layers never give, compile when first run."""
@@ -132,6 +151,72 @@ def test_no_steps_write_nothing(direct, runs):
     A, hs = np.zeros((0, 2, 4, 3)), np.zeros((0, 2, 3))
     assert _built("LSTM", np.float64, 3).forward(A, args[2], args[3], hs, hs, hs, args[4].T)
     assert _built("LSTM", np.float64, 3).backward(A, hs, hs, args[4], hs, hs, None, A) is None
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("gx_rows", ["plain", "strided elements"])
+def test_native_forward_reads_the_input_projection_where_it_lies(direct, runs, mode, reverse, gx_rows):
+    """A forward given ``gx`` and ``bias`` (rnn_scan's) reads ``gx + bias`` as its pre-activations: ``A``
+    (NaN on entry here) is only written, with the gate activations. ``gx`` whose rows the kernel does
+    not take is added into ``A`` first; either way the numpy kernel's result."""
+    rng = np.random.default_rng(6)
+    steps, batch, hidden, gates = 5, 3, 4, 4 if mode == "LSTM" else 3
+    h0, c0, w_hh = rng.normal(size=(batch, hidden)), rng.normal(size=(batch, hidden)), rng.normal(size=(gates * 4, 4))
+    width = gates * hidden
+    gx = rng.normal(size=(steps, batch, 2 * width))[..., ::2] if gx_rows == "strided elements" else \
+        rng.normal(size=(steps, batch, width))  # fmt: skip
+    gx, bias, b_hn = (gx[::-1] if reverse else gx), rng.normal(size=width), rng.normal(size=hidden)
+    results = {}
+    for on in (False, True):
+        direct(on)
+        A = np.full((steps, batch, gates, hidden), np.nan)
+        states = [np.empty((steps, batch, hidden)) for _ in range(3 if mode == "LSTM" else 2)]
+        if mode == "LSTM":
+            recurrence_numpy.lstm_forward(A, h0, c0, *states, w_hh.T, gx, bias)
+        else:
+            recurrence_numpy.gru_forward(A, h0, *states, w_hh.T, b_hn, gx, bias)
+        results[on] = [A, *states]
+    for got, want in zip(results[True], results[False], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+    assert runs["forward"] == 1
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_native_lstm_scan_writes_every_element_of_an_arena(direct, runs, reverse):
+    """rnn_scan into a NaN-filled arena: the native LSTM kernel writes the packed output's prev and final
+    rows itself, as the steps go; every element is written, the numpy kernels' values."""
+    rng = np.random.default_rng(7)
+    args = _scan_args(rng, "LSTM", 6, 3, 5)
+    out = {}
+    for on in (False, True):
+        direct(on)
+        out[on] = np.full((6, 3, ScanLayout("LSTM", 5).width), np.nan)
+        SCAN.eager_into(np, *args, mode="LSTM", reverse=reverse, out=out[on])
+    assert not np.isnan(out[True]).any()
+    np.testing.assert_allclose(out[True], out[False], rtol=1e-12, atol=1e-13)
+    assert runs["forward"] == 1
+
+
+def test_packed_rows_the_kernel_does_not_take_are_filled_by_numpy(direct, runs):
+    """prev/final views whose rows are not plain (strided elements): the native forward runs, and numpy
+    fills them after it."""
+    rng = np.random.default_rng(8)
+    steps, batch, hidden = 4, 2, 3
+    h0, c0, w_hh = rng.normal(size=(batch, hidden)), rng.normal(size=(batch, hidden)), rng.normal(size=(12, 3))
+    gates = rng.normal(size=(steps, batch, 4, hidden))
+    results = {}
+    for on in (False, True):
+        direct(on)
+        A, states = gates.copy(), [np.empty((steps, batch, hidden)) for _ in range(3)]
+        packed = tuple(np.full((steps, batch, 2 * hidden), np.nan)[..., ::2] for _ in range(4))
+        recurrence_numpy.lstm_forward(A, h0, c0, *states, w_hh.T, packed=packed)
+        results[on] = [A, *states, *packed]
+    for got, want in zip(results[True], results[False], strict=True):
+        assert not np.isnan(got).any()
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+    np.testing.assert_array_equal(results[True][4][0], h0)  # prev h's first row: the initial state
+    assert runs["forward"] == 1
 
 
 def test_arrays_it_does_not_take_run_numpy(direct, runs):
@@ -358,6 +443,20 @@ def test_a_second_build_loads_from_the_disk_cache(monkeypatch):
     monkeypatch.setattr(engine, "compile_many", no_compile)
     kernels = LSTMKernels.build(np.float32, 11)
     assert kernels.hidden == 11 and native.FORMAT >= 1
+
+
+@pytest.mark.parametrize("cls", [LSTMKernels, GRUKernels])
+def test_a_disk_cache_hit_generates_no_ir(monkeypatch, cls):
+    """The cache keys name the functions (the code generating them is in the key), so a hit does not
+    generate their IR to hash it (20 ms of an LSTM's, at each process's first call)."""
+    cls.build(np.float64, 13)
+
+    def no_ir(*args, **kwargs):
+        raise AssertionError("generated IR for a cached function")
+
+    monkeypatch.setattr(cls, "FUNCTIONS", {name: no_ir for name in cls.FUNCTIONS})
+    kernels = cls.build(np.float64, 13)
+    assert set(kernels.functions) == set(cls.FUNCTIONS) - cls.LAZY
 
 
 @pytest.mark.parametrize("compiled", [False, True])

@@ -10,6 +10,7 @@ import pytest
 import kiln
 import kiln.nn as nn
 import kiln.optim as optim
+from kiln.ir.primitives.recurrence_layout import ScanLayout
 from tests.conftest import assert_close
 from tests.nn.helpers import cell_loop_calls
 
@@ -221,29 +222,43 @@ def test_a_subclass_with_its_own_step_runs_that_step():
 
 
 def test_recurrences_write_into_the_programs_arena():
-    """rnn_scan's packed output, the pad that makes its cotangent, rnn_scan_backward's output and the
-    copy of its dz (3, 3, 1.7 and 1.1 MiB at the LSTM LM's sizes) are memory of the program's arena, reused by each call, not
-    fresh arrays whose pages fault in every call (the pad's: 0.58 -> 0.09 ms, and the backward
-    reading it 2.6 -> 1.6 ms, in a 2-layer LSTM whose loss reads the final states)."""
-    fn, _ = _run("LSTM", OPTIONS["2 layers, batch_first"], np.float32, compiled=True, calls=2)
+    """rnn_scan's packed output and rnn_scan_backward's (3 and 1.7 MiB at the LSTM LM's sizes) are
+    memory of the program's arena, reused by each call, not fresh arrays whose pages fault in every
+    call; and nothing else is written to make or read them: no pad of the cotangent to the packed
+    width, no copy of the backward's dz (the products read it where it lies). (A loss whose gradient
+    of the final states is a constant still adds a constant of the packed width: fold_constants
+    folds the pad of that constant.)"""
+    options = OPTIONS["2 layers, batch_first"]
+    module = _module("LSTM", options, np.float32)
+
+    def step(x):
+        module.zero_grad()
+        out, (h, c) = module(x)
+        loss = (out * out).sum() + (h * h).sum() + (c * c).sum()
+        loss.backward()
+        return loss.detach()
+
+    fn = kiln.compile(step)
+    for x, _ in _batches("LSTM", options, np.float32, 2):
+        assert_close(fn(x), step(x), rtol=1e-5, atol=1e-6)
     (spec,) = fn.state.specializations
-    ops = ("rnn_scan", "rnn_scan_backward", "pad")
+    ops = ("rnn_scan", "rnn_scan_backward")
     found = [n for n in spec.graph.nodes if n.op in ops]
     assert sorted(n.op for n in found) == sorted(ops * 2)
-    # and the contiguous copy of each backward's dz (1.1 MiB), which the weight gradients' products read
-    producer = {v: n for n in spec.graph.nodes for v in n.outputs}
-    found += [n for n in spec.graph.nodes if n.op == "copy" and producer[n.inputs[0]].op == "slice"
-              and producer[producer[n.inputs[0]].inputs[0]].op == "rnn_scan_backward"]  # fmt: skip
-    assert len(found) == 8
     assert all(n.output in spec.program.plan.offsets for n in found)
+    assert "pad" not in [n.op for n in spec.graph.nodes]
+    producer = {v: n for n in spec.graph.nodes for v in n.outputs}
+    copied = [n for n in spec.graph.nodes if n.op == "copy" and producer[n.inputs[0]].op == "slice"
+              and producer[producer[n.inputs[0]].inputs[0]].op == "rnn_scan_backward"]  # fmt: skip
+    assert copied == []
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN"])
-def test_cotangent_of_the_packed_output_is_one_pad(mode):
-    """The output h and the final states, whose gradients the loss gives, lie side by side in the
-    packed output, so the simplifier joins their gradients into one pad of the packed width; apart,
-    each was a pad of the full width and the pads were added (an LSTM: three 3 MiB arrays written
-    and two read back again, at the LM's sizes)."""
+def test_cotangent_of_the_packed_output_is_not_padded(mode):
+    """The output h's and the final states' gradients, which the loss gives, reach rnn_scan_backward
+    as they are, one array per part of the packed row, and the parts nobody reads as broadcast zeros:
+    nothing of the packed width is written but the forward's output (the gradients were once pads of
+    the full width added together, then one joined pad: an LSTM's 3 MiB at the LM's sizes)."""
     module = _module(mode, OPTIONS["1 layer"], np.float32)
 
     def step(x):
@@ -255,11 +270,22 @@ def test_cotangent_of_the_packed_output_is_one_pad(mode):
         return loss.detach()
 
     fn = kiln.compile(step)
-    for x, _ in _batches(mode, OPTIONS["1 layer"], np.float32, 2):
-        assert_close(fn(x), step(x), rtol=1e-5, atol=1e-6)
+    for x, _ in _batches(mode, OPTIONS["1 layer"], np.float32, 3):
+        got, want = fn(x), step(x)
+        grads = [p.grad.clone() for p in module.parameters()]
+        step(x)
+        assert_close(got, want, rtol=1e-5, atol=1e-6)
+        for p, g in zip(module.parameters(), grads, strict=True):
+            assert_close(g, p.grad, rtol=1e-5, atol=1e-6)
     (spec,) = fn.state.specializations
     (scan,) = [n for n in spec.graph.nodes if n.op == "rnn_scan"]
-    # the nodes writing arrays of the packed shape: the forward and its gradient's one pad
     packed_shaped = [n.op for n in spec.graph.nodes if n.op != "rnn_scan_backward"
                      and any(v.type.shape == scan.output.type.shape for v in n.outputs)]  # fmt: skip
-    assert sorted(packed_shaped) == ["pad", "rnn_scan"]
+    assert packed_shaped == ["rnn_scan"]
+    (back,) = [n for n in spec.graph.nodes if n.op == "rnn_scan_backward"]
+    producer = {v: n for n in spec.graph.nodes for v in n.outputs}
+    # (a broadcast zero of a few elements is folded into a constant: fold_constants' FOLD_LIMIT)
+    unfolded = {v: producer[v].inputs[0] if producer[v].op == "expand" else v for v in back.inputs[2:]}
+    zeros = [v for v in back.inputs[2:] if producer[unfolded[v]].op == "constant"]
+    assert len(back.inputs) - 2 == len(ScanLayout(scan.attrs["mode"], 4).parts)
+    assert len(zeros) == len(back.inputs) - 2 - (3 if mode == "LSTM" else 2)  # h and the finals are given

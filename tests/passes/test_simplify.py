@@ -404,6 +404,47 @@ def test_pads_that_overlap_or_are_used_elsewhere_stay_added():
     assert simplify(graph) is graph
 
 
+def _slices_of_a_pad():
+    """A (2, 3) input padded to (2, 9) along dim 1 (columns 2..4 hold it) and sliced four ways."""
+    b = GraphBuilder()
+    x = b.input(F23)
+    padded = b.node("pad", [x], {"low": (0, 2), "high": (0, 4), "interior": (0, 0), "value": 0.0})
+    spans = {"exact": (2, 5), "within": (3, 5), "zeros": (6, 9), "straddling": (1, 3)}
+    slices = [
+        b.node("slice", [padded], {"starts": (0, a), "stops": (2, z), "steps": (1, 1)}) for a, z in spans.values()
+    ]
+    return b.build(slices)
+
+
+def test_slices_of_a_zero_pad_read_its_input_or_zeros():
+    # a recurrence's VJP reads its packed cotangent a part at a time: no full-width pad is written for it
+    graph = _slices_of_a_pad()
+    after = eliminate_dead_code(simplify(graph))
+    exact, within, zeros, straddling = after.outputs
+    producer = {v: n for n in after.nodes for v in n.outputs}
+    assert exact is graph.inputs[0]
+    assert producer[within].op == "slice" and producer[within].inputs == (graph.inputs[0],)
+    assert producer[within].attrs["starts"] == (0, 1) and producer[within].attrs["stops"] == (2, 3)
+    assert producer[zeros].op == "expand" and producer[producer[zeros].inputs[0]].op == "constant"
+    assert producer[producer[straddling].inputs[0]].op == "pad"  # part data, part padding: kept
+    inputs = random_inputs(graph, 0)
+    inputs[0][0, 0] = -0.0
+    assert_same_results(graph, after, inputs)
+    assert_same_results(graph, after, inputs_for(graph))
+
+
+def test_a_slice_of_one_piece_of_a_concatenate_is_that_piece():
+    b = GraphBuilder()
+    x, y = b.input(F23), b.input(TensorType((2, 4), float32))
+    joined = b.node("concatenate", [x, y], {"axis": 1})
+    piece = b.node("slice", [joined], {"starts": (0, 3), "stops": (2, 7), "steps": (1, 1)})
+    part = b.node("slice", [joined], {"starts": (0, 2), "stops": (2, 4), "steps": (1, 1)})  # across both: kept
+    graph = b.build([piece, part])
+    after = simplify(graph)
+    assert after.outputs[0] is y and after.outputs[1] is not x and after.outputs[1] is not y
+    assert_same_results(graph, after, random_inputs(graph, 0))
+
+
 # ----------------------------------------------------------------------------- one-hot scatters
 def one_hot_scatter(shape, axis, fill, src_shape=None, dtype=float32, index_shape=None):
     """``scatter_add(full(shape, fill), index, src, axis)`` with one index per line along ``axis``."""

@@ -10,8 +10,10 @@ has the signature ``void f(i64 *params)``: ``params`` holds the sizes, the array
 their strides in elements (``FORWARD``/``BACKWARD`` name the slots).
 
 Per step, forward: ``step = h @ W_hh^T`` (into a contiguous scratch row block; ``W_hh^T`` comes
-row-major, (H, 4H)), then for each element the four gates' pre-activations ``step + A[t]``, their
-activations (written back into ``A[t]``), ``c``, ``tanh(c)`` and ``h``. Backward, from the last
+row-major, (H, 4H)), then for each element the four gates' pre-activations ``step + (gx[t] + bias)``,
+their activations (written into ``A[t]``), ``c``, ``tanh(c)`` and ``h``. ``gx`` is the input
+projection where it lies (``rnn_scan``'s, which the kernel would otherwise copy into ``A`` with the
+bias added first: a strided pass over (T, B, 4H)), or ``A`` itself and a zero bias. Backward, from the last
 step: one pass gives ``dz[t]`` and carries ``dc`` (and copies ``dH[t-1]`` into ``dh``, zeros at
 step 0), then ``dh += dz[t] @ W_hh``.
 
@@ -34,10 +36,14 @@ from .core import LLVMCore, register_type
 from .loops import I64, for_range, i64
 from .small_gemm import emit_product
 
+#: The forward's rows of ``rnn_scan``'s packed output besides the states (written where ``packed`` is 1):
+#: the states before each step, and the final states in the last step's row, zeros in the others.
+PACKED = ("prev_h", "prev_c", "final_h", "final_c")
 #: The i64 slots of ``params``: sizes, then per array its address and its step (t) and row (b)
 #: strides in elements; the inner (G, H) or (H,) block of a row is contiguous.
-FORWARD = ("steps", "batch", "a", "a_t", "a_b", "h0", "h0_t", "h0_b", "c0", "c0_t", "c0_b", "hs", "hs_t", "hs_b",
-           "cs", "cs_t", "cs_b", "tanh_c", "tanh_c_t", "tanh_c_b", "w_hh_t", "step")  # fmt: skip
+FORWARD = ("steps", "batch", "gx", "gx_t", "gx_b", "bias", "a", "a_t", "a_b", "h0", "h0_t", "h0_b", "c0", "c0_t", "c0_b", "hs", "hs_t", "hs_b",
+           "cs", "cs_t", "cs_b", "tanh_c", "tanh_c_t", "tanh_c_b", "w_hh_t", "step", "packed",
+           *(f"{name}{suffix}" for name in PACKED for suffix in ("", "_t", "_b")))  # fmt: skip
 BACKWARD = ("steps", "batch", "a", "a_t", "a_b", "c_prev", "c_prev_t", "c_prev_b", "tanh_c", "tanh_c_t",
             "tanh_c_b", "d_h", "d_h_t", "d_h_b", "d_c", "d_c_t", "d_c_b", "e_a", "e_a_t", "e_a_b", "dz", "dz_t",
             "dz_b", "w_hh", "dh", "dc")  # fmt: skip
@@ -134,7 +140,7 @@ def forward_ir(dtype: DType, hidden: int) -> str:
     check_sizes(dtype, hidden)
     k = Emitter("lstm_forward", FORWARD, dtype, hidden)
     bld, width = k.builder, 4 * hidden
-    step = k.pointer("step")
+    step, bias = k.pointer("step"), k.pointer("bias")
     with for_range(bld, 0, k["steps"], name="t", vectorize=False) as t:
         first = bld.icmp_signed("==", t, i64(0))
         previous = bld.sub(t, i64(1))
@@ -144,7 +150,7 @@ def forward_ir(dtype: DType, hidden: int) -> str:
         c_stride = bld.select(first, k["c0_b"], k["cs_b"])
         k.product(k["batch"], width, hidden, h_prev, h_stride, k.pointer("w_hh_t"), step, width, accumulate=False)
         with for_range(bld, 0, k["batch"], name="b", vectorize=False) as b:
-            a_row = k.row("a", t, b)
+            a_row, gx_row = k.row("a", t, b), k.row("gx", t, b)
             step_row = k.element(step, k.mul(b, width))
             c_row = k.element(c_prev, k.mul(b, c_stride))
             out = {name: k.row(name, t, b) for name in ("hs", "cs", "tanh_c")}
@@ -152,7 +158,8 @@ def forward_ir(dtype: DType, hidden: int) -> str:
                 gates = []
                 for g in range(4):
                     at = k.add(j, g * hidden)
-                    z = k.core.add(k.load(step_row, at), k.load(a_row, at))
+                    # (gx + bias) first: the rounding of the pre-activations the numpy kernel adds up
+                    z = k.core.add(k.load(step_row, at), k.core.add(k.load(gx_row, at), k.load(bias, at)))
                     gates.append(tanh(k, z) if g == 2 else sigmoid(k, z))
                     k.store(gates[-1], a_row, at)
                 i, f, g_, o = gates
@@ -161,7 +168,24 @@ def forward_ir(dtype: DType, hidden: int) -> str:
                 tanh_c = tanh(k, c)
                 k.store(tanh_c, out["tanh_c"], j)
                 k.store(k.core.mul(o, tanh_c), out["hs"], j)
+            with bld.if_then(bld.icmp_signed("!=", k["packed"], i64(0))):
+                _packed_rows(k, t, b, (k.element(h_prev, k.mul(b, h_stride)), c_row), (out["hs"], out["cs"]))
     return k.finish()
+
+
+def _packed_rows(k: Emitter, t: ir.Value, b: ir.Value, before: tuple, after: tuple) -> None:
+    """Row ``b`` of step ``t`` of ``PACKED``'s arrays: the states ``before`` the step, and the states
+    ``after`` it where ``t`` is the last step (zeros before): one pass over rows still in cache, where
+    numpy's passes over the packed output read it all back (7.9 MB a layer at T=350)."""
+    bld = k.builder
+    last = bld.icmp_signed("==", t, bld.sub(k["steps"], i64(1)))
+    rows = [k.row(name, t, b) for name in PACKED]
+    zero = k.constant(0.0).value
+    with for_range(bld, 0, k.hidden, name="p", parallel=True) as j:
+        for s in range(2):
+            k.store(k.load(before[s], j), rows[s], j)
+            final = bld.select(last, k.load(after[s], j).value, zero)
+            k.store(Scalar(final, k.dtype), rows[2 + s], j)
 
 
 def backward_ir(dtype: DType, hidden: int, with_tangents: bool) -> str:

@@ -3,7 +3,8 @@ and called on numpy arrays.
 
 ``LSTMKernels.build(dtype, hidden)`` (``GRUKernels``) compiles the forward and backward functions
 for one dtype and hidden size -- or loads them from the disk cache of compiled kernels, keyed on
-their IR, the host and kiln's code generator -- and its ``forward``/``backward`` take the arrays
+their names (function, dtype, hidden size), the host and kiln's code generator's source, so that a
+hit generates no IR -- and its ``forward``/``backward`` take the arrays
 of ``recurrence_numpy.lstm_forward``/``lstm_backward`` (``gru_forward``/``gru_backward``). They
 return False/None (and write nothing) for arrays they do not take: another dtype or hidden size,
 a row that is not one contiguous block, rows that overlap; the caller runs numpy then.
@@ -29,28 +30,34 @@ from ...ir.dtypes import DType, from_numpy_dtype
 from ...ir.primitives.linalg import c_order
 from ...ir.primitives.recurrence_layout import ScanLayout
 from ...ir.primitives.recurrence_native import transposed
-from ...ir.primitives.recurrence_numpy import scratch
+from ...ir.primitives.recurrence_numpy import packed_rows, scratch
 from ...runtime.cache import cache_key, source_digest
 from ...runtime.frames import data_pointer
 from ..core import Unsupported
 from . import engine, host, kernel_cache
-from .recurrence import BACKWARD, FORWARD, backward_ir, forward_ir, symbol
+from .recurrence import BACKWARD, FORWARD, PACKED, backward_ir, forward_ir, symbol
 from .recurrence_gru import GRU_BACKWARD, GRU_FORWARD, gru_backward_ir, gru_forward_ir
 from .recurrence_step import STEP_BACKWARD, STEP_FORWARD, step_backward_ir, step_forward_ir
 
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 #: Bump when the functions' signature or slots change.
-FORMAT = 2
+FORMAT = 4
 
 
 def cached_objects(texts: list[str]) -> list[bytes]:
     """Object code of each LLVM module, from the disk cache of compiled kernels where it is there."""
+    return _cached([(text, functools.partial(str, text)) for text in texts])
+
+
+def _cached(entries: list[tuple[str, Callable[[], str]]]) -> list[bytes]:
+    """Object code of each ``(name, make)``: keyed on ``name`` (with kiln's code generator's source, the
+    host and the optimization level), compiled from ``make()``'s LLVM IR where the cache misses."""
     cache = kernel_cache.kernel_cache()
     keys = [cache_key("kiln lstm", str(FORMAT), source_digest("ir", "codegen", "runtime"), host.signature(),
-                      f"O{engine.OPT_LEVEL}", text) for text in texts]  # fmt: skip
+                      f"O{engine.OPT_LEVEL}", name) for name, _ in entries]  # fmt: skip
     found = [cache.get(key) if cache.enabled else None for key in keys]
     missing = [k for k, code in enumerate(found) if code is None]
-    compiled = engine.compile_many([texts[k] for k in missing]) if missing else []
+    compiled = engine.compile_many([entries[k][1]() for k in missing]) if missing else []
     for k, code in zip(missing, compiled, strict=True):
         found[k] = code
         if cache.enabled:
@@ -113,9 +120,16 @@ class _Kernels:
         dtype = np.dtype(dtype)
         if dtype.char not in "fd":
             raise Unsupported(f"no native recurrence for {dtype} (the numpy kernel runs)")
+        names = [name for name in cls.FUNCTIONS if name not in cls.LAZY]
+        return cls(dtype, hidden, engine.Library(_cached([cls._entry(name, dtype, hidden) for name in names])))
+
+    @classmethod
+    def _entry(cls, name: str, dtype: np.dtype, hidden: int) -> tuple[str, Callable[[], str]]:
+        """``_cached``'s entry of the function ``name``: its symbol, which names it with its dtype and
+        hidden size (the code that generates it is in the key), and its IR, generated only when not
+        cached -- 20 ms of a warm process's first LSTM call went into generating IR to hash it."""
         kiln_dtype = from_numpy_dtype(dtype)
-        texts = [make(kiln_dtype, hidden) for name, make in cls.FUNCTIONS.items() if name not in cls.LAZY]
-        return cls(dtype, hidden, engine.Library(cached_objects(texts)))
+        return symbol(name, kiln_dtype, hidden), functools.partial(cls.FUNCTIONS[name], kiln_dtype, hidden)
 
     def _takes(self, hidden: int, *arrays: np.ndarray | None) -> bool:
         return hidden == self.hidden and all(a is None or a.dtype == self.dtype for a in arrays)
@@ -124,8 +138,7 @@ class _Kernels:
         """The lazy function ``name``, compiled (or loaded from the disk cache) now."""
         with self._lock:
             if name not in self.functions:
-                text = self.FUNCTIONS[name](from_numpy_dtype(self.dtype), self.hidden)
-                library = engine.Library(cached_objects([text]))
+                library = engine.Library(_cached([self._entry(name, self.dtype, self.hidden)]))
                 self.functions[name] = self._function(library, name)
                 self._libraries.append(library)
             return self.functions[name]
@@ -134,6 +147,28 @@ class _Kernels:
         params = np.array(slots, dtype=np.int64)
         function = self.functions.get(name) or self._load(name)
         function(_address(params))
+
+
+@functools.lru_cache(maxsize=16)
+def _zeros(dtype: np.dtype, size: int) -> np.ndarray:
+    """A read-only zero bias (shared: an eager layer's pre-activations come with theirs added)."""
+    zeros = np.zeros(size, dtype=dtype)
+    zeros.flags.writeable = False
+    return zeros
+
+
+def _inputs(A: np.ndarray, gx, bias, width: int) -> tuple[tuple[int, int, int], np.ndarray]:
+    """The forward's pre-activations ``gx + bias``: (``gx``'s rows, ``bias`` contiguous), or ``A``'s rows
+    and a zero bias where ``A`` holds them -- ``gx`` None, or ``gx`` whose rows the kernel does not
+    take, added into ``A`` here."""
+    rows = None if gx is None else _rows(gx, 2, width)
+    if rows is not None:
+        return rows, np.ascontiguousarray(bias)
+    if gx is not None:
+        np.add(gx.reshape(A.shape), bias.reshape(A.shape[2:]), out=A)
+    rows = _rows(A, 2, width)
+    assert rows is not None, "the caller checked A's rows"
+    return rows, _zeros(A.dtype, width)
 
 
 def _found(*rows: tuple[int, int, int] | None) -> list[int] | None:
@@ -154,10 +189,13 @@ class LSTMKernels(_Kernels):
     }
     LAZY = frozenset({"lstm_backward_tangents"})
 
-    def forward(self, A, h0, c0, hs, cs, tanh_c, w_hh_t) -> bool:
-        """``lstm_forward``'s work (True), or nothing (False: arrays this kernel does not take)."""
+    def forward(self, A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None, packed=None) -> bool:
+        """``lstm_forward``'s work (True), or nothing (False: arrays this kernel does not take). ``gx``
+        (T, B, 4H) and ``bias`` (4H): the pre-activations are ``gx + bias``, not ``A``'s; ``packed``:
+        rnn_scan's prev and final rows, filled as the steps go (by numpy after them where their rows
+        are not plain)."""
         steps, batch, _, hidden = A.shape
-        if not self._takes(hidden, A, h0, c0, hs, cs, tanh_c, w_hh_t):
+        if not self._takes(hidden, A, h0, c0, hs, cs, tanh_c, w_hh_t, gx, bias):
             return False
         if steps == 0:
             return True
@@ -165,11 +203,16 @@ class LSTMKernels(_Kernels):
                        _rows(cs, 2, hidden), _rows(tanh_c, 2, hidden))  # fmt: skip
         if found is None:
             return False
+        inputs, bias = _inputs(A, gx, bias, 4 * hidden)
         w_hh_t = c_order(w_hh_t)  # the callers pass a view of the weight: (H, 4H) row-major
         step = scratch("rnn.native_step", (batch, 4 * hidden), A.dtype)
-        slots = [steps, batch, *found, _address(w_hh_t), _address(step)]
+        rows = None if packed is None else _found(*(_rows(a, 2, hidden) for a in packed))
+        slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(step), int(rows is not None),
+                 *(rows or [0] * 3 * len(PACKED))]  # fmt: skip
         assert len(slots) == len(FORWARD)
         self._run("lstm_forward", slots)
+        if packed is not None and rows is None:
+            packed_rows(packed, (h0, c0), (hs, cs))
         return True
 
     def backward(self, A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
@@ -202,19 +245,21 @@ class GRUKernels(_Kernels):
     }  # fmt: skip
     LAZY = frozenset({"gru_backward_tangents", "gru_backward_g_hn", "gru_backward_tangents_g_hn"})
 
-    def forward(self, A, h0, hs, hn, w_hh_t, b_hn) -> bool:
-        """``gru_forward``'s work (True), or nothing (False: arrays this kernel does not take)."""
+    def forward(self, A, h0, hs, hn, w_hh_t, b_hn, gx=None, bias=None) -> bool:
+        """``gru_forward``'s work (True), or nothing (False: arrays this kernel does not take); ``gx`` and
+        ``bias`` as ``LSTMKernels.forward``'s."""
         steps, batch, _, hidden = A.shape
-        if not self._takes(hidden, A, h0, hs, hn, w_hh_t, b_hn):
+        if not self._takes(hidden, A, h0, hs, hn, w_hh_t, b_hn, gx, bias):
             return False
         if steps == 0:
             return True
         found = _found(_rows(A, 2, 3 * hidden), _rows(h0, 1, hidden), _rows(hs, 2, hidden), _rows(hn, 2, hidden))
         if found is None:
             return False
+        inputs, bias = _inputs(A, gx, bias, 3 * hidden)
         w_hh_t, b_hn = c_order(w_hh_t), np.ascontiguousarray(b_hn)  # (H, 3H) row-major
         step = scratch("rnn.native_step", (batch, 3 * hidden), A.dtype)
-        slots = [steps, batch, *found, _address(w_hh_t), _address(b_hn), _address(step)]
+        slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(b_hn), _address(step)]
         assert len(slots) == len(GRU_FORWARD)
         self._run("gru_forward", slots)
         return True

@@ -4,7 +4,8 @@
 ``gru_backward`` for one dtype and hidden size (``void f(i64 *params)``, the slots named
 by ``GRU_FORWARD``/``GRU_BACKWARD``). Per step, forward: ``step = h @ W_hh^T`` (``small_gemm``'s kernel), then per
 element ``r``, ``z`` (sigmoids), ``hn = step_n + b_hn``, ``n = tanh(A_n + r hn)`` and
-``h' = n + z (h - n)`` (``W_hh^T`` comes row-major, (H, 3H)). Backward, from the last step: one pass gives ``dz_hh[t]`` (the gradient of
+``h' = n + z (h - n)`` (``W_hh^T`` comes row-major, (H, 3H)), with ``A = gx + bias`` read as the
+LSTM's kernel reads it (``gx`` where it lies; ``A`` itself and a zero bias). Backward, from the last step: one pass gives ``dz_hh[t]`` (the gradient of
 ``h W_hh^T``'s blocks), ``dz[t]`` (that of ``A``'s: the n block before r scales it) and
 ``dh = dh z + dH[t-1]``, then ``dh += dz_hh[t] @ W_hh`` .
 """
@@ -17,7 +18,7 @@ from ..core import Scalar
 from .loops import for_range, i64
 from .recurrence import Emitter, check_sizes, sigmoid, tanh
 
-GRU_FORWARD = ("steps", "batch", "a", "a_t", "a_b", "h0", "h0_t", "h0_b", "hs", "hs_t", "hs_b", "hn", "hn_t", "hn_b",
+GRU_FORWARD = ("steps", "batch", "gx", "gx_t", "gx_b", "bias", "a", "a_t", "a_b", "h0", "h0_t", "h0_b", "hs", "hs_t", "hs_b", "hn", "hn_t", "hn_b",
                "w_hh_t", "b_hn", "step")  # fmt: skip
 GRU_BACKWARD = ("steps", "batch", "a", "a_t", "a_b", "h_prev", "h_prev_t", "h_prev_b", "hn", "hn_t", "hn_b", "d_h",
                 "d_h_t", "d_h_b", "e_a", "e_a_t", "e_a_b", "g_hn", "g_hn_t", "g_hn_b", "dz", "dz_t", "dz_b",
@@ -29,7 +30,7 @@ def gru_forward_ir(dtype: DType, hidden: int) -> str:
     check_sizes(dtype, hidden)
     k = Emitter("gru_forward", GRU_FORWARD, dtype, hidden)
     bld, core, width = k.builder, k.core, 3 * hidden
-    step, b_hn = k.pointer("step"), k.pointer("b_hn")
+    step, b_hn, bias = k.pointer("step"), k.pointer("b_hn"), k.pointer("bias")
     with for_range(bld, 0, k["steps"], name="t", vectorize=False) as t:
         first = bld.icmp_signed("==", t, i64(0))
         h_prev = bld.select(first, k.pointer("h0"), k.row("hs", bld.sub(t, i64(1)), i64(0)))
@@ -37,14 +38,16 @@ def gru_forward_ir(dtype: DType, hidden: int) -> str:
         k.product(k["batch"], width, hidden, h_prev, h_stride, k.pointer("w_hh_t"), step, width, accumulate=False)
         with for_range(bld, 0, k["batch"], name="b", vectorize=False) as b:
             a_row, hs_row, hn_row = k.row("a", t, b), k.row("hs", t, b), k.row("hn", t, b)
+            gx_row = k.row("gx", t, b)
             step_row = k.element(step, k.mul(b, width))
             h_row = k.element(h_prev, k.mul(b, h_stride))
             with for_range(bld, 0, hidden, name="j", parallel=True) as j:
                 at = [k.add(j, g * hidden) for g in range(3)]
-                r = sigmoid(k, core.add(k.load(a_row, at[0]), k.load(step_row, at[0])))
-                z = sigmoid(k, core.add(k.load(a_row, at[1]), k.load(step_row, at[1])))
+                pre = [core.add(k.load(gx_row, where), k.load(bias, where)) for where in at]  # A's, as numpy adds it
+                r = sigmoid(k, core.add(pre[0], k.load(step_row, at[0])))
+                z = sigmoid(k, core.add(pre[1], k.load(step_row, at[1])))
                 hn = core.add(k.load(step_row, at[2]), k.load(b_hn, j))
-                n = tanh(k, core.add(k.load(a_row, at[2]), core.mul(r, hn)))
+                n = tanh(k, core.add(pre[2], core.mul(r, hn)))
                 for value, where in zip((r, z, n), at, strict=True):
                     k.store(value, a_row, where)
                 k.store(hn, hn_row, j)

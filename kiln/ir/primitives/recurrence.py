@@ -7,14 +7,20 @@ GRU's ``b_ih`` plus ``b_hh``'s r and z blocks), from the initial states ``h0`` (
 (B, H), with the recurrent weight ``w_hh`` (G H, H) and a GRU's ``b_hn`` (H), the n block of ``b_hh``
 that the reset gate scales. ``reverse`` runs from the last step to the first. The frontend computes
 ``gx`` with one traced product over all steps, so a traced layer is a few nodes whatever T; the
-bias is added as the kernel copies ``gx`` into its output, which costs no pass of its own.
+bias is added as the kernel reads ``gx`` (an LSTM's and a GRU's native kernels read it where it
+lies and write the gate activations into the output; numpy adds it into the output first).
 
 A primitive has one output: ``rnn_scan``'s packs, per step, the states after and before it, the
 final states, the gate activations and what the backward needs besides (``recurrence_layout.py``);
 the frontend and the VJP read them back with views. Its VJP runs ``rnn_scan_backward`` (the backward
 through time, giving the gradients of the gate pre-activations and of the initial states, packed)
-and then ``dW_hh`` and ``db_hn`` as one product and one sum over all steps; ``gx``'s gradient is the
-packed ``dz`` itself, from which the frontend's ops give ``dx``, ``dW_ih`` and the biases'.
+and then ``dW_hh`` and ``db_hn`` as one product and one sum over all steps; ``gx``'s gradient is a
+view of the packed ``dz``, from which the frontend's ops give ``dx``, ``dW_ih`` and the biases' (the
+products read its strided rows where they lie). ``rnn_scan_backward`` takes the cotangent of the
+packed output whole or one array per part of a row: the VJP passes the parts, so that a traced
+program hands it the gradients the loss gave as they are and broadcast zeros for the parts nobody
+read (``simplify`` resolves the slices of the autograd's zero pad), and no array of the packed width
+is written for the backward.
 
 Under ``create_graph`` the VJP runs the backward through time as kiln ops instead
 (``recurrence_steps``), so the gradient is differentiable again and higher orders are exact;
@@ -120,17 +126,23 @@ def _scan_into(xp, *arrays, mode: str, reverse: bool, out):
 
 def _scan_vjp(ops, c, g):
     mode, reverse = c.attrs["mode"], c.attrs["reverse"]
-    named = dict(zip(_INPUTS[mode], range(len(c.input_types)), strict=True))
-    w_hh, packed = c.inputs[named["w_hh"]], c.output
-    layout = ScanLayout(mode, w_hh.shape[1])
+    w_hh, packed = c.inputs[_INPUTS[mode].index("w_hh")], c.output
     if ops.is_grad_enabled():  # create_graph: a backward that autograd can differentiate again
         back = steps.scan_backward(steps.kiln_ops(ops), packed, w_hh, g, mode=mode, reverse=reverse)
     else:
-        back = ops.apply(P_SCAN_BACKWARD, packed, w_hh, g, mode=mode, reverse=reverse)
-    # contiguous once: the products of the frontend's projection (dx, dW_ih) and dW_hh's read it whole
-    dz = ops.contiguous(ops.narrow(back, -1, *layout.dz))
-    dz_hh = ops.contiguous(ops.narrow(back, -1, *layout.dz_hh)) if mode == "GRU" else dz
-    grads = {"gx": dz, "bias": ops.sum(dz, (0, 1)) if c.needs_input_grad[1] else None}
+        parts = _cotangent_parts(ops, g, ScanLayout(mode, w_hh.shape[1]))
+        back = ops.apply(P_SCAN_BACKWARD, packed, w_hh, *parts, mode=mode, reverse=reverse)
+    return scan_gradients(ops, mode, packed, w_hh, back, c.needs_input_grad)
+
+
+def scan_gradients(ops, mode: str, packed, w_hh, back, needs: tuple) -> tuple:
+    """The gradients of ``rnn_scan``'s inputs (``_INPUTS[mode]``'s order; None where ``needs`` says
+    none is needed) from its output ``packed`` and ``back``, ``rnn_scan_backward``'s output."""
+    layout = ScanLayout(mode, w_hh.shape[1])
+    # views: the products of the frontend's projection (dx, dW_ih) and dW_hh's read dz's rows where they lie
+    dz = ops.narrow(back, -1, *layout.dz)
+    dz_hh = ops.narrow(back, -1, *layout.dz_hh) if mode == "GRU" else dz
+    grads = {"gx": dz, "bias": ops.sum(dz, (0, 1)) if needs[1] else None}
     for s, name in enumerate(("h0", "c0")[: layout.states]):
         grads[name] = ops.sum(ops.narrow(back, -1, *layout.initial(s)), 0)
     # dW_hh = sum over steps and batch of dz_hh^T h_prev: one product with both folded into its rows
@@ -139,8 +151,15 @@ def _scan_vjp(ops, c, g):
     grads["w_hh"] = ops.matmul(ops.transpose(ops.reshape(dz_hh, (rows, layout.gates * layout.hidden)), 0, 1), h_prev)
     if mode == "GRU":
         grads["b_hn"] = ops.sum(ops.narrow(dz_hh, -1, 2 * layout.hidden, layout.hidden), (0, 1))
-    needs = c.needs_input_grad
-    return tuple(grads[name] if needs[k] else None for name, k in named.items())
+    return tuple(grads[name] if need else None for name, need in zip(_INPUTS[mode], needs, strict=True))
+
+
+def _cotangent_parts(ops, g, layout: ScanLayout) -> tuple:
+    """``g`` a part of a row at a time (``ScanLayout.parts``). Traced, the cotangent of a packed output
+    read by views is a zero pad of the parts read: ``simplify`` turns each slice of it into that part
+    itself or a broadcast zero, which the kernel skips. (The layers read theirs through
+    ``nn/_rnn_scan.py``, whose backward gives the parts themselves, with no pad at all.)"""
+    return tuple(ops.narrow(g, -1, start, size) for start, size in layout.parts)
 
 
 def _scan_reference(torch, *tensors, mode: str, reverse: bool):
@@ -172,9 +191,9 @@ P_SCAN = register(Primitive(
 
 
 # ----------------------------------------------------------------------------- rnn_scan_backward
-def _backward_infer(packed: TensorType, w_hh: TensorType, g: TensorType, *, mode: str, reverse: bool) -> TensorType:
+def _backward_infer(packed: TensorType, w_hh: TensorType, *g: TensorType, mode: str, reverse: bool) -> TensorType:
     _check_mode("rnn_scan_backward", mode)
-    first = _same_kind("rnn_scan_backward", {"packed": packed, "w_hh": w_hh, "g": g})
+    first = _same_kind("rnn_scan_backward", {"packed": packed, "w_hh": w_hh, **{f"g{k}": t for k, t in enumerate(g)}})
     if w_hh.ndim != 2 or not isinstance(w_hh.shape[1], int) or w_hh.shape[0] != GATES[mode] * w_hh.shape[1]:
         raise RuntimeError(f"rnn_scan_backward[mode={mode}]: expected w_hh of shape [{GATES[mode]} * hidden, "
                            f"hidden], got {list(w_hh.shape)}")  # fmt: skip
@@ -183,29 +202,41 @@ def _backward_infer(packed: TensorType, w_hh: TensorType, g: TensorType, *, mode
         raise RuntimeError(f"rnn_scan_backward: expected the packed states of shape [steps, batch, {layout.width}], "
                            f"got {list(packed.shape)}")  # fmt: skip
     _expect("rnn_scan_backward", "packed", packed, (packed.shape[0], packed.shape[1], layout.width))
-    _expect("rnn_scan_backward", "g", g, packed.shape)
+    if len(g) == 1:
+        _expect("rnn_scan_backward", "g", g[0], packed.shape)
+    elif len(g) == len(layout.parts):
+        for k, (_, size) in enumerate(layout.parts):
+            _expect("rnn_scan_backward", f"g's part {k}", g[k], (packed.shape[0], packed.shape[1], size))
+    else:
+        raise TypeError(f"rnn_scan_backward[mode={mode}]: expected the cotangent whole or in {len(layout.parts)} "
+                        f"parts, got {len(g)} arrays")  # fmt: skip
     return TensorType((packed.shape[0], packed.shape[1], layout.grad_width), first.dtype, first.device)
 
 
-def _backward_eager(xp, packed, w_hh, g, *, mode: str, reverse: bool):
+def _joined(xp, g: tuple):
+    return g[0] if len(g) == 1 else xp.concatenate(g, axis=-1)
+
+
+def _backward_eager(xp, packed, w_hh, *g, mode: str, reverse: bool):
     if xp is np:
-        return fast.scan_backward(packed, w_hh, g, mode=mode, reverse=reverse)
+        return fast.scan_backward(packed, w_hh, *g, mode=mode, reverse=reverse)
     if packed.shape[0] == 0:
         return xp.zeros((0, packed.shape[1], ScanLayout(mode, w_hh.shape[1]).grad_width), dtype=packed.dtype)
-    return steps.scan_backward(steps.xp_ops(xp), packed, w_hh, g, mode=mode, reverse=reverse)
+    return steps.scan_backward(steps.xp_ops(xp), packed, w_hh, _joined(xp, g), mode=mode, reverse=reverse)
 
 
-def _backward_into(xp, packed, w_hh, g, *, mode: str, reverse: bool, out):
+def _backward_into(xp, packed, w_hh, *g, mode: str, reverse: bool, out):
     """``_backward_eager`` into ``out`` (a compiled program's arena)."""
     if xp is np:
-        fast.scan_backward(packed, w_hh, g, mode=mode, reverse=reverse, out=out)
+        fast.scan_backward(packed, w_hh, *g, mode=mode, reverse=reverse, out=out)
     else:
-        xp.copyto(out, _backward_eager(xp, packed, w_hh, g, mode=mode, reverse=reverse))
+        xp.copyto(out, _backward_eager(xp, packed, w_hh, *g, mode=mode, reverse=reverse))
     return out
 
 
-def _backward_reference(torch, packed, w_hh, g, *, mode: str, reverse: bool):
-    return steps.scan_backward(steps.torch_ops(torch), packed, w_hh, g, mode=mode, reverse=reverse)
+def _backward_reference(torch, packed, w_hh, *g, mode: str, reverse: bool):
+    joined = g[0] if len(g) == 1 else torch.cat(g, dim=-1)
+    return steps.scan_backward(steps.torch_ops(torch), packed, w_hh, joined, mode=mode, reverse=reverse)
 
 
 def _backward_samples(rng):
@@ -217,7 +248,13 @@ def _backward_samples(rng):
             args = _scan_args(rng, mode, 3, 2, 2)
             packed = _scan_eager(np, *args, mode=mode, reverse=reverse)
             w_hh = args[_INPUTS[mode].index("w_hh")]
-            samples.append(Sample((packed, w_hh, rng.normal(size=packed.shape)), {"mode": mode, "reverse": reverse}))
+            g = rng.normal(size=packed.shape)
+            attrs = {"mode": mode, "reverse": reverse}
+            samples.append(Sample((packed, w_hh, g), attrs))
+            # a part at a time, one of them a broadcast zero (a compiled program's unread parts)
+            parts = [g[..., start : start + size] for start, size in ScanLayout(mode, 2).parts]
+            parts[-1] = np.broadcast_to(np.zeros((), g.dtype), parts[-1].shape)
+            samples.append(Sample((packed, w_hh, *parts), attrs))
     return samples
 
 

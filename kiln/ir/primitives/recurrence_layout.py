@@ -69,6 +69,14 @@ class ScanLayout:
         return None if self.mode.startswith("RNN") else (start + size, self.hidden)
 
     @property
+    def parts(self) -> tuple[Span, ...]:
+        """Every block of a row, in order along it: what ``rnn_scan_backward`` takes one cotangent
+        of each of (or of all at once, packed)."""
+        spans = [*(self.out(k) for k in range(self.states)), *(self.final(k) for k in range(self.states)),
+                 *(self.prev(k) for k in range(self.states)), self.gate_span]  # fmt: skip
+        return tuple(sorted(spans + ([] if self.extra is None else [self.extra])))
+
+    @property
     def width(self) -> int:
         start, size = self.extra or self.gate_span
         return start + size

@@ -88,20 +88,21 @@ def scan(gx, bias, h0, c0, w_hh, b_hn, *, mode: str, reverse: bool, out=None):
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     gates = _blocks(_part(out, layout.gate_span), layout)
-    np.add(gx.reshape(gates.shape), bias.reshape(gates.shape[2:]), out=gates)
+    if mode.startswith("RNN"):  # (an LSTM's and a GRU's kernels add the bias as they read gx)
+        np.add(gx.reshape(gates.shape), bias.reshape(gates.shape[2:]), out=gates)
     hs = _part(out, layout.out(0))
     with small_products(step_macs(batch, w_hh)):
-        if mode == "LSTM":
-            lstm_forward(k(gates), h0, c0, k(hs), k(_part(out, layout.out(1))), k(_part(out, layout.extra)), w_hh.T)
-        elif mode == "GRU":
-            gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn)
+        packed = tuple(k(_part(out, span)) for span in (*map(layout.prev, range(layout.states)),
+                                                         *map(layout.final, range(layout.states))))  # fmt: skip
+        if mode == "LSTM":  # (its kernel writes the prev and final rows as it goes)
+            cs = k(_part(out, layout.out(1)))
+            lstm_forward(k(gates), h0, c0, k(hs), cs, k(_part(out, layout.extra)), w_hh.T, k(gx), bias, packed)
+            return out
+        if mode == "GRU":
+            gru_forward(k(gates), h0, k(hs), k(_part(out, layout.extra)), w_hh.T, b_hn, k(gx), bias)
         else:
             rnn_forward(k(gates), h0, k(hs), w_hh.T, mode == "RNN_RELU")
-    for s, first in enumerate((h0, c0)[: layout.states]):
-        after, before = k(_part(out, layout.out(s))), k(_part(out, layout.prev(s)))
-        before[0], before[1:] = first, after[:-1]
-        final = k(_part(out, layout.final(s)))
-        final[:-1], final[-1] = 0, after[-1]
+    packed_rows(packed, (h0,), (k(hs),))
     return out
 
 
@@ -129,13 +130,36 @@ def _lstm_scale_shift(hidden: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     return scale, shift
 
 
-def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
+def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None, packed=None) -> None:
     """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``
-    (in one native call where ``recurrence_native`` has the kernels)."""
+    (in one native call where ``recurrence_native`` has the kernels). ``A`` holds the pre-activations on
+    entry, or ``gx + bias`` are them (``gx`` (T, B, 4H) and ``bias`` (4H), the native kernel reading
+    ``gx`` where it lies); ``A`` holds the gate activations on exit. ``packed``: rnn_scan's (prev h,
+    prev c, final h, final c) views, filled too (``packed_rows``)."""
     batch, hidden = h0.shape
     kernels = native("LSTM", A.dtype, hidden, A.shape[0])
-    if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t):
+    if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx, bias, packed):
         return
+    if gx is not None:
+        np.add(gx.reshape(A.shape), bias.reshape(4, hidden), out=A)
+    _lstm_steps(A, h0, c0, hs, cs, tanh_c, w_hh_t)
+    if packed is not None:
+        packed_rows(packed, (h0, c0), (hs, cs))
+
+
+def packed_rows(packed: tuple, first: tuple, after: tuple) -> None:
+    """Fill rnn_scan's ``packed`` views (kernel order), the states before each step (prev, for each
+    state) and the final states (in the last step's row, zeros before it), from the ``first`` states
+    and those ``after`` each step."""
+    count = len(first)
+    for before, final, initial, states in zip(packed[:count], packed[count:], first, after, strict=True):
+        before[0], before[1:] = initial, states[:-1]
+        final[:-1], final[-1] = 0, states[-1]
+
+
+def _lstm_steps(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
+    """``lstm_forward``'s numpy loop over the steps."""
+    batch, hidden = h0.shape
     step = np.empty((batch, 4 * hidden), dtype=A.dtype)
     product = np.empty((batch, hidden), dtype=A.dtype)
     scale, shift = _lstm_scale_shift(hidden, A.dtype)
@@ -159,13 +183,16 @@ def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t) -> None:
         np.multiply(o, tanh_c[t], out=hs[t])
 
 
-def gru_forward(A, h0, hs, hn, w_hh_t, b_hn) -> None:
+def gru_forward(A, h0, hs, hn, w_hh_t, b_hn, gx=None, bias=None) -> None:
     """``n = tanh(A_n + r (h W_hn^T + b_hn))``, ``h' = n + z (h - n)``, gates (r, z, n); fills ``hs``
-    and ``hn`` with ``h W_hn^T + b_hn`` (in one native call where ``recurrence_native`` has the kernels)."""
+    and ``hn`` with ``h W_hn^T + b_hn`` (in one native call where ``recurrence_native`` has the kernels).
+    ``gx`` and ``bias`` as ``lstm_forward``'s."""
     batch, hidden = h0.shape
     kernels = native("GRU", A.dtype, hidden, A.shape[0])
-    if kernels is not None and kernels.forward(A, h0, hs, hn, w_hh_t, b_hn):
+    if kernels is not None and kernels.forward(A, h0, hs, hn, w_hh_t, b_hn, gx, bias):
         return
+    if gx is not None:
+        np.add(gx.reshape(A.shape), bias.reshape(3, hidden), out=A)
     halves = np.ones(3 * hidden, dtype=A.dtype)
     halves[: 2 * hidden] = 0.5
     w_hh_t = w_hh_t * halves
@@ -191,42 +218,73 @@ def gru_forward(A, h0, hs, hn, w_hh_t, b_hn) -> None:
 
 
 # ----------------------------------------------------------------------------- the backward
-def scan_backward(packed, w_hh, g, *, mode: str, reverse: bool, out=None):
-    """The packed output of ``rnn_scan_backward``: ``g`` is the cotangent of ``packed``, every part of it;
-    written into ``out`` when given (every element of it)."""
+class _Cotangent:
+    """The cotangent of ``rnn_scan``'s packed output -- one array (T, B, width), or one per part of a
+    row (``ScanLayout.parts``) -- read a part at a time in kernel order. A part given as a broadcast
+    zero (what a layer's backward, ``nn/_rnn_scan.py``, and a compiled program pass for the parts no
+    one reads) is known to be zero without reading it."""
+
+    def __init__(self, layout: ScanLayout, arrays: tuple, reverse: bool) -> None:
+        if len(arrays) == 1:
+            self._parts = {span: _part(arrays[0], span) for span in layout.parts}
+        else:
+            self._parts = dict(zip(layout.parts, arrays, strict=True))
+        self.reverse = reverse
+
+    def __call__(self, span):
+        return _kernel_order(self._parts[span], self.reverse)
+
+    def zero(self, span) -> bool:
+        """Whether the part is a broadcast zero (a part that merely holds zeros answers False)."""
+        a = self._parts[span]
+        return a.size == 0 or (not any(a.strides) and not a.flat[0])
+
+
+def _packed_cotangent(arrays: tuple):
+    """``rnn_scan_backward``'s cotangent as one packed array (its parts joined along the last axis)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays, axis=-1)
+
+
+def scan_backward(packed, w_hh, *g, mode: str, reverse: bool, out=None):
+    """The packed output of ``rnn_scan_backward``: ``g`` is the cotangent of ``packed``, every part of it
+    (packed, or a part at a time: ``_Cotangent``); written into ``out`` when given (every element of it)."""
     steps, batch, _ = packed.shape
-    if steps == 1 and mode == "LSTM":  # a cell's step's backward: the lean path
-        return _lstm_backward_step(packed, w_hh, g, out)
     layout = ScanLayout(mode, w_hh.shape[1])
+    if steps == 1 and mode == "LSTM":  # a cell's step's backward: the lean path
+        return _lstm_backward_step(packed, w_hh, _packed_cotangent(g), out)
     if out is None:
         out = np.empty((steps, batch, layout.grad_width), dtype=packed.dtype)
     if steps == 0:
         return out
     k = lambda a: _kernel_order(a, reverse)  # noqa: E731
     saved = lambda span: k(_part(packed, span))  # noqa: E731
-    cot = lambda span: k(_part(g, span))  # noqa: E731
-    A, tangents = _blocks(saved(layout.gate_span), layout), _blocks(cot(layout.gate_span), layout)
-    eA = _through_activations(mode, A, tangents) if tangents.any() else None
+    cot = _Cotangent(layout, g, reverse)
+    A = _blocks(saved(layout.gate_span), layout)
+    eA = None
+    if not cot.zero(layout.gate_span):
+        tangents = _blocks(cot(layout.gate_span), layout)
+        eA = _through_activations(mode, A, tangents) if tangents.any() else None
     dH = _state_cotangent(layout, cot, 0)
     dC = _state_cotangent(layout, cot, 1) if mode == "LSTM" else None
     dz = _blocks(k(_part(out, layout.dz)), layout)
+    extra = None if layout.extra is None or cot.zero(layout.extra) else cot(layout.extra)
     with small_products(step_macs(batch, w_hh)):
         if mode == "LSTM":
-            tanh_c, g_tanh_c = saved(layout.extra), cot(layout.extra)
-            if g_tanh_c.any():
-                dC += g_tanh_c * (1 - tanh_c * tanh_c)
+            tanh_c = saved(layout.extra)
+            if extra is not None and extra.any():  # (not in place: dC may be the caller's cotangent)
+                dC = dC + extra * (1 - tanh_c * tanh_c)
             initial = lstm_backward(A, saved(layout.prev(1)), tanh_c, w_hh, dH, dC, eA, dz)
         elif mode == "GRU":
-            g_hn = cot(layout.extra)
             dz_hh = _blocks(k(_part(out, layout.dz_hh)), layout)
             hn = saved(layout.extra)
-            g_hn = g_hn if g_hn.any() else None
+            g_hn = extra if extra is not None and extra.any() else None
             initial = (gru_backward(A, saved(layout.prev(0)), hn, w_hh, dH, eA, g_hn, dz, dz_hh),)
         else:
             initial = (rnn_backward(A, w_hh, dH, eA, mode == "RNN_RELU", dz),)
     for s, grad in enumerate(initial):
         row = k(_part(out, layout.initial(s)))
-        row[0], row[1:] = grad + cot(layout.prev(s))[0], 0
+        prev = layout.prev(s)
+        row[0], row[1:] = (grad if cot.zero(prev) else grad + cot(prev)[0]), 0
     return out
 
 
@@ -292,12 +350,26 @@ def _lstm_backward_step(packed, w_hh, g, out):
     return out
 
 
-def _state_cotangent(layout: ScanLayout, cot, s: int):
+def _state_cotangent(layout: ScanLayout, cot: _Cotangent, s: int):
     """The gradient of state ``s`` after each step (kernel order) from the output's cotangent alone:
-    its ``out`` part, the next step's ``prev`` part and, after the last step, its ``final`` part."""
-    d = cot(layout.out(s)).copy()
-    d[:-1] += cot(layout.prev(s))[1:]
-    d[-1] += cot(layout.final(s))[-1]
+    its ``out`` part, the next step's ``prev`` part and, after the last step, its ``final`` part.
+    Read only by the kernels: where ``out`` is the only part given, ``out`` itself when its rows lie
+    plainly (a compiled LSTM LM's h gradient: no copy), zeros when no part is."""
+    out, prev, final = layout.out(s), layout.prev(s), layout.final(s)
+    if cot.zero(prev) and cot.zero(final):
+        if cot.zero(out):
+            zeros = scratch(f"rnn_scan.zero_state{s}", cot(out).shape, cot(out).dtype)
+            zeros.fill(0)
+            return zeros
+        d = cot(out)
+        item = d.itemsize
+        if d.strides[-1] == item and d.strides[1] >= d.shape[-1] * item and d.strides[0] % item == 0:
+            return d
+    d = cot(out).copy()
+    if not cot.zero(prev):
+        d[:-1] += cot(prev)[1:]
+    if not cot.zero(final):
+        d[-1] += cot(final)[-1]
     return d
 
 
