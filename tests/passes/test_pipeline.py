@@ -163,10 +163,15 @@ def _inputs(graph: Graph, seed: int) -> list[np.ndarray]:
     return [rng.choice(values, size=v.type.shape).astype(v.type.dtype.np) for v in graph.inputs]
 
 
+def _ops(graph: Graph) -> int:
+    return sum(node.op != "constant" for node in graph.nodes)
+
+
 @given(random_graphs(), st.integers(0, 2**16))
 def test_the_pipeline_never_changes_a_result(graph, seed):
     after = run_pipeline(graph, verify=True)
-    assert len(after.nodes) <= len(graph.nodes)
+    # no more work: a rule may emit a constant (a sum over one element is ``x + 0.0``), not an op
+    assert _ops(after) <= _ops(graph)
     for k in range(3):
         assert_same_results(graph, after, _inputs(graph, seed + k))
 
