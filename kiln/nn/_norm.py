@@ -121,7 +121,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                 f"Expected more than 1 value per channel when training, got input size {list(input.shape)}"
             )
         y = batch_norm_on_arrays(input, weight, bias, eps, running_mean, running_var, momentum)
-        if y is not None:  # small plain tensors: one autograd node on the arrays
+        if y is not None:  # plain tensors: one autograd node on the arrays
             return y
         y, mean, var = training_batch_norm(input, weight, bias, eps)
         if running_mean is not None and running_var is not None:
