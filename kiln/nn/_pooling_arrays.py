@@ -29,7 +29,7 @@ import numpy as np
 import kiln
 from kiln.frontend import dispatch
 from kiln.frontend.autograd import grad_mode
-from kiln.frontend.autograd.graph import LazyEdgesNode, pending_edge
+from kiln.frontend.autograd.graph import LazyEdgesNode, pending_edge, unpack_tensors
 from kiln.frontend.jit import state as _jit
 from kiln.frontend.ops._util import plain_arrays
 from kiln.frontend.tensor import make_tensor
@@ -129,7 +129,7 @@ class MaxPoolBackward(LazyEdgesNode):
 
     def apply(self, grads: list) -> tuple:
         g = grads[0]
-        assert self.first is not None, "MaxPoolBackward ran after its saved offsets were released"
+        unpack_tensors(self, None if self.first is None else (), ())  # (released: the second backward's error)
         if grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops or not plain_arrays(g):
             return (self._through_ops(g),)  # a graph (create_graph), a trace or a profile: ops
         return (make_tensor(self._on_arrays(np.asarray(g._data)), g._device, g._dtype),)

@@ -122,3 +122,11 @@ def test_larger_windows_take_the_ops():
     out = F.max_pool2d(x, 5, stride=1)  # 25 offsets: more than MAX_OFFSETS bits
     assert type(out.grad_fn).__name__ != "MaxPoolBackward"
     np.testing.assert_array_equal(out.detach().numpy(), F.max_pool2d(x.detach(), 5, stride=1).numpy())
+
+
+def test_a_second_backward_says_the_graph_was_freed():
+    out = F.max_pool2d(kiln.randn(1, 2, 4, 4, requires_grad=True), 2).sum()
+    out.backward(retain_graph=True)
+    out.backward()  # retained: runs again
+    with pytest.raises(RuntimeError, match="second time \\(through MaxPoolBackward\\)"):
+        out.backward()
