@@ -81,10 +81,10 @@ class SoftmaxBackward(LazyEdgesNode):
         counter, saved = self.output_version
         if counter[0] != saved:
             raise version_error(self, saved, counter[0])
-        y = self.output
-        assert y is not None  # (released together with ``saved``, which unpack_tensors checked)
-        gy = g._data * y
-        gy -= y * gy.sum(axis=self.axes, keepdims=True)
+        out = self.output
+        assert out is not None  # (released together with ``saved``, which unpack_tensors checked)
+        gy = g._data * out
+        gy -= out * gy.sum(axis=self.axes, keepdims=True)
         return (make_tensor(gy, g._device, g._dtype),)
 
     def release(self) -> None:
