@@ -20,9 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln.frontend.autograd import grad_mode
-from kiln.frontend.autograd.api import grad
 from kiln.frontend.autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
-from kiln.frontend.ops._util import plain_arrays
+from kiln.frontend.ops._util import plain_arrays, recomputed_gradients
 from kiln.frontend.tensor import Tensor, make_tensor
 
 _INDEX_DTYPES = frozenset({np.dtype(np.int64), np.dtype(np.uint8)})
@@ -95,9 +94,7 @@ class CrossEntropyBackward(LazyEdgesNode):
         g = grads[0]
         input, _ = unpack_tensors(self, self.saved, self.versions)
         if not plain_arrays(g, input) or grad_mode.state.grad_enabled:
-            with grad_mode.enable_grad():  # a graph (create_graph), a trace or a profile: the ops'
-                y = self.composite(input)
-            return tuple(grad([y], [input], [g], create_graph=grad_mode.state.grad_enabled))
+            return recomputed_gradients(self.composite, (input,), (True,), g)  # a graph, a trace or a profile
         slope = self.slope
         assert slope is not None  # (released together with ``saved``, which unpack_tensors checked)
         ga = g._data

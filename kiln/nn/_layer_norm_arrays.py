@@ -22,9 +22,8 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln.frontend.autograd import grad_mode
-from kiln.frontend.autograd.api import grad
 from kiln.frontend.autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
-from kiln.frontend.ops._util import plain_arrays
+from kiln.frontend.ops._util import plain_arrays, recomputed_gradients
 from kiln.frontend.tensor import Tensor, make_tensor
 
 #: ``composite(x, weight, bias)``: the layer norm computed with ops (the backward's recompute).
@@ -106,12 +105,9 @@ class LayerNormBackward(LazyEdgesNode):
         return gx, gw, gb
 
     def _through_ops(self, inputs: tuple, g: Tensor) -> tuple:
-        """The gradients of the composite recomputed with ops: differentiable again under create_graph."""
-        wanted = [t for t, edge in zip(inputs, self.next_edges, strict=True) if edge is not None]
-        with grad_mode.enable_grad():
-            y = self.composite(*inputs)
-        found = iter(grad([y], wanted, [g], create_graph=grad_mode.state.grad_enabled, allow_unused=True))
-        return tuple(None if edge is None else next(found) for edge in self.next_edges)
+        """The gradients of the composite recomputed with ops (differentiable again under create_graph)."""
+        wanted = tuple(edge is not None for edge in self.next_edges)
+        return recomputed_gradients(self.composite, inputs, wanted, g)
 
     def release(self) -> None:
         self.saved = None

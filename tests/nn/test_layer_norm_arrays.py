@@ -79,3 +79,30 @@ def test_an_in_place_change_is_an_error_and_profiles_see_the_ops():
     with kiln.profiler.profile() as prof:
         F.layer_norm(x, (8,)).sum().backward()
     assert "rsqrt" in [e.name for e in prof.events()]
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "softmax", "gelu", "cross_entropy"])
+def test_a_backward_through_the_ops_leaves_the_callers_graph_alone(op):
+    """The ops' backward (here under a profile; also while another thread traces) recomputes the
+    composite from detached inputs: a recomputation over the inputs' own history ran, and freed, the
+    nodes behind them (here x * 1.0), which the caller's backward then reached a second time."""
+    x = kiln.randn(6, 8, requires_grad=True)
+    h = x * 1.0
+    if op == "layer_norm":
+        y = F.layer_norm(h, (8,), h[0], h[1])
+    elif op == "softmax":
+        y = F.softmax(h, dim=1) * h
+    elif op == "gelu":
+        y = F.gelu(h, approximate="tanh") * h
+    else:
+        y = F.cross_entropy(h, kiln.tensor([0, 1, 2, 3, 4, 5])) * h
+    with kiln.profiler.profile():
+        y.sum().backward()
+    found = x.grad.numpy()
+    x.grad = None
+    h = x * 1.0  # the same again, without the profile: the arrays' backward
+    y = {"layer_norm": lambda: F.layer_norm(h, (8,), h[0], h[1]), "softmax": lambda: F.softmax(h, dim=1) * h,
+         "gelu": lambda: F.gelu(h, approximate="tanh") * h,
+         "cross_entropy": lambda: F.cross_entropy(h, kiln.tensor([0, 1, 2, 3, 4, 5])) * h}[op]()  # fmt: skip
+    y.sum().backward()
+    np.testing.assert_allclose(found, x.grad.numpy(), rtol=1e-5, atol=1e-5)

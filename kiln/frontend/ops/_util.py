@@ -10,6 +10,7 @@ from ...ir.types import CPU, Device
 from ...runtime.devices import to_device
 from .. import dispatch
 from ..autograd import grad_mode
+from ..autograd.api import grad
 from ..dispatch import apply
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
@@ -90,3 +91,19 @@ def plain_arrays(*tensors) -> bool:
         if grad_mode.inference_used and t._inference:
             return False
     return dtype is not None and dtype.np in _FLOATS
+
+
+def recomputed_gradients(composite, inputs: tuple, wanted: tuple, g: Tensor) -> tuple:
+    """The gradients, for ``g``, of ``composite(*inputs)`` recomputed with ops, with respect to each
+    input whose ``wanted`` flag is set (None for the others): an on-the-arrays node's backward where a
+    trace, a profile or create_graph must see ops. Under create_graph the gradients are differentiable
+    through the inputs' own history; otherwise the recomputation starts from detached inputs, so that
+    the inner backward never runs (and frees) the nodes of the graph the caller's backward walks."""
+    create_graph = grad_mode.state.grad_enabled
+    if not create_graph:
+        inputs = tuple(None if t is None else t.detach().requires_grad_(w) for t, w in zip(inputs, wanted, strict=True))
+    targets = [t for t, w in zip(inputs, wanted, strict=True) if w and t is not None]
+    with grad_mode.enable_grad():
+        y = composite(*inputs)
+    found = iter(grad([y], targets, [g], create_graph=create_graph, allow_unused=True))
+    return tuple(next(found) if w and t is not None else None for t, w in zip(inputs, wanted, strict=True))

@@ -23,10 +23,9 @@ import numpy as np
 
 from ...ir.types import CPU
 from ..autograd import grad_mode
-from ..autograd.api import grad
 from ..autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
 from ..tensor import Tensor, make_tensor
-from ._util import plain_arrays
+from ._util import plain_arrays, recomputed_gradients
 
 
 def gelu_tanh_eager(input, a: float, b: float, composite: Callable[[Tensor], Tensor]) -> Tensor | None:
@@ -73,9 +72,7 @@ class GeluTanhBackward(LazyEdgesNode):
         g = grads[0]
         (x,) = unpack_tensors(self, self.saved, self.versions)
         if not plain_arrays(g, x) or grad_mode.state.grad_enabled or g._data.shape != x._data.shape:
-            with grad_mode.enable_grad():  # a graph (create_graph), a trace or a profile: the ops'
-                y = self.composite(x)
-            return tuple(grad([y], [x], [g], create_graph=grad_mode.state.grad_enabled))
+            return recomputed_gradients(self.composite, (x,), (True,), g)  # a graph, a trace or a profile
         return (make_tensor(self._on_arrays(x._data, g._data), CPU, g._dtype),)
 
     def _on_arrays(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:

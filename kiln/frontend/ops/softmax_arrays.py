@@ -20,11 +20,10 @@ import numpy as np
 from ...ir.primitives import P
 from .. import dispatch
 from ..autograd import grad_mode
-from ..autograd.api import grad
 from ..autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
 from ..autograd.saved import version_error
 from ..tensor import Tensor, make_tensor
-from ._util import plain_arrays
+from ._util import plain_arrays, recomputed_gradients
 
 _MAX, _SUB, _EXP, _SUM, _DIV = P["reduce_max"], P["sub"], P["exp"], P["reduce_sum"], P["div"]
 
@@ -75,9 +74,7 @@ class SoftmaxBackward(LazyEdgesNode):
         g = grads[0]
         (x,) = unpack_tensors(self, self.saved, self.versions)
         if not plain_arrays(g, x) or grad_mode.state.grad_enabled or g._data.shape != x._data.shape:
-            with grad_mode.enable_grad():  # a graph (create_graph), a trace or a profile: the ops'
-                y = self.composite(x)
-            return tuple(grad([y], [x], [g], create_graph=grad_mode.state.grad_enabled))
+            return recomputed_gradients(self.composite, (x,), (True,), g)  # a graph, a trace or a profile
         counter, saved = self.output_version
         if counter[0] != saved:
             raise version_error(self, saved, counter[0])
