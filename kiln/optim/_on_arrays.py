@@ -85,7 +85,7 @@ _OPS = ArrayOps()
 def may_run(tensors) -> bool:
     """Whether ``run_on_arrays`` may run over ``tensors``: plain float32/float64 CPU tensors (no
     sparse or inference tensor, no other kind), no trace or profile recording."""
-    if _jit.tracing or dispatch.profiling_ops:
+    if (_jit.tracing and _jit.current.get() is not None) or dispatch.profiling_ops:  # (this thread's trace)
         return False
     for t in tensors:
         if not isinstance(t, Tensor) or t._device is not CPU or t._data.dtype not in _FLOATS:

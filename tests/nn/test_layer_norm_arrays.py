@@ -106,3 +106,18 @@ def test_a_backward_through_the_ops_leaves_the_callers_graph_alone(op):
          "cross_entropy": lambda: F.cross_entropy(h, kiln.tensor([0, 1, 2, 3, 4, 5])) * h}[op]()  # fmt: skip
     y.sum().backward()
     np.testing.assert_allclose(found, x.grad.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_trace_in_another_thread_leaves_this_ones_calls_on_the_arrays(monkeypatch):
+    """Eager kernels trace composites in a background thread while a fresh process's first steps run:
+    the count of traces running anywhere is then above 0, but none records this thread's ops."""
+    from kiln.frontend.jit import state
+
+    monkeypatch.setattr(state, "tracing", state.tracing + 1)  # (another thread's trace, as the count sees it)
+    x = kiln.randn(4, 8, requires_grad=True)
+    y = F.layer_norm(x, (8,))
+    assert y.grad_fn.name() == "NativeLayerNormBackward"
+    y.sum().backward()
+    w = kiln.randn(3, requires_grad=True)
+    w.grad = kiln.ones(3)
+    assert kiln.optim._on_arrays.may_run([w])

@@ -75,8 +75,9 @@ def plain_arrays(*tensors) -> bool:
     """Whether an op may run on the arrays of ``tensors`` (None skipped) as one autograd node of its
     own: plain float32/64 CPU tensors of one dtype (Parameters included; no sparse or other kind),
     outside traces and profiles (which record the ops), none an inference tensor (whose saving the
-    ops refuse with their error)."""
-    if _jit.tracing or dispatch.profiling_ops:
+    ops refuse with their error). A trace in another thread (eager kernels' composites are traced in
+    the background while a fresh process's first steps run) records nothing of this one's."""
+    if (_jit.tracing and _jit.current.get() is not None) or dispatch.profiling_ops:
         return False
     dtype = None
     for t in tensors:
