@@ -213,7 +213,12 @@ def count_batch(counter) -> None:
     """``counter.add_(1)`` without gradient (a BatchNorm's ``num_batches_tracked``): on the array for
     a plain writable buffer outside traces and profiles (the op's dispatch and its in-place checks
     were ~10 us of a (16, 32, 4, 4) BatchNorm2d call's ~60)."""
-    if _jit.tracing or dispatch.profiling_ops or type(counter) is not kiln.Tensor or not _writable(counter):
+    if (
+        (_jit.tracing and _jit.current.get() is not None)
+        or dispatch.profiling_ops
+        or type(counter) is not kiln.Tensor
+        or not _writable(counter)
+    ):
         with kiln.no_grad():
             counter.add_(1)
         return

@@ -130,7 +130,12 @@ class MaxPoolBackward(LazyEdgesNode):
     def apply(self, grads: list) -> tuple:
         g = grads[0]
         unpack_tensors(self, None if self.first is None else (), ())  # (released: the second backward's error)
-        if grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops or not plain_arrays(g):
+        if (
+            grad_mode.state.grad_enabled
+            or (_jit.tracing and _jit.current.get() is not None)
+            or dispatch.profiling_ops
+            or not plain_arrays(g)
+        ):
             return (self._through_ops(g),)  # a graph (create_graph), a trace or a profile: ops
         return (make_tensor(self._on_arrays(np.asarray(g._data)), g._device, g._dtype),)
 

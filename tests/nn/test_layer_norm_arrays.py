@@ -121,3 +121,5 @@ def test_a_trace_in_another_thread_leaves_this_ones_calls_on_the_arrays(monkeypa
     w = kiln.randn(3, requires_grad=True)
     w.grad = kiln.ones(3)
     assert kiln.optim._on_arrays.may_run([w])
+    assert F.relu(x).grad_fn.name() == "ReluBackward0"  # (relu's and linear's own checks alike)
+    assert F.linear(x, kiln.randn(2, 8, requires_grad=True)).grad_fn.name() == "LinearBackward"

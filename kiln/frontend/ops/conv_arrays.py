@@ -166,7 +166,7 @@ class _ArraysBackward(LazyEdgesNode):
         x, weight, bias = unpack_tensors(self, self.saved, self.versions)
         assert x is not None and weight is not None  # (saved by attach; only the bias may be None)
         if (
-            grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops
+            grad_mode.state.grad_enabled or (_jit.tracing and _jit.current.get() is not None) or dispatch.profiling_ops
             or g._device is not CPU or g._dtype is not weight._dtype
         ):  # fmt: skip
             return self._through_ops((x, weight, bias), g)  # a graph (create_graph), a trace or a profile
