@@ -11,6 +11,7 @@ import kiln
 from kiln.frontend.autocast import FLOAT32, autocast_op
 from kiln.frontend.eager_composites import compiled_composite
 
+from ._cross_entropy_arrays import cross_entropy_on_arrays
 from ._loss_logits import check_same_size
 from ._loss_reduction import _check_reduction, _reduce, legacy_reduction
 from ._utils import check_tensor, saves_target
@@ -114,9 +115,14 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index: i
     classes = input.shape[cdim]
     soft = target.dtype.is_floating_point and tuple(target.shape) == tuple(input.shape)
     if not soft and label_smoothing == 0.0 and input.numel():
-        normalizer = _log_softmax_normalizer(input, cdim)
-        losses, w, _ = _picked_log_probs(input, target, weight, ignore_index, "cross_entropy", normalizer)
-        return losses if reduction == "none" else losses.sum() if reduction == "sum" else losses.sum() / w.sum()
+
+        def composite(logits):
+            normalizer = _log_softmax_normalizer(logits, cdim)
+            losses, w, _ = _picked_log_probs(logits, target, weight, ignore_index, "cross_entropy", normalizer)
+            return losses if reduction == "none" else losses.sum() if reduction == "sum" else losses.sum() / w.sum()
+
+        out = None if weight is not None else cross_entropy_on_arrays(input, target, ignore_index, reduction, composite)
+        return composite(input) if out is None else out  # (None: the ops run)
     logp = kiln.log_softmax(input, dim=cdim)
     if soft:
         return _soft_cross_entropy(logp, target, weight, reduction, label_smoothing, cdim)

@@ -23,6 +23,7 @@ from ._batch_norm import (
     unbiased_factor,
     update_running_statistics,
 )
+from ._layer_norm_arrays import layer_norm_on_arrays
 from ._utils import check_tensor
 
 __all__ = ["layer_norm", "batch_norm", "group_norm", "instance_norm", "rms_norm", "local_response_norm"]
@@ -87,8 +88,13 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != shape:
             raise RuntimeError(f"layer_norm: expected {name} of shape {list(shape)}, got {list(t.shape)}")
-    y, _, _ = _normalize(input, tuple(range(input.ndim - k, input.ndim)), eps)
-    return affine(y, weight, bias, shape)
+    dims = tuple(range(input.ndim - k, input.ndim))
+
+    def composite(x, weight, bias):
+        return affine(_normalize(x, dims, eps)[0], weight, bias, shape)
+
+    y = layer_norm_on_arrays(input, math.prod(shape), weight, bias, eps, composite)  # (None: the ops run)
+    return composite(input, weight, bias) if y is None else y
 
 
 def _channel_shape(x: kiln.Tensor) -> tuple[int, ...]:
@@ -121,7 +127,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
                 f"Expected more than 1 value per channel when training, got input size {list(input.shape)}"
             )
         y = batch_norm_on_arrays(input, weight, bias, eps, running_mean, running_var, momentum)
-        if y is not None:  # small plain tensors: one autograd node on the arrays
+        if y is not None:  # plain tensors: one autograd node on the arrays
             return y
         y, mean, var = training_batch_norm(input, weight, bias, eps)
         if running_mean is not None and running_var is not None:

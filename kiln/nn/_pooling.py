@@ -8,7 +8,8 @@ input view it instead). Max pooling takes each window's maximum and the position
 maximum (the first NaN, where there is one), and its gradient goes to that one position, as in
 PyTorch (amax's own gradient would split it between ties, e.g. the zeros after relu). It is an
 elementwise chain over the window's offsets and the gradient is one ``where``: they fuse into
-compiled kernels, where argmax + gather + scatter-add ran on numpy.
+compiled kernels, where argmax + gather + scatter-add ran on numpy. Where the composite runs on
+numpy (eager, not compiled), plain float tensors take ``_pooling_arrays``' one node instead.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 import kiln
 from kiln.frontend.eager_composites import compiled_composite
 
+from ._pooling_arrays import max_pool_on_arrays
 from ._utils import batched, check_tensor, ntuple, pad_spec
 
 __all__ = [
@@ -74,11 +78,16 @@ def _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_i
     spatial = tuple(x.shape[2:])
     out_size, extra = _pool_geometry(spatial, kernel, stride, padding, dilation, ceil_mode, op)
     pads = tuple((p, p + e) for p, e in zip(padding, extra, strict=True))
-    if any(p for pair in pads for p in pair):
-        if not x.dtype.is_floating_point:
-            raise NotImplementedError(f"{op}: padding or ceil_mode needs a floating-point input, got {x.dtype}")
-        x = kiln.pad(x, pad_spec(pads), value=-math.inf)
-    out, index = _MaxOfWindows.apply(*_windows(x, kernel, stride, dilation, out_size))
+    on_arrays = max_pool_on_arrays(x, kernel, stride, dilation, pads, out_size)  # (None: the ops run)
+    if on_arrays is not None:
+        out, first = on_arrays
+        index = kiln.from_numpy(first.astype(np.int32)) if return_indices else None
+    else:
+        if any(p for pair in pads for p in pair):
+            if not x.dtype.is_floating_point:
+                raise NotImplementedError(f"{op}: padding or ceil_mode needs a floating-point input, got {x.dtype}")
+            x = kiln.pad(x, pad_spec(pads), value=-math.inf)
+        out, index = _MaxOfWindows.apply(*_windows(x, kernel, stride, dilation, out_size))
     if not return_indices:
         return out.squeeze(0) if unbatched else out
     flat = _flat_input_index(index, spatial, kernel, stride, padding, dilation, out_size)

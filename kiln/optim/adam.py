@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import kiln
 from kiln.frontend import fused_steps
 
+from . import _on_arrays
 from .optimizer import Optimizer, check_range, step_count
+
+_run_compiled = fused_steps.run_fused
 
 
 def _check_adam_args(lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
@@ -66,8 +69,11 @@ class Adam(Optimizer):
         return state
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        if self._wants_compiled_step(group) and fused_steps.may_run() and self._fused_step(group, scalars):
-            return
+        if self._wants_compiled_step(group):  # else the loop, asked for (``fused=False``, ``foreach=False``)
+            if fused_steps.may_run() and self._fused_step(group, scalars):
+                return
+            if _on_arrays.may_run(()) and self._fused_step(group, scalars, _on_arrays.run_on_arrays):
+                return  # (the program is not ready, or eager kernels are off)
         lr, (beta1, beta2), eps = scalars["lr"], scalars["betas"], scalars["eps"]
         amsgrad, gradients = group["amsgrad"], self._gradients(group, scalars)
         # Per group, not per parameter: eager runs these 0-d ops once (a trace's CSE would merge them anyway).
@@ -88,9 +94,12 @@ class Adam(Optimizer):
             denom = second.sqrt() / correction2_sqrt + eps
             p.sub_(exp_avg / denom * step_size)
 
-    def _fused_step(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> bool:
-        """The group's step as one compiled program over all its parameters (``fused_steps``), the
-        same arithmetic as ``_update_group``'s loop; False when the loop must run (see ``run_fused``)."""
+    def _fused_step(
+        self, group: dict[str, Any], scalars: dict[str, kiln.Tensor], run: Callable = _run_compiled
+    ) -> bool:
+        """The group's step as one update of all its parameters, the same arithmetic as
+        ``_update_group``'s loop: by default one compiled program (``fused_steps``), with
+        ``run=_on_arrays.run_on_arrays`` on their arrays; False when the loop must run (see ``run``)."""
         # (``_grad`` and ``_data``: no trace is recording, see ``fused_steps.may_run``; the properties
         # cost a fifth of a small model's step here)
         params = [p for p in group["params"] if p._grad is not None]
@@ -108,7 +117,7 @@ class Adam(Optimizer):
         decoupled = group["decoupled_weight_decay"]
         shared = [scalars["lr"], *scalars["betas"], scalars["eps"], scalars["weight_decay"]]
         flags = (group["amsgrad"], group["maximize"], group["weight_decay"] != 0, decoupled)
-        return fused_steps.run_fused("adam_step", functools.partial(_adam_update, *flags), shared, rows, flags)
+        return run("adam_step", functools.partial(_adam_update, *flags), shared, rows, flags)
 
 
 def _adam_update(amsgrad: bool, maximize: bool, decay: bool, decoupled: bool, ops, shared, row) -> list:
@@ -126,9 +135,9 @@ def _adam_update(amsgrad: bool, maximize: bool, decay: bool, decoupled: bool, op
         grad = ops.add(grad, ops.mul(p, weight_decay))
     exp_avg = ops.add(ops.mul(exp_avg, beta1), ops.mul(grad, ops.sub(1.0, beta1)))
     exp_avg_sq = ops.add(ops.mul(exp_avg_sq, beta2), ops.mul(ops.mul(grad, grad), ops.sub(1.0, beta2)))
-    step64 = ops.cast(step, beta1.type.dtype)
-    step_size = ops.div(lr, ops.sub(1.0, ops.pow(beta1, step64)))
-    correction2_sqrt = ops.sqrt(ops.sub(1.0, ops.pow(beta2, step64)))
+    # (the float32 step is cast to the betas' float64 by pow, as eager promotes two 0-d operands)
+    step_size = ops.div(lr, ops.sub(1.0, ops.pow(beta1, step)))
+    correction2_sqrt = ops.sqrt(ops.sub(1.0, ops.pow(beta2, step)))
     second = exp_avg_sq
     new_max = None
     if amsgrad:

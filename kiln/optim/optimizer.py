@@ -251,7 +251,8 @@ class Optimizer:
         where an optimizer has one): asked for with ``fused=True`` or ``foreach=True``, and by default
         (both None), as PyTorch takes its faster multi-tensor path by default where it has one;
         ``fused=False`` or ``foreach=False`` keeps the per-parameter loop. The program runs only when
-        eager kernels are on (``kiln.backends.cpu.eager_kernels``) and compiled; the loop otherwise."""
+        eager kernels are on (``kiln.backends.cpu.eager_kernels``) and compiled; the same update on
+        the arrays otherwise (``kiln.optim._on_arrays``), the loop in a trace or a profile."""
         fused, foreach = group.get("fused"), group.get("foreach")
         return bool(fused or foreach) or (fused is None and foreach is None)
 

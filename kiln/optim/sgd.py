@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import kiln
 from kiln.frontend import fused_steps
 
+from . import _on_arrays
 from .optimizer import Optimizer, check_range
+
+_run_compiled = fused_steps.run_fused
 
 
 class SGD(Optimizer):
@@ -59,8 +62,11 @@ class SGD(Optimizer):
         super().__init__(params, defaults)
 
     def _update_group(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> None:
-        if self._wants_compiled_step(group) and fused_steps.may_run() and self._fused_step(group, scalars):
-            return
+        if self._wants_compiled_step(group):  # else the loop, asked for (``fused=False``, ``foreach=False``)
+            if fused_steps.may_run() and self._fused_step(group, scalars):
+                return
+            if _on_arrays.may_run(()) and self._fused_step(group, scalars, _on_arrays.run_on_arrays):
+                return  # (the program is not ready, or eager kernels are off)
         lr = scalars["lr"]
         momentum = scalars["momentum"] if group["momentum"] != 0 else None  # 0: no buffer, as in PyTorch
         undamped = 1 - scalars["dampening"] if momentum is not None else None
@@ -77,10 +83,13 @@ class SGD(Optimizer):
                 grad = grad + buf * momentum if group["nesterov"] else buf
             p.sub_(grad * lr)
 
-    def _fused_step(self, group: dict[str, Any], scalars: dict[str, kiln.Tensor]) -> bool:
-        """The group's step as one compiled program over all its parameters (``fused_steps``), the
-        loop's arithmetic; False when the loop must run (``run_fused``; the first step with momentum,
-        which makes the buffers)."""
+    def _fused_step(
+        self, group: dict[str, Any], scalars: dict[str, kiln.Tensor], run: Callable = _run_compiled
+    ) -> bool:
+        """The group's step as one update of all its parameters, the loop's arithmetic: by default one
+        compiled program (``fused_steps``), with ``run=_on_arrays.run_on_arrays`` on their arrays;
+        False when the loop must run (see ``run``; the first step with dampening, which makes the
+        buffers from the gradients)."""
         params = [p for p in group["params"] if p.grad is not None]
         if any(p.grad.is_sparse or p.grad.dtype != p.dtype or p.grad.shape != p.shape for p in params):
             return False
@@ -93,7 +102,7 @@ class SGD(Optimizer):
         shared = [scalars["lr"], scalars["momentum"], scalars["dampening"], scalars["weight_decay"]]
         rows = [(p, p.grad, *([self.state[p]["momentum_buffer"]] if momentum else [])) for p in params]
         flags = (momentum, group["nesterov"], group["maximize"], group["weight_decay"] != 0)
-        return fused_steps.run_fused("sgd_step", functools.partial(_sgd_update, *flags), shared, rows, flags)
+        return run("sgd_step", functools.partial(_sgd_update, *flags), shared, rows, flags)
 
 
 def _starts_from_zero(group: dict[str, Any]) -> bool:

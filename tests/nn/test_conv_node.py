@@ -194,3 +194,23 @@ def test_compiled_eager_kernels_equal_the_numpy_kernels(compiled_kernels):
                 np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-4)
     ran = {key[0] for key, entry in compiled_kernels.CACHE.entries.items() if entry.program is not None}
     assert {"unfold", "fold"} <= ran
+
+
+def test_a_backward_through_the_ops_leaves_the_callers_graph_alone():
+    """Under a profile the node's backward recomputes the convolution with ops, from detached inputs:
+    over the inputs' own history (here a weight cut from the input's x * 1.0) the inner backward ran
+    the caller's nodes too, and the gradient came out wrong."""
+    base = kiln.randn(1, 2, 6, 6, requires_grad=True)
+
+    def gradient(profiled: bool):
+        base.grad = None
+        h = base * 1.0
+        out = kiln.nn.functional.conv2d(h, h[:, :, :2, :4].reshape(2, 2, 2, 2), stride=2)
+        if profiled:
+            with kiln.profiler.profile():
+                out.sum().backward()
+        else:
+            out.sum().backward()
+        return base.grad.numpy()
+
+    np.testing.assert_allclose(gradient(True), gradient(False), rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ from ...ir.types import CPU, Device
 from ...runtime.devices import to_device
 from .. import dispatch
 from ..autograd import grad_mode
+from ..autograd.api import grad
 from ..dispatch import apply
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
@@ -74,8 +75,9 @@ def plain_arrays(*tensors) -> bool:
     """Whether an op may run on the arrays of ``tensors`` (None skipped) as one autograd node of its
     own: plain float32/64 CPU tensors of one dtype (Parameters included; no sparse or other kind),
     outside traces and profiles (which record the ops), none an inference tensor (whose saving the
-    ops refuse with their error)."""
-    if _jit.tracing or dispatch.profiling_ops:
+    ops refuse with their error). A trace in another thread (eager kernels' composites are traced in
+    the background while a fresh process's first steps run) records nothing of this one's."""
+    if (_jit.tracing and _jit.current.get() is not None) or dispatch.profiling_ops:
         return False
     dtype = None
     for t in tensors:
@@ -90,3 +92,19 @@ def plain_arrays(*tensors) -> bool:
         if grad_mode.inference_used and t._inference:
             return False
     return dtype is not None and dtype.np in _FLOATS
+
+
+def recomputed_gradients(composite, inputs: tuple, wanted: tuple, g: Tensor) -> tuple:
+    """The gradients, for ``g``, of ``composite(*inputs)`` recomputed with ops, with respect to each
+    input whose ``wanted`` flag is set (None for the others): an on-the-arrays node's backward where a
+    trace, a profile or create_graph must see ops. Under create_graph the gradients are differentiable
+    through the inputs' own history; otherwise the recomputation starts from detached inputs, so that
+    the inner backward never runs (and frees) the nodes of the graph the caller's backward walks."""
+    create_graph = grad_mode.state.grad_enabled
+    if not create_graph:
+        inputs = tuple(None if t is None else t.detach().requires_grad_(w) for t, w in zip(inputs, wanted, strict=True))
+    targets = [t for t, w in zip(inputs, wanted, strict=True) if w and t is not None]
+    with grad_mode.enable_grad():
+        y = composite(*inputs)
+    found = iter(grad([y], targets, [g], create_graph=create_graph, allow_unused=True))
+    return tuple(next(found) if w and t is not None else None for t, w in zip(inputs, wanted, strict=True))

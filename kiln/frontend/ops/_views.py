@@ -27,7 +27,11 @@ _grad_state = grad_mode.state
 
 def lean(x: Tensor) -> bool:
     """Whether a view of ``x`` may be made here: an eager CPU array, outside traces and profiles."""
-    return not (_jit.tracing or dispatch.profiling_ops) and x._device is CPU and x._data.__class__ is _ndarray
+    return (
+        not ((_jit.tracing and _jit.current.get() is not None) or dispatch.profiling_ops)
+        and x._device is CPU
+        and x._data.__class__ is _ndarray
+    )
 
 
 def wrap_view(x: Tensor, array: np.ndarray, prim: Primitive, attrs: dict) -> Tensor:

@@ -27,11 +27,10 @@ from ...ir.types import CPU
 from ...runtime.threads import blas_product
 from .. import dispatch
 from ..autograd import grad_mode
-from ..autograd.api import grad
 from ..autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
-from ._util import plain_arrays
+from ._util import plain_arrays, recomputed_gradients
 
 __all__ = ["conv_eager", "conv_transpose_eager"]
 
@@ -167,7 +166,7 @@ class _ArraysBackward(LazyEdgesNode):
         x, weight, bias = unpack_tensors(self, self.saved, self.versions)
         assert x is not None and weight is not None  # (saved by attach; only the bias may be None)
         if (
-            grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops
+            grad_mode.state.grad_enabled or (_jit.tracing and _jit.current.get() is not None) or dispatch.profiling_ops
             or g._device is not CPU or g._dtype is not weight._dtype
         ):  # fmt: skip
             return self._through_ops((x, weight, bias), g)  # a graph (create_graph), a trace or a profile
@@ -186,11 +185,7 @@ class _ArraysBackward(LazyEdgesNode):
 
     def _through_ops(self, inputs: tuple, g: Tensor) -> tuple:
         """The gradients of the composite recomputed with ops: differentiable again under create_graph."""
-        wanted = [t for t, edge in zip(inputs, self.next_edges, strict=True) if edge is not None]
-        with grad_mode.enable_grad():
-            y = self.composite(*inputs)
-        found = iter(grad([y], wanted, [g], create_graph=grad_mode.state.grad_enabled, allow_unused=True))
-        return tuple(None if edge is None else next(found) for edge in self.next_edges)
+        return recomputed_gradients(self.composite, inputs, tuple(edge is not None for edge in self.next_edges), g)
 
     def release(self) -> None:
         self.saved = self.cols = None

@@ -17,6 +17,7 @@ from ..opmath import in_float32
 from ..tensor import Tensor, method
 from ._util import as_tensor_arg, cast, promote, scalar_tensor
 from .checks import check_nonzero, check_range
+from .gelu_arrays import gelu_tanh_eager
 from .inplace import commit_inplace
 from .relu import relu_eager
 
@@ -295,9 +296,18 @@ def gelu(input: Tensor, approximate: str = "none") -> Tensor:
     if approximate == "none":
         return mul(input, add(mul(erf(mul(input, 1.0 / math.sqrt(2.0))), 0.5), 0.5))
     if approximate == "tanh":
-        inner = mul(input, add(mul(mul(input, input), _SQRT_2_OVER_PI * 0.044715), _SQRT_2_OVER_PI))
-        return mul(input, add(mul(tanh(inner), 0.5), 0.5))
+        out = gelu_tanh_eager(input, _GELU_CUBIC, _SQRT_2_OVER_PI, _gelu_tanh)  # (None: the ops run)
+        return _gelu_tanh(input) if out is None else out
     raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+_GELU_CUBIC = _SQRT_2_OVER_PI * 0.044715
+
+
+def _gelu_tanh(input: Tensor) -> Tensor:
+    """The tanh form of gelu with ops (``gelu_arrays`` computes the same on the arrays)."""
+    inner = mul(input, add(mul(mul(input, input), _GELU_CUBIC), _SQRT_2_OVER_PI))
+    return mul(input, add(mul(tanh(inner), 0.5), 0.5))
 
 
 @in_float32

@@ -28,7 +28,7 @@ _FLOATS = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
 def leaky_relu_eager(input, negative_slope) -> Tensor | None:
     """``where(input > 0, input, input * negative_slope)`` as one node, or None where the ops must run."""
-    if _jit.tracing or dispatch.profiling_ops or not _plain(input, negative_slope):
+    if (_jit.tracing and _jit.current.get() is not None) or dispatch.profiling_ops or not _plain(input, negative_slope):
         return None
     x = input._data
     out = x * negative_slope  # a new array of x's dtype (a Python number does not promote)

@@ -30,7 +30,7 @@ _FLOATS = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
 def linear_eager(input, weight, bias=None) -> Tensor | None:
     """``input @ weight.T + bias`` as one node, or None where ``nn.functional.linear``'s ops must run."""
-    if _jit.tracing or dispatch.profiling_ops or not _plain(input, weight, bias):
+    if (_jit.tracing and _jit.current.get() is not None) or dispatch.profiling_ops or not _plain(input, weight, bias):
         return None
     x, w = input._data, weight._data
     dtype = weight._dtype
@@ -97,7 +97,12 @@ class LinearBackward(LazyEdgesNode):
 
     def apply(self, grads: list) -> tuple:
         g = grads[0]
-        if grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops or g._device is not CPU:
+        if (
+            grad_mode.state.grad_enabled
+            or (_jit.tracing and _jit.current.get() is not None)
+            or dispatch.profiling_ops
+            or g._device is not CPU
+        ):
             return self._through_ops(g)  # a graph (create_graph), a trace or a profile records each op
         return self._on_arrays(g)
 

@@ -79,7 +79,12 @@ def chunk(input: Tensor, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
 def _eager_pieces(x: Tensor, dim: int, sizes: tuple[int, ...], squeeze: bool) -> tuple[Tensor, ...] | None:
     """The pieces as views of ``x``'s array with one ``SplitBackward``, or None where the ops must run
     (a trace or a profile records them; another device or kind of tensor takes their paths)."""
-    if _jit.tracing or dispatch.profiling_ops or type(x) is not Tensor or x._device is not CPU:
+    if (
+        (_jit.tracing and _jit.current.get() is not None)
+        or dispatch.profiling_ops
+        or type(x) is not Tensor
+        or x._device is not CPU
+    ):
         return None
     data = x._data
     base = x._base if x._base is not None else x
@@ -137,7 +142,12 @@ class SplitBackward(Node):
 
     def apply(self, grads: list) -> tuple:
         plain = all(g is None or (g._device is CPU and g._dtype is self.dtype) for g in grads)
-        if grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops or not plain:
+        if (
+            grad_mode.state.grad_enabled
+            or (_jit.tracing and _jit.current.get() is not None)
+            or dispatch.profiling_ops
+            or not plain
+        ):
             return (self._cat_ops(grads),)
         out = np.empty(self.shape, self.dtype.np)
         offset = 0

@@ -7,6 +7,7 @@ on it, so its gradient would cancel anyway, and detaching keeps the backward gra
 
 from __future__ import annotations
 
+import functools
 from collections import namedtuple
 
 from ...ir import dtypes as dt
@@ -21,6 +22,7 @@ from ..tensor import Tensor, method
 from ._util import cast
 from .elementwise import add, div, eq, exp, isinf, isnan, log, logical_not, maximum, minimum, mul, ne, sqrt, sub, where
 from .inplace import commit_inplace
+from .softmax_arrays import softmax_eager
 
 __all__ = [
     "sum", "nansum", "mean", "nanmean", "prod", "max", "min", "amax", "amin", "argmax", "argmin", "all", "any", "count_nonzero",
@@ -344,6 +346,12 @@ def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
     axes = normalize_axes(_softmax_dim(dim), input.ndim)
     if input._data.size == 0:
         return mul(input, 1.0)
+    out = softmax_eager(input, axes, functools.partial(_softmax, axes=axes))  # (None: the ops run)
+    return _softmax(input, axes) if out is None else out
+
+
+def _softmax(input: Tensor, axes: tuple[int, ...]) -> Tensor:
+    """softmax's formula with ops (``softmax_arrays`` computes the same on the arrays)."""
     e = exp(sub(input, _detached_max(input, axes)))
     return div(e, apply(_reduce_sum, e, axes=axes, keepdim=True))
 

@@ -36,7 +36,12 @@ _BITS = {np.dtype(np.float32): np.uint32, np.dtype(np.float64): np.uint64}
 
 def relu_eager(input) -> Tensor | None:
     """``where(input <= 0, 0, input)`` as one node, or None where the ops must run."""
-    if _jit.tracing or dispatch.profiling_ops or type(input) is not Tensor or input._device is not CPU:
+    if (
+        (_jit.tracing and _jit.current.get() is not None)
+        or dispatch.profiling_ops
+        or type(input) is not Tensor
+        or input._device is not CPU
+    ):
         return None
     x = input._data
     if x.dtype not in _BITS or not x.ndim:  # (a 0-d array's ufuncs return numpy scalars)
@@ -80,7 +85,7 @@ class MaskBackward(Node):
                 "tensors were freed after the first backward. Pass retain_graph=True to the first backward()."
             )
         if (
-            grad_mode.state.grad_enabled or _jit.tracing or dispatch.profiling_ops
+            grad_mode.state.grad_enabled or (_jit.tracing and _jit.current.get() is not None) or dispatch.profiling_ops
             or g._device is not CPU or g._data.dtype not in _BITS or g._data.shape != mask.shape
         ):  # fmt: skip
             return (self._through_ops(make_tensor(mask, CPU, dt.bool_), g),)

@@ -1,0 +1,88 @@
+"""``softmax`` on eager CPU tensors as one autograd node, as PyTorch's SoftmaxBackward.
+
+Composed of ops (``reductions.softmax``: the detached row maximum, a subtraction, exp, the row sum,
+a division) it is five dispatches forward and, backward, the division's, the sum's, exp's and the
+subtraction's nodes: ~8 passes, where the gradient of ``y = softmax(x)`` is ``y (g - sum(g y))``.
+``softmax_eager`` runs the ops' forward with the kernels dispatch would run (so the same values, bit
+for bit) and keeps ``y``; its backward is that expression (the ops' gradient within rounding).
+Like PyTorch's node it reads the output, so an in-place change of the output before the backward
+is an error. Under ``create_graph``, a trace or a profile the backward is the ops' gradient of the
+composite recomputed. It declines (None) wherever the composite must run: traces and profiles
+record ops; other devices, dtypes and kinds take the ops' checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ...ir.primitives import P
+from .. import dispatch
+from ..autograd import grad_mode
+from ..autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
+from ..autograd.saved import version_error
+from ..tensor import Tensor, make_tensor
+from ._util import plain_arrays, recomputed_gradients
+
+_MAX, _SUB, _EXP, _SUM, _DIV = P["reduce_max"], P["sub"], P["exp"], P["reduce_sum"], P["div"]
+
+
+def _kernel(prim):
+    """The kernel dispatch runs for ``prim`` (its compiled route where ``eager_kernels`` has one)."""
+    return dispatch._compiled_routes.get(prim) or prim.eager
+
+
+def softmax_eager(input, axes: tuple[int, ...], composite: Callable[[Tensor], Tensor]) -> Tensor | None:
+    """``exp(x - max) / sum(exp(x - max))`` over ``axes`` as one node, or None where ``composite``
+    (the same with ops) must run."""
+    if not plain_arrays(input) or input._data.ndim == 0:  # (numpy makes scalars of 0-d results)
+        return None
+    x = input._data
+    e = _kernel(_EXP)(np, _kernel(_SUB)(np, x, _kernel(_MAX)(np, x, axes=axes, keepdim=True)))
+    y = _kernel(_DIV)(np, e, _kernel(_SUM)(np, e, axes=axes, keepdim=True))
+    result = make_tensor(y, input._device, input._dtype)
+    if input._requires_grad and grad_mode.state.grad_enabled:
+        SoftmaxBackward.attach(result, input, axes, composite)
+    return result
+
+
+class SoftmaxBackward(LazyEdgesNode):
+    """The backward of ``softmax_eager``: ``y (g - sum(g y))`` over the softmax's axes."""
+
+    __slots__ = ("saved", "versions", "output", "output_version", "axes", "composite")
+    saved: tuple | None  # the input (for a recomputation: unchecked); None once released
+    versions: tuple
+    output: np.ndarray | None  # y's array, and y's version counter with its value when saved
+    output_version: tuple
+    axes: tuple[int, ...]
+    composite: Callable[[Tensor], Tensor]
+
+    @classmethod
+    def attach(cls, result: Tensor, input: Tensor, axes: tuple, composite: Callable) -> None:
+        node = cls((pending_edge(input),))
+        node.saved, node.versions = (input,), save_tensors((input,), unchecked=(0,))
+        # the output's array and version counter, not the tensor: the tensor would hold its node
+        node.output, node.output_version = result._data, (result._version, result._version[0])
+        node.axes, node.composite = axes, composite
+        result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
+
+    def name(self) -> str:
+        return "SoftmaxBackward0"
+
+    def apply(self, grads: list) -> tuple:
+        g = grads[0]
+        (x,) = unpack_tensors(self, self.saved, self.versions)
+        if not plain_arrays(g, x) or grad_mode.state.grad_enabled or g._data.shape != x._data.shape:
+            return recomputed_gradients(self.composite, (x,), (True,), g)  # a graph, a trace or a profile
+        counter, saved = self.output_version
+        if counter[0] != saved:
+            raise version_error(self, saved, counter[0])
+        out = self.output
+        assert out is not None  # (released together with ``saved``, which unpack_tensors checked)
+        gy = g._data * out
+        gy -= out * gy.sum(axis=self.axes, keepdims=True)
+        return (make_tensor(gy, g._device, g._dtype),)
+
+    def release(self) -> None:
+        self.saved = self.output = None
