@@ -13,7 +13,9 @@ thread takes the pending key worth most (``_take``), and compiles nothing a run 
   stop (a CNN compiled 8 such kernels, 0.45 s of its 2 s of compiles, after pooling's program).
 - **stale**: a key not called for ``STALE_STEPS`` steps (estimated from the keys' calls, at least
   ``STALE_LOOKUPS`` lookups) is not compiled: a composite's numpy backward, whose primitives stop
-  once the composite's program runs, queued them. The key is parked: its next call queues it again.
+  once the composite's program runs, queued them. The key is parked: its next call queues it again,
+  and it is not parked stale a second time (a key called every few steps, or less often than the
+  estimate of a step says, is then compiled at its turn rather than parked at every turn).
 - **never worth it**: a key whose numpy run takes under ``MIN_NUMPY_SECONDS`` stays on numpy
   uncompiled (a compiled call's fixed cost alone is about that: ``eager_kernels.trial`` kept numpy
   for every such key of the benchmarks' runs).
@@ -68,6 +70,7 @@ class Entry:
     last_call: int = 0
     cover: tuple | None = None  # the composite op's key whose numpy run first met it (``covering``)
     parked: bool = False  # taken off the queue uncompiled (stale, covered): its next call queues it
+    revived: bool = False  # called again after it was parked stale: it is not parked stale again
 
     def settled(self, made: Entry) -> Entry:
         """``made`` (this key's compile) with what the cache knows of the key's calls carried over."""
@@ -147,7 +150,7 @@ class KernelCache:
                 if entry.cover is not None and getattr(_thread, "cover", None) != entry.cover:
                     entry.cover = None  # called outside its composite op too: compiled for its own calls
                 if entry.parked and not deferring:
-                    entry.parked = False
+                    entry.parked, entry.revived = False, True
                     self._push(key, make)
                 return entry
             if deferring:
@@ -283,7 +286,7 @@ class KernelCache:
 
 def _verdict(entry: Entry, entries: OrderedDict[tuple, Entry], lookups: int, step: float) -> str | None:
     """Why a pending key is not compiled now ("parked", "declined"), or None: it may be."""
-    if _stale(entry, lookups, step):
+    if not entry.revived and _stale(entry, lookups, step):
         return "parked"
     cover = entries.get(entry.cover) if entry.cover is not None else None
     if cover is not None and cover.program is not None:

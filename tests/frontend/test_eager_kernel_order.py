@@ -23,14 +23,21 @@ class Held:
     def __init__(self) -> None:
         self.cache = KernelCache(64)
         self.made: list[str] = []
-        self._go, self._taken = threading.Event(), threading.Event()
-        self.cache.lookup(("hold",), self._held)
-        assert self._taken.wait(60), "the worker never took the first key"
+        self._go = self.hold("hold")
 
-    def _held(self) -> Entry:
-        self._taken.set()
-        assert self._go.wait(60), "the test never released the worker"
-        return Entry(reason="the test's holding key")
+    def hold(self, name: str) -> threading.Event:
+        """Queue key ``(name,)``, whose compile waits for the event returned, and wait until the
+        worker has taken it: the keys queued next wait behind it."""
+        go, taken = threading.Event(), threading.Event()
+
+        def held() -> Entry:
+            taken.set()
+            assert go.wait(60), "the test never released the worker"
+            return Entry(reason="the test's holding key")
+
+        self.cache.lookup((name,), held)
+        assert taken.wait(60), "the worker never took the key"
+        return go
 
     def make(self, name: str, entry: Entry | None = None):
         def made() -> Entry:
@@ -106,6 +113,21 @@ def test_a_key_no_longer_called_is_parked_and_queued_again_at_its_next_call(held
     assert held.cache.wait(60)
     assert held.made == ["live", "gone"] and held.cache.entries[("gone",)].program is not None
     assert held.cache.entries[("gone",)].numpy_seconds == 500e-6  # what the cache knew of it stays
+
+
+def test_a_key_parked_stale_and_called_again_is_not_parked_stale_twice(held):
+    """A key called less often than the step estimate says (every few steps) would be parked at every
+    turn: once called again, it compiles at its turn however long ago its last call was."""
+    rare = held.call("rare", numpy_seconds=500e-6)
+    held.call("live", times=eager_queue.STALE_LOOKUPS + 1, numpy_seconds=20e-6)
+    held.release()
+    assert rare.parked and held.made == ["live"]
+    go = held.hold("slow")
+    held.call("rare")  # queued again, behind "slow"
+    held.call("live", times=eager_queue.STALE_LOOKUPS + 1)  # stale again by the time its turn comes
+    go.set()
+    assert held.cache.wait(60)
+    assert held.made == ["live", "rare"] and held.cache.counts["parked"] == 1
 
 
 def test_stale_means_steps_as_the_keys_calls_measure_them():
