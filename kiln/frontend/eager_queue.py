@@ -8,12 +8,13 @@ thread takes the pending key worth most (``_take``), and compiles nothing a run 
   numpy run is not timed (a matrix product, a fused optimizer step) first, in the order they came.
   A CNN's 24 kernels came in the order of the first step's ops: its ``maximum``/``where`` calls of a
   few microseconds compiled before its batch normalizations' and its optimizer's.
-- **covered**: a key first met inside the numpy run of a composite op or fused step whose own kernel
-  was compiling (``covering``) is compiled after it, and not at all once it is compiled: its calls
-  stop (a CNN compiled 8 such kernels, 0.45 s of its 2 s of compiles, after pooling's program).
+- **covered**: a key first met inside the numpy run of a composite op whose own kernel is pending, or
+  inside its trace on this thread (``covering``), is compiled after it, and not at all once it is
+  compiled: its calls stop (a CNN compiled 8 such kernels, 0.45 s of its 2 s of compiles, after
+  pooling's and the normalizations' programs).
 - **stale**: a key not called for ``STALE_STEPS`` steps (estimated from the keys' calls, at least
-  ``STALE_LOOKUPS`` lookups) is not compiled: a composite's numpy backward, whose primitives stop
-  once the composite's program runs, queued them. The key is parked: its next call queues it again,
+  ``STALE_LOOKUPS`` lookups) is not compiled: a composite's numpy backward, or Adam's numpy loop,
+  queued it, and their programs run the calls now. The key is parked: its next call queues it again,
   and it is not parked stale a second time (a key called every few steps, or less often than the
   estimate of a step says, is then compiled at its turn rather than parked at every turn).
 - **never worth it**: a key whose numpy run takes under ``MIN_NUMPY_SECONDS`` stays on numpy
@@ -70,18 +71,18 @@ class Entry:
     last_call: int = 0
     cover: tuple | None = None  # the composite op's key whose numpy run first met it (``covering``)
     parked: bool = False  # taken off the queue uncompiled (stale, covered): its next call queues it
-    revived: bool = False  # called again after it was parked stale: it is not parked stale again
+    revived: bool = False  # called again after it was parked: it is not parked stale again
 
     def settled(self, made: Entry) -> Entry:
         """``made`` (this key's compile) with what the cache knows of the key's calls carried over."""
-        made.numpy_seconds, made.started = self.numpy_seconds, True
-        made.calls, made.first_call, made.last_call, made.cover = (
-            self.calls,
-            self.first_call,
-            self.last_call,
-            self.cover,
-        )
+        for name in _CARRIED:
+            setattr(made, name, getattr(self, name))
+        made.started = True
         return made
+
+
+#: What an ``Entry`` knows of its key's calls, carried over to the entry its compile makes.
+_CARRIED = ("numpy_seconds", "calls", "first_call", "last_call", "cover", "revived")
 
 
 _thread = threading.local()  # this thread's ``deferred``/``moot_once``/``covering`` (``eager_kernels``)
@@ -101,8 +102,8 @@ def in_this_thread(name: str, value):
 @contextlib.contextmanager
 def covering(key: tuple):
     """In this thread, keys met for the first time are covered by ``key`` (see the module docstring):
-    the numpy run of the composite op or fused step of ``key`` while its kernel is pending. The
-    outermost cover stays (a composite op calling another)."""
+    the numpy run of the composite op of ``key`` while its kernel is pending, and the trace its compile
+    runs. The outermost cover stays (a composite op calling another)."""
     if getattr(_thread, "cover", None) is not None:
         yield
         return
