@@ -53,7 +53,7 @@ from ..ir.graph import Graph, GraphBuilder
 from ..ir.primitives import PRIMITIVES, Primitive
 from ..ir.types import CPU, TensorType
 from ..runtime import profiling as _profiling
-from .eager_queue import Entry, KernelCache, covering, in_this_thread  # noqa: F401 - covering: the callers' (composites)
+from .eager_queue import Entry, KernelCache, cover_from_here, covering, in_this_thread, set_cover  # noqa: F401 - the callers'
 
 logger = logging.getLogger("kiln")
 
@@ -238,10 +238,16 @@ def timed_eager(key: tuple, run: Callable[[], Any]):
     """``run()`` (the op's eager kernel); its time is noted while the key compiles (``trial`` compares)."""
     start = time.perf_counter()
     out = run()
+    note_numpy_seconds(key, time.perf_counter() - start)
+    return out
+
+
+def note_numpy_seconds(key: tuple, seconds: float) -> None:
+    """Note a numpy run of ``key`` that took ``seconds``: the fastest is kept, for ``trial`` and for the
+    order of the compiles (``eager_queue``)."""
     entry = CACHE.entries.get(key)
     if entry is not None and entry.reason is None:
-        entry.numpy_seconds = min(entry.numpy_seconds, time.perf_counter() - start)
-    return out
+        entry.numpy_seconds = min(entry.numpy_seconds, seconds)
 
 
 def trial(name: str, entry: Entry, run: Callable[[], Any]):

@@ -5,7 +5,8 @@ background thread, so the time to the steady state is the sum of the compiles th
 thread takes the pending key worth most (``_take``), and compiles nothing a run would not use:
 
 - **worth**: the numpy time a key has cost so far (its fastest numpy run times its calls); keys whose
-  numpy run is not timed (a matrix product, a fused optimizer step) first, in the order they came.
+  numpy run is not timed (a matrix product, a recurrence) first, in the order they came. A fused
+  optimizer step's numpy run is its optimizer's loop (``fused_steps.timed_loop``).
   A CNN's 24 kernels came in the order of the first step's ops: its ``maximum``/``where`` calls of a
   few microseconds compiled before its batch normalizations' and its optimizer's.
 - **covered**: a key first met inside the numpy run of a composite op whose own kernel is pending, or
@@ -109,6 +110,21 @@ def covering(key: tuple):
         return
     with in_this_thread("cover", key):
         yield
+
+
+def cover_from_here(key: tuple) -> tuple | None:
+    """Cover by ``key`` the keys this thread meets for the first time from now on (``covering`` from a
+    point inside a call: an optimizer's update, once its fused step has missed its program), until
+    ``set_cover`` puts back the cover this returns (an outer cover stays)."""
+    before = getattr(_thread, "cover", None)
+    if before is None:
+        _thread.cover = key
+    return before
+
+
+def set_cover(cover: tuple | None) -> None:
+    """This thread's cover set to ``cover`` (what ``cover_from_here`` returned)."""
+    _thread.cover = cover
 
 
 def _done(entry: Entry) -> bool:

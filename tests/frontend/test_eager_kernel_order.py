@@ -180,3 +180,34 @@ def test_softmaxs_exp_is_not_compiled_once_softmax_is_and_results_equal_numpys(o
     np.testing.assert_allclose(kiln.exp(t - 1.0).numpy(), np.exp(x - 1.0), rtol=1e-6)
     assert eager_kernels.wait(120)
     assert any(e.program is not None for key, e in eager_kernels.CACHE.entries.items() if key[0] == "exp")
+
+
+def test_an_optimizers_numpy_loop_is_timed_as_its_fused_step_and_covers_its_ops(on):
+    """While Adam's fused step compiles its loop runs on numpy: the update's time is the step's numpy
+    run (it was untimed: first in the queue whatever it saved), and the loop's ``sqrt`` is covered by
+    it -- parked once the step's program runs. The steps equal a loop's that never compiled."""
+    rng = np.random.default_rng(3)
+    start = rng.normal(size=5000).astype(np.float32)
+    grads = [rng.normal(size=5000).astype(np.float32) for _ in range(3)]
+
+    def steps(**kwargs) -> list[np.ndarray]:
+        p = kiln.tensor(start.copy(), requires_grad=True)
+        opt = kiln.optim.Adam([p], lr=0.01, **kwargs)
+        out = []
+        for g in grads:
+            p.grad = kiln.tensor(g)
+            opt.step()
+            assert eager_kernels.wait(120)
+            out.append(p.detach().numpy().copy())
+        return out
+
+    on.set_enabled(False)
+    expected = steps(foreach=False)  # the loop on numpy, eager kernels off: no key of its own
+    on.set_enabled(True)
+    for got, want in zip(steps(), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    (step_key,) = [key for key in eager_kernels.CACHE.entries if key[0] == "adam_step"]
+    step = eager_kernels.CACHE.entries[step_key]
+    assert step.program is not None and 0 < step.numpy_seconds < 1
+    covered = [e for key, e in eager_kernels.CACHE.entries.items() if key[0] == "sqrt"]
+    assert covered and all(e.cover == step_key and e.parked and e.program is None for e in covered)
