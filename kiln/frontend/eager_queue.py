@@ -16,8 +16,10 @@ thread takes the pending key worth most (``_take``), and compiles nothing a run 
 - **stale**: a key not called for ``STALE_STEPS`` steps (estimated from the keys' calls, at least
   ``STALE_LOOKUPS`` lookups) is not compiled: a composite's numpy backward, or Adam's numpy loop,
   queued it, and their programs run the calls now. The key is parked: its next call queues it again,
-  and it is not parked stale a second time (a key called every few steps, or less often than the
-  estimate of a step says, is then compiled at its turn rather than parked at every turn).
+  and it is then parked stale only after ``REVIVED_FACTOR`` times as long (a key called every few
+  steps, or less often than the estimate of a step says, compiles at its turn rather than being
+  parked at every turn; one whose calls stopped after a few more, as a CNN's ``where`` of ReLU's
+  backward did while batch normalization still ran on numpy, does not).
 - **never worth it**: a key whose numpy run takes under ``MIN_NUMPY_SECONDS`` stays on numpy
   uncompiled (a compiled call's fixed cost alone is about that: ``eager_kernels.trial`` kept numpy
   for every such key of the benchmarks' runs).
@@ -49,6 +51,8 @@ MIN_NUMPY_SECONDS = 8e-6
 STALE_STEPS = 3
 #: ... and for this many lookups at least: a CNN's or DCGAN's step makes 28, a GPT's 56.
 STALE_LOOKUPS = 64
+#: A key called again after it was parked is stale after this many times as long.
+REVIVED_FACTOR = 10
 
 
 @dataclass
@@ -72,7 +76,7 @@ class Entry:
     last_call: int = 0
     cover: tuple | None = None  # the composite op's key whose numpy run first met it (``covering``)
     parked: bool = False  # taken off the queue uncompiled (stale, covered): its next call queues it
-    revived: bool = False  # called again after it was parked: it is not parked stale again
+    revived: bool = False  # called again after it was parked: stale only after REVIVED_FACTOR times as long
 
     def settled(self, made: Entry) -> Entry:
         """``made`` (this key's compile) with what the cache knows of the key's calls carried over."""
@@ -303,7 +307,7 @@ class KernelCache:
 
 def _verdict(entry: Entry, entries: OrderedDict[tuple, Entry], lookups: int, step: float) -> str | None:
     """Why a pending key is not compiled now ("parked", "declined"), or None: it may be."""
-    if not entry.revived and _stale(entry, lookups, step):
+    if _stale(entry, lookups, step):
         return "parked"
     cover = entries.get(entry.cover) if entry.cover is not None else None
     if cover is not None and cover.program is not None:
@@ -330,5 +334,7 @@ def _step_estimate(entries) -> float:
 
 
 def _stale(entry: Entry, lookups: int, step: float) -> bool:
-    """Whether a key has not been called for ``STALE_STEPS`` steps (and ``STALE_LOOKUPS`` lookups)."""
-    return lookups - entry.last_call > max(STALE_STEPS * step, STALE_LOOKUPS)
+    """Whether a key has not been called for ``STALE_STEPS`` steps (and ``STALE_LOOKUPS`` lookups), or
+    ``REVIVED_FACTOR`` times as long if it was parked before."""
+    factor = REVIVED_FACTOR if entry.revived else 1
+    return lookups - entry.last_call > factor * max(STALE_STEPS * step, STALE_LOOKUPS)

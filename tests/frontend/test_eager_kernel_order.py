@@ -115,9 +115,9 @@ def test_a_key_no_longer_called_is_parked_and_queued_again_at_its_next_call(held
     assert held.cache.entries[("gone",)].numpy_seconds == 500e-6  # what the cache knew of it stays
 
 
-def test_a_key_parked_stale_and_called_again_is_not_parked_stale_twice(held):
+def test_a_key_parked_stale_and_called_again_is_stale_only_after_ten_times_as_long(held):
     """A key called less often than the step estimate says (every few steps) would be parked at every
-    turn: once called again, it compiles at its turn however long ago its last call was."""
+    turn: once called again, it is stale only after ``REVIVED_FACTOR`` times as long."""
     rare = held.call("rare", numpy_seconds=500e-6)
     held.call("live", times=eager_queue.STALE_LOOKUPS + 1, numpy_seconds=20e-6)
     held.release()
@@ -128,6 +128,17 @@ def test_a_key_parked_stale_and_called_again_is_not_parked_stale_twice(held):
     go.set()
     assert held.cache.wait(60)
     assert held.made == ["live", "rare"] and held.cache.counts["parked"] == 1
+    go = held.hold("slow 2")
+    twice = held.call("twice", numpy_seconds=500e-6)
+    held.call("live", times=eager_queue.STALE_LOOKUPS + 1)
+    go.set()
+    assert held.cache.wait(60) and twice.parked
+    go = held.hold("slow 3")
+    held.call("twice")  # revived
+    held.call("live", times=eager_queue.REVIVED_FACTOR * eager_queue.STALE_LOOKUPS + 1)
+    go.set()
+    assert held.cache.wait(60) and twice.parked and "twice" not in held.made
+    assert held.cache.counts["parked"] == 3
 
 
 def test_stale_means_steps_as_the_keys_calls_measure_them():
