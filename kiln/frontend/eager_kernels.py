@@ -53,7 +53,7 @@ from ..ir.graph import Graph, GraphBuilder
 from ..ir.primitives import PRIMITIVES, Primitive
 from ..ir.types import CPU, TensorType
 from ..runtime import profiling as _profiling
-from .eager_queue import Entry, KernelCache, cover_from_here, covering, in_this_thread, set_cover  # noqa: F401 - the callers'
+from .eager_queue import Entry, KernelCache, in_this_thread
 
 logger = logging.getLogger("kiln")
 

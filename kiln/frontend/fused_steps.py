@@ -27,7 +27,7 @@ import numpy as np
 from ..ir.dtypes import DType
 from ..ir.graph import GraphBuilder, Value
 from ..ir.types import CPU, TensorType
-from . import eager_kernels
+from . import eager_kernels, eager_queue
 from .jit import state as _jit
 from .tensor import Tensor
 
@@ -164,14 +164,14 @@ class timed_loop:
         missed, _timing.missed = _timing.missed, self.outer
         if missed is not None:
             key, cover = missed
-            eager_kernels.set_cover(cover)
+            eager_queue.set_cover(cover)
             eager_kernels.note_numpy_seconds(key, time.perf_counter() - self.start)
 
 
 def _loop_of(key: tuple) -> None:
     """In a ``timed_loop``: the per-parameter loop that runs next is the numpy run of ``key``."""
     if getattr(_timing, "missed", _OUTSIDE) is None:
-        _timing.missed = (key, eager_kernels.cover_from_here(key))
+        _timing.missed = (key, eager_queue.cover_from_here(key))
 
 
 def _write_back(outputs: list, rows, n_shared: int, row_length: int, write_backs) -> None:
