@@ -24,6 +24,12 @@ thread takes the pending key worth most (``_take``), and compiles nothing a run 
   uncompiled (a compiled call's fixed cost alone is about that: ``eager_kernels.trial`` kept numpy
   for every such key of the benchmarks' runs).
 
+While a program compiles in the background (``kiln.compile``'s default: the calls queue kernels once
+``background.KERNELS_AFTER_S`` have passed), the keys compile in the order they came, as before
+the worth rule: worth put a CNN's composite ops first, whose traces run on this thread, holding the
+interpreter the program's compile needs (its program was ready later in 4 of 5 runs, loaded 2-core
+machine); the kernels of primitives compile in the LLVM worker, a priority below.
+
 These rules read only counters (lookups, calls, the numpy times the callers note), so a test can set
 the entries up and ask ``_take`` what comes next. ``counts`` says how many keys each rule met.
 """
@@ -246,12 +252,13 @@ class KernelCache:
         the lock); the keys passed over on the way are parked, declined or dropped (see the module
         docstring). None when nothing is left to compile."""
         step = _step_estimate(self.entries.values())
+        in_order = background.busy()  # a program compiles: see the module docstring
         best: tuple[float, tuple] | None = None
         for key in list(self._pending):
             entry = self.entries.get(key)
             verdict = "dropped" if entry is None or _done(entry) else _verdict(entry, self.entries, self.lookups, step)
             if verdict is None and entry is not None:
-                worth = _worth(entry, self.entries)
+                worth = 0.0 if in_order else _worth(entry, self.entries)
                 if best is None or worth > best[0]:
                     best = (worth, key)
                 continue

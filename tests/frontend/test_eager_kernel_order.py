@@ -14,6 +14,7 @@ import pytest
 import kiln
 from kiln.frontend import eager_kernels, eager_queue
 from kiln.frontend.eager_queue import Entry, KernelCache
+from kiln.frontend.jit import background
 
 
 class Held:
@@ -76,6 +77,20 @@ def test_the_key_worth_most_compiles_first_untimed_ones_before_all(held):
     held.release()
     assert held.made == ["untimed", "untimed too", "often", "large", "small"]
     assert held.cache.counts["compiled"] == 6 and held.cache.counts["queued"] == 6
+
+
+def test_while_a_program_compiles_in_the_background_keys_compile_in_the_order_they_came(held):
+    go = threading.Event()
+    job = background.submit(lambda: go.wait(60))
+    try:
+        held.call("small", numpy_seconds=50e-6)
+        held.call("large", numpy_seconds=400e-6)
+        held.call("quick", numpy_seconds=1e-6)  # the other rules hold
+        held.release()
+    finally:
+        go.set()
+        job.wait(60)
+    assert held.made == ["small", "large"] and held.cache.counts["declined"] == 1
 
 
 def test_a_composites_primitive_compiles_after_it_and_not_once_it_is_compiled(held):
