@@ -135,6 +135,15 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"        ... and {len(counts) - 12} other reasons (pytest -rs lists each test)")
 
 
+def pytest_configure(config):
+    """The suite's tensors are small: its eager kernels compile however little numpy takes
+    (``eager_queue.MIN_NUMPY_SECONDS``), as its tests expect; tests/frontend/test_eager_kernel_order.py
+    tests that rule with the threshold set."""
+    from kiln.frontend import eager_queue  # noqa: PLC0415 - kiln loads after the environment above
+
+    eager_queue.MIN_NUMPY_SECONDS = 0.0
+
+
 @pytest.fixture
 def eager_on(monkeypatch):
     """Eager kernels on, compiling in the caller's thread (the suite runs with them off); off again

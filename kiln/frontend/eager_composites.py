@@ -40,7 +40,7 @@ from ..compiler.options import CompileOptions
 from ..ir import dtypes as _dtypes
 from ..ir.types import CPU
 from ..runtime import profiling as _profiling
-from . import eager_kernels
+from . import eager_kernels, eager_queue
 from .autocast import state as _autocast
 from .autograd.api import backward, grad
 from .autograd.grad_mode import set_mode as set_grad_mode
@@ -83,8 +83,9 @@ def compiled_composite(name: str, eager_below: int = MIN_BYTES) -> Callable:
                 return fn(*args, **kwargs)
             make = functools.partial(_compile, fn, args, kwargs, key[-1])
             entry = eager_kernels.ready(name, key, make)
-            if entry is None:
-                return eager_kernels.timed_eager(key, lambda: fn(*args, **kwargs))
+            if entry is None:  # its primitives compile after it, and not once it is compiled
+                with eager_queue.covering(key):
+                    return eager_kernels.timed_eager(key, lambda: fn(*args, **kwargs))
             program = entry.program
             assert program is not None
             if key[-1] and any(isinstance(a, Tensor) and a._requires_grad for a in (*args, *kwargs.values())):

@@ -26,6 +26,9 @@ Off: ``KILN_EAGER_KERNELS=0`` in the environment, or ``kiln.backends.cpu.eager_k
 (``set_enabled``); ``KILN_EAGER_KERNELS=sync`` compiles in the caller's thread at a key's first
 call (tests and debugging: every eligible call runs compiled). The in-memory cache keeps the
 ``CAPACITY`` most recently used keys (LRU). ``wait()`` blocks until the pending compiles are done.
+The thread compiles the pending key worth most first, and skips those a run would not use (a
+composite's primitives once the composite is compiled, keys no longer called, ops numpy runs in a
+few microseconds): ``eager_queue``.
 A caller for which numpy would cost more than the compile (a long recurrence: ``eager_recurrence``)
 asks ``ready(..., now=True)``: the key compiles in its thread, or its running compile is waited for.
 """
@@ -35,28 +38,22 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import os
-import queue
 import sys
-import threading
 import time
 import types
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..compiler import program_worker
 from ..ir.dtypes import from_numpy_dtype
 from ..ir.graph import Graph, GraphBuilder
 from ..ir.primitives import PRIMITIVES, Primitive
 from ..ir.types import CPU, TensorType
 from ..runtime import profiling as _profiling
-from .jit import background
+from .eager_queue import Entry, KernelCache, in_this_thread
 
 logger = logging.getLogger("kiln")
 
@@ -93,144 +90,6 @@ Layouts = tuple[tuple[tuple[int, ...], str, tuple[int, ...]], ...]
 Built = tuple[Graph, list[tuple[int, ...]], tuple[tuple[int, int], ...]]
 
 
-@dataclass
-class Entry:
-    """One key's state: compiling (``program`` and ``reason`` None), compiled, or on numpy (``reason``)."""
-
-    program: Callable[[list], list] | None = None
-    write_backs: tuple[tuple[int, int], ...] = ()  # (output, input) pairs: the input takes the output
-    reason: str | None = None
-    failed: bool = False  # the reason is a failure (said once per op), not a decline (logged)
-    cache: str = ""  # the driver's disk cache: "hit", "miss" or "off"
-    seconds: float = 0.0  # how long the compile took
-    # the key's ``trial``: its fastest numpy and compiled runs, and how many compiled runs were timed
-    numpy_seconds: float = math.inf
-    compiled_seconds: float = math.inf
-    trials: int = 0
-    started: bool = False  # its compile has begun (the worker's, or a caller's: ``KernelCache.now``)
-
-
-class KernelCache:
-    """The keys met so far, least recently used first, and the thread that compiles the misses."""
-
-    def __init__(self, capacity: int = CAPACITY) -> None:
-        self.capacity = capacity
-        self.entries: OrderedDict[tuple, Entry] = OrderedDict()
-        self.said: set[str] = set()  # ops whose failure was said
-        self._lock = threading.Lock()
-        self._queue: queue.Queue = queue.Queue()
-        self._worker: threading.Thread | None = None
-        self.synchronous = False  # compile in the caller's thread, at the miss (KILN_EAGER_KERNELS=sync)
-        self.queued = 0  # compiles queued so far
-
-    def lookup(self, key: tuple, make: Callable[[], Entry], shared: bool = False) -> Entry | None:
-        """The entry of ``key``; None on a miss, which queues ``make()`` (the compile) for the worker
-        -- but not while ``deferred()``, unless the kernel is ``shared`` with compiled programs."""
-        entries = self.entries
-        with self._lock:
-            entry = entries.get(key)
-            if entry is not None:
-                entries.move_to_end(key)
-                return entry
-            if not shared and getattr(_deferring, "on", False):
-                return None
-            entries[key] = Entry(started=self.synchronous)
-            while len(entries) > self.capacity:
-                entries.popitem(last=False)
-            if not self.synchronous and (self._worker is None or not self._worker.is_alive()):
-                self._worker = threading.Thread(target=self._compile_loop, name="kiln-eager-kernels", daemon=True)
-                self._worker.start()
-        if self.synchronous:  # outside the lock: a compile may run ops that look up keys of their own
-            entry = make()
-            with self._lock:
-                entries[key] = entry
-            return entry
-        with self._lock:
-            self.queued += 1
-        self._queue.put((key, make, getattr(_deferring, "moot", None)))
-        return None
-
-    def now(self, key: tuple, make: Callable[[], Entry]) -> Entry:
-        """The entry of ``key`` compiled by the time this returns: made in the caller's thread on a miss
-        or while it waits in the worker's queue (behind other keys, maybe many), waited for while the
-        worker compiles it."""
-        while True:
-            with self._lock:
-                entry = self.entries.get(key)
-                if entry is None:
-                    self.entries[key] = entry = Entry(started=True)
-                    break
-                self.entries.move_to_end(key)
-                if entry.program is not None or entry.reason is not None:
-                    return entry
-                if not entry.started:  # queued: the worker skips it once this has made it
-                    entry.started = True
-                    break
-            time.sleep(0.001)
-        try:
-            made = make()
-        except Exception as error:  # noqa: BLE001 - as in the worker: the op stays on numpy, said once
-            made = Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
-        with self._lock:
-            made.numpy_seconds, made.started = entry.numpy_seconds, True
-            self.entries[key] = made
-        return made
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until every queued compile is done (True), or ``timeout`` seconds pass (False)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
-    def _forget(self, key: tuple) -> None:
-        """Drop ``key`` if its compile has not been made (its next call queues it again)."""
-        with self._lock:
-            entry = self.entries.get(key)
-            if entry is not None and entry.program is None and entry.reason is None:
-                del self.entries[key]
-
-    def clear(self) -> None:
-        """Forget every key and what was said (the disk cache stays)."""
-        self.wait()
-        with self._lock:
-            self.entries.clear()
-            self.said.clear()
-
-    def _compile_loop(self) -> None:
-        while True:
-            key, make, moot = self._queue.get()
-            try:
-                with self._lock:
-                    queued = self.entries.get(key)
-                    taken = queued is not None and (queued.started or queued.program is not None
-                                                    or queued.reason is not None)  # fmt: skip
-                    if taken:  # made (or being made) by a caller that would not wait: ``now``
-                        continue
-                    if queued is not None:
-                        queued.started = True
-                if moot is not None and moot():
-                    self._forget(key)
-                    continue
-                try:
-                    # the caller's thread waits less for the interpreter; a kernel's passes and code
-                    # generation run in the program worker where one runs (12 ms of this thread each,
-                    # DCGAN's kernels, 2-core machine)
-                    with background.sharing(), program_worker.on_this_thread(if_started=True):
-                        entry = make()
-                except Exception as error:  # noqa: BLE001 - a bug of kiln's: the op stays on numpy, said once
-                    entry = Entry(reason=f"its compile failed ({type(error).__name__}: {error})", failed=True)
-                with self._lock:
-                    compiling = self.entries.get(key)
-                    if compiling is not None:  # not evicted meanwhile
-                        entry.numpy_seconds = compiling.numpy_seconds
-                        self.entries[key] = entry
-            finally:
-                self._queue.task_done()
-
-
 def _compile(name: str, build: Callable[[Layouts], Built], layouts: Layouts) -> Entry:
     """Compile the graph of ``build(layouts)``; an ``Entry`` on numpy (with the reason) should anything fail."""
     from ..compiler.driver import compile_graph  # noqa: PLC0415 - the compiler loads only when first needed
@@ -252,7 +111,7 @@ def _compile(name: str, build: Callable[[Layouts], Built], layouts: Layouts) -> 
     return Entry(program=compiled.program, write_backs=tuple(write_backs), cache=report.cache, seconds=seconds)
 
 
-CACHE = KernelCache()
+CACHE = KernelCache(CAPACITY)
 _state = {"enabled": os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")}
 CACHE.synchronous = os.environ.get(ENV, "").strip().lower() == "sync"
 
@@ -267,9 +126,6 @@ def input_types(layouts: Layouts) -> list[TensorType]:
     return [TensorType(shape, from_numpy_dtype(np.dtype(char)), CPU) for shape, char, _ in layouts]
 
 
-_deferring = threading.local()
-
-
 @contextlib.contextmanager
 def deferred():
     """In this thread, eager ops whose kernel is not compiled yet run their numpy kernels without
@@ -278,7 +134,7 @@ def deferred():
     while: ``jit/background.py``) -- the program replaces every op of those calls, and their
     compiles would only delay it. Kernels ``shared`` with compiled programs (``ready``) are compiled
     as ever: the program would compile them at its first call."""
-    with _in_this_thread("on", True):
+    with in_this_thread("on", True):
         yield
 
 
@@ -290,19 +146,8 @@ def moot_once(moot: Callable[[], bool]):
     compiles would take the cores and the interpreter from the compiled calls (a GPT's 20 kernels,
     1.4 s on a loaded machine after its program was ready). The key is forgotten: a later eager call
     queues it again."""
-    with _in_this_thread("moot", moot):
+    with in_this_thread("moot", moot):
         yield
-
-
-@contextlib.contextmanager
-def _in_this_thread(name: str, value):
-    """``_deferring.<name>`` set to ``value`` in this thread, and what it was put back after."""
-    before = getattr(_deferring, name, None)
-    setattr(_deferring, name, value)
-    try:
-        yield
-    finally:
-        setattr(_deferring, name, before)
 
 
 def ready_entry(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
@@ -393,10 +238,16 @@ def timed_eager(key: tuple, run: Callable[[], Any]):
     """``run()`` (the op's eager kernel); its time is noted while the key compiles (``trial`` compares)."""
     start = time.perf_counter()
     out = run()
+    note_numpy_seconds(key, time.perf_counter() - start)
+    return out
+
+
+def note_numpy_seconds(key: tuple, seconds: float) -> None:
+    """Note a numpy run of ``key`` that took ``seconds``: the fastest is kept, for ``trial`` and for the
+    order of the compiles (``eager_queue``)."""
     entry = CACHE.entries.get(key)
     if entry is not None and entry.reason is None:
-        entry.numpy_seconds = min(entry.numpy_seconds, time.perf_counter() - start)
-    return out
+        entry.numpy_seconds = min(entry.numpy_seconds, seconds)
 
 
 def trial(name: str, entry: Entry, run: Callable[[], Any]):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import kiln
+from kiln.frontend import fused_steps
 from kiln.frontend.jit import state as _jit
 
 
@@ -206,7 +207,8 @@ class Optimizer:
             scalars = [_Reading(group_scalars) for group_scalars in scalars]
         with kiln.no_grad():
             for group, group_scalars in zip(self.param_groups, scalars, strict=True):
-                self._update_group(group, group_scalars)
+                with fused_steps.timed_loop():  # where the loop runs on numpy, its time is noted
+                    self._update_group(group, group_scalars)
         if traced:
             kiln.jit.guard(lambda: (None, self._number_reads(scalars)))
         return loss

@@ -208,6 +208,11 @@ def submit(run: Callable[[], None]) -> Job:
     return _pool.submit(run)
 
 
+def busy() -> bool:
+    """Whether a compile is pending or running in the background now."""
+    return bool(_pool.pending)
+
+
 def wait(jobs=None, timeout: float | None = None) -> bool:
     """Wait for ``jobs`` (default: every compile pending now); whether all finished within ``timeout``."""
     with _pool.lock:
