@@ -53,6 +53,8 @@ def test_attention_with_dropout_stays_eager_and_follows_the_generator(on):
             for _ in range(2)]  # fmt: skip
     assert eager_kernels.wait(120)
     assert not [key for key in eager_kernels.CACHE.entries if key[0] == "scaled_dot_product_attention"]
-    np.testing.assert_array_equal(runs[0].detach().numpy(), runs[1].detach().numpy())
+    # the same dropout from the same generator seed: equal to rounding (a product's blocking may follow
+    # the BLAS thread count, which a product in a background compile can change between the two runs)
+    np.testing.assert_allclose(runs[0].detach().numpy(), runs[1].detach().numpy(), rtol=1e-5, atol=1e-6)
     plain = F.scaled_dot_product_attention(q, k, v)
     assert not np.allclose(runs[0].detach().numpy(), plain.detach().numpy())
