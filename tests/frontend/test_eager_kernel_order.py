@@ -208,10 +208,14 @@ def test_softmaxs_exp_is_not_compiled_once_softmax_is_and_results_equal_numpys(o
     assert any(e.program is not None for key, e in eager_kernels.CACHE.entries.items() if key[0] == "exp")
 
 
-def test_an_optimizers_numpy_loop_is_timed_as_its_fused_step_and_covers_its_ops(on):
-    """While Adam's fused step compiles its loop runs on numpy: the update's time is the step's numpy
-    run (it was untimed: first in the queue whatever it saved), and the loop's ``sqrt`` is covered by
-    it -- parked once the step's program runs. The steps equal a loop's that never compiled."""
+@pytest.mark.parametrize("on_arrays", [True, False], ids=["update-on-arrays", "loop"])
+def test_an_optimizers_numpy_loop_is_timed_as_its_fused_step_and_covers_its_ops(on, monkeypatch, on_arrays):
+    """While Adam's fused step compiles, its update runs on the arrays (``optim._on_arrays``; or its loop
+    of eager ops where that cannot run): the update's time is the step's numpy run (it was untimed:
+    first in the queue whatever it saved), and the loop's ``sqrt`` is covered by it -- parked once the
+    step's program runs. The steps equal a loop's that never compiled."""
+    if not on_arrays:
+        monkeypatch.setattr(kiln.optim._on_arrays, "may_run", lambda tensors: False)
     rng = np.random.default_rng(3)
     start = rng.normal(size=5000).astype(np.float32)
     grads = [rng.normal(size=5000).astype(np.float32) for _ in range(3)]
@@ -236,4 +240,5 @@ def test_an_optimizers_numpy_loop_is_timed_as_its_fused_step_and_covers_its_ops(
     step = eager_kernels.CACHE.entries[step_key]
     assert step.program is not None and 0 < step.numpy_seconds < 1
     covered = [e for key, e in eager_kernels.CACHE.entries.items() if key[0] == "sqrt"]
-    assert covered and all(e.cover == step_key and e.parked and e.program is None for e in covered)
+    assert bool(covered) != on_arrays  # the update on the arrays runs no eager op
+    assert all(e.cover == step_key and e.parked and e.program is None for e in covered)
