@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 import kiln
+from kiln.frontend.autograd.checked import check_saved
 from kiln.frontend.eager_composites import compiled_composite
 from kiln.frontend.opmath import in_float32
 
@@ -91,7 +92,11 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps: float = 1e-
     dims = tuple(range(input.ndim - k, input.ndim))
 
     def composite(x, weight, bias):
-        return affine(_normalize(x, dims, eps)[0], weight, bias, shape)
+        # in C order, as PyTorch's (and the arrays path's) result: ``layer_norm(x.mT, ...).view(-1)`` works
+        y = affine(_normalize(x.contiguous(), dims, eps)[0], weight, bias, shape)
+        # PyTorch's node keeps the input (as the arrays path's does): changing it in place before the
+        # backward raises, compiled or not
+        return check_saved(y, (x,), "NativeLayerNormBackward") if y.grad_fn is not None else y
 
     y = layer_norm_on_arrays(input, math.prod(shape), weight, bias, eps, composite)  # (None: the ops run)
     return composite(input, weight, bias) if y is None else y
