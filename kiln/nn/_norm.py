@@ -124,6 +124,7 @@ def batch_norm(input, running_mean, running_var, weight=None, bias=None, trainin
     for name, t in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight), ("bias", bias)):
         if t is not None and tuple(t.shape) != (c,):
             raise RuntimeError(f"batch_norm: {name} should contain {c} elements not {t.numel()}")
+    input = input.contiguous()  # C-order results, as PyTorch's (and the arrays path's)
     shape = _channel_shape(input)
     if training:
         count = input.numel() // c

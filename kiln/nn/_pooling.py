@@ -83,6 +83,7 @@ def _max_pool(input, kernel_size, stride, padding, dilation, ceil_mode, return_i
         out, first = on_arrays
         index = kiln.from_numpy(first.astype(np.int32)) if return_indices else None
     else:
+        x = x.contiguous()  # C-order results, as PyTorch's (and the arrays path's)
         if any(p for pair in pads for p in pair):
             if not x.dtype.is_floating_point:
                 raise NotImplementedError(f"{op}: padding or ceil_mode needs a floating-point input, got {x.dtype}")

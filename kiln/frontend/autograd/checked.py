@@ -25,9 +25,9 @@ RuntimeError: one of the variables needed for gradient computation has been modi
 from __future__ import annotations
 
 from .node import Node
-from .saved import save_tensors, unpack_tensors
+from .saved import save_tensors, unpack_tensors, version_error
 
-__all__ = ["check_saved"]
+__all__ = ["check_output", "check_saved"]
 
 
 class CheckedBackward(Node):
@@ -64,4 +64,39 @@ def check_saved(t, sources, op: str):
         return t
     assert t._base is None, f"{op}: check_saved takes new memory, not a view"
     t.grad_fn, t._output_nr = CheckedBackward(op, (node, t._output_nr), tuple(sources)), 0
+    return t
+
+
+class CheckedOutputBackward(Node):
+    """The identity on the gradient, after checking that the tensor whose history it heads was not
+    changed in place since it was made (its version counter and version, not the tensor: the tensor
+    would hold its own node)."""
+
+    kiln_only = True
+
+    __slots__ = ("op", "counter", "version")
+
+    def __init__(self, op: str, edge: tuple, t) -> None:
+        super().__init__((edge,))
+        self.op, self.counter, self.version = op, t._version, t._version[0]
+
+    def name(self) -> str:
+        return self.op
+
+    def apply(self, grads: list) -> tuple:
+        if self.counter[0] != self.version:
+            raise version_error(self, self.version, self.counter[0])
+        return (grads[0],)
+
+
+def check_output(t, op: str):
+    """``t``, whose backward now first checks that ``t`` itself was not changed in place since this
+    call: PyTorch's softmax keeps its output, and a composite whose nodes keep other values would
+    give the gradient of the old output where PyTorch raises. ``t`` is new memory, as for
+    ``check_saved``; without history it is left as it is."""
+    node = t.grad_fn
+    if node is None:
+        return t
+    assert t._base is None, f"{op}: check_output takes new memory, not a view"
+    t.grad_fn, t._output_nr = CheckedOutputBackward(op, (node, t._output_nr), t), 0
     return t

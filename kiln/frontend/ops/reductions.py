@@ -14,6 +14,7 @@ from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes, normalize_axis, reduced_shape
 from ..autocast import FLOAT32, autocast_op
+from ..autograd.checked import check_output
 from ..dispatch import apply
 from ..eager_composites import compiled_composite
 from ..jit.regions import composite
@@ -353,7 +354,9 @@ def softmax(input: Tensor, dim: int, dtype=None) -> Tensor:
 def _softmax(input: Tensor, axes: tuple[int, ...]) -> Tensor:
     """softmax's formula with ops (``softmax_arrays`` computes the same on the arrays)."""
     e = exp(sub(input, _detached_max(input, axes)))
-    return div(e, apply(_reduce_sum, e, axes=axes, keepdim=True))
+    # PyTorch's node (and ``softmax_arrays``') keeps the output: changing it in place before the
+    # backward raises, compiled or not
+    return check_output(div(e, apply(_reduce_sum, e, axes=axes, keepdim=True)), "SoftmaxBackward0")
 
 
 @method("log_softmax")
