@@ -20,7 +20,12 @@ def _run(array, normalized, affine: str, g):
     x = kiln.from_numpy(array.copy(order="K")).requires_grad_()
     y = F.layer_norm(x, normalized, w, b)
     y.backward(kiln.from_numpy(g))
-    return [type(y.grad_fn).__name__, y.detach().numpy(), x.grad.numpy(), *[t.grad.numpy() for t in (w, b) if t is not None]]
+    return [
+        type(y.grad_fn).__name__,
+        y.detach().numpy(),
+        x.grad.numpy(),
+        *[t.grad.numpy() for t in (w, b) if t is not None],
+    ]
 
 
 @pytest.mark.parametrize("shape, normalized", [((8, 16, 32), (32,)), ((4, 6, 5), (6, 5)), ((7, 3), (3,))])
