@@ -39,9 +39,10 @@ _grad_state = grad_mode.state
 def lean(x, tensors) -> bool:
     """Whether a step over ``x`` (B, in) with these states and weights may take ``cell_step``: where the
     fused layer may run eagerly on the CPU, outside any trace and on no inference tensor (whose saving
-    the layer's node refuses with its own error)."""
+    the layer's node refuses with its own error). A trace in another thread (eager kernels' composites
+    are traced in the background while a fresh process's first steps run) records nothing of this one's."""
     return (
-        not _jit.tracing
+        not (_jit.tracing and _jit.current.get() is not None)
         and x._device.type == "cpu"
         and not x._inference
         and _rnn.fusable(x, tensors)

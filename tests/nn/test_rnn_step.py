@@ -219,3 +219,23 @@ def test_anomaly_mode_names_the_step_that_made_a_nan():
         h2, _ = cell(x, (h, h))  # the line anomaly mode names
         with pytest.raises(RuntimeError, match=r"(?s)'LSTMCellBackward' returned nan values.*test_rnn_step.py"):
             h2.backward(kiln.full((2, 4), float("nan"), dtype=kiln.float64))
+
+
+def test_a_trace_in_another_thread_leaves_this_ones_steps_lean(monkeypatch):
+    """Eager kernels trace composites in a background thread while a fresh process's first steps run:
+    the count of traces running anywhere is then above 0, but none records this thread's ops, so a
+    cell's step keeps its fused path (it fell back to ops). This thread's own trace still records ops."""
+    from kiln.frontend.jit import state
+    from kiln.nn import _rnn_step
+
+    cell = kiln.nn.LSTMCell(3, 4)
+    x = kiln.randn(2, 3)
+    tensors = (kiln.zeros(2, 4), kiln.zeros(2, 4), cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh)
+    assert _rnn_step.lean(x, tensors)
+    monkeypatch.setattr(state, "tracing", state.tracing + 1)  # (another thread's trace, as the count sees it)
+    assert _rnn_step.lean(x, tensors)
+    token = state.current.set(object())  # this thread's own trace
+    try:
+        assert not _rnn_step.lean(x, tensors)
+    finally:
+        state.current.reset(token)
