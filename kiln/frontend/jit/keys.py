@@ -51,8 +51,8 @@ def call_key(tree, leaves: list, dynamic: Mapping[int, tuple[int, ...]] | None =
             shape, strides = data.shape, data.strides
             if dynamic is not None and i in dynamic:
                 shape, strides = _dynamic_shape(shape, strides, dynamic[i], classes, data.flags.c_contiguous)
-            # how many hooks it has (a backward the call runs runs them: then ``Specialization.arg_hooks``
-            # holds them by identity; one outside the call runs each call's own)
+            # how many hooks it has: a backward inside the call runs them as traced (then
+            # ``Specialization.arg_hooks`` holds them by identity); one outside runs each call's own
             hooks = _hook_counts(leaf) if leaf._hooks or leaf._post_accumulate_hooks else None
             parts.append(
                 ("tensor", shape, strides, leaf._dtype, leaf._device, leaf._requires_grad, leaf._grad is not None,
