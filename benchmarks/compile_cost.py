@@ -9,7 +9,9 @@ processes (``CHILD_LIMIT_S`` each, so a pathological compile cannot hang the run
   gradients, so this is usually calls 1 and 2);
 - warm compile: the same in a second process on the same cache directory;
 - the LSTM LM's cold compile at ``LENGTH_FACTOR`` times the sequence length (T=350 against T=35), less
-  the step's own work (the calls before the first compiled one, at the steady eager step's time);
+  the step's own work: the calls before the first compiled one, less as many first calls of kiln eager
+  in a fresh process at that length (a first call at T=350 spends ~0.3 s touching new memory, tracing
+  or not; the steady step's 0.06 s left that in the compile's share);
 - compiles over two epochs whose last batch is smaller (the compiled function's specializations);
 - the wall time of a run of ``RUN_STEPS`` steps compiled (its compile included, in the cold
   process) against kiln eager and PyTorch eager (a process each); kiln eager's process starts on an
@@ -41,7 +43,6 @@ from pathlib import Path
 import numpy as np
 
 import kiln
-from kiln.frontend import eager_kernels
 
 from . import common
 from .common import KILN, Result, Target, close, format_time, kiln_compile, one_shot, skipped
@@ -56,7 +57,6 @@ RUN_STEPS = {False: 200, True: 6}
 LONG_STEPS = {False: 1000, True: 20}  # the LSTMCell loop's length
 LENGTH_FACTOR = 10  # the LSTM LM compiled again at this many times its length (T=35: T=350)
 LENGTH_PROGRAMS = ("lstm_lm",)
-EAGER_WARMUP, EAGER_TIMED = 2, 3  # the steady eager step beside a length's compile
 EPOCH_BATCHES = {False: 8, True: 3}  # full batches per epoch, then one smaller
 CHECK_STEPS = 3
 MAX_CALLS_TO_COMPILE = 6  # calls made waiting for one that runs compiled before giving up
@@ -145,19 +145,17 @@ def _background_run(name: str, sizes: dict, steps: int) -> dict:
             "events": _events(fn)}  # fmt: skip
 
 
-def _eager_step_s(name: str, sizes: dict) -> float:
-    """The median wall time of a steady eager step at ``sizes`` (after ``EAGER_WARMUP`` steps): the work a
-    first call does anyway, tracing or not."""
+def _first_eager_calls(name: str, sizes: dict) -> dict:
+    """The wall times of the first ``MAX_CALLS_TO_COMPILE`` calls of the undecorated step in this fresh
+    process: what the calls a compile spans would cost had the user not decorated the step."""
     program = PROGRAMS[name]
     call = cycling(setup(program, kiln, sizes).step, on(kiln, batches(program, sizes, 4)))
     times = []
-    for k in range(EAGER_WARMUP + EAGER_TIMED):
-        if k == EAGER_WARMUP:
-            eager_kernels.wait(CHILD_LIMIT_S)  # the steady step runs on its kernels
+    for _ in range(MAX_CALLS_TO_COMPILE):
         start = time.perf_counter()
-        call()
+        np.asarray(call().numpy())  # as ``_compiled_run`` times its calls
         times.append(time.perf_counter() - start)
-    return float(np.median(times[EAGER_WARMUP:]))
+    return {"first_calls_s": times}
 
 
 def _events(fn) -> list[str]:
@@ -200,21 +198,23 @@ def _eager_run(name: str, sizes: dict, steps: int, lib) -> dict:
         built = setup(program, lib, sizes, reference=built)
     call = cycling(built.step, on(lib, batch_list))
     start = time.perf_counter()
-    losses = [np.asarray(call().detach().numpy(), dtype=np.float64).ravel().tolist() for _ in range(steps)]
-    return {"run_s": time.perf_counter() - start, "losses": losses[:CHECK_STEPS]}
+    losses, ends = [], []
+    for _ in range(steps):
+        losses.append(np.asarray(call().detach().numpy(), dtype=np.float64).ravel().tolist())
+        ends.append(time.perf_counter())
+    first = np.diff([start, *ends[:MAX_CALLS_TO_COMPILE]]).tolist()  # the length row's short baseline
+    return {"run_s": ends[-1] - start if ends else 0.0, "losses": losses[:CHECK_STEPS], "first_calls_s": first}
 
 
 def child(mode: str, name: str, quick: bool, steps: int | None) -> dict:
-    """One fresh process's measurement (``mode``: cold, warm, length, eager, torch)."""
-    sizes = sizes_for(name, quick, steps if mode == "length" else None)
+    """One fresh process's measurement (``mode``: cold, warm, length, eager_length, eager, torch)."""
+    sizes = sizes_for(name, quick, steps if mode in ("length", "eager_length") else None)
     if mode == "cold":
-        out = _compiled_run(name, sizes, RUN_STEPS[quick])
-        _emit(out)
-        return {**out, "eager_step_s": _eager_step_s(name, sizes)} if name in LENGTH_PROGRAMS else out
+        return _compiled_run(name, sizes, RUN_STEPS[quick])
     if mode == "length":
-        out = _compiled_run(name, sizes, None)
-        _emit(out)
-        return {**out, "eager_step_s": _eager_step_s(name, sizes)}
+        return _compiled_run(name, sizes, None)
+    if mode == "eager_length":
+        return _first_eager_calls(name, sizes)
     if mode == "background":
         return _background_run(name, sizes, RUN_STEPS[quick])
     if mode == "warm":
@@ -288,6 +288,9 @@ def measure(name: str, quick: bool) -> dict[str, dict]:
             long = sizes_for(name, quick)["steps"] * LENGTH_FACTOR
             common.progress(f"compile_cost: {name}, T={long}")
             found["length"] = _spawn("length", name, quick, cache, steps=long)
+        with tempfile.TemporaryDirectory(prefix="kiln-cache-") as cache:  # eager's own, as above
+            common.progress(f"compile_cost: {name}, eager at T={long}")
+            found["eager_length"] = _spawn("eager_length", name, quick, cache, steps=long)
     return found
 
 
@@ -301,19 +304,23 @@ def _compile_row(case: str, out: dict, params: dict) -> Result:
     return Result(WORKLOAD, case, KILN, one_shot([out["compile_s"] * 1e9]), note, {**params, "events": out["events"]})
 
 
-def _length_row(case: str, impl: str, out: dict, params: dict) -> Result:
+def _length_row(case: str, impl: str, out: dict, eager: dict, params: dict) -> Result:
     """A compile's cost beyond the step's own work: the time from the first call to the first compiled
-    one, less the calls before it at the steady eager step's time (a traced call runs the step too; at
-    10x the length that work is 10x, whether compiled or not)."""
+    one, less the same number of first calls of kiln eager in a fresh process at that length (``eager``'s
+    ``first_calls_s``: a traced call runs the step too, and a process's first calls touch new memory,
+    compiled or not)."""
     row = replace(_compile_row(case, out, params), impl=impl)
-    if "compile_s" not in out or "eager_step_s" not in out:
+    if "compile_s" not in out:
         return replace(row, note=f"T={params['steps']}; " + row.note)
-    step, calls = out["eager_step_s"], out["compile_calls"]
-    beyond = out["compile_s"] - calls * step
+    calls, firsts = out["compile_calls"], eager.get("first_calls_s", [])
+    if len(firsts) < calls:
+        why = eager.get("error") or f"kiln eager timed {len(firsts)} first calls, not {calls}"
+        return skipped(WORKLOAD, case, impl, f"T={params['steps']}: {why}")
+    own = sum(firsts[:calls])
     note = (f"T={params['steps']}: first call to first compiled one {format_time(out['compile_s'] * 1e9)}, less "
-            f"{calls} x the eager step's {format_time(step * 1e9)}; " + row.note)  # fmt: skip
-    return replace(row, timing=one_shot([beyond * 1e9]), note=note,
-                   params={**row.params, "first_call_s": out["compile_s"], "eager_step_s": step})  # fmt: skip
+            f"kiln eager's first {calls} call(s) in a fresh process, {format_time(own * 1e9)}; " + row.note)  # fmt: skip
+    return replace(row, timing=one_shot([(out["compile_s"] - own) * 1e9]), note=note,
+                   params={**row.params, "first_call_s": out["compile_s"], "eager_first_calls_s": firsts[:calls]})  # fmt: skip
 
 
 def rows(name: str, quick: bool, found: dict[str, dict]) -> list[Result]:
@@ -324,8 +331,9 @@ def rows(name: str, quick: bool, found: dict[str, dict]) -> list[Result]:
     if "length" in found:
         short = sizes["steps"]
         long = short * LENGTH_FACTOR
-        results.append(_length_row(names["length"], KILN, found["length"], {**sizes, "steps": long}))
-        results.append(_length_row(names["length"], SHORT, cold, sizes))
+        long_eager = found.get("eager_length", {})
+        results.append(_length_row(names["length"], KILN, found["length"], long_eager, {**sizes, "steps": long}))
+        results.append(_length_row(names["length"], SHORT, cold, found["eager"], sizes))
     results.append(_ragged_row(names["ragged"], warm))
     eager = {EAGER: found["eager"], TORCH: found["torch"]}
     params = {**sizes, "steps_run": RUN_STEPS[quick]}

@@ -129,21 +129,23 @@ def fake_child(compile_s: float, *, compiles=(2, 2), run_s=1.0, losses=((1.0,),)
 
 def test_compile_cost_rows_targets_and_summary_by_hand():
     found = {
-        "cold": {**fake_child(2.0, run_s=3.0), "eager_step_s": 0.1},  # 2 calls before the compiled one
+        "cold": fake_child(2.0, run_s=3.0),  # 2 calls before the compiled one
         "warm": fake_child(0.5, compiles=(2, 3), run_s=1.5),
-        "eager": {"run_s": 4.0, "losses": [[1.0]]},
+        "eager": {"run_s": 4.0, "losses": [[1.0]], "first_calls_s": [0.15, 0.05, 0.02]},
         "eager_warm": {"run_s": 1.6, "losses": [[1.0]]},  # its kernels from its cache directory
         "torch": {"run_s": 2.0, "losses": [[1.0]]},
-        "length": {**fake_child(2.5), "eager_step_s": 0.4},
+        "length": fake_child(2.5),
+        "eager_length": {"first_calls_s": [0.5, 0.3, 0.2]},  # a fresh process's first calls at T=350
         "background": {"run_s": 3.5, "losses": [[1.0]], "compiles": 1, "events": []},
     }
     results = compile_cost.rows("lstm_lm", True, found)
     names = compile_cost.cases("lstm_lm")
     by_key = {(r.case, r.impl): r for r in results}
     assert by_key[(names["cold"], "kiln")].median_ns == 2e9
-    # the compiles beyond the step's own work: the first call to the first compiled one, less two eager steps
-    assert by_key[(names["length"], "kiln")].median_ns == pytest.approx(1.7e9)
-    assert by_key[(names["length"], compile_cost.SHORT)].median_ns == pytest.approx(1.8e9)  # the cold compile
+    # the compile beyond the step's own work: the first call to the first compiled one, less kiln eager's
+    # first two calls in a fresh process at that length
+    assert by_key[(names["length"], "kiln")].median_ns == pytest.approx(1.7e9)  # 2.5 - (0.5 + 0.3)
+    assert by_key[(names["length"], compile_cost.SHORT)].median_ns == pytest.approx(1.8e9)  # 2.0 - (0.15 + 0.05)
     assert by_key[(names["run"], compile_cost.WARM_RUN)].median_ns == 1.5e9
     assert by_key[(names["run"], compile_cost.EAGER_WARM)].median_ns == 1.6e9
     assert by_key[(names["ragged"], "kiln")].params["compiles"] == [2, 3]
@@ -160,6 +162,18 @@ def test_compile_cost_rows_targets_and_summary_by_hand():
     cells = [c.strip() for c in row if c.strip()]
     assert cells == [programs.PROGRAMS["lstm_lm"].title, "2 s", "met", "500 ms", "MISSED", "2, +1", "MISSED",
                      "0.94x", "met", "3 s / 4 s / 2 s", "MISSED", "3.5 s", "MISSED", "1.5 s", "1.6 s / 2 s", "met"]  # fmt: skip
+
+
+def test_compile_cost_length_row_needs_as_many_eager_first_calls():
+    """The length row subtracts kiln eager's first calls; without enough of them it is not measured
+    (never a compile cost that still holds the step's own work)."""
+    names = compile_cost.cases("lstm_lm")
+    row = compile_cost._length_row(names["length"], "kiln", fake_child(2.5), {"first_calls_s": [0.5]}, {"steps": 350})
+    assert row.timing is None and "timed 1 first calls, not 2" in row.note
+    failed = compile_cost._length_row(
+        names["length"], "kiln", fake_child(2.5), {"error": "error: it died"}, {"steps": 350}
+    )
+    assert failed.timing is None and "error: it died" in failed.note
 
 
 def test_compile_cost_reports_a_failed_or_hung_process(monkeypatch, tmp_path):
