@@ -20,8 +20,8 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln.frontend.autograd import grad_mode
-from kiln.frontend.autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
-from kiln.frontend.ops._util import plain_arrays, recomputed_gradients
+from kiln.frontend.ops._util import plain_arrays
+from kiln.frontend.ops.arrays_node import ArraysBackward
 from kiln.frontend.tensor import Tensor, make_tensor
 
 _INDEX_DTYPES = frozenset({np.dtype(np.int64), np.dtype(np.uint8)})
@@ -67,34 +67,28 @@ def cross_entropy_on_arrays(input, target, ignore_index: int, reduction: str,
     return result
 
 
-class CrossEntropyBackward(LazyEdgesNode):
+class CrossEntropyBackward(ArraysBackward):
     """The backward of ``cross_entropy_on_arrays``: ``(softmax - onehot) * kept`` times ``g``
     (per sample for ``reduction="none"``, else times the reduction's scale)."""
 
-    __slots__ = ("saved", "versions", "slope", "scale", "composite")
-    saved: tuple | None  # the input and the target (checked for in-place changes, as the ops' nodes)
-    versions: tuple
+    __slots__ = ("slope", "scale")
     slope: np.ndarray | None
     scale: object  # the reduction's factor (a numpy scalar), None for "none"
-    composite: Callable[[Tensor], Tensor]
 
     @classmethod
     def attach(cls, result: Tensor, input: Tensor, target: Tensor, slope, scale, composite: Callable) -> None:
-        node = cls((pending_edge(input),))
         # the target as PyTorch's nll_loss keeps it (an in-place change of it is an error); the
         # input for a recomputation only: its values enter no gradient here, as in the ops' nodes
-        node.saved, node.versions = (input, target), save_tensors((input, target), unchecked=(0,))
-        node.slope, node.scale, node.composite = slope, scale, composite
-        result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
+        node = cls._new(result, (input,), composite, also=(target,), unchecked=(0,))
+        node.slope, node.scale = slope, scale
 
     def name(self) -> str:
         return "NllLossBackward0"
 
-    def apply(self, grads: list) -> tuple:
-        g = grads[0]
-        input, _ = unpack_tensors(self, self.saved, self.versions)
-        if not plain_arrays(g, input) or grad_mode.state.grad_enabled:
-            return recomputed_gradients(self.composite, (input,), (True,), g)  # a graph, a trace or a profile
+    def _takes(self, g: Tensor, x: Tensor) -> bool:
+        return plain_arrays(g, x)  # g is the loss's gradient: a scalar, or one per sample
+
+    def _on_arrays(self, g: Tensor, saved: tuple) -> tuple:
         slope = self.slope
         assert slope is not None  # (released together with ``saved``, which unpack_tensors checked)
         ga = g._data
@@ -102,4 +96,5 @@ class CrossEntropyBackward(LazyEdgesNode):
         return (make_tensor(slope * factor, g._device, g._dtype),)
 
     def release(self) -> None:
-        self.saved = self.slope = None
+        super().release()
+        self.slope = None

@@ -22,8 +22,8 @@ from collections.abc import Callable
 import numpy as np
 
 from kiln.frontend.autograd import grad_mode
-from kiln.frontend.autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
-from kiln.frontend.ops._util import plain_arrays, recomputed_gradients
+from kiln.frontend.ops._util import plain_arrays
+from kiln.frontend.ops.arrays_node import ArraysBackward
 from kiln.frontend.tensor import Tensor, make_tensor
 
 #: ``composite(x, weight, bias)``: the layer norm computed with ops (the backward's recompute).
@@ -54,36 +54,24 @@ def layer_norm_on_arrays(x, size: int, weight, bias, eps: float, composite: Comp
     return result
 
 
-class LayerNormBackward(LazyEdgesNode):
+class LayerNormBackward(ArraysBackward):
     """The closed-form gradients of ``layer_norm_on_arrays``' output (see the module docstring)."""
 
-    __slots__ = ("saved", "versions", "arrays", "composite", "bias_shape")
-    saved: tuple | None  # the input, weight and bias (or None); None once released
-    versions: tuple  # theirs when saved (the bias unchecked: no gradient reads its value)
+    __slots__ = ("arrays", "bias_shape")
     arrays: tuple  # the deviations (rows, D) and r (rows, 1)
-    composite: Composite
     bias_shape: tuple | None
 
     @classmethod
     def attach(cls, result: Tensor, inputs: tuple, arrays: tuple, composite: Composite) -> None:
-        node = cls(tuple([None if t is None else pending_edge(t) for t in inputs]))
-        node.saved, node.versions = inputs, save_tensors(inputs, unchecked=(2,))
-        node.arrays, node.composite = arrays, composite
+        node = cls._new(result, inputs, composite, unchecked=(2,))  # no gradient reads the bias's value
+        node.arrays = arrays
         node.bias_shape = None if inputs[2] is None else inputs[2]._data.shape
-        result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
 
     def name(self) -> str:
         return "NativeLayerNormBackward"
 
-    def apply(self, grads: list) -> tuple:
-        g = grads[0]
-        inputs = unpack_tensors(self, self.saved, self.versions)
-        x, weight, _ = inputs
-        if not plain_arrays(g, x) or grad_mode.state.grad_enabled or g._data.shape != x._data.shape:
-            return self._through_ops(inputs, g)  # a graph (create_graph), a trace or a profile
-        return self._on_arrays(g, weight)
-
-    def _on_arrays(self, g: Tensor, weight) -> tuple:
+    def _on_arrays(self, g: Tensor, saved: tuple) -> tuple:
+        weight = saved[1]
         centered, r = self.arrays
         size = centered.shape[1]
         dtype = centered.dtype.type
@@ -104,11 +92,6 @@ class LayerNormBackward(LazyEdgesNode):
             gx = make_tensor(gy.reshape(g._data.shape), g._device, g._dtype)
         return gx, gw, gb
 
-    def _through_ops(self, inputs: tuple, g: Tensor) -> tuple:
-        """The gradients of the composite recomputed with ops (differentiable again under create_graph)."""
-        wanted = tuple(edge is not None for edge in self.next_edges)
-        return recomputed_gradients(self.composite, inputs, wanted, g)
-
     def release(self) -> None:
-        self.saved = None
+        super().release()
         self.arrays = ()

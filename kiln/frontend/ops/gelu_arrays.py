@@ -23,9 +23,9 @@ import numpy as np
 
 from ...ir.types import CPU
 from ..autograd import grad_mode
-from ..autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
 from ..tensor import Tensor, make_tensor
-from ._util import plain_arrays, recomputed_gradients
+from ._util import plain_arrays
+from .arrays_node import ArraysBackward
 
 
 def gelu_tanh_eager(input, a: float, b: float, composite: Callable[[Tensor], Tensor]) -> Tensor | None:
@@ -48,34 +48,23 @@ def gelu_tanh_eager(input, a: float, b: float, composite: Callable[[Tensor], Ten
     return result
 
 
-class GeluTanhBackward(LazyEdgesNode):
+class GeluTanhBackward(ArraysBackward):
     """The backward of ``gelu_tanh_eager``: ``g dy/dx`` (see the module docstring)."""
 
-    __slots__ = ("saved", "versions", "t", "constants", "composite")
-    saved: tuple | None  # the input; None once released
-    versions: tuple
-    t: np.ndarray | None
+    __slots__ = ("t", "constants")
+    t: np.ndarray | None  # tanh's output; None once released
     constants: tuple[float, float]
-    composite: Callable[[Tensor], Tensor]
 
     @classmethod
     def attach(cls, result: Tensor, input: Tensor, t: np.ndarray, constants: tuple, composite: Callable) -> None:
-        node = cls((pending_edge(input),))
-        node.saved, node.versions = (input,), save_tensors((input,))
-        node.t, node.constants, node.composite = t, constants, composite
-        result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
+        node = cls._new(result, (input,), composite)
+        node.t, node.constants = t, constants
 
     def name(self) -> str:
         return "GeluBackward"
 
-    def apply(self, grads: list) -> tuple:
-        g = grads[0]
-        (x,) = unpack_tensors(self, self.saved, self.versions)
-        if not plain_arrays(g, x) or grad_mode.state.grad_enabled or g._data.shape != x._data.shape:
-            return recomputed_gradients(self.composite, (x,), (True,), g)  # a graph, a trace or a profile
-        return (make_tensor(self._on_arrays(x._data, g._data), CPU, g._dtype),)
-
-    def _on_arrays(self, x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    def _on_arrays(self, g: Tensor, saved: tuple) -> tuple:
+        x, gx = saved[0]._data, g._data
         a, b = self.constants
         t, dtype = self.t, x.dtype.type
         assert t is not None  # (released together with ``saved``, which unpack_tensors checked)
@@ -87,7 +76,8 @@ class GeluTanhBackward(LazyEdgesNode):
         slope *= dtype(0.5)
         slope += t * dtype(0.5)
         slope += dtype(0.5)  # s + x (1 - t^2) du/dx / 2
-        return np.multiply(g, slope, out=slope)
+        return (make_tensor(np.multiply(gx, slope, out=slope), CPU, g._dtype),)
 
     def release(self) -> None:
-        self.saved = self.t = None
+        super().release()
+        self.t = None

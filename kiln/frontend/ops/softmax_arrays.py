@@ -20,10 +20,10 @@ import numpy as np
 from ...ir.primitives import P
 from .. import dispatch
 from ..autograd import grad_mode
-from ..autograd.graph import LazyEdgesNode, pending_edge, save_tensors, unpack_tensors
 from ..autograd.saved import version_error
 from ..tensor import Tensor, make_tensor
-from ._util import plain_arrays, recomputed_gradients
+from ._util import plain_arrays
+from .arrays_node import ArraysBackward
 
 _MAX, _SUB, _EXP, _SUM, _DIV = P["reduce_max"], P["sub"], P["exp"], P["reduce_sum"], P["div"]
 
@@ -47,37 +47,28 @@ def softmax_eager(input, axes: tuple[int, ...], composite: Callable[[Tensor], Te
     return result
 
 
-class SoftmaxBackward(LazyEdgesNode):
+class SoftmaxBackward(ArraysBackward):
     """The backward of ``softmax_eager``: ``y (g - sum(g y))`` over the softmax's axes."""
 
-    __slots__ = ("saved", "versions", "output", "output_version", "axes", "composite")
-    saved: tuple | None  # the input (for a recomputation: unchecked); None once released
-    versions: tuple
+    __slots__ = ("output", "output_version", "axes")
     output: np.ndarray | None  # y's array, and y's version counter with its value when saved
     output_version: tuple
     axes: tuple[int, ...]
-    composite: Callable[[Tensor], Tensor]
 
     @classmethod
     def attach(cls, result: Tensor, input: Tensor, axes: tuple, composite: Callable) -> None:
-        node = cls((pending_edge(input),))
-        node.saved, node.versions = (input,), save_tensors((input,), unchecked=(0,))
+        node = cls._new(result, (input,), composite, unchecked=(0,))  # the input for a recomputation only
         # the output's array and version counter, not the tensor: the tensor would hold its node
         node.output, node.output_version = result._data, (result._version, result._version[0])
-        node.axes, node.composite = axes, composite
-        result.grad_fn, result._output_nr, result._requires_grad = node, 0, True
+        node.axes = axes
 
     def name(self) -> str:
         return "SoftmaxBackward0"
 
-    def apply(self, grads: list) -> tuple:
-        g = grads[0]
-        (x,) = unpack_tensors(self, self.saved, self.versions)
-        if not plain_arrays(g, x) or grad_mode.state.grad_enabled or g._data.shape != x._data.shape:
-            return recomputed_gradients(self.composite, (x,), (True,), g)  # a graph, a trace or a profile
-        counter, saved = self.output_version
-        if counter[0] != saved:
-            raise version_error(self, saved, counter[0])
+    def _on_arrays(self, g: Tensor, saved: tuple) -> tuple:
+        counter, version = self.output_version
+        if counter[0] != version:
+            raise version_error(self, version, counter[0])
         out = self.output
         assert out is not None  # (released together with ``saved``, which unpack_tensors checked)
         gy = g._data * out
@@ -85,4 +76,5 @@ class SoftmaxBackward(LazyEdgesNode):
         return (make_tensor(gy, g._device, g._dtype),)
 
     def release(self) -> None:
-        self.saved = self.output = None
+        super().release()
+        self.output = None
