@@ -226,7 +226,8 @@ def test_random_bits_and_the_advance_past_them_take_symbolic_sizes():
     # one graph draws at every size what a draw of that concrete size draws, and advances the offset
     # by ceil(3 * B / 4) blocks: 3*B is rarely a multiple of 4
     b = GraphBuilder()
-    s, x = b.input(state), b.input(T(B, 3))
+    s = b.input(state)
+    b.input(T(B, 3))  # an input that binds B
     graph = b.build([b.node("random_bits", [s], {"shape": (B, 3)}), b.node("random_advance", [s], {"shape": (B, 3)})])
     for n, blocks in ((2, 2), (5, 4), (7, 6), (8, 6)):
         seed_offset = np.array([7, 11], np.int64)
