@@ -2,8 +2,9 @@
 
 A ``Generator``'s state is a tensor ``[seed, offset]``: each draw reads it with one
 ``random_bits`` primitive (see ``kiln.ir.primitives.random``) and then advances the offset in place
-by the number of 128-bit blocks it used (one ``random_advance`` primitive over the draw's shape). A traced program therefore reads the state as an input
-and writes it back, and draws fresh numbers per call as eager code does.
+by the number of 128-bit blocks it used (one ``random_advance`` primitive over the draw's shape). A
+traced program therefore reads the state as an input and writes it back, and draws fresh numbers
+per call as eager code does; the advance follows a dynamic program's sizes as the draw does.
 """
 
 from __future__ import annotations
@@ -119,9 +120,9 @@ class Generator:
     def bits(self, shape: tuple[int, ...]) -> Tensor:
         """``shape`` random uint32 values (in int64), advancing the stream past them."""
         out = apply(P["random_bits"], self.philox_state, shape=shape)
-        if out._data.size:  # the advance is an op over the shape, so a dynamic program advances by each call's size
-            commit_inplace(self.philox_state, apply(P["random_advance"], self.philox_state, shape=shape),
-                           op="random draw")  # fmt: skip
+        if out._data.size:  # (an op over the shape, not a constant: see random_advance)
+            advanced = apply(P["random_advance"], self.philox_state, shape=shape)
+            commit_inplace(self.philox_state, advanced, op="random draw")
         return out
 
     def __repr__(self) -> str:

@@ -103,7 +103,7 @@ def _random_bits_infer(state: TensorType, *, shape: tuple[Dim, ...]) -> TensorTy
     return TensorType(shape, int64, state.device)
 
 
-def _random_bits_samples(rng):
+def _state_samples(rng):
     return [
         Sample((np.array([0, 0], dtype=np.int64),), {"shape": (4,)}, gradcheck=False),
         Sample((np.array([-1, 7], dtype=np.int64),), {"shape": (2, 3)}, gradcheck=False),
@@ -114,7 +114,7 @@ def _random_bits_samples(rng):
 
 random_bits = register(Primitive(
     "random_bits", Kind.RANDOM, _random_bits_infer, _random_bits_eager, NOT_DIFFERENTIABLE,
-    samples=_random_bits_samples,
+    samples=_state_samples,
     doc="Philox-4x32-10 bits (uint32 values in int64) of `shape` from the state [seed, offset]; "
         "uses ceil(numel / 4) counter blocks starting at offset.",
 ))  # fmt: skip
@@ -136,21 +136,12 @@ def _random_advance_infer(state: TensorType, *, shape: tuple[Dim, ...]) -> Tenso
     return TensorType((2,), int64, state.device)
 
 
-def _random_advance_samples(rng):
-    return [
-        Sample((np.array([0, 0], dtype=np.int64),), {"shape": (4,)}, gradcheck=False),
-        Sample((np.array([-1, 7], dtype=np.int64),), {"shape": (2, 3)}, gradcheck=False),
-        Sample((np.array([42, 1 << 40], dtype=np.int64),), {"shape": ()}, gradcheck=False),
-        Sample((np.array([5, 3], dtype=np.int64),), {"shape": (0, 3)}, gradcheck=False),
-    ]
-
-
-# The state after a draw is an op of the graph, not a constant the tracer adds: in a dynamic program
-# its ``shape`` follows the symbolic sizes (``s0 * 784`` elements use ``ceil(s0 * 196)`` blocks, ``3 * s0``
-# elements a number no product of the sizes spells), and the program binds it per call as it binds
-# the draw's own shape.
+# The advance is an op of the graph rather than the state plus a constant the tracer computed: in a
+# dynamic program the blocks a draw uses follow the symbolic sizes (``ceil(3 * s0 / 4)``, which no
+# product of the sizes spells), so its ``shape`` is an attribute the program binds per call, as it
+# binds the draw's own.
 random_advance = register(Primitive(
     "random_advance", Kind.RANDOM, _random_advance_infer, _random_advance_eager, NOT_DIFFERENTIABLE,
-    samples=_random_advance_samples,
+    samples=_state_samples,
     doc="The state [seed, offset] past a random_bits draw of `shape`: offset + ceil(numel / 4).",
 ))  # fmt: skip
