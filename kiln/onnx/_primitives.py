@@ -22,6 +22,8 @@ UNMAPPABLE = {
     "random_bits": "kiln's random numbers are Philox-4x32-10 counter-based bits; ONNX's random operators "
     "follow no specified generator, so the exported model could not reproduce them (export in eval mode, "
     "where dropout draws nothing)",
+    "random_advance": "it moves kiln's Philox generator past a draw, and ONNX cannot reproduce the draw (export "
+    "in eval mode, where dropout draws nothing)",
     "rnn_scan_backward": "the backward pass of a recurrence has no ONNX operator: export the forward call",
     "all_reduce": "a collective communicates with the other processes of a job; an ONNX model is one process "
     "(export the model outside its DistributedDataParallel wrapper)",

@@ -3,11 +3,12 @@
 Each program is a random chain of batch-preserving ops over an input of shape ``(batch, F)`` (and
 integer targets of ``(batch,)``), or of ``(2, length, F)`` or ``(batch, batch + 1, F)`` (a sequence
 length varying, or two sizes at once, flattened to rows and back by the views): elementwise ops with captured weights, linear layers, softmax and
-log_softmax, sums over the features, views with ``-1`` and with ``x.shape[0]``, means over the
-batch, cross-entropy, and optionally a backward pass and an SGD step. It is called at batch sizes
-that repeat and change (with a size 1 among them, which specializes) and compared with the same
-program run eagerly at every call: values, and the parameters after each step. Most programs
-become dynamic at their second size; none may differ from eager, and none may trace again for a
+log_softmax, sums over the features, views with ``-1`` and with ``x.shape[0]``, random draws of the
+hidden values' shape (dropout, noise), means over the batch, cross-entropy, and optionally a
+backward pass and an SGD step. It is called at batch sizes that repeat and change (with a size 1
+among them, which specializes) and compared with the same program run eagerly at every call, both
+from the same seed: values, the parameters after each step, and the random generator's state. Most
+programs become dynamic at their second size; none may differ from eager, and none may trace again for a
 size >= 2 once dynamic.
 """
 
@@ -36,6 +37,9 @@ def _program(seed: int, layout: str = "batch"):
     features = r.choice((3, 4, 8))
     ops = [r.choice(("unary", "binary", "linear", "softmax", "sum", "view", "view_n", "scale"))
            for _ in range(r.randint(2, 6))]  # fmt: skip
+    draws = random.Random(seed * 7919 + 1)  # its own stream: the programs without a draw stay as they were
+    if draws.random() < 0.5:
+        ops.insert(draws.randint(0, len(ops)), draws.choice(("dropout", "noise")))
     loss = r.choice(("mean", "cross_entropy", "sum_over_batch", "none"))
     train = loss != "none" and r.random() < 0.6 and any(op in ("binary", "linear") for op in ops)  # has parameters
 
@@ -57,6 +61,10 @@ def _program(seed: int, layout: str = "batch"):
                     h = h @ w + bias
                 elif op == "softmax":
                     h = F.log_softmax(h, dim=-1) if seed % 3 else F.softmax(h, dim=-1)
+                elif op == "dropout":
+                    h = F.dropout(h, 0.3, training=True)
+                elif op == "noise":  # n * 3 elements where F is 3: the advance rounds up to whole blocks
+                    h = h + kiln.randn(h.shape) * 0.1 + kiln.rand_like(h)
                 elif op == "sum":
                     h = h - h.sum(-1, keepdim=True) / features
                 elif op == "view" and layout != "batch":  # rows of every leading size, and back
@@ -106,9 +114,13 @@ def test_random_programs_at_varying_sizes_match_eager(seed, layout):
     for call, n in enumerate(SIZES):
         x = rng.normal(size=_shape(layout, n, features)).astype(np.float32)
         target = rng.integers(0, features, x.shape[:-1])
+        kiln.manual_seed(call)
         expected = eager(kiln.tensor(x), kiln.tensor(target))
+        state = kiln.get_rng_state().numpy().copy()
+        kiln.manual_seed(call)
         actual = compiled(kiln.tensor(x), kiln.tensor(target))
         where = f"{description}; call {call} at batch {n}"
+        np.testing.assert_array_equal(kiln.get_rng_state().numpy(), state, err_msg=where)
         assert_close(actual.detach().numpy(), expected.detach().numpy(), rtol=1e-4, atol=1e-5), where
         for p, q in zip(params, eager_params, strict=True):
             assert_close(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-5)
@@ -117,3 +129,6 @@ def test_random_programs_at_varying_sizes_match_eager(seed, layout):
             assert len(specs) == made_after_dynamic, f"{description}: traced again at {n} after becoming dynamic"
         if any(s.dynamic for s in specs):
             made_after_dynamic = len(specs)  # (a size 1 is a static specialization of its own)
+    # a draw never keeps the sizes static (its shape and the generator's advance follow the symbols)
+    why_static = [e.detail for e in compiled.state.events if "stay static" in e.detail]
+    assert not any("random_" in why for why in why_static), f"{description}: {why_static}"

@@ -1,13 +1,14 @@
 """Random conv/pool nets called at varying image sizes and batches, compiled against eager.
 
 Each program is a random stack of convolutions, transposed convolutions, max and average pools and
-ReLUs over a ``(batch, C, H, W)`` input, with a loss that reads every element (a mean of squares)
-and one that sums over the image (a per-channel sum, meaned), and a backward. It is called at
-random heights, widths and batches: programs become dynamic in some dims, later ones in others
-(``frontend/jit/size_spelling.py``, ``call_cache._dynamic_key``). Values and the input's gradient
-must equal eager's at every call. (Two silent errors this kind of program found: a mean's count
-taken for a size that coincided with it at both traced sizes, and a program dynamic in the image
-run at another batch than the one it kept static.)
+ReLUs (and in half of them a dropout) over a ``(batch, C, H, W)`` input, with a loss that reads
+every element (a mean of squares) and one that sums over the image (a per-channel sum, meaned), and
+a backward. It is called at random heights, widths and batches: programs become dynamic in some
+dims, later ones in others (``frontend/jit/size_spelling.py``, ``call_cache._dynamic_key``). Values
+and the input's gradient must equal eager's at every call, both from one seed, and the generator's
+state after it. (Two silent errors this kind of program found: a mean's count taken for a size that
+coincided with it at both traced sizes, and a program dynamic in the image run at another batch than
+the one it kept static.)
 """
 
 from __future__ import annotations
@@ -54,9 +55,11 @@ def _equal_at(a: np.ndarray, eager, compiled, where: str) -> None:
     found = []
     for fn in (eager, compiled):
         x = kiln.tensor(a, requires_grad=True)
+        kiln.manual_seed(7)  # the same dropout masks
         value = fn(x)
         value.backward()
-        found.append((value.item(), x.grad.numpy()))
+        found.append((value.item(), x.grad.numpy(), kiln.get_rng_state().numpy().copy()))
+    np.testing.assert_array_equal(found[1][2], found[0][2], err_msg=f"the generator's state; {where}")
     np.testing.assert_allclose(found[1][0], found[0][0], rtol=1e-4, atol=1e-5, err_msg=where)
     np.testing.assert_allclose(found[1][1], found[0][1], rtol=1e-3, atol=1e-5, err_msg=where)
 
@@ -68,6 +71,11 @@ def test_random_conv_nets_at_varying_image_sizes_match_eager(seed):
     channels = r.randint(1, 3)
     kiln.manual_seed(seed)
     net = _net(r, channels)
+    draws = random.Random(seed * 7919 + 1)  # its own stream: the programs without a draw stay as they were
+    if draws.random() < 0.5:  # a dropout whose shape follows the dynamic sizes (floor divisions of H, W)
+        layers = list(net)
+        layers.insert(draws.randint(0, len(layers)), draws.choice((nn.Dropout(0.3), nn.Dropout2d(0.3))))
+        net = nn.Sequential(*layers)
 
     def loss(x):
         y = net(x)
@@ -80,6 +88,8 @@ def test_random_conv_nets_at_varying_image_sizes_match_eager(seed):
         _equal_at(
             rng.standard_normal(shape).astype(np.float32), loss, compiled, f"seed {seed}: {net}; call {call} at {shape}"
         )
+    why_static = [e.detail for e in compiled.state.events if "stay static" in e.detail]
+    assert not any("random_" in why for why in why_static), f"seed {seed}: {net}: {why_static}"
 
 
 @pytest.mark.fuzz

@@ -212,8 +212,28 @@ def test_rules_that_do_not_take_symbols_say_so():
     with pytest.raises(SymbolicShapeError, match="kernel_size that follows a dynamic size"):  # adaptive pooling's
         infer("unfold", T(2, 3, B, 8), kernel_size=(B, 2), stride=(B, 1), dilation=(1, 1))
     assert infer("unfold", T(B, 3, 8, 8), kernel_size=(3, 3), stride=(1, 1), dilation=(1, 1)) == T(B, 3, 3, 3, 6, 6)
-    with pytest.raises(ValueError, match="does not take a symbolic dimension"):
-        infer("random_bits", T(2, dtype=int64), shape=(B, 4))
+
+
+def test_random_bits_and_the_advance_past_them_take_symbolic_sizes():
+    state = T(2, dtype=int64)
+    assert infer("random_bits", state, shape=(B, 3)) == T(B, 3, dtype=int64)
+    assert infer("random_advance", state, shape=(B, 3)) == state
+    for op in ("random_bits", "random_advance"):
+        with pytest.raises(ValueError, match=f"{op}: expected a shape of non-negative ints or symbolic sizes"):
+            infer(op, state, shape=(B, -1))
+        with pytest.raises(ValueError, match="non-negative ints or symbolic sizes, got"):
+            infer(op, state, shape=(2.0,))
+    # one graph draws at every size what a draw of that concrete size draws, and advances the offset
+    # by ceil(3 * B / 4) blocks: 3*B is rarely a multiple of 4
+    b = GraphBuilder()
+    s = b.input(state)
+    b.input(T(B, 3))  # an input that binds B
+    graph = b.build([b.node("random_bits", [s], {"shape": (B, 3)}), b.node("random_advance", [s], {"shape": (B, 3)})])
+    for n, blocks in ((2, 2), (5, 4), (7, 6), (8, 6)):
+        seed_offset = np.array([7, 11], np.int64)
+        bits, after = interpret(graph, [seed_offset, np.zeros((n, 3), np.float32)])
+        np.testing.assert_array_equal(bits, PRIMITIVES["random_bits"].eager(np, seed_offset, shape=(n, 3)))
+        np.testing.assert_array_equal(after, [7, 11 + blocks])
 
 
 # ----------------------------------------------------------------------------- verifier

@@ -2,8 +2,9 @@
 
 A ``Generator``'s state is a tensor ``[seed, offset]``: each draw reads it with one
 ``random_bits`` primitive (see ``kiln.ir.primitives.random``) and then advances the offset in place
-by the number of 128-bit blocks it used. A traced program therefore reads the state as an input
-and writes it back, and draws fresh numbers per call as eager code does.
+by the number of 128-bit blocks it used (one ``random_advance`` primitive over the draw's shape). A
+traced program therefore reads the state as an input and writes it back, and draws fresh numbers
+per call as eager code does; the advance follows a dynamic program's sizes as the draw does.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from ...runtime.devices import to_device
 from ..dispatch import apply
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
-from .elementwise import add
 from .inplace import commit_inplace
 
 __all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state"]
@@ -120,11 +120,9 @@ class Generator:
     def bits(self, shape: tuple[int, ...]) -> Tensor:
         """``shape`` random uint32 values (in int64), advancing the stream past them."""
         out = apply(P["random_bits"], self.philox_state, shape=shape)
-        blocks = -(-out._data.size // 4)
-        if blocks:
-            step = np.array([0, blocks], dtype=np.int64)
-            step_tensor = make_tensor(to_device(step, self.device), self.device)
-            commit_inplace(self.philox_state, add(self.philox_state, step_tensor), op="random draw")
+        if out._data.size:  # (an op over the shape, not a constant: see random_advance)
+            advanced = apply(P["random_advance"], self.philox_state, shape=shape)
+            commit_inplace(self.philox_state, advanced, op="random draw")
         return out
 
     def __repr__(self) -> str:

@@ -12,7 +12,9 @@ draw fresh numbers per call exactly as eager ones do.
 ``random_bits(state, shape=...)``: ``state`` is an int64 tensor ``[seed, offset]`` (the seed's
 64 bits are the key, low word first; the offset counts 128-bit blocks already used). The result
 holds uint32 values carried in int64 (kiln has no uint32 dtype): element ``k`` is word ``k % 4``
-of block ``offset + k // 4``, so a draw of ``n`` elements uses ``ceil(n / 4)`` blocks.
+of block ``offset + k // 4``, so a draw of ``n`` elements uses ``ceil(n / 4)`` blocks, and
+``random_advance(state, shape=...)`` is the state past them: ``[seed, offset + ceil(n / 4)]``. Both
+take symbolic sizes, so one dynamic program draws and advances by each call's sizes.
 
 >>> import numpy as np
 >>> [hex(int(w)) for w in philox4x32(np, np.zeros((4, 1), np.uint64), np.zeros(2, np.uint64))[:, 0]]
@@ -25,7 +27,7 @@ import numpy as np
 
 from ..dtypes import int64
 from ..shapes import numel
-from ..types import TensorType
+from ..types import Dim, Sym, TensorType
 from . import NOT_DIFFERENTIABLE, Kind, Primitive, Sample, register
 
 # Philox-4x32 constants: the round multipliers and the Weyl sequence that bumps the key.
@@ -66,8 +68,7 @@ def philox4x32(xp, counter, key, rounds: int = ROUNDS):
 
 
 def _random_bits_eager(xp, state, *, shape: tuple[int, ...]):
-    n = numel(shape)
-    blocks = -(-n // 4)
+    n, blocks = numel(shape), blocks_used(shape)
     seed, offset = state.astype(xp.uint64)  # two's complement: a negative int64 seed is its 64 bits
     mask, shift = xp.uint64(_MASK), xp.uint64(32)
     index = offset + xp.arange(blocks, dtype=xp.uint64)  # the 128-bit counter: offset + block, in words 0-1
@@ -79,17 +80,30 @@ def _random_bits_eager(xp, state, *, shape: tuple[int, ...]):
     return out.reshape(-1)[:n].reshape(shape)
 
 
-def _random_bits_infer(state: TensorType, *, shape: tuple[int, ...]) -> TensorType:
+def _check_state(op: str, state: TensorType) -> None:
     if state.dtype is not int64 or state.shape != (2,):
-        raise TypeError(f"random_bits: expected the generator state as an int64 tensor of shape (2,) [seed, offset], "
+        raise TypeError(f"{op}: expected the generator state as an int64 tensor of shape (2,) [seed, offset], "
                         f"got {state.dtype.name} of shape {state.shape}")  # fmt: skip
-    if not isinstance(shape, tuple) or any(not isinstance(d, int) or d < 0 for d in shape):
-        raise ValueError(f"random_bits: expected a shape of non-negative ints (random_bits does not take a symbolic "
-                         f"dimension yet), got {shape!r}")  # fmt: skip
+
+
+def _check_shape(op: str, shape) -> None:
+    """A draw's shape: non-negative ints, or symbolic sizes (``Sym``) of a dynamic program, which
+    the program binds to each call's sizes before a kernel runs."""
+    if not isinstance(shape, tuple) or any(not _is_size(d) for d in shape):
+        raise ValueError(f"{op}: expected a shape of non-negative ints or symbolic sizes, got {shape!r}")
+
+
+def _is_size(d) -> bool:
+    return isinstance(d, Sym) or (isinstance(d, int) and not isinstance(d, bool) and d >= 0)
+
+
+def _random_bits_infer(state: TensorType, *, shape: tuple[Dim, ...]) -> TensorType:
+    _check_state("random_bits", state)
+    _check_shape("random_bits", shape)
     return TensorType(shape, int64, state.device)
 
 
-def _random_bits_samples(rng):
+def _state_samples(rng):
     return [
         Sample((np.array([0, 0], dtype=np.int64),), {"shape": (4,)}, gradcheck=False),
         Sample((np.array([-1, 7], dtype=np.int64),), {"shape": (2, 3)}, gradcheck=False),
@@ -100,7 +114,34 @@ def _random_bits_samples(rng):
 
 random_bits = register(Primitive(
     "random_bits", Kind.RANDOM, _random_bits_infer, _random_bits_eager, NOT_DIFFERENTIABLE,
-    samples=_random_bits_samples,
+    samples=_state_samples,
     doc="Philox-4x32-10 bits (uint32 values in int64) of `shape` from the state [seed, offset]; "
         "uses ceil(numel / 4) counter blocks starting at offset.",
+))  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- advancing the state
+def blocks_used(shape: tuple[int, ...]) -> int:
+    """The 128-bit counter blocks a ``random_bits`` draw of ``shape`` uses: ``ceil(numel / 4)``."""
+    return -(-numel(shape) // 4)
+
+
+def _random_advance_eager(xp, state, *, shape: tuple[int, ...]):
+    return state + xp.asarray([0, blocks_used(shape)], dtype=state.dtype)
+
+
+def _random_advance_infer(state: TensorType, *, shape: tuple[Dim, ...]) -> TensorType:
+    _check_state("random_advance", state)
+    _check_shape("random_advance", shape)
+    return TensorType((2,), int64, state.device)
+
+
+# The advance is an op of the graph rather than the state plus a constant the tracer computed: in a
+# dynamic program the blocks a draw uses follow the symbolic sizes (``ceil(3 * s0 / 4)``, which no
+# product of the sizes spells), so its ``shape`` is an attribute the program binds per call, as it
+# binds the draw's own.
+random_advance = register(Primitive(
+    "random_advance", Kind.RANDOM, _random_advance_infer, _random_advance_eager, NOT_DIFFERENTIABLE,
+    samples=_state_samples,
+    doc="The state [seed, offset] past a random_bits draw of `shape`: offset + ceil(numel / 4).",
 ))  # fmt: skip

@@ -230,6 +230,29 @@ def case_lstm_step_runs_the_scan_as_an_extern():
     assert len(LAUNCHES) > before, "no CUDA kernel was launched"
 
 
+def case_dropout_at_dynamic_sizes_draws_the_eager_bits():
+    """A draw over a dynamic batch (issue 33): random_bits and the generator's advance run as externs
+    on the device's arrays at each call's sizes; the bits and the generator's state are eager's."""
+
+    def f(x):
+        return nn.functional.dropout(x * 2.0, 0.5, training=True) + 1.0, kiln.rand(x.shape[0], 3)
+
+    compiled = kiln.compile(f, options=CUDA)
+    before = len(LAUNCHES)
+    for k, n in enumerate((8, 8, 5, 11, 3)):
+        x = _t(n, 3)
+        kiln.manual_seed(k)
+        expected, state = f(x), kiln.get_rng_state().numpy().copy()
+        kiln.manual_seed(k)
+        got = compiled(x)
+        for g, e in zip(got, expected, strict=True):
+            _close(g, e, rtol=0, atol=0)
+        np.testing.assert_array_equal(kiln.get_rng_state().numpy(), state)
+    assert len(compiled.state.specializations) == 2, compiled.state.events
+    assert compiled.state.specializations[-1].dynamic == [(0, 0)], compiled.state.events
+    assert len(LAUNCHES) > before, "no CUDA kernel was launched"
+
+
 def case_disk_cache_round_trip():
     from kiln.codegen.backend import Lowered, LoweringReport, backend_named
     from kiln.ir import dtypes as dt
