@@ -21,7 +21,6 @@ import pytest
 
 import kiln
 import kiln.nn.functional as F
-from tests.conftest import assert_close
 
 SIZES = (6, 6, 11, 3, 1, 17, 6, 2, 11)
 PROGRAMS = 24
@@ -121,9 +120,11 @@ def test_random_programs_at_varying_sizes_match_eager(seed, layout):
         actual = compiled(kiln.tensor(x), kiln.tensor(target))
         where = f"{description}; call {call} at batch {n}"
         np.testing.assert_array_equal(kiln.get_rng_state().numpy(), state, err_msg=where)
-        assert_close(actual.detach().numpy(), expected.detach().numpy(), rtol=1e-4, atol=1e-5), where
+        np.testing.assert_allclose(
+            actual.detach().numpy(), expected.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=where
+        )
         for p, q in zip(params, eager_params, strict=True):
-            assert_close(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=where)
         specs = compiled.state.specializations
         if made_after_dynamic is not None and n >= 2:
             assert len(specs) == made_after_dynamic, f"{description}: traced again at {n} after becoming dynamic"
