@@ -177,6 +177,9 @@ class Trace:
         self.derived: dict = {}
         self._permuted: dict[Value, tuple] = {}  # a permute's output -> (its perm, the value it read)
         self.broken: TraceBreak | None = None
+        # The user's line of the ops recorded now, while kiln's own code runs (``state.unwatched``): None
+        # outside such code (each op finds its line), [] until its first op, then [that op's line].
+        self.pin: list | None = None
         self._token: contextvars.Token | None = None
         # Dynamic sizes (dynamic.py): the sizes Python reads as WatchedSize, and the first comparison of one
         self.watched_sizes: frozenset[int] = frozenset()
@@ -300,7 +303,14 @@ class Trace:
         builder = self.builder
         out = Value(builder._next_id, type_of(result))
         builder._next_id += 1
-        builder.nodes.append(Node(prim.name, tuple(values), attrs, (out,), user_location(3)))
+        pin = self.pin
+        if pin:
+            loc = pin[0]
+        else:
+            loc = user_location(3)
+            if pin is not None:
+                pin.append(loc)
+        builder.nodes.append(Node(prim.name, tuple(values), attrs, (out,), loc))
         result._trace = (self, out, result._version[0])
         if prim is _PERMUTE:
             self._permuted[out] = (attrs["perm"], values[0])
