@@ -34,21 +34,61 @@ def watch_here():
 
 def unwatched(hook, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` with this thread's watch ``hook`` (``watch_here()``) paused: for kiln's
-    own work, which calls no user code."""
+    own work, which calls no user code.
+
+    No user frame runs inside it either, so every op it records has the user's line of its first op:
+    the trace finds that line once (``Trace.pin``), not with a walk up the stack per op (an LSTM
+    cell's backward, run by the engine inside one such call, records thousands of ops)."""
     sys.setprofile(None)
+    trace = current.get()
+    if trace is None or not _kiln_own(fn):
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.setprofile(hook)
+    outer_pin, trace.pin = trace.pin, []
     try:
         return fn(*args, **kwargs)
     finally:
+        trace.pin = outer_pin
         sys.setprofile(hook)
+
+
+def own_lines(fn, *args):
+    """``fn(*args)``, user code that kiln's own code calls without ``watched``: the ops it records
+    find their own lines, not the line pinned by ``unwatched``."""
+    trace = current.get()
+    if trace is None or trace.pin is None:
+        return fn(*args)
+    outer_pin, trace.pin = trace.pin, None
+    try:
+        return fn(*args)
+    finally:
+        trace.pin = outer_pin
+
+
+def _kiln_own(fn) -> bool:
+    """Whether ``fn`` is kiln's own: a function of kiln, or a method of a class of kiln (not a user's
+    class that set ``kiln_only`` itself, whose code would have lines of its own)."""
+    owner = getattr(fn, "__self__", None)
+    if owner is not None:
+        fn = owner if isinstance(owner, type) else type(owner)
+    return getattr(fn, "__module__", "").startswith("kiln.")
 
 
 def watched(hook, fn, *args, **kwargs):
     """``fn(*args, **kwargs)`` with the watch ``hook`` on again, from inside ``unwatched``: a call of
-    user code (a hook, a custom Function's backward)."""
+    user code (a hook, a custom Function's backward), whose ops have lines of their own."""
     sys.setprofile(hook)
+    trace = current.get()
+    outer_pin = None
+    if trace is not None:
+        outer_pin, trace.pin = trace.pin, None
     try:
         return fn(*args, **kwargs)
     finally:
+        if trace is not None:
+            trace.pin = outer_pin
         sys.setprofile(None)
 
 
