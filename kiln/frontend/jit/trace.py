@@ -55,7 +55,6 @@ from .signature import (
 from .specialization import PythonRead
 
 _PERMUTE = P["permute"]
-_new = object.__new__
 _KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
@@ -302,12 +301,7 @@ class Trace:
         # GraphBuilder.node's work without its copy of ``attrs`` (dispatch's own dict, which the
         # autograd node shares and nobody changes) and its type rule: a few us of each traced op
         builder = self.builder
-        # Value(...) and Node(...) are made without their frozen dataclass __init__, which sets each
-        # field through object.__setattr__ (~0.4 us of the ~2 us a traced op adds to its eager run):
-        # each field set in its declared order (test_trace_cost compares them with the constructors')
-        out = _new(Value)
-        fields = out.__dict__
-        fields["id"], fields["type"] = builder._next_id, type_of(result)
+        out = Value(builder._next_id, type_of(result))
         builder._next_id += 1
         pin = self.pin
         if pin:
@@ -316,11 +310,7 @@ class Trace:
             loc = user_location(3)
             if pin is not None:
                 pin.append(loc)
-        node = _new(Node)
-        fields = node.__dict__
-        fields["op"], fields["inputs"], fields["attrs"] = prim.name, tuple(values), attrs
-        fields["outputs"], fields["loc"] = (out,), loc
-        builder.nodes.append(node)
+        builder.nodes.append(Node(prim.name, tuple(values), attrs, (out,), loc))
         result._trace = (self, out, result._version[0])
         if prim is _PERMUTE:
             self._permuted[out] = (attrs["perm"], values[0])
