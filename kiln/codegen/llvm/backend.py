@@ -113,11 +113,15 @@ class LLVMBackend:
 
     def prepare(self, deadline: float | None) -> None:
         """A compile with a deadline runs in the worker process: start it now, while the passes run,
-        so its start-up (about 0.2 s: Python and llvmlite) overlaps them instead of adding to them."""
-        if deadline is not None:
-            from . import engine  # noqa: PLC0415 - loads LLVM, which loading the program needs anyway
+        so its start-up (about 0.2 s: Python and llvmlite) overlaps them instead of adding to them.
+        Either way, the CPU's idle time is looked at now: whether a core stays idle while the passes
+        run decides whether LLVM starts while the code is generated (``compile_stream.worth_it``)."""
+        from . import engine, worker_pool  # noqa: PLC0415 - loads LLVM, which loading the program needs anyway
 
-            engine.start_worker()
+        if deadline is not None:
+            engine.start_worker()  # it looks, choosing the workers to start
+        else:
+            worker_pool.look()
 
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
         start = time.perf_counter()
@@ -257,6 +261,7 @@ class _Batch:
         self.filling = kernel_modules.Modules()  # the pending kernels not yet sent to LLVM
         self.groups: list[list[int]] = []  # the pending kernels (positions) of each module sent, in order
         self.stream: CompileStream | None = None  # compiles the modules sent (started by the first)
+        self.streaming: bool | None = None  # whether modules go to LLVM while generating (decided at the first)
 
     def add(self, node: Node, layouts: list) -> KernelInfo:
         """The kernel's function: already made, from the cache, or generated (``Unsupported`` when declined)."""
@@ -295,11 +300,14 @@ class _Batch:
         """The pending kernels ``group`` to LLVM as one module (None: nothing to send yet)."""
         if group is None:
             return
-        from . import engine  # noqa: PLC0415
-        from .compile_stream import CompileStream  # noqa: PLC0415 - a cache hit compiles nothing
+        from . import compile_stream, engine  # noqa: PLC0415 - a cache hit compiles nothing
 
+        if self.streaming is None:
+            self.streaming = compile_stream.worth_it()
+        if not self.streaming:  # a busy machine: every module in one request at the end
+            return
         if self.stream is None:
-            self.stream = CompileStream(_seconds_left(self.deadline))
+            self.stream = compile_stream.CompileStream(_seconds_left(self.deadline))
         self.groups.append(group)
         self.stream.submit(engine.join_modules([self.pending[k][2] for k in group]))
 
@@ -352,13 +360,22 @@ class _Batch:
                 self.cache.put(key, kernel_cache.to_entry(info, modules[obj]))
 
     def _in_modules(self) -> list[bytes | None]:
-        """Each pending kernel's object code: its module's (``Modules``), the last modules sent now."""
-        for group in self.filling.rest():
-            self._send(group)
-        assert self.stream is not None, "pending kernels were sent"
-        self.modules = len(self.groups)
+        """Each pending kernel's object code: its module's, several kernels to a module. Streaming,
+        the modules ``Modules`` cut, the last ones sent now; else those of ``kernel_modules.grouped``,
+        in one request."""
+        from . import engine  # noqa: PLC0415
+
+        if self.stream is not None:
+            for group in self.filling.rest():
+                self._send(group)
+            groups, objects = self.groups, self.stream.finish()
+        else:
+            groups = kernel_modules.grouped([ir for _, _, ir, _ in self.pending])
+            texts = [engine.join_modules([self.pending[k][2] for k in group]) for group in groups]
+            objects = engine.compile_many(texts, _seconds_left(self.deadline))
+        self.modules = len(groups)
         compiled: list[bytes | None] = [None] * len(self.pending)
-        for group, code in zip(self.groups, self.stream.finish(), strict=True):
+        for group, code in zip(groups, objects, strict=True):
             for k in group:
                 compiled[k] = code
         return compiled

@@ -7,7 +7,7 @@ each module as soon as it is full (``kernel_modules.Modules``) and compiles it o
 own while the generator goes on: each request is ``engine.compile_many`` of one module, so a time
 limit, a worker that cannot start, and in-process compiles behave as in one request. LLVM runs in
 C (the worker's pipe read, or llvmlite's calls) without the interpreter lock, so generation and
-LLVM overlap on two cores.
+LLVM overlap on two cores -- where a core is idle (``worth_it``).
 
 >>> stream = CompileStream(timeout=60.0)
 >>> stream.submit("define i64 @seven() {\\n  ret i64 7\\n}\\n")
@@ -24,20 +24,27 @@ from collections import deque
 from . import engine, worker, worker_pool
 
 
+def worth_it() -> bool:
+    """Whether to compile while generating: where a core is idle (``worker_pool._idle_core``, by the
+    CPU's idle time since the compile began). On a busy machine -- a background compile beside the
+    eager calls it runs for, other processes -- LLVM would take CPU time from them and finish no
+    sooner: the backend then compiles every module in one request once all are generated, as before."""
+    return worker_pool._idle_core()
+
+
 def _threads() -> int:
-    """Threads that compile at once: two where the second worker can take a core that is idle
-    (``worker_pool._idle_core``); one on a busy machine, where a second LLVM process would take CPU
-    from other work and finish no sooner, or where modules compile in this process (one at a time)."""
-    if worker.WORKER.broken or worker.SPARE.broken:
-        return 1
-    return 2 if worker_pool._idle_core() else 1
+    """Threads that compile at once: two (one per compile worker; in-process compiles take turns),
+    one where the second worker cannot start or no worker can."""
+    return 1 if worker.WORKER.broken or worker.SPARE.broken else 2
 
 
 class CompileStream:
-    """Modules compiled in order of ``submit``, each on the first free thread, within ``timeout``
-    seconds of the stream's start (None: no limit); ``finish`` gives their object code in order."""
+    """Modules compiled in order of ``submit``, each on the first free thread (of ``threads``; None:
+    ``_threads()``), within ``timeout`` seconds of the stream's start (None: no limit); ``finish``
+    gives their object code in order."""
 
-    def __init__(self, timeout: float | None) -> None:
+    def __init__(self, timeout: float | None, threads: int | None = None) -> None:
+        self._count = threads
         self._deadline = None if timeout is None else time.monotonic() + timeout
         self._texts: list[str] = []
         self._objects: dict[int, bytes] = {}
@@ -55,7 +62,7 @@ class CompileStream:
             self._queue.append(len(self._texts) - 1)
             self._changed.notify()
         if not self._threads:  # the first module: the threads start now, not before work exists
-            for k in range(_threads()):
+            for k in range(self._count or _threads()):
                 thread = threading.Thread(target=self._serve, daemon=True, name=f"kiln-compile-stream-{k}")
                 self._threads.append(thread)
                 thread.start()

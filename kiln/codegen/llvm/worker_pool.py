@@ -106,6 +106,11 @@ def _idle_cores_since() -> float | None:
     return (times[0] - last[1]) / (times[1] - last[2]) * (os.cpu_count() or 1)
 
 
+def look() -> None:
+    """Start a window of ``_idle_core``'s measure now (a compile begins)."""
+    _idle_cores_since()
+
+
 def _usable() -> list[Worker]:
     """``WORKER``, and ``SPARE`` where it works and a core is idle for it (``_idle_core``)."""
     return [worker.WORKER] + ([worker.SPARE] if not worker.SPARE.broken and _idle_core() else [])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.codegen.llvm import compile_stream, engine, kernel_modules, worker, worker_pool
+from kiln.codegen.llvm import engine, kernel_modules, worker, worker_pool
 from kiln.codegen.llvm.compile_stream import CompileStream
 from tests.codegen.llvm.test_deadline import _endless_ir
 
@@ -22,25 +22,25 @@ def _module(i: int) -> str:
 
 @pytest.fixture(params=[1, 2], ids=["one thread", "two threads"])
 def workers(request, monkeypatch):
-    """Fresh WORKER and SPARE; streams compiling on one thread (a busy machine) or two (an idle core)."""
+    """Fresh WORKER and SPARE on a machine with an idle core, and how many threads a stream compiles on."""
     first, spare = worker.Worker(), worker.Worker()
     monkeypatch.setattr(worker, "WORKER", first)
     monkeypatch.setattr(worker, "SPARE", spare)
-    monkeypatch.setattr(worker_pool, "_idle_core", lambda: request.param == 2)
-    yield first, spare
+    monkeypatch.setattr(worker_pool, "_idle_core", lambda: True)
+    yield first, spare, request.param
     first.close()
     spare.close()
 
 
 def test_modules_compile_in_order_as_they_are_submitted(workers):
-    first, spare = workers
-    stream = CompileStream(timeout=60.0)
+    first, spare, threads = workers
+    stream = CompileStream(timeout=60.0, threads=threads)
     texts = [_module(i) for i in range(7)]
     for text in texts:
         stream.submit(text)
     assert stream.finish() == [engine.compile_here(text) for text in texts]
     assert first._compiles + spare._compiles == len(texts)  # each module once, in a worker (a time limit)
-    assert (spare._compiles > 0) == (compile_stream._threads() == 2)
+    assert (spare._compiles > 0) == (threads == 2)
     assert not first.busy and not spare.busy
 
 
@@ -54,8 +54,7 @@ def test_an_llvm_error_is_raised_by_finish_and_later_modules_are_not_compiled(wo
         return compile_many(texts, timeout)
 
     monkeypatch.setattr(engine, "compile_many", failing)
-    monkeypatch.setattr(compile_stream, "_threads", lambda: 1)  # so the order of the requests is known
-    stream = CompileStream(timeout=60.0)
+    stream = CompileStream(timeout=60.0, threads=1)  # one thread: the order of the requests is known
     for i in range(4):
         stream.submit(_module(i))
     with pytest.raises(RuntimeError, match="an injected failure"):
@@ -64,8 +63,8 @@ def test_an_llvm_error_is_raised_by_finish_and_later_modules_are_not_compiled(wo
 
 
 def test_a_module_past_the_deadline_is_abandoned_and_the_workers_are_released(workers):
-    first, spare = workers
-    stream = CompileStream(timeout=1.0)
+    first, spare, threads = workers
+    stream = CompileStream(timeout=1.0, threads=threads)
     stream.submit(_module(0))
     stream.submit(_endless_ir())
     with pytest.raises(worker.CompileTimeout):
@@ -83,8 +82,7 @@ def test_a_cancelled_stream_compiles_nothing_more(workers, monkeypatch):
         return compile_many(texts, timeout)
 
     monkeypatch.setattr(engine, "compile_many", waiting)
-    monkeypatch.setattr(compile_stream, "_threads", lambda: 1)
-    stream = CompileStream(timeout=60.0)
+    stream = CompileStream(timeout=60.0, threads=1)
     for i in range(3):
         stream.submit(_module(i))
     stream.cancel()  # the generator raised while the first module compiles
@@ -92,7 +90,7 @@ def test_a_cancelled_stream_compiles_nothing_more(workers, monkeypatch):
     for thread in stream._threads:
         thread.join(30)
     assert requests == [_module(0)]  # the module under way finished; the others never went to LLVM
-    assert not any(w.busy for w in workers)
+    assert not any(w.busy for w in workers[:2])
 
 
 def test_kernels_go_to_a_module_as_soon_as_it_is_full():
@@ -129,7 +127,8 @@ def _check(program, rng, w, b):
             np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-5)
 
 
-def test_llvm_starts_before_the_last_kernel_is_generated(caches, monkeypatch):
+def _events(monkeypatch) -> list[str]:
+    """``"sent"`` for each module sent to a stream, ``"generated"`` for each kernel, in order."""
     from kiln.codegen.llvm import kernels
 
     events: list[str] = []
@@ -137,11 +136,32 @@ def test_llvm_starts_before_the_last_kernel_is_generated(caches, monkeypatch):
     monkeypatch.setattr(CompileStream, "submit", lambda self, text: events.append("sent") or submit(self, text))
     monkeypatch.setattr(kernels.KernelModule, "add", lambda self, *a: events.append("generated") or add(self, *a))
     monkeypatch.setattr(kernel_modules, "MODULE_MS", 0.0)  # each kernel a module of its own
+    return events
+
+
+def test_llvm_starts_before_the_last_kernel_is_generated_where_a_core_is_idle(caches, monkeypatch):
+    events = _events(monkeypatch)
+    monkeypatch.setattr(worker_pool, "_idle_core", lambda: True)
     rng = np.random.default_rng(3)
     w, b = _arrays(rng)
     _check(kiln.compile(_step), rng, w, b)
     assert events.count("generated") >= 3
     assert events.index("sent") < len(events) - 1 - events[::-1].index("generated")
+
+
+def test_on_a_busy_machine_every_module_goes_to_llvm_in_one_request_once_generated(caches, monkeypatch):
+    events = _events(monkeypatch)
+    monkeypatch.setattr(worker_pool, "_idle_core", lambda: False)
+    compile_many, requests = engine.compile_many, []
+    monkeypatch.setattr(
+        engine,
+        "compile_many",
+        lambda texts, timeout=None: requests.append(events.count("generated")) or compile_many(texts, timeout),
+    )
+    rng = np.random.default_rng(3)
+    w, b = _arrays(rng)
+    _check(kiln.compile(_step), rng, w, b)
+    assert "sent" not in events and requests == [events.count("generated")] and len(requests) == 1
 
 
 def test_a_module_llvm_fails_on_sends_each_kernel_alone_and_only_that_one_runs_on_the_interpreter(caches, monkeypatch):
