@@ -61,24 +61,30 @@ class CompileStream:
             self._texts.append(text)
             self._queue.append(len(self._texts) - 1)
             self._changed.notify()
-        if not self._threads:  # the first module: the threads start now, not before work exists
-            for k in range(self._count or _threads()):
-                thread = threading.Thread(target=self._serve, daemon=True, name=f"kiln-compile-stream-{k}")
-                self._threads.append(thread)
-                thread.start()
+        if not self._threads:  # the first module: a thread starts now, not before work exists
+            self._start_thread()
 
     def finish(self) -> list[bytes]:
         """Each submitted module's object code, in order, once all are compiled; the first error a
         compile raised (``worker.CompileTimeout`` past the time limit, ``RuntimeError`` where LLVM
-        failed), once no thread compiles any more."""
+        failed), once no thread compiles any more. While the generator ran, one thread compiled
+        (the generator has one core, LLVM the other: a second LLVM process would share a core with
+        one of them); from now on, ``threads`` do."""
         with self._changed:
             self._done = True
             self._changed.notify_all()
+        while self._queue and len(self._threads) < (self._count or _threads()):
+            self._start_thread()
         for thread in self._threads:
             thread.join()
         if self._errors:
             raise self._errors[0]
         return [self._objects[k] for k in range(len(self._texts))]
+
+    def _start_thread(self) -> None:
+        thread = threading.Thread(target=self._serve, daemon=True, name=f"kiln-compile-stream-{len(self._threads)}")
+        self._threads.append(thread)
+        thread.start()
 
     def cancel(self) -> None:
         """Compile nothing more (the generator failed): modules not started are dropped; a compile
