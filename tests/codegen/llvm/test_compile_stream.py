@@ -164,7 +164,21 @@ def test_on_a_busy_machine_every_module_goes_to_llvm_in_one_request_once_generat
     assert "sent" not in events and requests == [events.count("generated")] and len(requests) == 1
 
 
-def test_a_module_llvm_fails_on_sends_each_kernel_alone_and_only_that_one_runs_on_the_interpreter(caches, monkeypatch):
+@pytest.fixture
+def streaming(monkeypatch):
+    """A core idle and each kernel a module of its own: a program's modules go to LLVM as they are
+    generated; ``streaming`` counts the modules sent so."""
+    sent: list[str] = []
+    submit = CompileStream.submit
+    monkeypatch.setattr(CompileStream, "submit", lambda self, text: sent.append(text) or submit(self, text))
+    monkeypatch.setattr(worker_pool, "_idle_core", lambda: True)
+    monkeypatch.setattr(kernel_modules, "MODULE_MS", 0.0)
+    return sent
+
+
+def test_a_module_llvm_fails_on_sends_each_kernel_alone_and_only_that_one_runs_on_the_interpreter(
+    caches, streaming, monkeypatch
+):
     _, compiled = caches
     compile_many, requests = engine.compile_many, []
 
@@ -187,3 +201,18 @@ def test_a_module_llvm_fails_on_sends_each_kernel_alone_and_only_that_one_runs_o
     assert report.kernels >= 3  # the others stay compiled
     alone = report.kernels + 1  # each kernel in a request of its own after the failure
     assert requests[-alone:] == [1] * alone
+    assert streaming  # the modules went to LLVM while the program was generated
+
+
+def test_past_the_deadline_a_compile_that_streams_is_abandoned_to_the_interpreter(caches, streaming, monkeypatch):
+    monkeypatch.setenv("KILN_JIT_STRICT", "0")  # fall back, as outside the test suite
+    rng = np.random.default_rng(6)
+    w, b = _arrays(rng)
+    program = kiln.compile(_step, options=kiln.CompileOptions(compile_timeout=1e-9))
+    _check(program, rng, w, b)
+    report = program.state.specializations[-1].report
+    assert report.abandoned and report.kernels == 0 and streaming
+    monkeypatch.setenv("KILN_JIT_STRICT", "1")
+    x = kiln.from_numpy(rng.standard_normal((8, 16)).astype(np.float32))
+    with pytest.raises(worker.CompileTimeout):  # strict mode raises instead
+        kiln.compile(_step, options=kiln.CompileOptions(compile_timeout=1e-9))(x, w, b)
