@@ -148,7 +148,9 @@ def test_a_kernel_llvm_fails_on_runs_on_the_interpreter(private_cache, monkeypat
     monkeypatch.delenv("KILN_JIT_STRICT", raising=False)
     monkeypatch.setattr(engine, "compile_many", failing_many)
     _check_one_kernel_on_the_interpreter("LLVM failed on its code (RuntimeError: LLVM ERROR: an injected failure)")
-    assert requests == [2, 1, 1]  # both kernels' modules in one request, then each kernel alone
+    # both kernels' modules in one request (a busy machine) or each as it was generated (an idle core:
+    # the second may not be sent once the first failed), then each kernel alone
+    assert requests[-2:] == [1, 1] and requests[:-2] in ([2], [1], [1, 1])
 
 
 def test_a_failing_kernel_still_raises_under_strict_mode(private_cache, monkeypatch):

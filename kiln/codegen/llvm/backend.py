@@ -3,9 +3,10 @@
 ``generate`` makes each distinct kernel of a program once (the steps of an unrolled loop share
 one function), takes those the kernel cache holds from it (``kernel_cache``: one entry per kernel,
 so a second specialization, another length of a loop or another process compiles only the kernels
-it has not seen), and compiles the others in one request to LLVM, several to a module
-(``kernel_modules``); a kernel of little work is optimized lightly (``LIGHT_BELOW_BYTES``), one of
-almost none as cheaply as LLVM can (``TINY_BELOW_BYTES``). They go to the cache. The window nodes
+it has not seen), and compiles the others, several to a module (``kernel_modules``), each module as
+soon as it is full, while the rest is generated (``compile_stream``); a kernel of little work is
+optimized lightly (``LIGHT_BELOW_BYTES``), one of almost none as cheaply as LLVM can
+(``TINY_BELOW_BYTES``). They go to the cache. The window nodes
 of convolution (``unfold``, ``fold``: ``window``), direct convolutions (``conv``, ``conv_weight``:
 ``conv``), the gathers and scatters of embeddings
 (``take``, ``index_put``: ``gather_scatter``) and sums over leading axes (``reduce_sum`` keeping the
@@ -28,6 +29,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...ir.dtypes import float16
 from ...ir.graph import KERNEL, Graph, Node
@@ -37,6 +39,9 @@ from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from ..backend import Lowered, LoweringReport
 from . import Unsupported, host, kernel_cache, kernel_modules
 from .kernel_info import NATIVE_OPS, STATUS_OPS, KernelInfo, native_code
+
+if TYPE_CHECKING:
+    from .compile_stream import CompileStream
 
 logger = logging.getLogger("kiln")
 
@@ -108,17 +113,25 @@ class LLVMBackend:
 
     def prepare(self, deadline: float | None) -> None:
         """A compile with a deadline runs in the worker process: start it now, while the passes run,
-        so its start-up (about 0.2 s: Python and llvmlite) overlaps them instead of adding to them."""
-        if deadline is not None:
-            from . import engine  # noqa: PLC0415 - loads LLVM, which loading the program needs anyway
+        so its start-up (about 0.2 s: Python and llvmlite) overlaps them instead of adding to them.
+        Either way, the CPU's idle time is looked at now: whether a core stays idle while the passes
+        run decides whether LLVM starts while the code is generated (``compile_stream.worth_it``)."""
+        from . import engine, worker_pool  # noqa: PLC0415 - loads LLVM, which loading the program needs anyway
 
-            engine.start_worker()
+        if deadline is not None:
+            engine.start_worker()  # it looks, choosing the workers to start
+        else:
+            worker_pool.look()
 
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
         start = time.perf_counter()
         kernels: dict[int, KernelInfo] = {}
-        batch = _Batch(kernel_cache.kernel_cache())
-        self._add_kernels(lowered, report, batch, kernels)
+        batch = _Batch(kernel_cache.kernel_cache(), lowered.deadline)
+        try:
+            self._add_kernels(lowered, report, batch, kernels)
+        except BaseException:  # strict mode's error, an interrupt: the modules sent are not waited for
+            batch.cancel()
+            raise
         generated = time.perf_counter()
         objects = batch.compile(report, lowered.deadline)
         light_kernels = sum(light(info) for _, info, _, _ in batch.pending)
@@ -231,10 +244,12 @@ def _element_strides(value, strides: tuple) -> tuple[int, ...]:
 class _Batch:
     """A program's kernels, each generated once (an unrolled loop's steps share one function) and
     taken from the kernel cache where it holds them; ``compile`` makes the object code of the rest,
-    several kernels to a module (``kernel_modules``), in one LLVM request, and stores it in the cache."""
+    several kernels to a module (``kernel_modules``), and stores it in the cache. A module goes to
+    LLVM as soon as it is full (``compile_stream``), so LLVM works while the rest is generated."""
 
-    def __init__(self, cache) -> None:
+    def __init__(self, cache, deadline: float | None = None) -> None:
         self.cache = cache
+        self.deadline = deadline
         self.tiny = 0  # kernels compiled as cheaply as LLVM can (``TINY_BELOW_BYTES``)
         self.known: dict[str, KernelInfo] = {}  # kernel text -> its function
         self.cached: dict[bytes, None] = {}  # object code from the cache (a module's once, in order)
@@ -243,6 +258,10 @@ class _Batch:
         self.modules = 0  # modules the pending kernels were compiled in
         self.pending: list[tuple[str, KernelInfo, str, Node]] = []  # (key, info, LLVM IR, node) to compile
         self.failed: set[str] = set()  # symbols of kernels LLVM failed on
+        self.filling = kernel_modules.Modules()  # the pending kernels not yet sent to LLVM
+        self.groups: list[list[int]] = []  # the pending kernels (positions) of each module sent, in order
+        self.stream: CompileStream | None = None  # compiles the modules sent (started by the first)
+        self.streaming: bool | None = None  # whether modules go to LLVM while generating (decided at the first)
 
     def add(self, node: Node, layouts: list) -> KernelInfo:
         """The kernel's function: already made, from the cache, or generated (``Unsupported`` when declined)."""
@@ -274,7 +293,28 @@ class _Batch:
         ir = tier + ir
         self.pending.append((key, info, ir, node))
         self.known[text] = info
+        self._send(self.filling.add(len(self.pending) - 1, ir))
         return info
+
+    def _send(self, group: list[int] | None) -> None:
+        """The pending kernels ``group`` to LLVM as one module (None: nothing to send yet)."""
+        if group is None:
+            return
+        from . import compile_stream, engine  # noqa: PLC0415 - a cache hit compiles nothing
+
+        if self.streaming is None:
+            self.streaming = compile_stream.worth_it()
+        if not self.streaming:  # a busy machine: every module in one request at the end
+            return
+        if self.stream is None:
+            self.stream = compile_stream.CompileStream(_seconds_left(self.deadline))
+        self.groups.append(group)
+        self.stream.submit(engine.join_modules([self.pending[k][2] for k in group]))
+
+    def cancel(self) -> None:
+        """Compile no more modules (the generator raised)."""
+        if self.stream is not None:
+            self.stream.cancel()
 
     def _module(self, key: str) -> bytes | None:
         """The object code of the module entry ``key`` (read once a program; None: missing or wrong)."""
@@ -295,7 +335,7 @@ class _Batch:
             return list(self.cached)
         compiled: list[bytes | None] | None
         try:
-            compiled = self._in_modules(deadline)
+            compiled = self._in_modules()
         except worker.CompileTimeout as error:
             _abandon(report, len(self.known), error)
             return []
@@ -319,15 +359,23 @@ class _Batch:
             if obj is not None:
                 self.cache.put(key, kernel_cache.to_entry(info, modules[obj]))
 
-    def _in_modules(self, deadline: float | None) -> list[bytes | None]:
-        """Each pending kernel's object code: its module's, several kernels to a module (``kernel_modules``)."""
+    def _in_modules(self) -> list[bytes | None]:
+        """Each pending kernel's object code: its module's, several kernels to a module. Streaming,
+        the modules ``Modules`` cut, the last ones sent now; else those of ``kernel_modules.grouped``,
+        in one request."""
         from . import engine  # noqa: PLC0415
 
-        groups = kernel_modules.grouped([ir for _, _, ir, _ in self.pending])
+        if self.stream is not None:
+            for group in self.filling.rest():
+                self._send(group)
+            groups, objects = self.groups, self.stream.finish()
+        else:
+            groups = kernel_modules.grouped([ir for _, _, ir, _ in self.pending])
+            texts = [engine.join_modules([self.pending[k][2] for k in group]) for group in groups]
+            objects = engine.compile_many(texts, _seconds_left(self.deadline))
         self.modules = len(groups)
-        texts = [engine.join_modules([self.pending[k][2] for k in group]) for group in groups]
         compiled: list[bytes | None] = [None] * len(self.pending)
-        for group, code in zip(groups, engine.compile_many(texts, _seconds_left(deadline)), strict=True):
+        for group, code in zip(groups, objects, strict=True):
             for k in group:
                 compiled[k] = code
         return compiled

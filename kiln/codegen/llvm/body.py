@@ -29,7 +29,7 @@ from ..core import Unsupported
 from ..kernel_dag import Apply, Const, Load, Node, Reduce, evaluate
 from ..plans import KernelOutput
 from .emitter import LLVMEmitter, Scalar, load, memory_type, register_type, store
-from .loops import VarEnv, i64
+from .loops import VarEnv, add, i64
 
 __all__ = ["POINTER", "Accumulator", "DagEmitter", "KernelBody", "Scope", "element_pointer", "operand_pointers"]
 
@@ -107,10 +107,11 @@ POINTER = ir.PointerType()
 
 def operand_pointers(builder: ir.IRBuilder, args: ir.Value, count: int, first: ir.Value | int = 0) -> list[ir.Value]:
     """The data pointers ``args[first:first + count]``."""
-    first = i64(first) if isinstance(first, int) else first
+    start = i64(first) if isinstance(first, int) else first
     out = []
     for k in range(count):
-        slot = builder.gep(args, [builder.add(first, i64(k)) if k else first], inbounds=True, source_etype=POINTER)
+        at = add(builder, start, i64(k))  # a constant slot where ``first`` is one: no ``add i64 0, 1``
+        slot = builder.gep(args, [at], inbounds=True, source_etype=POINTER)
         out.append(builder.load(slot, typ=POINTER, name=f"p{k}"))
     return out
 

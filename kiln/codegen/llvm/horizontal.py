@@ -30,7 +30,7 @@ from ...ir.graph import Node
 from ..kernel_dag import Load
 from ..plans import HorizontalMember, KernelOutput, checked_bodies, horizontal_plan
 from .body import KernelBody, Scope, element_pointer, operand_pointers
-from .loops import CHUNK, I64, for_range, i64, minimum
+from .loops import CHUNK, I64, add, for_range, i64, minimum, mul
 
 __all__ = ["emit_horizontal"]
 
@@ -173,12 +173,13 @@ def _emit(builder, args, member: HorizontalMember, tables: _Tables, n_in: int, n
         local = builder.sub(unit, _load(builder, first, m)) if first is not None else unit
         rows, inner, pieces, rows_per_unit = (tables.split.column(builder, m, c) for c in range(4))
         block, piece = _divide(builder, local, pieces)
-        lo = builder.mul(piece, i64(CHUNK), flags=("nsw",))
-        hi = minimum(builder, builder.add(lo, i64(CHUNK), flags=("nsw",)), inner)
-        row_lo = builder.mul(block, rows_per_unit, flags=("nsw",))
-        row_hi = minimum(builder, builder.add(row_lo, rows_per_unit, flags=("nsw",)), rows)
-        first_out = builder.add(i64(members * n_in), builder.mul(m, i64(n_out)))
-        pointers = operand_pointers(builder, args_ptr, n_in, builder.mul(m, i64(n_in))) + operand_pointers(
+        # add, mul, minimum fold constants: a table's column is a constant where every member agrees
+        lo = mul(builder, piece, i64(CHUNK))
+        hi = minimum(builder, add(builder, lo, i64(CHUNK)), inner)
+        row_lo = mul(builder, block, rows_per_unit)
+        row_hi = minimum(builder, add(builder, row_lo, rows_per_unit), rows)
+        first_out = add(builder, i64(members * n_in), mul(builder, m, i64(n_out)))
+        pointers = operand_pointers(builder, args_ptr, n_in, mul(builder, m, i64(n_in))) + operand_pointers(
             builder, args_ptr, n_out, first_out
         )
         coefs = [
@@ -204,11 +205,7 @@ def _emit(builder, args, member: HorizontalMember, tables: _Tables, n_in: int, n
 def _affine(builder: ir.IRBuilder, total: ir.Value, terms) -> ir.Value:
     """``total + sum(coef * var)``, leaving out the terms whose coefficient is an immediate 0."""
     for coef, var in terms:
-        if not (isinstance(coef, ir.Constant) and coef.constant == 0):
-            term = (
-                var if isinstance(coef, ir.Constant) and coef.constant == 1 else builder.mul(var, coef, flags=("nsw",))
-            )
-            total = builder.add(total, term, flags=("nsw",))
+        total = add(builder, total, mul(builder, var, coef))
     return total
 
 

@@ -33,3 +33,57 @@ def grouped(texts: list[str]) -> list[list[int]]:
             sizes[smallest] += len(texts[k])
         groups += [sorted(group) for group in mine if group]
     return groups
+
+
+#: LLVM's time on a kernel, roughly, per 1000 characters of its LLVM IR, by tier (its first line):
+#: measured (CPU time, each of DCGAN's 60 kernels alone) 2-8 ms for the full pipeline, 2-4 ms light,
+#: 0.2-0.6 ms tiny.
+_MS_PER_1000_CHARS = {"; kiln: light": 2.5, "; kiln: tiny": 0.4}
+_FULL_MS_PER_1000_CHARS = 4.0
+
+#: LLVM's time (ms, by ``llvm_ms``) at which a module of a compile that starts while the rest is
+#: generated (``Modules``) is full: big enough that its set-up (about 2 ms) stays small, small
+#: enough that LLVM starts early and two workers share the work evenly.
+MODULE_MS = 40.0
+
+
+def llvm_ms(text: str) -> float:
+    """LLVM's time on the kernel of LLVM IR ``text`` (its module), roughly, in milliseconds."""
+    tier = text.split("\n", 1)[0]
+    return len(text) / 1000 * _MS_PER_1000_CHARS.get(tier, _FULL_MS_PER_1000_CHARS)
+
+
+class Modules:
+    """Kernels put into modules as they are generated, for a compile that starts meanwhile
+    (``compile_stream``): ``add`` says when a module is full (``KERNELS_PER_MODULE`` kernels, or
+    ``MODULE_MS`` of LLVM's time), ``rest`` groups the kernels left as ``grouped`` does, the costliest
+    module first.
+
+    >>> from kiln.codegen.llvm.engine import LIGHT
+    >>> modules = Modules()
+    >>> [modules.add(k, LIGHT + "x" * 8000) for k in range(3)]
+    [None, [0, 1], None]
+    >>> modules.rest()
+    [[2]]
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str, tuple[list[int], list[str]]] = {}  # tier -> its kernels not yet sent, and texts
+
+    def add(self, k: int, text: str) -> list[int] | None:
+        """Kernel ``k`` (LLVM IR ``text``) into its tier's open module: the module when it is full, else None."""
+        members, texts = self._open.setdefault(text.split("\n", 1)[0], ([], []))
+        members.append(k)
+        texts.append(text)
+        if len(members) < KERNELS_PER_MODULE and sum(map(llvm_ms, texts)) < MODULE_MS:
+            return None
+        del self._open[text.split("\n", 1)[0]]
+        return members
+
+    def rest(self) -> list[list[int]]:
+        """The kernels no full module took, grouped (``grouped``), the costliest module first."""
+        members = [k for ks, _ in self._open.values() for k in ks]
+        texts = [t for _, ts in self._open.values() for t in ts]
+        self._open.clear()
+        groups = sorted(grouped(texts), key=lambda group: -sum(llvm_ms(texts[i]) for i in group))
+        return [[members[i] for i in group] for group in groups]

@@ -165,8 +165,38 @@ def for_range(
     builder.position_at_end(exit_block)
 
 
+def _constant(value: ir.Value) -> int | None:
+    return value.constant if isinstance(value, ir.Constant) and isinstance(value.constant, int) else None
+
+
+def add(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """``a + b`` in i64 (nsw), folded where an operand is a constant 0 or both are constants: LLVM
+    would fold them too, but only after the generator printed them and LLVM parsed them."""
+    x, y = _constant(a), _constant(b)
+    if x is not None and y is not None:
+        return i64(x + y)
+    if x == 0 or y == 0:
+        return b if x == 0 else a
+    return builder.add(a, b, flags=_NSW)
+
+
+def mul(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
+    """``a * b`` in i64 (nsw), folded where an operand is a constant 0 or 1 or both are constants."""
+    x, y = _constant(a), _constant(b)
+    if x is not None and y is not None:
+        return i64(x * y)
+    if x == 0 or y == 0:
+        return i64(0)
+    if x == 1 or y == 1:
+        return b if x == 1 else a
+    return builder.mul(a, b, flags=_NSW)
+
+
 def minimum(builder: ir.IRBuilder, a: ir.Value, b: ir.Value) -> ir.Value:
-    """Signed i64 minimum."""
+    """Signed i64 minimum (a constant where both are)."""
+    x, y = _constant(a), _constant(b)
+    if x is not None and y is not None:
+        return i64(min(x, y))
     return builder.select(builder.icmp_signed("<", a, b), a, b)
 
 
@@ -255,9 +285,12 @@ def row_major_indices(builder: ir.IRBuilder, flat: ir.Value, sizes: Sequence[int
 
 
 def dot(builder: ir.IRBuilder, terms: Sequence[tuple[ir.Value, int]]) -> ir.Value:
-    """``sum(index * coefficient)`` in i64 over ``(index, coefficient)`` pairs; 0 for none."""
-    total: ir.Value = i64(0)
+    """``sum(index * coefficient)`` in i64 over ``(index, coefficient)`` pairs; 0 for none. No
+    ``add 0, x`` nor ``mul x, 1``: LLVM would remove them, but each costs the generator's printing
+    and LLVM's parsing first (a window kernel's addresses hold dozens)."""
+    total: ir.Value | None = None
     for value, coefficient in terms:
         if coefficient:
-            total = builder.add(total, builder.mul(value, i64(coefficient), flags=_NSW), flags=_NSW)
-    return total
+            term = value if coefficient == 1 else builder.mul(value, i64(coefficient), flags=_NSW)
+            total = term if total is None else builder.add(total, term, flags=_NSW)
+    return i64(0) if total is None else total

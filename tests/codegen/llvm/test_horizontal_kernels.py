@@ -159,3 +159,22 @@ def test_every_kernel_of_a_module_declares_its_own_access_group_parallel():
     for name, (used, declared) in functions.items():
         assert used, name
         assert used <= declared, f"{name}: groups {used} used, {declared} declared parallel"
+
+
+# An identity the generator would leave for LLVM to fold: ``add i64 0, x``, ``mul i64 x, 1``,
+# ``mul i64 0, c``, or arithmetic on two constants.
+_IDENTITY = re.compile(r"= (add( nsw)? i64 0, |mul( nsw)? i64 (0, |%\S+, 1$)|(add|mul)( nsw)? i64 -?\d+, -?\d+$)", re.M)
+
+
+def test_members_alike_read_their_tables_as_constants_with_no_identity_arithmetic():
+    """Members of one shape: every table column is one constant, so the unit's ranges and pointer
+    slots are constants too (``loops.add``/``mul`` fold them) -- and the results stay the interpreter's."""
+    bodies, arrays = _case([((3, 1, 4), False)] * 3)
+    node = kernel("horizontal", *bodies)
+    module = KernelModule()
+    module.add(node, [tuple(s // a.itemsize for s in a.strides) for a in arrays])
+    text = module.ir()
+    assert _IDENTITY.findall(text) == []
+    assert "add i64 0, 1" not in text  # the pointer slots of the first member: immediates
+    for a, e in zip(run(node, arrays), _expected(bodies, arrays), strict=True):
+        assert_close(a, np.asarray(e), rtol=1e-6, atol=1e-7)

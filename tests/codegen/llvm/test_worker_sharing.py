@@ -239,3 +239,20 @@ def test_a_process_on_one_core_never_uses_the_second_worker(looks, monkeypatch):
     monkeypatch.setattr(worker_pool, "_cores", lambda: 1)  # the other cores idle, but not this process's
     looks += [(10.0, 1000, 4000), (10.2, 1040, 4040)]
     assert not worker_pool._idle_core() and not worker_pool._idle_core()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_compile_workers_cpu_time_counts_as_idle(pair, monkeypatch):
+    """A core the compile's own workers used (starting up while the passes ran) was not taken by
+    other work: on a quiet machine of two cores, it decides for the second worker and for compiling
+    while generating (``compile_stream.worth_it``)."""
+    first, _ = pair
+    assert worker_pool._worker_ticks() == 0  # none running
+    first.compile_many([TEXTS[0]], 30.0)  # its start-up and a compile: several ticks of CPU
+    assert worker_pool._worker_ticks() > 0
+    monkeypatch.setattr(worker_pool, "_worker_ticks", lambda: 10**6)
+    with_workers = worker_pool._cpu_times()
+    monkeypatch.setattr(worker_pool, "_worker_ticks", lambda: 0)
+    without = worker_pool._cpu_times()
+    assert with_workers is not None and without is not None
+    assert 10**6 - 10**4 < with_workers[0] - without[0] <= 10**6  # the machine's idle ticks moved on meanwhile

@@ -299,3 +299,26 @@ def test_decorating_never_waits_for_a_compile_in_the_worker_and_a_forked_child_h
             os._exit(0 if ok else 1)
         _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_warmed_up_worker_imports_nothing_more_for_its_first_compile(tmp_path):
+    """``program_worker.warm_up`` (run once the worker said it is ready) imports what a first
+    compile of elementwise and reduction kernels would: the code generator, llvmlite and LLVM."""
+    script = textwrap.dedent("""
+        import sys
+        import numpy as np
+        import kiln
+        from kiln.compiler import program_worker
+        program_worker.warm_up()
+        before = set(sys.modules)
+        x = kiln.from_numpy(np.linspace(-1.0, 1.0, 24, dtype=np.float32).reshape(4, 6))
+        step = kiln.compile(lambda t: ((t * 2.0).tanh() + t.exp()).sum(-1) / (t * t).sum(), wait=True)
+        got, want = step(x).numpy(), ((x * 2.0).tanh() + x.exp()).sum(-1).numpy() / (x * x).sum().numpy()
+        assert np.allclose(got, want, rtol=1e-5, atol=1e-6), (got, want)
+        assert step.state.specializations[-1].report.kernels > 0
+        print(sorted(m for m in set(sys.modules) - before if m.startswith(("kiln.codegen", "llvmlite"))))
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_PROGRAM_WORKER="0")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
