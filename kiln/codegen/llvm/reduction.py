@@ -185,16 +185,20 @@ def output_pass(builder: ir.IRBuilder, env: VarEnv, target: KernelBody, plan: Re
                 scope.values[id(kept.root)] = target.load_output(kept)
             target.compute_then_store(plan.full, scope)
 
-    divisors = _row_divisors([out.root for out in plan.full], plan.rows.outer)
+    divisors = _row_divisors([out.root for out in plan.full], plan.rows.outer, plan.reduces)
     if divisors:
         with_reciprocals(builder, target.emitter, divisors, row_scope, output_pass)
     else:
         output_pass()
 
 
-def _row_divisors(roots: Sequence[DagNode], outer: int) -> list[DagNode]:
+def _row_divisors(roots: Sequence[DagNode], outer: int, reduces: Sequence[Reduce]) -> list[DagNode]:
     """The float divisors, one value per row, of the divisions in ``roots`` whose numerators are
-    not (softmax's ``exp(x - max) / sum``): each is one per row, so a reciprocal can serve the row."""
+    not (softmax's ``exp(x - max) / sum``): each is one per row, so a reciprocal can serve the row.
+    A division a reduction also reads (``amax(x.mean(0))`` stores the means and reduces them) is
+    none of them: the stored quotients must be the very values the pass before reduced, or the max
+    is none of them and amax's backward, which looks for it among them, divides by zero."""
+    reduced = {id(node) for r in reduces for node in walk([r.arg])}
     invariant: dict[int, bool] = {}
     for node in walk(roots):
         if isinstance(node, Reduce | Const):
@@ -206,7 +210,8 @@ def _row_divisors(roots: Sequence[DagNode], outer: int) -> list[DagNode]:
     found: dict[int, DagNode] = {}
     for node in walk(roots):
         if (isinstance(node, Apply) and node.op == "div" and node.dtype.category == dt.FLOATING
-                and node.args[1].dtype is node.dtype and invariant[id(node.args[1])] and not invariant[id(node)]):  # fmt: skip
+                and node.args[1].dtype is node.dtype and invariant[id(node.args[1])] and not invariant[id(node)]
+                and id(node) not in reduced):  # fmt: skip
             found[id(node.args[1])] = node.args[1]
     return list(found.values())
 

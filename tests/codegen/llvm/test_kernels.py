@@ -568,6 +568,22 @@ def test_a_tiny_innermost_loop_is_unrolled_and_right(tiny):
     assert (out != 0).sum() == m.size  # one position per window (no ties in random data)
 
 
+def test_quotients_a_reduction_reads_are_stored_as_it_read_them():
+    # out = (x / d, max(x / d)) with d one value a row: the max pass divides; had the output pass
+    # multiplied by 1 / d, a stored quotient could differ from the one the max chose in its last bit,
+    # and amax's backward, which looks for the max among the stored values, found none (0 / 0).
+    b = GraphBuilder()
+    x = b.input(T((50, 3), dt.float64))
+    d = b.node("reduce_sum", [b.input(T((50, 3), dt.float64))], {"axes": (1,), "keepdim": True})
+    q = b.node("div", [x, d])
+    body = b.build([q, b.node("reduce_max", [q], {"axes": (1,), "keepdim": True})])
+    xs = rng.standard_normal((50, 3))
+    ys = np.full((50, 3), 1.0)  # d = 3: x / 3 and x * (1 / 3) differ in the last bit for many x
+    quotients, maxima = run(kernel("reduction", body), [xs, ys])
+    np.testing.assert_array_equal(quotients, xs / 3.0)  # each a true division, bit for bit
+    np.testing.assert_array_equal(maxima[:, 0], quotients.max(axis=1))
+
+
 def test_a_division_by_a_row_value_multiplies_by_its_reciprocal_where_that_is_within_1_5_ulp():
     # out = x / sum(y): rows whose divisor and its reciprocal are normal numbers multiply by the
     # reciprocal (two roundings); a row with a zero, subnormal, huge, infinite or nan divisor

@@ -64,3 +64,25 @@ def test_batch_norm_training_statistics_are_kernels_and_equal_eager():
     compiled = check_against_eager(step, args, calls=3, rtol=1e-4, atol=1e-5)
     (specialization,) = state_of(compiled).specializations
     assert "reduce_sum" not in specialization.graph.op_counts()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_gradient_of_a_max_over_means_equals_eager(seed):
+    """``amax(x.mean(0))``: its backward sends the gradient to the means equal to the max. The
+    compiled forward stored the means multiplied by 1/3 while it took the max over divisions by 3,
+    so for some inputs no stored mean equalled the max: the gradient was nan on every compiled call
+    (hypothesis found it; seeds 4 and 6 of these did too)."""
+    x0 = np.random.default_rng(seed).standard_normal((3, 3))
+
+    def grad_of(fn):
+        x = kiln.tensor(x0, requires_grad=True)
+        fn(x).backward()
+        return x.grad.numpy()
+
+    def f(x):
+        return x.mean(dim=0).amax(dim=-1)
+
+    expected = grad_of(f)
+    compiled = kiln.compile(f)
+    for _ in range(3):  # the first call traces; the others run compiled
+        np.testing.assert_allclose(grad_of(compiled), expected, rtol=1e-12, atol=1e-12)
