@@ -3,6 +3,7 @@ backward runs ``fn`` again (with the random state it first saw, so dropout draws
 backpropagates through the recomputation. Gradients equal those of calling ``fn`` directly.
 
 >>> import kiln
+from kiln.frontend.ops.generator import _generator
 >>> x = kiln.tensor([1.0, 2.0], requires_grad=True)
 >>> checkpoint(lambda t: (t * t).sum(), x, use_reentrant=False).backward()
 >>> x.grad.tolist()
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 import kiln
+from kiln.frontend.ops.generator import _generator
 
 __all__ = ["checkpoint", "checkpoint_sequential", "noop_context_fn"]
 
@@ -41,6 +43,23 @@ def _flatten_outputs(outputs) -> tuple[list, Callable[[list], Any]]:
         return [outputs[i] for i in positions], rebuild
     raise TypeError(f"checkpoint: the function must return a tensor or a tuple/list of tensors, got "
                     f"{type(outputs).__name__}")  # fmt: skip
+
+
+def _generators(args) -> list:
+    """The default generators ``function`` may draw from: the CPU one and those of its arguments' devices."""
+    devices = {kiln.device("cpu")} | {a.device for a in args if isinstance(a, kiln.Tensor)}
+    return [_generator(None, d) for d in sorted(devices, key=str)]
+
+
+def _states(generators: list) -> list:
+    # Copies of the state tensors (ops, not values read): a traced call saves and restores the
+    # state it is called with, so that the recomputation draws the forward's numbers on every call.
+    return [g.philox_state.clone() for g in generators]
+
+
+def _restore(generators: list, states: list) -> None:
+    for g, state in zip(generators, states, strict=True):
+        g.set_state(state)
 
 
 def checkpoint(function: Callable, *args, use_reentrant: bool | None = None, context_fn=noop_context_fn,
@@ -68,7 +87,8 @@ def checkpoint(function: Callable, *args, use_reentrant: bool | None = None, con
         warnings.warn("None of the inputs have requires_grad=True. Gradients will be None", stacklevel=2)
         with kiln.no_grad():
             return function(*args, **kwargs)
-    rng_state = kiln.get_rng_state() if preserve_rng_state else None
+    generators = _generators(args) if preserve_rng_state else []
+    rng_states = _states(generators)
     forward_context, recompute_context = context_fn()
     with kiln.no_grad(), forward_context:
         outputs = function(*args, **kwargs)
@@ -85,15 +105,13 @@ def checkpoint(function: Callable, *args, use_reentrant: bool | None = None, con
             for i in tensor_positions:
                 inputs[i] = args[i].detach().requires_grad_(args[i].requires_grad)
             # Recompute under the forward's random state, then give the caller's state back.
-            saved = kiln.get_rng_state() if rng_state is not None else None
-            if rng_state is not None:
-                kiln.set_rng_state(rng_state)
+            saved = _states(generators)
+            _restore(generators, rng_states)
             try:
                 with kiln.enable_grad(), recompute_context:
                     recomputed, _ = _flatten_outputs(function(*inputs, **kwargs))
             finally:
-                if saved is not None:
-                    kiln.set_rng_state(saved)
+                _restore(generators, saved)
             pairs = [(o, g) for o, g in zip(recomputed, grads, strict=True) if o.requires_grad and g is not None]
             if pairs:
                 kiln.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
