@@ -26,6 +26,7 @@ from ...ir.types import device as parse_device
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
 from ..tensor import Tensor, make_tensor, method
+from .checks import check
 from .creation import _dtype, _shape, sizes_of
 from .elementwise import add, cos, div, exp, floor_divide, log, lt, mul, neg, remainder, sin, sqrt, sub, where
 from .generator import Generator, _generator
@@ -210,11 +211,12 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, g
     gen = _generator(generator, input._device)
     with no_grad():
         w = reshape(apply(P["cast"], input.detach(), dtype=dt.float64), (-1, k))
-        if bool((w < 0).any()) or not bool(w.isfinite().all()):
-            raise RuntimeError("multinomial: probability tensor contains either inf, nan or element < 0")
-        if bool(((w > 0).sum(1) < (1 if replacement else num_samples)).any()):
-            raise RuntimeError(f"multinomial: a row has fewer nonzero weights than the {num_samples} samples "
-                               "to draw without replacement (or none at all)")  # fmt: skip
+        # checks on values: they raise in every compiled call as they do eagerly (no values read)
+        check(apply(P["logical_and"], w >= 0, w.isfinite()), RuntimeError,
+              "multinomial: probability tensor contains either inf, nan or element < 0")  # fmt: skip
+        check((w > 0).sum(1) >= (1 if replacement else num_samples), RuntimeError,
+              f"multinomial: a row has fewer nonzero weights than the {num_samples} samples "
+              "to draw without replacement (or none at all)")  # fmt: skip
 
         def draw(w: Tensor, count: int) -> Tensor:  # inverse CDF: how many cumulative weights lie <= u
             cdf = cumsum(w, 1)
