@@ -91,3 +91,40 @@ def test_invalid_weights_raise_eagers_error_in_a_compiled_call(case, torch):
         return  # PyTorch (2.13, CPU) draws a zero-weight category here; kiln raises (see the report)
     with pytest.raises(RuntimeError):  # PyTorch raises a RuntimeError too
         torch.multinomial(torch.tensor(bad), samples, replacement=replacement)
+
+
+def _permutations(x):
+    return x[kiln.randperm(x.shape[0])], kiln.randperm(1), kiln.randperm(0), kiln.randperm(300, dtype=kiln.int32)
+
+
+def test_compiled_randperm_draws_eagers_permutations(torch):
+    inputs = [kiln.arange(float(n)) for n in (10, 10, 10, 10)]
+    compiled = kiln.compile(_permutations)
+    got = _seeded_runs(compiled, inputs, seed=2)
+    assert compiled_calls(compiled) == [3]
+    _assert_same(got, _seeded_runs(_permutations, inputs, seed=2))
+    for run in got[0]:
+        assert sorted(run[0].tolist()) == list(range(10)) and sorted(run[3].tolist()) == list(range(300))
+    assert not np.array_equal(got[0][1][3], got[0][2][3])
+    for ours, n, dtype in zip(got[0][0][1:4], (1, 0, 300), (torch.int64, torch.int64, torch.int32), strict=True):
+        theirs = torch.randperm(n, dtype=dtype)
+        assert ours.shape == tuple(theirs.shape) and str(ours.dtype) == str(theirs.dtype).removeprefix("torch.")
+
+
+def test_stable_order_is_a_stable_argsort():
+    from kiln.frontend.ops.ranking import stable_order
+
+    gen = np.random.default_rng(1)
+    for n in (0, 1, 2, 17, 64):
+        keys = gen.integers(-3, 3, size=n)  # many ties
+        assert stable_order(kiln.tensor(keys)).tolist() == np.argsort(keys, kind="stable").tolist()
+    with pytest.raises(ValueError, match="1-D"):
+        stable_order(kiln.zeros(2, 2))
+
+
+def test_a_randperm_past_the_limit_stops_the_trace():
+    from kiln.frontend.ops.ranking import TRACED_RANDPERM_LIMIT
+
+    f = kiln.compile(lambda x: x + kiln.randperm(TRACED_RANDPERM_LIMIT + 1)[0], fullgraph=True)
+    with pytest.raises(kiln.jit.TraceBreakError, match="randperm"):
+        f(kiln.ones(1))
