@@ -140,3 +140,35 @@ def test_a_leaf_made_inside_the_call_keeps_no_grad_state():
         x = rng.normal(size=(4, 3)).astype(np.float32)
         assert_close(compiled(kiln.tensor(x)), input_gradient(kiln.tensor(x)), rtol=1e-5, atol=1e-6)
     assert compiled_calls(compiled) == [3]
+
+
+def test_a_training_step_with_an_optimizer_and_a_checkpointed_block_compiles():
+    # Here the step's autograd graph outlives the call's trace: what checkpoint keeps for backward
+    # (the saved random state) must be the graph's, not state the call stored away.
+    def make():
+        kiln.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.1), nn.Linear(32, 16))
+        opt = kiln.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x):
+            opt.zero_grad()
+            loss = checkpoint(model, x, use_reentrant=False).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return step, model
+
+    (compiled, model), (eager, reference) = make(), make()
+    compiled = kiln.compile(compiled)
+    batches = [rng.normal(size=(8, 16)).astype(np.float32) for _ in range(5)]
+    kiln.manual_seed(21)
+    got = [compiled(kiln.tensor(b)).item() for b in batches]
+    got_state = kiln.get_rng_state().numpy().copy()
+    kiln.manual_seed(21)
+    losses = [eager(kiln.tensor(b)).item() for b in batches]
+    assert compiled_calls(compiled) == [4]
+    assert_close(np.array(got), np.array(losses), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got_state, kiln.get_rng_state().numpy())
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert_close(p, q, rtol=1e-5, atol=1e-6)
