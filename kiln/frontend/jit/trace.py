@@ -502,8 +502,14 @@ class Trace:
         self.derived.clear()
         grads: list[ClearGrad | ShareGrad | SetGrad] = []
         new_grads: dict[int, int] = {}  # id(new .grad tensor) -> index of the external it belongs to
-        for t, before in list(self.grads.values()):
+        returned = {id(leaf) for leaf in leaves}
+        for key, (t, before) in list(self.grads.items()):
             after = t._grad
+            # A tensor the call made and does not return (checkpoint's detached inputs, an input made
+            # a leaf for its gradient) is gone after the call: its .grad is no state to write back.
+            if self.is_born(t) and id(t) not in returned:
+                del self.grads[key]  # (nor kept alive by the trace, which would read as an escape)
+                continue
             # Unchanged: nothing to do, unless the call set it to None without reading it first (then
             # that .grad is no guard, and a later call may start with one set: it is cleared).
             if after is before and (after is not None or id(t) in self.grad_reads):

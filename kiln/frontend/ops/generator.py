@@ -13,13 +13,16 @@ import secrets
 
 import numpy as np
 
+from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.types import CPU, Device
 from ...ir.types import device as parse_device
 from ...runtime.devices import to_device
+from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor
+from .elementwise import floor_divide, remainder, where
 from .inplace import commit_inplace
 
 __all__ = ["Generator", "default_generator", "manual_seed", "seed", "initial_seed", "get_rng_state", "set_rng_state"]
@@ -49,7 +52,6 @@ class Generator:
 
     def __init__(self, device="cpu") -> None:
         self.device: Device = parse_device(device)
-        self._initial_seed = DEFAULT_SEED
         array = np.array([DEFAULT_SEED, 0], dtype=np.int64)
         #: The state ``[seed, offset]`` that ``random_bits`` reads: one tensor for the generator's
         #: whole life (updated in place), so that a tracer can treat it as an input and output.
@@ -57,9 +59,7 @@ class Generator:
 
     def manual_seed(self, seed: int) -> Generator:
         """Restart the stream from ``seed`` (offset 0); returns the generator."""
-        seed = _seed_value(seed)
-        self._initial_seed = seed
-        self._write(seed, 0)
+        self._write(_seed_value(seed), 0)
         return self
 
     def seed(self) -> int:
@@ -71,51 +71,62 @@ class Generator:
         return value
 
     def initial_seed(self) -> int:
-        return self._initial_seed
+        # The state's seed word is the seed: draws advance only the offset, and every write of a
+        # seed (manual_seed, set_state) writes it there, traced or not.
+        return int(self._read("Generator.initial_seed()")[0]) % _U64
 
     def get_offset(self) -> int:
         """How many 128-bit blocks of the stream have been used since the seed."""
-        return int(self._read()[1])
+        return int(self._read("Generator.get_offset()")[1])
 
     def set_offset(self, offset: int) -> Generator:
         if offset < 0:
             raise ValueError(f"set_offset expected a non-negative offset, got {offset}")
-        self._write(self._initial_seed, int(offset))
+        self._write(self.initial_seed(), int(offset))
         return self
 
     def get_state(self) -> Tensor:
-        """The state as a uint8 CPU tensor of 16 bytes: seed then offset, little-endian 64-bit."""
-        words = self._read().astype("<i8")
-        return make_tensor(words.view(np.uint8).copy(), CPU)
+        """The state as a uint8 CPU tensor of 16 bytes: seed then offset, little-endian 64-bit.
+
+        Built from the state tensor with ops, so that a traced call reads the state it is called
+        with (a copy of it: later draws do not change the result)."""
+        with no_grad():
+            return state_to_bytes(self.philox_state.to(CPU))
 
     def set_state(self, new_state: Tensor) -> Generator:
-        """Restore a state from ``get_state()`` (uint8, 16 bytes) or an int64 tensor ``[seed, offset]``."""
+        """Restore a state from ``get_state()`` (uint8, 16 bytes) or an int64 tensor ``[seed, offset]``.
+
+        The new state is written with ops (no values are read), so a traced call restores the
+        state it computed, as checkpoint's recomputation does."""
         if not isinstance(new_state, Tensor):
             raise TypeError(f"set_state expected a kiln Tensor, got {type(new_state).__name__}")
-        new_state._value_access("Generator.set_state() (the new state's values become Python ints)")
-        host = np.ascontiguousarray(new_state._host())
-        if host.dtype == np.uint8 and host.shape == (16,):
-            seed, offset = (int(w) for w in host.view("<i8"))
-        elif host.dtype == np.int64 and host.shape == (2,):
-            seed, offset = (int(w) for w in host)
+        if new_state._dtype is dt.uint8 and tuple(new_state.shape) == (16,):
+            with no_grad():
+                words = bytes_to_state(new_state.detach())
+        elif new_state._dtype is dt.int64 and tuple(new_state.shape) == (2,):
+            words = new_state.detach()
         else:
             raise RuntimeError(
                 f"set_state expected a uint8 tensor of 16 bytes or an int64 tensor of shape (2,), "
                 f"got {new_state.dtype.name} of shape {tuple(new_state.shape)}"
             )
-        self._initial_seed = seed % _U64
-        self._write(seed, offset)
+        self._commit(words.to(self.device), "set_state")
         return self
 
-    def _read(self) -> np.ndarray:
+    def _read(self, what: str) -> np.ndarray:
+        self.philox_state._value_access(what)  # a trace stops here rather than keep the value as a constant
         return np.asarray(self.philox_state._host())
 
     def _write(self, seed: int, offset: int) -> None:
         seed = seed - _U64 if seed >= 1 << 63 else seed  # the 64 bits as int64
         array = np.array([seed, offset], dtype=np.int64)
+        self._commit(make_tensor(to_device(array, self.device), self.device), "manual_seed")
+
+    def _commit(self, words: Tensor, op: str) -> None:
         if _jit.tracing:  # the state is an input the call overwrites: written back after each call
             _jit.touch(self.philox_state)
-        commit_inplace(self.philox_state, make_tensor(to_device(array, self.device), self.device), op="manual_seed")
+        with no_grad():
+            commit_inplace(self.philox_state, words, op=op)
 
     def bits(self, shape: tuple[int, ...]) -> Tensor:
         """``shape`` random uint32 values (in int64), advancing the stream past them."""
@@ -126,7 +137,29 @@ class Generator:
         return out
 
     def __repr__(self) -> str:
-        return f"<kiln.Generator device={self.device} seed={self._initial_seed}>"
+        seed = int(np.asarray(self.philox_state._host())[0]) % _U64  # (a repr is no value a graph uses)
+        return f"<kiln.Generator device={self.device} seed={seed}>"
+
+
+# ----------------------------------------------------------------------------- state as bytes
+_BYTE_SCALES = np.array([1 << (8 * k) for k in range(8)], dtype=np.int64)  # byte k of a word: w // 256**k % 256
+
+
+def state_to_bytes(state: Tensor) -> Tensor:
+    """The int64 state ``[seed, offset]`` as 16 uint8 bytes, each word little-endian (ops only)."""
+    scales = make_tensor(_BYTE_SCALES, state._device)
+    # floor division and a positive modulus read a negative word in two's complement, as its bytes
+    words = remainder(floor_divide(state.reshape(2, 1), scales), 256)
+    return apply(P["cast"], words, dtype=dt.uint8).reshape(16)
+
+
+def bytes_to_state(data: Tensor) -> Tensor:
+    """16 uint8 bytes (two little-endian 64-bit words) as the int64 state ``[seed, offset]`` (ops only)."""
+    b = apply(P["cast"], data, dtype=dt.int64).reshape(2, 8)
+    low = (b[:, :7] * make_tensor(_BYTE_SCALES[:7], data._device)).sum(1)  # < 2**56: no overflow
+    top = b[:, 7]
+    top = where(top >= 128, top - 256, top)  # the sign byte, so that the sum stays within int64
+    return low + top * (1 << 56)
 
 
 default_generator = Generator()

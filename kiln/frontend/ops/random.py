@@ -25,11 +25,14 @@ from ...ir.types import CPU, Device
 from ...ir.types import device as parse_device
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
+from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor, method
+from .checks import check
 from .creation import _dtype, _shape, sizes_of
 from .elementwise import add, cos, div, exp, floor_divide, log, lt, mul, neg, remainder, sin, sqrt, sub, where
 from .generator import Generator, _generator
 from .inplace import commit_inplace
+from .ranking import TRACED_RANDPERM_LIMIT, stable_order
 
 __all__ = [
     "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "normal", "bernoulli",
@@ -181,9 +184,12 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: 
     gen = _generator(generator, _device_of(device))
     with no_grad():
         keys = add(mul(floor_divide(gen.bits((n,)), 2), 1 << 32), gen.bits((n,)))
-        # kiln has no sort primitive yet: the keys come from the traced generator, the sort reads them.
-        keys._value_access("kiln.randperm (a sort, which the IR has no primitive for yet)")
-        order = make_tensor(keys._data.argsort(kind="stable"), keys._device)
+        if _jit.tracing and n <= TRACED_RANDPERM_LIMIT:  # the IR has no sort: n * n comparisons sort them
+            order = stable_order(keys)
+        else:
+            keys._value_access(f"kiln.randperm({n}) (a sort, which the IR has no primitive for; "
+                               f"up to {TRACED_RANDPERM_LIMIT} elements compile as comparisons)")  # fmt: skip
+            order = make_tensor(keys._data.argsort(kind="stable"), keys._device)
     dtype = dt.int64 if dtype is None else dt.as_dtype(dtype)
     return _finish(apply(P["cast"], order, dtype=dtype) if dtype is not dt.int64 else order, requires_grad)
 
@@ -210,11 +216,12 @@ def multinomial(input: Tensor, num_samples: int, replacement: bool = False, *, g
     gen = _generator(generator, input._device)
     with no_grad():
         w = reshape(apply(P["cast"], input.detach(), dtype=dt.float64), (-1, k))
-        if bool((w < 0).any()) or not bool(w.isfinite().all()):
-            raise RuntimeError("multinomial: probability tensor contains either inf, nan or element < 0")
-        if bool(((w > 0).sum(1) < (1 if replacement else num_samples)).any()):
-            raise RuntimeError(f"multinomial: a row has fewer nonzero weights than the {num_samples} samples "
-                               "to draw without replacement (or none at all)")  # fmt: skip
+        # checks on values: they raise in every compiled call as they do eagerly (no values read)
+        check(apply(P["logical_and"], w >= 0, w.isfinite()), RuntimeError,
+              "multinomial: probability tensor contains either inf, nan or element < 0")  # fmt: skip
+        check((w > 0).sum(1) >= (1 if replacement else num_samples), RuntimeError,
+              f"multinomial: a row has fewer nonzero weights than the {num_samples} samples "
+              "to draw without replacement (or none at all)")  # fmt: skip
 
         def draw(w: Tensor, count: int) -> Tensor:  # inverse CDF: how many cumulative weights lie <= u
             cdf = cumsum(w, 1)

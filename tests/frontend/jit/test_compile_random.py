@@ -109,3 +109,63 @@ def test_check_true_on_dropout_passes():
     for c, e in zip(outs, eager, strict=True):
         np.testing.assert_array_equal(c, e)
     assert compiled_calls(f) == [3]
+
+
+def _save_draw_restore(x):
+    """Draws, restores the state saved before them and draws again (as checkpoint's recomputation)."""
+    state = kiln.get_rng_state()
+    a = x + kiln.rand(8, 8)
+    kiln.set_rng_state(state)
+    return a, x + kiln.rand(8, 8), state
+
+
+def _generator_state_calls(fn, seed: int, n: int):
+    kiln.manual_seed(seed)
+    x = kiln.tensor(X)
+    runs = []
+    for _ in range(n):
+        runs.append([t.numpy().copy() for t in fn(x)] + [kiln.get_rng_state().numpy().copy()])
+    return runs, kiln.rand(4).numpy()
+
+
+def test_get_and_set_rng_state_inside_compiled_calls_equal_eager():
+    # The state is read and written with ops on the state tensor: each compiled call saves the state
+    # it is called with (not the traced call's, as a constant) and restores it.
+    f = kiln.compile(_save_draw_restore)
+    (compiled, next_draw), (eager, eager_draw) = (
+        _generator_state_calls(f, 9, 4),
+        _generator_state_calls(_save_draw_restore, 9, 4),
+    )
+    for i, (c, e) in enumerate(zip(compiled, eager, strict=True)):
+        np.testing.assert_array_equal(c[0], c[1], err_msg=f"call {i}: the restored state drew other numbers")
+        for a, b in zip(c, e, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"call {i}")
+    assert not np.array_equal(compiled[0][2], compiled[1][2])  # a fresh state per call
+    np.testing.assert_array_equal(next_draw, eager_draw)
+    assert compiled_calls(f) == [3]
+
+
+def test_set_state_from_an_int64_state_inside_a_compiled_call():
+    g = kiln.Generator().manual_seed(2**64 - 3)  # a seed whose int64 word is negative
+
+    @kiln.compile
+    def replay(x):
+        saved = g.philox_state.clone()
+        first = kiln.rand(5, generator=g)
+        g.set_state(saved)
+        return first, kiln.rand(5, generator=g) + x
+
+    x = kiln.zeros(5)
+    for _ in range(4):
+        first, again = replay(x)
+        np.testing.assert_array_equal(first.numpy(), again.numpy())
+    assert g.initial_seed() == 2**64 - 3 and g.get_offset() == 8  # 2 blocks per call
+    assert compiled_calls(replay) == [3]
+
+
+@pytest.mark.parametrize("read", ["get_offset", "initial_seed"])
+def test_reading_the_generator_as_python_numbers_stops_the_trace(read):
+    # a Python int from the state would be the traced call's, frozen into every compiled call
+    f = kiln.compile(lambda x: x + getattr(kiln.default_generator, read)() % 7, fullgraph=True)
+    with pytest.raises(kiln.jit.TraceBreakError, match=f"Generator.{read}"):
+        f(kiln.tensor(X))
