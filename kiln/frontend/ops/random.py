@@ -25,14 +25,12 @@ from ...ir.types import CPU, Device
 from ...ir.types import device as parse_device
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
-from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor, method
 from .checks import check
 from .creation import _dtype, _shape, sizes_of
 from .elementwise import add, cos, div, exp, floor_divide, log, lt, mul, neg, remainder, sin, sqrt, sub, where
 from .generator import Generator, _generator
 from .inplace import commit_inplace
-from .ranking import TRACED_RANDPERM_LIMIT, stable_order
 
 __all__ = [
     "rand", "rand_like", "randn", "randn_like", "randint", "randint_like", "randperm", "normal", "bernoulli",
@@ -184,12 +182,9 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: 
     gen = _generator(generator, _device_of(device))
     with no_grad():
         keys = add(mul(floor_divide(gen.bits((n,)), 2), 1 << 32), gen.bits((n,)))
-        if _jit.tracing and n <= TRACED_RANDPERM_LIMIT:  # the IR has no sort: n * n comparisons sort them
-            order = stable_order(keys)
-        else:
-            keys._value_access(f"kiln.randperm({n}) (a sort, which the IR has no primitive for; "
-                               f"up to {TRACED_RANDPERM_LIMIT} elements compile as comparisons)")  # fmt: skip
-            order = make_tensor(keys._data.argsort(kind="stable"), keys._device)
+        # kiln has no sort primitive yet: the keys come from the traced generator, the sort reads them.
+        keys._value_access("kiln.randperm (a sort, which the IR has no primitive for yet)")
+        order = make_tensor(keys._data.argsort(kind="stable"), keys._device)
     dtype = dt.int64 if dtype is None else dt.as_dtype(dtype)
     return _finish(apply(P["cast"], order, dtype=dtype) if dtype is not dt.int64 else order, requires_grad)
 
