@@ -32,7 +32,7 @@ import operator
 import threading
 import time
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter, is_, itemgetter, methodcaller
@@ -46,7 +46,7 @@ from ..ir.interpreter import kernel_runner, node_error
 from ..ir.primitives import PRIMITIVES, Kind
 from . import allocator, profiling, threads
 from .direct_views import direct_view
-from .frames import Frame, PointerTables, data_pointer
+from .frames import DATA_OFFSET, Frame, PointerTables, data_pointer
 from .loop_call import LoopCall
 from .step_labels import step_label
 
@@ -124,8 +124,12 @@ class KernelCall:
                 env[slot] = np.ascontiguousarray(array)
         frame_table = tables[self.table]
         table = frame_table.pointers  # the inputs' pointers (``stable``) are the call's (``PointerTables.see``)
-        for position, slot in self.dynamic:
-            table[position] = data_pointer(env[slot])
+        if DATA_OFFSET is not None:  # ``data_pointer`` without its call: a loop's trip fills dozens
+            for position, slot in self.dynamic:
+                table[position] = _from_address(id(env[slot]) + DATA_OFFSET).value
+        else:  # pragma: no cover - a numpy whose array layout the check at import did not recognize
+            for position, slot in self.dynamic:
+                table[position] = data_pointer(env[slot])
         if self.work:
             threads.parallel_for(self.function, table, self.extent, self.work, self.spin)
         elif self.extent:  # too small to split: call it directly
@@ -133,6 +137,21 @@ class KernelCall:
         if self.status and frame_table.status.value:
             frame_table.status.value = 0
             self._run_eagerly(env)
+        for slot in self.dead:
+            env[slot] = None
+
+    def runner(self) -> Callable[[list, PointerTables], None]:
+        """What the call loop calls: ``run``, or ``_run_small`` for the usual kernel of a loop's trip
+        (no new output, nothing to conform, no status word, too small to split)."""
+        plain = not (self.allocate or self.conform or self.status or self.work) and self.extent
+        return self._run_small if plain and DATA_OFFSET is not None else self.run
+
+    def _run_small(self, env: list, tables: PointerTables) -> None:
+        """``run`` for a kernel ``runner`` chose: fill the pointers that change, call the kernel."""
+        table = tables[self.table].pointers
+        for position, slot in self.dynamic:
+            table[position] = _from_address(id(env[slot]) + DATA_OFFSET).value  # type: ignore[operator]
+        self.function(table, 0, self.extent)
         for slot in self.dead:
             env[slot] = None
 
@@ -155,13 +174,14 @@ class ExternCall:
     """A primitive's eager kernel; its result copied into C order unless it is a view."""
 
     __slots__ = ("node", "position", "dead", "eager", "eager_into", "args", "attrs", "out", "dtype", "into",
-                 "normalize", "product", "last", "keep_views", "direct")  # fmt: skip
+                 "normalize", "product", "last", "keep_views", "direct", "arg")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], planned: bool) -> None:
         self.node, self.position, self.dead = node, position, dead
         prim = PRIMITIVES[node.op]
         self.eager, self.eager_into = prim.eager, prim.eager_into
         self.args = tuple(slots[v] for v in node.inputs)
+        self.arg = self.args[0] if len(self.args) == 1 else -1  # a view of one array: see ``runner``
         self.attrs = dict(node.attrs)
         self.out = slots[node.output]
         self.dtype = node.output.type.dtype.np
@@ -208,6 +228,31 @@ class ExternCall:
                 # non-view node's result as memory of its own
                 result = result.copy(order="C")
             env[self.out] = result
+        for slot in self.dead:
+            env[slot] = None
+
+    def runner(self) -> Callable[[list, PointerTables], None]:
+        """What the call loop calls: ``run``, or for a view of one array a case of it chosen once
+        (a loop's trip makes a dozen views, a training step a hundred)."""
+        if self.normalize or self.into >= 0 or self.arg < 0:
+            return self.run
+        if self.keep_views:
+            return self._run_kept_view
+        return self._run_direct_view if self.direct is not None else self.run
+
+    def _run_direct_view(self, env: list, tables: PointerTables) -> None:
+        """``run`` for a view of new arrays at every run (``keep_views`` False) that is one numpy call."""
+        env[self.out] = self.direct(env[self.arg])  # type: ignore[misc]  # runner checked
+        for slot in self.dead:
+            env[slot] = None
+
+    def _run_kept_view(self, env: list, tables: PointerTables) -> None:
+        """``run`` for a view of one array, kept between runs: ``_view``'s hit without a list."""
+        last, array = self.last, env[self.arg]
+        if last is not None and last[1] is not None and last[0][0]() is array:
+            env[self.out] = last[1]
+        else:
+            env[self.out] = self._view([array])
         for slot in self.dead:
             env[slot] = None
 
@@ -336,13 +381,13 @@ class CompiledProgram:
             else:
                 steps.append(ExternCall(node, position, dead, slots, node.output in planned))
         self._steps = tuple(steps)
-        self._runs = tuple(step.run for step in steps)  # bound once: the call loop only calls
         self.kernel_calls = [s for s in steps if isinstance(s, KernelCall)]
         # A program of kernels and views alone runs its large kernels on the native pool, whose
         # workers spin between them; one that calls eager kernels (BLAS) keeps the sleeping pool
         spin = all(isinstance(s, KernelCall) or (isinstance(s, ExternCall) and not s.normalize) for s in steps)
         for call in self.kernel_calls:
             call.pool(spin)
+        self._bind_runs()
         # Outputs that are always new memory of their own: a kernel's output allocated every call
         # (not written into an input), handed out once. The caller may wrap them without checks.
         fresh = {slot for call in self.kernel_calls for slot, _, _, _ in call.allocate}
@@ -361,6 +406,12 @@ class CompiledProgram:
         self._needs_errstate = len(self.kernel_calls) != len(steps)
         self._find_users()
         self._local = threading.local()
+
+    def _bind_runs(self) -> None:
+        """Each step's callable, bound once (the call loop only calls), after anything that
+        changes a step's ``runner``."""
+        self._runs = tuple(step.runner() if isinstance(step, (KernelCall, ExternCall)) else step.run
+                           for step in self._steps)  # fmt: skip
 
     def _find_users(self) -> None:
         """Per input, the places of its pointer in the kernels' tables (filled by ``PointerTables.see``)."""
@@ -391,6 +442,7 @@ class CompiledProgram:
         for step in self._steps:
             if isinstance(step, ExternCall) and any(v in values for v in step.node.inputs):
                 step.keep_views = False
+        self._bind_runs()
 
     def _kernel_call(self, node, position, dead, kernel, planned, layouts) -> KernelCall:
         slots = self._slots
@@ -548,6 +600,7 @@ def same_layout(shape: tuple, strides: tuple, expected: tuple) -> bool:
 
 
 _SHAPE, _STRIDES, _DTYPE = attrgetter("shape"), attrgetter("strides"), attrgetter("dtype")
+_from_address = ctypes.c_void_p.from_address
 _dereference = getattr(operator, "call", None) or methodcaller("__call__")  # a weak reference -> its object, in C
 
 

@@ -46,6 +46,8 @@ def test_a_weights_transpose_is_kept_and_follows_in_place_and_data_changes():
     for _ in range(4):
         assert_close(f(x), g(x), **TOL)
     assert any(step.last is not None and step.last[1] is not None for step in _views(f)), "no view kept"
+    program = f.state.specializations[-1].program
+    assert any(run == step._run_kept_view for step, run in zip(program._steps, program._runs, strict=True))
     w.mul_(-2.0)  # in place: the kept view is a window onto the same memory
     assert_close(f(x), g(x), **TOL)
     for k in range(3):  # another array of the same shape behind the weight: a view of it
