@@ -194,7 +194,7 @@ class ExternCall:
         static = all(isinstance(d, int) for shape in shapes for d in shape)
         self.product = prim.kind is Kind.MATMUL and not static
         self.last: tuple | None = None  # a view's last arguments (weakly) and the view kept of them: see ``_view``
-        self.keep_views = True  # False: the arguments are new arrays at every run (``CompiledProgram.vary_inputs``)
+        self.keep_views = True  # False: the arguments are new arrays at every run (``CompiledProgram._keep_views``)
         self.direct = direct_view(node)
         if prim.kind is Kind.MATMUL and static and threads.blas_splits(*cast(list[tuple[int, ...]], shapes)):
             macs = threads.matmul_macs(*cast(list[tuple[int, ...]], shapes))
@@ -387,7 +387,13 @@ class CompiledProgram:
         spin = all(isinstance(s, KernelCall) or (isinstance(s, ExternCall) and not s.normalize) for s in steps)
         for call in self.kernel_calls:
             call.pool(spin)
-        self._bind_runs()
+        # the slots whose array is the same object at every run of one thread's frame, while the
+        # caller passes the same inputs: the inputs (and the outputs written into them), constants,
+        # the arena's views
+        self._same_arrays = (
+            frozenset(self._input_slots) | {slot for slot, _ in self._constants} | {slots[v] for v in planned}
+        )
+        self._keep_views(frozenset())
         # Outputs that are always new memory of their own: a kernel's output allocated every call
         # (not written into an input), handed out once. The caller may wrap them without checks.
         fresh = {slot for call in self.kernel_calls for slot, _, _, _ in call.allocate}
@@ -406,6 +412,19 @@ class CompiledProgram:
         self._needs_errstate = len(self.kernel_calls) != len(steps)
         self._find_users()
         self._local = threading.local()
+
+    def _keep_views(self, varying: frozenset[int]) -> None:
+        """Let a view step keep its view between runs (``ExternCall._view``) only where its arguments
+        can be the same arrays at the next run: the ``_same_arrays`` but the ``varying`` inputs, and the
+        views kept of them. A view of a kernel's new output or of an extern's result (new arrays at
+        every run) is made anew, with no weak references made and compared first; then bind the runs."""
+        same = set(self._same_arrays - varying)
+        for step in self._steps:
+            if isinstance(step, ExternCall) and not step.normalize and step.into < 0:
+                step.keep_views = all(slot in same for slot in step.args)
+                if step.keep_views:
+                    same.add(step.out)
+        self._bind_runs()
 
     def _bind_runs(self) -> None:
         """Each step's callable, bound once (the call loop only calls), after anything that
@@ -435,14 +454,7 @@ class CompiledProgram:
             call.dynamic += moved
         self._find_users()
         self._local = threading.local()  # frames made before this hold the old users
-        values = {v for v in self.graph.inputs if self._slots[v] in varying}
-        for node in self.graph.nodes:  # what is computed from a varying input varies too
-            if any(v in values for v in node.inputs):
-                values.update(node.outputs)
-        for step in self._steps:
-            if isinstance(step, ExternCall) and any(v in values for v in step.node.inputs):
-                step.keep_views = False
-        self._bind_runs()
+        self._keep_views(frozenset(varying))
 
     def _kernel_call(self, node, position, dead, kernel, planned, layouts) -> KernelCall:
         slots = self._slots
