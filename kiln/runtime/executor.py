@@ -142,12 +142,15 @@ class KernelCall:
 
     def runner(self) -> Callable[[list, PointerTables], None]:
         """What the call loop calls: ``run``, or ``_run_small`` for the usual kernel of a loop's trip
-        (no new output, nothing to conform, no status word, too small to split)."""
-        plain = not (self.allocate or self.conform or self.status or self.work) and self.extent
+        (nothing to conform, no status word, too small to split)."""
+        plain = not (self.conform or self.status or self.work) and self.extent
         return self._run_small if plain and DATA_OFFSET is not None else self.run
 
     def _run_small(self, env: list, tables: PointerTables) -> None:
-        """``run`` for a kernel ``runner`` chose: fill the pointers that change, call the kernel."""
+        """``run`` for a kernel ``runner`` chose: allocate the new outputs, fill the pointers that
+        change, call the kernel."""
+        for slot, empty, shape, dtype in self.allocate:
+            env[slot] = empty(shape, dtype)
         table = tables[self.table].pointers
         for position, slot in self.dynamic:
             table[position] = _from_address(id(env[slot]) + DATA_OFFSET).value  # type: ignore[operator]
@@ -232,13 +235,23 @@ class ExternCall:
             env[slot] = None
 
     def runner(self) -> Callable[[list, PointerTables], None]:
-        """What the call loop calls: ``run``, or for a view of one array a case of it chosen once
-        (a loop's trip makes a dozen views, a training step a hundred)."""
+        """What the call loop calls: ``run``, or a case of it chosen once: a product into the arena
+        of static shapes (an LSTM cell's trip makes three), a view of one array (a loop's trip makes a
+        dozen, a training step a hundred)."""
+        if self.into >= 0 and self.normalize and not self.product:
+            return self._run_into
         if self.normalize or self.into >= 0 or self.arg < 0:
             return self.run
         if self.keep_views:
             return self._run_kept_view
         return self._run_direct_view if self.direct is not None else self.run
+
+    def _run_into(self, env: list, tables: PointerTables) -> None:
+        """``run`` for an eager kernel that writes into the arena (``out=``), of static shapes."""
+        threads.park()
+        self.eager_into(np, *[env[slot] for slot in self.args], out=env[self.into], **self.attrs)  # type: ignore[misc]
+        for slot in self.dead:
+            env[slot] = None
 
     def _run_direct_view(self, env: list, tables: PointerTables) -> None:
         """``run`` for a view of new arrays at every run (``keep_views`` False) that is one numpy call."""

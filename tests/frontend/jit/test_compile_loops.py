@@ -147,11 +147,12 @@ def test_each_trips_new_arrays_are_read_not_remembered():
     program = state_of(compiled).specializations[-1].program
     calls = [s for s in program._steps if isinstance(s, LoopCall)]
     assert len(calls) >= 2, "the forward steps and their backward each roll into a loop"
-    read = views = small = 0
+    read = views = small = into = 0
     for call in calls:
         body, loop = call.program, call.loop
-        small += sum(run == step._run_small for step, run in zip(body._steps, body._runs, strict=True)
-                     if isinstance(step, KernelCall))  # fmt: skip
+        for step, run in zip(body._steps, body._runs, strict=True):  # the call loop's cases, chosen once
+            small += isinstance(step, KernelCall) and run == step._run_small
+            into += isinstance(step, ExternCall) and run == step._run_into
         first = len(loop.carried) + loop.invariant
         varying = [*range(len(loop.carried)), *range(first, first + loop.per_iteration)]
         slots = {body._input_slots[i] for i in varying}
@@ -167,7 +168,7 @@ def test_each_trips_new_arrays_are_read_not_remembered():
                 assert run != step._run_kept_view, step.describe()
                 views += 1
     assert read and views, "no kernel or view reads a trip's input: the test tests nothing"
-    assert small, "no body kernel runs on the short path (``KernelCall.runner``)"
+    assert small and into, "no body kernel or product runs on a short path (``runner``)"
 
 
 def test_a_trips_extern_results_are_not_copied():
