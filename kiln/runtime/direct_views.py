@@ -1,4 +1,4 @@
-"""View steps of static attributes as one numpy call on their input (``executor.ExternCall``)."""
+"""View steps of static attributes as one numpy call on their input (``extern_call.ExternCall``)."""
 
 from __future__ import annotations
 

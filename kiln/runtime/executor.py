@@ -11,7 +11,7 @@ At run time a step is one of:
   addresses once per thread, the arrays it reads or writes in place when one of them is not the
   array of the previous call, new outputs per call -- and the kernel is called through ctypes
   (which releases the GIL), split across the thread pool when the work pays for it;
-- ``ExternCall``: an extern node (matmul, gather, views feeding them...), the primitive's eager
+- ``ExternCall`` (``extern_call``): an extern node (matmul, gather, views feeding them...), the primitive's eager
   kernel, with ``out=`` into the arena where the plan placed its result (matmul). A non-view result
   that numpy gave in another layout than C order (it keeps its inputs' order), or that shares
   memory with an argument, is copied: the kernels were compiled for C order, and the memory plan
@@ -28,14 +28,11 @@ Every array a kernel reads stays referenced by the call's environment until the 
 from __future__ import annotations
 
 import ctypes
-import operator
 import threading
 import time
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
-from operator import attrgetter, is_, itemgetter, methodcaller
+from operator import attrgetter, itemgetter
 from typing import Any, cast
 
 import numpy as np
@@ -43,10 +40,10 @@ import numpy as np
 from ..ir.analysis import Liveness, constant_views
 from ..ir.graph import CONSTANT, KERNEL, LOOP, Graph, Node, Value
 from ..ir.interpreter import kernel_runner, node_error
-from ..ir.primitives import PRIMITIVES, Kind
+from ..ir.primitives import PRIMITIVES
 from . import allocator, profiling, threads
-from .direct_views import direct_view
-from .frames import Frame, PointerTables, data_pointer
+from .extern_call import ExternCall
+from .frames import DATA_OFFSET, Frame, PointerTables, data_pointer
 from .loop_call import LoopCall
 from .step_labels import step_label
 
@@ -124,8 +121,12 @@ class KernelCall:
                 env[slot] = np.ascontiguousarray(array)
         frame_table = tables[self.table]
         table = frame_table.pointers  # the inputs' pointers (``stable``) are the call's (``PointerTables.see``)
-        for position, slot in self.dynamic:
-            table[position] = data_pointer(env[slot])
+        if DATA_OFFSET is not None:  # ``data_pointer`` without its call: a loop's trip fills dozens
+            for position, slot in self.dynamic:
+                table[position] = _from_address(id(env[slot]) + DATA_OFFSET).value
+        else:  # pragma: no cover - a numpy whose array layout the check at import did not recognize
+            for position, slot in self.dynamic:
+                table[position] = data_pointer(env[slot])
         if self.work:
             threads.parallel_for(self.function, table, self.extent, self.work, self.spin)
         elif self.extent:  # too small to split: call it directly
@@ -133,6 +134,24 @@ class KernelCall:
         if self.status and frame_table.status.value:
             frame_table.status.value = 0
             self._run_eagerly(env)
+        for slot in self.dead:
+            env[slot] = None
+
+    def runner(self) -> Callable[[list, PointerTables], None]:
+        """What the call loop calls: ``run``, or ``_run_small`` for the usual kernel of a loop's trip
+        (nothing to conform, no status word, too small to split)."""
+        plain = not (self.conform or self.status or self.work) and self.extent
+        return self._run_small if plain and DATA_OFFSET is not None else self.run
+
+    def _run_small(self, env: list, tables: PointerTables) -> None:
+        """``run`` for a kernel ``runner`` chose: allocate the new outputs, fill the pointers that
+        change, call the kernel."""
+        for slot, empty, shape, dtype in self.allocate:
+            env[slot] = empty(shape, dtype)
+        table = tables[self.table].pointers
+        for position, slot in self.dynamic:
+            table[position] = _from_address(id(env[slot]) + DATA_OFFSET).value  # type: ignore[operator]
+        self.function(table, 0, self.extent)
         for slot in self.dead:
             env[slot] = None
 
@@ -149,100 +168,6 @@ class KernelCall:
         shapes = ", ".join(str(v.type) for v in node.outputs[:2])
         more = "..." if len(node.outputs) > 2 else ""
         return f"kernel {node.attrs['name']} ({node.attrs['kind']}, {len(node.outputs)} outputs: {shapes}{more})"
-
-
-class ExternCall:
-    """A primitive's eager kernel; its result copied into C order unless it is a view."""
-
-    __slots__ = ("node", "position", "dead", "eager", "eager_into", "args", "attrs", "out", "dtype", "into",
-                 "normalize", "product", "last", "keep_views", "direct")  # fmt: skip
-
-    def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], planned: bool) -> None:
-        self.node, self.position, self.dead = node, position, dead
-        prim = PRIMITIVES[node.op]
-        self.eager, self.eager_into = prim.eager, prim.eager_into
-        self.args = tuple(slots[v] for v in node.inputs)
-        self.attrs = dict(node.attrs)
-        self.out = slots[node.output]
-        self.dtype = node.output.type.dtype.np
-        self.into = self.out if (prim.eager_into is not None and planned) else -1  # out= into the arena
-        self.normalize = not prim.is_view  # a view's layout is derived from its input's
-        # A BLAS product: a small one runs on one BLAS thread (``threads.run_blas_product``), chosen
-        # once where its operands' shapes are static, at each run where they are symbolic (``product``);
-        # one the BLAS runs on one thread by itself is called as it is (``threads.blas_splits``).
-        shapes = [v.type.shape for v in node.inputs[:2]]
-        static = all(isinstance(d, int) for shape in shapes for d in shape)
-        self.product = prim.kind is Kind.MATMUL and not static
-        self.last: tuple | None = None  # a view's last arguments (weakly) and the view kept of them: see ``_view``
-        self.keep_views = True  # False: the arguments are new arrays at every run (``CompiledProgram.vary_inputs``)
-        self.direct = direct_view(node)
-        if prim.kind is Kind.MATMUL and static and threads.blas_splits(*cast(list[tuple[int, ...]], shapes)):
-            macs = threads.matmul_macs(*cast(list[tuple[int, ...]], shapes))
-            self.eager = partial(threads.run_blas_product, prim.eager, macs)
-            if prim.eager_into is not None:
-                self.eager_into = partial(threads.run_blas_product, prim.eager_into, macs)
-
-    def run(self, env: list, tables: PointerTables) -> None:
-        if self.normalize:  # not a view: BLAS's threads (a matmul) may want the cores workers spin on
-            threads.park()
-        args = [env[slot] for slot in self.args]
-        if not self.normalize and self.into < 0:
-            env[self.out] = self._view(args) if self.keep_views else self._eager_view(args)
-            for slot in self.dead:
-                env[slot] = None
-            return
-        eager_into, eager = self.eager_into, self.eager
-        if self.product and threads.blas_splits(args[0].shape, args[1].shape):  # symbolic shapes: this run's
-            macs = threads.matmul_macs(args[0].shape, args[1].shape)
-            kernel = eager_into if self.into >= 0 else eager
-            eager_into = eager = partial(threads.run_blas_product, kernel, macs)  # type: ignore[arg-type]  # set when into >= 0
-        if self.into >= 0:
-            eager_into(np, *args, out=env[self.into], **self.attrs)  # type: ignore[misc]  # set when into >= 0
-        else:
-            result = eager(np, *args, **self.attrs)
-            if result.__class__ is not np.ndarray:
-                result = np.asarray(result, dtype=self.dtype)
-            elif self.normalize and (not result.flags.c_contiguous or _aliases_an_argument(result, self.args, env)):
-                # numpy keeps its input's layout (order="K") where the kernels were compiled for C
-                # order (``infer_layouts``); and the memory plan and the in-place write-back see a
-                # non-view node's result as memory of its own
-                result = result.copy(order="C")
-            env[self.out] = result
-        for slot in self.dead:
-            env[slot] = None
-
-    def _view(self, args: list) -> Any:
-        """The view primitive's result on ``args``: the last run's view when they are the same arrays.
-
-        An array's memory, shape and strides are fixed for its life, so a view of the same arrays
-        with the same attributes is the same window onto memory (a weight's transpose, every call).
-        A view is kept only of arrays met at two runs in a row and held weakly until then: a view
-        holds its base, and arrays new at every run (a batch, a backward's saved values) must not
-        live on until the next. Only a result that is a view of ``args[0]`` is kept (never a copy)."""
-        last = self.last
-        if last is not None and all(map(is_, map(_dereference, last[0]), args)):
-            if last[1] is not None:
-                return last[1]
-            result = self._eager_view(args)
-            if result.__class__ is np.ndarray and _owner(result) is _owner(args[0]):  # a view, not a copy
-                self.last = (last[0], result)
-            return result
-        result = self._eager_view(args)
-        try:
-            self.last = (tuple(weakref.ref(a) for a in args), None)  # met once: held weakly
-        except TypeError:  # an array without weak references: a new view each run
-            self.last = None
-        return result
-
-    def _eager_view(self, args: list) -> Any:
-        if self.direct is not None:
-            return self.direct(args[0])
-        result = self.eager(np, *args, **self.attrs)
-        return result if result.__class__ is np.ndarray else np.asarray(result, dtype=self.dtype)
-
-    def describe(self) -> str:
-        node = self.node
-        return f"{node.op}({', '.join(str(v.type) for v in node.inputs)}) -> {node.output.type}"
 
 
 class InterpretedKernel:
@@ -336,13 +261,19 @@ class CompiledProgram:
             else:
                 steps.append(ExternCall(node, position, dead, slots, node.output in planned))
         self._steps = tuple(steps)
-        self._runs = tuple(step.run for step in steps)  # bound once: the call loop only calls
         self.kernel_calls = [s for s in steps if isinstance(s, KernelCall)]
         # A program of kernels and views alone runs its large kernels on the native pool, whose
         # workers spin between them; one that calls eager kernels (BLAS) keeps the sleeping pool
         spin = all(isinstance(s, KernelCall) or (isinstance(s, ExternCall) and not s.normalize) for s in steps)
         for call in self.kernel_calls:
             call.pool(spin)
+        # the slots whose array is the same object at every run of one thread's frame, while the
+        # caller passes the same inputs: the inputs (and the outputs written into them), constants,
+        # the arena's views
+        self._same_arrays = (
+            frozenset(self._input_slots) | {slot for slot, _ in self._constants} | {slots[v] for v in planned}
+        )
+        self._keep_views(frozenset())
         # Outputs that are always new memory of their own: a kernel's output allocated every call
         # (not written into an input), handed out once. The caller may wrap them without checks.
         fresh = {slot for call in self.kernel_calls for slot, _, _, _ in call.allocate}
@@ -361,6 +292,25 @@ class CompiledProgram:
         self._needs_errstate = len(self.kernel_calls) != len(steps)
         self._find_users()
         self._local = threading.local()
+
+    def _keep_views(self, varying: frozenset[int]) -> None:
+        """Let a view step keep its view between runs (``ExternCall._view``) only where its arguments
+        can be the same arrays at the next run: the ``_same_arrays`` but the ``varying`` inputs, and the
+        views kept of them. A view of a kernel's new output or of an extern's result (new arrays at
+        every run) is made anew, with no weak references made and compared first; then bind the runs."""
+        same = set(self._same_arrays - varying)
+        for step in self._steps:
+            if isinstance(step, ExternCall) and not step.normalize and step.into < 0:
+                step.keep_views = all(slot in same for slot in step.args)
+                if step.keep_views:
+                    same.add(step.out)
+        self._bind_runs()
+
+    def _bind_runs(self) -> None:
+        """Each step's callable, bound once (the call loop only calls), after anything that
+        changes a step's ``runner``."""
+        self._runs = tuple(step.runner() if isinstance(step, (KernelCall, ExternCall)) else step.run
+                           for step in self._steps)  # fmt: skip
 
     def _find_users(self) -> None:
         """Per input, the places of its pointer in the kernels' tables (filled by ``PointerTables.see``)."""
@@ -384,13 +334,7 @@ class CompiledProgram:
             call.dynamic += moved
         self._find_users()
         self._local = threading.local()  # frames made before this hold the old users
-        values = {v for v in self.graph.inputs if self._slots[v] in varying}
-        for node in self.graph.nodes:  # what is computed from a varying input varies too
-            if any(v in values for v in node.inputs):
-                values.update(node.outputs)
-        for step in self._steps:
-            if isinstance(step, ExternCall) and any(v in values for v in step.node.inputs):
-                step.keep_views = False
+        self._keep_views(frozenset(varying))
 
     def _kernel_call(self, node, position, dead, kernel, planned, layouts) -> KernelCall:
         slots = self._slots
@@ -548,16 +492,7 @@ def same_layout(shape: tuple, strides: tuple, expected: tuple) -> bool:
 
 
 _SHAPE, _STRIDES, _DTYPE = attrgetter("shape"), attrgetter("strides"), attrgetter("dtype")
-_dereference = getattr(operator, "call", None) or methodcaller("__call__")  # a weak reference -> its object, in C
-
-
-def _owner(array: Any) -> Any:
-    """The object at the end of ``array``'s chain of bases: what holds its memory (an array, or the
-    foreign object an array over other memory keeps)."""
-    base = array.base
-    while base is not None:
-        array, base = base, getattr(base, "base", None)
-    return array
+_from_address = ctypes.c_void_p.from_address
 
 
 class LayoutError(RuntimeError):
@@ -571,14 +506,3 @@ def _dead_after(graph: Graph, planned: dict, slots: Mapping[Value, int]) -> list
     return [
         tuple(slots[v] for v in dead if slots[v] not in outputs) for dead in Liveness(graph).dead_after(keep=planned)
     ]
-
-
-def _aliases_an_argument(result: np.ndarray, args: tuple[int, ...], env: list) -> bool:
-    """Whether an extern's result is one of its arguments or may share memory with one (bounds only:
-    cheap; a result that owns its memory shares none)."""
-    owns = result.base is None
-    for slot in args:
-        array = env[slot]
-        if array is result or (not owns and np.may_share_memory(result, array)):
-            return True
-    return False

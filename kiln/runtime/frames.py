@@ -26,7 +26,11 @@ ALIGNMENT = 64
 # reading it there costs 0.1 us where ``array.ctypes.data`` costs 0.9 us. Checked at import.
 _DATA_OFFSET = object.__basicsize__
 _probe = np.arange(4.0)[1:]
+#: ``_DATA_OFFSET`` where the check held, else None: a caller in a hot loop may read the pointer
+#: itself (``from_address(id(array) + DATA_OFFSET).value``) without the function call.
+DATA_OFFSET: int | None = _DATA_OFFSET
 if ctypes.c_void_p.from_address(id(_probe) + _DATA_OFFSET).value != _probe.ctypes.data:  # pragma: no cover
+    DATA_OFFSET = None
 
     def data_pointer(array: np.ndarray) -> int | None:
         return array.ctypes.data

@@ -46,6 +46,8 @@ def test_a_weights_transpose_is_kept_and_follows_in_place_and_data_changes():
     for _ in range(4):
         assert_close(f(x), g(x), **TOL)
     assert any(step.last is not None and step.last[1] is not None for step in _views(f)), "no view kept"
+    program = f.state.specializations[-1].program
+    assert any(run == step._run_kept_view for step, run in zip(program._steps, program._runs, strict=True))
     w.mul_(-2.0)  # in place: the kept view is a window onto the same memory
     assert_close(f(x), g(x), **TOL)
     for k in range(3):  # another array of the same shape behind the weight: a view of it
@@ -91,3 +93,31 @@ def test_direct_views_equal_the_eager_kernels_on_strided_arrays():
     scalar = b.input(TensorType((), float32))
     b.node("reshape", [scalar], {"shape": (1,)})
     assert direct_view(b.nodes[-1]) is None
+
+
+def test_a_view_of_arrays_new_at_every_run_is_made_anew():
+    """A view of a kernel's new output or an extern's own result (new arrays at every run) is not kept
+    (``CompiledProgram._keep_views``): no weak references to make and compare each run; a view of a
+    weight still is. Results match eager over several calls, the weight replaced midway."""
+    w = _rand(5, 4, seed=1)
+
+    def g(x):
+        h = x @ w.t()  # the extern's result, an output: new at every run
+        y = x * 2.0 + 1.0  # a kernel's new output
+        return h, h.t() @ x + (y.t() @ y[:, 1:])[:1].sum()
+
+    f = kiln.compile(g)
+    for k in range(4):
+        if k == 2:
+            w.data = _rand(5, 4, seed=7)
+        x = _rand(3, 4, seed=k)
+        for got, want in zip(f(x), g(x), strict=True):
+            assert_close(got, want, **TOL)
+    program = f.state.specializations[-1].program
+    made = {slot for call in program.kernel_calls for slot, *_ in call.allocate}
+    made |= {s.out for s in program._steps if isinstance(s, ExternCall) and s.normalize and s.into < 0}
+    anew = [s for s in _views(f) if set(s.args) & made]
+    assert anew, "no view of a new array: the test tests nothing"
+    for step in anew:
+        assert not step.keep_views and step.last is None, step.describe()
+    assert any(step.keep_views and step.last is not None for step in _views(f)), "the weight's view is not kept"

@@ -12,7 +12,7 @@ import pytest
 
 import kiln
 from kiln.ir.graph import LOOP
-from kiln.runtime.executor import ExternCall
+from kiln.runtime.executor import ExternCall, KernelCall
 from kiln.runtime.loop_call import LoopCall
 
 from .helpers import compiled_calls, state_of
@@ -147,9 +147,12 @@ def test_each_trips_new_arrays_are_read_not_remembered():
     program = state_of(compiled).specializations[-1].program
     calls = [s for s in program._steps if isinstance(s, LoopCall)]
     assert len(calls) >= 2, "the forward steps and their backward each roll into a loop"
-    read = views = 0
+    read = views = small = into = 0
     for call in calls:
         body, loop = call.program, call.loop
+        for step, run in zip(body._steps, body._runs, strict=True):  # the call loop's cases, chosen once
+            small += isinstance(step, KernelCall) and run == step._run_small
+            into += isinstance(step, ExternCall) and run == step._run_into
         first = len(loop.carried) + loop.invariant
         varying = [*range(len(loop.carried)), *range(first, first + loop.per_iteration)]
         slots = {body._input_slots[i] for i in varying}
@@ -158,11 +161,14 @@ def test_each_trips_new_arrays_are_read_not_remembered():
             read += sum(slot in slots for _, slot in kernel.dynamic)
         tables = body._frame().tables  # only the inputs some table holds are compared and remembered
         assert not set(tables._watched) & set(varying) and len(tables._refs) <= len(tables._watched)
-        for step in body._steps:
+        for step, run in zip(body._steps, body._runs, strict=True):
             if isinstance(step, ExternCall) and not step.normalize and set(step.args) & slots:
                 assert not step.keep_views and step.last is None, step.describe()
+                # the call loop's choice follows ``vary_inputs``: no kept view of a trip's array
+                assert run != step._run_kept_view, step.describe()
                 views += 1
     assert read and views, "no kernel or view reads a trip's input: the test tests nothing"
+    assert small and into, "no body kernel or product runs on a short path (``runner``)"
 
 
 def test_a_trips_extern_results_are_not_copied():
