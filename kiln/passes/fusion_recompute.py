@@ -21,7 +21,9 @@ graph order, the nodes that compute ``v`` are copied into a reader when:
 - at most ``MAX_COPIED`` nodes a reader, and a transcendental (``COSTLY``) only into an
   elementwise reader (a reduction kernel may evaluate a full value once per pass over its row)
   and only where every reader computes ``v``: one tanh per element costs about what one float's
-  write and read cost on this machine, so it is recomputed only where it saves both.
+  write and read cost on this machine, so it is recomputed only where it saves both. A
+  transcendental in ``v``'s chain whose own value stays written (a reader of it that is no kernel,
+  a flip, reads it from memory) is read there, not computed again.
 
 The copies are work done twice (a maker keeps computing what it needs itself); a maker stops
 writing a value that every reader computes itself, and a maker left with nothing to write is gone.
@@ -152,6 +154,8 @@ def _chain(v: Value, reader: _Reader, producer: Mapping[Value, Node], home: _Hom
         if w.type.shape != shape or node.op not in CHEAP | COSTLY:
             return leaf(w) if w is not v else False
         if node.op in COSTLY:
+            if w is not v and _in_memory(w, producer, home, users, outputs, unmade):
+                return leaf(w)  # written anyway (for a reader that does not compute it): read, not made twice
             if not dies or costly == 0:
                 return False
             costly -= 1
