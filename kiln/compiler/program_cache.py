@@ -113,7 +113,7 @@ def _locations(graph: Graph) -> tuple[list, list[int]]:
     """``(rows, indices)``: the distinct source locations of ``graph``'s nodes as ``[file, line,
     function]`` rows after a first row None, and each node's row (0: none), bodies included, in order.
 
-    A trace's locations are few objects (``trace.user_location``'s), so rows are found by identity in
+    A trace's locations are few objects (``jit.locations.user_location``'s), so rows are found by identity in
     C-level loops: a list per node, written and read as JSON, took ~35 ms of a 49k-node trace."""
     found = _node_locations(graph)
     keys = list(map(id, found))

@@ -121,7 +121,7 @@ def _print_block(lines: list[str], keyword: str, graph: Graph, indent: str, loca
 def _format_plain_node(node: Node, locations: bool, seen: tuple) -> str:
     """``format_node``'s line of a node with one output and no bodies, each distinct output type and
     attribute set formatted once per graph (``seen``: id(type) -> text, repr(attrs) -> text, and
-    id(location) -> text: a trace's locations are few objects, ``trace.user_location``'s). An
+    id(location) -> text: a trace's locations are few objects, ``jit.locations.user_location``'s). An
     unrolled loop of 61k nodes has a few dozen of each; printing it for the compile cache's key took
     0.16 s. ``repr`` tells apart every attribute value (1, 1.0 and True too), so equal keys print alike."""
     types, attr_sets, places = seen

@@ -52,8 +52,9 @@ from .dynamic import Pending, sizes_differ
 from .entries import _NOT_COMPILED, CompileState, EagerEntry, Event, PendingEntry, _match
 from .guards import build_guards
 from .keys import call_key, describe_key_change, dynamic_key
+from .locations import KILN_DIR
 from .pytree import flatten_call
-from .trace import _KILN_DIR, CompileWarning, Trace, TraceBreak, TraceBreakError
+from .trace import CompileWarning, Trace, TraceBreak, TraceBreakError
 from .watched_sizes import sizes_to_watch
 
 logger = logging.getLogger("kiln")
@@ -65,7 +66,7 @@ SLOW_COMPILE_SECONDS = 1.0
 
 def _user_frame(frame: types.FrameType | None) -> tuple[str, int, str]:
     """``(filename, line, module)`` of the innermost frame outside kiln: where a warning points."""
-    while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(KILN_DIR):
         frame = frame.f_back
     if frame is None:
         return ("kiln", 0, "kiln")

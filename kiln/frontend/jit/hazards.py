@@ -35,8 +35,9 @@ import numpy as np
 from ..tensor import Tensor
 from . import reads
 from . import state as _state
+from .locations import KILN_DIR
 from .reads import _SCALARS, _is_module_dict
-from .trace import _KILN_DIR, TraceBreak
+from .trace import TraceBreak
 
 _LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set on first use)
 _MISSING = object()
@@ -58,7 +59,7 @@ _STORES: dict = {}
 
 def _user_code(code) -> bool:
     name = code.co_filename
-    return not name.startswith(_KILN_DIR) and not name.startswith(_LIBRARIES) and not name.startswith("<frozen")
+    return not name.startswith(KILN_DIR) and not name.startswith(_LIBRARIES) and not name.startswith("<frozen")
 
 
 def _importing(frame, outer: frozenset) -> bool:
@@ -86,7 +87,7 @@ def _stack(frame) -> list:
 
 #: kiln's layers below the frontend (DESIGN.md): their code never calls the user's (kiln.nn, the
 #: autograd and the frontend do: a module's forward, a hook, a custom Function)
-_KILN_LOWER = tuple(_KILN_DIR + layer + os.sep for layer in ("ir", "passes", "codegen", "runtime"))
+_KILN_LOWER = tuple(KILN_DIR + layer + os.sep for layer in ("ir", "passes", "codegen", "runtime"))
 
 
 def _for_the_user(frame) -> bool:
@@ -97,7 +98,7 @@ def _for_the_user(frame) -> bool:
     temporary file with a generator of its own)."""
     while frame is not None:
         name = frame.f_code.co_filename
-        if name.startswith(_KILN_DIR):
+        if name.startswith(KILN_DIR):
             return not name.startswith(_KILN_LOWER)
         if _user_code(frame.f_code):
             return True

@@ -38,8 +38,8 @@ import numpy as np
 
 from ...ir.graph import SourceLocation
 from ..tensor import Tensor
+from .locations import KILN_DIR
 from .specialization import PythonRead
-from .trace import _KILN_DIR
 
 _SCALARS = (int, float, str, bytes, complex, type(None))
 _BY_VALUE = (*_SCALARS, tuple, frozenset)
@@ -149,7 +149,7 @@ def _users_class(cls) -> bool:
     if known is None:
         module = sys.modules.get(cls.__module__)
         filename = os.path.realpath(getattr(module, "__file__", None) or "<none>")
-        known = cls.__module__ != "builtins" and not filename.startswith((_KILN_DIR, *library_folders()))
+        known = cls.__module__ != "builtins" and not filename.startswith((KILN_DIR, *library_folders()))
         _USERS_CLASSES[cls] = known
     return known
 
@@ -173,7 +173,7 @@ def _users_closure(fn: types.FunctionType) -> bool:
     """Whether ``fn`` is the user's function with a closure: what it changes there (a list it
     appends to) is Python state from outside the call, though the compiled function names only
     ``fn``."""
-    return fn.__closure__ is not None and not fn.__code__.co_filename.startswith((_KILN_DIR, *library_folders()))
+    return fn.__closure__ is not None and not fn.__code__.co_filename.startswith((KILN_DIR, *library_folders()))
 
 
 #: A module's tables of the functions it calls on the user's behalf (``register_forward_hook``...).

@@ -69,7 +69,7 @@ def composite(name: str):
 
 def _record(trace, name: str, signature: inspect.Signature, fn, args: tuple, kwargs: dict):
     from ..tensor import Tensor  # noqa: PLC0415
-    from .trace import user_location  # noqa: PLC0415
+    from .locations import user_location  # noqa: PLC0415
 
     try:
         bound = signature.bind(*args, **kwargs)

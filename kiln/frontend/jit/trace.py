@@ -24,9 +24,6 @@ the user's source line are kept; ``fullgraph=True`` raises instead.
 from __future__ import annotations
 
 import contextvars
-import os
-import sys
-import types
 import weakref
 from dataclasses import dataclass, field, replace
 
@@ -39,6 +36,7 @@ from ..autograd.node import hook_state
 from ..tensor import Tensor
 from . import state
 from .layouts import SharedMemory, contains, dense_order, is_identity
+from .locations import user_location
 from .signature import (
     BornView,
     ClearGrad,
@@ -55,7 +53,6 @@ from .signature import (
 from .specialization import PythonRead
 
 _PERMUTE = P["permute"]
-_KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 class TraceBreakError(RuntimeError):
@@ -110,23 +107,6 @@ class TraceResult:
     modules: list[tuple[weakref.ref, bool]]
     prologues: list
     escaped: list[str] = field(default_factory=list)
-
-
-_LOCATIONS: dict[tuple[str, int, str], SourceLocation] = {}
-
-
-def user_location(depth: int = 2) -> SourceLocation | None:
-    """The innermost frame outside the kiln package: the user's line that led to this op."""
-    frame: types.FrameType | None = sys._getframe(depth)
-    while frame is not None and frame.f_code.co_filename.startswith(_KILN_DIR):
-        frame = frame.f_back
-    if frame is None:
-        return None
-    key = (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-    loc = _LOCATIONS.get(key)
-    if loc is None:
-        loc = _LOCATIONS[key] = SourceLocation(*key)
-    return loc
 
 
 #: One ``TensorType`` per distinct type met by ``type_of``: a trace of 70k nodes makes a few dozen

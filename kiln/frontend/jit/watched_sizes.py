@@ -12,15 +12,13 @@ size (of a size computed from it, of two sizes) keeps the call static. ``len(t)`
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from ..tensor import Tensor
 from .dynamic import marked_dims
-
-_KILN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
+from .locations import KILN_DIR
 
 
 def watched_shape(shape: tuple, trace) -> tuple:
@@ -48,7 +46,7 @@ class WatchedSize(int):
         """Tell the trace of a comparison in the user's code: a guard ``(size, op, other, result)``
         where it can be one, else a reason to keep the call static."""
         frame = sys._getframe(2)
-        if frame.f_code.co_filename.startswith(_KILN_DIR):  # kiln's own checks of shapes are no branch
+        if frame.f_code.co_filename.startswith(KILN_DIR):  # kiln's own checks of shapes are no branch
             return
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         if guard is not None and self.read:

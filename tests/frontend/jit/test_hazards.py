@@ -261,10 +261,10 @@ def test_a_private_generator_the_user_draws_from_runs_eagerly():
 def test_kilns_own_draws_from_a_private_generator_are_not_the_users():
     # a kernel kiln compiles during the trace (CUDA's, through numba) names temporary files with
     # tempfile's generator of its own: code under kiln's folder drawing from it breaks no trace
-    from kiln.frontend.jit.trace import _KILN_DIR
+    from kiln.frontend.jit.locations import KILN_DIR
 
     source = "import random\ndef build():\n    return random.Random().random()\n"
-    machinery = _code_at(_KILN_DIR + "codegen/_test_machinery.py", source)
+    machinery = _code_at(KILN_DIR + "codegen/_test_machinery.py", source)
 
     def f(x):
         machinery["build"]()
