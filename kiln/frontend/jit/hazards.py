@@ -7,7 +7,9 @@ the traced call:
 - a ``sys.setprofile`` hook, active only in the tracing thread and only while the call is traced,
   scans the bytecode of each user code object that runs (once per code object) for stores into
   globals (``STORE_GLOBAL``) and closures (``STORE_DEREF`` on a free variable), sees calls into
-  Python's and numpy's random generators, and sees the user's code call a mutating method
+  Python's and numpy's random generators and the user's code's reads of a clock (``time.time()``,
+  ``datetime.now()``) or of ``os.urandom`` -- a value a compiled call would replay as it was read at
+  the trace --, and sees the user's code call a mutating method
   (``append``, ``update``, ``add``...) of a dict, list or set from outside the call. It is paused
   while kiln's own work runs (an op, the backward engine, a ``kiln_only`` Function or node:
   ``state.unwatched``): a profile function makes every Python call slower, and a traced op took
@@ -23,10 +25,12 @@ Each is a trace break.
 
 from __future__ import annotations
 
+import datetime
 import operator
 import os
 import random
 import sys
+import time
 import types
 from collections.abc import Callable, Sequence
 
@@ -43,6 +47,20 @@ _LIBRARIES: tuple = ()  # the standard library's and installed packages' folders
 _MISSING = object()
 _SKIP_TYPES = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, type, Tensor)
 _RANDOM_OWNERS: tuple = ()  # Python's and numpy's generator types (set on first use: numpy.random imports slowly)
+#: The C functions whose every call reads a new value from outside the program: by the ``id`` of the
+#: object that owns them (a module or a class: they live as long as the process), the name the user
+#: knows it by and the functions' names -- a clock, or the system's entropy.
+_VOLATILE = {
+    id(owner): (known_as, frozenset(names.split()))
+    for owner, known_as, names in (
+        (time, "time", "time time_ns perf_counter perf_counter_ns monotonic monotonic_ns process_time "
+                       "process_time_ns thread_time thread_time_ns clock_gettime clock_gettime_ns"),
+        (datetime.datetime, "datetime", "now utcnow today"),
+        (datetime.date, "date", "today"),
+        (os.urandom.__self__, "os", "urandom getrandom"),  # (posix or nt, not os)
+    )
+}  # fmt: skip
+_NONE: tuple = (None, ())
 
 
 def _first_use() -> None:
@@ -293,6 +311,13 @@ class Watch:
                 self.hazard = TraceBreak(f"the call {what}", self._location(code.co_filename, line, code.co_name))
         elif event == "c_call" and self._outside and id(getattr(arg, "__self__", None)) in self._outside:
             self._container_call(frame, arg)
+        elif event == "c_call" and arg.__name__ in _VOLATILE.get(id(getattr(arg, "__self__", None)), _NONE)[1]:
+            if _user_code(frame.f_code):  # (a library's own clock, logging's timestamp, stays its own)
+                caller, known_as = frame.f_code, _VOLATILE[id(arg.__self__)][0]
+                self.hazard = TraceBreak(
+                    f"the call reads {known_as}.{arg.__name__}(), a value a compiled call would replay as the trace read it",
+                    self._location(caller.co_filename, frame.f_lineno, caller.co_name),
+                )
         elif event == "c_call" and isinstance(getattr(arg, "__self__", None), _RANDOM_OWNERS) and _for_the_user(frame):
             owner = "numpy's" if type(arg.__self__).__module__.startswith("numpy") else "Python's"
             caller = frame.f_code

@@ -4,7 +4,10 @@ calls; results must equal eager's, or the call runs eagerly and the events say w
 
 from __future__ import annotations
 
+import datetime
+import os
 import random
+import time
 
 import numpy as np
 import pytest
@@ -223,6 +226,48 @@ def test_python_and_numpy_random_inside_run_eagerly(draw):
     values = {float(g(x).numpy()[0]) for _ in range(4)}
     assert len(values) == 4
     assert compiled_calls(g) == [] and "random generator" in _breaks(g)[0]
+
+
+_VOLATILE_READS = {
+    "time.time": lambda: time.time() % 1,
+    "time.perf_counter": lambda: time.perf_counter() % 1,
+    "time.monotonic_ns": lambda: time.monotonic_ns() % 1000,
+    "datetime.now": lambda: datetime.datetime.now().microsecond,
+    "os.urandom": lambda: os.urandom(1)[0],
+}
+
+
+@pytest.mark.parametrize("read", list(_VOLATILE_READS), ids=list(_VOLATILE_READS))
+def test_a_clock_or_entropy_read_inside_runs_eagerly(read):
+    # a compiled call would replay the number the trace read (a stale constant, every call)
+    value = _VOLATILE_READS[read]
+
+    def f(x):
+        return x * value()
+
+    g = kiln.compile(f)
+    x = kiln.ones(1)
+    outs = [float(g(x).numpy()[0]) for _ in range(6)]
+    assert compiled_calls(g) == [], outs
+    method = read.split(".")[1]
+    assert f"{method}()" in _breaks(g)[0] and "test_hazards.py" in _breaks(g)[0], _breaks(g)
+    assert "replay" in str(kiln.explain(g, x))
+
+
+def test_a_clock_read_by_a_library_the_step_calls_is_not_the_users():
+    # logging stamps each record with time.time_ns(); a step that logs still compiles
+    import logging  # noqa: PLC0415
+
+    log = logging.getLogger("kiln_test_clock")
+    log.addHandler(logging.NullHandler())
+    log.setLevel(logging.INFO)
+    log.info("before")  # (fills the logger's level cache, a change the first traced call would make)
+
+    def f(x):
+        log.info("step")
+        return x * 2
+
+    _runs_compiled_as_eager(f)
 
 
 def _module_on_path(tmp_path, monkeypatch, name: str, source: str) -> None:
