@@ -64,9 +64,7 @@ class Generator:
 
     def seed(self) -> int:
         """Seed from the operating system's entropy; returns the new seed."""
-        if _jit.tracing:  # a fresh seed per call is Python randomness a graph would freeze
-            _jit.unsafe("Generator.seed() draws a seed from the operating system on every call")
-        value = secrets.randbits(64)
+        value = _fresh_seed("Generator.seed()")
         self.manual_seed(value)
         return value
 
@@ -179,6 +177,14 @@ def _generator(generator: Generator | None, device: Device) -> Generator:
     return generator
 
 
+def _fresh_seed(caller: str) -> int:
+    """A seed from the operating system's entropy; a traced call stops (a graph would replay the seed
+    its trace drew on every call)."""
+    if _jit.tracing:
+        _jit.unsafe(f"{caller} draws a seed from the operating system on every call")
+    return secrets.randbits(64)
+
+
 def manual_seed(seed: int) -> Generator:
     """Seed every device's default generator; returns the CPU one (as ``torch.manual_seed``)."""
     seed = _seed_value(seed)
@@ -189,7 +195,7 @@ def manual_seed(seed: int) -> Generator:
 
 def seed() -> int:
     """Seed the default generators from the operating system's entropy; returns the seed."""
-    value = secrets.randbits(64)
+    value = _fresh_seed("kiln.seed()")
     manual_seed(value)
     return value
 

@@ -179,6 +179,25 @@ def test_manual_seed_inside_the_call_leaves_the_generator_as_eager():
     assert sum(compiled_calls(g)) >= 2
 
 
+@pytest.mark.parametrize("reseed", ["kiln.seed", "Generator.seed"])
+def test_a_seed_from_the_system_inside_the_call_runs_eagerly(reseed):
+    # eager draws new numbers after each fresh seed; a compiled call replayed the trace's seed
+    gen = kiln.Generator()
+
+    def f(x):
+        if reseed == "kiln.seed":
+            kiln.seed()
+            return x + kiln.rand(3)
+        gen.seed()
+        return x + kiln.rand(3, generator=gen)
+
+    g = kiln.compile(f)
+    x = kiln.zeros(3)
+    draws = {float(g(x).numpy()[0]) for _ in range(4)}
+    assert len(draws) == 4 and compiled_calls(g) == []
+    assert f"{reseed}() draws a seed from the operating system" in events(g)[0].detail
+
+
 def test_python_counters_inside_run_eagerly_with_the_line():
     n = 0
 
