@@ -221,7 +221,9 @@ def _apply(node: Node, grads: list, retain_graph: bool) -> tuple:
     if node.__class__ is AccumulateGrad:
         node.apply(grads)
         return ()
-    if len(grads) > 1:  # (a single gradient is not None: the node would not run)
+    if len(grads) > 1 and (node.__class__ is not FunctionBackward or node.ctx.materialize_grads):
+        # (a single gradient is not None: the node would not run; a Function that set
+        # ``ctx.set_materialize_grads(False)`` gets None for the outputs no gradient reached)
         grads = [g if g is not None else _zeros_for(node, i) for i, g in enumerate(grads)]
     try:
         outputs = tuple(node.apply(grads))

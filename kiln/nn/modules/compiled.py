@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from kiln.frontend.jit.call_cache import CompiledFunction
 
-from .module import Module
+from .module import HOOK_TABLES, Module
 
-_SHARED = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", "_forward_hooks", "_forward_pre_hooks")
+_SHARED = ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules", *HOOK_TABLES)
 
 
 class CompiledModule(Module):

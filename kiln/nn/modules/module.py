@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict, namedtuple
 from collections.abc import Callable, Iterator
 
@@ -10,9 +11,14 @@ from kiln.frontend.jit import state as _jit
 from kiln.frontend.tensor import Tensor
 
 from ..parameter import Buffer, Parameter
+from .backward_hooks import BackwardHooks
 
 __all__ = ["Module", "RemovableHandle"]
 
+#: A module's hook tables (id -> hook), and the tables that mark some of their hooks (id -> True),
+#: as PyTorch names them.
+HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
+               "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")  # fmt: skip
 _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])  # type: ignore[name-match]  # PyTorch's name
 
 
@@ -21,13 +27,15 @@ class RemovableHandle:
 
     _next_id = 0
 
-    def __init__(self, hooks: dict) -> None:
+    def __init__(self, hooks: dict, *flags: dict) -> None:
         self._hooks = hooks
+        self._flags = flags  # the tables that mark the hook (``with_kwargs``...), cleared with it
         self.id = RemovableHandle._next_id
         RemovableHandle._next_id += 1
 
     def remove(self) -> None:
-        self._hooks.pop(self.id, None)
+        for table in (self._hooks, *self._flags):
+            table.pop(self.id, None)
 
     def __enter__(self) -> RemovableHandle:
         return self
@@ -55,8 +63,8 @@ class Module:
         d["_buffers"] = OrderedDict()
         d["_non_persistent_buffers_set"] = set()
         d["_modules"] = OrderedDict()
-        d["_forward_hooks"] = OrderedDict()
-        d["_forward_pre_hooks"] = OrderedDict()
+        for table in HOOK_TABLES:
+            d[table] = OrderedDict()
         if _jit.tracing:
             _jit.module_made(self)  # made inside a compiled call: the call's local, traced through
 
@@ -76,37 +84,107 @@ class Module:
                 watch = self._watch_to_pause()
                 if watch is not None:
                     return _jit.unwatched(watch, self.forward, *args, **kwargs)
-        if self._forward_pre_hooks:  # (tested first: a call without hooks copies no hook tuples)
-            for hook in tuple(self._forward_pre_hooks.values()):
+        if self._forward_pre_hooks or self._forward_hooks or self._backward_hooks or self._backward_pre_hooks:
+            return self._call_with_hooks(args, kwargs)  # (tested first: a call without hooks copies no hook tuples)
+        return self.forward(*args, **kwargs)
+
+    def _call_with_hooks(self, args: tuple, kwargs: dict):
+        """A call with hooks, in PyTorch's order: forward pre-hooks (which may replace the arguments),
+        the backward hooks' bracket around the positional arguments, ``forward``, forward hooks (which
+        may replace the result), the bracket around the result (``backward_hooks.py``). A forward
+        hook registered with ``always_call`` runs even when ``forward`` raises."""
+        d = self.__dict__
+        with_kwargs = d["_forward_pre_hooks_with_kwargs"]
+        for hook_id, hook in tuple(self._forward_pre_hooks.items()):
+            if hook_id in with_kwargs:
+                result = hook(self, args, kwargs)
+                if result is not None:
+                    if not (isinstance(result, tuple) and len(result) == 2):
+                        raise RuntimeError(
+                            f"forward pre-hook must return None or a tuple of (new_args, new_kwargs), but got {result}."
+                        )
+                    args, kwargs = result
+            else:
                 result = hook(self, args)
                 if result is not None:
                     args = result if isinstance(result, tuple) else (result,)
-        out = self.forward(*args, **kwargs)
-        if self._forward_hooks:
-            for hook in tuple(self._forward_hooks.values()):
-                result = hook(self, args, out)
+        brackets = None
+        if self._backward_hooks or self._backward_pre_hooks:
+            brackets = BackwardHooks(self, list(self._backward_hooks.values()), list(self._backward_pre_hooks.values()))
+            args = brackets.inputs(args)
+        hooks, with_kwargs, always = (
+            tuple(self._forward_hooks.items()),
+            d["_forward_hooks_with_kwargs"],
+            d["_forward_hooks_always_called"],
+        )
+        called: set = set()
+        out = None
+        try:
+            out = self.forward(*args, **kwargs)
+            for hook_id, hook in hooks:
+                called.add(hook_id)
+                result = hook(self, args, kwargs, out) if hook_id in with_kwargs else hook(self, args, out)
                 if result is not None:
                     out = result
-        return out
+        except Exception:
+            for hook_id, hook in hooks:
+                if hook_id in always and hook_id not in called:
+                    try:
+                        hook(self, args, kwargs, out) if hook_id in with_kwargs else hook(self, args, out)
+                    except Exception as error:  # the forward's error is the one raised
+                        warnings.warn(
+                            f"a forward hook with always_call=True raised {error!r}, silenced: the module's call "
+                            "raised an error of its own",
+                            stacklevel=2,
+                        )
+            raise
+        return out if brackets is None else brackets.outputs(out)
 
     def _watch_to_pause(self):
         """This thread's hazard watch, when this call of a ``kiln_only`` module runs no hook and no
         ``forward`` the user set on the instance; else None."""
-        if self._forward_pre_hooks or self._forward_hooks or "forward" in self.__dict__:
-            return None
-        return _jit.watch_here()
+        hooked = self._forward_pre_hooks or self._forward_hooks or self._backward_hooks or self._backward_pre_hooks
+        return None if hooked or "forward" in self.__dict__ else _jit.watch_here()
 
-    def register_forward_pre_hook(self, hook: Callable) -> RemovableHandle:
-        """``hook(module, args)`` runs before ``forward``; it may return replacement args."""
-        handle = RemovableHandle(self._forward_pre_hooks)
-        self._forward_pre_hooks[handle.id] = hook
+    def register_forward_pre_hook(self, hook: Callable, *, prepend: bool = False,
+                                  with_kwargs: bool = False) -> RemovableHandle:  # fmt: skip
+        """``hook(module, args)`` runs before ``forward``; it may return replacement args. With
+        ``with_kwargs``: ``hook(module, args, kwargs)``, which may return ``(args, kwargs)``."""
+        return self._add_hook("_forward_pre_hooks", hook, prepend, ("_forward_pre_hooks_with_kwargs",) * with_kwargs)
+
+    def register_forward_hook(self, hook: Callable, *, prepend: bool = False, with_kwargs: bool = False,
+                              always_call: bool = False) -> RemovableHandle:  # fmt: skip
+        """``hook(module, args, output)`` runs after ``forward``; it may return a replacement output.
+        With ``with_kwargs``: ``hook(module, args, kwargs, output)``; with ``always_call``, it runs
+        even when ``forward`` raises."""
+        marks = ("_forward_hooks_with_kwargs",) * with_kwargs + ("_forward_hooks_always_called",) * always_call
+        return self._add_hook("_forward_hooks", hook, prepend, marks)
+
+    def register_full_backward_pre_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """``hook(module, grad_output)`` runs when the gradients of the module's outputs are known; it
+        may return replacement ``grad_output`` (a tuple of as many)."""
+        return self._add_hook("_backward_pre_hooks", hook, prepend)
+
+    def register_full_backward_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """``hook(module, grad_input, grad_output)`` runs when the gradients of the module's positional
+        arguments are known; it may return replacement ``grad_input`` (``backward_hooks.py``)."""
+        return self._add_hook("_backward_hooks", hook, prepend)
+
+    def _add_hook(self, table: str, hook: Callable, prepend: bool, marks: tuple[str, ...] = ()) -> RemovableHandle:
+        """Register ``hook`` in ``table`` (first with ``prepend``), its id in the flag tables ``marks``."""
+        d = self.__dict__
+        handle = RemovableHandle(d[table], *(d[mark] for mark in marks))
+        d[table][handle.id] = hook
+        if prepend:
+            d[table].move_to_end(handle.id, last=False)
+        for mark in marks:
+            d[mark][handle.id] = True
         return handle
 
-    def register_forward_hook(self, hook: Callable) -> RemovableHandle:
-        """``hook(module, args, output)`` runs after ``forward``; it may return a replacement output."""
-        handle = RemovableHandle(self._forward_hooks)
-        self._forward_hooks[handle.id] = hook
-        return handle
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        for table in HOOK_TABLES:  # (a module pickled before a table existed)
+            self.__dict__.setdefault(table, OrderedDict())
 
     # ------------------------------------------------------------------ registration
     def __getattr__(self, name: str):
