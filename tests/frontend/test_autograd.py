@@ -175,6 +175,28 @@ def test_custom_function():
     assert gradcheck(lambda a, b: ScaledSquare.apply(a, 2.0, b)[0], (x.detach().clone().requires_grad_(), w))
 
 
+@pytest.mark.parametrize("materialize", [True, False])
+def test_custom_function_gets_none_for_an_unused_output_unless_it_materializes(materialize):
+    seen = []
+
+    class Pair(Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.set_materialize_grads(materialize)
+            return x * 2, x * 3
+
+        @staticmethod
+        def backward(ctx, g1, g2):
+            seen.append(g2)
+            return g1 * 2 + (0 if g2 is None else g2 * 3)
+
+    x = f64(1.0, 2.0)
+    first, _ = Pair.apply(x)
+    first.sum().backward()
+    assert x.grad.tolist() == [2.0, 2.0]
+    assert (seen[0] is None) is not materialize and (seen[0] is None or seen[0].tolist() == [0.0, 0.0])
+
+
 def test_custom_function_sees_needs_input_grad_and_runs_without_graph():
     seen = []
 
