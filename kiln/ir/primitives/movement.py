@@ -241,17 +241,31 @@ def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
 
 
 def _difference(stop: Dim, start: Dim) -> Dim | None:
-    """``stop - start`` as a size: a whole start taken off (``(H+1) - 1``), or a symbolic start that
-    is a term of the stop (``(T+1) - T``: the gradient of a cat's last part); None otherwise."""
+    """``stop - start`` as a size, where every symbolic term of the start is a term of the stop: a
+    whole start taken off (``(H+1) - 1``), a symbolic one (``(T+1) - T``: the gradient of a cat's last
+    part), or the last steps of a symbolic length (``T - (T-1)``: ``y[:, -1]``); None otherwise (a
+    difference that is not a size, or one that could be negative)."""
     if isinstance(start, int):
         return sym_sum([stop], -start)
     if stop == start:
         return 0
-    if isinstance(stop, SymSum) and stop.divisor == 1 and start in stop.terms:
-        rest = list(stop.terms)
-        rest.remove(start)
-        return sym_sum(rest, stop.offset)
-    return None
+    stop_terms, start_terms = _linear(stop), _linear(start)
+    if stop_terms is None or start_terms is None:
+        return None
+    rest = list(stop_terms[0])
+    for term in start_terms[0]:
+        if term not in rest:
+            return None
+        rest.remove(term)
+    offset = stop_terms[1] - start_terms[1]
+    return None if not rest and offset < 0 else sym_sum(rest, offset)
+
+
+def _linear(size: Dim) -> tuple[list, int] | None:
+    """A symbolic size as its terms and whole offset (``(T-1)``: [T], -1); None for a floor-divided one."""
+    if isinstance(size, SymSum):
+        return (list(size.terms), size.offset) if size.divisor == 1 else None
+    return ([size], 0) if isinstance(size, Sym) else None
 
 
 def _slice_eager(xp, x, *, starts, stops, steps):
@@ -294,12 +308,14 @@ def _pad_infer(x: TensorType, *, low, high, interior, value) -> TensorType:
             f"pad: expected one low/high/interior entry per dim of shape {list(x.shape)}, got low {low}, "
             f"high {high}, interior {interior}"
         )
-    if any(p < 0 for p in (*low, *high, *interior)):
+    if any(isinstance(p, int) and p < 0 for p in (*low, *high, *interior)) or any(isinstance(i, Sym) for i in interior):
         raise ValueError(f"pad: padding must be non-negative, got low {low}, high {high}, interior {interior}")
     shape: list[Dim] = []
     for n, lo, hi, i in zip(x.shape, low, high, interior, strict=True):
         if isinstance(n, Sym):  # taken as >= 1: an empty dim specializes (dynamic.py)
-            shape.append(sym_sum([sym_product(1 + i, [n])], lo + hi - i))
+            shape.append(sym_sum([sym_product(1 + i, [n]), lo, hi], -i))
+        elif isinstance(lo, Sym) or isinstance(hi, Sym):  # (the gradient of ``y[:, -1]`` over a symbolic length)
+            shape.append(sym_sum([lo, hi], padded_size(n, 0, 0, i)))
         else:
             shape.append(padded_size(n, lo, hi, i))
     return TensorType(tuple(shape), x.dtype, x.device)
