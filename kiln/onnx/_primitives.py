@@ -24,6 +24,8 @@ UNMAPPABLE = {
     "where dropout draws nothing)",
     "random_advance": "it moves kiln's Philox generator past a draw, and ONNX cannot reproduce the draw (export "
     "in eval mode, where dropout draws nothing)",
+    "argsort": "kiln's sort orders nan as the largest value and keeps ties in order, and ONNX's TopK does "
+    "not say where nan goes; export the part of the model around the sort",
     "rnn_scan_backward": "the backward pass of a recurrence has no ONNX operator: export the forward call",
     "all_reduce": "a collective communicates with the other processes of a job; an ONNX model is one process "
     "(export the model outside its DistributedDataParallel wrapper)",

@@ -2,10 +2,9 @@
 ``addcmul``/``addcdiv``, ``repeat_interleave``, ``meshgrid``, ``Tensor.type``/``view_as``, the
 legacy tensor-type constructors (``LongTensor``...), memory formats, and type predicates.
 
-Sorting orders by numpy's stable argsort of the values and gathers them, so values carry their
-gradient (through ``gather``) while the order itself is a data-dependent integer result: under
-``kiln.compile`` it reads the values and so runs that call eagerly, with a reason naming the op
-(kiln has no sort primitive; a comparison-count sort over primitives costs n^2 per row).
+Sorting orders with the ``argsort`` primitive (a stable sort, run as an extern node when compiled)
+and gathers the values, so they carry their gradient (through ``gather``); a traced call that sorts
+or takes the top k compiles.
 """
 
 from __future__ import annotations
@@ -16,7 +15,8 @@ from typing import Any
 import numpy as np
 
 from ...ir import dtypes as dt
-from ..jit import state as _jit
+from ...ir.primitives import P
+from ..dispatch import apply
 from ..tensor import Tensor, make_tensor, method
 from . import creation, indexing
 
@@ -32,35 +32,27 @@ SortResult = namedtuple("sort", ["values", "indices"])  # type: ignore[name-matc
 TopkResult = namedtuple("topk", ["values", "indices"])  # type: ignore[name-match]
 
 
-def _order(input: Tensor, dim: int, descending: bool, op: str) -> np.ndarray:
-    """A stable order along ``dim`` (ties keep their positions, as torch's CPU sort does)."""
-    if _jit.tracing:  # the reason names the op, not the .numpy() below
-        _jit.unsafe(f"{op} has no compiled form (kiln has no sort primitive; the order depends on the values)")
-    values = input.detach().numpy()  # a concrete order: under tracing this call runs eagerly
-    if descending:
-        # Descending with ties in index order (a stable sort of the negated keys); nan sorts first as largest.
-        keys = -values.astype(np.float64) if values.dtype.kind == "f" else -values.astype(np.int64)
-        if values.dtype.kind == "f":
-            keys = np.where(np.isnan(values), -np.inf, keys)
-        return np.argsort(keys, axis=dim, kind="stable")
-    return np.argsort(values, axis=dim, kind="stable")
+def _order(input: Tensor, dim: int, descending: bool) -> Tensor:
+    """A stable order along ``dim`` (ties keep their positions, nan as the largest value, as torch's
+    CPU sort): the ``argsort`` primitive, which a compiled program runs as an extern node."""
+    return apply(P["argsort"], input.detach(), axis=dim, descending=bool(descending))
 
 
 @method("sort")
 def sort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False):
     """Values sorted along ``dim`` and their positions (ties keep their order), as ``torch.sort``."""
-    return _sort(input, dim, descending, "sort")
+    return _sort(input, dim, descending)
 
 
 @method("argsort")
 def argsort(input: Tensor, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
-    return _sort(input, dim, descending, "argsort").indices
+    return _sort(input, dim, descending).indices
 
 
-def _sort(input: Tensor, dim: int, descending: bool, op: str):
+def _sort(input: Tensor, dim: int, descending: bool):
     if input.ndim == 0:
         return SortResult(input.clone(), creation.zeros((), dtype=dt.int64))
-    index = make_tensor(_order(input, dim, descending, op), input.device)
+    index = _order(input, dim, descending)
     return SortResult(indexing.gather(input, dim, index), index)
 
 
@@ -72,8 +64,7 @@ def topk(input: Tensor, k: int, dim: int = -1, largest: bool = True, sorted: boo
         raise RuntimeError(f"selected index k out of range: k={k} for a dimension of size {size}")
     if input.ndim == 0:
         return TopkResult(input.clone(), creation.zeros((), dtype=dt.int64))
-    order = _order(input, dim, largest, "topk")
-    index = make_tensor(np.ascontiguousarray(np.take(order, np.arange(k), axis=dim)), input.device)
+    index = _order(input, dim, largest).narrow(dim, 0, k)
     return TopkResult(indexing.gather(input, dim, index), index)
 
 

@@ -25,7 +25,7 @@ from ...ir.types import CPU, Device
 from ...ir.types import device as parse_device
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
-from ..tensor import Tensor, make_tensor, method
+from ..tensor import Tensor, method
 from .checks import check
 from .creation import _dtype, _shape, sizes_of
 from .elementwise import add, cos, div, exp, floor_divide, log, lt, mul, neg, remainder, sin, sqrt, sub, where
@@ -182,9 +182,7 @@ def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: 
     gen = _generator(generator, _device_of(device))
     with no_grad():
         keys = add(mul(floor_divide(gen.bits((n,)), 2), 1 << 32), gen.bits((n,)))
-        # kiln has no sort primitive yet: the keys come from the traced generator, the sort reads them.
-        keys._value_access("kiln.randperm (a sort, which the IR has no primitive for yet)")
-        order = make_tensor(keys._data.argsort(kind="stable"), keys._device)
+        order = apply(P["argsort"], keys, axis=0, descending=False)
     dtype = dt.int64 if dtype is None else dt.as_dtype(dtype)
     return _finish(apply(P["cast"], order, dtype=dtype) if dtype is not dt.int64 else order, requires_grad)
 

@@ -63,6 +63,7 @@ class Kind(enum.Enum):
     COLLECTIVE = "collective"  # communicates with the other processes of a job (all_reduce)
     DECOMPOSITION = "decomposition"  # a matrix decomposition through numpy.linalg: never fused, run as an extern
     RECURRENCE = "recurrence"  # an RNN layer's loop over time steps (rnn_scan): never fused, run as an extern
+    ORDER = "order"  # the positions that sort values (argsort): never fused, run as an extern
 
 
 ELEMENTWISE = frozenset({Kind.UNARY, Kind.BINARY, Kind.TERNARY, Kind.CAST})
@@ -186,6 +187,7 @@ from . import (  # noqa: E402,F401
     indexing,
     linalg,
     movement,
+    ordering,
     random,
     recurrence,
     reductions,
