@@ -56,11 +56,13 @@ def _constant_parts(graph: Graph) -> list[bytes]:
 
 
 def to_entry(graph: Graph, code: bytes, kernels: int, declined: list, traced: Graph,
-             not_fused: Sequence[str] = ()) -> bytes:  # fmt: skip
+             not_fused: Sequence[str] = (), more: dict[str, str] | None = None) -> bytes:  # fmt: skip
     """An entry: the fused ``graph`` with its constants, the backend's ``code``, how many kernels
     it compiled and which it declined, the locations of the ``traced`` graph it came from and the
-    merges fusion declined (``not_fused``, worded)."""
+    merges fusion declined (``not_fused``, worded); ``more``: text fields of the caller's own
+    (``entry_text`` reads them), as a dynamic program's layouts (``frontend/jit/symbolic_cache.py``)."""
     meta = {
+        **(more or {}),
         "kernels": str(kernels),
         "declined": json.dumps(declined),
         "not_fused": json.dumps(list(not_fused)),
@@ -80,6 +82,11 @@ def from_entry(payload: bytes, traced: Graph) -> tuple[Graph, bytes, int, list[t
     graph, _, tensors = unpack_graph(payload, _relocator(moved))
     declined = [(name, why) for name, why in json.loads(meta["declined"])]
     return graph, tensors["code"].tobytes(), int(meta["kernels"]), declined, list(json.loads(meta["not_fused"]))
+
+
+def entry_text(payload: bytes, name: str) -> str:
+    """The text field ``name`` of an entry (``to_entry``'s ``more``); KeyError when it has none."""
+    return _metadata(payload)[name]
 
 
 def pack_graph(graph: Graph, meta: dict[str, str], tensors: dict[str, np.ndarray] | None = None) -> bytes:
