@@ -5,8 +5,9 @@ a changed program misses.
 Each process runs ``SCRIPT``: a small model's loss over batches of 8, 8 and 13 rows (the 13 makes
 the dynamic specialization) and then 5, 21 and 13, each compared with eager (the loss and every
 parameter's gradient, fresh each call), and prints the dynamic specialization's forward and
-backward ``report.cache`` and the dynamic results' bytes as hex (the same object code on the same
-inputs gives the same bits in both processes).
+backward ``report.cache`` (and whether the code generator was imported: a hit needs none) and the
+dynamic results' bytes as hex (the same object code on the same inputs gives the same bits in
+both processes).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from ..conftest import assert_close
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
+import sys
+
 import numpy as np
 import kiln
 import kiln.nn as nn
@@ -58,7 +61,8 @@ for n in (8, 8, 13, 5, 21, 13):
 spec = compiled.state.specializations[-1]
 assert spec.dynamic == [(0, 0), (1, 0)], spec.dynamic
 assert len(compiled.state.specializations) == 2
-print(spec.report.cache, spec.backward.program.report.cache, spec.report.kernels)
+generator = "kiln.codegen.llvm.kernels" in sys.modules  # (a hit needs none)
+print(spec.report.cache, spec.backward.program.report.cache, spec.report.kernels, generator)
 print("".join(bits))
 """
 
@@ -77,8 +81,10 @@ def _run(script: Path, cache: Path) -> tuple[str, str, str]:
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
     reports, checksum = done.stdout.splitlines()
-    forward, backward, kernels = reports.split()
+    forward, backward, kernels, generator = reports.split()
     assert int(kernels) >= 1  # a program of compiled kernels, not of eager ones
+    if (forward, backward) == ("hit", "hit"):  # every program from the disk: no code generated
+        assert generator == "False"
     return forward, backward, checksum
 
 
