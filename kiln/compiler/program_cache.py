@@ -6,7 +6,8 @@ its constants, the input layouts, the compile options, the backend and what deci
 (LLVM, CPU name and features), kiln's version and a digest of the compiler's own source. An entry
 holds the fused graph (``kiln.ir.compact``'s bytes: a warm start reads it several times faster than
 JSON), its constants, the backend's code and the kernels it declined, so a hit skips the passes,
-fusion and code generation. One that does not load is rebuilt.
+fusion and code generation. One that does not load is rebuilt. A dynamic specialization's program
+is stored in the same format, with its layouts table beside it (``frontend/jit/symbolic_cache.py``).
 
 Source locations stay out of the key (a comment added above a compiled function must not
 recompile it), yet a program's nodes must name the lines of *this* trace, which errors and
