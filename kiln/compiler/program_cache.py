@@ -6,7 +6,8 @@ its constants, the input layouts, the compile options, the backend and what deci
 (LLVM, CPU name and features), kiln's version and a digest of the compiler's own source. An entry
 holds the fused graph (``kiln.ir.compact``'s bytes: a warm start reads it several times faster than
 JSON), its constants, the backend's code and the kernels it declined, so a hit skips the passes,
-fusion and code generation. One that does not load is rebuilt.
+fusion and code generation. One that does not load is rebuilt. A dynamic specialization's program
+is stored in the same format, with its layouts table beside it (``frontend/jit/symbolic_cache.py``).
 
 Source locations stay out of the key (a comment added above a compiled function must not
 recompile it), yet a program's nodes must name the lines of *this* trace, which errors and
@@ -56,11 +57,13 @@ def _constant_parts(graph: Graph) -> list[bytes]:
 
 
 def to_entry(graph: Graph, code: bytes, kernels: int, declined: list, traced: Graph,
-             not_fused: Sequence[str] = ()) -> bytes:  # fmt: skip
+             not_fused: Sequence[str] = (), more: dict[str, str] | None = None) -> bytes:  # fmt: skip
     """An entry: the fused ``graph`` with its constants, the backend's ``code``, how many kernels
     it compiled and which it declined, the locations of the ``traced`` graph it came from and the
-    merges fusion declined (``not_fused``, worded)."""
+    merges fusion declined (``not_fused``, worded); ``more``: text fields of the caller's own
+    (``entry_text`` reads them), as a dynamic program's layouts (``frontend/jit/symbolic_cache.py``)."""
     meta = {
+        **(more or {}),
         "kernels": str(kernels),
         "declined": json.dumps(declined),
         "not_fused": json.dumps(list(not_fused)),
@@ -80,6 +83,11 @@ def from_entry(payload: bytes, traced: Graph) -> tuple[Graph, bytes, int, list[t
     graph, _, tensors = unpack_graph(payload, _relocator(moved))
     declined = [(name, why) for name, why in json.loads(meta["declined"])]
     return graph, tensors["code"].tobytes(), int(meta["kernels"]), declined, list(json.loads(meta["not_fused"]))
+
+
+def entry_text(payload: bytes, name: str) -> str:
+    """The text field ``name`` of an entry (``to_entry``'s ``more``); KeyError when it has none."""
+    return _metadata(payload)[name]
 
 
 def pack_graph(graph: Graph, meta: dict[str, str], tensors: dict[str, np.ndarray] | None = None) -> bytes:

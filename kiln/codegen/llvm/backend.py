@@ -187,7 +187,8 @@ class LLVMBackend:
                                loops=lowered.loops)  # fmt: skip
 
     def encode(self, code: LLVMCode) -> bytes:
-        kernels = [[p, k.symbol, k.extent, k.work_bytes] for p, k in code.kernels.items()]
+        # a kernel over symbolic sizes (a dynamic program's: ``frontend/jit/symbolic_cache.py``) keeps them
+        kernels = [[p, *kernel_cache.info_record(k)] for p, k in code.kernels.items()]
         parts = [json.dumps(kernels).encode(), *code.objects]
         return b"".join(_LENGTH.pack(len(part)) + part for part in parts)
 
@@ -200,10 +201,10 @@ class LLVMBackend:
         if offset != len(data) or not parts:
             raise ValueError("truncated LLVM code")
         kernels = {}
-        for position, symbol, extent, work in json.loads(parts[0]):
+        for position, *record in json.loads(parts[0]):
             if graph.nodes[position].op != KERNEL and graph.nodes[position].op not in NATIVE_OPS:
                 raise ValueError(f"node {position} of the stored graph is not a kernel")
-            kernels[position] = KernelInfo(symbol, extent, work)
+            kernels[position] = kernel_cache.info_from_record(record)
         return LLVMCode(kernels, parts[1:])
 
 

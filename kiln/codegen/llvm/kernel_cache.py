@@ -98,14 +98,30 @@ def module_of(payload: bytes | None, key: str) -> bytes | None:
 
 
 def to_entry(info: KernelInfo, module: str) -> bytes:
-    """The entry of a kernel: its ``KernelInfo`` (over symbolic sizes, the sizes it reads and how its
-    units and work follow them, each size as its text) and the key of its module's object code."""
+    """The entry of a kernel: its ``KernelInfo`` (``info_record``) and the key of its module's object code."""
+    data = json.dumps(info_record(info)).encode()
+    return _LENGTH.pack(len(data)) + data + module.encode()
+
+
+def info_record(info: KernelInfo) -> list:
+    """``info`` as a JSON list: its symbol, extent and work bytes, and for a kernel over symbolic sizes
+    the sizes it reads and how its units and work follow them, each size as its text. A program's
+    stored code (``LLVMBackend.encode``) holds these records too."""
     record: list = [info.symbol, info.fixed_extent, info.fixed_work_bytes]
     if info.symbols:
         terms = [[[str(d) for d in dims], itemsize] for dims, itemsize in info.work_terms]
         record += [[str(s) for s in info.symbols], info.rows_per_size, info.rows_per_unit, info.bytes_per_size, terms]
-    data = json.dumps(record).encode()
-    return _LENGTH.pack(len(data)) + data + module.encode()
+    return record
+
+
+def info_from_record(record: object) -> KernelInfo:
+    """The ``KernelInfo`` of ``info_record``'s list (``ValueError`` for one that does not decode)."""
+    if not isinstance(record, list) or len(record) not in (3, 8):
+        raise ValueError("a kernel's record is not (symbol, extent, work bytes[, its symbolic sizes])")
+    symbol_name, extent, work = record[:3]
+    if not isinstance(symbol_name, str) or not isinstance(extent, int) or not isinstance(work, int):
+        raise ValueError("a kernel's record is not (symbol, extent, work bytes)")
+    return KernelInfo(symbol_name, extent, work, *_symbolic_fields(record[3:]))
 
 
 def from_entry(payload: bytes, key: str | None = None) -> tuple[KernelInfo, str]:
@@ -115,18 +131,13 @@ def from_entry(payload: bytes, key: str | None = None) -> tuple[KernelInfo, str]
         raise ValueError("truncated kernel entry")
     (size,) = _LENGTH.unpack_from(payload)
     end = _LENGTH.size + size
-    record = json.loads(payload[_LENGTH.size : end])
-    if not isinstance(record, list) or len(record) not in (3, 8):
-        raise ValueError("a kernel entry's record is not (symbol, extent, work bytes[, its symbolic sizes])")
-    symbol_name, extent, work = record[:3]
-    if not isinstance(symbol_name, str) or not isinstance(extent, int) or not isinstance(work, int):
-        raise ValueError("a kernel entry's record is not (symbol, extent, work bytes)")
+    info = info_from_record(json.loads(payload[_LENGTH.size : end]))
     module = payload[end:].decode("ascii", errors="replace")
     if not _MODULE_KEY.fullmatch(module):
         raise ValueError("a kernel entry without its module's key")
-    if key is not None and symbol_name != symbol(key):
-        raise ValueError(f"a kernel entry for {symbol_name}, not {symbol(key)}")
-    return KernelInfo(symbol_name, extent, work, *_symbolic_fields(record[3:])), module
+    if key is not None and info.symbol != symbol(key):
+        raise ValueError(f"a kernel entry for {info.symbol}, not {symbol(key)}")
+    return info, module
 
 
 def _symbolic_fields(fields: list) -> tuple:

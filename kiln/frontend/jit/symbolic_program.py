@@ -14,17 +14,21 @@ fused graph bound to those sizes, and kept: a size seen before costs a dictionar
 A kernel is compiled symbolically only when its values' layouts do not depend on the sizes (they
 are the same at two probe sizes); any other kernel runs on its eager kernels at every size, and
 ``report.declined`` says so. The interpreter backend runs the symbolic graph as it is.
+
+The fused graph, the kernels' code and the layouts they were generated for go to the disk cache
+(``symbolic_cache``), so a second process loads the program without the passes or LLVM.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from math import prod
 from typing import Any, cast
 
 from ...codegen.backend import Lowered, LoweringReport
-from ...compiler import driver
+from ...compiler import driver, program_cache
 from ...ir.graph import Graph, Node, Value
 from ...ir.types import Sym, SymProduct, SymSum, dim_size, plain_symbol
 from ...passes.layouts import infer_layouts
@@ -32,8 +36,11 @@ from ...passes.memory_plan import plan_memory
 from ...passes.write_backs import choose_write_backs
 from ...runtime.executor import KERNEL_TYPE, CompiledProgram, Kernel
 from .dynamic_binding import bind_graph, position_sizes, symbol_positions
+from .symbolic_cache import C_ORDER, from_entry, symbolic_key, to_entry
 from .symbolic_kernels import collapse_symbolic_prefixes
 from .symbolic_reductions import split_batch_sums
+
+logger = logging.getLogger("kiln")
 
 #: Sizes the layouts are inferred at to learn which do not depend on the size (any two >= 2 do).
 PROBES = (2, 3)
@@ -149,10 +156,6 @@ class SymbolicProgram(_ProgramPerSizes):
         return CompiledProgram(bound, kernels, plan, layouts, write_backs, self._library)
 
 
-#: The layout of a value its kernels take C-contiguous at every size (its strides follow the sizes).
-C_ORDER = "C order"
-
-
 def _c_order(value: Value, strides: tuple) -> bool:
     """Whether ``strides`` (bytes) are C order for ``value``'s (bound) shape."""
     shape = cast(list[int], list(value.type.shape))  # bound: ints
@@ -207,11 +210,16 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     if backend.name != "llvm":
         raise Unlowered(f"the {backend.name} backend generates code for static sizes only")
     start = time.perf_counter()
-    graph = split_batch_sums(graph)  # BatchNorm's sums across the batch: two sums compiled over any batch
+    key = symbolic_key(graph, backend, options, strides, requested, PROBES)
+    payload = None if key is None else program_cache.disk_cache().get(key)
+    cached = None if payload is None else _from_cache(payload, graph, backend, strides, requested, start)
+    if cached is not None:
+        return _loaded(cached, first)
+    split = split_batch_sums(graph)  # BatchNorm's sums across the batch: two sums compiled over any batch
     record: list = []
     seconds: list = []
     stages = [*driver.graph_stages(options), *(s for s in driver.LOWERING_STAGES if s.name == "fuse")]
-    state = driver._run(driver.Compilation(graph, backend, strides, requested), stages, options, record, seconds)
+    state = driver._run(driver.Compilation(split, backend, strides, requested), stages, options, record, seconds)
     fused = collapse_symbolic_prefixes(state.graph)  # a symbol after the first dim: flattened where it can be
     base = _probe_base(fused)
     probes = [bind_graph(fused, {plain_symbol(d)[0]: base + n for d, _, _ in symbol_positions(fused)})  # type: ignore[index]
@@ -228,7 +236,7 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     # The code is generated for the first probe's layouts; ``SymbolicProgram._load`` uses a kernel
     # only at sizes where its values are laid out as they were then (``same``).
     by_value = {v: layouts[0][values[0][k]] for k, v in enumerate(fused.values())}
-    report = LoweringReport(cache="off", not_fused=list(state.not_fused))
+    report = LoweringReport(cache="off" if key is None else "miss", not_fused=list(state.not_fused))
     generating = time.perf_counter()
     timeout = getattr(options, "compile_timeout", None)  # the same deadline as a static compile's
     deadline = None if timeout is None else start + timeout - time.perf_counter() + time.monotonic()
@@ -249,9 +257,30 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     report.compile_seconds = time.perf_counter() - start
     report.kernels = len(code.kernels)
     program = SymbolicProgram(fused, backend, code, report, strides, requested, same)
+    _loaded(program, first)
+    if key is not None and not report.abandoned:  # abandoned code would be the next process's too
+        program_cache.disk_cache().put(key, to_entry(fused, backend, code, report, same, graph))
+    return fused, program, report
+
+
+def _from_cache(payload: bytes, graph: Graph, backend, strides: tuple, requested: tuple,
+                start: float) -> SymbolicProgram | None:  # fmt: skip
+    """The program of a cache entry (``symbolic_cache``), or None when it does not load (it is rebuilt)."""
+    try:
+        fused, code, report, same = from_entry(payload, graph, backend)
+    except Exception as error:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
+        logger.debug("kiln: dynamic program cache entry did not load (%s); rebuilding", error)
+        return None
+    report.stage_seconds = [("read the cache entry", time.perf_counter() - start)]
+    report.compile_seconds = time.perf_counter() - start
+    return SymbolicProgram(fused, backend, code, report, strides, requested, same)
+
+
+def _loaded(program: SymbolicProgram, first: Graph | None):
+    """``(fused graph, program, report)`` of ``program``, primed for ``first`` (see ``lower_symbolic``)."""
     if first is not None:
         program.prime(first)
-    return fused, program, report
+    return program.graph, program, program.report
 
 
 class SizedProgram(_ProgramPerSizes):
