@@ -55,7 +55,7 @@ from .keys import call_key, describe_key_change, dynamic_key
 from .locations import KILN_DIR
 from .pytree import flatten_call
 from .trace import CompileWarning, Trace, TraceBreak, TraceBreakError
-from .watched_sizes import sizes_to_watch
+from .watched_sizes import sizes_to_watch, with_shadows
 
 logger = logging.getLogger("kiln")
 
@@ -228,8 +228,12 @@ class CompiledFunction:
         partner = self._dynamic_partner(key, leaves)
         trace = Trace(fullgraph=self.fullgraph).start()
         trace.numpy_shadows = self.state.numpy_shadows
-        if partner is not None:  # Python's reads of the sizes that may become dynamic are watched
-            trace.watched_sizes = frozenset(sizes_to_watch(leaves, partner, self.options.dynamic is True))
+        if partner is not None:  # Python's reads of the sizes that may become dynamic are watched: with the
+            # size each had in the earlier trace (``WatchedSize.shadow``) where there is one
+            trace.watched_sizes = (
+                with_shadows((new, old) for old, new in partner[2]) if partner[0] == "compare"
+                else frozenset(sizes_to_watch(leaves, partner, self.options.dynamic is True))
+            )  # fmt: skip
         watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code, roots)
         try:
             for i, leaf in enumerate(leaves):

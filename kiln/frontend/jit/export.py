@@ -234,7 +234,7 @@ def export(fn, *args, dynamic_shapes=None, **kwargs) -> ExportedProgram:
 
 
 def traced_export(
-    fn, args: tuple, kwargs: dict, watched: frozenset[int] = frozenset()
+    fn, args: tuple, kwargs: dict, watched: frozenset[int] | dict[int, int | None] = frozenset()
 ) -> tuple[ExportedProgram, Trace]:
     """The program of one traced call, and its trace (released), whose Python reads of the sizes in
     ``watched`` were watched (``watched_sizes.py``: what it compared is in ``size_guards``)."""

@@ -25,7 +25,7 @@ from .dynamic import NotDynamic, symbolize_values
 from .export import ExportedProgram, ExportError, traced_export
 from .pytree import flatten
 from .regions import Region
-from .watched_sizes import guards_of
+from .watched_sizes import guards_of, with_shadows
 
 __all__ = ["export_dynamic"]
 
@@ -38,7 +38,8 @@ def export_dynamic(fn, args: tuple, kwargs: dict, dynamic_shapes) -> ExportedPro
     for which in (0, 1):
         resized = [_resized(a, {d: pairs[n][which] for d, n in axes[k].items()}) if k in axes else a
                    for k, a in enumerate(args)]  # fmt: skip
-        program, trace = traced_export(fn, tuple(resized), kwargs, frozenset(p[which] for p in pairs.values()))
+        shadows = with_shadows((p[which], p[1 - which]) for p in pairs.values())
+        program, trace = traced_export(fn, tuple(resized), kwargs, shadows)
         if trace.size_compared is not None:
             raise ExportError(f"export: with dynamic_shapes, Python uses a dynamic size in a way the exported program "
                               f"cannot check at each call: {trace.size_compared}")  # fmt: skip

@@ -57,7 +57,7 @@ _VOLATILE = {
                        "process_time_ns thread_time thread_time_ns clock_gettime clock_gettime_ns"),
         (datetime.datetime, "datetime", "now utcnow today"),
         (datetime.date, "date", "today"),
-        (os.urandom.__self__, "os", "urandom getrandom"),  # (posix or nt, not os)
+        (os.urandom.__self__, "os", "urandom getrandom"),  # type: ignore[attr-defined]  # (posix or nt, not os)
     )
 }  # fmt: skip
 _NONE: tuple = (None, ())

@@ -162,7 +162,7 @@ class Trace:
         self.pin: list | None = None
         self._token: contextvars.Token | None = None
         # Dynamic sizes (dynamic.py): the sizes Python reads as WatchedSize, and the first comparison of one
-        self.watched_sizes: frozenset[int] = frozenset()
+        self.watched_sizes: frozenset[int] | dict[int, int | None] = frozenset()  # (a dict: each with its shadow)
         self.size_compared: str | None = None
         self.size_guards: list[tuple] = []  # (size, comparison, int, result, where): on_size_guard
 

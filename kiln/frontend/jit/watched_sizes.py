@@ -8,6 +8,13 @@ trace runs, ``Tensor.shape`` and ``Tensor.size()`` hand out the sizes that may b
 comes out as traced; another size traces again); any other comparison or truth test of a watched
 size (of a size computed from it, of two sizes) keeps the call static. ``len(t)`` gives a plain int
 (Python converts what ``__len__`` returns), so it is not watched.
+
+A watched size also carries its *shadow*, the size it had in the other trace, and Python's integer
+arithmetic on it computes the shadow alongside. The two traces would otherwise miss a number that
+folds the two sizes into one (``T // 4`` is 1 at both T=5 and T=7; ``T % 2``, ``T >> 1``, ``T & ~3``
+alike): it lands in the graph as the same constant in both, and the dynamic program would then use
+1 at T=9 too. Such a number keeps the call static, with the line that computed it. (``int(T / 4)``
+goes through a float and is not followed.)
 """
 
 from __future__ import annotations
@@ -22,9 +29,20 @@ from .locations import KILN_DIR
 
 
 def watched_shape(shape: tuple, trace) -> tuple:
-    """``shape`` with each size the trace watches (``trace.watched_sizes``) as a ``WatchedSize``."""
+    """``shape`` with each size the trace watches (``trace.watched_sizes``: a set, or a dict from each
+    size to its shadow) as a ``WatchedSize``."""
     watched = trace.watched_sizes
-    return tuple(WatchedSize(d, trace, read=True) if d in watched else d for d in shape)
+    shadows = watched if isinstance(watched, dict) else {}
+    return tuple(WatchedSize(d, trace, read=True, shadow=shadows.get(d)) if d in watched else d for d in shape)
+
+
+def with_shadows(pairs) -> dict[int, int | None]:
+    """Each size of this trace (``(this, other)`` pairs) and the size it had in the other trace: None
+    where two dimensions of one size here had different sizes there."""
+    shadows: dict[int, int | None] = {}
+    for this, other in pairs:
+        shadows[this] = other if shadows.get(this, other) == other else None
+    return shadows
 
 
 class WatchedSize(int):
@@ -35,11 +53,13 @@ class WatchedSize(int):
 
     trace: Any  # the trace told of a comparison
     read: bool  # the size as read from a tensor (not computed from one)
+    shadow: int | None  # the same number computed at the other trace's sizes (None: not known)
 
-    def __new__(cls, value: int, trace, read: bool = False) -> WatchedSize:
+    def __new__(cls, value: int, trace, read: bool = False, shadow: int | None = None) -> WatchedSize:
         self = super().__new__(cls, value)
         self.trace = trace
         self.read = read
+        self.shadow = shadow
         return self
 
     def _told(self, what: str, guard: tuple | None = None) -> None:
@@ -54,8 +74,8 @@ class WatchedSize(int):
         else:
             self.trace.on_size_compared(f"{what} at {where}")
 
-    def _same(self, value):
-        return WatchedSize(value, self.trace) if type(value) is int else value
+    def _same(self, value, shadow: int | None = None):
+        return WatchedSize(value, self.trace, shadow=shadow) if type(value) is int else value
 
     __hash__ = int.__hash__
 
@@ -74,11 +94,42 @@ def _comparison(name: str):
 
 def _arithmetic(name: str):
     method = getattr(int, name)
+    folds = name in _FOLDING
 
     def compute(self, *other):
-        return self._same(method(self, *other))
+        value = method(self, *other)
+        shadow = _shadow(method, self, other)
+        if folds and shadow is not None and shadow == value and _differs(self, other):
+            sign = _FOLDING[name]
+            rhs = other[0] if other else ""
+            what = f"{int(self)} {sign} {int(rhs)}" if not name.startswith("__r") else f"{int(rhs)} {sign} {int(self)}"
+            self._told(f"a number computed from a dynamic size that is the same at both sizes ({what} = {value})")
+        return self._same(value, shadow)
 
     return compute
+
+
+def _shadow(method, size: WatchedSize, other: tuple) -> int | None:
+    """What ``method(size, *other)`` gives at the other trace's sizes (None where a shadow is unknown)."""
+    shadows = [o.shadow if isinstance(o, WatchedSize) else o if type(o) is int else None for o in other]
+    if size.shadow is None or None in shadows:
+        return None
+    try:
+        result = method(size.shadow, *shadows)
+    except (ZeroDivisionError, ValueError, OverflowError):
+        return None
+    return result if type(result) is int else None
+
+
+def _differs(size: WatchedSize, other: tuple) -> bool:
+    """Whether an operand differs between the two traces (the result then folded them together)."""
+    return any(isinstance(o, WatchedSize) and o.shadow is not None and o.shadow != int(o) for o in (size, *other))
+
+
+#: Integer operations that can give one number at two sizes, by the sign the user wrote.
+_FOLDING = {"__floordiv__": "//", "__rfloordiv__": "//", "__mod__": "%", "__rmod__": "%", "__rshift__": ">>",
+            "__rrshift__": ">>", "__and__": "&", "__rand__": "&", "__or__": "|", "__ror__": "|", "__xor__": "^",
+            "__rxor__": "^"}  # fmt: skip
 
 
 def _truth(self) -> bool:
@@ -88,8 +139,8 @@ def _truth(self) -> bool:
 
 for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"):
     setattr(WatchedSize, _name, _comparison(_name))
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__", "__rfloordiv__",
-              "__mod__", "__rmod__", "__neg__", "__pow__"):  # fmt: skip
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__neg__", "__pow__", "__lshift__",
+              "__rlshift__", "__abs__", *_FOLDING):  # fmt: skip
     setattr(WatchedSize, _name, _arithmetic(_name))
 WatchedSize.__bool__ = _truth  # type: ignore[method-assign]
 

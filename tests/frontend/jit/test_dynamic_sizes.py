@@ -129,6 +129,40 @@ def test_a_branch_on_a_size_keeps_the_call_static_where_two_sizes_alone_could_no
     )
 
 
+FOLDINGS = {  # a number computed from the size, and two sizes it is the same number at
+    "floordiv": (lambda n: n // 4, (5, 7)),
+    "mod": (lambda n: n % 2, (5, 7)),
+    "shift": (lambda n: n >> 1, (4, 5)),
+    "and": (lambda n: n & ~3, (5, 7)),
+    "rfloordiv": (lambda n: 40 // n, (7, 8)),
+}
+
+
+@pytest.mark.parametrize("fold", list(FOLDINGS), ids=list(FOLDINGS))
+def test_a_number_that_folds_two_sizes_together_keeps_the_call_static(fold):
+    # the two traces saw one constant where the size differed: a dynamic program would use it at
+    # every size (x * (T // 4) gave 1 at T=9)
+    scale, first = FOLDINGS[fold]
+
+    def f(x):
+        return x * scale(x.shape[1]) + 1.0
+
+    sizes = [*first, 9, 13, 6, 11]
+    compiled = check_sizes(f, lambda n: [f32(2, n)], sizes)
+    assert all(s.dynamic is None for s in compiled.state.specializations), compiled.state.events
+    reason = kiln.explain(compiled).reasons[1]
+    assert "a number computed from a dynamic size that is the same at both sizes" in reason, reason
+
+
+def test_a_number_computed_from_the_size_that_follows_it_keeps_the_program_dynamic():
+    def f(x):
+        n = x.shape[1]
+        return x.reshape(x.shape[0] * n) * 2.0 + (n * 3 - n)  # 2n at both sizes: a multiple of the size
+
+    compiled = check_sizes(f, lambda n: [f32(2, n)], [5, 7, 9, 13])
+    assert specs(compiled) == 2 and compiled.state.specializations[1].dynamic == [(0, 1)]
+
+
 def test_dynamic_false_never_makes_sizes_dynamic():
     compiled = kiln.compile(softmax_rows, dynamic=False)
     check_sizes(softmax_rows, lambda n: [f32(n, 5), W], [4, 6, 9], compiled)

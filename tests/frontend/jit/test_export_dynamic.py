@@ -102,6 +102,12 @@ def test_dynamic_shapes_that_cannot_be_exported_say_why():
     with pytest.raises(kiln.jit.ExportError, match="cannot check at each call"):
         kiln.export(branches, kiln.ones(2, 5), dynamic_shapes=[{1: "seq"}])
 
+    def folded(x):  # 1 at both traced lengths (5 and 11): exported as a constant, it would be 1 at 6 too
+        return x * (x.shape[1] % 2)
+
+    with pytest.raises(kiln.jit.ExportError, match="a number computed from a dynamic size that is the same at both"):
+        kiln.export(folded, kiln.ones(2, 5), dynamic_shapes=[{1: "seq"}])
+
 
 @pytest.mark.parametrize(
     ("guard", "why"),
