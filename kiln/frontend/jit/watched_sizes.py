@@ -19,6 +19,7 @@ goes through a float and is not followed.)
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -45,27 +46,20 @@ def with_shadows(pairs) -> dict[int, int | None]:
     return shadows
 
 
-class WatchedSize(int):
-    """A size Python read from a tensor during a trace that learns dynamic sizes. It is the int it
-    says; what Python computes from it stays watched, and a comparison or truth test in the user's
-    code (``if x.shape[0] > 8``) is told to the trace, which then keeps the call static: a branch
-    taken alike at the two traced sizes could go the other way at a third."""
+class _Watched:
+    """What a watched size and a number computed from one share: the trace, the *shadow* (the same
+    number at the other trace's sizes; None where not known), telling the trace of what Python did."""
 
     trace: Any  # the trace told of a comparison
-    read: bool  # the size as read from a tensor (not computed from one)
-    shadow: int | None  # the same number computed at the other trace's sizes (None: not known)
-
-    def __new__(cls, value: int, trace, read: bool = False, shadow: int | None = None) -> WatchedSize:
-        self = super().__new__(cls, value)
-        self.trace = trace
-        self.read = read
-        self.shadow = shadow
-        return self
+    read: bool = False  # a size as read from a tensor (not computed from one)
+    shadow: Any = None
 
     def _told(self, what: str, guard: tuple | None = None) -> None:
         """Tell the trace of a comparison in the user's code: a guard ``(size, op, other, result)``
         where it can be one, else a reason to keep the call static."""
-        frame = sys._getframe(2)
+        frame = sys._getframe(1)
+        while frame.f_code.co_filename == __file__:  # the code that compared or computed
+            frame = frame.f_back
         if frame.f_code.co_filename.startswith(KILN_DIR):  # kiln's own checks of shapes are no branch
             return
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
@@ -74,81 +68,174 @@ class WatchedSize(int):
         else:
             self.trace.on_size_compared(f"{what} at {where}")
 
-    def _same(self, value, shadow: int | None = None):
-        return WatchedSize(value, self.trace, shadow=shadow) if type(value) is int else value
+    def _folded(self, what: str, value, shadow) -> None:
+        """``value`` (``what`` computed) is its shadow though a number it came from was not: the two
+        traces would see one constant where the sizes differ."""
+        if shadow is not None and shadow == value:
+            self._told(f"a number computed from a dynamic size that is the same at both sizes ({what} = {value})")
+
+
+class WatchedSize(_Watched, int):
+    """A size Python read from a tensor during a trace that learns dynamic sizes. It is the int it
+    says; what Python computes from it stays watched, and a comparison or truth test in the user's
+    code (``if x.shape[0] > 8``) is told to the trace, which then keeps the call static: a branch
+    taken alike at the two traced sizes could go the other way at a third."""
+
+    def __new__(cls, value: int, trace, read: bool = False, shadow: int | None = None) -> WatchedSize:
+        self = super().__new__(cls, value)
+        self.trace, self.read, self.shadow = trace, read, shadow
+        return self
 
     __hash__ = int.__hash__
+
+
+class WatchedFloat(_Watched, float):
+    """A float Python computed from a watched size (``T / 4``, ``T * 0.15``): converting it back to a
+    whole number (``int``, ``round``, ``math.floor``) may fold the two sizes together, and comparing it
+    is a branch on the size."""
+
+    def __new__(cls, value: float, trace, shadow: float | None = None) -> WatchedFloat:
+        self = super().__new__(cls, value)
+        self.trace, self.shadow = trace, shadow
+        return self
+
+    __hash__ = float.__hash__
+
+    def _whole(self, name: str, convert):
+        value = convert(_plain(self))
+        shadow = None if self.shadow is None else convert(self.shadow)
+        if self.shadow != _plain(self):
+            self._folded(f"{name}({_plain(self)!r})", value, shadow)
+        return value, shadow
+
+    def __int__(self) -> int:
+        return self._whole("int", int)[0]  # (a plain int: int() may return nothing else)
+
+    __trunc__ = __int__
+
+    def __floor__(self):
+        return _wrap(*self._whole("math.floor", math.floor), self.trace)
+
+    def __ceil__(self):
+        return _wrap(*self._whole("math.ceil", math.ceil), self.trace)
+
+    def __round__(self, ndigits=None):
+        if ndigits is not None:
+            shadow = None if self.shadow is None else round(self.shadow, ndigits)
+            return _wrap(round(_plain(self), ndigits), shadow, self.trace)
+        return _wrap(*self._whole("round", round), self.trace)
+
+
+def _wrap(value, shadow, trace):
+    """``value`` watched (with its shadow) when it is a number, else as it is (NotImplemented...)."""
+    if type(value) is int:
+        return WatchedSize(value, trace, shadow=shadow if type(shadow) is int else None)
+    if type(value) is float:
+        return WatchedFloat(value, trace, shadow=float(shadow) if type(shadow) in (int, float) else None)
+    return value
 
 
 def _comparison(name: str):
     method = getattr(int, name)
 
     def compare(self, other):
+        if isinstance(other, float):  # a size against a float: no guard, a branch on the size
+            self._told(f"a comparison of the dynamic size {_plain(self)} with a float")
+            return getattr(float, name)(float(_plain(self)), _plain(other) if isinstance(other, _Watched) else other)
         result = method(self, other)
-        guard = (int(self), name, other, result) if type(other) is int else None  # a plain int, not a size
-        self._told(f"a comparison of the dynamic size {int(self)}", guard)
+        guard = (_plain(self), name, other, result) if type(other) is int else None  # a plain int, not a size
+        self._told(f"a comparison of the dynamic size {_plain(self)}", guard)
         return result
 
     return compare
 
 
-def _arithmetic(name: str):
-    method = getattr(int, name)
-    folds = name in _FOLDING
+def _float_comparison(name: str):
+    method = getattr(float, name)
+
+    def compare(self, other):
+        self._told(f"a comparison of a number computed from a dynamic size ({_plain(self)!r})")
+        return method(_plain(self), _plain(other) if isinstance(other, _Watched) else other)
+
+    return compare
+
+
+def _arithmetic(base: type, name: str):
+    method = getattr(base, name)
+    sign = _FOLDING.get(name)
 
     def compute(self, *other):
+        if base is int and any(isinstance(o, float) for o in other):  # T * 0.15: a float computed from T
+            as_float = WatchedFloat(
+                float(_plain(self)), self.trace, None if self.shadow is None else float(self.shadow)
+            )
+            return getattr(as_float, name)(*other)
         value = method(self, *other)
-        shadow = _shadow(method, self, other)
-        if folds and shadow is not None and shadow == value and _differs(self, other):
-            sign = _FOLDING[name]
-            rhs = other[0] if other else ""
-            what = f"{int(self)} {sign} {int(rhs)}" if not name.startswith("__r") else f"{int(rhs)} {sign} {int(self)}"
-            self._told(f"a number computed from a dynamic size that is the same at both sizes ({what} = {value})")
-        return self._same(value, shadow)
+        shadow = _shadow(base, method, self, other)
+        if sign is not None and _differs(self, other):
+            if not other:
+                what = f"{sign}({_plain(self)!r})"
+            else:
+                a, b = (other[0], self) if name.startswith("__r") else (self, other[0])
+                what = f"{_plain(a)!r} {sign} {_plain(b)!r}"
+            self._folded(what, value, shadow)
+        return _wrap(value, shadow, self.trace)
 
     return compute
 
 
-def _shadow(method, size: WatchedSize, other: tuple) -> int | None:
-    """What ``method(size, *other)`` gives at the other trace's sizes (None where a shadow is unknown)."""
-    shadows = [o.shadow if isinstance(o, WatchedSize) else o if type(o) is int else None for o in other]
-    if size.shadow is None or None in shadows:
+def _shadow(base: type, method, number: _Watched, other: tuple):
+    """What ``method(number, *other)`` gives at the other trace's sizes (None where a shadow is unknown)."""
+    shadows = [o.shadow if isinstance(o, _Watched) else o if type(o) in (int, float) else None for o in other]
+    if number.shadow is None or None in shadows:
         return None
     try:
-        result = method(size.shadow, *shadows)
-    except (ZeroDivisionError, ValueError, OverflowError):
+        return method(base(number.shadow), *shadows)
+    except (ZeroDivisionError, ValueError, OverflowError, TypeError):
         return None
-    return result if type(result) is int else None
 
 
-def _differs(size: WatchedSize, other: tuple) -> bool:
-    """Whether an operand differs between the two traces (the result then folded them together)."""
-    return any(isinstance(o, WatchedSize) and o.shadow is not None and o.shadow != int(o) for o in (size, *other))
+def _differs(number: _Watched, other: tuple) -> bool:
+    """Whether an operand differs between the two traces (so a result equal to its shadow folded them)."""
+    return any(isinstance(o, _Watched) and o.shadow is not None and o.shadow != _plain(o) for o in (number, *other))
 
 
-#: Integer operations that can give one number at two sizes, by the sign the user wrote.
+#: Operations that can give one number at two sizes, by the sign the user wrote.
 _FOLDING = {"__floordiv__": "//", "__rfloordiv__": "//", "__mod__": "%", "__rmod__": "%", "__rshift__": ">>",
             "__rrshift__": ">>", "__and__": "&", "__rand__": "&", "__or__": "|", "__ror__": "|", "__xor__": "^",
-            "__rxor__": "^"}  # fmt: skip
+            "__rxor__": "^", "__abs__": "abs"}  # fmt: skip
 
 
 def _truth(self) -> bool:
-    self._told(f"a truth test of the dynamic size {int(self)}")
-    return int(self) != 0
+    self._told(f"a truth test of the dynamic size {_plain(self)!r}")
+    return _plain(self) != 0
+
+
+def _plain(number):
+    """A watched number as the plain int or float it is (comparing it would tell the trace)."""
+    return int.__int__(number) if isinstance(number, int) else float.__float__(number)
 
 
 for _name in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"):
     setattr(WatchedSize, _name, _comparison(_name))
-for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__neg__", "__pow__", "__lshift__",
-              "__rlshift__", "__abs__", *_FOLDING):  # fmt: skip
-    setattr(WatchedSize, _name, _arithmetic(_name))
+    setattr(WatchedFloat, _name, _float_comparison(_name))
+_SHARED = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__neg__", "__pow__", "__abs__",
+           "__truediv__", "__rtruediv__", "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__")  # fmt: skip
+for _name in (*_SHARED, "__lshift__", "__rlshift__", "__rshift__", "__rrshift__", "__and__", "__rand__", "__or__",
+              "__ror__", "__xor__", "__rxor__"):  # fmt: skip
+    setattr(WatchedSize, _name, _arithmetic(int, _name))
+for _name in (*_SHARED, "__rpow__"):
+    setattr(WatchedFloat, _name, _arithmetic(float, _name))
 WatchedSize.__bool__ = _truth  # type: ignore[method-assign]
+WatchedFloat.__bool__ = _truth  # type: ignore[method-assign]
 
 
 def plain_ints(value):
-    """``value`` (an op's attributes) with every ``WatchedSize`` an int again."""
+    """``value`` (an op's attributes) with every ``WatchedSize`` an int again (a ``WatchedFloat`` a float)."""
     if isinstance(value, WatchedSize):
-        return int(value)
+        return int.__int__(value)
+    if isinstance(value, WatchedFloat):
+        return float.__float__(value)
     if isinstance(value, tuple):
         return tuple(plain_ints(v) for v in value)
     if isinstance(value, list):

@@ -6,6 +6,8 @@ counts the specializations that the calls made.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -135,6 +137,10 @@ FOLDINGS = {  # a number computed from the size, and two sizes it is the same nu
     "shift": (lambda n: n >> 1, (4, 5)),
     "and": (lambda n: n & ~3, (5, 7)),
     "rfloordiv": (lambda n: 40 // n, (7, 8)),
+    "abs": (lambda n: abs(n - 6), (5, 7)),
+    "int of a float": (lambda n: int(n * 0.15), (20, 21)),  # BERT's share of tokens to mask
+    "floor of a quotient": (lambda n: math.floor(n / 4), (5, 7)),
+    "ceil of a quotient": (lambda n: math.ceil(n / 8), (5, 7)),
 }
 
 
