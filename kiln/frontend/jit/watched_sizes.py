@@ -11,10 +11,11 @@ size (of a size computed from it, of two sizes) keeps the call static. ``len(t)`
 
 A watched size also carries its *shadow*, the size it had in the other trace, and Python's integer
 arithmetic on it computes the shadow alongside. The two traces would otherwise miss a number that
-folds the two sizes into one (``T // 4`` is 1 at both T=5 and T=7; ``T % 2``, ``T >> 1``, ``T & ~3``
-alike): it lands in the graph as the same constant in both, and the dynamic program would then use
-1 at T=9 too. Such a number keeps the call static, with the line that computed it. (``int(T / 4)``
-goes through a float and is not followed.)
+folds the two sizes into one (``T // 4`` is 1 at both T=5 and T=7; ``T % 2``, ``T >> 1``, ``T & ~3``,
+``abs(T - 6)`` alike, and through a float, ``int(T * 0.15)`` or ``math.floor(T / 4)``: a
+``WatchedFloat``): it lands in the graph as the same constant in both, and the dynamic program would
+then use 1 at T=9 too. Such a number keeps the call static, with the line that computed it. What
+leaves Python's number types (``numpy.int64(T) // 4``, ``math.sqrt``) is not followed.
 """
 
 from __future__ import annotations
@@ -57,10 +58,10 @@ class _Watched:
     def _told(self, what: str, guard: tuple | None = None) -> None:
         """Tell the trace of a comparison in the user's code: a guard ``(size, op, other, result)``
         where it can be one, else a reason to keep the call static."""
-        frame = sys._getframe(1)
-        while frame.f_code.co_filename == __file__:  # the code that compared or computed
+        frame: Any = sys._getframe(1)
+        while frame is not None and frame.f_code.co_filename == __file__:  # the code that compared or computed
             frame = frame.f_back
-        if frame.f_code.co_filename.startswith(KILN_DIR):  # kiln's own checks of shapes are no branch
+        if frame is None or frame.f_code.co_filename.startswith(KILN_DIR):  # kiln's own checks of shapes: no branch
             return
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         if guard is not None and self.read:
