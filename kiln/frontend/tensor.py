@@ -356,6 +356,8 @@ class Tensor(_Base):
     def __len__(self) -> int:
         if self._data.ndim == 0:
             raise TypeError("len() of a 0-d tensor")
+        if _jit.tracing:  # Python makes what len() returns a plain int: a size no trace can follow
+            _jit.len_read(self)
         return self._data.shape[0]
 
     def __iter__(self):

@@ -13,6 +13,8 @@ import sys
 from contextvars import ContextVar
 from typing import Any
 
+from .locations import KILN_DIR
+
 tracing = 0
 current: ContextVar[Any] = ContextVar("kiln_trace", default=None)
 #: The profile functions of the hazard watches on now, in any thread (``hazards.Watch``). A profile
@@ -114,6 +116,22 @@ def shape_of(tensor) -> tuple:
     from .watched_sizes import watched_shape  # noqa: PLC0415
 
     return watched_shape(shape, trace)
+
+
+def len_read(tensor) -> None:
+    """The user's ``len(tensor)`` while a trace learns dynamic sizes: Python turns what ``__len__``
+    returns into a plain int, which ``WatchedSize`` cannot follow (``len(x) // 4`` would fold two
+    sizes into one constant unseen), so a leading size the trace watches keeps the call static, with
+    the line; ``x.shape[0]`` is followed."""
+    trace = current.get()
+    watched = getattr(trace, "watched_sizes", None) if trace is not None else None
+    if not watched or tensor._data.shape[0] not in watched:
+        return
+    frame = sys._getframe(2)  # the caller of Tensor.__len__
+    if frame.f_code.co_filename.startswith(KILN_DIR):
+        return  # kiln's own code folds no size into a constant
+    trace.on_size_compared(f"len() of a tensor whose leading size would be dynamic, a plain int that a dynamic program "
+                           f"cannot follow (x.shape[0] is followed) at {frame.f_code.co_filename}:{frame.f_lineno}")  # fmt: skip
 
 
 def value_access(tensor, what: str) -> None:

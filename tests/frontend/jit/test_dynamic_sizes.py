@@ -160,6 +160,17 @@ def test_a_number_that_folds_two_sizes_together_keeps_the_call_static(fold):
     assert "a number computed from a dynamic size that is the same at both sizes" in reason, reason
 
 
+def test_len_of_a_dynamic_size_keeps_the_call_static_and_says_to_read_the_shape():
+    # len() hands Python a plain int: len(x) // 4 gave 1 at batches 5 and 7, and 1 at 9 too
+    def f(x):
+        return x * (len(x) // 4)
+
+    compiled = check_sizes(f, lambda n: [f32(n, 2)], [5, 7, 9, 13])
+    assert all(s.dynamic is None for s in compiled.state.specializations)
+    reason = kiln.explain(compiled).reasons[1]
+    assert "len() of a tensor whose leading size would be dynamic" in reason and "x.shape[0] is followed" in reason
+
+
 def test_a_number_computed_from_the_size_that_follows_it_keeps_the_program_dynamic():
     def f(x):
         n = x.shape[1]
