@@ -1,9 +1,10 @@
-"""Slices counted from the end of a dynamic length (``out[:, -1]``, ``y[:, -3:]``, ``y[:, 1:-1]``): a
-sequence model that reads its last step compiles once more for every length (issue 33, items 2 and 5),
-forward and backward, its results and gradients equal to eager's at each length.
+"""Steps read from either end of a dynamic length (``out[:, -1]``, ``y[:, -3:]``, ``y[:, 1:-1]``, a CLS
+token ``out[:, 0]``): a sequence model that reads them compiles once more for every length (issue 33,
+items 2 and 5), forward and backward, its results and gradients equal to eager's at each length.
 
-Before, the slice's start ``T-1`` was no known distance from its stop ``T`` (``_difference``), and its
-gradient, a pad by ``T-1``, had no symbolic shape: the call stayed static, one trace per length.
+Before, the slice's start ``T-1`` was no known distance from its stop ``T`` (``_difference``), its
+gradient, a pad by ``T-1``, had no symbolic shape, and a whole stop on a symbolic dim (``0:1``) was
+refused: the call stayed static, one trace per length. A whole stop past the first two steps still is.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def _steps(kind: str):
             picked = y[:, -3:]
         elif kind == "inner":
             picked = y[:, 1:-1]
+        elif kind == "first":  # a CLS token
+            picked = y[:, 0] * 3 + y[:, 1]
+        elif kind == "first_two":
+            picked = y[:, :2]
         else:  # the second to last, and the last
             picked = y[:, -2] * 2 + y[:, -1]
         loss = (picked * picked).sum()
@@ -59,7 +64,7 @@ def _steps(kind: str):
     return f
 
 
-@pytest.mark.parametrize("kind", ["last", "last_three", "inner", "second_to_last"])
+@pytest.mark.parametrize("kind", ["last", "last_three", "inner", "second_to_last", "first", "first_two"])
 @pytest.mark.parametrize("backend", ["interpreter", "llvm"])
 def test_steps_from_the_end_of_a_varying_length_compile_once_more(kind, backend):
     f = _steps(kind)
@@ -99,3 +104,16 @@ def test_a_classifier_on_the_last_hidden_state_trains_over_varying_lengths_as_ea
         assert_close(p, q, rtol=1e-4, atol=1e-6)
     lengths = [s.dynamic for s in compiled.state.specializations if s.dynamic]
     assert lengths == [[(0, 1)]], [e.detail for e in compiled.state.events]
+
+
+def test_a_whole_stop_past_the_first_two_steps_keeps_the_call_static():
+    # a dynamic program serves every length >= 2, and x[:, :3] of a length 2 has 2 steps, not 3
+    def f(x):
+        return x[:, :3] * 2.0
+
+    compiled = kiln.compile(f)
+    for t in [5, 7, 9, 4]:
+        x = kiln.tensor(f32(2, t, 3))
+        assert_close(compiled(x), f(x), rtol=1e-6, atol=1e-7)
+    assert all(s.dynamic is None for s in compiled.state.specializations)
+    assert "slice over a symbolic size" in kiln.explain(compiled).reasons[1]
