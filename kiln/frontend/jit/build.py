@@ -193,6 +193,10 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     size_compared = trace.size_compared
     if size_compared is not None and dynamic is not None:
         dynamic = ("static", f"Python branches on a size that would be dynamic ({size_compared})")
+    elif dynamic is not None and any(isinstance(r, ExternalView | BornView) for r in signature.results):
+        # such a result is rebuilt from the shape, strides and offset it had at the traced sizes
+        dynamic = ("static", "a result views the memory of an argument (or of another result), a view whose shape "
+                   "a dynamic program does not follow")  # fmt: skip
     arg_aliases = _arguments_that_are_state(traced, leaves, list(closure_values.values()) +
                                             [value for _, value in compiled.guarded_names({})])  # fmt: skip
     fields = dict(
