@@ -20,8 +20,8 @@ default ``$KILN_COMPILE_TIMEOUT`` or ``DEFAULT_COMPILE_TIMEOUT``): past it the b
 generation (the LLVM backend kills the worker compiling for it), the program runs on the
 interpreter, ``kiln.explain`` says why, and nothing is cached, so a later compile tries again.
 
-``compiled.stages`` holds what each stage made (a graph, or the text of an analysis), which
-``dump_dir`` writes, one file per stage, and ``not_fused`` after ``fuse`` when fusion declined
+``compiled.stages`` holds what each stage made (a graph, or the text of an analysis: a ``StageText``,
+written when first read), which ``dump_dir`` writes, one file per stage, and ``not_fused`` after ``fuse`` when fusion declined
 merges (why, ``kiln.passes.fusion_refusals``; the report shows the same lines). Should a backend fail -- a bug, never the user's -- the
 call still runs: on the interpreter, with a warning saying why (``KILN_JIT_STRICT=1``, set by the
 test suite, raises instead).
@@ -87,12 +87,45 @@ def graph_stage(graph_pass: Callable[[Graph], Graph]) -> Stage:
                  lambda c: replace(c, graph=graph_pass(c.graph)), lambda c: c.graph)  # fmt: skip
 
 
+class StageText:
+    """The text of an analysis stage (``Stage.show``), written on first use: only ``dump_dir`` and a
+    reader of ``Compiled.stages`` ask for it, yet the layouts' text alone took ~10 ms of each load of
+    a 2,000-kernel program from the cache (a warm process's first call), made and never read.
+    ``str()`` of it is the text; it compares equal to that text."""
+
+    __slots__ = ("_make", "_args", "_text")
+
+    def __init__(self, make: Callable[..., str], *args: Any) -> None:
+        self._make, self._args = make, args
+        self._text: str | None = None
+
+    def __str__(self) -> str:
+        text = self._text
+        if text is None:
+            text = self._text = self._make(*self._args)
+            self._make, self._args = str, ()  # (what it read is not kept alive past this)
+        return text
+
+    def __eq__(self, other: object) -> bool:
+        return str(self) == (str(other) if isinstance(other, StageText) else other)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+    def __repr__(self) -> str:
+        return repr(str(self))
+
+
 def _fuse(c: Compilation) -> Compilation:
     backend = c.backend
     refusals: list[Refusal] = []
     graph = fuse(c.graph, lambda node: backend.declines(node) is None, getattr(backend, "takes_epilogue", None),
                  refusals)  # fmt: skip
     return replace(c, graph=graph, unfused=c.graph, not_fused=tuple(summarize(refusals, graph)))
+
+
+def _plan_text(plan) -> str:
+    return plan.describe() + "\n"
 
 
 def _not_fused(c: Compilation) -> str:
@@ -104,11 +137,11 @@ def _not_fused(c: Compilation) -> str:
 LOWERING_STAGES: tuple[Stage, ...] = (
     Stage("fuse", _fuse, lambda c: c.graph, ("not_fused", _not_fused)),
     Stage("infer_layouts", lambda c: replace(c, layouts=infer_layouts(c.graph, c.input_strides)),
-          lambda c: describe_layouts(c.layouts)),
+          lambda c: StageText(describe_layouts, c.layouts)),
     Stage("choose_write_backs", lambda c: replace(c, write_backs=choose_write_backs(c.graph, c.requested, c.layouts)),
-          lambda c: describe_write_backs(c.graph, c.write_backs)),
+          lambda c: StageText(describe_write_backs, c.graph, c.write_backs)),
     Stage("plan_memory", lambda c: replace(c, plan=plan_memory(c.graph, eager_graph=c.unfused)),
-          lambda c: c.plan.describe() + "\n"),
+          lambda c: StageText(_plan_text, c.plan)),
 )  # fmt: skip
 
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import kiln
+import kiln.nn as nn
 from kiln.codegen.llvm.recurrence_call import LSTMKernels, LSTMStepKernels
 from kiln.frontend import eager_recurrence
 from kiln.ir.primitives import recurrence_native
 from kiln.ir.primitives import recurrence_numpy as kernels
 from kiln.ir.primitives.recurrence_layout import ScanLayout
 from kiln.runtime.threads import SmallProducts
+from tests.conftest import assert_close
 from tests.frontend.jit.test_compile_loops import _against_eager
 
 _BUILT: dict = {}
@@ -163,3 +166,58 @@ def test_a_weights_transpose_is_kept_only_while_it_is_held_unchanging():
     np.testing.assert_array_equal(after, w.T)
     with recurrence_native.unchanging([w]):
         np.testing.assert_array_equal(recurrence_native.transposed(w), w.T)
+
+
+def _cells(update: bool):
+    """(cell, step): ``step(xs, h)`` runs an LSTMCell over the steps of ``xs`` (T, B, 3) from ``(h, h)``;
+    ``update``: then, without grad, twice over ``xs[0]``, with ``W_hh`` halved in place between."""
+    kiln.manual_seed(0)
+    cell = nn.LSTMCell(3, 4, dtype=kiln.float64)
+
+    def step(xs, h):
+        state = (h, h)
+        for t in range(xs.shape[0]):
+            state = cell(xs[t], state)
+        if not update:
+            return state
+        with kiln.no_grad():
+            before = cell(xs[0], state)
+            cell.weight_hh.mul_(0.5)  # a new version of W_hh: its transpose is copied again
+            after = cell(xs[0], state)
+        return (*state, *before, *after)
+
+    return cell, step
+
+
+def test_a_traced_lstm_cell_loop_copies_w_hh_transposed_once_per_call(provide, runs, monkeypatch):
+    """The step kernel's ``W_hh^T`` in C order is made once per traced call (``nn._rnn_scan_step``),
+    not copied by each step's kernel (31 us a step of benchmarks' lstm_cells trace)."""
+    provide(True)
+    copies: list = []
+    copy = recurrence_native.c_order
+    monkeypatch.setattr(recurrence_native, "c_order", lambda a: (copies.append(a.shape), copy(a))[1])
+    _, step = _cells(update=False)
+    rng = np.random.default_rng(1)
+    xs, h = kiln.from_numpy(rng.standard_normal((5, 2, 3))), kiln.from_numpy(rng.standard_normal((2, 4)))
+    got = kiln.compile(step)(xs, h)  # the traced call
+    assert runs["forward"] == 5, "each step ran the native step kernel"
+    assert copies == [], "the kernels were handed the transpose the trace made"
+    for a, b in zip(got, step(xs, h), strict=True):
+        assert_close(a, b, rtol=1e-12, atol=1e-13)
+
+
+def test_a_weight_changed_in_place_within_a_traced_call_is_transposed_again(provide, runs):
+    """The trace's ``W_hh^T`` is that of one version of ``W_hh``: after an in-place change within the
+    call, the next step reads the new weight -- in the traced call and in the compiled ones."""
+    provide(True)
+    results = []
+    for compiled in (True, False):
+        _, step = _cells(update=True)
+        fn = kiln.compile(step) if compiled else step
+        rng = np.random.default_rng(2)
+        calls = [(rng.standard_normal((3, 2, 3)), rng.standard_normal((2, 4))) for _ in range(3)]
+        results.append([fn(kiln.from_numpy(xs), kiln.from_numpy(h)) for xs, h in calls])
+    for got, want in zip(*results, strict=True):  # the first call is the traced one
+        for a, b in zip(got, want, strict=True):
+            assert_close(a, b, rtol=1e-12, atol=1e-13)
+    assert runs["forward"] > 0

@@ -268,10 +268,18 @@ class Trace:
         """Dispatch ran ``prim`` eagerly; record the node and bind the result to its output (the
         result is born in this trace: ``on_new_tensor``'s work, done here once for both)."""
         self.born.append(weakref.ref(result))
-        values = [self.value_of(t) for t in inputs]
-        if state.current.get() is not self:  # reading an input broke the trace
-            result._trace = (self, None, -1)
-            return
+        # ``value_of``'s first case inline, the one nearly every input takes (a value of this trace at
+        # its tensor's version): only another case may break the trace
+        values = []
+        for t in inputs:
+            binding = t._trace
+            if binding is not None and binding[0] is self and binding[1] is not None and binding[2] == t._version[0]:
+                values.append(binding[1])
+                continue
+            values.append(self.value_of(t))
+            if state.current.get() is not self:  # reading an input broke the trace
+                result._trace = (self, None, -1)
+                return
         if self.watched_sizes:  # sizes Python computed stay ints in the graph
             from .watched_sizes import plain_ints  # noqa: PLC0415
 

@@ -79,11 +79,11 @@ class Module:
     # ------------------------------------------------------------------ calling and hooks
     def __call__(self, *args, **kwargs):
         if _jit.tracing:
-            _jit.module_call(self)  # the training flag becomes a guard of kiln.compile
             if _jit.watch_hooks and type(self).__dict__.get("kiln_only"):
                 watch = self._watch_to_pause()
-                if watch is not None:
-                    return _jit.unwatched(watch, self.forward, *args, **kwargs)
+                if watch is not None:  # (registered with the watch paused: each event it sees costs)
+                    return _jit.unwatched(watch, self._registered_forward, *args, **kwargs)
+            _jit.module_call(self)  # the training flag becomes a guard of kiln.compile
         if self._forward_pre_hooks or self._forward_hooks or self._backward_hooks or self._backward_pre_hooks:
             return self._call_with_hooks(args, kwargs)  # (tested first: a call without hooks copies no hook tuples)
         return self.forward(*args, **kwargs)
@@ -139,6 +139,11 @@ class Module:
                         )
             raise
         return out if brackets is None else brackets.outputs(out)
+
+    def _registered_forward(self, *args, **kwargs):
+        """``forward`` of a traced call of a ``kiln_only`` module, after the trace notes the module."""
+        _jit.module_call(self)
+        return self.forward(*args, **kwargs)
 
     def _watch_to_pause(self):
         """This thread's hazard watch, when this call of a ``kiln_only`` module runs no hook and no

@@ -258,3 +258,25 @@ def test_the_driver_consults_the_cache_and_rebuilds_an_entry_that_does_not_load(
     interpreted = compile_graph(_graph(), CompileOptions(backend="interpreter"))  # never cached
     assert interpreted.report is None and len(keys) == 3
     assert isinstance(backend_named("interpreter"), InterpreterBackend)
+
+
+def test_the_analyses_texts_are_written_when_first_read(private_cache, monkeypatch):
+    """The layouts', write-backs' and memory plan's texts of ``compiled.stages`` are made when read
+    (a cache hit, a warm process's first call, made them and never read them), once, and equal to
+    what the analyses say; on a miss and on a hit alike."""
+    import kiln.compiler.driver as driver  # noqa: PLC0415
+    from kiln.passes.layouts import describe_layouts, infer_layouts  # noqa: PLC0415
+
+    calls = []
+    monkeypatch.setattr(driver, "describe_layouts", lambda layouts: (calls.append(1), describe_layouts(layouts))[1])
+    for cache in ("miss", "hit"):
+        compiled = compile_graph(_graph(), CompileOptions(backend="llvm"))
+        assert compiled.report.cache == cache
+        assert calls == [], "no text made before it is read"
+        texts = dict(compiled.stages)
+        layouts = infer_layouts(compiled.graph, (None,) * len(compiled.graph.inputs))
+        assert str(texts["infer_layouts"]) == describe_layouts(layouts) == texts["infer_layouts"]
+        assert str(texts["infer_layouts"]) and calls == [1], "made once"
+        assert str(texts["plan_memory"]) == compiled.report.memory + "\n"
+        assert str(texts["choose_write_backs"]) == "0 output(s) written in place into the input they update:\n"
+        calls.clear()

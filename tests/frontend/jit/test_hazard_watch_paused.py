@@ -171,6 +171,30 @@ def test_a_kiln_only_modules_forward_runs_unwatched_unless_the_user_may_run(kind
     assert (profiles[0] is None) == (kind == "Linear"), profiles[0]
 
 
+@pytest.mark.parametrize("kind", ["Linear", "a subclass"])
+def test_a_kiln_only_module_is_noted_with_the_watch_paused_and_its_training_flag_still_guards(kind, monkeypatch):
+    """The trace notes each module call (its ``training`` flag is a guard); for a ``kiln_only`` module
+    that runs with the watch paused too (each event the watch sees costs: a Python loop over LSTM
+    cells and a head made 45k of its 112k events in benchmarks' lstm_cells trace)."""
+    from kiln.frontend.jit.trace import Trace  # noqa: PLC0415
+
+    profiles = []
+    note = Trace.on_module_call
+    monkeypatch.setattr(Trace, "on_module_call", lambda self, m: (profiles.append(sys.getprofile()), note(self, m)))
+
+    class Sub(kiln.nn.Linear):
+        pass
+
+    kiln.manual_seed(0)
+    layer = (Sub if kind == "a subclass" else kiln.nn.Linear)(3, 2)
+    g = kiln.compile(lambda x: layer(x))
+    _calls(g, lambda x: layer(x), lambda: kiln.ones(2, 3))
+    assert (profiles[0] is None) == (kind == "Linear"), profiles[0]
+    layer.eval()  # the guard: a new specialization, equal to eager
+    _calls(g, lambda x: layer(x), lambda: kiln.ones(2, 3))
+    assert len(g.state.specializations) == 2
+
+
 def test_a_forward_hook_on_a_kiln_only_module_is_watched():
     def hook(module, args, out):
         global counter
