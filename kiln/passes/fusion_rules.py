@@ -8,7 +8,8 @@
   kernel it is index remapping); a view that an extern node or the graph's outputs read stays
   extern, since numpy views are free and kernels read strided inputs anyway, and so does a
   ``slice`` that would make the kernels of an unrolled loop's steps differ by its start
-  (``_hoist_slices_of_extern_values``);
+  (``_hoist_slices_of_extern_values``), and one that starts at a symbolic offset (``y[:, -1]`` of a
+  dynamic length: a kernel's index offsets are whole numbers);
 - ``REDUCE``: ``reduce_sum``/``max``/``min``/``prod`` of one or more *trailing* axes;
 - ``EXTERN``: everything else (matmul, gather/scatter/take/index_put, random bits, cumsum,
   pad, concatenate, flip, copy, unfold/fold, argmax/argmin, reductions of other axes -- ``fuse``
@@ -23,6 +24,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 from ..ir.analysis import ELEMENTWISE_ROLE, REDUCE_ROLE, VIEW_ROLE, body_role, trailing_axes
 from ..ir.graph import CONSTANT, Node, Value
+from ..ir.types import Sym
 
 ELEMENTWISE, VIEW, REDUCE, EXTERN = ELEMENTWISE_ROLE, VIEW_ROLE, REDUCE_ROLE, "extern"
 
@@ -37,6 +39,8 @@ def _base_class(node: Node, supports: Callable[[Node], bool] | None) -> str:
     role = body_role(node.op) if node.op != CONSTANT else None
     if role is None or (supports is not None and not supports(node)):
         return EXTERN
+    if node.op == "slice" and any(isinstance(start, Sym) for start in node.attrs["starts"]):
+        return EXTERN  # (``y[:, -1]`` of a dynamic length: kernels' index offsets are whole numbers)
     if role == REDUCE and not trailing_axes(node.attrs["axes"], node.inputs[0].type.ndim):
         return EXTERN
     return role

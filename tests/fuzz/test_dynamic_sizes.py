@@ -4,8 +4,9 @@ Each program is a random chain of batch-preserving ops over an input of shape ``
 integer targets of ``(batch,)``), or of ``(2, length, F)`` or ``(batch, batch + 1, F)`` (a sequence
 length varying, or two sizes at once, flattened to rows and back by the views): elementwise ops with captured weights, linear layers, softmax and
 log_softmax, sums over the features, views with ``-1`` and with ``x.shape[0]``, random draws of the
-hidden values' shape (dropout, noise), means over the batch, cross-entropy, and optionally a
-backward pass and an SGD step. It is called at batch sizes that repeat and change (with a size 1
+hidden values' shape (dropout, noise), numbers Python computes from a size (``n % 5``, one number
+at two sizes), steps read from either end of the dynamic dim, means over the batch, cross-entropy,
+a result that views the input, and optionally a backward pass and an SGD step. It is called at batch sizes that repeat and change (with a size 1
 among them, which specializes) and compared with the same program run eagerly at every call, both
 from the same seed: values, the parameters after each step, and the random generator's state. Most
 programs become dynamic at their second size; none may differ from eager, and none may trace again for a
@@ -39,7 +40,14 @@ def _program(seed: int, layout: str = "batch"):
     draws = random.Random(seed * 7919 + 1)  # its own stream: the programs without a draw stay as they were
     if draws.random() < 0.5:
         ops.insert(draws.randint(0, len(ops)), draws.choice(("dropout", "noise")))
+    # numbers Python computes from a size (n % 5 is 1 at both 6 and 11: one constant in both traces) and
+    # steps read from either end of the dynamic dim; a result viewing the input: streams of their own too
+    extra = random.Random(seed * 104729 + 3)
+    if extra.random() < 0.5:
+        ops.insert(extra.randint(0, len(ops)), extra.choice(("size_number", "ends")))
     loss = r.choice(("mean", "cross_entropy", "sum_over_batch", "none"))
+    if loss == "none" and extra.random() < 0.3:
+        loss = "input_view"
     train = loss != "none" and r.random() < 0.6 and any(op in ("binary", "linear") for op in ops)  # has parameters
 
     def make():
@@ -78,6 +86,13 @@ def _program(seed: int, layout: str = "batch"):
                     )
                 elif op == "view_n":
                     h = h.reshape(x.shape[0], -1) * 1.5
+                elif op == "size_number":
+                    n = x.shape[0] if layout == "batch" else x.shape[1]
+                    h = h * (n % 5 + 1) + int(n * 0.3)
+                elif op == "ends" and layout == "batch":
+                    h = h - h[-1:] * 0.5 + h[:1] * 0.25
+                elif op == "ends":
+                    h = h - h[:, -1:] * 0.5 + h[:, :1] * 0.25 + h[:, -1].unsqueeze(1) * 0.125
                 else:
                     h = h * 0.5 + 1.0
             if loss == "mean":
@@ -86,6 +101,8 @@ def _program(seed: int, layout: str = "batch"):
                 out = F.cross_entropy(h.reshape(-1, features), target.reshape(-1))
             elif loss == "sum_over_batch":
                 out = h.sum(0).sum() / x.shape[0]
+            elif loss == "input_view":  # a view of the argument's memory, as eager returns it
+                return x[..., 1:]
             else:
                 return h
             if train:

@@ -222,8 +222,11 @@ def lower_symbolic(graph: Graph, options, strides: Sequence[tuple | None], write
     state = driver._run(driver.Compilation(split, backend, strides, requested), stages, options, record, seconds)
     fused = collapse_symbolic_prefixes(state.graph)  # a symbol after the first dim: flattened where it can be
     base = _probe_base(fused)
-    probes = [bind_graph(fused, {plain_symbol(d)[0]: base + n for d, _, _ in symbol_positions(fused)})  # type: ignore[index]
-              for n in PROBES]  # fmt: skip
+    try:
+        probes = [bind_graph(fused, {plain_symbol(d)[0]: base + n for d, _, _ in symbol_positions(fused)})  # type: ignore[index]
+                  for n in PROBES]  # fmt: skip
+    except ValueError as why:  # the graph needs its symbols apart (a slice of s1 to s0+1): lowered per size
+        raise Unlowered(f"its layouts cannot be probed with every symbol at one size ({why})") from None
     layouts = [infer_layouts(g, strides) for g in probes]
     values = [list(g.values()) for g in probes]
     same: dict[int, tuple | str] = {

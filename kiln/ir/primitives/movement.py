@@ -227,7 +227,13 @@ def _slice_infer(x: TensorType, *, starts, stops, steps) -> TensorType:
             # ``frontend/jit/watched_sizes.py``.)
             if s == 1 and isinstance(a, int) and isinstance(b, int) and 0 <= a <= b <= 2 and not isinstance(n, SymSum):
                 continue
-            if s != 1 or not isinstance(b, Sym) or _difference(b, a) is None or (isinstance(a, int) and a < 0):
+            if (
+                s != 1
+                or not isinstance(b, Sym)
+                or _difference(b, a) is None
+                or (isinstance(a, int) and a < 0)
+                or not _within(n, a, b)
+            ):
                 raise SymbolicShapeError(
                     f"slice: dim {axis} of size {n} is symbolic (or sliced to a symbol): only start:stop:1 with a "
                     f"symbolic stop and a start it exceeds by a known size is supported yet, got {a}:{b}:{s}"
@@ -264,6 +270,16 @@ def _difference(stop: Dim, start: Dim) -> Dim | None:
         rest.remove(term)
     offset = stop_terms[1] - start_terms[1]
     return None if not rest and offset < 0 else sym_sum(rest, offset)
+
+
+def _within(n: Dim, *bounds: Dim) -> bool:
+    """Whether the symbols of a slice's bounds are the symbols of the dim it slices (a dim ``s1``
+    sliced to ``s0+1`` holds only while ``s0 < s1``, which nothing checks: refused)."""
+    if not isinstance(n, Sym):
+        return True  # a whole dim sliced to a symbolic size: bind_graph checks the size fits
+    own = _linear(n)
+    allowed = set(own[0]) if own is not None else {n}
+    return all(set(terms[0]) <= allowed for b in bounds if isinstance(b, Sym) and (terms := _linear(b)) is not None)
 
 
 def _linear(size: Dim) -> tuple[list, int] | None:
