@@ -63,7 +63,10 @@ class BackgroundCompiles:
         ``decide`` runs here, on the caller's thread: the partition and the graphs' comparison."""
         if pending.dynamic is None or pending.dynamic[0] == "defer":
             return key, "", (None, [])
-        decision = pending.decide()
+        try:
+            decision = pending.decide()
+        except Exception:  # noqa: BLE001 - the compile raises it again, and says it, in the background
+            return key, "", (None, [])
         if decision.symbolic is None:
             stand_in = types.SimpleNamespace(dynamic=None, not_dynamic=decision.not_dynamic)
             return (*self._dynamic_key(stand_in, key, leaves), (None, []))

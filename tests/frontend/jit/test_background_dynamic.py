@@ -228,3 +228,26 @@ def test_a_dynamic_compile_that_fails_leaves_sizes_to_trace_as_static_programs(h
         assert kiln.jit.wait_compiled(60)
     assert [s.dynamic for s in state.specializations] == [None, None, None]
     assert compiled_calls(g) == [0, 1, 1]
+
+
+def test_a_comparison_that_raises_is_said_from_the_background_and_the_call_returns_eagers_result(held, monkeypatch):
+    monkeypatch.delenv("KILN_JIT_STRICT", raising=False)
+    release, _ = held
+    release.set()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the comparison broke")
+
+    def f(x):
+        return x.exp().sum(1)
+
+    g = background(f)
+    check(g, f, 8, 0)
+    assert kiln.jit.wait_compiled(60)
+    monkeypatch.setattr(build, "_symbolic", broken)
+    with pytest.warns(kiln.CompileWarning, match="the compile failed in the background .*the comparison broke"):
+        check(g, f, 5, 1)  # no exception in the user's call
+        assert kiln.jit.wait_compiled(60)
+    check(g, f, 5, 2)
+    check(g, f, 8, 3)
+    assert compiled_calls(g) == [1] and state_of(g).dynamic == {}
