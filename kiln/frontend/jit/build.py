@@ -59,6 +59,17 @@ def build_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
     return (None, why) if pending is None else (pending.compile(), None)
 
 
+@dataclass
+class Decision:
+    """What ``PendingSpecialization.decide`` found: the forward and backward over symbolic sizes (None
+    when the program stays static, ``not_dynamic`` saying why) and the guards its sizes keep."""
+
+    symbolic: Graph | None
+    symbolic_backward: Graph | None
+    not_dynamic: str | None
+    size_guards: list
+
+
 @dataclass(eq=False)
 class PendingSpecialization:
     """A traced call whose graphs are not compiled yet: everything it holds is graphs and Python
@@ -82,6 +93,7 @@ class PendingSpecialization:
     guards: Any = None
     checks: list = field(default_factory=list)
     python_reads: list = field(default_factory=list)
+    decision: Decision | None = None  # decide()'s answer, once asked
 
     @property
     def modules(self) -> list:
@@ -106,25 +118,41 @@ class PendingSpecialization:
                                           self.mutated)  # fmt: skip
         return self.partitioned
 
+    def decide(self) -> Decision:
+        """Whether this trace makes a dynamic program, and over which symbols: the graphs compared
+        (``_symbolic``, ``guards_of``, ``symbolic_backward``), nothing lowered. Cheap enough for the
+        caller's thread (measured in ``CompiledFunction._pending_key``), so a dynamic program's
+        ``PendingEntry`` is cached under its dynamic key before the lowering starts; run once."""
+        if self.decision is None:
+            graph, backward = self.partition()
+            symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic, self.sources)
+            size_guards, why_not = ([], None) if symbolic is None else guards_of(self.size_guards, self.dynamic)
+            if why_not is not None:
+                symbolic, not_dynamic = None, why_not
+            symbolic_bwd = None
+            if isinstance(backward, BackwardPlan) and symbolic is not None:
+                sizes = with_derived(symbolic, {s: (b, a) for s, (a, b) in size_symbols(self.dynamic[2]).items()})
+                symbolic_bwd, why_not = symbolic_backward(backward, self.dynamic[1], sizes, symbolic)
+                if symbolic_bwd is None:
+                    symbolic, not_dynamic = None, why_not
+            if self.size_compared is not None:
+                not_dynamic = not_dynamic or f"Python branches on a size that would be dynamic ({self.size_compared})"
+            self.decision = Decision(symbolic, symbolic_bwd, not_dynamic, size_guards)
+        return self.decision
+
     def compile(self) -> Specialization:
-        """The passes, code generation and loading: the ``Specialization``, ready to run."""
+        """The passes, code generation and loading: the ``Specialization``, ready to run. A dynamic
+        program whose backward the backend lowers per size only (``lower_plan``) is static after all
+        (``not_dynamic`` says why), whatever ``decide`` said."""
         options = self.compiled.options
         graph, backward = self.partition()
         sizes_source = self.sizes_source
-        symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic, self.sources)
-        size_guards, why_not = ([], None) if symbolic is None else guards_of(self.size_guards, self.dynamic)
-        if why_not is not None:
-            symbolic, not_dynamic = None, why_not
+        decision = self.decide()
+        symbolic, not_dynamic, size_guards = decision.symbolic, decision.not_dynamic, decision.size_guards
         if isinstance(backward, BackwardPlan):  # lowered with the forward: for these sizes, or all
-            symbolic_bwd = None
-            if symbolic is not None:
-                sizes = with_derived(symbolic, {s: (b, a) for s, (a, b) in size_symbols(self.dynamic[2]).items()})
-                symbolic_bwd, why_not = symbolic_backward(backward, self.dynamic[1], sizes, symbolic)
-            backward, why_lowered = lower_plan(options, backward, symbolic_bwd)
-            if symbolic is not None and (symbolic_bwd is None or why_lowered is not None):
-                symbolic, not_dynamic = None, why_not or why_lowered
-        if self.size_compared is not None:
-            not_dynamic = not_dynamic or f"Python branches on a size that would be dynamic ({self.size_compared})"
+            backward, why_lowered = lower_plan(options, backward, decision.symbolic_backward)
+            if symbolic is not None and why_lowered is not None:
+                symbolic, not_dynamic = None, why_lowered
         # mutated externals updated in place where that is safe, as eager does
         in_place = [(o, i) for i, o in self.writebacks]
         record: list = []

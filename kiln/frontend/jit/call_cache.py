@@ -37,7 +37,6 @@ import os
 import sys
 import threading
 import time
-import types
 import warnings
 from typing import Any
 
@@ -46,13 +45,14 @@ from ...compiler.options import CompileOptions
 from ...runtime import profiling
 from .. import eager_kernels
 from ..tensor import Tensor
-from . import background, hazards, reads, state
+from . import hazards, reads, state
+from .background_compiles import BackgroundCompiles
 from .build import PendingSpecialization, build_specialization, trace_specialization
 from .dynamic import Pending, sizes_differ
 from .entries import _NOT_COMPILED, CompileState, EagerEntry, Event, PendingEntry, _match
 from .guards import build_guards
 from .keys import call_key, describe_key_change, dynamic_key
-from .locations import KILN_DIR
+from .locations import user_frame as _user_frame
 from .pytree import flatten_call
 from .trace import CompileWarning, Trace, TraceBreak, TraceBreakError
 from .watched_sizes import sizes_to_watch, with_shadows
@@ -64,22 +64,13 @@ logger = logging.getLogger("kiln")
 SLOW_COMPILE_SECONDS = 1.0
 
 
-def _user_frame(frame: types.FrameType | None) -> tuple[str, int, str]:
-    """``(filename, line, module)`` of the innermost frame outside kiln: where a warning points."""
-    while frame is not None and frame.f_code.co_filename.startswith(KILN_DIR):
-        frame = frame.f_back
-    if frame is None:
-        return ("kiln", 0, "kiln")
-    return (frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "?"))
-
-
 #: Traces of one call key that may stop on a change of Python state before its calls run eagerly for
 #: good (see CompiledFunction._changes_once_more): two, since a first call that initializes lazily
 #: may be followed by one that creates optimizer state.
 STATE_CHANGE_RETRIES = 2
 
 
-class CompiledFunction:
+class CompiledFunction(BackgroundCompiles):
     """What ``kiln.compile(fn)`` returns: call it like ``fn``."""
 
     def __init__(self, fn, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None,
@@ -264,7 +255,7 @@ class CompiledFunction:
         if trace.broken is not None:
             trace.abandon()
             return self._run_eagerly_from_now_on(key, trace.broken, result)
-        if self.options.wait or partner is not None:  # a dynamic specialization is compiled while the call waits
+        if self.options.wait:
             notice = self._slow_compile_notice(len(trace.builder.nodes), _user_frame(sys._getframe(1)))
             try:
                 spec, why_not = build_specialization(
@@ -274,7 +265,7 @@ class CompiledFunction:
                 notice.cancel()
         else:
             spec, why_not = trace_specialization(
-                self, trace, result, leaves, key, closure_values=self._closure_values()
+                self, trace, result, leaves, key, closure_values=self._closure_values(), dynamic=partner
             )
         if isinstance(why_not, TraceBreak):
             return self._run_eagerly_from_now_on(key, why_not, result)
@@ -285,7 +276,7 @@ class CompiledFunction:
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)
         if isinstance(spec, PendingSpecialization):
-            self._compile_in_background(spec, key, reason)
+            self._compile_in_background(spec, key, leaves, reason)
             return result
         note = ""
         if partner is not None:
@@ -294,72 +285,6 @@ class CompiledFunction:
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}{note}")
         return result
-
-    # ------------------------------------------------------------------ compiling in the background
-    def _compile_in_background(self, pending: PendingSpecialization, key, reason: str) -> None:
-        """Cache a ``PendingEntry`` for ``key`` (its calls run eagerly) and hand the compile to the pool."""
-        entry = PendingEntry(key, reason, pending.nodes, source=pending.sizes_source, pending=pending)
-        where = _user_frame(sys._getframe(2))
-        with self._install_lock:
-            self.state.pending.append(entry)
-            self.state.cache.setdefault(key, []).append(entry)
-        notice = self._slow_compile_notice(entry.nodes, where, background=True)  # from the trace: the calls wait
-        entry.job = background.submit(lambda: self._finish_background(pending, entry, where, notice))
-
-    def _finish_background(self, pending: PendingSpecialization, entry: PendingEntry, where, notice) -> None:
-        """On a compile thread: compile, then put the specialization in place of ``entry``; a compile
-        that raises leaves its key running eagerly, saying why."""
-        try:
-            spec = pending.compile()
-        except Exception as error:  # noqa: BLE001 - said, and raised at the next call under KILN_JIT_STRICT=1
-            why = TraceBreak(f"the compile failed in the background ({type(error).__name__}: {error})", None)
-            self._settle(entry, EagerEntry(why, entry.key))
-            self._event("break", str(why), once=False)
-            self._log_once(("break", str(why)), f"running eagerly: {why}", where)
-            if os.environ.get("KILN_JIT_STRICT") == "1":
-                self.state.background_error = error
-            return
-        finally:
-            notice.cancel()
-        spec.background_seconds = time.perf_counter() - entry.started
-        number = self._settle(entry, spec)
-        entry.ready = True
-        self._event("compiled", f"specialization {number}: {entry.reason}")
-
-    def _settle(self, entry: PendingEntry, outcome) -> int:
-        """Put ``outcome`` (a Specialization or an EagerEntry) in ``entry``'s place; the number of
-        specializations then."""
-        with self._install_lock:
-            entries = self.state.cache.get(entry.key, [])
-            position = next((i for i, e in enumerate(entries) if e is entry), None)
-            if isinstance(outcome, EagerEntry) or position is None:
-                if position is not None:
-                    entries[position] = outcome
-            else:
-                self.state.specializations.append(outcome)
-                entries[position] = outcome  # one store: a racing call sees the entry or the specialization
-            self.state.pending.remove(entry)
-            return len(self.state.specializations)
-
-    def wait_compiled(self, timeout: float | None = None) -> bool:
-        """Wait for this function's compiles running in the background; whether they all finished
-        within ``timeout`` seconds (None: as long as they take). Under ``KILN_JIT_STRICT=1`` a
-        compile that failed raises here.
-
-        >>> import kiln
-        >>> f = kiln.compile(lambda x: x * 2)
-        >>> _ = f(kiln.ones(3))
-        >>> f.wait_compiled()
-        True
-        """
-        done = background.wait([e.job for e in list(self.state.pending) if e.job is not None], timeout)
-        if self.state.background_error is not None:
-            self._raise_background_error()
-        return done
-
-    def _raise_background_error(self) -> None:
-        error, self.state.background_error = self.state.background_error, None
-        raise RuntimeError(f"kiln.compile({self._name()}): a compile failed in the background") from error
 
     # ------------------------------------------------------------------ dynamic sizes (dynamic.py)
     def _dynamic_partner(self, key: tuple, leaves: list):

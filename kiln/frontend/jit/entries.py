@@ -30,6 +30,9 @@ class PendingEntry:
     source: Any = None  # the traced graph a call at other sizes is compared with (dynamic.py), if known
     pending: Any = None  # the PendingSpecialization compiling
     ready: bool = False  # its program is in place of this entry: the calls that ran eagerly are done with
+    note: str = ""  # what the "compiled" event adds to ``reason`` (its dynamic sizes, or why they stay static)
+    dynamic: list | None = None  # a dynamic program's (argument, dim) pairs: ``key`` holds their size classes
+    size_guards: list = field(default_factory=list)  # a dynamic program's (``dynamic.dynamic_key``)
 
     @property
     def sizes_source(self) -> Any:

@@ -26,3 +26,12 @@ def user_location(depth: int = 2) -> SourceLocation | None:
     if loc is None:
         loc = _LOCATIONS[key] = SourceLocation(*key)
     return loc
+
+
+def user_frame(frame: types.FrameType | None) -> tuple[str, int, str]:
+    """``(filename, line, module)`` of the innermost frame outside kiln: where a warning points."""
+    while frame is not None and frame.f_code.co_filename.startswith(KILN_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return ("kiln", 0, "kiln")
+    return (frame.f_code.co_filename, frame.f_lineno, frame.f_globals.get("__name__", "?"))

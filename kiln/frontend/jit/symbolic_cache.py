@@ -13,8 +13,9 @@ value position -> byte strides, or ``C_ORDER``), which is all ``SymbolicProgram`
 
 Without it every run of a training script whose last batch is smaller, or of a language model
 over a second length, compiled its dynamic program from scratch (the kernel cache still spared
-LLVM, not the passes, fusion, probing and code generation), and the call that makes a dynamic
-specialization waits for its compile even in the background mode (``call_cache.py``). Measured
+LLVM, not the passes, fusion, probing and code generation), and the call that made a dynamic
+specialization waited for that compile even in the background mode (it compiles in the
+background now, ``background_compiles.py``; the numbers below are the waiting mode's). Measured
 (a 2-core machine shared with other work, 5 warm processes each, alternated): the CNN's ragged
 last batch compiled its dynamic program in 0.10-0.11 s, 0.008-0.013 s from the entry, that call's
 CPU time 0.16-0.18 s against 0.07-0.12 s; the LSTM LM's second length 0.03-0.06 s against

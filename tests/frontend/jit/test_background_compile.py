@@ -312,11 +312,12 @@ def test_a_forked_child_runs_a_pending_key_eagerly_and_does_not_wait_for_it(hold
 
 def test_a_ragged_epoch_compiling_in_the_background_makes_its_batch_dynamic(monkeypatch):
     """Calls at new sizes arrive while the first program still compiles: the trace at the second
-    size is compared with the pending one (and compiled while its call waits), so the epoch makes
-    the static and the dynamic program, not one per size; every step equals eager's."""
+    size is compared with the pending one (and its program compiles in the background too, cached
+    under the dynamic key), so the epoch makes the static and the dynamic program, not one per size;
+    every step equals eager's."""
     hold, original = threading.Event(), build.PendingSpecialization.compile
 
-    def held(self):  # background compiles wait for the test; the call that compiles in front does not
+    def held(self):  # background compiles wait for the test; a compile in front of a call would not
         if threading.current_thread() is not threading.main_thread():
             assert hold.wait(60), "the test never released the compile"
         return original(self)

@@ -166,4 +166,6 @@ def test_a_length_that_comes_while_the_first_compiles_in_the_background_makes_th
     finally:
         release.set()
     assert all(job.wait(60) for job in jobs)  # the first program too, before the test ends
-    assert [s.dynamic for s in compiled.state.specializations] == [[(0, 2), (1, 2), (2, 2)], None]
+    # both compile in the background, so either may be ready first
+    dynamic = sorted(str(s.dynamic) for s in compiled.state.specializations)
+    assert dynamic == ["None", "[(0, 2), (1, 2), (2, 2)]"]
