@@ -1,0 +1,354 @@
+"""Order statistics and value-dependent results: ``median``, ``kthvalue``, ``mode``, ``quantile``,
+``cummax``/``cummin``, ``unique``, ``bincount``, ``histc``, ``searchsorted``, ``bucketize``.
+
+Each reads the values to decide *which* elements it returns (or how many), as ``sort`` does
+(``compat.py``): the positions are computed with numpy, and under ``kiln.compile`` that stops the
+trace with a reason naming the op (the call finishes eagerly). The returned values are then
+gathered from the input at those positions, so they carry the gradient to the selected elements,
+as PyTorch's do; integer results (indices, counts) carry none.
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+
+from ...ir import dtypes as dt
+from ...ir.shapes import normalize_axis
+from ..jit import state as _jit
+from ..tensor import Tensor, make_tensor, method
+from .compat import sort
+from .elementwise import add, mul, sub, where
+from .indexing import gather
+from .shape import movedim, reshape, squeeze, unsqueeze
+
+__all__ = [
+    "median", "nanmedian", "kthvalue", "mode", "msort", "quantile", "nanquantile", "cummax", "cummin", "unique",
+    "unique_consecutive", "bincount", "histc", "searchsorted", "bucketize",
+]  # fmt: skip
+
+MedianResult = namedtuple("median", ["values", "indices"])  # type: ignore[name-match]  # torch.return_types names
+NanmedianResult = namedtuple("nanmedian", ["values", "indices"])  # type: ignore[name-match]
+KthvalueResult = namedtuple("kthvalue", ["values", "indices"])  # type: ignore[name-match]
+ModeResult = namedtuple("mode", ["values", "indices"])  # type: ignore[name-match]
+CummaxResult = namedtuple("cummax", ["values", "indices"])  # type: ignore[name-match]
+CumminResult = namedtuple("cummin", ["values", "indices"])  # type: ignore[name-match]
+
+
+def _values_of(input: Tensor, op: str) -> np.ndarray:
+    """The input's values for numpy; under tracing the trace stops here, with a reason naming ``op``."""
+    if _jit.tracing:
+        _jit.unsafe(f"{op} has no compiled form (which elements it returns depends on the values)")
+    return input.detach().numpy()
+
+
+def _rows(input: Tensor, dim: int, op: str) -> tuple[np.ndarray, int]:
+    """The values with ``dim`` moved last, and ``dim`` made non-negative (0-d counts as 1-d)."""
+    values = _values_of(input, op)
+    if values.ndim == 0:
+        return values.reshape(1), 0
+    dim = normalize_axis(dim, values.ndim)
+    return np.moveaxis(values, dim, -1), dim
+
+
+def _select(input: Tensor, dim: int, index: np.ndarray, keepdim: bool, result):
+    """``result(values, indices)`` of the entries at ``index`` (one per row along ``dim``)."""
+    if input.ndim == 0:
+        return result(input.clone(), make_tensor(np.asarray(index.reshape(()), dtype=np.int64), input.device))
+    index_t = make_tensor(np.ascontiguousarray(np.expand_dims(index.astype(np.int64), dim)), input.device)
+    values = gather(input, dim, index_t)
+    if not keepdim:
+        values, index_t = squeeze(values, dim), squeeze(index_t, dim)
+    return result(values, index_t)
+
+
+def _nonempty(input: Tensor, dim: int, op: str) -> None:
+    if input.ndim and input.shape[dim] == 0:
+        raise IndexError(f"{op}(): Expected reduction dim {dim} to have non-zero size.")
+
+
+def _median(input: Tensor, dim, keepdim: bool, ignore_nan: bool, result):
+    op = "nanmedian" if ignore_nan else "median"
+    if dim is None:
+        flat = reshape(input, (-1,))
+        if flat.shape[0] == 0:
+            return make_tensor(np.asarray(np.nan, dtype=input.dtype.np), input.device)
+        return _median(flat, 0, False, ignore_nan, result).values
+    rows, dim = _rows(input, dim, op)
+    _nonempty(input, dim, op)
+    order = np.argsort(rows, axis=-1, kind="stable")  # nan sorts last
+    nans = np.isnan(rows) if rows.dtype.kind == "f" else np.zeros(rows.shape, bool)
+    if ignore_nan:
+        k = np.maximum((rows.shape[-1] - nans.sum(-1) - 1) // 2, 0)
+        index = np.take_along_axis(order, k[..., None], -1)[..., 0]
+    else:
+        index = np.take_along_axis(order, np.full(rows.shape[:-1] + (1,), (rows.shape[-1] - 1) // 2), -1)[..., 0]
+        index = np.where(nans.any(-1), nans.argmax(-1), index)  # a row with nan: its first nan
+    return _select(input, dim, index, keepdim, result)
+
+
+@method("median")
+def median(input: Tensor, dim=None, keepdim: bool = False):
+    """The lower median (of all elements, or ``(values, indices)`` along ``dim``); nan if a row has nan."""
+    return _median(input, dim, keepdim, False, MedianResult)
+
+
+@method("nanmedian")
+def nanmedian(input: Tensor, dim=None, keepdim: bool = False):
+    """The lower median of the non-nan elements (nan where all are nan)."""
+    return _median(input, dim, keepdim, True, NanmedianResult)
+
+
+@method("kthvalue")
+def kthvalue(input: Tensor, k: int, dim: int = -1, keepdim: bool = False):
+    """The k-th smallest element (1-based) along ``dim`` and its position; nan counts as the largest."""
+    rows, dim = _rows(input, dim, "kthvalue")
+    n = rows.shape[-1]
+    if not 1 <= k <= n:
+        raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim} (k={k}, size {n})")
+    order = np.argsort(rows, axis=-1, kind="stable")
+    return _select(input, dim, order[..., k - 1], keepdim, KthvalueResult)
+
+
+@method("mode")
+def mode(input: Tensor, dim: int = -1, keepdim: bool = False):
+    """The most frequent value along ``dim`` (the smallest of equally frequent ones) and the
+    position of its last occurrence, as PyTorch's CPU kernel."""
+    rows, dim = _rows(input, dim, "mode")
+    _nonempty(input, dim, "mode")
+    flat = rows.reshape(-1, rows.shape[-1])
+    index = np.empty(flat.shape[0], dtype=np.int64)
+    for r, row in enumerate(flat):
+        values, counts = np.unique(row, return_counts=True)  # sorted: argmax picks the smallest of the ties
+        best = values[np.argmax(counts)]
+        same = np.isnan(row) if np.isnan(best) else row == best
+        index[r] = row.shape[0] - 1 - np.argmax(same[::-1])
+    return _select(input, dim, index.reshape(rows.shape[:-1]), keepdim, ModeResult)
+
+
+@method("msort")
+def msort(input: Tensor) -> Tensor:
+    return sort(input, 0).values
+
+
+def _cumulative(input: Tensor, dim: int, larger: bool, result):
+    op = "cummax" if larger else "cummin"
+    rows, dim = _rows(input, dim, op)
+    pick = np.maximum if larger else np.minimum  # they propagate nan, as PyTorch's cummax does
+    running = pick.accumulate(rows, axis=-1) if rows.shape[-1] else rows
+    # A position takes over when it equals the running extreme (ties: the later one) or is nan.
+    takes_over = (rows == running) | (np.isnan(rows) if rows.dtype.kind == "f" else False)
+    positions = np.where(takes_over, np.arange(rows.shape[-1]), 0)
+    index = np.maximum.accumulate(positions, axis=-1) if rows.shape[-1] else positions
+    if input.ndim == 0:
+        return result(input.clone(), make_tensor(np.zeros((), np.int64), input.device))
+    index_t = make_tensor(np.ascontiguousarray(np.moveaxis(index.astype(np.int64), -1, dim)), input.device)
+    return result(gather(input, dim, index_t), index_t)
+
+
+@method("cummax")
+def cummax(input: Tensor, dim: int):
+    """The running maximum along ``dim`` and where it was reached (the later of equal values)."""
+    return _cumulative(input, dim, True, CummaxResult)
+
+
+@method("cummin")
+def cummin(input: Tensor, dim: int):
+    return _cumulative(input, dim, False, CumminResult)
+
+
+# ----------------------------------------------------------------------------- quantiles
+_INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+def _quantile(input: Tensor, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool) -> Tensor:
+    op = "nanquantile" if ignore_nan else "quantile"
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"{op}() input tensor must be either float or double dtype")
+    if interpolation not in _INTERPOLATIONS:
+        raise ValueError(f"{op}() interpolation must be one of {', '.join(_INTERPOLATIONS)}. Got '{interpolation}'")
+    if isinstance(q, Tensor):
+        if q.dtype is not input.dtype:
+            raise RuntimeError(f"{op}() q tensor must be same dtype as the input tensor")
+        if q.ndim > 1:
+            raise RuntimeError(f"{op}() q must be a scalar or 1D tensor")
+        q_values, scalar_q = _values_of(q, op).astype(np.float64).reshape(-1), q.ndim == 0
+    else:
+        q_values, scalar_q = np.asarray([float(q)]), True
+    if ((q_values < 0) | (q_values > 1)).any():
+        raise RuntimeError(f"{op}() q values must be in the range [0, 1]")
+    if dim is None:
+        x, axis = reshape(input, (-1,)), 0
+    else:
+        axis = normalize_axis(dim, max(input.ndim, 1))
+        x = input if input.ndim else reshape(input, (1,))
+    if x.shape[axis] == 0:
+        raise RuntimeError(f"{op}() input tensor must be non-empty")
+    rows = np.moveaxis(_values_of(x, op), axis, -1)
+    nans = np.isnan(rows)
+    count = (rows.shape[-1] - nans.sum(-1)) if ignore_nan else np.full(rows.shape[:-1], rows.shape[-1])
+    ranks = q_values * (np.maximum(count, 1) - 1)[..., None]  # (..., Q)
+    if interpolation == "nearest":
+        ranks = np.round(ranks)  # half to even, as PyTorch's round
+    lo = np.floor(ranks).astype(np.int64)
+    hi = np.ceil(ranks).astype(np.int64)
+    weight = {"lower": 0.0, "higher": 1.0, "midpoint": 0.5}.get(interpolation, None)
+    sorted_x = movedim(sort(x, axis).values, axis, -1)  # nan last
+
+    def at(positions: np.ndarray) -> Tensor:
+        return gather(sorted_x, -1, make_tensor(np.ascontiguousarray(positions), x.device))
+
+    low, high = at(lo), at(hi)
+    w = ranks - lo if weight is None else np.full(ranks.shape, weight)
+    out = add(low, mul(sub(high, low), make_tensor(w.astype(input.dtype.np), x.device)))
+    invalid = (count == 0) if ignore_nan else nans.any(-1)  # all nan (nanquantile), any nan (quantile)
+    if invalid.any():
+        out = where(make_tensor(np.ascontiguousarray(np.broadcast_to(invalid[..., None], out.shape))), np.nan, out)
+    out = movedim(out, -1, 0)  # (Q, ...)
+    if keepdim:
+        out = unsqueeze(out, axis + 1) if dim is not None else reshape(out, (out.shape[0],) + (1,) * input.ndim)
+    return reshape(out, tuple(out.shape[1:])) if scalar_q else out
+
+
+@method("quantile")
+def quantile(input: Tensor, q, dim=None, keepdim: bool = False, *, interpolation: str = "linear") -> Tensor:
+    """The q-th quantiles along ``dim`` (all elements when None): q's dims first, then the rest;
+    nan where a row has nan. Interpolates between the two nearest ranks, as PyTorch."""
+    return _quantile(input, q, dim, keepdim, interpolation, False)
+
+
+@method("nanquantile")
+def nanquantile(input: Tensor, q, dim=None, keepdim: bool = False, *, interpolation: str = "linear") -> Tensor:
+    """quantile over the non-nan elements of each row (nan where all are nan)."""
+    return _quantile(input, q, dim, keepdim, interpolation, True)
+
+
+# ----------------------------------------------------------------------------- unique, counts
+def _out(array: np.ndarray, like: Tensor, dtype=None) -> Tensor:
+    return make_tensor(np.array(array, dtype=dtype, order="C"), like.device)  # 0-d stays 0-d
+
+
+@method("unique")
+def unique(input: Tensor, sorted: bool = True, return_inverse: bool = False, return_counts: bool = False, dim=None):  # noqa: A002
+    """The distinct values (sorted), and optionally where each element went and how often each occurs."""
+    values = _values_of(input, "unique")
+    if dim is None:
+        found = np.unique(values.reshape(-1), return_inverse=True, return_counts=True)
+        inverse_shape = values.shape
+    else:
+        dim = normalize_axis(dim, values.ndim)
+        found = np.unique(values, return_inverse=True, return_counts=True, axis=dim)
+        inverse_shape = (values.shape[dim],)
+    out = [_out(found[0], input)]
+    if return_inverse:
+        out.append(_out(found[1].reshape(inverse_shape), input, np.int64))
+    if return_counts:
+        out.append(_out(found[2], input, np.int64))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+@method("unique_consecutive")
+def unique_consecutive(input: Tensor, return_inverse: bool = False, return_counts: bool = False, dim=None):
+    """One element of each run of equal consecutive elements (or slices along ``dim``)."""
+    values = _values_of(input, "unique_consecutive")
+    if dim is None:
+        rows, moved = values.reshape(-1, 1), None
+    else:
+        dim = normalize_axis(dim, values.ndim)
+        moved = np.moveaxis(values, dim, 0)
+        rows = moved.reshape(moved.shape[0], -1)
+    starts = np.ones(rows.shape[0], dtype=bool)
+    starts[1:] = (rows[1:] != rows[:-1]).any(axis=1)
+    first = np.flatnonzero(starts)
+    kept = values.reshape(-1)[first] if moved is None else np.moveaxis(moved[first], 0, dim)
+    out = [_out(kept, input)]
+    if return_inverse:
+        inverse = np.cumsum(starts) - 1
+        out.append(_out(inverse.reshape(values.shape if dim is None else (-1,)), input, np.int64))
+    if return_counts:
+        out.append(_out(np.diff(np.append(first, rows.shape[0])), input, np.int64))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+@method("bincount")
+def bincount(input: Tensor, weights: Tensor | None = None, minlength: int = 0) -> Tensor:
+    """How often each non-negative integer occurs (int64), or the sum of its ``weights`` (a float
+    dtype: float32 weights stay float32, others give float64, as PyTorch's)."""
+    values = _values_of(input, "bincount")
+    if values.ndim != 1 or input.dtype.category != dt.INTEGER or (values.size and values.min() < 0):
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    if minlength < 0:
+        raise RuntimeError("minlength should be >= 0")
+    if weights is None:
+        return _out(np.bincount(values, minlength=minlength), input, np.int64)
+    if tuple(weights.shape) != tuple(input.shape):
+        raise RuntimeError("weights should be 1-d and have the same length as input")
+    w = _values_of(weights, "bincount")
+    dtype = np.float32 if weights.dtype is dt.float32 else np.float64
+    return _out(np.bincount(values, w.astype(np.float64), minlength=minlength), input, dtype)
+
+
+@method("histc")
+def histc(input: Tensor, bins: int = 100, min=0, max=0) -> Tensor:  # noqa: A002 - PyTorch's names
+    """A histogram of ``bins`` equal bins over [min, max] (the data's range when both are 0);
+    elements outside are ignored, the last bin includes max."""
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"\"histogram_cpu\" not implemented for '{input.dtype.name.capitalize()}'")
+    if bins <= 0:
+        raise RuntimeError(f"torch.histc: bins must be > 0, but got {bins} for bins")
+    values = _values_of(input, "histc").reshape(-1).astype(np.float64)
+    lo, hi = float(min), float(max)
+    if lo > hi:
+        raise RuntimeError(f"torch.histc: max must be larger than min, but got min {lo} max {hi}")
+    if lo == hi and values.size:
+        lo, hi = float(values.min()), float(values.max())
+    if lo == hi:
+        lo, hi = lo - 1, hi + 1
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        raise RuntimeError(f"torch.histc: range of [{lo}, {hi}] is not finite")
+    inside = values[(values >= lo) & (values <= hi)]
+    # PyTorch's bin: floor((x - min) * bins / (max - min)), the max itself in the last bin.
+    which = np.minimum(((inside - lo) * bins / (hi - lo)).astype(np.int64), bins - 1)
+    return _out(np.bincount(which, minlength=bins).astype(input.dtype.np), input)
+
+
+@method("searchsorted")
+def searchsorted(sorted_sequence: Tensor, input, *, out_int32: bool = False, right: bool = False, side=None,
+                 sorter=None) -> Tensor:  # fmt: skip
+    """Where each value would be inserted into the (last dim of the) sorted sequence to keep it
+    sorted: before equal entries, or after them with ``right=True`` / ``side="right"``; nan is largest."""
+    if side is not None:
+        if side not in ("left", "right"):
+            raise RuntimeError(f"side can only be 'left' or 'right' but got {side}")
+        if right and side == "left":
+            raise RuntimeError("side and right can't be set to opposites, got side of left while right was True")
+        right = side == "right"
+    seq = _values_of(sorted_sequence, "searchsorted")
+    scalar = not isinstance(input, Tensor)
+    values = np.asarray(input) if scalar else _values_of(input, "searchsorted")
+    if sorter is not None:
+        seq = np.take_along_axis(seq, _values_of(sorter, "searchsorted"), -1)
+    how = "right" if right else "left"
+    if seq.ndim <= 1:
+        found = np.searchsorted(seq.reshape(-1), values, side=how)
+    else:
+        if values.shape[:-1] != seq.shape[:-1]:
+            raise RuntimeError(
+                "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of "
+                f"boundaries tensor and input value tensor must match, but we got boundaries tensor "
+                f"{list(seq.shape)} and input value tensor {list(values.shape)}"
+            )
+        flat_seq, flat_values = seq.reshape(-1, seq.shape[-1]), values.reshape(-1, values.shape[-1])
+        found = np.stack([np.searchsorted(s, v, side=how) for s, v in zip(flat_seq, flat_values)]).reshape(values.shape)
+    like = sorted_sequence
+    return _out(np.asarray(found), like, np.int32 if out_int32 else np.int64)
+
+
+@method("bucketize")
+def bucketize(input, boundaries: Tensor, *, out_int32: bool = False, right: bool = False) -> Tensor:
+    """The bucket of each value: i with boundaries[i-1] < x <= boundaries[i] (``right=True``:
+    boundaries[i-1] <= x < boundaries[i])."""
+    if boundaries.ndim != 1:
+        raise RuntimeError(f"boundaries tensor must be 1 dimension, but got dim({boundaries.ndim})")
+    return searchsorted(boundaries, input, out_int32=out_int32, right=right)
