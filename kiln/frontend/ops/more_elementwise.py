@@ -75,6 +75,16 @@ def _float_pair(a, b, name: str) -> tuple[Tensor, Tensor]:
     return promote(a, b, op=name, floating=True)
 
 
+def _magnitude(x: Tensor) -> Tensor:
+    """|x| for the odd functions, which compute on |x| and give back x's sign with ``signbit``:
+    its gradient is +1 at +0 and -1 at -0 (abs's is 0 at both, which would zero f'(0))."""
+    return where(signbit(x), neg(x), x)
+
+
+def _with_sign_of(x: Tensor, r: Tensor) -> Tensor:
+    return where(signbit(x), neg(r), r)
+
+
 # ----------------------------------------------------------------------------- trigonometric
 @method("tan")
 def tan(input: Tensor) -> Tensor:
@@ -98,11 +108,10 @@ def _atan_unit(t: Tensor) -> Tensor:
 def atan(input: Tensor) -> Tensor:
     """Arctangent: |x| > 1 reduces to pi/2 - atan(1/|x|); the sign is the input's (atan(-0) is -0)."""
     x = _float(input)
-    a = abs(x)
+    a = _magnitude(x)
     big = gt(a, 1.0)
     r = _atan_unit(where(big, div(1.0, where(big, a, 1.0)), a))
-    r = where(big, sub(math.pi / 2, r), r)
-    return where(signbit(x), neg(r), r)
+    return _with_sign_of(x, where(big, sub(math.pi / 2, r), r))
 
 
 @method("atan2", "arctan2")
@@ -110,14 +119,14 @@ def atan2(input, other) -> Tensor:
     """The angle of the point (other, input), in [-pi, pi], with the C library's rules for signed
     zeros and infinities (atan2(0, -0) = pi, atan2(inf, inf) = pi/4)."""
     y, x = _float_pair(input, other, "atan2")
-    ay, ax = abs(y), abs(x)
+    ay, ax = _magnitude(y), _magnitude(x)
     lo, hi = minimum(ax, ay), maximum(ax, ay)
     both_inf = logical_and(isinf(ax), isinf(ay))
     ratio = div(where(both_inf, 1.0, lo), where(logical_or(eq(hi, 0.0), both_inf), 1.0, hi))
     r = _atan_unit(ratio)
     r = where(gt(ay, ax), sub(math.pi / 2, r), r)
     r = where(signbit(x), sub(math.pi, r), r)
-    return where(signbit(y), neg(r), r)
+    return _with_sign_of(y, r)
 
 
 def _cos_of_asin(x: Tensor) -> Tensor:
@@ -149,13 +158,12 @@ def _exp_halves(a: Tensor) -> tuple[Tensor, Tensor]:
 def sinh(input: Tensor) -> Tensor:
     """(e^x - e^-x) / 2; below |x| = 1 from expm1 (E + E / (E + 1)) / 2, which keeps sinh(x) ~ x exact."""
     x = _float(input)
-    a = abs(x)
+    a = _magnitude(x)
     small = lt(a, 1.0)
     e = expm1(where(small, a, 0.0))
     near = mul(add(e, div(e, add(e, 1.0))), 0.5)
     up, down = _exp_halves(where(small, 1.0, a))
-    r = where(small, near, sub(up, down))
-    return where(lt(x, 0.0), neg(r), r)
+    return _with_sign_of(x, where(small, near, sub(up, down)))
 
 
 @method("cosh")
@@ -169,12 +177,12 @@ def asinh(input: Tensor) -> Tensor:
     """log(a + sqrt(a^2 + 1)) written as log1p(a + a^2 / (1 + sqrt(1 + a^2))) (exact near 0), and
     log(a) + log 2 beyond 2^28 where a^2 + 1 is a^2 (and a^2 may overflow)."""
     x = _float(input)
-    a = abs(x)
+    a = _magnitude(x)
     large = gt(a, 2.0**28)
     m = where(large, 1.0, a)
     aa = mul(m, m)
     r = where(large, add(log(where(large, a, 1.0)), _LN2), log1p(add(m, div(aa, add(sqrt(add(aa, 1.0)), 1.0)))))
-    return where(lt(x, 0.0), neg(r), where(eq(x, 0.0), x, r))
+    return _with_sign_of(x, r)
 
 
 @method("acosh", "arccosh")
@@ -192,9 +200,8 @@ def atanh(input: Tensor) -> Tensor:
     """log((1 + a) / (1 - a)) / 2 as log1p(2a / (1 - a)) / 2 for a = |x| (log1p of a number near -1
     would lose digits), with x's sign: exact near 0, inf at 1, nan beyond."""
     x = _float(input)
-    a = abs(x)
-    r = mul(log1p(div(mul(a, 2.0), sub(1.0, a))), 0.5)
-    return where(signbit(x), neg(r), r)
+    a = _magnitude(x)
+    return _with_sign_of(x, mul(log1p(div(mul(a, 2.0), sub(1.0, a))), 0.5))
 
 
 arctan, arctan2, arcsin, arccos = atan, atan2, asin, acos
@@ -217,9 +224,17 @@ def hypot(input, other) -> Tensor:
     return where(logical_or(isinf(aa), isinf(ab)), math.inf, r)
 
 
+def _no_integers(a, b, name: str) -> None:
+    """PyTorch's logaddexp refuses integer and bool tensors (it does not promote them to float)."""
+    tensors = [x for x in (a, b) if isinstance(x, Tensor)]
+    if tensors and not any(x._dtype.is_floating_point for x in tensors):
+        raise NotImplementedError(f"\"{name}_cpu\" not implemented for '{tensors[0]._dtype.name.capitalize()}'")
+
+
 @method("logaddexp")
 def logaddexp(input, other) -> Tensor:
     """log(e^a + e^b) = max + log1p(e^-|a - b|); two equal infinities give that infinity, not nan."""
+    _no_integers(input, other, "logaddexp")
     a, b = _float_pair(input, other, "logaddexp")
     same_inf = logical_and(eq(a, b), isinf(a))
     d = where(same_inf, 0.0, sub(a, b))
@@ -229,6 +244,7 @@ def logaddexp(input, other) -> Tensor:
 @method("logaddexp2")
 def logaddexp2(input, other) -> Tensor:
     """log2(2^a + 2^b) = max + log2(1 + 2^-|a - b|)."""
+    _no_integers(input, other, "logaddexp2")
     a, b = _float_pair(input, other, "logaddexp2")
     same_inf = logical_and(eq(a, b), isinf(a))
     d = where(same_inf, 0.0, sub(a, b))
@@ -284,7 +300,7 @@ def fmod(input, other) -> Tensor:
     the remainder of the magnitudes, which numpy (and kiln's kernels) compute exactly, given the
     dividend's sign (fmod(-4, 2) is -0.0, fmod(x, inf) is x)."""
     a, b = promote(input, other, op="fmod")
-    r = remainder(abs(a), abs(b))
+    r = remainder(_magnitude(a), abs(b))
     return where(signbit(a), neg(r), r)
 
 
