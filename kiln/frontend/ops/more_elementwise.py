@@ -72,7 +72,8 @@ def _float(x: Tensor) -> Tensor:
 
 
 def _float_pair(a, b, name: str) -> tuple[Tensor, Tensor]:
-    return promote(a, b, op=name, floating=True)
+    x, y = promote(a, b, op=name, floating=True)
+    return x, y
 
 
 def _magnitude(x: Tensor) -> Tensor:

@@ -11,6 +11,7 @@ as PyTorch's do; integer results (indices, counts) carry none.
 from __future__ import annotations
 
 from collections import namedtuple
+from typing import Literal
 
 import numpy as np
 
@@ -329,7 +330,7 @@ def searchsorted(sorted_sequence: Tensor, input, *, out_int32: bool = False, rig
     values = np.asarray(input) if scalar else _values_of(input, "searchsorted")
     if sorter is not None:
         seq = np.take_along_axis(seq, _values_of(sorter, "searchsorted"), -1)
-    how = "right" if right else "left"
+    how: Literal["left", "right"] = "right" if right else "left"
     if seq.ndim <= 1:
         found = np.searchsorted(seq.reshape(-1), values, side=how)
     else:
