@@ -20,7 +20,7 @@ from .frontend.tensor import Tensor, method
 
 __all__ = [
     "det", "inverse", "slogdet", "logdet", "matrix_power", "cholesky", "svd", "pinverse", "cross", "digamma",
-    "erfinv", "erfc", "xlogy", "logit", "i0", "sinc", "lgamma",
+    "erfinv", "erfc", "xlogy", "logit", "i0", "sinc", "lgamma", "polygamma", "matrix_exp",
 ]  # fmt: skip
 
 SVDResult = namedtuple("svd", ["U", "S", "V"])  # type: ignore[name-match]  # PyTorch's type name (torch.return_types)
@@ -29,6 +29,8 @@ det = linalg.det
 inverse = linalg.inv
 slogdet = linalg.slogdet
 matrix_power = linalg.matrix_power
+matrix_exp = linalg.matrix_exp
+polygamma = special.polygamma
 digamma, erfinv, erfc, xlogy, logit, i0, sinc = (
     special.digamma, special.erfinv, special.erfc, special.xlogy, special.logit, special.i0, special.sinc
 )  # fmt: skip
@@ -77,7 +79,7 @@ def cross(input: Tensor, other: Tensor, dim: int | None = None) -> Tensor:
 _METHODS = {
     "det": det, "inverse": inverse, "slogdet": slogdet, "logdet": logdet, "matrix_power": matrix_power,
     "cholesky": cholesky, "svd": svd, "pinverse": pinverse, "cross": cross, "digamma": digamma, "erfinv": erfinv,
-    "erfc": erfc, "xlogy": xlogy, "logit": logit, "i0": i0, "sinc": sinc, "lgamma": lgamma,
+    "erfc": erfc, "xlogy": xlogy, "logit": logit, "i0": i0, "sinc": sinc, "lgamma": lgamma, "matrix_exp": matrix_exp,
 }  # fmt: skip
 for _name, _fn in _METHODS.items():
     method(_name)(_fn)
@@ -93,3 +95,14 @@ def _inplace(fn, name: str):
 
 for _name in ("digamma", "erfinv", "erfc", "xlogy", "logit", "i0", "sinc", "lgamma"):
     method(_name + "_")(_inplace(_METHODS[_name], _name + "_"))
+
+
+@method("polygamma")
+def _polygamma_method(self: Tensor, n: int) -> Tensor:
+    """``Tensor.polygamma(n)``: the tensor is the second argument of ``torch.polygamma(n, x)``."""
+    return polygamma(n, self)
+
+
+@method("polygamma_")
+def _polygamma_inplace(self: Tensor, n: int) -> Tensor:
+    return commit_inplace(self, polygamma(n, self), op="polygamma_")

@@ -259,3 +259,49 @@ def test_compiled_gradients_match_eager(backend):
 
     check_against_eager(step, make_args, calls=3, rtol=1e-12, atol=1e-12,
                         fullgraph=True, options=kiln.CompileOptions(backend=backend))  # fmt: skip
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 6])
+def test_polygamma_matches_torch(torch, n):
+    positive = np.concatenate([np.linspace(0.01, 50, 200), [1e-3, 0.5, 1.0, 2.0, 15.99, 16.0, 16.01, 100.0, 1e3]])
+    negative = np.array([-0.3, -0.5, -2.5, -9.7, -10.3, -25.25])
+    # torch's trigamma (n = 1) is good to about 5e-10; kiln's series to a few ulps
+    rtol = 1e-9 if n == 1 else 1e-12
+    assert_close(
+        kiln.polygamma(n, kiln.from_numpy(positive)), torch.polygamma(n, torch.from_numpy(positive)), rtol=rtol, atol=0
+    )
+    # by reflection: cot's derivatives cancel against psi^(n)(1 - x), losing digits as n grows
+    assert_close(
+        kiln.polygamma(n, kiln.from_numpy(negative)), torch.polygamma(n, torch.from_numpy(negative)), rtol=1e-9, atol=0
+    )
+    x32 = positive.astype(np.float32)[:-1]
+    assert_close(kiln.from_numpy(x32).polygamma(n), torch.from_numpy(x32).polygamma(n), rtol=1e-5, atol=0)
+    assert_close(
+        kiln.polygamma(n, kiln.tensor([0.0])), torch.polygamma(n, torch.tensor([0.0])), rtol=0, atol=0
+    )  # the pole
+    with pytest.raises(RuntimeError, match="negative n"):
+        kiln.polygamma(-1, kiln.tensor([1.0]))
+
+
+def test_polygamma_gradient():
+    x = kiln.tensor(rng.uniform(0.2, 5, size=6), dtype=kiln.float64, requires_grad=True)
+    assert gradcheck(lambda t: kiln.polygamma(2, t), (x,), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_matrix_exp_matches_torch(torch):
+    for scale in (0.0, 0.1, 1.0, 3.0, 30.0):
+        a = rng.normal(size=(3, 4, 4)) * scale
+        expected = torch.matrix_exp(torch.from_numpy(a))
+        assert_close(
+            kiln.matrix_exp(kiln.from_numpy(a)), expected, rtol=1e-12, atol=1e-13 * float(expected.abs().max())
+        )
+        a32 = a.astype(np.float32)
+        expected32 = torch.from_numpy(a32).matrix_exp()
+        assert_close(
+            kiln.from_numpy(a32).matrix_exp(), expected32, rtol=1e-4, atol=1e-5 * float(expected32.abs().max())
+        )
+    assert kiln.matrix_exp(kiln.zeros(0, 0)).shape == (0, 0)
+    with pytest.raises(RuntimeError, match="square"):
+        kiln.matrix_exp(kiln.zeros(2, 3))
+    x = kiln.tensor(rng.normal(size=(3, 3)) * 2, dtype=kiln.float64, requires_grad=True)
+    assert gradcheck(kiln.matrix_exp, (x,), eps=1e-6, atol=1e-6, rtol=1e-5)

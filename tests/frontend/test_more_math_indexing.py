@@ -157,3 +157,10 @@ def test_integer_ops_break_the_trace_naming_the_op():
         np.testing.assert_array_equal(compiled(a, b).numpy(), fn(a, b).numpy())
     (reason,) = {e.detail for e in compiled.state.events if e.kind == "break"}
     assert reason.startswith("gcd has no compiled form"), reason
+
+
+def test_argwhere(torch):
+    for a in (np.array([[1, 0], [0, 3]]), np.array([0.0, 2.0, math.nan]), np.array(5), np.array(0), np.zeros((2, 0))):
+        ours, theirs = _pair(torch, a)
+        _same(kiln.argwhere(ours), torch.argwhere(theirs))
+        _same(ours.argwhere(), theirs.argwhere())

@@ -22,14 +22,14 @@ from ..tensor import Tensor, make_tensor, method
 from ._util import cast
 from .creation import ones_like, zeros_like
 from .elementwise import div, eq, floor_divide, logical_and, logical_not, logical_or, logical_xor, lt, remainder, where
-from .indexing import gather, index_put, index_select, scatter_add
+from .indexing import gather, index_put, index_select, nonzero, scatter_add
 from .more_linalg import cdist
 from .reductions import cumsum
 from .shape import expand, movedim, reshape
 
 __all__ = [
     "index_copy", "index_fill", "masked_scatter", "select_scatter", "slice_scatter", "scatter_reduce",
-    "unravel_index", "pdist", "gcd", "lcm", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "frexp",
+    "unravel_index", "argwhere", "pdist", "gcd", "lcm", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "frexp",
     "angle",
 ]  # fmt: skip
 
@@ -178,6 +178,16 @@ def unravel_index(indices, shape) -> tuple[Tensor, ...]:
         out.append(remainder(flat, size) if size else flat * 0)
         flat = floor_divide(flat, size) if size else flat
     return tuple(reversed(out))
+
+
+@method("argwhere")
+def argwhere(input: Tensor) -> Tensor:
+    """The (count, ndim) int64 indices of the non-zero elements (a data-dependent shape: under
+    ``kiln.compile`` the call runs eagerly, as ``nonzero``)."""
+    if input.ndim == 0:
+        input._value_access("kiln.argwhere() (a data-dependent shape)")
+        return make_tensor(np.zeros((int(bool(input.item())), 0), dtype=np.int64), input.device)
+    return nonzero(input)
 
 
 def pdist(input: Tensor, p: float = 2.0) -> Tensor:
