@@ -13,6 +13,7 @@ import pytest
 import kiln
 from kiln.autograd import gradcheck
 from tests.conftest import assert_close
+from tests.frontend.jit.helpers import check_against_eager
 
 rng = np.random.default_rng(2)
 HERE = os.path.basename(__file__)
@@ -152,12 +153,38 @@ def test_value_gradients():
     check(lambda x: kiln.msort(x), (4, 3))
 
 
-def _median_program(x):
-    return kiln.median(x, 1).values * 2 + kiln.quantile(x, 0.5, 1)
+def _order_program(x):
+    out = kiln.median(x, 1).values * 2 + kiln.quantile(x, 0.5, 1) + kiln.nanmedian(x, 1, keepdim=True).values.squeeze(1)
+    q = kiln.tensor([0.25, 0.75], dtype=x.dtype)
+    return out + kiln.kthvalue(x, 2, 1).values + kiln.nanquantile(x, q, 1, interpolation="nearest").sum(0), kiln.median(
+        x
+    )
 
 
-@pytest.mark.parametrize(("fn", "op"), [(_median_program, "median"), (lambda x: kiln.unique(x) + 1, "unique"),
-                                        (lambda x: kiln.bincount((x.abs() * 3).long().flatten()), "bincount")])  # fmt: skip
+@pytest.mark.parametrize("backend", ["llvm", "interpreter"])
+def test_rank_statistics_compile(backend):
+    """median, kthvalue and the quantiles compile (the sort is an extern node), nan rows included."""
+
+    def make_args():
+        x = rng.normal(size=(3, 6))
+        x[rng.integers(0, 3), rng.integers(0, 6)] = math.nan
+        return (kiln.tensor(x),)
+
+    check_against_eager(_order_program, make_args, calls=3, rtol=1e-12, atol=1e-12, fullgraph=True,
+                        options=kiln.CompileOptions(backend=backend))  # fmt: skip
+
+
+def test_compiled_quantile_checks_q():
+    compiled = kiln.compile(lambda x, q: kiln.quantile(x, q))
+    x = kiln.tensor(rng.normal(size=5))
+    compiled(x, kiln.tensor([0.5], dtype=x.dtype))
+    with pytest.raises(RuntimeError, match="range"):
+        compiled(x, kiln.tensor([1.5], dtype=x.dtype))
+
+
+@pytest.mark.parametrize(("fn", "op"), [(lambda x: kiln.unique(x) + 1, "unique"),
+                                        (lambda x: kiln.bincount((x.abs() * 3).long().flatten()), "bincount"),
+                                        (lambda x: kiln.mode(x, 1).values, "mode")])  # fmt: skip
 def test_compiled_calls_break_naming_the_op_and_match_eager(fn, op):
     compiled = kiln.compile(fn)
     for seed in range(3):

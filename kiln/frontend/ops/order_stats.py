@@ -1,15 +1,18 @@
-"""Order statistics and value-dependent results: ``median``, ``kthvalue``, ``mode``, ``quantile``,
+"""Order statistics and value-dependent results: ``median``, ``kthvalue``, ``quantile``, ``mode``,
 ``cummax``/``cummin``, ``unique``, ``bincount``, ``histc``, ``searchsorted``, ``bucketize``.
 
-Each reads the values to decide *which* elements it returns (or how many), as ``sort`` does
-(``compat.py``): the positions are computed with numpy, and under ``kiln.compile`` that stops the
-trace with a reason naming the op (the call finishes eagerly). The returned values are then
-gathered from the input at those positions, so they carry the gradient to the selected elements,
-as PyTorch's do; integer results (indices, counts) carry none.
+``median``, ``nanmedian``, ``kthvalue``, ``quantile``, ``nanquantile`` and ``msort`` pick ranks of
+the ``argsort`` primitive's order with tensor ops (the ranks themselves may depend on how many nan
+a row holds), so they compile: the sort runs as an extern node at every call. The others read the
+values with numpy to decide which elements (or how many) they return; under ``kiln.compile`` that
+stops the trace with a reason naming the op and the call finishes eagerly. Returned values are
+gathered from the input at the chosen positions, so they carry the gradient to the selected
+elements, as PyTorch's do; integer results (indices, counts) carry none.
 """
 
 from __future__ import annotations
 
+import math
 from collections import namedtuple
 from typing import Literal
 
@@ -19,10 +22,30 @@ from ...ir import dtypes as dt
 from ...ir.shapes import normalize_axis
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor, method
-from .compat import sort
-from .elementwise import add, mul, sub, where
+from ._util import cast
+from .checks import check
+from .compat import argsort, sort
+from .creation import full, zeros
+from .elementwise import (
+    add,
+    ceil,
+    clamp,
+    eq,
+    floor,
+    floor_divide,
+    ge,
+    gt,
+    isnan,
+    le,
+    logical_and,
+    mul,
+    round,
+    sub,
+    where,
+)
 from .indexing import gather
-from .shape import movedim, reshape, squeeze, unsqueeze
+from .reductions import sum
+from .shape import expand, movedim, narrow, reshape, squeeze, unsqueeze
 
 __all__ = [
     "median", "nanmedian", "kthvalue", "mode", "msort", "quantile", "nanquantile", "cummax", "cummin", "unique",
@@ -69,24 +92,44 @@ def _nonempty(input: Tensor, dim: int, op: str) -> None:
         raise IndexError(f"{op}(): Expected reduction dim {dim} to have non-zero size.")
 
 
+def _by_rank(input: Tensor, dim: int, rank: Tensor, keepdim: bool, result):
+    """``result(values, indices)`` of the elements of sorted rank ``rank`` (an int64 tensor shaped
+    like ``input`` with ``dim`` of size 1) along ``dim``: the ``argsort`` primitive's order, so a
+    compiled call runs the sort as an extern node, and the values gathered with their gradient."""
+    index = gather(argsort(input, dim), dim, rank)
+    values = gather(input, dim, index)
+    if not keepdim:
+        values, index = squeeze(values, dim), squeeze(index, dim)
+    return result(values, index)
+
+
+def _constant_rank(input: Tensor, dim: int, rank: int) -> Tensor:
+    shape = list(input.shape)
+    shape[dim] = 1
+    return full(tuple(shape), rank, dtype=dt.int64, device=input.device)
+
+
 def _median(input: Tensor, dim, keepdim: bool, ignore_nan: bool, result):
     op = "nanmedian" if ignore_nan else "median"
     if dim is None:
         flat = reshape(input, (-1,))
         if flat.shape[0] == 0:
-            return make_tensor(np.asarray(np.nan, dtype=input.dtype.np), input.device)
+            return full((), math.nan, dtype=input.dtype, device=input.device)
         return _median(flat, 0, False, ignore_nan, result).values
-    rows, dim = _rows(input, dim, op)
+    if input.ndim == 0:
+        normalize_axis(dim, 1)
+        return result(input.clone(), zeros((), dtype=dt.int64, device=input.device))
+    dim = normalize_axis(dim, input.ndim)
     _nonempty(input, dim, op)
-    order = np.argsort(rows, axis=-1, kind="stable")  # nan sorts last
-    nans = np.isnan(rows) if rows.dtype.kind == "f" else np.zeros(rows.shape, bool)
-    if ignore_nan:
-        k = np.maximum((rows.shape[-1] - nans.sum(-1) - 1) // 2, 0)
-        index = np.take_along_axis(order, k[..., None], -1)[..., 0]
-    else:
-        index = np.take_along_axis(order, np.full(rows.shape[:-1] + (1,), (rows.shape[-1] - 1) // 2), -1)[..., 0]
-        index = np.where(nans.any(-1), nans.argmax(-1), index)  # a row with nan: its first nan
-    return _select(input, dim, index, keepdim, result)
+    n = input.shape[dim]
+    if not input.dtype.is_floating_point:
+        return _by_rank(input, dim, _constant_rank(input, dim, (n - 1) // 2), keepdim, result)
+    nans = sum(isnan(input), dim, keepdim=True)  # int64; nan sorts last
+    if ignore_nan:  # the lower median of the n - nans numbers (rank 0, a nan, when all are nan)
+        rank = clamp(floor_divide(sub(n - 1, nans), 2), min=0)
+    else:  # a row with nan: its first nan, which sorts at rank n - nans
+        rank = where(gt(nans, 0), sub(n, nans), (n - 1) // 2)
+    return _by_rank(input, dim, rank, keepdim, result)
 
 
 @method("median")
@@ -104,12 +147,16 @@ def nanmedian(input: Tensor, dim=None, keepdim: bool = False):
 @method("kthvalue")
 def kthvalue(input: Tensor, k: int, dim: int = -1, keepdim: bool = False):
     """The k-th smallest element (1-based) along ``dim`` and its position; nan counts as the largest."""
-    rows, dim = _rows(input, dim, "kthvalue")
-    n = rows.shape[-1]
+    if input.ndim == 0:
+        normalize_axis(dim, 1)
+        if k != 1:
+            raise IndexError(f"kthvalue(): selected number k out of range for dimension 0 (k={k}, size 1)")
+        return KthvalueResult(input.clone(), zeros((), dtype=dt.int64, device=input.device))
+    dim = normalize_axis(dim, input.ndim)
+    n = input.shape[dim]
     if not 1 <= k <= n:
         raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim} (k={k}, size {n})")
-    order = np.argsort(rows, axis=-1, kind="stable")
-    return _select(input, dim, order[..., k - 1], keepdim, KthvalueResult)
+    return _by_rank(input, dim, _constant_rank(input, dim, k - 1), keepdim, KthvalueResult)
 
 
 @method("mode")
@@ -164,49 +211,48 @@ _INTERPOLATIONS = ("linear", "lower", "higher", "midpoint", "nearest")
 
 
 def _quantile(input: Tensor, q, dim, keepdim: bool, interpolation: str, ignore_nan: bool) -> Tensor:
+    """Sorted along the reduced dim (the ``argsort`` primitive: it compiles), the values at the two
+    ranks around q (count - 1) gathered (with their gradient) and interpolated, as PyTorch."""
     op = "nanquantile" if ignore_nan else "quantile"
     if not input.dtype.is_floating_point:
         raise RuntimeError(f"{op}() input tensor must be either float or double dtype")
     if interpolation not in _INTERPOLATIONS:
         raise ValueError(f"{op}() interpolation must be one of {', '.join(_INTERPOLATIONS)}. Got '{interpolation}'")
+    scalar_q = not isinstance(q, Tensor) or q.ndim == 0
     if isinstance(q, Tensor):
         if q.dtype is not input.dtype:
             raise RuntimeError(f"{op}() q tensor must be same dtype as the input tensor")
         if q.ndim > 1:
             raise RuntimeError(f"{op}() q must be a scalar or 1D tensor")
-        q_values, scalar_q = _values_of(q, op).astype(np.float64).reshape(-1), q.ndim == 0
+        q = reshape(q, (-1,))
+        check(logical_and(ge(q, 0.0), le(q, 1.0)), RuntimeError, f"{op}() q values must be in the range [0, 1]")
     else:
-        q_values, scalar_q = np.asarray([float(q)]), True
-    if ((q_values < 0) | (q_values > 1)).any():
-        raise RuntimeError(f"{op}() q values must be in the range [0, 1]")
+        if not 0 <= float(q) <= 1:
+            raise RuntimeError(f"{op}() q values must be in the range [0, 1]")
+        q = full((1,), float(q), dtype=input.dtype, device=input.device)
     if dim is None:
         x, axis = reshape(input, (-1,)), 0
     else:
         axis = normalize_axis(dim, max(input.ndim, 1))
         x = input if input.ndim else reshape(input, (1,))
-    if x.shape[axis] == 0:
+    n = x.shape[axis]
+    if n == 0:
         raise RuntimeError(f"{op}() input tensor must be non-empty")
-    rows = np.moveaxis(_values_of(x, op), axis, -1)
-    nans = np.isnan(rows)
-    count = (rows.shape[-1] - nans.sum(-1)) if ignore_nan else np.full(rows.shape[:-1], rows.shape[-1])
-    ranks = q_values * (np.maximum(count, 1) - 1)[..., None]  # (..., Q)
+    ordered = movedim(sort(x, axis).values, axis, -1)  # (..., n), nan last
+    if ignore_nan:
+        count = cast(sub(n, sum(isnan(ordered), -1, keepdim=True)), input.dtype)  # (..., 1)
+        ranks = mul(q, clamp(sub(count, 1.0), min=0.0))  # (..., Q), in the input's dtype as PyTorch's
+        invalid = eq(count, 0.0)  # all nan
+    else:
+        ranks = expand(mul(q, float(n - 1)), tuple(ordered.shape[:-1]) + (q.shape[0],))
+        invalid = isnan(narrow(ordered, -1, n - 1, 1))  # a nan anywhere sorts last
     if interpolation == "nearest":
-        ranks = np.round(ranks)  # half to even, as PyTorch's round
-    lo = np.floor(ranks).astype(np.int64)
-    hi = np.ceil(ranks).astype(np.int64)
-    weight = {"lower": 0.0, "higher": 1.0, "midpoint": 0.5}.get(interpolation, None)
-    sorted_x = movedim(sort(x, axis).values, axis, -1)  # nan last
-
-    def at(positions: np.ndarray) -> Tensor:
-        return gather(sorted_x, -1, make_tensor(np.ascontiguousarray(positions), x.device))
-
-    low, high = at(lo), at(hi)
-    w = ranks - lo if weight is None else np.full(ranks.shape, weight)
-    out = add(low, mul(sub(high, low), make_tensor(w.astype(input.dtype.np), x.device)))
-    invalid = (count == 0) if ignore_nan else nans.any(-1)  # all nan (nanquantile), any nan (quantile)
-    if invalid.any():
-        out = where(make_tensor(np.ascontiguousarray(np.broadcast_to(invalid[..., None], out.shape))), np.nan, out)
-    out = movedim(out, -1, 0)  # (Q, ...)
+        ranks = round(ranks)  # half to even, as PyTorch's
+    lo, hi = floor(ranks), ceil(ranks)
+    low, high = gather(ordered, -1, cast(lo, dt.int64)), gather(ordered, -1, cast(hi, dt.int64))
+    weight = {"lower": 0.0, "higher": 1.0, "midpoint": 0.5}.get(interpolation)
+    out = add(low, mul(sub(high, low), sub(ranks, lo) if weight is None else weight))
+    out = movedim(where(invalid, math.nan, out), -1, 0)  # (Q, ...)
     if keepdim:
         out = unsqueeze(out, axis + 1) if dim is not None else reshape(out, (out.shape[0],) + (1,) * input.ndim)
     return reshape(out, tuple(out.shape[1:])) if scalar_q else out
