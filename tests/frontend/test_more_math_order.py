@@ -163,7 +163,7 @@ def _order_program(x):
 
 @pytest.mark.parametrize("backend", ["llvm", "interpreter"])
 def test_rank_statistics_compile(backend):
-    """median, kthvalue and the quantiles compile (the sort is an extern node), nan rows included."""
+    """median, kthvalue and the quantiles (the sort is an extern node) and cummax/cummin compile, nan rows included."""
 
     def make_args():
         x = rng.normal(size=(3, 6))

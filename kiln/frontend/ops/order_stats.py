@@ -3,7 +3,8 @@
 
 ``median``, ``nanmedian``, ``kthvalue``, ``quantile``, ``nanquantile`` and ``msort`` pick ranks of
 the ``argsort`` primitive's order with tensor ops (the ranks themselves may depend on how many nan
-a row holds), so they compile: the sort runs as an extern node at every call. The others read the
+a row holds), so they compile: the sort runs as an extern node at every call; ``cummax`` and
+``cummin`` are a scan over primitives and compile too. The others read the
 values with numpy to decide which elements (or how many) they return; under ``kiln.compile`` that
 stops the trace with a reason naming the op and the call finishes eagerly. Returned values are
 gathered from the input at the chosen positions, so they carry the gradient to the selected
@@ -25,7 +26,8 @@ from ..tensor import Tensor, make_tensor, method
 from ._util import cast
 from .checks import check
 from .compat import argsort, sort
-from .creation import full, zeros
+from .copies import cat
+from .creation import arange, full, zeros
 from .elementwise import (
     add,
     ceil,
@@ -38,6 +40,9 @@ from .elementwise import (
     isnan,
     le,
     logical_and,
+    logical_not,
+    logical_or,
+    lt,
     mul,
     round,
     sub,
@@ -181,18 +186,34 @@ def msort(input: Tensor) -> Tensor:
 
 
 def _cumulative(input: Tensor, dim: int, larger: bool, result):
-    op = "cummax" if larger else "cummin"
-    rows, dim = _rows(input, dim, op)
-    pick = np.maximum if larger else np.minimum  # they propagate nan, as PyTorch's cummax does
-    running = pick.accumulate(rows, axis=-1) if rows.shape[-1] else rows
-    # A position takes over when it equals the running extreme (ties: the later one) or is nan.
-    takes_over = (rows == running) | (np.isnan(rows) if rows.dtype.kind == "f" else False)
-    positions = np.where(takes_over, np.arange(rows.shape[-1]), 0)
-    index = np.maximum.accumulate(positions, axis=-1) if rows.shape[-1] else positions
+    """A doubling scan (see ``more_reductions``) of (value, position) pairs that keeps the later pair
+    unless the earlier one is strictly beyond it: the running extreme, ties going to the later
+    position, and a nan, once met, kept (a later nan takes over, as in PyTorch). It is the
+    lexicographic extreme of (value with nan beyond everything, position), so the scan is exact;
+    it compiles, and the values are gathered at the positions so they carry the gradient."""
     if input.ndim == 0:
-        return result(input.clone(), make_tensor(np.zeros((), np.int64), input.device))
-    index_t = make_tensor(np.ascontiguousarray(np.moveaxis(index.astype(np.int64), -1, dim)), input.device)
-    return result(gather(input, dim, index_t), index_t)
+        normalize_axis(dim, 1)
+        return result(input.clone(), zeros((), dtype=dt.int64, device=input.device))
+    dim = normalize_axis(dim, input.ndim)
+    n = input.shape[dim]
+    values = input.detach()
+    shape = [1] * input.ndim
+    shape[dim] = n
+    index = expand(reshape(arange(n, device=input.device), tuple(shape)), tuple(input.shape))
+    beyond = gt if larger else lt
+    shift = 1
+    while shift < n:
+        v0, i0 = narrow(values, dim, 0, n - shift), narrow(index, dim, 0, n - shift)
+        v1, i1 = narrow(values, dim, shift, n - shift), narrow(index, dim, shift, n - shift)
+        keep_earlier = beyond(v0, v1)
+        if values.dtype.is_floating_point:
+            keep_earlier = logical_or(
+                logical_and(keep_earlier, logical_not(isnan(v1))), logical_and(isnan(v0), logical_not(isnan(v1)))
+            )
+        values = cat([narrow(values, dim, 0, shift), where(keep_earlier, v0, v1)], dim)
+        index = cat([narrow(index, dim, 0, shift), where(keep_earlier, i0, i1)], dim)
+        shift *= 2
+    return result(gather(input, dim, index), index)
 
 
 @method("cummax")
