@@ -174,6 +174,30 @@ def test_rank_statistics_compile(backend):
                         options=kiln.CompileOptions(backend=backend))  # fmt: skip
 
 
+def _search_program(seq, rows, values, sorter):
+    return (kiln.searchsorted(seq, values), kiln.searchsorted(seq, values, right=True),
+            kiln.bucketize(values, seq, out_int32=True), kiln.searchsorted(rows, values.reshape(2, -1), side="right"),
+            kiln.searchsorted(seq[sorter], values, sorter=kiln.argsort(seq[sorter])), kiln.searchsorted(seq, 0.5))  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["llvm", "interpreter"])
+def test_searching_compiles_and_matches_eager(torch, backend):
+    def make_args():
+        seq = np.sort(rng.integers(0, 6, size=9)).astype(np.float64)  # ties
+        rows = np.sort(rng.normal(size=(2, 5)), 1)
+        values = np.concatenate([rng.integers(-1, 7, size=5).astype(np.float64), [math.nan]])
+        return kiln.tensor(seq), kiln.tensor(rows), kiln.tensor(values), kiln.tensor(rng.permutation(9))
+
+    compiled = check_against_eager(_search_program, make_args, calls=3, rtol=0, atol=0, fullgraph=True,
+                                   options=kiln.CompileOptions(backend=backend))  # fmt: skip
+    seq, rows, values, sorter = make_args()
+    got = compiled(seq, rows, values, sorter)
+    t = torch.from_numpy
+    assert_close(got[0], torch.searchsorted(t(seq.numpy()), t(values.numpy())), rtol=0, atol=0)
+    assert_close(got[1], torch.searchsorted(t(seq.numpy()), t(values.numpy()), right=True), rtol=0, atol=0)
+    assert_close(got[2], torch.bucketize(t(values.numpy()), t(seq.numpy()), out_int32=True), rtol=0, atol=0)
+
+
 def test_compiled_quantile_checks_q():
     compiled = kiln.compile(lambda x, q: kiln.quantile(x, q))
     x = kiln.tensor(rng.normal(size=5))

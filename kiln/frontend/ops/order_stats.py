@@ -4,7 +4,8 @@
 ``median``, ``nanmedian``, ``kthvalue``, ``quantile``, ``nanquantile`` and ``msort`` pick ranks of
 the ``argsort`` primitive's order with tensor ops (the ranks themselves may depend on how many nan
 a row holds), so they compile: the sort runs as an extern node at every call; ``cummax`` and
-``cummin`` are a scan over primitives and compile too. The others read the
+``cummin`` are a scan over primitives, and a traced ``searchsorted``/``bucketize`` counts the
+entries before each value with comparisons, so they compile too. The others read the
 values with numpy to decide which elements (or how many) they return; under ``kiln.compile`` that
 stops the trace with a reason naming the op and the call finishes eagerly. Returned values are
 gathered from the input at the chosen positions, so they carry the gradient to the selected
@@ -392,25 +393,56 @@ def searchsorted(sorted_sequence: Tensor, input, *, out_int32: bool = False, rig
         if right and side == "left":
             raise RuntimeError("side and right can't be set to opposites, got side of left while right was True")
         right = side == "right"
-    seq = _values_of(sorted_sequence, "searchsorted")
-    scalar = not isinstance(input, Tensor)
-    values = np.asarray(input) if scalar else _values_of(input, "searchsorted")
+    if sorted_sequence.ndim > 1 and (
+        not isinstance(input, Tensor) or tuple(input.shape[:-1]) != tuple(sorted_sequence.shape[:-1])
+    ):
+        raise RuntimeError(
+            "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of "
+            f"boundaries tensor and input value tensor must match, but we got boundaries tensor "
+            f"{list(sorted_sequence.shape)} and input value tensor {list(getattr(input, 'shape', ()))}"
+        )
+    dtype = np.int32 if out_int32 else np.int64
+    if _jit.tracing:
+        return _searchsorted_by_counting(sorted_sequence, input, right, sorter, dt.int32 if out_int32 else dt.int64)
+    seq = sorted_sequence.detach().numpy()
+    values = np.asarray(input) if not isinstance(input, Tensor) else input.detach().numpy()
     if sorter is not None:
-        seq = np.take_along_axis(seq, _values_of(sorter, "searchsorted"), -1)
+        seq = np.take_along_axis(seq, sorter.numpy(), -1)
     how: Literal["left", "right"] = "right" if right else "left"
     if seq.ndim <= 1:
         found = np.searchsorted(seq.reshape(-1), values, side=how)
     else:
-        if values.shape[:-1] != seq.shape[:-1]:
-            raise RuntimeError(
-                "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of "
-                f"boundaries tensor and input value tensor must match, but we got boundaries tensor "
-                f"{list(seq.shape)} and input value tensor {list(values.shape)}"
-            )
         flat_seq, flat_values = seq.reshape(-1, seq.shape[-1]), values.reshape(-1, values.shape[-1])
         found = np.stack([np.searchsorted(s, v, side=how) for s, v in zip(flat_seq, flat_values)]).reshape(values.shape)
-    like = sorted_sequence
-    return _out(np.asarray(found), like, np.int32 if out_int32 else np.int64)
+    return _out(np.asarray(found), sorted_sequence, dtype)
+
+
+def _before(a: Tensor, b: Tensor) -> Tensor:
+    """a < b in the sorted order, where nan comes after every number (as numpy's and torch's sorts)."""
+    if not (a.dtype.is_floating_point or b.dtype.is_floating_point):
+        return lt(a, b)
+    return logical_or(lt(a, b), logical_and(isnan(b), logical_not(isnan(a))))
+
+
+def _searchsorted_by_counting(seq: Tensor, input, right: bool, sorter, dtype) -> Tensor:
+    """searchsorted as a count of the sequence's entries before each value (left) or not after it
+    (right): comparisons and a sum, which compile; the same integers as numpy's binary search, at
+    the cost of a (values x sequence) comparison."""
+    if sorter is not None:
+        seq = gather(seq, -1, sorter)
+    values = (
+        input if isinstance(input, Tensor) else full((), input, dtype=dt.result_type(seq, input), device=seq.device)
+    )
+    if seq.ndim <= 1:
+        s, v = reshape(seq, (-1,)), unsqueeze(values, -1)
+    else:
+        s, v = unsqueeze(seq, -2), unsqueeze(values, -1)
+    n = seq.shape[-1] if seq.ndim else 1
+    if right:
+        found = sub(n, sum(_before(v, s), -1))
+    else:
+        found = sum(_before(s, v), -1)
+    return cast(found, dtype)
 
 
 @method("bucketize")
