@@ -138,6 +138,10 @@ def test_in_place_forms():
     t = kiln.from_numpy(x.copy())
     t.atan2_(kiln.tensor([1.0, -1.0, 0.5], dtype=kiln.float64))
     np.testing.assert_allclose(t.numpy(), np.arctan2(x, [1.0, -1.0, 0.5]), rtol=1e-15)
+    with pytest.raises(RuntimeError, match="float64"):
+        kiln.tensor([1.0, 2.0], dtype=kiln.float32).float_power_(2)
+    t = kiln.from_numpy(x.copy())
+    assert t.float_power_(2) is t and t.tolist() == (x**2).tolist()
     t = kiln.from_numpy(x.copy())
     t.multiply_(2.0).subtract_(1.0).divide_(4.0)
     np.testing.assert_allclose(t.numpy(), (x * 2 - 1) / 4, rtol=1e-15)

@@ -413,7 +413,7 @@ _INPLACE = {
     "tan": tan, "sinh": sinh, "cosh": cosh, "asinh": asinh, "acosh": acosh, "atanh": atanh, "atan": atan,
     "asin": asin, "acos": acos, "arctan": atan, "arcsin": asin, "arccos": acos, "arcsinh": asinh,
     "arccosh": acosh, "arctanh": atanh, "atan2": atan2, "arctan2": atan2, "hypot": hypot, "exp2": exp2,
-    "ldexp": ldexp, "deg2rad": deg2rad, "rad2deg": rad2deg, "float_power": float_power, "frac": frac,
+    "ldexp": ldexp, "deg2rad": deg2rad, "rad2deg": rad2deg, "frac": frac,
     "fmod": fmod, "clamp_min": clamp_min, "clamp_max": clamp_max, "sgn": sgn, "copysign": copysign,
     "heaviside": heaviside, "nan_to_num": nan_to_num, "absolute": abs, "greater": gt, "greater_equal": ge,
     "less": lt, "less_equal": le, "not_equal": ne, "subtract": sub, "multiply": mul, "divide": div,
@@ -423,3 +423,16 @@ for _name, _fn in _INPLACE.items():
     method(_name + "_")(_inplace(_fn, _name + "_"))
 for _name, _fn in {"subtract": sub, "multiply": mul, "divide": div, "true_divide": div}.items():
     method(_name)(_fn)
+
+
+@method("float_power_")
+def float_power_(input: Tensor, exponent) -> Tensor:
+    """In-place float_power: PyTorch requires ``input`` to be float64 already (the result's dtype)."""
+    if input._dtype is not dt.float64:
+        raise RuntimeError(
+            f"the base given to float_power_ has dtype {input._dtype.name} but the operation's result requires dtype float64"
+        )
+    return _float_power_inplace(input, exponent)
+
+
+_float_power_inplace = _inplace(float_power, "float_power_")
