@@ -20,6 +20,7 @@ from ..autograd.grad_mode import is_grad_enabled
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast
+from .copies import constant
 from .creation import ones_like, zeros_like
 from .elementwise import div, eq, floor_divide, logical_and, logical_not, logical_or, logical_xor, lt, remainder, where
 from .indexing import gather, index_put, index_select, nonzero, scatter_add
@@ -101,7 +102,7 @@ def select_scatter(input: Tensor, src: Tensor, dim: int, index: int) -> Tensor:
     if tuple(src.shape) != expected:
         raise RuntimeError(f"expected src to have a size equal to the slice of self. src size = {list(src.shape)}, "
                            f"slice size = {list(expected)}")  # fmt: skip
-    idx = make_tensor(np.asarray([index % n], dtype=np.int64), input.device)
+    idx = constant(np.asarray([index % n], dtype=np.int64), input.device)
     return index_copy(input, dim, idx, src.unsqueeze(dim))
 
 
@@ -117,7 +118,7 @@ def slice_scatter(input: Tensor, src: Tensor, dim: int = 0, start=None, end=None
                            f"slice size = {expected}")  # fmt: skip
     if len(positions) == 0:
         return input.clone()
-    return index_copy(input, dim, make_tensor(positions, input.device), src)
+    return index_copy(input, dim, constant(positions, input.device), src)
 
 
 _REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
@@ -148,8 +149,8 @@ def scatter_reduce(input: Tensor, dim: int, index: Tensor, src: Tensor, reduce: 
         raise RuntimeError(f"scatter_reduce(reduce={reduce!r}) has no gradient in kiln yet (sum and mean have)")
     if _jit.tracing:
         _jit.unsafe(f"scatter_reduce(reduce={reduce!r}) has no compiled form")
-    out = input.detach().numpy().copy()
-    idx, values, start = index.numpy(), src.numpy(), touched.numpy()
+    out = input.detach()._host().copy()
+    idx, values, start = index._host(), src.detach()._host(), touched._host()
     ufunc = {"prod": np.multiply, "amax": np.maximum, "amin": np.minimum}[reduce]
     if not include_self:
         identity = {"prod": 1, "amax": -np.inf, "amin": np.inf}[reduce]
@@ -160,7 +161,7 @@ def scatter_reduce(input: Tensor, dim: int, index: Tensor, src: Tensor, reduce: 
     grid: list[np.ndarray] = list(np.indices(idx.shape, sparse=True))
     grid[dim] = idx
     ufunc.at(out, tuple(grid), values[tuple(slice(0, s) for s in idx.shape)])
-    return make_tensor(out, input.device)
+    return constant(out, input.device)
 
 
 def unravel_index(indices, shape) -> tuple[Tensor, ...]:
@@ -186,7 +187,7 @@ def argwhere(input: Tensor) -> Tensor:
     ``kiln.compile`` the call runs eagerly, as ``nonzero``)."""
     if input.ndim == 0:
         input._value_access("kiln.argwhere() (a data-dependent shape)")
-        return make_tensor(np.zeros((int(bool(input.item())), 0), dtype=np.int64), input.device)
+        return constant(np.zeros((int(bool(input.item())), 0), dtype=np.int64), input.device)
     return nonzero(input)
 
 
@@ -196,7 +197,7 @@ def pdist(input: Tensor, p: float = 2.0) -> Tensor:
         raise RuntimeError(f"pdist only supports 2D tensors, got: {input.ndim}D")
     n = input.shape[0]
     rows, cols = np.triu_indices(n, 1)
-    flat = make_tensor((rows * n + cols).astype(np.int64), input.device)
+    flat = constant((rows * n + cols).astype(np.int64), input.device)
     return index_select(reshape(cdist(input, input, p), (-1,)), 0, flat)
 
 
@@ -204,9 +205,9 @@ def pdist(input: Tensor, p: float = 2.0) -> Tensor:
 def _numpy_op(name: str, fn, *tensors: Tensor) -> Tensor:
     if _jit.tracing:
         _jit.unsafe(f"{name} has no compiled form (kiln has no integer {name} primitive)")
-    arrays = [t.detach().numpy() if isinstance(t, Tensor) else t for t in tensors]
+    arrays = [t.detach()._host() if isinstance(t, Tensor) else t for t in tensors]
     device = next(t.device for t in tensors if isinstance(t, Tensor))
-    return make_tensor(np.asarray(fn(*arrays)), device)
+    return constant(np.asarray(fn(*arrays)), device)
 
 
 def _integers(name: str, *xs) -> None:
@@ -258,10 +259,8 @@ def frexp(input: Tensor):
         raise RuntimeError("torch.frexp() only supports floating-point dtypes")
     if _jit.tracing:
         _jit.unsafe("frexp has no compiled form")
-    mantissa, exponent = np.frexp(input.detach().numpy())
-    return make_tensor(np.asarray(mantissa), input.device), make_tensor(
-        np.asarray(exponent, dtype=np.int32), input.device
-    )
+    mantissa, exponent = np.frexp(input.detach()._host())
+    return constant(np.asarray(mantissa), input.device), constant(np.asarray(exponent, dtype=np.int32), input.device)
 
 
 @method("angle")

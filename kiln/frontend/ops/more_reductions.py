@@ -21,7 +21,7 @@ from ...ir import dtypes as dt
 from ...ir.shapes import normalize_axis
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast
-from .copies import cat
+from .copies import cat, constant
 from .creation import zeros
 from .elementwise import abs, add, clamp, div, eq, gt, mul, pow, sqrt, sub, where
 from .indexing import index_select
@@ -222,9 +222,9 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
     if not isinstance(elements, Tensor):
         if not isinstance(test_elements, Tensor):
             raise TypeError("isin(): at least one of elements and test_elements must be a Tensor")
-        elements = make_tensor(np.asarray(elements, dtype=test_elements.dtype.np), test_elements.device)
+        elements = constant(np.asarray(elements, dtype=test_elements.dtype.np), test_elements.device)
     if not isinstance(test_elements, Tensor):
-        test_elements = make_tensor(np.asarray(test_elements, dtype=elements.dtype.np), elements.device)
+        test_elements = constant(np.asarray(test_elements, dtype=elements.dtype.np), elements.device)
     flat = reshape(test_elements, (-1,))
     if flat.shape[0] == 0:
         found = eq(zeros(tuple(elements.shape), dtype=dt.bool_), True)
@@ -248,7 +248,7 @@ def vander(x: Tensor, N: int | None = None, increasing: bool = False) -> Tensor:
     powers = cumprod(ones_first, 1)
     if increasing:
         return powers
-    return index_select(powers, 1, make_tensor(np.arange(n - 1, -1, -1, dtype=np.int64), x.device))
+    return index_select(powers, 1, constant(np.arange(n - 1, -1, -1, dtype=np.int64), x.device))
 
 
 def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None, requires_grad: bool = False):

@@ -16,7 +16,7 @@ import numpy as np
 from ...ir import dtypes as dt
 from ...ir.shapes import normalize_axis
 from ..tensor import Tensor, make_tensor, method
-from .copies import cat, flip, stack
+from .copies import cat, constant, flip, stack
 from .creation import zeros
 from .elementwise import sub
 from .indexing import gather, index_select
@@ -322,7 +322,7 @@ def combinations(input: Tensor, r: int = 2, with_replacement: bool = False) -> T
     rows = list(pick(range(n), r))
     if r == 0 or not rows:
         return input.new_empty((0,)) if r == 0 else input.new_empty((0, r))
-    index = make_tensor(np.asarray(rows, dtype=np.int64).reshape(-1), input.device)
+    index = constant(np.asarray(rows, dtype=np.int64).reshape(-1), input.device)
     return reshape(index_select(input, 0, index), (len(rows), r))
 
 
@@ -360,7 +360,7 @@ def _unfold_dim(input: Tensor, dimension: int, size: int, step: int) -> Tensor:
         raise RuntimeError(f"step is {step} but must be > 0")
     count = (n - size) // step + 1
     index = np.add.outer(np.arange(count) * step, np.arange(size)).reshape(-1)
-    windows = index_select(input, dim, make_tensor(index.astype(np.int64), input.device))
+    windows = index_select(input, dim, constant(index.astype(np.int64), input.device))
     shape = list(input.shape)
     shape[dim : dim + 1] = [count, size]
     return movedim(reshape(windows, tuple(shape)), dim + 1, -1)

@@ -23,11 +23,11 @@ import numpy as np
 from ...ir import dtypes as dt
 from ...ir.shapes import normalize_axis
 from ..jit import state as _jit
-from ..tensor import Tensor, make_tensor, method
+from ..tensor import Tensor, method
 from ._util import cast
 from .checks import check
 from .compat import argsort, sort
-from .copies import cat
+from .copies import cat, constant
 from .creation import arange, full, zeros
 from .elementwise import (
     add,
@@ -70,7 +70,7 @@ def _values_of(input: Tensor, op: str) -> np.ndarray:
     """The input's values for numpy; under tracing the trace stops here, with a reason naming ``op``."""
     if _jit.tracing:
         _jit.unsafe(f"{op} has no compiled form (which elements it returns depends on the values)")
-    return input.detach().numpy()
+    return input.detach()._host()
 
 
 def _rows(input: Tensor, dim: int, op: str) -> tuple[np.ndarray, int]:
@@ -85,8 +85,8 @@ def _rows(input: Tensor, dim: int, op: str) -> tuple[np.ndarray, int]:
 def _select(input: Tensor, dim: int, index: np.ndarray, keepdim: bool, result):
     """``result(values, indices)`` of the entries at ``index`` (one per row along ``dim``)."""
     if input.ndim == 0:
-        return result(input.clone(), make_tensor(np.asarray(index.reshape(()), dtype=np.int64), input.device))
-    index_t = make_tensor(np.ascontiguousarray(np.expand_dims(index.astype(np.int64), dim)), input.device)
+        return result(input.clone(), constant(np.asarray(index.reshape(()), dtype=np.int64), input.device))
+    index_t = constant(np.ascontiguousarray(np.expand_dims(index.astype(np.int64), dim)), input.device)
     values = gather(input, dim, index_t)
     if not keepdim:
         values, index_t = squeeze(values, dim), squeeze(index_t, dim)
@@ -295,7 +295,7 @@ def nanquantile(input: Tensor, q, dim=None, keepdim: bool = False, *, interpolat
 
 # ----------------------------------------------------------------------------- unique, counts
 def _out(array: np.ndarray, like: Tensor, dtype=None) -> Tensor:
-    return make_tensor(np.array(array, dtype=dtype, order="C"), like.device)  # 0-d stays 0-d
+    return constant(np.array(array, dtype=dtype, order="C"), like.device)  # 0-d stays 0-d
 
 
 @method("unique")
@@ -404,10 +404,10 @@ def searchsorted(sorted_sequence: Tensor, input, *, out_int32: bool = False, rig
     dtype = np.int32 if out_int32 else np.int64
     if _jit.tracing:
         return _searchsorted_by_counting(sorted_sequence, input, right, sorter, dt.int32 if out_int32 else dt.int64)
-    seq = sorted_sequence.detach().numpy()
-    values = np.asarray(input) if not isinstance(input, Tensor) else input.detach().numpy()
+    seq = _values_of(sorted_sequence, "searchsorted")
+    values = np.asarray(input) if not isinstance(input, Tensor) else _values_of(input, "searchsorted")
     if sorter is not None:
-        seq = np.take_along_axis(seq, sorter.numpy(), -1)
+        seq = np.take_along_axis(seq, _values_of(sorter, "searchsorted"), -1)
     how: Literal["left", "right"] = "right" if right else "left"
     if seq.ndim <= 1:
         found = np.searchsorted(seq.reshape(-1), values, side=how)
