@@ -318,8 +318,8 @@ def clamp_max(input: Tensor, max) -> Tensor:
 
 @method("sgn")
 def sgn(input: Tensor) -> Tensor:
-    """sign, for kiln's real dtypes (PyTorch's sgn differs only for complex numbers)."""
-    return sign(input)
+    """sign, for kiln's real dtypes (PyTorch's sgn differs only for complex numbers); a bool is its own sign."""
+    return input.clone() if input._dtype is dt.bool_ else sign(input)
 
 
 @method("signbit")
