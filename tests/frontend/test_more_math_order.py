@@ -218,3 +218,17 @@ def test_compiled_calls_break_naming_the_op_and_match_eager(fn, op):
     assert reason.startswith(f"{op} has no compiled form"), reason
     with pytest.raises(kiln.jit.TraceBreakError, match=f"{op} has no compiled form"):
         kiln.compile(fn, fullgraph=True)(kiln.randn(3, 4))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [lambda lib, x: lib.median(x), lambda lib, x: lib.kthvalue(x, 1), lambda lib, x: lib.trapezoid(x),
+     lambda lib, x: lib.cov(x), lambda lib, x: lib.isin(x, x), lambda lib, x: lib.bucketize(x, x),
+     lambda lib, x: lib.renorm(x.reshape(2, 2), 2, 0, 1.0)],
+)  # fmt: skip
+def test_bool_inputs_are_refused_as_torch(torch, call):
+    mask = np.array([True, False, True, True])
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        call(torch, torch.from_numpy(mask))
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        call(kiln, kiln.from_numpy(mask))

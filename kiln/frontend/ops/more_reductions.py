@@ -116,6 +116,8 @@ def trapezoid(y: Tensor, x=None, *, dx=None, dim: int = -1) -> Tensor:
     """The trapezoid rule along ``dim``: spacing ``dx`` (default 1) or sample points ``x``."""
     if x is not None and dx is not None:
         raise RuntimeError("trapezoid: received both x and dx; pass one of them")
+    if y.dtype is dt.bool_:
+        raise RuntimeError("trapezoid: received a bool input for `y`, but bool is not supported")
     dim = normalize_axis(dim, y.ndim)
     n = y.shape[dim]
     if n == 0:
@@ -151,6 +153,8 @@ def cov(input: Tensor, *, correction: int = 1, fweights=None, aweights=None) -> 
         raise ValueError(
             f"cov(): expected input to have two or fewer dimensions but got an input with {input.ndim} dimensions"
         )
+    if input.dtype is dt.bool_:
+        raise RuntimeError("cov(): bool dtype is not supported for input")
     x = reshape(input, (1, -1)) if input.ndim < 2 else input
     if not x.dtype.is_floating_point:
         x = cast(x, dt.get_default_dtype())
@@ -203,6 +207,8 @@ def renorm(input: Tensor, p, dim: int, maxnorm) -> Tensor:
     (by maxnorm / (norm + 1e-7), PyTorch's factor); other slices unchanged."""
     if p <= 0:
         raise RuntimeError(f"renorm: non-positive-norm not supported (p={p})")
+    if not input.dtype.is_floating_point:
+        raise RuntimeError(f"renorm: Expected a floating point tensor as input. Got {input.dtype.name}")
     if input.ndim <= 1:
         raise RuntimeError(f"renorm: input needs at least 2 dimensions, got {input.ndim} dimensions")
     dim = normalize_axis(dim, input.ndim)
@@ -225,6 +231,8 @@ def isin(elements, test_elements, *, assume_unique: bool = False, invert: bool =
         elements = constant(np.asarray(elements, dtype=test_elements.dtype.np), test_elements.device)
     if not isinstance(test_elements, Tensor):
         test_elements = constant(np.asarray(test_elements, dtype=elements.dtype.np), elements.device)
+    if elements.dtype is dt.bool_ or test_elements.dtype is dt.bool_:
+        raise RuntimeError("Unsupported input type encountered for isin(): Bool")
     flat = reshape(test_elements, (-1,))
     if flat.shape[0] == 0:
         found = eq(zeros(tuple(elements.shape), dtype=dt.bool_), True)

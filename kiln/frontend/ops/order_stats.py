@@ -115,8 +115,14 @@ def _constant_rank(input: Tensor, dim: int, rank: int) -> Tensor:
     return full(tuple(shape), rank, dtype=dt.int64, device=input.device)
 
 
+def _no_bool(input: Tensor, kernel: str) -> None:
+    if input.dtype is dt.bool_:
+        raise NotImplementedError(f"\"{kernel}\" not implemented for 'Bool'")
+
+
 def _median(input: Tensor, dim, keepdim: bool, ignore_nan: bool, result):
     op = "nanmedian" if ignore_nan else "median"
+    _no_bool(input, "median_cpu" if dim is None else "median_out")
     if dim is None:
         flat = reshape(input, (-1,))
         if flat.shape[0] == 0:
@@ -153,6 +159,7 @@ def nanmedian(input: Tensor, dim=None, keepdim: bool = False):
 @method("kthvalue")
 def kthvalue(input: Tensor, k: int, dim: int = -1, keepdim: bool = False):
     """The k-th smallest element (1-based) along ``dim`` and its position; nan counts as the largest."""
+    _no_bool(input, "kthvalue_cpu")
     if input.ndim == 0:
         normalize_axis(dim, 1)
         if k != 1:
@@ -401,6 +408,7 @@ def searchsorted(sorted_sequence: Tensor, input, *, out_int32: bool = False, rig
             f"boundaries tensor and input value tensor must match, but we got boundaries tensor "
             f"{list(sorted_sequence.shape)} and input value tensor {list(getattr(input, 'shape', ()))}"
         )
+    _no_bool(sorted_sequence, "searchsorted_out_cpu")
     dtype = np.int32 if out_int32 else np.int64
     if _jit.tracing:
         return _searchsorted_by_counting(sorted_sequence, input, right, sorter, dt.int32 if out_int32 else dt.int64)
