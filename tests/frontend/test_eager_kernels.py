@@ -297,6 +297,8 @@ def _composite_cases(rng):
         **{name: (getattr(kiln, name), [f(40, 50) * 0.9]) for name in ("atan", "asin", "acos", "sinh", "cosh", "asinh", "atanh")},
         "acosh": (kiln.acosh, [np.abs(f(40, 50)) + 1.1]),
         **{name: (getattr(kiln, name), [f(40, 50), f(40, 50)]) for name in ("atan2", "hypot", "logaddexp", "logaddexp2")},
+        "cumprod": (lambda x: kiln.cumprod(x, 1), [f(30, 40) * 0.1 + 1]),
+        "logcumsumexp": (lambda x: kiln.logcumsumexp(x, 0), [f(30, 40)]),
     }  # fmt: skip
 
 

@@ -7,7 +7,10 @@ after step s every position holds the combination of the 2^s elements ending the
 steps of slices and one elementwise combine each. It is plain Python over primitives, so the
 gradient comes from the combine's VJP (exact for ``cumprod`` with zeros, where exp(cumsum(log))
 would give nan) and ``kiln.compile`` traces it; products are associated in a different order
-than a sequential loop, which changes the last bits only.
+than a sequential loop, which changes the last bits only. Both are ``compiled_composite`` ops: with
+eager compiled kernels on, an eager call runs the compiled scan (1000x1000 float32 along dim 1,
+CPU time: cumprod 14 -> 3.7 ms forward, 69 -> 19 ms with the backward; logcumsumexp 36 -> 15 ms
+and 134 -> 35 ms; numpy's sequential cumprod takes 5 ms).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 
 from ...ir import dtypes as dt
 from ...ir.shapes import normalize_axis
+from ..eager_composites import compiled_composite
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast
 from .copies import cat, constant
@@ -51,6 +55,7 @@ def _doubling_scan(x: Tensor, dim: int, combine) -> Tensor:
 
 
 @method("cumprod")
+@compiled_composite("cumprod")
 def cumprod(input: Tensor, dim: int, *, dtype=None) -> Tensor:
     """Running product along ``dim``; integers and bools multiply in int64, as PyTorch's."""
     if dtype is not None:
@@ -63,6 +68,7 @@ def cumprod(input: Tensor, dim: int, *, dtype=None) -> Tensor:
 
 
 @method("logcumsumexp")
+@compiled_composite("logcumsumexp")
 def logcumsumexp(input: Tensor, dim: int) -> Tensor:
     """log(cumsum(exp(x))) without overflow or underflow: a scan of logaddexp."""
     if not input.dtype.is_floating_point:
