@@ -78,6 +78,7 @@ from .jit import mark_dynamic  # noqa: E402
 from .serialization import load, save  # noqa: E402
 from . import distributed, profiler  # noqa: E402  (mpi4py is imported by init_process_group only)
 from . import distributions, fft, func, linalg, special  # noqa: E402
+from ._torch_aliases import *  # noqa: E402, F403  (det, inverse, svd, digamma, lgamma...: over linalg and special)
 from . import accelerator, amp, backends, cpu, sparse, testing, utils  # noqa: E402
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled, set_autocast_dtype, set_autocast_enabled  # noqa: E402
 # isort: on

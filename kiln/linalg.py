@@ -33,7 +33,7 @@ from .ir.primitives.decompositions import LinAlgError, layout, unpack
 __all__ = [
     "LinAlgError", "norm", "vector_norm", "matrix_norm", "inv", "solve", "det", "slogdet", "cholesky", "eigh",
     "eigvalsh", "svd", "svdvals", "qr", "cross", "matrix_power", "vecdot", "multi_dot", "pinv", "lstsq",
-    "matrix_rank", "solve_triangular", "diagonal", "matmul",
+    "matrix_rank", "solve_triangular", "diagonal", "matmul", "matrix_exp",
 ]  # fmt: skip
 
 SlogdetResult = namedtuple("linalg_slogdet", ["sign", "logabsdet"])  # type: ignore[name-match]  # PyTorch's type name (torch.return_types)
@@ -345,3 +345,28 @@ def multi_dot(tensors) -> Tensor:
     for t in tensors[1:]:
         out = ops.matmul(out, t)
     return out
+
+
+def matrix_exp(A: Tensor) -> Tensor:
+    """exp(A) of each square matrix by scaling and squaring: A / 2^s with s from the largest
+    inf-norm in the batch (so the scaled norm is at most 1), the Taylor series to degree 18 there
+    (the remainder is below 1/19! ~ 1e-17), then s squarings. s is read from the values, so under
+    ``kiln.compile`` the call runs eagerly (the trace stops at that read)."""
+    if A.ndim < 2 or A.shape[-1] != A.shape[-2]:
+        raise RuntimeError(
+            f"linalg.matrix_exp: Expected a square matrix or batch of square matrices, got {list(A.shape)}"
+        )
+    _floating(A, "matrix_exp")
+    n = A.shape[-1]
+    if A.numel() == 0:
+        return A.clone()
+    norm = float(ops.amax(ops.sum(ops.abs(A.detach()), -1)).item()) if n else 0.0
+    squarings = max(0, math.ceil(math.log2(norm))) if norm > 0 and math.isfinite(norm) else 0
+    scaled = A * (0.5**squarings)
+    eye = ops.expand(ops.eye(n, dtype=A.dtype, device=A.device), tuple(A.shape))
+    result = eye
+    for k in range(18, 0, -1):  # I + A/1 (I + A/2 (... (I + A/18)))
+        result = eye + ops.matmul(scaled, result) * (1.0 / k)
+    for _ in range(squarings):
+        result = ops.matmul(result, result)
+    return result

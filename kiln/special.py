@@ -30,7 +30,7 @@ from .ir import dtypes as dt
 __all__ = [
     "erf", "erfc", "erfcx", "erfinv", "expit", "logit", "xlogy", "xlog1py", "log1p", "expm1", "exp2", "gammaln",
     "digamma", "psi", "multigammaln", "logsumexp", "softmax", "log_softmax", "i0", "i0e", "i1", "i1e", "sinc",
-    "entr", "ndtr", "ndtri", "log_ndtr", "round",
+    "entr", "ndtr", "ndtri", "log_ndtr", "round", "polygamma",
 ]  # fmt: skip
 
 _SQRT_PI = math.sqrt(math.pi)
@@ -365,3 +365,60 @@ def softmax(input, dim: int, *, dtype=None) -> Tensor:
 
 def log_softmax(input, dim: int, *, dtype=None) -> Tensor:
     return ops.log_softmax(input, dim, dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- polygamma
+# B_2k, the Bernoulli numbers of the asymptotic series of psi^(n).
+_BERNOULLI = (1 / 6, -1 / 30, 1 / 42, -1 / 30, 5 / 66, -691 / 2730, 7 / 6, -3617 / 510)
+
+
+def _polygamma_positive(n: int, x: Tensor) -> Tensor:
+    """(-1)^(n+1) psi^(n)(x) for x > 0 and n >= 1: the recurrence up to x + 16, then the
+    asymptotic series (n-1)!/z^n + n!/(2 z^(n+1)) + sum B_2k (2k+n-1)!/(2k)! / z^(2k+n)."""
+    small = x < 16.0
+    xs = _safe(small, x, 1.0)
+    correction = ops.zeros_like(x)
+    for k in range(16):
+        correction = correction + ops.where(small, ops.pow(xs + float(k), -float(n + 1)), 0.0)
+    z = ops.where(small, x + 16.0, x)
+    coeffs = [b * math.factorial(2 * k + n - 1) / math.factorial(2 * k) for k, b in enumerate(_BERNOULLI, start=1)]
+    w = 1.0 / (z * z)
+    series = _horner(w, (0.0, *coeffs))
+    head = math.factorial(n - 1) + math.factorial(n) / 2.0 / z
+    return ops.pow(z, -float(n)) * (head + series) + math.factorial(n) * correction
+
+
+def _cot_derivative(n: int, c: Tensor) -> Tensor:
+    """d^n/dx^n cot(pi x) as a polynomial in c = cot(pi x): P_0 = c, P_k+1 = -pi (1 + c^2) P_k'."""
+    poly = [0.0, 1.0]  # coefficients, lowest degree first
+    for _ in range(n):
+        deriv = [i * a for i, a in enumerate(poly)][1:] or [0.0]
+        nxt = [0.0] * (len(deriv) + 2)
+        for i, a in enumerate(deriv):  # -pi (1 + c^2) * deriv
+            nxt[i] -= math.pi * a
+            nxt[i + 2] -= math.pi * a
+        poly = nxt
+    return _horner(c, tuple(poly))
+
+
+def polygamma(n: int, input) -> Tensor:
+    """The n-th derivative of digamma. Non-positive x by the reflection formula
+    psi^(n)(x) = (-1)^n psi^(n)(1 - x) - pi d^n/dx^n cot(pi x); at 0 and the negative integers
+    the sign of the pole at +0. At +inf the value is the limit 0 (PyTorch gives nan there)."""
+    if n < 0:
+        raise RuntimeError("polygamma(n, x) does not support negative n.")
+    if n == 0:
+        return digamma(input)
+    x = _float(input)
+    sign = -1.0 if n % 2 == 0 else 1.0  # (-1)^(n+1)
+    positive = x > 0
+    r = sign * _polygamma_positive(n, _safe(positive & ~ops.isinf(x), x, 1.0))
+    xl = _safe(~positive, x, -0.5)
+    frac = xl - ops.round(xl)
+    pole = frac == 0
+    angle = math.pi * _safe(~pole, frac, 0.25)
+    cot = ops.cos(angle) / ops.sin(angle)
+    reflected = (-1.0) ** n * sign * _polygamma_positive(n, 1.0 - xl)
+    left = ops.where(pole, sign * math.inf, reflected - math.pi * _cot_derivative(n, cot))
+    out = ops.where(positive, r, left)
+    return ops.where(x == math.inf, 0.0, ops.where(x == -math.inf, math.nan, out))

@@ -294,6 +294,11 @@ def _composite_cases(rng):
         "avg_pool2d": (lambda x: F.avg_pool2d(x, 2), [f(4, 5, 18, 18)]),
         "gelu": (lambda x: F.gelu(x, approximate="tanh"), [f(8, 16, 64)]),
         "scaled_dot_product_attention": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), [f(2, 3, 16, 8), f(2, 3, 16, 8), f(2, 3, 16, 8)]),
+        **{name: (getattr(kiln, name), [f(40, 50) * 0.9]) for name in ("atan", "asin", "acos", "sinh", "cosh", "asinh", "atanh")},
+        "acosh": (kiln.acosh, [np.abs(f(40, 50)) + 1.1]),
+        **{name: (getattr(kiln, name), [f(40, 50), f(40, 50)]) for name in ("atan2", "hypot", "logaddexp", "logaddexp2")},
+        "cumprod": (lambda x: kiln.cumprod(x, 1), [f(30, 40) * 0.1 + 1]),
+        "logcumsumexp": (lambda x: kiln.logcumsumexp(x, 0), [f(30, 40)]),
     }  # fmt: skip
 
 

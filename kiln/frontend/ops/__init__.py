@@ -16,6 +16,12 @@ from . import (
     indexing,
     interop,
     linalg,
+    more_elementwise,
+    more_indexing,
+    more_linalg,
+    more_reductions,
+    more_shape,
+    order_stats,
     pieces,
     random,
     reductions,
@@ -34,6 +40,12 @@ from .indexing import *  # noqa: F403
 from .inplace import commit_inplace
 from .interop import *  # noqa: F403
 from .linalg import *  # noqa: F403
+from .more_elementwise import *  # noqa: F403
+from .more_indexing import *  # noqa: F403
+from .more_linalg import *  # noqa: F403
+from .more_reductions import *  # noqa: F403
+from .more_shape import *  # noqa: F403
+from .order_stats import *  # noqa: F403
 from .pieces import *  # noqa: F403
 from .random import *  # noqa: F403
 from .reductions import *  # noqa: F403
@@ -43,5 +55,5 @@ from .windows import *  # noqa: F403
 
 __all__ = (
     ["cast", "commit_inplace"] + compat.__all__ + copies.__all__ + creation.__all__ + diagonals.__all__ + elementwise.__all__ + generator.__all__ + indexing.__all__ + interop.__all__
-    + linalg.__all__ + pieces.__all__ + random.__all__ + reductions.__all__ + shape.__all__ + sparse.__all__ + windows.__all__
+    + linalg.__all__ + more_elementwise.__all__ + more_indexing.__all__ + more_linalg.__all__ + more_reductions.__all__ + more_shape.__all__ + order_stats.__all__ + pieces.__all__ + random.__all__ + reductions.__all__ + shape.__all__ + sparse.__all__ + windows.__all__
 )  # fmt: skip
