@@ -110,3 +110,19 @@ def test_arrays_that_live_on_between_calls_still_compile(how):
         buf[:] = np.arange(3) * i
         np.testing.assert_allclose(g(x).numpy(), (x + read()).numpy(), rtol=1e-6, atol=1e-7)
     assert _breaks(g) == [] and sum(compiled_calls(g)) >= 2
+
+
+def test_of_several_arrays_the_one_the_call_computed_is_named():
+    # a buffer the caller keeps and refills, read beside an array the call computes from it: only the
+    # computed one is the call's own (the buffer alone would compile, as above)
+    kept, base = np.zeros(4, np.float32), np.arange(4, dtype=np.float32)
+
+    def f(x):
+        return x + kiln.from_numpy(kept) + kiln.tensor(base[::-1] * kept)
+
+    g = kiln.compile(f, wait=True)
+    x = kiln.ones(4)
+    for i in range(4):
+        kept[:] = i
+        np.testing.assert_allclose(g(x).numpy(), f(x).numpy(), rtol=1e-6, atol=1e-7)
+    assert compiled_calls(g) == [] and "float32[4] that the call computed" in _breaks(g)[0], _breaks(g)
