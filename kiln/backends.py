@@ -9,6 +9,7 @@ run kiln's compiled kernels.
 
 from __future__ import annotations
 
+import sys as _sys
 from types import SimpleNamespace
 
 from . import cuda as _cuda
@@ -54,3 +55,9 @@ cuda = SimpleNamespace(
     enable_mem_efficient_sdp=lambda enabled: None,
     enable_math_sdp=lambda enabled: None,
 )  # fmt: skip
+
+# PyTorch's switches are submodules (``import torch.backends.cudnn as cudnn``, DCGAN's first lines):
+# the same namespaces are registered under those names, so that import statement finds them.
+for _name in ("cudnn", "mkldnn", "cpu", "mps", "opt_einsum", "cuda"):
+    _sys.modules[f"{__name__}.{_name}"] = globals()[_name]
+del _name

@@ -5,6 +5,8 @@ stand-ins; gradients by finite differences in float64."""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -132,6 +134,16 @@ def test_assert_close_tolerances_and_message():
     with pytest.raises(AssertionError, match="dtype"):
         kiln.testing.assert_close(x, x.double())
     kiln.testing.assert_close({"a": [x, 1.0]}, {"a": [x.clone(), 1.0]})
+
+
+def test_backend_switches_import_as_submodules():
+    import kiln.backends.cudnn as cudnn  # DCGAN's (and most CNN examples') import
+
+    from kiln.backends import mps
+
+    assert cudnn is kiln.backends.cudnn and mps is kiln.backends.mps
+    for name in ("cudnn", "mkldnn", "cpu", "mps", "opt_einsum", "cuda"):
+        assert importlib.import_module(f"kiln.backends.{name}") is getattr(kiln.backends, name)
 
 
 def test_stand_ins_for_accelerators_backends_and_torchscript():

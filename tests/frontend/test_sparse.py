@@ -68,6 +68,48 @@ def test_gradients_by_finite_differences():
     assert gradcheck(lambda v: kiln.sparse_coo_tensor(kiln.tensor(INDICES), v, (3, 3)).to_dense(), (values,))
 
 
+def test_dense_plus_sparse_is_dense_as_in_torch(torch):
+    # pytorch/examples' GCN: ``torch.eye(V) + adjacency`` with an int64 adjacency
+    theirs = torch.sparse_coo_tensor(torch.tensor(INDICES), torch.tensor(VALUES), (3, 3), dtype=torch.int64)
+    ours = kiln.sparse_coo_tensor(kiln.tensor(INDICES), kiln.tensor(VALUES), (3, 3), dtype=kiln.int64)
+    dense = rng.normal(size=(3, 3)).astype(np.float32)
+    cases = (
+        lambda lib, s, d: d + s, lambda lib, s, d: d - s, lambda lib, s, d: d.add(s),
+        lambda lib, s, d: lib.add(d, s, alpha=2), lambda lib, s, d: lib.sub(d, s, alpha=3),
+        lambda lib, s, d: lib.eye(3) + s,
+    )  # fmt: skip
+    for case in cases:
+        got, expected = case(kiln, ours, kiln.tensor(dense)), case(torch, theirs, torch.tensor(dense))
+        assert got.dtype == kiln.float32 and not getattr(got, "is_sparse", False)
+        assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    both, their_both = ours + ours, theirs + theirs
+    assert both.is_sparse and both.dtype == kiln.int64
+    assert_close(both.to_dense(), their_both.to_dense(), rtol=0, atol=0)
+    for wrong in (lambda: ours + kiln.tensor(dense), lambda: ours - kiln.tensor(dense)):
+        with pytest.raises(RuntimeError, match=r"add\(sparse, dense\) is not supported"):
+            wrong()
+
+
+def test_dense_plus_sparse_gradients_by_finite_differences_and_compiled():
+    dense = kiln.tensor(rng.normal(size=(3, 3)), requires_grad=True)
+    values = kiln.tensor(VALUES, requires_grad=True)
+
+    def plus(dense, values):
+        return (dense - 2 * kiln.sparse_coo_tensor(kiln.tensor(INDICES), values, (3, 3))).tanh()
+
+    assert gradcheck(plus, (dense, values))
+    adj = _adjacency()
+
+    def step(x):
+        return (kiln.eye(3, dtype=kiln.float64) + adj) @ x - adj @ x
+
+    compiled = kiln.compile(step)
+    for _ in range(4):
+        x = kiln.tensor(rng.normal(size=(3, 2)))
+        assert_close(compiled(x), step(x), rtol=1e-12, atol=1e-12)
+    assert "0 trace break(s)" in kiln.explain(compiled).summary()
+
+
 class GCN(nn.Module):
     """Two graph convolutions, ``adj @ (x W)``, as pygcn writes them."""
 

@@ -45,7 +45,7 @@ from ...compiler.options import CompileOptions
 from ...runtime import profiling
 from .. import eager_kernels
 from ..tensor import Tensor
-from . import hazards, reads, state
+from . import hazards, numpy_inputs, reads, state
 from .background_compiles import BackgroundCompiles
 from .build import PendingSpecialization, build_specialization, trace_specialization
 from .dynamic import Pending, sizes_differ
@@ -252,6 +252,10 @@ class CompiledFunction(BackgroundCompiles):
                 self._event("not cached", f"{hazard}; this call ran eagerly and the next one traces again (a "
                             "change made once, as a lazily made mask or cache is, stops no later call)", once=False)  # fmt: skip
                 return result
+        if trace.broken is None and trace.new_arrays:
+            made = numpy_inputs.made_in_call(trace, self.state.numpy_shadows)
+            if made is not None:
+                self._hazard(trace, TraceBreak(*made))
         if trace.broken is not None:
             trace.abandon()
             return self._run_eagerly_from_now_on(key, trace.broken, result)

@@ -234,6 +234,26 @@ def _rng_states() -> tuple:
     return random.getstate(), (legacy["state"]["pos"], legacy["state"]["key"].tobytes(), legacy["has_gauss"])
 
 
+def _numpy_generator(obj) -> bool:
+    """numpy's generators: their methods are Cython's, which a profiler never sees called, so a draw
+    from one is seen by its state (``Watch.stop``) rather than as it happens (Python's ``random.Random``)."""
+    return isinstance(obj, _RANDOM_OWNERS) and type(obj).__module__.startswith("numpy")
+
+
+def _generator_state(obj):
+    """A numpy generator's state as a comparable value (its bit generator's, arrays as bytes)."""
+    state = obj.get_state(legacy=False) if isinstance(obj, np.random.RandomState) else None
+    if state is None:
+        state = (obj.bit_generator if isinstance(obj, np.random.Generator) else obj).state
+    return _comparable(state)
+
+
+def _comparable(value):
+    if isinstance(value, dict):
+        return tuple((k, _comparable(v)) for k, v in value.items())
+    return value.tobytes() if isinstance(value, np.ndarray) else value
+
+
 class Watch:
     """What a traced call does besides tensor ops; ``stop()`` returns the first hazard (or None)."""
 
@@ -269,6 +289,8 @@ class Watch:
         self._known = {id(live) for _, live, _, _ in self._containers}  # (kept alive by _containers)
         self._positions = [_iterator_position(it) for it in self.iterators]
         self._rng = _rng_states()
+        self._generators: dict[int, tuple] = {}  # id -> (a numpy generator the call reaches, its name, its state)
+        self._watch_generators([*self.roots, *((type(obj).__name__, obj) for obj in self.objects)])
         self._location = SourceLocation
         self._previous = sys.getprofile()
         if self._previous is None:
@@ -324,10 +346,17 @@ class Watch:
             where = self._location(caller.co_filename, frame.f_lineno, caller.co_name) if _user_code(caller) else None
             self.hazard = TraceBreak(f"the call draws from {owner} random generator ({arg.__name__})", where)
 
+    def _watch_generators(self, named) -> None:
+        """Keep the state of the numpy generators among ``named`` ((name, object) pairs), for ``stop``."""
+        for name, value in named:
+            if _numpy_generator(value) and id(value) not in self._generators:
+                self._generators[id(value)] = (value, name, _generator_state(value))
+
     def _helper_globals(self, code, fn_globals: dict) -> None:
         """A function the call runs reads globals of its own (``x * SCALE``, ``CFG["k"]`` in a helper):
         the containers they reach are watched from now on (before the function's first line runs)."""
         names = reads.global_names(code, fn_globals)
+        self._watch_generators((name, fn_globals[name]) for name in names)
         if names:
             self.globals_read.append((fn_globals, names))
             module = reads.module_name(fn_globals)
@@ -381,6 +410,10 @@ class Watch:
         for before, now, name in zip(self._rng, rng, ("Python's", "numpy's"), strict=True):
             if before != now:
                 return TraceBreak(f"the call draws from {name} global random generator", None)
+        for generator, name, before in self._generators.values():
+            if _generator_state(generator) != before:
+                return TraceBreak(f"the call draws from numpy's random generator {name} (a {type(generator).__name__})",
+                                  None)  # fmt: skip
         changed = self._changed_container()  # first: it names the path (``self.stats['calls']``)
         if changed is not None:
             return changed

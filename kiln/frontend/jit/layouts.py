@@ -111,6 +111,11 @@ class SharedMemory:
                 self._groups[key] += self._groups.pop(other)
                 self._joined[other] = key
 
+    def held_pairs(self) -> set[int]:
+        """The ids of the (array, external) pairs the index holds: references to arrays that are the
+        trace's own, not the user's (``numpy_inputs``)."""
+        return {id(pair) for pairs in self._memory._by_owner.values() for pair in pairs}
+
     def members(self, root) -> list[int]:
         """The externals that share memory with ``root`` (a root tensor)."""
         return self._groups.get(self._key(id(root)), [])

@@ -157,6 +157,7 @@ class Trace:
         self.derived: dict = {}
         self._permuted: dict[Value, tuple] = {}  # a permute's output -> (its perm, the value it read)
         self.broken: TraceBreak | None = None
+        self.new_arrays: list[tuple] = []  # (id, where) of the numpy arrays first shadowed by this call: on_numpy
         # The user's line of the ops recorded now, while kiln's own code runs (``state.unwatched``): None
         # outside such code (each op finds its line), [] until its first op, then [that op's line].
         self.pin: list | None = None
@@ -361,6 +362,7 @@ class Trace:
             finally:
                 state.current.reset(token)
             entry = shadows[id(array)] = (array, shadow)
+            self.new_arrays.append((id(array), user_location(3)))
         shadow = entry[1]
         value = self.value_of(shadow)
         if state.current.get() is not self:

@@ -51,9 +51,19 @@ def _binary(prim, a, b, name: str) -> Tensor:
         (a.__class__ is float or a.__class__ is int) and isinstance(b, Tensor) and b._dtype.category == _FLOAT_CATEGORY
     ):
         return apply(prim, scalar_tensor(a, b._dtype, b._device), b)  # a number first (1 - y*y, a VJP's)
-    if prim is _sub:
-        _no_bool_operand(a, b)
+    if prim is _add or prim is _sub:
+        b = _dense_of_sparse(a, b)  # ``dense + sparse``: Tensor.__add__ comes here
+        if prim is _sub:
+            _no_bool_operand(a, b)
     return apply(prim, *promote(a, b, op=name))
+
+
+def _dense_of_sparse(input, other):
+    """``other`` as a dense tensor when it is a sparse one added to (or taken from) a dense ``input``:
+    PyTorch's ``dense + sparse`` is dense (GCN's ``torch.eye(V) + adjacency``)."""
+    if isinstance(input, Tensor) and getattr(other, "layout", None) == "sparse_coo":
+        return other.to_dense()
+    return other
 
 
 def _no_bool_operand(a, b) -> None:
@@ -89,6 +99,7 @@ def _unary_float(prim, x: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------- arithmetic
 @method("add")
 def add(input, other, *, alpha=1) -> Tensor:
+    other = _dense_of_sparse(input, other)
     if alpha != 1:
         other = mul(other, alpha)
     return _binary(_add, input, other, "add")
@@ -96,6 +107,7 @@ def add(input, other, *, alpha=1) -> Tensor:
 
 @method("sub")
 def sub(input, other, *, alpha=1) -> Tensor:
+    other = _dense_of_sparse(input, other)
     if alpha != 1:
         other = mul(other, alpha)
     return _binary(_sub, input, other, "sub")

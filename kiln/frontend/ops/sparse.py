@@ -26,6 +26,7 @@ from ...ir.types import Device
 from ..tensor import Size, Tensor, method
 from ._util import cast
 from .checks import check_range
+from .copies import cat
 from .creation import tensor as _tensor
 from .creation import zeros
 from .indexing import index_add, index_put, index_select, nonzero
@@ -171,6 +172,23 @@ class SparseTensor:
 
     def __rmatmul__(self, other: Tensor) -> Tensor:
         return _dense_times_sparse(other, self)
+
+    def __add__(self, other) -> SparseTensor:
+        """``sparse + sparse`` of one size: both entry lists (not coalesced). PyTorch refuses ``sparse +
+        dense`` (``dense + sparse`` is dense: ``elementwise.add``), and so does kiln."""
+        if isinstance(other, Tensor):
+            raise RuntimeError("add(sparse, dense) is not supported. Use add(dense, sparse) instead.")
+        if not isinstance(other, SparseTensor):
+            return NotImplemented
+        if other._size != self._size:
+            raise RuntimeError(f"add: sparse tensors of sizes {list(self._size)} and {list(other._size)} differ")
+        values = other._values_t.to(self.dtype) if other.dtype is not self.dtype else other._values_t
+        return SparseTensor(cat([self._indices_t, other._indices_t], 1), cat([self._values_t, values]), self._size)
+
+    def __sub__(self, other) -> SparseTensor:
+        if isinstance(other, SparseTensor):
+            return self + other * -1
+        return self + other
 
     def __mul__(self, other) -> SparseTensor:
         if isinstance(other, Tensor) and other.ndim:

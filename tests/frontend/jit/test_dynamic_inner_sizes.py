@@ -283,11 +283,14 @@ def test_symbolize_writes_products_ranges_and_masks_with_the_symbols():
 
 @pytest.mark.parametrize("dim", [0, 1])
 def test_a_tensor_made_from_numpy_at_the_size_keeps_the_call_static(dim):
-    # kiln.tensor(array) inside the call is read as traced at every call (a numpy shadow): had its size
-    # become the symbol, a later size would read the traced array (once a broadcasting error)
+    # kiln.tensor(array) of an array the caller keeps is read at every call (a numpy shadow): had its
+    # size become the symbol, a later size would read the traced array (once a broadcasting error).
+    # (An array the call computes itself with numpy runs eagerly: test_numpy_state.py.)
+    tables = {n: np.arange(n) ** 2 for n in (4, 6, 9)}
+
     def f(x):
         n = int(x.shape[dim])
-        return x + kiln.tensor(np.arange(n) ** 2).view(*((n, 1) if dim == 0 else (1, n)))
+        return x + kiln.tensor(tables[n]).view(*((n, 1) if dim == 0 else (1, n)))
 
     compiled = check_sizes(f, lambda t: [f32(t, 2) if dim == 0 else f32(2, t)], [4, 6, 9])
     assert specs(compiled) == 3 and all(s.dynamic is None for s in compiled.state.specializations)
