@@ -9,6 +9,7 @@ when there is none.
 
 from __future__ import annotations
 
+import os
 import sys
 from contextvars import ContextVar
 from typing import Any
@@ -222,12 +223,21 @@ def unsafe(reason: str) -> None:
         trace.break_here(reason)
 
 
+_CREATION = os.path.join("frontend", "ops", "creation.py")
+
+
 def numpy_tensor(array, tensor, shares_memory: bool) -> None:
     """``tensor`` was made from the numpy array ``array`` while tracing (``from_numpy`` when it
     ``shares_memory``, else a copy): the program reads the array's memory at each call."""
     trace = current.get()
     if trace is not None:
-        trace.on_numpy(array, tensor, shares_memory)
+        # the code that called kiln.tensor / from_numpy: kiln's own (an index table interpolate built
+        # from the shapes) or the user's (an array the call may have computed from data)
+        caller: Any = sys._getframe(2)
+        while caller is not None and caller.f_code.co_filename.endswith(_CREATION):  # (as_tensor -> from_numpy)
+            caller = caller.f_back
+        users = caller is None or not caller.f_code.co_filename.startswith(KILN_DIR)
+        trace.on_numpy(array, tensor, shares_memory, users=users)
 
 
 def born_in_trace(tensor) -> bool:

@@ -339,9 +339,10 @@ class Trace:
         """Made inside this call (bound here and not an external)."""
         return self.is_bound(t) and id(t) not in self._external_index
 
-    def on_numpy(self, array, t, shares_memory: bool) -> None:
+    def on_numpy(self, array, t, shares_memory: bool, users: bool = True) -> None:
         """``t`` was made from the numpy array ``array``: bind it to a graph input that is the array's
         memory, so each call reads what the array holds then (never a constant of the traced call).
+        ``users``: the user's code made the tensor (kiln's own tables follow the shapes: not checked).
 
         The input is a *shadow* tensor on the array, one per array and compiled function
         (``numpy_shadows``, set by the compiler), which also keeps the array alive: a shadow found
@@ -362,7 +363,8 @@ class Trace:
             finally:
                 state.current.reset(token)
             entry = shadows[id(array)] = (array, shadow)
-            self.new_arrays.append((id(array), user_location(3)))
+            if users:  # (numpy_inputs.made_in_call looks at these after the call)
+                self.new_arrays.append((id(array), user_location(3)))
         shadow = entry[1]
         value = self.value_of(shadow)
         if state.current.get() is not self:
