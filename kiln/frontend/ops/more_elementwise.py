@@ -252,22 +252,23 @@ def _no_integers(a, b, name: str) -> None:
 @compiled_composite("logaddexp")
 def logaddexp(input, other) -> Tensor:
     """log(e^a + e^b) = max + log1p(e^-|a - b|); two equal infinities give that infinity, not nan."""
-    _no_integers(input, other, "logaddexp")
-    a, b = _float_pair(input, other, "logaddexp")
-    same_inf = logical_and(eq(a, b), isinf(a))
-    d = where(same_inf, 0.0, sub(a, b))
-    return where(same_inf, a, add(maximum(a, b), log1p(exp(neg(abs(d))))))
+    return _log_add(input, other, "logaddexp", lambda d: log1p(exp(neg(abs(d)))))
 
 
 @method("logaddexp2")
 @compiled_composite("logaddexp2")
 def logaddexp2(input, other) -> Tensor:
     """log2(2^a + 2^b) = max + log2(1 + 2^-|a - b|)."""
-    _no_integers(input, other, "logaddexp2")
-    a, b = _float_pair(input, other, "logaddexp2")
+    return _log_add(input, other, "logaddexp2", lambda d: mul(log1p(exp2(neg(abs(d)))), 1.0 / _LN2))
+
+
+def _log_add(input, other, name: str, correction) -> Tensor:
+    """max(a, b) + correction(a - b); two equal infinities give that infinity, not nan."""
+    _no_integers(input, other, name)
+    a, b = _float_pair(input, other, name)
     same_inf = logical_and(eq(a, b), isinf(a))
     d = where(same_inf, 0.0, sub(a, b))
-    return where(same_inf, a, add(maximum(a, b), mul(log1p(exp2(neg(abs(d)))), 1.0 / _LN2)))
+    return where(same_inf, a, add(maximum(a, b), correction(d)))
 
 
 @method("exp2")

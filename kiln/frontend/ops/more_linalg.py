@@ -83,25 +83,26 @@ def addr(input: Tensor, vec1: Tensor, vec2: Tensor, *, beta=1, alpha=1) -> Tenso
     return _scaled_sum("addr", input, mul(unsqueeze(vec1, 1), unsqueeze(vec2, 0)), beta, alpha)
 
 
-@method("baddbmm")
-def baddbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
-    """beta * input + alpha * (batch1 @ batch2), batch by batch (3-d operands)."""
+def _batches(name: str, input: Tensor, batch1: Tensor, batch2: Tensor) -> None:
+    """The checks of baddbmm and addbmm: two 3-d operands with as many batches, of one dtype."""
     _require(batch1.ndim == 3, f"batch1 must be a 3D tensor, got {batch1.ndim}-D")
     _require(batch2.ndim == 3, f"batch2 must be a 3D tensor, got {batch2.ndim}-D")
     _require(batch1.shape[0] == batch2.shape[0], "batch1 and batch2 must have same number of batches, "
              f"got {batch1.shape[0]} and {batch2.shape[0]}")  # fmt: skip
-    _same_dtype("baddbmm", input, batch1, batch2)
+    _same_dtype(name, input, batch1, batch2)
+
+
+@method("baddbmm")
+def baddbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
+    """beta * input + alpha * (batch1 @ batch2), batch by batch (3-d operands)."""
+    _batches("baddbmm", input, batch1, batch2)
     return _scaled_sum("baddbmm", input, matmul(batch1, batch2), beta, alpha)
 
 
 @method("addbmm")
 def addbmm(input: Tensor, batch1: Tensor, batch2: Tensor, *, beta=1, alpha=1) -> Tensor:
     """beta * input + alpha * sum over the batch of batch1[i] @ batch2[i]."""
-    _require(batch1.ndim == 3, f"batch1 must be a 3D tensor, got {batch1.ndim}-D")
-    _require(batch2.ndim == 3, f"batch2 must be a 3D tensor, got {batch2.ndim}-D")
-    _require(batch1.shape[0] == batch2.shape[0], "batch1 and batch2 must have same number of batches, "
-             f"got {batch1.shape[0]} and {batch2.shape[0]}")  # fmt: skip
-    _same_dtype("addbmm", input, batch1, batch2)
+    _batches("addbmm", input, batch1, batch2)
     # One matrix product over the batch folded into the inner dim: sum_b A_b B_b = [A_0 .. A_b] @ [B_0; ..; B_b].
     b, n, k = batch1.shape
     m = batch2.shape[2]
