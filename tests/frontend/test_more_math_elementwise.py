@@ -240,12 +240,16 @@ def _composite(x, y):
 @pytest.mark.parametrize("backend", ["llvm", "interpreter"])
 @pytest.mark.parametrize("dtype", [kiln.float32, kiln.float64])
 def test_compiled_matches_eager(backend, dtype):
+    draws = np.random.default_rng(7)  # (its own stream: the module's depends on which tests ran first)
+
     def make_args():
-        x = kiln.from_numpy(np.concatenate([rng.normal(size=30) * 3, [0.0, -0.0, 1.0, -2.0]])).to(dtype)
-        y = kiln.from_numpy(np.concatenate([rng.normal(size=30) * 3, [0.0, 0.0, -0.0, 0.5]])).to(dtype)
+        x = kiln.from_numpy(np.concatenate([draws.normal(size=30) * 3, [0.0, -0.0, 1.0, -2.0]])).to(dtype)
+        y = kiln.from_numpy(np.concatenate([draws.normal(size=30) * 3, [0.0, 0.0, -0.0, 0.5]])).to(dtype)
         return x, y
 
-    rtol, atol = (2e-6, 1e-6) if dtype == kiln.float32 else (1e-13, 1e-13)
+    # float32: a sum of fifteen terms, sinh and cosh of |x| up to ~9 among them (thousands, whose ulp is
+    # ~1e-4): compiled and eager round each term apart (CI drew a 3.8e-6 difference at a 0.5)
+    rtol, atol = (1e-5, 1e-4) if dtype == kiln.float32 else (1e-13, 1e-13)
     check_against_eager(_composite, make_args, calls=3, rtol=rtol, atol=atol,
                         fullgraph=True, options=kiln.CompileOptions(backend=backend))  # fmt: skip
 
