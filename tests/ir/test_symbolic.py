@@ -189,6 +189,13 @@ def test_movement_rules_carry_the_symbol_through():
         infer("slice", T(B, 10), starts=(0, 0), stops=(3, 10), steps=(1, 1))
     with pytest.raises(SymbolicShapeError, match="a symbolic stop"):  # (B-1) may be 1
         infer("slice", T(sym_sum([B], -1), 10), starts=(0, 0), stops=(2, 10), steps=(1, 1))
+    # a bound in another dim's symbols holds only while they compare as traced: refused, floor-divided too
+    with pytest.raises(SymbolicShapeError, match="a symbolic stop"):
+        infer("slice", T(N, 10), starts=(0, 0), stops=(sym_sum([B], 1), 10), steps=(1, 1))
+    with pytest.raises(SymbolicShapeError, match="a symbolic stop"):
+        infer("slice", T(N, 10), starts=(0, 0), stops=(sym_sum([B], 1, 2), 10), steps=(1, 1))
+    assert infer("slice", T(sym_sum([B], 1, 2), 4), starts=(0, 0), stops=(sym_sum([B], 1, 2), 4),
+                 steps=(1, 1)) == T(sym_sum([B], 1, 2), 4)  # fmt: skip
     with pytest.raises(SymbolicShapeError, match="a symbolic stop"):
         infer("slice", T(B, 10), starts=(0, 0), stops=(B, 10), steps=(2, 1))
     assert infer("pad", T(B, 3), low=(0, 1), high=(0, 1), interior=(0, 0), value=0.0) == T(B, 5)

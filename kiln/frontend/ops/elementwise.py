@@ -99,17 +99,15 @@ def _unary_float(prim, x: Tensor) -> Tensor:
 # ----------------------------------------------------------------------------- arithmetic
 @method("add")
 def add(input, other, *, alpha=1) -> Tensor:
-    other = _dense_of_sparse(input, other)
-    if alpha != 1:
-        other = mul(other, alpha)
+    if alpha != 1:  # (a sparse ``other`` is made dense first; without alpha, _binary's slower path does it)
+        other = mul(_dense_of_sparse(input, other), alpha)
     return _binary(_add, input, other, "add")
 
 
 @method("sub")
 def sub(input, other, *, alpha=1) -> Tensor:
-    other = _dense_of_sparse(input, other)
-    if alpha != 1:
-        other = mul(other, alpha)
+    if alpha != 1:  # (a sparse ``other`` is made dense first; without alpha, _binary's slower path does it)
+        other = mul(_dense_of_sparse(input, other), alpha)
     return _binary(_sub, input, other, "sub")
 
 

@@ -277,9 +277,13 @@ def _within(n: Dim, *bounds: Dim) -> bool:
     sliced to ``s0+1`` holds only while ``s0 < s1``, which nothing checks: refused)."""
     if not isinstance(n, Sym):
         return True  # a whole dim sliced to a symbolic size: bind_graph checks the size fits
-    own = _linear(n)
-    allowed = set(own[0]) if own is not None else {n}
-    return all(set(terms[0]) <= allowed for b in bounds if isinstance(b, Sym) and (terms := _linear(b)) is not None)
+    return all(_symbols(b) <= _symbols(n) for b in bounds if isinstance(b, Sym))
+
+
+def _symbols(size: Sym) -> set:
+    """The terms of a symbolic size; a floor-divided one is a term of its own."""
+    linear = _linear(size)
+    return set(linear[0]) if linear is not None else {size}
 
 
 def _linear(size: Dim) -> tuple[list, int] | None:
