@@ -330,14 +330,14 @@ class CompiledFunction(BackgroundCompiles):
         named = [*hazards.named_values(self, closure_values), *leaves]
         # The Python containers the call read, along the attribute names its code loads, from what the
         # function names and from the globals of the other functions that ran: guarded by value.
-        attr_names = reads.attribute_names(watch.codes)
+        attr_names, spelled, owners = reads.attribute_names(watch.codes), watch.read_names(), {}  # type: ignore[var-annotated]
         helpers = reads.merged_globals(watch.globals_read)
         helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
-        reached = reads.reach(reads.named_roots(self, closure_values, leaves) + helper_roots, attr_names)
-        guards = build_guards(objects, spec.modules, captured, named, reached)
+        reached = reads.reach(reads.named_roots(self, closure_values, leaves) + helper_roots, attr_names, owners=owners)
+        guards = build_guards(objects, spec.modules, captured, named, reached, spelled, owners)
         for g, module, names in helpers:
             guards.add_globals(g, names, module)
-        spec.guards = guards if guards.pairs or guards.grad_owners or guards.global_reads else None
+        spec.guards = guards if guards.pairs or guards.grad_owners or guards.global_reads or guards.attr_reads else None
         spec.checks = trace.checks  # what kiln.jit.guard was told to check (optimizers' flags)
         spec.python_reads.extend(trace.python_reads)  # what the traced code said it read (Trace.on_python_read)
         spec.python_reads.extend(reads.records(reached, watch.codes, attr_names))

@@ -260,14 +260,16 @@ def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
 
 
 def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000,
-          optimizers: bool = False) -> list:  # fmt: skip
+          optimizers: bool = False, owners: dict | None = None) -> list:  # fmt: skip
     """``(path, container, kind)`` for the dicts, lists and sets and the user's objects' and classes'
     attribute tables reachable from ``named`` (``(name, object)`` pairs), ``depth`` levels down; ``kind`` is
     ``"item"`` (entries are ``[key]``) or ``"attr"`` (an object's ``__dict__``: entries are ``.name``).
     ``attr_names``: the attribute names the call read (None: all), the only ones followed.
     ``optimizers``: also each kiln optimizer's ``param_groups`` dicts, for watching stores (a warm-up
     written inside the compiled function: ``g["lr"] = ...``); never guarded by value, since their
-    numbers are read at each call through tensors (a scheduler between calls makes no new trace)."""
+    numbers are read at each call through tensors (a scheduler between calls makes no new trace).
+    ``owners``: filled with the object of each of the user's objects' tables found, by the table's id
+    (the guards compare only the attributes the call's code names, ``attr_reads``)."""
     found: list = []
     seen: set[int] = set()
     level = [(path, obj) for path, obj in named if _entered(obj)]
@@ -295,6 +297,8 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                               if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
             else:
                 following += _attributes(path, obj, attr_names, found)
+                if owners is not None and found and found[-1][1] is getattr(obj, "__dict__", None):
+                    owners[id(found[-1][1])] = obj
                 if optimizers and _is_optimizer(obj):
                     found += [(f"{path}.param_groups[{i}]", g, "item") for i, g in enumerate(obj.param_groups)]
         level = following
