@@ -402,3 +402,89 @@ def test_library_reader_given_the_object_keeps_every_attribute_guarded():
         if i == 1:
             cfg.scale = 3.0
     assert _specializations(g) == 2, _reasons(g)
+
+
+def test_dict_of_the_object_keeps_every_attribute_guarded():
+    h = _Holder()
+    h.gain_of_the_dict_test = 2.0  # a name no code that runs spells
+    suffix = "of_the_dict_test"
+
+    def f(x):
+        return x * h.__dict__["gain_" + suffix]  # a computed key
+
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    for i in range(5):
+        _close(g(x), f(x))
+        if i == 1:
+            h.gain_of_the_dict_test = 4.0
+    assert _specializations(g) == 2, _reasons(g)
+
+
+def test_library_code_reading_by_computed_name_keeps_every_attribute_guarded():
+    import string  # noqa: PLC0415 - a library whose Python code reads attributes with getattr
+
+    cfg = _Cfg()
+
+    def f(x):
+        return x * float(string.Formatter().vformat("{0.scale}", (cfg,), {}))
+
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    for i in range(5):
+        _close(g(x), f(x))
+        if i == 1:
+            cfg.scale = 3.0
+    assert _specializations(g) == 2, _reasons(g)
+
+
+class _Knobs:
+    def __init__(self) -> None:
+        self.knob_read_unseen = 2.0  # a name only the unwatched code spells
+
+
+def test_users_code_run_with_the_watch_paused_keeps_every_attribute_guarded():
+    knobs = _Knobs()
+
+    class Scale(nn.Module):
+        kiln_only = True  # claims to call no user code: its forward runs with the watch paused
+
+        def forward(self, x):
+            return x * knobs.knob_read_unseen
+
+    m = Scale()
+
+    def f(x):
+        return m(x) + knobs.__class__.__name__.count("K")  # names knobs, reads no knob
+
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    for i in range(5):
+        _close(g(x), f(x))
+        if i == 1:
+            knobs.knob_read_unseen = 5.0
+    assert _specializations(g) == 2, _reasons(g)
+
+
+def test_another_profiler_keeps_every_attribute_guarded():
+    import sys  # noqa: PLC0415
+
+    knobs = _Knobs()
+
+    def helper():
+        return knobs.knob_read_unseen  # runs unseen: the other profiler holds the hook
+
+    def f(x):
+        return x * helper()
+
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    sys.setprofile(lambda *args: None)
+    try:
+        for i in range(5):
+            _close(g(x), f(x))
+            if i == 1:
+                knobs.knob_read_unseen = 5.0
+    finally:
+        sys.setprofile(None)
+    assert _specializations(g) == 2, _reasons(g)
