@@ -22,7 +22,7 @@ A table stays guarded whole (every attribute counts) where names alone cannot te
   level into them: ``copy.copy(self)``, ``dataclasses.asdict(cfg)``); kiln's own code reads the
   user's objects only by the names it spells (a module's tables by their names);
 - the object's class, or a base, is not the user's (a library's class may read attributes in C:
-  ``SimpleNamespace.__eq__``), defines ``__getattr__``/``__getattribute__``, holds a descriptor
+  ``SimpleNamespace.__eq__``; ``abc.ABC`` and ``typing.Generic`` change nothing there), defines ``__getattr__``/``__getattribute__``, holds a descriptor
   whose code is not Python code that would run under the watch (``property(attrgetter("x"))``), or
   sets ``kiln_only`` (its methods run with the watch paused); kiln's ``Module`` is a base whose
   ``__getattr__`` reads only its parameter, buffer and submodule tables, which are guarded whole;
@@ -37,6 +37,7 @@ attributes by names of its own, or a reader reached through a container; neither
 
 from __future__ import annotations
 
+import abc
 import copy
 import dataclasses
 import functools
@@ -44,6 +45,7 @@ import inspect
 import operator
 import pickle
 import types
+import typing
 from typing import Any
 
 from .reads import _users_class
@@ -121,11 +123,13 @@ def _users(value) -> bool:
 
 
 def _one_level(value) -> list:
+    if isinstance(value, types.MethodType):  # a bound method: its object
+        return [value.__self__]
     if isinstance(value, dict):
         return list(value.values())[:256]
     if isinstance(value, list | tuple | set | frozenset):
         return list(value)[:256]
-    table = getattr(value, "__dict__", None)
+    table = None if isinstance(value, types.ModuleType) else getattr(value, "__dict__", None)
     return list(table.values())[:256] if isinstance(table, dict) else []
 
 
@@ -134,6 +138,9 @@ _PYTHON_DESCRIPTORS = (types.FunctionType, staticmethod, classmethod, types.Memb
                        types.GetSetDescriptorType, types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.BuiltinFunctionType)  # fmt: skip
 _module_names: frozenset | None = None
+#: Library bases that change nothing of how an instance's attributes are read (a metaclass's checks,
+#: subscripting the class).
+_PLAIN_BASES = (object, abc.ABC, typing.Generic)
 
 
 def module_names() -> frozenset:
@@ -172,7 +179,7 @@ def users_classes(cls) -> list | None:
     attributes in ways names do not tell (see the module's docstring)."""
     out = []
     for base in cls.__mro__:
-        if base is object or _kiln_module_class(base):
+        if base in _PLAIN_BASES or _kiln_module_class(base):
             continue
         table = base.__dict__
         if not _users_class(base) or "__getattr__" in table or "__getattribute__" in table or table.get("kiln_only"):
