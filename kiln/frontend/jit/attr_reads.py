@@ -14,10 +14,11 @@ the table did not hold is guarded too: an instance attribute that now shadows a 
 
 A table stays guarded whole (every attribute counts) where names alone cannot tell what was read:
 
-- the user's code that ran spells a reader by computed name (``getattr``, ``hasattr``, ``vars``,
-  ``dir``, ``__dict__``, ``__getattribute__``, ``attrgetter``, ``methodcaller``, ``asdict``, a
-  pickle ``dump``, ``str.format``'s ``{0.name}``...), or names one under another name (a global or
-  closure variable bound to ``getattr`` or to an ``attrgetter``);
+- the user's code that ran spells a reader by computed name (``getattr`` or ``hasattr`` -- but
+  called with a constant name, which is a read by that name --, ``vars``, ``dir``, ``__dict__``,
+  ``__getattribute__``, ``attrgetter``, ``methodcaller``, ``asdict``, a pickle ``dump``,
+  ``str.format``'s ``{0.name}``...), or names one under another name (a global or closure variable
+  bound to ``getattr`` or to an ``attrgetter``);
 - a library function that spells one ran with one of the user's objects among its arguments (or one
   level into them: ``copy.copy(self)``, ``dataclasses.asdict(cfg)``); kiln's own code reads the
   user's objects only by the names it spells (a module's tables by their names);
@@ -40,6 +41,7 @@ from __future__ import annotations
 import abc
 import copy
 import dataclasses
+import dis
 import functools
 import inspect
 import operator
@@ -85,14 +87,15 @@ def computed_reads(frame) -> str | None:
     """Why the user's code running ``frame`` may read attributes by computed names (None: it
     loads them by the names it spells)."""
     code = frame.f_code
-    spelled = COMPUTED.intersection(code.co_names)
+    spelled = readers_spelled(code)
     if spelled:
         return f"{code.co_name} ({code.co_filename}) uses {min(spelled)}"
     scopes = (frame.f_locals, frame.f_globals, frame.f_builtins)
+    static = _CONSTANT_NAME_CALLS.intersection(code.co_names)  # (shown constant by readers_spelled)
     for name in (*code.co_names, *code.co_freevars):
         for scope in scopes:
             if name in scope:
-                if _is_reader(scope[name]):
+                if _is_reader(scope[name]) and name not in static:
                     return f"{code.co_name} ({code.co_filename}) names a reader of attributes as {name!r}"
                 break
     return None
@@ -100,7 +103,45 @@ def computed_reads(frame) -> str | None:
 
 def spells_reader(code) -> bool:
     """Whether a library's ``code`` may read attributes by computed names."""
-    return not COMPUTED.isdisjoint(code.co_names)
+    return bool(readers_spelled(code))
+
+
+#: Readers that read one attribute by the name they are given: with a constant name
+#: (``getattr(self.config, "dropout", 0.0)``), a read by that name, which ``code_names`` holds.
+_CONSTANT_NAME_CALLS = frozenset({"getattr", "hasattr"})
+_OBJECT_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_CLASSDEREF"})
+_SPELLED: dict = {}  # code object -> the readers it spells
+
+
+def readers_spelled(code) -> frozenset:
+    """The names of ``COMPUTED`` that ``code`` uses, but for ``getattr``/``hasattr`` where each use is a
+    call with a constant name: the builtin loaded, then a name and its attributes (the object), then a
+    string constant (the name)."""
+    found = _SPELLED.get(code)
+    if found is None:
+        found = COMPUTED.intersection(code.co_names)
+        if found & _CONSTANT_NAME_CALLS and _constant_name_calls(code):
+            found -= _CONSTANT_NAME_CALLS
+        found = _SPELLED[code] = frozenset(found)
+    return found
+
+
+def _constant_name_calls(code) -> bool:
+    ins = [(i.opname, i.argval) for i in dis.get_instructions(code)]
+    for i, (op, arg) in enumerate(ins):
+        if arg not in _CONSTANT_NAME_CALLS or type(arg) is not str or op == "LOAD_CONST":
+            continue
+        if op not in ("LOAD_GLOBAL", "LOAD_NAME"):
+            return False  # stored, passed on (``map(getattr, ...)``), an attribute ``builtins.getattr``
+        j = i + 1
+        if j >= len(ins) or ins[j][0] not in _OBJECT_LOADS:
+            return False
+        j += 1
+        while j < len(ins) and ins[j][0] == "LOAD_ATTR":
+            j += 1
+        if j >= len(ins) or ins[j][0] != "LOAD_CONST" or type(ins[j][1]) is not str:
+            return False
+    return True
 
 
 def passes_users_object(frame) -> str | None:

@@ -306,6 +306,27 @@ def test_getattr_by_computed_name_keeps_every_attribute_guarded():
     assert any("count changed: 0 -> 1" in r for r in _reasons(g)), _reasons(g)
 
 
+def test_getattr_and_hasattr_with_constant_names_read_those_names():
+    h = _Holder()
+
+    def f(x):
+        return x * getattr(h, "shift", 0.0) + hasattr(h, "bonus_of_the_hasattr_test")
+
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    for i in range(7):
+        _close(g(x), f(x))
+        h.count += 1  # not read: no new trace
+        if i == 1:
+            h.shift = 2.5
+        elif i == 3:
+            h.bonus_of_the_hasattr_test = 1  # absent when traced: hasattr's answer changes
+    reasons = _reasons(g)
+    assert _specializations(g) == 3, reasons
+    assert any("shift changed: 1.0 -> 2.5" in r for r in reasons), reasons
+    assert any("bonus_of_the_hasattr_test changed: (absent) -> 1" in r for r in reasons), reasons
+
+
 def test_vars_keeps_every_attribute_guarded():
     h = _Holder()
 
