@@ -18,7 +18,10 @@ A table stays guarded whole (every attribute counts) where names alone cannot te
   called with a constant name, which is a read by that name --, ``vars``, ``dir``, ``__dict__``,
   ``__getattribute__``, ``attrgetter``, ``methodcaller``, ``asdict``, a pickle ``dump``,
   ``str.format``'s ``{0.name}``...), or names one under another name (a global or closure variable
-  bound to ``getattr`` or to an ``attrgetter``);
+  bound to ``getattr`` or to an ``attrgetter``); where each such read is ``getattr``, ``hasattr``,
+  ``vars`` or ``__dict__`` of one of the code's own arguments, which it never rebinds
+  (``getattr(self, f"fc{i}")``), only the objects those arguments held at each of its calls are
+  guarded whole;
 - a library function that spells one ran with one of the user's objects among its arguments (or one
   level into them: ``copy.copy(self)``, ``dataclasses.asdict(cfg)``); kiln's own code reads the
   user's objects only by the names it spells (a module's tables by their names);
@@ -83,65 +86,103 @@ def _is_reader(value) -> bool:
     return type(value) is functools.partial and _is_reader(value.func)
 
 
-def computed_reads(frame) -> str | None:
-    """Why the user's code running ``frame`` may read attributes by computed names (None: it
-    loads them by the names it spells)."""
+def computed_reads(frame) -> tuple[str | None, list]:
+    """Why the user's code running ``frame`` may read any attribute of any object (None: it loads
+    them by the names it spells), and the objects it reads by computed names (``getattr(self,
+    f"fc{i}")``, ``vars(cfg)`` on its own arguments): those alone are guarded whole."""
     code = frame.f_code
-    spelled = readers_spelled(code)
+    spelled, arguments = readers_spelled(code)
     if spelled:
-        return f"{code.co_name} ({code.co_filename}) uses {min(spelled)}"
+        return f"{code.co_name} ({code.co_filename}) uses {min(spelled)}", []
     scopes = (frame.f_locals, frame.f_globals, frame.f_builtins)
-    static = _CONSTANT_NAME_CALLS.intersection(code.co_names)  # (shown constant by readers_spelled)
+    analysed = _PER_OBJECT.intersection(code.co_names)  # (their uses are known: readers_spelled)
     for name in (*code.co_names, *code.co_freevars):
         for scope in scopes:
             if name in scope:
-                if _is_reader(scope[name]) and name not in static:
-                    return f"{code.co_name} ({code.co_filename}) names a reader of attributes as {name!r}"
+                if _is_reader(scope[name]) and name not in analysed:
+                    return f"{code.co_name} ({code.co_filename}) names a reader of attributes as {name!r}", []
                 break
-    return None
+    return None, [frame.f_locals[name] for name in arguments if name in frame.f_locals]
 
 
 def spells_reader(code) -> bool:
     """Whether a library's ``code`` may read attributes by computed names."""
-    return bool(readers_spelled(code))
+    spelled, arguments = readers_spelled(code)
+    return bool(spelled or arguments)
 
 
-#: Readers that read one attribute by the name they are given: with a constant name
-#: (``getattr(self.config, "dropout", 0.0)``), a read by that name, which ``code_names`` holds.
-_CONSTANT_NAME_CALLS = frozenset({"getattr", "hasattr"})
+#: Readers whose uses ``_read_objects`` follows: ``getattr``/``hasattr`` with a constant name read
+#: that name (which ``code_names`` holds); with another, and ``vars``/``__dict__``, they read the
+#: object they are given, which is one of the code's arguments where the code never rebinds it.
+_PER_OBJECT = frozenset({"getattr", "hasattr", "vars", "__dict__"})
 _OBJECT_LOADS = frozenset({"LOAD_FAST", "LOAD_DEREF", "LOAD_GLOBAL", "LOAD_NAME", "LOAD_CLASSDEREF"})
-_SPELLED: dict = {}  # code object -> the readers it spells
+_SPELLED: dict = {}  # code object -> (the readers it spells, the arguments it reads by computed names)
 
 
-def readers_spelled(code) -> frozenset:
-    """The names of ``COMPUTED`` that ``code`` uses, but for ``getattr``/``hasattr`` where each use is a
-    call with a constant name: the builtin loaded, then a name and its attributes (the object), then a
-    string constant (the name)."""
+def readers_spelled(code) -> tuple[frozenset, tuple]:
+    """The names of ``COMPUTED`` that ``code`` uses, but for the uses of ``_PER_OBJECT`` that
+    ``_read_objects`` follows, and the names of the arguments those read by computed names."""
     found = _SPELLED.get(code)
     if found is None:
-        found = COMPUTED.intersection(code.co_names)
-        if found & _CONSTANT_NAME_CALLS and _constant_name_calls(code):
-            found -= _CONSTANT_NAME_CALLS
-        found = _SPELLED[code] = frozenset(found)
+        spelled = COMPUTED.intersection(code.co_names)
+        arguments = _read_objects(code) if spelled & _PER_OBJECT else ()
+        if arguments is None:
+            arguments = ()
+        else:
+            spelled -= _PER_OBJECT
+        found = _SPELLED[code] = (frozenset(spelled), arguments)
     return found
 
 
-def _constant_name_calls(code) -> bool:
-    ins = [(i.opname, i.argval) for i in dis.get_instructions(code)]
+_SIMPLE_LOADS = frozenset({"LOAD_CONST", *_OBJECT_LOADS})
+_CALLS = frozenset({"PRECALL", "CALL"})
+
+
+def _constant_name(ins: list, k: int) -> bool:
+    """Whether instruction ``k`` loads a constant string that is the whole name argument: the call
+    comes next, or after one simple load (a default), not an expression built on it (``f"fc{i}"``)."""
+    if ins[k][0] != "LOAD_CONST" or type(ins[k][1]) is not str:
+        return False
+    following = [op for op, _ in ins[k + 1 : k + 3]]
+    if following[:1] and following[0] in _CALLS:
+        return True
+    return following[:1] != [] and following[0] in _SIMPLE_LOADS and following[1:2] != [] and following[1] in _CALLS
+
+
+def _read_objects(code) -> tuple | None:
+    """The arguments of ``code`` that its uses of ``_PER_OBJECT`` read by computed names, or None
+    where a use is not one of: ``getattr(obj, "name", ...)``/``hasattr(obj, "name")`` (``obj`` a
+    name and its attributes), ``getattr(arg, ...)``, ``hasattr(arg, ...)``, ``vars(arg)`` and
+    ``arg.__dict__``, with ``arg`` an argument the code never rebinds."""
+    listed = list(dis.get_instructions(code))
+    ins = [(i.opname, i.argval) for i in listed]
+    count = code.co_argcount + code.co_kwonlyargcount
+    stored = {arg for op, arg in ins if op in ("STORE_FAST", "DELETE_FAST")}
+    stable = {name for name in code.co_varnames[:count] if name not in stored}
+    found: dict = {}
     for i, (op, arg) in enumerate(ins):
-        if arg not in _CONSTANT_NAME_CALLS or type(arg) is not str or op == "LOAD_CONST":
+        if type(arg) is not str or arg not in _PER_OBJECT or op == "LOAD_CONST":
             continue
-        if op not in ("LOAD_GLOBAL", "LOAD_NAME"):
-            return False  # stored, passed on (``map(getattr, ...)``), an attribute ``builtins.getattr``
+        before = ins[i - 1] if i else ("", None)
+        if arg == "__dict__" and op == "LOAD_ATTR" and before[0] == "LOAD_FAST" and before[1] in stable:
+            found[before[1]] = None
+            continue
+        called = (op == "LOAD_GLOBAL" and (listed[i].arg or 0) & 1) or (op == "LOAD_NAME" and before[0] == "PUSH_NULL")
+        if not called or arg == "__dict__" or i + 2 >= len(ins):
+            return None  # passed on (``map(getattr, ...)``), stored, ``builtins.getattr``, ``obj.__dict__``
         j = i + 1
-        if j >= len(ins) or ins[j][0] not in _OBJECT_LOADS:
-            return False
-        j += 1
-        while j < len(ins) and ins[j][0] == "LOAD_ATTR":
+        if ins[j][0] not in _OBJECT_LOADS:
+            return None
+        while j + 1 < len(ins) and ins[j + 1][0] == "LOAD_ATTR":
             j += 1
-        if j >= len(ins) or ins[j][0] != "LOAD_CONST" or type(ins[j][1]) is not str:
-            return False
-    return True
+        if j + 1 >= len(ins):
+            return None
+        if arg != "vars" and _constant_name(ins, j + 1):
+            continue
+        if j != i + 1 or ins[j][0] != "LOAD_FAST" or ins[j][1] not in stable:
+            return None
+        found[ins[j][1]] = None
+    return tuple(found)
 
 
 def passes_users_object(frame) -> str | None:
@@ -175,6 +216,18 @@ def _one_level(value) -> list:
 
 
 # ---------------------------------------------------------------------- per object
+class Spelled(frozenset):
+    """The names the traced call's code spells (``hazards.Watch.read_names``), with the objects it
+    read by computed names (``whole``: by id; their tables are guarded whole)."""
+
+    whole: frozenset
+
+    def __new__(cls, names, objects: dict) -> Spelled:
+        self = super().__new__(cls, names)
+        self.whole = frozenset(objects)
+        return self
+
+
 _PYTHON_DESCRIPTORS = (types.FunctionType, staticmethod, classmethod, types.MemberDescriptorType,
                        types.GetSetDescriptorType, types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.BuiltinFunctionType)  # fmt: skip
@@ -234,7 +287,7 @@ def users_classes(cls) -> list | None:
 def guarded_names(obj, names: frozenset | None) -> frozenset | None:
     """The attribute names of ``obj`` to guard: ``names`` (what the call's code spells) where its class
     allows it, with a module's own tables; None for the whole table."""
-    if names is None or isinstance(obj, type) or not users_classes(type(obj)):
+    if names is None or isinstance(obj, type) or id(obj) in getattr(names, "whole", ()) or not users_classes(type(obj)):
         return None  # (kiln's own modules too: their code may run with the watch paused)
     from ...nn.modules.module import Module  # noqa: PLC0415 - nn sits above the frontend
 

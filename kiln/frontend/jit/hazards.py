@@ -271,7 +271,9 @@ class Watch:
         # every attribute of the user's objects counts instead, if it does (``attr_reads``)
         self.names: set = set()
         self.whole: str | None = None
+        self.read_whole: dict = {}  # id -> an object the call read by computed names (guarded whole)
         self._readers: set = set()  # libraries' code objects that read attributes by computed names
+        self._reads_arguments: set = set()  # the user's code objects that read their arguments' so
         self.globals_read: list = []  # (globals, the names read there) per other user function that ran
         self._seen: set = set()
         self._previous: Callable | None = None
@@ -325,6 +327,8 @@ class Watch:
             if code in self._seen:
                 if code in self._readers and self.whole is None:  # (each call: its arguments differ)
                     self.whole = attr_reads.passes_users_object(frame)
+                elif code in self._reads_arguments:
+                    self.read_whole.update((id(obj), obj) for obj in attr_reads.computed_reads(frame)[1])
                 return
             if _user_code(code) and _importing(frame, self._outer):
                 return  # not marked seen: a call of the same code after the import is scanned
@@ -336,7 +340,11 @@ class Watch:
                     self.whole = self.whole or attr_reads.passes_users_object(frame)
                 return
             self.codes.append(code)
-            self.whole = self.whole or attr_reads.computed_reads(frame)
+            if self.whole is None:
+                self.whole, objects = attr_reads.computed_reads(frame)
+                if objects:
+                    self._reads_arguments.add(code)
+                    self.read_whole.update((id(obj), obj) for obj in objects)
             if code is not self.code:
                 self._helper_globals(code, frame.f_globals)
             stores = _STORES.get(code)
@@ -367,7 +375,7 @@ class Watch:
         or the user's code ran with the watch paused)."""
         if self._hook is None or self.whole is not None:
             return None
-        return frozenset(self.names)
+        return attr_reads.Spelled(self.names, self.read_whole)
 
     def _watch_generators(self, named) -> None:
         """Keep the state of the numpy generators among ``named`` ((name, object) pairs), for ``stop``."""

@@ -327,6 +327,89 @@ def test_getattr_and_hasattr_with_constant_names_read_those_names():
     assert any("bonus_of_the_hasattr_test changed: (absent) -> 1" in r for r in reasons), reasons
 
 
+def test_getattr_by_computed_name_on_an_argument_guards_that_object_whole():
+    class Stack(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc0, self.fc1 = nn.Linear(3, 3), nn.Linear(3, 3)
+            self.depth = 2
+            self.note = 0
+
+        def forward(self, x):
+            for i in range(self.depth):
+                x = getattr(self, f"fc{i}")(x)  # a computed name: any attribute of self counts
+            return x
+
+    class Runner:
+        def __init__(self) -> None:
+            kiln.manual_seed(0)
+            self.net = Stack()
+            self.iter_num = 0
+
+    r = Runner()
+
+    def f(x):
+        return r.net(x)
+
+    g = kiln.compile(f)
+    x = kiln.ones(2, 3)
+    for i in range(6):
+        _close(g(x), f(x))
+        r.iter_num += 1  # the runner is read by names: no new trace
+        if i == 2:
+            r.net.note = 1  # the stack is read by computed names: a new trace
+    assert _specializations(g) == 2, _reasons(g)
+    assert any("note" in reason for reason in _reasons(g)), _reasons(g)
+
+
+def _first_of(obj, names):
+    return getattr(obj, names[0])  # a computed name, on whichever object each call is given
+
+
+def test_helper_reading_each_argument_by_computed_name_guards_each_object_whole():
+    a, b = _Holder(), _Holder()
+    names = ["shift"]
+
+    def f(x):
+        return x * _first_of(a, names) + _first_of(b, names)
+
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    for i in range(5):
+        _close(g(x), f(x))
+        if i == 1:
+            b.count += 1  # b, the second object the helper read
+    assert _specializations(g) == 2, _reasons(g)
+
+
+def test_dict_of_self_in_a_method_guards_that_object_whole():
+    class Weights:
+        def __init__(self) -> None:
+            self.a, self.b = 1.0, 2.0
+
+        def total(self):
+            return sum(v for v in self.__dict__.values() if isinstance(v, float))
+
+    class Runner:
+        def __init__(self) -> None:
+            self.weights = Weights()
+            self.iter_num = 0
+
+    r = Runner()
+
+    def f(x):
+        return x * r.weights.total()
+
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    for i in range(6):
+        _close(g(x), f(x))
+        r.iter_num += 1  # read by names: no new trace
+        if i == 2:
+            r.weights.c = 4.0  # a new attribute total() sums
+    assert _specializations(g) == 2, _reasons(g)
+
+
 def test_vars_keeps_every_attribute_guarded():
     h = _Holder()
 
