@@ -305,7 +305,7 @@ def spelled(name: Any, names: frozenset) -> bool:
 
 
 def slots(cls) -> dict:
-    """The slot descriptors of the user's classes in ``cls``'s order, by name."""
+    """The slot descriptors of the classes in ``cls``'s method resolution order, by name."""
     found: dict = {}
     for base in reversed(cls.__mro__):
         for name, value in base.__dict__.items():

@@ -330,7 +330,8 @@ class CompiledFunction(BackgroundCompiles):
         named = [*hazards.named_values(self, closure_values), *leaves]
         # The Python containers the call read, along the attribute names its code loads, from what the
         # function names and from the globals of the other functions that ran: guarded by value.
-        attr_names, spelled, owners = reads.attribute_names(watch.codes), watch.read_names(), {}  # type: ignore[var-annotated]
+        attr_names, spelled = reads.attribute_names(watch.codes), watch.read_names()
+        owners: dict = {}  # (the object of each of the user's objects' tables reached, for build_guards)
         helpers = reads.merged_globals(watch.globals_read)
         helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
         reached = reads.reach(reads.named_roots(self, closure_values, leaves) + helper_roots, attr_names, owners=owners)

@@ -20,7 +20,8 @@ the traced call:
   ``self.count`` or ``counter["step"]``, with the path and the user's line;
 - an iterator or generator among the arguments is consumed by the call.
 
-Each is a trace break.
+Each is a trace break. The profile hook also gathers the names the code that runs spells, by which
+it can read the user's objects' attributes: the guards compare only those (``attr_reads``).
 """
 
 from __future__ import annotations
@@ -273,7 +274,7 @@ class Watch:
         self.whole: str | None = None
         self.read_whole: dict = {}  # id -> an object the call read by computed names (guarded whole)
         self._readers: set = set()  # libraries' code objects that read attributes by computed names
-        self._reads_arguments: set = set()  # the user's code objects that read their arguments' so
+        self._reads_arguments: set = set()  # the user's code objects reading their arguments by computed names
         self.globals_read: list = []  # (globals, the names read there) per other user function that ran
         self._seen: set = set()
         self._previous: Callable | None = None
