@@ -98,6 +98,7 @@ def test_explain_lists_the_attributes_the_step_reads_not_the_loops():
     trainer = _Trainer(True)
     trainer.run(xs, ys)
     summary = kiln.explain(trainer.step).summary()
+    assert "1 specialization(s), 0 trace break(s), 0 recompilation(s)" in summary.splitlines()[0], summary
     assert "self.grad_norm_clip == 1.0" in summary and "self.model is the same Sequential object" in summary
     assert "iter_num" not in summary and "iter_time" not in summary, summary
 
