@@ -225,7 +225,9 @@ class CompiledFunction(BackgroundCompiles):
                 with_shadows((new, old) for old, new in partner[2]) if partner[0] == "compare"
                 else frozenset(sizes_to_watch(leaves, partner, self.options.dynamic is True))
             )  # fmt: skip
-        watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code, roots)
+        watch = hazards.Watch(
+            objects, leaves, hazards.named_values(self, closure_values), self._code, roots, self.state.numpy_shadows
+        )
         try:
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input
@@ -333,7 +335,8 @@ class CompiledFunction(BackgroundCompiles):
         attr_names = reads.attribute_names(watch.codes)
         helpers = reads.merged_globals(watch.globals_read)
         helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
-        reached = reads.reach(reads.named_roots(self, closure_values, leaves) + helper_roots, attr_names)
+        roots = reads.named_roots(self, closure_values, leaves) + helper_roots + reads.process_state(watch.codes)
+        reached = reads.not_inputs(reads.reach(roots, attr_names), self.state.numpy_shadows)
         guards = build_guards(objects, spec.modules, captured, named, reached)
         for g, module, names in helpers:
             guards.add_globals(g, names, module)
