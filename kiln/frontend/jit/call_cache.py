@@ -333,9 +333,13 @@ class CompiledFunction(BackgroundCompiles):
         # The Python containers the call read, along the attribute names its code loads, from what the
         # function names and from the globals of the other functions that ran: guarded by value.
         attr_names = reads.attribute_names(watch.codes)
-        helpers = reads.merged_globals(watch.globals_read)
+        named_roots = reads.named_roots(self, closure_values, leaves)
+        helper_globals = [(g, names) for g, names in watch.globals_read]
+        helper_globals += reads.users_modules(named_roots + [(n, g[n]) for g, names in helper_globals for n in names],
+                                              attr_names)  # fmt: skip
+        helpers = reads.merged_globals(helper_globals)
         helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
-        roots = reads.named_roots(self, closure_values, leaves) + helper_roots + reads.process_state(watch.codes)
+        roots = named_roots + helper_roots + reads.process_state(watch.codes)
         reached = reads.not_inputs(reads.reach(roots, attr_names), self.state.numpy_shadows)
         guards = build_guards(objects, spec.modules, captured, named, reached)
         for g, module, names in helpers:

@@ -316,6 +316,32 @@ def module_name(fn_globals: dict) -> str:
     return str(fn_globals.get("__name__", "?")).rsplit(".", 1)[-1]
 
 
+def users_modules(named: Sequence, attr_names: frozenset | None) -> list[tuple[dict, list[str]]]:
+    """``(module globals, names)`` for the user's modules among ``named`` (``(name, object)`` pairs)
+    and the user's modules they hold, by the attribute names the call's code loads (``import config``
+    then ``config.SCALE``): read like a helper's globals, so guarded name by name (``merged_globals``)."""
+    found: list[tuple[dict, list[str]]] = []
+    level, seen = [obj for _, obj in named if isinstance(obj, types.ModuleType)], set()
+    while level and attr_names:
+        following = []
+        for module in level:
+            if id(module) in seen or not _users_module(module):
+                continue
+            seen.add(id(module))
+            names = [n for n in attr_names if n in module.__dict__]
+            if names:
+                found.append((module.__dict__, names))
+                following += [module.__dict__[n] for n in names if isinstance(module.__dict__[n], types.ModuleType)]
+        level = following
+    return found
+
+
+def _users_module(module: types.ModuleType) -> bool:
+    """Whether ``module`` is the user's program's (a file outside kiln, the standard library and packages)."""
+    filename = getattr(module, "__file__", None)
+    return filename is not None and not os.path.realpath(filename).startswith((KILN_DIR, *library_folders()))
+
+
 def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
     """``(globals, module name, names read)`` per module, from ``(globals, names)`` pairs."""
     merged: dict[int, tuple[dict, dict]] = {}

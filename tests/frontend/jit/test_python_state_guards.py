@@ -197,3 +197,27 @@ def test_a_loop_over_a_dict_whose_order_changed():
 
     f = _against_eager(make)
     assert len(compiled_calls(f)) == 2 and "the order of its keys" in _reasons(f)[1], _reasons(f)
+
+
+@pytest.mark.parametrize("read", ["attribute", "dict entry", "submodule"])
+def test_a_setting_of_the_users_own_module(read, tmp_path, monkeypatch):
+    # ``import config`` then ``config.SCALE``: a module of the program, not of a library
+    (tmp_path / "kiln_test_settings").mkdir()
+    (tmp_path / "kiln_test_settings" / "__init__.py").write_text("SCALE = 1.0\nTABLE = {'s': 1.0}\n")
+    (tmp_path / "kiln_test_settings" / "inner.py").write_text("SCALE = 1.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import kiln_test_settings as settings  # noqa: PLC0415
+    import kiln_test_settings.inner  # noqa: F401, PLC0415
+
+    monkeypatch.delitem(sys.modules, "kiln_test_settings")
+    monkeypatch.delitem(sys.modules, "kiln_test_settings.inner")
+    fn, change = {
+        "attribute": (lambda x: x * settings.SCALE, lambda i: setattr(settings, "SCALE", float(i + 1))),
+        "dict entry": (lambda x: x * settings.TABLE["s"], lambda i: settings.TABLE.__setitem__("s", float(i + 1))),
+        "submodule": (lambda x: x * settings.inner.SCALE, lambda i: setattr(settings.inner, "SCALE", float(i + 1))),
+    }[read]
+    f = kiln.compile(fn, wait=True)
+    for i in range(4):
+        change(i)
+        np.testing.assert_allclose(f(kiln.ones(3)).numpy(), fn(kiln.ones(3)).numpy(), rtol=RTOL, atol=ATOL)
+    assert len(compiled_calls(f)) == 4, _reasons(f)
