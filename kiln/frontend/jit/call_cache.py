@@ -278,6 +278,8 @@ class CompiledFunction(BackgroundCompiles):
         if spec is None:
             if isinstance(why_not, Pending):
                 self.state.deferred.append(why_not)
+            elif not self._changes_once_more(key):  # the same reason at every call: stop tracing them
+                return self._run_eagerly_from_now_on(key, TraceBreak(str(why_not), None), result)
             self._event("not cached", str(why_not), once=False)
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)

@@ -221,3 +221,25 @@ def test_a_setting_of_the_users_own_module(read, tmp_path, monkeypatch):
         change(i)
         np.testing.assert_allclose(f(kiln.ones(3)).numpy(), fn(kiln.ones(3)).numpy(), rtol=RTOL, atol=ATOL)
     assert len(compiled_calls(f)) == 4, _reasons(f)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_a_call_that_cannot_be_cached_for_the_same_reason_each_time_stops_tracing(wait):
+    # The result needs gradients through a weight the step updated in place: no program can serve
+    # it, at any call. Tracing every call costs more than running it eagerly; after the retries
+    # that lazily made state gets, the calls run eagerly without a trace, and say so.
+    w = kiln.ones(3, requires_grad=True)
+    opt = kiln.optim.SGD([w], lr=0.1)
+
+    def step(x):
+        opt.zero_grad()
+        (w * x).sum().backward()
+        opt.step()
+        return w * 1.0
+
+    f = kiln.compile(step, wait=wait)
+    for i in range(6):
+        np.testing.assert_allclose(f(kiln.ones(3)).detach().numpy(), 1.0 - 0.1 * (i + 1), rtol=RTOL, atol=ATOL)
+    kinds = [e.kind for e in events(f)]
+    assert kinds == ["not cached", "not cached", "break"], _reasons(f)
+    assert "changed in place" in _reasons(f)[-1]
