@@ -541,7 +541,10 @@ def records(found: list, codes: list, attr_names: frozenset | None, per_containe
     call read), and per list or set."""
     out: list[PythonRead] = []
     for path, live, kind in found:
-        if isinstance(live, dict | types.MappingProxyType):
+        if path == "os.environ":  # (bytes -> bytes: each variable would be a line of noise)
+            what = f"os.environ: the same {len(live)} variables (a change to any makes a new trace)"
+            out.append(PythonRead(what, "guard", read_line(codes, "os", "attr", "environ")))
+        elif isinstance(live, dict | types.MappingProxyType):
             items = [(k, v) for k, v in list(live.items()) if kind != "attr" or attr_names is None or k in attr_names]
             plain = [(k, v) for k, v in items if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor)]
             for k, v in plain[:per_container]:
