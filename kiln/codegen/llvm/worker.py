@@ -282,7 +282,9 @@ def main(argv: list[str]) -> None:
         _die_with_parent(parent)
     watchdog = _Watchdog(parent)
     threading.Thread(target=watchdog.run, daemon=True, name="kiln-worker-watchdog").start()
-    serve(sys.stdin.buffer, sys.stdout.buffer, _standalone_engine().compile_here, watchdog)
+    engine = _standalone_engine()
+    engine.warm_up()  # while the caller's passes run: its first module then compiles no slower than the rest
+    serve(sys.stdin.buffer, sys.stdout.buffer, engine.compile_here, watchdog)
 
 
 if __name__ == "__main__":  # pragma: no cover - run as a process by Worker
