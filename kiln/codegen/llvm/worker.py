@@ -283,7 +283,10 @@ def main(argv: list[str]) -> None:
     watchdog = _Watchdog(parent)
     threading.Thread(target=watchdog.run, daemon=True, name="kiln-worker-watchdog").start()
     engine = _standalone_engine()
-    engine.warm_up()  # while the caller's passes run: its first module then compiles no slower than the rest
+    try:
+        engine.warm_up()  # while the caller's passes run: its first module then compiles no slower than the rest
+    except Exception:  # noqa: BLE001, S110 - a time saving only: a real compile says what LLVM rejects
+        pass
     serve(sys.stdin.buffer, sys.stdout.buffer, engine.compile_here, watchdog)
 
 
