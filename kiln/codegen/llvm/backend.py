@@ -126,8 +126,8 @@ class LLVMBackend:
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
         start = time.perf_counter()
         kernels: dict[int, KernelInfo] = {}
-        compiled = sum(node.op == KERNEL or node.op in NATIVE_OPS for node in lowered.graph.nodes)
-        batch = _Batch(kernel_cache.kernel_cache(), lowered.deadline, compiled)
+        kernel_nodes = sum(node.op == KERNEL or node.op in NATIVE_OPS for node in lowered.graph.nodes)
+        batch = _Batch(kernel_cache.kernel_cache(), lowered.deadline, kernel_nodes)
         try:
             self._add_kernels(lowered, report, batch, kernels)
         except BaseException:  # strict mode's error, an interrupt: the modules sent are not waited for

@@ -8,7 +8,9 @@ programs would grow without bound. So ``engine.compile_ir`` compiles its first
 process -- every compile with a time limit too, since only there can it be stopped -- which is replaced after ``WORKER_COMPILES`` compiles: its memory goes
 back to the system when it exits. A worker that cannot start is said once, and compiles go on in
 this process. A module that kills the worker (an LLVM abort) raises ``RuntimeError`` here, where
-it would have ended the caller's process. There are two workers, ``WORKER`` and ``SPARE``, which
+it would have ended the caller's process. A worker compiles an empty function before it serves
+(``engine.warm_up``): LLVM's one-time set-up is then paid while the caller's passes run, not in the
+caller's first module. There are two workers, ``WORKER`` and ``SPARE``, which
 ``worker_pool`` shares between the threads that compile (``SPARE`` only where a core is idle).
 
 The worker is ``python .../kiln/codegen/llvm/worker.py PARENT_PID [pdeathsig]``; it loads ``engine.py``
