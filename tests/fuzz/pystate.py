@@ -1,6 +1,9 @@
 """Python-state scenarios: functions that read configs (attributes, dict entries, list contents)
 changed between calls, and that mutate Python containers (a counter dict in a closure or a global,
-``list.append``, ``dict.update``, a dict argument).
+``list.append``, ``dict.update``, a dict argument). Reads through less direct paths too: a class
+attribute through an instance, a helper's default argument, a ``functools.partial``'s keywords, a
+bound method's object, a small numpy array's values, an environment variable, a dict's order, a
+generator resumed.
 
 The comparison after each call covers the results and every container's contents, so a compiled
 call that baked a value in, or that skipped a mutation the traced call made, shows as a difference.
@@ -21,8 +24,17 @@ SETUP = [
     "weights = [1.0, 0.5]",
     "cfg = types.SimpleNamespace(scale=1.5, shift=0.5, flag=True, calls=0, reduce=False)",
     'settings = {"scale": 0.5, "shift": 0.25, "mode": "add"}',
+    'Knob = type("Knob", (), {"scale": 1.25})',
+    "knob = Knob()",
+    "knob_scaled = (lambda self, h: h * self.scale).__get__(knob)",
+    'scaled = (lambda h, c={"s": 0.75}: h * c["s"])',
+    "mul = functools.partial(lambda h, s: h * s, s=1.5)",
+    "table = np.array([0.5, 2.0])",
+    'order = {"a": 1.0, "b": -0.5}',
+    "gen = (0.5 + k % 3 for k in range(10**6))",
+    'os.environ["KILN_FUZZ_SCALE"] = "1.5"',
 ]
-STATE = ["STATS", "HISTORY", "counter", "log", "cache", "weights", "cfg", "settings"]
+STATE = ["STATS", "HISTORY", "counter", "log", "cache", "weights", "cfg", "settings", "order"]
 # (statement of f, tag): reads of Python state (values the trace must not bake in) ...
 READS = [
     ("h = h * cfg.scale", "read attr"),
@@ -34,6 +46,14 @@ READS = [
     ("h = h * {arg}['scale']", "read dict argument"),
     ("h = h + counter['calls']", "read counter"),
     ("h = h.sum(0) if cfg.reduce else h", "structure from attr"),
+    ("h = h * knob.scale", "read class attr"),
+    ("h = knob_scaled(h)", "read bound method's attr"),
+    ("h = scaled(h)", "read default argument"),
+    ("h = mul(h)", "read partial keyword"),
+    ("h = h * float(table[0])", "read numpy value"),
+    ("h = h * float(os.environ.get('KILN_FUZZ_SCALE', '1'))", "read environment"),
+    ("for v in order.values(): h = h * 0.5 + v", "loop over dict"),
+    ("h = h * next(gen)", "resume generator"),
 ]
 # ... and mutations of it (each must happen at every call, as eagerly)
 MUTATIONS = [
@@ -65,6 +85,13 @@ CHANGES = [
     ("weights.append(1.5)", "list.append"),
     ("log.clear()", "list.clear"),
     ("counter['calls'] = 10", "counter reset"),
+    ("Knob.scale = -0.5", "class attr"),
+    ("knob.scale = 0.25", "instance attr shadows class attr"),
+    ("scaled.__defaults__[0]['s'] = 2.5", "default argument"),
+    ("mul.keywords['s'] = -1.0", "partial keyword"),
+    ("table[0] = 3.0", "numpy value"),
+    ("os.environ['KILN_FUZZ_SCALE'] = '0.5'", "environment"),
+    ("order['a'] = order.pop('a')", "dict order"),
 ]
 
 

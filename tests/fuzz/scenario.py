@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .generator import Program
 
-IMPORTS = ["import math", "import types", "", "import numpy as np", "", "import kiln", "import kiln.nn as nn",
+IMPORTS = ["import functools", "import math", "import os", "import types", "", "import numpy as np", "", "import kiln", "import kiln.nn as nn",
            "import kiln.nn.functional as F", "import kiln.optim as optim", "from kiln.optim import lr_scheduler"]  # fmt: skip
 IND = "    "
 

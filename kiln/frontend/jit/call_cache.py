@@ -225,7 +225,9 @@ class CompiledFunction(BackgroundCompiles):
                 with_shadows((new, old) for old, new in partner[2]) if partner[0] == "compare"
                 else frozenset(sizes_to_watch(leaves, partner, self.options.dynamic is True))
             )  # fmt: skip
-        watch = hazards.Watch(objects, leaves, hazards.named_values(self, closure_values), self._code, roots)
+        watch = hazards.Watch(
+            objects, leaves, hazards.named_values(self, closure_values), self._code, roots, self.state.numpy_shadows
+        )
         try:
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input
@@ -276,6 +278,8 @@ class CompiledFunction(BackgroundCompiles):
         if spec is None:
             if isinstance(why_not, Pending):
                 self.state.deferred.append(why_not)
+            elif not self._changes_once_more(key):  # the same reason at every call: stop tracing them
+                return self._run_eagerly_from_now_on(key, TraceBreak(str(why_not), None), result)
             self._event("not cached", str(why_not), once=False)
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)
@@ -332,9 +336,14 @@ class CompiledFunction(BackgroundCompiles):
         # function names and from the globals of the other functions that ran: guarded by value.
         attr_names, spelled = reads.attribute_names(watch.codes), watch.read_names()
         owners: dict = {}  # (the object of each of the user's objects' tables reached, for build_guards)
-        helpers = reads.merged_globals(watch.globals_read)
+        named_roots = reads.named_roots(self, closure_values, leaves)
+        helper_globals = [(g, names) for g, names in watch.globals_read]
+        helper_globals += reads.users_modules(named_roots + [(n, g[n]) for g, names in helper_globals for n in names],
+                                              attr_names)  # fmt: skip
+        helpers = reads.merged_globals(helper_globals)
         helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
-        reached = reads.reach(reads.named_roots(self, closure_values, leaves) + helper_roots, attr_names, owners=owners)
+        roots = named_roots + helper_roots + reads.process_state(watch.codes)
+        reached = reads.not_inputs(reads.reach(roots, attr_names, owners=owners), self.state.numpy_shadows)
         guards = build_guards(objects, spec.modules, captured, named, reached, spelled, owners)
         for g, module, names in helpers:
             guards.add_globals(g, names, module)

@@ -33,7 +33,7 @@ from operator import is_
 from ..tensor import Tensor
 from . import attr_reads
 from .hazards import _attrs, _tables, _walk, _watchable
-from .reads import MISSING, _entry, _Is, _users_class, changed_entry, same, selector, short, snapshot
+from .reads import MISSING, Contents, _entry, _Is, _users_class, changed_entry, same, selector, short, snapshot
 from .signature import call
 
 _GRAD = operator.attrgetter("_grad")
@@ -44,7 +44,7 @@ class Guards:
 
     __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
                  "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
-                 "global_reads", "path_entries", "attr_reads")  # fmt: skip
+                 "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads")  # fmt: skip
 
     def __init__(self) -> None:
         # (snapshot, live container, weakref to the owner or None, description, how entries are named:
@@ -52,6 +52,10 @@ class Guards:
         self.pairs: list = []
         self.dicts: list = []
         self.dict_snaps: list = []
+        # those of ``dicts`` with two or more keys, and their keys in order (a loop meets them in it)
+        self.ordered: list = []
+        self.orders: list = []
+        self.arrays: list = []  # reads.Contents of the small numpy arrays reached
         self.lists: list = []
         self.list_snaps: list = []
         self.sets: list = []
@@ -142,6 +146,9 @@ class Guards:
     def add(self, owner, name: str, live, style: str | None = None) -> None:
         snap = snapshot(live)
         self.pairs.append((snap, live, owner, name, style))
+        if type(snap) is Contents:
+            self.arrays.append(snap)
+            return
         if isinstance(snap, frozenset):
             self.sets.append(live)
             self.set_snaps.append(snap)
@@ -162,6 +169,9 @@ class Guards:
         elif isinstance(live, dict):
             self.dicts.append(live)
             self.dict_snaps.append(snap)
+            if len(snap) > 1:
+                self.ordered.append(live)
+                self.orders.append(list(snap))
         else:
             self.lists.append(live)
             self.list_snaps.append(snap)
@@ -178,6 +188,8 @@ class Guards:
             and all(map(is_, chain.from_iterable(map(dict.values, self.same_dicts)), values))
             and all(map(is_, chain.from_iterable(self.same_lists), items))
             and all(map(dict.__eq__, self.dict_snaps, self.dicts))
+            and list(map(list, self.ordered)) == self.orders
+            and all(map(Contents.holds, self.arrays))
             and all(map(list.__eq__, self.list_snaps, self.lists))
             and all(map(frozenset.__eq__, self.set_snaps, self.sets))
             and all(map(dict.__eq__, self.class_snaps, map(dict, self.classes)))
@@ -259,8 +271,12 @@ def _unwrap(entry):
 
 def _difference(name: str, style: str | None, live, snap) -> str:
     """What changed, in words: ``cfg['scale'] changed: 2.0 -> 3.0``, ``layers changed (1 -> 2 entries)``."""
+    if type(snap) is Contents:
+        return f"{name} changed: a value of the numpy array"
     change = changed_entry(live, snap)
     if change is None:
+        if isinstance(live, dict) and len(snap) == len(live) and set(snap) == set(live):
+            return f"{name} changed: the order of its keys"
         return f"{name} changed" + (f" ({len(snap)} -> {len(live)} entries)" if len(snap) != len(live) else "")
     key, before, after = change
     if style is None:

@@ -231,6 +231,21 @@ def _iterator_position(it):
     return None if hint < 0 else ("hint", hint)
 
 
+def _generator_frames(named: list, containers: list) -> frozenset[int]:
+    """The ids of the frames of the generators the call reaches (named, or held by a container or an
+    attribute table it reaches), not yet finished: the call resuming one consumes state from outside
+    it (a position in a loop, which ``_iterator_position`` cannot tell apart from the last one)."""
+    held = [
+        v
+        for _, live, _, _ in containers
+        if isinstance(live, dict | list)
+        for v in (live.values() if isinstance(live, dict) else live)
+    ]
+    return frozenset(
+        id(g.gi_frame) for g in (*named, *held) if isinstance(g, types.GeneratorType) and g.gi_frame is not None
+    )
+
+
 def _rng_states() -> tuple:
     """The states of Python's and numpy's global random generators."""
     legacy = np.random.get_state(legacy=False)
@@ -260,8 +275,10 @@ def _comparable(value):
 class Watch:
     """What a traced call does besides tensor ops; ``stop()`` returns the first hazard (or None)."""
 
-    def __init__(self, objects: list, leaves: list, named: Sequence = (), code=None, roots: Sequence = ()) -> None:
+    def __init__(self, objects: list, leaves: list, named: Sequence = (), code=None, roots: Sequence = (),
+                 numpy_shadows: dict | None = None) -> None:  # fmt: skip
         self.objects = objects
+        self.numpy_shadows = {} if numpy_shadows is None else numpy_shadows  # the arrays that are graph inputs
         self.roots = roots  # (name, object): what the function reaches Python containers through (reads.roots)
         self.code = code  # the compiled function's own code, scanned when another profiler runs
         self.leaves = leaves
@@ -297,6 +314,7 @@ class Watch:
         self._containers = [(path, live, kind, reads.snapshot(live)) for path, live, kind in reached]
         self._outside = {id(live): (path, live) for path, live, kind, _ in self._containers if kind == "item"}
         self._known = {id(live) for _, live, _, _ in self._containers}  # (kept alive by _containers)
+        self._resumed = _generator_frames(self.iterators, self._containers)
         self._positions = [_iterator_position(it) for it in self.iterators]
         self._rng = _rng_states()
         self._generators: dict[int, tuple] = {}  # id -> (a numpy generator the call reaches, its name, its state)
@@ -324,6 +342,12 @@ class Watch:
         if self.hazard is not None:
             return
         if event == "call":
+            if self._resumed and id(frame) in self._resumed:
+                self.hazard = TraceBreak(
+                    f"the call resumes the generator {frame.f_code.co_name}() from outside it, which each call consumes",
+                    None,
+                )
+                return
             code = frame.f_code
             if code in self._seen:
                 if code in self._readers and self.whole is None:  # (each call: its arguments differ)
@@ -412,7 +436,8 @@ class Watch:
 
     def _changed_container(self) -> TraceBreak | None:
         """A store the call made into a container from outside it (``d[k] = v``, ``del d[k]``)."""
-        for path, live, kind, snap in self._containers:
+        inputs = reads.not_inputs(self._containers, self.numpy_shadows)  # (a write into one is a program's)
+        for path, live, kind, snap in inputs:
             if reads.same(snap, live):
                 continue
             change = reads.changed_entry(live, snap)

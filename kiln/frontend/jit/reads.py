@@ -17,9 +17,17 @@ the compiler can
   line that read it).
 
 What is entered: dicts, lists, tuples and sets; the attributes of objects whose class is the
-user's; a kiln module's submodules (and a user module's public attributes). Objects of kiln's
-other classes (an optimizer: its hyperparameters are read per call through tensors), of the
-standard library and of installed packages (their caches are not the program's state) are not.
+user's, and those classes' own (``self.scale`` read from the class); a kiln module's submodules (and
+a user module's public attributes); the closures and default argument values of the user's
+functions, the object a bound method belongs to, and what a ``functools.partial`` was made with.
+Objects of kiln's other classes (an optimizer: its hyperparameters are read per call through
+tensors), of the standard library and of installed packages (their caches are not the program's
+state) are not. Besides containers:
+
+- a **small numpy array** (``SMALL_ARRAY``) is guarded by its contents, since a value Python reads
+  out of it (``float(table[i])``) is a constant of the trace -- unless a trace made its memory a
+  graph input (``not_inputs``): a buffer the caller refills then keeps its program;
+- the **process's state** the call's code names (``os.environ``, ``sys.argv``: ``process_state``).
 """
 
 from __future__ import annotations
@@ -88,8 +96,42 @@ def _entry(v):
     return _Is(v)
 
 
+def array_owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself, or the base its views lead to)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def not_inputs(reached: list, shadows: dict) -> list:
+    """``reached`` without the numpy arrays whose memory a trace made a graph input (a tensor made from
+    one: ``Trace.on_numpy``, ``shadows`` by array id): a program reads those at each call, so a buffer
+    the caller refills keeps its program."""
+    owners = {id(array_owner(a)) for a, _ in shadows.values()}
+    return [r for r in reached if r[2] != "array" or id(array_owner(r[1])) not in owners]
+
+
+class Contents:
+    """A small numpy array's contents when snapshot (``small_array``): its memory is changed in place
+    (``table[0] = 2.0``) where a container's entries would be replaced, and a value Python reads out
+    of it is the trace's constant."""
+
+    __slots__ = ("obj", "dtype", "shape", "data")
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.obj, self.dtype, self.shape, self.data = a, a.dtype, a.shape, a.tobytes()
+
+    def holds(self, live=None) -> bool:
+        """Whether ``live`` (None: the array snapshot) holds these contents."""
+        a = self.obj if live is None else live
+        return a is self.obj and a.dtype == self.dtype and a.shape == self.shape and a.tobytes() == self.data
+
+
 def snapshot(container):
-    """A copy of a dict's, list's or set's entries (or a class's attributes) that ``same`` compares in C."""
+    """A copy of a dict's, list's or set's entries (or a class's attributes) that ``same`` compares in
+    C; a small numpy array's ``Contents``."""
+    if isinstance(container, np.ndarray):
+        return Contents(container)
     if isinstance(container, dict | types.MappingProxyType):
         return {k: _entry(v) for k, v in container.items()}
     if isinstance(container, set):
@@ -99,8 +141,13 @@ def snapshot(container):
 
 def same(snap, live) -> bool:
     """Whether ``live`` still holds what ``snapshot`` took (the C comparison of the snapshot's type)."""
+    if type(snap) is Contents:
+        return snap.holds(live)
     if isinstance(snap, dict):
-        return dict.__eq__(snap, live if type(live) is not types.MappingProxyType else dict(live)) is True
+        if type(live) is types.MappingProxyType:  # a class's attributes: their order is no program's
+            return dict.__eq__(snap, dict(live)) is True
+        # in the same order too: a loop over ``d.items()`` meets them in it
+        return dict.__eq__(snap, live) is True and (len(snap) < 2 or list(snap) == list(live))
     if isinstance(snap, frozenset):
         return frozenset.__eq__(snap, live) is True
     return list.__eq__(snap, live) is True
@@ -108,8 +155,9 @@ def same(snap, live) -> bool:
 
 def changed_entry(live, snap):
     """``(key, before, after)`` of the first entry of ``live`` that differs from ``snap`` (``_MISSING``
-    for an entry absent on one side), or None where no single entry tells (a set, a reordered list)."""
-    if isinstance(snap, frozenset):
+    for an entry absent on one side), or None where no single entry tells (a set, a reordered list,
+    a numpy array)."""
+    if isinstance(snap, frozenset | Contents):
         return None
     if isinstance(snap, dict):
         for key in [*snap, *(k for k in live if k not in snap)]:
@@ -163,17 +211,33 @@ def _entered(v) -> bool:
     if isinstance(v, type):
         return _users_class(v)  # the user's class: its attributes (``Config.scale``)
     if isinstance(v, types.FunctionType):
-        return _users_closure(v)
+        return _users_function(v)
+    if isinstance(v, types.MethodType):  # ``step = trainer.scaled``: the object it is bound to
+        return _entered(v.__self__) or _entered(v.__func__)
     if isinstance(v, Tensor):
         return bool(v._hooks or v._post_accumulate_hooks)
+    if isinstance(v, np.ndarray):
+        return small_array(v)
     return isinstance(v, (*_CONTAINERS, tuple)) or (not isinstance(v, _NOT_ENTERED) and hasattr(v, "__dict__"))
 
 
-def _users_closure(fn: types.FunctionType) -> bool:
-    """Whether ``fn`` is the user's function with a closure: what it changes there (a list it
-    appends to) is Python state from outside the call, though the compiled function names only
-    ``fn``."""
-    return fn.__closure__ is not None and not fn.__code__.co_filename.startswith((KILN_DIR, *library_folders()))
+def _users_function(fn: types.FunctionType) -> bool:
+    """Whether ``fn`` is the user's function holding state of its own -- a closure, or default
+    argument values (``def helper(x, cfg=CFG)``): what it reads or changes there is Python state
+    from outside the call, though the compiled function names only ``fn``."""
+    holds = fn.__closure__ is not None or fn.__defaults__ is not None or fn.__kwdefaults__ is not None
+    return holds and not fn.__code__.co_filename.startswith((KILN_DIR, *library_folders()))
+
+
+#: The most elements a numpy array the call reaches may hold to be guarded by its contents (each
+#: call compares its bytes: a few microseconds); a larger one (a dataset) is guarded by identity
+#: alone, and a value Python reads out of it (``float(table[i])``) stays the trace's constant.
+SMALL_ARRAY = 4096
+
+
+def small_array(a) -> bool:
+    """Whether ``a`` is a numpy array small enough to guard by its contents (``SMALL_ARRAY``)."""
+    return isinstance(a, np.ndarray) and a.size <= SMALL_ARRAY and a.dtype.kind in "biufcmM"
 
 
 #: A module's tables of the functions it calls on the user's behalf (``register_forward_hook``...).
@@ -186,7 +250,8 @@ def _called_for(path: str, obj) -> list:
     if isinstance(obj, types.FunctionType):
         cells = zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=True)
         return [(f"{path}.<closure>.{name}", cell.cell_contents) for name, cell in cells
-                if _filled(cell) and _entered(cell.cell_contents)]  # fmt: skip
+                if _filled(cell) and _entered(cell.cell_contents)] + [
+                (f"{path}.<{where}>", value) for where, value in _defaults(obj)]  # fmt: skip
     hooks = [*(obj._hooks or ()), *(obj._post_accumulate_hooks or ())]
     return [(f"{path}.<hook {i}>", hook) for i, hook in enumerate(hooks) if _entered(hook)]
 
@@ -251,6 +316,32 @@ def module_name(fn_globals: dict) -> str:
     return str(fn_globals.get("__name__", "?")).rsplit(".", 1)[-1]
 
 
+def users_modules(named: Sequence, attr_names: frozenset | None) -> list[tuple[dict, list[str]]]:
+    """``(module globals, names)`` for the user's modules among ``named`` (``(name, object)`` pairs)
+    and the user's modules they hold, by the attribute names the call's code loads (``import config``
+    then ``config.SCALE``): read like a helper's globals, so guarded name by name (``merged_globals``)."""
+    found: list[tuple[dict, list[str]]] = []
+    level, seen = [obj for _, obj in named if isinstance(obj, types.ModuleType)], set()
+    while level and attr_names:
+        following = []
+        for module in level:
+            if id(module) in seen or not _users_module(module):
+                continue
+            seen.add(id(module))
+            names = [n for n in attr_names if n in module.__dict__]
+            if names:
+                found.append((module.__dict__, names))
+                following += [module.__dict__[n] for n in names if isinstance(module.__dict__[n], types.ModuleType)]
+        level = following
+    return found
+
+
+def _users_module(module: types.ModuleType) -> bool:
+    """Whether ``module`` is the user's program's (a file outside kiln, the standard library and packages)."""
+    filename = getattr(module, "__file__", None)
+    return filename is not None and not os.path.realpath(filename).startswith((KILN_DIR, *library_folders()))
+
+
 def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
     """``(globals, module name, names read)`` per module, from ``(globals, names)`` pairs."""
     merged: dict[int, tuple[dict, dict]] = {}
@@ -289,8 +380,15 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                 following += [(f"{path}[{i}]", v) for i, v in enumerate(list(obj)) if _entered(v)]
             elif isinstance(obj, set):
                 found.append((path, obj, "item"))
+            elif isinstance(obj, np.ndarray):
+                found.append((path, obj, "array"))
             elif isinstance(obj, types.FunctionType | Tensor):
                 following += _called_for(path, obj)
+            elif isinstance(obj, types.MethodType):
+                following += [(f"{path}.__self__", obj.__self__), (f"{path}.__func__", obj.__func__)]
+            elif isinstance(obj, functools.partial):  # what it was made with: ``partial(f, scale=cfg)``
+                pieces = [("func", obj.func), ("args", obj.args), ("keywords", obj.keywords)]
+                following += [(f"{path}.{name}", v) for name, v in pieces if _entered(v)]
             elif isinstance(obj, type):
                 found.append((path, obj.__dict__, "attr"))
                 following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
@@ -317,6 +415,9 @@ def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> li
     if not isinstance(table, dict):
         return []
     users = _users_class(type(obj))
+    # The user's classes it is an instance of: their attributes are read through it (``self.scale``
+    # where ``scale`` is the class's) and are Python state as the instance's own are.
+    classes = [(f"{type(obj).__name__} (class of {path})", cls) for cls in type(obj).__mro__ if _users_class(cls)]
     if isinstance(obj, Module):
         # A module's own tables are guarded and watched by ``hazards``; followed are its submodules
         # and, for the user's modules, their public attributes (``self.cfg``).
@@ -331,8 +432,8 @@ def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> li
         children = table
     else:
         return []
-    return [(f"{path}.{k}", v) for k, v in list(children.items())
-            if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
+    return classes + [(f"{path}.{k}", v) for k, v in list(children.items())
+                      if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
 
 
 # ---------------------------------------------------------------------- the user's lines
@@ -361,6 +462,23 @@ def attribute_names(codes: list) -> frozenset | None:
     if not codes:
         return None
     return frozenset(arg for code in codes for _, op, arg in instructions(code) if op in _LOADS)
+
+
+#: The process's own state that user code reads by these names (``os.environ["LR"]``,
+#: ``os.getenv(...)``, ``from os import environ``, ``sys.argv``): the containers behind them, guarded
+#: by value where the call's code names one -- a library's module is otherwise not entered.
+_PROCESS_STATE = {
+    "environ": ("os.environ", lambda: os.environ._data),  # type: ignore[attr-defined]  # its str->str view's store
+    "getenv": ("os.environ", lambda: os.environ._data),  # type: ignore[attr-defined]
+    "argv": ("sys.argv", lambda: sys.argv),
+}
+
+
+def process_state(codes: list) -> list[tuple[str, object]]:
+    """``(path, container)`` for the process state (``_PROCESS_STATE``) that the code objects name."""
+    names = {arg for code in codes for _, op, arg in instructions(code) if op in _LOADS or op in _NAME_LOADS}
+    found = {path: get() for name, (path, get) in _PROCESS_STATE.items() if name in names}
+    return list(found.items())
 
 
 def _root_name(path: str) -> str:
@@ -427,7 +545,10 @@ def records(found: list, codes: list, attr_names: frozenset | None, per_containe
     call read), and per list or set."""
     out: list[PythonRead] = []
     for path, live, kind in found:
-        if isinstance(live, dict | types.MappingProxyType):
+        if path == "os.environ":  # (bytes -> bytes: each variable would be a line of noise)
+            what = f"os.environ: the same {len(live)} variables (a change to any makes a new trace)"
+            out.append(PythonRead(what, "guard", read_line(codes, "os", "attr", "environ")))
+        elif isinstance(live, dict | types.MappingProxyType):
             items = [(k, v) for k, v in list(live.items()) if kind != "attr" or attr_names is None or k in attr_names]
             plain = [(k, v) for k, v in items if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor)]
             for k, v in plain[:per_container]:
@@ -442,6 +563,9 @@ def records(found: list, codes: list, attr_names: frozenset | None, per_containe
             for k, v in objects[:per_container]:
                 what = f"{path}{selector(kind, k)} is the same {type(v).__name__} object"
                 out.append(PythonRead(what, "guard", read_line(codes, path, kind, k)))
+        elif isinstance(live, np.ndarray):
+            what = f"{path}: the {live.size} values of a numpy array"
+            out.append(PythonRead(what, "guard", read_line(codes, path, kind, None)))
         elif all(isinstance(v, _BY_VALUE) for v in live) and len(live) <= per_container:
             out.append(PythonRead(f"{path} == {short(live)}", "guard", read_line(codes, path, kind, None)))
         else:
