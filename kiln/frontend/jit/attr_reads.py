@@ -287,7 +287,11 @@ def users_classes(cls) -> list | None:
 def guarded_names(obj, names: frozenset | None) -> frozenset | None:
     """The attribute names of ``obj`` to guard: ``names`` (what the call's code spells) where its class
     allows it, with a module's own tables; None for the whole table."""
-    if names is None or isinstance(obj, type) or id(obj) in getattr(names, "whole", ()) or not users_classes(type(obj)):
+    if names is None or id(obj) in getattr(names, "whole", ()):
+        return None
+    if isinstance(obj, type):  # a class's own table (read as ``Config.scale`` or ``self.scale``)
+        return names if type(obj) in (type, abc.ABCMeta) and users_classes(obj) else None
+    if not users_classes(type(obj)):
         return None  # (kiln's own modules too: their code may run with the watch paused)
     from ...nn.modules.module import Module  # noqa: PLC0415 - nn sits above the frontend
 

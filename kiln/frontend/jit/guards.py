@@ -401,7 +401,13 @@ def _guard_object(guards: Guards, obj, path: str, names: frozenset | None, seen:
             guards.add_attributes(owner, path, live, allowed)
         elif any(v is live and attr_reads.spelled(k, allowed) for k, v in attributes.items()):  # type: ignore[union-attr]
             guards.add(owner, path, live)
-    if isinstance(obj, type):
+    if isinstance(obj, type):  # a class reached (``reads.reach``): its own table
+        seen.add(id(obj))
+        table = obj.__dict__ if first is None else first
+        if allowed is None:
+            guards.add(None, path, table, style)
+        else:
+            guards.add_attributes(None, path, table, allowed)
         return
     slots = attr_reads.slots(type(obj))
     if slots:

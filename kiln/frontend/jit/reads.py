@@ -359,8 +359,8 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
     ``optimizers``: also each kiln optimizer's ``param_groups`` dicts, for watching stores (a warm-up
     written inside the compiled function: ``g["lr"] = ...``); never guarded by value, since their
     numbers are read at each call through tensors (a scheduler between calls makes no new trace).
-    ``owners``: filled with the object of each of the user's objects' tables found, by the table's id
-    (the guards compare only the attributes the call's code names, ``attr_reads``)."""
+    ``owners``: filled with the object (or class) of each of the user's objects' (and classes') tables
+    found, by the table's id (the guards compare only the attributes the call's code names, ``attr_reads``)."""
     found: list = []
     seen: set[int] = set()
     level = [(path, obj) for path, obj in named if _entered(obj)]
@@ -391,6 +391,8 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                 following += [(f"{path}.{name}", v) for name, v in pieces if _entered(v)]
             elif isinstance(obj, type):
                 found.append((path, obj.__dict__, "attr"))
+                if owners is not None:
+                    owners[id(found[-1][1])] = obj
                 following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
                               if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
             else:

@@ -209,6 +209,7 @@ def test_instance_attribute_shadowing_a_class_attribute_retraces():
 def test_class_attribute_changed_retraces():
     class Config:
         scale = 2.0
+        made = 0  # a class-level count the call never reads
 
     cfg = Config()
 
@@ -219,8 +220,10 @@ def test_class_attribute_changed_retraces():
     x = kiln.arange(3.0)
     for i in range(5):
         _close(g(x), f(x))
+        Config.made += 1
         if i == 1:
             Config.scale = 3.0
+    assert _specializations(g) == 2, _reasons(g)
     assert any("Config.scale changed: 2.0 -> 3.0" in r for r in _reasons(g)), _reasons(g)
 
 
