@@ -6,7 +6,7 @@ environment picks here (``OPENBLAS_CORETYPE=Haswell``), split over 2 threads by 
 that waits for a busy core. ``Product.build(dtype, n, accumulate)`` compiles
 ``C (+)= A @ B`` for ``n`` columns (the rows and ``k`` are arguments) with the compiled kernels'
 ABI, ``void f(ptr args, i64 begin, i64 end)`` over units of ``small_gemm.tile_rows()`` rows, so
-``threads.parallel_for`` spreads the row tiles over kiln's threads, claimed as they come. The
+``threads.parallel_for`` spreads the row tiles over kiln's threads (the native pool), claimed as they come. The
 object code goes to the disk cache of compiled kernels like the recurrences'.
 
 Measured: ``frontend/eager_recurrence.py``.
@@ -105,8 +105,9 @@ class Product:
         args = np.array([m, k, data_pointer(a) or 0, lda, a_step, data_pointer(b) or 0, data_pointer(out) or 0, ldc],
                         dtype=np.int64)  # fmt: skip
         units = -(-m // self._rows)
-        # work "bytes" for parallel_for's threshold, calibrated in streamed bytes (4 MiB, about 45 us on
-        # one core): a quarter per multiply-add, so that products from 16M of them (about 130 us on one
-        # core here) split (512x128 @ 128x65, 8.5M, took 42 us serial and 62 us split on the busy machine)
-        threads.parallel_for(self._kernel, args.ctypes.data, units, m * k * self.n // 4)
+        # on the native pool (``spin``): it has nothing but this kernel to run, and its workers, spinning
+        # after the kernels and products before it, take row tiles within microseconds where the Python
+        # pool's hand-offs took tens (``threads.product_work``: 512x128 @ 128x128 161 us serial, 136
+        # on the Python pool, 78 native). The caller parks them before a BLAS call (``extern_call``).
+        threads.parallel_for(self._kernel, args.ctypes.data, units, threads.product_work(m * k * self.n), spin=True)
         return True

@@ -35,8 +35,11 @@ def _check(out, a, b, start=None):
 
 @pytest.fixture
 def two_threads(monkeypatch):
-    """Two threads, and every product split over them (the threshold down to zero)."""
+    """Two threads, and every product split over them (the thresholds down to zero: the products run on
+    the native pool where it exists)."""
     monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
+    monkeypatch.setattr(threads, "NATIVE_MIN_WORK_BYTES", 0)
+    monkeypatch.setattr(threads, "WAKE_MIN_WORK_BYTES", 0)
     before = kiln.get_num_threads()
     kiln.set_num_threads(2)
     yield
