@@ -51,6 +51,11 @@ MAX_B_BYTES = 2 << 20
 MIN_ROWS_WITH_COPY = 256
 
 
+#: A kernel as ``_kernel`` hands it out (a module constant: ``Callable[..., bool]`` spelled at each call
+#: cost 0.7 us of it).
+_Kernel = Callable[..., bool]
+
+
 def _compile(dtype: np.dtype, n: int, accumulate: bool, batched: bool = False) -> eager_kernels.Entry:
     from ..codegen.core import Unsupported  # noqa: PLC0415 - the code generator loads only when first needed
     from ..codegen.llvm.product_call import BatchedProduct, Product  # noqa: PLC0415
@@ -81,7 +86,7 @@ def _kernel(a: np.ndarray, b: np.ndarray, accumulate: bool) -> Callable[..., boo
     # program's first call compiled them otherwise, one after another: 0.24 s of an LSTM LM's first run)
     entry = eager_kernels.ready(NAME, (NAME, a.dtype.char, n, accumulate),
                                 functools.partial(_compile, a.dtype, n, accumulate), shared=True)  # fmt: skip
-    return None if entry is None else cast(Callable[..., bool], entry.program)
+    return None if entry is None else cast(_Kernel, entry.program)
 
 
 #: A stack of products (``_batched``) of fewer multiply-adds in all stays on numpy.
@@ -111,7 +116,7 @@ def _batched(a: np.ndarray, b: np.ndarray, out: np.ndarray | None) -> np.ndarray
     if b.strides[-1] != b.itemsize:
         b = np.ascontiguousarray(b)
     result = np.empty((*a.shape[:-1], n), dtype=a.dtype) if out is None else out
-    return result if cast(Callable[..., bool], entry.program)(a, b, result) else None
+    return result if cast(_Kernel, entry.program)(a, b, result) else None
 
 
 def product(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray | None:
