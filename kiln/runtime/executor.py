@@ -106,8 +106,8 @@ class KernelCall:
         self.pool(spin=False)
 
     def pool(self, spin: bool) -> None:
-        """Which pool splits this kernel: ``spin`` where the program runs nothing but kernels (see
-        ``threads.parallel_for``). Work 0 marks a kernel too small to be worth the pool's dispatch."""
+        """Which pool splits this kernel: ``spin``, the native one (``threads.parallel_for``; the
+        program chooses). Work 0 marks a kernel too small to be worth the pool's dispatch."""
         self.spin = spin
         big = self.work_bytes >= threads.min_work_bytes(spin) and self.extent > 1
         self.work = self.work_bytes if big else 0
@@ -262,11 +262,14 @@ class CompiledProgram:
                 steps.append(ExternCall(node, position, dead, slots, node.output in planned))
         self._steps = tuple(steps)
         self.kernel_calls = [s for s in steps if isinstance(s, KernelCall)]
-        # A program of kernels and views alone runs its large kernels on the native pool, whose
-        # workers spin between them; one that calls eager kernels (BLAS) keeps the sleeping pool
-        spin = all(isinstance(s, KernelCall) or (isinstance(s, ExternCall) and not s.normalize) for s in steps)
+        # Every program runs its large kernels on the native pool, whose workers spin between them (and
+        # between the products of kiln's kernel, ``codegen/llvm/product_call.py``, which run there too);
+        # the steps that may run on other threads -- a BLAS call, an interpreted body, a loop -- park
+        # them first (``ExternCall.parks``). Programs that called eager kernels kept the sleeping Python
+        # pool while their products were numpy's: GPT's step, whose products are kiln's, spent 1-2 ms of
+        # its 15 in that pool's hand-offs.
         for call in self.kernel_calls:
-            call.pool(spin)
+            call.pool(True)
         # the slots whose array is the same object at every run of one thread's frame, while the
         # caller passes the same inputs: the inputs (and the outputs written into them), constants,
         # the arena's views

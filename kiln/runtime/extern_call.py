@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..ir.graph import Node, Value
-from ..ir.primitives import PRIMITIVES, Kind
+from ..ir.primitives import ELEMENTWISE, PRIMITIVES, Kind
 from . import threads
 from .direct_views import direct_view
 from .frames import PointerTables
@@ -29,7 +29,7 @@ class ExternCall:
     """A primitive's eager kernel; its result copied into C order unless it is a view."""
 
     __slots__ = ("node", "position", "dead", "eager", "eager_into", "args", "attrs", "out", "dtype", "into",
-                 "normalize", "product", "last", "keep_views", "direct", "arg")  # fmt: skip
+                 "normalize", "product", "last", "keep_views", "direct", "arg", "parks", "xp")  # fmt: skip
 
     def __init__(self, node: Node, position: int, dead: tuple, slots: Mapping[Value, int], planned: bool) -> None:
         self.node, self.position, self.dead = node, position, dead
@@ -42,6 +42,12 @@ class ExternCall:
         self.dtype = node.output.type.dtype.np
         self.into = self.out if (prim.eager_into is not None and planned) else -1  # out= into the arena
         self.normalize = not prim.is_view  # a view's layout is derived from its input's
+        # Whether the native pool's spinning workers are sent to sleep first (``threads.park``): before a
+        # kernel that may run on other threads (BLAS's, LAPACK's, a collective's), not before numpy's
+        # one-thread kernels; a matmul parks them only where numpy's BLAS runs it (``xp``: kiln's
+        # product kernel, asked first, runs on those workers).
+        self.parks = self.normalize and prim.kind not in _ONE_THREAD and prim.kind is not Kind.MATMUL
+        self.xp: Any = np
         # A BLAS product: a small one runs on one BLAS thread (``threads.run_blas_product``), chosen
         # once where its operands' shapes are static, at each run where they are symbolic (``product``);
         # one the BLAS runs on one thread by itself is called as it is (``threads.blas_splits``).
@@ -56,9 +62,13 @@ class ExternCall:
             self.eager = partial(threads.run_blas_product, prim.eager, macs)
             if prim.eager_into is not None:
                 self.eager_into = partial(threads.run_blas_product, prim.eager_into, macs)
+            if macs >= threads.BLAS_MIN_PARALLEL_MACS:  # (smaller ones run on one BLAS thread)
+                self.xp = _PARKING_NUMPY
+        elif prim.kind is Kind.MATMUL and not static:
+            self.xp = _PARKING_NUMPY
 
     def run(self, env: list, tables: PointerTables) -> None:
-        if self.normalize:  # not a view: BLAS's threads (a matmul) may want the cores workers spin on
+        if self.parks:
             threads.park()
         args = [env[slot] for slot in self.args]
         if not self.normalize and self.into < 0:
@@ -72,9 +82,9 @@ class ExternCall:
             kernel = eager_into if self.into >= 0 else eager
             eager_into = eager = partial(threads.run_blas_product, kernel, macs)  # type: ignore[arg-type]  # set when into >= 0
         if self.into >= 0:
-            eager_into(np, *args, out=env[self.into], **self.attrs)  # type: ignore[misc]  # set when into >= 0
+            eager_into(self.xp, *args, out=env[self.into], **self.attrs)  # type: ignore[misc]  # set when into >= 0
         else:
-            result = eager(np, *args, **self.attrs)
+            result = eager(self.xp, *args, **self.attrs)
             if result.__class__ is not np.ndarray:
                 result = np.asarray(result, dtype=self.dtype)
             elif self.normalize and (not result.flags.c_contiguous or _aliases_an_argument(result, self.args, env)):
@@ -100,8 +110,9 @@ class ExternCall:
 
     def _run_into(self, env: list, tables: PointerTables) -> None:
         """``run`` for an eager kernel that writes into the arena (``out=``), of static shapes."""
-        threads.park()
-        self.eager_into(np, *[env[slot] for slot in self.args], out=env[self.into], **self.attrs)  # type: ignore[misc]
+        if self.parks:
+            threads.park()
+        self.eager_into(self.xp, *[env[slot] for slot in self.args], out=env[self.into], **self.attrs)  # type: ignore[misc]
         for slot in self.dead:
             env[slot] = None
 
@@ -155,6 +166,28 @@ class ExternCall:
         return f"{node.op}({', '.join(str(v.type) for v in node.inputs)}) -> {node.output.type}"
 
 
+#: Kinds of primitives whose eager kernels are numpy's one-thread loops: they leave the native pool's
+#: workers spinning for the kernels after them (a GPT step's concatenations, copies and gathers between
+#: its products and kernels woke the workers from sleep again each time).
+_ONE_THREAD = frozenset({*ELEMENTWISE, Kind.REDUCE, Kind.SCAN, Kind.MOVEMENT, Kind.INDEX, Kind.CREATION,
+                         Kind.RANDOM, Kind.CHECK})  # fmt: skip
+
+
+class _ParkingNumpy:
+    """numpy for a matmul's eager kernel, whose ``matmul`` (a BLAS call that may use every core) first
+    sends the native pool's spinning workers to sleep; kiln's product kernel, which the eager kernel asks
+    first (``linalg.install_product``), runs on those workers and finds them awake."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    @staticmethod
+    def matmul(*args: Any, **kwargs: Any) -> Any:
+        threads.park()
+        return np.matmul(*args, **kwargs)
+
+
+_PARKING_NUMPY = _ParkingNumpy()
 _dereference = getattr(operator, "call", None) or methodcaller("__call__")  # a weak reference -> its object, in C
 
 

@@ -21,11 +21,11 @@ fastest PyTorch, default against 20: ResNet-18 0.882, 0.852 -> 0.796, 0.777, 0.7
 >>> kiln.get_num_threads() >= 1
 True
 
-Compiled kernels (ctypes function pointers) of a program that runs nothing but kernels
-(``parallel_for(..., spin=True)``, decided by the executor) run on the native pool the LLVM code
-generator installs (``codegen.llvm.pool``: spinning workers take a chunk in microseconds) where
-it exists, on Linux; other callables, other programs' kernels (their BLAS calls' threads want the
-cores) and every kernel elsewhere, on a pool of Python threads. Waking a
+Compiled kernels and kiln's product kernel (ctypes function pointers, ``parallel_for(..., spin=True)``)
+run on the native pool the LLVM code generator installs (``codegen.llvm.pool``: spinning workers take
+a chunk in microseconds) where it exists, on Linux; other callables and every kernel elsewhere, on a
+pool of Python threads. A step that may run on other threads (a BLAS call, whose threads want the
+cores) parks the spinning workers first (``park``; the executor's ``ExternCall.parks``). Waking a
 sleeping thread costs tens of microseconds, so small kernels run serially: see
 ``PARALLEL_MIN_WORK_BYTES``. A kernel called from inside a chunk (nested parallelism) also runs
 serially, which keeps the pools free of deadlocks: a worker never waits for another worker.
@@ -45,7 +45,7 @@ from typing import Any
 
 __all__ = [
     "BLAS_MIN_PARALLEL_MACS", "PARALLEL_MIN_WORK_BYTES", "SmallProducts", "get_num_threads", "matmul_macs", "parallel_for", "park",
-    "blas_product", "run_blas_product", "set_num_threads",
+    "product_work", "blas_product", "run_blas_product", "set_num_threads",
 ]  # fmt: skip
 
 # Below this many bytes read + written, a kernel runs on the calling thread alone.
@@ -210,6 +210,19 @@ def min_work_bytes(spin: bool) -> int:
     """The work from which ``parallel_for(..., spin=spin)`` splits a kernel."""
     native = _native is not None or _native_factory is not None
     return NATIVE_MIN_WORK_BYTES if spin and native else PARALLEL_MIN_WORK_BYTES
+
+
+def product_work(macs: int) -> int:
+    """The ``work_bytes`` to give ``parallel_for(..., spin=True)`` for a matrix product of ``macs``
+    multiply-adds (kiln's product kernel, ``codegen/llvm/product_call.py``): one byte per multiply-add
+    where the native pool splits it, a quarter where the Python pool would. On this project's 2-core
+    VM, quiet, float32, us serial / native pool with its workers spinning / woken from sleep / Python
+    pool: 512x128 @ 128x128 (8.4M) 161 / 78 / 98 / 136; 512x128 @ 128x512 (34M) 588 / 324 / 315 /
+    416; 16x128 @ 128x512 (1M) 18.7 / 12.8 / 23.7 / 33. So the native pool splits a spinning
+    product from 1M multiply-adds (``NATIVE_MIN_WORK_BYTES``) and wakes its workers from 4M
+    (``WAKE_MIN_WORK_BYTES``); the Python pool, whose hand-offs cost tens of microseconds more, from 16M."""
+    native = _native is not None or _native_factory is not None
+    return macs if native else macs // 4
 
 
 def _native_pool() -> Any:

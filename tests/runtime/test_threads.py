@@ -491,7 +491,7 @@ def test_native_worker_started_just_before_a_task_takes_it(always_split, scale):
 
 @needs_native
 def test_parked_native_workers_sleep_and_wake_for_the_next_task(always_split, scale):
-    """park() (the executor calls it before every step that is not a compiled kernel) sends
+    """park() (the executor calls it before a step that may run on other threads: a BLAS call) sends
     spinning workers to sleep at once; the next task still runs on them, with the right result."""
     kiln.set_num_threads(2)
     record, kernel = native_recorder()
@@ -506,23 +506,41 @@ def test_parked_native_workers_sleep_and_wake_for_the_next_task(always_split, sc
     np.testing.assert_array_equal(split, 2 * source)
 
 
-def test_programs_of_kernels_alone_spin_and_programs_calling_blas_do_not():
-    """The executor picks the pool per program: the native one (spinning workers, splits from
-    NATIVE_MIN_WORK_BYTES) when nothing but kernels and views run, the Python one when an eager
-    kernel (a BLAS matmul) runs between them."""
-    x = kiln.from_numpy(np.ones((256, 1024), np.float32))  # elementwise kernels of 2 MiB work
-    alone = kiln.compile(lambda a: (a * 2).reshape(-1) + 1)
-    with_blas = kiln.compile(lambda a: (a @ a.T)[:, :1] * 2 + a)
-    programs = []
-    for fn in (alone, with_blas):
-        for _ in range(3):
-            fn(x)
-        programs.append(fn.state.specializations[-1].program)
-    assert {call.spin for call in programs[0].kernel_calls} == {True}
-    assert {call.spin for call in programs[1].kernel_calls} == {False}
+def _extern_steps(program, op: str) -> list:
+    return [step for step in program._steps if getattr(step, "node", None) is not None and step.node.op == op
+            and hasattr(step, "parks")]  # fmt: skip
+
+
+def test_every_program_splits_on_the_native_pool_and_parks_it_only_before_blas(monkeypatch, eager_on):
+    """The executor runs every program's large kernels on the native pool (splits from
+    NATIVE_MIN_WORK_BYTES, workers spinning between kernels), a program that calls eager kernels too;
+    a step that may run on other threads parks the workers first: numpy's matmul (a product of 16
+    columns, which kiln's product kernel declines), not numpy's one-thread kernels (a concatenation)
+    nor kiln's product kernel, which runs on the workers (a product of 256 columns)."""
+    rng = np.random.default_rng(0)
+    x = kiln.from_numpy(rng.standard_normal((256, 1024)).astype(np.float32))  # elementwise kernels of 2 MiB work
+    narrow = kiln.from_numpy(rng.standard_normal((1024, 16)).astype(np.float32))  # 4M multiply-adds: BLAS threads
+    wide = kiln.from_numpy(rng.standard_normal((1024, 256)).astype(np.float32))
+
+    def f(a):
+        return kiln.cat([(a @ narrow) * 2, a[:, :16]], dim=1) + 1, (a @ wide) * 2 + 1, a * 2 + 1
+
+    fn = kiln.compile(f, wait=True)  # (eager_on: kiln's product kernel is compiled with the program)
+    for _ in range(3):
+        fn(x)
+    program = fn.state.specializations[-1].program
+    assert {call.spin for call in program.kernel_calls} == {True}
     if threads.min_work_bytes(True) < threads.min_work_bytes(False):  # 2 MiB: split on the native pool only
-        assert {call.work > 0 for call in programs[0].kernel_calls} == {True}
-        assert {call.work > 0 for call in programs[1].kernel_calls} == {False}
+        assert any(call.work > 0 for call in program.kernel_calls)
+    assert [step.parks for step in _extern_steps(program, "concatenate")] == [False]
+    events: list[str] = []
+    matmul = np.matmul
+    monkeypatch.setattr(threads, "park", lambda: events.append("park"))
+    monkeypatch.setattr(np, "matmul", lambda *a, **k: (events.append("numpy matmul"), matmul(*a, **k))[1])
+    got = fn(x)
+    assert events == ["park", "numpy matmul"]  # the narrow product's; the wide one ran on kiln's kernel
+    for g, e in zip(got, f(x), strict=True):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-4, atol=1e-4)
 
 
 _BLAS_TIMEOUT = """

@@ -6,7 +6,7 @@ environment picks here (``OPENBLAS_CORETYPE=Haswell``), split over 2 threads by 
 that waits for a busy core. ``Product.build(dtype, n, accumulate)`` compiles
 ``C (+)= A @ B`` for ``n`` columns (the rows and ``k`` are arguments) with the compiled kernels'
 ABI, ``void f(ptr args, i64 begin, i64 end)`` over units of ``small_gemm.tile_rows()`` rows, so
-``threads.parallel_for`` spreads the row tiles over kiln's threads, claimed as they come. The
+``threads.parallel_for`` spreads the row tiles over kiln's threads (the native pool), claimed as they come. The
 object code goes to the disk cache of compiled kernels like the recurrences'.
 
 Measured: ``frontend/eager_recurrence.py``.
@@ -24,7 +24,8 @@ from ...runtime import threads
 from ...runtime.frames import data_pointer
 from ..core import Unsupported
 from . import engine
-from .loops import I64, i64
+from .body import element_pointer
+from .loops import I64, for_range, i64
 from .recurrence_call import cached_objects
 from .small_gemm import emit_product, tile_rows
 
@@ -60,14 +61,74 @@ def product_ir(dtype: DType, n: int, accumulate: bool) -> str:
     return str(module)
 
 
+#: The i64 slots of a batched product's ``args``: ``SLOTS``' (per matrix) with B's row stride, then the
+#: row tiles of a matrix, the inner batch dim's size and the two batch dims' strides of A, B and C.
+BATCHED_SLOTS = ("m", "k", "a", "lda", "a_step", "b", "ldb", "c", "ldc", "tiles", "inner",
+                 "a_outer", "a_inner", "b_outer", "b_inner", "c_outer", "c_inner")  # fmt: skip
+
+
+def batched_symbol(dtype: DType, n: int) -> str:
+    return f"kiln_batched_product_{dtype.name}_n{n}"
+
+
+def batched_product_ir(dtype: DType, n: int) -> str:
+    """LLVM IR of ``C = A @ B`` over a stack of matrices (up to two batch dims, ``outer`` x ``inner``),
+    each unit of ``[begin, end)`` one row tile of one matrix (``BATCHED_SLOTS``' args): a GPT's
+    attention products, (8, 4, 64, 32) @ (8, 4, 32, 64), which numpy runs as one small BLAS call a
+    matrix."""
+    if dtype.name not in ("float32", "float64") or n < 1:
+        raise ValueError(f"a native product takes float32/float64 and n >= 1, got {dtype.name}, n {n}")
+    module = ir.Module(name="kiln_batched_product")
+    pointer = ir.PointerType()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [pointer, I64, I64]), batched_symbol(dtype, n))
+    fn.attributes.add("nounwind")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    params, begin, end = fn.args
+    value = {name: builder.load(builder.gep(params, [i64(k)], inbounds=True, source_etype=I64), typ=I64, name=name)
+             for k, name in enumerate(BATCHED_SLOTS)}  # fmt: skip
+    rows = tile_rows()
+    address = {name: builder.inttoptr(value[name], pointer) for name in ("a", "b", "c")}
+    with for_range(builder, begin, end, name="unit", vectorize=False) as unit:
+        matrix = builder.sdiv(unit, value["tiles"])
+        tile = builder.srem(unit, value["tiles"])
+        outer, inner = builder.sdiv(matrix, value["inner"]), builder.srem(matrix, value["inner"])
+
+        def at(name: str) -> ir.Value:
+            offset = builder.add(builder.mul(outer, value[f"{name}_outer"], flags=("nsw",)),
+                                 builder.mul(inner, value[f"{name}_inner"], flags=("nsw",)), flags=("nsw",))  # fmt: skip
+            return element_pointer(builder, address[name], offset, dtype)
+
+        first = builder.mul(tile, i64(rows), flags=("nsw",))
+        stop = builder.add(first, i64(rows), flags=("nsw",))
+        stop = builder.select(builder.icmp_signed("<", stop, value["m"]), stop, value["m"])
+        emit_product(builder, dtype, stop, n, value["k"], at("a"), value["lda"], at("b"), at("c"), value["ldc"],
+                     False, rows=rows, a_step=value["a_step"], first=first, ldb=value["ldb"])  # fmt: skip
+    builder.ret_void()
+    return str(module)
+
+
+def _a_strides(a: np.ndarray, item: int) -> tuple[int, int] | None:
+    """(lda, a_step) in elements of a matrix ``a`` whose rows or columns are contiguous, else None."""
+    m, k = a.shape[-2:]
+    row, column = a.strides[-2:]
+    if k > 1 and column == item and (m == 1 or row % item == 0):
+        return (row // item if m > 1 else k), 1
+    if m > 1 and row == item and (k == 1 or column % item == 0):
+        return 1, (column // item if k > 1 else m)
+    if k <= 1 and m <= 1:
+        return 1, 1
+    return None
+
+
 class Product:
     """``C (+)= A @ B`` for one dtype, ``n`` and ``accumulate``, compiled (or loaded from the disk cache)."""
 
     def __init__(self, dtype: np.dtype, n: int, accumulate: bool) -> None:
         self.dtype, self.n, self.accumulate = np.dtype(dtype), n, accumulate
         kiln_dtype = from_numpy_dtype(self.dtype)
+        # light (no unrolling: its loops are vector code already): LLVM 34-38 -> 28-32 ms a kernel, as fast
         self._library = engine.Library(
-            cached_objects([product_ir(kiln_dtype, n, accumulate)])
+            cached_objects([engine.LIGHT + product_ir(kiln_dtype, n, accumulate)])
         )  # the kernel lives while it does
         self._kernel = _KERNEL(self._library.address(symbol(kiln_dtype, n, accumulate)))
         self._rows = tile_rows()
@@ -91,22 +152,75 @@ class Product:
             return True
         if not b.flags.c_contiguous or (m > 1 and out.strides[0] % item) or (self.n > 1 and out.strides[1] != item):
             return False
-        if k > 1 and a.strides[1] == item and (m == 1 or a.strides[0] % item == 0):
-            lda, a_step = (a.strides[0] // item if m > 1 else k), 1
-        elif m > 1 and a.strides[0] == item and (k == 1 or a.strides[1] % item == 0):
-            lda, a_step = 1, (a.strides[1] // item if k > 1 else m)
-        elif k <= 1 and m <= 1:
-            lda, a_step = 1, 1
-        else:
+        found = _a_strides(a, item)
+        if found is None:
             return False
+        lda, a_step = found
         if np.may_share_memory(out, a) or np.may_share_memory(out, b):
             return False
         ldc = out.strides[0] // item if m > 1 else self.n
         args = np.array([m, k, data_pointer(a) or 0, lda, a_step, data_pointer(b) or 0, data_pointer(out) or 0, ldc],
                         dtype=np.int64)  # fmt: skip
         units = -(-m // self._rows)
-        # work "bytes" for parallel_for's threshold, calibrated in streamed bytes (4 MiB, about 45 us on
-        # one core): a quarter per multiply-add, so that products from 16M of them (about 130 us on one
-        # core here) split (512x128 @ 128x65, 8.5M, took 42 us serial and 62 us split on the busy machine)
-        threads.parallel_for(self._kernel, args.ctypes.data, units, m * k * self.n // 4)
+        # on the native pool (``spin``): it has nothing but this kernel to run, and its workers, spinning
+        # after the kernels and products before it, take row tiles within microseconds where the Python
+        # pool's hand-offs took tens (``threads.product_work``: 512x128 @ 128x128 161 us serial, 136
+        # on the Python pool, 78 native). The caller parks them before a BLAS call (``extern_call``).
+        threads.parallel_for(self._kernel, args.ctypes.data, units, threads.product_work(m * k * self.n), spin=True)
+        return True
+
+
+class BatchedProduct:
+    """``C = A @ B`` over stacks of matrices (one or two batch dims, the same in A, B and C) for one dtype
+    and ``n``, compiled (or loaded from the disk cache)."""
+
+    def __init__(self, dtype: np.dtype, n: int) -> None:
+        self.dtype, self.n = np.dtype(dtype), n
+        kiln_dtype = from_numpy_dtype(self.dtype)
+        self._library = engine.Library(
+            cached_objects([engine.LIGHT + batched_product_ir(kiln_dtype, n)])
+        )  # (as Product's)
+        self._kernel = _KERNEL(self._library.address(batched_symbol(kiln_dtype, n)))
+        self._rows = tile_rows()
+
+    @classmethod
+    def build(cls, dtype, n: int) -> BatchedProduct:
+        """``Unsupported`` for a dtype other than float32/float64."""
+        if np.dtype(dtype).char not in "fd":
+            raise Unsupported(f"no native product for {np.dtype(dtype)} (numpy's runs)")
+        return cls(dtype, n)
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
+        """``out = a @ b`` (True), or nothing (False) for arrays it does not take: another dtype or ``n``,
+        batch dims that differ or more than two of them, a batch stride or ``b``'s row stride that is
+        no whole number of elements, ``b`` or ``out`` without unit strides along a row, ``a`` without
+        them along a row or down a column, overlapping ``out`` and an operand."""
+        item, n = self.dtype.itemsize, self.n
+        if not (a.dtype == b.dtype == out.dtype == self.dtype and 3 <= a.ndim <= 4 and a.ndim == b.ndim == out.ndim):
+            return False
+        batch, (m, k) = a.shape[:-2], a.shape[-2:]
+        if b.shape != (*batch, k, n) or out.shape != (*batch, m, n):
+            return False
+        if out.size == 0:
+            return True
+        found = _a_strides(a, item)
+        if found is None or (n > 1 and (b.strides[-1] != item or out.strides[-1] != item)):
+            return False
+        strides = [array.strides[d] if array.shape[d] > 1 else 0 for array in (a, b, out) for d in range(a.ndim - 2)]
+        if any(s % item for s in (*strides, b.strides[-2] if k > 1 else 0, out.strides[-2] if m > 1 else 0)):
+            return False
+        if np.may_share_memory(out, a) or np.may_share_memory(out, b):
+            return False
+        if a.ndim == 3:  # one batch dim: the outer one, an inner of size 1
+            strides = [s for pair in zip(strides, (0, 0, 0), strict=True) for s in pair]
+        inner = 1 if a.ndim == 3 else batch[1]
+        a_outer, a_inner, b_outer, b_inner, c_outer, c_inner = (s // item for s in strides)
+        tiles = -(-m // self._rows)
+        ldb = b.strides[-2] // item if k > 1 else n
+        ldc = out.strides[-2] // item if m > 1 else n
+        args = np.array([m, k, data_pointer(a) or 0, *found, data_pointer(b) or 0, ldb, data_pointer(out) or 0, ldc,
+                         tiles, inner, a_outer, a_inner, b_outer, b_inner, c_outer, c_inner], dtype=np.int64)  # fmt: skip
+        macs = int(np.prod(batch)) * m * k * n
+        units = int(np.prod(batch)) * tiles
+        threads.parallel_for(self._kernel, args.ctypes.data, units, threads.product_work(macs), spin=True)
         return True

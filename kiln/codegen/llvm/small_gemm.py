@@ -2,7 +2,8 @@
 
 ``emit_product`` writes ``C[m, n] = A[m, k] @ B[k, n]`` (``accumulate``: ``C += ...``) into the
 function being built: ``m`` (the batch) is a run-time value, ``n`` and ``k`` (from the hidden size)
-are compile-time; ``B`` is row-major and contiguous, rows of ``A`` and ``C`` have run-time strides.
+are compile-time; ``B`` is row-major (contiguous, or rows ``ldb`` elements apart), rows of ``A`` and ``C``
+have run-time strides.
 
 Why not the BLAS: an LSTM LM's step product (16 x 128 @ 128 x 512) is too small for OpenBLAS to
 amortize its per-call work, and numpy's OpenBLAS runs its AVX2 kernels where it is told to
@@ -45,12 +46,14 @@ def tile_rows() -> int:
 
 def emit_product(builder: ir.IRBuilder, dtype: DType, m: ir.Value, n: int, k: int | ir.Value, a: ir.Value,
                  lda: ir.Value, b: ir.Value, c: ir.Value, ldc: ir.Value, accumulate: bool, *, rows: int | None = None,
-                 a_step: ir.Value | None = None, first: ir.Value | None = None) -> None:  # fmt: skip
+                 a_step: ir.Value | None = None, first: ir.Value | None = None,
+                 ldb: ir.Value | None = None) -> None:  # fmt: skip
     """Emit ``C = A @ B`` (``accumulate``: ``C += A @ B``) at the builder's position (see the module docs)
     for rows ``first`` (default 0) to ``m``: ``a``, ``b``, ``c`` pointers to the first elements,
     ``lda``/``ldc`` i64 row strides in elements, ``a_step`` the stride of ``A``'s k (default 1: an
-    ``A`` stored transposed has row stride 1 and ``a_step`` its leading dimension), ``k`` a
-    constant or an i64 value (0: C unchanged, or zeros); ``rows``: the register tile's rows (``tile_rows()``)."""
+    ``A`` stored transposed has row stride 1 and ``a_step`` its leading dimension), ``ldb`` B's row
+    stride (default ``n``: contiguous), ``k`` a constant or an i64 value (0: C unchanged, or zeros);
+    ``rows``: the register tile's rows (``tile_rows()``)."""
     rows = tile_rows() if rows is None else rows
     lanes = VECTOR_BYTES // dtype.itemsize
     width = VECTORS * lanes
@@ -65,7 +68,7 @@ def emit_product(builder: ir.IRBuilder, dtype: DType, m: ir.Value, n: int, k: in
     def block(first_row: ir.Value, count: int) -> None:
         a_rows = [_row(builder, dtype, a, first_row, r, lda) for r in range(count)]
         c_rows = [_row(builder, dtype, c, first_row, r, ldc) for r in range(count)]
-        operands = _Operands(a_rows, step, b, c_rows, n, count_k, may_be_empty)
+        operands = _Operands(a_rows, step, b, i64(n) if ldb is None else ldb, c_rows, n, count_k, may_be_empty)
         if full_tiles:
             with for_range(builder, 0, full_tiles, name="col_tile", vectorize=False) as tile:
                 _tile(builder, whole, operands, builder.mul(tile, i64(width), flags=("nsw",)), accumulate)
@@ -81,11 +84,12 @@ def emit_product(builder: ir.IRBuilder, dtype: DType, m: ir.Value, n: int, k: in
 
 
 class _Operands:
-    """One row block's operands: row pointers of ``A`` and ``C``, ``A``'s k stride, ``B``, the sizes."""
+    """One row block's operands: row pointers of ``A`` and ``C``, ``A``'s k stride, ``B`` and its row
+    stride, the sizes."""
 
-    def __init__(self, a_rows: list, a_step: ir.Value, b: ir.Value, c_rows: list, n: int, k: ir.Value,
-                 may_be_empty: bool) -> None:  # fmt: skip
-        self.a_rows, self.a_step, self.b, self.c_rows = a_rows, a_step, b, c_rows
+    def __init__(self, a_rows: list, a_step: ir.Value, b: ir.Value, ldb: ir.Value, c_rows: list, n: int,
+                 k: ir.Value, may_be_empty: bool) -> None:  # fmt: skip
+        self.a_rows, self.a_step, self.b, self.ldb, self.c_rows = a_rows, a_step, b, ldb, c_rows
         self.n, self.k, self.may_be_empty = n, k, may_be_empty
 
 
@@ -116,7 +120,7 @@ def _tile(builder: ir.IRBuilder, rows: Rows, x: _Operands, column: ir.Value, acc
     phis = {pair: builder.phi(rows.vector) for pair in pairs}
     for pair in pairs:
         phis[pair].add_incoming(initial[pair], entry)
-    b_row = builder.mul(kk, i64(x.n), flags=("nsw",))
+    b_row = builder.mul(kk, x.ldb, flags=("nsw",))
     b_vectors = [rows.load(builder, x.b, builder.add(b_row, offsets[v], flags=("nsw",)), masks[v])
                  for v in range(len(masks))]  # fmt: skip
     a_at = builder.mul(kk, x.a_step, flags=("nsw",))

@@ -23,6 +23,7 @@ from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.types import CPU, Device
 from ...ir.types import device as parse_device
+from .. import eager_random  # noqa: F401 - installs the compiled draw behind the random_bits primitive
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
 from ..tensor import Tensor, method

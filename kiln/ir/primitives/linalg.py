@@ -8,8 +8,8 @@ over the stacked rows: numpy's matmul would run one small GEMM per matrix of the
 slower for (32, 35, 256) @ (256, 10000) here). A product with a tiny output and a long inner
 dim (a first convolution's weight gradient) is a sum of products over blocks of that dim
 (``_inner_blocks``). Where a faster product is installed (``install_product``: the frontend's
-``eager_products``, kiln's own product kernel), a 2-d product or a C-contiguous stack of rows
-times a matrix asks it first.
+``eager_products``, kiln's own product kernels), a 2-d product, a C-contiguous stack of rows
+times a matrix or a stack of products of the same batch dims asks it first.
 """
 
 from __future__ import annotations
@@ -202,8 +202,9 @@ def _rows_in_order(xp, a, b):
     return a, order
 
 
-#: ``provider(a, b, out=None)``: ``a @ b`` of 2-d arrays into ``out`` (or a new array), or None where
-#: it declines (numpy's product runs); installed by a layer above (``install_product``).
+#: ``provider(a, b, out=None)``: ``a @ b`` of 2-d arrays, or of stacks of matrices of the same batch
+#: dims, into ``out`` (or a new array), or None where it declines (numpy's product runs); installed by
+#: a layer above (``install_product``).
 _product: list[Callable[..., np.ndarray | None]] = []
 
 
@@ -214,10 +215,12 @@ def install_product(provider: Callable[..., np.ndarray | None] | None) -> None:
 
 def _installed(a, b, out=None):
     """``a @ b`` by the installed product (see ``_product``), or None."""
-    if not _product or b.ndim != 2 or a.ndim < 2 or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
+    if not _product or a.ndim < 2 or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray):
         return None
     if a.size == 0 or b.size == 0:  # (numpy's: nothing to gain, and -1 reshapes of empty arrays are ambiguous)
         return None
+    if b.ndim != 2:  # a stack of products: the same batch dims only (no broadcast)
+        return _product[0](a, b, out) if a.shape[:-2] == b.shape[:-2] else None
     if a.ndim == 2:
         return _product[0](a, b, out)
     if out is not None and not out.flags.c_contiguous:

@@ -16,12 +16,17 @@ of block ``offset + k // 4``, so a draw of ``n`` elements uses ``ceil(n / 4)`` b
 ``random_advance(state, shape=...)`` is the state past them: ``[seed, offset + ceil(n / 4)]``. Both
 take symbolic sizes, so one dynamic program draws and advances by each call's sizes.
 
+The numpy kernel asks a compiled kernel first where one is installed (``install_bits``: the
+frontend's ``eager_random``), which draws the same bits.
+
 >>> import numpy as np
 >>> [hex(int(w)) for w in philox4x32(np, np.zeros((4, 1), np.uint64), np.zeros(2, np.uint64))[:, 0]]
 ['0x6627e8d5', '0xe169c58d', '0xbc57ac4c', '0x9b00dbd8']
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 
@@ -67,8 +72,24 @@ def philox4x32(xp, counter, key, rounds: int = ROUNDS):
     return words
 
 
+#: ``provider(seed, offset, n)``: the ``n`` elements of the draw from the state ``[seed, offset]`` (int64
+#: words) as an int64 array, or None where it declines (the numpy kernel below runs); installed by a
+#: layer above (``install_bits``: the frontend's ``eager_random``, a compiled kernel).
+_bits: list[Callable[[int, int, int], np.ndarray | None]] = []
+
+
+def install_bits(provider: Callable[[int, int, int], np.ndarray | None] | None) -> None:
+    """Let ``random_bits``' numpy kernel ask ``provider`` first (None: numpy's arrays only)."""
+    _bits[:] = [] if provider is None else [provider]
+
+
 def _random_bits_eager(xp, state, *, shape: tuple[int, ...]):
     n, blocks = numel(shape), blocks_used(shape)
+    if _bits and xp is np and state.__class__ is np.ndarray and n:
+        seed, offset = state.tolist()
+        drawn = _bits[0](seed, offset, n)
+        if drawn is not None:
+            return drawn.reshape(shape)
     seed, offset = state.astype(xp.uint64)  # two's complement: a negative int64 seed is its 64 bits
     mask, shift = xp.uint64(_MASK), xp.uint64(32)
     index = offset + xp.arange(blocks, dtype=xp.uint64)  # the 128-bit counter: offset + block, in words 0-1

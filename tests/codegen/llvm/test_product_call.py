@@ -1,7 +1,8 @@
 """product_call.Product (kiln's own product kernel for the eager RNN layers' large products) and
 eager_recurrence.matmul, its eager entry: equal to float64 numpy within a sum's rounding bound for
 row-major and transposed A, strided rows, with and without accumulating, one row tile or many
-split over threads; arrays it does not take are left untouched for numpy."""
+split over threads; arrays it does not take are left untouched for numpy. BatchedProduct (stacks of
+products: a transformer's attention) likewise, eager and compiled."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 import kiln
 from kiln.codegen.llvm import product_call
-from kiln.codegen.llvm.product_call import Product
+from kiln.codegen.llvm.product_call import BatchedProduct, Product
 from kiln.frontend import eager_kernels, eager_products
 from kiln.runtime import threads
 
@@ -35,8 +36,11 @@ def _check(out, a, b, start=None):
 
 @pytest.fixture
 def two_threads(monkeypatch):
-    """Two threads, and every product split over them (the threshold down to zero)."""
+    """Two threads, and every product split over them (the thresholds down to zero: the products run on
+    the native pool where it exists)."""
     monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
+    monkeypatch.setattr(threads, "NATIVE_MIN_WORK_BYTES", 0)
+    monkeypatch.setattr(threads, "WAKE_MIN_WORK_BYTES", 0)
     before = kiln.get_num_threads()
     kiln.set_num_threads(2)
     yield
@@ -132,3 +136,100 @@ def test_the_matmul_primitive_runs_the_kernel_eager_and_compiled(eager_on, count
         np.testing.assert_allclose(compiled(x, w).numpy(), 2 * expected, rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(eager.numpy(), expected, rtol=1e-4, atol=1e-4)
     assert counted == [True] * 3
+
+
+# ----------------------------------------------------------------------------- stacks of products
+_BATCHED: dict = {}
+
+
+def _batched(dtype, n: int) -> BatchedProduct:
+    key = (np.dtype(dtype), n)
+    if key not in _BATCHED:
+        _BATCHED[key] = BatchedProduct.build(dtype, n)
+    return _BATCHED[key]
+
+
+def _attention_operands(rng, dtype, batch: tuple[int, ...], m: int, k: int, n: int, a_layout: str):
+    """A of ``a_layout`` ("rows": the heads of a packed projection, rows ``3 k`` apart; "transposed":
+    a transposed stack) and B with rows ``2 n`` apart, both with batch strides of their own."""
+    if a_layout == "rows":
+        a = rng.standard_normal((*batch, m, 3 * k)).astype(dtype)[..., k : 2 * k]
+    else:
+        a = np.swapaxes(rng.standard_normal((*batch, k, m)).astype(dtype), -1, -2)
+    b = rng.standard_normal((*batch, k, 2 * n)).astype(dtype)[..., :n]
+    return a, b
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("batch", [(3,), (2, 3), (1, 4), (4, 1)])
+@pytest.mark.parametrize(("m", "k", "n"), [(64, 32, 64), (13, 7, 40), (1, 5, 16)])
+@pytest.mark.parametrize("a_layout", ["rows", "transposed"])
+def test_batched_product_equals_numpy(two_threads, dtype, batch, m, k, n, a_layout):
+    """Each matrix of the stack equals float64 numpy's product within a sum's rounding bound, whatever
+    the strides of the batch dims; the output's columns past ``n`` are untouched."""
+    rng = np.random.default_rng(m + 10 * k + 100 * n + len(batch))
+    a, b = _attention_operands(rng, dtype, batch, m, k, n, a_layout)
+    out_full = rng.standard_normal((*batch, m, n + 3)).astype(dtype)
+    out, start = out_full[..., :n], out_full.copy()
+    assert _batched(dtype, n)(a, b, out)
+    for index in np.ndindex(*batch):
+        _check(out[index], a[index], b[index])
+    np.testing.assert_array_equal(out_full[..., n:], start[..., n:])
+
+
+def test_batched_product_declines_what_it_does_not_take():
+    product = _batched(np.float32, 16)
+    a, b = np.ones((2, 4, 3), np.float32), np.ones((2, 3, 16), np.float32)
+    out = np.zeros((2, 4, 16), np.float32)
+    assert not product(a, np.ones((1, 3, 16), np.float32), out)  # batch dims that differ (a broadcast)
+    assert not product(a, np.swapaxes(np.ones((2, 16, 3), np.float32), -1, -2), out)  # B's rows not contiguous
+    assert not product(a.astype(np.float64), b, out)  # another dtype
+    assert not product(np.ones((1, 2, 2, 4, 3), np.float32), np.ones((1, 2, 2, 3, 16), np.float32),
+                       np.zeros((1, 2, 2, 4, 16), np.float32))  # three batch dims  # fmt: skip
+    assert not product(np.ones((2, 4, 6), np.float32)[..., ::2], b, out)  # A neither row nor column contiguous
+    both = np.zeros((2, 4, 32), np.float32)
+    assert not product(both[..., :3], b, both[..., 16:])  # out overlaps A
+    assert not out.any() and not both.any()
+
+
+@pytest.fixture
+def counted_batched(monkeypatch):
+    """The batched kernel's calls: whether each took its arrays."""
+    calls: list[bool] = []
+    original = BatchedProduct.__call__
+
+    def count(self, *arrays):
+        calls.append(original(self, *arrays))
+        return calls[-1]
+
+    monkeypatch.setattr(BatchedProduct, "__call__", count)
+    return calls
+
+
+def test_attention_products_run_the_batched_kernel_eager_and_compiled(eager_on, counted_batched):
+    """A transformer's attention, q k^T (the key transposed: copied row-major for the kernel) and the
+    weights times v, on the batched kernel in eager calls and in a compiled program's, equal to numpy
+    over several calls; a product of broadcast batch dims stays on numpy."""
+    rng = np.random.default_rng(2)
+    qkv = kiln.from_numpy(rng.standard_normal((4, 64, 3 * 128)).astype(np.float32))
+
+    def attention(x):
+        q, k, v = (t.reshape(4, 64, 4, 32).transpose(1, 2) for t in x.split(128, dim=-1))
+        return ((q @ k.transpose(-1, -2)) * 0.1).softmax(-1) @ v
+
+    packed = qkv.numpy().reshape(4, 64, 3, 4, 32).transpose(2, 0, 3, 1, 4).astype(np.float64)
+    scores = packed[0] @ np.swapaxes(packed[1], -1, -2) * 0.1
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = weights / weights.sum(-1, keepdims=True) @ packed[2]
+    np.testing.assert_allclose(attention(qkv).numpy(), expected, rtol=1e-4, atol=1e-5)
+    assert counted_batched == [True, True]
+    compiled = kiln.compile(attention, wait=True)
+    for _ in range(3):
+        np.testing.assert_allclose(compiled(qkv).numpy(), expected, rtol=1e-4, atol=1e-5)
+    assert counted_batched.count(True) >= 6 and all(counted_batched)
+    counted_batched.clear()
+    broadcast = kiln.from_numpy(rng.standard_normal((1, 4, 64, 32)).astype(np.float32))
+    scores = kiln.matmul(kiln.from_numpy(packed[0].astype(np.float32)), broadcast.transpose(-1, -2))
+    assert counted_batched == []
+    np.testing.assert_allclose(scores.numpy(), packed[0] @ np.swapaxes(broadcast.numpy(), -1, -2), rtol=1e-4,
+                               atol=1e-4)  # fmt: skip

@@ -97,8 +97,10 @@ def test_a_traced_lstm_compiles_the_native_recurrence_its_program_runs(on, monke
 
     g = kiln.compile(step, wait=True)
     traced = [g(x)]
-    assert {key[0] for key in on.CACHE.entries} == {"lstm recurrence"}, "the trace compiled no native recurrence"
-    (entry,) = on.CACHE.entries.values()
+    # (the layer's initial weights were drawn on the random-bits kernel: eager_random)
+    recurrences = [entry for key, entry in on.CACHE.entries.items() if key[0] != "random bits"]
+    assert {key[0] for key in on.CACHE.entries} - {"random bits"} == {"lstm recurrence"}, "no native recurrence"
+    (entry,) = recurrences
     assert entry.program is not None, entry.reason
     traced += [g(x), g(x)]
     assert compiled_calls(g) == [2]
