@@ -297,17 +297,20 @@ def test_polygamma_gradient():
 
 
 def test_matrix_exp_matches_torch(torch):
+    draw = np.random.default_rng(299)  # a stream of its own: which matrices overflow must not depend on test order
     for scale in (0.0, 0.1, 1.0, 3.0, 30.0):
-        a = rng.normal(size=(3, 4, 4)) * scale
+        a = draw.normal(size=(3, 4, 4)) * scale
         expected = torch.matrix_exp(torch.from_numpy(a))
         assert_close(
             kiln.matrix_exp(kiln.from_numpy(a)), expected, rtol=1e-12, atol=1e-13 * float(expected.abs().max())
         )
         a32 = a.astype(np.float32)
-        expected32 = torch.from_numpy(a32).matrix_exp()
-        assert_close(
-            kiln.from_numpy(a32).matrix_exp(), expected32, rtol=1e-4, atol=1e-5 * float(expected32.abs().max())
-        )
+        expected32, got32 = torch.from_numpy(a32).matrix_exp().numpy(), kiln.from_numpy(a32).matrix_exp().numpy()
+        for e, g in zip(expected32, got32, strict=True):
+            if not np.isfinite(e).all():  # float32 overflowed on the way (torch: nan, inf - inf): so must kiln's
+                assert not np.isfinite(g).all()
+                continue
+            np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * float(np.abs(e).max()))
     assert kiln.matrix_exp(kiln.zeros(0, 0)).shape == (0, 0)
     with pytest.raises(RuntimeError, match="square"):
         kiln.matrix_exp(kiln.zeros(2, 3))
