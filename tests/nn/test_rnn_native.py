@@ -490,3 +490,35 @@ def test_numpy_kernels_run_their_small_products_on_one_blas_thread(monkeypatch, 
             assert threads._blas.get_threads() == 2
     finally:
         kiln.set_num_threads(before)
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("batch", [16, 17, 27])
+def test_a_recurrence_splits_its_batch_rows_over_threads(direct, runs, monkeypatch, mode, dtype, reverse, batch):
+    """Each batch row's recurrence reads its own rows only, so blocks of rows run on the threads as
+    calls of their own (``_rows_apart``: the arrays moved to the block's first row, the step's scratch
+    and the backward's carried state too): the numpy kernels' result, and the split actually made."""
+    monkeypatch.setattr(threads, "min_work_bytes", lambda spin: 0)
+    monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
+    monkeypatch.setattr(recurrence_native, "MIN_STEPS", 1)
+    blocks = []
+    apart = native._rows_apart
+    monkeypatch.setattr(
+        native, "_rows_apart", lambda a, begin, end: (blocks.append((begin, end)), apart(a, begin, end))
+    )
+    previous = threads.get_num_threads()
+    threads.set_num_threads(2)
+    try:
+        rng = np.random.default_rng(batch)
+        args = tuple(a.astype(dtype) for a in _scan_args(rng, mode, 9, batch, 12))
+        g = rng.normal(size=(9, batch, ScanLayout(mode, 12).width)).astype(dtype)
+        out = _scan_both(direct, mode, args, reverse, g)
+    finally:
+        threads.set_num_threads(previous)
+    tol = dict(rtol=2e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(out[True][0], out[False][0], **tol)
+    np.testing.assert_allclose(out[True][1], out[False][1], **tol)
+    assert runs == {"forward": 1, "backward": 1}
+    assert sorted(blocks) == [(0, 1), (0, 1), (1, 2), (1, 2)], blocks  # forward and backward, two blocks each

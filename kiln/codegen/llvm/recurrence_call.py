@@ -31,6 +31,7 @@ from ...ir.primitives.linalg import c_order
 from ...ir.primitives.recurrence_layout import ScanLayout
 from ...ir.primitives.recurrence_native import transposed
 from ...ir.primitives.recurrence_numpy import packed_rows, scratch
+from ...runtime import threads
 from ...runtime.cache import cache_key, source_digest
 from ...runtime.frames import data_pointer
 from ..core import Unsupported
@@ -143,10 +144,56 @@ class _Kernels:
                 self._libraries.append(library)
             return self.functions[name]
 
-    def _run(self, name: str, slots: list[int]) -> None:
-        params = np.array(slots, dtype=np.int64)
+    def _run(self, name: str, slots: list[int], layout: tuple[str, ...] | None = None) -> None:
+        """Run the function ``name`` on ``slots``; where ``layout`` (its slots' names) is given and the
+        work is worth a second thread, over blocks of the batch's rows on the threads (``_rows_apart``)."""
         function = self.functions.get(name) or self._load(name)
-        function(_address(params))
+        batch = slots[1]
+        macs = slots[0] * batch * self.GATES * self.hidden * self.hidden  # the per-step products'
+        blocks = min(threads.get_num_threads(), batch // ROW_BLOCK)
+        if layout is None or blocks < 2 or threads.product_work(macs) < threads.min_work_bytes(spin=False):
+            params = np.array(slots, dtype=np.int64)
+            function(_address(params))
+            return
+        shifts = _row_shifts(layout, slots, self.GATES * self.hidden, self.hidden, self.dtype.itemsize)
+        threads.parallel_for(_rows_apart, (function, slots, shifts, blocks), blocks, threads.product_work(macs))
+
+
+#: The fewest batch rows a thread's share of a recurrence gets (the product kernel's row tile on
+#: AVX-512, ``small_gemm.ROWS``): each batch row's recurrence depends on its own rows only (``h[t, b]``
+#: on ``h[t - 1, b]``), so the rows split over threads with no synchronization between time steps.
+ROW_BLOCK = 8
+
+
+def _row_shifts(layout: tuple[str, ...], slots: list[int], gate_width: int, hidden: int,
+                itemsize: int) -> list[tuple[int, int]]:  # fmt: skip
+    """``(slot, bytes per batch row)`` of each array address in ``slots`` (named by ``layout``) that a
+    block of rows starting further down moves: arrays given as (address, step stride, row stride) move
+    by their row stride; the scratch of a step's product (``step``, (B, G H)) and the backward's
+    carried state (``dh``/``dc``, (B, H)) by their contiguous rows; weights and biases stay."""
+    shifts = []
+    for k, name in enumerate(layout):
+        if f"{name}_b" in layout:
+            shifts.append((k, slots[layout.index(f"{name}_b")] * itemsize))
+        elif name == "step":
+            shifts.append((k, gate_width * itemsize))
+        elif name in ("dh", "dc"):
+            shifts.append((k, hidden * itemsize))
+    return shifts
+
+
+def _rows_apart(args, begin: int, end: int) -> None:
+    """``parallel_for``'s kernel: the recurrence over the batch rows of blocks ``[begin, end)`` of
+    ``blocks``, each in a call of its own on the same arrays moved to its first row."""
+    function, slots, shifts, blocks = args
+    first, last = slots[1] * begin // blocks, slots[1] * end // blocks
+    moved = list(slots)
+    moved[1] = last - first
+    for k, step in shifts:
+        if moved[k]:  # (0: an array the call does not pass, as packed rows not asked for)
+            moved[k] += first * step
+    params = np.array(moved, dtype=np.int64)
+    function(_address(params))
 
 
 @functools.lru_cache(maxsize=16)
@@ -210,7 +257,7 @@ class LSTMKernels(_Kernels):
         slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(step), int(rows is not None),
                  *(rows or [0] * 3 * len(PACKED))]  # fmt: skip
         assert len(slots) == len(FORWARD)
-        self._run("lstm_forward", slots)
+        self._run("lstm_forward", slots, FORWARD)
         if packed is not None and rows is None:
             packed_rows(packed, (h0, c0), (hs, cs))
         return True
@@ -229,7 +276,7 @@ class LSTMKernels(_Kernels):
         dh, dc = np.array(dH[-1], order="C"), np.array(dC[-1], order="C")
         slots = [steps, batch, *found, _address(w_hh), _address(dh), _address(dc)]
         assert len(slots) == len(BACKWARD)
-        self._run("lstm_backward" if eA is None else "lstm_backward_tangents", slots)
+        self._run("lstm_backward" if eA is None else "lstm_backward_tangents", slots, BACKWARD)
         return dh, dc
 
 
@@ -261,7 +308,7 @@ class GRUKernels(_Kernels):
         step = scratch("rnn.native_step", (batch, 3 * hidden), A.dtype)
         slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(b_hn), _address(step)]
         assert len(slots) == len(GRU_FORWARD)
-        self._run("gru_forward", slots)
+        self._run("gru_forward", slots, GRU_FORWARD)
         return True
 
     def backward(self, A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh):
@@ -280,7 +327,7 @@ class GRUKernels(_Kernels):
         slots = [steps, batch, *found, _address(w_hh), _address(dh)]
         assert len(slots) == len(GRU_BACKWARD)
         name = "gru_backward" + ("_tangents" if eA is not None else "") + ("_g_hn" if g_hn is not None else "")
-        self._run(name, slots)
+        self._run(name, slots, GRU_BACKWARD)
         return dh
 
 
