@@ -214,8 +214,8 @@ def _entered(v) -> bool:
         return _users_function(v)
     if isinstance(v, types.MethodType):  # ``step = trainer.scaled``: the object it is bound to
         return _entered(v.__self__) or _entered(v.__func__)
-    if isinstance(v, Tensor):
-        return bool(v._hooks or v._post_accumulate_hooks)
+    if isinstance(v, Tensor):  # its hooks, and the Python attributes set on it (``w.scale``)
+        return bool(v._hooks or v._post_accumulate_hooks or v.__dict__)
     if isinstance(v, np.ndarray):
         return small_array(v)
     return isinstance(v, (*_CONTAINERS, tuple)) or (not isinstance(v, _NOT_ENTERED) and hasattr(v, "__dict__"))
@@ -382,6 +382,10 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                 found.append((path, obj, "array"))
             elif isinstance(obj, types.FunctionType | Tensor):
                 following += _called_for(path, obj)
+                if isinstance(obj, Tensor) and obj.__dict__:  # attributes set on it: a user object's table
+                    found.append((path, obj.__dict__, "attr"))
+                    following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
+                                  if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
             elif isinstance(obj, types.MethodType):
                 following += [(f"{path}.__self__", obj.__self__), (f"{path}.__func__", obj.__func__)]
             elif isinstance(obj, functools.partial):  # what it was made with: ``partial(f, scale=cfg)``

@@ -1,0 +1,120 @@
+"""Python attributes set on tensors (``p._no_weight_decay = True``), as PyTorch's tensors have them:
+kept by pickling and ``copy.deepcopy``, not by ``detach()`` or views, and guarded by compiled calls
+that read them (a changed ``w.scale`` between calls is a new trace, never the old value replayed)."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+import kiln
+from kiln import nn
+
+
+def test_set_get_and_vars():
+    t = kiln.ones(2)
+    assert vars(t) == {}
+    t.scale = 2.0
+    t.tags = ["a"]
+    assert t.scale == 2.0 and t.tags == ["a"] and vars(t) == {"scale": 2.0, "tags": ["a"]}
+    assert hasattr(t, "scale") and not hasattr(kiln.ones(2), "scale")
+    del t.scale
+    assert not hasattr(t, "scale")
+    with pytest.raises(AttributeError):
+        t.missing  # noqa: B018
+
+
+def test_parameter_attributes():
+    w = kiln.ones(2)
+    w.tag = 1
+    p = nn.Parameter(w)
+    assert vars(p) == {}  # the data's attributes stay its own (PyTorch's Parameter(w) too)
+    p._no_weight_decay = True
+    assert p._no_weight_decay is True and vars(w) == {"tag": 1}
+    linear = nn.Linear(2, 2)
+    linear.weight.is_embedding = True
+    assert [n for n, q in linear.named_parameters() if getattr(q, "is_embedding", False)] == ["weight"]
+
+
+def test_new_tensors_start_without_attributes():
+    t = kiln.ones(2, 2)
+    t.scale = 3.0
+    for other in (t.detach(), t.view(4), t[0], t.clone(), t + 1, t.data):
+        assert vars(other) == {}
+
+
+def test_copies_and_pickles_keep_them():
+    t = kiln.tensor([1.0, 2.0])
+    t.scale, t.names = 2.0, ["x", "y"]
+    deep = copy.deepcopy(t)
+    assert vars(deep) == vars(t) and deep.names is not t.names  # deep: the list copied too
+    assert vars(copy.copy(t)) == vars(t)
+    loaded = pickle.loads(pickle.dumps(t))
+    assert vars(loaded) == vars(t) and loaded.tolist() == [1.0, 2.0]
+    assert vars(pickle.loads(pickle.dumps(kiln.ones(1)))) == {}
+
+
+def test_parameter_pickle_keeps_deepcopy_drops():
+    p = nn.Parameter(kiln.ones(2))
+    p._no_weight_decay = True
+    loaded = pickle.loads(pickle.dumps(p))
+    assert isinstance(loaded, nn.Parameter) and vars(loaded) == {"_no_weight_decay": True}
+    assert vars(copy.deepcopy(p)) == {}  # PyTorch's Parameter.__deepcopy__ drops them too
+
+
+def test_matches_torch(torch):
+    def run(lib):
+        t = lib.ones(2)
+        t.scale = 2.0
+        p = lib.nn.Parameter(lib.ones(2))
+        p.flag = True
+        return [
+            vars(copy.deepcopy(t)), vars(copy.copy(t)), vars(pickle.loads(pickle.dumps(t))), vars(t.detach()),
+            vars(t.view(2)), vars(p), vars(copy.deepcopy(p)), vars(pickle.loads(pickle.dumps(p))),
+            vars(lib.nn.Parameter(t)),
+        ]  # fmt: skip
+
+    assert run(kiln) == run(torch)
+
+
+# ----------------------------------------------------------------------------- compiled calls
+W = kiln.ones(3)  # (its ``scale`` is set by the test: on main, setting it raises)
+
+
+def _scaled_by_global(x):
+    return x * W.scale
+
+
+class _Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = nn.Parameter(kiln.ones(3))
+        self.p.scale = 1.0
+
+    def forward(self, x):
+        return x * self.p.scale + self.p
+
+
+def _scaled_by_argument(x, t):
+    return x * t.scale
+
+
+def test_compiled_calls_follow_a_changed_attribute():
+    """On main the attributes cannot even be set (``AttributeError``); with them, a compiled call that
+    read ``w.scale`` must give eager's value after the caller changes it (a new trace)."""
+    x = kiln.tensor([1.0, 2.0, 3.0])
+    module = _Scaled()
+    t = kiln.ones(3)
+    t.scale = W.scale = 1.0
+    compiled = [kiln.compile(_scaled_by_global), kiln.compile(module), kiln.compile(_scaled_by_argument)]
+    for i in range(4):
+        scale = [0.5, 2.0, 2.0, -3.0][i]
+        W.scale = module.p.scale = t.scale = scale
+        eager = [_scaled_by_global(x), module(x), _scaled_by_argument(x, t)]
+        results = [compiled[0](x), compiled[1](x), compiled[2](x, t)]
+        for got, want in zip(results, eager, strict=True):
+            np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-6, atol=1e-7)
+    assert "made because W.scale changed: 0.5 -> 2.0" in str(kiln.explain(compiled[0]))  # the reason names it
