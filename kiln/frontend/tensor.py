@@ -40,6 +40,22 @@ class Size(tuple):
         return f"kiln.Size({list(self)})"
 
 
+class layout(str):  # noqa: N801 - PyTorch's name
+    """A tensor's memory layout (``kiln.strided``, ``kiln.sparse_coo``), as ``torch.layout``: a str
+    equal to its name, so code that compared the plain string keeps working."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"kiln.{str.__str__(self)}"
+
+    __str__ = __repr__  # (printed as PyTorch prints torch.strided)
+
+
+strided = layout("strided")
+sparse_coo = layout("sparse_coo")
+
+
 class Tensor(_Base):
     __slots__ = (
         "_data", "_device", "_dtype", "_requires_grad", "grad_fn", "_output_nr", "_grad",
@@ -118,6 +134,10 @@ class Tensor(_Base):
     @property
     def dtype(self) -> dt.DType:
         return self._dtype
+
+    @property
+    def layout(self) -> layout:
+        return strided  # (a sparse COO tensor is a SparseTensor, whose layout is sparse_coo)
 
     @property
     def device(self) -> Device:

@@ -27,7 +27,7 @@ from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
 from ..tensor import Tensor, method
 from .checks import check
-from .creation import _dtype, _shape, sizes_of
+from .creation import _dtype, _shape, placement, sizes_of
 from .elementwise import add, cos, div, exp, floor_divide, log, lt, mul, neg, remainder, sin, sqrt, sub, where
 from .generator import Generator, _generator
 from .inplace import commit_inplace
@@ -81,26 +81,36 @@ def _finish(t: Tensor, requires_grad: bool) -> Tensor:
     return t.requires_grad_(True) if requires_grad else t
 
 
-def rand(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def rand(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+         pin_memory: bool = False) -> Tensor:  # fmt: skip
     """Uniform samples on [0, 1); the default float dtype unless ``dtype`` says otherwise."""
+    if layout is not None or pin_memory:
+        placement("rand", layout, pin_memory)
     dtype, device = _float_dtype(dtype, "rand"), _device_of(device)
     return _finish(_uniform(sizes_of(sizes, size, "rand"), dtype, _generator(generator, device)), requires_grad)
 
 
-def randn(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randn(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+          pin_memory: bool = False) -> Tensor:  # fmt: skip
     """Standard normal samples (Box-Muller over two uniforms)."""
+    if layout is not None or pin_memory:
+        placement("randn", layout, pin_memory)
     dtype, device = _float_dtype(dtype, "randn"), _device_of(device)
     return _finish(
         _standard_normal(sizes_of(sizes, size, "randn"), dtype, _generator(generator, device)), requires_grad
     )
 
 
-def rand_like(input: Tensor, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def rand_like(input: Tensor, *, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+              pin_memory: bool = False, memory_format=None) -> Tensor:  # fmt: skip
+    placement("rand_like", layout, pin_memory, memory_format)
     return rand(tuple(input.shape), generator=generator, dtype=dtype or input._dtype,
                 device=device or input._device, requires_grad=requires_grad)  # fmt: skip
 
 
-def randn_like(input: Tensor, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randn_like(input: Tensor, *, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+               pin_memory: bool = False, memory_format=None) -> Tensor:  # fmt: skip
+    placement("randn_like", layout, pin_memory, memory_format)
     return randn(tuple(input.shape), generator=generator, dtype=dtype or input._dtype,
                  device=device or input._device, requires_grad=requires_grad)  # fmt: skip
 
@@ -129,8 +139,11 @@ def _randint(low: int, high: int, shape, dtype, gen: Generator, op: str = "rando
     return apply(P["cast"], out, dtype=dtype) if dtype is not dt.int64 else out
 
 
-def randint(*args, generator=None, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
+def randint(*args, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+            pin_memory: bool = False, **kwargs) -> Tensor:  # fmt: skip
     """``randint(high, size)`` or ``randint(low, high, size)``: integers on [low, high), int64 by default."""
+    if layout is not None or pin_memory:
+        placement("randint", layout, pin_memory)
     low, high, size = _randint_args(args, kwargs)
     dtype = dt.int64 if dtype is None else dt.as_dtype(dtype)
     device = _device_of(device)
@@ -165,8 +178,10 @@ def _int_arg(value, name: str) -> int:
     return int(value)
 
 
-def randint_like(input: Tensor, *args, generator=None, dtype=None, device=None, requires_grad: bool = False):
+def randint_like(input: Tensor, *args, generator=None, dtype=None, device=None, requires_grad: bool = False,
+                 layout=None, pin_memory: bool = False, memory_format=None):  # fmt: skip
     """``randint_like(input, high)`` or ``randint_like(input, low, high)``, with ``input``'s shape."""
+    placement("randint_like", layout, pin_memory, memory_format)
     if len(args) not in (1, 2):
         raise TypeError("randint_like() expects (input, high) or (input, low, high)")
     low, high = (0, args[0]) if len(args) == 1 else args
@@ -174,8 +189,11 @@ def randint_like(input: Tensor, *args, generator=None, dtype=None, device=None, 
                    dtype=dtype or input._dtype, device=device or input._device, requires_grad=requires_grad)  # fmt: skip
 
 
-def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+             pin_memory: bool = False) -> Tensor:  # fmt: skip
     """A random permutation of 0..n-1: the order that sorts n random 63-bit keys."""
+    if layout is not None or pin_memory:
+        placement("randperm", layout, pin_memory)
     n = _int_arg(n, "n")
     if n < 0:
         raise RuntimeError(f"randperm: n must be non-negative, got {n}")
