@@ -5,6 +5,7 @@ that read them (a changed ``w.scale`` between calls is a new trace, never the ol
 from __future__ import annotations
 
 import copy
+import io
 import pickle
 
 import numpy as np
@@ -65,6 +66,30 @@ def test_parameter_pickle_keeps_deepcopy_drops():
     assert vars(copy.deepcopy(p)) == {}  # PyTorch's Parameter.__deepcopy__ drops them too
 
 
+def test_save_and_load_keep_them():
+    """As ``torch.save``/``torch.load`` (weights_only too): plain attributes come back; an object of the
+    user's class is a pickled part, refused under weights_only=True like any other."""
+    t = kiln.ones(2)
+    t.scale, t.names, t.me = 2.0, ["x", (1, 2)], t
+    p = nn.Parameter(kiln.zeros(3))
+    p._no_weight_decay = True
+    buffer = io.BytesIO()
+    kiln.save({"t": t, "p": p, "tied": t, "plain": kiln.ones(1)}, buffer)
+    buffer.seek(0)
+    loaded = kiln.load(buffer)
+    assert loaded["t"].scale == 2.0 and loaded["t"].names == ["x", (1, 2)] and loaded["t"].me is loaded["t"]
+    assert loaded["tied"] is loaded["t"] and vars(loaded["plain"]) == {}
+    assert isinstance(loaded["p"], nn.Parameter) and vars(loaded["p"]) == {"_no_weight_decay": True}
+    t.owner = _Scaled  # a class: pickled
+    buffer = io.BytesIO()
+    kiln.save(t, buffer)
+    buffer.seek(0)
+    with pytest.raises(pickle.UnpicklingError):
+        kiln.load(buffer)
+    buffer.seek(0)
+    assert kiln.load(buffer, weights_only=False).owner is _Scaled
+
+
 def test_matches_torch(torch):
     def run(lib):
         t = lib.ones(2)
@@ -74,10 +99,17 @@ def test_matches_torch(torch):
         return [
             vars(copy.deepcopy(t)), vars(copy.copy(t)), vars(pickle.loads(pickle.dumps(t))), vars(t.detach()),
             vars(t.view(2)), vars(p), vars(copy.deepcopy(p)), vars(pickle.loads(pickle.dumps(p))),
-            vars(lib.nn.Parameter(t)),
+            vars(lib.nn.Parameter(t)), vars(_saved_and_loaded(lib, {"t": t})["t"]),
         ]  # fmt: skip
 
     assert run(kiln) == run(torch)
+
+
+def _saved_and_loaded(lib, obj):
+    buffer = io.BytesIO()
+    lib.save(obj, buffer)
+    buffer.seek(0)
+    return lib.load(buffer)
 
 
 # ----------------------------------------------------------------------------- compiled calls
