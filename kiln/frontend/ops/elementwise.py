@@ -54,13 +54,17 @@ def _binary(prim, a, b, name: str) -> Tensor:
         (a.__class__ is float or a.__class__ is int) and isinstance(b, Tensor) and b._dtype.category == _FLOAT_CATEGORY
     ):
         return apply(prim, scalar_tensor(a, b._dtype, b._device), b)  # a number first (1 - y*y, a VJP's)
-    if has_array(a, b):  # ``t + np.ones(3)``: PyTorch's result (numpy_operands)
-        return operate(lambda x, y: _binary(prim, x, y, name), a, b, name)
     if prim is _add or prim is _sub:
         b = _dense_of_sparse(a, b)  # ``dense + sparse``: Tensor.__add__ comes here
         if prim is _sub:
             _no_bool_operand(a, b)
-    return apply(prim, *promote(a, b, op=name))
+    try:
+        operands = promote(a, b, op=name)
+    except TypeError:  # ``t + np.ones(3)``: PyTorch's result (numpy_operands), looked for only here
+        if has_array(a, b):
+            return operate(lambda x, y: _binary(prim, x, y, name), a, b, name)
+        raise
+    return apply(prim, *operands)
 
 
 def _dense_of_sparse(input, other):
@@ -76,7 +80,7 @@ def _no_bool_operand(a, b) -> None:
     does kiln rather than compute it as 0/1 (two tensors of one dtype never come here: numpy
     refuses bool - bool itself)."""
     for x in (a, b):
-        if x.__class__ is bool or isinstance(x, Tensor) and x._dtype is dt.bool_:
+        if (x.__class__ is bool or isinstance(x, Tensor) and x._dtype is dt.bool_) and not has_array(a, b):
             raise RuntimeError(
                 "sub: a bool operand cannot be subtracted or subtracted from (PyTorch refuses it too); "
                 "to invert a mask use ~mask or logical_not(mask), to compare two masks use ^ or logical_xor"
@@ -91,9 +95,13 @@ def _float_binary(prim, a, b, name: str) -> Tensor:
                 return apply(prim, a, b)
         elif b.__class__ is float or b.__class__ is int:
             return apply(prim, a, scalar_tensor(b, a._dtype, a._device))
-    if has_array(a, b):
-        return operate(lambda x, y: _float_binary(prim, x, y, name), a, b, name)
-    return apply(prim, *promote(a, b, op=name, floating=True))
+    try:
+        operands = promote(a, b, op=name, floating=True)
+    except TypeError:  # (an array: numpy_operands)
+        if has_array(a, b):
+            return operate(lambda x, y: _float_binary(prim, x, y, name), a, b, name)
+        raise
+    return apply(prim, *operands)
 
 
 def _unary_float(prim, x: Tensor) -> Tensor:
@@ -158,9 +166,12 @@ def _divide(prim, input, other, name: str) -> Tensor:
             if other == 0:  # a Python number is baked into a trace: raising now is raising every time
                 raise ZeroDivisionError(_BY_ZERO)
             return _binary(prim, input, other, name)
-    if has_array(input, other):
-        return operate(lambda x, y: _divide(prim, x, y, name), input, other, name)
-    a, b = promote(input, other, op=name)
+    try:
+        a, b = promote(input, other, op=name)
+    except TypeError:  # (an array: numpy_operands)
+        if has_array(input, other):
+            return operate(lambda x, y: _divide(prim, x, y, name), input, other, name)
+        raise
     if not a._dtype.is_floating_point:
         check_nonzero(b, ZeroDivisionError, _BY_ZERO)
     return apply(prim, a, b)
@@ -182,9 +193,12 @@ def pow(input, exponent) -> Tensor:
         return mul(input, input)  # exact and cheaper; the gradient 2x is the same
     if isinstance(input, Tensor) and (input._dtype.is_floating_point or exponent.__class__ is int and exponent >= 0):
         return _binary(P["pow"], input, exponent, "pow")
-    if has_array(input, exponent):
-        return operate(pow, input, exponent, "pow")
-    a, b = promote(input, exponent, op="pow")
+    try:
+        a, b = promote(input, exponent, op="pow")
+    except TypeError:  # (an array: numpy_operands)
+        if has_array(input, exponent):
+            return operate(pow, input, exponent, "pow")
+        raise
     if a._dtype.category == dt.INTEGER:  # numpy's (eager's) error; a check, so compiled calls raise it too
         check_range(b, 0, None, ValueError, "Integers to negative integer powers are not allowed.")
     return apply(P["pow"], a, b)

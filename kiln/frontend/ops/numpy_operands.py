@@ -48,7 +48,8 @@ _ORDERINGS = frozenset({"lt", "le", "gt", "ge"})
 
 
 def has_array(a, b) -> bool:
-    """Whether either operand is a numpy array (asked only on the ops' slower paths)."""
+    """Whether either operand is a numpy array: asked only where the ops' promotion refused an operand
+    (a TypeError, free to catch when none is raised), so no op pays for it otherwise."""
     return isinstance(a, np.ndarray) or isinstance(b, np.ndarray)
 
 
