@@ -150,3 +150,38 @@ def test_compiled_calls_follow_a_changed_attribute():
         for got, want in zip(results, eager, strict=True):
             np.testing.assert_allclose(got.detach().numpy(), want.detach().numpy(), rtol=1e-6, atol=1e-7)
     assert "made because W.scale changed: 0.5 -> 2.0" in str(kiln.explain(compiled[0]))  # the reason names it
+
+
+class _Buffered(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("b", kiln.ones(3))
+        self.b.scale = 1.0
+
+    def forward(self, x):
+        return x * self.b.scale
+
+
+def test_compiled_calls_follow_a_buffers_attribute():
+    module = _Buffered()
+    compiled, x = kiln.compile(module), kiln.tensor([1.0, 2.0, 3.0])
+    for scale in (1.0, 2.0, 2.0, 3.0):
+        module.b.scale = scale
+        np.testing.assert_allclose(compiled(x).numpy(), module(x).numpy(), rtol=1e-6, atol=1e-7)
+
+
+COUNTED = kiln.ones(3)
+
+
+def _counts_calls(x):
+    COUNTED.calls = getattr(COUNTED, "calls", 0) + 1  # a new attribute, set by the call itself
+    return x * COUNTED.calls
+
+
+def test_an_attribute_stored_by_the_call_is_not_replayed():
+    """A store into a captured tensor's attributes is Python state the call changes: the call runs
+    eagerly (said with a CompileWarning), never a program that replays the first call's value."""
+    compiled, x = kiln.compile(_counts_calls), kiln.ones(2)
+    with pytest.warns(kiln.CompileWarning, match="COUNTED.calls"):
+        for i in range(1, 5):
+            assert compiled(x).tolist() == [float(i)] * 2 and COUNTED.calls == i
