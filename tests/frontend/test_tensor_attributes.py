@@ -90,6 +90,25 @@ def test_save_and_load_keep_them():
     assert kiln.load(buffer, weights_only=False).owner is _Scaled
 
 
+def test_torch_checkpoints_bring_them(torch):
+    """torch.save writes a tagged tensor with ``_rebuild_from_type_v2`` and a tagged Parameter with its state:
+    kiln.load (weights_only too) gives the attributes back, as torch.load does."""
+    w = torch.ones(2)
+    w.scale, w.names = 2.0, ["x"]
+    p = torch.nn.Parameter(torch.zeros(3))
+    p._no_weight_decay = True
+    buffer = io.BytesIO()
+    torch.save({"w": w, "p": p, "plain": torch.ones(1)}, buffer)
+    for weights_only in (True, False):
+        buffer.seek(0)
+        loaded = kiln.load(buffer, weights_only=weights_only)
+        assert vars(loaded["w"]) == {"scale": 2.0, "names": ["x"]} and loaded["w"].tolist() == [1.0, 1.0]
+        assert isinstance(loaded["p"], nn.Parameter) and vars(loaded["p"]) == {"_no_weight_decay": True}
+        assert vars(loaded["plain"]) == {}
+    buffer.seek(0)
+    assert kiln.serialization.get_unsafe_globals_in_checkpoint(buffer) == []
+
+
 def test_matches_torch(torch):
     def run(lib):
         t = lib.ones(2)
