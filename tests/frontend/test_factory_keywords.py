@@ -103,3 +103,51 @@ def test_empty_strided_matches_torch(torch):
     t = kiln.empty_strided((2, 3), (1, 2))
     t.fill_(2.0)
     assert t.tolist() == [[2.0] * 3] * 2 and (t + 1).tolist() == [[3.0] * 3] * 2
+
+
+def _with_out(lib):
+    def out(n, dtype="float32"):
+        return lib.empty(n, dtype=getattr(lib, dtype))
+
+    return {
+        "zeros int64": (lambda o: lib.zeros(3, out=o), lambda: out(3, "int64")),
+        "ones": (lambda o: lib.ones(2, 2, out=o), lambda: lib.empty(2, 2)),
+        "empty": (lambda o: lib.empty(3, out=o).zero_(), lambda: out(3)),
+        "full int64": (lambda o: lib.full((2,), 1.5, out=o), lambda: out(2, "int64")),
+        "arange float": (lambda o: lib.arange(5, out=o), lambda: out(5)),
+        "arange resized": (lambda o: lib.arange(5, out=o), lambda: out(0)),
+        "linspace float64": (lambda o: lib.linspace(0, 1, 3, out=o), lambda: out(3, "float64")),
+        "logspace": (lambda o: lib.logspace(0, 1, 3, out=o), lambda: out(3)),
+        "eye": (lambda o: lib.eye(2, out=o), lambda: lib.empty(2, 2)),
+        "rand float64": (lambda o: lib.rand(3, out=o) * 0, lambda: out(3, "float64")),
+        "randn": (lambda o: lib.randn(3, out=o) * 0, lambda: out(3)),
+        "randint float": (lambda o: lib.randint(0, 1, (3,), out=o), lambda: out(3)),
+        "randperm": (lambda o: lib.randperm(3, out=o).sort().values, lambda: out(3, "int64")),
+    }
+
+
+def test_out_matches_torch(torch):
+    theirs, ours = _with_out(torch), _with_out(kiln)
+    for name, (make, out) in theirs.items():
+        o = out()
+        want = make(o)
+        o_kiln = ours[name][1]()
+        got = ours[name][0](o_kiln)
+        assert _summary(got, False)[:2] == _summary(want, False)[:2], name
+        np.testing.assert_allclose(
+            _summary(got, False)[4], _summary(want, False)[4], rtol=1e-6, atol=1e-7, err_msg=name
+        )
+        assert tuple(o_kiln.shape) == tuple(o.shape) and str(o_kiln.dtype)[5:] == str(o.dtype)[6:], name  # filled
+
+
+def test_out_hand_checked():
+    o = kiln.empty(3, dtype=kiln.int64)
+    assert kiln.zeros(3, out=o) is o and o.tolist() == [0, 0, 0]
+    o = kiln.empty(2)
+    with pytest.warns(UserWarning, match="resized"):
+        assert kiln.arange(4, out=o) is o
+    assert o.tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(RuntimeError, match="does not match dtype of out"):
+        kiln.zeros(3, dtype=kiln.float64, out=kiln.empty(3))
+    with pytest.raises(RuntimeError, match="automatic differentiation"):
+        kiln.zeros(3, out=kiln.empty(3, requires_grad=True))

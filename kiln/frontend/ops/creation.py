@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import numpy as np
 
@@ -62,6 +63,31 @@ def placement(op: str, layout=None, pin_memory: bool = False, memory_format=None
                 raise RuntimeError(f"required rank {rank} tensor to use {name} format")
         elif name not in ("preserve_format", "contiguous_format", "channels_last", "channels_last_3d"):
             raise TypeError(f"{op}(): memory_format must be a kiln memory format, got {memory_format!r}")
+
+
+def out_dtype(out, dtype, op: str) -> dt.DType:
+    """The dtype a factory makes for ``out=`` (``out``'s own, which a given ``dtype`` must match), as PyTorch."""
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{op}(): argument 'out' must be Tensor, not {type(out).__name__}")
+    if out._requires_grad:
+        raise RuntimeError(f"{op}(): functions with out=... arguments don't support automatic differentiation, "
+                           "but one of the arguments requires grad.")  # fmt: skip
+    if dtype is not None and dt.as_dtype(dtype) is not out._dtype:
+        raise RuntimeError(f"dtype {dt.as_dtype(dtype).name} does not match dtype of out parameter ({out._dtype.name})")
+    return out._dtype
+
+
+def written(out: Tensor, result: Tensor) -> Tensor:
+    """``result`` written into ``out``, which is returned (PyTorch's ``out=``): in place where the shapes
+    match; otherwise ``out`` is resized to the result, as PyTorch resizes it (warning where it held
+    elements, as PyTorch does)."""
+    if tuple(out.shape) == tuple(result.shape):
+        return copy_(out, result)
+    if out.numel():
+        warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, which "
+                      f"does not match the required output shape {list(result.shape)}.", UserWarning, stacklevel=3)  # fmt: skip
+    out.data = to(result, out._device)
+    return out
 
 
 def _finish(array: np.ndarray, device: Device, requires_grad: bool) -> Tensor:
@@ -178,24 +204,30 @@ def _filled(shape, value, dtype, device, requires_grad) -> Tensor:
 
 
 def zeros(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
-          pin_memory: bool = False) -> Tensor:  # fmt: skip
-    if layout is not None or pin_memory:
+          pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
+    if layout is not None or pin_memory or out is not None:
         placement("zeros", layout, pin_memory)
+        if out is not None:
+            return written(out, zeros(*sizes, size=size, dtype=out_dtype(out, dtype, "zeros"), device=out.device))
     return _filled(sizes_of(sizes, size, "zeros"), 0, _dtype(dtype), device, requires_grad)
 
 
 def ones(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
-         pin_memory: bool = False) -> Tensor:  # fmt: skip
-    if layout is not None or pin_memory:
+         pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
+    if layout is not None or pin_memory or out is not None:
         placement("ones", layout, pin_memory)
+        if out is not None:
+            return written(out, ones(*sizes, size=size, dtype=out_dtype(out, dtype, "ones"), device=out.device))
     return _filled(sizes_of(sizes, size, "ones"), 1, _dtype(dtype), device, requires_grad)
 
 
 def empty(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
-          pin_memory: bool = False, memory_format=None) -> Tensor:  # fmt: skip
+          pin_memory: bool = False, memory_format=None, out=None) -> Tensor:  # fmt: skip
     shape = sizes_of(sizes, size, "empty")
-    if layout is not None or pin_memory or memory_format is not None:
+    if layout is not None or pin_memory or memory_format is not None or out is not None:
         placement("empty", layout, pin_memory, memory_format, ndim=len(shape))
+        if out is not None:
+            return written(out, empty(*shape, dtype=out_dtype(out, dtype, "empty"), device=out.device))
     return _filled(shape, 0, _dtype(dtype), device, requires_grad)
 
 
@@ -222,10 +254,12 @@ def empty_strided(size, stride, *, dtype=None, device=None, requires_grad: bool 
 
 
 def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
-         pin_memory: bool = False) -> Tensor:  # fmt: skip
+         pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """``fill_value`` everywhere; the dtype follows the value (bool, int64, default float)."""
-    if layout is not None or pin_memory:
+    if layout is not None or pin_memory or out is not None:
         placement("full", layout, pin_memory)
+        if out is not None:
+            return written(out, full(size, fill_value, dtype=out_dtype(out, dtype, "full"), device=out.device))
     return _filled(_shape((size,)), fill_value, _dtype(dtype, dt.scalar_dtype(fill_value)), device, requires_grad)
 
 
@@ -260,7 +294,7 @@ def _number(x, op: str):
 
 
 def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
-           pin_memory: bool = False) -> Tensor:  # fmt: skip
+           pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """Values from ``start`` to ``end`` (exclusive) by ``step``, as ``torch.arange``.
 
     int64 when every argument is an int, else the default float dtype. Float results hold
@@ -270,8 +304,10 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: b
     >>> arange(5).tolist(), arange(1, 2.5, 0.5).tolist()
     ([0, 1, 2, 3, 4], [1.0, 1.5, 2.0])
     """
-    if layout is not None or pin_memory:
+    if layout is not None or pin_memory or out is not None:
         placement("arange", layout, pin_memory)
+        if out is not None:
+            return written(out, arange(start, end, step, dtype=out_dtype(out, dtype, "arange"), device=out.device))
     if end is None:
         start, end = 0, start
     start, end, step = (_number(x, "arange") for x in (start, end, step))
@@ -294,7 +330,7 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: b
 
 
 def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
-             pin_memory: bool = False) -> Tensor:  # fmt: skip
+             pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """``steps`` evenly spaced values from ``start`` to ``end`` inclusive (the default float dtype).
 
     Computed in float64 from both ends (the first half from ``start``, the second from ``end``,
@@ -303,8 +339,10 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: 
     >>> linspace(0, 1, 5).tolist()
     [0.0, 0.25, 0.5, 0.75, 1.0]
     """
-    if layout is not None or pin_memory:
+    if layout is not None or pin_memory or out is not None:
         placement("linspace", layout, pin_memory)
+        if out is not None:
+            return written(out, linspace(start, end, steps, dtype=out_dtype(out, dtype, "linspace"), device=out.device))
     start, end = _number(start, "linspace"), _number(end, "linspace")
     steps = int(_number(steps, "linspace"))
     if steps < 0:
@@ -322,10 +360,12 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: 
 
 
 def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
-        pin_memory: bool = False) -> Tensor:  # fmt: skip
+        pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """The ``n`` x ``m`` identity matrix (``m`` defaults to ``n``)."""
-    if layout is not None or pin_memory:
+    if layout is not None or pin_memory or out is not None:
         placement("eye", layout, pin_memory)
+        if out is not None:
+            return written(out, eye(n, m, dtype=out_dtype(out, dtype, "eye"), device=out.device))
     for name, value in (("n", n), ("m", m)):
         if value is not None and value < 0:
             raise RuntimeError(f"eye: {name} must be greater or equal to 0, got {value}")
