@@ -126,7 +126,8 @@ class LLVMBackend:
     def generate(self, lowered: Lowered, report: LoweringReport) -> LLVMCode:
         start = time.perf_counter()
         kernels: dict[int, KernelInfo] = {}
-        batch = _Batch(kernel_cache.kernel_cache(), lowered.deadline)
+        kernel_nodes = sum(node.op == KERNEL or node.op in NATIVE_OPS for node in lowered.graph.nodes)
+        batch = _Batch(kernel_cache.kernel_cache(), lowered.deadline, kernel_nodes)
         try:
             self._add_kernels(lowered, report, batch, kernels)
         except BaseException:  # strict mode's error, an interrupt: the modules sent are not waited for
@@ -248,7 +249,7 @@ class _Batch:
     several kernels to a module (``kernel_modules``), and stores it in the cache. A module goes to
     LLVM as soon as it is full (``compile_stream``), so LLVM works while the rest is generated."""
 
-    def __init__(self, cache, deadline: float | None = None) -> None:
+    def __init__(self, cache, deadline: float | None = None, kernels: int = 0) -> None:
         self.cache = cache
         self.deadline = deadline
         self.tiny = 0  # kernels compiled as cheaply as LLVM can (``TINY_BELOW_BYTES``)
@@ -259,7 +260,9 @@ class _Batch:
         self.modules = 0  # modules the pending kernels were compiled in
         self.pending: list[tuple[str, KernelInfo, str, Node]] = []  # (key, info, LLVM IR, node) to compile
         self.failed: set[str] = set()  # symbols of kernels LLVM failed on
-        self.filling = kernel_modules.Modules()  # the pending kernels not yet sent to LLVM
+        # the pending kernels not yet sent to LLVM; the first alone where the program (``kernels``
+        # kernel nodes, counting an unrolled loop's steps) fills more than one module
+        self.filling = kernel_modules.Modules(first_alone=kernels > kernel_modules.KERNELS_PER_MODULE)
         self.groups: list[list[int]] = []  # the pending kernels (positions) of each module sent, in order
         self.stream: CompileStream | None = None  # compiles the modules sent (started by the first)
         self.streaming: bool | None = None  # whether modules go to LLVM while generating (decided at the first)

@@ -57,21 +57,28 @@ class Modules:
     """Kernels put into modules as they are generated, for a compile that starts meanwhile
     (``compile_stream``): ``add`` says when a module is full (``KERNELS_PER_MODULE`` kernels, or
     ``MODULE_MS`` of LLVM's time), ``rest`` groups the kernels left as ``grouped`` does, the costliest
-    module first.
+    module first. With ``first_alone`` (a program of more kernels than a module takes), the first
+    kernel is a module of its own: LLVM then starts on it at once rather than idle while the generator
+    makes the rest of a first module (DCGAN's first module of eight kernels was full 20-40 ms into its
+    ~130 ms of generation, LLVM's core idle until then), for one module's set-up (1-2 ms of LLVM's time).
 
     >>> from kiln.codegen.llvm.engine import LIGHT
-    >>> modules = Modules()
-    >>> [modules.add(k, LIGHT + "x" * 8000) for k in range(3)]
-    [None, [0, 1], None]
+    >>> modules = Modules(first_alone=True)
+    >>> [modules.add(k, LIGHT + "x" * 8000) for k in range(4)]
+    [[0], None, [1, 2], None]
     >>> modules.rest()
-    [[2]]
+    [[3]]
     """
 
-    def __init__(self) -> None:
+    def __init__(self, first_alone: bool = False) -> None:
         self._open: dict[str, tuple[list[int], list[str]]] = {}  # tier -> its kernels not yet sent, and texts
+        self._first = first_alone  # the next kernel is the first, and goes alone
 
     def add(self, k: int, text: str) -> list[int] | None:
         """Kernel ``k`` (LLVM IR ``text``) into its tier's open module: the module when it is full, else None."""
+        if self._first:
+            self._first = False
+            return [k]
         members, texts = self._open.setdefault(text.split("\n", 1)[0], ([], []))
         members.append(k)
         texts.append(text)

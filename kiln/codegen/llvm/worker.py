@@ -8,7 +8,9 @@ programs would grow without bound. So ``engine.compile_ir`` compiles its first
 process -- every compile with a time limit too, since only there can it be stopped -- which is replaced after ``WORKER_COMPILES`` compiles: its memory goes
 back to the system when it exits. A worker that cannot start is said once, and compiles go on in
 this process. A module that kills the worker (an LLVM abort) raises ``RuntimeError`` here, where
-it would have ended the caller's process. There are two workers, ``WORKER`` and ``SPARE``, which
+it would have ended the caller's process. A worker compiles an empty function before it serves
+(``engine.warm_up``): LLVM's one-time set-up is then paid while the caller's passes run, not in the
+caller's first module. There are two workers, ``WORKER`` and ``SPARE``, which
 ``worker_pool`` shares between the threads that compile (``SPARE`` only where a core is idle).
 
 The worker is ``python .../kiln/codegen/llvm/worker.py PARENT_PID [pdeathsig]``; it loads ``engine.py``
@@ -282,7 +284,12 @@ def main(argv: list[str]) -> None:
         _die_with_parent(parent)
     watchdog = _Watchdog(parent)
     threading.Thread(target=watchdog.run, daemon=True, name="kiln-worker-watchdog").start()
-    serve(sys.stdin.buffer, sys.stdout.buffer, _standalone_engine().compile_here, watchdog)
+    engine = _standalone_engine()
+    try:
+        engine.warm_up()  # while the caller's passes run: its first module then compiles no slower than the rest
+    except Exception:  # noqa: BLE001, S110 - a time saving only: a real compile says what LLVM rejects
+        pass
+    serve(sys.stdin.buffer, sys.stdout.buffer, engine.compile_here, watchdog)
 
 
 if __name__ == "__main__":  # pragma: no cover - run as a process by Worker

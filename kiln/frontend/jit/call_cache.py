@@ -334,7 +334,8 @@ class CompiledFunction(BackgroundCompiles):
         named = [*hazards.named_values(self, closure_values), *leaves]
         # The Python containers the call read, along the attribute names its code loads, from what the
         # function names and from the globals of the other functions that ran: guarded by value.
-        attr_names = reads.attribute_names(watch.codes)
+        attr_names, spelled = reads.attribute_names(watch.codes), watch.read_names()
+        owners: dict = {}  # (the object of each of the user's objects' tables reached, for build_guards)
         named_roots = reads.named_roots(self, closure_values, leaves)
         helper_globals = [(g, names) for g, names in watch.globals_read]
         helper_globals += reads.users_modules(named_roots + [(n, g[n]) for g, names in helper_globals for n in names],
@@ -342,11 +343,11 @@ class CompiledFunction(BackgroundCompiles):
         helpers = reads.merged_globals(helper_globals)
         helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
         roots = named_roots + helper_roots + reads.process_state(watch.codes)
-        reached = reads.not_inputs(reads.reach(roots, attr_names), self.state.numpy_shadows)
-        guards = build_guards(objects, spec.modules, captured, named, reached)
+        reached = reads.not_inputs(reads.reach(roots, attr_names, owners=owners), self.state.numpy_shadows)
+        guards = build_guards(objects, spec.modules, captured, named, reached, spelled, owners)
         for g, module, names in helpers:
             guards.add_globals(g, names, module)
-        spec.guards = guards if guards.pairs or guards.grad_owners or guards.global_reads else None
+        spec.guards = guards if guards.pairs or guards.grad_owners or guards.global_reads or guards.attr_reads else None
         spec.checks = trace.checks  # what kiln.jit.guard was told to check (optimizers' flags)
         spec.python_reads.extend(trace.python_reads)  # what the traced code said it read (Trace.on_python_read)
         spec.python_reads.extend(reads.records(reached, watch.codes, attr_names))

@@ -9,7 +9,10 @@ trace depended on is as it was. ``build_guards`` collects, when a trace ends:
   else by identity -- ``cfg['scale'] = 3.0`` or ``layers.append(...)`` between calls is a new trace,
   whose reason names the entry;
 - the plain attributes (and the parameter, buffer, submodule and hook tables) of the modules called
-  and of the objects the function names (``hazards.watched_objects``);
+  and of the objects the function names (``hazards.watched_objects``); on the user's objects, and
+  their classes and slots, only the attributes whose names the code that ran spells, where names
+  tell what it read (``attr_reads``: ``self.iter_num += 1`` between the steps of a loop whose
+  compiled step never reads it makes no new trace);
 - the dicts and lists that hold a captured tensor, and those holding them: a captured tensor is
   found by identity, so the *path* by which the function reached it is guarded
   (``model.w = Parameter(...)``, ``d["w"] = other``, ``opt.state.clear()``), and ``t.grad`` where
@@ -28,8 +31,9 @@ from itertools import chain
 from operator import is_
 
 from ..tensor import Tensor
+from . import attr_reads
 from .hazards import _attrs, _tables, _walk, _watchable
-from .reads import MISSING, Contents, _entry, _Is, changed_entry, same, selector, short, snapshot
+from .reads import MISSING, Contents, _entry, _Is, _users_class, changed_entry, same, selector, short, snapshot
 from .signature import call
 
 _GRAD = operator.attrgetter("_grad")
@@ -40,7 +44,7 @@ class Guards:
 
     __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
                  "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
-                 "global_reads", "path_entries", "ordered", "orders", "arrays")  # fmt: skip
+                 "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads")  # fmt: skip
 
     def __init__(self) -> None:
         # (snapshot, live container, weakref to the owner or None, description, how entries are named:
@@ -72,6 +76,11 @@ class Guards:
         self.global_reads: list = []
         # (dict or list, key, object): entries on the paths to captured tensors (``_holders``)
         self.path_entries: list = []
+        # Attribute tables guarded by the names the call's code spells (``add_attributes``): (reader
+        # of the guarded entries, the table (an object's or class's, or the object for its slots),
+        # snapshot, the entries' types, the names guarded (None: slots), how many of the table's
+        # names are guarded, owner, path, the names read)
+        self.attr_reads: list = []
 
     def add_globals(self, fn_globals: dict, names: list[str], module: str) -> None:
         """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``."""
@@ -83,6 +92,56 @@ class Guards:
             return all(snap == getter(g) for getter, g, snap, _, _ in self.global_reads)
         except KeyError:  # a name deleted from its module: said by the loop in ``miss``
             return False
+
+    def add_attributes(self, owner, path: str, table, names: frozenset) -> None:
+        """Guard the entries of an attribute ``table`` (an object's ``__dict__``, a class's) whose names
+        ``names`` holds (``attr_reads.spelled``), and that no other such name appears in it."""
+        present = tuple(k for k in table if attr_reads.spelled(k, names))
+        extra = [k for k in present if k not in names]  # dunders
+        watched = names.union(extra) if extra else names
+        self._add_read(_getter(present), table, present, watched, owner, path)
+
+    def add_slots(self, obj, path: str, descriptors: dict) -> None:
+        """Guard the slot values ``descriptors`` (name -> member descriptor) of ``obj``."""
+        self._add_read(_slot_reader(tuple(descriptors.values())), obj, tuple(descriptors), None, None, path)
+
+    def _add_read(self, read, table, present: tuple, watched, owner, path: str) -> None:
+        values = read(table)
+        count = -1 if watched is None else sum(map(watched.__contains__, table))
+        self.attr_reads.append((read, table, tuple(map(_entry, values)), tuple(map(type, values)), watched, count,
+                                owner, path, present))  # fmt: skip
+
+    def _same_attributes(self) -> bool:
+        try:
+            for read, table, snap, kinds, watched, count, *_ in self.attr_reads:
+                values = read(table)
+                # types first: ``1 == True``, and a plain number against a tensor would compare elementwise
+                if tuple(map(type, values)) != kinds or snap != values:
+                    return False
+                if watched is not None and sum(map(watched.__contains__, table)) != count:
+                    return False  # a name read was added (an instance attribute shadowing a class's)
+        except KeyError:  # a name read was deleted
+            return False
+        return True
+
+    def _attribute_change(self) -> str | None:
+        """What changed among the attributes ``add_attributes`` and ``add_slots`` guard, in words."""
+        for read, table, snap, _, watched, _, owner, path, present in self.attr_reads:
+            if owner is not None and owner() is None:
+                continue
+            before = dict(zip(present, snap, strict=False))
+            if watched is None:  # slots: an unset one reads as absent
+                now = {k: v for k, v in zip(present, read(table), strict=False) if v is not MISSING}
+                before = {k: v for k, v in before.items() if v is not MISSING}
+            else:
+                now = {k: table[k] for k in table if k in watched}
+            for key in [*before, *(k for k in now if k not in before)]:
+                b, a = before.get(key, MISSING), now.get(key, MISSING)
+                if b is MISSING or a is MISSING or type(a) is not type(_unwrap(b)) or not b == a:
+                    if b is not MISSING and a is not MISSING and b == a:  # the type alone changed
+                        return f"{path}.{key} changed: {short(a)} is a {type(a).__name__} now"
+                    return _difference(path, "attr", {} if a is MISSING else {key: a}, {} if b is MISSING else {key: b})
+        return None
 
     def add(self, owner, name: str, live, style: str | None = None) -> None:
         snap = snapshot(live)
@@ -137,6 +196,7 @@ class Guards:
             and self._same_grads()
             and (not self.global_reads or self._same_globals())
             and all(_holds(*entry) for entry in self.path_entries)
+            and (not self.attr_reads or self._same_attributes())
         ):
             return None
         for container, key, _ in (e for e in self.path_entries if not _holds(*e)):
@@ -154,6 +214,9 @@ class Guards:
             if owner is not None and owner() is None:
                 continue  # the object is gone: nothing reaches the traced state through it any more
             return _difference(name, style, live, snap)
+        change = self._attribute_change()  # after the containers: a dict read is named by its own path
+        if change is not None:
+            return change
         for _, g, snap, names, module in self.global_reads:  # after the containers: they name the entry
             now = {name: g.get(name, MISSING) for name in names}
             if not same(dict(zip(names, snap)), now):
@@ -176,6 +239,34 @@ class Guards:
                 seen.add(id(t))
                 self.grad_owners.append(weakref.ref(t))
                 self.grads.append(weakref.ref(grad))
+
+
+def _getter(names: tuple):
+    """A reader of ``names`` from a table as a tuple (in C; a tuple for one name, or none, too)."""
+    if not names:
+        return _nothing
+    return operator.itemgetter(*names, *names[:1])
+
+
+def _nothing(table) -> tuple:
+    return ()
+
+
+def _slot_reader(descriptors: tuple):
+    def read(obj) -> tuple:
+        values = []
+        for d in descriptors:
+            try:
+                values.append(d.__get__(obj, type(obj)))
+            except AttributeError:  # an unset slot
+                values.append(MISSING)
+        return tuple(values)
+
+    return read
+
+
+def _unwrap(entry):
+    return entry.obj if type(entry) is _Is else entry
 
 
 def _difference(name: str, style: str | None, live, snap) -> str:
@@ -249,30 +340,31 @@ def _holds(table, key, value) -> bool:
     return key < len(table) and table[key] is value
 
 
-def build_guards(objects: list, modules: list, captured: list, named: Sequence = (), reached: Sequence = ()) -> Guards:
+def build_guards(objects: list, modules: list, captured: list, named: Sequence = (), reached: Sequence = (),
+                 names: frozenset | None = None, owners: dict | None = None) -> Guards:  # fmt: skip
     """Guards of a new specialization: the containers ``reached`` (``reads.reach``: ``(path, container,
     kind)``), the attribute tables of the watched objects and called modules, and the dicts and
-    lists holding each captured tensor when the trace ended."""
+    lists holding each captured tensor when the trace ended. ``names``: the names the call's code
+    spells (``hazards.Watch.read_names``; None: every attribute counts); ``owners``: the object of
+    each attribute table among ``reached``, by the table's id (``reads.reach``)."""
     guards = Guards()
     seen: set[int] = set()
+    owners = owners or {}
     for path, live, kind in reached:
         if id(live) not in seen:
             seen.add(id(live))
-            guards.add(None, path, live, kind)
+            obj = owners.get(id(live))
+            if obj is None:
+                guards.add(None, path, live, kind)
+            else:
+                _guard_object(guards, obj, path, names, seen, first=live, style=kind)
     roots = [*objects, *(ref() for ref, *_ in modules)]
     roots += [v for obj in list(roots) if obj is not None for v in list(_attrs(obj).values()) if _watchable(v)]
     for obj in roots:
         if obj is None or id(obj) in seen:
             continue
         seen.add(id(obj))
-        try:
-            owner = weakref.ref(obj)
-        except TypeError:
-            owner = None
-        for live, _ in _tables(obj):
-            if id(live) not in seen:
-                seen.add(id(live))
-                guards.add(owner, type(obj).__name__, live)
+        _guard_object(guards, obj, type(obj).__name__, names, seen)
     refs = {id(t): t for t in captured if t is not None}
     reachable = [v for _, values in _walk([*roots, *named]) for v in values if isinstance(v, Tensor)]
     guards.add_grad_paths([*refs.values(), *(v for v in named if isinstance(v, Tensor)), *reachable], refs)
@@ -284,3 +376,48 @@ def build_guards(objects: list, modules: list, captured: list, named: Sequence =
             what = "a dict" if isinstance(holder, dict) else "a list"
             guards.add(None, f"{what} on the way to a captured tensor", holder)
     return guards
+
+
+def _guard_object(guards: Guards, obj, path: str, names: frozenset | None, seen: set, first=None,
+                  style: str | None = None) -> None:  # fmt: skip
+    """Guard ``obj``'s attribute table and the dicts in it (a module's tables; ``first``: the table
+    alone, found by ``reads.reach``, whose ``style`` names a whole table's entries), its slots and its
+    user's classes' tables: whole, or the entries ``names`` spells where ``attr_reads.guarded_names``
+    allows it."""
+    try:
+        owner = weakref.ref(obj)
+    except TypeError:
+        owner = None
+    allowed = attr_reads.guarded_names(obj, names)
+    tables = _tables(obj) if isinstance(getattr(obj, "__dict__", None), dict) else []
+    attributes = tables[0][0] if tables else None
+    for live, _ in tables:
+        if id(live) in seen and live is not first or first is not None and live is not first:
+            continue  # (the dicts in a table ``reads.reach`` found are among ``reached``, with their paths)
+        seen.add(id(live))
+        if allowed is None:
+            guards.add(owner, path, live, style if live is attributes else None)
+        elif live is attributes:
+            guards.add_attributes(owner, path, live, allowed)
+        elif any(v is live and attr_reads.spelled(k, allowed) for k, v in attributes.items()):  # type: ignore[union-attr]
+            guards.add(owner, path, live)
+    if isinstance(obj, type):  # a class reached (``reads.reach``): its own table
+        seen.add(id(obj))
+        table = obj.__dict__ if first is None else first
+        if allowed is None:
+            guards.add(None, path, table, style)
+        else:
+            guards.add_attributes(None, path, table, allowed)
+        return
+    slots = attr_reads.slots(type(obj))
+    if slots:
+        if allowed is not None:
+            slots = {k: d for k, d in slots.items() if attr_reads.spelled(k, allowed)}
+        guards.add_slots(obj, path, slots)
+    for cls in type(obj).__mro__:
+        if cls is not object and _users_class(cls) and id(cls) not in seen:
+            seen.add(id(cls))
+            if allowed is None:
+                guards.add(None, cls.__name__, cls.__dict__, "attr")
+            else:
+                guards.add_attributes(None, cls.__name__, cls.__dict__, allowed)

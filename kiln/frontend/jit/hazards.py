@@ -20,7 +20,8 @@ the traced call:
   ``self.count`` or ``counter["step"]``, with the path and the user's line;
 - an iterator or generator among the arguments is consumed by the call.
 
-Each is a trace break.
+Each is a trace break. The profile hook also gathers the names the code that runs spells, by which
+it can read the user's objects' attributes: the guards compare only those (``attr_reads``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..tensor import Tensor
-from . import reads
+from . import attr_reads, reads
 from . import state as _state
 from .locations import KILN_DIR
 from .reads import _SCALARS, _is_module_dict
@@ -176,8 +177,10 @@ def watched_objects(compiled, leaves: list, closure_values: dict) -> list:
 
 
 def _watchable(obj) -> bool:
-    if isinstance(obj, _SKIP_TYPES) or not hasattr(obj, "__dict__"):
+    if isinstance(obj, _SKIP_TYPES):
         return False
+    if not hasattr(obj, "__dict__"):  # the user's object with slots only: guarded by its slots' values
+        return hasattr(type(obj), "__slots__") and reads._users_class(type(obj))
     from ...nn.modules.module import Module  # noqa: PLC0415
 
     return isinstance(obj, Module) or not type(obj).__module__.startswith("kiln")
@@ -282,6 +285,13 @@ class Watch:
         self.iterators = [v for v in named if _is_iterator(v)]  # iterators the globals and closure name
         self.hazard: TraceBreak | None = None
         self.codes: list = []  # user code objects that ran (for the line of an attribute store)
+        # The names that the code that ran (any code: the user's, kiln's, the libraries') spells, and why
+        # every attribute of the user's objects counts instead, if it does (``attr_reads``)
+        self.names: set = set()
+        self.whole: str | None = None
+        self.read_whole: dict = {}  # id -> an object the call read by computed names (guarded whole)
+        self._readers: set = set()  # libraries' code objects that read attributes by computed names
+        self._reads_arguments: set = set()  # the user's code objects reading their arguments by computed names
         self.globals_read: list = []  # (globals, the names read there) per other user function that ran
         self._seen: set = set()
         self._previous: Callable | None = None
@@ -340,13 +350,26 @@ class Watch:
                 return
             code = frame.f_code
             if code in self._seen:
+                if code in self._readers and self.whole is None:  # (each call: its arguments differ)
+                    self.whole = attr_reads.passes_users_object(frame)
+                elif code in self._reads_arguments:
+                    self.read_whole.update((id(obj), obj) for obj in attr_reads.computed_reads(frame)[1])
                 return
             if _user_code(code) and _importing(frame, self._outer):
                 return  # not marked seen: a call of the same code after the import is scanned
             self._seen.add(code)
+            self.names.update(attr_reads.code_names(code))
             if not _user_code(code):
+                if not code.co_filename.startswith(KILN_DIR) and attr_reads.spells_reader(code):
+                    self._readers.add(code)
+                    self.whole = self.whole or attr_reads.passes_users_object(frame)
                 return
             self.codes.append(code)
+            if self.whole is None:
+                self.whole, objects = attr_reads.computed_reads(frame)
+                if objects:
+                    self._reads_arguments.add(code)
+                    self.read_whole.update((id(obj), obj) for obj in objects)
             if code is not self.code:
                 self._helper_globals(code, frame.f_globals)
             stores = _STORES.get(code)
@@ -369,6 +392,15 @@ class Watch:
             caller = frame.f_code
             where = self._location(caller.co_filename, frame.f_lineno, caller.co_name) if _user_code(caller) else None
             self.hazard = TraceBreak(f"the call draws from {owner} random generator ({arg.__name__})", where)
+
+    def read_names(self) -> frozenset | None:
+        """The names the traced call's code spells, by which it can read the user's objects'
+        attributes; None where every attribute counts (``attr_reads``): code read attributes by
+        computed names, or the watch did not see the code that ran (another profiler held the hook,
+        or the user's code ran with the watch paused)."""
+        if self._hook is None or self.whole is not None:
+            return None
+        return attr_reads.Spelled(self.names, self.read_whole)
 
     def _watch_generators(self, named) -> None:
         """Keep the state of the numpy generators among ``named`` ((name, object) pairs), for ``stop``."""

@@ -358,18 +358,20 @@ _WATCHING = contextvars.ContextVar("reads_watching", default=False)
 
 
 def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000,
-          optimizers: bool = False) -> list:  # fmt: skip
+          optimizers: bool = False, owners: dict | None = None) -> list:  # fmt: skip
     """``(path, container, kind)`` for the dicts, lists and sets and the user's objects' and classes'
     attribute tables reachable from ``named`` (``(name, object)`` pairs), ``depth`` levels down; ``kind`` is
     ``"item"`` (entries are ``[key]``) or ``"attr"`` (an object's ``__dict__``: entries are ``.name``).
     ``attr_names``: the attribute names the call read (None: all), the only ones followed.
     ``optimizers``: also each kiln optimizer's ``param_groups`` dicts, for watching stores (a warm-up
     written inside the compiled function: ``g["lr"] = ...``); never guarded by value, since their
-    numbers are read at each call through tensors (a scheduler between calls makes no new trace)."""
+    numbers are read at each call through tensors (a scheduler between calls makes no new trace).
+    ``owners``: filled with the object (or class) of each of the user's objects' (and classes') tables
+    found, by the table's id (the guards compare only the attributes the call's code names, ``attr_reads``)."""
     if optimizers and not _WATCHING.get():
         token = _WATCHING.set(True)
         try:
-            return reach(named, attr_names, depth, limit, optimizers)
+            return reach(named, attr_names, depth, limit, optimizers, owners)
         finally:
             _WATCHING.reset(token)
     found: list = []
@@ -406,10 +408,14 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                 following += [(f"{path}.{name}", v) for name, v in pieces if _entered(v)]
             elif isinstance(obj, type):
                 found.append((path, obj.__dict__, "attr"))
+                if owners is not None:
+                    owners[id(found[-1][1])] = obj
                 following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
                               if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
             else:
                 following += _attributes(path, obj, attr_names, found)
+                if owners is not None and found and found[-1][1] is getattr(obj, "__dict__", None):
+                    owners[id(found[-1][1])] = obj
                 if optimizers and _is_optimizer(obj):
                     found += [(f"{path}.param_groups[{i}]", g, "item") for i, g in enumerate(obj.param_groups)]
         level = following
@@ -559,7 +565,10 @@ def records(found: list, codes: list, attr_names: frozenset | None, per_containe
     call read), and per list or set."""
     out: list[PythonRead] = []
     for path, live, kind in found:
-        if isinstance(live, dict | types.MappingProxyType):
+        if path == "os.environ":  # (bytes -> bytes: each variable would be a line of noise)
+            what = f"os.environ: the same {len(live)} variables (a change to any makes a new trace)"
+            out.append(PythonRead(what, "guard", read_line(codes, "os", "attr", "environ")))
+        elif isinstance(live, dict | types.MappingProxyType):
             items = [(k, v) for k, v in list(live.items()) if kind != "attr" or attr_names is None or k in attr_names]
             plain = [(k, v) for k, v in items if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor)]
             for k, v in plain[:per_container]:

@@ -95,12 +95,13 @@ def test_a_cancelled_stream_compiles_nothing_more(workers, monkeypatch):
 
 def test_kernels_go_to_a_module_as_soon_as_it_is_full():
     light = engine.LIGHT + "x" * 1000  # 2.5 ms of LLVM, roughly
-    modules = kernel_modules.Modules()
-    sent = [modules.add(k, light) for k in range(kernel_modules.KERNELS_PER_MODULE + 2)]
-    assert sent[kernel_modules.KERNELS_PER_MODULE - 1] == list(range(kernel_modules.KERNELS_PER_MODULE))
-    assert sum(group is not None for group in sent) == 1
+    modules = kernel_modules.Modules(first_alone=True)
+    sent = [modules.add(k, light) for k in range(kernel_modules.KERNELS_PER_MODULE + 3)]
+    assert sent[0] == [0]  # the first kernel alone: LLVM starts on it while the rest is generated
+    assert sent[kernel_modules.KERNELS_PER_MODULE] == list(range(1, kernel_modules.KERNELS_PER_MODULE + 1))
+    assert sum(group is not None for group in sent) == 2
     big = engine.LIGHT + "y" * int(kernel_modules.MODULE_MS / 2.5 * 1000)  # a whole module's worth alone
-    assert modules.add(20, big) == [8, 9, 20]  # the tier's open module is full by LLVM's time
+    assert modules.add(20, big) == [9, 10, 20]  # the tier's open module is full by LLVM's time
     assert modules.add(21, engine.TINY + "z") is None
     assert modules.add(22, light) is None
     assert modules.add(23, light) is None
@@ -216,3 +217,34 @@ def test_past_the_deadline_a_compile_that_streams_is_abandoned_to_the_interprete
     x = kiln.from_numpy(rng.standard_normal((8, 16)).astype(np.float32))
     with pytest.raises(worker.CompileTimeout):  # strict mode raises instead
         kiln.compile(_step, options=kiln.CompileOptions(compile_timeout=1e-9))(x, w, b)
+
+
+def _layers(x, ws):
+    h = x
+    for i, w in enumerate(ws):
+        h = (h @ w).tanh() * (1.0 - 0.05 * i) + 0.1  # each layer's width its own: a kernel of its own
+    return h.sum(-1)
+
+
+def test_a_program_of_many_kernels_sends_its_first_kernel_to_llvm_alone(caches, monkeypatch):
+    sent: list[str] = []
+    submit = CompileStream.submit
+    monkeypatch.setattr(CompileStream, "submit", lambda self, text: sent.append(text) or submit(self, text))
+    monkeypatch.setattr(worker_pool, "_idle_core", lambda: True)
+    rng = np.random.default_rng(6)
+    widths = [8 + k for k in range(kernel_modules.KERNELS_PER_MODULE + 3)]
+    ws = [kiln.from_numpy(rng.standard_normal((m, n)).astype(np.float32) * 0.3) for m, n in zip(widths, widths[1:])]
+    program = kiln.compile(_layers)
+    for _ in range(3):
+        x = kiln.from_numpy(rng.standard_normal((4, widths[0])).astype(np.float32))
+        np.testing.assert_allclose(program(x, ws).numpy(), _layers(x, ws).numpy(), rtol=1e-5, atol=1e-5)
+    kernels = [text.count(engine.NEXT_MODULE) + 1 for text in sent]
+    assert sum(kernels) == len(caches[1]) > kernel_modules.KERNELS_PER_MODULE  # each kernel sent once
+    assert kernels[0] == 1 and max(kernels) > 1  # the first alone, the others several to a module
+
+
+def test_modules_put_the_first_kernel_with_the_next_unless_asked():
+    light = engine.LIGHT + "x" * 1000
+    modules = kernel_modules.Modules()
+    assert [modules.add(k, light) for k in range(2)] == [None, None]
+    assert modules.rest() == [[0], [1]]  # two light modules, one per worker

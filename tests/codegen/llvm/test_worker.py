@@ -128,3 +128,18 @@ def test_lowering_the_priority_asks_for_worker_nice_and_never_fails(monkeypatch)
 
     monkeypatch.setattr(os, "nice", refused)
     worker._lower_priority()  # the compile goes on at the parent's priority
+
+
+def test_llvm_warmed_up_as_a_worker_starts_compiles_the_same_code(fresh_worker):
+    # the worker warms up before it serves (``engine.warm_up``): its code equals a compile here
+    assert engine.compile_here(engine.LIGHT + IR) == fresh_worker.compile(engine.LIGHT + IR)
+    script = textwrap.dedent(f"""
+        import sys
+        from kiln.codegen.llvm import engine
+        if sys.argv[1] == "warm":
+            engine.warm_up()
+        sys.stdout.buffer.write(engine.compile_here({engine.LIGHT + IR!r}))
+    """)
+    cold, warm = (subprocess.run([sys.executable, "-c", script, mode], capture_output=True, check=True).stdout
+                  for mode in ("cold", "warm"))  # fmt: skip
+    assert cold == warm == engine.compile_here(engine.LIGHT + IR)
