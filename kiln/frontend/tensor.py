@@ -40,11 +40,27 @@ class Size(tuple):
         return f"kiln.Size({list(self)})"
 
 
+class layout(str):  # noqa: N801 - PyTorch's name
+    """A tensor's memory layout (``kiln.strided``, ``kiln.sparse_coo``), as ``torch.layout``: a str
+    equal to its name, so code that compared the plain string keeps working."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"kiln.{str.__str__(self)}"
+
+    __str__ = __repr__  # (printed as PyTorch prints torch.strided)
+
+
+strided = layout("strided")
+sparse_coo = layout("sparse_coo")
+
+
 class Tensor(_Base):
     __slots__ = (
         "_data", "_device", "_dtype", "_requires_grad", "grad_fn", "_output_nr", "_grad",
         "_version", "_base", "_hooks", "_retains_grad", "_grad_acc", "_inference", "_trace",
-        "_post_accumulate_hooks", "__weakref__",
+        "_post_accumulate_hooks", "__weakref__", "__dict__",
     )  # fmt: skip
     __array_priority__ = 1000  # numpy defers `ndarray + Tensor` to Tensor.__radd__
 
@@ -64,6 +80,10 @@ class Tensor(_Base):
     _inference: bool
     _trace: Any  # the IR value while a trace runs, else None
     _post_accumulate_hooks: list[Callable] | None
+    # ``__dict__``: the Python attributes a program sets on a tensor, as on PyTorch's (libraries tag
+    # parameters: ``p._no_weight_decay = True``). Made on the first attribute set, so an op's result
+    # pays nothing for it; a compiled call guards a captured tensor's attributes (``jit/reads.py``),
+    # pickling and ``copy.deepcopy`` carry them, ``detach()`` and views start without.
 
     def __new__(cls, *args, device=None):
         """PyTorch's legacy constructor, which real programs still use: ``Tensor(2, 3)`` is a tensor
@@ -114,6 +134,10 @@ class Tensor(_Base):
     @property
     def dtype(self) -> dt.DType:
         return self._dtype
+
+    @property
+    def layout(self) -> layout:
+        return strided  # (a sparse COO tensor is a SparseTensor, whose layout is sparse_coo)
 
     @property
     def device(self) -> Device:
@@ -395,7 +419,8 @@ class Tensor(_Base):
         # Pickling goes through numpy (DataLoader workers, multiprocessing); the graph does not travel.
         from .ops.creation import _rebuild_tensor  # noqa: PLC0415
 
-        return (_rebuild_tensor, (self._host(), str(self._device), self._requires_grad))
+        rebuild = (_rebuild_tensor, (self._host(), str(self._device), self._requires_grad))
+        return (*rebuild, self.__dict__) if self.__dict__ else rebuild  # (the attributes, as PyTorch keeps them)
 
 
 def make_tensor(array, device: Device = CPU, dtype: dt.DType | None = None) -> Tensor:

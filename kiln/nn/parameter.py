@@ -24,7 +24,7 @@ class Parameter(Tensor):
         src = data.detach()
         p = object.__new__(cls)
         for slot in Tensor.__slots__:
-            if slot != "__weakref__":
+            if slot not in ("__weakref__", "__dict__"):  # (attributes set on ``data`` stay its own, as in PyTorch)
                 object.__setattr__(p, slot, getattr(src, slot))
         # A parameter is its own leaf: no base, its own hook lists.
         p._base, p._grad, p._hooks, p._grad_acc = None, None, None, None
@@ -40,7 +40,10 @@ class Parameter(Tensor):
     __str__ = __repr__
 
     def __reduce_ex__(self, protocol):
-        return (Parameter, (kiln.from_numpy(self.detach().numpy().copy()), self.requires_grad))
+        rebuild = (Parameter, (kiln.from_numpy(self.detach().numpy().copy()), self.requires_grad))
+        return (*rebuild, self.__dict__) if self.__dict__ else rebuild  # pickled with its attributes, as PyTorch's
+
+    # deepcopy makes a new Parameter without the attributes: PyTorch's Parameter.__deepcopy__ does too
 
     def __deepcopy__(self, memo):
         if id(self) in memo:

@@ -16,7 +16,9 @@ encoding of the saved object:
 - ``{"dict": [[key, value], ...], "ordered": bool}`` a dict (``ordered``: an OrderedDict); keys are
   encoded like values, so int, tuple, float, bool and None keys survive;
 - ``{"tensor": "<name>", "dtype": "float32", "shape": [...], "requires_grad": bool, "device": "cpu"}``,
-  with ``"parameter": true`` for an ``nn.Parameter``;
+  with ``"parameter": true`` for an ``nn.Parameter`` and ``"attributes": {"dict": ...}`` for the Python
+  attributes set on it (``p._no_weight_decay = True``; written where it is first met, encoded as any
+  dict, so a pickled attribute obeys ``weights_only`` too);
 - ``{"ndarray": "<name>", "dtype": "float32", "shape": [...], "scalar": bool}`` a numpy array (or a numpy
   scalar such as ``np.float64(1.5)`` when ``scalar``);
 - ``{"dtype": "float32"}``, ``{"device": "cuda:0"}``, ``{"size": [2, 3]}``: a kiln dtype, device, ``Size``;
@@ -79,7 +81,7 @@ class _Encoder:
         if isinstance(obj, float):
             return {"float": repr(float(obj))}
         if isinstance(obj, Tensor):
-            return self.tensor(obj, where)
+            return self.tensor(obj, where, depth)
         if isinstance(obj, dt.DType):
             return {"dtype": obj.name}
         if isinstance(obj, Device):
@@ -124,7 +126,7 @@ class _Encoder:
                           f"safetensors readers see {name!r}", stacklevel=4)  # fmt: skip
         return name
 
-    def tensor(self, t: Tensor, where: str) -> dict:
+    def tensor(self, t: Tensor, where: str, depth: int = 0) -> dict:
         name, new = self.name(t, where)
         if new:
             host = t._host()
@@ -138,6 +140,8 @@ class _Encoder:
         }
         if _is_parameter(t):
             node["parameter"] = True
+        if new and t.__dict__:  # (met again, it is the first copy again, attributes and all)
+            node["attributes"] = self.encode(dict(t.__dict__), f"{where}.__dict__", depth)
         return node
 
     def ndarray(self, a, where: str) -> dict:
@@ -229,7 +233,7 @@ _TAGS = {  # the keys of each tagged node, exactly (tensor and ndarray come befo
     "size": {"size"},
     "pickle": {"pickle"},
 }
-_OPTIONAL = {"tensor": {"parameter"}}
+_OPTIONAL = {"tensor": {"parameter", "attributes"}}
 
 
 class _Decoder:
@@ -327,6 +331,11 @@ class _Decoder:
 
             t = Parameter(t, requires_grad)
         self.built[name] = t
+        if "attributes" in node:  # (after built: an attribute may hold the tensor itself)
+            attributes = self.decode(node["attributes"], f"{where}.__dict__", depth + 1)
+            if not isinstance(attributes, dict) or not all(isinstance(k, str) for k in attributes):
+                raise self.corrupt(where, f"has attributes {str(attributes)[:80]}; expected a dict of names")
+            t.__dict__.update(attributes)
         return t
 
     def decode_ndarray(self, node: dict, where: str, depth: int):

@@ -83,6 +83,8 @@ class _Reader:
             "torch._utils._rebuild_tensor": self.rebuild_tensor,
             "torch._utils._rebuild_parameter": _rebuild_parameter,
             "torch._utils._rebuild_parameter_with_state": _rebuild_parameter,
+            "torch._tensor._rebuild_from_type_v2": _rebuild_from_type,
+            "torch.Tensor": _TENSOR_TYPE,
             "torch.Size": Size,
             "torch.device": _torch_device,
         }
@@ -144,9 +146,33 @@ def _ints(value: Any, what: str) -> list[int]:
 def _rebuild_parameter(data, requires_grad, hooks, state=None):
     from ..nn import Parameter  # noqa: PLC0415 - serialization sits above nn in kiln's layers
 
-    if hooks or state:
-        raise TorchFileError("holds a Parameter with hooks or extra state, which kiln cannot rebuild")
-    return Parameter(data, bool(requires_grad))
+    if hooks:
+        raise TorchFileError("holds a Parameter with hooks, which kiln cannot rebuild")
+    return _with_attributes(Parameter(data, bool(requires_grad)), state)
+
+
+#: ``torch.Tensor`` as a pickle names it: the type ``_rebuild_from_type_v2`` makes a tensor of.
+_TENSOR_TYPE = object()
+
+
+def _rebuild_from_type(func, new_type, args, state):
+    """``torch._tensor._rebuild_from_type_v2``: how torch.save writes a tensor with Python attributes."""
+    if new_type is not _TENSOR_TYPE or not callable(func) or not isinstance(args, tuple):
+        raise TorchFileError(f"rebuilds a tensor of type {str(new_type)[:60]}, which kiln cannot make")
+    return _with_attributes(func(*args), state)
+
+
+def _with_attributes(t, state):
+    """``t`` with the Python attributes a torch file saved with it (``p._no_weight_decay = True``): a dict
+    of names, or PyTorch's ``(dict, slots)`` pair."""
+    if isinstance(state, tuple) and len(state) == 2 and not state[1]:
+        state = state[0]
+    if state is None or state == {}:
+        return t
+    if not isinstance(t, Tensor) or not isinstance(state, dict) or not all(type(k) is str for k in state):
+        raise TorchFileError(f"gives a tensor the state {str(state)[:80]}, not a dict of attribute names")
+    t.__dict__.update(state)
+    return t
 
 
 def _torch_device(spec, index=None):

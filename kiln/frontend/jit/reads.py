@@ -32,6 +32,7 @@ state) are not. Besides containers:
 
 from __future__ import annotations
 
+import contextvars
 import dis
 import functools
 import inspect
@@ -214,8 +215,8 @@ def _entered(v) -> bool:
         return _users_function(v)
     if isinstance(v, types.MethodType):  # ``step = trainer.scaled``: the object it is bound to
         return _entered(v.__self__) or _entered(v.__func__)
-    if isinstance(v, Tensor):
-        return bool(v._hooks or v._post_accumulate_hooks)
+    if isinstance(v, Tensor):  # its hooks, and the Python attributes set on it (``w.scale``; _WATCHING)
+        return bool(v._hooks or v._post_accumulate_hooks or v.__dict__) or _WATCHING.get()
     if isinstance(v, np.ndarray):
         return small_array(v)
     return isinstance(v, (*_CONTAINERS, tuple)) or (not isinstance(v, _NOT_ENTERED) and hasattr(v, "__dict__"))
@@ -350,6 +351,12 @@ def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
     return [(g, module_name(g), list(names)) for g, names in merged.values()]
 
 
+#: Set while ``reach`` collects what a trace's watch compares (``optimizers=True``): every tensor's attribute
+#: table is then entered, an empty one too, since a store into it in the call (``w.n = 1``) changes the
+#: caller's tensor; guards take only the tables that hold attributes (no per-call cost for the others).
+_WATCHING = contextvars.ContextVar("reads_watching", default=False)
+
+
 def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, limit: int = 5000,
           optimizers: bool = False, owners: dict | None = None) -> list:  # fmt: skip
     """``(path, container, kind)`` for the dicts, lists and sets and the user's objects' and classes'
@@ -361,6 +368,12 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
     numbers are read at each call through tensors (a scheduler between calls makes no new trace).
     ``owners``: filled with the object (or class) of each of the user's objects' (and classes') tables
     found, by the table's id (the guards compare only the attributes the call's code names, ``attr_reads``)."""
+    if optimizers and not _WATCHING.get():
+        token = _WATCHING.set(True)
+        try:
+            return reach(named, attr_names, depth, limit, optimizers, owners)
+        finally:
+            _WATCHING.reset(token)
     found: list = []
     seen: set[int] = set()
     level = [(path, obj) for path, obj in named if _entered(obj)]
@@ -384,6 +397,10 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                 found.append((path, obj, "array"))
             elif isinstance(obj, types.FunctionType | Tensor):
                 following += _called_for(path, obj)
+                if isinstance(obj, Tensor) and (obj.__dict__ or _WATCHING.get()):  # attributes: a user object's table
+                    found.append((path, obj.__dict__, "attr"))
+                    following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
+                                  if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
             elif isinstance(obj, types.MethodType):
                 following += [(f"{path}.__self__", obj.__self__), (f"{path}.__func__", obj.__func__)]
             elif isinstance(obj, functools.partial):  # what it was made with: ``partial(f, scale=cfg)``
@@ -427,6 +444,7 @@ def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> li
         for name in _MODULE_HOOKS:  # the user's hooks: what they change is reached from the call
             children.update((f"{name}[{k!r}]", v) for k, v in (table.get(name) or {}).items())
         children.update((k, p) for k, p in (table.get("_parameters") or {}).items() if _entered(p))  # hooked
+        children.update((k, b) for k, b in (table.get("_buffers") or {}).items() if _entered(b))  # attributes
         if users:
             children.update((k, v) for k, v in table.items() if not k.startswith("_"))
     elif users:

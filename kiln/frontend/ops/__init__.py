@@ -27,6 +27,7 @@ from . import (
     reductions,
     shape,
     sparse,
+    tensor_methods,  # (last: it binds in-place forms of methods the others bind)
     windows,
 )  # fmt: skip
 from ._util import cast

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 
 import numpy as np
 
@@ -11,17 +12,18 @@ from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.types import CPU, Device
 from ...ir.types import device as parse_device
-from ...runtime.devices import array_namespace, to_device
+from ...runtime.devices import array_namespace, cuda_available, to_device
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
 from ..jit import state as _jit
-from ..tensor import Tensor, make_tensor, method
+from ..tensor import Tensor, layout, make_tensor, method, sparse_coo, strided
 from ._util import cast
 from .inplace import commit_inplace
 
 __all__ = [
     "tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "zeros_like", "ones_like",
-    "full_like", "empty_like", "arange", "linspace", "eye", "clone", "scalar_tensor",
+    "full_like", "empty_like", "arange", "linspace", "eye", "clone", "scalar_tensor", "layout", "strided",
+    "empty_strided",
 ]  # fmt: skip
 
 
@@ -33,6 +35,59 @@ def _dtype(dtype, default: dt.DType | None = None) -> dt.DType:
     if dtype is None:
         return default or dt.get_default_dtype()
     return dt.as_dtype(dtype)
+
+
+def placement(op: str, layout=None, pin_memory: bool = False, memory_format=None, ndim: int | None = None) -> None:
+    """Check the keywords PyTorch's factories take about memory (``layout=torch.strided``,
+    ``pin_memory=False``, ``memory_format=torch.contiguous_format``), which ported programs pass.
+
+    kiln makes strided tensors in C order: a channels-last format is accepted as a hint (the values
+    and shape are the same; the strides stay C order, as ``compat.memory_format`` says) where
+    PyTorch's rank rule allows it. ``pin_memory=True`` raises without a GPU, as PyTorch's does, and
+    is a no-op with one (kiln copies host arrays to the GPU without pinning them).
+    """
+    if layout is not None and layout != strided:
+        if layout == sparse_coo:
+            raise RuntimeError(f"{op}(): kiln makes strided tensors here; make a sparse one with .to_sparse()")
+        raise TypeError(f"{op}(): layout must be kiln.strided, got {layout!r}")
+    if pin_memory and not cuda_available():
+        raise RuntimeError("pin_memory=True requires a CUDA or other accelerator backend; no pinned memory "
+                           "allocator is available on this system")  # fmt: skip
+    if memory_format is not None:
+        name = getattr(memory_format, "name", None)
+        if name == "preserve_format" and ndim is not None:
+            raise RuntimeError("unsupported memory format Preserve")  # (PyTorch's, for a new tensor)
+        if ndim is not None and name in ("channels_last", "channels_last_3d"):
+            rank = 4 if name == "channels_last" else 5
+            if ndim != rank:
+                raise RuntimeError(f"required rank {rank} tensor to use {name} format")
+        elif name not in ("preserve_format", "contiguous_format", "channels_last", "channels_last_3d"):
+            raise TypeError(f"{op}(): memory_format must be a kiln memory format, got {memory_format!r}")
+
+
+def out_dtype(out, dtype, op: str) -> dt.DType:
+    """The dtype a factory makes for ``out=`` (``out``'s own, which a given ``dtype`` must match), as PyTorch."""
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{op}(): argument 'out' must be Tensor, not {type(out).__name__}")
+    if out._requires_grad:
+        raise RuntimeError(f"{op}(): functions with out=... arguments don't support automatic differentiation, "
+                           "but one of the arguments requires grad.")  # fmt: skip
+    if dtype is not None and dt.as_dtype(dtype) is not out._dtype:
+        raise RuntimeError(f"dtype {dt.as_dtype(dtype).name} does not match dtype of out parameter ({out._dtype.name})")
+    return out._dtype
+
+
+def written(out: Tensor, result: Tensor) -> Tensor:
+    """``result`` written into ``out``, which is returned (PyTorch's ``out=``): in place where the shapes
+    match; otherwise ``out`` is resized to the result, as PyTorch resizes it (warning where it held
+    elements, as PyTorch does)."""
+    if tuple(out.shape) == tuple(result.shape):
+        return copy_(out, result)
+    if out.numel():
+        warnings.warn(f"An output with one or more elements was resized since it had shape {list(out.shape)}, which "
+                      f"does not match the required output shape {list(result.shape)}.", UserWarning, stacklevel=3)  # fmt: skip
+    out.data = to(result, out._device)
+    return out
 
 
 def _finish(array: np.ndarray, device: Device, requires_grad: bool) -> Tensor:
@@ -65,7 +120,7 @@ def _infer_array(data, default_float: bool = True) -> np.ndarray:
     return array
 
 
-def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def tensor(data, *, dtype=None, device=None, requires_grad: bool = False, pin_memory: bool = False) -> Tensor:
     """A new tensor holding a copy of ``data`` (numbers, nested lists, numpy arrays, tensors).
 
     >>> tensor([[1, 2], [3, 4]]).dtype
@@ -73,6 +128,8 @@ def tensor(data, *, dtype=None, device=None, requires_grad: bool = False) -> Ten
     >>> tensor([1.0, 2.0]).dtype
     kiln.float32
     """
+    if pin_memory:
+        placement("tensor", pin_memory=pin_memory)
     array = _infer_array(data, default_float=dtype is None)
     array = np.array(array, dtype=None if dtype is None else dt.as_dtype(dtype).np, copy=True)
     if array.dtype not in dt._BY_NUMPY:
@@ -146,25 +203,71 @@ def _filled(shape, value, dtype, device, requires_grad) -> Tensor:
     return t.requires_grad_(requires_grad)
 
 
-def zeros(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def zeros(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+          pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
+    if layout is not None or pin_memory or out is not None:
+        placement("zeros", layout, pin_memory)
+        if out is not None:
+            return written(out, zeros(*sizes, size=size, dtype=out_dtype(out, dtype, "zeros"), device=out.device))
     return _filled(sizes_of(sizes, size, "zeros"), 0, _dtype(dtype), device, requires_grad)
 
 
-def ones(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def ones(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+         pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
+    if layout is not None or pin_memory or out is not None:
+        placement("ones", layout, pin_memory)
+        if out is not None:
+            return written(out, ones(*sizes, size=size, dtype=out_dtype(out, dtype, "ones"), device=out.device))
     return _filled(sizes_of(sizes, size, "ones"), 1, _dtype(dtype), device, requires_grad)
 
 
-def empty(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
-    return _filled(sizes_of(sizes, size, "empty"), 0, _dtype(dtype), device, requires_grad)
+def empty(*sizes, size=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+          pin_memory: bool = False, memory_format=None, out=None) -> Tensor:  # fmt: skip
+    shape = sizes_of(sizes, size, "empty")
+    if layout is not None or pin_memory or memory_format is not None or out is not None:
+        placement("empty", layout, pin_memory, memory_format, ndim=len(shape))
+        if out is not None:
+            return written(out, empty(*shape, dtype=out_dtype(out, dtype, "empty"), device=out.device))
+    return _filled(shape, 0, _dtype(dtype), device, requires_grad)
 
 
-def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def empty_strided(size, stride, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
+                  pin_memory: bool = False) -> Tensor:  # fmt: skip
+    """A tensor of ``size`` whose elements are ``stride`` elements apart (zero-filled), as
+    ``torch.empty_strided``: its memory holds the elements the strides reach (on the CPU; on a GPU
+    the copy there is C order, with the same values).
+
+    >>> empty_strided((2, 3), (1, 2)).stride()
+    (1, 2)
+    """
+    placement("empty_strided", layout, pin_memory)
+    shape, strides = _shape((size,), "empty_strided"), tuple(int(s) for s in stride)
+    if len(strides) != len(shape) or any(s < 0 for s in strides):
+        raise RuntimeError(
+            f"empty_strided: mismatch in length of strides and shape ({list(strides)} for {list(shape)})"
+        )
+    dtype = _dtype(dtype)
+    span = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides, strict=True))
+    memory = np.zeros(span, dtype.np)
+    array = np.lib.stride_tricks.as_strided(memory, shape, tuple(s * dtype.itemsize for s in strides))
+    return _finish(array, _device(device), requires_grad)
+
+
+def full(size, fill_value, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
+         pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """``fill_value`` everywhere; the dtype follows the value (bool, int64, default float)."""
+    if layout is not None or pin_memory or out is not None:
+        placement("full", layout, pin_memory)
+        if out is not None:
+            return written(out, full(size, fill_value, dtype=out_dtype(out, dtype, "full"), device=out.device))
     return _filled(_shape((size,)), fill_value, _dtype(dtype, dt.scalar_dtype(fill_value)), device, requires_grad)
 
 
 def _like(fn):
-    def like(input: Tensor, *args, dtype=None, device=None, requires_grad: bool = False, memory_format=None) -> Tensor:
+    def like(input: Tensor, *args, dtype=None, device=None, requires_grad: bool = False, memory_format=None,
+             layout=None, pin_memory: bool = False) -> Tensor:  # fmt: skip
+        if layout is not None or pin_memory or memory_format is not None:
+            placement(like.__name__, layout, pin_memory, memory_format)
         dtype = input._dtype if dtype is None else dt.as_dtype(dtype)
         device = input._device if device is None else device
         return fn(tuple(input.shape), *args, dtype=dtype, device=device, requires_grad=requires_grad)
@@ -190,7 +293,8 @@ def _number(x, op: str):
     return x
 
 
-def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
+           pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """Values from ``start`` to ``end`` (exclusive) by ``step``, as ``torch.arange``.
 
     int64 when every argument is an int, else the default float dtype. Float results hold
@@ -200,6 +304,10 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: b
     >>> arange(5).tolist(), arange(1, 2.5, 0.5).tolist()
     ([0, 1, 2, 3, 4], [1.0, 1.5, 2.0])
     """
+    if layout is not None or pin_memory or out is not None:
+        placement("arange", layout, pin_memory)
+        if out is not None:
+            return written(out, arange(start, end, step, dtype=out_dtype(out, dtype, "arange"), device=out.device))
     if end is None:
         start, end = 0, start
     start, end, step = (_number(x, "arange") for x in (start, end, step))
@@ -221,7 +329,8 @@ def arange(start, end=None, step=1, *, dtype=None, device=None, requires_grad: b
     return _finish(array.astype(dtype.np), _device(device), requires_grad)
 
 
-def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
+             pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """``steps`` evenly spaced values from ``start`` to ``end`` inclusive (the default float dtype).
 
     Computed in float64 from both ends (the first half from ``start``, the second from ``end``,
@@ -230,6 +339,10 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: 
     >>> linspace(0, 1, 5).tolist()
     [0.0, 0.25, 0.5, 0.75, 1.0]
     """
+    if layout is not None or pin_memory or out is not None:
+        placement("linspace", layout, pin_memory)
+        if out is not None:
+            return written(out, linspace(start, end, steps, dtype=out_dtype(out, dtype, "linspace"), device=out.device))
     start, end = _number(start, "linspace"), _number(end, "linspace")
     steps = int(_number(steps, "linspace"))
     if steps < 0:
@@ -246,16 +359,23 @@ def linspace(start, end, steps: int, *, dtype=None, device=None, requires_grad: 
     return _finish(array.astype(dtype.np), _device(device), requires_grad)
 
 
-def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def eye(n: int, m: int | None = None, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
+        pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """The ``n`` x ``m`` identity matrix (``m`` defaults to ``n``)."""
+    if layout is not None or pin_memory or out is not None:
+        placement("eye", layout, pin_memory)
+        if out is not None:
+            return written(out, eye(n, m, dtype=out_dtype(out, dtype, "eye"), device=out.device))
     for name, value in (("n", n), ("m", m)):
         if value is not None and value < 0:
             raise RuntimeError(f"eye: {name} must be greater or equal to 0, got {value}")
     return _finish(np.eye(n, m, dtype=_dtype(dtype).np), _device(device), requires_grad)
 
 
-def scalar_tensor(value, *, dtype=None, device=None) -> Tensor:
-    return tensor(value, dtype=_dtype(dtype), device=device)
+def scalar_tensor(value, *, dtype=None, device=None, requires_grad: bool = False, layout=None,
+                  pin_memory: bool = False) -> Tensor:  # fmt: skip
+    placement("scalar_tensor", layout, pin_memory)
+    return tensor(value, dtype=_dtype(dtype), device=device, requires_grad=requires_grad)
 
 
 @method("clone")
@@ -347,7 +467,10 @@ def type_as(input: Tensor, other: Tensor) -> Tensor:
 
 
 def _new(name: str, fn):
-    def new(self: Tensor, *args, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+    def new(self: Tensor, *args, dtype=None, device=None, requires_grad: bool = False, layout=None,
+            pin_memory: bool = False) -> Tensor:  # fmt: skip
+        if layout is not None or pin_memory:
+            placement(name, layout, pin_memory)
         dtype = self._dtype if dtype is None else dtype
         return fn(*args, dtype=dtype, device=self._device if device is None else device, requires_grad=requires_grad)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ..dispatch import apply
@@ -19,6 +21,7 @@ from ._util import as_tensor_arg, cast, promote, scalar_tensor
 from .checks import check_nonzero, check_range
 from .gelu_arrays import gelu_tanh_eager
 from .inplace import commit_inplace
+from .numpy_operands import has_array, operate
 from .relu import relu_eager
 
 __all__ = [
@@ -55,7 +58,13 @@ def _binary(prim, a, b, name: str) -> Tensor:
         b = _dense_of_sparse(a, b)  # ``dense + sparse``: Tensor.__add__ comes here
         if prim is _sub:
             _no_bool_operand(a, b)
-    return apply(prim, *promote(a, b, op=name))
+    try:
+        operands = promote(a, b, op=name)
+    except TypeError:  # ``t + np.ones(3)``: PyTorch's result (numpy_operands), looked for only here
+        if has_array(a, b):
+            return operate(lambda x, y: _binary(prim, x, y, name), a, b, name)
+        raise
+    return apply(prim, *operands)
 
 
 def _dense_of_sparse(input, other):
@@ -71,7 +80,7 @@ def _no_bool_operand(a, b) -> None:
     does kiln rather than compute it as 0/1 (two tensors of one dtype never come here: numpy
     refuses bool - bool itself)."""
     for x in (a, b):
-        if x.__class__ is bool or isinstance(x, Tensor) and x._dtype is dt.bool_:
+        if (x.__class__ is bool or isinstance(x, Tensor) and x._dtype is dt.bool_) and not has_array(a, b):
             raise RuntimeError(
                 "sub: a bool operand cannot be subtracted or subtracted from (PyTorch refuses it too); "
                 "to invert a mask use ~mask or logical_not(mask), to compare two masks use ^ or logical_xor"
@@ -86,7 +95,13 @@ def _float_binary(prim, a, b, name: str) -> Tensor:
                 return apply(prim, a, b)
         elif b.__class__ is float or b.__class__ is int:
             return apply(prim, a, scalar_tensor(b, a._dtype, a._device))
-    return apply(prim, *promote(a, b, op=name, floating=True))
+    try:
+        operands = promote(a, b, op=name, floating=True)
+    except TypeError:  # (an array: numpy_operands)
+        if has_array(a, b):
+            return operate(lambda x, y: _float_binary(prim, x, y, name), a, b, name)
+        raise
+    return apply(prim, *operands)
 
 
 def _unary_float(prim, x: Tensor) -> Tensor:
@@ -151,7 +166,12 @@ def _divide(prim, input, other, name: str) -> Tensor:
             if other == 0:  # a Python number is baked into a trace: raising now is raising every time
                 raise ZeroDivisionError(_BY_ZERO)
             return _binary(prim, input, other, name)
-    a, b = promote(input, other, op=name)
+    try:
+        a, b = promote(input, other, op=name)
+    except TypeError:  # (an array: numpy_operands)
+        if has_array(input, other):
+            return operate(lambda x, y: _divide(prim, x, y, name), input, other, name)
+        raise
     if not a._dtype.is_floating_point:
         check_nonzero(b, ZeroDivisionError, _BY_ZERO)
     return apply(prim, a, b)
@@ -169,11 +189,16 @@ def remainder(input, other) -> Tensor:
 
 @method("pow")
 def pow(input, exponent) -> Tensor:
-    if isinstance(input, Tensor) and not isinstance(exponent, Tensor) and exponent == 2:
+    if isinstance(input, Tensor) and isinstance(exponent, int | float) and exponent == 2:
         return mul(input, input)  # exact and cheaper; the gradient 2x is the same
     if isinstance(input, Tensor) and (input._dtype.is_floating_point or exponent.__class__ is int and exponent >= 0):
         return _binary(P["pow"], input, exponent, "pow")
-    a, b = promote(input, exponent, op="pow")
+    try:
+        a, b = promote(input, exponent, op="pow")
+    except TypeError:  # (an array: numpy_operands)
+        if has_array(input, exponent):
+            return operate(pow, input, exponent, "pow")
+        raise
     if a._dtype.category == dt.INTEGER:  # numpy's (eager's) error; a check, so compiled calls raise it too
         check_range(b, 0, None, ValueError, "Integers to negative integer powers are not allowed.")
     return apply(P["pow"], a, b)
@@ -474,8 +499,11 @@ def _operator(prim, name: str):
     return op
 
 
-def _bool_only(name: str, logical):
-    def op(a, b):
+def _bool_only(name: str, logical, reflected: bool = False):
+    def op(self, other):
+        a, b = (other, self) if reflected else (self, other)
+        if has_array(a, b):  # a bool tensor and a bool array: numpy's bitwise op, as uint8 (numpy_operands)
+            return operate(logical, a, b, logical.__name__)
         if isinstance(a, Tensor) and a._dtype is not dt.bool_ or isinstance(b, Tensor) and b._dtype is not dt.bool_:
             raise TypeError(
                 f"the `{name}` operator is supported on bool tensors only (bitwise integer ops are not in kiln yet)"
@@ -494,9 +522,9 @@ _OPERATORS = {
     "__mod__": remainder, "__rmod__": lambda a, b: remainder(b, a),
     "__pow__": pow, "__rpow__": lambda a, b: pow(b, a),
     "__eq__": eq, "__ne__": ne, "__lt__": lt, "__le__": le, "__gt__": gt, "__ge__": ge,
-    "__and__": _bool_only("&", logical_and), "__rand__": _bool_only("&", lambda a, b: logical_and(b, a)),
-    "__or__": _bool_only("|", logical_or), "__ror__": _bool_only("|", lambda a, b: logical_or(b, a)),
-    "__xor__": _bool_only("^", logical_xor), "__rxor__": _bool_only("^", lambda a, b: logical_xor(b, a)),
+    "__and__": _bool_only("&", logical_and), "__rand__": _bool_only("&", logical_and, reflected=True),
+    "__or__": _bool_only("|", logical_or), "__ror__": _bool_only("|", logical_or, reflected=True),
+    "__xor__": _bool_only("^", logical_xor), "__rxor__": _bool_only("^", logical_xor, reflected=True),
 }  # fmt: skip
 for _name, _fn in _OPERATORS.items():
     method(_name)(_fn)
@@ -535,7 +563,21 @@ _INPLACE = {
 for _name, _fn in _INPLACE.items():
     method(_name + "_")(_inplace(_fn, _name + "_"))
 
+
+def _augmented(fn, name: str):
+    """``t += other``: in place, except with a numpy array, where PyTorch's ``t += a`` is ``t = t + a``
+    (a new tensor, of numpy's dtype: numpy computes it), which NotImplemented makes Python do."""
+
+    def op(self: Tensor, other) -> Tensor:
+        if isinstance(other, np.ndarray):
+            return NotImplemented
+        return commit_inplace(self, fn(self, other), op=name)
+
+    op.__name__ = op.__qualname__ = name
+    return op
+
+
 _AUGMENTED = {"__iadd__": add, "__isub__": sub, "__imul__": mul, "__itruediv__": div,
               "__ifloordiv__": floor_divide, "__imod__": remainder, "__ipow__": pow}  # fmt: skip
 for _name, _fn in _AUGMENTED.items():
-    method(_name)(_inplace(_fn, _name))
+    method(_name)(_augmented(_fn, _name))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes
@@ -19,6 +21,7 @@ from ..dispatch import apply
 from ..tensor import Tensor, method
 from ._util import cast, check_tensor
 from .elementwise import abs, eq, mul, ne, pow, where
+from .numpy_operands import operate
 from .reductions import _sqrt_zero_grad, amax, amin, sum
 
 __all__ = ["matmul", "mm", "bmm", "dot", "outer", "ger", "einsum", "norm"]
@@ -62,6 +65,8 @@ def matmul(input: Tensor, other: Tensor) -> Tensor:
     """
     if _sparse(input) or _sparse(other):
         return input.matmul(other) if _sparse(input) else other.__rmatmul__(input)
+    if not isinstance(other, Tensor) and isinstance(other, np.ndarray):  # ``t @ array``: numpy's dtype, as PyTorch's
+        return operate(matmul, input, other, "matmul")
     check_tensor(input, "input", "matmul")
     check_tensor(other, "other", "matmul")
     if input._dtype is not other._dtype:

@@ -26,7 +26,7 @@ from ..eager_composites import compiled_composite
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast
 from .copies import cat, constant
-from .creation import zeros
+from .creation import out_dtype, placement, written, zeros
 from .elementwise import abs, add, clamp, div, eq, gt, mul, pow, sqrt, sub, where
 from .indexing import index_select
 from .linalg import matmul
@@ -265,8 +265,14 @@ def vander(x: Tensor, N: int | None = None, increasing: bool = False) -> Tensor:
     return index_select(powers, 1, constant(np.arange(n - 1, -1, -1, dtype=np.int64), x.device))
 
 
-def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None, requires_grad: bool = False):
+def logspace(start, end, steps: int, base: float = 10.0, *, dtype=None, device=None, requires_grad: bool = False,
+             layout=None, pin_memory: bool = False, out=None):  # fmt: skip
     """``steps`` values from base^start to base^end, evenly spaced in the exponent (computed in float64)."""
+    if layout is not None or pin_memory or out is not None:
+        placement("logspace", layout, pin_memory)
+        if out is not None:
+            made = logspace(start, end, steps, base, dtype=out_dtype(out, dtype, "logspace"), device=out.device)
+            return written(out, made)
     if steps < 0:
         raise RuntimeError("number of steps must be non-negative")
     exponents = np.linspace(float(start), float(end), steps)

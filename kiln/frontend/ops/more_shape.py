@@ -17,7 +17,7 @@ from ...ir import dtypes as dt
 from ...ir.shapes import normalize_axis
 from ..tensor import Tensor, make_tensor, method
 from .copies import cat, constant, flip, stack
-from .creation import zeros
+from .creation import placement, zeros
 from .elementwise import sub
 from .indexing import gather, index_select
 from .pieces import split
@@ -333,12 +333,16 @@ def _triangle_indices(row: int, col: int, offset: int, lower: bool, dtype, devic
     return tensor if device is None else tensor.to(device)
 
 
-def tril_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None, layout=None) -> Tensor:
+def tril_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None, layout=None,
+                 pin_memory: bool = False) -> Tensor:  # fmt: skip
     """The (2, N) row and column indices of the lower triangle (row-major order), as PyTorch's."""
+    placement("tril_indices", layout, pin_memory)
     return _triangle_indices(row, col, offset, True, dtype, device)
 
 
-def triu_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None, layout=None) -> Tensor:
+def triu_indices(row: int, col: int, offset: int = 0, *, dtype=None, device=None, layout=None,
+                 pin_memory: bool = False) -> Tensor:  # fmt: skip
+    placement("triu_indices", layout, pin_memory)
     return _triangle_indices(row, col, offset, False, dtype, device)
 
 

@@ -28,7 +28,7 @@ from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
 from ..tensor import Tensor, method
 from .checks import check
-from .creation import _dtype, _shape, sizes_of
+from .creation import _dtype, _shape, out_dtype, placement, sizes_of, written
 from .elementwise import add, cos, div, exp, floor_divide, log, lt, mul, neg, remainder, sin, sqrt, sub, where
 from .generator import Generator, _generator
 from .inplace import commit_inplace
@@ -82,26 +82,44 @@ def _finish(t: Tensor, requires_grad: bool) -> Tensor:
     return t.requires_grad_(True) if requires_grad else t
 
 
-def rand(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def rand(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+         pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """Uniform samples on [0, 1); the default float dtype unless ``dtype`` says otherwise."""
+    if layout is not None or pin_memory or out is not None:
+        placement("rand", layout, pin_memory)
+        if out is not None:
+            made = rand(*sizes, size=size, generator=generator, dtype=out_dtype(out, dtype, "rand"), device=out.device)
+            return written(out, made)
     dtype, device = _float_dtype(dtype, "rand"), _device_of(device)
     return _finish(_uniform(sizes_of(sizes, size, "rand"), dtype, _generator(generator, device)), requires_grad)
 
 
-def randn(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randn(*sizes, size=None, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+          pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """Standard normal samples (Box-Muller over two uniforms)."""
+    if layout is not None or pin_memory or out is not None:
+        placement("randn", layout, pin_memory)
+        if out is not None:
+            made = randn(
+                *sizes, size=size, generator=generator, dtype=out_dtype(out, dtype, "randn"), device=out.device
+            )
+            return written(out, made)
     dtype, device = _float_dtype(dtype, "randn"), _device_of(device)
     return _finish(
         _standard_normal(sizes_of(sizes, size, "randn"), dtype, _generator(generator, device)), requires_grad
     )
 
 
-def rand_like(input: Tensor, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def rand_like(input: Tensor, *, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+              pin_memory: bool = False, memory_format=None) -> Tensor:  # fmt: skip
+    placement("rand_like", layout, pin_memory, memory_format)
     return rand(tuple(input.shape), generator=generator, dtype=dtype or input._dtype,
                 device=device or input._device, requires_grad=requires_grad)  # fmt: skip
 
 
-def randn_like(input: Tensor, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randn_like(input: Tensor, *, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+               pin_memory: bool = False, memory_format=None) -> Tensor:  # fmt: skip
+    placement("randn_like", layout, pin_memory, memory_format)
     return randn(tuple(input.shape), generator=generator, dtype=dtype or input._dtype,
                  device=device or input._device, requires_grad=requires_grad)  # fmt: skip
 
@@ -130,8 +148,14 @@ def _randint(low: int, high: int, shape, dtype, gen: Generator, op: str = "rando
     return apply(P["cast"], out, dtype=dtype) if dtype is not dt.int64 else out
 
 
-def randint(*args, generator=None, dtype=None, device=None, requires_grad: bool = False, **kwargs) -> Tensor:
+def randint(*args, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+            pin_memory: bool = False, out=None, **kwargs) -> Tensor:  # fmt: skip
     """``randint(high, size)`` or ``randint(low, high, size)``: integers on [low, high), int64 by default."""
+    if layout is not None or pin_memory or out is not None:
+        placement("randint", layout, pin_memory)
+        if out is not None:
+            dtype = out_dtype(out, dtype, "randint")
+            return written(out, randint(*args, generator=generator, dtype=dtype, device=out.device, **kwargs))
     low, high, size = _randint_args(args, kwargs)
     dtype = dt.int64 if dtype is None else dt.as_dtype(dtype)
     device = _device_of(device)
@@ -166,8 +190,10 @@ def _int_arg(value, name: str) -> int:
     return int(value)
 
 
-def randint_like(input: Tensor, *args, generator=None, dtype=None, device=None, requires_grad: bool = False):
+def randint_like(input: Tensor, *args, generator=None, dtype=None, device=None, requires_grad: bool = False,
+                 layout=None, pin_memory: bool = False, memory_format=None):  # fmt: skip
     """``randint_like(input, high)`` or ``randint_like(input, low, high)``, with ``input``'s shape."""
+    placement("randint_like", layout, pin_memory, memory_format)
     if len(args) not in (1, 2):
         raise TypeError("randint_like() expects (input, high) or (input, low, high)")
     low, high = (0, args[0]) if len(args) == 1 else args
@@ -175,8 +201,14 @@ def randint_like(input: Tensor, *args, generator=None, dtype=None, device=None, 
                    dtype=dtype or input._dtype, device=device or input._device, requires_grad=requires_grad)  # fmt: skip
 
 
-def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False) -> Tensor:
+def randperm(n: int, *, generator=None, dtype=None, device=None, requires_grad: bool = False, layout=None,
+             pin_memory: bool = False, out=None) -> Tensor:  # fmt: skip
     """A random permutation of 0..n-1: the order that sorts n random 63-bit keys."""
+    if layout is not None or pin_memory or out is not None:
+        placement("randperm", layout, pin_memory)
+        if out is not None:
+            made = randperm(n, generator=generator, dtype=out_dtype(out, dtype, "randperm"), device=out.device)
+            return written(out, made)
     n = _int_arg(n, "n")
     if n < 0:
         raise RuntimeError(f"randperm: n must be non-negative, got {n}")

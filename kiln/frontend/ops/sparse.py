@@ -23,7 +23,7 @@ import numpy as np
 
 from ...ir import dtypes as dt
 from ...ir.types import Device
-from ..tensor import Size, Tensor, method
+from ..tensor import Size, Tensor, method, sparse_coo
 from ._util import cast
 from .checks import check_range
 from .copies import cat
@@ -32,10 +32,7 @@ from .creation import zeros
 from .indexing import index_add, index_put, index_select, nonzero
 from .shape import reshape, unsqueeze
 
-__all__ = ["SparseTensor", "sparse_coo_tensor", "spmm", "sparse_coo"]
-
-#: The layout of COO sparse tensors (``torch.sparse_coo``).
-sparse_coo = "sparse_coo"
+__all__ = ["SparseTensor", "sparse_coo_tensor", "spmm", "sparse_coo"]  # (sparse_coo: the layout, from tensor.py)
 
 
 class SparseTensor:
