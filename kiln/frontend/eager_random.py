@@ -42,8 +42,10 @@ def bits(seed: int, offset: int, n: int) -> np.ndarray | None:
     """The ``n`` elements of the draw from ``[seed, offset]`` on the kernel, or None (numpy's to draw)."""
     if not eager_kernels.enabled():
         return None
-    # shared: compiled programs' random_bits externs call it too (a dropout in a training step)
-    entry = eager_kernels.ready(NAME, (NAME,), _compile, shared=True)
+    # Not ``shared`` though compiled programs' random_bits externs call it too (a dropout in a training
+    # step): numpy's draw is the same bits, so a trace need not compile it (~43 ms of LLVM) beside its
+    # program; the program's first calls queue it and draw on numpy until it is ready.
+    entry = eager_kernels.ready(NAME, (NAME,), _compile)
     return None if entry is None else cast(_Draw, entry.program)(seed, offset, n)
 
 
