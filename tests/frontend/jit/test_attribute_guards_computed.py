@@ -18,6 +18,17 @@ import kiln.nn as nn
 from .test_attribute_guards import _close, _Holder, _reasons, _specializations
 
 
+def _changed_after_two_calls(f, change):
+    """``f`` compiled, called 5 times on ``arange(3)`` against eager, with ``change()`` after the second call."""
+    g = kiln.compile(f)
+    x = kiln.arange(3.0)
+    for i in range(5):
+        _close(g(x), f(x))
+        if i == 1:
+            change()
+    return g
+
+
 def test_getattr_by_computed_name_keeps_every_attribute_guarded():
     h = _Holder()
     names = ["shift"]
@@ -145,12 +156,7 @@ def test_vars_keeps_every_attribute_guarded():
     def f(x):
         return x * sum(v for v in vars(h).values() if isinstance(v, float))
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
-        if i == 1:
-            h.extra = 10.0  # a new attribute the sum reads
+    g = _changed_after_two_calls(f, lambda: setattr(h, "extra", 10.0))  # a new attribute the sum reads
     assert _specializations(g) == 2, _reasons(g)
 
 
@@ -163,12 +169,7 @@ def test_attrgetter_under_another_name_keeps_every_attribute_guarded():
     def f(x):
         return x * _GET_SHIFT(h)
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
-        if i == 1:
-            h.shift = 7.0
+    g = _changed_after_two_calls(f, lambda: setattr(h, "shift", 7.0))
     assert _specializations(g) == 2, _reasons(g)
 
 
@@ -184,12 +185,7 @@ def test_property_of_a_c_reader_keeps_every_attribute_guarded():
     def f(x):
         return x * obj.scale
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
-        if i == 1:
-            obj._scale = 3.0
+    g = _changed_after_two_calls(f, lambda: setattr(obj, "_scale", 3.0))
     assert _specializations(g) == 2, _reasons(g)
 
 
@@ -228,12 +224,7 @@ def test_library_reader_given_the_object_keeps_every_attribute_guarded():
     def f(x):
         return x * dataclasses.asdict(cfg)["scale"]  # dataclasses reads the fields with getattr
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
-        if i == 1:
-            cfg.scale = 3.0
+    g = _changed_after_two_calls(f, lambda: setattr(cfg, "scale", 3.0))
     assert _specializations(g) == 2, _reasons(g)
 
 
@@ -245,12 +236,7 @@ def test_dict_of_the_object_keeps_every_attribute_guarded():
     def f(x):
         return x * h.__dict__["gain_" + suffix]  # a computed key
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
-        if i == 1:
-            h.gain_of_the_dict_test = 4.0
+    g = _changed_after_two_calls(f, lambda: setattr(h, "gain_of_the_dict_test", 4.0))
     assert _specializations(g) == 2, _reasons(g)
 
 
@@ -262,12 +248,7 @@ def test_library_code_reading_by_computed_name_keeps_every_attribute_guarded():
     def f(x):
         return x * float(string.Formatter().vformat("{0.scale}", (cfg,), {}))
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
-        if i == 1:
-            cfg.scale = 3.0
+    g = _changed_after_two_calls(f, lambda: setattr(cfg, "scale", 3.0))
     assert _specializations(g) == 2, _reasons(g)
 
 
@@ -290,12 +271,7 @@ def test_users_code_run_with_the_watch_paused_keeps_every_attribute_guarded():
     def f(x):
         return m(x) + knobs.__class__.__name__.count("K")  # names knobs, reads no knob
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
-        if i == 1:
-            knobs.knob_read_unseen = 5.0
+    g = _changed_after_two_calls(f, lambda: setattr(knobs, "knob_read_unseen", 5.0))
     assert _specializations(g) == 2, _reasons(g)
 
 
