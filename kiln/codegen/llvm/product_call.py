@@ -40,16 +40,8 @@ def symbol(dtype: DType, n: int, accumulate: bool) -> str:
 
 def product_ir(dtype: DType, n: int, accumulate: bool) -> str:
     """LLVM IR of ``C (+)= A @ B`` over the row tiles ``[begin, end)`` (``SLOTS``' args)."""
-    if dtype.name not in ("float32", "float64") or n < 1:
-        raise ValueError(f"a native product takes float32/float64 and n >= 1, got {dtype.name}, n {n}")
-    module = ir.Module(name="kiln_product")
+    module, builder, value, begin, end = _function(dtype, n, "kiln_product", symbol(dtype, n, accumulate), SLOTS)
     pointer = ir.PointerType()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [pointer, I64, I64]), symbol(dtype, n, accumulate))
-    fn.attributes.add("nounwind")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    params, begin, end = fn.args
-    value = {name: builder.load(builder.gep(params, [i64(k)], inbounds=True, source_etype=I64), typ=I64, name=name)
-             for k, name in enumerate(SLOTS)}  # fmt: skip
     rows = tile_rows()
     first = builder.mul(begin, i64(rows), flags=("nsw",))
     stop = builder.mul(end, i64(rows), flags=("nsw",))
@@ -59,6 +51,21 @@ def product_ir(dtype: DType, n: int, accumulate: bool) -> str:
                  value["ldc"], accumulate, rows=rows, a_step=value["a_step"], first=first)  # fmt: skip
     builder.ret_void()
     return str(module)
+
+
+def _function(dtype: DType, n: int, module_name: str, name: str, slots: tuple[str, ...]):
+    """A product kernel's module and its function ``void name(ptr args, i64 begin, i64 end)``, begun:
+    ``(module, builder, {slot: its value loaded from args}, begin, end)``."""
+    if dtype.name not in ("float32", "float64") or n < 1:
+        raise ValueError(f"a native product takes float32/float64 and n >= 1, got {dtype.name}, n {n}")
+    module = ir.Module(name=module_name)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType(), I64, I64]), name)
+    fn.attributes.add("nounwind")
+    builder = ir.IRBuilder(fn.append_basic_block("entry"))
+    params, begin, end = fn.args
+    value = {slot: builder.load(builder.gep(params, [i64(k)], inbounds=True, source_etype=I64), typ=I64, name=slot)
+             for k, slot in enumerate(slots)}  # fmt: skip
+    return module, builder, value, begin, end
 
 
 #: The i64 slots of a batched product's ``args``: ``SLOTS``' (per matrix) with B's row stride, then the
@@ -76,16 +83,9 @@ def batched_product_ir(dtype: DType, n: int) -> str:
     each unit of ``[begin, end)`` one row tile of one matrix (``BATCHED_SLOTS``' args): a GPT's
     attention products, (8, 4, 64, 32) @ (8, 4, 32, 64), which numpy runs as one small BLAS call a
     matrix."""
-    if dtype.name not in ("float32", "float64") or n < 1:
-        raise ValueError(f"a native product takes float32/float64 and n >= 1, got {dtype.name}, n {n}")
-    module = ir.Module(name="kiln_batched_product")
+    module, builder, value, begin, end = _function(dtype, n, "kiln_batched_product", batched_symbol(dtype, n),
+                                                   BATCHED_SLOTS)  # fmt: skip
     pointer = ir.PointerType()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [pointer, I64, I64]), batched_symbol(dtype, n))
-    fn.attributes.add("nounwind")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    params, begin, end = fn.args
-    value = {name: builder.load(builder.gep(params, [i64(k)], inbounds=True, source_etype=I64), typ=I64, name=name)
-             for k, name in enumerate(BATCHED_SLOTS)}  # fmt: skip
     rows = tile_rows()
     address = {name: builder.inttoptr(value[name], pointer) for name in ("a", "b", "c")}
     with for_range(builder, begin, end, name="unit", vectorize=False) as unit:
