@@ -38,9 +38,22 @@ def _compile() -> eager_kernels.Entry:
     return eager_kernels.Entry(program=cast(Callable[[list], list], kernel), seconds=time.perf_counter() - start)
 
 
+#: Draws made on numpy before the kernel is asked for: a model's initialization draws its weights a few
+#: dozen times, once, and loading the kernel then (the code generator's imports, the disk cache or LLVM:
+#: 60-90 ms of the interpreter in the eager-kernel thread) slowed the first compiled call that overlapped
+#: it (a CNN's warm first call 71-77 -> 123-170 ms); a training loop's dropout asks for it from its
+#: ``MIN_DRAWS``-th draw on and gains 0.2 ms a step.
+MIN_DRAWS = 64
+_draws = 0
+
+
 def bits(seed: int, offset: int, n: int) -> np.ndarray | None:
     """The ``n`` elements of the draw from ``[seed, offset]`` on the kernel, or None (numpy's to draw)."""
+    global _draws
     if not eager_kernels.enabled():
+        return None
+    if _draws < MIN_DRAWS:
+        _draws += 1  # (two threads may both count one draw: it only moves the kernel a draw later)
         return None
     # Not ``shared`` though compiled programs' random_bits externs call it too (a dropout in a training
     # step): numpy's draw is the same bits, so a trace need not compile it (~43 ms of LLVM) beside its

@@ -10,6 +10,7 @@ import pytest
 
 import kiln
 from kiln.codegen.llvm.philox_call import UNIT_BLOCKS, Philox
+from kiln.frontend import eager_random
 from kiln.ir.primitives import random
 from kiln.runtime import threads
 
@@ -77,6 +78,7 @@ def test_eager_and_compiled_draws_run_the_kernel_and_equal_numpy(eager_on, monke
         return original(self, seed, offset, n)
 
     monkeypatch.setattr(Philox, "__call__", count)
+    monkeypatch.setattr(eager_random, "_draws", eager_random.MIN_DRAWS)  # past a model's initialization
     kiln.manual_seed(11)
     drawn = kiln.rand(37, 5)
     assert calls == [185]
@@ -93,3 +95,24 @@ def test_eager_and_compiled_draws_run_the_kernel_and_equal_numpy(eager_on, monke
         kiln.manual_seed(5)
         np.testing.assert_array_equal(compiled, (kiln.nn.functional.dropout(x, 0.5, training=True) * 3).numpy())
     assert calls.count(32 * 784) >= 6
+
+
+def test_the_first_draws_of_a_process_stay_on_numpy(eager_on, monkeypatch):
+    """A model's initialization draws its weights a few dozen times, once: those draws neither run nor
+    load the kernel (its load slowed the first compiled call that overlapped it); from the
+    ``MIN_DRAWS``-th draw on, the kernel runs -- the same numbers either way."""
+    calls: list[int] = []
+    original = Philox.__call__
+    monkeypatch.setattr(Philox, "__call__", lambda self, *a: (calls.append(a[2]), original(self, *a))[1])
+    monkeypatch.setattr(eager_random, "_draws", 0)
+    kiln.manual_seed(5)
+    early = [kiln.rand(3, 4) for _ in range(eager_random.MIN_DRAWS)]
+    assert calls == [] and not any(key[0] == eager_random.NAME for key in eager_on.CACHE.entries)
+    later = kiln.rand(3, 4)
+    assert calls == [12]
+    kiln.manual_seed(5)
+    with monkeypatch.context() as numpy_only:
+        numpy_only.setattr(random, "_bits", [])
+        again = [kiln.rand(3, 4) for _ in range(eager_random.MIN_DRAWS + 1)]
+    for a, b in zip([*early, later], again, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
