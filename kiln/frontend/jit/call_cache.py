@@ -45,7 +45,7 @@ from ...compiler.options import CompileOptions
 from ...runtime import profiling
 from .. import eager_kernels
 from ..tensor import Tensor
-from . import hazards, numpy_inputs, reads, state
+from . import hazards, numpy_inputs, reads, snapshots, state
 from .background_compiles import BackgroundCompiles
 from .build import PendingSpecialization, build_specialization, trace_specialization
 from .dynamic import Pending, sizes_differ
@@ -343,7 +343,7 @@ class CompiledFunction(BackgroundCompiles):
         helpers = reads.merged_globals(helper_globals)
         helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
         roots = named_roots + helper_roots + reads.process_state(watch.codes)
-        reached = reads.not_inputs(reads.reach(roots, attr_names, owners=owners), self.state.numpy_shadows)
+        reached = snapshots.not_inputs(reads.reach(roots, attr_names, owners=owners), self.state.numpy_shadows)
         guards = build_guards(objects, spec.modules, captured, named, reached, spelled, owners)
         for g, module, names in helpers:
             guards.add_globals(g, names, module)

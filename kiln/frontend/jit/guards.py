@@ -33,8 +33,9 @@ from operator import is_
 from ..tensor import Tensor
 from . import attr_reads
 from .hazards import _attrs, _tables, _walk, _watchable
-from .reads import MISSING, Contents, _entry, _Is, _users_class, changed_entry, same, selector, short, snapshot
+from .reads import _users_class, selector, short
 from .signature import call
+from .snapshots import MISSING, Contents, _entry, _Is, changed_entry, same, snapshot
 
 _GRAD = operator.attrgetter("_grad")
 
@@ -55,7 +56,7 @@ class Guards:
         # those of ``dicts`` with two or more keys, and their keys in order (a loop meets them in it)
         self.ordered: list = []
         self.orders: list = []
-        self.arrays: list = []  # reads.Contents of the small numpy arrays reached
+        self.arrays: list = []  # snapshots.Contents of the small numpy arrays reached
         self.lists: list = []
         self.list_snaps: list = []
         self.sets: list = []

@@ -38,10 +38,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..tensor import Tensor
-from . import attr_reads, reads
+from . import attr_reads, reads, snapshots
 from . import state as _state
 from .locations import KILN_DIR
-from .reads import _SCALARS, _is_module_dict
+from .reads import _is_module_dict
+from .snapshots import _SCALARS
 from .trace import TraceBreak
 
 _LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set on first use)
@@ -311,7 +312,7 @@ class Watch:
         # The containers from outside the call, by path: a store into one is a hazard (see stop and
         # _profile, which sees their mutating methods called from the user's code as they happen).
         reached = reads.reach(self.roots, optimizers=True)
-        self._containers = [(path, live, kind, reads.snapshot(live)) for path, live, kind in reached]
+        self._containers = [(path, live, kind, snapshots.snapshot(live)) for path, live, kind in reached]
         self._outside = {id(live): (path, live) for path, live, kind, _ in self._containers if kind == "item"}
         self._known = {id(live) for _, live, _, _ in self._containers}  # (kept alive by _containers)
         self._resumed = _generator_frames(self.iterators, self._containers)
@@ -419,7 +420,7 @@ class Watch:
             for path, live, kind in reads.reach([(f"{module}.{name}", fn_globals[name]) for name in names]):
                 if id(live) not in self._known:
                     self._known.add(id(live))
-                    self._containers.append((path, live, kind, reads.snapshot(live)))
+                    self._containers.append((path, live, kind, snapshots.snapshot(live)))
                     if kind == "item":
                         self._outside[id(live)] = (path, live)
 
@@ -436,11 +437,11 @@ class Watch:
 
     def _changed_container(self) -> TraceBreak | None:
         """A store the call made into a container from outside it (``d[k] = v``, ``del d[k]``)."""
-        inputs = reads.not_inputs(self._containers, self.numpy_shadows)  # (a write into one is a program's)
+        inputs = snapshots.not_inputs(self._containers, self.numpy_shadows)  # (a write into one is a program's)
         for path, live, kind, snap in inputs:
-            if reads.same(snap, live):
+            if snapshots.same(snap, live):
                 continue
-            change = reads.changed_entry(live, snap)
+            change = snapshots.changed_entry(live, snap)
             key = None if change is None else change[0]
             where = f"{path}{reads.selector(kind, key)}" if key is not None else path
             if kind == "attr":

@@ -1,0 +1,148 @@
+"""Snapshots of the Python state a trace read, compared with the live state at each call.
+
+``reads.reach`` finds the containers a traced call reaches (dicts, lists, sets, the attribute tables
+of the user's objects and classes, small numpy arrays); ``snapshot`` copies what each held, in a form
+``same`` compares in C (a dict's entries and their order, a set's members, an array's bytes), and
+``changed_entry`` names the entry that differs. ``guards.Guards`` checks them before each compiled
+call; ``hazards.Watch`` compares them after the traced call, to see what it stored.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+
+from ..tensor import Tensor
+
+_SCALARS = (int, float, str, bytes, complex, type(None))
+_BY_VALUE = (*_SCALARS, tuple, frozenset)
+_CONTAINERS = (dict, list, set)
+
+
+class _Is:
+    """A snapshot entry compared by identity (tensors, arrays, objects whose ``==`` is not identity-safe)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def __eq__(self, other) -> bool:
+        return other is self.obj
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _entry(v):
+    """How a snapshot holds ``v`` so that ``==`` against the live value is right and cheap: the
+    object itself where ``==`` is identity or a value comparison that cannot mislead (the C
+    identity shortcut makes the usual case free), a copy of a container of plain values (changed
+    in place), and an identity check for the rest: tensors and arrays compare elementwise, and a
+    container of other objects replaced by an equal one is not the container the guards watch (an
+    optimizer's per-parameter state made again after ``opt.state.clear()``)."""
+    if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor):
+        return v
+    if type(v) in (list, dict, set):
+        items = v.values() if type(v) is dict else v
+        if all(isinstance(x, _BY_VALUE) for x in items):
+            return type(v)(v)
+        return _Is(v)
+    if not isinstance(v, _CONTAINERS) and type(v).__eq__ is object.__eq__:
+        return v
+    return _Is(v)
+
+
+def array_owner(a: np.ndarray) -> np.ndarray:
+    """The array that owns ``a``'s memory (``a`` itself, or the base its views lead to)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def not_inputs(reached: list, shadows: dict) -> list:
+    """``reached`` without the numpy arrays whose memory a trace made a graph input (a tensor made from
+    one: ``Trace.on_numpy``, ``shadows`` by array id): a program reads those at each call, so a buffer
+    the caller refills keeps its program."""
+    owners = {id(array_owner(a)) for a, _ in shadows.values()}
+    return [r for r in reached if r[2] != "array" or id(array_owner(r[1])) not in owners]
+
+
+class Contents:
+    """A small numpy array's contents when snapshot (``small_array``): its memory is changed in place
+    (``table[0] = 2.0``) where a container's entries would be replaced, and a value Python reads out
+    of it is the trace's constant."""
+
+    __slots__ = ("obj", "dtype", "shape", "data")
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.obj, self.dtype, self.shape, self.data = a, a.dtype, a.shape, a.tobytes()
+
+    def holds(self, live=None) -> bool:
+        """Whether ``live`` (None: the array snapshot) holds these contents."""
+        a = self.obj if live is None else live
+        return a is self.obj and a.dtype == self.dtype and a.shape == self.shape and a.tobytes() == self.data
+
+
+def snapshot(container):
+    """A copy of a dict's, list's or set's entries (or a class's attributes) that ``same`` compares in
+    C; a small numpy array's ``Contents``."""
+    if isinstance(container, np.ndarray):
+        return Contents(container)
+    if isinstance(container, dict | types.MappingProxyType):
+        return {k: _entry(v) for k, v in container.items()}
+    if isinstance(container, set):
+        return frozenset(container)
+    return [_entry(v) for v in container]
+
+
+def same(snap, live) -> bool:
+    """Whether ``live`` still holds what ``snapshot`` took (the C comparison of the snapshot's type)."""
+    if type(snap) is Contents:
+        return snap.holds(live)
+    if isinstance(snap, dict):
+        if type(live) is types.MappingProxyType:  # a class's attributes: their order is no program's
+            return dict.__eq__(snap, dict(live)) is True
+        # in the same order too: a loop over ``d.items()`` meets them in it
+        return dict.__eq__(snap, live) is True and (len(snap) < 2 or list(snap) == list(live))
+    if isinstance(snap, frozenset):
+        return frozenset.__eq__(snap, live) is True
+    return list.__eq__(snap, live) is True
+
+
+def changed_entry(live, snap):
+    """``(key, before, after)`` of the first entry of ``live`` that differs from ``snap`` (``_MISSING``
+    for an entry absent on one side), or None where no single entry tells (a set, a reordered list,
+    a numpy array)."""
+    if isinstance(snap, frozenset | Contents):
+        return None
+    if isinstance(snap, dict):
+        for key in [*snap, *(k for k in live if k not in snap)]:
+            before, after = snap.get(key, MISSING), live.get(key, MISSING)
+            if before is MISSING or after is MISSING or not before == after:
+                return key, _unwrap(before), after
+        return None
+    for i in range(max(len(snap), len(live))):
+        before = snap[i] if i < len(snap) else MISSING
+        after = live[i] if i < len(live) else MISSING
+        if before is MISSING or after is MISSING or not before == after:
+            return i, _unwrap(before), after
+    return None
+
+
+MISSING = object()
+
+
+def _unwrap(entry):
+    return entry.obj if type(entry) is _Is else entry
+
+
+#: The most elements a numpy array the call reaches may hold to be guarded by its contents (each
+#: call compares its bytes: a few microseconds); a larger one (a dataset) is guarded by identity
+#: alone, and a value Python reads out of it (``float(table[i])``) stays the trace's constant.
+SMALL_ARRAY = 4096
+
+
+def small_array(a) -> bool:
+    """Whether ``a`` is a numpy array small enough to guard by its contents (``SMALL_ARRAY``)."""
+    return isinstance(a, np.ndarray) and a.size <= SMALL_ARRAY and a.dtype.kind in "biufcmM"
