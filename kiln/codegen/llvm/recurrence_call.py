@@ -148,15 +148,17 @@ class _Kernels:
         """Run the function ``name`` on ``slots``; where ``layout`` (its slots' names) is given and the
         work is worth a second thread, over blocks of the batch's rows on the threads (``_rows_apart``)."""
         function = self.functions.get(name) or self._load(name)
-        batch = slots[1]
-        macs = slots[0] * batch * self.GATES * self.hidden * self.hidden  # the per-step products'
-        blocks = min(threads.get_num_threads(), batch // ROW_BLOCK)
-        if layout is None or blocks < 2 or threads.product_work(macs) < threads.min_work_bytes(spin=False):
-            params = np.array(slots, dtype=np.int64)
-            function(_address(params))
-            return
-        shifts = _row_shifts(layout, slots, self.GATES * self.hidden, self.hidden, self.dtype.itemsize)
-        threads.parallel_for(_rows_apart, (function, slots, shifts, blocks), blocks, threads.product_work(macs))
+        if layout is not None:  # (not a one-step cell's call: two thousand of them make an LSTMCell loop's trip)
+            blocks = min(threads.get_num_threads(), slots[1] // ROW_BLOCK)
+            work = threads.product_work(
+                slots[0] * slots[1] * self.GATES * self.hidden * self.hidden
+            )  # the steps' products
+            if blocks >= 2 and work >= threads.min_work_bytes(spin=False):
+                shifts = _row_shifts(layout, slots, self.GATES * self.hidden, self.hidden, self.dtype.itemsize)
+                threads.parallel_for(_rows_apart, (function, slots, shifts, blocks), blocks, work)
+                return
+        params = np.array(slots, dtype=np.int64)
+        function(_address(params))
 
 
 #: The fewest batch rows a thread's share of a recurrence gets (the product kernel's row tile on
