@@ -39,12 +39,13 @@ from .dynamic_binding import with_derived
 from .eager_checks import watched_versions
 from .escapes import escaped_tensors
 from .hazards import reachable_tensors
+from .outcomes import TraceBreak
 from .pytree import flatten
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
 from .specialization import Specialization
 from .symbolic_backward import lower_plan, symbolic_backward
 from .symbolic_program import SizedProgram, Unlowered, lower_symbolic
-from .trace import Trace, TraceBreak
+from .trace import Trace
 from .watched_sizes import guards_of
 
 logger = logging.getLogger("kiln")

@@ -53,8 +53,9 @@ from .entries import _NOT_COMPILED, CompileState, EagerEntry, Event, PendingEntr
 from .guards import build_guards
 from .keys import call_key, describe_key_change, dynamic_key
 from .locations import user_frame as _user_frame
+from .outcomes import CompileWarning, TraceBreak, TraceBreakError
 from .pytree import flatten_call
-from .trace import CompileWarning, Trace, TraceBreak, TraceBreakError
+from .trace import Trace
 from .watched_sizes import sizes_to_watch, with_shadows
 
 logger = logging.getLogger("kiln")

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .trace import TraceBreak
+from .outcomes import TraceBreak
 
 
 @dataclass
