@@ -145,6 +145,9 @@ class Trace:
         self.watched_sizes: frozenset[int] | dict[int, int | None] = frozenset()  # (a dict: each with its shadow)
         self.size_compared: str | None = None
         self.size_guards: list[tuple] = []  # (size, comparison, int, result, where): on_size_guard
+        # float arguments read as inputs (scalar_args.py): id -> (float, its input, position); a watched one's use
+        self.scalar_args: dict[int, tuple] = {}
+        self.scalar_compared: str | None = None
 
     # ------------------------------------------------------------------ entering and leaving
     def start(self) -> Trace:
