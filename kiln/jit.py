@@ -33,10 +33,10 @@ from .frontend.jit.check import CompileCheckError
 from .frontend.jit.dynamic import mark_dynamic
 from .frontend.jit.explain import ExplainReport, explain
 from .frontend.jit.export import ExportedProgram, ExportError, export, load_exported
+from .frontend.jit.outcomes import CompileWarning, TraceBreakError
 from .frontend.jit.regions import Region, composite
 from .frontend.jit.state import before_each_call, guard, make_state
 from .frontend.jit.state import unsafe as _unsafe
-from .frontend.jit.trace import CompileWarning, TraceBreakError
 from .frontend.ops.checks import check as _check
 from .frontend.ops.checks import check_range as _check_range
 

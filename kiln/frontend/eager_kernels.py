@@ -187,7 +187,7 @@ def compiled_outputs(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
 
 
 def _say(name: str, reason: str | None) -> None:
-    from .jit.trace import CompileWarning  # noqa: PLC0415 - the tracer loads only when first needed
+    from .jit.outcomes import CompileWarning  # noqa: PLC0415 - the compiler loads only when first needed
 
     CACHE.said.add(name)
     text = f"kiln: eager {name} runs its numpy kernel: {reason}"

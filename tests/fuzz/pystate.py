@@ -3,7 +3,7 @@ changed between calls, and that mutate Python containers (a counter dict in a cl
 ``list.append``, ``dict.update``, a dict argument). Reads through less direct paths too: a class
 attribute through an instance, a helper's default argument, a ``functools.partial``'s keywords, a
 bound method's object, a small numpy array's values, an environment variable, a dict's order, a
-generator resumed.
+generator resumed. A float argument takes another value at each call.
 
 The comparison after each call covers the results and every container's contents, so a compiled
 call that baked a value in, or that skipped a mutation the traced call made, shows as a difference.
@@ -54,6 +54,17 @@ READS = [
     ("h = h * float(os.environ.get('KILN_FUZZ_SCALE', '1'))", "read environment"),
     ("for v in order.values(): h = h * 0.5 + v", "loop over dict"),
     ("h = h * next(gen)", "resume generator"),
+    # a float argument, another value at each call (scalar_args.py: an input once two traces agree)
+    ("h = h * {num}", "float argument"),
+    ("h = ({num} - h) / {num}", "float argument twice"),
+    ("h = h.clamp(max={num})", "float argument bound"),
+    ("h = kiln.where(h > 0, h, {num})", "float argument in where"),
+    ("h = h * (1 - {num})", "float argument derived"),
+    ("h = h * math.exp({num} / 4)", "float argument through math"),
+    ("h = h * 2 if {num} > 0.6 else h - {num}", "branch on float argument"),
+    ("h = h * min({num}, 1.0)", "float argument in min"),
+    ("h = h * abs({num}) + kiln.full_like(h, {num} // 0.5)", "float argument folded"),
+    ("h = {num} * h + (1 - {num}) * h.flip(0)", "float argument mixed"),
 ]
 # ... and mutations of it (each must happen at every call, as eagerly)
 MUTATIONS = [
@@ -103,15 +114,16 @@ def generate(seed: int) -> Scenario:
     shape = tuple(r.randint(1, 4) for _ in range(r.randint(1, 2)))
     x = b.float_input(shape, dtype)
     arg = b.argument('{"scale": float(rng.choice([0.5, 2.0])), "seen": 0}', prefix="d")
+    num = b.argument("float(rng.choice([0.25, 0.5, 0.75, 1.5, -1.25]))", prefix="s")
     b.preamble += PREAMBLE
     b.setup += SETUP
     b.state_names += STATE
     b.stmt(f"h = {x} * 1.0", "start")
     for _ in range(r.randint(2, 7)):
         line, tag = r.choice(READS if r.random() < 0.5 else MUTATIONS)
-        b.stmt(line.format(arg=arg), tag)
+        b.stmt(line.format(arg=arg, num=num), tag)
     for _ in range(r.randint(1, 3)):
         line, tag = r.choice(CHANGES)
         b.action(r.randint(1, 5), line, f"change:{tag}")
-    returns = r.choice(("h", "h, counter['calls']", "h, len(log)", "h, dict(cache)"))
+    returns = r.choice(("h", "h, counter['calls']", "h, len(log)", "h, dict(cache)", f"h, {num} * 2"))
     return b.scenario("pystate", returns, scale=1.0, rtol=TOLERANCE[dtype])

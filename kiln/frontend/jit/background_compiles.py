@@ -26,7 +26,7 @@ from .build import PendingSpecialization
 from .entries import CompileState, EagerEntry, PendingEntry
 from .keys import dynamic_key
 from .locations import user_frame
-from .trace import TraceBreak
+from .outcomes import TraceBreak
 
 
 class BackgroundCompiles:

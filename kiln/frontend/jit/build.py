@@ -39,12 +39,14 @@ from .dynamic_binding import with_derived
 from .eager_checks import watched_versions
 from .escapes import escaped_tensors
 from .hazards import reachable_tensors
+from .outcomes import TraceBreak
 from .pytree import flatten
+from .scalar_args import python_results
 from .signature import Argument, BornView, Captured, ExternalView, Result, Saved, Seed, number_outputs
 from .specialization import Specialization
 from .symbolic_backward import lower_plan, symbolic_backward
 from .symbolic_program import SizedProgram, Unlowered, lower_symbolic
-from .trace import Trace, TraceBreak
+from .trace import Trace
 from .watched_sizes import guards_of
 
 logger = logging.getLogger("kiln")
@@ -98,6 +100,18 @@ class PendingSpecialization:
     @property
     def modules(self) -> list:
         return self.fields["modules"]
+
+    @property
+    def key(self) -> tuple:
+        return self.fields["key"]
+
+    @property
+    def scalar_arguments(self) -> tuple[int, ...]:
+        return self.fields["scalar_arguments"]
+
+    @property
+    def scalar_program(self) -> tuple | None:
+        return self.fields["scalar_program"]
 
     @property
     def sizes_source(self) -> Graph | tuple[Graph, Graph | None] | None:
@@ -233,12 +247,15 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), key=key,
         arg_aliases=arg_aliases,
         arg_hooks=[(e.arg_index, e.state[5]) for e in traced.externals if e.kind == "arg" and e.hooks_ran],
+        scalar_arguments=tuple(sorted(p for _, _, p in trace.scalar_args.values())),
     )  # fmt: skip
     pending = PendingSpecialization(
         compiled, traced.builder.build(outputs), backward, sources, {i for i, _ in writebacks},
         [e.tensor._data.strides for e in traced.externals], writebacks, fields, trace.seconds,
         len(traced.builder.nodes), dynamic, size_compared, list(trace.size_guards),
     )  # fmt: skip
+    # what a trace at another value of its float arguments is compared with (scalar_args.py)
+    fields["scalar_program"] = (pending.forward, python_results(out_leaves)) if trace.scalar_args else None
     if dynamic is not None and dynamic[0] == "defer":  # kept, not compiled, until another size comes
         graph, partitioned_backward = pending.partition()
         if not isinstance(partitioned_backward, BackwardPlan):

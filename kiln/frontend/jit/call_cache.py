@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import itertools
 import logging
 import os
 import sys
@@ -45,7 +46,7 @@ from ...compiler.options import CompileOptions
 from ...runtime import profiling
 from .. import eager_kernels
 from ..tensor import Tensor
-from . import hazards, numpy_inputs, reads, snapshots, state
+from . import hazards, numpy_inputs, reads, scalar_args, snapshots, state
 from .background_compiles import BackgroundCompiles
 from .build import PendingSpecialization, build_specialization, trace_specialization
 from .dynamic import Pending, sizes_differ
@@ -53,11 +54,14 @@ from .entries import _NOT_COMPILED, CompileState, EagerEntry, Event, PendingEntr
 from .guards import build_guards
 from .keys import call_key, describe_key_change, dynamic_key
 from .locations import user_frame as _user_frame
+from .outcomes import CompileWarning, TraceBreak, TraceBreakError
 from .pytree import flatten_call
-from .trace import CompileWarning, Trace, TraceBreak, TraceBreakError
+from .trace import Trace
 from .watched_sizes import sizes_to_watch, with_shadows
 
 logger = logging.getLogger("kiln")
+
+_NONE: frozenset[int] = frozenset()
 
 
 #: How long the compile after a trace runs before kiln says it is compiling (a CompileWarning).
@@ -121,10 +125,13 @@ class CompiledFunction(BackgroundCompiles):
                     and entry.state_miss(self._globals, closure_values, leaves) is None
                 ):
                     return self._run_compiled(entry, args, kwargs, leaves)
-        key = call_key(tree, leaves, dynamic)
+        floats = self.state.dynamic_floats.get(tree, _NONE)
+        key = call_key(tree, leaves, dynamic, floats)
         miss = "first call"
         while True:
-            for entry in self.state.cache.get(key, ()):
+            # (with dynamic floats, a miss looks up the programs traced at their values too: by_value)
+            for entry in itertools.chain(self.state.cache.get(key, ()),
+                                         self.state.cache.get(scalar_args.by_value(key, leaves), ()) if floats else ()):  # fmt: skip
                 if isinstance(entry, _NOT_COMPILED):  # eagerly (a PendingEntry: until its program is ready)
                     if self.state.background_error is not None:
                         self._raise_background_error()
@@ -141,7 +148,7 @@ class CompiledFunction(BackgroundCompiles):
                 break
             # A call the dynamic programs do not serve (a size guard, changed state) looks up, and
             # traces under, its own sizes: a static program must never serve other sizes.
-            dynamic, key = None, call_key(tree, leaves)
+            dynamic, key = None, call_key(tree, leaves, None, floats)
         return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
 
     def _run_pending(self, entry: PendingEntry, args, kwargs):
@@ -212,6 +219,7 @@ class CompiledFunction(BackgroundCompiles):
             return self._trace(args, kwargs, leaves, key, miss)
 
     def _trace(self, args, kwargs, leaves, key, reason: str):
+        key = scalar_args.by_value(key, leaves)
         closure_values = self._closure_values()
         objects = hazards.watched_objects(self, leaves, closure_values)
         roots = reads.roots(self, args, kwargs, closure_values)
@@ -228,10 +236,20 @@ class CompiledFunction(BackgroundCompiles):
         watch = hazards.Watch(
             objects, leaves, hazards.named_values(self, closure_values), self._code, roots, self.state.numpy_shadows
         )
+        floats = self._scalar_partner(key, leaves, partner)
+        call_args, call_kwargs, watched = args, kwargs, dict[int, float]()
         try:
+            if floats is not None:  # the floats whose values alone missed: watched (scalar_args.py)
+                shadows = {p: float.fromhex(floats[0].key[1][p][1]) for p in floats[1]}
+                call_args, call_kwargs, watched = scalar_args.watched_call(args, kwargs, key[0], shadows, trace)
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input
                     trace.add_external(leaf, "arg", i)
+                elif type(leaf) is float and i in scalar_args.top_level_positions(key[0]):
+                    number = watched.get(i, leaf)
+                    number_input = scalar_args.number_input(leaf)
+                    trace.add_external(number_input, "arg", i)
+                    trace.scalar_args[id(number)] = (number, number_input, i)
             watch.start()
             try:
                 # A traced call compiles no eager kernels: the program replaces its ops (DCGAN's trace
@@ -239,7 +257,9 @@ class CompiledFunction(BackgroundCompiles):
                 # background its compile goes first (``background.Job.defers_kernels``). A trace
                 # records composite ops as their primitives: kernels no eager call would run.
                 with eager_kernels.deferred():
-                    result = self.fn(*args, **kwargs)
+                    result = self.fn(*call_args, **call_kwargs)
+                if watched:
+                    result = scalar_args.unwatched(result)
             finally:
                 hazard = watch.stop()
         except BaseException:
@@ -283,16 +303,52 @@ class CompiledFunction(BackgroundCompiles):
             self._event("not cached", str(why_not), once=False)
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)
+        scalars_note = ""
+        if floats is not None:
+            key, scalars_note = self._floats_decided(spec, trace, floats, key, leaves)
         if isinstance(spec, PendingSpecialization):
-            self._compile_in_background(spec, key, leaves, reason)
+            self._compile_in_background(spec, key, leaves, reason + scalars_note)
             return result
-        note = ""
+        note = scalars_note
         if partner is not None:
             key, note = self._dynamic_key(spec, key, leaves)
         self.state.specializations.append(spec)
         self.state.cache.setdefault(key, []).append(spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}{note}")
         return result
+
+    # ------------------------------------------------------------------ float arguments (scalar_args.py)
+    def _scalar_partner(self, key: tuple, leaves: list, sizes_partner) -> tuple | None:
+        """``(spec, positions)`` when this call missed only on the values of float arguments that an
+        earlier specialization read as inputs (then they are traced watched); None otherwise."""
+        if sizes_partner is not None or self.options.dynamic is False:
+            return None
+        earlier = [*reversed(self.state.specializations), *(e.pending for e in reversed(self.state.pending))]
+        return scalar_args.partner([e for e in earlier if e is not None], key, self.state.static_floats)
+
+    def _floats_decided(self, spec, trace: Trace, floats: tuple, key: tuple, leaves: list) -> tuple[tuple, str]:
+        """The key a trace of watched floats (``floats``: its partner and their positions) is cached under:
+        with those floats read at any value when its program is its partner's, else its own (and the
+        call structure's floats stay keyed by value, ``static_floats`` saying why); and the note for
+        its reason."""
+        other, positions = floats
+        why = trace.scalar_compared and f"Python uses its value ({trace.scalar_compared})"
+        if why is None and spec.backward is not None:
+            why = "the results need gradients outside the call"
+        mine, theirs = spec.scalar_program, other.scalar_program
+        why = why or (scalar_args.same_program(theirs, mine) if mine and theirs else "its program was not kept")
+        where = ", ".join(f"argument {p}" for p in positions)
+        if why is not None:
+            if trace.scalar_compared is not None or spec.backward is not None:  # so at every value: not tried again
+                self.state.static_floats[key[0]] = why
+            return key, f"; the floats of {where} stay keyed by value: {why}"
+        found = self.state.dynamic_floats[key[0]] = self.state.dynamic_floats.get(key[0], _NONE) | set(positions)
+        key = call_key(key[0], leaves, self.state.dynamic.get(key[0]), found)
+        if isinstance(spec, PendingSpecialization):
+            spec.fields["key"] = key
+        else:
+            spec.key = key
+        return key, f"; {where}: a float read at each call (one program for every value)"
 
     # ------------------------------------------------------------------ dynamic sizes (dynamic.py)
     def _dynamic_partner(self, key: tuple, leaves: list):
@@ -326,7 +382,7 @@ class CompiledFunction(BackgroundCompiles):
                 return key, ""
             self.state.not_dynamic[key[0]] = spec.not_dynamic  # not tried again: later sizes specialize
             return key, f"; its sizes stay static: {spec.not_dynamic}"
-        return dynamic_key(self.state.dynamic, key, spec, leaves)
+        return dynamic_key(self.state.dynamic, key, spec, leaves, self.state.dynamic_floats.get(key[0], _NONE))
 
     def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
         """Set a new specialization's guards (``guards.py``) and its table of Python values read."""

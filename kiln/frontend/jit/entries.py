@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .trace import TraceBreak
+from .outcomes import TraceBreak
 
 
 @dataclass
@@ -69,6 +69,8 @@ class CompileState:
     dynamic: dict = field(default_factory=dict)  # argument structure -> {leaf position: its dynamic dims}
     not_dynamic: dict = field(default_factory=dict)  # argument structure -> why its sizes stay static
     deferred: list = field(default_factory=list)  # traces kept, not compiled, until another size comes
+    dynamic_floats: dict = field(default_factory=dict)  # argument structure -> float positions read at any value
+    static_floats: dict = field(default_factory=dict)  # argument structure -> why its floats stay keyed by value
 
 
 def _match(entries, fn_globals: dict | None, closure_values: dict, leaves: list):

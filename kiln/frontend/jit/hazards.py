@@ -41,9 +41,9 @@ from ..tensor import Tensor
 from . import attr_reads, reads, snapshots
 from . import state as _state
 from .locations import KILN_DIR
+from .outcomes import TraceBreak
 from .reads import _is_module_dict
 from .snapshots import _SCALARS
-from .trace import TraceBreak
 
 _LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set on first use)
 _MISSING = object()

@@ -15,16 +15,20 @@ from ..autograd.grad_mode import state as grad_state
 from ..tensor import Tensor
 from .dynamic import C_ORDER, SizeClass
 from .layouts import MemoryIndex
+from .scalar_args import ANY
 from .watched_sizes import SizeGuard
 
 _PLAIN = (int, float, bool, str, bytes, complex, type(None))
 _BY_VALUE = (_dtypes.DType, Device)  # other objects keyed by value (others by identity)
 
 
-def call_key(tree, leaves: list, dynamic: Mapping[int, tuple[int, ...]] | None = None) -> tuple:
+def call_key(tree, leaves: list, dynamic: Mapping[int, tuple[int, ...]] | None = None,
+             floats: frozenset[int] = frozenset()) -> tuple:  # fmt: skip
     """The key of a call (see the module docstring). ``dynamic``: the dynamic dimensions of each leaf
     position that has some (``dynamic.py``): a size >= 2 there is keyed by which of the call's
-    distinct dynamic sizes it is, and C-order strides as ``C_ORDER``, so one key serves every size."""
+    distinct dynamic sizes it is, and C-order strides as ``C_ORDER``, so one key serves every size.
+    ``floats``: the leaf positions whose float is an input of the program at any value
+    (``scalar_args.py``): keyed as ``ANY`` there."""
     roots: dict[int, int] = {}
     classes: dict[int, SizeClass] = {}
     # Arguments sharing memory with no root in common (from_numpy of one array): compared from the
@@ -58,8 +62,8 @@ def call_key(tree, leaves: list, dynamic: Mapping[int, tuple[int, ...]] | None =
                 ("tensor", shape, strides, leaf._dtype, leaf._device, leaf._requires_grad, leaf._grad is not None,
                  alias, hooks)
             )  # fmt: skip
-        elif type(leaf) is float:
-            parts.append((float, leaf.hex()))  # -0.0 and nan are values of their own
+        elif type(leaf) is float:  # -0.0 and nan are values of their own
+            parts.append((float, ANY if i in floats else leaf.hex()))
         elif isinstance(leaf, _PLAIN):
             parts.append((type(leaf), leaf))
         else:
@@ -138,7 +142,9 @@ def _count(hooks: tuple | None) -> str:
     return " and ".join(f"{n} {kind}" for kind, n in zip(("hooks", "post-accumulate hooks"), hooks, strict=True) if n)
 
 
-def dynamic_key(dims_by_tree: dict, key: tuple, spec, leaves: list) -> tuple[tuple, str]:
+def dynamic_key(
+    dims_by_tree: dict, key: tuple, spec, leaves: list, floats: frozenset[int] = frozenset()
+) -> tuple[tuple, str]:
     """The key a new dynamic specialization (``spec.dynamic``: its (argument, dim) pairs) is cached
     under, its dynamic sizes as size classes, and what to add to its reason for ``kiln.explain``.
     ``dims_by_tree`` (the compiled function's, per call tree) gains its dims: the key leaves out the
@@ -150,7 +156,7 @@ def dynamic_key(dims_by_tree: dict, key: tuple, spec, leaves: list) -> tuple[tup
     dims_by_tree[key[0]] = dims
     # ``leaves`` are the arguments after the traced call: their ``.grad`` (a backward inside the call)
     # and requires_grad are taken from ``key``, the arguments as they came, as every call looks up
-    fresh = call_key(key[0], leaves, dims)
+    fresh = call_key(key[0], leaves, dims, floats)
     parts = tuple((*new[:5], *old[5:7], *new[7:]) if new[0] == "tensor" else new
                   for new, old in zip(fresh[1], key[1], strict=True))  # fmt: skip
     spec.key = (fresh[0], parts, *key[2:])

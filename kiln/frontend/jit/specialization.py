@@ -21,6 +21,7 @@ from ..autograd.node import RemovableHandle, hook_state
 from ..tensor import Tensor, make_tensor
 from .layouts import memory_owner, overlaps
 from .pytree import unflatten
+from .scalar_args import as_inputs
 from .signature import Argument, Captured, Signature, apply, bind, call, made_fresh
 
 if TYPE_CHECKING:
@@ -87,6 +88,8 @@ class Specialization:
     dynamic: list[tuple[int, int]] | None = None  # (argument position, dim) of each symbolic size, if any
     size_guards: list = field(default_factory=list)  # watched_sizes.SizeGuard: comparisons its sizes keep
     not_dynamic: str | None = None  # why a trace at other sizes did not make it dynamic
+    scalar_arguments: tuple[int, ...] = ()  # leaf positions of the float arguments it reads (scalar_args.py)
+    scalar_program: tuple | None = None  # (traced graph, Python results): what another value's trace must match
 
     def __post_init__(self) -> None:
         self._captured = [s for s in self.signature.inputs if isinstance(s, Captured)]
@@ -122,7 +125,9 @@ class Specialization:
 
     def external(self, index: int, leaves: list):
         """The tensor graph input ``index`` reads at a call with these flattened arguments."""
-        return self.signature.tensor(index, leaves)
+        return self.signature.tensor(
+            index, as_inputs(leaves, self.scalar_arguments) if self.scalar_arguments else leaves
+        )
 
     # ------------------------------------------------------------------ guards
     def state_miss(self, fn_globals: dict | None, closure_values: dict, leaves: list) -> str | None:
@@ -234,6 +239,8 @@ class Specialization:
     def run(self, leaves: list):
         for fn, args, kwargs in self.prologues:
             fn(*args, **kwargs)
+        if self.scalar_arguments:
+            leaves = as_inputs(leaves, self.scalar_arguments)
         arrays = bind(self.signature, leaves)
         program = self.program
         outputs = program.run_checked_inputs(arrays) if self._inputs_checked else program(arrays)

@@ -37,6 +37,7 @@ from ..tensor import Tensor
 from . import state
 from .layouts import SharedMemory, contains, dense_order, is_identity
 from .locations import user_location
+from .outcomes import TraceBreak, TraceBreakError
 from .signature import (
     BornView,
     ClearGrad,
@@ -53,28 +54,6 @@ from .signature import (
 from .specialization import PythonRead
 
 _PERMUTE = P["permute"]
-
-
-class TraceBreakError(RuntimeError):
-    """``fullgraph=True``: the function did something a graph cannot capture (the message says what and where)."""
-
-
-class CompileWarning(UserWarning):
-    """What ``kiln.compile`` did instead of running compiled code -- a trace that stopped (that call ran
-    eagerly), the recompile limit reached -- said once per function and reason, at the user's call.
-    Silence it as any warning: ``warnings.filterwarnings("ignore", category=kiln.CompileWarning)``."""
-
-
-@dataclass(frozen=True)
-class TraceBreak:
-    """Why and where a trace stopped."""
-
-    reason: str
-    loc: SourceLocation | None
-
-    def __str__(self) -> str:
-        where = f" at {self.loc}" if self.loc else ""
-        return f"{self.reason}{where}"
 
 
 @dataclass
@@ -166,6 +145,9 @@ class Trace:
         self.watched_sizes: frozenset[int] | dict[int, int | None] = frozenset()  # (a dict: each with its shadow)
         self.size_compared: str | None = None
         self.size_guards: list[tuple] = []  # (size, comparison, int, result, where): on_size_guard
+        # float arguments read as inputs (scalar_args.py): id -> (float, its input, position); a watched one's use
+        self.scalar_args: dict[int, tuple] = {}
+        self.scalar_compared: str | None = None
 
     # ------------------------------------------------------------------ entering and leaving
     def start(self) -> Trace:

@@ -20,7 +20,16 @@ _FLOATS = frozenset((np.dtype(np.float32), np.dtype(np.float64)))
 
 
 def scalar_tensor(value, dtype: dt.DType, device: Device = CPU) -> Tensor:
-    """A 0-d tensor holding a Python number, as a constant operand of an op."""
+    """A 0-d tensor holding a Python number, as a constant operand of an op -- or, while a trace reads
+    the number as an argument of the call (``jit/scalar_args.py``), that input cast to ``dtype``."""
+    if _jit.tracing and dtype.is_floating_point and device is CPU:
+        trace = _jit.current.get()
+        if trace is not None and trace.scalar_args:
+            from ..jit.scalar_args import operand  # noqa: PLC0415 - loaded with the compiler
+
+            number = operand(trace, value)
+            if number is not None:
+                return cast(number, dtype)
     try:
         array = np.asarray(value, dtype=dtype.np)
     except OverflowError:  # int8_tensor + 300: the number wraps into the dtype, as in PyTorch
