@@ -1,11 +1,11 @@
 """More of PyTorch's indexing names over ``index_put``, ``gather`` and ``scatter_add``:
 ``index_copy``, ``index_fill``, ``masked_scatter``, ``select_scatter``, ``slice_scatter``,
 ``scatter_reduce``, ``unravel_index``, ``pdist``; integer names without a primitive (``gcd``,
-``lcm``, the ``bitwise_*`` ops on integers, ``frexp``); and small Tensor predicates.
+``lcm``, ``frexp``); and small Tensor predicates.
 
 The integer ops kiln has no primitive for run numpy's kernel on the values: under
 ``kiln.compile`` that stops the trace with a reason naming the op (the call finishes eagerly).
-On bool tensors the bitwise ops are the logical ones, which compile.
+(The ``bitwise_*`` ops have primitives: ``bitwise.py``.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..tensor import Tensor, make_tensor, method
 from ._util import cast
 from .copies import constant
 from .creation import ones_like, zeros_like
-from .elementwise import div, eq, floor_divide, logical_and, logical_not, logical_or, logical_xor, lt, remainder, where
+from .elementwise import div, eq, floor_divide, lt, remainder, where
 from .indexing import gather, index_put, index_select, nonzero, scatter_add
 from .more_linalg import cdist
 from .reductions import cumsum
@@ -30,7 +30,7 @@ from .shape import expand, movedim, reshape
 
 __all__ = [
     "index_copy", "index_fill", "masked_scatter", "select_scatter", "slice_scatter", "scatter_reduce",
-    "unravel_index", "argwhere", "pdist", "gcd", "lcm", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "frexp",
+    "unravel_index", "argwhere", "pdist", "gcd", "lcm", "frexp",
     "angle",
 ]  # fmt: skip
 
@@ -226,30 +226,6 @@ def gcd(input: Tensor, other: Tensor) -> Tensor:
 def lcm(input: Tensor, other: Tensor) -> Tensor:
     _integers("lcm", input, other)
     return _numpy_op("lcm", np.lcm, input, other)
-
-
-def _bitwise(name: str, logical, numpy_fn):
-    def op(input, other) -> Tensor:
-        _integers(name, input, other)
-        bools = all(x.dtype is dt.bool_ if isinstance(x, Tensor) else isinstance(x, bool) for x in (input, other))
-        if bools:
-            return logical(input, other)
-        return _numpy_op(name, numpy_fn, input, other)
-
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Elementwise {name}: the logical op on bools (compiled), numpy's on integers (eager)."
-    return method(name)(op)
-
-
-bitwise_and = _bitwise("bitwise_and", logical_and, np.bitwise_and)
-bitwise_or = _bitwise("bitwise_or", logical_or, np.bitwise_or)
-bitwise_xor = _bitwise("bitwise_xor", logical_xor, np.bitwise_xor)
-
-
-@method("bitwise_not")
-def bitwise_not(input: Tensor) -> Tensor:
-    _integers("bitwise_not", input)
-    return logical_not(input) if input.dtype is dt.bool_ else _numpy_op("bitwise_not", np.invert, input)
 
 
 @method("frexp")
