@@ -36,7 +36,7 @@ def _bits(name: str, prim, logical, kernel: str):
     def op(input, other) -> Tensor:
         if isinstance(input, Tensor) and isinstance(other, Tensor) and input._dtype is other._dtype:
             dtype = input._dtype  # (the common case: no promotion)
-            operands = (input, other)
+            operands: tuple[Tensor, ...] = (input, other)
         else:
             try:
                 operands = promote(input, other, op=name)

@@ -1,5 +1,5 @@
 """``as_strided`` and PyTorch's in-place view ops: ``unsqueeze_``, ``squeeze_``, ``transpose_``, ``t_``,
-``swapaxes_``/``swapdims_``, ``as_strided_``.
+``swapaxes_``/``swapdims_``, ``as_strided_``; ``resize_`` and ``resize_as_``.
 
 An in-place view op changes the tensor's own layout (shape, strides, offset), not its values:
 ``restride`` gives the tensor the layout of the functional view op's result, and that result's
@@ -21,6 +21,8 @@ new shape, which a compiled program cannot give: the call runs eagerly, the reas
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -108,6 +110,47 @@ def t_(self: Tensor) -> Tensor:
 @method("as_strided_")
 def as_strided_(self: Tensor, size, stride, storage_offset: int | None = None) -> Tensor:
     return restride(self, lambda x: as_strided(x, size, stride, storage_offset), "as_strided_")
+
+
+# ----------------------------------------------------------------------------- resize_
+@method("resize_")
+def resize_(self: Tensor, *sizes, memory_format=None) -> Tensor:
+    """``self`` made contiguous of shape ``sizes`` over its memory from its own offset, as PyTorch's:
+    the elements in memory order, the first ones kept. Growing past the memory takes new memory with
+    the old elements first and zeros after (PyTorch leaves them uninitialized); a view cannot grow
+    past its base's memory in kiln (PyTorch grows the base's storage too), and views made before a
+    growth keep the old memory."""
+    size = tuple(int(n) for n in (sizes[0] if len(sizes) == 1 and isinstance(sizes[0], tuple | list) else sizes))
+    if any(n < 0 for n in size):
+        raise RuntimeError(f"resize_: sizes must be non-negative, got {list(size)}")
+    if self._requires_grad:
+        raise RuntimeError("cannot resize variables that require grad")
+    if _jit.tracing and _jit.current.get() is not None:
+        _jit.unsafe("resize_ changes a tensor's shape and memory in place, which a compiled call does not repeat")
+    root = self._base if self._base is not None else self
+    storage = _storage(root)
+    if storage is None:
+        raise RuntimeError("resize_: the tensor's base does not hold its elements in one dense block of memory")
+    offset, count = self.storage_offset(), math.prod(size)
+    if offset + count <= storage.size:
+        self._data = storage[offset : offset + count].reshape(size)
+    elif self._base is None:
+        xp = np if isinstance(storage, np.ndarray) else __import__("cupy")
+        grown = xp.zeros(count, dtype=storage.dtype)
+        grown[: storage.size] = storage
+        self._data = grown.reshape(size)
+    else:
+        raise RuntimeError(
+            f"resize_: a view of {storage.size - offset} elements from offset {offset} cannot grow to {count} "
+            "(kiln does not grow the memory it shares with its base): resize a clone"
+        )
+    self._version[0] += 1
+    return self
+
+
+@method("resize_as_")
+def resize_as_(self: Tensor, other: Tensor, memory_format=None) -> Tensor:
+    return resize_(self, tuple(other.shape))
 
 
 # ----------------------------------------------------------------------------- as_strided

@@ -1,6 +1,6 @@
 """More of PyTorch's indexing names over ``index_put``, ``gather`` and ``scatter_add``:
 ``index_copy``, ``index_fill``, ``masked_scatter``, ``select_scatter``, ``slice_scatter``,
-``scatter_reduce``, ``unravel_index``, ``pdist``; integer names without a primitive (``gcd``,
+``scatter_reduce``, ``index_reduce``, ``unravel_index``, ``pdist``; integer names without a primitive (``gcd``,
 ``lcm``, ``frexp``); and small Tensor predicates.
 
 The integer ops kiln has no primitive for run numpy's kernel on the values: under
@@ -20,6 +20,7 @@ from ..autograd.grad_mode import is_grad_enabled
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast
+from .checks import check_range
 from .copies import constant
 from .creation import ones_like, zeros_like
 from .elementwise import div, eq, floor_divide, lt, remainder, where
@@ -29,7 +30,7 @@ from .reductions import cumsum
 from .shape import expand, movedim, reshape
 
 __all__ = [
-    "index_copy", "index_fill", "masked_scatter", "select_scatter", "slice_scatter", "scatter_reduce",
+    "index_copy", "index_fill", "masked_scatter", "select_scatter", "slice_scatter", "scatter_reduce", "index_reduce",
     "unravel_index", "argwhere", "pdist", "gcd", "lcm", "frexp",
     "angle",
 ]  # fmt: skip
@@ -162,6 +163,42 @@ def scatter_reduce(input: Tensor, dim: int, index: Tensor, src: Tensor, reduce: 
     grid[dim] = idx
     ufunc.at(out, tuple(grid), values[tuple(slice(0, s) for s in idx.shape)])
     return constant(out, input.device)
+
+
+_INDEX_REDUCTIONS = ("prod", "mean", "amax", "amin")
+
+
+@method("index_reduce")
+def index_reduce(input: Tensor, dim: int, index: Tensor, source: Tensor, reduce: str, *, include_self: bool = True):
+    """``source``'s slices along ``dim`` reduced into ``input``'s slices ``index`` with prod, mean, amax
+    or amin: ``scatter_reduce`` with the index spread over each slice (so mean has a gradient and
+    compiles; prod, amax and amin run as ``scatter_reduce``'s do)."""
+    if reduce not in _INDEX_REDUCTIONS:
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    if index.ndim > 1:
+        raise IndexError(f"index_reduce_(): Index is supposed to be a vector, but got dim: {index.ndim}")
+    if index.dtype not in (dt.int64, dt.int32):
+        raise RuntimeError(f"index_reduce_(): Expected dtype int32/int64 for index but got {index.dtype.name}")
+    if source.dtype is not input.dtype:
+        raise RuntimeError(
+            f"index_reduce_(): self ({input.dtype.name}) and source ({source.dtype.name}) must have the same scalar type"
+        )
+    if input.ndim == 0 or source.ndim != input.ndim:
+        raise RuntimeError(
+            f"index_reduce_(): source ({source.ndim}D) and self ({input.ndim}D) must have as many dims, at least one"
+        )
+    dim = normalize_axis(dim, input.ndim)
+    count = source.shape[dim]
+    if index.numel() != count:
+        raise RuntimeError(
+            f"index_reduce_(): Number of indices ({index.numel()}) should be equal to source.size(dim): ({count}), "
+            f"for dim: {dim}"
+        )
+    check_range(index, 0, input.shape[dim], IndexError, "index out of range in self")
+    spread = [1] * source.ndim
+    spread[dim] = count
+    positions = expand(reshape(cast(index, dt.int64), tuple(spread)), tuple(source.shape))
+    return scatter_reduce(input, dim, positions, source, reduce, include_self=include_self)
 
 
 def unravel_index(indices, shape) -> tuple[Tensor, ...]:
