@@ -15,7 +15,7 @@ from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ..dispatch import apply
 from ..tensor import Tensor, method
-from ._util import promote
+from ._util import promote, scalar_tensor
 from .elementwise import logical_and, logical_not, logical_or, logical_xor
 from .inplace import commit_inplace
 from .numpy_operands import has_array, operate
@@ -37,6 +37,11 @@ def _bits(name: str, prim, logical, kernel: str):
         if isinstance(input, Tensor) and isinstance(other, Tensor) and input._dtype is other._dtype:
             dtype = input._dtype  # (the common case: no promotion)
             operands: tuple[Tensor, ...] = (input, other)
+        elif isinstance(input, Tensor) and other.__class__ is bool and input._dtype is dt.bool_ and logical is not None:
+            return logical(input, other)  # ``mask | True``: promote's path costs ~1.4 us more
+        elif isinstance(input, Tensor) and other.__class__ is int and input._dtype.category == dt.INTEGER:
+            dtype = input._dtype  # ``t & 0xFF``: the number wraps into the tensor's dtype, as promote's would
+            operands = (input, scalar_tensor(other, dtype, input._device))
         else:
             try:
                 operands = promote(input, other, op=name)
