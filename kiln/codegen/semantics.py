@@ -344,6 +344,58 @@ class Semantics:
     def logical_xor(self, a: Scalar, b: Scalar) -> Scalar:
         return self.core.xor(self.truth(a), self.truth(b))
 
+    # ------------------------------------------------------------------ bits
+
+    def _bits(self, name: str, a: Scalar, b: Scalar) -> DType:
+        dtype = self._same(name, a, b)
+        if dtype.category == dt.FLOATING:
+            self._reject(name, a, "a bit operation; PyTorch refuses floating point")
+        return dtype
+
+    def bitwise_and(self, a: Scalar, b: Scalar) -> Scalar:
+        self._bits("bitwise_and", a, b)
+        return self.core.and_(a, b)
+
+    def bitwise_or(self, a: Scalar, b: Scalar) -> Scalar:
+        self._bits("bitwise_or", a, b)
+        return self.core.or_(a, b)
+
+    def bitwise_xor(self, a: Scalar, b: Scalar) -> Scalar:
+        self._bits("bitwise_xor", a, b)
+        return self.core.xor(a, b)
+
+    def bitwise_not(self, x: Scalar) -> Scalar:
+        if x.dtype.category == dt.FLOATING:
+            self._reject("bitwise_not", x, "a bit operation; PyTorch refuses floating point")
+        return self.core.not_(x)  # on bool, logical not
+
+    def _shift_count(self, name: str, a: Scalar, b: Scalar) -> tuple[Scalar, int]:
+        """Whether the count ``b`` is in [0, width), and the width: PyTorch defines the rest."""
+        if self._bits(name, a, b) is dt.bool_:
+            self._reject(name, a, "PyTorch has no shift of bool")
+        width, c = 8 * a.dtype.itemsize, self.core
+        in_range = c.compare("<", b, self._const(b, width))
+        if _kind(b.dtype) == "s":
+            in_range = c.and_(in_range, c.compare(">=", b, self._const(b, 0)))
+        return in_range, width
+
+    def shift_left(self, a: Scalar, b: Scalar) -> Scalar:
+        """a << b, wrapping; 0 for a count < 0 or >= the width (the core sees only counts in range)."""
+        c = self.core
+        in_range, _ = self._shift_count("shift_left", a, b)
+        zero = self._const(a, 0)
+        return c.select(in_range, c.shl(a, c.select(in_range, b, zero)), zero)
+
+    def shift_right(self, a: Scalar, b: Scalar) -> Scalar:
+        """a >> b, arithmetic on signed ints; out-of-range counts give the sign fill: a shift by
+        width - 1 for signed ints (one select, no second), 0 for unsigned."""
+        c = self.core
+        in_range, width = self._shift_count("shift_right", a, b)
+        if _kind(a.dtype) == "s":
+            return c.ashr(a, c.select(in_range, b, self._const(b, width - 1)))
+        zero = self._const(a, 0)
+        return c.select(in_range, c.lshr(a, c.select(in_range, b, zero)), zero)
+
     # ------------------------------------------------------------------ select and cast
 
     def select(self, cond: Scalar, a: Scalar, b: Scalar) -> Scalar:

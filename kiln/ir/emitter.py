@@ -20,18 +20,20 @@ import numpy as np
 from .dtypes import FLOATING, DType, float_to_int
 
 UNARY_METHODS = ("neg", "abs", "sign", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "sin", "cos", "tanh",
-                 "sigmoid", "erf", "floor", "ceil", "round_half_even", "logical_not")  # fmt: skip
+                 "sigmoid", "erf", "floor", "ceil", "round_half_even", "logical_not", "bitwise_not")  # fmt: skip
 BINARY_METHODS = ("add", "sub", "mul", "div", "floordiv", "mod", "pow", "max", "min", "eq", "ne", "lt", "le", "gt",
-                  "ge", "logical_and", "logical_or", "logical_xor")  # fmt: skip
+                  "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
+                  "shift_left", "shift_right")  # fmt: skip
 
 
 class Emitter(Protocol):
     """Every method takes and returns the emitter's value type (an LLVM value, a CUDA expression...).
 
     Unary: neg abs sign exp expm1 log log1p sqrt rsqrt sin cos tanh sigmoid erf floor ceil
-    round_half_even logical_not (sign is 0 for nan). Binary: add sub mul div floordiv (toward -inf) mod (sign of the
-    divisor) pow max min (both propagate nan) eq ne lt le gt ge logical_and logical_or
-    logical_xor. Also ``select(cond, a, b)`` and ``cast(x, dtype)`` (float -> int saturates,
+    round_half_even logical_not bitwise_not (sign is 0 for nan). Binary: add sub mul div floordiv (toward -inf) mod
+    (sign of the divisor) pow max min (both propagate nan) eq ne lt le gt ge logical_and logical_or
+    logical_xor bitwise_and bitwise_or bitwise_xor shift_left shift_right (integers; a count < 0 or >= the
+    width shifts every bit out, as in PyTorch). Also ``select(cond, a, b)`` and ``cast(x, dtype)`` (float -> int saturates,
     nan -> 0).
     """
 
@@ -47,7 +49,8 @@ _NUMPY_NAMES: dict[str, Callable[..., Any]] = {
     "floordiv": np.floor_divide, "mod": np.remainder, "pow": np.power, "max": np.maximum, "min": np.minimum,
     "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
     "ge": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
-    "logical_xor": np.logical_xor,
+    "logical_xor": np.logical_xor, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor, "bitwise_not": np.invert,
 }  # fmt: skip
 
 
@@ -72,6 +75,16 @@ class NumpyEmitter:
 
     def select(self, cond, a, b):
         return np.where(cond, a, b)
+
+    def shift_left(self, a, b):
+        from .primitives.bitwise import shift_left  # noqa: PLC0415 - the reference's own kernel, loaded when used
+
+        return np.asarray(shift_left.eager(np, a, b))
+
+    def shift_right(self, a, b):
+        from .primitives.bitwise import shift_right  # noqa: PLC0415
+
+        return np.asarray(shift_right.eager(np, a, b))
 
     def cast(self, x, dtype: DType):
         if dtype.category != FLOATING and x.dtype.kind == "f":

@@ -134,9 +134,11 @@ def test_operators_and_reflected_forms():
     assert (np.float32(2.0) * x).tolist() == [2.0, 4.0, 8.0]
 
 
-def test_bitwise_operators_on_integers_say_what_is_supported():
-    with pytest.raises(TypeError, match="bool tensors only"):
-        kiln.tensor([1, 2]) & kiln.tensor([1, 0])
+def test_bitwise_operators_on_integers_and_floats():
+    """(Parity over every dtype: tests/frontend/test_bitwise_ops.py.)"""
+    assert (kiln.tensor([1, 2]) & kiln.tensor([1, 0])).tolist() == [1, 0]
+    with pytest.raises(NotImplementedError, match="not implemented for 'Float'"):
+        kiln.tensor([1.0, 2.0]) & 1
 
 
 def test_inplace_ops_write_into_the_same_memory_and_bump_the_version():

@@ -22,7 +22,7 @@ TENSORS = {
     "f32[]": (2.0, "float32"), "f16": ([1.0, 2.0, -3.0], "float16"), "f64": ([1.0, 2.0, -3.0], "float64"),
 }  # fmt: skip
 OPERATORS = ["add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "eq", "lt", "le", "gt", "ge", "matmul",
-             "and_", "or_", "xor", "iadd", "imul", "itruediv"]  # fmt: skip
+             "and_", "or_", "xor", "lshift", "rshift", "iadd", "imul", "itruediv", "iand", "ilshift"]  # fmt: skip
 
 
 def _outcome(lib, op: str, tensor_key: str, array_key: str, reflected: bool):
@@ -43,11 +43,8 @@ def _outcome(lib, op: str, tensor_key: str, array_key: str, reflected: bool):
 
 
 def _differs_on_purpose(op: str, tensor_key: str, array_key: str, outcome) -> bool:
-    """kiln's documented differences: integer division by zero raises (numpy gives 0), and kiln has
-    no bitwise integer ops (``&`` on int64 tensors raises, as it does without an array)."""
-    zero_divisor = op in ("floordiv", "mod") and outcome == "ZeroDivisionError"
-    bitwise_ints = op in ("and_", "or_", "xor") and (tensor_key != "bool" or array_key != "bool")
-    return zero_divisor or bitwise_ints
+    """kiln's documented difference: integer division by zero raises (numpy gives 0)."""
+    return op in ("floordiv", "mod") and outcome == "ZeroDivisionError"
 
 
 @pytest.mark.parametrize("op", OPERATORS)

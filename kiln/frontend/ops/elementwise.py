@@ -499,20 +499,6 @@ def _operator(prim, name: str):
     return op
 
 
-def _bool_only(name: str, logical, reflected: bool = False):
-    def op(self, other):
-        a, b = (other, self) if reflected else (self, other)
-        if has_array(a, b):  # a bool tensor and a bool array: numpy's bitwise op, as uint8 (numpy_operands)
-            return operate(logical, a, b, logical.__name__)
-        if isinstance(a, Tensor) and a._dtype is not dt.bool_ or isinstance(b, Tensor) and b._dtype is not dt.bool_:
-            raise TypeError(
-                f"the `{name}` operator is supported on bool tensors only (bitwise integer ops are not in kiln yet)"
-            )
-        return logical(a, b)
-
-    return op
-
-
 _OPERATORS = {
     "__add__": _operator(_add, "add"), "__radd__": lambda a, b: add(b, a),
     "__sub__": _operator(_sub, "sub"), "__rsub__": lambda a, b: sub(b, a),
@@ -522,19 +508,9 @@ _OPERATORS = {
     "__mod__": remainder, "__rmod__": lambda a, b: remainder(b, a),
     "__pow__": pow, "__rpow__": lambda a, b: pow(b, a),
     "__eq__": eq, "__ne__": ne, "__lt__": lt, "__le__": le, "__gt__": gt, "__ge__": ge,
-    "__and__": _bool_only("&", logical_and), "__rand__": _bool_only("&", logical_and, reflected=True),
-    "__or__": _bool_only("|", logical_or), "__ror__": _bool_only("|", logical_or, reflected=True),
-    "__xor__": _bool_only("^", logical_xor), "__rxor__": _bool_only("^", logical_xor, reflected=True),
 }  # fmt: skip
 for _name, _fn in _OPERATORS.items():
-    method(_name)(_fn)
-
-
-@method("__invert__")
-def _invert(self: Tensor) -> Tensor:
-    if self._dtype is not dt.bool_:
-        raise TypeError("the `~` operator is supported on bool tensors only (bitwise integer ops are not in kiln yet)")
-    return logical_not(self)
+    method(_name)(_fn)  # (``& | ^ ~ << >>``: bitwise.py)
 
 
 @method("__pos__")

@@ -1,11 +1,11 @@
 """More of PyTorch's indexing names over ``index_put``, ``gather`` and ``scatter_add``:
 ``index_copy``, ``index_fill``, ``masked_scatter``, ``select_scatter``, ``slice_scatter``,
-``scatter_reduce``, ``unravel_index``, ``pdist``; integer names without a primitive (``gcd``,
-``lcm``, the ``bitwise_*`` ops on integers, ``frexp``); and small Tensor predicates.
+``scatter_reduce``, ``index_reduce``, ``unravel_index``, ``pdist``; integer names without a primitive (``gcd``,
+``lcm``, ``frexp``); and small Tensor predicates.
 
 The integer ops kiln has no primitive for run numpy's kernel on the values: under
 ``kiln.compile`` that stops the trace with a reason naming the op (the call finishes eagerly).
-On bool tensors the bitwise ops are the logical ones, which compile.
+(The ``bitwise_*`` ops have primitives: ``bitwise.py``.)
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ from ..autograd.grad_mode import is_grad_enabled
 from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast
+from .checks import check_range
 from .copies import constant
 from .creation import ones_like, zeros_like
-from .elementwise import div, eq, floor_divide, logical_and, logical_not, logical_or, logical_xor, lt, remainder, where
+from .elementwise import div, eq, floor_divide, lt, remainder, where
 from .indexing import gather, index_put, index_select, nonzero, scatter_add
 from .more_linalg import cdist
 from .reductions import cumsum
 from .shape import expand, movedim, reshape
 
 __all__ = [
-    "index_copy", "index_fill", "masked_scatter", "select_scatter", "slice_scatter", "scatter_reduce",
-    "unravel_index", "argwhere", "pdist", "gcd", "lcm", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "frexp",
+    "index_copy", "index_fill", "masked_scatter", "select_scatter", "slice_scatter", "scatter_reduce", "index_reduce",
+    "unravel_index", "argwhere", "pdist", "gcd", "lcm", "frexp",
     "angle",
 ]  # fmt: skip
 
@@ -164,6 +165,42 @@ def scatter_reduce(input: Tensor, dim: int, index: Tensor, src: Tensor, reduce: 
     return constant(out, input.device)
 
 
+_INDEX_REDUCTIONS = ("prod", "mean", "amax", "amin")
+
+
+@method("index_reduce")
+def index_reduce(input: Tensor, dim: int, index: Tensor, source: Tensor, reduce: str, *, include_self: bool = True):
+    """``source``'s slices along ``dim`` reduced into ``input``'s slices ``index`` with prod, mean, amax
+    or amin: ``scatter_reduce`` with the index spread over each slice (so mean has a gradient and
+    compiles; prod, amax and amin run as ``scatter_reduce``'s do)."""
+    if reduce not in _INDEX_REDUCTIONS:
+        raise RuntimeError(f"index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got {reduce}.")
+    if index.ndim > 1:
+        raise IndexError(f"index_reduce_(): Index is supposed to be a vector, but got dim: {index.ndim}")
+    if index.dtype not in (dt.int64, dt.int32):
+        raise RuntimeError(f"index_reduce_(): Expected dtype int32/int64 for index but got {index.dtype.name}")
+    if source.dtype is not input.dtype:
+        raise RuntimeError(
+            f"index_reduce_(): self ({input.dtype.name}) and source ({source.dtype.name}) must have the same scalar type"
+        )
+    if input.ndim == 0 or source.ndim != input.ndim:
+        raise RuntimeError(
+            f"index_reduce_(): source ({source.ndim}D) and self ({input.ndim}D) must have as many dims, at least one"
+        )
+    dim = normalize_axis(dim, input.ndim)
+    count = source.shape[dim]
+    if index.numel() != count:
+        raise RuntimeError(
+            f"index_reduce_(): Number of indices ({index.numel()}) should be equal to source.size(dim): ({count}), "
+            f"for dim: {dim}"
+        )
+    check_range(index, 0, input.shape[dim], IndexError, "index out of range in self")
+    spread = [1] * source.ndim
+    spread[dim] = count
+    positions = expand(reshape(cast(index, dt.int64), tuple(spread)), tuple(source.shape))
+    return scatter_reduce(input, dim, positions, source, reduce, include_self=include_self)
+
+
 def unravel_index(indices, shape) -> tuple[Tensor, ...]:
     """The coordinates of flat ``indices`` in an array of ``shape`` (row-major), one int64 tensor per dim."""
     if not isinstance(indices, Tensor):
@@ -226,30 +263,6 @@ def gcd(input: Tensor, other: Tensor) -> Tensor:
 def lcm(input: Tensor, other: Tensor) -> Tensor:
     _integers("lcm", input, other)
     return _numpy_op("lcm", np.lcm, input, other)
-
-
-def _bitwise(name: str, logical, numpy_fn):
-    def op(input, other) -> Tensor:
-        _integers(name, input, other)
-        bools = all(x.dtype is dt.bool_ if isinstance(x, Tensor) else isinstance(x, bool) for x in (input, other))
-        if bools:
-            return logical(input, other)
-        return _numpy_op(name, numpy_fn, input, other)
-
-    op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Elementwise {name}: the logical op on bools (compiled), numpy's on integers (eager)."
-    return method(name)(op)
-
-
-bitwise_and = _bitwise("bitwise_and", logical_and, np.bitwise_and)
-bitwise_or = _bitwise("bitwise_or", logical_or, np.bitwise_or)
-bitwise_xor = _bitwise("bitwise_xor", logical_xor, np.bitwise_xor)
-
-
-@method("bitwise_not")
-def bitwise_not(input: Tensor) -> Tensor:
-    _integers("bitwise_not", input)
-    return logical_not(input) if input.dtype is dt.bool_ else _numpy_op("bitwise_not", np.invert, input)
 
 
 @method("frexp")

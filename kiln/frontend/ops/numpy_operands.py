@@ -4,7 +4,7 @@ PyTorch's arithmetic operators take no ndarray: ``t + a`` gives way to numpy, wh
 tensor's array and wraps its result as a tensor (``Tensor.__array_wrap__``). What a ported program
 sees, measured with torch 2.13 and numpy 2, and what kiln gives:
 
-- ``t + a``, ``-``, ``*``, ``/``, ``//``, ``%``, ``**``, ``@`` (and ``&``, ``|``, ``^`` on bool tensors):
+- ``t + a``, ``-``, ``*``, ``/``, ``//``, ``%``, ``**``, ``@``, ``&``, ``|``, ``^``, ``<<``, ``>>``:
   a tensor of *numpy's* result dtype for the two dtypes (``float32`` with ``float64[3]`` is float64,
   ``float16`` with ``int64`` is float64; a 0-d array is an array, not a weak scalar, as in NEP 50),
   a bool result as uint8 (``__array_wrap__`` makes it so); where numpy has no loop (``bool - bool``,
@@ -36,13 +36,14 @@ from .creation import as_tensor
 #: The numpy function that PyTorch's operator falls back to, by kiln op name.
 _UFUNCS = {
     "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.true_divide, "floor_divide": np.floor_divide,
-    "remainder": np.remainder, "pow": np.power, "matmul": np.matmul, "logical_and": np.bitwise_and,
-    "logical_or": np.bitwise_or, "logical_xor": np.bitwise_xor,
+    "remainder": np.remainder, "pow": np.power, "matmul": np.matmul, "bitwise_and": np.bitwise_and,
+    "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor, "bitwise_left_shift": np.left_shift,
+    "bitwise_right_shift": np.right_shift,
 }  # fmt: skip
 _SYMBOLS = {
     "add": "+", "sub": "-", "mul": "*", "div": "/", "floor_divide": "//", "remainder": "%", "pow": "**",
-    "matmul": "@", "logical_and": "&", "logical_or": "|", "logical_xor": "^", "lt": "<", "le": "<=", "gt": ">",
-    "ge": ">=",
+    "matmul": "@", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "bitwise_and": "&", "bitwise_or": "|",
+    "bitwise_xor": "^", "bitwise_left_shift": "<<", "bitwise_right_shift": ">>",
 }  # fmt: skip
 _ORDERINGS = frozenset({"lt", "le", "gt", "ge"})
 
@@ -76,9 +77,5 @@ def operate(fn: Callable, a, b, name: str):
         dtype = dt.from_numpy_dtype(computed[0])
     except TypeError:
         raise TypeError(f"a tensor {symbol} a numpy array of {b.dtype}: kiln has no {computed[0]} tensors") from None
-    if name.startswith("logical_") and dtype is not dt.bool_:
-        raise TypeError(
-            f"the `{symbol}` operator is supported on bool operands only (bitwise integer ops are not in kiln yet)"
-        )
     out = fn(cast(a, dtype), as_tensor(b, dtype=dtype, device=a._device))
     return cast(out, dt.uint8) if out._dtype is dt.bool_ else out  # (PyTorch's __array_wrap__ makes bool uint8)

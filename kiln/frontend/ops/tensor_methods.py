@@ -13,6 +13,7 @@ every kiln tensor (``is_meta``, ``is_quantized``...), the conjugate-transpose na
 from __future__ import annotations
 
 from ...runtime.devices import cuda_available
+from ..autograd.grad_mode import is_grad_enabled
 from ..tensor import Size, Tensor, method
 from . import elementwise, shape
 from .creation import empty, tensor
@@ -105,9 +106,19 @@ for _name, _fn in {
     "negative_": elementwise.neg, "logical_and_": elementwise.logical_and, "logical_or_": elementwise.logical_or,
     "logical_xor_": elementwise.logical_xor, "index_fill_": Tensor.index_fill,  # type: ignore[attr-defined]
     "index_copy_": Tensor.index_copy, "masked_scatter_": Tensor.masked_scatter,  # type: ignore[attr-defined]
-    "fix_": elementwise.trunc,
+    "fix_": elementwise.trunc, "scatter_reduce_": Tensor.scatter_reduce,  # type: ignore[attr-defined]
+    "index_reduce_": Tensor.index_reduce,  # type: ignore[attr-defined]
 }.items():  # fmt: skip
     _inplace(_name, _fn)
+
+
+@method("renorm_")
+def renorm_(self: Tensor, p, dim: int, maxnorm) -> Tensor:
+    """In-place ``renorm``. Its composite saves its input deep inside (``abs``), where the write would
+    invalidate it: with a gradient to track it reads a clone (the old values) instead."""
+    source = self.clone() if self.requires_grad and is_grad_enabled() else self
+    return commit_inplace(self, Tensor.renorm(source, p, dim, maxnorm), op="renorm_")  # type: ignore[attr-defined]
+
 
 method("fix")(elementwise.trunc)
 method("unsafe_chunk")(Tensor.chunk)  # type: ignore[attr-defined]  # (imported after the ops that bind these)

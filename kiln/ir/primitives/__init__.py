@@ -179,6 +179,7 @@ def missing_rules(prim: Primitive) -> list[str]:
 
 # Importing the definitions fills PRIMITIVES; the order fixes nothing but the printout.
 from . import (  # noqa: E402,F401
+    bitwise,
     checks,
     collectives,
     convolution,

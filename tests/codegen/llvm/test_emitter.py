@@ -206,7 +206,8 @@ def test_every_elementwise_primitive_is_walked():
 P = PRIMITIVES
 RAW_NUMPY = {"floor_divide": np.floor_divide, "remainder": np.remainder}  # eager raises on x // 0 first
 UNSUPPORTED = {  # what numpy rejects (or computes in float16) for bool operands
-    ("neg", "bool"), ("sign", "bool"), ("round", "bool"), ("sub", "bool"),
+    ("neg", "bool"), ("sign", "bool"), ("round", "bool"), ("sub", "bool"), ("shift_left", "bool"),
+    ("shift_right", "bool"),  # (PyTorch has no shift of bool)
 }  # fmt: skip
 
 
@@ -243,8 +244,9 @@ def check_cases(cases: list[tuple[str, Case, np.ndarray | None]]) -> None:
 
 
 BINARY = ("add", "sub", "mul", "div", "floor_divide", "remainder", "maximum", "minimum", "eq", "ne", "lt", "le",
-          "gt", "ge", "logical_and", "logical_or", "logical_xor")  # fmt: skip
-UNARY = ("neg", "abs", "sign", "floor", "ceil", "round", "logical_not")
+          "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and", "bitwise_or", "bitwise_xor",
+          "shift_left", "shift_right")  # fmt: skip
+UNARY = ("neg", "abs", "sign", "floor", "ceil", "round", "logical_not", "bitwise_not")
 
 
 @pytest.mark.parametrize("dtype", (dt.bool_, *INT_DTYPES), ids=lambda d: d.name)
