@@ -130,8 +130,7 @@ class CompiledFunction(BackgroundCompiles):
         miss = "first call"
         while True:
             # (with dynamic floats, a miss looks up the programs traced at their values too: by_value)
-            for entry in itertools.chain(self.state.cache.get(key, ()),
-                                         self.state.cache.get(scalar_args.by_value(key, leaves), ()) if floats else ()):  # fmt: skip
+            for entry in itertools.chain(self.state.cache.get(key, ()), self._by_value(key, leaves) if floats else ()):
                 if isinstance(entry, _NOT_COMPILED):  # eagerly (a PendingEntry: until its program is ready)
                     if self.state.background_error is not None:
                         self._raise_background_error()
@@ -150,6 +149,10 @@ class CompiledFunction(BackgroundCompiles):
             # traces under, its own sizes: a static program must never serve other sizes.
             dynamic, key = None, call_key(tree, leaves, None, floats)
         return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
+
+    def _by_value(self, key: tuple, leaves: list):
+        """The entries of ``key`` with its floats keyed by value, looked up once those of ``key`` missed."""
+        yield from self.state.cache.get(scalar_args.by_value(key, leaves), ())
 
     def _run_pending(self, entry: PendingEntry, args, kwargs):
         """A call of a key whose program compiles in the background: eagerly, queueing no eager
