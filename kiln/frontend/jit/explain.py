@@ -27,6 +27,7 @@ from ...passes.memory_picture import memory_plan_dot
 from ...passes.memory_plan import format_bytes
 from .backward import BackwardPlan, ConsumedPlan
 from .call_cache import CompiledFunction
+from .scalar_args import ANY
 from .signature import (
     Argument,
     BornView,
@@ -72,7 +73,10 @@ class ExplainReport:
             elif part[0] == "object":
                 lines.append(f"argument {i}: this {part[1].__name__} object (identity)")
             else:
-                lines.append(f"argument {i}: {part[0].__name__} == {part[1]!r}")
+                if part[1] is ANY:
+                    lines.append(f"argument {i}: {part[0].__name__}, any value (an input of the program)")
+                else:
+                    lines.append(f"argument {i}: {part[0].__name__} == {part[1]!r}")
         lines.append(f"grad mode {'on' if spec.key[2] else 'off'}")
         captured = [s for s in spec.sources if s.kind == "capture"]
         if captured:

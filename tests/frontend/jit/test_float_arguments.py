@@ -61,6 +61,7 @@ def test_a_float_that_only_enters_tensor_ops_makes_one_program_for_every_value(f
     compiled = _calls(fn, lambda s: ((x, s), {}))
     assert len(compiled.state.specializations) == 2  # main: one per value (6)
     assert "argument 1: a float read at each call" in _details(compiled)
+    assert "argument 1: float, any value (an input of the program)" in str(kiln.explain(compiled, x, 0.1))
 
 
 @pytest.mark.parametrize(
