@@ -197,6 +197,7 @@ _pool = _Pool()
 _native_factory: Callable[[], Any] | None = None
 _FUNCTION_POINTER = ctypes._CFuncPtr  # type: ignore[attr-defined]  # what CFUNCTYPE(...)(address) makes
 _native: Any = None
+_native_building = threading.Lock()  # held while the native pool is built
 
 
 def install_native_pool(factory: Callable[[], Any]) -> None:
@@ -228,12 +229,23 @@ def product_work(macs: int) -> int:
 def _native_pool() -> Any:
     global _native, _native_factory
     if _native is None and _native_factory is not None:
-        factory, _native_factory = _native_factory, None  # one attempt: a failure leaves the Python pool
-        try:
-            _native = factory()
-        except Exception as error:  # noqa: BLE001 - any failure to build it: the Python pool still works
-            logger.warning("kiln: the native thread pool could not be built (%s); using Python threads", error)
+        with _native_building:  # a build under way on another thread (``prepare_native_pool``) is waited for
+            if _native is None and _native_factory is not None:
+                try:
+                    _native = _native_factory()
+                except Exception as error:  # noqa: BLE001 - any failure to build it: the Python pool still works
+                    logger.warning("kiln: the native thread pool could not be built (%s); using Python threads", error)
+                finally:
+                    _native_factory = None  # one attempt: a failure leaves the Python pool
     return _native
+
+
+def prepare_native_pool() -> None:
+    """Build the installed native pool now if it is not built (its code compiled or read from the disk
+    cache, and loaded; no worker starts). The eager thread that compiles kiln's product kernels, which
+    run on it, calls this: otherwise the first split kernel built it -- in a cold process, the second
+    call of a compiled DCGAN or CNN step, whose products are the first to split."""
+    _native_pool()
 
 
 class _State:
@@ -254,8 +266,9 @@ def park() -> None:
 
 def _reset_after_fork() -> None:
     # The child process inherits the pools' bookkeeping but none of their threads.
-    global _pool
+    global _pool, _native_building
     _pool = _Pool()
+    _native_building = threading.Lock()
     if _native is not None:
         _native.after_fork()
 
