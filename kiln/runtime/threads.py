@@ -240,11 +240,16 @@ def _native_pool() -> Any:
     return _native
 
 
+def native_pool_unbuilt() -> bool:
+    """Whether a native pool is installed but not built yet (``prepare_native_pool`` would build it)."""
+    return _native is None and _native_factory is not None
+
+
 def prepare_native_pool() -> None:
     """Build the installed native pool now if it is not built (its code compiled or read from the disk
-    cache, and loaded; no worker starts). The eager thread that compiles kiln's product kernels, which
-    run on it, calls this: otherwise the first split kernel built it -- in a cold process, the second
-    call of a compiled DCGAN or CNN step, whose products are the first to split."""
+    cache, and loaded; no worker starts): where kiln's product kernels, which run on it, are built, and
+    while LLVM compiles a program (``codegen.llvm.backend``). Otherwise the first split kernel built it --
+    in a cold process, the second call of a compiled DCGAN or CNN step, whose products are the first to split."""
     _native_pool()
 
 

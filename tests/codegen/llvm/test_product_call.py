@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import kiln
-from kiln.codegen.llvm import product_call, product_ir
+from kiln.codegen.llvm import product_ir
 from kiln.codegen.llvm.product_call import BatchedProduct, Product
 from kiln.frontend import eager_kernels, eager_products
 from kiln.runtime import threads
