@@ -267,7 +267,7 @@ def test_a_warm_process_loads_its_product_kernels_without_llvm(tmp_path):
     runs = [
         subprocess.run(
             [sys.executable, "-c", WARM_PRODUCT], env=env, cwd=root, capture_output=True, text=True, timeout=120
-        )  # fmt: skip
+        )
         for _ in range(2)
     ]
     assert [run.returncode for run in runs] == [0, 0], [run.stderr[-2000:] for run in runs]
