@@ -193,7 +193,8 @@ _pool = _Pool()
 
 
 # A native pool (``codegen.llvm.pool``: microsecond dispatch while its workers spin) for compiled
-# kernels, installed by the code generator -- this layer does not import it -- and built on first use.
+# kernels, installed by the code generator -- this layer does not import it -- and built on first use
+# or before it (``prepare_native_pool``).
 _native_factory: Callable[[], Any] | None = None
 _FUNCTION_POINTER = ctypes._CFuncPtr  # type: ignore[attr-defined]  # what CFUNCTYPE(...)(address) makes
 _native: Any = None
