@@ -84,10 +84,18 @@ def cache_key(*parts: str | bytes) -> str:
 def source_digest(*folders: str) -> str:
     """A digest of the Python source under those folders of the kiln package (``"ir"``,
     ``"codegen"``, ...): what a cache key needs to change whenever the code deciding an entry does
-    (the source says more than a version number would)."""
+    (the source says more than a version number would). Each folder is read once a process
+    (``_folder_digest``), whatever sets of folders the keys name: a warm DCGAN process's keys (its
+    program's, its product kernels', the native pool's) read ``codegen`` three times and ``ir`` and
+    ``runtime`` twice, 5.5 ms of CPU more, beside its traced call."""
+    return cache_key(*(part for folder in folders for part in (folder, _folder_digest(folder))))
+
+
+@functools.cache
+def _folder_digest(folder: str) -> str:
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256()
-    for path in [p for folder in folders for p in sorted((root / folder).rglob("*.py"))]:
+    for path in sorted((root / folder).rglob("*.py")):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()

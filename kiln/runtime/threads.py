@@ -193,10 +193,12 @@ _pool = _Pool()
 
 
 # A native pool (``codegen.llvm.pool``: microsecond dispatch while its workers spin) for compiled
-# kernels, installed by the code generator -- this layer does not import it -- and built on first use.
+# kernels, installed by the code generator -- this layer does not import it -- and built on first use
+# or before it (``prepare_native_pool``).
 _native_factory: Callable[[], Any] | None = None
 _FUNCTION_POINTER = ctypes._CFuncPtr  # type: ignore[attr-defined]  # what CFUNCTYPE(...)(address) makes
 _native: Any = None
+_native_building = threading.Lock()  # held while the native pool is built
 
 
 def install_native_pool(factory: Callable[[], Any]) -> None:
@@ -228,12 +230,28 @@ def product_work(macs: int) -> int:
 def _native_pool() -> Any:
     global _native, _native_factory
     if _native is None and _native_factory is not None:
-        factory, _native_factory = _native_factory, None  # one attempt: a failure leaves the Python pool
-        try:
-            _native = factory()
-        except Exception as error:  # noqa: BLE001 - any failure to build it: the Python pool still works
-            logger.warning("kiln: the native thread pool could not be built (%s); using Python threads", error)
+        with _native_building:  # a build under way on another thread (``prepare_native_pool``) is waited for
+            if _native is None and _native_factory is not None:
+                try:
+                    _native = _native_factory()
+                except Exception as error:  # noqa: BLE001 - any failure to build it: the Python pool still works
+                    logger.warning("kiln: the native thread pool could not be built (%s); using Python threads", error)
+                finally:
+                    _native_factory = None  # one attempt: a failure leaves the Python pool
     return _native
+
+
+def native_pool_unbuilt() -> bool:
+    """Whether a native pool is installed but not built yet (``prepare_native_pool`` would build it)."""
+    return _native is None and _native_factory is not None
+
+
+def prepare_native_pool() -> None:
+    """Build the installed native pool now if it is not built (its code compiled or read from the disk
+    cache, and loaded; no worker starts): where kiln's product kernels, which run on it, are built, and
+    while LLVM compiles a program (``codegen.llvm.backend``). Otherwise the first split kernel built it --
+    in a cold process, the second call of a compiled DCGAN or CNN step, whose products are the first to split."""
+    _native_pool()
 
 
 class _State:
@@ -254,8 +272,9 @@ def park() -> None:
 
 def _reset_after_fork() -> None:
     # The child process inherits the pools' bookkeeping but none of their threads.
-    global _pool
+    global _pool, _native_building
     _pool = _Pool()
+    _native_building = threading.Lock()
     if _native is not None:
         _native.after_fork()
 

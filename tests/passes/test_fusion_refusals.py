@@ -291,3 +291,25 @@ def test_summarize_bounds_each_kind(per_kind):
     sizes = [line for line in lines if "more than one kernel takes" in line]
     assert len(sizes) == min(per_kind, 2)
     assert ("... and 2 more of this kind (size)" in lines) == (per_kind == 0)
+
+
+def test_horizontal_fusion_reuses_the_units_ancestors_until_a_merge():
+    """The ancestor sets are computed once per state of the dependency graph: a bucket whose last round
+    merged nothing hands the next bucket the graph as it was (DCGAN: 24 computations -> 17)."""
+    from kiln.passes.fusion_emit import _Dependencies, _Unit  # noqa: PLC0415 - the pass's internals
+
+    b = GraphBuilder()
+    x = b.input(TensorType((4,), float32))
+    first, second = b.node("exp", [x]), b.node("exp", [x])
+    total = b.node("add", [first, second])
+    graph = b.build([total])
+    units = [_Unit(k, node=node) for k, node in enumerate(graph.nodes)]
+    deps = _Dependencies(units, {})
+    found = deps.ancestors()
+    assert deps.ancestors() is found  # nothing merged: the same sets
+    bit = deps.bit
+    assert found[id(units[2])] == (1 << bit[id(units[0])]) | (1 << bit[id(units[1])])
+    merged = _Unit(0)
+    deps.merge(units[:2], merged)
+    after = deps.ancestors()
+    assert after is not found and after[id(units[2])] == 1 << bit[id(merged)] and after[id(merged)] == 0

@@ -467,3 +467,36 @@ def test_processes_making_the_secret_at_once_agree_on_it(tmp_path):
         secrets.add(out.strip())
     assert secrets == {(directory / "secret").read_bytes().hex()}
     assert sorted(p.name for p in directory.iterdir()) == ["secret"]  # no temporary file left behind
+
+
+def test_the_source_digest_reads_each_folder_once_a_process_and_follows_every_file(monkeypatch, tmp_path):
+    """Keys name several sets of folders (a program's five, a product kernel's three, the native pool's
+    one): each folder's files are read once, and a change to any file changes the digest of every set
+    that names its folder, and of no other."""
+    root = tmp_path / "kiln"
+    for folder, files in {"ir": ["a.py", "sub/b.py"], "codegen": ["c.py"], "runtime": ["d.py"]}.items():
+        for name in files:
+            (root / folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / folder / name).write_text(f"# {folder}/{name}\n")
+    monkeypatch.setattr(cache_module, "__file__", str(root / "runtime" / "cache.py"))
+    reads: list[str] = []
+    read_bytes = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda path: reads.append(path.name) or read_bytes(path))
+
+    def fresh(*folders: str) -> str:
+        cache_module.source_digest.cache_clear()
+        return cache_module.source_digest(*folders)
+
+    cache_module._folder_digest.cache_clear()
+    try:
+        sets = [("ir", "codegen", "runtime"), ("ir", "codegen"), ("codegen",), ("runtime",)]
+        before = [fresh(*folders) for folders in sets]
+        assert sorted(reads) == ["a.py", "b.py", "c.py", "d.py"]  # each once, for all four sets
+        assert len(set(before)) == len(sets)
+        (root / "ir" / "sub" / "b.py").write_text("# changed\n")
+        cache_module._folder_digest.cache_clear()  # a new process
+        after = [fresh(*folders) for folders in sets]
+        assert [b != a for b, a in zip(before, after, strict=True)] == [True, True, False, False]
+    finally:
+        cache_module.source_digest.cache_clear()
+        cache_module._folder_digest.cache_clear()

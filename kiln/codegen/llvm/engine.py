@@ -51,6 +51,11 @@ TINY = "; kiln: tiny\n"
 NEXT_MODULE = "\n; kiln: next module\n"
 
 _lock = threading.Lock()  # LLVM's global state (targets, contexts) is not thread safe
+#: The compile count, never held while LLVM runs: under ``_lock``, a thread that only counted its request
+#: (or started the workers, which takes no lock now) waited for another thread's compile in this process
+#: (a cold DCGAN's first call: 33-117 ms, starting the workers while the eager thread compiled a product
+#: kernel).
+_count_lock = threading.Lock()
 
 
 @functools.cache
@@ -180,7 +185,7 @@ def compile_many(ir_texts: list[str], timeout: float | None = None) -> list[byte
         return []
     if timeout is not None and timeout <= 0:
         raise worker.CompileTimeout("the compile's time was spent before LLVM started")
-    with _lock:
+    with _count_lock:
         _compiles += len(ir_texts)
         outside = (timeout is not None or _compiles > worker.IN_PROCESS_COMPILES) and not worker.WORKER.broken
     if outside:  # the workers serve one thread each: no lock here, so two threads compile at once
@@ -198,13 +203,13 @@ def start_worker() -> None:
     next ``compile_ir`` with a time limit then finds them ready."""
     from . import worker, worker_pool  # noqa: PLC0415
 
-    with _lock:
-        if not worker.WORKER.broken:
-            try:
-                worker_pool.start_all()
-            except OSError as error:
-                worker.WORKER.broken = True
-                logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
+    # no lock: a worker is started by the thread that claims it (``worker_pool``), and LLVM is not involved
+    if not worker.WORKER.broken:
+        try:
+            worker_pool.start_all()
+        except OSError as error:
+            worker.WORKER.broken = True
+            logger.warning("kiln: the LLVM compile worker could not start (%s); compiling in this process", error)
 
 
 #: An empty function, compiled by each compile worker as it starts (``warm_up``).

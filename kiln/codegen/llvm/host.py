@@ -67,3 +67,15 @@ def _from_llvm() -> str:
     from . import engine  # noqa: PLC0415 - loads LLVM
 
     return engine.host_signature()
+
+
+#: Rows of ``A`` a register tile of kiln's matrix product takes where the host has AVX-512 (``tile_rows``).
+ROWS = 8
+
+
+@functools.cache
+def tile_rows() -> int:
+    """``ROWS`` on a host with AVX-512 (32 vector registers); 2 elsewhere, where a tile's vectors are
+    pairs of AVX2 registers and 16 of those must hold its accumulators and ``B``'s vectors. Here, from
+    the remembered signature: a product kernel loaded from the cache (``product_call``) needs no LLVM."""
+    return ROWS if "+avx512f" in signature() else 2

@@ -5,9 +5,12 @@ input's gradient and the two weight gradients -- ran on numpy's OpenBLAS, on the
 environment picks here (``OPENBLAS_CORETYPE=Haswell``), split over 2 threads by a static split
 that waits for a busy core. ``Product.build(dtype, n, accumulate)`` compiles
 ``C (+)= A @ B`` for ``n`` columns (the rows and ``k`` are arguments) with the compiled kernels'
-ABI, ``void f(ptr args, i64 begin, i64 end)`` over units of ``small_gemm.tile_rows()`` rows, so
+ABI, ``void f(ptr args, i64 begin, i64 end)`` over units of ``host.tile_rows()`` rows, so
 ``threads.parallel_for`` spreads the row tiles over kiln's threads (the native pool), claimed as they come. The
-object code goes to the disk cache of compiled kernels like the recurrences'.
+object code goes to the disk cache of compiled kernels like the recurrences', keyed on the kernel's name
+(``product_ir.py`` makes its IR on a miss only), and loads through kiln's ELF loader: a warm process's
+first product then imports no IR builder and loads no LLVM (DCGAN's first eager product took 83 ms
+of wall time, 46 ms of CPU, beside the traced call it slowed).
 
 Measured: ``frontend/eager_recurrence.py``.
 """
@@ -15,22 +18,20 @@ Measured: ``frontend/eager_recurrence.py``.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 
 import numpy as np
-from llvmlite import ir
 
 from ...ir.dtypes import DType, from_numpy_dtype
 from ...runtime import threads
+from ...runtime.cache import cache_key, source_digest
 from ...runtime.frames import data_pointer
 from ..core import Unsupported
-from . import engine
-from .body import element_pointer
-from .loops import I64, for_range, i64
-from .recurrence_call import cached_objects
-from .small_gemm import emit_product, tile_rows
+from . import host, kernel_cache
+from .backend import load_objects
 
-#: The i64 slots of ``args``: sizes, addresses, strides in elements.
-SLOTS = ("m", "k", "a", "lda", "a_step", "b", "c", "ldc")
+#: Bump when the kernels' signature or slots change.
+FORMAT = 1
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
@@ -38,73 +39,39 @@ def symbol(dtype: DType, n: int, accumulate: bool) -> str:
     return f"kiln_product_{dtype.name}_n{n}{'_acc' if accumulate else ''}"
 
 
-def product_ir(dtype: DType, n: int, accumulate: bool) -> str:
-    """LLVM IR of ``C (+)= A @ B`` over the row tiles ``[begin, end)`` (``SLOTS``' args)."""
-    module, builder, value, begin, end = _function(dtype, n, "kiln_product", symbol(dtype, n, accumulate), SLOTS)
-    pointer = ir.PointerType()
-    rows = tile_rows()
-    first = builder.mul(begin, i64(rows), flags=("nsw",))
-    stop = builder.mul(end, i64(rows), flags=("nsw",))
-    stop = builder.select(builder.icmp_signed("<", stop, value["m"]), stop, value["m"])
-    address = {name: builder.inttoptr(value[name], pointer) for name in ("a", "b", "c")}
-    emit_product(builder, dtype, stop, n, value["k"], address["a"], value["lda"], address["b"], address["c"],
-                 value["ldc"], accumulate, rows=rows, a_step=value["a_step"], first=first)  # fmt: skip
-    builder.ret_void()
-    return str(module)
-
-
-def _function(dtype: DType, n: int, module_name: str, name: str, slots: tuple[str, ...]):
-    """A product kernel's module and its function ``void name(ptr args, i64 begin, i64 end)``, begun:
-    ``(module, builder, {slot: its value loaded from args}, begin, end)``."""
-    if dtype.name not in ("float32", "float64") or n < 1:
-        raise ValueError(f"a native product takes float32/float64 and n >= 1, got {dtype.name}, n {n}")
-    module = ir.Module(name=module_name)
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ir.PointerType(), I64, I64]), name)
-    fn.attributes.add("nounwind")
-    builder = ir.IRBuilder(fn.append_basic_block("entry"))
-    params, begin, end = fn.args
-    value = {slot: builder.load(builder.gep(params, [i64(k)], inbounds=True, source_etype=I64), typ=I64, name=slot)
-             for k, slot in enumerate(slots)}  # fmt: skip
-    return module, builder, value, begin, end
-
-
-#: The i64 slots of a batched product's ``args``: ``SLOTS``' (per matrix) with B's row stride, then the
-#: row tiles of a matrix, the inner batch dim's size and the two batch dims' strides of A, B and C.
-BATCHED_SLOTS = ("m", "k", "a", "lda", "a_step", "b", "ldb", "c", "ldc", "tiles", "inner",
-                 "a_outer", "a_inner", "b_outer", "b_inner", "c_outer", "c_inner")  # fmt: skip
-
-
 def batched_symbol(dtype: DType, n: int) -> str:
     return f"kiln_batched_product_{dtype.name}_n{n}"
 
 
-def batched_product_ir(dtype: DType, n: int) -> str:
-    """LLVM IR of ``C = A @ B`` over a stack of matrices (up to two batch dims, ``outer`` x ``inner``),
-    each unit of ``[begin, end)`` one row tile of one matrix (``BATCHED_SLOTS``' args): a GPT's
-    attention products, (8, 4, 64, 32) @ (8, 4, 32, 64), which numpy runs as one small BLAS call a
-    matrix."""
-    module, builder, value, begin, end = _function(dtype, n, "kiln_batched_product", batched_symbol(dtype, n),
-                                                   BATCHED_SLOTS)  # fmt: skip
-    pointer = ir.PointerType()
-    rows = tile_rows()
-    address = {name: builder.inttoptr(value[name], pointer) for name in ("a", "b", "c")}
-    with for_range(builder, begin, end, name="unit", vectorize=False) as unit:
-        matrix = builder.sdiv(unit, value["tiles"])
-        tile = builder.srem(unit, value["tiles"])
-        outer, inner = builder.sdiv(matrix, value["inner"]), builder.srem(matrix, value["inner"])
+def _objects(name: str, make: Callable[[], str]) -> list[bytes]:
+    """The object code of the product kernel ``name`` (its symbol): from the disk cache of compiled
+    kernels, keyed on the name, the host and kiln's source (which decide its IR, so a hit makes none
+    and loads no LLVM), else compiled from ``make()``'s IR and stored."""
+    cache = kernel_cache.kernel_cache()
+    key = None
+    if cache.enabled:
+        key = cache_key("kiln product", str(FORMAT), source_digest("ir", "codegen", "runtime"), host.signature(), name)
+    code = cache.get(key) if key is not None else None
+    if code is None:
+        from . import engine  # noqa: PLC0415 - loads LLVM: a miss only
 
-        def at(name: str) -> ir.Value:
-            offset = builder.add(builder.mul(outer, value[f"{name}_outer"], flags=("nsw",)),
-                                 builder.mul(inner, value[f"{name}_inner"], flags=("nsw",)), flags=("nsw",))  # fmt: skip
-            return element_pointer(builder, address[name], offset, dtype)
+        (code,) = engine.compile_many([make()])
+        if key is not None:
+            cache.put(key, code)
+    return [code]
 
-        first = builder.mul(tile, i64(rows), flags=("nsw",))
-        stop = builder.add(first, i64(rows), flags=("nsw",))
-        stop = builder.select(builder.icmp_signed("<", stop, value["m"]), stop, value["m"])
-        emit_product(builder, dtype, stop, n, value["k"], at("a"), value["lda"], at("b"), at("c"), value["ldc"],
-                     False, rows=rows, a_step=value["a_step"], first=first, ldb=value["ldb"])  # fmt: skip
-    builder.ret_void()
-    return str(module)
+
+def _product_ir(dtype: DType, n: int, accumulate: bool) -> str:
+    from . import engine, product_ir  # noqa: PLC0415 - the IR builders and LLVM: a miss only
+
+    # light (no unrolling: its loops are vector code already): LLVM 34-38 -> 28-32 ms a kernel, as fast
+    return engine.LIGHT + product_ir.product_ir(dtype, n, accumulate)
+
+
+def _batched_product_ir(dtype: DType, n: int) -> str:
+    from . import engine, product_ir  # noqa: PLC0415 - (as _product_ir)
+
+    return engine.LIGHT + product_ir.batched_product_ir(dtype, n)
 
 
 def _a_strides(a: np.ndarray, item: int) -> tuple[int, int] | None:
@@ -126,12 +93,12 @@ class Product:
     def __init__(self, dtype: np.dtype, n: int, accumulate: bool) -> None:
         self.dtype, self.n, self.accumulate = np.dtype(dtype), n, accumulate
         kiln_dtype = from_numpy_dtype(self.dtype)
-        # light (no unrolling: its loops are vector code already): LLVM 34-38 -> 28-32 ms a kernel, as fast
-        self._library = engine.Library(
-            cached_objects([engine.LIGHT + product_ir(kiln_dtype, n, accumulate)])
-        )  # the kernel lives while it does
-        self._kernel = _KERNEL(self._library.address(symbol(kiln_dtype, n, accumulate)))
-        self._rows = tile_rows()
+        name = symbol(kiln_dtype, n, accumulate)
+        # the kernel lives while the library does; loaded by kiln's ELF loader where it can (no LLVM)
+        self._library = load_objects(_objects(name, lambda: _product_ir(kiln_dtype, n, accumulate)))
+        self._kernel = _KERNEL(self._library.address(name))
+        self._rows = host.tile_rows()
+        threads.prepare_native_pool()  # which it runs on (``spin``), built here rather than at its first split
 
     @classmethod
     def build(cls, dtype, n: int, accumulate: bool) -> Product:
@@ -177,11 +144,11 @@ class BatchedProduct:
     def __init__(self, dtype: np.dtype, n: int) -> None:
         self.dtype, self.n = np.dtype(dtype), n
         kiln_dtype = from_numpy_dtype(self.dtype)
-        self._library = engine.Library(
-            cached_objects([engine.LIGHT + batched_product_ir(kiln_dtype, n)])
-        )  # (as Product's)
-        self._kernel = _KERNEL(self._library.address(batched_symbol(kiln_dtype, n)))
-        self._rows = tile_rows()
+        name = batched_symbol(kiln_dtype, n)
+        self._library = load_objects(_objects(name, lambda: _batched_product_ir(kiln_dtype, n)))  # (as Product's)
+        self._kernel = _KERNEL(self._library.address(name))
+        self._rows = host.tile_rows()
+        threads.prepare_native_pool()
 
     @classmethod
     def build(cls, dtype, n: int) -> BatchedProduct:

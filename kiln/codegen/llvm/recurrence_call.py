@@ -162,7 +162,7 @@ class _Kernels:
 
 
 #: The fewest batch rows a thread's share of a recurrence gets (the product kernel's row tile on
-#: AVX-512, ``small_gemm.ROWS``): each batch row's recurrence depends on its own rows only (``h[t, b]``
+#: AVX-512, ``host.ROWS``): each batch row's recurrence depends on its own rows only (``h[t, b]``
 #: on ``h[t - 1, b]``), so the rows split over threads with no synchronization between time steps.
 ROW_BLOCK = 8
 

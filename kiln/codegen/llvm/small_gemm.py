@@ -13,7 +13,7 @@ the LSTM recurrence of 35 steps: see ``recurrence.py``.
 
 The product runs in register tiles of ``tile_rows()`` rows of ``A`` by ``VECTORS`` vectors of columns
 (8 x 2 x 16 float32 = 16 AVX-512 accumulators): per ``k``, ``VECTORS`` loads of ``B``'s row, one
-broadcast of each row's ``A[r, k]`` and ``ROWS x VECTORS`` fused multiply-adds, the accumulators
+broadcast of each row's ``A[r, k]`` and ``host.ROWS x VECTORS`` fused multiply-adds, the accumulators
 kept in SSA values across the ``k`` loop. Rows past the last whole tile run one at a time; columns
 past the last whole tile run as one narrower tile whose last vector is masked (``vectors.Rows``).
 Each element sums its ``k`` products in order, so the result does not depend on ``m``.
@@ -21,27 +21,16 @@ Each element sums its ``k`` products in order, so the result does not depend on 
 
 from __future__ import annotations
 
-import functools
-
 from llvmlite import ir
 
 from ...ir.dtypes import DType
-from . import engine
 from .body import element_pointer
+from .host import tile_rows
 from .loops import I64, for_range, i64
 from .vectors import VECTOR_BYTES, Rows
 
-#: Rows of ``A`` a register tile takes where the host has AVX-512 (``tile_rows``).
-ROWS = 8
 #: Vectors of columns a register tile takes.
 VECTORS = 2
-
-
-@functools.cache
-def tile_rows() -> int:
-    """``ROWS`` on a host with AVX-512 (32 vector registers); 2 elsewhere, where a tile's vectors are
-    pairs of AVX2 registers and 16 of those must hold its accumulators and ``B``'s vectors."""
-    return ROWS if "+avx512f" in engine.host_signature() else 2
 
 
 def emit_product(builder: ir.IRBuilder, dtype: DType, m: ir.Value, n: int, k: int | ir.Value, a: ir.Value,

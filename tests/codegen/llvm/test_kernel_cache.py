@@ -4,6 +4,7 @@ results are compared with eager over several calls."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -221,6 +222,28 @@ def test_the_native_pool_loads_from_the_cache_without_llvm_in_a_second_process(t
     ]
     assert [run.returncode for run in runs] == [0, 0], [run.stderr[-2000:] for run in runs]
     assert [run.stdout.strip() for run in runs] == ["llvm", "no llvm"]
+
+
+@pytest.mark.skipif(not pool.supported(), reason="no native pool on this platform")
+def test_the_native_pool_is_compiled_at_the_tiny_tier(monkeypatch, tmp_path):
+    """The pool's module costs LLVM what a tiny kernel costs (its O2 pipeline took 30-40 ms of a cold
+    process's second step): a cache miss compiles it at ``engine.TINY``, and the pool built from it runs."""
+    texts = []
+    compile_here = engine.compile_here
+    monkeypatch.setattr(engine, "compile_here", lambda text: texts.append(text) or compile_here(text))
+    monkeypatch.setattr(kernel_cache, "kernel_cache", lambda: DiskCache(tmp_path))  # empty: a miss
+    native = pool.NativePool()
+    assert [text.startswith(engine.TINY) for text in texts] == [True]
+    try:
+        native.ensure(1)
+        seen = []
+        kernel = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)(
+            lambda args, begin, end: seen.append((begin, end))
+        )
+        native.run(ctypes.cast(kernel, ctypes.c_void_p), None, 8, 4, 2, 1)
+        assert sorted(seen) == [(0, 2), (2, 4), (4, 6), (6, 8)]
+    finally:
+        native.stop()
 
 
 def test_an_entry_made_at_another_optimization_level_is_not_taken(monkeypatch):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -143,3 +144,27 @@ def test_llvm_warmed_up_as_a_worker_starts_compiles_the_same_code(fresh_worker):
     cold, warm = (subprocess.run([sys.executable, "-c", script, mode], capture_output=True, check=True).stdout
                   for mode in ("cold", "warm"))  # fmt: skip
     assert cold == warm == engine.compile_here(engine.LIGHT + IR)
+
+
+def test_a_request_for_the_workers_does_not_wait_for_a_compile_in_this_process(monkeypatch):
+    """Starting the workers and sending them a request take no lock LLVM's in-process compiles hold
+    (the eager thread's product kernels, compiled here: a cold DCGAN's first call waited 33-117 ms
+    for one to start its workers)."""
+    from kiln.codegen.llvm import worker_pool  # noqa: PLC0415
+
+    done: list[str] = []
+    monkeypatch.setattr(worker, "WORKER", worker.Worker())
+    monkeypatch.setattr(worker_pool, "start_all", lambda: done.append("started"))
+    monkeypatch.setattr(worker_pool, "compile_in_workers", lambda texts, timeout: [b"object"] * len(texts))
+
+    def ask() -> None:
+        engine.start_worker()
+        done.append(engine.compile_ir(IR, timeout=60.0))  # with a time limit: to the workers
+
+    with engine._lock:  # another thread compiling in this process
+        asking = threading.Thread(target=ask, daemon=True)
+        asking.start()
+        asking.join(5)
+        finished = not asking.is_alive()
+    asking.join()
+    assert finished and done == ["started", b"object"]
