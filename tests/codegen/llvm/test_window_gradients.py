@@ -12,7 +12,7 @@ import pytest
 import kiln
 from kiln.codegen import index as ix
 from kiln.codegen.llvm import engine
-from kiln.codegen.llvm.elementwise import WINDOW_LANES, _window_lanes
+from kiln.codegen.llvm.elementwise import WINDOW_LANES, _short_row_lanes, _window_lanes
 from kiln.codegen.llvm.kernels import KernelModule
 from kiln.codegen.plans import elementwise_plan
 from kiln.ir import dtypes as dt
@@ -92,15 +92,27 @@ def test_a_row_whose_window_offsets_read_one_element_is_not_forced():
     check(body, [rng.standard_normal((2, 3, 14, 2, 14, 2)).astype(np.float32)], rtol=0, atol=0)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="looks for x86-64 vector registers")
-def test_pool_backward_uses_packed_vector_instructions():
-    if "avx" not in engine.host_signature():
-        pytest.skip("the host has no AVX")
+def _vector_code(body: Graph, layouts) -> tuple[int, int]:
+    """The kernel's packed vector loads and stores, and its gathers and scatters, in its x86-64 assembly."""
     module = KernelModule()
-    module.add(kernel("elementwise", _pool_backward_body(4, 8, 14, 2)), _layouts(_pool_backward_arrays(4, 8, 14, 2)))
-    assembly = engine.assembly(module.ir())
-    packed = [line for line in assembly.splitlines() if "ps\t" in line and ("%ymm" in line or "%zmm" in line)]
-    assert packed, "the pool's backward runs scalar"
+    module.add(kernel("elementwise", body), layouts)
+    lines = [line.split(None, 1) for line in engine.assembly(module.ir()).splitlines() if "\t" in line]
+    moves = [ops for op, *ops in lines if op.startswith(("vmovups", "vmovaps", "vmovdqu")) and ops]
+    packed = sum(1 for (ops,) in moves if "(%" in ops and any(r in ops for r in ("%xmm", "%ymm", "%zmm")))
+    return packed, sum(1 for op, *_ in lines if "gather" in op or "scatter" in op)
+
+
+needs_avx = pytest.mark.skipif(
+    platform.machine() not in ("x86_64", "AMD64") or "avx" not in engine.host_signature(),
+    reason="reads x86-64 AVX assembly",
+)
+
+
+@needs_avx
+def test_pool_backward_uses_packed_vector_instructions():
+    """On main it ran scalar: 12 instructions an element."""
+    packed, gathers = _vector_code(_pool_backward_body(4, 8, 14, 2), _layouts(_pool_backward_arrays(4, 8, 14, 2)))
+    assert packed and not gathers
 
 
 @pytest.mark.parametrize("side", [28, 14, 12])
@@ -125,3 +137,57 @@ def test_compiled_max_pool_backward_matches_eager_over_calls(side, monkeypatch):
         actual = [t.numpy() for t in compiled(x, scale, w)]
         for a, e in zip(actual, expected, strict=True):
             np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
+
+
+def _pool_forward_body(n: int, c: int, h: int, separate: bool = False) -> Graph:
+    """Max pooling's forward as a CNN's step fuses it: each window's four elements sliced from the
+    (n, c, 2h, 2h) input, their maximum and which offset holds it (the last one that does). With
+    ``separate``, the four slices are inputs of their own (strided views the kernel gets as pointers)."""
+    b = GraphBuilder()
+    window = (n, c, h, 1, h, 1)
+    if separate:
+        parts = [b.node("reshape", [b.input(T(window))], {"shape": (n, c, h, h)}) for _ in range(4)]
+    else:
+        x = b.node("reshape", [b.input(T((n, c, 2 * h, 2 * h)))], {"shape": (n, c, h, 2, h, 2)})
+        parts = []
+        for a in (0, 1):
+            for d in (0, 1):
+                piece = b.node("slice", [x], {"starts": (0, 0, 0, a, 0, d), "stops": (n, c, h, a + 1, h, d + 1),
+                                              "steps": (1,) * 6})  # fmt: skip
+                parts.append(b.node("reshape", [piece], {"shape": (n, c, h, h)}))
+    top = b.node("maximum", [b.node("maximum", [parts[0], parts[1]]), b.node("maximum", [parts[2], parts[3]])])
+    which = b.constant(np.zeros((), np.int32), T((), dt.int32))
+    for k, part in enumerate(parts[1:], start=1):
+        which = b.node("where", [b.node("eq", [part, top]), b.constant(np.array(k, np.int32), T((), dt.int32)), which])
+    return b.build([top, which])
+
+
+@pytest.mark.parametrize("h", [15, 14, 8, 7, 4])
+def test_pool_forward_matches_the_interpreter(h):
+    """Rows of 15 to 8 windows (a forced vector loop of 4 lanes, scalar remainders of 3 to 0) and
+    rows of 7 and 4 (scalar: ``_short_row_lanes`` declines them)."""
+    x = rng.standard_normal((3, 5, 2 * h, 2 * h)).astype(np.float32)
+    body = _pool_forward_body(3, 5, h)
+    top, which = check(body, [x], rtol=0, atol=0)
+    windows = x.reshape(3, 5, h, 2, h, 2).transpose(0, 1, 2, 4, 3, 5).reshape(3, 5, h, h, 4)
+    np.testing.assert_array_equal(top, windows.max(axis=-1))
+    assert set(np.unique(which)) == {0, 1, 2, 3}
+    plan = elementwise_plan(body, [ix.contiguous_strides(x.shape)])
+    assert _short_row_lanes(plan, plan.sizes) == (WINDOW_LANES if h >= 8 else None)
+
+
+def test_strided_loads_of_separate_operands_keep_the_row_scalar():
+    """Each slice its own pointer: stride-2 loads of one offset each, which LLVM widens into gathers."""
+    body = _pool_forward_body(2, 3, 14, separate=True)
+    x = rng.standard_normal((2, 3, 28, 28)).astype(np.float32).reshape(2, 3, 14, 2, 14, 2)
+    arrays = [x[:, :, :, a : a + 1, :, d : d + 1] for a in (0, 1) for d in (0, 1)]
+    plan = elementwise_plan(body, _layouts(arrays))
+    assert plan.sizes[-1] == 14 and _short_row_lanes(plan, plan.sizes) is None
+    check(body, arrays, rtol=0, atol=0)
+
+
+@needs_avx
+def test_pool_forward_uses_packed_vector_instructions():
+    """On main LLVM folded the short row's tail into masked gathers (or left it scalar)."""
+    packed, gathers = _vector_code(_pool_forward_body(4, 8, 14), [(6272, 784, 28, 1)])
+    assert packed and not gathers
