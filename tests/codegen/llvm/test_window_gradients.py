@@ -191,3 +191,16 @@ def test_pool_forward_uses_packed_vector_instructions():
     """On main LLVM folded the short row's tail into masked gathers (or left it scalar)."""
     packed, gathers = _vector_code(_pool_forward_body(4, 8, 14), [(6272, 784, 28, 1)])
     assert packed and not gathers
+
+
+def test_a_short_row_of_unit_stride_loads_is_left_to_llvm():
+    """Rows of 8 of a padded input (DCGAN's gradient): LLVM unrolls and packs them itself, faster
+    than a forced loop of 4 lanes."""
+    b = GraphBuilder()
+    x, padded = b.input(T((4, 3, 8, 8))), b.input(T((4, 3, 8, 8)))
+    body = b.build([b.node("add", [x, padded])])
+    layouts = [(192, 64, 8, 1), (300, 100, 10, 1)]
+    plan = elementwise_plan(body, layouts)
+    assert plan.sizes[-1] == 8 and _short_row_lanes(plan, plan.sizes) is None
+    wide = rng.standard_normal((4, 3, 10, 10)).astype(np.float32)
+    check(body, [rng.standard_normal((4, 3, 8, 8)).astype(np.float32), wide[:, :, 1:9, 1:9]])
