@@ -204,3 +204,25 @@ def test_a_short_row_of_unit_stride_loads_is_left_to_llvm():
     assert plan.sizes[-1] == 8 and _short_row_lanes(plan, plan.sizes) is None
     wide = rng.standard_normal((4, 3, 10, 10)).astype(np.float32)
     check(body, [rng.standard_normal((4, 3, 8, 8)).astype(np.float32), wide[:, :, 1:9, 1:9]])
+
+
+def test_compiled_max_pool_backward_over_a_dynamic_batch_matches_eager(monkeypatch):
+    """``dynamic=True``: the batch may be a symbol of the kernels (never split by the refinement:
+    plans.py); each batch size against eager."""
+    monkeypatch.setenv("KILN_JIT_STRICT", "1")
+    F = kiln.nn.functional
+    scale = kiln.tensor(rng.standard_normal((1, 6, 1, 1)).astype(np.float32), requires_grad=True)
+
+    def step(x, w):
+        scale.grad = None
+        y = F.max_pool2d(F.relu(x * scale), 2)
+        (y * w).sum().backward()
+        return scale.grad.clone(), y.detach()
+
+    compiled = kiln.compile(step, dynamic=True, wait=True)
+    for batch in (4, 3, 5):
+        x = kiln.tensor(rng.standard_normal((batch, 6, 14, 14)).astype(np.float32))
+        w = kiln.tensor(rng.standard_normal((batch, 6, 7, 7)).astype(np.float32))
+        expected = [t.numpy().copy() for t in step(x, w)]
+        for a, e in zip([t.numpy() for t in compiled(x, w)], expected, strict=True):
+            np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5)
