@@ -7,7 +7,8 @@ collapse); a generator then only decides how to map those loops onto its machine
 backend: parallel units of rows or chunks, kiln/codegen/llvm/; the CUDA backend: threads, blocks
 and grid-stride loops, kiln/codegen/cuda/kernels.py).
 
-- ``elementwise_plan``: one domain (every output's shape), loops over all of it.
+- ``elementwise_plan``: one domain (every output's shape, with a dim that a reshape reads divided
+  split into the pieces it is read by, so every offset stays affine), loops over all of it.
 - ``reduction_plan``: rows. Every reduce of the body reduces the same trailing axes of one shape;
   the leading (kept) dims index rows, the trailing (reduced) dims are the loops within a row. An
   output is full (the domain's shape, written in a last pass over the row) or row-valued (one
@@ -33,9 +34,9 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from math import prod as product
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.kernel_kinds import kernel_kind
@@ -145,12 +146,95 @@ def elementwise_plan(body: Graph, layouts: Sequence[Sequence[int]]) -> Elementwi
     for v in body.outputs:
         if v.type.shape != domain:
             raise Unsupported(f"elementwise outputs of shapes {list(domain)} and {list(v.type.shape)}")
-    dag = DagBuilder(body, ix.Space(domain), layouts)
     values = [(len(body.inputs) + j, v) for j, v in enumerate(body.outputs)]
-    if domain and isinstance(domain[0], Sym):  # the symbolic dimension is a loop of its own
-        plan = outputs_plan(dag, values, loops_from=1)
-        return replace(plan, groups=[[0], *plan.groups])
-    return outputs_plan(dag, values)
+    symbolic = bool(domain) and isinstance(domain[0], Sym)
+    plan = _plan_over(body, layouts, values, domain, domain, symbolic)
+    for _ in range(_REFINE_ROUNDS):
+        finer = _refined(plan.domain, _leaves(plan), first=int(symbolic))
+        if finer is None:
+            break
+        candidate = _plan_over(body, layouts, values, domain, finer, symbolic)
+        if _divisions(candidate) >= _divisions(plan):
+            break
+        plan = candidate
+    return plan
+
+
+#: Rounds of domain refinement: a division nested in another (``(j // 7) % 7``) is split in the next.
+_REFINE_ROUNDS = 3
+
+
+def _plan_over(body: Graph, layouts, values, shape: tuple[Dim, ...], domain: tuple[Dim, ...], symbolic: bool):
+    """The elementwise plan of ``values`` (of ``shape``) over ``domain``, a refinement of ``shape``
+    (each dim of ``shape`` split into consecutive dims of ``domain`` whose sizes multiply to it)."""
+    dag = DagBuilder(body, ix.Space(domain), layouts)
+    index = _unsplit(shape, domain, dag.space)
+    store_at = ix.offset(index, ix.contiguous_strides(shape))  # == C-contiguous over ``domain``
+    outputs = [KernelOutput(operand, dag.element(v, index), store_at) for operand, v in values]
+    leaves = [load.offset for load in loads([out.root for out in outputs])] + [store_at]
+    first = int(symbolic)
+    groups = ix.collapse(domain, range(first, len(domain)), leaves)
+    return ElementwisePlan(domain, outputs, [[0], *groups] if symbolic else groups)
+
+
+def _unsplit(shape: Sequence[Dim], domain: Sequence[Dim], space: ix.Space) -> tuple[ix.Lin, ...]:
+    """The index into ``shape`` of domain element ``(v0, v1, ...)`` where ``domain`` splits each
+    dim of ``shape`` into consecutive dims: a split dim's index is ``sum(v_k * stride_k)``."""
+    index: list[ix.Lin] = []
+    k = 0
+    for n in shape:
+        e, covered = space.var(k), domain[k]
+        k += 1
+        while covered != n:  # a symbolic dim is never split: it is covered at once
+            piece = cast(int, domain[k])
+            e, covered = ix.add(ix.scale(e, piece), space.var(k)), cast(int, covered) * piece
+            k += 1
+        index.append(e)
+    assert k == len(domain), f"{list(domain)} does not refine {list(shape)}"
+    return tuple(index)
+
+
+def _leaves(plan: ElementwisePlan) -> list[ix.Lin]:
+    return [load.offset for load in loads(plan.roots)] + [out.at for out in plan.outputs]
+
+
+def _divisions(plan: ElementwisePlan) -> int:
+    """How many Div/Mod atoms the plan's loads and stores compute per element."""
+    return sum(1 for leaf in _leaves(plan) for atom, _ in leaf.terms if not isinstance(atom, int))
+
+
+def _refined(domain: tuple[Dim, ...], leaves: Sequence[ix.Lin], first: int) -> tuple[Dim, ...] | None:
+    """``domain`` with each dim ``j`` (from ``first`` on) that a leaf divides by ``d`` (``j // d`` or
+    ``j % d``, ``d`` dividing its size) split into ``(n / d, d)``; None when there is none.
+
+    Reading ``x[h // 2]`` over a domain of ``h`` is a division per element and a gather the vectorizer
+    gives up on (max pooling's backward: the window's gradient broadcast back to the 2 x 2 window,
+    then masked by ReLU's backward on the full shape). Over ``(i, a)`` with ``h = 2*i + a`` the same
+    read is ``x[i]``, every offset is affine, the loops collapse again where the operands allow, and
+    a window of 2 is an unrolled innermost loop (kiln/codegen/llvm/elementwise.py). Stores do not
+    change: C order over the split domain is C order over the domain."""
+    divisors: dict[int, set[int]] = {}
+    for leaf in leaves:
+        for atom, _ in leaf.terms:
+            if isinstance(atom, int) or len(atom.expr.terms) != 1 or atom.expr.const:
+                continue
+            var, coef = atom.expr.terms[0]
+            if not isinstance(var, int) or coef != 1 or var < first:
+                continue
+            n = domain[var]
+            if isinstance(n, int) and n % atom.divisor == 0:
+                divisors.setdefault(var, set()).add(atom.divisor)
+    if not divisors:
+        return None
+    out: list[Dim] = []
+    for j, n in enumerate(domain):
+        pieces, covered = [], 1
+        for d in sorted(divisors.get(j, ())):  # a chain of divisors (7, 49) splits 784 into 16 x 7 x 7
+            if d % covered == 0 and d < cast(int, n):
+                pieces.append(d // covered)
+                covered = d
+        out += [cast(int, n) // covered, *reversed(pieces)] if pieces else [n]
+    return tuple(out) if len(out) > len(domain) else None
 
 
 def outputs_plan(dag: DagBuilder, values: Sequence[tuple[int, Value]], loops_from: int = 0) -> ElementwisePlan:

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import doctest
 
+import numpy as np
 import pytest
 
+from kiln.codegen import index as ix
 from kiln.codegen import plans
 from kiln.codegen.core import Unsupported
 from kiln.codegen.cuda import kernels as cuda_kernels
 from kiln.codegen.cuda.core import CudaModule
 from kiln.codegen.index import Space
-from kiln.codegen.kernel_dag import DagBuilder
+from kiln.codegen.kernel_dag import DagBuilder, loads
 from kiln.codegen.plans import checked_bodies, elementwise_plan, horizontal_plan, reduction_plan
 from kiln.ir import dtypes as dt
 from kiln.ir.graph import Graph, GraphBuilder, Node
@@ -81,6 +83,74 @@ def test_elementwise_outputs_of_different_shapes_are_declined():
     body = b.build([b.node("neg", [x]), b.node("reduce_sum", [x], {"axes": (1,), "keepdim": False})])
     with pytest.raises(Unsupported, match=r"elementwise outputs of shapes \[4, 8\] and \[4\]"):
         elementwise_plan(body, [(8, 1)])
+
+
+def _window_gradient_body(n=2, c=3, h=7, k=2) -> Graph:
+    """Max pooling's backward then ReLU's, as a CNN's training step fuses them: each window's gradient
+    ``g`` goes to the offset ``idx`` names (``win`` numbers the offsets), the result is read as the
+    (n, c, h*k, h*k) input's shape and masked."""
+    b = GraphBuilder()
+    g, idx = b.input(T((n, c, h, h))), b.input(T((n, c, h, h), dt.int32))
+    win, mask = b.input(T((1, 1, 1, k, 1, k), dt.int32)), b.input(T((n, c, h * k, h * k), dt.bool_))
+    window = (n, c, h, 1, h, 1)
+    hit = b.node("eq", [win, b.node("reshape", [idx], {"shape": window})])
+    zero = b.constant(np.zeros((), np.float32), T(()))
+    spread = b.node("where", [hit, b.node("reshape", [g], {"shape": window}), zero])
+    up = b.node("reshape", [spread], {"shape": (n, c, h * k, h * k)})
+    return b.build([b.node("where", [mask, zero, up])])
+
+
+def _contiguous(body: Graph) -> list[tuple[int, ...]]:
+    return [ix.contiguous_strides(v.type.shape) for v in body.inputs]
+
+
+def _affine(plan) -> bool:
+    offsets = [load.offset for load in loads(plan.roots)] + [out.at for out in plan.outputs]
+    return all(offset.is_affine for offset in offsets)
+
+
+def test_a_reshape_that_splits_a_domain_dim_refines_the_domain():
+    """Read at ``h // 2``, the window's gradient needed a division per element and a gather: over
+    ``h = 2*i + a`` every offset is affine (kiln/codegen/llvm/elementwise.py vectorizes it)."""
+    body = _window_gradient_body()
+    plan = elementwise_plan(body, _contiguous(body))
+    assert plan.domain == (2, 3, 7, 2, 7, 2) and _affine(plan)
+    assert plan.outputs[0].at == ix.offset(Space(plan.domain).identity(), ix.contiguous_strides(plan.domain))
+    assert plan.sizes[-2:] == [7, 2]  # the window's last offset innermost, the row's windows around it
+
+
+def test_a_chain_of_divisions_refines_a_dim_into_several():
+    """A flatten of (4, 3, 5, 5) read over its (4, 75) output divides by 25 and 5 (nested): the dim
+    splits into 3 x 5 x 5, and a contiguous input is one loop again."""
+    b = GraphBuilder()
+    x, y = b.input(T((4, 3, 5, 5))), b.input(T((4, 75)))
+    body = b.build([b.node("mul", [b.node("reshape", [x], {"shape": (4, 75)}), y])])
+    plan = elementwise_plan(body, _contiguous(body))
+    assert _affine(plan) and plan.domain == (4, 3, 5, 5) and plan.sizes == [300]
+
+
+def test_a_division_that_does_not_divide_the_size_leaves_the_domain():
+    b = GraphBuilder()
+    x = b.input(T((3, 4)))
+    body = b.build([b.node("reshape", [b.node("permute", [x], {"perm": (1, 0)})], {"shape": (12,)})])
+    plan = elementwise_plan(body, _contiguous(body))  # (j % 3, j // 3) over 12: splits into 4 x 3
+    assert _affine(plan) and plan.domain == (4, 3)
+    b = GraphBuilder()
+    x = b.input(T((2, 5)))
+    body = b.build([b.node("reshape", [b.node("permute", [x], {"perm": (1, 0)})], {"shape": (2, 5)})])
+    plan = elementwise_plan(body, _contiguous(body))  # a flat 5*i + j read as (5, 2): 10 is not split
+    assert plan.domain == (2, 5) and not _affine(plan)
+
+
+def test_a_symbolic_leading_dimension_stays_whole_when_the_domain_is_refined():
+    B = Sym("B")
+    b = GraphBuilder()
+    g, mask = b.input(T((B, 3, 4))), b.input(T((B, 3, 8), dt.bool_))
+    up = b.node("reshape", [b.node("expand", [b.node("reshape", [g], {"shape": (B, 3, 4, 1)})],
+                                   {"shape": (B, 3, 4, 2)})], {"shape": (B, 3, 8)})  # fmt: skip
+    body = b.build([b.node("where", [mask, up, b.constant(np.zeros((), np.float32), T(()))])])
+    plan = elementwise_plan(body, [(12, 4, 1), (24, 8, 1)])
+    assert plan.symbolic and plan.domain == (B, 3, 4, 2) and _affine(plan) and plan.groups[0] == [0]
 
 
 # ----------------------------------------------------------------------------- reduction

@@ -22,6 +22,7 @@ INDEX_OPS = frozenset({"take", "index_put"})
 CONV_OPS = frozenset({"conv", "conv_weight"})
 #: Sums that keep the last axis (fusion takes those over trailing axes into kernels).
 REDUCE_OPS = frozenset({"reduce_sum"})
+PAD_OPS = frozenset({"pad"})
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ NATIVE_FAMILIES = (
     NativeFamily(INDEX_OPS, "gather_scatter", status=True),
     NativeFamily(CONV_OPS, "conv"),
     NativeFamily(REDUCE_OPS, "leading_sums"),
+    NativeFamily(PAD_OPS, "pad"),
 )
 _FAMILY = {op: family for family in NATIVE_FAMILIES for op in family.ops}
 NATIVE_OPS = frozenset(_FAMILY)

@@ -95,7 +95,7 @@ _UNKNOWN = 1 << 62  # the trips of a loop whose bounds are not constants
 @contextlib.contextmanager
 def for_range(
     builder: ir.IRBuilder, start: ir.Value | int, stop: ir.Value | int, *, name: str = "i", parallel: bool = False,
-    vectorize: bool = True, interleave: int | None = None, width: int | None = None,
+    vectorize: bool = True, interleave: int | None = None, width: int | None = None, force: bool = False,
 ) -> Iterator[ir.Value]:  # fmt: skip
     """``for (i64 i = start; i < stop; ++i) { <with-block> }``; yields ``i``.
 
@@ -108,8 +108,11 @@ def for_range(
     alone as interleave count 1, so both are given). ``width=w`` asks for vectors of ``w`` lanes
     (``llvm.loop.vectorize.width``) and keeps the unroller off it: a loop of few iterations then
     runs vector code, where LLVM would fully unroll it first (and its SLP vectorizer seldom packs
-    what that leaves) or leave it all to the vector loop's scalar remainder. A loop around a loop
-    of ``LONG_INNER`` trips or more is kept from the unroller too.
+    what that leaves) or leave it all to the vector loop's scalar remainder. ``force`` tells the
+    vectorizer to vectorize (``llvm.loop.vectorize.enable`` true): with a ``width``, a loop LLVM
+    knows to run fewer than 16 times is then one vector pass and a scalar remainder, where unforced
+    LLVM leaves it scalar. A loop around a loop of ``LONG_INNER`` trips or more is kept from the
+    unroller too.
     """
     start = i64(start) if isinstance(start, int) else start
     stop = i64(stop) if isinstance(stop, int) else stop
@@ -148,6 +151,10 @@ def for_range(
     elif not vectorize:
         properties.append(
             module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), ir.IntType(1)(0)])
+        )
+    if force:
+        properties.append(
+            module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"), ir.IntType(1)(1)])
         )
     if width is not None:
         properties.append(
