@@ -65,13 +65,13 @@ def _product_ir(dtype: DType, n: int, accumulate: bool) -> str:
     from . import engine, product_ir  # noqa: PLC0415 - the IR builders and LLVM: a miss only
 
     # light (no unrolling: its loops are vector code already): LLVM 34-38 -> 28-32 ms a kernel, as fast
-    return engine.LIGHT + product_ir.product_ir(dtype, n, accumulate)
+    return engine.LIGHT + product_ir.product_ir(dtype, n, accumulate, symbol(dtype, n, accumulate))
 
 
 def _batched_product_ir(dtype: DType, n: int) -> str:
     from . import engine, product_ir  # noqa: PLC0415 - (as _product_ir)
 
-    return engine.LIGHT + product_ir.batched_product_ir(dtype, n)
+    return engine.LIGHT + product_ir.batched_product_ir(dtype, n, batched_symbol(dtype, n))
 
 
 def _a_strides(a: np.ndarray, item: int) -> tuple[int, int] | None:

@@ -15,16 +15,16 @@ from ...ir.dtypes import DType
 from .body import element_pointer
 from .host import tile_rows
 from .loops import I64, for_range, i64
-from .product_call import batched_symbol, symbol
 from .small_gemm import emit_product
 
 #: The i64 slots of ``args``: sizes, addresses, strides in elements.
 SLOTS = ("m", "k", "a", "lda", "a_step", "b", "c", "ldc")
 
 
-def product_ir(dtype: DType, n: int, accumulate: bool) -> str:
-    """LLVM IR of ``C (+)= A @ B`` over the row tiles ``[begin, end)`` (``SLOTS``' args)."""
-    module, builder, value, begin, end = _function(dtype, n, "kiln_product", symbol(dtype, n, accumulate), SLOTS)
+def product_ir(dtype: DType, n: int, accumulate: bool, name: str) -> str:
+    """LLVM IR of ``C (+)= A @ B`` over the row tiles ``[begin, end)`` (``SLOTS``' args), the function
+    named ``name`` (``product_call.symbol``: the caller's, so that this module imports nothing of it)."""
+    module, builder, value, begin, end = _function(dtype, n, "kiln_product", name, SLOTS)
     pointer = ir.PointerType()
     rows = tile_rows()
     first = builder.mul(begin, i64(rows), flags=("nsw",))
@@ -58,13 +58,12 @@ BATCHED_SLOTS = ("m", "k", "a", "lda", "a_step", "b", "ldb", "c", "ldc", "tiles"
                  "a_outer", "a_inner", "b_outer", "b_inner", "c_outer", "c_inner")  # fmt: skip
 
 
-def batched_product_ir(dtype: DType, n: int) -> str:
+def batched_product_ir(dtype: DType, n: int, name: str) -> str:
     """LLVM IR of ``C = A @ B`` over a stack of matrices (up to two batch dims, ``outer`` x ``inner``),
     each unit of ``[begin, end)`` one row tile of one matrix (``BATCHED_SLOTS``' args): a GPT's
     attention products, (8, 4, 64, 32) @ (8, 4, 32, 64), which numpy runs as one small BLAS call a
-    matrix."""
-    module, builder, value, begin, end = _function(dtype, n, "kiln_batched_product", batched_symbol(dtype, n),
-                                                   BATCHED_SLOTS)  # fmt: skip
+    matrix. The function is named ``name`` (``product_call.batched_symbol``)."""
+    module, builder, value, begin, end = _function(dtype, n, "kiln_batched_product", name, BATCHED_SLOTS)
     pointer = ir.PointerType()
     rows = tile_rows()
     address = {name: builder.inttoptr(value[name], pointer) for name in ("a", "b", "c")}

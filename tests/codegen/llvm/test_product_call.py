@@ -84,7 +84,7 @@ def test_arrays_it_does_not_take_are_left_to_numpy():
     assert not product(both[:, :3], b, both[:4])  # out overlaps A
     assert not out.any() and not both.any()
     with pytest.raises(ValueError, match="float32/float64"):
-        product_ir.product_ir(kiln.int32, 8, False)
+        product_ir.product_ir(kiln.int32, 8, False, "kiln_product_int32_n8")
 
 
 @pytest.fixture
