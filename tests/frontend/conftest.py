@@ -18,3 +18,27 @@ def on(monkeypatch):
     yield eager_kernels
     eager_kernels.set_enabled(False)
     eager_kernels.CACHE.clear()
+
+
+@pytest.fixture
+def raises_as_torch(torch):
+    """``check(cases)``: each case (a function of the library, ``torch`` or ``kiln``) raises in both, the
+    same type of error (IndexError or RuntimeError), warnings silenced."""
+    import warnings  # noqa: PLC0415
+
+    import kiln  # noqa: PLC0415
+
+    def check(cases) -> None:
+        for case in cases:
+            outcomes = []
+            for lib in (torch, kiln):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    try:
+                        case(lib)
+                        outcomes.append("no error")
+                    except (IndexError, RuntimeError) as error:
+                        outcomes.append(type(error).__name__)
+            assert outcomes[0] == outcomes[1] != "no error", outcomes
+
+    return check

@@ -5,9 +5,6 @@ results are compared with eager over several calls."""
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -208,20 +205,10 @@ print("llvm" if "llvmlite.binding" in sys.modules else "no llvm")
 
 
 @pytest.mark.skipif(not pool.supported(), reason="no native pool on this platform")
-def test_the_native_pool_loads_from_the_cache_without_llvm_in_a_second_process(tmp_path):
+def test_the_native_pool_loads_from_the_cache_without_llvm_in_a_second_process(second_process):
     """The native thread pool's object code is compiled once per host: a warm process (its programs
     from the cache) then loads no LLVM at its first split kernel."""
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
-    runs = [
-        subprocess.run(
-            [sys.executable, "-c", POOL_SCRIPT], env=env, cwd=root, capture_output=True, text=True, timeout=120
-        )
-        for _ in range(2)
-    ]
-    assert [run.returncode for run in runs] == [0, 0], [run.stderr[-2000:] for run in runs]
-    assert [run.stdout.strip() for run in runs] == ["llvm", "no llvm"]
+    assert second_process(POOL_SCRIPT) == ["llvm", "no llvm"]
 
 
 @pytest.mark.skipif(not pool.supported(), reason="no native pool on this platform")

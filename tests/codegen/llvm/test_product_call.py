@@ -6,11 +6,6 @@ products: a transformer's attention) likewise, eager and compiled."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -257,18 +252,8 @@ print("llvm" if "llvmlite.binding" in sys.modules else "no llvm",
 """
 
 
-def test_a_warm_process_loads_its_product_kernels_without_llvm(tmp_path):
+def test_a_warm_process_loads_its_product_kernels_without_llvm(second_process):
     """A product kernel's object code is cached under its name: a second process on the cache makes no
     IR and loads no LLVM for it (the first eager product of a warm DCGAN took 46 ms of CPU beside its
     traced call), and computes the same products."""
-    root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))
-    runs = [
-        subprocess.run(
-            [sys.executable, "-c", WARM_PRODUCT], env=env, cwd=root, capture_output=True, text=True, timeout=120
-        )
-        for _ in range(2)
-    ]
-    assert [run.returncode for run in runs] == [0, 0], [run.stderr[-2000:] for run in runs]
-    assert [run.stdout.strip() for run in runs] == ["llvm ir", "no llvm no ir"]
+    assert second_process(WARM_PRODUCT) == ["llvm ir", "no llvm no ir"]
