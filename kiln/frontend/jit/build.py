@@ -105,6 +105,10 @@ class PendingSpecialization:
     def key(self) -> tuple:
         return self.fields["key"]
 
+    @key.setter
+    def key(self, key: tuple) -> None:  # (a dynamic float argument's, decided before the compile)
+        self.fields["key"] = key
+
     @property
     def scalar_arguments(self) -> tuple[int, ...]:
         return self.fields["scalar_arguments"]

@@ -48,6 +48,7 @@ from .. import eager_kernels
 from ..tensor import Tensor
 from . import hazards, numpy_inputs, reads, scalar_args, snapshots, state
 from .background_compiles import BackgroundCompiles
+from .backward import ConsumedPlan
 from .build import PendingSpecialization, build_specialization, trace_specialization
 from .dynamic import Pending, sizes_differ
 from .entries import _NOT_COMPILED, CompileState, EagerEntry, Event, PendingEntry, _match
@@ -241,6 +242,7 @@ class CompiledFunction(BackgroundCompiles):
         )
         floats = self._scalar_partner(key, leaves, partner)
         call_args, call_kwargs, watched = args, kwargs, dict[int, float]()
+        top_level = scalar_args.top_level_positions(key[0])
         try:
             if floats is not None:  # the floats whose values alone missed: watched (scalar_args.py)
                 shadows = {p: float.fromhex(floats[0].key[1][p][1]) for p in floats[1]}
@@ -248,7 +250,7 @@ class CompiledFunction(BackgroundCompiles):
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input
                     trace.add_external(leaf, "arg", i)
-                elif type(leaf) is float and i in scalar_args.top_level_positions(key[0]):
+                elif type(leaf) is float and i in top_level:
                     number = watched.get(i, leaf)
                     number_input = scalar_args.number_input(leaf)
                     trace.add_external(number_input, "arg", i)
@@ -335,23 +337,21 @@ class CompiledFunction(BackgroundCompiles):
         call structure's floats stay keyed by value, ``static_floats`` saying why); and the note for
         its reason."""
         other, positions = floats
+        # a backward run after the call would read the floats as traced (a consumed one never runs)
+        outside = spec.backward is not None and not isinstance(spec.backward, ConsumedPlan)
         why = trace.scalar_compared and f"Python uses its value ({trace.scalar_compared})"
-        if why is None and spec.backward is not None:
+        if why is None and outside:
             why = "the results need gradients outside the call"
         mine, theirs = spec.scalar_program, other.scalar_program
         why = why or (scalar_args.same_program(theirs, mine) if mine and theirs else "its program was not kept")
         where = ", ".join(f"argument {p}" for p in positions)
         if why is not None:
-            if trace.scalar_compared is not None or spec.backward is not None:  # so at every value: not tried again
+            if trace.scalar_compared is not None or outside:  # so at every value: not tried again
                 self.state.static_floats[key[0]] = why
             return key, f"; the floats of {where} stay keyed by value: {why}"
         found = self.state.dynamic_floats[key[0]] = self.state.dynamic_floats.get(key[0], _NONE) | set(positions)
-        key = call_key(key[0], leaves, self.state.dynamic.get(key[0]), found)
-        if isinstance(spec, PendingSpecialization):
-            spec.fields["key"] = key
-        else:
-            spec.key = key
-        return key, f"; {where}: a float read at each call (one program for every value)"
+        spec.key = call_key(key[0], leaves, self.state.dynamic.get(key[0]), found)
+        return spec.key, f"; {where}: a float read at each call (one program for every value)"
 
     # ------------------------------------------------------------------ dynamic sizes (dynamic.py)
     def _dynamic_partner(self, key: tuple, leaves: list):

@@ -26,7 +26,7 @@ def _same(compiled, eager) -> None:
             _same(c, e)
     elif isinstance(eager, kiln.Tensor):
         assert isinstance(compiled, kiln.Tensor) and compiled.dtype == eager.dtype and compiled.shape == eager.shape
-        np.testing.assert_allclose(compiled.numpy(), eager.numpy(), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(compiled.detach().numpy(), eager.detach().numpy(), rtol=1e-6, atol=1e-7)
     else:
         assert type(compiled) is type(eager) and compiled == eager
 
@@ -157,7 +157,8 @@ def test_one_float_object_at_two_positions_then_two_values():
     assert len(compiled.state.specializations) <= 4  # (traced with one object at two places, it is retried)
 
 
-def test_a_training_step_taking_its_learning_rate_compiles_twice_and_matches_eager():
+@pytest.mark.parametrize("keep_graph", [False, True])  # True: the loss returned, its graph consumed
+def test_a_training_step_taking_its_learning_rate_compiles_twice_and_matches_eager(keep_graph):
     kiln.manual_seed(0)
     models = [nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 1)) for _ in range(2)]
     models[1].load_state_dict(models[0].state_dict())
@@ -171,7 +172,7 @@ def test_a_training_step_taking_its_learning_rate_compiles_twice_and_matches_eag
             with kiln.no_grad():
                 for p in model.parameters():
                     p -= lr * p.grad
-            return loss.detach()
+            return loss if keep_graph else loss.detach()
 
         return step
 
@@ -182,6 +183,7 @@ def test_a_training_step_taking_its_learning_rate_compiles_twice_and_matches_eag
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
     assert len(compiled.state.specializations) <= 3  # (a first step may set .grad: one more trace)
+    assert "argument 2: a float read at each call" in _details(compiled)
 
 
 def test_results_that_need_gradients_outside_the_call_keep_it_keyed_by_value():
