@@ -35,6 +35,17 @@ def _specializations(f) -> int:
     return len(state_of(f).specializations)
 
 
+def _against_eager(f, between, calls: int, x=None):
+    """``f`` compiled and called ``calls`` times on ``x`` (``arange(3)``), each call's result compared with
+    ``f``'s own, and ``between(i)`` run after call ``i`` (the caller's changes of state); the compiled ``f``."""
+    g = kiln.compile(f)
+    x = kiln.arange(3.0) if x is None else x
+    for i in range(calls):
+        _close(g(x), f(x))
+        between(i)
+    return g
+
+
 # ---------------------------------------------------------------------- the trainer
 class _Trainer:
     """minGPT's trainer, in short: the compiled step closes over ``self``; the loop sets attributes."""
@@ -135,12 +146,12 @@ def _scaled(h):
 def test_unread_attribute_changed_between_calls_makes_no_new_trace():
     h = _Holder()
     f = _scaled(h)
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
+
+    def between(i):
         h.count += 1
         h.note = f"call {i}"  # added, then changed
+
+    g = _against_eager(f, between, 5)
     assert _specializations(g) == 1 and sum(compiled_calls(g)) >= 3
 
 
@@ -161,12 +172,12 @@ def test_object_passed_as_an_argument_unread_attribute_changes():
 def test_read_attribute_replaced_retraces_with_eagers_values():
     h = _Holder()
     f = _scaled(h)
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(6):
-        _close(g(x), f(x))
+
+    def between(i):
         if i == 1:
             h.shift = -3.0
+
+    g = _against_eager(f, between, 6)
     assert any("shift changed: 1.0 -> -3.0" in r for r in _reasons(g)), _reasons(g)
 
 
@@ -181,12 +192,11 @@ def test_model_replaced_retraces():
     def f(x):
         return r.model(x)
 
-    g = kiln.compile(f)
-    x = kiln.ones(4, 3)
-    for i in range(5):
-        _close(g(x), f(x))
+    def between(i):
         if i == 1:
             r.model = nn.Linear(3, 2)
+
+    g = _against_eager(f, between, 5, kiln.ones(4, 3))
     assert any("model" in reason for reason in _reasons(g)), _reasons(g)
     assert _specializations(g) == 2
 
@@ -194,14 +204,14 @@ def test_model_replaced_retraces():
 def test_instance_attribute_shadowing_a_class_attribute_retraces():
     h = _Holder()
     f = _scaled(h)
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(7):
-        _close(g(x), f(x))
+
+    def between(i):
         if i == 1:
             h.scale = 5.0  # new on the instance: shadows _Holder.scale
         elif i == 3:
             del h.scale  # the class's again
+
+    g = _against_eager(f, between, 7)
     reasons = _reasons(g)
     assert any("scale changed: (absent) -> 5.0" in r for r in reasons), reasons
 
@@ -216,13 +226,12 @@ def test_class_attribute_changed_retraces():
     def f(x):
         return x * cfg.scale
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
+    def between(i):
         Config.made += 1
         if i == 1:
             Config.scale = 3.0
+
+    g = _against_eager(f, between, 5)
     assert _specializations(g) == 2, _reasons(g)
     assert any("Config.scale changed: 2.0 -> 3.0" in r for r in _reasons(g)), _reasons(g)
 
@@ -240,13 +249,12 @@ def test_slot_changed_retraces():
     def f(x):
         return x * s.scale
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(6):
-        _close(g(x), f(x))
+    def between(i):
         s.count += 1  # not read
         if i == 2:
             s.scale = 4.0
+
+    g = _against_eager(f, between, 6)
     assert _specializations(g) == 2, _reasons(g)
     assert any("scale changed: 2.0 -> 4.0" in r for r in _reasons(g)), _reasons(g)
 
@@ -266,13 +274,12 @@ def test_property_reads_the_attributes_its_getter_spells():
     def f(x):
         return x * obj.scale
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(6):
-        _close(g(x), f(x))
+    def between(i):
         obj.step_count += 1
         if i == 2:
             obj._base = 6.0
+
+    g = _against_eager(f, between, 6)
     assert _specializations(g) == 2, _reasons(g)
 
 
@@ -289,11 +296,11 @@ def test_user_module_attribute_counter_does_not_retrace():
 
     kiln.manual_seed(0)
     net = Net()
-    g = kiln.compile(net)
-    x = kiln.ones(2, 3)
-    for i in range(6):
-        _close(g(x), net(x))
+
+    def between(i):
         net.calls += 1
         if i == 3:
             net.scale = 0.5
+
+    g = _against_eager(net, between, 6, kiln.ones(2, 3))
     assert _specializations(g) == 2, _reasons(g)

@@ -15,18 +15,17 @@ import operator
 import kiln
 import kiln.nn as nn
 
-from .test_attribute_guards import _close, _Holder, _reasons, _specializations
+from .test_attribute_guards import _against_eager, _close, _Holder, _reasons, _specializations
 
 
 def _changed_after_two_calls(f, change):
     """``f`` compiled, called 5 times on ``arange(3)`` against eager, with ``change()`` after the second call."""
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
+
+    def between(i):
         if i == 1:
             change()
-    return g
+
+    return _against_eager(f, between, 5)
 
 
 def test_getattr_by_computed_name_keeps_every_attribute_guarded():
@@ -36,12 +35,11 @@ def test_getattr_by_computed_name_keeps_every_attribute_guarded():
     def f(x):
         return x * getattr(h, names[0])
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
+    def between(i):
         if i == 1:
             h.count += 1  # any attribute
+
+    g = _against_eager(f, between, 5)
     assert _specializations(g) == 2, _reasons(g)
     assert any("count changed: 0 -> 1" in r for r in _reasons(g)), _reasons(g)
 
@@ -52,15 +50,14 @@ def test_getattr_and_hasattr_with_constant_names_read_those_names():
     def f(x):
         return x * getattr(h, "shift", 0.0) + hasattr(h, "bonus_of_the_hasattr_test")
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(7):
-        _close(g(x), f(x))
+    def between(i):
         h.count += 1  # not read: no new trace
         if i == 1:
             h.shift = 2.5
         elif i == 3:
             h.bonus_of_the_hasattr_test = 1  # absent when traced: hasattr's answer changes
+
+    g = _against_eager(f, between, 7)
     reasons = _reasons(g)
     assert _specializations(g) == 3, reasons
     assert any("shift changed: 1.0 -> 2.5" in r for r in reasons), reasons
@@ -91,13 +88,12 @@ def test_getattr_by_computed_name_on_an_argument_guards_that_object_whole():
     def f(x):
         return r.net(x)
 
-    g = kiln.compile(f)
-    x = kiln.ones(2, 3)
-    for i in range(6):
-        _close(g(x), f(x))
+    def between(i):
         r.iter_num += 1  # the runner is read by names: no new trace
         if i == 2:
             r.net.note = 1  # the stack is read by computed names: a new trace
+
+    g = _against_eager(f, between, 6, kiln.ones(2, 3))
     assert _specializations(g) == 2, _reasons(g)
     assert any("note" in reason for reason in _reasons(g)), _reasons(g)
 
@@ -113,12 +109,11 @@ def test_helper_reading_each_argument_by_computed_name_guards_each_object_whole(
     def f(x):
         return x * _first_of(a, names) + _first_of(b, names)
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
+    def between(i):
         if i == 1:
             b.count += 1  # b, the second object the helper read
+
+    g = _against_eager(f, between, 5)
     assert _specializations(g) == 2, _reasons(g)
 
 
@@ -140,13 +135,12 @@ def test_dict_of_self_in_a_method_guards_that_object_whole():
     def f(x):
         return x * r.weights.total()
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(6):
-        _close(g(x), f(x))
+    def between(i):
         r.iter_num += 1  # read by names: no new trace
         if i == 2:
             r.weights.c = 4.0  # a new attribute total() sums
+
+    g = _against_eager(f, between, 6)
     assert _specializations(g) == 2, _reasons(g)
 
 
@@ -203,12 +197,11 @@ def test_getattr_hook_on_the_class_keeps_every_attribute_guarded():
     def f(x):
         return x * obj.scale
 
-    g = kiln.compile(f)
-    x = kiln.arange(3.0)
-    for i in range(5):
-        _close(g(x), f(x))
+    def between(i):
         if i == 1:
             obj.count += 1
+
+    g = _against_eager(f, between, 5)
     assert _specializations(g) == 2, _reasons(g)
 
 
