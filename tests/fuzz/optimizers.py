@@ -175,12 +175,19 @@ def generate(seed: int) -> Scenario:
     b.state_names.append("model")
     groups = 2 if r.random() < 0.3 and name != "LBFGS" else 1  # LBFGS takes one group
     values = optimizer(b, r, name, "model.parameters()", groups, default_values=False)
+    weight = None
     if name == "LBFGS":
         b.preamble += CLOSURE
         b.stmt(f"loss = {step_line(name, 'model', x, y, 'F.mse_loss')}", f"step:{name}")
     else:
+        # a loss weight passed as a float, another at each call: an input of the program once two
+        # traces agree (frontend/jit/scalar_args.py), the loss returned with its graph or detached
+        weight = b.argument("float(rng.choice([0.25, 0.5, 1.0, 2.0]))", prefix="w") if r.random() < 0.3 else None
         b.stmt(zero_grad_line(r), "zero_grad")
-        b.stmt(f"loss = F.mse_loss(model({x}), {y})", "mse_loss")
+        if weight is None:
+            b.stmt(f"loss = F.mse_loss(model({x}), {y})", "mse_loss")
+        else:
+            b.stmt(f"loss = F.mse_loss(model({x}), {y}) * {weight}", "mse_loss weighted by a float argument")
         b.stmt("loss.backward()", "backward")
         b.stmt("opt.step()", f"step:{name}")
     changes(b, r, name, values, groups, r.randint(1, 4))
@@ -191,4 +198,5 @@ def generate(seed: int) -> Scenario:
     if r.random() < 0.5 and name != "LBFGS":
         scheduler(b, r, name, values, inside=r.random() < 0.2)
     rtol = 1e-8 if dtype == "float64" else 1e-4
-    return b.scenario("optim", "loss.detach()", scale=1.0, rtol=rtol)
+    returns = "loss" if name != "LBFGS" and weight is not None and r.random() < 0.5 else "loss.detach()"
+    return b.scenario("optim", returns, scale=1.0, rtol=rtol)
