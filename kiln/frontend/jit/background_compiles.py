@@ -43,17 +43,21 @@ class BackgroundCompiles:
         def _slow_compile_notice(self, nodes: int, where: tuple, background: bool = False) -> threading.Timer: ...
         def _name(self) -> str: ...
 
-    def _compile_in_background(self, pending: PendingSpecialization, key, leaves: list, reason: str) -> None:
+    def _compile_in_background(self, pending: PendingSpecialization, key, leaves: list, reason: str,
+                               first: bool = False) -> None:  # fmt: skip
         """Cache a ``PendingEntry`` (its calls run eagerly) and hand the compile to the pool. A trace at
         a second size is decided on this thread (``_pending_key``): its entry is cached under the
-        dynamic key, so calls at every size it will serve run eagerly meanwhile and trace no more."""
+        dynamic key, so calls at every size it will serve run eagerly meanwhile and trace no more.
+        ``first``: the entry goes before the key's others (it serves any value of a float in Python
+        state, they one value each)."""
         key, note, dims = self._pending_key(pending, key, leaves)
         entry = PendingEntry(key, reason, pending.nodes, source=pending.sizes_source, pending=pending, note=note)
         entry.dynamic, entry.size_guards = dims
         where = user_frame(sys._getframe(2))
         with self._install_lock:
             self.state.pending.append(entry)
-            self.state.cache.setdefault(key, []).append(entry)
+            entries = self.state.cache.setdefault(key, [])
+            entries.insert(0 if first else len(entries), entry)
         notice = self._slow_compile_notice(entry.nodes, where, background=True)  # from the trace: the calls wait
         entry.job = background.submit(lambda: self._finish_background(pending, entry, where, notice))
 

@@ -117,6 +117,15 @@ class PendingSpecialization:
     def scalar_program(self) -> tuple | None:
         return self.fields["scalar_program"]
 
+    # set once a watched trace of floats in Python state is decided (``Partners._state_floats_decided``)
+    globals_guard = property(
+        lambda self: self.fields["globals_guard"], lambda self, v: self.fields.__setitem__("globals_guard", v)
+    )
+    state_float_slots = property(lambda self: self.fields.get("state_float_slots", frozenset()),
+                                 lambda self, v: self.fields.__setitem__("state_float_slots", v))  # fmt: skip
+    state_float_names = property(lambda self: self.fields.get("state_float_names", {}),
+                                 lambda self, v: self.fields.__setitem__("state_float_names", v))  # fmt: skip
+
     @property
     def sizes_source(self) -> Graph | tuple[Graph, Graph | None] | None:
         """What a trace at other sizes is compared with (``dynamic.py``): the forward graph, and the
@@ -251,7 +260,7 @@ def trace_specialization(compiled, trace: Trace, result, leaves: list, key: tupl
         prologues=traced.prologues, globals_guard=compiled.guarded_names(closure_values), key=key,
         arg_aliases=arg_aliases,
         arg_hooks=[(e.arg_index, e.state[5]) for e in traced.externals if e.kind == "arg" and e.hooks_ran],
-        scalar_arguments=tuple(sorted(p for _, _, p in trace.scalar_args.values())),
+        scalar_arguments=tuple(sorted(p for _, _, p in trace.scalar_args.values() if p is not None)),
     )  # fmt: skip
     pending = PendingSpecialization(
         compiled, traced.builder.build(outputs), backward, sources, {i for i, _ in writebacks},

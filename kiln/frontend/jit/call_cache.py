@@ -46,16 +46,16 @@ from ...compiler.options import CompileOptions
 from ...runtime import profiling
 from .. import eager_kernels
 from ..tensor import Tensor
-from . import hazards, numpy_inputs, reads, scalar_args, snapshots, state
+from . import hazards, numpy_inputs, reads, scalar_args, snapshots, state, state_floats
 from .background_compiles import BackgroundCompiles
-from .backward import ConsumedPlan
 from .build import PendingSpecialization, build_specialization, trace_specialization
-from .dynamic import Pending, sizes_differ
+from .dynamic import Pending
 from .entries import _NOT_COMPILED, CompileState, EagerEntry, Event, PendingEntry, _match
 from .guards import build_guards
-from .keys import call_key, describe_key_change, dynamic_key
+from .keys import call_key, describe_key_change
 from .locations import user_frame as _user_frame
 from .outcomes import CompileWarning, TraceBreak, TraceBreakError
+from .partners import Partners
 from .pytree import flatten_call
 from .trace import Trace
 from .watched_sizes import sizes_to_watch, with_shadows
@@ -75,7 +75,7 @@ SLOW_COMPILE_SECONDS = 1.0
 STATE_CHANGE_RETRIES = 2
 
 
-class CompiledFunction(BackgroundCompiles):
+class CompiledFunction(BackgroundCompiles, Partners):
     """What ``kiln.compile(fn)`` returns: call it like ``fn``."""
 
     def __init__(self, fn, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None,
@@ -150,10 +150,6 @@ class CompiledFunction(BackgroundCompiles):
             # traces under, its own sizes: a static program must never serve other sizes.
             dynamic, key = None, call_key(tree, leaves, None, floats)
         return self._compile_miss(args, kwargs, leaves, key, miss, closure_values)
-
-    def _by_value(self, key: tuple, leaves: list):
-        """The entries of ``key`` with its floats keyed by value, looked up once those of ``key`` missed."""
-        yield from self.state.cache.get(scalar_args.by_value(key, leaves), ())
 
     def _run_pending(self, entry: PendingEntry, args, kwargs):
         """A call of a key whose program compiles in the background: eagerly, queueing no eager
@@ -241,12 +237,15 @@ class CompiledFunction(BackgroundCompiles):
             objects, leaves, hazards.named_values(self, closure_values), self._code, roots, self.state.numpy_shadows
         )
         floats = self._scalar_partner(key, leaves, partner)
-        call_args, call_kwargs, watched = args, kwargs, dict[int, float]()
+        in_state = None if floats or partner else self._state_float_partner(key, leaves, closure_values)
+        call_args, call_kwargs, watched, installed = args, kwargs, dict[int, float](), []
         top_level = scalar_args.top_level_positions(key[0])
         try:
             if floats is not None:  # the floats whose values alone missed: watched (scalar_args.py)
                 shadows = {p: float.fromhex(floats[0].key[1][p][1]) for p in floats[1]}
                 call_args, call_kwargs, watched = scalar_args.watched_call(args, kwargs, key[0], shadows, trace)
+            if in_state is not None:  # floats in Python state whose values alone missed (state_floats.py)
+                installed = state_floats.install(in_state[0], trace, self.state.float_holders)
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input
                     trace.add_external(leaf, "arg", i)
@@ -263,10 +262,11 @@ class CompiledFunction(BackgroundCompiles):
                 # records composite ops as their primitives: kernels no eager call would run.
                 with eager_kernels.deferred():
                     result = self.fn(*call_args, **call_kwargs)
-                if watched:
+                if watched or installed:
                     result = scalar_args.unwatched(result)
             finally:
                 hazard = watch.stop()
+                state_floats.restore(installed)
         except BaseException:
             trace.abandon()
             raise
@@ -308,84 +308,23 @@ class CompiledFunction(BackgroundCompiles):
             self._event("not cached", str(why_not), once=False)
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)
-        scalars_note = ""
+        scalars_note, any_float = "", False
         if floats is not None:
             key, scalars_note = self._floats_decided(spec, trace, floats, key, leaves)
+        if in_state is not None:
+            scalars_note, any_float = self._state_floats_decided(spec, trace, in_state)
         if isinstance(spec, PendingSpecialization):
-            self._compile_in_background(spec, key, leaves, reason + scalars_note)
+            self._compile_in_background(spec, key, leaves, reason + scalars_note, first=any_float)
             return result
         note = scalars_note
         if partner is not None:
             key, note = self._dynamic_key(spec, key, leaves)
         self.state.specializations.append(spec)
-        self.state.cache.setdefault(key, []).append(spec)
+        entries = self.state.cache.setdefault(key, [])
+        # one serving any float there goes before those keyed at one value each (each miss costs its words)
+        entries.insert(0 if any_float else len(entries), spec)
         self._event("compiled", f"specialization {len(self.state.specializations)}: {reason}{note}")
         return result
-
-    # ------------------------------------------------------------------ float arguments (scalar_args.py)
-    def _scalar_partner(self, key: tuple, leaves: list, sizes_partner) -> tuple | None:
-        """``(spec, positions)`` when this call missed only on the values of float arguments that an
-        earlier specialization read as inputs (then they are traced watched); None otherwise."""
-        if sizes_partner is not None or self.options.dynamic is False:
-            return None
-        earlier = [*reversed(self.state.specializations), *(e.pending for e in reversed(self.state.pending))]
-        return scalar_args.partner([e for e in earlier if e is not None], key, self.state.static_floats)
-
-    def _floats_decided(self, spec, trace: Trace, floats: tuple, key: tuple, leaves: list) -> tuple[tuple, str]:
-        """The key a trace of watched floats (``floats``: its partner and their positions) is cached under:
-        with those floats read at any value when its program is its partner's, else its own (and the
-        call structure's floats stay keyed by value, ``static_floats`` saying why); and the note for
-        its reason."""
-        other, positions = floats
-        # a backward run after the call would read the floats as traced (a consumed one never runs)
-        outside = spec.backward is not None and not isinstance(spec.backward, ConsumedPlan)
-        why = trace.scalar_compared and f"Python uses its value ({trace.scalar_compared})"
-        if why is None and outside:
-            why = "the results need gradients outside the call"
-        mine, theirs = spec.scalar_program, other.scalar_program
-        why = why or (scalar_args.same_program(theirs, mine) if mine and theirs else "its program was not kept")
-        where = ", ".join(f"argument {p}" for p in positions)
-        if why is not None:
-            if trace.scalar_compared is not None or outside:  # so at every value: not tried again
-                self.state.static_floats[key[0]] = why
-            return key, f"; the floats of {where} stay keyed by value: {why}"
-        found = self.state.dynamic_floats[key[0]] = self.state.dynamic_floats.get(key[0], _NONE) | set(positions)
-        spec.key = call_key(key[0], leaves, self.state.dynamic.get(key[0]), found)
-        return spec.key, f"; {where}: a float read at each call (one program for every value)"
-
-    # ------------------------------------------------------------------ dynamic sizes (dynamic.py)
-    def _dynamic_partner(self, key: tuple, leaves: list):
-        """How this call's trace becomes a dynamic specialization: ``("compare", graph, pairs,
-        positions)`` with an earlier trace whose key differs only in sizes >= 2 (``positions``: the
-        ``(leaf, dim)`` of each, ``pairs``: its size then and now), ``("defer",)`` to keep the trace
-        until another size comes (``dynamic=True``, ``mark_dynamic``), or None."""
-        if self.options.dynamic is False or key[0] in self.state.not_dynamic:
-            return None
-        # the traces kept for another size, those compiling in the background, then the compiled ones
-        earlier = [*reversed(self.state.deferred), *reversed(self.state.pending), *reversed(self.state.specializations)]
-        for other in earlier:
-            positions = sizes_differ(other.key, key)
-            source = getattr(other, "sizes_source", None)
-            if positions is not None and source is not None:
-                pairs = [(other.key[1][p][1][d], key[1][p][1][d]) for p, d in positions]
-                return ("compare", source, pairs, positions)
-            if positions is not None and getattr(other, "not_dynamic", None):  # say why it stays static
-                return ("static", other.not_dynamic)
-        if any(other.key == key for other in earlier):
-            return None
-        if sizes_to_watch(leaves, ("defer",), self.options.dynamic is True):
-            return ("defer",)
-        return None
-
-    def _dynamic_key(self, spec, key: tuple, leaves: list) -> tuple[tuple, str]:
-        """The key a new specialization is cached under (with its dynamic sizes as size classes when
-        it is dynamic, ``spec.dynamic``), and what to add to its reason for ``kiln.explain``."""
-        if spec.dynamic is None:
-            if spec.not_dynamic is None:
-                return key, ""
-            self.state.not_dynamic[key[0]] = spec.not_dynamic  # not tried again: later sizes specialize
-            return key, f"; its sizes stay static: {spec.not_dynamic}"
-        return dynamic_key(self.state.dynamic, key, spec, leaves, self.state.dynamic_floats.get(key[0], _NONE))
 
     def _guard(self, spec, trace: Trace, watch, objects: list, leaves: list, closure_values: dict) -> None:
         """Set a new specialization's guards (``guards.py``) and its table of Python values read."""

@@ -71,6 +71,10 @@ class CompileState:
     deferred: list = field(default_factory=list)  # traces kept, not compiled, until another size comes
     dynamic_floats: dict = field(default_factory=dict)  # argument structure -> float positions read at any value
     static_floats: dict = field(default_factory=dict)  # argument structure -> why its floats stay keyed by value
+    # floats held in Python state (state_floats.py): (id of the dict or list, key) -> why it stays guarded by
+    # value; and -> (the dict or list, the 0-d tensor a program reads it through)
+    static_slots: dict = field(default_factory=dict)
+    float_holders: dict = field(default_factory=dict)
 
 
 def _match(entries, fn_globals: dict | None, closure_values: dict, leaves: list):

@@ -236,6 +236,7 @@ def _name_captured(spec, names: dict[int, str]) -> None:
         root = spec.modules[0][0]()
         if root is not None:
             owners.append(("", root))
+    names.update(spec.state_float_names)  # floats of Python state read at each call
     for owner, obj in owners:  # tensors named as they are
         if owner and hasattr(obj, "_data") and hasattr(obj, "_dtype"):
             names.setdefault(id(obj), owner)

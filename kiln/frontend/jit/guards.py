@@ -35,7 +35,7 @@ from . import attr_reads
 from .hazards import _attrs, _tables, _walk, _watchable
 from .reads import _users_class, selector, short
 from .signature import call
-from .snapshots import MISSING, Contents, _entry, _Is, changed_entry, same, snapshot
+from .snapshots import ANY_FLOAT, MISSING, Contents, _entry, _Is, changed_entry, same, snapshot
 
 _GRAD = operator.attrgetter("_grad")
 
@@ -138,6 +138,8 @@ class Guards:
                 now = {k: table[k] for k in table if k in watched}
             for key in [*before, *(k for k in now if k not in before)]:
                 b, a = before.get(key, MISSING), now.get(key, MISSING)
+                if b is ANY_FLOAT and type(a) is float:
+                    continue
                 if b is MISSING or a is MISSING or type(a) is not type(_unwrap(b)) or not b == a:
                     if b is not MISSING and a is not MISSING and b == a:  # the type alone changed
                         return f"{path}.{key} changed: {short(a)} is a {type(a).__name__} now"
@@ -224,6 +226,11 @@ class Guards:
                 return _difference(module, "attr", now, dict(zip(names, snap)))
         return None
 
+    def paths_hold(self) -> bool:
+        """Whether the ``.grad`` and container paths to the captured tensors hold (``miss`` checks them
+        with the rest; ``state_floats.changed`` with the values compared its own way)."""
+        return self._same_grads() and all(_holds(*entry) for entry in self.path_entries)
+
     def _same_grads(self) -> bool:
         try:
             grads = list(map(_GRAD, map(call, self.grad_owners)))
@@ -280,6 +287,8 @@ def _difference(name: str, style: str | None, live, snap) -> str:
             return f"{name} changed: the order of its keys"
         return f"{name} changed" + (f" ({len(snap)} -> {len(live)} entries)" if len(snap) != len(live) else "")
     key, before, after = change
+    if before is ANY_FLOAT:  # (a float read at each call, state_floats.py)
+        return f"{name}{selector(style or 'item', key)} changed: {short(after)} is not a float"
     if style is None:
         return f"{name} changed ({short(key)})"
     where = f"{name}{selector(style, key)}"

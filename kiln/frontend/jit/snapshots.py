@@ -34,6 +34,27 @@ class _Is:
     __hash__ = None  # type: ignore[assignment]
 
 
+class _AnyFloat:
+    """A snapshot entry that any float matches: an entry of Python state whose float a program reads
+    at each call (``state_floats.py``). Compared first (the snapshot's side of ``dict.__eq__``)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other) -> bool:
+        return type(other) is float
+
+    def __ne__(self, other) -> bool:
+        return type(other) is not float
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "any float"
+
+
+ANY_FLOAT = _AnyFloat()
+
+
 def _entry(v):
     """How a snapshot holds ``v`` so that ``==`` against the live value is right and cheap: the
     object itself where ``==`` is identity or a value comparison that cannot mislead (the C

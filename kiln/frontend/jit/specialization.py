@@ -23,6 +23,7 @@ from .layouts import memory_owner, overlaps
 from .pytree import unflatten
 from .scalar_args import as_inputs
 from .signature import Argument, Captured, Signature, apply, bind, call, made_fresh
+from .snapshots import ANY_FLOAT
 
 if TYPE_CHECKING:
     from ...codegen.backend import Program
@@ -90,6 +91,10 @@ class Specialization:
     not_dynamic: str | None = None  # why a trace at other sizes did not make it dynamic
     scalar_arguments: tuple[int, ...] = ()  # leaf positions of the float arguments it reads (scalar_args.py)
     scalar_program: tuple | None = None  # (traced graph, Python results): what another value's trace must match
+    # floats of Python state it reads through holders (state_floats.py): (id of the dict or list, key) each,
+    # and the holders' names by their ids
+    state_float_slots: frozenset = frozenset()
+    state_float_names: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._captured = [s for s in self.signature.inputs if isinstance(s, Captured)]
@@ -132,6 +137,21 @@ class Specialization:
     # ------------------------------------------------------------------ guards
     def state_miss(self, fn_globals: dict | None, closure_values: dict, leaves: list) -> str | None:
         """Why the captured state no longer matches this specialization (None when it does)."""
+        miss = self.miss_before_values(leaves)
+        if miss is not None:
+            return miss
+        for name, value in self.globals_guard:
+            now = closure_values.get(name, _MISSING) if name.startswith("closure:") else (
+                fn_globals.get(name, _MISSING) if fn_globals is not None else _MISSING)  # fmt: skip
+            if not same_global(now, value):
+                return f"{name.removeprefix('closure:')} now refers to a different object ({_short(now)})"
+        if self.guards is not None:
+            return self.guards.miss()
+        return None
+
+    def miss_before_values(self, leaves: list) -> str | None:
+        """Why this call misses for anything but the Python values that the names the function reads
+        and its guards compare: its tensors, modules' training flags, ``kiln.jit.guard`` checks, sizes."""
         for position, ref in self.arg_aliases:
             if leaves[position] is not ref():
                 return f"argument {position} is no longer the tensor that the function also reads as state"
@@ -148,11 +168,6 @@ class Specialization:
                 return f"module {name} was freed"
             if module.training != training:
                 return f"module {name}.training changed from {training} to {module.training}"
-        for name, value in self.globals_guard:
-            now = closure_values.get(name, _MISSING) if name.startswith("closure:") else (
-                fn_globals.get(name, _MISSING) if fn_globals is not None else _MISSING)  # fmt: skip
-            if not _same(now, value):
-                return f"{name.removeprefix('closure:')} now refers to a different object ({_short(now)})"
         for check in self.checks:
             miss = check()
             if miss is not None:
@@ -161,8 +176,6 @@ class Specialization:
             miss = guard.miss(leaves)
             if miss is not None:
                 return miss
-        if self.guards is not None:
-            return self.guards.miss()
         return None
 
     def _captures_match(self, leaves: list) -> bool:
@@ -289,6 +302,11 @@ def _fresh_results(sig, fresh: frozenset) -> list | None:
     if len({output for _, output, _, _ in made}) != len(made):  # one output handed out twice: copies
         return None
     return [(output, device) for _, output, device, _ in made]
+
+
+def same_global(now, value) -> bool:
+    """Whether a name the function reads still holds what it held (``ANY_FLOAT``: any float, read per call)."""
+    return _same(now, value) or (value is ANY_FLOAT and type(now) is float)
 
 
 def _same(a, b) -> bool:

@@ -46,15 +46,15 @@ def _reasons(f) -> list[str]:
 
 def test_a_default_argument_of_a_function_the_call_runs():
     def make():
-        cfg = {"scale": 1.0}
+        cfg = {"scale": 1}  # (ints: a float there is read at each call, test_state_floats.py)
 
         def helper(x, c=cfg):
             return x * c["scale"]
 
-        return (lambda x: helper(x) + 1), lambda i: cfg.__setitem__("scale", float(i + 1))
+        return (lambda x: helper(x) + 1), lambda i: cfg.__setitem__("scale", i + 1)
 
     f = _against_eager(make)
-    assert len(compiled_calls(f)) == 4 and "<default c>['scale'] changed: 1.0 -> 2.0" in _reasons(f)[1]
+    assert len(compiled_calls(f)) == 4 and "<default c>['scale'] changed: 1 -> 2" in _reasons(f)[1]
 
 
 def test_the_keywords_of_a_partial():
@@ -69,7 +69,7 @@ def test_the_keywords_of_a_partial():
 def test_the_object_a_bound_method_in_a_closure_belongs_to():
     class Scaler:
         def __init__(self) -> None:
-            self.s = 1.0
+            self.s = 1  # (an int: a float there is read at each call, test_state_floats.py)
 
         def scaled(self, x):
             return x * self.s
@@ -77,10 +77,10 @@ def test_the_object_a_bound_method_in_a_closure_belongs_to():
     def make():
         c = Scaler()
         scaled = c.scaled
-        return (lambda x: scaled(x)), lambda i: setattr(c, "s", float(i + 1))
+        return (lambda x: scaled(x)), lambda i: setattr(c, "s", i + 1)
 
     f = _against_eager(make)
-    assert len(compiled_calls(f)) == 4 and "__self__.s changed: 1.0 -> 2.0" in _reasons(f)[1]
+    assert len(compiled_calls(f)) == 4 and "__self__.s changed: 1 -> 2" in _reasons(f)[1]
 
 
 @pytest.mark.parametrize("kind", ["module", "object"])
@@ -201,10 +201,11 @@ def test_a_loop_over_a_dict_whose_order_changed():
 
 @pytest.mark.parametrize("read", ["attribute", "dict entry", "submodule"])
 def test_a_setting_of_the_users_own_module(read, tmp_path, monkeypatch):
-    # ``import config`` then ``config.SCALE``: a module of the program, not of a library
+    # ``import config`` then ``config.SCALE``: a module of the program, not of a library (ints: a float
+    # there is read at each call, test_state_floats.py)
     (tmp_path / "kiln_test_settings").mkdir()
-    (tmp_path / "kiln_test_settings" / "__init__.py").write_text("SCALE = 1.0\nTABLE = {'s': 1.0}\n")
-    (tmp_path / "kiln_test_settings" / "inner.py").write_text("SCALE = 1.0\n")
+    (tmp_path / "kiln_test_settings" / "__init__.py").write_text("SCALE = 1\nTABLE = {'s': 1}\n")
+    (tmp_path / "kiln_test_settings" / "inner.py").write_text("SCALE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import kiln_test_settings as settings  # noqa: PLC0415
     import kiln_test_settings.inner  # noqa: F401, PLC0415
@@ -212,9 +213,9 @@ def test_a_setting_of_the_users_own_module(read, tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "kiln_test_settings")
     monkeypatch.delitem(sys.modules, "kiln_test_settings.inner")
     fn, change = {
-        "attribute": (lambda x: x * settings.SCALE, lambda i: setattr(settings, "SCALE", float(i + 1))),
-        "dict entry": (lambda x: x * settings.TABLE["s"], lambda i: settings.TABLE.__setitem__("s", float(i + 1))),
-        "submodule": (lambda x: x * settings.inner.SCALE, lambda i: setattr(settings.inner, "SCALE", float(i + 1))),
+        "attribute": (lambda x: x * settings.SCALE, lambda i: setattr(settings, "SCALE", i + 1)),
+        "dict entry": (lambda x: x * settings.TABLE["s"], lambda i: settings.TABLE.__setitem__("s", i + 1)),
+        "submodule": (lambda x: x * settings.inner.SCALE, lambda i: setattr(settings.inner, "SCALE", i + 1)),
     }[read]
     f = kiln.compile(fn, wait=True)
     for i in range(4):

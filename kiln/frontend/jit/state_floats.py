@@ -1,0 +1,261 @@
+"""Floats read from Python state made per-call inputs: one program for every value (PyTorch's unspecialized floats).
+
+A compiled call guards the plain values its trace read from Python state (``guards.py``), so a float
+the user changes between calls -- a KL weight annealed in ``self.beta``, ``cfg["w"]``, a module-level
+``TEMPERATURE``, a module's ``momentum`` -- made a new trace and compile per value, up to the
+recompile limit, and eager calls after it. ``torch.compile`` makes such a float a graph input once it
+sees a second value; kiln does too, with the machinery of float arguments (``scalar_args.py``):
+
+1. A call whose guards miss only because such entries hold other floats (``changed``: a dict's entry,
+   a list's item, an object's attribute, a module's global; never a class attribute, a slot or a
+   closure cell) is **traced watched**: for the duration of the call each entry holds a
+   ``WatchedScalar`` (its comparisons, truth tests and conversions tell the trace; its arithmetic
+   becomes ops of the program), and an op that takes it reads a 0-d float64 tensor of the function's
+   (``holder``), which a prologue fills from the entry before every call of the program.
+2. Such a program still guards the entries by value: the first trace read them as constants, so there
+   is no earlier program to compare with. The next value's call is traced watched too, and when
+   nothing was told and the two programs are the same (``scalar_args.same_program``), the newer one's
+   guards accept **any float** there (``ANY_FLOAT``): one program serves every value. Otherwise the
+   entries stay guarded by value, and where the reason holds at every value (Python compares the
+   float, or the results need gradients outside the call), no later trace watches them.
+
+Three traces rather than PyTorch's two; in exchange a float that reaches the program only through
+C code (``math.exp(self.t)``: a constant that follows the value) is caught by the comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...ir import dtypes as dt
+from ...ir.types import CPU
+from ..tensor import Tensor, make_tensor
+from . import state
+from .reads import selector, short
+from .scalar_args import WatchedScalar
+from .snapshots import ANY_FLOAT, Contents, same
+from .specialization import same_global
+
+
+@dataclass(frozen=True, eq=False)
+class Change:
+    """An entry of Python state (``table[key]``: a dict or a list) that holds another float than the
+    one a specialization's trace read: ``before``, ``now``, and its name in the user's words."""
+
+    table: dict | list
+    key: object
+    before: float
+    now: float
+    name: str
+
+    @property
+    def slot(self) -> tuple[int, object]:
+        return id(self.table), self.key
+
+
+def changed(spec, fn_globals: dict | None, closure_values: dict, leaves: list) -> list[Change] | None:
+    """The float entries whose values alone make ``spec`` miss this call, or None when anything else
+    differs (or nothing does)."""
+    if spec.miss_before_values(leaves) is not None:
+        return None
+    found: list[Change] = []
+    for name, value in spec.globals_guard:
+        if name.startswith("closure:"):
+            now = closure_values.get(name)
+            if not same_global(now, value):
+                return None
+            continue
+        now = fn_globals.get(name) if fn_globals is not None else None
+        if same_global(now, value):
+            continue
+        if type(value) is not float or type(now) is not float or fn_globals is None:
+            return None
+        found.append(Change(fn_globals, name, value, now, name))
+    if spec.guards is not None and not _guard_changes(spec.guards, found):
+        return None
+    return found or None
+
+
+def _guard_changes(guards, found: list[Change]) -> bool:
+    """Add to ``found`` the float entries that differ among ``guards``' containers, attribute tables and
+    module globals; False when anything else differs (compared as ``Guards.miss`` compares it)."""
+    if not guards.paths_hold():
+        return False
+    for snap, live, owner, name, style in guards.pairs:
+        if owner is not None and owner() is None:
+            continue
+        if type(snap) is Contents or isinstance(snap, frozenset) or not isinstance(live, dict | list):
+            if not same(snap, live):
+                return False
+            continue
+        if not _entries(snap, live, name, style, found):
+            return False
+    for read, table, snap, kinds, watched, count, _, path, present in guards.attr_reads:
+        try:
+            values = read(table)
+        except KeyError:
+            return False
+        if tuple(map(type, values)) != kinds or (
+            watched is not None and sum(map(watched.__contains__, table)) != count
+        ):
+            return False
+        if type(table) is not dict and snap != values:  # (a class's table, an object's slots: not stored into)
+            return False
+        if not _values(table, present, snap, values, path, found):
+            return False
+    for getter, g, snap, names, module in guards.global_reads:
+        try:
+            values = getter(g)
+        except KeyError:
+            return False
+        if not _values(g, names, snap, values, module, found):
+            return False
+    return True
+
+
+def _values(table: dict, names, snap: tuple, values: tuple, path: str, found: list[Change]) -> bool:
+    """``_entries`` for a getter's snapshot tuple of ``table``'s entries ``names`` (``path.name`` each)."""
+    for key, before, now in zip(names, snap, values, strict=False):
+        if before == now:
+            continue
+        if type(before) in (dict, list) and type(now) is type(before):  # a copy of a nested plain container
+            if not _entries(before, now, f"{path}.{key}", "item", found):
+                return False
+        elif type(before) is float and type(now) is float:
+            found.append(Change(table, key, before, now, f"{path}.{key}"))
+        else:
+            return False
+    return True
+
+
+def _entries(snap, live, name: str, style: str | None, found: list[Change]) -> bool:
+    """Add the float entries of ``live`` that differ from ``snap`` (a snapshot's copy of it, whose nested
+    copies of plain containers are walked too); False when another entry differs."""
+    if isinstance(snap, dict):
+        if not isinstance(live, dict) or list(snap) != list(live):
+            return False
+        items = snap.items()
+    else:
+        if not isinstance(live, list) or len(snap) != len(live):
+            return False
+        items = enumerate(snap)
+    for key, before in items:
+        now = live[key]
+        if before == now:
+            continue
+        where = f"{name}{selector(style or ('attr' if isinstance(key, str) and key.isidentifier() else 'item'), key)}"
+        if type(before) in (dict, list) and type(now) is type(before):  # a copy of a nested plain container
+            if not _entries(before, now, where, "item", found):
+                return False
+        elif type(before) is float and type(now) is float:
+            found.append(Change(live, key, before, now, where))
+        else:
+            return False
+    return True
+
+
+def relax(spec, changes: list[Change], fn_globals: dict | None) -> None:
+    """Make ``spec``'s guards accept any float at the entries ``changes`` names, wherever its snapshots
+    hold them (nested copies of plain containers too)."""
+    slots = {change.slot for change in changes}
+    spec.globals_guard = [(n, ANY_FLOAT if (id(fn_globals), n) in slots else v) for n, v in spec.globals_guard]
+    guards = spec.guards
+    if guards is None:
+        return
+    for snap, live, *_ in guards.pairs:
+        if isinstance(snap, dict | list) and isinstance(live, dict | list):
+            _relax_entries(snap, live, slots)
+    guards.attr_reads = [
+        (read, table, _relaxed(snap, table, present, slots), kinds, *rest, present)
+        for read, table, snap, kinds, *rest, present in guards.attr_reads
+    ]
+    guards.global_reads = [
+        (getter, g, _relaxed(snap, g, names, slots), names, module)
+        for getter, g, snap, names, module in guards.global_reads
+    ]
+
+
+def _relaxed(snap: tuple, table, names, slots: set) -> tuple:
+    """A getter's snapshot tuple (its names, then the first again) with ``ANY_FLOAT`` at ``slots``; the
+    nested copies of plain containers in it relaxed in place."""
+    keys = (*names, *names[:1])
+    out = []
+    for key, entry in zip(keys, snap, strict=False):
+        if (id(table), key) in slots and type(entry) is float:
+            entry = ANY_FLOAT
+        elif type(entry) in (dict, list) and isinstance(table, dict) and type(table.get(key)) is type(entry):
+            _relax_entries(entry, table[key], slots)
+        out.append(entry)
+    return tuple(out)
+
+
+def _relax_entries(snap, live, slots: set) -> None:
+    items = list(snap.items()) if isinstance(snap, dict) else list(enumerate(snap))
+    for key, entry in items:
+        if (id(live), key) in slots and type(entry) is float:
+            snap[key] = ANY_FLOAT
+        elif type(entry) in (dict, list):
+            try:
+                nested = live[key]
+            except (KeyError, IndexError):
+                continue
+            if type(nested) is type(entry):
+                _relax_entries(entry, nested, slots)
+
+
+# ---------------------------------------------------------------------- the watched trace
+def holder(holders: dict, change: Change) -> Tensor:
+    """The function's 0-d float64 tensor for an entry (one per entry: every program reading it shares it),
+    which ``fill`` sets from the entry before each call of a program that reads it."""
+    found = holders.get(change.slot)
+    if found is not None and found[0] is change.table:
+        return found[1]
+    token = state.current.set(None)  # made outside the trace: state the program reads, not a value it made
+    try:
+        tensor = make_tensor(np.array(change.now, dtype=np.float64), CPU, dt.float64)
+    finally:
+        state.current.reset(token)
+    holders[change.slot] = (change.table, tensor)  # (the table kept alive: its id names the entry)
+    return tensor
+
+
+def fill(array: np.ndarray, table, key) -> None:
+    """A prologue: the entry's float (a guard checked it is one) into its holder's memory."""
+    array[()] = table[key]
+
+
+def install(changes: list[Change], trace, holders: dict) -> list[tuple[Change, WatchedScalar]]:
+    """Put a ``WatchedScalar`` of ``trace`` in each changed entry (its shadow: the value the earlier trace
+    read), read through the entry's holder; returns what ``restore`` puts back."""
+    installed = []
+    for change in changes:
+        tensor = holder(holders, change)
+        trace.run_prologue(fill, (tensor._data, change.table, change.key), {})
+        watched = WatchedScalar(change.now, trace, change.before)
+        trace.scalar_args[id(watched)] = (watched, tensor, None)
+        change.table[change.key] = watched
+        installed.append((change, watched))
+    return installed
+
+
+def restore(installed: list[tuple[Change, WatchedScalar]]) -> None:
+    """The plain floats back in the entries that still hold their ``WatchedScalar`` (a call that stored
+    another value there keeps it: the trace's hazard watch has seen that)."""
+    for change, watched in installed:
+        try:
+            if change.table[change.key] is watched:
+                change.table[change.key] = float(watched)
+        except (KeyError, IndexError):
+            pass
+
+
+def names(changes: list[Change]) -> str:
+    return ", ".join(change.name for change in changes)
+
+
+def describe(changes: list[Change]) -> str:
+    """``cfg['w'] changed: 0.5 -> 0.51`` for the first change (the guard miss's words)."""
+    first = changes[0]
+    return f"{first.name} changed: {short(first.before)} -> {short(first.now)}"
