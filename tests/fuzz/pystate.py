@@ -3,7 +3,8 @@ changed between calls, and that mutate Python containers (a counter dict in a cl
 ``list.append``, ``dict.update``, a dict argument). Reads through less direct paths too: a class
 attribute through an instance, a helper's default argument, a ``functools.partial``'s keywords, a
 bound method's object, a small numpy array's values, an environment variable, a dict's order, a
-generator resumed. A float argument takes another value at each call.
+generator resumed. A float argument takes another value at each call, and so may a float of Python
+state (an attribute, a dict's entry, a list's item, a default argument's dict).
 
 The comparison after each call covers the results and every container's contents, so a compiled
 call that baked a value in, or that skipped a mutation the traced call made, shows as a difference.
@@ -65,6 +66,11 @@ READS = [
     ("h = h * min({num}, 1.0)", "float argument in min"),
     ("h = h * abs({num}) + kiln.full_like(h, {num} // 0.5)", "float argument folded"),
     ("h = {num} * h + (1 - {num}) * h.flip(0)", "float argument mixed"),
+    # floats of Python state, derived and compared (state_floats.py: inputs once two watched traces agree)
+    ("h = h * (1 - cfg.scale) + settings['shift'] ** 2", "read attr derived"),
+    ("h = h * math.exp(cfg.scale / 4)", "read attr through math"),
+    ("h = h.clamp(max=settings['shift'] + 1)", "read dict bound"),
+    ("h = h * 2 if cfg.scale > 1.1 else h * cfg.scale", "branch on attr float"),
 ]
 # ... and mutations of it (each must happen at every call, as eagerly)
 MUTATIONS = [
@@ -104,6 +110,15 @@ CHANGES = [
     ("os.environ['KILN_FUZZ_SCALE'] = '0.5'", "environment"),
     ("order['a'] = order.pop('a')", "dict order"),
 ]
+# changes before every call: a float of Python state annealed, another value each call (state_floats.py)
+ANNEALED = [
+    ("cfg.scale = 0.5 + 0.125 * call", "anneal attr"),
+    ("settings['shift'] = 0.25 - 0.375 * call", "anneal dict entry"),
+    ("weights[1] = 0.5 / (call + 1)", "anneal list entry"),
+    ("knob.scale = 1.0 + 0.25 * call", "anneal instance attr"),
+    ("scaled.__defaults__[0]['s'] = 0.75 + 0.5 * call", "anneal default argument"),
+    ("cfg.scale = 1.5 if call % 2 else 0.75", "alternate attr"),
+]
 
 
 def generate(seed: int) -> Scenario:
@@ -125,5 +140,8 @@ def generate(seed: int) -> Scenario:
     for _ in range(r.randint(1, 3)):
         line, tag = r.choice(CHANGES)
         b.action(r.randint(1, 5), line, f"change:{tag}")
+    if r.random() < 0.5:
+        line, tag = r.choice(ANNEALED)
+        b.action_line(line, f"change:{tag}")
     returns = r.choice(("h", "h, counter['calls']", "h, len(log)", "h, dict(cache)", f"h, {num} * 2"))
     return b.scenario("pystate", returns, scale=1.0, rtol=TOLERANCE[dtype])
