@@ -75,7 +75,8 @@ def changed(spec, fn_globals: dict | None, closure_values: dict, leaves: list) -
         found.append(Change(fn_globals, name, value, now, name))
     if spec.guards is not None and not _guard_changes(spec.guards, found):
         return None
-    return found or None
+    # an entry reached by two paths (``cfg`` named as a global and as ``self.cfg``) is one entry
+    return list({change.slot: change for change in reversed(found)}.values())[::-1] or None
 
 
 def _guard_changes(guards, found: list[Change]) -> bool:

@@ -247,3 +247,16 @@ def test_integers_stay_guarded_by_value():
         sched.k = value
         np.testing.assert_allclose(f(x).numpy(), (x * value).numpy(), rtol=RTOL, atol=ATOL)
     assert len(f.state.specializations) == 4
+
+
+def test_an_entry_reached_by_two_paths_is_one_input():
+    cfg = {"w": 0.5}
+    holder = types.SimpleNamespace(cfg=cfg)
+    x = kiln.randn(4)
+    f = kiln.compile(lambda x: x * cfg["w"] + x * holder.cfg["w"] ** 2, wait=True)
+    for value in VALUES:
+        cfg["w"] = value
+        np.testing.assert_allclose(f(x).numpy(), (x * value + x * value**2).numpy(), rtol=RTOL, atol=ATOL)
+    assert len(f.state.specializations) == 3
+    assert f.state.specializations[-1].graph is not None
+    assert str(kiln.explain(f, x)).count("cfg['w']: any float") == 1
