@@ -237,7 +237,7 @@ class CompiledFunction(BackgroundCompiles, Partners):
             objects, leaves, hazards.named_values(self, closure_values), self._code, roots, self.state.numpy_shadows
         )
         floats = self._scalar_partner(key, leaves, partner)
-        in_state = None if floats or partner else self._state_float_partner(key, leaves, closure_values)
+        in_state = None if floats or partner else self._state_float_partner(key, leaves)
         call_args, call_kwargs, watched, installed = args, kwargs, dict[int, float](), []
         top_level = scalar_args.top_level_positions(key[0])
         try:
@@ -405,6 +405,12 @@ class CompiledFunction(BackgroundCompiles, Partners):
             except ValueError:  # an empty cell
                 pass
         return values
+
+    def _cells(self) -> dict:
+        """The function's closure cells by ``"closure:" + name`` (as ``_closure_values`` names their values)."""
+        if not self._closure or self._code is None:
+            return {}
+        return {"closure:" + name: cell for name, cell in zip(self._code.co_freevars, self._closure, strict=True)}
 
     def guarded_names(self, closure_values: dict) -> list[tuple[str, Any]]:
         """The globals and closure variables the function names, with their current objects."""

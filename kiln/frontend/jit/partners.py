@@ -32,12 +32,14 @@ _NONE: frozenset[int] = frozenset()
 
 
 class Partners:
-    """``CompiledFunction``'s watched traces (it holds ``state``, ``options`` and ``_globals``)."""
+    """``CompiledFunction``'s watched traces (it holds ``state``, ``options``, ``_globals`` and ``_cells``)."""
 
     if TYPE_CHECKING:  # CompiledFunction's
         state: CompileState
         options: CompileOptions
         _globals: dict | None
+
+        def _cells(self) -> dict: ...
 
     def _by_value(self, key: tuple, leaves: list):
         """The entries of ``key`` with its floats keyed by value, looked up once those of ``key`` missed."""
@@ -109,16 +111,17 @@ class Partners:
         return dynamic_key(self.state.dynamic, key, spec, leaves, self.state.dynamic_floats.get(key[0], _NONE))
 
     # ------------------------------------------------------------------ floats in Python state (state_floats.py)
-    def _state_float_partner(self, key: tuple, leaves: list, closure_values: dict) -> tuple | None:
+    def _state_float_partner(self, key: tuple, leaves: list) -> tuple | None:
         """``(changes, partner)`` when this call misses the specializations of its key only because entries
         of Python state hold other floats (``partner``: the latest that read the same entries watched,
         whose program the new trace's must match; None for the first such trace); None otherwise."""
         if self.options.dynamic is False:
             return None
+        cells = self._cells()
         for entry in reversed(self.state.cache.get(key, ())):
             if isinstance(entry, _NOT_COMPILED):
                 continue
-            changes = state_floats.changed(entry, self._globals, closure_values, leaves)
+            changes = state_floats.changed(entry, self._globals, cells, leaves)
             if changes is None or any(change.slot in self.state.static_slots for change in changes):
                 continue
             slots = frozenset(change.slot for change in changes)

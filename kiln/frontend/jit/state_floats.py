@@ -7,8 +7,8 @@ recompile limit, and eager calls after it. ``torch.compile`` makes such a float 
 sees a second value; kiln does too, with the machinery of float arguments (``scalar_args.py``):
 
 1. A call whose guards miss only because such entries hold other floats (``changed``: a dict's entry,
-   a list's item, an object's attribute, a module's global; never a class attribute, a slot or a
-   closure cell) is **traced watched**: for the duration of the call each entry holds a
+   a list's item, an object's attribute, a module's global, a closure variable; never a class
+   attribute or a slot) is **traced watched**: for the duration of the call each entry holds a
    ``WatchedScalar`` (its comparisons, truth tests and conversions tell the trace; its arithmetic
    becomes ops of the program), and an op that takes it reads a 0-d float64 tensor of the function's
    (``holder``), which a prologue fills from the entry before every call of the program.
@@ -25,7 +25,9 @@ C code (``math.exp(self.t)``: a constant that follows the value) is caught by th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,40 +41,61 @@ from .snapshots import ANY_FLOAT, Contents, same
 from .specialization import same_global
 
 
+class Cell:
+    """A closure variable's cell as a table of one entry (``cell["cell_contents"]``): the function's
+    closure variable is then an entry like a dict's (``beta = ...`` in the enclosing function)."""
+
+    __slots__ = ("cell",)
+
+    def __init__(self, cell) -> None:
+        self.cell = cell
+
+    def __getitem__(self, key: str):
+        return self.cell.cell_contents
+
+    def __setitem__(self, key: str, value) -> None:
+        self.cell.cell_contents = value
+
+
+def _owner(table):
+    """What an entry's identity is kept by: the dict or list, or a closure variable's cell."""
+    return table.cell if type(table) is Cell else table
+
+
 @dataclass(frozen=True, eq=False)
 class Change:
-    """An entry of Python state (``table[key]``: a dict or a list) that holds another float than the
-    one a specialization's trace read: ``before``, ``now``, and its name in the user's words."""
+    """An entry of Python state (``table[key]``: a dict, a list or a ``Cell``) that holds another float
+    than the one a specialization's trace read: ``before``, ``now``, and its name in the user's words."""
 
-    table: dict | list
-    key: object
+    table: Any  # a dict, a list or a Cell
+    key: Any
     before: float
     now: float
     name: str
 
     @property
     def slot(self) -> tuple[int, object]:
-        return id(self.table), self.key
+        return id(_owner(self.table)), self.key
 
 
-def changed(spec, fn_globals: dict | None, closure_values: dict, leaves: list) -> list[Change] | None:
+def changed(spec, fn_globals: dict | None, cells: dict, leaves: list) -> list[Change] | None:
     """The float entries whose values alone make ``spec`` miss this call, or None when anything else
-    differs (or nothing does)."""
+    differs (or nothing does). ``cells``: the function's closure cells by ``"closure:" + name``."""
     if spec.miss_before_values(leaves) is not None:
         return None
     found: list[Change] = []
     for name, value in spec.globals_guard:
-        if name.startswith("closure:"):
-            now = closure_values.get(name)
-            if not same_global(now, value):
-                return None
-            continue
-        now = fn_globals.get(name) if fn_globals is not None else None
+        cell = cells.get(name)
+        table = (fn_globals if fn_globals is not None else {}) if cell is None else Cell(cell)
+        try:
+            now = table[name]
+        except (KeyError, ValueError):  # (a name deleted, an empty cell)
+            return None
         if same_global(now, value):
             continue
-        if type(value) is not float or type(now) is not float or fn_globals is None:
+        if type(value) is not float or type(now) is not float:
             return None
-        found.append(Change(fn_globals, name, value, now, name))
+        found.append(Change(table, name, value, now, name.removeprefix("closure:")))
     if spec.guards is not None and not _guard_changes(spec.guards, found):
         return None
     # an entry reached by two paths (``cfg`` named as a global and as ``self.cfg``) is one entry
@@ -137,7 +160,7 @@ def _entries(snap, live, name: str, style: str | None, found: list[Change]) -> b
     if isinstance(snap, dict):
         if not isinstance(live, dict) or list(snap) != list(live):
             return False
-        items = snap.items()
+        items: Iterable[tuple[Any, Any]] = snap.items()
     else:
         if not isinstance(live, list) or len(snap) != len(live):
             return False
@@ -160,8 +183,9 @@ def _entries(snap, live, name: str, style: str | None, found: list[Change]) -> b
 def relax(spec, changes: list[Change], fn_globals: dict | None) -> None:
     """Make ``spec``'s guards accept any float at the entries ``changes`` names, wherever its snapshots
     hold them (nested copies of plain containers too)."""
+    named = {change.key for change in changes if type(change.table) is Cell or change.table is fn_globals}
+    spec.globals_guard = [(n, ANY_FLOAT if n in named else v) for n, v in spec.globals_guard]
     slots = {change.slot for change in changes}
-    spec.globals_guard = [(n, ANY_FLOAT if (id(fn_globals), n) in slots else v) for n, v in spec.globals_guard]
     guards = spec.guards
     if guards is None:
         return
@@ -211,18 +235,18 @@ def holder(holders: dict, change: Change) -> Tensor:
     """The function's 0-d float64 tensor for an entry (one per entry: every program reading it shares it),
     which ``fill`` sets from the entry before each call of a program that reads it."""
     found = holders.get(change.slot)
-    if found is not None and found[0] is change.table:
+    if found is not None and found[0] is _owner(change.table):
         return found[1]
     token = state.current.set(None)  # made outside the trace: state the program reads, not a value it made
     try:
         tensor = make_tensor(np.array(change.now, dtype=np.float64), CPU, dt.float64)
     finally:
         state.current.reset(token)
-    holders[change.slot] = (change.table, tensor)  # (the table kept alive: its id names the entry)
+    holders[change.slot] = (_owner(change.table), tensor)  # (kept alive: its id names the entry)
     return tensor
 
 
-def fill(array: np.ndarray, table, key) -> None:
+def fill(array: np.ndarray, table: dict | list | Cell, key) -> None:
     """A prologue: the entry's float (a guard checked it is one) into its holder's memory."""
     array[()] = table[key]
 
@@ -248,7 +272,7 @@ def restore(installed: list[tuple[Change, WatchedScalar]]) -> None:
         try:
             if change.table[change.key] is watched:
                 change.table[change.key] = float(watched)
-        except (KeyError, IndexError):
+        except (KeyError, IndexError, ValueError):  # (removed, or a cell emptied)
             pass
 
 

@@ -60,7 +60,7 @@ class _Schedule:
 @pytest.mark.parametrize(
     "where",
     ["attribute", "dict entry", "nested dict in an attribute", "list item", "global", "helper's global",
-     "module attribute"],
+     "module attribute", "closure variable"],
 )  # fmt: skip
 def test_a_float_in_python_state_that_only_enters_tensor_ops_makes_one_program_for_every_value(where):
     def make():
@@ -79,6 +79,7 @@ def test_a_float_in_python_state_that_only_enters_tensor_ops_makes_one_program_f
             "global": (lambda x: x * _GLOBAL["g"] + _SCALE, lambda v: globals().__setitem__("_SCALE", v)),
             "helper's global": (lambda x: helper(x).sum(), lambda v: helper_globals.__setitem__("W", v)),
             "module attribute": (lambda x: module(x) * module.gain, lambda v: setattr(module, "gain", v)),
+            "closure variable": _closure_pair(),
         }[where]  # fmt: skip
         return fn, set_value, (x,)
 
@@ -90,6 +91,20 @@ def test_a_float_in_python_state_that_only_enters_tensor_ops_makes_one_program_f
 
 _SCALE = 1.0
 _GLOBAL = {"g": 2.0}
+
+
+def _closure_pair():
+    """A function reading a variable of its enclosing function, and a setter that rebinds it."""
+    beta = 1.0
+
+    def fn(x):
+        return x * beta - 1
+
+    def set_value(v):
+        nonlocal beta
+        beta = v
+
+    return fn, set_value
 
 
 def test_numbers_python_computes_from_it_become_ops_of_the_program():
