@@ -237,7 +237,7 @@ class CompiledFunction(BackgroundCompiles, Partners):
             objects, leaves, hazards.named_values(self, closure_values), self._code, roots, self.state.numpy_shadows
         )
         floats = self._scalar_partner(key, leaves, partner)
-        in_state = None if floats or partner else self._state_float_partner(key, leaves)
+        in_state = None if partner else self._state_float_partner(key, leaves, floats)
         call_args, call_kwargs, watched, installed = args, kwargs, dict[int, float](), []
         top_level = scalar_args.top_level_positions(key[0])
         try:
@@ -312,7 +312,8 @@ class CompiledFunction(BackgroundCompiles, Partners):
         if floats is not None:
             key, scalars_note = self._floats_decided(spec, trace, floats, key, leaves)
         if in_state is not None:
-            scalars_note, any_float = self._state_floats_decided(spec, trace, in_state)
+            state_note, any_float = self._state_floats_decided(spec, trace, in_state)
+            scalars_note += state_note
         if isinstance(spec, PendingSpecialization):
             self._compile_in_background(spec, key, leaves, reason + scalars_note, first=any_float)
             return result

@@ -21,7 +21,7 @@ from .backward import ConsumedPlan
 from .dynamic import sizes_differ
 from .entries import _NOT_COMPILED, CompileState
 from .keys import call_key, dynamic_key
-from .specialization import PythonRead
+from .specialization import PythonRead, Specialization
 from .trace import Trace
 from .watched_sizes import sizes_to_watch
 
@@ -111,15 +111,18 @@ class Partners:
         return dynamic_key(self.state.dynamic, key, spec, leaves, self.state.dynamic_floats.get(key[0], _NONE))
 
     # ------------------------------------------------------------------ floats in Python state (state_floats.py)
-    def _state_float_partner(self, key: tuple, leaves: list) -> tuple | None:
+    def _state_float_partner(self, key: tuple, leaves: list, floats: tuple | None) -> tuple | None:
         """``(changes, partner)`` when this call misses the specializations of its key only because entries
         of Python state hold other floats (``partner``: the latest that read the same entries watched,
-        whose program the new trace's must match; None for the first such trace); None otherwise."""
+        whose program the new trace's must match; None for the first such trace); None otherwise.
+        ``floats``: the float arguments' partner (``_scalar_partner``), when there is one: the entries are
+        compared with it alone, since the new program is compared with its program."""
         if self.options.dynamic is False:
             return None
         cells = self._cells()
-        for entry in reversed(self.state.cache.get(key, ())):
-            if isinstance(entry, _NOT_COMPILED):
+        candidates = reversed(self.state.cache.get(key, ())) if floats is None else [floats[0]]
+        for entry in candidates:
+            if isinstance(entry, _NOT_COMPILED) or not isinstance(entry, Specialization):
                 continue
             changes = state_floats.changed(entry, self._globals, cells, leaves)
             if changes is None or any(change.slot in self.state.static_slots for change in changes):

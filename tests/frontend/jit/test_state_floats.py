@@ -275,3 +275,17 @@ def test_an_entry_reached_by_two_paths_is_one_input():
     assert len(f.state.specializations) == 3
     assert f.state.specializations[-1].graph is not None
     assert str(kiln.explain(f, x)).count("cfg['w']: any float") == 1
+
+
+def test_a_float_argument_and_a_float_of_state_both_changed_at_each_call():
+    # a learning rate passed in, a loss weight annealed in the scheduler: both inputs at any value
+    sched = _Schedule()
+    x = kiln.randn(8, dtype=kiln.float64)
+    fn = lambda x, lr: x * lr + x.exp() * sched.beta  # noqa: E731
+    f = kiln.compile(fn, wait=True)
+    for i, value in enumerate(VALUES + [2.5, 0.125]):
+        sched.beta = 0.1 * i
+        np.testing.assert_allclose(f(x, value).numpy(), fn(x, value).numpy(), rtol=1e-12, atol=0)
+    assert len(f.state.specializations) == 3, _details(f)
+    assert "sched.beta: a float read at each call" in _details(f)
+    assert "argument 1: a float read at each call" in _details(f)
