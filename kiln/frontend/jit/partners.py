@@ -60,16 +60,12 @@ class Partners:
         call structure's floats stay keyed by value, ``static_floats`` saying why); and the note for
         its reason."""
         other, positions = floats
-        # a backward run after the call would read the floats as traced (a consumed one never runs)
-        outside = spec.backward is not None and not isinstance(spec.backward, ConsumedPlan)
-        why = trace.scalar_compared and f"Python uses its value ({trace.scalar_compared})"
-        if why is None and outside:
-            why = "the results need gradients outside the call"
+        always = _always_by_value(spec, trace)
         mine, theirs = spec.scalar_program, other.scalar_program
-        why = why or (scalar_args.same_program(theirs, mine) if mine and theirs else "its program was not kept")
+        why = always or (scalar_args.same_program(theirs, mine) if mine and theirs else "its program was not kept")
         where = ", ".join(f"argument {p}" for p in positions)
         if why is not None:
-            if trace.scalar_compared is not None or outside:  # so at every value: not tried again
+            if always is not None:  # so at every value: not tried again
                 self.state.static_floats[key[0]] = why
             return key, f"; the floats of {where} stay keyed by value: {why}"
         found = self.state.dynamic_floats[key[0]] = self.state.dynamic_floats.get(key[0], _NONE) | set(positions)
@@ -140,10 +136,7 @@ class Partners:
         spec.state_float_slots = frozenset(change.slot for change in changes)
         holders = self.state.float_holders  # (kiln.explain names the tensors they are read through)
         spec.state_float_names = {id(holders[change.slot][1]): change.name for change in changes}
-        outside = spec.backward is not None and not isinstance(spec.backward, ConsumedPlan)
-        why = trace.scalar_compared and f"Python uses its value ({trace.scalar_compared})"
-        if why is None and outside:
-            why = "the results need gradients outside the call"
+        why = _always_by_value(spec, trace)
         if why is not None:  # so at every value: not watched again
             self.state.static_slots.update(dict.fromkeys(spec.state_float_slots, why))
             return f"; {names} stay guarded by value: {why}", False
@@ -155,6 +148,17 @@ class Partners:
         state_floats.relax(spec, changes, self._globals)
         spec.python_reads[:] = _inputs_now(spec.python_reads, changes)
         return f"; {names}: a float read at each call (one program for every value)", True
+
+
+def _always_by_value(spec, trace: Trace) -> str | None:
+    """Why a watched trace's floats stay keyed or guarded by value at every value, or None: Python used
+    the value (a branch, a conversion, a number the same at both values), or a backward run after the
+    call would read them as traced (a consumed one never runs)."""
+    if trace.scalar_compared is not None:
+        return f"Python uses its value ({trace.scalar_compared})"
+    if spec.backward is not None and not isinstance(spec.backward, ConsumedPlan):
+        return "the results need gradients outside the call"
+    return None
 
 
 def _inputs_now(records: list[PythonRead], changes: list) -> list[PythonRead]:
