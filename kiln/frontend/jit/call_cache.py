@@ -238,18 +238,20 @@ class CompiledFunction(BackgroundCompiles, Partners):
         )
         floats = self._scalar_partner(key, leaves, partner)
         in_state = None if partner else self._state_float_partner(key, leaves, floats)
-        call_args, call_kwargs, watched, installed = args, kwargs, dict[int, float](), []
-        top_level = scalar_args.top_level_positions(key[0])
+        call_args, call_kwargs, watched, stored, installed = args, kwargs, dict[int, float](), [], []
+        places = scalar_args.float_places(args, kwargs)
         try:
             if floats is not None:  # the floats whose values alone missed: watched (scalar_args.py)
                 shadows = {p: float.fromhex(floats[0].key[1][p][1]) for p in floats[1]}
-                call_args, call_kwargs, watched = scalar_args.watched_call(args, kwargs, key[0], shadows, trace)
+                call_args, call_kwargs, watched, stored = scalar_args.watched_call(
+                    args, kwargs, key[0], shadows, trace, places
+                )
             if in_state is not None:  # floats in Python state whose values alone missed (state_floats.py)
                 installed = state_floats.install(in_state[0], trace, self.state.float_holders)
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, Tensor) and not trace.is_bound(leaf):  # an argument passed twice is one input
                     trace.add_external(leaf, "arg", i)
-                elif type(leaf) is float and i in top_level:
+                elif type(leaf) is float and i in places:
                     number = watched.get(i, leaf)
                     number_input = scalar_args.number_input(leaf)
                     trace.add_external(number_input, "arg", i)
@@ -266,6 +268,7 @@ class CompiledFunction(BackgroundCompiles, Partners):
                     result = scalar_args.unwatched(result)
             finally:
                 hazard = watch.stop()
+                scalar_args.restore(stored)
                 state_floats.restore(installed)
         except BaseException:
             trace.abandon()

@@ -5,7 +5,8 @@ call (a learning rate passed in, mixup's ``lam``, a loss weight being annealed, 
 a new trace and compile per value, up to the recompile limit, and eager calls after it. PyTorch's
 ``torch.compile`` makes such a float a graph input once a second value is seen; kiln does too:
 
-- **Every trace reads its top-level float arguments as inputs.** Where a trace's op takes the
+- **Every trace reads its float arguments as inputs** (the arguments themselves, and floats in a dict
+  or list the caller passes: ``float_places``). Where a trace's op takes the
   argument's float object itself as an operand (``x * lr``: ``ops._util.scalar_tensor`` meets the
   very object the caller passed, ``tagged``), it reads a 0-d float64 input of the program, cast to
   the op's dtype as the number would have been, instead of a constant. Per call, the argument's
@@ -54,18 +55,39 @@ from .pytree import LEAF, flatten, unflatten
 ANY = "any value"
 
 
-def top_level_positions(tree) -> frozenset[int]:
-    """The leaf positions of a call's arguments that are arguments themselves (``f(x, 0.1, lr=0.2)``),
-    not inside a list, tuple or dict an argument is: only those are rebuilt for a watched trace (a
-    container rebuilt would not be the caller's object)."""
-    kind, (args, kwargs) = tree[0], tree[1]
-    assert kind is tuple, "a call's tree is (args, kwargs)"
-    positions, n = [], 0
-    for sub in [*args[1], *kwargs[2]]:
-        if sub is LEAF:
-            positions.append(n)
-        n += _count(sub)
-    return frozenset(positions)
+#: A float argument's place in ``float_places``: an argument itself (``f(x, 0.1, lr=0.2)``), which a
+#: watched trace passes as a ``WatchedScalar`` in its place.
+ARGUMENT = "argument"
+
+
+def float_places(args: tuple, kwargs: dict) -> dict[int, Any]:
+    """The leaf positions of a call's float arguments that a trace reads as inputs, each with its place:
+    ``ARGUMENT``, or ``(container, key)`` for one held in a dict or list the caller passed
+    (``f(x, {"lr": 0.1})``), where a watched trace stores its ``WatchedScalar`` for the call. A float in
+    a tuple (which no trace can store into, and would have to rebuild) stays a constant."""
+    places: dict[int, Any] = {}
+    count = 0
+
+    def walk(obj, place) -> None:
+        nonlocal count
+        kind = type(obj)
+        if kind is list or kind is dict:
+            for key in range(len(obj)) if kind is list else tuple(obj):
+                walk(obj[key], (obj, key))
+            return
+        if isinstance(obj, tuple):
+            for item in obj:
+                walk(item, None)
+            return
+        if kind is float and place is not None:
+            places[count] = place
+        count += 1
+
+    for arg in args:
+        walk(arg, ARGUMENT)
+    for name in kwargs:
+        walk(kwargs[name], ARGUMENT)
+    return places
 
 
 def _count(tree) -> int:
@@ -260,11 +282,13 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
     setattr(WatchedScalar, _name, _watching(_name))
 
 
-def watched_call(args: tuple, kwargs: dict, tree, shadows: dict[int, float], trace) -> tuple[tuple, dict, dict]:
-    """``(args, kwargs, watched)``: the call's arguments with the floats at leaf positions ``shadows``
-    (top-level ones; each with its value in the earlier trace) as ``WatchedScalar``s of ``trace``, and
-    each of those by its position."""
-    given, kwargs, watched = list(args), dict(kwargs), {}
+def watched_call(args: tuple, kwargs: dict, tree, shadows: dict[int, float], trace,
+                 places: dict[int, Any]) -> tuple[tuple, dict, dict, list]:  # fmt: skip
+    """``(args, kwargs, watched, stored)``: the call's arguments with the floats at leaf positions
+    ``shadows`` (each with its value in the earlier trace) as ``WatchedScalar``s of ``trace``: those that
+    are arguments passed so (``places``), those held in a dict or list stored there, for ``restore``
+    (``stored``); and each of them by its position (``watched``)."""
+    given, kwargs, watched, stored = list(args), dict(kwargs), {}, []
     (_, arg_subs), (_, names, kwarg_subs) = tree[1]
     n = 0
     for j, sub in enumerate([*arg_subs, *kwarg_subs]):
@@ -275,4 +299,21 @@ def watched_call(args: tuple, kwargs: dict, tree, shadows: dict[int, float], tra
                 name = names[j - len(given)]
                 kwargs[name] = watched[n] = WatchedScalar(kwargs[name], trace, shadows[n])
         n += _count(sub)
-    return tuple(given), kwargs, watched
+    for n, shadow in shadows.items():
+        place = places.get(n)
+        if n not in watched and place is not None and place is not ARGUMENT:
+            container, key = place
+            watched[n] = WatchedScalar(container[key], trace, shadow)
+            stored.append((container, key, watched[n]))
+            container[key] = watched[n]
+    return tuple(given), kwargs, watched, stored
+
+
+def restore(stored: list) -> None:
+    """The plain floats back where ``watched_call`` stored ``WatchedScalar``s, where they still are."""
+    for container, key, number in stored:
+        try:
+            if container[key] is number:
+                container[key] = float(number)
+        except (KeyError, IndexError):
+            pass

@@ -241,3 +241,42 @@ def test_after_a_change_of_state_a_dynamic_float_is_traced_at_its_value_first():
             cfg["scale"] = -2.0
         _same(compiled(x, value), fn(x, value))
     assert _details(compiled).count("a float read at each call") == 2  # before the change, and after it
+
+
+@pytest.mark.parametrize("container", ["dict", "list", "nested dict", "keyword dict"])
+def test_a_float_in_a_dict_or_list_argument_is_read_at_each_call(container):
+    x = kiln.randn(8)
+
+    def fn(x, hp=None, **kw):
+        hp = hp if hp is not None else kw["hp"]
+        lr = hp["lr"] if container in ("dict", "keyword dict") else hp[1] if container == "list" else hp["opt"]["lr"]
+        return x * lr + (1 - lr) * x.flip(0)
+
+    def make(v):
+        hp = {"dict": {"lr": v, "tag": "a"}, "list": ["a", v], "nested dict": {"opt": {"lr": v}},
+              "keyword dict": {"lr": v}}[container]  # fmt: skip
+        return ((x,), {"hp": hp}) if container == "keyword dict" else ((x, hp), {})
+
+    compiled = _calls(fn, make)
+    assert len(compiled.state.specializations) == 3  # (1 - lr: the first trace's constant)
+    assert "a float read at each call" in _details(compiled)
+
+
+def test_a_float_in_a_tuple_argument_stays_keyed_by_value():
+    x = kiln.randn(8)
+    compiled = _calls(lambda x, hp: x * hp[0], lambda v: ((x, (v, 2)), {}))
+    assert len(compiled.state.specializations) == len(set(VALUES))
+
+
+def test_the_callers_dict_holds_its_own_float_after_a_watched_call():
+    x = kiln.randn(8)
+    compiled = kiln.compile(lambda x, hp: x * hp["lr"], wait=True)
+    for value in VALUES:
+        hp = {"lr": value}
+        _same(compiled(x, hp), x * value)
+        assert type(hp["lr"]) is float and hp["lr"] == value
+    shared = {"lr": 0.5}
+    for value in VALUES:  # one dict passed again, changed between calls
+        shared["lr"] = value
+        _same(compiled(x, shared), x * value)
+        assert type(shared["lr"]) is float
