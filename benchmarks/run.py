@@ -48,6 +48,7 @@ WORKLOADS = {
     "long_programs": "benchmarks.long_programs",
     "eager": "benchmarks.eager_steps",
     "compile_cost": "benchmarks.compile_cost",
+    "changing_floats": "benchmarks.changing_floats",
 }
 
 # the GPU workloads, run by ``--device cuda`` (each reports itself skipped without a GPU)

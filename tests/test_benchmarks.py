@@ -443,3 +443,15 @@ def test_paper_workloads_compiled_eager_and_torch_take_the_same_steps(torch, nam
         np.testing.assert_allclose(compiled().item(), ours, rtol=5e-4 if step < 2 else 1e-2, atol=1e-5 * abs(first))
         if step < 2:
             np.testing.assert_allclose(ours, expected, rtol=5e-4, atol=1e-5)
+
+
+def test_changing_floats_child_makes_one_program_for_its_changing_floats(monkeypatch, tmp_path):
+    """The workload's program, compiled, at a new learning rate and loss weight every step: three
+    specializations (then one serves every value) and the losses of kiln eager."""
+    from benchmarks import changing_floats
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setitem(changing_floats.STEPS, True, 10)
+    compiled, eager = changing_floats.child("wait", quick=True), changing_floats.child("eager", quick=True)
+    assert compiled["compiles"] == 3
+    assert changing_floats.close(compiled["losses"], eager["losses"], rtol=1e-5, atol=1e-7).startswith("ok")
