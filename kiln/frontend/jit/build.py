@@ -18,7 +18,7 @@ import itertools
 import logging
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,18 @@ class Decision:
     size_guards: list
 
 
+def _field(name: str, make: Callable[[], Any]) -> Any:
+    """A property reading and writing the Specialization's field ``name`` in ``fields`` (``make()`` until set)."""
+
+    def read(self):
+        return self.fields.setdefault(name, make())
+
+    def write(self, value) -> None:
+        self.fields[name] = value
+
+    return property(read, write)
+
+
 @dataclass(eq=False)
 class PendingSpecialization:
     """A traced call whose graphs are not compiled yet: everything it holds is graphs and Python
@@ -117,14 +129,11 @@ class PendingSpecialization:
     def scalar_program(self) -> tuple | None:
         return self.fields["scalar_program"]
 
-    # set once a watched trace of floats in Python state is decided (``Partners._state_floats_decided``)
-    globals_guard = property(
-        lambda self: self.fields["globals_guard"], lambda self, v: self.fields.__setitem__("globals_guard", v)
-    )
-    state_float_slots = property(lambda self: self.fields.get("state_float_slots", frozenset()),
-                                 lambda self, v: self.fields.__setitem__("state_float_slots", v))  # fmt: skip
-    state_float_names = property(lambda self: self.fields.get("state_float_names", {}),
-                                 lambda self, v: self.fields.__setitem__("state_float_names", v))  # fmt: skip
+    # set once a watched trace of floats is decided (``partners.py``): the Specialization's fields
+    globals_guard = _field("globals_guard", list)
+    state_float_slots = _field("state_float_slots", frozenset)
+    state_float_names = _field("state_float_names", dict)
+    value_guards = _field("value_guards", list)
 
     @property
     def sizes_source(self) -> Graph | tuple[Graph, Graph | None] | None:

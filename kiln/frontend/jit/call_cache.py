@@ -238,7 +238,8 @@ class CompiledFunction(BackgroundCompiles, Partners):
         )
         floats = self._scalar_partner(key, leaves, partner)
         in_state = None if partner else self._state_float_partner(key, leaves, floats)
-        call_args, call_kwargs, watched, stored, installed = args, kwargs, dict[int, float](), [], []
+        call_args, call_kwargs, watched, installed = args, kwargs, dict[int, float](), []
+        stored: list = []
         places = scalar_args.float_places(args, kwargs)
         try:
             if floats is not None:  # the floats whose values alone missed: watched (scalar_args.py)
@@ -312,6 +313,7 @@ class CompiledFunction(BackgroundCompiles, Partners):
             return result
         self._guard(spec, trace, watch, objects, leaves, closure_values)
         scalars_note, any_float = "", False
+        self._float_guards(spec, trace, watched, installed)
         if floats is not None:
             key, scalars_note = self._floats_decided(spec, trace, floats, key, leaves)
         if in_state is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import scalar_args, state_floats
+from . import float_guards, scalar_args, state_floats
 from .backward import ConsumedPlan
 from .dynamic import sizes_differ
 from .entries import _NOT_COMPILED, CompileState
@@ -62,7 +62,8 @@ class Partners:
         other, positions = floats
         always = _always_by_value(spec, trace)
         mine, theirs = spec.scalar_program, other.scalar_program
-        why = always or (scalar_args.same_program(theirs, mine) if mine and theirs else "its program was not kept")
+        why = always or _split(trace)
+        why = why or (scalar_args.same_program(theirs, mine) if mine and theirs else "its program was not kept")
         where = ", ".join(f"argument {p}" for p in positions)
         if why is not None:
             if always is not None:  # so at every value: not tried again
@@ -127,6 +128,20 @@ class Partners:
             return changes, (entry if entry.state_float_slots == slots and entry.scalar_program is not None else None)
         return None
 
+    def _float_guards(self, spec, trace: Trace, watched: dict, installed: list) -> None:
+        """The watched trace's comparisons of its floats as the new specialization's guards
+        (``float_guards.py``; its floats stay keyed by value where one cannot be computed again)."""
+        if not trace.scalar_guards:
+            return
+        roots: dict[int, tuple] = {id(number): ("arg", position) for position, number in watched.items()}
+        roots.update((id(number), ("entry", change.table, change.key, change.name)) for change, number in installed)
+        found = float_guards.guards(trace.scalar_guards, roots)
+        if found is None:
+            trace.scalar_compared = trace.scalar_compared or "a comparison of it that kiln cannot compute again"
+            return
+        spec.value_guards = found
+        spec.python_reads.extend(PythonRead(f"{guard} is {guard.result} ({guard.where})", "guard") for guard in found)
+
     def _state_floats_decided(self, spec, trace: Trace, found: tuple) -> tuple[str, bool]:
         """After a watched trace of floats in Python state (``found``: the changes and the partner): make
         the new specialization's guards accept any float there when its program is its partner's. The
@@ -139,6 +154,9 @@ class Partners:
         why = _always_by_value(spec, trace)
         if why is not None:  # so at every value: not watched again
             self.state.static_slots.update(dict.fromkeys(spec.state_float_slots, why))
+            return f"; {names} stay guarded by value: {why}", False
+        why = _split(trace)
+        if why is not None:
             return f"; {names} stay guarded by value: {why}", False
         if other is None:
             return f"; {names} read at each call (another value decides whether one program serves every value)", False
@@ -159,6 +177,14 @@ def _always_by_value(spec, trace: Trace) -> str | None:
     if spec.backward is not None and not isinstance(spec.backward, ConsumedPlan):
         return "the results need gradients outside the call"
     return None
+
+
+def _split(trace: Trace) -> str | None:
+    """Why this watched trace's floats stay keyed by value this time: a comparison of them came out
+    otherwise at the earlier trace's values (a later pair of values may agree)."""
+    if trace.scalar_split is None:
+        return None
+    return f"a comparison of it ({trace.scalar_split}) comes out otherwise at the other value"
 
 
 def _inputs_now(records: list[PythonRead], changes: list) -> list[PythonRead]:

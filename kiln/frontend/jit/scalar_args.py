@@ -15,9 +15,9 @@ a new trace and compile per value, up to the recompile limit, and eager calls af
   lam``, ``math.exp(t)``: new float objects, constants) is right for it.
 - **A second value makes the argument dynamic when the two traces agree.** When a call misses only
   because float arguments hold other values (``partner``), it is traced with those arguments as
-  ``WatchedScalar``: a float whose comparisons, truth tests and conversions to whole numbers, and
-  those of numbers Python computes from it, tell the trace (``Trace.scalar_compared``; a branch on
-  it, ``if lr > 0.1``, would go another way at a third value). If nothing did, and the new trace's
+  ``WatchedScalar``: a float whose conversions to whole numbers, and those of numbers Python computes
+  from it, tell the trace (``Trace.scalar_compared``), and whose comparisons become guards of the
+  program (``float_guards.py``: ``if lr > 0.1`` serves the values on its side). If nothing told, and the new trace's
   program is the earlier one's exactly -- the same graph, constants and Python results -- then no
   constant and no branch followed the value: the argument's value reaches the program only through
   its input, and one program serves every value (the key then holds ``ANY`` there). Otherwise the
@@ -48,6 +48,7 @@ import numpy as np
 from ...ir import dtypes as dt
 from ...ir.types import CPU
 from ..tensor import Tensor, make_tensor
+from .float_guards import SIGNS
 from .locations import KILN_DIR
 from .pytree import LEAF, flatten, unflatten
 
@@ -224,13 +225,21 @@ class WatchedScalar(float):
         trace = self.trace
         if trace.scalar_compared is not None or state.current.get() is not trace:
             return
-        frame: Any = sys._getframe(2)
-        while frame is not None and frame.f_code.co_filename == __file__:
-            frame = frame.f_back
-        if frame is not None and not frame.f_code.co_filename.startswith(KILN_DIR):
-            trace.scalar_compared = f"{what} at {frame.f_code.co_filename}:{frame.f_lineno}"
-        elif frame is not None:
-            trace.scalar_compared = f"{what} in kiln's {frame.f_code.co_name}"
+        where = _where()
+        if where is not None:
+            trace.scalar_compared = f"{what} {where}"
+
+
+def _where() -> str | None:
+    """Where the user's code (``at file:line``) or kiln's (``in kiln's name``) used a watched float."""
+    frame: Any = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    if frame is None:
+        return None
+    if not frame.f_code.co_filename.startswith(KILN_DIR):
+        return f"at {frame.f_code.co_filename}:{frame.f_lineno}"
+    return f"in kiln's {frame.f_code.co_name}"
 
 
 def _telling(name: str, what: str):
@@ -242,6 +251,52 @@ def _telling(name: str, what: str):
 
     told.__name__ = name
     return told
+
+
+def recomputable(number) -> bool:
+    """Whether a guard can compute ``number`` again from the watched floats' values at a later call: a
+    plain number, a watched float itself, or one computed from those by the operators a program
+    computes as Python does (``WatchedScalar.expression``)."""
+    if type(number) in (int, float, bool):
+        return True
+    if type(number) is not WatchedScalar:
+        return False
+    tagged = number.trace.scalar_args.get(id(number))
+    if tagged is not None and tagged[0] is number:
+        return True
+    steps = number.expression
+    return steps is not None and all(recomputable(operand) for operand in steps[1:])
+
+
+def _comparing(name: str):
+    """A comparison (or truth test) of a watched float: a guard of the program when it comes out the same
+    at both traced values and both of its sides can be computed again (``float_guards.py``); a split of
+    this trace when it comes out otherwise; else told (the float stays keyed by value)."""
+    method = getattr(float, name)
+
+    def compared(self, *args):
+        from . import state  # noqa: PLC0415
+
+        result = method(self, *args)
+        trace = self.trace
+        if result is NotImplemented or trace.scalar_compared is not None or state.current.get() is not trace:
+            return result
+        try:
+            shadow = method(self.shadow, *[a.shadow if type(a) is WatchedScalar else a for a in args])
+        except (ArithmeticError, ValueError, TypeError):
+            shadow = None
+        other = args[0] if args else None
+        if shadow != result:
+            if trace.scalar_split is None:
+                trace.scalar_split = f"{SIGNS[name]} {_where()}"
+        elif recomputable(self) and (not args or recomputable(other)):
+            trace.scalar_guards.append((self, name, other, result, _where()))
+        else:
+            self._told(f"a comparison of it ({SIGNS[name]}) that kiln cannot compute again")
+        return result
+
+    compared.__name__ = name
+    return compared
 
 
 #: Operators whose result a program computes as Python does (IEEE float64 arithmetic, C's ``pow``); a
@@ -271,11 +326,12 @@ def _watching(name: str):
     return watched
 
 
-for _name, _what in (("__eq__", "=="), ("__ne__", "!="), ("__lt__", "<"), ("__le__", "<="), ("__gt__", ">"),
-                     ("__ge__", ">="), ("__bool__", "a truth test"), ("__int__", "int()"), ("__trunc__", "int()"),
-                     ("__floor__", "math.floor"), ("__ceil__", "math.ceil"), ("__round__", "round()"),
-                     ("is_integer", "is_integer()"), ("as_integer_ratio", "as_integer_ratio()")):  # fmt: skip
-    setattr(WatchedScalar, _name, _telling(_name, f"a comparison or conversion of it ({_what})"))
+for _name in SIGNS:
+    setattr(WatchedScalar, _name, _comparing(_name))
+for _name, _what in (("__int__", "int()"), ("__trunc__", "int()"), ("__floor__", "math.floor"),
+                     ("__ceil__", "math.ceil"), ("__round__", "round()"), ("is_integer", "is_integer()"),
+                     ("as_integer_ratio", "as_integer_ratio()")):  # fmt: skip
+    setattr(WatchedScalar, _name, _telling(_name, f"a conversion of it ({_what})"))
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
               "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__neg__", "__pos__",
               "__abs__"):  # fmt: skip

@@ -95,6 +95,7 @@ class Specialization:
     # and the holders' names by their ids
     state_float_slots: frozenset = frozenset()
     state_float_names: dict = field(default_factory=dict)
+    value_guards: list = field(default_factory=list)  # float_guards.FloatGuard: comparisons its dynamic floats keep
 
     def __post_init__(self) -> None:
         self._captured = [s for s in self.signature.inputs if isinstance(s, Captured)]
@@ -146,7 +147,13 @@ class Specialization:
             if not same_global(now, value):
                 return f"{name.removeprefix('closure:')} now refers to a different object ({_short(now)})"
         if self.guards is not None:
-            return self.guards.miss()
+            miss = self.guards.miss()
+            if miss is not None:
+                return miss
+        for guard in self.value_guards:
+            miss = guard.miss(leaves)
+            if miss is not None:
+                return miss
         return None
 
     def miss_before_values(self, leaves: list) -> str | None:

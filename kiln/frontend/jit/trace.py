@@ -148,6 +148,10 @@ class Trace:
         # float arguments read as inputs (scalar_args.py): id -> (float, its input, position); a watched one's use
         self.scalar_args: dict[int, tuple] = {}
         self.scalar_compared: str | None = None
+        # comparisons of watched floats kept as guards (float_guards.py), and the first one that came out
+        # otherwise at the earlier trace's values
+        self.scalar_guards: list[tuple] = []
+        self.scalar_split: str | None = None
 
     # ------------------------------------------------------------------ entering and leaving
     def start(self) -> Trace:

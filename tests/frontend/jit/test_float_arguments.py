@@ -105,7 +105,7 @@ def test_the_float_promotes_and_rounds_as_a_python_number(dtype):
         assert compiled(x, 1 / 3).numpy().tolist() == (x * (1 / 3)).numpy().tolist()
 
 
-def test_a_branch_on_the_value_keeps_it_keyed_by_value():
+def test_a_branch_on_the_value_is_a_guard_of_a_program_for_the_values_on_its_side():
     x = kiln.randn(8)
 
     def fn(x, s):
@@ -114,8 +114,31 @@ def test_a_branch_on_the_value_keeps_it_keyed_by_value():
         return x * s
 
     compiled = _calls(fn, lambda s: ((x, s), {}))
-    assert "stay keyed by value: Python uses its value" in _details(compiled)
-    assert len(compiled.state.specializations) == len(set(VALUES))
+    # 0.5, 0.625: one program for s <= 0.7; 0.75 (the other side of 0.625: keyed), 1.25: one for s > 0.7
+    assert len(compiled.state.specializations) == 4, _details(compiled)
+    assert "comes out otherwise at the other value" in _details(compiled)
+    assert "argument 1 > 0.7 is True" in str(kiln.explain(compiled, x, 2.0))
+    for value in [0.1, 0.7, 0.70001, 5.0, -3.0]:  # no more traces, and the right side each time
+        _same(compiled(x, value), fn(x, value))
+    assert len(compiled.state.specializations) == 4
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, s: x * min(s, 1.0),  # a comparison inside min
+        lambda x, s: x * max(0.0, s - 0.25) if s != 0 else x,
+        lambda x, s: kiln.nn.functional.dropout(x, s * s / 16, training=False),  # kiln's own check of it
+        lambda x, s: x * (s if 1 - s < 2 * s else -s),  # numbers computed from it, compared
+    ],
+)
+def test_comparisons_that_hold_at_both_values_become_guards(fn):
+    x = kiln.randn(8)
+    values = [0.5, 0.625, 0.75, 0.875, 0.5, 0.625]  # one side of each comparison
+    compiled = _calls(fn, lambda s: ((x, s), {}), values)
+    assert len(compiled.state.specializations) <= 3, _details(compiled)
+    assert "argument 1: a float read at each call" in _details(compiled)
+    _calls(fn, lambda s: ((x, s), {}), [0.5, 0.625, 1.5, -2.0, 3.0, 0.375, 0.0, 2.0, 0.625])  # both sides
 
 
 @pytest.mark.parametrize(
@@ -124,9 +147,8 @@ def test_a_branch_on_the_value_keeps_it_keyed_by_value():
         lambda x, s: x * (s // 0.25),  # a number Python computes otherwise than a program would
         lambda x, s: x * math.exp(s),  # one C computes
         lambda x, s: x * float(np.float32(s)),
-        lambda x, s: x * min(s, 1.0),  # a comparison inside min
         lambda x, s: (x * s, s * 2),  # a Python result that follows it
-        lambda x, s: kiln.nn.functional.dropout(x, abs(s) / 8, training=False),  # kiln's own check of it
+        lambda x, s: x * 2 if s // 1 > 0 else x,  # a comparison of a number a guard cannot compute again
     ],
 )
 def test_what_follows_the_value_outside_an_input_keeps_it_keyed_by_value(fn):

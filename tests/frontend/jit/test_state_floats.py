@@ -122,9 +122,7 @@ def test_numbers_python_computes_from_it_become_ops_of_the_program():
 @pytest.mark.parametrize(
     "body",
     [
-        lambda x, s: x * 2 if s.beta > 0.7 else x * s.beta,  # a branch on it
         lambda x, s: x * math.exp(s.beta),  # a number C computes from it
-        lambda x, s: x * min(s.beta, 1.0),  # a comparison inside min
         lambda x, s: x * (s.beta // 0.25),  # a number Python computes otherwise than a program would
         lambda x, s: x * abs(s.beta),  # the same at two values (-0.375 and 0.375)
         lambda x, s: kiln.nn.functional.dropout(x, abs(s.beta) / 8, training=False),  # kiln's own check
@@ -138,6 +136,18 @@ def test_what_follows_the_value_outside_an_input_keeps_it_guarded_by_value(body)
 
     f = _against_eager(make, [0.5, -0.375, 0.375, 0.875, 1.25, 0.5, 2.0])
     assert "a float read at each call (one program" not in _details(f)
+
+
+def test_a_warmup_with_min_is_two_programs_one_on_each_side():
+    # beta = min(1.0, step / warmup): guarded by the comparison inside min, a program on each side
+    def make():
+        sched = _Schedule()
+        x = kiln.randn(8)
+        return (lambda x: x * min(1.0, sched.beta)), lambda v: setattr(sched, "beta", v), (x,)
+
+    f = _against_eager(make, [0.1, 0.2, 0.3, 0.4, 0.9, 1.0, 1.1, 1.2, 1.3, 2.0, 0.5])
+    assert len(f.state.specializations) <= 6, _details(f)
+    assert _details(f).count("a float read at each call (one program") == 2
 
 
 def test_a_training_step_with_an_annealed_loss_weight_matches_eager():
