@@ -9,7 +9,7 @@ before they reach the parameter, in one node.
 
 from __future__ import annotations
 
-import kiln
+from kiln.frontend.autograd.grad_mode import state as _grad
 from kiln.frontend.jit import state as _jit
 
 __all__ = ["derived"]
@@ -23,12 +23,15 @@ def derived(kind: tuple, sources: tuple, make):
     trace = _jit.current.get() if _jit.tracing else None
     if trace is None:
         return make()
-    key = (*kind, *[id(t) for t in sources[1:]], sources[0].dtype, sources[0].device)
+    rest = sources[1:]
+    key = (*kind, *map(id, rest), sources[0].dtype, sources[0].device)
     # (whether a source requires grad too: one made before ``w.requires_grad_()`` has no history)
-    stamp = (kiln.is_grad_enabled(), *[None if t is None else (t._version[0], t._requires_grad) for t in sources[1:]])
+    stamp = (_grad.grad_enabled, *[None if t is None else (t._version[0], t._requires_grad) for t in rest])
     found = trace.derived.get(key)
-    if found is not None and found[0] == stamp and all(a is b for a, b in zip(found[1], sources[1:], strict=True)):
+    # The key's ids are the sources' own: the entry keeps its sources alive, so no other tensor has
+    # their ids while it is there (one lookup, no comparison of the sources one by one).
+    if found is not None and found[0] == stamp:
         return found[2]
     made = make()
-    trace.derived[key] = (stamp, sources[1:], made)  # the sources kept: their ids stay theirs
+    trace.derived[key] = (stamp, rest, made)
     return made

@@ -35,13 +35,11 @@ values, now defined by the loop node, so the nodes after the run are unchanged.
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..ir.analysis import is_view
 from ..ir.graph import CONSTANT, NESTING_OPS, Graph, Node, Value
 from ..ir.loops import LOOP, Loop
 from ..ir.primitives import ELEMENTWISE, PRIMITIVES, Kind
@@ -59,6 +57,10 @@ MIN_ROLLED_NODES = 64
 MAX_CANDIDATES = 16
 #: Phases tried for a run whose blocks do not check at the phase it was found at.
 MAX_PHASES = 8
+#: The view ops (``kiln.ir.analysis.is_view``'s).
+_VIEWS = frozenset(name for name, prim in PRIMITIVES.items() if prim.is_view)
+#: The ops whose nodes have a name (``attrs["name"]``): constants and the nodes holding bodies.
+_NAMED = NESTING_OPS | {CONSTANT}
 
 
 @dataclass(frozen=True)
@@ -87,11 +89,10 @@ def roll_loops(graph: Graph, min_trips: int = MIN_TRIPS, min_nodes: int = MIN_RO
         return given
     plans = []
     taken = np.zeros(len(order), dtype=bool)
-    last_use = _last_uses(graph)
     for run in _runs(ids, min_trips):
         if run.period * run.trips < min_nodes or taken[run.start : run.stop].any():
             continue
-        plan = _first_plan(graph, order, run, min_trips, last_use)
+        plan = _first_plan(graph, order, run, min_trips)
         if plan is not None:
             taken[plan.run.start : plan.run.stop] = True
             plans.append(plan)
@@ -110,10 +111,11 @@ def _hoist_input_views(graph: Graph) -> Graph:
     front, rest = [], []
     seen: dict[tuple, Node] = {}
     replace: dict[Value, Value] = {}
+    views = _VIEWS  # (``is_view``'s test inline: a call per node of a 100k-node trace costs more)
     for node in graph.nodes:
         if replace and not replace.keys().isdisjoint(node.inputs):
             node = substitute(node, replace)
-        if is_view(node) and all(v in rooted for v in node.inputs):
+        if node.op in views and rooted.issuperset(node.inputs):
             key = (node.op, node.attr_key(), node.inputs)
             first = seen.get(key)
             if first is None:
@@ -124,7 +126,7 @@ def _hoist_input_views(graph: Graph) -> Graph:
                 replace.update(zip(node.outputs, first.outputs, strict=True))
         else:
             rest.append(node)
-    if not replace and all(a is b for a, b in zip(front + rest, graph.nodes, strict=True)):
+    if not replace and tuple(front + rest) == graph.nodes:  # (nodes compare by identity)
         return graph
     outputs = tuple(replace.get(v, v) for v in graph.outputs)
     return Graph(graph.inputs, tuple(front + rest), outputs, graph.constants)
@@ -140,40 +142,68 @@ def _signatures(nodes: Sequence[Node]) -> tuple[list[int], np.ndarray]:
     attribute may hold (1, 1.0 and True too), and types by their fields, whose hashes are C's:
     a trace of 100k nodes is signed in a fraction of the time ``Node.attr_key`` and
     ``TensorType.__hash__`` take. Two equal attribute dicts written in another order get two
-    signatures: a run missed, never a wrong one."""
-    table: dict[tuple, int] = {}
+    signatures: a run missed, never a wrong one.
+
+    Signed in two rounds: each node first by the identities of its types (a trace makes a few dozen
+    type objects, each shared by thousands of values), then each of the few distinct first-round
+    keys by the types' fields, which merges the keys of equal types that are distinct objects. A
+    node's types are read without a comprehension for the one or two inputs and the one output
+    nearly every node has (LSTMCell loop, 49k nodes: 106 -> ~72 ms of CPU)."""
+    first: dict[tuple, int] = {}
+    shown: list[int] = []  # per first-round key, a node that has it (whose types are read in the second)
     order, ids = [], []
     for i, node in enumerate(nodes):
-        if node.op == CONSTANT:
+        op = node.op
+        if op == CONSTANT:
             continue
-        if node.op in NESTING_OPS:
+        if op in NESTING_OPS:
             key: tuple = ("unique", i)
         else:
-            key = (node.op, repr(node.attrs), tuple([(v.type.shape, v.type.dtype, v.type.device) for v in node.inputs]),
-                   tuple([(v.type.shape, v.type.dtype, v.type.device) for v in node.outputs]))  # fmt: skip
+            ins, outs, attrs = node.inputs, node.outputs, node.attrs
+            count = len(ins)
+            if count == 1:
+                types: tuple = (id(ins[0].type),)
+            elif count == 2:
+                types = (id(ins[0].type), id(ins[1].type))
+            else:
+                types = tuple([id(v.type) for v in ins])
+            made = (id(outs[0].type),) if len(outs) == 1 else tuple([id(v.type) for v in outs])
+            key = (op, repr(attrs) if attrs else "", types, made)
         order.append(i)
-        ids.append(table.setdefault(key, len(table)))
-    return order, np.asarray(ids, dtype=np.int64)
+        number = first.get(key)
+        if number is None:
+            number = first[key] = len(shown)
+            shown.append(i)
+        ids.append(number)
+    # the second round: the first round's keys by the types' fields
+    table: dict[tuple, int] = {}
+    final = np.empty(len(shown), dtype=np.int64)
+    for key, number in first.items():
+        if len(key) == 4:  # (not a nesting node's ("unique", i))
+            node = nodes[shown[number]]
+            key = (key[0], key[1], tuple([(v.type.shape, v.type.dtype, v.type.device) for v in node.inputs]),
+                   tuple([(v.type.shape, v.type.dtype, v.type.device) for v in node.outputs]))  # fmt: skip
+        final[number] = table.setdefault(key, len(table))
+    return order, final[np.asarray(ids, dtype=np.int64)] if ids else np.zeros(0, dtype=np.int64)
 
 
 def _candidate_periods(ids: np.ndarray, min_trips: int) -> list[int]:
     """Distances to the previous and the second previous occurrence of each signature, the most
-    frequent first (by count times distance: the nodes a period could cover)."""
-    counts: Counter = Counter()
-    previous: dict[int, int] = {}
-    before: dict[int, int] = {}
-    for i, s in enumerate(ids.tolist()):
-        p = previous.get(s)
-        if p is not None:
-            counts[i - p] += 1
-            q = before.get(s)
-            if q is not None:
-                counts[i - q] += 1
-            before[s] = p
-        previous[s] = i
+    frequent first (by count times distance: the nodes a period could cover).
+
+    Counted over the positions sorted by signature (stably: each signature's in order), where an
+    occurrence's previous and second previous occurrences are the one and two places before it."""
     n = len(ids)
-    scored = sorted(((c * d, -d) for d, c in counts.items() if c >= min_trips - 1 and d * min_trips <= n), reverse=True)
-    return [-d for _, d in scored[:MAX_CANDIDATES]]
+    positions = np.argsort(ids, kind="stable")
+    signed = ids[positions]
+    distances = [positions[gap:] - positions[:-gap] for gap in (1, 2) if n > gap]
+    same = [signed[gap:] == signed[:-gap] for gap in (1, 2) if n > gap]
+    found = np.concatenate([d[m] for d, m in zip(distances, same, strict=True)]) if distances else ids[:0]
+    counts = np.bincount(found)
+    d = np.flatnonzero((counts >= max(min_trips - 1, 1)) & (np.arange(len(counts)) * min_trips <= n))
+    covered = counts[d] * d
+    best = np.lexsort((d, -covered))[:MAX_CANDIDATES]  # the most covered first, then the shorter
+    return [int(x) for x in d[best]]
 
 
 def _runs(ids: np.ndarray, min_trips: int) -> list[Run]:
@@ -183,10 +213,9 @@ def _runs(ids: np.ndarray, min_trips: int) -> list[Run]:
     for period in _candidate_periods(ids, min_trips):
         match = np.concatenate(([False], ids[:-period] == ids[period:], [False]))
         edges = np.flatnonzero(np.diff(match.astype(np.int8)))
-        for a, b in zip(edges[::2], edges[1::2], strict=True):
-            trips = (int(b - a) + period) // period
-            if trips >= min_trips:
-                runs.append(Run(int(a), period, trips))
+        starts, trips = edges[::2], (edges[1::2] - edges[::2] + period) // period
+        kept = trips >= min_trips  # (most matches are a few nodes alike: no Run made for them)
+        runs += [Run(a, period, t) for a, t in zip(starts[kept].tolist(), trips[kept].tolist(), strict=True)]
     runs.sort(key=lambda r: (-r.trips * r.period, r.period, r.start))
     return runs
 
@@ -203,7 +232,7 @@ class Plan:
     stacked: list[tuple[int, int]]  # (j, o) whose every block's value is an output
 
 
-def _first_plan(graph: Graph, order: list[int], run: Run, min_trips: int, last_use: dict[Value, int]) -> Plan | None:
+def _first_plan(graph: Graph, order: list[int], run: Run, min_trips: int) -> Plan | None:
     """The plan of ``run``, or of the first variant of it that checks (without the first or last
     block, from a later phase); None when none does."""
     variants = [run, Run(run.start + run.period, run.period, run.trips - 1), Run(run.start, run.period, run.trips - 1)]
@@ -212,7 +241,7 @@ def _first_plan(graph: Graph, order: list[int], run: Run, min_trips: int, last_u
     for variant in variants:
         if variant.trips < min_trips:
             continue
-        plan = _plan(graph, order, variant, last_use)
+        plan = _plan(graph, order, variant)
         if isinstance(plan, Plan):
             return plan
         why = why or plan
@@ -220,36 +249,45 @@ def _first_plan(graph: Graph, order: list[int], run: Run, min_trips: int, last_u
     return None
 
 
-def _plan(graph: Graph, order: list[int], run: Run, last_use: dict[Value, int]) -> Plan | str:
-    """The plan of ``run``, or why its blocks are not one computation's iterations."""
+def _plan(graph: Graph, order: list[int], run: Run) -> Plan | str:
+    """The plan of ``run``, or why its blocks are not one computation's iterations.
+
+    Checked a column at a time: an input of a body node, in every block (``values``), against the
+    values that one node of the body makes in every block, compared as lists: ``Value`` is compared
+    by identity, so the lists' C comparison is the identity test of each pair (a 100k-node trace
+    looks up where a value is made once per node of block 0, not once per input of every block)."""
     nodes, period, trips = graph.nodes, run.period, run.trips
-    blocks = [[nodes[order[run.start + k * period + j]] for j in range(period)] for k in range(trips)]
-    if not any(map(_bounds_kernels, blocks[0])):
+    base = run.start
+    columns = [[nodes[order[base + k * period + j]] for k in range(trips)] for j in range(period)]
+    if not any(_bounds_kernels(column[0]) for column in columns):
         return "the blocks are elementwise work, which fusion merges across them into fewer passes over memory"
-    where: dict[Value, tuple[int, int, int]] = {}
-    for k, block in enumerate(blocks):
-        for j, node in enumerate(block):
-            for o, v in enumerate(node.outputs):
-                where[v] = (k, j, o)
+    places = {v: (j, o) for j, column in enumerate(columns) for o, v in enumerate(column[0].outputs)}
+    made: dict[tuple[int, int], list[Value]] = {}  # (j, o) -> the value that output is in each block
+    for j, column in enumerate(columns):
+        for o in range(len(column[0].outputs)):
+            made[j, o] = [node.outputs[o] for node in column]
+    inside = {v for values in made.values() for v in values}
     sources = []
-    for j in range(period):
+    for j, column in enumerate(columns):
         row = []
-        for s in range(len(blocks[0][j].inputs)):
-            values = [block[j].inputs[s] for block in blocks]
-            source = _source(values, [where.get(v) for v in values])
+        for s in range(len(column[0].inputs)):
+            source = _source([node.inputs[s] for node in column], places, made, inside)
             if source is None:
                 return f"input {s} of node {j} of the body comes from different places in different blocks"
             row.append(source)
         sources.append(row)
     last_node = order[run.stop - 1]
+    # the values read after the run (by a later node, or as the graph's outputs)
+    after = {v for node in nodes[last_node + 1 :] for v in node.inputs}
+    after.update(graph.outputs)
     last, stacked = [], []
-    for j in range(period):
-        for o in range(len(blocks[0][j].outputs)):
-            used = [k for k in range(trips) if last_use.get(blocks[k][j].outputs[o], -1) > last_node]
-            if used == [trips - 1]:
-                last.append((j, o))
-            elif used:
-                stacked.append((j, o))
+    for key, values in made.items():
+        if after.isdisjoint(values):
+            continue
+        if values[-1] in after and not after.intersection(values[:-1]):
+            last.append(key)
+        else:
+            stacked.append(key)
     return Plan(run, sources, last, stacked)
 
 
@@ -260,27 +298,21 @@ def _bounds_kernels(node: Node) -> bool:
     return prim is not None and prim.kind not in ELEMENTWISE and prim.kind is not Kind.REDUCE and not prim.is_view
 
 
-def _source(values: list[Value], places: list) -> tuple | None:
-    """Where one input of a body node comes from in every block (``Plan.sources``), or None."""
-    if all(p is None for p in places):
+def _source(values: list[Value], places: dict, made: dict, inside: set) -> tuple | None:
+    """Where one input of a body node comes from in every block (``Plan.sources``), or None:
+    ``values`` are that input in each block, ``places`` the ``(node, output)`` of each value block 0
+    makes, ``made`` each such output's values in every block, ``inside`` all of those. (In
+    topological order, block 0 reads no later block's value.)"""
+    place = places.get(values[0])
+    if place is not None:  # block 0's own value: each block must read its own
+        return ("local", *place) if values == made[place] else None
+    if inside.isdisjoint(values):
         first = values[0]
-        return ("invariant", first) if all(v is first for v in values) else ("per_iteration", tuple(values))
-    if places[0] is not None:
-        _, j, o = places[0]
-        return ("local", j, o) if all(p == (k, j, o) for k, p in enumerate(places)) else None
-    if places[1] is None:
-        return None
-    _, j, o = places[1]
-    if all(p == (k - 1, j, o) for k, p in enumerate(places) if k):
-        return ("carried", j, o, values[0])
+        return ("invariant", first) if values.count(first) == len(values) else ("per_iteration", tuple(values))
+    place = places.get(values[1])
+    if place is not None and values[1:] == made[place][:-1]:  # each block reads the previous block's
+        return ("carried", *place, values[0])
     return None
-
-
-def _last_uses(graph: Graph) -> dict[Value, int]:
-    """The index of the last node reading each value (past the last node for a graph output)."""
-    last = {v: i for i, node in enumerate(graph.nodes) for v in node.inputs}
-    last.update(dict.fromkeys(graph.outputs, len(graph.nodes)))
-    return last
 
 
 # ----------------------------------------------------------------------------- rewriting
@@ -288,8 +320,9 @@ def _rewrite(graph: Graph, order: list[int], plans: list[Plan]) -> Graph:
     """The graph with each planned run replaced by constants hoisted, then the loop node."""
     nodes = list(graph.nodes)
     new_nodes: list[Node] = []
-    names = {n.attrs.get("name") for n in nodes if n.op in NESTING_OPS}
-    constants = {n.outputs[0]: n for n in nodes if n.op == CONSTANT}
+    special = [n for n in nodes if n.op in _NAMED]  # (one pass over a 100k-node trace, not two)
+    names = {n.attrs.get("name") for n in special if n.op in NESTING_OPS}
+    constants = {n.outputs[0]: n for n in special if n.op == CONSTANT}
     position = 0
     for plan in plans:
         first, last = order[plan.run.start], order[plan.run.stop - 1]
@@ -338,19 +371,20 @@ def _classify(plan: Plan, outer_constants: dict[Value, Node]) -> _Inputs:
 
 def _loop_node(graph: Graph, order: list[int], plan: Plan, name: str, outer_constants: dict[Value, Node]) -> Node:
     """The loop node of a plan: its body built from block 0, its outputs the outer values they replace."""
-    run = plan.run
-    blocks = [[graph.nodes[order[run.start + k * run.period + j]] for j in range(run.period)] for k in range(run.trips)]
+    run, nodes = plan.run, graph.nodes
+    template = [nodes[order[run.start + j]] for j in range(run.period)]
     inputs = _classify(plan, outer_constants)
-    body, made = _body(graph, blocks[0], plan, inputs, outer_constants)
+    body, made = _body(graph, template, plan, inputs, outer_constants)
     wanted = list(dict.fromkeys([key[:2] for key in inputs.carried] + plan.last + plan.stacked))
     index = {key: i for i, key in enumerate(wanted)}
     body = Graph(body.inputs, body.nodes, tuple(made[key] for key in wanted), body.constants)
     loop = Loop(body, run.trips, tuple(index[key[:2]] for key in inputs.carried), len(inputs.invariant),
                 len(inputs.per_iteration), tuple(index[key] for key in plan.last),
                 tuple(index[key] for key in plan.stacked))  # fmt: skip
-    results = [blocks[-1][j].outputs[o] for j, o in plan.last]
-    results += [blocks[k][j].outputs[o] for j, o in plan.stacked for k in range(run.trips)]
-    return Node(LOOP, tuple(inputs.outer()), loop.attrs(name), tuple(results), blocks[0][0].loc)
+    start, period, trips = run.start, run.period, run.trips
+    results = [nodes[order[start + (trips - 1) * period + j]].outputs[o] for j, o in plan.last]
+    results += [nodes[order[start + k * period + j]].outputs[o] for j, o in plan.stacked for k in range(trips)]
+    return Node(LOOP, tuple(inputs.outer()), loop.attrs(name), tuple(results), template[0].loc)
 
 
 def _body(graph: Graph, template: list[Node], plan: Plan, inputs: _Inputs,

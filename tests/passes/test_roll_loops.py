@@ -91,6 +91,28 @@ def test_every_step_used_after_the_loop_is_a_per_iteration_output():
     _same_everywhere(graph, rolled)
 
 
+@pytest.mark.parametrize(
+    "read", [(7,), (0,), (2,), (2, 7), (0, 4, 7)], ids=["last", "first", "middle", "middle and last", "three"]
+)
+def test_steps_read_after_the_loop_other_than_the_last_make_it_stack_them(read):
+    """A block's value read after the run from any block but the last alone is every block's output
+    (``Plan.stacked``): ``_plan`` tells the last block's reads apart from the others' by set."""
+    b = GraphBuilder()
+    h, w = b.input(H), b.input(W)
+    xs = [b.input(H) for _ in range(8)]
+    hs = []
+    for x in xs:
+        h = b.node("tanh", [b.node("add", [b.node("matmul", [h, w]), x])])
+        hs.append(h)
+    graph = b.build([hs[t] for t in read])
+    rolled = roll_loops(graph)
+    (node,) = _loops(rolled)
+    loop = loop_of(node)
+    assert (len(loop.last), len(loop.stacked)) == ((1, 0) if read == (7,) else (0, 1))
+    assert tuple(rolled.outputs) == tuple(graph.outputs)
+    _same_everywhere(graph, rolled)
+
+
 def test_fewer_steps_than_the_minimum_stay_unrolled():
     graph = _rnn(3)
     assert roll_loops(graph) is graph
