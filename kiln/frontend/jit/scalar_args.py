@@ -360,16 +360,16 @@ def watched_call(args: tuple, kwargs: dict, tree, shadows: dict[int, float], tra
         if n not in watched and place is not None and place is not ARGUMENT:
             container, key = place
             watched[n] = WatchedScalar(container[key], trace, shadow)
-            stored.append((container, key, watched[n]))
+            stored.append((container, key, watched[n], container[key]))
             container[key] = watched[n]
     return tuple(given), kwargs, watched, stored
 
 
 def restore(stored: list) -> None:
-    """The plain floats back where ``watched_call`` stored ``WatchedScalar``s, where they still are."""
-    for container, key, number in stored:
+    """The caller's own floats back where ``watched_call`` stored ``WatchedScalar``s, where they still are."""
+    for container, key, number, own in stored:
         try:
             if container[key] is number:
-                container[key] = float(number)
+                container[key] = own
         except (KeyError, IndexError):
             pass

@@ -35,7 +35,7 @@ from ...ir import dtypes as dt
 from ...ir.types import CPU
 from ..tensor import Tensor, make_tensor
 from . import state
-from .reads import selector, short
+from .reads import selector
 from .scalar_args import WatchedScalar
 from .snapshots import ANY_FLOAT, Contents, same
 from .specialization import same_global
@@ -266,21 +266,15 @@ def install(changes: list[Change], trace, holders: dict) -> list[tuple[Change, W
 
 
 def restore(installed: list[tuple[Change, WatchedScalar]]) -> None:
-    """The plain floats back in the entries that still hold their ``WatchedScalar`` (a call that stored
-    another value there keeps it: the trace's hazard watch has seen that)."""
+    """The user's own floats back in the entries that still hold their ``WatchedScalar`` (a call that
+    stored another value there keeps it: the trace's hazard watch has seen that)."""
     for change, watched in installed:
         try:
             if change.table[change.key] is watched:
-                change.table[change.key] = float(watched)
+                change.table[change.key] = change.now
         except (KeyError, IndexError, ValueError):  # (removed, or a cell emptied)
             pass
 
 
 def names(changes: list[Change]) -> str:
     return ", ".join(change.name for change in changes)
-
-
-def describe(changes: list[Change]) -> str:
-    """``cfg['w'] changed: 0.5 -> 0.51`` for the first change (the guard miss's words)."""
-    first = changes[0]
-    return f"{first.name} changed: {short(first.before)} -> {short(first.now)}"

@@ -264,6 +264,16 @@ def test_the_call_storing_into_the_entry_runs_eagerly_and_keeps_its_value():
         assert type(sched.beta) is float and sched.beta == value * 0.5  # (never a watched number)
 
 
+def test_the_entry_holds_the_users_own_float_after_a_watched_trace():
+    sched = _Schedule()
+    x = kiln.randn(4)
+    f = kiln.compile(lambda x: x * sched.beta, wait=True)
+    for value in [float(v) + 0.5 for v in range(6)]:
+        sched.beta = value
+        f(x)
+        assert sched.beta is value
+
+
 def test_integers_stay_guarded_by_value():
     sched = types.SimpleNamespace(k=1)
     x = kiln.randn(4)
