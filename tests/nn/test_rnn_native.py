@@ -82,7 +82,9 @@ def _scan_both(direct, mode, args, reverse, g):
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize(("steps", "batch", "hidden"), [(6, 3, 5), (1, 1, 4), (3, 2, 1), (5, 4, 19)])
+# batches of 13 and 15: a product's tile of 8 rows, then the rows left as tiles of 4, 2 and 1 (small_gemm)
+@pytest.mark.parametrize(("steps", "batch", "hidden"), [(6, 3, 5), (1, 1, 4), (3, 2, 1), (5, 4, 19), (3, 13, 6),
+                                                        (2, 15, 3)])  # fmt: skip
 @pytest.mark.parametrize("cotangent", ["all", "no gates", "states only"])
 def test_kernels_equal_numpy_on_the_packed_layout(
     direct, runs, monkeypatch, mode, dtype, reverse, steps, batch, hidden, cotangent

@@ -109,9 +109,10 @@ class Emitter:
 
     def product(self, m: ir.Value, n: int, k: int, a: ir.Value, lda: ir.Value, b: ir.Value, c: ir.Value,
                 ldc: ir.Value | int, accumulate: bool) -> None:  # fmt: skip
-        """``C = A @ B`` (``accumulate``: ``C += A @ B``), ``B`` (k, n) contiguous: ``small_gemm``'s kernel inline."""
+        """``C = A @ B`` (``accumulate``: ``C += A @ B``), ``B`` (k, n) contiguous: ``small_gemm``'s kernel inline,
+        with its half tile (the batch is ``m``: 4, 12... rows)."""
         ldc = i64(ldc) if isinstance(ldc, int) else ldc
-        emit_product(self.builder, self.dtype, m, n, k, a, lda, b, c, ldc, accumulate)
+        emit_product(self.builder, self.dtype, m, n, k, a, lda, b, c, ldc, accumulate, half_tile=True)
 
     def finish(self) -> str:
         self.builder.ret_void()

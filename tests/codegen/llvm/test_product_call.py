@@ -70,6 +70,27 @@ def test_product_equals_numpy(two_threads, dtype, m, k, n, a_layout, accumulate,
     np.testing.assert_array_equal(out_full[:, n:], start[:, n:])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("a_layout", ["rows", "transposed"])
+def test_every_count_of_rows_left_after_whole_tiles(dtype, a_layout):
+    """m = 1 to 2 tiles of rows: the rows past the last whole tile run as tiles of 4, 2 and 1 rows
+    (``small_gemm``), each at its rows of A and C, accumulating into C."""
+    rng = np.random.default_rng(7)
+    product = _product(dtype, 40, True)  # a whole column tile and a narrow one (float32)
+    for m in range(1, 2 * 8 + 1):
+        a = (
+            rng.standard_normal((m, 9)).astype(dtype)
+            if a_layout == "rows"
+            else rng.standard_normal((9, m)).astype(dtype).T
+        )
+        b = rng.standard_normal((9, 40)).astype(dtype)
+        out = rng.standard_normal((m + 2, 40)).astype(dtype)
+        start = out.copy()
+        assert product(a, b, out[1 : m + 1])
+        _check(out[1 : m + 1], a, b, start[1 : m + 1])
+        np.testing.assert_array_equal(out[[0, m + 1]], start[[0, m + 1]])  # the rows around untouched
+
+
 def test_arrays_it_does_not_take_are_left_to_numpy():
     product = _product(np.float32, 8, False)
     a, b, out = np.ones((4, 3), np.float32), np.ones((3, 8), np.float32), np.zeros((4, 8), np.float32)
