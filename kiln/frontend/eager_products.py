@@ -44,7 +44,8 @@ MIN_ROWS = 8
 #: core's cache (128x784 @ 784x512, B 1.6 MB, still took 0.67x numpy's time; a convolution's weight
 #: gradient, B of megabytes, is numpy's blocked product's case).
 MAX_B_BYTES = 2 << 20
-#: A product whose B must be copied C-contiguous (a transposed weight: a Linear's forward) runs on the
+#: A product whose B must be copied (a transposed weight: a Linear's forward; B whose rows are contiguous,
+#: however far apart, is read as it lies: ``linalg.b_operand``) runs on the
 #: kernel from this many rows of A on: numpy's transposing copy takes about 0.6 ns an element of B
 #: here, the kernel about 0.008 ns per row and element, so the copy costs 72/rows of the product (an
 #: MLP's 64-row batch: its step went 0.95 -> 1.02x PyTorch's with the copy at 16 rows).
@@ -80,7 +81,7 @@ def _kernel(a: np.ndarray, b: np.ndarray, accumulate: bool) -> Callable[..., boo
         return None
     if a.dtype.char not in "fd" or a.dtype != b.dtype or not eager_kernels.enabled():
         return None
-    if m < MIN_ROWS_WITH_COPY and not b.flags.c_contiguous:
+    if m < MIN_ROWS_WITH_COPY and linalg.row_stride(b) is None:
         return None
     # shared: compiled programs' matmuls run these kernels too, so a trace compiles them as well (the
     # program's first call compiled them otherwise, one after another: 0.24 s of an LSTM LM's first run)
@@ -128,7 +129,7 @@ def product(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.n
     if kernel is None:
         return None
     result = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype) if out is None else out
-    return result if kernel(a, linalg.c_order(b), result) else None
+    return result if kernel(a, linalg.b_operand(b), result) else None
 
 
 def matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -139,7 +140,7 @@ def matmul(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None) -> np.n
         out = np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
         if bias is not None:
             out[...] = bias
-        if kernel(a, linalg.c_order(b), out):
+        if kernel(a, linalg.b_operand(b), out):
             return out
     out = a @ b
     if bias is not None:

@@ -25,6 +25,9 @@ textbook identities are not here: ``x + 0 -> x`` is wrong for ``x = -0.0`` (``-0
   would only duplicate it. (A weight gradient ``x^T g`` of a linear layer became
   ``copy(permute(matmul(permute(x), g)))``; with these two rules it is ``matmul(g^T, x)``. An
   embedding's gradient was ``copy(index_put(zeros, ...))``.)
+- ``copy(permute(take(x, idx)))`` permuting only the index dims -> ``take(x, permute(idx))``, when the
+  take and the permute have no other use: the rows gathered in the permuted order (an embedding read
+  time-major by a recurrence).
 - ``pad(a) + pad(b)`` -> ``pad(concatenate(a + 0, b + 0))`` when ``a`` and ``b`` sit side by side
   along one axis of zeros (``+ 0`` turns -0.0 into +0.0 as the sum with the pads' zeros did), and a
   pad of nothing -> its input: the gradient of ``chunk`` (an LSTM's gates) was a pad and an add per
@@ -396,6 +399,28 @@ def _copy(node: Node, context: _Context) -> Value | None:
     return x if prim is not None and not prim.is_view and producer.op != CONSTANT else None
 
 
+def _copy_of_permuted_take(node: Node, context: _Context) -> Node | None:
+    """``copy(permute(take(x, idx)))`` permuting only the index dims -> ``take(x, permute(idx))``: the
+    take gathers the rows in the permuted order, into C order at once, where the gathered rows were
+    copied again in that order (an embedding's (B, T, H) output read time-major by a recurrence: 286 KB
+    a step in an LSTM LM). Each element is the same row's, moved: exact. Only where the take and the
+    permute have no other use."""
+    permute = context.producer(node.inputs[0], "permute")
+    if permute is None or context.uses.get(permute.output) != 1:
+        return None
+    take = context.producer(permute.inputs[0], "take")
+    if take is None or len(take.inputs) != 2 or context.uses.get(take.output) != 1:
+        return None
+    perm, d = tuple(permute.attrs["perm"]), take.inputs[1].type.ndim
+    if sorted(perm[:d]) != list(range(d)) or perm[d:] != tuple(range(d, len(perm))):
+        return None
+    idx = take.inputs[1]
+    shape = tuple(idx.type.shape[p] for p in perm[:d])
+    moved = context.emit("permute", (idx,), {"perm": perm[:d]}, TensorType(shape, idx.type.dtype, idx.type.device),
+                         permute.loc)  # fmt: skip
+    return Node("take", (take.inputs[0], moved), {}, node.outputs, node.loc)
+
+
 def _slice(node: Node, context: _Context) -> Value | None:
     # Same shape and every start 0: each dim is all of 0..n-1 in order (a step > 1 keeps n
     # elements only when n <= 1).
@@ -548,7 +573,7 @@ _RULES: dict[str, Rule] = {
     "expand": _merge_or_drop,
     "permute": _permute,
     "slice": _first_of(_slice, _slice_of_pad, _slice_of_concatenate),
-    "copy": _copy,
+    "copy": _first_of(_copy, _copy_of_permuted_take),
     "pad": _pad,
     "scatter_add": _one_hot_scatter,
     "matmul": _outer_product,

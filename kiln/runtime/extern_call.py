@@ -45,8 +45,9 @@ class ExternCall:
         # Whether the native pool's spinning workers are sent to sleep first (``threads.park``): before a
         # kernel that may run on other threads (BLAS's, LAPACK's, a collective's), not before numpy's
         # one-thread kernels; a matmul parks them only where numpy's BLAS runs it (``xp``: kiln's
-        # product kernel, asked first, runs on those workers).
-        self.parks = self.normalize and prim.kind not in _ONE_THREAD and prim.kind is not Kind.MATMUL
+        # product kernel, asked first, runs on those workers); a recurrence never: its native kernels
+        # run on those workers too (``recurrence_call``), its numpy one on one BLAS thread.
+        self.parks = self.normalize and prim.kind not in _ONE_THREAD and prim.kind not in _OWN_THREADS
         self.xp: Any = np
         # A BLAS product: a small one runs on one BLAS thread (``threads.run_blas_product``), chosen
         # once where its operands' shapes are static, at each run where they are symbolic (``product``);
@@ -171,6 +172,12 @@ class ExternCall:
 #: its products and kernels woke the workers from sleep again each time).
 _ONE_THREAD = frozenset({*ELEMENTWISE, Kind.REDUCE, Kind.SCAN, Kind.MOVEMENT, Kind.INDEX, Kind.CREATION,
                          Kind.RANDOM, Kind.CHECK})  # fmt: skip
+
+
+#: Kinds whose eager kernels ask kiln's own kernels first, which run on the native pool's workers: the
+#: executor leaves them spinning (a recurrence parked them, and the product after it woke them from sleep:
+#: four times an LSTM LM's step).
+_OWN_THREADS = frozenset({Kind.MATMUL, Kind.RECURRENCE})
 
 
 class _ParkingNumpy:

@@ -82,7 +82,9 @@ def _scan_both(direct, mode, args, reverse, g):
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize(("steps", "batch", "hidden"), [(6, 3, 5), (1, 1, 4), (3, 2, 1), (5, 4, 19)])
+# batches of 13 and 15: a product's tile of 8 rows, then the rows left as tiles of 4, 2 and 1 (small_gemm)
+@pytest.mark.parametrize(("steps", "batch", "hidden"), [(6, 3, 5), (1, 1, 4), (3, 2, 1), (5, 4, 19), (3, 13, 6),
+                                                        (2, 15, 3)])  # fmt: skip
 @pytest.mark.parametrize("cotangent", ["all", "no gates", "states only"])
 def test_kernels_equal_numpy_on_the_packed_layout(
     direct, runs, monkeypatch, mode, dtype, reverse, steps, batch, hidden, cotangent
@@ -498,16 +500,22 @@ def test_numpy_kernels_run_their_small_products_on_one_blas_thread(monkeypatch, 
 @pytest.mark.parametrize("batch", [16, 17, 27])
 def test_a_recurrence_splits_its_batch_rows_over_threads(direct, runs, monkeypatch, mode, dtype, reverse, batch):
     """Each batch row's recurrence reads its own rows only, so blocks of rows run on the threads as
-    calls of their own (``_rows_apart``: the arrays moved to the block's first row, the step's scratch
-    and the backward's carried state too): the numpy kernels' result, and the split actually made."""
+    calls of their own (``_row_blocks``: the arrays moved to the block's first row, the step's scratch
+    and the backward's carried state too), on the native pool (``spin``): the numpy kernels' result,
+    and the split actually made."""
+    for name in ("PARALLEL_MIN_WORK_BYTES", "NATIVE_MIN_WORK_BYTES", "WAKE_MIN_WORK_BYTES"):
+        monkeypatch.setattr(threads, name, 0)
     monkeypatch.setattr(threads, "min_work_bytes", lambda spin: 0)
-    monkeypatch.setattr(threads, "PARALLEL_MIN_WORK_BYTES", 0)
     monkeypatch.setattr(recurrence_native, "MIN_STEPS", 1)
-    blocks = []
-    apart = native._rows_apart
-    monkeypatch.setattr(
-        native, "_rows_apart", lambda a, begin, end: (blocks.append((begin, end)), apart(a, begin, end))
-    )
+    tables, spins = [], []
+    row_blocks, parallel_for = native._row_blocks, threads.parallel_for
+    monkeypatch.setattr(native, "_row_blocks", lambda *args: tables.append(row_blocks(*args)) or tables[-1])
+
+    def spied(kernel, args, extent, work, spin=False):
+        spins.append(spin)
+        return parallel_for(kernel, args, extent, work, spin)
+
+    monkeypatch.setattr(threads, "parallel_for", spied)
     previous = threads.get_num_threads()
     threads.set_num_threads(2)
     try:
@@ -521,4 +529,6 @@ def test_a_recurrence_splits_its_batch_rows_over_threads(direct, runs, monkeypat
     np.testing.assert_allclose(out[True][0], out[False][0], **tol)
     np.testing.assert_allclose(out[True][1], out[False][1], **tol)
     assert runs == {"forward": 1, "backward": 1}
-    assert sorted(blocks) == [(0, 1), (0, 1), (1, 2), (1, 2)], blocks  # forward and backward, two blocks each
+    half = batch // 2
+    assert [t[:, 1].tolist() for t in tables] == [[half, batch - half]] * 2  # forward and backward, two blocks each
+    assert spins == [True, True]

@@ -560,3 +560,39 @@ def test_a_sum_of_one_term_is_elementwise(shape, axes, keepdim, dtype):
 def test_sums_over_more_terms_stay():
     assert simplify(g := one_term_sum((2, 1, 3), (0, 1))) is g
     assert simplify(g := one_term_sum((2, 3), ())) is not g  # a sum over no axes has one term each
+
+
+def _permuted_embedding(perm: tuple[int, ...], other_use: bool = False):
+    """``copy(permute(take(table, idx)))``: an embedding's (B, T, H) rows read time-major."""
+    b = GraphBuilder()
+    table = b.input(TensorType((10, 4), float32))
+    idx = b.input(TensorType((3, 5), int64))
+    rows = b.node("take", [table, idx])
+    outputs = [b.node("copy", [b.node("permute", [rows], {"perm": perm})])]
+    return b.build(outputs + ([b.node("exp", [rows])] if other_use else []))
+
+
+def _token_inputs(graph, seed: int):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((10, 4)).astype(np.float32), rng.integers(-10, 10, (3, 5))]
+
+
+def test_a_permuted_copy_of_gathered_rows_gathers_them_in_that_order():
+    graph = _permuted_embedding((1, 0, 2))
+    check_pass(simplify, graph, """
+        graph(%0: f32[10,4], %1: i64[3,5]) {
+          %2: f32[3,5,4] = take(%0, %1)
+          %3: f32[5,3,4] = permute(%2) {perm=(1, 0, 2)}
+          %5: i64[5,3] = permute(%1) {perm=(1, 0)}
+          %4: f32[5,3,4] = take(%0, %5)
+          return (%4)
+        }
+    """, [_token_inputs(graph, seed) for seed in range(3)])  # fmt: skip
+
+
+@pytest.mark.parametrize("perm, other_use", [((0, 2, 1), False), ((2, 1, 0), False), ((1, 0, 2), True)])
+def test_a_permute_of_the_rows_own_dims_or_a_take_used_again_keeps_its_copy(perm, other_use):
+    graph = _permuted_embedding(perm, other_use)
+    after = eliminate_dead_code(simplify(graph))
+    assert [node.op for node in after.nodes] == [node.op for node in graph.nodes]
+    assert_same_results(graph, after, _token_inputs(graph, 0))

@@ -5,7 +5,11 @@ accumulate=True)``; their eager kernels are numpy's ``take`` and rows added in r
 rows (``indexing._add_rows``: hundreds of microseconds for an NCF table's gradient). Here each is one function ``void @sym(ptr args, i64
 begin, i64 end)`` like a fused kernel (``kernels.py``), specialized on the node's static shapes and
 its inputs' strides, for one index tensor over the leading dim (``x[idx]``): other keys stay on
-the eager kernel. Over a dynamic batch the index positions may be symbolic (``(B, T)`` token ids):
+the eager kernel. The index positions (the index tensor's elements, an index_put's rows of values)
+are walked in C order through as many (size, stride) dims as their strides need (``_walk``): an
+LSTM LM's embedding gradient arrives as a (16, 35, 128) view of time-major memory, whose positions
+no one stride walks; on the eager kernel (a copy, then rows added in rounds) it took 340 us of a
+training step, compiled 20-30 us. Over a dynamic batch the index positions may be symbolic (``(B, T)`` token ids):
 their number is read from the table after the pointers (the status word follows it), the table
 ``x`` stays static (``symbolic_info``).
 
@@ -67,6 +71,36 @@ def _flat(shape: Sequence[int], strides: Sequence[int]) -> int | None:
     return dims[0][1] if dims else 0
 
 
+#: A walk of index positions in C order: ``(size, stride)`` per dim, outermost first (``_walk``); one
+#: dim of size None where the positions are symbolic (a single stride).
+Walk = tuple[tuple[int | None, int], ...]
+
+
+def _walk(shape: Sequence[int], strides: Sequence[int]) -> Walk:
+    """The dims that walk ``shape`` in C order at ``strides`` (``_collapse``'s); ``((1, 0),)`` for a
+    single element."""
+    return tuple(_collapse(shape, strides)) or ((1, 0),)
+
+
+def _walk_offset(builder: ir.IRBuilder, position: ir.Value, walk: Walk) -> ir.Value:
+    """The element offset of the ``position``-th position (C order) of ``walk``: one multiply for one dim,
+    else a division by a constant (a multiply and shifts) and a remainder per dim."""
+    offset, rest = None, position
+    for size, stride in reversed(walk[1:]):  # innermost first (static: only the outermost may be None)
+        assert size is not None
+        index = builder.urem(rest, i64(size))
+        rest = builder.udiv(rest, i64(size))
+        term = builder.mul(index, i64(stride), flags=("nsw",))
+        offset = term if offset is None else builder.add(offset, term, flags=("nsw",))
+    outer = builder.mul(rest, i64(walk[0][1]), flags=("nsw",))
+    return outer if offset is None else builder.add(offset, outer, flags=("nsw",))
+
+
+#: The most dims a walk of positions may take (more: the eager kernel; a (B, T) index over a permuted
+#: layout takes two).
+_MAX_WALK = 3
+
+
 def _broadcast_strides(shape: Sequence[int], strides: Sequence[int], target: Sequence[int]) -> list[int]:
     """Strides that read an array of ``shape`` broadcast to ``target`` (0 along broadcast dims)."""
     pad = len(target) - len(shape)
@@ -106,26 +140,32 @@ def _symbolic_positions(node: Node) -> bool:
     return bool(idx.type.symbols)
 
 
-def _walk_stride(shape: Sequence[Dim], strides: Sequence[int]) -> int | None:
-    """``_flat`` for a shape that may be symbolic. A value whose C-order strides follow a symbolic
-    size is C order (``SymbolicProgram`` loads the code only at sizes where it is): its stride is 1;
-    a symbolic leading size alone leaves the strides static, which merge as they are given."""
+def _walk_positions(shape: Sequence[Dim], strides: Sequence[int]) -> Walk | None:
+    """The walk (``_walk``) of index positions of ``shape``, which may be symbolic (then one stride,
+    else None). A value whose C-order strides follow a symbolic size is C order (``SymbolicProgram``
+    loads the code only at sizes where it is): its stride is 1; a symbolic leading size alone leaves
+    the strides static, which merge as they are given."""
+    if is_static(shape):
+        walk = _walk(static_shape_of(shape), strides)
+        return walk if len(walk) <= _MAX_WALK else None
     dims = [d for d in shape if d != 1]
     if any(isinstance(d, Sym) for d in dims[1:]):
-        return 1
-    return _flat([2 if isinstance(d, Sym) else d for d in shape], strides)  # the leading size merges nothing
+        return ((None, 1),)
+    stride = _flat([2 if isinstance(d, Sym) else d for d in shape], strides)  # the leading size merges nothing
+    return None if stride is None else ((None, stride),)
 
 
 class _Geometry:
-    """A node's parts, each walked with one stride: ``positions`` index positions (the index
-    tensor's elements, and the rows of values) of ``columns`` elements (a row of ``x``)."""
+    """A node's parts: ``positions`` index positions (the index tensor's elements, and the rows of
+    values, each walked by a ``Walk``) of ``columns`` elements (a row of ``x``, walked with one stride)."""
 
-    def __init__(self, x_shape, positions, columns, idx_stride, x_row, x_column, v_row=0, v_column=0):
+    def __init__(self, x_shape, positions, columns, idx_walk: Walk, x_row, x_column, v_walk: Walk = ((None, 0),),
+                 v_column=0):  # fmt: skip
         self.rows = x_shape[0]  # the indexed dim
         self.positions, self.columns = positions, columns
-        self.idx_stride = idx_stride
+        self.idx_walk = idx_walk
         self.x_row, self.x_column = x_row, x_column  # x's strides: leading dim, a row's elements
-        self.v_row, self.v_column = v_row, v_column  # values' strides: per position, per column
+        self.v_walk, self.v_column = v_walk, v_column  # values' positions, and their stride per column
 
 
 def _geometry(node: Node, layouts: Sequence[tuple[int, ...]]) -> _Geometry | None:
@@ -136,33 +176,33 @@ def _geometry(node: Node, layouts: Sequence[tuple[int, ...]]) -> _Geometry | Non
     idx_shape = node.inputs[idx_pos].type.shape
     positions = math.prod(idx_shape) if is_static(idx_shape) else None  # type: ignore[arg-type]  # static
     columns = math.prod(x_shape[1:])
-    idx_stride = _walk_stride(idx_shape, layouts[idx_pos])
+    idx_walk = _walk_positions(idx_shape, layouts[idx_pos])
     x_column = _flat(x_shape[1:], x_strides[1:])
-    if idx_stride is None or x_column is None:
+    if idx_walk is None or x_column is None:
         return None
     if node.op == "take":
-        return _Geometry(x_shape, positions, columns, idx_stride, x_strides[0], x_column)
+        return _Geometry(x_shape, positions, columns, idx_walk, x_strides[0], x_column)
     indexed = idx_shape + x_shape[1:]
     if positions is None:  # the values have the indexed shape (``_symbolic_positions``)
-        v_row, v_column = _symbolic_values(node.inputs[1].type.shape, layouts[1], len(idx_shape), columns)
-        if v_row is None or v_column is None:
+        v_walk, v_column = _symbolic_values(node.inputs[1].type.shape, layouts[1], len(idx_shape), columns)
+        if v_walk is None or v_column is None:
             return None
-        return _Geometry(x_shape, None, columns, idx_stride, x_strides[0], x_column, v_row, v_column)
+        return _Geometry(x_shape, None, columns, idx_walk, x_strides[0], x_column, v_walk, v_column)
     v_strides = _broadcast_strides(static_shape(node.inputs[1]), layouts[1], static_shape_of(indexed))
-    v_row = _flat(static_shape_of(idx_shape), v_strides[: len(idx_shape)])
+    v_walk = _walk_positions(idx_shape, v_strides[: len(idx_shape)])
     v_column = _flat(x_shape[1:], v_strides[len(idx_shape) :])
-    if v_row is None or v_column is None:
+    if v_walk is None or v_column is None:
         return None
-    return _Geometry(x_shape, positions, columns, idx_stride, x_strides[0], x_column, v_row, v_column)
+    return _Geometry(x_shape, positions, columns, idx_walk, x_strides[0], x_column, v_walk, v_column)
 
 
 def _symbolic_values(shape: Sequence[Dim], strides: Sequence[int], n_idx: int, columns: int):
-    """``(v_row, v_column)`` of an index_put's values of symbolic ``shape`` (positions, then a row of
+    """``(v_walk, v_column)`` of an index_put's values of symbolic ``shape`` (positions, then a row of
     ``columns``), None where one stride does not walk them."""
     dims = [d for d in shape if d != 1]
-    if any(isinstance(d, Sym) for d in dims[1:]):  # C order (see ``_walk_stride``)
-        return columns, 1
-    return _walk_stride(shape[:n_idx], strides[:n_idx]), _flat(static_shape_of(shape[n_idx:]), strides[n_idx:])
+    if any(isinstance(d, Sym) for d in dims[1:]):  # C order (see ``_walk_positions``)
+        return ((None, columns),), 1
+    return _walk_positions(shape[:n_idx], strides[:n_idx]), _flat(static_shape_of(shape[n_idx:]), strides[n_idx:])
 
 
 def static_shape_of(shape: Sequence[Dim]) -> list[int]:
@@ -217,7 +257,7 @@ def _row(builder: ir.IRBuilder, idx: ir.Value, idx_dtype: dt.DType, position: ir
          status: ir.Value) -> tuple[ir.Value, ir.Value]:  # fmt: skip
     """The row index at ``position`` (wrapped when negative) and whether it is in range; an index out
     of range sets the status word."""
-    at = builder.mul(position, i64(g.idx_stride), flags=("nsw",))
+    at = _walk_offset(builder, position, g.idx_walk)
     value = builder.load(element_pointer(builder, idx, at, idx_dtype), typ=memory_type(idx_dtype))
     if idx_dtype is not dt.int64:
         value = builder.sext(value, I64)
@@ -269,7 +309,7 @@ def _index_put(builder, pointers, begin, end, node: Node, g: _Geometry) -> int:
     with for_range(builder, 0, g.positions, name="p", vectorize=False) as position:
         row, ok = _row(builder, idx, idx_dtype, position, g, status)
         with builder.if_then(ok, likely=True):
-            src = builder.mul(position, i64(g.v_row), flags=("nsw",))
+            src = _walk_offset(builder, position, g.v_walk)
             dst = builder.mul(row, i64(g.columns), flags=("nsw",))
             # one index's columns are distinct elements; the next index may hit the same row
             with for_range(builder, first, last, name="c", parallel=True) as c:

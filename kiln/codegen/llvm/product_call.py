@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...ir.dtypes import DType, from_numpy_dtype
+from ...ir.primitives.linalg import row_stride
 from ...runtime import threads
 from ...runtime.cache import cache_key, source_digest
 from ...runtime.frames import data_pointer
@@ -31,7 +32,7 @@ from . import host, kernel_cache
 from .backend import load_objects
 
 #: Bump when the kernels' signature or slots change.
-FORMAT = 1
+FORMAT = 2
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 
 
@@ -109,15 +110,18 @@ class Product:
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> bool:
         """``out (+)= a @ b`` (True), or nothing (False) for arrays it does not take: another dtype or
-        ``n``, ``b`` not C-contiguous, ``a`` or ``out`` without unit strides along a row (``a``: along
-        a row or down a column, as a transpose's view has), overlapping ``out`` and an operand."""
+        ``n``, ``b`` or ``out`` without unit strides along a row or a row stride of no whole number of
+        elements (``b``'s rows may lie apart: a slice of a wider buffer, as the gates' gradient a
+        recurrence's backward packs with others), ``a`` without unit strides along a row or down a
+        column (as a transpose's view has), overlapping ``out`` and an operand."""
         m, k = a.shape
         item = self.dtype.itemsize
         if not (a.dtype == b.dtype == out.dtype == self.dtype and b.shape == (k, self.n) and out.shape == (m, self.n)):
             return False
         if m == 0:
             return True
-        if not b.flags.c_contiguous or (m > 1 and out.strides[0] % item) or (self.n > 1 and out.strides[1] != item):
+        ldb = row_stride(b)
+        if ldb is None or (m > 1 and out.strides[0] % item) or (self.n > 1 and out.strides[1] != item):
             return False
         found = _a_strides(a, item)
         if found is None:
@@ -126,8 +130,8 @@ class Product:
         if np.may_share_memory(out, a) or np.may_share_memory(out, b):
             return False
         ldc = out.strides[0] // item if m > 1 else self.n
-        args = np.array([m, k, data_pointer(a) or 0, lda, a_step, data_pointer(b) or 0, data_pointer(out) or 0, ldc],
-                        dtype=np.int64)  # fmt: skip
+        args = np.array([m, k, data_pointer(a) or 0, lda, a_step, data_pointer(b) or 0, ldb, data_pointer(out) or 0,
+                         ldc], dtype=np.int64)  # fmt: skip
         units = -(-m // self._rows)
         # on the native pool (``spin``): it has nothing but this kernel to run, and its workers, spinning
         # after the kernels and products before it, take row tiles within microseconds where the Python

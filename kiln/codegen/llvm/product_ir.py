@@ -18,7 +18,7 @@ from .loops import I64, for_range, i64
 from .small_gemm import emit_product
 
 #: The i64 slots of ``args``: sizes, addresses, strides in elements.
-SLOTS = ("m", "k", "a", "lda", "a_step", "b", "c", "ldc")
+SLOTS = ("m", "k", "a", "lda", "a_step", "b", "ldb", "c", "ldc")
 
 
 def product_ir(dtype: DType, n: int, accumulate: bool, name: str) -> str:
@@ -32,7 +32,7 @@ def product_ir(dtype: DType, n: int, accumulate: bool, name: str) -> str:
     stop = builder.select(builder.icmp_signed("<", stop, value["m"]), stop, value["m"])
     address = {name: builder.inttoptr(value[name], pointer) for name in ("a", "b", "c")}
     emit_product(builder, dtype, stop, n, value["k"], address["a"], value["lda"], address["b"], address["c"],
-                 value["ldc"], accumulate, rows=rows, a_step=value["a_step"], first=first)  # fmt: skip
+                 value["ldc"], accumulate, rows=rows, a_step=value["a_step"], first=first, ldb=value["ldb"])  # fmt: skip
     builder.ret_void()
     return str(module)
 

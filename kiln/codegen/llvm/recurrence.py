@@ -109,13 +109,36 @@ class Emitter:
 
     def product(self, m: ir.Value, n: int, k: int, a: ir.Value, lda: ir.Value, b: ir.Value, c: ir.Value,
                 ldc: ir.Value | int, accumulate: bool) -> None:  # fmt: skip
-        """``C = A @ B`` (``accumulate``: ``C += A @ B``), ``B`` (k, n) contiguous: ``small_gemm``'s kernel inline."""
+        """``C = A @ B`` (``accumulate``: ``C += A @ B``), ``B`` (k, n) contiguous: ``small_gemm``'s kernel inline,
+        with its half tile (the batch is ``m``: 4, 12... rows)."""
         ldc = i64(ldc) if isinstance(ldc, int) else ldc
-        emit_product(self.builder, self.dtype, m, n, k, a, lda, b, c, ldc, accumulate)
+        emit_product(self.builder, self.dtype, m, n, k, a, lda, b, c, ldc, accumulate, half_tile=True)
 
     def finish(self) -> str:
+        """The module's IR: the function, and its blocks of rows (``rows_symbol``)."""
         self.builder.ret_void()
+        _emit_rows(self.module, self.fn, len(self.values))
         return str(self.module)
+
+
+def rows_symbol(function: str) -> str:
+    """The name of ``function``'s blocks of rows: ``void f(ptr table, i64 begin, i64 end)``."""
+    return f"{function}_rows"
+
+
+def _emit_rows(module: ir.Module, fn: ir.Function, slots: int) -> None:
+    """``rows_symbol(fn)``: ``fn`` on each params of ``[begin, end)`` in ``table`` (rows of ``slots``
+    i64s: one block of the batch's rows each, ``recurrence_call``'s), with the compiled kernels' ABI,
+    so that ``runtime.threads`` runs blocks on the native pool, whose spinning workers take one in
+    microseconds where the Python pool's took tens."""
+    rows = ir.Function(module, ir.FunctionType(ir.VoidType(), [_POINTER, I64, I64]), rows_symbol(fn.name))
+    rows.attributes.add("nounwind")
+    builder = ir.IRBuilder(rows.append_basic_block("entry"))
+    table, begin, end = rows.args
+    with for_range(builder, begin, end, name="block", vectorize=False) as block:
+        at = builder.mul(block, i64(slots), flags=("nsw",))
+        builder.call(fn, [builder.gep(table, [at], inbounds=True, source_etype=I64)])
+    builder.ret_void()
 
 
 def sigmoid(k: Emitter, x: Scalar) -> Scalar:

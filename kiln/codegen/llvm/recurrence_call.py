@@ -13,8 +13,12 @@ a row that is not one contiguous block, rows that overlap; the caller runs numpy
 (``recurrence_numpy._lstm_scan_step``/``_lstm_backward_step``'s arrays): a compiled loop's trip over
 an ``nn.LSTMCell``, built only where such a step runs.
 
-Each call runs on the calling thread: a step's product (16 x 128 @ 128 x 512 in an LSTM LM) is
-too small to gain from a second, and it is kiln's own kernel (``small_gemm.py``), not the BLAS's.
+A step's product (16 x 128 @ 128 x 512 in an LSTM LM) is too small to split, and it is kiln's own
+kernel (``small_gemm.py``), not the BLAS's; a whole recurrence of enough work runs as blocks of the
+batch's rows instead (``_row_blocks``), one call of the function each, on the native pool
+(``recurrence.rows_symbol``: the compiled kernels' ABI). On the Python pool, as before, each
+recurrence woke a sleeping worker through a lock (7-75 us on the shared VM), and the executor
+parked the native pool's workers before it, so the product after it woke those from sleep too.
 """
 
 from __future__ import annotations
@@ -36,13 +40,15 @@ from ...runtime.cache import cache_key, source_digest
 from ...runtime.frames import data_pointer
 from ..core import Unsupported
 from . import engine, host, kernel_cache
-from .recurrence import BACKWARD, FORWARD, PACKED, backward_ir, forward_ir, symbol
+from .recurrence import BACKWARD, FORWARD, PACKED, backward_ir, forward_ir, rows_symbol, symbol
 from .recurrence_gru import GRU_BACKWARD, GRU_FORWARD, gru_backward_ir, gru_forward_ir
 from .recurrence_step import STEP_BACKWARD, STEP_FORWARD, step_backward_ir, step_forward_ir
 
 _KERNEL = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+#: A function's blocks of rows (``recurrence.rows_symbol``): the compiled kernels' ABI.
+_ROWS = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64)
 #: Bump when the functions' signature or slots change.
-FORMAT = 4
+FORMAT = 5
 
 
 def cached_objects(texts: list[str]) -> list[bytes]:
@@ -110,9 +116,13 @@ class _Kernels:
         self._libraries = [library]  # the functions live while they do
         self._lock = threading.Lock()
         self.functions = {name: self._function(library, name) for name in self.FUNCTIONS if name not in self.LAZY}
+        self.blocks = {name: self._blocks(library, name) for name in self.FUNCTIONS if name not in self.LAZY}
 
     def _function(self, library: engine.Library, name: str):
         return _KERNEL(library.address(symbol(name, from_numpy_dtype(self.dtype), self.hidden)))
+
+    def _blocks(self, library: engine.Library, name: str):
+        return _ROWS(library.address(rows_symbol(symbol(name, from_numpy_dtype(self.dtype), self.hidden))))
 
     @classmethod
     def build(cls, dtype, hidden: int):
@@ -141,21 +151,24 @@ class _Kernels:
             if name not in self.functions:
                 library = engine.Library(_cached([self._entry(name, self.dtype, self.hidden)]))
                 self.functions[name] = self._function(library, name)
+                self.blocks[name] = self._blocks(library, name)
                 self._libraries.append(library)
             return self.functions[name]
 
     def _run(self, name: str, slots: list[int], layout: tuple[str, ...] | None = None) -> None:
         """Run the function ``name`` on ``slots``; where ``layout`` (its slots' names) is given and the
-        work is worth a second thread, over blocks of the batch's rows on the threads (``_rows_apart``)."""
+        work is worth a second thread, over blocks of the batch's rows on the threads (``_row_blocks``),
+        on the native pool (``spin``: the executor leaves its workers spinning before a recurrence)."""
         function = self.functions.get(name) or self._load(name)
         if layout is not None:  # (not a one-step cell's call: two thousand of them make an LSTMCell loop's trip)
             blocks = min(threads.get_num_threads(), slots[1] // ROW_BLOCK)
             work = threads.product_work(
                 slots[0] * slots[1] * self.GATES * self.hidden * self.hidden
             )  # the steps' products
-            if blocks >= 2 and work >= threads.min_work_bytes(spin=False):
+            if blocks >= 2 and work >= threads.min_work_bytes(spin=True):
                 shifts = _row_shifts(layout, slots, self.GATES * self.hidden, self.hidden, self.dtype.itemsize)
-                threads.parallel_for(_rows_apart, (function, slots, shifts, blocks), blocks, work)
+                table = _row_blocks(slots, shifts, blocks)
+                threads.parallel_for(self.blocks[name], _address(table), blocks, work, spin=True)
                 return
         params = np.array(slots, dtype=np.int64)
         function(_address(params))
@@ -184,18 +197,20 @@ def _row_shifts(layout: tuple[str, ...], slots: list[int], gate_width: int, hidd
     return shifts
 
 
-def _rows_apart(args, begin: int, end: int) -> None:
-    """``parallel_for``'s kernel: the recurrence over the batch rows of blocks ``[begin, end)`` of
-    ``blocks``, each in a call of its own on the same arrays moved to its first row."""
-    function, slots, shifts, blocks = args
-    first, last = slots[1] * begin // blocks, slots[1] * end // blocks
-    moved = list(slots)
-    moved[1] = last - first
-    for k, step in shifts:
-        if moved[k]:  # (0: an array the call does not pass, as packed rows not asked for)
-            moved[k] += first * step
-    params = np.array(moved, dtype=np.int64)
-    function(_address(params))
+def _row_blocks(slots: list[int], shifts: list[tuple[int, int]], blocks: int) -> np.ndarray:
+    """The params of each of ``blocks`` blocks of the batch's rows, one row of the table each (what a
+    function's blocks of rows, ``recurrence.rows_symbol``, read): ``slots`` with the batch cut to the
+    block's rows and each array moved to its first row."""
+    batch = slots[1]
+    firsts = [batch * block // blocks for block in range(blocks + 1)]
+    table = np.array([slots] * blocks, dtype=np.int64)
+    for block in range(blocks):
+        row, first = table[block], firsts[block]
+        row[1] = firsts[block + 1] - first
+        for k, step in shifts:
+            if slots[k]:  # (0: an array the call does not pass, as packed rows not asked for)
+                row[k] += first * step
+    return table
 
 
 @functools.lru_cache(maxsize=16)

@@ -187,6 +187,32 @@ def c_order(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def row_stride(b: np.ndarray) -> int | None:
+    """The row stride in elements of a matrix ``b`` whose rows are contiguous (its columns one element
+    apart, its rows a whole number of elements apart, never closer than a row's length), else None:
+    a product's ``B`` that kiln's product kernel reads as it lies (``b_operand``).
+
+    >>> w = np.zeros((4, 6), np.float32)
+    >>> row_stride(w), row_stride(w[:, :3]), row_stride(w.T)
+    (6, 6, None)
+    """
+    (k, n), (row, column), item = b.shape, b.strides, b.itemsize
+    if n > 1 and column != item:
+        return None
+    if k <= 1:
+        return n
+    if row % item or row < n * item:
+        return None
+    return row // item
+
+
+def b_operand(b: np.ndarray) -> np.ndarray:
+    """``b`` as kiln's product kernel reads its ``B``: as it lies where its rows are contiguous (a
+    column slice of a wider buffer: an LSTM's gates' gradient, packed with the backward's other
+    outputs, two weight gradients' operand a layer, 560x128 copied in 20-40 us each), else in C order."""
+    return b if row_stride(b) is not None else c_order(b)
+
+
 def _rows_in_order(xp, a, b):
     """``(a, order)``: ``a`` with its rows stacked in ``order`` (``_row_order``), or None. A
     transposed stack (an RNN's batch_first output) is copied into C order first when it is

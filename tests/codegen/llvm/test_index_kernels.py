@@ -161,3 +161,64 @@ def test_rows_of_no_elements_run_on_the_eager_kernel_which_checks_the_indices(op
     inputs = [x, np.array([0, 7])] if op == "take" else [x, values, np.array([0, 7])]
     with pytest.raises(IndexError, match="out of bounds"):
         compiled.program(inputs)
+
+
+@pytest.mark.parametrize("op, accumulate", [("take", False), ("index_put", True), ("index_put", False)])
+def test_positions_that_no_one_stride_walks_are_compiled(op, accumulate):
+    """Index positions over a permuted layout (an LSTM LM's embedding gradient: (B, T, H) values of
+    time-major memory, and its (B, T) tokens as a transposed view) are walked dim by dim, in the
+    positions' C order: an index_put adds each row's values in index order, as eager does."""
+    rng = np.random.default_rng(4)
+    rows, batch, steps, width = 40, 4, 6, 5
+    graph = _graph(op, TensorType((rows, width), dt.float32), (batch, steps), (batch, steps, width), accumulate)
+    calls = []
+    for _ in range(3):
+        if accumulate:  # repeated rows, negative indices
+            idx = rng.integers(-rows, rows, (steps, batch)).T  # (batch, steps) of (steps, batch) memory
+        else:  # distinct rows: numpy keeps the last of duplicates, kiln says nothing about which
+            idx = rng.permutation(rows)[: batch * steps].reshape(steps, batch).T
+        if op == "take":
+            calls.append([rng.standard_normal((rows, width)).astype(np.float32), idx])
+            continue
+        zeros = np.broadcast_to(np.zeros((1, 1), np.float32), (rows, width))  # an embedding gradient's
+        values = rng.standard_normal((steps, batch, width)).astype(np.float32).transpose(1, 0, 2)
+        calls.append([zeros, values, idx])
+    compiled = compile_graph(graph, CompileOptions(backend="llvm"), [a.strides for a in calls[0]])
+    kinds = [step.describe() for step in compiled.program._steps]
+    assert kinds and all(kind.startswith("compiled ") for kind in kinds), kinds
+    for inputs in calls:
+        (ours,) = compiled.program(inputs)
+        (theirs,) = interpret(graph, inputs)
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_language_model_step_compiles_its_embedding_gradient():
+    """An LSTM language model's step (embedding, batch_first LSTM, decoder, SGD): the embedding's
+    gradient arrives from the recurrence's backward in time-major memory and is still a compiled
+    index_put, several calls equal to eager."""
+
+    def run(compiled: bool) -> list[np.ndarray]:
+        kiln.manual_seed(0)
+        embed, lstm, head = kiln.nn.Embedding(30, 8), kiln.nn.LSTM(8, 8, batch_first=True), kiln.nn.Linear(8, 30)
+        params = [*embed.parameters(), *lstm.parameters(), *head.parameters()]
+        optimizer = kiln.optim.SGD(params, lr=0.5)
+        rng = np.random.default_rng(5)
+        batches = [kiln.from_numpy(rng.integers(0, 30, (3, 6))) for _ in range(4)]
+
+        def step(idx):
+            optimizer.zero_grad()
+            out, _ = lstm(embed(idx))
+            loss = kiln.nn.functional.cross_entropy(head(out).reshape(-1, 30), idx.reshape(-1))
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        fn = kiln.compile(step) if compiled else step
+        losses = [fn(idx).numpy() for idx in batches]
+        if compiled:
+            line = next(line for line in str(kiln.explain(fn)).splitlines() if "compiled primitives:" in line)
+            assert "index_put x1" in line, line
+        return [*losses, *(p.detach().numpy().copy() for p in params)]
+
+    for ours, theirs in zip(run(True), run(False), strict=True):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)

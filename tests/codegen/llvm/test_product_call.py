@@ -51,7 +51,8 @@ def two_threads(monkeypatch):
 @pytest.mark.parametrize(("m", "k", "n"), [(560, 128, 512), (512, 560, 128), (13, 7, 51), (1, 1, 1), (0, 4, 8)])
 @pytest.mark.parametrize("a_layout", ["rows", "transposed", "strided rows"])
 @pytest.mark.parametrize("accumulate", [False, True])
-def test_product_equals_numpy(two_threads, dtype, m, k, n, a_layout, accumulate):
+@pytest.mark.parametrize("b_rows", ["contiguous", "apart"])
+def test_product_equals_numpy(two_threads, dtype, m, k, n, a_layout, accumulate, b_rows):
     rng = np.random.default_rng(m + 10 * k + 100 * n)
     if a_layout == "rows":
         a = rng.standard_normal((m, k)).astype(dtype)
@@ -60,6 +61,8 @@ def test_product_equals_numpy(two_threads, dtype, m, k, n, a_layout, accumulate)
     else:
         a = rng.standard_normal((m, k + 5)).astype(dtype)[:, 2 : k + 2]
     b = rng.standard_normal((k, n)).astype(dtype)
+    if b_rows == "apart":  # B's rows read where they lie (a column slice: an LSTM's packed gate gradients)
+        b = np.ascontiguousarray(np.pad(b, ((0, 0), (3, 4))))[:, 3 : n + 3]
     out_full = rng.standard_normal((m, n + 3)).astype(dtype)
     out, start = out_full[:, :n], out_full.copy()
     assert _product(dtype, n, accumulate)(a, b, out)
@@ -67,10 +70,32 @@ def test_product_equals_numpy(two_threads, dtype, m, k, n, a_layout, accumulate)
     np.testing.assert_array_equal(out_full[:, n:], start[:, n:])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("a_layout", ["rows", "transposed"])
+def test_every_count_of_rows_left_after_whole_tiles(dtype, a_layout):
+    """m = 1 to 2 tiles of rows: the rows past the last whole tile run as tiles of 4, 2 and 1 rows
+    (``small_gemm``), each at its rows of A and C, accumulating into C."""
+    rng = np.random.default_rng(7)
+    product = _product(dtype, 40, True)  # a whole column tile and a narrow one (float32)
+    for m in range(1, 2 * 8 + 1):
+        a = (
+            rng.standard_normal((m, 9)).astype(dtype)
+            if a_layout == "rows"
+            else rng.standard_normal((9, m)).astype(dtype).T
+        )
+        b = rng.standard_normal((9, 40)).astype(dtype)
+        out = rng.standard_normal((m + 2, 40)).astype(dtype)
+        start = out.copy()
+        assert product(a, b, out[1 : m + 1])
+        _check(out[1 : m + 1], a, b, start[1 : m + 1])
+        np.testing.assert_array_equal(out[[0, m + 1]], start[[0, m + 1]])  # the rows around untouched
+
+
 def test_arrays_it_does_not_take_are_left_to_numpy():
     product = _product(np.float32, 8, False)
     a, b, out = np.ones((4, 3), np.float32), np.ones((3, 8), np.float32), np.zeros((4, 8), np.float32)
-    assert not product(a, np.asfortranarray(b), out)  # B must be C-contiguous
+    assert not product(a, np.asfortranarray(b), out)  # B's rows must be contiguous
+    assert not product(a, np.ones((3, 16), np.float32)[:, ::2], out)  # (not every other element)
     assert not product(a.astype(np.float64), b, out)  # another dtype
     assert not product(a, np.ones((3, 9), np.float32), np.zeros((4, 9), np.float32))  # another n
     assert not product(a, b, np.zeros((8, 4), np.float32).T)  # out's rows not contiguous
@@ -105,6 +130,25 @@ def test_matmul_runs_the_kernel_with_eager_kernels_on(eager_on, counted):
     eager_kernels.set_enabled(False)
     np.testing.assert_array_equal(eager_products.matmul(x, w.T, bias), x @ w.T + bias)  # numpy's, exactly
     assert counted == [True]
+
+
+def test_b_whose_rows_lie_apart_is_not_copied(eager_on, counted, monkeypatch):
+    """A weight gradient's product, gates^T @ x with x a column slice of a wider buffer (the recurrence's
+    backward packs its outputs): the kernel reads B's rows where they lie, no copy (``linalg.b_operand``)."""
+    from kiln.ir.primitives import linalg  # noqa: PLC0415
+
+    copies: list[tuple] = []
+    monkeypatch.setattr(linalg, "c_order", lambda a: copies.append(a.shape) or np.ascontiguousarray(a))
+    rng = np.random.default_rng(2)
+    gates = rng.standard_normal((560, 768)).astype(np.float32)[:, :512]
+    packed = rng.standard_normal((560, 1408)).astype(np.float32)
+    x = packed[:, 128:256]
+    y = eager_products.matmul(gates.T, x)
+    assert counted == [True] and copies == []
+    _check(y, gates.T, x)
+    out = np.empty((512, 128), np.float32)
+    assert eager_products.product(gates.T, x, out) is out and copies == []
+    _check(out, gates.T, x)
 
 
 def test_small_products_and_what_the_kernel_declines_stay_on_numpy(eager_on, counted):
