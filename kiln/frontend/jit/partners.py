@@ -14,6 +14,7 @@ after the trace, what the new specialization's key or guards become.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from . import float_guards, scalar_args, state_floats
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from ...compiler.options import CompileOptions
 
 _NONE: frozenset[int] = frozenset()
+logger = logging.getLogger("kiln")
 
 
 class Partners:
@@ -121,7 +123,11 @@ class Partners:
         for entry in candidates:
             if isinstance(entry, _NOT_COMPILED) or not isinstance(entry, Specialization):
                 continue
-            changes = state_floats.changed(entry, self._globals, cells, leaves)
+            try:
+                changes = state_floats.changed(entry, self._globals, cells, leaves)
+            except Exception:  # noqa: BLE001 - an object's own == that raises: no partner (the trace is static)
+                logger.debug("kiln.compile: floats of state not compared", exc_info=True)
+                continue
             if changes is None or any(change.slot in self.state.static_slots for change in changes):
                 continue
             slots = frozenset(change.slot for change in changes)

@@ -158,7 +158,7 @@ def _entries(snap, live, name: str, style: str | None, found: list[Change]) -> b
     """Add the float entries of ``live`` that differ from ``snap`` (a snapshot's copy of it, whose nested
     copies of plain containers are walked too); False when another entry differs."""
     if isinstance(snap, dict):
-        if not isinstance(live, dict) or list(snap) != list(live):
+        if not isinstance(live, dict) or not _same_keys(snap, live):
             return False
         items: Iterable[tuple[Any, Any]] = snap.items()
     else:
@@ -178,6 +178,19 @@ def _entries(snap, live, name: str, style: str | None, found: list[Change]) -> b
         else:
             return False
     return True
+
+
+#: Keys compared by value as well as by identity; any other key (a tensor: an optimizer's ``state`` is
+#: keyed by parameters, whose ``==`` is elementwise) must be the very object.
+_PLAIN_KEYS = (str, int, bool, bytes, type(None))
+
+
+def _same_keys(snap: dict, live: dict) -> bool:
+    """Whether ``live`` has ``snap``'s keys in its order (never comparing a key with another's ``==``
+    unless both are plain)."""
+    if len(snap) != len(live):
+        return False
+    return all(a is b or (type(a) is type(b) and type(a) in _PLAIN_KEYS and a == b) for a, b in zip(snap, live))
 
 
 def relax(spec, changes: list[Change], fn_globals: dict | None) -> None:

@@ -309,3 +309,26 @@ def test_a_float_argument_and_a_float_of_state_both_changed_at_each_call():
     assert len(f.state.specializations) == 3, _details(f)
     assert "sched.beta: a float read at each call" in _details(f)
     assert "argument 1: a float read at each call" in _details(f)
+
+
+def test_a_dict_keyed_by_tensors_that_lost_an_entry_is_compared_by_identity():
+    # an optimizer's state is keyed by parameters: their == is elementwise (fuzz seed 1313001052)
+    kiln.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 3), nn.Tanh(), nn.Linear(3, 3)).to(kiln.float64)
+    opt = kiln.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = kiln.randn(2, 5, dtype=kiln.float64), kiln.randn(2, 3, dtype=kiln.float64)
+
+    def step(x, y, w):
+        opt.zero_grad()
+        loss = kiln.nn.functional.mse_loss(model(x), y) * w
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    f = kiln.compile(step, wait=True)
+    for call in range(6):
+        if call == 2:
+            opt.state.pop(model[2].weight)
+        if call == 4:
+            opt.state[model[2].weight] = {"momentum_buffer": kiln.zeros(3, 3, dtype=kiln.float64)}
+        f(x, y, 0.5 + call)
