@@ -34,7 +34,7 @@ from .common import KILN, Result, Target, close, format_time, one_shot, skipped
 WORKLOAD = "changing_floats"
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = {False: 300, True: 8}
-SIZES = {False: {"batch": 64, "features": 128, "code": 32}, True: {"batch": 4, "features": 8, "code": 4}}
+SIZES = {False: {"batch": 256, "features": 512, "code": 256}, True: {"batch": 4, "features": 8, "code": 4}}
 CHILD_LIMIT_S = 600
 CHILD_TIMEOUT_S = {True: 600, False: 3600}
 CASE = "autoencoder step, lr argument and annealed loss weight"

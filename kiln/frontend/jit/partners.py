@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 from . import float_guards, scalar_args, state_floats
 from .backward import ConsumedPlan
+from .build import PendingSpecialization
 from .dynamic import sizes_differ
-from .entries import _NOT_COMPILED, CompileState
+from .entries import CompileState
 from .keys import call_key, dynamic_key
 from .specialization import PythonRead, Specialization
 from .trace import Trace
@@ -119,9 +120,10 @@ class Partners:
         if self.options.dynamic is False:
             return None
         cells = self._cells()
+        # (the arguments' partner may still be compiling in the background: its Python state is compared)
         candidates = reversed(self.state.cache.get(key, ())) if floats is None else [floats[0]]
         for entry in candidates:
-            if isinstance(entry, _NOT_COMPILED) or not isinstance(entry, Specialization):
+            if not isinstance(entry, Specialization | PendingSpecialization):
                 continue
             try:
                 changes = state_floats.changed(entry, self._globals, cells, leaves)

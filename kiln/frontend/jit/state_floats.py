@@ -80,8 +80,10 @@ class Change:
 
 def changed(spec, fn_globals: dict | None, cells: dict, leaves: list) -> list[Change] | None:
     """The float entries whose values alone make ``spec`` miss this call, or None when anything else
-    differs (or nothing does). ``cells``: the function's closure cells by ``"closure:" + name``."""
-    if spec.miss_before_values(leaves) is not None:
+    differs (or nothing does). ``cells``: the function's closure cells by ``"closure:" + name``. A spec
+    still compiling in the background (a ``PendingSpecialization``) has its Python values compared only:
+    the new trace's program must equal its program anyway."""
+    if hasattr(spec, "miss_before_values") and spec.miss_before_values(leaves) is not None:
         return None
     found: list[Change] = []
     for name, value in spec.globals_guard:

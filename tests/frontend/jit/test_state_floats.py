@@ -332,3 +332,18 @@ def test_a_dict_keyed_by_tensors_that_lost_an_entry_is_compared_by_identity():
         if call == 4:
             opt.state[model[2].weight] = {"momentum_buffer": kiln.zeros(3, 3, dtype=kiln.float64)}
         f(x, y, 0.5 + call)
+
+
+def test_in_the_background_an_argument_and_a_float_of_state_together_make_one_program():
+    # each call a new key (its lr) while the earlier program still compiles: the state is compared with it
+    sched = _Schedule()
+    x = kiln.randn(64, 32)
+    fn = lambda x, lr: (x * lr).tanh().sum() + x.abs().mean() * sched.beta  # noqa: E731
+    f = kiln.compile(fn, wait=False)
+    for i in range(20):
+        sched.beta, lr = 0.01 * i, 0.5 + 0.125 * i
+        got = f(x, lr)
+        np.testing.assert_allclose(got.numpy(), fn(x, lr).numpy(), rtol=1e-5, atol=1e-6)
+    f.wait_compiled()
+    assert len(f.state.specializations) <= 4, _details(f)
+    assert "sched.beta: a float read at each call" in _details(f)
