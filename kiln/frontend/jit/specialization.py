@@ -146,15 +146,8 @@ class Specialization:
                 fn_globals.get(name, _MISSING) if fn_globals is not None else _MISSING)  # fmt: skip
             if not same_global(now, value):
                 return f"{name.removeprefix('closure:')} now refers to a different object ({_short(now)})"
-        if self.guards is not None:
-            miss = self.guards.miss()
-            if miss is not None:
-                return miss
-        for guard in self.value_guards:
-            miss = guard.miss(leaves)
-            if miss is not None:
-                return miss
-        return None
+        miss = self.guards.miss() if self.guards is not None else None
+        return miss if miss is not None else first_miss(self.value_guards, leaves)
 
     def miss_before_values(self, leaves: list) -> str | None:
         """Why this call misses for anything but the Python values that the names the function reads
@@ -179,11 +172,7 @@ class Specialization:
             miss = check()
             if miss is not None:
                 return miss
-        for guard in self.size_guards:
-            miss = guard.miss(leaves)
-            if miss is not None:
-                return miss
-        return None
+        return first_miss(self.size_guards, leaves)
 
     def _captures_match(self, leaves: list) -> bool:
         """Every captured tensor alive, in its traced state and sharing no memory with an argument:
@@ -309,6 +298,15 @@ def _fresh_results(sig, fresh: frozenset) -> list | None:
     if len({output for _, output, _, _ in made}) != len(made):  # one output handed out twice: copies
         return None
     return [(output, device) for _, output, device, _ in made]
+
+
+def first_miss(guards: list, leaves: list) -> str | None:
+    """The first of ``guards``' misses at a call with these flattened arguments (their ``miss(leaves)``)."""
+    for guard in guards:
+        miss = guard.miss(leaves)
+        if miss is not None:
+            return miss
+    return None
 
 
 def same_global(now, value) -> bool:
