@@ -67,6 +67,12 @@ class Partners:
         mine, theirs = spec.scalar_program, other.scalar_program
         why = always or _split(trace)
         why = why or (scalar_args.same_program(theirs, mine) if mine and theirs else "its program was not kept")
+        # The key makes every float of the structure that is dynamic dynamic here too: one this trace did
+        # not watch (the same value as its partner's) had the numbers computed from it read as constants.
+        unwatched = sorted(self.state.dynamic_floats.get(key[0], _NONE) - set(positions))
+        if why is None and unwatched:
+            names = ", ".join(f"argument {p}" for p in unwatched)
+            why = f"{names} read at one value by this trace (its next value traces it watched)"
         where = ", ".join(f"argument {p}" for p in positions)
         if why is not None:
             if always is not None:  # so at every value: not tried again

@@ -302,3 +302,22 @@ def test_the_callers_dict_holds_its_own_float_after_a_watched_call():
         shared["lr"] = value
         _same(compiled(x, shared), x * value)
         assert type(shared["lr"]) is float
+
+
+def test_a_dynamic_float_the_trace_read_at_one_value_does_not_become_dynamic_again():
+    # after a change of state, a trace whose partner differs only in b reads 1 - a as a constant: its
+    # program must not serve other values of a
+    cfg = {"k": 1}
+    x = kiln.ones(3, dtype=kiln.float64)
+
+    def fn(x, a, b):
+        return x * (1 - a) + x * b * cfg["k"]
+
+    compiled = kiln.compile(fn, wait=True)
+    calls = [(0.5, 1.0), (0.6, 1.0), (0.7, 1.0), (0.75, 1.0), None, (0.8, 1.0), (0.8, 2.0), (0.8, 3.0), (0.9, 4.0),
+             (0.1, 5.0), (0.3, 0.5)]  # fmt: skip
+    for call in calls:
+        if call is None:
+            cfg["k"] = 2
+            continue
+        _same(compiled(x, *call), fn(x, *call))
