@@ -66,6 +66,7 @@ READS = [
     ("h = h * min({num}, 1.0)", "float argument in min"),
     ("h = h * abs({num}) + kiln.full_like(h, {num} // 0.5)", "float argument folded"),
     ("h = {num} * h + (1 - {num}) * h.flip(0)", "float argument mixed"),
+    ("h = h * (1 - {rare}) + {num}", "two float arguments, one mostly repeated"),
     # floats of Python state, derived and compared (state_floats.py: inputs once two watched traces agree)
     ("h = h * (1 - cfg.scale) + settings['shift'] ** 2", "read attr derived"),
     ("h = h * math.exp(cfg.scale / 4)", "read attr through math"),
@@ -130,13 +131,15 @@ def generate(seed: int) -> Scenario:
     x = b.float_input(shape, dtype)
     arg = b.argument('{"scale": float(rng.choice([0.5, 2.0])), "seen": 0}', prefix="d")
     num = b.argument("float(rng.choice([0.25, 0.5, 0.75, 1.5, -1.25]))", prefix="s")
+    # a second float argument that mostly repeats a value: a trace that watches one float but not the other
+    rare = b.argument("float(rng.choice([0.5, 0.5, 0.5, 2.0]))", prefix="s")
     b.preamble += PREAMBLE
     b.setup += SETUP
     b.state_names += STATE
     b.stmt(f"h = {x} * 1.0", "start")
     for _ in range(r.randint(2, 7)):
         line, tag = r.choice(READS if r.random() < 0.5 else MUTATIONS)
-        b.stmt(line.format(arg=arg, num=num), tag)
+        b.stmt(line.format(arg=arg, num=num, rare=rare), tag)
     for _ in range(r.randint(1, 3)):
         line, tag = r.choice(CHANGES)
         b.action(r.randint(1, 5), line, f"change:{tag}")
