@@ -15,7 +15,7 @@ a new trace and compile per value, up to the recompile limit, and eager calls af
   lam``, ``math.exp(t)``: new float objects, constants) is right for it.
 - **A second value makes the argument dynamic when the two traces agree.** When a call misses only
   because float arguments hold other values (``partner``), it is traced with those arguments as
-  ``WatchedScalar``: a float whose conversions to whole numbers, and those of numbers Python computes
+  ``WatchedScalar``: a float whose conversions (to whole numbers, text, a hash), and those of numbers Python computes
   from it, tell the trace (``Trace.scalar_compared``), and whose comparisons become guards of the
   program (``float_guards.py``: ``if lr > 0.1`` serves the values on its side). If nothing told, and the new trace's
   program is the earlier one's exactly -- the same graph, constants and Python results -- then no
@@ -196,8 +196,8 @@ def operand(trace, value) -> Tensor | None:
 
 class WatchedScalar(float):
     """A float argument while a trace learns whether it may be dynamic (see the module docstring): the
-    float it says, whose comparisons, truth test and conversions to whole numbers tell ``trace`` while
-    that trace runs. Its arithmetic gives watched floats too, each with its ``expression`` (the
+    float it says, whose comparisons, truth test and conversions (to whole numbers, to text, to a hash:
+    a set of it, a dict looked up by it) tell ``trace`` while that trace runs. Its arithmetic gives watched floats too, each with its ``expression`` (the
     operator's name and operands) where the program can compute it as Python did (``operand``).
 
     Each carries its *shadow*, the number it was in the earlier trace (the argument's other value),
@@ -216,8 +216,6 @@ class WatchedScalar(float):
 
     def __reduce__(self):  # pickled (a checkpoint of state it was stored in) as the plain float it is
         return (float, (float(self),))
-
-    __hash__ = float.__hash__
 
     def _told(self, what: str) -> None:
         from . import state  # noqa: PLC0415
@@ -330,7 +328,8 @@ for _name in SIGNS:
     setattr(WatchedScalar, _name, _comparing(_name))
 for _name, _what in (("__int__", "int()"), ("__trunc__", "int()"), ("__floor__", "math.floor"),
                      ("__ceil__", "math.ceil"), ("__round__", "round()"), ("is_integer", "is_integer()"),
-                     ("as_integer_ratio", "as_integer_ratio()")):  # fmt: skip
+                     ("as_integer_ratio", "as_integer_ratio()"), ("__hash__", "hash(), as a set or a dict's key"),
+                     ("__repr__", "repr()"), ("__str__", "str()"), ("__format__", "format(), an f-string")):  # fmt: skip
     setattr(WatchedScalar, _name, _telling(_name, f"a conversion of it ({_what})"))
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
               "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__neg__", "__pos__",

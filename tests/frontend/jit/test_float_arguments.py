@@ -321,3 +321,23 @@ def test_a_dynamic_float_the_trace_read_at_one_value_does_not_become_dynamic_aga
             cfg["k"] = 2
             continue
         _same(compiled(x, *call), fn(x, *call))
+
+
+_TABLE = {0.5: True, 0.625: True, 0.75: False}
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, s: x * s if _TABLE[s] else x - s,  # a lookup by its value (its hash)
+        lambda x, s: x * s if {0.75} - {s} else x - s,  # a set of it
+        lambda x, s: x * s if str(s) != "0.75" else x - s,  # its text
+        lambda x, s: x * s if f"{s:.2f}" != "0.75" else x - s,
+        lambda x, s: x * s if repr(s) != "0.75" else x - s,
+    ],
+)
+def test_what_python_reads_of_the_value_besides_comparisons_keeps_it_keyed_by_value(fn):
+    # the first two values take one branch and make one program; the third takes the other
+    x = kiln.randn(8)
+    compiled = _calls(fn, lambda s: ((x, s), {}), [0.5, 0.625, 0.75, 0.5])
+    assert "argument 1: a float read at each call" not in _details(compiled)
