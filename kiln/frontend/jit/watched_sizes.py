@@ -6,7 +6,8 @@ trace runs, ``Tensor.shape`` and ``Tensor.size()`` hand out the sizes that may b
 ``WatchedSize`` ints. A comparison of a size as read with a plain int (``assert T <= block_size``,
 ``if T > 8``) becomes a guard of the dynamic program (it serves the sizes for which the comparison
 comes out as traced; another size traces again); any other comparison or truth test of a watched
-size (of a size computed from it, of two sizes) keeps the call static. ``len(t)`` gives a plain int
+size (of a size computed from it, of two sizes), and its hash (a set of it) or text (``str``, an
+f-string) in the user's code, keeps the call static. ``len(t)`` gives a plain int
 (Python converts what ``__len__`` returns), so it is not watched.
 
 A watched size also carries its *shadow*, the size it had in the other trace, and Python's integer
@@ -87,8 +88,6 @@ class WatchedSize(_Watched, int):
         self.trace, self.read, self.shadow = trace, read, shadow
         return self
 
-    __hash__ = int.__hash__
-
 
 class WatchedFloat(_Watched, float):
     """A float Python computed from a watched size (``T / 4``, ``T * 0.15``): converting it back to a
@@ -99,8 +98,6 @@ class WatchedFloat(_Watched, float):
         self = super().__new__(cls, value)
         self.trace, self.shadow = trace, shadow
         return self
-
-    __hash__ = float.__hash__
 
     def _whole(self, name: str, convert):
         value = convert(_plain(self))
@@ -227,6 +224,25 @@ for _name in (*_SHARED, "__lshift__", "__rlshift__", "__rshift__", "__rrshift__"
     setattr(WatchedSize, _name, _arithmetic(int, _name))
 for _name in (*_SHARED, "__rpow__"):
     setattr(WatchedFloat, _name, _arithmetic(float, _name))
+
+
+def _reading(base: type, name: str, what: str):
+    """A read of a watched number by something else than a comparison -- its hash (a set of it, a dict
+    looked up by it), its text -- that the user's code may branch on: told, as a comparison is."""
+    method = getattr(base, name)
+
+    def read(self, *args):
+        self._told(f"{what} of the dynamic size {_plain(self)!r}")
+        return method(self, *args)
+
+    read.__name__ = name
+    return read
+
+
+for _name, _what in (("__hash__", "a hash (a set of it, a dict looked up by it)"), ("__str__", "str()"),
+                     ("__repr__", "repr()"), ("__format__", "format(), an f-string")):  # fmt: skip
+    setattr(WatchedSize, _name, _reading(int, _name, _what))
+    setattr(WatchedFloat, _name, _reading(float, _name, _what))
 WatchedSize.__bool__ = _truth  # type: ignore[method-assign]
 WatchedFloat.__bool__ = _truth  # type: ignore[method-assign]
 

@@ -131,6 +131,23 @@ def test_a_branch_on_a_size_keeps_the_call_static_where_two_sizes_alone_could_no
     )
 
 
+TEXTS_AND_HASHES = {  # Python reads of a size besides comparisons: 16 and 12 take one branch, 4 the other
+    "a set of it": lambda n: {4} - {n},
+    "str": lambda n: str(n) != "4",
+    "an f-string": lambda n: f"{n}" != "4",
+    "repr": lambda n: repr(n) != "4",
+}
+
+
+@pytest.mark.parametrize("read", list(TEXTS_AND_HASHES), ids=list(TEXTS_AND_HASHES))
+def test_a_branch_on_the_text_or_hash_of_a_size_keeps_the_call_static(read):
+    def f(x):
+        return x * 2.0 if TEXTS_AND_HASHES[read](x.shape[0]) else x * 3.0
+
+    compiled = check_sizes(f, lambda n: [f32(n, 3)], [16, 12, 4, 5])
+    assert all(s.dynamic is None for s in compiled.state.specializations)
+
+
 FOLDINGS = {  # a number computed from the size, and two sizes it is the same number at
     "floordiv": (lambda n: n // 4, (5, 7)),
     "mod": (lambda n: n % 2, (5, 7)),
