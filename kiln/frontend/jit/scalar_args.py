@@ -31,9 +31,11 @@ from the input, as Python computed it); a first trace, unwatched, read them as c
 function settles on its third trace.
 
 What this cannot see, as for watched sizes (``watched_sizes.py``): a number C code computes from the
-float (``math.fabs(lam)``, ``numpy.floor(lam)``) that is the same at the two traced values and that
-Python then compares or the program reads -- it may differ at a third. Where it differs between the
-two traces, the comparison of their programs keeps the argument keyed by value.
+float (``math.fabs(lam)``, ``numpy.floor(lam)``, ``math.isfinite(scale)``): C reads a float's value
+without calling Python, so the number is plain. Where it reaches the program and differs between the
+two traces, the comparison of their programs keeps the argument keyed by value; where it is the same
+at both (``math.fabs`` at -0.5 and 0.5), or where Python only compares it (``if math.exp(lam) < 3``,
+both traced values below), a third value may go the other way, unseen.
 """
 
 from __future__ import annotations
