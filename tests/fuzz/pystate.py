@@ -4,7 +4,8 @@ changed between calls, and that mutate Python containers (a counter dict in a cl
 attribute through an instance, a helper's default argument, a ``functools.partial``'s keywords, a
 bound method's object, a small numpy array's values, an environment variable, a dict's order, a
 generator resumed. A float argument takes another value at each call, and so may a float of Python
-state (an attribute, a dict's entry, a list's item, a default argument's dict).
+state (an attribute, a dict's entry, a list's item, a default argument's dict); branches on such a
+float's text or hash (``str``, an f-string, a set of it) must not follow the two values traced.
 
 The comparison after each call covers the results and every container's contents, so a compiled
 call that baked a value in, or that skipped a mutation the traced call made, shows as a difference.
@@ -67,11 +68,14 @@ READS = [
     ("h = h * abs({num}) + kiln.full_like(h, {num} // 0.5)", "float argument folded"),
     ("h = {num} * h + (1 - {num}) * h.flip(0)", "float argument mixed"),
     ("h = h * (1 - {rare}) + {num}", "two float arguments, one mostly repeated"),
+    ("h = h * 2 if str({num}).startswith('0.') else h - {num}", "branch on float argument's text"),
+    ("h = h * 2 if {num} not in {{1.5, -1.25}} else h - {num}", "float argument in a set"),
     # floats of Python state, derived and compared (state_floats.py: inputs once two watched traces agree)
     ("h = h * (1 - cfg.scale) + settings['shift'] ** 2", "read attr derived"),
     ("h = h * math.exp(cfg.scale / 4)", "read attr through math"),
     ("h = h.clamp(max=settings['shift'] + 1)", "read dict bound"),
     ("h = h * 2 if cfg.scale > 1.1 else h * cfg.scale", "branch on attr float"),
+    ("h = h * 2 if f'{{cfg.scale:.2f}}'.startswith('0.') else h * cfg.scale", "branch on attr float's text"),
 ]
 # ... and mutations of it (each must happen at every call, as eagerly)
 MUTATIONS = [
@@ -137,8 +141,11 @@ def generate(seed: int) -> Scenario:
     b.setup += SETUP
     b.state_names += STATE
     b.stmt(f"h = {x} * 1.0", "start")
+    # A program that only reads (a stream of its own): a mutation makes each call run eagerly, so only
+    # such programs compile the reads of floats that change at every call
+    reads_only = random.Random(seed * 7 + 11).random() < 0.3
     for _ in range(r.randint(2, 7)):
-        line, tag = r.choice(READS if r.random() < 0.5 else MUTATIONS)
+        line, tag = r.choice(READS if r.random() < 0.5 or reads_only else MUTATIONS)
         b.stmt(line.format(arg=arg, num=num, rare=rare), tag)
     for _ in range(r.randint(1, 3)):
         line, tag = r.choice(CHANGES)

@@ -5,7 +5,7 @@ integer targets of ``(batch,)``), or of ``(2, length, F)`` or ``(batch, batch + 
 length varying, or two sizes at once, flattened to rows and back by the views): elementwise ops with captured weights, linear layers, softmax and
 log_softmax, sums over the features, views with ``-1`` and with ``x.shape[0]``, random draws of the
 hidden values' shape (dropout, noise), numbers Python computes from a size (``n % 5``, one number
-at two sizes), steps read from either end of the dynamic dim, means over the batch, cross-entropy,
+at two sizes), a branch on a size's text, steps read from either end of the dynamic dim, means over the batch, cross-entropy,
 a result that views the input, and optionally a backward pass and an SGD step. It is called at batch sizes that repeat and change (with a size 1
 among them, which specializes) and compared with the same program run eagerly at every call, both
 from the same seed: values, the parameters after each step, and the random generator's state. Most
@@ -45,6 +45,10 @@ def _program(seed: int, layout: str = "batch"):
     extra = random.Random(seed * 104729 + 3)
     if extra.random() < 0.5:
         ops.insert(extra.randint(0, len(ops)), extra.choice(("size_number", "ends")))
+    # a branch on a size's text, taken alike at 6 and 11 ("6", "11") and the other way at 3: a stream of its own
+    text = random.Random(seed * 15485863 + 5)
+    if text.random() < 0.3:
+        ops.insert(text.randint(0, len(ops)), "size_text")
     loss = r.choice(("mean", "cross_entropy", "sum_over_batch", "none"))
     if loss == "none" and extra.random() < 0.3:
         loss = "input_view"
@@ -89,6 +93,9 @@ def _program(seed: int, layout: str = "batch"):
                 elif op == "size_number":
                     n = x.shape[0] if layout == "batch" else x.shape[1]
                     h = h * (n % 5 + 1) + int(n * 0.3)
+                elif op == "size_text":
+                    n = x.shape[0] if layout == "batch" else x.shape[1]
+                    h = h * (2.0 if str(n)[-1] in "16" else 0.5)
                 elif op == "ends" and layout == "batch":
                     h = h - h[-1:] * 0.5 + h[:1] * 0.25
                 elif op == "ends":
