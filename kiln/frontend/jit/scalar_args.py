@@ -35,7 +35,9 @@ float (``math.fabs(lam)``, ``numpy.floor(lam)``, ``math.isfinite(scale)``): C re
 without calling Python, so the number is plain. Where it reaches the program and differs between the
 two traces, the comparison of their programs keeps the argument keyed by value; where it is the same
 at both (``math.fabs`` at -0.5 and 0.5), or where Python only compares it (``if math.exp(lam) < 3``,
-both traced values below), a third value may go the other way, unseen.
+both traced values below), a third value may go the other way, unseen. Nor what tells a watched float
+from the caller's own besides its value: its type (``type(lam) is float`` is false for it) and its
+identity (``lam is DEFAULT``) -- code that branches on them runs otherwise in a watched call.
 """
 
 from __future__ import annotations
