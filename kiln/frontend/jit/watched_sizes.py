@@ -201,7 +201,8 @@ def _differs(number: _Watched, other: tuple) -> bool:
 #: Operations that can give one number at two sizes, by the sign the user wrote.
 _FOLDING = {"__floordiv__": "//", "__rfloordiv__": "//", "__mod__": "%", "__rmod__": "%", "__rshift__": ">>",
             "__rrshift__": ">>", "__and__": "&", "__rand__": "&", "__or__": "|", "__ror__": "|", "__xor__": "^",
-            "__rxor__": "^", "__abs__": "abs"}  # fmt: skip
+            "__rxor__": "^", "__abs__": "abs", "bit_length": "bit_length", "bit_count": "bit_count",
+            "__round__": "round"}  # fmt: skip
 
 
 def _truth(self) -> bool:
@@ -243,6 +244,46 @@ for _name, _what in (("__hash__", "a hash (a set of it, a dict looked up by it)"
                      ("__repr__", "repr()"), ("__format__", "format(), an f-string")):  # fmt: skip
     setattr(WatchedSize, _name, _reading(int, _name, _what))
     setattr(WatchedFloat, _name, _reading(float, _name, _what))
+# Conversions to a plain number: Python hands back an exact int or float (never a subclass), whose
+# arithmetic the trace cannot follow (``int(n) // 4``, ``math.floor(float(n) / 4)``)
+for _name, _what in (("__int__", "int()"), ("__index__", "__index__()"), ("__float__", "float()"),
+                     ("to_bytes", "to_bytes()")):  # fmt: skip
+    setattr(WatchedSize, _name, _reading(int, _name, _what))
+for _name, _what in (("__float__", "float()"), ("hex", "hex()"), ("as_integer_ratio", "as_integer_ratio()"),
+                     ("is_integer", "is_integer()")):  # fmt: skip
+    setattr(WatchedFloat, _name, _reading(float, _name, _what))
+for _name in ("bit_length", "bit_count"):
+    setattr(WatchedSize, _name, _arithmetic(int, _name))
+_round_size = _arithmetic(int, "__round__")
+
+
+def _itself(self, *args):
+    """``math.floor``, ``math.ceil``, ``math.trunc`` of an int, ``.real``, ``.numerator``, ``.conjugate()``:
+    the number itself, still watched (int's own give a plain int)."""
+    return self
+
+
+def _round(self, ndigits=None):
+    return self if ndigits is None else _round_size(self, ndigits)
+
+
+def _divmod(self, other):
+    return self // other, self % other  # (Python's divmod, as its two operators: each watched)
+
+
+def _rdivmod(self, other):
+    return other // self, other % self
+
+
+for _name, _method in (("__floor__", _itself), ("__ceil__", _itself), ("__trunc__", _itself),
+                       ("conjugate", _itself), ("__round__", _round)):  # fmt: skip
+    setattr(WatchedSize, _name, _method)
+for _cls in (WatchedSize, WatchedFloat):
+    _cls.__divmod__ = _divmod  # type: ignore[method-assign,assignment]
+    _cls.__rdivmod__ = _rdivmod  # type: ignore[method-assign,assignment]
+    _cls.real = property(_itself)  # type: ignore[method-assign,assignment]
+WatchedSize.numerator = property(_itself)  # type: ignore[method-assign,assignment]
+WatchedFloat.conjugate = _itself  # type: ignore[method-assign]
 WatchedSize.__bool__ = _truth  # type: ignore[method-assign]
 WatchedFloat.__bool__ = _truth  # type: ignore[method-assign]
 

@@ -286,10 +286,11 @@ def test_a_tensor_made_from_numpy_at_the_size_keeps_the_call_static(dim):
     # kiln.tensor(array) of an array the caller keeps is read at every call (a numpy shadow): had its
     # size become the symbol, a later size would read the traced array (once a broadcasting error).
     # (An array the call computes itself with numpy runs eagerly: test_numpy_state.py.)
-    tables = {n: np.arange(n) ** 2 for n in (4, 6, 9)}
+    # (a list indexed by the size: int(n) or a dict's hash of it would keep the call static themselves)
+    tables = [np.arange(n) ** 2 for n in range(10)]
 
     def f(x):
-        n = int(x.shape[dim])
+        n = x.shape[dim]
         return x + kiln.tensor(tables[n]).view(*((n, 1) if dim == 0 else (1, n)))
 
     compiled = check_sizes(f, lambda t: [f32(t, 2) if dim == 0 else f32(2, t)], [4, 6, 9])

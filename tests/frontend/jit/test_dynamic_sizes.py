@@ -161,6 +161,36 @@ FOLDINGS = {  # a number computed from the size, and two sizes it is the same nu
 }
 
 
+# numbers Python computes from a size through int's other methods and conversions, each the same at 5
+# and 7 (so one constant in both traces) and another at 9
+INT_METHODS = {
+    "int()": lambda n: int(n) // 4,
+    "float()": lambda n: math.floor(float(n) / 4),
+    "float() of a quotient": lambda n: math.floor(float(n / 4)),
+    "__index__()": lambda n: n.__index__() // 4,
+    "bit_length": lambda n: n.bit_length(),
+    "bit_count": lambda n: (n + 1).bit_count(),  # at 3 and 7 (4 and 8): 1; at 9 (10): 2
+    "divmod": lambda n: divmod(n, 4)[0],
+    "rdivmod": lambda n: divmod(8, n)[0],
+    "numerator": lambda n: n.numerator // 4,
+    "real": lambda n: n.real // 4,
+    "conjugate": lambda n: n.conjugate() // 4,
+    "math.floor": lambda n: math.floor(n) // 4,
+    "round to tens": lambda n: round(n, -1),
+}
+
+
+@pytest.mark.parametrize("method", list(INT_METHODS), ids=list(INT_METHODS))
+def test_a_number_from_a_size_through_ints_other_methods_follows_it_or_keeps_the_call_static(method):
+    fn = INT_METHODS[method]
+
+    def f(x):
+        return x.sum(0) * fn(x.shape[0])
+
+    sizes = {"bit_count": [3, 7, 9, 13, 6, 2], "round to tens": [12, 14, 16, 9, 5, 2]}.get(method, [5, 7, 9, 13, 6, 2])
+    check_sizes(f, lambda n: [f32(n, 3)], sizes)
+
+
 @pytest.mark.parametrize("fold", list(FOLDINGS), ids=list(FOLDINGS))
 def test_a_number_that_folds_two_sizes_together_keeps_the_call_static(fold):
     # the two traces saw one constant where the size differed: a dynamic program would use it at
