@@ -333,12 +333,17 @@ for _name in SIGNS:
 for _name, _what in (("__int__", "int()"), ("__trunc__", "int()"), ("__floor__", "math.floor"),
                      ("__ceil__", "math.ceil"), ("__round__", "round()"), ("is_integer", "is_integer()"),
                      ("as_integer_ratio", "as_integer_ratio()"), ("__hash__", "hash(), as a set or a dict's key"),
-                     ("__repr__", "repr()"), ("__str__", "str()"), ("__format__", "format(), an f-string")):  # fmt: skip
+                     ("__repr__", "repr()"), ("__str__", "str()"), ("__format__", "format(), an f-string"),
+                     ("__float__", "float(), a plain copy"), ("hex", "hex()"), ("conjugate", "conjugate()")):  # fmt: skip
     setattr(WatchedScalar, _name, _telling(_name, f"a conversion of it ({_what})"))
+WatchedScalar.real = property(_telling("__float__", "a conversion of it (.real, a plain copy)"))  # type: ignore[method-assign,assignment]
 for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__",
               "__floordiv__", "__rfloordiv__", "__mod__", "__rmod__", "__pow__", "__rpow__", "__neg__", "__pos__",
               "__abs__"):  # fmt: skip
     setattr(WatchedScalar, _name, _watching(_name))
+# Python's divmod as its two operators, each watched (float's own gives plain floats)
+WatchedScalar.__divmod__ = lambda self, other: (self // other, self % other)  # type: ignore[method-assign,assignment]
+WatchedScalar.__rdivmod__ = lambda self, other: (other // self, other % self)  # type: ignore[method-assign,assignment]
 
 
 def watched_call(args: tuple, kwargs: dict, tree, shadows: dict[int, float], trace,

@@ -341,3 +341,19 @@ def test_what_python_reads_of_the_value_besides_comparisons_keeps_it_keyed_by_va
     x = kiln.randn(8)
     compiled = _calls(fn, lambda s: ((x, s), {}), [0.5, 0.625, 0.75, 0.5])
     assert "argument 1: a float read at each call" not in _details(compiled)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x, s: x * 2 if float(s) > 0.6 else x - 1,  # a copy of it (lr = float(lr), as code often starts)
+        lambda x, s: x * 2 if s.real > 0.6 else x - 1,
+        lambda x, s: x * 2 if s.conjugate() > 0.6 else x - 1,
+        lambda x, s: x * 2 if divmod(s, 0.25)[0] < 2.5 else x - 1,
+        lambda x, s: x * 2 if s.hex() < "0x1.3" else x - 1,
+    ],
+)
+def test_a_copy_or_a_method_of_the_value_keeps_it_keyed_by_value_or_follows_it(fn):
+    # 0.5 and 0.55 take one branch with programs that read no input (the same program), 0.7 the other
+    x = kiln.randn(8)
+    _calls(fn, lambda s: ((x, s), {}), [0.5, 0.55, 0.7, 0.9, 0.5])
