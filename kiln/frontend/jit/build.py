@@ -35,7 +35,7 @@ from ..autograd.graph import FreedGraphError
 from ..tensor import Tensor, make_tensor
 from .backward import BackwardPlan, ConsumedPlan
 from .dynamic import NotDynamic, Pending, size_symbols, symbolize
-from .dynamic_binding import with_derived
+from .dynamic_binding import SizesFit, with_derived
 from .eager_checks import watched_versions
 from .escapes import escaped_tensors
 from .hazards import reachable_tensors
@@ -162,6 +162,7 @@ class PendingSpecialization:
         if self.decision is None:
             graph, backward = self.partition()
             symbolic, not_dynamic = _symbolic(graph, backward, self.dynamic, self.sources)
+            size_guards: list  # SizeGuards, and a SizesFit
             size_guards, why_not = ([], None) if symbolic is None else guards_of(self.size_guards, self.dynamic)
             if why_not is not None:
                 symbolic, not_dynamic = None, why_not
@@ -173,6 +174,9 @@ class PendingSpecialization:
                     symbolic, not_dynamic = None, why_not
             if self.size_compared is not None:
                 not_dynamic = not_dynamic or f"Python branches on a size that would be dynamic ({self.size_compared})"
+            if symbolic is not None:  # sizes its ops do not take (a slice past a dim's end) trace again
+                fit = SizesFit.of(symbolic, [s.position if isinstance(s, Argument) else None for s in self.sources])
+                size_guards = size_guards if fit is None else [*size_guards, fit]
             self.decision = Decision(symbolic, symbolic_bwd, not_dynamic, size_guards)
         return self.decision
 

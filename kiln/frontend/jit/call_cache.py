@@ -206,7 +206,9 @@ class CompiledFunction(BackgroundCompiles, Partners):
     def _trace_new(self, args, kwargs, leaves, key, miss: str):
         """Trace a miss unless the recompile limit is reached (then the call runs eagerly)."""
         if key not in self.state.cache and self.state.last_key is not None:
-            miss = describe_key_change(self.state.last_key, key) if key != self.state.last_key else "traced again"
+            changed = describe_key_change(self.state.last_key, key) if key != self.state.last_key else "traced again"
+            # (a call the dynamic programs missed says why they did: a size guard, sizes its ops do not take)
+            miss = changed if miss == "first call" else f"{changed}; the dynamic program missed: {miss}"
         if len(self.state.specializations) + len(self.state.pending) >= self.options.recompile_limit:
             limit = self.options.recompile_limit
             self._event("recompile limit", f"{miss}; the limit of {limit} specializations is reached, so calls that "

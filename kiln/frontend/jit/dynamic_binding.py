@@ -5,12 +5,15 @@ two traces could not: a slice to a dynamic size stays within its dim, and a size
 derived (a conv's ``(H-2)``) is one the op takes at these sizes (an image smaller than the
 kernel fails as eagerly). ``symbol_positions`` and ``position_sizes`` find each symbol's size in
 the inputs: a dim that is the symbol, or the symbol plus a whole number (a backward graph may see
-an image only padded).
+an image only padded). ``SizesFit`` makes those checks a guard of a compiled function's dynamic
+specialization: a call at sizes its ops do not take misses and traces again, running as eagerly
+(eager slicing stops at a dim's end; the program's later ops expect the size).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ...ir.graph import Graph, GraphBuilder, Node, Value
 from ...ir.types import Dim, Sym, SymSum, TensorType, dim_size, plain_symbol
@@ -25,41 +28,91 @@ def bind_graph(graph: Graph, sizes: Mapping[Sym, int]) -> Graph:
         outputs = tuple(builder.value(v.type.bind(sizes)) for v in node.outputs)
         new.update(zip(node.outputs, outputs, strict=True))
         attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
-        if node.op == "slice" and node.attrs["stops"] != attrs["stops"]:
-            _check_slice(node, attrs["stops"], new[node.inputs[0]].type.shape)
-        if any(isinstance(d, SymSum) for v in node.outputs for d in v.type.shape):
-            _check_derived(node, [new[v].type for v in node.inputs], attrs)
+        misfit = _misfit(node, [new[v].type for v in node.inputs], attrs)
+        if misfit is not None:
+            raise ValueError(f"kiln.compile: {misfit}")
         builder.nodes.append(Node(node.op, tuple(new[v] for v in node.inputs), attrs, outputs, node.loc))
     builder.constants.update(graph.constants)
     return builder.build([new[v] for v in graph.outputs])
 
 
-def _check_derived(node: Node, types: list[TensorType], attrs: dict) -> None:
-    """A size the shape rule derived from the dynamic ones (a conv's ``(H-2)``) holds only for sizes
-    the op takes: the rule runs again on the bound types, so a call with an image smaller than the
-    kernel fails as eagerly, naming the op and where, rather than running with a negative size."""
-    from ...ir.primitives import PRIMITIVES  # noqa: PLC0415
+def _misfit(node: Node, types: list[TensorType], attrs: dict) -> str | None:
+    """Why the op ``node`` does not take these sizes (``types``: its inputs', ``attrs`` its attributes
+    bound to them), or None: a slice to a dynamic size past the end of its dim (``mask[:T]``: eager
+    slicing would stop at the end), a size its shape rule derived (a conv's ``(H-2)``) that the rule
+    refuses at these sizes (an image smaller than the kernel)."""
+    where = f" at {node.loc}" if node.loc else ""
+    if node.op == "slice" and node.attrs["stops"] != attrs["stops"]:
+        for axis, (stop, n) in enumerate(zip(attrs["stops"], types[0].shape, strict=True)):
+            if stop > n:
+                return (f"this call's dynamic size {stop} slices past the end of a dimension of size {n} (dim {axis}"
+                        f"{where}); eager slicing would stop at {n}")  # fmt: skip
+    if any(isinstance(d, SymSum) for v in node.outputs for d in v.type.shape):
+        from ...ir.primitives import PRIMITIVES  # noqa: PLC0415
 
-    primitive = PRIMITIVES.get(node.op)
-    if primitive is None:  # a fused kernel: its nodes were checked before fusion bound them
-        return
-    try:
-        primitive.infer(*types, **attrs)
-    except (RuntimeError, ValueError, IndexError) as error:
-        where = f" at {node.loc}" if node.loc else ""
-        raise ValueError(f"kiln.compile: this call's dynamic sizes do not fit {node.op}{where}: {error}") from None
+        primitive = PRIMITIVES.get(node.op)
+        if primitive is None:  # a fused kernel: its nodes were checked before fusion bound them
+            return None
+        try:
+            primitive.infer(*types, **attrs)
+        except (RuntimeError, ValueError, IndexError) as error:
+            return f"this call's dynamic sizes do not fit {node.op}{where}: {error}"
+    return None
 
 
-def _check_slice(node: Node, stops: tuple[int, ...], shape: tuple) -> None:
-    """A slice to a dynamic size (``mask[:T]``) must stay within the dim it slices: eager slicing
-    would stop at its end, and the program's later ops expect the size (ValueError says so)."""
-    for axis, (stop, n) in enumerate(zip(stops, shape, strict=True)):
-        if stop > n:
-            where = f" at {node.loc}" if node.loc else ""
-            raise ValueError(
-                f"kiln.compile: this call's dynamic size {stop} slices past the end of a dimension of size {n} "
-                f"(dim {axis}{where}); eager slicing would stop at {n}: call the function with sizes up to {n}"
-            )
+@dataclass
+class SizesFit:
+    """A guard of a compiled function's dynamic program (``Specialization.size_guards``): the call's
+    sizes fit every op that ``bind_graph`` checks (``_misfit``), or the call misses and traces again,
+    as eager (a size past a slice's dim, that eager slicing stops at, needs a program of its own).
+    ``positions``: each symbol's ``(dim, leaf position, axis)`` in the call's arguments."""
+
+    graph: Graph
+    positions: tuple
+    _checked: dict = field(default_factory=dict)  # the sizes seen -> why they misfit (None: they fit)
+
+    @staticmethod
+    def of(graph: Graph, leaf_positions: Sequence[int | None]) -> SizesFit | None:
+        """The guard of the symbolic ``graph`` whose input ``i`` is leaf ``leaf_positions[i]`` of a
+        call's arguments (None: not an argument); None when no op of it needs one."""
+        if not any(_may_misfit(node) for node in graph.nodes):
+            return None
+        positions = []
+        for d, i, axis in symbol_positions(graph):
+            if leaf_positions[i] is None:
+                return None
+            positions.append((d, leaf_positions[i], axis))
+        return SizesFit(graph, tuple(positions))
+
+    def miss(self, leaves: list) -> str | None:
+        key = tuple(int(leaves[p].shape[axis]) for _, p, axis in self.positions)
+        if key not in self._checked:
+            if len(self._checked) > 256:  # (sizes seen, bounded)
+                self._checked.clear()
+            self._checked[key] = self._misfit(position_sizes(self.positions, key))
+        return self._checked[key]
+
+    def _misfit(self, sizes: dict[Sym, int]) -> str | None:
+        types = {v: v.type.bind(sizes) for v in self.graph.inputs}
+        for node in self.graph.nodes:
+            for v in node.outputs:
+                types[v] = v.type.bind(sizes)
+            if _may_misfit(node):
+                attrs = {k: _bind_attr(v, sizes) for k, v in node.attrs.items()}
+                why = _misfit(node, [types[v] for v in node.inputs], attrs)
+                if why is not None:
+                    return why
+        return None
+
+    def __str__(self) -> str:
+        return "its sizes fit its ops"
+
+
+def _may_misfit(node: Node) -> bool:
+    """Whether ``_misfit`` can refuse ``node`` at some sizes."""
+    if node.op == "slice" and any(not isinstance(s, int) for s in node.attrs["stops"]):
+        return True
+    return any(isinstance(d, SymSum) for v in node.outputs for d in v.type.shape)
 
 
 def _bind_attr(value, sizes: Mapping[Sym, int]):

@@ -165,5 +165,5 @@ def dynamic_key(
                          for p, ds in dims.items() for d in ds if (p, d) not in own]  # fmt: skip
     named = ", ".join(f"argument {p} dim {d}" for p, d in sorted(spec.dynamic))
     guards = ", ".join(f"argument {g.argument} dim {g.dim} {g}{'' if g.result else ' is False'}"
-                       for g in spec.size_guards)  # fmt: skip
+                       for g in spec.size_guards if isinstance(g, SizeGuard))  # fmt: skip
     return spec.key, f"; dynamic: {named} (one program for every size >= 2{'; guards: ' + guards if guards else ''})"

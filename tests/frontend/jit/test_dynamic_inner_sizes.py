@@ -7,6 +7,8 @@ the specializations the calls made (``kiln.explain`` says why each was made).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -314,7 +316,7 @@ class BufferMaskAttention(nn.Module):
         return (F.softmax(att, dim=-1) @ v.unsqueeze(1)).squeeze(1)
 
 
-def test_a_buffer_sliced_to_the_length_follows_it_and_a_length_past_its_end_raises():
+def test_a_buffer_sliced_to_the_length_follows_it_and_a_length_past_its_end_fails_as_eager():
     kiln.manual_seed(0)
     model = BufferMaskAttention()
 
@@ -324,5 +326,26 @@ def test_a_buffer_sliced_to_the_length_follows_it_and_a_length_past_its_end_rais
 
     compiled = check_sizes(f, lambda t: [f32(2, t, 8)], [5, 8, 3, 12, 16])
     assert specs(compiled) == 2 and compiled.state.specializations[1].dynamic == [(0, 1)]
-    with pytest.raises(ValueError, match="dynamic size 20 slices past the end of a dimension of size 16"):
-        compiled(kiln.tensor(f32(2, 20, 8)))
+    x = kiln.tensor(f32(2, 20, 8))
+    with pytest.raises(Exception) as eager:  # noqa: PT011 - whichever error eager raises
+        f(x)
+    # the dynamic program does not take the length (its slices would pass the buffers' end): the call
+    # traces again, and fails as eager does
+    with pytest.raises(type(eager.value), match=re.escape(str(eager.value))):
+        compiled(x)
+
+
+def test_a_length_past_a_slices_end_where_eager_stops_there_runs_as_eager():
+    # eager slicing stops at the table's end (16 rows) and nothing else needs the length: the call
+    # must return eager's result, not fail where eager does not
+    table = kiln.randn(16, 4)
+
+    def f(x):
+        return x.sum(0) + table[: x.shape[0]].sum(0)
+
+    compiled = check_sizes(f, lambda t: [f32(t, 4)], [6, 11, 20, 9, 16, 25])
+    assert compiled.state.specializations[1].dynamic == [(0, 0)]
+    assert (
+        "the dynamic program missed: this call's dynamic size 20 slices past the end of a dimension of size 16"
+        in (kiln.explain(compiled).reasons[2])
+    )
