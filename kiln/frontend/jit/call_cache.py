@@ -52,7 +52,7 @@ from .build import PendingSpecialization, build_specialization, trace_specializa
 from .dynamic import Pending
 from .entries import _NOT_COMPILED, CompileState, EagerEntry, Event, PendingEntry, _match
 from .guards import build_guards
-from .keys import call_key, describe_key_change
+from .keys import call_key, changed_ints, describe_key_change
 from .locations import user_frame as _user_frame
 from .outcomes import CompileWarning, TraceBreak, TraceBreakError
 from .partners import Partners
@@ -211,8 +211,11 @@ class CompiledFunction(BackgroundCompiles, Partners):
             miss = changed if miss == "first call" else f"{changed}; the dynamic program missed: {miss}"
         if len(self.state.specializations) + len(self.state.pending) >= self.options.recompile_limit:
             limit = self.options.recompile_limit
+            ints = changed_ints(self.state.last_key, key) if self.state.last_key is not None else []
+            hint = (f"; an int argument (argument {ints[0]}) is compiled for each of its values: pass one that "
+                    "changes at every call as a 0-d tensor (kiln.tensor(n)), read at each call" if ints else "")  # fmt: skip
             self._event("recompile limit", f"{miss}; the limit of {limit} specializations is reached, so calls that "
-                        "match none of them now run eagerly (CompileOptions(recompile_limit=...) sets it)", once=True)  # fmt: skip
+                        f"match none of them now run eagerly (CompileOptions(recompile_limit=...) sets it){hint}", once=True)  # fmt: skip
             return self.fn(*args, **kwargs)
         with _collector_paused():
             if profiling.active:

@@ -98,6 +98,14 @@ def _hashable_by_value(leaf) -> bool:
     return isinstance(leaf, _BY_VALUE)
 
 
+def changed_ints(old: tuple, new: tuple) -> list[int]:
+    """The leaf positions of the int arguments whose values differ between two keys of one structure:
+    each value is a key of its own (a bool's too, which this leaves out)."""
+    if old[0] != new[0]:
+        return []
+    return [i for i, (a, b) in enumerate(zip(old[1], new[1], strict=True)) if a != b and a[0] is int and b[0] is int]
+
+
 def describe_key_change(old: tuple, new: tuple) -> str:
     """Which guard of the key changed, in words: the reason for a retrace."""
     if old[2] != new[2]:

@@ -49,6 +49,23 @@ def test_the_recompile_limit_says_calls_now_run_eagerly():
     assert sum("limit of 1 specializations" in str(w.message) for w in record) == 1
 
 
+def test_an_int_argument_that_changes_at_every_call_is_told_to_be_a_tensor():
+    x = kiln.randn(4)
+
+    def f(x, t):
+        return x * 0.99**t + x.mean() * t
+
+    g = kiln.compile(f, options=kiln.CompileOptions(recompile_limit=2), wait=True)
+    with pytest.warns(kiln.CompileWarning, match=r"an int argument \(argument 1\) is compiled for each of its values"):
+        for t in range(4):
+            np.testing.assert_allclose(g(x, t).numpy(), f(x, t).numpy(), rtol=1e-6, atol=1e-7)
+    # as the warning says: a 0-d tensor is read at each call, one program for every value
+    g = kiln.compile(f, wait=True)
+    for t in range(6):
+        np.testing.assert_allclose(g(x, kiln.tensor(t)).numpy(), f(x, t).numpy(), rtol=1e-6, atol=1e-7)
+    assert len(g.state.specializations) == 1
+
+
 def test_the_warning_is_silenced_as_any_warning():
     @kiln.compile
     def h(x):
