@@ -26,13 +26,22 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import kiln
 from kiln.frontend import fused_steps
 from kiln.frontend.jit import state as _jit
+from kiln.utils.hooks import RemovableHandle, add_hook
+
+from . import _hooks
+from ._hooks import (  # noqa: F401 - torch.optim.optimizer's names
+    OptimizerPostHook,
+    OptimizerPreHook,
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
 
 class _RequiredParameter:
@@ -82,12 +91,25 @@ class Optimizer:
     _counts_steps = True
     # Weight decay's form where "decoupled_weight_decay" is a flag but a group lacks it (AdamW: True).
     _decoupled = False
+    # Its hook tables, id -> hook (``_hooks.TABLES``, made by ``_hooks.new_tables``)
+    _optimizer_step_pre_hooks: OrderedDict
+    _optimizer_step_post_hooks: OrderedDict
+    _optimizer_state_dict_pre_hooks: OrderedDict
+    _optimizer_state_dict_post_hooks: OrderedDict
+    _optimizer_load_state_dict_pre_hooks: OrderedDict
+    _optimizer_load_state_dict_post_hooks: OrderedDict
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "step" in cls.__dict__:  # a subclass's own step runs the step hooks too
+            cls.step = _hooks.with_step_hooks(cls.__dict__["step"])  # type: ignore[method-assign]
 
     def __init__(self, params: Iterable, defaults: dict[str, Any]) -> None:
         self.defaults = defaults
         self.state: defaultdict = defaultdict(dict)
         self.param_groups: list[dict[str, Any]] = []
         self._per_call = _PerCall()
+        _hooks.new_tables(self)
         if isinstance(params, kiln.Tensor):
             raise TypeError(
                 "params argument given to the optimizer should be an iterable of Tensors or dicts, "
@@ -116,6 +138,35 @@ class Optimizer:
         again from ``param_groups`` by the next ``sync_hyperparameters``."""
         self.__dict__.update(state)
         self._per_call = _PerCall(len(self.param_groups))
+        _hooks.new_tables(self)
+
+    # -- hooks (``_hooks.py``) ---------------------------------------------------------------------
+
+    def register_step_pre_hook(self, hook: Callable) -> RemovableHandle:
+        """Run ``hook(optimizer, args, kwargs)`` before each step; it may return ``(new_args, new_kwargs)``."""
+        return add_hook(self._optimizer_step_pre_hooks, hook)
+
+    def register_step_post_hook(self, hook: Callable) -> RemovableHandle:
+        """Run ``hook(optimizer, args, kwargs)`` after each step."""
+        return add_hook(self._optimizer_step_post_hooks, hook)
+
+    def register_state_dict_pre_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """Run ``hook(optimizer)`` before ``state_dict()`` makes the dict."""
+        return add_hook(self._optimizer_state_dict_pre_hooks, hook, prepend)
+
+    def register_state_dict_post_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """Run ``hook(optimizer, state_dict)`` on the dict ``state_dict()`` made; what it returns (if not
+        None) is the dict returned."""
+        return add_hook(self._optimizer_state_dict_post_hooks, hook, prepend)
+
+    def register_load_state_dict_pre_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """Run ``hook(optimizer, state_dict)`` before ``load_state_dict`` loads a (shallow) copy of the dict;
+        what it returns (if not None) is loaded instead."""
+        return add_hook(self._optimizer_load_state_dict_pre_hooks, hook, prepend)
+
+    def register_load_state_dict_post_hook(self, hook: Callable, prepend: bool = False) -> RemovableHandle:
+        """Run ``hook(optimizer)`` after ``load_state_dict`` loaded."""
+        return add_hook(self._optimizer_load_state_dict_post_hooks, hook, prepend)
 
     # -- parameter groups ---------------------------------------------------------------------
 
@@ -187,6 +238,7 @@ class Optimizer:
     #: a subclass's methods may be the user's.
     kiln_only = False
 
+    @_hooks.with_step_hooks
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Update every parameter that has a gradient; returns ``closure()``'s loss if given."""
         if closure is None and _jit.watch_hooks and type(self).__dict__.get("kiln_only"):
@@ -220,9 +272,11 @@ class Optimizer:
 
     def _structure_guard(self) -> tuple[Callable[[], str | None], list[tuple[str, str]]]:
         """``kiln.jit.guard``'s pair for a traced step: the check of ``_structure``, and the reads."""
-        traced, name = self._structure(), type(self).__name__
+        traced, name, hooks = self._structure(), type(self).__name__, _hooks.hook_tables(self)
 
         def check() -> str | None:
+            if _hooks.hook_tables(self) != hooks:  # (a traced step ran the hooks it had)
+                return f"a step hook of {name} was registered or removed"
             now = self._structure()
             return None if now == traced else _structure_change(name, self.flags, self.zero_skips, traced, now)
 
@@ -314,6 +368,8 @@ class Optimizer:
 
     def state_dict(self) -> dict[str, Any]:
         """The state as ``{"state": {id: {...}}, "param_groups": [...]}`` with parameters as integer ids."""
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         ids: dict[int, int] = {}
         packed_groups = []
         for group in self.param_groups:
@@ -323,10 +379,18 @@ class Optimizer:
             packed["params"] = [ids[id(p)] for p in group["params"]]
             packed_groups.append(packed)
         packed_state = {(ids[id(p)] if isinstance(p, kiln.Tensor) else p): value for p, value in self.state.items()}
-        return {"state": packed_state, "param_groups": packed_groups}
+        state_dict = {"state": packed_state, "param_groups": packed_groups}
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            result = post_hook(self, state_dict)
+            state_dict = state_dict if result is None else result
+        return state_dict
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a state from :meth:`state_dict`; state tensors are copied, cast to each parameter's dtype."""
+        state_dict = state_dict.copy()  # (shallow: a pre hook may change its entries)
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            state_dict = state_dict if result is None else result
         saved_groups = copy.deepcopy(state_dict["param_groups"])
         if len(saved_groups) != len(self.param_groups):
             raise ValueError(
@@ -355,6 +419,8 @@ class Optimizer:
         self.param_groups = [
             dict(saved, params=group["params"]) for group, saved in zip(self.param_groups, saved_groups, strict=True)
         ]
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
 
 class _Reading(dict):

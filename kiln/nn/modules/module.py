@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 import kiln
 from kiln.frontend.jit import state as _jit
 from kiln.frontend.tensor import Tensor
+from kiln.utils.hooks import RemovableHandle
 
 from ..parameter import Buffer, Parameter
 from .backward_hooks import BackwardHooks
@@ -20,28 +21,6 @@ __all__ = ["Module", "RemovableHandle"]
 HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
                "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")  # fmt: skip
 _IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])  # type: ignore[name-match]  # PyTorch's name
-
-
-class RemovableHandle:
-    """Returned by ``register_*_hook``; ``remove()`` unregisters the hook."""
-
-    _next_id = 0
-
-    def __init__(self, hooks: dict, *flags: dict) -> None:
-        self._hooks = hooks
-        self._flags = flags  # the tables that mark the hook (``with_kwargs``...), cleared with it
-        self.id = RemovableHandle._next_id
-        RemovableHandle._next_id += 1
-
-    def remove(self) -> None:
-        for table in (self._hooks, *self._flags):
-            table.pop(self.id, None)
-
-    def __enter__(self) -> RemovableHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
 
 
 def _addindent(text: str, spaces: int) -> str:
