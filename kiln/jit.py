@@ -111,8 +111,16 @@ def check_range(index, low: int | None, high: int | None, error: type[Exception]
     _check_range(index, low, high, error, message)
 
 
-def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None,  # noqa: A001
-            wait: bool | None = None, dynamic: bool | None = None):  # fmt: skip
+#: ``torch.compile``'s modes: kiln compiles every one alike (its one pipeline; no CUDA graphs, no autotuning)
+TORCH_MODES = ("default", "lite", "reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
+#: ``torch.compile``'s backends by name: kiln's compiler, or the function as it is (``eager``, ``aot_eager``:
+#: torch runs the captured graph eagerly, the same results)
+TORCH_BACKENDS = {"inductor": True, "cudagraphs": True, "eager": False, "aot_eager": False}
+
+
+def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | dict | None = None,  # noqa: A001
+            wait: bool | None = None, dynamic: bool | None = None, backend: str | None = None, mode: str | None = None,
+            disable: bool = False, recompile_limit: int | None = None, name: str | None = None):  # fmt: skip
     """Compile ``fn`` (a function, a method or an ``nn.Module``) by tracing it.
 
     Usable as ``@kiln.compile`` or ``@kiln.compile(fullgraph=True, ...)``. ``fullgraph=True``
@@ -124,9 +132,36 @@ def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: C
     leading sizes dynamic from the first call (``kiln.mark_dynamic(t, dim)`` marks any one), False
     never (``CompileOptions.dynamic``). A compiled module behaves like the module (same parameters,
     state dict, train/eval).
+
+    ``torch.compile``'s other arguments are taken as a PyTorch program passes them: ``mode`` (any of
+    ``TORCH_MODES``: kiln compiles each alike), ``options`` as a dict of inductor's settings (ignored:
+    they tune a compiler kiln does not have; a dict of ``CompileOptions``' fields is a TypeError), ``backend`` by name (``TORCH_BACKENDS``: ``"eager"`` and
+    ``"aot_eager"`` return ``fn`` as it is), ``disable=True`` (``fn`` as it is), ``recompile_limit``
+    (``CompileOptions.recompile_limit``) and ``name``. A backend given as a callable compiles torch.fx
+    graphs, which kiln does not make: a TypeError says so.
     """
+    if mode is not None and mode not in TORCH_MODES:
+        raise RuntimeError(f"Unrecognized mode={mode}, should be one of: {', '.join(TORCH_MODES)}")
+    if isinstance(options, dict):  # torch.compile's inductor settings (kiln's own in a dict: a mistake to say)
+        ours = sorted(set(options) & {f.name for f in dataclasses.fields(CompileOptions)})
+        if ours:
+            raise TypeError(f"kiln.compile: options must be a kiln.CompileOptions, got a dict with {', '.join(ours)}: "
+                            f"pass kiln.CompileOptions({ours[0]}=...)")  # fmt: skip
+        if mode is not None:
+            raise RuntimeError("Either mode or options can be specified, but both can't be specified at the same time.")
+        options = None
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"kiln.compile: backend={backend!r} is a torch.compile backend, which compiles torch.fx graphs; "
+                        "kiln compiles with its own (leave backend out, or name one of "
+                        f"{', '.join(map(repr, TORCH_BACKENDS))})")  # fmt: skip
+    if backend is not None and backend not in TORCH_BACKENDS:
+        raise RuntimeError(f"Invalid backend: {backend!r}; kiln takes {', '.join(map(repr, TORCH_BACKENDS))}")
+    if disable or (backend is not None and not TORCH_BACKENDS[backend]):
+        return fn if fn is not None else (lambda f: f)
     if options is not None and not isinstance(options, CompileOptions):
         raise TypeError(f"kiln.compile: options must be a kiln.CompileOptions, got {type(options).__name__}")
+    if recompile_limit is not None:
+        options = dataclasses.replace(options or CompileOptions(), recompile_limit=recompile_limit)
     if wait is not None:
         if not isinstance(wait, bool):
             raise TypeError(f"kiln.compile: wait must be True or False, got {wait!r}")

@@ -79,7 +79,7 @@ class CompiledFunction(BackgroundCompiles, Partners):
     """What ``kiln.compile(fn)`` returns: call it like ``fn``."""
 
     def __init__(self, fn, *, fullgraph: bool = False, check: bool = False, options: CompileOptions | None = None,
-                 guard_code=None):  # fmt: skip
+                 guard_code=None, name: str | None = None):  # fmt: skip
         if not callable(fn):
             raise TypeError(f"kiln.compile expected a function, method or nn.Module, got {type(fn).__name__}")
         if options is not None and not isinstance(options, CompileOptions):
@@ -99,6 +99,7 @@ class CompiledFunction(BackgroundCompiles, Partners):
         self._lock = threading.RLock()  # held while a miss traces (see _compile_miss)
         self._install_lock = threading.Lock()  # held while a background compile's outcome enters the cache
         functools.update_wrapper(self, fn, updated=())
+        self._display_name = name  # what messages call it (a module's class: its calls run ``_call_impl``)
 
     def __get__(self, obj, objtype=None):
         """``@kiln.compile`` on a method: bind like a function, sharing this cache."""
@@ -456,7 +457,7 @@ class CompiledFunction(BackgroundCompiles, Partners):
         warnings.warn_explicit(text, CompileWarning, *(where or _user_frame(sys._getframe(1))))
 
     def _name(self) -> str:
-        return getattr(self.fn, "__qualname__", None) or type(self.fn).__name__
+        return self._display_name or getattr(self.fn, "__qualname__", None) or type(self.fn).__name__
 
     def __repr__(self) -> str:
         return f"<compiled {self._name()}: {len(self.state.specializations)} specialization(s)>"

@@ -20,7 +20,10 @@ class CompiledModule(Module):
         d["_orig_mod"] = module
         for name in _SHARED:
             d[name] = module.__dict__[name]
-        d["_compiled"] = CompiledFunction(module, guard_code=type(module).forward, **options)
+        # the module's uncompiled call (``Module.__call__`` runs what ``module.compile()`` made, if it did;
+        # a class's own ``__call__`` is the user's)
+        call = module._call_impl if type(module).__call__ is Module.__call__ else module
+        d["_compiled"] = CompiledFunction(call, guard_code=type(module).forward, name=type(module).__name__, **options)
 
     @property
     def training(self) -> bool:  # type: ignore[override]

@@ -55,8 +55,23 @@ class Module:
     #: Read from the module's own class only: a subclass's methods may be the user's.
     kiln_only = False
 
+    #: What ``compile()`` made of this module's calls (a ``CompiledFunction`` of ``_call_impl``), or None
+    _compiled_call_impl = None
+
     # ------------------------------------------------------------------ calling and hooks
     def __call__(self, *args, **kwargs):
+        if self._compiled_call_impl is not None:
+            return self._compiled_call_impl(*args, **kwargs)
+        return self._call_impl(*args, **kwargs)
+
+    def compile(self, *args, **kwargs) -> None:
+        """Compile this module's calls in place (``torch.nn.Module.compile``): ``kiln.compile``'s arguments
+        (and ``torch.compile``'s), the module otherwise unchanged -- its class, its state dict's names."""
+        compiled = kiln.compile(self, *args, **kwargs)
+        self.__dict__["_compiled_call_impl"] = getattr(compiled, "_compiled", None)  # (None: disable=True)
+
+    def _call_impl(self, *args, **kwargs):
+        """A call of the module as it is: its hooks, then ``forward``."""
         if _jit.tracing:
             if _jit.watch_hooks and type(self).__dict__.get("kiln_only"):
                 watch = self._watch_to_pause()
@@ -164,6 +179,12 @@ class Module:
         for mark in marks:
             d[mark][handle.id] = True
         return handle
+
+    def __getstate__(self) -> dict:
+        """A copy or a pickle of the module runs uncompiled (``compile()``'s program is this module's)."""
+        state = self.__dict__.copy()
+        state.pop("_compiled_call_impl", None)
+        return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
