@@ -262,8 +262,8 @@ def _opaque(value) -> bool:
 def _kiln_module_class(cls) -> bool:
     from ...nn.modules.module import Module  # noqa: PLC0415 - nn sits above the frontend
 
-    if cls is Module:
-        return True
+    if cls in Module.__mro__:  # (Module and its own bases: the state dict's, ``module_state.py``)
+        return cls is not object
     return (issubclass(cls, Module) and cls.__module__.startswith("kiln.")
             and "__getattr__" not in cls.__dict__ and "__getattribute__" not in cls.__dict__)  # fmt: skip
 

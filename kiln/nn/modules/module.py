@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections import OrderedDict, namedtuple
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
 import kiln
@@ -13,14 +13,15 @@ from kiln.utils.hooks import RemovableHandle
 
 from ..parameter import Buffer, Parameter
 from .backward_hooks import BackwardHooks
+from .module_state import STATE_DICT_HOOK_TABLES, StateDict
 
 __all__ = ["Module", "RemovableHandle"]
 
 #: A module's hook tables (id -> hook), and the tables that mark some of their hooks (id -> True),
 #: as PyTorch names them.
 HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks",
-               "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")  # fmt: skip
-_IncompatibleKeys = namedtuple("IncompatibleKeys", ["missing_keys", "unexpected_keys"])  # type: ignore[name-match]  # PyTorch's name
+               "_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called",
+               *STATE_DICT_HOOK_TABLES)  # fmt: skip
 
 
 def _addindent(text: str, spaces: int) -> str:
@@ -30,7 +31,7 @@ def _addindent(text: str, spaces: int) -> str:
     return lines[0] + "\n" + "\n".join(" " * spaces + line for line in lines[1:])
 
 
-class Module:
+class Module(StateDict):
     """Base class for layers and models: assign Parameters, buffers and Modules as attributes."""
 
     training: bool
@@ -306,6 +307,41 @@ class Module:
             mod = mod._modules[item]
         return mod
 
+    def set_submodule(self, target: str, module: Module, strict: bool = False) -> None:
+        """Put ``module`` at the dotted path ``target`` (``strict``: only where a submodule is already)."""
+        if target == "":
+            raise ValueError("Cannot set the submodule without a target name!")
+        if not isinstance(module, Module):
+            raise ValueError(f"`module` is not an nn.Module, found {type(module)}")
+        parent_path, _, name = target.rpartition(".")
+        parent = self.get_submodule(parent_path)
+        if strict and not hasattr(parent, name):
+            raise AttributeError(f"{parent._get_name()} has no attribute `{name}`")
+        if hasattr(parent, name) and not isinstance(getattr(parent, name), Module):
+            raise AttributeError(f"`{name}` is not an nn.Module")
+        setattr(parent, name, module)
+
+    def get_parameter(self, target: str) -> Parameter:
+        """The parameter at the dotted path ``target`` (``"encoder.0.weight"``)."""
+        mod, name = self._owner_of(target)
+        if not isinstance(getattr(mod, name), Parameter):
+            raise AttributeError(f"`{name}` is not an nn.Parameter")
+        return getattr(mod, name)
+
+    def get_buffer(self, target: str) -> Tensor:
+        """The buffer at the dotted path ``target``."""
+        mod, name = self._owner_of(target)
+        if name not in mod._buffers:
+            raise AttributeError(f"`{name}` is not a buffer")
+        return getattr(mod, name)
+
+    def _owner_of(self, target: str) -> tuple[Module, str]:
+        path, _, name = target.rpartition(".")
+        mod = self.get_submodule(path)
+        if not hasattr(mod, name):
+            raise AttributeError(f"{mod._get_name()} has no attribute `{name}`")
+        return mod, name
+
     # ------------------------------------------------------------------ traversal
     def _named_members(self, store: str, prefix: str, recurse: bool, remove_duplicate: bool = True):
         seen = set()
@@ -357,78 +393,6 @@ class Module:
     def modules(self) -> Iterator[Module]:
         for _, mod in self.named_modules():
             yield mod
-
-    # ------------------------------------------------------------------ state dict
-    def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False) -> OrderedDict:
-        """Parameters and persistent buffers by dotted name (detached unless ``keep_vars``)."""
-        if destination is None:
-            destination = OrderedDict()
-        for name, p in self._parameters.items():
-            if p is not None:
-                destination[prefix + name] = p if keep_vars else p.detach()
-        for name, b in self._buffers.items():
-            if b is not None and name not in self._non_persistent_buffers_set:
-                destination[prefix + name] = b if keep_vars else b.detach()
-        for name, mod in self._modules.items():
-            if mod is not None:
-                mod.state_dict(destination=destination, prefix=prefix + name + ".", keep_vars=keep_vars)
-        return destination
-
-    def _local_state(self) -> dict:
-        state = {k: v for k, v in self._parameters.items() if v is not None}
-        state.update(
-            (k, v) for k, v in self._buffers.items() if v is not None and k not in self._non_persistent_buffers_set
-        )
-        return state
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Copy values in by name; returns ``(missing_keys, unexpected_keys)``.
-
-        Shape mismatches are always errors; with ``strict`` missing and unexpected keys are too.
-        """
-        if not isinstance(state_dict, dict):
-            raise TypeError(f"Expected state_dict to be dict-like, got {type(state_dict).__name__}.")
-        missing, errors, expected = [], [], set()
-        for prefix, mod in self.named_modules(remove_duplicate=False):
-            prefix = prefix + "." if prefix else ""
-            for name, target in mod._local_state().items():
-                key = prefix + name
-                expected.add(key)
-                if key not in state_dict:
-                    missing.append(key)
-                    continue
-                value = state_dict[key]
-                if not isinstance(value, Tensor):
-                    errors.append(
-                        f'While copying the parameter named "{key}", expected kiln.Tensor or Tensor-like object '
-                        f"from checkpoint but received {type(value).__name__}"
-                    )
-                elif tuple(value.shape) != tuple(target.shape):
-                    errors.append(
-                        f"size mismatch for {key}: copying a param with shape {kiln.Size(value.shape)} from checkpoint, "
-                        f"the shape in current model is {kiln.Size(target.shape)}."
-                    )
-                else:
-                    self._load_one(mod, name, target, value, assign)
-        unexpected = [k for k in state_dict if k not in expected]
-        if strict:
-            if unexpected:
-                errors.insert(0, "Unexpected key(s) in state_dict: " + ", ".join(f'"{k}"' for k in unexpected) + ". ")
-            if missing:
-                errors.insert(0, "Missing key(s) in state_dict: " + ", ".join(f'"{k}"' for k in missing) + ". ")
-        if errors:
-            raise RuntimeError(f"Error(s) in loading state_dict for {type(self).__name__}:\n\t" + "\n\t".join(errors))
-        return _IncompatibleKeys(missing, unexpected)
-
-    @staticmethod
-    def _load_one(mod: Module, name: str, target: Tensor, value: Tensor, assign: bool) -> None:
-        if assign:
-            if isinstance(target, Parameter):
-                value = Parameter(value, target.requires_grad)
-            setattr(mod, name, value)
-            return
-        with kiln.no_grad():
-            target.copy_(value.to(device=target.device))
 
     # ------------------------------------------------------------------ modes, dtypes, grads
     def train(self, mode: bool = True) -> Module:
@@ -503,6 +467,21 @@ class Module:
 
     def half(self) -> Module:
         return self._apply(lambda t: t.half() if t.dtype.is_floating_point else t)
+
+    def type(self, dst_type) -> Module:
+        """Every parameter and buffer as ``dst_type`` (a dtype, or its name)."""
+        return self._apply(lambda t: t.type(dst_type))
+
+    def to_empty(self, *, device, recurse: bool = True) -> Module:
+        """Parameters and buffers on ``device``, their values not copied (uninitialized memory)."""
+        if not recurse:
+            raise NotImplementedError("kiln's Module.to_empty moves every submodule's tensors (recurse=True)")
+        return self._apply(lambda t: kiln.empty_like(t, device=device))
+
+    def share_memory(self) -> Module:
+        """As PyTorch's: tensors in shared memory for worker processes. kiln's CPU tensors are numpy
+        arrays that ``kiln.multiprocessing`` hands to workers by pickling: the module, unchanged."""
+        return self
 
     def cpu(self) -> Module:
         return self.to("cpu")
