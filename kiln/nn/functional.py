@@ -281,7 +281,10 @@ def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False,
     """Zero each element with probability ``p`` and scale the rest by 1 / (1 - p); identity when not training.
 
     The mask is drawn with ``kiln.bernoulli`` from ``generator`` (the default generator when None),
-    so the same seed gives the same mask.
+    so the same seed gives the same mask. The keep probability is a number, not a tensor filled
+    with it: traced, such a tensor became a constant of the input's size in the program and its
+    detached copy an index gather (a GAT's (8, 2708, 2708) attention: seconds of tracing, and a
+    constant read per call).
     """
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
@@ -290,7 +293,7 @@ def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False,
     if p == 1.0:
         out = input * 0.0
     else:
-        keep = kiln.bernoulli(kiln.full_like(input, 1.0 - p), generator=generator)
+        keep = kiln.bernoulli(input, 1.0 - p, generator=generator)
         out = input * keep * (1.0 / (1.0 - p))
     return input.copy_(out) if inplace else out
 

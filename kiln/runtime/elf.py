@@ -172,7 +172,10 @@ class LoadedObjects:
                         self._slots.setdefault(self._slot_key(k, index), len(self._slots))
         size, self._starts = self._lay_out()
         self._base = _map(size)
-        self._finalizer = weakref.finalize(self, _unmap, self._base, size)
+        # The C function itself, not a module function that looks it up: a library collected while the
+        # interpreter shuts down finds this module's globals already None ('NoneType' object is not
+        # callable, printed at the exit of a real program whose background compile was still loading).
+        self._finalizer = weakref.finalize(self, _libc().munmap, self._base, size)
         image = self._image(size)
         self._symbols = {name: self._address(k, s) for name, (k, s) in self._defined.items()}
         ctypes.memmove(self._base, bytes(image), size)
@@ -313,7 +316,3 @@ def _map(size: int) -> int:
 def _protect(address: int, size: int, protection: int) -> None:
     if size and _libc().mprotect(address, size, protection) != 0:
         raise Unsupported(f"mprotect failed (errno {ctypes.get_errno()}): executable pages refused?")
-
-
-def _unmap(address: int, size: int) -> None:
-    _libc().munmap(address, size)

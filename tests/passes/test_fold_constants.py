@@ -11,6 +11,7 @@ from kiln.ir.dtypes import bool_, float32, int64
 from kiln.ir.graph import GraphBuilder
 from kiln.ir.interpreter import interpret
 from kiln.ir.types import TensorType
+from kiln.ir.verifier import verify
 from kiln.passes import FOLD_LIMIT, eliminate_dead_code, fold_constants
 from tests.passes import assert_identical, check_pass, special
 
@@ -142,3 +143,35 @@ def test_a_graph_without_constants_is_unchanged():
     x = b.input(F3)
     graph = b.build([b.node("exp", [x])])
     assert fold_constants(graph).nodes == graph.nodes
+
+
+def test_a_large_fill_becomes_one_element_expanded():
+    # A trace records ones_like / full as constants holding every element (GAT's -9e16 * ones_like(e)
+    # over its attention scores: 92 MB, read per call and stored in the disk cache); expanded from one
+    # element, the fill is an index map kernels fuse. Bit for bit: -0.0 and nan fills keep their bits.
+    n = FOLD_LIMIT * 2
+    vector = TensorType((n,), float32)
+    b = GraphBuilder()
+    x = b.input(vector)
+    fills = [b.constant(np.full(n, v, np.float32), vector) for v in (-9e16, -0.0, np.nan)]
+    ramp = b.constant(np.arange(n, dtype=np.float32), vector)  # not a fill: stays
+    returned = b.constant(np.full(n, 2.0, np.float32), vector)  # returned: memory of its own, stays
+    flags = b.constant(np.ones((2, n), bool), TensorType((2, n), bool_))
+    masked = b.node(
+        "where",
+        [
+            b.node("gt", [x, fills[1]]),
+            x,
+            b.node("mul", [fills[0], b.constant(np.array(2.0, np.float32), TensorType((), float32))]),
+        ],
+    )
+    picked = b.node("where", [flags, x, x])  # a bool fill
+    graph = b.build([masked, b.node("add", [x, fills[2]]), b.node("add", [x, ramp]), returned, picked])
+    after = eliminate_dead_code(fold_constants(graph))
+    verify(after)
+    sizes = sorted(a.size for a in after.constants.values())
+    assert sizes == [1, 1, 1, 1, 1, n, n], sizes  # the ramp and the returned fill stay whole
+    assert [n.op for n in after.nodes].count("expand") == 4
+    inputs = [special((n,))]
+    for before_result, after_result in zip(interpret(graph, inputs), interpret(after, inputs), strict=True):
+        assert_identical(np.ascontiguousarray(after_result), before_result)

@@ -133,6 +133,15 @@ def test_the_pages_are_unmapped_with_the_library():
     assert not finalizer.alive
 
 
+def test_the_pages_are_unmapped_after_the_module_globals_are_gone(monkeypatch):
+    # At interpreter exit a module's globals become None before the last objects are collected: a
+    # finalizer that looked up the C library through them raised (printed as 'Exception ignored').
+    library = elf.LoadedObjects([_object(MIXED)])
+    monkeypatch.setattr(elf, "_libc", None)
+    library._finalizer()
+    assert not library._finalizer.alive
+
+
 def _patched(obj: bytes, at: int, fmt: str, value: int) -> bytes:
     data = bytearray(obj)
     struct.pack_into(fmt, data, at, value)

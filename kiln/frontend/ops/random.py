@@ -315,12 +315,8 @@ def normal(mean=0.0, std=1.0, size=None, *, generator=None, dtype=None, device=N
     shape = np.broadcast_shapes(*(tuple(t.shape) for t in tensors))
     with no_grad():
         z = _standard_normal(tuple(shape), out_dtype, _generator(generator, like._device))
-        value = add(mul(z, _detach(std)), _detach(mean))
+        value = add(mul(z, std), mean)
     return _zero_gradient(value, "Normal", mean, std)
-
-
-def _detach(x):
-    return x.detach() if isinstance(x, Tensor) else x
 
 
 @method("bernoulli")
@@ -332,7 +328,7 @@ def bernoulli(input: Tensor, p=None, *, generator=None) -> Tensor:
     work = dt.float64 if input._dtype is dt.float64 else dt.float32
     with no_grad():
         u = _uniform(tuple(input.shape), work, _generator(generator, input._device))
-        hit = lt(u, _detach(prob))
+        hit = lt(u, prob)  # (no_grad: no detach, whose view of a tensor made in a trace costs a gather)
         value = apply(P["cast"], hit, dtype=input._dtype)
     return _zero_gradient(value, "Bernoulli", input) if p is None else value
 
@@ -377,7 +373,7 @@ def bernoulli_(self: Tensor, p=0.5, *, generator=None) -> Tensor:
     work = dt.float64 if self._dtype is dt.float64 else dt.float32
     with no_grad():
         u = _uniform(tuple(self.shape), work, _gen_of(self, generator))
-        value = apply(P["cast"], lt(u, _detach(p)), dtype=self._dtype)
+        value = apply(P["cast"], lt(u, p), dtype=self._dtype)
     return commit_inplace(self, value, op="bernoulli_")
 
 

@@ -169,3 +169,53 @@ def test_reading_the_generator_as_python_numbers_stops_the_trace(read):
     f = kiln.compile(lambda x: x + getattr(kiln.default_generator, read)() % 7, fullgraph=True)
     with pytest.raises(kiln.jit.TraceBreakError, match=f"Generator.{read}"):
         f(kiln.tensor(X))
+
+
+def _big_constants(f) -> list[tuple[int, ...]]:
+    return [a.shape for a in f.graph.constants.values() if a.size >= 64]
+
+
+def test_traced_dropout_holds_no_constant_of_the_input_size():
+    # The keep probability was a tensor filled with it (full_like): traced, a constant as big as the
+    # input, stored in the program and read per call (a GAT's attention: 23M elements).
+    def step(x, w):
+        return (F.dropout(x, 0.4, training=True) * w).sum()
+
+    f = kiln.compile(step)
+    kiln.manual_seed(3)
+    x, w = kiln.tensor(X), kiln.tensor(X[::-1].copy())
+    outs = [f(x, w).item() for _ in range(4)]
+    kiln.manual_seed(3)
+    eager = [step(x, w).item() for _ in range(4)]
+    np.testing.assert_allclose(outs, eager, rtol=1e-6, atol=1e-6)  # (a sum: its order may differ)
+    assert len(set(outs)) > 1 and compiled_calls(f) == [3]
+    assert _big_constants(f) == []
+
+
+@pytest.mark.parametrize("draw", ["bernoulli", "bernoulli_", "normal"])
+def test_a_probability_made_in_the_trace_is_read_without_a_gather(draw, monkeypatch):
+    # Detaching a tensor made in the trace (a born constant) made the tracer find each element of
+    # the view in its base (view_positions over the whole tensor); under no_grad nothing needs it.
+    import kiln.frontend.ops.inplace as inplace  # noqa: PLC0415
+
+    def f(x):
+        p = kiln.full_like(x, 0.25)
+        if draw == "bernoulli":
+            return x * kiln.bernoulli(p)
+        if draw == "bernoulli_":
+            return x * kiln.empty_like(x).bernoulli_(p)
+        return x + kiln.normal(p, p)
+
+    seen = []
+    original = inplace.view_positions
+    monkeypatch.setattr(inplace, "view_positions", lambda *a: seen.append(1) or original(*a))
+    g = kiln.compile(f)
+    kiln.manual_seed(5)
+    x = kiln.tensor(X)
+    outs = [g(x).numpy().copy() for _ in range(4)]
+    kiln.manual_seed(5)
+    eager = [f(x).numpy().copy() for _ in range(4)]
+    for c, e in zip(outs, eager, strict=True):
+        np.testing.assert_allclose(c, e, rtol=1e-6, atol=1e-7)
+    assert not np.array_equal(outs[0], outs[1]) and compiled_calls(g) == [3]
+    assert seen == []
