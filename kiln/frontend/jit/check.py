@@ -50,6 +50,12 @@ def _compare(what: str, eager, compiled) -> None:
 
 
 def run_checked(compiled, spec, args, kwargs, leaves: list):
+    # The specialization's prologues first (an optimizer's hyperparameters written into its tensors): the
+    # state restored after the eager call is then the state the compiled call starts from -- restored
+    # before them, a learning rate changed since the last call was put back stale, and the prologue,
+    # which writes a value only when it changed, left it so (a false difference).
+    for fn, prologue_args, prologue_kwargs in spec.prologues:
+        fn(*prologue_args, **prologue_kwargs)
     externals = [spec.external(i, leaves) for i in range(len(spec.sources))]
     before = [(t, t._data.copy(), t._grad) for t in externals]
     eager_leaves = [x._data.copy() if isinstance(x, Tensor) else x for x in flatten(compiled.fn(*args, **kwargs))[0]]

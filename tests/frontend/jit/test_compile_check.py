@@ -65,6 +65,34 @@ class Miscompiled:
     run_checked_inputs = __call__
 
 
+def test_check_passes_on_a_step_whose_learning_rate_changes_between_calls():
+    # the optimizer's lr tensor is written before each compiled call (a prologue): check mode restored
+    # the state from before it, the lr of the call before, and reported a false difference
+    def make():
+        kiln.manual_seed(0)
+        model = kiln.nn.Linear(4, 3)
+        opt = kiln.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step(x):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return model, opt, step
+
+    (model, opt, step), (eager_model, eager_opt, eager_step) = make(), make()
+    checked = kiln.compile(step, check=True, wait=True)
+    for k in range(5):
+        for o in (opt, eager_opt):
+            o.param_groups[0]["lr"] = 1e-3 * (k + 1)
+        x = kiln.ones(2, 4) * (k + 1)
+        assert_tree_close(checked(x), eager_step(x), rtol=1e-5, atol=1e-6)
+    for a, b in zip(model.parameters(), eager_model.parameters(), strict=True):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_check_detects_a_wrong_compiled_result():
     f = kiln.compile(lambda x: x * 2, check=True)
     x = kiln.ones(3)
