@@ -260,18 +260,15 @@ def stamp_view(view) -> None:
 
 def _regenerate_view_history(view) -> None:
     """``view``'s history as a gather of its elements from its base's present history."""
-    from ..ops import take_flat  # noqa: PLC0415 - ops imports the tensor, which imports this module
-    from ..ops.inplace import view_positions  # noqa: PLC0415
-    from ..tensor import make_tensor  # noqa: PLC0415
+    from ..ops.inplace import gather_positions, view_positions  # noqa: PLC0415 - ops imports the tensor, which imports this module
 
     base = view._base
     if base.grad_fn is None and not base._requires_grad:
         return  # the base's memory carries no history to follow
     from .inplace_history import move_retained_grad  # noqa: PLC0415 - it imports this module
 
-    positions = make_tensor(view_positions(base._data, view._data), base._device)
     with enable_grad():
-        fresh = take_flat(base, positions)
+        fresh = gather_positions(base, view_positions(base._data, view._data))
     old, old_nr = view.grad_fn, view._output_nr
     view.grad_fn, view._output_nr = fresh.grad_fn, 0
     stamp_view(view)

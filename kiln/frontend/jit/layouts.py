@@ -35,6 +35,26 @@ def is_identity(positions: np.ndarray, size: int) -> bool:
     return positions.size == size and bool((positions.reshape(-1) == np.arange(size)).all())
 
 
+def as_permutation(positions: np.ndarray) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``(shape, p)`` where ``positions`` (flat indices into an array, in a view's shape, every element
+    once) is the array reshaped to ``shape`` and its dims permuted by ``p`` (maybe none) -- a view
+    ``a.reshape(shape).permute(p)``: conv's (N, C, H, W) result over (C, N, H, W) memory --, else None.
+    Checked element by element."""
+    size = positions.size
+    if size == 0 or positions.flat[0] != 0:
+        return None
+    ndim = positions.ndim
+    steps = []
+    for d, n in enumerate(positions.shape):  # each dim's step in the array's flat order (size-1 dims: none)
+        steps.append(int(positions[(0,) * d + (1,) + (0,) * (ndim - d - 1)]) if n > 1 else 0)
+    order = sorted(range(ndim), key=lambda d: -steps[d])  # the view's dims in the array's order
+    shape = tuple(positions.shape[d] for d in order)
+    p = tuple(order.index(d) for d in range(ndim))
+    if not np.array_equal(positions, np.arange(size).reshape(shape).transpose(p)):
+        return None
+    return shape, p
+
+
 def contains(outer, inner) -> bool:
     """Whether array ``inner``'s memory lies within array ``outer``'s."""
     lo, hi = np.lib.array_utils.byte_bounds(outer)

@@ -35,7 +35,7 @@ from ...ir.types import TensorType
 from ..autograd.node import hook_state
 from ..tensor import Tensor
 from . import state
-from .layouts import SharedMemory, contains, dense_order, is_identity
+from .layouts import SharedMemory, contains, dense_order
 from .locations import user_location
 from .outcomes import TraceBreak, TraceBreakError
 from .signature import (
@@ -424,15 +424,10 @@ class Trace:
     def _gather(self, anchor, view):
         """A born tensor holding ``view``'s elements taken from ``anchor`` (recorded ops)."""
         from ..autograd.grad_mode import no_grad  # noqa: PLC0415
-        from ..ops import reshape, take_flat  # noqa: PLC0415
-        from ..ops.inplace import view_positions  # noqa: PLC0415
-        from ..tensor import make_tensor  # noqa: PLC0415
+        from ..ops.inplace import gather_positions, view_positions  # noqa: PLC0415
 
-        positions = view_positions(anchor._data, view._data)
         with no_grad():
-            if is_identity(positions, anchor._data.size):
-                return reshape(anchor, tuple(view._data.shape))
-            return take_flat(anchor, make_tensor(positions, anchor._device))
+            return gather_positions(anchor, view_positions(anchor._data, view._data))
 
     def on_inplace(self, target, value) -> None:
         """``commit_inplace`` is about to write ``value`` into ``target``: rebind, functionally."""
@@ -441,9 +436,8 @@ class Trace:
             return
         version = target._version[0] + 1  # commit_inplace bumps the shared counter after writing
         if not self.is_bound(target):
-            # A tensor from before the call whose first use is a write (``G.copy_(x)``,
-            # ``p.grad.zero_()``, ``view.fill_(0)``): an external like any other, so its new value
-            # is written back and the tensor itself is what the call returns.
+            # A tensor from before the call whose first use is a write (``G.copy_(x)``, ``p.grad.zero_()``,
+            # ``view.fill_(0)``): an external like any other, its new value written back, itself returned.
             self.add_external(target, "capture")
         index = self._external_index.get(id(target))
         # Inputs sharing the written memory would each need the write (a view of a common base
@@ -470,18 +464,10 @@ class Trace:
     def _scatter(self, anchor, view, value):
         """A born tensor: ``anchor``'s value with ``view``'s positions replaced by ``value``."""
         from ..autograd.grad_mode import no_grad  # noqa: PLC0415
-        from ..ops import index_put, reshape  # noqa: PLC0415
-        from ..ops.inplace import view_positions  # noqa: PLC0415
-        from ..tensor import make_tensor  # noqa: PLC0415
+        from ..ops.inplace import scatter_positions, view_positions  # noqa: PLC0415
 
-        positions = view_positions(anchor._data, view._data)
-        shape = tuple(anchor._data.shape)
         with no_grad():
-            if is_identity(positions, anchor._data.size):
-                return reshape(value, shape)
-            flat = reshape(anchor, (-1,))
-            index = make_tensor(positions.reshape(-1), anchor._device)
-            return reshape(index_put(flat, (index,), reshape(value, (-1,))), shape)
+            return scatter_positions(anchor, view_positions(anchor._data, view._data), value)
 
     # ------------------------------------------------------------------ the end
     def finish(self, leaves: list, values_only: bool = False) -> TraceResult:

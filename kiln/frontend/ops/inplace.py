@@ -21,7 +21,7 @@ from ..autograd.grad_mode import state
 from ..autograd.graph import PrimBackward, refresh_view_history, stamp_view
 from ..autograd.inplace_history import OverwriteBackward, move_retained_grad, reaches_directly
 from ..jit import state as _jit
-from ..jit.layouts import writable
+from ..jit.layouts import as_permutation, is_identity, writable
 from ..tensor import Tensor, make_tensor
 
 
@@ -165,16 +165,45 @@ def _take_history(target: Tensor, value: Tensor) -> None:
         node.keep_output(target)
 
 
-def _rebase_view(view: Tensor, value: Tensor) -> None:
-    from . import index_put, reshape, take_flat  # noqa: PLC0415
+def gather_positions(base: Tensor, positions: np.ndarray) -> Tensor:
+    """``base``'s elements at ``positions`` (``view_positions``), as ops: a reshape and a permute where they
+    are all of ``base``, in order or permuted (a conv's result viewed (N, C, H, W) over (C, N, H, W)
+    memory), else a gather through an index tensor of their number."""
+    from . import permute, reshape, take_flat  # noqa: PLC0415
 
+    if is_identity(positions, base._data.size):
+        return reshape(base, tuple(positions.shape))
+    found = as_permutation(positions) if positions.size == base._data.size else None
+    if found is not None:
+        return permute(reshape(base, found[0]), found[1])
+    return take_flat(base, make_tensor(positions, base._device))
+
+
+def scatter_positions(base: Tensor, positions: np.ndarray, value: Tensor, linked: bool = False) -> Tensor:
+    """``base``'s value with the elements at ``positions`` replaced by ``value``'s (as ops; see
+    ``gather_positions``). ``linked``: the result's history reaches ``base``'s even where ``value``
+    replaces all of it (its gradient there zeros, as PyTorch's, not None)."""
+    from . import index_put, permute, reshape, where  # noqa: PLC0415
+
+    shape = tuple(base._data.shape)
+    if is_identity(positions, base._data.size):
+        new = reshape(value, shape)
+    else:
+        found = as_permutation(positions) if positions.size == base._data.size else None
+        if found is None:
+            index = make_tensor(positions.reshape(-1), base._device)
+            return reshape(index_put(reshape(base, (-1,)), (index,), reshape(value, (-1,))), shape)
+        order = found[1]
+        new = reshape(permute(value, tuple(sorted(range(len(order)), key=order.__getitem__))), shape)
+    return where(make_tensor(np.ones((), dtype=bool), base._device), new, base) if linked else new
+
+
+def _rebase_view(view: Tensor, value: Tensor) -> None:
     base = view._base
     assert base is not None, "only a view is rebased"
-    positions = make_tensor(view_positions(base._data, view._data), base._device)
-    flat_base = reshape(base, (-1,))
-    new_base = reshape(index_put(flat_base, (positions.reshape(-1),), reshape(value, (-1,))), tuple(base.shape))
-    _take_history(base, new_base)
-    new_view = take_flat(base, positions)
+    positions = view_positions(base._data, view._data)
+    _take_history(base, scatter_positions(base, positions, value, linked=True))
+    new_view = gather_positions(base, positions)
     view.grad_fn, view._output_nr, view._requires_grad = new_view.grad_fn, 0, True
     stamp_view(view)  # current at the bumped version; other views of base are rebuilt when next used
 

@@ -127,3 +127,34 @@ def test_gradients_through_a_captured_view_of_a_parameter():
         return out
 
     np.testing.assert_allclose(run(True), run(False), rtol=1e-5, atol=1e-6)
+
+
+def test_an_in_place_activation_on_a_convs_permuted_result_is_a_permute_not_an_index_table():
+    # kiln's conv returns an (N, C, H, W) view of (C, N, H, W) memory; LeakyReLU(inplace=True) after it
+    # (DCGAN's discriminator) was recorded as index_put with an index table of the tensor's size
+    def make():
+        kiln.manual_seed(0)
+        net = kiln.nn.Sequential(kiln.nn.Conv2d(3, 64, 4, 2, 1, bias=False), kiln.nn.LeakyReLU(0.2, inplace=True),
+                                 kiln.nn.Conv2d(64, 16, 4, 2, 1, bias=False), kiln.nn.BatchNorm2d(16),
+                                 kiln.nn.LeakyReLU(0.2, inplace=True)).double()  # fmt: skip
+        opt = kiln.optim.Adam(net.parameters(), lr=1e-2)  # (float64: Adam amplifies float32's rounding)
+
+        def step(x):
+            opt.zero_grad()
+            loss = net(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+
+        return net, step
+
+    (eager_net, eager), (net, step) = make(), make()
+    compiled = kiln.compile(step, wait=True)
+    for _ in range(4):
+        x = kiln.randn(16, 3, 16, 16, dtype=kiln.float64)
+        np.testing.assert_allclose(compiled(x).numpy(), eager(x).numpy(), rtol=1e-10, atol=1e-12)
+    for a, b in zip(net.parameters(), eager_net.parameters(), strict=True):
+        np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=1e-10, atol=1e-12)
+    graph = compiled.state.specializations[0].traced_graph
+    assert not {"index_put", "take_flat"} & {n.op for n in graph.nodes}
+    assert all(c.size <= 64 for c in graph.constants.values())
