@@ -110,9 +110,11 @@ def test_functional_unfold_and_fold_match_torch(torch):
                  [back], grad=(0,))  # fmt: skip
 
 
-def test_conv_and_pooling_on_an_empty_batch(torch):
+@pytest.mark.parametrize("stride", [1, 2])  # (stride 2: the im2col columns' reshape met a 0 beside a -1)
+def test_conv_and_pooling_on_an_empty_batch(torch, stride):
     x = np.zeros((0, 3, 5, 5))
-    out = check_parity(torch, lambda a, b: F.conv2d(a, b, padding=1), lambda a, b: torch.nn.functional.conv2d(a, b, padding=1),
+    kw = {"padding": 1, "stride": stride}
+    out = check_parity(torch, lambda a, b: F.conv2d(a, b, **kw), lambda a, b: torch.nn.functional.conv2d(a, b, **kw),
                        [x, rng.normal(size=(2, 3, 3, 3))], grad=(0, 1))  # fmt: skip
-    assert tuple(out.shape) == (0, 2, 5, 5)
+    assert tuple(out.shape) == ((0, 2, 5, 5) if stride == 1 else (0, 2, 3, 3))
     assert tuple(F.max_pool2d(kiln.from_numpy(x), 2).shape) == (0, 3, 2, 2)

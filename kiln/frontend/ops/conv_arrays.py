@@ -107,7 +107,8 @@ def conv_eager(x, weight, bias, kernel, stride, dilation, pads, composite: Compo
     padded = _pad(x._data, pads)
     windows = _windows(padded, kernel, stride, dilation)  # (C, *K, N, *O)
     d = len(kernel)
-    cols = windows.reshape(-1, math.prod(windows.shape[1 + d :]))  # (C prod(K), N prod(O)), a view
+    # (C prod(K), N prod(O)), a view; both sizes given: -1 cannot be inferred beside an empty batch's 0
+    cols = windows.reshape(math.prod(windows.shape[: 1 + d]), math.prod(windows.shape[1 + d :]))
     w = weight._data
     out = _with_bias(_product(w.reshape(w.shape[0], -1), cols), bias, 0)  # (O, N prod(O))
     out = np.swapaxes(out.reshape(w.shape[0], *windows.shape[1 + d :]), 0, 1)
