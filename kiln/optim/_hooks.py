@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from kiln.utils.hooks import RemovableHandle, add_hook
+from kiln.utils.hooks import RemovableHandle, add_hook, replaced_arguments
 
 __all__ = ["OptimizerPostHook", "OptimizerPreHook", "register_optimizer_step_post_hook",
            "register_optimizer_step_pre_hook"]  # fmt: skip
@@ -74,13 +74,7 @@ def with_step_hooks(step: Callable) -> Callable:
         if not (own_pre or own_post or _global_optimizer_pre_hooks or _global_optimizer_post_hooks):
             return step(*args, **kwargs)
         for hook in (*_global_optimizer_pre_hooks.values(), *own_pre.values()):
-            result = hook(optimizer, args, kwargs)
-            if result is not None:
-                if not (isinstance(result, tuple) and len(result) == 2):
-                    raise RuntimeError(
-                        f"{step} must return None or a tuple of (new_args, new_kwargs), but got {result}."
-                    )
-                args, kwargs = result
+            args, kwargs = replaced_arguments(hook(optimizer, args, kwargs), args, kwargs, str(step))
         out = step(*args, **kwargs)
         for hook in (*own_post.values(), *_global_optimizer_post_hooks.values()):
             hook(optimizer, args, kwargs)

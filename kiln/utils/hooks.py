@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 
-__all__ = ["RemovableHandle", "add_hook"]
+__all__ = ["RemovableHandle", "add_hook", "replaced_arguments"]
 
 
 class RemovableHandle:
@@ -48,3 +48,13 @@ def add_hook(table: OrderedDict, hook: Callable, prepend: bool = False) -> Remov
     if prepend:
         table.move_to_end(handle.id, last=False)
     return handle
+
+
+def replaced_arguments(result, args: tuple, kwargs: dict, what: str) -> tuple[tuple, dict]:
+    """The ``(args, kwargs)`` a pre hook's ``result`` leaves: the same for None, else the pair it returned
+    (a RuntimeError naming ``what`` for anything else, as PyTorch's)."""
+    if result is None:
+        return args, kwargs
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise RuntimeError(f"{what} must return None or a tuple of (new_args, new_kwargs), but got {result}.")
+    return result

@@ -10,6 +10,7 @@ import pytest
 
 import kiln
 from tests.conftest import assert_close
+from tests.frontend.jit.helpers import mean_square_step
 
 torch = pytest.importorskip("torch")
 
@@ -141,14 +142,7 @@ def test_a_compiled_step_runs_its_optimizers_hooks_and_traces_again_when_they_ch
                 for e, p in zip(ema, model.parameters(), strict=True):
                     e.mul_(0.9).add_(p, alpha=0.1)
 
-        def step(x):
-            opt.zero_grad()
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        return model, opt, ema, update_ema, step
+        return model, opt, ema, update_ema, mean_square_step(model, opt)
 
     runs = []
     for compiled in (False, True):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 import kiln
 from kiln.frontend.jit import state as _jit
 from kiln.frontend.tensor import Tensor
-from kiln.utils.hooks import RemovableHandle
+from kiln.utils.hooks import RemovableHandle, replaced_arguments
 
 from ..parameter import Buffer, Parameter
 from .backward_hooks import BackwardHooks
@@ -92,13 +92,7 @@ class Module(StateDict):
         with_kwargs = d["_forward_pre_hooks_with_kwargs"]
         for hook_id, hook in tuple(self._forward_pre_hooks.items()):
             if hook_id in with_kwargs:
-                result = hook(self, args, kwargs)
-                if result is not None:
-                    if not (isinstance(result, tuple) and len(result) == 2):
-                        raise RuntimeError(
-                            f"forward pre-hook must return None or a tuple of (new_args, new_kwargs), but got {result}."
-                        )
-                    args, kwargs = result
+                args, kwargs = replaced_arguments(hook(self, args, kwargs), args, kwargs, "forward pre-hook")
             else:
                 result = hook(self, args)
                 if result is not None:

@@ -80,3 +80,16 @@ def check_against_eager(fn, make_args, *, calls: int = 3, rtol: float = 1e-6, at
         assert_tree_close(got, expected, rtol=rtol, atol=atol)
         assert_tree_close(args, eager_args, rtol=rtol, atol=atol, path="arguments after the call")
     return compiled
+
+
+def mean_square_step(model, opt):
+    """A training step of ``model`` by ``opt`` on the mean square of its output (the loss, detached)."""
+
+    def step(x):
+        opt.zero_grad()
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step

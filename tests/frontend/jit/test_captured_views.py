@@ -13,6 +13,8 @@ import pytest
 
 import kiln
 
+from .helpers import mean_square_step
+
 
 def _view_then_base(lib):
     base = lib.zeros(6)
@@ -137,16 +139,8 @@ def test_an_in_place_activation_on_a_convs_permuted_result_is_a_permute_not_an_i
         net = kiln.nn.Sequential(kiln.nn.Conv2d(3, 64, 4, 2, 1, bias=False), kiln.nn.LeakyReLU(0.2, inplace=True),
                                  kiln.nn.Conv2d(64, 16, 4, 2, 1, bias=False), kiln.nn.BatchNorm2d(16),
                                  kiln.nn.LeakyReLU(0.2, inplace=True)).double()  # fmt: skip
-        opt = kiln.optim.Adam(net.parameters(), lr=1e-2)  # (float64: Adam amplifies float32's rounding)
-
-        def step(x):
-            opt.zero_grad()
-            loss = net(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        return net, step
+        # (float64: Adam amplifies float32's rounding)
+        return net, mean_square_step(net, kiln.optim.Adam(net.parameters(), lr=1e-2))
 
     (eager_net, eager), (net, step) = make(), make()
     compiled = kiln.compile(step, wait=True)

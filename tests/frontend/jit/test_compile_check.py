@@ -9,7 +9,7 @@ import kiln
 import kiln.nn.functional as F
 from kiln.frontend.jit.check import CompileCheckError
 
-from .helpers import assert_tree_close, clone_tree, compiled_calls
+from .helpers import assert_tree_close, clone_tree, compiled_calls, mean_square_step
 
 
 def _mutating(x, y):
@@ -72,15 +72,7 @@ def test_check_passes_on_a_step_whose_learning_rate_changes_between_calls():
         kiln.manual_seed(0)
         model = kiln.nn.Linear(4, 3)
         opt = kiln.optim.AdamW(model.parameters(), lr=1e-3)
-
-        def step(x):
-            opt.zero_grad()
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            opt.step()
-            return loss.detach()
-
-        return model, opt, step
+        return model, opt, mean_square_step(model, opt)
 
     (model, opt, step), (eager_model, eager_opt, eager_step) = make(), make()
     checked = kiln.compile(step, check=True, wait=True)

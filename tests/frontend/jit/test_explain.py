@@ -8,6 +8,8 @@ import numpy as np
 
 import kiln
 
+from .helpers import mean_square_step
+
 
 def _line_of(fn, marker: str) -> int:
     lines, start = inspect.getsourcelines(fn)
@@ -51,15 +53,7 @@ def test_plain_functions_are_compiled_and_breaks_name_the_line():
 
 def test_explain_of_a_compiled_module_and_a_fresh_optimizers_first_step():
     model = kiln.nn.Linear(3, 1)
-    opt = kiln.optim.Adam(model.parameters())
-
-    def step(x):
-        opt.zero_grad()
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        return loss.detach()
-
+    step = mean_square_step(model, kiln.optim.Adam(model.parameters()))
     report = kiln.explain(step, kiln.randn(4, 3))  # the first step makes Adam's state: still compiled
     assert len(report.specializations) == 1 and not report.not_cached, report.summary()
     compiled = kiln.compile(kiln.nn.Linear(3, 2))
