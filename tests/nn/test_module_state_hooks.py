@@ -137,3 +137,13 @@ def test_get_parameter_get_buffer_and_set_submodule_as_torchs():
         with pytest.raises(ValueError, match="Cannot set the submodule without a target name"):
             net.set_submodule("", lib.nn.Identity())
         assert net.type(lib.float64)[0].weight.dtype == lib.float64
+
+
+def test_a_compiled_modules_state_dict_holds_its_extra_state():
+    net = _net(kiln)[2]  # the Counter: extra state of its own
+    net.count = 5
+    compiled = kiln.compile(net)
+    assert compiled.state_dict()["_extra_state"] == {"count": 5}
+    twin = kiln.compile(_net(kiln)[2])
+    twin.load_state_dict(compiled.state_dict())
+    assert twin._orig_mod.count == 5

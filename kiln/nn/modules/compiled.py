@@ -25,6 +25,9 @@ class CompiledModule(Module):
         call = module._call_impl if type(module).__call__ is Module.__call__ else module
         d["_compiled"] = CompiledFunction(call, guard_code=type(module).forward, name=type(module).__name__, **options)
 
+    def _state_owner(self) -> Module:
+        return self._orig_mod  # (its extra state, ``module_state.py``)
+
     @property
     def training(self) -> bool:  # type: ignore[override]
         return self._orig_mod.training

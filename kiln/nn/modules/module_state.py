@@ -88,6 +88,15 @@ class StateDict:
             "keeps extra state defines set_extra_state()"
         )
 
+    def _state_owner(self) -> StateDict:
+        """The module whose class says what extra state there is: this one (a ``CompiledModule``: the
+        module it compiles)."""
+        return self
+
+    def _defines(self, name: str) -> bool:
+        """Whether this module's class defines its own ``name`` (``get_extra_state``/``set_extra_state``)."""
+        return getattr(type(self), name) is not getattr(StateDict, name)
+
     # ------------------------------------------------------------------ saving
     def state_dict(self, *, destination=None, prefix: str = "", keep_vars: bool = False) -> OrderedDict:
         """Parameters and persistent buffers by dotted name (detached unless ``keep_vars``)."""
@@ -102,8 +111,8 @@ class StateDict:
         for name, b in self._buffers.items():
             if b is not None and name not in self._non_persistent_buffers_set:
                 destination[prefix + name] = b if keep_vars else b.detach()
-        if type(self).get_extra_state is not StateDict.get_extra_state:
-            destination[prefix + _EXTRA_STATE] = self.get_extra_state()
+        if self._state_owner()._defines("get_extra_state"):
+            destination[prefix + _EXTRA_STATE] = self._state_owner().get_extra_state()
         for name, mod in self._modules.items():
             if mod is not None:
                 mod.state_dict(destination=destination, prefix=prefix + name + ".", keep_vars=keep_vars)
@@ -181,9 +190,9 @@ class StateDict:
             else:
                 _load_one(self, name, target, value, assign)
         extra = prefix + _EXTRA_STATE
-        if type(self).set_extra_state is not StateDict.set_extra_state:
+        if self._state_owner()._defines("set_extra_state"):
             if extra in local:
-                self.set_extra_state(local[extra])
+                self._state_owner().set_extra_state(local[extra])
             else:
                 missing.append(extra)
         elif extra in local:
