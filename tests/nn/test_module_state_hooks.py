@@ -9,8 +9,6 @@ import pytest
 
 import kiln
 
-torch = pytest.importorskip("torch")
-
 
 def _net(lib):
     nn = lib.nn
@@ -30,7 +28,7 @@ def _net(lib):
     return nn.Sequential(nn.Linear(3, 2), nn.BatchNorm1d(2), Counter())
 
 
-def test_extra_state_is_saved_and_loaded_under_torchs_key():
+def test_extra_state_is_saved_and_loaded_under_torchs_key(torch):
     for lib in (kiln, torch):
         net = _net(lib)
         net[2].count = 7
@@ -69,7 +67,7 @@ def _hooked(lib):
     return calls
 
 
-def test_state_dict_hooks_run_as_torchs():
+def test_state_dict_hooks_run_as_torchs(torch):
     assert _hooked(kiln) == _hooked(torch)
 
 
@@ -99,13 +97,13 @@ def _load_with_hooks(lib):
     return seen, tuple(result), np.allclose(weight, src[0].weight.detach().numpy())
 
 
-def test_load_state_dict_hooks_rename_and_forgive_as_torchs():
+def test_load_state_dict_hooks_rename_and_forgive_as_torchs(torch):
     mine, theirs = _load_with_hooks(kiln), _load_with_hooks(torch)
     assert mine == theirs
     assert mine[2] and mine[1] == ([], [])
 
 
-def test_missing_and_unexpected_keys_come_in_torchs_order():
+def test_missing_and_unexpected_keys_come_in_torchs_order(torch):
     results = []
     for lib in (kiln, torch):
         net = _net(lib)
@@ -119,7 +117,7 @@ def test_missing_and_unexpected_keys_come_in_torchs_order():
     assert results[0] == results[1]
 
 
-def test_get_parameter_get_buffer_and_set_submodule_as_torchs():
+def test_get_parameter_get_buffer_and_set_submodule_as_torchs(torch):
     for lib in (kiln, torch):
         net = _net(lib)
         assert tuple(net.get_parameter("2.lin.weight").shape) == (2, 2)

@@ -12,8 +12,6 @@ import kiln
 from tests.conftest import assert_close
 from tests.frontend.jit.helpers import mean_square_step
 
-torch = pytest.importorskip("torch")
-
 W0 = np.random.default_rng(0).standard_normal((2, 3))
 
 
@@ -51,7 +49,7 @@ def _record(lib):
     return calls, w.detach().numpy()
 
 
-def test_step_hooks_run_in_torchs_order_and_global_ones_for_every_optimizer():
+def test_step_hooks_run_in_torchs_order_and_global_ones_for_every_optimizer(torch):
     mine, w_mine = _record(kiln)
     theirs, w_theirs = _record(torch)
     assert mine == theirs
@@ -59,7 +57,7 @@ def test_step_hooks_run_in_torchs_order_and_global_ones_for_every_optimizer():
     assert_close(w_mine, w_theirs, rtol=1e-12, atol=1e-12)
 
 
-def test_a_pre_hook_replaces_the_steps_arguments_and_a_bad_return_raises_as_torch():
+def test_a_pre_hook_replaces_the_steps_arguments_and_a_bad_return_raises_as_torch(torch):
     results = {}
     for lib in (kiln, torch):
         w, opt = _setup(lib, "LBFGS")
@@ -123,7 +121,7 @@ def _state_dicts(lib):
     return order, (group["lr"], group["momentum"], opt.param_groups[0]["lr"]), other_w.detach().numpy()
 
 
-def test_state_dict_and_load_state_dict_hooks_as_torch():
+def test_state_dict_and_load_state_dict_hooks_as_torch(torch):
     mine, theirs = _state_dicts(kiln), _state_dicts(torch)
     assert mine[0] == theirs[0] == ["pre first", "pre", "post", "load pre", "load post"]
     assert mine[1] == theirs[1] == (0.5, 0.5, 0.1)

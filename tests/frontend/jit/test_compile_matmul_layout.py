@@ -5,7 +5,6 @@ over several calls."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 import kiln
 import kiln.nn as nn
@@ -91,10 +90,10 @@ def test_no_copy_of_a_transposed_product_remains():
     assert shapes <= made_by_products, (shapes, made_by_products)
 
 
-def test_a_linear_layer_on_a_batch_of_sequences_folds_the_batch_into_one_product():
+def test_a_linear_layer_on_a_batch_of_sequences_folds_the_batch_into_one_product(torch):
     # (batch, time, features) @ W^T: W's gradient is one product over batch * time rows, made in
-    # place, in eager and compiled alike; checked against torch and over several calls.
-    torch = pytest.importorskip("torch")
+    # place, in eager and compiled alike; checked against torch and over several calls. (The ``torch``
+    # fixture marks it a parity test: CI's ``pytest -m torch`` runs it; an importorskip ran it nowhere.)
     kiln.manual_seed(0)
     layer = nn.Linear(6, 4)
     reference = torch.nn.Linear(6, 4)
