@@ -68,8 +68,15 @@ class Module(StateDict):
     def compile(self, *args, **kwargs) -> None:
         """Compile this module's calls in place (``torch.nn.Module.compile``): ``kiln.compile``'s arguments
         (and ``torch.compile``'s), the module otherwise unchanged -- its class, its state dict's names."""
-        compiled = kiln.compile(self, *args, **kwargs)
-        self.__dict__["_compiled_call_impl"] = getattr(compiled, "_compiled", None)  # (None: disable=True)
+        compiled = getattr(kiln.compile(self, *args, **kwargs), "_compiled", None)  # (None: disable=True)
+        if compiled is not None and compiled.fn != self._call_impl:
+            # a class's own ``__call__`` (which ``kiln.compile(module)`` compiles) reaching ``Module.__call__``
+            # would run this program again from inside its own trace: compile ``_call_impl`` instead
+            from kiln.frontend.jit.call_cache import CompiledFunction  # noqa: PLC0415
+
+            compiled = CompiledFunction(self._call_impl, guard_code=type(self).forward, name=type(self).__name__,
+                                        fullgraph=compiled.fullgraph, check=compiled.check, options=compiled.options)  # fmt: skip
+        self.__dict__["_compiled_call_impl"] = compiled
 
     def _call_impl(self, *args, **kwargs):
         """A call of the module as it is: its hooks, then ``forward``."""

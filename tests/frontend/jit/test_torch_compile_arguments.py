@@ -117,3 +117,18 @@ def test_a_forward_hook_registered_after_module_compile_runs():
     net(x)
     net.register_forward_hook(lambda module, inputs, output: output * 3)
     assert_close(net(x).detach().numpy(), before * 3, rtol=1e-6, atol=1e-6)
+
+
+def test_module_compile_on_a_class_with_its_own_call_runs_it_once():
+    class Doubled(nn.Linear):
+        def __call__(self, *args, **kwargs):  # the user's, reaching Module.__call__ through super()
+            return super().__call__(*args, **kwargs) * 2
+
+    kiln.manual_seed(0)
+    net = Doubled(4, 2)
+    x = kiln.randn(3, 4)
+    want = (net._call_impl(x) * 2).detach().numpy()
+    net.compile(wait=True)
+    for _ in range(3):
+        assert_close(net(x).detach().numpy(), want, rtol=1e-6, atol=1e-6)
+    assert net._compiled_call_impl.state.specializations
