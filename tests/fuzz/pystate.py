@@ -2,7 +2,7 @@
 changed between calls, and that mutate Python containers (a counter dict in a closure or a global,
 ``list.append``, ``dict.update``, a dict argument). Reads through less direct paths too: a class
 attribute through an instance, a helper's default argument, a ``functools.partial``'s keywords, a
-bound method's object, a small numpy array's values, an environment variable, a dict's order, a
+bound method's object, a numpy array's values (small and large), an environment variable, a dict's order, a
 generator resumed. A float argument takes another value at each call, and so may a float of Python
 state (an attribute, a dict's entry, a list's item, a default argument's dict); branches on such a
 float's text or hash (``str``, an f-string, a set of it) must not follow the two values traced.
@@ -32,6 +32,7 @@ SETUP = [
     'scaled = (lambda h, c={"s": 0.75}: h * c["s"])',
     "mul = functools.partial(lambda h, s: h * s, s=1.5)",
     "table = np.array([0.5, 2.0])",
+    "big = np.linspace(0.5, 2.0, 5000)",
     'order = {"a": 1.0, "b": -0.5}',
     "gen = (0.5 + k % 3 for k in range(10**6))",
     'os.environ["KILN_FUZZ_SCALE"] = "1.5"',
@@ -53,6 +54,7 @@ READS = [
     ("h = scaled(h)", "read default argument"),
     ("h = mul(h)", "read partial keyword"),
     ("h = h * float(table[0])", "read numpy value"),
+    ("h = h * float(big[0] + big[-1])", "read large numpy value"),
     ("h = h * float(os.environ.get('KILN_FUZZ_SCALE', '1'))", "read environment"),
     ("for v in order.values(): h = h * 0.5 + v", "loop over dict"),
     ("h = h * next(gen)", "resume generator"),
@@ -112,6 +114,8 @@ CHANGES = [
     ("scaled.__defaults__[0]['s'] = 2.5", "default argument"),
     ("mul.keywords['s'] = -1.0", "partial keyword"),
     ("table[0] = 3.0", "numpy value"),
+    ("big[-1] = big[0] + 1.0", "large numpy value"),
+    ("np.random.default_rng(3).shuffle(big)", "large numpy array shuffled"),
     ("os.environ['KILN_FUZZ_SCALE'] = '0.5'", "environment"),
     ("order['a'] = order.pop('a')", "dict order"),
 ]

@@ -56,7 +56,7 @@ class Guards:
         # those of ``dicts`` with two or more keys, and their keys in order (a loop meets them in it)
         self.ordered: list = []
         self.orders: list = []
-        self.arrays: list = []  # snapshots.Contents of the small numpy arrays reached
+        self.arrays: list = []  # snapshots.Contents of the numpy arrays reached
         self.lists: list = []
         self.list_snaps: list = []
         self.sets: list = []

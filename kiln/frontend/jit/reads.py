@@ -24,9 +24,10 @@ Objects of kiln's other classes (an optimizer: its hyperparameters are read per 
 tensors), of the standard library and of installed packages (their caches are not the program's
 state) are not. Besides containers:
 
-- a **small numpy array** (``snapshots.SMALL_ARRAY``) is guarded by its contents, since a value Python reads
-  out of it (``float(table[i])``) is a constant of the trace -- unless a trace made its memory a
-  graph input (``snapshots.not_inputs``): a buffer the caller refills then keeps its program;
+- a **numpy array** is guarded by its contents (``snapshots.Contents``: compared at each call, at
+  memory speed), since a value Python reads out of it (``float(table[i])``, ``kiln.tensor(data[:8])``)
+  is a constant of the trace -- unless a trace made its memory a graph input (``snapshots.not_inputs``):
+  a buffer the caller refills then keeps its program;
 - the **process's state** the call's code names (``os.environ``, ``sys.argv``: ``process_state``).
 """
 
@@ -48,7 +49,7 @@ import numpy as np
 from ...ir.graph import SourceLocation
 from ..tensor import Tensor
 from .locations import KILN_DIR
-from .snapshots import _BY_VALUE, _CONTAINERS, _SCALARS, small_array
+from .snapshots import _BY_VALUE, _CONTAINERS, _SCALARS
 from .specialization import PythonRead
 
 _NOT_ENTERED = (Tensor, np.ndarray, *_SCALARS, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
@@ -98,7 +99,7 @@ def _entered(v) -> bool:
     if isinstance(v, Tensor):  # its hooks, and the Python attributes set on it (``w.scale``; _WATCHING)
         return bool(v._hooks or v._post_accumulate_hooks or v.__dict__) or _WATCHING.get()
     if isinstance(v, np.ndarray):
-        return small_array(v)
+        return True
     return isinstance(v, (*_CONTAINERS, tuple)) or (not isinstance(v, _NOT_ENTERED) and hasattr(v, "__dict__"))
 
 

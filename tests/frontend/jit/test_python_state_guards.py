@@ -108,13 +108,57 @@ def test_a_class_attribute_read_through_an_instance(kind):
     assert len(compiled_calls(f)) == 4 and "scale changed: 1.0 -> 2.0" in _reasons(f)[1], _reasons(f)
 
 
-def test_a_value_python_reads_out_of_a_small_numpy_array():
+_ARRAYS = {
+    "small": lambda: np.array([1.0, 5.0]),
+    # past the 4,096 elements that were once the limit of a guard by contents (stale beyond it)
+    "large": lambda: np.arange(100_000.0),
+    "fortran order": lambda: np.asfortranarray(np.arange(20_000.0).reshape(100, 200)),
+    "strided view": lambda: np.arange(40_000.0)[::2],
+    "float32": lambda: np.arange(10_000, dtype=np.float32),
+    "object": lambda: np.array([1.0, 5.0, None], dtype=object),
+}
+
+
+@pytest.mark.parametrize("kind", list(_ARRAYS))
+def test_a_value_python_reads_out_of_a_numpy_array(kind):
     def make():
-        table = np.array([1.0, 5.0])
-        return (lambda x: x * float(table[0])), lambda i: table.__setitem__(0, float(i + 1))
+        table = _ARRAYS[kind]()
+        first = (0,) * table.ndim
+        return (lambda x: x * float(table[first])), lambda i: table.__setitem__(first, float(i + 1))
 
     f = _against_eager(make)
     assert len(compiled_calls(f)) == 4 and "a value of the numpy array" in _reasons(f)[1]
+
+
+def test_a_dataset_shuffled_in_place_between_calls():
+    data = np.random.default_rng(0).random((20_000, 4))
+
+    def make():
+        order = np.arange(len(data))
+
+        def change(i):
+            np.random.default_rng(i).shuffle(order)
+
+        return (lambda x: x * float(data[order[0], 0])), change
+
+    f = _against_eager(make)
+    assert len(compiled_calls(f)) == 4 and "order changed" in _reasons(f)[1]
+
+
+def test_a_large_numpy_array_the_call_writes_runs_eagerly():
+    """A store into Python state's array is not something a compiled call repeats: each call runs
+    eagerly, with the reason said (a compiled call stored nothing before, past 4,096 elements)."""
+    counts = np.zeros(10_000)
+
+    def count(x):
+        counts[0] += 1
+        return x * 2
+
+    f = kiln.compile(count, wait=True)
+    for _ in range(3):
+        f(kiln.ones(3))
+    assert counts[0] == 3 and compiled_calls(f) == []
+    assert "the call changed counts" in _reasons(f)[0]
 
 
 def test_a_numpy_argument_changed_in_place_that_python_reads():
