@@ -44,6 +44,14 @@ COMPOSITES = [
     ("isinf", lambda m, x: m.isinf(x)),
     ("isfinite", lambda m, x: m.isfinite(x)),
     ("pow_scalar", lambda m, x: m.pow(x, 3)),
+    # the exponents PyTorch computes without pow (x * x * x, sqrt, rsqrt, 1 / x, 1 / (x * x)): its
+    # results at -0.0 and -inf, as well as its speed (numpy's pow of a negative base is slow)
+    ("pow_3.0", lambda m, x: m.pow(x, 3.0)),
+    ("pow_0.5", lambda m, x: x**0.5),
+    ("pow_-0.5", lambda m, x: m.pow(x, -0.5)),
+    ("pow_-1", lambda m, x: m.pow(x, -1)),
+    ("pow_-2", lambda m, x: x**-2.0),
+    ("pow_1.5", lambda m, x: m.pow(x, 1.5)),
     ("rpow", lambda m, x: 2.0**x),
     ("rsub", lambda m, x: 1 - x),
     ("rtruediv", lambda m, x: 3 / x),
@@ -68,9 +76,20 @@ DIFFERENTIABLE = [
 @pytest.mark.parametrize(("name", "fn"), DIFFERENTIABLE, ids=[c[0] for c in DIFFERENTIABLE])
 def test_composite_gradients_match_finite_differences(name, fn):
     x = values(kiln.float64, (7,), seed=1).clone().requires_grad_()
-    if name in {"log2", "log10", "reciprocal", "rtruediv"}:
+    if name in {"log2", "log10", "reciprocal", "rtruediv", "pow_0.5", "pow_-0.5", "pow_-1", "pow_-2", "pow_1.5"}:
         x = (x.detach().abs() + 0.5).requires_grad_()
     kiln.autograd.gradcheck(lambda t: fn(kiln, t), (x,), atol=1e-6, rtol=1e-4)
+
+
+def test_special_powers_compile_as_they_run_eagerly():
+    def powers(x):
+        return x**3.0, x.abs() ** 0.5, kiln.pow(x, -0.5), x**-1, x**-2.0, x.abs() ** 1.5
+
+    f = kiln.compile(powers, wait=True)
+    for seed in range(3):
+        x = kiln.tensor([-0.0, 0.0, -math.inf, math.inf, math.nan, -2.0, 3.0] + values(seed=seed).reshape(-1).tolist())
+        for got, want in zip(f(x), powers(x), strict=True):
+            assert_close(got, want, rtol=1e-6, atol=1e-7)
 
 
 def test_relu_keeps_nan_and_has_zero_gradient_at_zero(torch):
