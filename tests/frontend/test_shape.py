@@ -215,6 +215,12 @@ def test_stack_matches_pytorch(torch):
     for dim in (0, 1, 2, -1):
         got = kiln.stack([kiln.from_numpy(a) for a in arrays], dim)
         assert_close(got, torch.stack([torch.from_numpy(a) for a in arrays], dim), **EXACT)
+    # mixed dtypes promote; empty, 0-d and many small tensors (a DataLoader's collate)
+    for arrays in ([data(2, 3), data(2, 3).astype(np.float32), np.ones((2, 3), np.int64)], [np.zeros((0, 3))] * 2,
+                   [np.float64(1.5), np.float64(2.0)], [np.arange(16) + i for i in range(32)]):  # fmt: skip
+        for dim in range(-np.ndim(arrays[0]) - 1, np.ndim(arrays[0]) + 1):
+            got = kiln.stack([kiln.tensor(a) for a in arrays], dim)
+            assert_close(got, torch.stack([torch.tensor(a) for a in arrays], dim), **EXACT)
 
 
 def test_cat_errors_name_the_mismatch():

@@ -39,16 +39,12 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op", unifo
         from ._util import cast  # noqa: PLC0415
 
         value = cast(value, target._dtype)
-    if tuple(value._data.shape) != tuple(target._data.shape):
-        from .shape import broadcast_to  # noqa: PLC0415
-
-        try:
-            value = broadcast_to(value, target.shape)
-        except (ValueError, RuntimeError):
-            raise RuntimeError(
-                f"{op}: output with shape {tuple(target.shape)} doesn't match the broadcast shape {tuple(value.shape)}"
-            ) from None
     track = state.grad_enabled and (value._requires_grad or target._requires_grad)
+    if value._data.shape != target._data.shape:
+        if track or _jit.tracing:  # the history and the trace record the broadcast value
+            value = _broadcast_value(value, target, op)
+        elif not _broadcasts(value._data.shape, target._data.shape):  # else numpy's write broadcasts
+            _broadcast_value(value, target, op)  # (its error)
     if not track and _same_memory(value._data, target._data):
         return target  # ``x.t().copy_(x.t())``: nothing to write (PyTorch returns at once too)
     if not uniform:
@@ -76,6 +72,22 @@ def commit_inplace(target: Tensor, value: Tensor, op: str = "in-place op", unifo
     if track:
         _rebase_history(target, value, op)
     return target
+
+
+def _broadcast_value(value: Tensor, target: Tensor, op: str) -> Tensor:
+    from .shape import broadcast_to  # noqa: PLC0415
+
+    try:
+        return broadcast_to(value, target.shape)
+    except (ValueError, RuntimeError):
+        raise RuntimeError(
+            f"{op}: output with shape {tuple(target.shape)} doesn't match the broadcast shape {tuple(value.shape)}"
+        ) from None
+
+
+def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    """Whether ``broadcast_to`` takes ``shape`` to ``to`` (a scalar's ``()`` always does)."""
+    return len(shape) <= len(to) and all(n == 1 or n == m for n, m in zip(reversed(shape), reversed(to)))
 
 
 def _rebase_history(target: Tensor, value: Tensor, op: str) -> None:
