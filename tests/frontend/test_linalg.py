@@ -89,6 +89,18 @@ def test_a_transposed_stack_times_a_matrix_is_one_product_in_c_order(k, n):
     np.testing.assert_allclose(into, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("shape", [(64, 1024), (256, 256), (3, 512), (130, 70), (1024, 3)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_transposed_matrix_in_c_order(shape, dtype):
+    # rows 1 KiB apart (a Linear(1024, 64)'s weight) take the padded copy; the others the blocked one
+    from kiln.ir.primitives.linalg import c_order  # noqa: PLC0415
+
+    w = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    out = c_order(w.T)
+    assert out.flags.c_contiguous and out.shape == w.T.shape
+    np.testing.assert_array_equal(out, w.T)
+
+
 @pytest.mark.parametrize(
     "a_shape, b_shape, blocks",
     [
