@@ -80,6 +80,10 @@ from . import distributed, profiler  # noqa: E402  (mpi4py is imported by init_p
 from . import distributions, fft, func, linalg, special  # noqa: E402
 from ._torch_aliases import *  # noqa: E402, F403  (det, inverse, svd, digamma, lgamma...: over linalg and special)
 from . import accelerator, amp, backends, cpu, sparse, testing, utils  # noqa: E402
+from . import compiler  # noqa: E402  (the compiler layer; torch.compiler's public names join it, from kiln.jit)
+
+for _name in jit.TORCH_COMPILER_NAMES:
+    setattr(compiler, _name, getattr(jit, _name))
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled, set_autocast_dtype, set_autocast_enabled  # noqa: E402
 # isort: on
 

@@ -27,6 +27,7 @@ import functools
 
 from .compiler.options import CompileOptions
 from .frontend.jit import background as _background
+from .frontend.jit import call_cache as _call_cache
 from .frontend.jit import state as _state
 from .frontend.jit.call_cache import CompiledFunction
 from .frontend.jit.check import CompileCheckError
@@ -158,6 +159,8 @@ def compile(fn=None, *, fullgraph: bool = False, check: bool = False, options: C
         raise RuntimeError(f"Invalid backend: {backend!r}; kiln takes {', '.join(map(repr, TORCH_BACKENDS))}")
     if disable or (backend is not None and not TORCH_BACKENDS[backend]):
         return fn if fn is not None else (lambda f: f)
+    if getattr(fn, "_kiln_disabled", False):  # ``kiln.compiler.disable``'s
+        return fn
     if options is not None and not isinstance(options, CompileOptions):
         raise TypeError(f"kiln.compile: options must be a kiln.CompileOptions, got {type(options).__name__}")
     if recompile_limit is not None:
@@ -216,3 +219,75 @@ def trace(func, example_inputs=None, *args, **kwargs):
     """``torch.jit.trace``: ``kiln.compile(func)`` (kiln traces on the first call itself; unlike
     torch.jit.trace, it guards what the trace assumed and retraces or runs eagerly when that changes)."""
     return compile(func)
+
+
+# ---------------------------------------------------------------------- torch.compiler's names
+# ``kiln.compiler`` is the compiler layer; kiln/__init__.py puts these there too, so that
+# ``torch.compiler.disable`` and the others port by changing the import.
+TORCH_COMPILER_NAMES = ("compile", "reset", "disable", "is_compiling", "is_dynamo_compiling", "allow_in_graph",
+                        "assume_constant_result", "cudagraph_mark_step_begin")  # fmt: skip
+
+
+def reset() -> None:
+    """``torch.compiler.reset``: every compiled function forgets its specializations; each traces
+    again at its next call.
+
+    >>> import kiln
+    >>> f = kiln.compile(lambda x: x * 2, wait=True)
+    >>> _ = f(kiln.ones(2)); reset(); len(f.state.specializations)
+    0
+    """
+    for fn in list(_call_cache.LIVE):
+        fn.reset()
+
+
+def disable(fn=None, recursive: bool = True, *, reason: str | None = None):
+    """``torch.compiler.disable``: ``fn`` always runs eagerly. A compiled call that reaches it stops
+    its trace there, saying so with ``reason`` (the call runs eagerly: kiln does not split a trace
+    around it, as ``torch.compile``'s graph break does), and ``kiln.compile(fn)`` returns it as it is.
+    ``recursive`` is taken for torch's signature: kiln never compiles what ``fn`` calls apart from it.
+
+    >>> import kiln
+    >>> @disable(reason="logs to a file")
+    ... def log_stats(x):
+    ...     return x
+    >>> f = kiln.compile(lambda x: log_stats(x * 2), wait=True)
+    >>> f(kiln.ones(2)).tolist(), f.state.events[-1].kind
+    ([2.0, 2.0], 'break')
+    """
+    if fn is None:
+        return functools.partial(disable, recursive=recursive, reason=reason)
+    said = f"{getattr(fn, '__qualname__', type(fn).__name__)} is marked torch.compiler.disable"
+    said += f" ({reason})" if reason else ""
+
+    @functools.wraps(fn)
+    def eagerly(*args, **kwargs):
+        _unsafe(said)
+        return fn(*args, **kwargs)
+
+    eagerly._kiln_disabled = True  # type: ignore[attr-defined]
+    return eagerly
+
+
+def is_compiling() -> bool:
+    """``torch.compiler.is_compiling``: whether this code runs inside a ``kiln.compile`` trace (its
+    compiled calls then replay what the trace recorded on this branch)."""
+    return _state.active()
+
+
+is_dynamo_compiling = is_compiling
+
+
+def allow_in_graph(fn):
+    """``torch.compiler.allow_in_graph``: ``fn`` as it is (a trace records the ops ``fn`` runs)."""
+    return fn
+
+
+def assume_constant_result(fn):
+    """``torch.compiler.assume_constant_result``: ``fn`` as it is. kiln's trace runs it and guards the
+    Python state it reads, so its result is never a stale constant (torch's promise is weaker)."""
+    return fn
+
+
+def cudagraph_mark_step_begin() -> None:
+    """``torch.compiler.cudagraph_mark_step_begin``: nothing to mark (kiln records no CUDA graphs)."""

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from typing import Any
 
 from ...compiler import program_worker
@@ -67,6 +68,8 @@ _NONE: frozenset[int] = frozenset()
 
 #: How long the compile after a trace runs before kiln says it is compiling (a CompileWarning).
 SLOW_COMPILE_SECONDS = 1.0
+#: Every compiled function alive (``kiln.compiler.reset`` forgets what each has compiled).
+LIVE: weakref.WeakSet = weakref.WeakSet()
 
 
 #: Traces of one call key that may stop on a change of Python state before its calls run eagerly for
@@ -100,6 +103,13 @@ class CompiledFunction(BackgroundCompiles, Partners):
         self._install_lock = threading.Lock()  # held while a background compile's outcome enters the cache
         functools.update_wrapper(self, fn, updated=())
         self._display_name = name  # what messages call it (a module's class: its calls run ``_call_impl``)
+        LIVE.add(self)
+
+    def reset(self) -> None:
+        """Forget every specialization, trace and reason (``torch.compiler.reset``): the next call
+        traces again. A compile still running in the background settles into the state it forgets."""
+        with self._lock, self._install_lock:
+            self.state = CompileState()
 
     def __get__(self, obj, objtype=None):
         """``@kiln.compile`` on a method: bind like a function, sharing this cache."""
