@@ -144,6 +144,23 @@ def test_gradients_in_bfloat16_match_torch(torch):
         np.testing.assert_allclose(ours, theirs, rtol=2**-6, atol=2**-7)
 
 
+def test_a_module_in_bfloat16_matches_torch(torch):
+    model = kiln.nn.Sequential(kiln.nn.Linear(8, 4), kiln.nn.BatchNorm1d(4))
+    theirs = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.BatchNorm1d(4))
+    theirs.load_state_dict({k: torch.from_numpy(v.numpy().copy()) for k, v in model.state_dict().items()})
+    assert model.bfloat16() is model and theirs.bfloat16() is theirs
+    dtypes = {k: v.dtype for k, v in model.state_dict().items()}
+    assert (
+        dtypes["0.weight"] is bf16
+        and dtypes["1.running_mean"] is bf16
+        and dtypes["1.num_batches_tracked"] is kiln.int64
+    )
+    x = np.random.default_rng(3).standard_normal((6, 8)).astype(np.float32)
+    out = model(kiln.from_numpy(x).bfloat16())
+    np.testing.assert_allclose(out.float().detach().numpy(), theirs(torch.from_numpy(x).bfloat16()).float().detach().numpy(),
+                               rtol=2**-6, atol=2**-6)  # fmt: skip
+
+
 def test_compiled_graphs_with_bfloat16_decline_to_eager_kernels_and_agree(caplog):
     def step(x, w):
         h = (x @ w).relu()

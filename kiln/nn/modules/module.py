@@ -469,6 +469,9 @@ class Module(StateDict):
     def half(self) -> Module:
         return self._apply(lambda t: t.half() if t.dtype.is_floating_point else t)
 
+    def bfloat16(self) -> Module:
+        return self._apply(lambda t: t.bfloat16() if t.dtype.is_floating_point else t)
+
     def type(self, dst_type) -> Module:
         """Every parameter and buffer as ``dst_type`` (a dtype, or its name)."""
         return self._apply(lambda t: t.type(dst_type))
