@@ -80,6 +80,8 @@ from . import distributed, profiler  # noqa: E402  (mpi4py is imported by init_p
 from . import distributions, fft, func, linalg, special  # noqa: E402
 from ._torch_aliases import *  # noqa: E402, F403  (det, inverse, svd, digamma, lgamma...: over linalg and special)
 from . import accelerator, amp, backends, cpu, sparse, testing, utils  # noqa: E402
+from .backends import are_deterministic_algorithms_enabled, is_deterministic_algorithms_warn_only_enabled  # noqa: E402
+from .backends import use_deterministic_algorithms  # noqa: E402
 from . import compiler  # noqa: E402  (the compiler layer; torch.compiler's public names join it, from kiln.jit)
 
 for _name in jit.TORCH_COMPILER_NAMES:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 from . import cuda as _cuda
 from .frontend import eager_kernels as _eager_kernels
+from .frontend.jit import state as _jit_state
 
 cudnn = SimpleNamespace(enabled=True, benchmark=False, deterministic=False, allow_tf32=True,
                         is_available=lambda: False, version=lambda: None)  # fmt: skip
@@ -55,6 +56,39 @@ cuda = SimpleNamespace(
     enable_mem_efficient_sdp=lambda enabled: None,
     enable_math_sdp=lambda enabled: None,
 )  # fmt: skip
+
+_deterministic = {"mode": False, "warn_only": False}
+
+
+def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
+    """``torch.use_deterministic_algorithms``: kept, and read back by ``are_deterministic_algorithms_enabled``.
+    kiln's kernels give the same results from run to run already (on the GPU too: no atomics), so
+    no op raises or changes under it."""
+    if not isinstance(mode, bool):
+        raise TypeError(f"use_deterministic_algorithms expects a bool, but got {type(mode).__name__}")
+    _deterministic.update(mode=mode, warn_only=bool(warn_only))
+
+
+def are_deterministic_algorithms_enabled() -> bool:
+    """Whether ``use_deterministic_algorithms(True)`` is in force. Read inside a ``kiln.compile`` trace,
+    it is a guard: a compiled call made while it was the other value traces again."""
+    return _read("mode")
+
+
+def is_deterministic_algorithms_warn_only_enabled() -> bool:
+    return _read("warn_only")
+
+
+def _read(which: str) -> bool:
+    value = _deterministic[which]
+
+    def changed() -> str | None:
+        now = _deterministic[which]
+        return None if now == value else f"use_deterministic_algorithms' {which} changed: {value} -> {now}"
+
+    _jit_state.guard(lambda: (changed, [(f"deterministic algorithms' {which} == {value}", "guard")]))
+    return value
+
 
 # PyTorch's switches are submodules (``import torch.backends.cudnn as cudnn``, DCGAN's first lines):
 # the same namespaces are registered under those names, so that import statement finds them.

@@ -114,6 +114,21 @@ def test_compiled_functions_guard_on_autocast():
     assert "autocast changed from off to cpu bfloat16" in report
 
 
+def test_autocast_switched_on_without_a_region_retraces_and_says_so():
+    # set_autocast_enabled alone leaves the CPU's dtype unmade: the key that told the two calls apart
+    # read its name from None, and the compiled call raised AttributeError where eager ran
+    f = kiln.compile(lambda x: x * 2 + 1, wait=True)
+    x = kiln.ones(3)
+    try:
+        for on in (False, True, False, True):
+            kiln.set_autocast_enabled("cpu", on)
+            assert f(x).tolist() == [3.0, 3.0, 3.0]
+    finally:
+        kiln.set_autocast_enabled("cpu", False)
+    assert "autocast changed from off to cpu bfloat16" in [e.detail for e in f.state.events][1]
+    assert len(f.state.specializations) == 2
+
+
 def _train(lib, scaler_cls, bad_steps, steps=12):
     """A few SGD steps with loss scaling; the losses of ``bad_steps`` are multiplied by inf or nan."""
     rng = np.random.default_rng(1)

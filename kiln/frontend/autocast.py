@@ -43,10 +43,16 @@ state = _State()
 
 
 def key() -> tuple | None:
-    """What a compiled function's guard records of autocast: None when off, else each enabled region's dtype."""
+    """What a compiled function's guard records of autocast: None when off, else each enabled region's
+    dtype by name (the CPU's bfloat16 is made when an op first needs it: None until then, which
+    ``set_autocast_enabled("cpu", True)`` alone leaves)."""
     if not state.any:
         return None
-    return tuple((device, state.dtype[device]) for device, on in state.enabled.items() if on)
+    return tuple((device, _LOW_NAMES.get(device, "?") if state.dtype[device] is None else state.dtype[device].name)
+                 for device, on in state.enabled.items() if on)  # fmt: skip
+
+
+_LOW_NAMES = {"cpu": "bfloat16"}  # what ``low_dtype`` makes of a region's dtype left None
 
 
 def low_dtype(device_type: str) -> dt.DType:

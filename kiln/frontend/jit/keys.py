@@ -91,7 +91,7 @@ def _dynamic_shape(shape: tuple, strides: tuple, dims: tuple[int, ...], classes:
 
 
 def _autocast_text(regions) -> str:
-    return "off" if regions is None else ", ".join(f"{device} {dtype.name}" for device, dtype in regions)
+    return "off" if regions is None else ", ".join(f"{device} {dtype}" for device, dtype in regions)
 
 
 def _hashable_by_value(leaf) -> bool:

@@ -67,3 +67,19 @@ def test_the_rest_return_what_they_are_given():
 
     assert kiln.compiler.allow_in_graph(f) is f and kiln.compiler.assume_constant_result(f) is f
     assert kiln.compiler.cudagraph_mark_step_begin() is None
+
+
+def test_deterministic_algorithms_read_in_a_trace_are_a_guard():
+    def f(x):
+        return x * (2.0 if kiln.are_deterministic_algorithms_enabled() else 3.0)
+
+    g = kiln.compile(f, wait=True)
+    try:
+        for mode in (False, True, True, False):
+            kiln.use_deterministic_algorithms(mode)
+            assert g(kiln.ones(2)).tolist() == f(kiln.ones(2)).tolist()
+            assert kiln.are_deterministic_algorithms_enabled() is mode
+    finally:
+        kiln.use_deterministic_algorithms(False)
+    assert "use_deterministic_algorithms' mode changed: False -> True" in events(g)[1].detail
+    assert not kiln.is_deterministic_algorithms_warn_only_enabled()
