@@ -62,8 +62,10 @@ _deterministic = {"mode": False, "warn_only": False}
 
 def use_deterministic_algorithms(mode: bool, *, warn_only: bool = False) -> None:
     """``torch.use_deterministic_algorithms``: kept, and read back by ``are_deterministic_algorithms_enabled``.
-    kiln's kernels give the same results from run to run already (on the GPU too: no atomics), so
-    no op raises or changes under it."""
+    kiln's CPU kernels give the same results from run to run already, so no op changes under it. On
+    the GPU an accumulating ``index_put`` (an embedding's gradient, ``scatter_add``) runs cupy's
+    ``add.at``, whose atomic float adds may round differently from run to run: torch raises for such
+    ops in this mode; kiln does not yet."""
     if not isinstance(mode, bool):
         raise TypeError(f"use_deterministic_algorithms expects a bool, but got {type(mode).__name__}")
     _deterministic.update(mode=mode, warn_only=bool(warn_only))
