@@ -18,7 +18,11 @@ the traced call:
   globals, closure and arguments -- through the user's functions' closures and the tensors' and
   modules' hooks too (``reads.reach``) -- are compared before and after: a store into
   ``self.count`` or ``counter["step"]``, with the path and the user's line;
-- an iterator or generator among the arguments is consumed by the call.
+- an iterator or generator among the arguments is consumed by the call, or one the call reaches in a
+  container or an attribute table (``next(self.batches)``; one whose position cannot be told counts
+  where the code that ran spells the name it is held by);
+- a global of the user's modules that the function names (or a function it runs names) is set
+  (``config.step += 1``: the module's globals, compared before and after as an object's attributes are).
 
 Each is a trace break. The profile hook also gathers the names the code that runs spells, by which
 it can read the user's objects' attributes: the guards compare only those (``attr_reads``).

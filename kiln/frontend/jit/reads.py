@@ -17,18 +17,30 @@ the compiler can
   line that read it).
 
 What is entered: dicts, lists, tuples and sets; the attributes of objects whose class is the
-user's, and those classes' own (``self.scale`` read from the class); a kiln module's submodules (and
-a user module's public attributes); the closures and default argument values of the user's
-functions, the object a bound method belongs to, and what a ``functools.partial`` was made with.
-Objects of kiln's other classes (an optimizer: its hyperparameters are read per call through
-tensors), of the standard library and of installed packages (their caches are not the program's
-state) are not. Besides containers:
+user's (their slots where they have no ``__dict__``), those classes' own (``self.scale`` read from the
+class) and their user's metaclasses' (a metaclass property); a kiln module's submodules (and a user
+module's public attributes); the closures and default argument values of the user's functions --
+plain values too, compared per call (``loss = make_loss(alpha)``: ``alpha`` rebound) --, the object
+a bound method belongs to, and what a ``functools.partial`` was made with. Objects of kiln's other
+classes (an optimizer: its hyperparameters are read per call through tensors), of the standard
+library and of installed packages (their caches are not the program's state) are not, but for the
+state containers the standard library makes for the program: a ``deque``, an ``array.array``, a
+``bytearray``, a ``MappingProxyType``, a ``ContextVar`` (its value; ``snapshots.View``) and the
+namespaces whose classes define no public attribute (``types.SimpleNamespace``, ``argparse.Namespace``:
+``_attribute_bag``). The user's modules the code imports while traced (``import config`` inside the
+function) are read like those its globals name (``imported``). Besides containers:
 
 - a **numpy array** is guarded by its contents (``snapshots.Contents``: compared at each call, at
   memory speed), since a value Python reads out of it (``float(table[i])``, ``kiln.tensor(data[:8])``)
   is a constant of the trace -- unless a trace made its memory a graph input (``snapshots.not_inputs``):
   a buffer the caller refills then keeps its program;
 - the **process's state** the call's code names (``os.environ``, ``sys.argv``: ``process_state``).
+
+Not seen (a stale constant, said nowhere): a module reached by a computed name
+(``sys.modules["config"].X``, ``importlib.import_module(name)``); state of a library object that is
+not one of the containers above (an ``OmegaConf`` or ``ConfigDict`` config, which has methods, held
+in a dict: such objects are guarded, by their attributes, only where the function's globals,
+closure or arguments name them, ``hazards.watched_objects``).
 """
 
 from __future__ import annotations
