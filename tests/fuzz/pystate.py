@@ -21,8 +21,8 @@ import random
 from .generator import TOLERANCE
 from .scenario import Builder, Scenario
 
-PREAMBLE = ["import array", "import collections", "import contextvars", "import itertools", "",
-            'STATS = {"calls": 0}', "HISTORY = []"]  # fmt: skip
+PREAMBLE = ["import array", "import collections", "import contextvars", "import itertools", 'STATS = {"calls": 0}',
+            "HISTORY = []"]  # fmt: skip
 SETUP = [
     'counter = {"calls": 0}',
     "log = []",

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import array
 import collections
+import collections.abc
 import contextvars
 import dis
 import functools
@@ -102,14 +103,19 @@ _BAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _attribute_bag(cls) -> bool:
-    """Whether ``cls`` (a library's) is a namespace whose instances hold only what the program sets on
-    them (``types.SimpleNamespace``, ``argparse.Namespace``: a config passed around): its classes
-    define no public attribute. A library object with methods of its own (a logger, a progress bar)
-    keeps state of its own making, which is not the program's."""
+    """Whether ``cls`` (a library's) holds the program's state in its attribute table: a namespace,
+    whose instances hold only what the program sets on them (``types.SimpleNamespace``,
+    ``argparse.Namespace``: a config passed around; its classes define no public attribute), or a
+    container written in Python, whose entries are in its attributes (``collections.UserDict``'s
+    ``data``, ``ChainMap``'s ``maps``). Another library object with methods of its own (a logger, a
+    progress bar) keeps state of its own making, which is not the program's; kiln's are its own."""
     known = _BAGS.get(cls)
     if known is None:
         names = [k for base in cls.__mro__ if base is not object for k in vars(base)]
-        known = _BAGS[cls] = "__dict__" in dir(cls) and not any(not k.startswith("_") for k in names)
+        namespace = not any(not k.startswith("_") for k in names)
+        container = issubclass(cls, collections.abc.Mapping | collections.abc.Sequence | collections.abc.Set)
+        known = "__dict__" in dir(cls) and (namespace or container) and not cls.__module__.startswith("kiln")
+        _BAGS[cls] = known
     return known
 
 
@@ -372,9 +378,12 @@ def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> li
         children.update((k, b) for k, b in (table.get("_buffers") or {}).items() if _entered(b))  # attributes
         if users:
             children.update((k, v) for k, v in table.items() if not k.startswith("_"))
-    elif users or _attribute_bag(type(obj)):
+    elif users:
         found.append((path, table, "attr"))
         children = table
+    elif _attribute_bag(type(obj)):  # (a container's own methods read its attributes: all are followed)
+        found.append((path, table, "attr"))
+        return [(f"{path}.{k}", v) for k, v in list(table.items()) if _entered(v)]
     else:
         return []
     return classes + [(f"{path}.{k}", v) for k, v in list(children.items())

@@ -111,6 +111,18 @@ def _parsed_arguments_in_a_list():
     return (lambda x: x * held[0].s), lambda i: setattr(args, "s", i + 1)
 
 
+def _chain_map():
+    defaults = {"s": 1}
+    settings = collections.ChainMap({}, defaults)
+    return (lambda x: x * settings["s"]), lambda i: defaults.__setitem__("s", i + 1)
+
+
+def _user_dict_in_a_dict():
+    table = collections.UserDict(s=1)
+    state = {"table": table}
+    return (lambda x: x * state["table"]["s"]), lambda i: table.__setitem__("s", i + 1)
+
+
 # (ints: a float there would be read at each call or retraced, test_state_floats.py)
 READS = {
     "deque": (_deque, "q[0] changed"),
@@ -124,6 +136,8 @@ READS = {
     "helper's default": (_helper_default, "scaled.__defaults__ changed: (1,) -> (2,)"),
     "SimpleNamespace in a dict": (_namespace_in_a_dict, "state['cfg'].s changed: 1 -> 2"),
     "argparse.Namespace in a list": (_parsed_arguments_in_a_list, "held[0].s changed: 1 -> 2"),
+    "ChainMap": (_chain_map, "settings.maps[1]['s'] changed: 1 -> 2"),
+    "UserDict in a dict": (_user_dict_in_a_dict, "state['table'].data['s'] changed: 1 -> 2"),
 }
 
 
