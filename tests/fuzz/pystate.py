@@ -3,7 +3,10 @@ changed between calls, and that mutate Python containers (a counter dict in a cl
 ``list.append``, ``dict.update``, a dict argument). Reads through less direct paths too: a class
 attribute through an instance, a helper's default argument, a ``functools.partial``'s keywords, a
 bound method's object, a numpy array's values (small and large), an environment variable, a dict's order, a
-generator resumed. A float argument takes another value at each call, and so may a float of Python
+generator resumed. State kept outside dicts, lists and sets too: a ``deque`` window, an ``array.array``, a
+``MappingProxyType`` over a dict, a ``ContextVar``, a helper's closure cell (rebound between calls), an
+object with ``__slots__`` and a ``SimpleNamespace`` held in dicts, an ``itertools.count`` held in a dict.
+A float argument takes another value at each call, and so may a float of Python
 state (an attribute, a dict's entry, a list's item, a default argument's dict); branches on such a
 float's text or hash (``str``, an f-string, a set of it) must not follow the two values traced.
 
@@ -18,7 +21,8 @@ import random
 from .generator import TOLERANCE
 from .scenario import Builder, Scenario
 
-PREAMBLE = ['STATS = {"calls": 0}', "HISTORY = []"]
+PREAMBLE = ["import array", "import collections", "import contextvars", "import itertools", 'STATS = {"calls": 0}',
+            "HISTORY = []"]  # fmt: skip
 SETUP = [
     'counter = {"calls": 0}',
     "log = []",
@@ -36,8 +40,19 @@ SETUP = [
     'order = {"a": 1.0, "b": -0.5}',
     "gen = (0.5 + k % 3 for k in range(10**6))",
     'os.environ["KILN_FUZZ_SCALE"] = "1.5"',
+    "window = collections.deque([0.5, 1.0], maxlen=3)",
+    "arr = array.array('d', [0.5, 1.5])",
+    "frozen = types.MappingProxyType(settings)",
+    "ctx_scale = contextvars.ContextVar('ctx_scale', default=0.5)",
+    "scaled_by = (lambda a: (lambda h: h * a))(0.75)",
+    'Slotted = type("Slotted", (), {"__slots__": ("scale",)})',
+    'slotted = {"obj": Slotted()}',
+    'slotted["obj"].scale = 1.25',
+    'boxed = {"cfg": types.SimpleNamespace(scale=0.5, calls=0)}',
+    'ids = {"next": itertools.count(1)}',
 ]
-STATE = ["STATS", "HISTORY", "counter", "log", "cache", "weights", "cfg", "settings", "order"]
+STATE = ["STATS", "HISTORY", "counter", "log", "cache", "weights", "cfg", "settings", "order", "window", "arr",
+         "boxed"]  # fmt: skip
 # (statement of f, tag): reads of Python state (values the trace must not bake in) ...
 READS = [
     ("h = h * cfg.scale", "read attr"),
@@ -58,6 +73,14 @@ READS = [
     ("h = h * float(os.environ.get('KILN_FUZZ_SCALE', '1'))", "read environment"),
     ("for v in order.values(): h = h * 0.5 + v", "loop over dict"),
     ("h = h * next(gen)", "resume generator"),
+    ("h = h * sum(window)", "read deque"),
+    ("h = h * arr[0]", "read array.array"),
+    ("h = h + frozen['shift']", "read mapping proxy"),
+    ("h = h * ctx_scale.get()", "read context variable"),
+    ("h = scaled_by(h)", "read helper's closure"),
+    ("h = h * slotted['obj'].scale", "read slots in a dict"),
+    ("h = h * boxed['cfg'].scale", "read namespace in a dict"),
+    ("h = h * (next(ids['next']) % 3 + 1)", "resume count in a dict"),
     # a float argument, another value at each call (scalar_args.py: an input once two traces agree)
     ("h = h * {num}", "float argument"),
     ("h = ({num} - h) / {num}", "float argument twice"),
@@ -94,6 +117,10 @@ MUTATIONS = [
     ("cfg.calls = cfg.calls + 1", "attribute store"),
     ("settings.setdefault('seen', []).append(1)", "setdefault append"),
     ("log.pop() if log else None", "list.pop"),
+    ("window.append(float(len(log)))", "deque.append"),
+    ("arr[1] += 1.0", "array.array store"),
+    ("ctx_scale.set(ctx_scale.get() + 0.25)", "context variable set"),
+    ("boxed['cfg'].calls += 1", "namespace in a dict store"),
 ]
 # the tags of reads of dict entries and list contents (attributes are guarded by kiln.compile)
 CONTAINER_READS = tuple(tag for _, tag in READS if "attr" not in tag)
@@ -118,6 +145,12 @@ CHANGES = [
     ("np.random.default_rng(3).shuffle(big)", "large numpy array shuffled"),
     ("os.environ['KILN_FUZZ_SCALE'] = '0.5'", "environment"),
     ("order['a'] = order.pop('a')", "dict order"),
+    ("window.append(0.25)", "deque.append"),
+    ("arr[0] = 2.5", "array.array entry"),
+    ("ctx_scale.set(1.5)", "context variable"),
+    ("scaled_by.__closure__[0].cell_contents = 2.5", "helper's closure rebound"),
+    ("slotted['obj'].scale = -0.5", "slots in a dict"),
+    ("boxed['cfg'].scale = 1.5", "namespace in a dict"),
 ]
 # changes before every call: a float of Python state annealed, another value each call (state_floats.py)
 ANNEALED = [

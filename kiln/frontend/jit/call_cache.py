@@ -358,8 +358,8 @@ class CompiledFunction(BackgroundCompiles, Partners):
         owners: dict = {}  # (the object of each of the user's objects' tables reached, for build_guards)
         named_roots = reads.named_roots(self, closure_values, leaves)
         helper_globals = [(g, names) for g, names in watch.globals_read]
-        helper_globals += reads.users_modules(named_roots + [(n, g[n]) for g, names in helper_globals for n in names],
-                                              attr_names)  # fmt: skip
+        helper_globals += reads.users_modules(named_roots + [(n, g[n]) for g, names in helper_globals for n in names]
+                                              + reads.imported(watch.codes), attr_names)  # fmt: skip
         helpers = reads.merged_globals(helper_globals)
         helper_roots = [(f"{module}.{name}", g[name]) for g, module, names in helpers for name in names]
         roots = named_roots + helper_roots + reads.process_state(watch.codes)

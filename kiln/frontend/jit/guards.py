@@ -35,7 +35,7 @@ from . import attr_reads
 from .hazards import _attrs, _tables, _walk, _watchable
 from .reads import _users_class, selector, short
 from .signature import call
-from .snapshots import ANY_FLOAT, MISSING, Contents, _entry, _Is, changed_entry, same, snapshot
+from .snapshots import ANY_FLOAT, MISSING, Contents, View, _entry, _Is, changed_entry, same, snapshot
 
 _GRAD = operator.attrgetter("_grad")
 
@@ -45,7 +45,7 @@ class Guards:
 
     __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
                  "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
-                 "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads")  # fmt: skip
+                 "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads", "views")  # fmt: skip
 
     def __init__(self) -> None:
         # (snapshot, live container, weakref to the owner or None, description, how entries are named:
@@ -57,6 +57,7 @@ class Guards:
         self.ordered: list = []
         self.orders: list = []
         self.arrays: list = []  # snapshots.Contents of the numpy arrays reached
+        self.views: list = []  # snapshots.View of the other containers reached (a deque, a closure...)
         self.lists: list = []
         self.list_snaps: list = []
         self.sets: list = []
@@ -152,6 +153,9 @@ class Guards:
         if type(snap) is Contents:
             self.arrays.append(snap)
             return
+        if type(snap) is View:
+            self.views.append(snap)
+            return
         if isinstance(snap, frozenset):
             self.sets.append(live)
             self.set_snaps.append(snap)
@@ -193,6 +197,7 @@ class Guards:
             and all(map(dict.__eq__, self.dict_snaps, self.dicts))
             and list(map(list, self.ordered)) == self.orders
             and all(map(Contents.holds, self.arrays))
+            and all(map(View.holds, self.views))
             and all(map(list.__eq__, self.list_snaps, self.lists))
             and all(map(frozenset.__eq__, self.set_snaps, self.sets))
             and all(map(dict.__eq__, self.class_snaps, map(dict, self.classes)))
@@ -282,6 +287,10 @@ def _difference(name: str, style: str | None, live, snap) -> str:
     if type(snap) is Contents:
         return f"{name} changed: a value of the numpy array"
     change = changed_entry(live, snap)
+    if type(snap) is View:
+        if change is None:
+            return f"{name} changed: its contents ({type(snap.obj).__name__})"
+        style = "item" if snap.names is None else "attr"
     if change is None:
         if isinstance(live, dict) and len(snap) == len(live) and set(snap) == set(live):
             return f"{name} changed: the order of its keys"

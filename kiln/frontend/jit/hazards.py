@@ -18,7 +18,11 @@ the traced call:
   globals, closure and arguments -- through the user's functions' closures and the tensors' and
   modules' hooks too (``reads.reach``) -- are compared before and after: a store into
   ``self.count`` or ``counter["step"]``, with the path and the user's line;
-- an iterator or generator among the arguments is consumed by the call.
+- an iterator or generator among the arguments is consumed by the call, or one the call reaches in a
+  container or an attribute table (``next(self.batches)``; one whose position cannot be told counts
+  where the code that ran spells the name it is held by);
+- a global of the user's modules that the function names (or a function it runs names) is set
+  (``config.step += 1``: the module's globals, compared before and after as an object's attributes are).
 
 Each is a trace break. The profile hook also gathers the names the code that runs spells, by which
 it can read the user's objects' attributes: the guards compare only those (``attr_reads``).
@@ -27,6 +31,7 @@ it can read the user's objects' attributes: the guards compare only those (``att
 from __future__ import annotations
 
 import datetime
+import io
 import operator
 import os
 import random
@@ -247,6 +252,25 @@ def _generator_frames(named: list, containers: list) -> frozenset[int]:
     )
 
 
+def _held_iterators(containers: list) -> list[tuple]:
+    """``(path, key, iterator, position)`` for the iterators (not generators: ``_generator_frames``, nor
+    files, nor the user's own classes', whose ``__next__`` runs watched) held by the dicts, lists and
+    attribute tables the call reaches (``self.batches = iter(loader)``, ``{"ids": itertools.count()}``)."""
+    found = []
+    for path, live, kind, _ in containers:
+        if isinstance(live, dict | list):
+            for key, v in list(live.items() if isinstance(live, dict) else enumerate(live)):
+                if _is_iterator(v) and not isinstance(v, types.GeneratorType | io.IOBase) and not _users_next(v):
+                    found.append((f"{path}{reads.selector(kind, key)}", key, v, _iterator_position(v)))
+    return found
+
+
+def _users_next(it) -> bool:
+    """Whether ``it``'s ``__next__`` is the user's Python code (what it changes, the watch sees)."""
+    step = getattr(type(it), "__next__", None)
+    return isinstance(step, types.FunctionType) and _user_code(step.__code__)
+
+
 def _rng_states() -> tuple:
     """The states of Python's and numpy's global random generators."""
     legacy = np.random.get_state(legacy=False)
@@ -317,6 +341,11 @@ class Watch:
         self._known = {id(live) for _, live, _, _ in self._containers}  # (kept alive by _containers)
         self._resumed = _generator_frames(self.iterators, self._containers)
         self._positions = [_iterator_position(it) for it in self.iterators]
+        self._held = _held_iterators(self._containers)
+        # The user's modules the function names (``import config`` then ``config.step += 1`` in the call):
+        # their globals, compared after the call as an object's attributes are
+        self._modules: dict[int, tuple] = {}
+        self._watch_modules(self.roots)
         self._rng = _rng_states()
         self._generators: dict[int, tuple] = {}  # id -> (a numpy generator the call reaches, its name, its state)
         self._watch_generators([*self.roots, *((type(obj).__name__, obj) for obj in self.objects)])
@@ -409,11 +438,18 @@ class Watch:
             if _numpy_generator(value) and id(value) not in self._generators:
                 self._generators[id(value)] = (value, name, _generator_state(value))
 
+    def _watch_modules(self, named) -> None:
+        """Keep a copy of the globals of the user's modules among ``named`` ((name, object) pairs), for ``stop``."""
+        for name, value in named:
+            if isinstance(value, types.ModuleType) and id(value) not in self._modules and reads._users_module(value):
+                self._modules[id(value)] = (value, name, dict(value.__dict__))
+
     def _helper_globals(self, code, fn_globals: dict) -> None:
         """A function the call runs reads globals of its own (``x * SCALE``, ``CFG["k"]`` in a helper):
         the containers they reach are watched from now on (before the function's first line runs)."""
         names = reads.global_names(code, fn_globals)
         self._watch_generators((name, fn_globals[name]) for name in names)
+        self._watch_modules([(name, fn_globals[name]) for name in names])
         if names:
             self.globals_read.append((fn_globals, names))
             module = reads.module_name(fn_globals)
@@ -464,6 +500,20 @@ class Watch:
         for it, before in zip(self.iterators, self._positions, strict=True):
             if before is None or _iterator_position(it) != before:
                 return TraceBreak(f"the call may consume the {type(it).__name__} iterator it names", None)
+        for path, key, it, before in self._held:
+            # one whose position cannot be told counts where the code that ran spells the name it is held by
+            if _iterator_position(it) != before if before is not None else key in self.names or type(key) is int:
+                return TraceBreak(f"the call may consume {path}, a {type(it).__name__} iterator from outside the call",
+                                  None)  # fmt: skip
+        for module, name, before in self._modules.values():
+            now = module.__dict__
+            if not _same_table(now, before):
+                key = next(k for k in {**before, **now} if now.get(k, _MISSING) is not before.get(k, _MISSING))
+                loc = _attr_line(self.codes, key)
+                return TraceBreak(
+                    f"the call changed {name}.{key}, a global of a module that a compiled call would not change",
+                    self._location(*loc) if loc else None,
+                )
         rng = _rng_states()
         for before, now, name in zip(self._rng, rng, ("Python's", "numpy's"), strict=True):
             if before != now:

@@ -17,22 +17,37 @@ the compiler can
   line that read it).
 
 What is entered: dicts, lists, tuples and sets; the attributes of objects whose class is the
-user's, and those classes' own (``self.scale`` read from the class); a kiln module's submodules (and
-a user module's public attributes); the closures and default argument values of the user's
-functions, the object a bound method belongs to, and what a ``functools.partial`` was made with.
-Objects of kiln's other classes (an optimizer: its hyperparameters are read per call through
-tensors), of the standard library and of installed packages (their caches are not the program's
-state) are not. Besides containers:
+user's (their slots where they have no ``__dict__``), those classes' own (``self.scale`` read from the
+class) and their user's metaclasses' (a metaclass property); a kiln module's submodules (and a user
+module's public attributes); the closures and default argument values of the user's functions --
+plain values too, compared per call (``loss = make_loss(alpha)``: ``alpha`` rebound) --, the object
+a bound method belongs to, and what a ``functools.partial`` was made with. Objects of kiln's other
+classes (an optimizer: its hyperparameters are read per call through tensors), of the standard
+library and of installed packages (their caches are not the program's state) are not, but for the
+state containers the standard library makes for the program: a ``deque``, an ``array.array``, a
+``bytearray``, a ``MappingProxyType``, a ``ContextVar`` (its value; ``snapshots.View``) and the
+namespaces whose classes define no public attribute (``types.SimpleNamespace``, ``argparse.Namespace``:
+``_attribute_bag``). The user's modules the code imports while traced (``import config`` inside the
+function) are read like those its globals name (``imported``). Besides containers:
 
 - a **numpy array** is guarded by its contents (``snapshots.Contents``: compared at each call, at
   memory speed), since a value Python reads out of it (``float(table[i])``, ``kiln.tensor(data[:8])``)
   is a constant of the trace -- unless a trace made its memory a graph input (``snapshots.not_inputs``):
   a buffer the caller refills then keeps its program;
 - the **process's state** the call's code names (``os.environ``, ``sys.argv``: ``process_state``).
+
+Not seen (a stale constant, said nowhere): a module reached by a computed name
+(``sys.modules["config"].X``, ``importlib.import_module(name)``); state of a library object that is
+not one of the containers above (an ``OmegaConf`` or ``ConfigDict`` config, which has methods, held
+in a dict: such objects are guarded, by their attributes, only where the function's globals,
+closure or arguments name them, ``hazards.watched_objects``).
 """
 
 from __future__ import annotations
 
+import array
+import collections
+import collections.abc
 import contextvars
 import dis
 import functools
@@ -49,7 +64,7 @@ import numpy as np
 from ...ir.graph import SourceLocation
 from ..tensor import Tensor
 from .locations import KILN_DIR
-from .snapshots import _BY_VALUE, _CONTAINERS, _SCALARS
+from .snapshots import _BY_VALUE, _CONTAINERS, _SCALARS, MISSING, slot_names, snapshot, viewed
 from .specialization import PythonRead
 
 _NOT_ENTERED = (Tensor, np.ndarray, *_SCALARS, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
@@ -84,6 +99,26 @@ def _users_class(cls) -> bool:
     return known
 
 
+_BAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _attribute_bag(cls) -> bool:
+    """Whether ``cls`` (a library's) holds the program's state in its attribute table: a namespace,
+    whose instances hold only what the program sets on them (``types.SimpleNamespace``,
+    ``argparse.Namespace``: a config passed around; its classes define no public attribute), or a
+    container written in Python, whose entries are in its attributes (``collections.UserDict``'s
+    ``data``, ``ChainMap``'s ``maps``). Another library object with methods of its own (a logger, a
+    progress bar) keeps state of its own making, which is not the program's; kiln's are its own."""
+    known = _BAGS.get(cls)
+    if known is None:
+        names = [k for base in cls.__mro__ if base is not object for k in vars(base)]
+        namespace = not any(not k.startswith("_") for k in names)
+        container = issubclass(cls, collections.abc.Mapping | collections.abc.Sequence | collections.abc.Set)
+        known = "__dict__" in dir(cls) and (namespace or container) and not cls.__module__.startswith("kiln")
+        _BAGS[cls] = known
+    return known
+
+
 def _is_module_dict(d: dict) -> bool:
     module = sys.modules.get(d.get("__name__")) if isinstance(d.get("__name__"), str) else None  # type: ignore[arg-type]
     return module is not None and getattr(module, "__dict__", None) is d
@@ -98,9 +133,16 @@ def _entered(v) -> bool:
         return _entered(v.__self__) or _entered(v.__func__)
     if isinstance(v, Tensor):  # its hooks, and the Python attributes set on it (``w.scale``; _WATCHING)
         return bool(v._hooks or v._post_accumulate_hooks or v.__dict__) or _WATCHING.get()
-    if isinstance(v, np.ndarray):
+    if isinstance(v, np.ndarray | types.MappingProxyType) or viewed(v):
         return True
-    return isinstance(v, (*_CONTAINERS, tuple)) or (not isinstance(v, _NOT_ENTERED) and hasattr(v, "__dict__"))
+    if isinstance(v, (*_CONTAINERS, tuple)):
+        return True
+    return not isinstance(v, _NOT_ENTERED) and (hasattr(v, "__dict__") or _slots_only(v))
+
+
+def _slots_only(obj) -> bool:
+    """Whether ``obj`` is the user's object whose attributes are slots alone (no ``__dict__``)."""
+    return not hasattr(obj, "__dict__") and bool(slot_names(type(obj))) and _users_class(type(obj))
 
 
 def _users_function(fn: types.FunctionType) -> bool:
@@ -263,10 +305,20 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                 following += [(f"{path}[{i}]", v) for i, v in enumerate(list(obj)) if _entered(v)]
             elif isinstance(obj, set):
                 found.append((path, obj, "item"))
+            elif isinstance(obj, types.MappingProxyType):  # (a read-only view of a dict it does not name)
+                found.append((path, obj, "item"))
+                following += [(f"{path}[{k!r}]", v) for k, v in list(obj.items()) if _entered(v)]
+            elif viewed(obj) and not isinstance(obj, types.FunctionType):  # a deque, a ContextVar...
+                found.append((path, obj, "attr" if isinstance(obj, contextvars.ContextVar) else "item"))
+                if not isinstance(obj, array.array | bytearray):
+                    values = list(obj) if isinstance(obj, collections.deque) else [obj.get(None)]
+                    following += [(f"{path}[{i}]", v) for i, v in enumerate(values) if _entered(v)]
             elif isinstance(obj, np.ndarray):
                 found.append((path, obj, "array"))
             elif isinstance(obj, types.FunctionType | Tensor):
                 following += _called_for(path, obj)
+                if isinstance(obj, types.FunctionType):  # its closure's plain values too (``x * alpha``)
+                    found.append((path, obj, "attr"))
                 if isinstance(obj, Tensor) and (obj.__dict__ or _WATCHING.get()):  # attributes: a user object's table
                     found.append((path, obj.__dict__, "attr"))
                     following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
@@ -282,6 +334,15 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                     owners[id(found[-1][1])] = obj
                 following += [(f"{path}.{k}", v) for k, v in list(obj.__dict__.items())
                               if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
+                # its metaclass's attributes are read through it too (``Config.scale`` a metaclass property)
+                following += [(f"{meta.__name__} (metaclass of {path})", meta) for meta in inspect.getmro(type(obj))
+                              if meta is not obj and _users_class(meta)]  # fmt: skip
+            elif _slots_only(obj):  # guarded (``guards._guard_object``) and watched by its slots' values
+                found.append((path, obj, "attr"))
+                if owners is not None:
+                    owners[id(obj)] = obj
+                following += [(f"{path}.{k}", getattr(obj, k, None)) for k in slot_names(type(obj))
+                              if (attr_names is None or k in attr_names) and _entered(getattr(obj, k, None))]  # fmt: skip
             else:
                 following += _attributes(path, obj, attr_names, found)
                 if owners is not None and found and found[-1][1] is getattr(obj, "__dict__", None):
@@ -320,6 +381,9 @@ def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> li
     elif users:
         found.append((path, table, "attr"))
         children = table
+    elif _attribute_bag(type(obj)):  # (a container's own methods read its attributes: all are followed)
+        found.append((path, table, "attr"))
+        return [(f"{path}.{k}", v) for k, v in list(table.items()) if _entered(v)]
     else:
         return []
     return classes + [(f"{path}.{k}", v) for k, v in list(children.items())
@@ -348,10 +412,20 @@ _NAME_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST", "LOAD_NAME", 
 
 
 def attribute_names(codes: list) -> frozenset | None:
-    """The attribute names that the code objects load (None when none ran: every name counts)."""
+    """The attribute names that the code objects load (None when none ran: every name counts), a
+    module's names imported from it among them (``from config import SCALE``)."""
     if not codes:
         return None
-    return frozenset(arg for code in codes for _, op, arg in instructions(code) if op in _LOADS)
+    return frozenset(arg for code in codes for _, op, arg in instructions(code) if op in _LOADS or op == "IMPORT_FROM")
+
+
+def imported(codes: list) -> list[tuple[str, object]]:
+    """``(name, module)`` for the modules the code objects import (``import config`` inside the
+    function, ``from config import SCALE``): read like the modules the function's globals name, though
+    no global names them (``users_modules`` keeps the user's)."""
+    names = {arg for code in codes for _, op, arg in instructions(code) if op == "IMPORT_NAME"}
+    found = {name: sys.modules.get(name) for full in names for name in (full, full.split(".", 1)[0])}
+    return [(name, module) for name, module in found.items() if isinstance(module, types.ModuleType)]
 
 
 #: The process's own state that user code reads by these names (``os.environ["LR"]``,
@@ -456,11 +530,29 @@ def records(found: list, codes: list, attr_names: frozenset | None, per_containe
         elif isinstance(live, np.ndarray):
             what = f"{path}: the {live.size} values of a numpy array"
             out.append(PythonRead(what, "guard", read_line(codes, path, kind, None)))
+        elif not isinstance(live, list | set):  # a deque, a closure, slots...: ``snapshots.View``
+            out += _view_records(path, live, codes, per_container)
         elif all(isinstance(v, _BY_VALUE) for v in live) and len(live) <= per_container:
             out.append(PythonRead(f"{path} == {short(live)}", "guard", read_line(codes, path, kind, None)))
         else:
             what = f"{path}: the same {len(live)} {'items' if isinstance(live, set) else 'entries'}"
             out.append(PythonRead(what, "guard", read_line(codes, path, kind, None)))
+    return out
+
+
+def _view_records(path: str, live, codes: list, per_container: int) -> list[PythonRead]:
+    view = snapshot(live)
+    if type(view.data) is bytes:
+        return [PythonRead(f"{path}: the {len(view.data)} bytes of a {type(live).__name__}", "guard",
+                           read_line(codes, path, "item", None))]  # fmt: skip
+    kind = "item" if view.names is None else "attr"
+    out = []
+    for i, v in enumerate(view.data[:per_container]):
+        v = getattr(v, "obj", v)  # (an entry compared by identity)
+        if v is not MISSING and v is not None:
+            what = f"{path}{selector(kind, view.key(i))} " + ("== " + short(v) if isinstance(v, _BY_VALUE)
+                                                              else f"is the same {type(v).__name__} object")  # fmt: skip
+            out.append(PythonRead(what, "guard", read_line(codes, path, kind, view.key(i))))
     return out
 
 

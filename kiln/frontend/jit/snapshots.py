@@ -5,10 +5,19 @@ of the user's objects and classes, numpy arrays); ``snapshot`` copies what each 
 ``same`` compares in C (a dict's entries and their order, a set's members, an array's bytes), and
 ``changed_entry`` names the entry that differs. ``guards.Guards`` checks them before each compiled
 call; ``hazards.Watch`` compares them after the traced call, to see what it stored.
+
+State held in neither a dict, a list, a set nor an array is a ``View``: what it holds read out as a
+list (or as bytes) by a reader of its kind (``viewed``) -- a ``deque`` (a window of recent losses),
+an ``array.array`` or a ``bytearray`` (by their bytes), a ``ContextVar`` (its value in the current
+context), a function's closure cells and default values (``lambda: x * alpha`` where ``alpha`` is
+rebound), the slots of an object without a ``__dict__`` (``@dataclass(slots=True)``).
 """
 
 from __future__ import annotations
 
+import array
+import collections
+import contextvars
 import ctypes
 import sys
 import types
@@ -149,11 +158,85 @@ def _memcmp_by_bytes(p: int, q: int, n: int) -> int:
 _memcmp = _c_memcmp() or _memcmp_by_bytes
 
 
+class View:
+    """What a container that is no dict, list or set holds when snapshot, as its ``viewed`` reader reads
+    it: a list of entries (compared as a list's, ``_entry``) or bytes; ``names`` names the entries
+    (a closure's variables, the slots: ``path.name``), else they are numbered (``path[i]``)."""
+
+    __slots__ = ("obj", "read", "data", "names")
+
+    def __init__(self, obj, read, names: tuple | None) -> None:
+        self.obj, self.read, self.names = obj, read, names
+        data = read(obj)
+        self.data = data if type(data) is bytes else [_entry(v) for v in data]
+
+    def holds(self, live=None) -> bool:
+        """Whether ``live`` (None: the object snapshot) holds these entries."""
+        return self.data == self.read(self.obj if live is None else live)
+
+    def key(self, i: int):
+        return i if self.names is None else self.names[i]
+
+
+def _cells(fn: types.FunctionType) -> list:
+    """A function's closure variables' values (MISSING for one not yet assigned) and default values."""
+    values = []
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:
+            values.append(MISSING)
+    return [*values, fn.__defaults__, None if fn.__kwdefaults__ is None else dict(fn.__kwdefaults__)]
+
+
+def _context_value(var: contextvars.ContextVar) -> list:
+    return [var.get(MISSING)]
+
+
+def slot_names(cls) -> tuple:
+    """The names of the slots of ``cls`` and its bases (their member descriptors)."""
+    return tuple(name for base in reversed(cls.__mro__) for name, value in base.__dict__.items()
+                 if isinstance(value, types.MemberDescriptorType))  # fmt: skip
+
+
+def _slot_reader(names: tuple):
+    def read(obj) -> list:
+        return [getattr(obj, name, MISSING) for name in names]
+
+    return read
+
+
+_READERS: dict = {
+    collections.deque: (list, None),
+    array.array: (array.array.tobytes, None),
+    bytearray: (bytes, None),
+    contextvars.ContextVar: (_context_value, ("value",)),
+}
+
+
+def viewed(obj) -> bool:
+    """Whether ``obj`` is state that a ``View`` snapshots (``reads.reach`` finds it as a container)."""
+    return isinstance(obj, tuple(_READERS)) or isinstance(obj, types.FunctionType)
+
+
+def _view(obj) -> View:
+    if isinstance(obj, types.FunctionType):
+        code = obj.__code__
+        return View(obj, _cells, (*(f"<closure>.{n}" for n in code.co_freevars), "__defaults__", "__kwdefaults__"))
+    for kind, (read, names) in _READERS.items():
+        if isinstance(obj, kind):
+            return View(obj, read, names)
+    names = slot_names(type(obj))  # an object with slots and no __dict__ (``reads.reach``)
+    return View(obj, _slot_reader(names), names)
+
+
 def snapshot(container):
     """A copy of a dict's, list's or set's entries (or a class's attributes) that ``same`` compares in
-    C; a numpy array's ``Contents``."""
+    C; a numpy array's ``Contents``; a ``View`` of any other container."""
     if isinstance(container, np.ndarray):
         return Contents(container)
+    if not isinstance(container, dict | types.MappingProxyType | set | list):
+        return _view(container)
     if isinstance(container, dict | types.MappingProxyType):
         return {k: _entry(v) for k, v in container.items()}
     if isinstance(container, set):
@@ -163,7 +246,7 @@ def snapshot(container):
 
 def same(snap, live) -> bool:
     """Whether ``live`` still holds what ``snapshot`` took (the C comparison of the snapshot's type)."""
-    if type(snap) is Contents:
+    if type(snap) is Contents or type(snap) is View:
         return snap.holds(live)
     if isinstance(snap, dict):
         if type(live) is types.MappingProxyType:  # a class's attributes: their order is no program's
@@ -180,6 +263,16 @@ def changed_entry(live, snap):
     for an entry absent on one side), or None where no single entry tells (a set, a reordered list,
     a numpy array)."""
     if isinstance(snap, frozenset | Contents):
+        return None
+    if type(snap) is View:
+        if type(snap.data) is bytes:
+            return None
+        now = snap.read(live)
+        for i in range(max(len(snap.data), len(now))):
+            before = snap.data[i] if i < len(snap.data) else MISSING
+            after = now[i] if i < len(now) else MISSING
+            if before is MISSING or after is MISSING or not before == after:
+                return snap.key(i), _unwrap(before), after
         return None
     if isinstance(snap, dict):
         for key in [*snap, *(k for k in live if k not in snap)]:
