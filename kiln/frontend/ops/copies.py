@@ -13,6 +13,7 @@ from ...ir.shapes import normalize_axis
 from ...ir.types import CPU, Device
 from ...runtime.devices import to_device
 from ..dispatch import apply
+from ..jit import state as _jit
 from ..tensor import Tensor, make_tensor, method
 from ._util import cast
 from .elementwise import where
@@ -128,9 +129,10 @@ def stack(tensors, dim: int = 0) -> Tensor:
             raise RuntimeError(f"stack expects each tensor to be equal size, but got {list(shape)} at entry 0 and "
                                f"{list(x.shape)} at entry {i}")  # fmt: skip
     dim = normalize_axis(dim, len(shape) + 1)
-    if dim < len(shape) and 0 not in shape:
+    if dim < len(shape) and 0 not in shape and not _jit.tracing:
         # joined along ``dim``, then that dim split in two: the same copy without a view per tensor
-        # (DataLoader's collate of 32 small tensors: 61 -> 16 us; torch's 3.5)
+        # (DataLoader's collate of 32 small tensors: 61 -> 16 us; torch's 3.5). Not in a trace: a
+        # dynamic size's reshape keeps each symbol whole, and ``n * s`` split into ``(n, s)`` is not
         return reshape(_join(tensors, dim), shape[:dim] + (len(tensors),) + shape[dim:])
     return _join([unsqueeze(x, dim) for x in tensors], dim)
 
