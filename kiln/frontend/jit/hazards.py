@@ -475,6 +475,13 @@ class Watch:
         """A store the call made into a container from outside it (``d[k] = v``, ``del d[k]``)."""
         inputs = snapshots.not_inputs(self._containers, self.numpy_shadows)  # (a write into one is a program's)
         for path, live, kind, snap in inputs:
+            if type(snap) is snapshots.Contents and snap.too_large:
+                return TraceBreak(
+                    f"the call reaches {path}, a numpy array of {live.nbytes / 2**20:.1f} MiB in Python state, "
+                    "which a compiled call would have to copy to see it change: pass what the call reads from it "
+                    "as an argument, or make it a tensor (kiln.from_numpy, whose memory a program reads)",
+                    None,
+                )
             if snapshots.same(snap, live):
                 continue
             change = snapshots.changed_entry(live, snap)

@@ -109,14 +109,24 @@ class Contents:
     wrong result) by ``memcmp`` against a copy where the array is one contiguous block: 0.26 ms for
     8 MB, against 1.1 ms through ``tobytes`` (2-core machine). An object array's elements are
     compared as a list's. The copy doubles the array's memory: the price of a trace that reads a
-    dataset held in Python state rather than passed in as its argument."""
+    dataset held in Python state rather than passed in as its argument. Two kinds are not copied:
 
-    __slots__ = ("obj", "dtype", "shape", "strides", "data")
+    - an array nothing can write (its memory's owner is read-only: ``np.load(..., mmap_mode="r")``,
+      ``flags.writeable = False``): identity is guard enough;
+    - one of more than ``GUARDED_BYTES`` that can change (``too_large``): it never holds, and a call
+      whose trace reads it runs eagerly, said (``hazards.Watch``), rather than copying gigabytes."""
+
+    __slots__ = ("obj", "dtype", "shape", "strides", "data", "too_large")
 
     def __init__(self, a: np.ndarray) -> None:
         self.obj, self.dtype, self.shape, self.strides = a, a.dtype, a.shape, a.strides
-        if a.dtype.hasobject:
-            self.data: object = a.ravel().tolist()
+        self.too_large = False
+        if not _may_change(a):
+            self.data: object = None
+        elif a.nbytes > GUARDED_BYTES:
+            self.data, self.too_large = None, True
+        elif a.dtype.hasobject:
+            self.data = a.ravel().tolist()
         elif _contiguous(a):
             self.data = np.array(a, order="K", copy=True)
         else:
@@ -128,11 +138,25 @@ class Contents:
         if a is not self.obj or a.dtype != self.dtype or a.shape != self.shape or a.strides != self.strides:
             return False
         data = self.data
+        if data is None:
+            return not self.too_large
         if type(data) is np.ndarray:
             return a.nbytes == 0 or _memcmp(a.ctypes.data, data.ctypes.data, a.nbytes) == 0
         if type(data) is list:
             return a.ravel().tolist() == data
         return a.tobytes() == data
+
+
+#: The most bytes of an array that can change which a guard copies (and compares at each call: about
+#: 5 ms for 64 MiB).
+GUARDED_BYTES = 64 << 20
+
+
+def _may_change(a: np.ndarray) -> bool:
+    """Whether ``a``'s memory can be written: its owner is writeable (a read-only view of a writeable
+    array changes with it)."""
+    owner = array_owner(a)
+    return bool(owner.flags.writeable or a.flags.writeable)
 
 
 def _contiguous(a: np.ndarray) -> bool:

@@ -145,6 +145,34 @@ def test_a_dataset_shuffled_in_place_between_calls():
     assert len(compiled_calls(f)) == 4 and "order changed" in _reasons(f)[1]
 
 
+def test_a_read_only_array_is_guarded_by_identity_without_a_copy(tmp_path):
+    from kiln.frontend.jit.snapshots import Contents  # noqa: PLC0415
+
+    path = tmp_path / "table.npy"
+    np.save(path, np.arange(100_000.0))
+    table = np.load(path, mmap_mode="r")  # nothing can write it: no copy to compare with
+    frozen = np.arange(10.0)
+    frozen.flags.writeable = False
+    assert Contents(table).data is None and Contents(frozen).data is None and Contents(frozen[2:]).data is None
+    f = kiln.compile(lambda x: x * float(table[7]) + float(frozen[3]), wait=True)
+    for _ in range(3):
+        np.testing.assert_allclose(f(kiln.ones(3)).numpy(), 10.0, rtol=RTOL, atol=ATOL)
+    assert sum(compiled_calls(f)) == 2
+
+
+def test_an_array_too_large_to_copy_makes_the_call_run_eagerly(monkeypatch):
+    from kiln.frontend.jit import snapshots  # noqa: PLC0415
+
+    monkeypatch.setattr(snapshots, "GUARDED_BYTES", 1 << 16)  # (a test's stand-in for 64 MiB)
+
+    def make():
+        data = np.arange(20_000.0)  # 160 KB
+        return (lambda x: x * float(data[0])), lambda i: data.__setitem__(0, float(i + 1))
+
+    f = _against_eager(make)
+    assert compiled_calls(f) == [] and "a numpy array of 0.2 MiB in Python state" in _reasons(f)[0]
+
+
 def test_a_large_numpy_array_the_call_writes_runs_eagerly():
     """A store into Python state's array is not something a compiled call repeats: each call runs
     eagerly, with the reason said (a compiled call stored nothing before, past 4,096 elements)."""
