@@ -79,6 +79,7 @@ from .serialization import load, save  # noqa: E402
 from . import distributed, profiler  # noqa: E402  (mpi4py is imported by init_process_group only)
 from . import distributions, fft, func, linalg, special  # noqa: E402
 from ._torch_aliases import *  # noqa: E402, F403  (det, inverse, svd, digamma, lgamma...: over linalg and special)
+from ._torch_names import *  # noqa: E402, F403  (asarray, cosine_similarity, vmap...: over nn and func)
 from . import accelerator, amp, backends, cpu, sparse, testing, utils  # noqa: E402
 from .backends import are_deterministic_algorithms_enabled, is_deterministic_algorithms_warn_only_enabled  # noqa: E402
 from .backends import use_deterministic_algorithms  # noqa: E402

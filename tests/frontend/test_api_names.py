@@ -193,3 +193,43 @@ def test_jit_is_tracing_inside_a_trace_only():
     np.testing.assert_array_equal(f(kiln.ones(2)).numpy(), [2.0, 2.0])
     assert seen == [True]
     assert not kiln.jit.is_tracing()
+
+
+def test_asarray_is_nonzero_narrow_copy_cosine_similarity_and_vmap_match_torch(torch):
+    array = RNG.standard_normal((3, 4))
+    ours, theirs = kiln.asarray(array), torch.asarray(array)
+    array[0, 0] = 7.0  # both share the array's memory
+    np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    assert kiln.asarray(array, copy=True).numpy()[0, 0] == torch.asarray(array, copy=True).numpy()[0, 0] == 7.0
+    array[0, 0] = 1.0
+    assert kiln.asarray(array, copy=True).numpy()[0, 0] == 1.0 and ours.numpy()[0, 0] == 1.0
+    assert kiln.asarray([1, 2]).dtype is kiln.int64 and kiln.asarray([1.5], requires_grad=True).requires_grad
+    with pytest.raises(ValueError):
+        kiln.asarray([1, 2], copy=False)
+    for value in (0.0, -2.5):
+        assert kiln.is_nonzero(kiln.tensor([value])) == torch.is_nonzero(torch.tensor([value]))
+    with pytest.raises(RuntimeError, match="more than one value is ambiguous"):
+        kiln.is_nonzero(kiln.ones(2))
+    with pytest.raises(RuntimeError, match="no values is ambiguous"):
+        kiln.is_nonzero(kiln.ones(0))
+    copied = kiln.narrow_copy(ours, 1, 1, 2)
+    np.testing.assert_array_equal(copied.numpy(), torch.narrow_copy(theirs, 1, 1, 2).numpy())
+    assert not np.shares_memory(copied.numpy(), array)
+    other = RNG.standard_normal((3, 4))
+    np.testing.assert_allclose(kiln.cosine_similarity(ours, kiln.asarray(other), dim=1).numpy(),
+                               torch.cosine_similarity(theirs, torch.asarray(other), dim=1).numpy(),
+                               rtol=1e-12, atol=1e-12)  # fmt: skip
+    np.testing.assert_allclose(kiln.vmap(lambda row: row.sum())(ours).numpy(),
+                               torch.vmap(lambda row: row.sum())(theirs).numpy(), rtol=1e-12, atol=1e-12)  # fmt: skip
+
+
+def test_float32_matmul_precision_is_kept(torch):
+    try:
+        for precision in ("high", "medium", "highest"):
+            kiln.set_float32_matmul_precision(precision)
+            assert kiln.get_float32_matmul_precision() == precision
+        with pytest.raises(RuntimeError, match="Invalid precision"):
+            kiln.set_float32_matmul_precision("low")
+    finally:
+        kiln.set_float32_matmul_precision("highest")
+    assert torch.get_float32_matmul_precision() == kiln.get_float32_matmul_precision()
