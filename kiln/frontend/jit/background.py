@@ -57,9 +57,14 @@ logger = logging.getLogger("kiln")
 #: from the eager calls running in the foreground.
 WORKERS = 2
 #: How long (seconds from the trace) the calls made while their program compiles run eagerly without
-#: queueing eager kernels (``Job.defers_kernels``): DCGAN's and the CNN's programs compile in 0.5-0.6 s
-#: on a quiet 2-core machine; a longer compile lets the calls have their kernels meanwhile.
-KERNELS_AFTER_S = 1.0
+#: queueing eager kernels (``Job.defers_kernels``); a longer compile lets the calls have their kernels
+#: meanwhile. DCGAN's and the CNN's programs compile in 0.5-0.6 s waited for, but in 1.0-1.5 s in the
+#: background, where the eager calls share the 2 cores: at 1.0 the kernels then came in the middle of the
+#: program's compile, and delayed it to 1.6-2.1 s. At 3.0, 200-step background runs (empty cache, quiet
+#: 2-core machine, 3-4 runs each): the CNN 1.22-2.27 -> 1.25-1.49 s, DCGAN 1.14-2.13 -> 1.25-1.78,
+#: GPT 3.16-4.76 -> 3.34-4.38; the LSTM LM (ready in 0.8 s) and 25 steps of the LSTMCell loop unchanged
+#: within noise.
+KERNELS_AFTER_S = 3.0
 #: The interpreter's switch interval (seconds) while a compile runs in the background: an eager
 #: DCGAN step beside a thread running Python took 3.7 ms alone, 22.5 at the default 5 ms, 8.2 at
 #: 0.5 ms and 7.8 at 0.1 ms (a CNN step 3.5-7.5 alone, 17-20, 8.5-12, 7.7-7.8). Shorter makes
