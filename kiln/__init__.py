@@ -87,6 +87,7 @@ from . import compiler  # noqa: E402  (the compiler layer; torch.compiler's publ
 
 for _name in jit.TORCH_COMPILER_NAMES:
     setattr(compiler, _name, getattr(jit, _name))
+del _name
 from .amp import autocast, get_autocast_dtype, is_autocast_enabled, set_autocast_dtype, set_autocast_enabled  # noqa: E402
 # isort: on
 

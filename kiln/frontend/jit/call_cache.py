@@ -107,7 +107,9 @@ class CompiledFunction(BackgroundCompiles, Partners):
 
     def reset(self) -> None:
         """Forget every specialization, trace and reason (``torch.compiler.reset``): the next call
-        traces again. A compile still running in the background settles into the state it forgets."""
+        traces again. The compiles running in the background are waited for first: each settles into
+        the state it started from, which must still be this function's."""
+        self.wait_compiled()
         with self._lock, self._install_lock:
             self.state = CompileState()
 

@@ -83,3 +83,16 @@ def test_deterministic_algorithms_read_in_a_trace_are_a_guard():
         kiln.use_deterministic_algorithms(False)
     assert "use_deterministic_algorithms' mode changed: False -> True" in events(g)[1].detail
     assert not kiln.is_deterministic_algorithms_warn_only_enabled()
+
+
+def test_reset_while_a_compile_runs_in_the_background(caplog):
+    g = kiln.compile(lambda x: x * 3 + 1, wait=False)
+    x = kiln.ones(4)
+    assert g(x).tolist() == [4.0] * 4  # traced; its program compiles in the background
+    kiln.compiler.reset()  # waits for it, then forgets it
+    assert g.state.specializations == [] and not g.state.pending
+    for _ in range(3):
+        assert g(x).tolist() == [4.0] * 4
+    assert kiln.jit.wait_compiled() and len(g.state.specializations) == 1
+    # (without the wait, the first compile settled into the state reset made, and raised in its thread)
+    assert "a background compile raised" not in caplog.text
