@@ -154,9 +154,8 @@ GUARDED_BYTES = 64 << 20
 
 def _may_change(a: np.ndarray) -> bool:
     """Whether ``a``'s memory can be written: its owner is writeable (a read-only view of a writeable
-    array changes with it)."""
-    owner = array_owner(a)
-    return bool(owner.flags.writeable or a.flags.writeable)
+    array changes with it; numpy makes no view writeable over a read-only owner)."""
+    return bool(array_owner(a).flags.writeable)
 
 
 def _contiguous(a: np.ndarray) -> bool:
