@@ -392,3 +392,22 @@ def test_multinomial_without_replacement():
         kiln.multinomial(kiln.tensor([1.0, -1.0]), 1)
     with pytest.raises(RuntimeError, match="1-D or 2-D floating point"):
         kiln.multinomial(kiln.tensor([1, 2]), 1)
+
+
+@pytest.mark.parametrize("dtype", [kiln.float16, kiln.float32, kiln.float64])
+@pytest.mark.parametrize("draw", ["rand", "randn"])
+def test_eager_draws_on_the_arrays_equal_the_ops(monkeypatch, dtype, draw):
+    from kiln.frontend.ops import random as random_ops
+
+    def draws():
+        g = gen(11)
+        out = [getattr(kiln, draw)(*shape, generator=g, dtype=dtype).numpy() for shape in ((5, 7), (3,), (0, 2))]
+        return out, g.get_offset(), g.philox_state._version[0]
+
+    on_arrays, offset, version = draws()
+    monkeypatch.setattr(random_ops, "_on_arrays", lambda g: False)
+    ops, ops_offset, ops_version = draws()
+    for a, b in zip(on_arrays, ops, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    assert offset == ops_offset and version == ops_version

@@ -15,12 +15,14 @@ import numpy as np
 
 from ...ir import dtypes as dt
 from ...ir.primitives import P
+from ...ir.primitives.random import blocks_used
 from ...ir.types import CPU, Device
 from ...ir.types import device as parse_device
 from ...runtime.devices import to_device
 from ..autograd.grad_mode import no_grad
 from ..dispatch import apply
 from ..jit import state as _jit
+from ..jit.layouts import writable
 from ..tensor import Tensor, make_tensor
 from .elementwise import floor_divide, remainder, where
 from .inplace import commit_inplace
@@ -132,6 +134,16 @@ class Generator:
         if out._data.size:  # (an op over the shape, not a constant: see random_advance)
             advanced = apply(P["random_advance"], self.philox_state, shape=shape)
             commit_inplace(self.philox_state, advanced, op="random draw")
+        return out
+
+    def bits_array(self, shape: tuple[int, ...]) -> np.ndarray:
+        """``bits(shape)``'s array, the state advanced the same way, without the two dispatches: for
+        an eager draw on the CPU outside traces and profiles (``random._on_arrays``)."""
+        state = self.philox_state
+        out = P["random_bits"].eager(np, state._data, shape=shape)
+        if out.size:
+            writable(state._data)[1] += blocks_used(shape)
+            state._version[0] += 1
         return out
 
     def __repr__(self) -> str:
