@@ -22,7 +22,7 @@ from .checks import check_nonzero, check_range
 from .gelu_arrays import gelu_tanh_eager
 from .inplace import commit_inplace
 from .numpy_operands import has_array, operate
-from .relu import relu_eager
+from .relu import clamp_eager, relu_eager
 
 __all__ = [
     "add", "sub", "subtract", "mul", "multiply", "div", "divide", "true_divide", "floor_divide",
@@ -389,14 +389,22 @@ def softplus(input: Tensor, beta: float = 1.0, threshold: float = 20.0) -> Tenso
 # ----------------------------------------------------------------------------- min, max, where
 @method("clamp", "clip")
 def clamp(input: Tensor, min=None, max=None) -> Tensor:
-    """Limit to [min, max]. The gradient is 1 inside and on the bounds, as in PyTorch; nan stays nan."""
+    """Limit to [min, max]. The gradient is 1 inside and on the bounds, as in PyTorch; nan stays nan,
+    and its gradient is 0 (PyTorch's: nan is not within the bounds); a nan bound makes every value nan."""
     if min is None and max is None:
         raise ValueError("clamp: at least one of 'min' or 'max' must not be None")
+    out = clamp_eager(input, min, max)
+    if out is not None:
+        return out
+    if any(isinstance(b, float) and math.isnan(b) for b in (min, max)):  # nan everywhere, no gradient
+        return where(ne(input, math.nan), _bound_like(math.nan, input), input)
     out = input
     if min is not None:
         out = where(lt(out, min), _bound_like(min, out), out)
     if max is not None:
         out = where(gt(out, max), _bound_like(max, out), out)
+    if out._requires_grad and input._requires_grad and input._dtype.is_floating_point:
+        out = where(isnan(input), input.detach(), out)  # the same values; no gradient through nan
     return out
 
 
