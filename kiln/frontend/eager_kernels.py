@@ -181,6 +181,13 @@ def ready(name: str, key: tuple, make: Callable[[], Entry], shared: bool = False
     return entry
 
 
+def on_numpy(key: tuple) -> bool:
+    """Whether ``key`` stays on numpy for good (its trial kept numpy, its compile failed or was
+    declined): its calls need not be timed nor cover the keys they meet."""
+    entry = CACHE.entries.get(key)
+    return entry is not None and entry.reason is not None
+
+
 def compiled_outputs(name: str, arrays: Sequence[np.ndarray], attrs_key: tuple,
                      build: Callable[[Layouts], Built]) -> list | None:  # fmt: skip
     """The outputs of the op's compiled program for these inputs, or None (``ready_entry``)."""
@@ -230,6 +237,8 @@ def route(prim: Primitive) -> Callable:
         build = functools.partial(primitive_graph, prim, attrs)
         entry = ready(prim.name, key, functools.partial(_compile, prim.name, build, key[1]))
         if entry is None:
+            if on_numpy(key):
+                return eager(xp, *arrays, **attrs)
             return timed_eager(key, lambda: eager(xp, *arrays, **attrs))
         program = entry.program
         assert program is not None

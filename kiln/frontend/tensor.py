@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ir import dtypes as dt
+from ..ir.shapes import normalize_axis
 from ..ir.types import CPU, Device
 from .autograd import grad_mode as _grad_mode
 from .autograd.grad_mode import state as _grad_state
@@ -127,9 +128,9 @@ class Tensor(_Base):
         shape = _jit.shape_of(self) if _jit.tracing else self._data.shape
         if dim is None:
             return Size(shape)
-        from ..ir.shapes import normalize_axis  # noqa: PLC0415
-
-        return shape[normalize_axis(dim, self._data.ndim)]
+        if dim.__class__ is int and -len(shape) <= dim < len(shape):
+            return shape[dim]
+        return shape[normalize_axis(dim, self._data.ndim)]  # (its error, or a dim that is no plain int)
 
     @property
     def dtype(self) -> dt.DType:

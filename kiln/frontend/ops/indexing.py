@@ -233,6 +233,9 @@ def getitem(self: Tensor, key) -> Tensor:
             return wrap_view(self, self._data[key, ...], _reshape, {})  # (no node to record: one view)
         y = strided_slice(self, (key,) + (0,) * (len(shape) - 1), (key + 1,) + shape[1:], (1,) * len(shape))
         return _reshaped(y, shape[1:])
+    if key.__class__ is Tensor and key._dtype is dt.int64 and key._data.ndim and self._data.ndim:
+        _check_bounds(key, self._data.shape[0], 0)  # x[idx], an embedding's lookup: what _parse makes of it
+        return apply(_take, self, key)
     parsed = _parse(self, key)
     y = _basic(self, parsed)
     return _advanced(y, parsed.advanced) if parsed.advanced else y

@@ -10,17 +10,22 @@ from __future__ import annotations
 import functools
 from collections import namedtuple
 
+import numpy as np
+
 from ...ir import dtypes as dt
 from ...ir.primitives import P
 from ...ir.shapes import normalize_axes, normalize_axis, reduced_shape
+from ...ir.types import CPU
+from .. import dispatch
 from ..autocast import FLOAT32, autocast_op
+from ..autograd import grad_mode
 from ..autograd.checked import check_output
 from ..dispatch import apply
 from ..eager_composites import compiled_composite
 from ..jit.regions import composite
 from ..opmath import in_float32
-from ..tensor import Tensor, method
-from ._util import cast
+from ..tensor import Tensor, make_tensor, method
+from ._util import cast, plain_arrays
 from .elementwise import add, div, eq, exp, isinf, isnan, log, logical_not, maximum, minimum, mul, ne, sqrt, sub, where
 from .inplace import commit_inplace
 from .softmax_arrays import softmax_eager
@@ -135,7 +140,15 @@ def _extremum(input: Tensor, dim, keepdim: bool, name: str):
         return apply(_reduce_max if name == "max" else _reduce_min, input, axes=tuple(range(input.ndim)), keepdim=False)
     axis = normalize_axis(dim, input.ndim)
     result = _MaxResult if name == "max" else _MinResult
-    indices = apply(P["argmax" if name == "max" else "argmin"], input, axis=axis, keepdim=True)
+    arg = P["argmax" if name == "max" else "argmin"]
+    if input._data.ndim and input._data.size and _without_history(input):  # no dispatch, where the ops make 4
+        x = input._data
+        at = (dispatch._compiled_routes.get(arg) or arg.eager)(np, x, axis=axis, keepdim=True)
+        picked = np.take_along_axis(x, at, axis=axis)
+        if not keepdim:
+            picked, at = picked.squeeze(axis), at.squeeze(axis)
+        return result(make_tensor(picked, CPU, input._dtype), make_tensor(at, CPU, dt.int64))
+    indices = apply(arg, input, axis=axis, keepdim=True)
     if input.ndim == 0:
         from .creation import clone  # noqa: PLC0415
 
@@ -149,6 +162,12 @@ def _extremum(input: Tensor, dim, keepdim: bool, name: str):
         shape = reduced_shape(input._data.shape, (axis,), False)
         values, indices = apply(P["reshape"], values, shape=shape), apply(P["reshape"], indices, shape=shape)
     return result(values, indices)
+
+
+def _without_history(input: Tensor) -> bool:
+    """Whether an op on ``input`` may run on its array: an eager CPU tensor outside traces and profiles
+    (``plain_arrays``) whose result records no gradient."""
+    return plain_arrays(input) and not (input._requires_grad and grad_mode.state.grad_enabled)
 
 
 @method("max")
