@@ -412,7 +412,8 @@ class Tensor(_Base):
     __str__ = __repr__
 
     def __format__(self, spec: str) -> str:
-        if self._data.ndim == 0 and spec:
+        """A 0-d tensor formats as its number (``f"{loss}"`` prints 0.25, as PyTorch's), others as repr."""
+        if self._data.ndim == 0:
             return format(self.item(), spec)
         return repr(self)
 

@@ -138,9 +138,14 @@ def test_print_options_match_pytorch(torch):
         set_printoptions(profile="default")
 
 
-def test_format_of_scalars():
+def test_format_of_scalars(torch):
     assert f"{kiln.tensor(2.5):.2f}" == "2.50"
     assert f"{kiln.tensor([1.0])}" == "tensor([1.])"
+    # A 0-d tensor in a format string is its number, with or without a spec (PyTorch's __format__):
+    # ``"Accuracy: {} %".format(100 * correct / total)`` prints 8.59375, not tensor(8.5938)
+    for value in (torch.tensor(8.59375), torch.tensor(3), torch.tensor(True)):
+        assert "{}".format(kiln.tensor(value.item())) == "{}".format(value)
+        assert f"{kiln.tensor(value.item())!s}" == f"{value!s}"
 
 
 def test_printing_is_not_an_op():
