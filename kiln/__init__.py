@@ -80,6 +80,7 @@ from . import distributed, profiler  # noqa: E402  (mpi4py is imported by init_p
 from . import distributions, fft, func, linalg, special  # noqa: E402
 from ._torch_aliases import *  # noqa: E402, F403  (det, inverse, svd, digamma, lgamma...: over linalg and special)
 from ._torch_names import *  # noqa: E402, F403  (asarray, cosine_similarity, vmap...: over nn and func)
+from ._torch_names_nn import *  # noqa: E402, F403  (conv2d, batch_norm, dropout, exp_...: nn.functional's, ATen's order)
 from . import accelerator, amp, backends, cpu, sparse, testing, utils  # noqa: E402
 from .backends import are_deterministic_algorithms_enabled, is_deterministic_algorithms_warn_only_enabled  # noqa: E402
 from .backends import use_deterministic_algorithms  # noqa: E402
