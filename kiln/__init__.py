@@ -81,6 +81,8 @@ from . import distributions, fft, func, linalg, special  # noqa: E402
 from ._torch_aliases import *  # noqa: E402, F403  (det, inverse, svd, digamma, lgamma...: over linalg and special)
 from ._torch_names import *  # noqa: E402, F403  (asarray, cosine_similarity, vmap...: over nn and func)
 from ._torch_names_nn import *  # noqa: E402, F403  (conv2d, batch_norm, dropout, exp_...: nn.functional's, ATen's order)
+from ._torch_names_math import *  # noqa: E402, F403  (hann_window, histogram, gradient, range...: `range` hides the builtin here)
+from ._torch_names_views import *  # noqa: E402, F403  (view_copy, split_with_sizes, diagonal_scatter...)
 from . import accelerator, amp, backends, cpu, sparse, testing, utils  # noqa: E402
 from .backends import are_deterministic_algorithms_enabled, is_deterministic_algorithms_warn_only_enabled  # noqa: E402
 from .backends import use_deterministic_algorithms  # noqa: E402
