@@ -1,5 +1,6 @@
-"""Tensor.fill_diagonal_, geometric_, put_/put (and torch.put), map_, apply_ and name, against
-torch; and the scan of the torch names ported programs reach for (issue: reachnames)."""
+"""Tensor.fill_diagonal_, geometric_, put_/put (and torch.put), map_, apply_ and name; the constants,
+can_cast, the deprecated norms and the process switches, against torch; and the list of the torch
+names this work reaches, each checked to exist in torch and in kiln."""
 
 from __future__ import annotations
 
@@ -114,6 +115,62 @@ def test_name_is_none(torch):
     assert kiln.nn.Parameter(kiln.ones(2)).name is None
 
 
+def test_constants_predicates_and_deprecated_norms_match_torch(torch):
+    assert (kiln.pi, kiln.e, kiln.inf, kiln.newaxis) == (torch.pi, torch.e, torch.inf, torch.newaxis)
+    assert kiln.nan != kiln.nan and np.isnan(torch.nan)
+    pairs = [(kiln.bool, torch.bool), (kiln.uint8, torch.uint8), (kiln.int64, torch.int64), (kiln.float16, torch.float16),
+             (kiln.float64, torch.float64)]  # fmt: skip
+    for a, ta in pairs:
+        for b, tb in pairs:
+            assert kiln.can_cast(a, b) == torch.can_cast(ta, tb), (a, b)
+    x, tx = _pair(torch, RNG.standard_normal((2, 3, 4)) * 3)
+    _same(kiln.fix(x), torch.fix(tx))
+    _same(kiln.adjoint(x), torch.adjoint(tx))
+    assert kiln.get_device(x) == torch.get_device(tx) == -1
+    assert not (kiln.is_conj(x) or kiln.is_neg(x) or kiln.is_inference(x))
+    with kiln.inference_mode():
+        assert kiln.is_inference(kiln.ones(2))
+    with pytest.warns(UserWarning):  # the oracle's deprecation warnings
+        for ours, theirs in [(kiln.nuclear_norm(x[0]), torch.nuclear_norm(tx[0])),
+                             (kiln.nuclear_norm(x[0], True), torch.nuclear_norm(tx[0], True)),
+                             (kiln.nuclear_norm(x, (0, 2)), torch.nuclear_norm(tx, (0, 2))),
+                             (kiln.frobenius_norm(x, (1, 2), True), torch.frobenius_norm(tx, (1, 2), True)),
+                             (kiln.frobenius_norm(x, 1), torch.frobenius_norm(tx, 1))]:  # fmt: skip
+            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-10, atol=1e-12)
+            assert tuple(ours.shape) == tuple(theirs.shape)
+    with pytest.raises(RuntimeError, match="2 dimensions"):
+        kiln.nuclear_norm(x)
+    y, ty = _pair(torch, RNG.standard_normal((2, 3, 9)))
+    for o, t in zip(kiln.max_pool1d_with_indices(y, 3, 2, 1), torch.max_pool1d_with_indices(ty, 3, 2, 1), strict=True):
+        _same(o, t)
+    reflectors, tau = torch.geqrf(torch.from_numpy(RNG.standard_normal((4, 3))))
+    ours = kiln.from_numpy(reflectors.numpy()).orgqr(kiln.from_numpy(tau.numpy()))
+    np.testing.assert_allclose(ours.numpy(), torch.orgqr(reflectors, tau).numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_process_switches_round_trip(torch):
+    try:
+        kiln.set_anomaly_enabled(True)
+        assert kiln.is_anomaly_enabled() and kiln.is_anomaly_check_nan_enabled()
+        assert kiln.autograd.is_anomaly_enabled()
+    finally:
+        kiln.set_anomaly_enabled(False)
+    assert not kiln.is_anomaly_enabled() and not kiln.is_anomaly_check_nan_enabled()
+    with pytest.raises(NotImplementedError, match="always checks"):
+        kiln.set_anomaly_enabled(True, check_nan=False)
+    assert not kiln.is_anomaly_enabled()
+    try:
+        kiln.set_warn_always(True)
+        kiln.set_num_interop_threads(3)
+        assert kiln.is_warn_always_enabled() and kiln.get_num_interop_threads() == 3
+    finally:
+        kiln.set_warn_always(False)
+        kiln.set_num_interop_threads(1)
+    assert kiln.is_warn_always_enabled() == torch.is_warn_always_enabled() is False
+    with pytest.raises(RuntimeError, match="positive"):
+        kiln.set_num_interop_threads(0)
+
+
 # The torch names this work added, by kind: the scan that found them stays green with this list.
 REACHED_TOP_LEVEL = """
 conv1d conv2d conv3d conv_transpose1d conv_transpose2d conv_transpose3d dropout alpha_dropout feature_alpha_dropout
@@ -132,12 +189,15 @@ unsafe_chunk unsafe_split unsafe_split_with_sizes view_copy permute_copy transpo
 select_copy squeeze_copy unsqueeze_copy diagonal_copy t_copy unbind_copy split_copy split_with_sizes_copy alias_copy
 detach_copy as_strided_copy unfold_copy diagonal_scatter cumulative_trapezoid
 lu lu_unpack lu_solve triangular_solve cholesky_solve cholesky_inverse qr put
+pi e inf nan newaxis adjoint fix get_device is_conj is_neg is_inference can_cast nuclear_norm frobenius_norm
+max_pool1d_with_indices orgqr is_anomaly_enabled is_anomaly_check_nan_enabled set_anomaly_enabled set_warn_always
+is_warn_always_enabled get_num_interop_threads set_num_interop_threads
 """.split()
 REACHED_LINALG = ("lu lu_factor lu_factor_ex lu_solve solve_ex inv_ex cholesky_ex vander tensorinv tensorsolve "
                   "householder_product").split()  # fmt: skip
 REACHED_METHODS = ("histogram nextafter nextafter_ mvlgamma mvlgamma_ diagonal_scatter triangular_solve qr lu lu_solve "
                    "cholesky_solve cholesky_inverse fill_diagonal_ geometric_ put_ put map_ apply_ name gcd_ "
-                   "lcm_").split()  # fmt: skip
+                   "lcm_ orgqr").split()  # fmt: skip
 
 
 def test_the_reached_names_exist_in_both(torch):
