@@ -6,11 +6,12 @@ kiln has no LU primitive: ``lu_factor_ex`` is Gaussian elimination with partial 
 ``getrf``: at each column the row of largest magnitude, the first one on a tie) written over
 kiln's ops, one column per step over the whole batch. The pivot rows are chosen with ``argmax`` and
 applied with ``gather``, so no value is read: the factorization carries gradients (those of the
-elimination with its pivots fixed, which are LU's) and compiles. It costs about ten ops per column,
-so it suits the small and moderate matrices ported programs factor (hundreds of rows, not
-thousands); ``lu_solve``'s triangular solves go row by row in the same way, and never raise on a zero
-pivot (inf or nan instead, as LAPACK's). ``solve_ex`` and ``inv_ex`` solve with these, so their
-``info`` is the factorization's.
+elimination with its pivots fixed, which are LU's) and compiles. It costs about ten ops per column;
+where no history is needed (no grad, not traced) the same steps run on the numpy arrays instead,
+with the same arithmetic. Either way it suits the small and moderate matrices ported programs
+factor (hundreds of rows, not thousands). ``lu_solve`` runs kiln's triangular solves; where U has a zero pivot it gives nan rather
+than raising (LAPACK's substitution gives inf or nan there). ``solve_ex`` and ``inv_ex`` solve with
+these, so their ``info`` is the factorization's.
 ``cholesky_ex`` needs to know whether each matrix is positive-definite before it can use the
 Cholesky primitive; it reads that with numpy, so under ``kiln.compile`` its trace stops there.
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from . import linalg
 from .frontend import ops
+from .frontend.autograd.grad_mode import is_grad_enabled
 from .frontend.jit import state as _jit
 from .frontend.tensor import Tensor
 from .ir import dtypes as dt
@@ -48,7 +50,7 @@ def _mT(x: Tensor) -> Tensor:
 
 
 def _swap_first(rows: Tensor, pick: Tensor) -> Tensor:
-    """The index that swaps entry 0 with entry ``pick`` (per batch element) of ``rows`` entries."""
+    """The index that swaps entry 0 with entry ``pick`` (per batch element) of the last dim of ``rows``."""
     index = ops.arange(rows.shape[-1], device=rows.device).expand(*rows.shape)
     pick = ops.unsqueeze(pick, -1)
     return ops.where(ops.eq(index, 0), pick, ops.where(ops.eq(index, pick), 0, index))
@@ -66,18 +68,28 @@ def lu_factor_ex(A: Tensor, *, pivot: bool = True, check_errors: bool = False) -
     linalg._matrices(A, "lu_factor_ex", square=False)
     if not pivot:
         raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+    if _jit.tracing or (is_grad_enabled() and A.requires_grad):
+        LU, pivot_rows, info = _eliminate(A)
+    else:  # the same steps on the arrays: no history to record, a hundred times fewer dispatches
+        arrays = _eliminate_arrays(A.detach()._host())
+        LU, pivot_rows, info = (ops.tensor(x, device=A.device) for x in arrays)
+    if check_errors and bool(ops.any(ops.ne(info, 0))):
+        raise LinAlgError(f"torch.linalg.lu_factor_ex: U[{_first_zero(info)}] is zero (the factorization is singular)")
+    return LUFactorExResult(LU, pivot_rows, info)
+
+
+def _eliminate(A: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``getrf`` over kiln's ops, one column per step for the whole batch: differentiable, traceable."""
     m, n = A.shape[-2:]
     k = min(m, n)
     batch = tuple(A.shape[:-2])
     work = A  # rows j.. of the working matrix: L's multipliers left of column j, the Schur complement right
-    order = ops.arange(m, device=A.device).expand(*batch, m)  # the original row now at each of those rows
     finished, pivots = [], []
     info = ops.zeros(batch, dtype=dt.int32, device=A.device)
     for j in range(k):
         pick = ops.argmax(ops.abs(work[..., :, j].detach()), -1)  # the first row of largest magnitude
-        swap = _swap_first(order, pick)
+        swap = _swap_first(work[..., :, j].detach(), pick)
         work = ops.gather(work, -2, ops.expand(ops.unsqueeze(swap, -1), tuple(work.shape)))
-        order = ops.gather(order, -1, swap)
         top, below = work[..., 0, :], work[..., 1:, :]
         head = top[..., j]
         zero = ops.eq(head, 0)
@@ -88,13 +100,34 @@ def lu_factor_ex(A: Tensor, *, pivot: bool = True, check_errors: bool = False) -
         work = ops.cat([below[..., :j], ops.unsqueeze(multipliers, -1), rest], -1)
         finished.append(top)
         pivots.append((pick + (j + 1)).to(dt.int32))
-        order = order[..., 1:]
     rows = ops.stack(finished, -2) if finished else work[..., :0, :]
     LU = ops.cat([rows, work], -2) if m > k else rows
     pivot_rows = ops.stack(pivots, -1) if pivots else ops.zeros((*batch, 0), dtype=dt.int32, device=A.device)
-    if check_errors and bool(ops.any(ops.ne(info, 0))):
-        raise LinAlgError(f"torch.linalg.lu_factor_ex: U[{_first_zero(info)}] is zero (the factorization is singular)")
-    return LUFactorExResult(LU, pivot_rows, info)
+    return LU, pivot_rows, info
+
+
+def _eliminate_arrays(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_eliminate``'s steps in place on a copy of the array: the same arithmetic, so the same values."""
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    batch = a.shape[:-2]
+    flat = np.array(a.reshape(math.prod(batch), m, n), copy=True)
+    pivots = np.zeros((flat.shape[0], k), dtype=np.int32)
+    info = np.zeros(flat.shape[0], dtype=np.int32)
+    each = np.arange(flat.shape[0])
+    for j in range(k):
+        pick = j + np.argmax(np.abs(flat[:, j:, j]), axis=1)
+        pivots[:, j] = pick + 1
+        picked = flat[each, pick].copy()
+        flat[each, pick] = flat[:, j]
+        flat[:, j] = picked
+        head = flat[:, j, j]
+        zero = head == 0
+        info[(info == 0) & zero] = j + 1
+        multipliers = flat[:, j + 1 :, j] / np.where(zero, 1.0, head)[:, None]
+        flat[:, j + 1 :, j] = multipliers
+        flat[:, j + 1 :, j + 1 :] -= multipliers[:, :, None] * flat[:, j, None, j + 1 :]
+    return flat.reshape(a.shape), pivots.reshape(*batch, k), info.reshape(batch)
 
 
 def _first_zero(info: Tensor) -> str:
@@ -115,13 +148,28 @@ def lu_factor(A: Tensor, *, pivot: bool = True) -> LUFactorResult:
 
 
 def _permutation(pivots: Tensor, m: int) -> Tensor:
-    """The row order ``pivots`` (LAPACK's swaps) puts A in: ``A[..., order, :] = L U``."""
+    """The row order ``pivots`` (LAPACK's swaps) puts A in: ``A[..., order, :] = L U``. The swaps
+    are sequential: eagerly numpy applies them to the integers (exact, a few microseconds a swap);
+    traced, they are gathers in the graph, so no value is read."""
+    if not _jit.tracing:
+        swaps = pivots.detach()._host().astype(np.int64) - 1
+        order = np.broadcast_to(np.arange(m), (*swaps.shape[:-1], m)).copy()
+        rows = np.ogrid[tuple(slice(0, n) for n in swaps.shape[:-1])] if swaps.ndim > 1 else ()
+        for i in range(swaps.shape[-1]):
+            target = swaps[..., i]
+            here, there = order[..., i].copy(), order[(*rows, target)] if rows else order[target]
+            order[..., i] = there
+            if rows:
+                order[(*rows, target)] = here
+            else:
+                order[target] = here
+        return ops.tensor(order, device=pivots.device)
     order = ops.arange(m, device=pivots.device).expand(*pivots.shape[:-1], m)
-    swaps = pivots.long() - 1
+    swaps_t = pivots.long() - 1
     for i in range(pivots.shape[-1]):
         index = ops.arange(m, device=pivots.device).expand(*order.shape)
-        target = swaps[..., i : i + 1]
-        index = ops.where(ops.eq(index, i), target, ops.where(ops.eq(index, target), i, index))
+        target_t = swaps_t[..., i : i + 1]
+        index = ops.where(ops.eq(index, i), target_t, ops.where(ops.eq(index, target_t), i, index))
         order = ops.gather(order, -1, index)
     return order
 
@@ -179,24 +227,19 @@ def lu_solve(LU: Tensor, pivots: Tensor, B: Tensor, *, left: bool = True, adjoin
 
 
 def _substitute(T: Tensor, B: Tensor, *, lower: bool, unit: bool | None = None) -> Tensor:
-    """X with ``T X = B`` for T's lower (or upper) triangle, row by row (LAPACK's ``trsm``): no check
-    for a zero on the diagonal, which gives inf or nan as LAPACK does (the ``_ex`` functions report
-    it in ``info``) rather than an error. ``unit`` (default: ``lower``) takes the diagonal as ones,
-    as L's in ``LU``."""
+    """X with ``T X = B`` for T's lower (or upper) triangle; ``unit`` (default: ``lower``) takes the
+    diagonal as ones, as L's in ``LU``. A zero on the diagonal makes LAPACK's substitution divide by
+    zero, and PyTorch's result there is not meaningful (the ``_ex`` functions' ``info`` says so);
+    kiln's triangular solve would raise, so such a pivot is solved as 1 and that matrix's X is
+    made all nan instead."""
     unit = lower if unit is None else unit
-    n = T.shape[-1]
-    solved: list[Tensor] = []  # rows of X, in the order they are found
-    for step in range(n):
-        i = step if lower else n - 1 - step
-        row = B[..., i : i + 1, :]
-        if solved:
-            known = ops.cat(solved if lower else solved[::-1], -2)  # X's rows before i (after it, upper)
-            coefficients = T[..., i : i + 1, :i] if lower else T[..., i : i + 1, i + 1 :]
-            row = row - ops.matmul(coefficients, known)
-        solved.append(row if unit else row / T[..., i : i + 1, i : i + 1])
-    if not solved:
-        return B.clone()
-    return ops.cat(solved if lower else solved[::-1], -2)
+    if unit:
+        return linalg.solve_triangular(T, B, upper=not lower, unitriangular=True)
+    pivots = ops.diagonal(T, 0, -2, -1)
+    zero = ops.eq(pivots, 0)
+    safe = T + ops.diag_embed(zero.to(T.dtype))  # the zero pivots as 1
+    X = linalg.solve_triangular(safe, B, upper=not lower)
+    return ops.where(ops.unsqueeze(ops.unsqueeze(ops.any(zero, -1), -1), -1), math.nan, X)
 
 
 def solve_ex(A: Tensor, B: Tensor, *, left: bool = True, check_errors: bool = False) -> SolveExResult:

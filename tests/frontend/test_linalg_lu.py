@@ -57,6 +57,22 @@ def test_singular_and_tied_pivots_match_torch(torch):
         a, ta = _pair(torch, array)
         _close(kiln.linalg.lu_factor_ex(a), torch.linalg.lu_factor_ex(ta))
         _close(kiln.linalg.lu(a), torch.linalg.lu(ta))
+        _close(kiln.linalg.lu_factor_ex(a.requires_grad_()), torch.linalg.lu_factor_ex(ta))  # the ops' path
+
+
+@pytest.mark.parametrize("shape", [(5, 5), (2, 3, 4, 6), (3, 6, 2), (0, 3, 3)])
+def test_the_arrays_and_the_ops_eliminate_alike(shape):
+    """Without history the elimination runs on the arrays; with it, over kiln's ops: bit for bit."""
+    array = RNG.standard_normal(shape)
+    array[..., 1, :] = array[..., 0, :]  # a tie in the first column's magnitudes
+    plain = kiln.linalg.lu_factor_ex(kiln.tensor(array))
+    tracked = kiln.linalg.lu_factor_ex(kiln.tensor(array, requires_grad=True))
+    for a, b in zip(plain, tracked, strict=True):
+        assert a.dtype is b.dtype
+        np.testing.assert_array_equal(a.detach().numpy(), b.detach().numpy())
+
+
+def test_lu_errors():
     with pytest.raises(RuntimeError, match=r"U\[2,2\] is zero"):
         kiln.linalg.lu_factor(kiln.tensor([[1.0, 2.0], [2.0, 4.0]]))
     with pytest.raises(kiln.linalg.LinAlgError):
