@@ -244,7 +244,7 @@ def _substitute(T: Tensor, B: Tensor, *, lower: bool, unit: bool | None = None) 
 
 def solve_ex(A: Tensor, B: Tensor, *, left: bool = True, check_errors: bool = False) -> SolveExResult:
     """``linalg.solve`` through ``lu_factor_ex``, with its ``info`` (0: solved; i: U[i, i] is zero and the
-    result holds inf or nan) instead of an error unless ``check_errors``."""
+    result is nan, where PyTorch's holds inf or nan) instead of an error unless ``check_errors``."""
     linalg._matrices(A, "solve_ex")
     LU, pivots, info = lu_factor_ex(A, check_errors=check_errors)
     vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and tuple(B.shape) == tuple(A.shape[:-1]))
