@@ -86,7 +86,7 @@ from ._torch_names_views import *  # noqa: E402, F403  (view_copy, split_with_si
 from ._torch_names_linalg import *  # noqa: E402, F403  (lu, lu_solve, triangular_solve, cholesky_solve, qr...)
 from ._torch_names_methods import *  # noqa: E402, F403  (put; and the methods fill_diagonal_, geometric_, map_...)
 from ._torch_names_more import *  # noqa: E402, F403  (pi, inf, newaxis, can_cast, adjoint, set_anomaly_enabled...)
-from . import accelerator, amp, backends, cpu, sparse, testing, utils  # noqa: E402
+from . import accelerator, amp, backends, cpu, signal, sparse, testing, utils  # noqa: E402
 from .backends import are_deterministic_algorithms_enabled, is_deterministic_algorithms_warn_only_enabled  # noqa: E402
 from .backends import use_deterministic_algorithms  # noqa: E402
 from . import compiler  # noqa: E402  (the compiler layer; torch.compiler's public names join it, from kiln.jit)

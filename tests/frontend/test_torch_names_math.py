@@ -287,3 +287,33 @@ def test_value_reading_names_finish_compiled_calls_eagerly():
             np.testing.assert_array_equal(got.numpy(), want.numpy())
     with pytest.raises(Exception, match="histogram"):
         kiln.compile(f, fullgraph=True)(x)
+
+
+SIGNAL_WINDOWS = [("hann", {}), ("hamming", {}), ("blackman", {}), ("bartlett", {}), ("kaiser", {"beta": 5.0}),
+                  ("cosine", {}), ("exponential", {"tau": 2.0}), ("gaussian", {"std": 0.7}), ("nuttall", {}),
+                  ("general_cosine", {"a": [0.4, 0.5, 0.1]}), ("general_hamming", {"alpha": 0.6})]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "kwargs"), SIGNAL_WINDOWS, ids=[w[0] for w in SIGNAL_WINDOWS])
+def test_signal_windows_match_torch(torch, name, kwargs):
+    ours, theirs = getattr(kiln.signal.windows, name), getattr(torch.signal.windows, name)
+    for length in (0, 1, 2, 5, 8):
+        for sym in (True, False):
+            _close(ours(length, sym=sym, **kwargs), theirs(length, sym=sym, **kwargs), rtol=1e-6, atol=1e-6)
+            _close(ours(length, sym=sym, dtype=kiln.float64, **kwargs),
+                   theirs(length, sym=sym, dtype=torch.float64, **kwargs))  # fmt: skip
+    with pytest.raises(RuntimeError, match="non-negative"):
+        ours(-1, **kwargs)
+
+
+def test_signal_window_options_and_errors(torch):
+    _close(kiln.signal.windows.exponential(5, center=1.0, sym=False),
+           torch.signal.windows.exponential(5, center=1.0, sym=False), rtol=1e-6)  # fmt: skip
+    with pytest.raises(ValueError, match="Center must be None"):
+        kiln.signal.windows.exponential(5, center=1.0)
+    for call in (lambda w: w.gaussian(4, std=0.0), lambda w: w.exponential(4, tau=0.0), lambda w: w.kaiser(4, beta=-1.0),
+                 lambda w: w.general_cosine(4, a=[])):  # fmt: skip
+        with pytest.raises(ValueError):
+            call(kiln.signal.windows)
+        with pytest.raises(ValueError):
+            call(torch.signal.windows)

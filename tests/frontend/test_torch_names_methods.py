@@ -191,7 +191,7 @@ detach_copy as_strided_copy unfold_copy diagonal_scatter cumulative_trapezoid
 lu lu_unpack lu_solve triangular_solve cholesky_solve cholesky_inverse qr put
 pi e inf nan newaxis adjoint fix get_device is_conj is_neg is_inference can_cast nuclear_norm frobenius_norm
 max_pool1d_with_indices orgqr is_anomaly_enabled is_anomaly_check_nan_enabled set_anomaly_enabled set_warn_always
-is_warn_always_enabled get_num_interop_threads set_num_interop_threads
+is_warn_always_enabled get_num_interop_threads set_num_interop_threads signal
 """.split()
 REACHED_LINALG = ("lu lu_factor lu_factor_ex lu_solve solve_ex inv_ex cholesky_ex vander tensorinv tensorsolve "
                   "householder_product").split()  # fmt: skip
