@@ -80,7 +80,13 @@ from . import distributed, profiler  # noqa: E402  (mpi4py is imported by init_p
 from . import distributions, fft, func, linalg, special  # noqa: E402
 from ._torch_aliases import *  # noqa: E402, F403  (det, inverse, svd, digamma, lgamma...: over linalg and special)
 from ._torch_names import *  # noqa: E402, F403  (asarray, cosine_similarity, vmap...: over nn and func)
-from . import accelerator, amp, backends, cpu, sparse, testing, utils  # noqa: E402
+from ._torch_names_nn import *  # noqa: E402, F403  (conv2d, batch_norm, dropout, exp_...: nn.functional's, ATen's order)
+from ._torch_names_math import *  # noqa: E402, F403  (hann_window, histogram, gradient, range...: `range` hides the builtin here)
+from ._torch_names_views import *  # noqa: E402, F403  (view_copy, split_with_sizes, diagonal_scatter...)
+from ._torch_names_linalg import *  # noqa: E402, F403  (lu, lu_solve, triangular_solve, cholesky_solve, qr...)
+from ._torch_names_methods import *  # noqa: E402, F403  (put; and the methods fill_diagonal_, geometric_, map_...)
+from ._torch_names_more import *  # noqa: E402, F403  (pi, inf, newaxis, can_cast, adjoint, set_anomaly_enabled...)
+from . import accelerator, amp, backends, cpu, signal, sparse, testing, utils  # noqa: E402
 from .backends import are_deterministic_algorithms_enabled, is_deterministic_algorithms_warn_only_enabled  # noqa: E402
 from .backends import use_deterministic_algorithms  # noqa: E402
 from . import compiler  # noqa: E402  (the compiler layer; torch.compiler's public names join it, from kiln.jit)

@@ -370,3 +370,22 @@ def matrix_exp(A: Tensor) -> Tensor:
     for _ in range(squarings):
         result = ops.matmul(result, result)
     return result
+
+
+# The LU family and the ``_ex`` variants, written over the functions above (kiln/_linalg_lu.py).
+from ._linalg_lu import (  # noqa: E402
+    cholesky_ex,
+    householder_product,
+    inv_ex,
+    lu,
+    lu_factor,
+    lu_factor_ex,
+    lu_solve,
+    solve_ex,
+    tensorinv,
+    tensorsolve,
+    vander,
+)
+
+__all__ += ["lu_factor", "lu_factor_ex", "lu", "lu_solve", "solve_ex", "inv_ex", "cholesky_ex", "vander", "tensorinv",
+            "tensorsolve", "householder_product"]  # fmt: skip

@@ -1,0 +1,5 @@
+"""``kiln.signal``: PyTorch's ``torch.signal`` (the ``windows`` submodule)."""
+
+from . import windows
+
+__all__ = ["windows"]
