@@ -68,3 +68,51 @@ def test_compiled_matches_eager():
     for _ in range(3):
         v, m = kiln.randn(3), kiln.randn(3, 4)
         assert_close(compiled(v, m), f(v, m), rtol=1e-6, atol=1e-6)
+
+
+# (shape, offset, dim1, dim2, how the input is made from a contiguous tensor): the two dims apart in
+# memory, as the input's own view, of a view, and transposed
+APART = [((3, 2, 3), 0, 0, 2, None), ((3, 2, 4), 1, 0, 2, None), ((3, 2, 4), -1, 2, 0, None),
+         ((4, 3, 5, 2), 1, 1, 3, None), ((5, 2, 3), 0, 0, 2, "slice"), ((3, 2, 3), 0, 2, 0, "transpose"),
+         ((3, 2, 3), 7, 0, 2, None)]  # fmt: skip
+
+
+def _input(m, shape, how):
+    x = m.arange(float(np.prod(shape)) * 2).reshape((2 * shape[0],) + shape[1:])
+    if how == "slice":
+        return x[1 : 1 + shape[0]]
+    x = x[: shape[0]]
+    return x.transpose(0, 2).transpose(0, 2) if how == "transpose" else x
+
+
+@pytest.mark.parametrize("shape, offset, dim1, dim2, how", APART)
+def test_a_diagonal_across_dims_apart_in_memory_is_a_view_as_pytorch(torch, shape, offset, dim1, dim2, how):
+    """Writes through the diagonal reach the input (it was a copy of a flattening: writes were lost)."""
+    results = []
+    for m in (kiln, torch):
+        x = _input(m, shape, how)
+        d = x.diagonal(offset, dim1, dim2)
+        before = d.clone()
+        d.mul_(-1)
+        results.append((before.numpy(), x.numpy(), d._base is not None))
+    (kb, kx, kview), (tb, tx, tview) = results
+    np.testing.assert_array_equal(kb, tb)
+    np.testing.assert_array_equal(kx, tx)
+    assert kview and tview
+
+
+@pytest.mark.parametrize("shape, offset, dim1, dim2, how", APART[:4])
+def test_a_diagonal_across_dims_apart_differentiates_and_compiles(shape, offset, dim1, dim2, how):
+    x = kiln.from_numpy(np.random.default_rng(0).standard_normal(shape)).requires_grad_()
+    assert gradcheck(lambda t: t.diagonal(offset, dim1, dim2) * 3, (x,), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+    def step(t):
+        t.diagonal(offset, dim1, dim2).add_(1.0)
+        return t.exp().sum()
+
+    compiled = kiln.compile(step, wait=True)
+    for k in range(3):
+        values = np.random.default_rng(k).standard_normal(shape)
+        a, b = kiln.from_numpy(values.copy()), kiln.from_numpy(values.copy())
+        assert_close(compiled(a), step(b), rtol=1e-12, atol=1e-12)
+        assert_close(a, b, rtol=0, atol=0)

@@ -307,6 +307,21 @@ def narrow(input: Tensor, dim: int, start: int, length: int) -> Tensor:
     return apply(_slice, input, starts=tuple(starts), stops=tuple(stops), steps=steps)
 
 
+def _strided_diagonal(input: Tensor, a: int, b: int, offset: int, length: int) -> Tensor | None:
+    """``diagonal``'s view through ``as_strided``: the other dims, then a step of both dims' strides;
+    None where the memory is no dense block (``as_strided`` cannot measure within it)."""
+    from .inplace_views import _storage, as_strided  # noqa: PLC0415 - inplace_views builds on this module
+
+    if _storage(input._base if input._base is not None else input) is None:
+        return None
+    shape, item = input._data.shape, input._data.itemsize
+    strides = [s // item for s in input._data.strides]
+    rest = [d for d in range(len(shape)) if d not in (a, b)]
+    start = input.storage_offset() + (offset * strides[b] if offset >= 0 else -offset * strides[a])
+    size = [shape[d] for d in rest] + [length]
+    return as_strided(input, size, [strides[d] for d in rest] + [strides[a] + strides[b]], start if length else 0)
+
+
 @method("select")
 def select(input: Tensor, dim: int, index: int) -> Tensor:
     shape = input._data.shape
@@ -321,16 +336,23 @@ def select(input: Tensor, dim: int, index: int) -> Tensor:
 
 @method("diagonal")
 def diagonal(input: Tensor, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
-    """The diagonal of the (dim1, dim2) planes as a last dim; a view when those two dims flatten
-    together without a copy (always for a contiguous input), else a copy."""
+    """The diagonal of the (dim1, dim2) planes as a last dim, a view of ``input`` (a write through it
+    writes ``input``), as PyTorch's: a strided slice of the two dims flattened together where they
+    flatten without a copy, else a strided view of the memory (``as_strided``: dims apart in memory,
+    ``x.diagonal(0, 0, 2)``, whose flattening was a copy that writes never reached)."""
     ndim = input._data.ndim
     a, b = normalize_axis(dim1, ndim), normalize_axis(dim2, ndim)
     if a == b:
         raise RuntimeError(f"diagonal dimensions cannot be identical {dim1}, {dim2}")
     moved = movedim(input, (a, b), (-2, -1))
     rows, cols = moved._data.shape[-2:]
-    start = offset if offset >= 0 else -offset * cols
     length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))
+    row_stride, col_stride = moved._data.strides[-2:]
+    if rows > 1 and cols > 1 and row_stride != col_stride * cols:
+        strided = _strided_diagonal(input, a, b, offset, length)
+        if strided is not None:
+            return strided
+    start = offset if offset >= 0 else -offset * cols
     flat = reshape(moved, moved._data.shape[:-2] + (rows * cols,))
     lead = flat._data.ndim - 1
     stop = start + (length - 1) * (cols + 1) + 1 if length else start
