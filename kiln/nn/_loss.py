@@ -224,9 +224,8 @@ def kl_div(input, target, size_average=None, reduce=None, reduction: str = "mean
     if log_target:
         loss = kiln.exp(target) * (target - input)
     else:
-        positive = target > 0
-        # xlogy: 0 log 0 = 0, and the log never sees a zero (so no nan gradient).
-        loss = kiln.where(positive, target * kiln.log(kiln.where(positive, target, 1.0)), 0.0) - target * input
+        # xlogy, as PyTorch's: 0 log 0 = 0 (with no nan gradient), a negative target gives nan
+        loss = kiln.special.xlogy(target, target) - target * input
     if reduction == "batchmean":
         return loss.sum() / input.shape[0] if input.ndim else loss.sum()
     return _reduce(loss, reduction)

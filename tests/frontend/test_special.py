@@ -101,6 +101,11 @@ def test_binary_and_reduction_functions_match_torch(torch):
     kx, ky, tx, ty = kiln.from_numpy(x), kiln.from_numpy(y), torch.from_numpy(x), torch.from_numpy(y)
     assert_close(kiln.special.xlogy(kx, ky), torch.special.xlogy(tx, ty), rtol=1e-15, atol=0)
     assert_close(kiln.special.xlog1py(kx, ky), torch.special.xlog1py(tx, ty), rtol=1e-15, atol=0)
+    # a Python number beside a float64 tensor computes in float64 (it took the log of a float32 2.0)
+    for other in (2.0, 0.3):
+        assert_close(kiln.special.xlogy(kx, other), torch.special.xlogy(tx, other), rtol=1e-15, atol=0)
+        assert_close(kiln.special.xlogy(other, ky), torch.special.xlogy(other, ty), rtol=1e-15, atol=0)
+        assert_close(kiln.special.xlog1py(kx, other), torch.special.xlog1py(tx, other), rtol=1e-15, atol=1e-15)
     assert_close(kiln.special.logsumexp(kx, 1), torch.special.logsumexp(tx, 1), rtol=1e-15, atol=0)
     assert_close(kiln.special.softmax(kx, 0), torch.special.softmax(tx, 0), rtol=1e-15, atol=1e-16)
     assert_close(kiln.special.log_softmax(kx, -1), torch.special.log_softmax(tx, -1), rtol=1e-15, atol=1e-15)

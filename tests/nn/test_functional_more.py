@@ -461,3 +461,14 @@ def test_ctc_loss_infeasible_and_gradcheck(torch):
     tgt = kiln.tensor(np.array([[1, 2], [3, 3]]))
     assert kiln.autograd.gradcheck(lambda a: F.ctc_loss(kiln.log_softmax(a, -1), tgt, [6, 5], [2, 2]), (x,))
     assert kiln.nn.CTCLoss(blank=0)(kiln.log_softmax(x, -1), tgt, [6, 5], [2, 2]).shape == ()
+
+
+def test_kl_div_of_a_negative_or_nan_target_is_nan_as_pytorch(torch):
+    """The pointwise loss is xlogy(target, target) - target * input: 0 at a zero target, nan below
+    zero (kiln's where(target > 0, ...) gave a finite loss for a negative target)."""
+    logp = np.log(np.array([[0.2, 0.5, 0.3, 0.4]]))
+    target = np.array([[-0.1, 0.0, 1.1, np.nan]])
+    for reduction in ("none", "sum", "batchmean"):
+        got = F.kl_div(kiln.from_numpy(logp), kiln.from_numpy(target), reduction=reduction)
+        expected = torch.nn.functional.kl_div(torch.from_numpy(logp), torch.from_numpy(target), reduction=reduction)
+        np.testing.assert_array_equal(got.numpy(), expected.numpy())
