@@ -114,8 +114,10 @@ def test_binary_and_reduction_functions_match_torch(torch):
     a = rng.uniform(2, 5, size=5)
     assert_close(kiln.special.multigammaln(kiln.from_numpy(a), 3), torch.special.multigammaln(torch.from_numpy(a), 3),
                  rtol=1e-13, atol=1e-13)  # fmt: skip
-    with pytest.raises(ValueError, match=r"\(p-1\)/2"):
-        kiln.special.multigammaln(kiln.tensor([0.5]), 3)
+    # below (p - 1) / 2 PyTorch 2.13 computes the same sum of log-gammas, without a check that would read values
+    low = np.array([0.2, 0.7, -1.3])
+    assert_close(kiln.special.multigammaln(kiln.from_numpy(low), 3), torch.special.multigammaln(torch.from_numpy(low), 3),
+                 rtol=1e-13, atol=1e-13)  # fmt: skip
     r = rng.normal(size=6) * 10
     assert_close(kiln.special.round(kiln.from_numpy(r), decimals=1), torch.special.round(torch.from_numpy(r), decimals=1),
                  rtol=0, atol=0)  # fmt: skip
