@@ -26,7 +26,7 @@ from __future__ import annotations
 import kiln
 from kiln.frontend.dispatch import apply
 from kiln.ir.primitives import P
-from kiln.ir.primitives.linalg import c_order
+from kiln.ir.primitives.linalg import padded_rows
 from kiln.ir.primitives.recurrence_layout import ScanLayout
 from kiln.ir.primitives.recurrence_native import with_transposed
 
@@ -88,7 +88,7 @@ def _scan(layout: ScanLayout, gx, biases: tuple, states: tuple, w_hh):
     if layout.mode != "LSTM" or w_hh._device.type != "cpu":
         return apply(*args, mode=layout.mode, reverse=False)
     # (with the array it was made from: a weight given other memory since is copied by the kernel again)
-    array, transposed = derived(("rnn_scan W_hh^T array",), (gx, w_hh), lambda: (w_hh._data, c_order(w_hh._data.T)))
+    array, transposed = derived(("rnn_scan W_hh^T array",), (gx, w_hh), lambda: (w_hh._data, padded_rows(w_hh._data.T)))
     if array is not w_hh._data:
         return apply(*args, mode=layout.mode, reverse=False)
     return with_transposed(array, transposed, apply, *args, mode=layout.mode, reverse=False)

@@ -109,6 +109,38 @@ def test_kernels_equal_numpy_on_the_packed_layout(
 
 
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+@pytest.mark.parametrize(("dtype", "hidden"), [(np.float32, 64), (np.float32, 256), (np.float64, 32), (np.float64, 128)])
+def test_kernels_equal_numpy_where_the_weight_rows_are_padded(direct, runs, mode, dtype, hidden):
+    """Hidden sizes whose W_hh^T or W_hh rows lie a multiple of 1 KiB apart: the kernels read the weight
+    with rows ``linalg.padded_row_length`` apart (``padded_rows`` lays them out), forward and backward."""
+    rng = np.random.default_rng(hidden)
+    args = tuple(a.astype(dtype) for a in _scan_args(rng, mode, 5, 3, hidden))
+    g = rng.normal(size=(5, 3, ScanLayout(mode, hidden).width)).astype(dtype)
+    out = _scan_both(direct, mode, args, False, g)
+    # (float32: the products sum up to 4 x 256 terms in their own order, not the BLAS's; float64 shows
+    # the values are the same)
+    tol = dict(rtol=1e-3, atol=5e-4) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(out[True][0], out[False][0], **tol)
+    np.testing.assert_allclose(out[True][1], out[False][1], **tol)
+    assert runs == {"forward": 1, "backward": 1}
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
+def test_a_few_steps_over_a_large_weight_stay_on_numpy(direct, runs, mode):
+    """Copying a large W_hh^T into the kernels' layout costs more than a few steps gain (a language
+    model sampling a word per call): numpy's product reads the weight where it lies, the same values."""
+    direct(True)
+    hidden = 512  # W_hh of 4 x 512 x 512 elements: COPIED_FROM or more
+    rnn = (nn.LSTM if mode == "LSTM" else nn.GRU)(8, hidden, dtype=kiln.float64)
+    x = kiln.from_numpy(np.random.default_rng(0).standard_normal((1, 2, 8)))
+    one_step = rnn(x)[0]
+    assert runs == {"forward": 0, "backward": 0}
+    long = rnn(kiln.cat([x] * recurrence_numpy.COPY_PAYS_STEPS))[0]
+    assert runs["forward"] == 1
+    assert_close(one_step, long[:1], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 @pytest.mark.parametrize("reverse", [False, True])
 def test_kernels_take_a_cotangent_in_parts(direct, runs, mode, reverse):
     """A compiled program's cotangent, one array per part of a row (h's gradient a transposed view, the

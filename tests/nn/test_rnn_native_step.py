@@ -190,12 +190,12 @@ def _cells(update: bool):
 
 
 def test_a_traced_lstm_cell_loop_copies_w_hh_transposed_once_per_call(provide, runs, monkeypatch):
-    """The step kernel's ``W_hh^T`` in C order is made once per traced call (``nn._rnn_scan_step``),
+    """The step kernel's ``W_hh^T`` as the kernels read it is made once per traced call (``nn._rnn_scan_step``),
     not copied by each step's kernel (31 us a step of benchmarks' lstm_cells trace)."""
     provide(True)
     copies: list = []
-    copy = recurrence_native.c_order
-    monkeypatch.setattr(recurrence_native, "c_order", lambda a: (copies.append(a.shape), copy(a))[1])
+    copy = recurrence_native.padded_rows
+    monkeypatch.setattr(recurrence_native, "padded_rows", lambda a: (copies.append(a.shape), copy(a))[1])
     _, step = _cells(update=False)
     rng = np.random.default_rng(1)
     xs, h = kiln.from_numpy(rng.standard_normal((5, 2, 3))), kiln.from_numpy(rng.standard_normal((2, 4)))

@@ -30,6 +30,7 @@ from llvmlite import ir
 
 from ...ir import dtypes as dt
 from ...ir.dtypes import DType
+from ...ir.primitives.linalg import padded_row_length
 from ..core import Scalar
 from ..mathlib import call as math_call
 from .core import LLVMCore, register_type
@@ -109,10 +110,12 @@ class Emitter:
 
     def product(self, m: ir.Value, n: int, k: int, a: ir.Value, lda: ir.Value, b: ir.Value, c: ir.Value,
                 ldc: ir.Value | int, accumulate: bool) -> None:  # fmt: skip
-        """``C = A @ B`` (``accumulate``: ``C += A @ B``), ``B`` (k, n) contiguous: ``small_gemm``'s kernel inline,
-        with its half tile (the batch is ``m``: 4, 12... rows)."""
+        """``C = A @ B`` (``accumulate``: ``C += A @ B``), ``B`` (k, n) with rows ``padded_row_length(n)``
+        apart (``linalg.padded_rows`` lays a weight out so): ``small_gemm``'s kernel inline, with its half
+        tile (the batch is ``m``: 4, 12... rows)."""
         ldc = i64(ldc) if isinstance(ldc, int) else ldc
-        emit_product(self.builder, self.dtype, m, n, k, a, lda, b, c, ldc, accumulate, half_tile=True)
+        ldb = i64(padded_row_length(n, self.dtype.itemsize))
+        emit_product(self.builder, self.dtype, m, n, k, a, lda, b, c, ldc, accumulate, ldb=ldb, half_tile=True)
 
     def finish(self) -> str:
         """The module's IR: the function, and its blocks of rows (``rows_symbol``)."""

@@ -31,7 +31,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...ir.dtypes import DType, from_numpy_dtype
-from ...ir.primitives.linalg import c_order
+from ...ir.primitives.linalg import padded_rows
 from ...ir.primitives.recurrence_layout import ScanLayout
 from ...ir.primitives.recurrence_native import transposed
 from ...ir.primitives.recurrence_numpy import packed_rows, scratch
@@ -268,7 +268,7 @@ class LSTMKernels(_Kernels):
         if found is None:
             return False
         inputs, bias = _inputs(A, gx, bias, 4 * hidden)
-        w_hh_t = c_order(w_hh_t)  # the callers pass a view of the weight: (H, 4H) row-major
+        w_hh_t = padded_rows(w_hh_t)  # the callers pass a view of the weight: (H, 4H), rows as the kernel reads them
         step = scratch("rnn.native_step", (batch, 4 * hidden), A.dtype)
         rows = None if packed is None else _found(*(_rows(a, 2, hidden) for a in packed))
         slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(step), int(rows is not None),
@@ -289,7 +289,7 @@ class LSTMKernels(_Kernels):
                        _rows(dC, 2, hidden), _rows(A if eA is None else eA, 2, width), _rows(dz, 2, width))  # fmt: skip
         if found is None:
             return None
-        w_hh = np.ascontiguousarray(w_hh)
+        w_hh = padded_rows(w_hh)
         dh, dc = np.array(dH[-1], order="C"), np.array(dC[-1], order="C")
         slots = [steps, batch, *found, _address(w_hh), _address(dh), _address(dc)]
         assert len(slots) == len(BACKWARD)
@@ -321,7 +321,7 @@ class GRUKernels(_Kernels):
         if found is None:
             return False
         inputs, bias = _inputs(A, gx, bias, 3 * hidden)
-        w_hh_t, b_hn = c_order(w_hh_t), np.ascontiguousarray(b_hn)  # (H, 3H) row-major
+        w_hh_t, b_hn = padded_rows(w_hh_t), np.ascontiguousarray(b_hn)  # (H, 3H), rows as the kernel reads them
         step = scratch("rnn.native_step", (batch, 3 * hidden), A.dtype)
         slots = [steps, batch, *inputs, _address(bias), *found, _address(w_hh_t), _address(b_hn), _address(step)]
         assert len(slots) == len(GRU_FORWARD)
@@ -339,7 +339,7 @@ class GRUKernels(_Kernels):
                        _rows(dz, 2, width), _rows(dz_hh, 2, width))  # fmt: skip
         if found is None:
             return None
-        w_hh = np.ascontiguousarray(w_hh)
+        w_hh = padded_rows(w_hh)
         dh = np.array(dH[-1], order="C")
         slots = [steps, batch, *found, _address(w_hh), _address(dh)]
         assert len(slots) == len(GRU_BACKWARD)
@@ -413,7 +413,7 @@ class LSTMStepKernels(_Kernels):
         if any(r is None for r in found):
             return None
         (packed_at, packed_b), (g_at, g_b), (out_at, out_b) = found  # type: ignore[misc]
-        w_hh = np.ascontiguousarray(w_hh)
+        w_hh = padded_rows(w_hh)
         slots = [batch, packed_at, packed_b, g_at, g_b, _address(w_hh), out_at, out_b]
         assert len(slots) == len(STEP_BACKWARD)
         self._run("lstm_step_backward", slots)

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .linalg import c_order
+from .linalg import padded_rows
 
 
 class Kernels(Protocol):
@@ -90,15 +90,16 @@ def with_transposed(w: np.ndarray, w_t: np.ndarray, fn: Callable, *args, **kwarg
 
 
 def transposed(w: np.ndarray) -> np.ndarray:
-    """``w.T`` in C order (a recurrent weight as the step product's B): made once per ``unchanging``
+    """``w.T`` with rows as the kernels read them (``padded_rows``; a recurrent weight as the step
+    product's B): made once per ``unchanging``
     context that holds ``w`` (a 204 x 51 float32 copy takes 2.7 us, a one-step LSTM kernel 5), else
     at every call."""
     held = getattr(_held, "arrays", None)
     entry = held.get(id(w)) if held else None
     if entry is None or entry[0] is not w:
-        return c_order(w.T)
+        return padded_rows(w.T)
     if entry[1] is None:
-        entry[1] = c_order(w.T)
+        entry[1] = padded_rows(w.T)
     return entry[1]
 
 

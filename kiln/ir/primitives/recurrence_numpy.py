@@ -35,6 +35,7 @@ import threading
 
 import numpy as np
 
+from .linalg import lies_padded
 from .recurrence_layout import ScanLayout
 from .recurrence_native import native, small_products, step_macs
 
@@ -130,6 +131,23 @@ def _lstm_scale_shift(hidden: int, dtype) -> tuple[np.ndarray, np.ndarray]:
     return scale, shift
 
 
+#: A native recurrence reads its product's B as ``linalg.padded_rows`` lays it out: a copy of the
+#: recurrent weight (or its transpose) unless it lies so already. Over fewer steps than this, a weight
+#: of ``COPIED_FROM`` elements or more stays on numpy, whose product reads the weight as it lies: a
+#: language model sampling one word per call (hidden 1024, one step a call) spent 80% of each call
+#: copying W_hh^T, the kernel 8%.
+COPY_PAYS_STEPS = 4
+COPIED_FROM = 1 << 17
+
+
+def _native(mode: str, dtype, hidden: int, steps: int, b: np.ndarray):
+    """``native``'s kernels for a recurrence whose product's B is ``b``, or None where copying ``b``
+    into the kernels' layout would cost more than they gain."""
+    if steps < COPY_PAYS_STEPS and b.size >= COPIED_FROM and not lies_padded(b):
+        return None
+    return native(mode, dtype, hidden, steps)
+
+
 def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None, packed=None) -> None:
     """``c' = f c + i g``, ``h' = o tanh(c')``, gates (i, f, g, o); fills ``hs``, ``cs`` and ``tanh_c``
     (in one native call where ``recurrence_native`` has the kernels). ``A`` holds the pre-activations on
@@ -137,7 +155,7 @@ def lstm_forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx=None, bias=None, packed=N
     ``gx`` where it lies); ``A`` holds the gate activations on exit. ``packed``: rnn_scan's (prev h,
     prev c, final h, final c) views, filled too (``packed_rows``)."""
     batch, hidden = h0.shape
-    kernels = native("LSTM", A.dtype, hidden, A.shape[0])
+    kernels = _native("LSTM", A.dtype, hidden, A.shape[0], w_hh_t)
     if kernels is not None and kernels.forward(A, h0, c0, hs, cs, tanh_c, w_hh_t, gx, bias, packed):
         return
     if gx is not None:
@@ -188,7 +206,7 @@ def gru_forward(A, h0, hs, hn, w_hh_t, b_hn, gx=None, bias=None) -> None:
     and ``hn`` with ``h W_hn^T + b_hn`` (in one native call where ``recurrence_native`` has the kernels).
     ``gx`` and ``bias`` as ``lstm_forward``'s."""
     batch, hidden = h0.shape
-    kernels = native("GRU", A.dtype, hidden, A.shape[0])
+    kernels = _native("GRU", A.dtype, hidden, A.shape[0], w_hh_t)
     if kernels is not None and kernels.forward(A, h0, hs, hn, w_hh_t, b_hn, gx, bias):
         return
     if gx is not None:
@@ -402,7 +420,7 @@ def lstm_backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz):
     """Backward through time of ``lstm_forward``; returns (dh0, dc0) (in one native call where
     ``recurrence_native`` has the kernels)."""
     steps, batch, _, hidden = A.shape
-    kernels = native("LSTM", A.dtype, hidden, A.shape[0])
+    kernels = _native("LSTM", A.dtype, hidden, A.shape[0], w_hh)
     initial = None if kernels is None else kernels.backward(A, c_prev, tanh_c, w_hh, dH, dC, eA, dz)
     if initial is not None:
         return initial
@@ -448,7 +466,7 @@ def gru_backward(A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh):
     block, which r scales); ``g_hn``: the cotangent of ``hn`` or None. Returns dh0 (in one native call
     where ``recurrence_native`` has the kernels)."""
     steps, batch, _, hidden = A.shape
-    kernels = native("GRU", A.dtype, hidden, A.shape[0])
+    kernels = _native("GRU", A.dtype, hidden, A.shape[0], w_hh)
     dh = None if kernels is None else kernels.backward(A, h_prev, hn, w_hh, dH, eA, g_hn, dz, dz_hh)
     if dh is not None:
         return dh
