@@ -148,14 +148,20 @@ def _rebuild_shared(name: str, offset: int, shape: tuple, strides: tuple, dtype:
     return make_tensor(array, CPU, kind).requires_grad_(requires_grad)
 
 
-def _reduce_tensor(tensor: Tensor):
+def shared_reduction(tensor: Tensor) -> tuple | None:
+    """``_rebuild_shared``'s arguments for a CPU tensor without history whose memory lies in a shared
+    segment (segment name, offset, shape, strides, dtype name, requires_grad), else None."""
     if tensor._device is CPU and tensor.grad_fn is None:
         where = _segment_of(tensor._data)
         if where is not None:
             data = tensor._data
-            args = (*where, data.shape, data.strides, tensor._dtype.name, tensor._requires_grad)
-            return _rebuild_shared, args
-    return tensor.__reduce_ex__(4)
+            return (*where, data.shape, data.strides, tensor._dtype.name, tensor._requires_grad)
+    return None
+
+
+def _reduce_tensor(tensor: Tensor):
+    args = shared_reduction(tensor)
+    return (_rebuild_shared, args) if args is not None else tensor.__reduce_ex__(4)
 
 
 ForkingPickler.register(Tensor, _reduce_tensor)

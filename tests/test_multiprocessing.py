@@ -54,3 +54,47 @@ def test_unshared_tensor_still_pickles_as_a_copy():
     q.put(kiln.tensor([1, 2]))
     out = q.get(timeout=10)
     assert out.tolist() == [1, 2] and not kmp.is_shared(out)
+
+
+def _hogwild_worker(model, done):
+    """A worker of a Hogwild run: its own optimizer over the module it was handed."""
+    params = list(model.parameters())
+    optimizer = kiln.optim.SGD(params, lr=0.1, momentum=0.5)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(kiln.ones(2, 3)).sum().backward()
+        optimizer.step()
+    shared = all(isinstance(p, kiln.nn.Parameter) and kmp.is_shared(p) for p in params)
+    done.put((shared, model.weight.tag, model.weight.sum().item()))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_module_in_shared_memory_is_trained_by_its_workers(method):
+    """``Module.share_memory`` (it was a no-op: each worker trained a copy, and pytorch/examples'
+    mnist_hogwild learned nothing): the worker's parameters are Parameters over the same segments,
+    with their attributes, and the parent sees its updates."""
+    model = kiln.nn.Linear(3, 2)
+    model.weight.tag = "w"
+    assert model.share_memory() is model
+    assert all(kmp.is_shared(p) for p in model.parameters())
+    before = model.weight.sum().item()
+    ctx = kmp.get_context(method)
+    done = ctx.Queue()
+    p = ctx.Process(target=_hogwild_worker, args=(model, done))
+    p.start()
+    shared, tag, seen_by_worker = done.get(timeout=60)
+    p.join(timeout=30)
+    assert p.exitcode == 0
+    assert shared and tag == "w"
+    after = model.weight.sum().item()
+    assert after != before and after == pytest.approx(seen_by_worker, rel=1e-6, abs=1e-6)
+
+
+def test_a_shared_parameter_pickles_to_a_file_as_its_values():
+    """Only multiprocessing's pickler passes the segment: ``pickle`` (a checkpoint) keeps the values."""
+    import pickle
+
+    model = kiln.nn.Linear(2, 2).share_memory()
+    restored = pickle.loads(pickle.dumps(model.weight))
+    assert isinstance(restored, kiln.nn.Parameter) and not kmp.is_shared(restored)
+    assert restored.tolist() == model.weight.tolist()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from multiprocessing.reduction import ForkingPickler
+
 import kiln
+from kiln import multiprocessing as _shared
 from kiln.frontend.tensor import Tensor
 
 __all__ = ["Parameter", "Buffer"]
@@ -51,6 +54,26 @@ class Parameter(Tensor):
         result = Parameter(self.detach().clone(), self.requires_grad)
         memo[id(self)] = result
         return result
+
+
+def _to_process(param: Parameter):
+    """How a parameter travels to another process (a ``Process`` argument, a ``Queue``): one in shared
+    memory (``Module.share_memory``) as a parameter over the same segment, so that the workers of a
+    Hogwild run train the one set of weights; others as ``pickle`` takes them (a copy)."""
+    args = _shared.shared_reduction(param)
+    if args is None:
+        return param.__reduce_ex__(4)
+    return _shared_parameter, (args, param.__dict__ or None)
+
+
+def _shared_parameter(args: tuple, attributes: dict | None) -> Parameter:
+    param = Parameter(_shared._rebuild_shared(*args), args[-1])
+    if attributes:
+        param.__dict__.update(attributes)
+    return param
+
+
+ForkingPickler.register(Parameter, _to_process)
 
 
 class Buffer:

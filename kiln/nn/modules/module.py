@@ -483,8 +483,15 @@ class Module(StateDict):
         return self._apply(lambda t: kiln.empty_like(t, device=device))
 
     def share_memory(self) -> Module:
-        """As PyTorch's: tensors in shared memory for worker processes. kiln's CPU tensors are numpy
-        arrays that ``kiln.multiprocessing`` hands to workers by pickling: the module, unchanged."""
+        """Every parameter and buffer (and a gradient already made) moved into shared memory in place,
+        as PyTorch's: worker processes handed the module (a ``Process`` argument, a ``Queue``) then
+        update the same memory (Hogwild training; ``kiln.multiprocessing``). Before, it returned the
+        module unchanged and each worker trained a copy: pytorch/examples' mnist_hogwild learned
+        nothing (test loss 2.30 after 3 epochs where PyTorch's reaches 0.21)."""
+        for tensor in (*self.parameters(), *self.buffers()):
+            tensor.share_memory_()
+            if tensor.grad is not None:
+                tensor.grad.share_memory_()
         return self
 
     def cpu(self) -> Module:
