@@ -45,7 +45,8 @@ class Guards:
 
     __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
                  "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
-                 "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads", "views")  # fmt: skip
+                 "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads", "views", "owners",
+                 "owner_classes")  # fmt: skip
 
     def __init__(self) -> None:
         # (snapshot, live container, weakref to the owner or None, description, how entries are named:
@@ -83,6 +84,18 @@ class Guards:
         # snapshot, the entries' types, the names guarded (None: slots), how many of the table's
         # names are guarded, owner, path, the names read)
         self.attr_reads: list = []
+        # Weak references to the objects whose attributes are guarded, and their classes: a method or a
+        # class attribute read through one comes from its class, which ``obj.__class__ = Other`` changes
+        self.owners: list = []
+        self.owner_classes: list = []
+
+    def add_class(self, owner, obj, path: str) -> None:
+        """Guard that ``obj`` (``owner``: a weak reference to it; ``path``: its name) stays an instance of its class."""
+        self.owners.append(owner)
+        self.owner_classes.append((type(obj), path))
+
+    def _same_classes(self) -> bool:
+        return all(type(owner()) is cls for owner, (cls, _) in zip(self.owners, self.owner_classes, strict=True))
 
     def add_globals(self, fn_globals: dict, names: list[str], module: str) -> None:
         """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``."""
@@ -205,8 +218,13 @@ class Guards:
             and (not self.global_reads or self._same_globals())
             and all(_holds(*entry) for entry in self.path_entries)
             and (not self.attr_reads or self._same_attributes())
+            and (not self.owners or self._same_classes())
         ):
             return None
+        for owner, (cls, path) in zip(self.owners, self.owner_classes, strict=True):
+            obj = owner()
+            if obj is not None and type(obj) is not cls:
+                return f"{path} changed: a {cls.__name__} -> a {type(obj).__name__} (its __class__ was set)"
         for container, key, _ in (e for e in self.path_entries if not _holds(*e)):
             what = "a dict" if isinstance(container, dict) else "a list"
             return f"{what} on the way to a captured tensor changed ({short(key)})"
@@ -408,6 +426,8 @@ def _guard_object(guards: Guards, obj, path: str, names: frozenset | None, seen:
     except TypeError:
         owner = None
     allowed = attr_reads.guarded_names(obj, names)
+    if owner is not None and not isinstance(obj, type):
+        guards.add_class(owner, obj, path)
     tables = _tables(obj) if isinstance(getattr(obj, "__dict__", None), dict) else []
     attributes = tables[0][0] if tables else None
     for live, _ in tables:
