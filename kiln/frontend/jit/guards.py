@@ -46,7 +46,7 @@ class Guards:
     __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
                  "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
                  "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads", "views", "owners",
-                 "owner_classes")  # fmt: skip
+                 "owner_classes", "owner_paths")  # fmt: skip
 
     def __init__(self) -> None:
         # (snapshot, live container, weakref to the owner or None, description, how entries are named:
@@ -87,15 +87,17 @@ class Guards:
         # Weak references to the objects whose attributes are guarded, and their classes: a method or a
         # class attribute read through one comes from its class, which ``obj.__class__ = Other`` changes
         self.owners: list = []
-        self.owner_classes: list = []
+        self.owner_classes: list = []  # (and their paths, to say which changed)
+        self.owner_paths: list = []
 
     def add_class(self, owner, obj, path: str) -> None:
         """Guard that ``obj`` (``owner``: a weak reference to it; ``path``: its name) stays an instance of its class."""
         self.owners.append(owner)
-        self.owner_classes.append((type(obj), path))
+        self.owner_classes.append(type(obj))
+        self.owner_paths.append(path)
 
     def _same_classes(self) -> bool:
-        return all(type(owner()) is cls for owner, (cls, _) in zip(self.owners, self.owner_classes, strict=True))
+        return all(map(is_, map(type, map(call, self.owners)), self.owner_classes))
 
     def add_globals(self, fn_globals: dict, names: list[str], module: str) -> None:
         """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``."""
@@ -221,7 +223,7 @@ class Guards:
             and (not self.owners or self._same_classes())
         ):
             return None
-        for owner, (cls, path) in zip(self.owners, self.owner_classes, strict=True):
+        for owner, cls, path in zip(self.owners, self.owner_classes, self.owner_paths, strict=True):
             obj = owner()
             if obj is not None and type(obj) is not cls:
                 return f"{path} changed: a {cls.__name__} -> a {type(obj).__name__} (its __class__ was set)"

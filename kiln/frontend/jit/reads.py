@@ -107,7 +107,14 @@ def library_folders() -> tuple[str, ...]:
     """The standard library's and installed packages' folders: the interpreter's (``sysconfig``), the
     user's site packages, and any folder on ``sys.path`` named as installers name theirs (``pip install
     --target``, another environment's packages on ``PYTHONPATH``), whose code is a library's too."""
-    return _library_folders(tuple(p for p in sys.path if os.path.basename(p.rstrip(os.sep)) in _PACKAGE_FOLDERS))
+    path = tuple(sys.path)
+    if path != _LAST_PATH[0]:  # (what the folders on the path add, worked out again where it changed)
+        on_path = tuple(p for p in path if os.path.basename(p.rstrip(os.sep)) in _PACKAGE_FOLDERS)
+        _LAST_PATH[:] = [path, _library_folders(on_path)]
+    return _LAST_PATH[1]
+
+
+_LAST_PATH: list = [None, ()]  # sys.path when last read, and the folders it gave
 
 
 @functools.cache
@@ -308,10 +315,18 @@ def users_modules(named: Sequence, attr_names: frozenset | None) -> list[tuple[d
     return found
 
 
-def _users_module(module: types.ModuleType) -> bool:
-    """Whether ``module`` is the user's program's (a file outside kiln, the standard library and packages)."""
+def _users_module(module: types.ModuleType, folders: tuple | None = None) -> bool:
+    """Whether ``module`` is the user's program's (a file outside kiln, the standard library and packages:
+    ``folders``, ``library_folders()`` where None)."""
     filename = getattr(module, "__file__", None)
-    return filename is not None and not os.path.realpath(filename).startswith((KILN_DIR, *library_folders()))
+    return type(filename) is str and _users_file(filename, library_folders() if folders is None else folders)
+
+
+@functools.lru_cache(maxsize=4096)
+def _users_file(filename: str, folders: tuple) -> bool:
+    """(cached: every module of the program is asked about where the code finds modules by name, and
+    ``realpath`` takes 20-40 us)"""
+    return not os.path.realpath(filename).startswith((KILN_DIR, *folders))
 
 
 def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
@@ -479,8 +494,9 @@ def imported(codes: list) -> list[tuple[str, object]]:
     found = {name: sys.modules.get(name) for full in names for name in (full, full.split(".", 1)[0])}
     out: list[tuple[str, object]] = [(n, m) for n, m in found.items() if isinstance(m, types.ModuleType)]
     if finds_modules(codes):
+        folders = library_folders()
         out += [(f"sys.modules[{name!r}]", module) for name, module in list(sys.modules.items())
-                if name not in found and isinstance(module, types.ModuleType) and _users_module(module)]  # fmt: skip
+                if name not in found and isinstance(module, types.ModuleType) and _users_module(module, folders)]  # fmt: skip
     return out
 
 
