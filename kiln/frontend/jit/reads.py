@@ -33,7 +33,9 @@ with the library objects they hold (a config's nodes); and the function a librar
 (``functools.lru_cache``'s ``__wrapped__``). The user's modules the code imports while traced
 (``import config`` inside the function) are read like those its globals name (``imported``), and every
 one of them where the code can find a module by a computed name (``sys.modules[name]``,
-``importlib.import_module(name)``, ``__import__``: ``finds_modules``). Besides containers:
+``importlib.import_module(name)``, ``__import__``: ``finds_modules``); a module's globals are guarded by
+the names the code spells, or all of them where it reads attributes by names it computes
+(``getattr(config, name)``, ``vars(config)[key]``: ``users_modules``). Besides containers:
 
 - a **numpy array** is guarded by its contents (``snapshots.Contents``: compared at each call, at
   memory speed), since a value Python reads out of it (``float(table[i])``, ``kiln.tensor(data[:8])``)
@@ -45,7 +47,7 @@ Not seen (a stale constant, said nowhere): state of a library object with method
 the above (a logger, a progress bar, a tokenizer held in a dict: its state is its own making; such an
 object is guarded, by its attributes, only where the function's globals, closure or arguments name
 it, ``hazards.watched_objects``); a module found by a computed name by a library's code rather than
-the user's (only the user's code is read for ``MODULE_FINDERS``), or one whose entry in
+the user's (only the user's code is read by ``finds_modules``), or one whose entry in
 ``sys.modules`` is replaced by another module; the cached results of an ``lru_cache``'d helper
 (the function it wraps is reached; a cache filled from state that changed since is stale in eager
 calls too).
@@ -301,18 +303,27 @@ def users_modules(named: Sequence, attr_names: frozenset | None) -> list[tuple[d
     then ``config.SCALE``): read like a helper's globals, so guarded name by name (``merged_globals``)."""
     found: list[tuple[dict, list[str]]] = []
     level, seen = [obj for _, obj in named if isinstance(obj, types.ModuleType)], set()
-    while level and attr_names:
+    # where the code reads attributes by computed names (``getattr(config, name)``), or was not seen, every
+    # global of these modules counts (but their own ``__dunders__``: ``__warningregistry__``...)
+    every = attr_names is None or getattr(attr_names, "computed", False)
+    while level:
         following = []
         for module in level:
             if id(module) in seen or not _users_module(module):
                 continue
             seen.add(id(module))
-            names = [n for n in attr_names if n in module.__dict__]
+            table = module.__dict__
+            names = [n for n in table if not _dunder(n)] if every else [n for n in attr_names or () if n in table]
             if names:
-                found.append((module.__dict__, names))
-                following += [module.__dict__[n] for n in names if isinstance(module.__dict__[n], types.ModuleType)]
+                found.append((table, names))
+                following += [table[n] for n in names if isinstance(table[n], types.ModuleType)
+                              and (attr_names is None or n in attr_names)]  # fmt: skip
         level = following
     return found
+
+
+def _dunder(name) -> bool:
+    return type(name) is not str or (name.startswith("__") and name.endswith("__"))
 
 
 def _users_module(module: types.ModuleType, folders: tuple | None = None) -> bool:
@@ -479,10 +490,21 @@ def attribute_names(codes: list) -> frozenset | None:
     """The attribute names that the code objects load (None when none ran: every name counts), a
     module's names imported from it among them (``from config import SCALE``), and the names their
     string constants spell (``getattr(sys.modules[__name__], "SCALE")``, ``getattr(self, "cfg")["s"]``)."""
+    from .attr_reads import readers_spelled  # noqa: PLC0415 - attr_reads reads this module's classification
+
     if not codes:
         return None
-    return frozenset(arg for code in codes for _, op, arg in instructions(code) if op in _LOADS or op == "IMPORT_FROM"
-                     or (op == "LOAD_CONST" and type(arg) is str and arg.isidentifier()))  # fmt: skip
+    names = Names(arg for code in codes for _, op, arg in instructions(code) if op in _LOADS or op == "IMPORT_FROM"
+                  or (op == "LOAD_CONST" and type(arg) is str and arg.isidentifier()))  # fmt: skip
+    names.computed = any(readers_spelled(code)[0] for code in codes)  # (not those of its own arguments alone)
+    return names
+
+
+class Names(frozenset):
+    """Attribute names the code loads (``attribute_names``); ``computed``: it reads some by names it
+    computes too (``getattr(config, name)``, ``vars(config)[key]``; ``attr_reads.readers_spelled``)."""
+
+    computed: bool = False
 
 
 def imported(codes: list) -> list[tuple[str, object]]:
@@ -500,15 +522,29 @@ def imported(codes: list) -> list[tuple[str, object]]:
     return out
 
 
-#: The names by which code finds a module by a computed name: ``sys.modules[name]`` (or ``from sys
-#: import modules``), ``importlib.import_module(name)``, ``__import__(name)``, ``importlib.reload(m)``.
-#: Which module it finds no name in the code tells, so each of the user's modules may be the one.
-MODULE_FINDERS = frozenset({"modules", "import_module", "__import__", "reload"})
+#: The names by which code finds a module by a computed name: ``importlib.import_module(name)``,
+#: ``__import__(name)``, ``importlib.reload(m)``, and ``sys.modules[name]`` (``finds_modules``). Which
+#: module it finds no name in the code tells, so each of the user's modules may be the one.
+MODULE_FINDERS = frozenset({"import_module", "__import__", "reload"})
+_FINDS: dict = {}  # code object -> whether it finds modules by name
 
 
 def finds_modules(codes: list) -> bool:
-    """Whether the code objects spell a way to find a module by a computed name (``MODULE_FINDERS``)."""
-    return any(not MODULE_FINDERS.isdisjoint(code.co_names) for code in codes)
+    """Whether the code objects spell a way to find a module by a computed name: a name of
+    ``MODULE_FINDERS``, or ``sys.modules`` (``sys.modules[...]``, ``from sys import modules``; not another
+    object's ``modules``, such as ``model.modules()``, lest every module be guarded for it)."""
+    for code in codes:
+        found = _FINDS.get(code)
+        if found is None:
+            found = not MODULE_FINDERS.isdisjoint(code.co_names)
+            if not found and "modules" in code.co_names:
+                ins = instructions(code)
+                found = any(arg == "modules" and (op in _NAME_LOADS or op == "IMPORT_FROM" or (
+                            op in _LOADS and i and ins[i - 1][2] == "sys")) for i, (_, op, arg) in enumerate(ins))  # fmt: skip
+            _FINDS[code] = found
+        if found:
+            return True
+    return False
 
 
 #: The process's own state that user code reads by these names (``os.environ["LR"]``,

@@ -209,7 +209,9 @@ def _cells(fn: types.FunctionType) -> list:
             values.append(cell.cell_contents)
         except ValueError:
             values.append(MISSING)
-    return [*values, fn.__defaults__, None if fn.__kwdefaults__ is None else dict(fn.__kwdefaults__)]
+    # (keyword defaults as a tuple of pairs, compared by value with identity first: a copy of their dict
+    # holding a class or a tensor would be compared by identity, and a new copy is another object)
+    return [*values, fn.__defaults__, None if fn.__kwdefaults__ is None else tuple(fn.__kwdefaults__.items())]
 
 
 def _context_value(var: contextvars.ContextVar) -> list:

@@ -19,6 +19,7 @@ import importlib
 import os
 import sys
 
+import numpy as np
 import pytest
 
 import kiln
@@ -73,6 +74,41 @@ def test_a_module_found_by_a_computed_name(how, config):
     f = _against_eager(make)
     name = "_OWN_SCALE" if how == "getattr of the function's own module" else "SCALE"
     assert len(compiled_calls(f)) == 4 and f"{name} changed: 1 -> 2" in _reasons(f)[1], _reasons(f)
+
+
+_NAME = "SCALE"
+
+BY_COMPUTED_ATTRIBUTE = {
+    "vars(module)[key]": lambda module: lambda x: x * vars(module)["SCALE"],
+    "module.__dict__[key]": lambda module: lambda x: x * module.__dict__["SCALE"],
+    "getattr(module, name)": lambda module: lambda x: x * getattr(module, _NAME),
+    "getattr(module, an expression)": lambda module: lambda x: x * getattr(module, "scale".upper()),
+}
+
+
+@pytest.mark.parametrize("how", list(BY_COMPUTED_ATTRIBUTE))
+def test_a_modules_global_read_by_a_computed_name(how, config):
+    module = _imported()
+
+    def make():
+        module.SCALE = 1
+        return BY_COMPUTED_ATTRIBUTE[how](module), lambda i: setattr(module, "SCALE", i + 1)
+
+    f = _against_eager(make)
+    assert len(compiled_calls(f)) == 4 and f"{_MODULE}.SCALE changed: 1 -> 2" in _reasons(f)[1], _reasons(f)
+
+
+def test_only_sys_modules_counts_as_finding_modules_by_name():
+    # ``model.modules()`` is no way to find a module of the program: guarding every module's globals
+    # by the names the code spells for it would retrace a loop whose module-level ``step`` changes
+    def spellings(model):
+        from sys import modules  # noqa: PLC0415
+
+        return sys.modules, modules, importlib.import_module, __import__, model.modules()
+
+    finds = [lambda: sys.modules["m"], lambda: importlib.import_module("m"), lambda: __import__("m"), spellings]
+    assert all(reads.finds_modules([fn.__code__]) for fn in finds)
+    assert not reads.finds_modules([(lambda model: model.modules()).__code__])
 
 
 def test_a_module_found_by_a_computed_name_that_the_call_sets_runs_eagerly(config):
@@ -248,6 +284,27 @@ def test_a_cached_helper_reads_state_through_the_function_it_wraps():
 
     f = _against_eager(make)
     assert len(compiled_calls(f)) == 4 and "scale.__wrapped__.<closure>.state['s'] changed" in _reasons(f)[1]
+
+
+@pytest.mark.parametrize("change", [False, True])
+def test_a_helpers_keyword_default_that_is_an_object(change):
+    # (its keyword defaults were copied into a new dict at each look, compared by identity: the call ran
+    # eagerly, "the call changed helper.__kwdefaults__", though nothing had)
+    def make():
+        def helper(x, *, kind=np.float32, s=1):
+            return x * s * (2 if kind is np.float32 else 3)
+
+        def set_default(i):
+            if change:
+                helper.__kwdefaults__["kind" if i % 2 else "s"] = np.float64 if i % 2 else i + 1
+
+        return (lambda x: helper(x)), set_default
+
+    f = _against_eager(make)
+    if change:  # (calls 1 and 2 change a default, call 3 sets the one call 1 set)
+        assert len(f.state.specializations) == 3 and "helper.__kwdefaults__ changed" in _reasons(f)[1], _reasons(f)
+    else:
+        assert len(f.state.specializations) == 1 and sum(compiled_calls(f)) == 3, _reasons(f)
 
 
 class _One:
