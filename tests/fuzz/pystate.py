@@ -8,7 +8,8 @@ generator resumed. State kept outside dicts, lists and sets too: a ``deque`` win
 object with ``__slots__`` and a ``SimpleNamespace`` held in dicts, an ``itertools.count`` held in a dict.
 Paths found at run time: a module found by a computed name (``sys.modules[name]``,
 ``importlib.import_module``), a library's config held in a dict (a ``configparser.ConfigParser``), a
-``functools.cache``'d helper reading state of its own, an object whose ``__class__`` is set.
+``functools.cache``'d helper reading state of its own, an object whose ``__class__`` is set, a module's
+global read by a computed name, a helper's keyword default.
 A float argument takes another value at each call, and so may a float of Python
 state (an attribute, a dict's entry, a list's item, a default argument's dict); branches on such a
 float's text or hash (``str``, an f-string, a set of it) must not follow the two values traced.
@@ -64,6 +65,7 @@ SETUP = [
     'Half = type("Half", (), {"apply": lambda self, h: h * 0.5})',
     'Twice = type("Twice", (), {"apply": lambda self, h: h * 2.0})',
     'swapped = {"obj": Half()}',
+    "kwhelper = (lambda h, *, kind=np.float32, s=0.5: h * s)",
 ]
 STATE = ["STATS", "HISTORY", "counter", "log", "cache", "weights", "cfg", "settings", "order", "window", "arr",
          "boxed"]  # fmt: skip
@@ -101,6 +103,8 @@ READS = [
     ("h = h + float(held['parser']['train']['calls'])", "read library config counter"),
     ("h = h * cached_scale()", "read cached helper"),
     ("h = swapped['obj'].apply(h)", "read method of an object in a dict"),
+    ("h = h * getattr(fuzzmod, 'SCALE'.lower())", "read module by computed attribute"),
+    ("h = kwhelper(h)", "read helper's keyword default"),
     # a float argument, another value at each call (scalar_args.py: an input once two traces agree)
     ("h = h * {num}", "float argument"),
     ("h = ({num} - h) / {num}", "float argument twice"),
@@ -178,6 +182,7 @@ CHANGES = [
     ("held['parser']['train']['scale'] = '1.25'", "library config in a dict"),
     ("cached_scale.__wrapped__.__closure__[0].cell_contents['s'] = 1.5; cached_scale.cache_clear()", "cached helper"),
     ("swapped['obj'].__class__ = Twice", "class set"),
+    ("kwhelper.__kwdefaults__['s'] = 1.5", "helper's keyword default"),
 ]
 # changes before every call: a float of Python state annealed, another value each call (state_floats.py)
 ANNEALED = [
