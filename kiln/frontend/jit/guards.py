@@ -32,7 +32,8 @@ from operator import is_
 
 from ..tensor import Tensor
 from . import attr_reads
-from .hazards import _attrs, _tables, _walk, _watchable
+from .hazards import _tables, _watchable
+from .paths import _attrs, _walk
 from .reads import _users_class, selector, short
 from .signature import call
 from .snapshots import ANY_FLOAT, MISSING, Contents, View, _entry, _Is, changed_entry, same, snapshot

@@ -50,8 +50,7 @@ from . import attr_reads, reads, snapshots
 from . import state as _state
 from .locations import KILN_DIR
 from .outcomes import TraceBreak
-from .reads import _is_module_dict
-from .snapshots import _SCALARS
+from .paths import _attrs, reachable_tensors  # noqa: F401 - (reachable_tensors: build.py reads it here)
 
 _LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set on first use)
 _MISSING = object()
@@ -194,14 +193,6 @@ def _watchable(obj) -> bool:
     from ...nn.modules.module import Module  # noqa: PLC0415
 
     return isinstance(obj, Module) or not reads.kilns(type(obj))
-
-
-def _attrs(obj) -> dict:
-    try:
-        d = vars(obj)
-    except TypeError:
-        return {}
-    return d if isinstance(d, dict) else {}
 
 
 def _tables(obj) -> list[tuple[dict, dict]]:
@@ -573,41 +564,3 @@ class Watch:
                     self._location(*loc) if loc else None,
                 )
         return None
-
-
-def _walk(roots: list, depth: int = 5, limit: int = 20000):
-    """``(container, its values)`` for the dicts, lists, tuples and objects reachable from ``roots``
-    (the objects, globals and closure values the function names) through dicts, lists, tuples and
-    instance attributes, ``depth`` levels down -- the paths by which the function reaches state."""
-    seen: set[int] = set()
-    level = list(roots)
-    for _ in range(depth):
-        following: list = []
-        for obj in level:
-            if id(obj) in seen or isinstance(obj, (Tensor, *_SCALARS)) or len(seen) > limit:
-                continue
-            seen.add(id(obj))
-            if isinstance(obj, dict):
-                if _is_module_dict(obj):
-                    continue  # a module's globals: the names the function reads are guarded one by one
-                values = list(obj.values())
-            elif isinstance(obj, list | tuple):
-                values = list(obj)
-            elif isinstance(obj, types.ModuleType | types.FunctionType | type | np.ndarray):
-                continue
-            else:
-                values = list(_attrs(obj).values())
-            yield obj, values
-            following.extend(v for v in values if not isinstance(v, Tensor))
-        level = following
-
-
-def reachable_tensors(roots: list) -> dict[int, Tensor]:
-    """The memory owners (by id) of the tensors reachable from ``roots`` (see ``_walk``)."""
-    found = {}
-    for t in [r for r in roots if isinstance(r, Tensor)] + [
-        v for _, values in _walk(roots) for v in values if isinstance(v, Tensor)
-    ]:
-        root = t._base if t._base is not None else t
-        found[id(root)] = root
-    return found
