@@ -24,6 +24,7 @@ trace depended on is as it was. ``build_guards`` collects, when a trace ends:
 from __future__ import annotations
 
 import operator
+import sys
 import types
 import weakref
 from collections.abc import Sequence
@@ -47,7 +48,7 @@ class Guards:
     __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
                  "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
                  "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads", "views", "owners",
-                 "owner_classes", "owner_paths")  # fmt: skip
+                 "owner_classes", "owner_paths", "module_names", "modules")  # fmt: skip
 
     def __init__(self) -> None:
         # (snapshot, live container, weakref to the owner or None, description, how entries are named:
@@ -90,6 +91,9 @@ class Guards:
         self.owners: list = []
         self.owner_classes: list = []  # (and their paths, to say which changed)
         self.owner_paths: list = []
+        # The names in ``sys.modules`` of the modules whose globals are guarded, and the modules there
+        self.module_names: list = []
+        self.modules: list = []
 
     def add_class(self, owner, obj, path: str) -> None:
         """Guard that ``obj`` (``owner``: a weak reference to it; ``path``: its name) stays an instance of its class."""
@@ -101,9 +105,20 @@ class Guards:
         return all(map(is_, map(type, map(call, self.owners)), self.owner_classes))
 
     def add_globals(self, fn_globals: dict, names: list[str], module: str) -> None:
-        """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``."""
+        """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``, and
+        that the module is still the one ``sys.modules`` holds under its name: a module imported inside the
+        call or found by name there (``import config``, ``sys.modules["config"]``) is another one once the
+        program imports it anew (``del sys.modules["config"]`` then ``import config``)."""
         getter = operator.itemgetter(*names, *names[:1])  # twice the first: a tuple even for one name
         self.global_reads.append((getter, fn_globals, tuple(map(_entry, getter(fn_globals))), names, module))
+        name = fn_globals.get("__name__")
+        owner = sys.modules.get(name) if type(name) is str else None
+        if owner is not None and getattr(owner, "__dict__", None) is fn_globals and name not in self.module_names:
+            self.module_names.append(name)
+            self.modules.append(owner)
+
+    def _same_modules(self) -> bool:
+        return all(map(is_, map(sys.modules.get, self.module_names), self.modules))
 
     def _same_globals(self) -> bool:
         try:
@@ -222,8 +237,12 @@ class Guards:
             and all(_holds(*entry) for entry in self.path_entries)
             and (not self.attr_reads or self._same_attributes())
             and (not self.owners or self._same_classes())
+            and self._same_modules()
         ):
             return None
+        for name, module in zip(self.module_names, self.modules, strict=True):
+            if sys.modules.get(name) is not module:
+                return f"sys.modules[{name!r}] is another module now"
         for owner, cls, path in zip(self.owners, self.owner_classes, self.owner_paths, strict=True):
             obj = owner()
             if obj is not None and type(obj) is not cls:
@@ -255,7 +274,7 @@ class Guards:
     def paths_hold(self) -> bool:
         """Whether the ``.grad`` and container paths to the captured tensors hold (``miss`` checks them
         with the rest; ``state_floats.changed`` with the values compared its own way)."""
-        return self._same_grads() and all(_holds(*entry) for entry in self.path_entries)
+        return self._same_grads() and all(_holds(*entry) for entry in self.path_entries) and self._same_modules()
 
     def _same_grads(self) -> bool:
         try:

@@ -47,10 +47,10 @@ Not seen (a stale constant, said nowhere): state of a library object with method
 the above (a logger, a progress bar, a tokenizer held in a dict: its state is its own making; such an
 object is guarded, by its attributes, only where the function's globals, closure or arguments name
 it, ``hazards.watched_objects``); a module found by a computed name by a library's code rather than
-the user's (only the user's code is read by ``finds_modules``), or one whose entry in
-``sys.modules`` is replaced by another module; the cached results of an ``lru_cache``'d helper
-(the function it wraps is reached; a cache filled from state that changed since is stale in eager
-calls too).
+the user's (only the user's code is read by ``finds_modules``); the cached results of an
+``lru_cache``'d helper (the function it wraps is reached; a cache filled from state that changed
+since is stale in eager calls too); a ``threading.local``'s attributes read from another thread than
+the tracing one (the guard holds the tracing thread's table).
 """
 
 from __future__ import annotations

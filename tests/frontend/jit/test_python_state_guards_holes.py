@@ -18,6 +18,7 @@ import functools
 import importlib
 import os
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -145,6 +146,27 @@ def test_a_module_imported_inside_the_call_and_set_there_runs_eagerly(first, con
 
     f = _against_eager(make)
     assert compiled_calls(f) == [] and f"the call changed {_MODULE}.CALLS" in _reasons(f)[-1], _reasons(f)
+
+
+@pytest.mark.parametrize("how", ["import", "sys.modules"])
+def test_a_module_the_program_imports_anew_between_calls(how, config):
+    def imports(x):
+        import kiln_test_holes_config  # noqa: PLC0415
+
+        return x * kiln_test_holes_config.SCALE
+
+    def make():
+        path = _imported().__file__
+
+        def import_anew(i):  # (as ``del sys.modules[name]`` then an import of a changed file would)
+            fresh = types.ModuleType(_MODULE)
+            fresh.__file__, fresh.SCALE = path, i + 1
+            sys.modules[_MODULE] = fresh
+
+        return (imports if how == "import" else FOUND_BY_NAME["sys.modules"]), import_anew
+
+    f = _against_eager(make)
+    assert len(compiled_calls(f)) == 4 and f"sys.modules[{_MODULE!r}] is another module now" in _reasons(f)[1]
 
 
 # ---------------------------------------------------------------------- a library's config object
