@@ -25,7 +25,8 @@ a bound method belongs to, and what a ``functools.partial`` was made with. Objec
 classes (an optimizer: its hyperparameters are read per call through tensors), of the standard
 library and of installed packages (their caches are not the program's state) are not, but for the
 state containers the standard library makes for the program: a ``deque``, an ``array.array``, a
-``bytearray``, a ``MappingProxyType``, a ``ContextVar`` (its value; ``snapshots.View``) and the
+``bytearray``, a ``MappingProxyType``, a ``ContextVar`` (its value; ``snapshots.View``), a
+``threading.local`` (the calling thread's attributes) and the
 namespaces whose classes define no public attribute (``types.SimpleNamespace``, ``argparse.Namespace``:
 ``_attribute_bag``); the libraries' stores of settings (``_keyed_store``: an OmegaConf or ``ConfigDict``
 config, which hands its values out by ``__getattr__``/``__getitem__``, or a library's dataclass), whole,
@@ -49,8 +50,7 @@ object is guarded, by its attributes, only where the function's globals, closure
 it, ``hazards.watched_objects``); a module found by a computed name by a library's code rather than
 the user's (only the user's code is read by ``finds_modules``); the cached results of an
 ``lru_cache``'d helper (the function it wraps is reached; a cache filled from state that changed
-since is stale in eager calls too); a ``threading.local``'s attributes read from another thread than
-the tracing one (the guard holds the tracing thread's table).
+since is stale in eager calls too).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ from .read_records import (
     short,
     store_line,
 )
-from .snapshots import _CONTAINERS, _SCALARS, slot_names, viewed
+from .snapshots import _CONTAINERS, _SCALARS, THREAD_LOCAL, slot_names, viewed
 
 __all__ = ["global_records", "instructions", "read_line", "records", "selector", "short", "store_line"]
 
@@ -394,6 +394,9 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
             elif isinstance(obj, types.MappingProxyType):  # (a read-only view of a dict it does not name)
                 found.append((path, obj, "item"))
                 following += [(f"{path}[{k!r}]", v) for k, v in list(obj.items()) if _entered(v)]
+            elif isinstance(obj, THREAD_LOCAL):  # (a View: the calling thread's attributes at each call)
+                found.append((path, obj, "attr"))
+                following += [(f"{path}.{k}", v) for k, v in list(vars(obj).items()) if _entered(v)]
             elif viewed(obj) and not isinstance(obj, types.FunctionType):  # a deque, a ContextVar...
                 found.append((path, obj, "attr" if isinstance(obj, contextvars.ContextVar) else "item"))
                 if not isinstance(obj, array.array | bytearray):

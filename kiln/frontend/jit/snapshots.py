@@ -10,7 +10,8 @@ State held in neither a dict, a list, a set nor an array is a ``View``: what it 
 list (or as bytes) by a reader of its kind (``viewed``) -- a ``deque`` (a window of recent losses),
 an ``array.array`` or a ``bytearray`` (by their bytes), a ``ContextVar`` (its value in the current
 context), a function's closure cells and default values (``lambda: x * alpha`` where ``alpha`` is
-rebound), the slots of an object without a ``__dict__`` (``@dataclass(slots=True)``).
+rebound), the slots of an object without a ``__dict__`` (``@dataclass(slots=True)``), a
+``threading.local``'s attributes (in the calling thread).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import collections
 import contextvars
 import ctypes
 import sys
+import threading
 import types
 
 import numpy as np
@@ -239,12 +241,30 @@ _READERS: dict = {
 }
 
 
+#: A ``threading.local``'s class: its attribute table is the calling thread's, so a guard holding the
+#: table it saw would compare the tracing thread's values at every thread's call.
+THREAD_LOCAL = type(threading.local())
+
+
+def _local_view(obj) -> View:
+    """The attributes of a ``threading.local`` (and how many it has), read in the calling thread."""
+    names = tuple(vars(obj))
+
+    def read(local) -> list:
+        table = vars(local)
+        return [*(table.get(name, MISSING) for name in names), len(table)]
+
+    return View(obj, read, (*names, "<number of attributes>"))
+
+
 def viewed(obj) -> bool:
     """Whether ``obj`` is state that a ``View`` snapshots (``reads.reach`` finds it as a container)."""
-    return isinstance(obj, tuple(_READERS)) or isinstance(obj, types.FunctionType)
+    return isinstance(obj, tuple(_READERS)) or isinstance(obj, types.FunctionType | THREAD_LOCAL)
 
 
 def _view(obj) -> View:
+    if isinstance(obj, THREAD_LOCAL):
+        return _local_view(obj)
     if isinstance(obj, types.FunctionType):
         code = obj.__code__
         return View(obj, _cells, (*(f"<closure>.{n}" for n in code.co_freevars), "__defaults__", "__kwdefaults__"))

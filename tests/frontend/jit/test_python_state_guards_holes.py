@@ -18,6 +18,7 @@ import functools
 import importlib
 import os
 import sys
+import threading
 import types
 
 import numpy as np
@@ -327,6 +328,39 @@ def test_a_helpers_keyword_default_that_is_an_object(change):
         assert len(f.state.specializations) == 3 and "helper.__kwdefaults__ changed" in _reasons(f)[1], _reasons(f)
     else:
         assert len(f.state.specializations) == 1 and sum(compiled_calls(f)) == 3, _reasons(f)
+
+
+def test_a_thread_locals_attribute_read_in_another_thread():
+    # (the guard held the tracing thread's attribute table: another thread's call ran its program)
+    local = threading.local()
+    local.s = 1
+    f = kiln.compile(lambda x: x * local.s, wait=True)
+    assert float(f(kiln.ones(3)).numpy()[0]) == 1.0
+    got: list = []
+
+    def other() -> None:
+        local.s = 5
+        got.append(float(f(kiln.ones(3)).numpy()[0]))
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert got == [5.0] and "local.s changed: 1 -> 5" in _reasons(f)[-1], _reasons(f)
+
+
+def test_a_thread_locals_attribute_the_call_sets_runs_eagerly():
+    def make():
+        local = threading.local()
+        local.calls = 0
+
+        def count(x):
+            local.calls += 1
+            return x * local.calls
+
+        return count, lambda i: None
+
+    f = _against_eager(make)
+    assert compiled_calls(f) == [] and "the call changed local.calls" in _reasons(f)[-1], _reasons(f)
 
 
 class _One:
