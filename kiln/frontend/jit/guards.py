@@ -40,6 +40,7 @@ from .signature import call
 from .snapshots import ANY_FLOAT, MISSING, Contents, View, _entry, _Is, changed_entry, same, snapshot
 
 _GRAD = operator.attrgetter("_grad")
+_MODULES_GET = sys.modules.get  # (bound once: the interpreter keeps one sys.modules)
 
 
 class Guards:
@@ -118,7 +119,7 @@ class Guards:
             self.modules.append(owner)
 
     def _same_modules(self) -> bool:
-        return all(map(is_, map(sys.modules.get, self.module_names), self.modules))
+        return all(map(is_, map(_MODULES_GET, self.module_names), self.modules))
 
     def _same_globals(self) -> bool:
         try:
@@ -237,7 +238,7 @@ class Guards:
             and all(_holds(*entry) for entry in self.path_entries)
             and (not self.attr_reads or self._same_attributes())
             and (not self.owners or self._same_classes())
-            and self._same_modules()
+            and (not self.modules or self._same_modules())
         ):
             return None
         for name, module in zip(self.module_names, self.modules, strict=True):
