@@ -6,6 +6,10 @@ bound method's object, a numpy array's values (small and large), an environment 
 generator resumed. State kept outside dicts, lists and sets too: a ``deque`` window, an ``array.array``, a
 ``MappingProxyType`` over a dict, a ``ContextVar``, a helper's closure cell (rebound between calls), an
 object with ``__slots__`` and a ``SimpleNamespace`` held in dicts, an ``itertools.count`` held in a dict.
+Paths found at run time: a module found by a computed name (``sys.modules[name]``,
+``importlib.import_module``), a library's config held in a dict (a ``configparser.ConfigParser``), a
+``functools.cache``'d helper reading state of its own, an object whose ``__class__`` is set, a module's
+global read by a computed name, a helper's keyword default.
 A float argument takes another value at each call, and so may a float of Python
 state (an attribute, a dict's entry, a list's item, a default argument's dict); branches on such a
 float's text or hash (``str``, an f-string, a set of it) must not follow the two values traced.
@@ -21,8 +25,12 @@ import random
 from .generator import TOLERANCE
 from .scenario import Builder, Scenario
 
-PREAMBLE = ["import array", "import collections", "import contextvars", "import itertools", 'STATS = {"calls": 0}',
-            "HISTORY = []"]  # fmt: skip
+PREAMBLE = ["import array", "import collections", "import configparser", "import contextvars", "import importlib",
+            "import itertools", "import sys", "import weakref", 'STATS = {"calls": 0}', "HISTORY = []",
+            # a module of the program's own, one per copy, found by name (gone with the copy's namespace)
+            "def anchor(): pass", 'FUZZ_MOD = f"kiln_fuzz_config_{id(anchor)}"', "fuzzmod = types.ModuleType(FUZZ_MOD)",
+            'fuzzmod.__file__ = f"/kiln-fuzz/{FUZZ_MOD}.py"', "fuzzmod.scale, fuzzmod.calls = 0.5, 0",
+            "sys.modules[FUZZ_MOD] = fuzzmod", "weakref.finalize(anchor, sys.modules.pop, FUZZ_MOD, None)"]  # fmt: skip
 SETUP = [
     'counter = {"calls": 0}',
     "log = []",
@@ -50,6 +58,14 @@ SETUP = [
     'slotted["obj"].scale = 1.25',
     'boxed = {"cfg": types.SimpleNamespace(scale=0.5, calls=0)}',
     'ids = {"next": itertools.count(1)}',
+    "parser = configparser.ConfigParser()",
+    'parser.read_dict({"train": {"scale": "0.5", "calls": "0"}})',
+    'held = {"parser": parser}',
+    "cached_scale = functools.cache((lambda st: (lambda: st['s']))({'s': 0.5}))",
+    'Half = type("Half", (), {"apply": lambda self, h: h * 0.5})',
+    'Twice = type("Twice", (), {"apply": lambda self, h: h * 2.0})',
+    'swapped = {"obj": Half()}',
+    "kwhelper = (lambda h, *, kind=np.float32, s=0.5: h * s)",
 ]
 STATE = ["STATS", "HISTORY", "counter", "log", "cache", "weights", "cfg", "settings", "order", "window", "arr",
          "boxed"]  # fmt: skip
@@ -81,6 +97,14 @@ READS = [
     ("h = h * slotted['obj'].scale", "read slots in a dict"),
     ("h = h * boxed['cfg'].scale", "read namespace in a dict"),
     ("h = h * (next(ids['next']) % 3 + 1)", "resume count in a dict"),
+    ("h = h * sys.modules[FUZZ_MOD].scale + sys.modules[FUZZ_MOD].calls", "read module by name"),
+    ("h = h * importlib.import_module(FUZZ_MOD).scale", "read module by import_module"),
+    ("h = h * float(held['parser']['train']['scale'])", "read library config in a dict"),
+    ("h = h + float(held['parser']['train']['calls'])", "read library config counter"),
+    ("h = h * cached_scale()", "read cached helper"),
+    ("h = swapped['obj'].apply(h)", "read method of an object in a dict"),
+    ("h = h * getattr(fuzzmod, 'SCALE'.lower())", "read module by computed attribute"),
+    ("h = kwhelper(h)", "read helper's keyword default"),
     # a float argument, another value at each call (scalar_args.py: an input once two traces agree)
     ("h = h * {num}", "float argument"),
     ("h = ({num} - h) / {num}", "float argument twice"),
@@ -121,6 +145,9 @@ MUTATIONS = [
     ("arr[1] += 1.0", "array.array store"),
     ("ctx_scale.set(ctx_scale.get() + 0.25)", "context variable set"),
     ("boxed['cfg'].calls += 1", "namespace in a dict store"),
+    ("sys.modules[FUZZ_MOD].calls += 1", "module by name store"),
+    ("held['parser']['train']['calls'] = str(int(held['parser']['train']['calls']) + 1)", "library config store"),
+    ("swapped['obj'].__class__ = Twice if type(swapped['obj']) is Half else Half", "class set in the call"),
 ]
 # the tags of reads of dict entries and list contents (attributes are guarded by kiln.compile)
 CONTAINER_READS = tuple(tag for _, tag in READS if "attr" not in tag)
@@ -151,6 +178,11 @@ CHANGES = [
     ("scaled_by.__closure__[0].cell_contents = 2.5", "helper's closure rebound"),
     ("slotted['obj'].scale = -0.5", "slots in a dict"),
     ("boxed['cfg'].scale = 1.5", "namespace in a dict"),
+    ("fuzzmod.scale = -0.75", "module found by name"),
+    ("held['parser']['train']['scale'] = '1.25'", "library config in a dict"),
+    ("cached_scale.__wrapped__.__closure__[0].cell_contents['s'] = 1.5; cached_scale.cache_clear()", "cached helper"),
+    ("swapped['obj'].__class__ = Twice", "class set"),
+    ("kwhelper.__kwdefaults__['s'] = 1.5", "helper's keyword default"),
 ]
 # changes before every call: a float of Python state annealed, another value each call (state_floats.py)
 ANNEALED = [
@@ -160,6 +192,10 @@ ANNEALED = [
     ("knob.scale = 1.0 + 0.25 * call", "anneal instance attr"),
     ("scaled.__defaults__[0]['s'] = 0.75 + 0.5 * call", "anneal default argument"),
     ("cfg.scale = 1.5 if call % 2 else 0.75", "alternate attr"),
+    ("scaled_by.__closure__[0].cell_contents = 0.5 + 0.25 * call", "anneal helper's closure"),
+    ("slotted['obj'].scale = 1.0 - 0.125 * call", "anneal slot"),
+    ("window.append(0.25 * call)", "anneal deque"),
+    ("fuzzmod.scale = 0.5 + 0.125 * call", "anneal module found by name"),
 ]
 
 

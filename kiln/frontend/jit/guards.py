@@ -24,6 +24,7 @@ trace depended on is as it was. ``build_guards`` collects, when a trace ends:
 from __future__ import annotations
 
 import operator
+import sys
 import types
 import weakref
 from collections.abc import Sequence
@@ -32,12 +33,14 @@ from operator import is_
 
 from ..tensor import Tensor
 from . import attr_reads
-from .hazards import _attrs, _tables, _walk, _watchable
+from .hazards import _tables, _watchable
+from .paths import _attrs, _walk
 from .reads import _users_class, selector, short
 from .signature import call
 from .snapshots import ANY_FLOAT, MISSING, Contents, View, _entry, _Is, changed_entry, same, snapshot
 
 _GRAD = operator.attrgetter("_grad")
+_MODULES_GET = sys.modules.get  # (bound once: the interpreter keeps one sys.modules)
 
 
 class Guards:
@@ -45,7 +48,8 @@ class Guards:
 
     __slots__ = ("pairs", "dicts", "dict_snaps", "lists", "list_snaps", "sets", "set_snaps", "classes",
                  "class_snaps", "same_dicts", "same_lists", "_expected", "grad_owners", "grads",
-                 "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads", "views")  # fmt: skip
+                 "global_reads", "path_entries", "ordered", "orders", "arrays", "attr_reads", "views", "owners",
+                 "owner_classes", "owner_paths", "module_names", "modules")  # fmt: skip
 
     def __init__(self) -> None:
         # (snapshot, live container, weakref to the owner or None, description, how entries are named:
@@ -83,11 +87,39 @@ class Guards:
         # snapshot, the entries' types, the names guarded (None: slots), how many of the table's
         # names are guarded, owner, path, the names read)
         self.attr_reads: list = []
+        # Weak references to the objects whose attributes are guarded, and their classes: a method or a
+        # class attribute read through one comes from its class, which ``obj.__class__ = Other`` changes
+        self.owners: list = []
+        self.owner_classes: list = []  # (and their paths, to say which changed)
+        self.owner_paths: list = []
+        # The names in ``sys.modules`` of the modules whose globals are guarded, and the modules there
+        self.module_names: list = []
+        self.modules: list = []
+
+    def add_class(self, owner, obj, path: str) -> None:
+        """Guard that ``obj`` (``owner``: a weak reference to it; ``path``: its name) stays an instance of its class."""
+        self.owners.append(owner)
+        self.owner_classes.append(type(obj))
+        self.owner_paths.append(path)
+
+    def _same_classes(self) -> bool:
+        return all(map(is_, map(type, map(call, self.owners)), self.owner_classes))
 
     def add_globals(self, fn_globals: dict, names: list[str], module: str) -> None:
-        """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``."""
+        """Guard the objects (and plain values) that ``names`` refer to in a module's ``fn_globals``, and
+        that the module is still the one ``sys.modules`` holds under its name: a module imported inside the
+        call or found by name there (``import config``, ``sys.modules["config"]``) is another one once the
+        program imports it anew (``del sys.modules["config"]`` then ``import config``)."""
         getter = operator.itemgetter(*names, *names[:1])  # twice the first: a tuple even for one name
         self.global_reads.append((getter, fn_globals, tuple(map(_entry, getter(fn_globals))), names, module))
+        name = fn_globals.get("__name__")
+        owner = sys.modules.get(name) if type(name) is str else None
+        if owner is not None and getattr(owner, "__dict__", None) is fn_globals and name not in self.module_names:
+            self.module_names.append(name)
+            self.modules.append(owner)
+
+    def _same_modules(self) -> bool:
+        return all(map(is_, map(_MODULES_GET, self.module_names), self.modules))
 
     def _same_globals(self) -> bool:
         try:
@@ -205,8 +237,17 @@ class Guards:
             and (not self.global_reads or self._same_globals())
             and all(_holds(*entry) for entry in self.path_entries)
             and (not self.attr_reads or self._same_attributes())
+            and (not self.owners or self._same_classes())
+            and (not self.modules or self._same_modules())
         ):
             return None
+        for name, module in zip(self.module_names, self.modules, strict=True):
+            if sys.modules.get(name) is not module:
+                return f"sys.modules[{name!r}] is another module now"
+        for owner, cls, path in zip(self.owners, self.owner_classes, self.owner_paths, strict=True):
+            obj = owner()
+            if obj is not None and type(obj) is not cls:
+                return f"{path} changed: a {cls.__name__} -> a {type(obj).__name__} (its __class__ was set)"
         for container, key, _ in (e for e in self.path_entries if not _holds(*e)):
             what = "a dict" if isinstance(container, dict) else "a list"
             return f"{what} on the way to a captured tensor changed ({short(key)})"
@@ -234,7 +275,7 @@ class Guards:
     def paths_hold(self) -> bool:
         """Whether the ``.grad`` and container paths to the captured tensors hold (``miss`` checks them
         with the rest; ``state_floats.changed`` with the values compared its own way)."""
-        return self._same_grads() and all(_holds(*entry) for entry in self.path_entries)
+        return self._same_grads() and all(_holds(*entry) for entry in self.path_entries) and self._same_modules()
 
     def _same_grads(self) -> bool:
         try:
@@ -408,6 +449,8 @@ def _guard_object(guards: Guards, obj, path: str, names: frozenset | None, seen:
     except TypeError:
         owner = None
     allowed = attr_reads.guarded_names(obj, names)
+    if owner is not None and not isinstance(obj, type):
+        guards.add_class(owner, obj, path)
     tables = _tables(obj) if isinstance(getattr(obj, "__dict__", None), dict) else []
     attributes = tables[0][0] if tables else None
     for live, _ in tables:

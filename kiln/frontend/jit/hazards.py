@@ -21,8 +21,11 @@ the traced call:
 - an iterator or generator among the arguments is consumed by the call, or one the call reaches in a
   container or an attribute table (``next(self.batches)``; one whose position cannot be told counts
   where the code that ran spells the name it is held by);
-- a global of the user's modules that the function names (or a function it runs names) is set
-  (``config.step += 1``: the module's globals, compared before and after as an object's attributes are).
+- a global of the user's modules that the function names (or a function it runs names, or imports,
+  or can find by a computed name: ``sys.modules[name]``, ``reads.finds_modules``) is set
+  (``config.step += 1``: the module's globals, compared before and after as an object's attributes
+  are); a module first imported inside the call is compared from where its import left it (``_imported``);
+- an object's ``__class__`` is set (``obj.__class__ = Other``: its methods are another class's).
 
 Each is a trace break. The profile hook also gathers the names the code that runs spells, by which
 it can read the user's objects' attributes: the guards compare only those (``attr_reads``).
@@ -47,8 +50,7 @@ from . import attr_reads, reads, snapshots
 from . import state as _state
 from .locations import KILN_DIR
 from .outcomes import TraceBreak
-from .reads import _is_module_dict
-from .snapshots import _SCALARS
+from .paths import _attrs, reachable_tensors  # noqa: F401 - (reachable_tensors: build.py reads it here)
 
 _LIBRARIES: tuple = ()  # the standard library's and installed packages' folders (set on first use)
 _MISSING = object()
@@ -72,9 +74,10 @@ _NONE: tuple = (None, ())
 
 def _first_use() -> None:
     global _LIBRARIES, _RANDOM_OWNERS
+    # Their module-level caches and registries are not the user's state (read at each trace: a folder of
+    # packages put on ``sys.path`` later counts too)
+    _LIBRARIES = reads.library_folders()
     if not _RANDOM_OWNERS:
-        # Their module-level caches and registries are not the user's state.
-        _LIBRARIES = reads.library_folders()
         _RANDOM_OWNERS = (random.Random, np.random.RandomState, np.random.Generator, np.random.BitGenerator)
 
 
@@ -189,15 +192,7 @@ def _watchable(obj) -> bool:
         return hasattr(type(obj), "__slots__") and reads._users_class(type(obj))
     from ...nn.modules.module import Module  # noqa: PLC0415
 
-    return isinstance(obj, Module) or not type(obj).__module__.startswith("kiln")
-
-
-def _attrs(obj) -> dict:
-    try:
-        d = vars(obj)
-    except TypeError:
-        return {}
-    return d if isinstance(d, dict) else {}
+    return isinstance(obj, Module) or not reads.kilns(type(obj))
 
 
 def _tables(obj) -> list[tuple[dict, dict]]:
@@ -322,6 +317,7 @@ class Watch:
         self._previous: Callable | None = None
         self._hook: Callable | None = None
         self._before: list = []
+        self._classes: list = []
         self._outer: frozenset = frozenset()  # ids of the frames below the traced call (set by start)
 
     def start(self) -> Watch:
@@ -335,7 +331,10 @@ class Watch:
         self._before = [(obj, _tables(obj)) for obj in self.objects]
         # The containers from outside the call, by path: a store into one is a hazard (see stop and
         # _profile, which sees their mutating methods called from the user's code as they happen).
-        reached = reads.reach(self.roots, optimizers=True)
+        owners: dict = {}
+        reached = reads.reach(self.roots, optimizers=True, owners=owners)
+        # the objects' classes (``obj.__class__ = Other`` in the call: a store a compiled call would not make)
+        self._classes = [(obj, type(obj)) for obj in [*self.objects, *owners.values()] if not isinstance(obj, type)]
         self._containers = [(path, live, kind, snapshots.snapshot(live)) for path, live, kind in reached]
         self._outside = {id(live): (path, live) for path, live, kind, _ in self._containers if kind == "item"}
         self._known = {id(live) for _, live, _, _ in self._containers}  # (kept alive by _containers)
@@ -345,6 +344,7 @@ class Watch:
         # The user's modules the function names (``import config`` then ``config.step += 1`` in the call):
         # their globals, compared after the call as an object's attributes are
         self._modules: dict[int, tuple] = {}
+        self._every_module = False  # (all the user's modules watched: code that ran can find them by name)
         self._watch_modules(self.roots)
         self._rng = _rng_states()
         self._generators: dict[int, tuple] = {}  # id -> (a numpy generator the call reaches, its name, its state)
@@ -395,6 +395,11 @@ class Watch:
                     self.whole = self.whole or attr_reads.passes_users_object(frame)
                 return
             self.codes.append(code)
+            # the modules it imports (``import config`` then ``config.step += 1``; one imported for the
+            # first time: ``_imported``), or may find by a computed name (``sys.modules[name].step += 1``)
+            if not self._every_module:
+                self._every_module = reads.finds_modules([code])
+                self._watch_modules(reads.imported([code]))
             if self.whole is None:
                 self.whole, objects = attr_reads.computed_reads(frame)
                 if objects:
@@ -422,6 +427,17 @@ class Watch:
             caller = frame.f_code
             where = self._location(caller.co_filename, frame.f_lineno, caller.co_name) if _user_code(caller) else None
             self.hazard = TraceBreak(f"the call draws from {owner} random generator ({arg.__name__})", where)
+        elif event == "return" and frame.f_code.co_name == "<module>" and _user_code(frame.f_code):
+            self._imported(frame)
+
+    def _imported(self, frame) -> None:
+        """A module of the user's imported for the first time inside the call (its body, ``frame``, has
+        run): its globals as the import left them, compared after the call as those of the modules the
+        function names are (``import config`` then ``config.step += 1``: the import is done once, the
+        store at every call)."""
+        module = sys.modules.get(frame.f_globals.get("__name__", ""))
+        if module is not None and vars(module) is frame.f_globals and _importing(frame, self._outer):
+            self._modules.setdefault(id(module), (module, reads.module_name(frame.f_globals), dict(frame.f_globals)))
 
     def read_names(self) -> frozenset | None:
         """The names the traced call's code spells, by which it can read the user's objects'
@@ -529,6 +545,10 @@ class Watch:
             if _generator_state(generator) != before:
                 return TraceBreak(f"the call draws from numpy's random generator {name} (a {type(generator).__name__})",
                                   None)  # fmt: skip
+        for obj, cls in self._classes:
+            if type(obj) is not cls:
+                return TraceBreak(f"the call set the __class__ of a {cls.__name__} object from outside the call "
+                                  f"(a {type(obj).__name__} now), which a compiled call would not do", None)  # fmt: skip
         changed = self._changed_container()  # first: it names the path (``self.stats['calls']``)
         if changed is not None:
             return changed
@@ -544,41 +564,3 @@ class Watch:
                     self._location(*loc) if loc else None,
                 )
         return None
-
-
-def _walk(roots: list, depth: int = 5, limit: int = 20000):
-    """``(container, its values)`` for the dicts, lists, tuples and objects reachable from ``roots``
-    (the objects, globals and closure values the function names) through dicts, lists, tuples and
-    instance attributes, ``depth`` levels down -- the paths by which the function reaches state."""
-    seen: set[int] = set()
-    level = list(roots)
-    for _ in range(depth):
-        following: list = []
-        for obj in level:
-            if id(obj) in seen or isinstance(obj, (Tensor, *_SCALARS)) or len(seen) > limit:
-                continue
-            seen.add(id(obj))
-            if isinstance(obj, dict):
-                if _is_module_dict(obj):
-                    continue  # a module's globals: the names the function reads are guarded one by one
-                values = list(obj.values())
-            elif isinstance(obj, list | tuple):
-                values = list(obj)
-            elif isinstance(obj, types.ModuleType | types.FunctionType | type | np.ndarray):
-                continue
-            else:
-                values = list(_attrs(obj).values())
-            yield obj, values
-            following.extend(v for v in values if not isinstance(v, Tensor))
-        level = following
-
-
-def reachable_tensors(roots: list) -> dict[int, Tensor]:
-    """The memory owners (by id) of the tensors reachable from ``roots`` (see ``_walk``)."""
-    found = {}
-    for t in [r for r in roots if isinstance(r, Tensor)] + [
-        v for _, values in _walk(roots) for v in values if isinstance(v, Tensor)
-    ]:
-        root = t._base if t._base is not None else t
-        found[id(root)] = root
-    return found

@@ -25,10 +25,18 @@ a bound method belongs to, and what a ``functools.partial`` was made with. Objec
 classes (an optimizer: its hyperparameters are read per call through tensors), of the standard
 library and of installed packages (their caches are not the program's state) are not, but for the
 state containers the standard library makes for the program: a ``deque``, an ``array.array``, a
-``bytearray``, a ``MappingProxyType``, a ``ContextVar`` (its value; ``snapshots.View``) and the
+``bytearray``, a ``MappingProxyType``, a ``ContextVar`` (its value; ``snapshots.View``), a
+``threading.local`` (the calling thread's attributes) and the
 namespaces whose classes define no public attribute (``types.SimpleNamespace``, ``argparse.Namespace``:
-``_attribute_bag``). The user's modules the code imports while traced (``import config`` inside the
-function) are read like those its globals name (``imported``). Besides containers:
+``_attribute_bag``); the libraries' stores of settings (``_keyed_store``: an OmegaConf or ``ConfigDict``
+config, which hands its values out by ``__getattr__``/``__getitem__``, or a library's dataclass), whole,
+with the library objects they hold (a config's nodes); and the function a library's wrapper calls
+(``functools.lru_cache``'s ``__wrapped__``). The user's modules the code imports while traced
+(``import config`` inside the function) are read like those its globals name (``imported``), and every
+one of them where the code can find a module by a computed name (``sys.modules[name]``,
+``importlib.import_module(name)``, ``__import__``: ``finds_modules``); a module's globals are guarded by
+the names the code spells, or all of them where it reads attributes by names it computes
+(``getattr(config, name)``, ``vars(config)[key]``: ``users_modules``). Besides containers:
 
 - a **numpy array** is guarded by its contents (``snapshots.Contents``: compared at each call, at
   memory speed), since a value Python reads out of it (``float(table[i])``, ``kiln.tensor(data[:8])``)
@@ -36,11 +44,13 @@ function) are read like those its globals name (``imported``). Besides container
   a buffer the caller refills then keeps its program;
 - the **process's state** the call's code names (``os.environ``, ``sys.argv``: ``process_state``).
 
-Not seen (a stale constant, said nowhere): a module reached by a computed name
-(``sys.modules["config"].X``, ``importlib.import_module(name)``); state of a library object that is
-not one of the containers above (an ``OmegaConf`` or ``ConfigDict`` config, which has methods, held
-in a dict: such objects are guarded, by their attributes, only where the function's globals,
-closure or arguments name them, ``hazards.watched_objects``).
+Not seen (a stale constant, said nowhere): state of a library object with methods that is none of
+the above (a logger, a progress bar, a tokenizer held in a dict: its state is its own making; such an
+object is guarded, by its attributes, only where the function's globals, closure or arguments name
+it, ``hazards.watched_objects``); a module found by a computed name by a library's code rather than
+the user's (only the user's code is read by ``finds_modules``); the cached results of an
+``lru_cache``'d helper (the function it wraps is reached; a cache filled from state that changed
+since is stale in eager calls too).
 """
 
 from __future__ import annotations
@@ -49,10 +59,10 @@ import array
 import collections
 import collections.abc
 import contextvars
-import dis
 import functools
 import inspect
 import os
+import site
 import sys
 import sysconfig
 import types
@@ -61,11 +71,24 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ...ir.graph import SourceLocation
 from ..tensor import Tensor
 from .locations import KILN_DIR
-from .snapshots import _BY_VALUE, _CONTAINERS, _SCALARS, MISSING, slot_names, snapshot, viewed
-from .specialization import PythonRead
+
+# (the user's lines and kiln.explain's table, in read_records.py: reads' names for the guards and the watch)
+from .read_records import (
+    _LOADS,
+    _NAME_LOADS,
+    global_records,
+    instructions,
+    read_line,
+    records,
+    selector,
+    short,
+    store_line,
+)
+from .snapshots import _CONTAINERS, _SCALARS, THREAD_LOCAL, slot_names, viewed
+
+__all__ = ["global_records", "instructions", "read_line", "records", "selector", "short", "store_line"]
 
 _NOT_ENTERED = (Tensor, np.ndarray, *_SCALARS, types.ModuleType, types.FunctionType, types.BuiltinFunctionType,
                 types.MethodType, type)  # fmt: skip
@@ -78,11 +101,30 @@ MUTATORS = frozenset({
 
 
 # ---------------------------------------------------------------------- whose objects are entered
-@functools.cache
+#: The names of the folders that installers put packages in.
+_PACKAGE_FOLDERS = frozenset({"site-packages", "dist-packages"})
+
+
 def library_folders() -> tuple[str, ...]:
-    """The standard library's and installed packages' folders."""
+    """The standard library's and installed packages' folders: the interpreter's (``sysconfig``), the
+    user's site packages, and any folder on ``sys.path`` named as installers name theirs (``pip install
+    --target``, another environment's packages on ``PYTHONPATH``), whose code is a library's too."""
+    path = tuple(sys.path)
+    if path != _LAST_PATH[0]:  # (what the folders on the path add, worked out again where it changed)
+        on_path = tuple(p for p in path if os.path.basename(p.rstrip(os.sep)) in _PACKAGE_FOLDERS)
+        _LAST_PATH[:] = [path, _library_folders(on_path)]
+    return _LAST_PATH[1]
+
+
+_LAST_PATH: list = [None, ()]  # sys.path when last read, and the folders it gave
+
+
+@functools.cache
+def _library_folders(on_path: tuple[str, ...]) -> tuple[str, ...]:
     paths = sysconfig.get_paths()
-    return tuple({os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+    found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    found += [*getattr(site, "getsitepackages", list)(), site.getusersitepackages(), *on_path]
+    return tuple(dict.fromkeys(os.path.realpath(p) + os.sep for p in found))
 
 
 _USERS_CLASSES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -97,6 +139,11 @@ def _users_class(cls) -> bool:
         known = cls.__module__ != "builtins" and not filename.startswith((KILN_DIR, *library_folders()))
         _USERS_CLASSES[cls] = known
     return known
+
+
+def kilns(cls) -> bool:
+    """Whether ``cls`` is kiln's own (not a package whose name merely begins with ``kiln``)."""
+    return cls.__module__ == "kiln" or cls.__module__.startswith("kiln.")
 
 
 _BAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -114,8 +161,29 @@ def _attribute_bag(cls) -> bool:
         names = [k for base in cls.__mro__ if base is not object for k in vars(base)]
         namespace = not any(not k.startswith("_") for k in names)
         container = issubclass(cls, collections.abc.Mapping | collections.abc.Sequence | collections.abc.Set)
-        known = "__dict__" in dir(cls) and (namespace or container) and not cls.__module__.startswith("kiln")
+        known = "__dict__" in dir(cls) and (namespace or container) and not kilns(cls)
         _BAGS[cls] = known
+    return known
+
+
+_KEYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _keyed_store(cls) -> bool:
+    """Whether ``cls`` (a library's) is a store of the program's values that hands them out by key or
+    by field: a class of it defines ``__getattr__``, ``__getattribute__`` or ``__getitem__`` in Python
+    (an OmegaConf or ``ml_collections`` config: its values in a private dict, read as ``cfg.lr`` or
+    ``cfg["lr"]``), or it is a dataclass (a library's training arguments: ``args.lr``). What it holds
+    is the program's settings, read by the call: its attribute table is followed and guarded whole,
+    and the library objects in it too (a config's nodes, each holding a value). kiln's are its own."""
+    known = _KEYED.get(cls)
+    if known is None:
+        readers = ("__getattr__", "__getattribute__", "__getitem__")
+        known = not kilns(cls) and (
+            "__dataclass_fields__" in dir(cls)
+            or any(isinstance(base.__dict__.get(name), types.FunctionType) for base in cls.__mro__ for name in readers)
+        )
+        _KEYED[cls] = known
     return known
 
 
@@ -235,24 +303,41 @@ def users_modules(named: Sequence, attr_names: frozenset | None) -> list[tuple[d
     then ``config.SCALE``): read like a helper's globals, so guarded name by name (``merged_globals``)."""
     found: list[tuple[dict, list[str]]] = []
     level, seen = [obj for _, obj in named if isinstance(obj, types.ModuleType)], set()
-    while level and attr_names:
+    # where the code reads attributes by computed names (``getattr(config, name)``), or was not seen, every
+    # global of these modules counts (but their own ``__dunders__``: ``__warningregistry__``...)
+    every = attr_names is None or getattr(attr_names, "computed", False)
+    while level:
         following = []
         for module in level:
             if id(module) in seen or not _users_module(module):
                 continue
             seen.add(id(module))
-            names = [n for n in attr_names if n in module.__dict__]
+            table = module.__dict__
+            names = [n for n in table if not _dunder(n)] if every else [n for n in attr_names or () if n in table]
             if names:
-                found.append((module.__dict__, names))
-                following += [module.__dict__[n] for n in names if isinstance(module.__dict__[n], types.ModuleType)]
+                found.append((table, names))
+                following += [table[n] for n in names if isinstance(table[n], types.ModuleType)
+                              and (attr_names is None or n in attr_names)]  # fmt: skip
         level = following
     return found
 
 
-def _users_module(module: types.ModuleType) -> bool:
-    """Whether ``module`` is the user's program's (a file outside kiln, the standard library and packages)."""
+def _dunder(name) -> bool:
+    return type(name) is not str or (name.startswith("__") and name.endswith("__"))
+
+
+def _users_module(module: types.ModuleType, folders: tuple | None = None) -> bool:
+    """Whether ``module`` is the user's program's (a file outside kiln, the standard library and packages:
+    ``folders``, ``library_folders()`` where None)."""
     filename = getattr(module, "__file__", None)
-    return filename is not None and not os.path.realpath(filename).startswith((KILN_DIR, *library_folders()))
+    return type(filename) is str and _users_file(filename, library_folders() if folders is None else folders)
+
+
+@functools.lru_cache(maxsize=4096)
+def _users_file(filename: str, folders: tuple) -> bool:
+    """(cached: every module of the program is asked about where the code finds modules by name, and
+    ``realpath`` takes 20-40 us)"""
+    return not os.path.realpath(filename).startswith((KILN_DIR, *folders))
 
 
 def merged_globals(globals_read: list) -> list[tuple[dict, str, list[str]]]:
@@ -288,6 +373,7 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
             _WATCHING.reset(token)
     found: list = []
     seen: set[int] = set()
+    stores: set[int] = set()  # the ids of the library objects inside a keyed store (``_keyed_store``)
     level = [(path, obj) for path, obj in named if _entered(obj)]
     for _ in range(depth):
         following: list = []
@@ -308,6 +394,9 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
             elif isinstance(obj, types.MappingProxyType):  # (a read-only view of a dict it does not name)
                 found.append((path, obj, "item"))
                 following += [(f"{path}[{k!r}]", v) for k, v in list(obj.items()) if _entered(v)]
+            elif isinstance(obj, THREAD_LOCAL):  # (a View: the calling thread's attributes at each call)
+                found.append((path, obj, "attr"))
+                following += [(f"{path}.{k}", v) for k, v in list(vars(obj).items()) if _entered(v)]
             elif viewed(obj) and not isinstance(obj, types.FunctionType):  # a deque, a ContextVar...
                 found.append((path, obj, "attr" if isinstance(obj, contextvars.ContextVar) else "item"))
                 if not isinstance(obj, array.array | bytearray):
@@ -344,7 +433,7 @@ def reach(named: Sequence, attr_names: frozenset | None = None, depth: int = 5, 
                 following += [(f"{path}.{k}", getattr(obj, k, None)) for k in slot_names(type(obj))
                               if (attr_names is None or k in attr_names) and _entered(getattr(obj, k, None))]  # fmt: skip
             else:
-                following += _attributes(path, obj, attr_names, found)
+                following += _attributes(path, obj, attr_names, found, stores)
                 if owners is not None and found and found[-1][1] is getattr(obj, "__dict__", None):
                     owners[id(found[-1][1])] = obj
                 if optimizers and _is_optimizer(obj):
@@ -357,8 +446,9 @@ def _is_optimizer(obj) -> bool:
     return type(obj).__module__.startswith("kiln.optim") and isinstance(getattr(obj, "param_groups", None), list)
 
 
-def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> list:
-    """The attributes of ``obj`` to follow (appending its table to ``found`` for the user's objects)."""
+def _attributes(path: str, obj, attr_names: frozenset | None, found: list, stores: set) -> list:
+    """The attributes of ``obj`` to follow (appending its table to ``found`` for the user's objects and
+    the keyed stores; ``stores``: the ids of the library objects inside one, added to)."""
     from ...nn.modules.module import Module  # noqa: PLC0415 - nn sits above the frontend
 
     table = getattr(obj, "__dict__", None)
@@ -381,51 +471,83 @@ def _attributes(path: str, obj, attr_names: frozenset | None, found: list) -> li
     elif users:
         found.append((path, table, "attr"))
         children = table
+    elif not kilns(type(obj)) and (id(obj) in stores or _keyed_store(type(obj))):
+        found.append((path, table, "attr"))
+        held = [(f"{path}.{k}", v) for k, v in list(table.items()) if _entered(v)]
+        stores.update(id(v) for _, v in held)
+        for _, v in held:  # (a dict or list in it: its library objects are the store's too)
+            if isinstance(v, dict | list | tuple):
+                stores.update(id(x) for x in (v.values() if isinstance(v, dict) else v))
+        return held
     elif _attribute_bag(type(obj)):  # (a container's own methods read its attributes: all are followed)
         found.append((path, table, "attr"))
         return [(f"{path}.{k}", v) for k, v in list(table.items()) if _entered(v)]
-    else:
-        return []
+    else:  # the function a library's wrapper calls (``functools.lru_cache``'s: what it reads is reached)
+        wrapped = table.get("__wrapped__")
+        return [(f"{path}.__wrapped__", wrapped)] if wrapped is not None and _entered(wrapped) else []
     return classes + [(f"{path}.{k}", v) for k, v in list(children.items())
                       if (attr_names is None or k in attr_names) and _entered(v)]  # fmt: skip
 
 
-# ---------------------------------------------------------------------- the user's lines
-_INSTRUCTIONS: dict = {}  # code object -> tuple of (line, opname, argval)
-
-
-def instructions(code) -> tuple:
-    """``code``'s instructions as (line, opname, argval), disassembled once per code object."""
-    found = _INSTRUCTIONS.get(code)
-    if found is None:
-        line, out = code.co_firstlineno, []
-        for ins in dis.get_instructions(code):
-            if ins.positions is not None and ins.positions.lineno is not None:  # type: ignore[attr-defined]  # 3.11+
-                line = ins.positions.lineno  # type: ignore[attr-defined]
-            out.append((line, ins.opname, ins.argval))
-        found = _INSTRUCTIONS[code] = tuple(out)
-    return found
-
-
-_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
-_NAME_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST", "LOAD_NAME", "LOAD_CLASSDEREF"})
-
-
 def attribute_names(codes: list) -> frozenset | None:
     """The attribute names that the code objects load (None when none ran: every name counts), a
-    module's names imported from it among them (``from config import SCALE``)."""
+    module's names imported from it among them (``from config import SCALE``), and the names their
+    string constants spell (``getattr(sys.modules[__name__], "SCALE")``, ``getattr(self, "cfg")["s"]``)."""
+    from .attr_reads import readers_spelled  # noqa: PLC0415 - attr_reads reads this module's classification
+
     if not codes:
         return None
-    return frozenset(arg for code in codes for _, op, arg in instructions(code) if op in _LOADS or op == "IMPORT_FROM")
+    names = Names(arg for code in codes for _, op, arg in instructions(code) if op in _LOADS or op == "IMPORT_FROM"
+                  or (op == "LOAD_CONST" and type(arg) is str and arg.isidentifier()))  # fmt: skip
+    names.computed = any(readers_spelled(code)[0] for code in codes)  # (not those of its own arguments alone)
+    return names
+
+
+class Names(frozenset):
+    """Attribute names the code loads (``attribute_names``); ``computed``: it reads some by names it
+    computes too (``getattr(config, name)``, ``vars(config)[key]``; ``attr_reads.readers_spelled``)."""
+
+    computed: bool = False
 
 
 def imported(codes: list) -> list[tuple[str, object]]:
     """``(name, module)`` for the modules the code objects import (``import config`` inside the
     function, ``from config import SCALE``): read like the modules the function's globals name, though
-    no global names them (``users_modules`` keeps the user's)."""
+    no global names them (``users_modules`` keeps the user's). Where the code can reach a module by a
+    computed name (``finds_modules``), every module of the user's program is among them."""
     names = {arg for code in codes for _, op, arg in instructions(code) if op == "IMPORT_NAME"}
     found = {name: sys.modules.get(name) for full in names for name in (full, full.split(".", 1)[0])}
-    return [(name, module) for name, module in found.items() if isinstance(module, types.ModuleType)]
+    out: list[tuple[str, object]] = [(n, m) for n, m in found.items() if isinstance(m, types.ModuleType)]
+    if finds_modules(codes):
+        folders = library_folders()
+        out += [(f"sys.modules[{name!r}]", module) for name, module in list(sys.modules.items())
+                if name not in found and isinstance(module, types.ModuleType) and _users_module(module, folders)]  # fmt: skip
+    return out
+
+
+#: The names by which code finds a module by a computed name: ``importlib.import_module(name)``,
+#: ``__import__(name)``, ``importlib.reload(m)``, and ``sys.modules[name]`` (``finds_modules``). Which
+#: module it finds no name in the code tells, so each of the user's modules may be the one.
+MODULE_FINDERS = frozenset({"import_module", "__import__", "reload"})
+_FINDS: dict = {}  # code object -> whether it finds modules by name
+
+
+def finds_modules(codes: list) -> bool:
+    """Whether the code objects spell a way to find a module by a computed name: a name of
+    ``MODULE_FINDERS``, or ``sys.modules`` (``sys.modules[...]``, ``from sys import modules``; not another
+    object's ``modules``, such as ``model.modules()``, lest every module be guarded for it)."""
+    for code in codes:
+        found = _FINDS.get(code)
+        if found is None:
+            found = not MODULE_FINDERS.isdisjoint(code.co_names)
+            if not found and "modules" in code.co_names:
+                ins = instructions(code)
+                found = any(arg == "modules" and (op in _NAME_LOADS or op == "IMPORT_FROM" or (
+                            op in _LOADS and i and ins[i - 1][2] == "sys")) for i, (_, op, arg) in enumerate(ins))  # fmt: skip
+            _FINDS[code] = found
+        if found:
+            return True
+    return False
 
 
 #: The process's own state that user code reads by these names (``os.environ["LR"]``,
@@ -443,121 +565,3 @@ def process_state(codes: list) -> list[tuple[str, object]]:
     names = {arg for code in codes for _, op, arg in instructions(code) if op in _LOADS or op in _NAME_LOADS}
     found = {path: get() for name, (path, get) in _PROCESS_STATE.items() if name in names}
     return list(found.items())
-
-
-def _root_name(path: str) -> str:
-    return path.split("[", 1)[0].split(".", 1)[0]
-
-
-def _find(codes: list, match) -> SourceLocation | None:
-    for code in codes:
-        ins = instructions(code)
-        for i, (line, op, arg) in enumerate(ins):
-            if match(ins, i, op, arg):
-                return SourceLocation(code.co_filename, line, code.co_name)
-    return None
-
-
-def _same_key(arg, key) -> bool:
-    return type(arg) is type(key) and arg == key
-
-
-def read_line(codes: list, path: str, kind: str, key) -> SourceLocation | None:
-    """The first line of ``codes`` that reads entry ``key`` (``d["key"]``, ``obj.key``), else one
-    that names the path's root."""
-    if kind == "attr":
-        loc = _find(codes, lambda ins, i, op, arg: op in _LOADS and arg == key)
-    else:
-        loc = _find(codes, lambda ins, i, op, arg: op == "LOAD_CONST" and _same_key(arg, key)
-                    and any(o == "BINARY_SUBSCR" for _, o, _ in ins[i + 1 : i + 4]))  # fmt: skip
-    root = _root_name(path)
-    return loc or _find(codes, lambda ins, i, op, arg: op in _NAME_LOADS and arg == root)
-
-
-def store_line(codes: list, path: str, key) -> SourceLocation | None:
-    """The line of the store into ``path`` at ``key``: a ``d[key] = v`` or ``del d[key]`` on a line
-    that names the key or the path's root (else the first such store)."""
-    root = _root_name(path)
-    first = None
-    for code in codes:
-        found = instructions(code)
-        named = {line for line, op, arg in found
-                 if (op == "LOAD_CONST" and key is not None and _same_key(arg, key)) or (op in _NAME_LOADS and arg == root)}  # fmt: skip
-        for line, op, _ in found:
-            if op in ("STORE_SUBSCR", "DELETE_SUBSCR"):
-                loc = SourceLocation(code.co_filename, line, code.co_name)
-                if line in named:
-                    return loc
-                first = first or loc
-    return first
-
-
-def selector(kind: str, key) -> str:
-    """How an entry's key is written after its container's path: ``.name`` or ``['key']``."""
-    return f".{key}" if kind == "attr" else f"[{key!r}]"
-
-
-def short(value) -> str:
-    text = repr(value) if not hasattr(value, "_data") else f"tensor of shape {tuple(value._data.shape)}"
-    return text if len(text) < 60 else text[:57] + "..."
-
-
-# ---------------------------------------------------------------------- kiln.explain's table
-def records(found: list, codes: list, attr_names: frozenset | None, per_container: int = 12) -> list[PythonRead]:
-    """``PythonRead`` records (kind "guard") for the containers ``found`` (those the guards check):
-    per plain value and per other object a dict holds (for an object's table, the attributes the
-    call read), and per list or set."""
-    out: list[PythonRead] = []
-    for path, live, kind in found:
-        if path == "os.environ":  # (bytes -> bytes: each variable would be a line of noise)
-            what = f"os.environ: the same {len(live)} variables (a change to any makes a new trace)"
-            out.append(PythonRead(what, "guard", read_line(codes, "os", "attr", "environ")))
-        elif isinstance(live, dict | types.MappingProxyType):
-            items = [(k, v) for k, v in list(live.items()) if kind != "attr" or attr_names is None or k in attr_names]
-            plain = [(k, v) for k, v in items if isinstance(v, _BY_VALUE) and not isinstance(v, Tensor)]
-            for k, v in plain[:per_container]:
-                what = f"{path}{selector(kind, k)} == {short(v)}"
-                out.append(PythonRead(what, "guard", read_line(codes, path, kind, k)))
-            if len(plain) > per_container:
-                out.append(PythonRead(f"{path}: {len(plain) - per_container} more entries", "guard", None))
-            # entries neither plain nor containers (which have records of their own): compared by identity
-            objects = [
-                (k, v) for k, v in items if not isinstance(v, (*_BY_VALUE, *_CONTAINERS)) or isinstance(v, Tensor)
-            ]
-            for k, v in objects[:per_container]:
-                what = f"{path}{selector(kind, k)} is the same {type(v).__name__} object"
-                out.append(PythonRead(what, "guard", read_line(codes, path, kind, k)))
-        elif isinstance(live, np.ndarray):
-            what = f"{path}: the {live.size} values of a numpy array"
-            out.append(PythonRead(what, "guard", read_line(codes, path, kind, None)))
-        elif not isinstance(live, list | set):  # a deque, a closure, slots...: ``snapshots.View``
-            out += _view_records(path, live, codes, per_container)
-        elif all(isinstance(v, _BY_VALUE) for v in live) and len(live) <= per_container:
-            out.append(PythonRead(f"{path} == {short(live)}", "guard", read_line(codes, path, kind, None)))
-        else:
-            what = f"{path}: the same {len(live)} {'items' if isinstance(live, set) else 'entries'}"
-            out.append(PythonRead(what, "guard", read_line(codes, path, kind, None)))
-    return out
-
-
-def _view_records(path: str, live, codes: list, per_container: int) -> list[PythonRead]:
-    view = snapshot(live)
-    if type(view.data) is bytes:
-        return [PythonRead(f"{path}: the {len(view.data)} bytes of a {type(live).__name__}", "guard",
-                           read_line(codes, path, "item", None))]  # fmt: skip
-    kind = "item" if view.names is None else "attr"
-    out = []
-    for i, v in enumerate(view.data[:per_container]):
-        v = getattr(v, "obj", v)  # (an entry compared by identity)
-        if v is not MISSING and v is not None:
-            what = f"{path}{selector(kind, view.key(i))} " + ("== " + short(v) if isinstance(v, _BY_VALUE)
-                                                              else f"is the same {type(v).__name__} object")  # fmt: skip
-            out.append(PythonRead(what, "guard", read_line(codes, path, kind, view.key(i))))
-    return out
-
-
-def global_records(named: list, codes: list) -> list[PythonRead]:
-    """``PythonRead`` records for the plain values among the globals other functions read (``named``:
-    ``(module.name, value)``); the objects they name are guarded by identity."""
-    return [PythonRead(f"{path} == {short(value)}", "guard", read_line(codes, path.rsplit(".", 1)[1], "item", None))
-            for path, value in named if isinstance(value, _BY_VALUE) and not isinstance(value, Tensor)]  # fmt: skip

@@ -10,7 +10,8 @@ State held in neither a dict, a list, a set nor an array is a ``View``: what it 
 list (or as bytes) by a reader of its kind (``viewed``) -- a ``deque`` (a window of recent losses),
 an ``array.array`` or a ``bytearray`` (by their bytes), a ``ContextVar`` (its value in the current
 context), a function's closure cells and default values (``lambda: x * alpha`` where ``alpha`` is
-rebound), the slots of an object without a ``__dict__`` (``@dataclass(slots=True)``).
+rebound), the slots of an object without a ``__dict__`` (``@dataclass(slots=True)``), a
+``threading.local``'s attributes (in the calling thread).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import collections
 import contextvars
 import ctypes
 import sys
+import threading
 import types
 
 import numpy as np
@@ -209,7 +211,9 @@ def _cells(fn: types.FunctionType) -> list:
             values.append(cell.cell_contents)
         except ValueError:
             values.append(MISSING)
-    return [*values, fn.__defaults__, None if fn.__kwdefaults__ is None else dict(fn.__kwdefaults__)]
+    # (keyword defaults as a tuple of pairs, compared by value with identity first: a copy of their dict
+    # holding a class or a tensor would be compared by identity, and a new copy is another object)
+    return [*values, fn.__defaults__, None if fn.__kwdefaults__ is None else tuple(fn.__kwdefaults__.items())]
 
 
 def _context_value(var: contextvars.ContextVar) -> list:
@@ -237,12 +241,30 @@ _READERS: dict = {
 }
 
 
+#: A ``threading.local``'s class: its attribute table is the calling thread's, so a guard holding the
+#: table it saw would compare the tracing thread's values at every thread's call.
+THREAD_LOCAL = type(threading.local())
+
+
+def _local_view(obj) -> View:
+    """The attributes of a ``threading.local`` (and how many it has), read in the calling thread."""
+    names = tuple(vars(obj))
+
+    def read(local) -> list:
+        table = vars(local)
+        return [*(table.get(name, MISSING) for name in names), len(table)]
+
+    return View(obj, read, (*names, "<number of attributes>"))
+
+
 def viewed(obj) -> bool:
     """Whether ``obj`` is state that a ``View`` snapshots (``reads.reach`` finds it as a container)."""
-    return isinstance(obj, tuple(_READERS)) or isinstance(obj, types.FunctionType)
+    return isinstance(obj, tuple(_READERS)) or isinstance(obj, types.FunctionType | THREAD_LOCAL)
 
 
 def _view(obj) -> View:
+    if isinstance(obj, THREAD_LOCAL):
+        return _local_view(obj)
     if isinstance(obj, types.FunctionType):
         code = obj.__code__
         return View(obj, _cells, (*(f"<closure>.{n}" for n in code.co_freevars), "__defaults__", "__kwdefaults__"))

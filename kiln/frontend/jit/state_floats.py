@@ -7,8 +7,9 @@ recompile limit, and eager calls after it. ``torch.compile`` makes such a float 
 sees a second value; kiln does too, with the machinery of float arguments (``scalar_args.py``):
 
 1. A call whose guards miss only because such entries hold other floats (``changed``: a dict's entry,
-   a list's item, an object's attribute, a module's global, a closure variable; never a class
-   attribute or a slot) is **traced watched**: for the duration of the call each entry holds a
+   a list's item, an object's attribute or slot, a module's global, a closure variable of the function
+   or of a helper it runs, a deque's item; never a class attribute, whose table is read-only, nor a
+   ``ContextVar``'s value, which is set by tokens) is **traced watched**: for the duration of the call each entry holds a
    ``WatchedScalar`` (its comparisons, truth tests and conversions tell the trace; its arithmetic
    becomes ops of the program), and an op that takes it reads a 0-d float64 tensor of the function's
    (``holder``), which a prologue fills from the entry before every call of the program.
@@ -25,6 +26,8 @@ C code (``math.exp(self.t)``: a constant that follows the value) is caught by th
 
 from __future__ import annotations
 
+import collections
+import types
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -37,7 +40,7 @@ from ..tensor import Tensor, make_tensor
 from . import state
 from .reads import selector
 from .scalar_args import WatchedScalar
-from .snapshots import ANY_FLOAT, Contents, same
+from .snapshots import ANY_FLOAT, Contents, View, same
 from .specialization import same_global
 
 
@@ -57,9 +60,27 @@ class Cell:
         self.cell.cell_contents = value
 
 
+class Slot:
+    """An object's slots as a table (``slots["beta"]``: ``obj.beta``), for an object without a ``__dict__``
+    (``@dataclass(slots=True)``) whose slot holds the float."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj) -> None:
+        self.obj = obj
+
+    def __getitem__(self, key: str):
+        return getattr(self.obj, key)
+
+    def __setitem__(self, key: str, value) -> None:
+        setattr(self.obj, key, value)
+
+
 def _owner(table):
-    """What an entry's identity is kept by: the dict or list, or a closure variable's cell."""
-    return table.cell if type(table) is Cell else table
+    """What an entry's identity is kept by: the dict, list or deque, a closure variable's cell, or the
+    object whose slot it is."""
+    kind = type(table)
+    return table.cell if kind is Cell else table.obj if kind is Slot else table
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,6 +133,10 @@ def _guard_changes(guards, found: list[Change]) -> bool:
     for snap, live, owner, name, style in guards.pairs:
         if owner is not None and owner() is None:
             continue
+        if type(snap) is View:  # (a helper's closure variables, a deque: entries of their own)
+            if not (snap.holds(live) or _view_entries(snap, live, name, found)):
+                return False
+            continue
         if type(snap) is Contents or isinstance(snap, frozenset) or not isinstance(live, dict | list):
             if not same(snap, live):
                 return False
@@ -127,7 +152,11 @@ def _guard_changes(guards, found: list[Change]) -> bool:
             watched is not None and sum(map(watched.__contains__, table)) != count
         ):
             return False
-        if type(table) is not dict and snap != values:  # (a class's table, an object's slots: not stored into)
+        if watched is None and type(table) is not dict:  # an object's slots
+            if not _values(Slot(table), present, snap, values, path, found):
+                return False
+            continue
+        if type(table) is not dict and snap != values:  # (a class's table: not stored into)
             return False
         if not _values(table, present, snap, values, path, found):
             return False
@@ -141,12 +170,37 @@ def _guard_changes(guards, found: list[Change]) -> bool:
     return True
 
 
-def _values(table: dict, names, snap: tuple, values: tuple, path: str, found: list[Change]) -> bool:
+def _view_entries(snap: View, live, name: str, found: list[Change]) -> bool:
+    """``_entries`` for a ``View``'s entries: the closure variables of a function (each a ``Cell``) and
+    the items of a deque; False when another entry (a default value, a ContextVar's) differs."""
+    if type(snap.data) is not list or snap.obj is not live:
+        return False
+    now = snap.read(live)
+    if len(now) != len(snap.data):
+        return False
+    if isinstance(live, collections.deque):
+        tables: list = [live] * len(now)
+    elif isinstance(live, types.FunctionType):
+        tables = [Cell(cell) for cell in live.__closure__ or ()]
+    else:
+        return False
+    for i, (before, after) in enumerate(zip(snap.data, now, strict=True)):
+        if before == after:
+            continue
+        if i >= len(tables) or type(before) is not float or type(after) is not float:
+            return False
+        key = i if tables[i] is live else "cell_contents"
+        where = f"{name}{selector('item' if key == i else 'attr', snap.key(i))}"
+        found.append(Change(tables[i], key, before, after, where))
+    return True
+
+
+def _values(table, names, snap: tuple, values: tuple, path: str, found: list[Change]) -> bool:
     """``_entries`` for a getter's snapshot tuple of ``table``'s entries ``names`` (``path.name`` each)."""
     for key, before, now in zip(names, snap, values, strict=False):
         if before == now:
             continue
-        if type(before) in (dict, list) and type(now) is type(before):  # a copy of a nested plain container
+        if type(before) in (dict, list) and type(now) is type(before) and type(table) is dict:  # a nested copy
             if not _entries(before, now, f"{path}.{key}", "item", found):
                 return False
         elif type(before) is float and type(now) is float:
@@ -207,6 +261,8 @@ def relax(spec, changes: list[Change], fn_globals: dict | None) -> None:
     for snap, live, *_ in guards.pairs:
         if isinstance(snap, dict | list) and isinstance(live, dict | list):
             _relax_entries(snap, live, slots)
+        elif type(snap) is View and type(snap.data) is list:
+            _relax_view(snap, live, slots)
     guards.attr_reads = [
         (read, table, _relaxed(snap, table, present, slots), kinds, *rest, present)
         for read, table, snap, kinds, *rest, present in guards.attr_reads
@@ -229,6 +285,16 @@ def _relaxed(snap: tuple, table, names, slots: set) -> tuple:
             _relax_entries(entry, table[key], slots)
         out.append(entry)
     return tuple(out)
+
+
+def _relax_view(snap: View, live, slots: set) -> None:
+    """``ANY_FLOAT`` at the entries of a ``View`` (a deque's items, a function's closure cells) in ``slots``."""
+    cells = [id(cell) for cell in live.__closure__ or ()] if isinstance(live, types.FunctionType) else []
+    assert type(snap.data) is list  # (a deque's or a closure's entries, not an array's bytes)
+    for i, entry in enumerate(snap.data):
+        owned = (cells[i], "cell_contents") if i < len(cells) else (id(live), i)
+        if type(entry) is float and owned in slots:
+            snap.data[i] = ANY_FLOAT
 
 
 def _relax_entries(snap, live, slots: set) -> None:
