@@ -11,6 +11,7 @@ import math
 import kiln
 from kiln.frontend.autocast import FLOAT32, autocast_op
 
+from ._loss_arrays import pointwise_eager
 from ._loss_reduction import _check_reduction, _reduce, legacy_reduction
 from ._utils import saves_target
 
@@ -38,24 +39,40 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str
     reduction = legacy_reduction(size_average, reduce, reduction)
     if beta < 0:
         raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
-    diff = input - target
     if beta == 0.0:
-        return _reduce(kiln.abs(diff), reduction)
-    magnitude = kiln.abs(diff)
-    loss = _reduce(kiln.where(magnitude < beta, 0.5 * diff * diff / beta, magnitude - 0.5 * beta), reduction)
+        return _reduce(kiln.abs(input - target), reduction)
+    _check_reduction(reduction)
+    pointwise = pointwise_eager("smooth_l1", input, target, beta, lambda x, t: _smooth_l1(x, t, beta))
+    if pointwise is not None:  # (its node keeps the target, as PyTorch's)
+        return _reduce(pointwise, reduction)
+    loss = _reduce(_smooth_l1(input, target, beta), reduction)
     return saves_target(loss, target, "smooth_l1_loss")  # PyTorch's keeps it (its beta=0 form, l1_loss, not)
+
+
+def _smooth_l1(input, target, beta: float) -> kiln.Tensor:
+    diff = input - target
+    magnitude = kiln.abs(diff)
+    return kiln.where(magnitude < beta, 0.5 * diff * diff / beta, magnitude - 0.5 * beta)
 
 
 def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0, weight=None) -> kiln.Tensor:
     """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta): smooth L1 scaled by delta."""
     if delta <= 0:
         raise RuntimeError("huber_loss does not support non-positive values for delta.")
-    diff = input - target
-    magnitude = kiln.abs(diff)
-    loss = kiln.where(magnitude < delta, 0.5 * diff * diff, delta * (magnitude - 0.5 * delta))
+    _check_reduction(reduction)
+    loss = pointwise_eager("huber", input, target, delta, lambda x, t: _huber(x, t, delta))
+    if loss is not None:
+        return _reduce(loss if weight is None else loss * weight, reduction)
+    loss = _huber(input, target, delta)
     if weight is not None:
         loss = loss * weight
     return saves_target(_reduce(loss, reduction), target, "huber_loss")
+
+
+def _huber(input, target, delta: float) -> kiln.Tensor:
+    diff = input - target
+    magnitude = kiln.abs(diff)
+    return kiln.where(magnitude < delta, 0.5 * diff * diff, delta * (magnitude - 0.5 * delta))
 
 
 def poisson_nll_loss(input, target, log_input: bool = True, full: bool = False, size_average=None,

@@ -310,6 +310,30 @@ def test_gradcheck_cat_and_stack_with_promotion():
     assert gradcheck(lambda a, b: kiln.stack([a, b], 1), (a, leaf(2, 3)), atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.parametrize(("shape", "dim"), [((), 0), ((3,), 0), ((3,), 1), ((2, 3), 1), ((2, 3), -1), ((0, 2), 0)])
+def test_stack_is_one_node_as_pytorch(torch, shape, dim):
+    """An eager stack of plain float tensors is one node (StackBackward0), as PyTorch's: it was an
+    unsqueeze node per tensor and a view per tensor backward (500 stacked losses). Its gradient is
+    PyTorch's, an input changed in place after the stack is no error, and second derivatives hold."""
+    arrays = [data(*shape) for _ in range(4)]
+    ks = [kiln.tensor(a, dtype=kiln.float64, requires_grad=True) for a in arrays]
+    ts = [torch.tensor(a, requires_grad=True) for a in arrays]
+    got, expected = kiln.stack(ks, dim), torch.stack(ts, dim)
+    assert got.grad_fn.name() == "StackBackward0"
+    weights = data(*expected.shape)
+    with kiln.no_grad():
+        ks[0].add_(1.0)
+    (got * kiln.from_numpy(weights)).sum().backward()
+    (expected * torch.from_numpy(weights)).sum().backward()
+    for k, t in zip(ks, ts, strict=True):
+        assert_close(k.grad, t.grad, **EXACT)
+    x = kiln.tensor([0.5, -1.0, 2.0], dtype=kiln.float64, requires_grad=True)
+    (g,) = kiln.autograd.grad((kiln.stack([x, x * x]) ** 2).sum(), x, create_graph=True)
+    assert_close(g, 2 * x.detach() + 4 * x.detach() ** 3, rtol=1e-15, atol=0)  # (a partial derivative per input)
+    (gg,) = kiln.autograd.grad(g.sum(), x)
+    assert_close(gg, 2 + 12 * x.detach() ** 2, rtol=1e-15, atol=0)
+
+
 def test_gradient_of_non_contiguous_input_matches_pytorch(torch):
     array = data(3, 4)
     k = kiln.tensor(array, dtype=kiln.float64, requires_grad=True)

@@ -112,6 +112,11 @@ def recomputed_gradients(composite, inputs: tuple, wanted: tuple, g: Tensor) -> 
     create_graph = grad_mode.state.grad_enabled
     if not create_graph:
         inputs = tuple(None if t is None else t.detach().requires_grad_(w) for t, w in zip(inputs, wanted, strict=True))
+    else:
+        # Each input through a view of its own, which only the composite reads: the gradient reaching it
+        # is the partial derivative through that input, as the node's; taken at the input itself it
+        # was the total one, wrong where one input is made from another (``stack([x, x * x])``).
+        inputs = tuple(t if t is None or not w else t.view_as(t) for t, w in zip(inputs, wanted, strict=True))
     targets = [t for t, w in zip(inputs, wanted, strict=True) if w and t is not None]
     with grad_mode.enable_grad():
         y = composite(*inputs)
