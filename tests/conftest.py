@@ -98,6 +98,24 @@ def assert_close(actual, expected, *, rtol: float, atol: float, check_dtype: boo
                                rtol=rtol, atol=atol, equal_nan=True)  # fmt: skip
 
 
+def torch_pair(torch, array):
+    """The same values as a kiln tensor and a torch tensor, each over its own copy."""
+    return kiln.from_numpy(np.array(array, copy=True)), torch.from_numpy(np.array(array, copy=True))
+
+
+def assert_results_close(ours, theirs, *, rtol: float, atol: float) -> None:
+    """A kiln result against torch's: tensors, or tuples and lists of them (named tuples too), each
+    of torch's shape and dtype name."""
+    if isinstance(theirs, (tuple, list)):
+        assert isinstance(ours, (tuple, list)) and len(ours) == len(theirs)
+        for o, t in zip(ours, theirs, strict=True):
+            assert_results_close(o, t, rtol=rtol, atol=atol)
+        return
+    assert tuple(ours.shape) == tuple(theirs.shape), (ours.shape, theirs.shape)
+    assert ours.dtype.name == str(theirs.dtype).removeprefix("torch."), (ours.dtype, theirs.dtype)
+    np.testing.assert_allclose(ours.detach().numpy(), theirs.detach().numpy(), rtol=rtol, atol=atol)
+
+
 # What the skipped tests need, said once at the end: "1,874 skipped" alone does not tell a new
 # contributor that they are PyTorch's parity tests (run by `pytest -m torch` once torch is installed).
 _NEEDS = {

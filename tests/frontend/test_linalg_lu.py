@@ -10,6 +10,7 @@ import pytest
 
 import kiln
 from kiln.frontend.autograd import gradcheck
+from tests.conftest import assert_results_close, torch_pair
 
 # the oracle's own deprecation warnings (torch.lu, torch.triangular_solve...)
 pytestmark = pytest.mark.filterwarnings("ignore:torch.*deprecated:UserWarning")
@@ -18,19 +19,11 @@ RNG = np.random.default_rng(2)
 GRAD = {"eps": 1e-6, "atol": 1e-5, "rtol": 1e-4}
 
 
-def _pair(torch, array):
-    return kiln.from_numpy(np.array(array, copy=True)), torch.from_numpy(np.array(array, copy=True))
+_pair = torch_pair
 
 
 def _close(ours, theirs, rtol=1e-9, atol=1e-10):
-    if isinstance(theirs, (tuple, list)):
-        assert len(ours) == len(theirs)
-        for o, t in zip(ours, theirs, strict=True):
-            _close(o, t, rtol, atol)
-        return
-    assert tuple(ours.shape) == tuple(theirs.shape), (ours.shape, theirs.shape)
-    assert ours.dtype.name == str(theirs.dtype).removeprefix("torch."), (ours.dtype, theirs.dtype)
-    np.testing.assert_allclose(ours.detach().numpy(), theirs.detach().numpy(), rtol=rtol, atol=atol)
+    assert_results_close(ours, theirs, rtol=rtol, atol=atol)
 
 
 def _spd(*shape):

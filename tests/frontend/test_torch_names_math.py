@@ -12,23 +12,16 @@ import pytest
 
 import kiln
 from kiln.frontend.autograd import gradcheck
+from tests.conftest import assert_results_close, torch_pair
 
 RNG = np.random.default_rng(1)
 
 
-def _pair(torch, array):
-    return kiln.from_numpy(np.array(array, copy=True)), torch.from_numpy(np.array(array, copy=True))
+_pair = torch_pair
 
 
 def _close(ours, theirs, rtol=1e-10, atol=1e-12):
-    if isinstance(theirs, (tuple, list)):
-        assert isinstance(ours, tuple) and len(ours) == len(theirs)
-        for o, t in zip(ours, theirs, strict=True):
-            _close(o, t, rtol, atol)
-        return
-    assert tuple(ours.shape) == tuple(theirs.shape), (ours.shape, theirs.shape)
-    assert ours.dtype.name == str(theirs.dtype).removeprefix("torch."), (ours.dtype, theirs.dtype)
-    np.testing.assert_allclose(ours.detach().numpy(), theirs.detach().numpy(), rtol=rtol, atol=atol)
+    assert_results_close(ours, theirs, rtol=rtol, atol=atol)
 
 
 @pytest.mark.parametrize("name", ["hann_window", "hamming_window", "blackman_window", "bartlett_window",

@@ -82,9 +82,10 @@ def _scan_both(direct, mode, args, reverse, g):
 @pytest.mark.parametrize("mode", ["LSTM", "GRU"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("reverse", [False, True])
-# batches of 13 and 15: a product's tile of 8 rows, then the rows left as tiles of 4, 2 and 1 (small_gemm)
+# batches of 13 and 15: a product's tile of 8 rows, then the rows left as tiles of 4, 2 and 1 (small_gemm);
+# hidden 32 and 64: W_hh^T's rows a multiple of 1 KiB apart, which the kernels read padded (padded_rows)
 @pytest.mark.parametrize(("steps", "batch", "hidden"), [(6, 3, 5), (1, 1, 4), (3, 2, 1), (5, 4, 19), (3, 13, 6),
-                                                        (2, 15, 3)])  # fmt: skip
+                                                        (2, 15, 3), (4, 3, 64), (3, 2, 32)])  # fmt: skip
 @pytest.mark.parametrize("cotangent", ["all", "no gates", "states only"])
 def test_kernels_equal_numpy_on_the_packed_layout(
     direct, runs, monkeypatch, mode, dtype, reverse, steps, batch, hidden, cotangent
@@ -101,25 +102,10 @@ def test_kernels_equal_numpy_on_the_packed_layout(
         g[..., span[0] : span[0] + span[1]] = 0
     out = _scan_both(direct, mode, args, reverse, g)
     # float32: the native step product sums in its own order, not the BLAS's (one GRU gradient element
-    # of ~0.03 differed by 3.5e-6 after five steps); float64 shows the formulas are the same
-    tol = dict(rtol=2e-5, atol=1e-5) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
-    np.testing.assert_allclose(out[True][0], out[False][0], **tol)
-    np.testing.assert_allclose(out[True][1], out[False][1], **tol)
-    assert runs == {"forward": 1, "backward": 1}
-
-
-@pytest.mark.parametrize("mode", ["LSTM", "GRU"])
-@pytest.mark.parametrize(("dtype", "hidden"), [(np.float32, 64), (np.float32, 256), (np.float64, 32), (np.float64, 128)])
-def test_kernels_equal_numpy_where_the_weight_rows_are_padded(direct, runs, mode, dtype, hidden):
-    """Hidden sizes whose W_hh^T or W_hh rows lie a multiple of 1 KiB apart: the kernels read the weight
-    with rows ``linalg.padded_row_length`` apart (``padded_rows`` lays them out), forward and backward."""
-    rng = np.random.default_rng(hidden)
-    args = tuple(a.astype(dtype) for a in _scan_args(rng, mode, 5, 3, hidden))
-    g = rng.normal(size=(5, 3, ScanLayout(mode, hidden).width)).astype(dtype)
-    out = _scan_both(direct, mode, args, False, g)
-    # (float32: the products sum up to 4 x 256 terms in their own order, not the BLAS's; float64 shows
-    # the values are the same)
-    tol = dict(rtol=1e-3, atol=5e-4) if dtype == np.float32 else dict(rtol=1e-11, atol=1e-12)
+    # of ~0.03 differed by 3.5e-6 after five steps; sums of 64 terms, 5e-5); float64 shows the formulas
+    # are the same
+    scale = max(1.0, hidden / 16)
+    tol = dict(rtol=2e-5 * scale, atol=1e-5 * scale) if dtype == np.float32 else dict(rtol=1e-12, atol=1e-13)
     np.testing.assert_allclose(out[True][0], out[False][0], **tol)
     np.testing.assert_allclose(out[True][1], out[False][1], **tol)
     assert runs == {"forward": 1, "backward": 1}
