@@ -104,16 +104,12 @@ def _on_arrays(gen: Generator) -> bool:
 def _uniform_array(shape: tuple[int, ...], dtype: dt.DType, gen: Generator) -> np.ndarray:
     """``_uniform``'s values as a fresh array, by the same integer arithmetic (so exactly them)."""
     if dtype is dt.float64:
-        k = (_bits(shape, gen) >> 5) << 26
-        k += _bits(shape, gen) >> 6
+        k = (gen.bits_array(shape) >> 5) << 26
+        k += gen.bits_array(shape) >> 6
         return np.multiply(k.astype(np.float64), 2.0**-53)
     width = 11 if dtype is dt.float16 else 24
-    k = (_bits(shape, gen) >> (32 - width)).astype(dtype.np)
+    k = (gen.bits_array(shape) >> (32 - width)).astype(dtype.np)
     return np.multiply(k, 2.0**-width, out=k)
-
-
-def _bits(shape: tuple[int, ...], gen: Generator) -> np.ndarray:
-    return gen.bits_array(shape)
 
 
 def _finish(t: Tensor, requires_grad: bool) -> Tensor:
