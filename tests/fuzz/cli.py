@@ -116,6 +116,8 @@ class Summary:
             lines.append(f"\n[{count}] {key}")
             finding = outcome.crash or outcome.difference
             lines.append(f"  seed {outcome.program.seed}, call {outcome.call}: {finding}")
+            if outcome.crash_trace:  # (also under --quiet: a crash a replay may not bring back)
+                lines.extend("    " + line for line in outcome.crash_trace.splitlines())
             if repros:
                 lines.extend("    " + line for line in outcome.program.source.splitlines())
         return "\n".join(lines)

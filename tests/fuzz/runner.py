@@ -14,6 +14,7 @@ from __future__ import annotations
 import linecache
 import re
 import signal
+import traceback
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class Outcome:
     program: Program
     difference: Difference | None = None  # a silent mismatch
     crash: str | None = None  # the compiled copy raised where eager did not
+    crash_trace: str | None = None  # where it raised: the innermost frames of its traceback
     eager_error: str | None = None  # both raised the same exception type (not a finding)
     call: int = -1  # the call at which the finding showed
     calls: Counter = field(default_factory=Counter)  # compiled-call kinds: compiled / traced / fallback
@@ -139,12 +141,19 @@ def _error(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:160] if str(error) else ''}"
 
 
+def _innermost(error: BaseException, frames: int = 6) -> str:
+    """The last ``frames`` frames of where ``error`` was raised: a crash that a replay does not bring
+    back (it depended on the process's history) is then reported with the line that raised it."""
+    return "".join(traceback.format_tb(error.__traceback__)[-frames:]).rstrip()
+
+
 def _both(where: str, eager_error, compiled_error, outcome: Outcome) -> bool:
     """Compare two exceptions (or their absence); True when the program stops here."""
     if eager_error is None and compiled_error is None:
         return False
     if eager_error is None:
         outcome.crash = f"{where}: {_error(compiled_error)}"
+        outcome.crash_trace = _innermost(compiled_error)
     elif compiled_error is None:
         outcome.difference = Difference("no error", where, f"eager raised {_error(eager_error)}")
     elif not isinstance(compiled_error, type(eager_error)):

@@ -94,3 +94,32 @@ def test_the_fuzzer_reports_nothing_when_compiled_is_eager(monkeypatch):
     outcomes = [run(generate(seed)) for seed in range(60)]
     assert [str(o.difference or o.crash) for o in outcomes if o.finding] == []
     assert sum(o.calls["fallback"] for o in outcomes) > 0  # every call ran eagerly, none compiled
+
+
+def test_a_compiled_only_crash_is_reported_with_where_it_raised(monkeypatch):
+    """A crash of the compiled copy keeps its innermost frames, and the summary prints them even with
+    --quiet: a crash that depends on the process's history may not come back on --replay."""
+    import kiln
+
+    from .cli import Summary
+    from .generator import generate
+    from .runner import run
+
+    original = kiln.compile
+
+    def crashing(fn, **kwargs):
+        compiled = original(fn, **kwargs)
+
+        def planted_failure(*args):
+            raise AttributeError("'NoneType' object has no attribute '_data'")
+
+        planted_failure.state = compiled.state
+        return planted_failure
+
+    monkeypatch.setattr(kiln, "compile", crashing)
+    outcome = run(generate(3))
+    assert outcome.crash and "AttributeError" in outcome.crash
+    assert "planted_failure" in outcome.crash_trace
+    summary = Summary()
+    summary.add(outcome)
+    assert "planted_failure" in summary.report(repros=False)
