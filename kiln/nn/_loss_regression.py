@@ -41,10 +41,9 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction: str
         raise RuntimeError("smooth_l1_loss does not support negative values for beta.")
     if beta == 0.0:
         return _reduce(kiln.abs(input - target), reduction)
-    _check_reduction(reduction)
-    pointwise = pointwise_eager("smooth_l1", input, target, beta, lambda x, t: _smooth_l1(x, t, beta))
-    if pointwise is not None:  # (its node keeps the target, as PyTorch's)
-        return _reduce(pointwise, reduction)
+    loss = pointwise_eager("smooth_l1", input, target, beta, lambda x, t: _smooth_l1(x, t, beta))
+    if loss is not None:  # one node, which keeps the target as PyTorch's does
+        return _reduce(loss, reduction)
     loss = _reduce(_smooth_l1(input, target, beta), reduction)
     return saves_target(loss, target, "smooth_l1_loss")  # PyTorch's keeps it (its beta=0 form, l1_loss, not)
 
@@ -59,14 +58,14 @@ def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0, weigh
     """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta): smooth L1 scaled by delta."""
     if delta <= 0:
         raise RuntimeError("huber_loss does not support non-positive values for delta.")
-    _check_reduction(reduction)
     loss = pointwise_eager("huber", input, target, delta, lambda x, t: _huber(x, t, delta))
-    if loss is not None:
-        return _reduce(loss if weight is None else loss * weight, reduction)
-    loss = _huber(input, target, delta)
+    keeps_target = loss is not None  # one node, which keeps the target as PyTorch's does
+    if loss is None:
+        loss = _huber(input, target, delta)
     if weight is not None:
         loss = loss * weight
-    return saves_target(_reduce(loss, reduction), target, "huber_loss")
+    loss = _reduce(loss, reduction)
+    return loss if keeps_target else saves_target(loss, target, "huber_loss")
 
 
 def _huber(input, target, delta: float) -> kiln.Tensor:

@@ -93,7 +93,7 @@ def test_a_target_changed_in_place_before_the_backward_is_an_error():
         loss.backward()
 
 
-def test_broadcast_and_mixed_dtypes_take_the_ops():
+def test_broadcasting_takes_the_ops_and_a_bad_reduction_raises():
     x = kiln.zeros(2, 3, requires_grad=True)
     assert F.smooth_l1_loss(x, kiln.ones(3), reduction="none").grad_fn.name() != "SmoothL1LossBackward0"
     with pytest.raises(ValueError, match="not a valid value for reduction"):
